@@ -1,0 +1,52 @@
+// fd/api/server.h — the HTTP front end (cpp-httplib): OpenAI-compatible generation, health,
+// metrics. Owns JSON and nothing else: handlers parse into engine structs, submit, and stream
+// ChoiceEvents back. The route table is in src/api/routes.cpp.
+#pragma once
+
+#include "fd/engine/engine.h"
+#include "fd/model/tokenizer.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace httplib { class Server; }
+
+namespace fd::api {
+
+struct ServerConfig {
+    std::string host              = "127.0.0.1";
+    int32_t     port              = 8000;
+    std::string api_key;                     ///< empty = no auth; else `Authorization: Bearer KEY` on /v1/*
+    std::string served_model_name;           ///< `model` clients send; default = model dir name
+    std::string model_dir;
+    int32_t     n_http_threads    = 128;     ///< concurrent connections served
+    double      request_timeout_s = 600.0;   ///< longest a completion may take before 504
+    int32_t     max_logprobs      = 20;      ///< cap on `logprobs`
+    int32_t     max_n             = 128;     ///< cap on `n`
+};
+
+/// Shared by every handler.
+struct ApiContext {
+    ServerConfig                cfg;
+    engine::Engine *            engine = nullptr;
+    const model::Tokenizer *    tok    = nullptr;
+};
+
+class ApiServer {
+public:
+    ApiServer(ServerConfig cfg, engine::Engine & engine, const model::Tokenizer & tok);
+    ~ApiServer();
+
+    /// Bind host:port. Errors  fd::Error{invalid_argument} when the address is unusable.
+    void bind();
+    /// Serve on the bound socket until stop() (blocks; run it on its own thread).
+    void serve();
+    void stop();
+
+private:
+    std::unique_ptr<ApiContext>      ctx_;
+    std::unique_ptr<httplib::Server> http_;
+};
+
+}  // namespace fd::api

@@ -1,0 +1,52 @@
+// fd/arena.h — mmap-backed bump arenas for weights and the KV pool.
+//
+// Memory comes straight from the kernel (anonymous private mappings), never the malloc heap, so
+// release() returns every byte to the OS at once (RSS drops) and reserve() can take it back
+// later: this is what sleep/wakeup builds on. Not thread-safe; owned by one component.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace fd {
+
+class Arena {
+public:
+    explicit Arena(std::string name) : name_(std::move(name)) {}
+    ~Arena() { release(); }
+    Arena(const Arena &) = delete;
+    Arena & operator=(const Arena &) = delete;
+    Arena(Arena && o) noexcept;
+    Arena & operator=(Arena && o) noexcept;
+
+    /// Map `capacity_bytes` (rounded up to pages) of zeroed memory, replacing any current mapping.
+    /// Errors  fd::Error{internal} if mmap fails (out of memory).
+    void reserve(int64_t capacity_bytes);
+
+    /// Bump-allocate `n` floats, 64-byte aligned, zero-filled.
+    /// Errors  fd::Error{internal} if the arena is not reserved or is full.
+    float * alloc_floats(int64_t n);
+
+    /// Unmap everything; returns the bytes released (0 if nothing was mapped).
+    int64_t release();
+
+    int64_t capacity_bytes() const { return capacity_bytes_; }
+    int64_t used_bytes() const { return used_bytes_; }
+    bool    mapped() const { return base_ != nullptr; }
+    const std::string & name() const { return name_; }
+
+    /// Bytes an allocation of `n` floats takes in an arena (alignment included).
+    static int64_t footprint_floats(int64_t n) { return (n * 4 + 63) / 64 * 64; }
+
+private:
+    std::string name_;
+    std::byte * base_           = nullptr;
+    int64_t     capacity_bytes_ = 0;
+    int64_t     used_bytes_     = 0;
+};
+
+/// Resident set size of this process in bytes (VmRSS from /proc/self/status), 0 if unknown.
+int64_t process_rss_bytes();
+
+}  // namespace fd

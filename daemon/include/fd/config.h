@@ -1,0 +1,54 @@
+// fd/config.h — fdrollout's configuration: one aggregate of per-module structs.
+//
+// main() binds every field to a flag and an FD_* env var (CLI11), then resolve() fills the
+// values that depend on the model (max_model_len, KV pool size, served name, weight version),
+// and validate() reports every problem at once. Components receive only their sub-struct.
+#pragma once
+
+#include "fd/api/server.h"
+#include "fd/engine/engine.h"
+#include "fd/model/model_config.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fd {
+
+struct ModelOptions {
+    std::string model_dir;                   ///< HF checkpoint dir; default = the embedded stories260K
+    std::string weight_version = "0";        ///< used when the model dir has no version.yaml `step`
+    std::string device         = "cpu";      ///< cpu | cuda (cuda needs a CUDA build)
+    int32_t     tensor_parallel_size = 1;    ///< ranks; 1 until tensor parallelism lands
+    int32_t     n_threads      = 0;          ///< kernel threads; 0 = all cores
+};
+
+struct KvOptions {
+    int32_t     block_size_tokens     = 16;  ///< tokens per KV block, power of two in [1, 256]
+    std::string kv_cache_bytes        = "0"; ///< bytes ("512MiB", "2G", "1073741824"), a fraction of free memory ("0.3"), or 0 = enough for max_num_seqs full-length sequences (at most 4 GiB)
+    bool        enable_prefix_caching = false;
+};
+
+struct Config {
+    api::ServerConfig    server;
+    engine::EngineConfig engine;
+    ModelOptions         model;
+    KvOptions            kv;
+    std::string          log_level        = "info";
+    double               shutdown_grace_s = 30.0;  ///< SIGTERM: seconds in-flight requests may take to finish
+};
+
+/// The resolved numbers main() builds the engine from.
+struct Resolved {
+    model::ModelConfig model;
+    int64_t            n_kv_blocks = 0;
+};
+
+/// Fill model-dependent defaults in `cfg` (max_model_len, served name, weight version, threads)
+/// and size the KV pool. Errors  fd::Error{invalid_argument} listing every bad setting.
+Resolved resolve(Config & cfg);
+
+/// Parse a byte size with optional K/M/G/T suffix ("512MiB", "2G") → bytes; nullopt if not a size.
+std::optional<int64_t> parse_bytes(const std::string & s);
+
+}  // namespace fd

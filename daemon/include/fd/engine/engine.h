@@ -1,0 +1,111 @@
+// fd/engine/engine.h — the engine thread: one inbox, continuous batching, sampling, results.
+//
+// Owns the Scheduler, the KvCache, the rank Workers and every live Sequence. Other threads
+// only submit() into the inbox and read stats(); everything else happens on the engine thread,
+// whose loop is: drain the inbox → drop cancelled sequences → schedule() → build the batch →
+// Worker::forward() → sample → push ChoiceEvents → release finished sequences.
+#pragma once
+
+#include "fd/engine/request.h"
+#include "fd/engine/scheduler.h"
+#include "fd/kv/kv_cache.h"
+#include "fd/model/tokenizer.h"
+#include "fd/model/worker.h"
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace fd::engine {
+
+struct EngineConfig {
+    SchedulerConfig scheduler;
+    int32_t         max_model_len  = 0;    ///< prompt + generated tokens per sequence
+    std::string     weight_version = "0";  ///< reported with every output
+};
+
+/// A completion request: every prompt is sampled `n` times; choice index = prompt * n + i.
+struct GenerateRequest {
+    std::vector<std::vector<int32_t>> prompts;    ///< token ids, BOS included when wanted
+    int32_t                           n = 1;
+    SamplingParams                    params;
+    std::shared_ptr<ResultChannel>    channel;
+};
+
+/// Step latency histogram bucket bounds, seconds (Prometheus `le`).
+inline constexpr std::array<double, 11> kStepLatencyBuckets = {0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0};
+
+/// Counters read by /metrics and /health (a consistent-enough snapshot; each field atomic).
+struct EngineStats {
+    int64_t n_running = 0, n_waiting = 0;
+    int64_t n_tokens_generated_total = 0, n_tokens_prompt_total = 0, n_tokens_cached_total = 0;
+    int64_t n_requests_total = 0, n_preemptions_total = 0, n_steps_total = 0;
+    int64_t n_kv_blocks_used = 0, n_kv_blocks_free = 0, n_kv_blocks_total = 0;
+    std::array<int64_t, kStepLatencyBuckets.size() + 1> step_latency_counts{};  ///< last = +Inf
+    double  step_latency_sum_s = 0.0;
+    std::string weight_version;
+};
+
+class Engine {
+public:
+    Engine(const EngineConfig & cfg, std::unique_ptr<model::Worker> worker,
+           std::shared_ptr<const model::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg);
+    ~Engine();
+
+    void start();
+    /// Abort everything still running (finish_reason "abort") and join the thread.
+    void stop();
+
+    /// Queue a request. Errors  fd::Error{engine_paused} once draining has begun.
+    void submit(GenerateRequest req);
+
+    /// Refuse new requests from now on (SIGTERM); in-flight ones continue.
+    void begin_drain() { draining_.store(true); }
+    bool draining() const { return draining_.load(); }
+    /// True when no request is queued or running.
+    bool idle() const;
+
+    EngineStats stats() const;
+    const model::ModelConfig & model_config() const { return model_cfg_; }
+    const EngineConfig &       config() const { return cfg_; }
+
+private:
+    struct Sequence;
+
+    void loop();
+    bool step();
+    void admit(GenerateRequest & req);
+    void finish(Sequence & s, FinishReason why, ChoiceEvent ev);
+    void append_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev);
+    void publish_stats();
+
+    EngineConfig                              cfg_;
+    model::ModelConfig                        model_cfg_;
+    std::vector<std::unique_ptr<model::Worker>> workers_;  ///< one per rank
+    std::shared_ptr<const model::Tokenizer>   tok_;
+    kv::KvCache                               kv_;
+    Scheduler                                 sched_;
+    std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> seqs_;
+    kv::SeqId                                 next_seq_id_ = 1;
+    model::StepBatch                          batch_;
+    std::vector<float>                        logits_, scratch_;
+
+    mutable std::mutex                        inbox_mu_;
+    std::condition_variable                   inbox_cv_;
+    std::deque<GenerateRequest>               inbox_;
+    std::atomic<bool>                         stop_{false};
+    std::atomic<bool>                         draining_{false};
+    std::thread                               thread_;
+
+    mutable std::mutex                        stats_mu_;
+    EngineStats                               stats_;
+};
+
+}  // namespace fd::engine

@@ -1,0 +1,84 @@
+// fd/engine/request.h — what a client asks for and how results travel back.
+//
+// A completion request becomes one Sequence per choice (prompt x n). All choices of a request
+// share one ResultChannel: the engine thread pushes ChoiceEvents, an HTTP thread pops them.
+// Per-request failures travel as data (ChoiceEvent::error), never as exceptions across threads.
+#pragma once
+
+#include "fd/status.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fd::engine {
+
+struct SamplingParams {
+    int32_t                  max_tokens     = 16;
+    float                    temperature    = 1.0f;   ///< 0 = greedy
+    float                    top_p          = 1.0f;   ///< (0, 1]
+    int32_t                  top_k          = 0;      ///< 0 or -1 = off
+    std::optional<uint64_t>  seed;                    ///< per-request; choice i uses a stream derived from (seed, i)
+    std::vector<std::string> stop;                    ///< stop strings (excluded from the text)
+    std::vector<int32_t>     stop_token_ids;          ///< extra stop ids (included in token_ids)
+    bool                     ignore_eos     = false;
+    int32_t                  logprobs       = -1;     ///< -1 = none; k >= 0 = chosen token + top k
+};
+
+/// One sampled token's log-probabilities (natural log, from the raw logits' log_softmax).
+struct TokenLogprob {
+    int32_t                                id      = 0;
+    float                                  logprob = 0.0f;
+    std::vector<std::pair<int32_t, float>> top;    ///< [k] (id, logprob), best first, ties by id
+};
+
+enum class FinishReason { none, stop, length, abort, error };
+
+/// "stop" | "length" | "abort" | "error" | null-equivalent "".
+const char * to_string(FinishReason r);
+
+/// One step's output for one choice.
+struct ChoiceEvent {
+    int32_t                   choice = 0;       ///< index in the response's choices
+    std::vector<int32_t>      token_ids;        ///< ids generated this step
+    std::vector<TokenLogprob> logprobs;         ///< [token_ids.size()] when requested
+    std::string               text;             ///< newly completed text
+    FinishReason              finish = FinishReason::none;
+    int32_t                   n_prompt_tokens = 0;
+    int32_t                   n_cached_tokens = 0;  ///< prompt tokens served from the prefix cache
+    std::string               weight_version;
+    std::optional<Error>      error;
+};
+
+/// Single-producer (engine), single-consumer (HTTP handler) queue of events for one request.
+class ResultChannel {
+public:
+    explicit ResultChannel(int32_t n_choices) : n_open_(n_choices) {}
+
+    void push(ChoiceEvent ev);
+
+    /// Pop everything queued, waiting up to `wait` for at least one event.
+    std::vector<ChoiceEvent> pop_all(std::chrono::milliseconds wait);
+
+    /// True once every choice has sent its finishing event and all were popped.
+    bool done() const;
+
+    /// The client went away: the engine drops the sequences at its next step.
+    void cancel() { cancelled_.store(true); }
+    bool cancelled() const { return cancelled_.load(); }
+
+private:
+    mutable std::mutex       mu_;
+    std::condition_variable  cv_;
+    std::deque<ChoiceEvent>  q_;
+    int32_t                  n_open_;
+    std::atomic<bool>        cancelled_{false};
+};
+
+}  // namespace fd::engine

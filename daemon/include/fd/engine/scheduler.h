@@ -1,0 +1,73 @@
+// fd/engine/scheduler.h — continuous batching over the paged KV cache.
+//
+// Each step decides which sequences advance and by how many tokens, under a token budget
+// (max_num_batched_tokens) and max_num_seqs: running sequences first, in arrival order (decode
+// = 1 token, an unfinished prefill = its next chunk), then waiting ones (FIFO) while blocks and
+// budget last, so prefill and decode share a step. When KV blocks run out, the most recently
+// admitted running sequence is preempted by recompute: its blocks are released and it returns
+// to the front of the queue with all its tokens to prefill again.
+//
+// Sequence states:  waiting --admit--> running --finish--> (removed)
+//                       ^                  |
+//                       +----preempt-------+
+// Engine thread only. Holds non-owning pointers; the engine owns the sequences.
+#pragma once
+
+#include "fd/kv/kv_cache.h"
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+namespace fd::engine {
+
+/// The scheduling view of one sequence (the engine's Sequence derives from it).
+struct SchedSeq {
+    kv::SeqId            id = 0;
+    std::vector<int32_t> tokens;           ///< prompt + generated so far
+    int64_t              n_computed  = 0;  ///< tokens whose KV is in the cache
+    int32_t              n_cached    = -1; ///< prompt tokens found in the prefix cache at first admission (-1 = not yet admitted)
+    int32_t              n_preempted = 0;
+
+    int64_t n_remaining() const { return static_cast<int64_t>(tokens.size()) - n_computed; }
+};
+
+struct SchedulerConfig {
+    int32_t max_num_seqs           = 64;    ///< sequences in the running batch, >= 1
+    int32_t max_num_batched_tokens = 2048;  ///< tokens per step (prefill chunks + decodes), >= 1
+};
+
+struct ScheduledSeq {
+    SchedSeq * seq      = nullptr;
+    int32_t    n_tokens = 0;  ///< tokens to compute this step, starting at seq->n_computed
+};
+
+struct ScheduleDecision {
+    std::vector<ScheduledSeq> run;        ///< in batch order
+    std::vector<SchedSeq *>   preempted;  ///< released this step, back in the queue
+    std::vector<SchedSeq *>   rejected;   ///< can never fit the KV pool; removed from the queue
+};
+
+class Scheduler {
+public:
+    explicit Scheduler(const SchedulerConfig & cfg) : cfg_(cfg) {}
+
+    void add(SchedSeq * s) { waiting_.push_back(s); }
+    /// Remove `s` from whichever queue holds it (does not touch the KV cache).
+    void remove(SchedSeq * s);
+
+    /// Decide this step; allocates (and on preemption releases) KV blocks in `kv`.
+    ScheduleDecision schedule(kv::KvCache & kv);
+
+    const std::deque<SchedSeq *> &  waiting() const { return waiting_; }
+    const std::vector<SchedSeq *> & running() const { return running_; }
+
+private:
+    void preempt(SchedSeq * s, kv::KvCache & kv, ScheduleDecision & d);
+
+    SchedulerConfig         cfg_;
+    std::deque<SchedSeq *>  waiting_;
+    std::vector<SchedSeq *> running_;
+};
+
+}  // namespace fd::engine

@@ -1,0 +1,86 @@
+// fd/kv/kv_cache.h — paged KV block bookkeeping and the prefix cache. Metadata only: the K/V
+// memory itself is the Worker's pool, indexed by the block ids handed out here.
+//
+// Owns: a free list of block ids, per-block ref counts, per-sequence block tables, and (with
+// prefix caching) a map from the hash chain of a full block's tokens to its block id. A cached
+// block whose ref count drops to 0 stays reusable until the allocator evicts it (LRU) for new
+// blocks. Engine thread only.
+//
+// Invariant: n_blocks_free() + n_blocks_used() == n_blocks_total().
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+namespace fd::kv {
+
+using SeqId = int64_t;
+
+struct KvCacheConfig {
+    int64_t n_blocks              = 0;      ///< total blocks in the pool
+    int32_t block_size_tokens     = 16;     ///< tokens per block
+    bool    enable_prefix_caching = false;  ///< reuse full blocks of identical token prefixes
+};
+
+class KvCache {
+public:
+    explicit KvCache(const KvCacheConfig & cfg);
+
+    /// With prefix caching: attach the cached full blocks that hold a prefix of tokens[0, n-1)
+    /// (the last token is always recomputed so its logits exist) to `seq`, whose table must be
+    /// empty. Returns the number of tokens whose KV is now present (a multiple of block size).
+    int32_t match_prefix(SeqId seq, const std::vector<int32_t> & tokens);
+
+    /// Blocks `seq` still needs to hold `n_tokens` tokens.
+    int64_t n_blocks_needed(SeqId seq, int64_t n_tokens) const;
+
+    /// Grow `seq`'s table to hold `n_tokens` tokens. Returns false (and changes nothing) when not
+    /// enough blocks are free.
+    bool allocate(SeqId seq, int64_t n_tokens);
+
+    /// With prefix caching: publish `seq`'s full blocks among tokens[0, n_computed) so later
+    /// sequences can reuse them.
+    void commit_full_blocks(SeqId seq, const std::vector<int32_t> & tokens, int64_t n_computed);
+
+    /// Drop `seq`'s blocks (cached ones stay reusable until evicted).
+    void release(SeqId seq);
+
+    /// Forget every cached prefix (blocks still in use stay with their sequences).
+    void flush_prefix_cache();
+
+    /// Block ids of `seq`, in token order.  Shape [ceil(n_tokens / block_size)].
+    const std::vector<int32_t> & block_table(SeqId seq) const;
+
+    int64_t n_blocks_total() const { return cfg_.n_blocks; }
+    int64_t n_blocks_free() const { return static_cast<int64_t>(free_.size() + lru_.size()); }
+    int64_t n_blocks_used() const { return n_blocks_total() - n_blocks_free(); }
+    int64_t n_blocks_cached() const { return static_cast<int64_t>(by_hash_.size()); }
+    int32_t block_size() const { return cfg_.block_size_tokens; }
+
+private:
+    struct Block {
+        int32_t  ref    = 0;
+        bool     cached = false;          ///< present in by_hash_
+        uint64_t hash   = 0;
+        int32_t  parent = -1;             ///< previous block of the chain (-1 = first)
+        std::vector<int32_t> tokens;      ///< the block's tokens, to verify hash hits
+        std::list<int32_t>::iterator lru_it;
+    };
+
+    int32_t  take_block();
+    void     unref(int32_t id);
+    uint64_t chain_hash(uint64_t parent_hash, const int32_t * tokens) const;
+
+    KvCacheConfig                                   cfg_;
+    std::vector<Block>                              blocks_;
+    std::vector<int32_t>                            free_;     ///< never-cached free blocks
+    std::list<int32_t>                              lru_;      ///< cached blocks with ref 0, oldest first
+    std::unordered_map<uint64_t, int32_t>           by_hash_;
+    std::unordered_map<SeqId, std::vector<int32_t>> tables_;
+    std::unordered_map<SeqId, int64_t>              n_committed_blocks_;
+};
+
+}  // namespace fd::kv

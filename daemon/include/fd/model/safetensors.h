@@ -1,0 +1,51 @@
+// fd/model/safetensors.h — reading safetensors checkpoints (single file or sharded).
+//
+// Format: 8-byte little-endian header length N, N bytes of JSON {name: {dtype, shape,
+// data_offsets: [begin, end)}} (offsets relative to the data section), then the data.
+// Sharded checkpoints add model.safetensors.index.json {"weight_map": {name: file}}.
+// Spec: huggingface/safetensors README ("Format").
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fd::model {
+
+enum class DType { f32, bf16, f16 };
+
+/// "F32" | "BF16" | "F16".
+const char * dtype_name(DType d);
+
+struct TensorInfo {
+    std::string           name;
+    DType                 dtype = DType::f32;
+    std::vector<int64_t>  shape;          ///< outermost first, as stored
+    std::filesystem::path file;
+    int64_t               offset_bytes = 0;  ///< absolute offset of the data in `file`
+    int64_t               size_bytes   = 0;
+
+    int64_t numel() const;
+};
+
+/// Every tensor of a checkpoint directory, by name.
+struct TensorIndex {
+    std::map<std::string, TensorInfo> tensors;
+    int64_t                           total_bytes = 0;
+};
+
+/// Read the headers of `dir`/model.safetensors.index.json's shards, or of `dir`/model.safetensors,
+/// or of all `dir`/*.safetensors.
+/// Errors   fd::Error{invalid_checkpoint} naming the file (and tensor): no safetensors file,
+///          truncated file, bad header JSON, unsupported dtype, offsets outside the file or not
+///          matching shape × dtype size, a tensor listed in the index but absent from its shard.
+TensorIndex read_tensor_index(const std::filesystem::path & dir);
+
+/// Read one tensor and convert it to f32.
+/// Shapes   dst [numel] written.
+/// Errors   fd::Error{invalid_checkpoint} naming file and tensor on a short read.
+void read_tensor_f32(const TensorInfo & t, float * dst);
+
+}  // namespace fd::model

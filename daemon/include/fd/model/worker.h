@@ -1,0 +1,75 @@
+// fd/model/worker.h — one rank: owns the model's weights, its KV pool and the forward pass.
+//
+// The engine talks to ranks only through Worker (one rank today; tensor parallelism adds more
+// with a Comm, weight control adds sleep/wakeup/update on the same object). A Worker is used by
+// the engine thread only.
+//
+// KV pool layout (per layer, one Arena for all layers):
+//   k, v [n_layers][n_blocks, block_size, n_kv_heads, head_dim]  f32
+#pragma once
+
+#include "fd/arena.h"
+#include "fd/kernels/ops.h"
+#include "fd/model/model_config.h"
+#include "fd/model/weights.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+namespace fd::model {
+
+/// One forward step over a flat batch of tokens from any number of sequences.
+struct StepBatch {
+    std::vector<int32_t>            tokens;       ///< [n_tokens] input ids
+    std::vector<int32_t>            positions;    ///< [n_tokens] position of each token in its sequence
+    std::vector<int64_t>            slots;        ///< [n_tokens] KV slot each token writes
+    std::vector<kernels::AttnQuery> queries;      ///< [n_tokens] context each token attends to (incl. itself)
+    std::vector<int32_t>            logits_rows;  ///< [n_logits] token rows whose logits are wanted
+
+    void clear() { tokens.clear(); positions.clear(); slots.clear(); queries.clear(); logits_rows.clear(); }
+    int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+struct WorkerConfig {
+    int32_t rank       = 0;
+    int32_t n_threads  = 1;    ///< CPU threads for the kernels
+    int32_t block_size = 16;   ///< tokens per KV block
+    int64_t n_blocks   = 0;    ///< KV blocks to allocate
+    int32_t max_model_len = 0; ///< positions the RoPE table covers
+};
+
+class Worker {
+public:
+    /// Load the weights of `cfg` from `idx` and allocate the KV pool.
+    /// Errors  fd::Error{invalid_checkpoint} from loading.
+    Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg);
+
+    /// Run the model on `batch`; write the logits of batch.logits_rows.
+    /// Shapes  logits [n_logits, vocab] written.
+    /// Requires every token's slot and attention context to be valid KV blocks.
+    void forward(const StepBatch & batch, float * logits);
+
+    const ModelConfig & config() const { return cfg_; }
+    int64_t weight_bytes() const { return weights_arena_.used_bytes(); }
+    int64_t kv_bytes() const { return kv_arena_.capacity_bytes(); }
+    /// Bytes of one KV block across all layers (K and V).
+    static int64_t kv_block_bytes(const ModelConfig & cfg, int32_t block_size);
+
+private:
+    kernels::PagedKv layer_kv(int il);
+
+    ModelConfig                           cfg_;
+    WorkerConfig                          wcfg_;
+    Arena                                 weights_arena_{"weights"};
+    Arena                                 kv_arena_{"kv_cache"};
+    ModelWeights                          w_;
+    std::vector<float *>                  k_pool_, v_pool_;  ///< per layer
+    std::vector<float>                    rope_;             ///< [max_model_len, head_dim]
+    std::unique_ptr<kernels::ThreadPool>  pool_;
+    // Scratch, grown to the largest batch seen.
+    std::vector<float> x_, xn_, qkv_, q_, k_, v_, att_, ff_, gate_, rows_;
+};
+
+}  // namespace fd::model

@@ -1,0 +1,125 @@
+// fdrollout — the rollout daemon: flags → Config → model → engine → HTTP, then wait for a signal.
+#include "fd/api/server.h"
+#include "fd/config.h"
+#include "fd/engine/engine.h"
+#include "fd/log.h"
+#include "fd/model/safetensors.h"
+#include "fd/model/tokenizer.h"
+#include "fd/model/worker.h"
+
+#include <CLI/CLI.hpp>
+
+#include <csignal>
+#include <iostream>
+#include <thread>
+
+#ifndef FD_DEFAULT_MODEL_DIR
+#define FD_DEFAULT_MODEL_DIR "models/stories260K"
+#endif
+
+namespace {
+
+void add_flags(CLI::App & app, fd::Config & c) {
+    c.model.model_dir = FD_DEFAULT_MODEL_DIR;
+    app.add_option("--model", c.model.model_dir, "Hugging Face checkpoint dir (config.json, *.safetensors [+ index], tokenizer.model)")
+        ->envname("FD_MODEL")->capture_default_str();
+    app.add_option("--host", c.server.host, "Address to listen on")->envname("FD_HOST")->capture_default_str();
+    app.add_option("--port", c.server.port, "TCP port to listen on")->envname("FD_PORT")->capture_default_str();
+    app.add_option("--served-model-name", c.server.served_model_name, "Model name clients send (default: model dir name)")
+        ->envname("FD_SERVED_MODEL_NAME");
+    app.add_option("--api-key", c.server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*")->envname("FD_API_KEY");
+    app.add_option("--weight-version", c.model.weight_version, "Weight version reported when the model dir has no version.yaml 'step'")
+        ->envname("FD_WEIGHT_VERSION")->capture_default_str();
+    app.add_option("--device", c.model.device, "Backend: cpu (cuda needs a CUDA build)")->envname("FD_DEVICE")->capture_default_str();
+    app.add_option("--tensor-parallel-size", c.model.tensor_parallel_size, "Number of ranks (1 in this build)")
+        ->envname("FD_TENSOR_PARALLEL_SIZE")->capture_default_str();
+    app.add_option("--threads", c.model.n_threads, "CPU kernel threads (0 = all cores)")->envname("FD_THREADS")->capture_default_str();
+    app.add_option("--max-num-seqs", c.engine.scheduler.max_num_seqs, "Most sequences in the running batch")
+        ->envname("FD_MAX_NUM_SEQS")->capture_default_str();
+    app.add_option("--max-num-batched-tokens", c.engine.scheduler.max_num_batched_tokens, "Token budget per engine step (prefill chunks + decodes)")
+        ->envname("FD_MAX_NUM_BATCHED_TOKENS")->capture_default_str();
+    app.add_option("--max-model-len", c.engine.max_model_len, "Most tokens (prompt + generated) per sequence (0 = model's max_position_embeddings)")
+        ->envname("FD_MAX_MODEL_LEN")->capture_default_str();
+    app.add_option("--block-size", c.kv.block_size_tokens, "Tokens per KV block (power of two)")->envname("FD_BLOCK_SIZE")->capture_default_str();
+    app.add_option("--kv-cache-bytes", c.kv.kv_cache_bytes,
+                   "KV pool size: bytes (512MiB, 2G), a fraction of available memory (0.3), or 0 = max-num-seqs full-length sequences (<= 4 GiB)")
+        ->envname("FD_KV_CACHE_BYTES")->capture_default_str();
+    app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", c.kv.enable_prefix_caching, "Reuse KV blocks of identical prompt prefixes")
+        ->envname("FD_ENABLE_PREFIX_CACHING");
+    app.add_option("--request-timeout-s", c.server.request_timeout_s, "Longest a completion may run before 504")
+        ->envname("FD_REQUEST_TIMEOUT_S")->capture_default_str();
+    app.add_option("--shutdown-grace-s", c.shutdown_grace_s, "On SIGTERM/SIGINT: seconds in-flight requests may take to finish")
+        ->envname("FD_SHUTDOWN_GRACE_S")->capture_default_str();
+    app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error, critical, off")->envname("FD_LOG_LEVEL")->capture_default_str();
+}
+
+int run(fd::Config & cfg, sigset_t & signals) {
+    auto lg = fd::log::get("engine");
+    const fd::Resolved r = fd::resolve(cfg);
+    lg->info("model {} ({}): {} layers, hidden {}, heads {}/{}, vocab {}; weight_version {}", cfg.model.model_dir,
+             r.model.architecture, r.model.n_layers, r.model.hidden_size, r.model.n_heads, r.model.n_kv_heads,
+             r.model.vocab_size, cfg.engine.weight_version);
+    auto tok = std::make_shared<const fd::model::Tokenizer>(cfg.model.model_dir, r.model.bos_token_id);
+    const auto idx = fd::model::read_tensor_index(cfg.model.model_dir);
+    auto worker = std::make_unique<fd::model::Worker>(r.model, idx, fd::model::WorkerConfig{
+        .rank = 0, .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,
+        .n_blocks = r.n_kv_blocks, .max_model_len = cfg.engine.max_model_len});
+    fd::engine::Engine engine(cfg.engine, std::move(worker), tok,
+                              {.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
+                               .enable_prefix_caching = cfg.kv.enable_prefix_caching});
+    engine.start();
+    fd::api::ApiServer server(cfg.server, engine, *tok);
+    server.bind();
+    std::thread http([&] { server.serve(); });
+    lg->info("serving '{}' (max_model_len {}, max_num_seqs {}, prefix caching {})", cfg.server.served_model_name,
+             cfg.engine.max_model_len, cfg.engine.scheduler.max_num_seqs, cfg.kv.enable_prefix_caching ? "on" : "off");
+
+    int sig = 0;
+    sigwait(&signals, &sig);
+    lg->info("signal {}: draining (grace {} s)", sig, cfg.shutdown_grace_s);
+    engine.begin_drain();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(cfg.shutdown_grace_s);
+    while (!engine.idle() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    engine.stop();  // aborts whatever outlived the grace period
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let handlers write their last chunks
+    server.stop();
+    http.join();
+    lg->info("stopped");
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    // Signals are taken synchronously by main (sigwait); every thread inherits this mask.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGTERM);
+    sigaddset(&signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    std::signal(SIGPIPE, SIG_IGN);
+
+    CLI::App app{"fdrollout — rollout engine for RL training loops: OpenAI-compatible generation with weight control.\n"
+                 "Every flag can also be set by the FD_* environment variable shown."};
+    fd::Config cfg;
+    add_flags(app, cfg);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError & e) {
+        return app.exit(e);
+    }
+    try {
+        fd::log::setup(cfg.log_level);
+        return run(cfg, signals);
+    } catch (const fd::Error & e) {
+        fd::log::get("engine")->critical("{}", e.what());
+        std::cerr << "fdrollout: " << e.what() << "\n";
+        return fd::errc_info(e.code()).exit_code;
+    } catch (const std::exception & e) {
+        fd::log::get("engine")->critical("{}", e.what());
+        std::cerr << "fdrollout: " << e.what() << "\n";
+        return 70;
+    }
+}

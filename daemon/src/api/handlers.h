@@ -1,0 +1,25 @@
+// Internal to fd::api: the handler functions the route table binds, and the error writer.
+#pragma once
+
+#include "fd/api/server.h"
+#include "fd/status.h"
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+namespace fd::api {
+
+using Handler = std::function<void(const httplib::Request &, httplib::Response &)>;
+
+/// Serialize for the wire (invalid UTF-8 replaced, never throws).
+std::string dump(const nlohmann::json & j);
+
+/// OpenAI error object: {"error": {"message", "type", "param", "code"}} with the table's status.
+void write_error(httplib::Response & res, const Error & e);
+
+void post_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void get_models(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void get_health(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void get_metrics(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+
+}  // namespace fd::api

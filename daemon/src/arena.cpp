@@ -1,0 +1,71 @@
+#include "fd/arena.h"
+
+#include "fd/status.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <utility>
+
+namespace fd {
+
+Arena::Arena(Arena && o) noexcept
+    : name_(std::move(o.name_)), base_(std::exchange(o.base_, nullptr)),
+      capacity_bytes_(std::exchange(o.capacity_bytes_, 0)), used_bytes_(std::exchange(o.used_bytes_, 0)) {}
+
+Arena & Arena::operator=(Arena && o) noexcept {
+    if (this != &o) {
+        release();
+        name_           = std::move(o.name_);
+        base_           = std::exchange(o.base_, nullptr);
+        capacity_bytes_ = std::exchange(o.capacity_bytes_, 0);
+        used_bytes_     = std::exchange(o.used_bytes_, 0);
+    }
+    return *this;
+}
+
+void Arena::reserve(int64_t capacity_bytes) {
+    release();
+    const int64_t page = sysconf(_SC_PAGESIZE);
+    const int64_t size = std::max<int64_t>(page, (capacity_bytes + page - 1) / page * page);
+    void * p = mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    FD_CHECK(p != MAP_FAILED, "arena '{}': mmap of {} bytes failed: {}", name_, size, std::strerror(errno));
+    base_           = static_cast<std::byte *>(p);
+    capacity_bytes_ = size;
+    used_bytes_     = 0;
+}
+
+float * Arena::alloc_floats(int64_t n) {
+    const int64_t bytes = footprint_floats(n);
+    FD_CHECK(base_ != nullptr, "arena '{}' is not reserved", name_);
+    FD_CHECK(used_bytes_ + bytes <= capacity_bytes_, "arena '{}' full: {} + {} > {} bytes", name_,
+             used_bytes_, bytes, capacity_bytes_);
+    auto * p = reinterpret_cast<float *>(base_ + used_bytes_);
+    used_bytes_ += bytes;
+    return p;
+}
+
+int64_t Arena::release() {
+    if (!base_) { return 0; }
+    munmap(base_, static_cast<size_t>(capacity_bytes_));
+    const int64_t freed = capacity_bytes_;
+    base_           = nullptr;
+    capacity_bytes_ = 0;
+    used_bytes_     = 0;
+    return freed;
+}
+
+int64_t process_rss_bytes() {
+    std::ifstream in("/proc/self/status");
+    std::string   line;
+    while (std::getline(in, line)) {
+        if (line.rfind("VmRSS:", 0) == 0) { return std::stoll(line.substr(6)) * 1024; }
+    }
+    return 0;
+}
+
+}  // namespace fd

@@ -1,0 +1,102 @@
+#include "fd/config.h"
+
+#include "fd/model/worker.h"
+#include "fd/status.h"
+
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <regex>
+#include <thread>
+
+namespace fd {
+
+std::optional<int64_t> parse_bytes(const std::string & s) {
+    static const std::regex kRe(R"(^\s*(\d+)\s*([KkMmGgTt]?)(i?[Bb])?\s*$)");
+    std::smatch m;
+    if (!std::regex_match(s, m, kRe)) { return std::nullopt; }
+    int64_t v = std::stoll(m[1].str());
+    const char u = m[2].str().empty() ? ' ' : static_cast<char>(std::toupper(m[2].str()[0]));
+    const int shift = u == 'K' ? 10 : u == 'M' ? 20 : u == 'G' ? 30 : u == 'T' ? 40 : 0;
+    return v << shift;
+}
+
+namespace {
+
+int64_t mem_available_bytes() {
+    std::ifstream in("/proc/meminfo");
+    std::string   line;
+    while (std::getline(in, line)) {
+        if (line.rfind("MemAvailable:", 0) == 0) { return std::stoll(line.substr(13)) * 1024; }
+    }
+    return 0;
+}
+
+}  // namespace
+
+Resolved resolve(Config & cfg) {
+    std::vector<std::string> problems;
+    Resolved r;
+    r.model = model::load_model_config(cfg.model.model_dir);  // throws invalid_checkpoint
+
+    if (cfg.model.device != "cpu") {
+        problems.push_back(cfg.model.device == "cuda" ? "--device cuda: this build has no CUDA backend yet (use --device cpu)"
+                                                      : fmt::format("--device '{}': expected cpu or cuda", cfg.model.device));
+    }
+    if (cfg.model.tensor_parallel_size != 1) { problems.push_back("--tensor-parallel-size: only 1 is supported in this build"); }
+    if (cfg.model.n_threads <= 0) { cfg.model.n_threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())); }
+
+    auto & e = cfg.engine;
+    if (e.max_model_len <= 0) { e.max_model_len = r.model.max_position_embeddings; }
+    if (e.max_model_len < 2) { problems.push_back("--max-model-len must be >= 2"); }
+    if (e.scheduler.max_num_seqs < 1) { problems.push_back("--max-num-seqs must be >= 1"); }
+    if (e.scheduler.max_num_batched_tokens < 1) { problems.push_back("--max-num-batched-tokens must be >= 1"); }
+    const int32_t bs = cfg.kv.block_size_tokens;
+    if (bs < 1 || bs > 256 || (bs & (bs - 1)) != 0) { problems.push_back(fmt::format("--block-size {} must be a power of two in [1, 256]", bs)); }
+
+    if (auto step = model::read_version_step(cfg.model.model_dir)) { e.weight_version = *step; }
+    else { e.weight_version = cfg.model.weight_version; }
+    static const std::regex kVersion(R"(^[A-Za-z0-9._-]{1,128}$)");
+    if (!std::regex_match(e.weight_version, kVersion) || e.weight_version == "." || e.weight_version == "..") {
+        problems.push_back(fmt::format("--weight-version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", e.weight_version));
+    }
+
+    auto & s = cfg.server;
+    s.model_dir = cfg.model.model_dir;
+    if (s.served_model_name.empty()) {
+        auto p = std::filesystem::path(cfg.model.model_dir).lexically_normal();
+        if (p.filename().empty()) { p = p.parent_path(); }
+        s.served_model_name = p.filename().string();
+    }
+    if (s.port < 0 || s.port > 65535) { problems.push_back(fmt::format("--port {} must be in [0, 65535]", s.port)); }
+
+    if (problems.empty()) {
+        const int64_t block_bytes = model::Worker::kv_block_bytes(r.model, bs);
+        const std::string & kvs = cfg.kv.kv_cache_bytes;
+        int64_t bytes = 0;
+        if (kvs.find('.') != std::string::npos) {
+            const double frac = std::stod(kvs);
+            if (!(frac > 0.0 && frac <= 1.0)) { problems.push_back("--kv-cache-bytes fraction must be in (0, 1]"); }
+            bytes = static_cast<int64_t>(frac * static_cast<double>(mem_available_bytes()));
+        } else if (auto b = parse_bytes(kvs)) {
+            bytes = *b;
+            if (bytes == 0) {
+                const int64_t want_tokens = static_cast<int64_t>(e.scheduler.max_num_seqs) * e.max_model_len;
+                bytes = std::min<int64_t>((want_tokens + bs - 1) / bs * block_bytes, 4LL << 30);
+            }
+        } else {
+            problems.push_back(fmt::format("--kv-cache-bytes '{}': expected bytes (e.g. 512MiB) or a fraction (e.g. 0.3)", kvs));
+        }
+        r.n_kv_blocks = bytes / block_bytes;
+        const int64_t min_blocks = (e.max_model_len + bs - 1) / bs;
+        if (problems.empty() && r.n_kv_blocks < min_blocks) {
+            problems.push_back(fmt::format("--kv-cache-bytes {} holds {} blocks of {} bytes, fewer than one --max-model-len {} sequence needs ({})",
+                                           kvs, r.n_kv_blocks, block_bytes, e.max_model_len, min_blocks));
+        }
+    }
+    if (!problems.empty()) { throw Error(Errc::invalid_argument, fmt::format("invalid configuration:\n  {}", fmt::join(problems, "\n  "))); }
+    return r;
+}
+
+}  // namespace fd

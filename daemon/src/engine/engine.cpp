@@ -1,0 +1,293 @@
+#include "fd/engine/engine.h"
+
+#include "fd/engine/sampler.h"
+#include "fd/log.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+namespace fd::engine {
+
+/// One choice of one request, from admission to its finishing event.
+struct Engine::Sequence : SchedSeq {
+    int32_t                        choice = 0;
+    std::shared_ptr<ResultChannel> channel;
+    SamplingParams                 params;
+    int32_t                        n_prompt = 0;
+    SeqRng                         rng;
+    model::IncrementalDecoder      detok;
+    std::string                    text;            ///< generated text so far (stop strings cut off)
+    size_t                         n_text_sent = 0; ///< bytes of `text` already sent
+    size_t                         stop_holdback = 0;
+
+    Sequence(const model::Tokenizer & tok, const std::vector<int32_t> & prompt) : detok(tok, prompt) {}
+};
+
+Engine::Engine(const EngineConfig & cfg, std::unique_ptr<model::Worker> worker,
+               std::shared_ptr<const model::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg)
+    : cfg_(cfg), model_cfg_(worker->config()), tok_(std::move(tok)), kv_(kv_cfg), sched_(cfg.scheduler) {
+    workers_.push_back(std::move(worker));
+    stats_.weight_version = cfg_.weight_version;
+    publish_stats();
+}
+
+Engine::~Engine() { stop(); }
+
+void Engine::start() { thread_ = std::thread([this] { loop(); }); }
+
+void Engine::stop() {
+    if (!thread_.joinable()) { return; }
+    stop_.store(true);
+    inbox_cv_.notify_all();
+    thread_.join();
+}
+
+void Engine::submit(GenerateRequest req) {
+    if (draining_.load()) { fail(Errc::engine_paused, "the server is shutting down; retry on another replica"); }
+    {
+        std::lock_guard lk(inbox_mu_);
+        inbox_.push_back(std::move(req));
+    }
+    inbox_cv_.notify_one();
+}
+
+bool Engine::idle() const {
+    std::lock_guard lk(inbox_mu_);
+    std::lock_guard lk2(stats_mu_);
+    return inbox_.empty() && stats_.n_running == 0 && stats_.n_waiting == 0;
+}
+
+EngineStats Engine::stats() const {
+    std::lock_guard lk(stats_mu_);
+    return stats_;
+}
+
+void Engine::loop() {
+    auto lg = log::get("engine");
+    while (!stop_.load()) {
+        bool worked = false;
+        try {
+            worked = step();
+        } catch (const std::exception & e) {
+            // A failing step fails the sequences in it, never the daemon.
+            lg->error("step failed: {}", e.what());
+            for (auto & [id, s] : seqs_) {
+                ChoiceEvent ev;
+                ev.error = Error(Errc::internal, e.what());
+                finish(*s, FinishReason::error, std::move(ev));
+            }
+        }
+        if (!worked) {
+            std::unique_lock lk(inbox_mu_);
+            inbox_cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_.load() || !inbox_.empty(); });
+        }
+    }
+    // Shutdown: every sequence still alive ends with "abort".
+    for (auto & [id, s] : seqs_) { finish(*s, FinishReason::abort, ChoiceEvent{}); }
+    std::lock_guard lk(inbox_mu_);
+    for (auto & req : inbox_) {
+        for (int32_t c = 0; c < static_cast<int32_t>(req.prompts.size()) * req.n; ++c) {
+            ChoiceEvent ev;
+            ev.choice = c;
+            ev.finish = FinishReason::abort;
+            ev.weight_version = cfg_.weight_version;
+            req.channel->push(std::move(ev));
+        }
+    }
+    inbox_.clear();
+}
+
+void Engine::admit(GenerateRequest & req) {
+    int32_t choice = 0;
+    const uint64_t seed = req.params.seed ? *req.params.seed : std::random_device{}() * 0x100000001ULL + std::random_device{}();
+    size_t holdback = 0;
+    for (const auto & st : req.params.stop) { holdback = std::max(holdback, st.size()); }
+    for (const auto & prompt : req.prompts) {
+        for (int32_t i = 0; i < req.n; ++i, ++choice) {
+            auto s           = std::make_unique<Sequence>(*tok_, prompt);
+            s->id            = next_seq_id_++;
+            s->tokens        = prompt;
+            s->n_prompt      = static_cast<int32_t>(prompt.size());
+            s->choice        = choice;
+            s->channel       = req.channel;
+            s->params        = req.params;
+            s->rng           = SeqRng::from_seed(seed, choice);
+            s->stop_holdback = holdback > 0 ? holdback - 1 : 0;
+            sched_.add(s.get());
+            seqs_.emplace(s->id, std::move(s));
+        }
+    }
+    std::lock_guard lk(stats_mu_);
+    ++stats_.n_requests_total;
+}
+
+void Engine::finish(Sequence & s, FinishReason why, ChoiceEvent ev) {
+    ev.choice          = s.choice;
+    ev.finish          = why;
+    ev.n_prompt_tokens = s.n_prompt;
+    ev.n_cached_tokens = std::max(0, s.n_cached);
+    ev.weight_version  = cfg_.weight_version;
+    if (s.n_text_sent < s.text.size()) {
+        ev.text += s.text.substr(s.n_text_sent);
+        s.n_text_sent = s.text.size();
+    }
+    s.channel->push(std::move(ev));
+    s.channel.reset();  // marks the sequence finished; released at the end of the step
+}
+
+void Engine::append_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev) {
+    const SamplingParams & p = s.params;
+    s.tokens.push_back(tok);
+    ev.token_ids.push_back(tok);
+    if (p.logprobs >= 0) { ev.logprobs.push_back(token_logprobs(logits, model_cfg_.vocab_size, tok, p.logprobs, scratch_)); }
+    const int32_t n_generated = static_cast<int32_t>(s.tokens.size()) - s.n_prompt;
+
+    FinishReason why = FinishReason::none;
+    const bool is_eos = std::find(model_cfg_.eos_token_ids.begin(), model_cfg_.eos_token_ids.end(), tok) != model_cfg_.eos_token_ids.end();
+    const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
+    if ((is_eos && !p.ignore_eos) || is_stop_id) {
+        why = FinishReason::stop;
+    } else {
+        const size_t before = s.text.size();
+        s.text += s.detok.push(tok);
+        for (const auto & st : p.stop) {
+            const size_t from = before >= st.size() ? before - st.size() + 1 : 0;
+            const size_t at   = s.text.find(st, from);
+            if (at != std::string::npos) {
+                s.text.resize(at);
+                s.n_text_sent = std::min(s.n_text_sent, s.text.size());
+                why = FinishReason::stop;
+            }
+        }
+        if (why == FinishReason::none && (n_generated >= p.max_tokens || static_cast<int32_t>(s.tokens.size()) >= cfg_.max_model_len)) {
+            why = FinishReason::length;
+            s.text += s.detok.flush();
+        }
+    }
+    if (why != FinishReason::none) {
+        finish(s, why, std::move(ev));
+        return;
+    }
+    const size_t sendable = s.text.size() > s.stop_holdback ? s.text.size() - s.stop_holdback : 0;
+    if (sendable > s.n_text_sent) {
+        ev.text = s.text.substr(s.n_text_sent, sendable - s.n_text_sent);
+        s.n_text_sent = sendable;
+    }
+    ev.choice          = s.choice;
+    ev.n_prompt_tokens = s.n_prompt;
+    ev.n_cached_tokens = std::max(0, s.n_cached);
+    ev.weight_version  = cfg_.weight_version;
+    s.channel->push(std::move(ev));
+}
+
+bool Engine::step() {
+    {
+        std::deque<GenerateRequest> incoming;
+        {
+            std::lock_guard lk(inbox_mu_);
+            incoming.swap(inbox_);
+        }
+        for (auto & req : incoming) { admit(req); }
+    }
+    // Drop sequences whose client went away.
+    for (auto & [id, s] : seqs_) {
+        if (s->channel && s->channel->cancelled()) { s->channel.reset(); }
+    }
+    auto reap = [&] {
+        for (auto it = seqs_.begin(); it != seqs_.end();) {
+            if (!it->second->channel) {
+                sched_.remove(it->second.get());
+                kv_.release(it->first);
+                it = seqs_.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    };
+    reap();
+
+    const auto t0 = std::chrono::steady_clock::now();
+    ScheduleDecision d = sched_.schedule(kv_);
+    for (SchedSeq * r : d.rejected) {
+        auto & s = static_cast<Sequence &>(*r);
+        ChoiceEvent ev;
+        ev.error = Error(Errc::invalid_argument, fmt::format("prompt of {} tokens does not fit the KV cache ({} blocks of {} tokens); raise --kv-cache-bytes",
+                                                            s.tokens.size(), kv_.n_blocks_total(), kv_.block_size()), "prompt");
+        finish(s, FinishReason::error, std::move(ev));
+    }
+    if (!d.preempted.empty()) { log::get("engine")->warn("preempted {} sequence(s) (KV blocks exhausted); they will be recomputed", d.preempted.size()); }
+    if (d.run.empty()) {
+        reap();
+        publish_stats();
+        return !d.rejected.empty();
+    }
+
+    // Build the flat batch.
+    batch_.clear();
+    const int32_t bs = kv_.block_size();
+    std::vector<Sequence *> sampled;
+    for (const auto & [ss, n] : d.run) {
+        auto &        s     = static_cast<Sequence &>(*ss);
+        const auto &  table = kv_.block_table(s.id);
+        for (int32_t j = 0; j < n; ++j) {
+            const int32_t pos = static_cast<int32_t>(s.n_computed) + j;
+            batch_.tokens.push_back(s.tokens[pos]);
+            batch_.positions.push_back(pos);
+            batch_.slots.push_back(static_cast<int64_t>(table[pos / bs]) * bs + pos % bs);
+            batch_.queries.push_back({table.data(), pos + 1});
+        }
+        if (s.n_computed + n == static_cast<int64_t>(s.tokens.size())) {
+            batch_.logits_rows.push_back(static_cast<int32_t>(batch_.tokens.size()) - 1);
+            sampled.push_back(&s);
+        }
+    }
+    const int32_t vocab = model_cfg_.vocab_size;
+    logits_.resize(batch_.logits_rows.size() * static_cast<size_t>(vocab));
+    workers_[0]->forward(batch_, logits_.data());
+
+    for (const auto & [ss, n] : d.run) {
+        auto & s = static_cast<Sequence &>(*ss);
+        s.n_computed += n;
+        kv_.commit_full_blocks(s.id, s.tokens, s.n_computed);
+    }
+    int64_t n_generated = 0, n_prompt = 0, n_cached = 0;
+    for (size_t i = 0; i < sampled.size(); ++i) {
+        Sequence &    s      = *sampled[i];
+        if (static_cast<int32_t>(s.tokens.size()) == s.n_prompt) {  // first token of this choice
+            n_prompt += s.n_prompt;
+            n_cached += std::max(0, s.n_cached);
+        }
+        const float * logits = &logits_[i * vocab];
+        ChoiceEvent   ev;
+        append_token(s, sample_token(logits, vocab, s.params, s.rng), logits, ev);
+        ++n_generated;
+    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    {
+        std::lock_guard lk(stats_mu_);
+        stats_.n_tokens_generated_total += n_generated;
+        stats_.n_tokens_prompt_total += n_prompt;
+        stats_.n_tokens_cached_total += n_cached;
+        stats_.n_preemptions_total += static_cast<int64_t>(d.preempted.size());
+        ++stats_.n_steps_total;
+        size_t b = 0;
+        while (b < kStepLatencyBuckets.size() && dt > kStepLatencyBuckets[b]) { ++b; }
+        ++stats_.step_latency_counts[b];
+        stats_.step_latency_sum_s += dt;
+    }
+    reap();
+    publish_stats();
+    return true;
+}
+
+void Engine::publish_stats() {
+    std::lock_guard lk(stats_mu_);
+    stats_.n_running         = static_cast<int64_t>(sched_.running().size());
+    stats_.n_waiting         = static_cast<int64_t>(sched_.waiting().size());
+    stats_.n_kv_blocks_used  = kv_.n_blocks_used();
+    stats_.n_kv_blocks_free  = kv_.n_blocks_free();
+    stats_.n_kv_blocks_total = kv_.n_blocks_total();
+}
+
+}  // namespace fd::engine

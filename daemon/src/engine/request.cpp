@@ -1,0 +1,40 @@
+#include "fd/engine/request.h"
+
+namespace fd::engine {
+
+const char * to_string(FinishReason r) {
+    switch (r) {
+        case FinishReason::none: return "";
+        case FinishReason::stop: return "stop";
+        case FinishReason::length: return "length";
+        case FinishReason::abort: return "abort";
+        case FinishReason::error: return "error";
+    }
+    return "";
+}
+
+void ResultChannel::push(ChoiceEvent ev) {
+    {
+        std::lock_guard lk(mu_);
+        q_.push_back(std::move(ev));
+    }
+    cv_.notify_one();
+}
+
+std::vector<ChoiceEvent> ResultChannel::pop_all(std::chrono::milliseconds wait) {
+    std::unique_lock lk(mu_);
+    cv_.wait_for(lk, wait, [&] { return !q_.empty(); });
+    std::vector<ChoiceEvent> out(std::make_move_iterator(q_.begin()), std::make_move_iterator(q_.end()));
+    q_.clear();
+    for (const auto & ev : out) {
+        if (ev.finish != FinishReason::none) { --n_open_; }
+    }
+    return out;
+}
+
+bool ResultChannel::done() const {
+    std::lock_guard lk(mu_);
+    return n_open_ <= 0 && q_.empty();
+}
+
+}  // namespace fd::engine

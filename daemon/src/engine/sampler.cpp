@@ -1,0 +1,81 @@
+#include "fd/engine/sampler.h"
+
+#include "fd/kernels/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace fd::engine {
+
+double SeqRng::next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+SeqRng SeqRng::from_seed(uint64_t seed, int32_t choice) {
+    SeqRng r{seed};
+    for (int32_t i = 0; i <= choice; ++i) { r.state ^= static_cast<uint64_t>(r.next() * 0x1.0p53) + static_cast<uint64_t>(i); }
+    return r;
+}
+
+int32_t sample_token(const float * logits, int32_t vocab, const SamplingParams & p, SeqRng & rng) {
+    if (p.temperature <= 0.0f) { return static_cast<int32_t>(kernels::argmax(logits, vocab)); }
+    const double u        = rng.next();
+    const bool   restrict = (p.top_k > 0 && p.top_k < vocab) || p.top_p < 1.0f;
+    std::vector<int32_t> ids(static_cast<size_t>(vocab));
+    std::iota(ids.begin(), ids.end(), 0);
+    int32_t n = vocab;
+    auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+    if (restrict) {
+        n = p.top_k > 0 ? std::min(p.top_k, vocab) : vocab;
+        std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), by_logit);
+    }
+    const float mx = logits[kernels::argmax(logits, vocab)];
+    std::vector<double> prob(static_cast<size_t>(n));
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; ++i) {
+        prob[i] = std::exp(static_cast<double>(logits[ids[i]] - mx) / p.temperature);
+        sum += prob[i];
+    }
+    if (p.top_p < 1.0f) {
+        double cum = 0.0;
+        int32_t keep = n;
+        for (int32_t i = 0; i < n; ++i) {
+            cum += prob[i] / sum;
+            if (cum >= p.top_p) { keep = i + 1; break; }
+        }
+        n   = keep;
+        sum = std::accumulate(prob.begin(), prob.begin() + n, 0.0);
+    }
+    const double target = u * sum;
+    double cum = 0.0;
+    for (int32_t i = 0; i < n; ++i) {
+        cum += prob[i];
+        if (target < cum) { return ids[i]; }
+    }
+    return ids[n - 1];
+}
+
+TokenLogprob token_logprobs(const float * logits, int32_t vocab, int32_t id, int32_t k, std::vector<float> & scratch) {
+    scratch.resize(static_cast<size_t>(vocab));
+    kernels::log_softmax(scratch.data(), logits, vocab);
+    TokenLogprob out;
+    out.id      = id;
+    out.logprob = scratch[id];
+    if (k > 0) {
+        std::vector<int32_t> ids(static_cast<size_t>(vocab));
+        std::iota(ids.begin(), ids.end(), 0);
+        const int32_t n = std::min(k, vocab);
+        std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), [&](int32_t a, int32_t b) {
+            return scratch[a] > scratch[b] || (scratch[a] == scratch[b] && a < b);
+        });
+        for (int32_t i = 0; i < n; ++i) { out.top.emplace_back(ids[i], scratch[ids[i]]); }
+    }
+    return out;
+}
+
+}  // namespace fd::engine

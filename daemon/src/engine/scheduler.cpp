@@ -1,0 +1,68 @@
+#include "fd/engine/scheduler.h"
+
+#include <algorithm>
+
+namespace fd::engine {
+
+void Scheduler::remove(SchedSeq * s) {
+    running_.erase(std::remove(running_.begin(), running_.end(), s), running_.end());
+    waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), s), waiting_.end());
+}
+
+void Scheduler::preempt(SchedSeq * s, kv::KvCache & kv, ScheduleDecision & d) {
+    kv.release(s->id);
+    s->n_computed = 0;
+    ++s->n_preempted;
+    running_.erase(std::remove(running_.begin(), running_.end(), s), running_.end());
+    waiting_.push_front(s);
+    d.preempted.push_back(s);
+}
+
+ScheduleDecision Scheduler::schedule(kv::KvCache & kv) {
+    ScheduleDecision d;
+    int64_t budget = cfg_.max_num_batched_tokens;
+
+    // 1. Running sequences, oldest first; preempt from the newest end when blocks run out.
+    for (size_t i = 0; i < running_.size() && budget > 0;) {
+        SchedSeq *    s = running_[i];
+        const int64_t n = std::min(s->n_remaining(), budget);
+        bool          self_preempted = false;
+        while (!kv.allocate(s->id, s->n_computed + n)) {
+            SchedSeq * victim = running_.back();
+            preempt(victim, kv, d);
+            if (victim == s) { self_preempted = true; break; }
+        }
+        if (self_preempted) { break; }
+        d.run.push_back({s, static_cast<int32_t>(n)});
+        budget -= n;
+        ++i;
+    }
+
+    // 2. Waiting sequences, FIFO, unless this step had to preempt.
+    while (d.preempted.empty() && !waiting_.empty() && budget > 0 &&
+           static_cast<int32_t>(running_.size()) < cfg_.max_num_seqs) {
+        SchedSeq * s = waiting_.front();
+        const int64_t blocks_min = (static_cast<int64_t>(s->tokens.size()) + 1 + kv.block_size() - 1) / kv.block_size();
+        if (blocks_min > kv.n_blocks_total()) {
+            waiting_.pop_front();
+            d.rejected.push_back(s);
+            continue;
+        }
+        const int32_t cached = kv.match_prefix(s->id, s->tokens);
+        s->n_computed = cached;
+        const int64_t n = std::min(s->n_remaining(), budget);
+        if (!kv.allocate(s->id, s->n_computed + n)) {
+            kv.release(s->id);
+            s->n_computed = 0;
+            break;
+        }
+        if (s->n_cached < 0) { s->n_cached = cached; }
+        waiting_.pop_front();
+        running_.push_back(s);
+        d.run.push_back({s, static_cast<int32_t>(n)});
+        budget -= n;
+    }
+    return d;
+}
+
+}  // namespace fd::engine

@@ -1,0 +1,138 @@
+#include "fd/kv/kv_cache.h"
+
+#include "fd/status.h"
+
+#include <functional>
+#include <string_view>
+
+namespace fd::kv {
+
+KvCache::KvCache(const KvCacheConfig & cfg) : cfg_(cfg), blocks_(static_cast<size_t>(cfg.n_blocks)) {
+    FD_CHECK(cfg.n_blocks > 0 && cfg.block_size_tokens > 0, "KV cache needs blocks ({} x {})", cfg.n_blocks, cfg.block_size_tokens);
+    free_.reserve(blocks_.size());
+    for (int64_t i = cfg.n_blocks - 1; i >= 0; --i) { free_.push_back(static_cast<int32_t>(i)); }
+}
+
+uint64_t KvCache::chain_hash(uint64_t parent_hash, const int32_t * tokens) const {
+    const std::string_view bytes(reinterpret_cast<const char *>(tokens), sizeof(int32_t) * cfg_.block_size_tokens);
+    const uint64_t h = std::hash<std::string_view>{}(bytes);
+    return parent_hash ^ (h + 0x9e3779b97f4a7c15ULL + (parent_hash << 6) + (parent_hash >> 2));
+}
+
+int32_t KvCache::take_block() {
+    int32_t id;
+    if (!free_.empty()) {
+        id = free_.back();
+        free_.pop_back();
+    } else {
+        FD_CHECK(!lru_.empty(), "no KV block left to take");
+        id = lru_.front();
+        lru_.pop_front();
+        Block & b = blocks_[id];
+        by_hash_.erase(b.hash);
+        b.cached = false;
+        b.tokens.clear();
+    }
+    blocks_[id].ref = 1;
+    return id;
+}
+
+void KvCache::unref(int32_t id) {
+    Block & b = blocks_[id];
+    FD_CHECK(b.ref > 0, "KV block {} released twice", id);
+    if (--b.ref > 0) { return; }
+    if (b.cached) {
+        lru_.push_back(id);
+        b.lru_it = std::prev(lru_.end());
+    } else {
+        free_.push_back(id);
+    }
+}
+
+int32_t KvCache::match_prefix(SeqId seq, const std::vector<int32_t> & tokens) {
+    auto & table = tables_[seq];
+    FD_CHECK(table.empty(), "match_prefix on seq {} that already holds blocks", seq);
+    if (!cfg_.enable_prefix_caching || tokens.empty()) { return 0; }
+    const int64_t bs       = cfg_.block_size_tokens;
+    const int64_t n_full   = (static_cast<int64_t>(tokens.size()) - 1) / bs;
+    uint64_t      h        = 0;
+    int32_t       parent   = -1;
+    for (int64_t i = 0; i < n_full; ++i) {
+        h = chain_hash(h, tokens.data() + i * bs);
+        auto it = by_hash_.find(h);
+        if (it == by_hash_.end()) { break; }
+        Block & b = blocks_[it->second];
+        if (b.parent != parent || !std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin() + i * bs)) { break; }
+        if (b.ref++ == 0) { lru_.erase(b.lru_it); }
+        table.push_back(it->second);
+        parent = it->second;
+    }
+    n_committed_blocks_[seq] = static_cast<int64_t>(table.size());
+    return static_cast<int32_t>(table.size() * bs);
+}
+
+int64_t KvCache::n_blocks_needed(SeqId seq, int64_t n_tokens) const {
+    auto it = tables_.find(seq);
+    const int64_t have = it == tables_.end() ? 0 : static_cast<int64_t>(it->second.size());
+    const int64_t need = (n_tokens + cfg_.block_size_tokens - 1) / cfg_.block_size_tokens;
+    return std::max<int64_t>(0, need - have);
+}
+
+bool KvCache::allocate(SeqId seq, int64_t n_tokens) {
+    const int64_t n_new = n_blocks_needed(seq, n_tokens);
+    if (n_new > n_blocks_free()) { return false; }
+    auto & table = tables_[seq];
+    for (int64_t i = 0; i < n_new; ++i) { table.push_back(take_block()); }
+    return true;
+}
+
+void KvCache::commit_full_blocks(SeqId seq, const std::vector<int32_t> & tokens, int64_t n_computed) {
+    if (!cfg_.enable_prefix_caching) { return; }
+    auto & table = tables_.at(seq);
+    int64_t & done = n_committed_blocks_[seq];
+    const int64_t bs     = cfg_.block_size_tokens;
+    const int64_t n_full = std::min<int64_t>(n_computed / bs, static_cast<int64_t>(table.size()));
+    uint64_t h = done > 0 ? blocks_[table[done - 1]].hash : 0;
+    for (int64_t i = done; i < n_full; ++i) {
+        Block & b = blocks_[table[i]];
+        h = chain_hash(h, tokens.data() + i * bs);
+        b.hash   = h;
+        b.parent = i > 0 ? table[i - 1] : -1;
+        if (!b.cached && by_hash_.count(h) == 0) {
+            b.tokens.assign(tokens.begin() + i * bs, tokens.begin() + (i + 1) * bs);
+            b.cached = true;
+            by_hash_[h] = table[i];
+        }
+    }
+    done = std::max(done, n_full);
+}
+
+void KvCache::release(SeqId seq) {
+    auto it = tables_.find(seq);
+    if (it == tables_.end()) { return; }
+    // Release in reverse so a chain's tail is evicted before its head.
+    for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) { unref(*b); }
+    tables_.erase(it);
+    n_committed_blocks_.erase(seq);
+}
+
+void KvCache::flush_prefix_cache() {
+    for (auto & [h, id] : by_hash_) {
+        Block & b = blocks_[id];
+        b.cached = false;
+        b.tokens.clear();
+        if (b.ref == 0) {
+            lru_.erase(b.lru_it);
+            free_.push_back(id);
+        }
+    }
+    by_hash_.clear();
+}
+
+const std::vector<int32_t> & KvCache::block_table(SeqId seq) const {
+    static const std::vector<int32_t> kEmpty;
+    auto it = tables_.find(seq);
+    return it == tables_.end() ? kEmpty : it->second;
+}
+
+}  // namespace fd::kv

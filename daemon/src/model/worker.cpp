@@ -1,0 +1,94 @@
+// The Llama / Qwen2 forward pass on the CPU ops, one readable function (after llama2.c forward()).
+#include "fd/model/worker.h"
+
+#include "fd/log.h"
+#include "fd/status.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace fd::model {
+
+int64_t Worker::kv_block_bytes(const ModelConfig & c, int32_t block_size) {
+    return 2LL * c.n_layers * block_size * c.kv_dim() * static_cast<int64_t>(sizeof(float));
+}
+
+Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg)
+    : cfg_(cfg), wcfg_(wcfg), pool_(std::make_unique<kernels::ThreadPool>(std::max(1, wcfg.n_threads))) {
+    FD_CHECK(wcfg.n_blocks > 0 && wcfg.block_size > 0, "worker needs KV blocks ({} x {})", wcfg.n_blocks, wcfg.block_size);
+    w_ = load_weights(cfg_, idx, weights_arena_);
+    const int64_t per_layer = wcfg.n_blocks * wcfg.block_size * static_cast<int64_t>(cfg_.kv_dim());
+    kv_arena_.reserve(2 * cfg_.n_layers * Arena::footprint_floats(per_layer));
+    for (int il = 0; il < cfg_.n_layers; ++il) {
+        k_pool_.push_back(kv_arena_.alloc_floats(per_layer));
+        v_pool_.push_back(kv_arena_.alloc_floats(per_layer));
+    }
+    rope_.resize(static_cast<size_t>(wcfg.max_model_len) * cfg_.head_dim);
+    kernels::rope_table(rope_.data(), wcfg.max_model_len, cfg_.head_dim, cfg_.rope_theta);
+    log::get("model")->info("rank={} | weights {:.1f} MiB, KV pool {} blocks x {} tokens = {:.1f} MiB, {} threads",
+                            wcfg.rank, weights_arena_.used_bytes() / 1048576.0, wcfg.n_blocks, wcfg.block_size,
+                            kv_arena_.capacity_bytes() / 1048576.0, pool_->n_threads());
+}
+
+kernels::PagedKv Worker::layer_kv(int il) {
+    return {k_pool_[il], v_pool_[il], wcfg_.block_size, cfg_.n_kv_heads, cfg_.head_dim};
+}
+
+void Worker::forward(const StepBatch & b, float * logits) {
+    namespace K = kernels;
+    const int64_t n = b.n_tokens(), h = cfg_.hidden_size, q_dim = cfg_.q_dim(), kv_dim = cfg_.kv_dim();
+    const int64_t qkv_dim = q_dim + 2 * kv_dim, ff = cfg_.intermediate_size;
+    K::ThreadPool * pool = pool_.get();
+    x_.resize(n * h);        // [n, hidden] residual stream
+    xn_.resize(n * h);       // [n, hidden] normalized
+    qkv_.resize(n * qkv_dim);// [n, q_dim + 2 kv_dim]
+    q_.resize(n * q_dim);    // [n, n_heads, head_dim]
+    k_.resize(n * kv_dim);   // [n, n_kv_heads, head_dim]
+    v_.resize(n * kv_dim);
+    att_.resize(n * q_dim);  // [n, n_heads, head_dim]
+    ff_.resize(n * 2 * ff);  // [n, 2 * intermediate]  gate | up
+    gate_.resize(n * ff);    // [n, intermediate]
+
+    for (int64_t t = 0; t < n; ++t) {
+        FD_CHECK(b.tokens[t] >= 0 && b.tokens[t] < cfg_.vocab_size, "token id {} outside vocab", b.tokens[t]);
+        FD_CHECK(b.positions[t] < wcfg_.max_model_len, "position {} beyond max_model_len", b.positions[t]);
+        std::memcpy(&x_[t * h], w_.embed + static_cast<int64_t>(b.tokens[t]) * h, sizeof(float) * h);
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim));
+    for (int il = 0; il < cfg_.n_layers; ++il) {
+        const LayerWeights & L = w_.layers[il];
+        // attention
+        K::rms_norm(xn_.data(), x_.data(), L.attn_norm, n, h, cfg_.rms_norm_eps);
+        K::matmul_packed(qkv_.data(), xn_.data(), L.wqkv, L.bqkv, n, qkv_dim, h, pool);
+        for (int64_t t = 0; t < n; ++t) {
+            const float * row = &qkv_[t * qkv_dim];
+            std::memcpy(&q_[t * q_dim], row, sizeof(float) * q_dim);
+            std::memcpy(&k_[t * kv_dim], row + q_dim, sizeof(float) * kv_dim);
+            std::memcpy(&v_[t * kv_dim], row + q_dim + kv_dim, sizeof(float) * kv_dim);
+        }
+        K::rope_rotate_half(q_.data(), b.positions.data(), rope_.data(), n, cfg_.n_heads, cfg_.head_dim);
+        K::rope_rotate_half(k_.data(), b.positions.data(), rope_.data(), n, cfg_.n_kv_heads, cfg_.head_dim);
+        const K::PagedKv kv = layer_kv(il);
+        K::kv_store(kv, k_.data(), v_.data(), b.slots.data(), n);
+        K::attention_paged(att_.data(), q_.data(), b.queries.data(), n, cfg_.n_heads, kv, scale, pool);
+        K::matmul_packed(xn_.data(), att_.data(), L.wo, nullptr, n, h, q_dim, pool);
+        K::add_inplace(x_.data(), xn_.data(), n * h);
+        // SwiGLU MLP
+        K::rms_norm(xn_.data(), x_.data(), L.mlp_norm, n, h, cfg_.rms_norm_eps);
+        K::matmul_packed(ff_.data(), xn_.data(), L.w_gate_up, nullptr, n, 2 * ff, h, pool);
+        for (int64_t t = 0; t < n; ++t) {
+            K::silu_mul(&gate_[t * ff], &ff_[t * 2 * ff], &ff_[t * 2 * ff + ff], ff);
+        }
+        K::matmul_packed(xn_.data(), gate_.data(), L.w_down, nullptr, n, h, ff, pool);
+        K::add_inplace(x_.data(), xn_.data(), n * h);
+    }
+    // Final norm and LM head, only for the rows that need logits.
+    const int64_t n_logits = static_cast<int64_t>(b.logits_rows.size());
+    rows_.resize(n_logits * h);
+    for (int64_t i = 0; i < n_logits; ++i) {
+        K::rms_norm(&rows_[i * h], &x_[static_cast<int64_t>(b.logits_rows[i]) * h], w_.final_norm, 1, h, cfg_.rms_norm_eps);
+    }
+    K::matmul_packed(logits, rows_.data(), w_.lm_head, nullptr, n_logits, cfg_.vocab_size, h, pool);
+}
+
+}  // namespace fd::model

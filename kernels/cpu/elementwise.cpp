@@ -1,0 +1,106 @@
+// Row-wise and elementwise ops (see ops.h): rms_norm, silu_mul, add_inplace, rope, log_softmax.
+#include "fd/kernels/ops.h"
+
+#include <cmath>
+
+namespace fd::kernels {
+
+void rms_norm(float * out, const float * x, const float * weight, int64_t n_rows, int64_t n_embd,
+              float eps) {
+    for (int64_t t = 0; t < n_rows; ++t) {
+        const float * xr = x + t * n_embd;
+        float *       o  = out + t * n_embd;
+        float         ss = 0.0f;
+        for (int64_t i = 0; i < n_embd; ++i) { ss += xr[i] * xr[i]; }
+        const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n_embd) + eps);
+        for (int64_t i = 0; i < n_embd; ++i) { o[i] = weight[i] * (inv * xr[i]); }
+    }
+}
+
+void silu_mul(float * out, const float * gate, const float * up, int64_t n_elems) {
+    for (int64_t i = 0; i < n_elems; ++i) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+}
+
+void add_inplace(float * out, const float * x, int64_t n_elems) {
+    for (int64_t i = 0; i < n_elems; ++i) { out[i] += x[i]; }
+}
+
+void rope_table(float * cos_sin, int64_t n_pos, int64_t head_dim, float theta) {
+    const int64_t half = head_dim / 2;
+    for (int64_t pos = 0; pos < n_pos; ++pos) {
+        for (int64_t j = 0; j < half; ++j) {
+            const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * j) / static_cast<float>(head_dim));
+            const float angle    = static_cast<float>(pos) * inv_freq;
+            cos_sin[pos * head_dim + j]        = std::cos(angle);
+            cos_sin[pos * head_dim + half + j] = std::sin(angle);
+        }
+    }
+}
+
+void rope_rotate_half(float * x, const int32_t * positions, const float * cos_sin,
+                      int64_t n_tokens, int64_t n_heads, int64_t head_dim) {
+    const int64_t half = head_dim / 2;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        const float * cs = cos_sin + static_cast<int64_t>(positions[t]) * head_dim;
+        for (int64_t h = 0; h < n_heads; ++h) {
+            float * v = x + (t * n_heads + h) * head_dim;
+            for (int64_t j = 0; j < half; ++j) {
+                const float x1 = v[j], x2 = v[j + half];
+                const float c = cs[j], s = cs[half + j];
+                v[j]        = x1 * c - x2 * s;
+                v[j + half] = x2 * c + x1 * s;
+            }
+        }
+    }
+}
+
+void log_softmax(float * out, const float * x, int64_t n) {
+    float mx = x[0];
+    for (int64_t i = 1; i < n; ++i) { mx = x[i] > mx ? x[i] : mx; }
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) { sum += std::exp(static_cast<double>(x[i] - mx)); }
+    const float lse = static_cast<float>(std::log(sum));
+    for (int64_t i = 0; i < n; ++i) { out[i] = x[i] - mx - lse; }
+}
+
+int64_t argmax(const float * x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; ++i) {
+        if (x[i] > x[best]) { best = i; }
+    }
+    return best;
+}
+
+void bf16_to_f32(float * out, const uint16_t * in, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
+        __builtin_memcpy(&out[i], &bits, 4);
+    }
+}
+
+void f16_to_f32(float * out, const uint16_t * in, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const uint32_t h    = in[i];
+        const uint32_t sign = (h & 0x8000u) << 16;
+        uint32_t       exp  = (h >> 10) & 0x1f;
+        uint32_t       mant = h & 0x3ffu;
+        uint32_t       bits;
+        if (exp == 0x1f) {                      // inf / NaN
+            bits = sign | 0x7f800000u | (mant << 13);
+        } else if (exp != 0) {                  // normal
+            bits = sign | ((exp + 112) << 23) | (mant << 13);
+        } else if (mant == 0) {                 // zero
+            bits = sign;
+        } else {                                // subnormal: renormalize
+            exp = 113;
+            while ((mant & 0x400u) == 0) { mant <<= 1; --exp; }
+            bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+        }
+        __builtin_memcpy(&out[i], &bits, 4);
+    }
+}
+
+}  // namespace fd::kernels

@@ -1,0 +1,148 @@
+// fd/kernels/ops.h — every compute op of fdrollout, once.
+//
+// Conventions
+// - Shapes are written [d0, d1, ...] OUTERMOST FIRST (row-major), with named dimensions.
+// - Strides are in elements. Tensors are contiguous unless a stride argument says otherwise.
+// - Mutated arguments come first.
+// - All ops are f32 with f32 accumulation. Inputs are validated by the callers (the model
+//   runner), never in inner loops.
+// - Batch invariance: every op computes each output row with the same sequence of floating-
+//   point operations whatever the number of rows, the other rows' contents or the thread
+//   count. A sequence's logits are therefore bitwise independent of what else is batched.
+// - CPU implementations live in kernels/cpu/<op>.cpp; CUDA twins go in kernels/cuda/<op>.cu and
+//   are tested against these.
+#pragma once
+
+#include "fd/kernels/thread_pool.h"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fd::kernels {
+
+// ---------------------------------------------------------------------------------------------
+// Linear layers
+// ---------------------------------------------------------------------------------------------
+
+/// Output columns per packed weight panel.
+inline constexpr int kPanelCols = 32;
+
+/// Number of floats a packed [n_out, n_in] weight occupies: ceil(n_out / 32) * n_in * 32.
+int64_t packed_linear_floats(int64_t n_out, int64_t n_in);
+
+/// Repack a PyTorch-layout linear weight for matmul_packed.
+///   packed[p, k, c] = w[p * 32 + c, k]   (0 where p * 32 + c >= n_out)
+/// Shapes   packed [ceil(n_out/32), n_in, 32]   written; 64-byte alignment recommended
+///          w      [n_out, n_in]
+void pack_linear(float * packed, const float * w, int64_t n_out, int64_t n_in);
+
+/// out = x · Wᵀ (+ bias), with W packed by pack_linear.
+///   out[t, o] = sum_{k = 0..n_in-1, in order} x[t, k] * W[o, k]   (+ bias[o])
+/// Each output is one fused multiply-add chain over k from 0, so a row's result does not depend
+/// on n_rows, the tiling or the thread count (batch-invariant, unlike BLAS sgemm).
+/// Shapes   out    [n_rows, n_out]   written
+///          x      [n_rows, n_in]
+///          packed [ceil(n_out/32), n_in, 32]
+///          bias   [n_out] or nullptr
+/// Threads  output panels are split over `pool` (may be nullptr = caller only).
+/// Source   register-tiled micro-kernel in the style of BLIS (Van Zee & van de Geijn 2015),
+///          without the k-split that makes BLAS results depend on the problem size.
+void matmul_packed(float * out, const float * x, const float * packed, const float * bias,
+                   int64_t n_rows, int64_t n_out, int64_t n_in, ThreadPool * pool);
+
+// ---------------------------------------------------------------------------------------------
+// Normalization, activation, elementwise
+// ---------------------------------------------------------------------------------------------
+
+/// RMS-normalize each row and scale by `weight`.
+///   out[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * weight[:]
+/// Shapes   out [n_rows, n_embd] written, may alias x;  x [n_rows, n_embd];  weight [n_embd]
+/// Source   Zhang & Sennrich 2019; llama2.c rmsnorm.
+void rms_norm(float * out, const float * x, const float * weight, int64_t n_rows, int64_t n_embd,
+              float eps);
+
+/// SwiGLU gate: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
+/// Shapes   out, gate, up [n_elems]; out may alias gate.
+/// Source   Shazeer 2020, "GLU Variants Improve Transformer".
+void silu_mul(float * out, const float * gate, const float * up, int64_t n_elems);
+
+/// Residual add: out[i] += x[i].   Shapes  out, x [n_elems].
+void add_inplace(float * out, const float * x, int64_t n_elems);
+
+// ---------------------------------------------------------------------------------------------
+// Rotary position embedding
+// ---------------------------------------------------------------------------------------------
+
+/// Precompute the RoPE table (HF Llama: inv_freq[j] = theta^(-2j / head_dim)).
+///   cos_sin[pos, j]            = cos(pos * inv_freq[j]),
+///   cos_sin[pos, head_dim/2+j] = sin(pos * inv_freq[j])        for j in [0, head_dim/2)
+/// Shapes   cos_sin [n_pos, head_dim] written.
+void rope_table(float * cos_sin, int64_t n_pos, int64_t head_dim, float theta);
+
+/// Rotate every head of every token in place, HF `rotate_half` convention: element j pairs with
+/// j + head_dim/2.  x1' = x1*cos - x2*sin,  x2' = x2*cos + x1*sin.
+/// Shapes   x         [n_tokens, n_heads, head_dim]  modified in place
+///          positions [n_tokens]  (each < n_pos of the table)
+///          cos_sin   [n_pos, head_dim] from rope_table
+/// Source   Su et al. 2021 (RoFormer); transformers modeling_llama.apply_rotary_pos_emb.
+void rope_rotate_half(float * x, const int32_t * positions, const float * cos_sin,
+                      int64_t n_tokens, int64_t n_heads, int64_t head_dim);
+
+// ---------------------------------------------------------------------------------------------
+// Paged KV cache and attention
+// ---------------------------------------------------------------------------------------------
+
+/// One layer's paged KV pool.
+///   k, v [n_blocks, block_size, n_kv_heads, head_dim]
+struct PagedKv {
+    float * k          = nullptr;
+    float * v          = nullptr;
+    int32_t block_size = 0;  ///< tokens per block
+    int32_t n_kv_heads = 0;
+    int32_t head_dim   = 0;
+};
+
+/// Store each token's K and V at its slot (slot = block_id * block_size + offset).
+/// Shapes   k_new, v_new [n_tokens, n_kv_heads, head_dim];  slots [n_tokens]
+void kv_store(PagedKv kv, const float * k_new, const float * v_new, const int64_t * slots,
+              int64_t n_tokens);
+
+/// What one query token attends to: positions [0, n_ctx) of its sequence, whose KV lives in
+/// blocks block_table[0 .. ceil(n_ctx / block_size)).
+struct AttnQuery {
+    const int32_t * block_table = nullptr;
+    int32_t         n_ctx       = 0;
+};
+
+/// Causal GQA attention over the paged pool, one softmax per (token, head):
+///   s[t]   = scale * <q[i, h, :], K[t, h / (n_heads / n_kv_heads), :]>   for t < n_ctx(i)
+///   out[i, h, :] = sum_t softmax(s)[t] * V[t, kv(h), :]
+/// Reduction order over t is fixed (ascending), so results are batch-invariant.
+/// Shapes   out [n_tokens, n_heads, head_dim] written;  q [n_tokens, n_heads, head_dim]
+///          queries [n_tokens];  `scratch` [n_threads or 1, max n_ctx] floats
+/// Threads  (token, head) pairs split over `pool`.
+/// Source   Vaswani et al. 2017; paged layout after vLLM PagedAttention (Kwon et al. 2023).
+void attention_paged(float * out, const float * q, const AttnQuery * queries, int64_t n_tokens,
+                     int64_t n_heads, PagedKv kv, float scale, ThreadPool * pool);
+
+// ---------------------------------------------------------------------------------------------
+// Logits
+// ---------------------------------------------------------------------------------------------
+
+/// Numerically stable log-softmax of one row:  out[i] = x[i] - max - log(sum exp(x - max)).
+/// Shapes   out [n] written (may alias x);  x [n]
+void log_softmax(float * out, const float * x, int64_t n);
+
+/// Index of the largest element (lowest index on ties).   Shapes  x [n], n >= 1.
+int64_t argmax(const float * x, int64_t n);
+
+// ---------------------------------------------------------------------------------------------
+// Dtype conversion (checkpoint loading)
+// ---------------------------------------------------------------------------------------------
+
+/// bf16 (upper half of an IEEE f32) → f32.   Shapes  out, in [n].
+void bf16_to_f32(float * out, const uint16_t * in, int64_t n);
+/// IEEE half → f32 (subnormals, inf and NaN preserved).   Shapes  out, in [n].
+void f16_to_f32(float * out, const uint16_t * in, int64_t n);
+
+}  // namespace fd::kernels

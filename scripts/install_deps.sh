@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs every Debian package fdrollout needs to build, run and test (Debian 12).
+# Idempotent; run as root (or with sudo available).
+set -euo pipefail
+pkgs=(
+  build-essential cmake ninja-build pkg-config git ca-certificates curl
+  libboost-dev libcli11-dev libspdlog-dev libfmt-dev doctest-dev libcpp-httplib-dev
+  nlohmann-json3-dev libsentencepiece-dev libopenblas-dev libssl-dev
+  rsync python3 python3-numpy
+)
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_deps: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+echo "install_deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Write a Hugging Face-style Llama / Qwen2 checkpoint with random weights.
+
+The directory gets config.json, model.safetensors (or N shards plus
+model.safetensors.index.json), the tokenizer files copied from
+--tokenizer-from, and optionally version.yaml. Weights come from
+numpy.random.default_rng(--seed) in a fixed tensor order, so the same seed and
+shape give the same values whatever --dtype or --shards is chosen. Weights are
+scaled (std 1/sqrt(fan_in), unit-variance embeddings) so that a random model
+still produces varied, non-degenerate tokens.
+
+Examples:
+  make_random_checkpoint.py --preset tiny-qwen2 --out /tmp/ck_q
+  make_random_checkpoint.py --preset tiny-llama-bf16-sharded --out /tmp/ck_s
+  make_random_checkpoint.py --preset llama-110m --out /tmp/ck_110m --step 7
+  make_random_checkpoint.py --out /tmp/ck --hidden 128 --layers 4 --heads 4 --dtype F16
+Needs numpy only (Debian: /usr/bin/python3 with python3-numpy).
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_np import save_file  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_TOKENIZER = os.path.join(REPO, "models", "stories260K")
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer_config.json",
+                   "special_tokens_map.json", "generation_config.json")
+TORCH_DTYPE = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+# Shape used when neither a preset nor a flag sets a value.
+BASE = dict(arch="llama", hidden=64, intermediate=172, layers=2, heads=8,
+            kv_heads=None, head_dim=None, vocab=512, max_pos=512,
+            rope_theta=10000.0, rms_eps=1e-5, dtype="F32", shards=1, tie=True,
+            no_lm_head=False)
+PRESETS = {
+    "tiny-qwen2": dict(arch="qwen2", hidden=64, intermediate=176, layers=2,
+                       heads=4, kv_heads=2, vocab=512, dtype="F32"),
+    "tiny-llama-bf16-sharded": dict(arch="llama", hidden=64, intermediate=172,
+                                    layers=3, heads=8, kv_heads=4, vocab=512,
+                                    dtype="BF16", shards=3, tie=False),
+    "llama-110m": dict(arch="llama", hidden=768, intermediate=2048, layers=12,
+                       heads=12, kv_heads=12, vocab=32000, max_pos=1024,
+                       dtype="F32", tie=True),
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="output checkpoint directory")
+    p.add_argument("--preset", choices=sorted(PRESETS),
+                   help="named shape; explicit flags override its values")
+    p.add_argument("--arch", choices=["llama", "qwen2"], help="default llama")
+    p.add_argument("--hidden", type=int, help="hidden size (default 64)")
+    p.add_argument("--intermediate", type=int, help="MLP size (default 172)")
+    p.add_argument("--layers", type=int, help="decoder layers (default 2)")
+    p.add_argument("--heads", type=int, help="attention heads (default 8)")
+    p.add_argument("--kv-heads", type=int, help="KV heads (default: --heads)")
+    p.add_argument("--head-dim", type=int, help="default hidden/heads")
+    p.add_argument("--vocab", type=int, help="vocabulary size (default 512)")
+    p.add_argument("--max-pos", type=int, help="max positions (default 512)")
+    p.add_argument("--rope-theta", type=float, help="default 10000.0")
+    p.add_argument("--rms-eps", type=float, help="default 1e-5")
+    p.add_argument("--dtype", choices=["F32", "BF16", "F16"], help="default F32")
+    p.add_argument("--shards", type=int, help="number of safetensors files (default 1)")
+    p.add_argument("--tie", action=argparse.BooleanOptionalAction,
+                   help="tie_word_embeddings (default --tie)")
+    p.add_argument("--no-lm-head", action="store_true", default=None,
+                   help="with --tie, omit lm_head.weight (default: write a copy "
+                        "of the embeddings)")
+    p.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
+    p.add_argument("--tokenizer-from", default=DEFAULT_TOKENIZER,
+                   help="directory to copy tokenizer files from "
+                        "(default <repo>/models/stories260K; '' to skip)")
+    p.add_argument("--step", type=int, help="also write version.yaml with 'step: N'")
+    a = p.parse_args(argv)
+    # Resolve each shape value: explicit flag > preset > BASE.
+    cfg = dict(BASE, **PRESETS.get(a.preset, {}))
+    for key in BASE:
+        if getattr(a, key) is not None:
+            cfg[key] = getattr(a, key)
+    cfg["kv_heads"] = cfg["kv_heads"] or cfg["heads"]
+    if cfg["head_dim"] is None:
+        if cfg["hidden"] % cfg["heads"]:
+            p.error("--hidden must be divisible by --heads (or give --head-dim)")
+        cfg["head_dim"] = cfg["hidden"] // cfg["heads"]
+    if cfg["heads"] % cfg["kv_heads"]:
+        p.error("--heads must be a multiple of --kv-heads")
+    if cfg["no_lm_head"] and not cfg["tie"]:
+        p.error("--no-lm-head needs tied embeddings (--tie)")
+    if not 1 <= cfg["shards"] <= max(cfg["layers"], 1):
+        p.error("--shards must be between 1 and --layers")  # no empty shard
+    return a, cfg
+
+
+def tensor_groups(cfg, rng):
+    """Yield (group, {name: float32 array}) in a fixed order, one group at a
+    time: "embed", then each layer index, then "final". Values drawn lazily."""
+    h, hd, kvh = cfg["hidden"], cfg["head_dim"], cfg["kv_heads"]
+    q_out, kv_out, inter = cfg["heads"] * hd, kvh * hd, cfg["intermediate"]
+
+    def normal(shape, std):
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+
+    def linear(out_f, in_f):  # PyTorch layout [out, in], std 1/sqrt(fan_in)
+        return normal((out_f, in_f), 1.0 / np.sqrt(in_f))
+
+    def norm(n):
+        return 1.0 + normal((n,), 0.1)
+
+    embed = normal((cfg["vocab"], h), 1.0)
+    yield "embed", {"model.embed_tokens.weight": embed}
+    for i in range(cfg["layers"]):
+        p = f"model.layers.{i}."
+        t = {p + "input_layernorm.weight": norm(h),
+             p + "self_attn.q_proj.weight": linear(q_out, h),
+             p + "self_attn.k_proj.weight": linear(kv_out, h),
+             p + "self_attn.v_proj.weight": linear(kv_out, h)}
+        if cfg["arch"] == "qwen2":
+            t[p + "self_attn.q_proj.bias"] = normal((q_out,), 0.1)
+            t[p + "self_attn.k_proj.bias"] = normal((kv_out,), 0.1)
+            t[p + "self_attn.v_proj.bias"] = normal((kv_out,), 0.1)
+        t[p + "self_attn.o_proj.weight"] = linear(h, q_out)
+        t[p + "post_attention_layernorm.weight"] = norm(h)
+        t[p + "mlp.gate_proj.weight"] = linear(inter, h)
+        t[p + "mlp.up_proj.weight"] = linear(inter, h)
+        t[p + "mlp.down_proj.weight"] = linear(h, inter)
+        yield i, t
+    final = {"model.norm.weight": norm(h)}
+    if not cfg["tie"]:
+        final["lm_head.weight"] = linear(cfg["vocab"], h)
+    elif not cfg["no_lm_head"]:
+        final["lm_head.weight"] = embed.copy()
+    yield "final", final
+
+
+def shard_of(group, cfg):
+    """Shard index of a group: layers spread evenly and in order; the
+    embeddings go to the first shard, final norm / lm_head to the last."""
+    n, layers = cfg["shards"], cfg["layers"]
+    if group == "embed":
+        return 0
+    if group == "final":
+        return n - 1
+    return group * n // layers  # n <= layers: every shard gets a layer
+
+
+def write_config(out, cfg):
+    arch = cfg["arch"]
+    conf = {
+        "architectures": ["Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM"],
+        "model_type": arch,
+        "vocab_size": cfg["vocab"],
+        "hidden_size": cfg["hidden"],
+        "intermediate_size": cfg["intermediate"],
+        "num_hidden_layers": cfg["layers"],
+        "num_attention_heads": cfg["heads"],
+        "num_key_value_heads": cfg["kv_heads"],
+        "head_dim": cfg["head_dim"],
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg["max_pos"],
+        "rms_norm_eps": cfg["rms_eps"],
+        "rope_theta": cfg["rope_theta"],
+        "tie_word_embeddings": cfg["tie"],
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": TORCH_DTYPE[cfg["dtype"]],
+    }
+    if arch == "llama":
+        conf["attention_bias"] = False
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(conf, f, indent=2)
+        f.write("\n")
+
+
+def main(argv=None):
+    a, cfg = parse_args(argv)
+    out = a.out
+    os.makedirs(out, exist_ok=True)
+    # Drop weights left by an earlier run with another shard count.
+    for old in glob.glob(os.path.join(out, "model*.safetensors*")):
+        os.remove(old)
+
+    rng = np.random.default_rng(a.seed)
+    n = cfg["shards"]
+    names = (["model.safetensors"] if n == 1 else
+             [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
+    meta = {"format": "pt"}
+    weight_map, pending, shard = {}, {}, 0
+    params = data_bytes = 0
+
+    def flush():  # write the pending tensors as shard `shard`, then free them
+        nonlocal data_bytes
+        data_bytes += save_file(pending, os.path.join(out, names[shard]),
+                                metadata=meta, dtype=cfg["dtype"])
+        weight_map.update({k: names[shard] for k in pending})
+        pending.clear()
+
+    for group, tensors in tensor_groups(cfg, rng):
+        s = shard_of(group, cfg)
+        while shard < s:  # this group starts a later shard
+            flush()
+            shard += 1
+        pending.update(tensors)
+        params += sum(t.size for t in tensors.values())
+    while shard < n:
+        flush()
+        shard += 1
+
+    if n > 1:
+        index = {"metadata": {"total_size": data_bytes},
+                 "weight_map": dict(sorted(weight_map.items()))}
+        with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+            json.dump(index, f, indent=2)
+            f.write("\n")
+    write_config(out, cfg)
+
+    if a.tokenizer_from:
+        if not os.path.isdir(a.tokenizer_from):
+            print(f"warning: tokenizer dir {a.tokenizer_from} not found; "
+                  "no tokenizer copied", file=sys.stderr)
+        for fname in TOKENIZER_FILES:
+            src = os.path.join(a.tokenizer_from, fname)
+            if os.path.isfile(src):  # copyfile: don't inherit read-only modes
+                shutil.copyfile(src, os.path.join(out, fname))
+    if a.step is not None:
+        with open(os.path.join(out, "version.yaml"), "w") as f:
+            f.write(f"step: {a.step}\n")
+
+    file_bytes = sum(os.path.getsize(os.path.join(out, x)) for x in names)
+    tied_copy = cfg["tie"] and not cfg["no_lm_head"]  # lm_head == embeddings
+    print(f"wrote {out}: {cfg['arch']} {cfg['dtype']}, {params:,} params"
+          f"{' (incl. tied lm_head copy)' if tied_copy else ''}, "
+          f"{file_bytes:,} bytes in {n} safetensors file(s)")
+
+
+if __name__ == "__main__":
+    main()
