@@ -35,6 +35,7 @@ ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, const model::Tok
     http_->set_read_timeout(60, 0);
     http_->set_write_timeout(60, 0);
     http_->set_error_handler([](const httplib::Request & req, httplib::Response & res) {
+        if (!res.body.empty()) { return; }  // a handler already wrote its error object
         if (res.status == 404) {
             write_error(res, Error(Errc::not_found, "no route " + req.method + " " + req.path));
         } else if (res.status == 405) {

@@ -1,0 +1,174 @@
+"""Shared helpers for fdrollout end-to-end tests: start the real daemon on a free loopback port,
+talk HTTP to it (stdlib only), and clean up.
+
+Environment (set by CTest): FDROLLOUT_BIN (daemon binary), FD_REPO (repo root).
+"""
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+REPO = os.environ.get("FD_REPO", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+BIN = os.environ.get("FDROLLOUT_BIN", os.path.join(REPO, "build", "fdrollout"))
+PYTHON = os.environ.get("FD_PYTHON", "/usr/bin/python3")
+STORIES = os.path.join(REPO, "models", "stories260K")
+
+# Reference greedy outputs of llama2.c run.c (models/stories260K/README.md).
+REF = {
+    "Once upon a time": {
+        "prompt_ids": [1, 403, 407, 261, 378],
+        "ids": [432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292,
+                411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426,
+                338, 391, 266, 267, 337, 335, 312, 432, 398, 312, 286, 267, 414, 270, 333, 415, 426, 13, 438, 310],
+        "text": "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, "
+                "she saw a big, red ball. She wanted to play with it, but it was too high.\nLily",
+    },
+    "Lily and Tom": {
+        "prompt_ids": [1, 317, 269, 274, 287],
+        "ids": [382, 276, 337, 299, 322, 265, 282, 295, 433, 426, 342, 397, 355, 267, 337, 335, 265, 315, 267, 422,
+                419, 269, 352, 379, 261, 420, 277, 264, 265, 282, 295, 433, 426, 342, 394, 261, 370, 268, 414, 444,
+                335, 261, 370, 268, 414, 444, 426, 342, 391, 266, 267, 337, 335, 265, 268, 414, 444, 426, 13, 436],
+        "text": "Lily and Tom were playing in the park. They liked to play with their toys and run around the park. "
+                "They saw a big box with a big box. They wanted to play with the box.\n\"",
+    },
+}
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    """One fdrollout process on 127.0.0.1:<free port>. Use as a context manager."""
+
+    def __init__(self, *args, model=STORIES, env=None, wait=True, timeout=60):
+        self.port = free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix="fdrollout-", suffix=".log", delete=False)
+        cmd = [BIN, "--model", model, "--port", str(self.port), "--log-level", "info", *args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        if wait:
+            self.wait_ready(timeout)
+
+    def wait_ready(self, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"fdrollout exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                status, _ = self.get("/health", timeout=2)
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"fdrollout not ready after {timeout}s:\n{self.output()}")
+
+    def output(self):
+        with open(self.log.name, errors="replace") as f:
+            return f.read()
+
+    def request(self, method, path, body=None, timeout=120, raw=None, headers=None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+            resp = conn.getresponse()
+            text = resp.read().decode()
+            try:
+                return resp.status, json.loads(text)
+            except ValueError:
+                return resp.status, text
+        finally:
+            conn.close()
+
+    def get(self, path, **kw):
+        return self.request("GET", path, **kw)
+
+    def post(self, path, body=None, **kw):
+        return self.request("POST", path, body, **kw)
+
+    def complete(self, **body):
+        status, j = self.post("/v1/completions", body)
+        assert status == 200, (status, j)
+        return j
+
+    def stream(self, timeout=120, **body):
+        """POST a streaming completion; returns (chunks, saw_done)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}),
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            assert resp.status == 200, (resp.status, resp.read())
+            chunks, done = [], False
+            for line in resp.read().decode().split("\n"):
+                if not line.startswith("data: "):
+                    continue
+                payload = line[len("data: "):]
+                if payload == "[DONE]":
+                    done = True
+                else:
+                    chunks.append(json.loads(payload))
+            return chunks, done
+        finally:
+            conn.close()
+
+    def stop(self, sig=signal.SIGTERM, timeout=30):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        with contextlib.suppress(OSError):
+            os.unlink(self.log.name)
+
+
+def merge_stream(chunks):
+    """Fold SSE chunks into {choice index: {text, token_ids, finish_reason, prompt_token_ids, logprobs}}."""
+    out = {}
+    for c in chunks:
+        for ch in c.get("choices", []):
+            acc = out.setdefault(ch["index"], {"text": "", "token_ids": [], "finish_reason": None,
+                                               "prompt_token_ids": None, "token_logprobs": []})
+            acc["text"] += ch.get("text", "")
+            acc["token_ids"] += ch.get("token_ids", [])
+            if ch.get("finish_reason"):
+                acc["finish_reason"] = ch["finish_reason"]
+            if ch.get("prompt_token_ids") is not None:
+                acc["prompt_token_ids"] = ch["prompt_token_ids"]
+            if ch.get("logprobs"):
+                acc["token_logprobs"] += ch["logprobs"]["token_logprobs"]
+    return out
+
+
+def make_checkpoint(out_dir, *args):
+    """Run scripts/make_random_checkpoint.py into out_dir."""
+    subprocess.run([PYTHON, os.path.join(REPO, "scripts", "make_random_checkpoint.py"), "--out", out_dir, *args],
+                   check=True, stdout=subprocess.DEVNULL)
+    return out_dir

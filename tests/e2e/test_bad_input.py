@@ -1,0 +1,113 @@
+"""Every malformed request gets a 4xx OpenAI error object naming the field, and the daemon keeps
+serving exactly as before; a client that disconnects mid-stream frees its KV blocks."""
+import http.client
+import json
+import socket
+import time
+import unittest
+
+from fdtest import REF, Daemon
+
+GOOD = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}
+
+CASES = [
+    # (description, raw body or dict, status, error.type, error.param)
+    ("malformed JSON", '{"prompt": "x", ', 400, "invalid_argument", None),
+    ("not an object", "[1, 2]", 400, "invalid_argument", None),
+    ("missing prompt", {"max_tokens": 3}, 400, "invalid_argument", "prompt"),
+    ("prompt wrong type", {"prompt": 42}, 400, "invalid_argument", "prompt"),
+    ("empty prompt list", {"prompt": []}, 400, "invalid_argument", "prompt"),
+    ("mixed prompt list", {"prompt": ["a", 3]}, 400, "invalid_argument", "prompt"),
+    ("token id out of vocab", {"prompt": [1, 403, 512]}, 400, "invalid_argument", "prompt"),
+    ("negative token id", {"prompt": [[1, -4]]}, 400, "invalid_argument", "prompt"),
+    ("max_tokens zero", {"prompt": "a", "max_tokens": 0}, 400, "invalid_argument", "max_tokens"),
+    ("max_tokens negative", {"prompt": "a", "max_tokens": -5}, 400, "invalid_argument", "max_tokens"),
+    ("max_tokens string", {"prompt": "a", "max_tokens": "12"}, 400, "invalid_argument", "max_tokens"),
+    ("max_tokens past context", {"prompt": "a", "max_tokens": 600}, 400, "invalid_argument", "max_tokens"),
+    ("prompt too long", {"prompt": [1] + [403] * 600, "max_tokens": 1}, 400, "invalid_argument", "prompt"),
+    ("temperature negative", {"prompt": "a", "temperature": -1}, 400, "invalid_argument", "temperature"),
+    ("temperature string", {"prompt": "a", "temperature": "hot"}, 400, "invalid_argument", "temperature"),
+    ("top_p zero", {"prompt": "a", "top_p": 0}, 400, "invalid_argument", "top_p"),
+    ("top_k bad", {"prompt": "a", "top_k": -7}, 400, "invalid_argument", "top_k"),
+    ("n zero", {"prompt": "a", "n": 0}, 400, "invalid_argument", "n"),
+    ("n absurd", {"prompt": "a", "n": 100000}, 400, "invalid_argument", "n"),
+    ("logprobs absurd", {"prompt": "a", "logprobs": 1000}, 400, "invalid_argument", "logprobs"),
+    ("logprobs float", {"prompt": "a", "logprobs": 1.5}, 400, "invalid_argument", "logprobs"),
+    ("seed string", {"prompt": "a", "seed": "x"}, 400, "invalid_argument", "seed"),
+    ("stop wrong type", {"prompt": "a", "stop": 5}, 400, "invalid_argument", "stop"),
+    ("stop empty string", {"prompt": "a", "stop": [""]}, 400, "invalid_argument", "stop"),
+    ("stop_token_ids wrong", {"prompt": "a", "stop_token_ids": "1"}, 400, "invalid_argument", "stop_token_ids"),
+    ("stream not bool", {"prompt": "a", "stream": "yes"}, 400, "invalid_argument", "stream"),
+    ("unknown model", {"prompt": "a", "model": "gpt-5"}, 404, "not_found", "model"),
+]
+
+
+class BadInput(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.d = Daemon()
+        cls.good = cls.d.complete(**GOOD)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.__exit__(None)
+
+    def test_every_bad_request_is_rejected_and_the_next_one_succeeds(self):
+        for desc, body, status, etype, param in CASES:
+            with self.subTest(desc):
+                if isinstance(body, str):
+                    got, j = self.d.request("POST", "/v1/completions", raw=body)
+                else:
+                    got, j = self.d.post("/v1/completions", body)
+                self.assertEqual(got, status, j)
+                self.assertEqual(j["error"]["type"], etype)
+                self.assertEqual(j["error"]["code"], status)
+                self.assertIsInstance(j["error"]["message"], str)
+                self.assertGreater(len(j["error"]["message"]), 10)
+                if param:
+                    self.assertEqual(j["error"]["param"], param)
+                    self.assertIn(param.split("_")[0], j["error"]["message"])
+                after = self.d.complete(**GOOD)
+                self.assertEqual(after["choices"][0]["token_ids"], self.good["choices"][0]["token_ids"])
+
+    def test_unknown_route_and_method(self):
+        status, j = self.d.get("/v1/nope")
+        self.assertEqual(status, 404)
+        self.assertEqual(j["error"]["type"], "not_found")
+        self.assertEqual(self.d.complete(**GOOD)["choices"], self.good["choices"])
+
+    def test_disconnect_mid_stream_frees_kv_blocks(self):
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 500, "ignore_eos": True,
+                           "temperature": 0, "stream": True, "n": 4}).encode()
+        for _ in range(3):
+            s = socket.create_connection(("127.0.0.1", self.d.port))
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            first = s.recv(4096)
+            self.assertIn(b"200", first.split(b"\r\n")[0])
+            s.close()
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            _, h = self.d.get("/health")
+            if h["kv_blocks"]["used"] == 0 and h["num_requests_running"] == 0:
+                break
+            time.sleep(0.05)
+        self.assertEqual(h["kv_blocks"]["used"], 0)
+        self.assertEqual(h["num_requests_running"], 0)
+        self.assertEqual(self.d.complete(**GOOD)["choices"], self.good["choices"])
+
+
+class ApiKey(unittest.TestCase):
+    def test_api_key_is_required_on_v1_routes(self):
+        with Daemon("--api-key", "s3cret") as d:
+            status, j = d.post("/v1/completions", GOOD)
+            self.assertEqual(status, 401)
+            self.assertEqual(j["error"]["type"], "unauthorized")
+            status, j = d.post("/v1/completions", GOOD, headers={"Authorization": "Bearer s3cret"})
+            self.assertEqual(status, 200)
+            self.assertEqual(j["choices"][0]["token_ids"], REF["Once upon a time"]["ids"][:12])
+            self.assertEqual(d.get("/health")[0], 200)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,156 @@
+"""/v1/completions against the real daemon on the embedded stories260K: reference greedy outputs,
+every prompt form, streaming, stop conditions, n, seeds, logprobs, and the read-only endpoints."""
+import math
+import unittest
+
+from fdtest import REF, Daemon, merge_stream
+
+
+class Completions(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.d = Daemon()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.__exit__(None)
+
+    def test_greedy_matches_llama2c_reference(self):
+        for prompt, ref in REF.items():
+            j = self.d.complete(prompt=prompt, max_tokens=60, temperature=0)
+            c = j["choices"][0]
+            self.assertEqual(c["prompt_token_ids"], ref["prompt_ids"])
+            self.assertEqual(c["token_ids"], ref["ids"])
+            self.assertEqual(prompt + c["text"], ref["text"])
+            self.assertEqual(c["finish_reason"], "length")
+            self.assertEqual(j["usage"], {"prompt_tokens": 5, "completion_tokens": 60, "total_tokens": 65,
+                                          "prompt_tokens_details": {"cached_tokens": 0}})
+            self.assertEqual(j["weight_version"], "0")
+            self.assertEqual(j["object"], "text_completion")
+
+    def test_streaming_equals_non_streaming(self):
+        for prompt, ref in REF.items():
+            chunks, done = self.d.stream(prompt=prompt, max_tokens=60, temperature=0)
+            self.assertTrue(done)
+            m = merge_stream(chunks)[0]
+            self.assertEqual(m["token_ids"], ref["ids"])
+            self.assertEqual(prompt + m["text"], ref["text"])
+            self.assertEqual(m["prompt_token_ids"], ref["prompt_ids"])
+            self.assertEqual(m["finish_reason"], "length")
+            self.assertTrue(all(c["weight_version"] == "0" for c in chunks))
+            self.assertIsNone(chunks[0]["choices"][0]["finish_reason"])
+
+    def test_stream_usage_chunk_when_asked(self):
+        chunks, done = self.d.stream(prompt="Lily and Tom", max_tokens=4, temperature=0,
+                                     stream_options={"include_usage": True})
+        self.assertTrue(done)
+        self.assertEqual(chunks[-1]["choices"], [])
+        self.assertEqual(chunks[-1]["usage"]["completion_tokens"], 4)
+        self.assertEqual(chunks[-1]["usage"]["prompt_tokens"], 5)
+
+    def test_token_id_prompt_equals_text_prompt(self):
+        ref = REF["Once upon a time"]
+        a = self.d.complete(prompt=ref["prompt_ids"], max_tokens=20, temperature=0, logprobs=2)
+        b = self.d.complete(prompt="Once upon a time", max_tokens=20, temperature=0, logprobs=2)
+        self.assertEqual(a["choices"][0]["token_ids"], ref["ids"][:20])
+        self.assertEqual(a["choices"][0]["token_ids"], b["choices"][0]["token_ids"])
+        self.assertEqual(a["choices"][0]["text"], b["choices"][0]["text"])
+        self.assertEqual(a["choices"][0]["logprobs"], b["choices"][0]["logprobs"])
+
+    def test_list_prompts_give_one_choice_per_prompt_and_n(self):
+        prompts = list(REF)
+        j = self.d.complete(prompt=prompts, max_tokens=10, temperature=0, n=2)
+        self.assertEqual([c["index"] for c in j["choices"]], [0, 1, 2, 3])
+        for c in j["choices"]:
+            ref = REF[prompts[c["index"] // 2]]
+            self.assertEqual(c["token_ids"], ref["ids"][:10])
+            self.assertEqual(c["prompt_token_ids"], ref["prompt_ids"])
+        self.assertEqual(j["usage"]["prompt_tokens"], 10)
+        self.assertEqual(j["usage"]["completion_tokens"], 40)
+        ids = [REF[p]["prompt_ids"] for p in prompts]
+        k = self.d.complete(prompt=ids, max_tokens=10, temperature=0)
+        self.assertEqual([c["token_ids"] for c in k["choices"]], [REF[p]["ids"][:10] for p in prompts])
+
+    def test_echo_prepends_the_prompt(self):
+        j = self.d.complete(prompt="Lily and Tom", max_tokens=60, temperature=0, echo=True)
+        self.assertEqual(j["choices"][0]["text"], REF["Lily and Tom"]["text"])
+
+    def test_stop_string_cuts_the_text(self):
+        j = self.d.complete(prompt="Once upon a time", max_tokens=60, temperature=0, stop=["Lily."])
+        c = j["choices"][0]
+        self.assertEqual(c["finish_reason"], "stop")
+        self.assertEqual(c["text"], ", there was a little girl named ")
+        chunks, _ = self.d.stream(prompt="Once upon a time", max_tokens=60, temperature=0, stop="Lily.")
+        self.assertEqual(merge_stream(chunks)[0]["text"], ", there was a little girl named ")
+
+    def test_stop_token_ids_and_eos(self):
+        ref = REF["Once upon a time"]
+        j = self.d.complete(prompt="Once upon a time", max_tokens=60, temperature=0, stop_token_ids=[426])
+        c = j["choices"][0]
+        self.assertEqual(c["finish_reason"], "stop")
+        self.assertEqual(c["token_ids"], ref["ids"][:ref["ids"].index(426) + 1])
+        # generation_config.json eos_token_id [1, 2]: the story ends with BOS (id 1).
+        j = self.d.complete(prompt="Once upon a time", max_tokens=500, temperature=0)
+        c = j["choices"][0]
+        self.assertEqual(c["finish_reason"], "stop")
+        self.assertEqual(c["token_ids"][-1], 1)
+        self.assertNotIn(1, c["token_ids"][:-1])
+        n_story = len(c["token_ids"])
+        j = self.d.complete(prompt="Once upon a time", max_tokens=n_story + 20, temperature=0, ignore_eos=True)
+        self.assertEqual(j["choices"][0]["finish_reason"], "length")
+        self.assertEqual(len(j["choices"][0]["token_ids"]), n_story + 20)
+
+    def test_max_model_len_ends_with_length(self):
+        j = self.d.complete(prompt="Once upon a time", max_tokens=507, temperature=0, ignore_eos=True)
+        self.assertEqual(len(j["choices"][0]["token_ids"]), 507)
+        self.assertEqual(j["choices"][0]["finish_reason"], "length")
+
+    def test_seeded_sampling_is_reproducible_and_choices_differ(self):
+        body = dict(prompt="Once upon a time", max_tokens=30, temperature=1.0, top_p=0.9, top_k=50, seed=1234, n=3)
+        a = self.d.complete(**body)
+        b = self.d.complete(**body)
+        self.assertEqual([c["token_ids"] for c in a["choices"]], [c["token_ids"] for c in b["choices"]])
+        self.assertGreater(len({tuple(c["token_ids"]) for c in a["choices"]}), 1)
+        c = self.d.complete(**{**body, "seed": 4321})
+        self.assertNotEqual([x["token_ids"] for x in a["choices"]], [x["token_ids"] for x in c["choices"]])
+
+    def test_logprobs_are_log_probabilities(self):
+        j = self.d.complete(prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=5)
+        lp = j["choices"][0]["logprobs"]
+        self.assertEqual(len(lp["tokens"]), 8)
+        self.assertEqual(len(lp["token_logprobs"]), 8)
+        for chosen, top in zip(lp["token_logprobs"], lp["top_logprobs"]):
+            self.assertEqual(len(top), 5)
+            self.assertEqual(chosen, max(top.values()))  # greedy picks the best
+            self.assertLessEqual(sum(math.exp(v) for v in top.values()), 1.0 + 1e-5)
+            self.assertLess(chosen, 0.0)
+
+    def test_models_health_metrics(self):
+        status, m = self.d.get("/v1/models")
+        self.assertEqual(status, 200)
+        self.assertEqual(m["data"][0]["id"], "stories260K")
+        self.assertEqual(m["data"][0]["max_model_len"], 512)
+        self.assertEqual(m["data"][0]["weight_version"], "0")
+        status, h = self.d.get("/health")
+        self.assertEqual(status, 200)
+        self.assertEqual(h["state"], "serving")
+        self.assertEqual(h["weight_version"], "0")
+        self.assertFalse(h["is_paused"])
+        self.d.complete(prompt="Lily", max_tokens=3, temperature=0)
+        status, text = self.d.get("/metrics")
+        self.assertEqual(status, 200)
+        for name in ["fdrollout_num_requests_running", "fdrollout_num_requests_waiting", "fdrollout_generation_tokens_total",
+                     "fdrollout_kv_blocks_used", "fdrollout_kv_blocks_free", "fdrollout_step_latency_seconds_bucket",
+                     "fdrollout_step_latency_seconds_count"]:
+            self.assertIn(name, text)
+        gen = [l for l in text.splitlines() if l.startswith("fdrollout_generation_tokens_total ")][0]
+        self.assertGreaterEqual(int(gen.split()[1]), 3)
+        self.assertIn('le="+Inf"', text)
+
+    def test_served_model_name_is_accepted(self):
+        j = self.d.complete(model="stories260K", prompt="Lily", max_tokens=2, temperature=0)
+        self.assertEqual(j["model"], "stories260K")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,64 @@
+"""SIGTERM/SIGINT: stop accepting, let in-flight requests finish within the grace period, exit 0;
+what outlives the grace period ends with finish_reason "abort"."""
+import signal
+import threading
+import time
+import unittest
+
+from fdtest import Daemon, merge_stream
+
+LONG = {"prompt": "Once upon a time", "max_tokens": 500, "temperature": 0, "ignore_eos": True, "n": 24}
+
+
+class Lifecycle(unittest.TestCase):
+    def drain(self, sig, grace, expect_finish):
+        with Daemon("--shutdown-grace-s", str(grace)) as d:
+            results = {}
+
+            def stream():
+                chunks, done = d.stream(**LONG)
+                results["stream"] = (merge_stream(chunks), done)
+
+            def plain():
+                results["plain"] = d.post("/v1/completions", LONG)
+
+            threads = [threading.Thread(target=stream), threading.Thread(target=plain)]
+            for t in threads:
+                t.start()
+            deadline = time.time() + 10
+            while time.time() < deadline and d.get("/health")[1]["num_requests_running"] < 48:
+                time.sleep(0.01)
+            self.assertGreater(d.get("/health")[1]["num_requests_running"], 0)
+            d.proc.send_signal(sig)
+            time.sleep(0.05)
+            # new work is refused while draining
+            try:
+                status, j = d.post("/v1/completions", {"prompt": "Lily", "max_tokens": 2}, timeout=5)
+                self.assertEqual(status, 503)
+                self.assertEqual(j["error"]["type"], "engine_paused")
+            except OSError:
+                pass  # the listener may already be closed
+            for t in threads:
+                t.join(60)
+            self.assertEqual(d.proc.wait(60), 0)
+            merged, done = results["stream"]
+            self.assertTrue(done)
+            self.assertEqual({m["finish_reason"] for m in merged.values()}, {expect_finish})
+            status, j = results["plain"]
+            self.assertEqual(status, 200)
+            self.assertEqual({c["finish_reason"] for c in j["choices"]}, {expect_finish})
+            if expect_finish == "length":
+                self.assertTrue(all(len(c["token_ids"]) == 500 for c in j["choices"]))
+            else:
+                self.assertTrue(all(len(c["token_ids"]) < 500 for c in j["choices"]))
+            self.assertIn("draining", d.output())
+
+    def test_sigterm_lets_in_flight_requests_finish(self):
+        self.drain(signal.SIGTERM, 60, "length")
+
+    def test_sigint_past_the_grace_period_aborts_and_exits_zero(self):
+        self.drain(signal.SIGINT, 0.05, "abort")
+
+
+if __name__ == "__main__":
+    unittest.main()
