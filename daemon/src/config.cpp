@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <fstream>
 #include <regex>
 #include <thread>
@@ -16,9 +17,12 @@ std::optional<int64_t> parse_bytes(const std::string & s) {
     static const std::regex kRe(R"(^\s*(\d+)\s*([KkMmGgTt]?)(i?[Bb])?\s*$)");
     std::smatch m;
     if (!std::regex_match(s, m, kRe)) { return std::nullopt; }
-    int64_t v = std::stoll(m[1].str());
+    int64_t v = 0;
+    const std::string digits = m[1].str();
+    if (std::from_chars(digits.data(), digits.data() + digits.size(), v).ec != std::errc{}) { return std::nullopt; }
     const char u = m[2].str().empty() ? ' ' : static_cast<char>(std::toupper(m[2].str()[0]));
     const int shift = u == 'K' ? 10 : u == 'M' ? 20 : u == 'G' ? 30 : u == 'T' ? 40 : 0;
+    if (v > (INT64_MAX >> shift)) { return std::nullopt; }
     return v << shift;
 }
 

@@ -38,6 +38,9 @@ void pread_all(int fd, void * dst, int64_t n, int64_t off, const fs::path & file
     }
 }
 
+void add_entry(const fs::path & file, const std::string & name, const json & v, int64_t data_start, int64_t data_size,
+               TensorIndex & idx);
+
 /// Parse one safetensors header and add its tensors to `idx`.
 void read_header(const fs::path & file, TensorIndex & idx) {
     Fd f(file);
@@ -62,6 +65,18 @@ void read_header(const fs::path & file, TensorIndex & idx) {
     const int64_t data_size  = file_size - data_start;
     for (const auto & [name, v] : h.items()) {
         if (name == "__metadata__") { continue; }
+        try {
+            add_entry(file, name, v, data_start, data_size, idx);
+        } catch (const json::exception & e) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}' has a malformed header entry: {}", file.string(), name, e.what());
+        }
+    }
+}
+
+/// One header entry → TensorInfo (throws json::exception on wrong types).
+void add_entry(const fs::path & file, const std::string & name, const json & v, int64_t data_start, int64_t data_size,
+               TensorIndex & idx) {
+    {
         TensorInfo t;
         t.name = name;
         t.file = file;
@@ -72,7 +87,7 @@ void read_header(const fs::path & file, TensorIndex & idx) {
         else { fail(Errc::invalid_checkpoint, "{}: tensor '{}' has unsupported dtype '{}' (F32, BF16, F16)", file.string(), name, dt); }
         const auto & shape = v.at("shape");
         const auto & offs  = v.at("data_offsets");
-        if (!shape.is_array() || !offs.is_array() || offs.size() != 2) {
+        if (!shape.is_array() || !offs.is_array() || offs.size() != 2 || shape.size() > 8) {
             fail(Errc::invalid_checkpoint, "{}: tensor '{}' has a malformed header entry", file.string(), name);
         }
         for (const auto & d : shape) { t.shape.push_back(d.get<int64_t>()); }

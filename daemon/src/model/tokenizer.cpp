@@ -27,6 +27,10 @@ Tokenizer::Tokenizer(const std::filesystem::path & dir, int32_t bos_token_id)
             fail(Errc::invalid_checkpoint, "{}: not valid JSON: {}", cfg_file.string(), e.what());
         }
     }
+    std::vector<int> a;
+    sp_->Encode("a", &a);
+    anchor_id_ = a.empty() ? 0 : a.back();
+    sp_->Decode(std::vector<int>{anchor_id_}, &anchor_text_);
 }
 
 Tokenizer::~Tokenizer() = default;
@@ -81,12 +85,19 @@ IncrementalDecoder::IncrementalDecoder(const Tokenizer & tok, const std::vector<
     prefix_offset_ = ids_.size() > 5 ? ids_.size() - 5 : 0;
 }
 
+std::string IncrementalDecoder::decode_from(size_t begin, size_t end) const {
+    // Past the start of the sequence, decode behind an anchor piece: SentencePiece strips all
+    // leading whitespace of a decode, which must only happen at the true start.
+    if (begin == 0) { return tok_->decode(std::vector<int32_t>(ids_.begin(), ids_.begin() + end)); }
+    std::vector<int32_t> v{tok_->anchor_id()};
+    v.insert(v.end(), ids_.begin() + begin, ids_.begin() + end);
+    return tok_->decode(v).substr(tok_->anchor_text().size());
+}
+
 std::string IncrementalDecoder::push(int32_t id) {
     ids_.push_back(id);
-    const std::vector<int32_t> prefix(ids_.begin() + prefix_offset_, ids_.begin() + read_offset_);
-    const std::vector<int32_t> window(ids_.begin() + prefix_offset_, ids_.end());
-    const std::string prefix_text = tok_->decode(prefix);
-    const std::string new_text    = tok_->decode(window);
+    const std::string prefix_text = decode_from(prefix_offset_, read_offset_);
+    const std::string new_text    = decode_from(prefix_offset_, ids_.size());
     if (new_text.size() <= prefix_text.size() || ends_incomplete(new_text)) { return {}; }
     std::string delta = new_text.substr(prefix_text.size());
     prefix_offset_    = read_offset_;
@@ -96,13 +107,10 @@ std::string IncrementalDecoder::push(int32_t id) {
 
 std::string IncrementalDecoder::flush() {
     if (read_offset_ == ids_.size()) { return {}; }
-    const std::vector<int32_t> prefix(ids_.begin() + prefix_offset_, ids_.begin() + read_offset_);
-    const std::vector<int32_t> window(ids_.begin() + prefix_offset_, ids_.end());
-    const std::string prefix_text = tok_->decode(prefix);
-    std::string       new_text    = tok_->decode(window);
+    const std::string prefix_text = decode_from(prefix_offset_, read_offset_);
+    const std::string new_text    = decode_from(prefix_offset_, ids_.size());
     read_offset_ = ids_.size();
     return new_text.size() > prefix_text.size() ? new_text.substr(prefix_text.size()) : std::string{};
 }
 
 }  // namespace fd::model
-

@@ -34,6 +34,10 @@ public:
     std::string id_to_piece(int32_t id) const;
 
     int32_t vocab_size() const;
+    /// A plain piece ("a") and its text, decoded in front of mid-sequence windows so that
+    /// SentencePiece's leading-whitespace stripping applies only at the true start.
+    int32_t anchor_id() const { return anchor_id_; }
+    const std::string & anchor_text() const { return anchor_text_; }
     int32_t bos_token_id() const { return bos_; }
     bool    add_bos() const { return add_bos_; }
 
@@ -41,6 +45,8 @@ private:
     std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
     int32_t bos_     = 1;
     bool    add_bos_ = true;
+    int32_t anchor_id_ = 0;
+    std::string anchor_text_;
 };
 
 /// Incremental detokenizer for one sequence (the prefix/read-offset scheme of vLLM and HF TGI):
@@ -58,6 +64,8 @@ public:
     std::string flush();
 
 private:
+    std::string decode_from(size_t begin, size_t end) const;
+
     const Tokenizer *    tok_;
     std::vector<int32_t> ids_;
     size_t               prefix_offset_ = 0;

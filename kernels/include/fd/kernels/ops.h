@@ -119,8 +119,8 @@ struct AttnQuery {
 ///   out[i, h, :] = sum_t softmax(s)[t] * V[t, kv(h), :]
 /// Reduction order over t is fixed (ascending), so results are batch-invariant.
 /// Shapes   out [n_tokens, n_heads, head_dim] written;  q [n_tokens, n_heads, head_dim]
-///          queries [n_tokens];  `scratch` [n_threads or 1, max n_ctx] floats
-/// Threads  (token, head) pairs split over `pool`.
+///          queries [n_tokens]
+/// Threads  tokens split over `pool` (each token's heads run on one thread).
 /// Source   Vaswani et al. 2017; paged layout after vLLM PagedAttention (Kwon et al. 2023).
 void attention_paged(float * out, const float * q, const AttnQuery * queries, int64_t n_tokens,
                      int64_t n_heads, PagedKv kv, float scale, ThreadPool * pool);

@@ -1,0 +1,412 @@
+// Checkpoint loading: safetensors headers and data (daemon/src/model/safetensors.cpp), model
+// config parsing and version.yaml (model_config.cpp), checkpoint validation (weights.cpp) and
+// byte-size parsing (config.cpp). Files are written into a fresh temp dir per test.
+#include "fd/config.h"
+#include "fd/model/model_config.h"
+#include "fd/model/safetensors.h"
+#include "fd/model/weights.h"
+#include "fd/status.h"
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <optional>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+using fd::Errc;
+using nlohmann::json;
+
+namespace {
+
+const fs::path kStories = fs::path(FD_SOURCE_DIR) / "models" / "stories260K";
+
+struct TempDir {
+    fs::path path;
+    TempDir() {
+        static std::atomic<int> counter{0};
+        std::random_device rd;
+        path = fs::temp_directory_path() /
+               ("fd_unit_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" + std::to_string(rd()));
+        fs::create_directories(path);
+    }
+    ~TempDir() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+    }
+    TempDir(const TempDir &) = delete;
+    TempDir & operator=(const TempDir &) = delete;
+};
+
+struct RawTensor {
+    std::string          name;
+    std::string          dtype;
+    std::vector<int64_t> shape;
+    std::string          bytes;                     ///< raw little-endian data
+    std::optional<std::pair<int64_t, int64_t>> offsets = std::nullopt;  ///< override data_offsets
+};
+
+template <typename T>
+std::string bytes_of(const std::vector<T> & v) {
+    return std::string(reinterpret_cast<const char *>(v.data()), v.size() * sizeof(T));
+}
+
+/// Write a safetensors file; returns its size.
+int64_t write_safetensors(const fs::path & file, const std::vector<RawTensor> & tensors, bool metadata = true) {
+    json h = json::object();
+    if (metadata) { h["__metadata__"] = {{"format", "pt"}}; }
+    std::string data;
+    for (const auto & t : tensors) {
+        const int64_t begin = static_cast<int64_t>(data.size());
+        data += t.bytes;
+        const auto offs = t.offsets.value_or(std::make_pair(begin, static_cast<int64_t>(data.size())));
+        h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offs.first, offs.second}}};
+    }
+    const std::string header = h.dump();
+    const uint64_t n = header.size();
+    std::ofstream out(file, std::ios::binary);
+    out.write(reinterpret_cast<const char *>(&n), 8);
+    out << header << data;
+    return static_cast<int64_t>(8 + header.size() + data.size());
+}
+
+void write_text(const fs::path & file, const std::string & text) {
+    std::ofstream out(file, std::ios::binary);
+    out << text;
+}
+
+/// Run `fn`, expect fd::Error{invalid_checkpoint} whose message contains every needle.
+template <typename Fn>
+void expect_invalid(Fn && fn, const std::vector<std::string> & needles) {
+    bool thrown = false;
+    try {
+        fn();
+    } catch (const fd::Error & e) {
+        thrown = true;
+        CHECK(e.code() == Errc::invalid_checkpoint);
+        const std::string msg = e.what();
+        for (const auto & n : needles) {
+            CAPTURE(msg);
+            CHECK_MESSAGE(msg.find(n) != std::string::npos, "message lacks '" << n << "'");
+        }
+    }
+    CHECK_MESSAGE(thrown, "no fd::Error was thrown");
+}
+
+std::vector<float> read_all(const fd::model::TensorInfo & t) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    fd::model::read_tensor_f32(t, v.data());
+    return v;
+}
+
+}  // namespace
+
+TEST_SUITE("model::checkpoint_loading") {
+
+TEST_CASE("read_tensor_index and read_tensor_f32 handle F32, BF16 and F16 tensors") {
+    TempDir d;
+    const std::vector<float>    f32  = {1.5f, -2.0f, 0.0f, 3.25f, 1e-3f, -7.0f};
+    const std::vector<uint16_t> bf16 = {0x3F80, 0xC000, 0x4049, 0x7F80};            // 1, -2, 3.140625, inf
+    const std::vector<uint16_t> f16  = {0x3C00, 0xC000, 0x7BFF, 0x0001};            // 1, -2, 65504, 2^-24
+    const int64_t size = write_safetensors(d.path / "model.safetensors",
+        {{"w.f32", "F32", {2, 3}, bytes_of(f32)}, {"w.bf16", "BF16", {4}, bytes_of(bf16)}, {"w.f16", "F16", {2, 2}, bytes_of(f16)}});
+    const auto idx = fd::model::read_tensor_index(d.path);
+    REQUIRE(idx.tensors.size() == 3);  // __metadata__ is not a tensor
+    CHECK(idx.total_bytes == 24 + 8 + 8);
+    const auto & a = idx.tensors.at("w.f32");
+    const auto & b = idx.tensors.at("w.bf16");
+    const auto & c = idx.tensors.at("w.f16");
+    CHECK(a.dtype == fd::model::DType::f32);
+    CHECK(b.dtype == fd::model::DType::bf16);
+    CHECK(c.dtype == fd::model::DType::f16);
+    CHECK(a.shape == std::vector<int64_t>{2, 3});
+    CHECK(c.numel() == 4);
+    CHECK(a.file == d.path / "model.safetensors");
+    CHECK(a.size_bytes == 24);
+    CHECK(c.offset_bytes + c.size_bytes == size);   // last tensor ends at the end of the file
+    CHECK(b.offset_bytes == a.offset_bytes + 24);
+    CHECK(std::string(fd::model::dtype_name(b.dtype)) == "BF16");
+
+    CHECK(read_all(a) == f32);
+    const auto bv = read_all(b);
+    CHECK(bv[0] == 1.0f);
+    CHECK(bv[1] == -2.0f);
+    CHECK(bv[2] == 3.140625f);
+    CHECK(std::isinf(bv[3]));
+    const auto cv = read_all(c);
+    CHECK(cv == std::vector<float>{1.0f, -2.0f, 65504.0f, std::ldexp(1.0f, -24)});
+}
+
+TEST_CASE("a sharded checkpoint is read through model.safetensors.index.json") {
+    TempDir d;
+    const std::vector<float> x = {1, 2, 3, 4}, y = {5, 6}, z = {7};
+    write_safetensors(d.path / "model-00001-of-00002.safetensors", {{"x", "F32", {2, 2}, bytes_of(x)}, {"z", "F32", {1}, bytes_of(z)}});
+    write_safetensors(d.path / "model-00002-of-00002.safetensors", {{"y", "F32", {2}, bytes_of(y)}}, false);
+    write_text(d.path / "model.safetensors.index.json",
+               json{{"metadata", {{"total_size", 28}}},
+                    {"weight_map", {{"x", "model-00001-of-00002.safetensors"}, {"z", "model-00001-of-00002.safetensors"},
+                                    {"y", "model-00002-of-00002.safetensors"}}}}.dump());
+    const auto idx = fd::model::read_tensor_index(d.path);
+    REQUIRE(idx.tensors.size() == 3);
+    CHECK(idx.total_bytes == 28);
+    CHECK(idx.tensors.at("y").file.filename() == "model-00002-of-00002.safetensors");
+    CHECK(idx.tensors.at("x").file.filename() == "model-00001-of-00002.safetensors");
+    CHECK(read_all(idx.tensors.at("x")) == x);
+    CHECK(read_all(idx.tensors.at("y")) == y);
+    CHECK(read_all(idx.tensors.at("z")) == z);
+}
+
+TEST_CASE("without model.safetensors every *.safetensors file of the directory is read") {
+    TempDir d;
+    write_safetensors(d.path / "a.safetensors", {{"a", "F32", {1}, bytes_of(std::vector<float>{1})}});
+    write_safetensors(d.path / "b.safetensors", {{"b", "F32", {1}, bytes_of(std::vector<float>{2})}});
+    write_text(d.path / "notes.txt", "not a checkpoint");
+    const auto idx = fd::model::read_tensor_index(d.path);
+    CHECK(idx.tensors.size() == 2);
+    CHECK(read_all(idx.tensors.at("b")) == std::vector<float>{2});
+    TempDir empty;
+    expect_invalid([&] { fd::model::read_tensor_index(empty.path); }, {empty.path.string(), "no *.safetensors"});
+}
+
+TEST_CASE("a file whose data is cut off is rejected naming the file and the tensor") {
+    TempDir d;
+    const auto file = d.path / "model.safetensors";
+    const int64_t size = write_safetensors(file, {{"first", "F32", {2}, bytes_of(std::vector<float>{1, 2})},
+                                                  {"second.weight", "F32", {4}, bytes_of(std::vector<float>{1, 2, 3, 4})}});
+    fs::resize_file(file, static_cast<uintmax_t>(size - 5));
+    expect_invalid([&] { fd::model::read_tensor_index(d.path); }, {"model.safetensors", "second.weight"});
+}
+
+TEST_CASE("read_tensor_f32 reports a short read naming the file and the tensor") {
+    TempDir d;
+    const auto file = d.path / "model.safetensors";
+    const int64_t size = write_safetensors(file, {{"emb", "F32", {8}, bytes_of(std::vector<float>(8, 1.0f))}});
+    const auto idx = fd::model::read_tensor_index(d.path);
+    fs::resize_file(file, static_cast<uintmax_t>(size - 12));   // truncated after indexing
+    std::vector<float> dst(8);
+    expect_invalid([&] { fd::model::read_tensor_f32(idx.tensors.at("emb"), dst.data()); }, {"model.safetensors", "emb"});
+}
+
+TEST_CASE("a header length past the end of the file is rejected naming the file") {
+    TempDir d;
+    const auto file = d.path / "model.safetensors";
+    const uint64_t n = 1000;
+    std::string raw(reinterpret_cast<const char *>(&n), 8);
+    raw += R"({"a":{}})";
+    write_text(file, raw);
+    expect_invalid([&] { fd::model::read_tensor_index(d.path); }, {file.string(), "header length 1000"});
+    write_text(file, "abc");   // shorter than the 8-byte length itself
+    expect_invalid([&] { fd::model::read_tensor_index(d.path); }, {file.string()});
+}
+
+TEST_CASE("a header that is not JSON is rejected naming the file") {
+    TempDir d;
+    const auto file = d.path / "model.safetensors";
+    const std::string header = "{not json";
+    const uint64_t n = header.size();
+    write_text(file, std::string(reinterpret_cast<const char *>(&n), 8) + header);
+    expect_invalid([&] { fd::model::read_tensor_index(d.path); }, {file.string(), "JSON"});
+}
+
+TEST_CASE("an unsupported dtype is rejected naming the file, tensor and dtype") {
+    TempDir d;
+    write_safetensors(d.path / "model.safetensors", {{"ok", "F32", {1}, bytes_of(std::vector<float>{1})},
+                                                     {"quant.weight", "I8", {4}, std::string(4, '\1')}});
+    expect_invalid([&] { fd::model::read_tensor_index(d.path); }, {"model.safetensors", "quant.weight", "I8"});
+}
+
+TEST_CASE("data_offsets that do not match shape times dtype size are rejected") {
+    TempDir d;
+    // [2, 2] F32 needs 16 bytes; the entry claims 12.
+    write_safetensors(d.path / "model.safetensors",
+                      {{"bad.weight", "F32", {2, 2}, std::string(16, '\0'), std::make_pair(int64_t(0), int64_t(12))}});
+    expect_invalid([&] { fd::model::read_tensor_index(d.path); }, {"model.safetensors", "bad.weight", "16"});
+    // BF16 data sized as if it were F32.
+    TempDir d2;
+    write_safetensors(d2.path / "model.safetensors", {{"half.weight", "BF16", {4}, std::string(16, '\0')}});
+    expect_invalid([&] { fd::model::read_tensor_index(d2.path); }, {"half.weight"});
+}
+
+TEST_CASE("an index listing a tensor absent from its shard is rejected naming both") {
+    TempDir d;
+    write_safetensors(d.path / "shard-1.safetensors", {{"present", "F32", {1}, bytes_of(std::vector<float>{1})}});
+    write_safetensors(d.path / "shard-2.safetensors", {{"elsewhere", "F32", {1}, bytes_of(std::vector<float>{1})}});
+    write_text(d.path / "model.safetensors.index.json",
+               json{{"weight_map", {{"present", "shard-1.safetensors"}, {"ghost.weight", "shard-1.safetensors"},
+                                    {"elsewhere", "shard-2.safetensors"}}}}.dump());
+    expect_invalid([&] { fd::model::read_tensor_index(d.path); }, {"shard-1.safetensors", "ghost.weight"});
+    // Listed under the wrong shard counts as absent too.
+    write_text(d.path / "model.safetensors.index.json",
+               json{{"weight_map", {{"present", "shard-1.safetensors"}, {"elsewhere", "shard-1.safetensors"},
+                                    {"x", "shard-2.safetensors"}}}}.dump());
+    expect_invalid([&] { fd::model::read_tensor_index(d.path); }, {"elsewhere"});
+}
+
+TEST_CASE("a header entry without shape or data_offsets is an invalid_checkpoint error") {
+    TempDir d;
+    const std::string header = R"({"w":{"dtype":"F32","data_offsets":[0,4]}})";
+    const uint64_t n = header.size();
+    write_text(d.path / "model.safetensors", std::string(reinterpret_cast<const char *>(&n), 8) + header + "abcd");
+    expect_invalid([&] { fd::model::read_tensor_index(d.path); }, {"model.safetensors", "'w'"});
+}
+
+TEST_CASE("load_model_config reads stories260K's config.json and generation_config.json") {
+    const auto c = fd::model::load_model_config(kStories);
+    CHECK(c.arch == fd::model::Arch::llama);
+    CHECK(c.architecture == "LlamaForCausalLM");
+    CHECK(c.vocab_size == 512);
+    CHECK(c.hidden_size == 64);
+    CHECK(c.intermediate_size == 172);
+    CHECK(c.n_layers == 5);
+    CHECK(c.n_heads == 8);
+    CHECK(c.n_kv_heads == 4);
+    CHECK(c.head_dim == 8);
+    CHECK(c.max_position_embeddings == 512);
+    CHECK(c.rms_norm_eps == doctest::Approx(1e-5));
+    CHECK(c.rope_theta == 10000.0f);
+    CHECK(c.tie_word_embeddings);
+    CHECK_FALSE(c.qkv_bias);
+    CHECK(c.bos_token_id == 1);
+    CHECK(c.eos_token_ids == std::vector<int32_t>{1, 2});
+    CHECK(c.q_dim() == 64);
+    CHECK(c.kv_dim() == 32);
+}
+
+TEST_CASE("load_model_config rejects an unsupported architecture and a missing field") {
+    const json base = json::parse(std::ifstream(kStories / "config.json"));
+    {
+        TempDir d;
+        json j = base;
+        j["architectures"] = {"MistralForCausalLM"};
+        write_text(d.path / "config.json", j.dump());
+        expect_invalid([&] { fd::model::load_model_config(d.path); }, {"config.json", "MistralForCausalLM"});
+    }
+    {
+        TempDir d;
+        json j = base;
+        j.erase("hidden_size");
+        write_text(d.path / "config.json", j.dump());
+        expect_invalid([&] { fd::model::load_model_config(d.path); }, {"config.json", "hidden_size"});
+    }
+    {
+        TempDir d;
+        json j = base;
+        j["num_key_value_heads"] = 3;
+        write_text(d.path / "config.json", j.dump());
+        expect_invalid([&] { fd::model::load_model_config(d.path); }, {"num_key_value_heads"});
+    }
+    {
+        TempDir d;
+        json j = base;
+        j["num_hidden_layers"] = -1;
+        write_text(d.path / "config.json", j.dump());
+        expect_invalid([&] { fd::model::load_model_config(d.path); }, {"num_hidden_layers"});
+    }
+    TempDir none;
+    expect_invalid([&] { fd::model::load_model_config(none.path); }, {"config.json"});
+}
+
+TEST_CASE("load_model_config defaults head_dim and eos ids and reads Qwen2 biases") {
+    TempDir d;
+    json j = json::parse(std::ifstream(kStories / "config.json"));
+    j.erase("head_dim");
+    j.erase("num_key_value_heads");
+    j["architectures"] = {"Qwen2ForCausalLM"};
+    j["eos_token_id"] = 7;
+    write_text(d.path / "config.json", j.dump());
+    const auto c = fd::model::load_model_config(d.path);
+    CHECK(c.arch == fd::model::Arch::qwen2);
+    CHECK(c.qkv_bias);
+    CHECK(c.head_dim == 8);          // 64 / 8
+    CHECK(c.n_kv_heads == 8);        // defaults to n_heads
+    CHECK(c.eos_token_ids == std::vector<int32_t>{7});
+}
+
+TEST_CASE("validate_checkpoint accepts stories260K and names the offending tensor otherwise") {
+    const auto cfg = fd::model::load_model_config(kStories);
+    const auto idx = fd::model::read_tensor_index(kStories);
+    CHECK(idx.tensors.size() == 48);
+    CHECK_NOTHROW(fd::model::validate_checkpoint(cfg, idx));
+    {
+        auto bad = idx;
+        bad.tensors.at("model.layers.2.self_attn.k_proj.weight").shape = {64, 64};
+        expect_invalid([&] { fd::model::validate_checkpoint(cfg, bad); },
+                       {"model.layers.2.self_attn.k_proj.weight", "[64, 64]", "[32, 64]"});
+    }
+    {
+        auto bad = idx;
+        bad.tensors.erase("model.layers.4.mlp.down_proj.weight");
+        expect_invalid([&] { fd::model::validate_checkpoint(cfg, bad); }, {"model.layers.4.mlp.down_proj.weight"});
+    }
+    {
+        auto bad = idx;
+        auto extra = bad.tensors.at("model.norm.weight");
+        extra.name = "model.layers.0.mlp.extra_proj.weight";
+        bad.tensors[extra.name] = extra;
+        expect_invalid([&] { fd::model::validate_checkpoint(cfg, bad); }, {"model.layers.0.mlp.extra_proj.weight"});
+    }
+    {
+        auto ok = idx;
+        ok.tensors.erase("lm_head.weight");   // tied: optional
+        auto inv = ok.tensors.at("model.norm.weight");
+        inv.name = "model.layers.0.self_attn.rotary_emb.inv_freq";
+        ok.tensors[inv.name] = inv;           // ignored buffer
+        CHECK_NOTHROW(fd::model::validate_checkpoint(cfg, ok));
+        auto untied = cfg;
+        untied.tie_word_embeddings = false;
+        expect_invalid([&] { fd::model::validate_checkpoint(untied, ok); }, {"lm_head.weight"});
+    }
+}
+
+TEST_CASE("read_version_step returns the step, nullopt when absent, and throws when malformed") {
+    TempDir d;
+    CHECK_FALSE(fd::model::read_version_step(d.path).has_value());
+    write_text(d.path / "version.yaml", "step: 42\n");
+    CHECK(fd::model::read_version_step(d.path) == std::optional<std::string>("42"));
+    write_text(d.path / "version.yaml", "name: run-7\n  step: \"v1.2_rc-3\"  # comment\n");
+    CHECK(fd::model::read_version_step(d.path) == std::optional<std::string>("v1.2_rc-3"));
+    write_text(d.path / "version.yaml", "name: run-7\n");
+    CHECK_FALSE(fd::model::read_version_step(d.path).has_value());
+    write_text(d.path / "version.yaml", "step: a/b\n");
+    expect_invalid([&] { fd::model::read_version_step(d.path); }, {"version.yaml", "a/b"});
+    write_text(d.path / "version.yaml", "step:\n");
+    expect_invalid([&] { fd::model::read_version_step(d.path); }, {"version.yaml"});
+}
+
+TEST_CASE("parse_bytes understands plain numbers and K/M/G/T suffixes") {
+    CHECK(fd::parse_bytes("512MiB") == std::optional<int64_t>(512LL << 20));
+    CHECK(fd::parse_bytes("2G") == std::optional<int64_t>(2LL << 30));
+    CHECK(fd::parse_bytes("1024") == std::optional<int64_t>(1024));
+    CHECK(fd::parse_bytes("4 KiB") == std::optional<int64_t>(4096));
+    CHECK(fd::parse_bytes("3kb") == std::optional<int64_t>(3072));
+    CHECK(fd::parse_bytes("1T") == std::optional<int64_t>(1LL << 40));
+    CHECK(fd::parse_bytes("0") == std::optional<int64_t>(0));
+    CHECK_FALSE(fd::parse_bytes("bogus").has_value());
+    CHECK_FALSE(fd::parse_bytes("").has_value());
+    CHECK_FALSE(fd::parse_bytes("0.3").has_value());
+    CHECK_FALSE(fd::parse_bytes("-5M").has_value());
+    CHECK_FALSE(fd::parse_bytes("12X").has_value());
+}
+
+TEST_CASE("parse_bytes returns nullopt for sizes that overflow int64") {
+    std::optional<int64_t> r;
+    CHECK_NOTHROW(r = fd::parse_bytes("99999999999999999999"));
+    CHECK_FALSE(r.has_value());
+    r = std::nullopt;
+    CHECK_NOTHROW(r = fd::parse_bytes("8589934592G"));   // 2^33 * 2^30 = 2^63 > INT64_MAX
+    CHECK_FALSE(r.has_value());
+    r = std::nullopt;
+    CHECK_NOTHROW(r = fd::parse_bytes("99999999999T"));
+    CHECK_FALSE(r.has_value());
+}
+
+}  // TEST_SUITE

@@ -1,0 +1,478 @@
+// CPU ops (kernels/cpu/*.cpp) against deliberately naive loops, plus the batch-invariance
+// guarantee of ops.h: a row's result is bitwise the same whatever else is in the batch and
+// whatever the thread count.
+#include "fd/kernels/ops.h"
+#include "fd/kernels/thread_pool.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace k = fd::kernels;
+
+namespace {
+
+std::vector<float> random_vec(std::mt19937 & rng, size_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(n);
+    for (auto & x : v) { x = d(rng); }
+    return v;
+}
+
+std::vector<float> packed_of(const std::vector<float> & w, int64_t n_out, int64_t n_in) {
+    std::vector<float> p(static_cast<size_t>(k::packed_linear_floats(n_out, n_in)), -7.0f);
+    k::pack_linear(p.data(), w.data(), n_out, n_in);
+    return p;
+}
+
+bool bits_equal(const float * a, const float * b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+/// Naive contiguous causal GQA attention for one query vector over ctx rows of K and V.
+///   k_rows, v_rows [n_ctx, n_kv_heads, head_dim] in token order.
+void naive_attention(double * out, const float * q, const std::vector<float> & k_rows,
+                     const std::vector<float> & v_rows, int n_ctx, int n_heads, int n_kv_heads,
+                     int head_dim, double scale) {
+    const int group = n_heads / n_kv_heads;
+    for (int h = 0; h < n_heads; ++h) {
+        const int kvh = h / group;
+        std::vector<double> s(static_cast<size_t>(n_ctx));
+        double mx = -INFINITY;
+        for (int t = 0; t < n_ctx; ++t) {
+            double dot = 0.0;
+            for (int d = 0; d < head_dim; ++d) {
+                dot += double(q[h * head_dim + d]) * k_rows[(size_t(t) * n_kv_heads + kvh) * head_dim + d];
+            }
+            s[t] = dot * scale;
+            mx   = std::max(mx, s[t]);
+        }
+        double sum = 0.0;
+        for (int t = 0; t < n_ctx; ++t) { s[t] = std::exp(s[t] - mx); sum += s[t]; }
+        for (int d = 0; d < head_dim; ++d) {
+            double acc = 0.0;
+            for (int t = 0; t < n_ctx; ++t) { acc += s[t] / sum * v_rows[(size_t(t) * n_kv_heads + kvh) * head_dim + d]; }
+            out[h * head_dim + d] = acc;
+        }
+    }
+}
+
+/// A small paged pool with a few sequences stored at scattered, non-contiguous blocks.
+struct AttnFixture {
+    static constexpr int kHeads = 8, kKvHeads = 4, kHeadDim = 8, kBlock = 4, kBlocks = 40;
+    std::vector<float> k_pool, v_pool;
+    std::vector<std::vector<int32_t>> tables;   // per sequence
+    std::vector<std::vector<float>>   k_rows, v_rows;  // per sequence, contiguous [len, kv, hd]
+    std::vector<int> lens;
+    k::PagedKv kv{};
+
+    explicit AttnFixture(std::mt19937 & rng) {
+        const size_t pool_floats = size_t(kBlocks) * kBlock * kKvHeads * kHeadDim;
+        k_pool.assign(pool_floats, std::numeric_limits<float>::quiet_NaN());  // unwritten slots poison results
+        v_pool.assign(pool_floats, std::numeric_limits<float>::quiet_NaN());
+        kv = {k_pool.data(), v_pool.data(), kBlock, kKvHeads, kHeadDim};
+        // Scattered block ids, deliberately out of order and interleaved between sequences.
+        tables = {{17, 3, 29, 8, 36, 0, 22, 11, 31, 5, 26, 14}, {9, 33, 1}, {24}, {38, 2}};
+        lens   = {47, 10, 1, 6};
+        const int row = kKvHeads * kHeadDim;
+        for (size_t s = 0; s < tables.size(); ++s) {
+            k_rows.push_back(random_vec(rng, size_t(lens[s]) * row, -2.0f, 2.0f));
+            v_rows.push_back(random_vec(rng, size_t(lens[s]) * row));
+            std::vector<int64_t> slots(static_cast<size_t>(lens[s]));
+            for (int t = 0; t < lens[s]; ++t) { slots[t] = int64_t(tables[s][t / kBlock]) * kBlock + t % kBlock; }
+            k::kv_store(kv, k_rows[s].data(), v_rows[s].data(), slots.data(), lens[s]);
+        }
+    }
+};
+
+struct QueryRef {
+    int seq, n_ctx;
+    std::vector<float> q;  // [n_heads, head_dim]
+};
+
+}  // namespace
+
+TEST_SUITE("kernels::ops_cpu") {
+
+TEST_CASE("ThreadPool::parallel_for runs every task exactly once for 1 to 4 threads, job after job") {
+    for (int nt : {1, 2, 3, 4}) {
+        k::ThreadPool pool(nt);
+        CHECK(pool.n_threads() == nt);
+        for (int64_t n_tasks : {0, 1, 2, 3, 7, 64, 1000}) {
+            for (int rep = 0; rep < 20; ++rep) {
+                std::vector<int> hits(static_cast<size_t>(n_tasks), 0);
+                pool.parallel_for(n_tasks, [&](int64_t i) { ++hits[static_cast<size_t>(i)]; });
+                CAPTURE(nt); CAPTURE(n_tasks);
+                REQUIRE(std::count(hits.begin(), hits.end(), 1) == n_tasks);
+            }
+        }
+    }
+}
+
+TEST_CASE("matmul_packed with and without bias matches a naive triple loop over awkward sizes") {
+    std::mt19937 rng(1234);
+    for (int64_t n_rows : {1, 2, 5, 6, 7, 13, 64}) {
+        for (int64_t n_out : {1, 31, 32, 33, 100}) {
+            for (int64_t n_in : {1, 7, 64, 65}) {
+                const auto x    = random_vec(rng, size_t(n_rows * n_in));
+                const auto w    = random_vec(rng, size_t(n_out * n_in));
+                const auto bias = random_vec(rng, size_t(n_out));
+                const auto p    = packed_of(w, n_out, n_in);
+                for (bool with_bias : {false, true}) {
+                    CAPTURE(n_rows); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(with_bias);
+                    std::vector<float> out(size_t(n_rows * n_out), 12345.0f);
+                    k::matmul_packed(out.data(), x.data(), p.data(), with_bias ? bias.data() : nullptr, n_rows, n_out, n_in, nullptr);
+                    int bad = 0;
+                    for (int64_t t = 0; t < n_rows; ++t) {
+                        for (int64_t o = 0; o < n_out; ++o) {
+                            double ref = with_bias ? bias[o] : 0.0, mag = std::fabs(ref);
+                            for (int64_t kk = 0; kk < n_in; ++kk) {
+                                const double term = double(x[t * n_in + kk]) * w[o * n_in + kk];
+                                ref += term;
+                                mag += std::fabs(term);
+                            }
+                            if (std::fabs(out[t * n_out + o] - ref) > 1e-5 * mag + 1e-30) { ++bad; }
+                        }
+                    }
+                    CHECK(bad == 0);
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("pack_linear zero-pads the last panel and keeps the PyTorch row order") {
+    const int64_t n_out = 33, n_in = 3;
+    std::vector<float> w(size_t(n_out * n_in));
+    std::iota(w.begin(), w.end(), 1.0f);
+    const auto p = packed_of(w, n_out, n_in);
+    REQUIRE(p.size() == size_t(2 * n_in * 32));
+    CHECK(p[0 * 32 + 0] == w[0]);           // panel 0, k 0, col 0 = w[0, 0]
+    CHECK(p[2 * 32 + 5] == w[5 * n_in + 2]); // panel 0, k 2, col 5 = w[5, 2]
+    CHECK(p[n_in * 32 + 1 * 32 + 0] == w[32 * n_in + 1]);  // panel 1, k 1, col 0 = w[32, 1]
+    for (int64_t kk = 0; kk < n_in; ++kk) {
+        for (int c = 1; c < 32; ++c) { CHECK(p[n_in * 32 + kk * 32 + c] == 0.0f); }
+    }
+}
+
+TEST_CASE("matmul_packed rows are bitwise identical alone, at any batch position and with 1 to 3 threads") {
+    std::mt19937 rng(99);
+    // Big enough that the pool really splits panels into several tasks (n_tasks > 1).
+    for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{200, 256}, {97, 65}, {33, 7}}) {
+        const auto w    = random_vec(rng, size_t(n_out * n_in));
+        const auto bias = random_vec(rng, size_t(n_out));
+        const auto p    = packed_of(w, n_out, n_in);
+        const auto x0   = random_vec(rng, size_t(n_in));
+        std::vector<float> alone(static_cast<size_t>(n_out));
+        k::matmul_packed(alone.data(), x0.data(), p.data(), bias.data(), 1, n_out, n_in, nullptr);
+
+        std::vector<std::unique_ptr<k::ThreadPool>> pools;
+        for (int nt : {1, 2, 3}) { pools.push_back(std::make_unique<k::ThreadPool>(nt)); }
+        std::vector<k::ThreadPool *> pool_ptrs = {nullptr};
+        for (auto & pl : pools) { pool_ptrs.push_back(pl.get()); }
+
+        int checked = 0;
+        for (int64_t n_rows : {2, 3, 5, 6, 7, 12, 13, 31, 64}) {
+            for (int64_t pos : {int64_t(0), n_rows / 2, n_rows - 1}) {
+                for (k::ThreadPool * pool : pool_ptrs) {
+                    auto x = random_vec(rng, size_t(n_rows * n_in), -3.0f, 3.0f);
+                    std::copy(x0.begin(), x0.end(), x.begin() + pos * n_in);
+                    std::vector<float> out(size_t(n_rows * n_out));
+                    k::matmul_packed(out.data(), x.data(), p.data(), bias.data(), n_rows, n_out, n_in, pool);
+                    CAPTURE(n_out); CAPTURE(n_in); CAPTURE(n_rows); CAPTURE(pos);
+                    CAPTURE(pool ? pool->n_threads() : 0);
+                    CHECK(bits_equal(out.data() + pos * n_out, alone.data(), size_t(n_out)));
+                    ++checked;
+                }
+            }
+        }
+        CHECK(checked == 9 * 3 * 4);
+    }
+}
+
+TEST_CASE("rms_norm matches the naive formula and may run in place") {
+    std::mt19937 rng(7);
+    const int64_t n_rows = 5, n_embd = 67;
+    const float eps = 1e-5f;
+    const auto x = random_vec(rng, size_t(n_rows * n_embd), -4.0f, 4.0f);
+    const auto wt = random_vec(rng, size_t(n_embd), 0.5f, 1.5f);
+    std::vector<float> out(x.size());
+    k::rms_norm(out.data(), x.data(), wt.data(), n_rows, n_embd, eps);
+    for (int64_t t = 0; t < n_rows; ++t) {
+        double ss = 0.0;
+        for (int64_t i = 0; i < n_embd; ++i) { ss += double(x[t * n_embd + i]) * x[t * n_embd + i]; }
+        const double inv = 1.0 / std::sqrt(ss / n_embd + eps);
+        for (int64_t i = 0; i < n_embd; ++i) {
+            const double ref = x[t * n_embd + i] * inv * wt[i];
+            CHECK(out[t * n_embd + i] == doctest::Approx(ref).epsilon(1e-5));
+        }
+    }
+    std::vector<float> inplace = x;
+    k::rms_norm(inplace.data(), inplace.data(), wt.data(), n_rows, n_embd, eps);
+    CHECK(bits_equal(inplace.data(), out.data(), out.size()));
+    // A zero row stays zero (eps keeps it finite).
+    std::vector<float> zeros(size_t(n_embd), 0.0f), zout(size_t(n_embd), 1.0f);
+    k::rms_norm(zout.data(), zeros.data(), wt.data(), 1, n_embd, eps);
+    for (float v : zout) { CHECK(v == 0.0f); }
+}
+
+TEST_CASE("silu_mul computes g * sigmoid(g) * up and add_inplace adds elementwise") {
+    const std::vector<float> gate = {-20.0f, -1.0f, 0.0f, 0.5f, 3.0f, 20.0f};
+    const std::vector<float> up   = {2.0f, -3.0f, 5.0f, 1.0f, 0.25f, -1.0f};
+    std::vector<float> out(gate.size());
+    k::silu_mul(out.data(), gate.data(), up.data(), int64_t(gate.size()));
+    for (size_t i = 0; i < gate.size(); ++i) {
+        const double g = gate[i], ref = g / (1.0 + std::exp(-g)) * up[i];
+        CHECK(out[i] == doctest::Approx(ref).epsilon(1e-6));
+    }
+    CHECK(out[2] == 0.0f);
+    std::vector<float> acc = {1.0f, 2.0f, 3.0f};
+    const std::vector<float> add = {0.5f, -2.0f, 10.0f};
+    k::add_inplace(acc.data(), add.data(), 3);
+    CHECK(acc == std::vector<float>{1.5f, 0.0f, 13.0f});
+}
+
+TEST_CASE("rope_table holds cos and sin of pos * theta^(-2j/head_dim)") {
+    const int64_t n_pos = 64, hd = 8;
+    std::vector<float> cs(size_t(n_pos * hd));
+    k::rope_table(cs.data(), n_pos, hd, 10000.0f);
+    for (int64_t pos = 0; pos < n_pos; ++pos) {
+        for (int64_t j = 0; j < hd / 2; ++j) {
+            const double ang = double(pos) * std::pow(10000.0, -2.0 * j / hd);
+            CHECK(cs[pos * hd + j] == doctest::Approx(std::cos(ang)).epsilon(2e-5));
+            CHECK(cs[pos * hd + hd / 2 + j] == doctest::Approx(std::sin(ang)).epsilon(2e-5));
+        }
+    }
+    for (int64_t j = 0; j < hd / 2; ++j) {
+        CHECK(cs[j] == 1.0f);
+        CHECK(cs[hd / 2 + j] == 0.0f);
+    }
+}
+
+TEST_CASE("rope_rotate_half matches the HF rotate_half formula and position 0 is the identity") {
+    std::mt19937 rng(3);
+    const int64_t n_tokens = 4, n_heads = 3, hd = 16, n_pos = 128;
+    std::vector<float> cs(size_t(n_pos * hd));
+    k::rope_table(cs.data(), n_pos, hd, 10000.0f);
+    const std::vector<int32_t> positions = {0, 1, 57, 127};
+    const auto x0 = random_vec(rng, size_t(n_tokens * n_heads * hd));
+    auto x = x0;
+    k::rope_rotate_half(x.data(), positions.data(), cs.data(), n_tokens, n_heads, hd);
+    const int64_t half = hd / 2;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        const float * c = cs.data() + positions[t] * hd;  // cos in [0, half), sin in [half, hd)
+        for (int64_t h = 0; h < n_heads; ++h) {
+            const float * v = x0.data() + (t * n_heads + h) * hd;
+            for (int64_t i = 0; i < hd; ++i) {
+                // HF: q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-q2, q1);
+                // cos/sin are duplicated over both halves (emb = cat(freqs, freqs)).
+                const double rot = i < half ? -double(v[i + half]) : double(v[i - half]);
+                const double ref = double(v[i]) * c[i % half] + rot * c[half + i % half];
+                CHECK(x[(t * n_heads + h) * hd + i] == doctest::Approx(ref).epsilon(1e-6));
+            }
+        }
+    }
+    // Position 0 (cos 1, sin 0) leaves the vector bit-for-bit unchanged.
+    CHECK(bits_equal(x.data(), x0.data(), size_t(n_heads * hd)));
+    // The rotation preserves each (j, j + half) pair's norm.
+    const float * r = x.data() + (3 * n_heads + 1) * hd;
+    const float * o = x0.data() + (3 * n_heads + 1) * hd;
+    for (int64_t j = 0; j < half; ++j) {
+        CHECK(r[j] * r[j] + r[j + half] * r[j + half] ==
+              doctest::Approx(o[j] * o[j] + o[j + half] * o[j + half]).epsilon(1e-5));
+    }
+}
+
+TEST_CASE("kv_store writes each token's K and V at its slot and nothing else") {
+    const int32_t bs = 4, kvh = 2, hd = 3;
+    const int64_t row = kvh * hd, n_blocks = 3;
+    std::vector<float> kp(size_t(n_blocks * bs * row), -1.0f), vp(kp.size(), -1.0f);
+    k::PagedKv kv{kp.data(), vp.data(), bs, kvh, hd};
+    std::vector<float> kn(size_t(3 * row)), vn(size_t(3 * row));
+    std::iota(kn.begin(), kn.end(), 100.0f);
+    std::iota(vn.begin(), vn.end(), 200.0f);
+    const std::vector<int64_t> slots = {9, 0, 5};  // block 2 offset 1, block 0 offset 0, block 1 offset 1
+    k::kv_store(kv, kn.data(), vn.data(), slots.data(), 3);
+    for (size_t t = 0; t < slots.size(); ++t) {
+        CHECK(bits_equal(kp.data() + slots[t] * row, kn.data() + t * row, size_t(row)));
+        CHECK(bits_equal(vp.data() + slots[t] * row, vn.data() + t * row, size_t(row)));
+    }
+    int untouched = 0;
+    for (int64_t s = 0; s < n_blocks * bs; ++s) {
+        if (std::find(slots.begin(), slots.end(), s) != slots.end()) { continue; }
+        for (int64_t i = 0; i < row; ++i) { untouched += kp[s * row + i] == -1.0f && vp[s * row + i] == -1.0f; }
+    }
+    CHECK(untouched == (n_blocks * bs - 3) * row);
+}
+
+TEST_CASE("attention_paged over scattered blocks matches naive contiguous GQA attention") {
+    std::mt19937 rng(42);
+    AttnFixture f(rng);
+    const int hd = AttnFixture::kHeadDim, nh = AttnFixture::kHeads;
+    const float scale = 1.0f / std::sqrt(float(hd));
+    // Every causal prefix of every sequence, as one batch.
+    std::vector<QueryRef> qs;
+    for (size_t s = 0; s < f.lens.size(); ++s) {
+        for (int n = 1; n <= f.lens[s]; ++n) { qs.push_back({int(s), n, random_vec(rng, size_t(nh * hd), -2.0f, 2.0f)}); }
+    }
+    std::vector<float> q(qs.size() * nh * hd);
+    std::vector<k::AttnQuery> queries(qs.size());
+    for (size_t i = 0; i < qs.size(); ++i) {
+        std::copy(qs[i].q.begin(), qs[i].q.end(), q.begin() + i * nh * hd);
+        queries[i] = {f.tables[qs[i].seq].data(), qs[i].n_ctx};
+    }
+    std::vector<float> out(q.size(), 999.0f);
+    k::ThreadPool pool(2);
+    k::attention_paged(out.data(), q.data(), queries.data(), int64_t(qs.size()), nh, f.kv, scale, &pool);
+    int bad = 0;
+    std::vector<double> ref(size_t(nh * hd));
+    for (size_t i = 0; i < qs.size(); ++i) {
+        naive_attention(ref.data(), qs[i].q.data(), f.k_rows[qs[i].seq], f.v_rows[qs[i].seq], qs[i].n_ctx, nh,
+                        AttnFixture::kKvHeads, hd, scale);
+        for (int e = 0; e < nh * hd; ++e) {
+            if (!(std::fabs(out[i * nh * hd + e] - ref[e]) <= 1e-5 * (1.0 + std::fabs(ref[e])))) { ++bad; }
+        }
+    }
+    CHECK(bad == 0);
+    // With one context token the output is exactly that token's V row of the head's kv group.
+    for (size_t i = 0; i < qs.size(); ++i) {
+        if (qs[i].n_ctx != 1) { continue; }
+        for (int h = 0; h < nh; ++h) {
+            const float * v = f.v_rows[qs[i].seq].data() + (h / 2) * hd;
+            CHECK(bits_equal(out.data() + (i * nh + h) * hd, v, size_t(hd)));
+        }
+    }
+}
+
+TEST_CASE("attention_paged output for a query is bitwise the same in any batch composition") {
+    std::mt19937 rng(5);
+    AttnFixture f(rng);
+    const int hd = AttnFixture::kHeadDim, nh = AttnFixture::kHeads, per = nh * hd;
+    const float scale = 1.0f / std::sqrt(float(hd));
+    std::vector<QueryRef> qs;
+    for (size_t s = 0; s < f.lens.size(); ++s) {
+        for (int n = 1; n <= f.lens[s]; ++n) { qs.push_back({int(s), n, random_vec(rng, size_t(per), -2.0f, 2.0f)}); }
+    }
+    // Reference: each query alone, no pool.
+    std::vector<std::vector<float>> alone(qs.size(), std::vector<float>(size_t(per)));
+    for (size_t i = 0; i < qs.size(); ++i) {
+        const k::AttnQuery a{f.tables[qs[i].seq].data(), qs[i].n_ctx};
+        k::attention_paged(alone[i].data(), qs[i].q.data(), &a, 1, nh, f.kv, scale, nullptr);
+    }
+    k::ThreadPool p1(1), p2(2), p3(3);
+    int mismatches = 0, compared = 0;
+    for (int trial = 0; trial < 8; ++trial) {
+        // A random subset in a random order (the full set is large enough for the pool path).
+        std::vector<size_t> order(qs.size());
+        std::iota(order.begin(), order.end(), size_t(0));
+        std::shuffle(order.begin(), order.end(), rng);
+        if (trial % 2 == 1) { order.resize(2 + rng() % 20); }
+        std::vector<float> q(order.size() * per), out(order.size() * per);
+        std::vector<k::AttnQuery> queries(order.size());
+        for (size_t b = 0; b < order.size(); ++b) {
+            const auto & r = qs[order[b]];
+            std::copy(r.q.begin(), r.q.end(), q.begin() + b * per);
+            queries[b] = {f.tables[r.seq].data(), r.n_ctx};
+        }
+        k::ThreadPool * pool = trial % 4 == 0 ? nullptr : trial % 4 == 1 ? &p1 : trial % 4 == 2 ? &p2 : &p3;
+        k::attention_paged(out.data(), q.data(), queries.data(), int64_t(order.size()), nh, f.kv, scale, pool);
+        for (size_t b = 0; b < order.size(); ++b) {
+            mismatches += !bits_equal(out.data() + b * per, alone[order[b]].data(), size_t(per));
+            ++compared;
+        }
+    }
+    CHECK(compared > 2 * int(qs.size()));
+    CHECK(mismatches == 0);
+}
+
+TEST_CASE("log_softmax exponentiates to a sum of 1, keeps differences and may run in place") {
+    std::mt19937 rng(11);
+    for (int64_t n : {1, 2, 5, 512}) {
+        auto x = random_vec(rng, size_t(n), -30.0f, 30.0f);
+        x[0] += 1000.0f;  // a huge logit must not overflow
+        std::vector<float> out(x.size());
+        k::log_softmax(out.data(), x.data(), n);
+        double sum = 0.0;
+        for (float v : out) { sum += std::exp(double(v)); CHECK(v <= 0.0f); }
+        CHECK(sum == doctest::Approx(1.0).epsilon(1e-5));
+        if (n > 1) { CHECK(out[1] - out[n - 1] == doctest::Approx(x[1] - x[n - 1]).epsilon(1e-4)); }
+        k::log_softmax(x.data(), x.data(), n);
+        CHECK(bits_equal(x.data(), out.data(), size_t(n)));
+    }
+    const std::vector<float> u = {3.0f, 3.0f, 3.0f, 3.0f};
+    std::vector<float> lu(4);
+    k::log_softmax(lu.data(), u.data(), 4);
+    for (float v : lu) { CHECK(v == doctest::Approx(-std::log(4.0))); }
+}
+
+TEST_CASE("argmax returns the lowest index on ties") {
+    const std::vector<float> a = {1.0f, 3.0f, 2.0f, 3.0f, 3.0f};
+    CHECK(k::argmax(a.data(), 5) == 1);
+    const std::vector<float> b = {-INFINITY, -INFINITY, -5.0f, -5.0f};
+    CHECK(k::argmax(b.data(), 4) == 2);
+    const std::vector<float> c = {0.0f, 0.0f, 0.0f};
+    CHECK(k::argmax(c.data(), 3) == 0);
+    const std::vector<float> d = {-1.0f, -2.0f, 7.5f};
+    CHECK(k::argmax(d.data(), 3) == 2);
+    CHECK(k::argmax(d.data(), 1) == 0);
+}
+
+TEST_CASE("bf16_to_f32 decodes known bit patterns") {
+    const std::vector<uint16_t> in = {0x3F80, 0xC000, 0x477F, 0x0000, 0x8000, 0x0001, 0x7F80, 0xFF80, 0x7FC0, 0x4049};
+    std::vector<float> out(in.size());
+    k::bf16_to_f32(out.data(), in.data(), int64_t(in.size()));
+    CHECK(out[0] == 1.0f);
+    CHECK(out[1] == -2.0f);
+    CHECK(out[2] == 65280.0f);  // 65504 is not representable in bf16; 0x477F is the f16-max neighbour
+    CHECK(out[3] == 0.0f);
+    CHECK((out[4] == 0.0f && std::signbit(out[4])));
+    CHECK(out[5] == std::ldexp(1.0f, -133));  // smallest bf16 subnormal
+    CHECK(out[6] == INFINITY);
+    CHECK(out[7] == -INFINITY);
+    CHECK(std::isnan(out[8]));
+    CHECK(out[9] == 3.140625f);
+}
+
+TEST_CASE("f16_to_f32 decodes known bit patterns including subnormals, inf and nan") {
+    const std::vector<uint16_t> in = {0x3C00, 0xC000, 0x7BFF, 0x0001, 0x03FF, 0x0200, 0x7C00, 0xFC00, 0x7E00, 0x8000, 0x8001, 0x0400};
+    std::vector<float> out(in.size());
+    k::f16_to_f32(out.data(), in.data(), int64_t(in.size()));
+    CHECK(out[0] == 1.0f);
+    CHECK(out[1] == -2.0f);
+    CHECK(out[2] == 65504.0f);
+    CHECK(out[3] == std::ldexp(1.0f, -24));
+    CHECK(out[4] == 1023.0f * std::ldexp(1.0f, -24));  // largest subnormal
+    CHECK(out[5] == std::ldexp(1.0f, -15));
+    CHECK(out[6] == INFINITY);
+    CHECK(out[7] == -INFINITY);
+    CHECK(std::isnan(out[8]));
+    CHECK((out[9] == 0.0f && std::signbit(out[9])));
+    CHECK(out[10] == -std::ldexp(1.0f, -24));
+    CHECK(out[11] == std::ldexp(1.0f, -14));  // smallest normal
+}
+
+TEST_CASE("f16_to_f32 is exact for all 65536 half-precision values") {
+    std::vector<uint16_t> in(65536);
+    std::iota(in.begin(), in.end(), uint16_t(0));
+    std::vector<float> out(in.size());
+    k::f16_to_f32(out.data(), in.data(), int64_t(in.size()));
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; ++h) {
+        const int s = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+        const double sign = s ? -1.0 : 1.0;
+        if (e == 31) {
+            bad += m == 0 ? !(std::isinf(out[h]) && std::signbit(out[h]) == bool(s)) : !std::isnan(out[h]);
+            continue;
+        }
+        const double ref = e == 0 ? sign * m * std::ldexp(1.0, -24) : sign * (1.0 + m / 1024.0) * std::ldexp(1.0, e - 15);
+        bad += !(double(out[h]) == ref && std::signbit(out[h]) == bool(s));
+    }
+    CHECK(bad == 0);
+}
+
+}  // TEST_SUITE

@@ -1,0 +1,193 @@
+// Sampler (daemon/src/engine/sampler.cpp): greedy, seeded reproducibility, top-k/top-p,
+// sampling frequencies and logprobs.
+#include "fd/engine/sampler.h"
+#include "fd/kernels/ops.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <random>
+#include <vector>
+
+using fd::engine::SamplingParams;
+using fd::engine::SeqRng;
+using fd::engine::sample_token;
+using fd::engine::token_logprobs;
+
+namespace {
+
+std::vector<float> random_logits(uint32_t seed, int n) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, 2.0f);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto & x : v) { x = d(rng); }
+    return v;
+}
+
+SamplingParams params(float temperature, int32_t top_k = 0, float top_p = 1.0f) {
+    SamplingParams p;
+    p.temperature = temperature;
+    p.top_k       = top_k;
+    p.top_p       = top_p;
+    return p;
+}
+
+std::vector<int32_t> draw(const std::vector<float> & logits, const SamplingParams & p, SeqRng rng, int n) {
+    std::vector<int32_t> out;
+    for (int i = 0; i < n; ++i) { out.push_back(sample_token(logits.data(), int32_t(logits.size()), p, rng)); }
+    return out;
+}
+
+}  // namespace
+
+TEST_SUITE("engine::sampler") {
+
+TEST_CASE("SeqRng yields uniform doubles in [0, 1) with a sane mean") {
+    SeqRng r = SeqRng::from_seed(123, 0);
+    double sum = 0.0, lo = 1.0, hi = 0.0;
+    for (int i = 0; i < 10000; ++i) {
+        const double u = r.next();
+        REQUIRE(u >= 0.0);
+        REQUIRE(u < 1.0);
+        sum += u;
+        lo = std::min(lo, u);
+        hi = std::max(hi, u);
+    }
+    CHECK(sum / 10000 == doctest::Approx(0.5).epsilon(0.02));
+    CHECK(lo < 0.01);
+    CHECK(hi > 0.99);
+}
+
+TEST_CASE("temperature 0 is greedy argmax with the lowest id on ties and consumes no randomness") {
+    const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f};
+    SeqRng rng = SeqRng::from_seed(1, 0);
+    const uint64_t before = rng.state;
+    for (int i = 0; i < 5; ++i) { CHECK(sample_token(logits.data(), 5, params(0.0f), rng) == 1); }
+    CHECK(rng.state == before);
+    for (uint32_t s = 0; s < 20; ++s) {
+        const auto l = random_logits(s, 300);
+        SeqRng r{s};
+        CHECK(sample_token(l.data(), 300, params(0.0f), r) == fd::kernels::argmax(l.data(), 300));
+    }
+}
+
+TEST_CASE("the same seed and logits give the same token sequence") {
+    const auto logits = random_logits(9, 64);
+    const auto p = params(1.0f);
+    const auto a = draw(logits, p, SeqRng::from_seed(42, 0), 200);
+    const auto b = draw(logits, p, SeqRng::from_seed(42, 0), 200);
+    CHECK(a == b);
+    const auto c = draw(logits, p, SeqRng::from_seed(43, 0), 200);
+    CHECK(a != c);
+    // The draws really are random: more than a handful of distinct tokens.
+    std::vector<int32_t> sorted = a;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(std::unique(sorted.begin(), sorted.end()) - sorted.begin() > 10);
+}
+
+TEST_CASE("different choice indices of one seed give different streams") {
+    const auto logits = random_logits(10, 64);
+    const auto p = params(1.0f);
+    std::vector<std::vector<int32_t>> streams;
+    for (int32_t choice = 0; choice < 4; ++choice) {
+        streams.push_back(draw(logits, p, SeqRng::from_seed(7, choice), 100));
+        CHECK(SeqRng::from_seed(7, choice).state == SeqRng::from_seed(7, choice).state);
+    }
+    for (size_t i = 0; i < streams.size(); ++i) {
+        for (size_t j = i + 1; j < streams.size(); ++j) {
+            CAPTURE(i); CAPTURE(j);
+            CHECK(streams[i] != streams[j]);
+            CHECK(SeqRng::from_seed(7, int32_t(i)).state != SeqRng::from_seed(7, int32_t(j)).state);
+        }
+    }
+}
+
+TEST_CASE("top_k 1 equals greedy at any temperature") {
+    for (uint32_t s = 0; s < 10; ++s) {
+        const auto logits = random_logits(100 + s, 128);
+        const int32_t greedy = int32_t(fd::kernels::argmax(logits.data(), 128));
+        for (float t : {0.1f, 1.0f, 5.0f, 100.0f}) {
+            SeqRng rng = SeqRng::from_seed(s, 0);
+            for (int i = 0; i < 20; ++i) { CHECK(sample_token(logits.data(), 128, params(t, 1), rng) == greedy); }
+        }
+    }
+}
+
+TEST_CASE("a tiny top_p equals greedy") {
+    for (uint32_t s = 0; s < 10; ++s) {
+        const auto logits = random_logits(200 + s, 128);
+        const int32_t greedy = int32_t(fd::kernels::argmax(logits.data(), 128));
+        SeqRng rng = SeqRng::from_seed(s, 3);
+        for (int i = 0; i < 50; ++i) { CHECK(sample_token(logits.data(), 128, params(2.0f, 0, 1e-6f), rng) == greedy); }
+    }
+}
+
+TEST_CASE("top_k restricts draws to the k highest logits") {
+    const std::vector<float> logits = {0.0f, 5.0f, 1.0f, 4.0f, 3.0f, -2.0f};
+    SeqRng rng = SeqRng::from_seed(5, 0);
+    std::array<int, 6> count{};
+    for (int i = 0; i < 3000; ++i) { ++count[size_t(sample_token(logits.data(), 6, params(10.0f, 3), rng))]; }
+    CHECK(count[0] + count[2] + count[5] == 0);
+    CHECK(count[1] > 0);
+    CHECK(count[3] > 0);
+    CHECK(count[4] > 0);
+}
+
+TEST_CASE("top_p keeps the smallest prefix of candidates reaching p") {
+    // softmax of log([0.5, 0.3, 0.15, 0.05]): top_p 0.75 keeps ids {0, 1} (0.5 < 0.75 <= 0.8).
+    const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+    SeqRng rng = SeqRng::from_seed(11, 0);
+    std::array<int, 4> count{};
+    const int n = 20000;
+    for (int i = 0; i < n; ++i) { ++count[size_t(sample_token(logits.data(), 4, params(1.0f, 0, 0.75f), rng))]; }
+    CHECK(count[2] + count[3] == 0);
+    CHECK(double(count[0]) / n == doctest::Approx(0.5 / 0.8).epsilon(0.03));
+}
+
+TEST_CASE("empirical frequencies at temperature 1 match the softmax within 0.02") {
+    const std::vector<float> logits = {1.0f, 2.0f, 0.0f, 1.5f};
+    std::vector<float> lp(4);
+    fd::kernels::log_softmax(lp.data(), logits.data(), 4);
+    SeqRng rng = SeqRng::from_seed(2024, 0);
+    std::array<int, 4> count{};
+    const int n = 20000;
+    for (int i = 0; i < n; ++i) { ++count[size_t(sample_token(logits.data(), 4, params(1.0f), rng))]; }
+    for (int i = 0; i < 4; ++i) {
+        CAPTURE(i);
+        CHECK(std::fabs(double(count[size_t(i)]) / n - std::exp(double(lp[size_t(i)]))) < 0.02);
+    }
+    // Temperature 0.5 sharpens the same distribution: softmax(2 * logits).
+    const std::vector<float> doubled = {2.0f, 4.0f, 0.0f, 3.0f};
+    fd::kernels::log_softmax(lp.data(), doubled.data(), 4);
+    count = {};
+    for (int i = 0; i < n; ++i) { ++count[size_t(sample_token(logits.data(), 4, params(0.5f), rng))]; }
+    for (int i = 0; i < 4; ++i) { CHECK(std::fabs(double(count[size_t(i)]) / n - std::exp(double(lp[size_t(i)]))) < 0.02); }
+}
+
+TEST_CASE("token_logprobs returns the chosen token's log_softmax and a best-first top list") {
+    const std::vector<float> logits = {0.1f, 3.0f, -1.0f, 3.0f, 2.5f, 0.0f, -7.0f};
+    std::vector<float> lp(logits.size());
+    fd::kernels::log_softmax(lp.data(), logits.data(), int64_t(logits.size()));
+    std::vector<float> scratch;
+    const auto r = token_logprobs(logits.data(), int32_t(logits.size()), 4, 3, scratch);
+    CHECK(r.id == 4);
+    CHECK(r.logprob == lp[4]);
+    REQUIRE(r.top.size() == 3);
+    CHECK(r.top[0].first == 1);   // tie between ids 1 and 3: lower id first
+    CHECK(r.top[1].first == 3);
+    CHECK(r.top[2].first == 4);
+    for (const auto & [id, v] : r.top) { CHECK(v == lp[size_t(id)]); }
+    CHECK(r.top[0].second >= r.top[1].second);
+    CHECK(r.top[1].second >= r.top[2].second);
+
+    const auto none = token_logprobs(logits.data(), int32_t(logits.size()), 6, 0, scratch);
+    CHECK(none.top.empty());
+    CHECK(none.logprob == lp[6]);
+    const auto all = token_logprobs(logits.data(), int32_t(logits.size()), 0, 100, scratch);
+    CHECK(all.top.size() == logits.size());
+    CHECK(all.top.back().first == 6);
+}
+
+}  // TEST_SUITE
