@@ -544,7 +544,7 @@ int main(int argc, char ** argv) {
         for (auto & mj : models_j) {
             double ratio = 0.0, speedup = 0.0;
             for (const auto & d : mj["decode"]) {
-                if (d["batch"] == 1) { ratio = d["ratio_vs_read_bw"].get<double>(); }
+                if (d["batch"] == 1) { ratio = d["streamed_ratio_vs_read_bw"].get<double>(); }
                 if (d["batch"] == bmax) { speedup = d["speedup_vs_b1"].get<double>(); }
             }
             mj["targets"] = {{"b1_weight_read_ratio", ratio}, {"b1_weight_read_met", ratio >= ratio_min},
