@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace fd {
@@ -59,13 +60,22 @@ int64_t Arena::release() {
     return freed;
 }
 
-int64_t process_rss_bytes() {
-    std::ifstream in("/proc/self/status");
+namespace {
+
+/// `key` (e.g. "VmRSS:") of a /proc file whose lines read "key  <n> kB", in bytes; 0 if absent.
+int64_t proc_kib_field(const char * file, std::string_view key) {
+    std::ifstream in(file);
     std::string   line;
     while (std::getline(in, line)) {
-        if (line.rfind("VmRSS:", 0) == 0) { return std::stoll(line.substr(6)) * 1024; }
+        if (line.rfind(key, 0) == 0) { return std::stoll(line.substr(key.size())) * 1024; }
     }
     return 0;
 }
+
+}  // namespace
+
+int64_t process_rss_bytes() { return proc_kib_field("/proc/self/status", "VmRSS:"); }
+
+int64_t mem_available_bytes() { return proc_kib_field("/proc/meminfo", "MemAvailable:"); }
 
 }  // namespace fd

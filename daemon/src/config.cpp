@@ -1,5 +1,6 @@
 #include "fd/config.h"
 
+#include "fd/arena.h"
 #include "fd/model/worker.h"
 #include "fd/status.h"
 
@@ -7,7 +8,6 @@
 #include <unistd.h>
 
 #include <charconv>
-#include <fstream>
 #include <regex>
 #include <thread>
 
@@ -25,19 +25,6 @@ std::optional<int64_t> parse_bytes(const std::string & s) {
     if (v > (INT64_MAX >> shift)) { return std::nullopt; }
     return v << shift;
 }
-
-namespace {
-
-int64_t mem_available_bytes() {
-    std::ifstream in("/proc/meminfo");
-    std::string   line;
-    while (std::getline(in, line)) {
-        if (line.rfind("MemAvailable:", 0) == 0) { return std::stoll(line.substr(13)) * 1024; }
-    }
-    return 0;
-}
-
-}  // namespace
 
 Resolved resolve(Config & cfg) {
     std::vector<std::string> problems;

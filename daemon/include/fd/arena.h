@@ -49,4 +49,7 @@ private:
 /// Resident set size of this process in bytes (VmRSS from /proc/self/status), 0 if unknown.
 int64_t process_rss_bytes();
 
+/// Memory the kernel could give this process now (MemAvailable from /proc/meminfo), 0 if unknown.
+int64_t mem_available_bytes();
+
 }  // namespace fd
