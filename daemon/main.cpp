@@ -6,13 +6,18 @@
 #include "fd/model/safetensors.h"
 #include "fd/model/tokenizer.h"
 #include "fd/model/worker.h"
+#include "fd/weights/weight_source.h"
 
 #include <CLI/CLI.hpp>
 
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 
+#ifndef FD_VERSION
+#define FD_VERSION "dev"
+#endif
 #ifndef FD_DEFAULT_MODEL_DIR
 #define FD_DEFAULT_MODEL_DIR "models/stories260K"
 #endif
@@ -42,7 +47,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_MAX_MODEL_LEN")->capture_default_str();
     app.add_option("--block-size", c.kv.block_size_tokens, "Tokens per KV block (power of two)")->envname("FD_BLOCK_SIZE")->capture_default_str();
     app.add_option("--kv-cache-bytes", c.kv.kv_cache_bytes,
-                   "KV pool size: bytes (512MiB, 2G), a fraction of available memory (0.3), or 0 = max-num-seqs full-length sequences (<= 4 GiB)")
+                   "KV pool size: bytes (512MiB, 2G), a fraction of available memory (0.3), or 0 = max-num-seqs full-length sequences (<= 2 GiB); the pool is pre-faulted")
         ->envname("FD_KV_CACHE_BYTES")->capture_default_str();
     app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", c.kv.enable_prefix_caching, "Reuse KV blocks of identical prompt prefixes")
         ->envname("FD_ENABLE_PREFIX_CACHING");
@@ -50,6 +55,15 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_REQUEST_TIMEOUT_S")->capture_default_str();
     app.add_option("--shutdown-grace-s", c.shutdown_grace_s, "On SIGTERM/SIGINT: seconds in-flight requests may take to finish")
         ->envname("FD_SHUTDOWN_GRACE_S")->capture_default_str();
+    app.add_flag("--dynamic-load-weight", c.server.dynamic_load_weight,
+                 "Enable weight control: /v1/sleep, /v1/wakeup, /v1/update_weights and the legacy /clear_load_weight, /update_model_weight")
+        ->envname("FD_DYNAMIC_LOAD_WEIGHT");
+    app.add_option("--load-strategy", c.weights.load_strategy, "Where wakeup/update take weights from: normal (the --model dir)")
+        ->envname("FD_LOAD_STRATEGY")->capture_default_str();
+    app.add_flag("--use-cudagraph", c.engine.use_cudagraph, "CUDA-graph rule on every backend: waking weight needs kv_cache awake first")
+        ->envname("FD_USE_CUDAGRAPH");
+    app.add_option("--control-timeout-s", c.server.control_timeout_s, "Longest a V1 control call waits for the engine before 504")
+        ->envname("FD_CONTROL_TIMEOUT_S")->capture_default_str();
     app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error, critical, off")->envname("FD_LOG_LEVEL")->capture_default_str();
 }
 
@@ -66,7 +80,8 @@ int run(fd::Config & cfg, sigset_t & signals) {
         .n_blocks = r.n_kv_blocks, .max_model_len = cfg.engine.max_model_len});
     fd::engine::Engine engine(cfg.engine, std::move(worker), tok,
                               {.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
-                               .enable_prefix_caching = cfg.kv.enable_prefix_caching});
+                               .enable_prefix_caching = cfg.kv.enable_prefix_caching},
+                              fd::weights::make_normal_source(cfg.model.model_dir));
     engine.start();
     fd::api::ApiServer server(cfg.server, engine, *tok);
     server.bind();
@@ -86,7 +101,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let handlers write their last chunks
     server.stop();
     http.join();
-    lg->info("stopped");
+    lg->info("stopped (exit 0)");
     return 0;
 }
 
@@ -105,6 +120,11 @@ int main(int argc, char ** argv) {
                  "Every flag can also be set by the FD_* environment variable shown."};
     fd::Config cfg;
     add_flags(app, cfg);
+    app.set_version_flag("--version", std::string("fdrollout ") + FD_VERSION + "\n");
+    app.footer("Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes /clear_load_weight and /update_model_weight behave as\n"
+               "/v1/sleep and /v1/wakeup (both tags); 0 (default) keeps the legacy status-word protocol.");
+    const char * v1 = std::getenv("FD_ENABLE_V1_UPDATE_WEIGHTS");
+    cfg.server.v1_update_weights = v1 && std::string(v1) == "1";
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {
@@ -114,12 +134,10 @@ int main(int argc, char ** argv) {
         fd::log::setup(cfg.log_level);
         return run(cfg, signals);
     } catch (const fd::Error & e) {
-        fd::log::get("engine")->critical("{}", e.what());
         std::cerr << "fdrollout: " << e.what() << "\n";
         return fd::errc_info(e.code()).exit_code;
     } catch (const std::exception & e) {
-        fd::log::get("engine")->critical("{}", e.what());
-        std::cerr << "fdrollout: " << e.what() << "\n";
+        std::cerr << "fdrollout: internal error: " << e.what() << "\n";
         return 70;
     }
 }

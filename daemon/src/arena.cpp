@@ -28,12 +28,12 @@ Arena & Arena::operator=(Arena && o) noexcept {
     return *this;
 }
 
-void Arena::reserve(int64_t capacity_bytes) {
+void Arena::reserve(int64_t capacity_bytes, bool populate) {
     release();
     const int64_t page = sysconf(_SC_PAGESIZE);
     const int64_t size = std::max<int64_t>(page, (capacity_bytes + page - 1) / page * page);
     void * p = mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE,
-                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | (populate ? MAP_POPULATE : 0), -1, 0);
     FD_CHECK(p != MAP_FAILED, "arena '{}': mmap of {} bytes failed: {}", name_, size, std::strerror(errno));
     base_           = static_cast<std::byte *>(p);
     capacity_bytes_ = size;

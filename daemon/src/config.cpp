@@ -3,6 +3,7 @@
 #include "fd/arena.h"
 #include "fd/model/worker.h"
 #include "fd/status.h"
+#include "fd/weights/weight_source.h"
 
 #include <fmt/ranges.h>
 #include <unistd.h>
@@ -29,11 +30,23 @@ std::optional<int64_t> parse_bytes(const std::string & s) {
 Resolved resolve(Config & cfg) {
     std::vector<std::string> problems;
     Resolved r;
-    r.model = model::load_model_config(cfg.model.model_dir);  // throws invalid_checkpoint
+    const std::filesystem::path dir(cfg.model.model_dir);
+    if (!std::filesystem::is_directory(dir)) {
+        fail(Errc::invalid_argument, "--model {}: {}; give a local Hugging Face checkpoint directory (fdrollout never downloads models)",
+             cfg.model.model_dir, std::filesystem::exists(dir) ? "is not a directory" : "no such directory");
+    }
+    r.model = model::load_model_config(dir);  // throws invalid_checkpoint
 
     if (cfg.model.device != "cpu") {
         problems.push_back(cfg.model.device == "cuda" ? "--device cuda: this build has no CUDA backend yet (use --device cpu)"
                                                       : fmt::format("--device '{}': expected cpu or cuda", cfg.model.device));
+    }
+    try {
+        if (weights::parse_load_strategy(cfg.weights.load_strategy) != weights::LoadStrategy::normal) {
+            problems.push_back(fmt::format("--load-strategy {}: not available in this build yet (use normal)", cfg.weights.load_strategy));
+        }
+    } catch (const Error & e) {
+        problems.push_back(e.what());
     }
     if (cfg.model.tensor_parallel_size != 1) { problems.push_back("--tensor-parallel-size: only 1 is supported in this build"); }
     if (cfg.model.n_threads <= 0) { cfg.model.n_threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())); }
@@ -41,6 +54,10 @@ Resolved resolve(Config & cfg) {
     auto & e = cfg.engine;
     if (e.max_model_len <= 0) { e.max_model_len = r.model.max_position_embeddings; }
     if (e.max_model_len < 2) { problems.push_back("--max-model-len must be >= 2"); }
+    if (e.max_model_len > r.model.max_position_embeddings) {
+        problems.push_back(fmt::format("--max-model-len {} exceeds the model's max_position_embeddings {}", e.max_model_len,
+                                       r.model.max_position_embeddings));
+    }
     if (e.scheduler.max_num_seqs < 1) { problems.push_back("--max-num-seqs must be >= 1"); }
     if (e.scheduler.max_num_batched_tokens < 1) { problems.push_back("--max-num-batched-tokens must be >= 1"); }
     const int32_t bs = cfg.kv.block_size_tokens;
@@ -48,8 +65,7 @@ Resolved resolve(Config & cfg) {
 
     if (auto step = model::read_version_step(cfg.model.model_dir)) { e.weight_version = *step; }
     else { e.weight_version = cfg.model.weight_version; }
-    static const std::regex kVersion(R"(^[A-Za-z0-9._-]{1,128}$)");
-    if (!std::regex_match(e.weight_version, kVersion) || e.weight_version == "." || e.weight_version == "..") {
+    if (!weights::is_valid_version(e.weight_version)) {
         problems.push_back(fmt::format("--weight-version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", e.weight_version));
     }
 
@@ -60,6 +76,7 @@ Resolved resolve(Config & cfg) {
         if (p.filename().empty()) { p = p.parent_path(); }
         s.served_model_name = p.filename().string();
     }
+    if (!(s.control_timeout_s > 0) || !(s.legacy_timeout_s > 0)) { problems.push_back("--control-timeout-s must be > 0"); }
     if (s.port < 0 || s.port > 65535) { problems.push_back(fmt::format("--port {} must be in [0, 65535]", s.port)); }
 
     if (problems.empty()) {
@@ -74,7 +91,7 @@ Resolved resolve(Config & cfg) {
             bytes = *b;
             if (bytes == 0) {
                 const int64_t want_tokens = static_cast<int64_t>(e.scheduler.max_num_seqs) * e.max_model_len;
-                bytes = std::min<int64_t>((want_tokens + bs - 1) / bs * block_bytes, 4LL << 30);
+                bytes = std::min<int64_t>((want_tokens + bs - 1) / bs * block_bytes, 2LL << 30);
             }
         } else {
             problems.push_back(fmt::format("--kv-cache-bytes '{}': expected bytes (e.g. 512MiB) or a fraction (e.g. 0.3)", kvs));
@@ -82,8 +99,9 @@ Resolved resolve(Config & cfg) {
         r.n_kv_blocks = bytes / block_bytes;
         const int64_t min_blocks = (e.max_model_len + bs - 1) / bs;
         if (problems.empty() && r.n_kv_blocks < min_blocks) {
-            problems.push_back(fmt::format("--kv-cache-bytes {} holds {} blocks of {} bytes, fewer than one --max-model-len {} sequence needs ({})",
-                                           kvs, r.n_kv_blocks, block_bytes, e.max_model_len, min_blocks));
+            problems.push_back(fmt::format("--kv-cache-bytes {} holds {} KV blocks of {} bytes; one --max-model-len {} sequence needs {} blocks "
+                                           "= {} bytes at least (or pass 0 to size the pool automatically)",
+                                           kvs, r.n_kv_blocks, block_bytes, e.max_model_len, min_blocks, min_blocks * block_bytes));
         }
     }
     if (!problems.empty()) { throw Error(Errc::invalid_argument, fmt::format("invalid configuration:\n  {}", fmt::join(problems, "\n  "))); }

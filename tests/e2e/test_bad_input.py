@@ -39,6 +39,9 @@ CASES = [
     ("stop_token_ids wrong", {"prompt": "a", "stop_token_ids": "1"}, 400, "invalid_argument", "stop_token_ids"),
     ("stream not bool", {"prompt": "a", "stream": "yes"}, 400, "invalid_argument", "stream"),
     ("unknown model", {"prompt": "a", "model": "gpt-5"}, 404, "not_found", "model"),
+    ("misspelled field", {"prompt": "a", "temperatur": 0}, 400, "invalid_argument", "temperatur"),
+    ("unsupported penalty", {"prompt": "a", "presence_penalty": 0.5}, 400, "invalid_argument", "presence_penalty"),
+    ("unsupported logit_bias", {"prompt": "a", "logit_bias": {"5": 10}}, 400, "invalid_argument", "logit_bias"),
 ]
 
 
@@ -69,6 +72,15 @@ class BadInput(unittest.TestCase):
                     self.assertIn(param.split("_")[0], j["error"]["message"])
                 after = self.d.complete(**GOOD)
                 self.assertEqual(after["choices"][0]["token_ids"], self.good["choices"][0]["token_ids"])
+
+    def test_neutral_values_of_unsupported_fields_are_accepted(self):
+        j = self.d.complete(**GOOD, presence_penalty=0, frequency_penalty=0.0, repetition_penalty=1.0, best_of=1, user="rl")
+        self.assertEqual(j["choices"], self.good["choices"])
+
+    def test_bodiless_post_gets_an_error_object(self):
+        status, j = self.d.request("POST", "/v1/completions", raw=None, headers={})
+        self.assertEqual(status, 400)
+        self.assertEqual(j["error"]["type"], "invalid_argument")
 
     def test_unknown_route_and_method(self):
         status, j = self.d.get("/v1/nope")

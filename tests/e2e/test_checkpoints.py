@@ -102,7 +102,7 @@ class Checkpoints(unittest.TestCase):
         write_json(os.path.join(d, "config.json"), cfg)
         expect_startup_failure(self, d, "config.json", "MixtralForCausalLM")
         # no checkpoint at all
-        expect_startup_failure(self, os.path.join(self.tmp, "does-not-exist"), "config.json")
+        expect_startup_failure(self, os.path.join(self.tmp, "does-not-exist"), "does-not-exist", "no such directory")
 
 
 class Flags(unittest.TestCase):
@@ -121,7 +121,8 @@ class Flags(unittest.TestCase):
     def test_bad_flags_exit_non_zero_with_a_message(self):
         for args, needle in [(["--block-size", "12"], "--block-size"), (["--kv-cache-bytes", "lots"], "--kv-cache-bytes"),
                              (["--device", "tpu"], "--device"), (["--weight-version", "a/b"], "--weight-version"),
-                             (["--kv-cache-bytes", "1K"], "--kv-cache-bytes")]:
+                             (["--kv-cache-bytes", "1K"], "--kv-cache-bytes"), (["--max-model-len", "1000"], "max_position_embeddings"),
+                             (["--load-strategy", "carrier-pigeon"], "--load-strategy")]:
             p = subprocess.run([BIN, "--port", str(free_port()), *args], capture_output=True, text=True, timeout=30)
             self.assertNotEqual(p.returncode, 0, args)
             self.assertIn(needle, p.stderr, args)

@@ -60,5 +60,19 @@ class Lifecycle(unittest.TestCase):
         self.drain(signal.SIGINT, 0.05, "abort")
 
 
+class Port(unittest.TestCase):
+    def test_a_second_daemon_on_a_taken_port_is_refused(self):
+        import subprocess
+        from fdtest import BIN
+        with Daemon() as d:
+            p = subprocess.run([BIN, "--port", str(d.port)], capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn("cannot listen", p.stderr)
+            self.assertIn("--port", p.stderr)
+            # the first one still answers every request
+            for _ in range(10):
+                self.assertEqual(d.get("/v1/models")[1]["data"][0]["id"], "stories260K")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -21,8 +21,9 @@ public:
     Arena & operator=(Arena && o) noexcept;
 
     /// Map `capacity_bytes` (rounded up to pages) of zeroed memory, replacing any current mapping.
+    /// `populate` pre-faults every page (the memory is resident, and RSS shows it, from here on).
     /// Errors  fd::Error{internal} if mmap fails (out of memory).
-    void reserve(int64_t capacity_bytes);
+    void reserve(int64_t capacity_bytes, bool populate = false);
 
     /// Bump-allocate `n` floats, 64-byte aligned, zero-filled.
     /// Errors  fd::Error{internal} if the arena is not reserved or is full.

@@ -25,8 +25,12 @@ struct ModelOptions {
 
 struct KvOptions {
     int32_t     block_size_tokens     = 16;  ///< tokens per KV block, power of two in [1, 256]
-    std::string kv_cache_bytes        = "0"; ///< bytes ("512MiB", "2G", "1073741824"), a fraction of free memory ("0.3"), or 0 = enough for max_num_seqs full-length sequences (at most 4 GiB)
+    std::string kv_cache_bytes        = "0"; ///< bytes ("512MiB", "2G", "1073741824"), a fraction of free memory ("0.3"), or 0 = enough for max_num_seqs full-length sequences (at most 2 GiB)
     bool        enable_prefix_caching = false;
+};
+
+struct WeightsOptions {
+    std::string load_strategy = "normal";   ///< normal | ipc_snapshot | ipc | rsync (normal in this build)
 };
 
 struct Config {
@@ -34,6 +38,7 @@ struct Config {
     engine::EngineConfig engine;
     ModelOptions         model;
     KvOptions            kv;
+    WeightsOptions       weights;
     std::string          log_level        = "info";
     double               shutdown_grace_s = 30.0;  ///< SIGTERM: seconds in-flight requests may take to finish
 };

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <ctime>
 #include <random>
+#include <set>
 
 namespace fd::api {
 namespace {
@@ -58,6 +59,23 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
         bad("", fmt::format("request body is not valid JSON: {}", e.what()));
     }
     if (!j.is_object()) { bad("", "request body must be a JSON object"); }
+    // Unknown or unsupported fields are errors, not silently different sampling (OpenAI also
+    // rejects unrecognized arguments). Unsupported ones pass only at their no-op value.
+    static const std::set<std::string> kKnown = {
+        "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "logprobs", "seed", "stop",
+        "stop_token_ids", "ignore_eos", "stream", "echo", "stream_options", "user", "suffix",
+        "frequency_penalty", "presence_penalty", "repetition_penalty", "best_of", "logit_bias", "min_tokens", "min_p"};
+    for (const auto & [key, v] : j.items()) {
+        if (kKnown.count(key) == 0) { bad(key, fmt::format("unknown field '{}'", key)); }
+        const bool noop = v.is_null() ||
+                          ((key == "frequency_penalty" || key == "presence_penalty" || key == "min_tokens" || key == "min_p") && v.is_number() && v.get<double>() == 0.0) ||
+                          (key == "repetition_penalty" && v.is_number() && v.get<double>() == 1.0) ||
+                          (key == "best_of" && v.is_number() && v.get<double>() == 1.0) ||
+                          (key == "logit_bias" && v.is_object() && v.empty()) || (key == "suffix" && v.is_string() && v.get<std::string>().empty());
+        const bool supported = key != "frequency_penalty" && key != "presence_penalty" && key != "repetition_penalty" &&
+                               key != "best_of" && key != "logit_bias" && key != "min_tokens" && key != "min_p" && key != "suffix";
+        if (!supported && !noop) { bad(key, fmt::format("'{}' is not supported by fdrollout yet; remove it or use its neutral value", key)); }
+    }
     const auto & mc = ctx.engine->model_config();
     CompletionRequest r;
 

@@ -17,6 +17,18 @@ std::string dump(const nlohmann::json & j);
 /// OpenAI error object: {"error": {"message", "type", "param", "code"}} with the table's status.
 void write_error(httplib::Response & res, const Error & e);
 
+/// Control-style error: {"status":"error","error":{"type","message"}} (SPEC §3).
+void write_control_error(httplib::Response & res, const Error & e);
+
+void post_pause(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void post_resume(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void get_is_paused(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void post_sleep(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void post_wakeup(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void post_update_weights(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void get_clear_load_weight(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void get_update_model_weight(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+
 void post_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_models(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_health(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);

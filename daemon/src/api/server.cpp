@@ -3,8 +3,8 @@
 
 #include "fd/arena.h"
 #include "fd/log.h"
-#include "fd/shm/weights_status.h"
 
+#include <cstring>
 #include <ctime>
 #include <sstream>
 
@@ -34,9 +34,17 @@ ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, const model::Tok
     http_->set_payload_max_length(64 << 20);
     http_->set_read_timeout(60, 0);
     http_->set_write_timeout(60, 0);
+    // No SO_REUSEPORT (httplib's default): a second daemon on a taken port must fail, not
+    // silently share the port and answer half the requests with other weights.
+    http_->set_socket_options([](socket_t sock) {
+        int yes = 1;
+        setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    });
     http_->set_error_handler([](const httplib::Request & req, httplib::Response & res) {
         if (!res.body.empty()) { return; }  // a handler already wrote its error object
-        if (res.status == 404) {
+        if (res.status == 400) {
+            write_error(res, Error(Errc::invalid_argument, "malformed HTTP request (a body needs Content-Length or chunked encoding)"));
+        } else if (res.status == 404) {
             write_error(res, Error(Errc::not_found, "no route " + req.method + " " + req.path));
         } else if (res.status == 405) {
             write_error(res, Error(Errc::invalid_argument, "method " + req.method + " not allowed on " + req.path));
@@ -49,7 +57,8 @@ ApiServer::~ApiServer() { stop(); }
 
 void ApiServer::bind() {
     if (!http_->bind_to_port(ctx_->cfg.host, ctx_->cfg.port)) {
-        fail(Errc::invalid_argument, "cannot listen on {}:{} (address in use or not local?)", ctx_->cfg.host, ctx_->cfg.port);
+        fail(Errc::invalid_argument, "cannot listen on {}:{}: {} (another fdrollout on that port? choose one with --port)",
+             ctx_->cfg.host, ctx_->cfg.port, std::strerror(errno));
     }
     log::get("api")->info("listening on http://{}:{}", ctx_->cfg.host, ctx_->cfg.port);
 }
@@ -74,14 +83,21 @@ void get_models(ApiContext & ctx, const httplib::Request &, httplib::Response & 
 
 void get_health(ApiContext & ctx, const httplib::Request &, httplib::Response & res) {
     const auto st = ctx.engine->stats();
+    const auto & es = st.state;
     const bool draining = ctx.engine->draining();
+    json sleeping = json::array();
+    if (es.weight_asleep) { sleeping.push_back("weight"); }
+    if (es.kv_asleep) { sleeping.push_back("kv_cache"); }
+    const char * state = draining ? "draining" : !sleeping.empty() ? "sleeping" : es.paused ? "paused" : "serving";
     json h = {{"status", draining ? "draining" : "ok"},
-              {"state", draining ? "draining" : "serving"},
-              {"is_paused", false},
-              {"sleeping_tags", json::array()},
-              {"weights_valid", true},
-              {"weight_version", st.weight_version},
-              {"model_weights_status", static_cast<int>(shm::WeightsStatus::normal)},
+              {"state", state},
+              {"is_paused", es.paused},
+              {"sleeping_tags", sleeping},
+              {"weights_valid", es.weights_valid},
+              {"weight_version", es.weight_version},
+              {"model_weights_status", static_cast<int>(es.model_weights_status)},
+              {"control_in_flight", es.control_in_flight.empty() ? json(nullptr) : json(es.control_in_flight)},
+              {"last_control_error", es.last_control_error.empty() ? json(nullptr) : json(es.last_control_error)},
               {"model", ctx.cfg.served_model_name},
               {"num_requests_running", st.n_running},
               {"num_requests_waiting", st.n_waiting},
@@ -109,6 +125,26 @@ void get_metrics(ApiContext & ctx, const httplib::Request &, httplib::Response &
     gauge("fdrollout_kv_blocks_total", "KV blocks in the pool.", "gauge", st.n_kv_blocks_total);
     o << "# HELP fdrollout_weight_version_info Weight version being served.\n# TYPE fdrollout_weight_version_info gauge\n"
       << "fdrollout_weight_version_info{weight_version=\"" << st.weight_version << "\"} 1\n";
+    const auto & es = st.state;
+    gauge("fdrollout_paused", "1 while generation is paused.", "gauge", es.paused ? 1 : 0);
+    gauge("fdrollout_weights_valid", "1 when the loaded weights are valid.", "gauge", es.weights_valid ? 1 : 0);
+    gauge("fdrollout_model_weights_status", "Legacy status word: 0 normal, 1 updating, -1 clearing, -2 cleared.", "gauge",
+          static_cast<int>(es.model_weights_status));
+    o << "# HELP fdrollout_sleeping Memory tags asleep.\n# TYPE fdrollout_sleeping gauge\n"
+      << "fdrollout_sleeping{tag=\"weight\"} " << (es.weight_asleep ? 1 : 0) << '\n'
+      << "fdrollout_sleeping{tag=\"kv_cache\"} " << (es.kv_asleep ? 1 : 0) << '\n';
+    o << "# HELP fdrollout_control_in_flight Control operation running now.\n# TYPE fdrollout_control_in_flight gauge\n";
+    for (const char * op : {"pause", "resume", "sleep", "wakeup", "update_weights"}) {
+        o << "fdrollout_control_in_flight{op=\"" << op << "\"} " << (es.control_in_flight == op ? 1 : 0) << '\n';
+    }
+    o << "# HELP fdrollout_control_ops_total Control operations run.\n# TYPE fdrollout_control_ops_total counter\n";
+    for (const auto & [op, c] : st.control_ops) { o << "fdrollout_control_ops_total{op=\"" << op << "\"} " << c.n_total << '\n'; }
+    o << "# HELP fdrollout_control_errors_total Control operations that failed.\n# TYPE fdrollout_control_errors_total counter\n";
+    for (const auto & [op, c] : st.control_ops) { o << "fdrollout_control_errors_total{op=\"" << op << "\"} " << c.n_errors << '\n'; }
+    o << "# HELP fdrollout_control_seconds_sum Total seconds spent in control operations.\n# TYPE fdrollout_control_seconds_sum counter\n";
+    for (const auto & [op, c] : st.control_ops) { o << "fdrollout_control_seconds_sum{op=\"" << op << "\"} " << c.seconds_sum << '\n'; }
+    o << "# HELP fdrollout_control_seconds_last Duration of the latest control operation.\n# TYPE fdrollout_control_seconds_last gauge\n";
+    for (const auto & [op, c] : st.control_ops) { o << "fdrollout_control_seconds_last{op=\"" << op << "\"} " << c.seconds_last << '\n'; }
     o << "# HELP fdrollout_step_latency_seconds Engine step latency.\n# TYPE fdrollout_step_latency_seconds histogram\n";
     int64_t cum = 0;
     for (size_t i = 0; i < engine::kStepLatencyBuckets.size(); ++i) {

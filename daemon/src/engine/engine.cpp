@@ -25,10 +25,12 @@ struct Engine::Sequence : SchedSeq {
 };
 
 Engine::Engine(const EngineConfig & cfg, std::unique_ptr<model::Worker> worker,
-               std::shared_ptr<const model::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg)
-    : cfg_(cfg), model_cfg_(worker->config()), tok_(std::move(tok)), kv_(kv_cfg), sched_(cfg.scheduler) {
+               std::shared_ptr<const model::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg,
+               std::unique_ptr<weights::WeightSource> source)
+    : cfg_(cfg), model_cfg_(worker->config()), tok_(std::move(tok)), kv_cfg_(kv_cfg), kv_(kv_cfg),
+      source_(std::move(source)), sched_(cfg.scheduler) {
     workers_.push_back(std::move(worker));
-    stats_.weight_version = cfg_.weight_version;
+    state_.weight_version = cfg_.weight_version;
     publish_stats();
 }
 
@@ -45,6 +47,9 @@ void Engine::stop() {
 
 void Engine::submit(GenerateRequest req) {
     if (draining_.load()) { fail(Errc::engine_paused, "the server is shutting down; retry on another replica"); }
+    if (!accepting_.load()) {
+        fail(Errc::engine_paused, "generation is paused (weight control in progress); retry after POST /v1/resume or /v1/wakeup");
+    }
     {
         std::lock_guard lk(inbox_mu_);
         inbox_.push_back(std::move(req));
@@ -83,22 +88,38 @@ void Engine::loop() {
             inbox_cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_.load() || !inbox_.empty(); });
         }
     }
-    // Shutdown: every sequence still alive ends with "abort".
-    for (auto & [id, s] : seqs_) { finish(*s, FinishReason::abort, ChoiceEvent{}); }
+    // Shutdown: every sequence still alive ends with "abort"; queued commands fail.
+    abort_all();
     std::lock_guard lk(inbox_mu_);
-    for (auto & req : inbox_) {
-        for (int32_t c = 0; c < static_cast<int32_t>(req.prompts.size()) * req.n; ++c) {
-            ChoiceEvent ev;
-            ev.choice = c;
-            ev.finish = FinishReason::abort;
-            ev.weight_version = cfg_.weight_version;
-            req.channel->push(std::move(ev));
+    for (auto & item : inbox_) {
+        if (auto * req = std::get_if<GenerateRequest>(&item)) {
+            for (int32_t c = 0; c < static_cast<int32_t>(req->prompts.size()) * req->n; ++c) {
+                ChoiceEvent ev;
+                ev.choice = c;
+                ev.finish = FinishReason::abort;
+                ev.weight_version = state_.weight_version;
+                req->channel->push(std::move(ev));
+            }
+        } else {
+            ControlResult r;
+            r.error = Error(Errc::engine_paused, "the server is shutting down");
+            std::get<std::shared_ptr<PendingControl>>(item)->done.set_value(std::move(r));
         }
     }
     inbox_.clear();
 }
 
 void Engine::admit(GenerateRequest & req) {
+    if (state_.paused) {  // raced with a pause: refuse, never generate from paused/asleep weights
+        for (int32_t c = 0; c < static_cast<int32_t>(req.prompts.size()) * req.n; ++c) {
+            ChoiceEvent ev;
+            ev.choice = c;
+            ev.finish = FinishReason::error;
+            ev.error  = Error(Errc::engine_paused, "generation is paused; retry after POST /v1/resume");
+            req.channel->push(std::move(ev));
+        }
+        return;
+    }
     int32_t choice = 0;
     const uint64_t seed = req.params.seed ? *req.params.seed : std::random_device{}() * 0x100000001ULL + std::random_device{}();
     size_t holdback = 0;
@@ -127,7 +148,7 @@ void Engine::finish(Sequence & s, FinishReason why, ChoiceEvent ev) {
     ev.finish          = why;
     ev.n_prompt_tokens = s.n_prompt;
     ev.n_cached_tokens = std::max(0, s.n_cached);
-    ev.weight_version  = cfg_.weight_version;
+    ev.weight_version  = state_.weight_version;
     if (s.n_text_sent < s.text.size()) {
         ev.text += s.text.substr(s.n_text_sent);
         s.n_text_sent = s.text.size();
@@ -177,19 +198,29 @@ void Engine::append_token(Sequence & s, int32_t tok, const float * logits, Choic
     ev.choice          = s.choice;
     ev.n_prompt_tokens = s.n_prompt;
     ev.n_cached_tokens = std::max(0, s.n_cached);
-    ev.weight_version  = cfg_.weight_version;
+    ev.weight_version  = state_.weight_version;
     s.channel->push(std::move(ev));
 }
 
 bool Engine::step() {
+    bool handled_control = false;
     {
-        std::deque<GenerateRequest> incoming;
+        std::deque<std::variant<GenerateRequest, std::shared_ptr<PendingControl>>> incoming;
         {
             std::lock_guard lk(inbox_mu_);
             incoming.swap(inbox_);
         }
-        for (auto & req : incoming) { admit(req); }
+        for (auto & item : incoming) {
+            if (auto * req = std::get_if<GenerateRequest>(&item)) {
+                admit(*req);
+            } else {
+                auto & pc = std::get<std::shared_ptr<PendingControl>>(item);
+                pc->done.set_value(run_control(pc->cmd));
+                handled_control = true;
+            }
+        }
     }
+    poll_legacy_word();
     // Drop sequences whose client went away.
     for (auto & [id, s] : seqs_) {
         if (s->channel && s->channel->cancelled()) { s->channel.reset(); }
@@ -207,6 +238,10 @@ bool Engine::step() {
     };
     reap();
 
+    if (state_.paused) {  // invariant: nothing is generated while paused or asleep
+        publish_stats();
+        return handled_control;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     ScheduleDecision d = sched_.schedule(kv_);
     for (SchedSeq * r : d.rejected) {
@@ -220,7 +255,7 @@ bool Engine::step() {
     if (d.run.empty()) {
         reap();
         publish_stats();
-        return !d.rejected.empty();
+        return !d.rejected.empty() || handled_control;
     }
 
     // Build the flat batch.
@@ -281,8 +316,27 @@ bool Engine::step() {
     return true;
 }
 
+int32_t Engine::abort_all() {
+    int32_t n = 0;
+    for (auto & [id, s] : seqs_) {
+        if (s->channel) {
+            finish(*s, FinishReason::abort, ChoiceEvent{});
+            ++n;
+        }
+    }
+    for (auto & [id, s] : seqs_) {
+        sched_.remove(s.get());
+        kv_.release(id);
+    }
+    seqs_.clear();
+    return n;
+}
+
 void Engine::publish_stats() {
     std::lock_guard lk(stats_mu_);
+    state_.model_weights_status = legacy_status();
+    stats_.state             = state_;
+    stats_.weight_version    = state_.weight_version;
     stats_.n_running         = static_cast<int64_t>(sched_.running().size());
     stats_.n_waiting         = static_cast<int64_t>(sched_.waiting().size());
     stats_.n_kv_blocks_used  = kv_.n_blocks_used();

@@ -171,21 +171,28 @@ TensorIndex read_tensor_index(const fs::path & dir) {
     return idx;
 }
 
-void read_tensor_f32(const TensorInfo & t, float * dst) {
+void read_tensor_raw(const TensorInfo & t, void * dst) {
     Fd f(t.file);
     if (f.fd < 0) { fail(Errc::invalid_checkpoint, "{}: cannot open: {}", t.file.string(), std::strerror(errno)); }
-    const std::string what = "tensor '" + t.name + "'";
+    pread_all(f.fd, dst, t.size_bytes, t.offset_bytes, t.file, "tensor '" + t.name + "'");
+}
+
+void convert_to_f32(DType dtype, const void * src, float * dst, int64_t numel) {
+    switch (dtype) {
+        case DType::f32: std::memcpy(dst, src, sizeof(float) * numel); break;
+        case DType::bf16: kernels::bf16_to_f32(dst, static_cast<const uint16_t *>(src), numel); break;
+        case DType::f16: kernels::f16_to_f32(dst, static_cast<const uint16_t *>(src), numel); break;
+    }
+}
+
+void read_tensor_f32(const TensorInfo & t, float * dst) {
     if (t.dtype == DType::f32) {
-        pread_all(f.fd, dst, t.size_bytes, t.offset_bytes, t.file, what);
+        read_tensor_raw(t, dst);
         return;
     }
     std::vector<uint16_t> raw(static_cast<size_t>(t.numel()));
-    pread_all(f.fd, raw.data(), t.size_bytes, t.offset_bytes, t.file, what);
-    if (t.dtype == DType::bf16) {
-        kernels::bf16_to_f32(dst, raw.data(), t.numel());
-    } else {
-        kernels::f16_to_f32(dst, raw.data(), t.numel());
-    }
+    read_tensor_raw(t, raw.data());
+    convert_to_f32(t.dtype, raw.data(), dst, t.numel());
 }
 
 }  // namespace fd::model

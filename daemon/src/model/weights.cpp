@@ -40,7 +40,7 @@ std::vector<ExpectedTensor> expected_tensors(const ModelConfig & c) {
     return e;
 }
 
-void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx) {
+void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx, const DTypeMap * dtypes) {
     std::set<std::string> known;
     for (const auto & x : expected_tensors(cfg)) {
         known.insert(x.name);
@@ -53,6 +53,13 @@ void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx) {
         if (it->second.shape != x.shape) {
             fail(Errc::invalid_checkpoint, "{}: tensor '{}' has shape [{}], expected [{}]", it->second.file.string(),
                  x.name, fmt::join(it->second.shape, ", "), fmt::join(x.shape, ", "));
+        }
+        if (dtypes) {
+            auto d = dtypes->find(x.name);
+            if (d != dtypes->end() && d->second != it->second.dtype) {
+                fail(Errc::invalid_checkpoint, "{}: tensor '{}' has dtype {}, expected {} (as loaded)", it->second.file.string(),
+                     x.name, dtype_name(it->second.dtype), dtype_name(d->second));
+            }
         }
     }
     for (const auto & [name, t] : idx.tensors) {
@@ -71,58 +78,58 @@ int64_t weights_arena_bytes(const ModelConfig & c) {
            Arena::footprint_floats(h) + packed(c.vocab_size, h);
 }
 
-ModelWeights load_weights(const ModelConfig & c, const TensorIndex & idx, Arena & arena) {
-    validate_checkpoint(c, idx);
+void fill_weights(const ModelConfig & c, const TensorReader & read, Arena * arena, ModelWeights & w) {
     const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), ff = c.intermediate_size;
+    const bool fresh = arena != nullptr;
     std::vector<float> tmp;
-    // Read tensors `names` (stacked along dim 0, each `rows` x `cols`) into tmp.
-    auto read_stacked = [&](std::initializer_list<std::pair<std::string, int64_t>> parts, int64_t cols) {
+    using Parts = std::initializer_list<std::pair<std::string, int64_t>>;
+    // One inference tensor: tensors `parts` (each rows x cols) stacked along dim 0, packed or not.
+    auto slot = [&](const float *& dst, Parts parts, int64_t cols, bool packed) {
         int64_t rows = 0;
         for (const auto & p : parts) { rows += p.second; }
         tmp.resize(static_cast<size_t>(rows * cols));
         int64_t r = 0;
         for (const auto & [name, n] : parts) {
-            read_tensor_f32(idx.tensors.at(name), tmp.data() + r * cols);
+            read(name, tmp.data() + r * cols);
             r += n;
         }
-        return rows;
+        const int64_t n_floats = packed ? kernels::packed_linear_floats(rows, cols) : rows * cols;
+        if (fresh) { dst = arena->alloc_floats(n_floats); }
+        auto * out = const_cast<float *>(dst);  // our own arena memory
+        if (packed) {
+            kernels::pack_linear(out, tmp.data(), rows, cols);
+        } else {
+            std::memcpy(out, tmp.data(), sizeof(float) * rows * cols);
+        }
     };
-    auto packed = [&](std::initializer_list<std::pair<std::string, int64_t>> parts, int64_t cols) {
-        const int64_t rows = read_stacked(parts, cols);
-        float * dst = arena.alloc_floats(kernels::packed_linear_floats(rows, cols));
-        kernels::pack_linear(dst, tmp.data(), rows, cols);
-        return static_cast<const float *>(dst);
-    };
-    auto plain = [&](std::initializer_list<std::pair<std::string, int64_t>> parts, int64_t cols) {
-        const int64_t rows = read_stacked(parts, cols);
-        float * dst = arena.alloc_floats(rows * cols);
-        std::memcpy(dst, tmp.data(), sizeof(float) * rows * cols);
-        return static_cast<const float *>(dst);
-    };
+    if (fresh) { w.layers.assign(static_cast<size_t>(c.n_layers), LayerWeights{}); }
+    slot(w.embed, {{"model.embed_tokens.weight", c.vocab_size}}, h, false);
+    for (int il = 0; il < c.n_layers; ++il) {
+        LayerWeights & L = w.layers[il];
+        slot(L.attn_norm, {{layer_name(il, "input_layernorm.weight"), 1}}, h, false);
+        slot(L.wqkv, {{layer_name(il, "self_attn.q_proj.weight"), q},
+                      {layer_name(il, "self_attn.k_proj.weight"), kv},
+                      {layer_name(il, "self_attn.v_proj.weight"), kv}}, h, true);
+        if (c.qkv_bias) {
+            slot(L.bqkv, {{layer_name(il, "self_attn.q_proj.bias"), q},
+                          {layer_name(il, "self_attn.k_proj.bias"), kv},
+                          {layer_name(il, "self_attn.v_proj.bias"), kv}}, 1, false);
+        }
+        slot(L.wo, {{layer_name(il, "self_attn.o_proj.weight"), h}}, q, true);
+        slot(L.mlp_norm, {{layer_name(il, "post_attention_layernorm.weight"), 1}}, h, false);
+        slot(L.w_gate_up, {{layer_name(il, "mlp.gate_proj.weight"), ff}, {layer_name(il, "mlp.up_proj.weight"), ff}}, h, true);
+        slot(L.w_down, {{layer_name(il, "mlp.down_proj.weight"), h}}, ff, true);
+    }
+    slot(w.final_norm, {{"model.norm.weight", 1}}, h, false);
+    slot(w.lm_head, {{c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", c.vocab_size}}, h, true);
+}
+
+ModelWeights load_weights(const ModelConfig & c, const TensorIndex & idx, Arena & arena) {
+    validate_checkpoint(c, idx);
     arena.reserve(weights_arena_bytes(c));
     try {
         ModelWeights w;
-        w.embed = plain({{"model.embed_tokens.weight", c.vocab_size}}, h);
-        for (int il = 0; il < c.n_layers; ++il) {
-            LayerWeights L;
-            L.attn_norm = plain({{layer_name(il, "input_layernorm.weight"), 1}}, h);
-            L.wqkv = packed({{layer_name(il, "self_attn.q_proj.weight"), q},
-                             {layer_name(il, "self_attn.k_proj.weight"), kv},
-                             {layer_name(il, "self_attn.v_proj.weight"), kv}}, h);
-            if (c.qkv_bias) {
-                L.bqkv = plain({{layer_name(il, "self_attn.q_proj.bias"), q},
-                                {layer_name(il, "self_attn.k_proj.bias"), kv},
-                                {layer_name(il, "self_attn.v_proj.bias"), kv}}, 1);
-            }
-            L.wo        = packed({{layer_name(il, "self_attn.o_proj.weight"), h}}, q);
-            L.mlp_norm  = plain({{layer_name(il, "post_attention_layernorm.weight"), 1}}, h);
-            L.w_gate_up = packed({{layer_name(il, "mlp.gate_proj.weight"), ff}, {layer_name(il, "mlp.up_proj.weight"), ff}}, h);
-            L.w_down    = packed({{layer_name(il, "mlp.down_proj.weight"), h}}, ff);
-            w.layers.push_back(L);
-        }
-        w.final_norm = plain({{"model.norm.weight", 1}}, h);
-        const bool stored_head = !c.tie_word_embeddings;
-        w.lm_head = packed({{stored_head ? "lm_head.weight" : "model.embed_tokens.weight", c.vocab_size}}, h);
+        fill_weights(c, [&](const std::string & name, float * dst) { read_tensor_f32(idx.tensors.at(name), dst); }, &arena, w);
         return w;
     } catch (...) {
         arena.release();

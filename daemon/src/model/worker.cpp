@@ -4,6 +4,7 @@
 #include "fd/log.h"
 #include "fd/status.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -17,12 +18,8 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     : cfg_(cfg), wcfg_(wcfg), pool_(std::make_unique<kernels::ThreadPool>(std::max(1, wcfg.n_threads))) {
     FD_CHECK(wcfg.n_blocks > 0 && wcfg.block_size > 0, "worker needs KV blocks ({} x {})", wcfg.n_blocks, wcfg.block_size);
     w_ = load_weights(cfg_, idx, weights_arena_);
-    const int64_t per_layer = wcfg.n_blocks * wcfg.block_size * static_cast<int64_t>(cfg_.kv_dim());
-    kv_arena_.reserve(2 * cfg_.n_layers * Arena::footprint_floats(per_layer));
-    for (int il = 0; il < cfg_.n_layers; ++il) {
-        k_pool_.push_back(kv_arena_.alloc_floats(per_layer));
-        v_pool_.push_back(kv_arena_.alloc_floats(per_layer));
-    }
+    for (const auto & [name, t] : idx.tensors) { dtypes_[name] = t.dtype; }
+    map_kv_pool();
     rope_.resize(static_cast<size_t>(wcfg.max_model_len) * cfg_.head_dim);
     kernels::rope_table(rope_.data(), wcfg.max_model_len, cfg_.head_dim, cfg_.rope_theta);
     log::get("model")->info("rank={} | weights {:.1f} MiB, KV pool {} blocks x {} tokens = {:.1f} MiB, {} threads",
@@ -30,11 +27,67 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
                             kv_arena_.capacity_bytes() / 1048576.0, pool_->n_threads());
 }
 
+void Worker::map_kv_pool() {
+    const int64_t per_layer = wcfg_.n_blocks * wcfg_.block_size * static_cast<int64_t>(cfg_.kv_dim());
+    kv_arena_.reserve(2 * cfg_.n_layers * Arena::footprint_floats(per_layer), /*populate=*/true);
+    k_pool_.clear();
+    v_pool_.clear();
+    for (int il = 0; il < cfg_.n_layers; ++il) {
+        k_pool_.push_back(kv_arena_.alloc_floats(per_layer));
+        v_pool_.push_back(kv_arena_.alloc_floats(per_layer));
+    }
+}
+
+int64_t Worker::release_weights() {
+    w_ = ModelWeights{};
+    return weights_arena_.release();
+}
+
+int64_t Worker::release_kv() {
+    k_pool_.clear();
+    v_pool_.clear();
+    return kv_arena_.release();
+}
+
+void Worker::acquire_kv() {
+    if (!kv_arena_.mapped()) { map_kv_pool(); }
+}
+
+void Worker::reload_weights(const TensorIndex & idx) {
+    validate_checkpoint(cfg_, idx, &dtypes_);
+    w_ = load_weights(cfg_, idx, weights_arena_);
+}
+
+Worker::UpdateCost Worker::update_weights(const TensorIndex & idx) {
+    FD_CHECK(weights_arena_.mapped(), "update_weights while the weights are released");
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    validate_checkpoint(cfg_, idx, &dtypes_);
+    // Stage: every tensor's bytes in memory before a single live weight changes.
+    Arena staging("weights_staging");
+    staging.reserve(idx.total_bytes + 64 * static_cast<int64_t>(idx.tensors.size()));
+    std::map<std::string, const void *> staged;
+    for (const auto & [name, t] : idx.tensors) {
+        void * dst = staging.alloc_floats((t.size_bytes + 3) / 4);
+        read_tensor_raw(t, dst);
+        staged[name] = dst;
+    }
+    const auto t1 = clock::now();
+    // Apply: pure memory work over the live weights; nothing here can fail on bad input.
+    fill_weights(cfg_, [&](const std::string & name, float * dst) {
+        const TensorInfo & t = idx.tensors.at(name);
+        convert_to_f32(t.dtype, staged.at(name), dst, t.numel());
+    }, nullptr, w_);
+    const auto t2 = clock::now();
+    return {idx.total_bytes, std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count()};
+}
+
 kernels::PagedKv Worker::layer_kv(int il) {
     return {k_pool_[il], v_pool_[il], wcfg_.block_size, cfg_.n_kv_heads, cfg_.head_dim};
 }
 
 void Worker::forward(const StepBatch & b, float * logits) {
+    FD_CHECK(weights_arena_.mapped() && kv_arena_.mapped(), "forward with released weights or KV pool");
     namespace K = kernels;
     const int64_t n = b.n_tokens(), h = cfg_.hidden_size, q_dim = cfg_.q_dim(), kv_dim = cfg_.kv_dim();
     const int64_t qkv_dim = q_dim + 2 * kv_dim, ff = cfg_.intermediate_size;

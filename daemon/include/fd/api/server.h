@@ -24,6 +24,10 @@ struct ServerConfig {
     double      request_timeout_s = 600.0;   ///< longest a completion may take before 504
     int32_t     max_logprobs      = 20;      ///< cap on `logprobs`
     int32_t     max_n             = 128;     ///< cap on `n`
+    bool        dynamic_load_weight = false; ///< enables sleep/wakeup/update_weights and the legacy routes
+    bool        v1_update_weights = false;   ///< FD_ENABLE_V1_UPDATE_WEIGHTS: legacy routes = V1 sleep/wakeup
+    double      control_timeout_s = 900.0;   ///< longest a V1 control call waits for the engine before 504
+    double      legacy_timeout_s  = 300.0;   ///< legacy clear/update wait for the status word (SPEC §4)
 };
 
 /// Shared by every handler.

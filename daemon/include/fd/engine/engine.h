@@ -6,16 +6,21 @@
 // Worker::forward() → sample → push ChoiceEvents → release finished sequences.
 #pragma once
 
+#include "fd/engine/control.h"
 #include "fd/engine/request.h"
 #include "fd/engine/scheduler.h"
 #include "fd/kv/kv_cache.h"
 #include "fd/model/tokenizer.h"
 #include "fd/model/worker.h"
+#include "fd/weights/weight_source.h"
 
 #include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <future>
+#include <map>
+#include <variant>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,7 +33,8 @@ namespace fd::engine {
 struct EngineConfig {
     SchedulerConfig scheduler;
     int32_t         max_model_len  = 0;    ///< prompt + generated tokens per sequence
-    std::string     weight_version = "0";  ///< reported with every output
+    std::string     weight_version = "0";  ///< reported with every output (until an update changes it)
+    bool            use_cudagraph  = false;///< enforces the wake-kv_cache-before-weight rule (SPEC §3)
 };
 
 /// A completion request: every prompt is sampled `n` times; choice index = prompt * n + i.
@@ -42,8 +48,16 @@ struct GenerateRequest {
 /// Step latency histogram bucket bounds, seconds (Prometheus `le`).
 inline constexpr std::array<double, 11> kStepLatencyBuckets = {0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0};
 
-/// Counters read by /metrics and /health (a consistent-enough snapshot; each field atomic).
+/// Per control operation: how often, how long, how often it failed.
+struct ControlOpStats {
+    int64_t n_total = 0, n_errors = 0;
+    double  seconds_sum = 0.0, seconds_last = 0.0;
+};
+
+/// Counters and state read by /metrics and /health (a snapshot taken under one mutex).
 struct EngineStats {
+    EngineState state;
+    std::map<std::string, ControlOpStats> control_ops;
     int64_t n_running = 0, n_waiting = 0;
     int64_t n_tokens_generated_total = 0, n_tokens_prompt_total = 0, n_tokens_cached_total = 0;
     int64_t n_requests_total = 0, n_preemptions_total = 0, n_steps_total = 0;
@@ -56,15 +70,25 @@ struct EngineStats {
 class Engine {
 public:
     Engine(const EngineConfig & cfg, std::unique_ptr<model::Worker> worker,
-           std::shared_ptr<const model::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg);
+           std::shared_ptr<const model::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg,
+           std::unique_ptr<weights::WeightSource> source);
     ~Engine();
 
     void start();
     /// Abort everything still running (finish_reason "abort") and join the thread.
     void stop();
 
-    /// Queue a request. Errors  fd::Error{engine_paused} once draining has begun.
+    /// Queue a request. Errors  fd::Error{engine_paused} while paused, asleep or draining.
     void submit(GenerateRequest req);
+
+    /// Queue a control command; commands run one at a time, in order, on the engine thread.
+    std::future<ControlResult> control(ControlCommand cmd);
+
+    /// The legacy `model_weights_status` word (SPEC §4). Handlers move it NORMAL→CLEARING or
+    /// CLEARED→UPDATING with legacy_transition(); the engine thread sees the transition, performs
+    /// the clear or reload, and writes CLEARED or NORMAL.
+    shm::WeightsStatus legacy_status() const { return static_cast<shm::WeightsStatus>(legacy_word_.load()); }
+    bool legacy_transition(shm::WeightsStatus from, shm::WeightsStatus to);
 
     /// Refuse new requests from now on (SIGTERM); in-flight ones continue.
     void begin_drain() { draining_.store(true); }
@@ -85,12 +109,25 @@ private:
     void finish(Sequence & s, FinishReason why, ChoiceEvent ev);
     void append_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev);
     void publish_stats();
+    // control (engine_control.cpp)
+    ControlResult run_control(const ControlCommand & cmd);
+    void          do_pause(ControlResult & r);
+    void          do_resume(ControlResult & r);
+    void          do_sleep(TagSet tags, ControlResult & r);
+    void          do_wakeup(TagSet tags, ControlResult & r);
+    void          do_update_weights(const ControlCommand & cmd, ControlResult & r);
+    void          poll_legacy_word();
+    void          sync_legacy_word();
+    int32_t       abort_all();
 
     EngineConfig                              cfg_;
     model::ModelConfig                        model_cfg_;
     std::vector<std::unique_ptr<model::Worker>> workers_;  ///< one per rank
     std::shared_ptr<const model::Tokenizer>   tok_;
+    kv::KvCacheConfig                         kv_cfg_;
     kv::KvCache                               kv_;
+    std::unique_ptr<weights::WeightSource>    source_;
+    EngineState                               state_;      ///< engine thread only; copied into stats_
     Scheduler                                 sched_;
     std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> seqs_;
     kv::SeqId                                 next_seq_id_ = 1;
@@ -99,9 +136,11 @@ private:
 
     mutable std::mutex                        inbox_mu_;
     std::condition_variable                   inbox_cv_;
-    std::deque<GenerateRequest>               inbox_;
+    std::deque<std::variant<GenerateRequest, std::shared_ptr<PendingControl>>> inbox_;
     std::atomic<bool>                         stop_{false};
     std::atomic<bool>                         draining_{false};
+    std::atomic<bool>                         accepting_{true};   ///< false while paused/asleep
+    std::atomic<int32_t>                      legacy_word_{0};
     std::thread                               thread_;
 
     mutable std::mutex                        stats_mu_;

@@ -43,6 +43,13 @@ struct TensorIndex {
 ///          matching shape × dtype size, a tensor listed in the index but absent from its shard.
 TensorIndex read_tensor_index(const std::filesystem::path & dir);
 
+/// Read one tensor's raw bytes as stored.   Shapes  dst [size_bytes] bytes written.
+/// Errors   fd::Error{invalid_checkpoint} naming file and tensor on a short read.
+void read_tensor_raw(const TensorInfo & t, void * dst);
+
+/// Convert `numel` values stored as `dtype` to f32.   Shapes  dst [numel], src [numel] of dtype.
+void convert_to_f32(DType dtype, const void * src, float * dst, int64_t numel);
+
 /// Read one tensor and convert it to f32.
 /// Shapes   dst [numel] written.
 /// Errors   fd::Error{invalid_checkpoint} naming file and tensor on a short read.

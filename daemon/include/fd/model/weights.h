@@ -15,6 +15,8 @@
 #include "fd/model/safetensors.h"
 
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,10 +49,21 @@ struct ExpectedTensor {
 /// Every tensor a checkpoint of `cfg` must (or may) hold.
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig & cfg);
 
-/// Check `idx` against `cfg`: every required tensor present with the right shape, no unknown
-/// names (rotary_emb.inv_freq buffers are ignored).
+/// Dtype of every tensor, by HF name (what an update must match).
+using DTypeMap = std::map<std::string, DType>;
+
+/// Check `idx` against `cfg`: every required tensor present with the right shape (and, when
+/// `dtypes` is given, the same dtype), no unknown names (rotary_emb.inv_freq is ignored).
 /// Errors  fd::Error{invalid_checkpoint} naming the file and tensor.
-void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx);
+void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx, const DTypeMap * dtypes = nullptr);
+
+/// Fills `dst` [numel] with tensor `name` (HF naming) as f32.
+using TensorReader = std::function<void(const std::string & name, float * dst)>;
+
+/// Convert, fuse and pack every tensor into inference layout. With `arena` (reserved, empty),
+/// allocates `w` from it; with `arena == nullptr`, overwrites the tensors `w` already points to
+/// (in-place update: same config, same layout). Errors: whatever `read` throws.
+void fill_weights(const ModelConfig & cfg, const TensorReader & read, Arena * arena, ModelWeights & w);
 
 /// Arena bytes the weights of `cfg` need.
 int64_t weights_arena_bytes(const ModelConfig & cfg);

@@ -54,14 +54,42 @@ public:
     const ModelConfig & config() const { return cfg_; }
     int64_t weight_bytes() const { return weights_arena_.used_bytes(); }
     int64_t kv_bytes() const { return kv_arena_.capacity_bytes(); }
+    bool    weights_resident() const { return weights_arena_.mapped(); }
+    bool    kv_resident() const { return kv_arena_.mapped(); }
+
+    // --- weight control (engine thread, generation paused) ---
+
+    /// Unmap the weights; returns bytes handed back to the OS. forward() must not run until
+    /// reload_weights() succeeds.
+    int64_t release_weights();
+    /// Unmap the KV pool; returns bytes handed back. Block contents are lost.
+    int64_t release_kv();
+    /// Map (and pre-fault) the KV pool again, same geometry. No-op if resident.
+    void acquire_kv();
+    /// Load weights into a fresh arena (after release_weights). Validates names, shapes and the
+    /// dtypes first loaded. Errors  invalid_checkpoint; on failure the weights stay released.
+    void reload_weights(const TensorIndex & idx);
+
+    struct UpdateCost {
+        int64_t bytes    = 0;    ///< checkpoint bytes staged
+        double  sync_s   = 0.0;  ///< staging: reading every tensor into memory (after validation)
+        double  update_s = 0.0;  ///< applying: convert, fuse, pack over the live weights
+    };
+    /// All-or-nothing in-place update: validate `idx` (names, shapes, dtypes as first loaded),
+    /// read every tensor into a staging arena, and only then overwrite the live weights.
+    /// Errors  invalid_checkpoint before anything is overwritten (weights unchanged bit-exactly).
+    UpdateCost update_weights(const TensorIndex & idx);
     /// Bytes of one KV block across all layers (K and V).
     static int64_t kv_block_bytes(const ModelConfig & cfg, int32_t block_size);
 
 private:
     kernels::PagedKv layer_kv(int il);
 
+    void map_kv_pool();
+
     ModelConfig                           cfg_;
     WorkerConfig                          wcfg_;
+    DTypeMap                              dtypes_;    ///< dtype of each tensor as first loaded
     Arena                                 weights_arena_{"weights"};
     Arena                                 kv_arena_{"kv_cache"};
     ModelWeights                          w_;

@@ -1,0 +1,85 @@
+// fd/engine/control.h — weight-control commands and the engine state they change (SPEC §3, §4).
+//
+// HTTP handlers (and, later, the shm watcher) build a ControlCommand and post it to the engine
+// inbox; the engine thread runs commands one at a time between steps and fulfils the promise.
+// Failures travel back as data (ControlResult::error); a rejected command changes nothing.
+#pragma once
+
+#include "fd/shm/weights_status.h"
+#include "fd/status.h"
+
+#include <cstdint>
+#include <future>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fd::engine {
+
+enum class ControlOp { pause, resume, sleep, wakeup, update_weights };
+
+/// "pause" | "resume" | "sleep" | "wakeup" | "update_weights".
+std::string_view to_string(ControlOp op);
+
+/// Memory a sleep/wakeup acts on.
+struct TagSet {
+    bool weight   = false;
+    bool kv_cache = false;
+    bool empty() const { return !weight && !kv_cache; }
+};
+
+/// Parse `tags=` ("weight,kv_cache"; spaces trimmed; empty or absent = both).
+/// Errors  fd::Error{invalid_argument} naming the unknown tag.
+TagSet parse_tags(std::string_view text);
+
+struct ControlCommand {
+    ControlOp                  op = ControlOp::pause;
+    TagSet                     tags;               ///< sleep / wakeup
+    std::optional<std::string> version;            ///< update_weights
+    bool                       verify_checksum = false;
+};
+
+struct RankCost {
+    int32_t     rank     = 0;
+    std::string version;
+    double      sync_s   = 0.0;   ///< fetching + staging the new weights
+    double      update_s = 0.0;   ///< applying them
+    double      total_s  = 0.0;
+};
+
+struct ControlResult {
+    std::optional<Error> error;                    ///< set on failure; nothing else is meaningful then
+    bool     is_paused = false;                    ///< state after the command
+    int32_t  n_aborted = 0;                        ///< pause (and implicit pauses)
+    int64_t  freed_weight_bytes = -1;              ///< sleep: -1 = tag not processed (not asked or already asleep)
+    int64_t  freed_kv_bytes     = -1;
+    std::vector<std::string> tags_skipped;         ///< sleep/wakeup: asked but already in that state
+    std::vector<std::string> tags_done;            ///< sleep/wakeup: processed, in order
+    int64_t  rss_before_bytes = 0, rss_after_bytes = 0;
+    std::string           version;                 ///< update_weights/wakeup: version now serving
+    int64_t               bytes = 0;               ///< update_weights/wakeup: checkpoint bytes read
+    bool                  checksum_verified = false;
+    std::vector<RankCost> ranks;
+    double                elapsed_s = 0.0;
+};
+
+/// Engine state (SPEC §3): the one state machine, written by the engine thread only.
+struct EngineState {
+    bool              paused        = false;
+    bool              weight_asleep = false;
+    bool              kv_asleep     = false;
+    bool              weights_valid = true;
+    std::string       weight_version;
+    shm::WeightsStatus model_weights_status = shm::WeightsStatus::normal;
+    std::string       control_in_flight;          ///< op name while one runs, else empty
+    std::string       last_control_error;         ///< message of the last failed command
+};
+
+/// A queued command and where its answer goes.
+struct PendingControl {
+    ControlCommand               cmd;
+    std::promise<ControlResult>  done;
+};
+
+}  // namespace fd::engine

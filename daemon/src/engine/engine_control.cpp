@@ -1,0 +1,224 @@
+// The engine's weight-control operations (SPEC §3, §4), run on the engine thread between steps.
+// Each checks every precondition before changing anything, so a rejected command is a no-op.
+#include "fd/arena.h"
+#include "fd/engine/engine.h"
+#include "fd/log.h"
+
+#include <chrono>
+
+namespace fd::engine {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::future<ControlResult> Engine::control(ControlCommand cmd) {
+    auto pc = std::make_shared<PendingControl>();
+    pc->cmd = std::move(cmd);
+    auto fut = pc->done.get_future();
+    {
+        std::lock_guard lk(inbox_mu_);
+        if (stop_.load()) {
+            ControlResult r;
+            r.error = Error(Errc::engine_paused, "the server is shutting down");
+            pc->done.set_value(std::move(r));
+            return fut;
+        }
+        inbox_.emplace_back(std::move(pc));
+    }
+    inbox_cv_.notify_one();
+    return fut;
+}
+
+bool Engine::legacy_transition(shm::WeightsStatus from, shm::WeightsStatus to) {
+    int32_t expected = static_cast<int32_t>(from);
+    const bool ok = legacy_word_.compare_exchange_strong(expected, static_cast<int32_t>(to));
+    if (ok) { inbox_cv_.notify_one(); }
+    return ok;
+}
+
+ControlResult Engine::run_control(const ControlCommand & cmd) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string op(to_string(cmd.op));
+    state_.control_in_flight = op;
+    publish_stats();
+    ControlResult r;
+    try {
+        switch (cmd.op) {
+            case ControlOp::pause: do_pause(r); break;
+            case ControlOp::resume: do_resume(r); break;
+            case ControlOp::sleep: do_sleep(cmd.tags, r); break;
+            case ControlOp::wakeup: do_wakeup(cmd.tags, r); break;
+            case ControlOp::update_weights: do_update_weights(cmd, r); break;
+        }
+    } catch (const Error & e) {
+        r.error = e;
+    } catch (const std::exception & e) {
+        r.error = Error(Errc::internal, e.what());
+    }
+    r.is_paused = state_.paused;
+    r.elapsed_s = seconds_since(t0);
+    state_.control_in_flight.clear();
+    state_.last_control_error = r.error ? fmt::format("{}: {}", op, r.error->what()) : std::string{};
+    accepting_.store(!state_.paused);
+    sync_legacy_word();
+    {
+        std::lock_guard lk(stats_mu_);
+        auto & st = stats_.control_ops[op];
+        ++st.n_total;
+        st.n_errors += r.error ? 1 : 0;
+        st.seconds_sum += r.elapsed_s;
+        st.seconds_last = r.elapsed_s;
+    }
+    publish_stats();
+    auto lg = log::get("control");
+    if (r.error) {
+        lg->warn("{} failed after {:.3f} s: {}", op, r.elapsed_s, r.error->what());
+    } else {
+        lg->info("{} done in {:.3f} s (paused={}, weight_version={})", op, r.elapsed_s, state_.paused, state_.weight_version);
+    }
+    return r;
+}
+
+void Engine::do_pause(ControlResult & r) {
+    accepting_.store(false);
+    state_.paused = true;
+    r.n_aborted   = abort_all();
+    kv_.flush_prefix_cache();
+}
+
+void Engine::do_resume(ControlResult &) {
+    if (state_.weight_asleep || state_.kv_asleep) {
+        fail(Errc::wrong_state, "cannot resume while {} asleep; POST /v1/wakeup first",
+             state_.weight_asleep && state_.kv_asleep ? "weight and kv_cache are" : state_.weight_asleep ? "weight is" : "kv_cache is");
+    }
+    if (!state_.weights_valid) { fail(Errc::wrong_state, "cannot resume: weights are not valid; POST /v1/wakeup or /v1/update_weights first"); }
+    state_.paused = false;
+}
+
+void Engine::do_sleep(TagSet tags, ControlResult & r) {
+    do_pause(r);
+    r.rss_before_bytes = process_rss_bytes();
+    if (tags.kv_cache) {
+        if (state_.kv_asleep) {
+            r.tags_skipped.push_back("kv_cache");
+        } else {
+            r.freed_kv_bytes = 0;
+            for (auto & w : workers_) { r.freed_kv_bytes += w->release_kv(); }
+            kv_ = kv::KvCache(kv_cfg_);
+            state_.kv_asleep = true;
+            r.tags_done.push_back("kv_cache");
+        }
+    }
+    if (tags.weight) {
+        if (state_.weight_asleep) {
+            r.tags_skipped.push_back("weight");
+        } else {
+            r.freed_weight_bytes = 0;
+            for (auto & w : workers_) { r.freed_weight_bytes += w->release_weights(); }
+            state_.weight_asleep = true;
+            state_.weights_valid = false;
+            r.tags_done.push_back("weight");
+        }
+    }
+    r.rss_after_bytes = process_rss_bytes();
+}
+
+void Engine::do_wakeup(TagSet tags, ControlResult & r) {
+    if (cfg_.use_cudagraph && tags.weight && !tags.kv_cache && state_.kv_asleep && state_.weight_asleep) {
+        fail(Errc::wrong_state, "with --use-cudagraph, wake kv_cache before weight (POST /v1/wakeup?tags=kv_cache, or both tags)");
+    }
+    // Check the source before touching anything, so a missing checkpoint leaves the state as is.
+    std::optional<weights::FetchedCheckpoint> ckpt;
+    const auto t_fetch = std::chrono::steady_clock::now();
+    if (tags.weight && state_.weight_asleep) { ckpt = source_->fetch({}); }
+    const double fetch_s = seconds_since(t_fetch);
+    if (tags.kv_cache) {
+        if (!state_.kv_asleep) {
+            r.tags_skipped.push_back("kv_cache");
+        } else {
+            for (auto & w : workers_) { w->acquire_kv(); }
+            kv_ = kv::KvCache(kv_cfg_);
+            state_.kv_asleep = false;
+            r.tags_done.push_back("kv_cache");
+        }
+    }
+    if (tags.weight) {
+        if (!state_.weight_asleep) {
+            r.tags_skipped.push_back("weight");
+        } else {
+            const auto t0 = std::chrono::steady_clock::now();
+            for (auto & w : workers_) { w->reload_weights(ckpt->index); }
+            state_.weight_asleep = false;
+            state_.weights_valid = true;
+            if (ckpt->version) { state_.weight_version = *ckpt->version; }
+            kv_.flush_prefix_cache();
+            r.bytes = ckpt->index.total_bytes;
+            const double load_s = seconds_since(t0);
+            for (size_t i = 0; i < workers_.size(); ++i) {
+                r.ranks.push_back({static_cast<int32_t>(i), state_.weight_version, fetch_s, load_s, fetch_s + load_s});
+            }
+            r.tags_done.push_back("weight");
+        }
+    }
+    r.version = state_.weight_version;
+    if (!state_.weight_asleep && !state_.kv_asleep && state_.weights_valid) { state_.paused = false; }
+}
+
+void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
+    if (!state_.paused) { fail(Errc::wrong_state, "update_weights needs a paused engine; POST /v1/pause first"); }
+    if (state_.weight_asleep) { fail(Errc::wrong_state, "weights are asleep; POST /v1/wakeup?tags=weight first (it reloads from the source)"); }
+    if (cmd.version && !weights::is_valid_version(*cmd.version)) {
+        throw Error(Errc::invalid_argument, fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", *cmd.version), "version");
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    weights::FetchedCheckpoint ckpt = source_->fetch({cmd.version, cmd.verify_checksum, 0});
+    const double fetch_s = seconds_since(t0);
+    const std::optional<std::string> version = cmd.version ? cmd.version : ckpt.version;
+    if (!version) {
+        throw Error(Errc::invalid_argument,
+                    "no version given and the source has no version.yaml 'step'; pass {\"version\": \"...\"}", "version");
+    }
+    // All-or-nothing: each worker validates and stages before it overwrites anything; with one
+    // rank nothing can differ between ranks. (Tensor parallelism will stage on all ranks first.)
+    for (size_t i = 0; i < workers_.size(); ++i) {
+        const auto cost = workers_[i]->update_weights(ckpt.index);
+        r.ranks.push_back({static_cast<int32_t>(i), *version, fetch_s + cost.sync_s, cost.update_s,
+                           fetch_s + cost.sync_s + cost.update_s});
+        r.bytes = cost.bytes;
+    }
+    kv_.flush_prefix_cache();
+    state_.weight_version = *version;
+    state_.weights_valid  = true;
+    r.version             = *version;
+    r.checksum_verified   = ckpt.checksum_verified;
+}
+
+void Engine::sync_legacy_word() {
+    const auto cur = legacy_status();
+    if (cur == shm::WeightsStatus::clearing || cur == shm::WeightsStatus::updating) { return; }
+    const bool asleep = state_.weight_asleep || state_.kv_asleep;
+    legacy_word_.store(static_cast<int32_t>(asleep ? shm::WeightsStatus::cleared : shm::WeightsStatus::normal));
+}
+
+void Engine::poll_legacy_word() {
+    const auto cur = legacy_status();
+    if (cur != shm::WeightsStatus::clearing && cur != shm::WeightsStatus::updating) { return; }
+    const bool clearing = cur == shm::WeightsStatus::clearing;
+    ControlCommand cmd;
+    cmd.op   = clearing ? ControlOp::sleep : ControlOp::wakeup;
+    cmd.tags = {true, true};
+    // The legacy path does the same work as V1 sleep/wakeup (the word stays CLEARING/UPDATING
+    // meanwhile), then settles the word: CLEARED while anything is asleep, else NORMAL.
+    const ControlResult r = run_control(cmd);
+    if (r.error) { log::get("control")->error("legacy {} failed: {}", clearing ? "clear" : "update", r.error->what()); }
+    const bool asleep = state_.weight_asleep || state_.kv_asleep;
+    legacy_word_.store(static_cast<int32_t>(asleep ? shm::WeightsStatus::cleared : shm::WeightsStatus::normal));
+    publish_stats();
+}
+
+}  // namespace fd::engine

@@ -1,0 +1,61 @@
+#include "fd/weights/weight_source.h"
+
+#include "fd/model/model_config.h"
+#include "fd/status.h"
+
+namespace fd::weights {
+
+std::string_view to_string(LoadStrategy s) {
+    switch (s) {
+        case LoadStrategy::normal: return "normal";
+        case LoadStrategy::ipc_snapshot: return "ipc_snapshot";
+        case LoadStrategy::ipc: return "ipc";
+        case LoadStrategy::rsync: return "rsync";
+    }
+    return "?";
+}
+
+LoadStrategy parse_load_strategy(std::string_view s) {
+    for (auto st : {LoadStrategy::normal, LoadStrategy::ipc_snapshot, LoadStrategy::ipc, LoadStrategy::rsync}) {
+        if (to_string(st) == s) { return st; }
+    }
+    fail(Errc::invalid_argument, "unknown --load-strategy '{}' (normal, ipc_snapshot, ipc, rsync)", s);
+}
+
+bool is_valid_version(std::string_view v) {
+    if (v.empty() || v.size() > 128 || v == "." || v == "..") { return false; }
+    for (char c : v) {
+        const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+        if (!ok) { return false; }
+    }
+    return true;
+}
+
+namespace {
+
+class NormalSource final : public WeightSource {
+public:
+    explicit NormalSource(std::filesystem::path dir) : dir_(std::move(dir)) {}
+    LoadStrategy strategy() const override { return LoadStrategy::normal; }
+
+    FetchedCheckpoint fetch(const FetchRequest &) override {
+        if (!std::filesystem::is_directory(dir_)) {
+            fail(Errc::source_unavailable, "model dir {} is not reachable; restore it and retry", dir_.string());
+        }
+        FetchedCheckpoint out;
+        out.index   = model::read_tensor_index(dir_);
+        out.version = model::read_version_step(dir_);
+        return out;
+    }
+
+private:
+    std::filesystem::path dir_;
+};
+
+}  // namespace
+
+std::unique_ptr<WeightSource> make_normal_source(std::filesystem::path model_dir) {
+    return std::make_unique<NormalSource>(std::move(model_dir));
+}
+
+}  // namespace fd::weights
