@@ -125,6 +125,7 @@ int main(int argc, char ** argv) {
                "/v1/sleep and /v1/wakeup (both tags); 0 (default) keeps the legacy status-word protocol.");
     const char * v1 = std::getenv("FD_ENABLE_V1_UPDATE_WEIGHTS");
     cfg.server.v1_update_weights = v1 && std::string(v1) == "1";
+    if (const char * d = std::getenv("FD_DEBUG_CONTROL_DELAY_MS")) { cfg.engine.debug_control_delay_ms = std::atoi(d); }
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {

@@ -10,12 +10,15 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
 REPO = os.environ.get("FD_REPO", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 BIN = os.environ.get("FDROLLOUT_BIN", os.path.join(REPO, "build", "fdrollout"))
 PYTHON = os.environ.get("FD_PYTHON", "/usr/bin/python3")
+sys.path.insert(0, os.path.join(REPO, "scripts"))  # safetensors_np for the tests
+
 STORIES = os.path.join(REPO, "models", "stories260K")
 
 # Reference greedy outputs of llama2.c run.c (models/stories260K/README.md).
@@ -172,3 +175,45 @@ def make_checkpoint(out_dir, *args):
     subprocess.run([PYTHON, os.path.join(REPO, "scripts", "make_random_checkpoint.py"), "--out", out_dir, *args],
                    check=True, stdout=subprocess.DEVNULL)
     return out_dir
+
+
+def rss_bytes(pid):
+    """VmRSS of a process, in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def copy_checkpoint(src, dst):
+    """Copy a checkpoint dir (files only) to dst, writable."""
+    import shutil
+    os.makedirs(dst, exist_ok=True)
+    for name in os.listdir(src):
+        p = os.path.join(src, name)
+        if os.path.isfile(p):
+            shutil.copyfile(p, os.path.join(dst, name))
+    return dst
+
+
+def rewrite_tensors(dir_, mutate, dtype=None):
+    """Load dir_/model.safetensors, let mutate(dict) change it in place, write it back."""
+    import safetensors_np
+    path = os.path.join(dir_, "model.safetensors")
+    t = safetensors_np.load_file(path)
+    mutate(t)
+    safetensors_np.save_file(t, path, dtype=dtype)
+    return dir_
+
+
+def perturbed(src, dst, seed=1, scale=0.05):
+    """dst = src with every float tensor perturbed by N(0, scale * std) noise (same names, shapes, dtypes)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+
+    def mutate(t):
+        for k, v in t.items():
+            t[k] = (v + rng.normal(0, scale * (float(v.std()) + 1e-3), v.shape)).astype(v.dtype)
+
+    return rewrite_tensors(copy_checkpoint(src, dst), mutate)

@@ -1,15 +1,11 @@
 """A deliberately plain numpy float32 Llama/Qwen2 forward pass (HF conventions: rotate_half RoPE,
 GQA, SwiGLU, optional q/k/v biases, tied or stored lm_head), used as the oracle for random
 checkpoints. Recomputes the whole prefix each step: slow, obvious, independent of the engine."""
-import json
 import os
-import sys
 
 import numpy as np
 
-from fdtest import read_json
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
+from fdtest import read_json  # noqa: E402  (also puts scripts/ on sys.path)
 import safetensors_np  # noqa: E402
 
 

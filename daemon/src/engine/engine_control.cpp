@@ -5,6 +5,7 @@
 #include "fd/log.h"
 
 #include <chrono>
+#include <thread>
 
 namespace fd::engine {
 
@@ -46,6 +47,7 @@ ControlResult Engine::run_control(const ControlCommand & cmd) {
     const std::string op(to_string(cmd.op));
     state_.control_in_flight = op;
     publish_stats();
+    if (cfg_.debug_control_delay_ms > 0) { std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.debug_control_delay_ms)); }
     ControlResult r;
     try {
         switch (cmd.op) {

@@ -126,6 +126,7 @@ int64_t TensorInfo::numel() const {
 
 TensorIndex read_tensor_index(const fs::path & dir) {
     TensorIndex idx;
+    idx.source = dir;
     const auto index_file = dir / "model.safetensors.index.json";
     if (fs::exists(index_file)) {
         json j;
@@ -156,6 +157,7 @@ TensorIndex read_tensor_index(const fs::path & dir) {
         return idx;
     }
     if (fs::exists(dir / "model.safetensors")) {
+        idx.source = dir / "model.safetensors";
         read_header(dir / "model.safetensors", idx);
         return idx;
     }

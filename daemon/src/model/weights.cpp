@@ -47,8 +47,8 @@ void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx, const
         auto it = idx.tensors.find(x.name);
         if (it == idx.tensors.end()) {
             if (x.optional) { continue; }
-            fail(Errc::invalid_checkpoint, "checkpoint is missing tensor '{}' (expected shape [{}])", x.name,
-                 fmt::join(x.shape, ", "));
+            fail(Errc::invalid_checkpoint, "{}: checkpoint is missing tensor '{}' (expected shape [{}])", idx.source.string(),
+                 x.name, fmt::join(x.shape, ", "));
         }
         if (it->second.shape != x.shape) {
             fail(Errc::invalid_checkpoint, "{}: tensor '{}' has shape [{}], expected [{}]", it->second.file.string(),

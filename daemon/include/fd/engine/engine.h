@@ -35,6 +35,7 @@ struct EngineConfig {
     int32_t         max_model_len  = 0;    ///< prompt + generated tokens per sequence
     std::string     weight_version = "0";  ///< reported with every output (until an update changes it)
     bool            use_cudagraph  = false;///< enforces the wake-kv_cache-before-weight rule (SPEC §3)
+    int32_t         debug_control_delay_ms = 0; ///< tests only (FD_DEBUG_CONTROL_DELAY_MS): stretch every control op
 };
 
 /// A completion request: every prompt is sampled `n` times; choice index = prompt * n + i.

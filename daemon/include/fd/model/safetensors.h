@@ -32,6 +32,7 @@ struct TensorInfo {
 
 /// Every tensor of a checkpoint directory, by name.
 struct TensorIndex {
+    std::filesystem::path             source;  ///< the file (single-file checkpoint) or directory read
     std::map<std::string, TensorInfo> tensors;
     int64_t                           total_bytes = 0;
 };
