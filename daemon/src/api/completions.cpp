@@ -280,30 +280,34 @@ void post_completions(ApiContext & ctx, const httplib::Request & req, httplib::R
             const std::string line = "data: " + dump(j) + "\n\n";
             return sink.write(line.data(), line.size());
         };
+        auto end_stream = [&] {
+            const std::string done = "data: [DONE]\n\n";
+            sink.write(done.data(), done.size());
+            sink.done();
+            return true;
+        };
+        // An error once headers are sent is reported in-band; the stream still ends cleanly.
+        auto end_with_error = [&](Errc code, const std::string & msg) {
+            write({{"error", {{"message", msg}, {"type", errc_name(code)}, {"code", errc_http_status(code)}}}});
+            channel->cancel();
+            return end_stream();
+        };
         if (channel->done()) {
             if (r->include_usage) {
                 write({{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", ctx.cfg.served_model_name},
                        {"choices", json::array()}, {"usage", usage_json(*acc, r->gen.n)}});
             }
-            const std::string done = "data: [DONE]\n\n";
-            sink.write(done.data(), done.size());
-            sink.done();
-            return true;
+            return end_stream();
         }
         if (std::chrono::steady_clock::now() > deadline) {
-            write({{"error", {{"message", "completion timed out (--request-timeout-s)"}, {"type", "timeout"}, {"code", 504}}}});
-            return false;
+            return end_with_error(Errc::timeout, "completion timed out (--request-timeout-s)");
         }
         for (auto & ev : channel->pop_all(std::chrono::milliseconds(100))) {
             ChoiceAcc & a = (*acc)[ev.choice];
             a.token_ids.insert(a.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
             a.n_prompt = ev.n_prompt_tokens;
             a.n_cached = ev.n_cached_tokens;
-            if (ev.error) {
-                const Error & e = *ev.error;
-                write({{"error", {{"message", e.what()}, {"type", errc_name(e.code())}, {"code", errc_http_status(e.code())}}}});
-                return false;
-            }
+            if (ev.error) { return end_with_error(ev.error->code(), ev.error->what()); }
             const int32_t ip = ev.choice / r->gen.n;
             std::string text = ev.text;
             json choice = {{"index", ev.choice}, {"token_ids", ev.token_ids},

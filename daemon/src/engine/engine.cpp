@@ -110,12 +110,15 @@ void Engine::loop() {
 }
 
 void Engine::admit(GenerateRequest & req) {
-    if (state_.paused) {  // raced with a pause: refuse, never generate from paused/asleep weights
+    if (state_.paused) {
+        // Accepted just before a pause took effect: it ends like every queued request did, with
+        // "abort" and no tokens. Nothing is ever generated from paused or asleep weights.
         for (int32_t c = 0; c < static_cast<int32_t>(req.prompts.size()) * req.n; ++c) {
             ChoiceEvent ev;
-            ev.choice = c;
-            ev.finish = FinishReason::error;
-            ev.error  = Error(Errc::engine_paused, "generation is paused; retry after POST /v1/resume");
+            ev.choice          = c;
+            ev.finish          = FinishReason::abort;
+            ev.n_prompt_tokens = static_cast<int32_t>(req.prompts[c / req.n].size());
+            ev.weight_version  = state_.weight_version;
             req.channel->push(std::move(ev));
         }
         return;
