@@ -13,6 +13,7 @@ Examples:
   make_random_checkpoint.py --preset tiny-qwen2 --out /tmp/ck_q
   make_random_checkpoint.py --preset tiny-llama-bf16-sharded --out /tmp/ck_s
   make_random_checkpoint.py --preset llama-110m --out /tmp/ck_110m --step 7
+  make_random_checkpoint.py --preset llama-1b-bf16-sharded --out /tmp/ck_1b
   make_random_checkpoint.py --out /tmp/ck --hidden 128 --layers 4 --heads 4 --dtype F16
 Needs numpy only (Debian: /usr/bin/python3 with python3-numpy).
 """
@@ -48,6 +49,12 @@ PRESETS = {
     "llama-110m": dict(arch="llama", hidden=768, intermediate=2048, layers=12,
                        heads=12, kv_heads=12, vocab=32000, max_pos=1024,
                        dtype="F32", tie=True),
+    # TinyLlama-1.1B shape (~1.1B params, ~2.2 GB of BF16 in 4 shards), for the
+    # weight-control bench (tests/bench/run_control_bench.sh).
+    "llama-1b-bf16-sharded": dict(arch="llama", hidden=2048, intermediate=5632,
+                                  layers=22, heads=32, kv_heads=4, vocab=32000,
+                                  max_pos=2048, dtype="BF16", shards=4,
+                                  tie=False),
 }
 
 

@@ -1,10 +1,12 @@
-// Weight-control routes: V1 (SPEC §3) and the legacy FastDeploy pair (SPEC §4). Handlers only
-// translate: every operation is a ControlCommand run by the engine thread.
+// Weight control: V1 (SPEC §3) and the legacy FastDeploy pair (SPEC §4). One implementation,
+// dispatch_control(), serves both the HTTP routes and the shm mailbox (SPEC §6), so both
+// channels give the same answer; every operation is a ControlCommand run by the engine thread.
 #include "handlers.h"
 
 #include "fd/weights/weight_source.h"
 
 #include <chrono>
+#include <map>
 #include <thread>
 
 namespace fd::api {
@@ -64,88 +66,30 @@ json result_json(ControlOp op, const ControlResult & r) {
     return j;
 }
 
-void answer(ApiContext & ctx, ControlCommand cmd, httplib::Response & res) {
+ControlReply ok_reply(const json & result) { return {200, "application/json", dump(json{{"status", "success"}, {"result", result}})}; }
+
+ControlReply run_op(ApiContext & ctx, ControlCommand cmd) {
     const ControlOp op = cmd.op;
-    const ControlResult r = run(ctx, std::move(cmd));
-    res.set_content(dump(json{{"status", "success"}, {"result", result_json(op, r)}}), "application/json");
+    return ok_reply(result_json(op, run(ctx, std::move(cmd))));
 }
 
-ControlCommand tagged(ControlOp op, const httplib::Request & req) {
-    ControlCommand c;
-    c.op   = op;
-    c.tags = engine::parse_tags(req.has_param("tags") ? req.get_param_value("tags") : "");
-    return c;
-}
-
-}  // namespace
-
-void write_control_error(httplib::Response & res, const Error & e) {
-    res.status = errc_http_status(e.code());
-    res.set_content(dump(json{{"status", "error"}, {"error", {{"type", errc_name(e.code())}, {"message", e.what()}}}}), "application/json");
-}
-
-void post_pause(ApiContext & ctx, const httplib::Request &, httplib::Response & res) { answer(ctx, {ControlOp::pause}, res); }
-
-void post_resume(ApiContext & ctx, const httplib::Request &, httplib::Response & res) { answer(ctx, {ControlOp::resume}, res); }
-
-void get_is_paused(ApiContext & ctx, const httplib::Request &, httplib::Response & res) {
+ControlReply is_paused_reply(ApiContext & ctx) {
     const auto st = ctx.engine->stats().state;
     json sleeping = json::array();
     if (st.weight_asleep) { sleeping.push_back("weight"); }
     if (st.kv_asleep) { sleeping.push_back("kv_cache"); }
-    res.set_content(dump(json{{"is_paused", st.paused}, {"sleeping_tags", sleeping}, {"weights_valid", st.weights_valid},
-                              {"weight_version", st.weight_version}}), "application/json");
+    return {200, "application/json", dump(json{{"is_paused", st.paused}, {"sleeping_tags", sleeping}, {"weights_valid", st.weights_valid},
+                                               {"weight_version", st.weight_version}})};
 }
 
-void post_sleep(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
-    require_dynamic(ctx, "/v1/sleep");
-    answer(ctx, tagged(ControlOp::sleep, req), res);
-}
-
-void post_wakeup(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
-    require_dynamic(ctx, "/v1/wakeup");
-    answer(ctx, tagged(ControlOp::wakeup, req), res);
-}
-
-void post_update_weights(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
-    require_dynamic(ctx, "/v1/update_weights");
-    ControlCommand c;
-    c.op = ControlOp::update_weights;
-    if (!req.body.empty()) {
-        json j;
-        try {
-            j = json::parse(req.body);
-        } catch (const json::exception & e) {
-            throw Error(Errc::invalid_argument, fmt::format("request body is not valid JSON: {}", e.what()));
-        }
-        if (!j.is_object()) { throw Error(Errc::invalid_argument, "request body must be a JSON object"); }
-        if (j.contains("version") && !j["version"].is_null()) {
-            if (!j["version"].is_string()) { throw Error(Errc::invalid_argument, "'version' must be a string", "version"); }
-            c.version = j["version"].get<std::string>();
-            if (!weights::is_valid_version(*c.version)) {
-                throw Error(Errc::invalid_argument,
-                            fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", *c.version), "version");
-            }
-        }
-        if (j.contains("verify_checksum") && !j["verify_checksum"].is_null()) {
-            if (!j["verify_checksum"].is_boolean()) { throw Error(Errc::invalid_argument, "'verify_checksum' must be a boolean", "verify_checksum"); }
-            c.verify_checksum = j["verify_checksum"].get<bool>();
-        }
-    }
-    answer(ctx, std::move(c), res);
-}
-
-// --- legacy ---------------------------------------------------------------------------------
-
-namespace {
+// --- legacy ---
 
 using shm::WeightsStatus;
 
-void legacy_msg(httplib::Response & res, int status, const std::string & msg, const std::string & detail = {}) {
+ControlReply legacy_msg(int status, const std::string & msg, const std::string & detail = {}) {
     json j = {{"msg", msg}};
     if (!detail.empty()) { j["error"] = detail; }
-    res.status = status;
-    res.set_content(dump(j), "application/json");
+    return {status, "application/json", dump(j)};
 }
 
 /// Move the status word `from` → `to`, then wait (legacy_timeout_s) until the engine settles it
@@ -161,43 +105,114 @@ bool legacy_drive(ApiContext & ctx, WeightsStatus from, WeightsStatus to, Weight
     return false;
 }
 
-bool legacy_disabled(const ApiContext & ctx, httplib::Response & res) {
-    if (ctx.cfg.dynamic_load_weight) { return false; }
-    res.status = 404;
-    res.set_content("Dynamic Load Weight Disabled.", "text/plain");
-    return true;
+ControlReply legacy_clear(ApiContext & ctx) {
+    if (ctx.cfg.v1_update_weights) { return run_op(ctx, {ControlOp::sleep, {true, true}}); }
+    switch (ctx.engine->legacy_status()) {
+        case WeightsStatus::cleared: return legacy_msg(200, "model weight is cleared");
+        case WeightsStatus::clearing: return legacy_msg(400, "worker is clearing model weight already");
+        case WeightsStatus::updating: return legacy_msg(403, "worker is updating model weight, cannot clear now");
+        case WeightsStatus::normal: break;
+    }
+    if (legacy_drive(ctx, WeightsStatus::normal, WeightsStatus::clearing, WeightsStatus::cleared)) {
+        return legacy_msg(200, "clear model weight successfully");
+    }
+    return legacy_msg(404, "clear model weight timeout", ctx.engine->stats().state.last_control_error);
 }
+
+ControlReply legacy_update(ApiContext & ctx) {
+    if (ctx.cfg.v1_update_weights) { return run_op(ctx, {ControlOp::wakeup, {true, true}}); }
+    switch (ctx.engine->legacy_status()) {
+        case WeightsStatus::normal: return legacy_msg(200, "model weight is updated");
+        case WeightsStatus::updating: return legacy_msg(400, "worker is updating model weight already");
+        case WeightsStatus::clearing: return legacy_msg(403, "worker is clearing model weight, cannot update now");
+        case WeightsStatus::cleared: break;
+    }
+    if (legacy_drive(ctx, WeightsStatus::cleared, WeightsStatus::updating, WeightsStatus::normal)) {
+        return legacy_msg(200, "update model weight successfully");
+    }
+    return legacy_msg(404, "update model weight timeout", ctx.engine->stats().state.last_control_error);
+}
+
+ControlReply dispatch_or_throw(ApiContext & ctx, const shm::MailboxCommand & m) {
+    const std::string & op = m.op;
+    if (op == "pause") { return run_op(ctx, {ControlOp::pause}); }
+    if (op == "resume") { return run_op(ctx, {ControlOp::resume}); }
+    if (op == "is_paused") { return is_paused_reply(ctx); }
+    if (op == "status") { return {200, "application/json", dump(health_json(ctx))}; }
+    if (op == "sleep" || op == "wakeup") {
+        require_dynamic(ctx, "/v1/" + op);
+        ControlCommand c;
+        c.op   = op == "sleep" ? ControlOp::sleep : ControlOp::wakeup;
+        c.tags = engine::parse_tags(m.tags);
+        return run_op(ctx, c);
+    }
+    if (op == "update_weights") {
+        require_dynamic(ctx, "/v1/update_weights");
+        if (m.version && !weights::is_valid_version(*m.version)) {
+            throw Error(Errc::invalid_argument,
+                        fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", *m.version), "version");
+        }
+        ControlCommand c;
+        c.op              = ControlOp::update_weights;
+        c.version         = m.version;
+        c.verify_checksum = m.verify_checksum;
+        return run_op(ctx, c);
+    }
+    if (op == "clear_load_weight" || op == "update_model_weight") {
+        if (!ctx.cfg.dynamic_load_weight) { return {404, "text/plain", "Dynamic Load Weight Disabled."}; }
+        return op == "clear_load_weight" ? legacy_clear(ctx) : legacy_update(ctx);
+    }
+    throw Error(Errc::invalid_argument, fmt::format("unknown control command '{}'", op));
+}
+
+/// HTTP path → mailbox command name.
+const std::map<std::string, std::string> kRouteOps = {
+    {"/v1/pause", "pause"},   {"/v1/resume", "resume"}, {"/v1/is_paused", "is_paused"},
+    {"/v1/sleep", "sleep"},   {"/v1/wakeup", "wakeup"}, {"/v1/update_weights", "update_weights"},
+    {"/clear_load_weight", "clear_load_weight"},        {"/update_model_weight", "update_model_weight"},
+};
 
 }  // namespace
 
-void get_clear_load_weight(ApiContext & ctx, const httplib::Request &, httplib::Response & res) {
-    if (legacy_disabled(ctx, res)) { return; }
-    if (ctx.cfg.v1_update_weights) { return answer(ctx, {ControlOp::sleep, {true, true}}, res); }
-    switch (ctx.engine->legacy_status()) {
-        case WeightsStatus::cleared: return legacy_msg(res, 200, "model weight is cleared");
-        case WeightsStatus::clearing: return legacy_msg(res, 400, "worker is clearing model weight already");
-        case WeightsStatus::updating: return legacy_msg(res, 403, "worker is updating model weight, cannot clear now");
-        case WeightsStatus::normal:
-            if (legacy_drive(ctx, WeightsStatus::normal, WeightsStatus::clearing, WeightsStatus::cleared)) {
-                return legacy_msg(res, 200, "clear model weight successfully");
-            }
-            return legacy_msg(res, 404, "clear model weight timeout", ctx.engine->stats().state.last_control_error);
+void write_control_error(httplib::Response & res, const Error & e) {
+    res.status = errc_http_status(e.code());
+    res.set_content(dump(json{{"status", "error"}, {"error", {{"type", errc_name(e.code())}, {"message", e.what()}}}}), "application/json");
+}
+
+ControlReply dispatch_control(ApiContext & ctx, const shm::MailboxCommand & cmd) {
+    try {
+        return dispatch_or_throw(ctx, cmd);
+    } catch (const std::exception & e) {
+        const Error err = dynamic_cast<const Error *>(&e) ? *dynamic_cast<const Error *>(&e) : Error(Errc::internal, e.what());
+        return {errc_http_status(err.code()), "application/json",
+                dump(json{{"status", "error"}, {"error", {{"type", errc_name(err.code())}, {"message", err.what()}}}})};
     }
 }
 
-void get_update_model_weight(ApiContext & ctx, const httplib::Request &, httplib::Response & res) {
-    if (legacy_disabled(ctx, res)) { return; }
-    if (ctx.cfg.v1_update_weights) { return answer(ctx, {ControlOp::wakeup, {true, true}}, res); }
-    switch (ctx.engine->legacy_status()) {
-        case WeightsStatus::normal: return legacy_msg(res, 200, "model weight is updated");
-        case WeightsStatus::updating: return legacy_msg(res, 400, "worker is updating model weight already");
-        case WeightsStatus::clearing: return legacy_msg(res, 403, "worker is clearing model weight, cannot update now");
-        case WeightsStatus::cleared:
-            if (legacy_drive(ctx, WeightsStatus::cleared, WeightsStatus::updating, WeightsStatus::normal)) {
-                return legacy_msg(res, 200, "update model weight successfully");
-            }
-            return legacy_msg(res, 404, "update model weight timeout", ctx.engine->stats().state.last_control_error);
+void control_route(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
+    shm::MailboxCommand cmd;
+    cmd.op = kRouteOps.at(req.path);
+    if (req.has_param("tags")) { cmd.tags = req.get_param_value("tags"); }
+    if (cmd.op == "update_weights" && !req.body.empty()) {
+        json j;
+        try {
+            j = json::parse(req.body);
+        } catch (const json::exception & e) {
+            throw Error(Errc::invalid_argument, fmt::format("request body is not valid JSON: {}", e.what()));
+        }
+        if (!j.is_object()) { throw Error(Errc::invalid_argument, "request body must be a JSON object"); }
+        if (j.contains("version") && !j["version"].is_null()) {
+            if (!j["version"].is_string()) { throw Error(Errc::invalid_argument, "'version' must be a string", "version"); }
+            cmd.version = j["version"].get<std::string>();
+        }
+        if (j.contains("verify_checksum") && !j["verify_checksum"].is_null()) {
+            if (!j["verify_checksum"].is_boolean()) { throw Error(Errc::invalid_argument, "'verify_checksum' must be a boolean", "verify_checksum"); }
+            cmd.verify_checksum = j["verify_checksum"].get<bool>();
+        }
     }
+    const ControlReply r = dispatch_control(ctx, cmd);
+    res.status = r.http_status;
+    res.set_content(r.body, r.content_type);
 }
 
 }  // namespace fd::api

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "fd/api/server.h"
+#include "fd/shm/control_client.h"
 #include "fd/status.h"
 
 #include <httplib.h>
@@ -20,14 +21,13 @@ void write_error(httplib::Response & res, const Error & e);
 /// Control-style error: {"status":"error","error":{"type","message"}} (SPEC §3).
 void write_control_error(httplib::Response & res, const Error & e);
 
-void post_pause(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
-void post_resume(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
-void get_is_paused(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
-void post_sleep(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
-void post_wakeup(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
-void post_update_weights(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
-void get_clear_load_weight(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
-void get_update_model_weight(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+/// Every control route: the request becomes a MailboxCommand and goes through dispatch_control,
+/// the one implementation shared with the shm mailbox.
+void control_route(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+ControlReply dispatch_control(ApiContext & ctx, const shm::MailboxCommand & cmd);
+
+/// GET /health body (also the shm `status` answer).
+nlohmann::json health_json(ApiContext & ctx);
 
 void post_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_models(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);

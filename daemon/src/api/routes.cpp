@@ -59,15 +59,15 @@ void register_routes(httplib::Server & http, ApiContext & ctx) {
     http.Get ("/v1/models",           wrap(ctx, get_models,              Auth::api_key));
     post     ("/v1/completions",      wrap(ctx, post_completions,        Auth::api_key));
     // weight control (SPEC §3); sleep/wakeup/update_weights need --dynamic-load-weight
-    post     ("/v1/pause",            wrap(ctx, post_pause,              Auth::api_key, C));
-    post     ("/v1/resume",           wrap(ctx, post_resume,             Auth::api_key, C));
-    http.Get ("/v1/is_paused",        wrap(ctx, get_is_paused,           Auth::api_key, C));
-    post     ("/v1/sleep",            wrap(ctx, post_sleep,              Auth::api_key, C));
-    post     ("/v1/wakeup",           wrap(ctx, post_wakeup,             Auth::api_key, C));
-    post     ("/v1/update_weights",   wrap(ctx, post_update_weights,     Auth::api_key, C));
+    post     ("/v1/pause",            wrap(ctx, control_route,           Auth::api_key, C));
+    post     ("/v1/resume",           wrap(ctx, control_route,           Auth::api_key, C));
+    http.Get ("/v1/is_paused",        wrap(ctx, control_route,           Auth::api_key, C));
+    post     ("/v1/sleep",            wrap(ctx, control_route,           Auth::api_key, C));
+    post     ("/v1/wakeup",           wrap(ctx, control_route,           Auth::api_key, C));
+    post     ("/v1/update_weights",   wrap(ctx, control_route,           Auth::api_key, C));
     // legacy FastDeploy routes (SPEC §4)
-    http.Get ("/clear_load_weight",   wrap(ctx, get_clear_load_weight,   Auth::api_key, C));
-    http.Get ("/update_model_weight", wrap(ctx, get_update_model_weight, Auth::api_key, C));
+    http.Get ("/clear_load_weight",   wrap(ctx, control_route,           Auth::api_key, C));
+    http.Get ("/update_model_weight", wrap(ctx, control_route,           Auth::api_key, C));
 }
 
 }  // namespace fd::api

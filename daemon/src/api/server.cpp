@@ -4,6 +4,8 @@
 #include "fd/arena.h"
 #include "fd/log.h"
 
+#include <sys/socket.h>
+
 #include <cstring>
 #include <ctime>
 #include <sstream>
@@ -36,9 +38,10 @@ ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, const model::Tok
     http_->set_write_timeout(60, 0);
     // No SO_REUSEPORT (httplib's default): a second daemon on a taken port must fail, not
     // silently share the port and answer half the requests with other weights.
-    http_->set_socket_options([](socket_t sock) {
+    http_->set_socket_options([this](socket_t sock) {
         int yes = 1;
         setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+        listen_fd_ = sock;
     });
     http_->set_error_handler([](const httplib::Request & req, httplib::Response & res) {
         if (!res.body.empty()) { return; }  // a handler already wrote its error object
@@ -60,6 +63,9 @@ void ApiServer::bind() {
         fail(Errc::invalid_argument, "cannot listen on {}:{}: {} (another fdrollout on that port? choose one with --port)",
              ctx_->cfg.host, ctx_->cfg.port, std::strerror(errno));
     }
+    // cpp-httplib 0.11 listens with a backlog of 5; a burst of RL clients overflows that and
+    // gets connection resets. Listening again on the same socket raises the backlog.
+    if (listen_fd_ >= 0) { ::listen(listen_fd_, SOMAXCONN); }
     log::get("api")->info("listening on http://{}:{}", ctx_->cfg.host, ctx_->cfg.port);
 }
 
@@ -81,7 +87,9 @@ void get_models(ApiContext & ctx, const httplib::Request &, httplib::Response & 
     res.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
 }
 
-void get_health(ApiContext & ctx, const httplib::Request &, httplib::Response & res) {
+ControlReply ApiServer::dispatch(const shm::MailboxCommand & cmd) { return dispatch_control(*ctx_, cmd); }
+
+json health_json(ApiContext & ctx) {
     const auto st = ctx.engine->stats();
     const auto & es = st.state;
     const bool draining = ctx.engine->draining();
@@ -103,8 +111,12 @@ void get_health(ApiContext & ctx, const httplib::Request &, httplib::Response & 
               {"num_requests_waiting", st.n_waiting},
               {"kv_blocks", {{"used", st.n_kv_blocks_used}, {"free", st.n_kv_blocks_free}, {"total", st.n_kv_blocks_total}}},
               {"rss_bytes", process_rss_bytes()}};
-    res.status = draining ? 503 : 200;
-    res.set_content(dump(h), "application/json");
+    return h;
+}
+
+void get_health(ApiContext & ctx, const httplib::Request &, httplib::Response & res) {
+    res.status = ctx.engine->draining() ? 503 : 200;
+    res.set_content(dump(health_json(ctx)), "application/json");
 }
 
 void get_metrics(ApiContext & ctx, const httplib::Request &, httplib::Response & res) {

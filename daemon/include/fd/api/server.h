@@ -11,6 +11,7 @@
 #include <string>
 
 namespace httplib { class Server; }
+namespace fd::shm { struct MailboxCommand; }
 
 namespace fd::api {
 
@@ -28,6 +29,13 @@ struct ServerConfig {
     bool        v1_update_weights = false;   ///< FD_ENABLE_V1_UPDATE_WEIGHTS: legacy routes = V1 sleep/wakeup
     double      control_timeout_s = 900.0;   ///< longest a V1 control call waits for the engine before 504
     double      legacy_timeout_s  = 300.0;   ///< legacy clear/update wait for the status word (SPEC §4)
+};
+
+/// A finished control answer: exactly what the V1 HTTP route sends.
+struct ControlReply {
+    int         http_status = 200;
+    std::string content_type = "application/json";
+    std::string body;
 };
 
 /// Shared by every handler.
@@ -48,9 +56,14 @@ public:
     void serve();
     void stop();
 
+    /// Run one control command (as sent over the shm mailbox) through the same code as its V1
+    /// HTTP route and return that route's answer. Never throws.
+    ControlReply dispatch(const shm::MailboxCommand & cmd);
+
 private:
     std::unique_ptr<ApiContext>      ctx_;
     std::unique_ptr<httplib::Server> http_;
+    int                              listen_fd_ = -1;
 };
 
 }  // namespace fd::api

@@ -1,8 +1,11 @@
 // fd/status.h — the one error-code table of fdrollout and fdctl.
 //
 // Every expected failure is an `fd::Error` carrying an `Errc`. Its snake_case name is the
-// `error.type` in JSON bodies; the table below maps it to the HTTP status and fdctl exit code.
+// `error.type` in JSON bodies; the table below maps it to the HTTP status and the exit code of
+// fdctl (and of fdrollout when start-up fails). Part of the shm contract: fdctl links it too.
 // Broken invariants (our bugs) use FD_CHECK, which throws fd::Error{Errc::internal}.
+//
+// fdctl exit codes: 0 success, 2 usage error (nothing sent), then one per type below.
 #pragma once
 
 #include <fmt/format.h>
@@ -38,20 +41,31 @@ struct ErrcInfo {
 /// THE table. Order follows the enum.
 inline constexpr ErrcInfo kErrcTable[] = {
     {Errc::ok,                 "ok",                 200, 0},
-    {Errc::invalid_argument,   "invalid_argument",   400, 2},
+    {Errc::invalid_argument,   "invalid_argument",   400, 10},
     {Errc::unauthorized,       "unauthorized",       401, 9},
     {Errc::not_found,          "not_found",          404, 3},
     {Errc::wrong_state,        "wrong_state",        409, 4},
     {Errc::invalid_checkpoint, "invalid_checkpoint", 422, 5},
-    {Errc::checksum_mismatch,  "checksum_mismatch",  422, 5},
+    {Errc::checksum_mismatch,  "checksum_mismatch",  422, 11},
     {Errc::engine_paused,      "engine_paused",      503, 6},
-    {Errc::source_unavailable, "source_unavailable", 503, 6},
+    {Errc::source_unavailable, "source_unavailable", 503, 12},
     {Errc::timeout,            "timeout",            504, 7},
     {Errc::unreachable,        "unreachable",        0,   8},
     {Errc::internal,           "internal",           500, 70},
 };
 
+/// fdctl: the command line was wrong; nothing was sent.
+inline constexpr int kExitUsage = 2;
+
 constexpr const ErrcInfo & errc_info(Errc c) { return kErrcTable[static_cast<int>(c)]; }
+
+/// The Errc named `name` (an `error.type`), or Errc::internal if unknown.
+constexpr Errc errc_from_name(std::string_view name) {
+    for (const auto & e : kErrcTable) {
+        if (e.name == name) { return e.code; }
+    }
+    return Errc::internal;
+}
 constexpr std::string_view errc_name(Errc c) { return errc_info(c).name; }
 constexpr int errc_http_status(Errc c) { return errc_info(c).http_status; }
 

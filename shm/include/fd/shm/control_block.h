@@ -1,0 +1,100 @@
+// fd/shm/control_block.h — THE control-plane contract between fdrollout and fdctl (SPEC §6).
+//
+// One POSIX shared-memory block per daemon port, /dev/shm/fdrollout.<port>, mode 0600, created
+// by the daemon (Boost.Interprocess) and opened by fdctl. The layout is an ABI: it opens with
+// magic, abi_version and size_bytes, and static_asserts pin its size and offsets; bump
+// kControlBlockAbiVersion on any change. Readers refuse a block with another magic or ABI.
+//
+// Who writes what:
+//   daemon only   pid, port, heartbeat_ms, v1_update_weights, the state snapshot (seqlock
+//                 `state_seq`: odd while writing), ack_seq, result_*
+//   fdctl only    the command (cmd_*) and cmd_seq, while holding the mailbox lock
+//   both          legacy_status (the FastDeploy status word; CAS transitions), doorbell
+// Mailbox protocol: a client takes the lock (mailbox_owner_pid: 0 = free; a dead owner's lock
+// is taken over), waits until ack_seq == cmd_seq (the previous command is done), fills cmd_*,
+// stores cmd_seq + 1, bumps doorbell and futex-wakes it; the daemon answers with result_* and
+// stores ack_seq = cmd_seq, futex-waking ack_seq. Futex words are 32-bit and process-shared.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+namespace fd::shm {
+
+inline constexpr uint64_t kControlBlockMagic      = 0x4243'4c4c'4f52'4446ULL;  // "FDROLLCB" little-endian
+inline constexpr uint32_t kControlBlockAbiVersion = 1;
+inline constexpr size_t   kVersionCap             = 136;    ///< weight_version bytes incl. NUL (versions are <= 128)
+inline constexpr size_t   kResultCap              = 32768;  ///< result JSON bytes incl. NUL
+
+/// Engine state as the daemon last published it (read under the seqlock).
+struct StateSnapshot {
+    uint8_t  paused;
+    uint8_t  weight_asleep;
+    uint8_t  kv_asleep;
+    uint8_t  weights_valid;
+    uint8_t  draining;
+    uint8_t  pad_[3];
+    int32_t  model_weights_status;         ///< copy of legacy_status at publish time
+    int32_t  n_running;
+    int64_t  published_ms;                 ///< CLOCK_REALTIME ms of this snapshot
+    char     weight_version[kVersionCap];  ///< NUL-terminated
+};
+
+/// Mailbox command names (ASCII, NUL-terminated in cmd_op).
+inline constexpr size_t kOpCap = 32;
+
+struct ControlBlock {
+    // --- header (never moves) ---
+    uint64_t magic;
+    uint32_t abi_version;
+    uint32_t size_bytes;
+    // --- daemon identity and liveness ---
+    std::atomic<int64_t>  pid;
+    std::atomic<int32_t>  port;
+    std::atomic<int32_t>  v1_update_weights;   ///< the daemon's FD_ENABLE_V1_UPDATE_WEIGHTS
+    std::atomic<int64_t>  heartbeat_ms;        ///< CLOCK_REALTIME ms, refreshed every ~100 ms
+    // --- state snapshot (seqlock) ---
+    std::atomic<uint64_t> state_seq;
+    StateSnapshot         state;
+    // --- legacy status word (SPEC §4): NORMAL 0, UPDATING 1, CLEARING -1, CLEARED -2 ---
+    std::atomic<int32_t>  legacy_status;
+    std::atomic<uint32_t> doorbell;            ///< bumped (and futex-woken) after any client write
+    // --- mailbox ---
+    std::atomic<int64_t>  mailbox_owner_pid;   ///< writer lock; 0 = free
+    std::atomic<uint32_t> cmd_seq;
+    std::atomic<uint32_t> ack_seq;
+    char     cmd_op[kOpCap];                   ///< "pause", "sleep", "update_weights", "status", ...
+    char     cmd_tags[64];                     ///< sleep/wakeup `tags` as the user wrote them
+    char     cmd_version[kVersionCap];         ///< update_weights version ("" = none)
+    uint8_t  cmd_verify_checksum;
+    uint8_t  cmd_has_version;
+    uint8_t  pad2_[6];
+    int32_t  result_http_status;               ///< the status the V1 HTTP route would answer
+    uint32_t result_len;
+    char     result_body[kResultCap];          ///< the body the V1 HTTP route would answer
+};
+
+static_assert(std::is_standard_layout_v<ControlBlock>);
+static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
+static_assert(offsetof(ControlBlock, magic) == 0 && offsetof(ControlBlock, abi_version) == 8 &&
+              offsetof(ControlBlock, size_bytes) == 12 && offsetof(ControlBlock, pid) == 16);
+static_assert(sizeof(ControlBlock) == 33248, "ControlBlock is an ABI: bump kControlBlockAbiVersion when it changes");
+
+/// Shared-memory object name of the block for `port` ("fdrollout.8000" → /dev/shm/fdrollout.8000).
+std::string block_name(int port);
+
+/// Wall-clock milliseconds (CLOCK_REALTIME), the heartbeat unit.
+int64_t now_ms();
+
+/// True if process `pid` exists (kill(pid, 0) succeeds or fails with EPERM).
+bool pid_alive(int64_t pid);
+
+/// Futex wait on a process-shared 32-bit word while it equals `expected`, at most `timeout_us`.
+void futex_wait(std::atomic<uint32_t> & word, uint32_t expected, int64_t timeout_us);
+/// Wake every waiter on `word`.
+void futex_wake(std::atomic<uint32_t> & word);
+
+}  // namespace fd::shm

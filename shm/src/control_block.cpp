@@ -1,0 +1,214 @@
+// The control block: creation and reclaim (daemon), opening and validation (fdctl), the seqlock
+// snapshot and the mailbox call. See fd/shm/control_block.h for the protocol.
+#include "fd/shm/control_client.h"
+
+#include <boost/interprocess/mapped_region.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+namespace fd::shm {
+
+namespace bip = boost::interprocess;
+
+std::string block_name(int port) { return "fdrollout." + std::to_string(port); }
+
+int64_t now_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+bool pid_alive(int64_t pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
+
+void futex_wait(std::atomic<uint32_t> & word, uint32_t expected, int64_t timeout_us) {
+    timespec ts{static_cast<time_t>(timeout_us / 1000000), static_cast<long>((timeout_us % 1000000) * 1000)};
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t *>(&word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futex_wake(std::atomic<uint32_t> & word) {
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t *>(&word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+namespace {
+
+std::string shm_path(int port) { return "/dev/shm/" + block_name(port); }
+
+void map(bip::shared_memory_object & obj, ControlBlock *& out, std::shared_ptr<void> & holder) {
+    auto region = std::make_shared<bip::mapped_region>(obj, bip::read_write);
+    out    = static_cast<ControlBlock *>(region->get_address());
+    holder = region;
+}
+
+/// Why `b` is not ours to read, or empty.
+std::string layout_problem(const ControlBlock & b, size_t mapped) {
+    if (mapped < 16) { return fmt::format("it is only {} bytes", mapped); }
+    if (b.magic != kControlBlockMagic) { return "it has another magic (not an fdrollout control block)"; }
+    if (b.abi_version != kControlBlockAbiVersion) {
+        return fmt::format("it has ABI version {}, this build speaks {} (fdrollout and fdctl from different versions?)", b.abi_version,
+                           kControlBlockAbiVersion);
+    }
+    if (b.size_bytes != sizeof(ControlBlock) || mapped < sizeof(ControlBlock)) {
+        return fmt::format("it is {} bytes, expected {}", b.size_bytes, sizeof(ControlBlock));
+    }
+    return {};
+}
+
+}  // namespace
+
+MappedBlock MappedBlock::create(int port) {
+    const std::string name = block_name(port);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+        try {
+            bip::permissions perm;
+            perm.set_permissions(0600);
+            bip::shared_memory_object obj(bip::create_only, name.c_str(), bip::read_write, perm);
+            obj.truncate(sizeof(ControlBlock));
+            MappedBlock m;
+            map(obj, m.block_, m.region_);
+            ::fchmod(obj.get_mapping_handle().handle, 0600);  // whatever the umask
+            ControlBlock & b = *m.block_;
+            std::memset(static_cast<void *>(&b), 0, sizeof b);
+            b.abi_version = kControlBlockAbiVersion;
+            b.size_bytes  = sizeof(ControlBlock);
+            b.pid.store(::getpid());
+            b.port.store(port);
+            b.heartbeat_ms.store(now_ms());
+            std::atomic_thread_fence(std::memory_order_release);
+            b.magic = kControlBlockMagic;  // last: a reader seeing the magic sees the rest
+            return m;
+        } catch (const bip::interprocess_exception & e) {
+            if (e.get_error_code() != bip::already_exists_error || attempt > 0) {
+                fail(Errc::internal, "cannot create control block {}: {}", shm_path(port), e.what());
+            }
+        }
+        // It exists: reclaim it if its daemon is gone, refuse if one is alive.
+        bip::shared_memory_object obj(bip::open_only, name.c_str(), bip::read_write);
+        bip::offset_t size = 0;
+        obj.get_size(size);
+        MappedBlock old;
+        if (size > 0) { map(obj, old.block_, old.region_); }
+        const std::string problem = size > 0 ? layout_problem(*old.block_, static_cast<size_t>(size)) : "it is empty";
+        if (!problem.empty() && size >= static_cast<bip::offset_t>(sizeof(ControlBlock)) && old.block_->magic == kControlBlockMagic &&
+            pid_alive(old.block_->pid.load())) {
+            fail(Errc::invalid_argument, "control block {}: {}; a running fdrollout of another version owns it", shm_path(port), problem);
+        }
+        if (problem.empty() && pid_alive(old.block_->pid.load()) && old.block_->pid.load() != ::getpid()) {
+            fail(Errc::wrong_state, "a live fdrollout (pid {}) already owns port {} ({}); stop it or choose another --port",
+                 old.block_->pid.load(), port, shm_path(port));
+        }
+        bip::shared_memory_object::remove(name.c_str());  // stale (dead owner) or foreign junk: reclaim
+    }
+    fail(Errc::internal, "cannot create control block {}", shm_path(port));
+}
+
+MappedBlock MappedBlock::open(int port) {
+    const std::string name = block_name(port);
+    try {
+        bip::shared_memory_object obj(bip::open_only, name.c_str(), bip::read_write);
+        bip::offset_t size = 0;
+        obj.get_size(size);
+        MappedBlock m;
+        if (size <= 0) { fail(Errc::invalid_argument, "control block {} is empty", shm_path(port)); }
+        map(obj, m.block_, m.region_);
+        const std::string problem = layout_problem(*m.block_, static_cast<size_t>(size));
+        if (!problem.empty()) { fail(Errc::invalid_argument, "refusing control block {}: {}", shm_path(port), problem); }
+        return m;
+    } catch (const bip::interprocess_exception & e) {
+        if (e.get_error_code() == bip::not_found_error) {
+            fail(Errc::unreachable, "no fdrollout on port {} (no control block {}); start the daemon or check --port", port, shm_path(port));
+        }
+        fail(Errc::invalid_argument, "cannot open control block {}: {} (it is mode 0600: run as the daemon's user)", shm_path(port), e.what());
+    }
+}
+
+void MappedBlock::remove(int port) { bip::shared_memory_object::remove(block_name(port).c_str()); }
+
+void publish_state(ControlBlock & b, const StateSnapshot & s) {
+    const uint64_t seq = b.state_seq.load(std::memory_order_relaxed);
+    b.state_seq.store(seq + 1, std::memory_order_relaxed);  // odd: writing
+    std::atomic_thread_fence(std::memory_order_release);
+    std::memcpy(static_cast<void *>(&b.state), &s, sizeof s);
+    b.state_seq.store(seq + 2, std::memory_order_release);
+}
+
+StateSnapshot read_state(const ControlBlock & b) {
+    StateSnapshot s;
+    for (;;) {
+        const uint64_t before = b.state_seq.load(std::memory_order_acquire);
+        if (before & 1) { std::this_thread::yield(); continue; }
+        std::memcpy(&s, static_cast<const void *>(&b.state), sizeof s);
+        std::atomic_thread_fence(std::memory_order_acquire);
+        if (b.state_seq.load(std::memory_order_relaxed) == before) { return s; }
+    }
+}
+
+bool daemon_alive(const ControlBlock & b, int64_t stale_ms) {
+    return pid_alive(b.pid.load()) && now_ms() - b.heartbeat_ms.load() <= stale_ms;
+}
+
+namespace {
+
+void copy_field(char * dst, size_t cap, const std::string & src) {
+    const size_t n = std::min(cap - 1, src.size());
+    std::memcpy(dst, src.data(), n);
+    dst[n] = '\0';
+}
+
+}  // namespace
+
+MailboxReply mailbox_call(ControlBlock & b, const MailboxCommand & cmd, int64_t timeout_ms) {
+    const int64_t deadline = now_ms() + timeout_ms;
+    const int64_t me       = ::getpid();
+    auto check = [&](const char * waiting_for) {
+        if (!daemon_alive(b)) {
+            fail(Errc::unreachable, "fdrollout (pid {}) on port {} is gone (waiting for {})", b.pid.load(), b.port.load(), waiting_for);
+        }
+        if (now_ms() > deadline) { fail(Errc::timeout, "no {} within {} ms (--timeout)", waiting_for, timeout_ms); }
+    };
+    // 1. The writer lock; a dead holder's lock is taken over.
+    for (;;) {
+        check("the mailbox lock");
+        int64_t owner = 0;
+        if (b.mailbox_owner_pid.compare_exchange_strong(owner, me)) { break; }
+        if (!pid_alive(owner) && b.mailbox_owner_pid.compare_exchange_strong(owner, me)) { break; }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    struct Unlock {
+        ControlBlock & b;
+        int64_t        me;
+        ~Unlock() { int64_t e = me; b.mailbox_owner_pid.compare_exchange_strong(e, 0); }
+    } unlock{b, me};
+    // 2. The previous command (perhaps of a client that died) must be answered first.
+    for (uint32_t a; (a = b.ack_seq.load(std::memory_order_acquire)) != b.cmd_seq.load();) {
+        check("the previous command to finish");
+        futex_wait(b.ack_seq, a, 10000);
+    }
+    // 3. Write the command, ring the doorbell.
+    copy_field(b.cmd_op, sizeof b.cmd_op, cmd.op);
+    copy_field(b.cmd_tags, sizeof b.cmd_tags, cmd.tags);
+    copy_field(b.cmd_version, sizeof b.cmd_version, cmd.version.value_or(""));
+    b.cmd_has_version     = cmd.version.has_value();
+    b.cmd_verify_checksum = cmd.verify_checksum;
+    const uint32_t seq = b.cmd_seq.load() + 1;
+    b.cmd_seq.store(seq, std::memory_order_release);
+    b.doorbell.fetch_add(1, std::memory_order_release);
+    futex_wake(b.doorbell);
+    // 4. Wait for the answer.
+    for (uint32_t a; (a = b.ack_seq.load(std::memory_order_acquire)) != seq;) {
+        check("the daemon's answer");
+        futex_wait(b.ack_seq, a, std::clamp<int64_t>((deadline - now_ms()) * 1000, 1000, 50000));
+    }
+    MailboxReply r;
+    r.http_status = b.result_http_status;
+    r.body.assign(b.result_body, std::min<size_t>(b.result_len, kResultCap - 1));
+    return r;
+}
+
+}  // namespace fd::shm

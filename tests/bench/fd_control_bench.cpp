@@ -1,0 +1,994 @@
+// fd_control_bench — how fast fdrollout's weight control is on this machine, as one JSON object.
+//
+// Builds the real Engine + ApiServer in-process on a loopback port (as daemon/main.cpp does, with
+// weights::make_normal_source(model_dir) and dynamic_load_weight on) and drives it over HTTP with
+// cpp-httplib clients. Per model (--model, comma list), in this order:
+//   control_rtt     GET /v1/is_paused, POST /v1/pause, POST /v1/resume on an idle engine, one
+//                   keep-alive client, --rtt-calls each: p50/p99 (target p50 <= 1 ms)
+//   pause           --pause-batch (64) concurrent greedy ignore_eos requests; once all run and decode
+//                   has started, the mean step time is read from /metrics (histogram sum/count over
+//                   the following steps), then POST /v1/pause is timed at a random point of a step.
+//                   Target: pause latency <= 1 mean decode step (worst trial).
+//   update_weights  POST /v1/pause, then one warm-up and N timed POST /v1/update_weights
+//                   {"version": "bench-i"} from the same (unchanged) checkpoint directory.
+//                   bytes/s = result.bytes / wall time of the call; p50 ÷ memcpy (target >= 0.8);
+//                   per-rank sync_cost / update_cost. The call's p50/p99 wall time is the fixed
+//                   overhead of a tiny update (target p50 <= 2 ms, judged on the smallest model).
+//   sleep / wakeup  POST /v1/sleep?tags=weight,kv_cache then POST /v1/wakeup (both tags), cycles.
+//                   sleep latency (target <= 20 ms); freed bytes ÷ the Worker's weight+KV bytes and
+//                   RSS drop ÷ freed bytes (target >= 0.97 each); wakeup bytes/s = checkpoint bytes
+//                   / wall time, ÷ memcpy (target >= 0.8).
+//   analysis        (engine torn down) the update / wakeup / sleep paths taken apart on the same
+//                   checkpoint with fd_core's own functions: pread into fresh vs pre-faulted memory,
+//                   bf16 -> f32, fill_weights (convert + pack), page faults, munmap, and a 2 MiB
+//                   transparent-huge-page what-if.
+// Reference: single-thread memcpy, --memcpy-mib (512) buffers, best of 3, GB/s of bytes copied.
+// Usage: fd_control_bench [--model DIR[,DIR]] [--threads 2] [--kv-cache-bytes auto] [--updates 5]
+//                         [--tiny-updates 100] [--rtt-calls 200] [--pause-batch 64] [--pause-trials 0]
+//                         [--sleep-cycles 2] [--memcpy-mib 512] [--no-analysis]
+#include "fd/api/server.h"
+#include "fd/arena.h"
+#include "fd/config.h"
+#include "fd/engine/engine.h"
+#include "fd/kernels/ops.h"
+#include "fd/log.h"
+#include "fd/model/model_config.h"
+#include "fd/model/safetensors.h"
+#include "fd/model/tokenizer.h"
+#include "fd/model/weights.h"
+#include "fd/model/worker.h"
+#include "fd/status.h"
+#include "fd/weights/weight_source.h"
+
+#include <CLI/CLI.hpp>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifndef FD_SOURCE_DIR
+#define FD_SOURCE_DIR "."
+#endif
+
+namespace {
+
+using json  = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+namespace M = fd::model;
+
+// Targets (the issue's numbers).
+constexpr double kUpdateRatioMin   = 0.8;   ///< update bytes/s ÷ memcpy bytes/s
+constexpr double kTinyUpdateP50Ms  = 2.0;   ///< fixed overhead of a tiny update
+constexpr double kSleepMsMax       = 20.0;  ///< sleep (both tags) latency
+constexpr double kFreedFractionMin = 0.97;  ///< freed ÷ resident, RSS drop ÷ freed
+constexpr double kWakeupRatioMin   = 0.8;   ///< wakeup bytes/s ÷ memcpy bytes/s
+constexpr double kPauseStepsMax    = 1.0;   ///< pause latency in mean decode steps
+constexpr double kRttP50Ms         = 1.0;   ///< control round trip p50
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double round_to(double v, int digits) {
+    const double s = std::pow(10.0, digits);
+    return std::round(v * s) / s;
+}
+
+/// Nearest-rank percentile (q in (0, 1]) of `v`.
+double percentile(std::vector<double> v, double q) {
+    if (v.empty()) { return 0.0; }
+    std::sort(v.begin(), v.end());
+    const size_t k = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+    return v[std::clamp<size_t>(k, 1, v.size()) - 1];
+}
+
+json ms_stats(const std::vector<double> & seconds) {
+    std::vector<double> ms;
+    for (double s : seconds) { ms.push_back(s * 1e3); }
+    return {{"n", ms.size()},
+            {"p50_ms", round_to(percentile(ms, 0.5), 4)},
+            {"p99_ms", round_to(percentile(ms, 0.99), 4)},
+            {"min_ms", round_to(ms.empty() ? 0.0 : *std::min_element(ms.begin(), ms.end()), 4)},
+            {"max_ms", round_to(ms.empty() ? 0.0 : *std::max_element(ms.begin(), ms.end()), 4)}};
+}
+
+std::string read_first_line(const char * file) {
+    std::ifstream in(file);
+    std::string   line;
+    std::getline(in, line);
+    return line;
+}
+
+std::string cpu_model() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string   line;
+    while (std::getline(in, line)) {
+        if (line.rfind("model name", 0) == 0) {
+            const auto colon = line.find(':');
+            if (colon != std::string::npos) {
+                auto s = line.substr(colon + 1);
+                s.erase(0, s.find_first_not_of(" \t"));
+                return s;
+            }
+        }
+    }
+    return "unknown";
+}
+
+std::string utc_now() {
+    const std::time_t t = std::time(nullptr);
+    std::tm           tm{};
+    gmtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+/// `key` of /proc/self/smaps_rollup ("AnonHugePages:") in bytes, 0 if absent.
+int64_t smaps_rollup_bytes(const std::string & key) {
+    std::ifstream in("/proc/self/smaps_rollup");
+    std::string   line;
+    while (std::getline(in, line)) {
+        if (line.rfind(key, 0) == 0) { return std::stoll(line.substr(key.size())) * 1024; }
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory reference
+// ---------------------------------------------------------------------------------------------
+
+/// Anonymous private mapping, like fd::Arena; `huge` asks for transparent huge pages (2 MiB aligned).
+struct Mapping {
+    std::byte * p     = nullptr;
+    size_t      bytes = 0;
+    void *      base  = nullptr;
+    size_t      mapped = 0;
+    explicit Mapping(size_t b, bool huge = false) : bytes(b) {
+        const size_t align = huge ? (2u << 20) : 0;
+        mapped = b + align;
+        base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (base == MAP_FAILED) { throw std::runtime_error("mmap of " + std::to_string(b) + " bytes failed"); }
+        auto a = reinterpret_cast<uintptr_t>(base);
+        if (align) { a = (a + align - 1) / align * align; }
+        p = reinterpret_cast<std::byte *>(a);
+        if (huge) { madvise(p, bytes, MADV_HUGEPAGE); }
+    }
+    ~Mapping() { unmap(); }
+    void unmap() {
+        if (base) { munmap(base, mapped); }
+        base = nullptr;
+        p    = nullptr;
+    }
+    Mapping(const Mapping &) = delete;
+    Mapping & operator=(const Mapping &) = delete;
+};
+
+volatile uint8_t g_sink = 0;
+
+/// Best-of-3 memcpy of `bytes` between two touched buffers on `n_threads` threads; GB/s of bytes copied.
+double memcpy_gbs(size_t bytes, int n_threads) {
+    Mapping src(bytes), dst(bytes);
+    for (size_t i = 0; i < bytes; i += 64) { src.p[i] = static_cast<std::byte>(i >> 6); }
+    std::memset(dst.p, 0, bytes);
+    const size_t chunk = bytes / static_cast<size_t>(n_threads) / 4096 * 4096;
+    double best = 1e300;
+    for (int r = 0; r < 3; ++r) {
+        const auto t0 = Clock::now();
+        if (n_threads == 1) {
+            std::memcpy(dst.p, src.p, chunk);
+        } else {
+            std::vector<std::thread> th;
+            for (int t = 0; t < n_threads; ++t) {
+                th.emplace_back([&, t] { std::memcpy(dst.p + t * chunk, src.p + t * chunk, chunk); });
+            }
+            for (auto & x : th) { x.join(); }
+        }
+        best = std::min(best, seconds_since(t0));
+        g_sink = g_sink + static_cast<uint8_t>(dst.p[r * 4099]);
+    }
+    return static_cast<double>(chunk) * n_threads / best / 1e9;
+}
+
+// ---------------------------------------------------------------------------------------------
+// In-process daemon
+// ---------------------------------------------------------------------------------------------
+
+/// A loopback port nobody listens on now (the kernel's choice).
+int free_port() {
+    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0) { throw std::runtime_error("socket() failed"); }
+    sockaddr_in a{};
+    a.sin_family      = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port        = 0;
+    socklen_t len = sizeof a;
+    if (::bind(s, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0 || ::getsockname(s, reinterpret_cast<sockaddr *>(&a), &len) != 0) {
+        ::close(s);
+        throw std::runtime_error("cannot find a free loopback port");
+    }
+    ::close(s);
+    return ntohs(a.sin_port);
+}
+
+struct Options {
+    std::vector<std::string> models;
+    int         threads       = 2;
+    std::string kv_cache_bytes = "auto";
+    int         updates       = 5;
+    int         tiny_updates  = 100;
+    int         rtt_calls     = 200;
+    int         pause_batch   = 64;
+    int         pause_trials  = 0;   ///< 0 = 3 on small models, 2 on large ones
+    int         pause_prompt_len = 8;
+    int         sleep_cycles  = 2;
+    int64_t     memcpy_mib    = 512;
+    bool        analysis      = true;
+    std::string log_level     = "warn";
+    bool        client_nodelay = true;
+};
+
+constexpr int64_t kLargeCheckpoint = 64LL << 20;  ///< above: "large" (few updates, 256 MiB KV default)
+
+/// Config → Worker → Engine → ApiServer, exactly as daemon/main.cpp wires them.
+struct Daemon {
+    fd::Config                                   cfg;
+    fd::Resolved                                 r;
+    std::shared_ptr<const M::Tokenizer>          tok;
+    std::unique_ptr<fd::engine::Engine>          engine;
+    std::unique_ptr<fd::api::ApiServer>          server;
+    std::thread                                  http;
+    int64_t                                      worker_weight_bytes = 0, worker_kv_bytes = 0;
+    double                                       load_s = 0.0;
+    int64_t                                      rss_before_load = 0, rss_after_load = 0;
+
+    Daemon(const std::string & dir, const Options & o, const std::string & kv_bytes) {
+        cfg.model.model_dir            = dir;
+        cfg.model.n_threads            = o.threads;
+        cfg.kv.kv_cache_bytes          = kv_bytes;
+        cfg.server.host                = "127.0.0.1";
+        cfg.server.dynamic_load_weight = true;
+        cfg.server.port                = free_port();
+        r = fd::resolve(cfg);
+        rss_before_load = fd::process_rss_bytes();
+        const auto t0 = Clock::now();
+        tok = std::make_shared<const M::Tokenizer>(cfg.model.model_dir, r.model.bos_token_id);
+        const auto idx = M::read_tensor_index(cfg.model.model_dir);
+        auto worker = std::make_unique<M::Worker>(r.model, idx, M::WorkerConfig{
+            .rank = 0, .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,
+            .n_blocks = r.n_kv_blocks, .max_model_len = cfg.engine.max_model_len});
+        load_s = seconds_since(t0);
+        worker_weight_bytes = worker->weight_bytes();
+        worker_kv_bytes     = worker->kv_bytes();
+        engine = std::make_unique<fd::engine::Engine>(cfg.engine, std::move(worker), tok,
+                                                      fd::kv::KvCacheConfig{.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
+                                                                            .enable_prefix_caching = cfg.kv.enable_prefix_caching},
+                                                      fd::weights::make_normal_source(cfg.model.model_dir));
+        engine->start();
+        rss_after_load = fd::process_rss_bytes();
+        for (int attempt = 0;; ++attempt) {
+            server = std::make_unique<fd::api::ApiServer>(cfg.server, *engine, *tok);
+            try {
+                server->bind();
+                break;
+            } catch (const fd::Error &) {
+                if (attempt >= 5) { throw; }
+                cfg.server.port = free_port();
+            }
+        }
+        http = std::thread([this] { server->serve(); });
+    }
+    ~Daemon() {
+        engine->stop();
+        server->stop();
+        if (http.joinable()) { http.join(); }
+        server.reset();
+        engine.reset();
+    }
+    int port() const { return cfg.server.port; }
+};
+
+std::unique_ptr<httplib::Client> client(int port, bool nodelay) {
+    auto c = std::make_unique<httplib::Client>("127.0.0.1", port);
+    c->set_keep_alive(true);
+    c->set_tcp_nodelay(nodelay);
+    c->set_connection_timeout(10, 0);
+    c->set_read_timeout(900, 0);
+    c->set_write_timeout(60, 0);
+    return c;
+}
+
+/// POST/GET and parse the JSON answer; throws unless 200.
+json call(httplib::Client & c, const std::string & method, const std::string & path, const std::string & body = "",
+          double * seconds = nullptr) {
+    const auto t0  = Clock::now();
+    auto       res = method == "GET" ? c.Get(path) : c.Post(path, body, "application/json");
+    const double dt = seconds_since(t0);
+    if (seconds) { *seconds = dt; }
+    if (!res) { throw std::runtime_error(method + " " + path + ": " + httplib::to_string(res.error())); }
+    if (res->status != 200) { throw std::runtime_error(method + " " + path + ": HTTP " + std::to_string(res->status) + " " + res->body); }
+    if (path == "/metrics") { return json(res->body); }
+    return json::parse(res->body);
+}
+
+void wait_healthy(httplib::Client & c) {
+    const auto t0 = Clock::now();
+    while (true) {
+        auto res = c.Get("/health");
+        if (res && res->status == 200) { return; }
+        if (seconds_since(t0) > 30) { throw std::runtime_error("the in-process server did not answer /health within 30 s"); }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+}
+
+struct Metrics {
+    double  step_sum = 0.0;
+    int64_t step_count = 0, gen_tokens = 0, running = 0;
+};
+
+Metrics read_metrics(httplib::Client & c) {
+    const std::string text = call(c, "GET", "/metrics").get<std::string>();
+    Metrics m;
+    std::istringstream in(text);
+    std::string line;
+    auto value = [&](const char * key, auto & out) {
+        const size_t n = std::strlen(key);
+        if (line.size() > n && line.compare(0, n, key) == 0 && line[n] == ' ') {
+            std::istringstream v(line.substr(n + 1));
+            v >> out;
+        }
+    };
+    while (std::getline(in, line)) {
+        value("fdrollout_step_latency_seconds_sum", m.step_sum);
+        value("fdrollout_step_latency_seconds_count", m.step_count);
+        value("fdrollout_generation_tokens_total", m.gen_tokens);
+        value("fdrollout_num_requests_running", m.running);
+    }
+    return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Measurements over HTTP
+// ---------------------------------------------------------------------------------------------
+
+json bench_rtt(Daemon & d, const Options & o) {
+    auto c = client(d.port(), o.client_nodelay);
+    std::vector<double> is_paused, pause, resume, pair;
+    for (int i = 0; i < 10; ++i) {  // warm-up: connection, handler threads, caches
+        call(*c, "GET", "/v1/is_paused");
+        call(*c, "POST", "/v1/pause");
+        call(*c, "POST", "/v1/resume");
+    }
+    for (int i = 0; i < o.rtt_calls; ++i) {
+        double dt = 0.0;
+        call(*c, "GET", "/v1/is_paused", "", &dt);
+        is_paused.push_back(dt);
+    }
+    for (int i = 0; i < o.rtt_calls; ++i) {
+        double a = 0.0, b = 0.0;
+        const json pr = call(*c, "POST", "/v1/pause", "", &a);
+        const json rr = call(*c, "POST", "/v1/resume", "", &b);
+        if (!pr["result"]["is_paused"].get<bool>() || rr["result"]["is_paused"].get<bool>()) { throw std::runtime_error("pause/resume did not change is_paused"); }
+        pause.push_back(a);
+        resume.push_back(b);
+        pair.push_back(a + b);
+    }
+    json j;
+    j["calls_each"] = o.rtt_calls;
+    j["client"] = {{"keep_alive", true}, {"tcp_nodelay", o.client_nodelay}};
+    j["is_paused"] = ms_stats(is_paused);
+    j["pause"] = ms_stats(pause);
+    j["resume"] = ms_stats(resume);
+    j["pause_plus_resume"] = ms_stats(pair);
+    const double worst = std::max({j["is_paused"]["p50_ms"].get<double>(), j["pause"]["p50_ms"].get<double>(),
+                                   j["resume"]["p50_ms"].get<double>()});
+    j["target"] = {{"p50_ms_max", kRttP50Ms}, {"worst_p50_ms", worst}, {"met", worst <= kRttP50Ms}};
+    return j;
+}
+
+json bench_pause(Daemon & d, const Options & o, int trials) {
+    auto mon = client(d.port(), o.client_nodelay);
+    const int B = o.pause_batch, P = o.pause_prompt_len, bs = d.cfg.kv.block_size_tokens;
+    const int32_t vocab = d.r.model.vocab_size;
+    // Longest generation that fits: B sequences must share the KV pool without preemption.
+    const int64_t per_seq_tokens = d.r.n_kv_blocks / B * bs;
+    const int max_tokens = static_cast<int>(std::min<int64_t>({per_seq_tokens - P, d.cfg.engine.max_model_len - P, 4096}));
+    if (max_tokens < 8) { throw std::runtime_error("KV pool too small for the pause test at batch " + std::to_string(B)); }
+    std::mt19937 rng(1234);
+    json out = json::array();
+    double worst_steps = 0.0, worst_ms = 0.0;
+    for (int trial = 0; trial < trials; ++trial) {
+        const Metrics m0 = read_metrics(*mon);
+        std::atomic<int> n_done{0}, n_abort{0}, n_error{0};
+        std::vector<std::thread> clients;
+        for (int i = 0; i < B; ++i) {
+            clients.emplace_back([&, i] {
+                json prompt = json::array();
+                prompt.push_back(1);
+                for (int k = 1; k < P; ++k) { prompt.push_back((i * 131 + k * 7 + trial * 17 + 3) % vocab); }
+                const json body = {{"model", d.cfg.server.served_model_name}, {"prompt", prompt}, {"max_tokens", max_tokens},
+                                   {"temperature", 0.0}, {"ignore_eos", true}};
+                try {
+                    auto c = client(d.port(), o.client_nodelay);
+                    const json r = call(*c, "POST", "/v1/completions", body.dump());
+                    if (r["choices"][0]["finish_reason"] == "abort") { ++n_abort; }
+                } catch (const std::exception & e) {
+                    ++n_error;
+                    std::fprintf(stderr, "fd_control_bench: request %d: %s\n", i, e.what());
+                }
+                ++n_done;
+            });
+        }
+        // Wait until all B run and at least one decode step (after their prefill) has happened.
+        const auto t_start = Clock::now();
+        Metrics m = m0;
+        while (true) {
+            m = read_metrics(*mon);
+            if (m.running == B && m.gen_tokens - m0.gen_tokens >= 2LL * B) { break; }
+            if (n_done.load() > 0 || seconds_since(t_start) > 600) {
+                for (auto & t : clients) { t.join(); }
+                throw std::runtime_error("pause test: the batch never reached " + std::to_string(B) + " running sequences");
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        const double ramp_s = seconds_since(t_start);
+        // Mean decode step over the next steps (every step here is a pure decode of B rows).
+        const Metrics a = m;
+        const auto ta = Clock::now();
+        Metrics b = a;
+        while (true) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            b = read_metrics(*mon);
+            const int64_t n = b.step_count - a.step_count;
+            if (n >= 3 && (seconds_since(ta) >= 0.25 || n >= 64)) { break; }
+        }
+        const int64_t n_steps = b.step_count - a.step_count;
+        const double step_s   = (b.step_sum - a.step_sum) / static_cast<double>(n_steps);
+        // Land the pause at a random point of a step.
+        std::this_thread::sleep_for(std::chrono::duration<double>(std::uniform_real_distribution<double>(0.0, step_s)(rng)));
+        const Metrics before = read_metrics(*mon);
+        double pause_s = 0.0;
+        const json pr = call(*mon, "POST", "/v1/pause", "", &pause_s);
+        for (auto & t : clients) { t.join(); }
+        call(*mon, "POST", "/v1/resume");
+        const double steps = pause_s / step_s;
+        worst_steps = std::max(worst_steps, steps);
+        worst_ms = std::max(worst_ms, pause_s * 1e3);
+        out.push_back({{"trial", trial},
+                       {"running_at_pause", before.running},
+                       {"tokens_generated_before_pause", before.gen_tokens - m0.gen_tokens},
+                       {"ramp_s", round_to(ramp_s, 3)},
+                       {"step_ms_mean", round_to(step_s * 1e3, 3)},
+                       {"steps_measured", n_steps},
+                       {"pause_ms", round_to(pause_s * 1e3, 3)},
+                       {"pause_engine_ms", round_to(pr["result"]["elapsed_s"].get<double>() * 1e3, 3)},
+                       {"pause_in_steps", round_to(steps, 3)},
+                       {"aborted", pr["result"]["aborted"]},
+                       {"client_aborts", n_abort.load()},
+                       {"client_errors", n_error.load()}});
+    }
+    json j;
+    j["batch"] = B;
+    j["prompt_len"] = P;
+    j["max_tokens"] = max_tokens;
+    j["trials"] = out;
+    j["pause_ms_max"] = round_to(worst_ms, 3);
+    j["pause_in_steps_max"] = round_to(worst_steps, 3);
+    j["target"] = {{"pause_in_steps_max", kPauseStepsMax}, {"met", worst_steps <= kPauseStepsMax}};
+    return j;
+}
+
+json bench_update(Daemon & d, const Options & o, int n_updates, double memcpy_bps) {
+    auto c = client(d.port(), o.client_nodelay);
+    call(*c, "POST", "/v1/pause");
+    std::vector<double> wall, gbs, sync, upd, elapsed, http;
+    int64_t bytes = 0;
+    for (int i = -1; i < n_updates; ++i) {  // i = -1: warm-up (page cache, staging code paths)
+        double dt = 0.0;
+        const json body = {{"version", "bench-" + std::to_string(i + 1)}};
+        const json r = call(*c, "POST", "/v1/update_weights", body.dump(), &dt)["result"];
+        if (i < 0) { continue; }
+        bytes = r["bytes"].get<int64_t>();
+        wall.push_back(dt);
+        gbs.push_back(static_cast<double>(bytes) / dt / 1e9);
+        sync.push_back(r["ranks"][0]["sync_cost"].get<double>());
+        upd.push_back(r["ranks"][0]["update_cost"].get<double>());
+        elapsed.push_back(r["elapsed_s"].get<double>());
+        http.push_back(dt - r["elapsed_s"].get<double>());
+    }
+    json j;
+    j["calls"] = n_updates;
+    j["warmup_calls"] = 1;
+    j["bytes"] = bytes;
+    j["call"] = ms_stats(wall);
+    const double gbs50 = percentile(gbs, 0.5);
+    j["gbs_p50"] = round_to(gbs50, 3);
+    j["ratio_vs_memcpy"] = round_to(gbs50 * 1e9 / memcpy_bps, 4);
+    j["rank0_sync_cost_s_p50"] = round_to(percentile(sync, 0.5), 6);
+    j["rank0_update_cost_s_p50"] = round_to(percentile(upd, 0.5), 6);
+    j["engine_elapsed_s_p50"] = round_to(percentile(elapsed, 0.5), 6);
+    j["engine_other_s_p50"] = round_to(percentile(elapsed, 0.5) - percentile(sync, 0.5) - percentile(upd, 0.5), 6);
+    j["http_overhead_ms_p50"] = round_to(percentile(http, 0.5) * 1e3, 4);
+    j["target"] = {{"ratio_vs_memcpy_min", kUpdateRatioMin}, {"ratio_met", gbs50 * 1e9 / memcpy_bps >= kUpdateRatioMin},
+                   {"fixed_overhead_p50_ms_max", kTinyUpdateP50Ms}, {"fixed_overhead_met", j["call"]["p50_ms"].get<double>() <= kTinyUpdateP50Ms}};
+    return j;
+}
+
+json bench_sleep_wakeup(Daemon & d, const Options & o, double memcpy_bps) {
+    auto c = client(d.port(), o.client_nodelay);
+    json cycles = json::array();
+    std::vector<double> sleep_s, wake_s, freed_frac, rss_frac, wake_gbs;
+    for (int i = 0; i < o.sleep_cycles; ++i) {
+        const int64_t rss_idle = call(*c, "GET", "/health")["rss_bytes"].get<int64_t>();
+        double ts = 0.0, tw = 0.0;
+        const json s = call(*c, "POST", "/v1/sleep?tags=weight,kv_cache", "", &ts)["result"];
+        const int64_t rss_asleep = call(*c, "GET", "/health")["rss_bytes"].get<int64_t>();
+        const json w = call(*c, "POST", "/v1/wakeup?tags=weight,kv_cache", "", &tw)["result"];
+        const int64_t rss_awake = call(*c, "GET", "/health")["rss_bytes"].get<int64_t>();
+        const int64_t fw = s["freed_bytes"].value("weight", int64_t{0}), fk = s["freed_bytes"].value("kv_cache", int64_t{0});
+        const int64_t freed = fw + fk;
+        const double  frac = static_cast<double>(freed) / static_cast<double>(d.worker_weight_bytes + d.worker_kv_bytes);
+        const int64_t drop = s["rss_before_bytes"].get<int64_t>() - s["rss_after_bytes"].get<int64_t>();
+        const double  rfrac = freed > 0 ? static_cast<double>(drop) / static_cast<double>(freed) : 0.0;
+        const int64_t wbytes = w["bytes"].get<int64_t>();
+        sleep_s.push_back(ts);
+        wake_s.push_back(tw);
+        freed_frac.push_back(frac);
+        rss_frac.push_back(rfrac);
+        wake_gbs.push_back(static_cast<double>(wbytes) / tw / 1e9);
+        cycles.push_back({{"cycle", i},
+                          {"sleep_ms", round_to(ts * 1e3, 3)},
+                          {"sleep_engine_ms", round_to(s["elapsed_s"].get<double>() * 1e3, 3)},
+                          {"freed_weight_bytes", fw},
+                          {"freed_kv_bytes", fk},
+                          {"rss_before_bytes", s["rss_before_bytes"]},
+                          {"rss_after_bytes", s["rss_after_bytes"]},
+                          {"rss_idle_bytes", rss_idle},
+                          {"rss_asleep_bytes", rss_asleep},
+                          {"freed_fraction", round_to(frac, 4)},
+                          {"rss_drop_over_freed", round_to(rfrac, 4)},
+                          {"wakeup_ms", round_to(tw * 1e3, 3)},
+                          {"wakeup_engine_ms", round_to(w["elapsed_s"].get<double>() * 1e3, 3)},
+                          {"wakeup_bytes", wbytes},
+                          {"wakeup_gbs", round_to(static_cast<double>(wbytes) / tw / 1e9, 3)},
+                          {"wakeup_rank0_sync_cost_s", w["ranks"].empty() ? json(nullptr) : w["ranks"][0]["sync_cost"]},
+                          {"wakeup_rank0_update_cost_s", w["ranks"].empty() ? json(nullptr) : w["ranks"][0]["update_cost"]},
+                          {"rss_awake_bytes", rss_awake},
+                          {"is_paused_after_wakeup", w["is_paused"]}});
+    }
+    json j;
+    j["worker_weight_bytes"] = d.worker_weight_bytes;
+    j["worker_kv_bytes"] = d.worker_kv_bytes;
+    j["cycles"] = cycles;
+    // Worst cycle for every figure (conservative).
+    const double s_max = *std::max_element(sleep_s.begin(), sleep_s.end()) * 1e3;
+    const double ff = *std::min_element(freed_frac.begin(), freed_frac.end());
+    const double rf = *std::min_element(rss_frac.begin(), rss_frac.end());
+    const double wg = percentile(wake_gbs, 0.5);
+    j["sleep_ms_max"] = round_to(s_max, 3);
+    j["freed_fraction_min"] = round_to(ff, 4);
+    j["rss_drop_over_freed_min"] = round_to(rf, 4);
+    j["wakeup_ms_p50"] = round_to(percentile(wake_s, 0.5) * 1e3, 3);
+    j["wakeup_gbs_p50"] = round_to(wg, 3);
+    j["wakeup_ratio_vs_memcpy"] = round_to(wg * 1e9 / memcpy_bps, 4);
+    j["target"] = {{"sleep_ms_max", kSleepMsMax}, {"sleep_met", s_max <= kSleepMsMax},
+                   {"freed_fraction_min", kFreedFractionMin}, {"freed_met", ff >= kFreedFractionMin && rf >= kFreedFractionMin},
+                   {"wakeup_ratio_vs_memcpy_min", kWakeupRatioMin}, {"wakeup_met", wg * 1e9 / memcpy_bps >= kWakeupRatioMin}};
+    return j;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Analysis: the same paths, stage by stage, with fd_core's own functions
+// ---------------------------------------------------------------------------------------------
+
+double gbs(int64_t bytes, double s) { return s > 0 ? round_to(static_cast<double>(bytes) / s / 1e9, 3) : 0.0; }
+
+/// Round trips to a bare cpp-httplib server (same library, same keep-alive client) answering a
+/// small JSON body, with the server's TCP_NODELAY off (httplib's default, as ApiServer runs) and on.
+/// Shows what the server's socket options alone cost per control call.
+json nodelay_whatif(int calls) {
+    json j;
+    for (bool nodelay : {false, true}) {
+        httplib::Server srv;
+        srv.set_tcp_nodelay(nodelay);
+        srv.Get("/x", [](const httplib::Request &, httplib::Response & res) {
+            res.set_content(R"({"is_paused":false,"sleeping_tags":[],"weights_valid":true,"weight_version":"0"})", "application/json");
+        });
+        srv.Post("/y", [](const httplib::Request &, httplib::Response & res) {
+            res.set_content(R"({"status":"success","result":{"is_paused":true,"elapsed_s":1e-05,"aborted":0}})", "application/json");
+        });
+        const int port = srv.bind_to_any_port("127.0.0.1");
+        std::thread th([&] { srv.listen_after_bind(); });
+        auto c = client(port, true);
+        std::vector<double> g, p;
+        for (int i = 0; i < calls + 10; ++i) {
+            double a = 0.0, b = 0.0;
+            call(*c, "GET", "/x", "", &a);
+            call(*c, "POST", "/y", "", &b);
+            if (i >= 10) { g.push_back(a); p.push_back(b); }
+        }
+        srv.stop();
+        th.join();
+        j[nodelay ? "server_tcp_nodelay_on" : "server_tcp_nodelay_off"] = {{"get", ms_stats(g)}, {"post", ms_stats(p)}};
+    }
+    return j;
+}
+
+json analyse(const std::string & dir, const M::ModelConfig & cfg, double memcpy_bps) {
+    json j;
+    // fetch: what NormalSource::fetch + validate do on every update.
+    double t_fetch = 1e300;
+    M::TensorIndex idx;
+    for (int r = 0; r < 3; ++r) {
+        const auto t0 = Clock::now();
+        idx = M::read_tensor_index(dir);
+        (void)M::read_version_step(dir);
+        M::validate_checkpoint(cfg, idx);
+        t_fetch = std::min(t_fetch, seconds_since(t0));
+    }
+    const int64_t total = idx.total_bytes, n_tensors = static_cast<int64_t>(idx.tensors.size());
+    const int64_t staging_bytes = total + 64 * n_tensors;
+    const int64_t warena_bytes  = M::weights_arena_bytes(cfg);
+    j["checkpoint_bytes"] = total;
+    j["tensors"] = n_tensors;
+    j["weights_arena_bytes"] = warena_bytes;
+    j["fetch_index_validate_ms"] = round_to(t_fetch * 1e3, 6);
+
+    // update, sync half: staging arena (fresh, not pre-faulted) + one pread per tensor.
+    json up;
+    fd::Arena st_fresh("staging_fresh");
+    auto t0 = Clock::now();
+    st_fresh.reserve(staging_bytes);
+    for (const auto & [name, t] : idx.tensors) { M::read_tensor_raw(t, st_fresh.alloc_floats((t.size_bytes + 3) / 4)); }
+    const double t_stage_fresh = seconds_since(t0);
+    // The same into pre-faulted memory: separates page faults from the page-cache copy.
+    fd::Arena st("staging_prefaulted");
+    t0 = Clock::now();
+    st.reserve(staging_bytes, /*populate=*/true);
+    const double t_populate = seconds_since(t0);
+    std::map<std::string, const void *> staged;
+    t0 = Clock::now();
+    for (const auto & [name, t] : idx.tensors) {
+        void * p = st.alloc_floats((t.size_bytes + 3) / 4);
+        M::read_tensor_raw(t, p);
+        staged[name] = p;
+    }
+    const double t_stage_pre = seconds_since(t0);
+    t0 = Clock::now();
+    st_fresh.release();
+    const double t_unmap_staging = seconds_since(t0);
+    up["stage_pread_fresh_s"] = round_to(t_stage_fresh, 6);
+    up["stage_pread_fresh_gbs"] = gbs(total, t_stage_fresh);
+    up["stage_populate_s"] = round_to(t_populate, 6);
+    up["stage_populate_gbs"] = gbs(staging_bytes, t_populate);
+    up["stage_pread_prefaulted_s"] = round_to(t_stage_pre, 6);
+    up["stage_pread_prefaulted_gbs"] = gbs(total, t_stage_pre);
+    up["staging_munmap_s"] = round_to(t_unmap_staging, 6);
+
+    // update, apply half: fill_weights over live (resident) weights, as Worker::update_weights.
+    fd::Arena wa("weights");
+    t0 = Clock::now();
+    wa.reserve(warena_bytes, /*populate=*/true);
+    const double t_populate_w = seconds_since(t0);
+    M::ModelWeights w;
+    double t_conv = 0.0;
+    auto conv_reader = [&](const std::string & name, float * dst) {
+        const auto c0 = Clock::now();
+        const M::TensorInfo & t = idx.tensors.at(name);
+        M::convert_to_f32(t.dtype, staged.at(name), dst, t.numel());
+        t_conv += seconds_since(c0);
+    };
+    M::fill_weights(cfg, conv_reader, &wa, w);  // lays out w (first pass; also grows fill_weights' tmp)
+    t_conv = 0.0;
+    t0 = Clock::now();
+    M::fill_weights(cfg, conv_reader, nullptr, w);  // the in-place update
+    const double t_apply = seconds_since(t0);
+    up["apply_fill_weights_s"] = round_to(t_apply, 6);
+    up["apply_convert_s"] = round_to(t_conv, 6);
+    up["apply_convert_out_gbs"] = gbs(warena_bytes, t_conv);
+    up["apply_pack_and_copy_s"] = round_to(t_apply - t_conv, 6);
+    up["apply_pack_and_copy_out_gbs"] = gbs(warena_bytes, t_apply - t_conv);
+    const double t_update_model = t_fetch + t_stage_fresh + t_apply + t_unmap_staging;
+    up["modelled_total_s"] = round_to(t_update_model, 6);
+    up["modelled_gbs"] = gbs(total, t_update_model);
+    up["modelled_ratio_vs_memcpy"] = round_to(static_cast<double>(total) / t_update_model / memcpy_bps, 6);
+    // Lower bound for this design on one thread: the bytes it must move, at memcpy speed
+    // (pread copies the checkpoint once; convert+pack reads it and writes f32 twice: tmp, arena).
+    up["memcpy_time_of_checkpoint_s"] = round_to(static_cast<double>(total) / memcpy_bps, 6);
+    up["memcpy_time_of_f32_weights_s"] = round_to(static_cast<double>(warena_bytes) / memcpy_bps, 6);
+    j["update_path"] = up;
+    st.release();
+
+    // sleep: munmap of the resident weights (4 KiB pages).
+    json sl;
+    t0 = Clock::now();
+    wa.release();
+    const double t_unmap_w = seconds_since(t0);
+    sl["weights_munmap_s"] = round_to(t_unmap_w, 6);
+    sl["weights_pages_4k"] = warena_bytes / 4096;
+    sl["weights_munmap_ns_per_4k_page"] = round_to(t_unmap_w * 1e9 / static_cast<double>(warena_bytes / 4096), 1);
+    sl["weights_populate_s"] = round_to(t_populate_w, 6);
+
+    // wakeup: Worker::reload_weights → load_weights: reserve (not pre-faulted), read_tensor_f32
+    // per tensor (a zeroed std::vector, pread, convert), pack into fresh arena pages.
+    json wk;
+    double t_vec = 0.0, t_pread = 0.0, t_conv2 = 0.0, t_free = 0.0;
+    auto f32_reader = [&](const std::string & name, float * dst) {  // read_tensor_f32, instrumented
+        const M::TensorInfo & t = idx.tensors.at(name);
+        if (t.dtype == M::DType::f32) {
+            const auto c0 = Clock::now();
+            M::read_tensor_raw(t, dst);
+            t_pread += seconds_since(c0);
+            return;
+        }
+        auto c0 = Clock::now();
+        auto raw = std::make_unique<std::vector<uint16_t>>(static_cast<size_t>(t.numel()));
+        t_vec += seconds_since(c0);
+        c0 = Clock::now();
+        M::read_tensor_raw(t, raw->data());
+        t_pread += seconds_since(c0);
+        c0 = Clock::now();
+        M::convert_to_f32(t.dtype, raw->data(), dst, t.numel());
+        t_conv2 += seconds_since(c0);
+        c0 = Clock::now();
+        raw.reset();
+        t_free += seconds_since(c0);
+    };
+    fd::Arena fa("weights_wakeup");
+    M::ModelWeights w2;
+    t0 = Clock::now();
+    M::validate_checkpoint(cfg, idx);
+    fa.reserve(warena_bytes);
+    M::fill_weights(cfg, f32_reader, &fa, w2);
+    const double t_wake = seconds_since(t0);
+    const double t_read_parts = t_vec + t_pread + t_conv2 + t_free;
+    wk["load_weights_s"] = round_to(t_wake, 6);
+    wk["load_weights_gbs"] = gbs(total, t_wake);
+    wk["read_vector_alloc_zero_s"] = round_to(t_vec, 6);
+    wk["read_pread_s"] = round_to(t_pread, 6);
+    wk["read_convert_s"] = round_to(t_conv2, 6);
+    wk["read_vector_free_s"] = round_to(t_free, 6);
+    wk["pack_copy_and_arena_faults_s"] = round_to(t_wake - t_read_parts, 6);
+    // The same fill again into the now-resident arena: the difference is the arena's page faults.
+    t_vec = t_pread = t_conv2 = t_free = 0.0;
+    t0 = Clock::now();
+    M::fill_weights(cfg, f32_reader, nullptr, w2);
+    const double t_wake_warm = seconds_since(t0);
+    wk["refill_resident_arena_s"] = round_to(t_wake_warm, 6);
+    wk["arena_first_touch_s_est"] = round_to(t_wake - t_wake_warm, 6);
+    j["wakeup_path"] = wk;
+    fa.release();
+
+    // Kernels alone on the largest packed linear of a layer (gate|up, [2*ff, hidden]).
+    {
+        const int64_t n_out = 2 * int64_t(cfg.intermediate_size), n_in = cfg.hidden_size;
+        const int64_t n = n_out * n_in;
+        Mapping src(static_cast<size_t>(n) * 4), dst(static_cast<size_t>(fd::kernels::packed_linear_floats(n_out, n_in)) * 4 + 4096);
+        Mapping b16(static_cast<size_t>(n) * 2);
+        auto * s = reinterpret_cast<float *>(src.p);
+        auto * h = reinterpret_cast<uint16_t *>(b16.p);
+        for (int64_t i = 0; i < n; ++i) { s[i] = static_cast<float>(i % 1000) * 1e-3f; h[i] = static_cast<uint16_t>(i); }
+        std::memset(dst.p, 0, dst.bytes);
+        auto best = [](const std::function<void()> & f) {
+            double b = 1e300;
+            for (int r = 0; r < 3; ++r) { const auto c0 = Clock::now(); f(); b = std::min(b, seconds_since(c0)); }
+            return b;
+        };
+        const double tp = best([&] { fd::kernels::pack_linear(reinterpret_cast<float *>(dst.p), s, n_out, n_in); });
+        const double tm = best([&] { std::memcpy(dst.p, src.p, static_cast<size_t>(n) * 4); });
+        const double tc = best([&] { fd::kernels::bf16_to_f32(reinterpret_cast<float *>(dst.p), h, n); });
+        j["kernels"] = {{"shape", {n_out, n_in}},
+                        {"pack_linear_f32_gbs", gbs(n * 4, tp)},
+                        {"memcpy_same_bytes_gbs", gbs(n * 4, tm)},
+                        {"bf16_to_f32_in_gbs", gbs(n * 2, tc)},
+                        {"bf16_to_f32_out_gbs", gbs(n * 4, tc)}};
+    }
+
+    // Page size what-if: first touch and munmap of a weights-sized mapping, 4 KiB vs 2 MiB THP.
+    {
+        json th;
+        for (bool huge : {false, true}) {
+            Mapping m(static_cast<size_t>(warena_bytes), huge);
+            auto c0 = Clock::now();
+            std::memset(m.p, 1, m.bytes);
+            const double t_touch = seconds_since(c0);
+            const int64_t anon_huge = smaps_rollup_bytes("AnonHugePages:");
+            c0 = Clock::now();
+            m.unmap();
+            const double t_unmap = seconds_since(c0);
+            th[huge ? "thp_2m" : "pages_4k"] = {{"first_touch_s", round_to(t_touch, 6)}, {"first_touch_gbs", gbs(warena_bytes, t_touch)},
+                                                {"munmap_s", round_to(t_unmap, 6)}, {"anon_huge_pages_bytes", anon_huge}};
+        }
+        j["page_size_whatif"] = th;
+    }
+    return j;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+int64_t checkpoint_bytes(const std::string & dir) { return M::read_tensor_index(dir).total_bytes; }
+
+json bench_model(const std::string & dir, const Options & o, double memcpy_bps) {
+    const int64_t ck_bytes = checkpoint_bytes(dir);
+    const bool    large    = ck_bytes >= kLargeCheckpoint;
+    const std::string kv = o.kv_cache_bytes == "auto" ? (large ? "256MiB" : "0") : o.kv_cache_bytes;
+    json j;
+    j["model"] = dir;
+    j["checkpoint_bytes"] = ck_bytes;
+    M::ModelConfig mcfg;
+    {
+        const auto t_section = Clock::now();
+        std::fprintf(stderr, "fd_control_bench: %s: loading (kv %s)...\n", dir.c_str(), kv.c_str());
+        Daemon d(dir, o, kv);
+        mcfg = d.r.model;
+        {
+            auto c = client(d.port(), o.client_nodelay);
+            wait_healthy(*c);
+        }
+        const auto idx = M::read_tensor_index(dir);
+        j["dtype"] = M::dtype_name(idx.tensors.begin()->second.dtype);
+        j["shape"] = {{"layers", mcfg.n_layers}, {"hidden", mcfg.hidden_size}, {"intermediate", mcfg.intermediate_size},
+                      {"heads", mcfg.n_heads}, {"kv_heads", mcfg.n_kv_heads}, {"vocab", mcfg.vocab_size}};
+        j["weight_bytes"] = d.worker_weight_bytes;
+        j["kv_bytes"] = d.worker_kv_bytes;
+        j["kv_cache_bytes_flag"] = kv;
+        j["kv_blocks"] = d.r.n_kv_blocks;
+        j["max_model_len"] = d.cfg.engine.max_model_len;
+        j["load_s"] = round_to(d.load_s, 3);
+        j["rss_before_load_bytes"] = d.rss_before_load;
+        j["rss_after_load_bytes"] = d.rss_after_load;
+        std::fprintf(stderr, "fd_control_bench: %s: control round trips...\n", dir.c_str());
+        j["control_rtt"] = bench_rtt(d, o);
+        const int trials = o.pause_trials > 0 ? o.pause_trials : (large ? 2 : 3);
+        std::fprintf(stderr, "fd_control_bench: %s: pause at batch %d (%d trials)...\n", dir.c_str(), o.pause_batch, trials);
+        j["pause"] = bench_pause(d, o, trials);
+        const int n_up = large ? o.updates : o.tiny_updates;
+        std::fprintf(stderr, "fd_control_bench: %s: %d update_weights...\n", dir.c_str(), n_up);
+        j["update_weights"] = bench_update(d, o, n_up, memcpy_bps);
+        std::fprintf(stderr, "fd_control_bench: %s: sleep/wakeup x%d...\n", dir.c_str(), o.sleep_cycles);
+        j["sleep_wakeup"] = bench_sleep_wakeup(d, o, memcpy_bps);
+        j["http_section_s"] = round_to(seconds_since(t_section), 1);
+    }
+    if (o.analysis) {
+        std::fprintf(stderr, "fd_control_bench: %s: analysis...\n", dir.c_str());
+        const auto t0 = Clock::now();
+        j["analysis"] = analyse(dir, mcfg, memcpy_bps);
+        j["analysis"]["section_s"] = round_to(seconds_since(t0), 1);
+    }
+    return j;
+}
+
+std::vector<std::string> split_commas(const std::vector<std::string> & in) {
+    std::vector<std::string> out;
+    for (const auto & s : in) {
+        std::stringstream ss(s);
+        std::string       part;
+        while (std::getline(ss, part, ',')) {
+            if (!part.empty()) { out.push_back(part); }
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    std::signal(SIGPIPE, SIG_IGN);
+    Options o;
+    std::vector<std::string> models;
+    CLI::App app{"fd_control_bench: fdrollout weight-control latency and bandwidth over HTTP (prints one JSON object)"};
+    app.add_option("--model", models, "checkpoint directory (repeatable or comma-separated)")
+        ->default_str(FD_SOURCE_DIR "/models/stories260K");
+    app.add_option("--threads", o.threads, "engine kernel threads")->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--kv-cache-bytes", o.kv_cache_bytes,
+                   "KV pool (as fdrollout --kv-cache-bytes); auto = 256MiB for checkpoints >= 64 MiB, else 0 (engine default)")
+        ->capture_default_str();
+    app.add_option("--updates", o.updates, "timed update_weights calls on large checkpoints (>= 64 MiB)")->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--tiny-updates", o.tiny_updates, "timed update_weights calls on small checkpoints")->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--rtt-calls", o.rtt_calls, "calls of each control route for the round-trip figures")->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--pause-batch", o.pause_batch, "concurrent requests running when pause is timed")->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--pause-trials", o.pause_trials, "pause trials (0 = 3 on small models, 2 on large)")->capture_default_str();
+    app.add_option("--pause-prompt-len", o.pause_prompt_len, "prompt tokens of each pause-test request")->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--sleep-cycles", o.sleep_cycles, "sleep + wakeup cycles")->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--memcpy-mib", o.memcpy_mib, "memcpy reference buffer, MiB")->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_flag("--analysis,!--no-analysis", o.analysis, "take the update/wakeup/sleep paths apart after the HTTP runs")->capture_default_str();
+    app.add_flag("--client-nodelay,!--no-client-nodelay", o.client_nodelay, "TCP_NODELAY on the bench's HTTP clients")->capture_default_str();
+    app.add_option("--log-level", o.log_level, "engine log level on stderr")->capture_default_str();
+    CLI11_PARSE(app, argc, argv);
+
+    try {
+        fd::log::setup(o.log_level);
+        o.models = split_commas(models);
+        if (o.models.empty()) { o.models.push_back(FD_SOURCE_DIR "/models/stories260K"); }
+        json r;
+        r["date"] = utc_now();
+        r["cpu"] = cpu_model();
+        r["n_cpus"] = std::thread::hardware_concurrency();
+        r["threads"] = o.threads;
+        r["loadavg_start"] = read_first_line("/proc/loadavg");
+        r["thp"] = read_first_line("/sys/kernel/mm/transparent_hugepage/enabled");
+        r["settings"] = {{"updates", o.updates}, {"tiny_updates", o.tiny_updates}, {"rtt_calls", o.rtt_calls},
+                         {"pause_batch", o.pause_batch}, {"pause_trials", o.pause_trials}, {"sleep_cycles", o.sleep_cycles},
+                         {"kv_cache_bytes", o.kv_cache_bytes}, {"client_tcp_nodelay", o.client_nodelay}};
+        std::fprintf(stderr, "fd_control_bench: memcpy reference (%lld MiB)...\n", static_cast<long long>(o.memcpy_mib));
+        const size_t mc_bytes = static_cast<size_t>(o.memcpy_mib) << 20;
+        const double mc1 = memcpy_gbs(mc_bytes, 1);
+        const double mcn = o.threads > 1 ? memcpy_gbs(mc_bytes, o.threads) : mc1;
+        r["memcpy_bw_gbs"] = round_to(mc1, 2);
+        r["memcpy_reference"] = {{"buffer_mib", o.memcpy_mib}, {"best_of", 3}, {"single_thread_gbs", round_to(mc1, 2)},
+                                 {"threads", o.threads}, {"multi_thread_gbs", round_to(mcn, 2)}};
+        const double mc_bps = mc1 * 1e9;
+
+        json models_j = json::array();
+        for (const auto & m : o.models) { models_j.push_back(bench_model(m, o, mc_bps)); }
+
+        // Top-level verdicts: bandwidth and sleep on the largest checkpoint, the tiny-update
+        // overhead on the smallest, pause and round trips on every model (worst).
+        size_t lg = 0, sm = 0;
+        for (size_t i = 0; i < models_j.size(); ++i) {
+            if (models_j[i]["checkpoint_bytes"] > models_j[lg]["checkpoint_bytes"]) { lg = i; }
+            if (models_j[i]["checkpoint_bytes"] < models_j[sm]["checkpoint_bytes"]) { sm = i; }
+        }
+        const json & L = models_j[lg];
+        const json & S = models_j[sm];
+        json t = json::object();
+        auto add = [&](const char * name, double value, const char * cmp, double target, bool met, const json & on) {
+            t[name] = {{"value", value}, {"target", std::string(cmp) + " " + json(target).dump()}, {"met", met}, {"evaluated_on", on}};
+        };
+        add("update_weights_bw_ratio_vs_memcpy", L["update_weights"]["ratio_vs_memcpy"], ">=", kUpdateRatioMin,
+            L["update_weights"]["target"]["ratio_met"], L["model"]);
+        add("tiny_update_p50_ms", S["update_weights"]["call"]["p50_ms"], "<=", kTinyUpdateP50Ms,
+            S["update_weights"]["target"]["fixed_overhead_met"], S["model"]);
+        add("sleep_ms", L["sleep_wakeup"]["sleep_ms_max"], "<=", kSleepMsMax, L["sleep_wakeup"]["target"]["sleep_met"], L["model"]);
+        add("sleep_freed_fraction", std::min(L["sleep_wakeup"]["freed_fraction_min"].get<double>(), L["sleep_wakeup"]["rss_drop_over_freed_min"].get<double>()),
+            ">=", kFreedFractionMin, L["sleep_wakeup"]["target"]["freed_met"], L["model"]);
+        add("wakeup_bw_ratio_vs_memcpy", L["sleep_wakeup"]["wakeup_ratio_vs_memcpy"], ">=", kWakeupRatioMin,
+            L["sleep_wakeup"]["target"]["wakeup_met"], L["model"]);
+        double pause_worst = 0.0, rtt_worst = 0.0;
+        json pause_on, rtt_on;
+        for (const auto & m : models_j) {
+            const double ps = m["pause"]["pause_in_steps_max"].get<double>();
+            const double rt = m["control_rtt"]["target"]["worst_p50_ms"].get<double>();
+            if (ps >= pause_worst) { pause_worst = ps; pause_on = m["model"]; }
+            if (rt >= rtt_worst) { rtt_worst = rt; rtt_on = m["model"]; }
+        }
+        add("pause_in_decode_steps_b64", pause_worst, "<=", kPauseStepsMax, pause_worst <= kPauseStepsMax, pause_on);
+        add("control_rtt_p50_ms", rtt_worst, "<=", kRttP50Ms, rtt_worst <= kRttP50Ms, rtt_on);
+        bool all = true;
+        for (const auto & [k, v] : t.items()) { all = all && v["met"].get<bool>(); }
+        t["all_met"] = all;
+        r["targets"] = t;
+        if (o.analysis) {
+            std::fprintf(stderr, "fd_control_bench: HTTP TCP_NODELAY what-if...\n");
+            r["http_nodelay_whatif"] = nodelay_whatif(o.rtt_calls);
+        }
+        r["models"] = models_j;
+        r["loadavg_end"] = read_first_line("/proc/loadavg");
+        std::cout << r.dump(1) << std::endl;
+    } catch (const std::exception & e) {
+        std::fprintf(stderr, "fd_control_bench: error: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}
