@@ -1,6 +1,7 @@
 // fdrollout — the rollout daemon: flags → Config → model → engine → HTTP, then wait for a signal.
 #include "fd/api/server.h"
 #include "fd/config.h"
+#include "fd/control/shm_watcher.h"
 #include "fd/engine/engine.h"
 #include "fd/log.h"
 #include "fd/model/safetensors.h"
@@ -82,9 +83,13 @@ int run(fd::Config & cfg, sigset_t & signals) {
                               {.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
                                .enable_prefix_caching = cfg.kv.enable_prefix_caching},
                               fd::weights::make_normal_source(cfg.model.model_dir));
-    engine.start();
     fd::api::ApiServer server(cfg.server, engine, *tok);
+    // The control block first: it refuses to start when a live daemon owns this port.
+    fd::control::ShmWatcher watcher(cfg.server.port, cfg.server.v1_update_weights, engine,
+                                    [&](const fd::shm::MailboxCommand & c) { return server.dispatch(c); });
+    engine.start();
     server.bind();
+    watcher.start();
     std::thread http([&] { server.serve(); });
     lg->info("serving '{}' (max_model_len {}, max_num_seqs {}, prefix caching {})", cfg.server.served_model_name,
              cfg.engine.max_model_len, cfg.engine.scheduler.max_num_seqs, cfg.kv.enable_prefix_caching ? "on" : "off");
@@ -97,7 +102,8 @@ int run(fd::Config & cfg, sigset_t & signals) {
     while (!engine.idle() && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    engine.stop();  // aborts whatever outlived the grace period
+    watcher.stop();  // removes the control block
+    engine.stop();   // aborts whatever outlived the grace period
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let handlers write their last chunks
     server.stop();
     http.join();

@@ -35,9 +35,14 @@ std::future<ControlResult> Engine::control(ControlCommand cmd) {
     return fut;
 }
 
+void Engine::attach_legacy_word(std::atomic<int32_t> * word) {
+    word->store(legacy_word_->load());
+    legacy_word_ = word;
+}
+
 bool Engine::legacy_transition(shm::WeightsStatus from, shm::WeightsStatus to) {
     int32_t expected = static_cast<int32_t>(from);
-    const bool ok = legacy_word_.compare_exchange_strong(expected, static_cast<int32_t>(to));
+    const bool ok = legacy_word_->compare_exchange_strong(expected, static_cast<int32_t>(to));
     if (ok) { inbox_cv_.notify_one(); }
     return ok;
 }
@@ -204,7 +209,7 @@ void Engine::sync_legacy_word() {
     const auto cur = legacy_status();
     if (cur == shm::WeightsStatus::clearing || cur == shm::WeightsStatus::updating) { return; }
     const bool asleep = state_.weight_asleep || state_.kv_asleep;
-    legacy_word_.store(static_cast<int32_t>(asleep ? shm::WeightsStatus::cleared : shm::WeightsStatus::normal));
+    legacy_word_->store(static_cast<int32_t>(asleep ? shm::WeightsStatus::cleared : shm::WeightsStatus::normal));
 }
 
 void Engine::poll_legacy_word() {
@@ -219,7 +224,7 @@ void Engine::poll_legacy_word() {
     const ControlResult r = run_control(cmd);
     if (r.error) { log::get("control")->error("legacy {} failed: {}", clearing ? "clear" : "update", r.error->what()); }
     const bool asleep = state_.weight_asleep || state_.kv_asleep;
-    legacy_word_.store(static_cast<int32_t>(asleep ? shm::WeightsStatus::cleared : shm::WeightsStatus::normal));
+    legacy_word_->store(static_cast<int32_t>(asleep ? shm::WeightsStatus::cleared : shm::WeightsStatus::normal));
     publish_stats();
 }
 

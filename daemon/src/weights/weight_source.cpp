@@ -1,6 +1,7 @@
 #include "fd/weights/weight_source.h"
 
 #include "fd/model/model_config.h"
+#include "fd/shm/names.h"
 #include "fd/status.h"
 
 namespace fd::weights {
@@ -22,14 +23,7 @@ LoadStrategy parse_load_strategy(std::string_view s) {
     fail(Errc::invalid_argument, "unknown --load-strategy '{}' (normal, ipc_snapshot, ipc, rsync)", s);
 }
 
-bool is_valid_version(std::string_view v) {
-    if (v.empty() || v.size() > 128 || v == "." || v == "..") { return false; }
-    for (char c : v) {
-        const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-        if (!ok) { return false; }
-    }
-    return true;
-}
+bool is_valid_version(std::string_view v) { return shm::is_valid_version(v); }
 
 namespace {
 

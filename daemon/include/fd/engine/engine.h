@@ -88,8 +88,12 @@ public:
     /// The legacy `model_weights_status` word (SPEC §4). Handlers move it NORMAL→CLEARING or
     /// CLEARED→UPDATING with legacy_transition(); the engine thread sees the transition, performs
     /// the clear or reload, and writes CLEARED or NORMAL.
-    shm::WeightsStatus legacy_status() const { return static_cast<shm::WeightsStatus>(legacy_word_.load()); }
+    shm::WeightsStatus legacy_status() const { return static_cast<shm::WeightsStatus>(legacy_word_->load()); }
     bool legacy_transition(shm::WeightsStatus from, shm::WeightsStatus to);
+    /// Use `word` (the shm control block's) as the status word from now on. Call before start().
+    void attach_legacy_word(std::atomic<int32_t> * word);
+    /// Wake the engine thread (e.g. the status word may have changed from another process).
+    void wake() { inbox_cv_.notify_one(); }
 
     /// Refuse new requests from now on (SIGTERM); in-flight ones continue.
     void begin_drain() { draining_.store(true); }
@@ -141,7 +145,8 @@ private:
     std::atomic<bool>                         stop_{false};
     std::atomic<bool>                         draining_{false};
     std::atomic<bool>                         accepting_{true};   ///< false while paused/asleep
-    std::atomic<int32_t>                      legacy_word_{0};
+    std::atomic<int32_t>                      own_legacy_word_{0};
+    std::atomic<int32_t> *                    legacy_word_ = &own_legacy_word_;
     std::thread                               thread_;
 
     mutable std::mutex                        stats_mu_;

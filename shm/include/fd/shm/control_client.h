@@ -18,6 +18,7 @@ public:
 
     ControlBlock * get() const { return block_; }
     ControlBlock * operator->() const { return block_; }
+    ControlBlock & operator*() const { return *block_; }
 
     /// Create a fresh block for `port` (mode 0600). A block left by a dead daemon is reclaimed.
     /// Errors  fd::Error{wrong_state} if a live daemon owns it; {invalid_argument} if it has another

@@ -1,0 +1,168 @@
+// fdctl — drive fdrollout's weight control from the shell, over the shm control block or the V1
+// HTTP API. Results on stdout (human, or --json: the HTTP API's body), diagnostics on stderr,
+// one exit-code table (see --help).
+#include "output.h"
+#include "transport.h"
+
+#include "fd/shm/names.h"
+#include "fd/status.h"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+namespace {
+
+constexpr const char * kExitCodes =
+    "Exit codes (the same for both transports):\n"
+    "   0  success                          7  timeout (--timeout, or the daemon's)\n"
+    "   2  usage error, nothing was sent    8  daemon unreachable (none on that port, or it died)\n"
+    "   3  not_found (e.g. dynamic load     9  unauthorized (--api-key)\n"
+    "      weight disabled)                10  invalid_argument (the daemon rejected an argument)\n"
+    "   4  wrong_state (not paused, asleep,11  checksum_mismatch\n"
+    "      legacy clear/update in progress)12  source_unavailable\n"
+    "   5  invalid_checkpoint              70  internal error\n"
+    "   6  engine_paused\n"
+    "Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes --transport default to v1 (else shm); FD_PORT, FD_API_KEY.";
+
+struct Options {
+    int         port      = 8000;
+    std::string url;
+    std::string transport;
+    double      timeout_s = 600.0;
+    bool        json      = false;
+    bool        quiet     = false;
+    std::string api_key;
+    // subcommand arguments
+    std::string tags;
+    std::string version;
+    bool        verify_checksum = false;
+    std::string until;
+};
+
+std::unique_ptr<fdctl::Transport> connect(const Options & o) {
+    if (o.transport == "shm") { return fdctl::make_shm_transport(o.port, o.timeout_s); }
+    return fdctl::make_v1_transport(o.url.empty() ? "http://127.0.0.1:" + std::to_string(o.port) : o.url, o.api_key, o.timeout_s);
+}
+
+/// `wait --until`: poll `status` until the state holds; unreachable counts as "not yet".
+int run_wait(const Options & o) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s);
+    std::string last = "unreachable";
+    while (std::chrono::steady_clock::now() < deadline) {
+        try {
+            const fdctl::Reply r = connect(o)->call({"status"});
+            const auto j = nlohmann::json::parse(r.body);
+            last = j.value("state", "?");
+            const bool ok = o.until == "serving" ? last == "serving"
+                          : o.until == "paused"  ? j.value("is_paused", false)
+                                                 : !j["sleeping_tags"].empty();
+            if (ok) {
+                if (!o.quiet) { std::cout << (o.json ? r.body : "state=" + last) << "\n"; }
+                return 0;
+            }
+        } catch (const fd::Error & e) {
+            if (e.code() != fd::Errc::unreachable) { throw; }
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    std::cerr << "fdctl: timeout: state is still '" << last << "', not " << o.until << " after " << o.timeout_s << " s\n";
+    return fd::errc_info(fd::Errc::timeout).exit_code;
+}
+
+int run_command(const Options & o, fd::shm::MailboxCommand cmd) {
+    const bool long_op = cmd.op != "status" && cmd.op != "is_paused" && cmd.op != "pause" && cmd.op != "resume";
+    if (long_op && !o.quiet && !o.json && isatty(STDERR_FILENO)) { std::cerr << "fdctl: " << cmd.op << " ...\n"; }
+    const fdctl::Reply r = connect(o)->call(cmd);
+    const int rc = fdctl::exit_code_for(r);
+    if (rc != 0) {
+        if (o.json) { std::cout << r.body << "\n"; }
+        std::cerr << "fdctl: " << cmd.op << ": " << fdctl::error_message(r) << "\n";
+        return rc;
+    }
+    if (!o.quiet) { std::cout << (o.json ? r.body : fdctl::human_summary(cmd.op, r)) << "\n"; }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    CLI::App app{"fdctl — weight control for fdrollout (pause, resume, sleep/wakeup, update-weights, legacy clear/update)\n"
+                 "over the shared-memory control block (--transport shm) or the V1 HTTP API (--transport v1)."};
+    app.footer(kExitCodes);
+    app.require_subcommand(1);
+    app.fallthrough();  // global options may also follow the subcommand
+    Options o;
+    const char * v1 = std::getenv("FD_ENABLE_V1_UPDATE_WEIGHTS");
+    o.transport = v1 && std::string(v1) == "1" ? "v1" : "shm";
+    app.add_option("--port", o.port, "The daemon's port (names its control block and default URL)")->envname("FD_PORT")->capture_default_str();
+    app.add_option("--url", o.url, "V1 base URL (default http://127.0.0.1:PORT)");
+    app.add_option("--transport", o.transport, "shm (control block) or v1 (HTTP); default from FD_ENABLE_V1_UPDATE_WEIGHTS")
+        ->check(CLI::IsMember({"shm", "v1"}))->capture_default_str();
+    app.add_option("--timeout", o.timeout_s, "Seconds to wait for the daemon (and for `wait`)")->check(CLI::PositiveNumber)->capture_default_str();
+    app.add_flag("--json", o.json, "Print the daemon's JSON answer (the V1 HTTP body) instead of a summary");
+    app.add_flag("--quiet", o.quiet, "Print nothing on success; the exit code says it all");
+    app.add_option("--api-key", o.api_key, "Bearer key for --transport v1")->envname("FD_API_KEY");
+
+    fd::shm::MailboxCommand cmd;
+    auto simple = [&](const char * name, const char * op, const char * help) {
+        app.add_subcommand(name, help)->callback([&cmd, op] { cmd.op = op; });
+    };
+    simple("pause", "pause", "Stop generation: running and queued requests end with finish_reason abort");
+    simple("resume", "resume", "Resume generation (refused while a tag is asleep)");
+    simple("is-paused", "is_paused", "Print true or false");
+    simple("status", "status", "Print the daemon's state (GET /health)");
+    simple("clear-load-weight", "clear_load_weight", "Legacy: free weights and KV (GET /clear_load_weight)");
+    simple("update-model-weight", "update_model_weight", "Legacy: reload weights (GET /update_model_weight)");
+    auto * sleep = app.add_subcommand("sleep", "Free memory by tag (implies pause)");
+    sleep->add_option("--tags", o.tags, "weight, kv_cache or both, comma-separated (default both)");
+    sleep->callback([&] { cmd.op = "sleep"; });
+    auto * wakeup = app.add_subcommand("wakeup", "Restore memory by tag (reloads weights from the source; resumes on success)");
+    wakeup->add_option("--tags", o.tags, "weight, kv_cache or both, comma-separated (default both)");
+    wakeup->callback([&] { cmd.op = "wakeup"; });
+    auto * update = app.add_subcommand("update-weights", "Refresh weights in place, all-or-nothing (needs pause; never resumes)");
+    update->add_option("--version", o.version, "Weight version to load ([A-Za-z0-9._-]{1,128})");
+    update->add_flag("--verify-checksum", o.verify_checksum, "Verify checksums when the source has them");
+    update->callback([&] { cmd.op = "update_weights"; });
+    auto * wait = app.add_subcommand("wait", "Wait until the daemon is serving, paused or asleep (bounded by --timeout)");
+    wait->add_option("--until", o.until, "serving | paused | asleep")->required()->check(CLI::IsMember({"serving", "paused", "asleep"}));
+    wait->callback([&] { cmd.op = "wait"; });
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError & e) {
+        const int rc = app.exit(e);
+        return rc == 0 ? 0 : fd::kExitUsage;
+    }
+    try {
+        // Usage errors are caught here, before anything is sent.
+        if (cmd.op == "sleep" || cmd.op == "wakeup") {
+            const auto tags = fd::shm::parse_tag_list(o.tags);
+            cmd.tags = tags.size() == 2 ? "weight,kv_cache" : tags[0];
+        }
+        if (cmd.op == "update_weights" && update->count("--version") > 0) {
+            if (!fd::shm::is_valid_version(o.version)) {
+                throw fd::Error(fd::Errc::invalid_argument, "--version '" + o.version + "' must match [A-Za-z0-9._-]{1,128} and not be '.' or '..'");
+            }
+            cmd.version = o.version;
+        }
+        cmd.verify_checksum = o.verify_checksum;
+    } catch (const fd::Error & e) {
+        std::cerr << "fdctl: usage: " << e.what() << "\n";
+        return fd::kExitUsage;
+    }
+    try {
+        return cmd.op == "wait" ? run_wait(o) : run_command(o, cmd);
+    } catch (const fd::Error & e) {
+        std::cerr << "fdctl: " << fd::errc_name(e.code()) << ": " << e.what() << "\n";
+        return fd::errc_info(e.code()).exit_code;
+    } catch (const std::exception & e) {
+        std::cerr << "fdctl: internal error: " << e.what() << "\n";
+        return 70;
+    }
+}

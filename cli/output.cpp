@@ -1,0 +1,87 @@
+#include "output.h"
+
+#include "fd/status.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+namespace fdctl {
+namespace {
+
+using nlohmann::json;
+
+json parse(const Reply & r) {
+    try {
+        return json::parse(r.body);
+    } catch (const json::exception &) {
+        return json(r.body);  // plain text ("Dynamic Load Weight Disabled.")
+    }
+}
+
+std::string mib(const json & v) { return fmt::format("{:.1f} MiB", v.get<double>() / 1048576.0); }
+
+}  // namespace
+
+int exit_code_for(const Reply & r) {
+    const json j = parse(r);
+    if (j.is_object() && j.contains("error") && j["error"].is_object()) {
+        return fd::errc_info(fd::errc_from_name(j["error"].value("type", ""))).exit_code;
+    }
+    if (r.http_status == 200) { return 0; }
+    const std::string msg = j.is_object() ? j.value("msg", "") : j.is_string() ? j.get<std::string>() : "";
+    if (r.http_status == 404) {
+        return fd::errc_info(msg.find("timeout") != std::string::npos ? fd::Errc::timeout : fd::Errc::not_found).exit_code;
+    }
+    if (r.http_status == 400 || r.http_status == 403 || r.http_status == 409) { return fd::errc_info(fd::Errc::wrong_state).exit_code; }
+    return fd::errc_info(fd::Errc::internal).exit_code;
+}
+
+std::string error_message(const Reply & r) {
+    const json j = parse(r);
+    if (j.is_object() && j.contains("error") && j["error"].is_object()) {
+        return fmt::format("{} ({}): {}", j["error"].value("type", "error"), r.http_status, j["error"].value("message", ""));
+    }
+    if (j.is_object() && j.contains("msg")) {
+        std::string m = fmt::format("{} ({})", j["msg"].get<std::string>(), r.http_status);
+        if (j.contains("error") && j["error"].is_string()) { m += ": " + j["error"].get<std::string>(); }
+        return m;
+    }
+    return fmt::format("HTTP {}: {}", r.http_status, r.body);
+}
+
+std::string human_summary(const std::string & op, const Reply & r) {
+    const json j = parse(r);
+    if (op == "is_paused") { return j.value("is_paused", false) ? "true" : "false"; }
+    if (op == "status") {
+        return fmt::format("state={} paused={} sleeping={} weights_valid={} weight_version={} model_weights_status={} running={} waiting={}",
+                           j.value("state", "?"), j.value("is_paused", false),
+                           j["sleeping_tags"].empty() ? "-" : fmt::format("{}", fmt::join(j["sleeping_tags"].get<std::vector<std::string>>(), ",")),
+                           j.value("weights_valid", false), j.value("weight_version", "?"), j.value("model_weights_status", 0),
+                           j.value("num_requests_running", 0), j.value("num_requests_waiting", 0));
+    }
+    if (j.is_object() && j.contains("msg")) { return j["msg"].get<std::string>(); }  // legacy answers
+    if (!j.is_object() || !j.contains("result")) { return r.body; }
+    const json & res = j["result"];
+    if (op == "pause") { return fmt::format("paused (aborted {} request(s))", res.value("aborted", 0)); }
+    if (op == "resume") { return "resumed"; }
+    if (op == "sleep" || (op == "clear_load_weight" && res.contains("freed_bytes"))) {
+        std::string freed;
+        for (const auto & [tag, bytes] : res["freed_bytes"].items()) { freed += fmt::format(" {}={}", tag, mib(bytes)); }
+        return fmt::format("asleep: {}{}; freed{}; rss {} -> {}", fmt::join(res["tags"].get<std::vector<std::string>>(), ","),
+                           res["skipped"].empty() ? "" : fmt::format(" (already asleep: {})", fmt::join(res["skipped"].get<std::vector<std::string>>(), ",")),
+                           freed.empty() ? " nothing" : freed, mib(res["rss_before_bytes"]), mib(res["rss_after_bytes"]));
+    }
+    if (op == "wakeup" || op == "update_model_weight") {
+        return fmt::format("awake: {}; weight_version {}; {}", res["tags"].empty() ? "-" : fmt::format("{}", fmt::join(res["tags"].get<std::vector<std::string>>(), ",")),
+                           res.value("version", "?"), res.value("is_paused", true) ? "paused" : "serving");
+    }
+    if (op == "update_weights") {
+        double total = 0;
+        for (const auto & rk : res["ranks"]) { total = std::max(total, rk.value("total_cost", 0.0)); }
+        return fmt::format("weight_version {} ({} in {:.3f} s; still paused: resume when ready)", res.value("version", "?"), mib(res["bytes"]), total);
+    }
+    return r.body;
+}
+
+}  // namespace fdctl

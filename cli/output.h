@@ -1,0 +1,20 @@
+// cli/output.h — turning a daemon answer into fdctl's stdout and exit code.
+#pragma once
+
+#include "transport.h"
+
+#include <string>
+
+namespace fdctl {
+
+/// Exit code for a daemon answer (the fd::Errc table in fd/status.h; legacy {"msg"} answers map
+/// 400/403 → wrong_state, 404 "...timeout" → timeout, 404 "Dynamic Load Weight Disabled." → not_found).
+int exit_code_for(const Reply & r);
+
+/// One-line human summary of a successful answer to `op` (stdout without --json).
+std::string human_summary(const std::string & op, const Reply & r);
+
+/// The error message of a failed answer (stderr).
+std::string error_message(const Reply & r);
+
+}  // namespace fdctl

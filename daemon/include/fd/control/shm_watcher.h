@@ -1,0 +1,48 @@
+// fd/control/shm_watcher.h — the daemon side of the shared-memory control block (SPEC §6).
+//
+// Owns the block of one port: creates it at start (reclaiming a stale one, refusing if a live
+// daemon owns it), removes it on clean exit. Two threads:
+//   - heartbeat: every 100 ms refreshes heartbeat_ms and the state snapshot (seqlock);
+//   - mailbox: sleeps on the doorbell futex; on a command it calls `dispatch` (the same code as
+//     the V1 HTTP route), writes the answer and acknowledges; on any doorbell it also wakes the
+//     engine, which watches the legacy status word living in this block.
+// It never mutates engine state itself: every operation goes through the engine inbox.
+#pragma once
+
+#include "fd/api/server.h"
+#include "fd/engine/engine.h"
+#include "fd/shm/control_client.h"
+
+#include <atomic>
+#include <functional>
+#include <thread>
+
+namespace fd::control {
+
+class ShmWatcher {
+public:
+    using Dispatch = std::function<api::ControlReply(const shm::MailboxCommand &)>;
+
+    /// Create the block for `port` and attach the engine's legacy status word to it.
+    /// Errors  fd::Error{wrong_state} if a live fdrollout owns the port's block.
+    ShmWatcher(int port, bool v1_update_weights, engine::Engine & engine, Dispatch dispatch);
+    ~ShmWatcher();
+
+    void start();
+    /// Stop both threads and remove the block.
+    void stop();
+
+private:
+    void heartbeat_loop();
+    void mailbox_loop();
+    void publish();
+
+    int                port_;
+    engine::Engine &   engine_;
+    Dispatch           dispatch_;
+    shm::MappedBlock   block_;
+    std::atomic<bool>  stop_{false};
+    std::thread        heartbeat_, mailbox_;
+};
+
+}  // namespace fd::control

@@ -1,0 +1,83 @@
+#include "fd/control/shm_watcher.h"
+
+#include "fd/log.h"
+
+#include <chrono>
+#include <cstring>
+
+namespace fd::control {
+
+ShmWatcher::ShmWatcher(int port, bool v1_update_weights, engine::Engine & engine, Dispatch dispatch)
+    : port_(port), engine_(engine), dispatch_(std::move(dispatch)), block_(shm::MappedBlock::create(port)) {
+    block_->v1_update_weights.store(v1_update_weights ? 1 : 0);
+    engine_.attach_legacy_word(&block_->legacy_status);
+    publish();
+    log::get("control")->info("control block /dev/shm/{} ready (mode 0600)", shm::block_name(port));
+}
+
+ShmWatcher::~ShmWatcher() { stop(); }
+
+void ShmWatcher::start() {
+    heartbeat_ = std::thread([this] { heartbeat_loop(); });
+    mailbox_   = std::thread([this] { mailbox_loop(); });
+}
+
+void ShmWatcher::stop() {
+    if (stop_.exchange(true)) { return; }
+    shm::futex_wake(block_->doorbell);
+    if (heartbeat_.joinable()) { heartbeat_.join(); }
+    if (mailbox_.joinable()) { mailbox_.join(); }
+    block_->pid.store(0);
+    shm::MappedBlock::remove(port_);
+}
+
+void ShmWatcher::publish() {
+    const auto st = engine_.stats();
+    shm::StateSnapshot s{};
+    s.paused               = st.state.paused;
+    s.weight_asleep        = st.state.weight_asleep;
+    s.kv_asleep            = st.state.kv_asleep;
+    s.weights_valid        = st.state.weights_valid;
+    s.draining             = engine_.draining();
+    s.model_weights_status = block_->legacy_status.load();
+    s.n_running            = static_cast<int32_t>(st.n_running);
+    s.published_ms         = shm::now_ms();
+    std::strncpy(s.weight_version, st.state.weight_version.c_str(), sizeof s.weight_version - 1);
+    shm::publish_state(*block_, s);
+    block_->heartbeat_ms.store(shm::now_ms());
+}
+
+void ShmWatcher::heartbeat_loop() {
+    while (!stop_.load()) {
+        publish();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+}
+
+void ShmWatcher::mailbox_loop() {
+    auto & b = *block_;
+    uint32_t rung = b.doorbell.load();
+    while (!stop_.load()) {
+        shm::futex_wait(b.doorbell, rung, 100000);
+        rung = b.doorbell.load(std::memory_order_acquire);
+        engine_.wake();  // the legacy status word may have moved
+        const uint32_t seq = b.cmd_seq.load(std::memory_order_acquire);
+        if (seq == b.ack_seq.load()) { continue; }
+        shm::MailboxCommand cmd;
+        cmd.op   = std::string(b.cmd_op, strnlen(b.cmd_op, sizeof b.cmd_op));
+        cmd.tags = std::string(b.cmd_tags, strnlen(b.cmd_tags, sizeof b.cmd_tags));
+        if (b.cmd_has_version) { cmd.version = std::string(b.cmd_version, strnlen(b.cmd_version, sizeof b.cmd_version)); }
+        cmd.verify_checksum = b.cmd_verify_checksum != 0;
+        const api::ControlReply r = dispatch_(cmd);
+        publish();  // the snapshot reflects the command before the client sees the answer
+        const size_t n = std::min(r.body.size(), shm::kResultCap - 1);
+        std::memcpy(b.result_body, r.body.data(), n);
+        b.result_body[n]     = '\0';
+        b.result_len         = static_cast<uint32_t>(n);
+        b.result_http_status = r.http_status;
+        b.ack_seq.store(seq, std::memory_order_release);
+        shm::futex_wake(b.ack_seq);
+    }
+}
+
+}  // namespace fd::control

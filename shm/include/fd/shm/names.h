@@ -1,0 +1,19 @@
+// fd/shm/names.h — the syntax of what clients send: weight versions and memory tags (SPEC §3).
+// Shared by the daemon (which enforces it) and fdctl (which checks before sending anything).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fd::shm {
+
+/// `[A-Za-z0-9._-]{1,128}`, and not "." or "..": a version never escapes a directory.
+bool is_valid_version(std::string_view v);
+
+/// Split a `tags` list ("weight, kv_cache"): comma-separated, spaces trimmed, empty items
+/// dropped; empty or absent = both. Returns the distinct tags in the order weight, kv_cache.
+/// Errors  fd::Error{invalid_argument} naming an unknown tag.
+std::vector<std::string> parse_tag_list(std::string_view text);
+
+}  // namespace fd::shm

@@ -1,0 +1,41 @@
+#include "fd/shm/names.h"
+
+#include "fd/status.h"
+
+namespace fd::shm {
+
+bool is_valid_version(std::string_view v) {
+    if (v.empty() || v.size() > 128 || v == "." || v == "..") { return false; }
+    for (char c : v) {
+        const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+        if (!ok) { return false; }
+    }
+    return true;
+}
+
+std::vector<std::string> parse_tag_list(std::string_view text) {
+    bool weight = false, kv = false;
+    size_t pos = 0;
+    while (pos <= text.size()) {
+        size_t end = text.find(',', pos);
+        if (end == std::string_view::npos) { end = text.size(); }
+        std::string_view tag = text.substr(pos, end - pos);
+        while (!tag.empty() && (tag.front() == ' ' || tag.front() == '\t')) { tag.remove_prefix(1); }
+        while (!tag.empty() && (tag.back() == ' ' || tag.back() == '\t')) { tag.remove_suffix(1); }
+        if (tag == "weight") {
+            weight = true;
+        } else if (tag == "kv_cache") {
+            kv = true;
+        } else if (!tag.empty()) {
+            throw Error(Errc::invalid_argument, fmt::format("unknown tag '{}': use weight, kv_cache or both (comma-separated)", tag), "tags");
+        }
+        pos = end + 1;
+    }
+    if (!weight && !kv) { weight = kv = true; }
+    std::vector<std::string> out;
+    if (weight) { out.emplace_back("weight"); }
+    if (kv) { out.emplace_back("kv_cache"); }
+    return out;
+}
+
+}  // namespace fd::shm
