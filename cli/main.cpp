@@ -104,7 +104,8 @@ int main(int argc, char ** argv) {
     app.add_option("--url", o.url, "V1 base URL (default http://127.0.0.1:PORT)");
     app.add_option("--transport", o.transport, "shm (control block) or v1 (HTTP); default from FD_ENABLE_V1_UPDATE_WEIGHTS")
         ->check(CLI::IsMember({"shm", "v1"}))->capture_default_str();
-    app.add_option("--timeout", o.timeout_s, "Seconds to wait for the daemon (and for `wait`)")->check(CLI::PositiveNumber)->capture_default_str();
+    app.add_option("--timeout", o.timeout_s, "Seconds to wait for the daemon (and for `wait`); the last one given wins")
+        ->check(CLI::PositiveNumber)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->capture_default_str();
     app.add_flag("--json", o.json, "Print the daemon's JSON answer (the V1 HTTP body) instead of a summary");
     app.add_flag("--quiet", o.quiet, "Print nothing on success; the exit code says it all");
     app.add_option("--api-key", o.api_key, "Bearer key for --transport v1")->envname("FD_API_KEY");

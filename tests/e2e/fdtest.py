@@ -16,6 +16,7 @@ import time
 
 REPO = os.environ.get("FD_REPO", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 BIN = os.environ.get("FDROLLOUT_BIN", os.path.join(REPO, "build", "fdrollout"))
+FDCTL = os.environ.get("FDCTL_BIN", os.path.join(os.path.dirname(BIN), "fdctl"))
 PYTHON = os.environ.get("FD_PYTHON", "/usr/bin/python3")
 sys.path.insert(0, os.path.join(REPO, "scripts"))  # safetensors_np for the tests
 
@@ -150,6 +151,13 @@ class Daemon:
         self.stop()
         with contextlib.suppress(OSError):
             os.unlink(self.log.name)
+
+
+def fdctl(port, *args, timeout=60, env=None):
+    """Run fdctl; returns (exit code, stdout, stderr)."""
+    p = subprocess.run([FDCTL, "--port", str(port), *args], capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, **(env or {})})
+    return p.returncode, p.stdout, p.stderr
 
 
 def merge_stream(chunks):

@@ -1,0 +1,259 @@
+"""fdctl against a real daemon over both transports (shm control block and V1 HTTP): every
+subcommand's stdout, --json and exit code, identical answers on both channels, the fault cases
+(no daemon, daemon or fdctl killed mid-call, concurrent calls), block permissions and ABI checks,
+and the two example scripts."""
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+from fdtest import FDCTL, REF, REPO, STORIES, Daemon, copy_checkpoint, fdctl, free_port, perturbed
+
+SHM = "/dev/shm/fdrollout.{}"
+EXIT = {"ok": 0, "usage": 2, "not_found": 3, "wrong_state": 4, "invalid_checkpoint": 5, "engine_paused": 6,
+        "timeout": 7, "unreachable": 8}
+
+
+def normalized(body):
+    """Drop the fields that legitimately differ between two calls (timings, RSS)."""
+    j = json.loads(body)
+    res = j.get("result", j)
+    for k in ["elapsed_s", "rss_before_bytes", "rss_after_bytes", "rss_bytes", "ranks"]:
+        res.pop(k, None)
+    return j
+
+
+class Fdctl(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="fd-ctl-")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_every_subcommand_gives_the_same_answer_over_both_transports(self):
+        script = [  # (args, exit code, human stdout prefix)
+            (["is-paused"], 0, "false"),
+            (["pause"], 0, "paused (aborted 0"),
+            (["pause"], 0, "paused"),
+            (["is-paused"], 0, "true"),
+            (["status"], 0, "state=paused paused=true"),
+            (["sleep", "--tags", "weight"], 0, "asleep: weight"),
+            (["sleep", "--tags", "weight,kv_cache"], 0, "asleep: kv_cache (already asleep: weight)"),
+            (["resume"], EXIT["wrong_state"], ""),
+            (["update-weights", "--version", "v2"], EXIT["wrong_state"], ""),
+            (["wakeup", "--tags", "kv_cache"], 0, "awake: kv_cache"),
+            (["wakeup"], 0, "awake: weight; weight_version 0; serving"),
+            (["update-weights", "--version", "v2"], EXIT["wrong_state"], ""),  # not paused
+            (["pause"], 0, "paused"),
+            (["update-weights", "--version", "v2"], 0, "weight_version v2"),
+            (["resume"], 0, "resumed"),
+            (["status"], 0, "state=serving paused=false sleeping=- weights_valid=true weight_version=v2"),
+            (["clear-load-weight"], 0, "clear model weight successfully"),
+            (["clear-load-weight"], 0, "model weight is cleared"),
+            (["update-model-weight"], 0, "update model weight successfully"),
+            (["update-model-weight"], 0, "model weight is updated"),
+            (["wait", "--until", "serving"], 0, "state=serving"),
+        ]
+        answers = {}
+        for transport in ["shm", "v1"]:
+            with Daemon("--dynamic-load-weight") as d:
+                answers[transport] = []
+                for args, code, human in script:
+                    rc, out, err = fdctl(d.port, "--transport", transport, *args)
+                    self.assertEqual(rc, code, (transport, args, out, err))
+                    self.assertTrue(out.startswith(human), (transport, args, out))
+                    if code != 0:
+                        self.assertIn(args[0].replace("-", "_") if args[0] != "update-weights" else "update_weights", err)
+                    if args[0] != "wait":
+                        rc2, js, _ = fdctl(d.port, "--transport", transport, "--json", *args) if args[0] in ("is-paused", "status") else (rc, None, None)
+                        if js:
+                            answers[transport].append(normalized(js))
+                self.assertEqual(d.complete(prompt="Lily and Tom", max_tokens=60, temperature=0)["weight_version"], "v2")
+        self.assertEqual(answers["shm"], answers["v1"])
+
+    def test_json_output_is_the_http_body(self):
+        with Daemon("--dynamic-load-weight") as d:
+            for transport in ["shm", "v1"]:
+                rc, out, _ = fdctl(d.port, "--transport", transport, "--json", "pause")
+                self.assertEqual(rc, 0)
+                j = json.loads(out)
+                self.assertEqual((j["status"], j["result"]["is_paused"]), ("success", True))
+                rc, out, _ = fdctl(d.port, "--transport", transport, "--json", "sleep", "--tags", "bogus")
+                self.assertEqual((rc, out), (EXIT["usage"], ""))  # nothing sent
+                rc, out, _ = fdctl(d.port, "--transport", transport, "--json", "resume")
+                self.assertEqual(rc, 0)
+                rc, out, err = fdctl(d.port, "--transport", transport, "--json", "update-weights")
+                self.assertEqual(rc, EXIT["wrong_state"])
+                self.assertEqual(json.loads(out)["error"]["type"], "wrong_state")
+            with Daemon() as plain:  # no --dynamic-load-weight
+                for transport in ["shm", "v1"]:
+                    rc, out, err = fdctl(plain.port, "--transport", transport, "sleep")
+                    self.assertEqual(rc, EXIT["not_found"], err)
+                    rc, out, err = fdctl(plain.port, "--transport", transport, "clear-load-weight")
+                    self.assertEqual(rc, EXIT["not_found"], err)
+                    self.assertIn("Dynamic Load Weight Disabled.", err)
+
+    def test_usage_errors_send_nothing(self):
+        for args in [["sleep", "--tags", "weights"], ["update-weights", "--version", "../x"], ["wait", "--until", "sleeping"],
+                     ["frobnicate"], [], ["--transport", "carrier-pigeon", "status"]]:
+            rc, out, err = fdctl(free_port(), *args)
+            self.assertEqual(rc, EXIT["usage"], (args, err))
+        rc, out, _ = fdctl(free_port(), "--help")
+        self.assertEqual(rc, 0)
+        self.assertIn("Exit codes", out)
+
+    def test_no_daemon_is_unreachable_within_a_second(self):
+        port = free_port()
+        for transport in ["shm", "v1"]:
+            t0 = time.time()
+            rc, _, err = fdctl(port, "--transport", transport, "--timeout", "30", "pause")
+            self.assertEqual(rc, EXIT["unreachable"], err)
+            self.assertLess(time.time() - t0, 1.0)
+        rc, _, _ = fdctl(port, "wait", "--until", "serving", "--timeout", "0.3")
+        self.assertEqual(rc, EXIT["timeout"])
+
+    def test_block_is_private_and_removed_on_exit(self):
+        with Daemon() as d:
+            st = os.stat(SHM.format(d.port))
+            self.assertEqual(stat.S_IMODE(st.st_mode), 0o600)
+            self.assertEqual(st.st_uid, os.getuid())
+            port = d.port
+        self.assertFalse(os.path.exists(SHM.format(port)))
+
+    def test_foreign_or_mismatched_blocks_are_refused(self):
+        port = free_port()
+        path = SHM.format(port)
+        try:
+            with open(path, "wb") as f:
+                f.write(b"NOTFDROL" + b"\0" * 40000)
+            rc, _, err = fdctl(port, "status")
+            self.assertEqual(rc, 10, err)
+            self.assertIn("another magic", err)
+            with open(path, "r+b") as f:  # right magic, wrong ABI version
+                f.write((0x42434C4C4F524446).to_bytes(8, "little") + (99).to_bytes(4, "little"))
+            rc, _, err = fdctl(port, "status")
+            self.assertIn("ABI version 99", err)
+            # a daemon reclaims a block nobody alive owns
+            with Daemon(env={}, wait=True) as d:
+                pass
+        finally:
+            if os.path.exists(path):
+                os.unlink(path)
+
+    def test_daemon_killed_while_fdctl_waits_then_restarted(self):
+        d = Daemon("--dynamic-load-weight", env={"FD_DEBUG_CONTROL_DELAY_MS": "4000"})
+        try:
+            p = subprocess.Popen([FDCTL, "--port", str(d.port), "--timeout", "10", "pause"], stderr=subprocess.PIPE, text=True)
+            time.sleep(0.5)
+            t0 = time.time()
+            d.proc.send_signal(signal.SIGKILL)
+            d.proc.wait()
+            _, err = p.communicate(timeout=12)
+            self.assertIn(p.returncode, (EXIT["unreachable"], EXIT["timeout"]), err)
+            self.assertLess(time.time() - t0, 10)
+            self.assertTrue(os.path.exists(SHM.format(d.port)))  # stale block left behind
+            port = d.port
+        finally:
+            d.__exit__(None)
+        with Daemon(env={}) as again:  # a new daemon on another port is unaffected
+            pass
+        import fdtest
+        orig = fdtest.free_port
+        fdtest.free_port = lambda: port
+        try:
+            with Daemon() as restarted:  # same port: the stale block is reclaimed
+                self.assertEqual(restarted.port, port)
+                rc, out, _ = fdctl(port, "is-paused")
+                self.assertEqual((rc, out.strip()), (0, "false"))
+        finally:
+            fdtest.free_port = orig
+
+    def test_fdctl_killed_while_holding_the_mailbox(self):
+        with Daemon("--dynamic-load-weight", env={"FD_DEBUG_CONTROL_DELAY_MS": "1500"}) as d:
+            p = subprocess.Popen([FDCTL, "--port", str(d.port), "pause"])
+            time.sleep(0.3)
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            t0 = time.time()
+            rc, out, err = fdctl(d.port, "--timeout", "10", "is-paused")
+            self.assertEqual((rc, out.strip()), (0, "true"), err)  # the dead client's pause still happened
+            self.assertLess(time.time() - t0, 10)
+
+    def test_eight_concurrent_calls_are_all_answered(self):
+        with Daemon("--dynamic-load-weight") as d:
+            results = [None] * 8
+            cmds = [["pause"], ["is-paused"], ["status"], ["resume"], ["is-paused"], ["pause"], ["status"], ["resume"]]
+
+            def run(i):
+                results[i] = fdctl(d.port, "--json", "--timeout", "30", *cmds[i])
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            for (rc, out, err), cmd in zip(results, cmds):
+                self.assertEqual(rc, 0, (cmd, err))
+                j = json.loads(out)
+                if cmd[0] in ("pause", "resume"):
+                    self.assertEqual(j["result"]["is_paused"], cmd[0] == "pause")  # its own answer, not another's
+                elif cmd[0] == "is-paused":
+                    self.assertIn("is_paused", j)
+                else:
+                    self.assertIn("state", j)
+            _, m = d.get("/metrics")
+            self.assertIn('fdrollout_control_ops_total{op="pause"} 2', m)
+            self.assertIn('fdrollout_control_ops_total{op="resume"} 2', m)
+
+    def test_rl_loop_example_script(self):
+        src = copy_checkpoint(STORIES, os.path.join(self.tmp, "rl"))
+        steps = {}
+        for step in (1, 2):
+            steps[step] = perturbed(STORIES, os.path.join(self.tmp, f"step{step}"), seed=100 + step)
+        train = f"cp {self.tmp}/step$STEP/model.safetensors {src}/model.safetensors"
+        with Daemon("--dynamic-load-weight", model=src) as d:
+            p = subprocess.run(["bash", os.path.join(REPO, "scripts", "rl_loop_example.sh"), "--port", str(d.port), "--rounds", "2",
+                                "--train-cmd", train], capture_output=True, text=True, timeout=120, env={**os.environ, "FDCTL": FDCTL})
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("round 1: rollout of 4 completions from weight_version 0", p.stdout)
+            self.assertIn("round 2: rollout of 4 completions from weight_version step-1", p.stdout)
+            self.assertIn("round 2: now serving step-2", p.stdout)
+            got = d.complete(prompt="Once upon a time", max_tokens=30, temperature=0)
+            self.assertEqual(got["weight_version"], "step-2")
+        with Daemon(model=steps[2]) as fresh:
+            want = fresh.complete(prompt="Once upon a time", max_tokens=30, temperature=0)
+        self.assertEqual(got["choices"][0]["token_ids"], want["choices"][0]["token_ids"])
+        # a broken trainer step: the script fails with fdctl's code and the old weights keep serving
+        with Daemon("--dynamic-load-weight", model=src) as d:
+            p = subprocess.run(["bash", os.path.join(REPO, "scripts", "rl_loop_example.sh"), "--port", str(d.port), "--rounds", "1",
+                                "--train-cmd", f"truncate -s 1000 {src}/model.safetensors"],
+                               capture_output=True, text=True, timeout=120, env={**os.environ, "FDCTL": FDCTL})
+            self.assertEqual(p.returncode, EXIT["invalid_checkpoint"], p.stderr)
+            self.assertIn("previous weights keep serving", p.stderr)
+            self.assertEqual(d.complete(prompt="Once upon a time", max_tokens=30, temperature=0)["choices"][0]["token_ids"],
+                             want["choices"][0]["token_ids"])
+
+    def test_cron_maintenance_script(self):
+        with Daemon("--dynamic-load-weight") as d:
+            p = subprocess.run(["bash", os.path.join(REPO, "scripts", "cron_maintenance.sh"), "--port", str(d.port)],
+                               capture_output=True, text=True, timeout=120, env={**os.environ, "FDCTL": FDCTL})
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertRegex(p.stdout, r"^\d{4}-\d\d-\d\dT\S+Z fdrollout:\d+ OK sleep/wakeup: asleep: weight,kv_cache; freed weight=")
+            self.assertEqual(d.complete(prompt="Lily and Tom", max_tokens=60, temperature=0)["choices"][0]["token_ids"], REF["Lily and Tom"]["ids"])
+        with Daemon() as plain:  # without --dynamic-load-weight the sleep fails and the log says so
+            p = subprocess.run(["bash", os.path.join(REPO, "scripts", "cron_maintenance.sh"), "--port", str(plain.port)],
+                               capture_output=True, text=True, timeout=120, env={**os.environ, "FDCTL": FDCTL})
+            self.assertEqual(p.returncode, EXIT["not_found"])
+            self.assertIn("FAIL sleep (exit 3)", p.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
