@@ -71,6 +71,8 @@ void add_flags(CLI::App & app, fd::Config & c) {
 int run(fd::Config & cfg, sigset_t & signals) {
     auto lg = fd::log::get("engine");
     const fd::Resolved r = fd::resolve(cfg);
+    // The control block first: it refuses to start when a live daemon owns this port.
+    auto block = fd::shm::MappedBlock::create(cfg.server.port);
     lg->info("model {} ({}): {} layers, hidden {}, heads {}/{}, vocab {}; weight_version {}", cfg.model.model_dir,
              r.model.architecture, r.model.n_layers, r.model.hidden_size, r.model.n_heads, r.model.n_kv_heads,
              r.model.vocab_size, cfg.engine.weight_version);
@@ -84,8 +86,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
                                .enable_prefix_caching = cfg.kv.enable_prefix_caching},
                               fd::weights::make_normal_source(cfg.model.model_dir));
     fd::api::ApiServer server(cfg.server, engine, *tok);
-    // The control block first: it refuses to start when a live daemon owns this port.
-    fd::control::ShmWatcher watcher(cfg.server.port, cfg.server.v1_update_weights, engine,
+    fd::control::ShmWatcher watcher(std::move(block), cfg.server.port, cfg.server.v1_update_weights, engine,
                                     [&](const fd::shm::MailboxCommand & c) { return server.dispatch(c); });
     engine.start();
     server.bind();

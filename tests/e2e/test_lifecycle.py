@@ -67,8 +67,9 @@ class Port(unittest.TestCase):
         with Daemon() as d:
             p = subprocess.run([BIN, "--port", str(d.port)], capture_output=True, text=True, timeout=60)
             self.assertNotEqual(p.returncode, 0)
-            self.assertIn("cannot listen", p.stderr)
+            self.assertIn(f"already owns port {d.port}", p.stderr)
             self.assertIn("--port", p.stderr)
+            self.assertNotIn("KV pool", p.stderr)  # refused before loading the model
             # the first one still answers every request
             for _ in range(10):
                 self.assertEqual(d.get("/v1/models")[1]["data"][0]["id"], "stories260K")

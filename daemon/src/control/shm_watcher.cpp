@@ -7,8 +7,8 @@
 
 namespace fd::control {
 
-ShmWatcher::ShmWatcher(int port, bool v1_update_weights, engine::Engine & engine, Dispatch dispatch)
-    : port_(port), engine_(engine), dispatch_(std::move(dispatch)), block_(shm::MappedBlock::create(port)) {
+ShmWatcher::ShmWatcher(shm::MappedBlock block, int port, bool v1_update_weights, engine::Engine & engine, Dispatch dispatch)
+    : port_(port), engine_(engine), dispatch_(std::move(dispatch)), block_(std::move(block)) {
     block_->v1_update_weights.store(v1_update_weights ? 1 : 0);
     engine_.attach_legacy_word(&block_->legacy_status);
     publish();

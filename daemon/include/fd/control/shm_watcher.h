@@ -23,9 +23,9 @@ class ShmWatcher {
 public:
     using Dispatch = std::function<api::ControlReply(const shm::MailboxCommand &)>;
 
-    /// Create the block for `port` and attach the engine's legacy status word to it.
-    /// Errors  fd::Error{wrong_state} if a live fdrollout owns the port's block.
-    ShmWatcher(int port, bool v1_update_weights, engine::Engine & engine, Dispatch dispatch);
+    /// Take over `block` (from shm::MappedBlock::create(port), done before the model loads so a
+    /// taken port fails fast) and attach the engine's legacy status word to it.
+    ShmWatcher(shm::MappedBlock block, int port, bool v1_update_weights, engine::Engine & engine, Dispatch dispatch);
     ~ShmWatcher();
 
     void start();
