@@ -34,6 +34,7 @@ public:
         const auto secs = static_cast<time_t>(timeout_s);
         const auto usecs = static_cast<time_t>((timeout_s - static_cast<double>(secs)) * 1e6);
         cli_.set_connection_timeout(1, 0);
+        cli_.set_tcp_nodelay(true);
         cli_.set_read_timeout(secs, usecs);
         cli_.set_write_timeout(secs, usecs);
         if (!api_key.empty()) { cli_.set_bearer_token_auth(api_key); }

@@ -34,6 +34,7 @@ ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, const model::Tok
     const int n_threads = ctx_->cfg.n_http_threads;
     http_->new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
     http_->set_payload_max_length(64 << 20);
+    http_->set_tcp_nodelay(true);  // no Nagle + delayed-ACK stalls (~40 ms) on keep-alive control calls
     http_->set_read_timeout(60, 0);
     http_->set_write_timeout(60, 0);
     // No SO_REUSEPORT (httplib's default): a second daemon on a taken port must fail, not
