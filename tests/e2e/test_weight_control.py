@@ -79,7 +79,11 @@ class WeightControl(unittest.TestCase):
             t2 = threading.Thread(target=lambda: out.__setitem__("plain", d.post("/v1/completions", body)))
             t1.start(); t2.start()
             deadline = time.time() + 10
-            while time.time() < deadline and d.get("/health")[1]["num_requests_waiting"] < 1:
+            def queued():
+                h = d.get("/health")[1]
+                return h["num_requests_running"] + h["num_requests_waiting"]
+
+            while time.time() < deadline and queued() < 24:  # both requests admitted: 8 running, 16 waiting
                 time.sleep(0.002)
             res = self.ok(d, "POST", "/v1/pause")
             self.assertEqual(res["aborted"], 24)  # 8 running + 16 queued
