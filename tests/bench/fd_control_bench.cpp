@@ -8,7 +8,9 @@
 //   pause           --pause-batch (64) concurrent greedy ignore_eos requests; once all run and decode
 //                   has started, the mean step time is read from /metrics (histogram sum/count over
 //                   the following steps), then POST /v1/pause is timed at a random point of a step.
-//                   Target: pause latency <= 1 mean decode step (worst trial).
+//                   Target: pause latency <= 1 mean decode step (worst trial). On small models,
+//                   pause_diagnostics repeats it with the B sequences in one request and with one
+//                   engine thread (a core left to the HTTP threads).
 //   update_weights  POST /v1/pause, then one warm-up and N timed POST /v1/update_weights
 //                   {"version": "bench-i"} from the same (unchanged) checkpoint directory.
 //                   bytes/s = result.bytes / wall time of the call; p50 ÷ memcpy (target >= 0.8);
@@ -25,7 +27,7 @@
 // Reference: single-thread memcpy, --memcpy-mib (512) buffers, best of 3, GB/s of bytes copied.
 // Usage: fd_control_bench [--model DIR[,DIR]] [--threads 2] [--kv-cache-bytes auto] [--updates 5]
 //                         [--tiny-updates 100] [--rtt-calls 200] [--pause-batch 64] [--pause-trials 0]
-//                         [--sleep-cycles 2] [--memcpy-mib 512] [--no-analysis]
+//                         [--sleep-cycles 3] [--memcpy-mib 512] [--no-analysis] [--no-pause-diagnostics]
 #include "fd/api/server.h"
 #include "fd/arena.h"
 #include "fd/config.h"
@@ -242,11 +244,12 @@ struct Options {
     int         pause_batch   = 64;
     int         pause_trials  = 0;   ///< 0 = 3 on small models, 2 on large ones
     int         pause_prompt_len = 8;
-    int         sleep_cycles  = 2;
+    int         sleep_cycles  = 3;
     int64_t     memcpy_mib    = 512;
     bool        analysis      = true;
     std::string log_level     = "warn";
     bool        client_nodelay = true;
+    bool        pause_diagnostics = true;
 };
 
 constexpr int64_t kLargeCheckpoint = 64LL << 20;  ///< above: "large" (few updates, 256 MiB KV default)
@@ -407,7 +410,9 @@ json bench_rtt(Daemon & d, const Options & o) {
     return j;
 }
 
-json bench_pause(Daemon & d, const Options & o, int trials) {
+/// `one_request`: the B sequences come from one request with B prompts (one HTTP handler thread
+/// waiting on one ResultChannel) instead of B concurrent requests (B handler threads).
+json bench_pause(Daemon & d, const Options & o, int trials, double idle_pause_p50_ms, bool one_request = false) {
     auto mon = client(d.port(), o.client_nodelay);
     const int B = o.pause_batch, P = o.pause_prompt_len, bs = d.cfg.kv.block_size_tokens;
     const int32_t vocab = d.r.model.vocab_size;
@@ -422,17 +427,27 @@ json bench_pause(Daemon & d, const Options & o, int trials) {
         const Metrics m0 = read_metrics(*mon);
         std::atomic<int> n_done{0}, n_abort{0}, n_error{0};
         std::vector<std::thread> clients;
-        for (int i = 0; i < B; ++i) {
+        auto prompt_of = [&](int i) {
+            json prompt = json::array();
+            prompt.push_back(1);
+            for (int k = 1; k < P; ++k) { prompt.push_back((i * 131 + k * 7 + trial * 17 + 3) % vocab); }
+            return prompt;
+        };
+        const int n_requests = one_request ? 1 : B;
+        for (int i = 0; i < n_requests; ++i) {
             clients.emplace_back([&, i] {
                 json prompt = json::array();
-                prompt.push_back(1);
-                for (int k = 1; k < P; ++k) { prompt.push_back((i * 131 + k * 7 + trial * 17 + 3) % vocab); }
+                if (one_request) {
+                    for (int k = 0; k < B; ++k) { prompt.push_back(prompt_of(k)); }
+                } else {
+                    prompt = prompt_of(i);
+                }
                 const json body = {{"model", d.cfg.server.served_model_name}, {"prompt", prompt}, {"max_tokens", max_tokens},
                                    {"temperature", 0.0}, {"ignore_eos", true}};
                 try {
                     auto c = client(d.port(), o.client_nodelay);
                     const json r = call(*c, "POST", "/v1/completions", body.dump());
-                    if (r["choices"][0]["finish_reason"] == "abort") { ++n_abort; }
+                    for (const auto & ch : r["choices"]) { n_abort += ch["finish_reason"] == "abort" ? 1 : 0; }
                 } catch (const std::exception & e) {
                     ++n_error;
                     std::fprintf(stderr, "fd_control_bench: request %d: %s\n", i, e.what());
@@ -453,18 +468,24 @@ json bench_pause(Daemon & d, const Options & o, int trials) {
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
         }
         const double ramp_s = seconds_since(t_start);
-        // Mean decode step over the next steps (every step here is a pure decode of B rows).
-        const Metrics a = m;
+        // Mean decode step over the next steps (every step here is a pure decode of B rows): the
+        // engine's own step time (histogram sum/count) and the step period seen from outside
+        // (steps per wall second between two /metrics reads, each timed from its send, so the
+        // response delay cancels out).
         const auto ta = Clock::now();
+        const Metrics a = read_metrics(*mon);
         Metrics b = a;
+        Clock::time_point tb;
         while (true) {
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            tb = Clock::now();
             b = read_metrics(*mon);
             const int64_t n = b.step_count - a.step_count;
-            if (n >= 3 && (seconds_since(ta) >= 0.25 || n >= 64)) { break; }
+            if (n >= 3 && (std::chrono::duration<double>(tb - ta).count() >= 0.25 || n >= 64)) { break; }
         }
         const int64_t n_steps = b.step_count - a.step_count;
         const double step_s   = (b.step_sum - a.step_sum) / static_cast<double>(n_steps);
+        const double period_s = std::chrono::duration<double>(tb - ta).count() / static_cast<double>(n_steps);
         // Land the pause at a random point of a step.
         std::this_thread::sleep_for(std::chrono::duration<double>(std::uniform_real_distribution<double>(0.0, step_s)(rng)));
         const Metrics before = read_metrics(*mon);
@@ -480,18 +501,24 @@ json bench_pause(Daemon & d, const Options & o, int trials) {
                        {"tokens_generated_before_pause", before.gen_tokens - m0.gen_tokens},
                        {"ramp_s", round_to(ramp_s, 3)},
                        {"step_ms_mean", round_to(step_s * 1e3, 3)},
+                       {"step_period_ms", round_to(period_s * 1e3, 3)},
                        {"steps_measured", n_steps},
                        {"pause_ms", round_to(pause_s * 1e3, 3)},
                        {"pause_engine_ms", round_to(pr["result"]["elapsed_s"].get<double>() * 1e3, 3)},
                        {"pause_in_steps", round_to(steps, 3)},
+                       {"pause_in_step_periods", round_to(pause_s / period_s, 3)},
+                       {"pause_minus_idle_pause_p50_ms", round_to(pause_s * 1e3 - idle_pause_p50_ms, 3)},
+                       {"pause_minus_idle_pause_p50_in_steps", round_to((pause_s * 1e3 - idle_pause_p50_ms) / (step_s * 1e3), 3)},
                        {"aborted", pr["result"]["aborted"]},
                        {"client_aborts", n_abort.load()},
                        {"client_errors", n_error.load()}});
     }
     json j;
     j["batch"] = B;
+    j["requests"] = one_request ? 1 : B;
     j["prompt_len"] = P;
     j["max_tokens"] = max_tokens;
+    j["idle_pause_p50_ms"] = idle_pause_p50_ms;
     j["trials"] = out;
     j["pause_ms_max"] = round_to(worst_ms, 3);
     j["pause_in_steps_max"] = round_to(worst_steps, 3);
@@ -538,7 +565,7 @@ json bench_update(Daemon & d, const Options & o, int n_updates, double memcpy_bp
 json bench_sleep_wakeup(Daemon & d, const Options & o, double memcpy_bps) {
     auto c = client(d.port(), o.client_nodelay);
     json cycles = json::array();
-    std::vector<double> sleep_s, wake_s, freed_frac, rss_frac, wake_gbs;
+    std::vector<double> sleep_s, wake_s, freed_frac, rss_frac;
     for (int i = 0; i < o.sleep_cycles; ++i) {
         const int64_t rss_idle = call(*c, "GET", "/health")["rss_bytes"].get<int64_t>();
         double ts = 0.0, tw = 0.0;
@@ -556,7 +583,6 @@ json bench_sleep_wakeup(Daemon & d, const Options & o, double memcpy_bps) {
         wake_s.push_back(tw);
         freed_frac.push_back(frac);
         rss_frac.push_back(rfrac);
-        wake_gbs.push_back(static_cast<double>(wbytes) / tw / 1e9);
         cycles.push_back({{"cycle", i},
                           {"sleep_ms", round_to(ts * 1e3, 3)},
                           {"sleep_engine_ms", round_to(s["elapsed_s"].get<double>() * 1e3, 3)},
@@ -585,7 +611,7 @@ json bench_sleep_wakeup(Daemon & d, const Options & o, double memcpy_bps) {
     const double s_max = *std::max_element(sleep_s.begin(), sleep_s.end()) * 1e3;
     const double ff = *std::min_element(freed_frac.begin(), freed_frac.end());
     const double rf = *std::min_element(rss_frac.begin(), rss_frac.end());
-    const double wg = percentile(wake_gbs, 0.5);
+    const double wg = static_cast<double>(cycles[0]["wakeup_bytes"].get<int64_t>()) / percentile(wake_s, 0.5) / 1e9;  // at the median time
     j["sleep_ms_max"] = round_to(s_max, 3);
     j["freed_fraction_min"] = round_to(ff, 4);
     j["rss_drop_over_freed_min"] = round_to(rf, 4);
@@ -603,37 +629,6 @@ json bench_sleep_wakeup(Daemon & d, const Options & o, double memcpy_bps) {
 // ---------------------------------------------------------------------------------------------
 
 double gbs(int64_t bytes, double s) { return s > 0 ? round_to(static_cast<double>(bytes) / s / 1e9, 3) : 0.0; }
-
-/// Round trips to a bare cpp-httplib server (same library, same keep-alive client) answering a
-/// small JSON body, with the server's TCP_NODELAY off (httplib's default, as ApiServer runs) and on.
-/// Shows what the server's socket options alone cost per control call.
-json nodelay_whatif(int calls) {
-    json j;
-    for (bool nodelay : {false, true}) {
-        httplib::Server srv;
-        srv.set_tcp_nodelay(nodelay);
-        srv.Get("/x", [](const httplib::Request &, httplib::Response & res) {
-            res.set_content(R"({"is_paused":false,"sleeping_tags":[],"weights_valid":true,"weight_version":"0"})", "application/json");
-        });
-        srv.Post("/y", [](const httplib::Request &, httplib::Response & res) {
-            res.set_content(R"({"status":"success","result":{"is_paused":true,"elapsed_s":1e-05,"aborted":0}})", "application/json");
-        });
-        const int port = srv.bind_to_any_port("127.0.0.1");
-        std::thread th([&] { srv.listen_after_bind(); });
-        auto c = client(port, true);
-        std::vector<double> g, p;
-        for (int i = 0; i < calls + 10; ++i) {
-            double a = 0.0, b = 0.0;
-            call(*c, "GET", "/x", "", &a);
-            call(*c, "POST", "/y", "", &b);
-            if (i >= 10) { g.push_back(a); p.push_back(b); }
-        }
-        srv.stop();
-        th.join();
-        j[nodelay ? "server_tcp_nodelay_on" : "server_tcp_nodelay_off"] = {{"get", ms_stats(g)}, {"post", ms_stats(p)}};
-    }
-    return j;
-}
 
 json analyse(const std::string & dir, const M::ModelConfig & cfg, double memcpy_bps) {
     json j;
@@ -729,6 +724,7 @@ json analyse(const std::string & dir, const M::ModelConfig & cfg, double memcpy_
     sl["weights_pages_4k"] = warena_bytes / 4096;
     sl["weights_munmap_ns_per_4k_page"] = round_to(t_unmap_w * 1e9 / static_cast<double>(warena_bytes / 4096), 1);
     sl["weights_populate_s"] = round_to(t_populate_w, 6);
+    j["sleep_path"] = sl;
 
     // wakeup: Worker::reload_weights → load_weights: reserve (not pre-faulted), read_tensor_f32
     // per tensor (a zeroed std::vector, pread, convert), pack into fresh arena pages.
@@ -921,13 +917,32 @@ json bench_model(const std::string & dir, const Options & o, double memcpy_bps) 
         j["control_rtt"] = bench_rtt(d, o);
         const int trials = o.pause_trials > 0 ? o.pause_trials : (large ? 2 : 3);
         std::fprintf(stderr, "fd_control_bench: %s: pause at batch %d (%d trials)...\n", dir.c_str(), o.pause_batch, trials);
-        j["pause"] = bench_pause(d, o, trials);
+        j["pause"] = bench_pause(d, o, trials, j["control_rtt"]["pause"]["p50_ms"].get<double>());
         const int n_up = large ? o.updates : o.tiny_updates;
         std::fprintf(stderr, "fd_control_bench: %s: %d update_weights...\n", dir.c_str(), n_up);
         j["update_weights"] = bench_update(d, o, n_up, memcpy_bps);
         std::fprintf(stderr, "fd_control_bench: %s: sleep/wakeup x%d...\n", dir.c_str(), o.sleep_cycles);
         j["sleep_wakeup"] = bench_sleep_wakeup(d, o, memcpy_bps);
         j["http_section_s"] = round_to(seconds_since(t_section), 1);
+        if (!large && o.pause_diagnostics) {
+            // Where a small model's pause time goes (its steps are a few ms): the same B sequences
+            // from one request (one waiting handler thread instead of B), and both shapes again
+            // with one engine thread, which leaves a core to the HTTP threads.
+            std::fprintf(stderr, "fd_control_bench: %s: pause diagnostics...\n", dir.c_str());
+            json diag;
+            const double rtt = j["control_rtt"]["pause"]["p50_ms"].get<double>();
+            diag["one_request"] = bench_pause(d, o, trials, rtt, true);
+            Options o1 = o;
+            o1.threads = 1;
+            Daemon d1(dir, o1, kv);
+            {
+                auto c = client(d1.port(), o.client_nodelay);
+                wait_healthy(*c);
+            }
+            diag["threads_1_requests"] = bench_pause(d1, o1, trials, rtt);
+            diag["threads_1_one_request"] = bench_pause(d1, o1, trials, rtt, true);
+            j["pause_diagnostics"] = diag;
+        }
     }
     if (o.analysis) {
         std::fprintf(stderr, "fd_control_bench: %s: analysis...\n", dir.c_str());
@@ -977,6 +992,9 @@ int main(int argc, char ** argv) {
     app.add_option("--sleep-cycles", o.sleep_cycles, "sleep + wakeup cycles")->capture_default_str()->check(CLI::PositiveNumber);
     app.add_option("--memcpy-mib", o.memcpy_mib, "memcpy reference buffer, MiB")->capture_default_str()->check(CLI::PositiveNumber);
     app.add_flag("--analysis,!--no-analysis", o.analysis, "take the update/wakeup/sleep paths apart after the HTTP runs")->capture_default_str();
+    app.add_flag("--pause-diagnostics,!--no-pause-diagnostics", o.pause_diagnostics,
+                 "small models: also time pause with one B-prompt request, and with one engine thread")
+        ->capture_default_str();
     app.add_flag("--client-nodelay,!--no-client-nodelay", o.client_nodelay, "TCP_NODELAY on the bench's HTTP clients")->capture_default_str();
     app.add_option("--log-level", o.log_level, "engine log level on stderr")->capture_default_str();
     CLI11_PARSE(app, argc, argv);
@@ -1043,10 +1061,6 @@ int main(int argc, char ** argv) {
         for (const auto & [k, v] : t.items()) { all = all && v["met"].get<bool>(); }
         t["all_met"] = all;
         r["targets"] = t;
-        if (o.analysis) {
-            std::fprintf(stderr, "fd_control_bench: HTTP TCP_NODELAY what-if...\n");
-            r["http_nodelay_whatif"] = nodelay_whatif(o.rtt_calls);
-        }
         r["models"] = models_j;
         r["loadavg_end"] = read_first_line("/proc/loadavg");
         std::cout << r.dump(1) << std::endl;

@@ -3,7 +3,7 @@
 #   tests/bench/run_control_bench.sh [BUILD_DIR]   (default: build; fd_control_bench must be built there)
 # Makes the random TinyLlama-1.1B-shaped BF16 checkpoint once (BUILD_DIR/bench-models/llama-1b-bf16,
 # ~2.2 GB, about 1 minute), then runs fd_control_bench on models/stories260K and that model with
-# 2 engine threads and a 256 MiB KV pool for the large model. About 3 minutes on 2 cores; needs
+# 2 engine threads and a 256 MiB KV pool for the large model. About 1.5 minutes on 2 cores; needs
 # ~10 GB of free memory.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -21,4 +21,4 @@ if [[ ! -f "$MODEL1B/config.json" ]]; then
 fi
 cd "$REPO"
 "$BENCH" --model "models/stories260K,$MODEL1B" --threads 2 --kv-cache-bytes auto \
-         --updates 5 --tiny-updates 100 --rtt-calls 200 --pause-batch 64 --sleep-cycles 2 --memcpy-mib 512
+         --updates 5 --tiny-updates 100 --rtt-calls 200 --pause-batch 64 --sleep-cycles 3 --memcpy-mib 512
