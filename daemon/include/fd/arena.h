@@ -37,6 +37,9 @@ public:
     bool    mapped() const { return base_ != nullptr; }
     const std::string & name() const { return name_; }
 
+    /// Arenas at least this big are aligned to it and use transparent huge pages.
+    static constexpr int64_t kHugePageBytes = 2 << 20;
+
     /// Bytes an allocation of `n` floats takes in an arena (alignment included).
     static int64_t footprint_floats(int64_t n) { return (n * 4 + 63) / 64 * 64; }
 

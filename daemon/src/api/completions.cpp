@@ -225,7 +225,7 @@ json usage_json(const std::vector<ChoiceAcc> & acc, int32_t n) {
 void post_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
     auto r = std::make_shared<CompletionRequest>(parse(ctx, req.body));
     const int32_t n_choices = static_cast<int32_t>(r->gen.prompts.size()) * r->gen.n;
-    auto channel     = std::make_shared<engine::ResultChannel>(n_choices);
+    auto channel     = std::make_shared<engine::ResultChannel>(n_choices, r->stream);
     r->gen.channel   = channel;
     auto prompts     = r->gen.prompts;
     ctx.engine->submit(std::move(r->gen));

@@ -14,16 +14,24 @@ const char * to_string(FinishReason r) {
 }
 
 void ResultChannel::push(ChoiceEvent ev) {
+    const bool wake = wake_each_ || ev.finish != FinishReason::none;
     {
         std::lock_guard lk(mu_);
         q_.push_back(std::move(ev));
     }
-    cv_.notify_one();
+    if (wake) { cv_.notify_one(); }
 }
 
 std::vector<ChoiceEvent> ResultChannel::pop_all(std::chrono::milliseconds wait) {
     std::unique_lock lk(mu_);
-    cv_.wait_for(lk, wait, [&] { return !q_.empty(); });
+    // Without wake_each_, wait for a finishing event (or the timeout), not for any event.
+    cv_.wait_for(lk, wait, [&] {
+        if (wake_each_) { return !q_.empty(); }
+        for (const auto & ev : q_) {
+            if (ev.finish != FinishReason::none) { return true; }
+        }
+        return false;
+    });
     std::vector<ChoiceEvent> out(std::make_move_iterator(q_.begin()), std::make_move_iterator(q_.end()));
     q_.clear();
     for (const auto & ev : out) {

@@ -59,7 +59,9 @@ struct ChoiceEvent {
 /// Single-producer (engine), single-consumer (HTTP handler) queue of events for one request.
 class ResultChannel {
 public:
-    explicit ResultChannel(int32_t n_choices) : n_open_(n_choices) {}
+    /// `wake_each_event`: wake the reader on every event (streaming); otherwise only on a
+    /// choice's finishing event, so non-streaming handlers do not compete for the CPU per token.
+    ResultChannel(int32_t n_choices, bool wake_each_event) : n_open_(n_choices), wake_each_(wake_each_event) {}
 
     void push(ChoiceEvent ev);
 
@@ -78,6 +80,7 @@ private:
     std::condition_variable  cv_;
     std::deque<ChoiceEvent>  q_;
     int32_t                  n_open_;
+    bool                     wake_each_;
     std::atomic<bool>        cancelled_{false};
 };
 
