@@ -23,6 +23,8 @@
 #include "fd/model/safetensors.h"
 #include "fd/model/worker.h"
 
+#include "bench_util.h"
+
 #include <CLI/CLI.hpp>
 #include <cblas.h>
 #include <nlohmann/json.hpp>
@@ -57,13 +59,9 @@ namespace {
 
 using json  = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
+using namespace fd::bench;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-double round_to(double v, int digits) {
-    const double s = std::pow(10.0, digits);
-    return std::round(v * s) / s;
-}
 
 /// Run fn() until at least `min_s` seconds and `min_runs` runs have passed. Returns {runs, seconds, best run}.
 struct Timing {
@@ -85,30 +83,7 @@ Timing time_repeated(double min_s, int64_t min_runs, const std::function<void()>
     return t;
 }
 
-std::string cpu_model() {
-    std::ifstream in("/proc/cpuinfo");
-    std::string   line;
-    while (std::getline(in, line)) {
-        if (line.rfind("model name", 0) == 0) {
-            const auto colon = line.find(':');
-            if (colon != std::string::npos) {
-                auto s = line.substr(colon + 1);
-                s.erase(0, s.find_first_not_of(" \t"));
-                return s;
-            }
-        }
-    }
-    return "unknown";
-}
 
-std::string utc_now() {
-    const std::time_t t = std::time(nullptr);
-    std::tm           tm{};
-    gmtime_r(&t, &tm);
-    char buf[32];
-    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return buf;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Memory bandwidth

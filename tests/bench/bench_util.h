@@ -1,0 +1,79 @@
+// tests/bench/bench_util.h — small helpers shared by the bench programs: timing, rounding,
+// percentiles, machine facts. Header-only; bench code only.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace fd::bench {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+inline double round_to(double v, int digits) {
+    const double s = std::pow(10.0, digits);
+    return std::round(v * s) / s;
+}
+
+/// Nearest-rank percentile (q in (0, 1]) of `v`.
+inline double percentile(std::vector<double> v, double q) {
+    if (v.empty()) { return 0.0; }
+    std::sort(v.begin(), v.end());
+    const size_t k = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+    return v[std::clamp<size_t>(k, 1, v.size()) - 1];
+}
+
+/// {n, p50_ms, p99_ms, min_ms, max_ms} of durations in seconds.
+inline nlohmann::ordered_json ms_stats(const std::vector<double> & seconds) {
+    std::vector<double> ms;
+    for (double s : seconds) { ms.push_back(s * 1e3); }
+    return {{"n", ms.size()},
+            {"p50_ms", round_to(percentile(ms, 0.5), 4)},
+            {"p99_ms", round_to(percentile(ms, 0.99), 4)},
+            {"min_ms", round_to(ms.empty() ? 0.0 : *std::min_element(ms.begin(), ms.end()), 4)},
+            {"max_ms", round_to(ms.empty() ? 0.0 : *std::max_element(ms.begin(), ms.end()), 4)}};
+}
+
+inline std::string read_first_line(const char * file) {
+    std::ifstream in(file);
+    std::string   line;
+    std::getline(in, line);
+    return line;
+}
+
+/// "model name" of the first CPU in /proc/cpuinfo.
+inline std::string cpu_model() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string   line;
+    while (std::getline(in, line)) {
+        if (line.rfind("model name", 0) == 0) {
+            const auto colon = line.find(':');
+            if (colon != std::string::npos) {
+                auto s = line.substr(colon + 1);
+                s.erase(0, s.find_first_not_of(" \t"));
+                return s;
+            }
+        }
+    }
+    return "unknown";
+}
+
+/// Now as "YYYY-MM-DDTHH:MM:SSZ".
+inline std::string utc_now() {
+    const std::time_t t = std::time(nullptr);
+    std::tm           tm{};
+    gmtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+}  // namespace fd::bench

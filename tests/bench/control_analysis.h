@@ -1,0 +1,16 @@
+// tests/bench/control_analysis.h — stage-by-stage timing of the weight-control paths.
+#pragma once
+
+#include "fd/model/model_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace fd::bench {
+
+/// Time each stage of update, wakeup and sleep for the checkpoint in `dir` (read, convert,
+/// pack, fault, unmap), against `memcpy_bps` bytes/s.
+nlohmann::ordered_json analyse(const std::string & dir, const fd::model::ModelConfig & cfg, double memcpy_bps);
+
+}  // namespace fd::bench
