@@ -9,6 +9,7 @@
 #include <cmath>
 #include <ctime>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,19 @@ inline std::string utc_now() {
     char buf[32];
     std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
     return buf;
+}
+
+/// "a,b" "c" → {a, b, c}: repeatable comma-list options.
+inline std::vector<std::string> split_commas(const std::vector<std::string> & in) {
+    std::vector<std::string> out;
+    for (const auto & s : in) {
+        std::stringstream ss(s);
+        std::string       part;
+        while (std::getline(ss, part, ',')) {
+            if (!part.empty()) { out.push_back(part); }
+        }
+    }
+    return out;
 }
 
 }  // namespace fd::bench

@@ -431,18 +431,6 @@ json bench_model(const std::string & dir, const Options & o, double read_bw) {
     return j;
 }
 
-std::vector<std::string> split_commas(const std::vector<std::string> & in) {
-    std::vector<std::string> out;
-    for (const auto & s : in) {
-        std::stringstream ss(s);
-        std::string       part;
-        while (std::getline(ss, part, ',')) {
-            if (!part.empty()) { out.push_back(part); }
-        }
-    }
-    return out;
-}
-
 }  // namespace
 
 int main(int argc, char ** argv) {
