@@ -20,14 +20,19 @@ namespace {
 
 constexpr const char * kExitCodes =
     "Exit codes (the same for both transports):\n"
-    "   0  success                          7  timeout (--timeout, or the daemon's)\n"
-    "   2  usage error, nothing was sent    8  daemon unreachable (none on that port, or it died)\n"
-    "   3  not_found (e.g. dynamic load     9  unauthorized (--api-key)\n"
-    "      weight disabled)                10  invalid_argument (the daemon rejected an argument)\n"
-    "   4  wrong_state (not paused, asleep,11  checksum_mismatch\n"
-    "      legacy clear/update in progress)12  source_unavailable\n"
-    "   5  invalid_checkpoint              70  internal error\n"
+    "   0  success\n"
+    "   2  usage error: nothing was sent\n"
+    "   3  not_found (e.g. dynamic load weight disabled)\n"
+    "   4  wrong_state (not paused, a tag asleep, legacy clear/update in progress)\n"
+    "   5  invalid_checkpoint\n"
     "   6  engine_paused\n"
+    "   7  timeout (--timeout, or the daemon's)\n"
+    "   8  daemon unreachable (none on that port, or it died)\n"
+    "   9  unauthorized (--api-key)\n"
+    "  10  invalid_argument (the daemon rejected an argument)\n"
+    "  11  checksum_mismatch\n"
+    "  12  source_unavailable\n"
+    "  70  internal error\n"
     "Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes --transport default to v1 (else shm); FD_PORT, FD_API_KEY.";
 
 struct Options {

@@ -63,7 +63,8 @@ public:
             if (err == httplib::Error::Read) {
                 fd::fail(fd::Errc::timeout, "no answer from {} within --timeout (or the daemon died while answering)", url_);
             }
-            fd::fail(fd::Errc::unreachable, "cannot reach fdrollout at {}: {}", url_, httplib::to_string(err));
+            fd::fail(fd::Errc::unreachable, "cannot reach fdrollout at {}: {}", url_,
+                     err == httplib::Error::Connection ? "connection refused (is the daemon running on that port?)" : httplib::to_string(err));
         }
         return {res->status, res->body};
     }

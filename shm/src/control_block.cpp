@@ -82,6 +82,7 @@ MappedBlock MappedBlock::create(int port) {
             b.heartbeat_ms.store(now_ms());
             std::atomic_thread_fence(std::memory_order_release);
             b.magic = kControlBlockMagic;  // last: a reader seeing the magic sees the rest
+            m.owner_ = std::shared_ptr<void>(nullptr, [name](void *) { bip::shared_memory_object::remove(name.c_str()); });
             return m;
         } catch (const bip::interprocess_exception & e) {
             if (e.get_error_code() != bip::already_exists_error || attempt > 0) {

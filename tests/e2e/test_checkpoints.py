@@ -13,8 +13,10 @@ from fdtest import BIN, Daemon, free_port, make_checkpoint, read_json, write_jso
 
 
 def expect_startup_failure(test, model_dir, *needles):
-    p = subprocess.run([BIN, "--model", model_dir, "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+    port = free_port()
+    p = subprocess.run([BIN, "--model", model_dir, "--port", str(port)], capture_output=True, text=True, timeout=60)
     test.assertNotEqual(p.returncode, 0)
+    test.assertFalse(os.path.exists(f"/dev/shm/fdrollout.{port}"), "a failed start left its control block behind")
     for n in needles:
         test.assertIn(n, p.stderr)
     return p.stderr

@@ -197,6 +197,7 @@ class WeightControl(unittest.TestCase):
         with Daemon("--dynamic-load-weight", model=src) as d:
             for bad in ["weights", "kv", "weight,gpu", "all"]:
                 self.err(d, "POST", f"/v1/sleep?tags={bad}", 400, "invalid_argument")
+            self.err(d, "POST", "/v1/sleep?level=1", 400, "invalid_argument")  # vLLM's parameter: refused, not guessed
             self.assertEqual(d.get("/v1/is_paused")[1], {"is_paused": False, "sleeping_tags": [], "weights_valid": True, "weight_version": "0"})
             res = self.ok(d, "POST", "/v1/sleep?tags=%20weight%20")
             self.assertEqual((res["tags"], list(res["freed_bytes"])), (["weight"], ["weight"]))

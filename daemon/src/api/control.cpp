@@ -192,6 +192,12 @@ ControlReply dispatch_control(ApiContext & ctx, const shm::MailboxCommand & cmd)
 void control_route(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
     shm::MailboxCommand cmd;
     cmd.op = kRouteOps.at(req.path);
+    for (const auto & [key, value] : req.params) {
+        if (key != "tags" || (cmd.op != "sleep" && cmd.op != "wakeup")) {  // e.g. vLLM's ?level=1: say so, do not guess
+            throw Error(Errc::invalid_argument, fmt::format("unknown query parameter '{}' for {} (sleep and wakeup take tags=weight,kv_cache)",
+                                                            key, req.path), key);
+        }
+    }
     if (req.has_param("tags")) { cmd.tags = req.get_param_value("tags"); }
     if (cmd.op == "update_weights" && !req.body.empty()) {
         json j;

@@ -35,6 +35,8 @@ public:
 
 private:
     std::shared_ptr<void> region_;   ///< the Boost.Interprocess mapped_region, type-erased
+    std::shared_ptr<void> owner_;    ///< create() only: removes the name when the last copy goes,
+                                     ///< so a daemon that fails after creating it leaves nothing
     ControlBlock *        block_ = nullptr;
 };
 
