@@ -212,6 +212,7 @@ bool Engine::step() {
         {
             std::lock_guard lk(inbox_mu_);
             incoming.swap(inbox_);
+            control_waiting_.store(false);
         }
         for (auto & item : incoming) {
             if (auto * req = std::get_if<GenerateRequest>(&item)) {
@@ -282,7 +283,9 @@ bool Engine::step() {
     }
     const int32_t vocab = model_cfg_.vocab_size;
     logits_.resize(batch_.logits_rows.size() * static_cast<size_t>(vocab));
-    workers_[0]->forward(batch_, logits_.data());
+    if (!workers_[0]->forward(batch_, logits_.data(), &control_waiting_)) {
+        return true;  // a control command arrived: nothing advanced; it runs first, then the step is redone
+    }
 
     for (const auto & [ss, n] : d.run) {
         auto & s = static_cast<Sequence &>(*ss);

@@ -30,6 +30,7 @@ std::future<ControlResult> Engine::control(ControlCommand cmd) {
             return fut;
         }
         inbox_.emplace_back(std::move(pc));
+        control_waiting_.store(true);
     }
     inbox_cv_.notify_one();
     return fut;

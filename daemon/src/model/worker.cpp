@@ -86,7 +86,7 @@ kernels::PagedKv Worker::layer_kv(int il) {
     return {k_pool_[il], v_pool_[il], wcfg_.block_size, cfg_.n_kv_heads, cfg_.head_dim};
 }
 
-void Worker::forward(const StepBatch & b, float * logits) {
+bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool> * abandon) {
     FD_CHECK(weights_arena_.mapped() && kv_arena_.mapped(), "forward with released weights or KV pool");
     namespace K = kernels;
     const int64_t n = b.n_tokens(), h = cfg_.hidden_size, q_dim = cfg_.q_dim(), kv_dim = cfg_.kv_dim();
@@ -109,6 +109,7 @@ void Worker::forward(const StepBatch & b, float * logits) {
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim));
     for (int il = 0; il < cfg_.n_layers; ++il) {
+        if (abandon && abandon->load(std::memory_order_relaxed)) { return false; }
         const LayerWeights & L = w_.layers[il];
         // attention
         K::rms_norm(xn_.data(), x_.data(), L.attn_norm, n, h, cfg_.rms_norm_eps);
@@ -142,6 +143,7 @@ void Worker::forward(const StepBatch & b, float * logits) {
         K::rms_norm(&rows_[i * h], &x_[static_cast<int64_t>(b.logits_rows[i]) * h], w_.final_norm, 1, h, cfg_.rms_norm_eps);
     }
     K::matmul_packed(logits, rows_.data(), w_.lm_head, nullptr, n_logits, cfg_.vocab_size, h, pool);
+    return true;
 }
 
 }  // namespace fd::model

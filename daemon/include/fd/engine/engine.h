@@ -145,6 +145,7 @@ private:
     std::atomic<bool>                         stop_{false};
     std::atomic<bool>                         draining_{false};
     std::atomic<bool>                         accepting_{true};   ///< false while paused/asleep
+    std::atomic<bool>                         control_waiting_{false}; ///< a command is queued: drop the step in flight
     std::atomic<int32_t>                      own_legacy_word_{0};
     std::atomic<int32_t> *                    legacy_word_ = &own_legacy_word_;
     std::thread                               thread_;

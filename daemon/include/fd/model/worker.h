@@ -13,6 +13,7 @@
 #include "fd/model/model_config.h"
 #include "fd/model/weights.h"
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -49,7 +50,10 @@ public:
     /// Run the model on `batch`; write the logits of batch.logits_rows.
     /// Shapes  logits [n_logits, vocab] written.
     /// Requires every token's slot and attention context to be valid KV blocks.
-    void forward(const StepBatch & batch, float * logits);
+    /// `abandon` (optional) is checked before each layer: once it reads true the step is dropped
+    /// and forward returns false (logits unset; the KV it wrote is rewritten identically when the
+    /// step is redone). This bounds how long a control command waits for the step in flight.
+    bool forward(const StepBatch & batch, float * logits, const std::atomic<bool> * abandon = nullptr);
 
     const ModelConfig & config() const { return cfg_; }
     int64_t weight_bytes() const { return weights_arena_.used_bytes(); }
