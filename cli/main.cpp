@@ -61,7 +61,7 @@ int run_wait(const Options & o) {
     std::string last = "unreachable";
     while (std::chrono::steady_clock::now() < deadline) {
         try {
-            const fdctl::Reply r = connect(o)->call({"status"});
+            const fdctl::Reply r = connect(o)->call({.op = "status"});
             const auto j = nlohmann::json::parse(r.body);
             last = j.value("state", "?");
             const bool ok = o.until == "serving" ? last == "serving"

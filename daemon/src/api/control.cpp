@@ -106,7 +106,7 @@ bool legacy_drive(ApiContext & ctx, WeightsStatus from, WeightsStatus to, Weight
 }
 
 ControlReply legacy_clear(ApiContext & ctx) {
-    if (ctx.cfg.v1_update_weights) { return run_op(ctx, {ControlOp::sleep, {true, true}}); }
+    if (ctx.cfg.v1_update_weights) { return run_op(ctx, {.op = ControlOp::sleep, .tags = {true, true}}); }
     switch (ctx.engine->legacy_status()) {
         case WeightsStatus::cleared: return legacy_msg(200, "model weight is cleared");
         case WeightsStatus::clearing: return legacy_msg(400, "worker is clearing model weight already");
@@ -120,7 +120,7 @@ ControlReply legacy_clear(ApiContext & ctx) {
 }
 
 ControlReply legacy_update(ApiContext & ctx) {
-    if (ctx.cfg.v1_update_weights) { return run_op(ctx, {ControlOp::wakeup, {true, true}}); }
+    if (ctx.cfg.v1_update_weights) { return run_op(ctx, {.op = ControlOp::wakeup, .tags = {true, true}}); }
     switch (ctx.engine->legacy_status()) {
         case WeightsStatus::normal: return legacy_msg(200, "model weight is updated");
         case WeightsStatus::updating: return legacy_msg(400, "worker is updating model weight already");
@@ -135,8 +135,8 @@ ControlReply legacy_update(ApiContext & ctx) {
 
 ControlReply dispatch_or_throw(ApiContext & ctx, const shm::MailboxCommand & m) {
     const std::string & op = m.op;
-    if (op == "pause") { return run_op(ctx, {ControlOp::pause}); }
-    if (op == "resume") { return run_op(ctx, {ControlOp::resume}); }
+    if (op == "pause") { return run_op(ctx, {.op = ControlOp::pause}); }
+    if (op == "resume") { return run_op(ctx, {.op = ControlOp::resume}); }
     if (op == "is_paused") { return is_paused_reply(ctx); }
     if (op == "status") { return {200, "application/json", dump(health_json(ctx))}; }
     if (op == "sleep" || op == "wakeup") {
