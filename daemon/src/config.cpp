@@ -2,6 +2,7 @@
 
 #include "fd/arena.h"
 #include "fd/model/worker.h"
+#include "fd/shm/names.h"
 #include "fd/status.h"
 #include "fd/weights/weight_source.h"
 
@@ -65,7 +66,7 @@ Resolved resolve(Config & cfg) {
 
     if (auto step = model::read_version_step(cfg.model.model_dir)) { e.weight_version = *step; }
     else { e.weight_version = cfg.model.weight_version; }
-    if (!weights::is_valid_version(e.weight_version)) {
+    if (!shm::is_valid_version(e.weight_version)) {
         problems.push_back(fmt::format("--weight-version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", e.weight_version));
     }
 

@@ -58,7 +58,6 @@ extern "C" char * openblas_get_corename(void);
 namespace {
 
 using json  = nlohmann::ordered_json;
-using Clock = std::chrono::steady_clock;
 using namespace fd::bench;
 
 

@@ -82,7 +82,6 @@
 namespace {
 
 using json  = nlohmann::ordered_json;
-using Clock = std::chrono::steady_clock;
 namespace M = fd::model;
 using namespace fd::bench;
 

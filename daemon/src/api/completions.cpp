@@ -235,7 +235,7 @@ void post_completions(ApiContext & ctx, const httplib::Request & req, httplib::R
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                                  std::chrono::duration<double>(ctx.cfg.request_timeout_s));
     auto acc = std::make_shared<std::vector<ChoiceAcc>>(n_choices);
-    std::string weight_version = ctx.engine->stats().weight_version;
+    std::string weight_version = ctx.engine->stats().state.weight_version;
 
     if (!r->stream) {
         while (!channel->done()) {

@@ -3,7 +3,7 @@
 // channels give the same answer; every operation is a ControlCommand run by the engine thread.
 #include "handlers.h"
 
-#include "fd/weights/weight_source.h"
+#include "fd/shm/names.h"
 
 #include <chrono>
 #include <map>
@@ -148,7 +148,7 @@ ControlReply dispatch_or_throw(ApiContext & ctx, const shm::MailboxCommand & m) 
     }
     if (op == "update_weights") {
         require_dynamic(ctx, "/v1/update_weights");
-        if (m.version && !weights::is_valid_version(*m.version)) {
+        if (m.version && !shm::is_valid_version(*m.version)) {
             throw Error(Errc::invalid_argument,
                         fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", *m.version), "version");
         }

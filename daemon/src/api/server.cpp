@@ -84,7 +84,7 @@ void get_models(ApiContext & ctx, const httplib::Request &, httplib::Response & 
               {"owned_by", "fdrollout"},
               {"root", ctx.cfg.model_dir},
               {"max_model_len", ctx.engine->config().max_model_len},
-              {"weight_version", st.weight_version}};
+              {"weight_version", st.state.weight_version}};
     res.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
 }
 
@@ -137,7 +137,7 @@ void get_metrics(ApiContext & ctx, const httplib::Request &, httplib::Response &
     gauge("fdrollout_kv_blocks_free", "KV blocks free (including evictable cached blocks).", "gauge", st.n_kv_blocks_free);
     gauge("fdrollout_kv_blocks_total", "KV blocks in the pool.", "gauge", st.n_kv_blocks_total);
     o << "# HELP fdrollout_weight_version_info Weight version being served.\n# TYPE fdrollout_weight_version_info gauge\n"
-      << "fdrollout_weight_version_info{weight_version=\"" << st.weight_version << "\"} 1\n";
+      << "fdrollout_weight_version_info{weight_version=\"" << st.state.weight_version << "\"} 1\n";
     const auto & es = st.state;
     gauge("fdrollout_paused", "1 while generation is paused.", "gauge", es.paused ? 1 : 0);
     gauge("fdrollout_weights_valid", "1 when the loaded weights are valid.", "gauge", es.weights_valid ? 1 : 0);

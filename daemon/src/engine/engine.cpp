@@ -342,7 +342,6 @@ void Engine::publish_stats() {
     std::lock_guard lk(stats_mu_);
     state_.model_weights_status = legacy_status();
     stats_.state             = state_;
-    stats_.weight_version    = state_.weight_version;
     stats_.n_running         = static_cast<int64_t>(sched_.running().size());
     stats_.n_waiting         = static_cast<int64_t>(sched_.waiting().size());
     stats_.n_kv_blocks_used  = kv_.n_blocks_used();

@@ -3,6 +3,7 @@
 #include "fd/arena.h"
 #include "fd/engine/engine.h"
 #include "fd/log.h"
+#include "fd/shm/names.h"
 
 #include <chrono>
 #include <thread>
@@ -180,7 +181,7 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
 void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     if (!state_.paused) { fail(Errc::wrong_state, "update_weights needs a paused engine; POST /v1/pause first"); }
     if (state_.weight_asleep) { fail(Errc::wrong_state, "weights are asleep; POST /v1/wakeup?tags=weight first (it reloads from the source)"); }
-    if (cmd.version && !weights::is_valid_version(*cmd.version)) {
+    if (cmd.version && !shm::is_valid_version(*cmd.version)) {
         throw Error(Errc::invalid_argument, fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", *cmd.version), "version");
     }
     const auto t0 = std::chrono::steady_clock::now();

@@ -124,8 +124,8 @@ void fill_weights(const ModelConfig & c, const TensorReader & read, Arena * aren
     slot(w.lm_head, {{c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", c.vocab_size}}, h, true);
 }
 
-ModelWeights load_weights(const ModelConfig & c, const TensorIndex & idx, Arena & arena) {
-    validate_checkpoint(c, idx);
+ModelWeights load_weights(const ModelConfig & c, const TensorIndex & idx, Arena & arena, const DTypeMap * dtypes) {
+    validate_checkpoint(c, idx, dtypes);
     arena.reserve(weights_arena_bytes(c));
     try {
         ModelWeights w;

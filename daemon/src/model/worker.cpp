@@ -54,8 +54,7 @@ void Worker::acquire_kv() {
 }
 
 void Worker::reload_weights(const TensorIndex & idx) {
-    validate_checkpoint(cfg_, idx, &dtypes_);
-    w_ = load_weights(cfg_, idx, weights_arena_);
+    w_ = load_weights(cfg_, idx, weights_arena_, &dtypes_);
 }
 
 Worker::UpdateCost Worker::update_weights(const TensorIndex & idx) {

@@ -1,7 +1,6 @@
 #include "fd/weights/weight_source.h"
 
 #include "fd/model/model_config.h"
-#include "fd/shm/names.h"
 #include "fd/status.h"
 
 namespace fd::weights {
@@ -22,8 +21,6 @@ LoadStrategy parse_load_strategy(std::string_view s) {
     }
     fail(Errc::invalid_argument, "unknown --load-strategy '{}' (normal, ipc_snapshot, ipc, rsync)", s);
 }
-
-bool is_valid_version(std::string_view v) { return shm::is_valid_version(v); }
 
 namespace {
 

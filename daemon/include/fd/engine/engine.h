@@ -65,7 +65,6 @@ struct EngineStats {
     int64_t n_kv_blocks_used = 0, n_kv_blocks_free = 0, n_kv_blocks_total = 0;
     std::array<int64_t, kStepLatencyBuckets.size() + 1> step_latency_counts{};  ///< last = +Inf
     double  step_latency_sum_s = 0.0;
-    std::string weight_version;
 };
 
 class Engine {

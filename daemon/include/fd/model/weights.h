@@ -68,8 +68,8 @@ void fill_weights(const ModelConfig & cfg, const TensorReader & read, Arena * ar
 /// Arena bytes the weights of `cfg` need.
 int64_t weights_arena_bytes(const ModelConfig & cfg);
 
-/// Validate, then read, convert and pack every tensor into `arena` (reserved here).
-/// Errors  fd::Error{invalid_checkpoint} (arena left released on failure).
-ModelWeights load_weights(const ModelConfig & cfg, const TensorIndex & idx, Arena & arena);
+/// Validate (dtypes too when given), then read, convert and pack every tensor into `arena`
+/// (reserved here). Errors  fd::Error{invalid_checkpoint} (arena left released on failure).
+ModelWeights load_weights(const ModelConfig & cfg, const TensorIndex & idx, Arena & arena, const DTypeMap * dtypes = nullptr);
 
 }  // namespace fd::model

@@ -58,8 +58,6 @@ public:
     const ModelConfig & config() const { return cfg_; }
     int64_t weight_bytes() const { return weights_arena_.used_bytes(); }
     int64_t kv_bytes() const { return kv_arena_.capacity_bytes(); }
-    bool    weights_resident() const { return weights_arena_.mapped(); }
-    bool    kv_resident() const { return kv_arena_.mapped(); }
 
     // --- weight control (engine thread, generation paused) ---
 

@@ -48,7 +48,4 @@ public:
 /// version.yaml `step` when present.
 std::unique_ptr<WeightSource> make_normal_source(std::filesystem::path model_dir);
 
-/// The `[A-Za-z0-9._-]{1,128}`, not "." or ".." rule for version strings (SPEC §3).
-bool is_valid_version(std::string_view v);
-
 }  // namespace fd::weights
