@@ -78,9 +78,10 @@ void Engine::loop() {
             // A failing step fails the sequences in it, never the daemon.
             lg->error("step failed: {}", e.what());
             for (auto & [id, s] : seqs_) {
+                if (!s->channel) { continue; }  // already finished this step
                 ChoiceEvent ev;
                 ev.error = Error(Errc::internal, e.what());
-                finish(*s, FinishReason::error, std::move(ev));
+                emit(*s, FinishReason::error, std::move(ev));
             }
         }
         if (!worked) {
@@ -146,18 +147,21 @@ void Engine::admit(GenerateRequest & req) {
     ++stats_.n_requests_total;
 }
 
-void Engine::finish(Sequence & s, FinishReason why, ChoiceEvent ev) {
+void Engine::emit(Sequence & s, FinishReason why, ChoiceEvent ev) {
+    // Text that could still turn out to start a stop string is held back until the end.
+    const size_t hold     = why == FinishReason::none ? s.stop_holdback : 0;
+    const size_t sendable = s.text.size() > hold ? s.text.size() - hold : 0;
+    if (sendable > s.n_text_sent) {
+        ev.text += s.text.substr(s.n_text_sent, sendable - s.n_text_sent);
+        s.n_text_sent = sendable;
+    }
     ev.choice          = s.choice;
     ev.finish          = why;
     ev.n_prompt_tokens = s.n_prompt;
     ev.n_cached_tokens = std::max(0, s.n_cached);
     ev.weight_version  = state_.weight_version;
-    if (s.n_text_sent < s.text.size()) {
-        ev.text += s.text.substr(s.n_text_sent);
-        s.n_text_sent = s.text.size();
-    }
     s.channel->push(std::move(ev));
-    s.channel.reset();  // marks the sequence finished; released at the end of the step
+    if (why != FinishReason::none) { s.channel.reset(); }  // finished; released at the end of the step
 }
 
 void Engine::append_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev) {
@@ -190,19 +194,10 @@ void Engine::append_token(Sequence & s, int32_t tok, const float * logits, Choic
         }
     }
     if (why != FinishReason::none) {
-        finish(s, why, std::move(ev));
+        emit(s, why, std::move(ev));
         return;
     }
-    const size_t sendable = s.text.size() > s.stop_holdback ? s.text.size() - s.stop_holdback : 0;
-    if (sendable > s.n_text_sent) {
-        ev.text = s.text.substr(s.n_text_sent, sendable - s.n_text_sent);
-        s.n_text_sent = sendable;
-    }
-    ev.choice          = s.choice;
-    ev.n_prompt_tokens = s.n_prompt;
-    ev.n_cached_tokens = std::max(0, s.n_cached);
-    ev.weight_version  = state_.weight_version;
-    s.channel->push(std::move(ev));
+    emit(s, FinishReason::none, std::move(ev));
 }
 
 bool Engine::step() {
@@ -253,7 +248,7 @@ bool Engine::step() {
         ChoiceEvent ev;
         ev.error = Error(Errc::invalid_argument, fmt::format("prompt of {} tokens does not fit the KV cache ({} blocks of {} tokens); raise --kv-cache-bytes",
                                                             s.tokens.size(), kv_.n_blocks_total(), kv_.block_size()), "prompt");
-        finish(s, FinishReason::error, std::move(ev));
+        emit(s, FinishReason::error, std::move(ev));
     }
     if (!d.preempted.empty()) { log::get("engine")->warn("preempted {} sequence(s) (KV blocks exhausted); they will be recomputed", d.preempted.size()); }
     if (d.run.empty()) {
@@ -326,7 +321,7 @@ int32_t Engine::abort_all() {
     int32_t n = 0;
     for (auto & [id, s] : seqs_) {
         if (s->channel) {
-            finish(*s, FinishReason::abort, ChoiceEvent{});
+            emit(*s, FinishReason::abort, ChoiceEvent{});
             ++n;
         }
     }

@@ -110,7 +110,8 @@ private:
     void loop();
     bool step();
     void admit(GenerateRequest & req);
-    void finish(Sequence & s, FinishReason why, ChoiceEvent ev);
+    /// Send `ev` for `s` (stamped, with the text now safe to send); `why` != none finishes `s`.
+    void emit(Sequence & s, FinishReason why, ChoiceEvent ev);
     void append_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev);
     void publish_stats();
     // control (engine_control.cpp)
