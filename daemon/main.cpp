@@ -61,6 +61,10 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_DYNAMIC_LOAD_WEIGHT");
     app.add_option("--load-strategy", c.weights.load_strategy, "Where wakeup/update take weights from: normal (the --model dir)")
         ->envname("FD_LOAD_STRATEGY")->capture_default_str();
+    app.add_option("--update-staging", c.weights.update_staging,
+                   "update_weights staging arena: persistent (kept resident between updates; updates copy at memory bandwidth, "
+                   "RSS holds a second copy of the weights while awake) or transient (mapped per update)")
+        ->envname("FD_UPDATE_STAGING")->check(CLI::IsMember({"persistent", "transient"}))->capture_default_str();
     app.add_flag("--use-cudagraph", c.engine.use_cudagraph, "CUDA-graph rule on every backend: waking weight needs kv_cache awake first")
         ->envname("FD_USE_CUDAGRAPH");
     app.add_option("--control-timeout-s", c.server.control_timeout_s, "Longest a V1 control call waits for the engine before 504")
@@ -80,7 +84,8 @@ int run(fd::Config & cfg, sigset_t & signals) {
     const auto idx = fd::model::read_tensor_index(cfg.model.model_dir);
     auto worker = std::make_unique<fd::model::Worker>(r.model, idx, fd::model::WorkerConfig{
         .rank = 0, .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,
-        .n_blocks = r.n_kv_blocks, .max_model_len = cfg.engine.max_model_len});
+        .n_blocks = r.n_kv_blocks, .max_model_len = cfg.engine.max_model_len,
+        .keep_update_staging = cfg.weights.update_staging == "persistent"});
     fd::engine::Engine engine(cfg.engine, std::move(worker), tok,
                               {.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
                                .enable_prefix_caching = cfg.kv.enable_prefix_caching},

@@ -45,7 +45,8 @@ void Arena::reserve(int64_t capacity_bytes, bool populate) {
     if (start > raw) { munmap(raw, static_cast<size_t>(start - raw)); }
     if (raw + span > start + size) { munmap(start + size, static_cast<size_t>(raw + span - (start + size))); }
     if (huge) { madvise(start, static_cast<size_t>(size), MADV_HUGEPAGE); }
-    if (populate) {  // touch every page now, so the memory is resident (and RSS says so)
+    if (populate && madvise(start, static_cast<size_t>(size), MADV_POPULATE_WRITE) != 0) {
+        // Older kernels: touch every page, so the memory is resident (and RSS says so).
         for (int64_t off = 0; off < size; off += page) { start[off] = std::byte{0}; }
     }
     base_           = start;
@@ -53,14 +54,22 @@ void Arena::reserve(int64_t capacity_bytes, bool populate) {
     used_bytes_     = 0;
 }
 
-float * Arena::alloc_floats(int64_t n) {
-    const int64_t bytes = footprint_floats(n);
+std::byte * Arena::alloc_bytes(int64_t n) {
+    const int64_t bytes = (n + 63) / 64 * 64;
     FD_CHECK(base_ != nullptr, "arena '{}' is not reserved", name_);
     FD_CHECK(used_bytes_ + bytes <= capacity_bytes_, "arena '{}' full: {} + {} > {} bytes", name_,
              used_bytes_, bytes, capacity_bytes_);
-    auto * p = reinterpret_cast<float *>(base_ + used_bytes_);
+    std::byte * p = base_ + used_bytes_;
     used_bytes_ += bytes;
     return p;
+}
+
+float * Arena::alloc_floats(int64_t n) { return reinterpret_cast<float *>(alloc_bytes(n * 4)); }
+
+void Arena::swap_mapping(Arena & o) noexcept {
+    std::swap(base_, o.base_);
+    std::swap(capacity_bytes_, o.capacity_bytes_);
+    std::swap(used_bytes_, o.used_bytes_);
 }
 
 int64_t Arena::release() {

@@ -3,13 +3,13 @@
 // Measures, in one run:
 //   memory_read_bw_gbs   reading a touched buffer (default 1 GiB) with a vectorized sum, best of 3,
 //                        on 1 thread and (with --threads > 1) on --threads threads; memcpy for reference
-//   sgemm                OpenBLAS sgemm (1 thread) vs kernels::matmul_packed on one shape
+//   sgemm                OpenBLAS sgemm (1 thread) vs kernels::linear (f32 weights) on one shape
 //   per model            prefill tok/s (one --prompt-len sequence per forward), and batched decode:
 //                        B sequences whose --prompt-len contexts are prefilled (untimed), then
 //                        --decode-steps forwards of B tokens each (one per sequence, logits for all).
 //                        At B=1 the weights are streamed once per step, so weight_bytes * steps / time
 //                        is compared with the read bandwidth.
-//   breakdown            (default on) the same decode step's linear layers alone (matmul_packed on
+//   breakdown            (default on) the same decode step's linear layers alone (kernels::linear on
 //                        weights of the model's shapes) and its attention alone, to attribute time.
 // The Worker is driven directly (no engine thread, no HTTP); block tables come from a KvCache and
 // the StepBatch is built exactly as Engine::step() builds it.
@@ -177,8 +177,6 @@ json sgemm_compare(int64_t M, int64_t N, int64_t K, double min_s) {
     std::vector<float> a(M * K), w(N * K), c_blas(M * N), c_fd(M * N);
     for (auto & v : a) { v = nd(rng); }
     for (auto & v : w) { v = nd(rng) / std::sqrt(static_cast<float>(K)); }
-    Mapping packed(static_cast<size_t>(fd::kernels::packed_linear_floats(N, K)) * sizeof(float) + 4096);
-    fd::kernels::pack_linear(packed.p, w.data(), N, K);
 
     openblas_set_num_threads(1);
     const double flop = 2.0 * M * N * K;
@@ -187,7 +185,7 @@ json sgemm_compare(int64_t M, int64_t N, int64_t K, double min_s) {
                     static_cast<int>(K), 1.0f, a.data(), static_cast<int>(K), w.data(), static_cast<int>(K), 0.0f,
                     c_blas.data(), static_cast<int>(N));
     };
-    auto mine = [&] { fd::kernels::matmul_packed(c_fd.data(), a.data(), packed.p, nullptr, M, N, K, nullptr); };
+    auto mine = [&] { fd::kernels::linear(c_fd.data(), a.data(), w.data(), fd::kernels::WType::f32, nullptr, M, N, K, nullptr); };
     blas(); mine();  // warm up
     const Timing tb = time_repeated(min_s, 3, blas);
     const Timing tf = time_repeated(min_s, 3, mine);
@@ -231,10 +229,11 @@ int64_t count_params(const fd::model::ModelConfig & c) {
     return int64_t(c.vocab_size) * h + c.n_layers * per_layer + h + (c.tie_word_embeddings ? 0 : int64_t(c.vocab_size) * h);
 }
 
-/// Bytes a decode step actually streams: everything but the embedding table (one row per token).
+/// Bytes a decode step actually streams: everything but the embedding table (one row per token),
+/// unless the LM head reads that table (tied embeddings).
 int64_t streamed_weight_bytes(const fd::model::Worker & w) {
-    const auto & c = w.config();
-    return w.weight_bytes() - fd::Arena::footprint_floats(int64_t(c.vocab_size) * c.hidden_size);
+    const auto & L = w.layout();
+    return w.weight_bytes() - (L.tied_lm_head ? 0 : L.find("model.embed_tokens.weight")->bytes);
 }
 
 /// Append the tokens [pos0, pos0 + n) of `seq` to `b` as Engine::step() does.
@@ -268,14 +267,14 @@ json decode_breakdown(const fd::model::ModelConfig & c, const Options & o, int64
         lins.push_back({h, ff, nullptr});
     }
     int64_t floats = 0;
-    for (auto & l : lins) { floats += fd::Arena::footprint_floats(K::packed_linear_floats(l.n_out, l.n_in)) / 4; }
-    const int64_t lm_floats = fd::Arena::footprint_floats(K::packed_linear_floats(c.vocab_size, h)) / 4;
+    for (auto & l : lins) { floats += fd::Arena::footprint_floats(l.n_out * l.n_in) / 4; }
+    const int64_t lm_floats = fd::Arena::footprint_floats(int64_t(c.vocab_size) * h) / 4;
     Mapping wmem(static_cast<size_t>(floats + lm_floats) * sizeof(float));
     for (size_t i = 0; i < wmem.n_floats(); ++i) { wmem.p[i] = static_cast<float>((i * 2654435761u) & 1023) * 1e-4f - 0.05f; }
     float * cur = wmem.p;
     for (auto & l : lins) {
         l.w = cur;
-        cur += fd::Arena::footprint_floats(K::packed_linear_floats(l.n_out, l.n_in)) / 4;
+        cur += fd::Arena::footprint_floats(l.n_out * l.n_in) / 4;
     }
     float * lm = cur;
 
@@ -302,8 +301,8 @@ json decode_breakdown(const fd::model::ModelConfig & c, const Options & o, int64
     for (const auto & d : decode) {
         const int64_t B = d["batch"].get<int64_t>();
         auto linear = [&] {
-            for (const auto & l : lins) { K::matmul_packed(y.data(), x.data(), l.w, nullptr, B, l.n_out, l.n_in, pp); }
-            K::matmul_packed(y.data(), x.data(), lm, nullptr, B, c.vocab_size, h, pp);
+            for (const auto & l : lins) { K::linear(y.data(), x.data(), l.w, K::WType::f32, nullptr, B, l.n_out, l.n_in, pp); }
+            K::linear(y.data(), x.data(), lm, K::WType::f32, nullptr, B, c.vocab_size, h, pp);
         };
         auto attention = [&] {
             for (int il = 0; il < c.n_layers; ++il) {

@@ -21,9 +21,8 @@
 //                   RSS drop ÷ freed bytes (target >= 0.97 each); wakeup bytes/s = checkpoint bytes
 //                   / wall time, ÷ memcpy (target >= 0.8).
 //   analysis        (engine torn down) the update / wakeup / sleep paths taken apart on the same
-//                   checkpoint with fd_core's own functions: pread into fresh vs pre-faulted memory,
-//                   bf16 -> f32, fill_weights (convert + pack), page faults, munmap, and a 2 MiB
-//                   transparent-huge-page what-if.
+//                   checkpoint with fd_core's own functions: fill_weights into a resident staging
+//                   arena on 1 and --threads threads, into a fresh arena (wakeup), populate, munmap.
 // Reference: single-thread memcpy, --memcpy-mib (512) buffers, best of 3, GB/s of bytes copied.
 // Usage: fd_control_bench [--model DIR[,DIR]] [--threads 2] [--kv-cache-bytes auto] [--updates 5]
 //                         [--tiny-updates 100] [--rtt-calls 200] [--pause-batch 64] [--pause-trials 0]
@@ -598,7 +597,7 @@ json bench_model(const std::string & dir, const Options & o, double memcpy_bps) 
         // Small checkpoints: every stage takes well under a millisecond, so take the median of 21 runs.
         const int reps = large ? 1 : 21;
         std::vector<json> runs;
-        for (int r = 0; r < reps; ++r) { runs.push_back(analyse(dir, mcfg, memcpy_bps)); }
+        for (int r = 0; r < reps; ++r) { runs.push_back(analyse(dir, mcfg, memcpy_bps, o.threads)); }
         j["analysis"] = median_merge(runs);
         j["analysis"]["runs"] = reps;
         j["analysis"]["section_s"] = round_to(seconds_since(t0), 1);

@@ -26,10 +26,26 @@ std::vector<float> random_vec(std::mt19937 & rng, size_t n, float lo = -1.0f, fl
     return v;
 }
 
-std::vector<float> packed_of(const std::vector<float> & w, int64_t n_out, int64_t n_in) {
-    std::vector<float> p(static_cast<size_t>(k::packed_linear_floats(n_out, n_in)), -7.0f);
-    k::pack_linear(p.data(), w.data(), n_out, n_in);
-    return p;
+/// A weight in the requested storage dtype, and the f32 values it really holds (bf16 rounds).
+struct StoredWeight {
+    std::vector<float>    values;  ///< [n_out, n_in] what the kernel sees
+    std::vector<uint16_t> bf16;    ///< storage when bf16
+    const void * data(k::WType t) const { return t == k::WType::f32 ? static_cast<const void *>(values.data()) : bf16.data(); }
+};
+
+StoredWeight stored(std::vector<float> w, k::WType t) {
+    StoredWeight s;
+    if (t == k::WType::bf16) {
+        for (float & v : w) {
+            uint32_t u;
+            std::memcpy(&u, &v, 4);
+            s.bf16.push_back(static_cast<uint16_t>(u >> 16));  // truncate: any bf16 value will do
+            u &= 0xffff0000u;
+            std::memcpy(&v, &u, 4);
+        }
+    }
+    s.values = std::move(w);
+    return s;
 }
 
 bool bits_equal(const float * a, const float * b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
@@ -114,84 +130,85 @@ TEST_CASE("ThreadPool::parallel_for runs every task exactly once for 1 to 4 thre
     }
 }
 
-TEST_CASE("matmul_packed with and without bias matches a naive triple loop over awkward sizes") {
+TEST_CASE("linear with and without bias matches a naive triple loop over awkward sizes, f32 and bf16 weights") {
     std::mt19937 rng(1234);
-    for (int64_t n_rows : {1, 2, 5, 6, 7, 13, 64}) {
-        for (int64_t n_out : {1, 31, 32, 33, 100}) {
-            for (int64_t n_in : {1, 7, 64, 65}) {
-                const auto x    = random_vec(rng, size_t(n_rows * n_in));
-                const auto w    = random_vec(rng, size_t(n_out * n_in));
-                const auto bias = random_vec(rng, size_t(n_out));
-                const auto p    = packed_of(w, n_out, n_in);
-                for (bool with_bias : {false, true}) {
-                    CAPTURE(n_rows); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(with_bias);
-                    std::vector<float> out(size_t(n_rows * n_out), 12345.0f);
-                    k::matmul_packed(out.data(), x.data(), p.data(), with_bias ? bias.data() : nullptr, n_rows, n_out, n_in, nullptr);
-                    int bad = 0;
-                    for (int64_t t = 0; t < n_rows; ++t) {
-                        for (int64_t o = 0; o < n_out; ++o) {
-                            double ref = with_bias ? bias[o] : 0.0, mag = std::fabs(ref);
-                            for (int64_t kk = 0; kk < n_in; ++kk) {
-                                const double term = double(x[t * n_in + kk]) * w[o * n_in + kk];
-                                ref += term;
-                                mag += std::fabs(term);
+    for (k::WType wt : {k::WType::f32, k::WType::bf16}) {
+        for (int64_t n_rows : {1, 2, 3, 4, 5, 7, 13, 64}) {
+            for (int64_t n_out : {1, 3, 4, 8, 9, 31, 100}) {
+                for (int64_t n_in : {1, 7, 16, 17, 64, 65}) {
+                    const auto x    = random_vec(rng, size_t(n_rows * n_in));
+                    const auto w    = stored(random_vec(rng, size_t(n_out * n_in)), wt);
+                    const auto bias = random_vec(rng, size_t(n_out));
+                    for (bool with_bias : {false, true}) {
+                        CAPTURE(int(wt)); CAPTURE(n_rows); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(with_bias);
+                        std::vector<float> out(size_t(n_rows * n_out), 12345.0f);
+                        k::linear(out.data(), x.data(), w.data(wt), wt, with_bias ? bias.data() : nullptr, n_rows, n_out, n_in, nullptr);
+                        int bad = 0;
+                        for (int64_t t = 0; t < n_rows; ++t) {
+                            for (int64_t o = 0; o < n_out; ++o) {
+                                double ref = with_bias ? bias[o] : 0.0, mag = std::fabs(ref);
+                                for (int64_t kk = 0; kk < n_in; ++kk) {
+                                    const double term = double(x[t * n_in + kk]) * w.values[o * n_in + kk];
+                                    ref += term;
+                                    mag += std::fabs(term);
+                                }
+                                if (std::fabs(out[t * n_out + o] - ref) > 1e-5 * mag + 1e-30) { ++bad; }
                             }
-                            if (std::fabs(out[t * n_out + o] - ref) > 1e-5 * mag + 1e-30) { ++bad; }
                         }
+                        CHECK(bad == 0);
                     }
-                    CHECK(bad == 0);
                 }
             }
         }
     }
 }
 
-TEST_CASE("pack_linear zero-pads the last panel and keeps the PyTorch row order") {
-    const int64_t n_out = 33, n_in = 3;
-    std::vector<float> w(size_t(n_out * n_in));
-    std::iota(w.begin(), w.end(), 1.0f);
-    const auto p = packed_of(w, n_out, n_in);
-    REQUIRE(p.size() == size_t(2 * n_in * 32));
-    CHECK(p[0 * 32 + 0] == w[0]);           // panel 0, k 0, col 0 = w[0, 0]
-    CHECK(p[2 * 32 + 5] == w[5 * n_in + 2]); // panel 0, k 2, col 5 = w[5, 2]
-    CHECK(p[n_in * 32 + 1 * 32 + 0] == w[32 * n_in + 1]);  // panel 1, k 1, col 0 = w[32, 1]
-    for (int64_t kk = 0; kk < n_in; ++kk) {
-        for (int c = 1; c < 32; ++c) { CHECK(p[n_in * 32 + kk * 32 + c] == 0.0f); }
+TEST_CASE("linear reads the PyTorch [n_out, n_in] layout: output o is the dot product with row o") {
+    const int64_t n_out = 9, n_in = 3;
+    std::vector<float> w(size_t(n_out * n_in), 0.0f);
+    for (int64_t o = 0; o < n_out; ++o) { w[o * n_in + o % n_in] = float(o + 1); }  // row o picks x[o % 3] * (o + 1)
+    const std::vector<float> x = {10.0f, 100.0f, 1000.0f};
+    for (k::WType wt : {k::WType::f32, k::WType::bf16}) {
+        const auto sw = stored(w, wt);
+        std::vector<float> out(static_cast<size_t>(n_out));
+        k::linear(out.data(), x.data(), sw.data(wt), wt, nullptr, 1, n_out, n_in, nullptr);
+        for (int64_t o = 0; o < n_out; ++o) { CHECK(out[o] == x[o % n_in] * float(o + 1)); }
     }
 }
 
-TEST_CASE("matmul_packed rows are bitwise identical alone, at any batch position and with 1 to 3 threads") {
+TEST_CASE("linear rows are bitwise identical alone, at any batch position and with 1 to 3 threads") {
     std::mt19937 rng(99);
-    // Big enough that the pool really splits panels into several tasks (n_tasks > 1).
-    for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{200, 256}, {97, 65}, {33, 7}}) {
-        const auto w    = random_vec(rng, size_t(n_out * n_in));
-        const auto bias = random_vec(rng, size_t(n_out));
-        const auto p    = packed_of(w, n_out, n_in);
-        const auto x0   = random_vec(rng, size_t(n_in));
-        std::vector<float> alone(static_cast<size_t>(n_out));
-        k::matmul_packed(alone.data(), x0.data(), p.data(), bias.data(), 1, n_out, n_in, nullptr);
+    // Big enough that the pool really splits the outputs into several tasks.
+    for (k::WType wt : {k::WType::f32, k::WType::bf16}) {
+        for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{1000, 256}, {97, 65}, {33, 7}}) {
+            const auto w    = stored(random_vec(rng, size_t(n_out * n_in)), wt);
+            const auto bias = random_vec(rng, size_t(n_out));
+            const auto x0   = random_vec(rng, size_t(n_in));
+            std::vector<float> alone(static_cast<size_t>(n_out));
+            k::linear(alone.data(), x0.data(), w.data(wt), wt, bias.data(), 1, n_out, n_in, nullptr);
 
-        std::vector<std::unique_ptr<k::ThreadPool>> pools;
-        for (int nt : {1, 2, 3}) { pools.push_back(std::make_unique<k::ThreadPool>(nt)); }
-        std::vector<k::ThreadPool *> pool_ptrs = {nullptr};
-        for (auto & pl : pools) { pool_ptrs.push_back(pl.get()); }
+            std::vector<std::unique_ptr<k::ThreadPool>> pools;
+            for (int nt : {1, 2, 3}) { pools.push_back(std::make_unique<k::ThreadPool>(nt)); }
+            std::vector<k::ThreadPool *> pool_ptrs = {nullptr};
+            for (auto & pl : pools) { pool_ptrs.push_back(pl.get()); }
 
-        int checked = 0;
-        for (int64_t n_rows : {2, 3, 5, 6, 7, 12, 13, 31, 64}) {
-            for (int64_t pos : {int64_t(0), n_rows / 2, n_rows - 1}) {
-                for (k::ThreadPool * pool : pool_ptrs) {
-                    auto x = random_vec(rng, size_t(n_rows * n_in), -3.0f, 3.0f);
-                    std::copy(x0.begin(), x0.end(), x.begin() + pos * n_in);
-                    std::vector<float> out(size_t(n_rows * n_out));
-                    k::matmul_packed(out.data(), x.data(), p.data(), bias.data(), n_rows, n_out, n_in, pool);
-                    CAPTURE(n_out); CAPTURE(n_in); CAPTURE(n_rows); CAPTURE(pos);
-                    CAPTURE(pool ? pool->n_threads() : 0);
-                    CHECK(bits_equal(out.data() + pos * n_out, alone.data(), size_t(n_out)));
-                    ++checked;
+            int checked = 0;
+            for (int64_t n_rows : {2, 3, 5, 6, 7, 12, 13, 31, 64, 513}) {
+                for (int64_t pos : {int64_t(0), n_rows / 2, n_rows - 1}) {
+                    for (k::ThreadPool * pool : pool_ptrs) {
+                        auto x = random_vec(rng, size_t(n_rows * n_in), -3.0f, 3.0f);
+                        std::copy(x0.begin(), x0.end(), x.begin() + pos * n_in);
+                        std::vector<float> out(size_t(n_rows * n_out));
+                        k::linear(out.data(), x.data(), w.data(wt), wt, bias.data(), n_rows, n_out, n_in, pool);
+                        CAPTURE(int(wt)); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(n_rows); CAPTURE(pos);
+                        CAPTURE(pool ? pool->n_threads() : 0);
+                        CHECK(bits_equal(out.data() + pos * n_out, alone.data(), size_t(n_out)));
+                        ++checked;
+                    }
                 }
             }
+            CHECK(checked == 10 * 3 * 4);
         }
-        CHECK(checked == 9 * 3 * 4);
     }
 }
 

@@ -29,12 +29,23 @@ public:
     /// Errors  fd::Error{internal} if the arena is not reserved or is full.
     float * alloc_floats(int64_t n);
 
+    /// Bump-allocate `n` bytes, 64-byte aligned, zero-filled (until written).
+    /// Errors  fd::Error{internal} if the arena is not reserved or is full.
+    std::byte * alloc_bytes(int64_t n);
+
+    /// Forget every allocation (the mapping and its contents stay): the arena can be refilled.
+    void release_allocations() { used_bytes_ = 0; }
+
+    /// Exchange mappings (not names) with `o`: how a filled staging arena goes live at once.
+    void swap_mapping(Arena & o) noexcept;
+
     /// Unmap everything; returns the bytes released (0 if nothing was mapped).
     int64_t release();
 
     int64_t capacity_bytes() const { return capacity_bytes_; }
     int64_t used_bytes() const { return used_bytes_; }
     bool    mapped() const { return base_ != nullptr; }
+    std::byte * data() const { return base_; }  ///< start of the mapping (nullptr if none)
     const std::string & name() const { return name_; }
 
     /// Arenas at least this big are aligned to it and use transparent huge pages.

@@ -31,6 +31,7 @@ struct KvOptions {
 
 struct WeightsOptions {
     std::string load_strategy = "normal";   ///< normal | ipc_snapshot | ipc | rsync (normal in this build)
+    std::string update_staging = "persistent";  ///< persistent (2nd weight copy kept resident: updates at memory speed) | transient
 };
 
 struct Config {

@@ -20,7 +20,6 @@ namespace fs = std::filesystem;
 
 constexpr int64_t kMaxHeaderBytes = 100 << 20;
 
-int64_t dtype_size(DType d) { return d == DType::f32 ? 4 : 2; }
 
 /// RAII file descriptor.
 struct Fd {
@@ -30,12 +29,7 @@ struct Fd {
 };
 
 void pread_all(int fd, void * dst, int64_t n, int64_t off, const fs::path & file, const std::string & what) {
-    auto * p = static_cast<char *>(dst);
-    while (n > 0) {
-        const ssize_t r = ::pread(fd, p, static_cast<size_t>(n), off);
-        if (r <= 0) { fail(Errc::invalid_checkpoint, "{}: short read of {} (file truncated?)", file.string(), what); }
-        p += r; n -= r; off += r;
-    }
+    pread_exact(fd, dst, n, off, file, what);
 }
 
 void add_entry(const fs::path & file, const std::string & name, const json & v, int64_t data_start, int64_t data_size,
@@ -109,6 +103,8 @@ void add_entry(const fs::path & file, const std::string & name, const json & v, 
 
 }  // namespace
 
+int64_t dtype_size(DType d) { return d == DType::f32 ? 4 : 2; }
+
 const char * dtype_name(DType d) {
     switch (d) {
         case DType::f32: return "F32";
@@ -171,6 +167,17 @@ TensorIndex read_tensor_index(const fs::path & dir) {
     std::sort(files.begin(), files.end());
     for (const auto & f : files) { read_header(f, idx); }
     return idx;
+}
+
+void pread_exact(int fd, void * dst, int64_t n, int64_t off, const std::filesystem::path & file, const std::string & what) {
+    auto * p = static_cast<char *>(dst);
+    while (n > 0) {
+        const ssize_t r = ::pread(fd, p, static_cast<size_t>(n), off);
+        if (r < 0 && errno == EINTR) { continue; }
+        if (r < 0) { fail(Errc::invalid_checkpoint, "{}: read error on {}: {}", file.string(), what, std::strerror(errno)); }
+        if (r == 0) { fail(Errc::invalid_checkpoint, "{}: short read of {} (file truncated?)", file.string(), what); }
+        p += r; n -= r; off += r;
+    }
 }
 
 void read_tensor_raw(const TensorInfo & t, void * dst) {

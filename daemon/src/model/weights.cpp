@@ -1,11 +1,14 @@
 #include "fd/model/weights.h"
 
-#include "fd/kernels/ops.h"
 #include "fd/status.h"
 
+#include <fcntl.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <set>
 
 namespace fd::model {
@@ -69,72 +72,187 @@ void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx, const
     }
 }
 
-int64_t weights_arena_bytes(const ModelConfig & c) {
-    const int64_t h = c.hidden_size, qkv = c.q_dim() + 2 * c.kv_dim(), ff = c.intermediate_size;
-    auto packed = [](int64_t n_out, int64_t n_in) { return Arena::footprint_floats(kernels::packed_linear_floats(n_out, n_in)); };
-    int64_t per_layer = 2 * Arena::footprint_floats(h) + packed(qkv, h) + packed(h, c.q_dim()) +
-                        packed(2 * ff, h) + packed(h, ff) + (c.qkv_bias ? Arena::footprint_floats(qkv) : 0);
-    return Arena::footprint_floats(int64_t(c.vocab_size) * h) + c.n_layers * per_layer +
-           Arena::footprint_floats(h) + packed(c.vocab_size, h);
+int64_t InferenceTensor::row_bytes() const {
+    return shape.size() == 2 ? shape[1] * dtype_size(dtype) : bytes;
 }
 
-void fill_weights(const ModelConfig & c, const TensorReader & read, Arena * arena, ModelWeights & w) {
+const InferenceTensor * WeightLayout::find(std::string_view name) const {
+    for (const auto & t : tensors) {
+        if (t.name == name) { return &t; }
+    }
+    return nullptr;
+}
+
+WeightLayout plan_layout(const ModelConfig & c, const TensorIndex & idx) {
     const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), ff = c.intermediate_size;
-    const bool fresh = arena != nullptr;
-    std::vector<float> tmp;
+    WeightLayout L;
+    L.tied_lm_head = c.tie_word_embeddings;
+    int64_t offset = 0;
     using Parts = std::initializer_list<std::pair<std::string, int64_t>>;
-    // One inference tensor: tensors `parts` (each rows x cols) stacked along dim 0, packed or not.
-    auto slot = [&](const float *& dst, Parts parts, int64_t cols, bool packed) {
+    // One inference tensor of `rows` x `cols` (cols 0 = 1-D) stacked from `parts`.
+    auto add = [&](std::string name, Parts parts, int64_t cols) {
+        InferenceTensor t;
+        t.name = std::move(name);
         int64_t rows = 0;
-        for (const auto & p : parts) { rows += p.second; }
-        tmp.resize(static_cast<size_t>(rows * cols));
-        int64_t r = 0;
-        for (const auto & [name, n] : parts) {
-            read(name, tmp.data() + r * cols);
-            r += n;
+        for (const auto & [hf, n] : parts) {
+            const DType d = idx.tensors.at(hf).dtype;
+            t.parts.push_back({hf, rows, n, d});
+            rows += n;
         }
-        const int64_t n_floats = packed ? kernels::packed_linear_floats(rows, cols) : rows * cols;
-        if (fresh) { dst = arena->alloc_floats(n_floats); }
-        auto * out = const_cast<float *>(dst);  // our own arena memory
-        if (packed) {
-            kernels::pack_linear(out, tmp.data(), rows, cols);
-        } else {
-            std::memcpy(out, tmp.data(), sizeof(float) * rows * cols);
+        const DType d0 = t.parts.front().dtype;
+        bool same = true;
+        for (const auto & p : t.parts) { same = same && p.dtype == d0; }
+        t.dtype = same && d0 != DType::f16 ? d0 : DType::f32;
+        t.shape = cols ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows};
+        t.bytes = rows * std::max<int64_t>(cols, 1) * dtype_size(t.dtype);
+        t.offset = offset;
+        offset += (t.bytes + 63) / 64 * 64;
+        L.tensors.push_back(std::move(t));
+    };
+    add("model.embed_tokens.weight", {{"model.embed_tokens.weight", c.vocab_size}}, h);
+    for (int il = 0; il < c.n_layers; ++il) {
+        auto n = [&](const char * leaf) { return layer_name(il, leaf); };
+        add(n("input_layernorm.weight"), {{n("input_layernorm.weight"), h}}, 0);
+        add(n("self_attn.qkv_proj.weight"), {{n("self_attn.q_proj.weight"), q}, {n("self_attn.k_proj.weight"), kv},
+                                             {n("self_attn.v_proj.weight"), kv}}, h);
+        if (c.qkv_bias) {
+            add(n("self_attn.qkv_proj.bias"), {{n("self_attn.q_proj.bias"), q}, {n("self_attn.k_proj.bias"), kv},
+                                               {n("self_attn.v_proj.bias"), kv}}, 0);
+        }
+        add(n("self_attn.o_proj.weight"), {{n("self_attn.o_proj.weight"), h}}, q);
+        add(n("post_attention_layernorm.weight"), {{n("post_attention_layernorm.weight"), h}}, 0);
+        add(n("mlp.gate_up_proj.weight"), {{n("mlp.gate_proj.weight"), ff}, {n("mlp.up_proj.weight"), ff}}, h);
+        add(n("mlp.down_proj.weight"), {{n("mlp.down_proj.weight"), h}}, ff);
+    }
+    add("model.norm.weight", {{"model.norm.weight", h}}, 0);
+    if (!c.tie_word_embeddings) { add("lm_head.weight", {{"lm_head.weight", c.vocab_size}}, h); }
+    L.arena_bytes = offset;
+    return L;
+}
+
+namespace {
+
+/// The checkpoint's files, opened once for a fill.
+class OpenFiles {
+public:
+    int fd(const std::filesystem::path & p) {
+        auto it = fds_.find(p);
+        if (it != fds_.end()) { return it->second; }
+        const int f = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+        if (f < 0) { fail(Errc::invalid_checkpoint, "{}: cannot open: {}", p.string(), std::strerror(errno)); }
+        fds_.emplace(p, f);
+        return f;
+    }
+    ~OpenFiles() {
+        for (auto & [p, f] : fds_) { ::close(f); }
+    }
+
+private:
+    std::map<std::filesystem::path, int> fds_;
+};
+
+/// A contiguous range of one checkpoint tensor going to one place in the arena.
+struct CopyJob {
+    const TensorInfo * src = nullptr;
+    int                fd  = -1;
+    int64_t            src_offset = 0;  ///< bytes into the tensor's data
+    int64_t            n_elems    = 0;
+    std::byte *        dst = nullptr;
+    bool               widen = false;   ///< convert the stored dtype to f32
+};
+
+constexpr int64_t kChunkBytes = 8 << 20;
+
+}  // namespace
+
+void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byte * base, kernels::ThreadPool * pool) {
+    OpenFiles files;
+    std::vector<CopyJob> jobs;
+    // Split `n` elements of `src` from element `e0` into chunks going to `dst` in memory dtype `d`.
+    auto add = [&](const TensorInfo & src, int64_t e0, int64_t n, std::byte * dst, DType d) {
+        const bool    widen = src.dtype != d;
+        const int64_t es    = dtype_size(src.dtype), chunk = kChunkBytes / es;
+        const int     fd    = files.fd(src.file);
+        for (int64_t e = 0; e < n; e += chunk) {
+            jobs.push_back({&src, fd, (e0 + e) * es, std::min(chunk, n - e), dst + e * dtype_size(d), widen});
         }
     };
-    if (fresh) { w.layers.assign(static_cast<size_t>(c.n_layers), LayerWeights{}); }
-    slot(w.embed, {{"model.embed_tokens.weight", c.vocab_size}}, h, false);
-    for (int il = 0; il < c.n_layers; ++il) {
-        LayerWeights & L = w.layers[il];
-        slot(L.attn_norm, {{layer_name(il, "input_layernorm.weight"), 1}}, h, false);
-        slot(L.wqkv, {{layer_name(il, "self_attn.q_proj.weight"), q},
-                      {layer_name(il, "self_attn.k_proj.weight"), kv},
-                      {layer_name(il, "self_attn.v_proj.weight"), kv}}, h, true);
-        if (c.qkv_bias) {
-            slot(L.bqkv, {{layer_name(il, "self_attn.q_proj.bias"), q},
-                          {layer_name(il, "self_attn.k_proj.bias"), kv},
-                          {layer_name(il, "self_attn.v_proj.bias"), kv}}, 1, false);
+    for (const InferenceTensor & t : layout.tensors) {
+        std::byte * dst = base + t.offset;
+        auto whole = idx.tensors.find(t.name);
+        if (t.parts.size() > 1 && whole != idx.tensors.end()) {  // a snapshot in inference names
+            add(whole->second, 0, whole->second.numel(), dst, t.dtype);
+            continue;
         }
-        slot(L.wo, {{layer_name(il, "self_attn.o_proj.weight"), h}}, q, true);
-        slot(L.mlp_norm, {{layer_name(il, "post_attention_layernorm.weight"), 1}}, h, false);
-        slot(L.w_gate_up, {{layer_name(il, "mlp.gate_proj.weight"), ff}, {layer_name(il, "mlp.up_proj.weight"), ff}}, h, true);
-        slot(L.w_down, {{layer_name(il, "mlp.down_proj.weight"), h}}, ff, true);
+        const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
+        for (const WeightPart & p : t.parts) {
+            add(idx.tensors.at(p.hf_name), 0, p.rows * cols, dst + p.row0 * cols * dtype_size(t.dtype), t.dtype);
+        }
     }
-    slot(w.final_norm, {{"model.norm.weight", 1}}, h, false);
-    slot(w.lm_head, {{c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", c.vocab_size}}, h, true);
+    std::mutex         mu;
+    std::exception_ptr first_error;
+    auto run = [&](int64_t i) {
+        const CopyJob & j = jobs[i];
+        try {
+            const std::string what = "tensor '" + j.src->name + "'";
+            const int64_t     n_bytes = j.n_elems * dtype_size(j.src->dtype);
+            if (!j.widen) {
+                pread_exact(j.fd, j.dst, n_bytes, j.src->offset_bytes + j.src_offset, j.src->file, what);
+                return;
+            }
+            std::vector<std::byte> raw(static_cast<size_t>(n_bytes));
+            pread_exact(j.fd, raw.data(), n_bytes, j.src->offset_bytes + j.src_offset, j.src->file, what);
+            convert_to_f32(j.src->dtype, raw.data(), reinterpret_cast<float *>(j.dst), j.n_elems);
+        } catch (...) {
+            std::lock_guard lk(mu);
+            if (!first_error) { first_error = std::current_exception(); }
+        }
+    };
+    if (pool) {
+        pool->parallel_for(static_cast<int64_t>(jobs.size()), run);
+    } else {
+        for (int64_t i = 0; i < static_cast<int64_t>(jobs.size()); ++i) { run(i); }
+    }
+    if (first_error) { std::rethrow_exception(first_error); }
 }
 
-ModelWeights load_weights(const ModelConfig & c, const TensorIndex & idx, Arena & arena, const DTypeMap * dtypes) {
-    validate_checkpoint(c, idx, dtypes);
-    arena.reserve(weights_arena_bytes(c));
-    try {
-        ModelWeights w;
-        fill_weights(c, [&](const std::string & name, float * dst) { read_tensor_f32(idx.tensors.at(name), dst); }, &arena, w);
-        return w;
-    } catch (...) {
-        arena.release();
-        throw;
+ModelWeights bind_weights(const ModelConfig & c, const WeightLayout & layout, const std::byte * base) {
+    ModelWeights w;
+    int64_t n_small = 0;
+    for (const auto & t : layout.tensors) { n_small += t.shape.size() == 1 ? t.shape[0] : 0; }
+    w.small_f32.resize(static_cast<size_t>(n_small));
+    int64_t next = 0;
+    auto get = [&](const std::string & name) -> const InferenceTensor & {
+        const InferenceTensor * t = layout.find(name);
+        FD_CHECK(t != nullptr, "inference tensor '{}' is not in the layout", name);
+        return *t;
+    };
+    auto lin = [&](const std::string & name) {
+        const InferenceTensor & t = get(name);
+        return LinearWeight{base + t.offset, t.dtype == DType::bf16 ? kernels::WType::bf16 : kernels::WType::f32};
+    };
+    auto vec = [&](const std::string & name) -> const float * {
+        const InferenceTensor & t = get(name);
+        float * dst = w.small_f32.data() + next;
+        convert_to_f32(t.dtype, base + t.offset, dst, t.shape[0]);
+        next += t.shape[0];
+        return dst;
+    };
+    w.embed = lin("model.embed_tokens.weight");
+    w.layers.resize(static_cast<size_t>(c.n_layers));
+    for (int il = 0; il < c.n_layers; ++il) {
+        LayerWeights & L = w.layers[il];
+        L.attn_norm = vec(layer_name(il, "input_layernorm.weight"));
+        L.qkv       = lin(layer_name(il, "self_attn.qkv_proj.weight"));
+        L.bqkv      = c.qkv_bias ? vec(layer_name(il, "self_attn.qkv_proj.bias")) : nullptr;
+        L.o         = lin(layer_name(il, "self_attn.o_proj.weight"));
+        L.mlp_norm  = vec(layer_name(il, "post_attention_layernorm.weight"));
+        L.gate_up   = lin(layer_name(il, "mlp.gate_up_proj.weight"));
+        L.down      = lin(layer_name(il, "mlp.down_proj.weight"));
     }
+    w.final_norm = vec("model.norm.weight");
+    w.lm_head    = layout.tied_lm_head ? w.embed : lin("lm_head.weight");
+    return w;
 }
 
 }  // namespace fd::model

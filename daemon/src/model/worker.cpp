@@ -9,6 +9,14 @@
 #include <cstring>
 
 namespace fd::model {
+namespace {
+
+void linear(float * out, const float * x, const LinearWeight & w, const float * bias, int64_t n_rows, int64_t n_out,
+            int64_t n_in, kernels::ThreadPool * pool) {
+    kernels::linear(out, x, w.w, w.type, bias, n_rows, n_out, n_in, pool);
+}
+
+}  // namespace
 
 int64_t Worker::kv_block_bytes(const ModelConfig & c, int32_t block_size) {
     return 2LL * c.n_layers * block_size * c.kv_dim() * static_cast<int64_t>(sizeof(float));
@@ -17,8 +25,11 @@ int64_t Worker::kv_block_bytes(const ModelConfig & c, int32_t block_size) {
 Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg)
     : cfg_(cfg), wcfg_(wcfg), pool_(std::make_unique<kernels::ThreadPool>(std::max(1, wcfg.n_threads))) {
     FD_CHECK(wcfg.n_blocks > 0 && wcfg.block_size > 0, "worker needs KV blocks ({} x {})", wcfg.n_blocks, wcfg.block_size);
-    w_ = load_weights(cfg_, idx, weights_arena_);
+    validate_checkpoint(cfg_, idx);
     for (const auto & [name, t] : idx.tensors) { dtypes_[name] = t.dtype; }
+    layout_ = plan_layout(cfg_, idx);
+    fill_arena(weights_arena_, idx, /*populate=*/false);
+    w_ = bind_weights(cfg_, layout_, weights_arena_.data());
     map_kv_pool();
     rope_.resize(static_cast<size_t>(wcfg.max_model_len) * cfg_.head_dim);
     kernels::rope_table(rope_.data(), wcfg.max_model_len, cfg_.head_dim, cfg_.rope_theta);
@@ -38,9 +49,15 @@ void Worker::map_kv_pool() {
     }
 }
 
+void Worker::fill_arena(Arena & arena, const TensorIndex & idx, bool populate) {
+    if (!arena.mapped() || arena.capacity_bytes() < layout_.arena_bytes) { arena.reserve(layout_.arena_bytes, populate); }
+    arena.release_allocations();
+    fill_weights(layout_, idx, arena.alloc_bytes(layout_.arena_bytes), pool_.get());
+}
+
 int64_t Worker::release_weights() {
     w_ = ModelWeights{};
-    return weights_arena_.release();
+    return weights_arena_.release() + staging_arena_.release();
 }
 
 int64_t Worker::release_kv() {
@@ -54,7 +71,14 @@ void Worker::acquire_kv() {
 }
 
 void Worker::reload_weights(const TensorIndex & idx) {
-    w_ = load_weights(cfg_, idx, weights_arena_, &dtypes_);
+    validate_checkpoint(cfg_, idx, &dtypes_);
+    try {
+        fill_arena(weights_arena_, idx, /*populate=*/false);
+    } catch (...) {
+        weights_arena_.release();
+        throw;
+    }
+    w_ = bind_weights(cfg_, layout_, weights_arena_.data());
 }
 
 Worker::UpdateCost Worker::update_weights(const TensorIndex & idx) {
@@ -62,21 +86,19 @@ Worker::UpdateCost Worker::update_weights(const TensorIndex & idx) {
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
     validate_checkpoint(cfg_, idx, &dtypes_);
-    // Stage: every tensor's bytes in memory before a single live weight changes.
-    Arena staging("weights_staging");
-    staging.reserve(idx.total_bytes + 64 * static_cast<int64_t>(idx.tensors.size()));
-    std::map<std::string, const void *> staged;
-    for (const auto & [name, t] : idx.tensors) {
-        void * dst = staging.alloc_floats((t.size_bytes + 3) / 4);
-        read_tensor_raw(t, dst);
-        staged[name] = dst;
+    // Stage: every byte of the new weights in memory before anything live changes. A failed
+    // read leaves only the staging arena dirty.
+    try {
+        fill_arena(staging_arena_, idx, /*populate=*/true);
+    } catch (...) {
+        if (!wcfg_.keep_update_staging) { staging_arena_.release(); }
+        throw;
     }
     const auto t1 = clock::now();
-    // Apply: pure memory work over the live weights; nothing here can fail on bad input.
-    fill_weights(cfg_, [&](const std::string & name, float * dst) {
-        const TensorInfo & t = idx.tensors.at(name);
-        convert_to_f32(t.dtype, staged.at(name), dst, t.numel());
-    }, nullptr, w_);
+    // Apply: the staged arena goes live; the previous one is the next update's staging area.
+    weights_arena_.swap_mapping(staging_arena_);
+    w_ = bind_weights(cfg_, layout_, weights_arena_.data());
+    if (!wcfg_.keep_update_staging) { staging_arena_.release(); }
     const auto t2 = clock::now();
     return {idx.total_bytes, std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count()};
 }
@@ -104,7 +126,12 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
     for (int64_t t = 0; t < n; ++t) {
         FD_CHECK(b.tokens[t] >= 0 && b.tokens[t] < cfg_.vocab_size, "token id {} outside vocab", b.tokens[t]);
         FD_CHECK(b.positions[t] < wcfg_.max_model_len, "position {} beyond max_model_len", b.positions[t]);
-        std::memcpy(&x_[t * h], w_.embed + static_cast<int64_t>(b.tokens[t]) * h, sizeof(float) * h);
+        const int64_t row = static_cast<int64_t>(b.tokens[t]) * h;
+        if (w_.embed.type == K::WType::bf16) {
+            K::bf16_to_f32(&x_[t * h], static_cast<const uint16_t *>(w_.embed.w) + row, h);
+        } else {
+            std::memcpy(&x_[t * h], static_cast<const float *>(w_.embed.w) + row, sizeof(float) * h);
+        }
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim));
     for (int il = 0; il < cfg_.n_layers; ++il) {
@@ -112,7 +139,7 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
         const LayerWeights & L = w_.layers[il];
         // attention
         K::rms_norm(xn_.data(), x_.data(), L.attn_norm, n, h, cfg_.rms_norm_eps);
-        K::matmul_packed(qkv_.data(), xn_.data(), L.wqkv, L.bqkv, n, qkv_dim, h, pool);
+        linear(qkv_.data(), xn_.data(), L.qkv, L.bqkv, n, qkv_dim, h, pool);
         for (int64_t t = 0; t < n; ++t) {
             const float * row = &qkv_[t * qkv_dim];
             std::memcpy(&q_[t * q_dim], row, sizeof(float) * q_dim);
@@ -124,15 +151,15 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
         const K::PagedKv kv = layer_kv(il);
         K::kv_store(kv, k_.data(), v_.data(), b.slots.data(), n);
         K::attention_paged(att_.data(), q_.data(), b.queries.data(), n, cfg_.n_heads, kv, scale, pool);
-        K::matmul_packed(xn_.data(), att_.data(), L.wo, nullptr, n, h, q_dim, pool);
+        linear(xn_.data(), att_.data(), L.o, nullptr, n, h, q_dim, pool);
         K::add_inplace(x_.data(), xn_.data(), n * h);
         // SwiGLU MLP
         K::rms_norm(xn_.data(), x_.data(), L.mlp_norm, n, h, cfg_.rms_norm_eps);
-        K::matmul_packed(ff_.data(), xn_.data(), L.w_gate_up, nullptr, n, 2 * ff, h, pool);
+        linear(ff_.data(), xn_.data(), L.gate_up, nullptr, n, 2 * ff, h, pool);
         for (int64_t t = 0; t < n; ++t) {
             K::silu_mul(&gate_[t * ff], &ff_[t * 2 * ff], &ff_[t * 2 * ff + ff], ff);
         }
-        K::matmul_packed(xn_.data(), gate_.data(), L.w_down, nullptr, n, h, ff, pool);
+        linear(xn_.data(), gate_.data(), L.down, nullptr, n, h, ff, pool);
         K::add_inplace(x_.data(), xn_.data(), n * h);
     }
     // Final norm and LM head, only for the rows that need logits.
@@ -141,7 +168,7 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
     for (int64_t i = 0; i < n_logits; ++i) {
         K::rms_norm(&rows_[i * h], &x_[static_cast<int64_t>(b.logits_rows[i]) * h], w_.final_norm, 1, h, cfg_.rms_norm_eps);
     }
-    K::matmul_packed(logits, rows_.data(), w_.lm_head, nullptr, n_logits, cfg_.vocab_size, h, pool);
+    linear(logits, rows_.data(), w_.lm_head, nullptr, n_logits, cfg_.vocab_size, h, pool);
     return true;
 }
 

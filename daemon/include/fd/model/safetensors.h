@@ -44,6 +44,13 @@ struct TensorIndex {
 ///          matching shape × dtype size, a tensor listed in the index but absent from its shard.
 TensorIndex read_tensor_index(const std::filesystem::path & dir);
 
+/// Bytes per element of `d` (4 or 2).
+int64_t dtype_size(DType d);
+
+/// Read exactly `n` bytes at byte offset `off` of the open file `fd` (retries short reads).
+/// Errors   fd::Error{invalid_checkpoint} naming `file` and `what` on EOF or an I/O error.
+void pread_exact(int fd, void * dst, int64_t n, int64_t off, const std::filesystem::path & file, const std::string & what);
+
 /// Read one tensor's raw bytes as stored.   Shapes  dst [size_bytes] bytes written.
 /// Errors   fd::Error{invalid_checkpoint} naming file and tensor on a short read.
 void read_tensor_raw(const TensorInfo & t, void * dst);

@@ -1,42 +1,59 @@
 // fd/model/weights.h — the model's weights in inference layout, and loading them.
 //
-// Owns one mmap-backed Arena holding every tensor as f32. Linear weights are fused and packed
-// for kernels::matmul_packed:
-//   wqkv    [q_dim + 2*kv_dim, hidden]   rows q_proj | k_proj | v_proj        (packed)
-//   w_gate_up [2*intermediate, hidden]   rows gate_proj | up_proj             (packed)
-//   wo [hidden, q_dim], w_down [hidden, intermediate], lm_head [vocab, hidden] (packed)
-//   embed [vocab, hidden] (row lookup, unpacked); norms [hidden]; qkv bias [q_dim + 2*kv_dim]
-// Loading validates every name, shape and dtype against the ModelConfig before a byte is
-// copied; a failure leaves the arena untouched. Only the engine thread calls these.
+// The rollout keeps each weight in the checkpoint's own dtype and [out, in] layout, with the
+// tensors the forward pass reads together fused along dim 0 (vLLM's packed modules):
+//   model.layers.N.self_attn.qkv_proj.weight  [q_dim + 2*kv_dim, hidden]  rows q | k | v
+//   model.layers.N.self_attn.qkv_proj.bias    [q_dim + 2*kv_dim]          (Qwen2)
+//   model.layers.N.mlp.gate_up_proj.weight    [2*intermediate, hidden]    rows gate | up
+// and every other tensor under its Hugging Face name (embed_tokens, o_proj, down_proj, the norms,
+// model.norm, lm_head when untied). A fused tensor's parts are consecutive row ranges, so every
+// byte of the inference layout is one contiguous range of one checkpoint tensor: loading,
+// wakeup and update_weights are plain parallel reads into one arena (F16 is the exception: it
+// is widened to f32 at load).
+//
+// The layout is planned once, from the first checkpoint; every later checkpoint (wakeup,
+// update) must have the same names, shapes and dtypes. Only the engine thread calls these.
 #pragma once
 
-#include "fd/arena.h"
+#include "fd/kernels/ops.h"
 #include "fd/model/model_config.h"
 #include "fd/model/safetensors.h"
 
-#include <filesystem>
-#include <functional>
+#include <cstddef>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fd::model {
 
-struct LayerWeights {
-    const float * attn_norm  = nullptr;  ///< [hidden]
-    const float * wqkv       = nullptr;  ///< packed [q_dim + 2*kv_dim, hidden]
-    const float * bqkv       = nullptr;  ///< [q_dim + 2*kv_dim] or nullptr
-    const float * wo         = nullptr;  ///< packed [hidden, q_dim]
-    const float * mlp_norm   = nullptr;  ///< [hidden]
-    const float * w_gate_up  = nullptr;  ///< packed [2*intermediate, hidden]
-    const float * w_down     = nullptr;  ///< packed [hidden, intermediate]
+/// Rows [row0, row0 + rows) of an inference tensor come from training (HF) tensor `hf_name`.
+struct WeightPart {
+    std::string hf_name;
+    int64_t     row0 = 0;
+    int64_t     rows = 0;
+    DType       dtype = DType::f32;  ///< as stored in the checkpoint the layout was planned from
 };
 
-struct ModelWeights {
-    const float *             embed      = nullptr;  ///< [vocab, hidden]
-    std::vector<LayerWeights> layers;                ///< [n_layers]
-    const float *             final_norm = nullptr;  ///< [hidden]
-    const float *             lm_head    = nullptr;  ///< packed [vocab, hidden]
+/// One tensor of the rollout's state dict.
+struct InferenceTensor {
+    std::string             name;        ///< inference name, e.g. model.layers.0.self_attn.qkv_proj.weight
+    std::vector<int64_t>    shape;       ///< [rows, cols] or [n], outermost first
+    DType                   dtype = DType::f32;  ///< in memory: the checkpoint's f32 / bf16; F16 → f32
+    int64_t                 offset = 0;  ///< bytes into the weights arena, 64-byte aligned
+    int64_t                 bytes  = 0;
+    std::vector<WeightPart> parts;       ///< training tensors stacked along dim 0, in order
+
+    int64_t row_bytes() const;           ///< bytes of one dim-0 row (of the whole tensor if 1-D)
+};
+
+struct WeightLayout {
+    std::vector<InferenceTensor> tensors;        ///< in arena order
+    int64_t                      arena_bytes = 0;
+    bool                         tied_lm_head = false;  ///< lm_head reads embed_tokens
+
+    /// nullptr if `name` is not an inference tensor.
+    const InferenceTensor * find(std::string_view name) const;
 };
 
 /// One tensor the model expects, in HF (training) naming.
@@ -57,19 +74,43 @@ using DTypeMap = std::map<std::string, DType>;
 /// Errors  fd::Error{invalid_checkpoint} naming the file and tensor.
 void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx, const DTypeMap * dtypes = nullptr);
 
-/// Fills `dst` [numel] with tensor `name` (HF naming) as f32.
-using TensorReader = std::function<void(const std::string & name, float * dst)>;
+/// The inference layout of `cfg` with the dtypes of `idx` (already validated): a fused tensor
+/// whose parts share a dtype keeps it (F16 becomes f32); mixed parts become f32.
+WeightLayout plan_layout(const ModelConfig & cfg, const TensorIndex & idx);
 
-/// Convert, fuse and pack every tensor into inference layout. With `arena` (reserved, empty),
-/// allocates `w` from it; with `arena == nullptr`, overwrites the tensors `w` already points to
-/// (in-place update: same config, same layout). Errors: whatever `read` throws.
-void fill_weights(const ModelConfig & cfg, const TensorReader & read, Arena * arena, ModelWeights & w);
+/// Read every inference tensor of `layout` from the checkpoint `idx` into `base`
+/// ([layout.arena_bytes] bytes, 64-byte aligned). Bytes stored in the memory dtype are copied
+/// by pread in chunks of <= 8 MiB spread over `pool` (nullptr = caller only); others are read
+/// and widened to f32. On error `base` holds a partial copy (callers fill a staging arena).
+/// Errors   fd::Error{invalid_checkpoint} naming the file and tensor (cannot open, short read).
+void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byte * base, kernels::ThreadPool * pool);
 
-/// Arena bytes the weights of `cfg` need.
-int64_t weights_arena_bytes(const ModelConfig & cfg);
+/// A linear weight as the kernels read it: [n_out, n_in] in `type`.
+struct LinearWeight {
+    const void *   w    = nullptr;
+    kernels::WType type = kernels::WType::f32;
+};
 
-/// Validate (dtypes too when given), then read, convert and pack every tensor into `arena`
-/// (reserved here). Errors  fd::Error{invalid_checkpoint} (arena left released on failure).
-ModelWeights load_weights(const ModelConfig & cfg, const TensorIndex & idx, Arena & arena, const DTypeMap * dtypes = nullptr);
+struct LayerWeights {
+    const float * attn_norm = nullptr;  ///< [hidden] f32
+    LinearWeight  qkv;                  ///< [q_dim + 2*kv_dim, hidden]
+    const float * bqkv      = nullptr;  ///< [q_dim + 2*kv_dim] f32 or nullptr
+    LinearWeight  o;                    ///< [hidden, q_dim]
+    const float * mlp_norm  = nullptr;  ///< [hidden] f32
+    LinearWeight  gate_up;              ///< [2*intermediate, hidden]
+    LinearWeight  down;                 ///< [hidden, intermediate]
+};
+
+/// Pointers into one filled arena, plus f32 copies of the small 1-D tensors (norms, biases).
+struct ModelWeights {
+    LinearWeight              embed;       ///< [vocab, hidden] (row lookup)
+    std::vector<LayerWeights> layers;      ///< [n_layers]
+    const float *             final_norm = nullptr;  ///< [hidden] f32
+    LinearWeight              lm_head;     ///< [vocab, hidden] (embed when tied)
+    std::vector<float>        small_f32;   ///< backing store of the f32 norms and biases
+};
+
+/// Point a ModelWeights at the tensors of `layout` in `base` (filled by fill_weights).
+ModelWeights bind_weights(const ModelConfig & cfg, const WeightLayout & layout, const std::byte * base);
 
 }  // namespace fd::model

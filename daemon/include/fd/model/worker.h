@@ -39,6 +39,10 @@ struct WorkerConfig {
     int32_t block_size = 16;   ///< tokens per KV block
     int64_t n_blocks   = 0;    ///< KV blocks to allocate
     int32_t max_model_len = 0; ///< positions the RoPE table covers
+    /// Keep update_weights' staging arena resident between updates (the previous weights' arena
+    /// becomes the next staging area): updates then copy at memory bandwidth, at the cost of a
+    /// second copy of the weights in RSS while awake. false: map it per update, unmap after.
+    bool    keep_update_staging = true;
 };
 
 class Worker {
@@ -57,29 +61,35 @@ public:
 
     const ModelConfig & config() const { return cfg_; }
     int64_t weight_bytes() const { return weights_arena_.used_bytes(); }
+    /// Bytes of the resident staging arena (0 unless keep_update_staging and an update ran).
+    int64_t staging_bytes() const { return staging_arena_.capacity_bytes(); }
+    /// The rollout's tensors (inference names, shapes, dtypes, arena offsets, HF parts).
+    const WeightLayout & layout() const { return layout_; }
     int64_t kv_bytes() const { return kv_arena_.capacity_bytes(); }
 
     // --- weight control (engine thread, generation paused) ---
 
-    /// Unmap the weights; returns bytes handed back to the OS. forward() must not run until
-    /// reload_weights() succeeds.
+    /// Unmap the weights (and the staging arena); returns bytes handed back to the OS. forward()
+    /// must not run until reload_weights() succeeds.
     int64_t release_weights();
     /// Unmap the KV pool; returns bytes handed back. Block contents are lost.
     int64_t release_kv();
     /// Map (and pre-fault) the KV pool again, same geometry. No-op if resident.
     void acquire_kv();
-    /// Load weights into a fresh arena (after release_weights). Validates names, shapes and the
-    /// dtypes first loaded. Errors  invalid_checkpoint; on failure the weights stay released.
+    /// Load weights into a fresh arena (after release_weights): parallel reads over the pool.
+    /// Validates names, shapes and the dtypes first loaded.
+    /// Errors  invalid_checkpoint; on failure the weights stay released.
     void reload_weights(const TensorIndex & idx);
 
     struct UpdateCost {
         int64_t bytes    = 0;    ///< checkpoint bytes staged
-        double  sync_s   = 0.0;  ///< staging: reading every tensor into memory (after validation)
-        double  update_s = 0.0;  ///< applying: convert, fuse, pack over the live weights
+        double  sync_s   = 0.0;  ///< validation and staging: every tensor read into the staging arena
+        double  update_s = 0.0;  ///< applying: the staging arena goes live (pointer swap, norms to f32)
     };
-    /// All-or-nothing in-place update: validate `idx` (names, shapes, dtypes as first loaded),
-    /// read every tensor into a staging arena, and only then overwrite the live weights.
-    /// Errors  invalid_checkpoint before anything is overwritten (weights unchanged bit-exactly).
+    /// All-or-nothing update: validate `idx` (names, shapes, dtypes as first loaded), read every
+    /// tensor into the staging arena (parallel reads over the pool), and only then swap it with
+    /// the live arena. Errors  invalid_checkpoint before anything live changes (the previous
+    /// weights keep serving bit-exactly).
     UpdateCost update_weights(const TensorIndex & idx);
     /// Bytes of one KV block across all layers (K and V).
     static int64_t kv_block_bytes(const ModelConfig & cfg, int32_t block_size);
@@ -88,11 +98,15 @@ private:
     kernels::PagedKv layer_kv(int il);
 
     void map_kv_pool();
+    /// Reserve `arena` for the layout (pre-faulted if asked) and fill it from `idx`.
+    void fill_arena(Arena & arena, const TensorIndex & idx, bool populate);
 
     ModelConfig                           cfg_;
     WorkerConfig                          wcfg_;
     DTypeMap                              dtypes_;    ///< dtype of each tensor as first loaded
+    WeightLayout                          layout_;    ///< planned from the first checkpoint
     Arena                                 weights_arena_{"weights"};
+    Arena                                 staging_arena_{"weights_staging"};
     Arena                                 kv_arena_{"kv_cache"};
     ModelWeights                          w_;
     std::vector<float *>                  k_pool_, v_pool_;  ///< per layer

@@ -4,7 +4,7 @@
 // - Shapes are written [d0, d1, ...] OUTERMOST FIRST (row-major), with named dimensions.
 // - Strides are in elements. Tensors are contiguous unless a stride argument says otherwise.
 // - Mutated arguments come first.
-// - All ops are f32 with f32 accumulation. Inputs are validated by the callers (the model
+// - All ops compute in f32 with f32 accumulation (linear reads bf16 weights too). Inputs are validated by the callers (the model
 //   runner), never in inner loops.
 // - Batch invariance: every op computes each output row with the same sequence of floating-
 //   point operations whatever the number of rows, the other rows' contents or the thread
@@ -24,31 +24,27 @@ namespace fd::kernels {
 // Linear layers
 // ---------------------------------------------------------------------------------------------
 
-/// Output columns per packed weight panel.
-inline constexpr int kPanelCols = 32;
+/// How a linear weight is stored in memory: the checkpoint's own dtype, so loading and updating
+/// weights is a copy (F16 checkpoints are widened to f32 at load).
+enum class WType : uint8_t { f32 = 0, bf16 = 1 };
 
-/// Number of floats a packed [n_out, n_in] weight occupies: ceil(n_out / 32) * n_in * 32.
-int64_t packed_linear_floats(int64_t n_out, int64_t n_in);
-
-/// Repack a PyTorch-layout linear weight for matmul_packed.
-///   packed[p, k, c] = w[p * 32 + c, k]   (0 where p * 32 + c >= n_out)
-/// Shapes   packed [ceil(n_out/32), n_in, 32]   written; 64-byte alignment recommended
-///          w      [n_out, n_in]
-void pack_linear(float * packed, const float * w, int64_t n_out, int64_t n_in);
-
-/// out = x · Wᵀ (+ bias), with W packed by pack_linear.
-///   out[t, o] = sum_{k = 0..n_in-1, in order} x[t, k] * W[o, k]   (+ bias[o])
-/// Each output is one fused multiply-add chain over k from 0, so a row's result does not depend
-/// on n_rows, the tiling or the thread count (batch-invariant, unlike BLAS sgemm).
-/// Shapes   out    [n_rows, n_out]   written
-///          x      [n_rows, n_in]
-///          packed [ceil(n_out/32), n_in, 32]
-///          bias   [n_out] or nullptr
-/// Threads  output panels are split over `pool` (may be nullptr = caller only).
-/// Source   register-tiled micro-kernel in the style of BLIS (Van Zee & van de Geijn 2015),
-///          without the k-split that makes BLAS results depend on the problem size.
-void matmul_packed(float * out, const float * x, const float * packed, const float * bias,
-                   int64_t n_rows, int64_t n_out, int64_t n_in, ThreadPool * pool);
+/// out = x · Wᵀ (+ bias), W in the PyTorch / safetensors layout and stored dtype.
+///   out[t, o] = sum_k x[t, k] * W[o, k]   (+ bias[o])
+/// Each output is computed the same way whatever the batch: 16 lane-wise FMA chains over
+/// k = lane, lane + 16, ... (ascending; the last partial block zero-padded), one fixed pairwise
+/// reduction of the lanes, then the bias. A row's result therefore does not depend on n_rows,
+/// its position, the tiling or the thread count (batch-invariant, unlike BLAS sgemm, whose
+/// k-split depends on the problem size). bf16 weights are widened in registers.
+/// Shapes   out  [n_rows, n_out]  f32, written
+///          x    [n_rows, n_in]   f32
+///          w    [n_out, n_in]    `wtype` (row-major, rows contiguous)
+///          bias [n_out] f32 or nullptr
+/// Threads  output rows are split over `pool` (may be nullptr = caller only).
+/// Source   register-tiled dot-product micro-kernel (4 rows x 4 outputs, 1 x 8 for one row);
+///          the fixed-reduction-order idea follows "Defeating Nondeterminism in LLM Inference"
+///          (He et al., Thinking Machines 2025) and SGLang's batch-invariant ops.
+void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
+            int64_t n_out, int64_t n_in, ThreadPool * pool);
 
 // ---------------------------------------------------------------------------------------------
 // Normalization, activation, elementwise
