@@ -25,6 +25,8 @@ void write_control_error(httplib::Response & res, const Error & e);
 /// the one implementation shared with the shm mailbox.
 void control_route(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 ControlReply dispatch_control(ApiContext & ctx, const shm::MailboxCommand & cmd);
+/// True for the weight-control routes of the route table (V1 and legacy).
+bool is_control_path(const std::string & path);
 
 /// GET /health body (also the shm `status` answer).
 nlohmann::json health_json(ApiContext & ctx);

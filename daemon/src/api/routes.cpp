@@ -4,6 +4,7 @@
 #include "fd/log.h"
 
 #include <map>
+#include <set>
 
 namespace fd::api {
 namespace {
@@ -34,7 +35,11 @@ Handler wrap(ApiContext & ctx, void (*fn)(ApiContext &, const httplib::Request &
     };
 }
 
+std::set<std::string> g_control_paths;  ///< filled once by register_routes, read-only after
+
 }  // namespace
+
+bool is_control_path(const std::string & path) { return g_control_paths.count(path) != 0; }
 
 void register_routes(httplib::Server & http, ApiContext & ctx) {
     constexpr auto C = Errors::control;
@@ -54,20 +59,29 @@ void register_routes(httplib::Server & http, ApiContext & ctx) {
         it->second(req, res);
         return httplib::Server::HandlerResponse::Handled;
     });
+    auto control = [&](const char * method, const char * path) {
+        g_control_paths.insert(path);
+        auto h = wrap(ctx, control_route, Auth::api_key, C);
+        if (std::string_view(method) == "POST") {
+            post(path, std::move(h));
+        } else {
+            http.Get(path, std::move(h));
+        }
+    };
     http.Get ("/health",              wrap(ctx, get_health,              Auth::open));
     http.Get ("/metrics",             wrap(ctx, get_metrics,             Auth::open));
     http.Get ("/v1/models",           wrap(ctx, get_models,              Auth::api_key));
     post     ("/v1/completions",      wrap(ctx, post_completions,        Auth::api_key));
     // weight control (SPEC §3); sleep/wakeup/update_weights need --dynamic-load-weight
-    post     ("/v1/pause",            wrap(ctx, control_route,           Auth::api_key, C));
-    post     ("/v1/resume",           wrap(ctx, control_route,           Auth::api_key, C));
-    http.Get ("/v1/is_paused",        wrap(ctx, control_route,           Auth::api_key, C));
-    post     ("/v1/sleep",            wrap(ctx, control_route,           Auth::api_key, C));
-    post     ("/v1/wakeup",           wrap(ctx, control_route,           Auth::api_key, C));
-    post     ("/v1/update_weights",   wrap(ctx, control_route,           Auth::api_key, C));
+    control("POST", "/v1/pause");
+    control("POST", "/v1/resume");
+    control("GET",  "/v1/is_paused");
+    control("POST", "/v1/sleep");
+    control("POST", "/v1/wakeup");
+    control("POST", "/v1/update_weights");
     // legacy FastDeploy routes (SPEC §4)
-    http.Get ("/clear_load_weight",   wrap(ctx, control_route,           Auth::api_key, C));
-    http.Get ("/update_model_weight", wrap(ctx, control_route,           Auth::api_key, C));
+    control("GET",  "/clear_load_weight");
+    control("GET",  "/update_model_weight");
 }
 
 }  // namespace fd::api

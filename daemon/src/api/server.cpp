@@ -54,6 +54,11 @@ ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, const model::Tok
             write_error(res, Error(Errc::invalid_argument, "method " + req.method + " not allowed on " + req.path));
         }
     });
+    // Runs after a response is written: tell the engine a control reply is out, so requests the
+    // control call aborted are answered after it, not in competition with it.
+    http_->set_logger([this](const httplib::Request & req, const httplib::Response &) {
+        if (is_control_path(req.path)) { ctx_->engine->control_reply_sent(); }
+    });
     register_routes(*http_, *ctx_);
 }
 

@@ -77,6 +77,7 @@ void ShmWatcher::mailbox_loop() {
         b.result_http_status = r.http_status;
         b.ack_seq.store(seq, std::memory_order_release);
         shm::futex_wake(b.ack_seq);
+        engine_.control_reply_sent();
     }
 }
 

@@ -160,7 +160,11 @@ void Engine::emit(Sequence & s, FinishReason why, ChoiceEvent ev) {
     ev.n_prompt_tokens = s.n_prompt;
     ev.n_cached_tokens = std::max(0, s.n_cached);
     ev.weight_version  = state_.weight_version;
-    s.channel->push(std::move(ev));
+    if (defer_events_) {
+        deferred_.emplace_back(s.channel, std::move(ev));
+    } else {
+        s.channel->push(std::move(ev));
+    }
     if (why != FinishReason::none) { s.channel.reset(); }  // finished; released at the end of the step
 }
 
@@ -214,7 +218,13 @@ bool Engine::step() {
                 admit(*req);
             } else {
                 auto & pc = std::get<std::shared_ptr<PendingControl>>(item);
+                uint64_t acks_before;
+                {
+                    std::lock_guard lk(reply_mu_);
+                    acks_before = reply_acks_;
+                }
                 pc->done.set_value(run_control(pc->cmd));
+                flush_deferred(acks_before);
                 handled_control = true;
             }
         }
@@ -331,6 +341,24 @@ int32_t Engine::abort_all() {
     }
     seqs_.clear();
     return n;
+}
+
+void Engine::control_reply_sent() {
+    {
+        std::lock_guard lk(reply_mu_);
+        ++reply_acks_;
+    }
+    reply_cv_.notify_all();
+}
+
+void Engine::flush_deferred(std::optional<uint64_t> acks_before) {
+    if (deferred_.empty()) { return; }
+    if (acks_before) {
+        std::unique_lock lk(reply_mu_);
+        reply_cv_.wait_for(lk, kControlReplyWait, [&] { return reply_acks_ != *acks_before; });
+    }
+    for (auto & [channel, ev] : deferred_) { channel->push(std::move(ev)); }
+    deferred_.clear();
 }
 
 void Engine::publish_stats() {

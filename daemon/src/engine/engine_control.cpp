@@ -96,7 +96,9 @@ ControlResult Engine::run_control(const ControlCommand & cmd) {
 void Engine::do_pause(ControlResult & r) {
     accepting_.store(false);
     state_.paused = true;
+    defer_events_ = true;  // delivered by flush_deferred() once the pause reply is out
     r.n_aborted   = abort_all();
+    defer_events_ = false;
     kv_.flush_prefix_cache();
 }
 
@@ -224,6 +226,7 @@ void Engine::poll_legacy_word() {
     // The legacy path does the same work as V1 sleep/wakeup (the word stays CLEARING/UPDATING
     // meanwhile), then settles the word: CLEARED while anything is asleep, else NORMAL.
     const ControlResult r = run_control(cmd);
+    flush_deferred(std::nullopt);  // no reply to wait for: the caller polls the word
     if (r.error) { log::get("control")->error("legacy {} failed: {}", clearing ? "clear" : "update", r.error->what()); }
     const bool asleep = state_.weight_asleep || state_.kv_asleep;
     legacy_word_->store(static_cast<int32_t>(asleep ? shm::WeightsStatus::cleared : shm::WeightsStatus::normal));

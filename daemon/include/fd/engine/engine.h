@@ -22,6 +22,7 @@
 #include <map>
 #include <variant>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -93,6 +94,11 @@ public:
     void attach_legacy_word(std::atomic<int32_t> * word);
     /// Wake the engine thread (e.g. the status word may have changed from another process).
     void wake() { inbox_cv_.notify_one(); }
+    /// A control reply has been written to its caller (HTTP socket or shm mailbox). Requests a
+    /// pause aborts get their final events only after this (or kControlReplyWait): the control
+    /// plane answers first, the aborted requests' handlers do not compete with it for the CPUs.
+    void control_reply_sent();
+    static constexpr std::chrono::microseconds kControlReplyWait{2000};
 
     /// Refuse new requests from now on (SIGTERM); in-flight ones continue.
     void begin_drain() { draining_.store(true); }
@@ -124,6 +130,9 @@ private:
     void          poll_legacy_word();
     void          sync_legacy_word();
     int32_t       abort_all();
+    /// Push the events held back while a control command ran, once its reply went out (a
+    /// control_reply_sent() after `acks_before`, at most kControlReplyWait); nullopt: now.
+    void          flush_deferred(std::optional<uint64_t> acks_before);
 
     EngineConfig                              cfg_;
     model::ModelConfig                        model_cfg_;
@@ -138,6 +147,11 @@ private:
     kv::SeqId                                 next_seq_id_ = 1;
     model::StepBatch                          batch_;
     std::vector<float>                        logits_, scratch_;
+    bool                                      defer_events_ = false;  ///< emit() holds events back (pause)
+    std::vector<std::pair<std::shared_ptr<ResultChannel>, ChoiceEvent>> deferred_;
+    std::mutex                                reply_mu_;
+    std::condition_variable                   reply_cv_;
+    uint64_t                                  reply_acks_ = 0;  ///< control replies written (reply_mu_)
 
     mutable std::mutex                        inbox_mu_;
     std::condition_variable                   inbox_cv_;
