@@ -1,6 +1,7 @@
 // fdctl — drive fdrollout's weight control from the shell, over the shm control block or the V1
 // HTTP API. Results on stdout (human, or --json: the HTTP API's body), diagnostics on stderr,
 // one exit-code table (see --help).
+#include "offline.h"
 #include "output.h"
 #include "transport.h"
 
@@ -139,6 +140,22 @@ int main(int argc, char ** argv) {
     wait->add_option("--until", o.until, "serving | paused | asleep")->required()->check(CLI::IsMember({"serving", "paused", "asleep"}));
     wait->callback([&] { cmd.op = "wait"; });
 
+    fdctl::PublishOptions pub;
+    auto * publish = app.add_subcommand("publish", "Trainer side: publish a checkpoint as a new version, atomically (no daemon needed)");
+    publish->add_option("--strategy", pub.strategy, "rsync | ipc_snapshot | ipc")->required()
+        ->check(CLI::IsMember({"rsync", "ipc_snapshot", "ipc"}));
+    publish->add_option("--from", pub.from, "Hugging Face checkpoint dir to publish")->required();
+    publish->add_option("--store", pub.store, "rsync: the versioned store dir");
+    publish->add_option("--model", pub.model_dir, "ipc_snapshot: the rollout's --model dir");
+    publish->add_option("--version", pub.version, "rsync, ipc: version to publish ([A-Za-z0-9._-]{1,128})");
+    publish->add_option("--tp", pub.tp, "ipc_snapshot, ipc: the rollout's tensor parallel size")->capture_default_str();
+    publish->callback([&] { cmd.op = "publish"; });
+    fdctl::ModelInfoOptions info;
+    auto * model_info = app.add_subcommand("model-info", "Print the rollout's state dict per rank and its training-name mapping");
+    model_info->add_option("--model", info.model_dir, "Hugging Face checkpoint dir")->required();
+    model_info->add_option("--tp", info.tp, "Tensor parallel size")->capture_default_str();
+    model_info->callback([&] { cmd.op = "model_info"; });
+
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {
@@ -163,6 +180,16 @@ int main(int argc, char ** argv) {
         return fd::kExitUsage;
     }
     try {
+        if (cmd.op == "publish") {
+            pub.port  = o.port;
+            pub.json  = o.json;
+            pub.quiet = o.quiet;
+            return fdctl::run_publish(pub);
+        }
+        if (cmd.op == "model_info") {
+            info.json = o.json;
+            return fdctl::run_model_info(info);
+        }
         return cmd.op == "wait" ? run_wait(o) : run_command(o, cmd);
     } catch (const fd::Error & e) {
         std::cerr << "fdctl: " << fd::errc_name(e.code()) << ": " << e.what() << "\n";

@@ -59,8 +59,14 @@ void add_flags(CLI::App & app, fd::Config & c) {
     app.add_flag("--dynamic-load-weight", c.server.dynamic_load_weight,
                  "Enable weight control: /v1/sleep, /v1/wakeup, /v1/update_weights and the legacy /clear_load_weight, /update_model_weight")
         ->envname("FD_DYNAMIC_LOAD_WEIGHT");
-    app.add_option("--load-strategy", c.weights.load_strategy, "Where wakeup/update take weights from: normal (the --model dir)")
+    app.add_option("--load-strategy", c.weights.load_strategy,
+                   "Where wakeup/update take weights from: normal (the --model dir), ipc_snapshot (model_state.tp<rank>*.safetensors "
+                   "in --model), ipc (a trainer's shared-memory record), rsync (a versioned store, see --rsync-config)")
         ->envname("FD_LOAD_STRATEGY")->capture_default_str();
+    app.add_option("--rsync-config", c.weights.rsync_config,
+                   "rsync strategy: JSON {\"source\": \"rsync://host:port/module\" | \"host:path\" | \"/path\", \"staging_dir\": DIR, "
+                   "\"timeout_s\": 300}")
+        ->envname("FD_RSYNC_CONFIG");
     app.add_option("--update-staging", c.weights.update_staging,
                    "update_weights staging arena: persistent (kept resident between updates; updates copy at memory bandwidth, "
                    "RSS holds a second copy of the weights while awake) or transient (mapped per update)")
@@ -89,7 +95,9 @@ int run(fd::Config & cfg, sigset_t & signals) {
     fd::engine::Engine engine(cfg.engine, std::move(worker), tok,
                               {.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
                                .enable_prefix_caching = cfg.kv.enable_prefix_caching},
-                              fd::weights::make_normal_source(cfg.model.model_dir));
+                              fd::weights::make_weight_source({.strategy = fd::weights::parse_load_strategy(cfg.weights.load_strategy),
+                                                               .model_dir = cfg.model.model_dir, .port = cfg.server.port,
+                                                               .rsync_config = cfg.weights.rsync_config}));
     fd::api::ApiServer server(cfg.server, engine, *tok);
     fd::control::ShmWatcher watcher(std::move(block), cfg.server.port, cfg.server.v1_update_weights, engine,
                                     [&](const fd::shm::MailboxCommand & c) { return server.dispatch(c); });

@@ -43,8 +43,9 @@ Resolved resolve(Config & cfg) {
                                                       : fmt::format("--device '{}': expected cpu or cuda", cfg.model.device));
     }
     try {
-        if (weights::parse_load_strategy(cfg.weights.load_strategy) != weights::LoadStrategy::normal) {
-            problems.push_back(fmt::format("--load-strategy {}: not available in this build yet (use normal)", cfg.weights.load_strategy));
+        const auto st = weights::parse_load_strategy(cfg.weights.load_strategy);
+        if (st == weights::LoadStrategy::rsync && cfg.weights.rsync_config.empty()) {
+            problems.push_back("--load-strategy rsync needs --rsync-config '{\"source\": ..., \"staging_dir\": ...}'");
         }
     } catch (const Error & e) {
         problems.push_back(e.what());

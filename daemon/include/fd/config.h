@@ -30,7 +30,8 @@ struct KvOptions {
 };
 
 struct WeightsOptions {
-    std::string load_strategy = "normal";   ///< normal | ipc_snapshot | ipc | rsync (normal in this build)
+    std::string load_strategy = "normal";   ///< normal | ipc_snapshot | ipc | rsync (SPEC §5)
+    std::string rsync_config;               ///< rsync: JSON {"source", "staging_dir", "timeout_s", ...}
     std::string update_staging = "persistent";  ///< persistent (2nd weight copy kept resident: updates at memory speed) | transient
 };
 

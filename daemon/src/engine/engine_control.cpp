@@ -146,7 +146,9 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
     // Check the source before touching anything, so a missing checkpoint leaves the state as is.
     std::optional<weights::FetchedCheckpoint> ckpt;
     const auto t_fetch = std::chrono::steady_clock::now();
-    if (tags.weight && state_.weight_asleep) { ckpt = source_->fetch({}); }
+    if (tags.weight && state_.weight_asleep) {
+        ckpt = source_->fetch({.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version});
+    }
     const double fetch_s = seconds_since(t_fetch);
     if (tags.kv_cache) {
         if (!state_.kv_asleep) {
@@ -163,7 +165,7 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
             r.tags_skipped.push_back("weight");
         } else {
             const auto t0 = std::chrono::steady_clock::now();
-            for (auto & w : workers_) { w->reload_weights(ckpt->index); }
+            for (auto & w : workers_) { w->reload_weights(ckpt->index, ckpt->verify_copied); }
             state_.weight_asleep = false;
             state_.weights_valid = true;
             if (ckpt->version) { state_.weight_version = *ckpt->version; }
@@ -187,7 +189,8 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
         throw Error(Errc::invalid_argument, fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", *cmd.version), "version");
     }
     const auto t0 = std::chrono::steady_clock::now();
-    weights::FetchedCheckpoint ckpt = source_->fetch({cmd.version, cmd.verify_checksum, 0});
+    weights::FetchedCheckpoint ckpt = source_->fetch({.version = cmd.version, .verify_checksum = cmd.verify_checksum,
+                                                      .serving_version = state_.weight_version});
     const double fetch_s = seconds_since(t0);
     const std::optional<std::string> version = cmd.version ? cmd.version : ckpt.version;
     if (!version) {
@@ -197,7 +200,7 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     // All-or-nothing: each worker validates and stages before it overwrites anything; with one
     // rank nothing can differ between ranks. (Tensor parallelism will stage on all ranks first.)
     for (size_t i = 0; i < workers_.size(); ++i) {
-        const auto cost = workers_[i]->update_weights(ckpt.index);
+        const auto cost = workers_[i]->update_weights(ckpt.index, ckpt.verify_copied);
         r.ranks.push_back({static_cast<int32_t>(i), *version, fetch_s + cost.sync_s, cost.update_s,
                            fetch_s + cost.sync_s + cost.update_s});
         r.bytes = cost.bytes;

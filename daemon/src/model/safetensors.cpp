@@ -96,6 +96,9 @@ void add_entry(const fs::path & file, const std::string & name, const json & v, 
         }
         t.offset_bytes = data_start + begin;
         t.size_bytes   = end - begin;
+        if (auto prev = idx.tensors.find(name); prev != idx.tensors.end()) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}' is also in {}", file.string(), name, prev->second.file.string());
+        }
         idx.total_bytes += t.size_bytes;
         idx.tensors[name] = std::move(t);
     }
@@ -160,7 +163,10 @@ TensorIndex read_tensor_index(const fs::path & dir) {
     std::vector<fs::path> files;
     if (fs::is_directory(dir)) {
         for (const auto & e : fs::directory_iterator(dir)) {
-            if (e.path().extension() == ".safetensors") { files.push_back(e.path()); }
+            // model_state.tp*.safetensors are ipc_snapshot files (inference names), not the checkpoint.
+            if (e.path().extension() == ".safetensors" && e.path().filename().string().rfind("model_state.", 0) != 0) {
+                files.push_back(e.path());
+            }
         }
     }
     if (files.empty()) { fail(Errc::invalid_checkpoint, "{}: no *.safetensors file found", dir.string()); }
@@ -178,6 +184,13 @@ void pread_exact(int fd, void * dst, int64_t n, int64_t off, const std::filesyst
         if (r == 0) { fail(Errc::invalid_checkpoint, "{}: short read of {} (file truncated?)", file.string(), what); }
         p += r; n -= r; off += r;
     }
+}
+
+TensorIndex read_tensor_files(const std::filesystem::path & source, const std::vector<std::filesystem::path> & files) {
+    TensorIndex idx;
+    idx.source = source;
+    for (const auto & f : files) { read_header(f, idx); }
+    return idx;
 }
 
 void read_tensor_raw(const TensorInfo & t, void * dst) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <algorithm>
 #include <set>
 
 namespace fd::model {
@@ -43,7 +44,7 @@ std::vector<ExpectedTensor> expected_tensors(const ModelConfig & c) {
     return e;
 }
 
-void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx, const DTypeMap * dtypes) {
+void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx) {
     std::set<std::string> known;
     for (const auto & x : expected_tensors(cfg)) {
         known.insert(x.name);
@@ -56,13 +57,6 @@ void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx, const
         if (it->second.shape != x.shape) {
             fail(Errc::invalid_checkpoint, "{}: tensor '{}' has shape [{}], expected [{}]", it->second.file.string(),
                  x.name, fmt::join(it->second.shape, ", "), fmt::join(x.shape, ", "));
-        }
-        if (dtypes) {
-            auto d = dtypes->find(x.name);
-            if (d != dtypes->end() && d->second != it->second.dtype) {
-                fail(Errc::invalid_checkpoint, "{}: tensor '{}' has dtype {}, expected {} (as loaded)", it->second.file.string(),
-                     x.name, dtype_name(it->second.dtype), dtype_name(d->second));
-            }
         }
     }
     for (const auto & [name, t] : idx.tensors) {
@@ -128,6 +122,47 @@ WeightLayout plan_layout(const ModelConfig & c, const TensorIndex & idx) {
     if (!c.tie_word_embeddings) { add("lm_head.weight", {{"lm_head.weight", c.vocab_size}}, h); }
     L.arena_bytes = offset;
     return L;
+}
+
+void validate_against_layout(const WeightLayout & layout, const TensorIndex & idx) {
+    std::set<std::string> used;
+    auto check = [&](const std::string & name, const std::vector<int64_t> & shape, std::initializer_list<DType> dtypes) {
+        const TensorInfo & t = idx.tensors.at(name);
+        if (t.shape != shape) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}' has shape [{}], expected [{}]", t.file.string(), name,
+                 fmt::join(t.shape, ", "), fmt::join(shape, ", "));
+        }
+        if (std::find(dtypes.begin(), dtypes.end(), t.dtype) == dtypes.end()) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}' has dtype {}, expected {} (as loaded)", t.file.string(), name,
+                 dtype_name(t.dtype), dtype_name(*dtypes.begin()));
+        }
+        used.insert(name);
+    };
+    for (const InferenceTensor & it : layout.tensors) {
+        const bool fused = it.parts.size() > 1 || it.parts.front().hf_name != it.name;
+        if (idx.tensors.count(it.name)) {  // inference naming (an unfused tensor's name is its HF name)
+            if (fused) {
+                check(it.name, it.shape, {it.dtype});
+            } else {
+                check(it.name, it.shape, {it.parts.front().dtype, it.dtype});
+            }
+            continue;
+        }
+        for (const WeightPart & p : it.parts) {
+            if (!idx.tensors.count(p.hf_name)) {
+                fail(Errc::invalid_checkpoint, "{}: checkpoint is missing tensor '{}'{}", idx.source.string(), p.hf_name,
+                     fused ? fmt::format(" (or the fused '{}')", it.name) : std::string{});
+            }
+            std::vector<int64_t> shape = it.shape;
+            shape[0] = p.rows;
+            check(p.hf_name, shape, {p.dtype});
+        }
+    }
+    for (const auto & [name, t] : idx.tensors) {
+        if (used.count(name) || name.find("rotary_emb.inv_freq") != std::string::npos) { continue; }
+        if (layout.tied_lm_head && name == "lm_head.weight") { continue; }
+        fail(Errc::invalid_checkpoint, "{}: unknown tensor '{}' (not in the rollout's state dict)", t.file.string(), name);
+    }
 }
 
 namespace {

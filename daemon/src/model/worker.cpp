@@ -26,7 +26,6 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     : cfg_(cfg), wcfg_(wcfg), pool_(std::make_unique<kernels::ThreadPool>(std::max(1, wcfg.n_threads))) {
     FD_CHECK(wcfg.n_blocks > 0 && wcfg.block_size > 0, "worker needs KV blocks ({} x {})", wcfg.n_blocks, wcfg.block_size);
     validate_checkpoint(cfg_, idx);
-    for (const auto & [name, t] : idx.tensors) { dtypes_[name] = t.dtype; }
     layout_ = plan_layout(cfg_, idx);
     fill_arena(weights_arena_, idx, /*populate=*/false);
     w_ = bind_weights(cfg_, layout_, weights_arena_.data());
@@ -70,10 +69,11 @@ void Worker::acquire_kv() {
     if (!kv_arena_.mapped()) { map_kv_pool(); }
 }
 
-void Worker::reload_weights(const TensorIndex & idx) {
-    validate_checkpoint(cfg_, idx, &dtypes_);
+void Worker::reload_weights(const TensorIndex & idx, const std::function<void()> & verify_copied) {
+    validate_against_layout(layout_, idx);
     try {
         fill_arena(weights_arena_, idx, /*populate=*/false);
+        if (verify_copied) { verify_copied(); }
     } catch (...) {
         weights_arena_.release();
         throw;
@@ -81,15 +81,16 @@ void Worker::reload_weights(const TensorIndex & idx) {
     w_ = bind_weights(cfg_, layout_, weights_arena_.data());
 }
 
-Worker::UpdateCost Worker::update_weights(const TensorIndex & idx) {
+Worker::UpdateCost Worker::update_weights(const TensorIndex & idx, const std::function<void()> & verify_copied) {
     FD_CHECK(weights_arena_.mapped(), "update_weights while the weights are released");
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
-    validate_checkpoint(cfg_, idx, &dtypes_);
+    validate_against_layout(layout_, idx);
     // Stage: every byte of the new weights in memory before anything live changes. A failed
     // read leaves only the staging arena dirty.
     try {
         fill_arena(staging_arena_, idx, /*populate=*/true);
+        if (verify_copied) { verify_copied(); }
     } catch (...) {
         if (!wcfg_.keep_update_staging) { staging_arena_.release(); }
         throw;

@@ -49,4 +49,14 @@ std::unique_ptr<WeightSource> make_normal_source(std::filesystem::path model_dir
     return std::make_unique<NormalSource>(std::move(model_dir));
 }
 
+std::unique_ptr<WeightSource> make_weight_source(const SourceConfig & cfg) {
+    switch (cfg.strategy) {
+        case LoadStrategy::normal: return make_normal_source(cfg.model_dir);
+        case LoadStrategy::ipc_snapshot: return make_ipc_snapshot_source(cfg.model_dir);
+        case LoadStrategy::ipc: return make_ipc_source(cfg.port);
+        case LoadStrategy::rsync: return make_rsync_source(cfg.model_dir, cfg.rsync_config);
+    }
+    fail(Errc::internal, "unknown load strategy");
+}
+
 }  // namespace fd::weights

@@ -38,7 +38,7 @@ struct TensorIndex {
 };
 
 /// Read the headers of `dir`/model.safetensors.index.json's shards, or of `dir`/model.safetensors,
-/// or of all `dir`/*.safetensors.
+/// or of all `dir`/*.safetensors except ipc_snapshot files (model_state.*).
 /// Errors   fd::Error{invalid_checkpoint} naming the file (and tensor): no safetensors file,
 ///          truncated file, bad header JSON, unsupported dtype, offsets outside the file or not
 ///          matching shape × dtype size, a tensor listed in the index but absent from its shard.
@@ -50,6 +50,10 @@ int64_t dtype_size(DType d);
 /// Read exactly `n` bytes at byte offset `off` of the open file `fd` (retries short reads).
 /// Errors   fd::Error{invalid_checkpoint} naming `file` and `what` on EOF or an I/O error.
 void pread_exact(int fd, void * dst, int64_t n, int64_t off, const std::filesystem::path & file, const std::string & what);
+
+/// Read the headers of exactly `files` (in order) into one index (source = `source`).
+/// Errors   as read_tensor_index; a tensor name in two files is an error.
+TensorIndex read_tensor_files(const std::filesystem::path & source, const std::vector<std::filesystem::path> & files);
 
 /// Read one tensor's raw bytes as stored.   Shapes  dst [size_bytes] bytes written.
 /// Errors   fd::Error{invalid_checkpoint} naming file and tensor on a short read.

@@ -66,17 +66,22 @@ struct ExpectedTensor {
 /// Every tensor a checkpoint of `cfg` must (or may) hold.
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig & cfg);
 
-/// Dtype of every tensor, by HF name (what an update must match).
-using DTypeMap = std::map<std::string, DType>;
-
-/// Check `idx` against `cfg`: every required tensor present with the right shape (and, when
-/// `dtypes` is given, the same dtype), no unknown names (rotary_emb.inv_freq is ignored).
+/// Check `idx` against `cfg` (first load, HF names): every required tensor present with the
+/// right shape, no unknown names (rotary_emb.inv_freq is ignored).
 /// Errors  fd::Error{invalid_checkpoint} naming the file and tensor.
-void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx, const DTypeMap * dtypes = nullptr);
+void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx);
 
 /// The inference layout of `cfg` with the dtypes of `idx` (already validated): a fused tensor
 /// whose parts share a dtype keeps it (F16 becomes f32); mixed parts become f32.
 WeightLayout plan_layout(const ModelConfig & cfg, const TensorIndex & idx);
+
+/// Check that `idx` can refill `layout` (wakeup, update, any weight source): every inference
+/// tensor present either under its inference name with the layout's shape and memory dtype
+/// (snapshots, ipc records) or, for fused tensors, as its training parts with the shapes and
+/// dtypes first loaded (HF checkpoints); lm_head.weight of a tied model and
+/// rotary_emb.inv_freq are allowed and ignored; any other name is an error.
+/// Errors  fd::Error{invalid_checkpoint} naming the file and tensor.
+void validate_against_layout(const WeightLayout & layout, const TensorIndex & idx);
 
 /// Read every inference tensor of `layout` from the checkpoint `idx` into `base`
 /// ([layout.arena_bytes] bytes, 64-byte aligned). Bytes stored in the memory dtype are copied

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -79,7 +80,8 @@ public:
     /// Load weights into a fresh arena (after release_weights): parallel reads over the pool.
     /// Validates names, shapes and the dtypes first loaded.
     /// Errors  invalid_checkpoint; on failure the weights stay released.
-    void reload_weights(const TensorIndex & idx);
+    /// `verify_copied` (optional) runs after the copy and may throw to fail the reload.
+    void reload_weights(const TensorIndex & idx, const std::function<void()> & verify_copied = {});
 
     struct UpdateCost {
         int64_t bytes    = 0;    ///< checkpoint bytes staged
@@ -90,7 +92,9 @@ public:
     /// tensor into the staging arena (parallel reads over the pool), and only then swap it with
     /// the live arena. Errors  invalid_checkpoint before anything live changes (the previous
     /// weights keep serving bit-exactly).
-    UpdateCost update_weights(const TensorIndex & idx);
+    /// `verify_copied` (optional) runs once the staging arena is filled, before the swap; if it
+    /// throws, nothing live changes.
+    UpdateCost update_weights(const TensorIndex & idx, const std::function<void()> & verify_copied = {});
     /// Bytes of one KV block across all layers (K and V).
     static int64_t kv_block_bytes(const ModelConfig & cfg, int32_t block_size);
 
@@ -103,7 +107,6 @@ private:
 
     ModelConfig                           cfg_;
     WorkerConfig                          wcfg_;
-    DTypeMap                              dtypes_;    ///< dtype of each tensor as first loaded
     WeightLayout                          layout_;    ///< planned from the first checkpoint
     Arena                                 weights_arena_{"weights"};
     Arena                                 staging_arena_{"weights_staging"};

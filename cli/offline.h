@@ -1,0 +1,37 @@
+// cli/offline.h — fdctl subcommands that work on files and shared memory, without a daemon:
+// trainer-side publishing (SPEC §5) and the rollout's state dict (RolloutModel).
+#pragma once
+
+#include <string>
+
+namespace fdctl {
+
+struct PublishOptions {
+    std::string strategy;        ///< rsync | ipc_snapshot | ipc
+    std::string from;            ///< a Hugging Face checkpoint dir (HF names)
+    std::string store;           ///< rsync: the store dir
+    std::string model_dir;       ///< ipc_snapshot: the rollout's --model dir (files land there)
+    std::string version;         ///< rsync, ipc: the version to publish
+    int         tp   = 1;        ///< ipc_snapshot, ipc: tensor parallel size of the rollout
+    int         port = 8000;     ///< ipc: the rollout's --port (names the shm records)
+    bool        json  = false;
+    bool        quiet = false;
+};
+
+/// `fdctl publish`: write one version atomically (docs/weight_sources.md). Returns the exit code.
+/// Dispatches to one of the three below (each in its own file).
+int run_publish(const PublishOptions & o);
+int publish_rsync(const PublishOptions & o);          ///< cli/publish_rsync.cpp
+int publish_ipc_snapshot(const PublishOptions & o);   ///< cli/publish_ipc.cpp
+int publish_ipc(const PublishOptions & o);            ///< cli/publish_ipc.cpp
+
+struct ModelInfoOptions {
+    std::string model_dir;
+    int         tp   = 1;
+    bool        json = false;
+};
+
+/// `fdctl model-info`: the inference state dict per rank and the names it maps to in training.
+int run_model_info(const ModelInfoOptions & o);
+
+}  // namespace fdctl
