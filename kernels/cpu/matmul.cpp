@@ -80,7 +80,7 @@ size_t elem_bytes(WType t) { return t == WType::f32 ? 4 : 2; }
 
 /// out[r, c] for MR rows of x and NR weight rows. Rows past n_rows / outputs past n_cols repeat
 /// the last valid one (their results are not stored), so one instantiation covers every edge.
-template <WType T, int MR, int NR>
+template <WType T, int MR, int NR, bool kPrefetch>
 void tile(float * out, int64_t ldo, const float * x, int64_t n_in, int n_rows, const char * w, int n_cols,
           const float * bias) {
     const size_t row_bytes = static_cast<size_t>(n_in) * elem_bytes(T);
@@ -96,7 +96,8 @@ void tile(float * out, int64_t ldo, const float * x, int64_t n_in, int n_rows, c
     for (; k + kLanes <= n_in; k += kLanes) {
         f32x16 wv[NR];
         for (int c = 0; c < NR; ++c) {
-            __builtin_prefetch(static_cast<const char *>(wr[c]) + (k + 8 * kLanes) * elem_bytes(T), 0, 0);
+            // Streaming (one row of x): keep ~512 bytes of each row in flight ahead of the loads.
+            if (kPrefetch) { __builtin_prefetch(static_cast<const char *>(wr[c]) + k * elem_bytes(T) + 512, 0, 3); }
             wv[c] = load_w<T>(wr[c], k);
         }
         for (int r = 0; r < MR; ++r) {
@@ -133,17 +134,19 @@ void block(float * out, const float * x, const char * w, const float * bias, int
         if (r1 - r0 == 1) {  // decode of one sequence: wider strips keep more weight streams in flight
             constexpr int NR = 8;
             for (int64_t o = o0; o < o1; o += NR) {
-                tile<T, 1, NR>(out + r0 * n_out + o, n_out, x + r0 * n_in, n_in, 1, w + o * row_bytes,
-                               static_cast<int>(std::min<int64_t>(NR, o1 - o)), bias ? bias + o : nullptr);
+                tile<T, 1, NR, true>(out + r0 * n_out + o, n_out, x + r0 * n_in, n_in, 1, w + o * row_bytes,
+                                     static_cast<int>(std::min<int64_t>(NR, o1 - o)), bias ? bias + o : nullptr);
             }
             continue;
         }
-        constexpr int MR = 4, NR = 4;
-        for (int64_t o = o0; o < o1; o += NR) {
-            const int nc = static_cast<int>(std::min<int64_t>(NR, o1 - o));
-            for (int64_t r = r0; r < r1; r += MR) {
-                tile<T, MR, NR>(out + r * n_out + o, n_out, x + r * n_in, n_in, static_cast<int>(std::min<int64_t>(MR, r1 - r)),
-                                w + o * row_bytes, nc, bias ? bias + o : nullptr);
+        // Batches: 4 rows x 6 outputs per tile (24 accumulators); the x rows stay in L1 while
+        // the task's weight strips stream past them.
+        constexpr int MR = 4, NR = 6;
+        for (int64_t r = r0; r < r1; r += MR) {
+            const int nr = static_cast<int>(std::min<int64_t>(MR, r1 - r));
+            for (int64_t o = o0; o < o1; o += NR) {
+                tile<T, MR, NR, false>(out + r * n_out + o, n_out, x + r * n_in, n_in, nr, w + o * row_bytes,
+                                       static_cast<int>(std::min<int64_t>(NR, o1 - o)), bias ? bias + o : nullptr);
             }
         }
     }
@@ -154,9 +157,10 @@ void block(float * out, const float * x, const char * w, const float * bias, int
 void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
             int64_t n_out, int64_t n_in, ThreadPool * pool) {
     if (n_rows <= 0 || n_out <= 0) { return; }
-    // Split outputs into tasks of >= ~128 KiB of weights (and of work) each, in strips of 8.
+    // Split outputs into tasks of whole strips (24 = both strip widths) holding ~32 KiB of
+    // weights per batch row, at least 24 rows: enough work to wake a thread for.
     const int64_t row_bytes = n_in * static_cast<int64_t>(elem_bytes(wtype));
-    const int64_t per_task  = std::max<int64_t>(8, ((128 << 10) / std::max<int64_t>(1, row_bytes * std::min<int64_t>(n_rows, 8))) / 8 * 8);
+    const int64_t per_task  = std::max<int64_t>(24, ((32 << 10) * 4 / std::max<int64_t>(1, row_bytes * std::min<int64_t>(n_rows, 4))) / 24 * 24);
     const int64_t n_tasks   = (n_out + per_task - 1) / per_task;
     const char *  wb        = static_cast<const char *>(w);
     auto run = [&](int64_t t) {
