@@ -17,7 +17,7 @@
 //                   per-rank sync_cost / update_cost. The call's p50/p99 wall time is the fixed
 //                   overhead of a tiny update (target p50 <= 2 ms, judged on the smallest model).
 //   sleep / wakeup  POST /v1/sleep?tags=weight,kv_cache then POST /v1/wakeup (both tags), cycles.
-//                   sleep latency (target <= 20 ms); freed bytes ÷ the Worker's weight+KV bytes and
+//                   sleep latency (target <= 20 ms); freed bytes ÷ the Worker's weight + staging + KV bytes and
 //                   RSS drop ÷ freed bytes (target >= 0.97 each); wakeup bytes/s = checkpoint bytes
 //                   / wall time, ÷ memcpy (target >= 0.8).
 //   analysis        (engine torn down) the update / wakeup / sleep paths taken apart on the same
@@ -144,6 +144,7 @@ struct Daemon {
     std::unique_ptr<fd::api::ApiServer>          server;
     std::thread                                  http;
     int64_t                                      worker_weight_bytes = 0, worker_kv_bytes = 0;
+    const M::Worker *                            worker_view = nullptr;  ///< read between control calls only
     double                                       load_s = 0.0;
     int64_t                                      rss_before_load = 0, rss_after_load = 0;
 
@@ -165,6 +166,7 @@ struct Daemon {
         load_s = seconds_since(t0);
         worker_weight_bytes = worker->weight_bytes();
         worker_kv_bytes     = worker->kv_bytes();
+        worker_view         = worker.get();
         engine = std::make_unique<fd::engine::Engine>(cfg.engine, std::move(worker), tok,
                                                       fd::kv::KvCacheConfig{.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
                                                                             .enable_prefix_caching = cfg.kv.enable_prefix_caching},
@@ -449,6 +451,9 @@ json bench_sleep_wakeup(Daemon & d, const Options & o, double memcpy_bps) {
     std::vector<double> sleep_s, wake_s, freed_frac, rss_frac;
     for (int i = 0; i < o.sleep_cycles; ++i) {
         const int64_t rss_idle = call(*c, "GET", "/health")["rss_bytes"].get<int64_t>();
+        // What the worker holds now: weights, the update staging arena (after an update with
+        // --update-staging persistent) and the KV pool. The engine is idle between calls.
+        const int64_t held = d.worker_view->weight_bytes() + d.worker_view->staging_bytes() + d.worker_view->kv_bytes();
         double ts = 0.0, tw = 0.0;
         const json s = call(*c, "POST", "/v1/sleep?tags=weight,kv_cache", "", &ts)["result"];
         const int64_t rss_asleep = call(*c, "GET", "/health")["rss_bytes"].get<int64_t>();
@@ -456,7 +461,7 @@ json bench_sleep_wakeup(Daemon & d, const Options & o, double memcpy_bps) {
         const int64_t rss_awake = call(*c, "GET", "/health")["rss_bytes"].get<int64_t>();
         const int64_t fw = s["freed_bytes"].value("weight", int64_t{0}), fk = s["freed_bytes"].value("kv_cache", int64_t{0});
         const int64_t freed = fw + fk;
-        const double  frac = static_cast<double>(freed) / static_cast<double>(d.worker_weight_bytes + d.worker_kv_bytes);
+        const double  frac = static_cast<double>(freed) / static_cast<double>(held);
         const int64_t drop = s["rss_before_bytes"].get<int64_t>() - s["rss_after_bytes"].get<int64_t>();
         const double  rfrac = freed > 0 ? static_cast<double>(drop) / static_cast<double>(freed) : 0.0;
         const int64_t wbytes = w["bytes"].get<int64_t>();
@@ -467,6 +472,7 @@ json bench_sleep_wakeup(Daemon & d, const Options & o, double memcpy_bps) {
         cycles.push_back({{"cycle", i},
                           {"sleep_ms", round_to(ts * 1e3, 3)},
                           {"sleep_engine_ms", round_to(s["elapsed_s"].get<double>() * 1e3, 3)},
+                          {"held_bytes", held},
                           {"freed_weight_bytes", fw},
                           {"freed_kv_bytes", fk},
                           {"rss_before_bytes", s["rss_before_bytes"]},
