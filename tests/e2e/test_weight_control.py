@@ -110,8 +110,15 @@ class WeightControl(unittest.TestCase):
             self.assertEqual(d.complete(prompt="Once upon a time", max_tokens=400, temperature=0, ignore_eos=True)["choices"][0]["token_ids"], want)
 
     def test_update_weights_equals_a_fresh_daemon_on_the_new_checkpoint(self):
-        src = self.source("upd")
-        with Daemon("--dynamic-load-weight", model=src) as d:
+        # persistent: the previous weights' arena is the next staging area (two updates swap
+        # it back and forth); transient: staging mapped per update.
+        for staging in ("persistent", "transient"):
+            with self.subTest(staging):
+                self.update_to_b_and_back(staging)
+
+    def update_to_b_and_back(self, staging):
+        src = self.source("upd-" + staging)
+        with Daemon("--dynamic-load-weight", "--update-staging", staging, model=src) as d:
             self.assertEqual(greedy(d)[:2], self.a_out)
             self.err(d, "POST", "/v1/update_weights", 409, "wrong_state", {"version": "b1"})  # not paused
             self.assertEqual(greedy(d), (*self.a_out, "0"))
