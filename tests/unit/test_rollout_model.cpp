@@ -6,12 +6,15 @@
 #include "fd/model/safetensors.h"
 #include "fd/model/safetensors_write.h"
 #include "fd/model/weights.h"
+#include "fd/shm/ipc_weights.h"
 #include "fd/status.h"
 #include "fd/weights/weight_source.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -251,9 +254,66 @@ TEST_CASE("ipc_snapshot source: parts in ascending integer order, else the singl
     CHECK(error_of([&] { gone->fetch({}); }) == Errc::source_unavailable);
 }
 
-TEST_CASE("ipc source: a missing record is not_found") {
-    auto src = fd::weights::make_ipc_source(1);  // port 1: nothing publishes there
+TEST_CASE("ipc source: a record is read by its entries; generation checks before and after the copy") {
+    namespace shm = fd::shm;
+    const int port = 40000 + ::getpid() % 20000;
+    const std::string name = shm::ipc_weights_name(port, 0);
+    auto src = fd::weights::make_ipc_source(port);
     CHECK(error_of([&] { src->fetch({}); }) == Errc::not_found);
+    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    REQUIRE(fd >= 0);
+    const size_t total = 4096 + 64;
+    REQUIRE(::ftruncate(fd, total) == 0);
+    auto * base = static_cast<std::byte *>(::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    REQUIRE(base != MAP_FAILED);
+    auto * h = reinterpret_cast<shm::IpcRecordHeader *>(base);
+    auto * e = reinterpret_cast<shm::IpcTensorEntry *>(base + sizeof(shm::IpcRecordHeader));
+    h->magic = shm::kIpcMagic;
+    h->abi_version = shm::kIpcAbiVersion;
+    h->n_tensors = 1;
+    std::strcpy(h->version, "v7");
+    h->tp_size = 1;
+    h->total_bytes = total;
+    std::strcpy(e->name, "x");
+    e->dtype = shm::kIpcF32;
+    e->ndim = 1;
+    e->shape[0] = 16;
+    e->offset = 4096;
+    e->nbytes = 64;
+    CHECK(error_of([&] { src->fetch({}); }) == Errc::source_unavailable);  // generation 0: never published
+    h->generation.store(3);
+    CHECK(error_of([&] { src->fetch({}); }) == Errc::source_unavailable);  // odd: being written
+    h->generation.store(4);
+    {
+        auto ck = src->fetch({});
+        CHECK(*ck.version == "v7");
+        REQUIRE(ck.index.tensors.count("x") == 1);
+        CHECK(ck.index.tensors.at("x").file == "/dev/shm" + name);
+        CHECK(ck.index.tensors.at("x").offset_bytes == 4096);
+        CHECK(ck.index.total_bytes == 64);
+        std::memset(base + 4096, 0x3f, 64);
+        std::vector<float> x(16);
+        fd::model::read_tensor_raw(ck.index.tensors.at("x"), x.data());  // a plain file read
+        CHECK(std::memcmp(x.data(), base + 4096, 64) == 0);
+        ck.verify_copied();                                              // nothing moved
+        h->generation.store(6);                                          // the trainer republished meanwhile
+        CHECK(error_of(ck.verify_copied) == Errc::source_unavailable);
+    }
+    CHECK(*src->fetch({.version = std::string("mine")}).version == "mine");
+    e->offset = 4096 + 8;  // data past the end of the object
+    CHECK(error_of([&] { src->fetch({}); }) == Errc::invalid_checkpoint);
+    e->offset = 4096;
+    e->nbytes = 60;        // not shape x dtype
+    CHECK(error_of([&] { src->fetch({}); }) == Errc::invalid_checkpoint);
+    e->nbytes = 64;
+    e->location = shm::kIpcCudaIpc;
+    CHECK(error_of([&] { src->fetch({}); }) == Errc::source_unavailable);
+    e->location = shm::kIpcInline;
+    h->abi_version = 99;
+    CHECK(error_of([&] { src->fetch({}); }) == Errc::invalid_checkpoint);
+    ::munmap(base, total);
+    ::close(fd);
+    ::shm_unlink(name.c_str());
 }
 
 }  // TEST_SUITE
