@@ -8,7 +8,8 @@
 //   removed, and with --version, MODEL_DIR/version.yaml ("step: V") is replaced the same way.
 // ipc: one POSIX shm object per rank, /dev/shm/fdrollout.<port>.weights.tp<r> (mode 0600), laid
 //   out as in fd/shm/ipc_weights.h and written under its seqlock (generation odd while writing,
-//   +2 when done). fdctl exits and the object stays: shm persists until removed
+//   +2 when done); an existing object is reused and only ever grown (total_bytes says how much
+//   of it this publish uses). fdctl exits and the object stays: shm persists until removed
 //   (`rm /dev/shm/fdrollout.<port>.weights.tp*`) or the host reboots. One publisher at a time.
 #include "offline.h"
 
@@ -106,7 +107,9 @@ json publish_rank(const PublishOptions & o, const fd::model::RolloutModel & m, c
         }
         ::munmap(p, sizeof(IpcRecordHeader));
     }
-    if (static_cast<uint64_t>(st.st_size) != total && ::ftruncate(sm.fd, static_cast<off_t>(total)) != 0) {
+    // Grow only: a reader that took the previous generation keeps reading inside the object (its
+    // copy is then dropped by the generation check, 503) instead of hitting a short read (422).
+    if (static_cast<uint64_t>(st.st_size) < total && ::ftruncate(sm.fd, static_cast<off_t>(total)) != 0) {
         fd::fail(fd::Errc::invalid_argument, "cannot size {} to {} bytes: {}", path, total, std::strerror(errno));
     }
     void * p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, sm.fd, 0);

@@ -10,6 +10,8 @@ import os
 import shutil
 import struct
 import tempfile
+import threading
+import time
 import unittest
 
 from fdtest import FDCTL, STORIES, Daemon, copy_checkpoint, fdctl, perturbed
@@ -197,6 +199,42 @@ class Ipc(unittest.TestCase):
         self.assertEqual(self.ok(d, "POST", "/v1/update_weights", {"version": "mine"})["version"], "mine")
         self.ok(d, "POST", "/v1/resume")
         self.assertEqual(greedy(d), (*self.out["B"], "mine"))
+
+    def test_ipc_a_publisher_racing_the_copy_never_mixes_versions(self):
+        """A trainer republishing B and C in a loop while the rollout updates: each update either
+        serves exactly one published version (outputs equal a fresh daemon on it) or is refused
+        with 503 (the generation moved during the copy); never a mix."""
+        d = self.daemon("ipc", self.A)
+        self.publish(self.B, "--strategy", "ipc", "--version", "B")
+        stop = threading.Event()
+
+        def trainer():
+            i = 0
+            while not stop.is_set():
+                name = "BC"[i % 2]
+                fdctl(d.port, "publish", "--from", getattr(self, name), "--strategy", "ipc", "--version", name)
+                i += 1
+
+        t = threading.Thread(target=trainer)
+        t.start()
+        served, refused = set(), 0
+        try:
+            deadline = time.time() + 3
+            while time.time() < deadline:
+                self.ok(d, "POST", "/v1/pause")
+                status, j = d.post("/v1/update_weights", {})
+                if status != 200:
+                    self.assertEqual((status, j["error"]["type"]), (503, "source_unavailable"), j)
+                    refused += 1
+                    continue
+                v = j["result"]["version"]
+                self.ok(d, "POST", "/v1/resume")
+                self.assertEqual(greedy(d), (*self.out[v], v))
+                served.add(v)
+        finally:
+            stop.set()
+            t.join(30)
+        self.assertTrue(served, f"no update succeeded ({refused} refused)")
 
     def test_ipc_faults_keep_the_old_weights(self):
         d = self.daemon("ipc", self.A)
