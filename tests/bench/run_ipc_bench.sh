@@ -79,7 +79,7 @@ def run(strategy, model, publish):
 
 
 memcpy = memcpy_bytes_per_s()
-result = {"model": MODEL, "threads": 2, "updates": N_UPDATES, "memcpy_bytes_per_s": round(memcpy), "target_ratio": 0.8}
+result = {"model": MODEL, "threads": 2, "update_staging": "persistent (default: the first update faults the staging arena in)", "updates": N_UPDATES, "memcpy_bytes_per_s": round(memcpy), "target_ratio": 0.8}
 
 ipc = run("ipc", MODEL, lambda port: fdctl(port, "publish", "--strategy", "ipc", "--from", MODEL, "--version", "bench",
                                            timeout=600))

@@ -14,7 +14,7 @@ import threading
 import time
 import unittest
 
-from fdtest import FDCTL, STORIES, Daemon, copy_checkpoint, fdctl, perturbed
+from fdtest import STORIES, Daemon, copy_checkpoint, fdctl, make_checkpoint, perturbed
 
 import safetensors_np  # noqa: E402  (on sys.path via fdtest)
 
@@ -278,6 +278,30 @@ class Ipc(unittest.TestCase):
         os.unlink(shm_path(d.port))
         self.ok(d, "POST", "/v1/resume")
         self.assertEqual(greedy(d), (*self.out["A"], "0"))
+
+    def test_bf16_sharded_and_f16_qwen2_checkpoints_through_both_sources(self):
+        """BF16 shards with an untied lm_head, and F16 Qwen2 (held as F32, qkv biases): the published
+        state dict loads and serves exactly what a fresh daemon on the checkpoint serves."""
+        for preset, extra in [("tiny-llama-bf16-sharded", []), ("tiny-qwen2", ["--dtype", "F16"])]:
+            with self.subTest(preset):
+                x = make_checkpoint(os.path.join(self.tmp, preset + "-x"), "--preset", preset, *extra)
+                y = make_checkpoint(os.path.join(self.tmp, preset + "-y"), "--preset", preset, "--seed", "1", *extra)
+                with Daemon(model=y) as fresh:
+                    want = greedy(fresh)[:2]
+                for strategy in ("ipc", "ipc_snapshot"):
+                    model = copy_checkpoint(x, os.path.join(self.tmp, f"{preset}-{strategy}"))
+                    with Daemon("--dynamic-load-weight", "--load-strategy", strategy, model=model) as d:
+                        self.port = d.port
+                        try:
+                            self.assertNotEqual(greedy(d)[:2], want)
+                            self.ok(d, "POST", "/v1/pause")
+                            self.publish(y, "--strategy", strategy, "--version", "y", "--model", model)
+                            self.assertEqual(self.ok(d, "POST", "/v1/update_weights", {})["version"], "y")
+                            self.ok(d, "POST", "/v1/resume")
+                            self.assertEqual(greedy(d), (*want, "y"))
+                        finally:
+                            if os.path.exists(shm_path(d.port)):
+                                os.unlink(shm_path(d.port))
 
     def test_publish_usage_errors_and_tp(self):
         self.port = 1
