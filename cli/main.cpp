@@ -147,7 +147,7 @@ int main(int argc, char ** argv) {
     publish->add_option("--from", pub.from, "Hugging Face checkpoint dir to publish")->required();
     publish->add_option("--store", pub.store, "rsync: the versioned store dir");
     publish->add_option("--model", pub.model_dir, "ipc_snapshot: the rollout's --model dir");
-    publish->add_option("--version", pub.version, "rsync, ipc: version to publish ([A-Za-z0-9._-]{1,128})");
+    publish->add_option("--version", pub.version, "rsync, ipc: version to publish ([A-Za-z0-9._-]{1,128}); ipc_snapshot: optional, written to version.yaml");
     publish->add_option("--tp", pub.tp, "ipc_snapshot, ipc: the rollout's tensor parallel size")->capture_default_str();
     publish->callback([&] { cmd.op = "publish"; });
     fdctl::ModelInfoOptions info;

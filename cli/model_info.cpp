@@ -1,12 +1,74 @@
-// fdctl model-info: RolloutModel's state dict and name mappings (STUB).
+// fdctl model-info --model DIR [--tp N] [--json]: RolloutModel's state dict per rank and the
+// training (HF) names each inference tensor maps to (docs/weight_sources.md).
+//
+// --json prints
+//   {"model": DIR, "architecture": ..., "tp": N,
+//    "ranks": [{"rank": r, "state_dict": [{"name", "shape", "dtype"}],
+//               "training_slices": [{"name", "slices": [{"hf_name", "dim", "begin", "end", "dst_row0"}]}]}],
+//    "name_mappings_to_training": {inference name: [HF names, stacking order]}}
+// The human form prints one table per rank and the mapping.
 #include "offline.h"
 
+#include "fd/model/rollout_model.h"
 #include "fd/status.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <iostream>
+
 namespace fdctl {
+namespace {
+
+using nlohmann::json;
+
+std::string shape_str(const std::vector<int64_t> & s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+std::string slice_str(const fd::model::TrainingSlice & s) {
+    return s.dim == 0 ? fmt::format("{}[{}:{}]", s.hf_name, s.begin, s.end) : fmt::format("{}[:, {}:{}]", s.hf_name, s.begin, s.end);
+}
+
+}  // namespace
 
 int run_model_info(const ModelInfoOptions & o) {
-    fd::fail(fd::Errc::invalid_argument, "model-info: not implemented yet");
+    const fd::model::RolloutModel m(o.model_dir, o.tp);
+    const auto mapping = m.name_mappings_to_training();
+    if (o.json) {
+        json j = {{"model", o.model_dir}, {"architecture", m.config().architecture}, {"tp", o.tp}, {"ranks", json::array()}};
+        for (int r = 0; r < o.tp; ++r) {
+            json sd = json::array(), sl = json::array();
+            for (const auto & src : m.training_slices(r)) {
+                sd.push_back({{"name", src.tensor.name}, {"shape", src.tensor.shape}, {"dtype", fd::model::dtype_name(src.tensor.dtype)}});
+                json slices = json::array();
+                for (const auto & s : src.slices) {
+                    slices.push_back({{"hf_name", s.hf_name}, {"dim", s.dim}, {"begin", s.begin}, {"end", s.end}, {"dst_row0", s.dst_row0}});
+                }
+                sl.push_back({{"name", src.tensor.name}, {"slices", std::move(slices)}});
+            }
+            j["ranks"].push_back({{"rank", r}, {"state_dict", std::move(sd)}, {"training_slices", std::move(sl)}});
+        }
+        j["name_mappings_to_training"] = mapping;
+        std::cout << j.dump() << "\n";
+        return 0;
+    }
+    std::cout << fmt::format("model {} ({}), tensor parallel size {}\n", o.model_dir, m.config().architecture, o.tp);
+    for (int r = 0; r < o.tp; ++r) {
+        const auto srcs = m.training_slices(r);
+        int64_t bytes = 0;
+        for (const auto & s : srcs) { bytes += s.tensor.nbytes(); }
+        std::cout << fmt::format("\nrank {}: {} tensors, {:.1f} MiB\n", r, srcs.size(), bytes / 1048576.0);
+        std::cout << fmt::format("  {:<46} {:<14} {:<5} {}\n", "name", "shape", "dtype", "training slices");
+        for (const auto & s : srcs) {
+            std::vector<std::string> parts;
+            for (const auto & x : s.slices) { parts.push_back(slice_str(x)); }
+            std::cout << fmt::format("  {:<46} {:<14} {:<5} {}\n", s.tensor.name, shape_str(s.tensor.shape),
+                                     fd::model::dtype_name(s.tensor.dtype), fmt::join(parts, " | "));
+        }
+    }
+    std::cout << "\nname_mappings_to_training:\n";
+    for (const auto & [name, hf] : mapping) { std::cout << fmt::format("  {} <- {}\n", name, fmt::join(hf, ", ")); }
+    return 0;
 }
 
 }  // namespace fdctl

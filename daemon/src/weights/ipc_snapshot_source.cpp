@@ -1,12 +1,82 @@
-// The `ipc_snapshot` load strategy (docs/weight_sources.md). STUB: to be implemented.
+// The `ipc_snapshot` load strategy (docs/weight_sources.md): snapshot files in inference names
+// written by the trainer into --model, for rank r:
+//   model_state.tp{r}.part{N}.safetensors   (all parts, ascending integer N)
+//   else model_state.tp{r}.safetensors
+//   else the full checkpoint (HF names, as `normal`).
+// Publishers write every file as *.tmp and rename it, so only complete files are ever listed.
 #include "fd/weights/weight_source.h"
 
+#include "fd/model/model_config.h"
 #include "fd/status.h"
 
+#include <algorithm>
+#include <charconv>
+
 namespace fd::weights {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// N of "model_state.tp{rank}.part{N}.safetensors", or -1 when `name` is not such a part.
+int64_t part_number(const std::string & name, const std::string & prefix) {
+    const std::string suffix = ".safetensors";
+    if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+        return -1;
+    }
+    const char * b = name.data() + prefix.size();
+    const char * e = name.data() + name.size() - suffix.size();
+    int64_t n = -1;
+    const auto [p, ec] = std::from_chars(b, e, n);
+    return ec == std::errc{} && p == e && n >= 0 ? n : -1;
+}
+
+class IpcSnapshotSource final : public WeightSource {
+public:
+    explicit IpcSnapshotSource(fs::path dir) : dir_(std::move(dir)) {}
+    LoadStrategy strategy() const override { return LoadStrategy::ipc_snapshot; }
+
+    FetchedCheckpoint fetch(const FetchRequest & req) override {
+        if (!fs::is_directory(dir_)) {
+            fail(Errc::source_unavailable, "model dir {} is not reachable; restore it and retry", dir_.string());
+        }
+        const std::string stem = "model_state.tp" + std::to_string(req.rank);
+        std::vector<std::pair<int64_t, fs::path>> parts;
+        std::error_code ec;
+        for (const auto & e : fs::directory_iterator(dir_, ec)) {
+            const int64_t n = part_number(e.path().filename().string(), stem + ".part");
+            if (n >= 0) { parts.emplace_back(n, e.path()); }
+        }
+        if (ec) { fail(Errc::source_unavailable, "cannot list {}: {}; retry", dir_.string(), ec.message()); }
+        FetchedCheckpoint out;
+        if (!parts.empty()) {
+            std::sort(parts.begin(), parts.end());
+            for (size_t i = 1; i < parts.size(); ++i) {
+                if (parts[i].first == parts[i - 1].first) {
+                    fail(Errc::invalid_checkpoint, "{} and {} are the same part {}; remove one", parts[i - 1].second.string(),
+                         parts[i].second.string(), parts[i].first);
+                }
+            }
+            std::vector<fs::path> files;
+            for (auto & [n, p] : parts) { files.push_back(std::move(p)); }
+            out.index = model::read_tensor_files(dir_, files);
+        } else if (const fs::path single = dir_ / (stem + ".safetensors"); fs::exists(single)) {
+            out.index = model::read_tensor_files(single, {single});
+        } else {
+            out.index = model::read_tensor_index(dir_);
+        }
+        out.version = req.version ? req.version : model::read_version_step(dir_);
+        return out;
+    }
+
+private:
+    fs::path dir_;
+};
+
+}  // namespace
 
 std::unique_ptr<WeightSource> make_ipc_snapshot_source(std::filesystem::path model_dir) {
-    fail(Errc::invalid_argument, "--load-strategy ipc_snapshot: not implemented yet");
+    return std::make_unique<IpcSnapshotSource>(std::move(model_dir));
 }
 
 }  // namespace fd::weights

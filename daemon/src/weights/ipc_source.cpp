@@ -1,12 +1,217 @@
-// The `ipc` load strategy (docs/weight_sources.md). STUB: to be implemented.
+// The `ipc` load strategy (docs/weight_sources.md, fd/shm/ipc_weights.h): live tensors a trainer
+// published into /dev/shm/fdrollout.<port>.weights.tp<rank>.
+//
+// fetch() maps the record's header, checks magic/ABI and the seqlock generation (0 or odd → 503),
+// copies the entry table and turns it into a TensorIndex whose TensorInfo.file is the /dev/shm
+// object itself, so the Worker's ordinary parallel preads copy the tensors into staging.
+// verify_copied() then re-reads the generation (and that the path still names the same object):
+// if the publisher wrote meanwhile the staged copy is dropped with 503 "retry".
 #include "fd/weights/weight_source.h"
 
+#include "fd/shm/ipc_weights.h"
+#include "fd/shm/names.h"
 #include "fd/status.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <set>
+
 namespace fd::weights {
+namespace {
+
+using shm::IpcRecordHeader;
+using shm::IpcTensorEntry;
+
+/// The opened record: its fd and a read-only mapping of the header (the seqlock word).
+class Record {
+public:
+    explicit Record(std::string path) : path_(std::move(path)) {
+        fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd_ < 0) {
+            if (errno == ENOENT) {
+                fail(Errc::not_found, "no ipc weight record {}: the trainer has not published for this port and rank "
+                                      "(fdctl publish --strategy ipc ...)", path_);
+            }
+            fail(Errc::source_unavailable, "cannot open ipc weight record {}: {}; retry", path_, std::strerror(errno));
+        }
+        struct stat st{};
+        if (::fstat(fd_, &st) != 0) { fail(Errc::source_unavailable, "cannot stat {}: {}", path_, std::strerror(errno)); }
+        size_ = st.st_size;
+        dev_  = st.st_dev;
+        ino_  = st.st_ino;
+        if (size_ < shm::kIpcDataAlign) {  // created but not sized yet: a publish is starting
+            fail(Errc::source_unavailable, "ipc weight record {} is {} bytes: a publish is in progress; retry", path_, size_);
+        }
+        void * p = ::mmap(nullptr, sizeof(IpcRecordHeader), PROT_READ, MAP_SHARED, fd_, 0);
+        if (p == MAP_FAILED) { fail(Errc::source_unavailable, "cannot map {}: {}", path_, std::strerror(errno)); }
+        hdr_ = static_cast<const IpcRecordHeader *>(p);
+    }
+    ~Record() {
+        if (hdr_) { ::munmap(const_cast<IpcRecordHeader *>(hdr_), sizeof(IpcRecordHeader)); }
+        if (fd_ >= 0) { ::close(fd_); }
+    }
+    Record(const Record &) = delete;
+    Record & operator=(const Record &) = delete;
+
+    const IpcRecordHeader & header() const { return *hdr_; }
+    uint64_t generation() const { return hdr_->generation.load(std::memory_order_acquire); }
+    int fd() const { return fd_; }
+    int64_t size() const { return size_; }
+    const std::string & path() const { return path_; }
+
+    /// Does `path` still name the object we opened (not unlinked and recreated)?
+    bool same_object() const {
+        struct stat st{};
+        return ::stat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_;
+    }
+
+private:
+    std::string             path_;
+    int                     fd_ = -1;
+    int64_t                 size_ = 0;
+    dev_t                   dev_{};
+    ino_t                   ino_{};
+    const IpcRecordHeader * hdr_ = nullptr;
+};
+
+/// NUL-terminated string of at most `cap` bytes, or nullopt if unterminated.
+std::optional<std::string> c_string(const char * p, size_t cap) {
+    const void * nul = std::memchr(p, '\0', cap);
+    if (!nul) { return std::nullopt; }
+    return std::string(p, static_cast<const char *>(nul));
+}
+
+/// One entry → TensorInfo on the record file. Errors  invalid_checkpoint / source_unavailable.
+model::TensorInfo to_tensor(const Record & rec, const IpcTensorEntry & e, uint64_t total_bytes, uint64_t table_end) {
+    const auto name = c_string(e.name, sizeof(e.name));
+    if (!name || name->empty()) {
+        fail(Errc::invalid_checkpoint, "{}: a tensor entry has an empty or unterminated name", rec.path());
+    }
+    if (e.location == shm::kIpcCudaIpc) {
+        fail(Errc::source_unavailable, "{}: tensor '{}' is a CUDA IPC handle, and this build has no CUDA; publish it "
+                                       "inline (host memory)", rec.path(), *name);
+    }
+    if (e.location != shm::kIpcInline) {
+        fail(Errc::invalid_checkpoint, "{}: tensor '{}' has unknown location {}", rec.path(), *name, e.location);
+    }
+    model::TensorInfo t;
+    t.name = *name;
+    t.file = rec.path();
+    switch (e.dtype) {
+        case shm::kIpcF32: t.dtype = model::DType::f32; break;
+        case shm::kIpcBF16: t.dtype = model::DType::bf16; break;
+        case shm::kIpcF16: t.dtype = model::DType::f16; break;
+        default: fail(Errc::invalid_checkpoint, "{}: tensor '{}' has unknown dtype code {} (0 F32, 1 BF16, 2 F16)", rec.path(), *name, e.dtype);
+    }
+    if (e.ndim < 1 || e.ndim > static_cast<uint32_t>(shm::kIpcMaxDims)) {
+        fail(Errc::invalid_checkpoint, "{}: tensor '{}' has ndim {} (1..{})", rec.path(), *name, e.ndim, shm::kIpcMaxDims);
+    }
+    for (uint32_t d = 0; d < e.ndim; ++d) {
+        if (e.shape[d] <= 0 || e.shape[d] > (int64_t{1} << 40)) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}' has dimension {} = {}", rec.path(), *name, d, e.shape[d]);
+        }
+        t.shape.push_back(e.shape[d]);
+    }
+    if (static_cast<int64_t>(e.nbytes) != t.numel() * model::dtype_size(t.dtype)) {
+        fail(Errc::invalid_checkpoint, "{}: tensor '{}' has {} bytes but shape x dtype needs {}", rec.path(), *name,
+             e.nbytes, t.numel() * model::dtype_size(t.dtype));
+    }
+    if (e.offset < table_end || e.offset > total_bytes || e.nbytes > total_bytes - e.offset) {
+        fail(Errc::invalid_checkpoint, "{}: tensor '{}' data [{}, {}) lies outside the data area [{}, {})", rec.path(),
+             *name, e.offset, e.offset + e.nbytes, table_end, total_bytes);
+    }
+    t.offset_bytes = static_cast<int64_t>(e.offset);
+    t.size_bytes   = static_cast<int64_t>(e.nbytes);
+    return t;
+}
+
+class IpcSource final : public WeightSource {
+public:
+    explicit IpcSource(int port) : port_(port) {}
+    LoadStrategy strategy() const override { return LoadStrategy::ipc; }
+
+    FetchedCheckpoint fetch(const FetchRequest & req) override {
+        auto rec = std::make_shared<Record>("/dev/shm" + shm::ipc_weights_name(port_, req.rank));
+        const IpcRecordHeader & h = rec->header();
+        if (h.magic != shm::kIpcMagic) {
+            fail(Errc::invalid_checkpoint, "{}: not an fdrollout ipc weight record (bad magic {:#x})", rec->path(), h.magic);
+        }
+        if (h.abi_version != shm::kIpcAbiVersion) {
+            fail(Errc::invalid_checkpoint, "{}: record ABI version {}, this fdrollout reads {}; upgrade the publisher",
+                 rec->path(), h.abi_version, shm::kIpcAbiVersion);
+        }
+        const uint64_t g1 = rec->generation();
+        if (g1 == 0 || g1 % 2 == 1) {
+            fail(Errc::source_unavailable, "{}: {} (generation {}); retry once the trainer's publish finished", rec->path(),
+                 g1 == 0 ? "nothing was published yet" : "a publish is in progress", g1);
+        }
+        // Copy what the header says, then the entry table, then check nothing moved meanwhile.
+        const uint32_t n_tensors   = h.n_tensors;
+        const uint64_t total_bytes = h.total_bytes;
+        const int32_t  rank        = h.rank;
+        const auto     version     = c_string(h.version, sizeof(h.version));
+        const uint64_t table_end   = sizeof(IpcRecordHeader) + uint64_t{n_tensors} * sizeof(IpcTensorEntry);
+        std::vector<IpcTensorEntry> entries;
+        if (total_bytes <= static_cast<uint64_t>(rec->size()) && table_end <= total_bytes) {
+            entries.resize(n_tensors);
+            model::pread_exact(rec->fd(), entries.data(), static_cast<int64_t>(n_tensors * sizeof(IpcTensorEntry)),
+                               sizeof(IpcRecordHeader), rec->path(), "tensor entries");
+        }
+        if (rec->generation() != g1) {
+            fail(Errc::source_unavailable, "{}: the publisher rewrote the record while it was read; retry", rec->path());
+        }
+        if (total_bytes > static_cast<uint64_t>(rec->size())) {
+            fail(Errc::invalid_checkpoint, "{}: header says {} bytes but the object has {}", rec->path(), total_bytes, rec->size());
+        }
+        if (table_end > total_bytes) {
+            fail(Errc::invalid_checkpoint, "{}: {} tensor entries do not fit in {} bytes", rec->path(), n_tensors, total_bytes);
+        }
+        if (rank != req.rank) {
+            fail(Errc::invalid_checkpoint, "{}: record is for rank {}, expected rank {}", rec->path(), rank, req.rank);
+        }
+        FetchedCheckpoint out;
+        out.index.source = rec->path();
+        for (const IpcTensorEntry & e : entries) {
+            model::TensorInfo t = to_tensor(*rec, e, total_bytes, table_end);
+            if (out.index.tensors.count(t.name)) {
+                fail(Errc::invalid_checkpoint, "{}: tensor '{}' appears twice", rec->path(), t.name);
+            }
+            out.index.total_bytes += t.size_bytes;
+            std::string name = t.name;
+            out.index.tensors.emplace(std::move(name), std::move(t));
+        }
+        if (req.version) {
+            out.version = req.version;
+        } else {
+            if (!version || !shm::is_valid_version(*version)) {
+                fail(Errc::invalid_checkpoint, "{}: the record's version is not [A-Za-z0-9._-]{{1,128}}", rec->path());
+            }
+            out.version = *version;
+        }
+        out.verify_copied = [rec, g1] {
+            if (rec->generation() != g1) {
+                fail(Errc::source_unavailable, "{}: the publisher rewrote the record during the copy; retry", rec->path());
+            }
+            if (!rec->same_object()) {
+                fail(Errc::source_unavailable, "{}: the publisher replaced the record during the copy; retry", rec->path());
+            }
+        };
+        out.hold = rec;
+        return out;
+    }
+
+private:
+    int port_;
+};
+
+}  // namespace
 
 std::unique_ptr<WeightSource> make_ipc_source(int port) {
-    fail(Errc::invalid_argument, "--load-strategy ipc: not implemented yet");
+    return std::make_unique<IpcSource>(port);
 }
 
 }  // namespace fd::weights

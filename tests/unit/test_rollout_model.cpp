@@ -1,0 +1,319 @@
+// RolloutModel (daemon/src/model/rollout_model.cpp): state dict per TP rank, name mappings to
+// training names, gather; the safetensors writer; the ipc_snapshot source's file choice. The
+// Qwen2-shaped checkpoint is written in a fresh temp dir by the test itself.
+#include "fd/model/model_config.h"
+#include "fd/model/rollout_model.h"
+#include "fd/model/safetensors.h"
+#include "fd/model/safetensors_write.h"
+#include "fd/model/weights.h"
+#include "fd/shm/ipc_weights.h"
+#include "fd/status.h"
+#include "fd/weights/weight_source.h"
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+
+namespace fs = std::filesystem;
+using fd::Errc;
+using fd::model::DType;
+using fd::model::RolloutModel;
+
+namespace {
+
+const fs::path kStories = fs::path(FD_SOURCE_DIR) / "models" / "stories260K";
+
+struct TempDir {
+    fs::path path;
+    TempDir() {
+        static std::atomic<int> counter{0};
+        std::random_device rd;
+        path = fs::temp_directory_path() /
+               ("fd_unit_rm_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" + std::to_string(rd()));
+        fs::create_directories(path);
+    }
+    ~TempDir() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+    }
+    TempDir(const TempDir &) = delete;
+    TempDir & operator=(const TempDir &) = delete;
+};
+
+/// A Qwen2-shaped checkpoint (qkv biases, GQA 4/2 heads, untied lm_head, F32) whose every
+/// element equals its flat index within its tensor, so slices can be checked by value.
+fs::path write_qwen2(const fs::path & dir) {
+    const nlohmann::json cfg = {{"architectures", {"Qwen2ForCausalLM"}}, {"model_type", "qwen2"}, {"vocab_size", 96},
+                                {"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", 2},
+                                {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 8},
+                                {"hidden_act", "silu"}, {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-6},
+                                {"tie_word_embeddings", false}, {"bos_token_id", 1}, {"eos_token_id", 2}};
+    std::ofstream(dir / "config.json") << cfg.dump();
+    const auto c = fd::model::load_model_config(dir);
+    std::vector<fd::model::SafetensorsEntry> entries;
+    for (const auto & t : fd::model::expected_tensors(c)) { entries.push_back({t.name, DType::f32, t.shape}); }
+    fd::model::write_safetensors(dir / "model.safetensors", entries, [&](size_t i, std::byte * dst) {
+        int64_t n = 1;
+        for (int64_t d : entries[i].shape) { n *= d; }
+        auto * f = reinterpret_cast<float *>(dst);
+        for (int64_t k = 0; k < n; ++k) { f[k] = static_cast<float>(k); }
+    });
+    return dir;
+}
+
+Errc error_of(const std::function<void()> & fn) {
+    try {
+        fn();
+    } catch (const fd::Error & e) {
+        return e.code();
+    }
+    return Errc::ok;
+}
+
+/// Every inference tensor maps to HF tensors of the checkpoint, and every HF tensor is used once.
+void check_mappings_cover(const fs::path & dir) {
+    const RolloutModel m(dir, 1);
+    const auto idx = fd::model::read_tensor_index(dir);
+    const auto map = m.name_mappings_to_training();
+    const auto sd  = m.state_dict(0);
+    REQUIRE(map.size() == sd.size());
+    std::multiset<std::string> used;
+    for (const auto & t : sd) {
+        CAPTURE(t.name);
+        REQUIRE(map.count(t.name) == 1);
+        for (const auto & hf : map.at(t.name)) {
+            CHECK(idx.tensors.count(hf) == 1);
+            used.insert(hf);
+        }
+    }
+    for (const auto & [name, info] : idx.tensors) {
+        if (m.layout().tied_lm_head && name == "lm_head.weight") { continue; }  // tied: read from embed_tokens
+        CAPTURE(name);
+        CHECK(used.count(name) == 1);
+    }
+}
+
+}  // namespace
+
+TEST_SUITE("model::rollout_model") {
+
+TEST_CASE("name mappings cover every inference tensor of stories260K and map to checkpoint tensors") {
+    check_mappings_cover(kStories);
+    const RolloutModel m(kStories, 1);
+    const auto map = m.name_mappings_to_training();
+    CHECK(map.at("model.layers.0.self_attn.qkv_proj.weight") ==
+          std::vector<std::string>{"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                                   "model.layers.0.self_attn.v_proj.weight"});
+    CHECK(map.at("model.layers.4.mlp.gate_up_proj.weight") ==
+          std::vector<std::string>{"model.layers.4.mlp.gate_proj.weight", "model.layers.4.mlp.up_proj.weight"});
+    CHECK(map.count("lm_head.weight") == 0);  // tied
+    // TP=1 state dict = the Worker's layout.
+    const auto sd = m.state_dict(0);
+    REQUIRE(sd.size() == m.layout().tensors.size());
+    for (size_t i = 0; i < sd.size(); ++i) {
+        CHECK(sd[i].name == m.layout().tensors[i].name);
+        CHECK(sd[i].shape == m.layout().tensors[i].shape);
+        CHECK(sd[i].dtype == m.layout().tensors[i].dtype);
+    }
+}
+
+TEST_CASE("name mappings cover a Qwen2 checkpoint (qkv bias, untied lm_head)") {
+    TempDir d;
+    write_qwen2(d.path);
+    check_mappings_cover(d.path);
+    const auto map = RolloutModel(d.path, 1).name_mappings_to_training();
+    CHECK(map.at("model.layers.1.self_attn.qkv_proj.bias").size() == 3);
+    CHECK(map.at("lm_head.weight") == std::vector<std::string>{"lm_head.weight"});
+}
+
+TEST_CASE("tp=2 shapes follow the Megatron sharding") {
+    const RolloutModel m(kStories, 2);  // hidden 64, 8 heads / 4 kv heads of 8, ff 172, vocab 512
+    for (int r = 0; r < 2; ++r) {
+        std::map<std::string, std::vector<int64_t>> shape;
+        for (const auto & t : m.state_dict(r)) { shape[t.name] = t.shape; }
+        CHECK(shape.at("model.embed_tokens.weight") == std::vector<int64_t>{256, 64});
+        CHECK(shape.at("model.layers.0.self_attn.qkv_proj.weight") == std::vector<int64_t>{32 + 16 + 16, 64});
+        CHECK(shape.at("model.layers.0.self_attn.o_proj.weight") == std::vector<int64_t>{64, 32});
+        CHECK(shape.at("model.layers.0.mlp.gate_up_proj.weight") == std::vector<int64_t>{172, 64});
+        CHECK(shape.at("model.layers.0.mlp.down_proj.weight") == std::vector<int64_t>{64, 86});
+        CHECK(shape.at("model.layers.0.input_layernorm.weight") == std::vector<int64_t>{64});
+        CHECK(shape.at("model.norm.weight") == std::vector<int64_t>{64});
+    }
+    TempDir d;
+    write_qwen2(d.path);  // hidden 32, 4 heads / 2 kv heads of 8, ff 48, vocab 96
+    const RolloutModel q(d.path, 2);
+    std::map<std::string, fd::model::StateTensor> t1;
+    for (const auto & t : q.state_dict(1)) { t1[t.name] = t; }
+    CHECK(t1.at("model.layers.0.self_attn.qkv_proj.bias").shape == std::vector<int64_t>{16 + 8 + 8});
+    CHECK(t1.at("lm_head.weight").shape == std::vector<int64_t>{48, 32});
+    CHECK(t1.at("model.layers.1.mlp.gate_up_proj.weight").shape == std::vector<int64_t>{48, 32});
+}
+
+TEST_CASE("gather copies the right rows and columns of each rank") {
+    TempDir d;
+    write_qwen2(d.path);
+    const auto idx = fd::model::read_tensor_index(d.path);
+    const RolloutModel m(d.path, 2);
+    for (const auto & src : m.training_slices(1)) {
+        std::vector<float> out(static_cast<size_t>(src.tensor.numel()));
+        RolloutModel::gather(src, idx, reinterpret_cast<std::byte *>(out.data()));
+        if (src.tensor.name == "model.layers.0.self_attn.qkv_proj.weight") {  // [32, 32]: q rows 16..31, k rows 8..15, v rows 8..15
+            CHECK(out[0] == 16 * 32);                 // q_proj row 16, col 0
+            CHECK(out[16 * 32] == 8 * 32);            // k_proj row 8
+            CHECK(out[24 * 32 + 5] == 8 * 32 + 5);    // v_proj row 8, col 5
+        }
+        if (src.tensor.name == "model.layers.0.self_attn.qkv_proj.bias") {  // q 16..31 | k 8..15 | v 8..15
+            CHECK(out[0] == 16);
+            CHECK(out[16] == 8);
+            CHECK(out[31] == 15);
+        }
+        if (src.tensor.name == "model.layers.0.mlp.down_proj.weight") {  // [32, 24] = columns 24..47 of [32, 48]
+            CHECK(out[0] == 24);
+            CHECK(out[24 + 3] == 48 + 27);
+        }
+        if (src.tensor.name == "model.embed_tokens.weight") { CHECK(out[0] == 48 * 32); }
+    }
+}
+
+TEST_CASE("a tp that does not divide heads, kv heads, intermediate or vocab is invalid_argument") {
+    CHECK(error_of([] { RolloutModel(kStories, 3); }) == Errc::invalid_argument);   // 8 heads
+    CHECK(error_of([] { RolloutModel(kStories, 8); }) == Errc::invalid_argument);   // 4 kv heads
+    CHECK(error_of([] { RolloutModel(kStories, 0); }) == Errc::invalid_argument);
+    CHECK(error_of([] { RolloutModel(kStories, -2); }) == Errc::invalid_argument);
+    const RolloutModel m(kStories, 4);  // 172 / 4 = 43
+    CHECK(error_of([&] { m.state_dict(4); }) == Errc::invalid_argument);
+    CHECK(error_of([&] { m.state_dict(-1); }) == Errc::invalid_argument);
+    TempDir d;
+    write_qwen2(d.path);  // ff 48, vocab 96, 2 kv heads: tp 4 breaks kv heads
+    CHECK(error_of([&] { RolloutModel(d.path, 4); }) == Errc::invalid_argument);
+    TempDir empty;
+    CHECK(error_of([&] { RolloutModel(empty.path, 1); }) == Errc::invalid_checkpoint);
+}
+
+TEST_CASE("write_safetensors output is read back by read_tensor_index, data 8-byte aligned") {
+    TempDir d;
+    const std::vector<fd::model::SafetensorsEntry> e = {{"a", DType::f32, {3}}, {"b", DType::bf16, {2, 3}}, {"c", DType::f16, {1}}};
+    const int64_t n = fd::model::write_safetensors(d.path / "x.safetensors", e, [&](size_t i, std::byte * dst) {
+        std::memset(dst, static_cast<int>(i + 1), i == 0 ? 12 : i == 1 ? 12 : 2);
+    });
+    CHECK(n == 26);
+    CHECK(!fs::exists(d.path / "x.safetensors.tmp"));
+    const auto idx = fd::model::read_tensor_files(d.path, {d.path / "x.safetensors"});
+    REQUIRE(idx.tensors.size() == 3);
+    CHECK(idx.tensors.at("a").offset_bytes % 8 == 0);
+    CHECK(idx.tensors.at("b").shape == std::vector<int64_t>{2, 3});
+    CHECK(idx.tensors.at("b").dtype == DType::bf16);
+    CHECK(idx.tensors.at("c").offset_bytes + 2 == static_cast<int64_t>(fs::file_size(d.path / "x.safetensors")));
+    std::vector<uint8_t> raw(12);
+    fd::model::read_tensor_raw(idx.tensors.at("b"), raw.data());
+    CHECK(raw == std::vector<uint8_t>(12, 2));
+    // A failing fill leaves neither the file nor the .tmp behind.
+    CHECK(error_of([&] {
+              fd::model::write_safetensors(d.path / "y.safetensors", e, [](size_t, std::byte *) {
+                  fd::fail(Errc::invalid_checkpoint, "boom");
+              });
+          }) == Errc::invalid_checkpoint);
+    CHECK(!fs::exists(d.path / "y.safetensors"));
+    CHECK(!fs::exists(d.path / "y.safetensors.tmp"));
+}
+
+TEST_CASE("ipc_snapshot source: parts in ascending integer order, else the single file, else the checkpoint") {
+    TempDir d;
+    write_qwen2(d.path);
+    auto src = fd::weights::make_ipc_snapshot_source(d.path);
+    auto fetch = [&](int rank) { return src->fetch({.rank = rank}); };
+    CHECK(fetch(0).index.tensors.count("model.layers.0.self_attn.q_proj.weight") == 1);  // the full checkpoint
+    CHECK(!fetch(0).version);
+    auto one = [&](const std::string & file, const std::string & name) {
+        fd::model::write_safetensors(d.path / file, {{name, DType::f32, {1}}}, [](size_t, std::byte * p) { std::memset(p, 0, 4); });
+    };
+    one("model_state.tp0.safetensors", "single");
+    CHECK(fetch(0).index.tensors.count("single") == 1);
+    CHECK(fetch(1).index.tensors.count("model.norm.weight") == 1);  // rank 1 has no snapshot
+    one("model_state.tp0.part10.safetensors", "ten");
+    one("model_state.tp0.part2.safetensors", "two");
+    one("model_state.tp0.partx.safetensors", "ignored");
+    one("model_state.tp0.part3.safetensors.tmp", "ignored");
+    const auto idx = fetch(0).index;
+    CHECK(idx.tensors.size() == 2);
+    CHECK(idx.tensors.at("ten").file.filename() == "model_state.tp0.part10.safetensors");
+    std::ofstream(d.path / "version.yaml") << "step: 12\n";
+    CHECK(*fetch(0).version == "12");
+    CHECK(*src->fetch({.version = std::string("v9")}).version == "v9");
+    auto gone = fd::weights::make_ipc_snapshot_source(d.path / "nope");
+    CHECK(error_of([&] { gone->fetch({}); }) == Errc::source_unavailable);
+}
+
+TEST_CASE("ipc source: a record is read by its entries; generation checks before and after the copy") {
+    namespace shm = fd::shm;
+    const int port = 40000 + ::getpid() % 20000;
+    const std::string name = shm::ipc_weights_name(port, 0);
+    auto src = fd::weights::make_ipc_source(port);
+    CHECK(error_of([&] { src->fetch({}); }) == Errc::not_found);
+    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    REQUIRE(fd >= 0);
+    const size_t total = 4096 + 64;
+    REQUIRE(::ftruncate(fd, total) == 0);
+    auto * base = static_cast<std::byte *>(::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    REQUIRE(base != MAP_FAILED);
+    auto * h = reinterpret_cast<shm::IpcRecordHeader *>(base);
+    auto * e = reinterpret_cast<shm::IpcTensorEntry *>(base + sizeof(shm::IpcRecordHeader));
+    h->magic = shm::kIpcMagic;
+    h->abi_version = shm::kIpcAbiVersion;
+    h->n_tensors = 1;
+    std::strcpy(h->version, "v7");
+    h->tp_size = 1;
+    h->total_bytes = total;
+    std::strcpy(e->name, "x");
+    e->dtype = shm::kIpcF32;
+    e->ndim = 1;
+    e->shape[0] = 16;
+    e->offset = 4096;
+    e->nbytes = 64;
+    CHECK(error_of([&] { src->fetch({}); }) == Errc::source_unavailable);  // generation 0: never published
+    h->generation.store(3);
+    CHECK(error_of([&] { src->fetch({}); }) == Errc::source_unavailable);  // odd: being written
+    h->generation.store(4);
+    {
+        auto ck = src->fetch({});
+        CHECK(*ck.version == "v7");
+        REQUIRE(ck.index.tensors.count("x") == 1);
+        CHECK(ck.index.tensors.at("x").file == "/dev/shm" + name);
+        CHECK(ck.index.tensors.at("x").offset_bytes == 4096);
+        CHECK(ck.index.total_bytes == 64);
+        std::memset(base + 4096, 0x3f, 64);
+        std::vector<float> x(16);
+        fd::model::read_tensor_raw(ck.index.tensors.at("x"), x.data());  // a plain file read
+        CHECK(std::memcmp(x.data(), base + 4096, 64) == 0);
+        ck.verify_copied();                                              // nothing moved
+        h->generation.store(6);                                          // the trainer republished meanwhile
+        CHECK(error_of(ck.verify_copied) == Errc::source_unavailable);
+    }
+    CHECK(*src->fetch({.version = std::string("mine")}).version == "mine");
+    e->offset = 4096 + 8;  // data past the end of the object
+    CHECK(error_of([&] { src->fetch({}); }) == Errc::invalid_checkpoint);
+    e->offset = 4096;
+    e->nbytes = 60;        // not shape x dtype
+    CHECK(error_of([&] { src->fetch({}); }) == Errc::invalid_checkpoint);
+    e->nbytes = 64;
+    e->location = shm::kIpcCudaIpc;
+    CHECK(error_of([&] { src->fetch({}); }) == Errc::source_unavailable);
+    e->location = shm::kIpcInline;
+    h->abi_version = 99;
+    CHECK(error_of([&] { src->fetch({}); }) == Errc::invalid_checkpoint);
+    ::munmap(base, total);
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+}
+
+}  // TEST_SUITE
