@@ -93,9 +93,10 @@ Manifest read_manifest(const std::filesystem::path & dir);
 /// Write `m` as `dir`/manifest.json and fsync it.   Errors  source_unavailable.
 void write_manifest(const std::filesystem::path & dir, const Manifest & m);
 
-/// Check the pulled version in `dir` against `m`: the version matches, every listed file is
-/// present with its size and nothing unlisted is there (always); with `verify_checksum` also the
-/// SHA-256 of every file and of every tensor (read once per file, files in parallel).
+/// Check the pulled version in `dir` against `m` (the caller checks `m.version`): every listed
+/// file is present with its size and nothing unlisted is there (always); with `verify_checksum`
+/// also the SHA-256 of every file and of every tensor, and that every tensor of every
+/// *.safetensors file is listed under that file (one read per file, files in parallel).
 /// Errors  invalid_checkpoint naming the file (missing, unlisted, size differs, bad header);
 ///         checksum_mismatch naming the file or tensor.
 void check_against_manifest(const std::filesystem::path & dir, const Manifest & m, bool verify_checksum);
