@@ -146,50 +146,52 @@ ProcessResult run_process(const std::vector<std::string> & argv, double timeout_
     auto ms_left = [&] {
         return static_cast<int>(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
     };
-    bool eof = false;
     char buf[4096];
-    while (!eof) {
-        const int left = ms_left();
-        if (left == 0) {
-            r.timed_out = true;
-            break;
-        }
+    /// Read what the pipe has within `wait_ms`: 1 data, 0 nothing yet, -1 closed.
+    auto read_some = [&](int wait_ms) {
         pollfd p{pipefd[0], POLLIN, 0};
-        const int n = ::poll(&p, 1, std::min(left, 1000));
-        if (n < 0 && errno != EINTR) { break; }
-        if (n <= 0) { continue; }
+        if (::poll(&p, 1, wait_ms) <= 0) { return 0; }
         const ssize_t got = ::read(pipefd[0], buf, sizeof buf);
-        if (got < 0 && errno == EINTR) { continue; }
-        if (got <= 0) {
-            eof = true;
-            break;
-        }
+        if (got < 0) { return errno == EINTR || errno == EAGAIN ? 0 : -1; }
+        if (got == 0) { return -1; }
         r.output.append(buf, static_cast<size_t>(got));
         if (r.output.size() > 16384) { r.output.erase(0, r.output.size() - 8192); }
+        return 1;
+    };
+    // Until the child exits or the deadline: collect its output and poll for its exit (its
+    // output may stay open after it exits, e.g. an ssh it started, so EOF alone is not the end).
+    int  status = 0;
+    bool exited = false, eof = false;
+    while (!exited) {
+        const int left = ms_left();
+        if (left == 0) { break; }
+        if (!eof) {
+            eof = read_some(std::min(left, 20)) < 0;
+        } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        const pid_t w = ::waitpid(pid, &status, WNOHANG);
+        if (w == pid || (w < 0 && errno != EINTR)) {
+            exited = true;
+            if (w < 0) { status = -1; }
+        }
+    }
+    while (exited && !eof) {
+        const int got = read_some(0);  // what is already buffered, without waiting for more
+        eof = got != 1;
     }
     ::close(pipefd[0]);
-    // The output closed (or time ran out): reap, still bounded by the deadline, then kill.
-    int status = 0;
-    for (;;) {
-        const pid_t w = ::waitpid(pid, &status, WNOHANG);
-        if (w == pid) { break; }
-        if (w < 0 && errno != EINTR) {
-            status = -1;
-            break;
+    if (!exited) {
+        r.timed_out = true;
+        ::kill(-pid, SIGKILL);  // rsync and whatever it started (its own process group)
+        ::kill(pid, SIGKILL);
+        const auto kill_deadline = Clock::now() + std::chrono::seconds(10);
+        while (::waitpid(pid, &status, WNOHANG) == 0 && Clock::now() < kill_deadline) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
         }
-        if (r.timed_out || ms_left() == 0) {
-            r.timed_out = true;
-            ::kill(-pid, SIGKILL);
-            ::kill(pid, SIGKILL);
-            const auto kill_deadline = Clock::now() + std::chrono::seconds(10);
-            while (::waitpid(pid, &status, WNOHANG) == 0 && Clock::now() < kill_deadline) {
-                std::this_thread::sleep_for(std::chrono::milliseconds(2));
-            }
-            break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        return r;
     }
-    if (!r.timed_out && status != -1 && WIFEXITED(status)) { r.exit_code = WEXITSTATUS(status); }
+    if (status != -1 && WIFEXITED(status)) { r.exit_code = WEXITSTATUS(status); }
     return r;
 }
 
