@@ -179,6 +179,7 @@ class Rsync(unittest.TestCase):
             with self.daemon(self.rsyncd.url("faulty"), staging, timeout_s=timeout_s) as d:
                 self.ok(d, "POST", "/v1/pause")
                 self.assertIn("nope", self.err(d, 404, "not_found", {"version": "nope"}))
+                self.err(d, 404, "not_found", {"version": "latest"})  # a file of the store, not a version
                 self.assertIn("model.safetensors", self.err(d, 422, "checksum_mismatch", {"version": "flip", "verify_checksum": True}))
                 self.assertIn("model.safetensors", self.err(d, 422, "invalid_checkpoint", {"version": "trunc"}))
                 self.assertIn("config.json", self.err(d, 422, "invalid_checkpoint", {"version": "grown"}))

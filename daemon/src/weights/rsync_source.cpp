@@ -342,7 +342,8 @@ private:
         std::string lower = out;
         std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
         const bool missing = lower.find("unknown module") != std::string::npos ||
-                             ((r.exit_code == 23 || r.exit_code == 24) && lower.find("no such file or directory") != std::string::npos &&
+                             ((r.exit_code == 23 || r.exit_code == 24) &&
+                              (lower.find("no such file or directory") != std::string::npos || lower.find("not a directory") != std::string::npos) &&
                               (lower.find("link_stat") != std::string::npos || lower.find("change_dir") != std::string::npos));
         if (missing) { fail(Errc::not_found, "{} is not in the store (rsync exit {}: {}); publish it first", src, r.exit_code, out); }
         fail(Errc::source_unavailable, "rsync {} failed (exit {}): {}; is the store reachable?", src, r.exit_code, out);
