@@ -1,12 +1,362 @@
-// The `rsync` load strategy (docs/weight_sources.md). STUB: to be implemented.
+// The `rsync` load strategy (docs/weight_sources.md, section `rsync`): pull `<source>/<V>/` from
+// a versioned store with the real rsync program into `<staging_dir>/.incoming-V-<pid>`, rename
+// it to `<staging_dir>/V`, check it against its manifest.json and hand its tensor index to the
+// engine. The staged dir lives exactly as long as FetchedCheckpoint::hold: it is removed after
+// the apply and on every failure path.
 #include "fd/weights/weight_source.h"
 
+#include "fd/log.h"
+#include "fd/model/model_config.h"
+#include "fd/shm/names.h"
 #include "fd/status.h"
+#include "fd/weights/store.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+extern char ** environ;
 
 namespace fd::weights {
+namespace {
 
-std::unique_ptr<WeightSource> make_rsync_source(std::filesystem::path model_dir, const std::string & config_json) {
-    fail(Errc::invalid_argument, "--load-strategy rsync: not implemented yet");
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct RsyncConfig {
+    std::string              source;             ///< rsync://host:port/module[/path] | host:path | local path
+    fs::path                 staging_dir;
+    double                   timeout_s = 300.0;  ///< one pull, rsync --timeout and a hard kill
+    std::string              rsync     = "rsync";
+    std::vector<std::string> args;               ///< extra rsync arguments, before source and destination
+    bool                     daemon = false;     ///< source is rsync://
+    bool                     local  = false;     ///< source is a local path
+};
+
+RsyncConfig parse_config(const std::string & text, int port) {
+    auto bad = [](const char * field, const std::string & why) -> Error {
+        return Error(Errc::invalid_argument, fmt::format("--rsync-config: \"{}\" {}", field, why), field);
+    };
+    json j;
+    try {
+        j = json::parse(text);
+    } catch (const json::exception & e) {
+        fail(Errc::invalid_argument, "--rsync-config is not valid JSON ({}); expected {{\"source\": ..., \"staging_dir\": ...}}", e.what());
+    }
+    if (!j.is_object()) { fail(Errc::invalid_argument, "--rsync-config must be a JSON object {{\"source\": ..., \"staging_dir\": ...}}"); }
+    for (const auto & [key, v] : j.items()) {
+        if (key != "source" && key != "staging_dir" && key != "timeout_s" && key != "rsync" && key != "args") {
+            throw Error(Errc::invalid_argument, fmt::format("--rsync-config: unknown field \"{}\" (source, staging_dir, timeout_s, rsync, args)", key), key);
+        }
+    }
+    RsyncConfig c;
+    if (!j.contains("source") || !j["source"].is_string() || j["source"].get<std::string>().empty()) {
+        throw bad("source", "is required: rsync://host:port/module[/path], host:path or a local path");
+    }
+    c.source = j["source"].get<std::string>();
+    while (c.source.size() > 1 && c.source.back() == '/') { c.source.pop_back(); }
+    const auto colon = c.source.find(':');
+    const auto slash = c.source.find('/');
+    c.daemon = c.source.rfind("rsync://", 0) == 0;
+    c.local  = !c.daemon && (colon == std::string::npos || (slash != std::string::npos && slash < colon));
+    if (c.daemon && c.source.find('/', 8) == std::string::npos) { throw bad("source", "must name a module: rsync://host[:port]/module[/path]"); }
+    if (c.local) { c.source = fs::absolute(c.source).lexically_normal().string(); }
+    if (j.contains("staging_dir")) {
+        if (!j["staging_dir"].is_string() || j["staging_dir"].get<std::string>().empty()) { throw bad("staging_dir", "must be a non-empty path"); }
+        c.staging_dir = fs::absolute(j["staging_dir"].get<std::string>());
+    } else {
+        const char * tmp = std::getenv("TMPDIR");
+        c.staging_dir = fs::path(tmp && *tmp ? tmp : "/tmp") / fmt::format("fdrollout-staging-{}", port > 0 ? port : static_cast<int>(::getpid()));
+    }
+    if (j.contains("timeout_s")) {
+        if (!j["timeout_s"].is_number() || !(j["timeout_s"].get<double>() > 0) || j["timeout_s"].get<double>() > 86400) {
+            throw bad("timeout_s", "must be a number of seconds in (0, 86400]");
+        }
+        c.timeout_s = j["timeout_s"].get<double>();
+    }
+    if (j.contains("rsync")) {
+        if (!j["rsync"].is_string() || j["rsync"].get<std::string>().empty()) { throw bad("rsync", "must be the rsync program (name or path)"); }
+        c.rsync = j["rsync"].get<std::string>();
+    }
+    if (j.contains("args")) {
+        if (!j["args"].is_array()) { throw bad("args", "must be an array of strings"); }
+        for (const auto & a : j["args"]) {
+            if (!a.is_string()) { throw bad("args", "must be an array of strings"); }
+            c.args.push_back(a.get<std::string>());
+        }
+    }
+    return c;
+}
+
+struct ProcessResult {
+    int         exit_code = -1;  ///< -1: killed by a signal
+    bool        timed_out = false;
+    std::string output;          ///< stdout + stderr, the last 8 KiB
+};
+
+/// Run argv (no shell) in its own process group with stdout+stderr captured; kill the group
+/// with SIGKILL at `timeout_s`. Errors  source_unavailable when the program cannot start.
+ProcessResult run_process(const std::vector<std::string> & argv, double timeout_s) {
+    int pipefd[2];
+    if (::pipe2(pipefd, O_CLOEXEC) != 0) { fail(Errc::source_unavailable, "cannot create a pipe for rsync: {}", std::strerror(errno)); }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, pipefd[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, pipefd[1], 2);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t none, defaults;
+    sigemptyset(&none);
+    sigemptyset(&defaults);
+    for (int s : {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGCHLD, SIGALRM}) { sigaddset(&defaults, s); }
+    posix_spawnattr_setsigmask(&attr, &none);  // the daemon blocks SIGTERM/SIGINT for sigwait
+    posix_spawnattr_setsigdefault(&attr, &defaults);
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+    std::vector<char *> cargv;
+    for (const auto & a : argv) { cargv.push_back(const_cast<char *>(a.c_str())); }
+    cargv.push_back(nullptr);
+    pid_t pid = -1;
+    const int rc = ::posix_spawnp(&pid, argv[0].c_str(), &fa, &attr, cargv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    ::close(pipefd[1]);
+    if (rc != 0) {
+        ::close(pipefd[0]);
+        fail(Errc::source_unavailable, "cannot run '{}': {}; install rsync or set \"rsync\" in --rsync-config", argv[0], std::strerror(rc));
+    }
+    ProcessResult r;
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+    auto ms_left = [&] {
+        return static_cast<int>(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
+    };
+    char buf[4096];
+    /// Read what the pipe has within `wait_ms`: 1 data, 0 nothing yet, -1 closed.
+    auto read_some = [&](int wait_ms) {
+        pollfd p{pipefd[0], POLLIN, 0};
+        if (::poll(&p, 1, wait_ms) <= 0) { return 0; }
+        const ssize_t got = ::read(pipefd[0], buf, sizeof buf);
+        if (got < 0) { return errno == EINTR || errno == EAGAIN ? 0 : -1; }
+        if (got == 0) { return -1; }
+        r.output.append(buf, static_cast<size_t>(got));
+        if (r.output.size() > 16384) { r.output.erase(0, r.output.size() - 8192); }
+        return 1;
+    };
+    // Until the child exits or the deadline: collect its output and poll for its exit (its
+    // output may stay open after it exits, e.g. an ssh it started, so EOF alone is not the end).
+    int  status = 0;
+    bool exited = false, eof = false;
+    while (!exited) {
+        const int left = ms_left();
+        if (left == 0) { break; }
+        if (!eof) {
+            eof = read_some(std::min(left, 20)) < 0;
+        } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        const pid_t w = ::waitpid(pid, &status, WNOHANG);
+        if (w == pid || (w < 0 && errno != EINTR)) {
+            exited = true;
+            if (w < 0) { status = -1; }
+        }
+    }
+    while (exited && !eof) {
+        const int got = read_some(0);  // what is already buffered, without waiting for more
+        eof = got != 1;
+    }
+    ::close(pipefd[0]);
+    if (!exited) {
+        r.timed_out = true;
+        ::kill(-pid, SIGKILL);  // rsync and whatever it started (its own process group)
+        ::kill(pid, SIGKILL);
+        const auto kill_deadline = Clock::now() + std::chrono::seconds(10);
+        while (::waitpid(pid, &status, WNOHANG) == 0 && Clock::now() < kill_deadline) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+        return r;
+    }
+    if (status != -1 && WIFEXITED(status)) { r.exit_code = WEXITSTATUS(status); }
+    return r;
+}
+
+/// One line of rsync's output for an error message.
+std::string oneline(std::string s) {
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) { s.pop_back(); }
+    std::replace(s.begin(), s.end(), '\n', ' ');
+    return s.size() > 600 ? "..." + s.substr(s.size() - 600) : s;
+}
+
+/// A staged directory, removed (recursively) when the last reference goes.
+struct StagedDir {
+    fs::path path;
+    explicit StagedDir(fs::path p) : path(std::move(p)) {}
+    StagedDir(const StagedDir &) = delete;
+    StagedDir & operator=(const StagedDir &) = delete;
+    ~StagedDir() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+        if (ec) { log::get("weights")->warn("cannot remove staged dir {}: {}", path.string(), ec.message()); }
+    }
+};
+
+class RsyncSource final : public WeightSource {
+public:
+    RsyncSource(fs::path model_dir, RsyncConfig cfg) : model_dir_(std::move(model_dir)), cfg_(std::move(cfg)) {
+        log::get("weights")->info("rsync source {} (staging {}, timeout {} s)", cfg_.source, cfg_.staging_dir.string(), cfg_.timeout_s);
+    }
+    LoadStrategy strategy() const override { return LoadStrategy::rsync; }
+
+    FetchedCheckpoint fetch(const FetchRequest & req) override {
+        if (req.wakeup) {
+            // Re-pull the serving version; the --model checkpoint when the store lacks it.
+            if (shm::is_valid_version(req.serving_version)) {
+                try {
+                    return pull(req.serving_version, false);
+                } catch (const Error & e) {
+                    if (e.code() != Errc::not_found) { throw; }
+                    log::get("weights")->info("wakeup: {}; reloading --model {}", e.what(), model_dir_.string());
+                }
+            }
+            if (!fs::is_directory(model_dir_)) {
+                fail(Errc::source_unavailable, "model dir {} is not reachable; restore it and retry", model_dir_.string());
+            }
+            FetchedCheckpoint out;
+            out.index   = model::read_tensor_index(model_dir_);
+            out.version = model::read_version_step(model_dir_);
+            return out;
+        }
+        const std::string v = req.version ? *req.version : resolve_version();
+        return pull(v, req.verify_checksum);
+    }
+
+private:
+    /// Version omitted: version.yaml `step` in --model, else the store's `latest`.
+    std::string resolve_version() {
+        if (auto step = model::read_version_step(model_dir_)) { return *step; }
+        prepare_staging();
+        const fs::path tmp = cfg_.staging_dir / fmt::format(".incoming-latest-{}", ::getpid());
+        StagedDir      guard(tmp);
+        try {
+            run_rsync(location(std::string(store::kLatestName)), tmp.string());
+        } catch (const Error & e) {
+            if (e.code() != Errc::not_found) { throw; }
+            fail(Errc::not_found, "the store {} has no '{}' and --model has no version.yaml 'step'; pass {{\"version\": \"...\"}} ({})",
+                 cfg_.source, store::kLatestName, e.what());
+        }
+        std::ifstream in(tmp);
+        std::string   line;
+        std::getline(in, line);
+        while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) { line.pop_back(); }
+        if (!shm::is_valid_version(line)) {
+            fail(Errc::invalid_checkpoint, "{}/{} holds '{}', not a version ([A-Za-z0-9._-]{{1,128}})", cfg_.source, store::kLatestName, line);
+        }
+        return line;
+    }
+
+    /// Pull version `v`, check it against its manifest and index it.
+    FetchedCheckpoint pull(const std::string & v, bool verify_checksum) {
+        if (!shm::is_valid_version(v)) {
+            throw Error(Errc::invalid_argument, fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", v), "version");
+        }
+        prepare_staging();
+        auto staged = std::make_shared<StagedDir>(cfg_.staging_dir / fmt::format(".incoming-{}-{}", v, ::getpid()));
+        std::error_code ec;
+        fs::remove_all(staged->path, ec);
+        if (!fs::create_directory(staged->path, ec) || ec) {
+            fail(Errc::source_unavailable, "staging dir {} is not writable ({}); fix \"staging_dir\" in --rsync-config", cfg_.staging_dir.string(),
+                 ec ? ec.message() : "exists");
+        }
+        const auto t0 = Clock::now();
+        run_rsync(location(v) + "/", staged->path.string() + "/");
+        const double transfer_s = std::chrono::duration<double>(Clock::now() - t0).count();
+        const fs::path final_dir = cfg_.staging_dir / v;
+        fs::remove_all(final_dir, ec);  // a leftover of a killed daemon
+        if (::rename(staged->path.c_str(), final_dir.c_str()) != 0) {
+            fail(Errc::source_unavailable, "cannot rename {} to {}: {}", staged->path.string(), final_dir.string(), std::strerror(errno));
+        }
+        staged->path = final_dir;
+        const store::Manifest m = store::read_manifest(final_dir);
+        if (m.version != v) {
+            fail(Errc::invalid_checkpoint, "{}/{}: says version '{}', the store dir is '{}'; republish it", final_dir.string(), store::kManifestName, m.version, v);
+        }
+        const auto t1 = Clock::now();
+        store::check_against_manifest(final_dir, m, verify_checksum);
+        FetchedCheckpoint out;
+        out.index             = model::read_tensor_index(final_dir);
+        out.version           = v;
+        out.checksum_verified = verify_checksum;
+        out.transfer_s        = transfer_s;
+        out.hold              = staged;
+        log::get("weights")->info("pulled {} ({} bytes) in {:.3f} s, checked{} in {:.3f} s", v, out.index.total_bytes, transfer_s,
+                                  verify_checksum ? " with checksums" : "", std::chrono::duration<double>(Clock::now() - t1).count());
+        return out;
+    }
+
+    /// `<source>/<name>` in rsync's syntax.
+    std::string location(const std::string & name) const { return cfg_.source == "/" ? "/" + name : cfg_.source + "/" + name; }
+
+    void prepare_staging() {
+        std::error_code ec;
+        fs::create_directories(cfg_.staging_dir, ec);
+        if (ec || ::access(cfg_.staging_dir.c_str(), W_OK | X_OK) != 0) {
+            fail(Errc::source_unavailable, "staging dir {} is not writable ({}); fix \"staging_dir\" in --rsync-config", cfg_.staging_dir.string(),
+                 ec ? ec.message() : std::strerror(errno));
+        }
+        store::remove_stale_temps(cfg_.staging_dir, ".incoming-");
+        if (cfg_.local && !fs::is_directory(cfg_.source)) {
+            fail(Errc::source_unavailable, "the store {} is not reachable (not a directory); restore it and retry", cfg_.source);
+        }
+    }
+
+    /// rsync `src` to `dst`. Errors  not_found (no such version/file or module),
+    /// source_unavailable (daemon down, refused, timeout, any other rsync failure).
+    void run_rsync(const std::string & src, const std::string & dst) {
+        const auto secs = std::to_string(static_cast<int64_t>(std::ceil(cfg_.timeout_s)));
+        std::vector<std::string> argv = {cfg_.rsync, "-rt", "--timeout=" + secs};
+        if (cfg_.daemon) { argv.push_back("--contimeout=" + secs); }
+        argv.insert(argv.end(), cfg_.args.begin(), cfg_.args.end());
+        argv.push_back(src);
+        argv.push_back(dst);
+        const ProcessResult r = run_process(argv, cfg_.timeout_s);
+        if (r.exit_code == 0) { return; }
+        if (r.timed_out) {
+            fail(Errc::source_unavailable, "rsync {} did not finish within timeout_s = {} s (killed); check the store host and network", src, cfg_.timeout_s);
+        }
+        const std::string out = oneline(r.output);
+        std::string lower = out;
+        std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+        const bool missing = lower.find("unknown module") != std::string::npos ||
+                             ((r.exit_code == 23 || r.exit_code == 24) &&
+                              (lower.find("no such file or directory") != std::string::npos || lower.find("not a directory") != std::string::npos) &&
+                              (lower.find("link_stat") != std::string::npos || lower.find("change_dir") != std::string::npos));
+        if (missing) { fail(Errc::not_found, "{} is not in the store (rsync exit {}: {}); publish it first", src, r.exit_code, out); }
+        fail(Errc::source_unavailable, "rsync {} failed (exit {}): {}; is the store reachable?", src, r.exit_code, out);
+    }
+
+    fs::path    model_dir_;
+    RsyncConfig cfg_;
+};
+
+}  // namespace
+
+std::unique_ptr<WeightSource> make_rsync_source(std::filesystem::path model_dir, const std::string & config_json, int port) {
+    return std::make_unique<RsyncSource>(std::move(model_dir), parse_config(config_json, port));
 }
 
 }  // namespace fd::weights

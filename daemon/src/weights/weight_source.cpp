@@ -54,7 +54,7 @@ std::unique_ptr<WeightSource> make_weight_source(const SourceConfig & cfg) {
         case LoadStrategy::normal: return make_normal_source(cfg.model_dir);
         case LoadStrategy::ipc_snapshot: return make_ipc_snapshot_source(cfg.model_dir);
         case LoadStrategy::ipc: return make_ipc_source(cfg.port);
-        case LoadStrategy::rsync: return make_rsync_source(cfg.model_dir, cfg.rsync_config);
+        case LoadStrategy::rsync: return make_rsync_source(cfg.model_dir, cfg.rsync_config, cfg.port);
     }
     fail(Errc::internal, "unknown load strategy");
 }

@@ -72,8 +72,9 @@ std::unique_ptr<WeightSource> make_normal_source(std::filesystem::path model_dir
 std::unique_ptr<WeightSource> make_ipc_snapshot_source(std::filesystem::path model_dir);
 /// `ipc`: the POSIX shm record a trainer published (weight_sources.md, fd/shm/ipc_weights.h).
 std::unique_ptr<WeightSource> make_ipc_source(int port);
-/// `rsync`: versions pulled with the rsync program from the store in `config_json`.
+/// `rsync`: versions pulled with the rsync program from the store in `config_json`; `port` names
+/// the default staging dir ($TMPDIR/fdrollout-staging-<port>; 0: the pid).
 /// Errors  fd::Error{invalid_argument} naming the bad field.
-std::unique_ptr<WeightSource> make_rsync_source(std::filesystem::path model_dir, const std::string & config_json);
+std::unique_ptr<WeightSource> make_rsync_source(std::filesystem::path model_dir, const std::string & config_json, int port = 0);
 
 }  // namespace fd::weights
