@@ -68,11 +68,11 @@ class FdPublish(unittest.TestCase):
         with open(os.path.join(d, "manifest.json")) as f:
             m = json.load(f)
         self.assertEqual(m["version"], "7")
-        for name, f in m["files"].items():
+        for name, entry in m["files"].items():
             with open(os.path.join(d, name), "rb") as f:
                 data = f.read()
-            self.assertEqual(f["size"], len(data))
-            self.assertEqual(f["sha256"], hashlib.sha256(data).hexdigest())
+            self.assertEqual(entry["size"], len(data))
+            self.assertEqual(entry["sha256"], hashlib.sha256(data).hexdigest())
         self.assertEqual(len(m["tensors"]), len(self.hf_b))
         self.assertEqual(self.latest(store), "7")
         with self.assertRaises(FileExistsError):
