@@ -9,6 +9,7 @@
 #include "fd/weights/weight_source.h"
 
 #include "fd/shm/ipc_weights.h"
+#include "fd/weights/cuda_ipc.h"
 #include "fd/shm/names.h"
 #include "fd/status.h"
 
@@ -91,11 +92,7 @@ model::TensorInfo to_tensor(const Record & rec, const IpcTensorEntry & e, uint64
     if (!name || name->empty()) {
         fail(Errc::invalid_checkpoint, "{}: a tensor entry has an empty or unterminated name", rec.path());
     }
-    if (e.location == shm::kIpcCudaIpc) {
-        fail(Errc::source_unavailable, "{}: tensor '{}' is a CUDA IPC handle, and this build has no CUDA; publish it "
-                                       "inline (host memory)", rec.path(), *name);
-    }
-    if (e.location != shm::kIpcInline) {
+    if (e.location != shm::kIpcInline && e.location != shm::kIpcCudaIpc) {
         fail(Errc::invalid_checkpoint, "{}: tensor '{}' has unknown location {}", rec.path(), *name, e.location);
     }
     model::TensorInfo t;
@@ -120,6 +117,11 @@ model::TensorInfo to_tensor(const Record & rec, const IpcTensorEntry & e, uint64
         fail(Errc::invalid_checkpoint, "{}: tensor '{}' has {} bytes but shape x dtype needs {}", rec.path(), *name,
              e.nbytes, t.numel() * model::dtype_size(t.dtype));
     }
+    if (e.location == shm::kIpcCudaIpc) {  // offset is into the device allocation: placed by copy_cuda_entries
+        t.offset_bytes = static_cast<int64_t>(e.offset);
+        t.size_bytes   = static_cast<int64_t>(e.nbytes);
+        return t;
+    }
     if (e.offset < table_end || e.offset > total_bytes || e.nbytes > total_bytes - e.offset) {
         fail(Errc::invalid_checkpoint, "{}: tensor '{}' data [{}, {}) lies outside the data area [{}, {})", rec.path(),
              *name, e.offset, e.offset + e.nbytes, table_end, total_bytes);
@@ -128,6 +130,56 @@ model::TensorInfo to_tensor(const Record & rec, const IpcTensorEntry & e, uint64
     t.size_bytes   = static_cast<int64_t>(e.nbytes);
     return t;
 }
+
+/// Host copies of the record's CUDA IPC tensors, in an anonymous memfd the Worker reads like
+/// the record itself (through /proc/self/fd/N).
+class CudaCopies {
+public:
+    ~CudaCopies() {
+        if (fd_ >= 0) { ::close(fd_); }
+    }
+    /// Copy every CUDA entry of `entries` (TensorInfo `ts`, same order) to host and point its
+    /// TensorInfo at the copy. Errors  source_unavailable (no CUDA, no device, stale handle).
+    void copy(const Record & rec, const std::vector<IpcTensorEntry> & entries, std::vector<model::TensorInfo> & ts) {
+        int64_t     total = 0;
+        std::string first;
+        for (size_t i = 0; i < entries.size(); ++i) {
+            if (entries[i].location != shm::kIpcCudaIpc) { continue; }
+            total += (ts[i].size_bytes + 63) / 64 * 64;
+            if (first.empty()) { first = ts[i].name; }
+        }
+        if (total == 0) { return; }
+        if (!cuda_ipc_available()) {
+            fail(Errc::source_unavailable, "{}: tensor '{}' (and any other CUDA entry) is a CUDA IPC handle, but {}; "
+                                           "publish host tensors instead", rec.path(), first, cuda_ipc_unavailable_reason());
+        }
+        fd_ = ::memfd_create("fdrollout-ipc-cuda", MFD_CLOEXEC);
+        if (fd_ < 0 || ::ftruncate(fd_, total) != 0) {
+            fail(Errc::source_unavailable, "cannot make a {}-byte host buffer for the CUDA tensors: {}", total, std::strerror(errno));
+        }
+        void * map = ::mmap(nullptr, static_cast<size_t>(total), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+        if (map == MAP_FAILED) { fail(Errc::source_unavailable, "cannot map the CUDA staging buffer: {}", std::strerror(errno)); }
+        const std::string path = "/proc/self/fd/" + std::to_string(fd_);
+        int64_t pos = 0;
+        try {
+            for (size_t i = 0; i < entries.size(); ++i) {
+                if (entries[i].location != shm::kIpcCudaIpc) { continue; }
+                cuda_ipc_copy_to_host(entries[i].cuda_ipc_handle, entries[i].offset, entries[i].nbytes,
+                                      static_cast<char *>(map) + pos, rec.path() + ": tensor '" + ts[i].name + "'");
+                ts[i].file         = path;
+                ts[i].offset_bytes = pos;
+                pos += (ts[i].size_bytes + 63) / 64 * 64;
+            }
+        } catch (...) {
+            ::munmap(map, static_cast<size_t>(total));
+            throw;
+        }
+        ::munmap(map, static_cast<size_t>(total));
+    }
+
+private:
+    int fd_ = -1;
+};
 
 class IpcSource final : public WeightSource {
 public:
@@ -175,8 +227,11 @@ public:
         }
         FetchedCheckpoint out;
         out.index.source = rec->path();
-        for (const IpcTensorEntry & e : entries) {
-            model::TensorInfo t = to_tensor(*rec, e, total_bytes, table_end);
+        std::vector<model::TensorInfo> ts;
+        for (const IpcTensorEntry & e : entries) { ts.push_back(to_tensor(*rec, e, total_bytes, table_end)); }
+        auto cuda = std::make_shared<CudaCopies>();
+        cuda->copy(*rec, entries, ts);
+        for (model::TensorInfo & t : ts) {
             if (out.index.tensors.count(t.name)) {
                 fail(Errc::invalid_checkpoint, "{}: tensor '{}' appears twice", rec->path(), t.name);
             }
@@ -200,7 +255,7 @@ public:
                 fail(Errc::source_unavailable, "{}: the publisher replaced the record during the copy; retry", rec->path());
             }
         };
-        out.hold = rec;
+        out.hold = std::make_shared<std::pair<std::shared_ptr<Record>, std::shared_ptr<CudaCopies>>>(rec, cuda);
         return out;
     }
 
