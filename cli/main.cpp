@@ -30,7 +30,7 @@ constexpr const char * kExitCodes =
     "   7  timeout (--timeout, or the daemon's)\n"
     "   8  daemon unreachable (none on that port, or it died)\n"
     "   9  unauthorized (--api-key)\n"
-    "  10  invalid_argument (the daemon rejected an argument)\n"
+    "  10  invalid_argument (an argument was rejected)\n"
     "  11  checksum_mismatch\n"
     "  12  source_unavailable\n"
     "  70  internal error\n"
