@@ -181,12 +181,38 @@ def write_manifest(version_dir, version):
     return manifest
 
 
+def _tag_of(value, dtype):
+    """The safetensors dtype tag `value` would be stored as (without converting it)."""
+    arr, dt = value if isinstance(value, tuple) else (value, dtype)
+    arr = np.asarray(arr)
+    if dt is not None and arr.dtype.kind == "f":
+        return dt
+    return safetensors_np._TAG.get(arr.dtype.newbyteorder("="), str(arr.dtype))
+
+
+def check_dtypes_like(tensors, model_dir, dtype=None):
+    """Raise ValueError naming the first tensor whose stored dtype would differ from the same
+    tensor in `model_dir`'s checkpoint (the rollout would refuse it with 422)."""
+    held = {}
+    for name in os.listdir(model_dir):
+        if name.endswith(".safetensors") and not name.startswith("model_state."):
+            header, _ = safetensors_np.read_header(os.path.join(model_dir, name))
+            held.update({k: v["dtype"] for k, v in header.items() if k != "__metadata__"})
+    for name in sorted(tensors):
+        if name in held and _tag_of(tensors[name], dtype) != held[name]:
+            raise ValueError(f"{name}: would be published as {_tag_of(tensors[name], dtype)}, but {model_dir} holds "
+                             f"{held[name]} (pass dtype={held[name]!r})")
+
+
 def publish_rsync(tensors, store, version, template_dir, dtype=None):
     """Write `tensors` (HF names) as version `version` of the rsync store `store`: an HF
     checkpoint dir (model.safetensors + every non-weight file of `template_dir`, version.yaml
     `step: version`) with manifest.json written last, renamed into place, then `latest`.
-    Raises FileExistsError if the version exists. Returns the version dir."""
+    Versions are immutable. Raises FileExistsError if the version exists, ValueError if a
+    tensor's dtype differs from `template_dir`'s checkpoint (nothing is written then).
+    Returns the version dir."""
     check_version(version)
+    check_dtypes_like(tensors, template_dir, dtype)
     os.makedirs(store, exist_ok=True)
     final = os.path.join(store, version)
     if os.path.exists(final):

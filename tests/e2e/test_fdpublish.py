@@ -80,6 +80,11 @@ class FdPublish(unittest.TestCase):
         for bad in ("..", "a/b", ""):
             with self.assertRaises(ValueError):
                 fdpublish.publish_rsync(self.hf_b, store, bad, STORIES)
+        # stories260K is F32: BF16 would be refused by the rollout, so nothing is published.
+        with self.assertRaisesRegex(ValueError, "holds F32"):
+            fdpublish.publish_rsync(self.hf_b, store, "bf16", STORIES, dtype="BF16")
+        self.assertFalse(os.path.exists(os.path.join(store, "bf16")))
+        self.assertEqual(self.latest(store), "7")
         # A publisher killed mid-way leaves neither the version nor `latest` changed.
         code = ("import sys, os, time; sys.path.insert(0, %r); import fdpublish, safetensors_np\n"
                 "orig = safetensors_np.save_file\n"
