@@ -43,6 +43,17 @@ REF = {
 }
 
 
+# The greedy probe the weight tests compare daemons with: ids, logprobs and weight_version.
+GREEDY = {"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "logprobs": 2}
+
+
+def greedy(d, **kw):
+    """(token ids, token logprobs, weight_version) of GREEDY (overridden by kw) on daemon d."""
+    j = d.complete(**{**GREEDY, **kw})
+    c = j["choices"][0]
+    return c["token_ids"], c["logprobs"]["token_logprobs"], j["weight_version"]
+
+
 def read_json(path):
     with open(path) as f:
         return json.load(f)

@@ -9,22 +9,13 @@ import sys
 import tempfile
 import unittest
 
-from fdtest import STORIES, Daemon, fdctl, perturbed
+from fdtest import Daemon, fdctl, greedy, perturbed, STORIES
 
 PUBLISHER = os.environ.get("FD_CUDA_IPC_PUBLISHER", "")
-GREEDY = {"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "logprobs": 2}
-
-
 def gpu_visible():
     if not PUBLISHER or not os.path.exists(PUBLISHER):
         return False
     return subprocess.run([PUBLISHER, "--probe"], capture_output=True, timeout=60).returncode == 0
-
-
-def greedy(d):
-    j = d.complete(**GREEDY)
-    c = j["choices"][0]
-    return c["token_ids"], c["logprobs"]["token_logprobs"], j["weight_version"]
 
 
 class CudaIpc(unittest.TestCase):

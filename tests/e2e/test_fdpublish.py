@@ -10,18 +10,9 @@ import subprocess
 import tempfile
 import unittest
 
-from fdtest import PYTHON, REPO, STORIES, Daemon, copy_checkpoint, perturbed
+from fdtest import copy_checkpoint, Daemon, greedy, perturbed, PYTHON, REPO, STORIES
 
 import fdpublish  # noqa: E402  (scripts/ is on sys.path via fdtest)
-
-GREEDY = {"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "logprobs": 2}
-
-
-def greedy(d):
-    j = d.complete(**GREEDY)
-    c = j["choices"][0]
-    return c["token_ids"], c["logprobs"]["token_logprobs"], j["weight_version"]
-
 
 class FdPublish(unittest.TestCase):
     @classmethod

@@ -14,22 +14,14 @@ import threading
 import time
 import unittest
 
-from fdtest import STORIES, Daemon, copy_checkpoint, fdctl, make_checkpoint, perturbed
+from fdtest import copy_checkpoint, Daemon, fdctl, greedy, make_checkpoint, perturbed, STORIES
 
 import safetensors_np  # noqa: E402  (on sys.path via fdtest)
-
-GREEDY = {"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "logprobs": 2}
 
 # fd/shm/ipc_weights.h offsets (little-endian).
 HDR_GENERATION, HDR_MAGIC, HDR_SIZE = 16, 0, 256
 ENTRY_SIZE = 320
 E_LOCATION, E_NDIM, E_SHAPE, E_NBYTES = 196, 200, 208, 248
-
-
-def greedy(d):
-    j = d.complete(**GREEDY)
-    c = j["choices"][0]
-    return c["token_ids"], c["logprobs"]["token_logprobs"], j["weight_version"]
 
 
 def shm_path(port, rank=0):

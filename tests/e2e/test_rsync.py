@@ -15,20 +15,11 @@ import tempfile
 import time
 import unittest
 
-from fdtest import FDCTL, STORIES, Daemon, copy_checkpoint, fdctl, free_port, perturbed
-
-GREEDY = {"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "logprobs": 2}
-
+from fdtest import copy_checkpoint, Daemon, FDCTL, fdctl, free_port, greedy, perturbed, STORIES
 
 def read(path):
     with open(path) as f:
         return f.read()
-
-
-def greedy(d):
-    j = d.complete(**GREEDY)
-    c = j["choices"][0]
-    return c["token_ids"], c["logprobs"]["token_logprobs"], j["weight_version"]
 
 
 class RsyncDaemon:

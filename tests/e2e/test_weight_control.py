@@ -9,18 +9,9 @@ import unittest
 
 import numpy as np
 
-from fdtest import REF, STORIES, Daemon, copy_checkpoint, merge_stream, perturbed, rewrite_tensors, rss_bytes
+from fdtest import copy_checkpoint, Daemon, GREEDY, greedy, merge_stream, perturbed, REF, rewrite_tensors, rss_bytes, STORIES
 
 import safetensors_np  # noqa: E402  (on sys.path via fdtest)
-
-GREEDY = {"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "logprobs": 2}
-
-
-def greedy(d, **kw):
-    j = d.complete(**{**GREEDY, **kw})
-    c = j["choices"][0]
-    return c["token_ids"], c["logprobs"]["token_logprobs"], j["weight_version"]
-
 
 class WeightControl(unittest.TestCase):
     @classmethod

@@ -6,6 +6,7 @@
 #include "fd/model/safetensors.h"
 #include "fd/model/weights.h"
 #include "fd/status.h"
+#include "test_util.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -30,22 +31,7 @@ namespace {
 
 const fs::path kStories = fs::path(FD_SOURCE_DIR) / "models" / "stories260K";
 
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        static std::atomic<int> counter{0};
-        std::random_device rd;
-        path = fs::temp_directory_path() /
-               ("fd_unit_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" + std::to_string(rd()));
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    TempDir(const TempDir &) = delete;
-    TempDir & operator=(const TempDir &) = delete;
-};
+using fd::test::TempDir;
 
 struct RawTensor {
     std::string          name;

@@ -8,6 +8,7 @@
 #include "fd/model/weights.h"
 #include "fd/shm/ipc_weights.h"
 #include "fd/status.h"
+#include "test_util.h"
 #include "fd/weights/weight_source.h"
 
 #include <doctest/doctest.h>
@@ -33,22 +34,7 @@ namespace {
 
 const fs::path kStories = fs::path(FD_SOURCE_DIR) / "models" / "stories260K";
 
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        static std::atomic<int> counter{0};
-        std::random_device rd;
-        path = fs::temp_directory_path() /
-               ("fd_unit_rm_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" + std::to_string(rd()));
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    TempDir(const TempDir &) = delete;
-    TempDir & operator=(const TempDir &) = delete;
-};
+using fd::test::TempDir;
 
 /// A Qwen2-shaped checkpoint (qkv biases, GQA 4/2 heads, untied lm_head, F32) whose every
 /// element equals its flat index within its tensor, so slices can be checked by value.
