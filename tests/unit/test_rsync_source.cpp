@@ -5,6 +5,7 @@
 #include "fd/status.h"
 #include "fd/weights/store.h"
 #include "fd/weights/weight_source.h"
+#include "test_util.h"
 
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -18,14 +19,7 @@ using namespace fd::weights;
 
 namespace {
 
-struct TmpDir {
-    fs::path path;
-    TmpDir() {
-        std::string tmpl = (fs::temp_directory_path() / "fd-rsync-src-XXXXXX").string();
-        path = ::mkdtemp(tmpl.data());
-    }
-    ~TmpDir() { fs::remove_all(path); }
-};
+using TmpDir = fd::test::TempDir;
 
 const fs::path kStories = fs::path(FD_SOURCE_DIR) / "models" / "stories260K";
 

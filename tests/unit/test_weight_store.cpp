@@ -3,6 +3,7 @@
 // check_against_manifest (sizes always, checksums on request, strict file list).
 #include "fd/status.h"
 #include "fd/weights/store.h"
+#include "test_util.h"
 
 #include <doctest/doctest.h>
 #include <sys/wait.h>
@@ -21,14 +22,7 @@ namespace store = fd::weights::store;
 
 namespace {
 
-struct TmpDir {
-    fs::path path;
-    TmpDir() {
-        std::string tmpl = (fs::temp_directory_path() / "fd-store-XXXXXX").string();
-        path = ::mkdtemp(tmpl.data());
-    }
-    ~TmpDir() { fs::remove_all(path); }
-};
+using TmpDir = fd::test::TempDir;
 
 void write_bytes(const fs::path & p, const std::string & bytes) {
     std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
