@@ -73,6 +73,8 @@ def main():
                 subprocess.run(["rsync", "-a", rs.url() + f"/{version}/", fresh + "/"], check=True, timeout=900)
                 runs["plain_rsync"].append(time.time() - t0)
                 log(f"plain rsync #{i}: {runs['plain_rsync'][-1]:.3f} s")
+                if i + 1 < a.reps:  # its dirty pages would throttle the next pull (vm.dirty_ratio); the last copy feeds local_apply
+                    shutil.rmtree(fresh, ignore_errors=True)
                 for key, verify in [("rsync_update", False), ("rsync_update_verify", True)]:
                     wall, res = timed_update(d, {"version": version, "verify_checksum": verify})
                     assert res["checksum_verified"] == verify and not os.listdir(staging)
@@ -101,6 +103,10 @@ def main():
     out["floor_s"] = floor
     out["ratio"] = round(out["rsync_update_s"] / floor, 4)
     out["ratio_verify"] = round(out["rsync_update_verify_s"] / floor, 4)
+    # Best-of-reps ratios: disk writeback on a shared machine makes single runs vary by 2-3x.
+    best_floor = min(out["plain_rsync_runs_s"]) + min(out["local_apply_runs_s"])
+    out["ratio_best"] = round(min(out["rsync_update_runs_s"]) / best_floor, 4)
+    out["ratio_verify_best"] = round(min(out["rsync_update_verify_runs_s"]) / best_floor, 4)
     out["target_ratio"] = 1.25
     out["meets_target"] = out["ratio"] <= 1.25
     out["pull_gbps"] = round(publish["bytes"] / out["rsync_update_s"] / 1e9, 3)
