@@ -61,29 +61,32 @@ def main():
     rs = RsyncDaemon(a.work, {"store": store})
     try:
         cfg = {"source": rs.url(), "staging_dir": staging, "timeout_s": 600}
+        # Interleaved (plain rsync, update, update with checksums) per rep, so drift in the page
+        # cache and disk writeback hits all three alike.
+        runs = {"plain_rsync": [], "rsync_update": [], "rsync_update_verify": []}
+        costs = {"rsync_update": [], "rsync_update_verify": []}
         with Daemon(*common, "--load-strategy", "rsync", "--rsync-config", json.dumps(cfg), model=a.ckpt, timeout=600) as d:
             assert d.post("/v1/pause")[0] == 200
-            for key, verify in [("rsync_update", False), ("rsync_update_verify", True)]:
-                walls, costs = [], []
-                for i in range(a.reps):
+            for i in range(a.reps):
+                shutil.rmtree(fresh, ignore_errors=True)
+                t0 = time.time()
+                subprocess.run(["rsync", "-a", rs.url() + f"/{version}/", fresh + "/"], check=True, timeout=900)
+                runs["plain_rsync"].append(time.time() - t0)
+                log(f"plain rsync #{i}: {runs['plain_rsync'][-1]:.3f} s")
+                if i + 1 < a.reps:  # its dirty pages would throttle the next pull (vm.dirty_ratio); the last copy feeds local_apply
+                    shutil.rmtree(fresh, ignore_errors=True)
+                for key, verify in [("rsync_update", False), ("rsync_update_verify", True)]:
                     wall, res = timed_update(d, {"version": version, "verify_checksum": verify})
                     assert res["checksum_verified"] == verify and not os.listdir(staging)
-                    walls.append(wall)
-                    costs.append(res["ranks"][0])
+                    runs[key].append(wall)
+                    costs[key].append(res["ranks"][0])
                     log(f"{key} #{i}: {wall:.3f} s (sync {res['ranks'][0]['sync_cost']:.3f}, update {res['ranks'][0]['update_cost']:.3f})")
-                out[key + "_s"] = statistics.median(walls)
-                out[key + "_runs_s"] = [round(w, 4) for w in walls]
-                out[key + "_sync_cost_s"] = statistics.median(c["sync_cost"] for c in costs)
-                out[key + "_update_cost_s"] = statistics.median(c["update_cost"] for c in costs)
-        walls = []
-        for i in range(a.reps):
-            shutil.rmtree(fresh, ignore_errors=True)
-            t0 = time.time()
-            subprocess.run(["rsync", "-a", rs.url() + f"/{version}/", fresh + "/"], check=True, timeout=900)
-            walls.append(time.time() - t0)
-            log(f"plain rsync #{i}: {walls[-1]:.3f} s")
-        out["plain_rsync_s"] = statistics.median(walls)
-        out["plain_rsync_runs_s"] = [round(w, 4) for w in walls]
+        for key, walls in runs.items():
+            out[key + "_s"] = statistics.median(walls)
+            out[key + "_runs_s"] = [round(w, 4) for w in walls]
+        for key, c in costs.items():
+            out[key + "_sync_cost_s"] = statistics.median(x["sync_cost"] for x in c)
+            out[key + "_update_cost_s"] = statistics.median(x["update_cost"] for x in c)
     finally:
         rs.stop()
     with Daemon(*common, "--load-strategy", "normal", model=fresh, timeout=600) as d:
@@ -100,6 +103,10 @@ def main():
     out["floor_s"] = floor
     out["ratio"] = round(out["rsync_update_s"] / floor, 4)
     out["ratio_verify"] = round(out["rsync_update_verify_s"] / floor, 4)
+    # Best-of-reps ratios: disk writeback on a shared machine makes single runs vary by 2-3x.
+    best_floor = min(out["plain_rsync_runs_s"]) + min(out["local_apply_runs_s"])
+    out["ratio_best"] = round(min(out["rsync_update_runs_s"]) / best_floor, 4)
+    out["ratio_verify_best"] = round(min(out["rsync_update_verify_runs_s"]) / best_floor, 4)
     out["target_ratio"] = 1.25
     out["meets_target"] = out["ratio"] <= 1.25
     out["pull_gbps"] = round(publish["bytes"] / out["rsync_update_s"] / 1e9, 3)
