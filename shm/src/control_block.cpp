@@ -116,8 +116,17 @@ MappedBlock MappedBlock::open(int port) {
         bip::offset_t size = 0;
         obj.get_size(size);
         MappedBlock m;
-        if (size <= 0) { fail(Errc::invalid_argument, "control block {} is empty", shm_path(port)); }
+        // A daemon creates, sizes and fills the block, magic last: until then it is starting up,
+        // which callers (fdctl wait) treat like "not there yet", not like a foreign block.
+        const auto starting = [&] {
+            return Error(Errc::unreachable, fmt::format("fdrollout on port {} is starting up (control block {} not ready yet)", port, shm_path(port)));
+        };
+        if (size < static_cast<bip::offset_t>(sizeof(ControlBlock))) {
+            if (size == 0) { throw starting(); }
+            fail(Errc::invalid_argument, "control block {} has {} bytes, expected {}", shm_path(port), size, sizeof(ControlBlock));
+        }
         map(obj, m.block_, m.region_);
+        if (__atomic_load_n(&m.block_->magic, __ATOMIC_ACQUIRE) == 0) { throw starting(); }
         const std::string problem = layout_problem(*m.block_, static_cast<size_t>(size));
         if (!problem.empty()) { fail(Errc::invalid_argument, "refusing control block {}: {}", shm_path(port), problem); }
         return m;

@@ -67,6 +67,16 @@ TEST_SUITE("shm::control_block") {
             block->abi_version = fd::shm::kControlBlockAbiVersion;
             block->magic       = 42;
             CHECK_THROWS_WITH_AS(fd::shm::MappedBlock::open(port), doctest::Contains("another magic"), fd::Error);
+            // Created but not filled yet (magic is written last): a daemon starting up, which
+            // `fdctl wait` must treat as "not there yet" (unreachable), not as a foreign block.
+            block->magic = 0;
+            try {
+                fd::shm::MappedBlock::open(port);
+                FAIL("opened a block without magic");
+            } catch (const fd::Error & e) {
+                CHECK(e.code() == fd::Errc::unreachable);
+                CHECK(std::string(e.what()).find("starting up") != std::string::npos);
+            }
         }
         fd::shm::MappedBlock::remove(port);
     }
