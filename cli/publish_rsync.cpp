@@ -10,6 +10,7 @@
 // next publish removes .tmp-* left by dead pids.
 #include "offline.h"
 
+#include "fd/file_io.h"
 #include "fd/shm/names.h"
 #include "fd/status.h"
 #include "fd/weights/store.h"
@@ -64,17 +65,6 @@ void rename_noreplace(const fs::path & from, const fs::path & to, const std::str
     }
 }
 
-/// Write `text` to a new file `file` and fsync it.
-void write_file_synced(const fs::path & file, const std::string & text) {
-    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) { fd::fail(fd::Errc::source_unavailable, "{}: cannot create: {}", file.string(), std::strerror(errno)); }
-    const ssize_t w  = ::write(fd, text.data(), text.size());
-    const int     rc = w == static_cast<ssize_t>(text.size()) ? ::fsync(fd) : -1;
-    const int     err = errno;
-    ::close(fd);
-    if (rc != 0) { fd::fail(fd::Errc::source_unavailable, "{}: write failed: {}", file.string(), std::strerror(err)); }
-}
-
 }  // namespace
 
 int publish_rsync(const PublishOptions & o) {
@@ -115,7 +105,7 @@ int publish_rsync(const PublishOptions & o) {
 
     // 4. latest, by rename.
     TempGuard latest_tmp{root / fmt::format("latest.tmp-{}", ::getpid())};
-    write_file_synced(latest_tmp.path, o.version + "\n");
+    fd::write_file_synced(latest_tmp.path, o.version + "\n", fd::Errc::source_unavailable);
     if (::rename(latest_tmp.path.c_str(), (root / store::kLatestName).c_str()) != 0) {
         fd::fail(fd::Errc::source_unavailable, "cannot rename {} to {}/latest: {}", latest_tmp.path.string(), root.string(), std::strerror(errno));
     }

@@ -1,5 +1,6 @@
 // RolloutModel: the rollout's state dict per TP rank and its training-name mapping
 // (fd/model/rollout_model.h, docs/weight_sources.md).
+#include "fd/file_io.h"
 #include "fd/model/rollout_model.h"
 
 #include "fd/status.h"
@@ -25,17 +26,6 @@ Shard shard_of(const InferenceTensor & t) {
     if (t.shape.size() == 1 && t.parts.size() == 1) { return Shard::replicated; }  // norms
     return Shard::rows;  // qkv (+bias), gate_up, embed_tokens, lm_head
 }
-
-/// RAII read-only file descriptor.
-struct ReadFd {
-    int fd = -1;
-    explicit ReadFd(const std::filesystem::path & p) : fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC)) {
-        if (fd < 0) { fail(Errc::invalid_checkpoint, "{}: cannot open: {}", p.string(), std::strerror(errno)); }
-    }
-    ~ReadFd() { ::close(fd); }
-    ReadFd(const ReadFd &) = delete;
-    ReadFd & operator=(const ReadFd &) = delete;
-};
 
 /// Copy `n` elements stored as `from` in `src` to `dst` as `to` (equal, or `to` = f32).
 void convert(DType from, DType to, const std::byte * src, std::byte * dst, int64_t n) {
@@ -146,23 +136,23 @@ void RolloutModel::gather(const RankTensorSource & src, const TensorIndex & idx,
             fail(Errc::invalid_checkpoint, "{}: tensor '{}' has shape [{}] {}, which cannot fill '{}' [{}] {}", t.file.string(),
                  t.name, fmt::join(t.shape, ", "), dtype_name(t.dtype), st.name, fmt::join(st.shape, ", "), dtype_name(st.dtype));
         }
-        ReadFd f(t.file);
+        const UniqueFd f = open_read(t.file, Errc::invalid_checkpoint);
         const std::string what = "tensor '" + t.name + "'";
         std::byte * out = dst + sl.dst_row0 * cols * des;
         if (sl.dim == 0) {  // a row range: one contiguous read
             const int64_t n = (sl.end - sl.begin) * hf_cols;
             if (t.dtype == st.dtype) {
-                pread_exact(f.fd, out, n * es, t.offset_bytes + sl.begin * hf_cols * es, t.file, what);
+                pread_exact(f.get(), out, n * es, t.offset_bytes + sl.begin * hf_cols * es, t.file, what);
             } else {
                 std::vector<std::byte> raw(static_cast<size_t>(n * es));
-                pread_exact(f.fd, raw.data(), n * es, t.offset_bytes + sl.begin * hf_cols * es, t.file, what);
+                pread_exact(f.get(), raw.data(), n * es, t.offset_bytes + sl.begin * hf_cols * es, t.file, what);
                 convert(t.dtype, st.dtype, raw.data(), out, n);
             }
             continue;
         }
         // A column range: read the whole tensor, then take [begin, end) of every row.
         std::vector<std::byte> raw(static_cast<size_t>(t.size_bytes));
-        pread_exact(f.fd, raw.data(), t.size_bytes, t.offset_bytes, t.file, what);
+        pread_exact(f.get(), raw.data(), t.size_bytes, t.offset_bytes, t.file, what);
         const int64_t n = sl.end - sl.begin;
         for (int64_t r = 0; r < hf_rows; ++r) {
             convert(t.dtype, st.dtype, raw.data() + (r * hf_cols + sl.begin) * es, out + r * n * des, n);

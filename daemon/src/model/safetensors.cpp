@@ -1,3 +1,4 @@
+#include "fd/file_io.h"
 #include "fd/model/safetensors.h"
 
 #include "fd/kernels/ops.h"
@@ -21,13 +22,6 @@ namespace fs = std::filesystem;
 constexpr int64_t kMaxHeaderBytes = 100 << 20;
 
 
-/// RAII file descriptor.
-struct Fd {
-    int fd = -1;
-    explicit Fd(const fs::path & p) : fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC)) {}
-    ~Fd() { if (fd >= 0) { ::close(fd); } }
-};
-
 void pread_all(int fd, void * dst, int64_t n, int64_t off, const fs::path & file, const std::string & what) {
     pread_exact(fd, dst, n, off, file, what);
 }
@@ -37,17 +31,16 @@ void add_entry(const fs::path & file, const std::string & name, const json & v, 
 
 /// Parse one safetensors header and add its tensors to `idx`.
 void read_header(const fs::path & file, TensorIndex & idx) {
-    Fd f(file);
-    if (f.fd < 0) { fail(Errc::invalid_checkpoint, "{}: cannot open: {}", file.string(), std::strerror(errno)); }
+    const UniqueFd f = open_read(file, Errc::invalid_checkpoint);
     const int64_t file_size = static_cast<int64_t>(fs::file_size(file));
     if (file_size < 8) { fail(Errc::invalid_checkpoint, "{}: truncated (only {} bytes)", file.string(), file_size); }
     uint64_t n_header = 0;
-    pread_all(f.fd, &n_header, 8, 0, file, "header length");
+    pread_all(f.get(), &n_header, 8, 0, file, "header length");
     if (n_header > static_cast<uint64_t>(std::min(kMaxHeaderBytes, file_size - 8))) {
         fail(Errc::invalid_checkpoint, "{}: header length {} exceeds the file (truncated or not safetensors)", file.string(), n_header);
     }
     std::string text(n_header, '\0');
-    pread_all(f.fd, text.data(), static_cast<int64_t>(n_header), 8, file, "header");
+    pread_all(f.get(), text.data(), static_cast<int64_t>(n_header), 8, file, "header");
     json h;
     try {
         h = json::parse(text);
@@ -194,9 +187,8 @@ TensorIndex read_tensor_files(const std::filesystem::path & source, const std::v
 }
 
 void read_tensor_raw(const TensorInfo & t, void * dst) {
-    Fd f(t.file);
-    if (f.fd < 0) { fail(Errc::invalid_checkpoint, "{}: cannot open: {}", t.file.string(), std::strerror(errno)); }
-    pread_all(f.fd, dst, t.size_bytes, t.offset_bytes, t.file, "tensor '" + t.name + "'");
+    const UniqueFd f = open_read(t.file, Errc::invalid_checkpoint);
+    pread_all(f.get(), dst, t.size_bytes, t.offset_bytes, t.file, "tensor '" + t.name + "'");
 }
 
 void convert_to_f32(DType dtype, const void * src, float * dst, int64_t numel) {

@@ -1,4 +1,5 @@
 // Writing safetensors files atomically (fd/model/safetensors_write.h).
+#include "fd/file_io.h"
 #include "fd/model/safetensors_write.h"
 
 #include "fd/status.h"
@@ -11,22 +12,6 @@
 #include <cstring>
 
 namespace fd::model {
-namespace {
-
-/// Write all of [p, p + n) to `fd`.
-void write_all(int fd, const void * p, size_t n, const std::filesystem::path & file) {
-    const auto * c = static_cast<const char *>(p);
-    while (n > 0) {
-        const ssize_t w = ::write(fd, c, n);
-        if (w < 0 && errno == EINTR) { continue; }
-        if (w < 0) { fail(Errc::invalid_argument, "{}: cannot write: {}", file.string(), std::strerror(errno)); }
-        c += w;
-        n -= static_cast<size_t>(w);
-    }
-}
-
-}  // namespace
-
 int64_t write_safetensors(const std::filesystem::path & path, const std::vector<SafetensorsEntry> & entries,
                           const std::function<void(size_t, std::byte *)> & fill) {
     nlohmann::ordered_json h = nlohmann::ordered_json::object();
@@ -46,13 +31,13 @@ int64_t write_safetensors(const std::filesystem::path & path, const std::vector<
     if (fd < 0) { fail(Errc::invalid_argument, "{}: cannot create: {}", tmp.string(), std::strerror(errno)); }
     try {
         const uint64_t n_header = header.size();
-        write_all(fd, &n_header, 8, tmp);
-        write_all(fd, header.data(), header.size(), tmp);
+        write_all(fd, &n_header, 8, tmp, Errc::invalid_argument);
+        write_all(fd, header.data(), static_cast<int64_t>(header.size()), tmp, Errc::invalid_argument);
         std::vector<std::byte> buf;
         for (size_t i = 0; i < entries.size(); ++i) {
             buf.assign(static_cast<size_t>(sizes[i]), std::byte{0});
             fill(i, buf.data());
-            write_all(fd, buf.data(), buf.size(), tmp);
+            write_all(fd, buf.data(), static_cast<int64_t>(buf.size()), tmp, Errc::invalid_argument);
         }
         if (::fsync(fd) != 0) { fail(Errc::invalid_argument, "{}: fsync failed: {}", tmp.string(), std::strerror(errno)); }
         ::close(fd);

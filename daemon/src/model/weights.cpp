@@ -1,3 +1,4 @@
+#include "fd/file_io.h"
 #include "fd/model/weights.h"
 
 #include "fd/status.h"
@@ -64,10 +65,6 @@ void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx) {
             fail(Errc::invalid_checkpoint, "{}: unknown tensor '{}' for {}", t.file.string(), name, cfg.architecture);
         }
     }
-}
-
-int64_t InferenceTensor::row_bytes() const {
-    return shape.size() == 2 ? shape[1] * dtype_size(dtype) : bytes;
 }
 
 const InferenceTensor * WeightLayout::find(std::string_view name) const {
@@ -172,18 +169,12 @@ class OpenFiles {
 public:
     int fd(const std::filesystem::path & p) {
         auto it = fds_.find(p);
-        if (it != fds_.end()) { return it->second; }
-        const int f = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-        if (f < 0) { fail(Errc::invalid_checkpoint, "{}: cannot open: {}", p.string(), std::strerror(errno)); }
-        fds_.emplace(p, f);
-        return f;
-    }
-    ~OpenFiles() {
-        for (auto & [p, f] : fds_) { ::close(f); }
+        if (it == fds_.end()) { it = fds_.emplace(p, open_read(p, Errc::invalid_checkpoint)).first; }
+        return it->second.get();
     }
 
 private:
-    std::map<std::filesystem::path, int> fds_;
+    std::map<std::filesystem::path, UniqueFd> fds_;
 };
 
 /// A contiguous range of one checkpoint tensor going to one place in the arena.

@@ -1,3 +1,4 @@
+#include "fd/file_io.h"
 #include "fd/weights/store.h"
 
 #include "fd/model/safetensors.h"
@@ -30,16 +31,6 @@ using nlohmann::json;
 constexpr int64_t kChunkBytes = 8 << 20;
 constexpr int     kMaxThreads = 8;
 
-/// RAII file descriptor.
-struct Fd {
-    int fd = -1;
-    Fd() = default;
-    explicit Fd(int f) : fd(f) {}
-    Fd(const Fd &) = delete;
-    Fd & operator=(const Fd &) = delete;
-    ~Fd() { if (fd >= 0) { ::close(fd); } }
-};
-
 bool is_hex64(const std::string & s) {
     return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
@@ -51,16 +42,6 @@ bool is_plain_name(const std::string & s) {
 
 bool is_safetensors(const std::string & name) {
     return name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0;
-}
-
-void write_all(int fd, const char * p, int64_t n, const fs::path & file) {
-    while (n > 0) {
-        const ssize_t w = ::write(fd, p, static_cast<size_t>(n));
-        if (w < 0 && errno == EINTR) { continue; }
-        if (w <= 0) { fail(Errc::source_unavailable, "{}: write failed: {}", file.string(), std::strerror(errno)); }
-        p += w;
-        n -= w;
-    }
 }
 
 /// Run fn(i) for i in [0, n) on up to kMaxThreads threads; rethrows the first error (by index).
@@ -145,20 +126,19 @@ std::string sha256_hex(const void * data, size_t n) {
 // ---- hashing files ---------------------------------------------------------------------------
 
 FileDigest digest_file(const fs::path & file, const std::vector<Range> & ranges, const fs::path & copy_to) {
-    Fd in(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
-    if (in.fd < 0) { fail(Errc::invalid_checkpoint, "{}: cannot open: {}", file.string(), std::strerror(errno)); }
-    const int64_t size = static_cast<int64_t>(::lseek(in.fd, 0, SEEK_END));
-    if (size < 0 || ::lseek(in.fd, 0, SEEK_SET) != 0) { fail(Errc::invalid_checkpoint, "{}: cannot seek: {}", file.string(), std::strerror(errno)); }
-    ::posix_fadvise(in.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    const UniqueFd in = open_read(file, Errc::invalid_checkpoint);
+    const int64_t size = static_cast<int64_t>(::lseek(in.get(), 0, SEEK_END));
+    if (size < 0 || ::lseek(in.get(), 0, SEEK_SET) != 0) { fail(Errc::invalid_checkpoint, "{}: cannot seek: {}", file.string(), std::strerror(errno)); }
+    ::posix_fadvise(in.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
     for (const auto & r : ranges) {
         if (r.offset < 0 || r.size < 0 || r.offset + r.size > size) {
             fail(Errc::invalid_checkpoint, "{}: byte range [{}, {}) lies outside the file ({} bytes)", file.string(), r.offset, r.offset + r.size, size);
         }
     }
-    Fd out;
+    UniqueFd out;
     if (!copy_to.empty()) {
-        out.fd = ::open(copy_to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        if (out.fd < 0) { fail(Errc::source_unavailable, "{}: cannot create: {}", copy_to.string(), std::strerror(errno)); }
+        out.reset(::open(copy_to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+        if (!out.valid()) { fail(Errc::source_unavailable, "{}: cannot create: {}", copy_to.string(), std::strerror(errno)); }
     }
     // Ranges by start offset; `first` skips those that ended before the current chunk.
     std::vector<size_t> order(ranges.size());
@@ -170,13 +150,13 @@ FileDigest digest_file(const fs::path & file, const std::vector<Range> & ranges,
     size_t  first = 0;
     int64_t pos   = 0;
     while (pos < size) {
-        const ssize_t n = ::read(in.fd, buf.data(), static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(buf.size()), size - pos)));
+        const ssize_t n = ::read(in.get(), buf.data(), static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(buf.size()), size - pos)));
         if (n < 0 && errno == EINTR) { continue; }
         if (n < 0) { fail(Errc::invalid_checkpoint, "{}: read failed at byte {}: {}", file.string(), pos, std::strerror(errno)); }
         if (n == 0) { fail(Errc::invalid_checkpoint, "{}: shrank to {} bytes while being read", file.string(), pos); }
         const int64_t end = pos + n;
         whole.update(buf.data(), static_cast<size_t>(n));
-        if (out.fd >= 0) { write_all(out.fd, buf.data(), n, copy_to); }
+        if (out.valid()) { write_all(out.get(), buf.data(), n, copy_to, Errc::source_unavailable); }
         while (first < order.size() && ranges[order[first]].offset + ranges[order[first]].size <= pos) { ++first; }
         for (size_t k = first; k < order.size() && ranges[order[k]].offset < end; ++k) {
             const Range & r  = ranges[order[k]];
@@ -186,7 +166,7 @@ FileDigest digest_file(const fs::path & file, const std::vector<Range> & ranges,
         }
         pos = end;
     }
-    if (out.fd >= 0 && ::fsync(out.fd) != 0) { fail(Errc::source_unavailable, "{}: fsync failed: {}", copy_to.string(), std::strerror(errno)); }
+    if (out.valid() && ::fsync(out.get()) != 0) { fail(Errc::source_unavailable, "{}: fsync failed: {}", copy_to.string(), std::strerror(errno)); }
     FileDigest d;
     d.size   = size;
     d.sha256 = whole.hex();
@@ -275,10 +255,7 @@ void write_manifest(const fs::path & dir, const Manifest & m) {
     const json j = {{"format", kFormat}, {"version", m.version}, {"files", files}, {"tensors", tensors}};
     const std::string text = j.dump(1) + "\n";
     const fs::path file = dir / kManifestName;
-    Fd out(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (out.fd < 0) { fail(Errc::source_unavailable, "{}: cannot create: {}", file.string(), std::strerror(errno)); }
-    write_all(out.fd, text.data(), static_cast<int64_t>(text.size()), file);
-    if (::fsync(out.fd) != 0) { fail(Errc::source_unavailable, "{}: fsync failed: {}", file.string(), std::strerror(errno)); }
+    write_file_synced(file, text, Errc::source_unavailable);
 }
 
 int remove_stale_temps(const fs::path & dir, std::string_view prefix) {
@@ -300,8 +277,8 @@ int remove_stale_temps(const fs::path & dir, std::string_view prefix) {
 }
 
 void fsync_dir(const fs::path & dir) {
-    Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (d.fd < 0 || ::fsync(d.fd) != 0) { fail(Errc::source_unavailable, "{}: cannot fsync the directory: {}", dir.string(), std::strerror(errno)); }
+    const UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!d.valid() || ::fsync(d.get()) != 0) { fail(Errc::source_unavailable, "{}: cannot fsync the directory: {}", dir.string(), std::strerror(errno)); }
 }
 
 // ---- checking a pulled version ---------------------------------------------------------------

@@ -43,8 +43,6 @@ struct InferenceTensor {
     int64_t                 offset = 0;  ///< bytes into the weights arena, 64-byte aligned
     int64_t                 bytes  = 0;
     std::vector<WeightPart> parts;       ///< training tensors stacked along dim 0, in order
-
-    int64_t row_bytes() const;           ///< bytes of one dim-0 row (of the whole tensor if 1-D)
 };
 
 struct WeightLayout {

@@ -1,0 +1,48 @@
+// fd/file_io.h — the few POSIX file operations the checkpoint, store and publish code share:
+// an owned descriptor, opening for reading, writing everything, writing a small file durably.
+// Each error is an fd::Error with the caller's code (what the failure means depends on who
+// reads or writes: a bad checkpoint, an unavailable source, a bad argument) and names the file.
+#pragma once
+
+#include "fd/status.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <string_view>
+#include <utility>
+
+namespace fd {
+
+/// An owned file descriptor (-1 = none), closed on destruction. Move-only.
+class UniqueFd {
+public:
+    UniqueFd() = default;
+    explicit UniqueFd(int fd) : fd_(fd) {}
+    ~UniqueFd() { reset(); }
+    UniqueFd(UniqueFd && o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+    UniqueFd & operator=(UniqueFd && o) noexcept {
+        if (this != &o) { reset(std::exchange(o.fd_, -1)); }
+        return *this;
+    }
+    UniqueFd(const UniqueFd &) = delete;
+    UniqueFd & operator=(const UniqueFd &) = delete;
+
+    int  get() const { return fd_; }
+    bool valid() const { return fd_ >= 0; }
+    void reset(int fd = -1);
+
+private:
+    int fd_ = -1;
+};
+
+/// Open `path` read-only (O_CLOEXEC).   Errors  fd::Error{on_error}: "<path>: cannot open: <why>".
+UniqueFd open_read(const std::filesystem::path & path, Errc on_error);
+
+/// Write all `n` bytes of `p` to `fd` (retries short writes and EINTR).
+/// Errors  fd::Error{on_error} naming `file`.
+void write_all(int fd, const void * p, int64_t n, const std::filesystem::path & file, Errc on_error);
+
+/// Create or truncate `file` (mode 0644), write `text`, fsync.   Errors  fd::Error{on_error}.
+void write_file_synced(const std::filesystem::path & file, std::string_view text, Errc on_error);
+
+}  // namespace fd
