@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <algorithm>
 #include <set>
@@ -20,28 +21,22 @@ std::string layer_name(int il, const char * leaf) { return fmt::format("model.la
 
 }  // namespace
 
+namespace {
+
+/// The inference layout of `c`, each training part's dtype given by `dtype_of(hf_name)`.
+WeightLayout plan(const ModelConfig & c, const std::function<DType(const std::string &)> & dtype_of);
+
+}  // namespace
+
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig & c) {
-    const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), ff = c.intermediate_size;
+    // Every training part of the inference layout, in layout order (dtypes do not matter here).
     std::vector<ExpectedTensor> e;
-    e.push_back({"model.embed_tokens.weight", {c.vocab_size, h}});
-    for (int il = 0; il < c.n_layers; ++il) {
-        e.push_back({layer_name(il, "input_layernorm.weight"), {h}});
-        e.push_back({layer_name(il, "self_attn.q_proj.weight"), {q, h}});
-        e.push_back({layer_name(il, "self_attn.k_proj.weight"), {kv, h}});
-        e.push_back({layer_name(il, "self_attn.v_proj.weight"), {kv, h}});
-        if (c.qkv_bias) {
-            e.push_back({layer_name(il, "self_attn.q_proj.bias"), {q}});
-            e.push_back({layer_name(il, "self_attn.k_proj.bias"), {kv}});
-            e.push_back({layer_name(il, "self_attn.v_proj.bias"), {kv}});
+    for (const InferenceTensor & t : plan(c, [](const std::string &) { return DType::f32; }).tensors) {
+        for (const WeightPart & p : t.parts) {
+            e.push_back({p.hf_name, t.shape.size() == 2 ? std::vector<int64_t>{p.rows, t.shape[1]} : std::vector<int64_t>{p.rows}});
         }
-        e.push_back({layer_name(il, "self_attn.o_proj.weight"), {h, q}});
-        e.push_back({layer_name(il, "post_attention_layernorm.weight"), {h}});
-        e.push_back({layer_name(il, "mlp.gate_proj.weight"), {ff, h}});
-        e.push_back({layer_name(il, "mlp.up_proj.weight"), {ff, h}});
-        e.push_back({layer_name(il, "mlp.down_proj.weight"), {h, ff}});
     }
-    e.push_back({"model.norm.weight", {h}});
-    e.push_back({"lm_head.weight", {c.vocab_size, h}, c.tie_word_embeddings});
+    if (c.tie_word_embeddings) { e.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}, true}); }
     return e;
 }
 
@@ -75,6 +70,12 @@ const InferenceTensor * WeightLayout::find(std::string_view name) const {
 }
 
 WeightLayout plan_layout(const ModelConfig & c, const TensorIndex & idx) {
+    return plan(c, [&](const std::string & hf) { return idx.tensors.at(hf).dtype; });
+}
+
+namespace {
+
+WeightLayout plan(const ModelConfig & c, const std::function<DType(const std::string &)> & dtype_of) {
     const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), ff = c.intermediate_size;
     WeightLayout L;
     L.tied_lm_head = c.tie_word_embeddings;
@@ -86,7 +87,7 @@ WeightLayout plan_layout(const ModelConfig & c, const TensorIndex & idx) {
         t.name = std::move(name);
         int64_t rows = 0;
         for (const auto & [hf, n] : parts) {
-            const DType d = idx.tensors.at(hf).dtype;
+            const DType d = dtype_of(hf);
             t.parts.push_back({hf, rows, n, d});
             rows += n;
         }
@@ -120,6 +121,8 @@ WeightLayout plan_layout(const ModelConfig & c, const TensorIndex & idx) {
     L.arena_bytes = offset;
     return L;
 }
+
+}  // namespace
 
 void validate_against_layout(const WeightLayout & layout, const TensorIndex & idx) {
     std::set<std::string> used;
