@@ -6,8 +6,12 @@ pkgs=(
   build-essential cmake ninja-build pkg-config git ca-certificates curl
   libboost-dev libcli11-dev libspdlog-dev libfmt-dev doctest-dev libcpp-httplib-dev
   nlohmann-json3-dev libsentencepiece-dev libopenblas-dev libssl-dev
-  rsync python3 python3-numpy
+  rsync python3 python3-numpy python3-jinja2
+  libpcre2-dev libutf8proc-dev libgloo-dev
 )
+# Node + npm run the reference tokenizers and template engine (tests/fixtures/fetch_npm_fixtures.sh);
+# a machine that already has both (e.g. from NodeSource) keeps them.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then pkgs+=(nodejs npm); fi
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 missing=()
