@@ -93,12 +93,12 @@ int run(fd::Config & cfg, sigset_t & signals) {
         .rank = 0, .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,
         .n_blocks = r.n_kv_blocks, .max_model_len = cfg.engine.max_model_len,
         .keep_update_staging = cfg.weights.update_staging == "persistent"});
-    fd::engine::Engine engine(cfg.engine, std::move(worker), tok,
+    auto source = fd::weights::make_weight_source({.strategy = fd::weights::parse_load_strategy(cfg.weights.load_strategy),
+                                                   .model_dir = cfg.model.model_dir, .port = cfg.server.port,
+                                                   .rsync_config = cfg.weights.rsync_config});
+    fd::engine::Engine engine(cfg.engine, fd::runtime::make_local_executor(std::move(worker), std::move(source)), tok,
                               {.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
-                               .enable_prefix_caching = cfg.kv.enable_prefix_caching},
-                              fd::weights::make_weight_source({.strategy = fd::weights::parse_load_strategy(cfg.weights.load_strategy),
-                                                               .model_dir = cfg.model.model_dir, .port = cfg.server.port,
-                                                               .rsync_config = cfg.weights.rsync_config}));
+                               .enable_prefix_caching = cfg.kv.enable_prefix_caching});
     fd::control::ControlService control(cfg.control, engine);
     fd::api::ApiServer server(cfg.server, engine, control, *tok);
     fd::control::ShmWatcher watcher(std::move(block), cfg.server.port, engine, control);

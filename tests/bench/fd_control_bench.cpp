@@ -168,10 +168,11 @@ struct Daemon {
         worker_weight_bytes = worker->weight_bytes();
         worker_kv_bytes     = worker->kv_bytes();
         worker_view         = worker.get();
-        engine = std::make_unique<fd::engine::Engine>(cfg.engine, std::move(worker), tok,
+        engine = std::make_unique<fd::engine::Engine>(cfg.engine,
+                                                      fd::runtime::make_local_executor(std::move(worker), fd::weights::make_normal_source(cfg.model.model_dir)),
+                                                      tok,
                                                       fd::kv::KvCacheConfig{.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
-                                                                            .enable_prefix_caching = cfg.kv.enable_prefix_caching},
-                                                      fd::weights::make_normal_source(cfg.model.model_dir));
+                                                                            .enable_prefix_caching = cfg.kv.enable_prefix_caching});
         control = std::make_unique<fd::control::ControlService>(cfg.control, *engine);
         engine->start();
         rss_after_load = fd::process_rss_bytes();
