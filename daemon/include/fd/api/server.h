@@ -4,7 +4,7 @@
 #pragma once
 
 #include "fd/engine/engine.h"
-#include "fd/model/tokenizer.h"
+#include "fd/tokenizer/tokenizer.h"
 
 #include <cstdint>
 #include <memory>
@@ -42,12 +42,12 @@ struct ControlReply {
 struct ApiContext {
     ServerConfig                cfg;
     engine::Engine *            engine = nullptr;
-    const model::Tokenizer *    tok    = nullptr;
+    const tokenizer::Tokenizer *    tok    = nullptr;
 };
 
 class ApiServer {
 public:
-    ApiServer(ServerConfig cfg, engine::Engine & engine, const model::Tokenizer & tok);
+    ApiServer(ServerConfig cfg, engine::Engine & engine, const tokenizer::Tokenizer & tok);
     ~ApiServer();
 
     /// Bind host:port. Errors  fd::Error{invalid_argument} when the address is unusable.

@@ -10,7 +10,7 @@
 #include "fd/engine/request.h"
 #include "fd/engine/scheduler.h"
 #include "fd/kv/kv_cache.h"
-#include "fd/model/tokenizer.h"
+#include "fd/tokenizer/tokenizer.h"
 #include "fd/model/worker.h"
 #include "fd/weights/weight_source.h"
 
@@ -71,7 +71,7 @@ struct EngineStats {
 class Engine {
 public:
     Engine(const EngineConfig & cfg, std::unique_ptr<model::Worker> worker,
-           std::shared_ptr<const model::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg,
+           std::shared_ptr<const tokenizer::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg,
            std::unique_ptr<weights::WeightSource> source);
     ~Engine();
 
@@ -137,7 +137,7 @@ private:
     EngineConfig                              cfg_;
     model::ModelConfig                        model_cfg_;
     std::vector<std::unique_ptr<model::Worker>> workers_;  ///< one per rank
-    std::shared_ptr<const model::Tokenizer>   tok_;
+    std::shared_ptr<const tokenizer::Tokenizer>   tok_;
     kv::KvCacheConfig                         kv_cfg_;
     kv::KvCache                               kv_;
     std::unique_ptr<weights::WeightSource>    source_;
