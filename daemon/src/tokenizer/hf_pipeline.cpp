@@ -25,6 +25,9 @@ std::string escape_regex(const std::string & s) {
     return out + "\\E";
 }
 
+/// A Replace stage's pattern: a literal string stays a string (plain search), a regex compiles.
+void set_replace_pattern(struct ReplaceNormalizer & r, const json & j, const std::string & file, const std::string & path);
+
 /// A tokenizer.json "pattern": {"String": s} or {"Regex": r}, as a compiled regex.
 std::unique_ptr<Regex> make_pattern(const json & j, const std::string & file, const std::string & path) {
     if (j.is_object() && j.contains("String") && j["String"].is_string()) {
@@ -69,10 +72,25 @@ struct PrependNormalizer final : Normalizer {
 };
 
 struct ReplaceNormalizer final : Normalizer {
-    std::unique_ptr<Regex> pattern;
+    std::unique_ptr<Regex> pattern;   ///< {"Regex": ...}
+    std::string            literal;   ///< {"String": ...} (used when pattern is null)
     std::string            content;
     void apply(std::string & text) const override {
-        std::vector<std::pair<size_t, size_t>> m;
+        if (!pattern) {
+            if (literal.empty() || text.find(literal) == std::string::npos) { return; }
+            std::string out;
+            out.reserve(text.size() + text.size() / 4);
+            size_t at = 0;
+            for (size_t k; (k = text.find(literal, at)) != std::string::npos; at = k + literal.size()) {
+                out.append(text, at, k - at);
+                out += content;
+            }
+            out.append(text, at, std::string::npos);
+            text = std::move(out);
+            return;
+        }
+        thread_local std::vector<std::pair<size_t, size_t>> m;
+        m.clear();
         pattern->find_all(text, m);
         if (m.empty()) { return; }
         std::string out;
@@ -86,6 +104,15 @@ struct ReplaceNormalizer final : Normalizer {
         text = std::move(out);
     }
 };
+
+void set_replace_pattern(ReplaceNormalizer & r, const json & j, const std::string & file, const std::string & path) {
+    if (j.is_object() && j.contains("String") && j["String"].is_string()) {
+        r.literal = j["String"].get<std::string>();
+        if (r.literal.empty()) { bad_field(file, path + ".String", "must not be empty"); }
+        return;
+    }
+    r.pattern = make_pattern(j, file, path);
+}
 
 struct LowercaseNormalizer final : Normalizer {
     void apply(std::string & text) const override {
@@ -252,22 +279,31 @@ struct ByteLevelDecoder final : Decoder {
 
 struct ReplaceDecoder final : Decoder {
     ReplaceNormalizer r;
+    size_t n_token_local() const override { return 1; }
     void apply(std::vector<std::string> & tokens, bool) const override {
         for (auto & t : tokens) { r.apply(t); }
     }
 };
 
+int hex_digit(char c) {
+    if (c >= '0' && c <= '9') { return c - '0'; }
+    if (c >= 'A' && c <= 'F') { return c - 'A' + 10; }
+    if (c >= 'a' && c <= 'f') { return c - 'a' + 10; }
+    return -1;
+}
+
 struct ByteFallbackDecoder final : Decoder {
     void apply(std::vector<std::string> & tokens, bool) const override {
         std::vector<std::string> out;
+        out.reserve(tokens.size());
         std::string              bytes;
         auto flush = [&] {
             if (!bytes.empty()) { out.push_back(utf8::lossy(bytes)); bytes.clear(); }
         };
         for (auto & t : tokens) {
-            if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
-                std::isxdigit(static_cast<unsigned char>(t[4]))) {
-                bytes += char(std::strtol(t.substr(3, 2).c_str(), nullptr, 16));
+            const int hi = t.size() == 6 ? hex_digit(t[3]) : -1, lo = t.size() == 6 ? hex_digit(t[4]) : -1;
+            if (hi >= 0 && lo >= 0 && t.compare(0, 3, "<0x") == 0 && t[5] == '>') {
+                bytes += char(hi * 16 + lo);
             } else {
                 flush();
                 out.push_back(std::move(t));
@@ -280,7 +316,10 @@ struct ByteFallbackDecoder final : Decoder {
 
 struct FuseDecoder final : Decoder {
     void apply(std::vector<std::string> & tokens, bool) const override {
+        size_t n = 0;
+        for (const auto & t : tokens) { n += t.size(); }
         std::string all;
+        all.reserve(n);
         for (const auto & t : tokens) { all += t; }
         tokens.assign(1, std::move(all));
     }
@@ -326,6 +365,14 @@ struct DecoderSequence final : Decoder {
     void apply(std::vector<std::string> & tokens, bool continuation) const override {
         for (const auto & s : steps) { s->apply(tokens, continuation); }
     }
+    size_t n_token_local() const override {
+        size_t n = 0;
+        while (n < steps.size() && steps[n]->n_token_local() == 1) { ++n; }
+        return n;
+    }
+    void apply_stages(size_t first, size_t last, std::vector<std::string> & tokens, bool continuation) const override {
+        for (size_t i = first; i < steps.size() && i < last; ++i) { steps[i]->apply(tokens, continuation); }
+    }
 };
 
 }  // namespace
@@ -348,7 +395,7 @@ std::unique_ptr<Normalizer> make_normalizer(const json & j, const std::string & 
     }
     if (type == "Replace") {
         auto n     = std::make_unique<ReplaceNormalizer>();
-        n->pattern = make_pattern(j.value("pattern", json()), file, path + ".pattern");
+        set_replace_pattern(*n, j.value("pattern", json()), file, path + ".pattern");
         n->content = field<std::string>(j, "content", file, path);
         return n;
     }
@@ -473,7 +520,7 @@ std::unique_ptr<Decoder> make_decoder(const json & j, const std::string & file, 
     }
     if (type == "Replace") {
         auto d       = std::make_unique<ReplaceDecoder>();
-        d->r.pattern = make_pattern(j.value("pattern", json()), file, path + ".pattern");
+        set_replace_pattern(d->r, j.value("pattern", json()), file, path + ".pattern");
         d->r.content = field<std::string>(j, "content", file, path);
         return d;
     }

@@ -50,6 +50,13 @@ public:
     /// Transform the token strings (HF decode_chain). `continuation`: the tokens do not start
     /// the text (Strip's start and Metaspace's leading space do not apply to the first token).
     virtual void apply(std::vector<std::string> & tokens, bool continuation) const = 0;
+    /// Leading stages that change each token on its own, whatever its neighbours (Replace): the
+    /// tokenizer runs them once per vocabulary entry at load time.
+    virtual size_t n_token_local() const { return 0; }
+    /// Apply stages [first, last) only (a Sequence's stages; a single stage is stage 0).
+    virtual void apply_stages(size_t first, size_t last, std::vector<std::string> & tokens, bool continuation) const {
+        if (first == 0 && last >= 1) { apply(tokens, continuation); }
+    }
 };
 
 /// Builders; `j` is the stage's JSON (may be null → nullptr), `file` and `path` name it in errors.

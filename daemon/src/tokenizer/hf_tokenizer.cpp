@@ -131,6 +131,8 @@ struct HfTokenizer::Impl {
     PostProcessor                 post;
     std::unique_ptr<Decoder>      decoder;
     bool                          plain_byte_level = false;
+    size_t                        n_local_stages   = 0;   ///< decoder stages folded into local_pieces
+    std::vector<std::string>      local_pieces;           ///< id → piece after those stages
     std::vector<AddedToken>       added;
     TokenMap                      added_by_content;   ///< content → index into added
     std::vector<int32_t>          added_index;        ///< id → index into added, or -1
@@ -192,6 +194,15 @@ HfTokenizer::HfTokenizer(const std::filesystem::path & dir) : impl_(std::make_un
         m.added_index[m.added[i].id] = int32_t(i);
         m.special[m.added[i].id]     = m.added[i].special;
         m.trie.insert(m.added[i].content, int32_t(i));
+    }
+    if (m.decoder && !m.plain_byte_level && (m.n_local_stages = m.decoder->n_token_local()) > 0) {
+        m.local_pieces.resize(size_t(m.n_vocab));
+        std::vector<std::string> one;
+        for (int32_t id = 0; id < m.n_vocab; ++id) {
+            one.assign(1, piece(id));
+            m.decoder->apply_stages(0, m.n_local_stages, one, false);
+            m.local_pieces[id] = one.empty() ? std::string() : one[0];
+        }
     }
     for (int32_t id : m.post.prefix_ids) {
         if (id < 0 || id >= m.n_vocab) { bad_field(file, "post_processor", fmt::format("special token id {} is outside the vocabulary", id)); }
@@ -279,18 +290,25 @@ std::string HfTokenizer::decode(std::span<const int32_t> ids, const DecodeOption
     for (int32_t id : ids) {
         if (id < 0 || id >= m.n_vocab) { continue; }
         if (opts.skip_special_tokens && m.special[id]) { continue; }
-        std::string p = piece(id);
-        if (!p.empty()) { tokens.push_back(std::move(p)); }
+        if (m.n_local_stages > 0) {
+            tokens.push_back(m.local_pieces[id]);
+        } else if (std::string p = piece(id); !p.empty()) {
+            tokens.push_back(std::move(p));
+        }
     }
     if (!m.decoder) {
         std::string out;
         for (size_t i = 0; i < tokens.size(); ++i) { out += (i ? " " : "") + tokens[i]; }
         return out;
     }
-    m.decoder->apply(tokens, opts.continuation);
+    m.decoder->apply_stages(m.n_local_stages, SIZE_MAX, tokens, opts.continuation);
     std::string out;
-    for (const auto & t : tokens) { out += t; }
-    return utf8::lossy(out);
+    if (tokens.size() == 1) {
+        out = std::move(tokens[0]);
+    } else {
+        for (const auto & t : tokens) { out += t; }
+    }
+    return utf8::valid(out) ? out : utf8::lossy(out);
 }
 
 std::string HfTokenizer::piece(int32_t id) const {
