@@ -4,13 +4,16 @@
 #include "utf8.h"
 
 #include <algorithm>
+#include <atomic>
 #include <queue>
 
 namespace fd::tokenizer {
 
 namespace {
 
-constexpr size_t kNaiveMaxSymbols = 24;   ///< longer words use the heap
+constexpr size_t kNaiveMaxSymbols   = 24;      ///< longer words use the heap
+constexpr size_t kCacheMaxWordBytes = 64;      ///< longer words are not memoized
+constexpr size_t kCacheMaxWords     = 65536;   ///< the per-thread cache is dropped when this full
 
 struct ByteTables {
     std::array<uint32_t, 256> to_cp{};
@@ -45,8 +48,7 @@ int32_t codepoint_to_byte(uint32_t cp) {
 void BpeModel::MergeMap::reserve(size_t n) {
     size_t cap = 16;
     while (cap < n * 2) { cap <<= 1; }
-    keys.assign(cap, ~uint64_t(0));
-    vals.assign(cap, Merge{});
+    slots.assign(cap, Slot{});
     mask = cap - 1;
 }
 
@@ -59,10 +61,9 @@ static inline uint64_t mix(uint64_t k) {
 
 void BpeModel::MergeMap::insert(uint64_t key, Merge m) {
     for (uint64_t i = mix(key) & mask;; i = (i + 1) & mask) {
-        if (keys[i] == key) { return; }   // a repeated merge keeps its first (lowest) rank
-        if (keys[i] == ~uint64_t(0)) {
-            keys[i] = key;
-            vals[i] = m;
+        if (slots[i].key == key) { return; }   // a repeated merge keeps its first (lowest) rank
+        if (slots[i].key == ~uint64_t(0)) {
+            slots[i] = {key, m};
             return;
         }
     }
@@ -71,12 +72,15 @@ void BpeModel::MergeMap::insert(uint64_t key, Merge m) {
 BpeModel::Merge BpeModel::MergeMap::find(int32_t a, int32_t b) const {
     const uint64_t key = pair_key(a, b);
     for (uint64_t i = mix(key) & mask;; i = (i + 1) & mask) {
-        if (keys[i] == key) { return vals[i]; }
-        if (keys[i] == ~uint64_t(0)) { return {}; }
+        const Slot & s = slots[i];
+        if (s.key == key) { return s.val; }
+        if (s.key == ~uint64_t(0)) { return {}; }
     }
 }
 
 BpeModel::BpeModel(const nlohmann::json & model, const std::string & file, bool byte_level) : byte_level_(byte_level) {
+    static std::atomic<uint64_t> next_instance{1};
+    instance_id_ = next_instance++;
     const std::string type = field_or<std::string>(model, "type", "BPE", file, "model");
     if (type != "BPE") { bad_field(file, "model.type", "'" + type + "' is not supported (only BPE)"); }
     if (!model.contains("vocab") || !model["vocab"].is_object()) { bad_field(file, "model.vocab", "missing or not an object"); }
@@ -280,11 +284,31 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t> & out) co
             return;
         }
     }
+    struct WordCache {
+        uint64_t                                                                      owner = 0;
+        std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> words;
+    };
+    thread_local WordCache cache;
+    const bool cacheable = word.size() <= kCacheMaxWordBytes;
+    if (cacheable) {
+        if (cache.owner != instance_id_) {
+            cache.words.clear();
+            cache.owner = instance_id_;
+        }
+        if (auto it = cache.words.find(word); it != cache.words.end()) {
+            out.insert(out.end(), it->second.begin(), it->second.end());
+            return;
+        }
+    }
     thread_local std::vector<int32_t> syms;
     syms.clear();
     initial_symbols(word, syms);
     if (syms.size() <= kNaiveMaxSymbols) { merge_naive(syms); } else { merge_heap(syms); }
     out.insert(out.end(), syms.begin(), syms.end());
+    if (cacheable) {
+        if (cache.words.size() >= kCacheMaxWords) { cache.words.clear(); }
+        cache.words.emplace(std::string(word), syms);
+    }
 }
 
 }  // namespace fd::tokenizer

@@ -7,6 +7,8 @@
 // rank is merged, the leftmost first on ties, until no pair has a merge. Merge ranks live in an
 // open-addressing hash map keyed by the pair of ids; words longer than a few dozen symbols use a
 // binary heap (Llama-2's tokenizer.json has no pre-tokenizer: a whole sentence is one word).
+// Words up to 64 bytes are memoized in a per-thread cache (bounded; transformers.js and HF
+// tokenizers cache words too), so repeated words cost one hash lookup.
 //
 // Byte-level mode (a ByteLevel pre-tokenizer is present): words arrive as raw bytes and each
 // byte starts as the id of its GPT-2 bytes_to_unicode character, so no text is ever remapped.
@@ -60,11 +62,15 @@ private:
         int32_t rank   = -1;
         int32_t new_id = -1;
     };
-    /// Open-addressing map (id_left, id_right) → merge; linear probing, power-of-two size.
+    /// Open-addressing map (id_left, id_right) → merge; linear probing, power-of-two size; key
+    /// and value share a 16-byte slot (one cache line touch per probe).
     struct MergeMap {
-        std::vector<uint64_t> keys;
-        std::vector<Merge>    vals;
-        uint64_t              mask = 0;
+        struct Slot {
+            uint64_t key = ~uint64_t(0);
+            Merge    val;
+        };
+        std::vector<Slot> slots;
+        uint64_t          mask = 0;
         void  reserve(size_t n);
         void  insert(uint64_t key, Merge m);
         Merge find(int32_t a, int32_t b) const;
@@ -83,6 +89,7 @@ private:
     std::array<int32_t, 256>               byte_id_{};       ///< byte-level initial ids
     std::array<int32_t, 256>               fallback_id_{};   ///< <0xXX> ids (byte_fallback)
     MergeMap                               merges_;
+    uint64_t                               instance_id_   = 0;   ///< keys the per-thread word cache
     bool                                   byte_level_    = false;
     bool                                   byte_fallback_ = false;
     bool                                   ignore_merges_ = false;
