@@ -13,7 +13,10 @@
 // Supported stages: fd/tokenizer/../../src/tokenizer/hf_pipeline.h. Deliberate choices:
 // `spaces_between_special_tokens` is ignored (HF fast tokenizers do), decode never applies
 // `clean_up_tokenization_spaces` (vLLM's streaming detokenizer does not either), added tokens
-// are matched on the raw text whatever their `normalized` flag (transformers.js does the same).
+// are matched on the raw text whatever their `normalized` flag (transformers.js does the same),
+// `single_word` is not honoured (transformers.js does not either). Split regexes run on PCRE2 with
+// UCP, whose \s is Unicode White_Space like HF's Oniguruma: U+0085 is whitespace and U+FEFF is
+// not, where JavaScript (so @lenml/tokenizers) has it the other way round for these two.
 // Thread-safe after construction.
 #pragma once
 
