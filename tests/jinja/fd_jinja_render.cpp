@@ -5,7 +5,7 @@
 //   fd_jinja_render CASES.json OUT.json
 //   CASES: {"templates": {name: model_dir}, "cases": [{"template": name, "mode": "chat"|"raw",
 //           "chat": {messages, tools, add_generation_prompt, continue_final_message,
-//           chat_template_kwargs}, "context": {...}}]}
+//           chat_template_kwargs}, "context": {...}} | {"source": text, "context": {...}}]}
 //   OUT:   [{"ok": true, "text": ...} | {"ok": false, "raise": bool, "error": ...}]
 #include "fd/tokenizer/chat_template.h"
 
@@ -36,9 +36,14 @@ int main(int argc, char ** argv) {
     }
     ojson out = ojson::array();
     for (const auto & c : spec["cases"]) {
-        const std::string name = c["template"];
+        const std::string name = c.value("template", "");
         ojson             r;
         try {
+            if (c.contains("source")) {  // an inline template rendered with `context` as is
+                r = {{"ok", true}, {"text", fd::tokenizer::jinja::Template(c["source"].get<std::string>(), "inline").render(c["context"])}};
+                out.push_back(std::move(r));
+                continue;
+            }
             if (load_errors.count(name)) { throw fd::Error(fd::Errc::invalid_checkpoint, load_errors[name]); }
             const auto & t = templates.at(name);
             if (!t) { throw fd::Error(fd::Errc::not_found, "no chat template"); }

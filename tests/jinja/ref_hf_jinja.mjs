@@ -39,8 +39,9 @@ for (const [name, dir] of Object.entries(spec.templates)) {
 }
 const out = [];
 for (const c of spec.cases) {
-  const [tmpl, special, err] = templates[c.template];
+  let [tmpl, special, err] = templates[c.template] || [null, {}, null];
   try {
+    if (c.source !== undefined) [tmpl, special] = [new Template(c.source), {}];
     if (err) throw new Error(err);
     let text;
     if ((c.mode || "chat") === "raw") {

@@ -112,8 +112,10 @@ def main():
             templates[name] = (None, special, f"{type(e).__name__}: {e}")
     out = []
     for case in spec["cases"]:
-        tmpl, special, err = templates[case["template"]]
+        tmpl, special, err = templates.get(case.get("template"), (None, {}, None))
         try:
+            if "source" in case:
+                tmpl, special = env.from_string(case["source"]), {}
             if err:
                 raise ValueError(err)
             if case.get("mode", "chat") == "raw":

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 namespace fd::tokenizer {
@@ -32,7 +33,10 @@ std::string py_lstrip_ws(const std::string & s) { return jinja::py_strip(s, jinj
 }  // namespace
 
 ChatTemplate::ChatTemplate(std::string_view source, std::string origin, nlohmann::ordered_json special_tokens)
-    : tmpl_(source, std::move(origin)), special_tokens_(std::move(special_tokens)) {}
+    : tmpl_(source, std::move(origin)), special_tokens_(std::move(special_tokens)) {
+    static const std::regex kLoopOverContent(R"(for\s+\w+\s+in\s+\w+\s*(\.\s*content\b|\[\s*['"]content['"]\s*\]))");
+    takes_parts_ = std::regex_search(source.begin(), source.end(), kLoopOverContent);
+}
 
 std::optional<ChatTemplate> ChatTemplate::load(const std::filesystem::path & dir) {
     nlohmann::ordered_json config = nlohmann::ordered_json::object();

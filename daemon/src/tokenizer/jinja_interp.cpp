@@ -54,6 +54,7 @@ bool    is_intlike(const Value & v) { return v.is_int() || v.is_bool(); }
 }
 
 Value repeat(const Value & seq, int64_t n) {
+    if (seq.is_list() && !seq.list_data().plain()) { fail(fmt::format("unsupported operand type(s) for *: '{}' and 'int'", seq.type_name())); }
     if (seq.is_string()) {
         std::string out;
         for (int64_t i = 0; i < n; ++i) { out += seq.str(); }
@@ -63,7 +64,7 @@ Value repeat(const Value & seq, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
         for (const auto & v : seq.list_data().items) { out.push_back(v); }
     }
-    return Value::list(std::move(out), seq.list_data().tuple);
+    return Value::list(std::move(out), seq.list_data().seq);
 }
 
 Value arith(const std::string & op, const Value & a, const Value & b) {
@@ -74,10 +75,10 @@ Value arith(const std::string & op, const Value & a, const Value & b) {
             return Value(a.number() + b.number());
         }
         if (a.is_string() && b.is_string()) { return Value(a.str() + b.str()); }
-        if (a.is_list() && b.is_list()) {
+        if (a.is_list() && b.is_list() && a.list_data().plain() && a.list_data().seq == b.list_data().seq) {
             std::vector<Value> out = a.list_data().items;
             for (const auto & v : b.list_data().items) { out.push_back(v); }
-            return Value::list(std::move(out), a.list_data().tuple);
+            return Value::list(std::move(out), a.list_data().seq);
         }
         if (a.is_string() && !b.is_undefined()) { fail(fmt::format("can only concatenate str (not \"{}\") to str", b.type_name())); }
         bad_operands(o, a, b);
@@ -92,7 +93,7 @@ Value arith(const std::string & op, const Value & a, const Value & b) {
         bad_operands(o, a, b);
     }
     if (!a.is_number() || !b.is_number()) {
-        if (op == "%" && a.is_string()) { fail("printf-style string formatting ('%') is not supported"); }
+        if (op == "%" && a.is_string()) { return Value(py_percent_format(a.str(), b)); }
         bad_operands(o, a, b);
     }
     const bool ints = is_intlike(a) && is_intlike(b);
@@ -112,9 +113,26 @@ Value arith(const std::string & op, const Value & a, const Value & b) {
             }
             return op == "//" ? Value(q) : Value(r);
         }
+        // CPython float_divmod
         double x = a.number(), y = b.number();
-        double q = std::floor(x / y);
-        return op == "//" ? Value(q) : Value(x - q * y);
+        double mod = std::fmod(x, y);
+        double div = (x - mod) / y;
+        if (mod != 0) {
+            if ((y < 0) != (mod < 0)) {
+                mod += y;
+                div -= 1.0;
+            }
+        } else {
+            mod = std::copysign(0.0, y);
+        }
+        double floordiv;
+        if (div != 0) {
+            floordiv = std::floor(div);
+            if (div - floordiv > 0.5) { floordiv += 1.0; }
+        } else {
+            floordiv = std::copysign(0.0, x / y);
+        }
+        return op == "//" ? Value(floordiv) : Value(mod);
     }
     if (op == "**") {
         if (ints && as_int(b) >= 0) {
@@ -122,6 +140,7 @@ Value arith(const std::string & op, const Value & a, const Value & b) {
             for (int64_t e = as_int(b); e > 0; --e) { r *= base; }
             return Value(r);
         }
+        if (a.number() == 0 && b.number() < 0) { fail("0.0 cannot be raised to a negative power"); }
         return Value(std::pow(a.number(), b.number()));
     }
     fail("unknown operator " + op);
@@ -273,6 +292,7 @@ void Interp::define_macro(const Stmt & s) {
     c->fn   = [this, &s](const Args & args) -> Value {
         if (args.pos.size() > s.targets.size()) { fail(fmt::format("macro '{}' takes not more than {} argument(s)", s.name, s.targets.size())); }
         frames_.push_back(Frame{{}, 0});
+        for (const auto & p : s.targets) { assign(p, Value::undefined(fmt::format("'{}' is undefined", p))); }
         for (size_t i = 0; i < s.targets.size(); ++i) {
             const Value * given = i < args.pos.size() ? &args.pos[i] : nullptr;
             for (const auto & kv : args.kw) {
@@ -346,11 +366,11 @@ Value Interp::eval_slice(const Expr & e) {
         pick(static_cast<int64_t>(cps.size()), [&](size_t i) { out += cps[i]; });
         return Value(utf8_encode(out));
     }
-    if (obj.is_list()) {
+    if (obj.is_list() && obj.list_data().plain()) {
         const auto &       items = obj.list_data().items;
         std::vector<Value> out;
         pick(static_cast<int64_t>(items.size()), [&](size_t i) { out.push_back(items[i]); });
-        return Value::list(std::move(out), obj.list_data().tuple);
+        return Value::list(std::move(out), obj.list_data().seq);
     }
     fail(fmt::format("'{}' object is not subscriptable", obj.type_name()));
 }
@@ -392,7 +412,7 @@ Value Interp::eval(const Expr & e) {
         std::vector<Value> items;
         items.reserve(e.items.size());
         for (const auto & x : e.items) { items.push_back(eval(*x)); }
-        return Value::list(std::move(items), e.tuple);
+        return Value::list(std::move(items), e.tuple ? Seq::tuple : Seq::list);
     }
     case Expr::Kind::dict: {
         std::vector<std::pair<std::string, Value>> items;

@@ -70,6 +70,8 @@ bool has_method(const Value & obj, const std::string & name);
 Value call_method(const Value & obj, const std::string & name, const Args & args);
 /// A global function (range, namespace, dict, raise_exception, strftime_now), or undefined.
 Value global_function(const std::string & name);
+/// Python `fmt % args` (%s %r %d %i %f %% with flags, width and precision).
+std::string py_percent_format(const std::string & fmt, const Value & args);
 /// Python `a in b`.
 bool contains(const Value & container, const Value & item);
 /// Python str.strip/lstrip/rstrip: `chars` empty = whitespace.

@@ -4,8 +4,13 @@
 #include "jinja_interp.h"
 
 #include <fmt/format.h>
+#include <fmt/printf.h>
+
+#include <utf8proc.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <ctime>
 
 namespace fd::tokenizer::jinja {
@@ -47,9 +52,16 @@ const std::string & need_str(const Value & v, const char * what) {
     return v.str();
 }
 
-char32_t ascii_upper(char32_t c) { return c >= 'a' && c <= 'z' ? c - 32 : c; }
-char32_t ascii_lower(char32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
-bool     is_alpha(char32_t c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0xC0; }
+// Unicode simple case mapping and categories (utf8proc); Python's str methods use the same
+// tables except for the few full mappings (ß → SS), which stay unchanged here.
+char32_t ascii_upper(char32_t c) { return static_cast<char32_t>(utf8proc_toupper(static_cast<utf8proc_int32_t>(c))); }
+char32_t ascii_lower(char32_t c) { return static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))); }
+bool     is_alpha(char32_t c) {
+    const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+    return cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO;
+}
+bool is_cased_upper(char32_t c) { return utf8proc_category(static_cast<utf8proc_int32_t>(c)) == UTF8PROC_CATEGORY_LU; }
+bool is_cased_lower(char32_t c) { return utf8proc_category(static_cast<utf8proc_int32_t>(c)) == UTF8PROC_CATEGORY_LL; }
 
 std::vector<Value> py_split(const std::string & s, const Value & sep, int64_t maxsplit) {
     std::vector<Value> out;
@@ -182,7 +194,7 @@ Value str_method(const std::string & s, const std::string & m, const Args & a) {
             } else if (m == "capitalize") {
                 c = i == 0 ? ascii_upper(c) : ascii_lower(c);
             } else if (m == "swapcase") {
-                c = c >= 'a' && c <= 'z' ? ascii_upper(c) : ascii_lower(c);
+                c = is_cased_lower(c) ? ascii_upper(c) : ascii_lower(c);
             } else {
                 bool alpha = is_alpha(c);
                 c          = alpha ? (prev_cased ? ascii_lower(c) : ascii_upper(c)) : c;
@@ -241,8 +253,8 @@ Value str_method(const std::string & s, const std::string & m, const Args & a) {
     if (m == "isalpha") { return all(is_alpha); }
     if (m == "isalnum") { return all([](char32_t c) { return is_alpha(c) || (c >= '0' && c <= '9'); }); }
     if (m == "isspace") { return all(is_py_space); }
-    if (m == "isupper") { return Value(std::any_of(cps.begin(), cps.end(), [](char32_t c) { return c >= 'A' && c <= 'Z'; }) && std::none_of(cps.begin(), cps.end(), [](char32_t c) { return c >= 'a' && c <= 'z'; })); }
-    if (m == "islower") { return Value(std::any_of(cps.begin(), cps.end(), [](char32_t c) { return c >= 'a' && c <= 'z'; }) && std::none_of(cps.begin(), cps.end(), [](char32_t c) { return c >= 'A' && c <= 'Z'; })); }
+    if (m == "isupper") { return Value(std::any_of(cps.begin(), cps.end(), is_cased_upper) && std::none_of(cps.begin(), cps.end(), is_cased_lower)); }
+    if (m == "islower") { return Value(std::any_of(cps.begin(), cps.end(), is_cased_lower) && std::none_of(cps.begin(), cps.end(), is_cased_upper)); }
     fail(fmt::format("'str' object has no attribute '{}'", m));
 }
 
@@ -260,6 +272,59 @@ bool in_list(const char * const (&names)[N], const std::string & n) {
 }
 
 }  // namespace
+
+std::string py_percent_format(const std::string & f, const Value & args) {
+    std::vector<Value> pos;
+    if (args.is_list() && args.list_data().tuple()) {
+        pos = args.list_data().items;
+    } else {
+        pos.push_back(args);
+    }
+    // Python takes any non-tuple, non-str argument with __getitem__ as a mapping.
+    const bool  mapping = args.is_dict() || args.is_undefined() || (args.is_list() && args.list_data().plain() && !args.list_data().tuple());
+    size_t      next    = 0;
+    std::string out;
+    for (size_t i = 0; i < f.size(); ++i) {
+        if (f[i] != '%') {
+            out += f[i];
+            continue;
+        }
+        size_t j = i + 1;
+        std::string spec = "%";
+        while (j < f.size() && std::strchr("-+ #0", f[j])) { spec += f[j++]; }
+        while (j < f.size() && std::isdigit(static_cast<unsigned char>(f[j]))) { spec += f[j++]; }
+        if (j < f.size() && f[j] == '.') {
+            spec += f[j++];
+            while (j < f.size() && std::isdigit(static_cast<unsigned char>(f[j]))) { spec += f[j++]; }
+        }
+        if (j >= f.size()) { fail("incomplete format"); }
+        const char conv = f[j];
+        i               = j;
+        if (conv == '%') {
+            out += '%';
+            continue;
+        }
+        if (mapping && args.is_dict()) { fail("format requires a mapping key"); }
+        if (next >= pos.size()) { fail("not enough arguments for format string"); }
+        const Value & v = pos[next++];
+        if (v.is_undefined()) { fail(v.undefined_hint()); }
+        if (conv == 's' || conv == 'r') {
+            std::string s = conv == 's' ? v.to_str() : v.repr();
+            out += fmt::sprintf(spec + "s", s);
+        } else if (conv == 'd' || conv == 'i') {
+            if (!v.is_number()) { fail(fmt::format("%{} format: a real number is required, not {}", conv, v.type_name())); }
+            int64_t x = v.is_float() ? static_cast<int64_t>(std::trunc(v.get_float())) : (v.is_bool() ? v.get_bool() : v.get_int());
+            out += fmt::sprintf(spec + "lld", static_cast<long long>(x));
+        } else if (conv == 'f' || conv == 'F' || conv == 'e' || conv == 'g') {
+            if (!v.is_number()) { fail(fmt::format("must be real number, not {}", v.type_name())); }
+            out += fmt::sprintf(spec + conv, v.number());
+        } else {
+            fail(fmt::format("unsupported format character '{}'", conv));
+        }
+    }
+    if (next < pos.size() && !mapping) { fail("not all arguments converted during string formatting"); }
+    return out;
+}
 
 std::string py_strip(const std::string & s, const Value & chars, bool left, bool right) {
     std::u32string cps = utf8_decode(s);
@@ -294,14 +359,14 @@ Value call_method(const Value & obj, const std::string & m, const Args & a) {
         const auto & d = obj.dict_data();
         if (m == "items") {
             std::vector<Value> out;
-            for (const auto & [k, v] : d.items) { out.push_back(Value::list({Value(k), v}, true)); }
-            return Value::list(std::move(out));
+            for (const auto & [k, v] : d.items) { out.push_back(Value::list({Value(k), v}, Seq::tuple)); }
+            return Value::list(std::move(out), Seq::dict_items);
         }
-        if (m == "keys") { return Value::list(obj.iterate()); }
+        if (m == "keys") { return Value::list(obj.iterate(), Seq::dict_keys); }
         if (m == "values") {
             std::vector<Value> out;
             for (const auto & kv : d.items) { out.push_back(kv.second); }
-            return Value::list(std::move(out));
+            return Value::list(std::move(out), Seq::dict_values);
         }
         if (m == "get") {
             const Value & k = a.get(0, "", kUndef);
@@ -355,6 +420,7 @@ Value get_item(const Value & obj, const Value & key) {
     case Value::Kind::list:
     case Value::Kind::string: {
         if (key.is_string()) { return get_attr(obj, key.str()); }
+        if (obj.is_list() && !obj.list_data().plain()) { fail(fmt::format("'{}' object is not subscriptable", obj.type_name())); }
         if (!key.is_int() && !key.is_bool()) { return Value::undefined(fmt::format("'{} object' has no attribute {}", obj.type_name(), key.repr())); }
         int64_t i = key.is_bool() ? int64_t{key.get_bool()} : key.get_int();
         if (obj.is_list()) {
@@ -383,9 +449,13 @@ bool contains(const Value & c, const Value & x) {
     case Value::Kind::string:
         if (!x.is_string()) { fail(fmt::format("'in <string>' requires string as left operand, not {}", x.type_name())); }
         return c.str().find(x.str()) != std::string::npos;
-    case Value::Kind::list:
-        return std::any_of(c.list_data().items.begin(), c.list_data().items.end(), [&](const Value & v) { return v.equals(x); });
-    case Value::Kind::dict: return x.is_string() && c.dict_data().find(x.str()) != nullptr;
+    case Value::Kind::list: {
+        const std::vector<Value> items = c.iterate();  // a generator's deferred error surfaces here
+        return std::any_of(items.begin(), items.end(), [&](const Value & v) { return v.equals(x); });
+    }
+    case Value::Kind::dict:
+        if (x.is_list() || x.is_dict()) { fail(fmt::format("unhashable type: '{}'", x.type_name())); }
+        return x.is_string() && c.dict_data().find(x.str()) != nullptr;
     default: fail(fmt::format("argument of type '{}' is not iterable", c.type_name()));
     }
 }

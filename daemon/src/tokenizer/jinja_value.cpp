@@ -11,10 +11,17 @@ namespace fd::tokenizer::jinja {
 
 void fail(const std::string & msg) { throw RenderError(msg); }
 
-Value Value::list(std::vector<Value> items, bool tuple) {
+Value Value::list(std::vector<Value> items, Seq seq) {
     auto l   = std::make_shared<ListData>();
     l->items = std::move(items);
-    l->tuple = tuple;
+    l->seq   = seq;
+    return Value(std::shared_ptr<const ListData>(std::move(l)));
+}
+
+Value Value::broken_generator(std::string msg) {
+    auto l            = std::make_shared<ListData>();
+    l->seq            = Seq::generator;
+    l->deferred_error = std::move(msg);
     return Value(std::shared_ptr<const ListData>(std::move(l)));
 }
 
@@ -71,7 +78,7 @@ bool Value::truthy() const {
     case Kind::integer: return get_int() != 0;
     case Kind::floating: return get_float() != 0.0;
     case Kind::string: return !str().empty();
-    case Kind::list: return !list_data().items.empty();
+    case Kind::list: return list_data().seq == Seq::generator || !list_data().items.empty();
     case Kind::dict: return !dict_data().items.empty();
     default: return true;
     }
@@ -79,7 +86,8 @@ bool Value::truthy() const {
 
 std::string Value::type_name() const {
     static const char * names[] = {"Undefined", "NoneType", "bool", "int", "float", "str", "list", "dict", "object", "function"};
-    if (is_list() && list_data().tuple) { return "tuple"; }
+    static const char * seqs[] = {"list", "tuple", "generator", "dict_keys", "dict_values", "dict_items"};
+    if (is_list()) { return seqs[static_cast<int>(list_data().seq)]; }
     return names[static_cast<int>(kind())];
 }
 
@@ -189,6 +197,7 @@ void json_dump(std::string & out, const Value & v, int indent, int level) {
     }
     case Value::Kind::string: json_string(out, v.str()); return;
     case Value::Kind::list: {
+        if (!v.list_data().plain()) { fail(fmt::format("Object of type {} is not JSON serializable", v.type_name())); }
         const auto & items = v.list_data().items;
         if (items.empty()) {
             out += "[]";
@@ -238,22 +247,23 @@ std::string Value::to_str() const {
 
 std::string Value::repr() const {
     switch (kind()) {
-    case Kind::undefined: return "";
+    case Kind::undefined: return "Undefined";
     case Kind::none: return "None";
     case Kind::boolean: return get_bool() ? "True" : "False";
     case Kind::integer: return std::to_string(get_int());
     case Kind::floating: return float_repr(get_float());
     case Kind::string: return str_repr(str());
     case Kind::list: {
-        const auto & l   = list_data();
-        std::string  out = l.tuple ? "(" : "[";
+        const auto & l = list_data();
+        if (l.seq == Seq::generator) { return "<generator object>"; }
+        std::string out = l.tuple() ? "(" : "[";
         for (size_t i = 0; i < l.items.size(); ++i) {
             if (i) { out += ", "; }
             out += l.items[i].repr();
         }
-        if (l.tuple && l.items.size() == 1) { out += ","; }
-        out += l.tuple ? ")" : "]";
-        return out;
+        if (l.tuple() && l.items.size() == 1) { out += ","; }
+        out += l.tuple() ? ")" : "]";
+        return l.plain() ? out : type_name() + "(" + out + ")";
     }
     case Kind::dict: {
         std::string out = "{";
@@ -280,7 +290,9 @@ std::string Value::to_json_text(int indent) const {
 std::vector<Value> Value::iterate() const {
     switch (kind()) {
     case Kind::undefined: return {};
-    case Kind::list: return list_data().items;
+    case Kind::list:
+        if (!list_data().deferred_error.empty()) { fail(list_data().deferred_error); }
+        return list_data().items;
     case Kind::dict: {
         std::vector<Value> keys;
         keys.reserve(dict_data().items.size());
@@ -305,6 +317,9 @@ bool Value::equals(const Value & o) const {
         return number() == o.number();
     }
     if (kind() != o.kind()) { return false; }
+    if (is_list() && (list_data().seq != o.list_data().seq || list_data().seq == Seq::generator)) {
+        return &list_data() == &o.list_data();
+    }
     switch (kind()) {
     case Kind::undefined:
     case Kind::none: return true;
@@ -340,7 +355,7 @@ bool Value::less(const Value & o) const {
         return number() < o.number();
     }
     if (is_string() && o.is_string()) { return str() < o.str(); }  // UTF-8 byte order = code point order
-    if (is_list() && o.is_list()) {
+    if (is_list() && o.is_list() && list_data().plain() && list_data().seq == o.list_data().seq) {
         const auto & a = list_data().items;
         const auto & b = o.list_data().items;
         for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
@@ -355,7 +370,9 @@ int64_t Value::length() const {
     switch (kind()) {
     case Kind::undefined: return 0;
     case Kind::string: return static_cast<int64_t>(utf8_decode(str()).size());
-    case Kind::list: return static_cast<int64_t>(list_data().items.size());
+    case Kind::list:
+        if (list_data().seq == Seq::generator) { fail("object of type 'generator' has no len()"); }
+        return static_cast<int64_t>(list_data().items.size());
     case Kind::dict: return static_cast<int64_t>(dict_data().items.size());
     default: fail(fmt::format("object of type '{}' has no len()", type_name()));
     }

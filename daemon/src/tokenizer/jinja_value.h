@@ -35,6 +35,10 @@ struct RaisedError : std::runtime_error {
 
 class Value;
 struct ListData;
+
+/// What a sequence value is in Python: what it prints as, whether it has len() and takes
+/// subscripts, and whether it is always truthy (generators, as jinja2's lazy filters return).
+enum class Seq : uint8_t { list, tuple, generator, dict_keys, dict_values, dict_items };
 struct DictData;
 struct Object;
 struct Callable;
@@ -63,7 +67,10 @@ public:
     Value(std::shared_ptr<const Callable> c) : v_(std::move(c)) {}
 
     static Value undefined(std::string hint) { return Value(Undef{std::make_shared<const std::string>(std::move(hint))}); }
-    static Value list(std::vector<Value> items, bool tuple = false);
+    static Value list(std::vector<Value> items, Seq seq = Seq::list);
+    /// A generator whose iteration fails with `msg` (a lazy jinja2 filter over a bad input:
+    /// the error surfaces only when the result is consumed).
+    static Value broken_generator(std::string msg);
     static Value dict(std::vector<std::pair<std::string, Value>> items);
     static Value from_json(const nlohmann::ordered_json & j);
 
@@ -123,7 +130,11 @@ private:
 
 struct ListData {
     std::vector<Value> items;
-    bool               tuple = false;
+    Seq                seq = Seq::list;
+    std::string        deferred_error;  ///< generator only: raised when consumed
+    bool               tuple() const { return seq == Seq::tuple; }
+    /// list or tuple: has len(), takes subscripts, serializes to JSON.
+    bool               plain() const { return seq == Seq::list || seq == Seq::tuple; }
 };
 
 struct DictData {

@@ -53,10 +53,15 @@ public:
     /// Special-token strings given to the template ("" when the config has none).
     std::string special_token(const std::string & name) const;
     const std::string & origin() const { return tmpl_.name(); }
+    /// Whether the template iterates over a message's content (`for x in message['content']`),
+    /// i.e. takes OpenAI content-part lists; otherwise callers join text parts into a string
+    /// (vLLM's "auto" content format detection, approximated on the template source).
+    bool takes_content_parts() const { return takes_parts_; }
 
 private:
     jinja::Template        tmpl_;
     nlohmann::ordered_json special_tokens_;
+    bool                   takes_parts_ = false;
 };
 
 }  // namespace fd::tokenizer
