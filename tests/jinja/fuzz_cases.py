@@ -22,7 +22,7 @@ FILTERS = ["length", "trim", "upper", "lower", "title", "capitalize", "first", "
 TESTS = ["defined", "undefined", "none", "string", "number", "integer", "float", "mapping", "iterable", "sequence",
          "true", "false", "boolean", "odd", "even", "eq 1", "eq('a')", "in l", "in('ab')", "divisibleby(2)", "lower",
          "upper", "callable", "sameas none", "gt 1", "le(2)"]
-METHODS = ["strip()", "strip('! ')", "lstrip()", "rstrip()", "split()", "split(',')", "split(',', 1)", "upper()",
+METHODS = ["strip()", "strip('! ')", "lstrip()", "rstrip()", "split()", "split(',')", "split(',', 1)", "rsplit(',', 1)", "rsplit(None, 1)", "rsplit()", "split(None, 1)", "upper()",
            "lower()", "title()", "capitalize()", "startswith('a')", "startswith(('  H', 'x'))", "endswith('  ')",
            "replace('l', '')", "replace('', '-')", "find('o')", "count('l')", "format(1, 2)", "join(['1', '2'])",
            "get('k')", "get('nope', 0)", "items()", "keys()", "values()", "isdigit()", "splitlines()", "index(3)"]

@@ -71,10 +71,8 @@ std::vector<Value> py_split(const std::string & s, const Value & sep, int64_t ma
         while (i < cps.size()) {
             while (i < cps.size() && is_py_space(cps[i])) { ++i; }
             if (i >= cps.size()) { break; }
-            if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
-                size_t e = cps.size();
-                while (e > i && is_py_space(cps[e - 1])) { --e; }
-                out.emplace_back(utf8_encode(cps.substr(i, e - i)));
+            if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {  // the rest as is
+                out.emplace_back(utf8_encode(cps.substr(i)));
                 return out;
             }
             size_t b = i;
@@ -167,7 +165,20 @@ Value str_method(const std::string & s, const std::string & m, const Args & a) {
     if (m == "split" || m == "rsplit") {
         a.check(m, 2, {"sep", "maxsplit"});
         const Value & mx = a.get(1, "maxsplit", Value(-1));
-        if (m == "rsplit" && mx.get_int() >= 0) { fail("rsplit with maxsplit is not supported"); }
+        if (!mx.is_int()) { fail("maxsplit must be an integer"); }
+        if (m == "rsplit" && mx.get_int() >= 0) {  // split the reversed string, reverse back
+            auto rev = [](const std::string & x) {
+                std::u32string c = utf8_decode(x);
+                std::reverse(c.begin(), c.end());
+                return utf8_encode(c);
+            };
+            Value sep = a.get(0, "sep", kNone);
+            if (sep.is_string()) { sep = Value(rev(sep.str())); }
+            std::vector<Value> parts = py_split(rev(s), sep, mx.get_int());
+            std::reverse(parts.begin(), parts.end());
+            for (auto & p : parts) { p = Value(rev(p.str())); }
+            return Value::list(std::move(parts));
+        }
         return Value::list(py_split(s, a.get(0, "sep", kNone), mx.get_int()));
     }
     if (m == "startswith" || m == "endswith") {
@@ -450,6 +461,7 @@ bool contains(const Value & c, const Value & x) {
         if (!x.is_string()) { fail(fmt::format("'in <string>' requires string as left operand, not {}", x.type_name())); }
         return c.str().find(x.str()) != std::string::npos;
     case Value::Kind::list: {
+        if (c.list_data().seq == Seq::dict_keys && (x.is_list() || x.is_dict())) { fail(fmt::format("unhashable type: '{}'", x.type_name())); }
         const std::vector<Value> items = c.iterate();  // a generator's deferred error surfaces here
         return std::any_of(items.begin(), items.end(), [&](const Value & v) { return v.equals(x); });
     }
