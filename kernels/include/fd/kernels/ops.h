@@ -39,8 +39,14 @@ enum class WType : uint8_t { f32 = 0, bf16 = 1 };
 ///          x    [n_rows, n_in]   f32
 ///          w    [n_out, n_in]    `wtype` (row-major, rows contiguous)
 ///          bias [n_out] f32 or nullptr
-/// Threads  output rows are split over `pool` (may be nullptr = caller only).
-/// Source   register-tiled dot-product micro-kernel (4 rows x 4 outputs, 1 x 8 for one row);
+/// Threads  outputs (and, for many rows, blocks of rows) are split over `pool` (may be nullptr =
+///          caller only).
+/// Paths    one row: the weights stream past x in 8-output strips. Several rows: tasks of up to
+///          128 rows x 48 outputs, k walked in chunks of 1024 with the lane sums parked exactly
+///          between chunks, a 6-output weight strip (bf16: widened per chunk) in L1 against every
+///          4-row x tile of the block; x is re-read from L2, the weights once per row block.
+///          Both paths run the same FMA chain per output (the tests check bitwise equality).
+/// Source   register-tiled dot-product micro-kernel (4 rows x 6 outputs, 1 x 8 for one row);
 ///          the fixed-reduction-order idea follows "Defeating Nondeterminism in LLM Inference"
 ///          (He et al., Thinking Machines 2025) and SGLang's batch-invariant ops.
 void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
