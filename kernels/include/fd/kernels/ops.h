@@ -119,10 +119,15 @@ struct AttnQuery {
 /// Causal GQA attention over the paged pool, one softmax per (token, head):
 ///   s[t]   = scale * <q[i, h, :], K[t, h / (n_heads / n_kv_heads), :]>   for t < n_ctx(i)
 ///   out[i, h, :] = sum_t softmax(s)[t] * V[t, kv(h), :]
-/// Reduction order over t is fixed (ascending), so results are batch-invariant.
+/// Per (token, head) the arithmetic is fixed: s[t] = 16 lane-wise FMA chains over head_dim and
+/// one fixed lane reduction (head_dim % 16 == 0; else one sequential chain); softmax with a
+/// polynomial exp (within ~2 ulp of expf) and a 16-lane sum over t; V accumulated with one FMA
+/// per element, t ascending. Results are therefore batch-invariant.
 /// Shapes   out [n_tokens, n_heads, head_dim] written;  q [n_tokens, n_heads, head_dim]
 ///          queries [n_tokens]
-/// Threads  tokens split over `pool` (each token's heads run on one thread).
+/// Threads  tiles of up to 16 consecutive tokens sharing a block table (a prefill) are attended
+///          together, each K/V row read once for the tile; tiles (and, when there are fewer
+///          than 2 per thread, ranges of kv heads) are split over `pool`.
 /// Source   Vaswani et al. 2017; paged layout after vLLM PagedAttention (Kwon et al. 2023).
 void attention_paged(float * out, const float * q, const AttnQuery * queries, int64_t n_tokens,
                      int64_t n_heads, PagedKv kv, float scale, ThreadPool * pool);
