@@ -63,6 +63,48 @@ inline const float * kv_row(const float * pool, const AttnQuery & qry, int64_t t
     return pool + (static_cast<int64_t>(qry.block_table[t / bs]) * bs + t % bs) * row;
 }
 
+/// Lane sums of M queries' scores against kTc K rows: acc[m][j] = 16 lane-wise FMA chains over
+/// d of q[m] · k[j] (d ascending). Every K vector is loaded once for the M queries; each
+/// (query, row) chain is the same for any M.
+template <int M>
+inline void score_lanes(f32x16 (&acc)[4][kTc], const float * const (&qh)[4], const float * const (&kr)[kTc], int64_t hd) {
+    for (int64_t j = 0; j < kTc; ++j) {
+        f32x16 a[M] = {};
+        for (int64_t d = 0; d < hd; d += kLanes) {
+            const f32x16 k = load16(kr[j] + d);
+            for (int m = 0; m < M; ++m) { a[m] += load16(qh[m] + d) * k; }
+        }
+        for (int m = 0; m < M; ++m) { acc[m][j] = a[m]; }
+    }
+}
+
+/// o[m] += p[m][j] * V[j] for j < nt[m] (ascending), M queries sharing every V load; one FMA
+/// per element and j, whatever M.
+template <int M>
+inline void accumulate_v(float * const (&o)[4], const float * const (&p)[4], const int64_t (&nt)[4],
+                         const float * const (&vr)[kTc], int64_t hd) {
+    for (int64_t d = 0; d < hd; d += kLanes) {
+        f32x16 a[M];
+        for (int m = 0; m < M; ++m) { a[m] = load16(o[m] + d); }
+        bool full = true;
+        for (int m = 0; m < M; ++m) { full = full && nt[m] == kTc; }
+        if (full) {  // the same FMAs as below, without the per-row test
+            for (int64_t j = 0; j < kTc; ++j) {
+                const f32x16 v = load16(vr[j] + d);
+                for (int m = 0; m < M; ++m) { a[m] += p[m][j] * v; }
+            }
+        } else {
+            for (int64_t j = 0; j < kTc; ++j) {
+                const f32x16 v = load16(vr[j] + d);
+                for (int m = 0; m < M; ++m) {
+                    if (j < nt[m]) { a[m] += p[m][j] * v; }
+                }
+            }
+        }
+        for (int m = 0; m < M; ++m) { std::memcpy(o[m] + d, &a[m], sizeof a[m]); }
+    }
+}
+
 /// Attention of queries [i0, i1) (one sequence) for the query heads of kv heads [g0, g1).
 ///   scores [i1 - i0, (g1 - g0) * group, n_ctx_max rounded up to kTc] scratch.
 /// Per (query, head), whatever the tile: s[t] = reduce16(16 lane-wise FMA chains over d) * scale
@@ -81,29 +123,49 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
     // Scores: each K row (this head's part) is read once for every query of the tile.
     const float * kr[kTc];
     const float * kb[kTc];
+    int64_t       act[kQt];  // queries whose context reaches the chunk
     for (int64_t t0 = 0; t0 < n_max; t0 += kTc) {
         for (int64_t j = 0; j < kTc; ++j) { kb[j] = kv_row(kv.k, qt, std::min(t0 + j, n_max - 1), bs, row); }
+        int64_t n_act = 0;
         for (int64_t qi = 0; qi < nq; ++qi) {
-            if (t0 >= queries[i0 + qi].n_ctx) { continue; }
-            for (int64_t h = g0 * group; h < g1 * group; ++h) {
-                for (int64_t j = 0; j < kTc; ++j) { kr[j] = kb[j] + (h / group) * hd; }
-                const float * qh = q + ((i0 + qi) * n_heads + h) * hd;
-                float *       s  = scores + (qi * nh + h - g0 * group) * ld + t0;
+            if (t0 < queries[i0 + qi].n_ctx) { act[n_act++] = qi; }
+        }
+        for (int64_t h = g0 * group; h < g1 * group; ++h) {
+            for (int64_t j = 0; j < kTc; ++j) { kr[j] = kb[j] + (h / group) * hd; }
+            for (int64_t a0 = 0; a0 < n_act; a0 += 4) {
+                const int     m_n = static_cast<int>(std::min<int64_t>(4, n_act - a0));
+                const float * qh[4];
+                float *       sp[4];
+                for (int m = 0; m < 4; ++m) {
+                    const int64_t qi = act[a0 + std::min(m, m_n - 1)];
+                    qh[m] = q + ((i0 + qi) * n_heads + h) * hd;
+                    sp[m] = scores + (qi * nh + h - g0 * group) * ld + t0;
+                }
                 if (lanes) {
-                    f32x16 acc[kTc] = {};
-                    for (int64_t d = 0; d < hd; d += kLanes) {
-                        const f32x16 qv = load16(qh + d);
-                        for (int64_t j = 0; j < kTc; ++j) { acc[j] += qv * load16(kr[j] + d); }
+                    f32x16 acc[4][kTc];
+                    if (m_n == 4) {
+                        score_lanes<4>(acc, qh, kr, hd);
+                    } else {
+                        for (int m = 0; m < m_n; ++m) {
+                            const float * q1[4] = {qh[m], qh[m], qh[m], qh[m]};
+                            f32x16        a1[4][kTc];
+                            score_lanes<1>(a1, q1, kr, hd);
+                            std::memcpy(acc[m], a1[0], sizeof acc[m]);
+                        }
                     }
-                    reduce_all(acc, kTc, s);
+                    for (int m = 0; m < m_n; ++m) { reduce_all(acc[m], kTc, sp[m]); }
                 } else {
-                    for (int64_t j = 0; j < kTc; ++j) {
-                        float a = 0.0f;
-                        for (int64_t d = 0; d < hd; ++d) { a += qh[d] * kr[j][d]; }
-                        s[j] = a;
+                    for (int m = 0; m < m_n; ++m) {
+                        for (int64_t j = 0; j < kTc; ++j) {
+                            float sum = 0.0f;
+                            for (int64_t d = 0; d < hd; ++d) { sum += qh[m][d] * kr[j][d]; }
+                            sp[m][j] = sum;
+                        }
                     }
                 }
-                for (int64_t j = 0; j < kTc; ++j) { s[j] *= scale; }
+                for (int m = 0; m < m_n; ++m) {
+                    for (int64_t j = 0; j < kTc; ++j) { sp[m][j] *= scale; }
+                }
             }
         }
     }
@@ -112,8 +174,15 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
         const int64_t n = queries[i0 + qi].n_ctx;
         for (int64_t hh = 0; hh < nh; ++hh) {
             float * s  = scores + (qi * nh + hh) * ld;
-            float   mx = -INFINITY;
-            for (int64_t t = 0; t < n; ++t) { mx = s[t] > mx ? s[t] : mx; }
+            f32x16 m16 = f32x16{} - INFINITY;  // max: exact in any order
+            int64_t t = 0;
+            for (; t + kLanes <= n; t += kLanes) {
+                const f32x16 v = load16(s + t);
+                m16 = v > m16 ? v : m16;
+            }
+            float mx = -INFINITY;
+            for (int j = 0; j < kLanes; ++j) { mx = m16[j] > mx ? m16[j] : mx; }
+            for (; t < n; ++t) { mx = s[t] > mx ? s[t] : mx; }
             f32x16 sum{};
             for (int64_t t = 0; t < n; t += kLanes) {
                 f32x16 e = exp16(load16(s + t) - mx);
@@ -134,21 +203,37 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
     const float * vr[kTc];
     for (int64_t t0 = 0; t0 < n_max; t0 += kTc) {
         for (int64_t j = 0; j < kTc; ++j) { vb[j] = kv_row(kv.v, qt, std::min(t0 + j, n_max - 1), bs, row); }
+        int64_t n_act = 0;
         for (int64_t qi = 0; qi < nq; ++qi) {
-            const int64_t nt = std::min(kTc, queries[i0 + qi].n_ctx - t0);
-            for (int64_t h = g0 * group; h < g1 * group; ++h) {
-                for (int64_t j = 0; j < kTc; ++j) { vr[j] = vb[j] + (h / group) * hd; }
-                const float * p = scores + (qi * nh + h - g0 * group) * ld + t0;
-                float *       o = out + ((i0 + qi) * n_heads + h) * hd;
-                if (lanes) {
-                    for (int64_t d = 0; d < hd; d += kLanes) {
-                        f32x16 acc = load16(o + d);
-                        for (int64_t j = 0; j < nt; ++j) { acc += p[j] * load16(vr[j] + d); }
-                        std::memcpy(o + d, &acc, sizeof acc);
+            if (t0 < queries[i0 + qi].n_ctx) { act[n_act++] = qi; }
+        }
+        for (int64_t h = g0 * group; h < g1 * group; ++h) {
+            for (int64_t j = 0; j < kTc; ++j) { vr[j] = vb[j] + (h / group) * hd; }
+            for (int64_t a0 = 0; a0 < n_act; a0 += 4) {
+                const int     m_n = static_cast<int>(std::min<int64_t>(4, n_act - a0));
+                float *       o[4];
+                const float * p[4];
+                int64_t       nt[4];
+                for (int m = 0; m < 4; ++m) {
+                    const int64_t qi = act[a0 + std::min(m, m_n - 1)];
+                    o[m]  = out + ((i0 + qi) * n_heads + h) * hd;
+                    p[m]  = scores + (qi * nh + h - g0 * group) * ld + t0;
+                    nt[m] = std::min(kTc, queries[i0 + qi].n_ctx - t0);
+                }
+                if (lanes && m_n == 4) {
+                    accumulate_v<4>(o, p, nt, vr, hd);
+                } else if (lanes) {
+                    for (int m = 0; m < m_n; ++m) {
+                        float * const       o1[4] = {o[m], o[m], o[m], o[m]};
+                        const float * const p1[4] = {p[m], p[m], p[m], p[m]};
+                        const int64_t       n1[4] = {nt[m], nt[m], nt[m], nt[m]};
+                        accumulate_v<1>(o1, p1, n1, vr, hd);
                     }
                 } else {
-                    for (int64_t j = 0; j < nt; ++j) {
-                        for (int64_t d = 0; d < hd; ++d) { o[d] += p[j] * vr[j][d]; }
+                    for (int m = 0; m < m_n; ++m) {
+                        for (int64_t j = 0; j < nt[m]; ++j) {
+                            for (int64_t d = 0; d < hd; ++d) { o[m][d] += p[m][j] * vr[j][d]; }
+                        }
                     }
                 }
             }
@@ -175,7 +260,7 @@ void attention_paged(float * out, const float * q, const AttnQuery * queries, in
     // Few tiles (decode at small batch): split the kv heads into ranges too, so every thread
     // gets work; each range still reads whole contiguous runs of the K and V rows.
     const int64_t n_threads = pool ? pool->n_threads() : 1;
-    const int64_t n_ranges  = std::clamp<int64_t>((2 * n_threads + n_tiles - 1) / n_tiles, 1, n_kv);
+    const int64_t n_ranges  = n_threads == 1 ? 1 : std::clamp<int64_t>((2 * n_threads + n_tiles - 1) / n_tiles, 1, n_kv);
     const int64_t per_range = (n_kv + n_ranges - 1) / n_ranges;
     const int64_t group     = n_heads / n_kv;
     auto run = [&](int64_t task) {
