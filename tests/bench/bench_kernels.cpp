@@ -61,6 +61,12 @@ json linear_vs_openblas(const std::vector<int64_t> & ms, int64_t n, int64_t k, d
         j["fd_bf16_gflops"] = round_to(flop / th.best / 1e9, 1);
         j["fd_f32_vs_openblas"] = round_to(tb.best / tf.best, 3);
         j["fd_bf16_vs_fd_f32"] = round_to(tf.best / th.best, 3);
+        // The same by process CPU time (steadier on a shared machine; 1 thread, so comparable).
+        j["cpu_time"] = {{"openblas_sgemm_gflops", round_to(flop / tb.best_cpu / 1e9, 1)},
+                         {"fd_f32_gflops", round_to(flop / tf.best_cpu / 1e9, 1)},
+                         {"fd_bf16_gflops", round_to(flop / th.best_cpu / 1e9, 1)},
+                         {"fd_f32_vs_openblas", round_to(tb.best_cpu / tf.best_cpu, 3)},
+                         {"fd_bf16_vs_fd_f32", round_to(tf.best_cpu / th.best_cpu, 3)}};
         j["max_abs_diff"] = max_diff;
         out.push_back(j);
     }

@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 
 #include <chrono>
+#include <ctime>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -35,11 +36,21 @@ struct Mapping {
     size_t n_floats() const { return bytes / sizeof(float); }
 };
 
-/// Runs of one measurement: count, total seconds, best run.
+/// CPU seconds used by the whole process so far (all threads).
+inline double process_cpu_seconds() {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+/// Runs of one measurement: count, total seconds, best run; best_cpu is the least process CPU
+/// time of a run. On one thread, best_cpu is the run time without the time slices other
+/// processes took (the machine is shared), so its ratios are steadier than wall time's.
 struct Timing {
-    int64_t runs  = 0;
-    double  total = 0.0;
-    double  best  = 1e300;
+    int64_t runs     = 0;
+    double  total    = 0.0;
+    double  best     = 1e300;
+    double  best_cpu = 1e300;
     double  mean() const { return total / static_cast<double>(runs); }
 };
 
@@ -47,11 +58,13 @@ struct Timing {
 inline Timing time_repeated(double min_s, int64_t min_runs, const std::function<void()> & fn) {
     Timing t;
     while (t.runs < min_runs || t.total < min_s) {
-        const auto t0 = std::chrono::steady_clock::now();
+        const auto   t0 = std::chrono::steady_clock::now();
+        const double c0 = process_cpu_seconds();
         fn();
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         t.total += dt;
         t.best = std::min(t.best, dt);
+        t.best_cpu = std::min(t.best_cpu, process_cpu_seconds() - c0);
         ++t.runs;
     }
     return t;
