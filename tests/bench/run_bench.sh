@@ -5,7 +5,8 @@
 # Makes the random ~110M-parameter Llama once (BUILD_DIR/bench-models/llama-110m), then runs
 # fd_bench on models/stories260K and that model at one thread. About 2-3 minutes on 2 cores.
 # FD_BENCH_MODELS (comma-separated directories) replaces the model list; extra arguments go to
-# fd_bench (e.g. --decode-ctx 128,2048,8192); FD_BENCH_THREADS sets --threads (default 1).
+# fd_bench (e.g. --decode-ctx 128,2048,8192); FD_BENCH_THREADS sets --threads (default 1),
+# FD_BENCH_BATCHES --batches (default 1,8,32,64).
 # On an AVX-512 CPU OpenBLAS is given its AVX-512 (SkylakeX) kernels unless OPENBLAS_CORETYPE
 # is set: on AMD Zen it would otherwise pick its AVX2 kernels, about half as fast.
 set -euo pipefail
@@ -25,6 +26,6 @@ fi
 cd "$REPO"
 if [[ -z "${OPENBLAS_CORETYPE:-}" ]] && grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX; fi
 "$BENCH" --model "${FD_BENCH_MODELS:-models/stories260K,$MODEL110}" --threads "${FD_BENCH_THREADS:-1}" \
-         --batches 1,8,32,64 --prompt-len 128 --decode-steps 32 --seconds-min 1.0 \
+         --batches "${FD_BENCH_BATCHES:-1,8,32,64}" --prompt-len 128 --decode-steps 32 --seconds-min 1.0 \
          --prefill-lens 128,512,2048 --linear-m 64,512,2048 --decode-ctx 128,2048,8192 \
          --decode-ctx-batches 1,64 "${@:2}"
