@@ -216,8 +216,8 @@ void tile(const TileArgs & t) {
     }
 }
 
-/// Cache blocking of the many-row path. A task owns a block of `mc` rows x kNc outputs and walks
-/// k in chunks of kKc: for each chunk, each 6-output weight strip (6 x kKc, in L1) meets every
+/// Cache blocking of the many-row path. A task owns up to kSuperRows rows x kNc outputs (its
+/// weights stay in L2) and runs a panel per block of `mc` rows. A panel walks k in chunks of kKc: for each chunk, each 6-output weight strip (6 x kKc, in L1) meets every
 /// 4-row x tile of the block (mc x kKc, in L2), the lanes of every (row, output) parking in a
 /// per-thread carry buffer between chunks. bf16 strips are widened once per chunk into an f32
 /// strip in the bf16 lane order (x is permuted to match), so the f32 tile runs the very FMAs
@@ -225,7 +225,8 @@ void tile(const TileArgs & t) {
 constexpr int     kMR          = 4, kNR = 6;
 constexpr int64_t kKc          = 1024;       ///< k per chunk (a multiple of both steps)
 constexpr int64_t kNc          = 48;         ///< outputs per task (a multiple of kNR)
-constexpr int64_t kXBlockBytes = 96 << 10;   ///< x rows of one task (whole k) kept within this
+constexpr int64_t kXBlockBytes = 96 << 10;   ///< x rows of one panel (whole k) kept within this
+constexpr int64_t kSuperRows   = 256;        ///< rows of one task: weights stream once per this many
 
 int64_t rows_per_block(int64_t n_rows, int64_t ldx) {
     const int64_t mc = std::clamp<int64_t>(kXBlockBytes / (ldx * 4) / kMR * kMR, 16, 128);
@@ -348,17 +349,22 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
         });
         return;
     }
-    // Many rows: blocks of mc rows x kNc outputs, row-block major so that consecutive tasks share
-    // the x rows (in L2) and each weight panel is read once per row block.
-    const int64_t mc    = rows_per_block(n_rows, ldx);
-    const int64_t n_rb  = (n_rows + mc - 1) / mc, n_ob = (n_out + kNc - 1) / kNc;
-    for_tasks(n_rb * n_ob, [&](int64_t t) {
-        const int64_t r0 = (t / n_ob) * mc, r1 = std::min(n_rows, r0 + mc);
+    // Many rows: tasks of up to kSuperRows rows x kNc outputs, output-block major so that the
+    // weights stream from memory once per kSuperRows rows. A task's weight block (kNc x n_in)
+    // stays in L2 while its row blocks of mc rows pass through the panel.
+    const int64_t mc   = rows_per_block(n_rows, ldx);
+    const int64_t sb   = std::max<int64_t>(mc, kSuperRows / mc * mc);
+    const int64_t n_sb = (n_rows + sb - 1) / sb, n_ob = (n_out + kNc - 1) / kNc;
+    for_tasks(n_sb * n_ob, [&](int64_t t) {
+        const int64_t s0 = (t / n_ob) * sb, s1 = std::min(n_rows, s0 + sb);
         const int64_t o0 = (t % n_ob) * kNc, o1 = std::min(n_out, o0 + kNc);
-        if (wtype == WType::f32) {
-            panel<WType::f32>(out, xs, ldx, wb, bias, r0, r1, n_out, n_in, o0, o1);
-        } else {
-            panel<WType::bf16>(out, xs, ldx, wb, bias, r0, r1, n_out, n_in, o0, o1);
+        for (int64_t r0 = s0; r0 < s1; r0 += mc) {
+            const int64_t r1 = std::min(s1, r0 + mc);
+            if (wtype == WType::f32) {
+                panel<WType::f32>(out, xs, ldx, wb, bias, r0, r1, n_out, n_in, o0, o1);
+            } else {
+                panel<WType::bf16>(out, xs, ldx, wb, bias, r0, r1, n_out, n_in, o0, o1);
+            }
         }
     });
 }

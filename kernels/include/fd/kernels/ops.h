@@ -42,9 +42,10 @@ enum class WType : uint8_t { f32 = 0, bf16 = 1 };
 /// Threads  outputs (and, for many rows, blocks of rows) are split over `pool` (may be nullptr =
 ///          caller only).
 /// Paths    one row: the weights stream past x in 8-output strips. Several rows: tasks of up to
-///          128 rows x 48 outputs, k walked in chunks of 1024 with the lane sums parked exactly
-///          between chunks, a 6-output weight strip (bf16: widened per chunk) in L1 against every
-///          4-row x tile of the block; x is re-read from L2, the weights once per row block.
+///          256 rows x 48 outputs (weights read from memory once per 256 rows), run as panels
+///          of 16-128 rows whose k is walked in chunks of 1024 with the lane sums parked
+///          exactly between chunks, a 6-output weight strip (bf16: widened per chunk) in L1
+///          against every 4-row x tile.
 ///          Both paths run the same FMA chain per output (the tests check bitwise equality).
 /// Source   register-tiled dot-product micro-kernel (4 rows x 6 outputs, 1 x 8 for one row);
 ///          the fixed-reduction-order idea follows "Defeating Nondeterminism in LLM Inference"
