@@ -59,14 +59,64 @@ class StoriesTokenize(unittest.TestCase):
         status, j = self.d.post("/tokenize", {"prompt": "x", "model": "other"})
         self.assertEqual(status, 404, j)
 
-    def test_skip_special_tokens_on_completions(self):
-        # Token-id prompts ending in EOS-free text; the field is accepted and validated.
-        j = self.d.complete(prompt="Once upon a time", max_tokens=5, temperature=0, skip_special_tokens=False,
-                            spaces_between_special_tokens=False)
-        k = self.d.complete(prompt="Once upon a time", max_tokens=5, temperature=0)
-        self.assertEqual(j["choices"][0]["text"], k["choices"][0]["text"])   # no special token generated
-        status, e = self.d.post("/v1/completions", {"prompt": "x", "skip_special_tokens": 1})
-        self.assertEqual(status, 400, e)
+    def test_decode_fields_on_completions_are_validated(self):
+        for key in ("skip_special_tokens", "spaces_between_special_tokens"):
+            status, e = self.d.post("/v1/completions", {"prompt": "x", key: 1})
+            self.assertEqual(status, 400, e)
+            self.assertEqual(e["error"]["param"], key)
+
+
+def byte_level_tokenizer_json(n_special):
+    """A byte-level tokenizer.json: the 256 GPT-2 byte characters, no merges, and `n_special`
+    special added tokens <|sK|> after them."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    vocab = {chr(c): b for b, c in zip(bs, cs)}
+    return {"added_tokens": [{"id": 256 + k, "content": f"<|s{k}|>", "special": True} for k in range(n_special)],
+            "normalizer": None,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+            "post_processor": None, "decoder": {"type": "ByteLevel"},
+            "model": {"type": "BPE", "vocab": vocab, "merges": []}}
+
+
+class SkipSpecialTokens(unittest.TestCase):
+    """A random 512-id model whose upper half are special tokens, so sampling emits many."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="fd-special-")
+        cls.model = make_checkpoint(os.path.join(cls.tmp, "m"), "--vocab", "512", "--tokenizer-from", cls.tmp)
+        with open(os.path.join(cls.model, "tokenizer.json"), "w") as f:
+            json.dump(byte_level_tokenizer_json(256), f)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_generated_special_tokens_are_skipped_or_kept(self):
+        with Daemon(model=self.model) as d:
+            # A hot temperature mixes bytes (some lone UTF-8 lead/continuation bytes) and specials.
+            body = dict(prompt="a<|s5|>b<|s9|>", max_tokens=24, temperature=10.0, seed=1, ignore_eos=True)
+            skipped = d.complete(**body)["choices"][0]
+            kept = d.complete(**body, skip_special_tokens=False)["choices"][0]
+            ids = skipped["token_ids"]
+            self.assertEqual(kept["token_ids"], ids)
+            self.assertGreater(sum(t >= 256 for t in ids), 0)
+            _, full = d.post("/detokenize", {"tokens": ids})
+            _, plain = d.post("/detokenize", {"tokens": [t for t in ids if t < 256]})
+            self.assertEqual(kept["text"], full["prompt"])
+            self.assertEqual(skipped["text"], plain["prompt"])
+            self.assertIn("<|s", kept["text"])
+            self.assertNotIn("<|s", skipped["text"])
+            # Streaming gives the same text, chunk by chunk.
+            chunks, done = d.stream(**body, skip_special_tokens=False)
+            self.assertTrue(done)
+            self.assertEqual("".join(c["choices"][0]["text"] for c in chunks if c.get("choices")), kept["text"])
 
 
 @unittest.skipUnless(os.path.isfile(os.path.join(NPM, "models", "llama3_1", "tokenizer.json")) and

@@ -17,6 +17,8 @@
 // `single_word` is not honoured (transformers.js does not either). Split regexes run on PCRE2 with
 // UCP, whose \s is Unicode White_Space like HF's Oniguruma: U+0085 is whitespace and U+FEFF is
 // not, where JavaScript (so @lenml/tokenizers) has it the other way round for these two.
+// Invalid byte runs decode to one U+FFFD per maximal subpart (transformers.js's TextDecoder);
+// HF Rust's ByteFallback writes one U+FFFD per byte instead — only ill-formed output differs.
 // Thread-safe after construction.
 #pragma once
 
