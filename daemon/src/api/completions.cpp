@@ -1,13 +1,6 @@
-// POST /v1/completions: parse and validate into engine structs, submit, answer (JSON or SSE).
-#include "handlers.h"
-
-#include "fd/log.h"
-
-#include <atomic>
-#include <chrono>
-#include <ctime>
-#include <random>
-#include <set>
+// POST /v1/completions: the prompt forms (text, texts, token ids, lists of them), echo and the
+// legacy logprobs shape; the rest is shared with chat (generation.h).
+#include "generation.h"
 
 namespace fd::api {
 namespace {
@@ -17,75 +10,24 @@ using engine::ChoiceEvent;
 using engine::FinishReason;
 
 struct CompletionRequest {
-    engine::GenerateRequest           gen;
-    std::vector<std::string>          prompt_texts;  ///< [n_prompts] for echo
-    bool                              stream        = false;
-    bool                              echo          = false;
-    bool                              include_usage = false;
+    engine::GenerateRequest  gen;
+    std::vector<std::string> prompt_texts;  ///< [n_prompts] for echo
+    StreamOptions            opts;
+    bool                     echo = false;
 };
 
-[[noreturn]] void bad(const std::string & param, const std::string & msg) {
-    throw Error(Errc::invalid_argument, msg, param);
-}
-
-template <typename T>
-T get_number(const json & j, const char * key, T dflt, bool integer) {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) { return dflt; }
-    if (integer ? !it->is_number_integer() : !it->is_number()) {
-        bad(key, fmt::format("'{}' must be {}", key, integer ? "an integer" : "a number"));
-    }
-    return it->get<T>();
-}
-
-std::vector<int32_t> token_prompt(const json & arr, int32_t vocab, size_t i_prompt) {
-    std::vector<int32_t> ids;
-    for (const auto & v : arr) {
-        if (!v.is_number_integer()) { bad("prompt", "token-id prompts must hold integers only"); }
-        const int64_t id = v.get<int64_t>();
-        if (id < 0 || id >= vocab) {
-            bad("prompt", fmt::format("prompt {} has token id {} outside the vocabulary [0, {})", i_prompt, id, vocab));
-        }
-        ids.push_back(static_cast<int32_t>(id));
-    }
-    return ids;
-}
-
 CompletionRequest parse(ApiContext & ctx, const std::string & body) {
-    json j;
-    try {
-        j = json::parse(body);
-    } catch (const json::exception & e) {
-        bad("", fmt::format("request body is not valid JSON: {}", e.what()));
-    }
-    if (!j.is_object()) { bad("", "request body must be a JSON object"); }
-    // Unknown or unsupported fields are errors, not silently different sampling (OpenAI also
-    // rejects unrecognized arguments). Unsupported ones pass only at their no-op value.
+    const json j = parse_body(body);
     static const std::set<std::string> kKnown = {
         "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "logprobs", "seed", "stop",
         "stop_token_ids", "ignore_eos", "stream", "echo", "stream_options", "user", "suffix",
-        "frequency_penalty", "presence_penalty", "repetition_penalty", "best_of", "logit_bias", "min_tokens", "min_p"};
-    for (const auto & [key, v] : j.items()) {
-        if (kKnown.count(key) == 0) { bad(key, fmt::format("unknown field '{}'", key)); }
-        const bool noop = v.is_null() ||
-                          ((key == "frequency_penalty" || key == "presence_penalty" || key == "min_tokens" || key == "min_p") && v.is_number() && v.get<double>() == 0.0) ||
-                          (key == "repetition_penalty" && v.is_number() && v.get<double>() == 1.0) ||
-                          (key == "best_of" && v.is_number() && v.get<double>() == 1.0) ||
-                          (key == "logit_bias" && v.is_object() && v.empty()) || (key == "suffix" && v.is_string() && v.get<std::string>().empty());
-        const bool supported = key != "frequency_penalty" && key != "presence_penalty" && key != "repetition_penalty" &&
-                               key != "best_of" && key != "logit_bias" && key != "min_tokens" && key != "min_p" && key != "suffix";
-        if (!supported && !noop) { bad(key, fmt::format("'{}' is not supported by fdrollout yet; remove it or use its neutral value", key)); }
-    }
+        "frequency_penalty", "presence_penalty", "repetition_penalty", "best_of", "logit_bias", "min_tokens", "min_p",
+        "skip_special_tokens", "spaces_between_special_tokens"};
+    check_fields(j, kKnown);
+    check_model(ctx, j);
     const auto & mc = ctx.engine->model_config();
     CompletionRequest r;
 
-    if (j.contains("model") && !j["model"].is_null()) {
-        if (!j["model"].is_string()) { bad("model", "'model' must be a string"); }
-        const auto name = j["model"].get<std::string>();
-        if (name != ctx.cfg.served_model_name && name != ctx.cfg.model_dir) {
-            throw Error(Errc::not_found, fmt::format("model '{}' does not exist; this server serves '{}'", name, ctx.cfg.served_model_name), "model");
-        }
-    }
     // prompt: string | [string] | [int] | [[int]]
     if (!j.contains("prompt")) { bad("prompt", "'prompt' is required"); }
     const json & p = j["prompt"];
@@ -101,10 +43,10 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
     } else if (p.is_array() && !p.empty() && p[0].is_array()) {
         for (size_t i = 0; i < p.size(); ++i) {
             if (!p[i].is_array()) { bad("prompt", "a list of token-id lists must hold only lists"); }
-            r.gen.prompts.push_back(token_prompt(p[i], mc.vocab_size, i));
+            r.gen.prompts.push_back(token_prompt(p[i], mc.vocab_size, i, "prompt"));
         }
     } else if (p.is_array() && !p.empty()) {
-        r.gen.prompts.push_back(token_prompt(p, mc.vocab_size, 0));
+        r.gen.prompts.push_back(token_prompt(p, mc.vocab_size, 0, "prompt"));
     } else {
         bad("prompt", "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists, and not empty");
     }
@@ -113,222 +55,75 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
         if (r.prompt_texts.size() <= i) { r.prompt_texts.push_back(ctx.tok->decode(r.gen.prompts[i])); }
     }
 
+    r.opts = parse_sampling(ctx, j, r.gen, {"max_tokens"});
     auto & sp = r.gen.params;
-    sp.max_tokens  = get_number<int32_t>(j, "max_tokens", 16, true);
-    sp.temperature = get_number<float>(j, "temperature", 1.0f, false);
-    sp.top_p       = get_number<float>(j, "top_p", 1.0f, false);
-    sp.top_k       = get_number<int32_t>(j, "top_k", 0, true);
-    r.gen.n        = get_number<int32_t>(j, "n", 1, true);
-    sp.logprobs    = get_number<int32_t>(j, "logprobs", -1, true);
-    if (sp.max_tokens <= 0) { bad("max_tokens", fmt::format("'max_tokens' must be >= 1, got {}", sp.max_tokens)); }
-    if (!(sp.temperature >= 0.0f) || sp.temperature > 100.0f) { bad("temperature", "'temperature' must be in [0, 100]"); }
-    if (!(sp.top_p > 0.0f) || sp.top_p > 1.0f) { bad("top_p", "'top_p' must be in (0, 1]"); }
-    if (sp.top_k < -1) { bad("top_k", "'top_k' must be -1, 0 (off) or a positive integer"); }
-    if (r.gen.n < 1 || r.gen.n > ctx.cfg.max_n) { bad("n", fmt::format("'n' must be in [1, {}], got {}", ctx.cfg.max_n, r.gen.n)); }
+    sp.logprobs = -1;
+    if (j.contains("logprobs") && !j["logprobs"].is_null()) {
+        if (!j["logprobs"].is_number_integer()) { bad("logprobs", "'logprobs' must be an integer"); }
+        sp.logprobs = j["logprobs"].get<int32_t>();
+    }
     if (sp.logprobs < -1 || sp.logprobs > ctx.cfg.max_logprobs) {
         bad("logprobs", fmt::format("'logprobs' must be in [0, {}], got {}", ctx.cfg.max_logprobs, sp.logprobs));
     }
-    if (j.contains("seed") && !j["seed"].is_null()) {
-        if (!j["seed"].is_number_integer()) { bad("seed", "'seed' must be an integer"); }
-        sp.seed = static_cast<uint64_t>(j["seed"].get<int64_t>());
+    if (j.contains("echo") && !j["echo"].is_null()) {
+        if (!j["echo"].is_boolean()) { bad("echo", "'echo' must be a boolean"); }
+        r.echo = j["echo"].get<bool>();
     }
-    if (j.contains("stop") && !j["stop"].is_null()) {
-        const json & s = j["stop"];
-        if (s.is_string()) {
-            sp.stop.push_back(s.get<std::string>());
-        } else if (s.is_array()) {
-            for (const auto & e : s) {
-                if (!e.is_string()) { bad("stop", "'stop' must be a string or a list of strings"); }
-                sp.stop.push_back(e.get<std::string>());
-            }
-        } else {
-            bad("stop", "'stop' must be a string or a list of strings");
-        }
-        for (const auto & e : sp.stop) {
-            if (e.empty()) { bad("stop", "stop strings must not be empty"); }
-        }
-    }
-    if (j.contains("stop_token_ids") && !j["stop_token_ids"].is_null()) {
-        if (!j["stop_token_ids"].is_array()) { bad("stop_token_ids", "'stop_token_ids' must be a list of token ids"); }
-        for (const auto & e : j["stop_token_ids"]) {
-            if (!e.is_number_integer()) { bad("stop_token_ids", "'stop_token_ids' must be a list of token ids"); }
-            sp.stop_token_ids.push_back(e.get<int32_t>());
-        }
-    }
-    auto get_bool = [&](const char * key) {
-        if (!j.contains(key) || j[key].is_null()) { return false; }
-        if (!j[key].is_boolean()) { bad(key, fmt::format("'{}' must be a boolean", key)); }
-        return j[key].get<bool>();
-    };
-    sp.ignore_eos = get_bool("ignore_eos");
-    r.stream      = get_bool("stream");
-    r.echo        = get_bool("echo");
-    if (j.contains("stream_options") && j["stream_options"].is_object()) {
-        r.include_usage = j["stream_options"].value("include_usage", false);
-    }
-    const int32_t max_len = ctx.engine->config().max_model_len;
-    for (size_t i = 0; i < r.gen.prompts.size(); ++i) {
-        const auto n = static_cast<int64_t>(r.gen.prompts[i].size());
-        if (n >= max_len) {
-            bad("prompt", fmt::format("prompt {} has {} tokens; the maximum context length is {} (--max-model-len), leaving no room to generate", i, n, max_len));
-        }
-        if (n + sp.max_tokens > max_len) {
-            bad("max_tokens", fmt::format("prompt {} has {} tokens and max_tokens is {}: {} exceeds the maximum context length {}",
-                                          i, n, sp.max_tokens, n + sp.max_tokens, max_len));
-        }
-    }
+    check_lengths(ctx, r.gen, "prompt");
     return r;
 }
 
-json logprobs_json(const model::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps, int32_t text_offset0) {
+json logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps, int32_t text_offset0) {
     json tokens = json::array(), token_lps = json::array(), top = json::array(), offsets = json::array();
     int32_t off = text_offset0;
     for (const auto & lp : lps) {
-        const std::string piece = tok.id_to_piece(lp.id);
+        const std::string piece = tok.piece(lp.id);
         tokens.push_back(piece);
         token_lps.push_back(lp.logprob);
         offsets.push_back(off);
         off += static_cast<int32_t>(piece.size());
         json t = json::object();
-        for (const auto & [id, v] : lp.top) { t[tok.id_to_piece(id)] = v; }
+        for (const auto & [id, v] : lp.top) { t[tok.piece(id)] = v; }
         top.push_back(t);
     }
     return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", top}, {"text_offset", offsets}};
 }
 
-std::string new_id() {
-    static std::atomic<uint64_t> counter{std::random_device{}()};
-    return fmt::format("cmpl-{:016x}", counter.fetch_add(0x9e3779b97f4a7c15ULL));
-}
-
-/// Accumulated state of one choice.
-struct ChoiceAcc {
-    std::string                       text;
-    std::vector<int32_t>              token_ids;
-    std::vector<engine::TokenLogprob> logprobs;
-    FinishReason                      finish = FinishReason::none;
-    int32_t                           n_prompt = 0, n_cached = 0;
-};
-
-json usage_json(const std::vector<ChoiceAcc> & acc, int32_t n) {
-    int64_t prompt = 0, completion = 0, cached = 0;
-    for (size_t c = 0; c < acc.size(); ++c) {
-        completion += static_cast<int64_t>(acc[c].token_ids.size());
-        if (c % n == 0) { prompt += acc[c].n_prompt; cached += acc[c].n_cached; }
-    }
-    return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion},
-            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
-}
-
 }  // namespace
 
 void post_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
-    auto r = std::make_shared<CompletionRequest>(parse(ctx, req.body));
-    const int32_t n_choices = static_cast<int32_t>(r->gen.prompts.size()) * r->gen.n;
-    auto channel     = std::make_shared<engine::ResultChannel>(n_choices, r->stream);
-    r->gen.channel   = channel;
-    auto prompts     = r->gen.prompts;
-    ctx.engine->submit(std::move(r->gen));
-
-    const std::string id      = new_id();
-    const int64_t     created = static_cast<int64_t>(std::time(nullptr));
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                                 std::chrono::duration<double>(ctx.cfg.request_timeout_s));
-    auto acc = std::make_shared<std::vector<ChoiceAcc>>(n_choices);
-    std::string weight_version = ctx.engine->stats().state.weight_version;
-
-    if (!r->stream) {
-        while (!channel->done()) {
-            if (std::chrono::steady_clock::now() > deadline) {
-                channel->cancel();
-                fail(Errc::timeout, "completion did not finish within {} s (--request-timeout-s)", ctx.cfg.request_timeout_s);
-            }
-            for (auto & ev : channel->pop_all(std::chrono::milliseconds(100))) {
-                if (ev.error) { channel->cancel(); throw *ev.error; }
-                ChoiceAcc & a = (*acc)[ev.choice];
-                a.text += ev.text;
-                a.token_ids.insert(a.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
-                a.logprobs.insert(a.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
-                a.n_prompt = ev.n_prompt_tokens;
-                a.n_cached = ev.n_cached_tokens;
-                if (ev.finish != FinishReason::none) { a.finish = ev.finish; }
-                weight_version = ev.weight_version;
-            }
-        }
-        json choices = json::array();
-        for (int32_t c = 0; c < n_choices; ++c) {
-            const ChoiceAcc & a  = (*acc)[c];
-            const int32_t     ip = c / r->gen.n;
-            const std::string prefix = r->echo ? r->prompt_texts[ip] : "";
-            choices.push_back({{"index", c},
-                               {"text", prefix + a.text},
-                               {"logprobs", r->gen.params.logprobs >= 0 ? logprobs_json(*ctx.tok, a.logprobs, static_cast<int32_t>(prefix.size())) : json(nullptr)},
-                               {"finish_reason", engine::to_string(a.finish)},
-                               {"prompt_token_ids", prompts[ip]},
-                               {"token_ids", a.token_ids}});
-        }
-        json body = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", ctx.cfg.served_model_name},
-                     {"weight_version", weight_version}, {"choices", choices}, {"usage", usage_json(*acc, r->gen.n)}};
-        res.set_content(dump(body), "application/json");
-        return;
-    }
-
-    // Streaming: one SSE chunk per event, then [DONE]. The releaser cancels on disconnect.
-    auto sent_first = std::make_shared<std::vector<bool>>(n_choices, false);
-    auto provider = [&ctx, r, channel, acc, sent_first, prompts, id, created, deadline, n_choices](size_t, httplib::DataSink & sink) {
-        auto write = [&](const json & j) {
-            const std::string line = "data: " + dump(j) + "\n\n";
-            return sink.write(line.data(), line.size());
-        };
-        auto end_stream = [&] {
-            const std::string done = "data: [DONE]\n\n";
-            sink.write(done.data(), done.size());
-            sink.done();
-            return true;
-        };
-        // An error once headers are sent is reported in-band; the stream still ends cleanly.
-        auto end_with_error = [&](Errc code, const std::string & msg) {
-            write({{"error", {{"message", msg}, {"type", errc_name(code)}, {"code", errc_http_status(code)}}}});
-            channel->cancel();
-            return end_stream();
-        };
-        if (channel->done()) {
-            if (r->include_usage) {
-                write({{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", ctx.cfg.served_model_name},
-                       {"choices", json::array()}, {"usage", usage_json(*acc, r->gen.n)}});
-            }
-            return end_stream();
-        }
-        if (std::chrono::steady_clock::now() > deadline) {
-            return end_with_error(Errc::timeout, "completion timed out (--request-timeout-s)");
-        }
-        for (auto & ev : channel->pop_all(std::chrono::milliseconds(100))) {
-            ChoiceAcc & a = (*acc)[ev.choice];
-            a.token_ids.insert(a.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
-            a.n_prompt = ev.n_prompt_tokens;
-            a.n_cached = ev.n_cached_tokens;
-            if (ev.error) { return end_with_error(ev.error->code(), ev.error->what()); }
-            const int32_t ip = ev.choice / r->gen.n;
-            std::string text = ev.text;
-            json choice = {{"index", ev.choice}, {"token_ids", ev.token_ids},
-                           {"finish_reason", ev.finish == FinishReason::none ? json(nullptr) : json(engine::to_string(ev.finish))}};
-            if (!(*sent_first)[ev.choice]) {
-                (*sent_first)[ev.choice] = true;
-                choice["prompt_token_ids"] = prompts[ip];
-                if (r->echo) { text = r->prompt_texts[ip] + text; }
-            }
-            choice["text"] = text;
-            choice["logprobs"] = r->gen.params.logprobs >= 0 ? logprobs_json(*ctx.tok, ev.logprobs, 0) : json(nullptr);
-            json chunk = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", ctx.cfg.served_model_name},
-                          {"weight_version", ev.weight_version}, {"choices", json::array({choice})}};
-            if (!write(chunk)) { return false; }
-        }
-        return true;
+    auto r            = std::make_shared<const CompletionRequest>(parse(ctx, req.body));
+    const auto * tok  = ctx.tok;
+    const int32_t n   = r->gen.n;
+    const bool    lps = r->gen.params.logprobs >= 0;
+    ResponseFormat f;
+    f.object       = "text_completion";
+    f.chunk_object = "text_completion";
+    f.id_prefix    = "cmpl";
+    f.choice       = [r, tok, n, lps](int32_t c, const ChoiceAcc & a) {
+        const int32_t     ip     = c / n;
+        const std::string prefix = r->echo ? r->prompt_texts[ip] : "";
+        return json{{"index", c},
+                    {"text", prefix + a.text},
+                    {"logprobs", lps ? logprobs_json(*tok, a.logprobs, static_cast<int32_t>(prefix.size())) : json(nullptr)},
+                    {"finish_reason", engine::to_string(a.finish)},
+                    {"prompt_token_ids", r->gen.prompts[ip]},
+                    {"token_ids", a.token_ids}};
     };
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider("text/event-stream", provider, [channel](bool success) {
-        if (!success || !channel->done()) { channel->cancel(); }
-    });
+    f.chunk_choice = [r, tok, n, lps](const ChoiceEvent & ev, bool first) {
+        const int32_t ip   = ev.choice / n;
+        std::string   text = ev.text;
+        json choice = {{"index", ev.choice}, {"token_ids", ev.token_ids},
+                       {"finish_reason", ev.finish == FinishReason::none ? json(nullptr) : json(engine::to_string(ev.finish))}};
+        if (first) {
+            choice["prompt_token_ids"] = r->gen.prompts[ip];
+            if (r->echo) { text = r->prompt_texts[ip] + text; }
+        }
+        choice["text"]     = text;
+        choice["logprobs"] = lps ? logprobs_json(*tok, ev.logprobs, 0) : json(nullptr);
+        return choice;
+    };
+    run_generation(ctx, r->gen, r->opts, f, res);
 }
 
 }  // namespace fd::api

@@ -2,6 +2,7 @@
 #include "handlers.h"
 
 #include "fd/arena.h"
+#include "fd/tokenizer/chat_template.h"
 #include "fd/log.h"
 
 #include <sys/socket.h>
@@ -28,9 +29,16 @@ void write_error(httplib::Response & res, const Error & e) {
     res.set_content(dump(body), "application/json");
 }
 
-ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, control::ControlService & control, const model::Tokenizer & tok)
+ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, control::ControlService & control, const tokenizer::Tokenizer & tok)
     : ctx_(std::make_unique<ApiContext>(ApiContext{std::move(cfg), &engine, &control, &tok})),
       http_(std::make_unique<httplib::Server>()) {
+    if (!ctx_->cfg.model_dir.empty()) {
+        if (auto t = tokenizer::ChatTemplate::load(ctx_->cfg.model_dir)) {
+            chat_template_      = std::make_unique<tokenizer::ChatTemplate>(std::move(*t));
+            ctx_->chat_template = chat_template_.get();
+            log::get("api")->info("chat template: {}", chat_template_->origin());
+        }
+    }
     const int n_threads = ctx_->cfg.n_http_threads;
     http_->new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
     http_->set_payload_max_length(64 << 20);

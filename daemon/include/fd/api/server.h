@@ -4,13 +4,14 @@
 #pragma once
 
 #include "fd/engine/engine.h"
-#include "fd/model/tokenizer.h"
+#include "fd/tokenizer/tokenizer.h"
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
 namespace httplib { class Server; }
+namespace fd::tokenizer { class ChatTemplate; }
 namespace fd::control { class ControlService; }
 
 namespace fd::api {
@@ -32,12 +33,16 @@ struct ApiContext {
     ServerConfig                cfg;
     engine::Engine *            engine = nullptr;
     control::ControlService *   control = nullptr;
-    const model::Tokenizer *    tok    = nullptr;
+    const tokenizer::Tokenizer *    tok    = nullptr;
+    const tokenizer::ChatTemplate * chat_template = nullptr;  ///< null: the model has none (chat → 400)
 };
 
 class ApiServer {
 public:
-    ApiServer(ServerConfig cfg, engine::Engine & engine, control::ControlService & control, const model::Tokenizer & tok);
+    /// Loads the model's chat template from cfg.model_dir (fd/tokenizer/chat_template.h).
+    /// Errors  fd::Error{invalid_checkpoint} naming the file (and line/column) when the
+    ///         template or tokenizer_config.json is malformed.
+    ApiServer(ServerConfig cfg, engine::Engine & engine, control::ControlService & control, const tokenizer::Tokenizer & tok);
     ~ApiServer();
 
     /// Bind host:port. Errors  fd::Error{invalid_argument} when the address is unusable.
@@ -49,6 +54,7 @@ public:
 private:
     std::unique_ptr<ApiContext>      ctx_;
     std::unique_ptr<httplib::Server> http_;
+    std::unique_ptr<tokenizer::ChatTemplate> chat_template_;
     int                              listen_fd_ = -1;
 };
 

@@ -1,0 +1,209 @@
+// POST /v1/chat/completions: messages are checked, rendered with the model's chat template
+// (fd/tokenizer/chat_template.h, transformers' semantics), encoded, and generated like a
+// completion (generation.h). Answers in OpenAI's chat shape plus fdrollout's weight_version,
+// prompt_token_ids and token_ids.
+#include "generation.h"
+
+#include "fd/tokenizer/chat_template.h"
+
+namespace fd::api {
+namespace {
+
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+using engine::ChoiceEvent;
+using engine::FinishReason;
+
+struct ChatCompletionRequest {
+    engine::GenerateRequest gen;
+    StreamOptions           opts;
+    bool                    logprobs = false;
+};
+
+/// Messages as the template sees them: checked, tool-call arguments given as JSON strings
+/// parsed into objects (as vLLM does, so templates can `| tojson` them), and text content parts
+/// joined into one string unless the template loops over content parts. Errors: 400 naming the
+/// offending field.
+ojson check_messages(const ojson & msgs, bool takes_parts) {
+    if (!msgs.is_array() || msgs.empty()) { bad("messages", "'messages' must be a non-empty list of message objects"); }
+    ojson out = ojson::array();
+    for (size_t i = 0; i < msgs.size(); ++i) {
+        const std::string at = fmt::format("messages[{}]", i);
+        ojson             m  = msgs[i];
+        if (!m.is_object()) { bad(at, fmt::format("'{}' must be an object with 'role' and 'content'", at)); }
+        if (!m.contains("role") || !m["role"].is_string()) { bad(at + ".role", fmt::format("'{}.role' must be a string", at)); }
+        const std::string role = m["role"];
+        const bool has_tool_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
+        if (!m.contains("content") || m["content"].is_null()) {
+            if (role != "assistant") { bad(at + ".content", fmt::format("'{}.content' is required for role '{}'", at, role)); }
+            m["content"] = nullptr;
+        } else if (m["content"].is_array()) {
+            std::string joined;
+            for (size_t k = 0; k < m["content"].size(); ++k) {
+                const ojson &     part = m["content"][k];
+                const std::string pat  = fmt::format("{}.content[{}]", at, k);
+                if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+                    bad(pat, fmt::format("'{}' must be an object with a 'type'", pat));
+                }
+                if (part["type"] != "text") {
+                    bad(pat + ".type", fmt::format("'{}.type' is '{}': this model takes text content only", pat, part["type"].get<std::string>()));
+                }
+                if (!part.contains("text") || !part["text"].is_string()) { bad(pat + ".text", fmt::format("'{}.text' must be a string", pat)); }
+                joined += (k ? "\n" : "") + part["text"].get<std::string>();
+            }
+            if (!takes_parts) { m["content"] = joined; }
+        } else if (!m["content"].is_string()) {
+            bad(at + ".content", fmt::format("'{}.content' must be a string or a list of content parts", at));
+        }
+        if (has_tool_calls) {
+            if (!m["tool_calls"].is_array()) { bad(at + ".tool_calls", fmt::format("'{}.tool_calls' must be a list", at)); }
+            for (size_t k = 0; k < m["tool_calls"].size(); ++k) {
+                ojson &           tc  = m["tool_calls"][k];
+                const std::string tat = fmt::format("{}.tool_calls[{}]", at, k);
+                if (!tc.is_object() || !tc.contains("function") || !tc["function"].is_object() || !tc["function"].contains("name") ||
+                    !tc["function"]["name"].is_string()) {
+                    bad(tat, fmt::format("'{}' must be an object with 'function': {{'name', 'arguments'}}", tat));
+                }
+                ojson & args = tc["function"]["arguments"];
+                if (args.is_string()) {
+                    try {
+                        args = ojson::parse(args.get<std::string>());
+                    } catch (const ojson::exception &) {
+                        bad(tat + ".function.arguments", fmt::format("'{}.function.arguments' is not valid JSON", tat));
+                    }
+                }
+            }
+        }
+        out.push_back(std::move(m));
+    }
+    return out;
+}
+
+/// The prompt ids of rendered chat text. Templates that print bos_token themselves get it once:
+/// the text's leading BOS string is dropped before encoding and the tokenizer's BOS stands for
+/// it; templates that print none get no BOS (HF apply_chat_template(tokenize=True) encodes with
+/// add_special_tokens=False).
+std::vector<int32_t> encode_chat_prompt(const tokenizer::Tokenizer & tok, const tokenizer::ChatTemplate & tmpl, std::string text) {
+    const std::string bos      = tmpl.special_token("bos_token");
+    const bool        has_bos  = !bos.empty() && text.compare(0, bos.size(), bos) == 0;
+    if (has_bos) { text.erase(0, bos.size()); }
+    std::vector<int32_t> ids = tok.encode(text, /*add_special_tokens=*/false);
+    if (has_bos) {
+        if (const auto b = tok.bos_id()) { ids.insert(ids.begin(), *b); }
+    }
+    return ids;
+}
+
+bool get_bool(const json & j, const char * key, bool dflt) {
+    if (!j.contains(key) || j[key].is_null()) { return dflt; }
+    if (!j[key].is_boolean()) { bad(key, fmt::format("'{}' must be a boolean", key)); }
+    return j[key].get<bool>();
+}
+
+ChatCompletionRequest parse(ApiContext & ctx, const std::string & body) {
+    const json j = parse_body(body);
+    static const std::set<std::string> kKnown = {
+        "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "logprobs",
+        "top_logprobs", "seed", "stop", "stop_token_ids", "ignore_eos", "stream", "stream_options", "user", "tools",
+        "tool_choice", "documents", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+        "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens", "min_p",
+        "skip_special_tokens", "spaces_between_special_tokens"};
+    check_fields(j, kKnown);
+    check_model(ctx, j);
+    if (!ctx.chat_template) {
+        bad("messages", fmt::format("model '{}' has no chat template (no chat_template.jinja, no 'chat_template' in tokenizer_config.json); "
+                                    "use /v1/completions with a prompt",
+                                    ctx.cfg.served_model_name));
+    }
+    const ojson oj = ojson::parse(body);  // key order kept: templates print tools with tojson
+    tokenizer::ChatRequest chat;
+    chat.messages               = check_messages(oj.contains("messages") ? oj["messages"] : ojson(), ctx.chat_template->takes_content_parts());
+    chat.add_generation_prompt  = get_bool(j, "add_generation_prompt", true);  // vLLM's default
+    chat.continue_final_message = get_bool(j, "continue_final_message", false);
+    if (oj.contains("tools") && !oj["tools"].is_null()) {
+        if (!oj["tools"].is_array()) { bad("tools", "'tools' must be a list of tool objects"); }
+        for (size_t i = 0; i < oj["tools"].size(); ++i) {
+            if (!oj["tools"][i].is_object()) { bad("tools", fmt::format("'tools[{}]' must be an object", i)); }
+        }
+        chat.tools = oj["tools"];
+    }
+    if (j.contains("tool_choice") && !j["tool_choice"].is_null() && j["tool_choice"] != "none" && j["tool_choice"] != "auto") {
+        bad("tool_choice", "'tool_choice' may be 'none' or 'auto' only: tools reach the template, tool calls are not parsed from the output");
+    }
+    if (oj.contains("documents") && !oj["documents"].is_null()) {
+        if (!oj["documents"].is_array()) { bad("documents", "'documents' must be a list"); }
+        chat.documents = oj["documents"];
+    }
+    if (oj.contains("chat_template_kwargs") && !oj["chat_template_kwargs"].is_null()) {
+        if (!oj["chat_template_kwargs"].is_object()) { bad("chat_template_kwargs", "'chat_template_kwargs' must be an object"); }
+        chat.chat_template_kwargs = oj["chat_template_kwargs"];
+    }
+    const std::string text = ctx.chat_template->render(chat);
+
+    ChatCompletionRequest r;
+    r.gen.prompts.push_back(encode_chat_prompt(*ctx.tok, *ctx.chat_template, text));
+    if (r.gen.prompts[0].empty()) { bad("messages", "the chat template rendered an empty prompt"); }
+    r.opts     = parse_sampling(ctx, j, r.gen, {"max_completion_tokens", "max_tokens"});
+    r.logprobs = get_bool(j, "logprobs", false);
+    int32_t top = 0;
+    if (j.contains("top_logprobs") && !j["top_logprobs"].is_null()) {
+        if (!j["top_logprobs"].is_number_integer()) { bad("top_logprobs", "'top_logprobs' must be an integer"); }
+        if (!r.logprobs) { bad("top_logprobs", "'top_logprobs' needs 'logprobs': true"); }
+        top = j["top_logprobs"].get<int32_t>();
+    }
+    if (top < 0 || top > ctx.cfg.max_logprobs) { bad("top_logprobs", fmt::format("'top_logprobs' must be in [0, {}], got {}", ctx.cfg.max_logprobs, top)); }
+    r.gen.params.logprobs = r.logprobs ? top : -1;
+    check_lengths(ctx, r.gen, "messages");
+    return r;
+}
+
+json token_entry(const std::string & piece, float logprob) {
+    json bytes = json::array();
+    for (unsigned char c : piece) { bytes.push_back(c); }
+    return {{"token", piece}, {"logprob", logprob}, {"bytes", bytes}};
+}
+
+/// OpenAI chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]};
+/// tokens are the vocabulary pieces, as in the completions route.
+json chat_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps) {
+    json content = json::array();
+    for (const auto & lp : lps) {
+        json e   = token_entry(tok.piece(lp.id), lp.logprob);
+        json top = json::array();
+        for (const auto & [id, v] : lp.top) { top.push_back(token_entry(tok.piece(id), v)); }
+        e["top_logprobs"] = top;
+        content.push_back(std::move(e));
+    }
+    return {{"content", content}};
+}
+
+}  // namespace
+
+void post_chat_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
+    auto r           = std::make_shared<const ChatCompletionRequest>(parse(ctx, req.body));
+    const auto * tok = ctx.tok;
+    ResponseFormat f;
+    f.object       = "chat.completion";
+    f.chunk_object = "chat.completion.chunk";
+    f.id_prefix    = "chatcmpl";
+    f.choice       = [r, tok](int32_t c, const ChoiceAcc & a) {
+        return json{{"index", c},
+                    {"message", {{"role", "assistant"}, {"content", a.text}}},
+                    {"logprobs", r->logprobs ? chat_logprobs_json(*tok, a.logprobs) : json(nullptr)},
+                    {"finish_reason", engine::to_string(a.finish)},
+                    {"prompt_token_ids", r->gen.prompts[0]},
+                    {"token_ids", a.token_ids}};
+    };
+    f.chunk_choice = [r, tok](const ChoiceEvent & ev, bool first) {
+        json delta = {{"content", ev.text}};
+        if (first) { delta["role"] = "assistant"; }
+        json choice = {{"index", ev.choice}, {"delta", delta}, {"token_ids", ev.token_ids},
+                       {"logprobs", r->logprobs ? chat_logprobs_json(*tok, ev.logprobs) : json(nullptr)},
+                       {"finish_reason", ev.finish == FinishReason::none ? json(nullptr) : json(engine::to_string(ev.finish))}};
+        if (first) { choice["prompt_token_ids"] = r->gen.prompts[0]; }
+        return choice;
+    };
+    run_generation(ctx, r->gen, r->opts, f, res);
+}
+
+}  // namespace fd::api

@@ -1,0 +1,266 @@
+// The parts of /v1/completions and /v1/chat/completions that are the same: field checks,
+// sampling fields, and running a request to a JSON body or an SSE stream.
+#include "generation.h"
+
+#include <atomic>
+#include <chrono>
+#include <ctime>
+#include <random>
+
+namespace fd::api {
+
+using nlohmann::json;
+using engine::ChoiceEvent;
+using engine::FinishReason;
+
+void bad(const std::string & param, const std::string & msg) { throw Error(Errc::invalid_argument, msg, param); }
+
+json parse_body(const std::string & body) {
+    json j;
+    try {
+        j = json::parse(body);
+    } catch (const json::exception & e) {
+        bad("", fmt::format("request body is not valid JSON: {}", e.what()));
+    }
+    if (!j.is_object()) { bad("", "request body must be a JSON object"); }
+    return j;
+}
+
+void check_fields(const json & j, const std::set<std::string> & known) {
+    // Unknown or unsupported fields are errors, not silently different sampling (OpenAI also
+    // rejects unrecognized arguments). Unsupported ones pass only at their no-op value.
+    for (const auto & [key, v] : j.items()) {
+        if (known.count(key) == 0) { bad(key, fmt::format("unknown field '{}'", key)); }
+        const bool noop = v.is_null() ||
+                          ((key == "frequency_penalty" || key == "presence_penalty" || key == "min_tokens" || key == "min_p") && v.is_number() && v.get<double>() == 0.0) ||
+                          (key == "repetition_penalty" && v.is_number() && v.get<double>() == 1.0) ||
+                          (key == "best_of" && v.is_number() && v.get<double>() == 1.0) ||
+                          (key == "logit_bias" && v.is_object() && v.empty()) || (key == "suffix" && v.is_string() && v.get<std::string>().empty());
+        const bool supported = key != "frequency_penalty" && key != "presence_penalty" && key != "repetition_penalty" &&
+                               key != "best_of" && key != "logit_bias" && key != "min_tokens" && key != "min_p" && key != "suffix";
+        if (!supported && !noop) { bad(key, fmt::format("'{}' is not supported by fdrollout yet; remove it or use its neutral value", key)); }
+    }
+}
+
+void check_model(const ApiContext & ctx, const json & j) {
+    if (!j.contains("model") || j["model"].is_null()) { return; }
+    if (!j["model"].is_string()) { bad("model", "'model' must be a string"); }
+    const auto name = j["model"].get<std::string>();
+    if (name != ctx.cfg.served_model_name && name != ctx.cfg.model_dir) {
+        throw Error(Errc::not_found, fmt::format("model '{}' does not exist; this server serves '{}'", name, ctx.cfg.served_model_name), "model");
+    }
+}
+
+std::vector<int32_t> token_prompt(const json & arr, int32_t vocab, size_t i_prompt, const char * param) {
+    std::vector<int32_t> ids;
+    for (const auto & v : arr) {
+        if (!v.is_number_integer()) { bad(param, "token-id prompts must hold integers only"); }
+        const int64_t id = v.get<int64_t>();
+        if (id < 0 || id >= vocab) {
+            bad(param, fmt::format("prompt {} has token id {} outside the vocabulary [0, {})", i_prompt, id, vocab));
+        }
+        ids.push_back(static_cast<int32_t>(id));
+    }
+    return ids;
+}
+
+namespace {
+
+template <typename T>
+T get_number(const json & j, const char * key, T dflt, bool integer) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) { return dflt; }
+    if (integer ? !it->is_number_integer() : !it->is_number()) {
+        bad(key, fmt::format("'{}' must be {}", key, integer ? "an integer" : "a number"));
+    }
+    return it->get<T>();
+}
+
+std::string new_id(const std::string & prefix) {
+    static std::atomic<uint64_t> counter{std::random_device{}()};
+    return fmt::format("{}-{:016x}", prefix, counter.fetch_add(0x9e3779b97f4a7c15ULL));
+}
+
+json usage_json(const std::vector<ChoiceAcc> & acc, int32_t n) {
+    int64_t prompt = 0, completion = 0, cached = 0;
+    for (size_t c = 0; c < acc.size(); ++c) {
+        completion += static_cast<int64_t>(acc[c].token_ids.size());
+        if (c % n == 0) { prompt += acc[c].n_prompt; cached += acc[c].n_cached; }
+    }
+    return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion},
+            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
+
+}  // namespace
+
+StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::GenerateRequest & gen,
+                             std::initializer_list<const char *> max_tokens_keys) {
+    auto &      sp      = gen.params;
+    const char * mt_key = *max_tokens_keys.begin();
+    sp.max_tokens       = 16;
+    for (const char * k : max_tokens_keys) {
+        if (j.contains(k) && !j[k].is_null()) {
+            mt_key        = k;
+            sp.max_tokens = get_number<int32_t>(j, k, 16, true);
+            break;
+        }
+    }
+    sp.temperature = get_number<float>(j, "temperature", 1.0f, false);
+    sp.top_p       = get_number<float>(j, "top_p", 1.0f, false);
+    sp.top_k       = get_number<int32_t>(j, "top_k", 0, true);
+    gen.n          = get_number<int32_t>(j, "n", 1, true);
+    if (sp.max_tokens <= 0) { bad(mt_key, fmt::format("'{}' must be >= 1, got {}", mt_key, sp.max_tokens)); }
+    if (!(sp.temperature >= 0.0f) || sp.temperature > 100.0f) { bad("temperature", "'temperature' must be in [0, 100]"); }
+    if (!(sp.top_p > 0.0f) || sp.top_p > 1.0f) { bad("top_p", "'top_p' must be in (0, 1]"); }
+    if (sp.top_k < -1) { bad("top_k", "'top_k' must be -1, 0 (off) or a positive integer"); }
+    if (gen.n < 1 || gen.n > ctx.cfg.max_n) { bad("n", fmt::format("'n' must be in [1, {}], got {}", ctx.cfg.max_n, gen.n)); }
+    if (j.contains("seed") && !j["seed"].is_null()) {
+        if (!j["seed"].is_number_integer()) { bad("seed", "'seed' must be an integer"); }
+        sp.seed = static_cast<uint64_t>(j["seed"].get<int64_t>());
+    }
+    if (j.contains("stop") && !j["stop"].is_null()) {
+        const json & s = j["stop"];
+        if (s.is_string()) {
+            sp.stop.push_back(s.get<std::string>());
+        } else if (s.is_array()) {
+            for (const auto & e : s) {
+                if (!e.is_string()) { bad("stop", "'stop' must be a string or a list of strings"); }
+                sp.stop.push_back(e.get<std::string>());
+            }
+        } else {
+            bad("stop", "'stop' must be a string or a list of strings");
+        }
+        for (const auto & e : sp.stop) {
+            if (e.empty()) { bad("stop", "stop strings must not be empty"); }
+        }
+    }
+    if (j.contains("stop_token_ids") && !j["stop_token_ids"].is_null()) {
+        if (!j["stop_token_ids"].is_array()) { bad("stop_token_ids", "'stop_token_ids' must be a list of token ids"); }
+        for (const auto & e : j["stop_token_ids"]) {
+            if (!e.is_number_integer()) { bad("stop_token_ids", "'stop_token_ids' must be a list of token ids"); }
+            sp.stop_token_ids.push_back(e.get<int32_t>());
+        }
+    }
+    auto get_bool = [&](const char * key) {
+        if (!j.contains(key) || j[key].is_null()) { return false; }
+        if (!j[key].is_boolean()) { bad(key, fmt::format("'{}' must be a boolean", key)); }
+        return j[key].get<bool>();
+    };
+    sp.ignore_eos = get_bool("ignore_eos");
+    sp.skip_special_tokens           = !j.contains("skip_special_tokens") || j["skip_special_tokens"].is_null() || get_bool("skip_special_tokens");
+    sp.spaces_between_special_tokens = !j.contains("spaces_between_special_tokens") || j["spaces_between_special_tokens"].is_null() ||
+                                       get_bool("spaces_between_special_tokens");
+    StreamOptions o;
+    o.stream = get_bool("stream");
+    if (j.contains("stream_options") && j["stream_options"].is_object()) {
+        o.include_usage = j["stream_options"].value("include_usage", false);
+    }
+    return o;
+}
+
+void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, const char * prompt_param) {
+    const int32_t max_len = ctx.engine->config().max_model_len;
+    for (size_t i = 0; i < gen.prompts.size(); ++i) {
+        const auto n = static_cast<int64_t>(gen.prompts[i].size());
+        if (n >= max_len) {
+            bad(prompt_param, fmt::format("prompt {} has {} tokens; the maximum context length is {} (--max-model-len), leaving no room to generate", i, n, max_len));
+        }
+        if (n + gen.params.max_tokens > max_len) {
+            bad("max_tokens", fmt::format("prompt {} has {} tokens and max_tokens is {}: {} exceeds the maximum context length {}",
+                                          i, n, gen.params.max_tokens, n + gen.params.max_tokens, max_len));
+        }
+    }
+}
+
+void run_generation(ApiContext & ctx, engine::GenerateRequest gen, StreamOptions opts, const ResponseFormat & format,
+                    httplib::Response & res) {
+    const int32_t n_choices = static_cast<int32_t>(gen.prompts.size()) * gen.n;
+    const int32_t n_per     = gen.n;
+    auto channel = std::make_shared<engine::ResultChannel>(n_choices, opts.stream);
+    gen.channel  = channel;
+    ctx.engine->submit(std::move(gen));
+
+    const std::string id      = new_id(format.id_prefix);
+    const int64_t     created = static_cast<int64_t>(std::time(nullptr));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                                 std::chrono::duration<double>(ctx.cfg.request_timeout_s));
+    auto acc = std::make_shared<std::vector<ChoiceAcc>>(n_choices);
+    std::string weight_version = ctx.engine->stats().state.weight_version;
+
+    if (!opts.stream) {
+        while (!channel->done()) {
+            if (std::chrono::steady_clock::now() > deadline) {
+                channel->cancel();
+                fail(Errc::timeout, "completion did not finish within {} s (--request-timeout-s)", ctx.cfg.request_timeout_s);
+            }
+            for (auto & ev : channel->pop_all(std::chrono::milliseconds(100))) {
+                if (ev.error) { channel->cancel(); throw *ev.error; }
+                ChoiceAcc & a = (*acc)[ev.choice];
+                a.text += ev.text;
+                a.token_ids.insert(a.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+                a.logprobs.insert(a.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+                a.n_prompt = ev.n_prompt_tokens;
+                a.n_cached = ev.n_cached_tokens;
+                if (ev.finish != FinishReason::none) { a.finish = ev.finish; }
+                weight_version = ev.weight_version;
+            }
+        }
+        json choices = json::array();
+        for (int32_t c = 0; c < n_choices; ++c) { choices.push_back(format.choice(c, (*acc)[c])); }
+        json body = {{"id", id}, {"object", format.object}, {"created", created}, {"model", ctx.cfg.served_model_name},
+                     {"weight_version", weight_version}, {"choices", choices}, {"usage", usage_json(*acc, n_per)}};
+        res.set_content(dump(body), "application/json");
+        return;
+    }
+
+    // Streaming: one SSE chunk per event, then [DONE]. The releaser cancels on disconnect.
+    auto sent_first = std::make_shared<std::vector<bool>>(n_choices, false);
+    auto fmt_copy   = std::make_shared<const ResponseFormat>(format);
+    auto provider = [&ctx, opts, channel, acc, sent_first, fmt_copy, id, created, deadline, n_per](size_t, httplib::DataSink & sink) {
+        auto write = [&](const json & j) {
+            const std::string line = "data: " + dump(j) + "\n\n";
+            return sink.write(line.data(), line.size());
+        };
+        auto end_stream = [&] {
+            const std::string done = "data: [DONE]\n\n";
+            sink.write(done.data(), done.size());
+            sink.done();
+            return true;
+        };
+        // An error once headers are sent is reported in-band; the stream still ends cleanly.
+        auto end_with_error = [&](Errc code, const std::string & msg) {
+            write({{"error", {{"message", msg}, {"type", errc_name(code)}, {"code", errc_http_status(code)}}}});
+            channel->cancel();
+            return end_stream();
+        };
+        if (channel->done()) {
+            if (opts.include_usage) {
+                write({{"id", id}, {"object", fmt_copy->chunk_object}, {"created", created}, {"model", ctx.cfg.served_model_name},
+                       {"choices", json::array()}, {"usage", usage_json(*acc, n_per)}});
+            }
+            return end_stream();
+        }
+        if (std::chrono::steady_clock::now() > deadline) {
+            return end_with_error(Errc::timeout, "completion timed out (--request-timeout-s)");
+        }
+        for (auto & ev : channel->pop_all(std::chrono::milliseconds(100))) {
+            ChoiceAcc & a = (*acc)[ev.choice];
+            a.token_ids.insert(a.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+            a.n_prompt = ev.n_prompt_tokens;
+            a.n_cached = ev.n_cached_tokens;
+            if (ev.error) { return end_with_error(ev.error->code(), ev.error->what()); }
+            const bool first = !(*sent_first)[ev.choice];
+            (*sent_first)[ev.choice] = true;
+            json chunk = {{"id", id}, {"object", fmt_copy->chunk_object}, {"created", created}, {"model", ctx.cfg.served_model_name},
+                          {"weight_version", ev.weight_version}, {"choices", json::array({fmt_copy->chunk_choice(ev, first)})}};
+            if (!write(chunk)) { return false; }
+        }
+        return true;
+    };
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider("text/event-stream", provider, [channel](bool success) {
+        if (!success || !channel->done()) { channel->cancel(); }
+    });
+}
+
+}  // namespace fd::api

@@ -1,0 +1,77 @@
+// Internal to fd::api: what /v1/completions and /v1/chat/completions share — request-field
+// checks, the sampling fields, the context-length check, and running a GenerateRequest to a
+// JSON body or an SSE stream. Each route only parses its own prompt form and formats its own
+// choices.
+#pragma once
+
+#include "handlers.h"
+
+#include "fd/engine/request.h"
+
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace fd::api {
+
+/// Throw fd::Error{invalid_argument, msg} naming request field `param`.
+[[noreturn]] void bad(const std::string & param, const std::string & msg);
+
+/// Parse the body as a JSON object. Errors: 400 when it is not one.
+nlohmann::json parse_body(const std::string & body);
+
+/// Every field of `j` must be in `known`; the fields fdrollout does not implement pass only at
+/// their neutral value (frequency_penalty 0, logit_bias {}, ...). Errors: 400 naming the field.
+void check_fields(const nlohmann::json & j, const std::set<std::string> & known);
+
+/// `model`, when given, must name the served model. Errors: 404 naming it.
+void check_model(const ApiContext & ctx, const nlohmann::json & j);
+
+/// A token-id prompt: integers in [0, vocab). Errors: 400 naming `param`.
+std::vector<int32_t> token_prompt(const nlohmann::json & arr, int32_t vocab, size_t i_prompt, const char * param);
+
+/// Options both routes read besides the sampling parameters.
+struct StreamOptions {
+    bool stream        = false;
+    bool include_usage = false;  ///< stream_options.include_usage
+};
+
+/// The sampling fields into gen.params / gen.n: `max_tokens_key` (and its alias, tried in
+/// order: chat takes max_completion_tokens then max_tokens), temperature, top_p, top_k, n, seed,
+/// stop, stop_token_ids, ignore_eos, stream, stream_options. `logprobs` is the route's own.
+/// Errors: 400 naming the field.
+StreamOptions parse_sampling(const ApiContext & ctx, const nlohmann::json & j, engine::GenerateRequest & gen,
+                             std::initializer_list<const char *> max_tokens_keys);
+
+/// Each prompt plus max_tokens must fit --max-model-len. Errors: 400 naming prompt/max_tokens.
+void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, const char * prompt_param);
+
+/// Accumulated state of one choice.
+struct ChoiceAcc {
+    std::string                       text;
+    std::vector<int32_t>              token_ids;
+    std::vector<engine::TokenLogprob> logprobs;
+    engine::FinishReason              finish   = engine::FinishReason::none;
+    int32_t                           n_prompt = 0, n_cached = 0;
+};
+
+/// How a route formats its answer.
+struct ResponseFormat {
+    std::string object;        ///< "text_completion" | "chat.completion"
+    std::string chunk_object;  ///< "text_completion" | "chat.completion.chunk"
+    std::string id_prefix;     ///< "cmpl" | "chatcmpl"
+    /// Non-streaming: choice `c` from its accumulated state.
+    std::function<nlohmann::json(int32_t c, const ChoiceAcc & acc)> choice;
+    /// Streaming: the choice object of one event; `first` for the choice's first event.
+    std::function<nlohmann::json(const engine::ChoiceEvent & ev, bool first)> chunk_choice;
+};
+
+/// Submit `gen` and answer: one JSON body {id, object, created, model, weight_version,
+/// choices, usage}, or SSE chunks {id, object, created, model, weight_version, choices: [one]}
+/// then an optional usage chunk and `data: [DONE]`. Waits at most --request-timeout-s
+/// (504 before the headers, an in-band error after). Cancels the request when the client goes.
+void run_generation(ApiContext & ctx, engine::GenerateRequest gen, StreamOptions opts, const ResponseFormat & fmt,
+                    httplib::Response & res);
+
+}  // namespace fd::api

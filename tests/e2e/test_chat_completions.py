@@ -1,0 +1,228 @@
+"""/v1/chat/completions against the real daemon on a copy of stories260K given a chat template:
+the prompt must be exactly what python3-jinja2 (transformers' environment, tests/jinja/ref_jinja2.py)
+renders for the same messages, encoded as /v1/completions encodes it, and generation must then
+equal /v1/completions on that text (greedy ids, text, logprobs); streaming, n + seed, stop,
+max_completion_tokens, add_generation_prompt, continue_final_message, chat_template_kwargs and
+tools; the error answers (no template, raise_exception, malformed messages, malformed template)."""
+import http.client
+import json
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+from fdtest import REPO, STORIES, Daemon
+
+sys.path.insert(0, os.path.join(REPO, "tests", "jinja"))
+import ref_jinja2  # noqa: E402
+
+TEMPLATE = (
+    "{{ bos_token }}{% if system_prefix is defined %}{{ system_prefix }} {% endif %}"
+    "{%- if tools %}Tools:{% for t in tools %} {{ t.function.name }} {{ t | tojson }}{% endfor %}\n{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role not in ['system', 'user', 'assistant', 'tool'] %}{{ raise_exception('Unknown role: ' ~ m.role) }}{% endif %}"
+    "{%- if m.role == 'assistant' %}{{ m.content | trim }}"
+    "{%- for c in m.tool_calls or [] %} call {{ c.function.name }}({{ c.function.arguments | tojson }}){% endfor %}"
+    "{%- else %}{{ m.content | trim }}{% endif %}"
+    "{%- if not loop.last %} {% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %} Once upon a time{% endif %}")
+NO_BOS_TEMPLATE = "{% for m in messages %}{{ m.content }}{% if not loop.last %} {% endif %}{% endfor %}"
+
+MESSAGES = [{"role": "system", "content": "Lily and Tom"}, {"role": "user", "content": "  were playing  "},
+            {"role": "assistant", "content": "in the park."}, {"role": "user", "content": "They saw a big box."}]
+TOOLS = [{"type": "function", "function": {"name": "look", "description": "Look at a thing",
+                                           "parameters": {"type": "object", "properties": {"what": {"type": "string"}}}}}]
+
+
+def model_copy(dst, config_template=None, jinja_file=None):
+    os.makedirs(dst)
+    for f in os.listdir(STORIES):
+        if f != "tokenizer_config.json":
+            os.symlink(os.path.join(STORIES, f), os.path.join(dst, f))
+    with open(os.path.join(STORIES, "tokenizer_config.json")) as f:
+        cfg = json.load(f)
+    if config_template is not None:
+        cfg["chat_template"] = config_template
+    with open(os.path.join(dst, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f)
+    if jinja_file is not None:
+        with open(os.path.join(dst, "chat_template.jinja"), "w") as f:
+            f.write(jinja_file)
+    return dst
+
+
+def reference_text(model_dir, **chat):
+    src, special = ref_jinja2.load_template(model_dir)
+    return ref_jinja2.render_chat(ref_jinja2.make_env().from_string(src), special, chat)
+
+
+class ChatCompletions(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="fd_chat_")
+        cls.model = model_copy(os.path.join(cls.tmp, "chat"), config_template=TEMPLATE)
+        cls.d = Daemon(model=cls.model)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.__exit__(None)
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def chat(self, expect=200, **body):
+        status, j = self.d.post("/v1/chat/completions", body)
+        self.assertEqual(status, expect, j)
+        return j
+
+    def same_as_completion(self, chat_body, **chat):
+        """The chat answer equals /v1/completions on python3-jinja2's rendering (BOS printed by the
+        template → dropped from the text, the tokenizer adds it)."""
+        text = reference_text(self.model, **chat)
+        self.assertTrue(text.startswith("<s>"))
+        ref = self.d.complete(prompt=text[len("<s>"):], max_tokens=chat_body.get("max_tokens", 16), temperature=0, logprobs=2)
+        j = self.chat(**chat_body)
+        c, rc = j["choices"][0], ref["choices"][0]
+        self.assertEqual(c["prompt_token_ids"], rc["prompt_token_ids"])
+        self.assertEqual(c["prompt_token_ids"][0], 1)
+        self.assertEqual(c["prompt_token_ids"].count(1), 1)  # BOS once
+        self.assertEqual(c["token_ids"], rc["token_ids"])
+        self.assertEqual(c["message"], {"role": "assistant", "content": rc["text"]})
+        self.assertEqual(c["finish_reason"], rc["finish_reason"])
+        return j, ref
+
+    def test_greedy_equals_completion_on_the_reference_rendering(self):
+        j, ref = self.same_as_completion({"messages": MESSAGES, "max_tokens": 24, "temperature": 0},
+                                         messages=MESSAGES, add_generation_prompt=True)
+        self.assertEqual(j["object"], "chat.completion")
+        self.assertTrue(j["id"].startswith("chatcmpl-"))
+        self.assertEqual(j["weight_version"], "0")
+        self.assertEqual(j["usage"]["prompt_tokens"], len(j["choices"][0]["prompt_token_ids"]))
+        self.assertEqual(j["usage"]["completion_tokens"], 24)
+
+    def test_template_options_reach_the_template(self):
+        self.same_as_completion({"messages": MESSAGES, "add_generation_prompt": False, "temperature": 0},
+                                messages=MESSAGES, add_generation_prompt=False)
+        self.same_as_completion({"messages": MESSAGES[:3], "add_generation_prompt": False, "continue_final_message": True,
+                                 "temperature": 0}, messages=MESSAGES[:3], continue_final_message=True)
+        kw = {"system_prefix": "Once"}
+        self.same_as_completion({"messages": MESSAGES, "chat_template_kwargs": kw, "temperature": 0},
+                                messages=MESSAGES, add_generation_prompt=True, chat_template_kwargs=kw)
+        calls = [{"role": "user", "content": "Tom"},
+                 {"role": "assistant", "content": "", "tool_calls": [{"id": "1", "type": "function",
+                  "function": {"name": "look", "arguments": "{\"what\": \"the box\", \"why\": 1}"}}]},
+                 {"role": "tool", "content": "a ball"}]
+        parsed = json.loads(json.dumps(calls))
+        parsed[1]["tool_calls"][0]["function"]["arguments"] = {"what": "the box", "why": 1}  # vLLM parses JSON arguments
+        self.same_as_completion({"messages": calls, "tools": TOOLS, "tool_choice": "auto", "temperature": 0},
+                                messages=parsed, tools=TOOLS, add_generation_prompt=True)
+
+    def test_streaming_equals_non_streaming(self):
+        body = {"messages": MESSAGES, "max_completion_tokens": 20, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+        j = self.chat(**body)
+        conn = http.client.HTTPConnection("127.0.0.1", self.d.port, timeout=60)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps({**body, "stream": True,
+                                                                      "stream_options": {"include_usage": True}}),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        self.assertEqual(resp.status, 200)
+        lines = [l[len("data: "):] for l in resp.read().decode().split("\n") if l.startswith("data: ")]
+        conn.close()
+        self.assertEqual(lines[-1], "[DONE]")
+        chunks = [json.loads(l) for l in lines[:-1]]
+        self.assertTrue(all(c["object"] == "chat.completion.chunk" for c in chunks))
+        self.assertEqual(chunks[-1]["choices"], [])
+        self.assertEqual(chunks[-1]["usage"], j["usage"])
+        choices = [c["choices"][0] for c in chunks[:-1]]
+        self.assertEqual(choices[0]["delta"]["role"], "assistant")
+        self.assertEqual(choices[0]["prompt_token_ids"], j["choices"][0]["prompt_token_ids"])
+        self.assertEqual("".join(c["delta"]["content"] for c in choices), j["choices"][0]["message"]["content"])
+        self.assertEqual(sum((c["token_ids"] for c in choices), []), j["choices"][0]["token_ids"])
+        self.assertEqual(sum((c["logprobs"]["content"] for c in choices), []), j["choices"][0]["logprobs"]["content"])
+        self.assertEqual(choices[-1]["finish_reason"], "length")
+
+    def test_logprobs_equal_the_completion_logprobs(self):
+        text = reference_text(self.model, messages=MESSAGES, add_generation_prompt=True)
+        ref = self.d.complete(prompt=text[len("<s>"):], max_tokens=8, temperature=0, logprobs=3)["choices"][0]["logprobs"]
+        lp = self.chat(messages=MESSAGES, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)["choices"][0]["logprobs"]
+        self.assertEqual([e["token"] for e in lp["content"]], ref["tokens"])
+        self.assertEqual([e["logprob"] for e in lp["content"]], ref["token_logprobs"])
+        for e, top in zip(lp["content"], ref["top_logprobs"]):
+            self.assertEqual({t["token"]: t["logprob"] for t in e["top_logprobs"]}, top)
+            self.assertEqual(e["bytes"], list(e["token"].encode()))
+        self.assertIsNone(self.chat(messages=MESSAGES, max_tokens=2)["choices"][0]["logprobs"])
+
+    def test_n_seed_and_stop(self):
+        body = {"messages": MESSAGES, "max_tokens": 12, "temperature": 1.0, "n": 3, "seed": 7}
+        a, b = self.chat(**body), self.chat(**body)
+        self.assertEqual([c["index"] for c in a["choices"]], [0, 1, 2])
+        self.assertEqual([c["token_ids"] for c in a["choices"]], [c["token_ids"] for c in b["choices"]])
+        self.assertEqual(a["usage"]["completion_tokens"], 36)
+        greedy = self.chat(messages=MESSAGES, max_tokens=30, temperature=0)["choices"][0]["message"]["content"]
+        word = greedy.split()[3]
+        s = self.chat(messages=MESSAGES, max_tokens=30, temperature=0, stop=[word])["choices"][0]
+        self.assertEqual(s["finish_reason"], "stop")
+        self.assertEqual(s["message"]["content"], greedy[:greedy.index(word)])
+
+    def test_bad_requests_name_the_field(self):
+        cases = [({"messages": "hi"}, "messages"),
+                 ({"messages": []}, "messages"),
+                 ({"messages": [{"content": "x"}]}, "messages[0].role"),
+                 ({"messages": [{"role": "user"}]}, "messages[0].content"),
+                 ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+                 ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+                  "messages[0].content[0].type"),
+                 ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+                     {"type": "function", "function": {"name": "f", "arguments": "{not json"}}]}]},
+                  "messages[0].tool_calls[0].function.arguments"),
+                 ({"messages": MESSAGES, "tools": {"a": 1}}, "tools"),
+                 ({"messages": MESSAGES, "tool_choice": "required"}, "tool_choice"),
+                 ({"messages": MESSAGES, "chat_template_kwargs": [1]}, "chat_template_kwargs"),
+                 ({"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),
+                 ({"messages": MESSAGES, "max_completion_tokens": 0}, "max_completion_tokens"),
+                 ({"messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format")]
+        for body, param in cases:
+            j = self.chat(expect=400, **body)
+            self.assertEqual(j["error"]["param"], param, (body, j))
+        j = self.chat(expect=400, messages=[{"role": "robot", "content": "beep"}])
+        self.assertEqual(j["error"]["message"], "Unknown role: robot")
+        j = self.chat(expect=400, messages=MESSAGES, add_generation_prompt=True, continue_final_message=True)
+        self.assertIn("not compatible", j["error"]["message"])
+        # content parts with text only are joined for a template that does not loop over them
+        a = self.chat(messages=[{"role": "user", "content": [{"type": "text", "text": "Lily"}, {"type": "text", "text": "Tom"}]}],
+                      max_tokens=2, temperature=0)["choices"][0]["prompt_token_ids"]
+        b = self.chat(messages=[{"role": "user", "content": "Lily\nTom"}], max_tokens=2, temperature=0)["choices"][0]["prompt_token_ids"]
+        self.assertEqual(a, b)
+
+
+class ChatTemplateVariants(unittest.TestCase):
+    def test_no_template_no_bos_and_malformed_template(self):
+        tmp = tempfile.mkdtemp(prefix="fd_chat_v_")
+        try:
+            with Daemon() as plain:  # stories260K itself ships no chat template
+                status, j = plain.post("/v1/chat/completions", {"messages": MESSAGES})
+                self.assertEqual(status, 400)
+                self.assertIn("has no chat template", j["error"]["message"])
+            # chat_template.jinja wins over tokenizer_config.json; a template without bos_token gets no BOS
+            nobos = model_copy(os.path.join(tmp, "nobos"), config_template=TEMPLATE, jinja_file=NO_BOS_TEMPLATE)
+            with Daemon(model=nobos) as d:
+                status, j = d.post("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4, "temperature": 0})
+                self.assertEqual(status, 200, j)
+                text = reference_text(nobos, messages=MESSAGES, add_generation_prompt=True)
+                self.assertEqual(text, "Lily and Tom   were playing   in the park. They saw a big box.")
+                ref = d.complete(prompt=text, max_tokens=4, temperature=0)["choices"][0]
+                self.assertEqual(j["choices"][0]["prompt_token_ids"], ref["prompt_token_ids"][1:])
+            bad = model_copy(os.path.join(tmp, "bad"), config_template="{% for m in messages %}\n{{ m.content }")
+            d = Daemon(model=bad, wait=False)
+            try:
+                d.proc.wait(60)
+                self.assertNotEqual(d.proc.returncode, 0)
+                self.assertIn("tokenizer_config.json chat_template:2:14: unexpected '}'", d.output())
+            finally:
+                d.__exit__(None)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    unittest.main()
