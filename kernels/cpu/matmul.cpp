@@ -336,9 +336,10 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
         }
     };
     if (n_rows == 1) {
-        // Decode: tasks of ~32 KiB of weights (whole 8-row strips, at least 24 rows).
+        // Decode: tasks of ~128 KiB of weights (whole 8-row strips, at least 24 rows), as before
+        // issue #14.
         const int64_t row_bytes = n_in * static_cast<int64_t>(wtype == WType::f32 ? 4 : 2);
-        const int64_t per_task  = std::max<int64_t>(24, (32 << 10) / std::max<int64_t>(1, row_bytes) / 24 * 24);
+        const int64_t per_task  = std::max<int64_t>(24, ((128 << 10) / std::max<int64_t>(1, row_bytes)) / 24 * 24);
         for_tasks((n_out + per_task - 1) / per_task, [&](int64_t t) {
             const int64_t o0 = t * per_task, o1 = std::min(n_out, o0 + per_task);
             if (wtype == WType::f32) {
