@@ -79,19 +79,20 @@ ojson check_messages(const ojson & msgs, bool takes_parts) {
     return out;
 }
 
-/// The prompt ids of rendered chat text. Templates that print bos_token themselves get it once:
-/// the text's leading BOS string is dropped before encoding and the tokenizer's BOS stands for
-/// it; templates that print none get no BOS (HF apply_chat_template(tokenize=True) encodes with
-/// add_special_tokens=False).
-std::vector<int32_t> encode_chat_prompt(const model::Tokenizer & tok, const tokenizer::ChatTemplate & tmpl, std::string text) {
-    const std::string bos      = tmpl.special_token("bos_token");
-    const bool        has_bos  = !bos.empty() && text.compare(0, bos.size(), bos) == 0;
-    if (has_bos) { text.erase(0, bos.size()); }
-    std::vector<int32_t> ids = tok.encode(text);
-    const bool starts_bos = !ids.empty() && tok.add_bos() && ids[0] == tok.bos_token_id();
-    if (has_bos && !starts_bos) { ids.insert(ids.begin(), tok.bos_token_id()); }
-    if (!has_bos && starts_bos) { ids.erase(ids.begin()); }
-    return ids;
+/// The prompt ids of rendered chat text, encoded without adding special tokens, as HF
+/// apply_chat_template(tokenize=True) and vLLM do: the template's own BOS is the only one. A
+/// leading bos_token string becomes the BOS id directly (so it is one token whether or not the
+/// tokenizer matches special tokens written in text) and the rest is encoded after it.
+std::vector<int32_t> encode_chat_prompt(const tokenizer::Tokenizer & tok, const tokenizer::ChatTemplate & tmpl, std::string_view text) {
+    const std::string bos    = tmpl.special_token("bos_token");
+    const auto        bos_id = tok.bos_id();
+    if (!bos.empty() && bos_id && text.substr(0, bos.size()) == bos) {
+        std::vector<int32_t> ids{*bos_id};
+        const std::vector<int32_t> rest = tok.encode(text.substr(bos.size()), /*add_special_tokens=*/false);
+        ids.insert(ids.end(), rest.begin(), rest.end());
+        return ids;
+    }
+    return tok.encode(text, /*add_special_tokens=*/false);
 }
 
 bool get_bool(const json & j, const char * key, bool dflt) {
@@ -106,7 +107,8 @@ ChatCompletionRequest parse(ApiContext & ctx, const std::string & body) {
         "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "logprobs",
         "top_logprobs", "seed", "stop", "stop_token_ids", "ignore_eos", "stream", "stream_options", "user", "tools",
         "tool_choice", "documents", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
-        "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens", "min_p"};
+        "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens", "min_p",
+        "skip_special_tokens", "spaces_between_special_tokens"};
     check_fields(j, kKnown);
     check_model(ctx, j);
     if (!ctx.chat_template) {
@@ -164,12 +166,12 @@ json token_entry(const std::string & piece, float logprob) {
 
 /// OpenAI chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]};
 /// tokens are the vocabulary pieces, as in the completions route.
-json chat_logprobs_json(const model::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps) {
+json chat_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps) {
     json content = json::array();
     for (const auto & lp : lps) {
-        json e   = token_entry(tok.id_to_piece(lp.id), lp.logprob);
+        json e   = token_entry(tok.piece(lp.id), lp.logprob);
         json top = json::array();
-        for (const auto & [id, v] : lp.top) { top.push_back(token_entry(tok.id_to_piece(id), v)); }
+        for (const auto & [id, v] : lp.top) { top.push_back(token_entry(tok.piece(id), v)); }
         e["top_logprobs"] = top;
         content.push_back(std::move(e));
     }

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "fd/engine/engine.h"
-#include "fd/model/tokenizer.h"
+#include "fd/tokenizer/tokenizer.h"
 
 #include <cstdint>
 #include <memory>
@@ -33,7 +33,7 @@ struct ApiContext {
     ServerConfig                cfg;
     engine::Engine *            engine = nullptr;
     control::ControlService *   control = nullptr;
-    const model::Tokenizer *    tok    = nullptr;
+    const tokenizer::Tokenizer *    tok    = nullptr;
     const tokenizer::ChatTemplate * chat_template = nullptr;  ///< null: the model has none (chat → 400)
 };
 
@@ -42,7 +42,7 @@ public:
     /// Loads the model's chat template from cfg.model_dir (fd/tokenizer/chat_template.h).
     /// Errors  fd::Error{invalid_checkpoint} naming the file (and line/column) when the
     ///         template or tokenizer_config.json is malformed.
-    ApiServer(ServerConfig cfg, engine::Engine & engine, control::ControlService & control, const model::Tokenizer & tok);
+    ApiServer(ServerConfig cfg, engine::Engine & engine, control::ControlService & control, const tokenizer::Tokenizer & tok);
     ~ApiServer();
 
     /// Bind host:port. Errors  fd::Error{invalid_argument} when the address is unusable.
