@@ -13,9 +13,11 @@
 // Tiles only decide how many rows and outputs share a load, never the arithmetic, so a row's
 // result is bitwise the same for any batch size, batch position, tiling or thread count.
 #include "fd/kernels/ops.h"
+#include "lanes.h"
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #if defined(__AVX512BW__)
@@ -24,32 +26,6 @@
 
 namespace fd::kernels {
 namespace {
-
-typedef float    f32x16 __attribute__((vector_size(64)));
-typedef float    f32x8  __attribute__((vector_size(32)));
-typedef float    f32x4  __attribute__((vector_size(16)));
-
-constexpr int kLanes = 16;
-
-inline f32x16 load16(const float * p) {
-    f32x16 v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
-
-/// Fixed pairwise reduction: halves, then quarters, ... (the same for every output).
-inline float reduce16(f32x16 v) {
-    f32x8 lo, hi;
-    std::memcpy(&lo, &v, sizeof lo);
-    std::memcpy(&hi, reinterpret_cast<const char *>(&v) + sizeof lo, sizeof hi);
-    const f32x8 s8 = lo + hi;
-    f32x4 l4, h4;
-    std::memcpy(&l4, &s8, sizeof l4);
-    std::memcpy(&h4, reinterpret_cast<const char *>(&s8) + sizeof l4, sizeof h4);
-    const f32x4 s4 = l4 + h4;
-    const float s2a = s4[0] + s4[2], s2b = s4[1] + s4[3];
-    return s2a + s2b;
-}
 
 /// Position (within a block of 32) of the k that bf16 step lane `m` (0..31: lo 0..15, hi 16..31) holds.
 constexpr int bf16_lane_k(int m) { return 8 * ((m % 16) / 4) + (m >= 16 ? 4 : 0) + m % 4; }
@@ -120,70 +96,206 @@ inline void load_x(const float * row, int64_t k, int n, f32x16 (&x)[Step<T>::V])
     }
 }
 
-/// out[r, c] for MR rows of x (row stride ldx) and NR weight rows. Rows past n_rows / outputs
-/// past n_cols repeat the last valid one (results not stored), so one instantiation covers
-/// every edge. kPrefetch: one streaming row, keep ~512 bytes of each weight row in flight.
+/// One MR x NR register tile over a chunk of k: MR rows of x and NR weight rows, both already
+/// at the chunk's first k. Rows past n_rows / outputs past n_cols repeat the last valid one
+/// (results not stored), so one instantiation covers every edge.
+struct TileArgs {
+    const float * x;       ///< x [n_rows, ldx] at the chunk's first k
+    int64_t       ldx;     ///< floats
+    const char *  w;       ///< weight rows [n_cols, ldw] at the chunk's first k
+    int64_t       ldw;     ///< bytes
+    int           n_rows;  ///< 1..MR
+    int           n_cols;  ///< 1..NR
+    int64_t       n_k;     ///< k's in the chunk (a multiple of the step unless `last`)
+    bool          first;   ///< lanes start at zero (else from carry)
+    bool          last;    ///< reduce, add the bias, store to out (else lanes to carry)
+    f32x16 *      carry;   ///< [MR * NR] lanes between chunks (exact, so a split k loop runs
+                           ///< the very same FMA chain as an unsplit one)
+    float *       out;     ///< out [n_rows, ldo] at the tile's first output
+    int64_t       ldo;
+    const float * bias;    ///< [n_cols] or nullptr
+};
+
+#if defined(__AVX512BW__)
+/// `n_steps` whole steps of a tile with AVX-512 intrinsics. The weights of a step are loaded
+/// once into registers (left to itself the compiler folds each load into every row's FMA:
+/// MR x NR loads per step instead of MR + NR). The same FMAs in the same order as the generic
+/// step in tile(): acc = x * w + acc, one rounding each, rows' x vectors lo before hi.
+/// kPrefetch: one streaming row, keep ~512 bytes of each weight row in flight.
 template <WType T, int MR, int NR, bool kPrefetch>
-void tile(float * out, int64_t ldo, const float * x, int64_t ldx, int64_t n_in, int n_rows, const char * w,
-          int n_cols, const float * bias) {
+__attribute__((noinline)) void whole_steps(f32x16 (&acc)[MR][NR], const float * const (&xr)[MR],
+                                           const char * const (&wr)[NR], int64_t n_steps) {
     using S = Step<T>;
-    const size_t row_bytes = static_cast<size_t>(n_in) * S::kElemBytes;
-    const float * xr[MR];
-    const char *  wr[NR];
-    for (int r = 0; r < MR; ++r) { xr[r] = x + std::min(r, n_rows - 1) * ldx; }
-    for (int c = 0; c < NR; ++c) { wr[c] = w + std::min(c, n_cols - 1) * row_bytes; }
-    f32x16 acc[MR][NR];
+    __m512 a[MR][NR];
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-        for (int c = 0; c < NR; ++c) { acc[r][c] = f32x16{}; }
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) { std::memcpy(&a[r][c], &acc[r][c], sizeof(__m512)); }
     }
-    auto step = [&](int64_t k, int n) {
-        f32x16 wv[NR][S::V];
+    for (int64_t s = 0; s < n_steps; ++s) {
+        const int64_t k = s * S::K;
+        __m512        w[NR][S::V];
+#pragma GCC unroll 8
         for (int c = 0; c < NR; ++c) {
             if (kPrefetch) { __builtin_prefetch(wr[c] + k * S::kElemBytes + 512, 0, 3); }
-            load_w<T>(wr[c], k, n, wv[c]);
+            if constexpr (T == WType::f32) {
+                w[c][0] = _mm512_loadu_ps(reinterpret_cast<const float *>(wr[c]) + k);
+            } else {
+                const __m512i v = _mm512_loadu_si512(reinterpret_cast<const uint16_t *>(wr[c]) + k);
+                const __m512i z = _mm512_setzero_si512();
+                w[c][0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, v));
+                w[c][1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, v));
+            }
+#pragma GCC unroll 2
+            for (int v = 0; v < S::V; ++v) { __asm__("" : "+v"(w[c][v])); }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 2
+            for (int v = 0; v < S::V; ++v) {
+                const __m512 xv = _mm512_loadu_ps(xr[r] + k + v * kLanes);
+#pragma GCC unroll 8
+                for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_fmadd_ps(xv, w[c][v], a[r][c]); }
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) { std::memcpy(&acc[r][c], &a[r][c], sizeof(__m512)); }
+    }
+}
+#endif
+
+template <WType T, int MR, int NR, bool kPrefetch>
+void tile(const TileArgs & t) {
+    using S = Step<T>;
+    const float * xr[MR];
+    const char *  wr[NR];
+    for (int r = 0; r < MR; ++r) { xr[r] = t.x + std::min(r, t.n_rows - 1) * t.ldx; }
+    for (int c = 0; c < NR; ++c) { wr[c] = t.w + std::min(c, t.n_cols - 1) * t.ldw; }
+    f32x16 acc[MR][NR];
+    for (int r = 0; r < MR; ++r) {
+        for (int c = 0; c < NR; ++c) { acc[r][c] = t.first ? f32x16{} : t.carry[r * NR + c]; }
+    }
+    int64_t k = 0;
+#if defined(__AVX512BW__)
+    whole_steps<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_k / S::K);
+    k = t.n_k / S::K * S::K;
+#endif
+    auto step = [&](int64_t kk, int n) {
+        f32x16 wv[NR][S::V];
+        for (int c = 0; c < NR; ++c) {
+            if (kPrefetch) { __builtin_prefetch(wr[c] + kk * S::kElemBytes + 512, 0, 3); }
+            load_w<T>(wr[c], kk, n, wv[c]);
         }
         for (int r = 0; r < MR; ++r) {
             f32x16 xv[S::V];
-            load_x<T>(xr[r], k, n, xv);
+            load_x<T>(xr[r], kk, n, xv);
             for (int v = 0; v < S::V; ++v) {
                 for (int c = 0; c < NR; ++c) { acc[r][c] += xv[v] * wv[c][v]; }
             }
         }
     };
-    int64_t k = 0;
-    for (; k + S::K <= n_in; k += S::K) { step(k, S::K); }
-    if (k < n_in) { step(k, static_cast<int>(n_in - k)); }
-    for (int r = 0; r < std::min(MR, n_rows); ++r) {
-        for (int c = 0; c < std::min(NR, n_cols); ++c) {
-            float v = reduce16(acc[r][c]);
-            if (bias) { v += bias[c]; }
-            out[r * ldo + c] = v;
+    for (; k + S::K <= t.n_k; k += S::K) { step(k, S::K); }
+    if (k < t.n_k) { step(k, static_cast<int>(t.n_k - k)); }
+    if (!t.last) {
+        for (int r = 0; r < MR; ++r) {
+            for (int c = 0; c < NR; ++c) { t.carry[r * NR + c] = acc[r][c]; }
+        }
+        return;
+    }
+    float sums[MR * NR];
+    reduce_all(&acc[0][0], MR * NR, sums);
+    for (int r = 0; r < std::min(MR, t.n_rows); ++r) {
+        for (int c = 0; c < std::min(NR, t.n_cols); ++c) {
+            float v = sums[r * NR + c];
+            if (t.bias) { v += t.bias[c]; }
+            t.out[r * t.ldo + c] = v;
         }
     }
 }
 
-/// All rows x outputs [o0, o1) (x row stride ldx): one row streams weights in 8-row strips;
-/// batches use 4-row tiles (4 x 6 outputs for f32; 4 x 4 for bf16, whose steps need twice the
-/// registers), the x rows staying in L1 while the task's weight strips stream past them.
-template <WType T>
-void block(float * out, const float * x, int64_t ldx, const char * w, const float * bias, int64_t n_rows,
-           int64_t n_out, int64_t n_in, int64_t o0, int64_t o1) {
-    const size_t row_bytes = static_cast<size_t>(n_in) * Step<T>::kElemBytes;
-    if (n_rows == 1) {
-        constexpr int NR = 8;
-        for (int64_t o = o0; o < o1; o += NR) {
-            tile<T, 1, NR, true>(out + o, n_out, x, ldx, n_in, 1, w + o * row_bytes,
-                                 static_cast<int>(std::min<int64_t>(NR, o1 - o)), bias ? bias + o : nullptr);
-        }
-        return;
+/// Cache blocking of the many-row path. A task owns up to kSuperRows rows x kNc outputs (its
+/// weights stay in L2) and runs a panel per block of `mc` rows. A panel walks k in chunks of kKc: for each chunk, each 6-output weight strip (6 x kKc, in L1) meets every
+/// 4-row x tile of the block (mc x kKc, in L2), the lanes of every (row, output) parking in a
+/// per-thread carry buffer between chunks. bf16 strips are widened once per chunk into an f32
+/// strip in the bf16 lane order (x is permuted to match), so the f32 tile runs the very FMAs
+/// of the bf16 step: lo vector, then hi vector. The tiling never touches the arithmetic.
+constexpr int     kMR          = 4, kNR = 6;
+constexpr int64_t kKc          = 1024;       ///< k per chunk (a multiple of both steps)
+constexpr int64_t kNc          = 48;         ///< outputs per task (a multiple of kNR)
+constexpr int64_t kXBlockBytes = 96 << 10;   ///< x rows of one panel (whole k) kept within this
+constexpr int64_t kSuperRows   = 256;        ///< rows of one task: weights stream once per this many
+
+int64_t rows_per_block(int64_t n_rows, int64_t ldx) {
+    const int64_t mc = std::clamp<int64_t>(kXBlockBytes / (ldx * 4) / kMR * kMR, 16, 128);
+    return std::min(mc, (n_rows + kMR - 1) / kMR * kMR);
+}
+
+/// bf16 weights [k0, k0 + n) of a row as f32 in bf16_lane_k order, zero-padded to whole 32s.
+void widen_bf16(float * dst, const uint16_t * src, int64_t n) {
+    for (int64_t k = 0; k < n; k += 32) {
+        f32x16 w[2];
+        load_w<WType::bf16>(reinterpret_cast<const char *>(src), k, static_cast<int>(std::min<int64_t>(32, n - k)), w);
+        std::memcpy(dst + k, &w[0], sizeof w[0]);
+        std::memcpy(dst + k + kLanes, &w[1], sizeof w[1]);
     }
-    constexpr int MR = 4, NR = T == WType::f32 ? 6 : 4;
-    for (int64_t r = 0; r < n_rows; r += MR) {
-        const int nr = static_cast<int>(std::min<int64_t>(MR, n_rows - r));
-        for (int64_t o = o0; o < o1; o += NR) {
-            tile<T, MR, NR, false>(out + r * n_out + o, n_out, x + r * ldx, ldx, n_in, nr, w + o * row_bytes,
-                                   static_cast<int>(std::min<int64_t>(NR, o1 - o)), bias ? bias + o : nullptr);
+}
+
+/// One task of the many-row path: rows [r0, r1) x outputs [o0, o1). x [n_rows, ldx] is f32 x
+/// (ldx = n_in) or the permuted bf16 copy (ldx = n_in rounded up to 32).
+template <WType T>
+void panel(float * out, const float * x, int64_t ldx, const char * w, const float * bias, int64_t r0, int64_t r1,
+           int64_t n_out, int64_t n_in, int64_t o0, int64_t o1) {
+    const int64_t row_bytes = n_in * Step<T>::kElemBytes;
+    const int64_t n_k       = T == WType::f32 ? n_in : ldx;
+    const int64_t n_rt = (r1 - r0 + kMR - 1) / kMR, n_ot = (o1 - o0 + kNR - 1) / kNR;
+    thread_local std::vector<f32x16> carry;
+    thread_local std::vector<float>  wide;  // bf16: one strip of one chunk, widened
+    if (static_cast<int64_t>(carry.size()) < n_rt * n_ot * kMR * kNR) {
+        carry.resize(static_cast<size_t>(n_rt * n_ot * kMR * kNR));
+    }
+    if (T == WType::bf16 && wide.size() < static_cast<size_t>(kNR * kKc)) { wide.resize(kNR * kKc); }
+    for (int64_t k0 = 0; k0 < n_k; k0 += kKc) {
+        const int64_t nk = std::min(kKc, n_k - k0);
+        for (int64_t ot = 0; ot < n_ot; ++ot) {
+            const int64_t o  = o0 + ot * kNR;
+            const int     nc = static_cast<int>(std::min<int64_t>(kNR, o1 - o));
+            const char *  ws = w + o * row_bytes + k0 * Step<T>::kElemBytes;
+            int64_t       ldw = row_bytes;
+            if constexpr (T == WType::bf16) {
+                for (int c = 0; c < nc; ++c) {
+                    widen_bf16(wide.data() + c * nk, reinterpret_cast<const uint16_t *>(ws + c * row_bytes),
+                               std::min(nk, n_in - k0));
+                }
+                ws  = reinterpret_cast<const char *>(wide.data());
+                ldw = nk * 4;
+            }
+            for (int64_t rt = 0; rt < n_rt; ++rt) {
+                const int64_t r = r0 + rt * kMR;
+                tile<WType::f32, kMR, kNR, false>({.x = x + r * ldx + k0, .ldx = ldx, .w = ws, .ldw = ldw,
+                                                   .n_rows = static_cast<int>(std::min<int64_t>(kMR, r1 - r)),
+                                                   .n_cols = nc, .n_k = nk, .first = k0 == 0, .last = k0 + nk == n_k,
+                                                   .carry = carry.data() + (ot * n_rt + rt) * kMR * kNR,
+                                                   .out = out + r * n_out + o, .ldo = n_out,
+                                                   .bias = bias ? bias + o : nullptr});
+            }
         }
+    }
+}
+
+/// One row x outputs [o0, o1): streams the weights in their stored dtype, 8 rows at a time.
+template <WType T>
+void strip(float * out, const float * x, const char * w, const float * bias, int64_t n_in, int64_t o0,
+           int64_t o1) {
+    const int64_t row_bytes = n_in * Step<T>::kElemBytes;
+    constexpr int NR = 8;
+    for (int64_t o = o0; o < o1; o += NR) {
+        tile<T, 1, NR, true>({.x = x, .ldx = 0, .w = w + o * row_bytes, .ldw = row_bytes, .n_rows = 1,
+                              .n_cols = static_cast<int>(std::min<int64_t>(NR, o1 - o)), .n_k = n_in,
+                              .first = true, .last = true, .carry = nullptr, .out = out + o, .ldo = 1,
+                              .bias = bias ? bias + o : nullptr});
     }
 }
 
@@ -207,12 +319,7 @@ void permute_for_bf16(std::vector<float> & xp, const float * x, int64_t n_rows, 
 void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
             int64_t n_out, int64_t n_in, ThreadPool * pool) {
     if (n_rows <= 0 || n_out <= 0) { return; }
-    // Tasks of whole strips (24 = every strip width) holding ~32 KiB of weights per batch row
-    // (at most 4), at least 24 rows: enough work to wake a thread for.
-    const int64_t row_bytes = n_in * static_cast<int64_t>(wtype == WType::f32 ? 4 : 2);
-    const int64_t per_task  = std::max<int64_t>(24, ((32 << 10) * 4 / std::max<int64_t>(1, row_bytes * std::min<int64_t>(n_rows, 4))) / 24 * 24);
-    const int64_t n_tasks   = (n_out + per_task - 1) / per_task;
-    const char *  wb        = static_cast<const char *>(w);
+    const char *  wb = static_cast<const char *>(w);
     thread_local std::vector<float> xp;  // the caller's thread only: tasks read it
     const float * xs  = x;
     int64_t       ldx = n_in;
@@ -221,19 +328,45 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
         xs  = xp.data();
         ldx = (n_in + 31) / 32 * 32;
     }
-    auto run = [&](int64_t t) {
-        const int64_t o0 = t * per_task, o1 = std::min(n_out, o0 + per_task);
-        if (wtype == WType::f32) {
-            block<WType::f32>(out, xs, ldx, wb, bias, n_rows, n_out, n_in, o0, o1);
+    auto for_tasks = [&](int64_t n_tasks, const std::function<void(int64_t)> & run) {
+        if (pool && n_tasks > 1) {
+            pool->parallel_for(n_tasks, run);
         } else {
-            block<WType::bf16>(out, xs, ldx, wb, bias, n_rows, n_out, n_in, o0, o1);
+            for (int64_t t = 0; t < n_tasks; ++t) { run(t); }
         }
     };
-    if (pool && n_tasks > 1) {
-        pool->parallel_for(n_tasks, run);
-    } else {
-        for (int64_t t = 0; t < n_tasks; ++t) { run(t); }
+    if (n_rows == 1) {
+        // Decode: tasks of ~32 KiB of weights (whole 8-row strips, at least 24 rows).
+        const int64_t row_bytes = n_in * static_cast<int64_t>(wtype == WType::f32 ? 4 : 2);
+        const int64_t per_task  = std::max<int64_t>(24, (32 << 10) / std::max<int64_t>(1, row_bytes) / 24 * 24);
+        for_tasks((n_out + per_task - 1) / per_task, [&](int64_t t) {
+            const int64_t o0 = t * per_task, o1 = std::min(n_out, o0 + per_task);
+            if (wtype == WType::f32) {
+                strip<WType::f32>(out, xs, wb, bias, n_in, o0, o1);
+            } else {
+                strip<WType::bf16>(out, xs, wb, bias, n_in, o0, o1);
+            }
+        });
+        return;
     }
+    // Many rows: tasks of up to kSuperRows rows x kNc outputs, output-block major so that the
+    // weights stream from memory once per kSuperRows rows. A task's weight block (kNc x n_in)
+    // stays in L2 while its row blocks of mc rows pass through the panel.
+    const int64_t mc   = rows_per_block(n_rows, ldx);
+    const int64_t sb   = std::max<int64_t>(mc, kSuperRows / mc * mc);
+    const int64_t n_sb = (n_rows + sb - 1) / sb, n_ob = (n_out + kNc - 1) / kNc;
+    for_tasks(n_sb * n_ob, [&](int64_t t) {
+        const int64_t s0 = (t / n_ob) * sb, s1 = std::min(n_rows, s0 + sb);
+        const int64_t o0 = (t % n_ob) * kNc, o1 = std::min(n_out, o0 + kNc);
+        for (int64_t r0 = s0; r0 < s1; r0 += mc) {
+            const int64_t r1 = std::min(s1, r0 + mc);
+            if (wtype == WType::f32) {
+                panel<WType::f32>(out, xs, ldx, wb, bias, r0, r1, n_out, n_in, o0, o1);
+            } else {
+                panel<WType::bf16>(out, xs, ldx, wb, bias, r0, r1, n_out, n_in, o0, o1);
+            }
+        }
+    });
 }
 
 }  // namespace fd::kernels

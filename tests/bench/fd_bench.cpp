@@ -3,18 +3,25 @@
 // Measures, in one run:
 //   memory_read_bw_gbs   reading a touched buffer (default 1 GiB) with a vectorized sum, best of 3,
 //                        on 1 thread and (with --threads > 1) on --threads threads; memcpy for reference
-//   sgemm                OpenBLAS sgemm (1 thread) vs kernels::linear (f32 weights) on one shape
-//   per model            prefill tok/s (one --prompt-len sequence per forward), and batched decode:
+//   linear_vs_openblas   OpenBLAS sgemm (1 thread) vs kernels::linear (f32 and bf16 weights, 1 thread)
+//                        at N=2048, K=768 and M = each of --linear-m (default 64, 512, 2048)
+//   per model            prefill tok/s (one sequence of L tokens per forward, each L of
+//                        --prefill-lens, as ratios to the first), and batched decode:
 //                        B sequences whose --prompt-len contexts are prefilled (untimed), then
 //                        --decode-steps forwards of B tokens each (one per sequence, logits for all).
 //                        At B=1 the weights are streamed once per step, so weight_bytes * steps / time
 //                        is compared with the read bandwidth.
 //   breakdown            (default on) the same decode step's linear layers alone (kernels::linear on
 //                        weights of the model's shapes) and its attention alone, to attribute time.
+//   decode_contexts      decode steps at long contexts (--decode-ctx, --decode-ctx-batches) on the
+//                        model's shapes: linear layers + attention over a paged KV pool, (weight +
+//                        KV bytes) per step / time against the read bandwidth (bench_kernels.h).
 // The Worker is driven directly (no engine thread, no HTTP); block tables come from a KvCache and
 // the StepBatch is built exactly as Engine::step() builds it.
 // Usage: fd_bench [--model DIR[,DIR]] [--threads N] [--batches 1,8,32,64] [--prompt-len 128]
 //                 [--decode-steps 32] [--seconds-min 1.0] [--bw-mib 1024] [--no-breakdown]
+//                 [--prefill-lens 128,512,2048] [--linear-m 64,512,2048] [--decode-ctx 128,2048,8192]
+//                 [--decode-ctx-batches 1,64] [--kv-budget-mib 2048]
 #include "fd/arena.h"
 #include "fd/kernels/ops.h"
 #include "fd/kernels/thread_pool.h"
@@ -23,10 +30,10 @@
 #include "fd/model/safetensors.h"
 #include "fd/model/worker.h"
 
+#include "bench_kernels.h"
 #include "bench_util.h"
 
 #include <CLI/CLI.hpp>
-#include <cblas.h>
 #include <nlohmann/json.hpp>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -48,7 +55,6 @@
 #include <thread>
 #include <vector>
 
-extern "C" void openblas_set_num_threads(int);
 extern "C" char * openblas_get_corename(void);
 
 #ifndef FD_SOURCE_DIR
@@ -62,46 +68,9 @@ using namespace fd::bench;
 
 
 
-/// Run fn() until at least `min_s` seconds and `min_runs` runs have passed. Returns {runs, seconds, best run}.
-struct Timing {
-    int64_t runs   = 0;
-    double  total  = 0.0;
-    double  best   = 1e300;
-    double  mean() const { return total / static_cast<double>(runs); }
-};
-Timing time_repeated(double min_s, int64_t min_runs, const std::function<void()> & fn) {
-    Timing t;
-    while (t.runs < min_runs || t.total < min_s) {
-        const auto t0 = Clock::now();
-        fn();
-        const double dt = seconds_since(t0);
-        t.total += dt;
-        t.best = std::min(t.best, dt);
-        ++t.runs;
-    }
-    return t;
-}
-
-
-
 // ---------------------------------------------------------------------------------------------
 // Memory bandwidth
 // ---------------------------------------------------------------------------------------------
-
-/// Anonymous private mapping, like fd::Arena (4 KiB pages unless THP is "always").
-struct Mapping {
-    float * p     = nullptr;
-    size_t  bytes = 0;
-    explicit Mapping(size_t b) : bytes(b) {
-        void * m = mmap(nullptr, b, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (m == MAP_FAILED) { throw std::runtime_error("mmap of " + std::to_string(b) + " bytes failed"); }
-        p = static_cast<float *>(m);
-    }
-    ~Mapping() { if (p) { munmap(p, bytes); } }
-    Mapping(const Mapping &) = delete;
-    Mapping & operator=(const Mapping &) = delete;
-    size_t n_floats() const { return bytes / sizeof(float); }
-};
 
 typedef float v16f __attribute__((vector_size(64)));
 
@@ -168,42 +137,6 @@ json memory_bandwidth(size_t bytes, int n_threads) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// sgemm reference
-// ---------------------------------------------------------------------------------------------
-
-json sgemm_compare(int64_t M, int64_t N, int64_t K, double min_s) {
-    std::mt19937 rng(42);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> a(M * K), w(N * K), c_blas(M * N), c_fd(M * N);
-    for (auto & v : a) { v = nd(rng); }
-    for (auto & v : w) { v = nd(rng) / std::sqrt(static_cast<float>(K)); }
-
-    openblas_set_num_threads(1);
-    const double flop = 2.0 * M * N * K;
-    auto blas = [&] {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), static_cast<int>(N),
-                    static_cast<int>(K), 1.0f, a.data(), static_cast<int>(K), w.data(), static_cast<int>(K), 0.0f,
-                    c_blas.data(), static_cast<int>(N));
-    };
-    auto mine = [&] { fd::kernels::linear(c_fd.data(), a.data(), w.data(), fd::kernels::WType::f32, nullptr, M, N, K, nullptr); };
-    blas(); mine();  // warm up
-    const Timing tb = time_repeated(min_s, 3, blas);
-    const Timing tf = time_repeated(min_s, 3, mine);
-    double max_diff = 0.0;
-    for (size_t i = 0; i < c_fd.size(); ++i) { max_diff = std::max<double>(max_diff, std::fabs(c_fd[i] - c_blas[i])); }
-    json j;
-    j["shape"] = {{"M", M}, {"N", N}, {"K", K}};
-    j["threads"] = 1;
-    j["openblas_core"] = openblas_get_corename();
-    if (const char * forced = std::getenv("FD_BENCH_OPENBLAS_FORCED")) { j["openblas_core_forced_from"] = forced; }
-    j["openblas_sgemm_gflops"] = round_to(flop / tb.best / 1e9, 1);
-    j["fd_matmul_gflops"] = round_to(flop / tf.best / 1e9, 1);
-    j["fd_vs_openblas"] = round_to(tb.best / tf.best, 3);
-    j["max_abs_diff"] = max_diff;
-    return j;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Model benchmark
 // ---------------------------------------------------------------------------------------------
 
@@ -216,6 +149,11 @@ struct Options {
     double                   seconds_min  = 1.0;
     int64_t                  bw_mib       = 1024;
     bool                     breakdown    = true;
+    std::vector<int>         prefill_lens = {128, 512, 2048};
+    std::vector<int64_t>     linear_ms    = {64, 512, 2048};
+    std::vector<int>         ctx_lens     = {128, 2048, 8192};
+    std::vector<int>         ctx_batches  = {1, 64};
+    int64_t                  kv_budget_mib = 2048;
 };
 
 int32_t token_id(int64_t seq, int64_t pos, int32_t vocab) {
@@ -340,8 +278,9 @@ json bench_model(const std::string & dir, const Options & o, double read_bw) {
     const int32_t total_len  = o.prompt_len + o.decode_steps;
     const int32_t bmax       = *std::max_element(o.batches.begin(), o.batches.end());
     const int64_t bps        = (total_len + bs - 1) / bs;
+    const int32_t pre_len    = std::max(*std::max_element(o.prefill_lens.begin(), o.prefill_lens.end()), o.prompt_len);
     const int64_t n_seqs     = bmax + 1;  // decode sequences 0..bmax-1, prefill sequence bmax
-    const int64_t n_blocks   = n_seqs * bps;
+    const int64_t n_blocks   = bmax * bps + (pre_len + bs - 1) / bs;
 
     json j;
     json decode = json::array();
@@ -349,11 +288,11 @@ json bench_model(const std::string & dir, const Options & o, double read_bw) {
     {  // the worker (weights + KV) lives only for the end-to-end measurements
     const auto t_load = Clock::now();
     M::Worker worker(cfg, idx, M::WorkerConfig{.rank = 0, .n_threads = o.threads, .block_size = bs,
-                                                .n_blocks = n_blocks, .max_model_len = total_len});
+                                                .n_blocks = n_blocks, .max_model_len = std::max(total_len, pre_len)});
     const double load_s = seconds_since(t_load);
     fd::kv::KvCache kv({.n_blocks = n_blocks, .block_size_tokens = bs, .enable_prefix_caching = false});
     for (int64_t s = 0; s < n_seqs; ++s) {
-        if (!kv.allocate(s, total_len)) { throw std::runtime_error("KV allocation failed"); }
+        if (!kv.allocate(s, s == bmax ? pre_len : total_len)) { throw std::runtime_error("KV allocation failed"); }
     }
 
     j["model"] = dir;
@@ -368,16 +307,30 @@ json bench_model(const std::string & dir, const Options & o, double read_bw) {
     j["load_s"] = round_to(load_s, 3);
 
     std::vector<float> logits;
-    // Prefill: one sequence of prompt_len tokens per forward.
+    // Prefill: one sequence of L tokens per forward, for each L of --prefill-lens (sequence bmax,
+    // allocated for the longest), as tok/s and as a ratio to the first length's rate.
     {
-        M::StepBatch b;
-        add_tokens(b, kv, bmax, 0, o.prompt_len, vocab, true);
-        logits.resize(static_cast<size_t>(vocab));
-        worker.forward(b, logits.data());  // warm-up (touches weights, grows scratch)
-        const Timing t = time_repeated(o.seconds_min, 2, [&] { worker.forward(b, logits.data()); });
-        j["prefill_tok_s"] = round_to(o.prompt_len / t.mean(), 1);
-        j["prefill_ms"] = round_to(t.mean() * 1e3, 3);
-        j["prefill_runs"] = t.runs;
+        json pre = json::array();
+        double first = 0.0, first_cpu = 0.0;
+        for (const int len : o.prefill_lens) {
+            M::StepBatch b;
+            add_tokens(b, kv, bmax, 0, len, vocab, true);
+            logits.resize(static_cast<size_t>(vocab));
+            worker.forward(b, logits.data());  // warm-up (touches weights, grows scratch)
+            const Timing t = time_repeated(len > 512 ? 0.0 : o.seconds_min, len > 512 ? 1 : 2, [&] { worker.forward(b, logits.data()); });
+            const double tok_s = len / t.best, tok_s_cpu = len / t.best_cpu;  // cpu: per CPU-second
+            if (first == 0.0) { first = tok_s; first_cpu = tok_s_cpu; }
+            pre.push_back({{"tokens", len}, {"tok_s", round_to(tok_s, 1)}, {"ms", round_to(t.best * 1e3, 3)},
+                           {"runs", t.runs}, {"ratio_vs_first", round_to(tok_s / first, 3)},
+                           {"tok_per_cpu_s", round_to(tok_s_cpu, 1)},
+                           {"ratio_vs_first_cpu", round_to(tok_s_cpu / first_cpu, 3)}});
+            if (len == o.prompt_len) {
+                j["prefill_tok_s"] = round_to(o.prompt_len / t.mean(), 1);
+                j["prefill_ms"] = round_to(t.mean() * 1e3, 3);
+                j["prefill_runs"] = t.runs;
+            }
+        }
+        j["prefill"] = pre;
     }
     // Contexts of the decode sequences, untimed, in forwards of up to ~2048 tokens.
     {
@@ -426,6 +379,18 @@ json bench_model(const std::string & dir, const Options & o, double read_bw) {
     j["decode"] = decode;
     }
     if (o.breakdown) { j["decode_breakdown"] = decode_breakdown(cfg, o, streamed, read_bw, decode); }
+    // decode_contexts runs on f32 weights of the model's shape: once per distinct shape.
+    static std::vector<std::pair<std::string, std::string>> shapes_done;  // (shape, model)
+    const std::string shape = j["shape"].dump();
+    const auto done = std::find_if(shapes_done.begin(), shapes_done.end(), [&](const auto & p) { return p.first == shape; });
+    if (done != shapes_done.end()) {
+        j["decode_contexts"] = "same shape as " + done->second;
+    } else if (!o.ctx_lens.empty()) {
+        shapes_done.emplace_back(shape, dir);
+        std::fprintf(stderr, "fd_bench: decode at long contexts...\n");
+        j["decode_contexts"] = decode_contexts(cfg, o.ctx_batches, o.ctx_lens, o.threads, read_bw,
+                                               std::max(0.2, o.seconds_min), o.kv_budget_mib << 20);
+    }
     return j;
 }
 
@@ -457,11 +422,34 @@ int main(int argc, char ** argv) {
     app.add_option("--seconds-min", o.seconds_min, "minimum seconds per measurement")->capture_default_str();
     app.add_option("--bw-mib", o.bw_mib, "bandwidth buffer size in MiB")->capture_default_str()->check(CLI::PositiveNumber);
     app.add_flag("--breakdown,!--no-breakdown", o.breakdown, "time the decode step's linear layers and attention alone")->capture_default_str();
+    std::string prefill_lens = "128,512,2048", linear_ms = "64,512,2048", ctx_lens = "128,2048,8192", ctx_batches = "1,64";
+    app.add_option("--prefill-lens", prefill_lens, "prefill lengths, comma-separated (ratios against the first)")->capture_default_str();
+    app.add_option("--linear-m", linear_ms, "row counts of the linear vs OpenBLAS comparison (N=2048, K=768)")->capture_default_str();
+    app.add_option("--decode-ctx", ctx_lens, "contexts of the long-context decode steps (empty: skip)")->capture_default_str();
+    app.add_option("--decode-ctx-batches", ctx_batches, "batch sizes of the long-context decode steps")->capture_default_str();
+    app.add_option("--kv-budget-mib", o.kv_budget_mib, "KV memory of one long-context run before layers share a pool")->capture_default_str();
     CLI11_PARSE(app, argc, argv);
 
     try {
         o.models = split_commas(models);
         if (o.models.empty()) { o.models.push_back(FD_SOURCE_DIR "/models/stories260K"); }
+        auto ints = [](const std::string & list) {
+            std::vector<int> v;
+            for (const auto & x : split_commas({list})) {
+                const int i = std::stoi(x);
+                if (i <= 0) { throw std::runtime_error("sizes must be positive: " + list); }
+                v.push_back(i);
+            }
+            return v;
+        };
+        o.prefill_lens = ints(prefill_lens);
+        if (o.prefill_lens.empty()) { o.prefill_lens = {o.prompt_len}; }
+        o.linear_ms.clear();
+        for (int m : ints(linear_ms)) { o.linear_ms.push_back(m); }
+        if (o.linear_ms.empty()) { o.linear_ms = {64}; }
+        o.ctx_lens    = ints(ctx_lens);
+        o.ctx_batches = ints(ctx_batches);
+        if (o.ctx_batches.empty()) { o.ctx_batches = {1}; }
         o.batches.clear();
         for (const auto & s : split_commas({batches})) {
             const int b = std::stoi(s);
@@ -474,6 +462,8 @@ int main(int argc, char ** argv) {
 
         json r;
         r["date"] = utc_now();
+        // Other processes on the machine skew every wall-clock figure: say how busy it was.
+        r["loadavg_start"] = read_first_line("/proc/loadavg");
         r["cpu"] = cpu_model();
         r["n_cpus"] = std::thread::hardware_concurrency();
         r["threads"] = o.threads;
@@ -485,9 +475,9 @@ int main(int argc, char ** argv) {
         r["memcpy_bw_gbs"] = bw["memcpy_single_thread"];
         const double read_bw = o.threads > 1 ? bw["multi_thread"].get<double>() : bw["single_thread"].get<double>();
         std::fprintf(stderr, "fd_bench: sgemm reference...\n");
-        r["sgemm"] = sgemm_compare(64, 2048, 768, std::min(o.seconds_min, 1.0));
-        r["openblas_sgemm_gflops"] = r["sgemm"]["openblas_sgemm_gflops"];
-        r["fd_matmul_gflops"] = r["sgemm"]["fd_matmul_gflops"];
+        r["linear_vs_openblas"] = linear_vs_openblas(o.linear_ms, 2048, 768, std::min(o.seconds_min, 1.0));
+        r["openblas_sgemm_gflops"] = r["linear_vs_openblas"]["runs"][0]["openblas_sgemm_gflops"];
+        r["fd_matmul_gflops"] = r["linear_vs_openblas"]["runs"][0]["fd_f32_gflops"];
 
         json    models_j = json::array();
         int64_t largest = -1, largest_bytes = -1;
@@ -521,6 +511,7 @@ int main(int argc, char ** argv) {
         t["b64_speedup_met"] = models_j[largest]["targets"]["b64_speedup_met"];
         t["met"] = t["b1_weight_read_met"].get<bool>() && t["b64_speedup_met"].get<bool>();
         r["targets"] = t;
+        r["loadavg_end"] = read_first_line("/proc/loadavg");
         r["models"] = models_j;
         std::cout << r.dump(2) << std::endl;
     } catch (const std::exception & e) {

@@ -80,14 +80,15 @@ void naive_attention(double * out, const float * q, const std::vector<float> & k
 
 /// A small paged pool with a few sequences stored at scattered, non-contiguous blocks.
 struct AttnFixture {
-    static constexpr int kHeads = 8, kKvHeads = 4, kHeadDim = 8, kBlock = 4, kBlocks = 40;
+    static constexpr int kHeads = 8, kKvHeads = 4, kBlock = 4, kBlocks = 40;
+    int kHeadDim;  ///< 8 and 24: one sequential chain per score; 64: the 16-lane path
     std::vector<float> k_pool, v_pool;
     std::vector<std::vector<int32_t>> tables;   // per sequence
     std::vector<std::vector<float>>   k_rows, v_rows;  // per sequence, contiguous [len, kv, hd]
     std::vector<int> lens;
     k::PagedKv kv{};
 
-    explicit AttnFixture(std::mt19937 & rng) {
+    AttnFixture(std::mt19937 & rng, int head_dim) : kHeadDim(head_dim) {
         const size_t pool_floats = size_t(kBlocks) * kBlock * kKvHeads * kHeadDim;
         k_pool.assign(pool_floats, std::numeric_limits<float>::quiet_NaN());  // unwritten slots poison results
         v_pool.assign(pool_floats, std::numeric_limits<float>::quiet_NaN());
@@ -176,30 +177,70 @@ TEST_CASE("linear reads the PyTorch [n_out, n_in] layout: output o is the dot pr
     }
 }
 
-TEST_CASE("linear rows are bitwise identical alone, at any batch position and with 1 to 3 threads") {
-    std::mt19937 rng(99);
-    // Big enough that the pool really splits the outputs into several tasks.
+TEST_CASE("linear matches the naive loop when k spans several cache chunks and rows several row blocks") {
+    std::mt19937 rng(4321);
     for (k::WType wt : {k::WType::f32, k::WType::bf16}) {
-        for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{1000, 256}, {97, 65}, {33, 7}}) {
+        for (int64_t n_in : {511, 512, 513, 1100, 2061}) {
+            for (int64_t n_rows : {1, 5, 70, 300}) {
+                const int64_t n_out = 53;
+                const auto x    = random_vec(rng, size_t(n_rows * n_in));
+                const auto w    = stored(random_vec(rng, size_t(n_out * n_in)), wt);
+                const auto bias = random_vec(rng, size_t(n_out));
+                CAPTURE(int(wt)); CAPTURE(n_rows); CAPTURE(n_in);
+                std::vector<float> out(size_t(n_rows * n_out), 12345.0f);
+                k::linear(out.data(), x.data(), w.data(wt), wt, bias.data(), n_rows, n_out, n_in, nullptr);
+                int bad = 0;
+                for (int64_t t = 0; t < n_rows; ++t) {
+                    for (int64_t o = 0; o < n_out; ++o) {
+                        double ref = bias[o], mag = std::fabs(ref);
+                        for (int64_t kk = 0; kk < n_in; ++kk) {
+                            const double term = double(x[t * n_in + kk]) * w.values[o * n_in + kk];
+                            ref += term;
+                            mag += std::fabs(term);
+                        }
+                        if (std::fabs(out[t * n_out + o] - ref) > 1e-5 * mag + 1e-30) { ++bad; }
+                    }
+                }
+                CHECK(bad == 0);
+            }
+        }
+    }
+}
+
+TEST_CASE("linear rows are bitwise identical alone, at any batch position of 2 to 4096 rows and with 1 to 4 threads") {
+    std::mt19937 rng(99);
+    std::vector<std::unique_ptr<k::ThreadPool>> pools;
+    for (int nt : {1, 2, 3, 4}) { pools.push_back(std::make_unique<k::ThreadPool>(nt)); }
+    std::vector<k::ThreadPool *> pool_ptrs = {nullptr};
+    for (auto & pl : pools) { pool_ptrs.push_back(pl.get()); }
+    std::vector<int64_t> row_counts;
+    for (int64_t n = 2; n <= 20; ++n) { row_counts.push_back(n); }
+    for (int64_t n : {31, 64, 65, 127, 128, 129, 300, 513, 1000, 2048, 4096}) { row_counts.push_back(n); }
+    // Shapes big enough that the pool splits the outputs into several tasks; k below, at and
+    // above one cache chunk (with partial steps at the end) so rows meet every path.
+    for (k::WType wt : {k::WType::f32, k::WType::bf16}) {
+        for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{1000, 256}, {97, 65}, {33, 7}, {130, 1100}, {50, 2061}}) {
             const auto w    = stored(random_vec(rng, size_t(n_out * n_in)), wt);
             const auto bias = random_vec(rng, size_t(n_out));
             const auto x0   = random_vec(rng, size_t(n_in));
             std::vector<float> alone(static_cast<size_t>(n_out));
             k::linear(alone.data(), x0.data(), w.data(wt), wt, bias.data(), 1, n_out, n_in, nullptr);
 
-            std::vector<std::unique_ptr<k::ThreadPool>> pools;
-            for (int nt : {1, 2, 3}) { pools.push_back(std::make_unique<k::ThreadPool>(nt)); }
-            std::vector<k::ThreadPool *> pool_ptrs = {nullptr};
-            for (auto & pl : pools) { pool_ptrs.push_back(pl.get()); }
-
-            int checked = 0;
-            for (int64_t n_rows : {2, 3, 5, 6, 7, 12, 13, 31, 64, 513}) {
-                for (int64_t pos : {int64_t(0), n_rows / 2, n_rows - 1}) {
-                    for (k::ThreadPool * pool : pool_ptrs) {
-                        auto x = random_vec(rng, size_t(n_rows * n_in), -3.0f, 3.0f);
-                        std::copy(x0.begin(), x0.end(), x.begin() + pos * n_in);
-                        std::vector<float> out(size_t(n_rows * n_out));
-                        k::linear(out.data(), x.data(), w.data(wt), wt, bias.data(), n_rows, n_out, n_in, pool);
+            int checked = 0, calls = 0;
+            for (int64_t n_rows : row_counts) {
+                // x0 at the first rows (every lane of the first row tile), the middle and the end.
+                std::vector<int64_t> at = {0, 1, 2, 3, n_rows / 2, n_rows - 1};
+                std::sort(at.begin(), at.end());
+                at.erase(std::unique(at.begin(), at.end()), at.end());
+                while (at.back() >= n_rows) { at.pop_back(); }
+                auto x = random_vec(rng, size_t(n_rows * n_in), -3.0f, 3.0f);
+                for (int64_t pos : at) { std::copy(x0.begin(), x0.end(), x.begin() + pos * n_in); }
+                for (k::ThreadPool * pool : pool_ptrs) {
+                    if (n_rows * n_out * n_in > (int64_t(1) << 28) && pool && pool->n_threads() % 2 == 1) { continue; }  // keep the test short
+                    std::vector<float> out(size_t(n_rows * n_out));
+                    k::linear(out.data(), x.data(), w.data(wt), wt, bias.data(), n_rows, n_out, n_in, pool);
+                    ++calls;
+                    for (int64_t pos : at) {
                         CAPTURE(int(wt)); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(n_rows); CAPTURE(pos);
                         CAPTURE(pool ? pool->n_threads() : 0);
                         CHECK(bits_equal(out.data() + pos * n_out, alone.data(), size_t(n_out)));
@@ -207,7 +248,8 @@ TEST_CASE("linear rows are bitwise identical alone, at any batch position and wi
                     }
                 }
             }
-            CHECK(checked == 10 * 3 * 4);
+            CHECK(calls >= int(row_counts.size()) * 3);
+            CHECK(checked >= calls);
         }
     }
 }
@@ -328,83 +370,91 @@ TEST_CASE("kv_store writes each token's K and V at its slot and nothing else") {
 }
 
 TEST_CASE("attention_paged over scattered blocks matches naive contiguous GQA attention") {
-    std::mt19937 rng(42);
-    AttnFixture f(rng);
-    const int hd = AttnFixture::kHeadDim, nh = AttnFixture::kHeads;
-    const float scale = 1.0f / std::sqrt(float(hd));
-    // Every causal prefix of every sequence, as one batch.
-    std::vector<QueryRef> qs;
-    for (size_t s = 0; s < f.lens.size(); ++s) {
-        for (int n = 1; n <= f.lens[s]; ++n) { qs.push_back({int(s), n, random_vec(rng, size_t(nh * hd), -2.0f, 2.0f)}); }
-    }
-    std::vector<float> q(qs.size() * nh * hd);
-    std::vector<k::AttnQuery> queries(qs.size());
-    for (size_t i = 0; i < qs.size(); ++i) {
-        std::copy(qs[i].q.begin(), qs[i].q.end(), q.begin() + i * nh * hd);
-        queries[i] = {f.tables[qs[i].seq].data(), qs[i].n_ctx};
-    }
-    std::vector<float> out(q.size(), 999.0f);
-    k::ThreadPool pool(2);
-    k::attention_paged(out.data(), q.data(), queries.data(), int64_t(qs.size()), nh, f.kv, scale, &pool);
-    int bad = 0;
-    std::vector<double> ref(size_t(nh * hd));
-    for (size_t i = 0; i < qs.size(); ++i) {
-        naive_attention(ref.data(), qs[i].q.data(), f.k_rows[qs[i].seq], f.v_rows[qs[i].seq], qs[i].n_ctx, nh,
-                        AttnFixture::kKvHeads, hd, scale);
-        for (int e = 0; e < nh * hd; ++e) {
-            if (!(std::fabs(out[i * nh * hd + e] - ref[e]) <= 1e-5 * (1.0 + std::fabs(ref[e])))) { ++bad; }
+    for (const int head_dim : {8, 24, 64}) {
+        std::mt19937 rng(42);
+        CAPTURE(head_dim);
+        AttnFixture f(rng, head_dim);
+        const int hd = f.kHeadDim, nh = AttnFixture::kHeads;
+        const float scale = 1.0f / std::sqrt(float(hd));
+        // Every causal prefix of every sequence, as one batch.
+        std::vector<QueryRef> qs;
+        for (size_t s = 0; s < f.lens.size(); ++s) {
+            for (int n = 1; n <= f.lens[s]; ++n) { qs.push_back({int(s), n, random_vec(rng, size_t(nh * hd), -2.0f, 2.0f)}); }
         }
-    }
-    CHECK(bad == 0);
-    // With one context token the output is exactly that token's V row of the head's kv group.
-    for (size_t i = 0; i < qs.size(); ++i) {
-        if (qs[i].n_ctx != 1) { continue; }
-        for (int h = 0; h < nh; ++h) {
-            const float * v = f.v_rows[qs[i].seq].data() + (h / 2) * hd;
-            CHECK(bits_equal(out.data() + (i * nh + h) * hd, v, size_t(hd)));
+        std::vector<float> q(qs.size() * nh * hd);
+        std::vector<k::AttnQuery> queries(qs.size());
+        for (size_t i = 0; i < qs.size(); ++i) {
+            std::copy(qs[i].q.begin(), qs[i].q.end(), q.begin() + i * nh * hd);
+            queries[i] = {f.tables[qs[i].seq].data(), qs[i].n_ctx};
+        }
+        std::vector<float> out(q.size(), 999.0f);
+        k::ThreadPool pool(2);
+        k::attention_paged(out.data(), q.data(), queries.data(), int64_t(qs.size()), nh, f.kv, scale, &pool);
+        int bad = 0;
+        std::vector<double> ref(size_t(nh * hd));
+        for (size_t i = 0; i < qs.size(); ++i) {
+            naive_attention(ref.data(), qs[i].q.data(), f.k_rows[qs[i].seq], f.v_rows[qs[i].seq], qs[i].n_ctx, nh,
+                            AttnFixture::kKvHeads, hd, scale);
+            for (int e = 0; e < nh * hd; ++e) {
+                if (!(std::fabs(out[i * nh * hd + e] - ref[e]) <= 1e-5 * (1.0 + std::fabs(ref[e])))) { ++bad; }
+            }
+        }
+        CHECK(bad == 0);
+        // With one context token the output is exactly that token's V row of the head's kv group.
+        for (size_t i = 0; i < qs.size(); ++i) {
+            if (qs[i].n_ctx != 1) { continue; }
+            for (int h = 0; h < nh; ++h) {
+                const float * v = f.v_rows[qs[i].seq].data() + (h / 2) * hd;
+                CHECK(bits_equal(out.data() + (i * nh + h) * hd, v, size_t(hd)));
+            }
         }
     }
 }
 
 TEST_CASE("attention_paged output for a query is bitwise the same in any batch composition") {
-    std::mt19937 rng(5);
-    AttnFixture f(rng);
-    const int hd = AttnFixture::kHeadDim, nh = AttnFixture::kHeads, per = nh * hd;
-    const float scale = 1.0f / std::sqrt(float(hd));
-    std::vector<QueryRef> qs;
-    for (size_t s = 0; s < f.lens.size(); ++s) {
-        for (int n = 1; n <= f.lens[s]; ++n) { qs.push_back({int(s), n, random_vec(rng, size_t(per), -2.0f, 2.0f)}); }
-    }
-    // Reference: each query alone, no pool.
-    std::vector<std::vector<float>> alone(qs.size(), std::vector<float>(size_t(per)));
-    for (size_t i = 0; i < qs.size(); ++i) {
-        const k::AttnQuery a{f.tables[qs[i].seq].data(), qs[i].n_ctx};
-        k::attention_paged(alone[i].data(), qs[i].q.data(), &a, 1, nh, f.kv, scale, nullptr);
-    }
-    k::ThreadPool p1(1), p2(2), p3(3);
-    int mismatches = 0, compared = 0;
-    for (int trial = 0; trial < 8; ++trial) {
-        // A random subset in a random order (the full set is large enough for the pool path).
-        std::vector<size_t> order(qs.size());
-        std::iota(order.begin(), order.end(), size_t(0));
-        std::shuffle(order.begin(), order.end(), rng);
-        if (trial % 2 == 1) { order.resize(2 + rng() % 20); }
-        std::vector<float> q(order.size() * per), out(order.size() * per);
-        std::vector<k::AttnQuery> queries(order.size());
-        for (size_t b = 0; b < order.size(); ++b) {
-            const auto & r = qs[order[b]];
-            std::copy(r.q.begin(), r.q.end(), q.begin() + b * per);
-            queries[b] = {f.tables[r.seq].data(), r.n_ctx};
+    for (const int head_dim : {8, 24, 64}) {
+        std::mt19937 rng(5);
+        CAPTURE(head_dim);
+        AttnFixture f(rng, head_dim);
+        const int hd = f.kHeadDim, nh = AttnFixture::kHeads, per = nh * hd;
+        const float scale = 1.0f / std::sqrt(float(hd));
+        std::vector<QueryRef> qs;
+        for (size_t s = 0; s < f.lens.size(); ++s) {
+            for (int n = 1; n <= f.lens[s]; ++n) { qs.push_back({int(s), n, random_vec(rng, size_t(per), -2.0f, 2.0f)}); }
         }
-        k::ThreadPool * pool = trial % 4 == 0 ? nullptr : trial % 4 == 1 ? &p1 : trial % 4 == 2 ? &p2 : &p3;
-        k::attention_paged(out.data(), q.data(), queries.data(), int64_t(order.size()), nh, f.kv, scale, pool);
-        for (size_t b = 0; b < order.size(); ++b) {
-            mismatches += !bits_equal(out.data() + b * per, alone[order[b]].data(), size_t(per));
-            ++compared;
+        // Reference: each query alone, no pool.
+        std::vector<std::vector<float>> alone(qs.size(), std::vector<float>(size_t(per)));
+        for (size_t i = 0; i < qs.size(); ++i) {
+            const k::AttnQuery a{f.tables[qs[i].seq].data(), qs[i].n_ctx};
+            k::attention_paged(alone[i].data(), qs[i].q.data(), &a, 1, nh, f.kv, scale, nullptr);
         }
+        k::ThreadPool p1(1), p2(2), p3(3);
+        int mismatches = 0, compared = 0;
+        for (int trial = 0; trial < 12; ++trial) {
+            // A random subset in a random order (the full set is large enough for the pool path).
+            std::vector<size_t> order(qs.size());
+            std::iota(order.begin(), order.end(), size_t(0));
+            // Trials 0-3 keep each sequence's queries consecutive, as a prefill batches them (tiles of
+            // up to 16 sharing K/V reads); the others shuffle.
+            if (trial >= 4) { std::shuffle(order.begin(), order.end(), rng); }
+            if (trial >= 4 && trial % 2 == 1) { order.resize(2 + rng() % 20); }
+            std::vector<float> q(order.size() * per), out(order.size() * per);
+            std::vector<k::AttnQuery> queries(order.size());
+            for (size_t b = 0; b < order.size(); ++b) {
+                const auto & r = qs[order[b]];
+                std::copy(r.q.begin(), r.q.end(), q.begin() + b * per);
+                queries[b] = {f.tables[r.seq].data(), r.n_ctx};
+            }
+            k::ThreadPool * pool = trial % 4 == 0 ? nullptr : trial % 4 == 1 ? &p1 : trial % 4 == 2 ? &p2 : &p3;
+            k::attention_paged(out.data(), q.data(), queries.data(), int64_t(order.size()), nh, f.kv, scale, pool);
+            for (size_t b = 0; b < order.size(); ++b) {
+                mismatches += !bits_equal(out.data() + b * per, alone[order[b]].data(), size_t(per));
+                ++compared;
+            }
+        }
+        CHECK(compared > 2 * int(qs.size()));
+        CHECK(mismatches == 0);
     }
-    CHECK(compared > 2 * int(qs.size()));
-    CHECK(mismatches == 0);
 }
 
 TEST_CASE("log_softmax exponentiates to a sum of 1, keeps differences and may run in place") {

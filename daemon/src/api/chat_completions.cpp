@@ -79,20 +79,19 @@ ojson check_messages(const ojson & msgs, bool takes_parts) {
     return out;
 }
 
-/// The prompt ids of rendered chat text, encoded without adding special tokens, as HF
-/// apply_chat_template(tokenize=True) and vLLM do: the template's own BOS is the only one. A
-/// leading bos_token string becomes the BOS id directly (so it is one token whether or not the
-/// tokenizer matches special tokens written in text) and the rest is encoded after it.
-std::vector<int32_t> encode_chat_prompt(const tokenizer::Tokenizer & tok, const tokenizer::ChatTemplate & tmpl, std::string_view text) {
-    const std::string bos    = tmpl.special_token("bos_token");
-    const auto        bos_id = tok.bos_id();
-    if (!bos.empty() && bos_id && text.substr(0, bos.size()) == bos) {
-        std::vector<int32_t> ids{*bos_id};
-        const std::vector<int32_t> rest = tok.encode(text.substr(bos.size()), /*add_special_tokens=*/false);
-        ids.insert(ids.end(), rest.begin(), rest.end());
-        return ids;
+/// The prompt ids of rendered chat text. Templates that print bos_token themselves get it once:
+/// the text's leading BOS string is dropped before encoding and the tokenizer's BOS stands for
+/// it; templates that print none get no BOS (HF apply_chat_template(tokenize=True) encodes with
+/// add_special_tokens=False).
+std::vector<int32_t> encode_chat_prompt(const tokenizer::Tokenizer & tok, const tokenizer::ChatTemplate & tmpl, std::string text) {
+    const std::string bos      = tmpl.special_token("bos_token");
+    const bool        has_bos  = !bos.empty() && text.compare(0, bos.size(), bos) == 0;
+    if (has_bos) { text.erase(0, bos.size()); }
+    std::vector<int32_t> ids = tok.encode(text, /*add_special_tokens=*/false);
+    if (has_bos) {
+        if (const auto b = tok.bos_id()) { ids.insert(ids.begin(), *b); }
     }
-    return tok.encode(text, /*add_special_tokens=*/false);
+    return ids;
 }
 
 bool get_bool(const json & j, const char * key, bool dflt) {

@@ -146,7 +146,7 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
         if (!j[key].is_boolean()) { bad(key, fmt::format("'{}' must be a boolean", key)); }
         return j[key].get<bool>();
     };
-    sp.ignore_eos                    = get_bool("ignore_eos");
+    sp.ignore_eos = get_bool("ignore_eos");
     sp.skip_special_tokens           = !j.contains("skip_special_tokens") || j["skip_special_tokens"].is_null() || get_bool("skip_special_tokens");
     sp.spaces_between_special_tokens = !j.contains("spaces_between_special_tokens") || j["spaces_between_special_tokens"].is_null() ||
                                        get_bool("spaces_between_special_tokens");

@@ -1,0 +1,92 @@
+// kernels/cpu/lanes.h — 16-lane f32 vectors and the one fixed reduction of 16 lanes that the
+// CPU ops share (linear's dot products, attention's scores and softmax sums). Internal to
+// kernels/cpu: every batch-invariant op reduces lanes with these, never another order.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
+
+namespace fd::kernels {
+namespace {
+
+typedef float    f32x16 __attribute__((vector_size(64)));
+typedef float    f32x8  __attribute__((vector_size(32)));
+typedef float    f32x4  __attribute__((vector_size(16)));
+
+constexpr int kLanes = 16;
+
+inline f32x16 load16(const float * p) {
+    f32x16 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/// Fixed pairwise reduction: halves, then quarters, ... (the same for every output).
+inline float reduce16(f32x16 v) {
+    f32x8 lo, hi;
+    std::memcpy(&lo, &v, sizeof lo);
+    std::memcpy(&hi, reinterpret_cast<const char *>(&v) + sizeof lo, sizeof hi);
+    const f32x8 s8 = lo + hi;
+    f32x4 l4, h4;
+    std::memcpy(&l4, &s8, sizeof l4);
+    std::memcpy(&h4, reinterpret_cast<const char *>(&s8) + sizeof l4, sizeof h4);
+    const f32x4 s4 = l4 + h4;
+    const float s2a = s4[0] + s4[2], s2b = s4[1] + s4[3];
+    return s2a + s2b;
+}
+
+#if defined(__AVX512BW__)
+/// reduce16 of 16 (or 8) accumulators at once, transposed: each level adds whole vectors whose
+/// lanes pair exactly as reduce16 pairs them (lane i with i + 8, then i + 4, then (0 + 2) and
+/// (1 + 3), then those two), so every sum is bitwise reduce16's. out[i] = reduce16(v[i]).
+// GCC 12 flags the _mm512_undefined_ps() inside its own shuffle intrinsics.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+inline __m512 pair_halves(__m512 a, __m512 b) {  // [a: i + (i+8) | b: i + (i+8)], i < 8
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+inline __m512 pair_quarters(__m512 ab, __m512 cd) {  // quarter g of 4: i + (i+4), i < 4, of a, b, c, d
+    return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+inline __m512 pair_02_13(__m512 p, __m512 q) {  // per quarter [p0+p2, p1+p3, q0+q2, q1+q3]
+    return _mm512_add_ps(_mm512_shuffle_ps(p, q, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(p, q, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+inline __m512 pair_last(__m512 r, __m512 s) {  // per quarter [r0+r1, r2+r3, s0+s1, s2+s3]
+    return _mm512_add_ps(_mm512_shuffle_ps(r, s, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(r, s, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+/// n = 16 or 8 accumulators → out[n].
+inline void reduce16_many(const f32x16 * acc, int n, float * out) {
+    __m512 v[16] = {}, h[8] = {}, q[4] = {}, t[2] = {};
+    for (int i = 0; i < n; ++i) { std::memcpy(&v[i], &acc[i], sizeof(__m512)); }
+    for (int i = 0; i < n / 2; ++i) { h[i] = pair_halves(v[2 * i], v[2 * i + 1]); }
+    for (int i = 0; i < n / 4; ++i) { q[i] = pair_quarters(h[2 * i], h[2 * i + 1]); }
+    // q[g] quarter j holds accumulator 4g + j; t[m] quarter j: (a, b) of q[2m] then of q[2m + 1].
+    for (int i = 0; i < n / 8; ++i) { t[i] = pair_02_13(q[2 * i], q[2 * i + 1]); }
+    const __m512 f = pair_last(t[0], n == 16 ? t[1] : t[0]);  // lane 4j + g: accumulator 4g + j
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, f);
+    for (int g = 0; g < n / 4; ++g) {
+        for (int j = 0; j < 4; ++j) { out[4 * g + j] = lanes[4 * j + g]; }
+    }
+}
+#pragma GCC diagnostic pop
+#endif
+
+/// out[i] = reduce16(acc[i]) for i < n.
+inline void reduce_all(const f32x16 * acc, int n, float * out) {
+    int i = 0;
+#if defined(__AVX512BW__)
+    for (; i + 16 <= n; i += 16) { reduce16_many(acc + i, 16, out + i); }
+    for (; i + 8 <= n; i += 8) { reduce16_many(acc + i, 8, out + i); }
+#endif
+    for (; i < n; ++i) { out[i] = reduce16(acc[i]); }
+}
+
+}  // namespace
+}  // namespace fd::kernels

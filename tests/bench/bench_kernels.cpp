@@ -1,0 +1,166 @@
+// fd_bench's kernel-level measurements (see bench_kernels.h).
+#include "bench_kernels.h"
+
+#include "bench_util.h"
+#include "fd/arena.h"
+#include "fd/kernels/ops.h"
+#include "fd/kernels/thread_pool.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+extern "C" void openblas_set_num_threads(int);
+extern "C" char * openblas_get_corename(void);
+
+namespace fd::bench {
+
+using json = nlohmann::ordered_json;
+
+json linear_vs_openblas(const std::vector<int64_t> & ms, int64_t n, int64_t k, double min_s) {
+    namespace K = fd::kernels;
+    std::mt19937 rng(42);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t m_max = *std::max_element(ms.begin(), ms.end());
+    std::vector<float> a(m_max * k), w(n * k), c_blas(m_max * n), c_fd(m_max * n);
+    std::vector<uint16_t> w16(n * k);
+    for (auto & v : a) { v = nd(rng); }
+    for (size_t i = 0; i < w.size(); ++i) {
+        uint32_t bits;
+        const float f = nd(rng) / std::sqrt(static_cast<float>(k));
+        std::memcpy(&bits, &f, 4);
+        w16[i] = static_cast<uint16_t>(bits >> 16);
+        bits   = static_cast<uint32_t>(w16[i]) << 16;
+        std::memcpy(&w[i], &bits, 4);  // the f32 weights hold the bf16 values: same products
+    }
+    openblas_set_num_threads(1);
+    json out = json::array();
+    for (const int64_t m : ms) {
+        const double flop = 2.0 * m * n * k;
+        auto blas = [&] {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
+                        static_cast<int>(k), 1.0f, a.data(), static_cast<int>(k), w.data(), static_cast<int>(k), 0.0f,
+                        c_blas.data(), static_cast<int>(n));
+        };
+        auto f32  = [&] { K::linear(c_fd.data(), a.data(), w.data(), K::WType::f32, nullptr, m, n, k, nullptr); };
+        auto bf16 = [&] { K::linear(c_fd.data(), a.data(), w16.data(), K::WType::bf16, nullptr, m, n, k, nullptr); };
+        blas(); f32(); bf16();  // warm up
+        const Timing tb = time_repeated(min_s, 3, blas);
+        const Timing th = time_repeated(min_s, 3, bf16);
+        const Timing tf = time_repeated(min_s, 3, f32);
+        double max_diff = 0.0;
+        for (int64_t i = 0; i < m * n; ++i) { max_diff = std::max<double>(max_diff, std::fabs(c_fd[i] - c_blas[i])); }
+        json j;
+        j["shape"] = {{"M", m}, {"N", n}, {"K", k}};
+        j["openblas_sgemm_gflops"] = round_to(flop / tb.best / 1e9, 1);
+        j["fd_f32_gflops"] = round_to(flop / tf.best / 1e9, 1);
+        j["fd_bf16_gflops"] = round_to(flop / th.best / 1e9, 1);
+        j["fd_f32_vs_openblas"] = round_to(tb.best / tf.best, 3);
+        j["fd_bf16_vs_fd_f32"] = round_to(tf.best / th.best, 3);
+        // The same by process CPU time (steadier on a shared machine; 1 thread, so comparable).
+        j["cpu_time"] = {{"openblas_sgemm_gflops", round_to(flop / tb.best_cpu / 1e9, 1)},
+                         {"fd_f32_gflops", round_to(flop / tf.best_cpu / 1e9, 1)},
+                         {"fd_bf16_gflops", round_to(flop / th.best_cpu / 1e9, 1)},
+                         {"fd_f32_vs_openblas", round_to(tb.best_cpu / tf.best_cpu, 3)},
+                         {"fd_bf16_vs_fd_f32", round_to(tf.best_cpu / th.best_cpu, 3)}};
+        j["max_abs_diff"] = max_diff;
+        out.push_back(j);
+    }
+    json r;
+    r["threads"] = 1;
+    r["openblas_core"] = openblas_get_corename();
+    if (const char * forced = std::getenv("FD_BENCH_OPENBLAS_FORCED")) { r["openblas_core_forced_from"] = forced; }
+    r["runs"] = out;
+    return r;
+}
+
+json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & batches, const std::vector<int> & ctxs,
+                     int n_threads, double read_bw_gbs, double min_s, int64_t kv_budget_bytes) {
+    namespace K = fd::kernels;
+    const int64_t h = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv = q_dim + 2 * kv_dim;
+    const int64_t ff = c.intermediate_size;
+    struct Lin { int64_t n_out, n_in; float * w; };
+    std::vector<Lin> lins;
+    for (int il = 0; il < c.n_layers; ++il) {
+        lins.push_back({qkv, h, nullptr});
+        lins.push_back({h, q_dim, nullptr});
+        lins.push_back({2 * ff, h, nullptr});
+        lins.push_back({h, ff, nullptr});
+    }
+    lins.push_back({c.vocab_size, h, nullptr});
+    int64_t floats = 0, weight_bytes = 0;
+    for (auto & l : lins) {
+        floats += fd::Arena::footprint_floats(l.n_out * l.n_in) / 4;
+        weight_bytes += l.n_out * l.n_in * 4;
+    }
+    Mapping wmem(static_cast<size_t>(floats) * sizeof(float));
+    for (size_t i = 0; i < wmem.n_floats(); ++i) { wmem.p[i] = static_cast<float>((i * 2654435761u) & 1023) * 1e-4f - 0.05f; }
+    float * cur = wmem.p;
+    for (auto & l : lins) {
+        l.w = cur;
+        cur += fd::Arena::footprint_floats(l.n_out * l.n_in) / 4;
+    }
+    K::ThreadPool pool(n_threads);
+    const int bmax = *std::max_element(batches.begin(), batches.end());
+    std::vector<float> x(static_cast<size_t>(bmax) * std::max({h, q_dim, ff}), 0.01f);
+    std::vector<float> y(static_cast<size_t>(bmax) * std::max<int64_t>({2 * ff, qkv, c.vocab_size}));
+    std::vector<float> q(static_cast<size_t>(bmax) * q_dim, 0.02f), att(static_cast<size_t>(bmax) * q_dim);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const int32_t bs = 16;
+
+    json out = json::array();
+    for (const int B : batches) {
+        for (const int ctx : ctxs) {
+            const int32_t bps       = (ctx + bs - 1) / bs;
+            const int64_t layer_fl  = int64_t(B) * bps * bs * kv_dim;  // K (or V) floats of one layer
+            const int64_t pool_b    = 2 * layer_fl * 4;
+            const int     n_pools   = static_cast<int>(std::clamp<int64_t>(kv_budget_bytes / pool_b, 1, c.n_layers));
+            Mapping kvmem(static_cast<size_t>(n_pools) * pool_b);
+            for (size_t i = 0; i < kvmem.n_floats(); ++i) { kvmem.p[i] = static_cast<float>(i & 255) * 1e-3f; }
+            // Sequences' blocks interleaved across the pool, as a busy KvCache hands them out.
+            std::vector<int32_t> tables(static_cast<size_t>(B) * bps);
+            for (int32_t s = 0; s < B; ++s) {
+                for (int32_t j = 0; j < bps; ++j) { tables[static_cast<size_t>(s) * bps + j] = j * B + s; }
+            }
+            std::vector<K::AttnQuery> queries(B);
+            for (int i = 0; i < B; ++i) { queries[i] = {&tables[static_cast<size_t>(i) * bps], ctx}; }
+            auto linear = [&] {
+                for (const auto & l : lins) { K::linear(y.data(), x.data(), l.w, K::WType::f32, nullptr, B, l.n_out, l.n_in, &pool); }
+            };
+            auto attention = [&] {
+                for (int il = 0; il < c.n_layers; ++il) {
+                    float * base = kvmem.p + static_cast<size_t>(il % n_pools) * 2 * layer_fl;
+                    const K::PagedKv kv{base, base + layer_fl, bs, c.n_kv_heads, c.head_dim};
+                    K::attention_paged(att.data(), q.data(), queries.data(), B, c.n_heads, kv, scale, &pool);
+                }
+            };
+            linear(); attention();
+            const Timing tl = time_repeated(min_s / 2, 2, linear);
+            const Timing ta = time_repeated(min_s / 2, 2, attention);
+            const double step_s   = tl.best + ta.best;
+            const double kv_bytes = static_cast<double>(B) * ctx * kv_dim * 2 * 4 * c.n_layers;
+            const double gbs      = (static_cast<double>(weight_bytes) + kv_bytes) / step_s / 1e9;
+            json e;
+            e["batch"] = B;
+            e["ctx"] = ctx;
+            e["ms_per_step"] = round_to(step_s * 1e3, 3);
+            e["tok_s"] = round_to(B / step_s, 1);
+            e["linear_ms"] = round_to(tl.best * 1e3, 3);
+            e["attention_ms"] = round_to(ta.best * 1e3, 3);
+            e["weight_mb"] = round_to(weight_bytes / 1e6, 1);
+            e["kv_mb_read"] = round_to(kv_bytes / 1e6, 1);
+            e["kv_pools"] = n_pools;
+            e["bytes_read_gbs"] = round_to(gbs, 2);
+            e["ratio_vs_read_bw"] = round_to(gbs / read_bw_gbs, 3);
+            e["attention_kv_gbs"] = round_to(kv_bytes / ta.best / 1e9, 2);
+            out.push_back(e);
+        }
+    }
+    return out;
+}
+
+}  // namespace fd::bench

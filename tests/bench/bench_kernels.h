@@ -1,0 +1,88 @@
+// tests/bench/bench_kernels.h — fd_bench's kernel-level measurements: kernels::linear against
+// OpenBLAS sgemm at several row counts, and decode steps at long contexts (the model's linear
+// layers plus attention over a paged KV pool), each as ratios against references from the same
+// run. Bench code only.
+#pragma once
+
+#include "fd/model/model_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <sys/mman.h>
+
+#include <chrono>
+#include <ctime>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace fd::bench {
+
+/// Anonymous private mapping, like fd::Arena (4 KiB pages unless THP is "always").
+struct Mapping {
+    float * p     = nullptr;
+    size_t  bytes = 0;
+    explicit Mapping(size_t b) : bytes(b) {
+        void * m = mmap(nullptr, b, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED) { throw std::runtime_error("mmap of " + std::to_string(b) + " bytes failed"); }
+        p = static_cast<float *>(m);
+    }
+    ~Mapping() { if (p) { munmap(p, bytes); } }
+    Mapping(const Mapping &) = delete;
+    Mapping & operator=(const Mapping &) = delete;
+    size_t n_floats() const { return bytes / sizeof(float); }
+};
+
+/// CPU seconds used by the whole process so far (all threads).
+inline double process_cpu_seconds() {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+/// Runs of one measurement: count, total seconds, best run; best_cpu is the least process CPU
+/// time of a run. On one thread, best_cpu is the run time without the time slices other
+/// processes took (the machine is shared), so its ratios are steadier than wall time's.
+struct Timing {
+    int64_t runs     = 0;
+    double  total    = 0.0;
+    double  best     = 1e300;
+    double  best_cpu = 1e300;
+    double  mean() const { return total / static_cast<double>(runs); }
+};
+
+/// Run fn() until at least `min_s` seconds and `min_runs` runs have passed.
+inline Timing time_repeated(double min_s, int64_t min_runs, const std::function<void()> & fn) {
+    Timing t;
+    while (t.runs < min_runs || t.total < min_s) {
+        const auto   t0 = std::chrono::steady_clock::now();
+        const double c0 = process_cpu_seconds();
+        fn();
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        t.total += dt;
+        t.best = std::min(t.best, dt);
+        t.best_cpu = std::min(t.best_cpu, process_cpu_seconds() - c0);
+        ++t.runs;
+    }
+    return t;
+}
+
+/// OpenBLAS sgemm (1 thread) against kernels::linear on 1 thread, out [M, N] = x [M, K] · Wᵀ,
+/// W [N, K], for each M in `ms`: GFLOP/s of the best run, fd f32 ÷ OpenBLAS, fd bf16 ÷ fd f32
+/// (same values rounded to bf16), largest |fd f32 - OpenBLAS|.
+nlohmann::ordered_json linear_vs_openblas(const std::vector<int64_t> & ms, int64_t n, int64_t k, double min_s);
+
+/// Decode steps of B tokens at context `ctx` on the model's shapes with f32 weights, for each
+/// (B, ctx): every linear layer (LM head included) plus attention of every layer over a paged
+/// KV pool of B sequences of ctx tokens (synthetic values). Bytes read per step = streamed
+/// weight bytes + KV bytes (B * ctx * kv_dim * 2 * 4 * n_layers); reported as GB/s and as a
+/// ratio to `read_bw_gbs`. Layers share one KV pool when distinct pools would pass
+/// `kv_budget_bytes` (each pool is then still far larger than the caches).
+nlohmann::ordered_json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & batches,
+                                       const std::vector<int> & ctxs, int n_threads, double read_bw_gbs,
+                                       double min_s, int64_t kv_budget_bytes);
+
+}  // namespace fd::bench
