@@ -37,9 +37,10 @@ struct StreamOptions {
     bool include_usage = false;  ///< stream_options.include_usage
 };
 
-/// The sampling fields into gen.params / gen.n: `max_tokens_key` (and its alias, tried in
-/// order: chat takes max_completion_tokens then max_tokens), temperature, top_p, top_k, n, seed,
-/// stop, stop_token_ids, ignore_eos, stream, stream_options. `logprobs` is the route's own.
+/// The sampling fields into gen.params / gen.n: the max-tokens field (the first of
+/// `max_tokens_keys` present: chat takes max_completion_tokens then max_tokens), temperature,
+/// top_p, top_k, n, seed, stop, stop_token_ids, ignore_eos, skip_special_tokens,
+/// spaces_between_special_tokens, stream, stream_options. `logprobs` is the route's own.
 /// Errors: 400 naming the field.
 StreamOptions parse_sampling(const ApiContext & ctx, const nlohmann::json & j, engine::GenerateRequest & gen,
                              std::initializer_list<const char *> max_tokens_keys);
