@@ -102,7 +102,7 @@ class Fdctl(unittest.TestCase):
                     self.assertIn("Dynamic Load Weight Disabled.", err)
 
     def test_usage_errors_send_nothing(self):
-        for args in [["sleep", "--tags", "weights"], ["update-weights", "--version", "../x"], ["wait", "--until", "sleeping"],
+        for args in [["sleep", "--tags", "weights"], ["update-weights", "--version", "../x"], ["wait", "--until", "sleepy"],
                      ["frobnicate"], [], ["--transport", "carrier-pigeon", "status"]]:
             rc, out, err = fdctl(free_port(), *args)
             self.assertEqual(rc, EXIT["usage"], (args, err))

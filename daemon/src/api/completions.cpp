@@ -1,4 +1,5 @@
 // POST /v1/completions: parse and validate into engine structs, submit, answer (JSON or SSE).
+#include "access_log.h"
 #include "handlers.h"
 
 #include "fd/log.h"
@@ -267,8 +268,10 @@ void post_completions(ApiContext & ctx, const httplib::Request & req, httplib::R
                                {"prompt_token_ids", prompts[ip]},
                                {"token_ids", a.token_ids}});
         }
+        json usage = usage_json(*acc, r->gen.n);
+        access_note_tokens(usage["prompt_tokens"].get<int64_t>(), usage["completion_tokens"].get<int64_t>());
         json body = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", ctx.cfg.served_model_name},
-                     {"weight_version", weight_version}, {"choices", choices}, {"usage", usage_json(*acc, r->gen.n)}};
+                     {"weight_version", weight_version}, {"choices", choices}, {"usage", std::move(usage)}};
         res.set_content(dump(body), "application/json");
         return;
     }
@@ -293,6 +296,8 @@ void post_completions(ApiContext & ctx, const httplib::Request & req, httplib::R
             return end_stream();
         };
         if (channel->done()) {
+            const json usage = usage_json(*acc, r->gen.n);
+            access_note_tokens(usage["prompt_tokens"].get<int64_t>(), usage["completion_tokens"].get<int64_t>());
             if (r->include_usage) {
                 write({{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", ctx.cfg.served_model_name},
                        {"choices", json::array()}, {"usage", usage_json(*acc, r->gen.n)}});

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "fd/api/server.h"
+#include "fd/progress.h"
 #include "fd/shm/control_client.h"
 #include "fd/status.h"
 
@@ -34,6 +35,7 @@ nlohmann::json health_json(ApiContext & ctx);
 void post_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_models(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_health(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
-void get_metrics(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void get_metrics(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);   ///< metrics.cpp
+void get_version(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);   ///< metrics.cpp
 
 }  // namespace fd::api

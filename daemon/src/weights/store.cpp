@@ -71,12 +71,12 @@ void parallel_for(size_t n, const std::function<void(size_t)> & fn) {
     }
 }
 
-/// Regular files of `dir` except manifest.json, sorted by name.
+/// Regular checkpoint files of `dir` (is_checkpoint_file), sorted by name.
 std::vector<std::string> checkpoint_files(const fs::path & dir) {
     std::vector<std::string> names;
     for (const auto & e : fs::directory_iterator(dir)) {
         const std::string name = e.path().filename().string();
-        if (name == kManifestName || !e.is_regular_file()) { continue; }
+        if (!is_checkpoint_file(name) || !e.is_regular_file()) { continue; }
         names.push_back(name);
     }
     std::sort(names.begin(), names.end());
@@ -84,6 +84,17 @@ std::vector<std::string> checkpoint_files(const fs::path & dir) {
 }
 
 }  // namespace
+
+bool is_checkpoint_file(std::string_view name) {
+    static constexpr std::string_view kNames[] = {
+        "config.json",        "generation_config.json", "version.yaml",  "tokenizer.json",     "tokenizer.model",
+        "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt",
+        "merges.txt",         "chat_template.jinja",    "chat_template.json"};
+    for (const auto n : kNames) {
+        if (name == n) { return true; }
+    }
+    return name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json");
+}
 
 // ---- SHA-256 ---------------------------------------------------------------------------------
 
