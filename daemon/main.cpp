@@ -164,7 +164,9 @@ int main(int argc, char ** argv) {
     fd::Config cfg;
     add_flags(app, cfg);
     app.set_version_flag("--version", fmt::format("fdrollout {} (git {})", fd::kVersion, fd::kGitCommit));
-    app.footer("Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes /clear_load_weight and /update_model_weight behave as\n"
+    app.footer("Exit codes: 0 stopped cleanly (SIGTERM/SIGINT), 2 usage error (a flag not understood; nothing started),\n"
+               "10 invalid configuration (e.g. --model, --kv-cache-bytes), other start-up failures by fd::Errc (fdctl --help).\n"
+               "Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes /clear_load_weight and /update_model_weight behave as\n"
                "/v1/sleep and /v1/wakeup (both tags); 0 (default) keeps the legacy status-word protocol.");
     const char * v1 = std::getenv("FD_ENABLE_V1_UPDATE_WEIGHTS");
     cfg.server.v1_update_weights = v1 && std::string(v1) == "1";
