@@ -17,11 +17,21 @@ void Progress::begin(std::string phase, int64_t bytes_total) {
 
 void Progress::end() {
     std::lock_guard lk(mu_);
+    last_ = snapshot_locked();
     phase_.clear();
 }
 
 std::optional<ProgressSnapshot> Progress::snapshot() const {
     std::lock_guard lk(mu_);
+    return snapshot_locked();
+}
+
+std::optional<ProgressSnapshot> Progress::last() const {
+    std::lock_guard lk(mu_);
+    return last_;
+}
+
+std::optional<ProgressSnapshot> Progress::snapshot_locked() const {
     if (phase_.empty()) { return std::nullopt; }
     return ProgressSnapshot{.phase       = phase_,
                             .bytes_done  = done_.load(std::memory_order_relaxed),

@@ -153,9 +153,14 @@ class Metrics(unittest.TestCase):
             with open(os.path.join(REPO, "CMakeLists.txt")) as f:
                 version = re.search(r"project\(fdrollout VERSION (\S+)", f.read()).group(1)
             self.assertEqual(info[0]["version"], version)
-            head = subprocess.run(["git", "-C", REPO, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
-            if head.returncode == 0:
-                self.assertEqual(info[0]["git_commit"].split("-")[0], head.stdout.strip())
+            # a commit of this repository (the one built, which may be older than HEAD), or "unknown" without git
+            commit = info[0]["git_commit"]
+            if subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True).returncode == 0:
+                self.assertRegex(commit, r"^[0-9a-f]{12}(-dirty)?$")
+                p = subprocess.run(["git", "-C", REPO, "cat-file", "-t", commit.split("-")[0]], capture_output=True, text=True)
+                self.assertEqual(p.stdout.strip(), "commit", commit)
+            else:
+                self.assertEqual(commit, "unknown")
             rss = v[("process_resident_memory_bytes", frozenset())]
             self.assertLess(abs(rss - rss_bytes(d.proc.pid)), 0.2 * rss)
             with open(f"/proc/{d.proc.pid}/stat") as f:  # start time: the kernel's, via boot time

@@ -155,3 +155,22 @@ TEST_CASE("remove_stale_temps removes entries of dead pids only") {
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("a manifest lists the checkpoint's files only: weights, config, tokenizer, generation config, version") {
+    TmpDir src, dst;
+    write_bytes(src.path / "model.safetensors", tiny_safetensors());
+    for (const char * f : {"config.json", "generation_config.json", "tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                           "special_tokens_map.json", "version.yaml", "README.md", "LICENSE", "reference_logits.json",
+                           "optimizer.pt", "train_args.json"}) {
+        write_bytes(src.path / f, "{}");
+    }
+    const auto m = store::build_manifest(src.path, "v1", dst.path);
+    std::vector<std::string> names;
+    for (const auto & [name, f] : m.files) { names.push_back(name); }
+    CHECK(names == std::vector<std::string>{"config.json", "generation_config.json", "model.safetensors", "special_tokens_map.json",
+                                            "tokenizer.json", "tokenizer.model", "tokenizer_config.json", "version.yaml"});
+    CHECK_FALSE(std::filesystem::exists(dst.path / "README.md"));  // not copied either
+    CHECK(store::is_checkpoint_file("model-00001-of-00002.safetensors"));
+    CHECK(store::is_checkpoint_file("model.safetensors.index.json"));
+    CHECK_FALSE(store::is_checkpoint_file("model.safetensors.bak"));
+}

@@ -4,6 +4,7 @@
 // logger is a null logger, so tests stay quiet. Only main() configures sinks and levels.
 #pragma once
 
+#include <spdlog/formatter.h>
 #include <spdlog/spdlog.h>
 
 #include <memory>

@@ -37,12 +37,17 @@ public:
     void end();
     /// The running phase; nullopt when none runs.
     std::optional<ProgressSnapshot> snapshot() const;
+    /// The phase that ended last, as it stood at its end (logs, tests); nullopt before any.
+    std::optional<ProgressSnapshot> last() const;
 
 private:
+    std::optional<ProgressSnapshot> snapshot_locked() const;
+
     mutable std::mutex                    mu_;
     std::string                           phase_;     ///< empty = none running (mu_)
     std::chrono::steady_clock::time_point t0_;        ///< (mu_)
     std::atomic<int64_t>                  done_{0}, total_{0};
+    std::optional<ProgressSnapshot>       last_;      ///< (mu_)
 };
 
 /// RAII: Progress::current().begin(...) now, end() on scope exit (exceptions included).

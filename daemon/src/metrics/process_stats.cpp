@@ -32,9 +32,8 @@ ProcessStats read_process_stats() {
     ProcessStats s;
     const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
     const int64_t page = ::sysconf(_SC_PAGESIZE);
-    std::ifstream in("/proc/self/stat");
     std::string line;
-    if (std::getline(in, line)) {
+    if (std::ifstream in("/proc/self/stat"); std::getline(in, line)) {  // closed before the fds are counted
         // Field 2 (comm) may hold spaces and parentheses: parse after the last ')'.
         const size_t rp = line.rfind(')');
         if (rp != std::string::npos) {
