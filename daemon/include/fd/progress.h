@@ -16,7 +16,7 @@
 namespace fd {
 
 struct ProgressSnapshot {
-    std::string phase;            ///< "transfer" (rsync pull), "verify" (checksums), "load" (copy into staging)
+    std::string phase;            ///< "transfer" (rsync pull), "verify" (store checksums), "load" (copy into the weight arena)
     int64_t     bytes_done  = 0;
     int64_t     bytes_total = 0;  ///< 0 = not known yet
     double      elapsed_s   = 0.0;///< since the phase began

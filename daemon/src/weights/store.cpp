@@ -2,6 +2,7 @@
 #include "fd/weights/store.h"
 
 #include "fd/model/safetensors.h"
+#include "fd/progress.h"
 #include "fd/status.h"
 
 #include <fcntl.h>
@@ -165,6 +166,7 @@ FileDigest digest_file(const fs::path & file, const std::vector<Range> & ranges,
         if (n < 0 && errno == EINTR) { continue; }
         if (n < 0) { fail(Errc::invalid_checkpoint, "{}: read failed at byte {}: {}", file.string(), pos, std::strerror(errno)); }
         if (n == 0) { fail(Errc::invalid_checkpoint, "{}: shrank to {} bytes while being read", file.string(), pos); }
+        Progress::current().add_done(n);  // /health progress while a version is verified
         const int64_t end = pos + n;
         whole.update(buf.data(), static_cast<size_t>(n));
         if (out.valid()) { write_all(out.get(), buf.data(), n, copy_to, Errc::source_unavailable); }
@@ -312,7 +314,12 @@ void check_against_manifest(const fs::path & dir, const Manifest & m, bool verif
     }
     if (!verify_checksum) { return; }
     std::vector<std::string> names;
-    for (const auto & [name, f] : m.files) { names.push_back(name); }
+    int64_t total_bytes = 0;
+    for (const auto & [name, f] : m.files) {
+        names.push_back(name);
+        total_bytes += f.size;
+    }
+    ProgressPhase progress("verify", total_bytes);  // digest_file adds the bytes it hashes
     std::vector<std::vector<std::string>> found(names.size());  // tensor names per file
     parallel_for(names.size(), [&](size_t i) {
         const std::string & name = names[i];
