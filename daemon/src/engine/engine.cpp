@@ -25,12 +25,10 @@ struct Engine::Sequence : SchedSeq {
     Sequence(const model::Tokenizer & tok, const std::vector<int32_t> & prompt) : detok(tok, prompt) {}
 };
 
-Engine::Engine(const EngineConfig & cfg, std::unique_ptr<model::Worker> worker,
-               std::shared_ptr<const model::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg,
-               std::unique_ptr<weights::WeightSource> source)
-    : cfg_(cfg), model_cfg_(worker->config()), tok_(std::move(tok)), kv_cfg_(kv_cfg), kv_(kv_cfg),
-      source_(std::move(source)), sched_(cfg.scheduler) {
-    workers_.push_back(std::move(worker));
+Engine::Engine(const EngineConfig & cfg, std::unique_ptr<runtime::Executor> executor,
+               std::shared_ptr<const model::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg)
+    : cfg_(cfg), model_cfg_(executor->model_config()), executor_(std::move(executor)), tok_(std::move(tok)), kv_cfg_(kv_cfg),
+      kv_(kv_cfg), sched_(cfg.scheduler) {
     state_.weight_version = cfg_.weight_version;
     publish_stats();
 }
@@ -303,7 +301,7 @@ bool Engine::step() {
     }
     const int32_t vocab = model_cfg_.vocab_size;
     logits_.resize(batch_.logits_rows.size() * static_cast<size_t>(vocab));
-    if (!workers_[0]->forward(batch_, logits_.data(), &control_waiting_)) {
+    if (!executor_->forward(batch_, logits_.data(), &control_waiting_)) {
         return true;  // a control command arrived: nothing advanced; it runs first, then the step is redone
     }
 
