@@ -37,6 +37,7 @@ constexpr const char * kExitCodes =
     "  10  invalid_argument (an argument was rejected)\n"
     "  11  checksum_mismatch\n"
     "  12  source_unavailable\n"
+    "  14  rank_failed (a tensor-parallel rank died, hung or never joined)\n"
     "  70  internal error\n"
     "Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes --transport default to v1 (else shm); FD_PORT, FD_API_KEY.";
 

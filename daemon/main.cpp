@@ -8,7 +8,7 @@
 #include "fd/engine/engine.h"
 #include "fd/log.h"
 #include "fd/model/safetensors.h"
-#include "fd/model/tokenizer.h"
+#include "fd/tokenizer/tokenizer.h"
 #include "fd/model/worker.h"
 #include "fd/weights/weight_source.h"
 
@@ -40,7 +40,7 @@ std::string default_model_dir() {
 
 void add_flags(CLI::App & app, fd::Config & c) {
     c.model.model_dir = default_model_dir();
-    app.add_option("--model", c.model.model_dir, "Hugging Face checkpoint dir (config.json, *.safetensors [+ index], tokenizer.model)")
+    app.add_option("--model", c.model.model_dir, "Hugging Face checkpoint dir (config.json, *.safetensors [+ index], tokenizer.json or tokenizer.model)")
         ->envname("FD_MODEL")->capture_default_str();
     app.add_option("--host", c.server.host, "Address to listen on")->envname("FD_HOST")->capture_default_str();
     app.add_option("--port", c.server.port, "TCP port to listen on")->envname("FD_PORT")->capture_default_str();
@@ -107,7 +107,8 @@ int run(fd::Config & cfg, sigset_t & signals) {
     lg->info("model {} ({}): {} layers, hidden {}, heads {}/{}, vocab {}; weight_version {}", cfg.model.model_dir,
              r.model.architecture, r.model.n_layers, r.model.hidden_size, r.model.n_heads, r.model.n_kv_heads,
              r.model.vocab_size, cfg.engine.weight_version);
-    auto tok = std::make_shared<const fd::model::Tokenizer>(cfg.model.model_dir, r.model.bos_token_id);
+    auto tok = fd::tokenizer::load_tokenizer(cfg.model.model_dir, {.bos_token_id = r.model.bos_token_id});
+    lg->info("tokenizer: {} ({} ids)", tok->kind(), tok->vocab_size());
     const auto idx = fd::model::read_tensor_index(cfg.model.model_dir);
     auto worker = std::make_unique<fd::model::Worker>(r.model, idx, fd::model::WorkerConfig{
         .rank = 0, .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,

@@ -35,7 +35,7 @@
 #include "fd/log.h"
 #include "fd/model/model_config.h"
 #include "fd/model/safetensors.h"
-#include "fd/model/tokenizer.h"
+#include "fd/tokenizer/tokenizer.h"
 #include "fd/model/weights.h"
 #include "fd/model/worker.h"
 #include "fd/status.h"
@@ -139,7 +139,7 @@ constexpr int64_t kLargeCheckpoint = 64LL << 20;  ///< above: "large" (few updat
 struct Daemon {
     fd::Config                                   cfg;
     fd::Resolved                                 r;
-    std::shared_ptr<const M::Tokenizer>          tok;
+    std::shared_ptr<const fd::tokenizer::Tokenizer>          tok;
     std::unique_ptr<fd::engine::Engine>          engine;
     std::unique_ptr<fd::control::ControlService> control;
     std::unique_ptr<fd::api::ApiServer>          server;
@@ -159,7 +159,7 @@ struct Daemon {
         r = fd::resolve(cfg);
         rss_before_load = fd::process_rss_bytes();
         const auto t0 = Clock::now();
-        tok = std::make_shared<const M::Tokenizer>(cfg.model.model_dir, r.model.bos_token_id);
+        tok = fd::tokenizer::load_tokenizer(cfg.model.model_dir, {.bos_token_id = r.model.bos_token_id});
         const auto idx = M::read_tensor_index(cfg.model.model_dir);
         auto worker = std::make_unique<M::Worker>(r.model, idx, M::WorkerConfig{
             .rank = 0, .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,

@@ -11,7 +11,7 @@
 #include "fd/engine/scheduler.h"
 #include "fd/kv/kv_cache.h"
 #include "fd/metrics/request_metrics.h"
-#include "fd/model/tokenizer.h"
+#include "fd/tokenizer/tokenizer.h"
 #include "fd/runtime/executor.h"
 
 #include <array>
@@ -73,7 +73,7 @@ class Engine {
 public:
     /// `executor` reaches the ranks (and their weight sources); the engine never sees a Worker.
     Engine(const EngineConfig & cfg, std::unique_ptr<runtime::Executor> executor,
-           std::shared_ptr<const model::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg);
+           std::shared_ptr<const tokenizer::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg);
     ~Engine();
 
     void start();
@@ -140,7 +140,7 @@ private:
     EngineConfig                              cfg_;
     model::ModelConfig                        model_cfg_;
     std::unique_ptr<runtime::Executor>        executor_;   ///< the ranks
-    std::shared_ptr<const model::Tokenizer>   tok_;
+    std::shared_ptr<const tokenizer::Tokenizer>   tok_;
     kv::KvCacheConfig                         kv_cfg_;
     kv::KvCache                               kv_;
     EngineState                               state_;      ///< engine thread only; copied into stats_
