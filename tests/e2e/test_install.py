@@ -35,7 +35,8 @@ class Install(unittest.TestCase):
         for rel in ["share/fdrollout/models/stories260K/config.json", "share/fdrollout/models/stories260K/model.safetensors",
                     "share/fdrollout/models/stories260K/tokenizer.model", "share/doc/fdrollout/README.md",
                     "share/doc/fdrollout/operations.md", "share/fdrollout/systemd/fdrollout.service",
-                    "share/fdrollout/systemd/fdrollout.env", "share/bash-completion/completions/fdctl"]:
+                    "share/fdrollout/systemd/fdrollout.env", "share/bash-completion/completions/fdctl",
+                    "share/fdrollout/python/fdpublish.py", "share/fdrollout/python/safetensors_np.py"]:
             self.assertTrue(os.path.isfile(self.path(rel)), rel)
 
     def test_installed_daemon_serves_its_own_model(self):
