@@ -3,12 +3,16 @@
 // one exit-code table (see --help).
 #include "offline.h"
 #include "output.h"
+#include "progress_bar.h"
 #include "transport.h"
+
+#include "fd/build_info.h"
 
 #include "fd/shm/names.h"
 #include "fd/status.h"
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -57,6 +61,18 @@ std::unique_ptr<fdctl::Transport> connect(const Options & o) {
     return fdctl::make_v1_transport(o.url.empty() ? "http://127.0.0.1:" + std::to_string(o.port) : o.url, o.api_key, o.timeout_s);
 }
 
+/// The subcommand word of argv (the first argument that is neither a global option nor the
+/// value of one), or "" when there is none.
+std::string subcommand_word(int argc, char ** argv) {
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a.empty() || a[0] != '-') { return a; }
+        const bool takes_value = a == "--port" || a == "--url" || a == "--transport" || a == "--timeout" || a == "--api-key";
+        if (takes_value) { ++i; }
+    }
+    return "";
+}
+
 /// `wait --until`: poll `status` until the state holds; unreachable counts as "not yet".
 int run_wait(const Options & o) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s);
@@ -66,9 +82,10 @@ int run_wait(const Options & o) {
             const fdctl::Reply r = connect(o)->call({.op = "status"});
             const auto j = nlohmann::json::parse(r.body);
             last = j.value("state", "?");
+            // The names are /health's `state` values; paused also holds while sleeping (sleep implies pause).
             const bool ok = o.until == "serving" ? last == "serving"
                           : o.until == "paused"  ? j.value("is_paused", false)
-                                                 : !j["sleeping_tags"].empty();
+                                                 : last == "sleeping";
             if (ok) {
                 if (!o.quiet) { std::cout << (o.json ? r.body : "state=" + last) << "\n"; }
                 return 0;
@@ -82,10 +99,14 @@ int run_wait(const Options & o) {
     return fd::errc_info(fd::Errc::timeout).exit_code;
 }
 
+std::string base_url(const Options & o) { return o.url.empty() ? "http://127.0.0.1:" + std::to_string(o.port) : o.url; }
+
 int run_command(const Options & o, fd::shm::MailboxCommand cmd) {
     const bool long_op = cmd.op != "status" && cmd.op != "is_paused" && cmd.op != "pause" && cmd.op != "resume";
-    if (long_op && !o.quiet && !o.json && isatty(STDERR_FILENO)) { std::cerr << "fdctl: " << cmd.op << " ...\n"; }
+    std::unique_ptr<fdctl::ProgressBar> bar;  // bytes done / total of the daemon's load, on a terminal
+    if (long_op && !o.quiet && !o.json && isatty(STDERR_FILENO)) { bar = std::make_unique<fdctl::ProgressBar>(base_url(o), o.api_key, cmd.op); }
     const fdctl::Reply r = connect(o)->call(cmd);
+    bar.reset();
     const int rc = fdctl::exit_code_for(r);
     if (rc != 0) {
         if (o.json) { std::cout << r.body << "\n"; }
@@ -137,8 +158,9 @@ int main(int argc, char ** argv) {
     update->add_option("--version", o.version, "Weight version to load ([A-Za-z0-9._-]{1,128})");
     update->add_flag("--verify-checksum", o.verify_checksum, "Verify checksums when the source has them");
     update->callback([&] { cmd.op = "update_weights"; });
-    auto * wait = app.add_subcommand("wait", "Wait until the daemon is serving, paused or asleep (bounded by --timeout)");
-    wait->add_option("--until", o.until, "serving | paused | asleep")->required()->check(CLI::IsMember({"serving", "paused", "asleep"}));
+    auto * wait = app.add_subcommand("wait", "Wait until /health's state is serving, paused or sleeping (bounded by --timeout)");
+    wait->add_option("--until", o.until, "serving | paused | sleeping (asleep: the old name of sleeping)")->required()
+        ->transform(CLI::Transformer({{"asleep", "sleeping"}}))->check(CLI::IsMember({"serving", "paused", "sleeping"}));
     wait->callback([&] { cmd.op = "wait"; });
 
     fdctl::PublishOptions pub;
@@ -157,6 +179,19 @@ int main(int argc, char ** argv) {
     model_info->add_option("--tp", info.tp, "Tensor parallel size")->capture_default_str();
     model_info->callback([&] { cmd.op = "model_info"; });
 
+    app.set_version_flag("--version", fmt::format("fdctl {} (git {})", fd::kVersion, fd::kGitCommit));
+    if (const std::string word = subcommand_word(argc, argv); !word.empty()) {
+        bool known = false;
+        std::string names;
+        for (const auto * sub : app.get_subcommands({})) {
+            known = known || sub->get_name() == word;
+            names += (names.empty() ? "" : ", ") + sub->get_name();
+        }
+        if (!known) {
+            std::cerr << "fdctl: unknown subcommand '" << word << "'; one of: " << names << " (fdctl --help)\n";
+            return fd::kExitUsage;
+        }
+    }
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {

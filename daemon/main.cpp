@@ -1,5 +1,7 @@
 // fdrollout — the rollout daemon: flags → Config → model → engine → HTTP, then wait for a signal.
 #include "fd/api/server.h"
+#include "fd/api/throughput_logger.h"
+#include "fd/build_info.h"
 #include "fd/config.h"
 #include "fd/control/service.h"
 #include "fd/control/shm_watcher.h"
@@ -13,28 +15,42 @@
 #include <CLI/CLI.hpp>
 
 #include <csignal>
+#include <filesystem>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
 
-#ifndef FD_VERSION
-#define FD_VERSION "dev"
-#endif
 #ifndef FD_DEFAULT_MODEL_DIR
 #define FD_DEFAULT_MODEL_DIR "models/stories260K"
 #endif
 
 namespace {
 
+/// The embedded model: next to an installed binary (BIN/../share/fdrollout/models/stories260K),
+/// else the source tree this binary was built from.
+std::string default_model_dir() {
+    std::error_code ec;
+    const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+        const auto installed = exe.parent_path().parent_path() / "share" / "fdrollout" / "models" / "stories260K";
+        if (std::filesystem::is_regular_file(installed / "config.json", ec)) { return installed.string(); }
+    }
+    return FD_DEFAULT_MODEL_DIR;
+}
+
 void add_flags(CLI::App & app, fd::Config & c) {
-    c.model.model_dir = FD_DEFAULT_MODEL_DIR;
+    c.model.model_dir = default_model_dir();
     app.add_option("--model", c.model.model_dir, "Hugging Face checkpoint dir (config.json, *.safetensors [+ index], tokenizer.json or tokenizer.model)")
         ->envname("FD_MODEL")->capture_default_str();
     app.add_option("--host", c.server.host, "Address to listen on")->envname("FD_HOST")->capture_default_str();
     app.add_option("--port", c.server.port, "TCP port to listen on")->envname("FD_PORT")->capture_default_str();
     app.add_option("--served-model-name", c.server.served_model_name, "Model name clients send (default: model dir name)")
         ->envname("FD_SERVED_MODEL_NAME");
-    app.add_option("--api-key", c.server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*")->envname("FD_API_KEY");
+    app.add_option("--api-key", c.server.api_key,
+                   "Require 'Authorization: Bearer KEY' on every route except GET /health, /metrics and /version (generation, "
+                   "/v1/models, V1 control and the legacy /clear_load_weight, /update_model_weight); the shm control block "
+                   "is guarded only by its mode 0600 (same user)")
+        ->envname("FD_API_KEY");
     app.add_option("--weight-version", c.model.weight_version, "Weight version reported when the model dir has no version.yaml 'step'")
         ->envname("FD_WEIGHT_VERSION")->capture_default_str();
     app.add_option("--device", c.model.device, "Backend: cpu (cuda needs a CUDA build)")->envname("FD_DEVICE")->capture_default_str();
@@ -77,6 +93,10 @@ void add_flags(CLI::App & app, fd::Config & c) {
     app.add_option("--control-timeout-s", c.control.control_timeout_s, "Longest a V1 control call waits for the engine before 504")
         ->envname("FD_CONTROL_TIMEOUT_S")->capture_default_str();
     app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error, critical, off")->envname("FD_LOG_LEVEL")->capture_default_str();
+    app.add_option("--log-format", c.log_format, "text or json (one JSON object per line: time, level, logger, msg, pid, thread)")
+        ->envname("FD_LOG_FORMAT")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
+    app.add_option("--log-stats-interval-s", c.log_stats_interval_s, "Seconds between throughput log lines while busy (0 = none)")
+        ->envname("FD_LOG_STATS_INTERVAL_S")->check(CLI::NonNegativeNumber)->capture_default_str();
 }
 
 int run(fd::Config & cfg, sigset_t & signals) {
@@ -103,9 +123,11 @@ int run(fd::Config & cfg, sigset_t & signals) {
     fd::control::ControlService control(cfg.control, engine);
     fd::api::ApiServer server(cfg.server, engine, control, *tok);
     fd::control::ShmWatcher watcher(std::move(block), cfg.server.port, engine, control);
+    fd::api::ThroughputLogger throughput(engine, cfg.log_stats_interval_s);
     engine.start();
     server.bind();
     watcher.start();
+    throughput.start();
     std::thread http([&] { server.serve(); });
     lg->info("serving '{}' (max_model_len {}, max_num_seqs {}, prefix caching {})", cfg.server.served_model_name,
              cfg.engine.max_model_len, cfg.engine.scheduler.max_num_seqs, cfg.kv.enable_prefix_caching ? "on" : "off");
@@ -118,6 +140,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
     while (!engine.idle() && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    throughput.stop();
     watcher.stop();  // removes the control block
     engine.stop();   // aborts whatever outlived the grace period
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let handlers write their last chunks
@@ -142,8 +165,10 @@ int main(int argc, char ** argv) {
                  "Every flag can also be set by the FD_* environment variable shown."};
     fd::Config cfg;
     add_flags(app, cfg);
-    app.set_version_flag("--version", std::string("fdrollout ") + FD_VERSION + "\n");
-    app.footer("Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes /clear_load_weight and /update_model_weight behave as\n"
+    app.set_version_flag("--version", fmt::format("fdrollout {} (git {})", fd::kVersion, fd::kGitCommit));
+    app.footer("Exit codes: 0 stopped cleanly (SIGTERM/SIGINT), 2 usage error (a flag not understood; nothing started),\n"
+               "10 invalid configuration (e.g. --model, --kv-cache-bytes), other start-up failures by fd::Errc (fdctl --help).\n"
+               "Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes /clear_load_weight and /update_model_weight behave as\n"
                "/v1/sleep and /v1/wakeup (both tags); 0 (default) keeps the legacy status-word protocol.");
     const char * v1 = std::getenv("FD_ENABLE_V1_UPDATE_WEIGHTS");
     cfg.control.v1_update_weights = v1 && std::string(v1) == "1";
@@ -151,10 +176,13 @@ int main(int argc, char ** argv) {
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {
-        return app.exit(e);
+        // --help and --version exit 0; every usage error exits 2 (CLI11's own codes, 105-115,
+        // would collide with nothing documented and mean nothing to a script).
+        const int rc = app.exit(e);
+        return rc == 0 ? 0 : fd::kExitUsage;
     }
     try {
-        fd::log::setup(cfg.log_level);
+        fd::log::setup(cfg.log_level, cfg.log_format);
         return run(cfg, signals);
     } catch (const fd::Error & e) {
         std::cerr << "fdrollout: " << e.what() << "\n";

@@ -204,9 +204,16 @@ def check_dtypes_like(tensors, model_dir, dtype=None):
                              f"{held[name]} (pass dtype={held[name]!r})")
 
 
+# The non-weight files of a checkpoint version (as fd::weights::store::is_checkpoint_file):
+# what a published version holds besides its *.safetensors; README.md, LICENSE etc. stay out.
+CHECKPOINT_FILES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                    "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
+                    "chat_template.jinja", "chat_template.json"}
+
+
 def publish_rsync(tensors, store, version, template_dir, dtype=None):
     """Write `tensors` (HF names) as version `version` of the rsync store `store`: an HF
-    checkpoint dir (model.safetensors + every non-weight file of `template_dir`, version.yaml
+    checkpoint dir (model.safetensors + the config, tokenizer and generation-config files of `template_dir`, version.yaml
     `step: version`) with manifest.json written last, renamed into place, then `latest`.
     Versions are immutable. Raises FileExistsError if the version exists, ValueError if a
     tensor's dtype differs from `template_dir`'s checkpoint (nothing is written then).
@@ -226,8 +233,7 @@ def publish_rsync(tensors, store, version, template_dir, dtype=None):
     try:
         for name in sorted(os.listdir(template_dir)):
             src = os.path.join(template_dir, name)
-            skip = name.endswith(".safetensors") or name.endswith(".safetensors.index.json") or name == "version.yaml"
-            if os.path.isfile(src) and not skip and name != "manifest.json":
+            if os.path.isfile(src) and name in CHECKPOINT_FILES:
                 shutil.copyfile(src, os.path.join(tmp, name))
         with open(os.path.join(tmp, "version.yaml"), "w") as f:
             f.write(f"step: {version}\n")

@@ -6,7 +6,7 @@ pkgs=(
   build-essential cmake ninja-build pkg-config git ca-certificates curl
   libboost-dev libcli11-dev libspdlog-dev libfmt-dev doctest-dev libcpp-httplib-dev
   nlohmann-json3-dev libsentencepiece-dev libopenblas-dev libssl-dev
-  rsync python3 python3-numpy python3-jinja2
+  rsync python3 python3-numpy python3-jinja2 python3-prometheus-client
   libpcre2-dev libutf8proc-dev libgloo-dev
 )
 # Node + npm run the reference tokenizers and template engine (tests/fixtures/fetch_npm_fixtures.sh);

@@ -241,10 +241,10 @@ Metrics read_metrics(httplib::Client & c) {
     Metrics m;
     std::istringstream in(text);
     std::string line;
-    auto value = [&](const char * key, auto & out) {
+    auto value = [&](const char * key, auto & out) {  // `key value` or `key{labels} value`
         const size_t n = std::strlen(key);
-        if (line.size() > n && line.compare(0, n, key) == 0 && line[n] == ' ') {
-            std::istringstream v(line.substr(n + 1));
+        if (line.size() > n && line.compare(0, n, key) == 0 && (line[n] == ' ' || line[n] == '{')) {
+            std::istringstream v(line.substr(line[n] == ' ' ? n + 1 : line.find("} ", n) + 2));
             v >> out;
         }
     };

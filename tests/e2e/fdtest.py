@@ -3,11 +3,13 @@ talk HTTP to it (stdlib only), and clean up.
 
 Environment (set by CTest): FDROLLOUT_BIN (daemon binary), FD_REPO (repo root).
 """
+import atexit
 import contextlib
 import http.client
 import json
 import os
 import signal
+import shutil
 import socket
 import subprocess
 import sys
@@ -64,6 +66,21 @@ def write_json(path, obj):
         json.dump(obj, f)
 
 
+_LOG_DIR = []
+
+
+def log_dir():
+    """This test process's private dir for daemon logs, removed at exit (tests leave nothing in
+    the temp dir); FD_KEEP_TEST_LOGS=1 keeps it and says where."""
+    if not _LOG_DIR:
+        _LOG_DIR.append(tempfile.mkdtemp(prefix="fdtest-logs-"))
+        if os.environ.get("FD_KEEP_TEST_LOGS") == "1":
+            atexit.register(lambda: print(f"fdtest: daemon logs kept in {_LOG_DIR[0]}", file=sys.stderr))
+        else:
+            atexit.register(shutil.rmtree, _LOG_DIR[0], True)
+    return _LOG_DIR[0]
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -73,10 +90,11 @@ def free_port():
 class Daemon:
     """One fdrollout process on 127.0.0.1:<free port>. Use as a context manager."""
 
-    def __init__(self, *args, model=STORIES, env=None, wait=True, timeout=60):
+    def __init__(self, *args, model=STORIES, env=None, wait=True, timeout=60, bin=BIN):
+        """model=None: no --model flag (the binary's default model)."""
         self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="fdrollout-", suffix=".log", delete=False)
-        cmd = [BIN, "--model", model, "--port", str(self.port), "--log-level", "info", *args]
+        self.log = tempfile.NamedTemporaryFile(prefix="fdrollout-", suffix=".log", delete=False, dir=log_dir())
+        cmd = [bin, *(["--model", model] if model is not None else []), "--port", str(self.port), "--log-level", "info", *args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         if wait:
             self.wait_ready(timeout)

@@ -102,7 +102,7 @@ class Batching(unittest.TestCase):
                 shared += 1
             self.assertEqual(c_on["usage"]["prompt_tokens_details"]["cached_tokens"], shared // 16 * 16)
             _, metrics = on.get("/metrics")
-            cached = [l for l in metrics.splitlines() if l.startswith("fdrollout_prompt_tokens_cached_total ")][0]
+            cached = [l for l in metrics.splitlines() if l.startswith('fdrollout_prompt_tokens_cached_total{model_name="stories260K"} ')][0]
             self.assertEqual(int(cached.split()[1]), (n_prompt - 1) // 16 * 16 + shared // 16 * 16)
 
 

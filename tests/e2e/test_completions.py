@@ -143,7 +143,7 @@ class Completions(unittest.TestCase):
                      "fdrollout_kv_blocks_used", "fdrollout_kv_blocks_free", "fdrollout_step_latency_seconds_bucket",
                      "fdrollout_step_latency_seconds_count"]:
             self.assertIn(name, text)
-        gen = [l for l in text.splitlines() if l.startswith("fdrollout_generation_tokens_total ")][0]
+        gen = [l for l in text.splitlines() if l.startswith('fdrollout_generation_tokens_total{model_name="stories260K"} ')][0]
         self.assertGreaterEqual(int(gen.split()[1]), 3)
         self.assertIn('le="+Inf"', text)
 

@@ -102,13 +102,46 @@ class Fdctl(unittest.TestCase):
                     self.assertIn("Dynamic Load Weight Disabled.", err)
 
     def test_usage_errors_send_nothing(self):
-        for args in [["sleep", "--tags", "weights"], ["update-weights", "--version", "../x"], ["wait", "--until", "sleeping"],
+        for args in [["sleep", "--tags", "weights"], ["update-weights", "--version", "../x"], ["wait", "--until", "sleepy"],
                      ["frobnicate"], [], ["--transport", "carrier-pigeon", "status"]]:
             rc, out, err = fdctl(free_port(), *args)
             self.assertEqual(rc, EXIT["usage"], (args, err))
         rc, out, _ = fdctl(free_port(), "--help")
         self.assertEqual(rc, 0)
         self.assertIn("Exit codes", out)
+
+    def test_wait_names_the_states_as_health_does(self):
+        with Daemon("--dynamic-load-weight") as d:
+            rc, out, err = fdctl(d.port, "sleep")
+            self.assertEqual(rc, 0, err)
+            for until in ["sleeping", "asleep", "paused"]:  # asleep: the old name, still accepted
+                rc, out, err = fdctl(d.port, "wait", "--until", until, "--timeout", "5")
+                self.assertEqual((rc, out), (0, "state=sleeping\n"), (until, err))
+            self.assertEqual(d.get("/health")[1]["state"], "sleeping")
+            rc, out, err = fdctl(d.port, "wait", "--until", "serving", "--timeout", "0.3")
+            self.assertEqual(rc, EXIT["timeout"])
+            self.assertIn("state is still 'sleeping', not serving", err)
+
+    def test_version_and_unknown_subcommand(self):
+        rc, out, err = fdctl(free_port(), "--version")
+        self.assertEqual(rc, 0)
+        self.assertRegex(out, r"^fdctl \d+\.\d+\.\d+ \(git \S+\)\n$")
+        rc, out, err = fdctl(free_port(), "--json", "frobnicate", "--tags", "x")
+        self.assertEqual(rc, EXIT["usage"])
+        self.assertIn("unknown subcommand 'frobnicate'", err)
+        self.assertIn("update-weights", err)  # the list of valid ones
+        rc, out, err = fdctl(free_port(), "--timeout", "3", "pause", "--bogus")
+        self.assertEqual(rc, EXIT["usage"])
+        self.assertNotIn("unknown subcommand", err)
+
+    def test_daemon_usage_errors_exit_2(self):
+        from fdtest import BIN
+        for args in [["--bogus"], ["--port", "x"], ["--log-format", "xml"], ["--update-staging", "maybe"]]:
+            p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=30)
+            self.assertEqual(p.returncode, EXIT["usage"], (args, p.stderr))
+        p = subprocess.run([BIN, "--help"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0)
+        self.assertIn("Exit codes", p.stdout)
 
     def test_no_daemon_is_unreachable_within_a_second(self):
         port = free_port()

@@ -109,8 +109,13 @@ class Rsync(unittest.TestCase):
     def test_publish_writes_a_complete_version_with_its_manifest(self):
         store = os.path.join(self.tmp, "store-pub")
         out = json.loads(self.publish(self.B, store, "v1", "--json"))
-        self.assertEqual((out["version"], out["files"]), ("v1", len(os.listdir(self.B))))
-        self.assertEqual(out["bytes"], sum(os.path.getsize(os.path.join(self.B, f)) for f in os.listdir(self.B)))
+        # the checkpoint's files only: not the model card, licence or reference outputs of the dir
+        files = sorted(f for f in os.listdir(self.B) if f not in ("README.md", "LICENSE", "reference_logits.json")
+                       and os.path.isfile(os.path.join(self.B, f)))
+        self.assertIn("tokenizer.model", files)
+        self.assertEqual(sorted(os.listdir(os.path.join(store, "v1"))), sorted(files + ["manifest.json"]))
+        self.assertEqual((out["version"], out["files"]), ("v1", len(files)))
+        self.assertEqual(out["bytes"], sum(os.path.getsize(os.path.join(self.B, f)) for f in files))
         m = json.loads(read(os.path.join(store, "v1", "manifest.json")))
         self.assertEqual((m["format"], m["version"]), ("fdrollout-store/1", "v1"))
         self.assertEqual(m["files"]["model.safetensors"]["size"], os.path.getsize(os.path.join(self.B, "model.safetensors")))
@@ -221,13 +226,13 @@ class Rsync(unittest.TestCase):
         store = os.path.join(self.tmp, "store-kill")
         self.publish(self.B, store, "v1")
         big = copy_checkpoint(self.B, os.path.join(self.tmp, "B-big"))
-        with open(os.path.join(big, "zz_big.bin"), "wb") as f:
+        with open(os.path.join(big, "vocab.txt"), "wb") as f:  # a checkpoint file, copied without parsing
             f.truncate(256 << 20)  # sparse: slow enough to copy that the kill lands mid-way
         p = subprocess.Popen([FDCTL, "publish", "--strategy", "rsync", "--from", big,
                               "--store", store, "--version", "v2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         tmpdir = os.path.join(store, f".tmp-v2-{p.pid}")
         deadline = time.time() + 10
-        while time.time() < deadline and not os.path.exists(os.path.join(tmpdir, "zz_big.bin")):
+        while time.time() < deadline and not os.path.exists(os.path.join(tmpdir, "vocab.txt")):
             time.sleep(0.001)
         p.send_signal(signal.SIGKILL)
         p.wait(10)

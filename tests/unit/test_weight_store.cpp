@@ -1,6 +1,7 @@
 // The rsync store's manifest and hashing (daemon/src/weights/store.cpp): SHA-256 test vectors,
 // one-pass file + range digests (and the copy), manifest round trip, and every check of
 // check_against_manifest (sizes always, checksums on request, strict file list).
+#include "fd/progress.h"
 #include "fd/status.h"
 #include "fd/weights/store.h"
 #include "test_util.h"
@@ -155,3 +156,37 @@ TEST_CASE("remove_stale_temps removes entries of dead pids only") {
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("a manifest lists the checkpoint's files only: weights, config, tokenizer, generation config, version") {
+    TmpDir src, dst;
+    write_bytes(src.path / "model.safetensors", tiny_safetensors());
+    for (const char * f : {"config.json", "generation_config.json", "tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                           "special_tokens_map.json", "version.yaml", "README.md", "LICENSE", "reference_logits.json",
+                           "optimizer.pt", "train_args.json"}) {
+        write_bytes(src.path / f, "{}");
+    }
+    const auto m = store::build_manifest(src.path, "v1", dst.path);
+    std::vector<std::string> names;
+    for (const auto & [name, f] : m.files) { names.push_back(name); }
+    CHECK(names == std::vector<std::string>{"config.json", "generation_config.json", "model.safetensors", "special_tokens_map.json",
+                                            "tokenizer.json", "tokenizer.model", "tokenizer_config.json", "version.yaml"});
+    CHECK_FALSE(std::filesystem::exists(dst.path / "README.md"));  // not copied either
+    CHECK(store::is_checkpoint_file("model-00001-of-00002.safetensors"));
+    CHECK(store::is_checkpoint_file("model.safetensors.index.json"));
+    CHECK_FALSE(store::is_checkpoint_file("model.safetensors.bak"));
+}
+
+TEST_CASE("verifying checksums reports every byte hashed as the verify phase") {
+    TmpDir src, dst;
+    write_bytes(src.path / "model.safetensors", tiny_safetensors());
+    write_bytes(src.path / "config.json", std::string(3000, 'x'));
+    const auto m = store::build_manifest(src.path, "v1", dst.path);
+    store::write_manifest(dst.path, m);
+    store::check_against_manifest(dst.path, m, true);
+    const auto last = fd::Progress::current().last();
+    REQUIRE(last);
+    CHECK(last->phase == "verify");
+    const int64_t want = static_cast<int64_t>(fs::file_size(src.path / "model.safetensors") + fs::file_size(src.path / "config.json"));
+    CHECK(last->bytes_total == want);
+    CHECK(last->bytes_done == want);
+}

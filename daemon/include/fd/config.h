@@ -44,6 +44,8 @@ struct Config {
     KvOptions            kv;
     WeightsOptions       weights;
     std::string          log_level        = "info";
+    std::string          log_format       = "text";  ///< text | json (fd/log.h)
+    double               log_stats_interval_s = 10.0;///< throughput line period, seconds; 0 = off
     double               shutdown_grace_s = 30.0;  ///< SIGTERM: seconds in-flight requests may take to finish
 };
 

@@ -2,6 +2,8 @@
 // sampling fields, and running a request to a JSON body or an SSE stream.
 #include "generation.h"
 
+#include "access_log.h"
+
 #include <atomic>
 #include <chrono>
 #include <ctime>
@@ -207,8 +209,10 @@ void run_generation(ApiContext & ctx, engine::GenerateRequest gen, StreamOptions
         }
         json choices = json::array();
         for (int32_t c = 0; c < n_choices; ++c) { choices.push_back(format.choice(c, (*acc)[c])); }
+        json usage = usage_json(*acc, n_per);
+        access_note_tokens(usage["prompt_tokens"].get<int64_t>(), usage["completion_tokens"].get<int64_t>());
         json body = {{"id", id}, {"object", format.object}, {"created", created}, {"model", ctx.cfg.served_model_name},
-                     {"weight_version", weight_version}, {"choices", choices}, {"usage", usage_json(*acc, n_per)}};
+                     {"weight_version", weight_version}, {"choices", choices}, {"usage", std::move(usage)}};
         res.set_content(dump(body), "application/json");
         return;
     }
@@ -234,6 +238,8 @@ void run_generation(ApiContext & ctx, engine::GenerateRequest gen, StreamOptions
             return end_stream();
         };
         if (channel->done()) {
+            const json usage = usage_json(*acc, n_per);
+            access_note_tokens(usage["prompt_tokens"].get<int64_t>(), usage["completion_tokens"].get<int64_t>());
             if (opts.include_usage) {
                 write({{"id", id}, {"object", fmt_copy->chunk_object}, {"created", created}, {"model", ctx.cfg.served_model_name},
                        {"choices", json::array()}, {"usage", usage_json(*acc, n_per)}});

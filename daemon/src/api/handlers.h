@@ -3,6 +3,7 @@
 
 #include "fd/api/server.h"
 #include "fd/control/service.h"
+#include "fd/progress.h"
 #include "fd/shm/control_client.h"
 #include "fd/status.h"
 
@@ -34,6 +35,7 @@ void post_detokenize(ApiContext & ctx, const httplib::Request & req, httplib::Re
 void post_chat_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_models(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_health(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
-void get_metrics(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void get_metrics(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);   ///< metrics.cpp
+void get_version(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);   ///< metrics.cpp
 
 }  // namespace fd::api

@@ -1,4 +1,5 @@
 // The whole HTTP surface at a glance, plus the one wrapper that turns exceptions into errors.
+#include "access_log.h"
 #include "handlers.h"
 
 #include "fd/log.h"
@@ -51,6 +52,7 @@ void register_routes(httplib::Server & http, ApiContext & ctx) {
         http.Post(path, std::move(h));
     };
     http.set_pre_routing_handler([](const httplib::Request & req, httplib::Response & res) {
+        access_begin();  // the access log's clock starts here (access_log.h)
         if (req.method != "POST" || req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) {
             return httplib::Server::HandlerResponse::Unhandled;
         }
@@ -70,6 +72,7 @@ void register_routes(httplib::Server & http, ApiContext & ctx) {
     };
     http.Get ("/health",              wrap(ctx, get_health,              Auth::open));
     http.Get ("/metrics",             wrap(ctx, get_metrics,             Auth::open));
+    http.Get ("/version",             wrap(ctx, get_version,             Auth::open));
     http.Get ("/v1/models",           wrap(ctx, get_models,              Auth::api_key));
     post     ("/v1/completions",      wrap(ctx, post_completions,        Auth::api_key));
     post     ("/tokenize",            wrap(ctx, post_tokenize,           Auth::api_key));

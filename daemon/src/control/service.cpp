@@ -4,6 +4,7 @@
 
 #include "fd/arena.h"
 #include "fd/engine/engine.h"
+#include "fd/progress.h"
 
 #include <nlohmann/json.hpp>
 
@@ -123,6 +124,18 @@ ControlReply ControlService::handle(const ControlRequest & req) {
     }
 }
 
+namespace {
+
+/// /health `progress`: bytes done / total of the long phase running now (fd/progress.h), else null.
+json progress_json(const std::string & op) {
+    const auto p = Progress::current().snapshot();
+    if (!p) { return nullptr; }
+    return {{"op", op.empty() ? json(nullptr) : json(op)}, {"phase", p->phase}, {"bytes_done", p->bytes_done},
+            {"bytes_total", p->bytes_total > 0 ? json(p->bytes_total) : json(nullptr)}, {"elapsed_s", p->elapsed_s}};
+}
+
+}  // namespace
+
 json ControlService::status_json() const {
     const auto st = engine_.stats();
     const auto & es = st.state;
@@ -142,7 +155,8 @@ json ControlService::status_json() const {
             {"num_requests_running", st.n_running},
             {"num_requests_waiting", st.n_waiting},
             {"kv_blocks", {{"used", st.n_kv_blocks_used}, {"free", st.n_kv_blocks_free}, {"total", st.n_kv_blocks_total}}},
-            {"rss_bytes", process_rss_bytes()}};
+            {"rss_bytes", process_rss_bytes()},
+            {"progress", progress_json(es.control_in_flight)}};
 }
 
 ControlReply ControlService::run(const ControlRequest & req) {

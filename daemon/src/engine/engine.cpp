@@ -21,6 +21,7 @@ struct Engine::Sequence : SchedSeq {
     std::string                    text;            ///< generated text so far (stop strings cut off)
     size_t                         n_text_sent = 0; ///< bytes of `text` already sent
     size_t                         stop_holdback = 0;
+    std::chrono::steady_clock::time_point t_arrival{}, t_scheduled{}, t_last_token{};  ///< request metrics
 
     Sequence(const tokenizer::Tokenizer & tok, const std::vector<int32_t> & prompt, const SamplingParams & p)
         : detok(tok, prompt, {.skip_special_tokens = p.skip_special_tokens,
@@ -51,6 +52,7 @@ void Engine::submit(GenerateRequest req) {
     if (!accepting_.load()) {
         fail(Errc::engine_paused, "generation is paused (weight control in progress); retry after POST /v1/resume or /v1/wakeup");
     }
+    req.t_arrival = std::chrono::steady_clock::now();
     {
         std::lock_guard lk(inbox_mu_);
         inbox_.push_back(std::move(req));
@@ -140,6 +142,7 @@ void Engine::admit(GenerateRequest & req) {
             s->params        = req.params;
             s->rng           = SeqRng::from_seed(seed, choice);
             s->stop_holdback = holdback > 0 ? holdback - 1 : 0;
+            s->t_arrival     = req.t_arrival;
             sched_.add(s.get());
             seqs_.emplace(s->id, std::move(s));
         }
@@ -166,11 +169,19 @@ void Engine::emit(Sequence & s, FinishReason why, ChoiceEvent ev) {
     } else {
         s.channel->push(std::move(ev));
     }
-    if (why != FinishReason::none) { s.channel.reset(); }  // finished; released at the end of the step
+    if (why != FinishReason::none) {  // finished; released at the end of the step
+        request_metrics_.e2e_s.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - s.t_arrival).count());
+        request_metrics_.n_finished[static_cast<size_t>(why) - 1].fetch_add(1, std::memory_order_relaxed);
+        s.channel.reset();
+    }
 }
 
 void Engine::append_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev) {
     const SamplingParams & p = s.params;
+    const bool first = s.t_last_token == std::chrono::steady_clock::time_point{};
+    (first ? request_metrics_.ttft_s : request_metrics_.itl_s)
+        .observe(std::chrono::duration<double>(t_step_done_ - (first ? s.t_arrival : s.t_last_token)).count());
+    s.t_last_token = t_step_done_;
     s.tokens.push_back(tok);
     ev.token_ids.push_back(tok);
     if (p.logprobs >= 0) { ev.logprobs.push_back(token_logprobs(logits, model_cfg_.vocab_size, tok, p.logprobs, scratch_)); }
@@ -275,6 +286,10 @@ bool Engine::step() {
     for (const auto & [ss, n] : d.run) {
         auto &        s     = static_cast<Sequence &>(*ss);
         const auto &  table = kv_.block_table(s.id);
+        if (s.t_scheduled == std::chrono::steady_clock::time_point{}) {
+            s.t_scheduled = t0;
+            request_metrics_.queue_s.observe(std::chrono::duration<double>(t0 - s.t_arrival).count());
+        }
         for (int32_t j = 0; j < n; ++j) {
             const int32_t pos = static_cast<int32_t>(s.n_computed) + j;
             batch_.tokens.push_back(s.tokens[pos]);
@@ -293,6 +308,7 @@ bool Engine::step() {
         return true;  // a control command arrived: nothing advanced; it runs first, then the step is redone
     }
 
+    t_step_done_ = std::chrono::steady_clock::now();
     for (const auto & [ss, n] : d.run) {
         auto & s = static_cast<Sequence &>(*ss);
         s.n_computed += n;

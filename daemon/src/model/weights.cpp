@@ -1,5 +1,6 @@
 #include "fd/file_io.h"
 #include "fd/model/weights.h"
+#include "fd/progress.h"
 
 #include "fd/status.h"
 
@@ -218,6 +219,9 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
             add(idx.tensors.at(p.hf_name), 0, p.rows * cols, dst + p.row0 * cols * dtype_size(t.dtype), t.dtype);
         }
     }
+    int64_t total_bytes = 0;
+    for (const CopyJob & j : jobs) { total_bytes += j.n_elems * dtype_size(j.src->dtype); }
+    ProgressPhase progress("load", total_bytes);  // /health `progress` while the copy runs
     std::mutex         mu;
     std::exception_ptr first_error;
     auto run = [&](int64_t i) {
@@ -227,11 +231,13 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
             const int64_t     n_bytes = j.n_elems * dtype_size(j.src->dtype);
             if (!j.widen) {
                 pread_exact(j.fd, j.dst, n_bytes, j.src->offset_bytes + j.src_offset, j.src->file, what);
+                Progress::current().add_done(n_bytes);
                 return;
             }
             std::vector<std::byte> raw(static_cast<size_t>(n_bytes));
             pread_exact(j.fd, raw.data(), n_bytes, j.src->offset_bytes + j.src_offset, j.src->file, what);
             convert_to_f32(j.src->dtype, raw.data(), reinterpret_cast<float *>(j.dst), j.n_elems);
+            Progress::current().add_done(n_bytes);
         } catch (...) {
             std::lock_guard lk(mu);
             if (!first_error) { first_error = std::current_exception(); }

@@ -7,6 +7,7 @@
 
 #include "fd/log.h"
 #include "fd/model/model_config.h"
+#include "fd/progress.h"
 #include "fd/shm/names.h"
 #include "fd/status.h"
 #include "fd/weights/store.h"
@@ -20,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -109,9 +111,42 @@ struct ProcessResult {
     std::string output;          ///< stdout + stderr, the last 8 KiB
 };
 
+/// rsync --info=progress2 lines ("  1,234,567  45%  12.3MB/s  0:00:01 ...", each ended by '\r'
+/// or '\n') taken out of the captured output into Progress::current(); everything else kept.
+/// The total is done * 100 / percent (rsync prints no total), exact once it reaches 100%.
+void take_progress_lines(std::string & out, size_t & scanned) {
+    size_t start = scanned;
+    while (true) {
+        const size_t end = out.find_first_of("\r\n", start);
+        if (end == std::string::npos) { break; }
+        const std::string line = out.substr(start, end - start);
+        int64_t done = 0;
+        int     pct  = -1;
+        size_t  i    = line.find_first_not_of(' ');
+        bool    is_progress = i != std::string::npos && std::isdigit(static_cast<unsigned char>(line[i]));
+        for (; is_progress && i < line.size() && (std::isdigit(static_cast<unsigned char>(line[i])) || line[i] == ','); ++i) {
+            if (line[i] != ',') { done = done * 10 + (line[i] - '0'); }
+        }
+        if (is_progress) {
+            const size_t p = line.find('%', i);
+            is_progress = p != std::string::npos && p > i;
+            if (is_progress) { pct = std::atoi(line.c_str() + i); }
+        }
+        if (is_progress && pct >= 0) {
+            Progress::current().set_done(done);
+            if (pct > 0) { Progress::current().set_total(done * 100 / pct); }
+            out.erase(scanned, end + 1 - scanned);  // drop the line and its terminator
+            start = scanned;
+        } else {
+            start   = end + 1;
+            scanned = start;
+        }
+    }
+}
+
 /// Run argv (no shell) in its own process group with stdout+stderr captured; kill the group
 /// with SIGKILL at `timeout_s`. Errors  source_unavailable when the program cannot start.
-ProcessResult run_process(const std::vector<std::string> & argv, double timeout_s) {
+ProcessResult run_process(const std::vector<std::string> & argv, double timeout_s, bool rsync_progress = false) {
     int pipefd[2];
     if (::pipe2(pipefd, O_CLOEXEC) != 0) { fail(Errc::source_unavailable, "cannot create a pipe for rsync: {}", std::strerror(errno)); }
     posix_spawn_file_actions_t fa;
@@ -147,6 +182,7 @@ ProcessResult run_process(const std::vector<std::string> & argv, double timeout_
         return static_cast<int>(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
     };
     char buf[4096];
+    size_t scanned = 0;  // r.output before this holds no progress line
     /// Read what the pipe has within `wait_ms`: 1 data, 0 nothing yet, -1 closed.
     auto read_some = [&](int wait_ms) {
         pollfd p{pipefd[0], POLLIN, 0};
@@ -155,7 +191,12 @@ ProcessResult run_process(const std::vector<std::string> & argv, double timeout_
         if (got < 0) { return errno == EINTR || errno == EAGAIN ? 0 : -1; }
         if (got == 0) { return -1; }
         r.output.append(buf, static_cast<size_t>(got));
-        if (r.output.size() > 16384) { r.output.erase(0, r.output.size() - 8192); }
+        if (rsync_progress) { take_progress_lines(r.output, scanned); }
+        if (r.output.size() > 16384) {
+            const size_t cut = r.output.size() - 8192;
+            r.output.erase(0, cut);
+            scanned = scanned > cut ? scanned - cut : 0;
+        }
         return 1;
     };
     // Until the child exits or the deadline: collect its output and poll for its exit (its
@@ -283,7 +324,10 @@ private:
                  ec ? ec.message() : "exists");
         }
         const auto t0 = Clock::now();
-        run_rsync(location(v) + "/", staged->path.string() + "/");
+        {
+            ProgressPhase transfer("transfer", 0);
+            run_rsync(location(v) + "/", staged->path.string() + "/", true);
+        }
         const double transfer_s = std::chrono::duration<double>(Clock::now() - t0).count();
         const fs::path final_dir = cfg_.staging_dir / v;
         fs::remove_all(final_dir, ec);  // a leftover of a killed daemon
@@ -326,14 +370,19 @@ private:
 
     /// rsync `src` to `dst`. Errors  not_found (no such version/file or module),
     /// source_unavailable (daemon down, refused, timeout, any other rsync failure).
-    void run_rsync(const std::string & src, const std::string & dst) {
+    /// `progress`: report bytes through Progress::current() (--info=progress2).
+    void run_rsync(const std::string & src, const std::string & dst, bool progress = false) {
         const auto secs = std::to_string(static_cast<int64_t>(std::ceil(cfg_.timeout_s)));
         std::vector<std::string> argv = {cfg_.rsync, "-rt", "--timeout=" + secs};
+        if (progress) {
+            argv.push_back("--info=progress2");
+            argv.push_back("--no-inc-recursive");  // the percentage covers every file from the start
+        }
         if (cfg_.daemon) { argv.push_back("--contimeout=" + secs); }
         argv.insert(argv.end(), cfg_.args.begin(), cfg_.args.end());
         argv.push_back(src);
         argv.push_back(dst);
-        const ProcessResult r = run_process(argv, cfg_.timeout_s);
+        const ProcessResult r = run_process(argv, cfg_.timeout_s, progress);
         if (r.exit_code == 0) { return; }
         if (r.timed_out) {
             fail(Errc::source_unavailable, "rsync {} did not finish within timeout_s = {} s (killed); check the store host and network", src, cfg_.timeout_s);

@@ -2,6 +2,7 @@
 #include "fd/weights/store.h"
 
 #include "fd/model/safetensors.h"
+#include "fd/progress.h"
 #include "fd/status.h"
 
 #include <fcntl.h>
@@ -71,12 +72,12 @@ void parallel_for(size_t n, const std::function<void(size_t)> & fn) {
     }
 }
 
-/// Regular files of `dir` except manifest.json, sorted by name.
+/// Regular checkpoint files of `dir` (is_checkpoint_file), sorted by name.
 std::vector<std::string> checkpoint_files(const fs::path & dir) {
     std::vector<std::string> names;
     for (const auto & e : fs::directory_iterator(dir)) {
         const std::string name = e.path().filename().string();
-        if (name == kManifestName || !e.is_regular_file()) { continue; }
+        if (!is_checkpoint_file(name) || !e.is_regular_file()) { continue; }
         names.push_back(name);
     }
     std::sort(names.begin(), names.end());
@@ -84,6 +85,17 @@ std::vector<std::string> checkpoint_files(const fs::path & dir) {
 }
 
 }  // namespace
+
+bool is_checkpoint_file(std::string_view name) {
+    static constexpr std::string_view kNames[] = {
+        "config.json",        "generation_config.json", "version.yaml",  "tokenizer.json",     "tokenizer.model",
+        "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt",
+        "merges.txt",         "chat_template.jinja",    "chat_template.json"};
+    for (const auto n : kNames) {
+        if (name == n) { return true; }
+    }
+    return name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json");
+}
 
 // ---- SHA-256 ---------------------------------------------------------------------------------
 
@@ -154,6 +166,7 @@ FileDigest digest_file(const fs::path & file, const std::vector<Range> & ranges,
         if (n < 0 && errno == EINTR) { continue; }
         if (n < 0) { fail(Errc::invalid_checkpoint, "{}: read failed at byte {}: {}", file.string(), pos, std::strerror(errno)); }
         if (n == 0) { fail(Errc::invalid_checkpoint, "{}: shrank to {} bytes while being read", file.string(), pos); }
+        Progress::current().add_done(n);  // /health progress while a version is verified
         const int64_t end = pos + n;
         whole.update(buf.data(), static_cast<size_t>(n));
         if (out.valid()) { write_all(out.get(), buf.data(), n, copy_to, Errc::source_unavailable); }
@@ -301,7 +314,12 @@ void check_against_manifest(const fs::path & dir, const Manifest & m, bool verif
     }
     if (!verify_checksum) { return; }
     std::vector<std::string> names;
-    for (const auto & [name, f] : m.files) { names.push_back(name); }
+    int64_t total_bytes = 0;
+    for (const auto & [name, f] : m.files) {
+        names.push_back(name);
+        total_bytes += f.size;
+    }
+    ProgressPhase progress("verify", total_bytes);  // digest_file adds the bytes it hashes
     std::vector<std::vector<std::string>> found(names.size());  // tensor names per file
     parallel_for(names.size(), [&](size_t i) {
         const std::string & name = names[i];

@@ -10,6 +10,7 @@
 #include "fd/engine/request.h"
 #include "fd/engine/scheduler.h"
 #include "fd/kv/kv_cache.h"
+#include "fd/metrics/request_metrics.h"
 #include "fd/tokenizer/tokenizer.h"
 #include "fd/runtime/executor.h"
 
@@ -44,6 +45,7 @@ struct GenerateRequest {
     int32_t                           n = 1;
     SamplingParams                    params;
     std::shared_ptr<ResultChannel>    channel;
+    std::chrono::steady_clock::time_point t_arrival{};  ///< set by submit(); start of TTFT, e2e, queue time
 };
 
 /// Step latency histogram bucket bounds, seconds (Prometheus `le`).
@@ -106,6 +108,8 @@ public:
     bool idle() const;
 
     EngineStats stats() const;
+    /// Latency histograms and finish counters (fd/metrics/request_metrics.h); any thread.
+    const metrics::RequestMetrics & request_metrics() const { return request_metrics_; }
     const model::ModelConfig & model_config() const { return model_cfg_; }
     const EngineConfig &       config() const { return cfg_; }
 
@@ -164,6 +168,8 @@ private:
 
     mutable std::mutex                        stats_mu_;
     EngineStats                               stats_;
+    metrics::RequestMetrics                   request_metrics_;
+    std::chrono::steady_clock::time_point     t_step_done_{};  ///< when this step's forward returned
 };
 
 }  // namespace fd::engine

@@ -78,7 +78,15 @@ struct FileDigest {
 FileDigest digest_file(const std::filesystem::path & file, const std::vector<Range> & ranges,
                        const std::filesystem::path & copy_to = {});
 
-/// The manifest of the checkpoint files in `dir` (every regular file except manifest.json):
+/// True for the file names a checkpoint version is made of — what `fdctl publish` copies and a
+/// manifest lists: config.json, generation_config.json, *.safetensors,
+/// *.safetensors.index.json, version.yaml and the tokenizer files (tokenizer.json,
+/// tokenizer.model, tokenizer_config.json, special_tokens_map.json, added_tokens.json,
+/// vocab.json, vocab.txt, merges.txt, chat_template.jinja, chat_template.json). Anything else a
+/// training dir holds (README.md, LICENSE, reference outputs, optimizer state) is not published.
+bool is_checkpoint_file(std::string_view name);
+
+/// The manifest of the checkpoint files in `dir` (regular files for which is_checkpoint_file):
 /// sizes, file hashes and the hash of every tensor of every *.safetensors file. When `copy_to`
 /// is set, each file is copied there while it is hashed (one read per file).
 /// Errors  invalid_checkpoint (unreadable file, bad safetensors header, a tensor in two files);

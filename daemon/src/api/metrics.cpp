@@ -1,0 +1,153 @@
+// GET /metrics (Prometheus text format 0.0.4) and GET /version.
+//
+// Naming follows Prometheus' rules (https://prometheus.io/docs/practices/naming/): one
+// `fdrollout_` prefix, base units in the name (`_seconds`, `_bytes`), counters end in `_total`,
+// `_info` gauges carry their data in labels. Request metrics carry `model_name` (as vLLM's
+// do); `process_*` are the standard process collector's. tests/e2e/test_metrics.py parses this
+// output and checks every family against those rules.
+#include "handlers.h"
+
+#include "fd/build_info.h"
+#include "fd/metrics/process_stats.h"
+
+#include <fmt/format.h>
+
+#include <string>
+
+namespace fd::api {
+namespace {
+
+/// Prometheus label value: backslash, double quote and newline escaped.
+std::string label_value(const std::string & v) {
+    std::string out;
+    for (const char c : v) {
+        if (c == '\\' || c == '"') { out += '\\'; }
+        if (c == '\n') { out += "\\n"; continue; }
+        out += c;
+    }
+    return out;
+}
+
+/// Writes one metric family at a time: HELP and TYPE once, then its samples.
+class PromWriter {
+public:
+    void family(const char * name, const char * type, const char * help) {
+        out_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+    }
+    /// `labels` is the inside of {...} (already escaped), or empty.
+    template <typename T>
+    void sample(const std::string & name, const std::string & labels, T value) {
+        if (labels.empty()) {
+            out_ += fmt::format("{} {}\n", name, value);
+        } else {
+            out_ += fmt::format("{}{{{}}} {}\n", name, labels, value);
+        }
+    }
+    template <typename T>
+    void single(const char * name, const char * type, const char * help, T value, const std::string & labels = "") {
+        family(name, type, help);
+        sample(name, labels, value);
+    }
+    void histogram(const char * name, const char * help, const metrics::Histogram::Snapshot & h, const std::string & labels) {
+        family(name, "histogram", help);
+        const std::string sep = labels.empty() ? "" : labels + ",";
+        for (size_t i = 0; i < h.upper_bounds.size(); ++i) {
+            sample(std::string(name) + "_bucket", fmt::format("{}le=\"{}\"", sep, h.upper_bounds[i]), h.cumulative[i]);
+        }
+        sample(std::string(name) + "_bucket", sep + "le=\"+Inf\"", h.count);
+        sample(std::string(name) + "_sum", labels, h.sum);
+        sample(std::string(name) + "_count", labels, h.count);
+    }
+    std::string take() { return std::move(out_); }
+
+private:
+    std::string out_;
+};
+
+}  // namespace
+
+void get_metrics(ApiContext & ctx, const httplib::Request &, httplib::Response & res) {
+    const auto st = ctx.engine->stats();
+    const auto & es = st.state;
+    const auto & rm = ctx.engine->request_metrics();
+    const std::string model = "model_name=\"" + label_value(ctx.cfg.served_model_name) + "\"";
+    PromWriter w;
+
+    // Requests and tokens (labelled with the model, like vLLM's).
+    w.single("fdrollout_requests_total", "counter", "Completion requests accepted.", st.n_requests_total, model);
+    w.family("fdrollout_requests_finished_total", "counter", "Choices finished, by finish reason (a request with n choices counts n).");
+    for (size_t i = 0; i < metrics::kFinishReasonNames.size(); ++i) {
+        w.sample("fdrollout_requests_finished_total", fmt::format("{},finished_reason=\"{}\"", model, metrics::kFinishReasonNames[i]),
+                 rm.n_finished[i].load(std::memory_order_relaxed));
+    }
+    w.single("fdrollout_prompt_tokens_total", "counter", "Prompt tokens admitted, per choice (n choices count their prompt n times).", st.n_tokens_prompt_total, model);
+    w.single("fdrollout_prompt_tokens_cached_total", "counter", "Prompt tokens served from the prefix cache.", st.n_tokens_cached_total, model);
+    w.single("fdrollout_generation_tokens_total", "counter", "Tokens generated.", st.n_tokens_generated_total, model);
+    w.histogram("fdrollout_time_to_first_token_seconds", "Arrival to first sampled token, per choice.", rm.ttft_s.snapshot(), model);
+    w.histogram("fdrollout_inter_token_latency_seconds", "Between consecutive tokens of one choice.", rm.itl_s.snapshot(), model);
+    w.histogram("fdrollout_e2e_request_latency_seconds", "Arrival to the finishing event, per choice.", rm.e2e_s.snapshot(), model);
+    w.histogram("fdrollout_request_queue_time_seconds", "Arrival to first scheduled, per choice.", rm.queue_s.snapshot(), model);
+
+    // Scheduler and KV cache.
+    w.single("fdrollout_num_requests_running", "gauge", "Sequences in the running batch.", st.n_running);
+    w.single("fdrollout_num_requests_waiting", "gauge", "Sequences waiting for admission.", st.n_waiting);
+    w.single("fdrollout_preemptions_total", "counter", "Sequences preempted (recompute).", st.n_preemptions_total);
+    w.single("fdrollout_kv_blocks_used", "gauge", "KV blocks in use.", st.n_kv_blocks_used);
+    w.single("fdrollout_kv_blocks_free", "gauge", "KV blocks free (including evictable cached blocks).", st.n_kv_blocks_free);
+    w.single("fdrollout_kv_blocks_capacity", "gauge", "KV blocks in the pool (used + free).", st.n_kv_blocks_total);
+    {
+        metrics::Histogram::Snapshot h;
+        h.upper_bounds.assign(engine::kStepLatencyBuckets.begin(), engine::kStepLatencyBuckets.end());
+        int64_t cum = 0;
+        for (const int64_t c : st.step_latency_counts) { h.cumulative.push_back(cum += c); }
+        h.count = cum;
+        h.sum   = st.step_latency_sum_s;
+        w.histogram("fdrollout_step_latency_seconds", "Engine step latency.", h, "");
+    }
+
+    // Weight control state.
+    w.single("fdrollout_weight_version_info", "gauge", "Weight version being served.", 1,
+             "weight_version=\"" + label_value(es.weight_version) + "\"");
+    w.single("fdrollout_paused", "gauge", "1 while generation is paused.", es.paused ? 1 : 0);
+    w.single("fdrollout_weights_valid", "gauge", "1 when the loaded weights are valid.", es.weights_valid ? 1 : 0);
+    w.single("fdrollout_model_weights_status", "gauge", "Legacy status word: 0 normal, 1 updating, -1 clearing, -2 cleared.",
+             static_cast<int>(es.model_weights_status));
+    w.family("fdrollout_sleeping", "gauge", "Memory tags asleep.");
+    w.sample("fdrollout_sleeping", "tag=\"weight\"", es.weight_asleep ? 1 : 0);
+    w.sample("fdrollout_sleeping", "tag=\"kv_cache\"", es.kv_asleep ? 1 : 0);
+    w.family("fdrollout_control_in_flight", "gauge", "Control operation running now.");
+    for (const char * op : {"pause", "resume", "sleep", "wakeup", "update_weights"}) {
+        w.sample("fdrollout_control_in_flight", fmt::format("op=\"{}\"", op), es.control_in_flight == op ? 1 : 0);
+    }
+    w.family("fdrollout_control_ops_total", "counter", "Control operations run.");
+    for (const auto & [op, c] : st.control_ops) { w.sample("fdrollout_control_ops_total", fmt::format("op=\"{}\"", op), c.n_total); }
+    w.family("fdrollout_control_errors_total", "counter", "Control operations that failed.");
+    for (const auto & [op, c] : st.control_ops) { w.sample("fdrollout_control_errors_total", fmt::format("op=\"{}\"", op), c.n_errors); }
+    w.family("fdrollout_control_seconds_total", "counter", "Total seconds spent in control operations.");
+    for (const auto & [op, c] : st.control_ops) { w.sample("fdrollout_control_seconds_total", fmt::format("op=\"{}\"", op), c.seconds_sum); }
+    w.family("fdrollout_control_last_seconds", "gauge", "Duration of the latest control operation.");
+    for (const auto & [op, c] : st.control_ops) { w.sample("fdrollout_control_last_seconds", fmt::format("op=\"{}\"", op), c.seconds_last); }
+    const auto progress = Progress::current().snapshot();
+    w.single("fdrollout_progress_done_bytes", "gauge", "Bytes done by the long phase running now (0 when none).",
+             progress ? progress->bytes_done : 0);
+    w.single("fdrollout_progress_total_bytes", "gauge", "Bytes the long phase running now moves (0 when none or unknown).",
+             progress ? progress->bytes_total : 0);
+
+    // Build and process.
+    w.single("fdrollout_build_info", "gauge", "Build of this fdrollout (value 1).", 1,
+             fmt::format("version=\"{}\",git_commit=\"{}\"", label_value(kVersion), label_value(kGitCommit)));
+    const metrics::ProcessStats ps = metrics::read_process_stats();
+    w.single("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.", ps.cpu_seconds_total);
+    w.single("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", ps.resident_memory_bytes);
+    w.single("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", ps.virtual_memory_bytes);
+    w.single("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.", ps.start_time_seconds);
+    w.single("process_open_fds", "gauge", "Number of open file descriptors.", ps.open_fds);
+    w.single("process_max_fds", "gauge", "Maximum number of open file descriptors.", ps.max_fds);
+    res.set_content(w.take(), "text/plain; version=0.0.4; charset=utf-8");
+}
+
+void get_version(ApiContext &, const httplib::Request &, httplib::Response & res) {
+    res.set_content(dump(nlohmann::json{{"version", kVersion}, {"git_commit", kGitCommit}}), "application/json");
+}
+
+}  // namespace fd::api

@@ -1,0 +1,77 @@
+"""Operator logs: one access-log line per request (method, route, status, tokens, latency), the
+periodic throughput line, and --log-format json (every line one JSON object)."""
+import json
+import re
+import time
+import unittest
+
+from fdtest import Daemon
+
+
+class Logs(unittest.TestCase):
+    def test_access_line_per_request_with_tokens_and_latency(self):
+        with Daemon() as d:
+            t0 = time.time()
+            j = d.complete(prompt="Once upon a time", max_tokens=7, temperature=0)
+            client_ms = (time.time() - t0) * 1000
+            chunks, done = d.stream(prompt="Lily", max_tokens=4, temperature=0, ignore_eos=True)
+            self.assertTrue(done)
+            status, _ = d.post("/v1/completions", {"prompt": "x", "bogus": 1})
+            self.assertEqual(status, 400)
+            d.get("/v1/models")
+            d.get("/no/such/route")
+            time.sleep(0.2)  # the line is written after the last byte
+            lines = [l for l in d.output().splitlines() if "[access]" in l]
+            comp = [l for l in lines if "POST /v1/completions 200" in l]
+            self.assertEqual(len(comp), 2, lines)
+            m = re.search(r"POST /v1/completions 200 tokens=(\d+)/(\d+) ([\d.]+) ms", comp[0])
+            self.assertEqual((int(m.group(1)), int(m.group(2))), (j["usage"]["prompt_tokens"], j["usage"]["completion_tokens"]))
+            self.assertLessEqual(float(m.group(3)), client_ms)
+            self.assertRegex(comp[1], r"tokens=\d+/4 ")
+            self.assertEqual(len([l for l in lines if "POST /v1/completions 400 tokens=-/-" in l]), 1, lines)
+            self.assertEqual(len([l for l in lines if "GET /v1/models 200" in l]), 1, lines)
+            self.assertEqual(len([l for l in lines if "GET /no/such/route 404" in l]), 1, lines)
+            # Probes log at debug: the readiness polls of the harness left no info lines.
+            self.assertFalse([l for l in lines if "GET /health" in l], lines)
+
+    def test_throughput_line_while_busy_and_silence_when_idle(self):
+        with Daemon("--log-stats-interval-s", "0.2") as d:
+            time.sleep(0.5)
+            self.assertNotIn("throughput:", d.output())  # idle: nothing to say
+            d.complete(prompt="Once upon a time", max_tokens=400, temperature=0, ignore_eos=True)
+            time.sleep(0.5)
+            lines = [l for l in d.output().splitlines() if "throughput:" in l]
+            self.assertTrue(lines)
+            gen = [float(x) for l in lines for x in re.findall(r"generation ([\d.]+) tok/s", l)]
+            self.assertGreater(max(gen), 0)
+            self.assertRegex(lines[0], r"\[stats\] throughput: prompt [\d.]+ tok/s, generation [\d.]+ tok/s \| running \d+, waiting \d+ "
+                                       r"\| KV [\d.]+% used \| new requests \d+ \| weight_version 0")
+            n = len(lines)
+            time.sleep(0.6)
+            self.assertLessEqual(len([l for l in d.output().splitlines() if "throughput:" in l]), n + 1)
+
+    def test_json_format_every_line_is_an_object(self):
+        with Daemon("--log-format", "json") as d:
+            d.complete(prompt='He said "hi"\n', max_tokens=3, temperature=0)
+            d.post("/v1/completions", {"prompt": "x", "max_tokens": "three"})
+            time.sleep(0.2)
+            objs = [json.loads(l) for l in d.output().splitlines() if l.strip()]
+            self.assertGreater(len(objs), 3)
+            for o in objs:
+                self.assertEqual(set(o), {"time", "level", "logger", "msg", "pid", "thread"})
+                self.assertRegex(o["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+                self.assertEqual(o["pid"], d.proc.pid)
+            self.assertTrue(any(o["logger"] == "access" and o["msg"].startswith("POST /v1/completions 200 tokens=") for o in objs))
+            self.assertTrue(any(o["logger"] == "api" and o["level"] == "info" and "listening on" in o["msg"] for o in objs))
+
+    def test_unknown_log_format_is_a_usage_error(self):
+        d = Daemon("--log-format", "xml", wait=False)
+        try:
+            self.assertEqual(d.proc.wait(30), 2)
+            self.assertIn("--log-format", d.output())
+        finally:
+            d.__exit__(None)
+
+
+if __name__ == "__main__":
+    unittest.main()
