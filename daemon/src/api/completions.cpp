@@ -28,14 +28,24 @@ struct CompletionRequest {
     throw Error(Errc::invalid_argument, msg, param);
 }
 
-template <typename T>
-T get_number(const json & j, const char * key, T dflt, bool integer) {
+/// `j[key]` as an integer in [lo, hi], `dflt` when absent or null.
+/// Errors  invalid_argument naming `key` when not an integer or out of range.
+int64_t get_int(const json & j, const char * key, int64_t dflt, int64_t lo, int64_t hi) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) { return dflt; }
-    if (integer ? !it->is_number_integer() : !it->is_number()) {
-        bad(key, fmt::format("'{}' must be {}", key, integer ? "an integer" : "a number"));
-    }
-    return it->get<T>();
+    if (!it->is_number_integer()) { bad(key, fmt::format("'{}' must be an integer, got {}", key, it->dump())); }
+    const bool big = it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX);
+    const int64_t v = big ? INT64_MAX : it->get<int64_t>();
+    if (big || v < lo || v > hi) { bad(key, fmt::format("'{}' must be an integer in [{}, {}], got {}", key, lo, hi, it->dump())); }
+    return v;
+}
+
+/// `j[key]` as a number, `dflt` when absent or null.   Errors  invalid_argument naming `key`.
+double get_double(const json & j, const char * key, double dflt) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) { return dflt; }
+    if (!it->is_number()) { bad(key, fmt::format("'{}' must be a number, got {}", key, it->dump())); }
+    return it->get<double>();
 }
 
 std::vector<int32_t> token_prompt(const json & arr, int32_t vocab, size_t i_prompt) {
@@ -51,14 +61,30 @@ std::vector<int32_t> token_prompt(const json & arr, int32_t vocab, size_t i_prom
     return ids;
 }
 
+CompletionRequest parse_body(ApiContext & ctx, const json & j);
+
+/// Parse and validate a /v1/completions body. Every problem is a 400 naming the field; a JSON
+/// type error this code did not foresee is still a 400 (never a library message or a 500).
 CompletionRequest parse(ApiContext & ctx, const std::string & body) {
     json j;
     try {
         j = json::parse(body);
-    } catch (const json::exception & e) {
-        bad("", fmt::format("request body is not valid JSON: {}", e.what()));
+    } catch (const json::parse_error & e) {
+        bad("", body.empty() ? std::string("request body is empty; send a JSON object such as {\"prompt\": \"...\"}")
+                             : fmt::format("request body is not valid JSON (syntax error at byte {}; UTF-8 only, no NaN/Infinity, "
+                                           "numbers within double range)", e.byte));
+    } catch (const json::exception &) {
+        bad("", "request body is not valid JSON");
     }
     if (!j.is_object()) { bad("", "request body must be a JSON object"); }
+    try {
+        return parse_body(ctx, j);
+    } catch (const json::exception &) {
+        bad("", "a field of the request body has the wrong JSON type (see the OpenAI completions API for each field's type)");
+    }
+}
+
+CompletionRequest parse_body(ApiContext & ctx, const json & j) {
     // Unknown or unsupported fields are errors, not silently different sampling (OpenAI also
     // rejects unrecognized arguments). Unsupported ones pass only at their no-op value.
     static const std::set<std::string> kKnown = {
@@ -100,7 +126,7 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
         }
     } else if (p.is_array() && !p.empty() && p[0].is_array()) {
         for (size_t i = 0; i < p.size(); ++i) {
-            if (!p[i].is_array()) { bad("prompt", "a list of token-id lists must hold only lists"); }
+            if (!p[i].is_array()) { bad("prompt", "'prompt': a list of token-id lists must hold only lists"); }
             r.gen.prompts.push_back(token_prompt(p[i], mc.vocab_size, i));
         }
     } else if (p.is_array() && !p.empty()) {
@@ -114,23 +140,19 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
     }
 
     auto & sp = r.gen.params;
-    sp.max_tokens  = get_number<int32_t>(j, "max_tokens", 16, true);
-    sp.temperature = get_number<float>(j, "temperature", 1.0f, false);
-    sp.top_p       = get_number<float>(j, "top_p", 1.0f, false);
-    sp.top_k       = get_number<int32_t>(j, "top_k", 0, true);
-    r.gen.n        = get_number<int32_t>(j, "n", 1, true);
-    sp.logprobs    = get_number<int32_t>(j, "logprobs", -1, true);
-    if (sp.max_tokens <= 0) { bad("max_tokens", fmt::format("'max_tokens' must be >= 1, got {}", sp.max_tokens)); }
+    constexpr int64_t kI32 = INT32_MAX;
+    sp.max_tokens  = static_cast<int32_t>(get_int(j, "max_tokens", 16, 1, kI32));
+    sp.temperature = static_cast<float>(get_double(j, "temperature", 1.0));
+    sp.top_p       = static_cast<float>(get_double(j, "top_p", 1.0));
+    sp.top_k       = static_cast<int32_t>(get_int(j, "top_k", 0, -1, kI32));
+    r.gen.n        = static_cast<int32_t>(get_int(j, "n", 1, 1, ctx.cfg.max_n));
+    // logprobs: absent or null = off; else the number of top alternatives, 0..max (OpenAI).
+    sp.logprobs    = static_cast<int32_t>(get_int(j, "logprobs", -1, 0, ctx.cfg.max_logprobs));
     if (!(sp.temperature >= 0.0f) || sp.temperature > 100.0f) { bad("temperature", "'temperature' must be in [0, 100]"); }
     if (!(sp.top_p > 0.0f) || sp.top_p > 1.0f) { bad("top_p", "'top_p' must be in (0, 1]"); }
-    if (sp.top_k < -1) { bad("top_k", "'top_k' must be -1, 0 (off) or a positive integer"); }
-    if (r.gen.n < 1 || r.gen.n > ctx.cfg.max_n) { bad("n", fmt::format("'n' must be in [1, {}], got {}", ctx.cfg.max_n, r.gen.n)); }
-    if (sp.logprobs < -1 || sp.logprobs > ctx.cfg.max_logprobs) {
-        bad("logprobs", fmt::format("'logprobs' must be in [0, {}], got {}", ctx.cfg.max_logprobs, sp.logprobs));
-    }
     if (j.contains("seed") && !j["seed"].is_null()) {
-        if (!j["seed"].is_number_integer()) { bad("seed", "'seed' must be an integer"); }
-        sp.seed = static_cast<uint64_t>(j["seed"].get<int64_t>());
+        if (!j["seed"].is_number_integer()) { bad("seed", fmt::format("'seed' must be an integer, got {}", j["seed"].dump())); }
+        sp.seed = j["seed"].is_number_unsigned() ? j["seed"].get<uint64_t>() : static_cast<uint64_t>(j["seed"].get<int64_t>());
     }
     if (j.contains("stop") && !j["stop"].is_null()) {
         const json & s = j["stop"];
@@ -152,6 +174,11 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
         if (!j["stop_token_ids"].is_array()) { bad("stop_token_ids", "'stop_token_ids' must be a list of token ids"); }
         for (const auto & e : j["stop_token_ids"]) {
             if (!e.is_number_integer()) { bad("stop_token_ids", "'stop_token_ids' must be a list of token ids"); }
+            const bool in_vocab = e.is_number_unsigned() ? e.get<uint64_t>() < static_cast<uint64_t>(mc.vocab_size)
+                                                         : e.get<int64_t>() >= 0 && e.get<int64_t>() < mc.vocab_size;
+            if (!in_vocab) {
+                bad("stop_token_ids", fmt::format("'stop_token_ids' holds {}, outside the vocabulary [0, {})", e.dump(), mc.vocab_size));
+            }
             sp.stop_token_ids.push_back(e.get<int32_t>());
         }
     }
@@ -163,8 +190,20 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
     sp.ignore_eos = get_bool("ignore_eos");
     r.stream      = get_bool("stream");
     r.echo        = get_bool("echo");
-    if (j.contains("stream_options") && j["stream_options"].is_object()) {
-        r.include_usage = j["stream_options"].value("include_usage", false);
+    if (j.contains("stream_options") && !j["stream_options"].is_null()) {
+        const json & so = j["stream_options"];
+        if (!so.is_object()) { bad("stream_options", fmt::format("'stream_options' must be an object {{\"include_usage\": bool}}, got {}", so.dump())); }
+        if (!r.stream) { bad("stream_options", "'stream_options' is only allowed with \"stream\": true"); }
+        for (const auto & [key, v] : so.items()) {
+            if (key != "include_usage") { bad("stream_options." + key, fmt::format("unknown field 'stream_options.{}' (include_usage)", key)); }
+            if (!v.is_null() && !v.is_boolean()) {
+                bad("stream_options.include_usage", fmt::format("'stream_options.include_usage' must be a boolean, got {}", v.dump()));
+            }
+            r.include_usage = v.is_boolean() && v.get<bool>();
+        }
+    }
+    if (j.contains("user") && !j["user"].is_null() && !j["user"].is_string()) {
+        bad("user", fmt::format("'user' must be a string, got {}", j["user"].dump()));
     }
     const int32_t max_len = ctx.engine->config().max_model_len;
     for (size_t i = 0; i < r.gen.prompts.size(); ++i) {
