@@ -1,6 +1,7 @@
 // fdrollout — the rollout daemon: flags → Config → model → engine → HTTP, then wait for a signal.
 #include "fd/api/server.h"
 #include "fd/config.h"
+#include "fd/control/service.h"
 #include "fd/control/shm_watcher.h"
 #include "fd/engine/engine.h"
 #include "fd/log.h"
@@ -63,7 +64,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_REQUEST_TIMEOUT_S")->capture_default_str();
     app.add_option("--shutdown-grace-s", c.shutdown_grace_s, "On SIGTERM/SIGINT: seconds in-flight requests may take to finish")
         ->envname("FD_SHUTDOWN_GRACE_S")->capture_default_str();
-    app.add_flag("--dynamic-load-weight", c.server.dynamic_load_weight,
+    app.add_flag("--dynamic-load-weight", c.control.dynamic_load_weight,
                  "Enable weight control: /v1/sleep, /v1/wakeup, /v1/update_weights and the legacy /clear_load_weight, /update_model_weight")
         ->envname("FD_DYNAMIC_LOAD_WEIGHT");
     app.add_option("--load-strategy", c.weights.load_strategy,
@@ -80,7 +81,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_UPDATE_STAGING")->check(CLI::IsMember({"persistent", "transient"}))->capture_default_str();
     app.add_flag("--use-cudagraph", c.engine.use_cudagraph, "CUDA-graph rule on every backend: waking weight needs kv_cache awake first")
         ->envname("FD_USE_CUDAGRAPH");
-    app.add_option("--control-timeout-s", c.server.control_timeout_s,
+    app.add_option("--control-timeout-s", c.control.control_timeout_s,
                    "Longest a V1 control call waits for the engine before 504; also the deadline of every weight read (load, wakeup, update)")
         ->envname("FD_CONTROL_TIMEOUT_S")->capture_default_str();
     app.add_flag("--check-finite-weights,!--no-check-finite-weights", c.weights.check_finite_weights,
@@ -113,16 +114,16 @@ int run(fd::Config & cfg, sigset_t & signals) {
         .rank = 0, .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,
         .n_blocks = r.n_kv_blocks, .max_model_len = cfg.engine.max_model_len,
         .keep_update_staging = cfg.weights.update_staging == "persistent",
-        .check_finite_weights = cfg.weights.check_finite_weights, .io_timeout_s = cfg.server.control_timeout_s});
+        .check_finite_weights = cfg.weights.check_finite_weights, .io_timeout_s = cfg.control.control_timeout_s});
     fd::engine::Engine engine(cfg.engine, std::move(worker), tok,
                               {.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
                                .enable_prefix_caching = cfg.kv.enable_prefix_caching},
                               fd::weights::make_weight_source({.strategy = fd::weights::parse_load_strategy(cfg.weights.load_strategy),
                                                                .model_dir = cfg.model.model_dir, .port = cfg.server.port,
                                                                .rsync_config = cfg.weights.rsync_config}));
-    fd::api::ApiServer server(cfg.server, engine, *tok);
-    fd::control::ShmWatcher watcher(std::move(block), cfg.server.port, cfg.server.v1_update_weights, engine,
-                                    [&](const fd::shm::MailboxCommand & c) { return server.dispatch(c); });
+    fd::control::ControlService control(cfg.control, engine);
+    fd::api::ApiServer server(cfg.server, engine, control, *tok);
+    fd::control::ShmWatcher watcher(std::move(block), cfg.server.port, engine, control);
     engine.start();
     server.bind();
     watcher.start();
@@ -166,7 +167,7 @@ int main(int argc, char ** argv) {
     app.footer("Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes /clear_load_weight and /update_model_weight behave as\n"
                "/v1/sleep and /v1/wakeup (both tags); 0 (default) keeps the legacy status-word protocol.");
     const char * v1 = std::getenv("FD_ENABLE_V1_UPDATE_WEIGHTS");
-    cfg.server.v1_update_weights = v1 && std::string(v1) == "1";
+    cfg.control.v1_update_weights = v1 && std::string(v1) == "1";
     if (const char * d = std::getenv("FD_DEBUG_CONTROL_DELAY_MS")) { cfg.engine.debug_control_delay_ms = std::atoi(d); }
     try {
         app.parse(argc, argv);

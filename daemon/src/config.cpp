@@ -97,7 +97,8 @@ Resolved resolve(Config & cfg) {
                                        "generate and drive the weight-control routes. Set --api-key (and --control-api-key for the control "
                                        "routes), or pass --allow-unauthenticated if this network is trusted", s.host));
     }
-    if (!(s.control_timeout_s > 0) || !(s.legacy_timeout_s > 0)) { problems.push_back("--control-timeout-s must be > 0"); }
+    cfg.control.served_model_name = s.served_model_name;
+    if (!(cfg.control.control_timeout_s > 0) || !(cfg.control.legacy_timeout_s > 0)) { problems.push_back("--control-timeout-s must be > 0"); }
     if (s.port < 0 || s.port > 65535) { problems.push_back(fmt::format("--port {} must be in [0, 65535]", s.port)); }
 
     if (problems.empty()) {

@@ -141,6 +141,7 @@ struct Daemon {
     fd::Resolved                                 r;
     std::shared_ptr<const M::Tokenizer>          tok;
     std::unique_ptr<fd::engine::Engine>          engine;
+    std::unique_ptr<fd::control::ControlService> control;
     std::unique_ptr<fd::api::ApiServer>          server;
     std::thread                                  http;
     int64_t                                      worker_weight_bytes = 0, worker_kv_bytes = 0;
@@ -153,7 +154,7 @@ struct Daemon {
         cfg.model.n_threads            = o.threads;
         cfg.kv.kv_cache_bytes          = kv_bytes;
         cfg.server.host                = "127.0.0.1";
-        cfg.server.dynamic_load_weight = true;
+        cfg.control.dynamic_load_weight = true;
         cfg.server.port                = free_port();
         r = fd::resolve(cfg);
         rss_before_load = fd::process_rss_bytes();
@@ -171,10 +172,11 @@ struct Daemon {
                                                       fd::kv::KvCacheConfig{.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
                                                                             .enable_prefix_caching = cfg.kv.enable_prefix_caching},
                                                       fd::weights::make_normal_source(cfg.model.model_dir));
+        control = std::make_unique<fd::control::ControlService>(cfg.control, *engine);
         engine->start();
         rss_after_load = fd::process_rss_bytes();
         for (int attempt = 0;; ++attempt) {
-            server = std::make_unique<fd::api::ApiServer>(cfg.server, *engine, *tok);
+            server = std::make_unique<fd::api::ApiServer>(cfg.server, *engine, *control, *tok);
             try {
                 server->bind();
                 break;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "fd/api/server.h"
+#include "fd/control/service.h"
 #include "fd/engine/engine.h"
 #include "fd/model/model_config.h"
 
@@ -38,6 +39,7 @@ struct WeightsOptions {
 
 struct Config {
     api::ServerConfig    server;
+    control::ControlConfig control;
     engine::EngineConfig engine;
     ModelOptions         model;
     KvOptions            kv;

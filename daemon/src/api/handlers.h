@@ -2,6 +2,7 @@
 #pragma once
 
 #include "fd/api/server.h"
+#include "fd/control/service.h"
 #include "fd/shm/control_client.h"
 #include "fd/status.h"
 
@@ -21,15 +22,11 @@ void write_error(httplib::Response & res, const Error & e);
 /// Control-style error: {"status":"error","error":{"type","message"}} (SPEC §3).
 void write_control_error(httplib::Response & res, const Error & e);
 
-/// Every control route: the request becomes a MailboxCommand and goes through dispatch_control,
-/// the one implementation shared with the shm mailbox.
+/// Every control route: the request becomes the wire command the shm mailbox carries too and
+/// goes through the control service (fd/control/service.h).
 void control_route(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
-ControlReply dispatch_control(ApiContext & ctx, const shm::MailboxCommand & cmd);
 /// True for the weight-control routes of the route table (V1 and legacy).
 bool is_control_path(const std::string & path);
-
-/// GET /health body (also the shm `status` answer).
-nlohmann::json health_json(ApiContext & ctx);
 
 void post_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_models(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);

@@ -28,8 +28,8 @@ void write_error(httplib::Response & res, const Error & e) {
     res.set_content(dump(body), "application/json");
 }
 
-ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, const model::Tokenizer & tok)
-    : ctx_(std::make_unique<ApiContext>(ApiContext{std::move(cfg), &engine, &tok})),
+ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, control::ControlService & control, const model::Tokenizer & tok)
+    : ctx_(std::make_unique<ApiContext>(ApiContext{std::move(cfg), &engine, &control, &tok})),
       http_(std::make_unique<httplib::Server>()) {
     const int n_threads = ctx_->cfg.n_http_threads;
     http_->new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
@@ -93,36 +93,9 @@ void get_models(ApiContext & ctx, const httplib::Request &, httplib::Response & 
     res.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
 }
 
-ControlReply ApiServer::dispatch(const shm::MailboxCommand & cmd) { return dispatch_control(*ctx_, cmd); }
-
-json health_json(ApiContext & ctx) {
-    const auto st = ctx.engine->stats();
-    const auto & es = st.state;
-    const bool draining = ctx.engine->draining();
-    json sleeping = json::array();
-    if (es.weight_asleep) { sleeping.push_back("weight"); }
-    if (es.kv_asleep) { sleeping.push_back("kv_cache"); }
-    const char * state = draining ? "draining" : !sleeping.empty() ? "sleeping" : es.paused ? "paused" : "serving";
-    json h = {{"status", draining ? "draining" : "ok"},
-              {"state", state},
-              {"is_paused", es.paused},
-              {"sleeping_tags", sleeping},
-              {"weights_valid", es.weights_valid},
-              {"weight_version", es.weight_version},
-              {"model_weights_status", static_cast<int>(es.model_weights_status)},
-              {"control_in_flight", es.control_in_flight.empty() ? json(nullptr) : json(es.control_in_flight)},
-              {"last_control_error", es.last_control_error.empty() ? json(nullptr) : json(es.last_control_error)},
-              {"model", ctx.cfg.served_model_name},
-              {"num_requests_running", st.n_running},
-              {"num_requests_waiting", st.n_waiting},
-              {"kv_blocks", {{"used", st.n_kv_blocks_used}, {"free", st.n_kv_blocks_free}, {"total", st.n_kv_blocks_total}}},
-              {"rss_bytes", process_rss_bytes()}};
-    return h;
-}
-
 void get_health(ApiContext & ctx, const httplib::Request &, httplib::Response & res) {
     res.status = ctx.engine->draining() ? 503 : 200;
-    res.set_content(dump(health_json(ctx)), "application/json");
+    res.set_content(dump(ctx.control->status_json()), "application/json");
 }
 
 void get_metrics(ApiContext & ctx, const httplib::Request &, httplib::Response & res) {

@@ -7,9 +7,9 @@
 
 namespace fd::control {
 
-ShmWatcher::ShmWatcher(shm::MappedBlock block, int port, bool v1_update_weights, engine::Engine & engine, Dispatch dispatch)
-    : port_(port), engine_(engine), dispatch_(std::move(dispatch)), block_(std::move(block)) {
-    block_->v1_update_weights.store(v1_update_weights ? 1 : 0);
+ShmWatcher::ShmWatcher(shm::MappedBlock block, int port, engine::Engine & engine, ControlService & service)
+    : port_(port), engine_(engine), service_(service), block_(std::move(block)) {
+    block_->v1_update_weights.store(service_.config().v1_update_weights ? 1 : 0);
     engine_.attach_legacy_word(&block_->legacy_status);
     publish();
     log::get("control")->info("control block /dev/shm/{} ready (mode 0600)", shm::block_name(port));
@@ -68,7 +68,7 @@ void ShmWatcher::mailbox_loop() {
         cmd.tags = std::string(b.cmd_tags, strnlen(b.cmd_tags, sizeof b.cmd_tags));
         if (b.cmd_has_version) { cmd.version = std::string(b.cmd_version, strnlen(b.cmd_version, sizeof b.cmd_version)); }
         cmd.verify_checksum = b.cmd_verify_checksum != 0;
-        const api::ControlReply r = dispatch_(cmd);
+        const ControlReply r = service_.handle(cmd);
         publish();  // the snapshot reflects the command before the client sees the answer
         const size_t n = std::min(r.body.size(), shm::kResultCap - 1);
         std::memcpy(b.result_body, r.body.data(), n);

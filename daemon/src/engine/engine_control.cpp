@@ -185,9 +185,6 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
 void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     if (!state_.paused) { fail(Errc::wrong_state, "update_weights needs a paused engine; POST /v1/pause first"); }
     if (state_.weight_asleep) { fail(Errc::wrong_state, "weights are asleep; POST /v1/wakeup?tags=weight first (it reloads from the source)"); }
-    if (cmd.version && !shm::is_valid_version(*cmd.version)) {
-        throw Error(Errc::invalid_argument, fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", *cmd.version), "version");
-    }
     const auto t0 = std::chrono::steady_clock::now();
     weights::FetchedCheckpoint ckpt = source_->fetch({.version = cmd.version, .verify_checksum = cmd.verify_checksum,
                                                       .serving_version = state_.weight_version});

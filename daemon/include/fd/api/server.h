@@ -11,7 +11,7 @@
 #include <string>
 
 namespace httplib { class Server; }
-namespace fd::shm { struct MailboxCommand; }
+namespace fd::control { class ControlService; }
 
 namespace fd::api {
 
@@ -27,29 +27,19 @@ struct ServerConfig {
     double      request_timeout_s = 600.0;   ///< longest a completion may take before 504
     int32_t     max_logprobs      = 20;      ///< cap on `logprobs`
     int32_t     max_n             = 128;     ///< cap on `n`
-    bool        dynamic_load_weight = false; ///< enables sleep/wakeup/update_weights and the legacy routes
-    bool        v1_update_weights = false;   ///< FD_ENABLE_V1_UPDATE_WEIGHTS: legacy routes = V1 sleep/wakeup
-    double      control_timeout_s = 900.0;   ///< longest a V1 control call waits for the engine before 504
-    double      legacy_timeout_s  = 300.0;   ///< legacy clear/update wait for the status word (SPEC §4)
-};
-
-/// A finished control answer: exactly what the V1 HTTP route sends.
-struct ControlReply {
-    int         http_status = 200;
-    std::string content_type = "application/json";
-    std::string body;
 };
 
 /// Shared by every handler.
 struct ApiContext {
     ServerConfig                cfg;
     engine::Engine *            engine = nullptr;
+    control::ControlService *   control = nullptr;
     const model::Tokenizer *    tok    = nullptr;
 };
 
 class ApiServer {
 public:
-    ApiServer(ServerConfig cfg, engine::Engine & engine, const model::Tokenizer & tok);
+    ApiServer(ServerConfig cfg, engine::Engine & engine, control::ControlService & control, const model::Tokenizer & tok);
     ~ApiServer();
 
     /// Bind host:port. Errors  fd::Error{invalid_argument} when the address is unusable.
@@ -57,10 +47,6 @@ public:
     /// Serve on the bound socket until stop() (blocks; run it on its own thread).
     void serve();
     void stop();
-
-    /// Run one control command (as sent over the shm mailbox) through the same code as its V1
-    /// HTTP route and return that route's answer. Never throws.
-    ControlReply dispatch(const shm::MailboxCommand & cmd);
 
 private:
     std::unique_ptr<ApiContext>      ctx_;

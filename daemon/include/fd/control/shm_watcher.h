@@ -3,29 +3,27 @@
 // Owns the block of one port: creates it at start (reclaiming a stale one, refusing if a live
 // daemon owns it), removes it on clean exit. Two threads:
 //   - heartbeat: every 100 ms refreshes heartbeat_ms and the state snapshot (seqlock);
-//   - mailbox: sleeps on the doorbell futex; on a command it calls `dispatch` (the same code as
-//     the V1 HTTP route), writes the answer and acknowledges; on any doorbell it also wakes the
-//     engine, which watches the legacy status word living in this block.
+//   - mailbox: sleeps on the doorbell futex; on a command it calls the control service (the same
+//     code the V1 HTTP routes call), writes the answer and acknowledges; on any doorbell it also
+//     wakes the engine, which watches the legacy status word living in this block.
 // It never mutates engine state itself: every operation goes through the engine inbox.
 #pragma once
 
-#include "fd/api/server.h"
+#include "fd/control/service.h"
 #include "fd/engine/engine.h"
 #include "fd/shm/control_client.h"
 
 #include <atomic>
-#include <functional>
 #include <thread>
 
 namespace fd::control {
 
 class ShmWatcher {
 public:
-    using Dispatch = std::function<api::ControlReply(const shm::MailboxCommand &)>;
-
     /// Take over `block` (from shm::MappedBlock::create(port), done before the model loads so a
-    /// taken port fails fast) and attach the engine's legacy status word to it.
-    ShmWatcher(shm::MappedBlock block, int port, bool v1_update_weights, engine::Engine & engine, Dispatch dispatch);
+    /// taken port fails fast) and attach the engine's legacy status word to it. Commands go to
+    /// `service`, which must outlive the watcher.
+    ShmWatcher(shm::MappedBlock block, int port, engine::Engine & engine, ControlService & service);
     ~ShmWatcher();
 
     void start();
@@ -39,7 +37,7 @@ private:
 
     int                port_;
     engine::Engine &   engine_;
-    Dispatch           dispatch_;
+    ControlService &   service_;
     shm::MappedBlock   block_;
     std::atomic<bool>  stop_{false};
     std::thread        heartbeat_, mailbox_;

@@ -1,0 +1,58 @@
+// ControlRequest::parse — the one place a control command is validated, whatever carried it.
+#include "fd/control/service.h"
+
+#include "fd/shm/names.h"
+
+#include <array>
+#include <utility>
+
+namespace fd::control {
+namespace {
+
+constexpr std::array<std::pair<ControlVerb, std::string_view>, 9> kVerbs = {{
+    {ControlVerb::pause, "pause"},
+    {ControlVerb::resume, "resume"},
+    {ControlVerb::is_paused, "is_paused"},
+    {ControlVerb::status, "status"},
+    {ControlVerb::sleep, "sleep"},
+    {ControlVerb::wakeup, "wakeup"},
+    {ControlVerb::update_weights, "update_weights"},
+    {ControlVerb::clear_load_weight, "clear_load_weight"},
+    {ControlVerb::update_model_weight, "update_model_weight"},
+}};
+
+}  // namespace
+
+std::string_view to_string(ControlVerb v) {
+    for (const auto & [verb, name] : kVerbs) {
+        if (verb == v) { return name; }
+    }
+    return "?";
+}
+
+ControlRequest ControlRequest::parse(const shm::MailboxCommand & wire) {
+    ControlRequest r;
+    bool known = false;
+    for (const auto & [verb, name] : kVerbs) {
+        if (name == wire.op) { r.verb = verb; known = true; }
+    }
+    if (!known) { throw Error(Errc::invalid_argument, fmt::format("unknown control command '{}'", wire.op), "op"); }
+    const bool takes_tags = r.verb == ControlVerb::sleep || r.verb == ControlVerb::wakeup;
+    if (!wire.tags.empty() && !takes_tags) {
+        throw Error(Errc::invalid_argument, fmt::format("'{}' takes no tags (only sleep and wakeup do)", wire.op), "tags");
+    }
+    if (takes_tags) { r.tags = engine::parse_tags(wire.tags); }
+    if (r.verb != ControlVerb::update_weights && (wire.version || wire.verify_checksum)) {
+        throw Error(Errc::invalid_argument, fmt::format("'{}' takes no version or verify_checksum (only update_weights does)", wire.op),
+                    wire.version ? "version" : "verify_checksum");
+    }
+    if (wire.version && !shm::is_valid_version(*wire.version)) {
+        throw Error(Errc::invalid_argument,
+                    fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", *wire.version), "version");
+    }
+    r.version         = wire.version;
+    r.verify_checksum = wire.verify_checksum;
+    return r;
+}
+
+}  // namespace fd::control

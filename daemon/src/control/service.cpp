@@ -1,0 +1,198 @@
+// The control service (SPEC §3, §4, §6): every control command from every transport runs here,
+// as an engine ControlCommand through the engine inbox, and comes back as the one reply shape.
+#include "fd/control/service.h"
+
+#include "fd/arena.h"
+#include "fd/engine/engine.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <thread>
+
+namespace fd::control {
+namespace {
+
+using nlohmann::json;
+using engine::ControlCommand;
+using engine::ControlOp;
+using engine::ControlResult;
+using shm::WeightsStatus;
+
+std::string dump(const json & j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json ranks_json(const ControlResult & r) {
+    json a = json::array();
+    for (const auto & c : r.ranks) {
+        a.push_back({{"rank", c.rank}, {"version", c.version}, {"sync_cost", c.sync_s}, {"update_cost", c.update_s}, {"total_cost", c.total_s}});
+    }
+    return a;
+}
+
+json result_json(ControlOp op, const ControlResult & r) {
+    json j = {{"is_paused", r.is_paused}, {"elapsed_s", r.elapsed_s}};
+    switch (op) {
+        case ControlOp::pause: j["aborted"] = r.n_aborted; break;
+        case ControlOp::resume: break;
+        case ControlOp::sleep: {
+            json freed = json::object();
+            if (r.freed_weight_bytes >= 0) { freed["weight"] = r.freed_weight_bytes; }
+            if (r.freed_kv_bytes >= 0) { freed["kv_cache"] = r.freed_kv_bytes; }
+            j.update({{"tags", r.tags_done}, {"skipped", r.tags_skipped}, {"freed_bytes", freed}, {"aborted", r.n_aborted},
+                      {"rss_before_bytes", r.rss_before_bytes}, {"rss_after_bytes", r.rss_after_bytes}});
+            break;
+        }
+        case ControlOp::wakeup:
+            j.update({{"tags", r.tags_done}, {"skipped", r.tags_skipped}, {"version", r.version}, {"bytes", r.bytes}, {"ranks", ranks_json(r)}});
+            break;
+        case ControlOp::update_weights:
+            j.update({{"version", r.version}, {"bytes", r.bytes}, {"checksum_verified", r.checksum_verified}, {"ranks", ranks_json(r)}});
+            break;
+    }
+    return j;
+}
+
+ControlReply json_reply(const json & body, int status = 200) { return {status, "application/json", dump(body)}; }
+
+ControlReply legacy_msg(int status, const std::string & msg, const std::string & detail = {}) {
+    json j = {{"msg", msg}};
+    if (!detail.empty()) { j["error"] = detail; }
+    return json_reply(j, status);
+}
+
+json sleeping_tags(const engine::EngineState & st) {
+    json sleeping = json::array();
+    if (st.weight_asleep) { sleeping.push_back("weight"); }
+    if (st.kv_asleep) { sleeping.push_back("kv_cache"); }
+    return sleeping;
+}
+
+/// Post `cmd` and wait for the engine's answer, at most `timeout_s`.
+ControlResult run_engine(engine::Engine & engine, ControlCommand cmd, double timeout_s) {
+    auto fut = engine.control(std::move(cmd));
+    if (fut.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) {
+        fail(Errc::timeout, "the engine did not finish the control operation within {} s (--control-timeout-s); check /health", timeout_s);
+    }
+    ControlResult r = fut.get();
+    if (r.error) { throw *r.error; }
+    return r;
+}
+
+/// Move the status word `from` → `to`, then wait (at most `timeout_s`) until the engine settles
+/// it at `target`. Returns true on success; false on timeout or when the engine settled elsewhere.
+bool legacy_drive(engine::Engine & engine, WeightsStatus from, WeightsStatus to, WeightsStatus target, double timeout_s) {
+    if (!engine.legacy_transition(from, to)) { return false; }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (std::chrono::steady_clock::now() < deadline) {
+        const auto s = engine.legacy_status();
+        if (s != to) { return s == target; }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+}
+
+}  // namespace
+
+ControlReply error_reply(const Error & e) {
+    return json_reply(json{{"status", "error"}, {"error", {{"type", errc_name(e.code())}, {"message", e.what()}}}}, errc_http_status(e.code()));
+}
+
+ControlService::ControlService(ControlConfig cfg, engine::Engine & engine) : cfg_(std::move(cfg)), engine_(engine) {}
+
+ControlReply ControlService::handle(const shm::MailboxCommand & wire) {
+    try {
+        return handle(ControlRequest::parse(wire));
+    } catch (const Error & e) {
+        return error_reply(e);
+    }
+}
+
+ControlReply ControlService::handle(const ControlRequest & req) {
+    try {
+        return run(req);
+    } catch (const Error & e) {
+        return error_reply(e);
+    } catch (const std::exception & e) {
+        return error_reply(Error(Errc::internal, e.what()));
+    }
+}
+
+json ControlService::status_json() const {
+    const auto st = engine_.stats();
+    const auto & es = st.state;
+    const bool draining = engine_.draining();
+    const json sleeping = sleeping_tags(es);
+    const char * state = draining ? "draining" : !sleeping.empty() ? "sleeping" : es.paused ? "paused" : "serving";
+    return {{"status", draining ? "draining" : "ok"},
+            {"state", state},
+            {"is_paused", es.paused},
+            {"sleeping_tags", sleeping},
+            {"weights_valid", es.weights_valid},
+            {"weight_version", es.weight_version},
+            {"model_weights_status", static_cast<int>(es.model_weights_status)},
+            {"control_in_flight", es.control_in_flight.empty() ? json(nullptr) : json(es.control_in_flight)},
+            {"last_control_error", es.last_control_error.empty() ? json(nullptr) : json(es.last_control_error)},
+            {"model", cfg_.served_model_name},
+            {"num_requests_running", st.n_running},
+            {"num_requests_waiting", st.n_waiting},
+            {"kv_blocks", {{"used", st.n_kv_blocks_used}, {"free", st.n_kv_blocks_free}, {"total", st.n_kv_blocks_total}}},
+            {"rss_bytes", process_rss_bytes()}};
+}
+
+ControlReply ControlService::run(const ControlRequest & req) {
+    auto op = [&](ControlCommand cmd) {
+        const ControlOp o = cmd.op;
+        return json_reply(json{{"status", "success"}, {"result", result_json(o, run_engine(engine_, std::move(cmd), cfg_.control_timeout_s))}});
+    };
+    auto require_dynamic = [&] {
+        if (!cfg_.dynamic_load_weight) {
+            fail(Errc::not_found, "/v1/{} needs dynamic weight loading; start fdrollout with --dynamic-load-weight", to_string(req.verb));
+        }
+    };
+    switch (req.verb) {
+        case ControlVerb::pause: return op({.op = ControlOp::pause});
+        case ControlVerb::resume: return op({.op = ControlOp::resume});
+        case ControlVerb::is_paused: {
+            const auto st = engine_.stats().state;
+            return json_reply(json{{"is_paused", st.paused}, {"sleeping_tags", sleeping_tags(st)}, {"weights_valid", st.weights_valid},
+                                   {"weight_version", st.weight_version}});
+        }
+        case ControlVerb::status: return json_reply(status_json());
+        case ControlVerb::sleep: require_dynamic(); return op({.op = ControlOp::sleep, .tags = req.tags});
+        case ControlVerb::wakeup: require_dynamic(); return op({.op = ControlOp::wakeup, .tags = req.tags});
+        case ControlVerb::update_weights:
+            require_dynamic();
+            return op({.op = ControlOp::update_weights, .version = req.version, .verify_checksum = req.verify_checksum});
+        case ControlVerb::clear_load_weight:
+        case ControlVerb::update_model_weight: break;
+    }
+    // The legacy pair (SPEC §4).
+    if (!cfg_.dynamic_load_weight) { return {404, "text/plain", "Dynamic Load Weight Disabled."}; }
+    const bool clear = req.verb == ControlVerb::clear_load_weight;
+    if (cfg_.v1_update_weights) { return op({.op = clear ? ControlOp::sleep : ControlOp::wakeup, .tags = {true, true}}); }
+    const auto cur = engine_.legacy_status();
+    if (clear) {
+        switch (cur) {
+            case WeightsStatus::cleared: return legacy_msg(200, "model weight is cleared");
+            case WeightsStatus::clearing: return legacy_msg(400, "worker is clearing model weight already");
+            case WeightsStatus::updating: return legacy_msg(403, "worker is updating model weight, cannot clear now");
+            case WeightsStatus::normal: break;
+        }
+        if (legacy_drive(engine_, WeightsStatus::normal, WeightsStatus::clearing, WeightsStatus::cleared, cfg_.legacy_timeout_s)) {
+            return legacy_msg(200, "clear model weight successfully");
+        }
+        return legacy_msg(404, "clear model weight timeout", engine_.stats().state.last_control_error);
+    }
+    switch (cur) {
+        case WeightsStatus::normal: return legacy_msg(200, "model weight is updated");
+        case WeightsStatus::updating: return legacy_msg(400, "worker is updating model weight already");
+        case WeightsStatus::clearing: return legacy_msg(403, "worker is clearing model weight, cannot update now");
+        case WeightsStatus::cleared: break;
+    }
+    if (legacy_drive(engine_, WeightsStatus::cleared, WeightsStatus::updating, WeightsStatus::normal, cfg_.legacy_timeout_s)) {
+        return legacy_msg(200, "update model weight successfully");
+    }
+    return legacy_msg(404, "update model weight timeout", engine_.stats().state.last_control_error);
+}
+
+}  // namespace fd::control

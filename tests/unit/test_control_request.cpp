@@ -1,0 +1,65 @@
+// ControlRequest::parse — the one validation of a control command, whichever transport carried it.
+#include "fd/control/service.h"
+
+#include <doctest/doctest.h>
+
+using fd::control::ControlRequest;
+using fd::control::ControlVerb;
+using fd::shm::MailboxCommand;
+
+namespace {
+
+/// The param() of the error parse(wire) throws ("" if it does not throw).
+std::string rejected_param(const MailboxCommand & wire) {
+    try {
+        ControlRequest::parse(wire);
+    } catch (const fd::Error & e) {
+        CHECK(e.code() == fd::Errc::invalid_argument);
+        return e.param();
+    }
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("control request: every wire op name maps to its verb and back") {
+    for (const char * op : {"pause", "resume", "is_paused", "status", "sleep", "wakeup", "update_weights", "clear_load_weight",
+                            "update_model_weight"}) {
+        const ControlRequest r = ControlRequest::parse({.op = op});
+        CHECK(fd::control::to_string(r.verb) == op);
+    }
+    CHECK(rejected_param({.op = "pause_all"}) == "op");
+    CHECK(rejected_param({.op = ""}) == "op");
+}
+
+TEST_CASE("control request: tags only for sleep/wakeup, empty = both, unknown tag refused") {
+    auto both = ControlRequest::parse({.op = "sleep"});
+    CHECK(both.tags.weight);
+    CHECK(both.tags.kv_cache);
+    auto kv = ControlRequest::parse({.op = "wakeup", .tags = " kv_cache "});
+    CHECK(!kv.tags.weight);
+    CHECK(kv.tags.kv_cache);
+    CHECK(rejected_param({.op = "sleep", .tags = "weight,foo"}) == "tags");
+    CHECK(rejected_param({.op = "pause", .tags = "weight"}) == "tags");
+}
+
+TEST_CASE("control request: version syntax is checked here, for update_weights only") {
+    auto r = ControlRequest::parse({.op = "update_weights", .version = "step-42.a_b", .verify_checksum = true});
+    CHECK(r.verb == ControlVerb::update_weights);
+    CHECK(*r.version == "step-42.a_b");
+    CHECK(r.verify_checksum);
+    CHECK(!ControlRequest::parse({.op = "update_weights"}).version);
+    for (const char * bad : {"", ".", "..", "a/b", "v 1", "v\n1"}) {
+        CHECK(rejected_param({.op = "update_weights", .version = std::string(bad)}) == "version");
+    }
+    CHECK(rejected_param({.op = "update_weights", .version = std::string(129, 'a')}) == "version");
+    CHECK(rejected_param({.op = "pause", .version = std::string("1")}) == "version");
+    CHECK(rejected_param({.op = "sleep", .verify_checksum = true}) == "verify_checksum");
+}
+
+TEST_CASE("control request: an error reply carries the table's status and type") {
+    const auto r = fd::control::error_reply(fd::Error(fd::Errc::invalid_argument, "bad tag", "tags"));
+    CHECK(r.http_status == 400);
+    CHECK(r.content_type == "application/json");
+    CHECK(r.body == R"({"error":{"message":"bad tag","type":"invalid_argument"},"status":"error"})");
+}
