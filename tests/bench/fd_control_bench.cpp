@@ -26,7 +26,9 @@
 // Reference: single-thread memcpy, --memcpy-mib (512) buffers, best of 3, GB/s of bytes copied.
 // Usage: fd_control_bench [--model DIR[,DIR]] [--threads 2] [--kv-cache-bytes auto] [--updates 5]
 //                         [--tiny-updates 100] [--rtt-calls 200] [--pause-batch 64] [--pause-trials 0]
-//                         [--sleep-cycles 3] [--memcpy-mib 512] [--no-analysis] [--no-pause-diagnostics]
+//                         [--sleep-cycles 3] [--memcpy-mib 512] [--no-analysis] [--no-pause-diagnostics] [--no-http]
+// The analysis times every weight fill with the NaN/Inf check (the default) and without it
+// (update_path.*_no_finite_check_vs_memcpy, *_finite_check_cost = time with ÷ time without).
 #include "fd/api/server.h"
 #include "fd/arena.h"
 #include "fd/config.h"
@@ -127,6 +129,7 @@ struct Options {
     int         pause_prompt_len = 8;
     int         sleep_cycles  = 3;
     int64_t     memcpy_mib    = 512;
+    bool        http          = true;   ///< false: skip the HTTP sections, run the analysis only
     bool        analysis      = true;
     std::string log_level     = "warn";
     bool        client_nodelay = true;
@@ -547,7 +550,9 @@ json bench_model(const std::string & dir, const Options & o, double memcpy_bps) 
     j["model"] = dir;
     j["checkpoint_bytes"] = ck_bytes;
     M::ModelConfig mcfg;
-    {
+    if (!o.http) {
+        mcfg = M::load_model_config(dir);
+    } else {
         const auto t_section = Clock::now();
         std::fprintf(stderr, "fd_control_bench: %s: loading (kv %s)...\n", dir.c_str(), kv.c_str());
         Daemon d(dir, o, kv);
@@ -635,6 +640,7 @@ int main(int argc, char ** argv) {
     app.add_option("--sleep-cycles", o.sleep_cycles, "sleep + wakeup cycles")->capture_default_str()->check(CLI::PositiveNumber);
     app.add_option("--memcpy-mib", o.memcpy_mib, "memcpy reference buffer, MiB")->capture_default_str()->check(CLI::PositiveNumber);
     app.add_flag("--analysis,!--no-analysis", o.analysis, "take the update/wakeup/sleep paths apart after the HTTP runs")->capture_default_str();
+    app.add_flag("--http,!--no-http", o.http, "run the HTTP sections (--no-http: the analysis only, e.g. the NaN/Inf check's cost)")->capture_default_str();
     app.add_flag("--pause-diagnostics,!--no-pause-diagnostics", o.pause_diagnostics,
                  "small models: also time pause with one B-prompt request, and with one engine thread")
         ->capture_default_str();

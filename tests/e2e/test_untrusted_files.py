@@ -22,6 +22,7 @@ class UntrustedFiles(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.user = OtherUser()  # skips the whole class unless root
+        cls.addClassCleanup(cls.user.close)  # also when the rest of setUpClass fails
         cls.tmp = tempfile.mkdtemp(prefix="fd-trust-")
         os.chmod(cls.tmp, 0o755)  # the other user reads the checkpoints and runs fdctl from here
         cls.A = copy_checkpoint(STORIES, os.path.join(cls.tmp, "A"))
@@ -33,7 +34,6 @@ class UntrustedFiles(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.user.close()
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def forbidden(self, d, path_words, body=None):
