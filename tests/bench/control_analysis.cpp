@@ -5,12 +5,14 @@
 #include "bench_memory.h"
 #include "bench_util.h"
 #include "fd/arena.h"
+#include "fd/kernels/ops.h"
 #include "fd/kernels/thread_pool.h"
 #include "fd/model/safetensors.h"
 #include "fd/model/weights.h"
 
 #include <algorithm>
 #include <memory>
+#include <vector>
 
 namespace fd::bench {
 namespace M = fd::model;
@@ -66,6 +68,28 @@ json analyse(const std::string & dir, const M::ModelConfig & cfg, double memcpy_
         up[key + "_vs_memcpy"] = round_to(static_cast<double>(total) / best_on / memcpy_bps, 3);
         up[key + "_no_finite_check_vs_memcpy"] = round_to(static_cast<double>(total) / best_off / memcpy_bps, 3);
         up[key + "_finite_check_cost"] = round_to(best_on / best_off, 3);  // time with ÷ time without
+    }
+    // The check itself: find_nonfinite over one 256 KiB piece already in cache (as the fill
+    // runs it, right after the piece's pread), best of 5 x 200 scans. Its cost per byte
+    // relative to a DRAM-speed copy bounds what the check can add: time × (1 + memcpy ÷ scan).
+    {
+        const int64_t piece = 256 << 10;
+        std::vector<float> f(static_cast<size_t>(piece / 4), 0.5f);
+        std::vector<uint16_t> b(static_cast<size_t>(piece / 2), 0x3f00);
+        for (int kind = 0; kind < 2; ++kind) {
+            double best = 1e300;
+            int64_t sink = 0;
+            for (int r = 0; r < 5; ++r) {
+                t0 = Clock::now();
+                for (int i = 0; i < 200; ++i) {
+                    sink += kind == 0 ? kernels::find_nonfinite_f32(f.data(), piece / 4) : kernels::find_nonfinite_bf16(b.data(), piece / 2);
+                }
+                best = std::min(best, seconds_since(t0));
+            }
+            const double scan_bps = 200.0 * static_cast<double>(piece) / best + static_cast<double>(sink == 1);
+            up[kind == 0 ? "finite_scan_f32_l2_gbs" : "finite_scan_bf16_l2_gbs"] = round_to(scan_bps / 1e9, 2);
+            up[kind == 0 ? "finite_scan_f32_bound_cost" : "finite_scan_bf16_bound_cost"] = round_to(1.0 + memcpy_bps / scan_bps, 3);
+        }
     }
     up["populate_fresh_s"] = round_to(t_populate, 6);
     up["populate_fresh_gbs"] = gbs(layout.arena_bytes, t_populate);

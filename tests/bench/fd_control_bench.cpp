@@ -687,25 +687,34 @@ int main(int argc, char ** argv) {
         auto add = [&](const char * name, double value, const char * cmp, double target, bool met, const json & on) {
             t[name] = {{"value", value}, {"target", std::string(cmp) + " " + json(target).dump()}, {"met", met}, {"evaluated_on", on}};
         };
-        add("update_weights_bw_ratio_vs_memcpy", L["update_weights"]["ratio_vs_memcpy"], ">=", kUpdateRatioMin,
-            L["update_weights"]["target"]["ratio_met"], L["model"]);
-        add("tiny_update_p50_ms", S["update_weights"]["call"]["p50_ms"], "<=", kTinyUpdateP50Ms,
-            S["update_weights"]["target"]["fixed_overhead_met"], S["model"]);
-        add("sleep_ms", L["sleep_wakeup"]["sleep_ms_max"], "<=", kSleepMsMax, L["sleep_wakeup"]["target"]["sleep_met"], L["model"]);
-        add("sleep_freed_fraction", std::min(L["sleep_wakeup"]["freed_fraction_min"].get<double>(), L["sleep_wakeup"]["rss_drop_over_freed_min"].get<double>()),
-            ">=", kFreedFractionMin, L["sleep_wakeup"]["target"]["freed_met"], L["model"]);
-        add("wakeup_bw_ratio_vs_memcpy", L["sleep_wakeup"]["wakeup_ratio_vs_memcpy"], ">=", kWakeupRatioMin,
-            L["sleep_wakeup"]["target"]["wakeup_met"], L["model"]);
-        double pause_worst = 0.0, rtt_worst = 0.0;
-        json pause_on, rtt_on;
-        for (const auto & m : models_j) {
-            const double ps = m["pause"]["pause_in_steps_max"].get<double>();
-            const double rt = m["control_rtt"]["target"]["worst_p50_ms"].get<double>();
-            if (ps >= pause_worst) { pause_worst = ps; pause_on = m["model"]; }
-            if (rt >= rtt_worst) { rtt_worst = rt; rtt_on = m["model"]; }
+        if (o.http) {
+            add("update_weights_bw_ratio_vs_memcpy", L["update_weights"]["ratio_vs_memcpy"], ">=", kUpdateRatioMin,
+                L["update_weights"]["target"]["ratio_met"], L["model"]);
+            add("tiny_update_p50_ms", S["update_weights"]["call"]["p50_ms"], "<=", kTinyUpdateP50Ms,
+                S["update_weights"]["target"]["fixed_overhead_met"], S["model"]);
+            add("sleep_ms", L["sleep_wakeup"]["sleep_ms_max"], "<=", kSleepMsMax, L["sleep_wakeup"]["target"]["sleep_met"], L["model"]);
+            add("sleep_freed_fraction", std::min(L["sleep_wakeup"]["freed_fraction_min"].get<double>(), L["sleep_wakeup"]["rss_drop_over_freed_min"].get<double>()),
+                ">=", kFreedFractionMin, L["sleep_wakeup"]["target"]["freed_met"], L["model"]);
+            add("wakeup_bw_ratio_vs_memcpy", L["sleep_wakeup"]["wakeup_ratio_vs_memcpy"], ">=", kWakeupRatioMin,
+                L["sleep_wakeup"]["target"]["wakeup_met"], L["model"]);
+            double pause_worst = 0.0, rtt_worst = 0.0;
+            json pause_on, rtt_on;
+            for (const auto & m : models_j) {
+                const double ps = m["pause"]["pause_in_steps_max"].get<double>();
+                const double rt = m["control_rtt"]["target"]["worst_p50_ms"].get<double>();
+                if (ps >= pause_worst) { pause_worst = ps; pause_on = m["model"]; }
+                if (rt >= rtt_worst) { rtt_worst = rt; rtt_on = m["model"]; }
+            }
+            add("pause_in_decode_steps_b64", pause_worst, "<=", kPauseStepsMax, pause_worst <= kPauseStepsMax, pause_on);
+            add("control_rtt_p50_ms", rtt_worst, "<=", kRttP50Ms, rtt_worst <= kRttP50Ms, rtt_on);
         }
-        add("pause_in_decode_steps_b64", pause_worst, "<=", kPauseStepsMax, pause_worst <= kPauseStepsMax, pause_on);
-        add("control_rtt_p50_ms", rtt_worst, "<=", kRttP50Ms, rtt_worst <= kRttP50Ms, rtt_on);
+        if (o.analysis) {
+            // The weight fill the update runs (NaN/Inf check on, as served), over the pool.
+            const std::string key = "fill_resident_" + std::to_string(o.threads) + "_threads";
+            const json & up = L["analysis"]["update_path"];
+            add("update_fill_with_finite_check_vs_memcpy", up[key + "_vs_memcpy"].get<double>(), ">=", kUpdateRatioMin,
+                up[key + "_vs_memcpy"].get<double>() >= kUpdateRatioMin, L["model"]);
+        }
         bool all = true;
         for (const auto & [k, v] : t.items()) { all = all && v["met"].get<bool>(); }
         t["all_met"] = all;

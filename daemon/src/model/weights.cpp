@@ -298,7 +298,8 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
             }
             const std::string what    = "tensor '" + j.src->name + "'";
             const int64_t     es      = dtype_size(j.src->dtype);
-            const int64_t     per     = kScanBytes / es;
+            // Unchecked and not widened: one pread for the whole chunk (the path without the check).
+            const int64_t     per     = opt.check_finite || j.widen ? kScanBytes / es : j.n_elems;
             std::vector<std::byte> raw(j.widen ? static_cast<size_t>(std::min(per, j.n_elems) * es) : 0);
             for (int64_t e = 0; e < j.n_elems; e += per) {
                 const int64_t n   = std::min(per, j.n_elems - e);
