@@ -35,6 +35,7 @@ constexpr const char * kExitCodes =
     "  12  source_unavailable\n"
     "  13  forbidden: a file the daemon must trust (ipc record, control block, snapshot or staging dir)\n"
     "      belongs to another user or is writable by others\n"
+    "  14  rank_failed (a tensor-parallel rank died, hung or never joined)\n"
     "  70  internal error\n"
     "Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes --transport default to v1 (else shm); FD_PORT;\n"
     "FD_CONTROL_API_KEY (the daemon's --control-api-key), else FD_API_KEY, is the --api-key default.";

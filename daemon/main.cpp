@@ -6,7 +6,7 @@
 #include "fd/engine/engine.h"
 #include "fd/log.h"
 #include "fd/model/safetensors.h"
-#include "fd/model/tokenizer.h"
+#include "fd/tokenizer/tokenizer.h"
 #include "fd/model/worker.h"
 #include "fd/weights/weight_source.h"
 
@@ -28,7 +28,7 @@ namespace {
 
 void add_flags(CLI::App & app, fd::Config & c) {
     c.model.model_dir = FD_DEFAULT_MODEL_DIR;
-    app.add_option("--model", c.model.model_dir, "Hugging Face checkpoint dir (config.json, *.safetensors [+ index], tokenizer.model)")
+    app.add_option("--model", c.model.model_dir, "Hugging Face checkpoint dir (config.json, *.safetensors [+ index], tokenizer.json or tokenizer.model)")
         ->envname("FD_MODEL")->capture_default_str();
     app.add_option("--host", c.server.host, "Address to listen on")->envname("FD_HOST")->capture_default_str();
     app.add_option("--port", c.server.port, "TCP port to listen on")->envname("FD_PORT")->capture_default_str();
@@ -108,19 +108,20 @@ int run(fd::Config & cfg, sigset_t & signals) {
     lg->info("model {} ({}): {} layers, hidden {}, heads {}/{}, vocab {}; weight_version {}", cfg.model.model_dir,
              r.model.architecture, r.model.n_layers, r.model.hidden_size, r.model.n_heads, r.model.n_kv_heads,
              r.model.vocab_size, cfg.engine.weight_version);
-    auto tok = std::make_shared<const fd::model::Tokenizer>(cfg.model.model_dir, r.model.bos_token_id);
+    auto tok = fd::tokenizer::load_tokenizer(cfg.model.model_dir, {.bos_token_id = r.model.bos_token_id});
+    lg->info("tokenizer: {} ({} ids)", tok->kind(), tok->vocab_size());
     const auto idx = fd::model::read_tensor_index(cfg.model.model_dir);
     auto worker = std::make_unique<fd::model::Worker>(r.model, idx, fd::model::WorkerConfig{
         .rank = 0, .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,
         .n_blocks = r.n_kv_blocks, .max_model_len = cfg.engine.max_model_len,
         .keep_update_staging = cfg.weights.update_staging == "persistent",
         .check_finite_weights = cfg.weights.check_finite_weights, .io_timeout_s = cfg.control.control_timeout_s});
-    fd::engine::Engine engine(cfg.engine, std::move(worker), tok,
+    auto source = fd::weights::make_weight_source({.strategy = fd::weights::parse_load_strategy(cfg.weights.load_strategy),
+                                                   .model_dir = cfg.model.model_dir, .port = cfg.server.port,
+                                                   .rsync_config = cfg.weights.rsync_config});
+    fd::engine::Engine engine(cfg.engine, fd::runtime::make_local_executor(std::move(worker), std::move(source)), tok,
                               {.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
-                               .enable_prefix_caching = cfg.kv.enable_prefix_caching},
-                              fd::weights::make_weight_source({.strategy = fd::weights::parse_load_strategy(cfg.weights.load_strategy),
-                                                               .model_dir = cfg.model.model_dir, .port = cfg.server.port,
-                                                               .rsync_config = cfg.weights.rsync_config}));
+                               .enable_prefix_caching = cfg.kv.enable_prefix_caching});
     fd::control::ControlService control(cfg.control, engine);
     fd::api::ApiServer server(cfg.server, engine, control, *tok);
     fd::control::ShmWatcher watcher(std::move(block), cfg.server.port, engine, control);

@@ -31,7 +31,7 @@ from safetensors_np import save_file  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_TOKENIZER = os.path.join(REPO, "models", "stories260K")
-TOKENIZER_FILES = ("tokenizer.model", "tokenizer_config.json",
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "generation_config.json")
 TORCH_DTYPE = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 

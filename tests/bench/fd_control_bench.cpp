@@ -37,7 +37,7 @@
 #include "fd/log.h"
 #include "fd/model/model_config.h"
 #include "fd/model/safetensors.h"
-#include "fd/model/tokenizer.h"
+#include "fd/tokenizer/tokenizer.h"
 #include "fd/model/weights.h"
 #include "fd/model/worker.h"
 #include "fd/status.h"
@@ -142,7 +142,7 @@ constexpr int64_t kLargeCheckpoint = 64LL << 20;  ///< above: "large" (few updat
 struct Daemon {
     fd::Config                                   cfg;
     fd::Resolved                                 r;
-    std::shared_ptr<const M::Tokenizer>          tok;
+    std::shared_ptr<const fd::tokenizer::Tokenizer>          tok;
     std::unique_ptr<fd::engine::Engine>          engine;
     std::unique_ptr<fd::control::ControlService> control;
     std::unique_ptr<fd::api::ApiServer>          server;
@@ -162,7 +162,7 @@ struct Daemon {
         r = fd::resolve(cfg);
         rss_before_load = fd::process_rss_bytes();
         const auto t0 = Clock::now();
-        tok = std::make_shared<const M::Tokenizer>(cfg.model.model_dir, r.model.bos_token_id);
+        tok = fd::tokenizer::load_tokenizer(cfg.model.model_dir, {.bos_token_id = r.model.bos_token_id});
         const auto idx = M::read_tensor_index(cfg.model.model_dir);
         auto worker = std::make_unique<M::Worker>(r.model, idx, M::WorkerConfig{
             .rank = 0, .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,
@@ -171,10 +171,11 @@ struct Daemon {
         worker_weight_bytes = worker->weight_bytes();
         worker_kv_bytes     = worker->kv_bytes();
         worker_view         = worker.get();
-        engine = std::make_unique<fd::engine::Engine>(cfg.engine, std::move(worker), tok,
+        engine = std::make_unique<fd::engine::Engine>(cfg.engine,
+                                                      fd::runtime::make_local_executor(std::move(worker), fd::weights::make_normal_source(cfg.model.model_dir)),
+                                                      tok,
                                                       fd::kv::KvCacheConfig{.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
-                                                                            .enable_prefix_caching = cfg.kv.enable_prefix_caching},
-                                                      fd::weights::make_normal_source(cfg.model.model_dir));
+                                                                            .enable_prefix_caching = cfg.kv.enable_prefix_caching});
         control = std::make_unique<fd::control::ControlService>(cfg.control, *engine);
         engine->start();
         rss_after_load = fd::process_rss_bytes();

@@ -3,7 +3,7 @@
 #include "fd/kv/kv_cache.h"
 #include "fd/model/model_config.h"
 #include "fd/model/safetensors.h"
-#include "fd/model/tokenizer.h"
+#include "fd/tokenizer/sentencepiece_tokenizer.h"
 #include "fd/model/worker.h"
 
 #include <doctest/doctest.h>
@@ -74,7 +74,7 @@ TEST_SUITE("model::stories260K") {
 
     TEST_CASE("a prompt prefilled in one step gives bitwise the logits of token-by-token decoding") {
         Fixture f;
-        fd::model::Tokenizer tok(kModel, f.cfg.bos_token_id);
+        fd::tokenizer::SentencePieceTokenizer tok(kModel, f.cfg.bos_token_id);
         const auto prompt = tok.encode("Lily and Tom were playing in the park. They liked to play");
         const int32_t n = static_cast<int32_t>(prompt.size());
         std::vector<float> a(f.cfg.vocab_size), b(f.cfg.vocab_size);
@@ -91,7 +91,7 @@ TEST_SUITE("model::stories260K") {
 
     TEST_CASE("a sequence's logits are bitwise the same alone and batched with others") {
         Fixture f;
-        fd::model::Tokenizer tok(kModel, f.cfg.bos_token_id);
+        fd::tokenizer::SentencePieceTokenizer tok(kModel, f.cfg.bos_token_id);
         const auto target = tok.encode("Once upon a time, there was a little girl");
         const int32_t n = static_cast<int32_t>(target.size());
         std::vector<float> alone(f.cfg.vocab_size);

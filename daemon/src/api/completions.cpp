@@ -90,7 +90,8 @@ CompletionRequest parse_body(ApiContext & ctx, const json & j) {
     static const std::set<std::string> kKnown = {
         "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "logprobs", "seed", "stop",
         "stop_token_ids", "ignore_eos", "stream", "echo", "stream_options", "user", "suffix",
-        "frequency_penalty", "presence_penalty", "repetition_penalty", "best_of", "logit_bias", "min_tokens", "min_p"};
+        "frequency_penalty", "presence_penalty", "repetition_penalty", "best_of", "logit_bias", "min_tokens", "min_p",
+        "skip_special_tokens", "spaces_between_special_tokens"};
     for (const auto & [key, v] : j.items()) {
         if (kKnown.count(key) == 0) { bad(key, fmt::format("unknown field '{}'", key)); }
         const bool noop = v.is_null() ||
@@ -188,6 +189,9 @@ CompletionRequest parse_body(ApiContext & ctx, const json & j) {
         return j[key].get<bool>();
     };
     sp.ignore_eos = get_bool("ignore_eos");
+    sp.skip_special_tokens           = !j.contains("skip_special_tokens") || j["skip_special_tokens"].is_null() || get_bool("skip_special_tokens");
+    sp.spaces_between_special_tokens = !j.contains("spaces_between_special_tokens") || j["spaces_between_special_tokens"].is_null() ||
+                                       get_bool("spaces_between_special_tokens");
     r.stream      = get_bool("stream");
     r.echo        = get_bool("echo");
     if (j.contains("stream_options") && !j["stream_options"].is_null()) {
@@ -219,17 +223,17 @@ CompletionRequest parse_body(ApiContext & ctx, const json & j) {
     return r;
 }
 
-json logprobs_json(const model::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps, int32_t text_offset0) {
+json logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps, int32_t text_offset0) {
     json tokens = json::array(), token_lps = json::array(), top = json::array(), offsets = json::array();
     int32_t off = text_offset0;
     for (const auto & lp : lps) {
-        const std::string piece = tok.id_to_piece(lp.id);
+        const std::string piece = tok.piece(lp.id);
         tokens.push_back(piece);
         token_lps.push_back(lp.logprob);
         offsets.push_back(off);
         off += static_cast<int32_t>(piece.size());
         json t = json::object();
-        for (const auto & [id, v] : lp.top) { t[tok.id_to_piece(id)] = v; }
+        for (const auto & [id, v] : lp.top) { t[tok.piece(id)] = v; }
         top.push_back(t);
     }
     return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", top}, {"text_offset", offsets}};

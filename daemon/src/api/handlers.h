@@ -29,6 +29,8 @@ void control_route(ApiContext & ctx, const httplib::Request & req, httplib::Resp
 bool is_control_path(const std::string & path);
 
 void post_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void post_tokenize(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void post_detokenize(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_models(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_health(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_metrics(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);

@@ -93,6 +93,8 @@ void register_routes(httplib::Server & http, ApiContext & ctx) {
     http.Get ("/metrics",             wrap(ctx, get_metrics,             Auth::open));
     http.Get ("/v1/models",           wrap(ctx, get_models,              Auth::api_key));
     post     ("/v1/completions",      wrap(ctx, post_completions,        Auth::api_key));
+    post     ("/tokenize",            wrap(ctx, post_tokenize,           Auth::api_key));
+    post     ("/detokenize",          wrap(ctx, post_detokenize,         Auth::api_key));
     // weight control (SPEC §3); sleep/wakeup/update_weights need --dynamic-load-weight
     control("POST", "/v1/pause");
     control("POST", "/v1/resume");

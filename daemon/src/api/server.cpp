@@ -28,7 +28,7 @@ void write_error(httplib::Response & res, const Error & e) {
     res.set_content(dump(body), "application/json");
 }
 
-ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, control::ControlService & control, const model::Tokenizer & tok)
+ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, control::ControlService & control, const tokenizer::Tokenizer & tok)
     : ctx_(std::make_unique<ApiContext>(ApiContext{std::move(cfg), &engine, &control, &tok})),
       http_(std::make_unique<httplib::Server>()) {
     const int n_threads = ctx_->cfg.n_http_threads;

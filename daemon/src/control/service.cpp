@@ -24,7 +24,13 @@ std::string dump(const json & j) { return j.dump(-1, ' ', false, json::error_han
 json ranks_json(const ControlResult & r) {
     json a = json::array();
     for (const auto & c : r.ranks) {
-        a.push_back({{"rank", c.rank}, {"version", c.version}, {"sync_cost", c.sync_s}, {"update_cost", c.update_s}, {"total_cost", c.total_s}});
+        json j = {{"rank", c.rank}, {"rss_bytes", c.rss_bytes}};
+        if (c.freed_bytes >= 0) {
+            j["freed_bytes"] = c.freed_bytes;  // sleep
+        } else {
+            j.update({{"version", c.version}, {"bytes", c.bytes}, {"sync_cost", c.sync_s}, {"update_cost", c.update_s}, {"total_cost", c.total_s}});
+        }
+        a.push_back(std::move(j));
     }
     return a;
 }
@@ -39,7 +45,7 @@ json result_json(ControlOp op, const ControlResult & r) {
             if (r.freed_weight_bytes >= 0) { freed["weight"] = r.freed_weight_bytes; }
             if (r.freed_kv_bytes >= 0) { freed["kv_cache"] = r.freed_kv_bytes; }
             j.update({{"tags", r.tags_done}, {"skipped", r.tags_skipped}, {"freed_bytes", freed}, {"aborted", r.n_aborted},
-                      {"rss_before_bytes", r.rss_before_bytes}, {"rss_after_bytes", r.rss_after_bytes}});
+                      {"rss_before_bytes", r.rss_before_bytes}, {"rss_after_bytes", r.rss_after_bytes}, {"ranks", ranks_json(r)}});
             break;
         }
         case ControlOp::wakeup:

@@ -2,6 +2,7 @@
 
 #include "fd/engine/sampler.h"
 #include "fd/log.h"
+#include "fd/tokenizer/incremental_decoder.h"
 
 #include <algorithm>
 #include <chrono>
@@ -16,20 +17,20 @@ struct Engine::Sequence : SchedSeq {
     SamplingParams                 params;
     int32_t                        n_prompt = 0;
     SeqRng                         rng;
-    model::IncrementalDecoder      detok;
+    tokenizer::IncrementalDecoder  detok;
     std::string                    text;            ///< generated text so far (stop strings cut off)
     size_t                         n_text_sent = 0; ///< bytes of `text` already sent
     size_t                         stop_holdback = 0;
 
-    Sequence(const model::Tokenizer & tok, const std::vector<int32_t> & prompt) : detok(tok, prompt) {}
+    Sequence(const tokenizer::Tokenizer & tok, const std::vector<int32_t> & prompt, const SamplingParams & p)
+        : detok(tok, prompt, {.skip_special_tokens = p.skip_special_tokens,
+                              .spaces_between_special_tokens = p.spaces_between_special_tokens}) {}
 };
 
-Engine::Engine(const EngineConfig & cfg, std::unique_ptr<model::Worker> worker,
-               std::shared_ptr<const model::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg,
-               std::unique_ptr<weights::WeightSource> source)
-    : cfg_(cfg), model_cfg_(worker->config()), tok_(std::move(tok)), kv_cfg_(kv_cfg), kv_(kv_cfg),
-      source_(std::move(source)), sched_(cfg.scheduler) {
-    workers_.push_back(std::move(worker));
+Engine::Engine(const EngineConfig & cfg, std::unique_ptr<runtime::Executor> executor,
+               std::shared_ptr<const tokenizer::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg)
+    : cfg_(cfg), model_cfg_(executor->model_config()), executor_(std::move(executor)), tok_(std::move(tok)), kv_cfg_(kv_cfg),
+      kv_(kv_cfg), sched_(cfg.scheduler) {
     state_.weight_version = cfg_.weight_version;
     publish_stats();
 }
@@ -130,7 +131,7 @@ void Engine::admit(GenerateRequest & req) {
     for (const auto & st : req.params.stop) { holdback = std::max(holdback, st.size()); }
     for (const auto & prompt : req.prompts) {
         for (int32_t i = 0; i < req.n; ++i, ++choice) {
-            auto s           = std::make_unique<Sequence>(*tok_, prompt);
+            auto s           = std::make_unique<Sequence>(*tok_, prompt, req.params);
             s->id            = next_seq_id_++;
             s->tokens        = prompt;
             s->n_prompt      = static_cast<int32_t>(prompt.size());
@@ -288,7 +289,7 @@ bool Engine::step() {
     }
     const int32_t vocab = model_cfg_.vocab_size;
     logits_.resize(batch_.logits_rows.size() * static_cast<size_t>(vocab));
-    if (!workers_[0]->forward(batch_, logits_.data(), &control_waiting_)) {
+    if (!executor_->forward(batch_, logits_.data(), &control_waiting_)) {
         return true;  // a control command arrived: nothing advanced; it runs first, then the step is redone
     }
 

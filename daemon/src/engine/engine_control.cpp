@@ -5,6 +5,7 @@
 #include "fd/log.h"
 #include "fd/shm/names.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -14,6 +15,15 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// The entry of `rank` in r.ranks (appended, ranks kept in order of first mention).
+RankCost & rank_cost(ControlResult & r, int32_t rank) {
+    for (auto & c : r.ranks) {
+        if (c.rank == rank) { return c; }
+    }
+    r.ranks.push_back({.rank = rank});
+    return r.ranks.back();
 }
 
 }  // namespace
@@ -114,12 +124,20 @@ void Engine::do_resume(ControlResult &) {
 void Engine::do_sleep(TagSet tags, ControlResult & r) {
     do_pause(r);
     r.rss_before_bytes = process_rss_bytes();
+    auto release = [&](runtime::MemoryTag tag, int64_t & freed) {
+        freed = 0;
+        for (const auto & rep : executor_->release(tag)) {
+            freed += rep.freed_bytes;
+            auto & rc = rank_cost(r, rep.rank);
+            rc.freed_bytes = std::max<int64_t>(0, rc.freed_bytes) + rep.freed_bytes;
+            rc.rss_bytes   = rep.rss_bytes;
+        }
+    };
     if (tags.kv_cache) {
         if (state_.kv_asleep) {
             r.tags_skipped.push_back("kv_cache");
         } else {
-            r.freed_kv_bytes = 0;
-            for (auto & w : workers_) { r.freed_kv_bytes += w->release_kv(); }
+            release(runtime::MemoryTag::kv_cache, r.freed_kv_bytes);
             kv_ = kv::KvCache(kv_cfg_);
             state_.kv_asleep = true;
             r.tags_done.push_back("kv_cache");
@@ -129,8 +147,7 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
         if (state_.weight_asleep) {
             r.tags_skipped.push_back("weight");
         } else {
-            r.freed_weight_bytes = 0;
-            for (auto & w : workers_) { r.freed_weight_bytes += w->release_weights(); }
+            release(runtime::MemoryTag::weight, r.freed_weight_bytes);
             state_.weight_asleep = true;
             state_.weights_valid = false;
             r.tags_done.push_back("weight");
@@ -143,41 +160,38 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
     if (cfg_.use_cudagraph && tags.weight && !tags.kv_cache && state_.kv_asleep && state_.weight_asleep) {
         fail(Errc::wrong_state, "with --use-cudagraph, wake kv_cache before weight (POST /v1/wakeup?tags=kv_cache, or both tags)");
     }
-    // Check the source before touching anything, so a missing checkpoint leaves the state as is.
-    std::optional<weights::FetchedCheckpoint> ckpt;
-    const auto t_fetch = std::chrono::steady_clock::now();
+    // Weights first: their fetch is what can fail (missing checkpoint, source down), and a
+    // failed wakeup must leave every tag as it was.
+    bool weight_woken = false;
     if (tags.weight && state_.weight_asleep) {
-        ckpt = source_->fetch({.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version});
+        const auto reps = executor_->reload_weights({.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version});
+        state_.weight_asleep = false;
+        state_.weights_valid = true;
+        if (reps[0].version) { state_.weight_version = *reps[0].version; }
+        kv_.flush_prefix_cache();
+        r.bytes = reps[0].bytes;
+        for (const auto & rep : reps) {
+            auto & rc = rank_cost(r, rep.rank);
+            rc.version   = state_.weight_version;
+            rc.sync_s    = rep.fetch_s;
+            rc.update_s  = rep.stage_s;
+            rc.total_s   = rep.fetch_s + rep.stage_s;
+            rc.bytes     = rep.bytes;
+            rc.rss_bytes = rep.rss_bytes;
+        }
+        weight_woken = true;
     }
-    const double fetch_s = seconds_since(t_fetch);
     if (tags.kv_cache) {
         if (!state_.kv_asleep) {
             r.tags_skipped.push_back("kv_cache");
         } else {
-            for (auto & w : workers_) { w->acquire_kv(); }
+            for (const auto & rep : executor_->acquire_kv()) { rank_cost(r, rep.rank).rss_bytes = rep.rss_bytes; }
             kv_ = kv::KvCache(kv_cfg_);
             state_.kv_asleep = false;
             r.tags_done.push_back("kv_cache");
         }
     }
-    if (tags.weight) {
-        if (!state_.weight_asleep) {
-            r.tags_skipped.push_back("weight");
-        } else {
-            const auto t0 = std::chrono::steady_clock::now();
-            for (auto & w : workers_) { w->reload_weights(ckpt->index, ckpt->verify_copied); }
-            state_.weight_asleep = false;
-            state_.weights_valid = true;
-            if (ckpt->version) { state_.weight_version = *ckpt->version; }
-            kv_.flush_prefix_cache();
-            r.bytes = ckpt->index.total_bytes;
-            const double load_s = seconds_since(t0);
-            for (size_t i = 0; i < workers_.size(); ++i) {
-                r.ranks.push_back({static_cast<int32_t>(i), state_.weight_version, fetch_s, load_s, fetch_s + load_s});
-            }
-            r.tags_done.push_back("weight");
-        }
-    }
+    if (tags.weight) { (weight_woken ? r.tags_done : r.tags_skipped).push_back("weight"); }  // after kv_cache, as before
     r.version = state_.weight_version;
     if (!state_.weight_asleep && !state_.kv_asleep && state_.weights_valid) { state_.paused = false; }
 }
@@ -185,28 +199,35 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
 void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     if (!state_.paused) { fail(Errc::wrong_state, "update_weights needs a paused engine; POST /v1/pause first"); }
     if (state_.weight_asleep) { fail(Errc::wrong_state, "weights are asleep; POST /v1/wakeup?tags=weight first (it reloads from the source)"); }
-    const auto t0 = std::chrono::steady_clock::now();
-    weights::FetchedCheckpoint ckpt = source_->fetch({.version = cmd.version, .verify_checksum = cmd.verify_checksum,
-                                                      .serving_version = state_.weight_version});
-    const double fetch_s = seconds_since(t0);
-    const std::optional<std::string> version = cmd.version ? cmd.version : ckpt.version;
+    // Phase 1 on every rank (the executor drops every staged copy if any rank fails).
+    const auto staged = executor_->stage_weights({.version = cmd.version, .verify_checksum = cmd.verify_checksum,
+                                                  .serving_version = state_.weight_version});
+    const std::optional<std::string> version = cmd.version ? cmd.version : staged[0].version;
     if (!version) {
+        executor_->drop_staged_weights();
         throw Error(Errc::invalid_argument,
                     "no version given and the source has no version.yaml 'step'; pass {\"version\": \"...\"}", "version");
     }
-    // All-or-nothing: each worker validates and stages before it overwrites anything; with one
-    // rank nothing can differ between ranks. (Tensor parallelism will stage on all ranks first.)
-    for (size_t i = 0; i < workers_.size(); ++i) {
-        const auto cost = workers_[i]->update_weights(ckpt.index, ckpt.verify_copied);
-        r.ranks.push_back({static_cast<int32_t>(i), *version, fetch_s + cost.sync_s, cost.update_s,
-                           fetch_s + cost.sync_s + cost.update_s});
-        r.bytes = cost.bytes;
+    // Phase 2: every rank staged, so every rank commits.
+    const auto committed = executor_->commit_weights();
+    for (const auto & rep : staged) {
+        auto & rc = rank_cost(r, rep.rank);
+        rc.version   = *version;
+        rc.sync_s    = rep.fetch_s + rep.stage_s;
+        rc.bytes     = rep.bytes;
+        rc.rss_bytes = rep.rss_bytes;
+    }
+    for (const auto & rep : committed) {
+        auto & rc = rank_cost(r, rep.rank);
+        rc.update_s = rep.commit_s;
+        rc.total_s  = rc.sync_s + rc.update_s;
     }
     kv_.flush_prefix_cache();
     state_.weight_version = *version;
     state_.weights_valid  = true;
     r.version             = *version;
-    r.checksum_verified   = ckpt.checksum_verified;
+    r.bytes               = staged[0].bytes;
+    r.checksum_verified   = staged[0].checksum_verified;
 }
 
 void Engine::sync_legacy_word() {

@@ -57,6 +57,7 @@ void Worker::fill_arena(Arena & arena, const TensorIndex & idx, bool populate) {
 
 int64_t Worker::release_weights() {
     w_ = ModelWeights{};
+    staged_ = false;
     return weights_arena_.release() + staging_arena_.release();
 }
 
@@ -82,27 +83,34 @@ void Worker::reload_weights(const TensorIndex & idx, const std::function<void()>
     w_ = bind_weights(cfg_, layout_, weights_arena_.data());
 }
 
-Worker::UpdateCost Worker::update_weights(const TensorIndex & idx, const std::function<void()> & verify_copied) {
+int64_t Worker::stage_weights(const TensorIndex & idx, const std::function<void()> & verify_copied) {
     FD_CHECK(weights_arena_.mapped(), "update_weights while the weights are released");
-    using clock = std::chrono::steady_clock;
-    const auto t0 = clock::now();
     validate_against_layout(layout_, idx);
-    // Stage: every byte of the new weights in memory before anything live changes. A failed
-    // read leaves only the staging arena dirty.
+    // Every byte of the new weights in memory before anything live changes. A failed read
+    // leaves only the staging arena dirty.
+    staged_ = false;
     try {
         fill_arena(staging_arena_, idx, /*populate=*/true);
         if (verify_copied) { verify_copied(); }
     } catch (...) {
-        if (!wcfg_.keep_update_staging) { staging_arena_.release(); }
+        drop_staged();
         throw;
     }
-    const auto t1 = clock::now();
-    // Apply: the staged arena goes live; the previous one is the next update's staging area.
+    staged_ = true;
+    return idx.total_bytes;
+}
+
+void Worker::commit_staged() {
+    FD_CHECK(staged_, "commit_staged with nothing staged");
     weights_arena_.swap_mapping(staging_arena_);
     w_ = bind_weights(cfg_, layout_, weights_arena_.data());
+    staged_ = false;
     if (!wcfg_.keep_update_staging) { staging_arena_.release(); }
-    const auto t2 = clock::now();
-    return {idx.total_bytes, std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count()};
+}
+
+void Worker::drop_staged() {
+    staged_ = false;
+    if (!wcfg_.keep_update_staging) { staging_arena_.release(); }
 }
 
 kernels::PagedKv Worker::layer_kv(int il) {

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "fd/engine/engine.h"
-#include "fd/model/tokenizer.h"
+#include "fd/tokenizer/tokenizer.h"
 
 #include <cstdint>
 #include <memory>
@@ -34,12 +34,12 @@ struct ApiContext {
     ServerConfig                cfg;
     engine::Engine *            engine = nullptr;
     control::ControlService *   control = nullptr;
-    const model::Tokenizer *    tok    = nullptr;
+    const tokenizer::Tokenizer *    tok    = nullptr;
 };
 
 class ApiServer {
 public:
-    ApiServer(ServerConfig cfg, engine::Engine & engine, control::ControlService & control, const model::Tokenizer & tok);
+    ApiServer(ServerConfig cfg, engine::Engine & engine, control::ControlService & control, const tokenizer::Tokenizer & tok);
     ~ApiServer();
 
     /// Bind host:port. Errors  fd::Error{invalid_argument} when the address is unusable.

@@ -40,12 +40,16 @@ struct ControlCommand {
     bool                       verify_checksum = false;
 };
 
+/// One rank's part of a control command (result.ranks).
 struct RankCost {
     int32_t     rank     = 0;
     std::string version;
     double      sync_s   = 0.0;   ///< fetching + staging the new weights
     double      update_s = 0.0;   ///< applying them
     double      total_s  = 0.0;
+    int64_t     bytes    = 0;     ///< checkpoint bytes this rank read
+    int64_t     freed_bytes = -1; ///< sleep: bytes this rank handed back (-1: none released)
+    int64_t     rss_bytes = 0;    ///< the rank process's RSS after the command
 };
 
 struct ControlResult {

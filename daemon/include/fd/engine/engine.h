@@ -1,18 +1,17 @@
 // fd/engine/engine.h — the engine thread: one inbox, continuous batching, sampling, results.
 //
-// Owns the Scheduler, the KvCache, the rank Workers and every live Sequence. Other threads
+// Owns the Scheduler, the KvCache, the Executor (the ranks) and every live Sequence. Other threads
 // only submit() into the inbox and read stats(); everything else happens on the engine thread,
 // whose loop is: drain the inbox → drop cancelled sequences → schedule() → build the batch →
-// Worker::forward() → sample → push ChoiceEvents → release finished sequences.
+// Executor::forward() → sample → push ChoiceEvents → release finished sequences.
 #pragma once
 
 #include "fd/engine/control.h"
 #include "fd/engine/request.h"
 #include "fd/engine/scheduler.h"
 #include "fd/kv/kv_cache.h"
-#include "fd/model/tokenizer.h"
-#include "fd/model/worker.h"
-#include "fd/weights/weight_source.h"
+#include "fd/tokenizer/tokenizer.h"
+#include "fd/runtime/executor.h"
 
 #include <array>
 #include <atomic>
@@ -70,9 +69,9 @@ struct EngineStats {
 
 class Engine {
 public:
-    Engine(const EngineConfig & cfg, std::unique_ptr<model::Worker> worker,
-           std::shared_ptr<const model::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg,
-           std::unique_ptr<weights::WeightSource> source);
+    /// `executor` reaches the ranks (and their weight sources); the engine never sees a Worker.
+    Engine(const EngineConfig & cfg, std::unique_ptr<runtime::Executor> executor,
+           std::shared_ptr<const tokenizer::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg);
     ~Engine();
 
     void start();
@@ -136,11 +135,10 @@ private:
 
     EngineConfig                              cfg_;
     model::ModelConfig                        model_cfg_;
-    std::vector<std::unique_ptr<model::Worker>> workers_;  ///< one per rank
-    std::shared_ptr<const model::Tokenizer>   tok_;
+    std::unique_ptr<runtime::Executor>        executor_;   ///< the ranks
+    std::shared_ptr<const tokenizer::Tokenizer>   tok_;
     kv::KvCacheConfig                         kv_cfg_;
     kv::KvCache                               kv_;
-    std::unique_ptr<weights::WeightSource>    source_;
     EngineState                               state_;      ///< engine thread only; copied into stats_
     Scheduler                                 sched_;
     std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> seqs_;

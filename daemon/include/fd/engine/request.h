@@ -29,6 +29,8 @@ struct SamplingParams {
     std::vector<int32_t>     stop_token_ids;          ///< extra stop ids (included in token_ids)
     bool                     ignore_eos     = false;
     int32_t                  logprobs       = -1;     ///< -1 = none; k >= 0 = chosen token + top k
+    bool                     skip_special_tokens           = true;  ///< drop special tokens from the text
+    bool                     spaces_between_special_tokens = true;  ///< see fd::tokenizer::DecodeOptions
 };
 
 /// One sampled token's log-probabilities (natural log, from the raw logits' log_softmax).

@@ -88,18 +88,23 @@ public:
     /// `verify_copied` (optional) runs after the copy and may throw to fail the reload.
     void reload_weights(const TensorIndex & idx, const std::function<void()> & verify_copied = {});
 
-    struct UpdateCost {
-        int64_t bytes    = 0;    ///< checkpoint bytes staged
-        double  sync_s   = 0.0;  ///< validation and staging: every tensor read into the staging arena
-        double  update_s = 0.0;  ///< applying: the staging arena goes live (pointer swap, norms to f32)
-    };
-    /// All-or-nothing update: validate `idx` (names, shapes, dtypes as first loaded), read every
-    /// tensor into the staging arena (parallel reads over the pool), and only then swap it with
-    /// the live arena. Errors  invalid_checkpoint before anything live changes (the previous
-    /// weights keep serving bit-exactly).
-    /// `verify_copied` (optional) runs once the staging arena is filled, before the swap; if it
-    /// throws, nothing live changes.
-    UpdateCost update_weights(const TensorIndex & idx, const std::function<void()> & verify_copied = {});
+    // Two-phase update (the executor stages on every rank, then commits on every rank, or drops
+    // everywhere): nothing live changes before commit_staged().
+
+    /// Phase 1: validate `idx` (names, shapes, dtypes as first loaded) and read every tensor into
+    /// the staging arena (parallel reads over the pool). Returns the bytes staged. Replaces a
+    /// copy staged before and not committed.
+    /// Errors  invalid_checkpoint (nothing staged; the live weights keep serving bit-exactly).
+    /// `verify_copied` (optional) runs once the staging arena is filled; if it throws, the staged
+    /// copy is dropped and the error propagates.
+    int64_t stage_weights(const TensorIndex & idx, const std::function<void()> & verify_copied = {});
+    /// Phase 2: the staged arena goes live (a pointer swap); the previous one becomes the next
+    /// update's staging area (or is unmapped with keep_update_staging = false). Cannot fail.
+    /// Requires  has_staged().
+    void commit_staged();
+    /// Forget the staged copy (unmapped unless keep_update_staging). No-op when none.
+    void drop_staged();
+    bool has_staged() const { return staged_; }
     /// Bytes of one KV block across all layers (K and V).
     static int64_t kv_block_bytes(const ModelConfig & cfg, int32_t block_size);
 
@@ -116,6 +121,7 @@ private:
     Arena                                 weights_arena_{"weights"};
     Arena                                 staging_arena_{"weights_staging"};
     Arena                                 kv_arena_{"kv_cache"};
+    bool                                  staged_ = false;   ///< staging_arena_ holds a validated copy
     ModelWeights                          w_;
     std::vector<float *>                  k_pool_, v_pool_;  ///< per layer
     std::vector<float>                    rope_;             ///< [max_model_len, head_dim]

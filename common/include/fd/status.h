@@ -29,6 +29,7 @@ enum class Errc {
     source_unavailable,  ///< weight source unreachable
     timeout,             ///< a wait ran out
     unreachable,         ///< fdctl only: no daemon on that port/socket
+    rank_failed,         ///< a tensor-parallel rank died, hung or never joined (the message names it)
     internal,            ///< FD_CHECK fired
 };
 
@@ -53,6 +54,7 @@ inline constexpr ErrcInfo kErrcTable[] = {
     {Errc::source_unavailable, "source_unavailable", 503, 12},
     {Errc::timeout,            "timeout",            504, 7},
     {Errc::unreachable,        "unreachable",        0,   8},
+    {Errc::rank_failed,        "rank_failed",        503, 14},
     {Errc::internal,           "internal",           500, 70},
 };
 

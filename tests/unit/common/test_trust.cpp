@@ -1,9 +1,9 @@
-// fd/trust.h (shm/src/trust.cpp): what the daemon may trust — owned by its effective user, not
+// fd/trust.h (common/src/trust.cpp): what the daemon may trust — owned by its effective user, not
 // writable (secrets: not accessible) by group or others, checked on the open descriptor.
 #include "fd/trust.h"
 #include "fd/file_io.h"
 #include "fd/status.h"
-#include "test_util.h"
+#include "../test_util.h"
 
 #include <doctest/doctest.h>
 

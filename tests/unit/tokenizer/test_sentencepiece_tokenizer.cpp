@@ -1,7 +1,8 @@
-// Tokenizer and IncrementalDecoder (daemon/src/model/tokenizer.cpp) on models/stories260K,
+// SentencePieceTokenizer and the IncrementalDecoder (daemon/src/tokenizer/) on models/stories260K,
 // checked against the reference ids and texts of models/stories260K/README.md.
-#include "fd/model/tokenizer.h"
 #include "fd/status.h"
+#include "fd/tokenizer/incremental_decoder.h"
+#include "fd/tokenizer/sentencepiece_tokenizer.h"
 
 #include <doctest/doctest.h>
 
@@ -10,8 +11,8 @@
 #include <vector>
 
 namespace fs = std::filesystem;
-using fd::model::IncrementalDecoder;
-using fd::model::Tokenizer;
+using fd::tokenizer::IncrementalDecoder;
+using Tokenizer = fd::tokenizer::SentencePieceTokenizer;
 
 namespace {
 
@@ -80,23 +81,30 @@ Streamed stream(const std::vector<int32_t> & prompt, const std::vector<int32_t> 
 
 }  // namespace
 
-TEST_SUITE("model::tokenizer") {
+TEST_SUITE("tokenizer::sentencepiece") {
 
 TEST_CASE("the stories260K tokenizer has 512 pieces and adds BOS") {
     CHECK(tok().vocab_size() == 512);
     CHECK(tok().add_bos());
-    CHECK(tok().bos_token_id() == 1);
-    CHECK(tok().id_to_piece(1) == "<s>");
-    CHECK(tok().id_to_piece(2) == "</s>");
-    CHECK(tok().id_to_piece(13) == "<0x0A>");
-    CHECK(tok().id_to_piece(512) == "");
-    CHECK(tok().id_to_piece(-1) == "");
+    CHECK(tok().bos_id() == 1);
+    CHECK(tok().eos_id() == 2);
+    CHECK(tok().is_special(1));
+    CHECK(tok().is_special(2));
+    CHECK_FALSE(tok().is_special(13));
+    CHECK(tok().piece_to_id("<0x0A>") == 13);
+    CHECK_FALSE(tok().piece_to_id("no such piece").has_value());
+    CHECK(tok().piece(1) == "<s>");
+    CHECK(tok().piece(2) == "</s>");
+    CHECK(tok().piece(13) == "<0x0A>");
+    CHECK(tok().piece(512) == "");
+    CHECK(tok().piece(-1) == "");
 }
 
 TEST_CASE("encode matches the reference prompt ids") {
     CHECK(tok().encode("Once upon a time") == kOncePrompt);
     CHECK(tok().encode("Lily and Tom") == kLilyPrompt);
     CHECK(tok().encode("") == std::vector<int32_t>{1});
+    CHECK(tok().encode("Once upon a time", false) == std::vector<int32_t>(kOncePrompt.begin() + 1, kOncePrompt.end()));
 }
 
 TEST_CASE("decode of the reference ids equals the reference texts") {
@@ -104,7 +112,18 @@ TEST_CASE("decode of the reference ids equals the reference texts") {
     CHECK(tok().decode(concat(kOncePrompt, kOnceGen)) == kOnceText);
     CHECK(tok().decode(concat(kLilyPrompt, kLilyGen)) == kLilyText);
     // Out-of-range ids are dropped rather than crashing.
-    CHECK(tok().decode({1, 403, 9999, -3, 407}) == "Once upon");
+    CHECK(tok().decode(std::vector<int32_t>{1, 403, 9999, -3, 407}) == "Once upon");
+}
+
+TEST_CASE("special tokens are written out when not skipped, spaced as HF slow tokenizers do") {
+    const std::vector<int32_t> ids = {1, 403, 407, 2};
+    CHECK(tok().decode(ids) == "Once upon");
+    CHECK(tok().decode(ids, {.skip_special_tokens = false}) == "<s> Once upon </s>");
+    CHECK(tok().decode(ids, {.skip_special_tokens = false, .spaces_between_special_tokens = false}) == "<s>Once upon</s>");
+    // Mid-sequence the leading space of the first piece stays.
+    CHECK(tok().decode(std::vector<int32_t>{407}, {.continuation = true}) == " upon");
+    CHECK(tok().decode(std::vector<int32_t>{407}) == "upon");
+    CHECK(tok().token_text(407) == " upon");
 }
 
 TEST_CASE("encode then decode round-trips plain text") {
@@ -190,7 +209,7 @@ TEST_CASE("é has its own piece and decodes back") {
 TEST_CASE("incremental decoding agrees with decode on random piece sequences without bare-space pieces") {
     std::vector<int32_t> pool;  // BPE pieces that are not only U+2581 (those trigger the bug below)
     for (int32_t id = 259; id < tok().vocab_size(); ++id) {
-        std::string p = tok().id_to_piece(id);
+        std::string p = tok().piece(id);
         while (p.rfind("\xE2\x96\x81", 0) == 0) { p.erase(0, 3); }
         if (!p.empty()) { pool.push_back(id); }
     }

@@ -3,7 +3,7 @@
 // (Hugging Face cache layout) is followed.
 #include "fd/file_io.h"
 #include "fd/status.h"
-#include "test_util.h"
+#include "../test_util.h"
 
 #include <doctest/doctest.h>
 

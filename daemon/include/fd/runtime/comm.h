@@ -1,0 +1,66 @@
+// fd/runtime/comm.h — collectives between the tensor-parallel ranks (ARCHITECTURE.md seam 2).
+//
+// Ranks all-reduce (sum) the partial outputs of the row-parallel linears (o_proj, down_proj)
+// through a Comm. Implementations: NullComm (tp=1: nothing to reduce), GlooComm (CPU, Gloo's
+// TCP transport), NcclComm (CUDA builds; device pointers). A Comm can be torn down and rebuilt
+// (`--shutdown-comm-group-if-worker-idle`: sleep closes its sockets, wakeup reconnects), each
+// build a new "generation" of the group, rendezvousing through a TcpStore the master hosts.
+//
+// Determinism: for a fixed world size, a rank's result does not depend on the batch (each
+// element's sum is taken in an order fixed by the algorithm and the world size), so batch
+// invariance holds within one tp size.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace fd::runtime {
+
+class TcpStoreClient;
+
+class Comm {
+public:
+    virtual ~Comm() = default;
+    virtual const char * name() const = 0;   ///< "null" | "gloo" | "nccl"
+    virtual int32_t rank() const = 0;
+    virtual int32_t world_size() const = 0;
+    /// True while the group's connections are up (between connect() and disconnect()).
+    virtual bool connected() const = 0;
+
+    /// Join the group: rendezvous under `generation` (a fresh number per rebuild) and connect to
+    /// every other rank. Errors  fd::Error{rank_failed} naming the ranks that did not join within
+    /// the comm's timeout; fd::Error{invalid_argument} when the local address cannot be bound.
+    virtual void connect(int64_t generation) = 0;
+    /// Close every connection of the group (sockets released). Idempotent.
+    virtual void disconnect() = 0;
+
+    /// In place: data[i] = sum over ranks of data[i] on that rank.
+    /// Shapes  data [n] f32 (host memory for gloo, device memory for nccl).
+    /// Errors  fd::Error{rank_failed} when a peer is gone or silent past the timeout.
+    virtual void all_reduce_sum(float * data, int64_t n) = 0;
+    /// Every rank reaches this point. Errors  as all_reduce_sum.
+    virtual void barrier() = 0;
+};
+
+/// tp=1: rank 0 of 1, every collective a no-op, always connected.
+std::unique_ptr<Comm> make_null_comm();
+
+struct GlooCommConfig {
+    int32_t     rank       = 0;
+    int32_t     world_size = 1;
+    std::string bind_host  = "127.0.0.1";  ///< this rank's address for Gloo's TCP pairs (this node's)
+    std::string store_host = "127.0.0.1";  ///< --master-addr: where the TcpStore listens
+    int32_t     store_port = 0;            ///< --master-port
+    double      timeout_s  = 30.0;         ///< rendezvous and per-collective limit
+};
+
+/// Gloo over TCP. Not connected until connect().
+std::unique_ptr<Comm> make_gloo_comm(const GlooCommConfig & cfg);
+
+/// NCCL (CUDA builds only: throws fd::Error{invalid_argument} otherwise). The unique id is
+/// exchanged through the same TcpStore. all_reduce_sum takes device pointers, on the
+/// default stream, and synchronizes.
+std::unique_ptr<Comm> make_nccl_comm(const GlooCommConfig & cfg, int32_t device);
+
+}  // namespace fd::runtime

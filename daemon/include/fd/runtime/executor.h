@@ -1,0 +1,82 @@
+// fd/runtime/executor.h — how the engine reaches its ranks (ARCHITECTURE.md seam 1).
+//
+// The engine owns one Executor and never a Worker: it asks for a forward step (logits come
+// back from rank 0; sampling stays in the engine) and for collective control. Every control
+// call reaches every rank and succeeds only when every rank succeeds:
+//   - weights are updated in two phases: stage_weights() makes every rank fetch its own shard
+//     from the weight source and stage it; only when all staged may commit_weights() swap them
+//     live on all ranks; on any failure the executor drops the staged copies everywhere before
+//     throwing, so every rank keeps serving the old version bit-exactly;
+//   - release()/acquire() fan a memory tag out to every rank.
+// LocalExecutor (tp=1) runs the one rank in-process, calling the Worker directly.
+// Called from the engine thread only.
+#pragma once
+
+#include "fd/model/worker.h"
+#include "fd/weights/weight_source.h"
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fd::runtime {
+
+/// Memory a rank can hand back and take again (sleep / wakeup tags).
+enum class MemoryTag { weight, kv_cache };
+
+/// One rank's part of a collective control call.
+struct RankReport {
+    int32_t                    rank = 0;
+    std::optional<std::string> version;            ///< stage/reload: the version the fetched checkpoint carries, if it says
+    int64_t                    bytes = 0;          ///< stage/reload: checkpoint bytes copied in
+    bool                       checksum_verified = false;
+    double                     fetch_s  = 0.0;     ///< locating (and, for rsync, pulling) the shard
+    double                     stage_s  = 0.0;     ///< validating and copying it into memory
+    double                     commit_s = 0.0;     ///< commit: the pointer swap
+    int64_t                    freed_bytes = -1;   ///< release: bytes handed back (-1: not a release)
+    int64_t                    rss_bytes = 0;      ///< the rank process's RSS after the call
+};
+
+class Executor {
+public:
+    virtual ~Executor() = default;
+
+    /// Ranks (the tensor-parallel size).
+    virtual int32_t world_size() const = 0;
+    virtual const model::ModelConfig & model_config() const = 0;
+
+    /// One step on every rank. Shapes  logits [batch.logits_rows.size(), vocab] f32 (rank 0's).
+    /// Returns false when `abandon` turned true and the step was dropped (see Worker::forward).
+    virtual bool forward(const model::StepBatch & batch, float * logits, const std::atomic<bool> * abandon) = 0;
+
+    /// Phase 1 of an update: every rank fetches `req` (its rank set by the executor) from the
+    /// weight source and stages it. Errors  the first rank's error (not_found,
+    /// source_unavailable, invalid_checkpoint, checksum_mismatch, ...) after every staged copy
+    /// was dropped; invalid_checkpoint too when ranks fetched different versions.
+    virtual std::vector<RankReport> stage_weights(const weights::FetchRequest & req) = 0;
+    /// Phase 2: every rank's staged copy goes live. Requires a successful stage_weights().
+    virtual std::vector<RankReport> commit_weights() = 0;
+    /// Drop every rank's staged copy (no-op where none).
+    virtual void drop_staged_weights() = 0;
+
+    /// Hand `tag`'s memory back on every rank (weights: unusable until reload_weights()).
+    virtual std::vector<RankReport> release(MemoryTag tag) = 0;
+    /// Map the KV pool again on every rank (same geometry; contents lost).
+    virtual std::vector<RankReport> acquire_kv() = 0;
+    /// After release(weight): every rank fetches `req` and loads it into fresh memory.
+    /// Errors  as stage_weights; the weights then stay released on every rank.
+    virtual std::vector<RankReport> reload_weights(const weights::FetchRequest & req) = 0;
+
+    /// Rank 0's weight and KV bytes (for /health and the benches).
+    virtual int64_t weight_bytes() const = 0;
+    virtual int64_t kv_bytes() const = 0;
+};
+
+/// tp=1: the one rank in this process, the Worker called directly (no link, no copy).
+/// `source` is the rank's weight source.
+std::unique_ptr<Executor> make_local_executor(std::unique_ptr<model::Worker> worker, std::unique_ptr<weights::WeightSource> source);
+
+}  // namespace fd::runtime

@@ -1,0 +1,82 @@
+// POST /tokenize and POST /detokenize: vLLM's request and response shapes (prompt form).
+//   /tokenize   {"prompt": str, "add_special_tokens": true, "return_token_strs": false}
+//            → {"count", "max_model_len", "tokens": [ids], "token_strs": [pieces] | null}
+//   /detokenize {"tokens": [ids]} → {"prompt": str}   (special tokens kept, as HF decode does)
+// The chat form ("messages") arrives with chat completions.
+#include "handlers.h"
+
+#include <set>
+
+namespace fd::api {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void bad(const std::string & param, const std::string & msg) {
+    throw Error(Errc::invalid_argument, msg, param);
+}
+
+json parse_body(ApiContext & ctx, const std::string & body, const std::set<std::string> & known) {
+    json j;
+    try {
+        j = json::parse(body);
+    } catch (const json::exception & e) {
+        bad("", fmt::format("request body is not valid JSON: {}", e.what()));
+    }
+    if (!j.is_object()) { bad("", "request body must be a JSON object"); }
+    for (const auto & [key, v] : j.items()) {
+        if (key == "messages") { bad(key, "the chat form of this route is not supported yet; send 'prompt'"); }
+        if (known.count(key) == 0) { bad(key, fmt::format("unknown field '{}'", key)); }
+    }
+    if (j.contains("model") && !j["model"].is_null()) {
+        if (!j["model"].is_string()) { bad("model", "'model' must be a string"); }
+        const auto name = j["model"].get<std::string>();
+        if (name != ctx.cfg.served_model_name && name != ctx.cfg.model_dir) {
+            throw Error(Errc::not_found,
+                        fmt::format("model '{}' does not exist; this server serves '{}'", name, ctx.cfg.served_model_name),
+                        "model");
+        }
+    }
+    return j;
+}
+
+bool get_bool(const json & j, const char * key, bool dflt) {
+    if (!j.contains(key) || j[key].is_null()) { return dflt; }
+    if (!j[key].is_boolean()) { bad(key, fmt::format("'{}' must be a boolean", key)); }
+    return j[key].get<bool>();
+}
+
+}  // namespace
+
+void post_tokenize(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
+    const json j = parse_body(ctx, req.body, {"model", "prompt", "add_special_tokens", "return_token_strs"});
+    if (!j.contains("prompt") || !j["prompt"].is_string()) { bad("prompt", "'prompt' must be a string"); }
+    const auto ids = ctx.tok->encode(j["prompt"].get<std::string>(), get_bool(j, "add_special_tokens", true));
+    json strs = nullptr;
+    if (get_bool(j, "return_token_strs", false)) {
+        strs = json::array();
+        for (int32_t id : ids) { strs.push_back(ctx.tok->piece(id)); }
+    }
+    res.set_content(dump(json{{"count", ids.size()},
+                              {"max_model_len", ctx.engine->config().max_model_len},
+                              {"tokens", ids},
+                              {"token_strs", strs}}),
+                    "application/json");
+}
+
+void post_detokenize(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
+    const json j = parse_body(ctx, req.body, {"model", "tokens"});
+    if (!j.contains("tokens") || !j["tokens"].is_array()) { bad("tokens", "'tokens' must be a list of token ids"); }
+    const int32_t        vocab = ctx.engine->model_config().vocab_size;
+    std::vector<int32_t> ids;
+    for (const auto & v : j["tokens"]) {
+        if (!v.is_number_integer()) { bad("tokens", "'tokens' must hold integers only"); }
+        const int64_t id = v.get<int64_t>();
+        if (id < 0 || id >= vocab) { bad("tokens", fmt::format("token id {} is outside the vocabulary [0, {})", id, vocab)); }
+        ids.push_back(int32_t(id));
+    }
+    const std::string text = ctx.tok->decode(ids, {.skip_special_tokens = false});
+    res.set_content(dump(json{{"prompt", text}}), "application/json");
+}
+
+}  // namespace fd::api

@@ -1,0 +1,97 @@
+// LocalExecutor: tensor-parallel size 1, the rank's Worker in this process.
+#include "fd/arena.h"
+#include "fd/runtime/executor.h"
+
+#include <chrono>
+
+namespace fd::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+class LocalExecutor final : public Executor {
+public:
+    LocalExecutor(std::unique_ptr<model::Worker> worker, std::unique_ptr<weights::WeightSource> source)
+        : worker_(std::move(worker)), source_(std::move(source)) {}
+
+    int32_t world_size() const override { return 1; }
+    const model::ModelConfig & model_config() const override { return worker_->config(); }
+
+    bool forward(const model::StepBatch & batch, float * logits, const std::atomic<bool> * abandon) override {
+        return worker_->forward(batch, logits, abandon);
+    }
+
+    std::vector<RankReport> stage_weights(const weights::FetchRequest & req) override {
+        RankReport r;
+        const auto t0 = Clock::now();
+        weights::FetchRequest mine = req;
+        mine.rank = 0;
+        weights::FetchedCheckpoint ckpt = source_->fetch(mine);
+        r.fetch_s = seconds_since(t0);
+        const auto t1 = Clock::now();
+        r.bytes             = worker_->stage_weights(ckpt.index, ckpt.verify_copied);
+        r.stage_s           = seconds_since(t1);
+        r.version           = ckpt.version;
+        r.checksum_verified = ckpt.checksum_verified;
+        r.rss_bytes         = process_rss_bytes();
+        return {r};
+    }
+
+    std::vector<RankReport> commit_weights() override {
+        const auto t0 = Clock::now();
+        worker_->commit_staged();
+        RankReport r;
+        r.commit_s  = seconds_since(t0);
+        r.rss_bytes = process_rss_bytes();
+        return {r};
+    }
+
+    void drop_staged_weights() override { worker_->drop_staged(); }
+
+    std::vector<RankReport> release(MemoryTag tag) override {
+        RankReport r;
+        r.freed_bytes = tag == MemoryTag::weight ? worker_->release_weights() : worker_->release_kv();
+        r.rss_bytes   = process_rss_bytes();
+        return {r};
+    }
+
+    std::vector<RankReport> acquire_kv() override {
+        worker_->acquire_kv();
+        RankReport r;
+        r.rss_bytes = process_rss_bytes();
+        return {r};
+    }
+
+    std::vector<RankReport> reload_weights(const weights::FetchRequest & req) override {
+        RankReport r;
+        const auto t0 = Clock::now();
+        weights::FetchRequest mine = req;
+        mine.rank = 0;
+        weights::FetchedCheckpoint ckpt = source_->fetch(mine);
+        r.fetch_s = seconds_since(t0);
+        const auto t1 = Clock::now();
+        worker_->reload_weights(ckpt.index, ckpt.verify_copied);
+        r.stage_s   = seconds_since(t1);
+        r.bytes     = ckpt.index.total_bytes;
+        r.version   = ckpt.version;
+        r.rss_bytes = process_rss_bytes();
+        return {r};
+    }
+
+    int64_t weight_bytes() const override { return worker_->weight_bytes(); }
+    int64_t kv_bytes() const override { return worker_->kv_bytes(); }
+
+private:
+    std::unique_ptr<model::Worker>          worker_;
+    std::unique_ptr<weights::WeightSource>  source_;
+};
+
+}  // namespace
+
+std::unique_ptr<Executor> make_local_executor(std::unique_ptr<model::Worker> worker, std::unique_ptr<weights::WeightSource> source) {
+    return std::make_unique<LocalExecutor>(std::move(worker), std::move(source));
+}
+
+}  // namespace fd::runtime

@@ -1,0 +1,146 @@
+// LocalExecutor over the real stories260K Worker: the two-phase update (stage on every rank,
+// then commit; drop on failure) never changes what is served before commit, and release /
+// reload hand memory back and restore the same logits.
+#include "fd/model/model_config.h"
+#include "fd/model/safetensors.h"
+#include "fd/model/safetensors_write.h"
+#include "fd/runtime/executor.h"
+#include "fd/status.h"
+
+#include "test_util.h"
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <filesystem>
+
+using namespace fd;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kModel = fs::path(FD_SOURCE_DIR) / "models/stories260K";
+
+/// A source that serves `dir`, or fails on demand (fetch, or the verify after the copy).
+struct FakeSource final : weights::WeightSource {
+    fs::path dir;
+    bool     fail_fetch = false, fail_verify = false;
+    std::string version = "v";
+    weights::LoadStrategy strategy() const override { return weights::LoadStrategy::normal; }
+    weights::FetchedCheckpoint fetch(const weights::FetchRequest &) override {
+        if (fail_fetch) { throw Error(Errc::not_found, "no such version"); }
+        weights::FetchedCheckpoint c;
+        c.index   = model::read_tensor_index(dir);
+        c.version = version;
+        if (fail_verify) {
+            c.verify_copied = [] { throw Error(Errc::source_unavailable, "record rewritten during the copy"); };
+        }
+        return c;
+    }
+};
+
+/// stories260K with every tensor scaled by `scale`, written to `dir` (config and all).
+void write_scaled_copy(const fs::path & dir, float scale) {
+    for (const auto & e : fs::directory_iterator(kModel)) {
+        if (e.is_regular_file()) { fs::copy_file(e.path(), dir / e.path().filename(), fs::copy_options::overwrite_existing); }
+    }
+    const auto idx = model::read_tensor_index(kModel);
+    std::vector<model::SafetensorsEntry> entries;
+    std::vector<const model::TensorInfo *> infos;
+    for (const auto & [name, t] : idx.tensors) {
+        entries.push_back({name, model::DType::f32, t.shape});
+        infos.push_back(&t);
+    }
+    model::write_safetensors(dir / "model.safetensors", entries, [&](size_t i, std::byte * dst) {
+        auto * f = reinterpret_cast<float *>(dst);
+        model::read_tensor_f32(*infos[i], f);
+        for (int64_t k = 0; k < infos[i]->numel(); ++k) { f[k] *= scale; }
+    });
+}
+
+struct Fixture {
+    model::ModelConfig cfg = model::load_model_config(kModel);
+    FakeSource * source = nullptr;
+    std::unique_ptr<runtime::Executor> ex;
+    model::StepBatch batch;
+
+    Fixture() {
+        auto src = std::make_unique<FakeSource>();
+        src->dir = kModel;
+        source = src.get();
+        auto worker = std::make_unique<model::Worker>(cfg, model::read_tensor_index(kModel),
+                                                      model::WorkerConfig{.n_blocks = 4, .max_model_len = 64});
+        ex = runtime::make_local_executor(std::move(worker), std::move(src));
+        for (int32_t t = 0; t < 5; ++t) {
+            batch.tokens.push_back(1 + 7 * t);
+            batch.positions.push_back(t);
+            batch.slots.push_back(t);
+            batch.queries.push_back({.block_table = block_table, .n_ctx = t + 1});
+        }
+        batch.logits_rows = {4};
+    }
+    std::vector<float> logits() {
+        std::vector<float> out(static_cast<size_t>(cfg.vocab_size));
+        REQUIRE(ex->forward(batch, out.data(), nullptr));
+        return out;
+    }
+    int32_t block_table[1] = {0};
+};
+
+}  // namespace
+
+TEST_CASE("local executor: nothing staged is served before commit; a failed stage changes nothing") {
+    Fixture f;
+    const auto v1 = f.logits();
+    fd::test::TempDir dir;
+    write_scaled_copy(dir.path, 0.5f);
+    f.source->dir = dir.path;
+
+    f.source->fail_verify = true;
+    CHECK_THROWS_AS(f.ex->stage_weights({}), Error);
+    CHECK(f.logits() == v1);
+    f.source->fail_verify = false;
+    f.source->fail_fetch  = true;
+    CHECK_THROWS_AS(f.ex->stage_weights({}), Error);
+    CHECK(f.logits() == v1);
+    f.source->fail_fetch = false;
+
+    const auto staged = f.ex->stage_weights({});
+    REQUIRE(staged.size() == 1);
+    CHECK(staged[0].bytes > 0);
+    CHECK(*staged[0].version == "v");
+    CHECK(f.logits() == v1);  // staged, not live
+    f.ex->drop_staged_weights();
+    CHECK(f.logits() == v1);
+    CHECK_THROWS(f.ex->commit_weights());  // nothing staged any more
+
+    f.ex->stage_weights({});
+    f.ex->commit_weights();
+    const auto v2 = f.logits();
+    CHECK(v2 != v1);
+
+    // Back to the original: bit-exact v1 again.
+    f.source->dir = kModel;
+    f.ex->stage_weights({});
+    f.ex->commit_weights();
+    CHECK(f.logits() == v1);
+}
+
+TEST_CASE("local executor: release hands the bytes back, reload restores the same logits") {
+    Fixture f;
+    const auto v1 = f.logits();
+    const int64_t wbytes = f.ex->weight_bytes();
+    const auto rel = f.ex->release(runtime::MemoryTag::weight);
+    REQUIRE(rel.size() == 1);
+    CHECK(rel[0].freed_bytes >= wbytes);
+    const auto kv = f.ex->release(runtime::MemoryTag::kv_cache);
+    CHECK(kv[0].freed_bytes > 0);
+    f.source->fail_fetch = true;
+    CHECK_THROWS_AS(f.ex->reload_weights({.wakeup = true}), Error);
+    f.source->fail_fetch = false;
+    const auto re = f.ex->reload_weights({.wakeup = true});
+    CHECK(re[0].bytes > 0);
+    f.ex->acquire_kv();
+    CHECK(f.logits() == v1);
+}
