@@ -37,9 +37,12 @@ constexpr const char * kExitCodes =
     "  10  invalid_argument (an argument was rejected)\n"
     "  11  checksum_mismatch\n"
     "  12  source_unavailable\n"
+    "  13  forbidden: a file the daemon must trust (ipc record, control block, snapshot or staging dir)\n"
+    "      belongs to another user or is writable by others\n"
     "  14  rank_failed (a tensor-parallel rank died, hung or never joined)\n"
     "  70  internal error\n"
-    "Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes --transport default to v1 (else shm); FD_PORT, FD_API_KEY.";
+    "Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes --transport default to v1 (else shm); FD_PORT;\n"
+    "FD_CONTROL_API_KEY (the daemon's --control-api-key), else FD_API_KEY, is the --api-key default.";
 
 struct Options {
     int         port      = 8000;
@@ -136,7 +139,12 @@ int main(int argc, char ** argv) {
         ->check(CLI::PositiveNumber)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->capture_default_str();
     app.add_flag("--json", o.json, "Print the daemon's JSON answer (the V1 HTTP body) instead of a summary");
     app.add_flag("--quiet", o.quiet, "Print nothing on success; the exit code says it all");
-    app.add_option("--api-key", o.api_key, "Bearer key for --transport v1")->envname("FD_API_KEY");
+    // The control routes take the daemon's --control-api-key when it has one, else its --api-key.
+    for (const char * env : {"FD_CONTROL_API_KEY", "FD_API_KEY"}) {
+        if (const char * k = std::getenv(env); k && *k && o.api_key.empty()) { o.api_key = k; }
+    }
+    app.add_option("--api-key", o.api_key, "Bearer key for --transport v1: the daemon's --control-api-key if set, else its --api-key "
+                                           "(default FD_CONTROL_API_KEY, else FD_API_KEY)");
 
     fd::shm::MailboxCommand cmd;
     auto simple = [&](const char * name, const char * op, const char * help) {

@@ -48,9 +48,14 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_SERVED_MODEL_NAME");
     app.add_option("--api-key", c.server.api_key,
                    "Require 'Authorization: Bearer KEY' on every route except GET /health, /metrics and /version (generation, "
-                   "/v1/models, V1 control and the legacy /clear_load_weight, /update_model_weight); the shm control block "
+                   "/v1/models, and the V1 and legacy control routes unless --control-api-key is set); the shm control block "
                    "is guarded only by its mode 0600 (same user)")
         ->envname("FD_API_KEY");
+    app.add_option("--control-api-key", c.server.control_api_key,
+                   "The key the weight-control routes (V1 and legacy) require instead of --api-key, so a rollout client's "
+                   "key cannot pause or replace the weights")->envname("FD_CONTROL_API_KEY");
+    app.add_flag("--allow-unauthenticated", c.server.allow_unauthenticated,
+                 "Start on a non-loopback --host without --api-key (refused otherwise)")->envname("FD_ALLOW_UNAUTHENTICATED");
     app.add_option("--weight-version", c.model.weight_version, "Weight version reported when the model dir has no version.yaml 'step'")
         ->envname("FD_WEIGHT_VERSION")->capture_default_str();
     app.add_option("--device", c.model.device, "Backend: cpu (cuda needs a CUDA build)")->envname("FD_DEVICE")->capture_default_str();
@@ -90,8 +95,12 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_UPDATE_STAGING")->check(CLI::IsMember({"persistent", "transient"}))->capture_default_str();
     app.add_flag("--use-cudagraph", c.engine.use_cudagraph, "CUDA-graph rule on every backend: waking weight needs kv_cache awake first")
         ->envname("FD_USE_CUDAGRAPH");
-    app.add_option("--control-timeout-s", c.control.control_timeout_s, "Longest a V1 control call waits for the engine before 504")
+    app.add_option("--control-timeout-s", c.control.control_timeout_s,
+                   "Longest a V1 control call waits for the engine before 504; also the deadline of every weight read (load, wakeup, update)")
         ->envname("FD_CONTROL_TIMEOUT_S")->capture_default_str();
+    app.add_flag("--check-finite-weights,!--no-check-finite-weights", c.weights.check_finite_weights,
+                 "Refuse weights holding NaN/Inf at load, wakeup and update (checked while copying; 422 naming the tensor)")
+        ->envname("FD_CHECK_FINITE_WEIGHTS")->capture_default_str();
     app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error, critical, off")->envname("FD_LOG_LEVEL")->capture_default_str();
     app.add_option("--log-format", c.log_format, "text or json (one JSON object per line: time, level, logger, msg, pid, thread)")
         ->envname("FD_LOG_FORMAT")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
@@ -102,6 +111,16 @@ void add_flags(CLI::App & app, fd::Config & c) {
 int run(fd::Config & cfg, sigset_t & signals) {
     auto lg = fd::log::get("engine");
     const fd::Resolved r = fd::resolve(cfg);
+    if (!fd::is_loopback_host(cfg.server.host) && cfg.server.api_key.empty()) {
+        lg->warn("****************************************************************************************");
+        lg->warn("--allow-unauthenticated: listening on {} WITHOUT an API key. Anyone who can reach this port", cfg.server.host);
+        lg->warn("can generate, pause, put to sleep and REPLACE THE WEIGHTS of this daemon. Set --api-key and");
+        lg->warn("--control-api-key unless this network is trusted.");
+        lg->warn("****************************************************************************************");
+    } else if (cfg.server.control_api_key.empty() && cfg.server.api_key.empty()) {
+        lg->info("no --api-key: any local user can drive the weight-control routes over loopback (the shm control block "
+                 "is guarded by its 0600 mode only)");
+    }
     // The control block first: it refuses to start when a live daemon owns this port.
     auto block = fd::shm::MappedBlock::create(cfg.server.port);
     lg->info("model {} ({}): {} layers, hidden {}, heads {}/{}, vocab {}; weight_version {}", cfg.model.model_dir,
@@ -113,7 +132,8 @@ int run(fd::Config & cfg, sigset_t & signals) {
     auto worker = std::make_unique<fd::model::Worker>(r.model, idx, fd::model::WorkerConfig{
         .rank = 0, .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,
         .n_blocks = r.n_kv_blocks, .max_model_len = cfg.engine.max_model_len,
-        .keep_update_staging = cfg.weights.update_staging == "persistent"});
+        .keep_update_staging = cfg.weights.update_staging == "persistent",
+        .check_finite_weights = cfg.weights.check_finite_weights, .io_timeout_s = cfg.control.control_timeout_s});
     auto source = fd::weights::make_weight_source({.strategy = fd::weights::parse_load_strategy(cfg.weights.load_strategy),
                                                    .model_dir = cfg.model.model_dir, .port = cfg.server.port,
                                                    .rsync_config = cfg.weights.rsync_config});

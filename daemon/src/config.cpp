@@ -7,6 +7,8 @@
 #include "fd/weights/weight_source.h"
 
 #include <fmt/ranges.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <charconv>
@@ -26,6 +28,18 @@ std::optional<int64_t> parse_bytes(const std::string & s) {
     const int shift = u == 'K' ? 10 : u == 'M' ? 20 : u == 'G' ? 30 : u == 'T' ? 40 : 0;
     if (v > (INT64_MAX >> shift)) { return std::nullopt; }
     return v << shift;
+}
+
+bool is_loopback_host(const std::string & host) {
+    if (host == "localhost") { return true; }
+    in_addr a4{};
+    if (::inet_pton(AF_INET, host.c_str(), &a4) == 1) { return (ntohl(a4.s_addr) >> 24) == 127; }
+    in6_addr a6{};
+    if (::inet_pton(AF_INET6, host.c_str(), &a6) == 1) {
+        if (IN6_IS_ADDR_LOOPBACK(&a6)) { return true; }
+        return IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127;
+    }
+    return false;  // a hostname or any other address: assume reachable
 }
 
 Resolved resolve(Config & cfg) {
@@ -77,6 +91,11 @@ Resolved resolve(Config & cfg) {
         auto p = std::filesystem::path(cfg.model.model_dir).lexically_normal();
         if (p.filename().empty()) { p = p.parent_path(); }
         s.served_model_name = p.filename().string();
+    }
+    if (!is_loopback_host(s.host) && s.api_key.empty() && !s.allow_unauthenticated) {
+        problems.push_back(fmt::format("--host {} is reachable from other machines and --api-key is not set: anyone who can reach it could "
+                                       "generate and drive the weight-control routes. Set --api-key (and --control-api-key for the control "
+                                       "routes), or pass --allow-unauthenticated if this network is trusted", s.host));
     }
     cfg.control.served_model_name = s.served_model_name;
     if (!(cfg.control.control_timeout_s > 0) || !(cfg.control.legacy_timeout_s > 0)) { problems.push_back("--control-timeout-s must be > 0"); }

@@ -1,7 +1,9 @@
 // Row-wise and elementwise ops (see ops.h): rms_norm, silu_mul, add_inplace, rope, log_softmax.
 #include "fd/kernels/ops.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 namespace fd::kernels {
 
@@ -102,5 +104,33 @@ void f16_to_f32(float * out, const uint16_t * in, int64_t n) {
         __builtin_memcpy(&out[i], &bits, 4);
     }
 }
+
+namespace {
+
+/// find_nonfinite over `n` words of type W whose exponent field is `exp_mask` (all ones = non-finite).
+template <typename W>
+int64_t find_nonfinite_bits(const W * x, int64_t n, W exp_mask) {
+    constexpr int64_t kBlock = 1024;
+    for (int64_t b = 0; b < n; b += kBlock) {
+        const int64_t e = std::min(n, b + kBlock);
+        W any = 0;  // vectorizes: compare, mask, OR
+        for (int64_t i = b; i < e; ++i) { any |= static_cast<W>((x[i] & exp_mask) == exp_mask); }
+        if (!any) { continue; }
+        for (int64_t i = b; i < e; ++i) {
+            if ((x[i] & exp_mask) == exp_mask) { return i; }
+        }
+    }
+    return -1;
+}
+
+}  // namespace
+
+int64_t find_nonfinite_f32(const float * x, int64_t n) {
+    return find_nonfinite_bits(reinterpret_cast<const uint32_t *>(x), n, uint32_t{0x7f800000u});
+}
+
+int64_t find_nonfinite_bf16(const uint16_t * x, int64_t n) { return find_nonfinite_bits(x, n, uint16_t{0x7f80u}); }
+
+int64_t find_nonfinite_f16(const uint16_t * x, int64_t n) { return find_nonfinite_bits(x, n, uint16_t{0x7c00u}); }
 
 }  // namespace fd::kernels

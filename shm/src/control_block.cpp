@@ -1,6 +1,7 @@
 // The control block: creation and reclaim (daemon), opening and validation (fdctl), the seqlock
 // snapshot and the mailbox call. See fd/shm/control_block.h for the protocol.
 #include "fd/shm/control_client.h"
+#include "fd/trust.h"
 
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
@@ -89,8 +90,18 @@ MappedBlock MappedBlock::create(int port) {
                 fail(Errc::internal, "cannot create control block {}: {}", shm_path(port), e.what());
             }
         }
-        // It exists: reclaim it if its daemon is gone, refuse if one is alive.
-        bip::shared_memory_object obj(bip::open_only, name.c_str(), bip::read_write);
+        // It exists: reclaim it if its daemon is gone, refuse if one is alive. Only a block of
+        // this user, mode 0600, is read at all: another user's block is neither trusted nor
+        // removed (forbidden), so nobody can plant one for this daemon or its fdctl callers.
+        bip::shared_memory_object obj;
+        try {
+            bip::shared_memory_object(bip::open_only, name.c_str(), bip::read_write).swap(obj);
+        } catch (const bip::interprocess_exception & e) {
+            if (e.get_error_code() == bip::not_found_error) { continue; }  // removed meanwhile: create again
+            fail(Errc::forbidden, "control block {} exists and cannot be opened ({}): it belongs to another user; "
+                                  "remove it as its owner or root", shm_path(port), e.what());
+        }
+        check_trusted(obj.get_mapping_handle().handle, shm_path(port), Trust::secret);
         bip::offset_t size = 0;
         obj.get_size(size);
         MappedBlock old;

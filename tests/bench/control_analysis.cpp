@@ -5,12 +5,14 @@
 #include "bench_memory.h"
 #include "bench_util.h"
 #include "fd/arena.h"
+#include "fd/kernels/ops.h"
 #include "fd/kernels/thread_pool.h"
 #include "fd/model/safetensors.h"
 #include "fd/model/weights.h"
 
 #include <algorithm>
 #include <memory>
+#include <vector>
 
 namespace fd::bench {
 namespace M = fd::model;
@@ -49,17 +51,45 @@ json analyse(const std::string & dir, const M::ModelConfig & cfg, double memcpy_
     st.reserve(layout.arena_bytes, /*populate=*/true);
     const double t_populate = seconds_since(t0);
     M::fill_weights(layout, idx, st.data(), &pool);  // warm: page cache
+    // The NaN/Inf check is fused into the copy (each 256 KiB piece scanned right after its
+    // read); on and off are timed alternately, best of 3 each, so both see the same machine.
     for (kernels::ThreadPool * p : {static_cast<kernels::ThreadPool *>(nullptr), &pool}) {
-        double best = 1e300;
+        double best_on = 1e300, best_off = 1e300;
         for (int r = 0; r < 3; ++r) {
-            t0 = Clock::now();
-            M::fill_weights(layout, idx, st.data(), p);
-            best = std::min(best, seconds_since(t0));
+            for (bool check : {true, false}) {
+                t0 = Clock::now();
+                M::fill_weights(layout, idx, st.data(), p, {.check_finite = check});
+                (check ? best_on : best_off) = std::min(check ? best_on : best_off, seconds_since(t0));
+            }
         }
         const std::string key = p ? "fill_resident_" + std::to_string(n_threads) + "_threads" : "fill_resident_1_thread";
-        up[key + "_s"] = round_to(best, 6);
-        up[key + "_gbs"] = gbs(total, best);
-        up[key + "_vs_memcpy"] = round_to(static_cast<double>(total) / best / memcpy_bps, 3);
+        up[key + "_s"] = round_to(best_on, 6);
+        up[key + "_gbs"] = gbs(total, best_on);
+        up[key + "_vs_memcpy"] = round_to(static_cast<double>(total) / best_on / memcpy_bps, 3);
+        up[key + "_no_finite_check_vs_memcpy"] = round_to(static_cast<double>(total) / best_off / memcpy_bps, 3);
+        up[key + "_finite_check_cost"] = round_to(best_on / best_off, 3);  // time with ÷ time without
+    }
+    // The check itself: find_nonfinite over one 256 KiB piece already in cache (as the fill
+    // runs it, right after the piece's pread), best of 5 x 200 scans. Its cost per byte
+    // relative to a DRAM-speed copy bounds what the check can add: time × (1 + memcpy ÷ scan).
+    {
+        const int64_t piece = 256 << 10;
+        std::vector<float> f(static_cast<size_t>(piece / 4), 0.5f);
+        std::vector<uint16_t> b(static_cast<size_t>(piece / 2), 0x3f00);
+        for (int kind = 0; kind < 2; ++kind) {
+            double best = 1e300;
+            int64_t sink = 0;
+            for (int r = 0; r < 5; ++r) {
+                t0 = Clock::now();
+                for (int i = 0; i < 200; ++i) {
+                    sink += kind == 0 ? kernels::find_nonfinite_f32(f.data(), piece / 4) : kernels::find_nonfinite_bf16(b.data(), piece / 2);
+                }
+                best = std::min(best, seconds_since(t0));
+            }
+            const double scan_bps = 200.0 * static_cast<double>(piece) / best + static_cast<double>(sink == 1);
+            up[kind == 0 ? "finite_scan_f32_l2_gbs" : "finite_scan_bf16_l2_gbs"] = round_to(scan_bps / 1e9, 2);
+            up[kind == 0 ? "finite_scan_f32_bound_cost" : "finite_scan_bf16_bound_cost"] = round_to(1.0 + memcpy_bps / scan_bps, 3);
+        }
     }
     up["populate_fresh_s"] = round_to(t_populate, 6);
     up["populate_fresh_gbs"] = gbs(layout.arena_bytes, t_populate);

@@ -26,7 +26,9 @@
 // Reference: single-thread memcpy, --memcpy-mib (512) buffers, best of 3, GB/s of bytes copied.
 // Usage: fd_control_bench [--model DIR[,DIR]] [--threads 2] [--kv-cache-bytes auto] [--updates 5]
 //                         [--tiny-updates 100] [--rtt-calls 200] [--pause-batch 64] [--pause-trials 0]
-//                         [--sleep-cycles 3] [--memcpy-mib 512] [--no-analysis] [--no-pause-diagnostics]
+//                         [--sleep-cycles 3] [--memcpy-mib 512] [--no-analysis] [--no-pause-diagnostics] [--no-http]
+// The analysis times every weight fill with the NaN/Inf check (the default) and without it
+// (update_path.*_no_finite_check_vs_memcpy, *_finite_check_cost = time with ÷ time without).
 #include "fd/api/server.h"
 #include "fd/arena.h"
 #include "fd/config.h"
@@ -127,6 +129,7 @@ struct Options {
     int         pause_prompt_len = 8;
     int         sleep_cycles  = 3;
     int64_t     memcpy_mib    = 512;
+    bool        http          = true;   ///< false: skip the HTTP sections, run the analysis only
     bool        analysis      = true;
     std::string log_level     = "warn";
     bool        client_nodelay = true;
@@ -548,7 +551,9 @@ json bench_model(const std::string & dir, const Options & o, double memcpy_bps) 
     j["model"] = dir;
     j["checkpoint_bytes"] = ck_bytes;
     M::ModelConfig mcfg;
-    {
+    if (!o.http) {
+        mcfg = M::load_model_config(dir);
+    } else {
         const auto t_section = Clock::now();
         std::fprintf(stderr, "fd_control_bench: %s: loading (kv %s)...\n", dir.c_str(), kv.c_str());
         Daemon d(dir, o, kv);
@@ -636,6 +641,7 @@ int main(int argc, char ** argv) {
     app.add_option("--sleep-cycles", o.sleep_cycles, "sleep + wakeup cycles")->capture_default_str()->check(CLI::PositiveNumber);
     app.add_option("--memcpy-mib", o.memcpy_mib, "memcpy reference buffer, MiB")->capture_default_str()->check(CLI::PositiveNumber);
     app.add_flag("--analysis,!--no-analysis", o.analysis, "take the update/wakeup/sleep paths apart after the HTTP runs")->capture_default_str();
+    app.add_flag("--http,!--no-http", o.http, "run the HTTP sections (--no-http: the analysis only, e.g. the NaN/Inf check's cost)")->capture_default_str();
     app.add_flag("--pause-diagnostics,!--no-pause-diagnostics", o.pause_diagnostics,
                  "small models: also time pause with one B-prompt request, and with one engine thread")
         ->capture_default_str();
@@ -682,25 +688,34 @@ int main(int argc, char ** argv) {
         auto add = [&](const char * name, double value, const char * cmp, double target, bool met, const json & on) {
             t[name] = {{"value", value}, {"target", std::string(cmp) + " " + json(target).dump()}, {"met", met}, {"evaluated_on", on}};
         };
-        add("update_weights_bw_ratio_vs_memcpy", L["update_weights"]["ratio_vs_memcpy"], ">=", kUpdateRatioMin,
-            L["update_weights"]["target"]["ratio_met"], L["model"]);
-        add("tiny_update_p50_ms", S["update_weights"]["call"]["p50_ms"], "<=", kTinyUpdateP50Ms,
-            S["update_weights"]["target"]["fixed_overhead_met"], S["model"]);
-        add("sleep_ms", L["sleep_wakeup"]["sleep_ms_max"], "<=", kSleepMsMax, L["sleep_wakeup"]["target"]["sleep_met"], L["model"]);
-        add("sleep_freed_fraction", std::min(L["sleep_wakeup"]["freed_fraction_min"].get<double>(), L["sleep_wakeup"]["rss_drop_over_freed_min"].get<double>()),
-            ">=", kFreedFractionMin, L["sleep_wakeup"]["target"]["freed_met"], L["model"]);
-        add("wakeup_bw_ratio_vs_memcpy", L["sleep_wakeup"]["wakeup_ratio_vs_memcpy"], ">=", kWakeupRatioMin,
-            L["sleep_wakeup"]["target"]["wakeup_met"], L["model"]);
-        double pause_worst = 0.0, rtt_worst = 0.0;
-        json pause_on, rtt_on;
-        for (const auto & m : models_j) {
-            const double ps = m["pause"]["pause_in_steps_max"].get<double>();
-            const double rt = m["control_rtt"]["target"]["worst_p50_ms"].get<double>();
-            if (ps >= pause_worst) { pause_worst = ps; pause_on = m["model"]; }
-            if (rt >= rtt_worst) { rtt_worst = rt; rtt_on = m["model"]; }
+        if (o.http) {
+            add("update_weights_bw_ratio_vs_memcpy", L["update_weights"]["ratio_vs_memcpy"], ">=", kUpdateRatioMin,
+                L["update_weights"]["target"]["ratio_met"], L["model"]);
+            add("tiny_update_p50_ms", S["update_weights"]["call"]["p50_ms"], "<=", kTinyUpdateP50Ms,
+                S["update_weights"]["target"]["fixed_overhead_met"], S["model"]);
+            add("sleep_ms", L["sleep_wakeup"]["sleep_ms_max"], "<=", kSleepMsMax, L["sleep_wakeup"]["target"]["sleep_met"], L["model"]);
+            add("sleep_freed_fraction", std::min(L["sleep_wakeup"]["freed_fraction_min"].get<double>(), L["sleep_wakeup"]["rss_drop_over_freed_min"].get<double>()),
+                ">=", kFreedFractionMin, L["sleep_wakeup"]["target"]["freed_met"], L["model"]);
+            add("wakeup_bw_ratio_vs_memcpy", L["sleep_wakeup"]["wakeup_ratio_vs_memcpy"], ">=", kWakeupRatioMin,
+                L["sleep_wakeup"]["target"]["wakeup_met"], L["model"]);
+            double pause_worst = 0.0, rtt_worst = 0.0;
+            json pause_on, rtt_on;
+            for (const auto & m : models_j) {
+                const double ps = m["pause"]["pause_in_steps_max"].get<double>();
+                const double rt = m["control_rtt"]["target"]["worst_p50_ms"].get<double>();
+                if (ps >= pause_worst) { pause_worst = ps; pause_on = m["model"]; }
+                if (rt >= rtt_worst) { rtt_worst = rt; rtt_on = m["model"]; }
+            }
+            add("pause_in_decode_steps_b64", pause_worst, "<=", kPauseStepsMax, pause_worst <= kPauseStepsMax, pause_on);
+            add("control_rtt_p50_ms", rtt_worst, "<=", kRttP50Ms, rtt_worst <= kRttP50Ms, rtt_on);
         }
-        add("pause_in_decode_steps_b64", pause_worst, "<=", kPauseStepsMax, pause_worst <= kPauseStepsMax, pause_on);
-        add("control_rtt_p50_ms", rtt_worst, "<=", kRttP50Ms, rtt_worst <= kRttP50Ms, rtt_on);
+        if (o.analysis) {
+            // The weight fill the update runs (NaN/Inf check on, as served), over the pool.
+            const std::string key = "fill_resident_" + std::to_string(o.threads) + "_threads";
+            const json & up = L["analysis"]["update_path"];
+            add("update_fill_with_finite_check_vs_memcpy", up[key + "_vs_memcpy"].get<double>(), ">=", kUpdateRatioMin,
+                up[key + "_vs_memcpy"].get<double>() >= kUpdateRatioMin, L["model"]);
+        }
         bool all = true;
         for (const auto & [k, v] : t.items()) { all = all && v["met"].get<bool>(); }
         t["all_met"] = all;

@@ -254,3 +254,34 @@ def perturbed(src, dst, seed=1, scale=0.05):
             t[k] = (v + rng.normal(0, scale * (float(v.std()) + 1e-3), v.shape)).astype(v.dtype)
 
     return rewrite_tensors(copy_checkpoint(src, dst), mutate)
+
+
+class OtherUser:
+    """A real local user created for one test (useradd) and removed after (userdel): the
+    'another local user' of SPEC §8.6. Raises unittest.SkipTest, saying why, unless run as root."""
+
+    def __init__(self):
+        import unittest
+        if os.geteuid() != 0:
+            raise unittest.SkipTest("needs root to create another local user (useradd); run the suite as root")
+        self.name = f"fdt{os.getpid()}"
+        subprocess.run(["userdel", self.name], capture_output=True)  # a leftover of a killed run
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", self.name],
+                       check=True, capture_output=True)
+        import pwd
+        pw = pwd.getpwnam(self.name)
+        self.uid, self.gid = pw.pw_uid, pw.pw_gid
+
+    def run(self, *cmd, **kw):
+        """Run cmd as this user (setpriv: no root groups, no capabilities); returns CompletedProcess."""
+        return subprocess.run(["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", *cmd],
+                              capture_output=True, text=True, timeout=kw.pop("timeout", 60), **kw)
+
+    def close(self):
+        subprocess.run(["userdel", self.name], capture_output=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

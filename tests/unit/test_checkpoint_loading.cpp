@@ -5,16 +5,19 @@
 #include "fd/model/model_config.h"
 #include "fd/model/safetensors.h"
 #include "fd/model/weights.h"
+#include "fd/kernels/thread_pool.h"
 #include "fd/status.h"
 #include "test_util.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <cstring>
 #include <filesystem>
@@ -393,6 +396,180 @@ TEST_CASE("parse_bytes returns nullopt for sizes that overflow int64") {
     r = std::nullopt;
     CHECK_NOTHROW(r = fd::parse_bytes("99999999999T"));
     CHECK_FALSE(r.has_value());
+}
+
+// ---- the safetensors data-area rule (issue 12, defect 5) ------------------------------------------
+
+TEST_CASE("data_offsets must tile the data area: start at 0, contiguous, no overlap, no trailing bytes") {
+    const std::string four(16, '\1');  // a [4] F32 tensor's bytes
+    auto at = [](int64_t b, int64_t e) { return std::make_optional(std::make_pair(b, e)); };
+    struct Case {
+        const char *           name;
+        std::vector<RawTensor> tensors;
+        std::string            extra;   ///< bytes appended after the tensors' data
+        std::vector<std::string> needles;
+    };
+    const std::vector<Case> cases = {
+        {"overlap", {{"a", "F32", {4}, four, at(0, 16)}, {"b", "F32", {4}, four, at(8, 24)}, {"c", "F32", {2}, std::string(8, '\0'), at(24, 32)}},
+         "", {"'b'", "overlaps", "'a'"}},
+        {"same range twice", {{"a", "F32", {4}, four, at(0, 16)}, {"b", "F32", {4}, four, at(0, 16)}}, "", {"overlaps"}},
+        {"hole", {{"a", "F32", {4}, four, at(0, 16)}, {"b", "F32", {4}, four, at(24, 40)}}, std::string(8, '\0'), {"'b'", "hole", "16"}},
+        {"not from 0", {{"a", "F32", {4}, four, at(8, 24)}}, std::string(8, '\0'), {"'a'", "hole"}},
+        {"trailing bytes", {{"a", "F32", {4}, four}}, std::string(4, '\0'), {"trailing", "4"}},
+        {"past the end", {{"a", "F32", {4}, four, at(0, 16)}, {"b", "F32", {4}, four, at(16, 32)}}, "", {"'b'", "outside"}},
+    };
+    for (const auto & c : cases) {
+        CAPTURE(c.name);
+        TempDir d;
+        const auto file = d.path / "model.safetensors";
+        // The writer concatenates the bytes in order; for "past the end" drop b's bytes.
+        std::vector<RawTensor> ts = c.tensors;
+        if (std::string(c.name) == "past the end") { ts[1].bytes.clear(); }
+        if (std::string(c.name) == "overlap" || std::string(c.name) == "same range twice") {
+            for (size_t i = 1; i < ts.size(); ++i) { ts[i].bytes = ts[i].bytes.substr(0, 8); }
+        }
+        write_safetensors(file, ts);
+        if (!c.extra.empty()) { std::ofstream(file, std::ios::binary | std::ios::app) << c.extra; }
+        std::vector<std::string> needles = {file.string()};
+        needles.insert(needles.end(), c.needles.begin(), c.needles.end());
+        expect_invalid([&] { fd::model::read_tensor_index(d.path); }, needles);
+    }
+}
+
+TEST_CASE("a shape whose byte size overflows 64 bits, a negative dimension or offset is rejected naming the tensor") {
+    for (const char * entry : {R"({"big":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})",
+                               R"({"big":{"dtype":"BF16","shape":[4611686018427387904],"data_offsets":[0,4]}})",
+                               R"({"big":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,4]}})",
+                               R"({"big":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
+                               R"({"big":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})",
+                               R"({"big":{"dtype":"F32","shape":[1],"data_offsets":[0,18446744073709551615]}})",
+                               R"({"big":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})"}) {
+        CAPTURE(entry);
+        TempDir d;
+        const std::string header = entry;
+        const uint64_t n = header.size();
+        write_text(d.path / "model.safetensors", std::string(reinterpret_cast<const char *>(&n), 8) + header + "abcd");
+        expect_invalid([&] { fd::model::read_tensor_index(d.path); }, {"model.safetensors", "'big'"});
+    }
+}
+
+TEST_CASE("a well-formed file with zero-size tensors and __metadata__ passes the data-area rule") {
+    TempDir d;
+    write_safetensors(d.path / "model.safetensors", {{"empty", "F32", {0, 4}, ""}, {"a", "F32", {2}, bytes_of(std::vector<float>{1, 2})},
+                                                     {"z", "BF16", {0}, ""}});
+    CHECK(fd::model::read_tensor_index(d.path).tensors.size() == 3);
+}
+
+TEST_CASE("a FIFO or /dev/zero as model.safetensors is refused at once naming the file") {
+    TempDir d;
+    const auto file = d.path / "model.safetensors";
+    REQUIRE(::mkfifo(file.c_str(), 0600) == 0);
+    expect_invalid([&] { fd::model::read_tensor_index(d.path); }, {file.string(), "FIFO"});
+    fs::remove(file);
+    fs::create_symlink("/dev/zero", file);
+    expect_invalid([&] { fd::model::read_tensor_index(d.path); }, {file.string(), "character device"});
+    fs::remove(file);
+    REQUIRE(::mkfifo((d.path / "model.safetensors.index.json").c_str(), 0600) == 0);
+    expect_invalid([&] { fd::model::read_tensor_index(d.path); }, {"model.safetensors.index.json", "FIFO"});
+}
+
+// ---- non-finite weights during the copy (issue 12, defect 8) ------------------------------------
+
+namespace {
+
+/// A one-tensor layout: inference tensor "w" [rows, cols] in memory dtype `mem` from HF tensor "w".
+fd::model::WeightLayout one_tensor_layout(int64_t rows, int64_t cols, fd::model::DType stored, fd::model::DType mem) {
+    fd::model::WeightLayout L;
+    fd::model::InferenceTensor t;
+    t.name  = "w";
+    t.shape = {rows, cols};
+    t.dtype = mem;
+    t.bytes = rows * cols * fd::model::dtype_size(mem);
+    t.parts = {{"w", 0, rows, stored}};
+    L.tensors.push_back(t);
+    L.arena_bytes = (t.bytes + 63) / 64 * 64;
+    return L;
+}
+
+}  // namespace
+
+TEST_CASE("fill_weights refuses a NaN or Inf naming the file, tensor and element, for F32, BF16 and F16 (widened)") {
+    using fd::model::DType;
+    const int64_t rows = 300, cols = 1000;  // 1.2 MB in F32: several 256 KiB scan pieces
+    struct Case { const char * dtype; DType stored, mem; int64_t bad; uint32_t bits; };
+    for (const Case & c : {Case{"F32", DType::f32, DType::f32, 0, 0x7fc00000u}, Case{"F32", DType::f32, DType::f32, rows * cols - 1, 0xff800000u},
+                           Case{"F32", DType::f32, DType::f32, 123457, 0x7f800000u}, Case{"BF16", DType::bf16, DType::bf16, 200001, 0x7f80u},
+                           Case{"BF16", DType::bf16, DType::bf16, 5, 0xffc1u}, Case{"F16", DType::f16, DType::f32, 77777, 0x7e00u},
+                           Case{"F16", DType::f16, DType::f32, 299999, 0xfc00u}}) {
+        CAPTURE(c.dtype);
+        CAPTURE(c.bad);
+        TempDir d;
+        std::string bytes;
+        if (c.stored == DType::f32) {
+            std::vector<float> v(static_cast<size_t>(rows * cols), 0.25f);
+            std::memcpy(&v[c.bad], &c.bits, 4);
+            bytes = bytes_of(v);
+        } else {
+            std::vector<uint16_t> v(static_cast<size_t>(rows * cols), c.stored == DType::bf16 ? 0x3e80 : 0x3400);  // 0.25
+            v[c.bad] = static_cast<uint16_t>(c.bits);
+            bytes = bytes_of(v);
+        }
+        write_safetensors(d.path / "model.safetensors", {{"w", c.dtype, {rows, cols}, bytes}});
+        const auto idx = fd::model::read_tensor_index(d.path);
+        const auto L = one_tensor_layout(rows, cols, c.stored, c.mem);
+        std::vector<std::byte> arena(static_cast<size_t>(L.arena_bytes));
+        fd::kernels::ThreadPool pool(2);
+        expect_invalid([&] { fd::model::fill_weights(L, idx, arena.data(), &pool); },
+                       {"model.safetensors", "'w'", "non-finite", fmt::format("element {}", c.bad)});
+        CHECK_NOTHROW(fd::model::fill_weights(L, idx, arena.data(), nullptr, {.check_finite = false}));
+    }
+}
+
+TEST_CASE("fill_weights copies finite weights exactly and refuses a file replaced after its header was read") {
+    using fd::model::DType;
+    TempDir d;
+    std::vector<float> v(4096);
+    for (size_t i = 0; i < v.size(); ++i) { v[i] = std::ldexp(static_cast<float>(i) - 2000.0f, -3); }
+    v[7] = std::numeric_limits<float>::max();
+    v[8] = std::numeric_limits<float>::denorm_min();
+    write_safetensors(d.path / "model.safetensors", {{"w", "F32", {64, 64}, bytes_of(v)}});
+    const auto idx = fd::model::read_tensor_index(d.path);
+    const auto L = one_tensor_layout(64, 64, DType::f32, DType::f32);
+    std::vector<std::byte> arena(static_cast<size_t>(L.arena_bytes));
+    fd::model::fill_weights(L, idx, arena.data(), nullptr);
+    CHECK(std::memcmp(arena.data(), v.data(), v.size() * 4) == 0);
+    // Same name, new inode (a rename over it): the indexed file is gone, nothing is read from the new one.
+    write_safetensors(d.path / "model.safetensors.tmp", {{"w", "F32", {64, 64}, bytes_of(v)}});
+    fs::rename(d.path / "model.safetensors.tmp", d.path / "model.safetensors");
+    try {
+        fd::model::fill_weights(L, idx, arena.data(), nullptr);
+        FAIL("a replaced file was read");
+    } catch (const fd::Error & e) {
+        CHECK(e.code() == Errc::source_unavailable);
+        CHECK(std::string(e.what()).find("replaced") != std::string::npos);
+    }
+}
+
+TEST_CASE("fill_weights with an expired deadline is a timeout, not a read") {
+    using fd::model::DType;
+    TempDir d;
+    write_safetensors(d.path / "model.safetensors", {{"w", "F32", {2, 2}, bytes_of(std::vector<float>{1, 2, 3, 4})}});
+    const auto idx = fd::model::read_tensor_index(d.path);
+    const auto L = one_tensor_layout(2, 2, DType::f32, DType::f32);
+    std::vector<std::byte> arena(static_cast<size_t>(L.arena_bytes));
+    try {
+        fd::model::fill_weights(L, idx, arena.data(), nullptr, {.timeout_s = 1e-9});
+        FAIL("no timeout");
+    } catch (const fd::Error & e) {
+        CHECK(e.code() == Errc::timeout);
+    }
+}
+
+TEST_CASE("is_loopback_host: only loopback addresses and localhost") {
+    for (const char * h : {"127.0.0.1", "127.1.2.3", "::1", "localhost", "::ffff:127.0.0.1"}) { CHECK_MESSAGE(fd::is_loopback_host(h), h); }
+    for (const char * h : {"0.0.0.0", "::", "10.0.0.1", "192.168.1.2", "example.com", "::ffff:10.0.0.1", "", "128.0.0.1"}) {
+        CHECK_FALSE_MESSAGE(fd::is_loopback_host(h), h);
+    }
 }
 
 }  // TEST_SUITE

@@ -542,4 +542,50 @@ TEST_CASE("f16_to_f32 is exact for all 65536 half-precision values") {
     CHECK(bad == 0);
 }
 
+TEST_CASE("find_nonfinite_* find the first NaN or Inf like a naive std::isfinite loop, for f32, bf16 and f16 bits") {
+    std::mt19937 rng(12);
+    std::uniform_real_distribution<float> u(-1e4f, 1e4f);
+    const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::quiet_NaN()};
+    for (int64_t n : {0, 1, 7, 1023, 1024, 1025, 5000}) {
+        for (int64_t at : {int64_t{-1}, int64_t{0}, n / 2, n - 1}) {
+            if (n == 0 && at >= 0) { continue; }
+            for (float special : specials) {
+                std::vector<float> x(static_cast<size_t>(n));
+                for (auto & v : x) { v = u(rng); }
+                x.empty() || (x[0] = std::numeric_limits<float>::max(), true);  // the largest finite value is finite
+                if (at >= 0) { x[at] = special; }
+                if (at >= 0 && at + 1 < n) { x[at + 1] = special; }  // the first one is reported
+                int64_t naive = -1;
+                for (int64_t i = 0; i < n; ++i) {
+                    if (!std::isfinite(x[i])) { naive = i; break; }
+                }
+                CAPTURE(n);
+                CAPTURE(at);
+                CHECK(fd::kernels::find_nonfinite_f32(x.data(), n) == naive);
+                // bf16: the upper half of each f32 (NaN/Inf stay NaN/Inf, FLT_MAX rounds down to a finite bf16)
+                std::vector<uint16_t> b(x.size());
+                for (size_t i = 0; i < x.size(); ++i) { uint32_t bits; std::memcpy(&bits, &x[i], 4); b[i] = static_cast<uint16_t>(bits >> 16); }
+                CHECK(fd::kernels::find_nonfinite_bf16(b.data(), n) == naive);
+                // f16: finite values in half range; specials as half NaN / Inf
+                std::vector<uint16_t> h(x.size());
+                for (size_t i = 0; i < x.size(); ++i) {
+                    h[i] = std::isnan(x[i]) ? 0x7e00 : std::isinf(x[i]) ? (x[i] > 0 ? 0x7c00 : 0xfc00) : static_cast<uint16_t>(0x3c00 + (i % 1000));
+                }
+                std::vector<float> back(x.size());
+                fd::kernels::f16_to_f32(back.data(), h.data(), n);
+                int64_t naive_h = -1;
+                for (int64_t i = 0; i < n; ++i) {
+                    if (!std::isfinite(back[i])) { naive_h = i; break; }
+                }
+                CHECK(naive_h == naive);
+                CHECK(fd::kernels::find_nonfinite_f16(h.data(), n) == naive_h);
+            }
+        }
+    }
+    // Half's largest finite value (65504 = 0x7bff) and the smallest subnormals are finite.
+    const uint16_t edge[] = {0x7bff, 0xfbff, 0x0001, 0x8001, 0x0000, 0x8000};
+    CHECK(fd::kernels::find_nonfinite_f16(edge, 6) == -1);
+}
+
 }  // TEST_SUITE

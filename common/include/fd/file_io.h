@@ -8,8 +8,12 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <utility>
+
+struct stat;
 
 namespace fd {
 
@@ -37,6 +41,19 @@ private:
 
 /// Open `path` read-only (O_CLOEXEC).   Errors  fd::Error{on_error}: "<path>: cannot open: <why>".
 UniqueFd open_read(const std::filesystem::path & path, Errc on_error);
+
+/// Open `path` for reading without ever blocking, and require a regular file: O_RDONLY |
+/// O_NONBLOCK | O_CLOEXEC (symlinks are followed, so Hugging Face cache snapshots, which link
+/// into blobs/, work), then fstat the descriptor. A FIFO, socket or device (/dev/zero) would block
+/// or never end; it is refused before anything is read. `st_out` (optional) receives the fstat.
+/// Errors  fd::Error{on_error}: "<path>: cannot open: <why>" or "<path>: is a <kind>, not a
+///         regular file".
+UniqueFd open_regular(const std::filesystem::path & path, Errc on_error, struct stat * st_out = nullptr);
+
+/// The whole content of the small regular file `path` (opened with open_regular), or nullopt
+/// when it does not exist. Errors  fd::Error{on_error} when it is not a regular file, larger
+///         than `max_bytes`, or unreadable.
+std::optional<std::string> read_small_file(const std::filesystem::path & path, int64_t max_bytes, Errc on_error);
 
 /// Write all `n` bytes of `p` to `fd` (retries short writes and EINTR).
 /// Errors  fd::Error{on_error} naming `file`.

@@ -20,6 +20,7 @@ enum class Errc {
     ok,
     invalid_argument,    ///< request, tag, version string or flag is wrong
     unauthorized,        ///< missing or wrong API key
+    forbidden,           ///< a file or shm object the daemon must trust is owned or writable by another user
     not_found,           ///< model, version, file or route missing; dynamic loading off
     wrong_state,         ///< operation not allowed in the current engine state
     invalid_checkpoint,  ///< names/shapes/dtypes/sizes do not match the model
@@ -44,6 +45,7 @@ inline constexpr ErrcInfo kErrcTable[] = {
     {Errc::ok,                 "ok",                 200, 0},
     {Errc::invalid_argument,   "invalid_argument",   400, 10},
     {Errc::unauthorized,       "unauthorized",       401, 9},
+    {Errc::forbidden,          "forbidden",          403, 13},
     {Errc::not_found,          "not_found",          404, 3},
     {Errc::wrong_state,        "wrong_state",        409, 4},
     {Errc::invalid_checkpoint, "invalid_checkpoint", 422, 5},

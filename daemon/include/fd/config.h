@@ -34,6 +34,7 @@ struct WeightsOptions {
     std::string load_strategy = "normal";   ///< normal | ipc_snapshot | ipc | rsync (SPEC §5)
     std::string rsync_config;               ///< rsync: JSON {"source", "staging_dir", "timeout_s", ...}
     std::string update_staging = "persistent";  ///< persistent (2nd weight copy kept resident: updates at memory speed) | transient
+    bool        check_finite_weights = true;    ///< refuse NaN/Inf weights at load, wakeup, update (checked during the copy)
 };
 
 struct Config {
@@ -56,8 +57,13 @@ struct Resolved {
 };
 
 /// Fill model-dependent defaults in `cfg` (max_model_len, served name, weight version, threads)
-/// and size the KV pool. Errors  fd::Error{invalid_argument} listing every bad setting.
+/// and size the KV pool. Errors  fd::Error{invalid_argument} listing every bad setting, among
+/// them a non-loopback --host without --api-key (unless --allow-unauthenticated).
 Resolved resolve(Config & cfg);
+
+/// True when `host` (a --host value) only accepts local connections: 127.0.0.0/8, ::1,
+/// ::ffff:127.x.y.z or "localhost". 0.0.0.0, ::, other addresses and hostnames are not.
+bool is_loopback_host(const std::string & host);
 
 /// Parse a byte size with optional K/M/G/T suffix ("512MiB", "2G") → bytes; nullopt if not a size.
 std::optional<int64_t> parse_bytes(const std::string & s);

@@ -42,7 +42,7 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
         }
     } else if (p.is_array() && !p.empty() && p[0].is_array()) {
         for (size_t i = 0; i < p.size(); ++i) {
-            if (!p[i].is_array()) { bad("prompt", "a list of token-id lists must hold only lists"); }
+            if (!p[i].is_array()) { bad("prompt", "'prompt': a list of token-id lists must hold only lists"); }
             r.gen.prompts.push_back(token_prompt(p[i], mc.vocab_size, i, "prompt"));
         }
     } else if (p.is_array() && !p.empty()) {
@@ -59,11 +59,14 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
     auto & sp = r.gen.params;
     sp.logprobs = -1;
     if (j.contains("logprobs") && !j["logprobs"].is_null()) {
-        if (!j["logprobs"].is_number_integer()) { bad("logprobs", "'logprobs' must be an integer"); }
-        sp.logprobs = j["logprobs"].get<int32_t>();
-    }
-    if (sp.logprobs < -1 || sp.logprobs > ctx.cfg.max_logprobs) {
-        bad("logprobs", fmt::format("'logprobs' must be in [0, {}], got {}", ctx.cfg.max_logprobs, sp.logprobs));
+        const json & lp = j["logprobs"];
+        // absent or null = off; else the number of top alternatives, 0..max (OpenAI)
+        const bool in_range = lp.is_number_unsigned() ? lp.get<uint64_t>() <= static_cast<uint64_t>(ctx.cfg.max_logprobs)
+                              : lp.is_number_integer() && lp.get<int64_t>() >= 0 && lp.get<int64_t>() <= ctx.cfg.max_logprobs;
+        if (!in_range) {
+            bad("logprobs", fmt::format("'logprobs' must be an integer in [0, {}], got {}", ctx.cfg.max_logprobs, lp.dump()));
+        }
+        sp.logprobs = lp.get<int32_t>();
     }
     if (j.contains("echo") && !j["echo"].is_null()) {
         if (!j["echo"].is_boolean()) { bad("echo", "'echo' must be a boolean"); }

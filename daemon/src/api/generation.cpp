@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <ctime>
+#include <limits>
 #include <random>
 
 namespace fd::api {
@@ -21,8 +22,12 @@ json parse_body(const std::string & body) {
     json j;
     try {
         j = json::parse(body);
-    } catch (const json::exception & e) {
-        bad("", fmt::format("request body is not valid JSON: {}", e.what()));
+    } catch (const json::parse_error & e) {
+        bad("", body.empty() ? std::string("request body is empty; send a JSON object")
+                             : fmt::format("request body is not valid JSON (syntax error at byte {}; UTF-8 only, no NaN/Infinity, "
+                                           "numbers within double range)", e.byte));
+    } catch (const json::exception &) {
+        bad("", "request body is not valid JSON");
     }
     if (!j.is_object()) { bad("", "request body must be a JSON object"); }
     return j;
@@ -73,9 +78,15 @@ T get_number(const json & j, const char * key, T dflt, bool integer) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) { return dflt; }
     if (integer ? !it->is_number_integer() : !it->is_number()) {
-        bad(key, fmt::format("'{}' must be {}", key, integer ? "an integer" : "a number"));
+        bad(key, fmt::format("'{}' must be {}, got {}", key, integer ? "an integer" : "a number", it->dump()));
     }
-    return it->get<T>();
+    if (integer) {  // no silent wrap-around of out-of-range integers
+        const bool fits = it->is_number_unsigned() ? it->template get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                                                   : it->template get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                                                         it->template get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max());
+        if (!fits) { bad(key, fmt::format("'{}' is out of range, got {}", key, it->dump())); }
+    }
+    return it->template get<T>();
 }
 
 std::string new_id(const std::string & prefix) {
@@ -118,7 +129,7 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
     if (gen.n < 1 || gen.n > ctx.cfg.max_n) { bad("n", fmt::format("'n' must be in [1, {}], got {}", ctx.cfg.max_n, gen.n)); }
     if (j.contains("seed") && !j["seed"].is_null()) {
         if (!j["seed"].is_number_integer()) { bad("seed", "'seed' must be an integer"); }
-        sp.seed = static_cast<uint64_t>(j["seed"].get<int64_t>());
+        sp.seed = j["seed"].is_number_unsigned() ? j["seed"].get<uint64_t>() : static_cast<uint64_t>(j["seed"].get<int64_t>());
     }
     if (j.contains("stop") && !j["stop"].is_null()) {
         const json & s = j["stop"];
@@ -140,6 +151,12 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
         if (!j["stop_token_ids"].is_array()) { bad("stop_token_ids", "'stop_token_ids' must be a list of token ids"); }
         for (const auto & e : j["stop_token_ids"]) {
             if (!e.is_number_integer()) { bad("stop_token_ids", "'stop_token_ids' must be a list of token ids"); }
+            const int32_t vocab    = ctx.engine->model_config().vocab_size;
+            const bool    in_vocab = e.is_number_unsigned() ? e.get<uint64_t>() < static_cast<uint64_t>(vocab)
+                                                            : e.get<int64_t>() >= 0 && e.get<int64_t>() < vocab;
+            if (!in_vocab) {
+                bad("stop_token_ids", fmt::format("'stop_token_ids' holds {}, outside the vocabulary [0, {})", e.dump(), vocab));
+            }
             sp.stop_token_ids.push_back(e.get<int32_t>());
         }
     }
@@ -154,8 +171,20 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
                                        get_bool("spaces_between_special_tokens");
     StreamOptions o;
     o.stream = get_bool("stream");
-    if (j.contains("stream_options") && j["stream_options"].is_object()) {
-        o.include_usage = j["stream_options"].value("include_usage", false);
+    if (j.contains("stream_options") && !j["stream_options"].is_null()) {
+        const json & so = j["stream_options"];
+        if (!so.is_object()) { bad("stream_options", fmt::format("'stream_options' must be an object {{\"include_usage\": bool}}, got {}", so.dump())); }
+        if (!o.stream) { bad("stream_options", "'stream_options' is only allowed with \"stream\": true"); }
+        for (const auto & [key, v] : so.items()) {
+            if (key != "include_usage") { bad("stream_options." + key, fmt::format("unknown field 'stream_options.{}' (include_usage)", key)); }
+            if (!v.is_null() && !v.is_boolean()) {
+                bad("stream_options.include_usage", fmt::format("'stream_options.include_usage' must be a boolean, got {}", v.dump()));
+            }
+            o.include_usage = v.is_boolean() && v.get<bool>();
+        }
+    }
+    if (j.contains("user") && !j["user"].is_null() && !j["user"].is_string()) {
+        bad("user", fmt::format("'user' must be a string, got {}", j["user"].dump()));
     }
     return o;
 }

@@ -10,25 +10,41 @@
 namespace fd::api {
 namespace {
 
-enum class Auth { open, api_key };
+/// Which key a route needs: none (/health, /metrics), --api-key (generation, models), or the
+/// control key (--control-api-key when set, else --api-key) for the weight-control routes.
+enum class Auth { open, api_key, control_key };
 enum class Errors { openai, control };
+
+/// Constant-time comparison of equal-length strings (the time taken does not tell how much of
+/// a guessed key matched; only the length can leak).
+bool same_key(const std::string & a, const std::string & b) {
+    if (a.size() != b.size()) { return false; }
+    unsigned diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) { diff |= static_cast<unsigned>(static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i])); }
+    return diff == 0;
+}
 
 /// Every handler runs inside this: fd::Error → its table status, anything else → 500, written
 /// as an OpenAI error object (generation) or a {"status":"error"} object (control, SPEC §3).
 Handler wrap(ApiContext & ctx, void (*fn)(ApiContext &, const httplib::Request &, httplib::Response &), Auth auth,
              Errors errors = Errors::openai) {
-    const bool needs_key = auth == Auth::api_key;
     auto write = errors == Errors::openai ? write_error : write_control_error;
-    return [&ctx, fn, needs_key, write](const httplib::Request & req, httplib::Response & res) {
+    return [&ctx, fn, auth, write](const httplib::Request & req, httplib::Response & res) {
         try {
-            if (needs_key && !ctx.cfg.api_key.empty() &&
-                req.get_header_value("Authorization") != "Bearer " + ctx.cfg.api_key) {
-                throw Error(Errc::unauthorized, "missing or wrong API key: send 'Authorization: Bearer <key>'");
+            const std::string & key = auth == Auth::open             ? std::string()
+                                    : auth == Auth::api_key          ? ctx.cfg.api_key
+                                    : ctx.cfg.control_api_key.empty() ? ctx.cfg.api_key : ctx.cfg.control_api_key;
+            if (!key.empty() && !same_key(req.get_header_value("Authorization"), "Bearer " + key)) {
+                throw Error(Errc::unauthorized, auth == Auth::control_key && !ctx.cfg.control_api_key.empty()
+                                                    ? "missing or wrong control API key: send 'Authorization: Bearer <--control-api-key>'"
+                                                    : "missing or wrong API key: send 'Authorization: Bearer <key>'");
             }
             fn(ctx, req, res);
         } catch (const Error & e) {
             if (e.code() == Errc::internal) { log::get("api")->error("{} {}: {}", req.method, req.path, e.what()); }
             write(res, e);
+        } catch (const nlohmann::json::exception &) {  // a body type error no parser foresaw: still the client's
+            write(res, Error(Errc::invalid_argument, "a field of the request body has the wrong JSON type (see the API reference for each field's type)"));
         } catch (const std::exception & e) {
             log::get("api")->error("{} {}: {}", req.method, req.path, e.what());
             write(res, Error(Errc::internal, e.what()));
@@ -51,19 +67,26 @@ void register_routes(httplib::Server & http, ApiContext & ctx) {
         bodiless_post[path] = h;
         http.Post(path, std::move(h));
     };
+    // A bodiless POST to an unknown route is answered 404 here, at once: left to cpp-httplib it
+    // would wait for a body until the read timeout (60 s). The connection is closed after it,
+    // since bytes the client may still send cannot be framed.
     http.set_pre_routing_handler([](const httplib::Request & req, httplib::Response & res) {
         access_begin();  // the access log's clock starts here (access_log.h)
         if (req.method != "POST" || req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) {
             return httplib::Server::HandlerResponse::Unhandled;
         }
         auto it = bodiless_post.find(req.path);
-        if (it == bodiless_post.end()) { return httplib::Server::HandlerResponse::Unhandled; }
+        if (it == bodiless_post.end()) {
+            write_error(res, Error(Errc::not_found, "no route POST " + req.path));
+            res.set_header("Connection", "close");
+            return httplib::Server::HandlerResponse::Handled;
+        }
         it->second(req, res);
         return httplib::Server::HandlerResponse::Handled;
     });
     auto control = [&](const char * method, const char * path) {
         g_control_paths.insert(path);
-        auto h = wrap(ctx, control_route, Auth::api_key, C);
+        auto h = wrap(ctx, control_route, Auth::control_key, C);
         if (std::string_view(method) == "POST") {
             post(path, std::move(h));
         } else {

@@ -1,10 +1,11 @@
 #include "fd/model/model_config.h"
 
+#include "fd/file_io.h"
 #include "fd/status.h"
 
 #include <nlohmann/json.hpp>
 
-#include <fstream>
+#include <sstream>
 #include <regex>
 
 namespace fd::model {
@@ -13,10 +14,10 @@ namespace {
 using nlohmann::json;
 
 json read_json(const std::filesystem::path & file) {
-    std::ifstream in(file);
-    if (!in) { fail(Errc::invalid_checkpoint, "{}: cannot open", file.string()); }
+    const auto text = read_small_file(file, 64 << 20, Errc::invalid_checkpoint);
+    if (!text) { fail(Errc::invalid_checkpoint, "{}: cannot open: no such file", file.string()); }
     try {
-        return json::parse(in);
+        return json::parse(*text);
     } catch (const json::exception & e) {
         fail(Errc::invalid_checkpoint, "{}: not valid JSON: {}", file.string(), e.what());
     }
@@ -100,8 +101,9 @@ ModelConfig load_model_config(const std::filesystem::path & dir) {
 
 std::optional<std::string> read_version_step(const std::filesystem::path & dir) {
     const auto file = dir / "version.yaml";
-    std::ifstream in(file);
-    if (!in) { return std::nullopt; }
+    const auto text = read_small_file(file, 1 << 20, Errc::invalid_checkpoint);
+    if (!text) { return std::nullopt; }
+    std::istringstream in(*text);
     static const std::regex kStep(R"(^\s*step\s*:\s*['"]?([A-Za-z0-9._-]{1,128})['"]?\s*(#.*)?$)");
     static const std::regex kStepKey(R"(^\s*step\s*:.*$)");
     std::string line;

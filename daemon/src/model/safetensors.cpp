@@ -5,12 +5,15 @@
 #include "fd/status.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <set>
 
 namespace fd::model {
@@ -26,13 +29,101 @@ void pread_all(int fd, void * dst, int64_t n, int64_t off, const fs::path & file
     pread_exact(fd, dst, n, off, file, what);
 }
 
-void add_entry(const fs::path & file, const std::string & name, const json & v, int64_t data_start, int64_t data_size,
-               TensorIndex & idx);
+/// One header entry → TensorInfo, its shape, dtype and byte size checked (numel × dtype size
+/// computed without overflow and equal to the data_offsets span).
+/// Errors  invalid_checkpoint naming file and tensor; json::exception on wrong JSON types.
+TensorInfo parse_entry(const fs::path & file, const std::string & name, const json & v) {
+    TensorInfo t;
+    t.name = name;
+    t.file = file;
+    if (!v.is_object()) { fail(Errc::invalid_checkpoint, "{}: tensor '{}' has a malformed header entry (not an object)", file.string(), name); }
+    const std::string dt = v.value("dtype", "");
+    if (dt == "F32") { t.dtype = DType::f32; }
+    else if (dt == "BF16") { t.dtype = DType::bf16; }
+    else if (dt == "F16") { t.dtype = DType::f16; }
+    else { fail(Errc::invalid_checkpoint, "{}: tensor '{}' has unsupported dtype '{}' (F32, BF16, F16)", file.string(), name, dt); }
+    const auto & shape = v.at("shape");
+    const auto & offs  = v.at("data_offsets");
+    if (!shape.is_array() || !offs.is_array() || offs.size() != 2 || shape.size() > 8) {
+        fail(Errc::invalid_checkpoint, "{}: tensor '{}' has a malformed header entry (shape: a list of <= 8 dims, "
+                                       "data_offsets: [begin, end])", file.string(), name);
+    }
+    // A non-negative integer that fits int64_t, else nullopt.
+    auto as_size = [](const json & x) -> std::optional<int64_t> {
+        if (x.is_number_unsigned()) {
+            const uint64_t u = x.get<uint64_t>();
+            return u <= static_cast<uint64_t>(INT64_MAX) ? std::optional<int64_t>(static_cast<int64_t>(u)) : std::nullopt;
+        }
+        if (x.is_number_integer() && x.get<int64_t>() >= 0) { return x.get<int64_t>(); }
+        return std::nullopt;
+    };
+    int64_t bytes = dtype_size(t.dtype);
+    for (const auto & d : shape) {
+        const auto dim = as_size(d);
+        if (!dim) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}' has shape {}: dimension {} is not a non-negative 64-bit integer",
+                 file.string(), name, shape.dump(), d.dump());
+        }
+        if (__builtin_mul_overflow(bytes, *dim, &bytes)) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}' has shape {} whose byte size overflows 64 bits", file.string(), name, shape.dump());
+        }
+        t.shape.push_back(*dim);
+    }
+    const auto begin = as_size(offs[0]), end = as_size(offs[1]);
+    if (!begin || !end) {
+        fail(Errc::invalid_checkpoint, "{}: tensor '{}' has data_offsets {}, not two non-negative 64-bit integers", file.string(), name, offs.dump());
+    }
+    if (*end < *begin) {
+        fail(Errc::invalid_checkpoint, "{}: tensor '{}' has data_offsets [{}, {}) that end before they begin", file.string(), name, *begin, *end);
+    }
+    if (*end - *begin != bytes) {
+        fail(Errc::invalid_checkpoint, "{}: tensor '{}' has {} bytes in data_offsets [{}, {}) but shape {} x {} needs {}", file.string(),
+             name, *end - *begin, *begin, *end, shape.dump(), dt, bytes);
+    }
+    t.offset_bytes = *begin;  // relative to the data area until read_header places it
+    t.size_bytes   = bytes;
+    return t;
+}
 
-/// Parse one safetensors header and add its tensors to `idx`.
+/// The safetensors rule for the data area: the tensors' [begin, end) ranges, sorted, start at
+/// 0, follow each other without gap or overlap and end exactly at the data area's size
+/// (huggingface/safetensors: "the byte buffer needs to be entirely indexed, and cannot contain
+/// holes"). Errors  invalid_checkpoint naming the file and the offending tensor(s).
+void check_data_layout(const fs::path & file, std::vector<TensorInfo> & ts, int64_t data_size) {
+    std::sort(ts.begin(), ts.end(), [](const TensorInfo & a, const TensorInfo & b) {
+        return a.offset_bytes != b.offset_bytes ? a.offset_bytes < b.offset_bytes : a.size_bytes < b.size_bytes;
+    });
+    int64_t pos = 0;
+    const TensorInfo * prev = nullptr;
+    for (const TensorInfo & t : ts) {
+        const int64_t begin = t.offset_bytes, end = t.offset_bytes + t.size_bytes;
+        if (end > data_size) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}' data [{}, {}) lies outside the {} data bytes (file truncated?)",
+                 file.string(), t.name, begin, end, data_size);
+        }
+        if (begin < pos) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}' data [{}, {}) overlaps tensor '{}' (which ends at {})", file.string(), t.name,
+                 begin, end, prev ? prev->name : std::string("?"), pos);
+        }
+        if (begin > pos) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}' data starts at {} but the previous data ends at {}{}: the data area has a "
+                                           "hole (safetensors requires contiguous data_offsets starting at 0)",
+                 file.string(), t.name, begin, pos, prev ? " (tensor '" + prev->name + "')" : std::string(" (the data area's start)"));
+        }
+        pos  = end;
+        prev = &t;
+    }
+    if (pos != data_size) {
+        fail(Errc::invalid_checkpoint, "{}: the tensors cover {} of the {} data bytes{}: {} trailing bytes belong to no tensor",
+             file.string(), pos, data_size, prev ? " (last: '" + prev->name + "')" : std::string(), data_size - pos);
+    }
+}
+
+/// Parse one safetensors header, check it (entries and data layout), add its tensors to `idx`.
 void read_header(const fs::path & file, TensorIndex & idx) {
-    const UniqueFd f = open_read(file, Errc::invalid_checkpoint);
-    const int64_t file_size = static_cast<int64_t>(fs::file_size(file));
+    struct stat st{};
+    const UniqueFd f = open_regular(file, Errc::invalid_checkpoint, &st);
+    const int64_t file_size = static_cast<int64_t>(st.st_size);
     if (file_size < 8) { fail(Errc::invalid_checkpoint, "{}: truncated (only {} bytes)", file.string(), file_size); }
     uint64_t n_header = 0;
     pread_all(f.get(), &n_header, 8, 0, file, "header length");
@@ -50,50 +141,27 @@ void read_header(const fs::path & file, TensorIndex & idx) {
     if (!h.is_object()) { fail(Errc::invalid_checkpoint, "{}: header is not a JSON object", file.string()); }
     const int64_t data_start = 8 + static_cast<int64_t>(n_header);
     const int64_t data_size  = file_size - data_start;
+    std::vector<TensorInfo> ts;
     for (const auto & [name, v] : h.items()) {
         if (name == "__metadata__") { continue; }
         try {
-            add_entry(file, name, v, data_start, data_size, idx);
-        } catch (const json::exception & e) {
-            fail(Errc::invalid_checkpoint, "{}: tensor '{}' has a malformed header entry: {}", file.string(), name, e.what());
+            ts.push_back(parse_entry(file, name, v));
+        } catch (const json::exception &) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}' has a malformed header entry (dtype: a string, shape: a list of "
+                                           "integers, data_offsets: two integers)", file.string(), name);
         }
     }
-}
-
-/// One header entry → TensorInfo (throws json::exception on wrong types).
-void add_entry(const fs::path & file, const std::string & name, const json & v, int64_t data_start, int64_t data_size,
-               TensorIndex & idx) {
-    {
-        TensorInfo t;
-        t.name = name;
-        t.file = file;
-        const std::string dt = v.value("dtype", "");
-        if (dt == "F32") { t.dtype = DType::f32; }
-        else if (dt == "BF16") { t.dtype = DType::bf16; }
-        else if (dt == "F16") { t.dtype = DType::f16; }
-        else { fail(Errc::invalid_checkpoint, "{}: tensor '{}' has unsupported dtype '{}' (F32, BF16, F16)", file.string(), name, dt); }
-        const auto & shape = v.at("shape");
-        const auto & offs  = v.at("data_offsets");
-        if (!shape.is_array() || !offs.is_array() || offs.size() != 2 || shape.size() > 8) {
-            fail(Errc::invalid_checkpoint, "{}: tensor '{}' has a malformed header entry", file.string(), name);
-        }
-        for (const auto & d : shape) { t.shape.push_back(d.get<int64_t>()); }
-        const int64_t begin = offs[0].get<int64_t>(), end = offs[1].get<int64_t>();
-        if (begin < 0 || end < begin || end > data_size) {
-            fail(Errc::invalid_checkpoint, "{}: tensor '{}' data [{}, {}) lies outside the {} data bytes (file truncated?)",
-                 file.string(), name, begin, end, data_size);
-        }
-        if (end - begin != t.numel() * dtype_size(t.dtype)) {
-            fail(Errc::invalid_checkpoint, "{}: tensor '{}' has {} bytes but shape x dtype needs {}", file.string(),
-                 name, end - begin, t.numel() * dtype_size(t.dtype));
-        }
-        t.offset_bytes = data_start + begin;
-        t.size_bytes   = end - begin;
-        if (auto prev = idx.tensors.find(name); prev != idx.tensors.end()) {
-            fail(Errc::invalid_checkpoint, "{}: tensor '{}' is also in {}", file.string(), name, prev->second.file.string());
+    check_data_layout(file, ts, data_size);
+    for (TensorInfo & t : ts) {
+        t.offset_bytes += data_start;
+        t.file_dev = static_cast<uint64_t>(st.st_dev);
+        t.file_ino = static_cast<uint64_t>(st.st_ino);
+        if (auto prev = idx.tensors.find(t.name); prev != idx.tensors.end()) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}' is also in {}", file.string(), t.name, prev->second.file.string());
         }
         idx.total_bytes += t.size_bytes;
-        idx.tensors[name] = std::move(t);
+        std::string name = t.name;
+        idx.tensors.emplace(std::move(name), std::move(t));
     }
 }
 
@@ -123,8 +191,7 @@ TensorIndex read_tensor_index(const fs::path & dir) {
     if (fs::exists(index_file)) {
         json j;
         try {
-            std::ifstream in(index_file);
-            j = json::parse(in);
+            j = json::parse(read_small_file(index_file, kMaxHeaderBytes, Errc::invalid_checkpoint).value_or("{}"));
         } catch (const json::exception & e) {
             fail(Errc::invalid_checkpoint, "{}: not valid JSON: {}", index_file.string(), e.what());
         }
@@ -132,7 +199,12 @@ TensorIndex read_tensor_index(const fs::path & dir) {
             fail(Errc::invalid_checkpoint, "{}: missing 'weight_map'", index_file.string());
         }
         std::set<std::string> shards;
-        for (const auto & [name, file] : j["weight_map"].items()) { shards.insert(file.get<std::string>()); }
+        for (const auto & [name, file] : j["weight_map"].items()) {
+            if (!file.is_string()) {
+                fail(Errc::invalid_checkpoint, "{}: weight_map['{}'] must be a file name string", index_file.string(), name);
+            }
+            shards.insert(file.get<std::string>());
+        }
         for (const auto & s : shards) {
             if (s.find('/') != std::string::npos || s == ".." ) {
                 fail(Errc::invalid_checkpoint, "{}: shard name '{}' must be a plain file name", index_file.string(), s);
@@ -187,7 +259,7 @@ TensorIndex read_tensor_files(const std::filesystem::path & source, const std::v
 }
 
 void read_tensor_raw(const TensorInfo & t, void * dst) {
-    const UniqueFd f = open_read(t.file, Errc::invalid_checkpoint);
+    const UniqueFd f = open_regular(t.file, Errc::invalid_checkpoint);
     pread_all(f.get(), dst, t.size_bytes, t.offset_bytes, t.file, "tensor '" + t.name + "'");
 }
 

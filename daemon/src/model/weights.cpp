@@ -2,12 +2,16 @@
 #include "fd/model/weights.h"
 #include "fd/progress.h"
 
+#include "fd/log.h"
 #include "fd/status.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -168,13 +172,20 @@ void validate_against_layout(const WeightLayout & layout, const TensorIndex & id
 
 namespace {
 
-/// The checkpoint's files, opened once for a fill.
+/// The checkpoint's files, opened once for a fill: never blocking (open_regular refuses FIFOs
+/// and devices), and each the very file whose header was indexed (same st_dev/st_ino), so a
+/// file swapped after validation is never read.
 class OpenFiles {
 public:
-    int fd(const std::filesystem::path & p) {
-        auto it = fds_.find(p);
-        if (it == fds_.end()) { it = fds_.emplace(p, open_read(p, Errc::invalid_checkpoint)).first; }
-        return it->second.get();
+    int fd(const TensorInfo & t) {
+        auto it = fds_.find(t.file);
+        if (it != fds_.end()) { return it->second.get(); }
+        struct stat st{};
+        UniqueFd f = open_regular(t.file, Errc::invalid_checkpoint, &st);
+        if ((t.file_dev || t.file_ino) && (static_cast<uint64_t>(st.st_dev) != t.file_dev || static_cast<uint64_t>(st.st_ino) != t.file_ino)) {
+            fail(Errc::source_unavailable, "{}: the file was replaced after its header was read; retry", t.file.string());
+        }
+        return fds_.emplace(t.file, std::move(f)).first->second.get();
     }
 
 private:
@@ -192,17 +203,71 @@ struct CopyJob {
 };
 
 constexpr int64_t kChunkBytes = 8 << 20;
+/// Reads are split into pieces this small so the finite check scans each while it is in L2.
+constexpr int64_t kScanBytes = 256 << 10;
+
+/// Index of the first NaN/Inf among `n` values stored as `d` at `p`, or -1.
+int64_t find_nonfinite(DType d, const void * p, int64_t n) {
+    switch (d) {
+        case DType::f32: return kernels::find_nonfinite_f32(static_cast<const float *>(p), n);
+        case DType::bf16: return kernels::find_nonfinite_bf16(static_cast<const uint16_t *>(p), n);
+        case DType::f16: return kernels::find_nonfinite_f16(static_cast<const uint16_t *>(p), n);
+    }
+    return -1;
+}
+
+[[noreturn]] void fail_nonfinite(const TensorInfo & t, int64_t elem, const void * p) {
+    double v = 0;
+    if (t.dtype == DType::f32) {
+        v = *static_cast<const float *>(p);
+    } else {
+        float f = 0;
+        convert_to_f32(t.dtype, p, &f, 1);
+        v = f;
+    }
+    fail(Errc::invalid_checkpoint, "{}: tensor '{}' holds a non-finite value ({}) at element {}; a checkpoint with NaN or Inf "
+                                   "weights is refused (the previous weights keep serving)", t.file.string(), t.name, v, elem);
+}
+
+/// A tied model that stores an lm_head.weight the embedding does not equal: HF ignores the
+/// stored head (the embedding is the head), so do we, but say so (a warning naming it). The
+/// two are compared as stored, in 8 MiB pieces.
+void warn_if_untied_head(const WeightLayout & layout, const TensorIndex & idx, OpenFiles & files) {
+    auto head = idx.tensors.find("lm_head.weight");
+    auto emb  = idx.tensors.find("model.embed_tokens.weight");
+    if (!layout.tied_lm_head || head == idx.tensors.end() || emb == idx.tensors.end()) { return; }
+    const TensorInfo & h = head->second;
+    const TensorInfo & e = emb->second;
+    bool differs = h.shape != e.shape || h.dtype != e.dtype;
+    const size_t piece = static_cast<size_t>(std::min<int64_t>(kChunkBytes, h.size_bytes));
+    std::vector<std::byte> a(differs ? 0 : piece), b(differs ? 0 : piece);
+    for (int64_t off = 0; !differs && off < h.size_bytes; off += static_cast<int64_t>(piece)) {
+        const int64_t n = std::min<int64_t>(static_cast<int64_t>(piece), h.size_bytes - off);
+        pread_exact(files.fd(h), a.data(), n, h.offset_bytes + off, h.file, "tensor 'lm_head.weight'");
+        pread_exact(files.fd(e), b.data(), n, e.offset_bytes + off, e.file, "tensor 'model.embed_tokens.weight'");
+        differs = std::memcmp(a.data(), b.data(), static_cast<size_t>(n)) != 0;
+    }
+    if (differs) {
+        log::get("model")->warn("{}: the model ties lm_head to the embedding (tie_word_embeddings) but the checkpoint's stored "
+                                "'lm_head.weight' differs from 'model.embed_tokens.weight'; it is ignored, as Hugging Face does",
+                                h.file.string());
+    }
+}
 
 }  // namespace
 
-void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byte * base, kernels::ThreadPool * pool) {
+void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byte * base, kernels::ThreadPool * pool,
+                  const FillOptions & opt) {
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = opt.timeout_s > 0 ? Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt.timeout_s))
+                                            : Clock::time_point::max();
     OpenFiles files;
     std::vector<CopyJob> jobs;
     // Split `n` elements of `src` from element `e0` into chunks going to `dst` in memory dtype `d`.
     auto add = [&](const TensorInfo & src, int64_t e0, int64_t n, std::byte * dst, DType d) {
         const bool    widen = src.dtype != d;
         const int64_t es    = dtype_size(src.dtype), chunk = kChunkBytes / es;
-        const int     fd    = files.fd(src.file);
+        const int     fd    = files.fd(src);
         for (int64_t e = 0; e < n; e += chunk) {
             jobs.push_back({&src, fd, (e0 + e) * es, std::min(chunk, n - e), dst + e * dtype_size(d), widen});
         }
@@ -224,23 +289,39 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
     ProgressPhase progress("load", total_bytes);  // /health `progress` while the copy runs
     std::mutex         mu;
     std::exception_ptr first_error;
+    std::atomic<bool>  failed{false};
+    // One job: read its range in kScanBytes pieces; each piece is checked for NaN/Inf right
+    // after its read, while it is still in cache (the check costs no extra pass over memory).
     auto run = [&](int64_t i) {
+        if (failed.load(std::memory_order_relaxed)) { return; }
         const CopyJob & j = jobs[i];
         try {
-            const std::string what = "tensor '" + j.src->name + "'";
-            const int64_t     n_bytes = j.n_elems * dtype_size(j.src->dtype);
-            if (!j.widen) {
-                pread_exact(j.fd, j.dst, n_bytes, j.src->offset_bytes + j.src_offset, j.src->file, what);
-                Progress::current().add_done(n_bytes);
-                return;
+            if (Clock::now() > deadline) {
+                fail(Errc::timeout, "{}: reading the weights took longer than {} s (--control-timeout-s); is the file system "
+                                    "hung? nothing was applied", j.src->file.string(), opt.timeout_s);
             }
-            std::vector<std::byte> raw(static_cast<size_t>(n_bytes));
-            pread_exact(j.fd, raw.data(), n_bytes, j.src->offset_bytes + j.src_offset, j.src->file, what);
-            convert_to_f32(j.src->dtype, raw.data(), reinterpret_cast<float *>(j.dst), j.n_elems);
-            Progress::current().add_done(n_bytes);
+            const std::string what    = "tensor '" + j.src->name + "'";
+            const int64_t     es      = dtype_size(j.src->dtype);
+            // Unchecked and not widened: one pread for the whole chunk (the path without the check).
+            const int64_t     per     = opt.check_finite || j.widen ? kScanBytes / es : j.n_elems;
+            std::vector<std::byte> raw(j.widen ? static_cast<size_t>(std::min(per, j.n_elems) * es) : 0);
+            for (int64_t e = 0; e < j.n_elems; e += per) {
+                const int64_t n   = std::min(per, j.n_elems - e);
+                const int64_t off = j.src->offset_bytes + j.src_offset + e * es;
+                std::byte *   p   = j.widen ? raw.data() : j.dst + e * es;
+                pread_exact(j.fd, p, n * es, off, j.src->file, what);
+                if (opt.check_finite) {
+                    if (const int64_t bad = find_nonfinite(j.src->dtype, p, n); bad >= 0) {
+                        fail_nonfinite(*j.src, j.src_offset / es + e + bad, p + bad * es);
+                    }
+                }
+                if (j.widen) { convert_to_f32(j.src->dtype, p, reinterpret_cast<float *>(j.dst) + e, n); }
+                Progress::current().add_done(n * es);
+            }
         } catch (...) {
             std::lock_guard lk(mu);
             if (!first_error) { first_error = std::current_exception(); }
+            failed.store(true, std::memory_order_relaxed);
         }
     };
     if (pool) {
@@ -249,6 +330,7 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
         for (int64_t i = 0; i < static_cast<int64_t>(jobs.size()); ++i) { run(i); }
     }
     if (first_error) { std::rethrow_exception(first_error); }
+    warn_if_untied_head(layout, idx, files);
 }
 
 ModelWeights bind_weights(const ModelConfig & c, const WeightLayout & layout, const std::byte * base) {

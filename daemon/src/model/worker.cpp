@@ -51,7 +51,8 @@ void Worker::map_kv_pool() {
 void Worker::fill_arena(Arena & arena, const TensorIndex & idx, bool populate) {
     if (!arena.mapped() || arena.capacity_bytes() < layout_.arena_bytes) { arena.reserve(layout_.arena_bytes, populate); }
     arena.release_allocations();
-    fill_weights(layout_, idx, arena.alloc_bytes(layout_.arena_bytes), pool_.get());
+    fill_weights(layout_, idx, arena.alloc_bytes(layout_.arena_bytes), pool_.get(),
+                 {.check_finite = wcfg_.check_finite_weights, .timeout_s = wcfg_.io_timeout_s});
 }
 
 int64_t Worker::release_weights() {

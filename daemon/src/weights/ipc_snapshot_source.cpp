@@ -7,7 +7,9 @@
 #include "fd/weights/weight_source.h"
 
 #include "fd/model/model_config.h"
+#include "fd/file_io.h"
 #include "fd/status.h"
+#include "fd/trust.h"
 
 #include <algorithm>
 #include <charconv>
@@ -31,6 +33,14 @@ int64_t part_number(const std::string & name, const std::string & prefix) {
     return ec == std::errc{} && p == e && n >= 0 ? n : -1;
 }
 
+/// A snapshot file: a regular file (never blocks) of this user, not writable by others. The
+/// header read that follows records its st_dev/st_ino, so the bytes later copied come from the
+/// very file checked here. Errors  invalid_checkpoint (not a regular file), forbidden.
+void check_snapshot_file(const fs::path & p) {
+    const UniqueFd f = open_regular(p, Errc::invalid_checkpoint);
+    check_trusted(f.get(), p.string(), Trust::owned);
+}
+
 class IpcSnapshotSource final : public WeightSource {
 public:
     explicit IpcSnapshotSource(fs::path dir) : dir_(std::move(dir)) {}
@@ -41,6 +51,9 @@ public:
             fail(Errc::source_unavailable, "model dir {} is not reachable; restore it and retry", dir_.string());
         }
         const std::string stem = "model_state.tp" + std::to_string(req.rank);
+        // The trainer's snapshot files decide what this daemon serves: the directory and every
+        // model_state file must be this user's and not writable by others (SPEC §8.6).
+        check_trusted_path(dir_.string(), Trust::owned);
         std::vector<std::pair<int64_t, fs::path>> parts;
         std::error_code ec;
         for (const auto & e : fs::directory_iterator(dir_, ec)) {
@@ -58,9 +71,13 @@ public:
                 }
             }
             std::vector<fs::path> files;
-            for (auto & [n, p] : parts) { files.push_back(std::move(p)); }
+            for (auto & [n, p] : parts) {
+                check_snapshot_file(p);
+                files.push_back(std::move(p));
+            }
             out.index = model::read_tensor_files(dir_, files);
         } else if (const fs::path single = dir_ / (stem + ".safetensors"); fs::exists(single)) {
+            check_snapshot_file(single);
             out.index = model::read_tensor_files(single, {single});
         } else {
             out.index = model::read_tensor_index(dir_);

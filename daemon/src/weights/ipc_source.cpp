@@ -12,12 +12,14 @@
 #include "fd/weights/cuda_ipc.h"
 #include "fd/shm/names.h"
 #include "fd/status.h"
+#include "fd/trust.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -31,7 +33,7 @@ using shm::IpcTensorEntry;
 class Record {
 public:
     explicit Record(std::string path) : path_(std::move(path)) {
-        fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+        fd_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
         if (fd_ < 0) {
             if (errno == ENOENT) {
                 fail(Errc::not_found, "no ipc weight record {}: the trainer has not published for this port and rank "
@@ -41,6 +43,12 @@ public:
         }
         struct stat st{};
         if (::fstat(fd_, &st) != 0) { fail(Errc::source_unavailable, "cannot stat {}: {}", path_, std::strerror(errno)); }
+        if (!S_ISREG(st.st_mode)) {
+            fail(Errc::invalid_checkpoint, "ipc weight record {} is not a shared-memory object (mode {:o}); remove it", path_, st.st_mode);
+        }
+        // The record decides what this daemon serves: only one written by its own user, mode
+        // 0600, is trusted (another local user could otherwise create it first and inject weights).
+        check_trusted(fd_, path_, Trust::secret);
         size_ = st.st_size;
         dev_  = st.st_dev;
         ino_  = st.st_ino;
@@ -61,6 +69,8 @@ public:
     const IpcRecordHeader & header() const { return *hdr_; }
     uint64_t generation() const { return hdr_->generation.load(std::memory_order_acquire); }
     int fd() const { return fd_; }
+    uint64_t dev() const { return static_cast<uint64_t>(dev_); }
+    uint64_t ino() const { return static_cast<uint64_t>(ino_); }
     int64_t size() const { return size_; }
     const std::string & path() const { return path_; }
 
@@ -113,9 +123,14 @@ model::TensorInfo to_tensor(const Record & rec, const IpcTensorEntry & e, uint64
         }
         t.shape.push_back(e.shape[d]);
     }
-    if (static_cast<int64_t>(e.nbytes) != t.numel() * model::dtype_size(t.dtype)) {
-        fail(Errc::invalid_checkpoint, "{}: tensor '{}' has {} bytes but shape x dtype needs {}", rec.path(), *name,
-             e.nbytes, t.numel() * model::dtype_size(t.dtype));
+    int64_t need = model::dtype_size(t.dtype);
+    for (const int64_t d : t.shape) {
+        if (__builtin_mul_overflow(need, d, &need)) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}' has a shape whose byte size overflows 64 bits", rec.path(), *name);
+        }
+    }
+    if (e.nbytes != static_cast<uint64_t>(need)) {
+        fail(Errc::invalid_checkpoint, "{}: tensor '{}' has {} bytes but shape x dtype needs {}", rec.path(), *name, e.nbytes, need);
     }
     if (e.location == shm::kIpcCudaIpc) {  // offset is into the device allocation: placed by copy_cuda_entries
         t.offset_bytes = static_cast<int64_t>(e.offset);
@@ -128,6 +143,8 @@ model::TensorInfo to_tensor(const Record & rec, const IpcTensorEntry & e, uint64
     }
     t.offset_bytes = static_cast<int64_t>(e.offset);
     t.size_bytes   = static_cast<int64_t>(e.nbytes);
+    t.file_dev     = rec.dev();  // the Worker reads exactly the object checked here
+    t.file_ino     = rec.ino();
     return t;
 }
 
@@ -167,6 +184,8 @@ public:
                 cuda_ipc_copy_to_host(entries[i].cuda_ipc_handle, entries[i].offset, entries[i].nbytes,
                                       static_cast<char *>(map) + pos, rec.path() + ": tensor '" + ts[i].name + "'");
                 ts[i].file         = path;
+                ts[i].file_dev     = 0;  // our own memfd, read through /proc/self/fd
+                ts[i].file_ino     = 0;
                 ts[i].offset_bytes = pos;
                 pos += (ts[i].size_bytes + 63) / 64 * 64;
             }
@@ -229,6 +248,19 @@ public:
         out.index.source = rec->path();
         std::vector<model::TensorInfo> ts;
         for (const IpcTensorEntry & e : entries) { ts.push_back(to_tensor(*rec, e, total_bytes, table_end)); }
+        // Inline tensors must not share bytes (the safetensors rule, less the contiguity: entries
+        // are 64-byte aligned, so gaps are allowed).
+        std::vector<const model::TensorInfo *> inl;
+        for (size_t i = 0; i < ts.size(); ++i) {
+            if (entries[i].location == shm::kIpcInline) { inl.push_back(&ts[i]); }
+        }
+        std::sort(inl.begin(), inl.end(), [](auto * a, auto * b) { return a->offset_bytes < b->offset_bytes; });
+        for (size_t i = 1; i < inl.size(); ++i) {
+            if (inl[i]->offset_bytes < inl[i - 1]->offset_bytes + inl[i - 1]->size_bytes) {
+                fail(Errc::invalid_checkpoint, "{}: tensor '{}' data at offset {} overlaps tensor '{}' [{}, {})", rec->path(), inl[i]->name,
+                     inl[i]->offset_bytes, inl[i - 1]->name, inl[i - 1]->offset_bytes, inl[i - 1]->offset_bytes + inl[i - 1]->size_bytes);
+            }
+        }
         auto cuda = std::make_shared<CudaCopies>();
         cuda->copy(*rec, entries, ts);
         for (model::TensorInfo & t : ts) {

@@ -9,12 +9,15 @@
 #include "fd/model/model_config.h"
 #include "fd/progress.h"
 #include "fd/shm/names.h"
+#include "fd/file_io.h"
 #include "fd/status.h"
+#include "fd/trust.h"
 #include "fd/weights/store.h"
 
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -300,9 +303,8 @@ private:
             fail(Errc::not_found, "the store {} has no '{}' and --model has no version.yaml 'step'; pass {{\"version\": \"...\"}} ({})",
                  cfg_.source, store::kLatestName, e.what());
         }
-        std::ifstream in(tmp);
-        std::string   line;
-        std::getline(in, line);
+        std::string line = read_small_file(tmp, 4096, Errc::invalid_checkpoint).value_or("");
+        line = line.substr(0, line.find('\n'));
         while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) { line.pop_back(); }
         if (!shm::is_valid_version(line)) {
             fail(Errc::invalid_checkpoint, "{}/{} holds '{}', not a version ([A-Za-z0-9._-]{{1,128}})", cfg_.source, store::kLatestName, line);
@@ -357,10 +359,22 @@ private:
 
     void prepare_staging() {
         std::error_code ec;
-        fs::create_directories(cfg_.staging_dir, ec);
+        // Parents as usual; the staging dir itself mode 0700 when we create it (the default lives
+        // in the world-writable $TMPDIR, where another user could create it first).
+        fs::create_directories(cfg_.staging_dir.parent_path(), ec);
+        if (!ec && ::mkdir(cfg_.staging_dir.c_str(), 0700) != 0 && errno != EEXIST) { ec = std::error_code(errno, std::generic_category()); }
         if (ec || ::access(cfg_.staging_dir.c_str(), W_OK | X_OK) != 0) {
             fail(Errc::source_unavailable, "staging dir {} is not writable ({}); fix \"staging_dir\" in --rsync-config", cfg_.staging_dir.string(),
                  ec ? ec.message() : std::strerror(errno));
+        }
+        // What is staged there is applied: the dir must be this user's and not writable by others.
+        {
+            const UniqueFd d(::open(cfg_.staging_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+            if (!d.valid()) {
+                fail(Errc::forbidden, "staging dir {} cannot be opened as a directory ({}): a symlink or not a directory; "
+                                      "fix \"staging_dir\" in --rsync-config", cfg_.staging_dir.string(), std::strerror(errno));
+            }
+            check_trusted(d.get(), cfg_.staging_dir.string(), Trust::owned);
         }
         store::remove_stale_temps(cfg_.staging_dir, ".incoming-");
         if (cfg_.local && !fs::is_directory(cfg_.source)) {

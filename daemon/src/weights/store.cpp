@@ -224,11 +224,11 @@ Manifest build_manifest(const fs::path & dir, const std::string & version, const
 
 Manifest read_manifest(const fs::path & dir) {
     const fs::path file = dir / kManifestName;
-    std::ifstream in(file);
-    if (!in) { fail(Errc::invalid_checkpoint, "{}: missing; a store version must be published with its manifest (fdctl publish --strategy rsync)", file.string()); }
+    const auto text = read_small_file(file, 64 << 20, Errc::invalid_checkpoint);
+    if (!text) { fail(Errc::invalid_checkpoint, "{}: missing; a store version must be published with its manifest (fdctl publish --strategy rsync)", file.string()); }
     json j;
     try {
-        j = json::parse(in);
+        j = json::parse(*text);
     } catch (const json::exception & e) {
         fail(Errc::invalid_checkpoint, "{}: not valid JSON: {}", file.string(), e.what());
     }

@@ -19,7 +19,9 @@ namespace fd::api {
 struct ServerConfig {
     std::string host              = "127.0.0.1";
     int32_t     port              = 8000;
-    std::string api_key;                     ///< empty = no auth; else `Authorization: Bearer KEY` on /v1/*
+    std::string api_key;                     ///< empty = no auth; else `Authorization: Bearer KEY` on /v1/completions, /v1/models (and the control routes unless control_api_key is set)
+    std::string control_api_key;             ///< non-empty: the only key the control routes (V1 and legacy) accept; api_key no longer opens them
+    bool        allow_unauthenticated = false; ///< start on a non-loopback --host without --api-key (warned loudly)
     std::string served_model_name;           ///< `model` clients send; default = model dir name
     std::string model_dir;
     int32_t     n_http_threads    = 128;     ///< concurrent connections served

@@ -26,6 +26,10 @@ struct TensorInfo {
     std::filesystem::path file;
     int64_t               offset_bytes = 0;  ///< absolute offset of the data in `file`
     int64_t               size_bytes   = 0;
+    /// Identity of `file` when its header was read (fstat st_dev / st_ino; 0 = not recorded).
+    /// Readers of the data check that the file they open is still this one.
+    uint64_t              file_dev = 0;
+    uint64_t              file_ino = 0;
 
     int64_t numel() const;
 };
@@ -40,8 +44,12 @@ struct TensorIndex {
 /// Read the headers of `dir`/model.safetensors.index.json's shards, or of `dir`/model.safetensors,
 /// or of all `dir`/*.safetensors except ipc_snapshot files (model_state.*).
 /// Errors   fd::Error{invalid_checkpoint} naming the file (and tensor): no safetensors file,
-///          truncated file, bad header JSON, unsupported dtype, offsets outside the file or not
-///          matching shape × dtype size, a tensor listed in the index but absent from its shard.
+///          not a regular file (a FIFO or device: refused without blocking; symlinks to regular
+///          files, as in Hugging Face caches, are followed), truncated file, bad header JSON,
+///          unsupported dtype, a shape whose byte size overflows 64 bits, data_offsets not equal to
+///          shape × dtype size, or not tiling the data area (the safetensors rule: sorted by
+///          offset they start at 0, are contiguous, never overlap, and end at the file's end),
+///          a tensor listed in the index but absent from its shard.
 TensorIndex read_tensor_index(const std::filesystem::path & dir);
 
 /// Bytes per element of `d` (4 or 2).

@@ -81,12 +81,24 @@ WeightLayout plan_layout(const ModelConfig & cfg, const TensorIndex & idx);
 /// Errors  fd::Error{invalid_checkpoint} naming the file and tensor.
 void validate_against_layout(const WeightLayout & layout, const TensorIndex & idx);
 
+struct FillOptions {
+    bool   check_finite = true;  ///< refuse NaN/Inf (checked on each piece right after it is read)
+    double timeout_s    = 0.0;   ///< > 0: no new piece is read after this many seconds (a hung file system)
+};
+
 /// Read every inference tensor of `layout` from the checkpoint `idx` into `base`
 /// ([layout.arena_bytes] bytes, 64-byte aligned). Bytes stored in the memory dtype are copied
-/// by pread in chunks of <= 8 MiB spread over `pool` (nullptr = caller only); others are read
-/// and widened to f32. On error `base` holds a partial copy (callers fill a staging arena).
-/// Errors   fd::Error{invalid_checkpoint} naming the file and tensor (cannot open, short read).
-void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byte * base, kernels::ThreadPool * pool);
+/// by pread in chunks of <= 8 MiB spread over `pool` (nullptr = caller only), each read in
+/// 256 KiB pieces that are checked for NaN/Inf while still in cache (F32/BF16/F16 bits, before
+/// widening); others are read, checked and widened to f32. Every file is opened without
+/// blocking, must be a regular file and the one whose header `idx` was read from (st_dev/ino).
+/// A tied model whose checkpoint also stores a different lm_head.weight: a warning log.
+/// On error `base` holds a partial copy (callers fill a staging arena).
+/// Errors   fd::Error{invalid_checkpoint} naming the file and tensor (cannot open, not a regular
+///          file, short read, a NaN/Inf value and its element index); source_unavailable when a
+///          file was replaced since it was indexed; timeout past `opt.timeout_s`.
+void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byte * base, kernels::ThreadPool * pool,
+                  const FillOptions & opt = {});
 
 /// A linear weight as the kernels read it: [n_out, n_in] in `type`.
 struct LinearWeight {

@@ -44,12 +44,17 @@ struct WorkerConfig {
     /// becomes the next staging area): updates then copy at memory bandwidth, at the cost of a
     /// second copy of the weights in RSS while awake. false: map it per update, unmap after.
     bool    keep_update_staging = true;
+    /// Refuse weights holding NaN/Inf at load, wakeup and update (checked during the copy).
+    bool    check_finite_weights = true;
+    /// > 0: a weight fill (load, wakeup, update) reads no new piece after this many seconds and
+    /// fails with timeout (a hung file system); 0 = no limit.
+    double  io_timeout_s = 0.0;
 };
 
 class Worker {
 public:
     /// Load the weights of `cfg` from `idx` and allocate the KV pool.
-    /// Errors  fd::Error{invalid_checkpoint} from loading.
+    /// Errors  fd::Error{invalid_checkpoint} from loading (incl. a NaN/Inf weight, named).
     Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg);
 
     /// Run the model on `batch`; write the logits of batch.logits_rows.

@@ -153,4 +153,13 @@ void bf16_to_f32(float * out, const uint16_t * in, int64_t n);
 /// IEEE half → f32 (subnormals, inf and NaN preserved).   Shapes  out, in [n].
 void f16_to_f32(float * out, const uint16_t * in, int64_t n);
 
+/// Index of the first non-finite value (NaN, +Inf, -Inf) among `n` values, or -1 if all are
+/// finite. Reads the exponent bits only (all ones = Inf or NaN): no FP exceptions, no
+/// dependence on -ffast-math. Vectorized OR-reduction over blocks of 1024, then a scalar scan of
+/// the flagged block; runs at memory bandwidth, so loaders call it on data still in cache.
+/// Shapes   x [n]   as IEEE f32 / bf16 (upper half of an f32) / IEEE f16 bits.
+int64_t find_nonfinite_f32(const float * x, int64_t n);
+int64_t find_nonfinite_bf16(const uint16_t * x, int64_t n);
+int64_t find_nonfinite_f16(const uint16_t * x, int64_t n);
+
 }  // namespace fd::kernels

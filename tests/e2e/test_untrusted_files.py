@@ -1,0 +1,167 @@
+"""Nothing another local user writes is trusted (SPEC §8.6; issue 12, defect 1). A real second
+user, created for the test, plants the files the daemon acts on — the `ipc` weight record, the
+control block of its port, the rsync staging dir, ipc_snapshot files — and the daemon refuses each
+with 403 `forbidden` (fdctl exit 13, start-up exit 13) naming the file and its owner, keeps serving
+its old weights, and accepts the same source once it is its own user's again."""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import unittest
+import urllib.request
+
+from fdtest import BIN, FDCTL, STORIES, Daemon, OtherUser, copy_checkpoint, fdctl, free_port, greedy, perturbed
+
+EXIT_FORBIDDEN = 13
+
+
+class UntrustedFiles(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.user = OtherUser()  # skips the whole class unless root
+        cls.addClassCleanup(cls.user.close)  # also when the rest of setUpClass fails
+        cls.tmp = tempfile.mkdtemp(prefix="fd-trust-")
+        os.chmod(cls.tmp, 0o755)  # the other user reads the checkpoints and runs fdctl from here
+        cls.A = copy_checkpoint(STORIES, os.path.join(cls.tmp, "A"))
+        cls.B = perturbed(STORIES, os.path.join(cls.tmp, "B"), seed=21)
+        for d in (cls.A, cls.B):
+            os.chmod(d, 0o755)
+        with Daemon(model=cls.B) as fresh:
+            cls.out_b = greedy(fresh)[:2]
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def forbidden(self, d, path_words, body=None):
+        """update_weights must answer 403 forbidden naming the file; the old weights keep serving."""
+        before = greedy(d)
+        self.assertEqual(d.post("/v1/pause")[0], 200)
+        status, j = d.post("/v1/update_weights", body if body is not None else {})
+        self.assertEqual((status, j["error"]["type"]), (403, "forbidden"), j)
+        for w in path_words:
+            self.assertIn(w, j["error"]["message"])
+        self.assertEqual(d.post("/v1/resume")[0], 200)
+        self.assertEqual(greedy(d), before)
+        return j["error"]["message"]
+
+    def test_an_ipc_record_planted_by_another_user_is_refused(self):
+        d = Daemon("--dynamic-load-weight", "--load-strategy", "ipc", model=self.A)
+        self.addCleanup(d.__exit__)
+        record = f"/dev/shm/fdrollout.{d.port}.weights.tp0"
+        self.addCleanup(lambda: [os.unlink(p) for p in glob.glob(f"/dev/shm/fdrollout.{d.port}.weights.*")])
+        # The other user publishes first (a complete, valid record of other weights, mode 0600).
+        p = self.user.run(FDCTL, "--port", str(d.port), "publish", "--strategy", "ipc", "--from", self.B, "--version", "evil")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(os.stat(record).st_uid, self.user.uid)
+        msg = self.forbidden(d, [record, f"uid {self.user.uid}"])
+        self.assertIn("owned by", msg)
+        # fdctl reports it with its own exit code.
+        self.assertEqual(fdctl(d.port, "pause")[0], 0)
+        rc, _, err = fdctl(d.port, "update-weights")
+        self.assertEqual(rc, EXIT_FORBIDDEN, err)
+        self.assertIn("forbidden", err)
+        # The same weights published by the daemon's own user go in.
+        os.unlink(record)
+        rc, _, err = fdctl(d.port, "publish", "--strategy", "ipc", "--from", self.B, "--version", "mine")
+        self.assertEqual(rc, 0, err)
+        status, j = d.post("/v1/update_weights", {})
+        self.assertEqual(status, 200, j)
+        d.post("/v1/resume")
+        self.assertEqual(greedy(d), (*self.out_b, "mine"))
+        # A record of this user that others may read or write is refused too.
+        os.chmod(record, 0o644)
+        self.forbidden(d, [record, "0644"])
+
+    def test_a_control_block_planted_by_another_user_stops_start_up(self):
+        port = free_port()
+        block = f"/dev/shm/fdrollout.{port}"
+        self.addCleanup(lambda: os.path.exists(block) and os.unlink(block))
+        code = f"import os; fd = os.open('{block}', os.O_CREAT | os.O_RDWR, 0o600); os.ftruncate(fd, 33248)"
+        p = self.user.run("/usr/bin/python3", "-c", code)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        r = subprocess.run([BIN, "--model", STORIES, "--port", str(port)], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, EXIT_FORBIDDEN, r.stderr)
+        self.assertIn(block, r.stderr)
+        self.assertIn(f"uid {self.user.uid}", r.stderr)
+        self.assertTrue(os.path.exists(block))  # refused, not removed: its owner (or root) decides
+        # The daemon's own stale block (mode 0600) is reclaimed as before; one others can write is not.
+        os.unlink(block)
+        fd = os.open(block, os.O_CREAT | os.O_RDWR, 0o600)
+        os.close(fd)
+        os.chmod(block, 0o666)
+        r = subprocess.run([BIN, "--model", STORIES, "--port", str(port)], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, EXIT_FORBIDDEN, r.stderr)
+        self.assertIn("0666", r.stderr)
+        os.chmod(block, 0o600)
+        proc = subprocess.Popen([BIN, "--model", STORIES, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.time() + 60
+            while time.time() < deadline and proc.poll() is None:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    time.sleep(0.05)
+            self.assertIsNone(proc.poll(), "the daemon did not reclaim its own stale block")
+            self.assertEqual(os.stat(block).st_mode & 0o777, 0o600)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+    def test_another_users_staging_dir_is_refused(self):
+        store = os.path.join(self.tmp, "store")
+        rc, _, err = fdctl(0, "publish", "--strategy", "rsync", "--from", self.B, "--store", store, "--version", "1")
+        self.assertEqual(rc, 0, err)
+        staging = f"/tmp/fd-staging-other-{os.getpid()}"  # where another user can create it: /tmp
+        self.addCleanup(shutil.rmtree, staging, True)
+        p = self.user.run("/bin/mkdir", "-m", "0755", staging)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        cfg = json.dumps({"source": store, "staging_dir": staging, "timeout_s": 60})
+        with Daemon("--dynamic-load-weight", "--load-strategy", "rsync", "--rsync-config", cfg, model=self.A) as d:
+            self.forbidden(d, [staging, f"uid {self.user.uid}"], {"version": "1"})
+        own = os.path.join(self.tmp, "staging-own")
+        os.mkdir(own, 0o777)
+        os.chmod(own, 0o777)  # ours but world-writable: refused as well
+        cfg = json.dumps({"source": store, "staging_dir": own, "timeout_s": 60})
+        with Daemon("--dynamic-load-weight", "--load-strategy", "rsync", "--rsync-config", cfg, model=self.A) as d:
+            self.forbidden(d, [own, "0777"], {"version": "1"})
+            os.chmod(own, 0o700)
+            d.post("/v1/pause")
+            status, j = d.post("/v1/update_weights", {"version": "1"})
+            self.assertEqual(status, 200, j)
+
+    def test_ipc_snapshot_files_and_dir_of_another_user_are_refused(self):
+        model = copy_checkpoint(self.A, os.path.join(self.tmp, "snap"))
+        os.chmod(model, 0o755)
+        rc, _, err = fdctl(0, "publish", "--strategy", "ipc_snapshot", "--from", self.B, "--model", model)
+        self.assertEqual(rc, 0, err)
+        snap = glob.glob(os.path.join(model, "model_state.tp0*.safetensors"))
+        self.assertTrue(snap)
+        with Daemon("--dynamic-load-weight", "--load-strategy", "ipc_snapshot", model=model) as d:
+            os.chown(snap[0], self.user.uid, self.user.gid)
+            self.forbidden(d, [snap[0], f"uid {self.user.uid}"], {"version": "s"})
+            os.chown(snap[0], 0, 0)
+            os.chmod(model, 0o777)
+            self.forbidden(d, [model, "0777"], {"version": "s"})
+            os.chmod(model, 0o755)
+            d.post("/v1/pause")
+            status, j = d.post("/v1/update_weights", {"version": "s"})
+            self.assertEqual(status, 200, j)
+            d.post("/v1/resume")
+            self.assertEqual(greedy(d), (*self.out_b, "s"))
+
+    def test_another_user_cannot_use_the_control_block(self):
+        with Daemon(model=self.A) as d:
+            p = self.user.run(FDCTL, "--port", str(d.port), "--transport", "shm", "pause")
+            self.assertNotEqual(p.returncode, 0, p.stdout)
+            self.assertIn("0600", p.stderr)
+            self.assertFalse(d.get("/v1/is_paused")[1]["is_paused"])
+
+
+if __name__ == "__main__":
+    unittest.main()
