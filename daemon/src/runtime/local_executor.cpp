@@ -25,11 +25,7 @@ public:
 
     std::vector<RankReport> stage_weights(const weights::FetchRequest & req) override {
         RankReport r;
-        const auto t0 = Clock::now();
-        weights::FetchRequest mine = req;
-        mine.rank = 0;
-        weights::FetchedCheckpoint ckpt = source_->fetch(mine);
-        r.fetch_s = seconds_since(t0);
+        weights::FetchedCheckpoint ckpt = fetch(req, r);
         const auto t1 = Clock::now();
         r.bytes             = worker_->stage_weights(ckpt.index, ckpt.verify_copied);
         r.stage_s           = seconds_since(t1);
@@ -66,11 +62,7 @@ public:
 
     std::vector<RankReport> reload_weights(const weights::FetchRequest & req) override {
         RankReport r;
-        const auto t0 = Clock::now();
-        weights::FetchRequest mine = req;
-        mine.rank = 0;
-        weights::FetchedCheckpoint ckpt = source_->fetch(mine);
-        r.fetch_s = seconds_since(t0);
+        weights::FetchedCheckpoint ckpt = fetch(req, r);
         const auto t1 = Clock::now();
         worker_->reload_weights(ckpt.index, ckpt.verify_copied);
         r.stage_s   = seconds_since(t1);
@@ -84,6 +76,16 @@ public:
     int64_t kv_bytes() const override { return worker_->kv_bytes(); }
 
 private:
+    /// This rank's checkpoint for `req`; the time it took goes to r.fetch_s.
+    weights::FetchedCheckpoint fetch(const weights::FetchRequest & req, RankReport & r) {
+        const auto t0 = Clock::now();
+        weights::FetchRequest mine = req;
+        mine.rank = 0;
+        weights::FetchedCheckpoint ckpt = source_->fetch(mine);
+        r.fetch_s = seconds_since(t0);
+        return ckpt;
+    }
+
     std::unique_ptr<model::Worker>          worker_;
     std::unique_ptr<weights::WeightSource>  source_;
 };

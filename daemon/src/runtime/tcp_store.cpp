@@ -19,11 +19,11 @@ namespace {
 
 constexpr uint32_t kMaxValue = 1u << 20;
 
-/// Read exactly n bytes (false on EOF/error).
-bool read_full(int fd, void * p, size_t n) {
+/// Receive (or send) exactly n bytes; false on EOF or error.
+bool transfer_full(int fd, void * p, size_t n, bool send) {
     auto * b = static_cast<char *>(p);
     while (n > 0) {
-        const ssize_t r = ::recv(fd, b, n, 0);
+        const ssize_t r = send ? ::send(fd, b, n, MSG_NOSIGNAL) : ::recv(fd, b, n, 0);
         if (r <= 0) {
             if (r < 0 && errno == EINTR) { continue; }
             return false;
@@ -34,19 +34,8 @@ bool read_full(int fd, void * p, size_t n) {
     return true;
 }
 
-bool write_full(int fd, const void * p, size_t n) {
-    const auto * b = static_cast<const char *>(p);
-    while (n > 0) {
-        const ssize_t r = ::send(fd, b, n, MSG_NOSIGNAL);
-        if (r <= 0) {
-            if (r < 0 && errno == EINTR) { continue; }
-            return false;
-        }
-        b += r;
-        n -= static_cast<size_t>(r);
-    }
-    return true;
-}
+bool read_full(int fd, void * p, size_t n) { return transfer_full(fd, p, n, false); }
+bool write_full(int fd, const void * p, size_t n) { return transfer_full(fd, const_cast<void *>(p), n, true); }
 
 bool read_blob(int fd, std::string & s) {
     uint32_t len = 0;
