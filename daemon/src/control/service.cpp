@@ -173,9 +173,14 @@ ControlReply ControlService::run(const ControlRequest & req) {
         case ControlVerb::pause: return op({.op = ControlOp::pause});
         case ControlVerb::resume: return op({.op = ControlOp::resume});
         case ControlVerb::is_paused: {
+            // Both FastDeploy forms at once: its docs' top-level {"is_paused"} and its CI client's
+            // {"status": "success", "result": {"is_paused"}} (issue #13).
             const auto st = engine_.stats().state;
-            return json_reply(json{{"is_paused", st.paused}, {"sleeping_tags", sleeping_tags(st)}, {"weights_valid", st.weights_valid},
-                                   {"weight_version", st.weight_version}});
+            json j = {{"is_paused", st.paused}, {"sleeping_tags", sleeping_tags(st)}, {"weights_valid", st.weights_valid},
+                      {"weight_version", st.weight_version}};
+            j["result"] = j;
+            j["status"] = "success";
+            return json_reply(j);
         }
         case ControlVerb::status: return json_reply(status_json());
         case ControlVerb::sleep: require_dynamic(); return op({.op = ControlOp::sleep, .tags = req.tags});
