@@ -78,32 +78,40 @@ json linear_vs_openblas(const std::vector<int64_t> & ms, int64_t n, int64_t k, d
     return r;
 }
 
+DecodeLinears make_decode_linears(const fd::model::ModelConfig & c, bool with_lm_head) {
+    const int64_t h = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv = q_dim + 2 * kv_dim;
+    const int64_t ff = c.intermediate_size;
+    DecodeLinears d;
+    for (int il = 0; il < c.n_layers; ++il) {
+        d.lins.push_back({qkv, h, nullptr});
+        d.lins.push_back({h, q_dim, nullptr});
+        d.lins.push_back({2 * ff, h, nullptr});
+        d.lins.push_back({h, ff, nullptr});
+    }
+    if (with_lm_head) { d.lins.push_back({c.vocab_size, h, nullptr}); }
+    int64_t floats = 0;
+    for (const auto & l : d.lins) {
+        floats += fd::Arena::footprint_floats(l.n_out * l.n_in) / 4;
+        d.weight_bytes += l.n_out * l.n_in * 4;
+    }
+    d.mem = std::make_unique<Mapping>(static_cast<size_t>(floats) * sizeof(float));
+    for (size_t i = 0; i < d.mem->n_floats(); ++i) { d.mem->p[i] = static_cast<float>((i * 2654435761u) & 1023) * 1e-4f - 0.05f; }
+    float * cur = d.mem->p;
+    for (auto & l : d.lins) {
+        l.w = cur;
+        cur += fd::Arena::footprint_floats(l.n_out * l.n_in) / 4;
+    }
+    return d;
+}
+
 json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & batches, const std::vector<int> & ctxs,
                      int n_threads, double read_bw_gbs, double min_s, int64_t kv_budget_bytes) {
     namespace K = fd::kernels;
     const int64_t h = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv = q_dim + 2 * kv_dim;
     const int64_t ff = c.intermediate_size;
-    struct Lin { int64_t n_out, n_in; float * w; };
-    std::vector<Lin> lins;
-    for (int il = 0; il < c.n_layers; ++il) {
-        lins.push_back({qkv, h, nullptr});
-        lins.push_back({h, q_dim, nullptr});
-        lins.push_back({2 * ff, h, nullptr});
-        lins.push_back({h, ff, nullptr});
-    }
-    lins.push_back({c.vocab_size, h, nullptr});
-    int64_t floats = 0, weight_bytes = 0;
-    for (auto & l : lins) {
-        floats += fd::Arena::footprint_floats(l.n_out * l.n_in) / 4;
-        weight_bytes += l.n_out * l.n_in * 4;
-    }
-    Mapping wmem(static_cast<size_t>(floats) * sizeof(float));
-    for (size_t i = 0; i < wmem.n_floats(); ++i) { wmem.p[i] = static_cast<float>((i * 2654435761u) & 1023) * 1e-4f - 0.05f; }
-    float * cur = wmem.p;
-    for (auto & l : lins) {
-        l.w = cur;
-        cur += fd::Arena::footprint_floats(l.n_out * l.n_in) / 4;
-    }
+    const DecodeLinears dl = make_decode_linears(c, /*with_lm_head=*/true);
+    const auto &        lins = dl.lins;
+    const int64_t       weight_bytes = dl.weight_bytes;
     K::ThreadPool pool(n_threads);
     const int bmax = *std::max_element(batches.begin(), batches.end());
     std::vector<float> x(static_cast<size_t>(bmax) * std::max({h, q_dim, ff}), 0.01f);

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -73,6 +74,22 @@ inline Timing time_repeated(double min_s, int64_t min_runs, const std::function<
 /// OpenBLAS sgemm (1 thread) against kernels::linear on 1 thread, out [M, N] = x [M, K] · Wᵀ,
 /// W [N, K], for each M in `ms`: GFLOP/s of the best run, fd f32 ÷ OpenBLAS, fd bf16 ÷ fd f32
 /// (same values rounded to bf16), largest |fd f32 - OpenBLAS|.
+/// One linear layer of a decode step on synthetic f32 weights: w [n_out, n_in].
+struct DecodeLinear {
+    int64_t n_out = 0, n_in = 0;
+    float * w     = nullptr;
+};
+
+/// Synthetic f32 weights of every linear layer of a decode step of `c` (per layer qkv, o,
+/// gate_up, down; then lm_head when `with_lm_head`), each Arena-aligned in one mapping filled
+/// with fixed pseudo-random values. weight_bytes: the f32 bytes the layers read per step.
+struct DecodeLinears {
+    std::vector<DecodeLinear> lins;
+    int64_t                   weight_bytes = 0;
+    std::unique_ptr<Mapping>  mem;
+};
+DecodeLinears make_decode_linears(const fd::model::ModelConfig & c, bool with_lm_head);
+
 nlohmann::ordered_json linear_vs_openblas(const std::vector<int64_t> & ms, int64_t n, int64_t k, double min_s);
 
 /// Decode steps of B tokens at context `ctx` on the model's shapes with f32 weights, for each

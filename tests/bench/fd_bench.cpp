@@ -196,25 +196,10 @@ json decode_breakdown(const fd::model::ModelConfig & c, const Options & o, int64
     namespace K = fd::kernels;
     const int64_t h = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv = q_dim + 2 * kv_dim;
     const int64_t ff = c.intermediate_size;
-    struct Lin { int64_t n_out, n_in; float * w; };
-    std::vector<Lin> lins;
-    for (int il = 0; il < c.n_layers; ++il) {
-        lins.push_back({qkv, h, nullptr});
-        lins.push_back({h, q_dim, nullptr});
-        lins.push_back({2 * ff, h, nullptr});
-        lins.push_back({h, ff, nullptr});
-    }
-    int64_t floats = 0;
-    for (auto & l : lins) { floats += fd::Arena::footprint_floats(l.n_out * l.n_in) / 4; }
-    const int64_t lm_floats = fd::Arena::footprint_floats(int64_t(c.vocab_size) * h) / 4;
-    Mapping wmem(static_cast<size_t>(floats + lm_floats) * sizeof(float));
-    for (size_t i = 0; i < wmem.n_floats(); ++i) { wmem.p[i] = static_cast<float>((i * 2654435761u) & 1023) * 1e-4f - 0.05f; }
-    float * cur = wmem.p;
-    for (auto & l : lins) {
-        l.w = cur;
-        cur += fd::Arena::footprint_floats(l.n_out * l.n_in) / 4;
-    }
-    float * lm = cur;
+    DecodeLinears dl = make_decode_linears(c, /*with_lm_head=*/true);  // lm_head last, split off below
+    const float * lm = dl.lins.back().w;
+    dl.lins.pop_back();
+    const auto & lins = dl.lins;
 
     K::ThreadPool pool(o.threads);
     K::ThreadPool * pp = &pool;
