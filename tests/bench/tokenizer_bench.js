@@ -10,14 +10,7 @@ const fs = require("fs");
 const path = require("path");
 const [mode, fixtures, file, models, secondsMin] = process.argv.slice(2);
 
-function rng(seed) {
-  return () => {
-    seed |= 0; seed = (seed + 0x6d2b79f5) | 0;
-    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+const { rng } = require(path.join(__dirname, "../reference/prng.js"));
 
 function makeCorpus() {
   const r = rng(42);

@@ -11,15 +11,7 @@ const path = require("path");
 const [fixtures, out] = process.argv.slice(2);
 const { TokenizerLoader } = require(path.join(fixtures, "node_modules/@lenml/tokenizers"));
 
-// Deterministic PRNG (mulberry32) so the random corpus is the same on every machine.
-function rng(seed) {
-  return () => {
-    seed |= 0; seed = (seed + 0x6d2b79f5) | 0;
-    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+const { rng } = require(path.join(__dirname, "./prng.js"));
 
 const fixed = [
   "Hello, world! This is a test.", "The quick brown fox jumps over the lazy dog.", "hello", " hello", "  hello  ",
