@@ -47,8 +47,10 @@ void write_control_error(httplib::Response & res, const Error & e) {
 void control_route(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
     shm::MailboxCommand cmd;
     cmd.op = kRouteOps.at(req.path);
+    // Only `tags` is a control parameter (which ops take it is ControlRequest::parse's call);
+    // anything else, e.g. vLLM's ?level=1, is refused here rather than guessed at.
     for (const auto & [key, value] : req.params) {
-        if (key != "tags" || (cmd.op != "sleep" && cmd.op != "wakeup")) {  // e.g. vLLM's ?level=1: say so, do not guess
+        if (key != "tags") {
             throw Error(Errc::invalid_argument, fmt::format("unknown query parameter '{}' for {} (sleep and wakeup take tags=weight,kv_cache)",
                                                             key, req.path), key);
         }
