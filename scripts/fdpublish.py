@@ -110,6 +110,9 @@ def to_rollout_names(hf, cfg, tp=1, rank=0):
         if a + "q_proj.bias" in hf:
             out[a + "qkv_proj.bias"] = cat(rows(hf[a + "q_proj.bias"], q_dim), rows(hf[a + "k_proj.bias"], kv_dim),
                                            rows(hf[a + "v_proj.bias"], kv_dim))
+        for norm in ("q_norm.weight", "k_norm.weight"):  # Qwen3: per-head, replicated
+            if a + norm in hf:
+                out[a + norm] = hf[a + norm]
         out[a + "o_proj.weight"] = cols(hf[a + "o_proj.weight"], q_dim)
         m = p + "mlp."
         out[m + "gate_up_proj.weight"] = cat(rows(hf[m + "gate_proj.weight"], ff), rows(hf[m + "up_proj.weight"], ff))
