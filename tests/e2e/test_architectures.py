@@ -148,17 +148,17 @@ class Architectures(unittest.TestCase):
         cases = [
             ("yarn", "llama3.2-like", lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                                                        "original_max_position_embeddings": 256}),
-             ["rope_scaling", "'yarn'"]),
-            ("mlp_bias", "llama3.2-like", lambda c: c.update(mlp_bias=True), ["mlp_bias"]),
-            ("attn_bias", "qwen3-like", lambda c: c.update(attention_bias=True), ["attention_bias"]),
+             ["rope_scaling", "'yarn'"], []),
+            ("mlp_bias", "llama3.2-like", lambda c: c.update(mlp_bias=True), ["mlp_bias"], []),
+            ("attn_bias", "qwen3-like", lambda c: c.update(attention_bias=True), ["attention_bias"], []),
             ("qwen_window", "qwen2.5-like", lambda c: c.update(use_sliding_window=True, sliding_window=32, max_window_layers=0),
-             ["use_sliding_window", "sliding_window"]),
-            ("moe", "mistral-like", lambda c: c.update(num_local_experts=8, num_experts_per_tok=2), ["num_local_experts"]),
-            ("act", "qwen2.5-like", lambda c: c.update(hidden_act="gelu_pytorch_tanh"), ["hidden_act", "gelu_pytorch_tanh"]),
+             ["use_sliding_window", "sliding_window = 32", "--max-model-len 32"], ["--max-model-len", "64"]),
+            ("moe", "mistral-like", lambda c: c.update(num_local_experts=8, num_experts_per_tok=2), ["num_local_experts"], []),
+            ("act", "qwen2.5-like", lambda c: c.update(hidden_act="gelu_pytorch_tanh"), ["hidden_act", "gelu_pytorch_tanh"], []),
         ]
-        for name, base, edit, needles in cases:
+        for name, base, edit, needles, args in cases:
             with self.subTest(name):
-                err = startup_error(self.variant(base, "bad-" + name, edit))
+                err = startup_error(self.variant(base, "bad-" + name, edit), *args)
                 self.assertIn("config.json", err)
                 for n in needles:
                     self.assertIn(n, err)

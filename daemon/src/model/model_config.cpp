@@ -182,7 +182,11 @@ void refuse_unsupported(const json & j, const path & file, ModelConfig & c) {
             if (!j["layer_types"].is_array()) { fail(Errc::invalid_checkpoint, "{}: field 'layer_types' must be a list", f); }
             for (const auto & t : j["layer_types"]) { any = any || t == "sliding_attention"; }
         } else {  // transformers: layer i slides when use_sliding_window and i >= max_window_layers
-            any = get_int(j, "max_window_layers", file, 28) < c.n_layers;
+            const json mwl = j.value("max_window_layers", json(28));  // Qwen2Config's default
+            if (!mwl.is_number_integer() || mwl.get<int64_t>() < 0) {
+                fail(Errc::invalid_checkpoint, "{}: field 'max_window_layers' must be a non-negative integer, got {}", f, mwl.dump());
+            }
+            any = mwl.get<int64_t>() < c.n_layers;
         }
         if (any) {
             c.sliding_window       = get_int(j, "sliding_window", file);
