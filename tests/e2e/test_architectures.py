@@ -22,7 +22,7 @@ from fdtest import (BIN, FDCTL, Daemon, copy_checkpoint, free_port, make_checkpo
 import fdpublish  # noqa: E402  (scripts/ is on sys.path via fdtest)
 
 N_NEW = 12
-LOGPROB_TOL = 2e-3
+LOGPROB_TOL = 1e-4  # measured differences ~5e-6
 
 
 def prompt_ids(n=40, seed=11):
