@@ -192,15 +192,25 @@ class Architectures(unittest.TestCase):
         self.assertEqual(len(new_norms), 2 * cfg["num_hidden_layers"])
         want_dir = rewrite_tensors(copy_checkpoint(d, os.path.join(self.tmp, "q3-norms")), lambda t: t.update(new_norms))
         want, _ = numpy_greedy(want_dir, self.prompt)
-        self.assertNotEqual(want, numpy_greedy(d, self.prompt)[0])
-        with Daemon("--dynamic-load-weight", "--load-strategy", "ipc_snapshot", model=model) as dm:
-            fdpublish.publish_ipc_snapshot(fdpublish.to_rollout_names({**hf, **new_norms}, cfg), model)
+        want_a = numpy_greedy(d, self.prompt)[0]
+        self.assertNotEqual(want, want_a)
+
+        def update(dm, version):
             self.assertEqual(dm.post("/v1/pause")[0], 200)
-            status, j = dm.post("/v1/update_weights", {"version": "norms"})
+            status, j = dm.post("/v1/update_weights", {"version": version})
             self.assertEqual(status, 200, j)
             self.assertEqual(dm.post("/v1/resume")[0], 200)
-            c = dm.complete(prompt=self.prompt, max_tokens=N_NEW, temperature=0, ignore_eos=True)["choices"][0]
-            self.assertEqual(c["token_ids"], want)
+            return dm.complete(prompt=self.prompt, max_tokens=N_NEW, temperature=0, ignore_eos=True)["choices"][0]["token_ids"]
+
+        with Daemon("--dynamic-load-weight", "--load-strategy", "ipc_snapshot", model=model) as dm:
+            # the Python publisher: A's weights with the other norms
+            fdpublish.publish_ipc_snapshot(fdpublish.to_rollout_names({**hf, **new_norms}, cfg), model)
+            self.assertEqual(update(dm, "py-norms"), want)
+            # the C++ publisher (RolloutModel): back to A's own norms
+            p = subprocess.run([FDCTL, "publish", "--strategy", "ipc_snapshot", "--from", d, "--model", model],
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(update(dm, "cpp-a"), want_a)
 
 
 if __name__ == "__main__":
