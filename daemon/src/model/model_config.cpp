@@ -238,7 +238,7 @@ ModelConfig load_model_config(const path & dir) {
     if (c.head_dim % 2 != 0) { fail(Errc::invalid_checkpoint, "{}: head_dim {} must be even for RoPE", file.string(), c.head_dim); }
     parse_rope(j, file, c);
     refuse_unsupported(j, file, c);
-    c.bos_token_id = j.value("bos_token_id", 1);
+    if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) { c.bos_token_id = j["bos_token_id"]; }  // may be null
     if (j.contains("eos_token_id")) { c.eos_token_ids = id_list(j["eos_token_id"]); }
 
     const auto gen_file = dir / "generation_config.json";
