@@ -67,7 +67,8 @@ def _dims(cfg):
     h = cfg["hidden_size"]
     n_heads = cfg["num_attention_heads"]
     n_kv = cfg.get("num_key_value_heads", n_heads)
-    head_dim = cfg.get("head_dim") or h // n_heads
+    qwen3 = cfg.get("architectures", [""])[0] == "Qwen3ForCausalLM"
+    head_dim = cfg.get("head_dim") or (128 if qwen3 else h // n_heads)  # Qwen3Config's default is 128
     return h, n_heads * head_dim, n_kv * head_dim, cfg["intermediate_size"], cfg["vocab_size"]
 
 
