@@ -9,8 +9,10 @@ deadline (X-Request-Timeout: seconds from receipt, X-Request-Deadline: Unix time
 """
 import json
 import os
+import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 import unittest
@@ -75,6 +77,42 @@ class StalledDaemon(unittest.TestCase):
             rc, out, err = fdctl(d.port, "--timeout", "10", "pause")
             self.assertEqual(rc, 0, err)
             self.assertEqual(state(d), (True, []))
+
+    def test_random_stops_around_fdctl_calls_every_reported_outcome_is_the_truth(self):
+        # Toggle pause/resume through fdctl while the daemon is stopped for random spans that end
+        # before, at or after fdctl's random --timeout, so the deadline often falls right when the
+        # daemon picks the command up. After each call: exit 0 => applied; exit 7 "withdrawn" or
+        # "nothing was sent" => not applied, also after SIGCONT.
+        seed = int(os.environ.get("FD_STALL_SEED", str(int(time.time()))))
+        print(f"FD_STALL_SEED={seed}", file=sys.stderr)
+        rng = random.Random(seed)
+        outcomes = {"ok": 0, "withdrawn": 0, "not sent": 0}
+        with Daemon("--dynamic-load-weight") as d:
+            paused = False
+            for _ in range(int(os.environ.get("FD_STALL_TRIALS", "16"))):
+                op = "resume" if paused else "pause"
+                stop_s, timeout_s = rng.uniform(0, 1.2), rng.uniform(0.2, 1.2)
+                os.kill(d.proc.pid, signal.SIGSTOP)
+                timer = threading.Timer(stop_s, os.kill, (d.proc.pid, signal.SIGCONT))
+                timer.start()
+                try:
+                    rc, _, err = fdctl(d.port, "--timeout", f"{timeout_s:.3f}", op, timeout=30)
+                finally:
+                    timer.join()
+                    os.kill(d.proc.pid, signal.SIGCONT)
+                if rc == 0:
+                    paused = not paused
+                    outcomes["ok"] += 1
+                else:
+                    self.assertEqual(rc, EXIT_TIMEOUT, err)
+                    self.assertTrue("withdrawn" in err or "nothing was sent" in err, err)
+                    outcomes["withdrawn" if "withdrawn" in err else "not sent"] += 1
+                # Let the continued daemon drain its mailbox, then compare with what fdctl said.
+                rc, out, err = fdctl(d.port, "--timeout", "20", "--json", "status")
+                self.assertEqual(rc, 0, err)
+                time.sleep(0.2)
+                self.assertEqual(state(d), (paused, []), (op, stop_s, timeout_s))
+        print(f"outcomes: {outcomes}", file=sys.stderr)
 
     def test_a_stop_shorter_than_the_timeout_is_just_a_slow_answer(self):
         with Daemon("--dynamic-load-weight") as d:
