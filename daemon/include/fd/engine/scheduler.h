@@ -28,6 +28,8 @@ struct SchedSeq {
     int64_t              n_computed  = 0;  ///< tokens whose KV is in the cache
     int32_t              n_cached    = -1; ///< prompt tokens found in the prefix cache at first admission (-1 = not yet admitted)
     int32_t              n_preempted = 0;
+    bool                 no_prefix_cache = false;  ///< every prompt row is computed (its logits are wanted)
+    int32_t              max_chunk       = 0;      ///< > 0: at most this many tokens per step
 
     int64_t n_remaining() const { return static_cast<int64_t>(tokens.size()) - n_computed; }
 };
