@@ -100,23 +100,14 @@ bool get_bool(const json & j, const char * key, bool dflt) {
     return j[key].get<bool>();
 }
 
-ChatCompletionRequest parse(ApiContext & ctx, const std::string & body) {
-    const json j = parse_body(body);
-    static const std::set<std::string> kKnown = {
-        "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "logprobs",
-        "top_logprobs", "seed", "stop", "stop_token_ids", "ignore_eos", "stream", "stream_options", "user", "tools",
-        "tool_choice", "documents", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
-        "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens", "min_p",
-        "skip_special_tokens", "spaces_between_special_tokens", "prompt_logprobs", "include_stop_str_in_output",
-        "return_tokens_as_token_ids"};
-    check_fields(j, kKnown);
-    check_model(ctx, j);
+}  // namespace
+
+std::vector<int32_t> chat_prompt_ids(ApiContext & ctx, const json & j, const ojson & oj, bool add_special_tokens) {
     if (!ctx.chat_template) {
         bad("messages", fmt::format("model '{}' has no chat template (no chat_template.jinja, no 'chat_template' in tokenizer_config.json); "
                                     "use /v1/completions with a prompt",
                                     ctx.cfg.served_model_name));
     }
-    const ojson oj = ojson::parse(body);  // key order kept: templates print tools with tojson
     tokenizer::ChatRequest chat;
     chat.messages               = check_messages(oj.contains("messages") ? oj["messages"] : ojson(), ctx.chat_template->takes_content_parts());
     chat.add_generation_prompt  = get_bool(j, "add_generation_prompt", true);  // vLLM's default
@@ -140,9 +131,26 @@ ChatCompletionRequest parse(ApiContext & ctx, const std::string & body) {
         chat.chat_template_kwargs = oj["chat_template_kwargs"];
     }
     const std::string text = ctx.chat_template->render(chat);
+    return add_special_tokens ? ctx.tok->encode(text, true) : encode_chat_prompt(*ctx.tok, *ctx.chat_template, text);
+}
 
+namespace {
+
+ChatCompletionRequest parse(ApiContext & ctx, const std::string & body) {
+    const json j = parse_body(body);
+    static const std::set<std::string> kKnown = {
+        "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "logprobs",
+        "top_logprobs", "seed", "stop", "stop_token_ids", "ignore_eos", "stream", "stream_options", "user", "tools",
+        "tool_choice", "documents", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+        "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens", "min_p",
+        "skip_special_tokens", "spaces_between_special_tokens", "prompt_logprobs", "include_stop_str_in_output",
+        "return_tokens_as_token_ids"};
+    check_fields(j, kKnown);
+    check_model(ctx, j);
+    const ojson oj = ojson::parse(body);  // key order kept: templates print tools with tojson
     ChatCompletionRequest r;
-    r.gen.prompts.push_back(encode_chat_prompt(*ctx.tok, *ctx.chat_template, text));
+    r.gen.prompts.push_back(chat_prompt_ids(ctx, j, oj, false));
+
     if (r.gen.prompts[0].empty()) { bad("messages", "the chat template rendered an empty prompt"); }
     r.opts     = parse_sampling(ctx, j, r.gen, {"max_completion_tokens", "max_tokens"});
     if (r.gen.params.max_tokens == 0) {

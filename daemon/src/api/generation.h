@@ -49,6 +49,15 @@ struct StreamOptions {
 StreamOptions parse_sampling(const ApiContext & ctx, const nlohmann::json & j, engine::GenerateRequest & gen,
                              std::initializer_list<const char *> max_tokens_keys);
 
+/// The prompt ids of a chat request (chat_completions.cpp): `messages` rendered with the model's
+/// chat template with add_generation_prompt (default true), continue_final_message, tools,
+/// documents and chat_template_kwargs; `oj` is the body with its key order kept. The
+/// template's own BOS string becomes the tokenizer's BOS id once; `add_special_tokens` (vLLM's
+/// /tokenize field) encodes the rendered text with the tokenizer's special tokens added on top.
+/// Errors: 400 naming the field (no template, messages of the wrong shape, raise_exception).
+std::vector<int32_t> chat_prompt_ids(ApiContext & ctx, const nlohmann::json & j, const nlohmann::ordered_json & oj,
+                                     bool add_special_tokens);
+
 /// vLLM's stop_reason: the stop string, the stop token id, or null.
 nlohmann::json stop_reason_json(const engine::StopReason & r);
 
