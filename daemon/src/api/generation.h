@@ -22,7 +22,7 @@ namespace fd::api {
 nlohmann::json parse_body(const std::string & body);
 
 /// Every field of `j` must be in `known`; the fields fdrollout does not implement pass only at
-/// their neutral value (frequency_penalty 0, logit_bias {}, ...). Errors: 400 naming the field.
+/// their neutral value (best_of 1, min_p 0, suffix ""). Errors: 400 naming the field.
 void check_fields(const nlohmann::json & j, const std::set<std::string> & known);
 
 /// `model`, when given, must name the served model. Errors: 404 naming it.

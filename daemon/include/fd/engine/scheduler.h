@@ -5,7 +5,8 @@
 // = 1 token, an unfinished prefill = its next chunk), then waiting ones (FIFO) while blocks and
 // budget last, so prefill and decode share a step. When KV blocks run out, the most recently
 // admitted running sequence is preempted by recompute: its blocks are released and it returns
-// to the front of the queue with all its tokens to prefill again.
+// to the front of the queue with all its tokens to prefill again. A sequence may cap its chunk
+// (max_chunk) and skip the prefix cache (no_prefix_cache: scoring wants every prompt row).
 //
 // Sequence states:  waiting --admit--> running --finish--> (removed)
 //                       ^                  |
