@@ -141,8 +141,11 @@ json ControlService::status_json() const {
     const auto & es = st.state;
     const bool draining = engine_.draining();
     const json sleeping = sleeping_tags(es);
-    const char * state = draining ? "draining" : !sleeping.empty() ? "sleeping" : es.paused ? "paused" : "serving";
-    return {{"status", draining ? "draining" : "ok"},
+    const char * state = draining ? "draining" : es.degraded ? "degraded" : !sleeping.empty() ? "sleeping" : es.paused ? "paused" : "serving";
+    return {{"status", draining ? "draining" : es.degraded ? "degraded" : "ok"},
+            {"degraded_ranks", es.failed_ranks},
+            {"executor", es.executor_backend},
+            {"comm_group", {{"backend", es.comm_backend}, {"state", es.comm_group}}},
             {"state", state},
             {"is_paused", es.paused},
             {"sleeping_tags", sleeping},
