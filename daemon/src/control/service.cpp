@@ -158,7 +158,7 @@ json ControlService::status_json() const {
             {"num_requests_running", st.n_running},
             {"num_requests_waiting", st.n_waiting},
             {"kv_blocks", {{"used", st.n_kv_blocks_used}, {"free", st.n_kv_blocks_free}, {"total", st.n_kv_blocks_total}}},
-            {"rss_bytes", process_rss_bytes()},
+            {"rss_bytes", process_rss_bytes() + engine_.rank_processes_rss_bytes()},  // the daemon and its rank processes
             {"progress", progress_json(es.control_in_flight)}};
 }
 

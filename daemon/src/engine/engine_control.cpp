@@ -130,7 +130,7 @@ void Engine::do_resume(ControlResult &) {
 
 void Engine::do_sleep(TagSet tags, ControlResult & r) {
     do_pause(r);
-    r.rss_before_bytes = process_rss_bytes();
+    r.rss_before_bytes = process_rss_bytes() + executor_->rank_processes_rss_bytes();
     auto release = [&](runtime::MemoryTag tag, int64_t & freed) {
         freed = 0;
         for (const auto & rep : executor_->release(tag)) {
@@ -160,7 +160,7 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
             r.tags_done.push_back("weight");
         }
     }
-    r.rss_after_bytes = process_rss_bytes();
+    r.rss_after_bytes = process_rss_bytes() + executor_->rank_processes_rss_bytes();
 }
 
 void Engine::do_wakeup(TagSet tags, ControlResult & r) {

@@ -57,6 +57,7 @@ public:
         binary_ = cfg.rank_binary.empty() ? std::filesystem::read_symlink("/proc/self/exe").string() : cfg.rank_binary;
         region_.create(step_layout(256, 64, 1024, model_cfg.vocab_size).total_bytes);
         ranks_.resize(static_cast<size_t>(cfg.tensor_parallel_size));
+        pids_ = std::vector<std::atomic<pid_t>>(ranks_.size());
         replies_.resize(ranks_.size());
         generation_ = 1;
         std::vector<int32_t> all;
@@ -81,6 +82,16 @@ public:
     const char * backend() const override { return "mp"; }
     const char * comm_state() const override { return comm_connected_ ? "connected" : "disconnected"; }
     const char * comm_backend() const override { return "gloo"; }
+    int64_t rank_processes_rss_bytes() const override {
+        int64_t sum = 0;
+        for (const pid_t pid : pids_) {
+            if (pid <= 0) { continue; }
+            std::ifstream f(fmt::format("/proc/{}/statm", pid));
+            int64_t size = 0, resident = 0;
+            if (f >> size >> resident) { sum += resident * ::sysconf(_SC_PAGESIZE); }
+        }
+        return sum;
+    }
     int64_t weight_bytes() const override { return weight_bytes_; }
     int64_t kv_bytes() const override { return kv_bytes_; }
 
@@ -236,6 +247,7 @@ private:
         if (rc != 0) { fail(Errc::rank_failed, "cannot start rank {} ({}): {}", r, binary_, std::strerror(rc)); }
         auto & k  = ranks_[r];
         k.pid     = pid;
+        pids_[r]  = pid;
         k.link    = std::move(mine);
         k.failed  = false;
         k.why.clear();
@@ -391,7 +403,10 @@ private:
             } while (!reaped && Clock::now() < until);
             if (!reaped) { k.why = "closed its link"; }
         }
-        if (reaped) { k.pid = -k.pid; }  // reaped: never signal that pid again
+        if (reaped) {
+            k.pid    = -k.pid;  // reaped: never signal that pid again
+            pids_[r] = 0;
+        }
         k.failed = true;
         log::get("engine")->error("rank {} {}", r, k.why);
     }
@@ -438,7 +453,8 @@ private:
             }
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
         }
-        k.pid = -k.pid;
+        k.pid    = -k.pid;
+        pids_[r] = 0;
     }
 
     void shutdown() {
@@ -464,6 +480,7 @@ private:
     std::unique_ptr<TcpStoreServer>  store_;
     SharedRegion                     region_;
     std::vector<Rank>                ranks_;
+    std::vector<std::atomic<pid_t>>  pids_;      ///< [world] live rank pids (0: none), read by other threads
     std::vector<LinkMsg>             replies_;   ///< [world] the latest call's answers
     std::vector<int32_t>             targets_, live_, pending_, still_;
     uint64_t                         seq_ = 0;

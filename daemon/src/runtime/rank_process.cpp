@@ -252,6 +252,7 @@ int rank_process_main(int argc, char ** argv) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != static_cast<pid_t>(std::atoll(argv[4]))) { return 1; }
     std::signal(SIGINT, SIG_IGN);
+    std::signal(SIGTERM, SIG_IGN);  // systemd and `timeout` signal the whole group; the daemon drains, then stops its ranks
     std::signal(SIGPIPE, SIG_IGN);
     LinkSocket link(std::atoi(argv[2]));
     std::vector<char> buf(1 << 20);

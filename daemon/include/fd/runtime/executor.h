@@ -89,6 +89,9 @@ public:
     /// The ranks' communication group: "none" (a single in-process rank), "connected" or
     /// "disconnected" (torn down by sleep with --shutdown-comm-group-if-worker-idle).
     virtual const char * comm_state() const { return "none"; }
+    /// Resident bytes of the rank processes other than this one (mp: the sum over the local
+    /// ranks, read from /proc; uni: 0, the rank is this process). Any thread.
+    virtual int64_t rank_processes_rss_bytes() const { return 0; }
     /// The group's backend: "null" | "gloo" | "nccl".
     virtual const char * comm_backend() const { return "null"; }
 };
