@@ -131,12 +131,15 @@ public:
         ready.rank = s.rank;
         try {
             const auto & c = s.cfg;
+            // The group first (a sharded worker all-reduces from its first step). Its timeout is half
+            // the daemon's: a rank whose peer died answers with that error before the daemon gives
+            // up on it, so the daemon names the dead rank, not the waiting one.
+            comm_ = make_gloo_comm({.rank = s.rank, .world_size = c.tensor_parallel_size, .bind_host = c.master_addr,
+                                    .store_host = c.master_addr, .store_port = s.store_port, .timeout_s = 0.5 * c.timeout_s});
+            comm_->connect(s.generation);
             model_cfg_ = model::load_model_config(c.model_dir);
             auto worker = std::make_unique<model::Worker>(model_cfg_, model::read_tensor_index(c.model_dir), c.worker);
             ex_ = make_local_executor(std::move(worker), weights::make_weight_source(c.source), s.rank);
-            comm_ = make_gloo_comm({.rank = s.rank, .world_size = c.tensor_parallel_size, .bind_host = c.master_addr,
-                                    .store_host = c.master_addr, .store_port = s.store_port, .timeout_s = c.timeout_s});
-            comm_->connect(s.generation);
             fill_state(ready);
         } catch (const Error & e) {
             ready.status = static_cast<int32_t>(e.code());
