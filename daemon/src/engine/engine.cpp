@@ -264,6 +264,15 @@ bool Engine::step() {
                 admit(*req);
             } else {
                 auto & pc = std::get<std::shared_ptr<PendingControl>>(item);
+                if (pc->cmd.gate && !pc->cmd.gate->start()) {  // its caller's deadline passed or it withdrew it
+                    log::get("control")->warn("dropped {}: its caller's deadline passed (or it gave up) before it could start; not run",
+                                              to_string(pc->cmd.op));
+                    ControlResult r;
+                    r.error = Error(Errc::timeout, fmt::format("{} was not started before the caller's deadline: dropped, nothing changed",
+                                                               to_string(pc->cmd.op)));
+                    pc->done.set_value(std::move(r));
+                    continue;
+                }
                 uint64_t acks_before;
                 {
                     std::lock_guard lk(reply_mu_);
