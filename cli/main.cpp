@@ -166,6 +166,15 @@ int main(int argc, char ** argv) {
     update->add_option("--version", o.version, "Weight version to load ([A-Za-z0-9._-]{1,128})");
     update->add_flag("--verify-checksum", o.verify_checksum, "Verify checksums when the source has them");
     update->callback([&] { cmd.op = "update_weights"; });
+    // Two-phase update (SPEC §3): stage and validate without applying, then commit or drop.
+    auto * stage = app.add_subcommand("stage-weights", "Two-phase update, phase 1: fetch and validate a version without applying it (needs pause)");
+    stage->add_option("--version", o.version, "Weight version to stage ([A-Za-z0-9._-]{1,128})");
+    stage->add_flag("--verify-checksum", o.verify_checksum, "Verify checksums when the source has them");
+    stage->callback([&] { cmd.op = "update_weights"; cmd.commit = false; });
+    auto * commit = app.add_subcommand("commit-weights", "Two-phase update, phase 2: the staged version goes live (a pointer swap; needs pause)");
+    commit->add_option("--version", o.version, "Refuse unless this is the staged version (recommended)");
+    commit->callback([&] { cmd.op = "commit_weights"; });
+    simple("drop-staged-weights", "drop_staged_weights", "Discard a staged version (no-op when none)");
     auto * wait = app.add_subcommand("wait", "Wait until /health's state is serving, paused or sleeping (bounded by --timeout)");
     wait->add_option("--until", o.until, "serving | paused | sleeping (asleep: the old name of sleeping)")->required()
         ->transform(CLI::Transformer({{"asleep", "sleeping"}}))->check(CLI::IsMember({"serving", "paused", "sleeping"}));
@@ -212,13 +221,17 @@ int main(int argc, char ** argv) {
             const auto tags = fd::shm::parse_tag_list(o.tags);
             cmd.tags = tags.size() == 2 ? "weight,kv_cache" : tags[0];
         }
-        if (cmd.op == "update_weights" && update->count("--version") > 0) {
+        if ((cmd.op == "update_weights" || cmd.op == "commit_weights") &&
+            update->count("--version") + stage->count("--version") + commit->count("--version") > 0) {
             if (!fd::shm::is_valid_version(o.version)) {
                 throw fd::Error(fd::Errc::invalid_argument, "--version '" + o.version + "' must match [A-Za-z0-9._-]{1,128} and not be '.' or '..'");
             }
             cmd.version = o.version;
         }
         cmd.verify_checksum = o.verify_checksum;
+        if (cmd.op == "update_weights" && !cmd.commit && !cmd.version) {
+            throw fd::Error(fd::Errc::invalid_argument, "stage-weights needs --version (commit-weights names it)");
+        }
     } catch (const fd::Error & e) {
         std::cerr << "fdctl: usage: " << e.what() << "\n";
         return fd::kExitUsage;

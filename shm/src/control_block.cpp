@@ -217,6 +217,7 @@ MailboxReply mailbox_call(ControlBlock & b, const MailboxCommand & cmd, int64_t 
     copy_field(b.cmd_version, sizeof b.cmd_version, cmd.version.value_or(""));
     b.cmd_has_version     = cmd.version.has_value();
     b.cmd_verify_checksum = cmd.verify_checksum;
+    b.cmd_stage_only      = cmd.commit ? 0 : 1;
     const uint32_t seq = b.cmd_seq.load() + 1;
     b.cmd_seq.store(seq, std::memory_order_release);
     b.doorbell.fetch_add(1, std::memory_order_release);

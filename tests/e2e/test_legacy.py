@@ -92,7 +92,8 @@ class Legacy(unittest.TestCase):
         for env in ({"FD_ENABLE_V1_UPDATE_WEIGHTS": "0"}, {"FD_ENABLE_V1_UPDATE_WEIGHTS": "1"}):
             with Daemon(env=env) as d:
                 for path in ["/clear_load_weight", "/update_model_weight"]:
-                    self.assertEqual(self.call(d, path), (404, "Dynamic Load Weight Disabled."))
+                    status, j = self.call(d, path)  # FastDeploy's message in its JSON error body
+                    self.assertEqual((status, j["error"]["message"]), (404, "Dynamic Load Weight Disabled."))
                 self.assertEqual(d.complete(**GREEDY)["choices"][0]["token_ids"], REF["Lily and Tom"]["ids"])
 
 

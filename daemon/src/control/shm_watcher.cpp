@@ -68,6 +68,7 @@ void ShmWatcher::mailbox_loop() {
         cmd.tags = std::string(b.cmd_tags, strnlen(b.cmd_tags, sizeof b.cmd_tags));
         if (b.cmd_has_version) { cmd.version = std::string(b.cmd_version, strnlen(b.cmd_version, sizeof b.cmd_version)); }
         cmd.verify_checksum = b.cmd_verify_checksum != 0;
+        cmd.commit          = b.cmd_stage_only == 0;
         const ControlReply r = service_.handle(cmd);
         publish();  // the snapshot reflects the command before the client sees the answer
         const size_t n = std::min(r.body.size(), shm::kResultCap - 1);

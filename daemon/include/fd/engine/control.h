@@ -17,9 +17,10 @@
 
 namespace fd::engine {
 
-enum class ControlOp { pause, resume, sleep, wakeup, update_weights };
+enum class ControlOp { pause, resume, sleep, wakeup, update_weights, commit_weights, drop_staged_weights, flush_cache };
 
-/// "pause" | "resume" | "sleep" | "wakeup" | "update_weights".
+/// "pause" | "resume" | "sleep" | "wakeup" | "update_weights" | "commit_weights" |
+/// "drop_staged_weights" | "flush_cache".
 std::string_view to_string(ControlOp op);
 
 /// Memory a sleep/wakeup acts on.
@@ -36,8 +37,9 @@ TagSet parse_tags(std::string_view text);
 struct ControlCommand {
     ControlOp                  op = ControlOp::pause;
     TagSet                     tags;               ///< sleep / wakeup
-    std::optional<std::string> version;            ///< update_weights
+    std::optional<std::string> version;            ///< update_weights; commit_weights: must equal the staged one
     bool                       verify_checksum = false;
+    bool                       commit = true;      ///< update_weights: false = stage and validate only (two-phase)
 };
 
 /// One rank's part of a control command (result.ranks).
@@ -61,7 +63,8 @@ struct ControlResult {
     std::vector<std::string> tags_skipped;         ///< sleep/wakeup: asked but already in that state
     std::vector<std::string> tags_done;            ///< sleep/wakeup: processed, in order
     int64_t  rss_before_bytes = 0, rss_after_bytes = 0;
-    std::string           version;                 ///< update_weights/wakeup: version now serving
+    std::string           version;                 ///< update_weights/wakeup/commit: version now serving; stage: the staged one; drop: the dropped one ("" = none)
+    bool                  staged = false;          ///< update_weights with commit=false: staged, not serving
     int64_t               bytes = 0;               ///< update_weights/wakeup: checkpoint bytes read
     bool                  checksum_verified = false;
     std::vector<RankCost> ranks;
@@ -75,6 +78,7 @@ struct EngineState {
     bool              kv_asleep     = false;
     bool              weights_valid = true;
     std::string       weight_version;
+    std::string       staged_version;             ///< two-phase update: validated and staged, not serving ("" = none)
     shm::WeightsStatus model_weights_status = shm::WeightsStatus::normal;
     std::string       control_in_flight;          ///< op name while one runs, else empty
     std::string       last_control_error;         ///< message of the last failed command
