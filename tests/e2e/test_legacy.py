@@ -17,6 +17,7 @@ GREEDY = {"prompt": "Lily and Tom", "max_tokens": 60, "temperature": 0}
 class Legacy(unittest.TestCase):
     def call(self, d, path):
         status, j = d.get(path)
+        self.assertTrue(j.pop("request_id").startswith("ctrl-"), j)  # every control answer carries one
         return status, j
 
     def wait_status(self, d, word, timeout=10):
