@@ -3,10 +3,12 @@
 all three on the old version (staged everywhere else, then dropped everywhere); a good version
 then lands on all three, and every daemon's greedy output equals a fresh daemon's on it.
 Per-host results (text and --json) and the documented exit codes for partial failure."""
+import http.server
 import json
 import os
 import shutil
 import tempfile
+import threading
 import unittest
 
 from fdtest import copy_checkpoint, Daemon, fdctl, free_port, greedy, perturbed, STORIES
@@ -15,6 +17,34 @@ from fdtest import copy_checkpoint, Daemon, fdctl, free_port, greedy, perturbed,
 def publish(src, store, version):
     rc, out, err = fdctl(0, "publish", "--strategy", "rsync", "--from", src, "--store", store, "--version", version)
     assert rc == 0, (rc, out, err)
+
+
+class FakeDaemon(http.server.BaseHTTPRequestHandler):
+    """A host that stages fine but refuses the commit (or, with health_version set, commits but
+    then reports another version): what fdctl must report as an inconsistent fleet (exit 21)."""
+    commit_status = 409
+    health_version = "old"
+
+    def answer(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path == "/v1/commit_weights" and self.commit_status != 200:
+            return self.answer(self.commit_status, {"status": "error", "error": {"type": "wrong_state", "message": "simulated"}})
+        self.answer(200, {"status": "success", "result": {"is_paused": True, "version": "v3", "staged": True, "bytes": 0,
+                                                          "dropped_version": None}})
+
+    def do_GET(self):
+        self.answer(200, {"state": "paused", "weight_version": self.health_version})
+
+    def log_message(self, *args):
+        pass
 
 
 class Fleet(unittest.TestCase):
@@ -95,6 +125,24 @@ class Fleet(unittest.TestCase):
             out = greedy(d)
             self.assertEqual(out[:2], self.out["C"])
             self.assertEqual(out[2], "v3")
+
+    def test_a_commit_that_fails_on_one_host_is_reported_inconsistent(self):
+        def serve(commit_status, health_version):
+            handler = type("Fake", (FakeDaemon,), {"commit_status": commit_status, "health_version": health_version})
+            srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+            threading.Thread(target=srv.serve_forever, daemon=True).start()
+            self.addCleanup(srv.server_close)
+            self.addCleanup(srv.shutdown)
+            return f"127.0.0.1:{srv.server_port}"
+
+        good = serve(200, "v3")  # stages, commits, reports v3
+        for bad, seen in ((serve(409, "old"), "old"), (serve(200, "other"), "other")):
+            rc, out, err = fdctl(0, "--hosts", f"{good},{bad}", "--json", "update-weights", "--version", "v3")
+            self.assertEqual(rc, 21, (out, err))
+            rep = json.loads(out)
+            self.assertIn("INCONSISTENT", rep["outcome"])
+            self.assertEqual([h["ok"] for h in rep["stage"]], [True, True])
+            self.assertEqual(rep["weight_versions"], {f"http://{good}": "v3", f"http://{bad}": seen})
 
     def test_partial_failure_exit_codes(self):
         dead = f"127.0.0.1:{free_port()}"
