@@ -65,32 +65,28 @@ std::string new_request_id() {
     return fmt::format("ctrl-{:016x}", rng());
 }
 
+/// `text` parsed as JSON, else the string itself (--rsync-config is JSON; a client may send the
+/// field as an object or as the JSON text).
+json json_or_string(const std::string & text) {
+    json j = json::parse(text, nullptr, false);
+    return j.is_discarded() ? json(text) : j;
+}
+
 /// FastDeploy's `rsync_config` body field: accepted (and ignored) only when it equals the
 /// daemon's --rsync-config, compared as JSON values; anything else is 400.
 void check_rsync_config(const json & given, const std::string & configured) {
     if (given.is_null()) { return; }
-    json mine;
-    try {
-        mine = configured.empty() ? json(nullptr) : json::parse(configured);
-    } catch (const json::exception &) {
-        mine = configured;
-    }
-    const json theirs = given.is_string() ? [&] {
-        try {
-            return json::parse(given.get<std::string>());
-        } catch (const json::exception &) {
-            return given;
-        }
-    }() : given;
-    if (mine.is_null()) {
+    if (configured.empty()) {
         throw Error(Errc::invalid_argument,
                     "'rsync_config' was given but this daemon has no --rsync-config (its weights do not come from an rsync store); "
                     "drop the field", "rsync_config");
     }
+    const json mine   = json_or_string(configured);
+    const json theirs = given.is_string() ? json_or_string(given.get<std::string>()) : given;
     if (theirs != mine) {
         throw Error(Errc::invalid_argument,
-                    fmt::format("'rsync_config' differs from the daemon's --rsync-config ({}); the source is fixed at start-up: "
-                                "drop the field or send exactly the configured one", mine.dump()), "rsync_config");
+                    "'rsync_config' differs from the daemon's --rsync-config (compared as JSON); the source is fixed at "
+                    "start-up: drop the field or send exactly the configured one", "rsync_config");
     }
 }
 

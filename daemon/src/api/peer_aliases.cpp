@@ -11,6 +11,7 @@
 #include "handlers.h"
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <map>
