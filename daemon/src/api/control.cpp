@@ -9,9 +9,16 @@
 //   where a peer's route documents a repeated key (vLLM's `wake_up?tags=a&tags=b`);
 // - a body, whatever its Content-Type, is parsed as a JSON object or refused with 400;
 // - unknown body fields are 400 naming the field (a typo never turns into a silent default).
+// A client deadline (X-Request-Timeout / X-Request-Deadline, below) becomes the command's start
+// gate: a command still queued at its deadline is withdrawn, never run, and answered 504 `timeout`.
 #include "handlers.h"
 
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <map>
+#include <memory>
+#include <optional>
 #include <random>
 
 namespace fd::api {
@@ -108,7 +115,41 @@ void parse_update_body(const json & j, const std::string & rsync_config, shm::Ma
     if (j.contains("rsync_config")) { check_rsync_config(j["rsync_config"], rsync_config); }
 }
 
+/// The number in header `name` (one occurrence, a finite decimal), or nullopt when absent.
+std::optional<double> header_number(const httplib::Request & req, const char * name, const char * what) {
+    const size_t n = req.get_header_value_count(name);
+    if (n == 0) { return std::nullopt; }
+    const std::string v = req.get_header_value(name);
+    char * end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (n > 1 || v.empty() || end != v.c_str() + v.size() || !std::isfinite(x) || x <= 0) {
+        throw Error(Errc::invalid_argument, fmt::format("header {} must appear once and be {} (a positive decimal number), got '{}'", name, what, v),
+                    name);
+    }
+    return x;
+}
+
 }  // namespace
+
+// The client's deadline (issue #12): `X-Request-Timeout: <seconds>` counted from when the daemon
+// reads the request, and/or `X-Request-Deadline: <Unix time in seconds>` (CLOCK_REALTIME; what
+// fdctl sends, so time spent queued in the socket while the daemon was stopped counts too).
+// Both: the earlier wins. Neither: null (the service's default, --control-timeout-s).
+std::shared_ptr<engine::StartGate> request_gate(const httplib::Request & req) {
+    using namespace std::chrono;
+    const auto timeout  = header_number(req, "X-Request-Timeout", "seconds");
+    const auto deadline = header_number(req, "X-Request-Deadline", "a Unix time in seconds");
+    if (!timeout && !deadline) { return nullptr; }
+    const auto now = steady_clock::now();
+    auto at = steady_clock::time_point::max();
+    auto after = [&](double s) { return now + duration_cast<steady_clock::duration>(duration<double>(std::min(s, 1e9))); };
+    if (timeout) { at = after(*timeout); }
+    if (deadline) {
+        const double left = *deadline - duration<double>(system_clock::now().time_since_epoch()).count();
+        at = std::min(at, left > 0 ? after(left) : now);
+    }
+    return std::make_shared<engine::LocalStartGate>(at);
+}
 
 std::optional<std::string> ControlInput::get(const std::string & key) const {
     std::optional<std::string> v;
@@ -159,6 +200,7 @@ void reject_unknown_fields(const json & body, std::initializer_list<std::string_
 
 ControlInput read_control_input(const httplib::Request & req) {
     ControlInput in;
+    in.req = &req;
     const auto q = req.target.find('?');
     if (q != std::string::npos) {
         std::string_view rest(req.target);
@@ -236,7 +278,7 @@ void control_route(ApiContext & ctx, const httplib::Request & req, httplib::Resp
     } else {
         reject_unknown_fields(in.body, {}, cmd.op);  // these ops take no body ({} is fine)
     }
-    send_reply(res, ctx.control->handle(cmd));
+    send_reply(res, ctx.control->handle(cmd, request_gate(req)));
 }
 
 void check_pause_mode(const std::optional<std::string> & mode) {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@ void write_control_error(httplib::Response & res, const Error & e);
 struct ControlInput {
     std::vector<std::pair<std::string, std::string>> query;  ///< decoded, in order, repeats kept
     nlohmann::json                                   body;   ///< object, or null for no body
+    const httplib::Request *                         req = nullptr;  ///< the request (deadline headers: request_gate)
     /// The value of `key`, if given. Errors  invalid_argument when it is given more than once.
     std::optional<std::string> get(const std::string & key) const;
     /// Every value of `key` (a peer's repeated-key list, e.g. vLLM's tags=a&tags=b).
@@ -40,6 +42,13 @@ struct ControlInput {
     /// Errors  invalid_argument naming the first query key not in `keys` (`route` in the message).
     void allow_only(std::initializer_list<std::string_view> keys, const std::string & route) const;
 };
+
+/// The start gate of a control command from the request's deadline headers: `X-Request-Timeout:
+/// <seconds>` (from now) and/or `X-Request-Deadline: <Unix time in seconds>`, the earlier wins;
+/// null when neither is given (the service's default, --control-timeout-s). A command not
+/// started by then is dropped, never run (504 `timeout`). One gate per command (single use).
+/// Errors  invalid_argument naming the header when it is repeated or not a positive number.
+std::shared_ptr<engine::StartGate> request_gate(const httplib::Request & req);
 
 /// Read the query and body of a control request.
 /// Errors  invalid_argument (param "body") when a non-blank body is not a JSON object, whatever
@@ -75,6 +84,8 @@ void post_tokenize(ApiContext & ctx, const httplib::Request & req, httplib::Resp
 void post_detokenize(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void post_chat_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_models(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+/// GET /v1/models/{id}: the served model's object (OpenAI shape); 404 for any other id.
+void get_model(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_health(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_metrics(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);   ///< metrics.cpp
 void get_version(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);   ///< metrics.cpp

@@ -30,8 +30,9 @@ struct Outcome {
     std::string error_message;
 };
 
-Outcome run(ApiContext & ctx, const shm::MailboxCommand & cmd) {
-    const control::ControlReply r = ctx.control->handle(cmd);
+/// One command through the service, under the request's deadline headers (a fresh gate each).
+Outcome run(ApiContext & ctx, const ControlInput & in, const shm::MailboxCommand & cmd) {
+    const control::ControlReply r = ctx.control->handle(cmd, in.req ? request_gate(*in.req) : nullptr);
     Outcome o;
     o.http_status = r.http_status;
     const json j  = json::parse(r.body, nullptr, false);
@@ -114,7 +115,7 @@ void vllm_sleep(ApiContext & ctx, const ControlInput & in, httplib::Response & r
     check_pause_mode(in.get("mode"));
     reject_unknown_fields(in.body, {}, "sleep");
     const auto t0 = std::chrono::steady_clock::now();
-    const Outcome o = run(ctx, {.op = "sleep", .tags = map_tags(in.all("tags"), "tags")});
+    const Outcome o = run(ctx, in, {.op = "sleep", .tags = map_tags(in.all("tags"), "tags")});
     if (!o.ok) { return vllm_error(res, o); }
     send_json(res, 200, json{{"status", "sleeping"}, {"level", level}, {"elapsed_ms", ms_since(t0)}});
 }
@@ -124,7 +125,7 @@ void vllm_wake_up(ApiContext & ctx, const ControlInput & in, httplib::Response &
     reject_unknown_fields(in.body, {}, "wake_up");
     const auto given = in.all("tags");
     const auto t0    = std::chrono::steady_clock::now();
-    const Outcome o  = run(ctx, {.op = "wakeup", .tags = map_tags(given, "tags")});
+    const Outcome o  = run(ctx, in, {.op = "wakeup", .tags = map_tags(given, "tags")});
     if (!o.ok) { return vllm_error(res, o); }
     send_json(res, 200, json{{"status", sleeping(ctx) ? "sleeping" : "awake"}, {"tags_woken", given.empty() ? json(nullptr) : json(given)},
                              {"elapsed_ms", ms_since(t0)}});
@@ -132,7 +133,7 @@ void vllm_wake_up(ApiContext & ctx, const ControlInput & in, httplib::Response &
 
 void vllm_is_sleeping(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
     in.allow_only({}, "GET /is_sleeping");
-    const Outcome o = run(ctx, {.op = "status"});
+    const Outcome o = run(ctx, in, {.op = "status"});
     if (!o.ok) { return vllm_error(res, o); }
     send_json(res, 200, json{{"is_sleeping", !o.result["sleeping_tags"].empty()}});
 }
@@ -147,7 +148,7 @@ void vllm_pause(ApiContext & ctx, const ControlInput & in, httplib::Response & r
         throw Error(Errc::invalid_argument, "clear_cache=false is not supported: a pause always flushes the prefix cache", "clear_cache");
     }
     reject_unknown_fields(in.body, {}, "pause");
-    const Outcome o = run(ctx, {.op = "pause"});
+    const Outcome o = run(ctx, in, {.op = "pause"});
     if (!o.ok) { return vllm_error(res, o); }
     send_json(res, 200, json{{"status", "paused"}});
 }
@@ -155,14 +156,14 @@ void vllm_pause(ApiContext & ctx, const ControlInput & in, httplib::Response & r
 void vllm_resume(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
     in.allow_only({}, "POST /resume");
     reject_unknown_fields(in.body, {}, "resume");
-    const Outcome o = run(ctx, {.op = "resume"});
+    const Outcome o = run(ctx, in, {.op = "resume"});
     if (!o.ok) { return vllm_error(res, o); }
     send_json(res, 200, json{{"status", "resumed"}});
 }
 
 void vllm_is_paused(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
     in.allow_only({}, "GET /is_paused");
-    const Outcome o = run(ctx, {.op = "is_paused"});
+    const Outcome o = run(ctx, in, {.op = "is_paused"});
     if (!o.ok) { return vllm_error(res, o); }
     send_json(res, 200, json{{"is_paused", o.result.value("is_paused", false)}});
 }
@@ -170,7 +171,7 @@ void vllm_is_paused(ApiContext & ctx, const ControlInput & in, httplib::Response
 void vllm_reset_prefix_cache(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
     in.allow_only({}, "POST /reset_prefix_cache");
     reject_unknown_fields(in.body, {}, "reset_prefix_cache");
-    const Outcome o = run(ctx, {.op = "flush_cache"});
+    const Outcome o = run(ctx, in, {.op = "flush_cache"});
     if (!o.ok) { return vllm_error(res, o); }
     res.status = 200;  // vLLM answers an empty 200
 }
@@ -180,7 +181,7 @@ void vllm_reset_prefix_cache(ApiContext & ctx, const ControlInput & in, httplib:
 void sglang_release(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
     in.allow_only({}, "POST /release_memory_occupation");
     reject_unknown_fields(in.body, {"tags"}, "release_memory_occupation");
-    const Outcome o = run(ctx, {.op = "sleep", .tags = sglang_tags(in.body)});
+    const Outcome o = run(ctx, in, {.op = "sleep", .tags = sglang_tags(in.body)});
     if (!o.ok) { return sglang_error(res, o); }
     send_json(res, 200, nullptr);  // SGLang's handler returns None: a JSON null
 }
@@ -188,7 +189,7 @@ void sglang_release(ApiContext & ctx, const ControlInput & in, httplib::Response
 void sglang_resume(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
     in.allow_only({}, "POST /resume_memory_occupation");
     reject_unknown_fields(in.body, {"tags"}, "resume_memory_occupation");
-    const Outcome o = run(ctx, {.op = "wakeup", .tags = sglang_tags(in.body)});
+    const Outcome o = run(ctx, in, {.op = "wakeup", .tags = sglang_tags(in.body)});
     if (!o.ok) { return sglang_error(res, o); }
     send_json(res, 200, nullptr);
 }
@@ -196,14 +197,14 @@ void sglang_resume(ApiContext & ctx, const ControlInput & in, httplib::Response 
 void sglang_flush_cache(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
     in.allow_only({"timeout"}, "POST /flush_cache");
     reject_unknown_fields(in.body, {}, "flush_cache");
-    const Outcome o = run(ctx, {.op = "flush_cache"});
+    const Outcome o = run(ctx, in, {.op = "flush_cache"});
     res.status      = o.ok ? 200 : o.http_status;
     res.set_content(o.ok ? "Cache flushed.\n" : o.error_message + "\n", "text/plain");  // SGLang's text answer
 }
 
 void sglang_weight_version(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
     in.allow_only({}, "GET /get_weight_version");
-    const Outcome o = run(ctx, {.op = "status"});
+    const Outcome o = run(ctx, in, {.op = "status"});
     if (!o.ok) { return sglang_error(res, o); }
     send_json(res, 200, json{{"weight_version", o.result["weight_version"]}});
 }
@@ -247,15 +248,17 @@ void sglang_update_from_disk(ApiContext & ctx, const ControlInput & in, httplib:
                   json{{"success", o.ok}, {"message", o.ok ? fmt::format("Succeeded to update model weights (version {}).", o.result.value("version", "")) : o.error_message},
                        {"num_paused_requests", aborted}});
     };
-    const bool was_paused = run(ctx, {.op = "is_paused"}).result.value("is_paused", false);
+    const bool was_paused = run(ctx, in, {.op = "is_paused"}).result.value("is_paused", false);
     int aborted = 0;
     if (!was_paused) {
-        const Outcome p = run(ctx, {.op = "pause"});
+        const Outcome p = run(ctx, in, {.op = "pause"});
         if (!p.ok) { return answer(p, 0); }
         aborted = p.result.value("aborted", 0);
     }
-    const Outcome u = run(ctx, update);
-    if (!was_paused && !b.value("keep_pause", false)) { run(ctx, {.op = "resume"}); }  // old or new weights: serving as before
+    const Outcome u = run(ctx, in, update);
+    // Old or new weights: serving as before. Not under the client's deadline: a resume dropped
+    // for lateness would leave the engine paused by a call that reported its outcome.
+    if (!was_paused && !b.value("keep_pause", false)) { ctx.control->handle(shm::MailboxCommand{.op = "resume"}); }
     answer(u, aborted);
 }
 
