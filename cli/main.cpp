@@ -1,6 +1,7 @@
 // fdctl — drive fdrollout's weight control from the shell, over the shm control block or the V1
 // HTTP API. Results on stdout (human, or --json: the HTTP API's body), diagnostics on stderr,
 // one exit-code table (see --help).
+#include "fleet.h"
 #include "offline.h"
 #include "output.h"
 #include "progress_bar.h"
@@ -20,6 +21,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <set>
 #include <thread>
 
 namespace {
@@ -42,6 +44,10 @@ constexpr const char * kExitCodes =
     "  13  forbidden: a file the daemon must trust (ipc record, control block, snapshot or staging dir)\n"
     "      belongs to another user or is writable by others, or (fdctl) the control block is not yours or open to others\n"
     "  14  rank_failed (a tensor-parallel rank died, hung or never joined)\n"
+    "  20  fleet (--fleet/--hosts): some hosts failed, the others succeeded (per-host results on stdout/stderr);\n"
+    "      update-weights: not every host staged, so the version was dropped everywhere: all keep the old one\n"
+    "  21  fleet update-weights inconsistent: committed on some hosts only, or versions differ afterwards\n"
+    "      (a fleet where every host failed alike exits with that failure's code, e.g. 8 all unreachable)\n"
     "  70  internal error\n"
     "Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes --transport default to v1 (else shm); FD_PORT;\n"
     "FD_CONTROL_API_KEY (the daemon's --control-api-key), else FD_API_KEY, is the --api-key default.";
@@ -59,6 +65,8 @@ struct Options {
     std::string version;
     bool        verify_checksum = false;
     std::string until;
+    std::string fleet_file;
+    std::string hosts;
 };
 
 std::unique_ptr<fdctl::Transport> connect(const Options & o) {
@@ -72,7 +80,8 @@ std::string subcommand_word(int argc, char ** argv) {
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a.empty() || a[0] != '-') { return a; }
-        const bool takes_value = a == "--port" || a == "--url" || a == "--transport" || a == "--timeout" || a == "--api-key";
+        const bool takes_value = a == "--port" || a == "--url" || a == "--transport" || a == "--timeout" || a == "--api-key" ||
+                                 a == "--fleet" || a == "--hosts";
         if (takes_value) { ++i; }
     }
     return "";
@@ -151,6 +160,10 @@ int main(int argc, char ** argv) {
     app.add_option("--api-key", o.api_key, "Bearer key for --transport v1: the daemon's --control-api-key if set, else its --api-key "
                                            "(default FD_CONTROL_API_KEY, else FD_API_KEY)");
 
+    app.add_option("--fleet", o.fleet_file, "Run the command on every daemon listed in FILE (host:port or http://host:port per line, "
+                                            "# comments) in parallel over HTTP; update-weights is all-or-nothing across them");
+    app.add_option("--hosts", o.hosts, "Like --fleet, the daemons given inline: h1:p1,h2:p2");
+
     fd::shm::MailboxCommand cmd;
     auto simple = [&](const char * name, const char * op, const char * help) {
         app.add_subcommand(name, help)->callback([&cmd, op] { cmd.op = op; });
@@ -171,6 +184,15 @@ int main(int argc, char ** argv) {
     update->add_option("--version", o.version, "Weight version to load ([A-Za-z0-9._-]{1,128})");
     update->add_flag("--verify-checksum", o.verify_checksum, "Verify checksums when the source has them");
     update->callback([&] { cmd.op = "update_weights"; });
+    // Two-phase update (SPEC §3): stage and validate without applying, then commit or drop.
+    auto * stage = app.add_subcommand("stage-weights", "Two-phase update, phase 1: fetch and validate a version without applying it (needs pause)");
+    stage->add_option("--version", o.version, "Weight version to stage ([A-Za-z0-9._-]{1,128})");
+    stage->add_flag("--verify-checksum", o.verify_checksum, "Verify checksums when the source has them");
+    stage->callback([&] { cmd.op = "update_weights"; cmd.commit = false; });
+    auto * commit = app.add_subcommand("commit-weights", "Two-phase update, phase 2: the staged version goes live (a pointer swap; needs pause)");
+    commit->add_option("--version", o.version, "Refuse unless this is the staged version (recommended)");
+    commit->callback([&] { cmd.op = "commit_weights"; });
+    simple("drop-staged-weights", "drop_staged_weights", "Discard a staged version (no-op when none)");
     auto * wait = app.add_subcommand("wait", "Wait until /health's state is serving, paused or sleeping (bounded by --timeout)");
     wait->add_option("--until", o.until, "serving | paused | sleeping (asleep: the old name of sleeping)")->required()
         ->transform(CLI::Transformer({{"asleep", "sleeping"}}))->check(CLI::IsMember({"serving", "paused", "sleeping"}));
@@ -217,13 +239,17 @@ int main(int argc, char ** argv) {
             const auto tags = fd::shm::parse_tag_list(o.tags);
             cmd.tags = tags.size() == 2 ? "weight,kv_cache" : tags[0];
         }
-        if (cmd.op == "update_weights" && update->count("--version") > 0) {
+        if ((cmd.op == "update_weights" || cmd.op == "commit_weights") &&
+            update->count("--version") + stage->count("--version") + commit->count("--version") > 0) {
             if (!fd::shm::is_valid_version(o.version)) {
                 throw fd::Error(fd::Errc::invalid_argument, "--version '" + o.version + "' must match [A-Za-z0-9._-]{1,128} and not be '.' or '..'");
             }
             cmd.version = o.version;
         }
         cmd.verify_checksum = o.verify_checksum;
+        if (cmd.op == "update_weights" && !cmd.commit && !cmd.version) {
+            throw fd::Error(fd::Errc::invalid_argument, "stage-weights needs --version (commit-weights names it)");
+        }
     } catch (const fd::Error & e) {
         std::cerr << "fdctl: usage: " << e.what() << "\n";
         return fd::kExitUsage;
@@ -238,6 +264,26 @@ int main(int argc, char ** argv) {
         if (cmd.op == "model_info") {
             info.json = o.json;
             return fdctl::run_model_info(info);
+        }
+        if (!o.fleet_file.empty() || !o.hosts.empty()) {
+            static const std::set<std::string> kFleetOps = {"pause", "resume", "is_paused", "status", "sleep", "wakeup", "update_weights",
+                                                            "commit_weights", "drop_staged_weights"};
+            if (!kFleetOps.count(cmd.op)) {
+                std::cerr << "fdctl: usage: --fleet/--hosts run pause, resume, is-paused, status, sleep, wakeup, update-weights, "
+                             "stage-weights, commit-weights, drop-staged-weights\n";
+                return fd::kExitUsage;
+            }
+            fdctl::FleetOptions f{.api_key = o.api_key, .timeout_s = o.timeout_s, .json = o.json, .quiet = o.quiet};
+            try {
+                f.hosts = fdctl::fleet_hosts(o.fleet_file, o.hosts);
+                if (cmd.op == "update_weights" && !cmd.version) {
+                    throw fd::Error(fd::Errc::invalid_argument, "a fleet update-weights needs --version (every host must load the same one)");
+                }
+            } catch (const fd::Error & e) {
+                std::cerr << "fdctl: usage: " << e.what() << "\n";
+                return fd::kExitUsage;
+            }
+            return fdctl::run_fleet(f, cmd);
         }
         return cmd.op == "wait" ? run_wait(o) : run_command(o, cmd);
     } catch (const fd::Error & e) {

@@ -76,6 +76,14 @@ std::string human_summary(const std::string & op, const Reply & r) {
         return fmt::format("awake: {}; weight_version {}; {}", res["tags"].empty() ? "-" : fmt::format("{}", fmt::join(res["tags"].get<std::vector<std::string>>(), ",")),
                            res.value("version", "?"), res.value("is_paused", true) ? "paused" : "serving");
     }
+    if (op == "update_weights" && res.value("staged", false)) {
+        return fmt::format("staged weight_version {} ({}; not serving: commit-weights --version {} applies it, drop-staged-weights discards it)",
+                           res.value("version", "?"), mib(res["bytes"]), res.value("version", "?"));
+    }
+    if (op == "commit_weights") { return fmt::format("weight_version {} committed (still paused: resume when ready)", res.value("version", "?")); }
+    if (op == "drop_staged_weights") {
+        return res["dropped_version"].is_null() ? std::string("nothing was staged") : fmt::format("dropped staged {}", res["dropped_version"].get<std::string>());
+    }
     if (op == "update_weights") {
         double total = 0;
         for (const auto & rk : res["ranks"]) { total = std::max(total, rk.value("total_cost", 0.0)); }

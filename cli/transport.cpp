@@ -63,7 +63,10 @@ public:
         } else if (op == "update_weights") {
             std::string body = "{\"verify_checksum\": " + std::string(cmd.verify_checksum ? "true" : "false");
             if (cmd.version) { body += ", \"version\": \"" + *cmd.version + "\""; }  // syntax checked: no quotes
+            if (!cmd.commit) { body += ", \"commit\": false"; }
             res = cli_.Post("/v1/update_weights", h, body + "}", "application/json");
+        } else if (op == "commit_weights") {
+            res = cli_.Post("/v1/commit_weights", h, cmd.version ? "{\"version\": \"" + *cmd.version + "\"}" : std::string("{}"), "application/json");
         } else {
             res = cli_.Post("/v1/" + op, h, "", "application/json");
         }

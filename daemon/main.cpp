@@ -95,7 +95,8 @@ void add_flags(CLI::App & app, fd::Config & c) {
     app.add_flag("--dynamic-load-weight", c.control.dynamic_load_weight,
                  "Enable weight control: /v1/sleep, /v1/wakeup, /v1/update_weights and the legacy /clear_load_weight, /update_model_weight")
         ->envname("FD_DYNAMIC_LOAD_WEIGHT");
-    app.add_option("--load-strategy", c.weights.load_strategy,
+    // --load_strategy: FastDeploy's docs spell it with an underscore (issue #13)
+    app.add_option("--load-strategy,--load_strategy", c.weights.load_strategy,
                    "Where wakeup/update take weights from: normal (the --model dir), ipc_snapshot (model_state.tp<rank>*.safetensors "
                    "in --model), ipc (a trainer's shared-memory record), rsync (a versioned store, see --rsync-config)")
         ->envname("FD_LOAD_STRATEGY")->capture_default_str();

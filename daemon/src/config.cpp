@@ -135,6 +135,7 @@ Resolved resolve(Config & cfg) {
                                        "routes), or pass --allow-unauthenticated if this network is trusted", s.host));
     }
     cfg.control.served_model_name = s.served_model_name;
+    cfg.control.rsync_config      = cfg.weights.rsync_config;
     if (!(cfg.control.control_timeout_s > 0) || !(cfg.control.legacy_timeout_s > 0)) { problems.push_back("--control-timeout-s must be > 0"); }
     if (s.port < 0 || s.port > 65535) { problems.push_back(fmt::format("--port {} must be in [0, 65535]", s.port)); }
 

@@ -21,8 +21,10 @@ EXIT = {"ok": 0, "usage": 2, "not_found": 3, "wrong_state": 4, "invalid_checkpoi
 
 
 def normalized(body):
-    """Drop the fields that legitimately differ between two calls (timings, RSS)."""
+    """Drop the fields that legitimately differ between two calls (timings, RSS, and the
+    request_id HTTP control answers carry)."""
     j = json.loads(body)
+    j.pop("request_id", None)
     res = j.get("result", j)
     for k in ["elapsed_s", "rss_before_bytes", "rss_after_bytes", "rss_bytes", "ranks"]:
         res.pop(k, None)

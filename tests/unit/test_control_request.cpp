@@ -23,8 +23,8 @@ std::string rejected_param(const MailboxCommand & wire) {
 }  // namespace
 
 TEST_CASE("control request: every wire op name maps to its verb and back") {
-    for (const char * op : {"pause", "resume", "is_paused", "status", "sleep", "wakeup", "update_weights", "clear_load_weight",
-                            "update_model_weight"}) {
+    for (const char * op : {"pause", "resume", "is_paused", "status", "sleep", "wakeup", "update_weights", "commit_weights",
+                            "drop_staged_weights", "flush_cache", "clear_load_weight", "update_model_weight"}) {
         const ControlRequest r = ControlRequest::parse({.op = op});
         CHECK(fd::control::to_string(r.verb) == op);
     }
@@ -55,6 +55,21 @@ TEST_CASE("control request: version syntax is checked here, for update_weights o
     CHECK(rejected_param({.op = "update_weights", .version = std::string(129, 'a')}) == "version");
     CHECK(rejected_param({.op = "pause", .version = std::string("1")}) == "version");
     CHECK(rejected_param({.op = "sleep", .verify_checksum = true}) == "verify_checksum");
+}
+
+TEST_CASE("control request: two-phase update fields") {
+    auto stage = ControlRequest::parse({.op = "update_weights", .version = std::string("v2"), .commit = false});
+    CHECK(!stage.commit);
+    CHECK(ControlRequest::parse({.op = "update_weights"}).commit);  // the default (and older shm clients) commit
+    auto commit = ControlRequest::parse({.op = "commit_weights", .version = std::string("v2")});
+    CHECK(commit.verb == ControlVerb::commit_weights);
+    CHECK(*commit.version == "v2");
+    CHECK(!ControlRequest::parse({.op = "commit_weights"}).version);
+    CHECK(rejected_param({.op = "commit_weights", .version = std::string("a/b")}) == "version");
+    CHECK(rejected_param({.op = "commit_weights", .verify_checksum = true}) == "verify_checksum");
+    CHECK(rejected_param({.op = "drop_staged_weights", .version = std::string("v2")}) == "version");
+    CHECK(rejected_param({.op = "pause", .commit = false}) == "commit");
+    CHECK(rejected_param({.op = "flush_cache", .tags = "weight"}) == "tags");
 }
 
 TEST_CASE("control request: an error reply carries the table's status and type") {

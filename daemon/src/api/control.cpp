@@ -1,8 +1,16 @@
 // The weight-control routes (SPEC §3, §4): HTTP ↔ the control service, nothing else. The
 // request (path, query, body) becomes the wire command the shm mailbox carries too, and the
-// service's reply is sent as is, so both transports answer identically. A client deadline
-// (X-Request-Timeout / X-Request-Deadline, below) becomes the command's start gate: a command
-// still queued at its deadline is withdrawn, never run, and answered 504 `timeout`.
+// service's reply is sent as is, so both transports answer identically.
+//
+// Input rules, the same for every control route (V1, legacy and the peers' aliases):
+// - parameters come from the URL's query only, never from a body (cpp-httplib would merge a
+//   form-encoded body into its params: `curl -d tags=kv_cache` must not act on a tag);
+// - each query parameter at most once (`tags=kv_cache&tags=foo` is 400, nothing done), except
+//   where a peer's route documents a repeated key (vLLM's `wake_up?tags=a&tags=b`);
+// - a body, whatever its Content-Type, is parsed as a JSON object or refused with 400;
+// - unknown body fields are 400 naming the field (a typo never turns into a silent default).
+// A client deadline (X-Request-Timeout / X-Request-Deadline, below) becomes the command's start
+// gate: a command still queued at its deadline is withdrawn, never run, and answered 504 `timeout`.
 #include "handlers.h"
 
 #include <chrono>
@@ -11,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 
 namespace fd::api {
 namespace {
@@ -21,18 +30,76 @@ using nlohmann::json;
 const std::map<std::string, std::string> kRouteOps = {
     {"/v1/pause", "pause"},   {"/v1/resume", "resume"}, {"/v1/is_paused", "is_paused"},
     {"/v1/sleep", "sleep"},   {"/v1/wakeup", "wakeup"}, {"/v1/update_weights", "update_weights"},
+    {"/v1/commit_weights", "commit_weights"},           {"/v1/drop_staged_weights", "drop_staged_weights"},
     {"/clear_load_weight", "clear_load_weight"},        {"/update_model_weight", "update_model_weight"},
 };
 
-/// The update_weights body {"version": str|null, "verify_checksum": bool|null} into `cmd`.
-void parse_update_body(const std::string & body, shm::MailboxCommand & cmd) {
-    json j;
-    try {
-        j = json::parse(body);
-    } catch (const json::exception & e) {
-        throw Error(Errc::invalid_argument, fmt::format("request body is not valid JSON: {}", e.what()));
+int hex_value(char c) {
+    if (c >= '0' && c <= '9') { return c - '0'; }
+    if (c >= 'a' && c <= 'f') { return c - 'a' + 10; }
+    if (c >= 'A' && c <= 'F') { return c - 'A' + 10; }
+    return -1;
+}
+
+/// application/x-www-form-urlencoded decoding of one key or value ('+' = space, %XX).
+std::string url_decode(std::string_view s) {
+    std::string out;
+    out.reserve(s.size());
+    for (size_t i = 0; i < s.size(); ++i) {
+        if (s[i] == '+') {
+            out.push_back(' ');
+        } else if (s[i] == '%' && i + 2 < s.size() && hex_value(s[i + 1]) >= 0 && hex_value(s[i + 2]) >= 0) {
+            out.push_back(static_cast<char>(hex_value(s[i + 1]) * 16 + hex_value(s[i + 2])));
+            i += 2;
+        } else {
+            out.push_back(s[i]);
+        }
     }
-    if (!j.is_object()) { throw Error(Errc::invalid_argument, "request body must be a JSON object"); }
+    return out;
+}
+
+/// A request id a client may send: 1..128 printable ASCII characters, no spaces.
+bool valid_request_id(const std::string & id) {
+    if (id.empty() || id.size() > 128) { return false; }
+    for (const char c : id) {
+        if (c <= ' ' || c > '~') { return false; }
+    }
+    return true;
+}
+
+std::string new_request_id() {
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    return fmt::format("ctrl-{:016x}", rng());
+}
+
+/// `text` parsed as JSON, else the string itself (--rsync-config is JSON; a client may send the
+/// field as an object or as the JSON text).
+json json_or_string(const std::string & text) {
+    json j = json::parse(text, nullptr, false);
+    return j.is_discarded() ? json(text) : j;
+}
+
+/// FastDeploy's `rsync_config` body field: accepted (and ignored) only when it equals the
+/// daemon's --rsync-config, compared as JSON values; anything else is 400.
+void check_rsync_config(const json & given, const std::string & configured) {
+    if (given.is_null()) { return; }
+    if (configured.empty()) {
+        throw Error(Errc::invalid_argument,
+                    "'rsync_config' was given but this daemon has no --rsync-config (its weights do not come from an rsync store); "
+                    "drop the field", "rsync_config");
+    }
+    const json mine   = json_or_string(configured);
+    const json theirs = given.is_string() ? json_or_string(given.get<std::string>()) : given;
+    if (theirs != mine) {
+        throw Error(Errc::invalid_argument,
+                    "'rsync_config' differs from the daemon's --rsync-config (compared as JSON); the source is fixed at "
+                    "start-up: drop the field or send exactly the configured one", "rsync_config");
+    }
+}
+
+/// The update_weights body {"version", "verify_checksum", "commit", "rsync_config"} into `cmd`.
+void parse_update_body(const json & j, const std::string & rsync_config, shm::MailboxCommand & cmd) {
+    reject_unknown_fields(j, {"version", "verify_checksum", "commit", "rsync_config"}, "update_weights");
     if (j.contains("version") && !j["version"].is_null()) {
         if (!j["version"].is_string()) { throw Error(Errc::invalid_argument, "'version' must be a string", "version"); }
         cmd.version = j["version"].get<std::string>();
@@ -41,6 +108,11 @@ void parse_update_body(const std::string & body, shm::MailboxCommand & cmd) {
         if (!j["verify_checksum"].is_boolean()) { throw Error(Errc::invalid_argument, "'verify_checksum' must be a boolean", "verify_checksum"); }
         cmd.verify_checksum = j["verify_checksum"].get<bool>();
     }
+    if (j.contains("commit") && !j["commit"].is_null()) {
+        if (!j["commit"].is_boolean()) { throw Error(Errc::invalid_argument, "'commit' must be a boolean", "commit"); }
+        cmd.commit = j["commit"].get<bool>();
+    }
+    if (j.contains("rsync_config")) { check_rsync_config(j["rsync_config"], rsync_config); }
 }
 
 /// The number in header `name` (one occurrence, a finite decimal), or nullopt when absent.
@@ -57,10 +129,12 @@ std::optional<double> header_number(const httplib::Request & req, const char * n
     return x;
 }
 
-/// The client's deadline (issue #12): `X-Request-Timeout: <seconds>` counted from when the daemon
-/// reads the request, and/or `X-Request-Deadline: <Unix time in seconds>` (CLOCK_REALTIME; what
-/// fdctl sends, so time spent queued in the socket while the daemon was stopped counts too).
-/// Both: the earlier wins. Neither: null (the service's default, --control-timeout-s).
+}  // namespace
+
+// The client's deadline (issue #12): `X-Request-Timeout: <seconds>` counted from when the daemon
+// reads the request, and/or `X-Request-Deadline: <Unix time in seconds>` (CLOCK_REALTIME; what
+// fdctl sends, so time spent queued in the socket while the daemon was stopped counts too).
+// Both: the earlier wins. Neither: null (the service's default, --control-timeout-s).
 std::shared_ptr<engine::StartGate> request_gate(const httplib::Request & req) {
     using namespace std::chrono;
     const auto timeout  = header_number(req, "X-Request-Timeout", "seconds");
@@ -77,7 +151,88 @@ std::shared_ptr<engine::StartGate> request_gate(const httplib::Request & req) {
     return std::make_shared<engine::LocalStartGate>(at);
 }
 
-}  // namespace
+std::optional<std::string> ControlInput::get(const std::string & key) const {
+    std::optional<std::string> v;
+    for (const auto & [k, val] : query) {
+        if (k != key) { continue; }
+        if (v) {
+            throw Error(Errc::invalid_argument, fmt::format("query parameter '{}' is given more than once; give it once (nothing was done)", key), key);
+        }
+        v = val;
+    }
+    return v;
+}
+
+std::vector<std::string> ControlInput::all(const std::string & key) const {
+    std::vector<std::string> out;
+    for (const auto & [k, val] : query) {
+        if (k == key) { out.push_back(val); }
+    }
+    return out;
+}
+
+void ControlInput::allow_only(std::initializer_list<std::string_view> keys, const std::string & route) const {
+    for (const auto & [k, val] : query) {
+        bool ok = false;
+        for (const auto key : keys) { ok = ok || key == k; }
+        if (!ok) {
+            std::string known;
+            for (const auto key : keys) { known += fmt::format("{}'{}'", known.empty() ? "" : ", ", key); }
+            throw Error(Errc::invalid_argument, fmt::format("unknown query parameter '{}' for {} (it takes {})", k, route,
+                                                            known.empty() ? "none" : known), k);
+        }
+    }
+}
+
+void reject_unknown_fields(const json & body, std::initializer_list<std::string_view> fields, std::string_view what) {
+    if (!body.is_object()) { return; }
+    for (const auto & [k, v] : body.items()) {
+        bool ok = false;
+        for (const auto f : fields) { ok = ok || f == k; }
+        if (!ok) {
+            std::string known;
+            for (const auto f : fields) { known += fmt::format("{}'{}'", known.empty() ? "" : ", ", f); }
+            throw Error(Errc::invalid_argument, fmt::format("unknown field '{}' in the {} body (known: {}); nothing was done", k, what,
+                                                            known.empty() ? "none" : known), k);
+        }
+    }
+}
+
+ControlInput read_control_input(const httplib::Request & req) {
+    ControlInput in;
+    in.req = &req;
+    const auto q = req.target.find('?');
+    if (q != std::string::npos) {
+        std::string_view rest(req.target);
+        rest.remove_prefix(q + 1);
+        if (const auto hash = rest.find('#'); hash != std::string_view::npos) { rest = rest.substr(0, hash); }
+        while (!rest.empty()) {
+            const auto amp  = rest.find('&');
+            const auto pair = rest.substr(0, amp);
+            rest            = amp == std::string_view::npos ? std::string_view{} : rest.substr(amp + 1);
+            if (pair.empty()) { continue; }
+            const auto eq = pair.find('=');
+            in.query.emplace_back(url_decode(pair.substr(0, eq)), eq == std::string_view::npos ? std::string() : url_decode(pair.substr(eq + 1)));
+        }
+    }
+    const bool blank = req.body.find_first_not_of(" \t\r\n") == std::string::npos;
+    if (!blank) {
+        try {
+            in.body = json::parse(req.body);
+        } catch (const json::exception &) {
+            const std::string ct = req.get_header_value("Content-Type");
+            throw Error(Errc::invalid_argument,
+                        fmt::format("control routes take a JSON object body (Content-Type: application/json){}; parameters go in the "
+                                    "query string, never in a form body; nothing was done",
+                                    ct.empty() || ct.rfind("application/json", 0) == 0 ? std::string() : fmt::format(", not '{}'", ct)),
+                        "body");
+        }
+        if (!in.body.is_object() && !in.body.is_null()) {
+            throw Error(Errc::invalid_argument, "the request body must be a JSON object; nothing was done", "body");
+        }
+    }
+    return in;
+}
 
 void write_control_error(httplib::Response & res, const Error & e) {
     const control::ControlReply r = control::error_reply(e);
@@ -85,22 +240,55 @@ void write_control_error(httplib::Response & res, const Error & e) {
     res.set_content(r.body, r.content_type);
 }
 
+void send_reply(httplib::Response & res, const control::ControlReply & r) {
+    res.status = r.http_status;
+    res.set_content(r.body, r.content_type);
+}
+
+void stamp_request_id(const httplib::Request & req, httplib::Response & res) {
+    std::string id = req.get_header_value("X-Request-Id");
+    if (!valid_request_id(id)) { id = new_request_id(); }
+    res.set_header("X-Request-Id", id);
+    if (res.get_header_value("Content-Type").rfind("application/json", 0) != 0) { return; }
+    json j = json::parse(res.body, nullptr, false);
+    if (!j.is_object() || j.contains("request_id")) { return; }
+    j["request_id"] = id;
+    res.set_content(dump(j), "application/json");
+}
+
 void control_route(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
     shm::MailboxCommand cmd;
     cmd.op = kRouteOps.at(req.path);
-    // Only `tags` is a control parameter (which ops take it is ControlRequest::parse's call);
-    // anything else, e.g. vLLM's ?level=1, is refused here rather than guessed at.
-    for (const auto & [key, value] : req.params) {
-        if (key != "tags") {
-            throw Error(Errc::invalid_argument, fmt::format("unknown query parameter '{}' for {} (sleep and wakeup take tags=weight,kv_cache)",
-                                                            key, req.path), key);
+    const ControlInput in = read_control_input(req);
+    // Only `tags` (sleep, wakeup) and `mode` (pause) are control parameters; which ops take tags
+    // is ControlRequest::parse's call. Anything else, e.g. vLLM's ?level=1 on /v1/sleep, is
+    // refused here rather than guessed at (vLLM's own route is POST /sleep).
+    in.allow_only(cmd.op == "pause" ? std::initializer_list<std::string_view>{"tags", "mode"} : std::initializer_list<std::string_view>{"tags"},
+                  req.path);
+    if (const auto tags = in.get("tags")) { cmd.tags = *tags; }
+    if (cmd.op == "pause") { check_pause_mode(in.get("mode")); }
+    if (cmd.op == "update_weights") {
+        if (!in.body.is_null()) { parse_update_body(in.body, ctx.control->config().rsync_config, cmd); }
+    } else if (cmd.op == "commit_weights") {
+        reject_unknown_fields(in.body, {"version"}, "commit_weights");
+        if (in.body.is_object() && in.body.contains("version") && !in.body["version"].is_null()) {
+            if (!in.body["version"].is_string()) { throw Error(Errc::invalid_argument, "'version' must be a string", "version"); }
+            cmd.version = in.body["version"].get<std::string>();
         }
+    } else {
+        reject_unknown_fields(in.body, {}, cmd.op);  // these ops take no body ({} is fine)
     }
-    if (req.has_param("tags")) { cmd.tags = req.get_param_value("tags"); }
-    if (cmd.op == "update_weights" && !req.body.empty()) { parse_update_body(req.body, cmd); }
-    const control::ControlReply r = ctx.control->handle(cmd, request_gate(req));
-    res.status = r.http_status;
-    res.set_content(r.body, r.content_type);
+    send_reply(res, ctx.control->handle(cmd, request_gate(req)));
+}
+
+void check_pause_mode(const std::optional<std::string> & mode) {
+    if (!mode || *mode == "abort") { return; }
+    if (*mode == "wait" || *mode == "keep") {
+        throw Error(Errc::invalid_argument,
+                    fmt::format("pause mode '{}' is not supported yet; only mode=abort (the default) is: running requests end with "
+                                "finish_reason abort; nothing was done", *mode), "mode");
+    }
+    throw Error(Errc::invalid_argument, fmt::format("unknown pause mode '{}' (abort, wait or keep; only abort is supported yet)", *mode), "mode");
 }
 
 }  // namespace fd::api

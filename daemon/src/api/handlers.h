@@ -10,6 +10,12 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
 namespace fd::api {
 
 using Handler = std::function<void(const httplib::Request &, httplib::Response &)>;
@@ -23,9 +29,53 @@ void write_error(httplib::Response & res, const Error & e);
 /// Control-style error: {"status":"error","error":{"type","message"}} (SPEC §3).
 void write_control_error(httplib::Response & res, const Error & e);
 
-/// Every control route: the request becomes the wire command the shm mailbox carries too and
-/// goes through the control service (fd/control/service.h).
+/// A control request's inputs as every control route reads them (control.cpp): the URL's query
+/// only (never a form body), and the body parsed as a JSON object (null when empty).
+struct ControlInput {
+    std::vector<std::pair<std::string, std::string>> query;  ///< decoded, in order, repeats kept
+    nlohmann::json                                   body;   ///< object, or null for no body
+    const httplib::Request *                         req = nullptr;  ///< the request (deadline headers: request_gate)
+    /// The value of `key`, if given. Errors  invalid_argument when it is given more than once.
+    std::optional<std::string> get(const std::string & key) const;
+    /// Every value of `key` (a peer's repeated-key list, e.g. vLLM's tags=a&tags=b).
+    std::vector<std::string> all(const std::string & key) const;
+    /// Errors  invalid_argument naming the first query key not in `keys` (`route` in the message).
+    void allow_only(std::initializer_list<std::string_view> keys, const std::string & route) const;
+};
+
+/// The start gate of a control command from the request's deadline headers: `X-Request-Timeout:
+/// <seconds>` (from now) and/or `X-Request-Deadline: <Unix time in seconds>`, the earlier wins;
+/// null when neither is given (the service's default, --control-timeout-s). A command not
+/// started by then is dropped, never run (504 `timeout`). One gate per command (single use).
+/// Errors  invalid_argument naming the header when it is repeated or not a positive number.
+std::shared_ptr<engine::StartGate> request_gate(const httplib::Request & req);
+
+/// Read the query and body of a control request.
+/// Errors  invalid_argument (param "body") when a non-blank body is not a JSON object, whatever
+///         its Content-Type says; nothing is done then.
+ControlInput read_control_input(const httplib::Request & req);
+
+/// Errors  invalid_argument naming the first field of the object `body` not in `fields`.
+void reject_unknown_fields(const nlohmann::json & body, std::initializer_list<std::string_view> fields, std::string_view what);
+
+/// `?mode=` of a pause (V1 and vLLM): absent or abort is fine; wait and keep are 400 (not
+/// supported yet), anything else 400 naming it.
+void check_pause_mode(const std::optional<std::string> & mode);
+
+/// Send a control service reply as is.
+void send_reply(httplib::Response & res, const control::ControlReply & r);
+
+/// Every control response carries a request id (FastDeploy logs by it): the client's
+/// `X-Request-Id` when it sent a valid one (1..128 printable ASCII, no spaces), else a fresh
+/// `ctrl-<16 hex>`; as the `X-Request-Id` header, and as `request_id` in a JSON object body.
+void stamp_request_id(const httplib::Request & req, httplib::Response & res);
+
+/// Every V1 and legacy control route: the request becomes the wire command the shm mailbox
+/// carries too and goes through the control service (fd/control/service.h).
 void control_route(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+/// The vLLM and SGLang control routes (peer_aliases.cpp): thin translations of a peer's
+/// request into the same wire command, and of the service's reply into the peer's shape.
+void peer_alias_route(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 /// True for the weight-control routes of the route table (V1 and legacy).
 bool is_control_path(const std::string & path);
 

@@ -29,7 +29,8 @@ bool same_key(const std::string & a, const std::string & b) {
 Handler wrap(ApiContext & ctx, void (*fn)(ApiContext &, const httplib::Request &, httplib::Response &), Auth auth,
              Errors errors = Errors::openai) {
     auto write = errors == Errors::openai ? write_error : write_control_error;
-    return [&ctx, fn, auth, write](const httplib::Request & req, httplib::Response & res) {
+    const bool control = errors == Errors::control;
+    return [&ctx, fn, auth, write, control](const httplib::Request & req, httplib::Response & res) {
         try {
             const std::string & key = auth == Auth::open             ? std::string()
                                     : auth == Auth::api_key          ? ctx.cfg.api_key
@@ -49,6 +50,7 @@ Handler wrap(ApiContext & ctx, void (*fn)(ApiContext &, const httplib::Request &
             log::get("api")->error("{} {}: {}", req.method, req.path, e.what());
             write(res, Error(Errc::internal, e.what()));
         }
+        if (control) { stamp_request_id(req, res); }  // every control answer, errors included, carries request_id
     };
 }
 
@@ -84,9 +86,9 @@ void register_routes(httplib::Server & http, ApiContext & ctx) {
         it->second(req, res);
         return httplib::Server::HandlerResponse::Handled;
     });
-    auto control = [&](const char * method, const char * path) {
+    auto control = [&](const char * method, const char * path, auto handler) {
         g_control_paths.insert(path);
-        auto h = wrap(ctx, control_route, Auth::control_key, C);
+        auto h = wrap(ctx, handler, Auth::control_key, C);
         if (std::string_view(method) == "POST") {
             post(path, std::move(h));
         } else {
@@ -103,15 +105,30 @@ void register_routes(httplib::Server & http, ApiContext & ctx) {
     post     ("/detokenize",          wrap(ctx, post_detokenize,         Auth::api_key));
     post     ("/v1/chat/completions", wrap(ctx, post_chat_completions,   Auth::api_key));
     // weight control (SPEC §3); sleep/wakeup/update_weights need --dynamic-load-weight
-    control("POST", "/v1/pause");
-    control("POST", "/v1/resume");
-    control("GET",  "/v1/is_paused");
-    control("POST", "/v1/sleep");
-    control("POST", "/v1/wakeup");
-    control("POST", "/v1/update_weights");
+    control("POST", "/v1/pause",                control_route);
+    control("POST", "/v1/resume",               control_route);
+    control("GET",  "/v1/is_paused",            control_route);
+    control("POST", "/v1/sleep",                control_route);
+    control("POST", "/v1/wakeup",               control_route);
+    control("POST", "/v1/update_weights",       control_route);
+    control("POST", "/v1/commit_weights",       control_route);  // two-phase update (SPEC §3)
+    control("POST", "/v1/drop_staged_weights",  control_route);
     // legacy FastDeploy routes (SPEC §4)
-    control("GET",  "/clear_load_weight");
-    control("GET",  "/update_model_weight");
+    control("GET",  "/clear_load_weight",       control_route);
+    control("GET",  "/update_model_weight",     control_route);
+    // vLLM's and SGLang's control routes: thin aliases over the same service (docs/peer_aliases.md)
+    control("POST", "/sleep",                   peer_alias_route);  // vLLM
+    control("POST", "/wake_up",                 peer_alias_route);
+    control("GET",  "/is_sleeping",             peer_alias_route);
+    control("POST", "/pause",                   peer_alias_route);
+    control("POST", "/resume",                  peer_alias_route);
+    control("GET",  "/is_paused",               peer_alias_route);
+    control("POST", "/reset_prefix_cache",      peer_alias_route);
+    control("POST", "/release_memory_occupation", peer_alias_route);  // SGLang
+    control("POST", "/resume_memory_occupation",  peer_alias_route);
+    control("POST", "/flush_cache",             peer_alias_route);
+    control("GET",  "/get_weight_version",      peer_alias_route);
+    control("POST", "/update_weights_from_disk", peer_alias_route);
 }
 
 }  // namespace fd::api

@@ -9,7 +9,7 @@
 namespace fd::control {
 namespace {
 
-constexpr std::array<std::pair<ControlVerb, std::string_view>, 9> kVerbs = {{
+constexpr std::array<std::pair<ControlVerb, std::string_view>, 12> kVerbs = {{
     {ControlVerb::pause, "pause"},
     {ControlVerb::resume, "resume"},
     {ControlVerb::is_paused, "is_paused"},
@@ -17,6 +17,9 @@ constexpr std::array<std::pair<ControlVerb, std::string_view>, 9> kVerbs = {{
     {ControlVerb::sleep, "sleep"},
     {ControlVerb::wakeup, "wakeup"},
     {ControlVerb::update_weights, "update_weights"},
+    {ControlVerb::commit_weights, "commit_weights"},
+    {ControlVerb::drop_staged_weights, "drop_staged_weights"},
+    {ControlVerb::flush_cache, "flush_cache"},
     {ControlVerb::clear_load_weight, "clear_load_weight"},
     {ControlVerb::update_model_weight, "update_model_weight"},
 }};
@@ -42,9 +45,13 @@ ControlRequest ControlRequest::parse(const shm::MailboxCommand & wire) {
         throw Error(Errc::invalid_argument, fmt::format("'{}' takes no tags (only sleep and wakeup do)", wire.op), "tags");
     }
     if (takes_tags) { r.tags = engine::parse_tags(wire.tags); }
-    if (r.verb != ControlVerb::update_weights && (wire.version || wire.verify_checksum)) {
-        throw Error(Errc::invalid_argument, fmt::format("'{}' takes no version or verify_checksum (only update_weights does)", wire.op),
-                    wire.version ? "version" : "verify_checksum");
+    const bool update = r.verb == ControlVerb::update_weights;
+    if (wire.version && !update && r.verb != ControlVerb::commit_weights) {
+        throw Error(Errc::invalid_argument, fmt::format("'{}' takes no version (only update_weights and commit_weights do)", wire.op), "version");
+    }
+    if (!update && (wire.verify_checksum || !wire.commit)) {
+        throw Error(Errc::invalid_argument, fmt::format("'{}' takes no {} (only update_weights does)", wire.op, wire.verify_checksum ? "verify_checksum" : "commit"),
+                    wire.verify_checksum ? "verify_checksum" : "commit");
     }
     if (wire.version && !shm::is_valid_version(*wire.version)) {
         throw Error(Errc::invalid_argument,
@@ -52,6 +59,7 @@ ControlRequest ControlRequest::parse(const shm::MailboxCommand & wire) {
     }
     r.version         = wire.version;
     r.verify_checksum = wire.verify_checksum;
+    r.commit          = wire.commit;
     return r;
 }
 

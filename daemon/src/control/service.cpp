@@ -53,8 +53,12 @@ json result_json(ControlOp op, const ControlResult & r) {
             j.update({{"tags", r.tags_done}, {"skipped", r.tags_skipped}, {"version", r.version}, {"bytes", r.bytes}, {"ranks", ranks_json(r)}});
             break;
         case ControlOp::update_weights:
-            j.update({{"version", r.version}, {"bytes", r.bytes}, {"checksum_verified", r.checksum_verified}, {"ranks", ranks_json(r)}});
+            j.update({{"version", r.version}, {"bytes", r.bytes}, {"checksum_verified", r.checksum_verified}, {"staged", r.staged},
+                      {"ranks", ranks_json(r)}});
             break;
+        case ControlOp::commit_weights: j.update({{"version", r.version}, {"ranks", ranks_json(r)}}); break;
+        case ControlOp::drop_staged_weights: j["dropped_version"] = r.version.empty() ? json(nullptr) : json(r.version); break;
+        case ControlOp::flush_cache: break;
     }
     return j;
 }
@@ -166,6 +170,7 @@ json ControlService::status_json() const {
             {"sleeping_tags", sleeping},
             {"weights_valid", es.weights_valid},
             {"weight_version", es.weight_version},
+            {"staged_weight_version", es.staged_version.empty() ? json(nullptr) : json(es.staged_version)},
             {"model_weights_status", static_cast<int>(es.model_weights_status)},
             {"control_in_flight", es.control_in_flight.empty() ? json(nullptr) : json(es.control_in_flight)},
             {"last_control_error", es.last_control_error.empty() ? json(nullptr) : json(es.last_control_error)},
@@ -210,12 +215,19 @@ ControlReply ControlService::run(const ControlRequest & req) {
         case ControlVerb::wakeup: require_dynamic(); return op({.op = ControlOp::wakeup, .tags = req.tags});
         case ControlVerb::update_weights:
             require_dynamic();
-            return op({.op = ControlOp::update_weights, .version = req.version, .verify_checksum = req.verify_checksum});
+            return op({.op = ControlOp::update_weights, .version = req.version, .verify_checksum = req.verify_checksum, .commit = req.commit});
+        case ControlVerb::commit_weights: require_dynamic(); return op({.op = ControlOp::commit_weights, .version = req.version});
+        case ControlVerb::drop_staged_weights: require_dynamic(); return op({.op = ControlOp::drop_staged_weights});
+        case ControlVerb::flush_cache: return op({.op = ControlOp::flush_cache});
         case ControlVerb::clear_load_weight:
         case ControlVerb::update_model_weight: break;
     }
     // The legacy pair (SPEC §4).
-    if (!cfg_.dynamic_load_weight) { return {404, "text/plain", "Dynamic Load Weight Disabled."}; }
+    // FastDeploy's message, in its JSON error body (ErrorResponse: {"error": {message, type, param, code}}).
+    if (!cfg_.dynamic_load_weight) {
+        return json_reply(json{{"error", {{"message", "Dynamic Load Weight Disabled."}, {"type", "not_found"}, {"param", nullptr},
+                                          {"code", "dynamic_load_weight_disabled"}}}}, 404);
+    }
     const bool clear = req.verb == ControlVerb::clear_load_weight;
     if (cfg_.v1_update_weights) { return op({.op = clear ? ControlOp::sleep : ControlOp::wakeup, .tags = {true, true}}); }
     // The legacy pair moves the status word itself: same rule, it starts only before the deadline.

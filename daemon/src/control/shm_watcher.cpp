@@ -89,6 +89,7 @@ void ShmWatcher::mailbox_loop() {
         cmd.tags = std::string(b.cmd_tags, strnlen(b.cmd_tags, sizeof b.cmd_tags));
         if (b.cmd_has_version) { cmd.version = std::string(b.cmd_version, strnlen(b.cmd_version, sizeof b.cmd_version)); }
         cmd.verify_checksum = b.cmd_verify_checksum != 0;
+        cmd.commit          = b.cmd_stage_only == 0;
         ControlReply r;
         if (!shm::command_pending(b, seq)) {
             // fdctl withdrew it, or its deadline passed while we were stopped or busy: never run it.

@@ -11,6 +11,9 @@ std::string_view to_string(ControlOp op) {
         case ControlOp::sleep: return "sleep";
         case ControlOp::wakeup: return "wakeup";
         case ControlOp::update_weights: return "update_weights";
+        case ControlOp::commit_weights: return "commit_weights";
+        case ControlOp::drop_staged_weights: return "drop_staged_weights";
+        case ControlOp::flush_cache: return "flush_cache";
     }
     return "?";
 }

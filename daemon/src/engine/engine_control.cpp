@@ -75,6 +75,9 @@ ControlResult Engine::run_control(const ControlCommand & cmd) {
             case ControlOp::sleep: do_sleep(cmd.tags, r); break;
             case ControlOp::wakeup: do_wakeup(cmd.tags, r); break;
             case ControlOp::update_weights: do_update_weights(cmd, r); break;
+            case ControlOp::commit_weights: do_commit_weights(cmd, r); break;
+            case ControlOp::drop_staged_weights: drop_staged(&r); break;
+            case ControlOp::flush_cache: kv_.flush_prefix_cache(); break;
         }
     } catch (const Error & e) {
         r.error = e;
@@ -154,6 +157,7 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
         if (state_.weight_asleep) {
             r.tags_skipped.push_back("weight");
         } else {
+            drop_staged(nullptr);  // a staged version is weight memory too
             release(runtime::MemoryTag::weight, r.freed_weight_bytes);
             state_.weight_asleep = true;
             state_.weights_valid = false;
@@ -175,6 +179,7 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
     // failed wakeup must leave every tag as it was.
     bool weight_woken = false;
     if (tags.weight && state_.weight_asleep) {
+        drop_staged(nullptr);
         const auto reps = executor_->reload_weights({.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version});
         state_.weight_asleep = false;
         state_.weights_valid = true;
@@ -259,6 +264,8 @@ void Engine::recover_ranks(ControlResult & r) {
 void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     if (!state_.paused) { fail(Errc::wrong_state, "update_weights needs a paused engine; POST /v1/pause first"); }
     if (state_.weight_asleep) { fail(Errc::wrong_state, "weights are asleep; POST /v1/wakeup?tags=weight first (it reloads from the source)"); }
+    // A new update replaces whatever an earlier "commit": false left staged.
+    drop_staged(nullptr);
     // Phase 1 on every rank (the executor drops every staged copy if any rank fails).
     const auto staged = executor_->stage_weights({.version = cmd.version, .verify_checksum = cmd.verify_checksum,
                                                   .serving_version = state_.weight_version});
@@ -268,15 +275,24 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
         throw Error(Errc::invalid_argument,
                     "no version given and the source has no version.yaml 'step'; pass {\"version\": \"...\"}", "version");
     }
-    // Phase 2: every rank staged, so every rank commits.
-    const auto committed = executor_->commit_weights();
     for (const auto & rep : staged) {
         auto & rc = rank_cost(r, rep.rank);
         rc.version   = *version;
         rc.sync_s    = rep.fetch_s + rep.stage_s;
+        rc.total_s   = rc.sync_s;
         rc.bytes     = rep.bytes;
         rc.rss_bytes = rep.rss_bytes;
     }
+    r.bytes             = staged[0].bytes;
+    r.checksum_verified = staged[0].checksum_verified;
+    r.version           = *version;
+    if (!cmd.commit) {  // two-phase: validated and staged on every rank; serving is unchanged
+        state_.staged_version = *version;
+        r.staged              = true;
+        return;
+    }
+    // Phase 2: every rank staged, so every rank commits.
+    const auto committed = executor_->commit_weights();
     for (const auto & rep : committed) {
         auto & rc = rank_cost(r, rep.rank);
         rc.update_s = rep.commit_s;
@@ -285,9 +301,36 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     kv_.flush_prefix_cache();
     state_.weight_version = *version;
     state_.weights_valid  = true;
-    r.version             = *version;
-    r.bytes               = staged[0].bytes;
-    r.checksum_verified   = staged[0].checksum_verified;
+}
+
+void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {
+    if (state_.staged_version.empty()) {
+        fail(Errc::wrong_state, "nothing is staged; POST /v1/update_weights {{\"version\": ..., \"commit\": false}} first");
+    }
+    if (cmd.version && *cmd.version != state_.staged_version) {
+        fail(Errc::wrong_state, "version '{}' is not the staged one ('{}'); nothing changed", *cmd.version, state_.staged_version);
+    }
+    if (!state_.paused) { fail(Errc::wrong_state, "commit_weights needs a paused engine; POST /v1/pause first"); }
+    const auto committed = executor_->commit_weights();
+    for (const auto & rep : committed) {
+        auto & rc = rank_cost(r, rep.rank);
+        rc.version  = state_.staged_version;
+        rc.update_s = rep.commit_s;
+        rc.total_s  = rep.commit_s;
+        rc.rss_bytes = rep.rss_bytes;
+    }
+    kv_.flush_prefix_cache();  // no KV computed with the old weights is reused (invariant 1)
+    state_.weight_version = state_.staged_version;
+    state_.weights_valid  = true;
+    state_.staged_version.clear();
+    r.version = state_.weight_version;
+}
+
+void Engine::drop_staged(ControlResult * r) {
+    if (state_.staged_version.empty()) { return; }
+    executor_->drop_staged_weights();
+    if (r) { r->version = state_.staged_version; }
+    state_.staged_version.clear();
 }
 
 void Engine::sync_legacy_word() {

@@ -31,10 +31,17 @@ struct ControlConfig {
     double      control_timeout_s   = 900.0; ///< longest a V1 control call waits for the engine before 504
     double      legacy_timeout_s    = 300.0; ///< legacy clear/update wait for the status word (SPEC §4)
     std::string served_model_name;           ///< reported by status (/health)
+    std::string rsync_config;                ///< --rsync-config as given (FastDeploy's `rsync_config` body field must equal it)
 };
 
 /// Every command a control transport can carry. V1 verbs, queries, and the legacy pair.
-enum class ControlVerb { pause, resume, is_paused, status, sleep, wakeup, update_weights, clear_load_weight, update_model_weight };
+enum class ControlVerb {
+    pause, resume, is_paused, status, sleep, wakeup, update_weights,
+    commit_weights,       ///< two-phase update, phase 2: the staged version goes live
+    drop_staged_weights,  ///< two-phase update: discard the staged version
+    flush_cache,          ///< drop the prefix cache (vLLM /reset_prefix_cache, SGLang /flush_cache)
+    clear_load_weight, update_model_weight,
+};
 
 /// The wire name of `v` ("pause", ..., "update_model_weight") — the mailbox op and the route's last path segment.
 std::string_view to_string(ControlVerb v);
@@ -43,16 +50,18 @@ std::string_view to_string(ControlVerb v);
 struct ControlRequest {
     ControlVerb                verb = ControlVerb::status;
     engine::TagSet             tags;              ///< sleep/wakeup; empty text = both tags
-    std::optional<std::string> version;           ///< update_weights; syntax checked
+    std::optional<std::string> version;           ///< update_weights, commit_weights; syntax checked
     bool                       verify_checksum = false;
+    bool                       commit = true;     ///< update_weights: false = stage and validate only
     /// The caller's deadline and start/cancel handshake (set by the transport after parse; null =
     /// the deadline is now + control_timeout_s). A state-changing command not started by the
     /// deadline is dropped, never run, and answered 504 `timeout` saying nothing changed.
     std::shared_ptr<engine::StartGate> gate;
 
     /// Validate a command in wire form. Checks the op name, that tags are only given to
-    /// sleep/wakeup and name known tags, and the version syntax ([A-Za-z0-9._-]{1,128}, not '.'
-    /// or '..'; only for update_weights).
+    /// sleep/wakeup and name known tags, the version syntax ([A-Za-z0-9._-]{1,128}, not '.'
+    /// or '..'; only for update_weights and commit_weights), verify_checksum and commit=false
+    /// only for update_weights.
     /// Errors  fd::Error{invalid_argument} with param() naming the offending field.
     static ControlRequest parse(const shm::MailboxCommand & wire);
 };

@@ -20,9 +20,10 @@
 
 namespace fd::engine {
 
-enum class ControlOp { pause, resume, sleep, wakeup, update_weights };
+enum class ControlOp { pause, resume, sleep, wakeup, update_weights, commit_weights, drop_staged_weights, flush_cache };
 
-/// "pause" | "resume" | "sleep" | "wakeup" | "update_weights".
+/// "pause" | "resume" | "sleep" | "wakeup" | "update_weights" | "commit_weights" |
+/// "drop_staged_weights" | "flush_cache".
 std::string_view to_string(ControlOp op);
 
 /// Memory a sleep/wakeup acts on.
@@ -69,9 +70,10 @@ private:
 struct ControlCommand {
     ControlOp                  op = ControlOp::pause;
     TagSet                     tags;               ///< sleep / wakeup
-    std::optional<std::string> version;            ///< update_weights
+    std::optional<std::string> version;            ///< update_weights; commit_weights: must equal the staged one
     bool                       verify_checksum = false;
     std::shared_ptr<StartGate> gate;               ///< null: run whenever dequeued (internal callers)
+    bool                       commit = true;      ///< update_weights: false = stage and validate only (two-phase)
 };
 
 /// One rank's part of a control command (result.ranks).
@@ -95,7 +97,8 @@ struct ControlResult {
     std::vector<std::string> tags_skipped;         ///< sleep/wakeup: asked but already in that state
     std::vector<std::string> tags_done;            ///< sleep/wakeup: processed, in order
     int64_t  rss_before_bytes = 0, rss_after_bytes = 0;
-    std::string           version;                 ///< update_weights/wakeup: version now serving
+    std::string           version;                 ///< update_weights/wakeup/commit: version now serving; stage: the staged one; drop: the dropped one ("" = none)
+    bool                  staged = false;          ///< update_weights with commit=false: staged, not serving
     int64_t               bytes = 0;               ///< update_weights/wakeup: checkpoint bytes read
     bool                  checksum_verified = false;
     std::vector<RankCost> ranks;
@@ -109,6 +112,7 @@ struct EngineState {
     bool              kv_asleep     = false;
     bool              weights_valid = true;
     std::string       weight_version;
+    std::string       staged_version;             ///< two-phase update: validated and staged, not serving ("" = none)
     shm::WeightsStatus model_weights_status = shm::WeightsStatus::normal;
     bool              degraded      = false;      ///< a rank failed: generation refused until wakeup recovers it
     std::vector<int32_t> failed_ranks;            ///< the failed ranks (may be empty when a group call failed)

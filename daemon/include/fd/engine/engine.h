@@ -135,6 +135,8 @@ private:
     void          do_sleep(TagSet tags, ControlResult & r);
     void          do_wakeup(TagSet tags, ControlResult & r);
     void          do_update_weights(const ControlCommand & cmd, ControlResult & r);
+    void          do_commit_weights(const ControlCommand & cmd, ControlResult & r);
+    void          drop_staged(ControlResult * r);  ///< drop the staged version if any (r->version names it)
     void          poll_legacy_word();
     void          sync_legacy_word();
     int32_t       abort_all();

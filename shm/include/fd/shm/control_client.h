@@ -55,10 +55,11 @@ StateSnapshot read_state(const ControlBlock & b);
 
 /// One mailbox command as a client sends it.
 struct MailboxCommand {
-    std::string                op;              ///< "pause", "resume", "is_paused", "sleep", "wakeup", "update_weights", "clear_load_weight", "update_model_weight", "status"
+    std::string                op;              ///< "pause", "resume", "is_paused", "sleep", "wakeup", "update_weights", "commit_weights", "drop_staged_weights", "flush_cache", "clear_load_weight", "update_model_weight", "status"
     std::string                tags;            ///< sleep/wakeup
-    std::optional<std::string> version;         ///< update_weights
+    std::optional<std::string> version;         ///< update_weights, commit_weights
     bool                       verify_checksum = false;
+    bool                       commit = true;   ///< update_weights: false = stage only (two-phase update)
 };
 
 /// The daemon's answer: exactly what the V1 HTTP route answers.

@@ -1,0 +1,218 @@
+// fdctl --fleet / --hosts: one control command on every daemon in parallel; update-weights is
+// two-phase across the fleet (cli/fleet.h).
+#include "fleet.h"
+
+#include "output.h"
+#include "transport.h"
+
+#include "fd/status.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cctype>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <set>
+#include <thread>
+
+namespace fdctl {
+namespace {
+
+using nlohmann::json;
+
+/// One host's answer to one command.
+struct HostResult {
+    std::string host;
+    int         exit_code = 0;   ///< fdctl's table: 0 ok
+    int         http_status = 0; ///< 0 = no answer
+    std::string body;            ///< the daemon's body, or the error text when there was no answer
+    std::string op;
+
+    bool ok() const { return exit_code == 0; }
+    std::string message() const {
+        if (http_status == 0) { return body; }
+        return ok() ? human_summary(op, {http_status, body}) : error_message({http_status, body});
+    }
+    json to_json() const {
+        json b = http_status == 0 ? json(nullptr) : json::parse(body, nullptr, false);
+        if (b.is_discarded()) { b = body; }
+        json j = {{"host", host}, {"ok", ok()}, {"exit_code", exit_code}, {"http_status", http_status}, {"body", b}};
+        if (http_status == 0) { j["error"] = body; }
+        return j;
+    }
+};
+
+HostResult call_one(const FleetOptions & o, const std::string & host, const fd::shm::MailboxCommand & cmd) {
+    HostResult r{.host = host, .op = cmd.op};
+    try {
+        const Reply rep = make_v1_transport(host, o.api_key, o.timeout_s)->call(cmd);
+        r.http_status   = rep.http_status;
+        r.body          = rep.body;
+        r.exit_code     = exit_code_for(rep);
+    } catch (const fd::Error & e) {
+        r.exit_code = fd::errc_info(e.code()).exit_code;
+        r.body      = fmt::format("{}: {}", fd::errc_name(e.code()), e.what());
+    } catch (const std::exception & e) {
+        r.exit_code = 70;
+        r.body      = e.what();
+    }
+    return r;
+}
+
+/// `cmd` on every host at once; results in host order.
+std::vector<HostResult> fan_out(const FleetOptions & o, const std::vector<std::string> & hosts, const fd::shm::MailboxCommand & cmd) {
+    std::vector<HostResult> out(hosts.size());
+    std::vector<std::thread> threads;
+    threads.reserve(hosts.size());
+    for (size_t i = 0; i < hosts.size(); ++i) {
+        threads.emplace_back([&, i] { out[i] = call_one(o, hosts[i], cmd); });
+    }
+    for (auto & t : threads) { t.join(); }
+    return out;
+}
+
+bool all_ok(const std::vector<HostResult> & rs) {
+    for (const auto & r : rs) {
+        if (!r.ok()) { return false; }
+    }
+    return true;
+}
+
+/// 0 when all succeeded; the shared code when all failed alike; else kExitFleetPartial.
+int combined_exit(const std::vector<HostResult> & rs) {
+    std::set<int> failed;
+    size_t n_failed = 0;
+    for (const auto & r : rs) {
+        if (!r.ok()) { failed.insert(r.exit_code); ++n_failed; }
+    }
+    if (n_failed == 0) { return 0; }
+    if (n_failed == rs.size() && failed.size() == 1) { return *failed.begin(); }
+    return kExitFleetPartial;
+}
+
+void print_phase(const FleetOptions & o, const std::string & phase, const std::vector<HostResult> & rs) {
+    if (o.json) { return; }
+    for (const auto & r : rs) {
+        if (r.ok()) {
+            if (!o.quiet) { std::cout << fmt::format("{}  {}: ok  {}\n", r.host, phase, r.message()); }
+        } else {
+            std::cerr << fmt::format("fdctl: {}  {}: FAILED (exit {})  {}\n", r.host, phase, r.exit_code, r.message());
+        }
+    }
+}
+
+json phase_json(const std::vector<HostResult> & rs) {
+    json a = json::array();
+    for (const auto & r : rs) { a.push_back(r.to_json()); }
+    return a;
+}
+
+/// The all-or-nothing update: stage everywhere → commit everywhere, or drop everywhere → verify.
+int fleet_update(const FleetOptions & o, const std::vector<std::string> & hosts, fd::shm::MailboxCommand cmd) {
+    json report = {{"op", "update_weights"}, {"version", *cmd.version}, {"hosts", hosts}};
+    auto finish = [&](int rc, const std::string & outcome) {
+        report["outcome"] = outcome;
+        report["ok"]      = rc == 0;
+        report["exit_code"] = rc;
+        if (o.json) { std::cout << report.dump() << "\n"; }
+        if (rc == 0 && !o.quiet && !o.json) { std::cout << "fleet: " << outcome << "\n"; }
+        if (rc != 0) { std::cerr << "fdctl: fleet: " << outcome << "\n"; }
+        return rc;
+    };
+    cmd.commit = false;
+    const auto staged = fan_out(o, hosts, cmd);
+    report["stage"] = phase_json(staged);
+    print_phase(o, "stage", staged);
+    if (!all_ok(staged)) {
+        const auto dropped = fan_out(o, hosts, {.op = "drop_staged_weights"});
+        report["drop"] = phase_json(dropped);
+        print_phase(o, "drop", dropped);
+        const int rc = combined_exit(staged);
+        if (!all_ok(dropped)) {
+            return finish(kExitFleetInconsistent, "staging failed and the staged copy could not be dropped everywhere "
+                                                  "(no host serves it; drop-staged-weights on the failed hosts)");
+        }
+        return finish(rc, fmt::format("version {} did not stage on every host; dropped everywhere: every host keeps its old version", *cmd.version));
+    }
+    const auto committed = fan_out(o, hosts, {.op = "commit_weights", .version = cmd.version});
+    report["commit"] = phase_json(committed);
+    print_phase(o, "commit", committed);
+    const auto status = fan_out(o, hosts, {.op = "status"});
+    std::set<std::string> versions;
+    json seen = json::object();
+    for (const auto & s : status) {
+        const json j  = s.ok() ? json::parse(s.body, nullptr, false) : json();
+        const std::string v = j.is_object() ? j.value("weight_version", "?") : "?";
+        versions.insert(v);
+        seen[s.host] = v;
+    }
+    report["weight_versions"] = seen;
+    if (!all_ok(committed) || versions.size() != 1 || *versions.begin() != *cmd.version) {
+        return finish(kExitFleetInconsistent, fmt::format("INCONSISTENT: version {} committed on some hosts only; weight_version per host: {}",
+                                                          *cmd.version, seen.dump()));
+    }
+    return finish(0, fmt::format("every host ({}) serves weight_version {} once resumed", hosts.size(), *cmd.version));
+}
+
+std::string normalize_host(std::string h) {
+    while (!h.empty() && std::isspace(static_cast<unsigned char>(h.back()))) { h.pop_back(); }
+    while (!h.empty() && std::isspace(static_cast<unsigned char>(h.front()))) { h.erase(h.begin()); }
+    if (h.rfind("http://", 0) != 0 && h.rfind("https://", 0) != 0) { h = "http://" + h; }
+    while (!h.empty() && h.back() == '/') { h.pop_back(); }
+    const auto colon = h.rfind(':');
+    if (colon == std::string::npos || colon < h.find("//") + 2 || colon + 1 >= h.size()) {
+        throw fd::Error(fd::Errc::invalid_argument, fmt::format("fleet entry '{}' needs host:port", h));
+    }
+    return h;
+}
+
+}  // namespace
+
+std::vector<std::string> fleet_hosts(const std::string & file, const std::string & csv) {
+    std::vector<std::string> raw;
+    if (!file.empty()) {
+        std::ifstream in(file);
+        if (!in) { throw fd::Error(fd::Errc::invalid_argument, fmt::format("cannot read --fleet file '{}'", file)); }
+        for (std::string line; std::getline(in, line);) {
+            if (const auto hash = line.find('#'); hash != std::string::npos) { line.resize(hash); }
+            if (line.find_first_not_of(" \t\r") == std::string::npos) { continue; }
+            raw.push_back(line);
+        }
+    }
+    for (size_t start = 0; start < csv.size();) {
+        const auto comma = csv.find(',', start);
+        const std::string item = csv.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        if (!item.empty()) { raw.push_back(item); }
+        start = comma == std::string::npos ? csv.size() : comma + 1;
+    }
+    std::vector<std::string> hosts;
+    std::set<std::string> seen;
+    for (const auto & r : raw) {
+        const std::string h = normalize_host(r);
+        if (!seen.insert(h).second) { throw fd::Error(fd::Errc::invalid_argument, fmt::format("fleet entry '{}' is listed twice", h)); }
+        hosts.push_back(h);
+    }
+    if (hosts.empty()) { throw fd::Error(fd::Errc::invalid_argument, "the fleet is empty (--fleet FILE or --hosts h1:p1,h2:p2)"); }
+    return hosts;
+}
+
+int run_fleet(const FleetOptions & o, const fd::shm::MailboxCommand & cmd) {
+    if (cmd.op == "update_weights" && cmd.commit) { return fleet_update(o, o.hosts, cmd); }
+    const auto rs = fan_out(o, o.hosts, cmd);
+    const int rc  = combined_exit(rs);
+    if (o.json) {
+        std::cout << json{{"op", cmd.op}, {"ok", rc == 0}, {"exit_code", rc}, {"results", phase_json(rs)}}.dump() << "\n";
+    } else {
+        print_phase(o, cmd.op, rs);
+    }
+    if (rc != 0) {
+        size_t n_ok = 0;
+        for (const auto & r : rs) { n_ok += r.ok() ? 1 : 0; }
+        std::cerr << fmt::format("fdctl: fleet: {} succeeded on {} of {} hosts\n", cmd.op, n_ok, rs.size());
+    }
+    return rc;
+}
+
+}  // namespace fdctl

@@ -1,0 +1,289 @@
+// vLLM's and SGLang's control routes as thin aliases over the one control service: each alias
+// turns the peer's request into the same wire command a V1 route builds (so parse, validation
+// and the engine operation are shared), and the service's reply into the peer's response shape.
+// The table (route → V1 call → response shape) is documented in docs/peer_aliases.md and
+// replayed by tests/e2e/test_peer_aliases.py.
+//
+// Tag names: vLLM and SGLang call the weight tag `weights`; ours is `weight`. Both are accepted
+// here; `kv_cache` is the same everywhere. vLLM's sleep levels map onto tags: level 1 (offload
+// weights, discard KV) and level 2 (discard both) both free weights and KV — fdrollout never
+// keeps a host copy, wakeup reloads weights from the configured source.
+#include "handlers.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <map>
+
+namespace fd::api {
+namespace {
+
+using nlohmann::json;
+
+/// The service's reply, decoded: ok + its `result` object, or the error's type/message.
+struct Outcome {
+    int         http_status = 200;
+    bool        ok          = false;
+    json        result;           ///< `result` of a success (or the whole body for status)
+    std::string error_type;
+    std::string error_message;
+};
+
+/// One command through the service, under the request's deadline headers (a fresh gate each).
+Outcome run(ApiContext & ctx, const ControlInput & in, const shm::MailboxCommand & cmd) {
+    const control::ControlReply r = ctx.control->handle(cmd, in.req ? request_gate(*in.req) : nullptr);
+    Outcome o;
+    o.http_status = r.http_status;
+    const json j  = json::parse(r.body, nullptr, false);
+    if (r.http_status == 200 && j.is_object()) {
+        o.ok     = true;
+        o.result = j.contains("result") ? j["result"] : j;
+        return o;
+    }
+    if (j.is_object() && j.contains("error") && j["error"].is_object()) {
+        o.error_type    = j["error"].value("type", "error");
+        o.error_message = j["error"].value("message", r.body);
+    } else {
+        o.error_type    = "error";
+        o.error_message = r.body;
+    }
+    return o;
+}
+
+void send_json(httplib::Response & res, int status, const json & body) {
+    res.status = status;
+    res.set_content(dump(body), "application/json");
+}
+
+/// vLLM's error body: {"error": message} with the service's status.
+void vllm_error(httplib::Response & res, const Outcome & o) { send_json(res, o.http_status, json{{"error", o.error_message}}); }
+/// SGLang's error body (_create_error_response): {"error": {"message": ...}}.
+void sglang_error(httplib::Response & res, const Outcome & o) { send_json(res, o.http_status, json{{"error", {{"message", o.error_message}}}}); }
+
+/// A peer tag (`weights` | `weight` | `kv_cache`, comma lists allowed) into our tags text.
+std::string map_tags(const std::vector<std::string> & given, const char * param) {
+    std::string out;
+    for (const auto & item : given) {
+        size_t start = 0;
+        while (start <= item.size()) {
+            const auto comma = item.find(',', start);
+            std::string t    = item.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+            start            = comma == std::string::npos ? item.size() + 1 : comma + 1;
+            if (t.empty()) { continue; }
+            if (t == "weights") { t = "weight"; }
+            if (t != "weight" && t != "kv_cache") {
+                throw Error(Errc::invalid_argument, fmt::format("unknown tag '{}' (weights or kv_cache); nothing was done", t), param);
+            }
+            if (out.find(t) == std::string::npos) { out += (out.empty() ? "" : ",") + t; }
+        }
+    }
+    return out;
+}
+
+/// SGLang's `tags` body field: null/absent = all, else a list of strings.
+std::string sglang_tags(const json & body) {
+    if (!body.is_object() || !body.contains("tags") || body["tags"].is_null()) { return ""; }
+    if (!body["tags"].is_array()) { throw Error(Errc::invalid_argument, "'tags' must be a list of strings (weights, kv_cache)", "tags"); }
+    std::vector<std::string> v;
+    for (const auto & t : body["tags"]) {
+        if (!t.is_string()) { throw Error(Errc::invalid_argument, "'tags' must be a list of strings (weights, kv_cache)", "tags"); }
+        v.push_back(t.get<std::string>());
+    }
+    const std::string tags = map_tags(v, "tags");
+    if (tags.empty()) { throw Error(Errc::invalid_argument, "'tags' is an empty list; omit it for all tags", "tags"); }
+    return tags;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::round(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() * 100.0) / 100.0;
+}
+
+bool sleeping(ApiContext & ctx) { return !ctx.control->status_json()["sleeping_tags"].empty(); }
+
+// ---- vLLM ----
+
+void vllm_sleep(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+    in.allow_only({"level", "tags", "mode"}, "POST /sleep");
+    int level = 1;
+    if (const auto l = in.get("level")) {
+        if (*l != "1" && *l != "2") {
+            throw Error(Errc::invalid_argument, fmt::format("sleep level '{}' is not supported: level=1 or level=2 (both free weights and KV)", *l), "level");
+        }
+        level = std::stoi(*l);
+    }
+    check_pause_mode(in.get("mode"));
+    reject_unknown_fields(in.body, {}, "sleep");
+    const auto t0 = std::chrono::steady_clock::now();
+    const Outcome o = run(ctx, in, {.op = "sleep", .tags = map_tags(in.all("tags"), "tags")});
+    if (!o.ok) { return vllm_error(res, o); }
+    send_json(res, 200, json{{"status", "sleeping"}, {"level", level}, {"elapsed_ms", ms_since(t0)}});
+}
+
+void vllm_wake_up(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+    in.allow_only({"tags"}, "POST /wake_up");
+    reject_unknown_fields(in.body, {}, "wake_up");
+    const auto given = in.all("tags");
+    const auto t0    = std::chrono::steady_clock::now();
+    const Outcome o  = run(ctx, in, {.op = "wakeup", .tags = map_tags(given, "tags")});
+    if (!o.ok) { return vllm_error(res, o); }
+    send_json(res, 200, json{{"status", sleeping(ctx) ? "sleeping" : "awake"}, {"tags_woken", given.empty() ? json(nullptr) : json(given)},
+                             {"elapsed_ms", ms_since(t0)}});
+}
+
+void vllm_is_sleeping(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+    in.allow_only({}, "GET /is_sleeping");
+    const Outcome o = run(ctx, in, {.op = "status"});
+    if (!o.ok) { return vllm_error(res, o); }
+    send_json(res, 200, json{{"is_sleeping", !o.result["sleeping_tags"].empty()}});
+}
+
+void vllm_pause(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+    in.allow_only({"mode", "wait_for_inflight_requests", "clear_cache"}, "POST /pause");
+    check_pause_mode(in.get("mode"));
+    if (const auto w = in.get("wait_for_inflight_requests"); w && *w != "false" && *w != "0") {
+        check_pause_mode("wait");  // vLLM's older spelling of mode=wait
+    }
+    if (const auto c = in.get("clear_cache"); c && *c != "true" && *c != "1") {
+        throw Error(Errc::invalid_argument, "clear_cache=false is not supported: a pause always flushes the prefix cache", "clear_cache");
+    }
+    reject_unknown_fields(in.body, {}, "pause");
+    const Outcome o = run(ctx, in, {.op = "pause"});
+    if (!o.ok) { return vllm_error(res, o); }
+    send_json(res, 200, json{{"status", "paused"}});
+}
+
+void vllm_resume(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+    in.allow_only({}, "POST /resume");
+    reject_unknown_fields(in.body, {}, "resume");
+    const Outcome o = run(ctx, in, {.op = "resume"});
+    if (!o.ok) { return vllm_error(res, o); }
+    send_json(res, 200, json{{"status", "resumed"}});
+}
+
+void vllm_is_paused(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+    in.allow_only({}, "GET /is_paused");
+    const Outcome o = run(ctx, in, {.op = "is_paused"});
+    if (!o.ok) { return vllm_error(res, o); }
+    send_json(res, 200, json{{"is_paused", o.result.value("is_paused", false)}});
+}
+
+void vllm_reset_prefix_cache(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+    in.allow_only({}, "POST /reset_prefix_cache");
+    reject_unknown_fields(in.body, {}, "reset_prefix_cache");
+    const Outcome o = run(ctx, in, {.op = "flush_cache"});
+    if (!o.ok) { return vllm_error(res, o); }
+    res.status = 200;  // vLLM answers an empty 200
+}
+
+// ---- SGLang ----
+
+void sglang_release(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+    in.allow_only({}, "POST /release_memory_occupation");
+    reject_unknown_fields(in.body, {"tags"}, "release_memory_occupation");
+    const Outcome o = run(ctx, in, {.op = "sleep", .tags = sglang_tags(in.body)});
+    if (!o.ok) { return sglang_error(res, o); }
+    send_json(res, 200, nullptr);  // SGLang's handler returns None: a JSON null
+}
+
+void sglang_resume(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+    in.allow_only({}, "POST /resume_memory_occupation");
+    reject_unknown_fields(in.body, {"tags"}, "resume_memory_occupation");
+    const Outcome o = run(ctx, in, {.op = "wakeup", .tags = sglang_tags(in.body)});
+    if (!o.ok) { return sglang_error(res, o); }
+    send_json(res, 200, nullptr);
+}
+
+void sglang_flush_cache(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+    in.allow_only({"timeout"}, "POST /flush_cache");
+    reject_unknown_fields(in.body, {}, "flush_cache");
+    const Outcome o = run(ctx, in, {.op = "flush_cache"});
+    res.status      = o.ok ? 200 : o.http_status;
+    res.set_content(o.ok ? "Cache flushed.\n" : o.error_message + "\n", "text/plain");  // SGLang's text answer
+}
+
+void sglang_weight_version(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+    in.allow_only({}, "GET /get_weight_version");
+    const Outcome o = run(ctx, in, {.op = "status"});
+    if (!o.ok) { return sglang_error(res, o); }
+    send_json(res, 200, json{{"weight_version", o.result["weight_version"]}});
+}
+
+/// SGLang's update_weights_from_disk is one call on a serving engine: pause (its running
+/// requests end with finish_reason abort, counted in num_paused_requests), update_weights, then
+/// resume unless the engine was paused before or keep_pause is set. `model_path` must name the
+/// daemon's --model dir: weights come from the configured --load-strategy source only.
+void sglang_update_from_disk(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+    in.allow_only({}, "POST /update_weights_from_disk");
+    const json & b = in.body;
+    reject_unknown_fields(b, {"model_path", "weight_version", "flush_cache", "load_format", "abort_all_requests", "keep_pause"},
+                          "update_weights_from_disk");
+    if (!b.is_object() || !b.contains("model_path") || !b["model_path"].is_string()) {
+        throw Error(Errc::invalid_argument, "'model_path' (string) is required", "model_path");
+    }
+    std::error_code ec;
+    const auto given = std::filesystem::weakly_canonical(b["model_path"].get<std::string>(), ec);
+    const auto mine  = std::filesystem::weakly_canonical(ctx.cfg.model_dir, ec);
+    if (given != mine) {
+        throw Error(Errc::invalid_argument,
+                    fmt::format("'model_path' must be this daemon's --model dir ({}): new weights come from its --load-strategy source, "
+                                "selected by weight_version", ctx.cfg.model_dir), "model_path");
+    }
+    shm::MailboxCommand update{.op = "update_weights"};
+    if (b.contains("weight_version") && !b["weight_version"].is_null()) {
+        if (!b["weight_version"].is_string()) { throw Error(Errc::invalid_argument, "'weight_version' must be a string", "weight_version"); }
+        update.version = b["weight_version"].get<std::string>();
+    }
+    for (const char * f : {"flush_cache", "abort_all_requests", "keep_pause"}) {
+        if (b.contains(f) && !b[f].is_null() && !b[f].is_boolean()) { throw Error(Errc::invalid_argument, fmt::format("'{}' must be a boolean", f), f); }
+    }
+    if (b.contains("load_format") && !b["load_format"].is_null() && b["load_format"] != "auto") {
+        throw Error(Errc::invalid_argument, "'load_format' must be null or \"auto\" (safetensors)", "load_format");
+    }
+    if (b.value("flush_cache", true) == false) {
+        throw Error(Errc::invalid_argument, "flush_cache=false is not supported: KV computed with old weights is never reused", "flush_cache");
+    }
+    auto answer = [&](const Outcome & o, int aborted) {
+        send_json(res, o.ok ? 200 : o.http_status,
+                  json{{"success", o.ok}, {"message", o.ok ? fmt::format("Succeeded to update model weights (version {}).", o.result.value("version", "")) : o.error_message},
+                       {"num_paused_requests", aborted}});
+    };
+    const bool was_paused = run(ctx, in, {.op = "is_paused"}).result.value("is_paused", false);
+    int aborted = 0;
+    if (!was_paused) {
+        const Outcome p = run(ctx, in, {.op = "pause"});
+        if (!p.ok) { return answer(p, 0); }
+        aborted = p.result.value("aborted", 0);
+    }
+    const Outcome u = run(ctx, in, update);
+    // Old or new weights: serving as before. Not under the client's deadline: a resume dropped
+    // for lateness would leave the engine paused by a call that reported its outcome.
+    if (!was_paused && !b.value("keep_pause", false)) { ctx.control->handle(shm::MailboxCommand{.op = "resume"}); }
+    answer(u, aborted);
+}
+
+using AliasFn = void (*)(ApiContext &, const ControlInput &, httplib::Response &);
+
+/// Path → alias (the route table in routes.cpp binds each path to peer_alias_route).
+const std::map<std::string, AliasFn> kAliases = {
+    {"/sleep", vllm_sleep},
+    {"/wake_up", vllm_wake_up},
+    {"/is_sleeping", vllm_is_sleeping},
+    {"/pause", vllm_pause},
+    {"/resume", vllm_resume},
+    {"/is_paused", vllm_is_paused},
+    {"/reset_prefix_cache", vllm_reset_prefix_cache},
+    {"/release_memory_occupation", sglang_release},
+    {"/resume_memory_occupation", sglang_resume},
+    {"/flush_cache", sglang_flush_cache},
+    {"/get_weight_version", sglang_weight_version},
+    {"/update_weights_from_disk", sglang_update_from_disk},
+};
+
+}  // namespace
+
+void peer_alias_route(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
+    kAliases.at(req.path)(ctx, read_control_input(req), res);
+}
+
+}  // namespace fd::api

@@ -1,0 +1,89 @@
+"""Fleet update latency (issue #13): `fdctl --hosts ... update-weights` (stage everywhere, commit
+everywhere, verify) on 1, 2 and 4 daemons on loopback, each fed from one rsync store (a local
+path), divided by a single-daemon `fdctl update-weights` measured in the same run on the same
+daemons. Prints one JSON object (docs/benchmarks.md, "Fleet update").
+
+Usage: /usr/bin/python3 tests/bench/bench_fleet.py [--model DIR] [--sizes 1,2,4] [--reps 5]
+       [--bigger]   (also a random 4-layer 512-hidden F32 checkpoint, ~30 MB)"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+from fdtest import copy_checkpoint, Daemon, fdctl, make_checkpoint, perturbed, STORIES  # noqa: E402
+
+
+def timed(*args):
+    t0 = time.perf_counter()
+    rc, out, err = fdctl(0, *args, timeout=600)
+    dt = time.perf_counter() - t0
+    if rc != 0:
+        raise RuntimeError(f"fdctl {args} -> {rc}: {err}")
+    return dt
+
+
+def bench_model(name, model, sizes, reps, tmp):
+    store = os.path.join(tmp, f"store-{name}")
+    other = perturbed(model, os.path.join(tmp, f"{name}-b"), seed=1)
+    for v, src in (("va", model), ("vb", other)):
+        rc, _, err = fdctl(0, "publish", "--strategy", "rsync", "--from", src, "--store", store, "--version", v, timeout=600)
+        assert rc == 0, err
+    size_bytes = sum(os.path.getsize(os.path.join(store, "va", f)) for f in os.listdir(os.path.join(store, "va")))
+    rows = []
+    for n in sizes:
+        daemons = []
+        try:
+            for i in range(n):
+                cfg = {"source": store, "staging_dir": os.path.join(tmp, f"staging-{name}-{n}-{i}")}
+                daemons.append(Daemon("--dynamic-load-weight", "--load-strategy", "rsync", "--rsync-config", json.dumps(cfg),
+                                      "--threads", "1", "--kv-cache-bytes", "64MiB", model=model, timeout=120))
+            hosts = ",".join(f"127.0.0.1:{d.port}" for d in daemons)
+            timed("--hosts", hosts, "pause")
+            single, fleet = [], []
+            versions = ["va", "vb"]
+            timed("--hosts", hosts, "update-weights", "--version", "vb")  # warm-up: staging arenas faulted in
+            for r in range(reps):
+                v = versions[r % 2]
+                single.append(timed("--transport", "v1", "--url", f"http://127.0.0.1:{daemons[0].port}", "update-weights", "--version", v))
+                fleet.append(timed("--hosts", hosts, "update-weights", "--version", v))
+            rows.append({"daemons": n, "single_s_median": statistics.median(single), "fleet_s_median": statistics.median(fleet),
+                         "ratio_fleet_over_single": statistics.median(fleet) / statistics.median(single),
+                         "single_s": single, "fleet_s": fleet})
+        finally:
+            for d in daemons:
+                d.__exit__(None)
+    return {"model": name, "checkpoint_bytes": size_bytes, "runs": rows}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default=STORIES)
+    p.add_argument("--sizes", default="1,2,4")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--bigger", action="store_true")
+    a = p.parse_args()
+    sizes = [int(s) for s in a.sizes.split(",")]
+    tmp = tempfile.mkdtemp(prefix="fd-fleet-bench-")
+    try:
+        out = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
+               "load_avg_at_start": os.getloadavg()[0], "models": []}
+        model = copy_checkpoint(a.model, os.path.join(tmp, "m"))
+        out["models"].append(bench_model(os.path.basename(a.model.rstrip("/")), model, sizes, a.reps, tmp))
+        if a.bigger:
+            big = make_checkpoint(os.path.join(tmp, "big"), "--hidden", "512", "--intermediate", "1376", "--layers", "4",
+                                  "--heads", "8", "--vocab", "512")
+            out["models"].append(bench_model("random-512x4", big, sizes, a.reps, tmp))
+        out["load_avg_at_end"] = os.getloadavg()[0]
+        print(json.dumps(out, indent=1))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

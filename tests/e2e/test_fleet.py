@@ -1,0 +1,164 @@
+"""fdctl --fleet / --hosts (issue #13): three daemons on loopback, each fed from an rsync store
+(local path). A fleet update-weights where one daemon's copy of the version is corrupt leaves
+all three on the old version (staged everywhere else, then dropped everywhere); a good version
+then lands on all three, and every daemon's greedy output equals a fresh daemon's on it.
+Per-host results (text and --json) and the documented exit codes for partial failure."""
+import http.server
+import json
+import os
+import shutil
+import tempfile
+import threading
+import unittest
+
+from fdtest import copy_checkpoint, Daemon, fdctl, free_port, greedy, perturbed, STORIES
+
+
+def publish(src, store, version):
+    rc, out, err = fdctl(0, "publish", "--strategy", "rsync", "--from", src, "--store", store, "--version", version)
+    assert rc == 0, (rc, out, err)
+
+
+class FakeDaemon(http.server.BaseHTTPRequestHandler):
+    """A host that stages fine but refuses the commit (or, with health_version set, commits but
+    then reports another version): what fdctl must report as an inconsistent fleet (exit 21)."""
+    commit_status = 409
+    health_version = "old"
+
+    def answer(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path == "/v1/commit_weights" and self.commit_status != 200:
+            return self.answer(self.commit_status, {"status": "error", "error": {"type": "wrong_state", "message": "simulated"}})
+        self.answer(200, {"status": "success", "result": {"is_paused": True, "version": "v3", "staged": True, "bytes": 0,
+                                                          "dropped_version": None}})
+
+    def do_GET(self):
+        self.answer(200, {"state": "paused", "weight_version": self.health_version})
+
+    def log_message(self, *args):
+        pass
+
+
+class Fleet(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="fd-fleet-")
+        A = copy_checkpoint(STORIES, os.path.join(cls.tmp, "A"))
+        B = perturbed(STORIES, os.path.join(cls.tmp, "B"), seed=7)
+        C = perturbed(STORIES, os.path.join(cls.tmp, "C"), seed=9)
+        cls.A = A
+        good, bad = os.path.join(cls.tmp, "store-good"), os.path.join(cls.tmp, "store-bad")
+        for store in (good, bad):
+            publish(B, store, "v2")
+            publish(C, store, "v3")
+        st = os.path.join(bad, "v2", "model.safetensors")
+        os.truncate(st, os.path.getsize(st) - 4)  # this daemon's copy of v2 is corrupt
+        cls.out = {}
+        for name, model in (("A", A), ("B", B), ("C", C)):
+            with Daemon(model=model) as fresh:
+                cls.out[name] = greedy(fresh)[:2]
+        assert len({str(v[0]) for v in cls.out.values()}) == 3
+        cls.daemons = []
+        for i, store in enumerate((good, good, bad)):
+            cfg = {"source": store, "staging_dir": os.path.join(cls.tmp, f"staging{i}")}
+            cls.daemons.append(Daemon("--dynamic-load-weight", "--load-strategy", "rsync", "--rsync-config", json.dumps(cfg),
+                                      model=A))
+        cls.hosts = ",".join(f"127.0.0.1:{d.port}" for d in cls.daemons)
+        cls.fleet_file = os.path.join(cls.tmp, "fleet.txt")
+        with open(cls.fleet_file, "w") as f:
+            f.write("# the rollout fleet\n" + "\n".join(f"http://127.0.0.1:{d.port}/" for d in cls.daemons) + "\n\n")
+
+    @classmethod
+    def tearDownClass(cls):
+        for d in cls.daemons:
+            d.__exit__(None)
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def fleet(self, *args):
+        return fdctl(0, "--hosts", self.hosts, *args)
+
+    def versions(self):
+        return [(d.get("/health")[1]["weight_version"], d.get("/health")[1]["staged_weight_version"]) for d in self.daemons]
+
+    def test_fleet_update_is_all_or_nothing(self):
+        start = self.versions()
+        self.assertEqual(len(set(start)), 1)
+        # not paused: every host refuses alike -> that code (4 wrong_state), nothing changes
+        rc, out, err = self.fleet("update-weights", "--version", "v3")
+        self.assertEqual(rc, 4, err)
+        self.assertEqual(self.versions(), start)
+        rc, out, err = fdctl(0, "--fleet", self.fleet_file, "pause")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.count(": ok"), 3, out)
+        # v2 is corrupt on the third daemon: staged on two, dropped everywhere, all keep the old version
+        rc, out, err = self.fleet("--json", "update-weights", "--version", "v2")
+        self.assertEqual(rc, 20, err)
+        rep = json.loads(out)
+        self.assertFalse(rep["ok"])
+        self.assertEqual([h["ok"] for h in rep["stage"]], [True, True, False])
+        self.assertEqual(rep["stage"][2]["body"]["error"]["type"], "invalid_checkpoint")
+        self.assertEqual([h["ok"] for h in rep["drop"]], [True, True, True])
+        self.assertNotIn("commit", rep)
+        self.assertEqual(self.versions(), start)
+        self.assertEqual(self.fleet("resume")[0], 0)
+        for d in self.daemons:
+            self.assertEqual(greedy(d)[:2], self.out["A"])
+        # a good version lands everywhere, and the command checks it
+        self.assertEqual(self.fleet("pause")[0], 0)
+        rc, out, err = self.fleet("update-weights", "--version", "v3")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("serves weight_version v3", out)
+        self.assertEqual(out.count("commit: ok"), 3, out)
+        self.assertEqual(self.versions(), [("v3", None)] * 3)
+        rc, out, err = fdctl(0, "--fleet", self.fleet_file, "--json", "resume")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([r["ok"] for r in json.loads(out)["results"]], [True] * 3)
+        for d in self.daemons:
+            out = greedy(d)
+            self.assertEqual(out[:2], self.out["C"])
+            self.assertEqual(out[2], "v3")
+
+    def test_a_commit_that_fails_on_one_host_is_reported_inconsistent(self):
+        def serve(commit_status, health_version):
+            handler = type("Fake", (FakeDaemon,), {"commit_status": commit_status, "health_version": health_version})
+            srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+            threading.Thread(target=srv.serve_forever, daemon=True).start()
+            self.addCleanup(srv.server_close)
+            self.addCleanup(srv.shutdown)
+            return f"127.0.0.1:{srv.server_port}"
+
+        good = serve(200, "v3")  # stages, commits, reports v3
+        for bad, seen in ((serve(409, "old"), "old"), (serve(200, "other"), "other")):
+            rc, out, err = fdctl(0, "--hosts", f"{good},{bad}", "--json", "update-weights", "--version", "v3")
+            self.assertEqual(rc, 21, (out, err))
+            rep = json.loads(out)
+            self.assertIn("INCONSISTENT", rep["outcome"])
+            self.assertEqual([h["ok"] for h in rep["stage"]], [True, True])
+            self.assertEqual(rep["weight_versions"], {f"http://{good}": "v3", f"http://{bad}": seen})
+
+    def test_partial_failure_exit_codes(self):
+        dead = f"127.0.0.1:{free_port()}"
+        rc, out, err = fdctl(0, "--hosts", f"{self.hosts},{dead}", "--timeout", "5", "--json", "is-paused")
+        self.assertEqual(rc, 20, err)
+        res = json.loads(out)["results"]
+        self.assertEqual([r["ok"] for r in res], [True, True, True, False])
+        self.assertEqual(res[3]["exit_code"], 8)
+        self.assertIn("3 of 4 hosts", err)
+        rc, out, err = fdctl(0, "--hosts", dead, "--timeout", "5", "status")
+        self.assertEqual(rc, 8, err)  # every host failed alike: that failure's code
+        for bad in (["--hosts", f"{dead},{dead}", "pause"], ["--hosts", "nohostport", "pause"], ["--hosts", self.hosts, "wait", "--until", "paused"],
+                    ["--hosts", self.hosts, "update-weights"], ["--fleet", os.path.join(self.tmp, "missing"), "pause"]):
+            rc, _, err = fdctl(0, *bad)
+            self.assertEqual(rc, 2, (bad, err))
+
+
+if __name__ == "__main__":
+    unittest.main()
