@@ -38,13 +38,13 @@ void parse_update_body(const std::string & body, shm::MailboxCommand & cmd) {
 
 }  // namespace
 
-void write_control_error(httplib::Response & res, const Error & e) {
+void write_control_error(Response & res, const Error & e) {
     const control::ControlReply r = control::error_reply(e);
     res.status = r.http_status;
     res.set_content(r.body, r.content_type);
 }
 
-void control_route(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
+void control_route(ApiContext & ctx, const Request & req, Response & res) {
     shm::MailboxCommand cmd;
     cmd.op = kRouteOps.at(req.path);
     // Only `tags` is a control parameter (which ops take it is ControlRequest::parse's call);

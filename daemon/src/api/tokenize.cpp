@@ -48,7 +48,7 @@ bool get_bool(const json & j, const char * key, bool dflt) {
 
 }  // namespace
 
-void post_tokenize(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
+void post_tokenize(ApiContext & ctx, const Request & req, Response & res) {
     const json j = parse_body(ctx, req.body, {"model", "prompt", "add_special_tokens", "return_token_strs"});
     if (!j.contains("prompt") || !j["prompt"].is_string()) { bad("prompt", "'prompt' must be a string"); }
     const auto ids = ctx.tok->encode(j["prompt"].get<std::string>(), get_bool(j, "add_special_tokens", true));
@@ -64,7 +64,7 @@ void post_tokenize(ApiContext & ctx, const httplib::Request & req, httplib::Resp
                     "application/json");
 }
 
-void post_detokenize(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
+void post_detokenize(ApiContext & ctx, const Request & req, Response & res) {
     const json j = parse_body(ctx, req.body, {"model", "tokens"});
     if (!j.contains("tokens") || !j["tokens"].is_array()) { bad("tokens", "'tokens' must be a list of token ids"); }
     const int32_t        vocab = ctx.engine->model_config().vocab_size;
