@@ -125,7 +125,11 @@ private:
     /// An error answered by the HTTP layer itself (the request could not be read or routed):
     /// the OpenAI error object with `status`.
     void answer_error(const Error & e, int status) {
-        if (req_.method.empty() && parser_ && parser_->is_header_done()) { fill_request(); }
+        if (req_.method.empty() && parser_ && parser_->is_header_done()) {
+            const bool keep = keep_alive_;
+            fill_request();
+            keep_alive_ = keep && keep_alive_;  // a request that could not be read closes the connection
+        }
         res_.status = status;
         res_.set_content(dump(nlohmann::json{{"error", {{"message", e.what()}, {"type", errc_name(e.code())}, {"param", nullptr}, {"code", status}}}}),
                          "application/json");
