@@ -164,16 +164,18 @@ void Engine::emit(Sequence & s, FinishReason why, ChoiceEvent ev) {
     ev.n_prompt_tokens = s.n_prompt;
     ev.n_cached_tokens = std::max(0, s.n_cached);
     ev.weight_version  = state_.weight_version;
+    // Metrics first: an event-driven reader may answer the client before push() returns, and
+    // a client that has its answer must find it counted in /metrics.
+    if (why != FinishReason::none) {
+        request_metrics_.e2e_s.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - s.t_arrival).count());
+        request_metrics_.n_finished[static_cast<size_t>(why) - 1].fetch_add(1, std::memory_order_relaxed);
+    }
     if (defer_events_) {
         deferred_.emplace_back(s.channel, std::move(ev));
     } else {
         s.channel->push(std::move(ev));
     }
-    if (why != FinishReason::none) {  // finished; released at the end of the step
-        request_metrics_.e2e_s.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - s.t_arrival).count());
-        request_metrics_.n_finished[static_cast<size_t>(why) - 1].fetch_add(1, std::memory_order_relaxed);
-        s.channel.reset();
-    }
+    if (why != FinishReason::none) { s.channel.reset(); }  // finished; released at the end of the step
 }
 
 void Engine::append_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev) {
@@ -314,24 +316,30 @@ bool Engine::step() {
         s.n_computed += n;
         kv_.commit_full_blocks(s.id, s.tokens, s.n_computed);
     }
-    int64_t n_generated = 0, n_prompt = 0, n_cached = 0;
+    // Token counters before the events go out (one token per sampled sequence): a client that
+    // has its answer finds it counted in /metrics.
+    int64_t n_prompt = 0, n_cached = 0;
+    for (const Sequence * s : sampled) {
+        if (static_cast<int32_t>(s->tokens.size()) == s->n_prompt) {  // first token of this choice
+            n_prompt += s->n_prompt;
+            n_cached += std::max(0, s->n_cached);
+        }
+    }
+    {
+        std::lock_guard lk(stats_mu_);
+        stats_.n_tokens_generated_total += static_cast<int64_t>(sampled.size());
+        stats_.n_tokens_prompt_total += n_prompt;
+        stats_.n_tokens_cached_total += n_cached;
+    }
     for (size_t i = 0; i < sampled.size(); ++i) {
         Sequence &    s      = *sampled[i];
-        if (static_cast<int32_t>(s.tokens.size()) == s.n_prompt) {  // first token of this choice
-            n_prompt += s.n_prompt;
-            n_cached += std::max(0, s.n_cached);
-        }
         const float * logits = &logits_[i * vocab];
         ChoiceEvent   ev;
         append_token(s, sample_token(logits, vocab, s.params, s.rng), logits, ev);
-        ++n_generated;
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     {
         std::lock_guard lk(stats_mu_);
-        stats_.n_tokens_generated_total += n_generated;
-        stats_.n_tokens_prompt_total += n_prompt;
-        stats_.n_tokens_cached_total += n_cached;
         stats_.n_preemptions_total += static_cast<int64_t>(d.preempted.size());
         ++stats_.n_steps_total;
         size_t b = 0;
