@@ -33,6 +33,8 @@ void post_tokenize(ApiContext & ctx, const Request & req, Response & res);
 void post_detokenize(ApiContext & ctx, const Request & req, Response & res);
 void post_chat_completions(ApiContext & ctx, const Request & req, Response & res);
 void get_models(ApiContext & ctx, const Request & req, Response & res);
+/// GET /v1/models/{id}: the served model's object (OpenAI shape); 404 for any other id.
+void get_model(ApiContext & ctx, const Request & req, Response & res);
 void get_health(ApiContext & ctx, const Request & req, Response & res);
 void get_metrics(ApiContext & ctx, const Request & req, Response & res);   ///< metrics.cpp
 void get_version(ApiContext & ctx, const Request & req, Response & res);   ///< metrics.cpp

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,8 +33,10 @@ struct Request {
     std::multimap<std::string, std::string>                      params;   ///< query parameters, %XX and '+' decoded; repeats kept
     std::multimap<std::string, std::string, CaseInsensitiveLess> headers;
     std::string body;     ///< raw body bytes (empty when the request had none)
+    std::smatch matches;  ///< a pattern route's match of `path` ([1] = its first group); empty for exact routes
 
     bool        has_header(const std::string & name) const { return headers.count(name) != 0; }
+    size_t      get_header_value_count(const std::string & name) const { return headers.count(name); }
     /// First value of header `name`, "" when absent.
     std::string get_header_value(const std::string & name) const;
     bool        has_param(const std::string & key) const { return params.count(key) != 0; }

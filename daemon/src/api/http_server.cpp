@@ -16,15 +16,40 @@ namespace net = boost::asio;
 using tcp     = net::ip::tcp;
 
 void Router::add(const std::string & method, const std::string & path, Handler h, Lane lane) {
-    by_path_[path][method] = Route{method, path, std::move(h), lane};
+    Route r{method, path, std::move(h), lane};
+    if (path.find('(') == std::string::npos) {
+        by_path_[path][method] = std::move(r);
+        return;
+    }
+    for (auto & p : patterns_) {
+        if (p.source == path) {
+            p.by_method[method] = std::move(r);
+            return;
+        }
+    }
+    patterns_.push_back(Pattern{path, std::regex(path), {}});
+    patterns_.back().by_method[method] = std::move(r);
 }
 
-const Route * Router::find(const std::string & method, const std::string & path, bool * path_known) const {
-    auto p = by_path_.find(path);
-    if (path_known) { *path_known = p != by_path_.end(); }
-    if (p == by_path_.end()) { return nullptr; }
-    auto m = p->second.find(method == "HEAD" ? std::string("GET") : method);
-    return m == p->second.end() ? nullptr : &m->second;
+const Route * Router::find(const std::string & method, const std::string & path, bool * path_known, std::smatch * matches) const {
+    const std::string & m = method == "HEAD" ? std::string("GET") : method;
+    const std::map<std::string, Route> * by_method = nullptr;
+    if (auto p = by_path_.find(path); p != by_path_.end()) {
+        by_method = &p->second;
+    } else {
+        std::smatch sm;
+        for (const auto & p : patterns_) {
+            if (std::regex_match(path, sm, p.re)) {
+                by_method = &p.by_method;
+                if (matches) { *matches = sm; }
+                break;
+            }
+        }
+    }
+    if (path_known) { *path_known = by_method != nullptr; }
+    if (!by_method) { return nullptr; }
+    auto r = by_method->find(m);
+    return r == by_method->end() ? nullptr : &r->second;
 }
 
 HttpServer::HttpServer(HttpLimits limits, Router router, SentHook on_sent)

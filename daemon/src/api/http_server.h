@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,19 +39,27 @@ struct Route {
     Lane        lane = Lane::data;
 };
 
-/// The route table's container: exact method + path matches (HEAD is served by the GET route).
+/// The route table's container: exact paths, and patterns (a path holding a regex group, e.g.
+/// `/v1/models/(.+)`, matched whole, tried in the order added). HEAD is served by the GET route.
 class Router {
 public:
     void Get(const std::string & path, Handler h, Lane lane = Lane::data) { add("GET", path, std::move(h), lane); }
     void Post(const std::string & path, Handler h, Lane lane = Lane::data) { add("POST", path, std::move(h), lane); }
 
     /// The route for `method` `path`, or null; `*path_known` tells whether any method is routed
-    /// at `path` (405 rather than 404).
-    const Route * find(const std::string & method, const std::string & path, bool * path_known) const;
+    /// at `path` (405 rather than 404); a pattern route's groups go to `*matches` (which refers
+    /// into `path`: keep it alive and unchanged).
+    const Route * find(const std::string & method, const std::string & path, bool * path_known, std::smatch * matches = nullptr) const;
 
 private:
+    struct Pattern {
+        std::string                  source;
+        std::regex                   re;
+        std::map<std::string, Route> by_method;
+    };
     void add(const std::string & method, const std::string & path, Handler h, Lane lane);
-    std::map<std::string, std::map<std::string, Route>> by_path_;  ///< path → method → route
+    std::map<std::string, std::map<std::string, Route>> by_path_;  ///< exact path → method → route
+    std::vector<Pattern>                                 patterns_;
 };
 
 /// Limits and timeouts of the HTTP layer (one config struct: ServerConfig fills it).

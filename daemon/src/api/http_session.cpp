@@ -155,7 +155,7 @@ private:
         req_.body = std::move(parser_->get().body());
         parser_.reset();
         bool path_known = false;
-        route_ = server_.router().find(req_.method, req_.path, &path_known);
+        route_ = server_.router().find(req_.method, req_.path, &path_known, &req_.matches);
         if (!route_) {
             return path_known ? answer_error(Error(Errc::invalid_argument, "method " + req_.method + " not allowed on " + req_.path), 405)
                               : answer_error(Error(Errc::not_found, "no route " + req_.method + " " + req_.path), 404);

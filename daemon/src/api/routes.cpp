@@ -79,6 +79,7 @@ Router make_routes(ApiContext & ctx) {
     http.Get ("/metrics",             wrap(ctx, get_metrics,             Auth::open), io);
     http.Get ("/version",             wrap(ctx, get_version,             Auth::open), io);
     http.Get ("/v1/models",           wrap(ctx, get_models,              Auth::api_key), io);
+    http.Get (R"(/v1/models/(.+))",   wrap(ctx, get_model,               Auth::api_key), io);
     post     ("/v1/completions",      wrap(ctx, post_completions,        Auth::api_key));
     post     ("/tokenize",            wrap(ctx, post_tokenize,           Auth::api_key));
     post     ("/detokenize",          wrap(ctx, post_detokenize,         Auth::api_key));

@@ -116,6 +116,10 @@ WeightLayout plan(const ModelConfig & c, const std::function<DType(const std::st
             add(n("self_attn.qkv_proj.bias"), {{n("self_attn.q_proj.bias"), q}, {n("self_attn.k_proj.bias"), kv},
                                                {n("self_attn.v_proj.bias"), kv}}, 0);
         }
+        if (c.qk_norm) {  // Qwen3: per-head RMSNorm weights, [head_dim] each
+            add(n("self_attn.q_norm.weight"), {{n("self_attn.q_norm.weight"), c.head_dim}}, 0);
+            add(n("self_attn.k_norm.weight"), {{n("self_attn.k_norm.weight"), c.head_dim}}, 0);
+        }
         add(n("self_attn.o_proj.weight"), {{n("self_attn.o_proj.weight"), h}}, q);
         add(n("post_attention_layernorm.weight"), {{n("post_attention_layernorm.weight"), h}}, 0);
         add(n("mlp.gate_up_proj.weight"), {{n("mlp.gate_proj.weight"), ff}, {n("mlp.up_proj.weight"), ff}}, h);
@@ -362,6 +366,8 @@ ModelWeights bind_weights(const ModelConfig & c, const WeightLayout & layout, co
         L.attn_norm = vec(layer_name(il, "input_layernorm.weight"));
         L.qkv       = lin(layer_name(il, "self_attn.qkv_proj.weight"));
         L.bqkv      = c.qkv_bias ? vec(layer_name(il, "self_attn.qkv_proj.bias")) : nullptr;
+        L.q_norm    = c.qk_norm ? vec(layer_name(il, "self_attn.q_norm.weight")) : nullptr;
+        L.k_norm    = c.qk_norm ? vec(layer_name(il, "self_attn.k_norm.weight")) : nullptr;
         L.o         = lin(layer_name(il, "self_attn.o_proj.weight"));
         L.mlp_norm  = vec(layer_name(il, "post_attention_layernorm.weight"));
         L.gate_up   = lin(layer_name(il, "mlp.gate_up_proj.weight"));

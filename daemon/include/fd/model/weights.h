@@ -5,8 +5,8 @@
 //   model.layers.N.self_attn.qkv_proj.weight  [q_dim + 2*kv_dim, hidden]  rows q | k | v
 //   model.layers.N.self_attn.qkv_proj.bias    [q_dim + 2*kv_dim]          (Qwen2)
 //   model.layers.N.mlp.gate_up_proj.weight    [2*intermediate, hidden]    rows gate | up
-// and every other tensor under its Hugging Face name (embed_tokens, o_proj, down_proj, the norms,
-// model.norm, lm_head when untied). A fused tensor's parts are consecutive row ranges, so every
+// and every other tensor under its Hugging Face name (embed_tokens, o_proj, down_proj, the norms
+// incl. Qwen3's self_attn.q_norm / k_norm [head_dim], model.norm, lm_head when untied). A fused tensor's parts are consecutive row ranges, so every
 // byte of the inference layout is one contiguous range of one checkpoint tensor: loading,
 // wakeup and update_weights are plain parallel reads into one arena (F16 is the exception: it
 // is widened to f32 at load).
@@ -110,6 +110,8 @@ struct LayerWeights {
     const float * attn_norm = nullptr;  ///< [hidden] f32
     LinearWeight  qkv;                  ///< [q_dim + 2*kv_dim, hidden]
     const float * bqkv      = nullptr;  ///< [q_dim + 2*kv_dim] f32 or nullptr
+    const float * q_norm    = nullptr;  ///< [head_dim] f32 (Qwen3) or nullptr
+    const float * k_norm    = nullptr;  ///< [head_dim] f32 (Qwen3) or nullptr
     LinearWeight  o;                    ///< [hidden, q_dim]
     const float * mlp_norm  = nullptr;  ///< [hidden] f32
     LinearWeight  gate_up;              ///< [2*intermediate, hidden]
