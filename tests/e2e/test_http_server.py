@@ -208,10 +208,6 @@ class Malformed(unittest.TestCase):
                                         + f"Content-Length: {(64 << 20) + 1}\r\n\r\n".encode() + b"{" * 1000)
         self.assertEqual(status_of(out), 413, out[:200])
         self.assertLess(time.time() - t0, 10)  # answered from the header, not after a read timeout
-        # a body at the limit is read (and refused as JSON, not as too large)
-        status, j = self.d.request("POST", "/v1/completions", raw=b" " * (64 << 20), timeout=120)
-        self.assertEqual(status, 400)
-        self.assertEqual(j["error"]["type"], "invalid_argument")
         self.still_serving()
 
     def test_a_stalled_partial_header_is_cut_off_and_does_not_block_others(self):
@@ -245,6 +241,13 @@ class Http11(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.d.__exit__(None)
+
+    def test_a_body_at_the_64_mib_limit_is_read(self):
+        # (here, not in Malformed: 64 MiB may take longer than its 2 s read timeout under load)
+        status, j = self.d.request("POST", "/v1/completions", raw=b" " * (64 << 20), timeout=120)
+        self.assertEqual(status, 400)  # refused as JSON, not as too large
+        self.assertEqual(j["error"]["type"], "invalid_argument")
+        self.assertNotIn("larger than", j["error"]["message"])
 
     def test_keep_alive_then_idle_close(self):
         conn = http.client.HTTPConnection("127.0.0.1", self.d.port, timeout=10)
