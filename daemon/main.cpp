@@ -90,6 +90,13 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_ENABLE_PREFIX_CACHING");
     app.add_option("--request-timeout-s", c.server.request_timeout_s, "Longest a completion may run before 504")
         ->envname("FD_REQUEST_TIMEOUT_S")->capture_default_str();
+    app.add_option("--http-io-threads", c.server.n_io_threads, "HTTP I/O threads (each holds thousands of idle or streaming connections)")
+        ->envname("FD_HTTP_IO_THREADS")->check(CLI::Range(1, 64))->capture_default_str();
+    app.add_option("--http-read-timeout-s", c.server.http_read_timeout_s,
+                   "A request's header and body must arrive within this, else the connection is closed (slow or stalled clients)")
+        ->envname("FD_HTTP_READ_TIMEOUT_S")->check(CLI::PositiveNumber)->capture_default_str();
+    app.add_option("--http-keep-alive-s", c.server.keep_alive_timeout_s, "Idle HTTP connections are closed after this many seconds")
+        ->envname("FD_HTTP_KEEP_ALIVE_S")->check(CLI::PositiveNumber)->capture_default_str();
     app.add_option("--shutdown-grace-s", c.shutdown_grace_s, "On SIGTERM/SIGINT: seconds in-flight requests may take to finish")
         ->envname("FD_SHUTDOWN_GRACE_S")->capture_default_str();
     app.add_flag("--dynamic-load-weight", c.control.dynamic_load_weight,

@@ -193,7 +193,7 @@ json chat_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engi
 
 }  // namespace
 
-void post_chat_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
+void post_chat_completions(ApiContext & ctx, const Request & req, Response & res) {
     auto r           = std::make_shared<const ChatCompletionRequest>(parse(ctx, req.body));
     const auto * tok = ctx.tok;
     const bool   ids = r->opts.tokens_as_ids;

@@ -144,7 +144,7 @@ struct LegacyLogprobs {
 
 }  // namespace
 
-void post_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
+void post_completions(ApiContext & ctx, const Request & req, Response & res) {
     auto r            = std::make_shared<const CompletionRequest>(parse(ctx, req.body));
     const auto * tok  = ctx.tok;
     const int32_t n   = r->gen.n;

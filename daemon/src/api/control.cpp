@@ -34,29 +34,6 @@ const std::map<std::string, std::string> kRouteOps = {
     {"/clear_load_weight", "clear_load_weight"},        {"/update_model_weight", "update_model_weight"},
 };
 
-int hex_value(char c) {
-    if (c >= '0' && c <= '9') { return c - '0'; }
-    if (c >= 'a' && c <= 'f') { return c - 'a' + 10; }
-    if (c >= 'A' && c <= 'F') { return c - 'A' + 10; }
-    return -1;
-}
-
-/// application/x-www-form-urlencoded decoding of one key or value ('+' = space, %XX).
-std::string url_decode(std::string_view s) {
-    std::string out;
-    out.reserve(s.size());
-    for (size_t i = 0; i < s.size(); ++i) {
-        if (s[i] == '+') {
-            out.push_back(' ');
-        } else if (s[i] == '%' && i + 2 < s.size() && hex_value(s[i + 1]) >= 0 && hex_value(s[i + 2]) >= 0) {
-            out.push_back(static_cast<char>(hex_value(s[i + 1]) * 16 + hex_value(s[i + 2])));
-            i += 2;
-        } else {
-            out.push_back(s[i]);
-        }
-    }
-    return out;
-}
 
 /// A request id a client may send: 1..128 printable ASCII characters, no spaces.
 bool valid_request_id(const std::string & id) {
@@ -116,7 +93,7 @@ void parse_update_body(const json & j, const std::string & rsync_config, shm::Ma
 }
 
 /// The number in header `name` (one occurrence, a finite decimal), or nullopt when absent.
-std::optional<double> header_number(const httplib::Request & req, const char * name, const char * what) {
+std::optional<double> header_number(const Request & req, const char * name, const char * what) {
     const size_t n = req.get_header_value_count(name);
     if (n == 0) { return std::nullopt; }
     const std::string v = req.get_header_value(name);
@@ -135,7 +112,7 @@ std::optional<double> header_number(const httplib::Request & req, const char * n
 // reads the request, and/or `X-Request-Deadline: <Unix time in seconds>` (CLOCK_REALTIME; what
 // fdctl sends, so time spent queued in the socket while the daemon was stopped counts too).
 // Both: the earlier wins. Neither: null (the service's default, --control-timeout-s).
-std::shared_ptr<engine::StartGate> request_gate(const httplib::Request & req) {
+std::shared_ptr<engine::StartGate> request_gate(const Request & req) {
     using namespace std::chrono;
     const auto timeout  = header_number(req, "X-Request-Timeout", "seconds");
     const auto deadline = header_number(req, "X-Request-Deadline", "a Unix time in seconds");
@@ -198,23 +175,11 @@ void reject_unknown_fields(const json & body, std::initializer_list<std::string_
     }
 }
 
-ControlInput read_control_input(const httplib::Request & req) {
+ControlInput read_control_input(const Request & req) {
     ControlInput in;
     in.req = &req;
-    const auto q = req.target.find('?');
-    if (q != std::string::npos) {
-        std::string_view rest(req.target);
-        rest.remove_prefix(q + 1);
-        if (const auto hash = rest.find('#'); hash != std::string_view::npos) { rest = rest.substr(0, hash); }
-        while (!rest.empty()) {
-            const auto amp  = rest.find('&');
-            const auto pair = rest.substr(0, amp);
-            rest            = amp == std::string_view::npos ? std::string_view{} : rest.substr(amp + 1);
-            if (pair.empty()) { continue; }
-            const auto eq = pair.find('=');
-            in.query.emplace_back(url_decode(pair.substr(0, eq)), eq == std::string_view::npos ? std::string() : url_decode(pair.substr(eq + 1)));
-        }
-    }
+    // the URL's query only (http_message.cpp decodes it; a form body never becomes parameters)
+    for (const auto & [k, v] : req.params) { in.query.emplace_back(k, v); }
     const bool blank = req.body.find_first_not_of(" \t\r\n") == std::string::npos;
     if (!blank) {
         try {
@@ -234,18 +199,18 @@ ControlInput read_control_input(const httplib::Request & req) {
     return in;
 }
 
-void write_control_error(httplib::Response & res, const Error & e) {
+void write_control_error(Response & res, const Error & e) {
     const control::ControlReply r = control::error_reply(e);
     res.status = r.http_status;
     res.set_content(r.body, r.content_type);
 }
 
-void send_reply(httplib::Response & res, const control::ControlReply & r) {
+void send_reply(Response & res, const control::ControlReply & r) {
     res.status = r.http_status;
     res.set_content(r.body, r.content_type);
 }
 
-void stamp_request_id(const httplib::Request & req, httplib::Response & res) {
+void stamp_request_id(const Request & req, Response & res) {
     std::string id = req.get_header_value("X-Request-Id");
     if (!valid_request_id(id)) { id = new_request_id(); }
     res.set_header("X-Request-Id", id);
@@ -256,7 +221,7 @@ void stamp_request_id(const httplib::Request & req, httplib::Response & res) {
     res.set_content(dump(j), "application/json");
 }
 
-void control_route(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
+void control_route(ApiContext & ctx, const Request & req, Response & res) {
     shm::MailboxCommand cmd;
     cmd.op = kRouteOps.at(req.path);
     const ControlInput in = read_control_input(req);

@@ -2,8 +2,6 @@
 // sampling fields, and running a request to a JSON body or an SSE stream.
 #include "generation.h"
 
-#include "access_log.h"
-
 #include <atomic>
 #include <chrono>
 #include <ctime>
@@ -279,30 +277,34 @@ void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, 
     }
 }
 
-void run_generation(ApiContext & ctx, engine::GenerateRequest gen, StreamOptions opts, const ResponseFormat & format,
-                    httplib::Response & res) {
-    const int32_t n_choices = static_cast<int32_t>(gen.prompts.size()) * gen.n;
-    const int32_t n_per     = gen.n;
-    auto channel = std::make_shared<engine::ResultChannel>(n_choices, opts.stream);
-    gen.channel  = channel;
-    ctx.engine->submit(std::move(gen));
+namespace {
 
-    const std::string id      = new_id(format.id_prefix);
-    const int64_t     created = static_cast<int64_t>(std::time(nullptr));
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                                 std::chrono::duration<double>(ctx.cfg.request_timeout_s));
-    auto acc = std::make_shared<std::vector<ChoiceAcc>>(n_choices);
-    std::string weight_version = ctx.engine->stats().state.weight_version;
+/// One completion in flight: what its AsyncBody's pump works on (the connection's strand).
+struct Generation {
+    ApiContext *                       ctx = nullptr;
+    std::shared_ptr<engine::ResultChannel> channel;
+    StreamOptions                      opts;
+    ResponseFormat                     format;
+    std::string                        id;
+    int64_t                            created = 0;
+    std::chrono::steady_clock::time_point deadline;
+    int32_t                            n_per = 1;
+    std::vector<ChoiceAcc>             acc;         ///< [n_choices]
+    std::vector<bool>                  sent_first;  ///< [n_choices] streamed: the choice's first chunk went out
+    std::string                        weight_version;
 
-    if (!opts.stream) {
-        while (!channel->done()) {
-            if (std::chrono::steady_clock::now() > deadline) {
-                channel->cancel();
-                fail(Errc::timeout, "completion did not finish within {} s (--request-timeout-s)", ctx.cfg.request_timeout_s);
-            }
-            for (auto & ev : channel->pop_all(std::chrono::milliseconds(100))) {
+    void note_usage(Response & res) const {
+        const json usage = usage_json(acc, n_per);
+        res.n_prompt_tokens    = usage["prompt_tokens"].get<int64_t>();
+        res.n_generated_tokens = usage["completion_tokens"].get<int64_t>();
+    }
+
+    /// Non-streamed: fold what arrived; once every choice finished, the whole body.
+    bool pump_whole(Response & res) {
+        try {
+            for (auto & ev : channel->pop_all(std::chrono::milliseconds(0))) {
                 if (ev.error) { channel->cancel(); throw *ev.error; }
-                ChoiceAcc & a = (*acc)[ev.choice];
+                ChoiceAcc & a = acc[ev.choice];
                 a.text += ev.text;
                 a.token_ids.insert(a.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
                 a.logprobs.insert(a.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
@@ -314,68 +316,100 @@ void run_generation(ApiContext & ctx, engine::GenerateRequest gen, StreamOptions
                 if (ev.finish != FinishReason::none) { a.finish = ev.finish; }
                 weight_version = ev.weight_version;
             }
+            if (!channel->done()) {
+                if (std::chrono::steady_clock::now() < deadline) { return false; }
+                channel->cancel();
+                fail(Errc::timeout, "completion did not finish within {} s (--request-timeout-s)", ctx->cfg.request_timeout_s);
+            }
+            json choices = json::array();
+            for (int32_t c = 0; c < static_cast<int32_t>(acc.size()); ++c) { choices.push_back(format.choice(c, acc[c])); }
+            note_usage(res);
+            json body = {{"id", id}, {"object", format.object}, {"created", created}, {"model", ctx->cfg.served_model_name},
+                         {"weight_version", weight_version}, {"choices", choices}, {"usage", usage_json(acc, n_per)}};
+            if (format.body) { format.body(acc, body); }
+            res.status = 200;
+            res.set_content(dump(body), "application/json");
+        } catch (const Error & e) {
+            write_error(res, e);
         }
-        json choices = json::array();
-        for (int32_t c = 0; c < n_choices; ++c) { choices.push_back(format.choice(c, (*acc)[c])); }
-        json usage = usage_json(*acc, n_per);
-        access_note_tokens(usage["prompt_tokens"].get<int64_t>(), usage["completion_tokens"].get<int64_t>());
-        json body = {{"id", id}, {"object", format.object}, {"created", created}, {"model", ctx.cfg.served_model_name},
-                     {"weight_version", weight_version}, {"choices", choices}, {"usage", std::move(usage)}};
-        if (format.body) { format.body(*acc, body); }
-        res.set_content(dump(body), "application/json");
-        return;
+        return true;
     }
 
-    // Streaming: one SSE chunk per event, then [DONE]. The releaser cancels on disconnect.
-    auto sent_first = std::make_shared<std::vector<bool>>(n_choices, false);
-    auto fmt_copy   = std::make_shared<const ResponseFormat>(format);
-    auto provider = [&ctx, opts, channel, acc, sent_first, fmt_copy, id, created, deadline, n_per](size_t, httplib::DataSink & sink) {
-        auto write = [&](const json & j) {
-            const std::string line = "data: " + dump(j) + "\n\n";
-            return sink.write(line.data(), line.size());
-        };
+    /// Streamed: one SSE chunk per event, then the usage chunk (if asked) and [DONE]. An error
+    /// once the headers are out is reported in-band; the stream still ends cleanly.
+    bool pump_stream(Response & res, std::string & out) {
+        auto write = [&](const json & j) { out += "data: " + dump(j) + "\n\n"; };
         auto end_stream = [&] {
-            const std::string done = "data: [DONE]\n\n";
-            sink.write(done.data(), done.size());
-            sink.done();
+            note_usage(res);
+            out += "data: [DONE]\n\n";
             return true;
         };
-        // An error once headers are sent is reported in-band; the stream still ends cleanly.
         auto end_with_error = [&](Errc code, const std::string & msg) {
             write({{"error", {{"message", msg}, {"type", errc_name(code)}, {"code", errc_http_status(code)}}}});
             channel->cancel();
             return end_stream();
         };
-        if (channel->done()) {
-            const json usage = usage_json(*acc, n_per);
-            access_note_tokens(usage["prompt_tokens"].get<int64_t>(), usage["completion_tokens"].get<int64_t>());
-            if (opts.include_usage) {
-                write({{"id", id}, {"object", fmt_copy->chunk_object}, {"created", created}, {"model", ctx.cfg.served_model_name},
-                       {"choices", json::array()}, {"usage", usage_json(*acc, n_per)}});
-            }
-            return end_stream();
-        }
-        if (std::chrono::steady_clock::now() > deadline) {
-            return end_with_error(Errc::timeout, "completion timed out (--request-timeout-s)");
-        }
-        for (auto & ev : channel->pop_all(std::chrono::milliseconds(100))) {
-            ChoiceAcc & a = (*acc)[ev.choice];
+        for (auto & ev : channel->pop_all(std::chrono::milliseconds(0))) {
+            ChoiceAcc & a = acc[ev.choice];
             a.token_ids.insert(a.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
             a.n_prompt = ev.n_prompt_tokens;
             a.n_cached = ev.n_cached_tokens;
             if (ev.error) { return end_with_error(ev.error->code(), ev.error->what()); }
-            const bool first = !(*sent_first)[ev.choice];
-            (*sent_first)[ev.choice] = true;
-            json chunk = {{"id", id}, {"object", fmt_copy->chunk_object}, {"created", created}, {"model", ctx.cfg.served_model_name},
-                          {"weight_version", ev.weight_version}, {"choices", json::array({fmt_copy->chunk_choice(ev, first)})}};
-            if (!write(chunk)) { return false; }
+            const bool first      = !sent_first[ev.choice];
+            sent_first[ev.choice] = true;
+            write({{"id", id}, {"object", format.chunk_object}, {"created", created}, {"model", ctx->cfg.served_model_name},
+                   {"weight_version", ev.weight_version}, {"choices", json::array({format.chunk_choice(ev, first)})}});
         }
-        return true;
+        if (channel->done()) {
+            if (opts.include_usage) {
+                write({{"id", id}, {"object", format.chunk_object}, {"created", created}, {"model", ctx->cfg.served_model_name},
+                       {"choices", json::array()}, {"usage", usage_json(acc, n_per)}});
+            }
+            return end_stream();
+        }
+        if (std::chrono::steady_clock::now() >= deadline) {
+            return end_with_error(Errc::timeout, "completion timed out (--request-timeout-s)");
+        }
+        return false;
+    }
+};
+
+}  // namespace
+
+void run_generation(ApiContext & ctx, engine::GenerateRequest gen, StreamOptions opts, const ResponseFormat & format,
+                    Response & res) {
+    const int32_t n_choices = static_cast<int32_t>(gen.prompts.size()) * gen.n;
+    auto g       = std::make_shared<Generation>();
+    g->ctx       = &ctx;
+    g->channel   = std::make_shared<engine::ResultChannel>(n_choices, opts.stream);
+    g->opts      = opts;
+    g->format    = format;
+    g->n_per     = gen.n;
+    g->acc.resize(n_choices);
+    g->sent_first.assign(n_choices, false);
+    gen.channel = g->channel;
+    ctx.engine->submit(std::move(gen));  // throws (paused, draining): the handler's error answer
+
+    g->id       = new_id(format.id_prefix);
+    g->created  = static_cast<int64_t>(std::time(nullptr));
+    g->deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                         std::chrono::duration<double>(ctx.cfg.request_timeout_s));
+    g->weight_version = ctx.engine->stats().state.weight_version;
+
+    AsyncBody body;
+    body.streamed     = opts.stream;
+    body.content_type = "text/event-stream";
+    body.deadline     = g->deadline;
+    body.subscribe    = [g](std::function<void()> wake) { g->channel->set_notify(std::move(wake)); };
+    body.pump         = [g](Response & r, std::string & chunk) { return g->opts.stream ? g->pump_stream(r, chunk) : g->pump_whole(r); };
+    // Unfinished at the end (client gone, write failed, server stopping): the engine drops
+    // the sequences at its next step and frees their KV blocks.
+    body.release = [g](bool delivered) {
+        g->channel->set_notify(nullptr);
+        if (!delivered || !g->channel->done()) { g->channel->cancel(); }
     };
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider("text/event-stream", provider, [channel](bool success) {
-        if (!success || !channel->done()) { channel->cancel(); }
-    });
+    if (opts.stream) { res.set_header("Cache-Control", "no-cache"); }
+    res.set_async(std::move(body));
 }
 
 }  // namespace fd::api

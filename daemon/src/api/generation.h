@@ -96,11 +96,13 @@ struct ResponseFormat {
     std::function<nlohmann::json(const engine::ChoiceEvent & ev, bool first)> chunk_choice;
 };
 
-/// Submit `gen` and answer: one JSON body {id, object, created, model, weight_version,
-/// choices, usage}, or SSE chunks {id, object, created, model, weight_version, choices: [one]}
-/// then an optional usage chunk and `data: [DONE]`. Waits at most --request-timeout-s
-/// (504 before the headers, an in-band error after). Cancels the request when the client goes.
+/// Submit `gen` and set `res` to answer it as the engine's events arrive (an AsyncBody: no
+/// thread waits): one JSON body {id, object, created, model, weight_version, choices, usage},
+/// or SSE chunks {id, object, created, model, weight_version, choices: [one]} then an optional
+/// usage chunk and `data: [DONE]`. At most --request-timeout-s (504 before the headers, an
+/// in-band error after). The request is cancelled when the client goes.
+/// Errors  (thrown, before anything is sent) what Engine::submit throws: paused, draining.
 void run_generation(ApiContext & ctx, engine::GenerateRequest gen, StreamOptions opts, const ResponseFormat & fmt,
-                    httplib::Response & res);
+                    Response & res);
 
 }  // namespace fd::api

@@ -7,7 +7,8 @@
 #include "fd/shm/control_client.h"
 #include "fd/status.h"
 
-#include <httplib.h>
+#include "http_message.h"
+
 #include <nlohmann/json.hpp>
 
 #include <initializer_list>
@@ -18,23 +19,21 @@
 
 namespace fd::api {
 
-using Handler = std::function<void(const httplib::Request &, httplib::Response &)>;
-
 /// Serialize for the wire (invalid UTF-8 replaced, never throws).
 std::string dump(const nlohmann::json & j);
 
 /// OpenAI error object: {"error": {"message", "type", "param", "code"}} with the table's status.
-void write_error(httplib::Response & res, const Error & e);
+void write_error(Response & res, const Error & e);
 
 /// Control-style error: {"status":"error","error":{"type","message"}} (SPEC §3).
-void write_control_error(httplib::Response & res, const Error & e);
+void write_control_error(Response & res, const Error & e);
 
 /// A control request's inputs as every control route reads them (control.cpp): the URL's query
 /// only (never a form body), and the body parsed as a JSON object (null when empty).
 struct ControlInput {
     std::vector<std::pair<std::string, std::string>> query;  ///< decoded, in order, repeats kept
     nlohmann::json                                   body;   ///< object, or null for no body
-    const httplib::Request *                         req = nullptr;  ///< the request (deadline headers: request_gate)
+    const Request *                         req = nullptr;  ///< the request (deadline headers: request_gate)
     /// The value of `key`, if given. Errors  invalid_argument when it is given more than once.
     std::optional<std::string> get(const std::string & key) const;
     /// Every value of `key` (a peer's repeated-key list, e.g. vLLM's tags=a&tags=b).
@@ -48,12 +47,12 @@ struct ControlInput {
 /// null when neither is given (the service's default, --control-timeout-s). A command not
 /// started by then is dropped, never run (504 `timeout`). One gate per command (single use).
 /// Errors  invalid_argument naming the header when it is repeated or not a positive number.
-std::shared_ptr<engine::StartGate> request_gate(const httplib::Request & req);
+std::shared_ptr<engine::StartGate> request_gate(const Request & req);
 
 /// Read the query and body of a control request.
 /// Errors  invalid_argument (param "body") when a non-blank body is not a JSON object, whatever
 ///         its Content-Type says; nothing is done then.
-ControlInput read_control_input(const httplib::Request & req);
+ControlInput read_control_input(const Request & req);
 
 /// Errors  invalid_argument naming the first field of the object `body` not in `fields`.
 void reject_unknown_fields(const nlohmann::json & body, std::initializer_list<std::string_view> fields, std::string_view what);
@@ -63,31 +62,31 @@ void reject_unknown_fields(const nlohmann::json & body, std::initializer_list<st
 void check_pause_mode(const std::optional<std::string> & mode);
 
 /// Send a control service reply as is.
-void send_reply(httplib::Response & res, const control::ControlReply & r);
+void send_reply(Response & res, const control::ControlReply & r);
 
 /// Every control response carries a request id (FastDeploy logs by it): the client's
 /// `X-Request-Id` when it sent a valid one (1..128 printable ASCII, no spaces), else a fresh
 /// `ctrl-<16 hex>`; as the `X-Request-Id` header, and as `request_id` in a JSON object body.
-void stamp_request_id(const httplib::Request & req, httplib::Response & res);
+void stamp_request_id(const Request & req, Response & res);
 
 /// Every V1 and legacy control route: the request becomes the wire command the shm mailbox
 /// carries too and goes through the control service (fd/control/service.h).
-void control_route(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void control_route(ApiContext & ctx, const Request & req, Response & res);
 /// The vLLM and SGLang control routes (peer_aliases.cpp): thin translations of a peer's
 /// request into the same wire command, and of the service's reply into the peer's shape.
-void peer_alias_route(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void peer_alias_route(ApiContext & ctx, const Request & req, Response & res);
 /// True for the weight-control routes of the route table (V1 and legacy).
 bool is_control_path(const std::string & path);
 
-void post_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
-void post_tokenize(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
-void post_detokenize(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
-void post_chat_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
-void get_models(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+void post_completions(ApiContext & ctx, const Request & req, Response & res);
+void post_tokenize(ApiContext & ctx, const Request & req, Response & res);
+void post_detokenize(ApiContext & ctx, const Request & req, Response & res);
+void post_chat_completions(ApiContext & ctx, const Request & req, Response & res);
+void get_models(ApiContext & ctx, const Request & req, Response & res);
 /// GET /v1/models/{id}: the served model's object (OpenAI shape); 404 for any other id.
-void get_model(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
-void get_health(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
-void get_metrics(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);   ///< metrics.cpp
-void get_version(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);   ///< metrics.cpp
+void get_model(ApiContext & ctx, const Request & req, Response & res);
+void get_health(ApiContext & ctx, const Request & req, Response & res);
+void get_metrics(ApiContext & ctx, const Request & req, Response & res);   ///< metrics.cpp
+void get_version(ApiContext & ctx, const Request & req, Response & res);   ///< metrics.cpp
 
 }  // namespace fd::api

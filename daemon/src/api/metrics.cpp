@@ -66,7 +66,7 @@ private:
 
 }  // namespace
 
-void get_metrics(ApiContext & ctx, const httplib::Request &, httplib::Response & res) {
+void get_metrics(ApiContext & ctx, const Request &, Response & res) {
     const auto st = ctx.engine->stats();
     const auto & es = st.state;
     const auto & rm = ctx.engine->request_metrics();
@@ -152,7 +152,7 @@ void get_metrics(ApiContext & ctx, const httplib::Request &, httplib::Response &
     res.set_content(w.take(), "text/plain; version=0.0.4; charset=utf-8");
 }
 
-void get_version(ApiContext &, const httplib::Request &, httplib::Response & res) {
+void get_version(ApiContext &, const Request &, Response & res) {
     res.set_content(dump(nlohmann::json{{"version", kVersion}, {"git_commit", kGitCommit}}), "application/json");
 }
 

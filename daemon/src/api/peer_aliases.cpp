@@ -51,15 +51,15 @@ Outcome run(ApiContext & ctx, const ControlInput & in, const shm::MailboxCommand
     return o;
 }
 
-void send_json(httplib::Response & res, int status, const json & body) {
+void send_json(Response & res, int status, const json & body) {
     res.status = status;
     res.set_content(dump(body), "application/json");
 }
 
 /// vLLM's error body: {"error": message} with the service's status.
-void vllm_error(httplib::Response & res, const Outcome & o) { send_json(res, o.http_status, json{{"error", o.error_message}}); }
+void vllm_error(Response & res, const Outcome & o) { send_json(res, o.http_status, json{{"error", o.error_message}}); }
 /// SGLang's error body (_create_error_response): {"error": {"message": ...}}.
-void sglang_error(httplib::Response & res, const Outcome & o) { send_json(res, o.http_status, json{{"error", {{"message", o.error_message}}}}); }
+void sglang_error(Response & res, const Outcome & o) { send_json(res, o.http_status, json{{"error", {{"message", o.error_message}}}}); }
 
 /// A peer tag (`weights` | `weight` | `kv_cache`, comma lists allowed) into our tags text.
 std::string map_tags(const std::vector<std::string> & given, const char * param) {
@@ -103,7 +103,7 @@ bool sleeping(ApiContext & ctx) { return !ctx.control->status_json()["sleeping_t
 
 // ---- vLLM ----
 
-void vllm_sleep(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+void vllm_sleep(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({"level", "tags", "mode"}, "POST /sleep");
     int level = 1;
     if (const auto l = in.get("level")) {
@@ -120,7 +120,7 @@ void vllm_sleep(ApiContext & ctx, const ControlInput & in, httplib::Response & r
     send_json(res, 200, json{{"status", "sleeping"}, {"level", level}, {"elapsed_ms", ms_since(t0)}});
 }
 
-void vllm_wake_up(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+void vllm_wake_up(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({"tags"}, "POST /wake_up");
     reject_unknown_fields(in.body, {}, "wake_up");
     const auto given = in.all("tags");
@@ -131,14 +131,14 @@ void vllm_wake_up(ApiContext & ctx, const ControlInput & in, httplib::Response &
                              {"elapsed_ms", ms_since(t0)}});
 }
 
-void vllm_is_sleeping(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+void vllm_is_sleeping(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "GET /is_sleeping");
     const Outcome o = run(ctx, in, {.op = "status"});
     if (!o.ok) { return vllm_error(res, o); }
     send_json(res, 200, json{{"is_sleeping", !o.result["sleeping_tags"].empty()}});
 }
 
-void vllm_pause(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+void vllm_pause(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({"mode", "wait_for_inflight_requests", "clear_cache"}, "POST /pause");
     check_pause_mode(in.get("mode"));
     if (const auto w = in.get("wait_for_inflight_requests"); w && *w != "false" && *w != "0") {
@@ -153,7 +153,7 @@ void vllm_pause(ApiContext & ctx, const ControlInput & in, httplib::Response & r
     send_json(res, 200, json{{"status", "paused"}});
 }
 
-void vllm_resume(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+void vllm_resume(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "POST /resume");
     reject_unknown_fields(in.body, {}, "resume");
     const Outcome o = run(ctx, in, {.op = "resume"});
@@ -161,14 +161,14 @@ void vllm_resume(ApiContext & ctx, const ControlInput & in, httplib::Response & 
     send_json(res, 200, json{{"status", "resumed"}});
 }
 
-void vllm_is_paused(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+void vllm_is_paused(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "GET /is_paused");
     const Outcome o = run(ctx, in, {.op = "is_paused"});
     if (!o.ok) { return vllm_error(res, o); }
     send_json(res, 200, json{{"is_paused", o.result.value("is_paused", false)}});
 }
 
-void vllm_reset_prefix_cache(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+void vllm_reset_prefix_cache(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "POST /reset_prefix_cache");
     reject_unknown_fields(in.body, {}, "reset_prefix_cache");
     const Outcome o = run(ctx, in, {.op = "flush_cache"});
@@ -178,7 +178,7 @@ void vllm_reset_prefix_cache(ApiContext & ctx, const ControlInput & in, httplib:
 
 // ---- SGLang ----
 
-void sglang_release(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+void sglang_release(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "POST /release_memory_occupation");
     reject_unknown_fields(in.body, {"tags"}, "release_memory_occupation");
     const Outcome o = run(ctx, in, {.op = "sleep", .tags = sglang_tags(in.body)});
@@ -186,7 +186,7 @@ void sglang_release(ApiContext & ctx, const ControlInput & in, httplib::Response
     send_json(res, 200, nullptr);  // SGLang's handler returns None: a JSON null
 }
 
-void sglang_resume(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+void sglang_resume(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "POST /resume_memory_occupation");
     reject_unknown_fields(in.body, {"tags"}, "resume_memory_occupation");
     const Outcome o = run(ctx, in, {.op = "wakeup", .tags = sglang_tags(in.body)});
@@ -194,7 +194,7 @@ void sglang_resume(ApiContext & ctx, const ControlInput & in, httplib::Response 
     send_json(res, 200, nullptr);
 }
 
-void sglang_flush_cache(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+void sglang_flush_cache(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({"timeout"}, "POST /flush_cache");
     reject_unknown_fields(in.body, {}, "flush_cache");
     const Outcome o = run(ctx, in, {.op = "flush_cache"});
@@ -202,7 +202,7 @@ void sglang_flush_cache(ApiContext & ctx, const ControlInput & in, httplib::Resp
     res.set_content(o.ok ? "Cache flushed.\n" : o.error_message + "\n", "text/plain");  // SGLang's text answer
 }
 
-void sglang_weight_version(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+void sglang_weight_version(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "GET /get_weight_version");
     const Outcome o = run(ctx, in, {.op = "status"});
     if (!o.ok) { return sglang_error(res, o); }
@@ -213,7 +213,7 @@ void sglang_weight_version(ApiContext & ctx, const ControlInput & in, httplib::R
 /// requests end with finish_reason abort, counted in num_paused_requests), update_weights, then
 /// resume unless the engine was paused before or keep_pause is set. `model_path` must name the
 /// daemon's --model dir: weights come from the configured --load-strategy source only.
-void sglang_update_from_disk(ApiContext & ctx, const ControlInput & in, httplib::Response & res) {
+void sglang_update_from_disk(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "POST /update_weights_from_disk");
     const json & b = in.body;
     reject_unknown_fields(b, {"model_path", "weight_version", "flush_cache", "load_format", "abort_all_requests", "keep_pause"},
@@ -262,7 +262,7 @@ void sglang_update_from_disk(ApiContext & ctx, const ControlInput & in, httplib:
     answer(u, aborted);
 }
 
-using AliasFn = void (*)(ApiContext &, const ControlInput &, httplib::Response &);
+using AliasFn = void (*)(ApiContext &, const ControlInput &, Response &);
 
 /// Path → alias (the route table in routes.cpp binds each path to peer_alias_route).
 const std::map<std::string, AliasFn> kAliases = {
@@ -282,7 +282,7 @@ const std::map<std::string, AliasFn> kAliases = {
 
 }  // namespace
 
-void peer_alias_route(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
+void peer_alias_route(ApiContext & ctx, const Request & req, Response & res) {
     kAliases.at(req.path)(ctx, read_control_input(req), res);
 }
 

@@ -1,10 +1,9 @@
 // The whole HTTP surface at a glance, plus the one wrapper that turns exceptions into errors.
-#include "access_log.h"
 #include "handlers.h"
+#include "http_server.h"
 
 #include "fd/log.h"
 
-#include <map>
 #include <set>
 
 namespace fd::api {
@@ -26,11 +25,11 @@ bool same_key(const std::string & a, const std::string & b) {
 
 /// Every handler runs inside this: fd::Error → its table status, anything else → 500, written
 /// as an OpenAI error object (generation) or a {"status":"error"} object (control, SPEC §3).
-Handler wrap(ApiContext & ctx, void (*fn)(ApiContext &, const httplib::Request &, httplib::Response &), Auth auth,
+Handler wrap(ApiContext & ctx, void (*fn)(ApiContext &, const Request &, Response &), Auth auth,
              Errors errors = Errors::openai) {
     auto write = errors == Errors::openai ? write_error : write_control_error;
     const bool control = errors == Errors::control;
-    return [&ctx, fn, auth, write, control](const httplib::Request & req, httplib::Response & res) {
+    return [&ctx, fn, auth, write, control](const Request & req, Response & res) {
         try {
             const std::string & key = auth == Auth::open             ? std::string()
                                     : auth == Auth::api_key          ? ctx.cfg.api_key
@@ -60,46 +59,29 @@ std::set<std::string> g_control_paths;  ///< filled once by register_routes, rea
 
 bool is_control_path(const std::string & path) { return g_control_paths.count(path) != 0; }
 
-void register_routes(httplib::Server & http, ApiContext & ctx) {
+/// The route table. Lanes (http_server.h): probes answer on the I/O thread, control calls on
+/// their own pool, generation and tokenizer handlers on the data pool. A POST without a body
+/// (`curl -X POST URL`, no Content-Length) is a POST with an empty body; to an unknown route it
+/// is a 404 at once.
+Router make_routes(ApiContext & ctx) {
     constexpr auto C = Errors::control;
-    // cpp-httplib answers a POST without Content-Length (`curl -X POST URL`) with a bare 400;
-    // control scripts do exactly that, so such bodiless POSTs are dispatched here first.
-    static std::map<std::string, Handler> bodiless_post;
-    auto post = [&](const char * path, Handler h) {
-        bodiless_post[path] = h;
-        http.Post(path, std::move(h));
-    };
-    // A bodiless POST to an unknown route is answered 404 here, at once: left to cpp-httplib it
-    // would wait for a body until the read timeout (60 s). The connection is closed after it,
-    // since bytes the client may still send cannot be framed.
-    http.set_pre_routing_handler([](const httplib::Request & req, httplib::Response & res) {
-        access_begin();  // the access log's clock starts here (access_log.h)
-        if (req.method != "POST" || req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) {
-            return httplib::Server::HandlerResponse::Unhandled;
-        }
-        auto it = bodiless_post.find(req.path);
-        if (it == bodiless_post.end()) {
-            write_error(res, Error(Errc::not_found, "no route POST " + req.path));
-            res.set_header("Connection", "close");
-            return httplib::Server::HandlerResponse::Handled;
-        }
-        it->second(req, res);
-        return httplib::Server::HandlerResponse::Handled;
-    });
+    constexpr auto io = Lane::io;
+    Router http;
+    auto post = [&](const char * path, Handler h) { http.Post(path, std::move(h)); };
     auto control = [&](const char * method, const char * path, auto handler) {
         g_control_paths.insert(path);
         auto h = wrap(ctx, handler, Auth::control_key, C);
         if (std::string_view(method) == "POST") {
-            post(path, std::move(h));
+            http.Post(path, std::move(h), Lane::control);
         } else {
-            http.Get(path, std::move(h));
+            http.Get(path, std::move(h), Lane::control);
         }
     };
-    http.Get ("/health",              wrap(ctx, get_health,              Auth::open));
-    http.Get ("/metrics",             wrap(ctx, get_metrics,             Auth::open));
-    http.Get ("/version",             wrap(ctx, get_version,             Auth::open));
-    http.Get ("/v1/models",           wrap(ctx, get_models,              Auth::api_key));
-    http.Get (R"(/v1/models/(.+))",   wrap(ctx, get_model,               Auth::api_key));
+    http.Get ("/health",              wrap(ctx, get_health,              Auth::open), io);
+    http.Get ("/metrics",             wrap(ctx, get_metrics,             Auth::open), io);
+    http.Get ("/version",             wrap(ctx, get_version,             Auth::open), io);
+    http.Get ("/v1/models",           wrap(ctx, get_models,              Auth::api_key), io);
+    http.Get (R"(/v1/models/(.+))",   wrap(ctx, get_model,               Auth::api_key), io);
     post     ("/v1/completions",      wrap(ctx, post_completions,        Auth::api_key));
     post     ("/tokenize",            wrap(ctx, post_tokenize,           Auth::api_key));
     post     ("/detokenize",          wrap(ctx, post_detokenize,         Auth::api_key));
@@ -129,6 +111,7 @@ void register_routes(httplib::Server & http, ApiContext & ctx) {
     control("POST", "/flush_cache",             peer_alias_route);
     control("GET",  "/get_weight_version",      peer_alias_route);
     control("POST", "/update_weights_from_disk", peer_alias_route);
+    return http;
 }
 
 }  // namespace fd::api

@@ -46,7 +46,7 @@ bool get_bool(const json & j, const char * key, bool dflt) {
 
 }  // namespace
 
-void post_tokenize(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
+void post_tokenize(ApiContext & ctx, const Request & req, Response & res) {
     bool chat = false;  // the form: a body with "messages" is the chat form
     try {
         const json probe = json::parse(req.body);
@@ -76,7 +76,7 @@ void post_tokenize(ApiContext & ctx, const httplib::Request & req, httplib::Resp
                     "application/json");
 }
 
-void post_detokenize(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
+void post_detokenize(ApiContext & ctx, const Request & req, Response & res) {
     const json j = parse_body(ctx, req.body, {"model", "tokens"});
     if (!j.contains("tokens") || !j["tokens"].is_array()) { bad("tokens", "'tokens' must be a list of token ids"); }
     const int32_t        vocab = ctx.engine->model_config().vocab_size;

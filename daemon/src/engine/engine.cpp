@@ -205,16 +205,18 @@ void Engine::emit(Sequence & s, FinishReason why, ChoiceEvent ev) {
     ev.n_prompt_tokens = s.n_prompt;
     ev.n_cached_tokens = std::max(0, s.n_cached);
     ev.weight_version  = state_.weight_version;
+    // Metrics first: an event-driven reader may answer the client before push() returns, and
+    // a client that has its answer must find it counted in /metrics.
+    if (why != FinishReason::none) {
+        request_metrics_.e2e_s.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - s.t_arrival).count());
+        request_metrics_.n_finished[static_cast<size_t>(why) - 1].fetch_add(1, std::memory_order_relaxed);
+    }
     if (defer_events_) {
         deferred_.emplace_back(s.channel, std::move(ev));
     } else {
         s.channel->push(std::move(ev));
     }
-    if (why != FinishReason::none) {  // finished; released at the end of the step
-        request_metrics_.e2e_s.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - s.t_arrival).count());
-        request_metrics_.n_finished[static_cast<size_t>(why) - 1].fetch_add(1, std::memory_order_relaxed);
-        s.channel.reset();
-    }
+    if (why != FinishReason::none) { s.channel.reset(); }  // finished; released at the end of the step
 }
 
 void Engine::append_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev) {
@@ -383,7 +385,14 @@ bool Engine::step() {
         s.n_computed += n;
         kv_.commit_full_blocks(s.id, s.tokens, s.n_computed);
     }
-    int64_t n_generated = 0, n_prompt = 0, n_cached = 0;
+    // Token counters go up before each row's event goes out: an event-driven reader may answer
+    // the client before push() returns, and a client that has its answer finds it in /metrics.
+    auto count = [&](int64_t n_generated, int64_t n_prompt, int64_t n_cached) {
+        std::lock_guard lk(stats_mu_);
+        stats_.n_tokens_generated_total += n_generated;
+        stats_.n_tokens_prompt_total += n_prompt;
+        stats_.n_tokens_cached_total += n_cached;
+    };
     for (size_t i = 0; i < rows.size(); ++i) {
         Sequence &    s      = *rows[i].s;
         const float * logits = &logits_[i * vocab];
@@ -393,10 +402,12 @@ bool Engine::step() {
             s.n_prompt_scored = rows[i].pos + 1;
             continue;
         }
+        int64_t n_prompt = 0, n_cached = 0;
         if (static_cast<int32_t>(s.tokens.size()) == s.n_prompt) {  // first token of this choice
-            n_prompt += s.n_prompt;
-            n_cached += std::max(0, s.n_cached);
+            n_prompt = s.n_prompt;
+            n_cached = std::max(0, s.n_cached);
             if (s.params.max_tokens == 0) {  // scoring only: the prompt's logprobs, nothing generated
+                count(0, n_prompt, n_cached);
                 emit(s, FinishReason::length, ChoiceEvent{});
                 continue;
             }
@@ -409,16 +420,13 @@ bool Engine::step() {
                                     model_cfg_.eos_token_ids);
             to_sample = processed_.data();
         }
+        count(1, n_prompt, n_cached);
         ChoiceEvent ev;
         append_token(s, sample_token(to_sample, vocab, s.params, s.rng), logits, ev);
-        ++n_generated;
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     {
         std::lock_guard lk(stats_mu_);
-        stats_.n_tokens_generated_total += n_generated;
-        stats_.n_tokens_prompt_total += n_prompt;
-        stats_.n_tokens_cached_total += n_cached;
         stats_.n_preemptions_total += static_cast<int64_t>(d.preempted.size());
         ++stats_.n_steps_total;
         size_t b = 0;

@@ -15,11 +15,19 @@ const char * to_string(FinishReason r) {
 
 void ResultChannel::push(ChoiceEvent ev) {
     const bool wake = wake_each_ || ev.finish != FinishReason::none;
+    std::function<void()> notify;
     {
         std::lock_guard lk(mu_);
         q_.push_back(std::move(ev));
+        if (wake) { notify = notify_; }
     }
     if (wake) { cv_.notify_one(); }
+    if (notify) { notify(); }
+}
+
+void ResultChannel::set_notify(std::function<void()> fn) {
+    std::lock_guard lk(mu_);
+    notify_ = std::move(fn);
 }
 
 std::vector<ChoiceEvent> ResultChannel::pop_all(std::chrono::milliseconds wait) {

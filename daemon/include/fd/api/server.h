@@ -1,6 +1,8 @@
-// fd/api/server.h — the HTTP front end (cpp-httplib): OpenAI-compatible generation, health,
-// metrics. Owns JSON and nothing else: handlers parse into engine structs, submit, and stream
-// ChoiceEvents back. The route table is in src/api/routes.cpp.
+// fd/api/server.h — the HTTP front end: OpenAI-compatible generation, health, metrics, weight
+// control. An event-driven HTTP/1.1 server (Boost.Beast over Asio, src/api/http_server.h): a
+// couple of I/O threads hold every connection, idle or streaming; handlers parse into engine
+// structs and submit, and the engine's events are written as they come, no thread per request.
+// The route table is in src/api/routes.cpp.
 #pragma once
 
 #include "fd/engine/engine.h"
@@ -10,11 +12,12 @@
 #include <memory>
 #include <string>
 
-namespace httplib { class Server; }
 namespace fd::tokenizer { class ChatTemplate; }
 namespace fd::control { class ControlService; }
 
 namespace fd::api {
+
+class HttpServer;
 
 struct ServerConfig {
     std::string host              = "127.0.0.1";
@@ -24,7 +27,14 @@ struct ServerConfig {
     bool        allow_unauthenticated = false; ///< start on a non-loopback --host without --api-key (warned loudly)
     std::string served_model_name;           ///< `model` clients send; default = model dir name
     std::string model_dir;
-    int32_t     n_http_threads    = 128;     ///< concurrent connections served
+    int32_t     n_io_threads      = 2;       ///< HTTP I/O threads: every connection's reads and writes (thousands per thread)
+    int32_t     n_data_threads    = 2;       ///< threads running generation/tokenizer handlers (parse, tokenize, submit; never the wait)
+    int32_t     max_control_threads = 32;    ///< control-route threads, started on demand (a control call blocks on the engine)
+    double      http_read_timeout_s  = 60.0; ///< a request's header and body must arrive within this (slow or stalled clients are cut off)
+    double      http_write_timeout_s = 60.0; ///< each response write or SSE chunk must drain within this (a client that stops reading is cut off, its request cancelled)
+    double      keep_alive_timeout_s = 5.0;  ///< idle connections (new or between requests) are closed after this
+    size_t      max_body_bytes    = size_t(64) << 20;  ///< larger request bodies: 413
+    size_t      max_header_bytes  = size_t(16) << 10;  ///< larger request headers: 431
     double      request_timeout_s = 600.0;   ///< longest a completion may take before 504
     int32_t     max_logprobs      = 20;      ///< cap on `logprobs`
     int32_t     max_n             = 128;     ///< cap on `n`
@@ -47,17 +57,18 @@ public:
     ApiServer(ServerConfig cfg, engine::Engine & engine, control::ControlService & control, const tokenizer::Tokenizer & tok);
     ~ApiServer();
 
-    /// Bind host:port. Errors  fd::Error{invalid_argument} when the address is unusable.
+    /// Raise the open-files limit to its hard limit (one descriptor per connection) and bind
+    /// host:port. Errors  fd::Error{invalid_argument} when the address is unusable or taken.
     void bind();
     /// Serve on the bound socket until stop() (blocks; run it on its own thread).
     void serve();
+    /// Close every connection (unfinished completions are cancelled) and join the threads.
     void stop();
 
 private:
-    std::unique_ptr<ApiContext>      ctx_;
-    std::unique_ptr<httplib::Server> http_;
+    std::unique_ptr<ApiContext>              ctx_;
     std::unique_ptr<tokenizer::ChatTemplate> chat_template_;
-    int                              listen_fd_ = -1;
+    std::unique_ptr<HttpServer>              http_;
 };
 
 }  // namespace fd::api

@@ -1,7 +1,8 @@
 // fd/engine/request.h — what a client asks for and how results travel back.
 //
 // A completion request becomes one Sequence per choice (prompt x n). All choices of a request
-// share one ResultChannel: the engine thread pushes ChoiceEvents, an HTTP thread pops them.
+// share one ResultChannel: the engine thread pushes ChoiceEvents, the HTTP layer pops them
+// (woken by the channel's notify callback, or waiting in pop_all).
 // Per-request failures travel as data (ChoiceEvent::error), never as exceptions across threads.
 #pragma once
 
@@ -12,6 +13,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -94,6 +96,12 @@ public:
 
     void push(ChoiceEvent ev);
 
+    /// Event-driven readers: `fn` runs after each push that would wake a pop_all waiter (every
+    /// event when `wake_each_event`, else finishing events), on the pushing thread, outside the
+    /// channel's lock; it must not block. Replaces the previous one; empty = none. Events pushed
+    /// before it was set do not call it: pop once after setting it.
+    void set_notify(std::function<void()> fn);
+
     /// Pop everything queued, waiting up to `wait` for at least one event.
     std::vector<ChoiceEvent> pop_all(std::chrono::milliseconds wait);
 
@@ -111,6 +119,7 @@ private:
     int32_t                  n_open_;
     bool                     wake_each_;
     std::atomic<bool>        cancelled_{false};
+    std::function<void()>    notify_;
 };
 
 }  // namespace fd::engine
