@@ -4,7 +4,8 @@
 // in 3 safetensors shards with an untied head. Per model and tp in {2, 4}: every step's logits
 // within 1e-4 of tp = 1, the same greedy tokens, a sequence's logits bitwise the same alone and
 // batched; per-rank snapshot files (inference names) load and stage/commit like the full
-// checkpoint; the layout RolloutModel publishes is the one each rank's Worker holds.
+// checkpoint, release/reload reads each rank's slices again; the layout RolloutModel
+// publishes is the one each rank's Worker holds.
 #include "fd/model/model_config.h"
 #include "fd/model/rollout_model.h"
 #include "fd/model/safetensors.h"
@@ -115,6 +116,7 @@ struct Load {
     bool     snapshot = false;       ///< load model_state.tp<rank>.safetensors from `snapshot_dir` instead
     fs::path snapshot_dir;
     fs::path update_dir;             ///< non-empty: then stage + commit this dir's per-rank snapshot
+    fs::path reload_dir;             ///< non-empty: then release the weights and reload this full checkpoint
 };
 
 model::TensorIndex rank_snapshot_index(const fs::path & dir, int rank) {
@@ -131,6 +133,10 @@ void run_rank(const Load & load, int rank, int tp, runtime::Comm * comm, const s
     if (!load.update_dir.empty()) {
         w.stage_weights(rank_snapshot_index(load.update_dir, rank));
         w.commit_staged();
+    }
+    if (!load.reload_dir.empty()) {
+        w.release_weights();
+        w.reload_weights(model::read_tensor_index(load.reload_dir));
     }
     std::vector<float> logits;
     for (const auto & s : steps) {
@@ -314,7 +320,7 @@ TEST_CASE("random BF16 checkpoint in 3 shards, untied head: tp 2 and 4 match tp 
     check_against_tp1(d.path, {2, 4});
 }
 
-TEST_CASE("per-rank snapshot files load as they are, and stage/commit per rank switches every rank bitwise") {
+TEST_CASE("per-rank snapshot files load as they are; stage/commit and release/reload per rank switch every rank bitwise") {
     test::TempDir d;
     const fs::path a = d.path / "a", b = d.path / "b", snap_a = d.path / "snap_a", snap_b = d.path / "snap_b";
     make_checkpoint(a, "--preset tiny-llama-bf16-sharded");
@@ -338,6 +344,8 @@ TEST_CASE("per-rank snapshot files load as they are, and stage/commit per rank s
         CHECK(run_tp({.model = a, .snapshot = true, .snapshot_dir = snap_a}, tp, steps, cfg.vocab_size) == full_a);
         // Loaded from a, then b's per-rank snapshot staged and committed on every rank.
         CHECK(run_tp({.model = a, .update_dir = snap_b}, tp, steps, cfg.vocab_size) == full_b);
+        // Then released and reloaded from a's full checkpoint (each rank reads its slices).
+        CHECK(run_tp({.model = a, .update_dir = snap_b, .reload_dir = a}, tp, steps, cfg.vocab_size) == full_a);
         fs::remove_all(snap_a);
         fs::remove_all(snap_b);
     }
