@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -31,14 +32,15 @@ constexpr const char * kExitCodes =
     "   4  wrong_state (not paused, a tag asleep, legacy clear/update in progress)\n"
     "   5  invalid_checkpoint\n"
     "   6  engine_paused\n"
-    "   7  timeout (--timeout, or the daemon's)\n"
-    "   8  daemon unreachable (none on that port, or it died)\n"
+    "   7  timeout (--timeout, or the daemon's); also a live daemon that is stopped or stalled. A command\n"
+    "      not started by the deadline is withdrawn and never runs (the message says nothing changed)\n"
+    "   8  daemon unreachable (none on that port, or its pid died)\n"
     "   9  unauthorized (--api-key)\n"
     "  10  invalid_argument (an argument was rejected)\n"
     "  11  checksum_mismatch\n"
     "  12  source_unavailable\n"
     "  13  forbidden: a file the daemon must trust (ipc record, control block, snapshot or staging dir)\n"
-    "      belongs to another user or is writable by others\n"
+    "      belongs to another user or is writable by others, or (fdctl) the control block is not yours or open to others\n"
     "  14  rank_failed (a tensor-parallel rank died, hung or never joined)\n"
     "  70  internal error\n"
     "Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes --transport default to v1 (else shm); FD_PORT;\n"
@@ -82,7 +84,9 @@ int run_wait(const Options & o) {
     std::string last = "unreachable";
     while (std::chrono::steady_clock::now() < deadline) {
         try {
-            const fdctl::Reply r = connect(o)->call({.op = "status"});
+            Options each = o;  // each status call gets what is left of --timeout, no more
+            each.timeout_s = std::max(0.05, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
+            const fdctl::Reply r = connect(each)->call({.op = "status"});
             const auto j = nlohmann::json::parse(r.body);
             last = j.value("state", "?");
             // The names are /health's `state` values; paused also holds while sleeping (sleep implies pause).
@@ -94,7 +98,8 @@ int run_wait(const Options & o) {
                 return 0;
             }
         } catch (const fd::Error & e) {
-            if (e.code() != fd::Errc::unreachable) { throw; }
+            if (e.code() != fd::Errc::unreachable && e.code() != fd::Errc::timeout) { throw; }
+            if (e.code() == fd::Errc::timeout) { last = "not answering (stopped or stalled)"; }
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }

@@ -4,6 +4,7 @@
 
 #include <httplib.h>
 
+#include <chrono>
 #include <cmath>
 
 namespace fdctl {
@@ -13,7 +14,9 @@ class ShmTransport final : public Transport {
 public:
     ShmTransport(int port, double timeout_s)
         : block_(fd::shm::MappedBlock::open(port)), timeout_ms_(static_cast<int64_t>(std::ceil(timeout_s * 1000))) {
-        if (!fd::shm::daemon_alive(*block_)) {
+        // A dead pid is "gone"; a live one with a stale heartbeat (SIGSTOP, a stall) is not:
+        // mailbox_call then times out (exit 7) and withdraws the command.
+        if (!fd::shm::pid_alive(block_->pid.load())) {
             fd::fail(fd::Errc::unreachable, "the fdrollout (pid {}) that owned port {} is gone (stale control block)", block_->pid.load(), port);
         }
     }
@@ -29,10 +32,14 @@ private:
 
 class V1Transport final : public Transport {
 public:
-    V1Transport(const std::string & url, const std::string & api_key, double timeout_s) : url_(url), cli_(url) {
+    V1Transport(const std::string & url, const std::string & api_key, double timeout_s) : url_(url), cli_(url), timeout_s_(timeout_s) {
         if (!cli_.is_valid()) { fd::fail(fd::Errc::invalid_argument, "--url '{}' is not a valid http:// URL", url); }
-        const auto secs = static_cast<time_t>(timeout_s);
-        const auto usecs = static_cast<time_t>((timeout_s - static_cast<double>(secs)) * 1e6);
+        // The daemon withdraws a command it has not started by X-Request-Deadline (sent with every
+        // call) and answers 504 at once; the read waits kAnswerGraceS longer for that answer or
+        // for a command that started just before the deadline.
+        const double read_s = timeout_s + kAnswerGraceS;
+        const auto secs = static_cast<time_t>(read_s);
+        const auto usecs = static_cast<time_t>((read_s - static_cast<double>(secs)) * 1e6);
         cli_.set_connection_timeout(1, 0);
         cli_.set_tcp_nodelay(true);
         cli_.set_read_timeout(secs, usecs);
@@ -43,25 +50,30 @@ public:
     Reply call(const fd::shm::MailboxCommand & cmd) override {
         httplib::Result res{nullptr, httplib::Error::Unknown};
         const std::string & op = cmd.op;
+        const double deadline = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() + timeout_s_;
+        const httplib::Headers h = {{"X-Request-Deadline", fmt::format("{:.3f}", deadline)}};
         if (op == "status") {
-            res = cli_.Get("/health");
+            res = cli_.Get("/health", h);
         } else if (op == "is_paused") {
-            res = cli_.Get("/v1/is_paused");
+            res = cli_.Get("/v1/is_paused", h);
         } else if (op == "clear_load_weight" || op == "update_model_weight") {
-            res = cli_.Get("/" + op);
+            res = cli_.Get("/" + op, h);
         } else if (op == "sleep" || op == "wakeup") {
-            res = cli_.Post("/v1/" + op + "?tags=" + cmd.tags, "", "application/json");  // normalized by fdctl: [a-z_,]
+            res = cli_.Post("/v1/" + op + "?tags=" + cmd.tags, h, "", "application/json");  // normalized by fdctl: [a-z_,]
         } else if (op == "update_weights") {
             std::string body = "{\"verify_checksum\": " + std::string(cmd.verify_checksum ? "true" : "false");
             if (cmd.version) { body += ", \"version\": \"" + *cmd.version + "\""; }  // syntax checked: no quotes
-            res = cli_.Post("/v1/update_weights", body + "}", "application/json");
+            res = cli_.Post("/v1/update_weights", h, body + "}", "application/json");
         } else {
-            res = cli_.Post("/v1/" + op, "", "application/json");
+            res = cli_.Post("/v1/" + op, h, "", "application/json");
         }
         if (!res) {
             const auto err = res.error();
             if (err == httplib::Error::Read) {
-                fd::fail(fd::Errc::timeout, "no answer from {} within --timeout (or the daemon died while answering)", url_);
+                fd::fail(fd::Errc::timeout, "no answer from {} within --timeout + {} s: the daemon is stopped or stalled (a command it "
+                                            "had not started by the deadline is withdrawn when it resumes: nothing changes), or it "
+                                            "died while answering, or it is still running a command it started just before the "
+                                            "deadline (check fdctl status)", url_, kAnswerGraceS);
             }
             fd::fail(fd::Errc::unreachable, "cannot reach fdrollout at {}: {}", url_,
                      err == httplib::Error::Connection ? "connection refused (is the daemon running on that port?)" : httplib::to_string(err));
@@ -70,8 +82,10 @@ public:
     }
 
 private:
+    static constexpr double kAnswerGraceS = 5.0;
     std::string     url_;
     httplib::Client cli_;
+    double          timeout_s_;
 };
 
 }  // namespace

@@ -67,7 +67,8 @@ def _dims(cfg):
     h = cfg["hidden_size"]
     n_heads = cfg["num_attention_heads"]
     n_kv = cfg.get("num_key_value_heads", n_heads)
-    head_dim = cfg.get("head_dim") or h // n_heads
+    qwen3 = cfg.get("architectures", [""])[0] == "Qwen3ForCausalLM"
+    head_dim = cfg.get("head_dim") or (128 if qwen3 else h // n_heads)  # Qwen3Config's default is 128
     return h, n_heads * head_dim, n_kv * head_dim, cfg["intermediate_size"], cfg["vocab_size"]
 
 
@@ -110,6 +111,9 @@ def to_rollout_names(hf, cfg, tp=1, rank=0):
         if a + "q_proj.bias" in hf:
             out[a + "qkv_proj.bias"] = cat(rows(hf[a + "q_proj.bias"], q_dim), rows(hf[a + "k_proj.bias"], kv_dim),
                                            rows(hf[a + "v_proj.bias"], kv_dim))
+        for norm in ("q_norm.weight", "k_norm.weight"):  # Qwen3: per-head, replicated
+            if a + norm in hf:
+                out[a + norm] = hf[a + norm]
         out[a + "o_proj.weight"] = cols(hf[a + "o_proj.weight"], q_dim)
         m = p + "mlp."
         out[m + "gate_up_proj.weight"] = cat(rows(hf[m + "gate_proj.weight"], ff), rows(hf[m + "up_proj.weight"], ff))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write a Hugging Face-style Llama / Qwen2 checkpoint with random weights.
+"""Write a Hugging Face-style Llama / Qwen2 / Qwen3 / Mistral checkpoint with random weights.
 
 The directory gets config.json, model.safetensors (or N shards plus
 model.safetensors.index.json), the tokenizer files copied from
@@ -14,6 +14,8 @@ Examples:
   make_random_checkpoint.py --preset tiny-llama-bf16-sharded --out /tmp/ck_s
   make_random_checkpoint.py --preset llama-110m --out /tmp/ck_110m --step 7
   make_random_checkpoint.py --preset llama-1b-bf16-sharded --out /tmp/ck_1b
+  make_random_checkpoint.py --preset qwen3-like --out /tmp/ck_q3
+  make_random_checkpoint.py --arch llama --rope-scaling '{"rope_type": "linear", "factor": 2}' --out /tmp/ck
   make_random_checkpoint.py --out /tmp/ck --hidden 128 --layers 4 --heads 4 --dtype F16
 Needs numpy only (Debian: /usr/bin/python3 with python3-numpy).
 """
@@ -39,7 +41,9 @@ TORCH_DTYPE = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 BASE = dict(arch="llama", hidden=64, intermediate=172, layers=2, heads=8,
             kv_heads=None, head_dim=None, vocab=512, max_pos=512,
             rope_theta=10000.0, rms_eps=1e-5, dtype="F32", shards=1, tie=True,
-            no_lm_head=False)
+            no_lm_head=False, rope_scaling=None, sliding_window=None, embed_std=1.0)
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}
 PRESETS = {
     "tiny-qwen2": dict(arch="qwen2", hidden=64, intermediate=176, layers=2,
                        heads=4, kv_heads=2, vocab=512, dtype="F32"),
@@ -55,6 +59,40 @@ PRESETS = {
                                   layers=22, heads=32, kv_heads=4, vocab=32000,
                                   max_pos=2048, dtype="BF16", shards=4,
                                   tie=False),
+    # fd_bench's Llama-3- and Qwen3-shaped decode (tests/bench/run_bench.sh), llama-110m's size:
+    # Llama-3.2: GQA 4:1 of head_dim 64, rope_scaling llama3, theta 5e5, tied; Qwen3: head_dim
+    # 128 with q_dim = 2 x hidden, GQA 2:1, q_norm/k_norm, theta 1e6, tied.
+    "llama3-110m": dict(arch="llama", hidden=768, intermediate=2688, layers=12, heads=12,
+                        kv_heads=3, head_dim=64, vocab=32000, max_pos=2048,
+                        rope_theta=500000.0, tie=True,
+                        rope_scaling={"rope_type": "llama3", "factor": 32.0,
+                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 8192}),
+    "qwen3-110m": dict(arch="qwen3", hidden=768, intermediate=2304, layers=12, heads=12,
+                       kv_heads=6, head_dim=128, vocab=32000, max_pos=2048,
+                       rope_theta=1000000.0, rms_eps=1e-6, tie=True),
+    # The real configs' shapes scaled down (same head ratios, head_dim, theta, scaling type,
+    # tying) to the 512-token stories260K vocabulary, for tests/e2e/test_architectures.py.
+    # Llama-3.2-1B: 32/8 heads of 64, theta 5e5, rope_scaling llama3 (factor 32, 1/4, 8192
+    # scaled to 64 so that it changes the positions a test reaches), tied.
+    "llama3.2-like": dict(arch="llama", hidden=256, intermediate=1024, layers=2,
+                          heads=4, kv_heads=1, head_dim=64, vocab=512, max_pos=2048,
+                          rope_theta=500000.0, tie=True, embed_std=0.1,
+                          rope_scaling={"rope_type": "llama3", "factor": 32.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 64}),
+    # Qwen2.5-0.5B: 14/2 heads of 64, theta 1e6, tied, an inactive sliding_window.
+    "qwen2.5-like": dict(arch="qwen2", hidden=112, intermediate=608, layers=2, heads=7,
+                         kv_heads=1, head_dim=16, vocab=512, max_pos=1024,
+                         rope_theta=1000000.0, rms_eps=1e-6, tie=True, embed_std=0.1, sliding_window=32768),
+    # Qwen3-0.6B: 16/8 heads of head_dim 128 != hidden/heads, q_norm/k_norm, theta 1e6, tied.
+    "qwen3-like": dict(arch="qwen3", hidden=64, intermediate=192, layers=2, heads=4,
+                       kv_heads=2, head_dim=128, vocab=512, max_pos=1024,
+                       rope_theta=1000000.0, rms_eps=1e-6, tie=True, embed_std=0.1),
+    # Mistral-7B-v0.3: 32/8 heads of 128, theta 1e6, untied, sliding_window null.
+    "mistral-like": dict(arch="mistral", hidden=128, intermediate=448, layers=2, heads=4,
+                         kv_heads=1, head_dim=32, vocab=512, max_pos=1024,
+                         rope_theta=1000000.0, tie=False),
 }
 
 
@@ -64,7 +102,7 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True, help="output checkpoint directory")
     p.add_argument("--preset", choices=sorted(PRESETS),
                    help="named shape; explicit flags override its values")
-    p.add_argument("--arch", choices=["llama", "qwen2"], help="default llama")
+    p.add_argument("--arch", choices=sorted(ARCHITECTURES), help="default llama")
     p.add_argument("--hidden", type=int, help="hidden size (default 64)")
     p.add_argument("--intermediate", type=int, help="MLP size (default 172)")
     p.add_argument("--layers", type=int, help="decoder layers (default 2)")
@@ -82,6 +120,14 @@ def parse_args(argv=None):
     p.add_argument("--no-lm-head", action="store_true", default=None,
                    help="with --tie, omit lm_head.weight (default: write a copy "
                         "of the embeddings)")
+    p.add_argument("--rope-scaling", type=json.loads,
+                   help="config.json rope_scaling as JSON (default none)")
+    p.add_argument("--sliding-window", type=int,
+                   help="config.json sliding_window (Mistral: active; Qwen: with "
+                        "use_sliding_window false)")
+    p.add_argument("--embed-std", type=float,
+                   help="std of the embeddings (default 1.0; a tied model generates "
+                        "varied tokens with ~0.1)")
     p.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
     p.add_argument("--tokenizer-from", default=DEFAULT_TOKENIZER,
                    help="directory to copy tokenizer files from "
@@ -122,7 +168,7 @@ def tensor_groups(cfg, rng):
     def norm(n):
         return 1.0 + normal((n,), 0.1)
 
-    embed = normal((cfg["vocab"], h), 1.0)
+    embed = normal((cfg["vocab"], h), cfg["embed_std"])
     yield "embed", {"model.embed_tokens.weight": embed}
     for i in range(cfg["layers"]):
         p = f"model.layers.{i}."
@@ -130,6 +176,9 @@ def tensor_groups(cfg, rng):
              p + "self_attn.q_proj.weight": linear(q_out, h),
              p + "self_attn.k_proj.weight": linear(kv_out, h),
              p + "self_attn.v_proj.weight": linear(kv_out, h)}
+        if cfg["arch"] == "qwen3":
+            t[p + "self_attn.q_norm.weight"] = norm(hd)
+            t[p + "self_attn.k_norm.weight"] = norm(hd)
         if cfg["arch"] == "qwen2":
             t[p + "self_attn.q_proj.bias"] = normal((q_out,), 0.1)
             t[p + "self_attn.k_proj.bias"] = normal((kv_out,), 0.1)
@@ -162,7 +211,7 @@ def shard_of(group, cfg):
 def write_config(out, cfg):
     arch = cfg["arch"]
     conf = {
-        "architectures": ["Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM"],
+        "architectures": [ARCHITECTURES[arch]],
         "model_type": arch,
         "vocab_size": cfg["vocab"],
         "hidden_size": cfg["hidden"],
@@ -180,8 +229,18 @@ def write_config(out, cfg):
         "eos_token_id": 2,
         "torch_dtype": TORCH_DTYPE[cfg["dtype"]],
     }
-    if arch == "llama":
+    if cfg["rope_scaling"] is not None:
+        conf["rope_scaling"] = cfg["rope_scaling"]
+    if arch in ("llama", "qwen3"):
         conf["attention_bias"] = False
+    if arch == "llama":
+        conf["mlp_bias"] = False
+    if arch in ("qwen2", "qwen3"):  # as the real configs: the window is off
+        conf["use_sliding_window"] = False
+        conf["sliding_window"] = cfg["sliding_window"]
+        conf["max_window_layers"] = cfg["layers"]
+    if arch == "mistral":
+        conf["sliding_window"] = cfg["sliding_window"]
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(conf, f, indent=2)
         f.write("\n")

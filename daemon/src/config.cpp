@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <regex>
 #include <thread>
@@ -68,7 +69,13 @@ Resolved resolve(Config & cfg) {
     if (cfg.model.n_threads <= 0) { cfg.model.n_threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())); }
 
     auto & e = cfg.engine;
-    if (e.max_model_len <= 0) { e.max_model_len = r.model.max_position_embeddings; }
+    if (e.max_model_len <= 0) {
+        // Sliding-window attention is not implemented: by default serve only what fits the
+        // window (vLLM caps max_model_len the same way when sliding windows are disabled).
+        e.max_model_len = r.model.max_position_embeddings;
+        if (r.model.sliding_window > 0) { e.max_model_len = std::min(e.max_model_len, r.model.sliding_window); }
+    }
+    if (auto why = model::check_max_model_len(r.model, e.max_model_len)) { problems.push_back(*why); }
     if (e.max_model_len < 2) { problems.push_back("--max-model-len must be >= 2"); }
     if (e.max_model_len > r.model.max_position_embeddings) {
         problems.push_back(fmt::format("--max-model-len {} exceeds the model's max_position_embeddings {}", e.max_model_len,

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 namespace fd::kernels {
 
@@ -31,11 +32,18 @@ void add_inplace(float * out, const float * x, int64_t n_elems) {
 }
 
 void rope_table(float * cos_sin, int64_t n_pos, int64_t head_dim, float theta) {
+    std::vector<float> inv(static_cast<size_t>(head_dim / 2));
+    for (int64_t j = 0; j < head_dim / 2; ++j) {
+        inv[static_cast<size_t>(j)] = 1.0f / std::pow(theta, static_cast<float>(2 * j) / static_cast<float>(head_dim));
+    }
+    rope_table_inv_freq(cos_sin, n_pos, head_dim, inv.data());
+}
+
+void rope_table_inv_freq(float * cos_sin, int64_t n_pos, int64_t head_dim, const float * inv_freq) {
     const int64_t half = head_dim / 2;
     for (int64_t pos = 0; pos < n_pos; ++pos) {
         for (int64_t j = 0; j < half; ++j) {
-            const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * j) / static_cast<float>(head_dim));
-            const float angle    = static_cast<float>(pos) * inv_freq;
+            const float angle = static_cast<float>(pos) * inv_freq[j];
             cos_sin[pos * head_dim + j]        = std::cos(angle);
             cos_sin[pos * head_dim + half + j] = std::sin(angle);
         }

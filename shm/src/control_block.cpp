@@ -7,7 +7,9 @@
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <linux/futex.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +26,12 @@ std::string block_name(int port) { return "fdrollout." + std::to_string(port); }
 
 int64_t now_ms() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+int64_t monotonic_ns() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
 }
 
 bool pid_alive(int64_t pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
@@ -59,6 +67,40 @@ std::string layout_problem(const ControlBlock & b, size_t mapped) {
         return fmt::format("it is {} bytes, expected {}", b.size_bytes, sizeof(ControlBlock));
     }
     return {};
+}
+
+/// fdctl's trust check of the block open on `fd`: owned by the daemon's user (ours, or for root
+/// the owner of the pid the block names) and no group/other permission bits.
+void check_block_owner(int fd, const std::string & path) {
+    struct stat st{};
+    if (::fstat(fd, &st) != 0) { fail(Errc::internal, "{}: fstat failed: {}", path, std::strerror(errno)); }
+    const uid_t me = ::geteuid();
+    if (me != 0 && st.st_uid != me) {
+        fail(Errc::forbidden,
+             "control block {} is owned by uid {}, not by you (uid {}): refusing it, another local user could have planted it "
+             "to forge answers or swallow commands. Run fdctl as the daemon's user; if no fdrollout of yours runs on this port, "
+             "have its owner or root remove it",
+             path, st.st_uid, me);
+    }
+    if ((st.st_mode & 077) != 0) {
+        fail(Errc::forbidden, "control block {} has mode {:04o}: other users can read or write it, so refusing it "
+                              "(fdrollout creates it 0600; remove it as its owner or root and restart the daemon)",
+             path, st.st_mode & 07777);
+    }
+}
+
+/// Root's half of the owner check, once the block is mapped: the block's owner must be the user
+/// running the pid it names (a planted block names some live process of another user).
+void check_block_pid_owner(int fd, const ControlBlock & b, const std::string & path) {
+    if (::geteuid() != 0) { return; }
+    struct stat st{}, proc{};
+    const int64_t pid = b.pid.load();
+    if (::fstat(fd, &st) != 0 || pid <= 0 || ::stat(fmt::format("/proc/{}", pid).c_str(), &proc) != 0) { return; }  // dead: stale, said later
+    if (proc.st_uid != st.st_uid) {
+        fail(Errc::forbidden, "control block {} is owned by uid {} but names pid {}, which runs as uid {}: refusing a block "
+                              "not created by its daemon (remove it as root)",
+             path, st.st_uid, pid, proc.st_uid);
+    }
 }
 
 }  // namespace
@@ -124,6 +166,7 @@ MappedBlock MappedBlock::open(int port) {
     const std::string name = block_name(port);
     try {
         bip::shared_memory_object obj(bip::open_only, name.c_str(), bip::read_write);
+        check_block_owner(obj.get_mapping_handle().handle, shm_path(port));
         bip::offset_t size = 0;
         obj.get_size(size);
         MappedBlock m;
@@ -140,10 +183,14 @@ MappedBlock MappedBlock::open(int port) {
         if (__atomic_load_n(&m.block_->magic, __ATOMIC_ACQUIRE) == 0) { throw starting(); }
         const std::string problem = layout_problem(*m.block_, static_cast<size_t>(size));
         if (!problem.empty()) { fail(Errc::invalid_argument, "refusing control block {}: {}", shm_path(port), problem); }
+        check_block_pid_owner(obj.get_mapping_handle().handle, *m.block_, shm_path(port));
         return m;
     } catch (const bip::interprocess_exception & e) {
         if (e.get_error_code() == bip::not_found_error) {
             fail(Errc::unreachable, "no fdrollout on port {} (no control block {}); start the daemon or check --port", port, shm_path(port));
+        }
+        if (e.get_error_code() == bip::security_error) {
+            fail(Errc::forbidden, "cannot open control block {}: {} (it is mode 0600: run fdctl as the daemon's user)", shm_path(port), e.what());
         }
         fail(Errc::invalid_argument, "cannot open control block {}: {} (it is mode 0600: run as the daemon's user)", shm_path(port), e.what());
     }
@@ -184,14 +231,44 @@ void copy_field(char * dst, size_t cap, const std::string & src) {
 
 }  // namespace
 
+bool command_pending(const ControlBlock & b, uint32_t seq) {
+    return b.cmd_state.load(std::memory_order_acquire) == cmd_state_word(seq, CmdState::posted) && monotonic_ns() < b.cmd_deadline_ns;
+}
+
+bool try_start_command(ControlBlock & b, uint32_t seq) {
+    if (monotonic_ns() >= b.cmd_deadline_ns) {
+        try_cancel_command(b, seq);  // expired: whoever moves it out of posted, it never runs
+        return false;
+    }
+    uint64_t expected = cmd_state_word(seq, CmdState::posted);
+    return b.cmd_state.compare_exchange_strong(expected, cmd_state_word(seq, CmdState::started), std::memory_order_acq_rel);
+}
+
+bool try_cancel_command(ControlBlock & b, uint32_t seq) {
+    uint64_t expected = cmd_state_word(seq, CmdState::posted);
+    if (b.cmd_state.compare_exchange_strong(expected, cmd_state_word(seq, CmdState::cancelled), std::memory_order_acq_rel)) { return true; }
+    return expected == cmd_state_word(seq, CmdState::cancelled);
+}
+
 MailboxReply mailbox_call(ControlBlock & b, const MailboxCommand & cmd, int64_t timeout_ms) {
-    const int64_t deadline = now_ms() + timeout_ms;
+    const int64_t start_ms = now_ms();
+    const int64_t deadline = start_ms + timeout_ms;
     const int64_t me       = ::getpid();
+    const int64_t pid      = b.pid.load();
+    const int     port     = b.port.load();
+    auto stalled_note = [&] {
+        const int64_t age = now_ms() - b.heartbeat_ms.load();
+        return age > kHeartbeatStaleMs
+                   ? fmt::format("; fdrollout (pid {}) is alive but its heartbeat is {:.1f} s old: stopped (SIGSTOP) or stalled", pid, age / 1000.0)
+                   : std::string();
+    };
+    // Before the command is posted: a dead pid is "gone", a deadline passed is a timeout, and
+    // either way nothing was sent.
     auto check = [&](const char * waiting_for) {
-        if (!daemon_alive(b)) {
-            fail(Errc::unreachable, "fdrollout (pid {}) on port {} is gone (waiting for {})", b.pid.load(), b.port.load(), waiting_for);
+        if (!pid_alive(pid)) { fail(Errc::unreachable, "fdrollout (pid {}) on port {} is gone (waiting for {}); nothing was sent", pid, port, waiting_for); }
+        if (now_ms() > deadline) {
+            fail(Errc::timeout, "no {} within {} ms (--timeout){}; nothing was sent, nothing changed", waiting_for, timeout_ms, stalled_note());
         }
-        if (now_ms() > deadline) { fail(Errc::timeout, "no {} within {} ms (--timeout)", waiting_for, timeout_ms); }
     };
     // 1. The writer lock; a dead holder's lock is taken over.
     for (;;) {
@@ -206,24 +283,48 @@ MailboxReply mailbox_call(ControlBlock & b, const MailboxCommand & cmd, int64_t 
         int64_t        me;
         ~Unlock() { int64_t e = me; b.mailbox_owner_pid.compare_exchange_strong(e, 0); }
     } unlock{b, me};
-    // 2. The previous command (perhaps of a client that died) must be answered first.
+    // 2. The previous command (perhaps of a client that died) must be answered first; the daemon
+    //    answers dropped ones too.
     for (uint32_t a; (a = b.ack_seq.load(std::memory_order_acquire)) != b.cmd_seq.load();) {
         check("the previous command to finish");
         futex_wait(b.ack_seq, a, 10000);
     }
-    // 3. Write the command, ring the doorbell.
+    // 3. Write the command and its deadline, post it, ring the doorbell.
     copy_field(b.cmd_op, sizeof b.cmd_op, cmd.op);
     copy_field(b.cmd_tags, sizeof b.cmd_tags, cmd.tags);
     copy_field(b.cmd_version, sizeof b.cmd_version, cmd.version.value_or(""));
     b.cmd_has_version     = cmd.version.has_value();
     b.cmd_verify_checksum = cmd.verify_checksum;
-    const uint32_t seq = b.cmd_seq.load() + 1;
+    const int64_t  left_ms = std::clamp<int64_t>(deadline - now_ms(), 0, int64_t{1} << 40);  // ~34 years: no ns overflow
+    b.cmd_deadline_ns      = monotonic_ns() + left_ms * 1000000;
+    const uint32_t seq     = b.cmd_seq.load() + 1;
+    b.cmd_state.store(cmd_state_word(seq, CmdState::posted), std::memory_order_release);
     b.cmd_seq.store(seq, std::memory_order_release);
     b.doorbell.fetch_add(1, std::memory_order_release);
     futex_wake(b.doorbell);
-    // 4. Wait for the answer.
+    // 4. Wait for the answer. At the deadline, withdraw the command unless it has started: the
+    //    CAS decides, so what we report is what happened.
     for (uint32_t a; (a = b.ack_seq.load(std::memory_order_acquire)) != seq;) {
-        check("the daemon's answer");
+        const bool started = b.cmd_state.load(std::memory_order_acquire) == cmd_state_word(seq, CmdState::started);
+        if (!pid_alive(pid)) {
+            if (started) {
+                fail(Errc::unreachable, "fdrollout (pid {}) on port {} died while running {}: its outcome is unknown (check the next daemon's state)",
+                     pid, port, cmd.op);
+            }
+            fail(Errc::unreachable, "fdrollout (pid {}) on port {} is gone; {} never started, nothing changed", pid, port, cmd.op);
+        }
+        if (now_ms() > deadline) {
+            if (!started && try_cancel_command(b, seq)) {
+                fail(Errc::timeout, "{} did not start within {} ms (--timeout){}; withdrawn: it will not run, nothing changed", cmd.op, timeout_ms,
+                     stalled_note());
+            }
+            // It started before the deadline: its answer is the outcome. Wait while the daemon
+            // lives and its heartbeat is fresh (the daemon bounds its own wait by --control-timeout-s).
+            if (now_ms() - b.heartbeat_ms.load() > kHeartbeatStaleMs) {
+                fail(Errc::timeout, "{} started before the deadline but fdrollout (pid {}) then stopped answering{}: its outcome is "
+                                    "unknown until it answers (check fdctl status)", cmd.op, pid, stalled_note());
+            }
+        }
         futex_wait(b.ack_seq, a, std::clamp<int64_t>((deadline - now_ms()) * 1000, 1000, 50000));
     }
     MailboxReply r;

@@ -163,7 +163,7 @@ int32_t token_id(int64_t seq, int64_t pos, int32_t vocab) {
 /// Parameters of the model as trained (tied embeddings counted once).
 int64_t count_params(const fd::model::ModelConfig & c) {
     const int64_t h = c.hidden_size, qkv = c.q_dim() + 2 * c.kv_dim(), ff = c.intermediate_size;
-    const int64_t per_layer = 2 * h + h * qkv + (c.qkv_bias ? qkv : 0) + c.q_dim() * h + 3 * h * ff;
+    const int64_t per_layer = 2 * h + h * qkv + (c.qkv_bias ? qkv : 0) + (c.qk_norm ? 2 * c.head_dim : 0) + c.q_dim() * h + 3 * h * ff;
     return int64_t(c.vocab_size) * h + c.n_layers * per_layer + h + (c.tie_word_embeddings ? 0 : int64_t(c.vocab_size) * h);
 }
 

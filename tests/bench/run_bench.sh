@@ -2,8 +2,9 @@
 # Run the fdrollout benchmark (see docs/benchmarks.md) and print its JSON on stdout.
 #   tests/bench/run_bench.sh [BUILD_DIR] [fd_bench args...]   (default: build; fd_bench built there,
 #   or FD_BENCH_BIN=path to another fd_bench binary)
-# Makes the random ~110M-parameter Llama once (BUILD_DIR/bench-models/llama-110m), then runs
-# fd_bench on models/stories260K and that model at one thread. About 2-3 minutes on 2 cores.
+# Makes the random ~110M-parameter Llama and its Llama-3- and Qwen3-shaped peers once
+# (BUILD_DIR/bench-models/{llama-110m,llama3-110m,qwen3-110m}), then runs fd_bench on
+# models/stories260K and those models at one thread. About 2-3 minutes on 2 cores.
 # FD_BENCH_MODELS (comma-separated directories) replaces the model list; extra arguments go to
 # fd_bench (e.g. --decode-ctx 128,2048,8192); FD_BENCH_THREADS sets --threads (default 1),
 # FD_BENCH_BATCHES --batches (default 1,8,32,64).
@@ -18,14 +19,17 @@ if [[ ! -x "$BENCH" ]]; then
   echo "run_bench.sh: $BENCH not found; build it: cmake --build $BUILD --target fd_bench" >&2
   exit 1
 fi
+# llama-110m and the Llama-3- and Qwen3-shaped models of its size (make_random_checkpoint.py presets)
+for preset in llama-110m llama3-110m qwen3-110m; do
+  if [[ ! -f "$BUILD/bench-models/$preset/config.json" ]]; then
+    echo "run_bench.sh: writing the random $preset checkpoint to $BUILD/bench-models/$preset" >&2
+    /usr/bin/python3 "$REPO/scripts/make_random_checkpoint.py" --preset "$preset" --out "$BUILD/bench-models/$preset" >&2
+  fi
+done
 MODEL110="$BUILD/bench-models/llama-110m"
-if [[ ! -f "$MODEL110/config.json" ]]; then
-  echo "run_bench.sh: writing the random llama-110m checkpoint to $MODEL110" >&2
-  /usr/bin/python3 "$REPO/scripts/make_random_checkpoint.py" --preset llama-110m --out "$MODEL110" >&2
-fi
 cd "$REPO"
 if [[ -z "${OPENBLAS_CORETYPE:-}" ]] && grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX; fi
-"$BENCH" --model "${FD_BENCH_MODELS:-models/stories260K,$MODEL110}" --threads "${FD_BENCH_THREADS:-1}" \
+"$BENCH" --model "${FD_BENCH_MODELS:-models/stories260K,$MODEL110,$BUILD/bench-models/llama3-110m,$BUILD/bench-models/qwen3-110m}" --threads "${FD_BENCH_THREADS:-1}" \
          --batches "${FD_BENCH_BATCHES:-1,8,32,64}" --prompt-len 128 --decode-steps 32 --seconds-min 1.0 \
          --prefill-lens 128,512,2048 --linear-m 64,512,2048 --decode-ctx 128,2048,8192 \
          --decode-ctx-batches 1,64 "${@:2}"

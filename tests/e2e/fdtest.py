@@ -90,9 +90,9 @@ def free_port():
 class Daemon:
     """One fdrollout process on 127.0.0.1:<free port>. Use as a context manager."""
 
-    def __init__(self, *args, model=STORIES, env=None, wait=True, timeout=60, bin=BIN):
-        """model=None: no --model flag (the binary's default model)."""
-        self.port = free_port()
+    def __init__(self, *args, model=STORIES, env=None, wait=True, timeout=60, bin=BIN, port=None):
+        """model=None: no --model flag (the binary's default model); port=None: a free one."""
+        self.port = port or free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="fdrollout-", suffix=".log", delete=False, dir=log_dir())
         cmd = [bin, *(["--model", model] if model is not None else []), "--port", str(self.port), "--log-level", "info", *args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})

@@ -1,6 +1,10 @@
-"""A deliberately plain numpy float32 Llama/Qwen2 forward pass (HF conventions: rotate_half RoPE,
-GQA, SwiGLU, optional q/k/v biases, tied or stored lm_head), used as the oracle for random
-checkpoints. Recomputes the whole prefix each step: slow, obvious, independent of the engine."""
+"""A deliberately plain numpy float32 Llama/Qwen2/Qwen3/Mistral forward pass (HF conventions:
+rotate_half RoPE with rope_scaling default/linear/dynamic/llama3, GQA, SwiGLU, optional q/k/v
+biases, Qwen3's per-head q_norm/k_norm before RoPE, tied or stored lm_head), used as the oracle
+for random checkpoints. Recomputes the whole prefix each step: slow, obvious, independent of the
+engine. The RoPE frequencies transcribe transformers' modeling_rope_utils
+(_compute_default/linear_scaling/dynamic_ntk/llama3_parameters)."""
+import math
 import os
 
 import numpy as np
@@ -23,14 +27,46 @@ def rms(x, g, eps):
     return g * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
 
 
+def rope_inv_freq(cfg):
+    """[head_dim / 2] float32 inverse frequencies, as transformers computes them."""
+    h, nh = cfg["hidden_size"], cfg["num_attention_heads"]
+    hd = cfg.get("head_dim") or h // nh
+    rs = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    theta = rs.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    inv = (1.0 / theta ** (np.arange(0, hd, 2, dtype=np.int64).astype(np.float32) / hd)).astype(np.float32)
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "linear":
+        inv = inv / np.float32(rs["factor"])
+    elif kind == "dynamic":
+        # base * ((factor * seq_len / max_pos) - (factor - 1)) ** (dim / (dim - 2)) with
+        # seq_len = max(seq_len, max_position_embeddings): 1 ** x below max_position_embeddings
+        seq_len = cfg["max_position_embeddings"]
+        base = theta * ((rs["factor"] * seq_len / cfg["max_position_embeddings"]) - (rs["factor"] - 1)) ** (hd / (hd - 2))
+        inv = (1.0 / base ** (np.arange(0, hd, 2, dtype=np.int64).astype(np.float32) / hd)).astype(np.float32)
+    elif kind == "llama3":
+        factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old = rs["original_max_position_embeddings"]
+        low_wl, high_wl = old / low, old / high
+        wavelen = 2 * math.pi / inv
+        out = np.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * out / factor + smooth * out
+        medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
+        inv = np.where(medium, smoothed, out).astype(np.float32)
+    else:
+        assert kind == "default", kind
+    return inv
+
+
 def logits(cfg, w, ids):
     """Logits [len(ids), vocab] of a causal pass over ids."""
     h, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or h // nh
-    eps, theta = cfg["rms_norm_eps"], cfg.get("rope_theta", 10000.0)
+    eps = cfg["rms_norm_eps"]
     T = len(ids)
     x = w["model.embed_tokens.weight"][ids]
-    inv = 1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float32) / hd)
+    inv = rope_inv_freq(cfg)
+    qk_norm = cfg["architectures"][0] == "Qwen3ForCausalLM"
     ang = np.arange(T, dtype=np.float32)[:, None] * inv[None, :]
     cos, sin = np.cos(ang), np.sin(ang)
 
@@ -47,8 +83,11 @@ def logits(cfg, w, ids):
             proj[n] = xn @ w[p + f"self_attn.{n}_proj.weight"].T
             if p + f"self_attn.{n}_proj.bias" in w:
                 proj[n] = proj[n] + w[p + f"self_attn.{n}_proj.bias"]
-        q = rope(proj["q"].reshape(T, nh, hd))
-        k = rope(proj["k"].reshape(T, nkv, hd))
+        q, k = proj["q"].reshape(T, nh, hd), proj["k"].reshape(T, nkv, hd)
+        if qk_norm:  # Qwen3: RMSNorm over each head, before RoPE
+            q = rms(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = rms(k, w[p + "self_attn.k_norm.weight"], eps)
+        q, k = rope(q), rope(k)
         v = proj["v"].reshape(T, nkv, hd)
         rep = nh // nkv
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)

@@ -40,8 +40,29 @@ CASES = [
     ("stream not bool", {"prompt": "a", "stream": "yes"}, 400, "invalid_argument", "stream"),
     ("unknown model", {"prompt": "a", "model": "gpt-5"}, 404, "not_found", "model"),
     ("misspelled field", {"prompt": "a", "temperatur": 0}, 400, "invalid_argument", "temperatur"),
-    ("unsupported penalty", {"prompt": "a", "presence_penalty": 0.5}, 400, "invalid_argument", "presence_penalty"),
-    ("unsupported logit_bias", {"prompt": "a", "logit_bias": {"5": 10}}, 400, "invalid_argument", "logit_bias"),
+    ("max_tokens zero without echo", {"prompt": "a", "max_tokens": 0, "logprobs": 1}, 400, "invalid_argument", "max_tokens"),
+    ("unsupported best_of", {"prompt": "a", "best_of": 2}, 400, "invalid_argument", "best_of"),
+    ("unsupported min_p", {"prompt": "a", "min_p": 0.1}, 400, "invalid_argument", "min_p"),
+    ("presence_penalty out of range", {"prompt": "a", "presence_penalty": 2.5}, 400, "invalid_argument", "presence_penalty"),
+    ("frequency_penalty out of range", {"prompt": "a", "frequency_penalty": -3}, 400, "invalid_argument", "frequency_penalty"),
+    ("frequency_penalty string", {"prompt": "a", "frequency_penalty": "1"}, 400, "invalid_argument", "frequency_penalty"),
+    ("repetition_penalty zero", {"prompt": "a", "repetition_penalty": 0}, 400, "invalid_argument", "repetition_penalty"),
+    ("repetition_penalty negative", {"prompt": "a", "repetition_penalty": -1.2}, 400, "invalid_argument", "repetition_penalty"),
+    ("logit_bias not an object", {"prompt": "a", "logit_bias": [5, 10]}, 400, "invalid_argument", "logit_bias"),
+    ("logit_bias key not an id", {"prompt": "a", "logit_bias": {"the": 10}}, 400, "invalid_argument", "logit_bias"),
+    ("logit_bias key out of vocab", {"prompt": "a", "logit_bias": {"512": 10}}, 400, "invalid_argument", "logit_bias"),
+    ("logit_bias key negative", {"prompt": "a", "logit_bias": {"-1": 10}}, 400, "invalid_argument", "logit_bias"),
+    ("logit_bias value too big", {"prompt": "a", "logit_bias": {"5": 100.5}}, 400, "invalid_argument", "logit_bias"),
+    ("logit_bias value string", {"prompt": "a", "logit_bias": {"5": "10"}}, 400, "invalid_argument", "logit_bias"),
+    ("min_tokens negative", {"prompt": "a", "min_tokens": -1}, 400, "invalid_argument", "min_tokens"),
+    ("min_tokens past max_tokens", {"prompt": "a", "max_tokens": 4, "min_tokens": 5}, 400, "invalid_argument", "min_tokens"),
+    ("prompt_logprobs negative", {"prompt": "a", "prompt_logprobs": -1}, 400, "invalid_argument", "prompt_logprobs"),
+    ("prompt_logprobs absurd", {"prompt": "a", "prompt_logprobs": 1000}, 400, "invalid_argument", "prompt_logprobs"),
+    ("prompt_logprobs streamed", {"prompt": "a", "prompt_logprobs": 1, "stream": True}, 400, "invalid_argument", "prompt_logprobs"),
+    ("include_stop_str_in_output not bool", {"prompt": "a", "include_stop_str_in_output": 1}, 400, "invalid_argument",
+     "include_stop_str_in_output"),
+    ("return_tokens_as_token_ids not bool", {"prompt": "a", "return_tokens_as_token_ids": "yes"}, 400, "invalid_argument",
+     "return_tokens_as_token_ids"),
 ]
 
 
@@ -74,7 +95,8 @@ class BadInput(unittest.TestCase):
                 self.assertEqual(after["choices"][0]["token_ids"], self.good["choices"][0]["token_ids"])
 
     def test_neutral_values_of_unsupported_fields_are_accepted(self):
-        j = self.d.complete(**GOOD, presence_penalty=0, frequency_penalty=0.0, repetition_penalty=1.0, best_of=1, user="rl")
+        j = self.d.complete(**GOOD, presence_penalty=0, frequency_penalty=0.0, repetition_penalty=1.0, best_of=1, user="rl",
+                            min_p=0, min_tokens=0, logit_bias={}, include_stop_str_in_output=False)
         self.assertEqual(j["choices"], self.good["choices"])
 
     def test_bodiless_post_gets_an_error_object(self):

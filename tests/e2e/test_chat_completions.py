@@ -164,6 +164,66 @@ class ChatCompletions(unittest.TestCase):
         self.assertEqual(s["finish_reason"], "stop")
         self.assertEqual(s["message"]["content"], greedy[:greedy.index(word)])
 
+    def test_tokenize_chat_form_equals_the_chat_prompt(self):
+        forms = [{"messages": MESSAGES},
+                 {"messages": MESSAGES, "add_generation_prompt": False},
+                 {"messages": MESSAGES[:3], "add_generation_prompt": False, "continue_final_message": True},
+                 {"messages": MESSAGES, "chat_template_kwargs": {"system_prefix": "Once"}, "tools": TOOLS}]
+        seen = set()
+        for form in forms:
+            status, t = self.d.post("/tokenize", {**form, "return_token_strs": True})
+            self.assertEqual(status, 200, t)
+            ids = self.chat(**form, max_tokens=1)["choices"][0]["prompt_token_ids"]
+            self.assertEqual(t["tokens"], ids)
+            self.assertEqual(t["count"], len(ids))
+            self.assertEqual(len(t["token_strs"]), len(ids))
+            seen.add(tuple(ids))
+        self.assertEqual(len(seen), len(forms))  # each option changed the prompt
+        # add_special_tokens (vLLM: default false for chat): the tokenizer's specials on top of the
+        # template's text, i.e. the prompt form of python3-jinja2's rendering.
+        text = reference_text(self.model, messages=MESSAGES, add_generation_prompt=True)
+        _, t = self.d.post("/tokenize", {"messages": MESSAGES, "add_special_tokens": True})
+        _, p = self.d.post("/tokenize", {"prompt": text, "add_special_tokens": True})
+        self.assertEqual(t["tokens"], p["tokens"])
+        for body, param in [({"messages": MESSAGES, "prompt": "x"}, "prompt"), ({"messages": "hi"}, "messages"),
+                            ({"messages": MESSAGES, "max_tokens": 3}, "max_tokens"),
+                            ({"messages": MESSAGES, "add_generation_prompt": 1}, "add_generation_prompt")]:
+            status, j = self.d.post("/tokenize", body)
+            self.assertEqual((status, j["error"]["param"]), (400, param), body)
+        status, j = self.d.post("/tokenize", {"messages": [{"role": "robot", "content": "beep"}]})
+        self.assertEqual((status, j["error"]["message"]), (400, "Unknown role: robot"))
+
+    def test_vllm_fields_in_chat(self):
+        greedy = self.chat(messages=MESSAGES, max_tokens=30, temperature=0)["choices"][0]
+        self.assertIsNone(greedy["stop_reason"])
+        word = greedy["message"]["content"].split()[3]
+        s = self.chat(messages=MESSAGES, max_tokens=30, temperature=0, stop=[word], include_stop_str_in_output=True)
+        c = s["choices"][0]
+        self.assertEqual((c["finish_reason"], c["stop_reason"]), ("stop", word))
+        self.assertTrue(c["message"]["content"].endswith(word))
+        # prompt_logprobs: one top-level list, equal to /v1/completions' on the same prompt ids.
+        j = self.chat(messages=MESSAGES, max_tokens=2, temperature=0, prompt_logprobs=2)
+        ids = j["choices"][0]["prompt_token_ids"]
+        ref = self.d.complete(prompt=ids, max_tokens=2, temperature=0, prompt_logprobs=2)["choices"][0]
+        self.assertEqual(j["prompt_logprobs"], ref["prompt_logprobs"])
+        self.assertIsNone(j["prompt_logprobs"][0])
+        self.assertEqual(len(j["prompt_logprobs"]), len(ids))
+        self.assertNotIn("prompt_logprobs", self.chat(messages=MESSAGES, max_tokens=1))
+        j = self.chat(expect=400, messages=MESSAGES, prompt_logprobs=2, stream=True)
+        self.assertEqual(j["error"]["param"], "prompt_logprobs")
+        # return_tokens_as_token_ids
+        c = self.chat(messages=MESSAGES, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2,
+                      return_tokens_as_token_ids=True)["choices"][0]
+        self.assertEqual([e["token"] for e in c["logprobs"]["content"]], [f"token_id:{i}" for i in c["token_ids"]])
+        self.assertEqual(c["logprobs"]["content"][0]["bytes"], list(f"token_id:{c['token_ids'][0]}".encode()))
+        self.assertTrue(all(t["token"].startswith("token_id:") for e in c["logprobs"]["content"] for t in e["top_logprobs"]))
+        # penalties reach chat exactly as completions
+        body = dict(max_tokens=30, temperature=0, repetition_penalty=1.5, logit_bias={"261": -5}, min_tokens=3)
+        a = self.chat(messages=MESSAGES, **body)["choices"][0]
+        b = self.d.complete(prompt=a["prompt_token_ids"], **body)["choices"][0]
+        self.assertEqual(a["token_ids"], b["token_ids"])
+        self.assertNotEqual(a["token_ids"], self.chat(messages=MESSAGES, max_tokens=30, temperature=0)["choices"][0]["token_ids"])
+
     def test_bad_requests_name_the_field(self):
         cases = [({"messages": "hi"}, "messages"),
                  ({"messages": []}, "messages"),

@@ -147,6 +147,23 @@ class Completions(unittest.TestCase):
         self.assertGreaterEqual(int(gen.split()[1]), 3)
         self.assertIn('le="+Inf"', text)
 
+    def test_model_by_id_and_version(self):
+        _, models = self.d.get("/v1/models")
+        mid = models["data"][0]["id"]
+        status, m = self.d.get(f"/v1/models/{mid}")
+        self.assertEqual(status, 200, m)
+        self.assertEqual(m, {**models["data"][0], "created": m["created"]})
+        self.assertEqual((m["object"], m["id"]), ("model", "stories260K"))
+        for bad in ("gpt-5", "stories260K/x", "stories260"):
+            status, j = self.d.get(f"/v1/models/{bad}")
+            self.assertEqual(status, 404, j)
+            self.assertEqual(j["error"]["type"], "not_found")
+            self.assertIn(bad, j["error"]["message"])
+        status, v = self.d.get("/version")
+        self.assertEqual(status, 200)
+        self.assertIsInstance(v["version"], str)
+        self.assertRegex(v["version"], r"^\d+\.\d+")
+
     def test_served_model_name_is_accepted(self):
         j = self.d.complete(model="stories260K", prompt="Lily", max_tokens=2, temperature=0)
         self.assertEqual(j["model"], "stories260K")

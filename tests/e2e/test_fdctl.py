@@ -167,6 +167,10 @@ class Fdctl(unittest.TestCase):
         try:
             with open(path, "wb") as f:
                 f.write(b"NOTFDROL" + b"\0" * 40000)
+            rc, _, err = fdctl(port, "status")  # mode 0644 (umask): refused before it is read at all
+            self.assertEqual(rc, 13, err)
+            self.assertIn("mode 0644", err)
+            os.chmod(path, 0o600)
             rc, _, err = fdctl(port, "status")
             self.assertEqual(rc, 10, err)
             self.assertIn("another magic", err)

@@ -13,7 +13,7 @@ import time
 import unittest
 import urllib.request
 
-from fdtest import BIN, FDCTL, STORIES, Daemon, OtherUser, copy_checkpoint, fdctl, free_port, greedy, perturbed
+from fdtest import BIN, FDCTL, PYTHON, STORIES, Daemon, OtherUser, copy_checkpoint, fdctl, free_port, greedy, perturbed
 
 EXIT_FORBIDDEN = 13
 
@@ -157,10 +157,67 @@ class UntrustedFiles(unittest.TestCase):
 
     def test_another_user_cannot_use_the_control_block(self):
         with Daemon(model=self.A) as d:
-            p = self.user.run(FDCTL, "--port", str(d.port), "--transport", "shm", "pause")
-            self.assertNotEqual(p.returncode, 0, p.stdout)
-            self.assertIn("0600", p.stderr)
+            for cmd in (["pause"], ["status"], ["is-paused"]):
+                p = self.user.run(FDCTL, "--port", str(d.port), "--transport", "shm", *cmd)
+                self.assertEqual(p.returncode, EXIT_FORBIDDEN, p.stderr)  # forbidden, not a generic failure
+                self.assertIn("0600", p.stderr)
             self.assertFalse(d.get("/v1/is_paused")[1]["is_paused"])
+            # Nor read or map it directly.
+            p = self.user.run(PYTHON, "-c", f"open('/dev/shm/fdrollout.{d.port}', 'r+b')")
+            self.assertIn("PermissionError", p.stderr)
+
+    def test_fdctl_refuses_a_block_that_is_open_to_others_or_not_its_daemons(self):
+        with Daemon(model=self.A) as d:
+            path = f"/dev/shm/fdrollout.{d.port}"
+            os.chmod(path, 0o666)  # as if someone loosened it: any user could forge answers
+            try:
+                rc, _, err = fdctl(d.port, "--transport", "shm", "pause")
+                self.assertEqual(rc, EXIT_FORBIDDEN, err)
+                self.assertIn("mode 0666", err)
+                # The other user sees a writable block now, and fdctl refuses it for them too (not theirs).
+                p = self.user.run(FDCTL, "--port", str(d.port), "--transport", "shm", "pause")
+                self.assertEqual(p.returncode, EXIT_FORBIDDEN, p.stderr)
+                self.assertIn(f"not by you (uid {self.user.uid})", p.stderr)
+                self.assertFalse(d.get("/v1/is_paused")[1]["is_paused"])
+            finally:
+                os.chmod(path, 0o600)
+            self.assertEqual(fdctl(d.port, "--transport", "shm", "pause")[0], 0)
+
+    def test_another_user_can_neither_read_nor_replace_the_ipc_record(self):
+        d = Daemon("--dynamic-load-weight", "--load-strategy", "ipc", model=self.A)
+        self.addCleanup(d.__exit__)
+        record = f"/dev/shm/fdrollout.{d.port}.weights.tp0"
+        self.addCleanup(lambda: [os.unlink(p) for p in glob.glob(f"/dev/shm/fdrollout.{d.port}.weights.*")])
+        rc, _, err = fdctl(d.port, "publish", "--strategy", "ipc", "--from", self.B, "--version", "mine")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(os.stat(record).st_mode & 0o777, 0o600)
+        p = self.user.run(PYTHON, "-c", f"open('{record}', 'rb').read(1)")
+        self.assertIn("PermissionError", p.stderr)
+        p = self.user.run(FDCTL, "--port", str(d.port), "publish", "--strategy", "ipc", "--from", self.A, "--version", "evil")
+        self.assertNotEqual(p.returncode, 0, p.stdout)
+        self.assertEqual(os.stat(record).st_uid, 0)
+        self.assertEqual(d.post("/v1/pause")[0], 200)
+        status, j = d.post("/v1/update_weights", {})
+        self.assertEqual(status, 200, j)
+        d.post("/v1/resume")
+        self.assertEqual(greedy(d), (*self.out_b, "mine"))  # the daemon user's record, bit-exact
+
+    def test_another_user_is_refused_by_the_control_routes_with_a_control_key(self):
+        probe = (
+            "import sys, urllib.request, urllib.error\n"
+            "for path, key in [('/v1/pause', None), ('/v1/pause', 'gen'), ('/clear_load_weight', 'gen'), ('/v1/sleep', 'guess')]:\n"
+            "    h = {'Authorization': 'Bearer ' + key} if key else {}\n"
+            "    m = 'GET' if path == '/clear_load_weight' else 'POST'\n"
+            "    r = urllib.request.Request('http://127.0.0.1:' + sys.argv[1] + path, data=None if m == 'GET' else b'{}', headers=h, method=m)\n"
+            "    try:\n"
+            "        print(urllib.request.urlopen(r, timeout=10).status)\n"
+            "    except urllib.error.HTTPError as e:\n"
+            "        print(e.code)\n")
+        with Daemon("--dynamic-load-weight", "--api-key", "gen", "--control-api-key", "ctl", model=self.A) as d:
+            p = self.user.run(PYTHON, "-c", probe, str(d.port))
+            self.assertEqual(p.stdout.split(), ["401"] * 4, p.stderr)
+            status, j = d.get("/v1/is_paused", headers={"Authorization": "Bearer ctl"})
+            self.assertEqual((status, j["is_paused"], j["sleeping_tags"]), (200, False, []))
 
 
 if __name__ == "__main__":

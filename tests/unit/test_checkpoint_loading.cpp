@@ -275,9 +275,9 @@ TEST_CASE("load_model_config rejects an unsupported architecture and a missing f
     {
         TempDir d;
         json j = base;
-        j["architectures"] = {"MistralForCausalLM"};
+        j["architectures"] = {"MixtralForCausalLM"};
         write_text(d.path / "config.json", j.dump());
-        expect_invalid([&] { fd::model::load_model_config(d.path); }, {"config.json", "MistralForCausalLM"});
+        expect_invalid([&] { fd::model::load_model_config(d.path); }, {"config.json", "MixtralForCausalLM"});
     }
     {
         TempDir d;

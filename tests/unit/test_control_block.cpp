@@ -1,14 +1,18 @@
 // The shm contract: creation and refusal rules, the seqlock snapshot under a concurrent writer
-// process, the mailbox round trip, and a dead client's lock being taken over.
+// process, the mailbox round trip, a dead client's lock being taken over, the start/cancel
+// handshake (a stalled daemon is a timeout and the withdrawn command never runs) and fdctl's
+// owner/mode check.
 #include "fd/shm/control_client.h"
 #include "fd/shm/names.h"
 
 #include <doctest/doctest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <atomic>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -25,6 +29,7 @@ void serve_one(fd::shm::ControlBlock & b) {
     uint32_t rung = b.doorbell.load();
     while (b.cmd_seq.load() == b.ack_seq.load()) { fd::shm::futex_wait(b.doorbell, rung, 100000); rung = b.doorbell.load(); }
     const uint32_t seq = b.cmd_seq.load(std::memory_order_acquire);
+    REQUIRE(fd::shm::try_start_command(b, seq));
     const std::string body = std::string("{\"op\":\"") + b.cmd_op + "\",\"tags\":\"" + b.cmd_tags + "\"}";
     std::memcpy(b.result_body, body.c_str(), body.size() + 1);
     b.result_len         = static_cast<uint32_t>(body.size());
@@ -128,6 +133,126 @@ TEST_SUITE("shm::control_block") {
         // nobody answers: timeout, not a hang
         block->heartbeat_ms.store(fd::shm::now_ms());
         CHECK_THROWS_WITH_AS(fd::shm::mailbox_call(*block, {"status", "", std::nullopt, false}, 300), doctest::Contains("within 300 ms"), fd::Error);
+        fd::shm::MappedBlock::remove(port);
+    }
+
+    TEST_CASE("a stopped daemon (live pid, stale heartbeat) is a timeout; the withdrawn command never starts") {
+        const int port = test_port();
+        auto block = fd::shm::MappedBlock::create(port);
+        block->heartbeat_ms.store(fd::shm::now_ms() - 60000);  // our own (live) pid, a heartbeat a minute old
+        try {
+            fd::shm::mailbox_call(*block, {"pause", "", std::nullopt, false}, 300);
+            FAIL("a stalled daemon answered");
+        } catch (const fd::Error & e) {
+            CHECK(e.code() == fd::Errc::timeout);  // not unreachable: the pid lives
+            CHECK(std::string(e.what()).find("withdrawn: it will not run") != std::string::npos);
+            CHECK(std::string(e.what()).find("heartbeat") != std::string::npos);
+        }
+        const uint32_t seq = block->cmd_seq.load();
+        CHECK(seq == 1);
+        CHECK(block->cmd_state.load() == fd::shm::cmd_state_word(seq, fd::shm::CmdState::cancelled));
+        // The daemon, continued (SIGCONT), finds it withdrawn: it may not start it.
+        CHECK_FALSE(fd::shm::command_pending(*block, seq));
+        CHECK_FALSE(fd::shm::try_start_command(*block, seq));
+        // A dead pid is "gone" (exit 8), and nothing is posted.
+        block->pid.store(999999);
+        try {
+            fd::shm::mailbox_call(*block, {"pause", "", std::nullopt, false}, 300);
+            FAIL("a dead daemon answered");
+        } catch (const fd::Error & e) {
+            CHECK(e.code() == fd::Errc::unreachable);
+        }
+        CHECK(block->cmd_seq.load() == seq);
+        fd::shm::MappedBlock::remove(port);
+    }
+
+    TEST_CASE("start and cancel race: exactly one wins, and a passed deadline refuses the start") {
+        const int port = test_port();
+        auto block = fd::shm::MappedBlock::create(port);
+        auto & b = *block;
+        int started = 0, cancelled = 0;
+        for (uint32_t seq = 1; seq <= 2000; ++seq) {
+            b.cmd_deadline_ns = fd::shm::monotonic_ns() + 60'000'000'000;
+            b.cmd_state.store(fd::shm::cmd_state_word(seq, fd::shm::CmdState::posted));
+            std::atomic<bool> go{false};
+            bool s = false, c = false;
+            std::thread daemon([&] { while (!go.load()) {} s = fd::shm::try_start_command(b, seq); });
+            std::thread client([&] { while (!go.load()) {} c = fd::shm::try_cancel_command(b, seq); });
+            go.store(true);
+            daemon.join();
+            client.join();
+            CHECK(s != c);
+            started += s;
+            cancelled += c;
+            // A stale gate of an older command can never move the current one.
+            CHECK_FALSE(fd::shm::try_start_command(b, seq - 1));
+            CHECK_FALSE(fd::shm::try_cancel_command(b, seq - 1));
+        }
+        CHECK(started + cancelled == 2000);
+        MESSAGE("start won " << started << ", cancel won " << cancelled);
+        b.cmd_deadline_ns = fd::shm::monotonic_ns() - 1;  // expired: the daemon drops it and says so in the word
+        b.cmd_state.store(fd::shm::cmd_state_word(7, fd::shm::CmdState::posted));
+        CHECK_FALSE(fd::shm::command_pending(b, 7));
+        CHECK_FALSE(fd::shm::try_start_command(b, 7));
+        CHECK(b.cmd_state.load() == fd::shm::cmd_state_word(7, fd::shm::CmdState::cancelled));
+        fd::shm::MappedBlock::remove(port);
+    }
+
+    TEST_CASE("a command started before the deadline is waited for and its real answer reported") {
+        const int port = test_port();
+        auto block = fd::shm::MappedBlock::create(port);
+        auto & b = *block;
+        b.heartbeat_ms.store(fd::shm::now_ms());
+        std::atomic<bool> done{false};
+        std::thread heartbeat([&] { while (!done.load()) { b.heartbeat_ms.store(fd::shm::now_ms()); std::this_thread::sleep_for(std::chrono::milliseconds(20)); } });
+        std::thread daemon([&] {
+            uint32_t rung = b.doorbell.load();
+            while (b.cmd_seq.load() == b.ack_seq.load()) { fd::shm::futex_wait(b.doorbell, rung, 100000); rung = b.doorbell.load(); }
+            const uint32_t seq = b.cmd_seq.load();
+            REQUIRE(fd::shm::try_start_command(b, seq));
+            std::this_thread::sleep_for(std::chrono::milliseconds(600));  // runs past the client's 200 ms
+            std::memcpy(b.result_body, "{\"ok\":1}", 9);
+            b.result_len = 8;
+            b.result_http_status = 200;
+            b.ack_seq.store(seq, std::memory_order_release);
+            fd::shm::futex_wake(b.ack_seq);
+        });
+        const auto r = fd::shm::mailbox_call(b, {"pause", "", std::nullopt, false}, 200);
+        CHECK(r.http_status == 200);
+        CHECK(r.body == R"({"ok":1})");
+        daemon.join();
+        done.store(true);
+        heartbeat.join();
+        fd::shm::MappedBlock::remove(port);
+    }
+
+    TEST_CASE("fdctl refuses a control block open to other users or not owned by the daemon's user") {
+        const int port = test_port();
+        auto block = fd::shm::MappedBlock::create(port);
+        const std::string path = "/dev/shm/" + fd::shm::block_name(port);
+        REQUIRE(::chmod(path.c_str(), 0666) == 0);
+        try {
+            fd::shm::MappedBlock::open(port);
+            FAIL("opened a 0666 block");
+        } catch (const fd::Error & e) {
+            CHECK(e.code() == fd::Errc::forbidden);
+            CHECK(std::string(e.what()).find("mode 0666") != std::string::npos);
+        }
+        REQUIRE(::chmod(path.c_str(), 0600) == 0);
+        CHECK_NOTHROW(fd::shm::MappedBlock::open(port));
+        if (::geteuid() == 0) {
+            // Root: the block must belong to the user running the pid it names (here: us, root).
+            REQUIRE(::chown(path.c_str(), 65534, 65534) == 0);
+            try {
+                fd::shm::MappedBlock::open(port);
+                FAIL("root opened a block owned by uid 65534 naming a root pid");
+            } catch (const fd::Error & e) {
+                CHECK(e.code() == fd::Errc::forbidden);
+                CHECK(std::string(e.what()).find("uid 65534") != std::string::npos);
+            }
+        } else {
+            MESSAGE("not root: the foreign-owner case is covered by tests/e2e/test_reliability_users.py as root");
+        }
         fd::shm::MappedBlock::remove(port);
     }
 

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 
@@ -48,6 +49,30 @@ fs::path write_qwen2(const fs::path & dir) {
     const auto c = fd::model::load_model_config(dir);
     std::vector<fd::model::SafetensorsEntry> entries;
     for (const auto & t : fd::model::expected_tensors(c)) { entries.push_back({t.name, DType::f32, t.shape}); }
+    fd::model::write_safetensors(dir / "model.safetensors", entries, [&](size_t i, std::byte * dst) {
+        int64_t n = 1;
+        for (int64_t d : entries[i].shape) { n *= d; }
+        auto * f = reinterpret_cast<float *>(dst);
+        for (int64_t k = 0; k < n; ++k) { f[k] = static_cast<float>(k); }
+    });
+    return dir;
+}
+
+/// A Qwen3-shaped checkpoint (head_dim 16 != hidden 32 / 4 heads, q_norm/k_norm, tied), values
+/// as write_qwen2's.
+fs::path write_qwen3(const fs::path & dir) {
+    const nlohmann::json cfg = {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"}, {"vocab_size", 96},
+                                {"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", 2},
+                                {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16},
+                                {"attention_bias", false}, {"use_sliding_window", false}, {"sliding_window", nullptr},
+                                {"hidden_act", "silu"}, {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-6},
+                                {"tie_word_embeddings", true}, {"bos_token_id", 1}, {"eos_token_id", 2}};
+    std::ofstream(dir / "config.json") << cfg.dump();
+    const auto c = fd::model::load_model_config(dir);
+    std::vector<fd::model::SafetensorsEntry> entries;
+    for (const auto & t : fd::model::expected_tensors(c)) {
+        if (!t.optional) { entries.push_back({t.name, DType::f32, t.shape}); }
+    }
     fd::model::write_safetensors(dir / "model.safetensors", entries, [&](size_t i, std::byte * dst) {
         int64_t n = 1;
         for (int64_t d : entries[i].shape) { n *= d; }
@@ -120,6 +145,34 @@ TEST_CASE("name mappings cover a Qwen2 checkpoint (qkv bias, untied lm_head)") {
     const auto map = RolloutModel(d.path, 1).name_mappings_to_training();
     CHECK(map.at("model.layers.1.self_attn.qkv_proj.bias").size() == 3);
     CHECK(map.at("lm_head.weight") == std::vector<std::string>{"lm_head.weight"});
+}
+
+TEST_CASE("a Qwen3 checkpoint: q_norm/k_norm [head_dim] in the state dict, replicated on every rank, mapped to themselves") {
+    TempDir d;
+    write_qwen3(d.path);
+    check_mappings_cover(d.path);
+    const RolloutModel m(d.path, 2);
+    const auto map = m.name_mappings_to_training();
+    CHECK(map.at("model.layers.1.self_attn.q_norm.weight") == std::vector<std::string>{"model.layers.1.self_attn.q_norm.weight"});
+    CHECK(map.at("model.layers.0.self_attn.k_norm.weight") == std::vector<std::string>{"model.layers.0.self_attn.k_norm.weight"});
+    CHECK(map.count("lm_head.weight") == 0);
+    const auto idx = fd::model::read_tensor_index(d.path);
+    for (int r = 0; r < 2; ++r) {
+        std::map<std::string, std::vector<int64_t>> shape;
+        for (const auto & src : m.training_slices(r)) {
+            shape[src.tensor.name] = src.tensor.shape;
+            if (src.tensor.name.find("_norm.weight") == std::string::npos || src.tensor.name.find("self_attn") == std::string::npos) {
+                continue;
+            }
+            std::vector<float> out(static_cast<size_t>(src.tensor.numel()));
+            RolloutModel::gather(src, idx, reinterpret_cast<std::byte *>(out.data()));
+            CHECK(out == std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});  // whole, on each rank
+        }
+        CHECK(shape.at("model.layers.0.self_attn.q_norm.weight") == std::vector<int64_t>{16});
+        CHECK(shape.at("model.layers.1.self_attn.k_norm.weight") == std::vector<int64_t>{16});
+        CHECK(shape.at("model.layers.0.self_attn.qkv_proj.weight") == std::vector<int64_t>{(64 + 32 + 32) / 2, 32});
+        CHECK(shape.at("model.layers.0.self_attn.o_proj.weight") == std::vector<int64_t>{32, 32});
+    }
 }
 
 TEST_CASE("tp=2 shapes follow the Megatron sharding") {

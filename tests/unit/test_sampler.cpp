@@ -1,5 +1,6 @@
 // Sampler (daemon/src/engine/sampler.cpp): greedy, seeded reproducibility, top-k/top-p,
-// sampling frequencies and logprobs.
+// sampling frequencies, logprobs and ranks, and vLLM's logits processors (min_tokens, logit_bias,
+// repetition/frequency/presence penalties) on hand-computed rows.
 #include "fd/engine/sampler.h"
 #include "fd/kernels/ops.h"
 
@@ -8,10 +9,12 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
 using fd::engine::SamplingParams;
+using fd::engine::apply_logits_processors;
 using fd::engine::SeqRng;
 using fd::engine::sample_token;
 using fd::engine::token_logprobs;
@@ -188,6 +191,77 @@ TEST_CASE("token_logprobs returns the chosen token's log_softmax and a best-firs
     const auto all = token_logprobs(logits.data(), int32_t(logits.size()), 0, 100, scratch);
     CHECK(all.top.size() == logits.size());
     CHECK(all.top.back().first == 6);
+}
+
+TEST_CASE("token_logprobs ranks like vLLM: the count of tokens whose logprob is >= the token's") {
+    const std::vector<float> logits = {0.1f, 3.0f, -1.0f, 3.0f, 2.5f, 0.0f, -7.0f};
+    std::vector<float> scratch;
+    CHECK(token_logprobs(logits.data(), 7, 4, 0, scratch).rank == 3);
+    CHECK(token_logprobs(logits.data(), 7, 1, 0, scratch).rank == 2);  // tied with id 3: both count
+    CHECK(token_logprobs(logits.data(), 7, 3, 0, scratch).rank == 2);
+    CHECK(token_logprobs(logits.data(), 7, 6, 0, scratch).rank == 7);
+    CHECK(token_logprobs(logits.data(), 7, 0, 0, scratch).rank == 4);
+}
+
+TEST_CASE("logits processors: nothing active leaves the row bit-identical") {
+    std::vector<float> row = random_logits(5, 64);
+    const std::vector<float> before = row;
+    SamplingParams p;
+    CHECK_FALSE(p.processes_logits());
+    const std::vector<int32_t> prompt = {1, 2, 3}, gen = {4, 4, 5};
+    apply_logits_processors(row.data(), 64, p, prompt, gen, std::vector<int32_t>{2});
+    CHECK(row == before);
+}
+
+TEST_CASE("min_tokens masks stop ids and every EOS id until enough tokens exist") {
+    SamplingParams p;
+    p.min_tokens     = 2;
+    p.stop_token_ids = {5};
+    p.ignore_eos     = true;  // vLLM masks EOS during min_tokens even with ignore_eos
+    CHECK(p.processes_logits());
+    const std::vector<int32_t> eos = {1, 2};
+    std::vector<float> row = {0.5f, 4.0f, 3.0f, -1.0f, 0.25f, 9.0f, 1.0f};
+    std::vector<int32_t> gen = {3};
+    apply_logits_processors(row.data(), 7, p, std::vector<int32_t>{0}, gen, eos);
+    const float inf = std::numeric_limits<float>::infinity();
+    CHECK(row == std::vector<float>{0.5f, -inf, -inf, -1.0f, 0.25f, -inf, 1.0f});
+    SeqRng rng = SeqRng::from_seed(1, 0);
+    CHECK(sample_token(row.data(), 7, params(0.0f), rng) == 6);
+    // With 2 tokens generated the mask is off.
+    std::vector<float> row2 = {0.5f, 4.0f, 3.0f, -1.0f, 0.25f, 9.0f, 1.0f};
+    gen = {3, 3};
+    apply_logits_processors(row2.data(), 7, p, std::vector<int32_t>{0}, gen, eos);
+    CHECK(row2 == std::vector<float>{0.5f, 4.0f, 3.0f, -1.0f, 0.25f, 9.0f, 1.0f});
+}
+
+TEST_CASE("logit_bias, then repetition, frequency and presence penalties, in vLLM's order") {
+    SamplingParams p;
+    p.logit_bias         = {{0, 1.0f}, {3, -2.5f}};
+    p.repetition_penalty = 2.0f;
+    p.frequency_penalty  = 0.5f;
+    p.presence_penalty   = 0.25f;
+    // prompt {1, 3}, generated {2, 2, 4}: penalised by repetition = {1, 2, 3, 4}
+    const std::vector<int32_t> prompt = {1, 3}, gen = {2, 2, 4};
+    std::vector<float> row = {1.0f, 3.0f, -1.0f, 2.0f, 0.0f, 5.0f};
+    apply_logits_processors(row.data(), 6, p, prompt, gen, std::vector<int32_t>{});
+    // id 0: 1 + 1 = 2 (not seen: no penalty)
+    // id 1: 3 / 2 = 1.5 (prompt only: repetition only)
+    // id 2: -1 * 2 = -2, - 0.5 * 2 = -3, - 0.25 = -3.25
+    // id 3: 2 - 2.5 = -0.5 (bias first), * 2 = -1 (now non-positive: multiplied)
+    // id 4: 0 * 2 = 0, - 0.5 - 0.25 = -0.75
+    // id 5: untouched
+    CHECK(row == std::vector<float>{2.0f, 1.5f, -3.25f, -1.0f, -0.75f, 5.0f});
+}
+
+TEST_CASE("negative penalties reward repeats; greedy follows the processed row") {
+    SamplingParams p    = params(0.0f);
+    p.frequency_penalty = -2.0f;
+    const std::vector<int32_t> gen = {1, 1, 1};
+    std::vector<float> row = {5.0f, 0.0f, 4.0f};
+    apply_logits_processors(row.data(), 3, p, std::vector<int32_t>{}, gen, std::vector<int32_t>{});
+    CHECK(row == std::vector<float>{5.0f, 6.0f, 4.0f});
+    SeqRng rng = SeqRng::from_seed(1, 0);
+    CHECK(sample_token(row.data(), 3, p, rng) == 1);
 }
 
 }  // TEST_SUITE

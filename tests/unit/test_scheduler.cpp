@@ -233,4 +233,21 @@ TEST_CASE("a waiting sequence whose prefix is cached starts after the cached tok
     CHECK(b->n_computed == 10);
 }
 
+TEST_CASE("a scoring sequence (no_prefix_cache) computes every row, max_chunk tokens per step") {
+    Sim sim({.n_blocks = 16, .block_size_tokens = 4, .enable_prefix_caching = true},
+            {.max_num_seqs = 8, .max_num_batched_tokens = 64});
+    SchedSeq * a = sim.add("A", 10);
+    sim.expect({{{"A", 10}}}, 1);
+    sim.kv.commit_full_blocks(a->id, a->tokens, a->n_computed);
+    SchedSeq * b = sim.add("B", 10);
+    b->tokens          = std::vector<int32_t>(a->tokens.begin(), a->tokens.begin() + 10);
+    b->no_prefix_cache = true;
+    b->max_chunk       = 4;
+    sim.expect({{{"A", 1}, {"B", 4}}}, 2);
+    CHECK(b->n_cached == 0);
+    sim.expect({{{"A", 1}, {"B", 4}}}, 3);
+    sim.expect({{{"A", 1}, {"B", 2}}}, 4);
+    CHECK(b->n_computed == 10);
+}
+
 }  // TEST_SUITE

@@ -100,22 +100,14 @@ bool get_bool(const json & j, const char * key, bool dflt) {
     return j[key].get<bool>();
 }
 
-ChatCompletionRequest parse(ApiContext & ctx, const std::string & body) {
-    const json j = parse_body(body);
-    static const std::set<std::string> kKnown = {
-        "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "logprobs",
-        "top_logprobs", "seed", "stop", "stop_token_ids", "ignore_eos", "stream", "stream_options", "user", "tools",
-        "tool_choice", "documents", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
-        "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens", "min_p",
-        "skip_special_tokens", "spaces_between_special_tokens"};
-    check_fields(j, kKnown);
-    check_model(ctx, j);
+}  // namespace
+
+std::vector<int32_t> chat_prompt_ids(ApiContext & ctx, const json & j, const ojson & oj, bool add_special_tokens) {
     if (!ctx.chat_template) {
         bad("messages", fmt::format("model '{}' has no chat template (no chat_template.jinja, no 'chat_template' in tokenizer_config.json); "
                                     "use /v1/completions with a prompt",
                                     ctx.cfg.served_model_name));
     }
-    const ojson oj = ojson::parse(body);  // key order kept: templates print tools with tojson
     tokenizer::ChatRequest chat;
     chat.messages               = check_messages(oj.contains("messages") ? oj["messages"] : ojson(), ctx.chat_template->takes_content_parts());
     chat.add_generation_prompt  = get_bool(j, "add_generation_prompt", true);  // vLLM's default
@@ -139,11 +131,32 @@ ChatCompletionRequest parse(ApiContext & ctx, const std::string & body) {
         chat.chat_template_kwargs = oj["chat_template_kwargs"];
     }
     const std::string text = ctx.chat_template->render(chat);
+    return add_special_tokens ? ctx.tok->encode(text, true) : encode_chat_prompt(*ctx.tok, *ctx.chat_template, text);
+}
 
+namespace {
+
+ChatCompletionRequest parse(ApiContext & ctx, const std::string & body) {
+    const json j = parse_body(body);
+    static const std::set<std::string> kKnown = {
+        "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "logprobs",
+        "top_logprobs", "seed", "stop", "stop_token_ids", "ignore_eos", "stream", "stream_options", "user", "tools",
+        "tool_choice", "documents", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+        "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens", "min_p",
+        "skip_special_tokens", "spaces_between_special_tokens", "prompt_logprobs", "include_stop_str_in_output",
+        "return_tokens_as_token_ids"};
+    check_fields(j, kKnown);
+    check_model(ctx, j);
+    const ojson oj = ojson::parse(body);  // key order kept: templates print tools with tojson
     ChatCompletionRequest r;
-    r.gen.prompts.push_back(encode_chat_prompt(*ctx.tok, *ctx.chat_template, text));
+    r.gen.prompts.push_back(chat_prompt_ids(ctx, j, oj, false));
+
     if (r.gen.prompts[0].empty()) { bad("messages", "the chat template rendered an empty prompt"); }
     r.opts     = parse_sampling(ctx, j, r.gen, {"max_completion_tokens", "max_tokens"});
+    if (r.gen.params.max_tokens == 0) {
+        const char * key = j.contains("max_completion_tokens") && !j["max_completion_tokens"].is_null() ? "max_completion_tokens" : "max_tokens";
+        bad(key, fmt::format("'{}' must be >= 1", key));
+    }
     r.logprobs = get_bool(j, "logprobs", false);
     int32_t top = 0;
     if (j.contains("top_logprobs") && !j["top_logprobs"].is_null()) {
@@ -164,13 +177,14 @@ json token_entry(const std::string & piece, float logprob) {
 }
 
 /// OpenAI chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]};
-/// tokens are the vocabulary pieces, as in the completions route.
-json chat_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps) {
+/// tokens are the vocabulary pieces, as in the completions route ("token_id:N" with
+/// return_tokens_as_token_ids).
+json chat_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps, bool as_ids) {
     json content = json::array();
     for (const auto & lp : lps) {
-        json e   = token_entry(tok.piece(lp.id), lp.logprob);
+        json e   = token_entry(token_string(tok, lp.id, as_ids), lp.logprob);
         json top = json::array();
-        for (const auto & [id, v] : lp.top) { top.push_back(token_entry(tok.piece(id), v)); }
+        for (const auto & [id, v] : lp.top) { top.push_back(token_entry(token_string(tok, id, as_ids), v)); }
         e["top_logprobs"] = top;
         content.push_back(std::move(e));
     }
@@ -182,24 +196,33 @@ json chat_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engi
 void post_chat_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
     auto r           = std::make_shared<const ChatCompletionRequest>(parse(ctx, req.body));
     const auto * tok = ctx.tok;
+    const bool   ids = r->opts.tokens_as_ids;
     ResponseFormat f;
     f.object       = "chat.completion";
     f.chunk_object = "chat.completion.chunk";
     f.id_prefix    = "chatcmpl";
-    f.choice       = [r, tok](int32_t c, const ChoiceAcc & a) {
+    f.choice       = [r, tok, ids](int32_t c, const ChoiceAcc & a) {
         return json{{"index", c},
                     {"message", {{"role", "assistant"}, {"content", a.text}}},
-                    {"logprobs", r->logprobs ? chat_logprobs_json(*tok, a.logprobs) : json(nullptr)},
+                    {"logprobs", r->logprobs ? chat_logprobs_json(*tok, a.logprobs, ids) : json(nullptr)},
                     {"finish_reason", engine::to_string(a.finish)},
+                    {"stop_reason", stop_reason_json(a.stop_reason)},
                     {"prompt_token_ids", r->gen.prompts[0]},
                     {"token_ids", a.token_ids}};
     };
-    f.chunk_choice = [r, tok](const ChoiceEvent & ev, bool first) {
+    if (r->gen.params.prompt_logprobs >= 0) {  // vLLM: one top-level prompt_logprobs (the prompt is shared)
+        f.body = [tok](const std::vector<ChoiceAcc> & acc, json & body) {
+            body["prompt_logprobs"] = acc.empty() ? json(nullptr) : prompt_logprobs_json(*tok, acc[0].prompt_logprobs);
+        };
+    }
+    f.chunk_choice = [r, tok, ids](const ChoiceEvent & ev, bool first) {
         json delta = {{"content", ev.text}};
         if (first) { delta["role"] = "assistant"; }
+        const bool done = ev.finish != FinishReason::none;
         json choice = {{"index", ev.choice}, {"delta", delta}, {"token_ids", ev.token_ids},
-                       {"logprobs", r->logprobs ? chat_logprobs_json(*tok, ev.logprobs) : json(nullptr)},
-                       {"finish_reason", ev.finish == FinishReason::none ? json(nullptr) : json(engine::to_string(ev.finish))}};
+                       {"logprobs", r->logprobs ? chat_logprobs_json(*tok, ev.logprobs, ids) : json(nullptr)},
+                       {"finish_reason", done ? json(engine::to_string(ev.finish)) : json(nullptr)},
+                       {"stop_reason", done ? stop_reason_json(ev.stop_reason) : json(nullptr)}};
         if (first) { choice["prompt_token_ids"] = r->gen.prompts[0]; }
         return choice;
     };

@@ -2,6 +2,10 @@
 // legacy logprobs shape; the rest is shared with chat (generation.h).
 #include "generation.h"
 
+#include "fd/tokenizer/incremental_decoder.h"
+
+#include <algorithm>
+
 namespace fd::api {
 namespace {
 
@@ -12,9 +16,29 @@ using engine::FinishReason;
 struct CompletionRequest {
     engine::GenerateRequest  gen;
     std::vector<std::string> prompt_texts;  ///< [n_prompts] for echo
+    std::vector<int32_t>     prompt_chars;  ///< [n_prompts] code points of each prompt text
+    std::vector<std::vector<int32_t>> prompt_offsets;  ///< [n_prompts][n_tokens] echo text_offset of each prompt token
     StreamOptions            opts;
     bool                     echo = false;
+    bool                     prompt_lps = false;  ///< the prompt_logprobs field was given
 };
+
+int32_t count_code_points(const std::string & s) {
+    return static_cast<int32_t>(std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+}
+
+/// Character offset of each prompt token's text in `text` (the echoed prompt): code points of
+/// the decoded tokens before it, at most the text's length.
+std::vector<int32_t> prompt_offsets(const tokenizer::Tokenizer & tok, const std::vector<int32_t> & ids, int32_t n_chars) {
+    tokenizer::IncrementalDecoder dec(tok, {});
+    std::vector<int32_t>          out;
+    int32_t                       off = 0;
+    for (int32_t id : ids) {
+        out.push_back(std::min(off, n_chars));
+        off += count_code_points(dec.push(id));
+    }
+    return out;
+}
 
 CompletionRequest parse(ApiContext & ctx, const std::string & body) {
     const json j = parse_body(body);
@@ -22,7 +46,8 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
         "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "logprobs", "seed", "stop",
         "stop_token_ids", "ignore_eos", "stream", "echo", "stream_options", "user", "suffix",
         "frequency_penalty", "presence_penalty", "repetition_penalty", "best_of", "logit_bias", "min_tokens", "min_p",
-        "skip_special_tokens", "spaces_between_special_tokens"};
+        "skip_special_tokens", "spaces_between_special_tokens", "prompt_logprobs", "include_stop_str_in_output",
+        "return_tokens_as_token_ids"};
     check_fields(j, kKnown);
     check_model(ctx, j);
     const auto & mc = ctx.engine->model_config();
@@ -72,25 +97,50 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
         if (!j["echo"].is_boolean()) { bad("echo", "'echo' must be a boolean"); }
         r.echo = j["echo"].get<bool>();
     }
+    if (sp.max_tokens == 0 && !r.echo) { bad("max_tokens", "'max_tokens' must be >= 1 (0 only with \"echo\": true, to score the prompt)"); }
+    r.prompt_lps = sp.prompt_logprobs >= 0;
+    if (r.echo && sp.logprobs >= 0) {  // echoed tokens carry their logprobs (vLLM: prompt_logprobs defaults to logprobs)
+        sp.prompt_logprobs = std::max(sp.prompt_logprobs, sp.logprobs);
+        for (size_t i = 0; i < r.gen.prompts.size(); ++i) {
+            r.prompt_chars.push_back(count_code_points(r.prompt_texts[i]));
+            r.prompt_offsets.push_back(prompt_offsets(*ctx.tok, r.gen.prompts[i], r.prompt_chars.back()));
+        }
+    } else if (r.echo) {
+        for (const auto & t : r.prompt_texts) { r.prompt_chars.push_back(count_code_points(t)); }
+    }
     check_lengths(ctx, r.gen, "prompt");
     return r;
 }
 
-json logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps, int32_t text_offset0) {
-    json tokens = json::array(), token_lps = json::array(), top = json::array(), offsets = json::array();
-    int32_t off = text_offset0;
-    for (const auto & lp : lps) {
-        const std::string piece = tok.piece(lp.id);
-        tokens.push_back(piece);
-        token_lps.push_back(lp.logprob);
-        offsets.push_back(off);
-        off += static_cast<int32_t>(piece.size());
-        json t = json::object();
-        for (const auto & [id, v] : lp.top) { t[tok.piece(id)] = v; }
-        top.push_back(t);
+/// The legacy completions logprobs of some tokens: {tokens, token_logprobs, top_logprobs,
+/// text_offset}. `offsets` are code points into the returned text; `base` is added to each.
+struct LegacyLogprobs {
+    nlohmann::json tokens = json::array(), token_lps = json::array(), top = json::array(), offsets = json::array();
+
+    void add(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps, const std::vector<int32_t> & offs,
+             int32_t base, bool as_ids, int32_t k) {
+        for (size_t i = 0; i < lps.size(); ++i) {
+            const auto & lp = lps[i];
+            tokens.push_back(token_string(tok, lp.id, as_ids));
+            token_lps.push_back(lp.logprob);
+            offsets.push_back(base + (i < offs.size() ? offs[i] : 0));
+            json t = json::object();
+            for (size_t r = 0; r < lp.top.size() && static_cast<int32_t>(r) < k; ++r) { t[token_string(tok, lp.top[r].first, as_ids)] = lp.top[r].second; }
+            top.push_back(t);
+        }
     }
-    return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", top}, {"text_offset", offsets}};
-}
+    /// The echoed prompt's tokens: the first has no logprob (null), the rest theirs.
+    void add_prompt(const tokenizer::Tokenizer & tok, const std::vector<int32_t> & ids, const std::vector<engine::TokenLogprob> & lps,
+                    const std::vector<int32_t> & offs, bool as_ids, int32_t k) {
+        if (ids.empty()) { return; }
+        tokens.push_back(token_string(tok, ids[0], as_ids));
+        token_lps.push_back(nullptr);
+        top.push_back(nullptr);
+        offsets.push_back(offs.empty() ? 0 : offs[0]);
+        add(tok, lps, std::vector<int32_t>(offs.begin() + std::min<size_t>(1, offs.size()), offs.end()), 0, as_ids, k);
+    }
+    json to_json() const { return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", top}, {"text_offset", offsets}}; }
+};
 
 }  // namespace
 
@@ -98,32 +148,52 @@ void post_completions(ApiContext & ctx, const httplib::Request & req, httplib::R
     auto r            = std::make_shared<const CompletionRequest>(parse(ctx, req.body));
     const auto * tok  = ctx.tok;
     const int32_t n   = r->gen.n;
-    const bool    lps = r->gen.params.logprobs >= 0;
+    const int32_t k   = r->gen.params.logprobs;
+    const bool    lps = k >= 0;
+    const bool    ids = r->opts.tokens_as_ids;
     ResponseFormat f;
     f.object       = "text_completion";
     f.chunk_object = "text_completion";
     f.id_prefix    = "cmpl";
-    f.choice       = [r, tok, n, lps](int32_t c, const ChoiceAcc & a) {
+    f.choice       = [r, tok, n, k, lps, ids](int32_t c, const ChoiceAcc & a) {
         const int32_t     ip     = c / n;
         const std::string prefix = r->echo ? r->prompt_texts[ip] : "";
+        json logprobs = nullptr;
+        if (lps) {
+            LegacyLogprobs l;
+            if (r->echo) { l.add_prompt(*tok, r->gen.prompts[ip], a.prompt_logprobs, r->prompt_offsets[ip], ids, k); }
+            l.add(*tok, a.logprobs, a.text_offsets, r->echo ? r->prompt_chars[ip] : 0, ids, k);
+            logprobs = l.to_json();
+        }
         return json{{"index", c},
                     {"text", prefix + a.text},
-                    {"logprobs", lps ? logprobs_json(*tok, a.logprobs, static_cast<int32_t>(prefix.size())) : json(nullptr)},
+                    {"logprobs", logprobs},
                     {"finish_reason", engine::to_string(a.finish)},
+                    {"stop_reason", stop_reason_json(a.stop_reason)},
+                    {"prompt_logprobs", r->prompt_lps ? prompt_logprobs_json(*tok, a.prompt_logprobs) : json(nullptr)},
                     {"prompt_token_ids", r->gen.prompts[ip]},
                     {"token_ids", a.token_ids}};
     };
-    f.chunk_choice = [r, tok, n, lps](const ChoiceEvent & ev, bool first) {
+    f.chunk_choice = [r, tok, n, k, lps, ids](const ChoiceEvent & ev, bool first) {
         const int32_t ip   = ev.choice / n;
         std::string   text = ev.text;
+        const bool    done = ev.finish != FinishReason::none;
         json choice = {{"index", ev.choice}, {"token_ids", ev.token_ids},
-                       {"finish_reason", ev.finish == FinishReason::none ? json(nullptr) : json(engine::to_string(ev.finish))}};
+                       {"finish_reason", done ? json(engine::to_string(ev.finish)) : json(nullptr)},
+                       {"stop_reason", done ? stop_reason_json(ev.stop_reason) : json(nullptr)}};
         if (first) {
             choice["prompt_token_ids"] = r->gen.prompts[ip];
             if (r->echo) { text = r->prompt_texts[ip] + text; }
         }
-        choice["text"]     = text;
-        choice["logprobs"] = lps ? logprobs_json(*tok, ev.logprobs, 0) : json(nullptr);
+        choice["text"] = text;
+        json logprobs  = nullptr;
+        if (lps) {  // text_offset continues across chunks: offsets count from the start of the returned text
+            LegacyLogprobs l;
+            if (first && r->echo) { l.add_prompt(*tok, r->gen.prompts[ip], ev.prompt_logprobs, r->prompt_offsets[ip], ids, k); }
+            l.add(*tok, ev.logprobs, ev.text_offsets, r->echo ? r->prompt_chars[ip] : 0, ids, k);
+            logprobs = l.to_json();
+        }
+        choice["logprobs"] = logprobs;
         return choice;
     };
     run_generation(ctx, r->gen, r->opts, f, res);

@@ -38,13 +38,10 @@ void check_fields(const json & j, const std::set<std::string> & known) {
     // rejects unrecognized arguments). Unsupported ones pass only at their no-op value.
     for (const auto & [key, v] : j.items()) {
         if (known.count(key) == 0) { bad(key, fmt::format("unknown field '{}'", key)); }
-        const bool noop = v.is_null() ||
-                          ((key == "frequency_penalty" || key == "presence_penalty" || key == "min_tokens" || key == "min_p") && v.is_number() && v.get<double>() == 0.0) ||
-                          (key == "repetition_penalty" && v.is_number() && v.get<double>() == 1.0) ||
+        const bool noop = v.is_null() || ((key == "min_p") && v.is_number() && v.get<double>() == 0.0) ||
                           (key == "best_of" && v.is_number() && v.get<double>() == 1.0) ||
-                          (key == "logit_bias" && v.is_object() && v.empty()) || (key == "suffix" && v.is_string() && v.get<std::string>().empty());
-        const bool supported = key != "frequency_penalty" && key != "presence_penalty" && key != "repetition_penalty" &&
-                               key != "best_of" && key != "logit_bias" && key != "min_tokens" && key != "min_p" && key != "suffix";
+                          (key == "suffix" && v.is_string() && v.get<std::string>().empty());
+        const bool supported = key != "best_of" && key != "min_p" && key != "suffix";
         if (!supported && !noop) { bad(key, fmt::format("'{}' is not supported by fdrollout yet; remove it or use its neutral value", key)); }
     }
 }
@@ -104,7 +101,75 @@ json usage_json(const std::vector<ChoiceAcc> & acc, int32_t n) {
             {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
+/// min_tokens, the penalties and logit_bias (vLLM's ranges). Errors: 400 naming the field.
+void parse_logits_fields(const ApiContext & ctx, const json & j, engine::SamplingParams & sp) {
+    sp.min_tokens         = get_number<int32_t>(j, "min_tokens", 0, true);
+    sp.repetition_penalty = get_number<float>(j, "repetition_penalty", 1.0f, false);
+    sp.presence_penalty   = get_number<float>(j, "presence_penalty", 0.0f, false);
+    sp.frequency_penalty  = get_number<float>(j, "frequency_penalty", 0.0f, false);
+    if (sp.min_tokens < 0) { bad("min_tokens", fmt::format("'min_tokens' must be >= 0, got {}", sp.min_tokens)); }
+    if (sp.min_tokens > sp.max_tokens) {
+        bad("min_tokens", fmt::format("'min_tokens' ({}) must be <= max_tokens ({})", sp.min_tokens, sp.max_tokens));
+    }
+    if (!(sp.repetition_penalty > 0.0f) || sp.repetition_penalty > 100.0f) {
+        bad("repetition_penalty", "'repetition_penalty' must be in (0, 100] (1 = off)");
+    }
+    if (!(sp.presence_penalty >= -2.0f && sp.presence_penalty <= 2.0f)) { bad("presence_penalty", "'presence_penalty' must be in [-2, 2]"); }
+    if (!(sp.frequency_penalty >= -2.0f && sp.frequency_penalty <= 2.0f)) { bad("frequency_penalty", "'frequency_penalty' must be in [-2, 2]"); }
+    sp.logit_bias.clear();
+    if (j.contains("logit_bias") && !j["logit_bias"].is_null()) {
+        const json & lb = j["logit_bias"];
+        if (!lb.is_object()) { bad("logit_bias", "'logit_bias' must be an object {\"<token id>\": bias}"); }
+        const int32_t vocab = ctx.engine->model_config().vocab_size;
+        for (const auto & [key, v] : lb.items()) {
+            int64_t id = -1;
+            size_t  used = 0;
+            try {
+                id = std::stoll(key, &used);
+            } catch (const std::exception &) {
+                used = 0;
+            }
+            if (used == 0 || used != key.size() || id < 0 || id >= vocab) {
+                bad("logit_bias", fmt::format("'logit_bias' key '{}' is not a token id in [0, {})", key, vocab));
+            }
+            if (!v.is_number() || !(v.get<double>() >= -100.0 && v.get<double>() <= 100.0)) {
+                bad("logit_bias", fmt::format("'logit_bias[\"{}\"]' must be a number in [-100, 100], got {}", key, v.dump()));
+            }
+            sp.logit_bias.emplace_back(static_cast<int32_t>(id), v.get<float>());
+        }
+    }
+}
+
 }  // namespace
+
+json stop_reason_json(const engine::StopReason & r) {
+    if (r.str) { return *r.str; }
+    if (r.token_id) { return *r.token_id; }
+    return nullptr;
+}
+
+std::string token_string(const tokenizer::Tokenizer & tok, int32_t id, bool as_ids) {
+    return as_ids ? fmt::format("token_id:{}", id) : tok.piece(id);
+}
+
+json prompt_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps) {
+    json out = json::array({nullptr});
+    auto entry = [&](int32_t id, float lp, int32_t rank) {
+        const int32_t one[1] = {id};
+        return json{{"logprob", lp}, {"rank", rank},
+                    {"decoded_token", tok.decode(std::span<const int32_t>(one), {.skip_special_tokens = false, .continuation = true})}};
+    };
+    for (const auto & lp : lps) {
+        json d = json::object();
+        d[std::to_string(lp.id)] = entry(lp.id, lp.logprob, lp.rank);
+        for (size_t r = 0; r < lp.top.size(); ++r) {
+            const auto & [id, v] = lp.top[r];
+            if (id != lp.id) { d[std::to_string(id)] = entry(id, v, static_cast<int32_t>(r) + 1); }
+        }
+        out.push_back(std::move(d));
+    }
+    return out;
+}
 
 StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::GenerateRequest & gen,
                              std::initializer_list<const char *> max_tokens_keys) {
@@ -122,7 +187,7 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
     sp.top_p       = get_number<float>(j, "top_p", 1.0f, false);
     sp.top_k       = get_number<int32_t>(j, "top_k", 0, true);
     gen.n          = get_number<int32_t>(j, "n", 1, true);
-    if (sp.max_tokens <= 0) { bad(mt_key, fmt::format("'{}' must be >= 1, got {}", mt_key, sp.max_tokens)); }
+    if (sp.max_tokens < 0) { bad(mt_key, fmt::format("'{}' must be >= 1 (0 only to score an echoed prompt), got {}", mt_key, sp.max_tokens)); }
     if (!(sp.temperature >= 0.0f) || sp.temperature > 100.0f) { bad("temperature", "'temperature' must be in [0, 100]"); }
     if (!(sp.top_p > 0.0f) || sp.top_p > 1.0f) { bad("top_p", "'top_p' must be in (0, 1]"); }
     if (sp.top_k < -1) { bad("top_k", "'top_k' must be -1, 0 (off) or a positive integer"); }
@@ -169,8 +234,19 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
     sp.skip_special_tokens           = !j.contains("skip_special_tokens") || j["skip_special_tokens"].is_null() || get_bool("skip_special_tokens");
     sp.spaces_between_special_tokens = !j.contains("spaces_between_special_tokens") || j["spaces_between_special_tokens"].is_null() ||
                                        get_bool("spaces_between_special_tokens");
+    parse_logits_fields(ctx, j, sp);
+    sp.include_stop_str_in_output = get_bool("include_stop_str_in_output");
     StreamOptions o;
-    o.stream = get_bool("stream");
+    o.stream         = get_bool("stream");
+    o.tokens_as_ids  = get_bool("return_tokens_as_token_ids");
+    sp.prompt_logprobs = -1;
+    if (j.contains("prompt_logprobs") && !j["prompt_logprobs"].is_null()) {
+        sp.prompt_logprobs = get_number<int32_t>(j, "prompt_logprobs", -1, true);
+        if (sp.prompt_logprobs < 0 || sp.prompt_logprobs > ctx.cfg.max_logprobs) {
+            bad("prompt_logprobs", fmt::format("'prompt_logprobs' must be an integer in [0, {}], got {}", ctx.cfg.max_logprobs, sp.prompt_logprobs));
+        }
+        if (o.stream) { bad("prompt_logprobs", "'prompt_logprobs' are not available when \"stream\": true (as in vLLM)"); }
+    }
     if (j.contains("stream_options") && !j["stream_options"].is_null()) {
         const json & so = j["stream_options"];
         if (!so.is_object()) { bad("stream_options", fmt::format("'stream_options' must be an object {{\"include_usage\": bool}}, got {}", so.dump())); }
@@ -193,7 +269,7 @@ void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, 
     const int32_t max_len = ctx.engine->config().max_model_len;
     for (size_t i = 0; i < gen.prompts.size(); ++i) {
         const auto n = static_cast<int64_t>(gen.prompts[i].size());
-        if (n >= max_len) {
+        if (n >= max_len && !(gen.params.max_tokens == 0 && n == max_len)) {
             bad(prompt_param, fmt::format("prompt {} has {} tokens; the maximum context length is {} (--max-model-len), leaving no room to generate", i, n, max_len));
         }
         if (n + gen.params.max_tokens > max_len) {
@@ -230,6 +306,9 @@ void run_generation(ApiContext & ctx, engine::GenerateRequest gen, StreamOptions
                 a.text += ev.text;
                 a.token_ids.insert(a.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
                 a.logprobs.insert(a.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+                a.text_offsets.insert(a.text_offsets.end(), ev.text_offsets.begin(), ev.text_offsets.end());
+                if (!ev.prompt_logprobs.empty()) { a.prompt_logprobs = std::move(ev.prompt_logprobs); }
+                if (ev.finish != FinishReason::none) { a.stop_reason = ev.stop_reason; }
                 a.n_prompt = ev.n_prompt_tokens;
                 a.n_cached = ev.n_cached_tokens;
                 if (ev.finish != FinishReason::none) { a.finish = ev.finish; }
@@ -242,6 +321,7 @@ void run_generation(ApiContext & ctx, engine::GenerateRequest gen, StreamOptions
         access_note_tokens(usage["prompt_tokens"].get<int64_t>(), usage["completion_tokens"].get<int64_t>());
         json body = {{"id", id}, {"object", format.object}, {"created", created}, {"model", ctx.cfg.served_model_name},
                      {"weight_version", weight_version}, {"choices", choices}, {"usage", std::move(usage)}};
+        if (format.body) { format.body(*acc, body); }
         res.set_content(dump(body), "application/json");
         return;
     }

@@ -22,7 +22,7 @@ namespace fd::api {
 nlohmann::json parse_body(const std::string & body);
 
 /// Every field of `j` must be in `known`; the fields fdrollout does not implement pass only at
-/// their neutral value (frequency_penalty 0, logit_bias {}, ...). Errors: 400 naming the field.
+/// their neutral value (best_of 1, min_p 0, suffix ""). Errors: 400 naming the field.
 void check_fields(const nlohmann::json & j, const std::set<std::string> & known);
 
 /// `model`, when given, must name the served model. Errors: 404 naming it.
@@ -35,15 +35,38 @@ std::vector<int32_t> token_prompt(const nlohmann::json & arr, int32_t vocab, siz
 struct StreamOptions {
     bool stream        = false;
     bool include_usage = false;  ///< stream_options.include_usage
+    bool tokens_as_ids = false;  ///< return_tokens_as_token_ids: logprob tokens as "token_id:N"
 };
 
 /// The sampling fields into gen.params / gen.n: the max-tokens field (the first of
 /// `max_tokens_keys` present: chat takes max_completion_tokens then max_tokens), temperature,
 /// top_p, top_k, n, seed, stop, stop_token_ids, ignore_eos, skip_special_tokens,
-/// spaces_between_special_tokens, stream, stream_options. `logprobs` is the route's own.
+/// spaces_between_special_tokens, min_tokens, repetition_penalty, presence_penalty,
+/// frequency_penalty, logit_bias, include_stop_str_in_output, prompt_logprobs,
+/// return_tokens_as_token_ids, stream, stream_options (vLLM's ranges). `logprobs` is the
+/// route's own. The max-tokens field may be 0 here; routes refuse it where it means nothing.
 /// Errors: 400 naming the field.
 StreamOptions parse_sampling(const ApiContext & ctx, const nlohmann::json & j, engine::GenerateRequest & gen,
                              std::initializer_list<const char *> max_tokens_keys);
+
+/// The prompt ids of a chat request (chat_completions.cpp): `messages` rendered with the model's
+/// chat template with add_generation_prompt (default true), continue_final_message, tools,
+/// documents and chat_template_kwargs; `oj` is the body with its key order kept. The
+/// template's own BOS string becomes the tokenizer's BOS id once; `add_special_tokens` (vLLM's
+/// /tokenize field) encodes the rendered text with the tokenizer's special tokens added on top.
+/// Errors: 400 naming the field (no template, messages of the wrong shape, raise_exception).
+std::vector<int32_t> chat_prompt_ids(ApiContext & ctx, const nlohmann::json & j, const nlohmann::ordered_json & oj,
+                                     bool add_special_tokens);
+
+/// vLLM's stop_reason: the stop string, the stop token id, or null.
+nlohmann::json stop_reason_json(const engine::StopReason & r);
+
+/// A logprob token as returned: the vocabulary piece, or "token_id:N" (return_tokens_as_token_ids).
+std::string token_string(const tokenizer::Tokenizer & tok, int32_t id, bool as_ids);
+
+/// vLLM's prompt_logprobs: [null, {"<id>": {logprob, rank, decoded_token}} per later prompt
+/// token], each dict holding the prompt token and the top k (ranks 1..k).
+nlohmann::json prompt_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps);
 
 /// Each prompt plus max_tokens must fit --max-model-len. Errors: 400 naming prompt/max_tokens.
 void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, const char * prompt_param);
@@ -53,6 +76,9 @@ struct ChoiceAcc {
     std::string                       text;
     std::vector<int32_t>              token_ids;
     std::vector<engine::TokenLogprob> logprobs;
+    std::vector<int32_t>              text_offsets;     ///< per generated token, code points into `text`
+    std::vector<engine::TokenLogprob> prompt_logprobs;  ///< prompt tokens 1.. when asked
+    engine::StopReason                stop_reason;
     engine::FinishReason              finish   = engine::FinishReason::none;
     int32_t                           n_prompt = 0, n_cached = 0;
 };
@@ -64,6 +90,8 @@ struct ResponseFormat {
     std::string id_prefix;     ///< "cmpl" | "chatcmpl"
     /// Non-streaming: choice `c` from its accumulated state.
     std::function<nlohmann::json(int32_t c, const ChoiceAcc & acc)> choice;
+    /// Non-streaming, optional: add route-specific top-level fields to the body.
+    std::function<void(const std::vector<ChoiceAcc> & acc, nlohmann::json & body)> body;
     /// Streaming: the choice object of one event; `first` for the choice's first event.
     std::function<nlohmann::json(const engine::ChoiceEvent & ev, bool first)> chunk_choice;
 };

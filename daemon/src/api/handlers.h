@@ -34,6 +34,8 @@ void post_tokenize(ApiContext & ctx, const httplib::Request & req, httplib::Resp
 void post_detokenize(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void post_chat_completions(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_models(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
+/// GET /v1/models/{id}: the served model's object (OpenAI shape); 404 for any other id.
+void get_model(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_health(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);
 void get_metrics(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);   ///< metrics.cpp
 void get_version(ApiContext & ctx, const httplib::Request & req, httplib::Response & res);   ///< metrics.cpp

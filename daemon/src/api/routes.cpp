@@ -97,6 +97,7 @@ void register_routes(httplib::Server & http, ApiContext & ctx) {
     http.Get ("/metrics",             wrap(ctx, get_metrics,             Auth::open));
     http.Get ("/version",             wrap(ctx, get_version,             Auth::open));
     http.Get ("/v1/models",           wrap(ctx, get_models,              Auth::api_key));
+    http.Get (R"(/v1/models/(.+))",   wrap(ctx, get_model,               Auth::api_key));
     post     ("/v1/completions",      wrap(ctx, post_completions,        Auth::api_key));
     post     ("/tokenize",            wrap(ctx, post_tokenize,           Auth::api_key));
     post     ("/detokenize",          wrap(ctx, post_detokenize,         Auth::api_key));

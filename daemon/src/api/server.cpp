@@ -90,16 +90,29 @@ void ApiServer::stop() {
     if (http_) { http_->stop(); }
 }
 
-void get_models(ApiContext & ctx, const httplib::Request &, httplib::Response & res) {
+namespace {
+json model_json(ApiContext & ctx) {
     const auto st = ctx.engine->stats();
-    json m = {{"id", ctx.cfg.served_model_name},
+    return {{"id", ctx.cfg.served_model_name},
               {"object", "model"},
               {"created", static_cast<int64_t>(std::time(nullptr))},
               {"owned_by", "fdrollout"},
               {"root", ctx.cfg.model_dir},
               {"max_model_len", ctx.engine->config().max_model_len},
               {"weight_version", st.state.weight_version}};
-    res.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
+}
+}  // namespace
+
+void get_models(ApiContext & ctx, const httplib::Request &, httplib::Response & res) {
+    res.set_content(dump(json{{"object", "list"}, {"data", json::array({model_json(ctx)})}}), "application/json");
+}
+
+void get_model(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
+    const std::string id = req.matches.size() > 1 ? req.matches[1].str() : std::string();
+    if (id != ctx.cfg.served_model_name) {
+        throw Error(Errc::not_found, fmt::format("The model '{}' does not exist; this server serves '{}'", id, ctx.cfg.served_model_name), "model");
+    }
+    res.set_content(dump(model_json(ctx)), "application/json");
 }
 
 void get_health(ApiContext & ctx, const httplib::Request &, httplib::Response & res) {

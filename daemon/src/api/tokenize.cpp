@@ -1,8 +1,11 @@
-// POST /tokenize and POST /detokenize: vLLM's request and response shapes (prompt form).
+// POST /tokenize and POST /detokenize: vLLM's request and response shapes.
 //   /tokenize   {"prompt": str, "add_special_tokens": true, "return_token_strs": false}
+//            or {"messages": [...], "add_generation_prompt": true, "continue_final_message": false,
+//                "chat_template_kwargs": {}, "tools": [...], "add_special_tokens": false, ...}
 //            → {"count", "max_model_len", "tokens": [ids], "token_strs": [pieces] | null}
 //   /detokenize {"tokens": [ids]} → {"prompt": str}   (special tokens kept, as HF decode does)
-// The chat form ("messages") arrives with chat completions.
+// The chat form renders exactly as /v1/chat/completions does (generation.h chat_prompt_ids).
+#include "generation.h"
 #include "handlers.h"
 
 #include <set>
@@ -11,10 +14,6 @@ namespace fd::api {
 namespace {
 
 using nlohmann::json;
-
-[[noreturn]] void bad(const std::string & param, const std::string & msg) {
-    throw Error(Errc::invalid_argument, msg, param);
-}
 
 json parse_body(ApiContext & ctx, const std::string & body, const std::set<std::string> & known) {
     json j;
@@ -25,7 +24,6 @@ json parse_body(ApiContext & ctx, const std::string & body, const std::set<std::
     }
     if (!j.is_object()) { bad("", "request body must be a JSON object"); }
     for (const auto & [key, v] : j.items()) {
-        if (key == "messages") { bad(key, "the chat form of this route is not supported yet; send 'prompt'"); }
         if (known.count(key) == 0) { bad(key, fmt::format("unknown field '{}'", key)); }
     }
     if (j.contains("model") && !j["model"].is_null()) {
@@ -49,9 +47,23 @@ bool get_bool(const json & j, const char * key, bool dflt) {
 }  // namespace
 
 void post_tokenize(ApiContext & ctx, const httplib::Request & req, httplib::Response & res) {
-    const json j = parse_body(ctx, req.body, {"model", "prompt", "add_special_tokens", "return_token_strs"});
-    if (!j.contains("prompt") || !j["prompt"].is_string()) { bad("prompt", "'prompt' must be a string"); }
-    const auto ids = ctx.tok->encode(j["prompt"].get<std::string>(), get_bool(j, "add_special_tokens", true));
+    bool chat = false;  // the form: a body with "messages" is the chat form
+    try {
+        const json probe = json::parse(req.body);
+        chat             = probe.is_object() && probe.contains("messages");
+    } catch (const json::exception &) {}  // parse_body names the error
+    const json j    = chat ? parse_body(ctx, req.body, {"model", "messages", "add_generation_prompt", "continue_final_message",
+                                                        "chat_template_kwargs", "tools", "documents", "add_special_tokens",
+                                                        "return_token_strs"})
+                           : parse_body(ctx, req.body, {"model", "prompt", "add_special_tokens", "return_token_strs"});
+    std::vector<int32_t> ids;
+    if (chat) {
+        if (j.contains("prompt")) { bad("prompt", "send either 'prompt' or 'messages', not both"); }
+        ids = chat_prompt_ids(ctx, j, nlohmann::ordered_json::parse(req.body), get_bool(j, "add_special_tokens", false));
+    } else {
+        if (!j.contains("prompt") || !j["prompt"].is_string()) { bad("prompt", "'prompt' must be a string"); }
+        ids = ctx.tok->encode(j["prompt"].get<std::string>(), get_bool(j, "add_special_tokens", true));
+    }
     json strs = nullptr;
     if (get_bool(j, "return_token_strs", false)) {
         strs = json::array();

@@ -74,11 +74,24 @@ json sleeping_tags(const engine::EngineState & st) {
     return sleeping;
 }
 
-/// Post `cmd` and wait for the engine's answer, at most `timeout_s`.
-ControlResult run_engine(engine::Engine & engine, ControlCommand cmd, double timeout_s) {
+/// Post `cmd` and wait for the engine's answer. At the gate's deadline a command not yet
+/// started is withdrawn (the gate's CAS decides, so the answer is the truth); one that started is
+/// waited for until `timeout_s` after `received`.
+ControlResult run_engine(engine::Engine & engine, ControlCommand cmd, std::chrono::steady_clock::time_point received, double timeout_s) {
+    const auto gate  = cmd.gate;
+    const auto what  = std::string(to_string(cmd.op));
+    const auto limit = std::max(gate->deadline(), received + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                                  std::chrono::duration<double>(timeout_s)));
     auto fut = engine.control(std::move(cmd));
-    if (fut.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) {
-        fail(Errc::timeout, "the engine did not finish the control operation within {} s (--control-timeout-s); check /health", timeout_s);
+    if (fut.wait_until(gate->deadline()) != std::future_status::ready) {
+        if (gate->cancel()) {
+            fail(Errc::timeout, "{} was not started before the request's deadline (X-Request-Timeout / X-Request-Deadline, else "
+                                "--control-timeout-s {} s): withdrawn, it will not run; nothing changed", what, timeout_s);
+        }
+        if (fut.wait_until(limit) != std::future_status::ready) {
+            fail(Errc::timeout, "{} started but did not finish within {} s (--control-timeout-s): it is still running and may still "
+                                "take effect; check /health", what, timeout_s);
+        }
     }
     ControlResult r = fut.get();
     if (r.error) { throw *r.error; }
@@ -106,9 +119,11 @@ ControlReply error_reply(const Error & e) {
 
 ControlService::ControlService(ControlConfig cfg, engine::Engine & engine) : cfg_(std::move(cfg)), engine_(engine) {}
 
-ControlReply ControlService::handle(const shm::MailboxCommand & wire) {
+ControlReply ControlService::handle(const shm::MailboxCommand & wire, std::shared_ptr<engine::StartGate> gate) {
     try {
-        return handle(ControlRequest::parse(wire));
+        ControlRequest req = ControlRequest::parse(wire);
+        req.gate = std::move(gate);
+        return handle(req);
     } catch (const Error & e) {
         return error_reply(e);
     }
@@ -160,9 +175,14 @@ json ControlService::status_json() const {
 }
 
 ControlReply ControlService::run(const ControlRequest & req) {
+    const auto received = std::chrono::steady_clock::now();
+    const auto gate = req.gate ? req.gate
+                               : std::make_shared<engine::LocalStartGate>(received + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                                                        std::chrono::duration<double>(cfg_.control_timeout_s)));
     auto op = [&](ControlCommand cmd) {
         const ControlOp o = cmd.op;
-        return json_reply(json{{"status", "success"}, {"result", result_json(o, run_engine(engine_, std::move(cmd), cfg_.control_timeout_s))}});
+        cmd.gate = gate;
+        return json_reply(json{{"status", "success"}, {"result", result_json(o, run_engine(engine_, std::move(cmd), received, cfg_.control_timeout_s))}});
     };
     auto require_dynamic = [&] {
         if (!cfg_.dynamic_load_weight) {
@@ -195,6 +215,10 @@ ControlReply ControlService::run(const ControlRequest & req) {
     if (!cfg_.dynamic_load_weight) { return {404, "text/plain", "Dynamic Load Weight Disabled."}; }
     const bool clear = req.verb == ControlVerb::clear_load_weight;
     if (cfg_.v1_update_weights) { return op({.op = clear ? ControlOp::sleep : ControlOp::wakeup, .tags = {true, true}}); }
+    // The legacy pair moves the status word itself: same rule, it starts only before the deadline.
+    if (!gate->start()) {
+        fail(Errc::timeout, "{} was not started before the request's deadline: withdrawn, nothing changed", to_string(req.verb));
+    }
     const auto cur = engine_.legacy_status();
     if (clear) {
         switch (cur) {

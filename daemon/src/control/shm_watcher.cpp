@@ -6,6 +6,27 @@
 #include <cstring>
 
 namespace fd::control {
+namespace {
+
+/// The mailbox command `seq`'s start/cancel handshake, in the block (see fd/shm/control_block.h):
+/// the same CAS fdctl withdraws it with, so exactly one side wins.
+class BlockStartGate final : public engine::StartGate {
+public:
+    BlockStartGate(shm::MappedBlock block, uint32_t seq) : block_(std::move(block)), b_(*block_), seq_(seq) {}
+    bool start() override { return shm::try_start_command(b_, seq_); }
+    bool cancel() override { return shm::try_cancel_command(b_, seq_); }
+    std::chrono::steady_clock::time_point deadline() const override {
+        // steady_clock is CLOCK_MONOTONIC, the clock fdctl wrote the deadline in.
+        return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(b_.cmd_deadline_ns));
+    }
+
+private:
+    shm::MappedBlock    block_;  ///< keeps the mapping alive while the engine may still hold the command
+    shm::ControlBlock & b_;
+    uint32_t            seq_;
+};
+
+}  // namespace
 
 ShmWatcher::ShmWatcher(shm::MappedBlock block, int port, engine::Engine & engine, ControlService & service)
     : port_(port), engine_(engine), service_(service), block_(std::move(block)) {
@@ -68,7 +89,16 @@ void ShmWatcher::mailbox_loop() {
         cmd.tags = std::string(b.cmd_tags, strnlen(b.cmd_tags, sizeof b.cmd_tags));
         if (b.cmd_has_version) { cmd.version = std::string(b.cmd_version, strnlen(b.cmd_version, sizeof b.cmd_version)); }
         cmd.verify_checksum = b.cmd_verify_checksum != 0;
-        const ControlReply r = service_.handle(cmd);
+        ControlReply r;
+        if (!shm::command_pending(b, seq)) {
+            // fdctl withdrew it, or its deadline passed while we were stopped or busy: never run it.
+            shm::try_cancel_command(b, seq);
+            log::get("control")->warn("dropped mailbox command '{}': its caller's deadline passed (or it gave up) before it could start; not run",
+                                      cmd.op);
+            r = error_reply(Error(Errc::timeout, fmt::format("{} was not started before the caller's deadline: dropped, nothing changed", cmd.op)));
+        } else {
+            r = service_.handle(cmd, std::make_shared<BlockStartGate>(block_, seq));
+        }
         publish();  // the snapshot reflects the command before the client sees the answer
         const size_t n = std::min(r.body.size(), shm::kResultCap - 1);
         std::memcpy(b.result_body, r.body.data(), n);

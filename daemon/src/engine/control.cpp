@@ -21,4 +21,19 @@ TagSet parse_tags(std::string_view text) {
     return t;
 }
 
+
+bool LocalStartGate::start() {
+    if (std::chrono::steady_clock::now() >= deadline_) {
+        cancel();
+        return false;
+    }
+    int expected = pending;
+    return state_.compare_exchange_strong(expected, started);
+}
+
+bool LocalStartGate::cancel() {
+    int expected = pending;
+    return state_.compare_exchange_strong(expected, cancelled) || expected == cancelled;
+}
+
 }  // namespace fd::engine

@@ -9,6 +9,16 @@
 #include <random>
 
 namespace fd::engine {
+namespace {
+
+int64_t count_code_points(std::string_view s) {
+    return std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+
+/// Logits rows of one scoring sequence per step: at most 64 MiB of them.
+int32_t scoring_chunk(int32_t vocab) { return std::max(16, static_cast<int32_t>((int64_t{64} << 20) / (4 * int64_t{std::max(vocab, 1)}))); }
+
+}  // namespace
 
 /// One choice of one request, from admission to its finishing event.
 struct Engine::Sequence : SchedSeq {
@@ -21,6 +31,10 @@ struct Engine::Sequence : SchedSeq {
     std::string                    text;            ///< generated text so far (stop strings cut off)
     size_t                         n_text_sent = 0; ///< bytes of `text` already sent
     size_t                         stop_holdback = 0;
+    int64_t                        n_chars = 0;     ///< code points in `text` (for text_offsets)
+    std::vector<TokenLogprob>      prompt_lps;      ///< prompt_logprobs, until the first event carries them
+    int32_t                        n_prompt_scored = 0;  ///< prompt rows whose logprobs were taken (prompt token i+1 per row i)
+    bool                           prompt_lps_sent = false;
     std::chrono::steady_clock::time_point t_arrival{}, t_scheduled{}, t_last_token{};  ///< request metrics
 
     Sequence(const tokenizer::Tokenizer & tok, const std::vector<int32_t> & prompt, const SamplingParams & p)
@@ -141,7 +155,11 @@ void Engine::admit(GenerateRequest & req) {
             s->channel       = req.channel;
             s->params        = req.params;
             s->rng           = SeqRng::from_seed(seed, choice);
-            s->stop_holdback = holdback > 0 ? holdback - 1 : 0;
+            s->stop_holdback = holdback > 0 && !req.params.include_stop_str_in_output ? holdback - 1 : 0;
+            if (req.params.prompt_logprobs >= 0) {  // every prompt row's logits are wanted: no prefix-cache skip
+                s->no_prefix_cache = true;
+                s->max_chunk       = scoring_chunk(model_cfg_.vocab_size);
+            }
             s->t_arrival     = req.t_arrival;
             sched_.add(s.get());
             seqs_.emplace(s->id, std::move(s));
@@ -158,6 +176,10 @@ void Engine::emit(Sequence & s, FinishReason why, ChoiceEvent ev) {
     if (sendable > s.n_text_sent) {
         ev.text += s.text.substr(s.n_text_sent, sendable - s.n_text_sent);
         s.n_text_sent = sendable;
+    }
+    if (s.params.prompt_logprobs >= 0 && !s.prompt_lps_sent) {
+        ev.prompt_logprobs = std::move(s.prompt_lps);
+        s.prompt_lps_sent  = true;
     }
     ev.choice          = s.choice;
     ev.finish          = why;
@@ -184,36 +206,48 @@ void Engine::append_token(Sequence & s, int32_t tok, const float * logits, Choic
     s.t_last_token = t_step_done_;
     s.tokens.push_back(tok);
     ev.token_ids.push_back(tok);
+    ev.text_offsets.push_back(static_cast<int32_t>(s.n_chars));
     if (p.logprobs >= 0) { ev.logprobs.push_back(token_logprobs(logits, model_cfg_.vocab_size, tok, p.logprobs, scratch_)); }
     const int32_t n_generated = static_cast<int32_t>(s.tokens.size()) - s.n_prompt;
+    auto add_text = [&](const std::string & t) {
+        s.text += t;
+        s.n_chars += count_code_points(t);
+    };
 
+    // vLLM's stop checks: nothing but the length stops a choice before min_tokens tokens; EOS
+    // first (no stop_reason for the tokenizer's EOS), then stop_token_ids (stop_reason = id),
+    // then stop strings once more than min_tokens tokens exist (stop_reason = the string).
     FinishReason why = FinishReason::none;
-    const bool is_eos = std::find(model_cfg_.eos_token_ids.begin(), model_cfg_.eos_token_ids.end(), tok) != model_cfg_.eos_token_ids.end();
-    const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
-    if ((is_eos && !p.ignore_eos) || is_stop_id) {
+    const auto & eos_ids    = model_cfg_.eos_token_ids;
+    const bool   is_eos     = std::find(eos_ids.begin(), eos_ids.end(), tok) != eos_ids.end();
+    const bool   is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
+    const int32_t primary_eos = tok_->eos_id() ? *tok_->eos_id() : (eos_ids.empty() ? -1 : eos_ids[0]);
+    if (n_generated >= p.min_tokens && ((is_eos && !p.ignore_eos) || is_stop_id)) {
         why = FinishReason::stop;
+        if (p.ignore_eos || tok != primary_eos) { ev.stop_reason.token_id = tok; }
+        if (p.include_stop_str_in_output) { add_text(s.detok.push(tok) + s.detok.flush()); }
     } else {
         const size_t before = s.text.size();
-        s.text += s.detok.push(tok);
-        for (const auto & st : p.stop) {
-            const size_t from = before >= st.size() ? before - st.size() + 1 : 0;
-            const size_t at   = s.text.find(st, from);
-            if (at != std::string::npos) {
-                s.text.resize(at);
+        add_text(s.detok.push(tok));
+        if (n_generated > p.min_tokens) {
+            for (const auto & st : p.stop) {
+                const size_t from = before >= st.size() ? before - st.size() + 1 : 0;
+                const size_t at   = s.text.find(st, from);
+                if (at == std::string::npos) { continue; }
+                s.text.resize(p.include_stop_str_in_output ? at + st.size() : at);
+                s.n_chars     = count_code_points(s.text);
                 s.n_text_sent = std::min(s.n_text_sent, s.text.size());
+                ev.stop_reason.str = st;
                 why = FinishReason::stop;
+                break;
             }
         }
         if (why == FinishReason::none && (n_generated >= p.max_tokens || static_cast<int32_t>(s.tokens.size()) >= cfg_.max_model_len)) {
             why = FinishReason::length;
-            s.text += s.detok.flush();
+            add_text(s.detok.flush());
         }
     }
-    if (why != FinishReason::none) {
-        emit(s, why, std::move(ev));
-        return;
-    }
-    emit(s, FinishReason::none, std::move(ev));
+    emit(s, why, std::move(ev));
 }
 
 bool Engine::step() {
@@ -230,6 +264,15 @@ bool Engine::step() {
                 admit(*req);
             } else {
                 auto & pc = std::get<std::shared_ptr<PendingControl>>(item);
+                if (pc->cmd.gate && !pc->cmd.gate->start()) {  // its caller's deadline passed or it withdrew it
+                    log::get("control")->warn("dropped {}: its caller's deadline passed (or it gave up) before it could start; not run",
+                                              to_string(pc->cmd.op));
+                    ControlResult r;
+                    r.error = Error(Errc::timeout, fmt::format("{} was not started before the caller's deadline: dropped, nothing changed",
+                                                               to_string(pc->cmd.op)));
+                    pc->done.set_value(std::move(r));
+                    continue;
+                }
                 uint64_t acks_before;
                 {
                     std::lock_guard lk(reply_mu_);
@@ -282,7 +325,10 @@ bool Engine::step() {
     // Build the flat batch.
     batch_.clear();
     const int32_t bs = kv_.block_size();
-    std::vector<Sequence *> sampled;
+    // Each logits row: a prompt row to score (pos >= 0: its logits give prompt token pos + 1's
+    // logprob) or the row a sequence samples from (pos = -1).
+    struct RowUse { Sequence * s; int32_t pos; };
+    std::vector<RowUse> rows;
     for (const auto & [ss, n] : d.run) {
         auto &        s     = static_cast<Sequence &>(*ss);
         const auto &  table = kv_.block_table(s.id);
@@ -296,10 +342,14 @@ bool Engine::step() {
             batch_.positions.push_back(pos);
             batch_.slots.push_back(static_cast<int64_t>(table[pos / bs]) * bs + pos % bs);
             batch_.queries.push_back({table.data(), pos + 1});
+            if (s.params.prompt_logprobs >= 0 && pos < s.n_prompt - 1 && pos >= s.n_prompt_scored) {
+                batch_.logits_rows.push_back(static_cast<int32_t>(batch_.tokens.size()) - 1);
+                rows.push_back({&s, pos});
+            }
         }
         if (s.n_computed + n == static_cast<int64_t>(s.tokens.size())) {
             batch_.logits_rows.push_back(static_cast<int32_t>(batch_.tokens.size()) - 1);
-            sampled.push_back(&s);
+            rows.push_back({&s, -1});
         }
     }
     const int32_t vocab = model_cfg_.vocab_size;
@@ -315,15 +365,33 @@ bool Engine::step() {
         kv_.commit_full_blocks(s.id, s.tokens, s.n_computed);
     }
     int64_t n_generated = 0, n_prompt = 0, n_cached = 0;
-    for (size_t i = 0; i < sampled.size(); ++i) {
-        Sequence &    s      = *sampled[i];
+    for (size_t i = 0; i < rows.size(); ++i) {
+        Sequence &    s      = *rows[i].s;
+        const float * logits = &logits_[i * vocab];
+        if (!s.channel) { continue; }
+        if (rows[i].pos >= 0) {
+            s.prompt_lps.push_back(token_logprobs(logits, vocab, s.tokens[rows[i].pos + 1], s.params.prompt_logprobs, scratch_));
+            s.n_prompt_scored = rows[i].pos + 1;
+            continue;
+        }
         if (static_cast<int32_t>(s.tokens.size()) == s.n_prompt) {  // first token of this choice
             n_prompt += s.n_prompt;
             n_cached += std::max(0, s.n_cached);
+            if (s.params.max_tokens == 0) {  // scoring only: the prompt's logprobs, nothing generated
+                emit(s, FinishReason::length, ChoiceEvent{});
+                continue;
+            }
         }
-        const float * logits = &logits_[i * vocab];
-        ChoiceEvent   ev;
-        append_token(s, sample_token(logits, vocab, s.params, s.rng), logits, ev);
+        const float * to_sample = logits;
+        if (s.params.processes_logits()) {
+            processed_.assign(logits, logits + vocab);
+            const std::span<const int32_t> all(s.tokens);
+            apply_logits_processors(processed_.data(), vocab, s.params, all.first(s.n_prompt), all.subspan(s.n_prompt),
+                                    model_cfg_.eos_token_ids);
+            to_sample = processed_.data();
+        }
+        ChoiceEvent ev;
+        append_token(s, sample_token(to_sample, vocab, s.params, s.rng), logits, ev);
         ++n_generated;
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace fd::engine {
@@ -20,6 +21,47 @@ SeqRng SeqRng::from_seed(uint64_t seed, int32_t choice) {
     SeqRng r{seed};
     for (int32_t i = 0; i <= choice; ++i) { r.state ^= static_cast<uint64_t>(r.next() * 0x1.0p53) + static_cast<uint64_t>(i); }
     return r;
+}
+
+void apply_logits_processors(float * logits, int32_t vocab, const SamplingParams & p, std::span<const int32_t> prompt,
+                             std::span<const int32_t> generated, std::span<const int32_t> eos_ids) {
+    auto in_vocab = [vocab](int32_t id) { return id >= 0 && id < vocab; };
+    if (static_cast<int64_t>(generated.size()) < p.min_tokens) {
+        for (int32_t id : p.stop_token_ids) {
+            if (in_vocab(id)) { logits[id] = -std::numeric_limits<float>::infinity(); }
+        }
+        for (int32_t id : eos_ids) {
+            if (in_vocab(id)) { logits[id] = -std::numeric_limits<float>::infinity(); }
+        }
+    }
+    for (const auto & [id, bias] : p.logit_bias) {
+        if (in_vocab(id)) { logits[id] += bias; }
+    }
+    if (p.repetition_penalty != 1.0f) {
+        std::vector<int32_t> seen(prompt.begin(), prompt.end());
+        seen.insert(seen.end(), generated.begin(), generated.end());
+        std::sort(seen.begin(), seen.end());
+        seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+        const float r = p.repetition_penalty;
+        for (int32_t id : seen) {
+            if (!in_vocab(id)) { continue; }
+            logits[id] = logits[id] > 0.0f ? logits[id] / r : logits[id] * r;
+        }
+    }
+    if (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) {
+        std::vector<int32_t> out(generated.begin(), generated.end());
+        std::sort(out.begin(), out.end());
+        for (size_t i = 0; i < out.size();) {
+            size_t j = i;
+            while (j < out.size() && out[j] == out[i]) { ++j; }
+            const int32_t id = out[i];
+            if (in_vocab(id)) {
+                logits[id] -= p.frequency_penalty * static_cast<float>(j - i);
+                logits[id] -= p.presence_penalty;
+            }
+            i = j;
+        }
+    }
 }
 
 int32_t sample_token(const float * logits, int32_t vocab, const SamplingParams & p, SeqRng & rng) {
@@ -66,6 +108,7 @@ TokenLogprob token_logprobs(const float * logits, int32_t vocab, int32_t id, int
     TokenLogprob out;
     out.id      = id;
     out.logprob = scratch[id];
+    out.rank    = static_cast<int32_t>(std::count_if(scratch.begin(), scratch.end(), [&](float v) { return v >= out.logprob; }));
     if (k > 0) {
         std::vector<int32_t> ids(static_cast<size_t>(vocab));
         std::iota(ids.begin(), ids.end(), 0);

@@ -18,6 +18,13 @@ void Scheduler::preempt(SchedSeq * s, kv::KvCache & kv, ScheduleDecision & d) {
     d.preempted.push_back(s);
 }
 
+namespace {
+int64_t chunk(const SchedSeq * s, int64_t budget) {
+    const int64_t n = std::min(s->n_remaining(), budget);
+    return s->max_chunk > 0 ? std::min<int64_t>(n, s->max_chunk) : n;
+}
+}  // namespace
+
 ScheduleDecision Scheduler::schedule(kv::KvCache & kv) {
     ScheduleDecision d;
     int64_t budget = cfg_.max_num_batched_tokens;
@@ -25,7 +32,7 @@ ScheduleDecision Scheduler::schedule(kv::KvCache & kv) {
     // 1. Running sequences, oldest first; preempt from the newest end when blocks run out.
     for (size_t i = 0; i < running_.size() && budget > 0;) {
         SchedSeq *    s = running_[i];
-        const int64_t n = std::min(s->n_remaining(), budget);
+        const int64_t n = chunk(s, budget);
         bool          self_preempted = false;
         while (!kv.allocate(s->id, s->n_computed + n)) {
             SchedSeq * victim = running_.back();
@@ -48,9 +55,9 @@ ScheduleDecision Scheduler::schedule(kv::KvCache & kv) {
             d.rejected.push_back(s);
             continue;
         }
-        const int32_t cached = kv.match_prefix(s->id, s->tokens);
+        const int32_t cached = s->no_prefix_cache ? 0 : kv.match_prefix(s->id, s->tokens);
         s->n_computed = cached;
-        const int64_t n = std::min(s->n_remaining(), budget);
+        const int64_t n = chunk(s, budget);
         if (!kv.allocate(s->id, s->n_computed + n)) {
             kv.release(s->id);
             s->n_computed = 0;

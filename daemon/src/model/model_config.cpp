@@ -3,17 +3,21 @@
 #include "fd/file_io.h"
 #include "fd/status.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <sstream>
+#include <cmath>
+#include <numbers>
 #include <regex>
+#include <sstream>
 
 namespace fd::model {
 namespace {
 
 using nlohmann::json;
+using std::filesystem::path;
 
-json read_json(const std::filesystem::path & file) {
+json read_json(const path & file) {
     const auto text = read_small_file(file, 64 << 20, Errc::invalid_checkpoint);
     if (!text) { fail(Errc::invalid_checkpoint, "{}: cannot open: no such file", file.string()); }
     try {
@@ -23,8 +27,12 @@ json read_json(const std::filesystem::path & file) {
     }
 }
 
-int32_t get_int(const json & j, const char * key, const std::filesystem::path & file,
-                std::optional<int32_t> dflt = std::nullopt) {
+bool absent(const json & j, const char * key) {
+    auto it = j.find(key);
+    return it == j.end() || it->is_null();
+}
+
+int32_t get_int(const json & j, const char * key, const path & file, std::optional<int32_t> dflt = std::nullopt) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) {
         if (dflt) { return *dflt; }
@@ -34,6 +42,28 @@ int32_t get_int(const json & j, const char * key, const std::filesystem::path & 
         fail(Errc::invalid_checkpoint, "{}: field '{}' must be a positive integer", file.string(), key);
     }
     return it->get<int32_t>();
+}
+
+/// A finite number (`key` of `j`, reported as `where`), or `dflt` when absent.
+double get_number(const json & j, const char * key, const path & file, std::optional<double> dflt,
+                  const std::string & where = {}) {
+    auto it = j.find(key);
+    const std::string name = where.empty() ? key : where + "." + key;
+    if (it == j.end() || it->is_null()) {
+        if (dflt) { return *dflt; }
+        fail(Errc::invalid_checkpoint, "{}: missing field '{}'", file.string(), name);
+    }
+    if (!it->is_number() || !std::isfinite(it->get<double>())) {
+        fail(Errc::invalid_checkpoint, "{}: field '{}' must be a number, got {}", file.string(), name, it->dump());
+    }
+    return it->get<double>();
+}
+
+bool get_bool(const json & j, const char * key, const path & file) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) { return false; }
+    if (!it->is_boolean()) { fail(Errc::invalid_checkpoint, "{}: field '{}' must be true or false, got {}", file.string(), key, it->dump()); }
+    return it->get<bool>();
 }
 
 std::vector<int32_t> id_list(const json & v) {
@@ -47,11 +77,130 @@ std::vector<int32_t> id_list(const json & v) {
     return out;
 }
 
+/// rope_scaling (transformers <= 4.x) or rope_parameters (v5, which also holds rope_theta).
+void parse_rope(const json & j, const path & file, ModelConfig & c) {
+    std::string where = "rope_scaling";
+    const json * rs = nullptr;
+    if (!absent(j, "rope_parameters")) {
+        where = "rope_parameters";
+        rs    = &j["rope_parameters"];
+    } else if (!absent(j, "rope_scaling")) {
+        rs = &j["rope_scaling"];
+    }
+    if (rs == nullptr) { return; }
+    if (!rs->is_object()) {
+        fail(Errc::invalid_checkpoint, "{}: field '{}' must be an object or null, got {}", file.string(), where, rs->dump());
+    }
+    if (where == "rope_parameters") { c.rope_theta = static_cast<float>(get_number(*rs, "rope_theta", file, c.rope_theta, where)); }
+    if (!absent(*rs, "partial_rotary_factor") && get_number(*rs, "partial_rotary_factor", file, 1.0, where) != 1.0) {
+        fail(Errc::invalid_checkpoint, "{}: {}.partial_rotary_factor {} is not supported (RoPE over the whole head only)",
+             file.string(), where, (*rs)["partial_rotary_factor"].dump());
+    }
+    // transformers: rope_type = rope_scaling.get("rope_type", rope_scaling.get("type"))
+    const char * type_key = rs->contains("rope_type") ? "rope_type" : "type";
+    const json   type     = rs->value(type_key, json("default"));
+    if (!type.is_string()) {
+        fail(Errc::invalid_checkpoint, "{}: field '{}.{}' must be a string, got {}", file.string(), where, type_key, type.dump());
+    }
+    RopeScaling & r = c.rope_scaling;
+    r.name = type.get<std::string>();
+    auto factor = [&] {
+        const double f = get_number(*rs, "factor", file, std::nullopt, where);
+        if (f <= 0) { fail(Errc::invalid_checkpoint, "{}: field '{}.factor' must be > 0, got {}", file.string(), where, f); }
+        return f;
+    };
+    if (r.name == "default") {
+        r.type = RopeType::plain;
+    } else if (r.name == "linear") {
+        r.type   = RopeType::linear;
+        r.factor = factor();
+    } else if (r.name == "dynamic") {
+        r.type   = RopeType::dynamic;
+        r.factor = factor();
+        // HF scales the base only once a sequence passes max_position_embeddings (which
+        // max_model_len never does); a config that asks for another threshold is not that.
+        if (!absent(*rs, "original_max_position_embeddings")) {
+            const int32_t o = get_int(*rs, "original_max_position_embeddings", file);
+            if (o < c.max_position_embeddings) {
+                fail(Errc::invalid_checkpoint, "{}: {} type 'dynamic' with original_max_position_embeddings {} < "
+                     "max_position_embeddings {} is not supported", file.string(), where, o, c.max_position_embeddings);
+            }
+        }
+    } else if (r.name == "llama3") {
+        r.type             = RopeType::llama3;
+        r.factor           = factor();
+        r.low_freq_factor  = get_number(*rs, "low_freq_factor", file, std::nullopt, where);
+        r.high_freq_factor = get_number(*rs, "high_freq_factor", file, std::nullopt, where);
+        r.original_max_position_embeddings = get_int(*rs, "original_max_position_embeddings", file);
+        if (!(r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor)) {
+            fail(Errc::invalid_checkpoint, "{}: {} type 'llama3' needs 0 < low_freq_factor < high_freq_factor, got {} and {}",
+                 file.string(), where, r.low_freq_factor, r.high_freq_factor);
+        }
+    } else {
+        fail(Errc::invalid_checkpoint, "{}: {} type '{}' is not supported (supported: default, linear, dynamic, llama3)",
+             file.string(), where, r.name);
+    }
+}
+
+/// Fields that change the math and are not implemented: a start-up error naming each.
+void refuse_unsupported(const json & j, const path & file, ModelConfig & c) {
+    const std::string f = file.string();
+    const std::string act = j.contains("hidden_act") && j["hidden_act"].is_string() ? j["hidden_act"].get<std::string>()
+                                                                                   : absent(j, "hidden_act") ? "silu" : j["hidden_act"].dump();
+    if (act != "silu") { fail(Errc::invalid_checkpoint, "{}: hidden_act '{}' is not supported (silu only)", f, act); }
+    for (const char * moe : {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"}) {
+        if (!absent(j, moe) && !(j[moe].is_number() && j[moe].get<double>() == 0)) {
+            fail(Errc::invalid_checkpoint, "{}: '{}': {} — mixture-of-experts layers are not supported (dense {} only)", f, moe,
+                 j[moe].dump(), c.architecture);
+        }
+    }
+    if (!absent(j, "quantization_config")) {
+        const json & q = j["quantization_config"];
+        fail(Errc::invalid_checkpoint, "{}: 'quantization_config' ({}) is not supported: fdrollout serves F32/BF16/F16 weights", f,
+             q.is_object() && q.contains("quant_method") ? q["quant_method"].dump() : q.dump());
+    }
+    if (!absent(j, "partial_rotary_factor") && get_number(j, "partial_rotary_factor", file, 1.0) != 1.0) {
+        fail(Errc::invalid_checkpoint, "{}: partial_rotary_factor {} is not supported (RoPE over the whole head only)", f,
+             j["partial_rotary_factor"].dump());
+    }
+    // attention_bias: Llama and Qwen3 put biases on q/k/v/o (HF); Qwen2 always has q/k/v
+    // biases and no field; Mistral has none and ignores the field.
+    if ((c.arch == Arch::llama || c.arch == Arch::qwen3) && get_bool(j, "attention_bias", file)) {
+        fail(Errc::invalid_checkpoint, "{}: 'attention_bias': true is not supported for {} (biases on q/k/v/o_proj)", f, c.architecture);
+    }
+    if (c.arch == Arch::llama && get_bool(j, "mlp_bias", file)) {
+        fail(Errc::invalid_checkpoint, "{}: 'mlp_bias': true is not supported (biases on gate/up/down_proj)", f);
+    }
+    // Sliding-window attention (not implemented; fine while max_model_len <= the window).
+    if (c.arch == Arch::mistral && !absent(j, "sliding_window")) {
+        c.sliding_window       = get_int(j, "sliding_window", file);
+        c.sliding_window_field = "sliding_window";
+    }
+    if ((c.arch == Arch::qwen2 || c.arch == Arch::qwen3) && get_bool(j, "use_sliding_window", file) && !absent(j, "sliding_window")) {
+        bool any = false;
+        if (!absent(j, "layer_types")) {
+            if (!j["layer_types"].is_array()) { fail(Errc::invalid_checkpoint, "{}: field 'layer_types' must be a list", f); }
+            for (const auto & t : j["layer_types"]) { any = any || t == "sliding_attention"; }
+        } else {  // transformers: layer i slides when use_sliding_window and i >= max_window_layers
+            const json mwl = j.value("max_window_layers", json(28));  // Qwen2Config's default
+            if (!mwl.is_number_integer() || mwl.get<int64_t>() < 0) {
+                fail(Errc::invalid_checkpoint, "{}: field 'max_window_layers' must be a non-negative integer, got {}", f, mwl.dump());
+            }
+            any = mwl.get<int64_t>() < c.n_layers;
+        }
+        if (any) {
+            c.sliding_window       = get_int(j, "sliding_window", file);
+            c.sliding_window_field = "use_sliding_window with sliding_window";
+        }
+    }
+}
+
 }  // namespace
 
-ModelConfig load_model_config(const std::filesystem::path & dir) {
+ModelConfig load_model_config(const path & dir) {
     const auto file = dir / "config.json";
     const json j    = read_json(file);
+    if (!j.is_object()) { fail(Errc::invalid_checkpoint, "{}: not a JSON object", file.string()); }
     ModelConfig c;
     const auto archs = j.value("architectures", json::array());
     c.architecture   = archs.is_array() && !archs.empty() && archs[0].is_string() ? archs[0].get<std::string>() : "";
@@ -60,9 +209,14 @@ ModelConfig load_model_config(const std::filesystem::path & dir) {
     } else if (c.architecture == "Qwen2ForCausalLM") {
         c.arch     = Arch::qwen2;
         c.qkv_bias = true;
+    } else if (c.architecture == "Qwen3ForCausalLM") {
+        c.arch    = Arch::qwen3;
+        c.qk_norm = true;
+    } else if (c.architecture == "MistralForCausalLM") {
+        c.arch = Arch::mistral;
     } else {
         fail(Errc::invalid_checkpoint,
-             "{}: unsupported architecture '{}' (supported: LlamaForCausalLM, Qwen2ForCausalLM)",
+             "{}: unsupported architecture '{}' (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)",
              file.string(), c.architecture);
     }
     c.vocab_size        = get_int(j, "vocab_size", file);
@@ -71,23 +225,20 @@ ModelConfig load_model_config(const std::filesystem::path & dir) {
     c.n_layers          = get_int(j, "num_hidden_layers", file);
     c.n_heads           = get_int(j, "num_attention_heads", file);
     c.n_kv_heads        = get_int(j, "num_key_value_heads", file, c.n_heads);
-    c.head_dim          = get_int(j, "head_dim", file, c.hidden_size / c.n_heads);
+    // Qwen3Config's head_dim defaults to 128; the others derive it.
+    c.head_dim          = get_int(j, "head_dim", file, c.arch == Arch::qwen3 ? 128 : c.hidden_size / c.n_heads);
     c.max_position_embeddings = get_int(j, "max_position_embeddings", file, 2048);
-    c.rms_norm_eps      = j.value("rms_norm_eps", 1e-6f);
-    c.rope_theta        = j.value("rope_theta", 10000.0f);
-    c.tie_word_embeddings = j.value("tie_word_embeddings", false);
-    if (c.arch == Arch::llama && j.value("attention_bias", false)) { c.qkv_bias = true; }
+    c.rms_norm_eps      = static_cast<float>(get_number(j, "rms_norm_eps", file, 1e-6));
+    c.rope_theta        = static_cast<float>(get_number(j, "rope_theta", file, 10000.0));
+    c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", file);
     if (c.n_heads % c.n_kv_heads != 0) {
         fail(Errc::invalid_checkpoint, "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
              file.string(), c.n_heads, c.n_kv_heads);
     }
     if (c.head_dim % 2 != 0) { fail(Errc::invalid_checkpoint, "{}: head_dim {} must be even for RoPE", file.string(), c.head_dim); }
-    const std::string act = j.value("hidden_act", std::string("silu"));
-    if (act != "silu") { fail(Errc::invalid_checkpoint, "{}: hidden_act '{}' is not supported (silu only)", file.string(), act); }
-    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-        fail(Errc::invalid_checkpoint, "{}: rope_scaling is not supported yet", file.string());
-    }
-    c.bos_token_id = j.value("bos_token_id", 1);
+    parse_rope(j, file, c);
+    refuse_unsupported(j, file, c);
+    if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) { c.bos_token_id = j["bos_token_id"]; }  // may be null
     if (j.contains("eos_token_id")) { c.eos_token_ids = id_list(j["eos_token_id"]); }
 
     const auto gen_file = dir / "generation_config.json";
@@ -99,6 +250,45 @@ ModelConfig load_model_config(const std::filesystem::path & dir) {
     return c;
 }
 
+std::optional<std::string> check_max_model_len(const ModelConfig & c, int32_t max_model_len) {
+    if (c.sliding_window > 0 && max_model_len > c.sliding_window) {
+        return fmt::format("config.json: {} = {} makes attention sliding-window, which is not supported: sequences must fit the "
+                           "window, so pass --max-model-len {} or less (it is {})", c.sliding_window_field, c.sliding_window,
+                           c.sliding_window, max_model_len);
+    }
+    return std::nullopt;
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig & c) {
+    const int64_t half = c.head_dim / 2;
+    const RopeScaling & r = c.rope_scaling;
+    std::vector<float> inv(static_cast<size_t>(half));
+    for (int64_t j = 0; j < half; ++j) {
+        // transformers: 1 / base ** (arange(0, dim, 2).float() / dim), in f32
+        const float base = 1.0f / std::pow(c.rope_theta, static_cast<float>(2 * j) / static_cast<float>(c.head_dim));
+        double f = base;
+        switch (r.type) {
+            case RopeType::plain:
+            case RopeType::dynamic: break;  // dynamic: base unchanged while seq_len <= max_position_embeddings
+            case RopeType::linear: f = base / r.factor; break;
+            case RopeType::llama3: {  // transformers _compute_llama3_parameters
+                const double old_len  = r.original_max_position_embeddings;
+                const double low_wl   = old_len / r.low_freq_factor;
+                const double high_wl  = old_len / r.high_freq_factor;
+                const double wavelen  = 2 * std::numbers::pi / base;
+                if (wavelen > low_wl) {
+                    f = base / r.factor;
+                } else if (wavelen >= high_wl) {  // medium: interpolate
+                    const double smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+                    f = (1 - smooth) * base / r.factor + smooth * base;
+                }
+                break;
+            }
+        }
+        inv[static_cast<size_t>(j)] = static_cast<float>(f);
+    }
+    return inv;
+}
 std::optional<std::string> read_version_step(const std::filesystem::path & dir) {
     const auto file = dir / "version.yaml";
     const auto text = read_small_file(file, 1 << 20, Errc::invalid_checkpoint);

@@ -155,6 +155,10 @@ WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp) {
             add(n("self_attn.qkv_proj.bias"), Shard::rows, {{n("self_attn.q_proj.bias"), q}, {n("self_attn.k_proj.bias"), kv},
                                                             {n("self_attn.v_proj.bias"), kv}}, 0);
         }
+        if (c.qk_norm) {  // Qwen3: per-head RMSNorm weights, [head_dim] each
+            add(n("self_attn.q_norm.weight"), Shard::replicated, {{n("self_attn.q_norm.weight"), c.head_dim}}, 0);
+            add(n("self_attn.k_norm.weight"), Shard::replicated, {{n("self_attn.k_norm.weight"), c.head_dim}}, 0);
+        }
         add(n("self_attn.o_proj.weight"), Shard::cols, {{n("self_attn.o_proj.weight"), h}}, q);
         add(n("post_attention_layernorm.weight"), Shard::replicated, {{n("post_attention_layernorm.weight"), h}}, 0);
         add(n("mlp.gate_up_proj.weight"), Shard::rows, {{n("mlp.gate_proj.weight"), ff}, {n("mlp.up_proj.weight"), ff}}, h);
@@ -433,6 +437,8 @@ ModelWeights bind_weights(const ModelConfig & c, const WeightLayout & layout, co
         L.attn_norm = vec(layer_name(il, "input_layernorm.weight"));
         L.qkv       = lin(layer_name(il, "self_attn.qkv_proj.weight"));
         L.bqkv      = c.qkv_bias ? vec(layer_name(il, "self_attn.qkv_proj.bias")) : nullptr;
+        L.q_norm    = c.qk_norm ? vec(layer_name(il, "self_attn.q_norm.weight")) : nullptr;
+        L.k_norm    = c.qk_norm ? vec(layer_name(il, "self_attn.k_norm.weight")) : nullptr;
         L.o         = lin(layer_name(il, "self_attn.o_proj.weight"));
         L.mlp_norm  = vec(layer_name(il, "post_attention_layernorm.weight"));
         L.gate_up   = lin(layer_name(il, "mlp.gate_up_proj.weight"));

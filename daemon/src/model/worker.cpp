@@ -46,7 +46,7 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     w_ = bind_weights(cfg_, layout_, weights_arena_.data());
     map_kv_pool();
     rope_.resize(static_cast<size_t>(wcfg.max_model_len) * cfg_.head_dim);
-    kernels::rope_table(rope_.data(), wcfg.max_model_len, cfg_.head_dim, cfg_.rope_theta);
+    kernels::rope_table_inv_freq(rope_.data(), wcfg.max_model_len, cfg_.head_dim, rope_inv_freq(cfg_).data());
     log::get("model")->info("rank={}/{} | weights {:.1f} MiB, KV pool {} blocks x {} tokens = {:.1f} MiB, {} threads",
                             wcfg.rank, wcfg.tp_size, weights_arena_.used_bytes() / 1048576.0, wcfg.n_blocks, wcfg.block_size,
                             kv_arena_.capacity_bytes() / 1048576.0, pool_->n_threads());
@@ -176,6 +176,10 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
             std::memcpy(&q_[t * q_dim], row, sizeof(float) * q_dim);
             std::memcpy(&k_[t * kv_dim], row + q_dim, sizeof(float) * kv_dim);
             std::memcpy(&v_[t * kv_dim], row + q_dim + kv_dim, sizeof(float) * kv_dim);
+        }
+        if (L.q_norm) {  // Qwen3: RMSNorm over each head of q and k, before RoPE
+            K::rms_norm(q_.data(), q_.data(), L.q_norm, n * n_heads, cfg_.head_dim, cfg_.rms_norm_eps);
+            K::rms_norm(k_.data(), k_.data(), L.k_norm, n * n_kv_heads, cfg_.head_dim, cfg_.rms_norm_eps);
         }
         K::rope_rotate_half(q_.data(), b.positions.data(), rope_.data(), n, n_heads, cfg_.head_dim);
         K::rope_rotate_half(k_.data(), b.positions.data(), rope_.data(), n, n_kv_heads, cfg_.head_dim);

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -44,6 +45,10 @@ struct ControlRequest {
     engine::TagSet             tags;              ///< sleep/wakeup; empty text = both tags
     std::optional<std::string> version;           ///< update_weights; syntax checked
     bool                       verify_checksum = false;
+    /// The caller's deadline and start/cancel handshake (set by the transport after parse; null =
+    /// the deadline is now + control_timeout_s). A state-changing command not started by the
+    /// deadline is dropped, never run, and answered 504 `timeout` saying nothing changed.
+    std::shared_ptr<engine::StartGate> gate;
 
     /// Validate a command in wire form. Checks the op name, that tags are only given to
     /// sleep/wakeup and name known tags, and the version syntax ([A-Za-z0-9._-]{1,128}, not '.'
@@ -66,12 +71,15 @@ class ControlService {
 public:
     ControlService(ControlConfig cfg, engine::Engine & engine);
 
-    /// Run `req` and return its reply. Blocks until the engine answers, at most
-    /// control_timeout_s (then 504 `timeout`) or, for the legacy pair, legacy_timeout_s.
+    /// Run `req` and return its reply. Blocks until the engine answers: at the request's deadline
+    /// (req.gate; default now + control_timeout_s) a command the engine has not started yet is
+    /// withdrawn (504 `timeout`, nothing changed); one that started is waited for until
+    /// control_timeout_s after receipt (then 504 saying it may still take effect). The legacy
+    /// pair waits for the status word at most legacy_timeout_s.
     /// Never throws: every failure is an error reply.
     ControlReply handle(const ControlRequest & req);
-    /// parse() then handle(); a parse error is its error reply.
-    ControlReply handle(const shm::MailboxCommand & wire);
+    /// parse() then handle() with `gate` as the request's deadline; a parse error is its error reply.
+    ControlReply handle(const shm::MailboxCommand & wire, std::shared_ptr<engine::StartGate> gate = nullptr);
 
     /// The daemon's state as GET /health and the mailbox `status` op report it.
     nlohmann::json status_json() const;

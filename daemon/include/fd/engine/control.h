@@ -8,7 +8,10 @@
 #include "fd/shm/weights_status.h"
 #include "fd/status.h"
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <future>
 #include <optional>
 #include <string>
@@ -33,11 +36,42 @@ struct TagSet {
 /// Errors  fd::Error{invalid_argument} naming the unknown tag.
 TagSet parse_tags(std::string_view text);
 
+/// The start/cancel handshake of one queued control command, race-free: the command leaves
+/// "pending" exactly once, by one atomic transition, either to "started" (the engine runs it) or
+/// to "cancelled" (it never runs). Whoever waits for the answer cancels at its deadline; if that
+/// fails the command had started and its answer is the truth.
+class StartGate {
+public:
+    virtual ~StartGate() = default;
+    /// Engine thread, just before running the command: pending → started, only while the
+    /// deadline has not passed (past it: pending → cancelled). True = run it, false = drop it.
+    virtual bool start() = 0;
+    /// The waiter at its deadline: pending → cancelled. True = the command will never run.
+    virtual bool cancel() = 0;
+    /// When a command not started by then is dropped (steady_clock = CLOCK_MONOTONIC on Linux).
+    virtual std::chrono::steady_clock::time_point deadline() const = 0;
+};
+
+/// An in-process gate (the HTTP control routes).
+class LocalStartGate final : public StartGate {
+public:
+    explicit LocalStartGate(std::chrono::steady_clock::time_point deadline) : deadline_(deadline) {}
+    bool start() override;
+    bool cancel() override;
+    std::chrono::steady_clock::time_point deadline() const override { return deadline_; }
+
+private:
+    enum : int { pending, started, cancelled };
+    std::atomic<int>                      state_{pending};
+    std::chrono::steady_clock::time_point deadline_;
+};
+
 struct ControlCommand {
     ControlOp                  op = ControlOp::pause;
     TagSet                     tags;               ///< sleep / wakeup
     std::optional<std::string> version;            ///< update_weights
     bool                       verify_checksum = false;
+    std::shared_ptr<StartGate> gate;               ///< null: run whenever dequeued (internal callers)
 };
 
 /// One rank's part of a control command (result.ranks).

@@ -121,6 +121,7 @@ private:
     void admit(GenerateRequest & req);
     /// Send `ev` for `s` (stamped, with the text now safe to send); `why` != none finishes `s`.
     void emit(Sequence & s, FinishReason why, ChoiceEvent ev);
+    /// `logits`: the raw row (logprobs come from it).
     void append_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev);
     void publish_stats();
     // control (engine_control.cpp)
@@ -148,7 +149,7 @@ private:
     std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> seqs_;
     kv::SeqId                                 next_seq_id_ = 1;
     model::StepBatch                          batch_;
-    std::vector<float>                        logits_, scratch_;
+    std::vector<float>                        logits_, scratch_, processed_;  ///< processed_: one row after the logits processors
     bool                                      defer_events_ = false;  ///< emit() holds events back (pause)
     std::vector<std::pair<std::shared_ptr<ResultChannel>, ChoiceEvent>> deferred_;
     std::mutex                                reply_mu_;

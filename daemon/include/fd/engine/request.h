@@ -20,7 +20,7 @@
 namespace fd::engine {
 
 struct SamplingParams {
-    int32_t                  max_tokens     = 16;
+    int32_t                  max_tokens     = 16;     ///< 0 = score the prompt only (needs prompt_logprobs >= 0)
     float                    temperature    = 1.0f;   ///< 0 = greedy
     float                    top_p          = 1.0f;   ///< (0, 1]
     int32_t                  top_k          = 0;      ///< 0 or -1 = off
@@ -31,13 +31,35 @@ struct SamplingParams {
     int32_t                  logprobs       = -1;     ///< -1 = none; k >= 0 = chosen token + top k
     bool                     skip_special_tokens           = true;  ///< drop special tokens from the text
     bool                     spaces_between_special_tokens = true;  ///< see fd::tokenizer::DecodeOptions
+    // vLLM's fields; applied to the logits before sampling, in vLLM's order (sampler.h).
+    int32_t                  prompt_logprobs = -1;    ///< -1 = none; k >= 0 = each prompt token + top k
+    int32_t                  min_tokens      = 0;     ///< stop ids/EOS masked and stops ignored before this many tokens
+    float                    repetition_penalty = 1.0f;  ///< > 0; 1 = off; prompt and generated tokens
+    float                    presence_penalty   = 0.0f;  ///< [-2, 2]; generated tokens
+    float                    frequency_penalty  = 0.0f;  ///< [-2, 2]; generated tokens, per occurrence
+    std::vector<std::pair<int32_t, float>> logit_bias;   ///< (token id, bias in [-100, 100]) added to the logits
+    bool                     include_stop_str_in_output = false;  ///< keep the matched stop string in the text
+
+    /// True when any logits processor (min_tokens, logit_bias, penalties) is active.
+    bool processes_logits() const {
+        return min_tokens > 0 || !logit_bias.empty() || repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
+    }
 };
 
 /// One sampled token's log-probabilities (natural log, from the raw logits' log_softmax).
 struct TokenLogprob {
     int32_t                                id      = 0;
     float                                  logprob = 0.0f;
+    int32_t                                rank    = 0;   ///< vLLM's rank: tokens whose logprob is >= this one's (1 = best)
     std::vector<std::pair<int32_t, float>> top;    ///< [k] (id, logprob), best first, ties by id
+};
+
+/// What ended a choice with finish_reason "stop" (vLLM's stop_reason): the stop string or the
+/// stop token id (stop_token_ids, or a model EOS id other than the tokenizer's); empty for the
+/// tokenizer's EOS and for every other finish.
+struct StopReason {
+    std::optional<std::string> str;
+    std::optional<int32_t>     token_id;
 };
 
 enum class FinishReason { none, stop, length, abort, error };
@@ -50,8 +72,13 @@ struct ChoiceEvent {
     int32_t                   choice = 0;       ///< index in the response's choices
     std::vector<int32_t>      token_ids;        ///< ids generated this step
     std::vector<TokenLogprob> logprobs;         ///< [token_ids.size()] when requested
+    std::vector<int32_t>      text_offsets;     ///< [token_ids.size()] characters (code points) of the
+                                                ///< choice's generated text before each token's text
+    std::vector<TokenLogprob> prompt_logprobs;  ///< [n_prompt - 1] tokens 1.. of the prompt, on the
+                                                ///< choice's first event when prompt_logprobs >= 0
     std::string               text;             ///< newly completed text
     FinishReason              finish = FinishReason::none;
+    StopReason                stop_reason;      ///< on the finishing event
     int32_t                   n_prompt_tokens = 0;
     int32_t                   n_cached_tokens = 0;  ///< prompt tokens served from the prefix cache
     std::string               weight_version;

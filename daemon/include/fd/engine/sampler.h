@@ -7,6 +7,7 @@
 #include "fd/engine/request.h"
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace fd::engine {
@@ -20,6 +21,21 @@ struct SeqRng {
     static SeqRng from_seed(uint64_t seed, int32_t choice);
 };
 
+/// vLLM's logits processors (v1 sampler, same order), in place on one row of raw logits, in
+/// float32 like vLLM:
+///   1. min_tokens: while generated.size() < min_tokens, logits of stop_token_ids and of every
+///      `eos_ids` entry (vLLM's all_stop_token_ids: EOS even with ignore_eos) become -inf.
+///   2. logit_bias: logits[id] += bias.
+///   3. repetition_penalty r, for ids in prompt or generated: logit > 0 ? logit / r : logit * r.
+///   4. frequency_penalty f: logits[id] -= f * (occurrences of id in generated).
+///   5. presence_penalty p: logits[id] -= p for ids in generated.
+/// Logprobs stay those of the raw logits (vLLM's default logprobs mode, raw_logprobs).
+/// Shapes  logits [vocab];  prompt [n_prompt];  generated [n_generated];  eos_ids [n_eos]
+/// Requires  every id in prompt/generated/logit_bias/stop_token_ids/eos_ids in [0, vocab)
+///           (ids outside it are ignored).
+void apply_logits_processors(float * logits, int32_t vocab, const SamplingParams & p, std::span<const int32_t> prompt,
+                             std::span<const int32_t> generated, std::span<const int32_t> eos_ids);
+
 /// Choose the next token.
 ///   temperature == 0: argmax (lowest id on ties).
 ///   else: softmax(logits / T) restricted to the top_k highest, then to the smallest set whose
@@ -28,7 +44,8 @@ struct SeqRng {
 /// Shapes  logits [vocab]
 int32_t sample_token(const float * logits, int32_t vocab, const SamplingParams & p, SeqRng & rng);
 
-/// Log-probabilities of `id` and the top `k` tokens under log_softmax(logits).
+/// Log-probabilities of `id` and the top `k` tokens under log_softmax(logits); rank of `id` =
+/// number of tokens whose logprob is >= its own (vLLM's rank: 1 = the most likely).
 /// Shapes  logits [vocab];  scratch [vocab] (overwritten)
 TokenLogprob token_logprobs(const float * logits, int32_t vocab, int32_t id, int32_t k, std::vector<float> & scratch);
 

@@ -5,7 +5,8 @@
 // = 1 token, an unfinished prefill = its next chunk), then waiting ones (FIFO) while blocks and
 // budget last, so prefill and decode share a step. When KV blocks run out, the most recently
 // admitted running sequence is preempted by recompute: its blocks are released and it returns
-// to the front of the queue with all its tokens to prefill again.
+// to the front of the queue with all its tokens to prefill again. A sequence may cap its chunk
+// (max_chunk) and skip the prefix cache (no_prefix_cache: scoring wants every prompt row).
 //
 // Sequence states:  waiting --admit--> running --finish--> (removed)
 //                       ^                  |
@@ -28,6 +29,8 @@ struct SchedSeq {
     int64_t              n_computed  = 0;  ///< tokens whose KV is in the cache
     int32_t              n_cached    = -1; ///< prompt tokens found in the prefix cache at first admission (-1 = not yet admitted)
     int32_t              n_preempted = 0;
+    bool                 no_prefix_cache = false;  ///< every prompt row is computed (its logits are wanted)
+    int32_t              max_chunk       = 0;      ///< > 0: at most this many tokens per step
 
     int64_t n_remaining() const { return static_cast<int64_t>(tokens.size()) - n_computed; }
 };

@@ -22,7 +22,7 @@
 //   down_proj        row parallel:    columns [r*ff/T, (r+1)*ff/T)         → [hidden, ff/T]
 //   embed_tokens     vocab parallel:  rows [r*vocab/T, (r+1)*vocab/T)      → [vocab/T, hidden]
 //   lm_head          column parallel: rows [r*vocab/T, ...) (absent when tied to embed_tokens)
-//   *layernorm, model.norm  replicated
+//   *layernorm, model.norm, self_attn.q_norm / k_norm (Qwen3, [head_dim])  replicated
 // Dtypes: the checkpoint's F32 or BF16 (a fused tensor whose parts differ, and F16, are F32).
 #pragma once
 

@@ -7,8 +7,9 @@
 //   model.layers.N.self_attn.qkv_proj.weight  [(q_dim + 2*kv_dim)/T, hidden]  rows q | k | v
 //   model.layers.N.self_attn.qkv_proj.bias    [(q_dim + 2*kv_dim)/T]          (Qwen2)
 //   model.layers.N.mlp.gate_up_proj.weight    [2*intermediate/T, hidden]      rows gate | up
-// and every other tensor under its Hugging Face name (embed_tokens, o_proj, down_proj, the norms,
-// model.norm, lm_head when untied). T = tp size (1: the whole model).
+// and every other tensor under its Hugging Face name (embed_tokens, o_proj, down_proj, the norms
+// incl. Qwen3's self_attn.q_norm / k_norm [head_dim], model.norm, lm_head when untied).
+// T = tp size (1: the whole model).
 //
 // Sharding of rank r of T (Megatron / vLLM; Shard below):
 //   qkv_proj (+bias)  rows:  rows [r*q_dim/T, (r+1)*q_dim/T) of q_proj, the same fraction of
@@ -18,7 +19,7 @@
 //   down_proj         cols:  columns [r*ff/T, (r+1)*ff/T)              → [hidden, ff/T]
 //   embed_tokens      rows:  vocab rows [r*vocab/T, (r+1)*vocab/T)     → [vocab/T, hidden]
 //   lm_head           rows:  the same vocab rows (tied: embed_tokens' slice is the head)
-//   norms             replicated
+//   norms             replicated (q_norm / k_norm too: per head, the same for every head)
 // A row slice is one contiguous range of the checkpoint tensor; a column slice is one range per
 // row (strided reads). Loading, wakeup and update_weights are parallel reads into one arena
 // (F16 is the exception: it is widened to f32 at load).
@@ -155,6 +156,8 @@ struct LayerWeights {
     const float * attn_norm = nullptr;  ///< [hidden] f32
     LinearWeight  qkv;                  ///< [(q_dim + 2*kv_dim)/T, hidden]
     const float * bqkv      = nullptr;  ///< [(q_dim + 2*kv_dim)/T] f32 or nullptr
+    const float * q_norm    = nullptr;  ///< [head_dim] f32 (Qwen3) or nullptr
+    const float * k_norm    = nullptr;  ///< [head_dim] f32 (Qwen3) or nullptr
     LinearWeight  o;                    ///< [hidden, q_dim/T]
     const float * mlp_norm  = nullptr;  ///< [hidden] f32
     LinearWeight  gate_up;              ///< [2*intermediate/T, hidden]

@@ -82,6 +82,12 @@ void add_inplace(float * out, const float * x, int64_t n_elems);
 /// Shapes   cos_sin [n_pos, head_dim] written.
 void rope_table(float * cos_sin, int64_t n_pos, int64_t head_dim, float theta);
 
+/// The same table from given inverse frequencies (rope_scaling: fd::model::rope_inv_freq):
+///   cos_sin[pos, j] = cos(pos * inv_freq[j]),  cos_sin[pos, head_dim/2+j] = sin(pos * inv_freq[j])
+/// with the angle pos * inv_freq[j] taken in f32 (as transformers does).
+/// Shapes   cos_sin [n_pos, head_dim] written;  inv_freq [head_dim / 2].
+void rope_table_inv_freq(float * cos_sin, int64_t n_pos, int64_t head_dim, const float * inv_freq);
+
 /// Rotate every head of every token in place, HF `rotate_half` convention: element j pairs with
 /// j + head_dim/2.  x1' = x1*cos - x2*sin,  x2' = x2*cos + x1*sin.
 /// Shapes   x         [n_tokens, n_heads, head_dim]  modified in place

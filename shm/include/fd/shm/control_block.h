@@ -11,9 +11,18 @@
 //   fdctl only    the command (cmd_*) and cmd_seq, while holding the mailbox lock
 //   both          legacy_status (the FastDeploy status word; CAS transitions), doorbell
 // Mailbox protocol: a client takes the lock (mailbox_owner_pid: 0 = free; a dead owner's lock
-// is taken over), waits until ack_seq == cmd_seq (the previous command is done), fills cmd_*,
-// stores cmd_seq + 1, bumps doorbell and futex-wakes it; the daemon answers with result_* and
-// stores ack_seq = cmd_seq, futex-waking ack_seq. Futex words are 32-bit and process-shared.
+// is taken over), waits until ack_seq == cmd_seq (the previous command is done), fills cmd_* and
+// cmd_deadline_ns, stores cmd_state = (seq, posted), cmd_seq = seq, bumps doorbell and
+// futex-wakes it; the daemon answers with result_* and stores ack_seq = cmd_seq, futex-waking
+// ack_seq — for every command, also one it dropped. Futex words are 32-bit and process-shared.
+//
+// Start/cancel handshake (issue #12, defect 2): cmd_state leaves `posted` exactly once, by CAS:
+//   posted → started    the daemon, just before the engine runs the command, only if
+//                       CLOCK_MONOTONIC (system-wide) is still before cmd_deadline_ns;
+//   posted → cancelled  the client when its --timeout runs out, or the daemon when it finds the
+//                       deadline passed: the command is dropped (a logged line), never run.
+// So the client's reported outcome is the truth: its cancel won → "timeout, nothing changed";
+// it lost → the command started before the deadline, and the client reports its answer.
 #pragma once
 
 #include <atomic>
@@ -25,7 +34,7 @@
 namespace fd::shm {
 
 inline constexpr uint64_t kControlBlockMagic      = 0x4243'4c4c'4f52'4446ULL;  // "FDROLLCB" little-endian
-inline constexpr uint32_t kControlBlockAbiVersion = 1;
+inline constexpr uint32_t kControlBlockAbiVersion = 2;
 inline constexpr size_t   kVersionCap             = 136;    ///< weight_version bytes incl. NUL (versions are <= 128)
 inline constexpr size_t   kResultCap              = 32768;  ///< result JSON bytes incl. NUL
 
@@ -45,6 +54,12 @@ struct StateSnapshot {
 
 /// Mailbox command names (ASCII, NUL-terminated in cmd_op).
 inline constexpr size_t kOpCap = 32;
+
+/// The state half of cmd_state (low 32 bits; the high 32 bits are the command's seq).
+enum class CmdState : uint32_t { idle = 0, posted = 1, started = 2, cancelled = 3 };
+
+/// cmd_state value of command `seq` in state `st`.
+constexpr uint64_t cmd_state_word(uint32_t seq, CmdState st) { return (uint64_t{seq} << 32) | static_cast<uint32_t>(st); }
 
 struct ControlBlock {
     // --- header (never moves) ---
@@ -66,6 +81,8 @@ struct ControlBlock {
     std::atomic<int64_t>  mailbox_owner_pid;   ///< writer lock; 0 = free
     std::atomic<uint32_t> cmd_seq;
     std::atomic<uint32_t> ack_seq;
+    std::atomic<uint64_t> cmd_state;           ///< cmd_state_word(seq, CmdState): the start/cancel handshake
+    int64_t  cmd_deadline_ns;                  ///< CLOCK_MONOTONIC ns: not started by then = dropped
     char     cmd_op[kOpCap];                   ///< "pause", "sleep", "update_weights", "status", ...
     char     cmd_tags[64];                     ///< sleep/wakeup `tags` as the user wrote them
     char     cmd_version[kVersionCap];         ///< update_weights version ("" = none)
@@ -81,13 +98,17 @@ static_assert(std::is_standard_layout_v<ControlBlock>);
 static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
 static_assert(offsetof(ControlBlock, magic) == 0 && offsetof(ControlBlock, abi_version) == 8 &&
               offsetof(ControlBlock, size_bytes) == 12 && offsetof(ControlBlock, pid) == 16);
-static_assert(sizeof(ControlBlock) == 33248, "ControlBlock is an ABI: bump kControlBlockAbiVersion when it changes");
+static_assert(sizeof(ControlBlock) == 33264, "ControlBlock is an ABI: bump kControlBlockAbiVersion when it changes");
 
 /// Shared-memory object name of the block for `port` ("fdrollout.8000" → /dev/shm/fdrollout.8000).
 std::string block_name(int port);
 
 /// Wall-clock milliseconds (CLOCK_REALTIME), the heartbeat unit.
 int64_t now_ms();
+
+/// CLOCK_MONOTONIC nanoseconds: the same clock in every process of the machine (the deadline unit;
+/// std::chrono::steady_clock reads it too).
+int64_t monotonic_ns();
 
 /// True if process `pid` exists (kill(pid, 0) succeeds or fails with EPERM).
 bool pid_alive(int64_t pid);

@@ -11,6 +11,9 @@
 
 namespace fd::shm {
 
+/// A heartbeat older than this (ms) means the daemon is stopped or stalled (its pid may live).
+inline constexpr int64_t kHeartbeatStaleMs = 2000;
+
 /// Mapping of a control block (RAII; unmaps on destruction).
 class MappedBlock {
 public:
@@ -25,8 +28,12 @@ public:
     ///         magic/ABI (message says how to clean up); {internal} on a system error.
     static MappedBlock create(int port);
 
-    /// Open the existing block of `port` and check magic, ABI and size.
-    /// Errors  fd::Error{unreachable} if there is none (no daemon); {invalid_argument} on a
+    /// Open the existing block of `port` (fdctl) and check who owns it, then magic, ABI and size.
+    /// The block must belong to the daemon's user — the caller's effective uid, or for root the
+    /// owner of the pid recorded in the block — and have no group/other permission bits: another
+    /// local user could otherwise plant a block that forges answers or swallows commands.
+    /// Errors  fd::Error{unreachable} if there is none (no daemon); {forbidden} on a wrong owner
+    ///         or mode (the message names both and what to do); {invalid_argument} on a
     ///         magic/ABI/size mismatch (a different fdrollout version) or if it cannot be opened.
     static MappedBlock open(int port);
 
@@ -60,12 +67,27 @@ struct MailboxReply {
     std::string body;
 };
 
-/// Client side: send `cmd` and wait for the answer, at most `timeout_ms` in total.
-/// Errors  fd::Error{unreachable} if the daemon is gone (dead pid or stale heartbeat) before or
-///         while waiting; {timeout} if the lock or the answer does not come in time.
+/// Client side: send `cmd` with the deadline now + `timeout_ms` (CLOCK_MONOTONIC) and wait for
+/// the answer. If the daemon has not started the command by the deadline the call withdraws it
+/// (cmd_state posted → cancelled, see control_block.h), so it never runs; if it did start in
+/// time, the call waits for its answer as long as the daemon's heartbeat stays fresh.
+/// A live pid with a stale heartbeat (SIGSTOP, a stall) is a timeout, never "gone".
+/// Errors  fd::Error{unreachable} if the daemon's pid is gone (the message says whether the
+///         command had started); {timeout} if the lock, the previous command or the start does
+///         not come before the deadline (the message says nothing changed), or if a started
+///         command's daemon stalls past the deadline (the message says its outcome is unknown).
 MailboxReply mailbox_call(ControlBlock & b, const MailboxCommand & cmd, int64_t timeout_ms);
 
 /// Client side: the daemon is alive (pid exists, heartbeat within `stale_ms`).
-bool daemon_alive(const ControlBlock & b, int64_t stale_ms = 2000);
+bool daemon_alive(const ControlBlock & b, int64_t stale_ms = kHeartbeatStaleMs);
+
+/// Daemon side: is command `seq` still waiting to start (posted, deadline not passed)?
+bool command_pending(const ControlBlock & b, uint32_t seq);
+/// Daemon side, just before running command `seq`: posted → started, only before its deadline
+/// (past it, posted → cancelled). True = run it; false = drop it (withdrawn or expired).
+bool try_start_command(ControlBlock & b, uint32_t seq);
+/// Either side: posted → cancelled. True = command `seq` will never run; false = it had started
+/// (or was already cancelled: see the word).
+bool try_cancel_command(ControlBlock & b, uint32_t seq);
 
 }  // namespace fd::shm

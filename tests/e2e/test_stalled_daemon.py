@@ -1,0 +1,191 @@
+"""A stopped daemon is a timeout, not "gone", and a command reported as failed never takes effect
+later (issue 12, defect 2; CTest label `reliability`).
+
+fdctl over the control block: under SIGSTOP (heartbeat stale, pid alive) `fdctl --timeout 3 pause`
+exits 7 saying the command was withdrawn; after SIGCONT the daemon drops it (a logged line) and
+its state is unchanged. The same holds for a command queued behind a slow one. Over HTTP a client
+deadline (X-Request-Timeout: seconds from receipt, X-Request-Deadline: Unix time, which fdctl
+--transport v1 sends) withdraws a command the engine has not started by then: 504, not run.
+"""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+from fdtest import FDCTL, Daemon, fdctl, greedy
+
+EXIT_TIMEOUT = 7
+
+
+def state(d):
+    """(is_paused, sleeping_tags) from /health."""
+    j = d.get("/health")[1]
+    return j["is_paused"], j["sleeping_tags"]
+
+
+class Stopped:
+    """SIGSTOP the daemon for the with-block; SIGCONT on the way out, whatever happens."""
+
+    def __init__(self, d):
+        self.pid = d.proc.pid
+
+    def __enter__(self):
+        os.kill(self.pid, signal.SIGSTOP)
+        return self
+
+    def __exit__(self, *exc):
+        os.kill(self.pid, signal.SIGCONT)
+
+
+def wait_log(d, text, timeout=10):
+    """Wait until the daemon log contains text; returns whether it did."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if text in d.output():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class StalledDaemon(unittest.TestCase):
+    def test_fdctl_against_a_stopped_daemon_is_a_timeout_and_nothing_runs_after_sigcont(self):
+        with Daemon("--dynamic-load-weight") as d:
+            before = greedy(d)
+            with Stopped(d):
+                time.sleep(2.5)  # past the 2 s heartbeat window: the block looks stale, the pid lives
+                rc, _, err = fdctl(d.port, "--timeout", "3", "pause", timeout=30)
+                self.assertEqual(rc, EXIT_TIMEOUT, err)  # was 8 "gone"
+                self.assertIn("withdrawn", err)
+                self.assertIn("stopped (SIGSTOP) or stalled", err)
+                # The next caller waits for the (unanswered) previous command: nothing is sent.
+                rc, _, err = fdctl(d.port, "--timeout", "1", "sleep", "--tags", "kv_cache", timeout=30)
+                self.assertEqual(rc, EXIT_TIMEOUT, err)
+                self.assertIn("nothing was sent", err)
+            # Continued: the withdrawn pause is dropped, logged, never run.
+            self.assertTrue(wait_log(d, "dropped mailbox command 'pause'"), d.output())
+            rc, out, err = fdctl(d.port, "--timeout", "10", "--json", "status")
+            self.assertEqual(rc, 0, err)
+            self.assertEqual((json.loads(out)["is_paused"], json.loads(out)["sleeping_tags"]), (False, []))
+            self.assertEqual(state(d), (False, []))
+            self.assertEqual(greedy(d), before)
+            # And the mailbox works again at once.
+            rc, out, err = fdctl(d.port, "--timeout", "10", "pause")
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(state(d), (True, []))
+
+    def test_random_stops_around_fdctl_calls_every_reported_outcome_is_the_truth(self):
+        # Toggle pause/resume through fdctl while the daemon is stopped for random spans that end
+        # before, at or after fdctl's random --timeout, so the deadline often falls right when the
+        # daemon picks the command up. After each call: exit 0 => applied; exit 7 "withdrawn" or
+        # "nothing was sent" => not applied, also after SIGCONT.
+        seed = int(os.environ.get("FD_STALL_SEED", str(int(time.time()))))
+        print(f"FD_STALL_SEED={seed}", file=sys.stderr)
+        rng = random.Random(seed)
+        outcomes = {"ok": 0, "withdrawn": 0, "not sent": 0}
+        with Daemon("--dynamic-load-weight") as d:
+            paused = False
+            for _ in range(int(os.environ.get("FD_STALL_TRIALS", "16"))):
+                op = "resume" if paused else "pause"
+                stop_s, timeout_s = rng.uniform(0, 1.2), rng.uniform(0.2, 1.2)
+                os.kill(d.proc.pid, signal.SIGSTOP)
+                timer = threading.Timer(stop_s, os.kill, (d.proc.pid, signal.SIGCONT))
+                timer.start()
+                try:
+                    rc, _, err = fdctl(d.port, "--timeout", f"{timeout_s:.3f}", op, timeout=30)
+                finally:
+                    timer.join()
+                    os.kill(d.proc.pid, signal.SIGCONT)
+                if rc == 0:
+                    paused = not paused
+                    outcomes["ok"] += 1
+                else:
+                    self.assertEqual(rc, EXIT_TIMEOUT, err)
+                    self.assertTrue("withdrawn" in err or "nothing was sent" in err, err)
+                    outcomes["withdrawn" if "withdrawn" in err else "not sent"] += 1
+                # Let the continued daemon drain its mailbox, then compare with what fdctl said.
+                rc, out, err = fdctl(d.port, "--timeout", "20", "--json", "status")
+                self.assertEqual(rc, 0, err)
+                time.sleep(0.2)
+                self.assertEqual(state(d), (paused, []), (op, stop_s, timeout_s))
+        print(f"outcomes: {outcomes}", file=sys.stderr)
+
+    def test_a_stop_shorter_than_the_timeout_is_just_a_slow_answer(self):
+        with Daemon("--dynamic-load-weight") as d:
+            with Stopped(d):
+                p = subprocess.Popen([FDCTL, "--port", str(d.port), "--timeout", "20", "pause"], stderr=subprocess.PIPE, text=True)
+                time.sleep(3)  # heartbeat stale for a while: fdctl must keep waiting, not call it gone
+            _, err = p.communicate(timeout=30)
+            self.assertEqual(p.returncode, 0, err)
+            self.assertEqual(state(d), (True, []))
+
+    def test_an_fdctl_command_queued_behind_a_slow_one_is_withdrawn_at_its_deadline(self):
+        with Daemon("--dynamic-load-weight", env={"FD_DEBUG_CONTROL_DELAY_MS": "2500"}) as d:
+            slow = threading.Thread(target=lambda: d.post("/v1/pause", timeout=30))
+            slow.start()
+            time.sleep(0.3)  # the pause is running (2.5 s)
+            rc, _, err = fdctl(d.port, "--timeout", "0.7", "resume", timeout=30)
+            self.assertEqual(rc, EXIT_TIMEOUT, err)
+            self.assertIn("withdrawn", err)
+            slow.join()
+            self.assertTrue(wait_log(d, "dropped resume"), d.output())
+            time.sleep(0.3)
+            self.assertEqual(state(d), (True, []))  # the pause ran, the withdrawn resume never did
+
+    def test_http_x_request_timeout_withdraws_a_queued_command(self):
+        with Daemon("--dynamic-load-weight", env={"FD_DEBUG_CONTROL_DELAY_MS": "2500"}) as d:
+            slow = threading.Thread(target=lambda: d.post("/v1/pause", timeout=30))
+            slow.start()
+            time.sleep(0.3)
+            status, j = d.post("/v1/resume", headers={"X-Request-Timeout": "0.5"}, timeout=30)
+            self.assertEqual((status, j["error"]["type"]), (504, "timeout"), j)
+            self.assertIn("withdrawn", j["error"]["message"])
+            slow.join()
+            time.sleep(0.3)
+            self.assertEqual(state(d), (True, []))
+            # A deadline long enough: it runs (after the delay) and says so.
+            status, j = d.post("/v1/resume", headers={"X-Request-Timeout": "20"}, timeout=30)
+            self.assertEqual(status, 200, j)
+            self.assertEqual(state(d), (False, []))
+
+    def test_http_deadline_header_under_sigstop_and_fdctl_v1(self):
+        with Daemon("--dynamic-load-weight") as d:
+            out = {}
+
+            def call():
+                out["r"] = d.post("/v1/pause", headers={"X-Request-Deadline": f"{time.time() + 1:.3f}"}, timeout=30)
+
+            with Stopped(d):
+                t = threading.Thread(target=call)
+                t.start()
+                p = subprocess.Popen([FDCTL, "--port", str(d.port), "--transport", "v1", "--timeout", "1", "sleep"],
+                                     stderr=subprocess.PIPE, text=True)
+                time.sleep(2.5)  # both deadlines pass while the daemon is stopped
+            t.join(30)
+            _, err = p.communicate(timeout=30)
+            status, j = out["r"]
+            self.assertEqual((status, j["error"]["type"]), (504, "timeout"), j)
+            self.assertEqual(p.returncode, EXIT_TIMEOUT, err)
+            self.assertEqual(state(d), (False, []))  # neither the pause nor the sleep ran
+
+    def test_bad_deadline_headers_are_400_and_change_nothing(self):
+        with Daemon("--dynamic-load-weight") as d:
+            for h in ({"X-Request-Timeout": "soon"}, {"X-Request-Timeout": "-1"}, {"X-Request-Timeout": "nan"},
+                      {"X-Request-Deadline": "1e400"}):
+                with self.subTest(h):
+                    status, j = d.post("/v1/pause", headers=h)
+                    self.assertEqual((status, j["error"]["type"]), (400, "invalid_argument"), j)
+                    self.assertIn(list(h)[0], j["error"]["message"])
+            self.assertEqual(state(d), (False, []))
+            # A deadline already past on arrival: 504 at once, nothing done.
+            status, j = d.post("/v1/pause", headers={"X-Request-Deadline": f"{time.time() - 5:.3f}"})
+            self.assertEqual((status, j["error"]["type"]), (504, "timeout"), j)
+            self.assertEqual(state(d), (False, []))
+
+
+if __name__ == "__main__":
+    unittest.main()
