@@ -1,6 +1,6 @@
 // Tensor-parallel forward (Worker rank r of T, daemon/src/model/worker.cpp) against tp = 1:
 // real Gloo over loopback between fork()ed rank processes, on stories260K, random Qwen2
-// checkpoints (make_random_checkpoint.py, F32 with q/k/v biases) and a random BF16 checkpoint
+// checkpoints (make_random_checkpoint.py, F32 with q/k/v biases), a random Qwen3 and a random BF16 checkpoint
 // in 3 safetensors shards with an untied head. Per model and tp in {2, 4}: every step's logits
 // within 1e-4 of tp = 1, the same greedy tokens, a sequence's logits bitwise the same alone and
 // batched; per-rank snapshot files (inference names) load and stage/commit like the full
@@ -312,6 +312,12 @@ TEST_CASE("random Qwen2 (q/k/v biases, F32): tp 2 on 2 kv heads, tp 2 and 4 on 4
     check_against_tp1(d.path / "q2", {2});
     make_checkpoint(d.path / "q4", "--preset tiny-qwen2 --kv-heads 4 --seed 3");
     check_against_tp1(d.path / "q4", {2, 4});
+}
+
+TEST_CASE("random Qwen3 (q_norm / k_norm per head, head_dim 128 != hidden / heads): tp 2 matches tp 1") {
+    test::TempDir d;
+    make_checkpoint(d.path, "--preset qwen3-like");
+    check_against_tp1(d.path, {2});
 }
 
 TEST_CASE("random BF16 checkpoint in 3 shards, untied head: tp 2 and 4 match tp 1") {
