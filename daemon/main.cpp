@@ -10,6 +10,7 @@
 #include "fd/model/safetensors.h"
 #include "fd/tokenizer/tokenizer.h"
 #include "fd/model/worker.h"
+#include "fd/runtime/mp_executor.h"
 #include "fd/weights/weight_source.h"
 
 #include <CLI/CLI.hpp>
@@ -61,7 +62,20 @@ void add_flags(CLI::App & app, fd::Config & c) {
     app.add_option("--device", c.model.device, "Backend: cpu (cuda needs a CUDA build)")->envname("FD_DEVICE")->capture_default_str();
     app.add_option("--tensor-parallel-size", c.model.tensor_parallel_size, "Number of ranks (1 in this build)")
         ->envname("FD_TENSOR_PARALLEL_SIZE")->capture_default_str();
-    app.add_option("--threads", c.model.n_threads, "CPU kernel threads (0 = all cores)")->envname("FD_THREADS")->capture_default_str();
+    app.add_option("--threads", c.model.n_threads, "CPU kernel threads per rank (0 = all cores)")->envname("FD_THREADS")->capture_default_str();
+    auto & p = c.parallel;
+    app.add_option("--distributed-executor-backend", p.distributed_executor_backend,
+                   "uni: the rank runs in the daemon's process; mp: one process per rank (default: uni at tp=1, mp at tp>1)")
+        ->envname("FD_DISTRIBUTED_EXECUTOR_BACKEND")->check(CLI::IsMember({"uni", "mp"}));
+    app.add_option("--nnodes", p.nnodes, "Hosts the ranks span")->envname("FD_NNODES")->capture_default_str();
+    app.add_option("--node-rank", p.node_rank, "This host's index in [0, --nnodes)")->envname("FD_NODE_RANK")->capture_default_str();
+    app.add_option("--master-addr", p.master_addr, "Address of node 0's rendezvous store (IPv4); the ranks' Gloo sockets bind it too")
+        ->envname("FD_MASTER_ADDR")->capture_default_str();
+    app.add_option("--master-port", p.master_port, "Port of the rendezvous store (0 = any free port; single node)")
+        ->envname("FD_MASTER_PORT")->capture_default_str();
+    app.add_flag("--shutdown-comm-group-if-worker-idle,!--no-shutdown-comm-group-if-worker-idle", p.shutdown_comm_group_if_worker_idle,
+                 "mp backend: sleep with the weight tag closes the ranks' communication group (its sockets), wakeup rebuilds it "
+                 "before reloading")->envname("FD_SHUTDOWN_COMM_GROUP_IF_WORKER_IDLE")->capture_default_str();
     app.add_option("--max-num-seqs", c.engine.scheduler.max_num_seqs, "Most sequences in the running batch")
         ->envname("FD_MAX_NUM_SEQS")->capture_default_str();
     app.add_option("--max-num-batched-tokens", c.engine.scheduler.max_num_batched_tokens, "Token budget per engine step (prefill chunks + decodes)")
@@ -128,16 +142,31 @@ int run(fd::Config & cfg, sigset_t & signals) {
              r.model.vocab_size, cfg.engine.weight_version);
     auto tok = fd::tokenizer::load_tokenizer(cfg.model.model_dir, {.bos_token_id = r.model.bos_token_id});
     lg->info("tokenizer: {} ({} ids)", tok->kind(), tok->vocab_size());
-    const auto idx = fd::model::read_tensor_index(cfg.model.model_dir);
-    auto worker = std::make_unique<fd::model::Worker>(r.model, idx, fd::model::WorkerConfig{
+    const fd::model::WorkerConfig wcfg{
         .rank = 0, .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,
         .n_blocks = r.n_kv_blocks, .max_model_len = cfg.engine.max_model_len,
         .keep_update_staging = cfg.weights.update_staging == "persistent",
-        .check_finite_weights = cfg.weights.check_finite_weights, .io_timeout_s = cfg.control.control_timeout_s});
-    auto source = fd::weights::make_weight_source({.strategy = fd::weights::parse_load_strategy(cfg.weights.load_strategy),
-                                                   .model_dir = cfg.model.model_dir, .port = cfg.server.port,
-                                                   .rsync_config = cfg.weights.rsync_config});
-    fd::engine::Engine engine(cfg.engine, fd::runtime::make_local_executor(std::move(worker), std::move(source)), tok,
+        .check_finite_weights = cfg.weights.check_finite_weights, .io_timeout_s = cfg.control.control_timeout_s};
+    const fd::weights::SourceConfig scfg{.strategy = fd::weights::parse_load_strategy(cfg.weights.load_strategy),
+                                         .model_dir = cfg.model.model_dir, .port = cfg.server.port,
+                                         .rsync_config = cfg.weights.rsync_config};
+    std::unique_ptr<fd::runtime::Executor> executor;
+    if (r.executor_backend == "mp") {
+        fd::runtime::MpExecutorConfig mp{.tensor_parallel_size = cfg.model.tensor_parallel_size, .model_dir = cfg.model.model_dir,
+                                         .worker = wcfg, .source = scfg, .master_addr = cfg.parallel.master_addr,
+                                         .master_port = cfg.parallel.master_port,
+                                         .shutdown_comm_group_if_worker_idle = cfg.parallel.shutdown_comm_group_if_worker_idle,
+                                         .timeout_s = cfg.control.control_timeout_s, .log_level = cfg.log_level,
+                                         .log_format = cfg.log_format};
+        // A weight read that hangs fails inside the rank before the daemon gives up on the rank.
+        mp.worker.io_timeout_s = 0.8 * cfg.control.control_timeout_s;
+        executor = fd::runtime::make_mp_executor(mp, r.model);
+    } else {
+        auto worker = std::make_unique<fd::model::Worker>(r.model, fd::model::read_tensor_index(cfg.model.model_dir), wcfg);
+        executor = fd::runtime::make_local_executor(std::move(worker), fd::weights::make_weight_source(scfg));
+    }
+    lg->info("executor: {} ({} rank(s), {} thread(s) per rank)", executor->backend(), executor->world_size(), cfg.model.n_threads);
+    fd::engine::Engine engine(cfg.engine, std::move(executor), tok,
                               {.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
                                .enable_prefix_caching = cfg.kv.enable_prefix_caching});
     fd::control::ControlService control(cfg.control, engine);
@@ -173,6 +202,8 @@ int run(fd::Config & cfg, sigset_t & signals) {
 }  // namespace
 
 int main(int argc, char ** argv) {
+    // A rank process of the mp executor (spawned by a daemon, never by hand).
+    if (argc >= 2 && std::string(argv[1]) == fd::runtime::kRankProcessFlag) { return fd::runtime::rank_process_main(argc, argv); }
     // Signals are taken synchronously by main (sigwait); every thread inherits this mask.
     sigset_t signals;
     sigemptyset(&signals);

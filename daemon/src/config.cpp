@@ -43,6 +43,35 @@ bool is_loopback_host(const std::string & host) {
     return false;  // a hostname or any other address: assume reachable
 }
 
+namespace {
+
+/// --tensor-parallel-size, --distributed-executor-backend and the rendezvous flags.
+void resolve_parallel(Config & cfg, Resolved & r, std::vector<std::string> & problems) {
+    const int32_t tp = cfg.model.tensor_parallel_size;
+    const auto & p = cfg.parallel;
+    if (tp < 1) {
+        problems.push_back(fmt::format("--tensor-parallel-size {} must be >= 1", tp));
+    } else if (r.model.n_kv_heads % tp != 0) {
+        problems.push_back(fmt::format("--tensor-parallel-size {} must divide the model's {} KV heads (and {} attention heads)", tp,
+                                       r.model.n_kv_heads, r.model.n_heads));
+    }
+    r.executor_backend = p.distributed_executor_backend.empty() ? (tp > 1 || p.nnodes > 1 ? "mp" : "uni") : p.distributed_executor_backend;
+    if (r.executor_backend != "uni" && r.executor_backend != "mp") {
+        problems.push_back(fmt::format("--distributed-executor-backend '{}': expected uni or mp", r.executor_backend));
+    } else if (r.executor_backend == "uni" && tp > 1) {
+        problems.push_back(fmt::format("--distributed-executor-backend uni runs one rank in this process; --tensor-parallel-size {} needs mp", tp));
+    }
+    if (p.nnodes != 1) { problems.push_back(fmt::format("--nnodes {}: only 1 is supported in this build", p.nnodes)); }
+    if (p.node_rank < 0 || p.node_rank >= p.nnodes) { problems.push_back(fmt::format("--node-rank {} must be in [0, --nnodes {})", p.node_rank, p.nnodes)); }
+    if (p.master_port < 0 || p.master_port > 65535) { problems.push_back(fmt::format("--master-port {} must be in [0, 65535]", p.master_port)); }
+    in_addr a4{};
+    if (::inet_pton(AF_INET, p.master_addr.c_str(), &a4) != 1) {
+        problems.push_back(fmt::format("--master-addr '{}' must be an IPv4 address", p.master_addr));
+    }
+}
+
+}  // namespace
+
 Resolved resolve(Config & cfg) {
     std::vector<std::string> problems;
     Resolved r;
@@ -66,6 +95,7 @@ Resolved resolve(Config & cfg) {
         problems.push_back(e.what());
     }
     if (cfg.model.tensor_parallel_size != 1) { problems.push_back("--tensor-parallel-size: only 1 is supported in this build"); }
+    resolve_parallel(cfg, r, problems);
     if (cfg.model.n_threads <= 0) { cfg.model.n_threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())); }
 
     auto & e = cfg.engine;

@@ -87,14 +87,42 @@ def free_port():
         return s.getsockname()[1]
 
 
+# Extra daemon flags for a whole test run: CTest runs some scripts a second time with
+# FD_TEST_DAEMON_ARGS="--distributed-executor-backend mp" (the same tests over rank processes).
+EXTRA_ARGS = os.environ.get("FD_TEST_DAEMON_ARGS", "").split()
+MP = "mp" in EXTRA_ARGS
+
+
+def children(pid):
+    """Pids of the direct children of pid."""
+    out = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
 class Daemon:
     """One fdrollout process on 127.0.0.1:<free port>. Use as a context manager."""
 
-    def __init__(self, *args, model=STORIES, env=None, wait=True, timeout=60, bin=BIN, port=None):
-        """model=None: no --model flag (the binary's default model); port=None: a free one."""
+    def __init__(self, *args, model=STORIES, env=None, wait=True, timeout=60, bin=BIN, port=None, extra=True):
+        """model=None: no --model flag (the binary's default model); port=None: a free one.
+        extra=False: without FD_TEST_DAEMON_ARGS."""
         self.port = port or free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="fdrollout-", suffix=".log", delete=False, dir=log_dir())
-        cmd = [bin, *(["--model", model] if model is not None else []), "--port", str(self.port), "--log-level", "info", *args]
+        cmd = [bin, *(["--model", model] if model is not None else []), "--port", str(self.port), "--log-level", "info",
+               *(EXTRA_ARGS if extra else []), *args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         if wait:
             self.wait_ready(timeout)
@@ -112,6 +140,14 @@ class Daemon:
                 pass
             time.sleep(0.05)
         raise TimeoutError(f"fdrollout not ready after {timeout}s:\n{self.output()}")
+
+    def rank_pids(self):
+        """The daemon's rank processes (mp executor), in rank order of spawn; [] for uni."""
+        return [c for c in children(self.proc.pid) if b"--fd-rank-process" in cmdline(c)]
+
+    def rss(self):
+        """Resident bytes of the daemon and its rank processes."""
+        return rss_bytes(self.proc.pid) + sum(rss_bytes(p) for p in self.rank_pids())
 
     def output(self):
         with open(self.log.name, errors="replace") as f:
@@ -215,11 +251,14 @@ def make_checkpoint(out_dir, *args):
 
 
 def rss_bytes(pid):
-    """VmRSS of a process, in bytes."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+    """VmRSS of a process, in bytes (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return 0
 
 

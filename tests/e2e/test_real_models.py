@@ -1,7 +1,8 @@
 """Architectures with the models' real tokenizers (issue 11): a Qwen3-shaped random checkpoint
 (vocab 151936, head_dim 128, q_norm/k_norm, tied) with Qwen3's real tokenizer.json and chat
 template, and a Llama-3.2-shaped one (vocab 128256, rope_scaling llama3 with Llama-3.2's real
-values, tied) with Llama-3.1's, both from the npm fixtures. A chat completion renders the
+values, tied) with Llama-3.1's, and a Mistral-shaped one with Llama-2's Metaspace tokenizer.json,
+all from the npm fixtures. A chat completion renders the
 model's template, and the tokens it generates greedily equal the numpy forward (np_llama.py) on
 the prompt ids the daemon reports, with logprobs within tolerance; the text is their decoding."""
 import os
@@ -60,6 +61,21 @@ class RealTokenizerModels(unittest.TestCase):
             self.assertAlmostEqual(g, w, delta=LOGPROB_TOL, msg=f"step {i}")
         self.assertEqual(c["message"]["content"], text["prompt"])
         return cfg
+
+    def test_mistral_with_the_llama2_metaspace_tokenizer(self):
+        # Mistral-7B's tokenizer is Llama-2's Metaspace/byte-fallback form (vocab 32000 here, as
+        # Llama-2's); Llama-2's ships no chat template, so a plain completion on text.
+        d = make_checkpoint(os.path.join(self.tmp, "mistral"), "--preset", "mistral-like", "--vocab", "32000", "--seed", "8",
+                            "--tokenizer-from", os.path.join(NPM, "models", "llama2"))
+        with Daemon(model=d) as dm:
+            c = dm.complete(prompt="Once upon a time, 用中文 too 🙂", max_tokens=N_NEW, temperature=0, ignore_eos=True,
+                            logprobs=1)["choices"][0]
+        prompt = c["prompt_token_ids"]
+        self.assertGreater(len(prompt), 8)
+        want, want_lp = numpy_greedy(d, prompt, n=N_NEW)
+        self.assertEqual(c["token_ids"], want)
+        for i, (g, w) in enumerate(zip(c["logprobs"]["token_logprobs"], want_lp)):
+            self.assertAlmostEqual(g, w, delta=LOGPROB_TOL, msg=f"step {i}")
 
     def test_qwen3_with_its_tokenizer_and_template(self):
         cfg = self.check("qwen3")

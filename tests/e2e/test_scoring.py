@@ -141,8 +141,10 @@ class Scoring(unittest.TestCase):
             if mine["rank"] <= 3:
                 self.assertEqual(mine["rank"], 1 + sum(v["logprob"] > mine["logprob"] for v in d.values()))
         self.assertEqual(pl[1][str(ids[1])]["decoded_token"], " Once")
-        # Without the field: null.
+        # Without the field: null; echo + logprobs fills it with k = logprobs (vLLM).
         self.assertIsNone(self.d.complete(prompt=PROMPT, max_tokens=1)["choices"][0]["prompt_logprobs"])
+        e = score(self.d, PROMPT, k=3)
+        self.assertEqual(e["prompt_logprobs"], pl)
 
     def pieces(self, ids):
         """The vocabulary pieces of ids, as the logprobs name them."""

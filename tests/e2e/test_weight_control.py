@@ -166,12 +166,12 @@ class WeightControl(unittest.TestCase):
     def test_sleep_returns_memory_and_wakeup_restores_outputs(self):
         with Daemon("--dynamic-load-weight", "--kv-cache-bytes", "64MiB") as d:
             before = greedy(d)
-            rss_start = rss_bytes(d.proc.pid)
+            rss_start = d.rss()  # the daemon and its rank processes (mp)
             res = self.ok(d, "POST", "/v1/sleep")
             freed = res["freed_bytes"]["weight"] + res["freed_bytes"]["kv_cache"]
             self.assertEqual(sorted(res["tags"]), ["kv_cache", "weight"])
             self.assertGreaterEqual(freed, 64 << 20)
-            drop = rss_start - rss_bytes(d.proc.pid)
+            drop = rss_start - d.rss()
             self.assertGreaterEqual(drop, 0.9 * freed, (rss_start, drop, freed))
             self.assertGreaterEqual(res["rss_before_bytes"] - res["rss_after_bytes"], 0.9 * freed)
             status, j = d.post("/v1/completions", GREEDY)
@@ -183,12 +183,12 @@ class WeightControl(unittest.TestCase):
             res = self.ok(d, "POST", "/v1/wakeup")
             self.assertFalse(res["is_paused"])  # wakeup resumes
             self.assertEqual(greedy(d), before)
-            rss_after_first = rss_bytes(d.proc.pid)
+            rss_after_first = d.rss()
             for _ in range(20):
                 self.ok(d, "POST", "/v1/sleep?tags=weight,kv_cache")
                 self.ok(d, "POST", "/v1/wakeup?tags=kv_cache,weight")
             self.assertEqual(greedy(d), before)
-            self.assertLess(rss_bytes(d.proc.pid), rss_after_first + (4 << 20))
+            self.assertLess(d.rss(), rss_after_first + (4 << 20))
 
     def test_sleep_tags(self):
         src = self.source("tags")

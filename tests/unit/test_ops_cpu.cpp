@@ -313,6 +313,20 @@ TEST_CASE("rope_table holds cos and sin of pos * theta^(-2j/head_dim)") {
     }
 }
 
+TEST_CASE("rope_table_inv_freq holds cos and sin of pos * inv_freq[j] for any frequencies (rope_scaling)") {
+    const int64_t n_pos = 300, hd = 6;
+    const std::vector<float> inv = {1.0f, 0.01f, 3.0e-5f};  // e.g. llama3: low frequencies divided by factor
+    std::vector<float> cs(size_t(n_pos * hd));
+    k::rope_table_inv_freq(cs.data(), n_pos, hd, inv.data());
+    for (int64_t pos = 0; pos < n_pos; ++pos) {
+        for (int64_t j = 0; j < hd / 2; ++j) {
+            const double ang = double(float(pos) * inv[size_t(j)]);
+            CHECK(cs[pos * hd + j] == doctest::Approx(std::cos(ang)).epsilon(1e-6));
+            CHECK(cs[pos * hd + hd / 2 + j] == doctest::Approx(std::sin(ang)).epsilon(1e-6));
+        }
+    }
+}
+
 TEST_CASE("rope_rotate_half matches the HF rotate_half formula and position 0 is the identity") {
     std::mt19937 rng(3);
     const int64_t n_tokens = 4, n_heads = 3, hd = 16, n_pos = 128;

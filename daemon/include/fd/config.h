@@ -37,6 +37,16 @@ struct WeightsOptions {
     bool        check_finite_weights = true;    ///< refuse NaN/Inf weights at load, wakeup, update (checked during the copy)
 };
 
+/// How the ranks run and find each other (torchrun's names for the rendezvous).
+struct ParallelOptions {
+    std::string distributed_executor_backend;  ///< uni (ranks in this process) | mp (one process per rank); empty = uni at tp=1, mp at tp>1
+    int32_t     nnodes      = 1;               ///< hosts the ranks span (only 1 in this build)
+    int32_t     node_rank   = 0;               ///< this host's index in [0, nnodes)
+    std::string master_addr = "127.0.0.1";     ///< where node 0 hosts the rendezvous store
+    int32_t     master_port = 0;               ///< its port; 0 = any free port (single node)
+    bool        shutdown_comm_group_if_worker_idle = true;  ///< sleep(weight) closes the comm group, wakeup rebuilds it
+};
+
 struct Config {
     api::ServerConfig    server;
     control::ControlConfig control;
@@ -44,6 +54,7 @@ struct Config {
     ModelOptions         model;
     KvOptions            kv;
     WeightsOptions       weights;
+    ParallelOptions      parallel;
     std::string          log_level        = "info";
     std::string          log_format       = "text";  ///< text | json (fd/log.h)
     double               log_stats_interval_s = 10.0;///< throughput line period, seconds; 0 = off
@@ -54,6 +65,7 @@ struct Config {
 struct Resolved {
     model::ModelConfig model;
     int64_t            n_kv_blocks = 0;
+    std::string        executor_backend = "uni";  ///< --distributed-executor-backend, resolved
 };
 
 /// Fill model-dependent defaults in `cfg` (max_model_len, served name, weight version, threads)

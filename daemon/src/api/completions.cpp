@@ -20,7 +20,7 @@ struct CompletionRequest {
     std::vector<std::vector<int32_t>> prompt_offsets;  ///< [n_prompts][n_tokens] echo text_offset of each prompt token
     StreamOptions            opts;
     bool                     echo = false;
-    bool                     prompt_lps = false;  ///< the prompt_logprobs field was given
+    bool                     prompt_lps = false;  ///< prompt logprobs are computed (prompt_logprobs, or echo + logprobs)
 };
 
 int32_t count_code_points(const std::string & s) {
@@ -98,7 +98,6 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
         r.echo = j["echo"].get<bool>();
     }
     if (sp.max_tokens == 0 && !r.echo) { bad("max_tokens", "'max_tokens' must be >= 1 (0 only with \"echo\": true, to score the prompt)"); }
-    r.prompt_lps = sp.prompt_logprobs >= 0;
     if (r.echo && sp.logprobs >= 0) {  // echoed tokens carry their logprobs (vLLM: prompt_logprobs defaults to logprobs)
         sp.prompt_logprobs = std::max(sp.prompt_logprobs, sp.logprobs);
         for (size_t i = 0; i < r.gen.prompts.size(); ++i) {
@@ -108,6 +107,7 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
     } else if (r.echo) {
         for (const auto & t : r.prompt_texts) { r.prompt_chars.push_back(count_code_points(t)); }
     }
+    r.prompt_lps = sp.prompt_logprobs >= 0;  // as vLLM: also when echo + logprobs asked for them
     check_lengths(ctx, r.gen, "prompt");
     return r;
 }

@@ -112,6 +112,12 @@ void get_metrics(ApiContext & ctx, const httplib::Request &, httplib::Response &
     w.single("fdrollout_weights_valid", "gauge", "1 when the loaded weights are valid.", es.weights_valid ? 1 : 0);
     w.single("fdrollout_model_weights_status", "gauge", "Legacy status word: 0 normal, 1 updating, -1 clearing, -2 cleared.",
              static_cast<int>(es.model_weights_status));
+    w.single("fdrollout_degraded", "gauge", "1 while a rank has failed (generation refused until wakeup recovers it).", es.degraded ? 1 : 0);
+    w.family("fdrollout_rank_failed", "gauge", "Ranks known dead or stuck (value 1).");
+    for (const int32_t rk : es.failed_ranks) { w.sample("fdrollout_rank_failed", fmt::format("rank=\"{}\"", rk), 1); }
+    w.single("fdrollout_comm_group_connected", "gauge", "1 while the ranks' communication group is connected (also with none).",
+             es.comm_group == "disconnected" ? 0 : 1,
+             fmt::format("backend=\"{}\",executor=\"{}\"", es.comm_backend, es.executor_backend));
     w.family("fdrollout_sleeping", "gauge", "Memory tags asleep.");
     w.sample("fdrollout_sleeping", "tag=\"weight\"", es.weight_asleep ? 1 : 0);
     w.sample("fdrollout_sleeping", "tag=\"kv_cache\"", es.kv_asleep ? 1 : 0);

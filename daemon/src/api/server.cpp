@@ -116,7 +116,7 @@ void get_model(ApiContext & ctx, const httplib::Request & req, httplib::Response
 }
 
 void get_health(ApiContext & ctx, const httplib::Request &, httplib::Response & res) {
-    res.status = ctx.engine->draining() ? 503 : 200;
+    res.status = ctx.engine->draining() || ctx.engine->stats().state.degraded ? 503 : 200;
     res.set_content(dump(ctx.control->status_json()), "application/json");
 }
 

@@ -156,8 +156,11 @@ json ControlService::status_json() const {
     const auto & es = st.state;
     const bool draining = engine_.draining();
     const json sleeping = sleeping_tags(es);
-    const char * state = draining ? "draining" : !sleeping.empty() ? "sleeping" : es.paused ? "paused" : "serving";
-    return {{"status", draining ? "draining" : "ok"},
+    const char * state = draining ? "draining" : es.degraded ? "degraded" : !sleeping.empty() ? "sleeping" : es.paused ? "paused" : "serving";
+    return {{"status", draining ? "draining" : es.degraded ? "degraded" : "ok"},
+            {"degraded_ranks", es.failed_ranks},
+            {"executor", es.executor_backend},
+            {"comm_group", {{"backend", es.comm_backend}, {"state", es.comm_group}}},
             {"state", state},
             {"is_paused", es.paused},
             {"sleeping_tags", sleeping},
@@ -170,7 +173,7 @@ json ControlService::status_json() const {
             {"num_requests_running", st.n_running},
             {"num_requests_waiting", st.n_waiting},
             {"kv_blocks", {{"used", st.n_kv_blocks_used}, {"free", st.n_kv_blocks_free}, {"total", st.n_kv_blocks_total}}},
-            {"rss_bytes", process_rss_bytes()},
+            {"rss_bytes", process_rss_bytes() + engine_.rank_processes_rss_bytes()},  // the daemon and its rank processes
             {"progress", progress_json(es.control_in_flight)}};
 }
 

@@ -46,7 +46,9 @@ Engine::Engine(const EngineConfig & cfg, std::unique_ptr<runtime::Executor> exec
                std::shared_ptr<const tokenizer::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg)
     : cfg_(cfg), model_cfg_(executor->model_config()), executor_(std::move(executor)), tok_(std::move(tok)), kv_cfg_(kv_cfg),
       kv_(kv_cfg), sched_(cfg.scheduler) {
-    state_.weight_version = cfg_.weight_version;
+    state_.weight_version   = cfg_.weight_version;
+    state_.executor_backend = executor_->backend();
+    state_.comm_backend     = executor_->comm_backend();
     publish_stats();
 }
 
@@ -63,6 +65,9 @@ void Engine::stop() {
 
 void Engine::submit(GenerateRequest req) {
     if (draining_.load()) { fail(Errc::engine_paused, "the server is shutting down; retry on another replica"); }
+    if (degraded_.load()) {
+        fail(Errc::rank_failed, "a tensor-parallel rank failed (GET /health names it); POST /v1/wakeup respawns it, or restart the daemon");
+    }
     if (!accepting_.load()) {
         fail(Errc::engine_paused, "generation is paused (weight control in progress); retry after POST /v1/resume or /v1/wakeup");
     }
@@ -91,17 +96,22 @@ void Engine::loop() {
         bool worked = false;
         try {
             worked = step();
+        } catch (const Error & e) {
+            lg->error("step failed: {}", e.what());
+            if (e.code() == Errc::rank_failed) {
+                enter_degraded(e);
+            } else {
+                fail_step(e);
+            }
         } catch (const std::exception & e) {
             // A failing step fails the sequences in it, never the daemon.
             lg->error("step failed: {}", e.what());
-            for (auto & [id, s] : seqs_) {
-                if (!s->channel) { continue; }  // already finished this step
-                ChoiceEvent ev;
-                ev.error = Error(Errc::internal, e.what());
-                emit(*s, FinishReason::error, std::move(ev));
-            }
+            fail_step(Error(Errc::internal, e.what()));
         }
         if (!worked) {
+            if (!state_.degraded && !executor_->failed_ranks().empty()) {
+                enter_degraded(Error(Errc::rank_failed, "a rank process exited while idle; POST /v1/wakeup respawns it"));
+            }
             std::unique_lock lk(inbox_mu_);
             inbox_cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_.load() || !inbox_.empty(); });
         }
@@ -125,6 +135,15 @@ void Engine::loop() {
         }
     }
     inbox_.clear();
+}
+
+void Engine::fail_step(const Error & e) {
+    for (auto & [id, s] : seqs_) {
+        if (!s->channel) { continue; }  // already finished this step
+        ChoiceEvent ev;
+        ev.error = e;
+        emit(*s, FinishReason::error, std::move(ev));
+    }
 }
 
 void Engine::admit(GenerateRequest & req) {
@@ -449,6 +468,7 @@ void Engine::flush_deferred(std::optional<uint64_t> acks_before) {
 void Engine::publish_stats() {
     std::lock_guard lk(stats_mu_);
     state_.model_weights_status = legacy_status();
+    state_.comm_group        = executor_->comm_state();
     stats_.state             = state_;
     stats_.n_running         = static_cast<int64_t>(sched_.running().size());
     stats_.n_waiting         = static_cast<int64_t>(sched_.waiting().size());

@@ -5,6 +5,8 @@
 #include "fd/log.h"
 #include "fd/shm/names.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -76,6 +78,7 @@ ControlResult Engine::run_control(const ControlCommand & cmd) {
         }
     } catch (const Error & e) {
         r.error = e;
+        if (e.code() == Errc::rank_failed) { enter_degraded(e); }
     } catch (const std::exception & e) {
         r.error = Error(Errc::internal, e.what());
     }
@@ -113,6 +116,10 @@ void Engine::do_pause(ControlResult & r) {
 }
 
 void Engine::do_resume(ControlResult &) {
+    if (state_.degraded) {
+        fail(Errc::rank_failed, "cannot resume: rank(s) [{}] failed; POST /v1/wakeup respawns them and reloads the weights",
+             fmt::join(state_.failed_ranks, ", "));
+    }
     if (state_.weight_asleep || state_.kv_asleep) {
         fail(Errc::wrong_state, "cannot resume while {} asleep; POST /v1/wakeup first",
              state_.weight_asleep && state_.kv_asleep ? "weight and kv_cache are" : state_.weight_asleep ? "weight is" : "kv_cache is");
@@ -123,7 +130,7 @@ void Engine::do_resume(ControlResult &) {
 
 void Engine::do_sleep(TagSet tags, ControlResult & r) {
     do_pause(r);
-    r.rss_before_bytes = process_rss_bytes();
+    r.rss_before_bytes = process_rss_bytes() + executor_->rank_processes_rss_bytes();
     auto release = [&](runtime::MemoryTag tag, int64_t & freed) {
         freed = 0;
         for (const auto & rep : executor_->release(tag)) {
@@ -153,12 +160,16 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
             r.tags_done.push_back("weight");
         }
     }
-    r.rss_after_bytes = process_rss_bytes();
+    r.rss_after_bytes = process_rss_bytes() + executor_->rank_processes_rss_bytes();
 }
 
 void Engine::do_wakeup(TagSet tags, ControlResult & r) {
     if (cfg_.use_cudagraph && tags.weight && !tags.kv_cache && state_.kv_asleep && state_.weight_asleep) {
         fail(Errc::wrong_state, "with --use-cudagraph, wake kv_cache before weight (POST /v1/wakeup?tags=kv_cache, or both tags)");
+    }
+    if (state_.degraded) {
+        recover_ranks(r);
+        return;
     }
     // Weights first: their fetch is what can fail (missing checkpoint, source down), and a
     // failed wakeup must leave every tag as it was.
@@ -194,6 +205,55 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
     if (tags.weight) { (weight_woken ? r.tags_done : r.tags_skipped).push_back("weight"); }  // after kv_cache, as before
     r.version = state_.weight_version;
     if (!state_.weight_asleep && !state_.kv_asleep && state_.weights_valid) { state_.paused = false; }
+}
+
+void Engine::enter_degraded(const Error & e) {
+    const bool first = !state_.degraded;
+    state_.degraded     = true;
+    state_.failed_ranks = executor_->failed_ranks();
+    state_.paused       = true;
+    degraded_.store(true);
+    accepting_.store(false);
+    fail_step(e);  // every request still alive ends with the rank error
+    abort_all();   // (emits nothing more) frees their KV blocks
+    kv_.flush_prefix_cache();
+    publish_stats();
+    if (first) { log::get("engine")->critical("degraded: rank(s) [{}] failed: {}", fmt::join(state_.failed_ranks, ", "), e.what()); }
+}
+
+void Engine::recover_ranks(ControlResult & r) {
+    auto lg = log::get("engine");
+    lg->warn("wakeup: recovering rank(s) [{}]", fmt::join(executor_->failed_ranks(), ", "));
+    executor_->recover();
+    state_.degraded = false;
+    state_.failed_ranks.clear();
+    degraded_.store(false);
+    // Respawned ranks hold the --model checkpoint and survivors whatever they had: every rank
+    // takes the serving version from the source again, with a fresh KV pool.
+    executor_->release(runtime::MemoryTag::weight);
+    state_.weight_asleep = true;
+    state_.weights_valid = false;
+    executor_->acquire_kv();
+    kv_ = kv::KvCache(kv_cfg_);
+    state_.kv_asleep = false;
+    const auto reps = executor_->reload_weights({.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version});
+    state_.weight_asleep = false;
+    state_.weights_valid = true;
+    if (reps[0].version) { state_.weight_version = *reps[0].version; }
+    r.bytes = reps[0].bytes;
+    for (const auto & rep : reps) {
+        auto & rc = rank_cost(r, rep.rank);
+        rc.version   = state_.weight_version;
+        rc.sync_s    = rep.fetch_s;
+        rc.update_s  = rep.stage_s;
+        rc.total_s   = rep.fetch_s + rep.stage_s;
+        rc.bytes     = rep.bytes;
+        rc.rss_bytes = rep.rss_bytes;
+    }
+    r.tags_done = {"kv_cache", "weight"};
+    r.version   = state_.weight_version;
+    state_.paused = false;
+    lg->info("wakeup: ranks recovered, serving weight_version {}", state_.weight_version);
 }
 
 void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {

@@ -13,8 +13,8 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 class LocalExecutor final : public Executor {
 public:
-    LocalExecutor(std::unique_ptr<model::Worker> worker, std::unique_ptr<weights::WeightSource> source)
-        : worker_(std::move(worker)), source_(std::move(source)) {}
+    LocalExecutor(std::unique_ptr<model::Worker> worker, std::unique_ptr<weights::WeightSource> source, int32_t rank)
+        : worker_(std::move(worker)), source_(std::move(source)), rank_(rank) {}
 
     int32_t world_size() const override { return 1; }
     const model::ModelConfig & model_config() const override { return worker_->config(); }
@@ -24,7 +24,7 @@ public:
     }
 
     std::vector<RankReport> stage_weights(const weights::FetchRequest & req) override {
-        RankReport r;
+        RankReport r{.rank = rank_};
         weights::FetchedCheckpoint ckpt = fetch(req, r);
         const auto t1 = Clock::now();
         r.bytes             = worker_->stage_weights(ckpt.index, ckpt.verify_copied);
@@ -38,7 +38,7 @@ public:
     std::vector<RankReport> commit_weights() override {
         const auto t0 = Clock::now();
         worker_->commit_staged();
-        RankReport r;
+        RankReport r{.rank = rank_};
         r.commit_s  = seconds_since(t0);
         r.rss_bytes = process_rss_bytes();
         return {r};
@@ -47,7 +47,7 @@ public:
     void drop_staged_weights() override { worker_->drop_staged(); }
 
     std::vector<RankReport> release(MemoryTag tag) override {
-        RankReport r;
+        RankReport r{.rank = rank_};
         r.freed_bytes = tag == MemoryTag::weight ? worker_->release_weights() : worker_->release_kv();
         r.rss_bytes   = process_rss_bytes();
         return {r};
@@ -55,13 +55,13 @@ public:
 
     std::vector<RankReport> acquire_kv() override {
         worker_->acquire_kv();
-        RankReport r;
+        RankReport r{.rank = rank_};
         r.rss_bytes = process_rss_bytes();
         return {r};
     }
 
     std::vector<RankReport> reload_weights(const weights::FetchRequest & req) override {
-        RankReport r;
+        RankReport r{.rank = rank_};
         weights::FetchedCheckpoint ckpt = fetch(req, r);
         const auto t1 = Clock::now();
         worker_->reload_weights(ckpt.index, ckpt.verify_copied);
@@ -80,7 +80,7 @@ private:
     weights::FetchedCheckpoint fetch(const weights::FetchRequest & req, RankReport & r) {
         const auto t0 = Clock::now();
         weights::FetchRequest mine = req;
-        mine.rank = 0;
+        mine.rank = rank_;
         weights::FetchedCheckpoint ckpt = source_->fetch(mine);
         r.fetch_s = seconds_since(t0);
         return ckpt;
@@ -88,12 +88,14 @@ private:
 
     std::unique_ptr<model::Worker>          worker_;
     std::unique_ptr<weights::WeightSource>  source_;
+    int32_t                                 rank_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Executor> make_local_executor(std::unique_ptr<model::Worker> worker, std::unique_ptr<weights::WeightSource> source) {
-    return std::make_unique<LocalExecutor>(std::move(worker), std::move(source));
+std::unique_ptr<Executor> make_local_executor(std::unique_ptr<model::Worker> worker, std::unique_ptr<weights::WeightSource> source,
+                                              int32_t rank) {
+    return std::make_unique<LocalExecutor>(std::move(worker), std::move(source), rank);
 }
 
 }  // namespace fd::runtime

@@ -110,6 +110,11 @@ struct EngineState {
     bool              weights_valid = true;
     std::string       weight_version;
     shm::WeightsStatus model_weights_status = shm::WeightsStatus::normal;
+    bool              degraded      = false;      ///< a rank failed: generation refused until wakeup recovers it
+    std::vector<int32_t> failed_ranks;            ///< the failed ranks (may be empty when a group call failed)
+    std::string       executor_backend = "uni";   ///< uni | mp
+    std::string       comm_group       = "none";  ///< none | connected | disconnected
+    std::string       comm_backend     = "null";  ///< null | gloo | nccl
     std::string       control_in_flight;          ///< op name while one runs, else empty
     std::string       last_control_error;         ///< message of the last failed command
 };

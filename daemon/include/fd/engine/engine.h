@@ -108,6 +108,8 @@ public:
     bool idle() const;
 
     EngineStats stats() const;
+    /// Resident bytes of the rank processes outside this one (mp executor; 0 for uni). Any thread.
+    int64_t rank_processes_rss_bytes() const { return executor_->rank_processes_rss_bytes(); }
     /// Latency histograms and finish counters (fd/metrics/request_metrics.h); any thread.
     const metrics::RequestMetrics & request_metrics() const { return request_metrics_; }
     const model::ModelConfig & model_config() const { return model_cfg_; }
@@ -123,6 +125,8 @@ private:
     void emit(Sequence & s, FinishReason why, ChoiceEvent ev);
     /// `logits`: the raw row (logprobs come from it).
     void append_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev);
+    /// Every sequence still alive ends with `e`.
+    void fail_step(const Error & e);
     void publish_stats();
     // control (engine_control.cpp)
     ControlResult run_control(const ControlCommand & cmd);
@@ -134,6 +138,12 @@ private:
     void          poll_legacy_word();
     void          sync_legacy_word();
     int32_t       abort_all();
+    /// A rank failed (`e` says which): every live request ends with `e`, generation stops until
+    /// wakeup recovers the ranks (engine_control.cpp).
+    void          enter_degraded(const Error & e);
+    /// wakeup while degraded: respawn the failed ranks, rebuild the group, reload the serving
+    /// weights and the KV pool on every rank.
+    void          recover_ranks(ControlResult & r);
     /// Push the events held back while a control command ran, once its reply went out (a
     /// control_reply_sent() after `acks_before`, at most kControlReplyWait); nullopt: now.
     void          flush_deferred(std::optional<uint64_t> acks_before);
@@ -162,6 +172,7 @@ private:
     std::atomic<bool>                         stop_{false};
     std::atomic<bool>                         draining_{false};
     std::atomic<bool>                         accepting_{true};   ///< false while paused/asleep
+    std::atomic<bool>                         degraded_{false};   ///< a rank failed (state_.degraded, readable by submit())
     std::atomic<bool>                         control_waiting_{false}; ///< a command is queued: drop the step in flight
     std::atomic<int32_t>                      own_legacy_word_{0};
     std::atomic<int32_t> *                    legacy_word_ = &own_legacy_word_;

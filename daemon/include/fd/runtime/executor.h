@@ -73,10 +73,33 @@ public:
     /// Rank 0's weight and KV bytes (for /health and the benches).
     virtual int64_t weight_bytes() const = 0;
     virtual int64_t kv_bytes() const = 0;
+
+    // --- rank health (the multi-process executor; in-process ranks cannot fail alone) ---
+
+    /// "uni" (ranks in this process) | "mp" (one process per rank): --distributed-executor-backend.
+    virtual const char * backend() const { return "uni"; }
+    /// Ranks known dead or stuck: a call timed out on them, or their process exited. Cheap (no
+    /// message is sent; exited rank processes are reaped). Empty while every rank is fine.
+    virtual std::vector<int32_t> failed_ranks() { return {}; }
+    /// Kill and respawn every failed rank, then rebuild the communication group on all ranks.
+    /// Afterwards every rank runs, but a respawned rank holds the --model checkpoint and an
+    /// empty KV pool: the caller reloads the serving weights on every rank.
+    /// Errors  fd::Error{rank_failed} naming the ranks that could not be brought back.
+    virtual void recover() {}
+    /// The ranks' communication group: "none" (a single in-process rank), "connected" or
+    /// "disconnected" (torn down by sleep with --shutdown-comm-group-if-worker-idle).
+    virtual const char * comm_state() const { return "none"; }
+    /// Resident bytes of the rank processes other than this one (mp: the sum over the local
+    /// ranks, read from /proc; uni: 0, the rank is this process). Any thread.
+    virtual int64_t rank_processes_rss_bytes() const { return 0; }
+    /// The group's backend: "null" | "gloo" | "nccl".
+    virtual const char * comm_backend() const { return "null"; }
 };
 
 /// tp=1: the one rank in this process, the Worker called directly (no link, no copy).
-/// `source` is the rank's weight source.
-std::unique_ptr<Executor> make_local_executor(std::unique_ptr<model::Worker> worker, std::unique_ptr<weights::WeightSource> source);
+/// `source` is the rank's weight source. A rank process of the multi-process executor serves
+/// its own rank `rank` through one too (its reports and fetches carry that rank).
+std::unique_ptr<Executor> make_local_executor(std::unique_ptr<model::Worker> worker, std::unique_ptr<weights::WeightSource> source,
+                                              int32_t rank = 0);
 
 }  // namespace fd::runtime

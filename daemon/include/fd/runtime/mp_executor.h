@@ -1,0 +1,51 @@
+// fd/runtime/mp_executor.h — the multi-process executor: one OS process per rank
+// (--distributed-executor-backend mp), and the rank process's own main.
+//
+// The daemon spawns each rank as `fdrollout --fd-rank-process <link fd> <region fd>` (fork +
+// exec of its own binary; the two fds are the only things it inherits besides stdout/stderr),
+// sends it its configuration over the link, and waits for `ready`: the rank has read its weights,
+// built its Worker and joined the communication group (Gloo over TCP, rendezvous through the
+// TcpStore this executor hosts at --master-addr:--master-port). From then on every Executor call
+// is one request to every rank and one reply from each (fd/runtime/rank_link.h), with a deadline:
+// a rank that dies is noticed at once (its end of the link closes), one that hangs when the
+// deadline passes; either fails the call with rank_failed naming it and stays failed until
+// recover(). Control calls succeed only when every rank acknowledges; stage_weights drops every
+// staged copy when any rank fails. Called from the engine thread only.
+#pragma once
+
+#include "fd/runtime/executor.h"
+#include "fd/weights/weight_source.h"
+
+#include <memory>
+#include <string>
+
+namespace fd::runtime {
+
+/// Everything a rank process needs; also what the daemon sends it (as JSON) at spawn.
+struct MpExecutorConfig {
+    int32_t     tensor_parallel_size = 1;   ///< ranks in the group
+    std::string model_dir;                  ///< --model: every rank reads its initial weights here
+    model::WorkerConfig worker;             ///< per rank (rank is set per process); n_threads per rank
+    weights::SourceConfig source;           ///< every rank builds its own weight source
+    std::string master_addr = "127.0.0.1";  ///< the TcpStore's address (this daemon hosts it)
+    int32_t     master_port = 0;            ///< 0 = any free port (single node)
+    bool        shutdown_comm_group_if_worker_idle = true;  ///< sleep(weight) disconnects the group; wakeup reconnects
+    double      timeout_s = 900.0;          ///< --control-timeout-s: every wait on a rank, start-up included
+    std::string rank_binary;                ///< the fdrollout binary to exec; empty = this process's own
+    std::string log_level = "info", log_format = "text";
+};
+
+/// Spawn the ranks and wait until all are ready.
+/// Errors  fd::Error{rank_failed} naming a rank that exited or did not become ready within
+///         timeout_s (its own error message when it sent one); invalid_argument when the master
+///         port cannot be bound (in use).
+std::unique_ptr<Executor> make_mp_executor(const MpExecutorConfig & cfg, const model::ModelConfig & model_cfg);
+
+/// argv[1] of a rank process.
+inline constexpr const char * kRankProcessFlag = "--fd-rank-process";
+
+/// main() of a rank process: `fdrollout --fd-rank-process <link fd> <region fd>`. Serves the
+/// link until the daemon says shutdown or its end closes. Returns the process exit code.
+int rank_process_main(int argc, char ** argv);
+
+}  // namespace fd::runtime

@@ -1,0 +1,174 @@
+// fd/runtime/rank_link.h — the link between the daemon and one rank process (the step link of
+// the multi-process executor).
+//
+// Two channels, both created by the daemon before it spawns the rank and inherited by it only:
+//   - a SOCK_SEQPACKET socketpair carrying fixed-size LinkMsg records: one request, one reply,
+//     in order. It is the wake-up (a blocking read, no spinning) and the liveness signal: a dead
+//     rank's end closes and the daemon's read returns at once; a stuck one is caught by the
+//     deadline every wait carries.
+//   - one shared region (a memfd: it has no name, so no other local user can open or forge it;
+//     only holders of the fd map it) holding the step batch the daemon writes and the logits
+//     rank 0 writes back. It grows (never shrinks) when a step needs more; the request carries
+//     its size and the rank re-maps when it changed. Steady-state steps allocate nothing.
+//
+// Region layout (offsets in bytes, each array 64-byte aligned, computed by step_layout()):
+//   RegionHeader
+//   tokens      [n_tokens]  i32
+//   positions   [n_tokens]  i32
+//   slots       [n_tokens]  i64
+//   q_table     [n_tokens]  i32   offset of the token's block table in `tables`
+//   q_ctx       [n_tokens]  i32   context length the token attends to
+//   logits_rows [n_logits]  i32
+//   tables      [n_tables]  i32   block ids, one run per sequence
+//   logits      [n_logits, vocab] f32   (written by rank 0)
+// Single-threaded on each side (the engine thread; the rank's main thread).
+#pragma once
+
+#include "fd/model/worker.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <utility>
+#include <type_traits>
+#include <vector>
+
+namespace fd::runtime {
+
+enum class LinkOp : uint32_t {
+    config = 1,        ///< daemon → rank: JSON config follows in the same message's tail (first message)
+    ready,             ///< rank → daemon: worker built, group connected
+    forward,
+    stage,
+    commit,
+    drop,
+    release_weight,
+    release_kv,
+    acquire_kv,
+    reload,
+    comm_connect,
+    comm_disconnect,
+    shutdown,
+};
+
+/// Reply status besides an Errc: the step was dropped because `abandon` turned true.
+inline constexpr int32_t kLinkAbandoned = -1;
+
+/// One request or reply (fixed size: the socket never carries anything else after config).
+struct LinkMsg {
+    uint32_t op     = 0;          ///< LinkOp
+    int32_t  status = 0;          ///< reply: 0 ok, an Errc value, or kLinkAbandoned
+    uint64_t seq    = 0;          ///< request number; the reply echoes it
+    uint64_t region_bytes = 0;    ///< forward: current size of the shared region
+    int64_t  generation = 0;      ///< comm_connect: the group's generation
+    int32_t  rank = 0;            ///< reply: the answering rank
+    uint8_t  verify_checksum = 0, wakeup = 0, has_version = 0, has_reply_version = 0;
+    uint8_t  checksum_verified = 0, comm_connected = 0, pad_[2] = {};
+    int64_t  bytes = 0, freed_bytes = -1, rss_bytes = 0, weight_bytes = 0, kv_bytes = 0;
+    double   fetch_s = 0.0, stage_s = 0.0, commit_s = 0.0;
+    char     version[136] = {};          ///< request: asked-for version; reply: the version fetched
+    char     serving_version[136] = {};  ///< request: the version now served
+    char     text[512] = {};             ///< reply: error message (truncated)
+};
+static_assert(std::is_trivially_copyable_v<LinkMsg>);
+
+/// Copy `s` into a fixed field, truncated, NUL-terminated.
+template <size_t N>
+void set_field(char (&dst)[N], const std::string & s) {
+    const size_t n = std::min(s.size(), N - 1);
+    std::memcpy(dst, s.data(), n);
+    dst[n] = '\0';
+}
+
+struct RegionHeader {
+    std::atomic<bool> abandon{false};  ///< set by the daemon while rank 0 computes: drop the step
+    int32_t n_tokens = 0, n_logits = 0, n_tables = 0, vocab = 0;
+};
+
+/// Byte offsets of one step's arrays in the region.
+struct StepLayout {
+    int64_t tokens = 0, positions = 0, slots = 0, q_table = 0, q_ctx = 0, logits_rows = 0, tables = 0, logits = 0;
+    int64_t total_bytes = 0;
+};
+StepLayout step_layout(int64_t n_tokens, int64_t n_logits, int64_t n_tables, int64_t vocab);
+
+/// Block-table entries `b` needs in the region (one run per sequence, ceil(max n_ctx / block_size)).
+int64_t step_tables(const model::StepBatch & b, int32_t block_size);
+
+/// Write `b` into `region` (of `region_bytes`); returns the bytes the step needs. Writes nothing
+/// and returns more than region_bytes when it does not fit (grow the region and call again).
+int64_t step_encode(void * region, int64_t region_bytes, const model::StepBatch & b, int32_t block_size, int32_t vocab);
+
+/// Rebuild the batch from `region` into `b` (its vectors reused); queries point into the region.
+void step_decode(const void * region, model::StepBatch & b);
+
+/// Rank 0's logits in the region. Shapes  [n_logits, vocab] f32.
+float * step_logits(void * region);
+
+/// The daemon's or the rank's end of a SOCK_SEQPACKET link.
+class LinkSocket {
+public:
+    LinkSocket() = default;
+    explicit LinkSocket(int fd) : fd_(fd) {}
+    ~LinkSocket();
+    LinkSocket(LinkSocket && o) noexcept;
+    LinkSocket & operator=(LinkSocket && o) noexcept;
+
+    int fd() const { return fd_; }
+    bool open() const { return fd_ >= 0; }
+    void close();
+
+    /// Send one message (EPIPE etc. → false: the peer is gone).
+    bool send(const LinkMsg & m);
+    bool send_bytes(const void * data, size_t n);
+    enum class Recv { ok, closed, timeout };
+    /// Wait until `deadline` for one message. `poll_slice` > 0: wake at least that often and call
+    /// `on_slice` (the daemon checks the engine's abandon flag there).
+    Recv recv(LinkMsg & m, std::chrono::steady_clock::time_point deadline,
+              std::chrono::milliseconds poll_slice = std::chrono::milliseconds(0), const std::function<void()> & on_slice = {});
+    /// Receive one message of any size up to `cap` bytes (blocking). Returns bytes, 0 on close.
+    int64_t recv_bytes(void * data, size_t cap);
+    /// True when the peer has closed its end (or sent something unasked); never blocks.
+    bool peer_closed() const;
+
+private:
+    int fd_ = -1;
+};
+
+/// A socketpair for one rank: [0] the daemon's end, [1] the rank's (both close-on-exec).
+/// Errors  fd::Error{internal} when the kernel refuses.
+std::pair<LinkSocket, LinkSocket> make_link_pair();
+
+/// A shared region: a memfd of `bytes`, mapped read-write. Owned by the daemon; the rank maps the
+/// same fd. Errors  fd::Error{internal} when the kernel refuses.
+class SharedRegion {
+public:
+    SharedRegion() = default;
+    ~SharedRegion();
+    SharedRegion(const SharedRegion &) = delete;
+    SharedRegion & operator=(const SharedRegion &) = delete;
+
+    /// Daemon: a new memfd of `bytes` (close-on-exec; spawn hands a copy to the rank).
+    void create(int64_t bytes);
+    /// Rank: map the inherited `fd` with its current size.
+    void attach(int fd);
+    /// Daemon: grow to at least `bytes` (ftruncate + re-map). Rank: re-map to the fd's size.
+    void resize(int64_t bytes);
+    void remap();
+
+    void * data() const { return data_; }
+    int64_t bytes() const { return bytes_; }
+    int fd() const { return fd_; }
+
+private:
+    void map(int64_t bytes);
+    int     fd_ = -1;
+    void *  data_ = nullptr;
+    int64_t bytes_ = 0;
+};
+
+}  // namespace fd::runtime

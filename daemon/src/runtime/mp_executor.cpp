@@ -1,0 +1,498 @@
+// MpExecutor: one OS process per rank, reached through rank links (fd/runtime/mp_executor.h).
+#include "fd/runtime/mp_executor.h"
+
+#include "fd/log.h"
+#include "fd/runtime/tcp_store.h"
+#include "fd/status.h"
+
+#include "mp_wire.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+extern char ** environ;
+
+namespace fd::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// How a rank process that stopped answering is doing, in words ("was killed by signal 9").
+std::string process_condition(pid_t pid, bool & reaped) {
+    if (pid <= 0) { return "has exited"; }
+    int st = 0;
+    const pid_t w = ::waitpid(pid, &st, WNOHANG);
+    if (w == pid) {
+        reaped = true;
+        if (WIFSIGNALED(st)) { return fmt::format("was killed by signal {} ({})", WTERMSIG(st), strsignal(WTERMSIG(st))); }
+        return fmt::format("exited with code {}", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    }
+    std::ifstream f(fmt::format("/proc/{}/stat", pid));
+    std::string line;
+    std::getline(f, line);
+    const auto close = line.rfind(')');
+    if (close != std::string::npos && close + 2 < line.size()) {
+        const char state = line[close + 2];
+        if (state == 'T' || state == 't') { return "is stopped (SIGSTOP?) and did not answer"; }
+        if (state == 'Z') { return "has exited"; }
+    }
+    return "did not answer";
+}
+
+class MpExecutor final : public Executor {
+public:
+    MpExecutor(const MpExecutorConfig & cfg, const model::ModelConfig & model_cfg)
+        : cfg_(cfg), model_cfg_(model_cfg), wait_s_(std::max(0.2, 0.9 * cfg.timeout_s)) {
+        FD_CHECK(cfg.tensor_parallel_size >= 1, "tensor_parallel_size {}", cfg.tensor_parallel_size);
+        store_ = std::make_unique<TcpStoreServer>(cfg.master_addr, cfg.master_port);
+        binary_ = cfg.rank_binary.empty() ? std::filesystem::read_symlink("/proc/self/exe").string() : cfg.rank_binary;
+        region_.create(step_layout(256, 64, 1024, model_cfg.vocab_size).total_bytes);
+        ranks_.resize(static_cast<size_t>(cfg.tensor_parallel_size));
+        pids_ = std::vector<std::atomic<pid_t>>(ranks_.size());
+        replies_.resize(ranks_.size());
+        generation_ = 1;
+        std::vector<int32_t> all;
+        for (int32_t r = 0; r < world_size(); ++r) {
+            spawn(r);
+            all.push_back(r);
+        }
+        try {
+            wait_ready(all, {});
+        } catch (...) {
+            shutdown();
+            throw;
+        }
+        comm_connected_ = true;
+        log::get("engine")->info("mp executor: {} rank process(es) ready (store {}:{})", world_size(), cfg.master_addr, store_->port());
+    }
+
+    ~MpExecutor() override { shutdown(); }
+
+    int32_t world_size() const override { return cfg_.tensor_parallel_size; }
+    const model::ModelConfig & model_config() const override { return model_cfg_; }
+    const char * backend() const override { return "mp"; }
+    const char * comm_state() const override { return comm_connected_ ? "connected" : "disconnected"; }
+    const char * comm_backend() const override { return "gloo"; }
+    int64_t rank_processes_rss_bytes() const override {
+        int64_t sum = 0;
+        for (const pid_t pid : pids_) {
+            if (pid <= 0) { continue; }
+            std::ifstream f(fmt::format("/proc/{}/statm", pid));
+            int64_t size = 0, resident = 0;
+            if (f >> size >> resident) { sum += resident * ::sysconf(_SC_PAGESIZE); }
+        }
+        return sum;
+    }
+    int64_t weight_bytes() const override { return weight_bytes_; }
+    int64_t kv_bytes() const override { return kv_bytes_; }
+
+    bool forward(const model::StepBatch & batch, float * logits, const std::atomic<bool> * abandon) override {
+        const int32_t bs = cfg_.worker.block_size, vocab = model_cfg_.vocab_size;
+        int64_t need = step_encode(region_.data(), region_.bytes(), batch, bs, vocab);
+        if (need > region_.bytes()) {
+            region_.resize(need + need / 2);
+            need = step_encode(region_.data(), region_.bytes(), batch, bs, vocab);
+        }
+        auto * h = static_cast<RegionHeader *>(region_.data());
+        h->abandon.store(false);
+        LinkMsg req;
+        req.op           = static_cast<uint32_t>(LinkOp::forward);
+        req.region_bytes = static_cast<uint64_t>(region_.bytes());
+        call(req, "forward", false, abandon);
+        if (replies_[0].status == kLinkAbandoned) { return false; }
+        check_replies("forward");
+        std::memcpy(logits, step_logits(region_.data()), batch.logits_rows.size() * static_cast<size_t>(vocab) * sizeof(float));
+        return true;
+    }
+
+    std::vector<RankReport> stage_weights(const weights::FetchRequest & req) override {
+        LinkMsg m;
+        m.op = static_cast<uint32_t>(LinkOp::stage);
+        fetch_request_to_msg(req, m);
+        try {
+            call(m, "update_weights (staging)");
+            check_replies("update_weights (staging)");
+            for (const auto & r : replies_) {
+                if (r.has_reply_version != replies_[0].has_reply_version || std::strcmp(r.version, replies_[0].version) != 0) {
+                    fail(Errc::invalid_checkpoint, "ranks fetched different versions (rank 0 '{}', rank {} '{}'); nothing applied",
+                         replies_[0].version, r.rank, r.version);
+                }
+            }
+        } catch (...) {
+            drop_on_survivors();
+            throw;
+        }
+        return reports();
+    }
+
+    std::vector<RankReport> commit_weights() override {
+        call_op(LinkOp::commit, "update_weights (commit)");
+        return reports();
+    }
+
+    void drop_staged_weights() override { call_op(LinkOp::drop, "drop_staged_weights"); }
+
+    std::vector<RankReport> release(MemoryTag tag) override {
+        call_op(tag == MemoryTag::weight ? LinkOp::release_weight : LinkOp::release_kv, "sleep");
+        auto reps = reports();
+        if (tag == MemoryTag::weight && cfg_.shutdown_comm_group_if_worker_idle && comm_connected_) {
+            call_op(LinkOp::comm_disconnect, "sleep (closing the communication group)");
+            comm_connected_ = false;
+        }
+        return reps;
+    }
+
+    std::vector<RankReport> acquire_kv() override {
+        call_op(LinkOp::acquire_kv, "wakeup (kv_cache)");
+        return reports();
+    }
+
+    std::vector<RankReport> reload_weights(const weights::FetchRequest & req) override {
+        connect_group();
+        LinkMsg m;
+        m.op = static_cast<uint32_t>(LinkOp::reload);
+        fetch_request_to_msg(req, m);
+        call(m, "wakeup (weights)");
+        try {
+            check_replies("wakeup (weights)");
+        } catch (...) {
+            // All or none: ranks that did load hand their copy back again.
+            LinkMsg rel;
+            rel.op = static_cast<uint32_t>(LinkOp::release_weight);
+            try { call(rel, "wakeup (undo)", true); } catch (const Error &) {}
+            throw;
+        }
+        return reports();
+    }
+
+    std::vector<int32_t> failed_ranks() override {
+        std::vector<int32_t> out;
+        for (int32_t r = 0; r < world_size(); ++r) {
+            auto & k = ranks_[r];
+            if (!k.failed && k.link.peer_closed()) { mark_failed(r, false); }
+            if (k.failed) { out.push_back(r); }
+        }
+        return out;
+    }
+
+    void recover() override {
+        auto lg = log::get("engine");
+        std::vector<int32_t> dead, alive;
+        for (int32_t r = 0; r < world_size(); ++r) { (ranks_[r].failed ? dead : alive).push_back(r); }
+        for (int32_t r : dead) { reap(r, /*kill=*/true); }
+        // The survivors leave the broken group; everyone joins a new generation.
+        if (!alive.empty()) {
+            LinkMsg d;
+            d.op = static_cast<uint32_t>(LinkOp::comm_disconnect);
+            call(d, "wakeup (closing the broken group)", true);
+        }
+        ++generation_;
+        for (int32_t r : dead) {
+            lg->warn("respawning rank {} ({})", r, ranks_[r].why);
+            spawn(r);
+        }
+        LinkMsg c;
+        c.op         = static_cast<uint32_t>(LinkOp::comm_connect);
+        c.generation = generation_;
+        wait_ready(dead, alive.empty() ? std::optional<LinkMsg>{} : std::optional<LinkMsg>{c});
+        comm_connected_ = true;
+    }
+
+private:
+    struct Rank {
+        pid_t       pid = -1;
+        LinkSocket  link;
+        bool        failed = false;
+        std::string why;
+    };
+
+    void spawn(int32_t r) {
+        auto [mine, theirs] = make_link_pair();
+        // Above any fd the child's dup2 targets (3, 4) could clobber.
+        const int link_fd   = ::fcntl(theirs.fd(), F_DUPFD_CLOEXEC, 100);
+        const int region_fd = ::fcntl(region_.fd(), F_DUPFD_CLOEXEC, 100);
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_adddup2(&fa, link_fd, 3);
+        posix_spawn_file_actions_adddup2(&fa, region_fd, 4);
+        posix_spawnattr_t attr;
+        posix_spawnattr_init(&attr);
+        sigset_t none, defaults;
+        sigemptyset(&none);
+        sigemptyset(&defaults);
+        sigaddset(&defaults, SIGTERM);
+        sigaddset(&defaults, SIGINT);
+        sigaddset(&defaults, SIGPIPE);
+        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+        posix_spawnattr_setsigmask(&attr, &none);  // the daemon blocks SIGTERM/SIGINT for sigwait
+        posix_spawnattr_setsigdefault(&attr, &defaults);
+        const std::string ppid = std::to_string(::getpid());
+        std::vector<char *> argv = {const_cast<char *>(binary_.c_str()), const_cast<char *>(kRankProcessFlag), const_cast<char *>("3"),
+                                    const_cast<char *>("4"), const_cast<char *>(ppid.c_str()), nullptr};
+        pid_t pid = -1;
+        const int rc = ::posix_spawn(&pid, binary_.c_str(), &fa, &attr, argv.data(), environ);
+        posix_spawn_file_actions_destroy(&fa);
+        posix_spawnattr_destroy(&attr);
+        ::close(link_fd);
+        ::close(region_fd);
+        if (rc != 0) { fail(Errc::rank_failed, "cannot start rank {} ({}): {}", r, binary_, std::strerror(rc)); }
+        auto & k  = ranks_[r];
+        k.pid     = pid;
+        pids_[r]  = pid;
+        k.link    = std::move(mine);
+        k.failed  = false;
+        k.why.clear();
+        RankSpawn s{.cfg = cfg_, .rank = r, .generation = generation_, .store_port = store_->port()};
+        const std::string js = rank_spawn_to_json(s).dump();
+        if (!k.link.send_bytes(js.data(), js.size())) { mark_failed(r, false); }
+    }
+
+    /// Wait for `ready` from the ranks in `fresh` while the others (if `others` is set) run it.
+    void wait_ready(const std::vector<int32_t> & fresh, const std::optional<LinkMsg> & others) {
+        if (others) {
+            LinkMsg m = *others;
+            m.seq = ++seq_;
+            for (int32_t r = 0; r < world_size(); ++r) {
+                if (std::find(fresh.begin(), fresh.end(), r) == fresh.end() && !ranks_[r].link.send(m)) { mark_failed(r, false); }
+            }
+        }
+        std::vector<int32_t> waiting;
+        for (int32_t r = 0; r < world_size(); ++r) {
+            const bool is_fresh = std::find(fresh.begin(), fresh.end(), r) != fresh.end();
+            if ((is_fresh || others) && !ranks_[r].failed) { waiting.push_back(r); }
+        }
+        gather(waiting, Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.timeout_s)), nullptr, others ? seq_ : 0);
+        std::string errors;
+        for (int32_t r = 0; r < world_size(); ++r) {
+            if (ranks_[r].failed) {
+                errors += fmt::format("{}rank {} {} during start-up", errors.empty() ? "" : "; ", r, ranks_[r].why);
+            } else if (replies_[r].status != 0 && std::find(waiting.begin(), waiting.end(), r) != waiting.end()) {
+                errors += fmt::format("{}rank {}: {}", errors.empty() ? "" : "; ", r, replies_[r].text);
+                mark_failed(r, /*timed_out=*/false, "failed to start");
+            }
+        }
+        if (!errors.empty()) { fail(Errc::rank_failed, "{}", errors); }
+        weight_bytes_ = replies_[0].weight_bytes;
+        kv_bytes_     = replies_[0].kv_bytes;
+    }
+
+    /// Collect one reply from each rank in `ranks` until `deadline` into replies_[r] (a `ready`
+    /// or the answer to `seq`). A rank whose link closes or that misses the deadline is marked
+    /// failed. Allocation-free once warm (the step path).
+    void gather(const std::vector<int32_t> & ranks, Clock::time_point deadline, const std::atomic<bool> * abandon, uint64_t seq) {
+        pending_.assign(ranks.begin(), ranks.end());
+        pollfd fds[64];
+        FD_CHECK(pending_.size() <= 64, "{} ranks on one node", pending_.size());
+        bool abandoned = false;
+        while (!pending_.empty()) {
+            const auto now = Clock::now();
+            if (now >= deadline) {
+                for (int32_t r : pending_) { mark_failed(r, /*timed_out=*/true); }
+                return;
+            }
+            auto wait = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+            if (abandon) { wait = std::min(wait, std::chrono::milliseconds(2)); }
+            for (size_t i = 0; i < pending_.size(); ++i) { fds[i] = {ranks_[pending_[i]].link.fd(), POLLIN, 0}; }
+            const int rc = ::poll(fds, pending_.size(), static_cast<int>(wait.count()));
+            if (abandon && !abandoned && abandon->load(std::memory_order_relaxed)) {
+                static_cast<RegionHeader *>(region_.data())->abandon.store(true);
+                abandoned = true;
+            }
+            if (rc <= 0) { continue; }
+            still_.clear();
+            for (size_t i = 0; i < pending_.size(); ++i) {
+                const int32_t r = pending_[i];
+                if (fds[i].revents == 0) {
+                    still_.push_back(r);
+                    continue;
+                }
+                LinkMsg & m = replies_[r];
+                const auto got = ranks_[r].link.recv(m, Clock::now() + std::chrono::seconds(1));
+                if (got != LinkSocket::Recv::ok) {
+                    mark_failed(r, /*timed_out=*/false);
+                } else if (m.op != static_cast<uint32_t>(LinkOp::ready) && m.seq != seq) {
+                    still_.push_back(r);  // a late answer to an older request
+                }
+            }
+            pending_.swap(still_);
+        }
+    }
+
+    /// Send `req` to every rank (or only the live ones) and gather the replies.
+    /// Errors  rank_failed naming every failed rank when one was failed before or failed now.
+    void call(LinkMsg req, const char * what, bool survivors_only = false, const std::atomic<bool> * abandon = nullptr) {
+        std::vector<int32_t> & targets = targets_;
+        targets.clear();
+        for (int32_t r = 0; r < world_size(); ++r) {
+            if (!ranks_[r].failed) {
+                targets.push_back(r);
+            } else if (!survivors_only) {
+                throw_failed(what);
+            }
+        }
+        req.seq = ++seq_;
+        live_.clear();
+        for (int32_t r : targets) {
+            replies_[r].status = 0;
+            if (ranks_[r].link.send(req)) {
+                live_.push_back(r);
+            } else {
+                mark_failed(r, false);
+            }
+        }
+        gather(live_, Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait_s_)), abandon, req.seq);
+        for (int32_t r : targets) {
+            if (ranks_[r].failed) { throw_failed(what); }
+        }
+        if (!targets.empty() && !ranks_[0].failed) {
+            weight_bytes_ = replies_[0].weight_bytes;
+            kv_bytes_     = replies_[0].kv_bytes;
+        }
+    }
+
+    void call_op(LinkOp op, const char * what) {
+        LinkMsg m;
+        m.op = static_cast<uint32_t>(op);
+        call(m, what);
+        check_replies(what);
+    }
+
+    /// The first rank's error (every rank answered).
+    void check_replies(const char * what) const {
+        for (const auto & m : replies_) {
+            if (m.status > 0) {
+                const auto code = static_cast<Errc>(m.status);
+                throw Error(code, world_size() == 1 ? std::string(m.text) : fmt::format("rank {} ({}): {}", m.rank, what, m.text));
+            }
+        }
+    }
+
+    [[noreturn]] void throw_failed(const char * what) const {
+        std::string names;
+        for (int32_t r = 0; r < world_size(); ++r) {
+            if (ranks_[r].failed) { names += fmt::format("{}rank {} (pid {}) {}", names.empty() ? "" : "; ", r, ranks_[r].pid, ranks_[r].why); }
+        }
+        fail(Errc::rank_failed, "{} failed: {}. In-flight requests ended; POST /v1/wakeup respawns the rank and reloads the serving "
+             "weights (or restart the daemon)", what, names);
+    }
+
+    /// Rank `r` is out until recover(): its link closed (`timed_out` false) or it missed a deadline.
+    void mark_failed(int32_t r, bool timed_out, const std::string & what = {}) {
+        auto & k = ranks_[r];
+        if (k.failed) { return; }
+        bool reaped = false;
+        if (!what.empty()) {
+            k.why = what;
+        } else if (timed_out) {
+            k.why = fmt::format("{} within {:.1f} s", process_condition(k.pid, reaped), wait_s_);
+        } else {
+            // The link closes a moment before the process can be reaped: give it that moment.
+            const auto until = Clock::now() + std::chrono::milliseconds(200);
+            do {
+                k.why = process_condition(k.pid, reaped);
+                if (!reaped) { std::this_thread::sleep_for(std::chrono::milliseconds(2)); }
+            } while (!reaped && Clock::now() < until);
+            if (!reaped) { k.why = "closed its link"; }
+        }
+        if (reaped) {
+            k.pid    = -k.pid;  // reaped: never signal that pid again
+            pids_[r] = 0;
+        }
+        k.failed = true;
+        log::get("engine")->error("rank {} {}", r, k.why);
+    }
+
+    std::vector<RankReport> reports() const {
+        std::vector<RankReport> out;
+        for (int32_t r = 0; r < world_size(); ++r) { out.push_back(rank_report_from_msg(replies_[r])); }
+        return out;
+    }
+
+    void drop_on_survivors() {
+        LinkMsg m;
+        m.op = static_cast<uint32_t>(LinkOp::drop);
+        try { call(m, "drop_staged_weights", true); } catch (const Error &) {}
+    }
+
+    void connect_group() {
+        if (comm_connected_) { return; }
+        LinkMsg m;
+        m.op         = static_cast<uint32_t>(LinkOp::comm_connect);
+        m.generation = ++generation_;
+        call(m, "wakeup (rebuilding the communication group)");
+        check_replies("wakeup (rebuilding the communication group)");
+        comm_connected_ = true;
+    }
+
+    /// Wait for rank `r`'s process to end (SIGKILL first when `kill`); bounded.
+    void reap(int32_t r, bool kill) {
+        auto & k = ranks_[r];
+        k.link.close();
+        if (k.pid <= 0) { return; }
+        if (kill) { ::kill(k.pid, SIGKILL); }
+        const auto deadline = Clock::now() + std::chrono::seconds(5);
+        int st = 0;
+        while (::waitpid(k.pid, &st, WNOHANG) == 0) {
+            if (Clock::now() > deadline) {
+                if (!kill) {
+                    ::kill(k.pid, SIGKILL);
+                    kill = true;
+                    continue;
+                }
+                log::get("engine")->error("rank {} (pid {}) did not exit after SIGKILL", r, k.pid);
+                break;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        k.pid    = -k.pid;
+        pids_[r] = 0;
+    }
+
+    void shutdown() {
+        LinkMsg m;
+        m.op = static_cast<uint32_t>(LinkOp::shutdown);
+        for (auto & k : ranks_) {
+            if (!k.failed) { k.link.send(m); }
+        }
+        for (int32_t r = 0; r < world_size(); ++r) {
+            auto & k = ranks_[r];
+            if (!k.failed && k.link.open()) {
+                LinkMsg ack;
+                k.link.recv(ack, Clock::now() + std::chrono::seconds(5));
+            }
+            reap(r, ranks_[r].failed);
+        }
+    }
+
+    MpExecutorConfig                 cfg_;
+    model::ModelConfig               model_cfg_;
+    double                           wait_s_;
+    std::string                      binary_;
+    std::unique_ptr<TcpStoreServer>  store_;
+    SharedRegion                     region_;
+    std::vector<Rank>                ranks_;
+    std::vector<std::atomic<pid_t>>  pids_;      ///< [world] live rank pids (0: none), read by other threads
+    std::vector<LinkMsg>             replies_;   ///< [world] the latest call's answers
+    std::vector<int32_t>             targets_, live_, pending_, still_;
+    uint64_t                         seq_ = 0;
+    int64_t                          generation_ = 1;
+    bool                             comm_connected_ = false;
+    int64_t                          weight_bytes_ = 0, kv_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Executor> make_mp_executor(const MpExecutorConfig & cfg, const model::ModelConfig & model_cfg) {
+    return std::make_unique<MpExecutor>(cfg, model_cfg);
+}
+
+}  // namespace fd::runtime

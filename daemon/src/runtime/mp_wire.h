@@ -1,0 +1,29 @@
+// What the multi-process executor and its rank processes exchange besides the step: the spawn
+// configuration (JSON, the first message on a link) and the control fields of a LinkMsg.
+#pragma once
+
+#include "fd/runtime/mp_executor.h"
+#include "fd/runtime/rank_link.h"
+
+#include <nlohmann/json.hpp>
+
+namespace fd::runtime {
+
+/// The configuration a rank process starts from.
+struct RankSpawn {
+    MpExecutorConfig cfg;
+    int32_t          rank       = 0;
+    int64_t          generation = 1;  ///< comm group generation to join at start-up
+    int32_t          store_port = 0;  ///< the TcpStore's actual port
+};
+
+nlohmann::json rank_spawn_to_json(const RankSpawn & s);
+/// Errors  fd::Error{invalid_argument} on a malformed configuration.
+RankSpawn rank_spawn_from_json(const nlohmann::json & j);
+
+void fetch_request_to_msg(const weights::FetchRequest & req, LinkMsg & m);
+weights::FetchRequest fetch_request_from_msg(const LinkMsg & m);
+void rank_report_to_msg(const RankReport & r, LinkMsg & m);
+RankReport rank_report_from_msg(const LinkMsg & m);
+
+}  // namespace fd::runtime

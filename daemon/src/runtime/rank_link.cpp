@@ -1,0 +1,245 @@
+// The daemon ↔ rank link: step batch encoding in the shared region, the seqpacket socket.
+#include "fd/runtime/rank_link.h"
+
+#include "fd/status.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace fd::runtime {
+namespace {
+
+int64_t align64(int64_t x) { return (x + 63) / 64 * 64; }
+
+template <typename T>
+T * at(void * region, int64_t off) { return reinterpret_cast<T *>(static_cast<char *>(region) + off); }
+template <typename T>
+const T * at(const void * region, int64_t off) { return reinterpret_cast<const T *>(static_cast<const char *>(region) + off); }
+
+}  // namespace
+
+StepLayout step_layout(int64_t n_tokens, int64_t n_logits, int64_t n_tables, int64_t vocab) {
+    StepLayout l;
+    int64_t off = align64(sizeof(RegionHeader));
+    auto take = [&](int64_t & field, int64_t bytes) {
+        field = off;
+        off   = align64(off + bytes);
+    };
+    take(l.tokens, n_tokens * 4);
+    take(l.positions, n_tokens * 4);
+    take(l.slots, n_tokens * 8);
+    take(l.q_table, n_tokens * 4);
+    take(l.q_ctx, n_tokens * 4);
+    take(l.logits_rows, n_logits * 4);
+    take(l.tables, n_tables * 4);
+    take(l.logits, n_logits * vocab * 4);
+    l.total_bytes = off;
+    return l;
+}
+
+int64_t step_tables(const model::StepBatch & b, int32_t block_size) {
+    int64_t n = 0;
+    const int32_t * run = nullptr;
+    int32_t run_ctx = 0;
+    for (const auto & q : b.queries) {
+        if (q.block_table != run) {
+            n += (run_ctx + block_size - 1) / block_size;
+            run     = q.block_table;
+            run_ctx = 0;
+        }
+        run_ctx = std::max(run_ctx, q.n_ctx);
+    }
+    return n + (run_ctx + block_size - 1) / block_size;
+}
+
+int64_t step_encode(void * region, int64_t region_bytes, const model::StepBatch & b, int32_t block_size, int32_t vocab) {
+    const int64_t n = b.n_tokens(), nl = static_cast<int64_t>(b.logits_rows.size());
+    const int64_t nt = step_tables(b, block_size);
+    const StepLayout l = step_layout(n, nl, nt, vocab);
+    if (l.total_bytes > region_bytes) { return l.total_bytes; }
+    auto * h = static_cast<RegionHeader *>(region);
+    h->n_tokens = static_cast<int32_t>(n);
+    h->n_logits = static_cast<int32_t>(nl);
+    h->n_tables = static_cast<int32_t>(nt);
+    h->vocab    = vocab;
+    std::memcpy(at<int32_t>(region, l.tokens), b.tokens.data(), n * 4);
+    std::memcpy(at<int32_t>(region, l.positions), b.positions.data(), n * 4);
+    std::memcpy(at<int64_t>(region, l.slots), b.slots.data(), n * 8);
+    std::memcpy(at<int32_t>(region, l.logits_rows), b.logits_rows.data(), nl * 4);
+    int32_t * q_table = at<int32_t>(region, l.q_table);
+    int32_t * q_ctx   = at<int32_t>(region, l.q_ctx);
+    int32_t * tables  = at<int32_t>(region, l.tables);
+    // One run of block ids per sequence: the tokens of a sequence are adjacent and share a table.
+    int64_t used = 0, run_start = 0;
+    const int32_t * run = nullptr;
+    int32_t run_ctx = 0;
+    auto close_run = [&] {
+        const int64_t len = (run_ctx + block_size - 1) / block_size;
+        if (len > 0) { std::memcpy(tables + run_start, run, len * 4); }
+        used = run_start + len;
+    };
+    for (int64_t t = 0; t < n; ++t) {
+        const auto & q = b.queries[t];
+        if (q.block_table != run) {
+            if (run) { close_run(); }
+            run       = q.block_table;
+            run_start = used;
+            run_ctx   = 0;
+        }
+        run_ctx    = std::max(run_ctx, q.n_ctx);
+        q_table[t] = static_cast<int32_t>(run_start);
+        q_ctx[t]   = q.n_ctx;
+    }
+    if (run) { close_run(); }
+    FD_CHECK(used == nt, "block-table runs {} != counted {}", used, nt);
+    return l.total_bytes;
+}
+
+void step_decode(const void * region, model::StepBatch & b) {
+    const auto * h = static_cast<const RegionHeader *>(region);
+    const int64_t n = h->n_tokens, nl = h->n_logits;
+    const StepLayout l = step_layout(n, nl, h->n_tables, h->vocab);
+    const int32_t * tokens = at<int32_t>(region, l.tokens);
+    const int32_t * pos    = at<int32_t>(region, l.positions);
+    const int64_t * slots  = at<int64_t>(region, l.slots);
+    const int32_t * rows   = at<int32_t>(region, l.logits_rows);
+    const int32_t * qt     = at<int32_t>(region, l.q_table);
+    const int32_t * qc     = at<int32_t>(region, l.q_ctx);
+    const int32_t * tables = at<int32_t>(region, l.tables);
+    b.tokens.assign(tokens, tokens + n);
+    b.positions.assign(pos, pos + n);
+    b.slots.assign(slots, slots + n);
+    b.logits_rows.assign(rows, rows + nl);
+    b.queries.resize(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) {
+        FD_CHECK(qt[t] >= 0 && qt[t] <= h->n_tables, "block table offset {} outside {}", qt[t], h->n_tables);
+        b.queries[t] = {tables + qt[t], qc[t]};
+    }
+}
+
+float * step_logits(void * region) {
+    const auto * h = static_cast<const RegionHeader *>(region);
+    return at<float>(region, step_layout(h->n_tokens, h->n_logits, h->n_tables, h->vocab).logits);
+}
+
+// --- socket ---
+
+LinkSocket::~LinkSocket() { close(); }
+LinkSocket::LinkSocket(LinkSocket && o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+LinkSocket & LinkSocket::operator=(LinkSocket && o) noexcept {
+    if (this != &o) {
+        close();
+        fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+}
+
+void LinkSocket::close() {
+    if (fd_ >= 0) { ::close(fd_); }
+    fd_ = -1;
+}
+
+bool LinkSocket::send(const LinkMsg & m) { return send_bytes(&m, sizeof m); }
+
+bool LinkSocket::send_bytes(const void * data, size_t n) {
+    if (fd_ < 0) { return false; }
+    for (;;) {
+        const ssize_t w = ::send(fd_, data, n, MSG_NOSIGNAL);
+        if (w == static_cast<ssize_t>(n)) { return true; }
+        if (w < 0 && errno == EINTR) { continue; }
+        return false;
+    }
+}
+
+LinkSocket::Recv LinkSocket::recv(LinkMsg & m, std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds poll_slice,
+                                  const std::function<void()> & on_slice) {
+    if (fd_ < 0) { return Recv::closed; }
+    for (;;) {
+        const auto now  = std::chrono::steady_clock::now();
+        if (now >= deadline) { return Recv::timeout; }
+        auto wait = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+        if (poll_slice.count() > 0) { wait = std::min(wait, poll_slice); }
+        pollfd p{fd_, POLLIN, 0};
+        const int rc = ::poll(&p, 1, static_cast<int>(wait.count()));
+        if (rc < 0 && errno != EINTR) { return Recv::closed; }
+        if (rc <= 0) {
+            if (on_slice) { on_slice(); }
+            continue;
+        }
+        const ssize_t r = ::recv(fd_, &m, sizeof m, 0);
+        if (r == static_cast<ssize_t>(sizeof m)) { return Recv::ok; }
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) { continue; }
+        return Recv::closed;  // EOF, reset, or a malformed record: the link is unusable
+    }
+}
+
+int64_t LinkSocket::recv_bytes(void * data, size_t cap) {
+    for (;;) {
+        const ssize_t r = ::recv(fd_, data, cap, 0);
+        if (r < 0 && errno == EINTR) { continue; }
+        return r < 0 ? 0 : r;
+    }
+}
+
+bool LinkSocket::peer_closed() const {
+    if (fd_ < 0) { return true; }
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0) { return false; }
+    return (p.revents & (POLLHUP | POLLERR | POLLIN)) != 0;  // nothing is ever sent unasked
+}
+
+std::pair<LinkSocket, LinkSocket> make_link_pair() {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+        fail(Errc::internal, "socketpair for a rank link: {}", std::strerror(errno));
+    }
+    return {LinkSocket(sv[0]), LinkSocket(sv[1])};
+}
+
+// --- shared region ---
+
+SharedRegion::~SharedRegion() {
+    if (data_) { ::munmap(data_, static_cast<size_t>(bytes_)); }
+    if (fd_ >= 0) { ::close(fd_); }
+}
+
+void SharedRegion::create(int64_t bytes) {
+    fd_ = ::memfd_create("fdrollout-step", MFD_CLOEXEC);
+    if (fd_ < 0) { fail(Errc::internal, "memfd_create for the step region: {}", std::strerror(errno)); }
+    resize(bytes);
+}
+
+void SharedRegion::attach(int fd) {
+    fd_ = fd;
+    remap();
+}
+
+void SharedRegion::resize(int64_t bytes) {
+    if (bytes <= bytes_) { return; }
+    const int64_t page = sysconf(_SC_PAGESIZE);
+    bytes = (bytes + page - 1) / page * page;
+    if (::ftruncate(fd_, bytes) != 0) { fail(Errc::internal, "growing the step region to {} bytes: {}", bytes, std::strerror(errno)); }
+    map(bytes);
+}
+
+void SharedRegion::remap() {
+    const off_t size = ::lseek(fd_, 0, SEEK_END);
+    if (size <= 0) { fail(Errc::internal, "step region fd {} has no size", fd_); }
+    if (size != bytes_) { map(size); }
+}
+
+void SharedRegion::map(int64_t bytes) {
+    if (data_) { ::munmap(data_, static_cast<size_t>(bytes_)); }
+    data_  = nullptr;
+    void * p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) { fail(Errc::internal, "mapping the step region ({} bytes): {}", bytes, std::strerror(errno)); }
+    data_  = p;
+    bytes_ = bytes;
+}
+
+}  // namespace fd::runtime

@@ -1,0 +1,280 @@
+// A rank process of the multi-process executor: builds its Worker and its weight source (a
+// LocalExecutor for its own rank), joins the communication group, then serves the link.
+#include "fd/arena.h"
+#include "fd/log.h"
+#include "fd/model/model_config.h"
+#include "fd/model/safetensors.h"
+#include "fd/runtime/comm.h"
+#include "fd/status.h"
+
+#include "mp_wire.h"
+
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <vector>
+
+namespace fd::runtime {
+
+using json = nlohmann::json;
+
+json rank_spawn_to_json(const RankSpawn & s) {
+    const auto & c = s.cfg;
+    const auto & w = c.worker;
+    return {{"rank", s.rank},
+            {"generation", s.generation},
+            {"store_port", s.store_port},
+            {"tensor_parallel_size", c.tensor_parallel_size},
+            {"model_dir", c.model_dir},
+            {"worker", {{"n_threads", w.n_threads}, {"block_size", w.block_size}, {"n_blocks", w.n_blocks},
+                        {"max_model_len", w.max_model_len}, {"keep_update_staging", w.keep_update_staging},
+                        {"check_finite_weights", w.check_finite_weights}, {"io_timeout_s", w.io_timeout_s}}},
+            {"source", {{"strategy", std::string(weights::to_string(c.source.strategy))}, {"model_dir", c.source.model_dir.string()},
+                        {"port", c.source.port}, {"rsync_config", c.source.rsync_config}}},
+            {"master_addr", c.master_addr},
+            {"timeout_s", c.timeout_s},
+            {"log_level", c.log_level},
+            {"log_format", c.log_format}};
+}
+
+RankSpawn rank_spawn_from_json(const json & j) {
+    try {
+        RankSpawn s;
+        s.rank       = j.at("rank");
+        s.generation = j.at("generation");
+        s.store_port = j.at("store_port");
+        auto & c = s.cfg;
+        c.tensor_parallel_size = j.at("tensor_parallel_size");
+        c.model_dir            = j.at("model_dir");
+        const auto & w = j.at("worker");
+        c.worker.n_threads            = w.at("n_threads");
+        c.worker.block_size           = w.at("block_size");
+        c.worker.n_blocks             = w.at("n_blocks");
+        c.worker.max_model_len        = w.at("max_model_len");
+        c.worker.keep_update_staging  = w.at("keep_update_staging");
+        c.worker.check_finite_weights = w.at("check_finite_weights");
+        c.worker.io_timeout_s         = w.at("io_timeout_s");
+        c.worker.rank                 = s.rank;
+        const auto & src = j.at("source");
+        c.source.strategy     = weights::parse_load_strategy(src.at("strategy").get<std::string>());
+        c.source.model_dir    = src.at("model_dir").get<std::string>();
+        c.source.port         = src.at("port");
+        c.source.rsync_config = src.at("rsync_config");
+        c.master_addr = j.at("master_addr");
+        c.timeout_s   = j.at("timeout_s");
+        c.log_level   = j.at("log_level");
+        c.log_format  = j.at("log_format");
+        return s;
+    } catch (const json::exception & e) {
+        fail(Errc::invalid_argument, "rank configuration: {}", e.what());
+    }
+}
+
+void fetch_request_to_msg(const weights::FetchRequest & req, LinkMsg & m) {
+    m.has_version     = req.version.has_value();
+    set_field(m.version, req.version.value_or(""));
+    set_field(m.serving_version, req.serving_version);
+    m.verify_checksum = req.verify_checksum;
+    m.wakeup          = req.wakeup;
+}
+
+weights::FetchRequest fetch_request_from_msg(const LinkMsg & m) {
+    weights::FetchRequest r;
+    if (m.has_version) { r.version = std::string(m.version); }
+    r.serving_version = m.serving_version;
+    r.verify_checksum = m.verify_checksum != 0;
+    r.wakeup          = m.wakeup != 0;
+    return r;
+}
+
+void rank_report_to_msg(const RankReport & r, LinkMsg & m) {
+    m.rank              = r.rank;
+    m.has_reply_version = r.version.has_value();
+    set_field(m.version, r.version.value_or(""));
+    m.bytes             = r.bytes;
+    m.checksum_verified = r.checksum_verified;
+    m.fetch_s           = r.fetch_s;
+    m.stage_s           = r.stage_s;
+    m.commit_s          = r.commit_s;
+    m.freed_bytes       = r.freed_bytes;
+    m.rss_bytes         = r.rss_bytes;
+}
+
+RankReport rank_report_from_msg(const LinkMsg & m) {
+    RankReport r;
+    r.rank = m.rank;
+    if (m.has_reply_version) { r.version = std::string(m.version); }
+    r.bytes             = m.bytes;
+    r.checksum_verified = m.checksum_verified != 0;
+    r.fetch_s           = m.fetch_s;
+    r.stage_s           = m.stage_s;
+    r.commit_s          = m.commit_s;
+    r.freed_bytes       = m.freed_bytes;
+    r.rss_bytes         = m.rss_bytes;
+    return r;
+}
+
+namespace {
+
+/// The rank's side: one request at a time, answered in order.
+class RankServer {
+public:
+    RankServer(LinkSocket link, int region_fd) : link_(std::move(link)) { region_.attach(region_fd); }
+
+    /// Build everything, answer `ready` (or the error that stopped start-up). False: exit.
+    bool start(const RankSpawn & s) {
+        spawn_ = s;
+        LinkMsg ready;
+        ready.op   = static_cast<uint32_t>(LinkOp::ready);
+        ready.rank = s.rank;
+        try {
+            const auto & c = s.cfg;
+            // The group first (a sharded worker all-reduces from its first step). Its timeout is half
+            // the daemon's: a rank whose peer died answers with that error before the daemon gives
+            // up on it, so the daemon names the dead rank, not the waiting one.
+            comm_ = make_gloo_comm({.rank = s.rank, .world_size = c.tensor_parallel_size, .bind_host = c.master_addr,
+                                    .store_host = c.master_addr, .store_port = s.store_port, .timeout_s = 0.5 * c.timeout_s});
+            comm_->connect(s.generation);
+            model_cfg_ = model::load_model_config(c.model_dir);
+            c.worker.tp_size = c.tensor_parallel_size;  // rank r of T: its shard, collectives through comm_
+            auto worker = std::make_unique<model::Worker>(model_cfg_, model::read_tensor_index(c.model_dir), c.worker, comm_.get());
+            ex_ = make_local_executor(std::move(worker), weights::make_weight_source(c.source), s.rank);
+            fill_state(ready);
+        } catch (const Error & e) {
+            ready.status = static_cast<int32_t>(e.code());
+            set_field(ready.text, e.what());
+        } catch (const std::exception & e) {
+            ready.status = static_cast<int32_t>(Errc::internal);
+            set_field(ready.text, e.what());
+        }
+        link_.send(ready);
+        return ready.status == 0;
+    }
+
+    void serve() {
+        auto lg = log::get("rank");
+        for (;;) {
+            LinkMsg m;
+            // Idle until the daemon asks; a second at a time, so a vanished daemon is noticed
+            // even if the kernel never closes our end.
+            const auto r = link_.recv(m, std::chrono::steady_clock::now() + std::chrono::seconds(1));
+            if (r == LinkSocket::Recv::timeout) {
+                if (::getppid() == 1) { return; }
+                continue;
+            }
+            if (r == LinkSocket::Recv::closed) { return; }
+            const auto op = static_cast<LinkOp>(m.op);
+            if (op == LinkOp::shutdown) {
+                comm_->disconnect();
+                link_.send(m);
+                return;
+            }
+            LinkMsg reply = handle(op, m);
+            reply.op   = m.op;
+            reply.seq  = m.seq;
+            reply.rank = spawn_.rank;
+            if (!link_.send(reply)) { return; }
+        }
+    }
+
+private:
+    LinkMsg handle(LinkOp op, const LinkMsg & m) {
+        LinkMsg reply;
+        try {
+            switch (op) {
+                case LinkOp::forward: return forward(m);
+                case LinkOp::stage: rank_report_to_msg(ex_->stage_weights(fetch_request_from_msg(m))[0], reply); break;
+                case LinkOp::commit: rank_report_to_msg(ex_->commit_weights()[0], reply); break;
+                case LinkOp::drop: ex_->drop_staged_weights(); break;
+                case LinkOp::release_weight: rank_report_to_msg(ex_->release(MemoryTag::weight)[0], reply); break;
+                case LinkOp::release_kv: rank_report_to_msg(ex_->release(MemoryTag::kv_cache)[0], reply); break;
+                case LinkOp::acquire_kv: rank_report_to_msg(ex_->acquire_kv()[0], reply); break;
+                case LinkOp::reload: rank_report_to_msg(ex_->reload_weights(fetch_request_from_msg(m))[0], reply); break;
+                case LinkOp::comm_connect: comm_->connect(m.generation); break;
+                case LinkOp::comm_disconnect: comm_->disconnect(); break;
+                default: fail(Errc::internal, "rank {}: unknown link op {}", spawn_.rank, m.op);
+            }
+        } catch (const Error & e) {
+            reply.status = static_cast<int32_t>(e.code());
+            set_field(reply.text, e.what());
+        } catch (const std::exception & e) {
+            reply.status = static_cast<int32_t>(Errc::internal);
+            set_field(reply.text, e.what());
+        }
+        fill_state(reply);
+        return reply;
+    }
+
+    LinkMsg forward(const LinkMsg & m) {
+        LinkMsg reply;
+        if (static_cast<int64_t>(m.region_bytes) != region_.bytes()) { region_.remap(); }
+        step_decode(region_.data(), batch_);
+        auto * h = static_cast<RegionHeader *>(region_.data());
+        float * out = nullptr;
+        if (spawn_.rank == 0) {
+            out = step_logits(region_.data());
+        } else {
+            scratch_.resize(batch_.logits_rows.size() * static_cast<size_t>(model_cfg_.vocab_size));
+            out = scratch_.data();
+        }
+        // Dropping a step half-way is only safe alone: with peers, every rank must reach every
+        // all-reduce, so a group finishes the step.
+        const bool done = ex_->forward(batch_, out, spawn_.cfg.tensor_parallel_size == 1 ? &h->abandon : nullptr);
+        reply.status = done ? 0 : kLinkAbandoned;
+        return reply;
+    }
+
+    void fill_state(LinkMsg & m) const {
+        if (!ex_) { return; }
+        m.weight_bytes   = ex_->weight_bytes();
+        m.kv_bytes       = ex_->kv_bytes();
+        m.comm_connected = comm_ && comm_->connected();
+        if (m.rss_bytes == 0) { m.rss_bytes = process_rss_bytes(); }
+    }
+
+    LinkSocket                 link_;
+    SharedRegion               region_;
+    RankSpawn                  spawn_;
+    model::ModelConfig         model_cfg_;
+    std::unique_ptr<Executor>  ex_;
+    std::unique_ptr<Comm>      comm_;
+    model::StepBatch           batch_;
+    std::vector<float>         scratch_;
+};
+
+}  // namespace
+
+int rank_process_main(int argc, char ** argv) {
+    if (argc < 5) {
+        std::fprintf(stderr, "%s is for fdrollout's own rank processes\n", kRankProcessFlag);
+        return 2;
+    }
+    // Die with the daemon; the daemon alone decides when ranks stop (a terminal's Ctrl-C reaches
+    // the whole process group, and the daemon drains first).
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != static_cast<pid_t>(std::atoll(argv[4]))) { return 1; }
+    std::signal(SIGINT, SIG_IGN);
+    std::signal(SIGTERM, SIG_IGN);  // systemd and `timeout` signal the whole group; the daemon drains, then stops its ranks
+    std::signal(SIGPIPE, SIG_IGN);
+    LinkSocket link(std::atoi(argv[2]));
+    std::vector<char> buf(1 << 20);
+    const int64_t n = link.recv_bytes(buf.data(), buf.size());
+    if (n <= 0) { return 1; }
+    RankSpawn spawn;
+    try {
+        spawn = rank_spawn_from_json(json::parse(buf.data(), buf.data() + n));
+        log::setup(spawn.cfg.log_level, spawn.cfg.log_format);
+    } catch (const std::exception & e) {
+        std::fprintf(stderr, "fdrollout rank: bad configuration: %s\n", e.what());
+        return 1;
+    }
+    RankServer server(std::move(link), std::atoi(argv[3]));
+    if (!server.start(spawn)) { return 1; }
+    log::get("rank")->info("rank {}/{} ready (pid {})", spawn.rank, spawn.cfg.tensor_parallel_size, ::getpid());
+    server.serve();
+    return 0;
+}
+
+}  // namespace fd::runtime

@@ -1,0 +1,137 @@
+// The rank link (fd/runtime/rank_link.h): a step batch survives the shared region unchanged
+// (block tables included) and the region grows only when a step needs it; over a real
+// socketpair to a forked peer, replies arrive in order, a peer that dies is seen at once and a
+// peer that is stopped runs into the deadline instead of hanging the caller.
+#include "fd/runtime/rank_link.h"
+
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <thread>
+
+using namespace fd;
+using namespace fd::runtime;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+/// Two sequences: a 5-token prefill over blocks {7, 2} and a decode over blocks {3, 9, 4}.
+struct TwoSeqs {
+    int32_t table_a[2] = {7, 2};
+    int32_t table_b[3] = {3, 9, 4};
+    model::StepBatch b;
+    TwoSeqs() {
+        for (int32_t t = 0; t < 5; ++t) {
+            b.tokens.push_back(10 + t);
+            b.positions.push_back(t);
+            b.slots.push_back(7 * 4 + t);
+            b.queries.push_back({table_a, t + 1});
+        }
+        b.tokens.push_back(99);
+        b.positions.push_back(9);
+        b.slots.push_back(4 * 4 + 1);
+        b.queries.push_back({table_b, 10});
+        b.logits_rows = {4, 5};
+    }
+};
+
+}  // namespace
+
+TEST_SUITE("runtime::rank_link") {
+    TEST_CASE("a step batch round-trips through the shared region, block tables included") {
+        TwoSeqs s;
+        const int32_t bs = 4, vocab = 1024;  // logits alone outgrow the first page
+        CHECK(step_tables(s.b, bs) == 2 + 3);  // ceil(5/4) + ceil(10/4)
+        SharedRegion region;
+        region.create(64);  // too small: encode says how much it needs and writes nothing
+        const int64_t need = step_encode(region.data(), region.bytes(), s.b, bs, vocab);
+        CHECK(need > region.bytes());
+        CHECK(need == step_layout(6, 2, 5, vocab).total_bytes);
+        region.resize(need);
+        CHECK(step_encode(region.data(), region.bytes(), s.b, bs, vocab) == need);
+
+        SharedRegion peer;  // the rank's mapping of the same memfd
+        peer.attach(::dup(region.fd()));
+        model::StepBatch got;
+        step_decode(peer.data(), got);
+        CHECK(got.tokens == s.b.tokens);
+        CHECK(got.positions == s.b.positions);
+        CHECK(got.slots == s.b.slots);
+        CHECK(got.logits_rows == s.b.logits_rows);
+        REQUIRE(got.queries.size() == 6);
+        for (size_t t = 0; t < 6; ++t) {
+            CHECK(got.queries[t].n_ctx == s.b.queries[t].n_ctx);
+            const int32_t n_blocks = (got.queries[t].n_ctx + bs - 1) / bs;
+            for (int32_t k = 0; k < n_blocks; ++k) { CHECK(got.queries[t].block_table[k] == s.b.queries[t].block_table[k]); }
+        }
+        // Logits the rank writes are what the daemon reads.
+        step_logits(peer.data())[2 * vocab - 1] = 1.5f;
+        CHECK(step_logits(region.data())[2 * vocab - 1] == 1.5f);
+
+        // Growing remaps; the peer follows with remap() and sees the same bytes.
+        const void * before = region.data();
+        region.resize(need * 8);
+        CHECK(region.bytes() >= need * 8);
+        peer.remap();
+        CHECK(peer.bytes() == region.bytes());
+        step_decode(peer.data(), got);
+        CHECK(got.tokens == s.b.tokens);
+        (void)before;
+    }
+
+    TEST_CASE("replies come back in order; a dead peer is seen at once, a stopped one at the deadline") {
+        auto [mine, theirs] = make_link_pair();
+        const pid_t pid = fork();
+        if (pid == 0) {  // an echo rank: answers each request with status = seq
+            mine.close();
+            for (;;) {
+                LinkMsg m;
+                if (theirs.recv(m, Clock::now() + std::chrono::seconds(30)) != LinkSocket::Recv::ok) { _exit(0); }
+                m.status = static_cast<int32_t>(m.seq);
+                if (m.op == static_cast<uint32_t>(LinkOp::shutdown)) { _exit(0); }
+                theirs.send(m);
+            }
+        }
+        theirs.close();
+        for (uint64_t seq = 1; seq <= 100; ++seq) {
+            LinkMsg m;
+            m.op  = static_cast<uint32_t>(LinkOp::forward);
+            m.seq = seq;
+            REQUIRE(mine.send(m));
+            LinkMsg r;
+            REQUIRE(mine.recv(r, Clock::now() + std::chrono::seconds(10)) == LinkSocket::Recv::ok);
+            CHECK(r.seq == seq);
+            CHECK(r.status == static_cast<int32_t>(seq));
+        }
+        CHECK(!mine.peer_closed());
+
+        // Stopped: the wait ends at its deadline (and the on_slice hook runs meanwhile).
+        ::kill(pid, SIGSTOP);
+        LinkMsg m;
+        m.seq = 101;
+        REQUIRE(mine.send(m));
+        int slices = 0;
+        const auto t0 = Clock::now();
+        LinkMsg r;
+        CHECK(mine.recv(r, t0 + std::chrono::milliseconds(300), std::chrono::milliseconds(10), [&] { ++slices; }) ==
+              LinkSocket::Recv::timeout);
+        CHECK(Clock::now() - t0 >= std::chrono::milliseconds(300));
+        CHECK(slices >= 1);
+        // Continued, it answers the pending request.
+        ::kill(pid, SIGCONT);
+        REQUIRE(mine.recv(r, Clock::now() + std::chrono::seconds(10)) == LinkSocket::Recv::ok);
+        CHECK(r.seq == 101);
+
+        // Killed: the link closes, the wait returns well before its deadline.
+        ::kill(pid, SIGKILL);
+        int st = 0;
+        ::waitpid(pid, &st, 0);
+        CHECK(mine.peer_closed());
+        const auto t1 = Clock::now();
+        CHECK(mine.recv(r, t1 + std::chrono::seconds(10)) == LinkSocket::Recv::closed);
+        CHECK(Clock::now() - t1 < std::chrono::seconds(5));
+        CHECK(!mine.send(m));
+    }
+}
