@@ -14,19 +14,6 @@
 namespace fd::model {
 namespace {
 
-enum class Shard { replicated, rows, cols };
-
-bool ends_with(std::string_view s, std::string_view suffix) {
-    return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
-/// How an inference tensor is split across ranks (rollout_model.h table).
-Shard shard_of(const InferenceTensor & t) {
-    if (ends_with(t.name, "self_attn.o_proj.weight") || ends_with(t.name, "mlp.down_proj.weight")) { return Shard::cols; }
-    if (t.shape.size() == 1 && t.parts.size() == 1) { return Shard::replicated; }  // norms
-    return Shard::rows;  // qkv (+bias), gate_up, embed_tokens, lm_head
-}
-
 /// Copy `n` elements stored as `from` in `src` to `dst` as `to` (equal, or `to` = f32).
 void convert(DType from, DType to, const std::byte * src, std::byte * dst, int64_t n) {
     if (from == to) {
@@ -49,19 +36,16 @@ RolloutModel::RolloutModel(const std::filesystem::path & model_dir, int tp_size)
     : RolloutModel(load_model_config(model_dir), read_tensor_index(model_dir), tp_size) {}
 
 RolloutModel::RolloutModel(ModelConfig cfg, const TensorIndex & idx, int tp_size) : cfg_(std::move(cfg)), tp_(tp_size) {
-    if (tp_ < 1) { fail(Errc::invalid_argument, "tensor parallel size must be >= 1, got {}", tp_); }
-    const std::pair<const char *, int64_t> dims[] = {{"num_attention_heads", cfg_.n_heads},
-                                                     {"num_key_value_heads", cfg_.n_kv_heads},
-                                                     {"intermediate_size", cfg_.intermediate_size},
-                                                     {"vocab_size", cfg_.vocab_size}};
-    for (const auto & [what, n] : dims) {
-        if (n % tp_ != 0) {
-            fail(Errc::invalid_argument, "{} = {} is not divisible by the tensor parallel size {}; pick a tp that divides it",
-                 what, n, tp_);
-        }
-    }
+    check_tp_divides(cfg_, tp_);
     validate_checkpoint(cfg_, idx);
     layout_ = plan_layout(cfg_, idx);
+    // The loader's own plan for every rank (weights.h: the one home of the sharding).
+    for (int r = 0; r < tp_; ++r) { rank_layouts_.push_back(plan_layout(cfg_, idx, {r, tp_})); }
+}
+
+const WeightLayout & RolloutModel::rank_layout(int rank) const {
+    check_rank(rank);
+    return rank_layouts_[static_cast<size_t>(rank)];
 }
 
 void RolloutModel::check_rank(int rank) const {
@@ -69,32 +53,13 @@ void RolloutModel::check_rank(int rank) const {
 }
 
 std::vector<RankTensorSource> RolloutModel::training_slices(int rank) const {
-    check_rank(rank);
     std::vector<RankTensorSource> out;
-    out.reserve(layout_.tensors.size());
-    for (const InferenceTensor & t : layout_.tensors) {
+    for (const InferenceTensor & t : rank_layout(rank).tensors) {
         RankTensorSource s;
         s.tensor = {t.name, t.shape, t.dtype};
-        switch (shard_of(t)) {
-            case Shard::replicated:
-                s.slices.push_back({t.parts.front().hf_name, 0, 0, t.shape[0], 0});
-                break;
-            case Shard::cols: {
-                const int64_t n = t.shape[1] / tp_;
-                s.tensor.shape[1] = n;
-                s.slices.push_back({t.parts.front().hf_name, 1, rank * n, (rank + 1) * n, 0});
-                break;
-            }
-            case Shard::rows: {
-                int64_t row = 0;
-                for (const WeightPart & p : t.parts) {
-                    const int64_t n = p.rows / tp_;
-                    s.slices.push_back({p.hf_name, 0, rank * n, (rank + 1) * n, row});
-                    row += n;
-                }
-                s.tensor.shape[0] = row;
-                break;
-            }
+        const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
+        for (const WeightPart & p : t.parts) {
+            s.slices.push_back({p.hf_name, p.dim, p.src0, p.src0 + (p.dim == 0 ? p.rows : cols), p.row0});
         }
         out.push_back(std::move(s));
     }
@@ -150,12 +115,12 @@ void RolloutModel::gather(const RankTensorSource & src, const TensorIndex & idx,
             }
             continue;
         }
-        // A column range: read the whole tensor, then take [begin, end) of every row.
-        std::vector<std::byte> raw(static_cast<size_t>(t.size_bytes));
-        pread_exact(f.get(), raw.data(), t.size_bytes, t.offset_bytes, t.file, what);
+        // A column range: [begin, end) of every row, one read per row.
         const int64_t n = sl.end - sl.begin;
+        std::vector<std::byte> raw(static_cast<size_t>(n * es));
         for (int64_t r = 0; r < hf_rows; ++r) {
-            convert(t.dtype, st.dtype, raw.data() + (r * hf_cols + sl.begin) * es, out + r * n * des, n);
+            pread_exact(f.get(), raw.data(), n * es, t.offset_bytes + (r * hf_cols + sl.begin) * es, t.file, what);
+            convert(t.dtype, st.dtype, raw.data(), out + r * n * des, n);
         }
     }
 }

@@ -28,18 +28,34 @@ std::string layer_name(int il, const char * leaf) { return fmt::format("model.la
 
 namespace {
 
-/// The inference layout of `c`, each training part's dtype given by `dtype_of(hf_name)`.
-WeightLayout plan(const ModelConfig & c, const std::function<DType(const std::string &)> & dtype_of);
+/// The dtype of training part `hf` of inference tensor `name`: as the checkpoint stores it, or
+/// (a checkpoint in inference names) as the whole inference tensor is stored.
+using DtypeOf = std::function<DType(const std::string & name, const std::string & hf)>;
+
+/// Rank `tp.rank`'s inference layout of `c` (the sharding table of weights.h).
+WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp);
 
 }  // namespace
+
+void check_tp_divides(const ModelConfig & c, int32_t tp_size) {
+    if (tp_size < 1) { fail(Errc::invalid_argument, "tensor parallel size must be >= 1, got {}", tp_size); }
+    const std::pair<const char *, int64_t> dims[] = {{"num_attention_heads", c.n_heads},
+                                                     {"num_key_value_heads", c.n_kv_heads},
+                                                     {"intermediate_size", c.intermediate_size},
+                                                     {"vocab_size", c.vocab_size}};
+    for (const auto & [what, n] : dims) {
+        if (n % tp_size != 0) {
+            fail(Errc::invalid_argument, "{} = {} is not divisible by the tensor parallel size {}; pick a tp that divides it",
+                 what, n, tp_size);
+        }
+    }
+}
 
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig & c) {
     // Every training part of the inference layout, in layout order (dtypes do not matter here).
     std::vector<ExpectedTensor> e;
-    for (const InferenceTensor & t : plan(c, [](const std::string &) { return DType::f32; }).tensors) {
-        for (const WeightPart & p : t.parts) {
-            e.push_back({p.hf_name, t.shape.size() == 2 ? std::vector<int64_t>{p.rows, t.shape[1]} : std::vector<int64_t>{p.rows}});
-        }
+    for (const InferenceTensor & t : plan(c, [](const std::string &, const std::string &) { return DType::f32; }, {}).tensors) {
+        for (const WeightPart & p : t.parts) { e.push_back({p.hf_name, p.hf_shape}); }
     }
     if (c.tie_word_embeddings) { e.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}, true}); }
     return e;
@@ -74,57 +90,90 @@ const InferenceTensor * WeightLayout::find(std::string_view name) const {
     return nullptr;
 }
 
-WeightLayout plan_layout(const ModelConfig & c, const TensorIndex & idx) {
-    return plan(c, [&](const std::string & hf) { return idx.tensors.at(hf).dtype; });
+WeightLayout plan_layout(const ModelConfig & c, const TensorIndex & idx, TpRank tp) {
+    check_tp_divides(c, tp.size);
+    if (tp.rank < 0 || tp.rank >= tp.size) {
+        fail(Errc::invalid_argument, "rank {} is outside [0, {}) (tp size {})", tp.rank, tp.size, tp.size);
+    }
+    return plan(c, [&](const std::string & name, const std::string & hf) {
+        auto it = idx.tensors.find(hf);
+        if (it == idx.tensors.end()) { it = idx.tensors.find(name); }
+        if (it == idx.tensors.end()) {
+            fail(Errc::invalid_checkpoint, "{}: checkpoint is missing tensor '{}'{}", idx.source.string(), hf,
+                 name != hf ? fmt::format(" (or the fused '{}')", name) : std::string{});
+        }
+        return it->second.dtype;
+    }, tp);
 }
 
 namespace {
 
-WeightLayout plan(const ModelConfig & c, const std::function<DType(const std::string &)> & dtype_of) {
-    const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), ff = c.intermediate_size;
+WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp) {
+    const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), ff = c.intermediate_size, T = tp.size, r = tp.rank;
     WeightLayout L;
     L.tied_lm_head = c.tie_word_embeddings;
+    L.tp = tp;
     int64_t offset = 0;
     using Parts = std::initializer_list<std::pair<std::string, int64_t>>;
-    // One inference tensor of `rows` x `cols` (cols 0 = 1-D) stacked from `parts`.
-    auto add = [&](std::string name, Parts parts, int64_t cols) {
+    // One inference tensor stacked from `parts` (HF name, HF rows), each HF part [rows, cols]
+    // (cols 0 = 1-D), cut for rank r as `shard` says.
+    auto add = [&](std::string name, Shard shard, Parts parts, int64_t cols) {
         InferenceTensor t;
-        t.name = std::move(name);
+        t.name  = std::move(name);
+        t.shard = shard;
         int64_t rows = 0;
         for (const auto & [hf, n] : parts) {
-            const DType d = dtype_of(hf);
-            t.parts.push_back({hf, rows, n, d});
-            rows += n;
+            WeightPart p{hf, rows, n, dtype_of(t.name, hf), 0, 0, cols ? std::vector<int64_t>{n, cols} : std::vector<int64_t>{n}};
+            if (shard == Shard::rows) {  // rows [r*n/T, (r+1)*n/T) of this part
+                p.rows = n / T;
+                p.src0 = r * p.rows;
+            } else if (shard == Shard::cols) {  // columns [r*cols/T, (r+1)*cols/T) of every row
+                p.dim  = 1;
+                p.src0 = r * (cols / T);
+            }
+            rows += p.rows;
+            t.parts.push_back(std::move(p));
         }
+        const int64_t my_cols = shard == Shard::cols ? cols / T : cols;
         const DType d0 = t.parts.front().dtype;
         bool same = true;
         for (const auto & p : t.parts) { same = same && p.dtype == d0; }
         t.dtype = same && d0 != DType::f16 ? d0 : DType::f32;
-        t.shape = cols ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows};
-        t.bytes = rows * std::max<int64_t>(cols, 1) * dtype_size(t.dtype);
+        t.shape = my_cols ? std::vector<int64_t>{rows, my_cols} : std::vector<int64_t>{rows};
+        t.bytes = rows * std::max<int64_t>(my_cols, 1) * dtype_size(t.dtype);
         t.offset = offset;
         offset += (t.bytes + 63) / 64 * 64;
         L.tensors.push_back(std::move(t));
     };
-    add("model.embed_tokens.weight", {{"model.embed_tokens.weight", c.vocab_size}}, h);
+    add("model.embed_tokens.weight", Shard::rows, {{"model.embed_tokens.weight", c.vocab_size}}, h);
     for (int il = 0; il < c.n_layers; ++il) {
         auto n = [&](const char * leaf) { return layer_name(il, leaf); };
-        add(n("input_layernorm.weight"), {{n("input_layernorm.weight"), h}}, 0);
-        add(n("self_attn.qkv_proj.weight"), {{n("self_attn.q_proj.weight"), q}, {n("self_attn.k_proj.weight"), kv},
-                                             {n("self_attn.v_proj.weight"), kv}}, h);
+        add(n("input_layernorm.weight"), Shard::replicated, {{n("input_layernorm.weight"), h}}, 0);
+        add(n("self_attn.qkv_proj.weight"), Shard::rows, {{n("self_attn.q_proj.weight"), q}, {n("self_attn.k_proj.weight"), kv},
+                                                          {n("self_attn.v_proj.weight"), kv}}, h);
         if (c.qkv_bias) {
-            add(n("self_attn.qkv_proj.bias"), {{n("self_attn.q_proj.bias"), q}, {n("self_attn.k_proj.bias"), kv},
-                                               {n("self_attn.v_proj.bias"), kv}}, 0);
+            add(n("self_attn.qkv_proj.bias"), Shard::rows, {{n("self_attn.q_proj.bias"), q}, {n("self_attn.k_proj.bias"), kv},
+                                                            {n("self_attn.v_proj.bias"), kv}}, 0);
         }
-        add(n("self_attn.o_proj.weight"), {{n("self_attn.o_proj.weight"), h}}, q);
-        add(n("post_attention_layernorm.weight"), {{n("post_attention_layernorm.weight"), h}}, 0);
-        add(n("mlp.gate_up_proj.weight"), {{n("mlp.gate_proj.weight"), ff}, {n("mlp.up_proj.weight"), ff}}, h);
-        add(n("mlp.down_proj.weight"), {{n("mlp.down_proj.weight"), h}}, ff);
+        add(n("self_attn.o_proj.weight"), Shard::cols, {{n("self_attn.o_proj.weight"), h}}, q);
+        add(n("post_attention_layernorm.weight"), Shard::replicated, {{n("post_attention_layernorm.weight"), h}}, 0);
+        add(n("mlp.gate_up_proj.weight"), Shard::rows, {{n("mlp.gate_proj.weight"), ff}, {n("mlp.up_proj.weight"), ff}}, h);
+        add(n("mlp.down_proj.weight"), Shard::cols, {{n("mlp.down_proj.weight"), h}}, ff);
     }
-    add("model.norm.weight", {{"model.norm.weight", h}}, 0);
-    if (!c.tie_word_embeddings) { add("lm_head.weight", {{"lm_head.weight", c.vocab_size}}, h); }
+    add("model.norm.weight", Shard::replicated, {{"model.norm.weight", h}}, 0);
+    if (!c.tie_word_embeddings) { add("lm_head.weight", Shard::rows, {{"lm_head.weight", c.vocab_size}}, h); }
     L.arena_bytes = offset;
     return L;
+}
+
+bool is_fused(const InferenceTensor & it) { return it.parts.size() > 1 || it.parts.front().hf_name != it.name; }
+
+/// True when `idx` holds inference tensor `it` as its own (this rank's) tensor rather than as
+/// training parts: a fused name, or an unfused HF name with the rank's shard shape (at tp 1
+/// both forms are the same bytes).
+bool holds_inference_form(const InferenceTensor & it, const TensorIndex & idx) {
+    auto w = idx.tensors.find(it.name);
+    return w != idx.tensors.end() && (is_fused(it) || w->second.shape == it.shape);
 }
 
 }  // namespace
@@ -144,8 +193,8 @@ void validate_against_layout(const WeightLayout & layout, const TensorIndex & id
         used.insert(name);
     };
     for (const InferenceTensor & it : layout.tensors) {
-        const bool fused = it.parts.size() > 1 || it.parts.front().hf_name != it.name;
-        if (idx.tensors.count(it.name)) {  // inference naming (an unfused tensor's name is its HF name)
+        const bool fused = is_fused(it);
+        if (holds_inference_form(it, idx)) {  // a snapshot / ipc record (an unfused tensor's name is its HF name)
             if (fused) {
                 check(it.name, it.shape, {it.dtype});
             } else {
@@ -153,14 +202,12 @@ void validate_against_layout(const WeightLayout & layout, const TensorIndex & id
             }
             continue;
         }
-        for (const WeightPart & p : it.parts) {
+        for (const WeightPart & p : it.parts) {  // the whole training tensors; the rank's slices are read
             if (!idx.tensors.count(p.hf_name)) {
                 fail(Errc::invalid_checkpoint, "{}: checkpoint is missing tensor '{}'{}", idx.source.string(), p.hf_name,
                      fused ? fmt::format(" (or the fused '{}')", it.name) : std::string{});
             }
-            std::vector<int64_t> shape = it.shape;
-            shape[0] = p.rows;
-            check(p.hf_name, shape, {p.dtype});
+            check(p.hf_name, p.hf_shape, {p.dtype});
         }
     }
     for (const auto & [name, t] : idx.tensors) {
@@ -192,14 +239,17 @@ private:
     std::map<std::filesystem::path, UniqueFd> fds_;
 };
 
-/// A contiguous range of one checkpoint tensor going to one place in the arena.
+/// `n_rows` ranges of `n_elems` elements of one checkpoint tensor, `src_stride` bytes apart
+/// (a column slice; 1 row for a contiguous range), going to consecutive places in the arena.
 struct CopyJob {
     const TensorInfo * src = nullptr;
     int                fd  = -1;
-    int64_t            src_offset = 0;  ///< bytes into the tensor's data
-    int64_t            n_elems    = 0;
+    int64_t            src_offset = 0;  ///< bytes into the tensor's data (first row)
+    int64_t            n_elems    = 0;  ///< per row
     std::byte *        dst = nullptr;
     bool               widen = false;   ///< convert the stored dtype to f32
+    int64_t            n_rows = 1;
+    int64_t            src_stride = 0;  ///< bytes between rows in the file
 };
 
 constexpr int64_t kChunkBytes = 8 << 20;
@@ -272,20 +322,36 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
             jobs.push_back({&src, fd, (e0 + e) * es, std::min(chunk, n - e), dst + e * dtype_size(d), widen});
         }
     };
+    // Column range [c0, c0 + n) of each of the `rows` rows of `src` (row length src.shape[1]) to
+    // consecutive rows of `dst`: jobs of whole rows, about a chunk each, each row one pread.
+    auto add_cols = [&](const TensorInfo & src, int64_t rows, int64_t c0, int64_t n, std::byte * dst, DType d) {
+        const bool    widen = src.dtype != d;
+        const int64_t es = dtype_size(src.dtype), stride = src.shape[1] * es;
+        const int64_t per_job = std::max<int64_t>(1, kChunkBytes / (n * es));
+        const int     fd = files.fd(src);
+        for (int64_t r = 0; r < rows; r += per_job) {
+            jobs.push_back({&src, fd, r * stride + c0 * es, n, dst + r * n * dtype_size(d), widen, std::min(per_job, rows - r), stride});
+        }
+    };
     for (const InferenceTensor & t : layout.tensors) {
         std::byte * dst = base + t.offset;
-        auto whole = idx.tensors.find(t.name);
-        if (t.parts.size() > 1 && whole != idx.tensors.end()) {  // a snapshot in inference names
-            add(whole->second, 0, whole->second.numel(), dst, t.dtype);
+        if (holds_inference_form(t, idx)) {  // a snapshot / ipc record: this rank's tensor as it is
+            const TensorInfo & whole = idx.tensors.at(t.name);
+            add(whole, 0, whole.numel(), dst, t.dtype);
             continue;
         }
         const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
         for (const WeightPart & p : t.parts) {
-            add(idx.tensors.at(p.hf_name), 0, p.rows * cols, dst + p.row0 * cols * dtype_size(t.dtype), t.dtype);
+            const TensorInfo & src = idx.tensors.at(p.hf_name);
+            if (p.dim == 1) {
+                add_cols(src, p.rows, p.src0, cols, dst, t.dtype);
+            } else {
+                add(src, p.src0 * cols, p.rows * cols, dst + p.row0 * cols * dtype_size(t.dtype), t.dtype);
+            }
         }
     }
     int64_t total_bytes = 0;
-    for (const CopyJob & j : jobs) { total_bytes += j.n_elems * dtype_size(j.src->dtype); }
+    for (const CopyJob & j : jobs) { total_bytes += j.n_rows * j.n_elems * dtype_size(j.src->dtype); }
     ProgressPhase progress("load", total_bytes);  // /health `progress` while the copy runs
     std::mutex         mu;
     std::exception_ptr first_error;
@@ -305,18 +371,23 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
             // Unchecked and not widened: one pread for the whole chunk (the path without the check).
             const int64_t     per     = opt.check_finite || j.widen ? kScanBytes / es : j.n_elems;
             std::vector<std::byte> raw(j.widen ? static_cast<size_t>(std::min(per, j.n_elems) * es) : 0);
-            for (int64_t e = 0; e < j.n_elems; e += per) {
-                const int64_t n   = std::min(per, j.n_elems - e);
-                const int64_t off = j.src->offset_bytes + j.src_offset + e * es;
-                std::byte *   p   = j.widen ? raw.data() : j.dst + e * es;
-                pread_exact(j.fd, p, n * es, off, j.src->file, what);
-                if (opt.check_finite) {
-                    if (const int64_t bad = find_nonfinite(j.src->dtype, p, n); bad >= 0) {
-                        fail_nonfinite(*j.src, j.src_offset / es + e + bad, p + bad * es);
+            const int64_t     des     = j.widen ? 4 : es;  // bytes per element in the arena
+            for (int64_t row = 0; row < j.n_rows; ++row) {
+                const int64_t src_row = j.src_offset + row * j.src_stride;
+                std::byte *   dst_row = j.dst + row * j.n_elems * des;
+                for (int64_t e = 0; e < j.n_elems; e += per) {
+                    const int64_t n   = std::min(per, j.n_elems - e);
+                    const int64_t off = j.src->offset_bytes + src_row + e * es;
+                    std::byte *   p   = j.widen ? raw.data() : dst_row + e * es;
+                    pread_exact(j.fd, p, n * es, off, j.src->file, what);
+                    if (opt.check_finite) {
+                        if (const int64_t bad = find_nonfinite(j.src->dtype, p, n); bad >= 0) {
+                            fail_nonfinite(*j.src, src_row / es + e + bad, p + bad * es);
+                        }
                     }
+                    if (j.widen) { convert_to_f32(j.src->dtype, p, reinterpret_cast<float *>(dst_row) + e, n); }
+                    Progress::current().add_done(n * es);
                 }
-                if (j.widen) { convert_to_f32(j.src->dtype, p, reinterpret_cast<float *>(j.dst) + e, n); }
-                Progress::current().add_done(n * es);
             }
         } catch (...) {
             std::lock_guard lk(mu);

@@ -2,6 +2,7 @@
 #include "fd/model/worker.h"
 
 #include "fd/log.h"
+#include "fd/runtime/comm.h"
 #include "fd/status.h"
 
 #include <chrono>
@@ -18,27 +19,41 @@ void linear(float * out, const float * x, const LinearWeight & w, const float * 
 
 }  // namespace
 
-int64_t Worker::kv_block_bytes(const ModelConfig & c, int32_t block_size) {
-    return 2LL * c.n_layers * block_size * c.kv_dim() * static_cast<int64_t>(sizeof(float));
+int64_t Worker::kv_block_bytes(const ModelConfig & c, int32_t block_size, int32_t tp_size) {
+    return 2LL * c.n_layers * block_size * (c.kv_dim() / std::max(1, tp_size)) * static_cast<int64_t>(sizeof(float));
 }
 
-Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg)
+Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg, runtime::Comm * comm)
     : cfg_(cfg), wcfg_(wcfg), pool_(std::make_unique<kernels::ThreadPool>(std::max(1, wcfg.n_threads))) {
     FD_CHECK(wcfg.n_blocks > 0 && wcfg.block_size > 0, "worker needs KV blocks ({} x {})", wcfg.n_blocks, wcfg.block_size);
-    validate_checkpoint(cfg_, idx);
-    layout_ = plan_layout(cfg_, idx);
+    check_tp_divides(cfg_, wcfg.tp_size);
+    if (wcfg.rank < 0 || wcfg.rank >= wcfg.tp_size) {
+        fail(Errc::invalid_argument, "rank {} is outside [0, {}) (tp size {})", wcfg.rank, wcfg.tp_size, wcfg.tp_size);
+    }
+    if (wcfg.tp_size > 1) {
+        if (comm == nullptr || comm->world_size() != wcfg.tp_size || comm->rank() != wcfg.rank) {
+            fail(Errc::invalid_argument, "rank {} of tp size {} needs a comm of that rank and world size (got {})", wcfg.rank,
+                 wcfg.tp_size, comm ? fmt::format("rank {} of {}", comm->rank(), comm->world_size()) : std::string("none"));
+        }
+        comm_ = comm;
+    }
+    // A full Hugging Face checkpoint is checked as such; a rank's own state dict (inference
+    // names) only against the layout it plans.
+    if (idx.tensors.count("model.layers.0.self_attn.q_proj.weight")) { validate_checkpoint(cfg_, idx); }
+    layout_ = plan_layout(cfg_, idx, {wcfg.rank, wcfg.tp_size});
+    validate_against_layout(layout_, idx);
     fill_arena(weights_arena_, idx, /*populate=*/false);
     w_ = bind_weights(cfg_, layout_, weights_arena_.data());
     map_kv_pool();
     rope_.resize(static_cast<size_t>(wcfg.max_model_len) * cfg_.head_dim);
     kernels::rope_table(rope_.data(), wcfg.max_model_len, cfg_.head_dim, cfg_.rope_theta);
-    log::get("model")->info("rank={} | weights {:.1f} MiB, KV pool {} blocks x {} tokens = {:.1f} MiB, {} threads",
-                            wcfg.rank, weights_arena_.used_bytes() / 1048576.0, wcfg.n_blocks, wcfg.block_size,
+    log::get("model")->info("rank={}/{} | weights {:.1f} MiB, KV pool {} blocks x {} tokens = {:.1f} MiB, {} threads",
+                            wcfg.rank, wcfg.tp_size, weights_arena_.used_bytes() / 1048576.0, wcfg.n_blocks, wcfg.block_size,
                             kv_arena_.capacity_bytes() / 1048576.0, pool_->n_threads());
 }
 
 void Worker::map_kv_pool() {
-    const int64_t per_layer = wcfg_.n_blocks * wcfg_.block_size * static_cast<int64_t>(cfg_.kv_dim());
+    const int64_t per_layer = wcfg_.n_blocks * wcfg_.block_size * static_cast<int64_t>(cfg_.kv_dim() / wcfg_.tp_size);
     kv_arena_.reserve(2 * cfg_.n_layers * Arena::footprint_floats(per_layer), /*populate=*/true);
     k_pool_.clear();
     v_pool_.clear();
@@ -114,14 +129,17 @@ void Worker::drop_staged() {
 }
 
 kernels::PagedKv Worker::layer_kv(int il) {
-    return {k_pool_[il], v_pool_[il], wcfg_.block_size, cfg_.n_kv_heads, cfg_.head_dim};
+    return {k_pool_[il], v_pool_[il], wcfg_.block_size, cfg_.n_kv_heads / wcfg_.tp_size, cfg_.head_dim};
 }
 
 bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool> * abandon) {
     FD_CHECK(weights_arena_.mapped() && kv_arena_.mapped(), "forward with released weights or KV pool");
     namespace K = kernels;
-    const int64_t n = b.n_tokens(), h = cfg_.hidden_size, q_dim = cfg_.q_dim(), kv_dim = cfg_.kv_dim();
-    const int64_t qkv_dim = q_dim + 2 * kv_dim, ff = cfg_.intermediate_size;
+    // This rank's share of every split dimension (T = 1: the whole model).
+    const int64_t T = wcfg_.tp_size, n = b.n_tokens(), h = cfg_.hidden_size;
+    const int64_t n_heads = cfg_.n_heads / T, n_kv_heads = cfg_.n_kv_heads / T, q_dim = n_heads * cfg_.head_dim;
+    const int64_t kv_dim = n_kv_heads * cfg_.head_dim, qkv_dim = q_dim + 2 * kv_dim, ff = cfg_.intermediate_size / T;
+    const int64_t vocab = cfg_.vocab_size / T, vocab0 = wcfg_.rank * vocab;  // this rank's vocab rows
     K::ThreadPool * pool = pool_.get();
     x_.resize(n * h);        // [n, hidden] residual stream
     xn_.resize(n * h);       // [n, hidden] normalized
@@ -136,13 +154,16 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
     for (int64_t t = 0; t < n; ++t) {
         FD_CHECK(b.tokens[t] >= 0 && b.tokens[t] < cfg_.vocab_size, "token id {} outside vocab", b.tokens[t]);
         FD_CHECK(b.positions[t] < wcfg_.max_model_len, "position {} beyond max_model_len", b.positions[t]);
-        const int64_t row = static_cast<int64_t>(b.tokens[t]) * h;
-        if (w_.embed.type == K::WType::bf16) {
-            K::bf16_to_f32(&x_[t * h], static_cast<const uint16_t *>(w_.embed.w) + row, h);
+        const int64_t id = b.tokens[t] - vocab0;
+        if (id < 0 || id >= vocab) {  // another rank's vocab row: it adds the embedding
+            std::fill_n(&x_[t * h], h, 0.0f);
+        } else if (w_.embed.type == K::WType::bf16) {
+            K::bf16_to_f32(&x_[t * h], static_cast<const uint16_t *>(w_.embed.w) + id * h, h);
         } else {
-            std::memcpy(&x_[t * h], static_cast<const float *>(w_.embed.w) + row, sizeof(float) * h);
+            std::memcpy(&x_[t * h], static_cast<const float *>(w_.embed.w) + id * h, sizeof(float) * h);
         }
     }
+    if (comm_) { comm_->all_reduce_sum(x_.data(), n * h); }
     const float scale = 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim));
     for (int il = 0; il < cfg_.n_layers; ++il) {
         if (abandon && abandon->load(std::memory_order_relaxed)) { return false; }
@@ -156,12 +177,13 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
             std::memcpy(&k_[t * kv_dim], row + q_dim, sizeof(float) * kv_dim);
             std::memcpy(&v_[t * kv_dim], row + q_dim + kv_dim, sizeof(float) * kv_dim);
         }
-        K::rope_rotate_half(q_.data(), b.positions.data(), rope_.data(), n, cfg_.n_heads, cfg_.head_dim);
-        K::rope_rotate_half(k_.data(), b.positions.data(), rope_.data(), n, cfg_.n_kv_heads, cfg_.head_dim);
+        K::rope_rotate_half(q_.data(), b.positions.data(), rope_.data(), n, n_heads, cfg_.head_dim);
+        K::rope_rotate_half(k_.data(), b.positions.data(), rope_.data(), n, n_kv_heads, cfg_.head_dim);
         const K::PagedKv kv = layer_kv(il);
         K::kv_store(kv, k_.data(), v_.data(), b.slots.data(), n);
-        K::attention_paged(att_.data(), q_.data(), b.queries.data(), n, cfg_.n_heads, kv, scale, pool);
+        K::attention_paged(att_.data(), q_.data(), b.queries.data(), n, n_heads, kv, scale, pool);
         linear(xn_.data(), att_.data(), L.o, nullptr, n, h, q_dim, pool);
+        if (comm_) { comm_->all_reduce_sum(xn_.data(), n * h); }  // row parallel: sum the ranks' partial outputs
         K::add_inplace(x_.data(), xn_.data(), n * h);
         // SwiGLU MLP
         K::rms_norm(xn_.data(), x_.data(), L.mlp_norm, n, h, cfg_.rms_norm_eps);
@@ -170,6 +192,7 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
             K::silu_mul(&gate_[t * ff], &ff_[t * 2 * ff], &ff_[t * 2 * ff + ff], ff);
         }
         linear(xn_.data(), gate_.data(), L.down, nullptr, n, h, ff, pool);
+        if (comm_) { comm_->all_reduce_sum(xn_.data(), n * h); }
         K::add_inplace(x_.data(), xn_.data(), n * h);
     }
     // Final norm and LM head, only for the rows that need logits.
@@ -178,7 +201,23 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
     for (int64_t i = 0; i < n_logits; ++i) {
         K::rms_norm(&rows_[i * h], &x_[static_cast<int64_t>(b.logits_rows[i]) * h], w_.final_norm, 1, h, cfg_.rms_norm_eps);
     }
-    linear(logits, rows_.data(), w_.lm_head, nullptr, n_logits, cfg_.vocab_size, h, pool);
+    if (!comm_) {
+        linear(logits, rows_.data(), w_.lm_head, nullptr, n_logits, vocab, h, pool);
+        return true;
+    }
+    // Column parallel head: this rank's [n_logits, vocab/T], gathered to rank 0 as [T, n_logits,
+    // vocab/T] and laid out there as [n_logits, vocab].
+    part_.resize(n_logits * vocab);
+    linear(part_.data(), rows_.data(), w_.lm_head, nullptr, n_logits, vocab, h, pool);
+    gathered_.resize(wcfg_.rank == 0 ? T * n_logits * vocab : 0);
+    comm_->gather(part_.data(), n_logits * vocab, gathered_.data());
+    if (wcfg_.rank == 0) {
+        for (int64_t i = 0; i < n_logits; ++i) {
+            for (int64_t r = 0; r < T; ++r) {
+                std::memcpy(logits + i * T * vocab + r * vocab, &gathered_[(r * n_logits + i) * vocab], sizeof(float) * vocab);
+            }
+        }
+    }
     return true;
 }
 

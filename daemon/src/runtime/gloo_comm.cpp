@@ -5,15 +5,17 @@
 #include "fd/runtime/tcp_store.h"
 #include "fd/status.h"
 
-#include <gloo/allreduce.h>
+#include <gloo/allgather.h>
 #include <gloo/barrier.h>
+#include <gloo/gather.h>
 #include <gloo/common/error.h>
-#include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <chrono>
+#include <vector>
 
 namespace fd::runtime {
 namespace {
@@ -27,6 +29,7 @@ public:
     void connect(int64_t) override {}
     void disconnect() override {}
     void all_reduce_sum(float *, int64_t) override {}
+    void gather(const float * send, int64_t n, float * recv) override { std::copy_n(send, n, recv); }
     void barrier() override {}
 };
 
@@ -93,16 +96,43 @@ public:
     void all_reduce_sum(float * data, int64_t n) override {
         FD_CHECK(ctx_, "all_reduce_sum on a disconnected group");
         if (cfg_.world_size == 1 || n == 0) { return; }
+        // All-gather, then sum each element in rank order: the same bits on every rank, whatever n.
+        const int64_t W = cfg_.world_size;
+        all_.resize(static_cast<size_t>(W * n));
         try {
-            gloo::AllreduceOptions opts(ctx_);
-            opts.setOutput(data, static_cast<size_t>(n));
-            opts.setReduceFunction(static_cast<void (*)(void *, const void *, const void *, size_t)>(&gloo::sum<float>));
-            opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+            gloo::AllgatherOptions opts(ctx_);
+            opts.setInput(data, static_cast<size_t>(n));
+            opts.setOutput(all_.data(), static_cast<size_t>(W * n));
             opts.setTag(tag_++);
-            opts.setTimeout(std::chrono::milliseconds(static_cast<int64_t>(cfg_.timeout_s * 1000)));
-            gloo::allreduce(opts);
+            opts.setTimeout(timeout());
+            gloo::allgather(opts);
         } catch (const gloo::Exception & e) {
             fail(Errc::rank_failed, "all-reduce on rank {} failed (a peer rank died or hung): {}", cfg_.rank, e.what());
+        }
+        const float * a = all_.data();
+        for (int64_t i = 0; i < n; ++i) { data[i] = a[i]; }
+        for (int64_t r = 1; r < W; ++r) {
+            const float * x = a + r * n;
+            for (int64_t i = 0; i < n; ++i) { data[i] += x[i]; }
+        }
+    }
+
+    void gather(const float * send, int64_t n, float * recv) override {
+        FD_CHECK(ctx_, "gather on a disconnected group");
+        if (cfg_.world_size == 1) {
+            std::copy_n(send, n, recv);
+            return;
+        }
+        try {
+            gloo::GatherOptions opts(ctx_);
+            opts.setInput(const_cast<float *>(send), static_cast<size_t>(n));  // gloo only reads the input
+            if (cfg_.rank == 0) { opts.setOutput(recv, static_cast<size_t>(n * cfg_.world_size)); }
+            opts.setRoot(0);
+            opts.setTag(tag_++);
+            opts.setTimeout(timeout());
+            gloo::gather(opts);
+        } catch (const gloo::Exception & e) {
+            fail(Errc::rank_failed, "gather on rank {} failed (a peer rank died or hung): {}", cfg_.rank, e.what());
         }
     }
 
@@ -111,7 +141,7 @@ public:
         try {
             gloo::BarrierOptions opts(ctx_);
             opts.setTag(tag_++);
-            opts.setTimeout(std::chrono::milliseconds(static_cast<int64_t>(cfg_.timeout_s * 1000)));
+            opts.setTimeout(timeout());
             gloo::barrier(opts);
         } catch (const gloo::Exception & e) {
             fail(Errc::rank_failed, "barrier on rank {} failed (a peer rank died or hung): {}", cfg_.rank, e.what());
@@ -119,10 +149,13 @@ public:
     }
 
 private:
+    std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(static_cast<int64_t>(cfg_.timeout_s * 1000)); }
+
     GlooCommConfig                    cfg_;
     std::shared_ptr<TcpStoreClient>   store_;
     std::shared_ptr<gloo::Context>    ctx_;
     uint32_t                          tag_ = 0;
+    std::vector<float>                all_;   ///< all_reduce_sum's gathered buffers [world, n]
 };
 
 }  // namespace

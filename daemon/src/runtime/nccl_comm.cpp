@@ -63,6 +63,22 @@ public:
         if (cudaStreamSynchronize(nullptr) != cudaSuccess) { fail(Errc::rank_failed, "all-reduce on rank {}: stream failed", cfg_.rank); }
     }
 
+    void gather(const float * send, int64_t n, float * recv) override {
+        FD_CHECK(comm_, "gather on a disconnected group");
+        // Point-to-point in one group: every rank sends to 0, rank 0 receives each in its row.
+        check(ncclGroupStart(), "ncclGroupStart");
+        if (cfg_.rank == 0) {
+            cudaMemcpyAsync(recv, send, sizeof(float) * static_cast<size_t>(n), cudaMemcpyDeviceToDevice, nullptr);
+            for (int r = 1; r < cfg_.world_size; ++r) {
+                check(ncclRecv(recv + r * n, static_cast<size_t>(n), ncclFloat32, r, comm_, nullptr), "ncclRecv");
+            }
+        } else {
+            check(ncclSend(send, static_cast<size_t>(n), ncclFloat32, 0, comm_, nullptr), "ncclSend");
+        }
+        check(ncclGroupEnd(), "ncclGroupEnd");
+        if (cudaStreamSynchronize(nullptr) != cudaSuccess) { fail(Errc::rank_failed, "gather on rank {}: stream failed", cfg_.rank); }
+    }
+
     void barrier() override {
         float one = 0.0f;
         float * d = nullptr;

@@ -138,7 +138,10 @@ public:
                                     .store_host = c.master_addr, .store_port = s.store_port, .timeout_s = 0.5 * c.timeout_s});
             comm_->connect(s.generation);
             model_cfg_ = model::load_model_config(c.model_dir);
-            auto worker = std::make_unique<model::Worker>(model_cfg_, model::read_tensor_index(c.model_dir), c.worker);
+            model::WorkerConfig wcfg = c.worker;
+            wcfg.tp_size = c.tensor_parallel_size;
+            auto worker = std::make_unique<model::Worker>(model_cfg_, model::read_tensor_index(c.model_dir), wcfg,
+                                                          c.tensor_parallel_size > 1 ? comm_.get() : nullptr);
             ex_ = make_local_executor(std::move(worker), weights::make_weight_source(c.source), s.rank);
             fill_state(ready);
         } catch (const Error & e) {

@@ -13,7 +13,8 @@
 // with q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim, T = tp_size.
 //
 // Sharding of rank r (Megatron / vLLM; column parallel = split the output rows of [out, in],
-// row parallel = split the input columns):
+// row parallel = split the input columns) — computed by plan_layout (fd/model/weights.h), the
+// same code the daemon's loader shards with:
 //   qkv_proj         column parallel: rows [r*q_dim/T, (r+1)*q_dim/T) of q_proj, the same
 //                    fraction of k_proj and of v_proj (whole kv heads), stacked q | k | v
 //   gate_up_proj     column parallel: rows [r*ff/T, (r+1)*ff/T) of gate_proj and of up_proj
@@ -80,6 +81,9 @@ public:
     int                  tp_size() const { return tp_; }
     /// The TP = 1 inference layout (plan_layout): names, unsharded shapes, memory dtypes.
     const WeightLayout & layout() const { return layout_; }
+    /// Rank `rank`'s layout: exactly what the Worker of that rank plans and holds.
+    /// Errors  fd::Error{invalid_argument} when rank is outside [0, tp_size).
+    const WeightLayout & rank_layout(int rank) const;
 
     /// Rank `rank`'s state dict, in the rollout's arena order.
     /// Errors  fd::Error{invalid_argument} when rank is outside [0, tp_size).
@@ -105,6 +109,7 @@ private:
 
     ModelConfig  cfg_;
     WeightLayout layout_;
+    std::vector<WeightLayout> rank_layouts_;  ///< [tp_size]
     int          tp_ = 1;
 };
 

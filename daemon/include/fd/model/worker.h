@@ -1,11 +1,19 @@
-// fd/model/worker.h — one rank: owns the model's weights, its KV pool and the forward pass.
+// fd/model/worker.h — one tensor-parallel rank: owns its shard of the weights, its KV pool and
+// the forward pass.
 //
-// The engine talks to ranks only through Worker (one rank today; tensor parallelism adds more
-// with a Comm, weight control adds sleep/wakeup/update on the same object). A Worker is used by
-// the engine thread only.
+// Rank r of T (WorkerConfig rank / tp_size) holds the slices fd/model/weights.h's layout gives it
+// (plan_layout: q|k|v and gate|up by heads / rows, o_proj and down_proj by columns, embed_tokens
+// and lm_head by vocab rows, norms whole). Its forward pass runs the same ops on those slices
+// and meets the other ranks through the Comm:
+//   embedding   vocab parallel: a token outside the rank's vocab rows embeds as zeros, then
+//               all_reduce_sum (exact: every other rank adds zeros)
+//   o_proj, down_proj   row parallel: partial sums, then all_reduce_sum before the residual add
+//   lm_head     column parallel: each rank's [n_logits, vocab/T] gathered to rank 0
+// With tp_size 1 (comm nullptr or world 1) none of this runs: today's path, same speed.
+// A Worker is used by one thread only (the engine thread, or the rank process's step loop).
 //
-// KV pool layout (per layer, one Arena for all layers):
-//   k, v [n_layers][n_blocks, block_size, n_kv_heads, head_dim]  f32
+// KV pool layout (per layer, one Arena for all layers), this rank's heads only:
+//   k, v [n_layers][n_blocks, block_size, n_kv_heads / tp_size, head_dim]  f32
 #pragma once
 
 #include "fd/arena.h"
@@ -19,6 +27,10 @@
 #include <functional>
 #include <memory>
 #include <vector>
+
+namespace fd::runtime {
+class Comm;
+}
 
 namespace fd::model {
 
@@ -35,8 +47,9 @@ struct StepBatch {
 };
 
 struct WorkerConfig {
-    int32_t rank       = 0;
-    int32_t n_threads  = 1;    ///< CPU threads for the kernels
+    int32_t rank       = 0;    ///< this rank, in [0, tp_size)
+    int32_t tp_size    = 1;    ///< tensor-parallel ranks (must divide heads, kv heads, intermediate, vocab)
+    int32_t n_threads  = 1;    ///< CPU threads for the kernels (per rank)
     int32_t block_size = 16;   ///< tokens per KV block
     int64_t n_blocks   = 0;    ///< KV blocks to allocate
     int32_t max_model_len = 0; ///< positions the RoPE table covers
@@ -53,19 +66,35 @@ struct WorkerConfig {
 
 class Worker {
 public:
-    /// Load the weights of `cfg` from `idx` and allocate the KV pool.
-    /// Errors  fd::Error{invalid_checkpoint} from loading (incl. a NaN/Inf weight, named).
-    Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg);
+    /// Load rank wcfg.rank's shard of the weights of `cfg` from `idx` and allocate its KV pool.
+    /// `idx` is either a full Hugging Face checkpoint (only this rank's slices are read; column
+    /// slices row by row) or this rank's own state dict in inference names (an ipc_snapshot
+    /// tp<rank> file, an ipc record: RolloutModel::state_dict(rank) shapes).
+    /// `comm` (not owned; must outlive the Worker) joins the ranks' collectives; required when
+    /// tp_size > 1 (connected before the first forward, world_size == tp_size, rank == rank);
+    /// nullptr at tp_size 1.
+    /// Errors  fd::Error{invalid_argument} when tp_size < 1, rank is outside [0, tp_size), the
+    ///         comm does not match, or tp_size does not divide num_attention_heads,
+    ///         num_key_value_heads, intermediate_size or vocab_size (the message names it);
+    ///         fd::Error{invalid_checkpoint} from loading (incl. a NaN/Inf weight, named).
+    Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg, runtime::Comm * comm = nullptr);
 
-    /// Run the model on `batch`; write the logits of batch.logits_rows.
-    /// Shapes  logits [n_logits, vocab] written.
+    /// Run the model on `batch`; rank 0 writes the logits of batch.logits_rows. Every rank must
+    /// call it with the same batch (the collectives pair up step by step).
+    /// Shapes  logits [n_logits, vocab] f32, written on rank 0 (full vocab, gathered); other
+    ///         ranks leave it untouched (may be nullptr).
     /// Requires every token's slot and attention context to be valid KV blocks.
     /// `abandon` (optional) is checked before each layer: once it reads true the step is dropped
     /// and forward returns false (logits unset; the KV it wrote is rewritten identically when the
     /// step is redone). This bounds how long a control command waits for the step in flight.
+    /// With tp_size > 1 every rank must see the same abandon decision (the executor's job),
+    /// else the collectives mismatch and fail with rank_failed.
+    /// Errors  fd::Error{rank_failed} from the Comm (a peer died or hung).
     bool forward(const StepBatch & batch, float * logits, const std::atomic<bool> * abandon = nullptr);
 
     const ModelConfig & config() const { return cfg_; }
+    int32_t rank() const { return wcfg_.rank; }
+    int32_t tp_size() const { return wcfg_.tp_size; }
     int64_t weight_bytes() const { return weights_arena_.used_bytes(); }
     /// Bytes of the resident staging arena (0 unless keep_update_staging and an update ran).
     int64_t staging_bytes() const { return staging_arena_.capacity_bytes(); }
@@ -105,8 +134,8 @@ public:
     /// Forget the staged copy (unmapped unless keep_update_staging). No-op when none.
     void drop_staged();
     bool has_staged() const { return staged_; }
-    /// Bytes of one KV block across all layers (K and V).
-    static int64_t kv_block_bytes(const ModelConfig & cfg, int32_t block_size);
+    /// Bytes of one KV block across all layers (K and V) on one rank of `tp_size`.
+    static int64_t kv_block_bytes(const ModelConfig & cfg, int32_t block_size, int32_t tp_size = 1);
 
 private:
     kernels::PagedKv layer_kv(int il);
@@ -117,6 +146,7 @@ private:
 
     ModelConfig                           cfg_;
     WorkerConfig                          wcfg_;
+    runtime::Comm *                       comm_ = nullptr;   ///< nullptr at tp_size 1
     WeightLayout                          layout_;    ///< planned from the first checkpoint
     Arena                                 weights_arena_{"weights"};
     Arena                                 staging_arena_{"weights_staging"};
@@ -128,6 +158,7 @@ private:
     std::unique_ptr<kernels::ThreadPool>  pool_;
     // Scratch, grown to the largest batch seen.
     std::vector<float> x_, xn_, qkv_, q_, k_, v_, att_, ff_, gate_, rows_;
+    std::vector<float> part_, gathered_;  ///< tp > 1: this rank's logits, rank 0's gathered [T, n_logits, vocab/T]
 };
 
 }  // namespace fd::model

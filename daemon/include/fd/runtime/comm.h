@@ -6,9 +6,11 @@
 // (`--shutdown-comm-group-if-worker-idle`: sleep closes its sockets, wakeup reconnects), each
 // build a new "generation" of the group, rendezvousing through a TcpStore the master hosts.
 //
-// Determinism: for a fixed world size, a rank's result does not depend on the batch (each
-// element's sum is taken in an order fixed by the algorithm and the world size), so batch
-// invariance holds within one tp size.
+// Determinism (Gloo): all_reduce_sum gathers every rank's buffer and each rank sums element i
+// in rank order 0, 1, ..., T-1, so the result is bitwise the same on every rank and does not
+// depend on the buffer's length or on where element i sits in it (a ring all-reduce's chunking
+// would make the order depend on the batch for T > 2); batch invariance holds within one tp
+// size. NCCL's all-reduce makes no such promise (its CUDA build is not batch-invariant yet).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +41,11 @@ public:
     /// Shapes  data [n] f32 (host memory for gloo, device memory for nccl).
     /// Errors  fd::Error{rank_failed} when a peer is gone or silent past the timeout.
     virtual void all_reduce_sum(float * data, int64_t n) = 0;
+    /// Rank 0 receives every rank's `send`, stacked in rank order.
+    /// Shapes  send [n] f32 on every rank; recv [world_size, n] f32 on rank 0 (not touched on
+    ///         the others, may be nullptr there). Host memory for gloo, device memory for nccl.
+    /// Errors  as all_reduce_sum.
+    virtual void gather(const float * send, int64_t n, float * recv) = 0;
     /// Every rank reaches this point. Errors  as all_reduce_sum.
     virtual void barrier() = 0;
 };
