@@ -60,7 +60,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
     app.add_option("--weight-version", c.model.weight_version, "Weight version reported when the model dir has no version.yaml 'step'")
         ->envname("FD_WEIGHT_VERSION")->capture_default_str();
     app.add_option("--device", c.model.device, "Backend: cpu (cuda needs a CUDA build)")->envname("FD_DEVICE")->capture_default_str();
-    app.add_option("--tensor-parallel-size", c.model.tensor_parallel_size, "Number of ranks (1 in this build)")
+    app.add_option("--tensor-parallel-size", c.model.tensor_parallel_size, "Tensor-parallel ranks (must divide the KV heads; > 1 runs one process per rank: mp)")
         ->envname("FD_TENSOR_PARALLEL_SIZE")->capture_default_str();
     app.add_option("--threads", c.model.n_threads, "CPU kernel threads per rank (0 = all cores)")->envname("FD_THREADS")->capture_default_str();
     auto & p = c.parallel;

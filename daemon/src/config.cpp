@@ -51,9 +51,11 @@ void resolve_parallel(Config & cfg, Resolved & r, std::vector<std::string> & pro
     const auto & p = cfg.parallel;
     if (tp < 1) {
         problems.push_back(fmt::format("--tensor-parallel-size {} must be >= 1", tp));
-    } else if (r.model.n_kv_heads % tp != 0) {
-        problems.push_back(fmt::format("--tensor-parallel-size {} must divide the model's {} KV heads (and {} attention heads)", tp,
-                                       r.model.n_kv_heads, r.model.n_heads));
+    } else if (r.model.n_kv_heads % tp != 0 || r.model.n_heads % tp != 0 || r.model.intermediate_size % tp != 0 ||
+               r.model.vocab_size % tp != 0) {
+        problems.push_back(fmt::format("--tensor-parallel-size {} must divide the model's {} KV heads, {} attention heads, "
+                                       "intermediate size {} and vocab size {}", tp, r.model.n_kv_heads, r.model.n_heads,
+                                       r.model.intermediate_size, r.model.vocab_size));
     }
     r.executor_backend = p.distributed_executor_backend.empty() ? (tp > 1 || p.nnodes > 1 ? "mp" : "uni") : p.distributed_executor_backend;
     if (r.executor_backend != "uni" && r.executor_backend != "mp") {
@@ -94,7 +96,6 @@ Resolved resolve(Config & cfg) {
     } catch (const Error & e) {
         problems.push_back(e.what());
     }
-    if (cfg.model.tensor_parallel_size != 1) { problems.push_back("--tensor-parallel-size: only 1 is supported in this build"); }
     resolve_parallel(cfg, r, problems);
     if (cfg.model.n_threads <= 0) { cfg.model.n_threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())); }
 

@@ -210,6 +210,32 @@ class MpExecutor(unittest.TestCase):
         if os.path.exists(f"/dev/shm/fdrollout.{d.port}"):  # the SIGKILLed daemon's control block
             os.unlink(f"/dev/shm/fdrollout.{d.port}")
 
+    def test_tp2_equals_tp1_and_a_killed_rank_1_is_named_and_recovered(self):
+        with Daemon("--tensor-parallel-size", "2", "--threads", "1", "--dynamic-load-weight", "--control-timeout-s", "10") as d, \
+                Daemon(extra=False) as uni:
+            self.assertEqual(len(d.rank_pids()), 2)
+            for prompt, ref in REF.items():
+                self.assertEqual(d.complete(prompt=prompt, max_tokens=60, temperature=0)["choices"][0]["token_ids"], ref["ids"])
+            ids, lps, _ = greedy(d)
+            uids, ulps, _ = greedy(uni)
+            self.assertEqual(ids, uids)
+            self.assertLess(max(abs(a - b) for a, b in zip(lps, ulps)), 1e-4)
+            res = self.ok(d, "/v1/sleep")
+            self.assertEqual([r["rank"] for r in res["ranks"]], [0, 1])
+            self.assertEqual([tcp_sockets(p) for p in d.rank_pids()], [[], []])
+            res = self.ok(d, "/v1/wakeup")
+            self.assertEqual([r["rank"] for r in res["ranks"]], [0, 1])
+            self.assertEqual(greedy(d)[0], uids)
+            victim = d.rank_pids()[1]
+            os.kill(victim, signal.SIGKILL)
+            status, j = d.post("/v1/completions", GREEDY)  # fails in the step, or at once if the idle check saw it first
+            self.assertEqual((status, j["error"]["type"]), (503, "rank_failed"), j)
+            status, h = d.get("/health")
+            self.assertEqual((status, h["state"], h["degraded_ranks"]), (503, "degraded", [1]), h)
+            self.ok(d, "/v1/wakeup")
+            self.assertNotIn(victim, d.rank_pids())
+            self.assertEqual(greedy(d)[0], uids)
+
     def test_bad_parallel_flags_stop_start_up(self):
         def start(*args):
             p = subprocess.run([BIN, "--model", STORIES, "--port", str(free_port()), *args], capture_output=True, text=True, timeout=60)
