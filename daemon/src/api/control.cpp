@@ -148,15 +148,28 @@ std::vector<std::string> ControlInput::all(const std::string & key) const {
     return out;
 }
 
+namespace {
+
+bool is_one_of(std::string_view k, std::initializer_list<std::string_view> names) {
+    for (const auto n : names) {
+        if (n == k) { return true; }
+    }
+    return false;
+}
+
+/// "'a', 'b'" (or "none") for an error message.
+std::string quoted_list(std::initializer_list<std::string_view> names) {
+    std::string out;
+    for (const auto n : names) { out += fmt::format("{}'{}'", out.empty() ? "" : ", ", n); }
+    return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
 void ControlInput::allow_only(std::initializer_list<std::string_view> keys, const std::string & route) const {
     for (const auto & [k, val] : query) {
-        bool ok = false;
-        for (const auto key : keys) { ok = ok || key == k; }
-        if (!ok) {
-            std::string known;
-            for (const auto key : keys) { known += fmt::format("{}'{}'", known.empty() ? "" : ", ", key); }
-            throw Error(Errc::invalid_argument, fmt::format("unknown query parameter '{}' for {} (it takes {})", k, route,
-                                                            known.empty() ? "none" : known), k);
+        if (!is_one_of(k, keys)) {
+            throw Error(Errc::invalid_argument, fmt::format("unknown query parameter '{}' for {} (it takes {})", k, route, quoted_list(keys)), k);
         }
     }
 }
@@ -164,13 +177,9 @@ void ControlInput::allow_only(std::initializer_list<std::string_view> keys, cons
 void reject_unknown_fields(const json & body, std::initializer_list<std::string_view> fields, std::string_view what) {
     if (!body.is_object()) { return; }
     for (const auto & [k, v] : body.items()) {
-        bool ok = false;
-        for (const auto f : fields) { ok = ok || f == k; }
-        if (!ok) {
-            std::string known;
-            for (const auto f : fields) { known += fmt::format("{}'{}'", known.empty() ? "" : ", ", f); }
-            throw Error(Errc::invalid_argument, fmt::format("unknown field '{}' in the {} body (known: {}); nothing was done", k, what,
-                                                            known.empty() ? "none" : known), k);
+        if (!is_one_of(k, fields)) {
+            throw Error(Errc::invalid_argument,
+                        fmt::format("unknown field '{}' in the {} body (known: {}); nothing was done", k, what, quoted_list(fields)), k);
         }
     }
 }

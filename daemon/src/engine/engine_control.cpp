@@ -180,21 +180,8 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
     bool weight_woken = false;
     if (tags.weight && state_.weight_asleep) {
         drop_staged(nullptr);
-        const auto reps = executor_->reload_weights({.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version});
-        state_.weight_asleep = false;
-        state_.weights_valid = true;
-        if (reps[0].version) { state_.weight_version = *reps[0].version; }
+        reload_serving_weights(r);
         kv_.flush_prefix_cache();
-        r.bytes = reps[0].bytes;
-        for (const auto & rep : reps) {
-            auto & rc = rank_cost(r, rep.rank);
-            rc.version   = state_.weight_version;
-            rc.sync_s    = rep.fetch_s;
-            rc.update_s  = rep.stage_s;
-            rc.total_s   = rep.fetch_s + rep.stage_s;
-            rc.bytes     = rep.bytes;
-            rc.rss_bytes = rep.rss_bytes;
-        }
         weight_woken = true;
     }
     if (tags.kv_cache) {
@@ -210,6 +197,23 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
     if (tags.weight) { (weight_woken ? r.tags_done : r.tags_skipped).push_back("weight"); }  // after kv_cache, as before
     r.version = state_.weight_version;
     if (!state_.weight_asleep && !state_.kv_asleep && state_.weights_valid) { state_.paused = false; }
+}
+
+void Engine::reload_serving_weights(ControlResult & r) {
+    const auto reps = executor_->reload_weights({.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version});
+    state_.weight_asleep = false;
+    state_.weights_valid = true;
+    if (reps[0].version) { state_.weight_version = *reps[0].version; }
+    r.bytes = reps[0].bytes;
+    for (const auto & rep : reps) {
+        auto & rc = rank_cost(r, rep.rank);
+        rc.version   = state_.weight_version;
+        rc.sync_s    = rep.fetch_s;
+        rc.update_s  = rep.stage_s;
+        rc.total_s   = rep.fetch_s + rep.stage_s;
+        rc.bytes     = rep.bytes;
+        rc.rss_bytes = rep.rss_bytes;
+    }
 }
 
 void Engine::enter_degraded(const Error & e) {
@@ -241,20 +245,7 @@ void Engine::recover_ranks(ControlResult & r) {
     executor_->acquire_kv();
     kv_ = kv::KvCache(kv_cfg_);
     state_.kv_asleep = false;
-    const auto reps = executor_->reload_weights({.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version});
-    state_.weight_asleep = false;
-    state_.weights_valid = true;
-    if (reps[0].version) { state_.weight_version = *reps[0].version; }
-    r.bytes = reps[0].bytes;
-    for (const auto & rep : reps) {
-        auto & rc = rank_cost(r, rep.rank);
-        rc.version   = state_.weight_version;
-        rc.sync_s    = rep.fetch_s;
-        rc.update_s  = rep.stage_s;
-        rc.total_s   = rep.fetch_s + rep.stage_s;
-        rc.bytes     = rep.bytes;
-        rc.rss_bytes = rep.rss_bytes;
-    }
+    reload_serving_weights(r);
     r.tags_done = {"kv_cache", "weight"};
     r.version   = state_.weight_version;
     state_.paused = false;

@@ -66,7 +66,7 @@ public:
             all.push_back(r);
         }
         try {
-            wait_ready(all, {});
+            wait_ready(all);
         } catch (...) {
             shutdown();
             throw;
@@ -185,25 +185,24 @@ public:
     }
 
     void recover() override {
+        // Every rank restarts, not only the failed ones: a survivor may still be inside the failed
+        // step's collective (its late reply would answer the next request, a step out of phase with
+        // the fresh ranks) and its group is broken anyway. The engine reloads the serving weights on
+        // every rank next, so a fresh process costs only its start-up.
         auto lg = log::get("engine");
-        std::vector<int32_t> dead, alive;
-        for (int32_t r = 0; r < world_size(); ++r) { (ranks_[r].failed ? dead : alive).push_back(r); }
-        for (int32_t r : dead) { reap(r, /*kill=*/true); }
-        // The survivors leave the broken group; everyone joins a new generation.
-        if (!alive.empty()) {
-            LinkMsg d;
-            d.op = static_cast<uint32_t>(LinkOp::comm_disconnect);
-            call(d, "wakeup (closing the broken group)", true);
+        std::vector<int32_t> all;
+        for (int32_t r = 0; r < world_size(); ++r) {
+            all.push_back(r);
+            if (ranks_[r].failed) {
+                lg->warn("respawning rank {} ({})", r, ranks_[r].why);
+            } else {
+                lg->warn("restarting rank {} with the group", r);
+            }
+            reap(r, /*kill=*/true);
         }
         ++generation_;
-        for (int32_t r : dead) {
-            lg->warn("respawning rank {} ({})", r, ranks_[r].why);
-            spawn(r);
-        }
-        LinkMsg c;
-        c.op         = static_cast<uint32_t>(LinkOp::comm_connect);
-        c.generation = generation_;
-        wait_ready(dead, alive.empty() ? std::optional<LinkMsg>{} : std::optional<LinkMsg>{c});
+        for (int32_t r : all) { spawn(r); }
+        wait_ready(all);
         comm_connected_ = true;
     }
 
@@ -256,21 +255,13 @@ private:
         if (!k.link.send_bytes(js.data(), js.size())) { mark_failed(r, false); }
     }
 
-    /// Wait for `ready` from the ranks in `fresh` while the others (if `others` is set) run it.
-    void wait_ready(const std::vector<int32_t> & fresh, const std::optional<LinkMsg> & others) {
-        if (others) {
-            LinkMsg m = *others;
-            m.seq = ++seq_;
-            for (int32_t r = 0; r < world_size(); ++r) {
-                if (std::find(fresh.begin(), fresh.end(), r) == fresh.end() && !ranks_[r].link.send(m)) { mark_failed(r, false); }
-            }
-        }
+    /// Wait for `ready` from the freshly spawned ranks in `fresh`.
+    void wait_ready(const std::vector<int32_t> & fresh) {
         std::vector<int32_t> waiting;
-        for (int32_t r = 0; r < world_size(); ++r) {
-            const bool is_fresh = std::find(fresh.begin(), fresh.end(), r) != fresh.end();
-            if ((is_fresh || others) && !ranks_[r].failed) { waiting.push_back(r); }
+        for (int32_t r : fresh) {
+            if (!ranks_[r].failed) { waiting.push_back(r); }
         }
-        gather(waiting, Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.timeout_s)), nullptr, others ? seq_ : 0);
+        gather(waiting, Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.timeout_s)), nullptr, 0);
         std::string errors;
         for (int32_t r = 0; r < world_size(); ++r) {
             if (ranks_[r].failed) {

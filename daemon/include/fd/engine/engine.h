@@ -146,6 +146,9 @@ private:
     /// wakeup while degraded: respawn the failed ranks, rebuild the group, reload the serving
     /// weights and the KV pool on every rank.
     void          recover_ranks(ControlResult & r);
+    /// Every rank loads the serving version from the source into fresh memory (after a weight
+    /// release); the version the checkpoint carries, bytes and per-rank costs go into `r`.
+    void          reload_serving_weights(ControlResult & r);
     /// Push the events held back while a control command ran, once its reply went out (a
     /// control_reply_sent() after `acks_before`, at most kControlReplyWait); nullopt: now.
     void          flush_deferred(std::optional<uint64_t> acks_before);
