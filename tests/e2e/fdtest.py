@@ -113,6 +113,23 @@ def cmdline(pid):
         return []
 
 
+def http_request(port, method, path, body=None, timeout=120, raw=None, headers=None):
+    """(status, JSON body or text) of one request to 127.0.0.1:`port`; `body` is sent as JSON,
+    `raw` as is."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        text = resp.read().decode()
+        try:
+            return resp.status, json.loads(text)
+        except ValueError:
+            return resp.status, text
+    finally:
+        conn.close()
+
+
 class Daemon:
     """One fdrollout process on 127.0.0.1:<free port>. Use as a context manager."""
 
@@ -154,18 +171,7 @@ class Daemon:
             return f.read()
 
     def request(self, method, path, body=None, timeout=120, raw=None, headers=None):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            data = raw if raw is not None else (json.dumps(body) if body is not None else None)
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
-            resp = conn.getresponse()
-            text = resp.read().decode()
-            try:
-                return resp.status, json.loads(text)
-            except ValueError:
-                return resp.status, text
-        finally:
-            conn.close()
+        return http_request(self.port, method, path, body, timeout=timeout, raw=raw, headers=headers)
 
     def get(self, path, **kw):
         return self.request("GET", path, **kw)

@@ -3,7 +3,6 @@ two daemons on loopback, one rsync store feeding both. Rollout clients keep gene
 nginx while `fdctl --fleet` pauses, updates and resumes the fleet: every answer is a 200 whose
 tokens equal a fresh daemon's on the weight_version it reports, or a 503 (paused, nothing
 generated); afterwards every answer is on the new version. Control routes are not proxied."""
-import http.client
 import json
 import os
 import shutil
@@ -13,23 +12,13 @@ import threading
 import time
 import unittest
 
-from fdtest import copy_checkpoint, Daemon, fdctl, free_port, GREEDY, perturbed, REPO, STORIES
+from fdtest import copy_checkpoint, Daemon, fdctl, free_port, GREEDY, http_request, perturbed, REPO, STORIES
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 
 
 def post(port, path, body, timeout=60):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        text = resp.read().decode()
-        try:
-            return resp.status, json.loads(text)
-        except ValueError:
-            return resp.status, text
-    finally:
-        conn.close()
+    return http_request(port, "POST", path, body, timeout=timeout)
 
 
 def probe(port, finish=None):
