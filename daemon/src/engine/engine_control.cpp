@@ -223,7 +223,8 @@ void Engine::enter_degraded(const Error & e) {
     state_.paused       = true;
     degraded_.store(true);
     accepting_.store(false);
-    fail_step(e);  // every request still alive ends with the rank error
+    publish_stats();  // /health says degraded before any client sees its request fail (answers go out at once)
+    fail_step(e);     // every request still alive ends with the rank error
     abort_all();   // (emits nothing more) frees their KV blocks
     kv_.flush_prefix_cache();
     publish_stats();
