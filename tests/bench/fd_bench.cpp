@@ -31,6 +31,7 @@
 #include "fd/model/worker.h"
 
 #include "bench_kernels.h"
+#include "bench_batch.h"
 #include "bench_util.h"
 
 #include <CLI/CLI.hpp>
@@ -156,9 +157,6 @@ struct Options {
     int64_t                  kv_budget_mib = 2048;
 };
 
-int32_t token_id(int64_t seq, int64_t pos, int32_t vocab) {
-    return static_cast<int32_t>((seq * 131 + pos * 7 + 3) % vocab);
-}
 
 /// Parameters of the model as trained (tied embeddings counted once).
 int64_t count_params(const fd::model::ModelConfig & c) {
@@ -174,20 +172,6 @@ int64_t streamed_weight_bytes(const fd::model::Worker & w) {
     return w.weight_bytes() - (L.tied_lm_head ? 0 : L.find("model.embed_tokens.weight")->bytes);
 }
 
-/// Append the tokens [pos0, pos0 + n) of `seq` to `b` as Engine::step() does.
-void add_tokens(fd::model::StepBatch & b, const fd::kv::KvCache & kv, int64_t seq, int32_t pos0, int32_t n,
-                int32_t vocab, bool want_logits) {
-    const int32_t bs    = kv.block_size();
-    const auto &  table = kv.block_table(seq);
-    for (int32_t j = 0; j < n; ++j) {
-        const int32_t pos = pos0 + j;
-        b.tokens.push_back(token_id(seq, pos, vocab));
-        b.positions.push_back(pos);
-        b.slots.push_back(static_cast<int64_t>(table[pos / bs]) * bs + pos % bs);
-        b.queries.push_back({table.data(), pos + 1});
-    }
-    if (want_logits) { b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1); }
-}
 
 /// Decode step time split: the linear layers alone and attention alone, on synthetic weights and
 /// KV of the model's shapes (same bytes, same kernels, same thread count).

@@ -18,7 +18,10 @@
 #include "fd/runtime/comm.h"
 #include "fd/runtime/tcp_store.h"
 
+#include "bench_batch.h"
 #include "bench_util.h"
+
+#include "../fork_ranks.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -58,20 +61,7 @@ struct Result {
     int    ok = 0;
 };
 
-int32_t token_id(int64_t seq, int64_t pos, int32_t vocab) { return static_cast<int32_t>((seq * 7919 + pos * 131 + 1) % vocab); }
-
-void add_tokens(M::StepBatch & b, const fd::kv::KvCache & kv, int64_t seq, int32_t pos0, int32_t n, int32_t vocab) {
-    const int32_t bs = kv.block_size();
-    const auto & table = kv.block_table(seq);
-    for (int32_t j = 0; j < n; ++j) {
-        const int32_t pos = pos0 + j;
-        b.tokens.push_back(token_id(seq, pos, vocab));
-        b.positions.push_back(pos);
-        b.slots.push_back(static_cast<int64_t>(table[pos / bs]) * bs + pos % bs);
-        b.queries.push_back({table.data(), pos + 1});
-    }
-    b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
-}
+using fd::bench::add_tokens;
 
 /// One rank's run (every rank executes the same forwards; only rank 0's timings are kept).
 void run_rank(const Options & o, int rank, int tp, fd::runtime::Comm * comm, Result * out) {
@@ -134,35 +124,18 @@ Result run_tp(const Options & o, int tp) {
     *shared = Result{};
     std::unique_ptr<fd::runtime::TcpStoreServer> store;
     if (tp > 1) { store = std::make_unique<fd::runtime::TcpStoreServer>("127.0.0.1", 0); }
-    std::vector<pid_t> pids;
-    for (int r = 0; r < tp; ++r) {
-        const pid_t pid = fork();
-        if (pid == 0) {
-            int rc = 0;
-            try {
-                std::unique_ptr<fd::runtime::Comm> comm;
-                if (tp > 1) {
-                    comm = fd::runtime::make_gloo_comm({.rank = r, .world_size = tp, .store_port = store->port(), .timeout_s = 300});
-                    comm->connect(1);
-                }
-                Result mine;
-                run_rank(o, r, tp, comm.get(), &mine);
-                if (r == 0) { *shared = mine; }
-                if (comm) { comm->barrier(); }
-            } catch (const std::exception & e) {
-                std::fprintf(stderr, "fd_tp_bench: tp %d rank %d: %s\n", tp, r, e.what());
-                rc = 1;
-            }
-            _exit(rc);
+    const bool failed = fd::testing::run_forked_ranks(tp, [&](int r) {
+        std::unique_ptr<fd::runtime::Comm> comm;
+        if (tp > 1) {
+            comm = fd::runtime::make_gloo_comm({.rank = r, .world_size = tp, .store_port = store->port(), .timeout_s = 300});
+            comm->connect(1);
         }
-        pids.push_back(pid);
-    }
-    bool failed = false;
-    for (pid_t p : pids) {
-        int st = 0;
-        waitpid(p, &st, 0);
-        failed = failed || !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    }
+        Result mine;
+        run_rank(o, r, tp, comm.get(), &mine);
+        if (r == 0) { *shared = mine; }
+        if (comm) { comm->barrier(); }
+        return 0;
+    }) != 0;
     const Result res = *shared;
     munmap(shared, sizeof(Result));
     if (failed || !res.ok) { throw std::runtime_error("a rank process failed at tp " + std::to_string(tp)); }

@@ -16,6 +16,8 @@
 #include "fd/status.h"
 #include "../unit/test_util.h"
 
+#include "../fork_ranks.h"
+
 #include <doctest/doctest.h>
 
 #include <sys/mman.h>
@@ -161,32 +163,13 @@ std::vector<float> run_tp(const Load & load, int tp, const std::vector<model::St
     void * shared = mmap(nullptr, n * sizeof(float), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     REQUIRE(shared != MAP_FAILED);
     runtime::TcpStoreServer store("127.0.0.1", 0);
-    std::vector<pid_t> pids;
-    for (int r = 0; r < tp; ++r) {
-        const pid_t pid = fork();
-        if (pid == 0) {
-            int rc = 0;
-            try {
-                auto comm = runtime::make_gloo_comm({.rank = r, .world_size = tp, .store_port = store.port(), .timeout_s = 60});
-                comm->connect(1);
-                run_rank(load, r, tp, comm.get(), steps, static_cast<float *>(shared));
-                comm->barrier();
-            } catch (const std::exception & e) {
-                std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-                rc = 1;
-            } catch (...) {  // never let a rank process return into the test runner
-                rc = 1;
-            }
-            _exit(rc);
-        }
-        pids.push_back(pid);
-    }
-    int failed = 0;
-    for (pid_t p : pids) {
-        int st = 0;
-        waitpid(p, &st, 0);
-        failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    }
+    const int failed = fd::testing::run_forked_ranks(tp, [&](int r) {
+        auto comm = runtime::make_gloo_comm({.rank = r, .world_size = tp, .store_port = store.port(), .timeout_s = 60});
+        comm->connect(1);
+        run_rank(load, r, tp, comm.get(), steps, static_cast<float *>(shared));
+        comm->barrier();
+        return 0;
+    });
     std::vector<float> out(static_cast<float *>(shared), static_cast<float *>(shared) + n);
     munmap(shared, n * sizeof(float));
     REQUIRE(failed == 0);

@@ -5,6 +5,8 @@
 #include "fd/runtime/tcp_store.h"
 #include "fd/status.h"
 
+#include "../fork_ranks.h"
+
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,42 +36,30 @@ float input(int rank, int64_t i) { return static_cast<float>((rank + 1) * 1000 +
 /// Run `world` rank processes that all-reduce `n` floats twice (generation 1, then a rebuilt
 /// generation 2) and check the sums. Returns how many ranks failed.
 int run_ranks(int world, int port, int64_t n) {
-    std::vector<pid_t> pids;
-    for (int r = 0; r < world; ++r) {
-        const pid_t pid = fork();
-        if (pid == 0) {
-            int bad = 0;
-            try {
-                auto comm = runtime::make_gloo_comm({.rank = r, .world_size = world, .store_port = port, .timeout_s = 20});
-                for (int gen = 1; gen <= 2; ++gen) {
-                    comm->connect(gen);
-                    std::vector<float> x(static_cast<size_t>(n));
-                    for (int64_t i = 0; i < n; ++i) { x[i] = input(r, i); }
-                    comm->all_reduce_sum(x.data(), n);
-                    for (int64_t i = 0; i < n; ++i) {
-                        float want = 0.0f;
-                        for (int q = 0; q < world; ++q) { want += input(q, i); }
-                        if (x[i] != want) { ++bad; }
-                    }
-                    comm->barrier();
-                    const int before = count_sockets();
-                    comm->disconnect();
-                    if (!(count_sockets() < before) || comm->connected()) { ++bad; }
+    return fd::testing::run_forked_ranks(world, [&](int r) {
+        int bad = 0;
+        try {
+            auto comm = runtime::make_gloo_comm({.rank = r, .world_size = world, .store_port = port, .timeout_s = 20});
+            for (int gen = 1; gen <= 2; ++gen) {
+                comm->connect(gen);
+                std::vector<float> x(static_cast<size_t>(n));
+                for (int64_t i = 0; i < n; ++i) { x[i] = input(r, i); }
+                comm->all_reduce_sum(x.data(), n);
+                for (int64_t i = 0; i < n; ++i) {
+                    float want = 0.0f;
+                    for (int q = 0; q < world; ++q) { want += input(q, i); }
+                    if (x[i] != want) { ++bad; }
                 }
-            } catch (const std::exception &) {
-                bad = 1;
+                comm->barrier();
+                const int before = count_sockets();
+                comm->disconnect();
+                if (!(count_sockets() < before) || comm->connected()) { ++bad; }
             }
-            _exit(bad ? 1 : 0);
+        } catch (const std::exception &) {
+            bad = 1;
         }
-        pids.push_back(pid);
-    }
-    int failed = 0;
-    for (pid_t p : pids) {
-        int st = 0;
-        waitpid(p, &st, 0);
-        failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    }
-    return failed;
+        return bad ? 1 : 0;
+    });
 }
 
 }  // namespace

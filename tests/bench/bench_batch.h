@@ -1,0 +1,34 @@
+// tests/bench/bench_batch.h — synthetic step batches for the forward benches (fd_bench,
+// fd_tp_bench): deterministic token ids and the StepBatch rows Engine::step() would build.
+// Header-only; bench code only.
+#pragma once
+
+#include "fd/kv/kv_cache.h"
+#include "fd/model/worker.h"
+
+#include <cstdint>
+
+namespace fd::bench {
+
+/// A fixed pseudo-random token id in [0, vocab) for position `pos` of sequence `seq`.
+inline int32_t token_id(int64_t seq, int64_t pos, int32_t vocab) {
+    return static_cast<int32_t>((seq * 131 + pos * 7 + 3) % vocab);
+}
+
+/// Append the tokens [pos0, pos0 + n) of `seq` to `b` as Engine::step() does (slots and attention
+/// context from `seq`'s block table in `kv`); with `want_logits`, the last one's logits are asked for.
+inline void add_tokens(fd::model::StepBatch & b, const fd::kv::KvCache & kv, int64_t seq, int32_t pos0, int32_t n,
+                       int32_t vocab, bool want_logits = true) {
+    const int32_t bs    = kv.block_size();
+    const auto &  table = kv.block_table(seq);
+    for (int32_t j = 0; j < n; ++j) {
+        const int32_t pos = pos0 + j;
+        b.tokens.push_back(token_id(seq, pos, vocab));
+        b.positions.push_back(pos);
+        b.slots.push_back(static_cast<int64_t>(table[pos / bs]) * bs + pos % bs);
+        b.queries.push_back({table.data(), pos + 1});
+    }
+    if (want_logits) { b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1); }
+}
+
+}  // namespace fd::bench
