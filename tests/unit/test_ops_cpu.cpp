@@ -131,6 +131,25 @@ TEST_CASE("ThreadPool::parallel_for runs every task exactly once for 1 to 4 thre
     }
 }
 
+/// Entries of `out` [n_rows, n_out] further than 1e-5 × (sum of |terms|) from the naive double
+/// loop x [n_rows, n_in] · w [n_out, n_in]ᵀ (+ bias [n_out] when given).
+int naive_linear_mismatches(const std::vector<float> & out, const std::vector<float> & x, const std::vector<float> & w,
+                            const float * bias, int64_t n_rows, int64_t n_out, int64_t n_in) {
+    int bad = 0;
+    for (int64_t t = 0; t < n_rows; ++t) {
+        for (int64_t o = 0; o < n_out; ++o) {
+            double ref = bias ? bias[o] : 0.0, mag = std::fabs(ref);
+            for (int64_t kk = 0; kk < n_in; ++kk) {
+                const double term = double(x[t * n_in + kk]) * w[o * n_in + kk];
+                ref += term;
+                mag += std::fabs(term);
+            }
+            if (std::fabs(out[t * n_out + o] - ref) > 1e-5 * mag + 1e-30) { ++bad; }
+        }
+    }
+    return bad;
+}
+
 TEST_CASE("linear with and without bias matches a naive triple loop over awkward sizes, f32 and bf16 weights") {
     std::mt19937 rng(1234);
     for (k::WType wt : {k::WType::f32, k::WType::bf16}) {
@@ -144,19 +163,7 @@ TEST_CASE("linear with and without bias matches a naive triple loop over awkward
                         CAPTURE(int(wt)); CAPTURE(n_rows); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(with_bias);
                         std::vector<float> out(size_t(n_rows * n_out), 12345.0f);
                         k::linear(out.data(), x.data(), w.data(wt), wt, with_bias ? bias.data() : nullptr, n_rows, n_out, n_in, nullptr);
-                        int bad = 0;
-                        for (int64_t t = 0; t < n_rows; ++t) {
-                            for (int64_t o = 0; o < n_out; ++o) {
-                                double ref = with_bias ? bias[o] : 0.0, mag = std::fabs(ref);
-                                for (int64_t kk = 0; kk < n_in; ++kk) {
-                                    const double term = double(x[t * n_in + kk]) * w.values[o * n_in + kk];
-                                    ref += term;
-                                    mag += std::fabs(term);
-                                }
-                                if (std::fabs(out[t * n_out + o] - ref) > 1e-5 * mag + 1e-30) { ++bad; }
-                            }
-                        }
-                        CHECK(bad == 0);
+                        CHECK(naive_linear_mismatches(out, x, w.values, with_bias ? bias.data() : nullptr, n_rows, n_out, n_in) == 0);
                     }
                 }
             }
@@ -189,19 +196,7 @@ TEST_CASE("linear matches the naive loop when k spans several cache chunks and r
                 CAPTURE(int(wt)); CAPTURE(n_rows); CAPTURE(n_in);
                 std::vector<float> out(size_t(n_rows * n_out), 12345.0f);
                 k::linear(out.data(), x.data(), w.data(wt), wt, bias.data(), n_rows, n_out, n_in, nullptr);
-                int bad = 0;
-                for (int64_t t = 0; t < n_rows; ++t) {
-                    for (int64_t o = 0; o < n_out; ++o) {
-                        double ref = bias[o], mag = std::fabs(ref);
-                        for (int64_t kk = 0; kk < n_in; ++kk) {
-                            const double term = double(x[t * n_in + kk]) * w.values[o * n_in + kk];
-                            ref += term;
-                            mag += std::fabs(term);
-                        }
-                        if (std::fabs(out[t * n_out + o] - ref) > 1e-5 * mag + 1e-30) { ++bad; }
-                    }
-                }
-                CHECK(bad == 0);
+                CHECK(naive_linear_mismatches(out, x, w.values, bias.data(), n_rows, n_out, n_in) == 0);
             }
         }
     }
