@@ -96,7 +96,7 @@ class SwapTier(unittest.TestCase):
 
     def test_bad_swap_space_is_refused(self):
         for bad in ["-1", "0.000000001"]:
-            with Daemon("--swap-space", bad, wait=False, extra=False) as d:
+            with Daemon(f"--swap-space={bad}", wait=False, extra=False) as d:
                 self.assertEqual(d.proc.wait(30), 10, d.output())
                 self.assertIn("--swap-space", d.output())
 

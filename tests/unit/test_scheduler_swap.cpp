@@ -228,3 +228,25 @@ TEST_CASE("with prefix caching a swapped-in sequence's fresh blocks are publishe
 }
 
 }  // TEST_SUITE
+
+TEST_SUITE("engine::scheduler swap") {
+
+TEST_CASE("a swapped-out sequence that outgrows the whole pool is rejected, not retried forever") {
+    Sim sim({.n_blocks = 4, .block_size_tokens = 4, .n_host_blocks = 8}, {.max_num_seqs = 8, .max_num_batched_tokens = 64});
+    sim.add("A", 15);  // (15 + 1) tokens fit exactly in 4 blocks
+    sim.step();
+    sim.step();
+    const ScheduleDecision d = sim.step();            // the 17th token needs a 5th block: A swaps itself out
+    CHECK(sim.names_of(d.swapped) == std::vector<std::string>{"A"});
+    CHECK(d.swap_out.size() == 4);
+    CHECK(sim.kv.n_blocks_free() == 4);
+    const ScheduleDecision r = sim.step();            // 17 + 1 tokens can never fit
+    CHECK(sim.names_of(r.rejected) == std::vector<std::string>{"A"});
+    CHECK(r.swap_in.empty());
+    CHECK(sim.sched.waiting().empty());
+    CHECK(sim.kv.n_host_blocks_used() == 4);          // until the engine releases the rejected sequence
+    sim.kv.release(sim["A"].id);
+    CHECK(sim.kv.n_host_blocks_used() == 0);
+}
+
+}  // TEST_SUITE

@@ -53,6 +53,12 @@ ScheduleDecision Scheduler::schedule(kv::KvCache & kv) {
     while (d.n_preempted() == 0 && !waiting_.empty() && budget > 0 &&
            static_cast<int32_t>(running_.size()) < cfg_.max_num_seqs) {
         SchedSeq * s = waiting_.front();
+        const int64_t blocks_min = (static_cast<int64_t>(s->tokens.size()) + 1 + kv.block_size() - 1) / kv.block_size();
+        if (blocks_min > kv.n_blocks_total()) {  // (the engine's release frees a swapped-out one's host blocks)
+            waiting_.pop_front();
+            d.rejected.push_back(s);
+            continue;
+        }
         if (kv.residence(s->id) == kv::Residence::host) {  // swapped out: its KV comes back, no prefill
             const int64_t n = chunk(s, budget);
             if (!kv.swap_in(s->id, s->n_computed + n, d.swap_in)) { break; }
@@ -61,12 +67,6 @@ ScheduleDecision Scheduler::schedule(kv::KvCache & kv) {
             d.run.push_back({s, static_cast<int32_t>(n)});
             d.swapped_in.push_back(s);
             budget -= n;
-            continue;
-        }
-        const int64_t blocks_min = (static_cast<int64_t>(s->tokens.size()) + 1 + kv.block_size() - 1) / kv.block_size();
-        if (blocks_min > kv.n_blocks_total()) {
-            waiting_.pop_front();
-            d.rejected.push_back(s);
             continue;
         }
         const int32_t cached = s->no_prefix_cache ? 0 : kv.match_prefix(s->id, s->tokens);

@@ -86,6 +86,7 @@ void Worker::check_copies(const kv::BlockCopy * copies, int64_t n, bool out) con
 }
 
 void Worker::swap_out(const kv::BlockCopy * copies, int64_t n) {
+    if (n == 0) { return; }
     check_copies(copies, n, true);
     const int64_t bf = block_floats(), bytes = bf * static_cast<int64_t>(sizeof(float));
     auto * host = reinterpret_cast<float *>(swap_arena_.data());
@@ -99,6 +100,7 @@ void Worker::swap_out(const kv::BlockCopy * copies, int64_t n) {
 }
 
 void Worker::swap_in(const kv::BlockCopy * copies, int64_t n) {
+    if (n == 0) { return; }
     check_copies(copies, n, false);
     const int64_t bf = block_floats(), bytes = bf * static_cast<int64_t>(sizeof(float));
     const auto * host = reinterpret_cast<const float *>(swap_arena_.data());
