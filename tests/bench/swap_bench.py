@@ -3,7 +3,8 @@
 The same workload (B concurrent greedy sequences, a P-token prompt each, G generated tokens,
 ignore_eos) runs on three daemons started one after another with the same flags except:
   no_preemption  a KV pool big enough for every sequence at once (the reference)
-  recompute      a KV pool that holds about `--pool-fraction` of the sequences, no swap pool:
+  recompute      a KV pool that holds about `--pool-fraction` of the sequences' full length (more
+                 of them are admitted on their prompts than fit once grown), no swap pool:
                  every preemption releases the victim's KV and prefills its tokens again
   swap           the same small pool plus --swap-space: victims' KV goes to the host pool and back
 Throughput = generated tokens / wall seconds of the whole batch. Prints one JSON object with the
@@ -11,7 +12,7 @@ three throughputs, swap / recompute and each / no_preemption, the preemption cou
 /metrics, and whether the outputs of all three are identical (they must be).
 
 Usage: /usr/bin/python3 tests/bench/swap_bench.py [--model DIR] [--batch 16] [--prompt-len 256]
-       [--gen 64] [--pool-fraction 0.5] [--threads 2] [--block-size 16]"""
+       [--gen 64] [--pool-fraction 0.6] [--threads 2] [--block-size 16]"""
 import argparse
 import json
 import os
@@ -36,9 +37,10 @@ def metrics(d):
     _, text = d.get("/metrics")
     out = {}
     for line in text.splitlines():
-        if line.startswith("fdrollout_") and "{" not in line:
-            name, value = line.split()
-            out[name] = float(value)
+        if line.startswith("fdrollout_") and "_bucket" not in line:
+            name, value = line.rsplit(" ", 1)
+            name = name.split("{")[0]
+            out[name] = out.get(name, 0.0) + float(value)
     return out
 
 
@@ -72,7 +74,7 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--gen", type=int, default=64)
-    ap.add_argument("--pool-fraction", type=float, default=0.5)
+    ap.add_argument("--pool-fraction", type=float, default=0.6)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--block-size", type=int, default=16)
     a = ap.parse_args()
@@ -108,6 +110,7 @@ def main():
                    "swap_over_no_preemption": tps["swap"] / tps["no_preemption"],
                    "recompute_over_no_preemption": tps["recompute"] / tps["no_preemption"]},
         "outputs_identical": outputs["swap"] == outputs["no_preemption"] == outputs["recompute"],
+        "preemption_forced": results["recompute"]["recompute_preemptions_total"] > 0 and results["swap"]["swap_preemptions_total"] > 0,
     }, indent=1))
 
 
