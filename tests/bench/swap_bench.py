@@ -12,7 +12,7 @@ three throughputs, swap / recompute and each / no_preemption, the preemption cou
 /metrics, and whether the outputs of all three are identical (they must be).
 
 Usage: /usr/bin/python3 tests/bench/swap_bench.py [--model DIR] [--batch 16] [--prompt-len 256]
-       [--gen 64] [--pool-fraction 0.6] [--threads 2] [--block-size 16]"""
+       [--gen 64] [--pool-fraction 0.6] [--threads 2] [--block-size 16] [--rounds 1]"""
 import argparse
 import json
 import os
@@ -77,6 +77,7 @@ def main():
     ap.add_argument("--pool-fraction", type=float, default=0.6)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=1)
     a = ap.parse_args()
 
     bs = a.block_size
@@ -95,15 +96,21 @@ def main():
         "recompute": ["--kv-cache-bytes", str(small_blocks * block_bytes)],
         "swap": ["--kv-cache-bytes", str(small_blocks * block_bytes), "--swap-space", repr(swap_gib)],
     }
-    results, outputs = {}, {}
-    for name, flags in configs.items():
-        with Daemon(*common, *flags, model=a.model, timeout=600, extra=False) as d:
-            outputs[name], results[name] = run(d, bodies)
+    # Rounds alternate the three daemons (no_preemption, recompute, swap, no_preemption, ...) so a
+    # change in machine load hits all three; each figure is the median over the rounds.
+    runs, outputs = {k: [] for k in configs}, {}
+    for _ in range(a.rounds):
+        for name, flags in configs.items():
+            with Daemon(*common, *flags, model=a.model, timeout=600, extra=False) as d:
+                outputs[name], r = run(d, bodies)
+                runs[name].append(r)
+    results = {k: {**sorted(v, key=lambda r: r["decode_tok_per_s"])[len(v) // 2], "decode_tok_per_s_rounds": [r["decode_tok_per_s"] for r in v]}
+               for k, v in runs.items()}
     tps = {k: v["decode_tok_per_s"] for k, v in results.items()}
     print(json.dumps({
         "bench": "swap_vs_recompute",
         "model": os.path.basename(os.path.normpath(a.model)),
-        "batch": a.batch, "prompt_len": a.prompt_len, "gen": a.gen, "threads": a.threads, "block_size": bs,
+        "batch": a.batch, "prompt_len": a.prompt_len, "gen": a.gen, "threads": a.threads, "block_size": bs, "rounds": a.rounds,
         "kv_blocks_small_pool": small_blocks, "kv_blocks_per_seq": blocks_per_seq, "kv_block_bytes": block_bytes,
         "results": results,
         "ratios": {"swap_over_recompute": tps["swap"] / tps["recompute"],
