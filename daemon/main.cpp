@@ -232,6 +232,7 @@ int main(int argc, char ** argv) {
     const char * v1 = std::getenv("FD_ENABLE_V1_UPDATE_WEIGHTS");
     cfg.control.v1_update_weights = v1 && std::string(v1) == "1";
     if (const char * d = std::getenv("FD_DEBUG_CONTROL_DELAY_MS")) { cfg.engine.debug_control_delay_ms = std::atoi(d); }
+    if (const char * d = std::getenv("FD_DEBUG_STEP_DELAY_MS")) { cfg.engine.debug_step_delay_ms = std::atoi(d); }
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {
