@@ -8,7 +8,8 @@ Usage: /usr/bin/python3 tests/bench/bench_fleet.py [--model DIR] [--sizes 1,2,4]
        [--with-1b]  (also the random TinyLlama-1.1B-shaped BF16 checkpoint, 2.2 GB, written into the
                      temp dir by scripts/make_random_checkpoint.py and deleted after; a fleet size
                      whose daemons would not fit MemAvailable (2 copies of the weights per daemon
-                     during an update) is skipped and reported so)"""
+                     during an update, 4 GiB to spare) is skipped and reported so)
+       [--sizes-1b 1,2] [--ckpt-1b A,B]  (fleet sizes for it; two existing checkpoint dirs instead)"""
 import argparse
 import json
 import os
@@ -49,7 +50,7 @@ def bench_model(name, model, sizes, reps, tmp, other=None):
     size_bytes = sum(os.path.getsize(os.path.join(store, "va", f)) for f in os.listdir(os.path.join(store, "va")))
     rows = []
     for n in sizes:
-        need = n * 2 * size_bytes + (1 << 30)  # serving + staged copy per daemon, 1 GiB to spare
+        need = n * 2 * size_bytes + (4 << 30)  # serving + staged copy per daemon, 4 GiB to spare (other processes)
         if need > mem_available_bytes():
             rows.append({"daemons": n, "skipped": f"needs ~{need / 2**30:.1f} GiB, MemAvailable {mem_available_bytes() / 2**30:.1f} GiB"})
             continue
@@ -58,7 +59,7 @@ def bench_model(name, model, sizes, reps, tmp, other=None):
             for i in range(n):
                 cfg = {"source": store, "staging_dir": os.path.join(tmp, f"staging-{name}-{n}-{i}")}
                 daemons.append(Daemon("--dynamic-load-weight", "--load-strategy", "rsync", "--rsync-config", json.dumps(cfg),
-                                      "--threads", "1", "--kv-cache-bytes", "64MiB", model=model, timeout=120))
+                                      "--threads", "1", "--kv-cache-bytes", "64MiB", "--max-model-len", "512", model=model, timeout=300))
             hosts = ",".join(f"127.0.0.1:{d.port}" for d in daemons)
             timed("--hosts", hosts, "pause")
             single, fleet = [], []
@@ -80,26 +81,34 @@ def bench_model(name, model, sizes, reps, tmp, other=None):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default=STORIES)
+    p.add_argument("--skip-default", action="store_true", help="only the --with-1b model")
     p.add_argument("--sizes", default="1,2,4")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--bigger", action="store_true")
     p.add_argument("--with-1b", action="store_true")
+    p.add_argument("--sizes-1b", default="1,2")
+    p.add_argument("--ckpt-1b", default="")
     a = p.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
     tmp = tempfile.mkdtemp(prefix="fd-fleet-bench-")
     try:
         out = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
                "load_avg_at_start": os.getloadavg()[0], "models": []}
-        model = copy_checkpoint(a.model, os.path.join(tmp, "m"))
-        out["models"].append(bench_model(os.path.basename(a.model.rstrip("/")), model, sizes, a.reps, tmp))
+        if not a.skip_default:
+            model = copy_checkpoint(a.model, os.path.join(tmp, "m"))
+            out["models"].append(bench_model(os.path.basename(a.model.rstrip("/")), model, sizes, a.reps, tmp))
         if a.bigger:
             big = make_checkpoint(os.path.join(tmp, "big"), "--hidden", "512", "--intermediate", "1376", "--layers", "4",
                                   "--heads", "8", "--vocab", "512")
             out["models"].append(bench_model("random-512x4", big, sizes, a.reps, tmp))
         if a.with_1b:
-            b1 = make_checkpoint(os.path.join(tmp, "1b"), "--preset", "llama-1b-bf16-sharded", "--seed", "1")
-            b2 = make_checkpoint(os.path.join(tmp, "1b-b"), "--preset", "llama-1b-bf16-sharded", "--seed", "2")
-            out["models"].append(bench_model("random-llama-1.1b-bf16", b1, sizes, a.reps, tmp, other=b2))
+            if a.ckpt_1b:
+                b1, b2 = a.ckpt_1b.split(",")
+            else:
+                b1 = make_checkpoint(os.path.join(tmp, "1b"), "--preset", "llama-1b-bf16-sharded", "--seed", "1")
+                b2 = make_checkpoint(os.path.join(tmp, "1b-b"), "--preset", "llama-1b-bf16-sharded", "--seed", "2")
+            sizes_1b = [int(s) for s in a.sizes_1b.split(",")]
+            out["models"].append(bench_model("random-llama-1.1b-bf16", b1, sizes_1b, a.reps, tmp, other=b2))
         out["load_avg_at_end"] = os.getloadavg()[0]
         print(json.dumps(out, indent=1))
     finally:
