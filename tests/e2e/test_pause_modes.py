@@ -123,6 +123,28 @@ class PauseModes(unittest.TestCase):
         for status, r in f.join():
             self.assertEqual((status, r["choices"][0]["finish_reason"]), (200, "length"))
 
+    def test_commands_during_a_drain_wait_their_turn_but_abort_ends_it(self):
+        f = InFlight(self.d, [body(p) for p in PROMPTS[:2]], headers={"X-Request-Id": "drain-me"})
+        wait_running(self.d, 2)
+        done = []
+        pause = threading.Thread(target=lambda: done.append(("pause", self.d.post("/v1/pause?mode=wait", timeout=120))))
+        pause.start()
+        while self.d.get("/health")[1]["control_in_flight"] != "pause":
+            time.sleep(0.005)
+        resume = threading.Thread(target=lambda: done.append(("resume", self.d.post("/v1/resume", timeout=120))))
+        resume.start()
+        time.sleep(0.2)
+        self.assertEqual(done, [])  # the resume is held behind the drain
+        code, j = self.d.post("/v1/abort", {"request_id": "drain-me"})  # runs at once, and ends the drain
+        self.assertEqual((code, j["result"]["aborted"]), (200, 2), j)
+        pause.join(60)
+        resume.join(60)
+        self.assertEqual([(op, r[0]) for op, r in done], [("pause", 200), ("resume", 200)])  # in order
+        self.assertEqual(done[0][1][1]["result"]["drained"], 2)
+        self.assertEqual(self.d.get("/health")[1]["state"], "serving")
+        for status, r in f.join():
+            self.assertEqual(r["choices"][0]["finish_reason"], "abort")
+
     def test_keep_then_resume_equals_an_uninterrupted_run(self):
         f = InFlight(self.d, [body(p) for p in PROMPTS])
         wait_running(self.d, len(PROMPTS))
