@@ -4,6 +4,7 @@
 
 #include "output.h"
 #include "transport.h"
+#include "wait_state.h"
 
 #include "fd/status.h"
 
@@ -44,7 +45,24 @@ struct HostResult {
     }
 };
 
+/// `wait --until` on one host: its /health polled until the state holds or --timeout passes.
+HostResult wait_one(const FleetOptions & o, const std::string & host) {
+    HostResult r{.host = host, .op = "wait"};
+    try {
+        const WaitOutcome w = wait_until([&](double left_s) { return make_v1_transport(host, o.api_key, left_s)->call({.op = "status"}); },
+                                         o.until, o.timeout_s);
+        r.exit_code   = w.exit_code;
+        r.http_status = w.exit_code == 0 ? 200 : 0;
+        r.body        = w.exit_code == 0 ? w.body : w.message;
+    } catch (const fd::Error & e) {
+        r.exit_code = fd::errc_info(e.code()).exit_code;
+        r.body      = fmt::format("{}: {}", fd::errc_name(e.code()), e.what());
+    }
+    return r;
+}
+
 HostResult call_one(const FleetOptions & o, const std::string & host, const fd::shm::MailboxCommand & cmd) {
+    if (cmd.op == "wait") { return wait_one(o, host); }
     HostResult r{.host = host, .op = cmd.op};
     try {
         const Reply rep = make_v1_transport(host, o.api_key, o.timeout_s)->call(cmd);

@@ -1,7 +1,8 @@
 // cli/fleet.h — `fdctl --fleet FILE` / `--hosts h1:p1,h2:p2`: one control command on every
 // daemon of a fleet, in parallel, over the V1 HTTP API (SPEC §8 invariant 8, §9).
 //
-// pause, resume, sleep, wakeup, status, is-paused, stage/commit/drop run once per host.
+// pause, resume, sleep, wakeup, status, is-paused, stage/commit/drop run once per host; wait
+// --until STATE polls every host's /health in parallel, each bounded by --timeout.
 // update-weights is all-or-nothing across the fleet: stage (update_weights "commit": false) on
 // every host; only if every host staged the same version, commit it everywhere; otherwise drop
 // everywhere (every host keeps its old version). Afterwards every host's /health must report the
@@ -29,6 +30,7 @@ struct FleetOptions {
     double                   timeout_s = 600.0;
     bool                     json  = false;
     bool                     quiet = false;
+    std::string              until;           ///< wait: serving | paused | sleeping
 };
 
 /// The fleet's base URLs from `--fleet FILE` (one `host:port` or `http://host:port` per line;

@@ -6,6 +6,7 @@
 #include "output.h"
 #include "progress_bar.h"
 #include "transport.h"
+#include "wait_state.h"
 
 #include "fd/build_info.h"
 
@@ -67,6 +68,7 @@ struct Options {
     std::string until;
     std::string fleet_file;
     std::string hosts;
+    std::string mode;
 };
 
 std::unique_ptr<fdctl::Transport> connect(const Options & o) {
@@ -89,31 +91,19 @@ std::string subcommand_word(int argc, char ** argv) {
 
 /// `wait --until`: poll `status` until the state holds; unreachable counts as "not yet".
 int run_wait(const Options & o) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s);
-    std::string last = "unreachable";
-    while (std::chrono::steady_clock::now() < deadline) {
-        try {
+    const fdctl::WaitOutcome w = fdctl::wait_until(
+        [&](double left_s) {
             Options each = o;  // each status call gets what is left of --timeout, no more
-            each.timeout_s = std::max(0.05, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
-            const fdctl::Reply r = connect(each)->call({.op = "status"});
-            const auto j = nlohmann::json::parse(r.body);
-            last = j.value("state", "?");
-            // The names are /health's `state` values; paused also holds while sleeping (sleep implies pause).
-            const bool ok = o.until == "serving" ? last == "serving"
-                          : o.until == "paused"  ? j.value("is_paused", false)
-                                                 : last == "sleeping";
-            if (ok) {
-                if (!o.quiet) { std::cout << (o.json ? r.body : "state=" + last) << "\n"; }
-                return 0;
-            }
-        } catch (const fd::Error & e) {
-            if (e.code() != fd::Errc::unreachable && e.code() != fd::Errc::timeout) { throw; }
-            if (e.code() == fd::Errc::timeout) { last = "not answering (stopped or stalled)"; }
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            each.timeout_s = left_s;
+            return connect(each)->call({.op = "status"});
+        },
+        o.until, o.timeout_s);
+    if (w.exit_code == 0) {
+        if (!o.quiet) { std::cout << (o.json ? w.body : "state=" + w.state) << "\n"; }
+        return 0;
     }
-    std::cerr << "fdctl: timeout: state is still '" << last << "', not " << o.until << " after " << o.timeout_s << " s\n";
-    return fd::errc_info(fd::Errc::timeout).exit_code;
+    std::cerr << "fdctl: " << w.message << "\n";
+    return w.exit_code;
 }
 
 std::string base_url(const Options & o) { return o.url.empty() ? "http://127.0.0.1:" + std::to_string(o.port) : o.url; }
@@ -168,7 +158,10 @@ int main(int argc, char ** argv) {
     auto simple = [&](const char * name, const char * op, const char * help) {
         app.add_subcommand(name, help)->callback([&cmd, op] { cmd.op = op; });
     };
-    simple("pause", "pause", "Stop generation: running and queued requests end with finish_reason abort");
+    auto * pause = app.add_subcommand("pause", "Stop generation; --mode abort (default): running and queued requests end with "
+                                               "finish_reason abort; wait: they finish first; keep: they freeze with their KV until resume");
+    pause->add_option("--mode", o.mode, "abort | wait | keep")->check(CLI::IsMember({"abort", "wait", "keep"}));
+    pause->callback([&] { cmd.op = "pause"; cmd.mode = o.mode; });
     simple("resume", "resume", "Resume generation (refused while a tag is asleep)");
     simple("is-paused", "is_paused", "Print true or false");
     simple("status", "status", "Print the daemon's state (GET /health)");
@@ -267,13 +260,13 @@ int main(int argc, char ** argv) {
         }
         if (!o.fleet_file.empty() || !o.hosts.empty()) {
             static const std::set<std::string> kFleetOps = {"pause", "resume", "is_paused", "status", "sleep", "wakeup", "update_weights",
-                                                            "commit_weights", "drop_staged_weights"};
+                                                            "commit_weights", "drop_staged_weights", "wait"};
             if (!kFleetOps.count(cmd.op)) {
                 std::cerr << "fdctl: usage: --fleet/--hosts run pause, resume, is-paused, status, sleep, wakeup, update-weights, "
-                             "stage-weights, commit-weights, drop-staged-weights\n";
+                             "stage-weights, commit-weights, drop-staged-weights, wait\n";
                 return fd::kExitUsage;
             }
-            fdctl::FleetOptions f{.api_key = o.api_key, .timeout_s = o.timeout_s, .json = o.json, .quiet = o.quiet};
+            fdctl::FleetOptions f{.api_key = o.api_key, .timeout_s = o.timeout_s, .json = o.json, .quiet = o.quiet, .until = o.until};
             try {
                 f.hosts = fdctl::fleet_hosts(o.fleet_file, o.hosts);
                 if (cmd.op == "update_weights" && !cmd.version) {

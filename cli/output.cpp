@@ -53,6 +53,7 @@ std::string error_message(const Reply & r) {
 std::string human_summary(const std::string & op, const Reply & r) {
     const json j = parse(r);
     if (op == "is_paused") { return j.value("is_paused", false) ? "true" : "false"; }
+    if (op == "wait") { return fmt::format("state={}", j.value("state", "?")); }
     if (op == "status") {
         return fmt::format("state={} paused={} sleeping={} weights_valid={} weight_version={} model_weights_status={} running={} waiting={}",
                            j.value("state", "?"), j.value("is_paused", false),
@@ -63,7 +64,12 @@ std::string human_summary(const std::string & op, const Reply & r) {
     if (j.is_object() && j.contains("msg")) { return j["msg"].get<std::string>(); }  // legacy answers
     if (!j.is_object() || !j.contains("result")) { return r.body; }
     const json & res = j["result"];
-    if (op == "pause") { return fmt::format("paused (aborted {} request(s))", res.value("aborted", 0)); }
+    if (op == "pause") {
+        const std::string mode = res.value("mode", "abort");
+        if (mode == "keep") { return fmt::format("paused, mode keep ({} request choice(s) frozen with their KV until resume)", res.value("kept", 0)); }
+        if (mode == "wait") { return fmt::format("paused, mode wait ({} request choice(s) ran to their end first)", res.value("drained", 0)); }
+        return fmt::format("paused (aborted {} request(s))", res.value("aborted", 0));
+    }
     if (op == "resume") { return "resumed"; }
     if (op == "sleep" || (op == "clear_load_weight" && res.contains("freed_bytes"))) {
         std::string freed;

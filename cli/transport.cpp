@@ -65,6 +65,8 @@ public:
             if (cmd.version) { body += ", \"version\": \"" + *cmd.version + "\""; }  // syntax checked: no quotes
             if (!cmd.commit) { body += ", \"commit\": false"; }
             res = cli_.Post("/v1/update_weights", h, body + "}", "application/json");
+        } else if (op == "pause" && !cmd.mode.empty()) {
+            res = cli_.Post("/v1/pause?mode=" + cmd.mode, h, "", "application/json");  // checked by fdctl: abort|wait|keep
         } else if (op == "commit_weights") {
             res = cli_.Post("/v1/commit_weights", h, cmd.version ? "{\"version\": \"" + *cmd.version + "\"}" : std::string("{}"), "application/json");
         } else {

@@ -240,6 +240,7 @@ int main(int argc, char ** argv) {
     const char * clear_swap = std::getenv("FD_ENABLE_SWAP_SPACE_CLEARING");
     cfg.engine.clear_swap_space_on_sleep = clear_swap && std::string(clear_swap) == "1";
     if (const char * d = std::getenv("FD_DEBUG_CONTROL_DELAY_MS")) { cfg.engine.debug_control_delay_ms = std::atoi(d); }
+    if (const char * d = std::getenv("FD_DEBUG_STEP_DELAY_MS")) { cfg.engine.debug_step_delay_ms = std::atoi(d); }
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {

@@ -4,7 +4,12 @@ path), divided by a single-daemon `fdctl update-weights` measured in the same ru
 daemons. Prints one JSON object (docs/benchmarks.md, "Fleet update").
 
 Usage: /usr/bin/python3 tests/bench/bench_fleet.py [--model DIR] [--sizes 1,2,4] [--reps 5]
-       [--bigger]   (also a random 4-layer 512-hidden F32 checkpoint, ~30 MB)"""
+       [--bigger]   (also a random 4-layer 512-hidden F32 checkpoint, ~30 MB)
+       [--with-1b]  (also the random TinyLlama-1.1B-shaped BF16 checkpoint, 2.2 GB, written into the
+                     temp dir by scripts/make_random_checkpoint.py and deleted after; a fleet size
+                     whose daemons would not fit MemAvailable (2 copies of the weights per daemon
+                     during an update, 4 GiB to spare) is skipped and reported so)
+       [--sizes-1b 1,2] [--ckpt-1b A,B]  (fleet sizes for it; two existing checkpoint dirs instead)"""
 import argparse
 import json
 import os
@@ -28,21 +33,33 @@ def timed(*args):
     return dt
 
 
-def bench_model(name, model, sizes, reps, tmp):
+def mem_available_bytes():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def bench_model(name, model, sizes, reps, tmp, other=None):
     store = os.path.join(tmp, f"store-{name}")
-    other = perturbed(model, os.path.join(tmp, f"{name}-b"), seed=1)
+    other = other or perturbed(model, os.path.join(tmp, f"{name}-b"), seed=1)
     for v, src in (("va", model), ("vb", other)):
         rc, _, err = fdctl(0, "publish", "--strategy", "rsync", "--from", src, "--store", store, "--version", v, timeout=600)
         assert rc == 0, err
     size_bytes = sum(os.path.getsize(os.path.join(store, "va", f)) for f in os.listdir(os.path.join(store, "va")))
     rows = []
     for n in sizes:
+        need = n * 2 * size_bytes + (4 << 30)  # serving + staged copy per daemon, 4 GiB to spare (other processes)
+        if need > mem_available_bytes():
+            rows.append({"daemons": n, "skipped": f"needs ~{need / 2**30:.1f} GiB, MemAvailable {mem_available_bytes() / 2**30:.1f} GiB"})
+            continue
         daemons = []
         try:
             for i in range(n):
                 cfg = {"source": store, "staging_dir": os.path.join(tmp, f"staging-{name}-{n}-{i}")}
                 daemons.append(Daemon("--dynamic-load-weight", "--load-strategy", "rsync", "--rsync-config", json.dumps(cfg),
-                                      "--threads", "1", "--kv-cache-bytes", "64MiB", model=model, timeout=120))
+                                      "--threads", "1", "--kv-cache-bytes", "64MiB", "--max-model-len", "512", model=model, timeout=300))
             hosts = ",".join(f"127.0.0.1:{d.port}" for d in daemons)
             timed("--hosts", hosts, "pause")
             single, fleet = [], []
@@ -64,21 +81,34 @@ def bench_model(name, model, sizes, reps, tmp):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default=STORIES)
+    p.add_argument("--skip-default", action="store_true", help="only the --with-1b model")
     p.add_argument("--sizes", default="1,2,4")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--bigger", action="store_true")
+    p.add_argument("--with-1b", action="store_true")
+    p.add_argument("--sizes-1b", default="1,2")
+    p.add_argument("--ckpt-1b", default="")
     a = p.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
     tmp = tempfile.mkdtemp(prefix="fd-fleet-bench-")
     try:
         out = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
                "load_avg_at_start": os.getloadavg()[0], "models": []}
-        model = copy_checkpoint(a.model, os.path.join(tmp, "m"))
-        out["models"].append(bench_model(os.path.basename(a.model.rstrip("/")), model, sizes, a.reps, tmp))
+        if not a.skip_default:
+            model = copy_checkpoint(a.model, os.path.join(tmp, "m"))
+            out["models"].append(bench_model(os.path.basename(a.model.rstrip("/")), model, sizes, a.reps, tmp))
         if a.bigger:
             big = make_checkpoint(os.path.join(tmp, "big"), "--hidden", "512", "--intermediate", "1376", "--layers", "4",
                                   "--heads", "8", "--vocab", "512")
             out["models"].append(bench_model("random-512x4", big, sizes, a.reps, tmp))
+        if a.with_1b:
+            if a.ckpt_1b:
+                b1, b2 = a.ckpt_1b.split(",")
+            else:
+                b1 = make_checkpoint(os.path.join(tmp, "1b"), "--preset", "llama-1b-bf16-sharded", "--seed", "1")
+                b2 = make_checkpoint(os.path.join(tmp, "1b-b"), "--preset", "llama-1b-bf16-sharded", "--seed", "2")
+            sizes_1b = [int(s) for s in a.sizes_1b.split(",")]
+            out["models"].append(bench_model("random-llama-1.1b-bf16", b1, sizes_1b, a.reps, tmp, other=b2))
         out["load_avg_at_end"] = os.getloadavg()[0]
         print(json.dumps(out, indent=1))
     finally:

@@ -149,12 +149,21 @@ class ControlRoutes(unittest.TestCase):
             d.post("/v1/pause")
             self.assert_error(d.post("/v1/update_weights", {"rsync_config": cfg}), 400, "rsync_config")
 
-    def test_pause_mode_abort_only(self):
+    def test_pause_modes_are_validated(self):
+        """abort | wait | keep (behaviour under load: test_pause_modes.py); anything else is 400 and pauses nothing."""
         with Daemon() as d:
-            for mode in ("wait", "keep", "bogus"):
-                j = self.assert_error(d.post(f"/v1/pause?mode={mode}"), 400, mode)
+            for bad, named in (("/v1/pause?mode=bogus", "bogus"), ("/v1/pause?mode=Wait", "Wait"), ("/v1/resume?mode=keep", "mode")):
+                self.assert_error(d.post(bad), 400, named)
                 self.assertFalse(self.health(d)["is_paused"])
-            self.assertEqual(d.post("/v1/pause?mode=abort")[0], 200)
+            self.assert_error(d.post("/v1/pause?mode=wait", {"mode": "keep"}), 400, "keep")  # query and body differ
+            self.assert_error(d.post("/v1/pause", {"mode": 3}), 400, "mode")
+            self.assertFalse(self.health(d)["is_paused"])
+            for mode in ("abort", "wait", "keep"):
+                code, j = d.post(f"/v1/pause?mode={mode}")
+                self.assertEqual((code, j["result"]["mode"]), (200, mode), j)
+                self.assertEqual(self.health(d)["pause_mode"], mode)
+                self.assertEqual(d.post("/v1/resume")[0], 200)
+                self.assertIsNone(self.health(d)["pause_mode"])
 
     def test_two_phase_update_never_serves_staged_weights(self):
         src = copy_checkpoint(self.A, os.path.join(self.tmp, "src2p"))

@@ -2,7 +2,8 @@
 (local path). A fleet update-weights where one daemon's copy of the version is corrupt leaves
 all three on the old version (staged everywhere else, then dropped everywhere); a good version
 then lands on all three, and every daemon's greedy output equals a fresh daemon's on it.
-Per-host results (text and --json) and the documented exit codes for partial failure."""
+Per-host results (text and --json) and the documented exit codes for partial failure; `fdctl
+wait --until` on a fleet (FleetWait)."""
 import http.server
 import json
 import os
@@ -154,10 +155,28 @@ class Fleet(unittest.TestCase):
         self.assertIn("3 of 4 hosts", err)
         rc, out, err = fdctl(0, "--hosts", dead, "--timeout", "5", "status")
         self.assertEqual(rc, 8, err)  # every host failed alike: that failure's code
-        for bad in (["--hosts", f"{dead},{dead}", "pause"], ["--hosts", "nohostport", "pause"], ["--hosts", self.hosts, "wait", "--until", "paused"],
+        for bad in (["--hosts", f"{dead},{dead}", "pause"], ["--hosts", "nohostport", "pause"],
                     ["--hosts", self.hosts, "update-weights"], ["--fleet", os.path.join(self.tmp, "missing"), "pause"]):
             rc, _, err = fdctl(0, *bad)
             self.assertEqual(rc, 2, (bad, err))
+
+
+class FleetWait(unittest.TestCase):
+    def test_wait_on_a_fleet(self):
+        with Daemon() as a, Daemon() as b:
+            hosts = f"127.0.0.1:{a.port},127.0.0.1:{b.port}"
+            self.assertEqual(a.post("/v1/pause")[0], 200)
+            rc, out, err = fdctl(0, "--hosts", hosts, "--timeout", "0.5", "--json", "wait", "--until", "paused")
+            self.assertEqual(rc, 20, (out, err))  # one host paused, the other timed out: partial
+            res = {r["host"]: r for r in json.loads(out)["results"]}
+            self.assertTrue(res[f"http://127.0.0.1:{a.port}"]["ok"])
+            self.assertEqual(res[f"http://127.0.0.1:{b.port}"]["exit_code"], 7)
+            self.assertEqual(b.post("/v1/pause")[0], 200)
+            rc, out, err = fdctl(0, "--hosts", hosts, "--timeout", "5", "wait", "--until", "paused")
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(out.count("wait: ok  state=paused"), 2, out)
+            rc, out, err = fdctl(0, "--hosts", hosts, "--timeout", "0.5", "wait", "--until", "serving")
+            self.assertEqual(rc, 7, err)  # every host timed out alike
 
 
 if __name__ == "__main__":

@@ -56,8 +56,15 @@ ALIASES = [
     ("vllm", "GET", "/is_sleeping", None, [], ("GET", "/health", None), 200, exact({"is_sleeping": False})),
     ("vllm", "POST", "/pause", None, [], PAUSE, 200, exact({"status": "paused"})),
     ("vllm", "POST", "/pause?mode=abort", None, [], PAUSE, 200, exact({"status": "paused"})),
-    ("vllm", "POST", "/pause?mode=wait", None, [], ("GET", "/health", None), 400, keys("error")),
-    ("vllm", "POST", "/pause?mode=keep", None, [], ("GET", "/health", None), 400, keys("error")),
+    ("vllm", "POST", "/pause?mode=wait", None, [], ("POST", "/v1/pause?mode=wait", None), 200, exact({"status": "paused"})),
+    ("vllm", "POST", "/pause?mode=keep", None, [], ("POST", "/v1/pause?mode=keep", None), 200, exact({"status": "paused"})),
+    ("vllm", "POST", "/pause?wait_for_inflight_requests=true", None, [], ("POST", "/v1/pause?mode=wait", None), 200,
+     exact({"status": "paused"})),
+    ("vllm", "POST", "/pause?mode=later", None, [], ("GET", "/health", None), 400, keys("error")),
+    ("vllm", "POST", "/pause?mode=keep&wait_for_inflight_requests=true", None, [], ("GET", "/health", None), 400, keys("error")),
+    ("vllm", "POST", "/sleep?level=1&mode=wait", None, [], [("POST", "/v1/pause?mode=wait", None), SLEEP_ALL], 200,
+     keys("status", "level")),
+    ("vllm", "POST", "/sleep?mode=keep", None, [], ("GET", "/health", None), 400, keys("error")),
     ("vllm", "POST", "/resume", None, [PAUSE], ("POST", "/v1/resume", None), 200, exact({"status": "resumed"})),
     ("vllm", "GET", "/is_paused", None, [PAUSE], ("GET", "/v1/is_paused", None), 200, exact({"is_paused": True})),
     ("vllm", "POST", "/reset_prefix_cache", None, [], ("GET", "/health", None), 200, exact("")),
@@ -79,6 +86,13 @@ ALIASES = [
     ("sglang", "POST", "/update_weights_from_disk", {"model_path": "/elsewhere", "weight_version": "w4"}, [],
      ("GET", "/health", None), 400, keys("error")),
     ("sglang", "POST", "/update_weights_from_disk", {"model_path": "@MODEL", "bogus": 1}, [], ("GET", "/health", None), 400, keys("error")),
+    ("sglang", "POST", "/update_weights_from_disk", {"model_path": "@MODEL", "weight_version": "w5", "abort_all_requests": True}, [],
+     [PAUSE, ("POST", "/v1/update_weights", {"version": "w5"}), ("POST", "/v1/resume", None)], 200,
+     keys("success", "message", "num_paused_requests")),
+    # (aborting a live request by id: tests/e2e/test_pause_modes.py)
+    ("sglang", "POST", "/abort_request", {"abort_all": True}, [], ("POST", "/v1/abort", {"abort_all": True}), 200, exact("")),
+    ("sglang", "POST", "/abort_request", {"rid": "cmpl-unknown"}, [], ("GET", "/health", None), 404, keys("error")),
+    ("sglang", "POST", "/abort_request", {"rid": 7}, [], ("GET", "/health", None), 400, keys("error")),
 ]
 
 # /health fields that must agree between the alias daemon and its V1 twin after each row

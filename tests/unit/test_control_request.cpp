@@ -72,6 +72,33 @@ TEST_CASE("control request: two-phase update fields") {
     CHECK(rejected_param({.op = "flush_cache", .tags = "weight"}) == "tags");
 }
 
+TEST_CASE("control request: pause modes, only for pause") {
+    using fd::engine::PauseMode;
+    CHECK(ControlRequest::parse({.op = "pause"}).pause_mode == PauseMode::abort);
+    CHECK(ControlRequest::parse({.op = "pause", .mode = "abort"}).pause_mode == PauseMode::abort);
+    CHECK(ControlRequest::parse({.op = "pause", .mode = "wait"}).pause_mode == PauseMode::wait);
+    CHECK(ControlRequest::parse({.op = "pause", .mode = "keep"}).pause_mode == PauseMode::keep);
+    CHECK(rejected_param({.op = "pause", .mode = "Keep"}) == "mode");
+    CHECK(rejected_param({.op = "pause", .mode = "?"}) == "mode");  // what the watcher makes of an unknown shm byte
+    CHECK(rejected_param({.op = "sleep", .mode = "wait"}) == "mode");
+    CHECK(rejected_param({.op = "resume", .mode = "keep"}) == "mode");
+}
+
+TEST_CASE("control request: abort takes exactly one of request_id and abort_all") {
+    auto one = ControlRequest::parse({.op = "abort", .request_id = "cmpl-0123456789abcdef"});
+    CHECK(one.verb == ControlVerb::abort);
+    CHECK(one.request_id == "cmpl-0123456789abcdef");
+    CHECK(!one.abort_all);
+    CHECK(ControlRequest::parse({.op = "abort", .abort_all = true}).abort_all);
+    CHECK(rejected_param({.op = "abort"}) == "request_id");
+    CHECK(rejected_param({.op = "abort", .request_id = "x", .abort_all = true}) == "request_id");
+    CHECK(rejected_param({.op = "abort", .request_id = "has space"}) == "request_id");
+    CHECK(rejected_param({.op = "abort", .request_id = std::string(129, 'a')}) == "request_id");
+    CHECK(ControlRequest::parse({.op = "abort", .request_id = std::string(128, 'a')}).request_id.size() == 128);
+    CHECK(rejected_param({.op = "pause", .request_id = "x"}) == "request_id");
+    CHECK(rejected_param({.op = "abort", .version = std::string("v1"), .request_id = "x"}) == "version");
+}
+
 TEST_CASE("control request: an error reply carries the table's status and type") {
     const auto r = fd::control::error_reply(fd::Error(fd::Errc::invalid_argument, "bad tag", "tags"));
     CHECK(r.http_status == 400);

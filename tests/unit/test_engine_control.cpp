@@ -39,3 +39,20 @@ TEST_CASE("start gate: past its deadline a command never starts, and cancelling 
     CHECK(live.start());
     CHECK_FALSE(live.cancel());  // it started: the waiter must wait for its answer
 }
+
+TEST_CASE("pause modes: the three names round-trip, empty means abort, anything else is refused naming mode") {
+    using fd::engine::PauseMode;
+    for (const PauseMode m : {PauseMode::abort, PauseMode::wait, PauseMode::keep}) {
+        CHECK(fd::engine::parse_pause_mode(fd::engine::to_string(m)) == m);
+    }
+    CHECK(fd::engine::parse_pause_mode("") == PauseMode::abort);
+    for (const char * bad : {"ABORT", "finish", " wait", "keep "}) {
+        try {
+            fd::engine::parse_pause_mode(bad);
+            FAIL("accepted " << bad);
+        } catch (const fd::Error & e) {
+            CHECK(e.code() == fd::Errc::invalid_argument);
+            CHECK(e.param() == "mode");
+        }
+    }
+}

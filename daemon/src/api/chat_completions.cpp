@@ -226,7 +226,7 @@ void post_chat_completions(ApiContext & ctx, const Request & req, Response & res
         if (first) { choice["prompt_token_ids"] = r->gen.prompts[0]; }
         return choice;
     };
-    run_generation(ctx, r->gen, r->opts, f, res);
+    run_generation(ctx, req, r->gen, r->opts, f, res);
 }
 
 }  // namespace fd::api

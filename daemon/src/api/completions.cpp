@@ -196,7 +196,7 @@ void post_completions(ApiContext & ctx, const Request & req, Response & res) {
         choice["logprobs"] = logprobs;
         return choice;
     };
-    run_generation(ctx, r->gen, r->opts, f, res);
+    run_generation(ctx, req, r->gen, r->opts, f, res);
 }
 
 }  // namespace fd::api

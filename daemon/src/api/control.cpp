@@ -31,6 +31,7 @@ const std::map<std::string, std::string> kRouteOps = {
     {"/v1/pause", "pause"},   {"/v1/resume", "resume"}, {"/v1/is_paused", "is_paused"},
     {"/v1/sleep", "sleep"},   {"/v1/wakeup", "wakeup"}, {"/v1/update_weights", "update_weights"},
     {"/v1/commit_weights", "commit_weights"},           {"/v1/drop_staged_weights", "drop_staged_weights"},
+    {"/v1/abort", "abort"},
     {"/clear_load_weight", "clear_load_weight"},        {"/update_model_weight", "update_model_weight"},
 };
 
@@ -240,8 +241,30 @@ void control_route(ApiContext & ctx, const Request & req, Response & res) {
     in.allow_only(cmd.op == "pause" ? std::initializer_list<std::string_view>{"tags", "mode"} : std::initializer_list<std::string_view>{"tags"},
                   req.path);
     if (const auto tags = in.get("tags")) { cmd.tags = *tags; }
-    if (cmd.op == "pause") { check_pause_mode(in.get("mode")); }
-    if (cmd.op == "update_weights") {
+    if (cmd.op == "pause") {
+        // mode in the query (vLLM's spelling) or the body {"mode": ...}; both must agree
+        reject_unknown_fields(in.body, {"mode"}, "pause");
+        std::optional<std::string> mode = in.get("mode");
+        if (in.body.is_object() && in.body.contains("mode") && !in.body["mode"].is_null()) {
+            if (!in.body["mode"].is_string()) { throw Error(Errc::invalid_argument, "'mode' must be a string (abort, wait or keep)", "mode"); }
+            const std::string b = in.body["mode"].get<std::string>();
+            if (mode && *mode != b) {
+                throw Error(Errc::invalid_argument, fmt::format("mode '{}' in the query and '{}' in the body differ; give it once", *mode, b), "mode");
+            }
+            mode = b;
+        }
+        cmd.mode = check_pause_mode(mode);
+    } else if (cmd.op == "abort") {
+        reject_unknown_fields(in.body, {"request_id", "abort_all"}, "abort");
+        if (in.body.is_object() && in.body.contains("request_id") && !in.body["request_id"].is_null()) {
+            if (!in.body["request_id"].is_string()) { throw Error(Errc::invalid_argument, "'request_id' must be a string", "request_id"); }
+            cmd.request_id = in.body["request_id"].get<std::string>();
+        }
+        if (in.body.is_object() && in.body.contains("abort_all") && !in.body["abort_all"].is_null()) {
+            if (!in.body["abort_all"].is_boolean()) { throw Error(Errc::invalid_argument, "'abort_all' must be a boolean", "abort_all"); }
+            cmd.abort_all = in.body["abort_all"].get<bool>();
+        }
+    } else if (cmd.op == "update_weights") {
         if (!in.body.is_null()) { parse_update_body(in.body, ctx.control->config().rsync_config, cmd); }
     } else if (cmd.op == "commit_weights") {
         reject_unknown_fields(in.body, {"version"}, "commit_weights");
@@ -255,14 +278,9 @@ void control_route(ApiContext & ctx, const Request & req, Response & res) {
     send_reply(res, ctx.control->handle(cmd, request_gate(req)));
 }
 
-void check_pause_mode(const std::optional<std::string> & mode) {
-    if (!mode || *mode == "abort") { return; }
-    if (*mode == "wait" || *mode == "keep") {
-        throw Error(Errc::invalid_argument,
-                    fmt::format("pause mode '{}' is not supported yet; only mode=abort (the default) is: running requests end with "
-                                "finish_reason abort; nothing was done", *mode), "mode");
-    }
-    throw Error(Errc::invalid_argument, fmt::format("unknown pause mode '{}' (abort, wait or keep; only abort is supported yet)", *mode), "mode");
+std::string check_pause_mode(const std::optional<std::string> & mode) {
+    if (!mode) { return ""; }
+    return std::string(engine::to_string(engine::parse_pause_mode(*mode)));
 }
 
 }  // namespace fd::api

@@ -279,6 +279,13 @@ void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, 
 
 namespace {
 
+/// [{version, first_token, last_token}] (generated-token indices, inclusive).
+json spans_json(const std::vector<engine::VersionSpan> & spans) {
+    json a = json::array();
+    for (const auto & sp : spans) { a.push_back({{"version", sp.version}, {"first_token", sp.first_token}, {"last_token", sp.last_token}}); }
+    return a;
+}
+
 /// One completion in flight: what its AsyncBody's pump works on (the connection's strand).
 struct Generation {
     ApiContext *                       ctx = nullptr;
@@ -314,6 +321,7 @@ struct Generation {
                 a.n_prompt = ev.n_prompt_tokens;
                 a.n_cached = ev.n_cached_tokens;
                 if (ev.finish != FinishReason::none) { a.finish = ev.finish; }
+                if (!ev.weight_versions.empty()) { a.weight_versions = std::move(ev.weight_versions); }
                 weight_version = ev.weight_version;
             }
             if (!channel->done()) {
@@ -322,7 +330,11 @@ struct Generation {
                 fail(Errc::timeout, "completion did not finish within {} s (--request-timeout-s)", ctx->cfg.request_timeout_s);
             }
             json choices = json::array();
-            for (int32_t c = 0; c < static_cast<int32_t>(acc.size()); ++c) { choices.push_back(format.choice(c, acc[c])); }
+            for (int32_t c = 0; c < static_cast<int32_t>(acc.size()); ++c) {
+                json choice = format.choice(c, acc[c]);
+                if (!acc[c].weight_versions.empty()) { choice["weight_versions"] = spans_json(acc[c].weight_versions); }
+                choices.push_back(std::move(choice));
+            }
             note_usage(res);
             json body = {{"id", id}, {"object", format.object}, {"created", created}, {"model", ctx->cfg.served_model_name},
                          {"weight_version", weight_version}, {"choices", choices}, {"usage", usage_json(acc, n_per)}};
@@ -357,8 +369,10 @@ struct Generation {
             if (ev.error) { return end_with_error(ev.error->code(), ev.error->what()); }
             const bool first      = !sent_first[ev.choice];
             sent_first[ev.choice] = true;
+            json choice = format.chunk_choice(ev, first);
+            if (!ev.weight_versions.empty()) { choice["weight_versions"] = spans_json(ev.weight_versions); }
             write({{"id", id}, {"object", format.chunk_object}, {"created", created}, {"model", ctx->cfg.served_model_name},
-                   {"weight_version", ev.weight_version}, {"choices", json::array({format.chunk_choice(ev, first)})}});
+                   {"weight_version", ev.weight_version}, {"choices", json::array({std::move(choice)})}});
         }
         if (channel->done()) {
             if (opts.include_usage) {
@@ -376,8 +390,8 @@ struct Generation {
 
 }  // namespace
 
-void run_generation(ApiContext & ctx, engine::GenerateRequest gen, StreamOptions opts, const ResponseFormat & format,
-                    Response & res) {
+void run_generation(ApiContext & ctx, const Request & http_req, engine::GenerateRequest gen, StreamOptions opts,
+                    const ResponseFormat & format, Response & res) {
     const int32_t n_choices = static_cast<int32_t>(gen.prompts.size()) * gen.n;
     auto g       = std::make_shared<Generation>();
     g->ctx       = &ctx;
@@ -388,9 +402,13 @@ void run_generation(ApiContext & ctx, engine::GenerateRequest gen, StreamOptions
     g->acc.resize(n_choices);
     g->sent_first.assign(n_choices, false);
     gen.channel = g->channel;
+    g->id       = new_id(format.id_prefix);
+    gen.request_ids = {g->id};
+    if (const std::string client_id = http_req.get_header_value("X-Request-Id"); !client_id.empty() && client_id.size() <= 128) {
+        gen.request_ids.push_back(client_id);
+    }
     ctx.engine->submit(std::move(gen));  // throws (paused, draining): the handler's error answer
 
-    g->id       = new_id(format.id_prefix);
     g->created  = static_cast<int64_t>(std::time(nullptr));
     g->deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                          std::chrono::duration<double>(ctx.cfg.request_timeout_s));

@@ -80,6 +80,7 @@ struct ChoiceAcc {
     std::vector<engine::TokenLogprob> prompt_logprobs;  ///< prompt tokens 1.. when asked
     engine::StopReason                stop_reason;
     engine::FinishReason              finish   = engine::FinishReason::none;
+    std::vector<engine::VersionSpan>  weight_versions;  ///< set when the tokens came from more than one version
     int32_t                           n_prompt = 0, n_cached = 0;
 };
 
@@ -99,10 +100,14 @@ struct ResponseFormat {
 /// Submit `gen` and set `res` to answer it as the engine's events arrive (an AsyncBody: no
 /// thread waits): one JSON body {id, object, created, model, weight_version, choices, usage},
 /// or SSE chunks {id, object, created, model, weight_version, choices: [one]} then an optional
-/// usage chunk and `data: [DONE]`. At most --request-timeout-s (504 before the headers, an
-/// in-band error after). The request is cancelled when the client goes.
+/// usage chunk and `data: [DONE]`. A choice whose tokens came from more than one weight version
+/// (kept across an update) also carries `weight_versions: [{version, first_token, last_token}]`
+/// (generated-token indices, inclusive), streamed on its finishing chunk. At most
+/// --request-timeout-s (504 before the headers, an in-band error after). The request is
+/// cancelled when the client goes. POST /v1/abort finds it by its `id` or by the client's
+/// `X-Request-Id` header (`http_req`).
 /// Errors  (thrown, before anything is sent) what Engine::submit throws: paused, draining.
-void run_generation(ApiContext & ctx, engine::GenerateRequest gen, StreamOptions opts, const ResponseFormat & fmt,
-                    Response & res);
+void run_generation(ApiContext & ctx, const Request & http_req, engine::GenerateRequest gen, StreamOptions opts,
+                    const ResponseFormat & fmt, Response & res);
 
 }  // namespace fd::api

@@ -57,9 +57,9 @@ ControlInput read_control_input(const Request & req);
 /// Errors  invalid_argument naming the first field of the object `body` not in `fields`.
 void reject_unknown_fields(const nlohmann::json & body, std::initializer_list<std::string_view> fields, std::string_view what);
 
-/// `?mode=` of a pause (V1 and vLLM): absent or abort is fine; wait and keep are 400 (not
-/// supported yet), anything else 400 naming it.
-void check_pause_mode(const std::optional<std::string> & mode);
+/// `?mode=` of a pause (V1 and vLLM): absent → "", else "abort" | "wait" | "keep".
+/// Errors  invalid_argument naming any other value (nothing is done).
+std::string check_pause_mode(const std::optional<std::string> & mode);
 
 /// Send a control service reply as is.
 void send_reply(Response & res, const control::ControlReply & r);

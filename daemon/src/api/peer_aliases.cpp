@@ -112,10 +112,21 @@ void vllm_sleep(ApiContext & ctx, const ControlInput & in, Response & res) {
         }
         level = std::stoi(*l);
     }
-    check_pause_mode(in.get("mode"));
+    // vLLM pauses before sleeping: mode=abort (ours: sleep aborts) or mode=wait (the requests in
+    // flight finish first). keep cannot survive a sleep (the KV is freed): 400.
+    const std::string mode = check_pause_mode(in.get("mode"));
+    if (mode == "keep") {
+        throw Error(Errc::invalid_argument, "sleep with mode=keep is not supported: sleeping frees the KV cache the kept requests need "
+                                            "(mode=abort or mode=wait); nothing was done", "mode");
+    }
     reject_unknown_fields(in.body, {}, "sleep");
+    const std::string tags = map_tags(in.all("tags"), "tags");
     const auto t0 = std::chrono::steady_clock::now();
-    const Outcome o = run(ctx, in, {.op = "sleep", .tags = map_tags(in.all("tags"), "tags")});
+    if (mode == "wait") {
+        const Outcome p = run(ctx, in, {.op = "pause", .mode = "wait"});
+        if (!p.ok) { return vllm_error(res, p); }
+    }
+    const Outcome o = run(ctx, in, {.op = "sleep", .tags = tags});
     if (!o.ok) { return vllm_error(res, o); }
     send_json(res, 200, json{{"status", "sleeping"}, {"level", level}, {"elapsed_ms", ms_since(t0)}});
 }
@@ -140,15 +151,18 @@ void vllm_is_sleeping(ApiContext & ctx, const ControlInput & in, Response & res)
 
 void vllm_pause(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({"mode", "wait_for_inflight_requests", "clear_cache"}, "POST /pause");
-    check_pause_mode(in.get("mode"));
-    if (const auto w = in.get("wait_for_inflight_requests"); w && *w != "false" && *w != "0") {
-        check_pause_mode("wait");  // vLLM's older spelling of mode=wait
+    std::string mode = check_pause_mode(in.get("mode"));
+    if (const auto w = in.get("wait_for_inflight_requests"); w && *w != "false" && *w != "0") {  // vLLM's older spelling of mode=wait
+        if (!mode.empty() && mode != "wait") {
+            throw Error(Errc::invalid_argument, fmt::format("wait_for_inflight_requests=true contradicts mode={}; give one", mode), "mode");
+        }
+        mode = "wait";
     }
     if (const auto c = in.get("clear_cache"); c && *c != "true" && *c != "1") {
         throw Error(Errc::invalid_argument, "clear_cache=false is not supported: a pause always flushes the prefix cache", "clear_cache");
     }
     reject_unknown_fields(in.body, {}, "pause");
-    const Outcome o = run(ctx, in, {.op = "pause"});
+    const Outcome o = run(ctx, in, {.op = "pause", .mode = mode});
     if (!o.ok) { return vllm_error(res, o); }
     send_json(res, 200, json{{"status", "paused"}});
 }
@@ -209,8 +223,9 @@ void sglang_weight_version(ApiContext & ctx, const ControlInput & in, Response &
     send_json(res, 200, json{{"weight_version", o.result["weight_version"]}});
 }
 
-/// SGLang's update_weights_from_disk is one call on a serving engine: pause (its running
-/// requests end with finish_reason abort, counted in num_paused_requests), update_weights, then
+/// SGLang's update_weights_from_disk is one call on a serving engine: pause mode=wait (the
+/// requests in flight finish first; with abort_all_requests they end with finish_reason abort,
+/// counted in num_paused_requests), update_weights, then
 /// resume unless the engine was paused before or keep_pause is set. `model_path` must name the
 /// daemon's --model dir: weights come from the configured --load-strategy source only.
 void sglang_update_from_disk(ApiContext & ctx, const ControlInput & in, Response & res) {
@@ -251,7 +266,8 @@ void sglang_update_from_disk(ApiContext & ctx, const ControlInput & in, Response
     const bool was_paused = run(ctx, in, {.op = "is_paused"}).result.value("is_paused", false);
     int aborted = 0;
     if (!was_paused) {
-        const Outcome p = run(ctx, in, {.op = "pause"});
+        // SGLang lets the requests in flight finish unless abort_all_requests: pause mode=wait.
+        const Outcome p = run(ctx, in, {.op = "pause", .mode = b.value("abort_all_requests", false) ? "abort" : "wait"});
         if (!p.ok) { return answer(p, 0); }
         aborted = p.result.value("aborted", 0);
     }
@@ -260,6 +276,28 @@ void sglang_update_from_disk(ApiContext & ctx, const ControlInput & in, Response
     // for lateness would leave the engine paused by a call that reported its outcome.
     if (!was_paused && !b.value("keep_pause", false)) { ctx.control->handle(shm::MailboxCommand{.op = "resume"}); }
     answer(u, aborted);
+}
+
+/// SGLang's AbortReq {rid, abort_all}: one request by id (the completion id or the client's
+/// X-Request-Id), or every request; neither pauses. SGLang answers an empty 200; so do we, but an
+/// unknown rid is 404 (SGLang ignores it) so a typo is visible.
+void sglang_abort_request(ApiContext & ctx, const ControlInput & in, Response & res) {
+    in.allow_only({}, "POST /abort_request");
+    const json & b = in.body;
+    reject_unknown_fields(b, {"rid", "abort_all"}, "abort_request");
+    shm::MailboxCommand cmd{.op = "abort"};
+    if (b.is_object() && b.contains("rid") && !b["rid"].is_null()) {
+        if (!b["rid"].is_string()) { throw Error(Errc::invalid_argument, "'rid' must be a string", "rid"); }
+        cmd.request_id = b["rid"].get<std::string>();
+    }
+    if (b.is_object() && b.contains("abort_all") && !b["abort_all"].is_null()) {
+        if (!b["abort_all"].is_boolean()) { throw Error(Errc::invalid_argument, "'abort_all' must be a boolean", "abort_all"); }
+        cmd.abort_all = b["abort_all"].get<bool>();
+    }
+    if (cmd.abort_all) { cmd.request_id.clear(); }  // SGLang: abort_all wins over rid
+    const Outcome o = run(ctx, in, cmd);
+    if (!o.ok) { return sglang_error(res, o); }
+    res.status = 200;  // SGLang's Response(status_code=200): empty
 }
 
 using AliasFn = void (*)(ApiContext &, const ControlInput &, Response &);
@@ -278,6 +316,7 @@ const std::map<std::string, AliasFn> kAliases = {
     {"/flush_cache", sglang_flush_cache},
     {"/get_weight_version", sglang_weight_version},
     {"/update_weights_from_disk", sglang_update_from_disk},
+    {"/abort_request", sglang_abort_request},
 };
 
 }  // namespace

@@ -95,6 +95,7 @@ Router make_routes(ApiContext & ctx) {
     control("POST", "/v1/update_weights",       control_route);
     control("POST", "/v1/commit_weights",       control_route);  // two-phase update (SPEC §3)
     control("POST", "/v1/drop_staged_weights",  control_route);
+    control("POST", "/v1/abort",                control_route);  // end one request (or all) without pausing
     // legacy FastDeploy routes (SPEC §4)
     control("GET",  "/clear_load_weight",       control_route);
     control("GET",  "/update_model_weight",     control_route);
@@ -111,6 +112,7 @@ Router make_routes(ApiContext & ctx) {
     control("POST", "/flush_cache",             peer_alias_route);
     control("GET",  "/get_weight_version",      peer_alias_route);
     control("POST", "/update_weights_from_disk", peer_alias_route);
+    control("POST", "/abort_request",           peer_alias_route);
     return http;
 }
 

@@ -9,7 +9,7 @@
 namespace fd::control {
 namespace {
 
-constexpr std::array<std::pair<ControlVerb, std::string_view>, 12> kVerbs = {{
+constexpr std::array<std::pair<ControlVerb, std::string_view>, 13> kVerbs = {{
     {ControlVerb::pause, "pause"},
     {ControlVerb::resume, "resume"},
     {ControlVerb::is_paused, "is_paused"},
@@ -20,9 +20,18 @@ constexpr std::array<std::pair<ControlVerb, std::string_view>, 12> kVerbs = {{
     {ControlVerb::commit_weights, "commit_weights"},
     {ControlVerb::drop_staged_weights, "drop_staged_weights"},
     {ControlVerb::flush_cache, "flush_cache"},
+    {ControlVerb::abort, "abort"},
     {ControlVerb::clear_load_weight, "clear_load_weight"},
     {ControlVerb::update_model_weight, "update_model_weight"},
 }};
+
+bool valid_request_id(const std::string & id) {
+    if (id.empty() || id.size() > 128) { return false; }
+    for (const char c : id) {
+        if (c <= ' ' || c > '~') { return false; }
+    }
+    return true;
+}
 
 }  // namespace
 
@@ -57,6 +66,23 @@ ControlRequest ControlRequest::parse(const shm::MailboxCommand & wire) {
         throw Error(Errc::invalid_argument,
                     fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", *wire.version), "version");
     }
+    if (!wire.mode.empty() && r.verb != ControlVerb::pause) {
+        throw Error(Errc::invalid_argument, fmt::format("'{}' takes no mode (only pause does)", wire.op), "mode");
+    }
+    r.pause_mode = engine::parse_pause_mode(wire.mode);
+    if (r.verb == ControlVerb::abort) {
+        if (wire.abort_all == !wire.request_id.empty()) {
+            throw Error(Errc::invalid_argument, "abort takes either 'request_id' (a completion id or the client's X-Request-Id) or "
+                                                "\"abort_all\": true; nothing was done", "request_id");
+        }
+        if (!wire.abort_all && !valid_request_id(wire.request_id)) {
+            throw Error(Errc::invalid_argument, "'request_id' must be 1..128 printable ASCII characters without spaces", "request_id");
+        }
+    } else if (!wire.request_id.empty() || wire.abort_all) {
+        throw Error(Errc::invalid_argument, fmt::format("'{}' takes no request_id (only abort does)", wire.op), "request_id");
+    }
+    r.request_id      = wire.request_id;
+    r.abort_all       = wire.abort_all;
     r.version         = wire.version;
     r.verify_checksum = wire.verify_checksum;
     r.commit          = wire.commit;

@@ -39,7 +39,12 @@ json ranks_json(const ControlResult & r) {
 json result_json(ControlOp op, const ControlResult & r) {
     json j = {{"is_paused", r.is_paused}, {"elapsed_s", r.elapsed_s}};
     switch (op) {
-        case ControlOp::pause: j["aborted"] = r.n_aborted; break;
+        case ControlOp::pause:
+            j.update({{"mode", engine::to_string(r.pause_mode)}, {"aborted", r.n_aborted}});
+            if (r.pause_mode == engine::PauseMode::keep) { j["kept"] = r.n_kept; }
+            if (r.pause_mode == engine::PauseMode::wait) { j["drained"] = r.n_drained; }
+            break;
+        case ControlOp::abort_request: j["aborted"] = r.n_aborted; break;
         case ControlOp::resume: break;
         case ControlOp::sleep: {
             json freed = json::object();
@@ -85,8 +90,9 @@ json sleeping_tags(const engine::EngineState & st) {
 ControlResult run_engine(engine::Engine & engine, ControlCommand cmd, std::chrono::steady_clock::time_point received, double timeout_s) {
     const auto gate  = cmd.gate;
     const auto what  = std::string(to_string(cmd.op));
-    const auto limit = std::max(gate->deadline(), received + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                                  std::chrono::duration<double>(timeout_s)));
+    // (+2 s: a pause mode=wait answers `timeout` itself at the gate's deadline; that answer wins)
+    const auto limit = std::max(gate->deadline() + std::chrono::seconds(2),
+                                received + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s)));
     auto fut = engine.control(std::move(cmd));
     if (fut.wait_until(gate->deadline()) != std::future_status::ready) {
         if (gate->cancel()) {
@@ -168,6 +174,8 @@ json ControlService::status_json() const {
             {"comm_group", {{"backend", es.comm_backend}, {"state", es.comm_group}}},
             {"state", state},
             {"is_paused", es.paused},
+            {"pause_mode", es.paused ? json(engine::to_string(es.pause_mode)) : json(nullptr)},
+            {"kept_requests", es.n_kept},
             {"sleeping_tags", sleeping},
             {"weights_valid", es.weights_valid},
             {"weight_version", es.weight_version},
@@ -202,7 +210,8 @@ ControlReply ControlService::run(const ControlRequest & req) {
         }
     };
     switch (req.verb) {
-        case ControlVerb::pause: return op({.op = ControlOp::pause});
+        case ControlVerb::pause: return op({.op = ControlOp::pause, .pause_mode = req.pause_mode});
+        case ControlVerb::abort: return op({.op = ControlOp::abort_request, .request_id = req.request_id, .abort_all = req.abort_all});
         case ControlVerb::resume: return op({.op = ControlOp::resume});
         case ControlVerb::is_paused: {
             // Both FastDeploy forms at once: its docs' top-level {"is_paused"} and its CI client's

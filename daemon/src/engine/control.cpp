@@ -14,8 +14,25 @@ std::string_view to_string(ControlOp op) {
         case ControlOp::commit_weights: return "commit_weights";
         case ControlOp::drop_staged_weights: return "drop_staged_weights";
         case ControlOp::flush_cache: return "flush_cache";
+        case ControlOp::abort_request: return "abort_request";
     }
     return "?";
+}
+
+std::string_view to_string(PauseMode m) {
+    switch (m) {
+        case PauseMode::abort: return "abort";
+        case PauseMode::wait: return "wait";
+        case PauseMode::keep: return "keep";
+    }
+    return "?";
+}
+
+PauseMode parse_pause_mode(std::string_view text) {
+    if (text.empty() || text == "abort") { return PauseMode::abort; }
+    if (text == "wait") { return PauseMode::wait; }
+    if (text == "keep") { return PauseMode::keep; }
+    throw Error(Errc::invalid_argument, fmt::format("unknown pause mode '{}' (abort, wait or keep); nothing was done", text), "mode");
 }
 
 TagSet parse_tags(std::string_view text) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <random>
+#include <thread>
 
 namespace fd::engine {
 namespace {
@@ -35,6 +36,8 @@ struct Engine::Sequence : SchedSeq {
     std::vector<TokenLogprob>      prompt_lps;      ///< prompt_logprobs, until the first event carries them
     int32_t                        n_prompt_scored = 0;  ///< prompt rows whose logprobs were taken (prompt token i+1 per row i)
     bool                           prompt_lps_sent = false;
+    std::shared_ptr<const std::vector<std::string>> request_ids;  ///< the request's ids (POST /v1/abort)
+    std::vector<VersionSpan>       spans;           ///< which weight version produced which generated tokens
     std::chrono::steady_clock::time_point t_arrival{}, t_scheduled{}, t_last_token{};  ///< request metrics
 
     Sequence(const tokenizer::Tokenizer & tok, const std::vector<int32_t> & prompt, const SamplingParams & p)
@@ -118,6 +121,15 @@ void Engine::loop() {
     }
     // Shutdown: every sequence still alive ends with "abort"; queued commands fail.
     abort_all();
+    auto shutting_down = [](const std::shared_ptr<PendingControl> & pc) {
+        ControlResult r;
+        r.error = Error(Errc::engine_paused, "the server is shutting down");
+        pc->done.set_value(std::move(r));
+    };
+    if (drain_ && drain_->pc) { shutting_down(drain_->pc); }
+    drain_.reset();
+    for (const auto & pc : held_controls_) { shutting_down(pc); }
+    held_controls_.clear();
     std::lock_guard lk(inbox_mu_);
     for (auto & item : inbox_) {
         if (auto * req = std::get_if<GenerateRequest>(&item)) {
@@ -147,9 +159,10 @@ void Engine::fail_step(const Error & e) {
 }
 
 void Engine::admit(GenerateRequest & req) {
-    if (state_.paused) {
+    if (state_.paused && state_.pause_mode != PauseMode::keep) {
         // Accepted just before a pause took effect: it ends like every queued request did, with
-        // "abort" and no tokens. Nothing is ever generated from paused or asleep weights.
+        // "abort" and no tokens. Nothing is ever generated from paused or asleep weights. (A keep
+        // pause queues it frozen, like the requests it kept.)
         for (int32_t c = 0; c < static_cast<int32_t>(req.prompts.size()) * req.n; ++c) {
             ChoiceEvent ev;
             ev.choice          = c;
@@ -164,6 +177,7 @@ void Engine::admit(GenerateRequest & req) {
     const uint64_t seed = req.params.seed ? *req.params.seed : std::random_device{}() * 0x100000001ULL + std::random_device{}();
     size_t holdback = 0;
     for (const auto & st : req.params.stop) { holdback = std::max(holdback, st.size()); }
+    const auto ids = std::make_shared<const std::vector<std::string>>(std::move(req.request_ids));
     for (const auto & prompt : req.prompts) {
         for (int32_t i = 0; i < req.n; ++i, ++choice) {
             auto s           = std::make_unique<Sequence>(*tok_, prompt, req.params);
@@ -180,6 +194,7 @@ void Engine::admit(GenerateRequest & req) {
                 s->max_chunk       = scoring_chunk(model_cfg_.vocab_size);
             }
             s->t_arrival     = req.t_arrival;
+            s->request_ids   = ids;
             sched_.add(s.get());
             seqs_.emplace(s->id, std::move(s));
         }
@@ -205,6 +220,7 @@ void Engine::emit(Sequence & s, FinishReason why, ChoiceEvent ev) {
     ev.n_prompt_tokens = s.n_prompt;
     ev.n_cached_tokens = std::max(0, s.n_cached);
     ev.weight_version  = state_.weight_version;
+    if (why != FinishReason::none && s.spans.size() > 1) { ev.weight_versions = s.spans; }
     // Metrics first: an event-driven reader may answer the client before push() returns, and
     // a client that has its answer must find it counted in /metrics.
     if (why != FinishReason::none) {
@@ -230,6 +246,11 @@ void Engine::append_token(Sequence & s, int32_t tok, const float * logits, Choic
     ev.text_offsets.push_back(static_cast<int32_t>(s.n_chars));
     if (p.logprobs >= 0) { ev.logprobs.push_back(token_logprobs(logits, model_cfg_.vocab_size, tok, p.logprobs, scratch_)); }
     const int32_t n_generated = static_cast<int32_t>(s.tokens.size()) - s.n_prompt;
+    if (s.spans.empty() || s.spans.back().version != state_.weight_version) {
+        s.spans.push_back({.version = state_.weight_version, .first_token = n_generated - 1, .last_token = n_generated - 1});
+    } else {
+        s.spans.back().last_token = n_generated - 1;
+    }
     auto add_text = [&](const std::string & t) {
         s.text += t;
         s.n_chars += count_code_points(t);
@@ -285,23 +306,14 @@ bool Engine::step() {
                 admit(*req);
             } else {
                 auto & pc = std::get<std::shared_ptr<PendingControl>>(item);
-                if (pc->cmd.gate && !pc->cmd.gate->start()) {  // its caller's deadline passed or it withdrew it
-                    log::get("control")->warn("dropped {}: its caller's deadline passed (or it gave up) before it could start; not run",
-                                              to_string(pc->cmd.op));
-                    ControlResult r;
-                    r.error = Error(Errc::timeout, fmt::format("{} was not started before the caller's deadline: dropped, nothing changed",
-                                                               to_string(pc->cmd.op)));
-                    pc->done.set_value(std::move(r));
+                handled_control = true;
+                // Commands stay serialized behind a pause mode=wait that is draining (abort_request
+                // does not: it may be what ends the drain).
+                if (drain_ && pc->cmd.op != ControlOp::abort_request) {
+                    held_controls_.push_back(std::move(pc));
                     continue;
                 }
-                uint64_t acks_before;
-                {
-                    std::lock_guard lk(reply_mu_);
-                    acks_before = reply_acks_;
-                }
-                pc->done.set_value(run_control(pc->cmd));
-                flush_deferred(acks_before);
-                handled_control = true;
+                dispatch_control(pc);
             }
         }
     }
@@ -322,6 +334,7 @@ bool Engine::step() {
         }
     };
     reap();
+    poll_drain();
 
     if (state_.paused) {  // invariant: nothing is generated while paused or asleep
         publish_stats();
@@ -388,6 +401,7 @@ bool Engine::step() {
             rows.push_back({&s, -1});
         }
     }
+    if (cfg_.debug_step_delay_ms > 0) { std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.debug_step_delay_ms)); }
     const int32_t vocab = model_cfg_.vocab_size;
     logits_.resize(batch_.logits_rows.size() * static_cast<size_t>(vocab));
     if (!executor_->forward(batch_, logits_.data(), &control_waiting_)) {
@@ -449,6 +463,7 @@ bool Engine::step() {
         stats_.step_latency_sum_s += dt;
     }
     reap();
+    poll_drain();
     publish_stats();
     return true;
 }
@@ -467,6 +482,29 @@ int32_t Engine::abort_all() {
     }
     seqs_.clear();
     return n;
+}
+
+int32_t Engine::n_live() const {
+    int32_t n = 0;
+    for (const auto & [id, s] : seqs_) { n += s->channel ? 1 : 0; }
+    return n;
+}
+
+int32_t Engine::abort_matching(const std::string & id, bool all) {
+    std::vector<kv::SeqId> hit;
+    for (auto & [sid, s] : seqs_) {
+        if (!s->channel) { continue; }
+        if (all || (s->request_ids && std::find(s->request_ids->begin(), s->request_ids->end(), id) != s->request_ids->end())) {
+            emit(*s, FinishReason::abort, ChoiceEvent{});
+            hit.push_back(sid);
+        }
+    }
+    for (const kv::SeqId sid : hit) {
+        sched_.remove(seqs_.at(sid).get());
+        kv_.release(sid);
+        seqs_.erase(sid);
+    }
+    return static_cast<int32_t>(hit.size());
 }
 
 void Engine::control_reply_sent() {
@@ -491,6 +529,10 @@ void Engine::publish_stats() {
     std::lock_guard lk(stats_mu_);
     state_.model_weights_status = legacy_status();
     state_.comm_group        = executor_->comm_state();
+    state_.n_kept = 0;
+    if (state_.paused && state_.pause_mode == PauseMode::keep) {
+        for (const auto & [id, s] : seqs_) { state_.n_kept += s->channel ? 1 : 0; }
+    }
     stats_.state             = state_;
     stats_.n_running         = static_cast<int64_t>(sched_.running().size());
     stats_.n_waiting         = static_cast<int64_t>(sched_.waiting().size());

@@ -64,13 +64,16 @@ bool Engine::legacy_transition(shm::WeightsStatus from, shm::WeightsStatus to) {
 ControlResult Engine::run_control(const ControlCommand & cmd) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::string op(to_string(cmd.op));
+    const bool was_draining = drain_.has_value();
     state_.control_in_flight = op;
     publish_stats();
     if (cfg_.debug_control_delay_ms > 0) { std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.debug_control_delay_ms)); }
     ControlResult r;
     try {
         switch (cmd.op) {
-            case ControlOp::pause: do_pause(r); break;
+            case ControlOp::pause:
+                do_pause(cmd.pause_mode, r, cmd.gate ? cmd.gate->deadline() : t0 + std::chrono::seconds(300));
+                break;
             case ControlOp::resume: do_resume(r); break;
             case ControlOp::sleep: do_sleep(cmd.tags, r); break;
             case ControlOp::wakeup: do_wakeup(cmd.tags, r); break;
@@ -78,6 +81,7 @@ ControlResult Engine::run_control(const ControlCommand & cmd) {
             case ControlOp::commit_weights: do_commit_weights(cmd, r); break;
             case ControlOp::drop_staged_weights: drop_staged(&r); break;
             case ControlOp::flush_cache: kv_.flush_prefix_cache(); break;
+            case ControlOp::abort_request: do_abort_request(cmd, r); break;
         }
     } catch (const Error & e) {
         r.error = e;
@@ -85,11 +89,22 @@ ControlResult Engine::run_control(const ControlCommand & cmd) {
     } catch (const std::exception & e) {
         r.error = Error(Errc::internal, e.what());
     }
+    if (!was_draining && drain_) {  // pause mode=wait started draining: poll_drain() answers it
+        drain_->t0 = t0;
+        accepting_.store(false);
+        publish_stats();
+        log::get("control")->info("pause mode=wait: admission stopped, waiting for {} choice(s) to finish", drain_->n_at_start);
+        return r;
+    }
+    return finish_control(op, t0, std::move(r));
+}
+
+ControlResult Engine::finish_control(const std::string & op, std::chrono::steady_clock::time_point t0, ControlResult r) {
     r.is_paused = state_.paused;
     r.elapsed_s = seconds_since(t0);
-    state_.control_in_flight.clear();
+    state_.control_in_flight = drain_ ? "pause" : "";  // an abort_request may run while a pause drains
     state_.last_control_error = r.error ? fmt::format("{}: {}", op, r.error->what()) : std::string{};
-    accepting_.store(!state_.paused);
+    accepting_.store(!state_.paused && !drain_);
     sync_legacy_word();
     {
         std::lock_guard lk(stats_mu_);
@@ -109,15 +124,6 @@ ControlResult Engine::run_control(const ControlCommand & cmd) {
     return r;
 }
 
-void Engine::do_pause(ControlResult & r) {
-    accepting_.store(false);
-    state_.paused = true;
-    defer_events_ = true;  // delivered by flush_deferred() once the pause reply is out
-    r.n_aborted   = abort_all();
-    defer_events_ = false;
-    kv_.flush_prefix_cache();
-}
-
 void Engine::do_resume(ControlResult &) {
     if (state_.degraded) {
         fail(Errc::rank_failed, "cannot resume: rank(s) [{}] failed; POST /v1/wakeup respawns them and reloads the weights",
@@ -128,11 +134,11 @@ void Engine::do_resume(ControlResult &) {
              state_.weight_asleep && state_.kv_asleep ? "weight and kv_cache are" : state_.weight_asleep ? "weight is" : "kv_cache is");
     }
     if (!state_.weights_valid) { fail(Errc::wrong_state, "cannot resume: weights are not valid; POST /v1/wakeup or /v1/update_weights first"); }
-    state_.paused = false;
+    state_.paused = false;  // kept requests continue from their KV (recomputed if the weights changed)
 }
 
 void Engine::do_sleep(TagSet tags, ControlResult & r) {
-    do_pause(r);
+    do_pause(PauseMode::abort, r);  // sleep implies pause mode=abort: kept requests end too (their KV is freed)
     r.rss_before_bytes = process_rss_bytes() + executor_->rank_processes_rss_bytes();
     auto release = [&](runtime::MemoryTag tag, int64_t & freed) {
         freed = 0;
@@ -296,6 +302,7 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     kv_.flush_prefix_cache();
     state_.weight_version = *version;
     state_.weights_valid  = true;
+    recompute_kept();
 }
 
 void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {
@@ -319,6 +326,7 @@ void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {
     state_.weights_valid  = true;
     state_.staged_version.clear();
     r.version = state_.weight_version;
+    recompute_kept();
 }
 
 void Engine::drop_staged(ControlResult * r) {

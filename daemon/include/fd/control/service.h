@@ -40,6 +40,7 @@ enum class ControlVerb {
     commit_weights,       ///< two-phase update, phase 2: the staged version goes live
     drop_staged_weights,  ///< two-phase update: discard the staged version
     flush_cache,          ///< drop the prefix cache (vLLM /reset_prefix_cache, SGLang /flush_cache)
+    abort,                ///< end one request (by id) or every request, without pausing (POST /v1/abort)
     clear_load_weight, update_model_weight,
 };
 
@@ -53,6 +54,9 @@ struct ControlRequest {
     std::optional<std::string> version;           ///< update_weights, commit_weights; syntax checked
     bool                       verify_checksum = false;
     bool                       commit = true;     ///< update_weights: false = stage and validate only
+    engine::PauseMode          pause_mode = engine::PauseMode::abort;  ///< pause
+    std::string                request_id;        ///< abort: 1..128 printable ASCII, no spaces
+    bool                       abort_all = false; ///< abort: every request (request_id then empty)
     /// The caller's deadline and start/cancel handshake (set by the transport after parse; null =
     /// the deadline is now + control_timeout_s). A state-changing command not started by the
     /// deadline is dropped, never run, and answered 504 `timeout` saying nothing changed.
@@ -61,7 +65,8 @@ struct ControlRequest {
     /// Validate a command in wire form. Checks the op name, that tags are only given to
     /// sleep/wakeup and name known tags, the version syntax ([A-Za-z0-9._-]{1,128}, not '.'
     /// or '..'; only for update_weights and commit_weights), verify_checksum and commit=false
-    /// only for update_weights.
+    /// only for update_weights, mode (abort|wait|keep) only for pause, request_id / abort_all
+    /// only for abort (exactly one of them).
     /// Errors  fd::Error{invalid_argument} with param() naming the offending field.
     static ControlRequest parse(const shm::MailboxCommand & wire);
 };

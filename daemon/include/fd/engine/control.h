@@ -20,11 +20,27 @@
 
 namespace fd::engine {
 
-enum class ControlOp { pause, resume, sleep, wakeup, update_weights, commit_weights, drop_staged_weights, flush_cache };
+enum class ControlOp { pause, resume, sleep, wakeup, update_weights, commit_weights, drop_staged_weights, flush_cache, abort_request };
 
 /// "pause" | "resume" | "sleep" | "wakeup" | "update_weights" | "commit_weights" |
-/// "drop_staged_weights" | "flush_cache".
+/// "drop_staged_weights" | "flush_cache" | "abort_request".
 std::string_view to_string(ControlOp op);
+
+/// What a pause does with the requests in flight (vLLM's pause modes; SPEC §3):
+///   abort  every running and queued request ends at once with finish_reason "abort" (default);
+///   wait   admission stops, every request already accepted runs to its end, then paused; the
+///          pause answers when drained, or at the caller's deadline with `timeout` and admission
+///          reopened (nothing changed: invariants 2 and 7);
+///   keep   every request is frozen with its KV (no step runs); resume continues it. A weight
+///          update while kept recomputes its KV with the new weights and its choice reports
+///          the versions it was generated with as spans.
+enum class PauseMode { abort, wait, keep };
+
+/// "abort" | "wait" | "keep".
+std::string_view to_string(PauseMode m);
+
+/// Parse a pause mode ("" = abort). Errors  fd::Error{invalid_argument} naming it (param "mode").
+PauseMode parse_pause_mode(std::string_view text);
 
 /// Memory a sleep/wakeup acts on.
 struct TagSet {
@@ -74,6 +90,9 @@ struct ControlCommand {
     bool                       verify_checksum = false;
     std::shared_ptr<StartGate> gate;               ///< null: run whenever dequeued (internal callers)
     bool                       commit = true;      ///< update_weights: false = stage and validate only (two-phase)
+    PauseMode                  pause_mode = PauseMode::abort;  ///< pause
+    std::string                request_id;         ///< abort_request: a completion id (cmpl-…) or a client's X-Request-Id
+    bool                       abort_all = false;  ///< abort_request: every running and queued request (the engine is not paused)
 };
 
 /// One rank's part of a control command (result.ranks).
@@ -91,7 +110,10 @@ struct RankCost {
 struct ControlResult {
     std::optional<Error> error;                    ///< set on failure; nothing else is meaningful then
     bool     is_paused = false;                    ///< state after the command
-    int32_t  n_aborted = 0;                        ///< pause (and implicit pauses)
+    int32_t  n_aborted = 0;                        ///< pause (and implicit pauses), abort_request: choices ended
+    int32_t  n_kept    = 0;                        ///< pause mode=keep: choices frozen with their KV
+    int32_t  n_drained = 0;                        ///< pause mode=wait: choices that ran to their end before the pause
+    PauseMode pause_mode = PauseMode::abort;       ///< pause: the mode it ran with
     int64_t  freed_weight_bytes = -1;              ///< sleep: -1 = tag not processed (not asked or already asleep)
     int64_t  freed_kv_bytes     = -1;
     int64_t  freed_swap_bytes   = -1;              ///< sleep(kv_cache) with FD_ENABLE_SWAP_SPACE_CLEARING=1: the host swap pool
@@ -109,6 +131,8 @@ struct ControlResult {
 /// Engine state (SPEC §3): the one state machine, written by the engine thread only.
 struct EngineState {
     bool              paused        = false;
+    PauseMode         pause_mode    = PauseMode::abort;  ///< how the current pause treated its requests (meaningful while paused)
+    int32_t           n_kept        = 0;          ///< choices frozen by a keep pause (0 otherwise)
     bool              weight_asleep = false;
     bool              kv_asleep     = false;
     bool              weights_valid = true;

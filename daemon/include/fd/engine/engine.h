@@ -41,6 +41,7 @@ struct EngineConfig {
     /// (--swap-space); wakeup(kv_cache) maps it again. Off: the pool's memory stays (its contents
     /// are dropped either way: sleep aborts every request).
     bool            clear_swap_space_on_sleep = false;
+    int32_t         debug_step_delay_ms = 0;    ///< tests only (FD_DEBUG_STEP_DELAY_MS): stretch every step that runs (requests stay in flight)
 };
 
 /// A completion request: every prompt is sampled `n` times; choice index = prompt * n + i.
@@ -49,6 +50,7 @@ struct GenerateRequest {
     int32_t                           n = 1;
     SamplingParams                    params;
     std::shared_ptr<ResultChannel>    channel;
+    std::vector<std::string>          request_ids;  ///< ids POST /v1/abort finds it by: the completion id, the client's X-Request-Id
     std::chrono::steady_clock::time_point t_arrival{};  ///< set by submit(); start of TTFT, e2e, queue time
 };
 
@@ -136,9 +138,26 @@ private:
     /// Every sequence still alive ends with `e`.
     void fail_step(const Error & e);
     void publish_stats();
-    // control (engine_control.cpp)
+    // control (engine_control.cpp; pause modes and abort: engine_pause.cpp)
     ControlResult run_control(const ControlCommand & cmd);
-    void          do_pause(ControlResult & r);
+    /// `drain_deadline`: mode=wait gives up at it (the caller's deadline).
+    void          do_pause(PauseMode mode, ControlResult & r, std::chrono::steady_clock::time_point drain_deadline = {});
+    /// pause mode=wait in progress: answer it once no request is left, or at its deadline with
+    /// `timeout` (admission reopened); then run the commands held back meanwhile.
+    void          poll_drain();
+    /// The bookkeeping every finished command gets (state, stats, log, admission).
+    ControlResult finish_control(const std::string & op, std::chrono::steady_clock::time_point t0, ControlResult r);
+    /// Run a dequeued command (its gate decides), answer it unless it started a drain.
+    void          dispatch_control(const std::shared_ptr<PendingControl> & pc);
+    void          do_abort_request(const ControlCommand & cmd, ControlResult & r);
+    /// Choices still alive (queued, running or kept).
+    int32_t       n_live() const;
+    /// End every live choice whose request carries `id` (all of them when `all`) with "abort" and
+    /// free its KV now. Returns how many.
+    int32_t       abort_matching(const std::string & id, bool all);
+    /// After the serving weights changed under kept requests: drop their KV so every one is
+    /// recomputed (prompt + generated tokens) with the new weights before it samples again.
+    void          recompute_kept();
     void          do_resume(ControlResult & r);
     void          do_sleep(TagSet tags, ControlResult & r);
     void          do_wakeup(TagSet tags, ControlResult & r);
@@ -175,6 +194,15 @@ private:
     std::vector<float>                        logits_, scratch_, processed_;  ///< processed_: one row after the logits processors
     bool                                      defer_events_ = false;  ///< emit() holds events back (pause)
     std::vector<std::pair<std::shared_ptr<ResultChannel>, ChoiceEvent>> deferred_;
+    /// A pause mode=wait waiting for the requests in flight to finish.
+    struct Drain {
+        std::shared_ptr<PendingControl>       pc;         ///< answered by poll_drain()
+        std::chrono::steady_clock::time_point deadline;   ///< the caller's; then timeout, admission reopened
+        std::chrono::steady_clock::time_point t0;
+        int32_t                               n_at_start = 0;
+    };
+    std::optional<Drain>                      drain_;
+    std::deque<std::shared_ptr<PendingControl>> held_controls_;  ///< commands queued behind a drain (run in order after it)
     std::mutex                                reply_mu_;
     std::condition_variable                   reply_cv_;
     uint64_t                                  reply_acks_ = 0;  ///< control replies written (reply_mu_)

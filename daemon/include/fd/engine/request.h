@@ -66,6 +66,14 @@ struct StopReason {
 
 enum class FinishReason { none, stop, length, abort, error };
 
+/// A run of a choice's generated tokens produced by one weight version (vLLM's idea for
+/// requests kept across a weight update). Token indices count generated tokens from 0.
+struct VersionSpan {
+    std::string version;
+    int32_t     first_token = 0;  ///< inclusive
+    int32_t     last_token  = 0;  ///< inclusive
+};
+
 /// "stop" | "length" | "abort" | "error" | null-equivalent "".
 const char * to_string(FinishReason r);
 
@@ -84,6 +92,8 @@ struct ChoiceEvent {
     int32_t                   n_prompt_tokens = 0;
     int32_t                   n_cached_tokens = 0;  ///< prompt tokens served from the prefix cache
     std::string               weight_version;
+    std::vector<VersionSpan>  weight_versions;  ///< on the finishing event, only when the choice's tokens
+                                                ///< came from more than one version (a keep pause + update)
     std::optional<Error>      error;
 };
 

@@ -55,11 +55,14 @@ StateSnapshot read_state(const ControlBlock & b);
 
 /// One mailbox command as a client sends it.
 struct MailboxCommand {
-    std::string                op;              ///< "pause", "resume", "is_paused", "sleep", "wakeup", "update_weights", "commit_weights", "drop_staged_weights", "flush_cache", "clear_load_weight", "update_model_weight", "status"
+    std::string                op;              ///< "pause", "resume", "is_paused", "sleep", "wakeup", "update_weights", "commit_weights", "drop_staged_weights", "flush_cache", "abort", "clear_load_weight", "update_model_weight", "status"
     std::string                tags;            ///< sleep/wakeup
     std::optional<std::string> version;         ///< update_weights, commit_weights
     bool                       verify_checksum = false;
     bool                       commit = true;   ///< update_weights: false = stage only (two-phase update)
+    std::string                mode;            ///< pause: "" | "abort" | "wait" | "keep" (the block carries it as cmd_pause_mode)
+    std::string                request_id;      ///< abort (HTTP only: POST /v1/abort; the block has no field for it)
+    bool                       abort_all = false; ///< abort (HTTP only): every request, without pausing
 };
 
 /// The daemon's answer: exactly what the V1 HTTP route answers.

@@ -1,0 +1,280 @@
+"""Pause modes abort | wait | keep with requests in flight, weight-version spans across an update
+under keep, and aborting one request by id (issue #13). (`fdctl wait` on a fleet: test_fleet.py.)
+
+The daemon runs with FD_DEBUG_STEP_DELAY_MS (a test-only stretch of every step) so requests are
+still running when a pause arrives. References nobody here computed: an uninterrupted run on
+the same daemon (keep without update: bitwise equal), and a fresh daemon started on the new
+weights continuing the same token prefix (keep + update: the tokens after the switch)."""
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import unittest
+
+from fdtest import copy_checkpoint, Daemon, fdctl, http_request, perturbed, STORIES
+
+PROMPTS = ["Once upon a time", "Lily and Tom", "The cat sat", "One day, a little"]
+MAX_TOKENS = 150
+STEP_DELAY = {"FD_DEBUG_STEP_DELAY_MS": "10"}
+
+
+def body(prompt, **kw):
+    return {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True, "logprobs": 1, **kw}
+
+
+class InFlight:
+    """Completions posted from threads; .results[i] = (status, body) once each ends."""
+
+    def __init__(self, d, bodies, headers=None):
+        self.results = [None] * len(bodies)
+        self.threads = [threading.Thread(target=self._run, args=(d, i, b, headers)) for i, b in enumerate(bodies)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, d, i, b, headers):
+        self.results[i] = d.post("/v1/completions", b, headers=headers, timeout=300)
+
+    def join(self):
+        for t in self.threads:
+            t.join(300)
+        return self.results
+
+
+def wait_running(d, n, timeout=30):
+    """Until /health counts n running choices that each have generated a token or more."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        h = d.get("/health")[1]
+        if h["num_requests_running"] >= n:
+            time.sleep(0.1)  # a few steps: every choice is decoding
+            return
+        time.sleep(0.01)
+    raise TimeoutError(f"{n} requests never ran: {h}")
+
+
+class PauseModes(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="fd-pause-")
+        cls.model = copy_checkpoint(STORIES, os.path.join(cls.tmp, "m"))
+        cls.d = Daemon("--dynamic-load-weight", model=cls.model, env=STEP_DELAY)
+        # the uninterrupted reference, on the same daemon
+        cls.ref = [cls.d.complete(**body(p)) for p in PROMPTS]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.__exit__(None)
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        self.d.post("/v1/resume")
+        self.assertEqual(self.d.get("/health")[1]["state"], "serving")
+
+    def test_abort_is_the_default(self):
+        f = InFlight(self.d, [body(p) for p in PROMPTS])
+        wait_running(self.d, len(PROMPTS))
+        code, j = self.d.post("/v1/pause")
+        self.assertEqual(code, 200, j)
+        self.assertEqual((j["result"]["mode"], j["result"]["aborted"]), ("abort", len(PROMPTS)))
+        for status, r in f.join():
+            self.assertEqual(status, 200, r)
+            self.assertEqual(r["choices"][0]["finish_reason"], "abort")
+            self.assertLess(len(r["choices"][0]["token_ids"]), MAX_TOKENS)
+
+    def test_wait_lets_every_request_finish(self):
+        f = InFlight(self.d, [body(p) for p in PROMPTS])
+        wait_running(self.d, len(PROMPTS))
+        answer = {}
+        t = threading.Thread(target=lambda: answer.update(r=self.d.post("/v1/pause?mode=wait", timeout=120)))
+        t0 = time.time()
+        t.start()
+        # while draining: admission is closed (503) and the pause has not answered yet
+        deadline = time.time() + 10
+        while time.time() < deadline and self.d.get("/health")[1]["control_in_flight"] != "pause":
+            time.sleep(0.005)
+        code, j = self.d.post("/v1/completions", body("late"))
+        self.assertEqual(code, 503, j)
+        self.assertNotIn("r", answer)
+        t.join(120)
+        code, j = answer["r"]
+        self.assertEqual(code, 200, j)
+        self.assertEqual((j["result"]["mode"], j["result"]["drained"], j["result"]["is_paused"]), ("wait", len(PROMPTS), True))
+        for (status, r), ref in zip(f.join(), self.ref):
+            self.assertEqual(status, 200, r)
+            c = r["choices"][0]
+            self.assertEqual((c["finish_reason"], len(c["token_ids"])), ("length", MAX_TOKENS))
+            self.assertEqual(c["token_ids"], ref["choices"][0]["token_ids"])
+        h = self.d.get("/health")[1]
+        self.assertEqual((h["state"], h["pause_mode"]), ("paused", "wait"))
+        print(f"pause mode=wait answered after {time.time() - t0:.2f} s")
+
+    def test_wait_past_its_deadline_changes_nothing(self):
+        f = InFlight(self.d, [body(p) for p in PROMPTS])
+        wait_running(self.d, len(PROMPTS))
+        code, j = self.d.post("/v1/pause?mode=wait", headers={"X-Request-Timeout": "0.2"})
+        self.assertEqual(code, 504, j)
+        self.assertEqual(j["error"]["type"], "timeout")
+        self.assertIn("nothing changed", j["error"]["message"])
+        h = self.d.get("/health")[1]
+        self.assertEqual((h["state"], h["is_paused"]), ("serving", False))
+        self.assertEqual(self.d.post("/v1/completions", body("still open", max_tokens=2))[0], 200)  # admission reopened
+        for status, r in f.join():
+            self.assertEqual((status, r["choices"][0]["finish_reason"]), (200, "length"))
+
+    def test_commands_during_a_drain_wait_their_turn_but_abort_ends_it(self):
+        f = InFlight(self.d, [body(p) for p in PROMPTS[:2]], headers={"X-Request-Id": "drain-me"})
+        wait_running(self.d, 2)
+        done = []
+        pause = threading.Thread(target=lambda: done.append(("pause", self.d.post("/v1/pause?mode=wait", timeout=120))))
+        pause.start()
+        while self.d.get("/health")[1]["control_in_flight"] != "pause":
+            time.sleep(0.005)
+        resume = threading.Thread(target=lambda: done.append(("resume", self.d.post("/v1/resume", timeout=120))))
+        resume.start()
+        time.sleep(0.2)
+        self.assertEqual(done, [])  # the resume is held behind the drain
+        code, j = self.d.post("/v1/abort", {"request_id": "drain-me"})  # runs at once, and ends the drain
+        self.assertEqual((code, j["result"]["aborted"]), (200, 2), j)
+        pause.join(60)
+        resume.join(60)
+        got = dict(done)  # (the client threads may record the two answers in either order)
+        self.assertEqual((got["pause"][0], got["resume"][0]), (200, 200), got)
+        self.assertEqual((got["pause"][1]["result"]["is_paused"], got["pause"][1]["result"]["drained"]), (True, 2))
+        # the engine ran them in order: the resume came after the pause, so it serves again
+        self.assertEqual(self.d.get("/health")[1]["state"], "serving")
+        for status, r in f.join():
+            self.assertEqual(r["choices"][0]["finish_reason"], "abort")
+
+    def test_keep_then_resume_equals_an_uninterrupted_run(self):
+        f = InFlight(self.d, [body(p) for p in PROMPTS])
+        wait_running(self.d, len(PROMPTS))
+        code, j = self.d.post("/v1/pause", {"mode": "keep"})  # the body form
+        self.assertEqual(code, 200, j)
+        self.assertEqual((j["result"]["mode"], j["result"]["kept"]), ("keep", len(PROMPTS)))
+        h = self.d.get("/health")[1]
+        self.assertEqual((h["state"], h["pause_mode"], h["kept_requests"]), ("paused", "keep", len(PROMPTS)))
+        used = h["kv_blocks"]["used"]
+        self.assertGreater(used, 0)  # frozen with their KV
+        time.sleep(0.3)
+        self.assertEqual(self.d.get("/health")[1]["kv_blocks"]["used"], used)  # nothing ran
+        self.assertEqual(self.d.post("/v1/resume")[0], 200)
+        for (status, r), ref in zip(f.join(), self.ref):
+            self.assertEqual(status, 200, r)
+            c, rc = r["choices"][0], ref["choices"][0]
+            self.assertEqual(c["finish_reason"], "length")
+            self.assertEqual(c["token_ids"], rc["token_ids"])
+            self.assertEqual(c["logprobs"]["token_logprobs"], rc["logprobs"]["token_logprobs"])  # bitwise (same JSON floats)
+            self.assertNotIn("weight_versions", c)  # one version: weight_version as before
+
+    def test_sleep_while_kept_aborts_them(self):
+        f = InFlight(self.d, [body(p) for p in PROMPTS[:2]])
+        wait_running(self.d, 2)
+        self.assertEqual(self.d.post("/v1/pause?mode=keep")[1]["result"]["kept"], 2)
+        code, j = self.d.post("/v1/sleep?tags=kv_cache")
+        self.assertEqual((code, j["result"]["aborted"]), (200, 2), j)
+        for status, r in f.join():
+            self.assertEqual(r["choices"][0]["finish_reason"], "abort")
+        self.assertEqual(self.d.post("/v1/wakeup")[0], 200)
+
+    def test_abort_one_request_by_id(self):
+        f = InFlight(self.d, [body(p) for p in PROMPTS[:2]], headers={"X-Request-Id": "rollout-7"})
+        g = InFlight(self.d, [body(PROMPTS[2])])
+        wait_running(self.d, 3)
+        code, j = self.d.post("/v1/abort", {"request_id": "rollout-7"})  # both requests carry it
+        self.assertEqual((code, j["result"]["aborted"]), (200, 2), j)
+        for status, r in f.join():
+            self.assertEqual((status, r["choices"][0]["finish_reason"]), (200, "abort"))
+            self.assertLess(len(r["choices"][0]["token_ids"]), MAX_TOKENS)
+        status, r = g.join()[0]
+        self.assertEqual(r["choices"][0]["finish_reason"], "length")  # the other one ran on
+        self.assertEqual(r["choices"][0]["token_ids"], self.ref[2]["choices"][0]["token_ids"])
+        code, j = self.d.post("/v1/abort", {"request_id": r["id"]})  # finished: forgotten
+        self.assertEqual((code, j["error"]["type"]), (404, "not_found"), j)
+        self.assertEqual(self.d.post("/v1/abort", {"request_id": "a b"})[0], 400)
+        self.assertEqual(self.d.post("/v1/abort", {})[0], 400)
+        self.assertEqual(self.d.get("/health")[1]["kv_blocks"]["used"], 0)  # their KV is freed
+
+    def test_abort_by_completion_id_while_streaming(self):
+        import http.client
+        conn = http.client.HTTPConnection("127.0.0.1", self.d.port, timeout=120)
+        conn.request("POST", "/v1/completions", body=json.dumps({**body(PROMPTS[0]), "stream": True}),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        first = json.loads(resp.readline().decode()[len("data: "):])
+        code, j = http_request(self.d.port, "POST", "/abort_request", {"rid": first["id"]})  # SGLang's alias
+        self.assertEqual((code, j), (200, ""))
+        rest = resp.read().decode()
+        conn.close()
+        finals = [json.loads(l[6:]) for l in rest.split("\n") if l.startswith("data: {")]
+        self.assertEqual(finals[-1]["choices"][0]["finish_reason"], "abort")
+        self.assertTrue(rest.rstrip().endswith("data: [DONE]"))
+        self.assertEqual(http_request(self.d.port, "POST", "/abort_request", {"rid": "nope"})[0], 404)
+
+    def test_shm_mailbox_carries_the_mode(self):
+        f = InFlight(self.d, [body(p) for p in PROMPTS[:2]])
+        wait_running(self.d, 2)
+        rc, out, err = fdctl(self.d.port, "--transport", "shm", "--json", "pause", "--mode", "keep")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual((json.loads(out)["result"]["mode"], json.loads(out)["result"]["kept"]), ("keep", 2))
+        rc, out, err = fdctl(self.d.port, "--transport", "shm", "pause", "--mode", "bogus")
+        self.assertEqual(rc, 2, err)  # usage: nothing sent
+        rc, out, err = fdctl(self.d.port, "--transport", "shm", "resume")
+        self.assertEqual(rc, 0, err)
+        for (status, r), ref in zip(f.join(), self.ref):
+            self.assertEqual(r["choices"][0]["token_ids"], ref["choices"][0]["token_ids"])
+
+
+class KeepAcrossUpdate(unittest.TestCase):
+    """keep + update_weights: every kept choice reports its version spans, and the tokens after
+    the switch are what a fresh daemon on the new weights generates from the same prefix."""
+
+    def test_spans_and_no_stale_kv(self):
+        tmp = tempfile.mkdtemp(prefix="fd-keep-")
+        try:
+            model = copy_checkpoint(STORIES, os.path.join(tmp, "m"))
+            new = perturbed(STORIES, os.path.join(tmp, "new"), seed=5)
+            with Daemon("--dynamic-load-weight", model=model, env=STEP_DELAY) as d:
+                v0 = d.get("/health")[1]["weight_version"]
+                f = InFlight(d, [body(p) for p in PROMPTS[:3]])
+                stream = {}
+                t = threading.Thread(target=lambda: stream.update(r=d.stream(**body(PROMPTS[3]))))
+                t.start()
+                wait_running(d, 4)
+                self.assertEqual(d.post("/v1/pause?mode=keep")[1]["result"]["kept"], 4)
+                copy_checkpoint(new, model)  # the trainer writes new weights
+                code, j = d.post("/v1/update_weights", {"version": "v2"})
+                self.assertEqual(code, 200, j)
+                self.assertEqual(d.get("/health")[1]["kept_requests"], 4)
+                self.assertEqual(d.post("/v1/resume")[0], 200)
+                results = [r for _, r in f.join()]
+                t.join(300)
+                chunks, done = stream["r"]
+                self.assertTrue(done)
+            choices = [(PROMPTS[i], r["choices"][0]) for i, r in enumerate(results)]
+            final = [c for ch in chunks for c in ch.get("choices", []) if c.get("finish_reason")]
+            self.assertEqual(len(final), 1)
+            self.assertIn("weight_versions", final[0])  # streamed on the finishing chunk
+            ids = [i for ch in chunks for c in ch.get("choices", []) for i in c["token_ids"]]
+            first = next(c for ch in chunks for c in ch.get("choices", []) if "prompt_token_ids" in c)
+            choices.append((PROMPTS[3], {"token_ids": ids, "weight_versions": final[0]["weight_versions"],
+                                         "prompt_token_ids": first["prompt_token_ids"], "finish_reason": final[0]["finish_reason"]}))
+            with Daemon(model=new) as fresh:
+                for prompt, c in choices:
+                    with self.subTest(prompt=prompt):
+                        self.assertEqual((c["finish_reason"], len(c["token_ids"])), ("length", MAX_TOKENS))
+                        spans = c["weight_versions"]
+                        self.assertEqual([s["version"] for s in spans], [v0, "v2"], spans)
+                        k = spans[1]["first_token"]
+                        self.assertEqual((spans[0]["first_token"], spans[0]["last_token"], spans[1]["last_token"]), (0, k - 1, MAX_TOKENS - 1))
+                        self.assertGreater(k, 0)
+                        want = fresh.complete(prompt=c["prompt_token_ids"] + c["token_ids"][:k], max_tokens=MAX_TOKENS - k,
+                                              temperature=0, ignore_eos=True)
+                        self.assertEqual(c["token_ids"][k:], want["choices"][0]["token_ids"])
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    unittest.main()
