@@ -24,8 +24,9 @@
 
 namespace fd::runtime {
 
-/// Memory a rank can hand back and take again (sleep / wakeup tags).
-enum class MemoryTag { weight, kv_cache };
+/// Memory a rank can hand back and take again: the allocator's tags (fd/memory/allocator.h).
+/// Sleep / wakeup name weight and kv_cache; releasing weight releases the staging copy too.
+using MemoryTag = memory::Tag;
 
 /// One rank's part of a collective control call.
 struct RankReport {
