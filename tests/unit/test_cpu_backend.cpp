@@ -136,7 +136,7 @@ TEST_CASE("linear, rms_norm, rope, add, kv_store and attention_paged equal the d
         const int64_t heads = 3, hd = 16, n_pos = 64;
         std::vector<float> table(size_t(n_pos * hd));
         k::rope_table(table.data(), n_pos, hd, 10000.0f);
-        std::vector<int32_t> pos(size_t(n));
+        std::vector<int32_t> pos(static_cast<size_t>(n));
         for (auto & p : pos) { p = int32_t(rng() % n_pos); }
         const auto qx = random_vec(rng, n * heads * hd);
         Dev dq(*be, qx), dt(*be, table);
