@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B of two fd_bench binaries on the same machine, interleaved (A, B, A, B, ...), printing each
+# A/B of two fd_bench binaries on the same machine, interleaved (A B, B A, A B, ...), printing each
 # figure's median per binary and B/A. Fixed work per run (--seconds-min 0), so the process CPU
 # time (user + sys, /usr/bin/time) compares as well as the wall-clock rates.
 #   tests/bench/run_ab_bench.sh A_FD_BENCH B_FD_BENCH [RUNS=3] [MODEL_DIR=build/bench-models/llama-110m]
@@ -12,7 +12,8 @@ ARGS=(--model "$MODEL" --threads 1 --batches 1,16 --prompt-len 64 --decode-steps
       --no-breakdown --prefill-lens 64 --linear-m 64 --decode-ctx-batches 1 --decode-ctx 128)
 if [[ -z "${OPENBLAS_CORETYPE:-}" ]] && grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX; fi
 for i in $(seq 1 "$RUNS"); do
-  for who in a b; do
+  order="a b"; (( i % 2 == 0 )) && order="b a"   # alternate which goes first
+  for who in $order; do
     bin=$A; [[ $who == b ]] && bin=$B
     /usr/bin/time -f "%U %S" -o "$OUT/${who}_$i.time" "$bin" "${ARGS[@]}" > "$OUT/${who}_$i.json" 2>/dev/null
     echo "run $i $who: cpu(user sys) $(cat "$OUT/${who}_$i.time"), loadavg $(cut -d' ' -f1-3 /proc/loadavg)" >&2
