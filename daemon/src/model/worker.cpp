@@ -46,12 +46,17 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     fill_region(Tag::weight, idx, /*populate=*/false);
     w_ = bind_weights(cfg_, layout_, alloc_->data(Tag::weight));
     map_kv_pool(/*fresh=*/true);
+    map_swap_pool(/*fresh=*/true);
     std::vector<float> rope(static_cast<size_t>(wcfg.max_model_len) * cfg_.head_dim);  // [max_model_len, head_dim]
     kernels::rope_table_inv_freq(rope.data(), wcfg.max_model_len, cfg_.head_dim, rope_inv_freq(cfg_).data());
     backend_->upload(rope_.floats(static_cast<int64_t>(rope.size())), rope.data(), static_cast<int64_t>(rope.size() * sizeof(float)));
     log::get("model")->info("rank={}/{} | {} backend, {} allocator | weights {:.1f} MiB, KV pool {} blocks x {} tokens = {:.1f} MiB, {} threads",
                             wcfg.rank, wcfg.tp_size, backend_->name(), alloc_->name(), weight_bytes() / 1048576.0, wcfg.n_blocks,
                             wcfg.block_size, kv_bytes() / 1048576.0, backend_->host_pool()->n_threads());
+    if (wcfg.n_swap_blocks > 0) {
+        log::get("model")->info("rank={}/{} | host KV swap pool {} blocks = {:.1f} MiB", wcfg.rank, wcfg.tp_size, wcfg.n_swap_blocks,
+                                swap_bytes() / 1048576.0);
+    }
 }
 
 int64_t Worker::weight_bytes() const {
@@ -77,6 +82,58 @@ void Worker::map_kv_pool(bool fresh) {
     }
 }
 
+void Worker::map_swap_pool(bool fresh) {
+    if (wcfg_.n_swap_blocks <= 0) { return; }
+    // Pre-faulted: the pool is really held (RSS shows it) and a swap-out never page-faults.
+    const int64_t bytes = wcfg_.n_swap_blocks * 2 * cfg_.n_layers * block_floats() * static_cast<int64_t>(sizeof(float));
+    if (fresh) {
+        alloc_->map(Tag::kv_swap, bytes, /*populate=*/true);
+    } else {
+        region(Tag::kv_swap, bytes, /*populate=*/true);
+    }
+}
+
+void Worker::check_copies(const kv::BlockCopy * copies, int64_t n, bool out) const {
+    FD_CHECK(alloc_->resident(Tag::kv_cache) && alloc_->resident(Tag::kv_swap), "KV swap with a released KV or swap pool");
+    const int64_t n_src = out ? wcfg_.n_blocks : wcfg_.n_swap_blocks, n_dst = out ? wcfg_.n_swap_blocks : wcfg_.n_blocks;
+    for (int64_t i = 0; i < n; ++i) {
+        FD_CHECK(copies[i].src >= 0 && copies[i].src < n_src && copies[i].dst >= 0 && copies[i].dst < n_dst,
+                 "KV swap {} block {} -> {} outside the pools ({} device, {} host blocks)", out ? "out" : "in", copies[i].src,
+                 copies[i].dst, wcfg_.n_blocks, wcfg_.n_swap_blocks);
+    }
+}
+
+// The swap pool is host memory; the KV pool is the backend's (download / upload: memcpy on the CPU).
+void Worker::swap_out(const kv::BlockCopy * copies, int64_t n) {
+    if (n == 0) { return; }
+    check_copies(copies, n, true);
+    const int64_t bf = block_floats(), bytes = bf * static_cast<int64_t>(sizeof(float));
+    auto * host = reinterpret_cast<float *>(alloc_->data(Tag::kv_swap));
+    for (int64_t i = 0; i < n; ++i) {
+        float * dst = host + static_cast<int64_t>(copies[i].dst) * 2 * cfg_.n_layers * bf;
+        for (int il = 0; il < cfg_.n_layers; ++il) {
+            backend_->download(dst + (2 * il) * bf, k_pool_[il] + copies[i].src * bf, bytes);
+            backend_->download(dst + (2 * il + 1) * bf, v_pool_[il] + copies[i].src * bf, bytes);
+        }
+    }
+}
+
+void Worker::swap_in(const kv::BlockCopy * copies, int64_t n) {
+    if (n == 0) { return; }
+    check_copies(copies, n, false);
+    const int64_t bf = block_floats(), bytes = bf * static_cast<int64_t>(sizeof(float));
+    const auto * host = reinterpret_cast<const float *>(alloc_->data(Tag::kv_swap));
+    for (int64_t i = 0; i < n; ++i) {
+        const float * src = host + static_cast<int64_t>(copies[i].src) * 2 * cfg_.n_layers * bf;
+        for (int il = 0; il < cfg_.n_layers; ++il) {
+            backend_->upload(k_pool_[il] + copies[i].dst * bf, src + (2 * il) * bf, bytes);
+            backend_->upload(v_pool_[il] + copies[i].dst * bf, src + (2 * il + 1) * bf, bytes);
+        }
+    }
+}
+
+int64_t Worker::release_swap() { return alloc_->release(Tag::kv_swap); }
+
 void Worker::fill_region(Tag tag, const TensorIndex & idx, bool populate) {
     std::byte * base = region(tag, layout_.arena_bytes, populate);
     fill_weights(layout_, idx, base, backend_->host_pool(),
@@ -94,7 +151,7 @@ int64_t Worker::release(Tag tag) {
     case Tag::weight: return release_weights();
     case Tag::kv_cache: return release_kv();
     case Tag::staging: staged_ = false; return alloc_->release(Tag::staging);
-    case Tag::kv_swap: return alloc_->release(Tag::kv_swap);
+    case Tag::kv_swap: return release_swap();
     }
     return 0;
 }
@@ -107,6 +164,7 @@ int64_t Worker::release_kv() {
 
 void Worker::acquire_kv() {
     if (!alloc_->resident(Tag::kv_cache)) { map_kv_pool(/*fresh=*/false); }
+    if (wcfg_.n_swap_blocks > 0 && !alloc_->resident(Tag::kv_swap)) { map_swap_pool(/*fresh=*/false); }
 }
 
 void Worker::reload_weights(const TensorIndex & idx, const std::function<void()> & verify_copied) {

@@ -60,6 +60,11 @@ public:
         return {r};
     }
 
+    void swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in) override {
+        worker_->swap_out(out, n_out);
+        worker_->swap_in(in, n_in);
+    }
+
     std::vector<RankReport> reload_weights(const weights::FetchRequest & req) override {
         RankReport r{.rank = rank_};
         weights::FetchedCheckpoint ckpt = fetch(req, r);

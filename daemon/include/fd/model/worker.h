@@ -19,9 +19,12 @@
 //
 // KV pool layout (per layer, one kv_cache region for all layers), this rank's heads only:
 //   k, v [n_layers][n_blocks, block_size, n_kv_heads / tp_size, head_dim]  f32
+// Host swap pool (--swap-space; the kv_swap region), one block after another, this rank's heads:
+//   [n_swap_blocks][n_layers][k | v][block_size, n_kv_heads / tp_size, head_dim]  f32
 #pragma once
 
 #include "fd/kernels/backend.h"
+#include "fd/kv/block_copy.h"
 #include "fd/memory/allocator.h"
 #include "fd/model/model_config.h"
 #include "fd/model/weights.h"
@@ -58,6 +61,7 @@ struct WorkerConfig {
     int32_t n_threads  = 1;    ///< CPU threads for the kernels (per rank)
     int32_t block_size = 16;   ///< tokens per KV block
     int64_t n_blocks   = 0;    ///< KV blocks to allocate
+    int64_t n_swap_blocks = 0; ///< host swap pool blocks (--swap-space); 0 = none
     int32_t max_model_len = 0; ///< positions the RoPE table covers
     /// Keep update_weights' staging region resident between updates (the previous weights' region
     /// becomes the next staging area): updates then copy at memory bandwidth, at the cost of a
@@ -122,9 +126,22 @@ public:
     int64_t release_weights();
     /// Release the KV pool's region; returns bytes handed back. Block contents are lost.
     int64_t release_kv();
-    /// Reacquire (and pre-fault) the KV pool's region, same geometry (and, with the host
-    /// allocator, same addresses), zeroed. No-op if resident.
+    /// Reacquire (and pre-fault) the KV pool's region, and the swap pool's if released, same
+    /// geometry (and, with the host allocator, same addresses), zeroed. No-op for what is resident.
     void acquire_kv();
+
+    // --- host swap pool (engine thread; generation between steps) ---
+
+    /// Copy every layer's K and V of device block c.src into host block c.dst, for each c in
+    /// order. Block ids must lie in [0, n_blocks) / [0, n_swap_blocks).
+    /// Errors  fd::Error{internal} on an id out of range or a released pool (nothing copied).
+    void swap_out(const kv::BlockCopy * copies, int64_t n);
+    /// Copy host block c.src into device block c.dst (every layer's K and V), for each c in order.
+    /// Errors  as swap_out.
+    void swap_in(const kv::BlockCopy * copies, int64_t n);
+    /// Release the swap pool's region (its contents are lost); returns bytes handed back (0 if none).
+    int64_t release_swap();
+    int64_t swap_bytes() const { return alloc_->held_bytes(memory::Tag::kv_swap); }
     /// Load weights into the reacquired region (after release_weights): parallel reads over the pool.
     /// Validates names, shapes and the dtypes first loaded.
     /// Errors  invalid_checkpoint; on failure the weights stay released.
@@ -155,6 +172,10 @@ private:
     kernels::PagedKv layer_kv(int il);
 
     void map_kv_pool(bool fresh);
+    void map_swap_pool(bool fresh);
+    /// Floats of one block in one layer's K (or V) pool.
+    int64_t block_floats() const { return static_cast<int64_t>(wcfg_.block_size) * (cfg_.kv_dim() / wcfg_.tp_size); }
+    void check_copies(const kv::BlockCopy * copies, int64_t n, bool out) const;
     /// The tag's region, at least `bytes`: reacquired (same addresses) when big enough, else
     /// mapped anew. Resident on return.
     std::byte * region(memory::Tag tag, int64_t bytes, bool populate);
@@ -172,7 +193,7 @@ private:
     runtime::Comm *                       comm_ = nullptr;   ///< nullptr at tp_size 1
     WeightLayout                          layout_;    ///< planned from the first checkpoint
     std::unique_ptr<kernels::Backend>     backend_;   ///< the ops (CPU: owns the --threads pool)
-    std::unique_ptr<memory::Allocator>    alloc_;     ///< weight, staging and kv_cache regions
+    std::unique_ptr<memory::Allocator>    alloc_;     ///< weight, staging, kv_cache and kv_swap regions
     bool                                  staged_ = false;   ///< the staging region holds a validated copy
     ModelWeights                          w_;
     std::vector<float *>                  k_pool_, v_pool_;  ///< per layer, in the kv_cache region
