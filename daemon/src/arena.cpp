@@ -45,13 +45,30 @@ void Arena::reserve(int64_t capacity_bytes, bool populate) {
     if (start > raw) { munmap(raw, static_cast<size_t>(start - raw)); }
     if (raw + span > start + size) { munmap(start + size, static_cast<size_t>(raw + span - (start + size))); }
     if (huge) { madvise(start, static_cast<size_t>(size), MADV_HUGEPAGE); }
-    if (populate && madvise(start, static_cast<size_t>(size), MADV_POPULATE_WRITE) != 0) {
-        // Older kernels: touch every page, so the memory is resident (and RSS says so).
-        for (int64_t off = 0; off < size; off += page) { start[off] = std::byte{0}; }
-    }
     base_           = start;
     capacity_bytes_ = size;
     used_bytes_     = 0;
+    if (populate) { this->populate(); }
+}
+
+void Arena::populate() {
+    if (!base_) { return; }
+    if (madvise(base_, static_cast<size_t>(capacity_bytes_), MADV_POPULATE_WRITE) != 0) {
+        // Older kernels: touch every page, so the memory is resident (and RSS says so).
+        const int64_t page = sysconf(_SC_PAGESIZE);
+        for (int64_t off = 0; off < capacity_bytes_; off += page) { base_[off] = std::byte{0}; }
+    }
+}
+
+int64_t Arena::discard_pages() noexcept {
+    if (!base_) { return 0; }
+    // Private anonymous memory: the pages are freed now and read back as zeros. Should madvise
+    // refuse, a fresh mapping over the same range (MAP_FIXED) frees them just the same.
+    if (madvise(base_, static_cast<size_t>(capacity_bytes_), MADV_DONTNEED) != 0) {
+        mmap(base_, static_cast<size_t>(capacity_bytes_), PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    }
+    return capacity_bytes_;
 }
 
 std::byte * Arena::alloc_bytes(int64_t n) {

@@ -7,7 +7,7 @@
 // the shared reduce16, softmax sums are 16 lane-wise chains over t and reduce16, and the V
 // accumulation is one FMA per element and t, t ascending. Results are therefore bitwise the
 // same whatever the batch, its order or the threads.
-#include "fd/kernels/ops.h"
+#include "fd/kernels/cpu_ops.h"
 #include "lanes.h"
 
 #include <algorithm>

@@ -12,7 +12,7 @@
 //                 same order once per call, so the weights need no further shuffling.
 // Tiles only decide how many rows and outputs share a load, never the arithmetic, so a row's
 // result is bitwise the same for any batch size, batch position, tiling or thread count.
-#include "fd/kernels/ops.h"
+#include "fd/kernels/cpu_ops.h"
 #include "lanes.h"
 
 #include <algorithm>

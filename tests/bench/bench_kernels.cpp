@@ -3,7 +3,7 @@
 
 #include "bench_util.h"
 #include "fd/arena.h"
-#include "fd/kernels/ops.h"
+#include "fd/kernels/cpu_ops.h"
 #include "fd/kernels/thread_pool.h"
 
 #include <cblas.h>

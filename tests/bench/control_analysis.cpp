@@ -5,7 +5,7 @@
 #include "bench_memory.h"
 #include "bench_util.h"
 #include "fd/arena.h"
-#include "fd/kernels/ops.h"
+#include "fd/kernels/cpu_ops.h"
 #include "fd/kernels/thread_pool.h"
 #include "fd/model/safetensors.h"
 #include "fd/model/weights.h"

@@ -23,7 +23,7 @@
 //                 [--prefill-lens 128,512,2048] [--linear-m 64,512,2048] [--decode-ctx 128,2048,8192]
 //                 [--decode-ctx-batches 1,64] [--kv-budget-mib 2048]
 #include "fd/arena.h"
-#include "fd/kernels/ops.h"
+#include "fd/kernels/cpu_ops.h"
 #include "fd/kernels/thread_pool.h"
 #include "fd/kv/kv_cache.h"
 #include "fd/model/model_config.h"

@@ -1,7 +1,7 @@
 // CPU ops (kernels/cpu/*.cpp) against deliberately naive loops, plus the batch-invariance
 // guarantee of ops.h: a row's result is bitwise the same whatever else is in the batch and
 // whatever the thread count.
-#include "fd/kernels/ops.h"
+#include "fd/kernels/cpu_ops.h"
 #include "fd/kernels/thread_pool.h"
 
 #include <doctest/doctest.h>

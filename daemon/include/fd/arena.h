@@ -42,6 +42,15 @@ public:
     /// Unmap everything; returns the bytes released (0 if nothing was mapped).
     int64_t release();
 
+    /// Hand every physical page back to the OS but keep the mapping (madvise MADV_DONTNEED): the
+    /// address range stays valid, RSS drops, and the memory reads as zeros from here on (pages
+    /// come back on first touch, or at once with populate()). Allocations are kept. Returns the
+    /// bytes discarded (0 if nothing is mapped). Cannot fail.
+    int64_t discard_pages() noexcept;
+
+    /// Pre-fault every page of the mapping (resident, and RSS shows it). No-op if none.
+    void populate();
+
     int64_t capacity_bytes() const { return capacity_bytes_; }
     int64_t used_bytes() const { return used_bytes_; }
     bool    mapped() const { return base_ != nullptr; }

@@ -48,9 +48,7 @@ public:
 
     std::vector<RankReport> release(MemoryTag tag) override {
         RankReport r{.rank = rank_};
-        r.freed_bytes = tag == MemoryTag::weight     ? worker_->release_weights()
-                        : tag == MemoryTag::kv_cache ? worker_->release_kv()
-                                                     : worker_->release_swap();
+        r.freed_bytes = worker_->release(tag);
         r.rss_bytes   = process_rss_bytes();
         return {r};
     }

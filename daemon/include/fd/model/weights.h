@@ -29,6 +29,7 @@
 #pragma once
 
 #include "fd/kernels/ops.h"
+#include "fd/kernels/thread_pool.h"
 #include "fd/model/model_config.h"
 #include "fd/model/safetensors.h"
 

@@ -12,15 +12,20 @@
 // With tp_size 1 (comm nullptr or world 1) none of this runs: today's path, same speed.
 // A Worker is used by one thread only (the engine thread, or the rank process's step loop).
 //
-// KV pool layout (per layer, one Arena for all layers), this rank's heads only:
+// The forward pass (daemon/src/model/forward.cpp) runs every op through the rank's Backend
+// (WorkerConfig::device; CPU: kernels/cpu on a pool of n_threads). Weights, the update staging
+// copy and the KV pool are regions of the tagged allocator (fd/memory/allocator.h) of the same
+// device: sleeping a tag is releasing its region, waking it reacquiring it.
+//
+// KV pool layout (per layer, one kv_cache region for all layers), this rank's heads only:
 //   k, v [n_layers][n_blocks, block_size, n_kv_heads / tp_size, head_dim]  f32
-// Host swap pool (--swap-space; Arena "kv_swap"), one block after another, this rank's heads:
+// Host swap pool (--swap-space; the kv_swap region), one block after another, this rank's heads:
 //   [n_swap_blocks][n_layers][k | v][block_size, n_kv_heads / tp_size, head_dim]  f32
 #pragma once
 
-#include "fd/arena.h"
+#include "fd/kernels/backend.h"
 #include "fd/kv/block_copy.h"
-#include "fd/kernels/ops.h"
+#include "fd/memory/allocator.h"
 #include "fd/model/model_config.h"
 #include "fd/model/weights.h"
 
@@ -52,12 +57,13 @@ struct StepBatch {
 struct WorkerConfig {
     int32_t rank       = 0;    ///< this rank, in [0, tp_size)
     int32_t tp_size    = 1;    ///< tensor-parallel ranks (must divide heads, kv heads, intermediate, vocab)
+    kernels::DeviceKind device = kernels::DeviceKind::cpu;  ///< the backend the forward pass runs on
     int32_t n_threads  = 1;    ///< CPU threads for the kernels (per rank)
     int32_t block_size = 16;   ///< tokens per KV block
     int64_t n_blocks   = 0;    ///< KV blocks to allocate
     int64_t n_swap_blocks = 0; ///< host swap pool blocks (--swap-space); 0 = none
     int32_t max_model_len = 0; ///< positions the RoPE table covers
-    /// Keep update_weights' staging arena resident between updates (the previous weights' arena
+    /// Keep update_weights' staging region resident between updates (the previous weights' region
     /// becomes the next staging area): updates then copy at memory bandwidth, at the cost of a
     /// second copy of the weights in RSS while awake. false: map it per update, unmap after.
     bool    keep_update_staging = true;
@@ -99,22 +105,29 @@ public:
     const ModelConfig & config() const { return cfg_; }
     int32_t rank() const { return wcfg_.rank; }
     int32_t tp_size() const { return wcfg_.tp_size; }
-    int64_t weight_bytes() const { return weights_arena_.used_bytes(); }
-    /// Bytes of the resident staging arena (0 unless keep_update_staging and an update ran).
-    int64_t staging_bytes() const { return staging_arena_.capacity_bytes(); }
+    /// Bytes of the live weights (0 while released).
+    int64_t weight_bytes() const;
+    /// Bytes of the resident staging region (0 unless keep_update_staging and an update ran).
+    int64_t staging_bytes() const { return alloc_->held_bytes(memory::Tag::staging); }
     /// The rollout's tensors (inference names, shapes, dtypes, arena offsets, HF parts).
     const WeightLayout & layout() const { return layout_; }
-    int64_t kv_bytes() const { return kv_arena_.capacity_bytes(); }
+    int64_t kv_bytes() const { return alloc_->held_bytes(memory::Tag::kv_cache); }
+    /// The rank's backend and tagged allocator (e.g. for the kv_swap tier).
+    kernels::Backend & backend() { return *backend_; }
+    memory::Allocator & allocator() { return *alloc_; }
 
     // --- weight control (engine thread, generation paused) ---
 
-    /// Unmap the weights (and the staging arena); returns bytes handed back to the OS. forward()
+    /// Sleep one tag: weight = release_weights(), kv_cache = release_kv(), staging / kv_swap =
+    /// that region alone (a staged copy is dropped first). Returns the bytes handed back.
+    int64_t release(memory::Tag tag);
+    /// Release the weight (and staging) regions; returns bytes handed back to the OS. forward()
     /// must not run until reload_weights() succeeds.
     int64_t release_weights();
-    /// Unmap the KV pool; returns bytes handed back. Block contents are lost.
+    /// Release the KV pool's region; returns bytes handed back. Block contents are lost.
     int64_t release_kv();
-    /// Map (and pre-fault) the KV pool, and the swap pool if released, again, same geometry.
-    /// No-op for what is resident.
+    /// Reacquire (and pre-fault) the KV pool's region, and the swap pool's if released, same
+    /// geometry (and, with the host allocator, same addresses), zeroed. No-op for what is resident.
     void acquire_kv();
 
     // --- host swap pool (engine thread; generation between steps) ---
@@ -126,10 +139,10 @@ public:
     /// Copy host block c.src into device block c.dst (every layer's K and V), for each c in order.
     /// Errors  as swap_out.
     void swap_in(const kv::BlockCopy * copies, int64_t n);
-    /// Unmap the swap pool (its contents are lost); returns bytes handed back (0 if none).
+    /// Release the swap pool's region (its contents are lost); returns bytes handed back (0 if none).
     int64_t release_swap();
-    int64_t swap_bytes() const { return swap_arena_.capacity_bytes(); }
-    /// Load weights into a fresh arena (after release_weights): parallel reads over the pool.
+    int64_t swap_bytes() const { return alloc_->held_bytes(memory::Tag::kv_swap); }
+    /// Load weights into the reacquired region (after release_weights): parallel reads over the pool.
     /// Validates names, shapes and the dtypes first loaded.
     /// Errors  invalid_checkpoint; on failure the weights stay released.
     /// `verify_copied` (optional) runs after the copy and may throw to fail the reload.
@@ -139,13 +152,13 @@ public:
     // everywhere): nothing live changes before commit_staged().
 
     /// Phase 1: validate `idx` (names, shapes, dtypes as first loaded) and read every tensor into
-    /// the staging arena (parallel reads over the pool). Returns the bytes staged. Replaces a
+    /// the staging region (parallel reads over the pool). Returns the bytes staged. Replaces a
     /// copy staged before and not committed.
     /// Errors  invalid_checkpoint (nothing staged; the live weights keep serving bit-exactly).
-    /// `verify_copied` (optional) runs once the staging arena is filled; if it throws, the staged
+    /// `verify_copied` (optional) runs once the staging region is filled; if it throws, the staged
     /// copy is dropped and the error propagates.
     int64_t stage_weights(const TensorIndex & idx, const std::function<void()> & verify_copied = {});
-    /// Phase 2: the staged arena goes live (a pointer swap); the previous one becomes the next
+    /// Phase 2: the staged region goes live (a pointer swap); the previous one becomes the next
     /// update's staging area (or is unmapped with keep_update_staging = false). Cannot fail.
     /// Requires  has_staged().
     void commit_staged();
@@ -158,30 +171,34 @@ public:
 private:
     kernels::PagedKv layer_kv(int il);
 
-    void map_kv_pool();
-    void map_swap_pool();
+    void map_kv_pool(bool fresh);
+    void map_swap_pool(bool fresh);
     /// Floats of one block in one layer's K (or V) pool.
     int64_t block_floats() const { return static_cast<int64_t>(wcfg_.block_size) * (cfg_.kv_dim() / wcfg_.tp_size); }
     void check_copies(const kv::BlockCopy * copies, int64_t n, bool out) const;
-    /// Reserve `arena` for the layout (pre-faulted if asked) and fill it from `idx`.
-    void fill_arena(Arena & arena, const TensorIndex & idx, bool populate);
+    /// The tag's region, at least `bytes`: reacquired (same addresses) when big enough, else
+    /// mapped anew. Resident on return.
+    std::byte * region(memory::Tag tag, int64_t bytes, bool populate);
+    /// Give `tag` a region for the layout (pre-faulted if asked) and fill it from `idx`.
+    void fill_region(memory::Tag tag, const TensorIndex & idx, bool populate);
+
+    /// The forward pass's activations, backend memory, grown to the largest batch seen.
+    struct Scratch {
+        kernels::ScratchBuffer x, xn, qkv, q, k, v, att, ff, gate, rows, logits;
+        kernels::ScratchBuffer part, gathered;  ///< tp > 1: this rank's logits, rank 0's gathered [T, n_logits, vocab/T]
+    };
 
     ModelConfig                           cfg_;
     WorkerConfig                          wcfg_;
     runtime::Comm *                       comm_ = nullptr;   ///< nullptr at tp_size 1
     WeightLayout                          layout_;    ///< planned from the first checkpoint
-    Arena                                 weights_arena_{"weights"};
-    Arena                                 staging_arena_{"weights_staging"};
-    Arena                                 kv_arena_{"kv_cache"};
-    Arena                                 swap_arena_{"kv_swap"};  ///< host swap pool (--swap-space)
-    bool                                  staged_ = false;   ///< staging_arena_ holds a validated copy
+    std::unique_ptr<kernels::Backend>     backend_;   ///< the ops (CPU: owns the --threads pool)
+    std::unique_ptr<memory::Allocator>    alloc_;     ///< weight, staging, kv_cache and kv_swap regions
+    bool                                  staged_ = false;   ///< the staging region holds a validated copy
     ModelWeights                          w_;
-    std::vector<float *>                  k_pool_, v_pool_;  ///< per layer
-    std::vector<float>                    rope_;             ///< [max_model_len, head_dim]
-    std::unique_ptr<kernels::ThreadPool>  pool_;
-    // Scratch, grown to the largest batch seen.
-    std::vector<float> x_, xn_, qkv_, q_, k_, v_, att_, ff_, gate_, rows_;
-    std::vector<float> part_, gathered_;  ///< tp > 1: this rank's logits, rank 0's gathered [T, n_logits, vocab/T]
+    std::vector<float *>                  k_pool_, v_pool_;  ///< per layer, in the kv_cache region
+    kernels::ScratchBuffer                rope_;             ///< [max_model_len, head_dim] backend memory
+    Scratch                               s_;
 };
 
 }  // namespace fd::model

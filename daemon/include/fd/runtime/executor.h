@@ -25,9 +25,11 @@
 
 namespace fd::runtime {
 
-/// Memory a rank can hand back and take again (sleep / wakeup tags). kv_swap: the host swap
-/// pool (--swap-space), released by sleep(kv_cache) only with FD_ENABLE_SWAP_SPACE_CLEARING=1.
-enum class MemoryTag { weight, kv_cache, kv_swap };
+/// Memory a rank can hand back and take again: the allocator's tags (fd/memory/allocator.h).
+/// Sleep / wakeup name weight and kv_cache; releasing weight releases the staging copy too.
+/// kv_swap: the host swap pool (--swap-space), released by sleep(kv_cache) only with
+/// FD_ENABLE_SWAP_SPACE_CLEARING=1.
+using MemoryTag = memory::Tag;
 
 /// One rank's part of a collective control call.
 struct RankReport {

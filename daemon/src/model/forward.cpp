@@ -1,0 +1,99 @@
+// The Llama / Qwen2 / Qwen3 forward pass, one readable function over a Backend (after llama2.c
+// forward()). Every tensor is backend memory (the weight and kv_cache regions, the scratch
+// buffers); the batch's index arrays stay on the host (see fd/kernels/backend.h).
+#include "fd/model/worker.h"
+
+#include "fd/runtime/comm.h"
+#include "fd/status.h"
+
+#include <cmath>
+
+namespace fd::model {
+
+kernels::PagedKv Worker::layer_kv(int il) {
+    return {k_pool_[il], v_pool_[il], wcfg_.block_size, cfg_.n_kv_heads / wcfg_.tp_size, cfg_.head_dim};
+}
+
+bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool> * abandon) {
+    FD_CHECK(alloc_->resident(memory::Tag::weight) && alloc_->resident(memory::Tag::kv_cache),
+             "forward with released weights or KV pool");
+    kernels::Backend & be = *backend_;
+    // This rank's share of every split dimension (T = 1: the whole model).
+    const int64_t T = wcfg_.tp_size, n = b.n_tokens(), h = cfg_.hidden_size, hd = cfg_.head_dim;
+    const int64_t n_heads = cfg_.n_heads / T, n_kv_heads = cfg_.n_kv_heads / T, q_dim = n_heads * hd;
+    const int64_t kv_dim = n_kv_heads * hd, qkv_dim = q_dim + 2 * kv_dim, ff = cfg_.intermediate_size / T;
+    const int64_t vocab = cfg_.vocab_size / T, vocab0 = wcfg_.rank * vocab;  // this rank's vocab rows
+    const float   eps   = cfg_.rms_norm_eps;
+    for (int64_t t = 0; t < n; ++t) {
+        FD_CHECK(b.tokens[t] >= 0 && b.tokens[t] < cfg_.vocab_size, "token id {} outside vocab", b.tokens[t]);
+        FD_CHECK(b.positions[t] < wcfg_.max_model_len, "position {} beyond max_model_len", b.positions[t]);
+    }
+    float * x    = s_.x.floats(n * h);          // [n, hidden] residual stream
+    float * xn   = s_.xn.floats(n * h);         // [n, hidden] normalized / a layer's output
+    float * qkv  = s_.qkv.floats(n * qkv_dim);  // [n, q_dim + 2 kv_dim]
+    float * q    = s_.q.floats(n * q_dim);      // [n, n_heads, head_dim]
+    float * k    = s_.k.floats(n * kv_dim);     // [n, n_kv_heads, head_dim]
+    float * v    = s_.v.floats(n * kv_dim);
+    float * att  = s_.att.floats(n * q_dim);    // [n, n_heads, head_dim]
+    float * gu   = s_.ff.floats(n * 2 * ff);    // [n, 2 * intermediate]  gate | up
+    float * gate = s_.gate.floats(n * ff);      // [n, intermediate]
+    const float * rope = rope_.data();          // [max_model_len, head_dim]
+    be.begin_step({b.tokens.data(), b.positions.data(), b.slots.data(), b.queries.data(), n});
+
+    be.embedding(x, w_.embed.w, w_.embed.type, b.tokens.data(), n, h, vocab0, vocab);
+    if (comm_) { comm_->all_reduce_sum(x, n * h); }  // vocab parallel: the other ranks added zeros
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    for (int il = 0; il < cfg_.n_layers; ++il) {
+        if (abandon && abandon->load(std::memory_order_relaxed)) { return false; }
+        const LayerWeights & L = w_.layers[il];
+        // attention
+        be.rms_norm(xn, x, L.attn_norm, n, h, eps);
+        be.linear(qkv, xn, L.qkv.w, L.qkv.type, L.bqkv, n, qkv_dim, h);
+        be.copy_rows(q, q_dim, qkv, qkv_dim, n, q_dim);
+        be.copy_rows(k, kv_dim, qkv + q_dim, qkv_dim, n, kv_dim);
+        be.copy_rows(v, kv_dim, qkv + q_dim + kv_dim, qkv_dim, n, kv_dim);
+        if (L.q_norm) {  // Qwen3: RMSNorm over each head of q and k, before RoPE
+            be.rms_norm(q, q, L.q_norm, n * n_heads, hd, eps);
+            be.rms_norm(k, k, L.k_norm, n * n_kv_heads, hd, eps);
+        }
+        be.rope(q, b.positions.data(), rope, n, n_heads, hd);
+        be.rope(k, b.positions.data(), rope, n, n_kv_heads, hd);
+        const kernels::PagedKv kv = layer_kv(il);
+        be.kv_store(kv, k, v, b.slots.data(), n);
+        be.attention_paged(att, q, b.queries.data(), n, n_heads, kv, scale);
+        be.linear(xn, att, L.o.w, L.o.type, nullptr, n, h, q_dim);
+        if (comm_) { comm_->all_reduce_sum(xn, n * h); }  // row parallel: sum the ranks' partial outputs
+        be.add(x, xn, n * h);
+        // SwiGLU MLP
+        be.rms_norm(xn, x, L.mlp_norm, n, h, eps);
+        be.linear(gu, xn, L.gate_up.w, L.gate_up.type, nullptr, n, 2 * ff, h);
+        be.silu_mul(gate, gu, n, ff);
+        be.linear(xn, gate, L.down.w, L.down.type, nullptr, n, h, ff);
+        if (comm_) { comm_->all_reduce_sum(xn, n * h); }
+        be.add(x, xn, n * h);
+    }
+    // Final norm and LM head, only for the rows that need logits.
+    const int64_t n_logits = static_cast<int64_t>(b.logits_rows.size());
+    float *       rows     = s_.rows.floats(n_logits * h);  // [n_logits, hidden]
+    be.gather_rows(rows, x, b.logits_rows.data(), n_logits, h);
+    be.rms_norm(rows, rows, w_.final_norm, n_logits, h, eps);
+    // The logits land in the caller's host buffer directly where backend memory is host memory.
+    const int64_t full  = n_logits * cfg_.vocab_size;
+    float *       out   = be.host_visible() ? logits : s_.logits.floats(full);  // [n_logits, vocab]
+    if (!comm_) {
+        be.linear(out, rows, w_.lm_head.w, w_.lm_head.type, nullptr, n_logits, vocab, h);
+    } else {
+        // Column parallel head: this rank's [n_logits, vocab/T], gathered to rank 0 as
+        // [T, n_logits, vocab/T] and laid out there as [n_logits, vocab].
+        float * part     = s_.part.floats(n_logits * vocab);
+        float * gathered = s_.gathered.floats(wcfg_.rank == 0 ? T * n_logits * vocab : 0);
+        be.linear(part, rows, w_.lm_head.w, w_.lm_head.type, nullptr, n_logits, vocab, h);
+        comm_->gather(part, n_logits * vocab, gathered);
+        if (wcfg_.rank != 0) { return true; }
+        for (int64_t r = 0; r < T; ++r) { be.copy_rows(out + r * vocab, T * vocab, gathered + r * n_logits * vocab, vocab, n_logits, vocab); }
+    }
+    if (out != logits) { be.download(logits, out, full * static_cast<int64_t>(sizeof(float))); }
+    return true;
+}
+
+}  // namespace fd::model

@@ -1,0 +1,56 @@
+// fd/kernels/cpu_ops.h — the CPU ops that run on a thread pool: the CPU backend's kernels for
+// the linear layers and paged attention, and the oracle the tests call directly.
+//
+// Conventions as in fd/kernels/ops.h (shapes outermost first, f32 compute, batch invariance).
+// Everything else calls these through fd::kernels::Backend (fd/kernels/backend.h).
+#pragma once
+
+#include "fd/kernels/ops.h"
+#include "fd/kernels/thread_pool.h"
+
+#include <cstdint>
+
+namespace fd::kernels {
+
+/// out = x · Wᵀ (+ bias), W in the PyTorch / safetensors layout and stored dtype.
+///   out[t, o] = sum_k x[t, k] * W[o, k]   (+ bias[o])
+/// Each output is computed the same way whatever the batch: 16 lane-wise FMA chains over
+/// k = lane, lane + 16, ... (ascending; the last partial block zero-padded), one fixed pairwise
+/// reduction of the lanes, then the bias. A row's result therefore does not depend on n_rows,
+/// its position, the tiling or the thread count (batch-invariant, unlike BLAS sgemm, whose
+/// k-split depends on the problem size). bf16 weights are widened in registers.
+/// Shapes   out  [n_rows, n_out]  f32, written
+///          x    [n_rows, n_in]   f32
+///          w    [n_out, n_in]    `wtype` (row-major, rows contiguous)
+///          bias [n_out] f32 or nullptr
+/// Threads  outputs (and, for many rows, blocks of rows) are split over `pool` (may be nullptr =
+///          caller only).
+/// Paths    one row: the weights stream past x in 8-output strips. Several rows: tasks of up to
+///          256 rows x 48 outputs (weights read from memory once per 256 rows), run as panels
+///          of 16-128 rows whose k is walked in chunks of 1024 with the lane sums parked
+///          exactly between chunks, a 6-output weight strip (bf16: widened per chunk) in L1
+///          against every 4-row x tile.
+///          Both paths run the same FMA chain per output (the tests check bitwise equality).
+/// Source   register-tiled dot-product micro-kernel (4 rows x 6 outputs, 1 x 8 for one row);
+///          the fixed-reduction-order idea follows "Defeating Nondeterminism in LLM Inference"
+///          (He et al., Thinking Machines 2025) and SGLang's batch-invariant ops.
+void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
+            int64_t n_out, int64_t n_in, ThreadPool * pool);
+
+/// Causal GQA attention over the paged pool, one softmax per (token, head):
+///   s[t]   = scale * <q[i, h, :], K[t, h / (n_heads / n_kv_heads), :]>   for t < n_ctx(i)
+///   out[i, h, :] = sum_t softmax(s)[t] * V[t, kv(h), :]
+/// Per (token, head) the arithmetic is fixed: s[t] = 16 lane-wise FMA chains over head_dim and
+/// one fixed lane reduction (head_dim % 16 == 0; else one sequential chain); softmax with a
+/// polynomial exp (within ~2 ulp of expf) and a 16-lane sum over t; V accumulated with one FMA
+/// per element, t ascending. Results are therefore batch-invariant.
+/// Shapes   out [n_tokens, n_heads, head_dim] written;  q [n_tokens, n_heads, head_dim]
+///          queries [n_tokens]
+/// Threads  tiles of up to 16 consecutive tokens sharing a block table (a prefill) are attended
+///          together, each K/V row read once for the tile; tiles (and, when there are fewer
+///          than 2 per thread, ranges of kv heads) are split over `pool`.
+/// Source   Vaswani et al. 2017; paged layout after vLLM PagedAttention (Kwon et al. 2023).
+void attention_paged(float * out, const float * q, const AttnQuery * queries, int64_t n_tokens,
+                     int64_t n_heads, PagedKv kv, float scale, ThreadPool * pool);
+
+}  // namespace fd::kernels
