@@ -17,7 +17,9 @@ inline unsigned grid_for(int64_t n, int threads) {
     return static_cast<unsigned>(b < 65535 * 16 ? (b < 1 ? 1 : b) : 65535 * 16);
 }
 
+#ifdef __CUDACC__
 /// bf16 (the upper half of an IEEE f32) → f32, exact.
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
+#endif
 
 }  // namespace fd::kernels::cuda

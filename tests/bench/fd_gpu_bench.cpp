@@ -70,7 +70,7 @@ T * dev_random(size_t n, std::mt19937 & rng) {
         }
     }
     T * p = nullptr;
-    ck(cudaMalloc(&p, sizeof(T) * n), "cudaMalloc");
+    ck(cudaMalloc(reinterpret_cast<void **>(&p), sizeof(T) * n), "cudaMalloc");
     ck(cudaMemcpy(p, h.data(), sizeof(T) * n, cudaMemcpyHostToDevice), "upload");
     return p;
 }
@@ -125,7 +125,7 @@ int main(int argc, char ** argv) {
         float *       x   = dev_random<float>(static_cast<size_t>(b_max * 8192), rng);
         uint16_t *    xb  = dev_random<uint16_t>(static_cast<size_t>(b_max * 8192), rng);
         float *       y   = nullptr;
-        ck(cudaMalloc(&y, sizeof(float) * b_max * 8192), "malloc");
+        ck(cudaMalloc(reinterpret_cast<void **>(&y), sizeof(float) * b_max * 8192), "malloc");
         cublasHandle_t h;
         ckb(cublasCreate(&h), "cublasCreate");
         json lin = json::array();

@@ -21,7 +21,7 @@ template <typename T>
 class DevBuf {
 public:
     explicit DevBuf(size_t n) : n_(n) {
-        FD_CUDA_REQUIRE(cudaMalloc(&p_, sizeof(T) * (n ? n : 1)));
+        FD_CUDA_REQUIRE(cudaMalloc(reinterpret_cast<void **>(&p_), sizeof(T) * (n ? n : 1)));
         FD_CUDA_REQUIRE(cudaMemset(p_, 0, sizeof(T) * (n ? n : 1)));
     }
     explicit DevBuf(const std::vector<T> & h) : DevBuf(h.size()) { upload(h); }
