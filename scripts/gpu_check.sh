@@ -13,7 +13,7 @@ start=$(date +%s)
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFD_WITH_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
 # Only what the GPU check runs (the whole tree builds with scripts/build.sh).
-cmake --build "$BUILD_DIR" -j "$JOBS" --target fd_gpu_test_cuda_ops fd_gpu_test_cuda_vmm fd_gpu_bench
+cmake --build "$BUILD_DIR" -j "$JOBS" --target fd_gpu_test_cuda_ops fd_gpu_test_cuda_vmm fd_gpu_test_cuda_backend fd_gpu_bench
 built=$(date +%s)
 echo "gpu_check: built in $((built - start)) s"
 

@@ -4,10 +4,10 @@
 //               heads of 64, intermediate 8192) through fd::kernels::cuda::linear at B = 1, 64, 256:
 //               seconds, weight bytes/s ÷ the memcpy bandwidth, TFLOP/s, and cuBLAS (bf16 x bf16,
 //               f32 accumulate, heuristics) on the same shapes as a speed reference;
-//   vmm         CudaVmmAllocator release / reacquire seconds and the freed fraction (cudaMemGetInfo).
+//   vmm         the CUDA allocator's release / reacquire (zero-filled) seconds and the freed fraction (cudaMemGetInfo).
 // Exits 77 with {"gpu": false, ...} where no GPU is visible.
 #include "fd/kernels/cuda_ops.h"
-#include "fd/kernels/cuda_vmm_allocator.h"
+#include "fd/memory/cuda_vmm_allocator.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -163,16 +163,17 @@ int main(int argc, char ** argv) {
 
         // Sleep / wakeup of the virtual-memory allocator: 8 GiB of kv_cache, 2 GiB of weights.
         {
-            KC::CudaVmmAllocator alloc(0);
-            alloc.create(KC::MemTag::kv_cache, size_t{8} << 30);
-            alloc.create(KC::MemTag::weight, size_t{2} << 30);
+            using fd::memory::Tag;
+            auto alloc = fd::memory::make_cuda_vmm_allocator(0);
+            alloc->map(Tag::kv_cache, int64_t{8} << 30, true);
+            alloc->map(Tag::weight, int64_t{2} << 30, true);
             const size_t held  = free_bytes();
             const auto   t0    = std::chrono::steady_clock::now();
-            const size_t freed = alloc.release(KC::MemTag::kv_cache) + alloc.release(KC::MemTag::weight);
+            const size_t freed = static_cast<size_t>(alloc->release(Tag::kv_cache) + alloc->release(Tag::weight));
             const auto   t1    = std::chrono::steady_clock::now();
             const size_t after = free_bytes();
-            alloc.reacquire(KC::MemTag::weight);
-            alloc.reacquire(KC::MemTag::kv_cache);
+            alloc->reacquire(Tag::weight, true);
+            alloc->reacquire(Tag::kv_cache, true);
             const auto t2 = std::chrono::steady_clock::now();
             out["vmm"] = {{"bytes", freed}, {"sleep_seconds", std::chrono::duration<double>(t1 - t0).count()},
                           {"wakeup_seconds", std::chrono::duration<double>(t2 - t1).count()},

@@ -64,22 +64,24 @@ bool bitwise_equal(const float * a, const float * b, size_t n) { return std::mem
 
 }  // namespace
 
-TEST_CASE("cuda embedding equals the CPU gather (f32 and bf16, out-of-range ids give zeros)") {
+TEST_CASE("cuda embedding equals the CPU gather (f32 and bf16, a rank's vocab rows; other ids give zeros)") {
     std::mt19937 rng(1);
     for (int iter = 0; iter < 6; ++iter) {
         const int64_t vocab = rand_int(rng, 5, 300), n_embd = rand_int(rng, 1, 700), n = rand_int(rng, 1, 40);
+        const int64_t begin = iter % 2 ? rand_int(rng, 1, 100) : 0;  // tensor-parallel rank > 0: rows [begin, begin + vocab)
         const auto    table = randv(rng, static_cast<size_t>(vocab * n_embd));
         const auto    tb    = to_bf16(table);
         std::vector<int32_t> ids(static_cast<size_t>(n));
-        for (auto & id : ids) { id = static_cast<int32_t>(rand_int(rng, -2, vocab + 1)); }
+        for (auto & id : ids) { id = static_cast<int32_t>(rand_int(rng, 0, begin + vocab + 1)); }
         for (const bool bf16 : {false, true}) {
             std::vector<float> ref(static_cast<size_t>(n * n_embd), 0.0f);
             for (int64_t t = 0; t < n; ++t) {
-                if (ids[t] < 0 || ids[t] >= vocab) { continue; }
+                const int64_t row = ids[t] - begin;
+                if (row < 0 || row >= vocab) { continue; }
                 if (bf16) {
-                    K::bf16_to_f32(&ref[t * n_embd], &tb[ids[t] * n_embd], n_embd);
+                    K::bf16_to_f32(&ref[t * n_embd], &tb[row * n_embd], n_embd);
                 } else {
-                    std::memcpy(&ref[t * n_embd], &table[ids[t] * n_embd], sizeof(float) * n_embd);
+                    std::memcpy(&ref[t * n_embd], &table[row * n_embd], sizeof(float) * n_embd);
                 }
             }
             DevBuf<float>    d_table(table);
@@ -87,7 +89,7 @@ TEST_CASE("cuda embedding equals the CPU gather (f32 and bf16, out-of-range ids 
             DevBuf<int32_t>  d_ids(ids);
             DevBuf<float>    d_out(ref.size());
             KC::embedding(d_out.get(), d_ids.get(), bf16 ? static_cast<const void *>(d_tb.get()) : d_table.get(),
-                          bf16 ? K::WType::bf16 : K::WType::f32, n, n_embd, vocab, nullptr);
+                          bf16 ? K::WType::bf16 : K::WType::f32, n, n_embd, begin, vocab, nullptr);
             const auto got = d_out.download();
             CHECK(bitwise_equal(got.data(), ref.data(), ref.size()));
         }
@@ -121,6 +123,25 @@ TEST_CASE("cuda rms_norm, silu_mul, add_inplace equal the CPU ops within f32 rou
         const auto got = d_g.download();
         CHECK(bitwise_equal(got.data(), sum.data(), sum.size()));  // one rounding, same on both
     }
+}
+
+TEST_CASE("cuda silu_mul_rows and gather_rows equal the CPU ops on the same rows") {
+    std::mt19937  rng(10);
+    const int64_t n_rows = 7, n_ff = 333;
+    const auto    gu = randv(rng, static_cast<size_t>(n_rows * 2 * n_ff), -8.0f, 8.0f);
+    std::vector<float> ref(static_cast<size_t>(n_rows * n_ff));
+    for (int64_t t = 0; t < n_rows; ++t) { K::silu_mul(&ref[t * n_ff], &gu[t * 2 * n_ff], &gu[t * 2 * n_ff + n_ff], n_ff); }
+    DevBuf<float> d_gu(gu), d_out(ref.size());
+    KC::silu_mul_rows(d_out.get(), d_gu.get(), n_rows, n_ff, nullptr);
+    const auto got = d_out.download();
+    CHECK(count_far(got, ref, {1e-30f}, kTol, "silu_mul_rows") == 0);
+    const std::vector<int32_t> rows = {6, 0, 3, 3};
+    std::vector<float>         gref;
+    for (int32_t r : rows) { gref.insert(gref.end(), got.begin() + r * n_ff, got.begin() + (r + 1) * n_ff); }
+    DevBuf<int32_t> d_rows(rows);
+    DevBuf<float>   d_g(gref.size());
+    KC::gather_rows(d_g.get(), d_out.get(), d_rows.get(), 4, n_ff, nullptr);
+    CHECK(d_g.download() == gref);
 }
 
 TEST_CASE("cuda rope_rotate_half equals the CPU op (Llama theta 1e4, Qwen theta 1e6)") {

@@ -25,11 +25,12 @@
 
 namespace fd::kernels::cuda {
 
-/// Embedding gather: out[t, :] = table[ids[t], :] widened to f32; ids outside [0, vocab) give a
-/// row of zeros (another tensor-parallel rank owns that vocab row).
-/// Shapes   out [n_tokens, n_embd] written;  ids [n_tokens] int32;  table [vocab, n_embd] `wtype`.
+/// Embedding gather over this rank's vocab rows [vocab_begin, vocab_begin + vocab_rows):
+///   out[t, :] = table[ids[t] - vocab_begin, :] widened to f32, or zeros when ids[t] is outside
+///   that range (another tensor-parallel rank owns that vocab row).
+/// Shapes   out [n_tokens, n_embd] written;  ids [n_tokens] int32;  table [vocab_rows, n_embd] `wtype`.
 void embedding(float * out, const int32_t * ids, const void * table, WType wtype, int64_t n_tokens, int64_t n_embd,
-               int64_t vocab, cudaStream_t stream);
+               int64_t vocab_begin, int64_t vocab_rows, cudaStream_t stream);
 
 /// RMSNorm: out[t, :] = weight[:] * (x[t, :] / sqrt(mean(x[t, :]^2) + eps)).
 /// One 256-thread block per row; thread i sums x[t, j]^2 for j = i, i + 256, ... ascending, then
@@ -41,6 +42,15 @@ void rms_norm(float * out, const float * x, const float * weight, int64_t n_rows
 /// SwiGLU gate: out[i] = gate[i] / (1 + expf(-gate[i])) * up[i].
 /// Shapes   out, gate, up [n_elems]; out may alias gate.
 void silu_mul(float * out, const float * gate, const float * up, int64_t n_elems, cudaStream_t stream);
+
+/// SwiGLU over rows holding gate | up:  out[t, j] = silu(gate_up[t, j]) * gate_up[t, n_ff + j].
+/// Shapes   out [n_rows, n_ff] written;  gate_up [n_rows, 2 * n_ff] (no aliasing).
+void silu_mul_rows(float * out, const float * gate_up, int64_t n_rows, int64_t n_ff, cudaStream_t stream);
+
+/// Row gather: out[i, :] = x[rows[i], :].
+/// Shapes   out [n_out_rows, n_cols] written;  x [n_rows_x, n_cols];  rows [n_out_rows] int32.
+void gather_rows(float * out, const float * x, const int32_t * rows, int64_t n_out_rows, int64_t n_cols,
+                 cudaStream_t stream);
 
 /// Residual add: out[i] += x[i].   Shapes  out, x [n_elems].
 void add_inplace(float * out, const float * x, int64_t n_elems, cudaStream_t stream);
