@@ -153,6 +153,7 @@ private:
     /// or already staged by begin_step) is copied once and reused; anything else each call.
     const void * stage(Slot s, const void * host, int64_t bytes, bool step) {
         IndexBuf & b = idx_[s];
+        if (bytes <= 0) { return b.dev; }  // nothing to read (the op enqueues nothing)
         if (!step && host == b.step_host && bytes == b.step_bytes) { return b.dev; }
         if (bytes > b.cap) {
             check(cudaStreamSynchronize(stream_), "index staging");
