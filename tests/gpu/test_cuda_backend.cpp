@@ -7,6 +7,9 @@
 
 #include "fd/kernels/cuda_backend.h"
 #include "fd/kernels/ops.h"
+#if __has_include("fd/kernels/cpu_ops.h")
+#include "fd/kernels/cpu_ops.h"  // linear, attention_paged with their ThreadPool (the Backend seam moves them)
+#endif
 #include "fd/status.h"
 
 #include <cmath>

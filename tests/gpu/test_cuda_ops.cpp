@@ -10,6 +10,9 @@
 
 #include "fd/kernels/cuda_ops.h"
 #include "fd/kernels/ops.h"
+#if __has_include("fd/kernels/cpu_ops.h")
+#include "fd/kernels/cpu_ops.h"  // linear, attention_paged with their ThreadPool (the Backend seam moves them)
+#endif
 
 #include <algorithm>
 #include <cmath>
