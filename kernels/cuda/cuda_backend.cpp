@@ -1,0 +1,249 @@
+// The CUDA Backend (see fd/kernels/cuda_backend.h): one stream, the cuda_ops kernels, host index
+// arrays staged through pinned buffers.
+#include "fd/kernels/cuda_backend.h"
+
+#include "fd/kernels/cuda_ops.h"
+#include "fd/kernels/thread_pool.h"
+#include "fd/status.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+namespace fd::kernels {
+
+namespace {
+
+void check(cudaError_t e, const char * what) {
+    if (e != cudaSuccess) { fail(Errc::internal, "CUDA backend: {}: {}", what, cudaGetErrorString(e)); }
+}
+
+/// A device buffer for one kind of host index array, with its pinned staging twin.
+struct IndexBuf {
+    void *       dev        = nullptr;
+    void *       pinned     = nullptr;
+    int64_t      cap        = 0;
+    bool         pending    = false;    // a copy from `pinned` may still be in flight
+    const void * step_host  = nullptr;  // the begin_step() array now on the device (nullptr: none)
+    int64_t      step_bytes = 0;
+};
+
+enum Slot { kTokens, kPositions, kSlots, kTables, kTableRow, kNctx, kRows, kSlotCount };
+
+class CudaBackend final : public Backend {
+public:
+    CudaBackend(int32_t device, int32_t n_host_threads) : device_(device), pool_(std::max(1, n_host_threads)) {
+        check(cudaSetDevice(device), "cudaSetDevice");
+        check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    }
+    ~CudaBackend() override {
+        cudaStreamSynchronize(stream_);
+        for (IndexBuf & b : idx_) {
+            cudaFree(b.dev);
+            cudaFreeHost(b.pinned);
+        }
+        cudaFree(best_);
+        cudaStreamDestroy(stream_);
+    }
+
+    const char * name() const override { return "cuda"; }
+    DeviceKind   kind() const override { return DeviceKind::cuda; }
+    bool         host_visible() const override { return false; }
+    ThreadPool * host_pool() override { return &pool_; }
+
+    void * alloc(int64_t bytes) override {
+        void * p = nullptr;
+        const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)));
+        if (e != cudaSuccess) { fail(Errc::internal, "CUDA backend: cudaMalloc of {} bytes: {}", bytes, cudaGetErrorString(e)); }
+        return p;
+    }
+    void free(void * p) noexcept override {
+        if (p) { cudaFree(p); }
+    }
+    void upload(void * dst, const void * src_host, int64_t bytes) override {
+        check(cudaMemcpyAsync(dst, src_host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_), "upload");
+        check(cudaStreamSynchronize(stream_), "upload");  // the host buffer may be reused on return
+    }
+    void download(void * dst_host, const void * src, int64_t bytes) override {
+        check(cudaMemcpyAsync(dst_host, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_), "download");
+        check(cudaStreamSynchronize(stream_), "download");
+    }
+    void copy(void * dst, const void * src, int64_t bytes) override {
+        check(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream_), "copy");
+    }
+    void synchronize() override { check(cudaStreamSynchronize(stream_), "a device op failed"); }
+
+    void begin_step(const StepIndex & step) override {
+        for (IndexBuf & b : idx_) { b.step_host = nullptr; }
+        attn_queries_ = nullptr;
+        const int64_t n = step.n_tokens;
+        if (n <= 0) { return; }
+        if (step.tokens) { stage(kTokens, step.tokens, n * 4, true); }
+        if (step.positions) { stage(kPositions, step.positions, n * 4, true); }
+        if (step.slots) { stage(kSlots, step.slots, n * 8, true); }
+        step_queries_ = step.queries;
+        step_n_       = n;
+    }
+
+    void embedding(float * out, const void * table, WType ttype, const int32_t * tokens, int64_t n_tokens, int64_t n_embd,
+                   int64_t vocab_begin, int64_t vocab_rows) override {
+        const auto * ids = static_cast<const int32_t *>(stage(kTokens, tokens, n_tokens * 4, false));
+        cuda::embedding(out, ids, table, ttype, n_tokens, n_embd, vocab_begin, vocab_rows, stream_);
+    }
+    void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows, int64_t n_out,
+                int64_t n_in) override {
+        cuda::linear(out, x, w, wtype, bias, n_rows, n_out, n_in, stream_);
+    }
+    void rms_norm(float * out, const float * x, const float * weight, int64_t n_rows, int64_t n_embd, float eps) override {
+        cuda::rms_norm(out, x, weight, n_rows, n_embd, eps, stream_);
+    }
+    void rope(float * x, const int32_t * positions, const float * cos_sin, int64_t n_tokens, int64_t n_heads,
+              int64_t head_dim) override {
+        const auto * pos = static_cast<const int32_t *>(stage(kPositions, positions, n_tokens * 4, false));
+        cuda::rope_rotate_half(x, pos, cos_sin, n_tokens, n_heads, head_dim, stream_);
+    }
+    void silu_mul(float * out, const float * gate_up, int64_t n_rows, int64_t n_ff) override {
+        cuda::silu_mul_rows(out, gate_up, n_rows, n_ff, stream_);
+    }
+    void add(float * out, const float * x, int64_t n_elems) override { cuda::add_inplace(out, x, n_elems, stream_); }
+    void copy_rows(float * dst, int64_t dst_stride, const float * src, int64_t src_stride, int64_t n_rows,
+                   int64_t n_cols) override {
+        if (n_rows <= 0 || n_cols <= 0) { return; }
+        check(cudaMemcpy2DAsync(dst, sizeof(float) * dst_stride, src, sizeof(float) * src_stride, sizeof(float) * n_cols,
+                                static_cast<size_t>(n_rows), cudaMemcpyDeviceToDevice, stream_),
+              "copy_rows");
+    }
+    void gather_rows(float * out, const float * x, const int32_t * rows, int64_t n_out_rows, int64_t n_cols) override {
+        if (n_out_rows <= 0) { return; }
+        const auto * r = static_cast<const int32_t *>(stage(kRows, rows, n_out_rows * 4, false));
+        cuda::gather_rows(out, x, r, n_out_rows, n_cols, stream_);
+    }
+    void kv_store(PagedKv kv, const float * k_new, const float * v_new, const int64_t * slots, int64_t n_tokens) override {
+        const auto * s = static_cast<const int64_t *>(stage(kSlots, slots, n_tokens * 8, false));
+        cuda::kv_store(kv, k_new, v_new, s, n_tokens, stream_);
+    }
+    void attention_paged(float * out, const float * q, const AttnQuery * queries, int64_t n_tokens, int64_t n_heads, PagedKv kv,
+                         float scale) override {
+        if (n_tokens <= 0) { return; }
+        // The step's queries are flattened once (every layer shares them); others every call.
+        const bool cached = queries == attn_queries_ && n_tokens == attn_n_ && kv.block_size == attn_bs_;
+        if (!cached) { build_attn(queries, n_tokens, kv.block_size, queries == step_queries_ && n_tokens == step_n_); }
+        cuda::attention_paged(out, q, attn_, n_tokens, n_heads, kv, scale, stream_);
+    }
+    void log_softmax_rows(float * out, const float * x, int64_t n_rows, int64_t n) override {
+        cuda::log_softmax_argmax(out, nullptr, x, n_rows, n, stream_);
+    }
+    void argmax_rows(int64_t * out_host, const float * x, int64_t n_rows, int64_t n) override {
+        if (n_rows <= 0) { return; }
+        if (n_rows > best_cap_) {
+            check(cudaStreamSynchronize(stream_), "argmax_rows");
+            cudaFree(best_);
+            best_ = static_cast<int64_t *>(alloc(n_rows * 8));
+            best_cap_ = n_rows;
+        }
+        cuda::log_softmax_argmax(nullptr, best_, x, n_rows, n, stream_);
+        download(out_host, best_, n_rows * 8);
+    }
+
+private:
+    /// The device copy of `bytes` of host memory `host` in slot `s`. A step's array (step = true,
+    /// or already staged by begin_step) is copied once and reused; anything else each call.
+    const void * stage(Slot s, const void * host, int64_t bytes, bool step) {
+        IndexBuf & b = idx_[s];
+        if (bytes <= 0) { return b.dev; }  // nothing to read (the op enqueues nothing)
+        if (!step && host == b.step_host && bytes == b.step_bytes) { return b.dev; }
+        if (bytes > b.cap) {
+            check(cudaStreamSynchronize(stream_), "index staging");
+            cudaFree(b.dev);
+            cudaFreeHost(b.pinned);
+            b.dev = b.pinned = nullptr;
+            b.cap = 0;
+            const int64_t cap = std::max<int64_t>(bytes, 4096) * 2;
+            check(cudaMalloc(&b.dev, static_cast<size_t>(cap)), "cudaMalloc (index staging)");
+            check(cudaMallocHost(&b.pinned, static_cast<size_t>(cap)), "cudaMallocHost (index staging)");
+            b.cap     = cap;
+            b.pending = false;
+        }
+        if (b.pending) { check(cudaStreamSynchronize(stream_), "index staging"); }  // the pinned buffer is in use
+        std::memcpy(b.pinned, host, static_cast<size_t>(bytes));
+        check(cudaMemcpyAsync(b.dev, b.pinned, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_), "index upload");
+        b.pending    = true;
+        b.step_host  = step ? host : nullptr;
+        b.step_bytes = step ? bytes : 0;
+        return b.dev;
+    }
+
+    /// Flattens the queries' block tables ([n_tables, max_blocks], one row per distinct table)
+    /// and uploads them with each query's table row and n_ctx.
+    void build_attn(const AttnQuery * queries, int64_t n, int32_t block_size, bool step) {
+        std::unordered_map<const int32_t *, int32_t> row_of;
+        std::vector<const int32_t *>                 tables;
+        std::vector<int32_t>                         n_blocks;
+        table_row_.resize(static_cast<size_t>(n));
+        n_ctx_.resize(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+            const auto [it, fresh] = row_of.emplace(queries[i].block_table, static_cast<int32_t>(tables.size()));
+            if (fresh) {
+                tables.push_back(queries[i].block_table);
+                n_blocks.push_back(0);
+            }
+            const int32_t nb = (queries[i].n_ctx + block_size - 1) / block_size;
+            n_blocks[it->second] = std::max(n_blocks[it->second], nb);
+            table_row_[i]        = it->second;
+            n_ctx_[i]            = queries[i].n_ctx;
+        }
+        const int32_t max_blocks = std::max(1, *std::max_element(n_blocks.begin(), n_blocks.end()));
+        flat_.assign(tables.size() * static_cast<size_t>(max_blocks), 0);
+        for (size_t t = 0; t < tables.size(); ++t) {
+            std::copy(tables[t], tables[t] + n_blocks[t], flat_.begin() + static_cast<int64_t>(t) * max_blocks);
+        }
+        attn_.block_tables = static_cast<const int32_t *>(stage(kTables, flat_.data(), static_cast<int64_t>(flat_.size()) * 4, false));
+        attn_.max_blocks   = max_blocks;
+        attn_.table_row    = static_cast<const int32_t *>(stage(kTableRow, table_row_.data(), n * 4, false));
+        attn_.n_ctx        = static_cast<const int32_t *>(stage(kNctx, n_ctx_.data(), n * 4, false));
+        attn_queries_      = step ? queries : nullptr;
+        attn_n_            = n;
+        attn_bs_           = block_size;
+    }
+
+    int32_t           device_ = 0;
+    ThreadPool        pool_;
+    cudaStream_t      stream_ = nullptr;
+    IndexBuf          idx_[kSlotCount];
+    const AttnQuery * step_queries_ = nullptr;
+    int64_t           step_n_       = 0;
+    cuda::AttnBatch   attn_;
+    const AttnQuery * attn_queries_ = nullptr;  // the step's queries attn_ holds (nullptr: none)
+    int64_t           attn_n_       = 0;
+    int32_t           attn_bs_      = 0;
+    std::vector<int32_t> flat_, table_row_, n_ctx_;
+    int64_t *         best_     = nullptr;
+    int64_t           best_cap_ = 0;
+};
+
+}  // namespace
+
+bool cuda_device_available(int32_t device_id, std::string * why) {
+    int               n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || device_id < 0 || device_id >= n) {
+        if (why) {
+            *why = e != cudaSuccess ? std::string("CUDA runtime: ") + cudaGetErrorString(e)
+                                    : "CUDA device " + std::to_string(device_id) + " is not visible (" + std::to_string(n) +
+                                          " devices)";
+        }
+        return false;
+    }
+    return true;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int32_t device_id, int32_t n_host_threads) {
+    std::string why;
+    if (!cuda_device_available(device_id, &why)) { fail(Errc::invalid_argument, "--device cuda: {}", why); }
+    return std::make_unique<CudaBackend>(device_id, n_host_threads);
+}
+
+}  // namespace fd::kernels

@@ -1,0 +1,102 @@
+// Causal GQA paged attention, prefill and decode alike (see fd/kernels/cuda_ops.h).
+//
+// One 128-thread block (4 warps) per (query token, head); nothing depends on the grid, so a
+// row's output is the same whatever else is batched. Per (token, head):
+//   pass 1  max of the scores: warp w scores keys t = w, w + 4, ... (max is exact in any order);
+//   pass 2  keys in chunks of 128, t ascending: the chunk's scores again, e[t] = expf(s - max)
+//           into shared memory, then every thread adds e[t] to the running sum and
+//           e[t] * V[t, d] to its output dims d = tid, tid + 128, ... in t order (one FMA per t);
+//   out     acc[d] / sum.
+// A score is one warp's dot product: lane l runs the FMA chain over d = l, l + 32, ... and a
+// fixed xor-butterfly adds the 32 lanes (every lane ends with the same bits).
+#include "cuda_common.cuh"
+#include "fd/kernels/cuda_ops.h"
+
+namespace fd::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps   = kThreads / 32;
+constexpr int kChunk   = 128;  // keys per pass-2 chunk
+constexpr int kMaxDimsPerThread = 4;  // head_dim <= 512
+
+__device__ __forceinline__ const float * kv_row(const float * pool, const int32_t * table, int64_t t, int64_t bs,
+                                                int64_t row) {
+    return pool + (static_cast<int64_t>(table[t / bs]) * bs + t % bs) * row;
+}
+
+/// scale * <qs, K[t, kvh, :]>, computed by a whole warp; every lane returns the same value.
+__device__ __forceinline__ float score(const float * qs, const float * k, int hd, int lane, float scale) {
+    float a = 0.0f;
+    for (int d = lane; d < hd; d += 32) { a = fmaf(qs[d], k[d], a); }
+    for (int off = 16; off > 0; off >>= 1) { a += __shfl_xor_sync(0xffffffffu, a, off); }
+    return a * scale;
+}
+
+__global__ void attention_kernel(float * out, const float * q, AttnBatch b, int n_heads, PagedKv kv, float scale) {
+    extern __shared__ float smem[];
+    __shared__ float        wmax[kWarps];
+    const int     h = blockIdx.x;
+    const int64_t i = blockIdx.y;
+    const int     hd = kv.head_dim, group = n_heads / kv.n_kv_heads, kvh = h / group;
+    const int64_t row = static_cast<int64_t>(kv.n_kv_heads) * hd, bs = kv.block_size;
+    const int32_t * table = b.block_tables + static_cast<int64_t>(b.table_row[i]) * b.max_blocks;
+    const int64_t n = b.n_ctx[i];
+    const int     tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float * qs = smem;       // [hd]
+    float * e  = smem + hd;  // [kChunk]
+    for (int d = tid; d < hd; d += kThreads) { qs[d] = q[(i * n_heads + h) * hd + d]; }
+    __syncthreads();
+
+    float mx = -INFINITY;
+    for (int64_t t = warp; t < n; t += kWarps) {
+        mx = fmaxf(mx, score(qs, kv_row(kv.k, table, t, bs, row) + static_cast<int64_t>(kvh) * hd, hd, lane, scale));
+    }
+    if (lane == 0) { wmax[warp] = mx; }
+    __syncthreads();
+    mx = wmax[0];
+    for (int w = 1; w < kWarps; ++w) { mx = fmaxf(mx, wmax[w]); }
+
+    float acc[kMaxDimsPerThread] = {};
+    float sum = 0.0f;
+    for (int64_t t0 = 0; t0 < n; t0 += kChunk) {
+        const int nc = static_cast<int>(n - t0 < kChunk ? n - t0 : kChunk);
+        for (int j = warp; j < nc; j += kWarps) {
+            const float s = score(qs, kv_row(kv.k, table, t0 + j, bs, row) + static_cast<int64_t>(kvh) * hd, hd, lane, scale);
+            if (lane == 0) { e[j] = expf(s - mx); }
+        }
+        __syncthreads();
+        for (int j = 0; j < nc; ++j) {
+            const float   p = e[j];
+            const float * v = kv_row(kv.v, table, t0 + j, bs, row) + static_cast<int64_t>(kvh) * hd;
+            sum += p;
+#pragma unroll
+            for (int r = 0; r < kMaxDimsPerThread; ++r) {
+                const int d = tid + r * kThreads;
+                if (d < hd) { acc[r] = fmaf(p, v[d], acc[r]); }
+            }
+        }
+        __syncthreads();  // e[] is rewritten by the next chunk
+    }
+    const float inv = 1.0f / sum;
+    float *     o   = out + (i * n_heads + h) * hd;
+#pragma unroll
+    for (int r = 0; r < kMaxDimsPerThread; ++r) {
+        const int d = tid + r * kThreads;
+        if (d < hd) { o[d] = acc[r] * inv; }
+    }
+}
+
+}  // namespace
+
+void attention_paged(float * out, const float * q, AttnBatch batch, int64_t n_tokens, int64_t n_heads, PagedKv kv,
+                     float scale, cudaStream_t stream) {
+    if (n_tokens <= 0 || n_heads <= 0) { return; }
+    const dim3   grid(static_cast<unsigned>(n_heads), static_cast<unsigned>(n_tokens));
+    const size_t smem = sizeof(float) * (static_cast<size_t>(kv.head_dim) + kChunk);
+    attention_kernel<<<grid, kThreads, smem, stream>>>(out, q, batch, static_cast<int>(n_heads), kv, scale);
+    check_launch("attention_paged");
+}
+
+}  // namespace fd::kernels::cuda

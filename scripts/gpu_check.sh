@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# GPU check (issue #10): configure a CUDA build (-DFD_WITH_CUDA=ON, sm_90), build the GPU tests and
+# the GPU benchmark, run `ctest -L gpu` and fd_gpu_bench (JSON). Meant to finish within 8 minutes on
+# one H200; record its output in docs/benchmarks.md. Without a GPU every gpu test reports Skipped
+# (exit 77) and the script says "no GPU: N tests skipped" and exits 0.
+#   BUILD_DIR (default build-gpu), FD_JOBS (default: all cores), FD_GPU_BENCH_SECONDS (per point, 0.3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+JOBS=${FD_JOBS:-$(nproc)}
+start=$(date +%s)
+
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFD_WITH_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+# Only what the GPU check runs (the whole tree builds with scripts/build.sh).
+cmake --build "$BUILD_DIR" -j "$JOBS" --target fd_gpu_test_cuda_ops fd_gpu_test_cuda_vmm fd_gpu_test_cuda_backend fd_gpu_bench
+built=$(date +%s)
+echo "gpu_check: built in $((built - start)) s"
+
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader || true
+fi
+
+set +e
+(cd "$BUILD_DIR" && ctest -L gpu --output-on-failure --timeout 300) | tee "$BUILD_DIR/gpu_ctest.log"
+ctest_rc=${PIPESTATUS[0]}
+set -e
+n_total=$(grep -Eo 'out of [0-9]+' "$BUILD_DIR/gpu_ctest.log" | tail -1 | grep -Eo '[0-9]+' || echo 0)
+n_skipped=$(grep -c '\*\*\*Skipped' "$BUILD_DIR/gpu_ctest.log" || true)
+if [[ "$n_total" -gt 0 && "$n_skipped" -eq "$n_total" ]]; then
+  echo "no GPU: $n_skipped tests skipped"
+  "$BUILD_DIR/fd_gpu_bench" >/dev/null || true
+  exit 0
+fi
+
+set +e
+bench_json=$("$BUILD_DIR/fd_gpu_bench" "${FD_GPU_BENCH_SECONDS:-0.3}")
+bench_rc=$?
+set -e
+echo "$bench_json"
+end=$(date +%s)
+echo "gpu_check: ctest rc $ctest_rc, bench rc $bench_rc, $((end - start)) s in all"
+[[ $ctest_rc -eq 0 && $bench_rc -eq 0 ]]
