@@ -3,6 +3,10 @@
 
 #include "fd/status.h"
 
+#if FD_WITH_CUDA
+#include "fd/kernels/cuda_backend.h"
+#endif
+
 namespace fd::kernels {
 
 const char * device_kind_name(DeviceKind kind) {
@@ -16,7 +20,12 @@ const char * device_kind_name(DeviceKind kind) {
 std::unique_ptr<Backend> make_backend(const BackendConfig & cfg) {
     switch (cfg.kind) {
     case DeviceKind::cpu: return make_cpu_backend(cfg.n_threads);
-    case DeviceKind::cuda: break;
+    case DeviceKind::cuda:
+#if FD_WITH_CUDA
+        return make_cuda_backend(cfg.device_id, cfg.n_threads);
+#else
+        break;
+#endif
     }
     fail(Errc::invalid_argument, "backend '{}' is not compiled into this build", device_kind_name(cfg.kind));
 }

@@ -10,6 +10,7 @@
 #if __has_include("fd/kernels/cpu_ops.h")
 #include "fd/kernels/cpu_ops.h"  // linear, attention_paged with their ThreadPool (the Backend seam moves them)
 #endif
+#include "fd/memory/allocator.h"
 #include "fd/status.h"
 
 #include <cmath>
@@ -143,6 +144,21 @@ TEST_CASE("CudaBackend runs a step's ops from host index arrays like the CPU ops
                      static_cast<void *>(d_logits)}) {
         be->free(p);
     }
+}
+
+TEST_CASE("the factories build the CUDA backend and allocator in a CUDA build") {
+    auto be = K::make_backend(K::BackendConfig{K::DeviceKind::cuda, 2, 0});
+    CHECK(std::string(be->name()) == "cuda");
+    auto alloc = fd::memory::make_allocator(K::DeviceKind::cuda);
+    CHECK(std::string(alloc->name()) == "cuda_vmm");
+    CHECK(alloc->device() == K::DeviceKind::cuda);
+    // Backend and allocator memory work together: a region written by upload, read back.
+    std::byte *                 p = alloc->map(fd::memory::Tag::weight, 1000, true);
+    const std::vector<float>    h = {1.5f, -2.0f, 3.25f};
+    std::vector<float>          back(3);
+    be->upload(p, h.data(), 12);
+    be->download(back.data(), p, 12);
+    CHECK(back == h);
 }
 
 TEST_CASE("make_cuda_backend refuses a device that is not there") {

@@ -1,6 +1,10 @@
 // Tag names and the allocator factory (the one place that knows which allocators this build has).
 #include "fd/memory/allocator.h"
 
+#if FD_WITH_CUDA
+#include "fd/memory/cuda_vmm_allocator.h"
+#endif
+
 #include "fd/status.h"
 
 namespace fd::memory {
@@ -31,7 +35,12 @@ int64_t Allocator::held_bytes_total() const {
 std::unique_ptr<Allocator> make_allocator(kernels::DeviceKind device) {
     switch (device) {
     case kernels::DeviceKind::cpu: return make_host_allocator();
-    case kernels::DeviceKind::cuda: break;
+    case kernels::DeviceKind::cuda:
+#if FD_WITH_CUDA
+        return make_cuda_vmm_allocator(-1);  // the calling thread's current CUDA device
+#else
+        break;
+#endif
     }
     fail(Errc::invalid_argument, "no allocator for device '{}' in this build", kernels::device_kind_name(device));
 }

@@ -120,9 +120,16 @@ size_t granularity_of(CUdevice dev) {
     return g;
 }
 
+int current_if_negative(int device) {
+    if (device >= 0) { return device; }
+    int cur = 0;
+    check_rt(cudaGetDevice(&cur), "cudaGetDevice", "the current device");
+    return cur;
+}
+
 class CudaVmmAllocator final : public Allocator {
 public:
-    CudaVmmAllocator(int device, int64_t chunk_bytes) : device_(device), cu_device_(bind_device(device)) {
+    CudaVmmAllocator(int device, int64_t chunk_bytes) : device_(current_if_negative(device)), cu_device_(bind_device(device_)) {
         granularity_ = granularity_of(cu_device_);
         chunk_bytes_ = round_up(chunk_bytes <= 0 ? granularity_ : static_cast<size_t>(chunk_bytes), granularity_);
     }
@@ -258,6 +265,6 @@ std::unique_ptr<Allocator> make_cuda_vmm_allocator(int device, int64_t chunk_byt
     return std::make_unique<CudaVmmAllocator>(device, chunk_bytes);
 }
 
-int64_t cuda_vmm_granularity(int device) { return static_cast<int64_t>(granularity_of(bind_device(device))); }
+int64_t cuda_vmm_granularity(int device) { return static_cast<int64_t>(granularity_of(bind_device(current_if_negative(device)))); }
 
 }  // namespace fd::memory

@@ -25,7 +25,8 @@
 
 namespace fd::memory {
 
-/// The CUDA virtual-memory allocator on device `device` (cudaSetDevice + the runtime's primary
+/// The CUDA virtual-memory allocator on device `device` (-1: the calling thread's current device;
+/// make_allocator(DeviceKind::cuda) uses that) (cudaSetDevice + the runtime's primary
 /// context, so its pointers work with the CUDA runtime, cuBLAS and NCCL). `chunk_bytes`: the
 /// physical allocation unit, rounded up to the device's granularity (2 MiB on H100/H200).
 /// Errors  fd::Error{internal} when the device is absent or lacks virtual memory management.
