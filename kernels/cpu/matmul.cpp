@@ -229,6 +229,7 @@ void tile(const TileArgs & t) {
 // ---------------------------------------------------------------------------------------------
 
 constexpr int     kMR      = 4, kNR = 6;
+constexpr int64_t kDirectRows = 8;        ///< f32 weights, up to this many rows: not packed
 constexpr int64_t kKcSteps = 64;          ///< vector steps per k chunk (1024 k's): a strip chunk
                                           ///< (6 x 1024 x 4 B = 24 KiB) stays in L1
 constexpr int64_t kXPanelBytes = 128 << 10;  ///< packed x of one panel (whole k) within this (L2)
@@ -435,6 +436,23 @@ void strip(float * out, const float * x, const char * w, const float * bias, int
     }
 }
 
+/// A few f32 rows (2..kDirectRows) x outputs [o0, o1) on unpacked operands: the weights stream
+/// from their rows as in the one-row path (packing them would cost more than these rows use).
+template <int MR, int NR>
+void rows_direct(float * out, const float * x, const char * w, const float * bias, int64_t n_rows, int64_t n_in,
+                 int64_t n_out, int64_t o0, int64_t o1) {
+    const int64_t row_bytes = n_in * 4;
+    for (int64_t o = o0; o < o1; o += NR) {
+        for (int64_t r = 0; r < n_rows; r += MR) {
+            tile<WType::f32, MR, NR, true>({.x = x + r * n_in, .ldx = n_in, .w = w + o * row_bytes, .ldw = row_bytes,
+                                            .n_rows = static_cast<int>(std::min<int64_t>(MR, n_rows - r)),
+                                            .n_cols = static_cast<int>(std::min<int64_t>(NR, o1 - o)), .n_k = n_in,
+                                            .first = true, .last = true, .carry = nullptr, .out = out + r * n_out + o,
+                                            .ldo = n_out, .bias = bias ? bias + o : nullptr});
+        }
+    }
+}
+
 }  // namespace
 
 void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
@@ -467,6 +485,21 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
                 strip<WType::f32>(out, xs, wb, bias, n_in, o0, o1);
             } else {
                 strip<WType::bf16>(out, xs, wb, bias, n_in, o0, o1);
+            }
+        });
+        return;
+    }
+    if (wtype == WType::f32 && n_rows <= kDirectRows) {
+        // A few rows: as the one-row path, tasks of ~128 KiB of weights.
+        const int64_t per_task = std::max<int64_t>(24, ((128 << 10) / std::max<int64_t>(1, n_in * 4)) / 24 * 24);
+        for_tasks((n_out + per_task - 1) / per_task, [&](int64_t t) {
+            const int64_t o0 = t * per_task, o1 = std::min(n_out, o0 + per_task);
+            if (n_rows == 2) {
+                rows_direct<2, 8>(out, x, wb, bias, n_rows, n_in, n_out, o0, o1);
+            } else if (n_rows == 3) {
+                rows_direct<3, 6>(out, x, wb, bias, n_rows, n_in, n_out, o0, o1);
+            } else {
+                rows_direct<4, 6>(out, x, wb, bias, n_rows, n_in, n_out, o0, o1);
             }
         });
         return;
