@@ -10,8 +10,11 @@
 //                 weights); lane l of the "lo" vector takes k = 8*(l/4) + l%4 of each block of
 //                 32, of the "hi" vector k = 8*(l/4) + 4 + l%4, lo first. x is permuted into the
 //                 same order once per call, so the weights need no further shuffling.
-// Tiles only decide how many rows and outputs share a load, never the arithmetic, so a row's
-// result is bitwise the same for any batch size, batch position, tiling or thread count.
+// Paths: one row (decode) and, for f32 weights, up to 8 rows stream the weights from their rows
+// in register tiles; more rows (or bf16) run on packed operands (x per call, a weight block per
+// task, see "Many rows" below). Tiles and packing only decide which loads feed an FMA, never the
+// arithmetic, so a row's result is bitwise the same for any batch size, batch position, path,
+// tiling or thread count.
 #include "fd/kernels/ops.h"
 #include "lanes.h"
 
@@ -234,7 +237,9 @@ constexpr int64_t kKcSteps = 64;          ///< vector steps per k chunk (1024 k'
                                           ///< (6 x 1024 x 4 B = 24 KiB) stays in L1
 constexpr int64_t kXPanelBytes = 128 << 10;  ///< packed x of one panel (whole k) within this (L2)
 constexpr int64_t kWBlockBytes = 192 << 10;  ///< a task's packed weight block within this (L2)
-constexpr int64_t kXSuperBytes = 2048 << 10; ///< x rows of one task: weights stream once per these
+constexpr int64_t kXSuperBytes = 768 << 10;  ///< x rows of one task, kept in L2 next to its weight
+                                             ///< block (from L3 a task ran ~25% slower); the
+                                             ///< weights stream from memory once per these rows
 
 /// Vector steps of a row of n_in k's: f32 ceil(n_in / 16), bf16 2 ceil(n_in / 32).
 int64_t n_vsteps(WType t, int64_t n_in) { return t == WType::f32 ? (n_in + 15) / 16 : 2 * ((n_in + 31) / 32); }
@@ -326,10 +331,6 @@ __attribute__((noinline)) void packed_steps(const float * xp, const float * wp, 
     for (int64_t s = 0; s < n; ++s) {
         const float * ws = wp + s * kNR * kLanes;
         const float * xs = xp + s * kMR * kLanes;
-#ifdef FD_PF
-#pragma GCC unroll 4
-        for (int r = 0; r < kMR; ++r) { __builtin_prefetch(xs + FD_PF * kMR * kLanes + r * kLanes, 0, 3); }
-#endif
         __m512 w[kNR];
 #pragma GCC unroll 8
         for (int c = 0; c < kNR; ++c) {
@@ -396,6 +397,15 @@ void packed_task(float * out, const float * xp, const float * wp, const float * 
         }
         for (int64_t v0 = 0; v0 < nv; v0 += kKcSteps) {
             const int64_t nk = std::min(kKcSteps, nv - v0);
+            // The next (panel, chunk)'s x is brought into L2 while this one runs: its lines are
+            // spread over this unit's kernel calls (x of a fresh panel comes from L3 or memory).
+            int64_t np0 = p0, nv0 = v0 + kKcSteps;
+            if (nv0 >= nv) { np0 = p0 + mc; nv0 = 0; }
+            const int64_t n_next_tiles = np0 < r1 ? (std::min(r1, np0 + mc) - np0 + kMR - 1) / kMR : 0;
+            const int64_t next_lines_per_tile = std::min(kKcSteps, nv - nv0) * kMR;  // 64-byte lines
+            const int64_t next_lines = n_next_tiles * next_lines_per_tile;
+            const int64_t n_calls = n_strips * n_tiles, per_call = (next_lines + n_calls - 1) / n_calls;
+            int64_t       next_line = 0;
             for (int64_t st = 0; st < n_strips; ++st) {
                 const float * ws = wp + (st * nv + v0) * kNR * kLanes;
                 const int64_t o  = o0 + st * kNR;
@@ -407,6 +417,10 @@ void packed_task(float * out, const float * xp, const float * wp, const float * 
                                      .n_rows = static_cast<int>(std::min<int64_t>(kMR, p1 - r)), .n_cols = nc};
                     const float *  xs = xp + ((r / kMR) * nv + v0) * kMR * kLanes;
                     const bool     first = v0 == 0, last = v0 + nk == nv;
+                    for (int64_t i = 0; i < per_call && next_line < next_lines; ++i, ++next_line) {
+                        const int64_t nt = next_line / next_lines_per_tile, ln = next_line % next_lines_per_tile;
+                        __builtin_prefetch(xp + ((np0 / kMR + nt) * nv + nv0) * kMR * kLanes + ln * kLanes, 0, 2);
+                    }
                     if (first && last) {
                         packed_steps<true, true>(xs, ws, nk, e);
                     } else if (first) {
