@@ -32,7 +32,10 @@ typedef int32_t i32x16 __attribute__((vector_size(64)));
 
 /// Queries of one task: up to kQt consecutive batch entries of one sequence (same block table),
 /// so each K and V row read from memory serves all of them.
-constexpr int64_t kQt = 16;
+constexpr int64_t kQt = 64;
+/// Tiles of more queries than this run one kv head at a time: the scores scratch of a head
+/// ([queries, group, context]) stays in L2 and each K/V row slice is still read once per tile.
+constexpr int64_t kPerHeadQueries = 4;
 /// Context positions per inner chunk: 16 scores are reduced at once (reduce_all).
 constexpr int64_t kTc = 16;
 
@@ -66,15 +69,39 @@ inline const float * kv_row(const float * pool, const AttnQuery & qry, int64_t t
 /// Lane sums of M queries' scores against kTc K rows: acc[m][j] = 16 lane-wise FMA chains over
 /// d of q[m] · k[j] (d ascending). Every K vector is loaded once for the M queries; each
 /// (query, row) chain is the same for any M.
-template <int M>
+/// kHd > 0: head_dim known at compile time (q held in registers); 0: `hd` at run time. The same
+/// FMAs either way.
+template <int M, int kHd = 0>
 inline void score_lanes(f32x16 (&acc)[4][kTc], const float * const (&qh)[4], const float * const (&kr)[kTc], int64_t hd) {
-    for (int64_t j = 0; j < kTc; ++j) {
-        f32x16 a[M] = {};
-        for (int64_t d = 0; d < hd; d += kLanes) {
-            const f32x16 k = load16(kr[j] + d);
-            for (int m = 0; m < M; ++m) { a[m] += load16(qh[m] + d) * k; }
+    if constexpr (kHd > 0) {
+        constexpr int ND = kHd / kLanes;
+        f32x16 qv[M][ND];
+#pragma GCC unroll 8
+        for (int m = 0; m < M; ++m) {
+#pragma GCC unroll 8
+            for (int d = 0; d < ND; ++d) { qv[m][d] = load16(qh[m] + d * kLanes); }
         }
-        for (int m = 0; m < M; ++m) { acc[m][j] = a[m]; }
+#pragma GCC unroll 2
+        for (int64_t j = 0; j < kTc; ++j) {
+            f32x16 a[M] = {};
+#pragma GCC unroll 8
+            for (int d = 0; d < ND; ++d) {
+                const f32x16 k = load16(kr[j] + d * kLanes);
+#pragma GCC unroll 4
+                for (int m = 0; m < M; ++m) { a[m] += qv[m][d] * k; }
+            }
+#pragma GCC unroll 4
+            for (int m = 0; m < M; ++m) { acc[m][j] = a[m]; }
+        }
+    } else {
+        for (int64_t j = 0; j < kTc; ++j) {
+            f32x16 a[M] = {};
+            for (int64_t d = 0; d < hd; d += kLanes) {
+                const f32x16 k = load16(kr[j] + d);
+                for (int m = 0; m < M; ++m) { a[m] += load16(qh[m] + d) * k; }
+            }
+            for (int m = 0; m < M; ++m) { acc[m][j] = a[m]; }
+        }
     }
 }
 
@@ -143,7 +170,11 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
                 }
                 if (lanes) {
                     f32x16 acc[4][kTc];
-                    if (m_n == 4) {
+                    if (m_n == 4 && hd == 64) {
+                        score_lanes<4, 64>(acc, qh, kr, hd);
+                    } else if (m_n == 4 && hd == 128) {
+                        score_lanes<4, 128>(acc, qh, kr, hd);
+                    } else if (m_n == 4) {
                         score_lanes<4>(acc, qh, kr, hd);
                     } else {
                         for (int m = 0; m < m_n; ++m) {
@@ -265,10 +296,15 @@ void attention_paged(float * out, const float * q, const AttnQuery * queries, in
     const int64_t group     = n_heads / n_kv;
     auto run = [&](int64_t task) {
         thread_local std::vector<float> scores;
-        const size_t need = static_cast<size_t>(kQt * per_range * group * ((n_ctx_max + kTc - 1) / kTc * kTc));
-        if (scores.size() < need) { scores.resize(need); }
         const int64_t tile = task / n_ranges, g0 = task % n_ranges * per_range, g1 = std::min(n_kv, g0 + per_range);
-        if (g0 < g1) { attend_tile(out, q, queries, starts[tile], starts[tile + 1], n_heads, g0, g1, kv, scale, scores.data()); }
+        const int64_t nq = starts[tile + 1] - starts[tile];
+        const int64_t heads_at_once = nq > kPerHeadQueries ? 1 : per_range;  // kv heads per attend_tile
+        const size_t  need = static_cast<size_t>(nq * heads_at_once * group * ((n_ctx_max + kTc - 1) / kTc * kTc));
+        if (scores.size() < need) { scores.resize(need); }
+        for (int64_t g = g0; g < g1; g += heads_at_once) {
+            attend_tile(out, q, queries, starts[tile], starts[tile + 1], n_heads, g, std::min(g1, g + heads_at_once), kv, scale,
+                        scores.data());
+        }
     };
     const int64_t n_tasks = n_tiles * n_ranges;
     const int64_t work    = n_ctx_max * n_tokens * n_heads * kv.head_dim;

@@ -10,8 +10,11 @@
 //                 weights); lane l of the "lo" vector takes k = 8*(l/4) + l%4 of each block of
 //                 32, of the "hi" vector k = 8*(l/4) + 4 + l%4, lo first. x is permuted into the
 //                 same order once per call, so the weights need no further shuffling.
-// Tiles only decide how many rows and outputs share a load, never the arithmetic, so a row's
-// result is bitwise the same for any batch size, batch position, tiling or thread count.
+// Paths: one row (decode) and, for f32 weights, up to 8 rows stream the weights from their rows
+// in register tiles; more rows (or bf16) run on packed operands (x per call, a weight block per
+// task, see "Many rows" below). Tiles and packing only decide which loads feed an FMA, never the
+// arithmetic, so a row's result is bitwise the same for any batch size, batch position, path,
+// tiling or thread count.
 #include "fd/kernels/cpu_ops.h"
 #include "lanes.h"
 
@@ -216,70 +219,218 @@ void tile(const TileArgs & t) {
     }
 }
 
-/// Cache blocking of the many-row path. A task owns up to kSuperRows rows x kNc outputs (its
-/// weights stay in L2) and runs a panel per block of `mc` rows. A panel walks k in chunks of kKc: for each chunk, each 6-output weight strip (6 x kKc, in L1) meets every
-/// 4-row x tile of the block (mc x kKc, in L2), the lanes of every (row, output) parking in a
-/// per-thread carry buffer between chunks. bf16 strips are widened once per chunk into an f32
-/// strip in the bf16 lane order (x is permuted to match), so the f32 tile runs the very FMAs
-/// of the bf16 step: lo vector, then hi vector. The tiling never touches the arithmetic.
-constexpr int     kMR          = 4, kNR = 6;
-constexpr int64_t kKc          = 1024;       ///< k per chunk (a multiple of both steps)
-constexpr int64_t kNc          = 48;         ///< outputs per task (a multiple of kNR)
-constexpr int64_t kXBlockBytes = 96 << 10;   ///< x rows of one panel (whole k) kept within this
-constexpr int64_t kSuperRows   = 256;        ///< rows of one task: weights stream once per this many
+// ---------------------------------------------------------------------------------------------
+// Many rows: packed operands
+//
+// Both operands are packed into "vector steps" of 16 k's in the weights' lane order (f32: k = 16v
+// + lane; bf16: step s of 32 k's is vector steps 2s (lo) and 2s + 1 (hi), bf16_lane_k order), the
+// tail zero-padded exactly as the one-row path pads it. So vector step v of a packed (row,
+// output) pair is the very FMA the one-row path runs at its step v (bf16: lo before hi), and the
+// packed kernel runs the one-row path's chain. x is packed once per call into tiles of kMR rows
+// ([tile][vstep][kMR][16], one contiguous stream per tile); a task packs its block of weight rows
+// once ([strip][vstep][kNR][16]; bf16 widened here), then every row panel of the task meets it.
+// ---------------------------------------------------------------------------------------------
 
-int64_t rows_per_block(int64_t n_rows, int64_t ldx) {
-    const int64_t mc = std::clamp<int64_t>(kXBlockBytes / (ldx * 4) / kMR * kMR, 16, 128);
-    return std::min(mc, (n_rows + kMR - 1) / kMR * kMR);
-}
+constexpr int     kMR      = 4, kNR = 6;
+constexpr int64_t kDirectRows = 8;        ///< f32 weights, up to this many rows: not packed
+constexpr int64_t kKcSteps = 64;          ///< vector steps per k chunk (1024 k's): a strip chunk
+                                          ///< (6 x 1024 x 4 B = 24 KiB) stays in L1
+constexpr int64_t kXPanelBytes = 128 << 10;  ///< packed x of one panel (whole k) within this (L2)
+constexpr int64_t kWBlockBytes = 192 << 10;  ///< a task's packed weight block within this (L2)
+constexpr int64_t kXSuperBytes = 768 << 10;  ///< x rows of one task, kept in L2 next to its weight
+                                             ///< block (from L3 a task ran ~25% slower); the
+                                             ///< weights stream from memory once per these rows
 
-/// bf16 weights [k0, k0 + n) of a row as f32 in bf16_lane_k order, zero-padded to whole 32s.
-void widen_bf16(float * dst, const uint16_t * src, int64_t n) {
-    for (int64_t k = 0; k < n; k += 32) {
-        f32x16 w[2];
-        load_w<WType::bf16>(reinterpret_cast<const char *>(src), k, static_cast<int>(std::min<int64_t>(32, n - k)), w);
-        std::memcpy(dst + k, &w[0], sizeof w[0]);
-        std::memcpy(dst + k + kLanes, &w[1], sizeof w[1]);
-    }
-}
+/// Vector steps of a row of n_in k's: f32 ceil(n_in / 16), bf16 2 ceil(n_in / 32).
+int64_t n_vsteps(WType t, int64_t n_in) { return t == WType::f32 ? (n_in + 15) / 16 : 2 * ((n_in + 31) / 32); }
 
-/// One task of the many-row path: rows [r0, r1) x outputs [o0, o1). x [n_rows, ldx] is f32 x
-/// (ldx = n_in) or the permuted bf16 copy (ldx = n_in rounded up to 32).
-template <WType T>
-void panel(float * out, const float * x, int64_t ldx, const char * w, const float * bias, int64_t r0, int64_t r1,
-           int64_t n_out, int64_t n_in, int64_t o0, int64_t o1) {
-    const int64_t row_bytes = n_in * Step<T>::kElemBytes;
-    const int64_t n_k       = T == WType::f32 ? n_in : ldx;
-    const int64_t n_rt = (r1 - r0 + kMR - 1) / kMR, n_ot = (o1 - o0 + kNR - 1) / kNR;
-    thread_local std::vector<f32x16> carry;
-    thread_local std::vector<float>  wide;  // bf16: one strip of one chunk, widened
-    if (static_cast<int64_t>(carry.size()) < n_rt * n_ot * kMR * kNR) {
-        carry.resize(static_cast<size_t>(n_rt * n_ot * kMR * kNR));
-    }
-    if (T == WType::bf16 && wide.size() < static_cast<size_t>(kNR * kKc)) { wide.resize(kNR * kKc); }
-    for (int64_t k0 = 0; k0 < n_k; k0 += kKc) {
-        const int64_t nk = std::min(kKc, n_k - k0);
-        for (int64_t ot = 0; ot < n_ot; ++ot) {
-            const int64_t o  = o0 + ot * kNR;
-            const int     nc = static_cast<int>(std::min<int64_t>(kNR, o1 - o));
-            const char *  ws = w + o * row_bytes + k0 * Step<T>::kElemBytes;
-            int64_t       ldw = row_bytes;
-            if constexpr (T == WType::bf16) {
-                for (int c = 0; c < nc; ++c) {
-                    widen_bf16(wide.data() + c * nk, reinterpret_cast<const uint16_t *>(ws + c * row_bytes),
-                               std::min(nk, n_in - k0));
+/// x [n_rows, n_in] → xp [ceil(n_rows / kMR)][n_vsteps][kMR][16], rows past n_rows zero.
+void pack_x(std::vector<float> & xp, const float * x, int64_t n_rows, int64_t n_in, WType t) {
+    const int64_t nv = n_vsteps(t, n_in), n_tiles = (n_rows + kMR - 1) / kMR;
+    xp.resize(static_cast<size_t>(n_tiles * nv * kMR * kLanes));
+    for (int64_t tile = 0; tile < n_tiles; ++tile) {
+        float * dst = xp.data() + tile * nv * kMR * kLanes;
+        for (int r = 0; r < kMR; ++r) {
+            const int64_t row = tile * kMR + r;
+            for (int64_t v = 0; v < nv; ++v) {
+                float * d = dst + (v * kMR + r) * kLanes;
+                if (row >= n_rows) {
+                    std::memset(d, 0, sizeof(float) * kLanes);
+                    continue;
                 }
-                ws  = reinterpret_cast<const char *>(wide.data());
-                ldw = nk * 4;
+                const float * src = x + row * n_in;
+                if (t == WType::f32) {
+                    const int64_t k0 = v * kLanes, n = std::min<int64_t>(kLanes, n_in - k0);
+                    if (n == kLanes) {
+                        std::memcpy(d, src + k0, sizeof(float) * kLanes);
+                    } else {
+                        std::memset(d, 0, sizeof(float) * kLanes);
+                        std::memcpy(d, src + k0, sizeof(float) * n);
+                    }
+                } else {
+                    const int64_t base = (v / 2) * 32;
+                    for (int l = 0; l < kLanes; ++l) {
+                        const int64_t k = base + bf16_lane_k((v % 2) * kLanes + l);
+                        d[l] = k < n_in ? src[k] : 0.0f;
+                    }
+                }
             }
-            for (int64_t rt = 0; rt < n_rt; ++rt) {
-                const int64_t r = r0 + rt * kMR;
-                tile<WType::f32, kMR, kNR, false>({.x = x + r * ldx + k0, .ldx = ldx, .w = ws, .ldw = ldw,
-                                                   .n_rows = static_cast<int>(std::min<int64_t>(kMR, r1 - r)),
-                                                   .n_cols = nc, .n_k = nk, .first = k0 == 0, .last = k0 + nk == n_k,
-                                                   .carry = carry.data() + (ot * n_rt + rt) * kMR * kNR,
-                                                   .out = out + r * n_out + o, .ldo = n_out,
-                                                   .bias = bias ? bias + o : nullptr});
+        }
+    }
+}
+
+/// Weight rows [o0, o0 + n) → wp [ceil(n / kNR)][n_vsteps][kNR][16] as f32 in lane order; outputs
+/// past n zero (results not stored).
+template <WType T>
+void pack_w(float * wp, const char * w, int64_t n_in, int64_t o0, int64_t n) {
+    const int64_t nv = n_vsteps(T, n_in), row_bytes = n_in * Step<T>::kElemBytes;
+    const int64_t n_strips = (n + kNR - 1) / kNR;
+    for (int64_t c = 0; c < n_strips * kNR; ++c) {
+        float * dst = wp + (c / kNR) * nv * kNR * kLanes + (c % kNR) * kLanes;
+        if (c >= n) {
+            for (int64_t v = 0; v < nv; ++v) { std::memset(dst + v * kNR * kLanes, 0, sizeof(float) * kLanes); }
+            continue;
+        }
+        const char * row = w + (o0 + c) * row_bytes;
+        for (int64_t v = 0; v < nv; v += Step<T>::V) {
+            const int64_t k = v / Step<T>::V * Step<T>::K;
+            f32x16        wv[Step<T>::V];
+            load_w<T>(row, k, static_cast<int>(std::min<int64_t>(Step<T>::K, n_in - k)), wv);
+            for (int u = 0; u < Step<T>::V; ++u) { std::memcpy(dst + (v + u) * kNR * kLanes, &wv[u], sizeof(f32x16)); }
+        }
+    }
+}
+
+/// Where a tile's lanes start and end: from zero or the carry, to the carry or (reduced, plus the
+/// bias) to out.
+struct TileEnds {
+    f32x16 *      carry;   ///< [kMR * kNR] lanes between k chunks
+    float *       out;     ///< out [n_rows, ldo] at the tile's first output
+    int64_t       ldo;
+    const float * bias;    ///< [n_cols] or nullptr
+    int           n_rows;  ///< rows of the tile to store (1..kMR)
+    int           n_cols;  ///< outputs of the tile to store (1..kNR)
+};
+
+/// `n` vector steps of a kMR x kNR tile on packed operands: xp [n][kMR][16], wp [n][kNR][16].
+/// acc[r][c] = x * w + acc, one FMA per step, steps ascending (the one-row path's chain); kFirst:
+/// lanes start at zero (else from the carry); kLast: reduce, add the bias, store (else lanes to
+/// the carry).
+template <bool kFirst, bool kLast>
+__attribute__((noinline)) void packed_steps(const float * xp, const float * wp, int64_t n, const TileEnds & e) {
+    f32x16 acc[kMR][kNR];
+#if defined(__AVX512F__)
+    __m512 a[kMR][kNR];
+#pragma GCC unroll 8
+    for (int r = 0; r < kMR; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < kNR; ++c) {
+            a[r][c] = kFirst ? _mm512_setzero_ps() : _mm512_loadu_ps(reinterpret_cast<const float *>(e.carry + r * kNR + c));
+        }
+    }
+    for (int64_t s = 0; s < n; ++s) {
+        const float * ws = wp + s * kNR * kLanes;
+        const float * xs = xp + s * kMR * kLanes;
+        __m512 w[kNR];
+#pragma GCC unroll 8
+        for (int c = 0; c < kNR; ++c) {
+            w[c] = _mm512_loadu_ps(ws + c * kLanes);
+            __asm__("" : "+v"(w[c]));
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < kMR; ++r) {
+            const __m512 xv = _mm512_loadu_ps(xs + r * kLanes);
+#pragma GCC unroll 8
+            for (int c = 0; c < kNR; ++c) { a[r][c] = _mm512_fmadd_ps(xv, w[c], a[r][c]); }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < kMR; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < kNR; ++c) { std::memcpy(&acc[r][c], &a[r][c], sizeof(__m512)); }
+    }
+#else
+    for (int r = 0; r < kMR; ++r) {
+        for (int c = 0; c < kNR; ++c) { acc[r][c] = kFirst ? f32x16{} : e.carry[r * kNR + c]; }
+    }
+    for (int64_t s = 0; s < n; ++s) {
+        for (int r = 0; r < kMR; ++r) {
+            const f32x16 xv = load16(xp + (s * kMR + r) * kLanes);
+            for (int c = 0; c < kNR; ++c) { acc[r][c] += xv * load16(wp + (s * kNR + c) * kLanes); }
+        }
+    }
+#endif
+    if constexpr (!kLast) {
+        std::memcpy(e.carry, &acc[0][0], sizeof acc);
+    } else {
+        float sums[kMR * kNR];
+        reduce_all(&acc[0][0], kMR * kNR, sums);
+        if (e.n_rows == kMR && e.n_cols == kNR) {
+#pragma GCC unroll 8
+            for (int r = 0; r < kMR; ++r) {
+#pragma GCC unroll 8
+                for (int c = 0; c < kNR; ++c) { e.out[r * e.ldo + c] = e.bias ? sums[r * kNR + c] + e.bias[c] : sums[r * kNR + c]; }
+            }
+            return;
+        }
+        for (int r = 0; r < e.n_rows; ++r) {
+            for (int c = 0; c < e.n_cols; ++c) {
+                float v = sums[r * kNR + c];
+                if (e.bias) { v += e.bias[c]; }
+                e.out[r * e.ldo + c] = v;
+            }
+        }
+    }
+}
+
+/// One task of the many-row path: rows [r0, r1) x outputs [o0, o1). xp from pack_x (r0 a
+/// multiple of kMR); wp this thread's packed block of outputs [o0, o1).
+void packed_task(float * out, const float * xp, const float * wp, const float * bias, int64_t nv, int64_t r0,
+                 int64_t r1, int64_t n_out, int64_t o0, int64_t o1, int64_t mc) {
+    const int64_t n_strips = (o1 - o0 + kNR - 1) / kNR;
+    thread_local std::vector<f32x16> carry;
+    for (int64_t p0 = r0; p0 < r1; p0 += mc) {
+        const int64_t p1 = std::min(r1, p0 + mc), n_tiles = (p1 - p0 + kMR - 1) / kMR;
+        const bool    chunked = nv > kKcSteps;
+        if (chunked && static_cast<int64_t>(carry.size()) < n_tiles * n_strips * kMR * kNR) {
+            carry.resize(static_cast<size_t>(n_tiles * n_strips * kMR * kNR));
+        }
+        for (int64_t v0 = 0; v0 < nv; v0 += kKcSteps) {
+            const int64_t nk = std::min(kKcSteps, nv - v0);
+            // The next (panel, chunk)'s x is brought into L2 while this one runs: its lines are
+            // spread over this unit's kernel calls (x of a fresh panel comes from L3 or memory).
+            int64_t np0 = p0, nv0 = v0 + kKcSteps;
+            if (nv0 >= nv) { np0 = p0 + mc; nv0 = 0; }
+            const int64_t n_next_tiles = np0 < r1 ? (std::min(r1, np0 + mc) - np0 + kMR - 1) / kMR : 0;
+            const int64_t next_lines_per_tile = std::min(kKcSteps, nv - nv0) * kMR;  // 64-byte lines
+            const int64_t next_lines = n_next_tiles * next_lines_per_tile;
+            const int64_t n_calls = n_strips * n_tiles, per_call = (next_lines + n_calls - 1) / n_calls;
+            int64_t       next_line = 0;
+            for (int64_t st = 0; st < n_strips; ++st) {
+                const float * ws = wp + (st * nv + v0) * kNR * kLanes;
+                const int64_t o  = o0 + st * kNR;
+                const int     nc = static_cast<int>(std::min<int64_t>(kNR, o1 - o));
+                for (int64_t tt = 0; tt < n_tiles; ++tt) {
+                    const int64_t  r  = p0 + tt * kMR;
+                    const TileEnds e{.carry  = chunked ? carry.data() + (st * n_tiles + tt) * kMR * kNR : nullptr,
+                                     .out    = out + r * n_out + o, .ldo = n_out, .bias = bias ? bias + o : nullptr,
+                                     .n_rows = static_cast<int>(std::min<int64_t>(kMR, p1 - r)), .n_cols = nc};
+                    const float *  xs = xp + ((r / kMR) * nv + v0) * kMR * kLanes;
+                    const bool     first = v0 == 0, last = v0 + nk == nv;
+                    for (int64_t i = 0; i < per_call && next_line < next_lines; ++i, ++next_line) {
+                        const int64_t nt = next_line / next_lines_per_tile, ln = next_line % next_lines_per_tile;
+                        __builtin_prefetch(xp + ((np0 / kMR + nt) * nv + nv0) * kMR * kLanes + ln * kLanes, 0, 2);
+                    }
+                    if (first && last) {
+                        packed_steps<true, true>(xs, ws, nk, e);
+                    } else if (first) {
+                        packed_steps<true, false>(xs, ws, nk, e);
+                    } else if (last) {
+                        packed_steps<false, true>(xs, ws, nk, e);
+                    } else {
+                        packed_steps<false, false>(xs, ws, nk, e);
+                    }
+                }
             }
         }
     }
@@ -299,17 +450,19 @@ void strip(float * out, const float * x, const char * w, const float * bias, int
     }
 }
 
-/// x [n_rows, n_in] → [n_rows, ceil(n_in / 32) * 32] in bf16_lane_k order, zero-padded.
-void permute_for_bf16(std::vector<float> & xp, const float * x, int64_t n_rows, int64_t n_in) {
-    const int64_t n_blocks = (n_in + 31) / 32, ld = n_blocks * 32;
-    xp.assign(static_cast<size_t>(n_rows * ld), 0.0f);
-    for (int64_t t = 0; t < n_rows; ++t) {
-        for (int64_t b = 0; b < n_blocks; ++b) {
-            float * dst = &xp[t * ld + b * 32];
-            for (int m = 0; m < 32; ++m) {
-                const int64_t k = b * 32 + bf16_lane_k(m);
-                dst[m] = k < n_in ? x[t * n_in + k] : 0.0f;
-            }
+/// A few f32 rows (2..kDirectRows) x outputs [o0, o1) on unpacked operands: the weights stream
+/// from their rows as in the one-row path (packing them would cost more than these rows use).
+template <int MR, int NR>
+void rows_direct(float * out, const float * x, const char * w, const float * bias, int64_t n_rows, int64_t n_in,
+                 int64_t n_out, int64_t o0, int64_t o1) {
+    const int64_t row_bytes = n_in * 4;
+    for (int64_t o = o0; o < o1; o += NR) {
+        for (int64_t r = 0; r < n_rows; r += MR) {
+            tile<WType::f32, MR, NR, true>({.x = x + r * n_in, .ldx = n_in, .w = w + o * row_bytes, .ldw = row_bytes,
+                                            .n_rows = static_cast<int>(std::min<int64_t>(MR, n_rows - r)),
+                                            .n_cols = static_cast<int>(std::min<int64_t>(NR, o1 - o)), .n_k = n_in,
+                                            .first = true, .last = true, .carry = nullptr, .out = out + r * n_out + o,
+                                            .ldo = n_out, .bias = bias ? bias + o : nullptr});
         }
     }
 }
@@ -319,15 +472,7 @@ void permute_for_bf16(std::vector<float> & xp, const float * x, int64_t n_rows, 
 void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
             int64_t n_out, int64_t n_in, ThreadPool * pool) {
     if (n_rows <= 0 || n_out <= 0) { return; }
-    const char *  wb = static_cast<const char *>(w);
-    thread_local std::vector<float> xp;  // the caller's thread only: tasks read it
-    const float * xs  = x;
-    int64_t       ldx = n_in;
-    if (wtype == WType::bf16) {
-        permute_for_bf16(xp, x, n_rows, n_in);
-        xs  = xp.data();
-        ldx = (n_in + 31) / 32 * 32;
-    }
+    const char * wb = static_cast<const char *>(w);
     auto for_tasks = [&](int64_t n_tasks, const std::function<void(int64_t)> & run) {
         if (pool && n_tasks > 1) {
             pool->parallel_for(n_tasks, run);
@@ -336,8 +481,16 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
         }
     };
     if (n_rows == 1) {
-        // Decode: tasks of ~128 KiB of weights (whole 8-row strips, at least 24 rows), as before
-        // issue #14.
+        // Decode: tasks of ~128 KiB of weights (whole 8-row strips, at least 24 rows). bf16: x in
+        // the bf16 lane order first.
+        thread_local std::vector<float> xperm;
+        const float * xs = x;
+        if (wtype == WType::bf16) {
+            pack_x(xperm, x, 1, n_in, WType::bf16);  // one row: [vstep][row 0 + 3 zero rows][16]
+            const int64_t nv = n_vsteps(WType::bf16, n_in);
+            for (int64_t v = 0; v < nv; ++v) { std::memmove(xperm.data() + v * kLanes, xperm.data() + v * kMR * kLanes, sizeof(float) * kLanes); }
+            xs = xperm.data();
+        }
         const int64_t row_bytes = n_in * static_cast<int64_t>(wtype == WType::f32 ? 4 : 2);
         const int64_t per_task  = std::max<int64_t>(24, ((128 << 10) / std::max<int64_t>(1, row_bytes)) / 24 * 24);
         for_tasks((n_out + per_task - 1) / per_task, [&](int64_t t) {
@@ -350,23 +503,47 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
         });
         return;
     }
-    // Many rows: tasks of up to kSuperRows rows x kNc outputs, output-block major so that the
-    // weights stream from memory once per kSuperRows rows. A task's weight block (kNc x n_in)
-    // stays in L2 while its row blocks of mc rows pass through the panel.
-    const int64_t mc   = rows_per_block(n_rows, ldx);
-    const int64_t sb   = std::max<int64_t>(mc, kSuperRows / mc * mc);
-    const int64_t n_sb = (n_rows + sb - 1) / sb, n_ob = (n_out + kNc - 1) / kNc;
+    if (wtype == WType::f32 && n_rows <= kDirectRows) {
+        // A few rows: as the one-row path, tasks of ~128 KiB of weights.
+        const int64_t per_task = std::max<int64_t>(24, ((128 << 10) / std::max<int64_t>(1, n_in * 4)) / 24 * 24);
+        for_tasks((n_out + per_task - 1) / per_task, [&](int64_t t) {
+            const int64_t o0 = t * per_task, o1 = std::min(n_out, o0 + per_task);
+            if (n_rows == 2) {
+                rows_direct<2, 8>(out, x, wb, bias, n_rows, n_in, n_out, o0, o1);
+            } else if (n_rows == 3) {
+                rows_direct<3, 6>(out, x, wb, bias, n_rows, n_in, n_out, o0, o1);
+            } else {
+                rows_direct<4, 6>(out, x, wb, bias, n_rows, n_in, n_out, o0, o1);
+            }
+        });
+        return;
+    }
+    // Many rows: x packed once; tasks of up to `sb` rows x `nc` outputs, output-block major
+    // within a block of rows, so the weights stream from memory once per `sb` rows. A task packs
+    // its weight block (in L2) and runs it against panels of `mc` rows (packed x in L2), a strip
+    // of kNR outputs (in L1) meeting every kMR-row tile of the panel.
+    thread_local std::vector<float> xp;  // the caller's thread only: tasks read it
+    pack_x(xp, x, n_rows, n_in, wtype);
+    const float * xpk = xp.data();  // (a thread_local named inside a task would be the worker's own)
+    const int64_t nv = n_vsteps(wtype, n_in), vbytes = nv * kLanes * 4;  // packed bytes of one row
+    const int64_t nc = std::clamp<int64_t>(kWBlockBytes / vbytes / kNR * kNR, kNR, 48);
+    const int64_t mc = std::clamp<int64_t>(kXPanelBytes / vbytes / kMR * kMR, kMR, 128);
+    const int64_t sb_max = std::max<int64_t>(mc, kXSuperBytes / vbytes / mc * mc);
+    const int64_t n_sb   = (n_rows + sb_max - 1) / sb_max;  // blocks of rows of about equal size
+    const int64_t sb     = ((n_rows + n_sb - 1) / n_sb + kMR - 1) / kMR * kMR;
+    const int64_t n_ob   = (n_out + nc - 1) / nc;
     for_tasks(n_sb * n_ob, [&](int64_t t) {
         const int64_t s0 = (t / n_ob) * sb, s1 = std::min(n_rows, s0 + sb);
-        const int64_t o0 = (t % n_ob) * kNc, o1 = std::min(n_out, o0 + kNc);
-        for (int64_t r0 = s0; r0 < s1; r0 += mc) {
-            const int64_t r1 = std::min(s1, r0 + mc);
-            if (wtype == WType::f32) {
-                panel<WType::f32>(out, xs, ldx, wb, bias, r0, r1, n_out, n_in, o0, o1);
-            } else {
-                panel<WType::bf16>(out, xs, ldx, wb, bias, r0, r1, n_out, n_in, o0, o1);
-            }
+        const int64_t o0 = (t % n_ob) * nc, o1 = std::min(n_out, o0 + nc);
+        thread_local std::vector<float> wp;
+        const int64_t need = (o1 - o0 + kNR - 1) / kNR * kNR * nv * kLanes;
+        if (static_cast<int64_t>(wp.size()) < need) { wp.resize(static_cast<size_t>(need)); }
+        if (wtype == WType::f32) {
+            pack_w<WType::f32>(wp.data(), wb, n_in, o0, o1 - o0);
+        } else {
+            pack_w<WType::bf16>(wp.data(), wb, n_in, o0, o1 - o0);
         }
+        packed_task(out, xpk, wp.data(), bias, nv, s0, s1, n_out, o0, o1, mc);
     });
 }
 

@@ -18,20 +18,20 @@ namespace fd::kernels {
 /// k = lane, lane + 16, ... (ascending; the last partial block zero-padded), one fixed pairwise
 /// reduction of the lanes, then the bias. A row's result therefore does not depend on n_rows,
 /// its position, the tiling or the thread count (batch-invariant, unlike BLAS sgemm, whose
-/// k-split depends on the problem size). bf16 weights are widened in registers.
+/// k-split depends on the problem size). bf16 weights are widened to f32; never rewritten.
 /// Shapes   out  [n_rows, n_out]  f32, written
 ///          x    [n_rows, n_in]   f32
 ///          w    [n_out, n_in]    `wtype` (row-major, rows contiguous)
 ///          bias [n_out] f32 or nullptr
 /// Threads  outputs (and, for many rows, blocks of rows) are split over `pool` (may be nullptr =
 ///          caller only).
-/// Paths    one row: the weights stream past x in 8-output strips. Several rows: tasks of up to
-///          256 rows x 48 outputs (weights read from memory once per 256 rows), run as panels
-///          of 16-128 rows whose k is walked in chunks of 1024 with the lane sums parked
-///          exactly between chunks, a 6-output weight strip (bf16: widened per chunk) in L1
-///          against every 4-row x tile.
-///          Both paths run the same FMA chain per output (the tests check bitwise equality).
-/// Source   register-tiled dot-product micro-kernel (4 rows x 6 outputs, 1 x 8 for one row);
+/// Paths    1 row, and 2-8 rows of f32 weights: the weight rows stream past x in register tiles.
+///          More rows (or bf16): x packed once per call into 4-row tiles in the weights' lane order;
+///          tasks of (rows of <= 768 KiB of x) x (<= 48 outputs: packed weights <= 192 KiB, bf16
+///          widened) pack their weights once and meet panels of <= 128 KiB of x: a 6-output strip
+///          (k-chunks of 1024, lane sums parked exactly between chunks) against every 4-row tile.
+///          Every path runs the same FMA chain per output (the tests check bitwise equality).
+/// Source   register-tiled dot-product micro-kernel (4 x 6; 1 x 8 for one row), GotoBLAS packing;
 ///          the fixed-reduction-order idea follows "Defeating Nondeterminism in LLM Inference"
 ///          (He et al., Thinking Machines 2025) and SGLang's batch-invariant ops.
 void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
@@ -46,7 +46,7 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
 /// per element, t ascending. Results are therefore batch-invariant.
 /// Shapes   out [n_tokens, n_heads, head_dim] written;  q [n_tokens, n_heads, head_dim]
 ///          queries [n_tokens]
-/// Threads  tiles of up to 16 consecutive tokens sharing a block table (a prefill) are attended
+/// Threads  tiles of up to 64 consecutive tokens sharing a block table (a prefill) are attended
 ///          together, each K/V row read once for the tile; tiles (and, when there are fewer
 ///          than 2 per thread, ranges of kv heads) are split over `pool`.
 /// Source   Vaswani et al. 2017; paged layout after vLLM PagedAttention (Kwon et al. 2023).
