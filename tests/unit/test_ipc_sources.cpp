@@ -48,13 +48,15 @@ TEST_CASE("ipc_snapshot source: parts in ascending integer order, else the singl
     auto src = fd::weights::make_ipc_snapshot_source(d.path);
     auto fetch = [&](int rank) { return src->fetch({.rank = rank}); };
     CHECK(fetch(0).index.tensors.count("model.layers.0.self_attn.q_proj.weight") == 1);  // the full checkpoint
+    CHECK(fetch(1).index.tensors.count("model.norm.weight") == 1);  // no rank has a snapshot: every rank the full checkpoint
     CHECK(!fetch(0).version);
     auto one = [&](const std::string & file, const std::string & name) {
         fd::publish::write_safetensors(d.path / file, {{name, DType::f32, {1}}}, [](size_t, std::byte * p) { std::memset(p, 0, 4); });
     };
     one("model_state.tp0.safetensors", "single");
     CHECK(fetch(0).index.tensors.count("single") == 1);
-    CHECK(fetch(1).index.tensors.count("model.norm.weight") == 1);  // rank 1 has no snapshot
+    // rank 1 has no snapshot while rank 0 has one: never the full checkpoint (a mix of versions)
+    CHECK(error_of([&] { fetch(1); }) == Errc::not_found);
     one("model_state.tp0.part10.safetensors", "ten");
     one("model_state.tp0.part2.safetensors", "two");
     one("model_state.tp0.partx.safetensors", "ignored");

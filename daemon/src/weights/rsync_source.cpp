@@ -314,7 +314,20 @@ public:
     bool try_hold_alone() { return ::flock(hold_.get(), LOCK_EX | LOCK_NB) == 0; }
     /// Caller holds .pull.lock: hold the dir shared (after a pull, or to share another rank's).
     void hold_shared() { flock_within(hold_.get(), LOCK_SH, lock_timeout_s_, hold_file_); }
-    /// Caller holds .pull.lock and this holds the dir alone: remove it now (a failed pull).
+    /// Caller holds .pull.lock (a failed pull or share): let go now; remove the dir when no
+    /// other rank holds it.
+    void release_locked() {
+        if (!hold_.valid()) { return; }
+        ::flock(hold_.get(), LOCK_UN);
+        if (::flock(hold_.get(), LOCK_EX | LOCK_NB) == 0) {
+            remove_locked();
+        } else {
+            hold_ = UniqueFd();
+        }
+    }
+
+private:
+    /// Caller holds .pull.lock and this holds the dir alone: remove it and the hold file.
     void remove_locked() {
         std::error_code ec;
         fs::remove_all(dir_, ec);
@@ -323,7 +336,6 @@ public:
         hold_ = UniqueFd();
     }
 
-private:
     fs::path staging_, dir_, hold_file_;
     double   lock_timeout_s_;
     UniqueFd hold_;
@@ -398,13 +410,18 @@ private:
         FetchedCheckpoint out;
         if (!staged->try_hold_alone()) {
             // Another rank of this daemon pulled and checked V and still holds it: share it.
-            staged->hold_shared();
-            const store::Manifest m = store::read_manifest(final_dir);
-            store::check_against_manifest(final_dir, m, false);  // sizes and names: no second read of the data
-            out.index             = model::read_tensor_index(final_dir);
-            out.version           = v;
-            out.checksum_verified = verify_checksum;  // the pulling rank checked with the same request
-            out.hold              = staged;
+            try {
+                staged->hold_shared();
+                const store::Manifest m = store::read_manifest(final_dir);
+                store::check_against_manifest(final_dir, m, false);  // sizes and names: no second read of the data
+                out.index             = model::read_tensor_index(final_dir);
+                out.version           = v;
+                out.checksum_verified = verify_checksum;  // the pulling rank checked with the same request
+                out.hold              = staged;
+            } catch (...) {
+                staged->release_locked();
+                throw;
+            }
             log::get("weights")->info("sharing {} pulled by another rank ({} bytes)", v, out.index.total_bytes);
             return out;
         }
@@ -442,7 +459,7 @@ private:
             log::get("weights")->info("pulled {} ({} bytes) in {:.3f} s, checked{} in {:.3f} s", v, out.index.total_bytes, transfer_s,
                                       verify_checksum ? " with checksums" : "", std::chrono::duration<double>(Clock::now() - t1).count());
         } catch (...) {
-            staged->remove_locked();  // we hold .pull.lock and V alone
+            staged->release_locked();  // we hold .pull.lock and V alone: removed
             throw;
         }
         return out;
