@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -157,9 +158,9 @@ class RankFaults(unittest.TestCase):
                 os.kill(victim, signal.SIGKILL)
                 t.join(60)
                 self.assertFalse(t.is_alive(), "update_weights did not answer after rank 1 died")
-                status, j = answer["r"]
-                self.assertEqual((status, j["error"]["type"]), (503, "rank_failed"), j)
-                self.assertIn("rank 1", j["error"]["message"])
+                status, upd = answer["r"]
+                self.assertEqual((status, upd["error"]["type"]), (503, "rank_failed"), upd)
+                self.assertIn(f"rank 1 (pid {victim})", upd["error"]["message"])
                 status, h = d.get("/health")
                 self.assertEqual((status, h["state"], h["degraded_ranks"]), (503, "degraded", [1]), h)
                 status, j = d.post("/v1/completions", {"prompt": "Once", "max_tokens": 2})
@@ -172,6 +173,8 @@ class RankFaults(unittest.TestCase):
                 self.assertNotIn(victim, d.rank_pids())
                 version = h["weight_version"]
                 self.assertIn(version, checkpoint)
+                print(f"rank 1 killed at {phase}: {upd['error']['message'][:150]}... → after wakeup weight_version {version!r}",
+                      file=sys.stderr)
                 self.assert_serves(d, checkpoint[version], version)
                 if version == "0":
                     self.assertEqual(greedy(d), before)
