@@ -287,6 +287,34 @@ UniqueFd open_lock_file(const fs::path & file) {
     return f;
 }
 
+/// Seconds since the epoch (CLOCK_REALTIME): comparable across the processes of one host.
+double wall_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+
+/// The pull lock file records the last failed pull, "V<TAB>errc<TAB>wall time<TAB>message", so
+/// the ranks that waited for that pull fail with its error instead of pulling again (a hung
+/// source would otherwise cost every rank its own timeout, one after the other).
+void record_failed_pull(int lock_fd, const std::string & v, const Error & e) {
+    const std::string line = fmt::format("{}\t{}\t{:.6f}\t{}", v, static_cast<int>(e.code()), wall_now(), e.what());
+    if (::ftruncate(lock_fd, 0) == 0) { [[maybe_unused]] const auto n = ::pwrite(lock_fd, line.data(), line.size(), 0); }
+}
+
+/// Throw the failure `lock_fd` records for `v` when it happened after `since` (wall_now()).
+void rethrow_failed_pull(int lock_fd, const std::string & v, double since) {
+    char buf[4096];
+    const ssize_t n = ::pread(lock_fd, buf, sizeof(buf) - 1, 0);
+    if (n <= 0) { return; }
+    const std::string text(buf, static_cast<size_t>(n));
+    const auto t1 = text.find('\t'), t2 = text.find('\t', t1 + 1), t3 = text.find('\t', t2 + 1);
+    if (t3 == std::string::npos || text.substr(0, t1) != v) { return; }
+    try {
+        const int    code = std::stoi(text.substr(t1 + 1, t2 - t1 - 1));
+        const double when = std::stod(text.substr(t2 + 1, t3 - t2 - 1));
+        if (when < since || code <= 0) { return; }
+        throw Error(static_cast<Errc>(code), text.substr(t3 + 1) + " (another rank's pull of this version, just now)");
+    } catch (const std::logic_error &) {  // a malformed record: pull as usual
+    }
+}
+
 /// Version `V` staged in `<staging>/V`, shared by the rank processes that hold `<staging>/.hold-V`
 /// (flock shared); the holder that lets go last (an exclusive flock succeeds) removes the dir and
 /// the hold file, under `<staging>/.pull.lock` so no rank is deciding to share it meanwhile.
@@ -404,6 +432,7 @@ private:
         const double   lock_timeout_s = cfg_.timeout_s + 30.0;  // another rank's whole pull and check
         const fs::path pull_lock_file = cfg_.staging_dir / ".pull.lock";
         const UniqueFd pull_lock      = open_lock_file(pull_lock_file);
+        const double   waited_since   = wall_now();
         flock_within(pull_lock.get(), LOCK_EX, lock_timeout_s, pull_lock_file);
         auto staged = std::make_shared<SharedStagedDir>(cfg_.staging_dir, v, lock_timeout_s);
         const fs::path & final_dir = staged->dir();
@@ -424,6 +453,12 @@ private:
             }
             log::get("weights")->info("sharing {} pulled by another rank ({} bytes)", v, out.index.total_bytes);
             return out;
+        }
+        try {
+            rethrow_failed_pull(pull_lock.get(), v, waited_since);
+        } catch (...) {
+            staged->release_locked();
+            throw;
         }
         try {
             StagedDir incoming(cfg_.staging_dir / fmt::format(".incoming-{}-{}", v, ::getpid()));
@@ -456,10 +491,15 @@ private:
             out.transfer_s        = transfer_s;
             staged->hold_shared();  // EX → SH: other ranks may share it from now on
             out.hold              = staged;
+            [[maybe_unused]] const int t = ::ftruncate(pull_lock.get(), 0);  // no failure to pass on
             log::get("weights")->info("pulled {} ({} bytes) in {:.3f} s, checked{} in {:.3f} s", v, out.index.total_bytes, transfer_s,
                                       verify_checksum ? " with checksums" : "", std::chrono::duration<double>(Clock::now() - t1).count());
-        } catch (...) {
+        } catch (const Error & e) {
+            record_failed_pull(pull_lock.get(), v, e);
             staged->release_locked();  // we hold .pull.lock and V alone: removed
+            throw;
+        } catch (...) {
+            staged->release_locked();
             throw;
         }
         return out;
