@@ -9,7 +9,7 @@
 // The human form prints one table per rank and the mapping.
 #include "offline.h"
 
-#include "fd/model/rollout_model.h"
+#include "fd/publish/rollout_model.h"
 #include "fd/status.h"
 
 #include <fmt/format.h>
@@ -25,14 +25,14 @@ using nlohmann::json;
 
 std::string shape_str(const std::vector<int64_t> & s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
-std::string slice_str(const fd::model::TrainingSlice & s) {
+std::string slice_str(const fd::publish::TrainingSlice & s) {
     return s.dim == 0 ? fmt::format("{}[{}:{}]", s.hf_name, s.begin, s.end) : fmt::format("{}[:, {}:{}]", s.hf_name, s.begin, s.end);
 }
 
 }  // namespace
 
 int run_model_info(const ModelInfoOptions & o) {
-    const fd::model::RolloutModel m(o.model_dir, o.tp);
+    const fd::publish::RolloutModel m(o.model_dir, o.tp);
     const auto mapping = m.name_mappings_to_training();
     if (o.json) {
         json j = {{"model", o.model_dir}, {"architecture", m.config().architecture}, {"tp", o.tp}, {"ranks", json::array()}};

@@ -13,8 +13,8 @@
 //   (`rm /dev/shm/fdrollout.<port>.weights.tp*`) or the host reboots. One publisher at a time.
 #include "offline.h"
 
-#include "fd/model/rollout_model.h"
-#include "fd/model/safetensors_write.h"
+#include "fd/publish/rollout_model.h"
+#include "fd/publish/safetensors_write.h"
 #include "fd/shm/ipc_weights.h"
 #include "fd/shm/names.h"
 #include "fd/status.h"
@@ -73,7 +73,7 @@ struct ShmMap {
 };
 
 /// Write rank `rank`'s state dict into its shm record; returns {path, tensors, data bytes, generation}.
-json publish_rank(const PublishOptions & o, const fd::model::RolloutModel & m, const fd::model::TensorIndex & idx, int rank) {
+json publish_rank(const PublishOptions & o, const fd::publish::RolloutModel & m, const fd::model::TensorIndex & idx, int rank) {
     using fd::shm::IpcRecordHeader;
     using fd::shm::IpcTensorEntry;
     const auto srcs = m.training_slices(rank);
@@ -146,7 +146,7 @@ json publish_rank(const PublishOptions & o, const fd::model::RolloutModel & m, c
         for (size_t d = 0; d < t.shape.size(); ++d) { e.shape[d] = t.shape[d]; }
         e.offset = offsets[i];
         e.nbytes = static_cast<uint64_t>(t.nbytes());
-        fd::model::RolloutModel::gather(srcs[i], idx, sm.base + offsets[i]);
+        fd::publish::RolloutModel::gather(srcs[i], idx, sm.base + offsets[i]);
     }
     h->generation.store(g + 1, std::memory_order_release);  // even: published
     return {{"rank", rank}, {"path", path}, {"tensors", srcs.size()}, {"bytes", data_bytes}, {"total_bytes", total},
@@ -161,16 +161,16 @@ int publish_ipc_snapshot(const PublishOptions & o) {
     const fs::path dir = o.model_dir;
     if (!fs::is_directory(dir)) { fd::fail(fd::Errc::not_found, "--model {} is not a directory", dir.string()); }
     const fd::model::TensorIndex idx = fd::model::read_tensor_index(o.from);
-    const fd::model::RolloutModel m(fd::model::load_model_config(o.from), idx, o.tp);
+    const fd::publish::RolloutModel m(fd::model::load_model_config(o.from), idx, o.tp);
     json ranks = json::array();
     int64_t total = 0;
     for (int r = 0; r < o.tp; ++r) {
         const auto srcs = m.training_slices(r);
-        std::vector<fd::model::SafetensorsEntry> entries;
+        std::vector<fd::publish::SafetensorsEntry> entries;
         for (const auto & s : srcs) { entries.push_back({s.tensor.name, s.tensor.dtype, s.tensor.shape}); }
         const fs::path file = dir / fmt::format("model_state.tp{}.safetensors", r);
-        const int64_t bytes = fd::model::write_safetensors(file, entries, [&](size_t i, std::byte * dst) {
-            fd::model::RolloutModel::gather(srcs[i], idx, dst);
+        const int64_t bytes = fd::publish::write_safetensors(file, entries, [&](size_t i, std::byte * dst) {
+            fd::publish::RolloutModel::gather(srcs[i], idx, dst);
         });
         // Parts would shadow the single file: drop stale ones (readers see the old parts or the new file).
         const std::string part_prefix = fmt::format("model_state.tp{}.part", r);
@@ -201,7 +201,7 @@ int publish_ipc(const PublishOptions & o) {
     check_common(o);
     if (o.version.empty()) { fd::fail(fd::Errc::invalid_argument, "publish --strategy ipc needs --version"); }
     const fd::model::TensorIndex idx = fd::model::read_tensor_index(o.from);
-    const fd::model::RolloutModel m(fd::model::load_model_config(o.from), idx, o.tp);
+    const fd::publish::RolloutModel m(fd::model::load_model_config(o.from), idx, o.tp);
     json ranks = json::array();
     uint64_t total = 0;
     for (int r = 0; r < o.tp; ++r) {

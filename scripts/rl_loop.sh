@@ -143,7 +143,9 @@ EOF
   want $want" >&2; exit 1; }
   [ "$got" != "${prev:-}" ] || { echo "round $NEXT: greedy outputs did not change with the new version" >&2; exit 1; }
   prev=$got
-  [ -z "$(ls -A "$WORK/staging")" ] || { echo "round $NEXT: staging dir not empty: $(ls -A "$WORK/staging")" >&2; exit 1; }
+  # nothing staged is left (the rsync source keeps only its pull lock, .pull.lock)
+  LEFT=$(ls -A "$WORK/staging" | grep -vx '.pull.lock' || true)
+  [ -z "$LEFT" ] || { echo "round $NEXT: staging dir not empty: $LEFT" >&2; exit 1; }
   printf 'round %d: served %s, published and loaded version %s with checksums in %.3f s (update_weights total_cost); greedy outputs equal a fresh daemon\n' \
     "$NEXT" "$N" "$NEXT" "$cost"
 done

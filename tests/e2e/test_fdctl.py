@@ -13,7 +13,7 @@ import threading
 import time
 import unittest
 
-from fdtest import FDCTL, REF, REPO, STORIES, Daemon, copy_checkpoint, fdctl, free_port, perturbed
+from fdtest import FDCTL, REF, REPO, STORIES, Daemon, copy_checkpoint, fdctl, free_port, fresh_daemon, perturbed
 
 SHM = "/dev/shm/fdrollout.{}"
 EXIT = {"ok": 0, "usage": 2, "not_found": 3, "wrong_state": 4, "invalid_checkpoint": 5, "engine_paused": 6,
@@ -267,7 +267,7 @@ class Fdctl(unittest.TestCase):
             self.assertIn("round 2: now serving step-2", p.stdout)
             got = d.complete(prompt="Once upon a time", max_tokens=30, temperature=0)
             self.assertEqual(got["weight_version"], "step-2")
-        with Daemon(model=steps[2]) as fresh:
+        with fresh_daemon(steps[2]) as fresh:
             want = fresh.complete(prompt="Once upon a time", max_tokens=30, temperature=0)
         self.assertEqual(got["choices"][0]["token_ids"], want["choices"][0]["token_ids"])
         # a broken trainer step: the script fails with fdctl's code and the old weights keep serving

@@ -15,7 +15,7 @@ import tempfile
 import time
 import unittest
 
-from fdtest import copy_checkpoint, Daemon, FDCTL, fdctl, free_port, greedy, perturbed, STORIES
+from fdtest import copy_checkpoint, Daemon, FDCTL, fdctl, free_port, fresh_daemon, TP, greedy, perturbed, STORIES
 
 def read(path):
     with open(path) as f:
@@ -68,9 +68,9 @@ class Rsync(unittest.TestCase):
         cls.B = perturbed(STORIES, os.path.join(cls.tmp, "B"), seed=11)
         cls.store = os.path.join(cls.tmp, "store")
         cls.publish(cls.B, cls.store, "B")
-        with Daemon(model=cls.B) as fresh:
+        with fresh_daemon(cls.B) as fresh:
             cls.b_out = greedy(fresh)[:2]
-        with Daemon(model=cls.A) as fresh:
+        with fresh_daemon(cls.A) as fresh:
             cls.a_out = greedy(fresh)[:2]
         assert cls.a_out[0] != cls.b_out[0], "B must generate differently from A"
         cls.faulty = os.path.join(cls.tmp, "store-faulty")  # versions the fault tests break
@@ -104,7 +104,39 @@ class Rsync(unittest.TestCase):
         return j["error"]["message"]
 
     def assert_clean(self, staging):
-        self.assertEqual(os.listdir(staging) if os.path.isdir(staging) else [], [])
+        """Nothing staged is left: the staging dir holds at most its pull lock (.pull.lock, the
+        flock rank processes take around a pull; an empty file kept for the next pull)."""
+        left = os.listdir(staging) if os.path.isdir(staging) else []
+        self.assertEqual([f for f in left if f != ".pull.lock"], [])
+
+    def test_ranks_share_one_pull_per_version(self):
+        """Every rank process stages from the same pulled dir: one rsync run per update and per
+        wakeup, whatever the tensor-parallel size (an rsync wrapper counts its runs)."""
+        staging = os.path.join(self.tmp, "staging-shared")
+        count = os.path.join(self.tmp, "rsync-runs")
+        wrapper = os.path.join(self.tmp, "rsync-counting")
+        with open(wrapper, "w") as f:
+            f.write(f"#!/bin/sh\necho \"$$\" >> {count}\nexec rsync \"$@\"\n")
+        os.chmod(wrapper, 0o755)
+        cfg = {"source": self.rsyncd.url(), "staging_dir": staging, "timeout_s": 5, "rsync": wrapper}
+
+        def runs():
+            return len(read(count).split()) if os.path.exists(count) else 0
+        with Daemon("--dynamic-load-weight", "--load-strategy", "rsync", "--rsync-config", json.dumps(cfg), model=self.A) as d:
+            if TP > 1:
+                self.assertEqual(len(d.rank_pids()), TP)
+            self.ok(d, "POST", "/v1/pause")
+            res = self.ok(d, "POST", "/v1/update_weights", {"version": "B", "verify_checksum": True})
+            self.assertEqual([r["version"] for r in res["ranks"]], ["B"] * TP)
+            self.assertEqual(runs(), 1)
+            self.assert_clean(staging)
+            self.ok(d, "POST", "/v1/resume")
+            self.assertEqual(greedy(d), (*self.b_out, "B"))
+            self.ok(d, "POST", "/v1/sleep?tags=weight")
+            self.ok(d, "POST", "/v1/wakeup?tags=weight")
+            self.assertEqual(runs(), 2)  # wakeup re-pulls B once
+            self.assert_clean(staging)
+            self.assertEqual(greedy(d), (*self.b_out, "B"))
 
     def test_publish_writes_a_complete_version_with_its_manifest(self):
         store = os.path.join(self.tmp, "store-pub")

@@ -9,7 +9,7 @@ import unittest
 
 import numpy as np
 
-from fdtest import copy_checkpoint, Daemon, GREEDY, greedy, merge_stream, perturbed, REF, rewrite_tensors, rss_bytes, STORIES
+from fdtest import copy_checkpoint, Daemon, fresh_daemon, GREEDY, greedy, Logprobs, merge_stream, perturbed, REF, rewrite_tensors, rss_bytes, STORIES
 
 import safetensors_np  # noqa: E402  (on sys.path via fdtest)
 
@@ -19,9 +19,9 @@ class WeightControl(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="fd-wc-")
         cls.A = copy_checkpoint(STORIES, os.path.join(cls.tmp, "A"))
         cls.B = perturbed(STORIES, os.path.join(cls.tmp, "B"), seed=11)
-        with Daemon(model=cls.B) as fresh:
+        with fresh_daemon(cls.B) as fresh:
             cls.b_out = greedy(fresh)[:2]
-        with Daemon(model=cls.A) as fresh:
+        with fresh_daemon(cls.A) as fresh:
             cls.a_out = greedy(fresh)[:2]
         assert cls.a_out[0] != cls.b_out[0], "B must generate differently from A"
 
@@ -230,7 +230,7 @@ class WeightControl(unittest.TestCase):
     def test_prefix_cache_is_flushed_by_an_update(self):
         src = self.source("prefix")
         prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."
-        with Daemon("--dynamic-load-weight", "--enable-prefix-caching", model=src) as d, Daemon(model=self.B) as fresh_b:
+        with Daemon("--dynamic-load-weight", "--enable-prefix-caching", model=src) as d, fresh_daemon(self.B) as fresh_b:
             d.complete(prompt=prompt, max_tokens=5, temperature=0)
             j = d.complete(prompt=prompt, max_tokens=5, temperature=0)
             self.assertGreater(j["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
@@ -242,7 +242,10 @@ class WeightControl(unittest.TestCase):
             self.assertEqual(j["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
             want = fresh_b.complete(prompt=prompt, max_tokens=20, temperature=0, logprobs=1)
             self.assertEqual(j["choices"][0]["token_ids"], want["choices"][0]["token_ids"])
-            self.assertEqual(j["choices"][0]["logprobs"], want["choices"][0]["logprobs"])
+            self.assertEqual(Logprobs(j["choices"][0]["logprobs"]["token_logprobs"]), want["choices"][0]["logprobs"]["token_logprobs"])
+            self.assertEqual(j["choices"][0]["logprobs"]["tokens"], want["choices"][0]["logprobs"]["tokens"])
+            self.assertEqual([sorted(t) for t in j["choices"][0]["logprobs"]["top_logprobs"]],
+                             [sorted(t) for t in want["choices"][0]["logprobs"]["top_logprobs"]])
 
     def test_metrics_show_state_and_control_counters(self):
         with Daemon("--dynamic-load-weight") as d:

@@ -7,9 +7,9 @@
 // checkpoint, release/reload reads each rank's slices again; the layout RolloutModel
 // publishes is the one each rank's Worker holds.
 #include "fd/model/model_config.h"
-#include "fd/model/rollout_model.h"
+#include "fd/publish/rollout_model.h"
 #include "fd/model/safetensors.h"
-#include "fd/model/safetensors_write.h"
+#include "fd/publish/safetensors_write.h"
 #include "fd/model/worker.h"
 #include "fd/runtime/comm.h"
 #include "fd/runtime/tcp_store.h"
@@ -50,13 +50,13 @@ void make_checkpoint(const fs::path & out, const std::string & args) {
 /// Rank `rank`'s state dict in inference names, as a trainer publishes it for ipc_snapshot
 /// (RolloutModel::gather into model_state.tp<rank>.safetensors in `out`). Returns the file.
 fs::path write_rank_snapshot(const fs::path & model, int tp, int rank, const fs::path & out) {
-    const model::RolloutModel m(model, tp);
+    const publish::RolloutModel m(model, tp);
     const auto idx  = model::read_tensor_index(model);
     const auto srcs = m.training_slices(rank);
-    std::vector<model::SafetensorsEntry> entries;
+    std::vector<publish::SafetensorsEntry> entries;
     for (const auto & s : srcs) { entries.push_back({s.tensor.name, s.tensor.dtype, s.tensor.shape}); }
     const fs::path file = out / ("model_state.tp" + std::to_string(rank) + ".safetensors");
-    model::write_safetensors(file, entries, [&](size_t i, std::byte * dst) { model::RolloutModel::gather(srcs[i], idx, dst); });
+    publish::write_safetensors(file, entries, [&](size_t i, std::byte * dst) { publish::RolloutModel::gather(srcs[i], idx, dst); });
     return file;
 }
 
@@ -348,7 +348,7 @@ TEST_CASE("the state dict RolloutModel publishes per rank is the layout each ran
         const auto cfg = model::load_model_config(m);
         const auto idx = model::read_tensor_index(m);
         for (int tp : {1, 2, 4}) {
-            const model::RolloutModel rm(m, tp);
+            const publish::RolloutModel rm(m, tp);
             int64_t total = 0;
             for (int r = 0; r < tp; ++r) {
                 CAPTURE(m.filename().string());

@@ -3,7 +3,7 @@
 // reload hand memory back and restore the same logits.
 #include "fd/model/model_config.h"
 #include "fd/model/safetensors.h"
-#include "fd/model/safetensors_write.h"
+#include "fd/publish/safetensors_write.h"
 #include "fd/runtime/executor.h"
 #include "fd/status.h"
 
@@ -46,13 +46,13 @@ void write_scaled_copy(const fs::path & dir, float scale) {
         if (e.is_regular_file()) { fs::copy_file(e.path(), dir / e.path().filename(), fs::copy_options::overwrite_existing); }
     }
     const auto idx = model::read_tensor_index(kModel);
-    std::vector<model::SafetensorsEntry> entries;
+    std::vector<publish::SafetensorsEntry> entries;
     std::vector<const model::TensorInfo *> infos;
     for (const auto & [name, t] : idx.tensors) {
         entries.push_back({name, model::DType::f32, t.shape});
         infos.push_back(&t);
     }
-    model::write_safetensors(dir / "model.safetensors", entries, [&](size_t i, std::byte * dst) {
+    publish::write_safetensors(dir / "model.safetensors", entries, [&](size_t i, std::byte * dst) {
         auto * f = reinterpret_cast<float *>(dst);
         model::read_tensor_f32(*infos[i], f);
         for (int64_t k = 0; k < infos[i]->numel(); ++k) { f[k] *= scale; }

@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 
 namespace fs = std::filesystem;
@@ -34,6 +35,14 @@ void publish(const fs::path & root, const std::string & version) {
 
 std::string config(const fs::path & store_dir, const fs::path & staging) {
     return R"({"source": ")" + store_dir.string() + R"(", "staging_dir": ")" + staging.string() + R"(", "timeout_s": 30})";
+}
+
+/// Nothing is staged: the dir holds at most its pull lock (.pull.lock, kept for the next pull).
+bool nothing_staged(const fs::path & staging) {
+    for (const auto & e : fs::directory_iterator(staging)) {
+        if (e.path().filename() != ".pull.lock") { return false; }
+    }
+    return true;
 }
 
 }  // namespace
@@ -59,6 +68,23 @@ TEST_CASE("a bad --rsync-config is invalid_argument naming the field") {
     CHECK_THROWS_AS(make_rsync_source("/nonexistent", "{"), fd::Error);
 }
 
+TEST_CASE("two ranks' sources share one pull; the last hold to go removes the staged dir") {
+    TmpDir t;
+    const fs::path root = t.path / "store", staging = t.path / "staging";
+    publish(root, "v1");
+    auto rank0 = make_rsync_source(kStories, config(root, staging));
+    auto rank1 = make_rsync_source(kStories, config(root, staging));  // another process's source in the daemon
+    auto c0 = std::make_unique<FetchedCheckpoint>(rank0->fetch({.version = "v1", .verify_checksum = true, .rank = 0}));
+    auto c1 = std::make_unique<FetchedCheckpoint>(rank1->fetch({.version = "v1", .verify_checksum = true, .rank = 1}));
+    CHECK(c0->transfer_s > 0);
+    CHECK(c1->transfer_s == 0);  // shared, not pulled again
+    CHECK(c1->index.tensors.at("model.norm.weight").file == staging / "v1" / "model.safetensors");
+    c0.reset();
+    CHECK(fs::exists(staging / "v1" / "model.safetensors"));  // rank 1 still holds it
+    c1.reset();
+    CHECK(nothing_staged(staging));
+}
+
 TEST_CASE("fetch pulls into staging; hold owns the staged dir") {
     TmpDir t;
     const fs::path root = t.path / "store", staging = t.path / "staging";
@@ -74,11 +100,11 @@ TEST_CASE("fetch pulls into staging; hold owns the staged dir") {
         CHECK(fs::exists(staging / "v1" / "model.safetensors"));
         CHECK(c.transfer_s > 0);
     }
-    CHECK(fs::is_empty(staging));  // hold released: the staged dir is gone
+    CHECK(nothing_staged(staging));  // hold released: the staged dir is gone
 
     SUBCASE("version omitted: the store's latest") {
         CHECK(src->fetch({}).version == "v1");
-        CHECK(fs::is_empty(staging));
+        CHECK(nothing_staged(staging));
     }
     SUBCASE("unknown version: not_found, nothing left behind") {
         try {
@@ -87,13 +113,13 @@ TEST_CASE("fetch pulls into staging; hold owns the staged dir") {
         } catch (const fd::Error & e) {
             CHECK(e.code() == fd::Errc::not_found);
         }
-        CHECK(fs::is_empty(staging));
+        CHECK(nothing_staged(staging));
     }
     SUBCASE("wakeup: the serving version from the store, else --model") {
         CHECK(src->fetch({.wakeup = true, .serving_version = "v1"}).version == "v1");
         const FetchedCheckpoint c = src->fetch({.wakeup = true, .serving_version = "0"});
         CHECK(c.index.tensors.begin()->second.file.parent_path() == kStories);
-        CHECK(fs::is_empty(staging));
+        CHECK(nothing_staged(staging));
     }
     SUBCASE("a defensive re-check of the version string") {
         try {

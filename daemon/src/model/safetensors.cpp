@@ -1,7 +1,7 @@
 #include "fd/file_io.h"
 #include "fd/model/safetensors.h"
 
-#include "fd/kernels/ops.h"
+#include "fd/half.h"
 #include "fd/status.h"
 
 #include <fcntl.h>
@@ -266,8 +266,16 @@ void read_tensor_raw(const TensorInfo & t, void * dst) {
 void convert_to_f32(DType dtype, const void * src, float * dst, int64_t numel) {
     switch (dtype) {
         case DType::f32: std::memcpy(dst, src, sizeof(float) * numel); break;
-        case DType::bf16: kernels::bf16_to_f32(dst, static_cast<const uint16_t *>(src), numel); break;
-        case DType::f16: kernels::f16_to_f32(dst, static_cast<const uint16_t *>(src), numel); break;
+        case DType::bf16: {
+            const auto * h = static_cast<const uint16_t *>(src);
+            for (int64_t i = 0; i < numel; ++i) { dst[i] = bf16_to_float(h[i]); }
+            break;
+        }
+        case DType::f16: {
+            const auto * h = static_cast<const uint16_t *>(src);
+            for (int64_t i = 0; i < numel; ++i) { dst[i] = f16_to_float(h[i]); }
+            break;
+        }
     }
 }
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -388,7 +389,7 @@ private:
     [[noreturn]] void throw_failed(const char * what) const {
         std::string names;
         for (int32_t r = 0; r < world_size(); ++r) {
-            if (ranks_[r].failed) { names += fmt::format("{}rank {} (pid {}) {}", names.empty() ? "" : "; ", r, ranks_[r].pid, ranks_[r].why); }
+            if (ranks_[r].failed) { names += fmt::format("{}rank {} (pid {}) {}", names.empty() ? "" : "; ", r, std::abs(ranks_[r].pid), ranks_[r].why); }  // pid < 0: reaped
         }
         fail(Errc::rank_failed, "{} failed: {}. In-flight requests ended; POST /v1/wakeup respawns the rank and reloads the serving "
              "weights (or restart the daemon)", what, names);

@@ -9,11 +9,16 @@
 
 #include "mp_wire.h"
 
+#include <fcntl.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
 #include <vector>
 
 namespace fd::runtime {
@@ -119,6 +124,32 @@ RankReport rank_report_from_msg(const LinkMsg & m) {
 
 namespace {
 
+/// TEST-ONLY hook (docs/operations.md, "Test hooks"), compiled in always and inert unless the
+/// environment has FD_TEST_PAUSE_AT=<phase>:<rank>:<file>. When rank <rank> reaches <phase> of an
+/// update — `stage` (asked to stage, nothing fetched yet), `commit` (staged, asked to commit,
+/// not yet committed) or `committed` (committed, before it answers) — it creates <file>
+/// (O_EXCL: once per file, so a respawned rank does not pause again), writes its pid there and
+/// sleeps up to 60 s, for a test to SIGKILL it at exactly that phase. Never set it in production.
+void test_pause_at(const char * phase, int rank) {
+    static const char * spec = std::getenv("FD_TEST_PAUSE_AT");
+    if (spec == nullptr || *spec == '\0') { return; }
+    const std::string s = spec;
+    const auto c1 = s.find(':');
+    const auto c2 = c1 == std::string::npos ? std::string::npos : s.find(':', c1 + 1);
+    if (c2 == std::string::npos || s.compare(0, c1, phase) != 0 || c1 != std::strlen(phase) ||
+        s.substr(c1 + 1, c2 - c1 - 1) != std::to_string(rank)) {
+        return;
+    }
+    const std::string file = s.substr(c2 + 1);
+    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) { return; }
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    [[maybe_unused]] const auto n = ::write(fd, pid.data(), pid.size());
+    ::close(fd);
+    log::get("rank")->warn("rank {}: FD_TEST_PAUSE_AT: pausing at {} (test-only hook)", rank, phase);
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+}
+
 /// The rank's side: one request at a time, answered in order.
 class RankServer {
 public:
@@ -187,8 +218,15 @@ private:
         try {
             switch (op) {
                 case LinkOp::forward: return forward(m);
-                case LinkOp::stage: rank_report_to_msg(ex_->stage_weights(fetch_request_from_msg(m))[0], reply); break;
-                case LinkOp::commit: rank_report_to_msg(ex_->commit_weights()[0], reply); break;
+                case LinkOp::stage:
+                    test_pause_at("stage", spawn_.rank);
+                    rank_report_to_msg(ex_->stage_weights(fetch_request_from_msg(m))[0], reply);
+                    break;
+                case LinkOp::commit:
+                    test_pause_at("commit", spawn_.rank);
+                    rank_report_to_msg(ex_->commit_weights()[0], reply);
+                    test_pause_at("committed", spawn_.rank);
+                    break;
                 case LinkOp::drop: ex_->drop_staged_weights(); break;
                 case LinkOp::release_weight: rank_report_to_msg(ex_->release(MemoryTag::weight)[0], reply); break;
                 case LinkOp::release_kv: rank_report_to_msg(ex_->release(MemoryTag::kv_cache)[0], reply); break;

@@ -2,7 +2,8 @@
 // written by the trainer into --model, for rank r:
 //   model_state.tp{r}.part{N}.safetensors   (all parts, ascending integer N)
 //   else model_state.tp{r}.safetensors
-//   else the full checkpoint (HF names, as `normal`).
+//   else the full checkpoint (HF names, as `normal`) — only when no rank has a snapshot file:
+//   one rank's file missing while another's exists is not_found (never a mix of versions).
 // Publishers write every file as *.tmp and rename it, so only complete files are ever listed.
 #include "fd/weights/weight_source.h"
 
@@ -79,6 +80,12 @@ public:
         } else if (const fs::path single = dir_ / (stem + ".safetensors"); fs::exists(single)) {
             check_snapshot_file(single);
             out.index = model::read_tensor_files(single, {single});
+        } else if (const auto other = any_snapshot_file(); !other.empty()) {
+            // Another rank has a snapshot and this one none: falling back to the full checkpoint
+            // would serve a mix of two versions across the ranks.
+            fail(Errc::not_found, "{}: no {}.safetensors (nor parts) for rank {}, but {} exists; publish every rank "
+                                  "(fdctl publish --strategy ipc_snapshot --tp N); nothing applied",
+                 dir_.string(), stem, req.rank, other);
         } else {
             out.index = model::read_tensor_index(dir_);
         }
@@ -87,6 +94,17 @@ public:
     }
 
 private:
+    /// The name of some rank's snapshot file (model_state.tp*.safetensors, parts included) in the
+    /// dir, or "" when there is none.
+    std::string any_snapshot_file() const {
+        std::error_code ec;
+        for (const auto & e : fs::directory_iterator(dir_, ec)) {
+            const std::string name = e.path().filename().string();
+            if (name.rfind("model_state.tp", 0) == 0 && name.ends_with(".safetensors")) { return name; }
+        }
+        return {};
+    }
+
     fs::path dir_;
 };
 

@@ -3,6 +3,12 @@
 // it to `<staging_dir>/V`, check it against its manifest.json and hand its tensor index to the
 // engine. The staged dir lives exactly as long as FetchedCheckpoint::hold: it is removed after
 // the apply and on every failure path.
+//
+// Tensor-parallel ranks (one process each) share one pull per version: every rank's source
+// takes `<staging_dir>/.pull.lock` (flock, exclusive, bounded wait) around its pull, and holds
+// `<staging_dir>/.hold-V` shared while its FetchedCheckpoint lives. The first rank finds no
+// other holder and pulls (a `V` dir found then is a leftover of a killed daemon: replaced);
+// the others find it held and share the checked dir. The last holder to let go removes it.
 #include "fd/weights/weight_source.h"
 
 #include "fd/log.h"
@@ -17,6 +23,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -253,10 +260,113 @@ struct StagedDir {
     StagedDir(const StagedDir &) = delete;
     StagedDir & operator=(const StagedDir &) = delete;
     ~StagedDir() {
+        if (path.empty()) { return; }
         std::error_code ec;
         fs::remove_all(path, ec);
         if (ec) { log::get("weights")->warn("cannot remove staged dir {}: {}", path.string(), ec.message()); }
     }
+};
+
+/// flock(2) `op` (LOCK_EX / LOCK_SH) on `fd`, retried without blocking until `timeout_s`.
+/// Errors  timeout naming `what` (another process holds it that long).
+void flock_within(int fd, int op, double timeout_s, const fs::path & what) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+    while (::flock(fd, op | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK && errno != EINTR) { fail(Errc::source_unavailable, "cannot lock {}: {}", what.string(), std::strerror(errno)); }
+        if (Clock::now() >= deadline) {
+            fail(Errc::timeout, "{} is still locked by another process after {:.0f} s (another rank's pull?); retry", what.string(), timeout_s);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+}
+
+/// An open lock file; its flock goes with the fd.
+UniqueFd open_lock_file(const fs::path & file) {
+    UniqueFd f(::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!f.valid()) { fail(Errc::source_unavailable, "cannot open the lock file {}: {}", file.string(), std::strerror(errno)); }
+    return f;
+}
+
+/// Seconds since the epoch (CLOCK_REALTIME): comparable across the processes of one host.
+double wall_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+
+/// The pull lock file records the last failed pull, "V<TAB>errc<TAB>wall time<TAB>message", so
+/// the ranks that waited for that pull fail with its error instead of pulling again (a hung
+/// source would otherwise cost every rank its own timeout, one after the other).
+void record_failed_pull(int lock_fd, const std::string & v, const Error & e) {
+    const std::string line = fmt::format("{}\t{}\t{:.6f}\t{}", v, static_cast<int>(e.code()), wall_now(), e.what());
+    if (::ftruncate(lock_fd, 0) == 0) { [[maybe_unused]] const auto n = ::pwrite(lock_fd, line.data(), line.size(), 0); }
+}
+
+/// Throw the failure `lock_fd` records for `v` when it happened after `since` (wall_now()).
+void rethrow_failed_pull(int lock_fd, const std::string & v, double since) {
+    char buf[4096];
+    const ssize_t n = ::pread(lock_fd, buf, sizeof(buf) - 1, 0);
+    if (n <= 0) { return; }
+    const std::string text(buf, static_cast<size_t>(n));
+    const auto t1 = text.find('\t'), t2 = text.find('\t', t1 + 1), t3 = text.find('\t', t2 + 1);
+    if (t3 == std::string::npos || text.substr(0, t1) != v) { return; }
+    try {
+        const int    code = std::stoi(text.substr(t1 + 1, t2 - t1 - 1));
+        const double when = std::stod(text.substr(t2 + 1, t3 - t2 - 1));
+        if (when < since || code <= 0) { return; }
+        throw Error(static_cast<Errc>(code), text.substr(t3 + 1) + " (another rank's pull of this version, just now)");
+    } catch (const std::logic_error &) {  // a malformed record: pull as usual
+    }
+}
+
+/// Version `V` staged in `<staging>/V`, shared by the rank processes that hold `<staging>/.hold-V`
+/// (flock shared); the holder that lets go last (an exclusive flock succeeds) removes the dir and
+/// the hold file, under `<staging>/.pull.lock` so no rank is deciding to share it meanwhile.
+class SharedStagedDir {
+public:
+    SharedStagedDir(fs::path staging, const std::string & v, double lock_timeout_s)
+        : staging_(std::move(staging)), dir_(staging_ / v), hold_file_(staging_ / (".hold-" + v)), lock_timeout_s_(lock_timeout_s),
+          hold_(open_lock_file(hold_file_)) {}
+    SharedStagedDir(const SharedStagedDir &) = delete;
+    SharedStagedDir & operator=(const SharedStagedDir &) = delete;
+    ~SharedStagedDir() {
+        if (!hold_.valid()) { return; }
+        ::flock(hold_.get(), LOCK_UN);
+        try {
+            const UniqueFd pull = open_lock_file(staging_ / ".pull.lock");
+            flock_within(pull.get(), LOCK_EX, lock_timeout_s_, staging_ / ".pull.lock");
+            if (::flock(hold_.get(), LOCK_EX | LOCK_NB) == 0) { remove_locked(); }
+        } catch (const std::exception & e) {
+            log::get("weights")->warn("staged dir {} left in place ({}); the next pull replaces it", dir_.string(), e.what());
+        }
+    }
+
+    const fs::path & dir() const { return dir_; }
+    /// Caller holds .pull.lock. True: no other rank holds the dir (this one now holds it alone).
+    bool try_hold_alone() { return ::flock(hold_.get(), LOCK_EX | LOCK_NB) == 0; }
+    /// Caller holds .pull.lock: hold the dir shared (after a pull, or to share another rank's).
+    void hold_shared() { flock_within(hold_.get(), LOCK_SH, lock_timeout_s_, hold_file_); }
+    /// Caller holds .pull.lock (a failed pull or share): let go now; remove the dir when no
+    /// other rank holds it.
+    void release_locked() {
+        if (!hold_.valid()) { return; }
+        ::flock(hold_.get(), LOCK_UN);
+        if (::flock(hold_.get(), LOCK_EX | LOCK_NB) == 0) {
+            remove_locked();
+        } else {
+            hold_ = UniqueFd();
+        }
+    }
+
+private:
+    /// Caller holds .pull.lock and this holds the dir alone: remove it and the hold file.
+    void remove_locked() {
+        std::error_code ec;
+        fs::remove_all(dir_, ec);
+        if (ec) { log::get("weights")->warn("cannot remove staged dir {}: {}", dir_.string(), ec.message()); }
+        ::unlink(hold_file_.c_str());
+        hold_ = UniqueFd();
+    }
+
+    fs::path staging_, dir_, hold_file_;
+    double   lock_timeout_s_;
+    UniqueFd hold_;
 };
 
 class RsyncSource final : public WeightSource {
@@ -312,45 +422,86 @@ private:
         return line;
     }
 
-    /// Pull version `v`, check it against its manifest and index it.
+    /// Pull version `v` (once for all ranks sharing the staging dir), check it against its
+    /// manifest and index it.
     FetchedCheckpoint pull(const std::string & v, bool verify_checksum) {
         if (!shm::is_valid_version(v)) {
             throw Error(Errc::invalid_argument, fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", v), "version");
         }
         prepare_staging();
-        auto staged = std::make_shared<StagedDir>(cfg_.staging_dir / fmt::format(".incoming-{}-{}", v, ::getpid()));
-        std::error_code ec;
-        fs::remove_all(staged->path, ec);
-        if (!fs::create_directory(staged->path, ec) || ec) {
-            fail(Errc::source_unavailable, "staging dir {} is not writable ({}); fix \"staging_dir\" in --rsync-config", cfg_.staging_dir.string(),
-                 ec ? ec.message() : "exists");
-        }
-        const auto t0 = Clock::now();
-        {
-            ProgressPhase transfer("transfer", 0);
-            run_rsync(location(v) + "/", staged->path.string() + "/", true);
-        }
-        const double transfer_s = std::chrono::duration<double>(Clock::now() - t0).count();
-        const fs::path final_dir = cfg_.staging_dir / v;
-        fs::remove_all(final_dir, ec);  // a leftover of a killed daemon
-        if (::rename(staged->path.c_str(), final_dir.c_str()) != 0) {
-            fail(Errc::source_unavailable, "cannot rename {} to {}: {}", staged->path.string(), final_dir.string(), std::strerror(errno));
-        }
-        staged->path = final_dir;
-        const store::Manifest m = store::read_manifest(final_dir);
-        if (m.version != v) {
-            fail(Errc::invalid_checkpoint, "{}/{}: says version '{}', the store dir is '{}'; republish it", final_dir.string(), store::kManifestName, m.version, v);
-        }
-        const auto t1 = Clock::now();
-        store::check_against_manifest(final_dir, m, verify_checksum);
+        const double   lock_timeout_s = cfg_.timeout_s + 30.0;  // another rank's whole pull and check
+        const fs::path pull_lock_file = cfg_.staging_dir / ".pull.lock";
+        const UniqueFd pull_lock      = open_lock_file(pull_lock_file);
+        const double   waited_since   = wall_now();
+        flock_within(pull_lock.get(), LOCK_EX, lock_timeout_s, pull_lock_file);
+        auto staged = std::make_shared<SharedStagedDir>(cfg_.staging_dir, v, lock_timeout_s);
+        const fs::path & final_dir = staged->dir();
         FetchedCheckpoint out;
-        out.index             = model::read_tensor_index(final_dir);
-        out.version           = v;
-        out.checksum_verified = verify_checksum;
-        out.transfer_s        = transfer_s;
-        out.hold              = staged;
-        log::get("weights")->info("pulled {} ({} bytes) in {:.3f} s, checked{} in {:.3f} s", v, out.index.total_bytes, transfer_s,
-                                  verify_checksum ? " with checksums" : "", std::chrono::duration<double>(Clock::now() - t1).count());
+        if (!staged->try_hold_alone()) {
+            // Another rank of this daemon pulled and checked V and still holds it: share it.
+            try {
+                staged->hold_shared();
+                const store::Manifest m = store::read_manifest(final_dir);
+                store::check_against_manifest(final_dir, m, false);  // sizes and names: no second read of the data
+                out.index             = model::read_tensor_index(final_dir);
+                out.version           = v;
+                out.checksum_verified = verify_checksum;  // the pulling rank checked with the same request
+                out.hold              = staged;
+            } catch (...) {
+                staged->release_locked();
+                throw;
+            }
+            log::get("weights")->info("sharing {} pulled by another rank ({} bytes)", v, out.index.total_bytes);
+            return out;
+        }
+        try {
+            rethrow_failed_pull(pull_lock.get(), v, waited_since);
+        } catch (...) {
+            staged->release_locked();
+            throw;
+        }
+        try {
+            StagedDir incoming(cfg_.staging_dir / fmt::format(".incoming-{}-{}", v, ::getpid()));
+            std::error_code ec;
+            fs::remove_all(incoming.path, ec);
+            if (!fs::create_directory(incoming.path, ec) || ec) {
+                fail(Errc::source_unavailable, "staging dir {} is not writable ({}); fix \"staging_dir\" in --rsync-config", cfg_.staging_dir.string(),
+                     ec ? ec.message() : "exists");
+            }
+            const auto t0 = Clock::now();
+            {
+                ProgressPhase transfer("transfer", 0);
+                run_rsync(location(v) + "/", incoming.path.string() + "/", true);
+            }
+            const double transfer_s = std::chrono::duration<double>(Clock::now() - t0).count();
+            fs::remove_all(final_dir, ec);  // a leftover of a killed daemon (nobody holds it)
+            if (::rename(incoming.path.c_str(), final_dir.c_str()) != 0) {
+                fail(Errc::source_unavailable, "cannot rename {} to {}: {}", incoming.path.string(), final_dir.string(), std::strerror(errno));
+            }
+            incoming.path.clear();
+            const store::Manifest m = store::read_manifest(final_dir);
+            if (m.version != v) {
+                fail(Errc::invalid_checkpoint, "{}/{}: says version '{}', the store dir is '{}'; republish it", final_dir.string(), store::kManifestName, m.version, v);
+            }
+            const auto t1 = Clock::now();
+            store::check_against_manifest(final_dir, m, verify_checksum);
+            out.index             = model::read_tensor_index(final_dir);
+            out.version           = v;
+            out.checksum_verified = verify_checksum;
+            out.transfer_s        = transfer_s;
+            staged->hold_shared();  // EX → SH: other ranks may share it from now on
+            out.hold              = staged;
+            [[maybe_unused]] const int t = ::ftruncate(pull_lock.get(), 0);  // no failure to pass on
+            log::get("weights")->info("pulled {} ({} bytes) in {:.3f} s, checked{} in {:.3f} s", v, out.index.total_bytes, transfer_s,
+                                      verify_checksum ? " with checksums" : "", std::chrono::duration<double>(Clock::now() - t1).count());
+        } catch (const Error & e) {
+            record_failed_pull(pull_lock.get(), v, e);
+            staged->release_locked();  // we hold .pull.lock and V alone: removed
+            throw;
+        } catch (...) {
+            staged->release_locked();
+            throw;
+        }
         return out;
     }
 

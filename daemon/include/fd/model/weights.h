@@ -1,37 +1,13 @@
-// fd/model/weights.h — the model's weights in inference layout, sharded per tensor-parallel
-// rank, and loading them. This file (plan_layout) is the ONE home of the TP sharding: the
-// Worker's loader and RolloutModel (the publishers' state dict) both read it.
-//
-// The rollout keeps each weight in the checkpoint's own dtype and [out, in] layout, with the
-// tensors the forward pass reads together fused along dim 0 (vLLM's packed modules):
-//   model.layers.N.self_attn.qkv_proj.weight  [(q_dim + 2*kv_dim)/T, hidden]  rows q | k | v
-//   model.layers.N.self_attn.qkv_proj.bias    [(q_dim + 2*kv_dim)/T]          (Qwen2)
-//   model.layers.N.mlp.gate_up_proj.weight    [2*intermediate/T, hidden]      rows gate | up
-// and every other tensor under its Hugging Face name (embed_tokens, o_proj, down_proj, the norms
-// incl. Qwen3's self_attn.q_norm / k_norm [head_dim], model.norm, lm_head when untied).
-// T = tp size (1: the whole model).
-//
-// Sharding of rank r of T (Megatron / vLLM; Shard below):
-//   qkv_proj (+bias)  rows:  rows [r*q_dim/T, (r+1)*q_dim/T) of q_proj, the same fraction of
-//                            k_proj and of v_proj (whole heads), stacked q | k | v
-//   gate_up_proj      rows:  rows [r*ff/T, (r+1)*ff/T) of gate_proj and of up_proj
-//   o_proj            cols:  columns [r*q_dim/T, (r+1)*q_dim/T)        → [hidden, q_dim/T]
-//   down_proj         cols:  columns [r*ff/T, (r+1)*ff/T)              → [hidden, ff/T]
-//   embed_tokens      rows:  vocab rows [r*vocab/T, (r+1)*vocab/T)     → [vocab/T, hidden]
-//   lm_head           rows:  the same vocab rows (tied: embed_tokens' slice is the head)
-//   norms             replicated (q_norm / k_norm too: per head, the same for every head)
-// A row slice is one contiguous range of the checkpoint tensor; a column slice is one range per
-// row (strided reads). Loading, wakeup and update_weights are parallel reads into one arena
-// (F16 is the exception: it is widened to f32 at load).
-//
-// The layout is planned once, from the first checkpoint; every later checkpoint (wakeup,
-// update) must have the same names, shapes and dtypes. Only the engine thread calls these.
+// fd/model/weights.h — loading the model's weights into one arena in the inference layout of
+// fd/model/layout.h (the ONE home of the TP sharding), and pointing the forward pass at them.
+// Only the engine thread calls these.
 #pragma once
 
 #include "fd/kernels/ops.h"
 #include "fd/kernels/thread_pool.h"
 #include "fd/model/model_config.h"
 #include "fd/model/safetensors.h"
+#include "fd/model/layout.h"
 
 #include <cstddef>
 #include <map>
@@ -40,91 +16,6 @@
 #include <vector>
 
 namespace fd::model {
-
-/// How an inference tensor is split across tensor-parallel ranks.
-enum class Shard : uint8_t {
-    replicated,  ///< every rank holds it whole (norms)
-    rows,        ///< column parallel: each part's rows split into T equal ranges (qkv, gate_up, embed, lm_head)
-    cols,        ///< row parallel: the input columns split into T equal ranges (o_proj, down_proj)
-};
-
-/// Which rank of how many tensor-parallel ranks a layout is for.
-struct TpRank {
-    int32_t rank = 0;
-    int32_t size = 1;
-};
-
-/// Check that `tp_size` (>= 1) divides every dimension the sharding splits.
-/// Errors  fd::Error{invalid_argument} naming the dimension (num_attention_heads,
-///         num_key_value_heads, intermediate_size, vocab_size) and both numbers.
-void check_tp_divides(const ModelConfig & cfg, int32_t tp_size);
-
-/// Rows [row0, row0 + rows) of an inference tensor come from training (HF) tensor `hf_name`:
-/// dim 0: its rows [src0, src0 + rows) (every column); dim 1: its columns [src0, src0 + cols)
-/// of every row (then rows = the HF tensor's rows, cols = the inference tensor's).
-struct WeightPart {
-    std::string hf_name;
-    int64_t     row0 = 0;
-    int64_t     rows = 0;
-    DType       dtype = DType::f32;  ///< as stored in the checkpoint the layout was planned from
-    int         dim  = 0;            ///< 0: a row range, 1: a column range
-    int64_t     src0 = 0;            ///< first HF row (dim 0) or column (dim 1) taken
-    std::vector<int64_t> hf_shape;   ///< the whole training tensor's shape
-};
-
-/// One tensor of the rollout's state dict (of one rank).
-struct InferenceTensor {
-    std::string             name;        ///< inference name, e.g. model.layers.0.self_attn.qkv_proj.weight
-    std::vector<int64_t>    shape;       ///< [rows, cols] or [n], outermost first; this rank's shard
-    Shard                   shard = Shard::replicated;
-    DType                   dtype = DType::f32;  ///< in memory: the checkpoint's f32 / bf16; F16 → f32
-    int64_t                 offset = 0;  ///< bytes into the weights arena, 64-byte aligned
-    int64_t                 bytes  = 0;
-    std::vector<WeightPart> parts;       ///< training tensors stacked along dim 0, in order
-};
-
-struct WeightLayout {
-    std::vector<InferenceTensor> tensors;        ///< in arena order
-    int64_t                      arena_bytes = 0;
-    bool                         tied_lm_head = false;  ///< lm_head reads embed_tokens
-    TpRank                       tp;             ///< the rank this layout's shards are for
-
-    /// nullptr if `name` is not an inference tensor.
-    const InferenceTensor * find(std::string_view name) const;
-};
-
-/// One tensor the model expects, in HF (training) naming.
-struct ExpectedTensor {
-    std::string          name;
-    std::vector<int64_t> shape;
-    bool                 optional = false;  ///< e.g. lm_head.weight of a tied model
-};
-
-/// Every tensor a checkpoint of `cfg` must (or may) hold.
-std::vector<ExpectedTensor> expected_tensors(const ModelConfig & cfg);
-
-/// Check `idx` against `cfg` (first load, HF names): every required tensor present with the
-/// right shape, no unknown names (rotary_emb.inv_freq is ignored).
-/// Errors  fd::Error{invalid_checkpoint} naming the file and tensor.
-void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx);
-
-/// Rank `tp.rank`'s inference layout of `cfg` with the dtypes of `idx`: a fused tensor whose
-/// parts share a dtype keeps it (F16 becomes f32); mixed parts become f32. `idx` is a full HF
-/// checkpoint (validate_checkpoint) or the rank's state dict in inference names (every tensor
-/// under its inference name: a snapshot or ipc record; dtypes are then the stored ones).
-/// Errors  fd::Error{invalid_argument} from check_tp_divides, or rank outside [0, tp.size);
-///         fd::Error{invalid_checkpoint} when a tensor is in neither form.
-WeightLayout plan_layout(const ModelConfig & cfg, const TensorIndex & idx, TpRank tp = {});
-
-/// Check that `idx` can refill `layout` (load, wakeup, update, any weight source): every
-/// inference tensor present either under its inference name with the layout's (this rank's)
-/// shape and memory dtype (snapshots, ipc records) or as its training parts with the whole
-/// HF shapes and dtypes first loaded (HF checkpoints; only this rank's slices are read);
-/// lm_head.weight of a tied model and rotary_emb.inv_freq are allowed and ignored; any other
-/// name is an error. An unfused sharded tensor (o_proj, down_proj, embed, lm_head) whose name
-/// is its HF name is told apart by its shape (the rank's shard, or the whole tensor).
-/// Errors  fd::Error{invalid_checkpoint} naming the file and tensor.
-void validate_against_layout(const WeightLayout & layout, const TensorIndex & idx);
 
 struct FillOptions {
     bool   check_finite = true;  ///< refuse NaN/Inf (checked on each piece right after it is read)

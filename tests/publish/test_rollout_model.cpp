@@ -1,15 +1,13 @@
-// RolloutModel (daemon/src/model/rollout_model.cpp): state dict per TP rank, name mappings to
-// training names, gather; the safetensors writer; the ipc_snapshot source's file choice. The
-// Qwen2-shaped checkpoint is written in a fresh temp dir by the test itself.
+// RolloutModel (publish/src/rollout_model.cpp): state dict per TP rank, name mappings to
+// training names, gather; the safetensors writer. The Qwen2-shaped checkpoint is written in a
+// fresh temp dir by the test itself. Linked against fd_publish only (no engine).
 #include "fd/model/model_config.h"
-#include "fd/model/rollout_model.h"
 #include "fd/model/safetensors.h"
-#include "fd/model/safetensors_write.h"
-#include "fd/model/weights.h"
-#include "fd/shm/ipc_weights.h"
+#include "fd/model/layout.h"
+#include "fd/publish/rollout_model.h"
+#include "fd/publish/safetensors_write.h"
 #include "fd/status.h"
 #include "test_util.h"
-#include "fd/weights/weight_source.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -29,7 +27,7 @@
 namespace fs = std::filesystem;
 using fd::Errc;
 using fd::model::DType;
-using fd::model::RolloutModel;
+using fd::publish::RolloutModel;
 
 namespace {
 
@@ -47,9 +45,9 @@ fs::path write_qwen2(const fs::path & dir) {
                                 {"tie_word_embeddings", false}, {"bos_token_id", 1}, {"eos_token_id", 2}};
     std::ofstream(dir / "config.json") << cfg.dump();
     const auto c = fd::model::load_model_config(dir);
-    std::vector<fd::model::SafetensorsEntry> entries;
+    std::vector<fd::publish::SafetensorsEntry> entries;
     for (const auto & t : fd::model::expected_tensors(c)) { entries.push_back({t.name, DType::f32, t.shape}); }
-    fd::model::write_safetensors(dir / "model.safetensors", entries, [&](size_t i, std::byte * dst) {
+    fd::publish::write_safetensors(dir / "model.safetensors", entries, [&](size_t i, std::byte * dst) {
         int64_t n = 1;
         for (int64_t d : entries[i].shape) { n *= d; }
         auto * f = reinterpret_cast<float *>(dst);
@@ -69,11 +67,11 @@ fs::path write_qwen3(const fs::path & dir) {
                                 {"tie_word_embeddings", true}, {"bos_token_id", 1}, {"eos_token_id", 2}};
     std::ofstream(dir / "config.json") << cfg.dump();
     const auto c = fd::model::load_model_config(dir);
-    std::vector<fd::model::SafetensorsEntry> entries;
+    std::vector<fd::publish::SafetensorsEntry> entries;
     for (const auto & t : fd::model::expected_tensors(c)) {
         if (!t.optional) { entries.push_back({t.name, DType::f32, t.shape}); }
     }
-    fd::model::write_safetensors(dir / "model.safetensors", entries, [&](size_t i, std::byte * dst) {
+    fd::publish::write_safetensors(dir / "model.safetensors", entries, [&](size_t i, std::byte * dst) {
         int64_t n = 1;
         for (int64_t d : entries[i].shape) { n *= d; }
         auto * f = reinterpret_cast<float *>(dst);
@@ -191,7 +189,7 @@ TEST_CASE("tp=2 shapes follow the Megatron sharding") {
     TempDir d;
     write_qwen2(d.path);  // hidden 32, 4 heads / 2 kv heads of 8, ff 48, vocab 96
     const RolloutModel q(d.path, 2);
-    std::map<std::string, fd::model::StateTensor> t1;
+    std::map<std::string, fd::publish::StateTensor> t1;
     for (const auto & t : q.state_dict(1)) { t1[t.name] = t; }
     CHECK(t1.at("model.layers.0.self_attn.qkv_proj.bias").shape == std::vector<int64_t>{16 + 8 + 8});
     CHECK(t1.at("lm_head.weight").shape == std::vector<int64_t>{48, 32});
@@ -241,8 +239,8 @@ TEST_CASE("a tp that does not divide heads, kv heads, intermediate or vocab is i
 
 TEST_CASE("write_safetensors output is read back by read_tensor_index, data 8-byte aligned") {
     TempDir d;
-    const std::vector<fd::model::SafetensorsEntry> e = {{"a", DType::f32, {3}}, {"b", DType::bf16, {2, 3}}, {"c", DType::f16, {1}}};
-    const int64_t n = fd::model::write_safetensors(d.path / "x.safetensors", e, [&](size_t i, std::byte * dst) {
+    const std::vector<fd::publish::SafetensorsEntry> e = {{"a", DType::f32, {3}}, {"b", DType::bf16, {2, 3}}, {"c", DType::f16, {1}}};
+    const int64_t n = fd::publish::write_safetensors(d.path / "x.safetensors", e, [&](size_t i, std::byte * dst) {
         std::memset(dst, static_cast<int>(i + 1), i == 0 ? 12 : i == 1 ? 12 : 2);
     });
     CHECK(n == 26);
@@ -258,101 +256,12 @@ TEST_CASE("write_safetensors output is read back by read_tensor_index, data 8-by
     CHECK(raw == std::vector<uint8_t>(12, 2));
     // A failing fill leaves neither the file nor the .tmp behind.
     CHECK(error_of([&] {
-              fd::model::write_safetensors(d.path / "y.safetensors", e, [](size_t, std::byte *) {
+              fd::publish::write_safetensors(d.path / "y.safetensors", e, [](size_t, std::byte *) {
                   fd::fail(Errc::invalid_checkpoint, "boom");
               });
           }) == Errc::invalid_checkpoint);
     CHECK(!fs::exists(d.path / "y.safetensors"));
     CHECK(!fs::exists(d.path / "y.safetensors.tmp"));
-}
-
-TEST_CASE("ipc_snapshot source: parts in ascending integer order, else the single file, else the checkpoint") {
-    TempDir d;
-    write_qwen2(d.path);
-    auto src = fd::weights::make_ipc_snapshot_source(d.path);
-    auto fetch = [&](int rank) { return src->fetch({.rank = rank}); };
-    CHECK(fetch(0).index.tensors.count("model.layers.0.self_attn.q_proj.weight") == 1);  // the full checkpoint
-    CHECK(!fetch(0).version);
-    auto one = [&](const std::string & file, const std::string & name) {
-        fd::model::write_safetensors(d.path / file, {{name, DType::f32, {1}}}, [](size_t, std::byte * p) { std::memset(p, 0, 4); });
-    };
-    one("model_state.tp0.safetensors", "single");
-    CHECK(fetch(0).index.tensors.count("single") == 1);
-    CHECK(fetch(1).index.tensors.count("model.norm.weight") == 1);  // rank 1 has no snapshot
-    one("model_state.tp0.part10.safetensors", "ten");
-    one("model_state.tp0.part2.safetensors", "two");
-    one("model_state.tp0.partx.safetensors", "ignored");
-    one("model_state.tp0.part3.safetensors.tmp", "ignored");
-    const auto idx = fetch(0).index;
-    CHECK(idx.tensors.size() == 2);
-    CHECK(idx.tensors.at("ten").file.filename() == "model_state.tp0.part10.safetensors");
-    std::ofstream(d.path / "version.yaml") << "step: 12\n";
-    CHECK(*fetch(0).version == "12");
-    CHECK(*src->fetch({.version = std::string("v9")}).version == "v9");
-    auto gone = fd::weights::make_ipc_snapshot_source(d.path / "nope");
-    CHECK(error_of([&] { gone->fetch({}); }) == Errc::source_unavailable);
-}
-
-TEST_CASE("ipc source: a record is read by its entries; generation checks before and after the copy") {
-    namespace shm = fd::shm;
-    const int port = 40000 + ::getpid() % 20000;
-    const std::string name = shm::ipc_weights_name(port, 0);
-    auto src = fd::weights::make_ipc_source(port);
-    CHECK(error_of([&] { src->fetch({}); }) == Errc::not_found);
-    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    REQUIRE(fd >= 0);
-    const size_t total = 4096 + 64;
-    REQUIRE(::ftruncate(fd, total) == 0);
-    auto * base = static_cast<std::byte *>(::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    REQUIRE(base != MAP_FAILED);
-    auto * h = reinterpret_cast<shm::IpcRecordHeader *>(base);
-    auto * e = reinterpret_cast<shm::IpcTensorEntry *>(base + sizeof(shm::IpcRecordHeader));
-    h->magic = shm::kIpcMagic;
-    h->abi_version = shm::kIpcAbiVersion;
-    h->n_tensors = 1;
-    std::strcpy(h->version, "v7");
-    h->tp_size = 1;
-    h->total_bytes = total;
-    std::strcpy(e->name, "x");
-    e->dtype = shm::kIpcF32;
-    e->ndim = 1;
-    e->shape[0] = 16;
-    e->offset = 4096;
-    e->nbytes = 64;
-    CHECK(error_of([&] { src->fetch({}); }) == Errc::source_unavailable);  // generation 0: never published
-    h->generation.store(3);
-    CHECK(error_of([&] { src->fetch({}); }) == Errc::source_unavailable);  // odd: being written
-    h->generation.store(4);
-    {
-        auto ck = src->fetch({});
-        CHECK(*ck.version == "v7");
-        REQUIRE(ck.index.tensors.count("x") == 1);
-        CHECK(ck.index.tensors.at("x").file == "/dev/shm" + name);
-        CHECK(ck.index.tensors.at("x").offset_bytes == 4096);
-        CHECK(ck.index.total_bytes == 64);
-        std::memset(base + 4096, 0x3f, 64);
-        std::vector<float> x(16);
-        fd::model::read_tensor_raw(ck.index.tensors.at("x"), x.data());  // a plain file read
-        CHECK(std::memcmp(x.data(), base + 4096, 64) == 0);
-        ck.verify_copied();                                              // nothing moved
-        h->generation.store(6);                                          // the trainer republished meanwhile
-        CHECK(error_of(ck.verify_copied) == Errc::source_unavailable);
-    }
-    CHECK(*src->fetch({.version = std::string("mine")}).version == "mine");
-    e->offset = 4096 + 8;  // data past the end of the object
-    CHECK(error_of([&] { src->fetch({}); }) == Errc::invalid_checkpoint);
-    e->offset = 4096;
-    e->nbytes = 60;        // not shape x dtype
-    CHECK(error_of([&] { src->fetch({}); }) == Errc::invalid_checkpoint);
-    e->nbytes = 64;
-    e->location = shm::kIpcCudaIpc;
-    CHECK(error_of([&] { src->fetch({}); }) == Errc::source_unavailable);
-    e->location = shm::kIpcInline;
-    h->abi_version = 99;
-    CHECK(error_of([&] { src->fetch({}); }) == Errc::invalid_checkpoint);
-    ::munmap(base, total);
-    ::close(fd);
-    ::shm_unlink(name.c_str());
 }
 
 }  // TEST_SUITE

@@ -1,6 +1,6 @@
-// Writing safetensors files atomically (fd/model/safetensors_write.h).
+// Writing safetensors files atomically (fd/publish/safetensors_write.h).
 #include "fd/file_io.h"
-#include "fd/model/safetensors_write.h"
+#include "fd/publish/safetensors_write.h"
 
 #include "fd/status.h"
 
@@ -11,7 +11,10 @@
 
 #include <cstring>
 
-namespace fd::model {
+namespace fd::publish {
+
+using namespace fd::model;
+
 int64_t write_safetensors(const std::filesystem::path & path, const std::vector<SafetensorsEntry> & entries,
                           const std::function<void(size_t, std::byte *)> & fill) {
     nlohmann::ordered_json h = nlohmann::ordered_json::object();
@@ -54,4 +57,4 @@ int64_t write_safetensors(const std::filesystem::path & path, const std::vector<
     return offset;
 }
 
-}  // namespace fd::model
+}  // namespace fd::publish

@@ -1,5 +1,5 @@
-// fd/model/safetensors_write.h — writing safetensors files (trainer-side publishers:
-// fdctl publish --strategy ipc_snapshot). Format: see fd/model/safetensors.h.
+// fd/publish/safetensors_write.h — writing safetensors files (trainer-side publishers:
+// fdctl publish --strategy ipc_snapshot). Format: see fd/model/safetensors.h. Library fd_publish.
 #pragma once
 
 #include "fd/model/safetensors.h"
@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
-namespace fd::model {
+namespace fd::publish {
+
+using model::DType;
 
 /// One tensor to write with write_safetensors.
 struct SafetensorsEntry {
@@ -28,4 +30,4 @@ struct SafetensorsEntry {
 int64_t write_safetensors(const std::filesystem::path & path, const std::vector<SafetensorsEntry> & entries,
                           const std::function<void(size_t, std::byte *)> & fill);
 
-}  // namespace fd::model
+}  // namespace fd::publish

@@ -1,5 +1,6 @@
-// fd/model/rollout_model.h — the rollout's state dict per tensor-parallel rank, for trainer
-// authors (SPEC §5, docs/weight_sources.md).
+// fd/publish/rollout_model.h — the rollout's state dict per tensor-parallel rank, for trainer
+// authors (SPEC §5, docs/weight_sources.md). Library fd_publish: links fd_layout (config,
+// safetensors reader, the sharding layout), never the engine (fd_core) or the kernels.
 //
 // A trainer that publishes weights with `ipc_snapshot` or `ipc` must hand the rollout tensors in
 // the rollout's own (inference) names, shapes and dtypes for each rank. RolloutModel computes
@@ -13,7 +14,7 @@
 // with q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim, T = tp_size.
 //
 // Sharding of rank r (Megatron / vLLM; column parallel = split the output rows of [out, in],
-// row parallel = split the input columns) — computed by plan_layout (fd/model/weights.h), the
+// row parallel = split the input columns) — computed by plan_layout (fd/model/layout.h), the
 // same code the daemon's loader shards with:
 //   qkv_proj         column parallel: rows [r*q_dim/T, (r+1)*q_dim/T) of q_proj, the same
 //                    fraction of k_proj and of v_proj (whole kv heads), stacked q | k | v
@@ -28,7 +29,7 @@
 
 #include "fd/model/model_config.h"
 #include "fd/model/safetensors.h"
-#include "fd/model/weights.h"
+#include "fd/model/layout.h"
 
 #include <cstddef>
 #include <filesystem>
@@ -37,7 +38,12 @@
 #include <string>
 #include <vector>
 
-namespace fd::model {
+namespace fd::publish {
+
+using model::DType;
+using model::ModelConfig;
+using model::TensorIndex;
+using model::WeightLayout;
 
 /// One tensor of a rank's state dict.
 struct StateTensor {
@@ -46,7 +52,7 @@ struct StateTensor {
     DType                dtype = DType::f32;
 
     int64_t numel() const;
-    int64_t nbytes() const { return numel() * dtype_size(dtype); }
+    int64_t nbytes() const { return numel() * model::dtype_size(dtype); }
 };
 
 /// Rows [dst_row0, dst_row0 + (end - begin)) of an inference tensor on one rank are the slice
@@ -113,4 +119,4 @@ private:
     int          tp_ = 1;
 };
 
-}  // namespace fd::model
+}  // namespace fd::publish

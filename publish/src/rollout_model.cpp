@@ -1,7 +1,7 @@
 // RolloutModel: the rollout's state dict per TP rank and its training-name mapping
-// (fd/model/rollout_model.h, docs/weight_sources.md).
+// (fd/publish/rollout_model.h, docs/weight_sources.md).
 #include "fd/file_io.h"
-#include "fd/model/rollout_model.h"
+#include "fd/publish/rollout_model.h"
 
 #include "fd/status.h"
 
@@ -11,7 +11,10 @@
 
 #include <cstring>
 
-namespace fd::model {
+namespace fd::publish {
+
+using namespace fd::model;
+
 namespace {
 
 /// Copy `n` elements stored as `from` in `src` to `dst` as `to` (equal, or `to` = f32).
@@ -39,7 +42,7 @@ RolloutModel::RolloutModel(ModelConfig cfg, const TensorIndex & idx, int tp_size
     check_tp_divides(cfg_, tp_);
     validate_checkpoint(cfg_, idx);
     layout_ = plan_layout(cfg_, idx);
-    // The loader's own plan for every rank (weights.h: the one home of the sharding).
+    // The loader's own plan for every rank (layout.h: the one home of the sharding).
     for (int r = 0; r < tp_; ++r) { rank_layouts_.push_back(plan_layout(cfg_, idx, {r, tp_})); }
 }
 
@@ -125,4 +128,4 @@ void RolloutModel::gather(const RankTensorSource & src, const TensorIndex & idx,
     }
 }
 
-}  // namespace fd::model
+}  // namespace fd::publish

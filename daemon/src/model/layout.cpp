@@ -1,0 +1,211 @@
+// The tensor-parallel sharding layout (fd/model/layout.h): planning it from a checkpoint and
+// checking checkpoints against it. Linked by the daemon (fd_core) and the publishers (fd_publish).
+#include "fd/model/layout.h"
+
+#include "fd/status.h"
+
+#include <fmt/format.h>
+
+#include <functional>
+#include <set>
+namespace fd::model {
+namespace {
+
+std::string layer_name(int il, const char * leaf) { return fmt::format("model.layers.{}.{}", il, leaf); }
+
+}  // namespace
+
+namespace {
+
+/// The dtype of training part `hf` of inference tensor `name`: as the checkpoint stores it, or
+/// (a checkpoint in inference names) as the whole inference tensor is stored.
+using DtypeOf = std::function<DType(const std::string & name, const std::string & hf)>;
+
+/// Rank `tp.rank`'s inference layout of `c` (the sharding table of layout.h).
+WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp);
+
+}  // namespace
+
+void check_tp_divides(const ModelConfig & c, int32_t tp_size) {
+    if (tp_size < 1) { fail(Errc::invalid_argument, "tensor parallel size must be >= 1, got {}", tp_size); }
+    const std::pair<const char *, int64_t> dims[] = {{"num_attention_heads", c.n_heads},
+                                                     {"num_key_value_heads", c.n_kv_heads},
+                                                     {"intermediate_size", c.intermediate_size},
+                                                     {"vocab_size", c.vocab_size}};
+    for (const auto & [what, n] : dims) {
+        if (n % tp_size != 0) {
+            fail(Errc::invalid_argument, "{} = {} is not divisible by the tensor parallel size {}; pick a tp that divides it",
+                 what, n, tp_size);
+        }
+    }
+}
+
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig & c) {
+    // Every training part of the inference layout, in layout order (dtypes do not matter here).
+    std::vector<ExpectedTensor> e;
+    for (const InferenceTensor & t : plan(c, [](const std::string &, const std::string &) { return DType::f32; }, {}).tensors) {
+        for (const WeightPart & p : t.parts) { e.push_back({p.hf_name, p.hf_shape}); }
+    }
+    if (c.tie_word_embeddings) { e.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}, true}); }
+    return e;
+}
+
+void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx) {
+    std::set<std::string> known;
+    for (const auto & x : expected_tensors(cfg)) {
+        known.insert(x.name);
+        auto it = idx.tensors.find(x.name);
+        if (it == idx.tensors.end()) {
+            if (x.optional) { continue; }
+            fail(Errc::invalid_checkpoint, "{}: checkpoint is missing tensor '{}' (expected shape [{}])", idx.source.string(),
+                 x.name, fmt::join(x.shape, ", "));
+        }
+        if (it->second.shape != x.shape) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}' has shape [{}], expected [{}]", it->second.file.string(),
+                 x.name, fmt::join(it->second.shape, ", "), fmt::join(x.shape, ", "));
+        }
+    }
+    for (const auto & [name, t] : idx.tensors) {
+        if (known.count(name) == 0 && name.find("rotary_emb.inv_freq") == std::string::npos) {
+            fail(Errc::invalid_checkpoint, "{}: unknown tensor '{}' for {}", t.file.string(), name, cfg.architecture);
+        }
+    }
+}
+
+const InferenceTensor * WeightLayout::find(std::string_view name) const {
+    for (const auto & t : tensors) {
+        if (t.name == name) { return &t; }
+    }
+    return nullptr;
+}
+
+WeightLayout plan_layout(const ModelConfig & c, const TensorIndex & idx, TpRank tp) {
+    check_tp_divides(c, tp.size);
+    if (tp.rank < 0 || tp.rank >= tp.size) {
+        fail(Errc::invalid_argument, "rank {} is outside [0, {}) (tp size {})", tp.rank, tp.size, tp.size);
+    }
+    return plan(c, [&](const std::string & name, const std::string & hf) {
+        auto it = idx.tensors.find(hf);
+        if (it == idx.tensors.end()) { it = idx.tensors.find(name); }
+        if (it == idx.tensors.end()) {
+            fail(Errc::invalid_checkpoint, "{}: checkpoint is missing tensor '{}'{}", idx.source.string(), hf,
+                 name != hf ? fmt::format(" (or the fused '{}')", name) : std::string{});
+        }
+        return it->second.dtype;
+    }, tp);
+}
+
+namespace {
+
+WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp) {
+    const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), ff = c.intermediate_size, T = tp.size, r = tp.rank;
+    WeightLayout L;
+    L.tied_lm_head = c.tie_word_embeddings;
+    L.tp = tp;
+    int64_t offset = 0;
+    using Parts = std::initializer_list<std::pair<std::string, int64_t>>;
+    // One inference tensor stacked from `parts` (HF name, HF rows), each HF part [rows, cols]
+    // (cols 0 = 1-D), cut for rank r as `shard` says.
+    auto add = [&](std::string name, Shard shard, Parts parts, int64_t cols) {
+        InferenceTensor t;
+        t.name  = std::move(name);
+        t.shard = shard;
+        int64_t rows = 0;
+        for (const auto & [hf, n] : parts) {
+            WeightPart p{hf, rows, n, dtype_of(t.name, hf), 0, 0, cols ? std::vector<int64_t>{n, cols} : std::vector<int64_t>{n}};
+            if (shard == Shard::rows) {  // rows [r*n/T, (r+1)*n/T) of this part
+                p.rows = n / T;
+                p.src0 = r * p.rows;
+            } else if (shard == Shard::cols) {  // columns [r*cols/T, (r+1)*cols/T) of every row
+                p.dim  = 1;
+                p.src0 = r * (cols / T);
+            }
+            rows += p.rows;
+            t.parts.push_back(std::move(p));
+        }
+        const int64_t my_cols = shard == Shard::cols ? cols / T : cols;
+        const DType d0 = t.parts.front().dtype;
+        bool same = true;
+        for (const auto & p : t.parts) { same = same && p.dtype == d0; }
+        t.dtype = same && d0 != DType::f16 ? d0 : DType::f32;
+        t.shape = my_cols ? std::vector<int64_t>{rows, my_cols} : std::vector<int64_t>{rows};
+        t.bytes = rows * std::max<int64_t>(my_cols, 1) * dtype_size(t.dtype);
+        t.offset = offset;
+        offset += (t.bytes + 63) / 64 * 64;
+        L.tensors.push_back(std::move(t));
+    };
+    add("model.embed_tokens.weight", Shard::rows, {{"model.embed_tokens.weight", c.vocab_size}}, h);
+    for (int il = 0; il < c.n_layers; ++il) {
+        auto n = [&](const char * leaf) { return layer_name(il, leaf); };
+        add(n("input_layernorm.weight"), Shard::replicated, {{n("input_layernorm.weight"), h}}, 0);
+        add(n("self_attn.qkv_proj.weight"), Shard::rows, {{n("self_attn.q_proj.weight"), q}, {n("self_attn.k_proj.weight"), kv},
+                                                          {n("self_attn.v_proj.weight"), kv}}, h);
+        if (c.qkv_bias) {
+            add(n("self_attn.qkv_proj.bias"), Shard::rows, {{n("self_attn.q_proj.bias"), q}, {n("self_attn.k_proj.bias"), kv},
+                                                            {n("self_attn.v_proj.bias"), kv}}, 0);
+        }
+        if (c.qk_norm) {  // Qwen3: per-head RMSNorm weights, [head_dim] each
+            add(n("self_attn.q_norm.weight"), Shard::replicated, {{n("self_attn.q_norm.weight"), c.head_dim}}, 0);
+            add(n("self_attn.k_norm.weight"), Shard::replicated, {{n("self_attn.k_norm.weight"), c.head_dim}}, 0);
+        }
+        add(n("self_attn.o_proj.weight"), Shard::cols, {{n("self_attn.o_proj.weight"), h}}, q);
+        add(n("post_attention_layernorm.weight"), Shard::replicated, {{n("post_attention_layernorm.weight"), h}}, 0);
+        add(n("mlp.gate_up_proj.weight"), Shard::rows, {{n("mlp.gate_proj.weight"), ff}, {n("mlp.up_proj.weight"), ff}}, h);
+        add(n("mlp.down_proj.weight"), Shard::cols, {{n("mlp.down_proj.weight"), h}}, ff);
+    }
+    add("model.norm.weight", Shard::replicated, {{"model.norm.weight", h}}, 0);
+    if (!c.tie_word_embeddings) { add("lm_head.weight", Shard::rows, {{"lm_head.weight", c.vocab_size}}, h); }
+    L.arena_bytes = offset;
+    return L;
+}
+
+bool is_fused(const InferenceTensor & it) { return it.parts.size() > 1 || it.parts.front().hf_name != it.name; }
+
+}  // namespace
+
+bool holds_inference_form(const InferenceTensor & it, const TensorIndex & idx) {
+    auto w = idx.tensors.find(it.name);
+    return w != idx.tensors.end() && (is_fused(it) || w->second.shape == it.shape);
+}
+
+
+void validate_against_layout(const WeightLayout & layout, const TensorIndex & idx) {
+    std::set<std::string> used;
+    auto check = [&](const std::string & name, const std::vector<int64_t> & shape, std::initializer_list<DType> dtypes) {
+        const TensorInfo & t = idx.tensors.at(name);
+        if (t.shape != shape) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}' has shape [{}], expected [{}]", t.file.string(), name,
+                 fmt::join(t.shape, ", "), fmt::join(shape, ", "));
+        }
+        if (std::find(dtypes.begin(), dtypes.end(), t.dtype) == dtypes.end()) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}' has dtype {}, expected {} (as loaded)", t.file.string(), name,
+                 dtype_name(t.dtype), dtype_name(*dtypes.begin()));
+        }
+        used.insert(name);
+    };
+    for (const InferenceTensor & it : layout.tensors) {
+        const bool fused = is_fused(it);
+        if (holds_inference_form(it, idx)) {  // a snapshot / ipc record (an unfused tensor's name is its HF name)
+            if (fused) {
+                check(it.name, it.shape, {it.dtype});
+            } else {
+                check(it.name, it.shape, {it.parts.front().dtype, it.dtype});
+            }
+            continue;
+        }
+        for (const WeightPart & p : it.parts) {  // the whole training tensors; the rank's slices are read
+            if (!idx.tensors.count(p.hf_name)) {
+                fail(Errc::invalid_checkpoint, "{}: checkpoint is missing tensor '{}'{}", idx.source.string(), p.hf_name,
+                     fused ? fmt::format(" (or the fused '{}')", it.name) : std::string{});
+            }
+            check(p.hf_name, p.hf_shape, {p.dtype});
+        }
+    }
+    for (const auto & [name, t] : idx.tensors) {
+        if (used.count(name) || name.find("rotary_emb.inv_freq") != std::string::npos) { continue; }
+        if (layout.tied_lm_head && name == "lm_head.weight") { continue; }
+        fail(Errc::invalid_checkpoint, "{}: unknown tensor '{}' (not in the rollout's state dict)", t.file.string(), name);
+    }
+}
+
+}  // namespace fd::model
