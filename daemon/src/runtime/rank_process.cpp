@@ -34,6 +34,7 @@ json rank_spawn_to_json(const RankSpawn & s) {
             {"source", {{"strategy", std::string(weights::to_string(c.source.strategy))}, {"model_dir", c.source.model_dir.string()},
                         {"port", c.source.port}, {"rsync_config", c.source.rsync_config}}},
             {"master_addr", c.master_addr},
+            {"bind_addr", s.bind_addr},
             {"timeout_s", c.timeout_s},
             {"log_level", c.log_level},
             {"log_format", c.log_format}};
@@ -63,6 +64,7 @@ RankSpawn rank_spawn_from_json(const json & j) {
         c.source.port         = src.at("port");
         c.source.rsync_config = src.at("rsync_config");
         c.master_addr = j.at("master_addr");
+        s.bind_addr   = j.value("bind_addr", std::string());
         c.timeout_s   = j.at("timeout_s");
         c.log_level   = j.at("log_level");
         c.log_format  = j.at("log_format");
@@ -121,7 +123,10 @@ namespace {
 /// The rank's side: one request at a time, answered in order.
 class RankServer {
 public:
-    RankServer(LinkSocket link, int region_fd) : link_(std::move(link)) { region_.attach(region_fd); }
+    /// `region_fd` -1: a rank on another node (a TCP link; the step arrives inline).
+    RankServer(LinkSocket link, int region_fd) : link_(std::move(link)) {
+        if (region_fd >= 0) { region_.attach(region_fd); }
+    }
 
     /// Build everything, answer `ready` (or the error that stopped start-up). False: exit.
     bool start(const RankSpawn & s) {
@@ -134,7 +139,8 @@ public:
             // The group first (a sharded worker all-reduces from its first step). Its timeout is half
             // the daemon's: a rank whose peer died answers with that error before the daemon gives
             // up on it, so the daemon names the dead rank, not the waiting one.
-            comm_ = make_gloo_comm({.rank = s.rank, .world_size = c.tensor_parallel_size, .bind_host = c.master_addr,
+            comm_ = make_gloo_comm({.rank = s.rank, .world_size = c.tensor_parallel_size,
+                                    .bind_host = s.bind_addr.empty() ? c.master_addr : s.bind_addr,
                                     .store_host = c.master_addr, .store_port = s.store_port, .timeout_s = 0.5 * c.timeout_s});
             comm_->connect(s.generation);
             model_cfg_ = model::load_model_config(c.model_dir);
@@ -154,29 +160,37 @@ public:
         return ready.status == 0;
     }
 
-    void serve() {
-        auto lg = log::get("rank");
+    /// True when the daemon said shutdown; false when the link closed or broke.
+    bool serve() {
         for (;;) {
             LinkMsg m;
             // Idle until the daemon asks; a second at a time, so a vanished daemon is noticed
             // even if the kernel never closes our end.
             const auto r = link_.recv(m, std::chrono::steady_clock::now() + std::chrono::seconds(1));
             if (r == LinkSocket::Recv::timeout) {
-                if (::getppid() == 1) { return; }
+                if (::getppid() == 1) { return false; }
                 continue;
             }
-            if (r == LinkSocket::Recv::closed) { return; }
+            if (r == LinkSocket::Recv::closed) { return false; }
             const auto op = static_cast<LinkOp>(m.op);
             if (op == LinkOp::shutdown) {
                 comm_->disconnect();
                 link_.send(m);
-                return;
+                return true;
+            }
+            if (op == LinkOp::forward && link_.stream()) {
+                // The step's arrays follow the request inline; the buffer only grows.
+                const size_t n = static_cast<size_t>(m.bytes);
+                if (inline_.size() * sizeof(int64_t) < n) { inline_.resize((n + 7) / 8); }
+                if (link_.recv_exact(inline_.data(), n, std::chrono::steady_clock::now() + std::chrono::seconds(30)) != LinkSocket::Recv::ok) {
+                    return false;
+                }
             }
             LinkMsg reply = handle(op, m);
             reply.op   = m.op;
             reply.seq  = m.seq;
             reply.rank = spawn_.rank;
-            if (!link_.send(reply)) { return; }
+            if (!link_.send(reply)) { return false; }
         }
     }
 
@@ -210,12 +224,19 @@ private:
 
     LinkMsg forward(const LinkMsg & m) {
         LinkMsg reply;
-        if (static_cast<int64_t>(m.region_bytes) != region_.bytes()) { region_.remap(); }
-        step_decode(region_.data(), batch_);
-        auto * h = static_cast<RegionHeader *>(region_.data());
+        void * step = nullptr;
+        if (link_.stream()) {
+            FD_CHECK(spawn_.rank != 0, "rank 0 runs on node 0");
+            step = inline_.data();
+        } else {
+            if (static_cast<int64_t>(m.region_bytes) != region_.bytes()) { region_.remap(); }
+            step = region_.data();
+        }
+        step_decode(step, batch_);
+        auto * h = static_cast<RegionHeader *>(step);
         float * out = nullptr;
         if (spawn_.rank == 0) {
-            out = step_logits(region_.data());
+            out = step_logits(step);
         } else {
             scratch_.resize(batch_.logits_rows.size() * static_cast<size_t>(model_cfg_.vocab_size));
             out = scratch_.data();
@@ -243,6 +264,7 @@ private:
     std::unique_ptr<Comm>      comm_;
     model::StepBatch           batch_;
     std::vector<float>         scratch_;
+    std::vector<int64_t>       inline_;  ///< a remote rank's step arrays (8-byte aligned)
 };
 
 }  // namespace
@@ -274,8 +296,8 @@ int rank_process_main(int argc, char ** argv) {
     RankServer server(std::move(link), std::atoi(argv[3]));
     if (!server.start(spawn)) { return 1; }
     log::get("rank")->info("rank {}/{} ready (pid {})", spawn.rank, spawn.cfg.tensor_parallel_size, ::getpid());
-    server.serve();
-    return 0;
+    // 0 only when the daemon said shutdown: a node agent rejoins on anything else.
+    return server.serve() ? 0 : 3;
 }
 
 }  // namespace fd::runtime
