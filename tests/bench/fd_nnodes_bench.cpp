@@ -2,8 +2,9 @@
 // Both executors run tp=2 over Gloo: "one node" spawns both ranks and feeds them the step through
 // the shared memfd region; "two nodes" starts a node agent (`fdrollout --nnodes 2 --node-rank 1`,
 // its rank binding 127.0.0.2) so rank 1's step link is TCP with the step arrays sent inline.
-// Decode steps of a fixed batch are timed in alternating rounds (one, two, one, two, ...) and
-// printed as ratios two / one. One JSON object.
+// Decode steps of a fixed batch are timed in alternating pairs (one step on one node, one on two,
+// repeated), so a loaded machine's swings hit both alike; the medians and the median of the per-pair
+// ratios two / one are printed. One JSON object.
 //   fd_nnodes_bench --model DIR --rank-binary build/fdrollout [--threads 1] [--batches 1,64]
 #include "fd/model/model_config.h"
 #include "fd/runtime/mp_executor.h"
@@ -34,9 +35,8 @@ namespace {
 
 struct Options {
     std::string model, rank_binary;
-    int32_t threads = 1, ctx = 128, rounds = 5, port = 0;
+    int32_t threads = 1, ctx = 128, pairs = 30, port = 0;
     std::vector<int32_t> batches = {1, 64};
-    double seconds_min = 0.5;
 };
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -46,14 +46,10 @@ double median(std::vector<double> v) {
     return v[v.size() / 2];
 }
 
-double step_seconds(runtime::Executor & ex, const model::StepBatch & b, std::vector<float> & logits, double seconds_min) {
-    int64_t n = 0;
+double step_seconds(runtime::Executor & ex, const model::StepBatch & b, std::vector<float> & logits) {
     const auto t0 = Clock::now();
-    do {
-        ex.forward(b, logits.data(), nullptr);
-        ++n;
-    } while (since(t0) < seconds_min);
-    return since(t0) / static_cast<double>(n);
+    ex.forward(b, logits.data(), nullptr);
+    return since(t0);
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released).
@@ -72,8 +68,7 @@ int main(int argc, char ** argv) {
     app.add_option("--threads", o.threads, "Threads per rank");
     app.add_option("--batches", o.batches, "Decode batch sizes")->delimiter(',');
     app.add_option("--ctx", o.ctx, "Context length of every sequence");
-    app.add_option("--rounds", o.rounds, "Alternating one/two-node rounds per batch size (median taken)");
-    app.add_option("--seconds-min", o.seconds_min, "Seconds per timing");
+    app.add_option("--pairs", o.pairs, "Alternating one-node/two-node decode steps per batch size (medians taken)");
     app.add_option("--master-port", o.port, "Port node 0 listens on for node 1 (0: a random one in [20000, 40000))");
     try {
         app.parse(argc, argv);
@@ -129,16 +124,18 @@ int main(int argc, char ** argv) {
             bench::DecodeBatch db(b, o.ctx);
             logits.resize(static_cast<size_t>(b) * cfg.vocab_size);
             check.resize(logits.size());
-            step_seconds(*one, db.b, logits, 0.05);  // warm-up
-            step_seconds(*two, db.b, check, 0.05);
+            for (int i = 0; i < 2; ++i) {  // warm-up
+                step_seconds(*one, db.b, logits);
+                step_seconds(*two, db.b, check);
+            }
             // The same step on both: the two-node logits must equal the one-node ones bitwise.
             one->forward(db.b, logits.data(), nullptr);
             two->forward(db.b, check.data(), nullptr);
             const bool equal = std::equal(logits.begin(), logits.end(), check.begin());
             std::vector<double> ratios, t1, t2;
-            for (int32_t r = 0; r < o.rounds; ++r) {
-                const double a = step_seconds(*one, db.b, logits, o.seconds_min);
-                const double c = step_seconds(*two, db.b, logits, o.seconds_min);
+            for (int32_t r = 0; r < o.pairs; ++r) {
+                const double a = step_seconds(*one, db.b, logits);
+                const double c = step_seconds(*two, db.b, logits);
                 t1.push_back(a);
                 t2.push_back(c);
                 ratios.push_back(c / a);
