@@ -12,6 +12,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <vector>
@@ -182,7 +183,8 @@ public:
                 // The step's arrays follow the request inline; the buffer only grows.
                 const size_t n = static_cast<size_t>(m.bytes);
                 if (inline_.size() * sizeof(int64_t) < n) { inline_.resize((n + 7) / 8); }
-                if (link_.recv_exact(inline_.data(), n, std::chrono::steady_clock::now() + std::chrono::seconds(30)) != LinkSocket::Recv::ok) {
+                if (link_.recv_exact(inline_.data(), n, std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                     std::chrono::duration<double>(std::max(1.0, 0.9 * spawn_.cfg.timeout_s)))) != LinkSocket::Recv::ok) {
                     return false;
                 }
             }

@@ -10,7 +10,10 @@
 // a rank that dies is noticed at once (its end of the link closes), one that hangs when the
 // deadline passes; either fails the call with rank_failed naming it and stays failed until
 // recover(). Control calls succeed only when every rank acknowledges; stage_weights drops every
-// staged copy when any rank fails. Called from the engine thread only.
+// staged copy when any rank fails. With nnodes > 1 the ranks of node k > 0 are started there by
+// `fdrollout --node-rank k` (fd/runtime/node_join.h) and reach this executor over authenticated
+// TCP links instead (same records; the step inline); recover() then waits for those nodes to
+// rejoin. Called from the engine thread only.
 #pragma once
 
 #include "fd/runtime/executor.h"
