@@ -93,6 +93,11 @@ void add_flags(CLI::App & app, fd::Config & c) {
     app.add_option("--kv-cache-bytes", c.kv.kv_cache_bytes,
                    "KV pool size: bytes (512MiB, 2G), a fraction of available memory (0.3), or 0 = max-num-seqs full-length sequences (<= 2 GiB); the pool is pre-faulted")
         ->envname("FD_KV_CACHE_BYTES")->capture_default_str();
+    app.add_option("--swap-space", c.kv.swap_space_gib,
+                   "Host KV swap pool per rank, GiB (fractions allowed; 0 = off): a preempted sequence's KV is copied there and "
+                   "back instead of being recomputed (recompute when the pool is full); pre-faulted. "
+                   "FD_ENABLE_SWAP_SPACE_CLEARING=1: sleep(kv_cache) frees it too")
+        ->envname("FD_SWAP_SPACE")->capture_default_str();
     app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", c.kv.enable_prefix_caching, "Reuse KV blocks of identical prompt prefixes")
         ->envname("FD_ENABLE_PREFIX_CACHING");
     app.add_option("--request-timeout-s", c.server.request_timeout_s, "Longest a completion may run before 504")
@@ -169,7 +174,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
     lg->info("tokenizer: {} ({} ids)", tok->kind(), tok->vocab_size());
     const fd::model::WorkerConfig wcfg{
         .rank = 0, .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,
-        .n_blocks = r.n_kv_blocks, .max_model_len = cfg.engine.max_model_len,
+        .n_blocks = r.n_kv_blocks, .n_swap_blocks = r.n_swap_blocks, .max_model_len = cfg.engine.max_model_len,
         .keep_update_staging = cfg.weights.update_staging == "persistent",
         .check_finite_weights = cfg.weights.check_finite_weights, .io_timeout_s = cfg.control.control_timeout_s};
     const fd::weights::SourceConfig scfg{.strategy = fd::weights::parse_load_strategy(cfg.weights.load_strategy),
@@ -193,7 +198,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
     lg->info("executor: {} ({} rank(s), {} thread(s) per rank)", executor->backend(), executor->world_size(), cfg.model.n_threads);
     fd::engine::Engine engine(cfg.engine, std::move(executor), tok,
                               {.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
-                               .enable_prefix_caching = cfg.kv.enable_prefix_caching});
+                               .enable_prefix_caching = cfg.kv.enable_prefix_caching, .n_host_blocks = r.n_swap_blocks});
     fd::control::ControlService control(cfg.control, engine);
     fd::api::ApiServer server(cfg.server, engine, control, *tok);
     fd::control::ShmWatcher watcher(std::move(block), cfg.server.port, engine, control);
@@ -245,9 +250,12 @@ int main(int argc, char ** argv) {
     app.footer("Exit codes: 0 stopped cleanly (SIGTERM/SIGINT), 2 usage error (a flag not understood; nothing started),\n"
                "10 invalid configuration (e.g. --model, --kv-cache-bytes), other start-up failures by fd::Errc (fdctl --help).\n"
                "Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes /clear_load_weight and /update_model_weight behave as\n"
-               "/v1/sleep and /v1/wakeup (both tags); 0 (default) keeps the legacy status-word protocol.");
+               "/v1/sleep and /v1/wakeup (both tags); 0 (default) keeps the legacy status-word protocol.\n"
+               "FD_ENABLE_SWAP_SPACE_CLEARING=1: with --swap-space, sleep(kv_cache) also frees the host swap pool (re-created on wakeup).");
     const char * v1 = std::getenv("FD_ENABLE_V1_UPDATE_WEIGHTS");
     cfg.control.v1_update_weights = v1 && std::string(v1) == "1";
+    const char * clear_swap = std::getenv("FD_ENABLE_SWAP_SPACE_CLEARING");
+    cfg.engine.clear_swap_space_on_sleep = clear_swap && std::string(clear_swap) == "1";
     if (const char * d = std::getenv("FD_DEBUG_CONTROL_DELAY_MS")) { cfg.engine.debug_control_delay_ms = std::atoi(d); }
     try {
         app.parse(argc, argv);

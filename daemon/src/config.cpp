@@ -84,6 +84,31 @@ void resolve_parallel(Config & cfg, Resolved & r, std::vector<std::string> & pro
     }
 }
 
+/// --swap-space: the host swap pool, per rank, in blocks of this rank's share of the KV.
+void resolve_swap_space(const Config & cfg, Resolved & r, std::vector<std::string> & problems) {
+    const double gib = cfg.kv.swap_space_gib;
+    if (!(gib >= 0.0) || gib > 1e6) {
+        problems.push_back(fmt::format("--swap-space {} must be a number of GiB >= 0 (0 = off)", gib));
+        return;
+    }
+    if (gib == 0.0) { return; }
+    const int32_t tp          = std::max(1, cfg.model.tensor_parallel_size);
+    const int64_t block_bytes = model::Worker::kv_block_bytes(r.model, cfg.kv.block_size_tokens, tp);
+    const auto    bytes       = static_cast<int64_t>(gib * static_cast<double>(int64_t{1} << 30));
+    r.n_swap_blocks = bytes / block_bytes;
+    if (r.n_swap_blocks == 0) {
+        problems.push_back(fmt::format("--swap-space {} GiB ({} bytes) holds no KV block of {} bytes (per rank); raise it or pass 0", gib,
+                                       bytes, block_bytes));
+        return;
+    }
+    // The pool is pre-faulted on every rank: refuse what this machine cannot hold now.
+    const int64_t avail = mem_available_bytes();
+    if (avail > 0 && r.n_swap_blocks * block_bytes * tp > avail) {
+        problems.push_back(fmt::format("--swap-space {} GiB per rank x {} rank(s) exceeds the memory available now ({:.2f} GiB)", gib, tp,
+                                       static_cast<double>(avail) / static_cast<double>(int64_t{1} << 30)));
+    }
+}
+
 }  // namespace
 
 Resolved resolve(Config & cfg) {
@@ -177,6 +202,7 @@ Resolved resolve(Config & cfg) {
                                            kvs, r.n_kv_blocks, block_bytes, e.max_model_len, min_blocks, min_blocks * block_bytes));
         }
     }
+    if (problems.empty()) { resolve_swap_space(cfg, r, problems); }
     if (!problems.empty()) { throw Error(Errc::invalid_argument, fmt::format("invalid configuration:\n  {}", fmt::join(problems, "\n  "))); }
     return r;
 }

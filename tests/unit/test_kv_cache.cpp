@@ -277,4 +277,44 @@ TEST_CASE("the free + used invariant holds over a random workload with prefix ca
     CHECK(kv.n_blocks_free() == 12);
 }
 
+
+TEST_CASE("swap tier: blocks move to the host pool and back, counts stay consistent") {
+    KvCache kv({.n_blocks = 4, .block_size_tokens = 4, .n_host_blocks = 3});
+    std::vector<fd::kv::BlockCopy> out, in;
+    REQUIRE(kv.allocate(1, 10));                      // 3 device blocks
+    const std::vector<int32_t> dev = kv.block_table(1);
+    CHECK_THROWS_AS(kv.swap_out(1, 13, out), fd::Error);  // more tokens than its blocks hold: a bug, refused...
+    CHECK(out.empty());                               // ...changing nothing
+    CHECK(kv.residence(1) == fd::kv::Residence::device);
+    REQUIRE(kv.swap_out(1, 9, out));                  // 9 computed tokens = 3 blocks
+    REQUIRE(out.size() == 3);
+    for (size_t i = 0; i < 3; ++i) { CHECK(out[i].src == dev[i]); }
+    std::set<int32_t> host;
+    for (const auto & c : out) { host.insert(c.dst); }
+    CHECK(host.size() == 3);
+    CHECK(*host.rbegin() < 3);
+    CHECK(kv.residence(1) == fd::kv::Residence::host);
+    CHECK(kv.block_table(1).empty());
+    CHECK(kv.n_blocks_free() == 4);
+    CHECK(kv.n_host_blocks_used() == 3);
+    REQUIRE(kv.allocate(2, 8));                       // another sequence takes 2 device blocks
+    CHECK_FALSE(kv.swap_in(1, 10, in));               // 3 needed, 2 free: refused, nothing changes
+    CHECK(in.empty());
+    CHECK(kv.n_host_blocks_used() == 3);
+    CHECK_FALSE(kv.swap_out(2, 8, out));              // the host pool is full
+    kv.release(2);
+    REQUIRE(kv.swap_in(1, 13, in));                   // + room for 4 more tokens: a 4th block
+    REQUIRE(in.size() == 3);
+    const auto & table = kv.block_table(1);
+    CHECK(table.size() == 4);
+    for (size_t i = 0; i < 3; ++i) {
+        CHECK(in[i].src == out[i].dst);               // token order kept
+        CHECK(in[i].dst == table[i]);
+    }
+    CHECK(kv.n_host_blocks_used() == 0);
+    CHECK(kv.n_blocks_used() == 4);
+    CHECK_THROWS_AS(kv.swap_in(1, 13, in), fd::Error);  // not swapped out
+    check_invariant(kv);
+}
+
 }  // TEST_SUITE

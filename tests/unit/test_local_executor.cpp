@@ -144,3 +144,78 @@ TEST_CASE("local executor: release hands the bytes back, reload restores the sam
     f.ex->acquire_kv();
     CHECK(f.logits() == v1);
 }
+
+namespace {
+
+/// A 5-token prefill into device block `block`, then the decode step at position 5 attending
+/// through `table`; returns the decode step's logits (the prefill's are discarded).
+struct SwapFixture {
+    model::ModelConfig cfg = model::load_model_config(kModel);
+    std::unique_ptr<runtime::Executor> ex;
+    explicit SwapFixture(int64_t n_swap_blocks) {
+        auto src = std::make_unique<FakeSource>();
+        src->dir = kModel;
+        auto worker = std::make_unique<model::Worker>(cfg, model::read_tensor_index(kModel),
+                                                      model::WorkerConfig{.n_blocks = 4, .n_swap_blocks = n_swap_blocks, .max_model_len = 64});
+        ex = runtime::make_local_executor(std::move(worker), std::move(src));
+    }
+    void prefill(int32_t block) {
+        int32_t table[1] = {block};
+        model::StepBatch b;
+        for (int32_t t = 0; t < 5; ++t) {
+            b.tokens.push_back(1 + 7 * t);
+            b.positions.push_back(t);
+            b.slots.push_back(int64_t{block} * 16 + t);
+            b.queries.push_back({.block_table = table, .n_ctx = t + 1});
+        }
+        b.logits_rows = {4};
+        std::vector<float> out(static_cast<size_t>(cfg.vocab_size));
+        REQUIRE(ex->forward(b, out.data(), nullptr));
+    }
+    std::vector<float> decode(int32_t block) {
+        int32_t table[1] = {block};
+        model::StepBatch b;
+        b.tokens      = {42};
+        b.positions   = {5};
+        b.slots       = {int64_t{block} * 16 + 5};
+        b.queries     = {{.block_table = table, .n_ctx = 6}};
+        b.logits_rows = {0};
+        std::vector<float> out(static_cast<size_t>(cfg.vocab_size));
+        REQUIRE(ex->forward(b, out.data(), nullptr));
+        return out;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("local executor: KV swapped out to the host pool and back into another block decodes bit-identically") {
+    SwapFixture ref(0);
+    ref.prefill(0);
+    const auto want = ref.decode(0);
+
+    SwapFixture f(3);
+    f.prefill(0);
+    const kv::BlockCopy out[] = {{.src = 0, .dst = 2}};
+    f.ex->swap_kv(out, 1, nullptr, 0);
+    // The device pool is wiped (released and mapped again: zeros); only the host copy is left.
+    CHECK(f.ex->release(runtime::MemoryTag::kv_cache)[0].freed_bytes > 0);
+    f.ex->acquire_kv();
+    CHECK(f.decode(3) != want);  // without its KV the step differs: the comparison below can fail
+    const kv::BlockCopy in[] = {{.src = 2, .dst = 1}};
+    f.ex->swap_kv(nullptr, 0, in, 1);
+    CHECK(f.decode(1) == want);
+
+    // Ids outside either pool are refused before anything is copied.
+    const kv::BlockCopy bad_host[] = {{.src = 0, .dst = 3}};
+    CHECK_THROWS_AS(f.ex->swap_kv(bad_host, 1, nullptr, 0), Error);
+    const kv::BlockCopy bad_dev[] = {{.src = 0, .dst = 4}};
+    CHECK_THROWS_AS(f.ex->swap_kv(nullptr, 0, bad_dev, 1), Error);
+
+    // FD_ENABLE_SWAP_SPACE_CLEARING's release: the pool's bytes go back; acquire_kv maps it again.
+    const auto rel = f.ex->release(runtime::MemoryTag::kv_swap);
+    CHECK(rel[0].freed_bytes >= 3 * model::Worker::kv_block_bytes(f.cfg, 16));
+    CHECK_THROWS_AS(f.ex->swap_kv(out, 1, nullptr, 0), Error);
+    CHECK(f.ex->release(runtime::MemoryTag::kv_swap)[0].freed_bytes == 0);
+    f.ex->acquire_kv();
+    f.ex->swap_kv(out, 1, nullptr, 0);
+}

@@ -28,6 +28,7 @@ struct KvOptions {
     int32_t     block_size_tokens     = 16;  ///< tokens per KV block, power of two in [1, 256]
     std::string kv_cache_bytes        = "0"; ///< bytes ("512MiB", "2G", "1073741824"), a fraction of free memory ("0.3"), or 0 = enough for max_num_seqs full-length sequences (at most 2 GiB)
     bool        enable_prefix_caching = false;
+    double      swap_space_gib        = 0.0; ///< host KV swap pool per rank, GiB (--swap-space; FastDeploy's/vLLM's name); 0 = off
 };
 
 struct WeightsOptions {
@@ -67,6 +68,7 @@ struct Config {
 struct Resolved {
     model::ModelConfig model;
     int64_t            n_kv_blocks = 0;
+    int64_t            n_swap_blocks = 0;   ///< host swap pool blocks per rank (0 = no swap tier)
     std::string        executor_backend = "uni";  ///< --distributed-executor-backend, resolved
 };
 

@@ -91,7 +91,16 @@ void get_metrics(ApiContext & ctx, const Request &, Response & res) {
     // Scheduler and KV cache.
     w.single("fdrollout_num_requests_running", "gauge", "Sequences in the running batch.", st.n_running);
     w.single("fdrollout_num_requests_waiting", "gauge", "Sequences waiting for admission.", st.n_waiting);
-    w.single("fdrollout_preemptions_total", "counter", "Sequences preempted (recompute).", st.n_preemptions_total);
+    w.single("fdrollout_preemptions_total", "counter", "Sequences preempted (swap + recompute).", st.n_preemptions_total);
+    w.single("fdrollout_swap_preemptions_total", "counter", "Sequences preempted by swapping their KV to the host pool.",
+             st.n_swap_preemptions_total);
+    w.single("fdrollout_recompute_preemptions_total", "counter", "Sequences preempted by recompute (KV released).",
+             st.n_recompute_preemptions_total);
+    w.single("fdrollout_num_requests_swapped", "gauge", "Sequences whose KV is in the host swap pool.", st.n_swapped);
+    w.single("fdrollout_kv_swap_blocks_used", "gauge", "Host swap pool blocks holding swapped-out KV.", st.n_swap_blocks_used);
+    w.single("fdrollout_kv_swap_blocks_capacity", "gauge", "Blocks in the host swap pool (--swap-space; 0 = off).", st.n_swap_blocks_total);
+    w.single("fdrollout_kv_swap_out_bytes_total", "counter", "KV bytes copied device -> host pool (all ranks).", st.swap_out_bytes_total);
+    w.single("fdrollout_kv_swap_in_bytes_total", "counter", "KV bytes copied host pool -> device (all ranks).", st.swap_in_bytes_total);
     w.single("fdrollout_kv_blocks_used", "gauge", "KV blocks in use.", st.n_kv_blocks_used);
     w.single("fdrollout_kv_blocks_free", "gauge", "KV blocks free (including evictable cached blocks).", st.n_kv_blocks_free);
     w.single("fdrollout_kv_blocks_capacity", "gauge", "KV blocks in the pool (used + free).", st.n_kv_blocks_total);

@@ -45,6 +45,7 @@ json result_json(ControlOp op, const ControlResult & r) {
             json freed = json::object();
             if (r.freed_weight_bytes >= 0) { freed["weight"] = r.freed_weight_bytes; }
             if (r.freed_kv_bytes >= 0) { freed["kv_cache"] = r.freed_kv_bytes; }
+            if (r.freed_swap_bytes >= 0) { freed["kv_swap"] = r.freed_swap_bytes; }
             j.update({{"tags", r.tags_done}, {"skipped", r.tags_skipped}, {"freed_bytes", freed}, {"aborted", r.n_aborted},
                       {"rss_before_bytes", r.rss_before_bytes}, {"rss_after_bytes", r.rss_after_bytes}, {"ranks", ranks_json(r)}});
             break;
@@ -178,6 +179,9 @@ json ControlService::status_json() const {
             {"num_requests_running", st.n_running},
             {"num_requests_waiting", st.n_waiting},
             {"kv_blocks", {{"used", st.n_kv_blocks_used}, {"free", st.n_kv_blocks_free}, {"total", st.n_kv_blocks_total}}},
+            {"kv_swap_blocks", {{"used", st.n_swap_blocks_used}, {"free", st.n_swap_blocks_total - st.n_swap_blocks_used},
+                                {"total", st.n_swap_blocks_total}}},
+            {"num_requests_swapped", st.n_swapped},
             {"rss_bytes", process_rss_bytes() + engine_.rank_processes_rss_bytes()},  // the daemon and its rank processes
             {"progress", progress_json(es.control_in_flight)}};
 }

@@ -336,7 +336,22 @@ bool Engine::step() {
                                                             s.tokens.size(), kv_.n_blocks_total(), kv_.block_size()), "prompt");
         emit(s, FinishReason::error, std::move(ev));
     }
-    if (!d.preempted.empty()) { log::get("engine")->warn("preempted {} sequence(s) (KV blocks exhausted); they will be recomputed", d.preempted.size()); }
+    if (d.n_preempted() > 0) {
+        log::get("engine")->warn("preempted {} sequence(s) (KV blocks exhausted): {} swapped out to the host pool, {} to recompute",
+                                 d.n_preempted(), d.swapped.size(), d.preempted.size());
+        std::lock_guard lk(stats_mu_);
+        stats_.n_preemptions_total += static_cast<int64_t>(d.n_preempted());
+        stats_.n_swap_preemptions_total += static_cast<int64_t>(d.swapped.size());
+        stats_.n_recompute_preemptions_total += static_cast<int64_t>(d.preempted.size());
+    }
+    if (!d.swap_out.empty() || !d.swap_in.empty()) {  // before the forward: it may overwrite swapped-out blocks
+        executor_->swap_kv(d.swap_out.data(), static_cast<int64_t>(d.swap_out.size()), d.swap_in.data(),
+                           static_cast<int64_t>(d.swap_in.size()));
+        const int64_t block_bytes = model::Worker::kv_block_bytes(model_cfg_, kv_.block_size());  // all ranks together
+        std::lock_guard lk(stats_mu_);
+        stats_.swap_out_bytes_total += static_cast<int64_t>(d.swap_out.size()) * block_bytes;
+        stats_.swap_in_bytes_total += static_cast<int64_t>(d.swap_in.size()) * block_bytes;
+    }
     if (d.run.empty()) {
         reap();
         publish_stats();
@@ -427,7 +442,6 @@ bool Engine::step() {
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     {
         std::lock_guard lk(stats_mu_);
-        stats_.n_preemptions_total += static_cast<int64_t>(d.preempted.size());
         ++stats_.n_steps_total;
         size_t b = 0;
         while (b < kStepLatencyBuckets.size() && dt > kStepLatencyBuckets[b]) { ++b; }
@@ -483,6 +497,9 @@ void Engine::publish_stats() {
     stats_.n_kv_blocks_used  = kv_.n_blocks_used();
     stats_.n_kv_blocks_free  = kv_.n_blocks_free();
     stats_.n_kv_blocks_total = kv_.n_blocks_total();
+    stats_.n_swap_blocks_used  = kv_.n_host_blocks_used();
+    stats_.n_swap_blocks_total = kv_.n_host_blocks_total();
+    stats_.n_swapped           = kv_.n_seqs_swapped();
 }
 
 }  // namespace fd::engine

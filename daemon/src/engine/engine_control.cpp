@@ -148,6 +148,9 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
             r.tags_skipped.push_back("kv_cache");
         } else {
             release(runtime::MemoryTag::kv_cache, r.freed_kv_bytes);
+            // The swap pool's contents went with the aborted requests; its memory stays unless
+            // FD_ENABLE_SWAP_SPACE_CLEARING=1 (wakeup(kv_cache) maps it again).
+            if (cfg_.clear_swap_space_on_sleep && kv_cfg_.n_host_blocks > 0) { release(runtime::MemoryTag::kv_swap, r.freed_swap_bytes); }
             kv_ = kv::KvCache(kv_cfg_);
             state_.kv_asleep = true;
             r.tags_done.push_back("kv_cache");

@@ -10,11 +10,15 @@ void Scheduler::remove(SchedSeq * s) {
 }
 
 void Scheduler::preempt(SchedSeq * s, kv::KvCache & kv, ScheduleDecision & d) {
-    kv.release(s->id);
-    s->n_computed = 0;
     ++s->n_preempted;
     running_.erase(std::remove(running_.begin(), running_.end(), s), running_.end());
     waiting_.push_front(s);
+    if (kv.swap_out(s->id, s->n_computed, d.swap_out)) {  // keeps n_computed: its KV comes back
+        d.swapped.push_back(s);
+        return;
+    }
+    kv.release(s->id);
+    s->n_computed = 0;
     d.preempted.push_back(s);
 }
 
@@ -46,13 +50,23 @@ ScheduleDecision Scheduler::schedule(kv::KvCache & kv) {
     }
 
     // 2. Waiting sequences, FIFO, unless this step had to preempt.
-    while (d.preempted.empty() && !waiting_.empty() && budget > 0 &&
+    while (d.n_preempted() == 0 && !waiting_.empty() && budget > 0 &&
            static_cast<int32_t>(running_.size()) < cfg_.max_num_seqs) {
         SchedSeq * s = waiting_.front();
         const int64_t blocks_min = (static_cast<int64_t>(s->tokens.size()) + 1 + kv.block_size() - 1) / kv.block_size();
-        if (blocks_min > kv.n_blocks_total()) {
+        if (blocks_min > kv.n_blocks_total()) {  // (the engine's release frees a swapped-out one's host blocks)
             waiting_.pop_front();
             d.rejected.push_back(s);
+            continue;
+        }
+        if (kv.residence(s->id) == kv::Residence::host) {  // swapped out: its KV comes back, no prefill
+            const int64_t n = chunk(s, budget);
+            if (!kv.swap_in(s->id, s->n_computed + n, d.swap_in)) { break; }
+            waiting_.pop_front();
+            running_.push_back(s);
+            d.run.push_back({s, static_cast<int32_t>(n)});
+            d.swapped_in.push_back(s);
+            budget -= n;
             continue;
         }
         const int32_t cached = s->no_prefix_cache ? 0 : kv.match_prefix(s->id, s->tokens);

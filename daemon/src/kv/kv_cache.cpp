@@ -2,6 +2,7 @@
 
 #include "fd/status.h"
 
+#include <algorithm>
 #include <functional>
 #include <string_view>
 
@@ -11,6 +12,9 @@ KvCache::KvCache(const KvCacheConfig & cfg) : cfg_(cfg), blocks_(static_cast<siz
     FD_CHECK(cfg.n_blocks > 0 && cfg.block_size_tokens > 0, "KV cache needs blocks ({} x {})", cfg.n_blocks, cfg.block_size_tokens);
     free_.reserve(blocks_.size());
     for (int64_t i = cfg.n_blocks - 1; i >= 0; --i) { free_.push_back(static_cast<int32_t>(i)); }
+    FD_CHECK(cfg.n_host_blocks >= 0, "host swap pool of {} blocks", cfg.n_host_blocks);
+    host_free_.reserve(static_cast<size_t>(cfg.n_host_blocks));
+    for (int64_t i = cfg.n_host_blocks - 1; i >= 0; --i) { host_free_.push_back(static_cast<int32_t>(i)); }
 }
 
 uint64_t KvCache::chain_hash(uint64_t parent_hash, const int32_t * tokens) const {
@@ -108,12 +112,59 @@ void KvCache::commit_full_blocks(SeqId seq, const std::vector<int32_t> & tokens,
 }
 
 void KvCache::release(SeqId seq) {
+    if (auto h = host_tables_.find(seq); h != host_tables_.end()) {
+        host_free_.insert(host_free_.end(), h->second.rbegin(), h->second.rend());
+        host_tables_.erase(h);
+    }
     auto it = tables_.find(seq);
     if (it == tables_.end()) { return; }
     // Release in reverse so a chain's tail is evicted before its head.
     for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) { unref(*b); }
     tables_.erase(it);
     n_committed_blocks_.erase(seq);
+}
+
+bool KvCache::swap_out(SeqId seq, int64_t n_tokens, std::vector<BlockCopy> & copies) {
+    auto it = tables_.find(seq);
+    if (n_tokens <= 0 || it == tables_.end() || host_tables_.count(seq)) { return false; }
+    const int64_t n = (n_tokens + cfg_.block_size_tokens - 1) / cfg_.block_size_tokens;
+    FD_CHECK(n <= static_cast<int64_t>(it->second.size()), "swap_out of {} tokens from seq {} holding {} blocks", n_tokens, seq,
+             it->second.size());
+    if (n > n_host_blocks_free()) { return false; }
+    auto & host = host_tables_[seq];
+    host.reserve(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+        const int32_t h = host_free_.back();
+        host_free_.pop_back();
+        host.push_back(h);
+        copies.push_back({it->second[i], h});
+    }
+    // The device blocks go back like a release (cached ones stay matchable until evicted).
+    for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) { unref(*b); }
+    tables_.erase(it);
+    n_committed_blocks_.erase(seq);
+    return true;
+}
+
+bool KvCache::swap_in(SeqId seq, int64_t n_tokens, std::vector<BlockCopy> & copies) {
+    auto h = host_tables_.find(seq);
+    FD_CHECK(h != host_tables_.end() && block_table(seq).empty(), "swap_in of seq {} that is not swapped out", seq);
+    const int64_t n_host = static_cast<int64_t>(h->second.size());
+    const int64_t need   = std::max<int64_t>(n_host, (n_tokens + cfg_.block_size_tokens - 1) / cfg_.block_size_tokens);
+    if (need > n_blocks_free()) { return false; }
+    auto & table = tables_[seq];
+    for (int64_t i = 0; i < need; ++i) { table.push_back(take_block()); }
+    for (int64_t i = 0; i < n_host; ++i) { copies.push_back({h->second[i], table[i]}); }
+    host_free_.insert(host_free_.end(), h->second.rbegin(), h->second.rend());
+    host_tables_.erase(h);
+    n_committed_blocks_[seq] = 0;  // fresh blocks: commit_full_blocks publishes them again
+    return true;
+}
+
+Residence KvCache::residence(SeqId seq) const {
+    if (host_tables_.count(seq)) { return Residence::host; }
+    auto it = tables_.find(seq);
+    return it != tables_.end() && !it->second.empty() ? Residence::device : Residence::none;
 }
 
 void KvCache::flush_prefix_cache() {

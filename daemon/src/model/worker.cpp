@@ -45,11 +45,16 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     fill_arena(weights_arena_, idx, /*populate=*/false);
     w_ = bind_weights(cfg_, layout_, weights_arena_.data());
     map_kv_pool();
+    map_swap_pool();
     rope_.resize(static_cast<size_t>(wcfg.max_model_len) * cfg_.head_dim);
     kernels::rope_table_inv_freq(rope_.data(), wcfg.max_model_len, cfg_.head_dim, rope_inv_freq(cfg_).data());
     log::get("model")->info("rank={}/{} | weights {:.1f} MiB, KV pool {} blocks x {} tokens = {:.1f} MiB, {} threads",
                             wcfg.rank, wcfg.tp_size, weights_arena_.used_bytes() / 1048576.0, wcfg.n_blocks, wcfg.block_size,
                             kv_arena_.capacity_bytes() / 1048576.0, pool_->n_threads());
+    if (wcfg.n_swap_blocks > 0) {
+        log::get("model")->info("rank={}/{} | host KV swap pool {} blocks = {:.1f} MiB", wcfg.rank, wcfg.tp_size, wcfg.n_swap_blocks,
+                                swap_arena_.capacity_bytes() / 1048576.0);
+    }
 }
 
 void Worker::map_kv_pool() {
@@ -62,6 +67,53 @@ void Worker::map_kv_pool() {
         v_pool_.push_back(kv_arena_.alloc_floats(per_layer));
     }
 }
+
+void Worker::map_swap_pool() {
+    if (wcfg_.n_swap_blocks <= 0) { return; }
+    // Pre-faulted: the pool is really held (RSS shows it) and a swap-out never page-faults.
+    swap_arena_.reserve(wcfg_.n_swap_blocks * 2 * cfg_.n_layers * block_floats() * static_cast<int64_t>(sizeof(float)),
+                        /*populate=*/true);
+}
+
+void Worker::check_copies(const kv::BlockCopy * copies, int64_t n, bool out) const {
+    FD_CHECK(kv_arena_.mapped() && swap_arena_.mapped(), "KV swap with a released KV or swap pool");
+    const int64_t n_src = out ? wcfg_.n_blocks : wcfg_.n_swap_blocks, n_dst = out ? wcfg_.n_swap_blocks : wcfg_.n_blocks;
+    for (int64_t i = 0; i < n; ++i) {
+        FD_CHECK(copies[i].src >= 0 && copies[i].src < n_src && copies[i].dst >= 0 && copies[i].dst < n_dst,
+                 "KV swap {} block {} -> {} outside the pools ({} device, {} host blocks)", out ? "out" : "in", copies[i].src,
+                 copies[i].dst, wcfg_.n_blocks, wcfg_.n_swap_blocks);
+    }
+}
+
+void Worker::swap_out(const kv::BlockCopy * copies, int64_t n) {
+    if (n == 0) { return; }
+    check_copies(copies, n, true);
+    const int64_t bf = block_floats(), bytes = bf * static_cast<int64_t>(sizeof(float));
+    auto * host = reinterpret_cast<float *>(swap_arena_.data());
+    for (int64_t i = 0; i < n; ++i) {
+        float * dst = host + static_cast<int64_t>(copies[i].dst) * 2 * cfg_.n_layers * bf;
+        for (int il = 0; il < cfg_.n_layers; ++il) {
+            std::memcpy(dst + (2 * il) * bf, k_pool_[il] + copies[i].src * bf, bytes);
+            std::memcpy(dst + (2 * il + 1) * bf, v_pool_[il] + copies[i].src * bf, bytes);
+        }
+    }
+}
+
+void Worker::swap_in(const kv::BlockCopy * copies, int64_t n) {
+    if (n == 0) { return; }
+    check_copies(copies, n, false);
+    const int64_t bf = block_floats(), bytes = bf * static_cast<int64_t>(sizeof(float));
+    const auto * host = reinterpret_cast<const float *>(swap_arena_.data());
+    for (int64_t i = 0; i < n; ++i) {
+        const float * src = host + static_cast<int64_t>(copies[i].src) * 2 * cfg_.n_layers * bf;
+        for (int il = 0; il < cfg_.n_layers; ++il) {
+            std::memcpy(k_pool_[il] + copies[i].dst * bf, src + (2 * il) * bf, bytes);
+            std::memcpy(v_pool_[il] + copies[i].dst * bf, src + (2 * il + 1) * bf, bytes);
+        }
+    }
+}
+
+int64_t Worker::release_swap() { return swap_arena_.release(); }
 
 void Worker::fill_arena(Arena & arena, const TensorIndex & idx, bool populate) {
     if (!arena.mapped() || arena.capacity_bytes() < layout_.arena_bytes) { arena.reserve(layout_.arena_bytes, populate); }
@@ -84,6 +136,7 @@ int64_t Worker::release_kv() {
 
 void Worker::acquire_kv() {
     if (!kv_arena_.mapped()) { map_kv_pool(); }
+    if (!swap_arena_.mapped()) { map_swap_pool(); }
 }
 
 void Worker::reload_weights(const TensorIndex & idx, const std::function<void()> & verify_copied) {

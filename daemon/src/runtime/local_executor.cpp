@@ -48,7 +48,9 @@ public:
 
     std::vector<RankReport> release(MemoryTag tag) override {
         RankReport r{.rank = rank_};
-        r.freed_bytes = tag == MemoryTag::weight ? worker_->release_weights() : worker_->release_kv();
+        r.freed_bytes = tag == MemoryTag::weight     ? worker_->release_weights()
+                        : tag == MemoryTag::kv_cache ? worker_->release_kv()
+                                                     : worker_->release_swap();
         r.rss_bytes   = process_rss_bytes();
         return {r};
     }
@@ -58,6 +60,11 @@ public:
         RankReport r{.rank = rank_};
         r.rss_bytes = process_rss_bytes();
         return {r};
+    }
+
+    void swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in) override {
+        worker_->swap_out(out, n_out);
+        worker_->swap_in(in, n_in);
     }
 
     std::vector<RankReport> reload_weights(const weights::FetchRequest & req) override {

@@ -154,13 +154,33 @@ public:
     void drop_staged_weights() override { call_op(LinkOp::drop, "drop_staged_weights"); }
 
     std::vector<RankReport> release(MemoryTag tag) override {
-        call_op(tag == MemoryTag::weight ? LinkOp::release_weight : LinkOp::release_kv, "sleep");
+        call_op(tag == MemoryTag::weight     ? LinkOp::release_weight
+                : tag == MemoryTag::kv_cache ? LinkOp::release_kv
+                                             : LinkOp::release_swap,
+                "sleep");
         auto reps = reports();
         if (tag == MemoryTag::weight && cfg_.shutdown_comm_group_if_worker_idle && comm_connected_) {
             call_op(LinkOp::comm_disconnect, "sleep (closing the communication group)");
             comm_connected_ = false;
         }
         return reps;
+    }
+
+    void swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in) override {
+        int64_t need = swap_encode(region_.data(), region_.bytes(), out, n_out, in, n_in);
+        if (need > region_.bytes()) {
+            region_.resize(need + need / 2);
+            need = swap_encode(region_.data(), region_.bytes(), out, n_out, in, n_in);
+        }
+        LinkMsg m;
+        m.op           = static_cast<uint32_t>(LinkOp::swap_kv);
+        m.region_bytes = static_cast<uint64_t>(region_.bytes());
+        m.n_swap_out   = n_out;
+        m.n_swap_in    = n_in;
+        // Ranks on other nodes get the block lists inline, like a step's arrays.
+        const bool remote = per_node_ < world_size();
+        call(m, "KV swap", false, nullptr, remote ? region_.data() : nullptr, remote ? static_cast<size_t>(need) : 0);
+        check_replies("KV swap");
     }
 
     std::vector<RankReport> acquire_kv() override {

@@ -133,6 +133,23 @@ float * step_logits(void * region) {
     return at<float>(region, step_layout(h->n_tokens, h->n_logits, h->n_tables, h->vocab).logits);
 }
 
+int64_t swap_encode(void * region, int64_t region_bytes, const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in,
+                    int64_t n_in) {
+    const int64_t off_out = align64(sizeof(RegionHeader));
+    const int64_t off_in  = align64(off_out + n_out * static_cast<int64_t>(sizeof(kv::BlockCopy)));
+    const int64_t total   = off_in + n_in * static_cast<int64_t>(sizeof(kv::BlockCopy));
+    if (total > region_bytes) { return total; }
+    if (n_out > 0) { std::memcpy(at<kv::BlockCopy>(region, off_out), out, n_out * sizeof(kv::BlockCopy)); }
+    if (n_in > 0) { std::memcpy(at<kv::BlockCopy>(region, off_in), in, n_in * sizeof(kv::BlockCopy)); }
+    return total;
+}
+
+std::pair<const kv::BlockCopy *, const kv::BlockCopy *> swap_lists(const void * region, int64_t n_out) {
+    const int64_t off_out = align64(sizeof(RegionHeader));
+    const int64_t off_in  = align64(off_out + n_out * static_cast<int64_t>(sizeof(kv::BlockCopy)));
+    return {at<kv::BlockCopy>(region, off_out), at<kv::BlockCopy>(region, off_in)};
+}
+
 // --- socket ---
 
 LinkSocket::LinkSocket(int fd) : fd_(fd) {

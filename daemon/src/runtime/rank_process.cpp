@@ -30,7 +30,7 @@ json rank_spawn_to_json(const RankSpawn & s) {
             {"tensor_parallel_size", c.tensor_parallel_size},
             {"model_dir", c.model_dir},
             {"worker", {{"n_threads", w.n_threads}, {"block_size", w.block_size}, {"n_blocks", w.n_blocks},
-                        {"max_model_len", w.max_model_len}, {"keep_update_staging", w.keep_update_staging},
+                        {"max_model_len", w.max_model_len}, {"n_swap_blocks", w.n_swap_blocks}, {"keep_update_staging", w.keep_update_staging},
                         {"check_finite_weights", w.check_finite_weights}, {"io_timeout_s", w.io_timeout_s}}},
             {"source", {{"strategy", std::string(weights::to_string(c.source.strategy))}, {"model_dir", c.source.model_dir.string()},
                         {"port", c.source.port}, {"rsync_config", c.source.rsync_config}}},
@@ -55,6 +55,7 @@ RankSpawn rank_spawn_from_json(const json & j) {
         c.worker.block_size           = w.at("block_size");
         c.worker.n_blocks             = w.at("n_blocks");
         c.worker.max_model_len        = w.at("max_model_len");
+        c.worker.n_swap_blocks        = w.at("n_swap_blocks");
         c.worker.keep_update_staging  = w.at("keep_update_staging");
         c.worker.check_finite_weights = w.at("check_finite_weights");
         c.worker.io_timeout_s         = w.at("io_timeout_s");
@@ -179,8 +180,8 @@ public:
                 link_.send(m);
                 return true;
             }
-            if (op == LinkOp::forward && link_.stream()) {
-                // The step's arrays follow the request inline; the buffer only grows.
+            if ((op == LinkOp::forward || op == LinkOp::swap_kv) && link_.stream()) {
+                // The step's arrays (or the swap's block lists) follow the request inline; the buffer only grows.
                 const size_t n = static_cast<size_t>(m.bytes);
                 if (inline_.size() * sizeof(int64_t) < n) { inline_.resize((n + 7) / 8); }
                 if (link_.recv_exact(inline_.data(), n, std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -208,6 +209,13 @@ private:
                 case LinkOp::release_weight: rank_report_to_msg(ex_->release(MemoryTag::weight)[0], reply); break;
                 case LinkOp::release_kv: rank_report_to_msg(ex_->release(MemoryTag::kv_cache)[0], reply); break;
                 case LinkOp::acquire_kv: rank_report_to_msg(ex_->acquire_kv()[0], reply); break;
+                case LinkOp::release_swap: rank_report_to_msg(ex_->release(MemoryTag::kv_swap)[0], reply); break;
+                case LinkOp::swap_kv: {
+                    if (!link_.stream() && static_cast<int64_t>(m.region_bytes) != region_.bytes()) { region_.remap(); }
+                    const auto [out, in] = swap_lists(link_.stream() ? static_cast<void *>(inline_.data()) : region_.data(), m.n_swap_out);
+                    ex_->swap_kv(out, m.n_swap_out, in, m.n_swap_in);
+                    break;
+                }
                 case LinkOp::reload: rank_report_to_msg(ex_->reload_weights(fetch_request_from_msg(m))[0], reply); break;
                 case LinkOp::comm_connect: comm_->connect(m.generation); break;
                 case LinkOp::comm_disconnect: comm_->disconnect(); break;

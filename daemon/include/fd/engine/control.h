@@ -94,6 +94,7 @@ struct ControlResult {
     int32_t  n_aborted = 0;                        ///< pause (and implicit pauses)
     int64_t  freed_weight_bytes = -1;              ///< sleep: -1 = tag not processed (not asked or already asleep)
     int64_t  freed_kv_bytes     = -1;
+    int64_t  freed_swap_bytes   = -1;              ///< sleep(kv_cache) with FD_ENABLE_SWAP_SPACE_CLEARING=1: the host swap pool
     std::vector<std::string> tags_skipped;         ///< sleep/wakeup: asked but already in that state
     std::vector<std::string> tags_done;            ///< sleep/wakeup: processed, in order
     int64_t  rss_before_bytes = 0, rss_after_bytes = 0;

@@ -37,6 +37,10 @@ struct EngineConfig {
     std::string     weight_version = "0";  ///< reported with every output (until an update changes it)
     bool            use_cudagraph  = false;///< enforces the wake-kv_cache-before-weight rule (SPEC §3)
     int32_t         debug_control_delay_ms = 0; ///< tests only (FD_DEBUG_CONTROL_DELAY_MS): stretch every control op
+    /// FD_ENABLE_SWAP_SPACE_CLEARING=1: sleep(kv_cache) also unmaps the host swap pool
+    /// (--swap-space); wakeup(kv_cache) maps it again. Off: the pool's memory stays (its contents
+    /// are dropped either way: sleep aborts every request).
+    bool            clear_swap_space_on_sleep = false;
 };
 
 /// A completion request: every prompt is sampled `n` times; choice index = prompt * n + i.
@@ -64,7 +68,11 @@ struct EngineStats {
     int64_t n_running = 0, n_waiting = 0;
     int64_t n_tokens_generated_total = 0, n_tokens_prompt_total = 0, n_tokens_cached_total = 0;
     int64_t n_requests_total = 0, n_preemptions_total = 0, n_steps_total = 0;
+    int64_t n_swap_preemptions_total = 0, n_recompute_preemptions_total = 0;  ///< the two kinds of n_preemptions_total
     int64_t n_kv_blocks_used = 0, n_kv_blocks_free = 0, n_kv_blocks_total = 0;
+    int64_t n_swap_blocks_used = 0, n_swap_blocks_total = 0;  ///< host swap pool: blocks holding swapped-out KV / capacity
+    int64_t n_swapped = 0;                                    ///< sequences whose KV is in the host pool
+    int64_t swap_out_bytes_total = 0, swap_in_bytes_total = 0;///< KV bytes copied device → host / host → device (all ranks)
     std::array<int64_t, kStepLatencyBuckets.size() + 1> step_latency_counts{};  ///< last = +Inf
     double  step_latency_sum_s = 0.0;
 };

@@ -4,13 +4,22 @@
 // (max_num_batched_tokens) and max_num_seqs: running sequences first, in arrival order (decode
 // = 1 token, an unfinished prefill = its next chunk), then waiting ones (FIFO) while blocks and
 // budget last, so prefill and decode share a step. When KV blocks run out, the most recently
-// admitted running sequence is preempted by recompute: its blocks are released and it returns
-// to the front of the queue with all its tokens to prefill again. A sequence may cap its chunk
-// (max_chunk) and skip the prefix cache (no_prefix_cache: scoring wants every prompt row).
+// admitted running sequence is preempted and returns to the front of the queue:
+//   - by swap, when the KV cache has a host swap pool (--swap-space) with room for its computed
+//     blocks: the decision lists the device → host copies (swap_out), the sequence keeps its
+//     n_computed, and when it is admitted again it gets fresh device blocks and the host → device
+//     copies (swap_in) before its next step;
+//   - by recompute otherwise (no swap pool, pool full, nothing computed yet): its blocks are
+//     released and it prefills all its tokens again.
+// The engine runs a decision's copies before the step's forward pass. A decision never holds
+// both swap_out and swap_in (admission, the only swap-in, is skipped in a step that preempted),
+// so a host block freed by a swap-in is never the target of a swap-out in the same step.
+// A sequence may cap its chunk (max_chunk) and skip the prefix cache (no_prefix_cache: scoring
+// wants every prompt row).
 //
-// Sequence states:  waiting --admit--> running --finish--> (removed)
-//                       ^                  |
-//                       +----preempt-------+
+// Sequence states:  waiting --admit / swap in--> running --finish--> (removed)
+//                       ^                           |
+//                       +--preempt (swap out or recompute)
 // Engine thread only. Holds non-owning pointers; the engine owns the sequences.
 #pragma once
 
@@ -46,9 +55,15 @@ struct ScheduledSeq {
 };
 
 struct ScheduleDecision {
-    std::vector<ScheduledSeq> run;        ///< in batch order
-    std::vector<SchedSeq *>   preempted;  ///< released this step, back in the queue
-    std::vector<SchedSeq *>   rejected;   ///< can never fit the KV pool; removed from the queue
+    std::vector<ScheduledSeq>  run;         ///< in batch order
+    std::vector<SchedSeq *>    preempted;   ///< released this step (recompute), back in the queue
+    std::vector<SchedSeq *>    swapped;     ///< preempted this step by swap (KV to the host pool), back in the queue
+    std::vector<SchedSeq *>    swapped_in;  ///< admitted again this step from the host pool (also in `run`)
+    std::vector<SchedSeq *>    rejected;    ///< can never fit the KV pool; removed from the queue
+    std::vector<kv::BlockCopy> swap_out;    ///< device → host copies to run before this step
+    std::vector<kv::BlockCopy> swap_in;     ///< host → device copies to run before this step
+
+    size_t n_preempted() const { return preempted.size() + swapped.size(); }
 };
 
 class Scheduler {

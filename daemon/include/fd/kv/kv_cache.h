@@ -6,8 +6,16 @@
 // block whose ref count drops to 0 stays reusable until the allocator evicts it (LRU) for new
 // blocks. Engine thread only.
 //
-// Invariant: n_blocks_free() + n_blocks_used() == n_blocks_total().
+// The host swap tier (--swap-space): a second pool of n_host_blocks blocks. swap_out() moves a
+// sequence's computed blocks to host blocks (its device blocks are released), swap_in() gives it
+// fresh device blocks and frees the host ones; each returns the block copies the Worker must run
+// (fd/kv/block_copy.h). A sequence's blocks reside on the device or on the host, never both.
+//
+// Invariants: n_blocks_free() + n_blocks_used() == n_blocks_total();
+//             n_host_blocks_free() + n_host_blocks_used() == n_host_blocks_total().
 #pragma once
+
+#include "fd/kv/block_copy.h"
 
 #include <cstdint>
 #include <list>
@@ -23,7 +31,11 @@ struct KvCacheConfig {
     int64_t n_blocks              = 0;      ///< total blocks in the pool
     int32_t block_size_tokens     = 16;     ///< tokens per block
     bool    enable_prefix_caching = false;  ///< reuse full blocks of identical token prefixes
+    int64_t n_host_blocks         = 0;      ///< host swap pool blocks (--swap-space); 0 = no swap tier
 };
+
+/// Where a sequence's KV blocks are.
+enum class Residence { none, device, host };
 
 class KvCache {
 public:
@@ -45,8 +57,23 @@ public:
     /// sequences can reuse them.
     void commit_full_blocks(SeqId seq, const std::vector<int32_t> & tokens, int64_t n_computed);
 
-    /// Drop `seq`'s blocks (cached ones stay reusable until evicted).
+    /// Drop `seq`'s blocks, device and host (cached ones stay reusable until evicted).
     void release(SeqId seq);
+
+    /// Move the blocks holding `seq`'s first `n_tokens` tokens to the host pool: appends one copy
+    /// (device → host) per block to `copies`, then releases every device block of `seq`.
+    /// Returns false (and changes nothing) when n_tokens is 0, `seq` holds no device blocks or
+    /// the host pool lacks free blocks. The copies must run before the released blocks are
+    /// written again (the engine runs them before the step's forward).
+    bool swap_out(SeqId seq, int64_t n_tokens, std::vector<BlockCopy> & copies);
+
+    /// Give host-resident `seq` device blocks for `n_tokens` tokens (at least what it swapped
+    /// out): appends one copy (host → device) per host block to `copies`, frees the host blocks.
+    /// Returns false (and changes nothing) when not enough device blocks are free.
+    /// Requires  residence(seq) == host.
+    bool swap_in(SeqId seq, int64_t n_tokens, std::vector<BlockCopy> & copies);
+
+    Residence residence(SeqId seq) const;
 
     /// Forget every cached prefix (blocks still in use stay with their sequences).
     void flush_prefix_cache();
@@ -59,6 +86,11 @@ public:
     int64_t n_blocks_used() const { return n_blocks_total() - n_blocks_free(); }
     int64_t n_blocks_cached() const { return static_cast<int64_t>(by_hash_.size()); }
     int32_t block_size() const { return cfg_.block_size_tokens; }
+    int64_t n_host_blocks_total() const { return cfg_.n_host_blocks; }
+    int64_t n_host_blocks_free() const { return static_cast<int64_t>(host_free_.size()); }
+    int64_t n_host_blocks_used() const { return n_host_blocks_total() - n_host_blocks_free(); }
+    /// Sequences whose blocks are in the host pool.
+    int64_t n_seqs_swapped() const { return static_cast<int64_t>(host_tables_.size()); }
 
 private:
     struct Block {
@@ -81,6 +113,8 @@ private:
     std::unordered_map<uint64_t, int32_t>           by_hash_;
     std::unordered_map<SeqId, std::vector<int32_t>> tables_;
     std::unordered_map<SeqId, int64_t>              n_committed_blocks_;
+    std::vector<int32_t>                            host_free_;    ///< free host block ids
+    std::unordered_map<SeqId, std::vector<int32_t>> host_tables_;  ///< swapped-out sequences' host blocks, in token order
 };
 
 }  // namespace fd::kv

@@ -14,9 +14,12 @@
 //
 // KV pool layout (per layer, one Arena for all layers), this rank's heads only:
 //   k, v [n_layers][n_blocks, block_size, n_kv_heads / tp_size, head_dim]  f32
+// Host swap pool (--swap-space; Arena "kv_swap"), one block after another, this rank's heads:
+//   [n_swap_blocks][n_layers][k | v][block_size, n_kv_heads / tp_size, head_dim]  f32
 #pragma once
 
 #include "fd/arena.h"
+#include "fd/kv/block_copy.h"
 #include "fd/kernels/ops.h"
 #include "fd/model/model_config.h"
 #include "fd/model/weights.h"
@@ -52,6 +55,7 @@ struct WorkerConfig {
     int32_t n_threads  = 1;    ///< CPU threads for the kernels (per rank)
     int32_t block_size = 16;   ///< tokens per KV block
     int64_t n_blocks   = 0;    ///< KV blocks to allocate
+    int64_t n_swap_blocks = 0; ///< host swap pool blocks (--swap-space); 0 = none
     int32_t max_model_len = 0; ///< positions the RoPE table covers
     /// Keep update_weights' staging arena resident between updates (the previous weights' arena
     /// becomes the next staging area): updates then copy at memory bandwidth, at the cost of a
@@ -109,8 +113,22 @@ public:
     int64_t release_weights();
     /// Unmap the KV pool; returns bytes handed back. Block contents are lost.
     int64_t release_kv();
-    /// Map (and pre-fault) the KV pool again, same geometry. No-op if resident.
+    /// Map (and pre-fault) the KV pool, and the swap pool if released, again, same geometry.
+    /// No-op for what is resident.
     void acquire_kv();
+
+    // --- host swap pool (engine thread; generation between steps) ---
+
+    /// Copy every layer's K and V of device block c.src into host block c.dst, for each c in
+    /// order. Block ids must lie in [0, n_blocks) / [0, n_swap_blocks).
+    /// Errors  fd::Error{internal} on an id out of range or a released pool (nothing copied).
+    void swap_out(const kv::BlockCopy * copies, int64_t n);
+    /// Copy host block c.src into device block c.dst (every layer's K and V), for each c in order.
+    /// Errors  as swap_out.
+    void swap_in(const kv::BlockCopy * copies, int64_t n);
+    /// Unmap the swap pool (its contents are lost); returns bytes handed back (0 if none).
+    int64_t release_swap();
+    int64_t swap_bytes() const { return swap_arena_.capacity_bytes(); }
     /// Load weights into a fresh arena (after release_weights): parallel reads over the pool.
     /// Validates names, shapes and the dtypes first loaded.
     /// Errors  invalid_checkpoint; on failure the weights stay released.
@@ -141,6 +159,10 @@ private:
     kernels::PagedKv layer_kv(int il);
 
     void map_kv_pool();
+    void map_swap_pool();
+    /// Floats of one block in one layer's K (or V) pool.
+    int64_t block_floats() const { return static_cast<int64_t>(wcfg_.block_size) * (cfg_.kv_dim() / wcfg_.tp_size); }
+    void check_copies(const kv::BlockCopy * copies, int64_t n, bool out) const;
     /// Reserve `arena` for the layout (pre-faulted if asked) and fill it from `idx`.
     void fill_arena(Arena & arena, const TensorIndex & idx, bool populate);
 
@@ -151,6 +173,7 @@ private:
     Arena                                 weights_arena_{"weights"};
     Arena                                 staging_arena_{"weights_staging"};
     Arena                                 kv_arena_{"kv_cache"};
+    Arena                                 swap_arena_{"kv_swap"};  ///< host swap pool (--swap-space)
     bool                                  staged_ = false;   ///< staging_arena_ holds a validated copy
     ModelWeights                          w_;
     std::vector<float *>                  k_pool_, v_pool_;  ///< per layer

@@ -7,7 +7,8 @@
 //     from the weight source and stage it; only when all staged may commit_weights() swap them
 //     live on all ranks; on any failure the executor drops the staged copies everywhere before
 //     throwing, so every rank keeps serving the old version bit-exactly;
-//   - release()/acquire() fan a memory tag out to every rank.
+//   - release()/acquire() fan a memory tag out to every rank;
+//   - swap_kv() runs the scheduler's KV block copies (host swap tier) on every rank.
 // LocalExecutor (tp=1) runs the one rank in-process, calling the Worker directly.
 // Called from the engine thread only.
 #pragma once
@@ -24,8 +25,9 @@
 
 namespace fd::runtime {
 
-/// Memory a rank can hand back and take again (sleep / wakeup tags).
-enum class MemoryTag { weight, kv_cache };
+/// Memory a rank can hand back and take again (sleep / wakeup tags). kv_swap: the host swap
+/// pool (--swap-space), released by sleep(kv_cache) only with FD_ENABLE_SWAP_SPACE_CLEARING=1.
+enum class MemoryTag { weight, kv_cache, kv_swap };
 
 /// One rank's part of a collective control call.
 struct RankReport {
@@ -64,8 +66,13 @@ public:
 
     /// Hand `tag`'s memory back on every rank (weights: unusable until reload_weights()).
     virtual std::vector<RankReport> release(MemoryTag tag) = 0;
-    /// Map the KV pool again on every rank (same geometry; contents lost).
+    /// Map the KV pool, and the swap pool if released, again on every rank (same geometry;
+    /// contents lost).
     virtual std::vector<RankReport> acquire_kv() = 0;
+    /// On every rank: copy the `n_out` blocks of `out` device → host, then the `n_in` blocks of
+    /// `in` host → device (fd/kv/block_copy.h; a scheduler decision's swap_out / swap_in).
+    /// Errors  fd::Error{internal} on a block id outside the pools; rank_failed (mp).
+    virtual void swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in) = 0;
     /// After release(weight): every rank fetches `req` and loads it into fresh memory.
     /// Errors  as stage_weights; the weights then stay released on every rank.
     virtual std::vector<RankReport> reload_weights(const weights::FetchRequest & req) = 0;

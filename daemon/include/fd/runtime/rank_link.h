@@ -26,6 +26,8 @@
 // whole; the config is length-prefixed; a forward request carries the step's arrays inline (the
 // region's bytes up to `logits`, LinkMsg::bytes of them) right after it, read into a buffer that
 // only grows. Rank 0 is always on node 0, so logits never cross TCP.
+// A swap_kv request uses the same region (between steps) for its block lists:
+//   RegionHeader, then out [n_swap_out] BlockCopy, then in [n_swap_in] BlockCopy (64-byte aligned)
 // Single-threaded on each side (the engine thread; the rank's main thread).
 #pragma once
 
@@ -59,6 +61,8 @@ enum class LinkOp : uint32_t {
     comm_connect,
     comm_disconnect,
     shutdown,
+    release_swap,      ///< hand the host swap pool back (sleep with FD_ENABLE_SWAP_SPACE_CLEARING=1)
+    swap_kv,           ///< run the KV block copies listed in the region (n_swap_out, n_swap_in)
 };
 
 /// Reply status besides an Errc: the step was dropped because `abandon` turned true.
@@ -79,6 +83,7 @@ struct LinkMsg {
     char     version[136] = {};          ///< request: asked-for version; reply: the version fetched
     char     serving_version[136] = {};  ///< request: the version now served
     char     text[512] = {};             ///< reply: error message (truncated)
+    int64_t  n_swap_out = 0, n_swap_in = 0;  ///< swap_kv: block copies in the region
 };
 static_assert(std::is_trivially_copyable_v<LinkMsg>);
 
@@ -114,6 +119,13 @@ void step_decode(const void * region, model::StepBatch & b);
 
 /// Rank 0's logits in the region. Shapes  [n_logits, vocab] f32.
 float * step_logits(void * region);
+
+/// Write a swap_kv request's block lists into `region`; returns the bytes they need (writes
+/// nothing and returns more than region_bytes when they do not fit).
+int64_t swap_encode(void * region, int64_t region_bytes, const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in,
+                    int64_t n_in);
+/// The lists swap_encode wrote: [0] out, [1] in.
+std::pair<const kv::BlockCopy *, const kv::BlockCopy *> swap_lists(const void * region, int64_t n_out);
 
 /// The daemon's or the rank's end of a SOCK_SEQPACKET link.
 class LinkSocket {

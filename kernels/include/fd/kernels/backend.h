@@ -1,0 +1,208 @@
+// fd/kernels/backend.h — where the forward pass runs: a Backend owns the compute resources of one
+// device (CPU: its thread pool; CUDA: a stream and cuBLAS handles) and runs every op the forward
+// pass needs on memory it owns.
+//
+// Conventions (as in fd/kernels/ops.h, whose types WType, PagedKv and AttnQuery are used here)
+// - Shapes are written [d0, d1, ...] OUTERMOST FIRST (row-major), with named dimensions; counts
+//   and strides are in elements, sizes in bytes. Mutated arguments come first.
+// - Tensor pointers (float *, weights, KV pools) are BACKEND MEMORY: from alloc(), from an
+//   fd::memory::Allocator region of the same device, or written with upload(). On the CPU backend
+//   that is ordinary host memory (host_visible() is true).
+// - Index arguments (token ids, positions, KV slots, attention queries and the block tables they
+//   point to, row ids) are HOST memory, read while the op is issued. A device backend may upload
+//   them once per step in begin_step() and use that copy in the step's ops.
+// - Ops are issued in order on one stream; a device backend may run them asynchronously. Host
+//   reads of backend memory go through download() (which waits), or follow synchronize().
+// - Every op computes each output row with the same sequence of floating-point operations
+//   whatever the number of rows, the other rows' contents or the thread count (batch
+//   invariance); a backend's results are tested against the CPU backend's (the oracle).
+// - Inputs are validated by the caller (the forward pass), never inside ops: a bad shape or
+//   index is undefined behaviour, not an error. Errors listed are the ones an op may raise.
+// - One thread uses a Backend at a time.
+#pragma once
+
+#include "fd/kernels/ops.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace fd::kernels {
+
+class ThreadPool;
+
+/// The kind of memory and compute a backend drives.
+enum class DeviceKind : uint8_t { cpu = 0, cuda = 1 };
+
+/// "cpu" / "cuda".
+const char * device_kind_name(DeviceKind kind);
+
+/// The index arrays of one forward step (host memory, valid until the step's last op is issued).
+struct StepIndex {
+    const int32_t *   tokens    = nullptr;  ///< [n_tokens] input ids
+    const int32_t *   positions = nullptr;  ///< [n_tokens] position of each token in its sequence
+    const int64_t *   slots     = nullptr;  ///< [n_tokens] KV slot each token writes
+    const AttnQuery * queries   = nullptr;  ///< [n_tokens] context each token attends to
+    int64_t           n_tokens  = 0;
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+
+    /// "cpu", "cuda" (for logs and /health).
+    virtual const char * name() const = 0;
+    virtual DeviceKind kind() const = 0;
+    /// True when backend memory is host memory the caller may read and write directly (CPU).
+    virtual bool host_visible() const = 0;
+    /// Host threads for host-side work around the ops (parallel checkpoint reads). The CPU
+    /// backend's op pool (`--threads`); never nullptr.
+    virtual ThreadPool * host_pool() = 0;
+
+    // --- memory ---------------------------------------------------------------------------
+
+    /// `bytes` of backend memory, 64-byte aligned, contents undefined (scratch buffers).
+    /// Errors  fd::Error{internal} when the device is out of memory.
+    virtual void * alloc(int64_t bytes) = 0;
+    /// Give back memory from alloc(); nullptr is a no-op.
+    virtual void free(void * p) noexcept = 0;
+    /// Copy `bytes` from host memory to backend memory (the host buffer may be reused on return).
+    virtual void upload(void * dst, const void * src_host, int64_t bytes) = 0;
+    /// Copy `bytes` from backend memory to host memory; waits for earlier ops first.
+    virtual void download(void * dst_host, const void * src, int64_t bytes) = 0;
+    /// Copy `bytes` within backend memory (regions must not overlap).
+    virtual void copy(void * dst, const void * src, int64_t bytes) = 0;
+    /// Wait until every op issued so far has finished.
+    /// Errors  fd::Error{internal} when a device op failed (the message names it).
+    virtual void synchronize() = 0;
+
+    // --- forward-pass ops -----------------------------------------------------------------
+
+    /// Called once per forward step before its ops with the step's index arrays (the same
+    /// pointers the ops then receive). CPU: nothing to do. A device backend uploads them here.
+    virtual void begin_step(const StepIndex & step) { (void)step; }
+
+    /// Embedding gather over this rank's vocab rows [vocab_begin, vocab_begin + vocab_rows):
+    ///   out[t, :] = table[tokens[t] - vocab_begin, :] widened to f32, or zeros when tokens[t]
+    ///   is outside that range (another tensor-parallel rank adds its row).
+    /// Shapes  out [n_tokens, n_embd] f32 written;  table [vocab_rows, n_embd] `ttype`;
+    ///         tokens [n_tokens] host, each in [0, vocab).
+    virtual void embedding(float * out, const void * table, WType ttype, const int32_t * tokens, int64_t n_tokens,
+                           int64_t n_embd, int64_t vocab_begin, int64_t vocab_rows) = 0;
+
+    /// out = x · Wᵀ (+ bias), the contract of kernels::linear (fixed reduction order per output).
+    /// Shapes  out [n_rows, n_out] f32 written;  x [n_rows, n_in] f32;  w [n_out, n_in] `wtype`;
+    ///         bias [n_out] f32 or nullptr.  out must not alias x.
+    virtual void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
+                        int64_t n_out, int64_t n_in) = 0;
+
+    /// out[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * weight[:]   (kernels::rms_norm)
+    /// Shapes  out [n_rows, n_embd] f32 written, may alias x;  x [n_rows, n_embd];  weight [n_embd].
+    virtual void rms_norm(float * out, const float * x, const float * weight, int64_t n_rows, int64_t n_embd,
+                          float eps) = 0;
+
+    /// RoPE, HF rotate_half convention, in place (kernels::rope_rotate_half).
+    /// Shapes  x [n_tokens, n_heads, head_dim] f32 modified;  positions [n_tokens] host (each
+    ///         < n_pos);  cos_sin [n_pos, head_dim] f32 from kernels::rope_table*, uploaded.
+    virtual void rope(float * x, const int32_t * positions, const float * cos_sin, int64_t n_tokens, int64_t n_heads,
+                      int64_t head_dim) = 0;
+
+    /// SwiGLU over rows holding gate | up:  out[t, j] = silu(gate_up[t, j]) * gate_up[t, n_ff + j].
+    /// Shapes  out [n_rows, n_ff] f32 written;  gate_up [n_rows, 2 * n_ff] f32 (no aliasing).
+    virtual void silu_mul(float * out, const float * gate_up, int64_t n_rows, int64_t n_ff) = 0;
+
+    /// Residual add: out[i] += x[i].   Shapes  out, x [n_elems] f32.
+    virtual void add(float * out, const float * x, int64_t n_elems) = 0;
+
+    /// Strided row copy: dst[r, 0:n_cols] = src[r, 0:n_cols] for r < n_rows (splitting q|k|v).
+    /// Shapes  dst [n_rows, dst_stride] f32;  src [n_rows, src_stride] f32 (no aliasing).
+    virtual void copy_rows(float * dst, int64_t dst_stride, const float * src, int64_t src_stride, int64_t n_rows,
+                           int64_t n_cols) = 0;
+
+    /// Row gather: out[i, :] = x[rows[i], :].
+    /// Shapes  out [n_out_rows, n_cols] f32 written;  x [n_rows_x, n_cols] f32;  rows [n_out_rows] host.
+    virtual void gather_rows(float * out, const float * x, const int32_t * rows, int64_t n_out_rows, int64_t n_cols) = 0;
+
+    /// Store each token's K and V at its slot (kernels::kv_store).
+    /// Shapes  kv pool [n_blocks, block_size, n_kv_heads, head_dim] f32 (backend memory);
+    ///         k_new, v_new [n_tokens, n_kv_heads, head_dim] f32;  slots [n_tokens] host.
+    virtual void kv_store(PagedKv kv, const float * k_new, const float * v_new, const int64_t * slots,
+                          int64_t n_tokens) = 0;
+
+    /// Causal GQA attention over the paged pool (kernels::attention_paged: fixed reduction order).
+    /// Shapes  out [n_tokens, n_heads, head_dim] f32 written;  q [n_tokens, n_heads, head_dim] f32;
+    ///         queries [n_tokens] host (block tables host).  scale: usually 1/sqrt(head_dim).
+    virtual void attention_paged(float * out, const float * q, const AttnQuery * queries, int64_t n_tokens,
+                                 int64_t n_heads, PagedKv kv, float scale) = 0;
+
+    /// Row-wise log-softmax (kernels::log_softmax per row).
+    /// Shapes  out [n_rows, n] f32 written, may alias x;  x [n_rows, n] f32.
+    virtual void log_softmax_rows(float * out, const float * x, int64_t n_rows, int64_t n) = 0;
+
+    /// Row-wise argmax, lowest index on ties (kernels::argmax per row); waits for the result.
+    /// Shapes  out_host [n_rows] host written;  x [n_rows, n] f32, n >= 1.
+    virtual void argmax_rows(int64_t * out_host, const float * x, int64_t n_rows, int64_t n) = 0;
+};
+
+/// Options a backend is built with.
+struct BackendConfig {
+    DeviceKind kind      = DeviceKind::cpu;
+    int32_t    n_threads = 1;   ///< CPU: threads for the ops (>= 1; the caller is one of them)
+    int32_t    device_id = 0;   ///< CUDA: the device ordinal
+};
+
+/// The CPU backend: kernels/cpu's ops on its own thread pool of `n_threads` (>= 1).
+std::unique_ptr<Backend> make_cpu_backend(int32_t n_threads);
+
+/// The backend `cfg` asks for.
+/// Errors  fd::Error{invalid_argument} when that kind is not compiled into this build or the
+///         device is absent (the message names it); n_threads < 1.
+std::unique_ptr<Backend> make_backend(const BackendConfig & cfg);
+
+/// Scratch memory from a backend that grows to the largest size asked (contents are not kept
+/// across a growth). Move-only; frees on destruction. The Backend must outlive it.
+class ScratchBuffer {
+public:
+    ScratchBuffer() = default;
+    explicit ScratchBuffer(Backend * backend) : backend_(backend) {}
+    ~ScratchBuffer() { reset(); }
+    ScratchBuffer(const ScratchBuffer &) = delete;
+    ScratchBuffer & operator=(const ScratchBuffer &) = delete;
+    ScratchBuffer(ScratchBuffer && o) noexcept { *this = static_cast<ScratchBuffer &&>(o); }
+    ScratchBuffer & operator=(ScratchBuffer && o) noexcept {
+        if (this != &o) {
+            reset();
+            backend_ = o.backend_;
+            data_    = o.data_;
+            bytes_   = o.bytes_;
+            o.data_  = nullptr;
+            o.bytes_ = 0;
+        }
+        return *this;
+    }
+
+    /// At least `n` floats of backend memory (reallocated, contents lost, only when growing).
+    float * floats(int64_t n) {
+        const int64_t need = n * static_cast<int64_t>(sizeof(float));
+        if (need > bytes_) {
+            reset();
+            data_  = backend_->alloc(need);
+            bytes_ = need;
+        }
+        return static_cast<float *>(data_);
+    }
+    float * data() const { return static_cast<float *>(data_); }
+    int64_t capacity_bytes() const { return bytes_; }
+    void reset() noexcept {
+        if (data_ && backend_) { backend_->free(data_); }
+        data_  = nullptr;
+        bytes_ = 0;
+    }
+
+private:
+    Backend * backend_ = nullptr;
+    void *    data_    = nullptr;
+    int64_t   bytes_   = 0;
+};
+
+}  // namespace fd::kernels
