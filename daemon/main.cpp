@@ -11,6 +11,7 @@
 #include "fd/tokenizer/tokenizer.h"
 #include "fd/model/worker.h"
 #include "fd/runtime/mp_executor.h"
+#include "fd/runtime/node_join.h"
 #include "fd/weights/weight_source.h"
 
 #include <CLI/CLI.hpp>
@@ -69,10 +70,16 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_DISTRIBUTED_EXECUTOR_BACKEND")->check(CLI::IsMember({"uni", "mp"}));
     app.add_option("--nnodes", p.nnodes, "Hosts the ranks span")->envname("FD_NNODES")->capture_default_str();
     app.add_option("--node-rank", p.node_rank, "This host's index in [0, --nnodes)")->envname("FD_NODE_RANK")->capture_default_str();
-    app.add_option("--master-addr", p.master_addr, "Address of node 0's rendezvous store (IPv4); the ranks' Gloo sockets bind it too")
+    app.add_option("--master-addr", p.master_addr, "Node 0's address (IPv4): its rendezvous store, and where other nodes join; "
+                   "node 0's ranks bind it for Gloo")
         ->envname("FD_MASTER_ADDR")->capture_default_str();
-    app.add_option("--master-port", p.master_port, "Port of the rendezvous store (0 = any free port; single node)")
+    app.add_option("--master-port", p.master_port, "Single node: the rendezvous store's port (0 = any free port). --nnodes > 1: "
+                   "the port node 0 listens on for the other nodes (required)")
         ->envname("FD_MASTER_PORT")->capture_default_str();
+    app.add_option("--node-addr", p.node_addr, "Node k > 0: the IPv4 address its ranks bind for Gloo and join from "
+                   "(default: the one that reaches --master-addr)")->envname("FD_NODE_ADDR");
+    app.add_option("--dist-token-file", p.dist_token_file, "--nnodes > 1: file holding the nodes' shared join secret (same bytes on "
+                   "every node, owned by you, mode 0600; else the FD_DIST_TOKEN environment variable)")->envname("FD_DIST_TOKEN_FILE");
     app.add_flag("--shutdown-comm-group-if-worker-idle,!--no-shutdown-comm-group-if-worker-idle", p.shutdown_comm_group_if_worker_idle,
                  "mp backend: sleep with the weight tag closes the ranks' communication group (its sockets), wakeup rebuilds it "
                  "before reloading")->envname("FD_SHUTDOWN_COMM_GROUP_IF_WORKER_IDLE")->capture_default_str();
@@ -138,6 +145,16 @@ void add_flags(CLI::App & app, fd::Config & c) {
 int run(fd::Config & cfg, sigset_t & signals) {
     auto lg = fd::log::get("engine");
     const fd::Resolved r = fd::resolve(cfg);
+    const auto & par = cfg.parallel;
+    if (par.nnodes > 1 && par.node_rank > 0) {
+        // Node k > 0: no HTTP, no engine; its ranks take every engine option from node 0.
+        return fd::runtime::node_agent_main({.nnodes = par.nnodes, .node_rank = par.node_rank, .tp = cfg.model.tensor_parallel_size,
+                                             .master_addr = par.master_addr, .node_addr = par.node_addr, .model_dir = cfg.model.model_dir,
+                                             .token = fd::runtime::load_dist_token(par.dist_token_file), .master_port = par.master_port,
+                                             .timeout_s = cfg.control.control_timeout_s},
+                                            signals);
+    }
+    const std::string dist_token = par.nnodes > 1 ? fd::runtime::load_dist_token(par.dist_token_file) : std::string();
     if (!fd::is_loopback_host(cfg.server.host) && cfg.server.api_key.empty()) {
         lg->warn("****************************************************************************************");
         lg->warn("--allow-unauthenticated: listening on {} WITHOUT an API key. Anyone who can reach this port", cfg.server.host);
@@ -167,7 +184,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
     if (r.executor_backend == "mp") {
         fd::runtime::MpExecutorConfig mp{.tensor_parallel_size = cfg.model.tensor_parallel_size, .model_dir = cfg.model.model_dir,
                                          .worker = wcfg, .source = scfg, .master_addr = cfg.parallel.master_addr,
-                                         .master_port = cfg.parallel.master_port,
+                                         .master_port = cfg.parallel.master_port, .nnodes = par.nnodes, .dist_token = dist_token,
                                          .shutdown_comm_group_if_worker_idle = cfg.parallel.shutdown_comm_group_if_worker_idle,
                                          .timeout_s = cfg.control.control_timeout_s, .log_level = cfg.log_level,
                                          .log_format = cfg.log_format};

@@ -63,7 +63,19 @@ void resolve_parallel(Config & cfg, Resolved & r, std::vector<std::string> & pro
     } else if (r.executor_backend == "uni" && tp > 1) {
         problems.push_back(fmt::format("--distributed-executor-backend uni runs one rank in this process; --tensor-parallel-size {} needs mp", tp));
     }
-    if (p.nnodes != 1) { problems.push_back(fmt::format("--nnodes {}: only 1 is supported in this build", p.nnodes)); }
+    if (p.nnodes < 1) {
+        problems.push_back(fmt::format("--nnodes {} must be >= 1", p.nnodes));
+    } else if (p.nnodes > 1) {
+        if (tp < p.nnodes || tp % p.nnodes != 0) {
+            problems.push_back(fmt::format("--nnodes {} must divide --tensor-parallel-size {} (each node runs tp/nnodes ranks)", p.nnodes, tp));
+        }
+        if (p.master_port == 0) { problems.push_back(fmt::format("--nnodes {} needs --master-port: the port node 0 listens on for the other nodes", p.nnodes)); }
+        if (r.executor_backend == "uni") { problems.push_back("--nnodes > 1 needs --distributed-executor-backend mp"); }
+    }
+    in_addr n4{};
+    if (!p.node_addr.empty() && ::inet_pton(AF_INET, p.node_addr.c_str(), &n4) != 1) {
+        problems.push_back(fmt::format("--node-addr '{}' must be an IPv4 address", p.node_addr));
+    }
     if (p.node_rank < 0 || p.node_rank >= p.nnodes) { problems.push_back(fmt::format("--node-rank {} must be in [0, --nnodes {})", p.node_rank, p.nnodes)); }
     if (p.master_port < 0 || p.master_port > 65535) { problems.push_back(fmt::format("--master-port {} must be in [0, 65535]", p.master_port)); }
     in_addr a4{};

@@ -1,5 +1,5 @@
 // tests/bench/bench_batch.h — synthetic step batches for the forward benches (fd_bench,
-// fd_tp_bench): deterministic token ids and the StepBatch rows Engine::step() would build.
+// fd_tp_bench, fd_executor_bench, fd_nnodes_bench): deterministic token ids and the StepBatch rows Engine::step() would build.
 // Header-only; bench code only.
 #pragma once
 
@@ -7,6 +7,7 @@
 #include "fd/model/worker.h"
 
 #include <cstdint>
+#include <vector>
 
 namespace fd::bench {
 
@@ -30,5 +31,26 @@ inline void add_tokens(fd::model::StepBatch & b, const fd::kv::KvCache & kv, int
     }
     if (want_logits) { b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1); }
 }
+
+/// `n_seqs` sequences of `ctx` tokens in blocks of 16: one decode token each (at position ctx-1).
+struct DecodeBatch {
+    std::vector<std::vector<int32_t>> tables;
+    fd::model::StepBatch b;
+    DecodeBatch(int32_t n_seqs, int32_t ctx) {
+        const int32_t bs = 16, per = (ctx + bs - 1) / bs;
+        tables.resize(n_seqs);
+        for (int32_t s = 0; s < n_seqs; ++s) {
+            for (int32_t k = 0; k < per; ++k) { tables[s].push_back(s * per + k); }
+        }
+        for (int32_t s = 0; s < n_seqs; ++s) {
+            const int32_t pos = ctx - 1;
+            b.tokens.push_back(1 + (s * 7) % 200);
+            b.positions.push_back(pos);
+            b.slots.push_back(static_cast<int64_t>(tables[s][pos / bs]) * bs + pos % bs);
+            b.queries.push_back({tables[s].data(), ctx});
+            b.logits_rows.push_back(s);
+        }
+    }
+};
 
 }  // namespace fd::bench

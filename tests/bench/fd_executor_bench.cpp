@@ -7,6 +7,7 @@
 #include "fd/model/model_config.h"
 #include "fd/model/safetensors.h"
 #include "fd/runtime/mp_executor.h"
+#include "bench_batch.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -35,27 +36,6 @@ double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
 }
-
-/// `n_seqs` sequences of `ctx` tokens in blocks of 16: one decode token each (at position ctx-1).
-struct DecodeBatch {
-    std::vector<std::vector<int32_t>> tables;
-    model::StepBatch b;
-    DecodeBatch(int32_t n_seqs, int32_t ctx) {
-        const int32_t bs = 16, per = (ctx + bs - 1) / bs;
-        tables.resize(n_seqs);
-        for (int32_t s = 0; s < n_seqs; ++s) {
-            for (int32_t k = 0; k < per; ++k) { tables[s].push_back(s * per + k); }
-        }
-        for (int32_t s = 0; s < n_seqs; ++s) {
-            const int32_t pos = ctx - 1;
-            b.tokens.push_back(1 + (s * 7) % 200);
-            b.positions.push_back(pos);
-            b.slots.push_back(static_cast<int64_t>(tables[s][pos / bs]) * bs + pos % bs);
-            b.queries.push_back({tables[s].data(), ctx});
-            b.logits_rows.push_back(s);
-        }
-    }
-};
 
 /// Seconds per forward() of `b`, repeated for at least `seconds_min`.
 double step_seconds(runtime::Executor & ex, const model::StepBatch & b, std::vector<float> & logits, double seconds_min) {
@@ -104,7 +84,7 @@ int main(int argc, char ** argv) {
         json steps = json::array();
         std::vector<float> logits;
         for (const int32_t b : o.batches) {
-            DecodeBatch db(b, o.ctx);
+            bench::DecodeBatch db(b, o.ctx);
             logits.resize(static_cast<size_t>(b) * cfg.vocab_size);
             step_seconds(*uni, db.b, logits, 0.05);  // warm-up (KV pages touched, threads up)
             step_seconds(*mp, db.b, logits, 0.05);

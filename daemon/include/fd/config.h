@@ -41,10 +41,12 @@ struct WeightsOptions {
 /// How the ranks run and find each other (torchrun's names for the rendezvous).
 struct ParallelOptions {
     std::string distributed_executor_backend;  ///< uni (ranks in this process) | mp (one process per rank); empty = uni at tp=1, mp at tp>1
-    int32_t     nnodes      = 1;               ///< hosts the ranks span (only 1 in this build)
+    int32_t     nnodes      = 1;               ///< hosts the ranks span; node k holds ranks [k*tp/nnodes, (k+1)*tp/nnodes)
     int32_t     node_rank   = 0;               ///< this host's index in [0, nnodes)
     std::string master_addr = "127.0.0.1";     ///< where node 0 hosts the rendezvous store
-    int32_t     master_port = 0;               ///< its port; 0 = any free port (single node)
+    int32_t     master_port = 0;               ///< its port; 0 = any free port (single node); nnodes > 1: where nodes join
+    std::string node_addr;                     ///< node k > 0: the address its ranks bind (empty: the one that reaches the master)
+    std::string dist_token_file;               ///< nnodes > 1: the shared join secret (0600, owned by the user), else FD_DIST_TOKEN
     bool        shutdown_comm_group_if_worker_idle = true;  ///< sleep(weight) closes the comm group, wakeup rebuilds it
 };
 

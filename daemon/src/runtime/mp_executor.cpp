@@ -2,14 +2,15 @@
 #include "fd/runtime/mp_executor.h"
 
 #include "fd/log.h"
+#include "fd/runtime/node_join.h"
 #include "fd/runtime/tcp_store.h"
 #include "fd/status.h"
 
 #include "mp_wire.h"
 
-#include <fcntl.h>
+#include <fmt/ranges.h>
+
 #include <poll.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,9 +19,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
-
-extern char ** environ;
 
 namespace fd::runtime {
 namespace {
@@ -54,20 +54,30 @@ public:
     MpExecutor(const MpExecutorConfig & cfg, const model::ModelConfig & model_cfg)
         : cfg_(cfg), model_cfg_(model_cfg), wait_s_(std::max(0.2, 0.9 * cfg.timeout_s)) {
         FD_CHECK(cfg.tensor_parallel_size >= 1, "tensor_parallel_size {}", cfg.tensor_parallel_size);
-        store_ = std::make_unique<TcpStoreServer>(cfg.master_addr, cfg.master_port);
+        FD_CHECK(cfg.nnodes >= 1 && cfg.tensor_parallel_size % cfg.nnodes == 0, "--nnodes {} must divide --tensor-parallel-size {}",
+                 cfg.nnodes, cfg.tensor_parallel_size);
+        per_node_ = cfg.tensor_parallel_size / cfg.nnodes;
+        if (cfg.nnodes > 1) {
+            listener_ = std::make_unique<JoinListener>(
+                cfg.master_addr, cfg.master_port,
+                JoinExpect{.nnodes = cfg.nnodes, .tp = cfg.tensor_parallel_size, .fingerprint = model_fingerprint(cfg.model_dir),
+                           .token = cfg.dist_token, .send_timeout_s = wait_s_});
+            store_ = std::make_unique<TcpStoreServer>(cfg.master_addr, 0);
+        } else {
+            store_ = std::make_unique<TcpStoreServer>(cfg.master_addr, cfg.master_port);
+        }
         binary_ = cfg.rank_binary.empty() ? std::filesystem::read_symlink("/proc/self/exe").string() : cfg.rank_binary;
         region_.create(step_layout(256, 64, 1024, model_cfg.vocab_size).total_bytes);
         ranks_.resize(static_cast<size_t>(cfg.tensor_parallel_size));
+        for (int32_t r = 0; r < world_size(); ++r) {
+            ranks_[r].node   = r / per_node_;
+            ranks_[r].remote = ranks_[r].node != 0;
+        }
         pids_ = std::vector<std::atomic<pid_t>>(ranks_.size());
         replies_.resize(ranks_.size());
         generation_ = 1;
-        std::vector<int32_t> all;
-        for (int32_t r = 0; r < world_size(); ++r) {
-            spawn(r);
-            all.push_back(r);
-        }
         try {
-            wait_ready(all);
+            start_all();
         } catch (...) {
             shutdown();
             throw;
@@ -108,7 +118,9 @@ public:
         LinkMsg req;
         req.op           = static_cast<uint32_t>(LinkOp::forward);
         req.region_bytes = static_cast<uint64_t>(region_.bytes());
-        call(req, "forward", false, abandon);
+        // Ranks on other nodes get the step's arrays inline (everything before the logits).
+        const size_t inline_n = per_node_ < world_size() ? static_cast<size_t>(step_layout(h->n_tokens, h->n_logits, h->n_tables, vocab).logits) : 0;
+        call(req, "forward", false, abandon, inline_n ? region_.data() : nullptr, inline_n);
         if (replies_[0].status == kLinkAbandoned) { return false; }
         check_replies("forward");
         std::memcpy(logits, step_logits(region_.data()), batch.logits_rows.size() * static_cast<size_t>(vocab) * sizeof(float));
@@ -156,17 +168,19 @@ public:
     }
 
     void swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in) override {
-        const int64_t need = swap_encode(region_.data(), region_.bytes(), out, n_out, in, n_in);
+        int64_t need = swap_encode(region_.data(), region_.bytes(), out, n_out, in, n_in);
         if (need > region_.bytes()) {
             region_.resize(need + need / 2);
-            swap_encode(region_.data(), region_.bytes(), out, n_out, in, n_in);
+            need = swap_encode(region_.data(), region_.bytes(), out, n_out, in, n_in);
         }
         LinkMsg m;
         m.op           = static_cast<uint32_t>(LinkOp::swap_kv);
         m.region_bytes = static_cast<uint64_t>(region_.bytes());
         m.n_swap_out   = n_out;
         m.n_swap_in    = n_in;
-        call(m, "KV swap");
+        // Ranks on other nodes get the block lists inline, like a step's arrays.
+        const bool remote = per_node_ < world_size();
+        call(m, "KV swap", false, nullptr, remote ? region_.data() : nullptr, remote ? static_cast<size_t>(need) : 0);
         check_replies("KV swap");
     }
 
@@ -220,8 +234,7 @@ public:
             reap(r, /*kill=*/true);
         }
         ++generation_;
-        for (int32_t r : all) { spawn(r); }
-        wait_ready(all);
+        start_all();
         comm_connected_ = true;
     }
 
@@ -231,47 +244,80 @@ private:
         LinkSocket  link;
         bool        failed = false;
         std::string why;
+        int32_t     node = 0;
+        bool        remote = false;          ///< on node > 0: a TCP link from its node agent, no pid here
+        std::string model_dir, bind_addr;    ///< remote: the node's --model and its ranks' Gloo address
     };
+
+    /// Wait (timeout_s) for every other node's ranks to join, spawn this node's, configure all, wait ready.
+    void start_all() {
+        const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.timeout_s));
+        std::map<int32_t, std::vector<int32_t>> missing;  // node → ranks
+        for (int32_t r = 0; r < world_size(); ++r) {
+            if (!ranks_[r].remote) { continue; }
+            auto j = listener_->take(r, deadline);
+            if (!j) {
+                missing[ranks_[r].node].push_back(r);
+                continue;
+            }
+            auto & k     = ranks_[r];
+            k.link       = std::move(j->link);
+            k.model_dir  = j->model_dir;
+            k.bind_addr  = j->bind_addr;
+            k.pid        = -1;
+            k.failed     = false;
+            k.why.clear();
+        }
+        if (!missing.empty()) {
+            std::string names;
+            for (const auto & [node, rs] : missing) {
+                names += fmt::format("{}node {} (rank(s) {})", names.empty() ? "" : ", ", node, fmt::join(rs, ","));
+                for (int32_t r : rs) {
+                    ranks_[r].failed = true;
+                    ranks_[r].why    = fmt::format("on node {} never joined", node);
+                }
+            }
+            const int32_t node = missing.begin()->first;
+            fail(Errc::rank_failed, "{} did not join within {:.0f} s: run `fdrollout --nnodes {} --node-rank {} --master-addr {} "
+                 "--master-port {} --dist-token-file FILE --model DIR` on it and check it can reach {}:{}", names, cfg_.timeout_s,
+                 cfg_.nnodes, node, cfg_.master_addr, listener_->port(), cfg_.master_addr, listener_->port());
+        }
+        std::vector<int32_t> all;
+        for (int32_t r = 0; r < world_size(); ++r) {
+            all.push_back(r);
+            if (ranks_[r].remote) {
+                send_config(r);
+            } else {
+                spawn(r);
+            }
+        }
+        wait_ready(all);
+    }
+
+    void send_config(int32_t r) {
+        auto & k = ranks_[r];
+        RankSpawn s{.cfg = cfg_, .rank = r, .generation = generation_, .store_port = store_->port()};
+        s.cfg.dist_token.clear();  // never leaves node 0
+        if (k.remote) {
+            // Paths are the node's own; the checkpoint (and the update source) must be reachable there.
+            if (s.cfg.source.model_dir == std::filesystem::path(cfg_.model_dir)) { s.cfg.source.model_dir = k.model_dir; }
+            s.cfg.model_dir = k.model_dir;
+            s.bind_addr     = k.bind_addr;
+        }
+        const std::string js = rank_spawn_to_json(s).dump();
+        if (!k.link.send_blob(js.data(), js.size())) { mark_failed(r, false); }
+    }
 
     void spawn(int32_t r) {
         auto [mine, theirs] = make_link_pair();
-        // Above any fd the child's dup2 targets (3, 4) could clobber.
-        const int link_fd   = ::fcntl(theirs.fd(), F_DUPFD_CLOEXEC, 100);
-        const int region_fd = ::fcntl(region_.fd(), F_DUPFD_CLOEXEC, 100);
-        posix_spawn_file_actions_t fa;
-        posix_spawn_file_actions_init(&fa);
-        posix_spawn_file_actions_adddup2(&fa, link_fd, 3);
-        posix_spawn_file_actions_adddup2(&fa, region_fd, 4);
-        posix_spawnattr_t attr;
-        posix_spawnattr_init(&attr);
-        sigset_t none, defaults;
-        sigemptyset(&none);
-        sigemptyset(&defaults);
-        sigaddset(&defaults, SIGTERM);
-        sigaddset(&defaults, SIGINT);
-        sigaddset(&defaults, SIGPIPE);
-        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-        posix_spawnattr_setsigmask(&attr, &none);  // the daemon blocks SIGTERM/SIGINT for sigwait
-        posix_spawnattr_setsigdefault(&attr, &defaults);
-        const std::string ppid = std::to_string(::getpid());
-        std::vector<char *> argv = {const_cast<char *>(binary_.c_str()), const_cast<char *>(kRankProcessFlag), const_cast<char *>("3"),
-                                    const_cast<char *>("4"), const_cast<char *>(ppid.c_str()), nullptr};
-        pid_t pid = -1;
-        const int rc = ::posix_spawn(&pid, binary_.c_str(), &fa, &attr, argv.data(), environ);
-        posix_spawn_file_actions_destroy(&fa);
-        posix_spawnattr_destroy(&attr);
-        ::close(link_fd);
-        ::close(region_fd);
-        if (rc != 0) { fail(Errc::rank_failed, "cannot start rank {} ({}): {}", r, binary_, std::strerror(rc)); }
+        const pid_t pid = spawn_rank_process(binary_, theirs.fd(), region_.fd());
         auto & k  = ranks_[r];
         k.pid     = pid;
         pids_[r]  = pid;
         k.link    = std::move(mine);
         k.failed  = false;
         k.why.clear();
-        RankSpawn s{.cfg = cfg_, .rank = r, .generation = generation_, .store_port = store_->port()};
-        const std::string js = rank_spawn_to_json(s).dump();
-        if (!k.link.send_bytes(js.data(), js.size())) { mark_failed(r, false); }
+        send_config(r);
     }
 
     /// Wait for `ready` from the freshly spawned ranks in `fresh`.
@@ -339,7 +385,9 @@ private:
 
     /// Send `req` to every rank (or only the live ones) and gather the replies.
     /// Errors  rank_failed naming every failed rank when one was failed before or failed now.
-    void call(LinkMsg req, const char * what, bool survivors_only = false, const std::atomic<bool> * abandon = nullptr) {
+    /// `payload` (n bytes) follows the request on stream links (remote ranks: the step inline).
+    void call(LinkMsg req, const char * what, bool survivors_only = false, const std::atomic<bool> * abandon = nullptr,
+              const void * payload = nullptr, size_t payload_n = 0) {
         std::vector<int32_t> & targets = targets_;
         targets.clear();
         for (int32_t r = 0; r < world_size(); ++r) {
@@ -350,10 +398,12 @@ private:
             }
         }
         req.seq = ++seq_;
+        if (payload) { req.bytes = static_cast<int64_t>(payload_n); }
         live_.clear();
         for (int32_t r : targets) {
             replies_[r].status = 0;
-            if (ranks_[r].link.send(req)) {
+            auto & link = ranks_[r].link;
+            if (link.send(req) && (!payload || !link.stream() || link.send_bytes(payload, payload_n))) {
                 live_.push_back(r);
             } else {
                 mark_failed(r, false);
@@ -389,10 +439,15 @@ private:
     [[noreturn]] void throw_failed(const char * what) const {
         std::string names;
         for (int32_t r = 0; r < world_size(); ++r) {
-            if (ranks_[r].failed) { names += fmt::format("{}rank {} (pid {}) {}", names.empty() ? "" : "; ", r, std::abs(ranks_[r].pid), ranks_[r].why); }  // pid < 0: reaped
+            if (!ranks_[r].failed) { continue; }
+            if (ranks_[r].remote) {
+                names += fmt::format("{}rank {} {}", names.empty() ? "" : "; ", r, ranks_[r].why);
+            } else {
+                names += fmt::format("{}rank {} (pid {}) {}", names.empty() ? "" : "; ", r, std::abs(ranks_[r].pid), ranks_[r].why);  // pid < 0: reaped
+            }
         }
-        fail(Errc::rank_failed, "{} failed: {}. In-flight requests ended; POST /v1/wakeup respawns the rank and reloads the serving "
-             "weights (or restart the daemon)", what, names);
+        fail(Errc::rank_failed, "{} failed: {}. In-flight requests ended; POST /v1/wakeup respawns the rank (a rank on another node: "
+             "waits for its node to rejoin) and reloads the serving weights (or restart the daemon)", what, names);
     }
 
     /// Rank `r` is out until recover(): its link closed (`timed_out` false) or it missed a deadline.
@@ -402,6 +457,9 @@ private:
         bool reaped = false;
         if (!what.empty()) {
             k.why = what;
+        } else if (k.remote) {
+            k.why = timed_out ? fmt::format("on node {} did not answer within {:.1f} s", k.node, wait_s_)
+                              : fmt::format("on node {} closed its link (the rank exited or node {} is unreachable)", k.node, k.node);
         } else if (timed_out) {
             k.why = fmt::format("{} within {:.1f} s", process_condition(k.pid, reaped), wait_s_);
         } else {
@@ -487,7 +545,9 @@ private:
     model::ModelConfig               model_cfg_;
     double                           wait_s_;
     std::string                      binary_;
+    std::unique_ptr<JoinListener>    listener_;  ///< nnodes > 1: where other nodes' ranks join
     std::unique_ptr<TcpStoreServer>  store_;
+    int32_t                          per_node_ = 1;
     SharedRegion                     region_;
     std::vector<Rank>                ranks_;
     std::vector<std::atomic<pid_t>>  pids_;      ///< [world] live rank pids (0: none), read by other threads

@@ -15,6 +15,7 @@ struct RankSpawn {
     int32_t          rank       = 0;
     int64_t          generation = 1;  ///< comm group generation to join at start-up
     int32_t          store_port = 0;  ///< the TcpStore's actual port
+    std::string      bind_addr;       ///< where this rank's Gloo pairs bind; empty = cfg.master_addr (node 0)
 };
 
 nlohmann::json rank_spawn_to_json(const RankSpawn & s);

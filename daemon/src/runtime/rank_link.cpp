@@ -3,13 +3,19 @@
 
 #include "fd/status.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
+
+extern char ** environ;
 
 namespace fd::runtime {
 namespace {
@@ -146,12 +152,18 @@ std::pair<const kv::BlockCopy *, const kv::BlockCopy *> swap_lists(const void * 
 
 // --- socket ---
 
+LinkSocket::LinkSocket(int fd) : fd_(fd) {
+    int type = 0;
+    socklen_t len = sizeof type;
+    stream_ = fd >= 0 && ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM;
+}
 LinkSocket::~LinkSocket() { close(); }
-LinkSocket::LinkSocket(LinkSocket && o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+LinkSocket::LinkSocket(LinkSocket && o) noexcept : fd_(std::exchange(o.fd_, -1)), stream_(o.stream_) {}
 LinkSocket & LinkSocket::operator=(LinkSocket && o) noexcept {
     if (this != &o) {
         close();
-        fd_ = std::exchange(o.fd_, -1);
+        fd_     = std::exchange(o.fd_, -1);
+        stream_ = o.stream_;
     }
     return *this;
 }
@@ -165,12 +177,47 @@ bool LinkSocket::send(const LinkMsg & m) { return send_bytes(&m, sizeof m); }
 
 bool LinkSocket::send_bytes(const void * data, size_t n) {
     if (fd_ < 0) { return false; }
+    const char * p = static_cast<const char *>(data);
     for (;;) {
-        const ssize_t w = ::send(fd_, data, n, MSG_NOSIGNAL);
+        const ssize_t w = ::send(fd_, p, n, MSG_NOSIGNAL);
         if (w == static_cast<ssize_t>(n)) { return true; }
         if (w < 0 && errno == EINTR) { continue; }
+        if (stream_ && w > 0) {  // a partial write (a stream's send timeout, SO_SNDTIMEO, ends a stuck peer's)
+            p += w;
+            n -= static_cast<size_t>(w);
+            continue;
+        }
         return false;
     }
+}
+
+bool LinkSocket::send_blob(const void * data, size_t n) {
+    if (stream_) {
+        const uint32_t len = static_cast<uint32_t>(n);
+        if (!send_bytes(&len, sizeof len)) { return false; }
+    }
+    return send_bytes(data, n);
+}
+
+LinkSocket::Recv LinkSocket::recv_exact(void * data, size_t n, std::chrono::steady_clock::time_point deadline) {
+    char * p = static_cast<char *>(data);
+    size_t got = 0;
+    while (got < n) {
+        if (fd_ < 0) { return Recv::closed; }
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline) { return Recv::timeout; }
+        pollfd pf{fd_, POLLIN, 0};
+        const int rc = ::poll(&pf, 1, static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count()));
+        if (rc < 0 && errno != EINTR) { return Recv::closed; }
+        if (rc <= 0) { continue; }
+        const ssize_t r = ::recv(fd_, p + got, n - got, 0);
+        if (r > 0) {
+            got += static_cast<size_t>(r);
+        } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
+            return Recv::closed;
+        }
+    }
+    return Recv::ok;
 }
 
 LinkSocket::Recv LinkSocket::recv(LinkMsg & m, std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds poll_slice,
@@ -188,6 +235,8 @@ LinkSocket::Recv LinkSocket::recv(LinkMsg & m, std::chrono::steady_clock::time_p
             if (on_slice) { on_slice(); }
             continue;
         }
+        // A stream delivers the record in pieces: once it starts, read the rest (bounded).
+        if (stream_) { return recv_exact(&m, sizeof m, std::max(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(5))); }
         const ssize_t r = ::recv(fd_, &m, sizeof m, 0);
         if (r == static_cast<ssize_t>(sizeof m)) { return Recv::ok; }
         if (r < 0 && (errno == EINTR || errno == EAGAIN)) { continue; }
@@ -196,6 +245,12 @@ LinkSocket::Recv LinkSocket::recv(LinkMsg & m, std::chrono::steady_clock::time_p
 }
 
 int64_t LinkSocket::recv_bytes(void * data, size_t cap) {
+    if (stream_) {
+        const auto forever = std::chrono::steady_clock::time_point::max();
+        uint32_t len = 0;
+        if (recv_exact(&len, sizeof len, forever) != Recv::ok || len > cap) { return 0; }
+        return recv_exact(data, len, forever) == Recv::ok ? static_cast<int64_t>(len) : 0;
+    }
     for (;;) {
         const ssize_t r = ::recv(fd_, data, cap, 0);
         if (r < 0 && errno == EINTR) { continue; }
@@ -208,6 +263,39 @@ bool LinkSocket::peer_closed() const {
     pollfd p{fd_, POLLIN, 0};
     if (::poll(&p, 1, 0) <= 0) { return false; }
     return (p.revents & (POLLHUP | POLLERR | POLLIN)) != 0;  // nothing is ever sent unasked
+}
+
+pid_t spawn_rank_process(const std::string & binary, int link_fd, int region_fd) {
+    // Above any fd the child's dup2 targets (3, 4) could clobber.
+    const int lfd = ::fcntl(link_fd, F_DUPFD_CLOEXEC, 100);
+    const int rfd = region_fd >= 0 ? ::fcntl(region_fd, F_DUPFD_CLOEXEC, 100) : -1;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, lfd, 3);
+    if (rfd >= 0) { posix_spawn_file_actions_adddup2(&fa, rfd, 4); }
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t none, defaults;
+    sigemptyset(&none);
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGTERM);
+    sigaddset(&defaults, SIGINT);
+    sigaddset(&defaults, SIGPIPE);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    posix_spawnattr_setsigmask(&attr, &none);  // the daemon blocks SIGTERM/SIGINT for sigwait
+    posix_spawnattr_setsigdefault(&attr, &defaults);
+    const std::string ppid = std::to_string(::getpid());
+    const char * flag = "--fd-rank-process";
+    std::vector<char *> argv = {const_cast<char *>(binary.c_str()), const_cast<char *>(flag), const_cast<char *>("3"),
+                                const_cast<char *>(rfd >= 0 ? "4" : "-1"), const_cast<char *>(ppid.c_str()), nullptr};
+    pid_t pid = -1;
+    const int rc = ::posix_spawn(&pid, binary.c_str(), &fa, &attr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    ::close(lfd);
+    if (rfd >= 0) { ::close(rfd); }
+    if (rc != 0) { fail(Errc::rank_failed, "cannot start a rank process ({}): {}", binary, std::strerror(rc)); }
+    return pid;
 }
 
 std::pair<LinkSocket, LinkSocket> make_link_pair() {

@@ -13,6 +13,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -39,6 +40,7 @@ json rank_spawn_to_json(const RankSpawn & s) {
             {"source", {{"strategy", std::string(weights::to_string(c.source.strategy))}, {"model_dir", c.source.model_dir.string()},
                         {"port", c.source.port}, {"rsync_config", c.source.rsync_config}}},
             {"master_addr", c.master_addr},
+            {"bind_addr", s.bind_addr},
             {"timeout_s", c.timeout_s},
             {"log_level", c.log_level},
             {"log_format", c.log_format}};
@@ -69,6 +71,7 @@ RankSpawn rank_spawn_from_json(const json & j) {
         c.source.port         = src.at("port");
         c.source.rsync_config = src.at("rsync_config");
         c.master_addr = j.at("master_addr");
+        s.bind_addr   = j.value("bind_addr", std::string());
         c.timeout_s   = j.at("timeout_s");
         c.log_level   = j.at("log_level");
         c.log_format  = j.at("log_format");
@@ -153,7 +156,10 @@ void test_pause_at(const char * phase, int rank) {
 /// The rank's side: one request at a time, answered in order.
 class RankServer {
 public:
-    RankServer(LinkSocket link, int region_fd) : link_(std::move(link)) { region_.attach(region_fd); }
+    /// `region_fd` -1: a rank on another node (a TCP link; the step arrives inline).
+    RankServer(LinkSocket link, int region_fd) : link_(std::move(link)) {
+        if (region_fd >= 0) { region_.attach(region_fd); }
+    }
 
     /// Build everything, answer `ready` (or the error that stopped start-up). False: exit.
     bool start(const RankSpawn & s) {
@@ -166,7 +172,8 @@ public:
             // The group first (a sharded worker all-reduces from its first step). Its timeout is half
             // the daemon's: a rank whose peer died answers with that error before the daemon gives
             // up on it, so the daemon names the dead rank, not the waiting one.
-            comm_ = make_gloo_comm({.rank = s.rank, .world_size = c.tensor_parallel_size, .bind_host = c.master_addr,
+            comm_ = make_gloo_comm({.rank = s.rank, .world_size = c.tensor_parallel_size,
+                                    .bind_host = s.bind_addr.empty() ? c.master_addr : s.bind_addr,
                                     .store_host = c.master_addr, .store_port = s.store_port, .timeout_s = 0.5 * c.timeout_s});
             comm_->connect(s.generation);
             model_cfg_ = model::load_model_config(c.model_dir);
@@ -186,29 +193,38 @@ public:
         return ready.status == 0;
     }
 
-    void serve() {
-        auto lg = log::get("rank");
+    /// True when the daemon said shutdown; false when the link closed or broke.
+    bool serve() {
         for (;;) {
             LinkMsg m;
             // Idle until the daemon asks; a second at a time, so a vanished daemon is noticed
             // even if the kernel never closes our end.
             const auto r = link_.recv(m, std::chrono::steady_clock::now() + std::chrono::seconds(1));
             if (r == LinkSocket::Recv::timeout) {
-                if (::getppid() == 1) { return; }
+                if (::getppid() == 1) { return false; }
                 continue;
             }
-            if (r == LinkSocket::Recv::closed) { return; }
+            if (r == LinkSocket::Recv::closed) { return false; }
             const auto op = static_cast<LinkOp>(m.op);
             if (op == LinkOp::shutdown) {
                 comm_->disconnect();
                 link_.send(m);
-                return;
+                return true;
+            }
+            if ((op == LinkOp::forward || op == LinkOp::swap_kv) && link_.stream()) {
+                // The step's arrays (or the swap's block lists) follow the request inline; the buffer only grows.
+                const size_t n = static_cast<size_t>(m.bytes);
+                if (inline_.size() * sizeof(int64_t) < n) { inline_.resize((n + 7) / 8); }
+                if (link_.recv_exact(inline_.data(), n, std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                     std::chrono::duration<double>(std::max(1.0, 0.9 * spawn_.cfg.timeout_s)))) != LinkSocket::Recv::ok) {
+                    return false;
+                }
             }
             LinkMsg reply = handle(op, m);
             reply.op   = m.op;
             reply.seq  = m.seq;
             reply.rank = spawn_.rank;
-            if (!link_.send(reply)) { return; }
+            if (!link_.send(reply)) { return false; }
         }
     }
 
@@ -233,8 +249,8 @@ private:
                 case LinkOp::acquire_kv: rank_report_to_msg(ex_->acquire_kv()[0], reply); break;
                 case LinkOp::release_swap: rank_report_to_msg(ex_->release(MemoryTag::kv_swap)[0], reply); break;
                 case LinkOp::swap_kv: {
-                    if (static_cast<int64_t>(m.region_bytes) != region_.bytes()) { region_.remap(); }
-                    const auto [out, in] = swap_lists(region_.data(), m.n_swap_out);
+                    if (!link_.stream() && static_cast<int64_t>(m.region_bytes) != region_.bytes()) { region_.remap(); }
+                    const auto [out, in] = swap_lists(link_.stream() ? static_cast<void *>(inline_.data()) : region_.data(), m.n_swap_out);
                     ex_->swap_kv(out, m.n_swap_out, in, m.n_swap_in);
                     break;
                 }
@@ -256,12 +272,19 @@ private:
 
     LinkMsg forward(const LinkMsg & m) {
         LinkMsg reply;
-        if (static_cast<int64_t>(m.region_bytes) != region_.bytes()) { region_.remap(); }
-        step_decode(region_.data(), batch_);
-        auto * h = static_cast<RegionHeader *>(region_.data());
+        void * step = nullptr;
+        if (link_.stream()) {
+            FD_CHECK(spawn_.rank != 0, "rank 0 runs on node 0");
+            step = inline_.data();
+        } else {
+            if (static_cast<int64_t>(m.region_bytes) != region_.bytes()) { region_.remap(); }
+            step = region_.data();
+        }
+        step_decode(step, batch_);
+        auto * h = static_cast<RegionHeader *>(step);
         float * out = nullptr;
         if (spawn_.rank == 0) {
-            out = step_logits(region_.data());
+            out = step_logits(step);
         } else {
             scratch_.resize(batch_.logits_rows.size() * static_cast<size_t>(model_cfg_.vocab_size));
             out = scratch_.data();
@@ -289,6 +312,7 @@ private:
     std::unique_ptr<Comm>      comm_;
     model::StepBatch           batch_;
     std::vector<float>         scratch_;
+    std::vector<int64_t>       inline_;  ///< a remote rank's step arrays (8-byte aligned)
 };
 
 }  // namespace
@@ -320,8 +344,8 @@ int rank_process_main(int argc, char ** argv) {
     RankServer server(std::move(link), std::atoi(argv[3]));
     if (!server.start(spawn)) { return 1; }
     log::get("rank")->info("rank {}/{} ready (pid {})", spawn.rank, spawn.cfg.tensor_parallel_size, ::getpid());
-    server.serve();
-    return 0;
+    // 0 only when the daemon said shutdown: a node agent rejoins on anything else.
+    return server.serve() ? 0 : 3;
 }
 
 }  // namespace fd::runtime

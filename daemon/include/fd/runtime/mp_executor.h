@@ -10,7 +10,10 @@
 // a rank that dies is noticed at once (its end of the link closes), one that hangs when the
 // deadline passes; either fails the call with rank_failed naming it and stays failed until
 // recover(). Control calls succeed only when every rank acknowledges; stage_weights drops every
-// staged copy when any rank fails. Called from the engine thread only.
+// staged copy when any rank fails. With nnodes > 1 the ranks of node k > 0 are started there by
+// `fdrollout --node-rank k` (fd/runtime/node_join.h) and reach this executor over authenticated
+// TCP links instead (same records; the step inline); recover() then waits for those nodes to
+// rejoin. Called from the engine thread only.
 #pragma once
 
 #include "fd/runtime/executor.h"
@@ -28,17 +31,21 @@ struct MpExecutorConfig {
     model::WorkerConfig worker;             ///< per rank (rank is set per process); n_threads per rank
     weights::SourceConfig source;           ///< every rank builds its own weight source
     std::string master_addr = "127.0.0.1";  ///< the TcpStore's address (this daemon hosts it)
-    int32_t     master_port = 0;            ///< 0 = any free port (single node)
+    int32_t     master_port = 0;            ///< 0 = any free port (single node); nnodes > 1: where nodes join
+    int32_t     nnodes = 1;                 ///< hosts: this daemon (node 0) runs ranks [0, tp/nnodes), node k the next tp/nnodes
+    std::string dist_token;                 ///< nnodes > 1: the nodes' shared join secret (load_dist_token)
     bool        shutdown_comm_group_if_worker_idle = true;  ///< sleep(weight) disconnects the group; wakeup reconnects
     double      timeout_s = 900.0;          ///< --control-timeout-s: every wait on a rank, start-up included
     std::string rank_binary;                ///< the fdrollout binary to exec; empty = this process's own
     std::string log_level = "info", log_format = "text";
 };
 
-/// Spawn the ranks and wait until all are ready.
+/// Spawn the ranks and wait until all are ready. With nnodes > 1, first wait (timeout_s) until
+/// every other node has joined at master_addr:master_port (fd/runtime/node_join.h); the
+/// rendezvous store then takes any free port on master_addr.
 /// Errors  fd::Error{rank_failed} naming a rank that exited or did not become ready within
-///         timeout_s (its own error message when it sent one); invalid_argument when the master
-///         port cannot be bound (in use).
+///         timeout_s (its own error message when it sent one), or a node that never joined;
+///         invalid_argument when the master port cannot be bound (in use).
 std::unique_ptr<Executor> make_mp_executor(const MpExecutorConfig & cfg, const model::ModelConfig & model_cfg);
 
 /// argv[1] of a rank process.

@@ -1,7 +1,8 @@
 // fd/runtime/rank_link.h — the link between the daemon and one rank process (the step link of
 // the multi-process executor).
 //
-// Two channels, both created by the daemon before it spawns the rank and inherited by it only:
+// Two channels, both created by the daemon before it spawns the rank and inherited by it only
+// (a rank on another host, --nnodes > 1, has a TCP connection instead and no region: see below):
 //   - a SOCK_SEQPACKET socketpair carrying fixed-size LinkMsg records: one request, one reply,
 //     in order. It is the wake-up (a blocking read, no spinning) and the liveness signal: a dead
 //     rank's end closes and the daemon's read returns at once; a stuck one is caught by the
@@ -21,6 +22,10 @@
 //   logits_rows [n_logits]  i32
 //   tables      [n_tables]  i32   block ids, one run per sequence
 //   logits      [n_logits, vocab] f32   (written by rank 0)
+// A remote rank's link is a TCP stream (fd/runtime/node_join.h): the same LinkMsg records, read
+// whole; the config is length-prefixed; a forward request carries the step's arrays inline (the
+// region's bytes up to `logits`, LinkMsg::bytes of them) right after it, read into a buffer that
+// only grows. Rank 0 is always on node 0, so logits never cross TCP.
 // A swap_kv request uses the same region (between steps) for its block lists:
 //   RegionHeader, then out [n_swap_out] BlockCopy, then in [n_swap_in] BlockCopy (64-byte aligned)
 // Single-threaded on each side (the engine thread; the rank's main thread).
@@ -35,6 +40,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <sys/types.h>
 #include <utility>
 #include <type_traits>
 #include <vector>
@@ -125,31 +131,44 @@ std::pair<const kv::BlockCopy *, const kv::BlockCopy *> swap_lists(const void * 
 class LinkSocket {
 public:
     LinkSocket() = default;
-    explicit LinkSocket(int fd) : fd_(fd) {}
+    /// Takes `fd`; a SOCK_STREAM socket (TCP) makes this a stream link.
+    explicit LinkSocket(int fd);
     ~LinkSocket();
     LinkSocket(LinkSocket && o) noexcept;
     LinkSocket & operator=(LinkSocket && o) noexcept;
 
     int fd() const { return fd_; }
     bool open() const { return fd_ >= 0; }
+    bool stream() const { return stream_; }
     void close();
 
     /// Send one message (EPIPE etc. → false: the peer is gone).
-    bool send(const LinkMsg & m);
-    bool send_bytes(const void * data, size_t n);
     enum class Recv { ok, closed, timeout };
+    bool send(const LinkMsg & m);
+    /// Send `n` raw bytes (a stream link: all of them, in order; a seqpacket link: one record).
+    bool send_bytes(const void * data, size_t n);
+    /// Send one configuration blob (a stream link prefixes its length, u32).
+    bool send_blob(const void * data, size_t n);
+    /// Stream links: read exactly `n` bytes until `deadline`.
+    Recv recv_exact(void * data, size_t n, std::chrono::steady_clock::time_point deadline);
     /// Wait until `deadline` for one message. `poll_slice` > 0: wake at least that often and call
     /// `on_slice` (the daemon checks the engine's abandon flag there).
     Recv recv(LinkMsg & m, std::chrono::steady_clock::time_point deadline,
               std::chrono::milliseconds poll_slice = std::chrono::milliseconds(0), const std::function<void()> & on_slice = {});
-    /// Receive one message of any size up to `cap` bytes (blocking). Returns bytes, 0 on close.
+    /// Receive one blob of any size up to `cap` bytes (send_blob's; blocking). Returns bytes, 0 on close.
     int64_t recv_bytes(void * data, size_t cap);
     /// True when the peer has closed its end (or sent something unasked); never blocks.
     bool peer_closed() const;
 
 private:
-    int fd_ = -1;
+    int  fd_ = -1;
+    bool stream_ = false;
 };
+
+/// Start `binary --fd-rank-process 3 <4|-1> <this pid>` with `link_fd` as its fd 3 and
+/// `region_fd` (or none: -1) as fd 4, default signal dispositions and an empty signal mask.
+/// Returns the pid. Errors  fd::Error{rank_failed} when the kernel refuses.
+pid_t spawn_rank_process(const std::string & binary, int link_fd, int region_fd);
 
 /// A socketpair for one rank: [0] the daemon's end, [1] the rank's (both close-on-exec).
 /// Errors  fd::Error{internal} when the kernel refuses.
