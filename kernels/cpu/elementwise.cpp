@@ -1,5 +1,6 @@
 // Row-wise and elementwise ops (see ops.h): rms_norm, silu_mul, add_inplace, rope, log_softmax.
 #include "fd/kernels/ops.h"
+#include "fd/half.h"
 
 #include <algorithm>
 #include <cmath>
@@ -84,33 +85,13 @@ int64_t argmax(const float * x, int64_t n) {
     return best;
 }
 
+// One definition of the widening (fd/half.h, shared with the checkpoint code fdctl links).
 void bf16_to_f32(float * out, const uint16_t * in, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-        const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
-        __builtin_memcpy(&out[i], &bits, 4);
-    }
+    for (int64_t i = 0; i < n; ++i) { out[i] = bf16_to_float(in[i]); }
 }
 
 void f16_to_f32(float * out, const uint16_t * in, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-        const uint32_t h    = in[i];
-        const uint32_t sign = (h & 0x8000u) << 16;
-        uint32_t       exp  = (h >> 10) & 0x1f;
-        uint32_t       mant = h & 0x3ffu;
-        uint32_t       bits;
-        if (exp == 0x1f) {                      // inf / NaN
-            bits = sign | 0x7f800000u | (mant << 13);
-        } else if (exp != 0) {                  // normal
-            bits = sign | ((exp + 112) << 23) | (mant << 13);
-        } else if (mant == 0) {                 // zero
-            bits = sign;
-        } else {                                // subnormal: renormalize
-            exp = 113;
-            while ((mant & 0x400u) == 0) { mant <<= 1; --exp; }
-            bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-        }
-        __builtin_memcpy(&out[i], &bits, 4);
-    }
+    for (int64_t i = 0; i < n; ++i) { out[i] = f16_to_float(in[i]); }
 }
 
 namespace {

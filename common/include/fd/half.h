@@ -1,7 +1,7 @@
 // fd/half.h — the 16-bit float formats of checkpoints, widened to f32 exactly (every BF16 and
 // F16 value, NaN/Inf and subnormals included, is representable in f32). Header-only, so the
-// checkpoint readers (fd_layout) widen without linking the kernels; the kernels' bulk
-// bf16_to_f32 / f16_to_f32 (fd/kernels/ops.h) compute the same bits.
+// checkpoint readers (fd_checkpoint) widen without linking the kernels; the kernels' bulk
+// bf16_to_f32 / f16_to_f32 (fd/kernels/ops.h) are loops over these.
 #pragma once
 
 #include <cstdint>

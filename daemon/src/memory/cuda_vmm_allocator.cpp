@@ -86,16 +86,6 @@ CUmemAllocationProp device_prop(int cu_device) {
     return prop;
 }
 
-const char * name_of(Tag tag) {
-    switch (tag) {
-        case Tag::weight: return "weight";
-        case Tag::kv_cache: return "kv_cache";
-        case Tag::staging: return "staging";
-        case Tag::kv_swap: return "kv_swap";
-    }
-    return "?";
-}
-
 void check_rt(cudaError_t e, const char * call, std::string_view what) {
     if (e != cudaSuccess) { fail(Errc::internal, "CUDA VMM allocator: {} failed for {}: {}", call, what, cudaGetErrorString(e)); }
 }
@@ -143,13 +133,13 @@ public:
 
     std::byte * map(Tag tag, int64_t bytes, bool populate) override {
         (void)populate;  // device memory is physical once mapped
-        if (bytes <= 0) { fail(Errc::invalid_argument, "CUDA VMM allocator: tag {}: {} bytes requested", name_of(tag), bytes); }
+        if (bytes <= 0) { fail(Errc::invalid_argument, "CUDA VMM allocator: tag {}: {} bytes requested", tag_name(tag), bytes); }
         drop(tag);
         Region r;
         r.size = round_up(static_cast<size_t>(bytes), granularity_);
         for (size_t off = 0; off < r.size; off += chunk_bytes_) { r.chunks.push_back(std::min(chunk_bytes_, r.size - off)); }
         CUdeviceptr base = 0;
-        check_cu(driver().address_reserve(&base, r.size, granularity_, 0, 0), "cuMemAddressReserve", name_of(tag));
+        check_cu(driver().address_reserve(&base, r.size, granularity_, 0, 0), "cuMemAddressReserve", tag_name(tag));
         r.base = base;
         try {
             map_all(r, tag);
@@ -167,7 +157,7 @@ public:
         // Kernels still using the memory must finish before it is unmapped.
         const cudaError_t e = cudaDeviceSynchronize();
         if (e != cudaSuccess) {
-            log::get("memory")->error("CUDA VMM allocator: release {}: cudaDeviceSynchronize: {}", name_of(tag), cudaGetErrorString(e));
+            log::get("memory")->error("CUDA VMM allocator: release {}: cudaDeviceSynchronize: {}", tag_name(tag), cudaGetErrorString(e));
         }
         unmap_all(r, tag);
         return static_cast<int64_t>(r.size);
@@ -176,7 +166,7 @@ public:
     std::byte * reacquire(Tag tag, bool populate) override {
         (void)populate;
         Region & r = regions_[idx(tag)];
-        if (r.base == 0) { fail(Errc::internal, "CUDA VMM allocator: reacquire {}: the tag has no region", name_of(tag)); }
+        if (r.base == 0) { fail(Errc::internal, "CUDA VMM allocator: reacquire {}: the tag has no region", tag_name(tag)); }
         if (r.handles.empty()) { map_all(r, tag); }
         return data(tag);
     }
@@ -213,18 +203,18 @@ private:
         try {
             for (size_t i = 0; i < r.chunks.size(); ++i) {
                 CUmemGenericAllocationHandle h = 0;
-                check_cu(driver().create(&h, r.chunks[i], &prop, 0), "cuMemCreate", name_of(tag));
+                check_cu(driver().create(&h, r.chunks[i], &prop, 0), "cuMemCreate", tag_name(tag));
                 handles.push_back(h);
-                check_cu(driver().map(r.base + mapped, r.chunks[i], 0, h, 0), "cuMemMap", name_of(tag));
+                check_cu(driver().map(r.base + mapped, r.chunks[i], 0, h, 0), "cuMemMap", tag_name(tag));
                 mapped += r.chunks[i];
             }
             CUmemAccessDesc access{};
             access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
             access.location.id   = cu_device_;
             access.flags         = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-            check_cu(driver().set_access(r.base, r.size, &access, 1), "cuMemSetAccess", name_of(tag));
-            check_rt(cudaMemset(reinterpret_cast<void *>(r.base), 0, r.size), "cudaMemset", name_of(tag));
-            check_rt(cudaDeviceSynchronize(), "cudaDeviceSynchronize", name_of(tag));
+            check_cu(driver().set_access(r.base, r.size, &access, 1), "cuMemSetAccess", tag_name(tag));
+            check_rt(cudaMemset(reinterpret_cast<void *>(r.base), 0, r.size), "cudaMemset", tag_name(tag));
+            check_rt(cudaDeviceSynchronize(), "cudaDeviceSynchronize", tag_name(tag));
         } catch (...) {
             size_t off = 0;
             for (size_t i = 0; i < handles.size(); ++i) {
@@ -245,7 +235,7 @@ private:
             const CUresult f = driver().release(r.handles[i]);
             if (u != CUDA_SUCCESS || f != CUDA_SUCCESS) {
                 log::get("memory")->error("CUDA VMM allocator: releasing chunk {} of {} failed (unmap {}, release {})", i,
-                                          name_of(tag), static_cast<int>(u), static_cast<int>(f));
+                                          tag_name(tag), static_cast<int>(u), static_cast<int>(f));
             }
             off += r.chunks[i];
         }

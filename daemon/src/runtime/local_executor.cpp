@@ -13,8 +13,9 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 class LocalExecutor final : public Executor {
 public:
-    LocalExecutor(std::unique_ptr<model::Worker> worker, std::unique_ptr<weights::WeightSource> source, int32_t rank)
-        : worker_(std::move(worker)), source_(std::move(source)), rank_(rank) {}
+    LocalExecutor(std::unique_ptr<model::Worker> worker, std::unique_ptr<weights::WeightSource> source, int32_t rank,
+                  bool hold_fetched)
+        : worker_(std::move(worker)), source_(std::move(source)), rank_(rank), hold_fetched_(hold_fetched) {}
 
     int32_t world_size() const override { return 1; }
     const model::ModelConfig & model_config() const override { return worker_->config(); }
@@ -28,6 +29,7 @@ public:
         weights::FetchedCheckpoint ckpt = fetch(req, r);
         const auto t1 = Clock::now();
         r.bytes             = worker_->stage_weights(ckpt.index, ckpt.verify_copied);
+        if (hold_fetched_) { fetch_hold_ = ckpt.hold; }
         r.stage_s           = seconds_since(t1);
         r.version           = ckpt.version;
         r.checksum_verified = ckpt.checksum_verified;
@@ -38,13 +40,17 @@ public:
     std::vector<RankReport> commit_weights() override {
         const auto t0 = Clock::now();
         worker_->commit_staged();
+        fetch_hold_.reset();
         RankReport r{.rank = rank_};
         r.commit_s  = seconds_since(t0);
         r.rss_bytes = process_rss_bytes();
         return {r};
     }
 
-    void drop_staged_weights() override { worker_->drop_staged(); }
+    void drop_staged_weights() override {
+        worker_->drop_staged();
+        fetch_hold_.reset();
+    }
 
     std::vector<RankReport> release(MemoryTag tag) override {
         RankReport r{.rank = rank_};
@@ -70,6 +76,7 @@ public:
         weights::FetchedCheckpoint ckpt = fetch(req, r);
         const auto t1 = Clock::now();
         worker_->reload_weights(ckpt.index, ckpt.verify_copied);
+        if (hold_fetched_) { fetch_hold_ = ckpt.hold; }
         r.stage_s   = seconds_since(t1);
         r.bytes     = ckpt.index.total_bytes;
         r.version   = ckpt.version;
@@ -94,13 +101,15 @@ private:
     std::unique_ptr<model::Worker>          worker_;
     std::unique_ptr<weights::WeightSource>  source_;
     int32_t                                 rank_ = 0;
+    bool                                    hold_fetched_ = false;
+    std::shared_ptr<void>                   fetch_hold_;   ///< the last fetch, until commit / drop (hold_fetched_)
 };
 
 }  // namespace
 
 std::unique_ptr<Executor> make_local_executor(std::unique_ptr<model::Worker> worker, std::unique_ptr<weights::WeightSource> source,
-                                              int32_t rank) {
-    return std::make_unique<LocalExecutor>(std::move(worker), std::move(source), rank);
+                                              int32_t rank, bool hold_fetched) {
+    return std::make_unique<LocalExecutor>(std::move(worker), std::move(source), rank, hold_fetched);
 }
 
 }  // namespace fd::runtime

@@ -204,7 +204,10 @@ public:
             try { call(rel, "wakeup (undo)", true); } catch (const Error &) {}
             throw;
         }
-        return reports();
+        auto reps = reports();
+        // Every rank loaded: let go of the fetched checkpoint (the shared rsync dir) everywhere.
+        call_op(LinkOp::drop, "wakeup (releasing the fetched weights)");
+        return reps;
     }
 
     std::vector<int32_t> failed_ranks() override {

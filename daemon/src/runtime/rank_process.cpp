@@ -180,7 +180,7 @@ public:
             model::WorkerConfig wcfg = c.worker;
             wcfg.tp_size = c.tensor_parallel_size;  // rank r of T: its shard, collectives through comm_
             auto worker = std::make_unique<model::Worker>(model_cfg_, model::read_tensor_index(c.model_dir), wcfg, comm_.get());
-            ex_ = make_local_executor(std::move(worker), weights::make_weight_source(c.source), s.rank);
+            ex_ = make_local_executor(std::move(worker), weights::make_weight_source(c.source), s.rank, /*hold_fetched=*/true);
             fill_state(ready);
         } catch (const Error & e) {
             ready.status = static_cast<int32_t>(e.code());

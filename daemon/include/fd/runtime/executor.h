@@ -108,7 +108,12 @@ public:
 /// tp=1: the one rank in this process, the Worker called directly (no link, no copy).
 /// `source` is the rank's weight source. A rank process of the multi-process executor serves
 /// its own rank `rank` through one too (its reports and fetches carry that rank).
+/// `hold_fetched` (rank processes): the fetched checkpoint (FetchedCheckpoint::hold, e.g. the
+/// rsync source's staged dir that every rank of one daemon shares) is kept after stage_weights and
+/// reload_weights until commit_weights or drop_staged_weights, so a slow rank still finds the dir
+/// the first rank pulled instead of pulling again; the multi-process executor sends drop after a
+/// reload has every rank's reply. Off (in-process tp=1): the hold ends with the call.
 std::unique_ptr<Executor> make_local_executor(std::unique_ptr<model::Worker> worker, std::unique_ptr<weights::WeightSource> source,
-                                              int32_t rank = 0);
+                                              int32_t rank = 0, bool hold_fetched = false);
 
 }  // namespace fd::runtime
