@@ -40,7 +40,6 @@ public:
     std::vector<RankReport> commit_weights() override {
         const auto t0 = Clock::now();
         worker_->commit_staged();
-        fetch_hold_.reset();
         RankReport r{.rank = rank_};
         r.commit_s  = seconds_since(t0);
         r.rss_bytes = process_rss_bytes();
@@ -51,6 +50,8 @@ public:
         worker_->drop_staged();
         fetch_hold_.reset();
     }
+
+    void release_fetched() override { fetch_hold_.reset(); }
 
     std::vector<RankReport> release(MemoryTag tag) override {
         RankReport r{.rank = rank_};

@@ -144,7 +144,9 @@ public:
             drop_on_survivors();
             throw;
         }
-        return reports();
+        auto reps = reports();
+        release_fetched_everywhere();
+        return reps;
     }
 
     std::vector<RankReport> commit_weights() override {
@@ -205,8 +207,7 @@ public:
             throw;
         }
         auto reps = reports();
-        // Every rank loaded: let go of the fetched checkpoint (the shared rsync dir) everywhere.
-        call_op(LinkOp::drop, "wakeup (releasing the fetched weights)");
+        release_fetched_everywhere();
         return reps;
     }
 
@@ -419,6 +420,17 @@ private:
         if (!targets.empty() && !ranks_[0].failed) {
             weight_bytes_ = replies_[0].weight_bytes;
             kv_bytes_     = replies_[0].kv_bytes;
+        }
+    }
+
+    /// Every rank has staged or reloaded: each lets go of its fetch (the last holder of the rsync
+    /// source's shared dir removes it), before commit, so a rank killed later leaves nothing.
+    void release_fetched_everywhere() {
+        try {
+            call_op(LinkOp::release_fetched, "releasing the fetched weights");
+        } catch (...) {
+            drop_on_survivors();
+            throw;
         }
     }
 

@@ -244,6 +244,7 @@ private:
                     test_pause_at("committed", spawn_.rank);
                     break;
                 case LinkOp::drop: ex_->drop_staged_weights(); break;
+                case LinkOp::release_fetched: ex_->release_fetched(); break;
                 case LinkOp::release_weight: rank_report_to_msg(ex_->release(MemoryTag::weight)[0], reply); break;
                 case LinkOp::release_kv: rank_report_to_msg(ex_->release(MemoryTag::kv_cache)[0], reply); break;
                 case LinkOp::acquire_kv: rank_report_to_msg(ex_->acquire_kv()[0], reply); break;

@@ -101,6 +101,10 @@ public:
     /// Resident bytes of the rank processes other than this one (mp: the sum over the local
     /// ranks, read from /proc; uni: 0, the rank is this process). Any thread.
     virtual int64_t rank_processes_rss_bytes() const { return 0; }
+    /// Let go of the checkpoint the last stage_weights / reload_weights fetched, kept by a rank
+    /// process (make_local_executor's hold_fetched) so that every rank shares one fetch (the rsync
+    /// source's staged dir); the multi-process executor calls it on every rank once all replied.
+    virtual void release_fetched() {}
     /// The group's backend: "null" | "gloo" | "nccl".
     virtual const char * comm_backend() const { return "null"; }
 };
@@ -110,9 +114,9 @@ public:
 /// its own rank `rank` through one too (its reports and fetches carry that rank).
 /// `hold_fetched` (rank processes): the fetched checkpoint (FetchedCheckpoint::hold, e.g. the
 /// rsync source's staged dir that every rank of one daemon shares) is kept after stage_weights and
-/// reload_weights until commit_weights or drop_staged_weights, so a slow rank still finds the dir
-/// the first rank pulled instead of pulling again; the multi-process executor sends drop after a
-/// reload has every rank's reply. Off (in-process tp=1): the hold ends with the call.
+/// reload_weights until release_fetched() (or drop_staged_weights), so a slow rank still finds
+/// the dir the first rank pulled instead of pulling again; the multi-process executor calls
+/// release_fetched on every rank once all replied. Off (in-process tp=1): the hold ends with the call.
 std::unique_ptr<Executor> make_local_executor(std::unique_ptr<model::Worker> worker, std::unique_ptr<weights::WeightSource> source,
                                               int32_t rank = 0, bool hold_fetched = false);
 

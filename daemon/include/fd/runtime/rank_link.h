@@ -63,6 +63,7 @@ enum class LinkOp : uint32_t {
     shutdown,
     release_swap,      ///< hand the host swap pool back (sleep with FD_ENABLE_SWAP_SPACE_CLEARING=1)
     swap_kv,           ///< run the KV block copies listed in the region (n_swap_out, n_swap_in)
+    release_fetched,   ///< every rank staged / reloaded: let go of the fetched checkpoint (Executor::release_fetched)
 };
 
 /// Reply status besides an Errc: the step was dropped because `abandon` turned true.
