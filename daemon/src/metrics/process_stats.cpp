@@ -40,12 +40,14 @@ ProcessStats read_process_stats() {
             std::istringstream f(line.substr(rp + 2));
             std::string tok;
             // Fields from 3 (state) on; utime 14, stime 15, starttime 22, vsize 23, rss 24.
+            double cpu_ticks = 0;  // utime + stime, divided once (as ps and the kernel's own sum do)
             for (int field = 3; f >> tok && field <= 24; ++field) {
-                if (field == 14 || field == 15) { s.cpu_seconds_total += std::stod(tok) / ticks; }
+                if (field == 14 || field == 15) { cpu_ticks += std::stod(tok); }
                 if (field == 22) { s.start_time_seconds = static_cast<double>(boot_time_s()) + std::stod(tok) / ticks; }
                 if (field == 23) { s.virtual_memory_bytes = std::stoll(tok); }
                 if (field == 24) { s.resident_memory_bytes = std::stoll(tok) * page; }
             }
+            s.cpu_seconds_total = cpu_ticks / ticks;
         }
     }
     if (DIR * d = ::opendir("/proc/self/fd")) {
