@@ -7,6 +7,8 @@
 #include "fd/kernels/thread_pool.h"
 #include "fd/status.h"
 
+#include "test_util.h"
+
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -18,16 +20,9 @@ namespace k = fd::kernels;
 
 namespace {
 
-std::vector<float> random_vec(std::mt19937 & rng, size_t n, float lo = -1.0f, float hi = 1.0f) {
-    std::uniform_real_distribution<float> d(lo, hi);
-    std::vector<float> v(n);
-    for (auto & x : v) { x = d(rng); }
-    return v;
-}
+using fd::test::bits_equal;
+using fd::test::random_vec;
 
-bool bits_equal(const std::vector<float> & a, const std::vector<float> & b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 /// A host vector copied into backend memory (freed with the object).
 struct Dev {

@@ -4,6 +4,8 @@
 #include "fd/kernels/cpu_ops.h"
 #include "fd/kernels/thread_pool.h"
 
+#include "test_util.h"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -19,12 +21,8 @@ namespace k = fd::kernels;
 
 namespace {
 
-std::vector<float> random_vec(std::mt19937 & rng, size_t n, float lo = -1.0f, float hi = 1.0f) {
-    std::uniform_real_distribution<float> d(lo, hi);
-    std::vector<float> v(n);
-    for (auto & x : v) { x = d(rng); }
-    return v;
-}
+using fd::test::bits_equal;
+using fd::test::random_vec;
 
 /// A weight in the requested storage dtype, and the f32 values it really holds (bf16 rounds).
 struct StoredWeight {
@@ -48,7 +46,6 @@ StoredWeight stored(std::vector<float> w, k::WType t) {
     return s;
 }
 
-bool bits_equal(const float * a, const float * b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
 
 /// Naive contiguous causal GQA attention for one query vector over ctx rows of K and V.
 ///   k_rows, v_rows [n_ctx, n_kv_heads, head_dim] in token order.

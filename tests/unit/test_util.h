@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
 #include <system_error>
+#include <vector>
 
 namespace fd::test {
 
@@ -28,5 +30,19 @@ struct TempDir {
     TempDir(const TempDir &) = delete;
     TempDir & operator=(const TempDir &) = delete;
 };
+
+/// `n` floats uniform in [lo, hi) from `rng` (the kernel tests' random inputs).
+inline std::vector<float> random_vec(std::mt19937 & rng, size_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(n);
+    for (auto & x : v) { x = d(rng); }
+    return v;
+}
+
+/// Bitwise equality of `n` floats (batch invariance is bitwise, not within a tolerance).
+inline bool bits_equal(const float * a, const float * b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+inline bool bits_equal(const std::vector<float> & a, const std::vector<float> & b) {
+    return a.size() == b.size() && bits_equal(a.data(), b.data(), a.size());
+}
 
 }  // namespace fd::test
