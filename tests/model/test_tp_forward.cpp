@@ -271,15 +271,7 @@ private:
     int32_t rank_, world_;
 };
 
-Errc error_of(const std::function<void()> & fn, std::string * what = nullptr) {
-    try {
-        fn();
-    } catch (const Error & e) {
-        if (what) { *what = e.what(); }
-        return e.code();
-    }
-    return Errc::ok;
-}
+using fd::test::error_of;
 
 }  // namespace
 

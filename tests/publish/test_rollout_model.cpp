@@ -80,14 +80,7 @@ fs::path write_qwen3(const fs::path & dir) {
     return dir;
 }
 
-Errc error_of(const std::function<void()> & fn) {
-    try {
-        fn();
-    } catch (const fd::Error & e) {
-        return e.code();
-    }
-    return Errc::ok;
-}
+using fd::test::error_of;
 
 /// Every inference tensor maps to HF tensors of the checkpoint, and every HF tensor is used once.
 void check_mappings_cover(const fs::path & dir) {

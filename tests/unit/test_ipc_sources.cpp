@@ -29,14 +29,7 @@ const fs::path kStories = fs::path(FD_SOURCE_DIR) / "models" / "stories260K";
 
 using fd::test::TempDir;
 
-Errc error_of(const std::function<void()> & fn) {
-    try {
-        fn();
-    } catch (const fd::Error & e) {
-        return e.code();
-    }
-    return Errc::ok;
-}
+using fd::test::error_of;
 
 }  // namespace
 

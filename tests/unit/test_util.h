@@ -1,11 +1,14 @@
 // tests/unit/test_util.h — helpers shared by the doctest units.
 #pragma once
 
+#include "fd/status.h"
+
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <system_error>
@@ -43,6 +46,18 @@ inline std::vector<float> random_vec(std::mt19937 & rng, size_t n, float lo = -1
 inline bool bits_equal(const float * a, const float * b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
 inline bool bits_equal(const std::vector<float> & a, const std::vector<float> & b) {
     return a.size() == b.size() && bits_equal(a.data(), b.data(), a.size());
+}
+
+/// The error code `fn` throws (fd::Error), or Errc::ok when it returns; `what` (optional) gets
+/// the error's message.
+inline Errc error_of(const std::function<void()> & fn, std::string * what = nullptr) {
+    try {
+        fn();
+    } catch (const fd::Error & e) {
+        if (what) { *what = e.what(); }
+        return e.code();
+    }
+    return Errc::ok;
 }
 
 }  // namespace fd::test
