@@ -137,7 +137,7 @@ void run_rank(const Load & load, int rank, int tp, runtime::Comm * comm, const s
         w.commit_staged();
     }
     if (!load.reload_dir.empty()) {
-        w.release_weights();
+        w.release(memory::Tag::weight);
         w.reload_weights(model::read_tensor_index(load.reload_dir));
     }
     std::vector<float> logits;

@@ -118,14 +118,11 @@ public:
 
     // --- weight control (engine thread, generation paused) ---
 
-    /// Sleep one tag: weight = release_weights(), kv_cache = release_kv(), staging / kv_swap =
-    /// that region alone (a staged copy is dropped first). Returns the bytes handed back.
+    /// Sleep one tag: weight = the weight and staging regions (forward() must not run until
+    /// reload_weights() succeeds), kv_cache = the KV pool (block contents lost), staging / kv_swap
+    /// = that region alone (a staged copy is dropped first; swapped-out KV is lost). Returns the
+    /// bytes handed back.
     int64_t release(memory::Tag tag);
-    /// Release the weight (and staging) regions; returns bytes handed back to the OS. forward()
-    /// must not run until reload_weights() succeeds.
-    int64_t release_weights();
-    /// Release the KV pool's region; returns bytes handed back. Block contents are lost.
-    int64_t release_kv();
     /// Reacquire (and pre-fault) the KV pool's region, and the swap pool's if released, same
     /// geometry (and, with the host allocator, same addresses), zeroed. No-op for what is resident.
     void acquire_kv();
@@ -139,8 +136,6 @@ public:
     /// Copy host block c.src into device block c.dst (every layer's K and V), for each c in order.
     /// Errors  as swap_out.
     void swap_in(const kv::BlockCopy * copies, int64_t n);
-    /// Release the swap pool's region (its contents are lost); returns bytes handed back (0 if none).
-    int64_t release_swap();
     int64_t swap_bytes() const { return alloc_->held_bytes(memory::Tag::kv_swap); }
     /// Load weights into the reacquired region (after release_weights): parallel reads over the pool.
     /// Validates names, shapes and the dtypes first loaded.
@@ -169,6 +164,9 @@ public:
     static int64_t kv_block_bytes(const ModelConfig & cfg, int32_t block_size, int32_t tp_size = 1);
 
 private:
+    int64_t release_weights();  ///< release(weight)
+    int64_t release_kv();       ///< release(kv_cache)
+    int64_t release_swap();     ///< release(kv_swap)
     kernels::PagedKv layer_kv(int il);
 
     void map_kv_pool(bool fresh);
