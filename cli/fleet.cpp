@@ -174,6 +174,54 @@ int fleet_update(const FleetOptions & o, const std::vector<std::string> & hosts,
     return finish(0, fmt::format("every host ({}) serves weight_version {} once resumed", hosts.size(), *cmd.version));
 }
 
+/// `abort REQUEST_ID` on a fleet: the request runs on one host (or a few, for an X-Request-Id
+/// reused across hosts), so "not found" from the others is the normal answer, not a failure.
+/// 0: aborted somewhere and every other host answered; 3 (not_found): no host had it; 20: some
+/// host did not answer (the id may still run there); all failed alike: that code.
+int fleet_abort(const FleetOptions & o, const fd::shm::MailboxCommand & cmd) {
+    const auto rs = fan_out(o, o.hosts, cmd);
+    const int  kNotFound = fd::errc_info(fd::Errc::not_found).exit_code;
+    size_t n_found = 0, n_absent = 0;
+    int    aborted = 0;
+    std::vector<HostResult> failed;
+    for (const auto & r : rs) {
+        if (r.ok()) {
+            ++n_found;
+            const json j = json::parse(r.body, nullptr, false);
+            aborted += j.is_object() && j.contains("result") ? j["result"].value("aborted", 0) : 0;
+        } else if (r.exit_code == kNotFound && r.http_status == 404) {
+            ++n_absent;
+        } else {
+            failed.push_back(r);
+        }
+    }
+    int rc = 0;
+    if (failed.empty()) {
+        rc = n_found > 0 ? 0 : kNotFound;
+    } else {
+        rc = n_found + n_absent == 0 ? combined_exit(failed) : kExitFleetPartial;
+    }
+    if (o.json) {
+        std::cout << json{{"op", "abort"}, {"request_id", cmd.request_id}, {"ok", rc == 0}, {"exit_code", rc}, {"aborted", aborted},
+                          {"results", phase_json(rs)}}.dump() << "\n";
+    } else {
+        for (const auto & r : rs) {
+            if (r.ok()) {
+                if (!o.quiet) { std::cout << fmt::format("{}  abort: ok  {}\n", r.host, r.message()); }
+            } else if (r.exit_code == kNotFound && r.http_status == 404) {
+                if (!o.quiet) { std::cout << fmt::format("{}  abort: not running here\n", r.host); }
+            } else {
+                std::cerr << fmt::format("fdctl: {}  abort: FAILED (exit {})  {}\n", r.host, r.exit_code, r.message());
+            }
+        }
+    }
+    if (rc == kNotFound) { std::cerr << fmt::format("fdctl: fleet: no host runs a request '{}'\n", cmd.request_id); }
+    if (rc == kExitFleetPartial) {
+        std::cerr << fmt::format("fdctl: fleet: abort '{}': {} host(s) did not answer, it may still run there\n", cmd.request_id, failed.size());
+    }
+    return rc;
+}
+
 std::string normalize_host(std::string h) {
     while (!h.empty() && std::isspace(static_cast<unsigned char>(h.back()))) { h.pop_back(); }
     while (!h.empty() && std::isspace(static_cast<unsigned char>(h.front()))) { h.erase(h.begin()); }
@@ -218,6 +266,7 @@ std::vector<std::string> fleet_hosts(const std::string & file, const std::string
 
 int run_fleet(const FleetOptions & o, const fd::shm::MailboxCommand & cmd) {
     if (cmd.op == "update_weights" && cmd.commit) { return fleet_update(o, o.hosts, cmd); }
+    if (cmd.op == "abort" && !cmd.abort_all) { return fleet_abort(o, cmd); }
     const auto rs = fan_out(o, o.hosts, cmd);
     const int rc  = combined_exit(rs);
     if (o.json) {

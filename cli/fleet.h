@@ -8,6 +8,10 @@
 // everywhere (every host keeps its old version). Afterwards every host's /health must report the
 // new weight_version, which the command checks.
 //
+// abort REQUEST_ID asks every host; the hosts that do not run it answer not_found, which is
+// expected: 0 if some host aborted it, 3 if none runs it, 20 if a host did not answer (it may
+// run there). abort --all is a plain per-host command.
+//
 // Exit codes (besides fdctl's table): 0 every host succeeded; the shared code when every host
 // failed the same way (e.g. 8 all unreachable); kExitFleetPartial when some hosts failed (for
 // update-weights: rolled back, every host still on its old version); kExitFleetInconsistent when

@@ -31,7 +31,7 @@ constexpr const char * kExitCodes =
     "Exit codes (the same for both transports):\n"
     "   0  success\n"
     "   2  usage error: nothing was sent\n"
-    "   3  not_found (e.g. dynamic load weight disabled)\n"
+    "   3  not_found (e.g. dynamic load weight disabled; abort: no running request has that id)\n"
     "   4  wrong_state (not paused, a tag asleep, legacy clear/update in progress)\n"
     "   5  invalid_checkpoint\n"
     "   6  engine_paused\n"
@@ -46,6 +46,7 @@ constexpr const char * kExitCodes =
     "      belongs to another user or is writable by others, or (fdctl) the control block is not yours or open to others\n"
     "  14  rank_failed (a tensor-parallel rank died, hung or never joined)\n"
     "  20  fleet (--fleet/--hosts): some hosts failed, the others succeeded (per-host results on stdout/stderr);\n"
+    "      abort REQUEST_ID: a host failed (e.g. unreachable), so the id may still run there\n"
     "      update-weights: not every host staged, so the version was dropped everywhere: all keep the old one\n"
     "  21  fleet update-weights inconsistent: committed on some hosts only, or versions differ afterwards\n"
     "      (a fleet where every host failed alike exits with that failure's code, e.g. 8 all unreachable)\n"
@@ -69,6 +70,8 @@ struct Options {
     std::string fleet_file;
     std::string hosts;
     std::string mode;
+    std::string request_id;
+    bool        abort_all = false;
 };
 
 std::unique_ptr<fdctl::Transport> connect(const Options & o) {
@@ -109,7 +112,7 @@ int run_wait(const Options & o) {
 std::string base_url(const Options & o) { return o.url.empty() ? "http://127.0.0.1:" + std::to_string(o.port) : o.url; }
 
 int run_command(const Options & o, fd::shm::MailboxCommand cmd) {
-    const bool long_op = cmd.op != "status" && cmd.op != "is_paused" && cmd.op != "pause" && cmd.op != "resume";
+    const bool long_op = cmd.op != "status" && cmd.op != "is_paused" && cmd.op != "pause" && cmd.op != "resume" && cmd.op != "abort";
     std::unique_ptr<fdctl::ProgressBar> bar;  // bytes done / total of the daemon's load, on a terminal
     if (long_op && !o.quiet && !o.json && isatty(STDERR_FILENO)) { bar = std::make_unique<fdctl::ProgressBar>(base_url(o), o.api_key, cmd.op); }
     const fdctl::Reply r = connect(o)->call(cmd);
@@ -163,6 +166,11 @@ int main(int argc, char ** argv) {
     pause->add_option("--mode", o.mode, "abort | wait | keep")->check(CLI::IsMember({"abort", "wait", "keep"}));
     pause->callback([&] { cmd.op = "pause"; cmd.mode = o.mode; });
     simple("resume", "resume", "Resume generation (refused while a tag is asleep)");
+    auto * abort = app.add_subcommand("abort", "End one running request (by its completion id or the client's X-Request-Id) or, "
+                                               "with --all, every request: finish_reason abort, KV freed; never pauses");
+    abort->add_option("REQUEST_ID", o.request_id, "Completion id (cmpl-...) or X-Request-Id (1..128 printable ASCII, no spaces)");
+    abort->add_flag("--all", o.abort_all, "Abort every running and queued request (not with REQUEST_ID)");
+    abort->callback([&] { cmd.op = "abort"; cmd.request_id = o.request_id; cmd.abort_all = o.abort_all; });
     simple("is-paused", "is_paused", "Print true or false");
     simple("status", "status", "Print the daemon's state (GET /health)");
     simple("clear-load-weight", "clear_load_weight", "Legacy: free weights and KV (GET /clear_load_weight)");
@@ -240,6 +248,12 @@ int main(int argc, char ** argv) {
             cmd.version = o.version;
         }
         cmd.verify_checksum = o.verify_checksum;
+        if (cmd.op == "abort" && cmd.abort_all == !cmd.request_id.empty()) {
+            throw fd::Error(fd::Errc::invalid_argument, "abort takes a REQUEST_ID or --all (not both, not neither)");
+        }
+        if (cmd.op == "abort" && !fd::shm::is_valid_request_id(cmd.request_id) && !cmd.abort_all) {
+            throw fd::Error(fd::Errc::invalid_argument, "REQUEST_ID '" + cmd.request_id + "' must be 1..128 printable ASCII characters without spaces");
+        }
         if (cmd.op == "update_weights" && !cmd.commit && !cmd.version) {
             throw fd::Error(fd::Errc::invalid_argument, "stage-weights needs --version (commit-weights names it)");
         }
@@ -260,10 +274,10 @@ int main(int argc, char ** argv) {
         }
         if (!o.fleet_file.empty() || !o.hosts.empty()) {
             static const std::set<std::string> kFleetOps = {"pause", "resume", "is_paused", "status", "sleep", "wakeup", "update_weights",
-                                                            "commit_weights", "drop_staged_weights", "wait"};
+                                                            "commit_weights", "drop_staged_weights", "wait", "abort"};
             if (!kFleetOps.count(cmd.op)) {
                 std::cerr << "fdctl: usage: --fleet/--hosts run pause, resume, is-paused, status, sleep, wakeup, update-weights, "
-                             "stage-weights, commit-weights, drop-staged-weights, wait\n";
+                             "stage-weights, commit-weights, drop-staged-weights, wait, abort\n";
                 return fd::kExitUsage;
             }
             fdctl::FleetOptions f{.api_key = o.api_key, .timeout_s = o.timeout_s, .json = o.json, .quiet = o.quiet, .until = o.until};

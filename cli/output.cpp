@@ -71,6 +71,7 @@ std::string human_summary(const std::string & op, const Reply & r) {
         return fmt::format("paused (aborted {} request(s))", res.value("aborted", 0));
     }
     if (op == "resume") { return "resumed"; }
+    if (op == "abort") { return fmt::format("aborted {} request(s)", res.value("aborted", 0)); }
     if (op == "sleep" || (op == "clear_load_weight" && res.contains("freed_bytes"))) {
         std::string freed;
         for (const auto & [tag, bytes] : res["freed_bytes"].items()) { freed += fmt::format(" {}={}", tag, mib(bytes)); }

@@ -3,6 +3,7 @@
 #include "fd/status.h"
 
 #include <httplib.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -67,6 +68,9 @@ public:
             res = cli_.Post("/v1/update_weights", h, body + "}", "application/json");
         } else if (op == "pause" && !cmd.mode.empty()) {
             res = cli_.Post("/v1/pause?mode=" + cmd.mode, h, "", "application/json");  // checked by fdctl: abort|wait|keep
+        } else if (op == "abort") {
+            const nlohmann::json body = cmd.abort_all ? nlohmann::json{{"abort_all", true}} : nlohmann::json{{"request_id", cmd.request_id}};
+            res = cli_.Post("/v1/abort", h, body.dump(), "application/json");
         } else if (op == "commit_weights") {
             res = cli_.Post("/v1/commit_weights", h, cmd.version ? "{\"version\": \"" + *cmd.version + "\"}" : std::string("{}"), "application/json");
         } else {

@@ -9,6 +9,7 @@ pkgs=(
   rsync python3 python3-numpy python3-jinja2 python3-prometheus-client
   libpcre2-dev libutf8proc-dev libgloo-dev
   nginx-light  # tests/e2e/test_load_balancer.py: scripts/fleet_nginx.conf in front of a fleet on loopback
+  haproxy      # tests/e2e/test_haproxy.py: scripts/fleet_haproxy.cfg in front of a fleet on loopback
 )
 # Node + npm run the reference tokenizers and template engine (tests/fixtures/fetch_npm_fixtures.sh);
 # a machine that already has both (e.g. from NodeSource) keeps them.

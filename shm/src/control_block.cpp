@@ -175,10 +175,12 @@ MappedBlock MappedBlock::open(int port) {
         const auto starting = [&] {
             return Error(Errc::unreachable, fmt::format("fdrollout on port {} is starting up (control block {} not ready yet)", port, shm_path(port)));
         };
-        if (size < static_cast<bip::offset_t>(sizeof(ControlBlock))) {
-            if (size == 0) { throw starting(); }
+        if (size == 0) { throw starting(); }
+        if (size < 16) {  // not even a header
             fail(Errc::invalid_argument, "control block {} has {} bytes, expected {}", shm_path(port), size, sizeof(ControlBlock));
         }
+        // The header first: a block of another ABI (an older or newer fdrollout, whose size
+        // differs) is named as such, not as a size mismatch; layout_problem checks the size last.
         map(obj, m.block_, m.region_);
         if (__atomic_load_n(&m.block_->magic, __ATOMIC_ACQUIRE) == 0) { throw starting(); }
         const std::string problem = layout_problem(*m.block_, static_cast<size_t>(size));
@@ -251,6 +253,10 @@ bool try_cancel_command(ControlBlock & b, uint32_t seq) {
 }
 
 MailboxReply mailbox_call(ControlBlock & b, const MailboxCommand & cmd, int64_t timeout_ms) {
+    if (cmd.request_id.size() >= sizeof b.cmd_request_id) {  // never truncated into another id
+        fail(Errc::invalid_argument, "request id of {} bytes is too long (at most {}); nothing was sent", cmd.request_id.size(),
+             sizeof b.cmd_request_id - 1);
+    }
     const int64_t start_ms = now_ms();
     const int64_t deadline = start_ms + timeout_ms;
     const int64_t me       = ::getpid();
@@ -293,6 +299,8 @@ MailboxReply mailbox_call(ControlBlock & b, const MailboxCommand & cmd, int64_t 
     copy_field(b.cmd_op, sizeof b.cmd_op, cmd.op);
     copy_field(b.cmd_tags, sizeof b.cmd_tags, cmd.tags);
     copy_field(b.cmd_version, sizeof b.cmd_version, cmd.version.value_or(""));
+    copy_field(b.cmd_request_id, sizeof b.cmd_request_id, cmd.request_id);
+    b.cmd_abort_all       = cmd.abort_all ? 1 : 0;
     b.cmd_has_version     = cmd.version.has_value();
     b.cmd_verify_checksum = cmd.verify_checksum;
     b.cmd_stage_only      = cmd.commit ? 0 : 1;

@@ -13,6 +13,14 @@ bool is_valid_version(std::string_view v) {
     return true;
 }
 
+bool is_valid_request_id(std::string_view id) {
+    if (id.empty() || id.size() > 128) { return false; }
+    for (const char c : id) {
+        if (c <= ' ' || c > '~') { return false; }
+    }
+    return true;
+}
+
 std::vector<std::string> parse_tag_list(std::string_view text) {
     bool weight = false, kv = false;
     size_t pos = 0;

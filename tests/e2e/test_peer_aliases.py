@@ -68,6 +68,15 @@ ALIASES = [
     ("vllm", "POST", "/resume", None, [PAUSE], ("POST", "/v1/resume", None), 200, exact({"status": "resumed"})),
     ("vllm", "GET", "/is_paused", None, [PAUSE], ("GET", "/v1/is_paused", None), 200, exact({"is_paused": True})),
     ("vllm", "POST", "/reset_prefix_cache", None, [], ("GET", "/health", None), 200, exact("")),
+    # vLLM's dev-mode RL route (vllm/entrypoints/serve/dev/rlhf/api_router.py); live requests: test_abort.py
+    ("vllm", "POST", "/abort_requests", {}, [], ("POST", "/v1/abort", {"abort_all": True}), 200,
+     exact({"status": "aborted", "aborted": 0})),
+    ("vllm", "POST", "/abort_requests", {"request_ids": []}, [], ("POST", "/v1/abort", {"abort_all": True}), 200,
+     exact({"status": "aborted", "aborted": 0})),
+    ("vllm", "POST", "/abort_requests", {"request_ids": ["cmpl-unknown"]}, [], ("GET", "/health", None), 200,
+     exact({"status": "aborted", "aborted": 0, "not_found": ["cmpl-unknown"]})),
+    ("vllm", "POST", "/abort_requests", {"request_ids": "cmpl-1"}, [], ("GET", "/health", None), 400, keys("error")),
+    ("vllm", "POST", "/abort_requests", {"request_id": ["cmpl-1"]}, [], ("GET", "/health", None), 400, keys("error")),
     ("vllm", "POST", "/sleep?level=0", None, [], ("GET", "/health", None), 400, keys("error")),
     ("vllm", "POST", "/sleep?tags=nope", None, [], ("GET", "/health", None), 400, keys("error")),
     # SGLang (python/sglang/srt/entrypoints/http_server.py)

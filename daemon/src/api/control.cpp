@@ -13,6 +13,8 @@
 // gate: a command still queued at its deadline is withdrawn, never run, and answered 504 `timeout`.
 #include "handlers.h"
 
+#include "fd/shm/names.h"
+
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -34,16 +36,6 @@ const std::map<std::string, std::string> kRouteOps = {
     {"/v1/abort", "abort"},
     {"/clear_load_weight", "clear_load_weight"},        {"/update_model_weight", "update_model_weight"},
 };
-
-
-/// A request id a client may send: 1..128 printable ASCII characters, no spaces.
-bool valid_request_id(const std::string & id) {
-    if (id.empty() || id.size() > 128) { return false; }
-    for (const char c : id) {
-        if (c <= ' ' || c > '~') { return false; }
-    }
-    return true;
-}
 
 std::string new_request_id() {
     thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -222,7 +214,7 @@ void send_reply(Response & res, const control::ControlReply & r) {
 
 void stamp_request_id(const Request & req, Response & res) {
     std::string id = req.get_header_value("X-Request-Id");
-    if (!valid_request_id(id)) { id = new_request_id(); }
+    if (!shm::is_valid_request_id(id)) { id = new_request_id(); }
     res.set_header("X-Request-Id", id);
     if (res.get_header_value("Content-Type").rfind("application/json", 0) != 0) { return; }
     json j = json::parse(res.body, nullptr, false);

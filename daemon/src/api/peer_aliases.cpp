@@ -10,6 +10,9 @@
 // keeps a host copy, wakeup reloads weights from the configured source.
 #include "handlers.h"
 
+#include "fd/shm/names.h"
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -190,6 +193,47 @@ void vllm_reset_prefix_cache(ApiContext & ctx, const ControlInput & in, Response
     res.status = 200;  // vLLM answers an empty 200
 }
 
+/// vLLM's dev-mode RL route (vllm/entrypoints/serve/dev/rlhf/api_router.py): {"request_ids":
+/// [...]} ends those requests, an empty or missing list ends every request; neither pauses.
+/// vLLM answers {"status": "aborted", "aborted": N}. Ids are checked before any is aborted; an
+/// id that runs nowhere is skipped as vLLM does (a request that just finished is the normal race)
+/// and listed in `not_found` (our addition); `aborted` counts the choices actually ended.
+void vllm_abort_requests(ApiContext & ctx, const ControlInput & in, Response & res) {
+    in.allow_only({}, "POST /abort_requests");
+    const json & b = in.body;
+    if (!b.is_null() && !b.is_object()) { throw Error(Errc::invalid_argument, "the body must be a JSON object {\"request_ids\": [...]}", "request_ids"); }
+    reject_unknown_fields(b, {"request_ids"}, "abort_requests");
+    std::vector<std::string> ids;
+    if (b.is_object() && b.contains("request_ids") && !b["request_ids"].is_null()) {
+        if (!b["request_ids"].is_array()) { throw Error(Errc::invalid_argument, "'request_ids' must be a list of strings", "request_ids"); }
+        for (const auto & id : b["request_ids"]) {
+            if (!id.is_string() || !shm::is_valid_request_id(id.get<std::string>())) {
+                throw Error(Errc::invalid_argument, fmt::format("'request_ids' entry {} is not a request id (1..128 printable ASCII "
+                                                                "characters without spaces); nothing was aborted", id.dump()), "request_ids");
+            }
+            if (std::find(ids.begin(), ids.end(), id.get<std::string>()) == ids.end()) { ids.push_back(id.get<std::string>()); }
+        }
+    }
+    if (ids.empty()) {
+        const Outcome o = run(ctx, in, {.op = "abort", .abort_all = true});
+        if (!o.ok) { return vllm_error(res, o); }
+        return send_json(res, 200, json{{"status", "aborted"}, {"aborted", o.result.value("aborted", 0)}});
+    }
+    int aborted = 0;
+    json not_found = json::array();
+    for (const auto & id : ids) {
+        const Outcome o = run(ctx, in, {.op = "abort", .request_id = id});
+        if (o.ok) {
+            aborted += o.result.value("aborted", 0);
+        } else if (o.http_status == 404) {
+            not_found.push_back(id);
+        } else {
+            return vllm_error(res, o);
+        }
+    }
+    send_json(res, 200, json{{"status", "aborted"}, {"aborted", aborted}, {"not_found", not_found}});
+}
+
 // ---- SGLang ----
 
 void sglang_release(ApiContext & ctx, const ControlInput & in, Response & res) {
@@ -311,6 +355,7 @@ const std::map<std::string, AliasFn> kAliases = {
     {"/resume", vllm_resume},
     {"/is_paused", vllm_is_paused},
     {"/reset_prefix_cache", vllm_reset_prefix_cache},
+    {"/abort_requests", vllm_abort_requests},
     {"/release_memory_occupation", sglang_release},
     {"/resume_memory_occupation", sglang_resume},
     {"/flush_cache", sglang_flush_cache},

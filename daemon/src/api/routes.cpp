@@ -107,6 +107,7 @@ Router make_routes(ApiContext & ctx) {
     control("POST", "/resume",                  peer_alias_route);
     control("GET",  "/is_paused",               peer_alias_route);
     control("POST", "/reset_prefix_cache",      peer_alias_route);
+    control("POST", "/abort_requests",          peer_alias_route);  // vLLM dev-mode RL route
     control("POST", "/release_memory_occupation", peer_alias_route);  // SGLang
     control("POST", "/resume_memory_occupation",  peer_alias_route);
     control("POST", "/flush_cache",             peer_alias_route);

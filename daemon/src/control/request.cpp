@@ -25,14 +25,6 @@ constexpr std::array<std::pair<ControlVerb, std::string_view>, 13> kVerbs = {{
     {ControlVerb::update_model_weight, "update_model_weight"},
 }};
 
-bool valid_request_id(const std::string & id) {
-    if (id.empty() || id.size() > 128) { return false; }
-    for (const char c : id) {
-        if (c <= ' ' || c > '~') { return false; }
-    }
-    return true;
-}
-
 }  // namespace
 
 std::string_view to_string(ControlVerb v) {
@@ -75,7 +67,7 @@ ControlRequest ControlRequest::parse(const shm::MailboxCommand & wire) {
             throw Error(Errc::invalid_argument, "abort takes either 'request_id' (a completion id or the client's X-Request-Id) or "
                                                 "\"abort_all\": true; nothing was done", "request_id");
         }
-        if (!wire.abort_all && !valid_request_id(wire.request_id)) {
+        if (!wire.abort_all && !shm::is_valid_request_id(wire.request_id)) {
             throw Error(Errc::invalid_argument, "'request_id' must be 1..128 printable ASCII characters without spaces", "request_id");
         }
     } else if (!wire.request_id.empty() || wire.abort_all) {

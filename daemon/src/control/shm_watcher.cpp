@@ -90,6 +90,8 @@ void ShmWatcher::mailbox_loop() {
         if (b.cmd_has_version) { cmd.version = std::string(b.cmd_version, strnlen(b.cmd_version, sizeof b.cmd_version)); }
         cmd.verify_checksum = b.cmd_verify_checksum != 0;
         cmd.commit          = b.cmd_stage_only == 0;
+        cmd.request_id      = std::string(b.cmd_request_id, strnlen(b.cmd_request_id, sizeof b.cmd_request_id));
+        cmd.abort_all       = b.cmd_abort_all != 0;
         if (b.cmd_pause_mode != 0) { cmd.mode = b.cmd_pause_mode == 1 ? "wait" : b.cmd_pause_mode == 2 ? "keep" : "?"; }
         ControlReply r;
         if (!shm::command_pending(b, seq)) {

@@ -16,6 +16,11 @@
 // futex-wakes it; the daemon answers with result_* and stores ack_seq = cmd_seq, futex-waking
 // ack_seq — for every command, also one it dropped. Futex words are 32-bit and process-shared.
 //
+// ABI history: 2 → 3 added cmd_request_id (after cmd_version) and cmd_abort_all (a pad byte), so
+// `fdctl abort` works over shm. An fdctl and a daemon of different ABIs refuse each other's block
+// before anything is written (fdctl: exit 10 "it has ABI version N, this build speaks M"): a
+// command is never misread.
+//
 // Start/cancel handshake (issue #12, defect 2): cmd_state leaves `posted` exactly once, by CAS:
 //   posted → started    the daemon, just before the engine runs the command, only if
 //                       CLOCK_MONOTONIC (system-wide) is still before cmd_deadline_ns;
@@ -34,9 +39,10 @@
 namespace fd::shm {
 
 inline constexpr uint64_t kControlBlockMagic      = 0x4243'4c4c'4f52'4446ULL;  // "FDROLLCB" little-endian
-inline constexpr uint32_t kControlBlockAbiVersion = 2;
+inline constexpr uint32_t kControlBlockAbiVersion = 3;  ///< 3: cmd_request_id and cmd_abort_all (fdctl abort)
 inline constexpr size_t   kVersionCap             = 136;    ///< weight_version bytes incl. NUL (versions are <= 128)
 inline constexpr size_t   kResultCap              = 32768;  ///< result JSON bytes incl. NUL
+inline constexpr size_t   kRequestIdCap           = 136;    ///< abort request id bytes incl. NUL (ids are <= 128)
 
 /// Engine state as the daemon last published it (read under the seqlock).
 struct StateSnapshot {
@@ -86,11 +92,13 @@ struct ControlBlock {
     char     cmd_op[kOpCap];                   ///< "pause", "sleep", "update_weights", "status", ...
     char     cmd_tags[64];                     ///< sleep/wakeup `tags` as the user wrote them
     char     cmd_version[kVersionCap];         ///< update_weights version ("" = none)
+    char     cmd_request_id[kRequestIdCap];    ///< abort: completion id or X-Request-Id ("" with cmd_abort_all = every request); ABI 3
     uint8_t  cmd_verify_checksum;
     uint8_t  cmd_has_version;
     uint8_t  cmd_stage_only;                   ///< update_weights: 1 = stage only ("commit": false); 0 (older clients) = commit
     uint8_t  cmd_pause_mode;                   ///< pause: 0 abort (older clients leave it 0), 1 wait, 2 keep
-    uint8_t  pad2_[4];
+    uint8_t  cmd_abort_all;                    ///< abort: 1 = every request (cmd_request_id empty); ABI 3
+    uint8_t  pad2_[3];
     int32_t  result_http_status;               ///< the status the V1 HTTP route would answer
     uint32_t result_len;
     char     result_body[kResultCap];          ///< the body the V1 HTTP route would answer
@@ -100,7 +108,8 @@ static_assert(std::is_standard_layout_v<ControlBlock>);
 static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
 static_assert(offsetof(ControlBlock, magic) == 0 && offsetof(ControlBlock, abi_version) == 8 &&
               offsetof(ControlBlock, size_bytes) == 12 && offsetof(ControlBlock, pid) == 16);
-static_assert(sizeof(ControlBlock) == 33264, "ControlBlock is an ABI: bump kControlBlockAbiVersion when it changes");
+static_assert(offsetof(ControlBlock, cmd_request_id) == offsetof(ControlBlock, cmd_version) + kVersionCap);
+static_assert(sizeof(ControlBlock) == 33400, "ControlBlock is an ABI: bump kControlBlockAbiVersion when it changes");
 
 /// Shared-memory object name of the block for `port` ("fdrollout.8000" → /dev/shm/fdrollout.8000).
 std::string block_name(int port);

@@ -61,8 +61,8 @@ struct MailboxCommand {
     bool                       verify_checksum = false;
     bool                       commit = true;   ///< update_weights: false = stage only (two-phase update)
     std::string                mode;            ///< pause: "" | "abort" | "wait" | "keep" (the block carries it as cmd_pause_mode)
-    std::string                request_id;      ///< abort (HTTP only: POST /v1/abort; the block has no field for it)
-    bool                       abort_all = false; ///< abort (HTTP only): every request, without pausing
+    std::string                request_id;      ///< abort: a completion id or X-Request-Id (the block carries it as cmd_request_id)
+    bool                       abort_all = false; ///< abort: every request, without pausing (cmd_abort_all)
 };
 
 /// The daemon's answer: exactly what the V1 HTTP route answers.
@@ -76,7 +76,8 @@ struct MailboxReply {
 /// (cmd_state posted → cancelled, see control_block.h), so it never runs; if it did start in
 /// time, the call waits for its answer as long as the daemon's heartbeat stays fresh.
 /// A live pid with a stale heartbeat (SIGSTOP, a stall) is a timeout, never "gone".
-/// Errors  fd::Error{unreachable} if the daemon's pid is gone (the message says whether the
+/// Errors  fd::Error{invalid_argument} if cmd.request_id does not fit cmd_request_id (nothing sent);
+///         {unreachable} if the daemon's pid is gone (the message says whether the
 ///         command had started); {timeout} if the lock, the previous command or the start does
 ///         not come before the deadline (the message says nothing changed), or if a started
 ///         command's daemon stalls past the deadline (the message says its outcome is unknown).

@@ -1,4 +1,4 @@
-// fd/shm/names.h — the syntax of what clients send: weight versions and memory tags (SPEC §3).
+// fd/shm/names.h — the syntax of what clients send: weight versions, request ids and memory tags (SPEC §3).
 // Shared by the daemon (which enforces it) and fdctl (which checks before sending anything).
 #pragma once
 
@@ -10,6 +10,10 @@ namespace fd::shm {
 
 /// `[A-Za-z0-9._-]{1,128}`, and not "." or "..": a version never escapes a directory.
 bool is_valid_version(std::string_view v);
+
+/// A request id a client may send (X-Request-Id, an abort's request_id): 1..128 printable ASCII
+/// characters, no spaces. Fits ControlBlock::cmd_request_id.
+bool is_valid_request_id(std::string_view id);
 
 /// Split a `tags` list ("weight, kv_cache"): comma-separated, spaces trimmed, empty items
 /// dropped; empty or absent = both. Returns the distinct tags in the order weight, kv_cache.
