@@ -8,8 +8,17 @@ Usage: /usr/bin/python3 tests/bench/bench_fleet.py [--model DIR] [--sizes 1,2,4]
        [--with-1b]  (also the random TinyLlama-1.1B-shaped BF16 checkpoint, 2.2 GB, written into the
                      temp dir by scripts/make_random_checkpoint.py and deleted after; a fleet size
                      whose daemons would not fit MemAvailable (2 copies of the weights per daemon
-                     during an update, 4 GiB to spare) is skipped and reported so)
-       [--sizes-1b 1,2] [--ckpt-1b A,B]  (fleet sizes for it; two existing checkpoint dirs instead)"""
+                     between stage and commit, --mem-margin-gib to spare) is skipped and reported so)
+       [--sizes-1b 1,2,4] [--ckpt-1b A,B]  (fleet sizes for it; two existing checkpoint dirs instead)
+       [--staging persistent|transient]  (the daemons' --update-staging; default transient: a
+                     daemon holds its staged copy only from stage to commit, so the fleet's peak is
+                     n x 2 x weights for the seconds of an update, not for the whole run)
+
+Memory (why 4 x 1.1B needs care on a small machine): during a fleet update every daemon holds its
+serving weights and the staged copy until the fleet-wide commit (that is what makes the update
+all-or-nothing), so the peak is n x 2 x weights of anonymous memory. The pulled copies of the
+version are hard links into the local store (rsync --link-dest), so they add no disk writes and no
+page cache beyond the store's one copy. Each run reports the daemons' summed peak RSS (VmHWM)."""
 import argparse
 import json
 import os
@@ -41,7 +50,19 @@ def mem_available_bytes():
     return 0
 
 
-def bench_model(name, model, sizes, reps, tmp, other=None):
+def hwm_bytes(pid):
+    """VmHWM (peak resident) of a process, in bytes (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def bench_model(name, model, sizes, reps, tmp, other=None, staging="transient", margin_gib=2.0):
     store = os.path.join(tmp, f"store-{name}")
     other = other or perturbed(model, os.path.join(tmp, f"{name}-b"), seed=1)
     for v, src in (("va", model), ("vb", other)):
@@ -50,7 +71,7 @@ def bench_model(name, model, sizes, reps, tmp, other=None):
     size_bytes = sum(os.path.getsize(os.path.join(store, "va", f)) for f in os.listdir(os.path.join(store, "va")))
     rows = []
     for n in sizes:
-        need = n * 2 * size_bytes + (4 << 30)  # serving + staged copy per daemon, 4 GiB to spare (other processes)
+        need = n * 2 * size_bytes + int(margin_gib * 2**30)  # serving + staged copy per daemon, a margin for other processes
         if need > mem_available_bytes():
             rows.append({"daemons": n, "skipped": f"needs ~{need / 2**30:.1f} GiB, MemAvailable {mem_available_bytes() / 2**30:.1f} GiB"})
             continue
@@ -59,7 +80,8 @@ def bench_model(name, model, sizes, reps, tmp, other=None):
             for i in range(n):
                 cfg = {"source": store, "staging_dir": os.path.join(tmp, f"staging-{name}-{n}-{i}")}
                 daemons.append(Daemon("--dynamic-load-weight", "--load-strategy", "rsync", "--rsync-config", json.dumps(cfg),
-                                      "--threads", "1", "--kv-cache-bytes", "64MiB", "--max-model-len", "512", model=model, timeout=300))
+                                      "--threads", "1", "--kv-cache-bytes", "64MiB", "--max-model-len", "512",
+                                      "--update-staging", staging, model=model, timeout=300))
             hosts = ",".join(f"127.0.0.1:{d.port}" for d in daemons)
             timed("--hosts", hosts, "pause")
             single, fleet = [], []
@@ -71,11 +93,16 @@ def bench_model(name, model, sizes, reps, tmp, other=None):
                 fleet.append(timed("--hosts", hosts, "update-weights", "--version", v))
             rows.append({"daemons": n, "single_s_median": statistics.median(single), "fleet_s_median": statistics.median(fleet),
                          "ratio_fleet_over_single": statistics.median(fleet) / statistics.median(single),
-                         "single_s": single, "fleet_s": fleet})
+                         "single_s": single, "fleet_s": fleet,
+                         "peak_rss_sum_gib": sum(hwm_bytes(d.proc.pid) for d in daemons) / 2**30,
+                         "rss_sum_at_end_gib": sum(d.rss() for d in daemons) / 2**30,
+                         "mem_available_at_end_gib": mem_available_bytes() / 2**30,
+                         "pulls_hard_linked": sum(d.output().count("hard-linked from the local store") for d in daemons),
+                         "pulls_copied": sum(d.output().count(", copied) in ") for d in daemons)})
         finally:
             for d in daemons:
                 d.__exit__(None)
-    return {"model": name, "checkpoint_bytes": size_bytes, "runs": rows}
+    return {"model": name, "checkpoint_bytes": size_bytes, "update_staging": staging, "runs": rows}
 
 
 def main():
@@ -86,7 +113,9 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--bigger", action="store_true")
     p.add_argument("--with-1b", action="store_true")
-    p.add_argument("--sizes-1b", default="1,2")
+    p.add_argument("--sizes-1b", default="1,2,4")
+    p.add_argument("--staging", default="transient", choices=["persistent", "transient"])
+    p.add_argument("--mem-margin-gib", type=float, default=2.0, help="MemAvailable to leave to other processes at the peak")
     p.add_argument("--ckpt-1b", default="")
     a = p.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
@@ -96,11 +125,12 @@ def main():
                "load_avg_at_start": os.getloadavg()[0], "models": []}
         if not a.skip_default:
             model = copy_checkpoint(a.model, os.path.join(tmp, "m"))
-            out["models"].append(bench_model(os.path.basename(a.model.rstrip("/")), model, sizes, a.reps, tmp))
+            out["models"].append(bench_model(os.path.basename(a.model.rstrip("/")), model, sizes, a.reps, tmp, staging=a.staging,
+                                             margin_gib=a.mem_margin_gib))
         if a.bigger:
             big = make_checkpoint(os.path.join(tmp, "big"), "--hidden", "512", "--intermediate", "1376", "--layers", "4",
                                   "--heads", "8", "--vocab", "512")
-            out["models"].append(bench_model("random-512x4", big, sizes, a.reps, tmp))
+            out["models"].append(bench_model("random-512x4", big, sizes, a.reps, tmp, staging=a.staging, margin_gib=a.mem_margin_gib))
         if a.with_1b:
             if a.ckpt_1b:
                 b1, b2 = a.ckpt_1b.split(",")
@@ -108,7 +138,8 @@ def main():
                 b1 = make_checkpoint(os.path.join(tmp, "1b"), "--preset", "llama-1b-bf16-sharded", "--seed", "1")
                 b2 = make_checkpoint(os.path.join(tmp, "1b-b"), "--preset", "llama-1b-bf16-sharded", "--seed", "2")
             sizes_1b = [int(s) for s in a.sizes_1b.split(",")]
-            out["models"].append(bench_model("random-llama-1.1b-bf16", b1, sizes_1b, a.reps, tmp, other=b2))
+            out["models"].append(bench_model("random-llama-1.1b-bf16", b1, sizes_1b, a.reps, tmp, other=b2, staging=a.staging,
+                                             margin_gib=a.mem_margin_gib))
         out["load_avg_at_end"] = os.getloadavg()[0]
         print(json.dumps(out, indent=1))
     finally:

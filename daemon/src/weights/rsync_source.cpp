@@ -58,6 +58,7 @@ struct RsyncConfig {
     std::vector<std::string> args;               ///< extra rsync arguments, before source and destination
     bool                     daemon = false;     ///< source is rsync://
     bool                     local  = false;     ///< source is a local path
+    bool                     link   = true;      ///< local source: hard-link the pulled files from the store when trusted (--link-dest)
 };
 
 RsyncConfig parse_config(const std::string & text, int port) {
@@ -72,8 +73,9 @@ RsyncConfig parse_config(const std::string & text, int port) {
     }
     if (!j.is_object()) { fail(Errc::invalid_argument, "--rsync-config must be a JSON object {{\"source\": ..., \"staging_dir\": ...}}"); }
     for (const auto & [key, v] : j.items()) {
-        if (key != "source" && key != "staging_dir" && key != "timeout_s" && key != "rsync" && key != "args") {
-            throw Error(Errc::invalid_argument, fmt::format("--rsync-config: unknown field \"{}\" (source, staging_dir, timeout_s, rsync, args)", key), key);
+        if (key != "source" && key != "staging_dir" && key != "timeout_s" && key != "rsync" && key != "args" && key != "link") {
+            throw Error(Errc::invalid_argument,
+                        fmt::format("--rsync-config: unknown field \"{}\" (source, staging_dir, timeout_s, rsync, args, link)", key), key);
         }
     }
     RsyncConfig c;
@@ -105,6 +107,10 @@ RsyncConfig parse_config(const std::string & text, int port) {
         if (!j["rsync"].is_string() || j["rsync"].get<std::string>().empty()) { throw bad("rsync", "must be the rsync program (name or path)"); }
         c.rsync = j["rsync"].get<std::string>();
     }
+    if (j.contains("link")) {
+        if (!j["link"].is_boolean()) { throw bad("link", "must be true or false"); }
+        c.link = j["link"].get<bool>();
+    }
     if (j.contains("args")) {
         if (!j["args"].is_array()) { throw bad("args", "must be an array of strings"); }
         for (const auto & a : j["args"]) {
@@ -113,6 +119,22 @@ RsyncConfig parse_config(const std::string & text, int port) {
         }
     }
     return c;
+}
+
+/// Can the pull of the local store's version dir `dir` hard-link its files instead of copying
+/// them? Only when every entry is a regular file owned by this user and writable by nobody else:
+/// a link shares the inode, so a file another user may write would change under the daemon
+/// after the manifest check (a private copy cannot). Anything else (another owner, a group- or
+/// world-writable file, a subdir, a symlink): copy.
+bool linkable(const fs::path & dir) {
+    std::error_code ec;
+    fs::directory_iterator it(dir, ec);
+    if (ec) { return false; }
+    for (const auto & e : it) {
+        struct stat st{};
+        if (::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) { return false; }
+    }
+    return true;
 }
 
 struct ProcessResult {
@@ -469,9 +491,14 @@ private:
                      ec ? ec.message() : "exists");
             }
             const auto t0 = Clock::now();
+            // A local store on this host: hard-link the version's files (rsync falls back to a
+            // copy across filesystems), so N daemons fed by one store hold one copy on disk and
+            // in the page cache instead of N, and the pull writes nothing.
+            const fs::path store_dir = cfg_.local ? fs::absolute(fs::path(location(v)), ec) : fs::path();
+            const bool     link      = cfg_.local && cfg_.link && !ec && linkable(store_dir);
             {
                 ProgressPhase transfer("transfer", 0);
-                run_rsync(location(v) + "/", incoming.path.string() + "/", true);
+                run_rsync(location(v) + "/", incoming.path.string() + "/", true, link ? store_dir.string() : std::string());
             }
             const double transfer_s = std::chrono::duration<double>(Clock::now() - t0).count();
             fs::remove_all(final_dir, ec);  // a leftover of a killed daemon (nobody holds it)
@@ -492,8 +519,9 @@ private:
             staged->hold_shared();  // EX → SH: other ranks may share it from now on
             out.hold              = staged;
             [[maybe_unused]] const int t = ::ftruncate(pull_lock.get(), 0);  // no failure to pass on
-            log::get("weights")->info("pulled {} ({} bytes) in {:.3f} s, checked{} in {:.3f} s", v, out.index.total_bytes, transfer_s,
-                                      verify_checksum ? " with checksums" : "", std::chrono::duration<double>(Clock::now() - t1).count());
+            log::get("weights")->info("pulled {} ({} bytes, {}) in {:.3f} s, checked{} in {:.3f} s", v, out.index.total_bytes,
+                                      link ? "hard-linked from the local store" : "copied", transfer_s, verify_checksum ? " with checksums" : "",
+                                      std::chrono::duration<double>(Clock::now() - t1).count());
         } catch (const Error & e) {
             record_failed_pull(pull_lock.get(), v, e);
             staged->release_locked();  // we hold .pull.lock and V alone: removed
@@ -535,8 +563,9 @@ private:
 
     /// rsync `src` to `dst`. Errors  not_found (no such version/file or module),
     /// source_unavailable (daemon down, refused, timeout, any other rsync failure).
-    /// `progress`: report bytes through Progress::current() (--info=progress2).
-    void run_rsync(const std::string & src, const std::string & dst, bool progress = false) {
+    /// `progress`: report bytes through Progress::current() (--info=progress2). `link_dest`: an
+    /// absolute local dir whose identical files rsync hard-links instead of copying ("" = none).
+    void run_rsync(const std::string & src, const std::string & dst, bool progress = false, const std::string & link_dest = "") {
         const auto secs = std::to_string(static_cast<int64_t>(std::ceil(cfg_.timeout_s)));
         std::vector<std::string> argv = {cfg_.rsync, "-rt", "--timeout=" + secs};
         if (progress) {
@@ -544,6 +573,7 @@ private:
             argv.push_back("--no-inc-recursive");  // the percentage covers every file from the start
         }
         if (cfg_.daemon) { argv.push_back("--contimeout=" + secs); }
+        if (!link_dest.empty()) { argv.push_back("--link-dest=" + link_dest); }
         argv.insert(argv.end(), cfg_.args.begin(), cfg_.args.end());
         argv.push_back(src);
         argv.push_back(dst);
