@@ -166,11 +166,11 @@ int main(int argc, char ** argv) {
     pause->add_option("--mode", o.mode, "abort | wait | keep")->check(CLI::IsMember({"abort", "wait", "keep"}));
     pause->callback([&] { cmd.op = "pause"; cmd.mode = o.mode; });
     simple("resume", "resume", "Resume generation (refused while a tag is asleep)");
-    auto * abort = app.add_subcommand("abort", "End one running request (by its completion id or the client's X-Request-Id) or, "
+    auto * abort_sub = app.add_subcommand("abort", "End one running request (by its completion id or the client's X-Request-Id) or, "
                                                "with --all, every request: finish_reason abort, KV freed; never pauses");
-    abort->add_option("REQUEST_ID", o.request_id, "Completion id (cmpl-...) or X-Request-Id (1..128 printable ASCII, no spaces)");
-    abort->add_flag("--all", o.abort_all, "Abort every running and queued request (not with REQUEST_ID)");
-    abort->callback([&] { cmd.op = "abort"; cmd.request_id = o.request_id; cmd.abort_all = o.abort_all; });
+    abort_sub->add_option("REQUEST_ID", o.request_id, "Completion id (cmpl-...) or X-Request-Id (1..128 printable ASCII, no spaces)");
+    abort_sub->add_flag("--all", o.abort_all, "Abort every running and queued request (not with REQUEST_ID)");
+    abort_sub->callback([&] { cmd.op = "abort"; cmd.request_id = o.request_id; cmd.abort_all = o.abort_all; });
     simple("is-paused", "is_paused", "Print true or false");
     simple("status", "status", "Print the daemon's state (GET /health)");
     simple("clear-load-weight", "clear_load_weight", "Legacy: free weights and KV (GET /clear_load_weight)");

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <random>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -264,5 +265,56 @@ TEST_SUITE("shm::control_block") {
         CHECK(fd::shm::parse_tag_list(" kv_cache , ") == std::vector<std::string>{"kv_cache"});
         CHECK(fd::shm::parse_tag_list("kv_cache,weight") == std::vector<std::string>{"weight", "kv_cache"});
         CHECK_THROWS_AS(fd::shm::parse_tag_list("weights"), fd::Error);
+    }
+
+    TEST_CASE("request id syntax: 1..128 printable ASCII, no spaces (fits cmd_request_id)") {
+        CHECK(fd::shm::is_valid_request_id("cmpl-0123abcd"));
+        CHECK(fd::shm::is_valid_request_id(std::string(128, 'x')));
+        for (const char * bad : {"", "a b", "a\tb", "ü"}) { CHECK_FALSE(fd::shm::is_valid_request_id(bad)); }
+        CHECK_FALSE(fd::shm::is_valid_request_id(std::string(129, 'x')));
+        CHECK(128 < fd::shm::kRequestIdCap);
+    }
+
+    TEST_CASE("abort's request id and abort_all travel in the block (ABI 3); one too long is refused before anything is sent") {
+        const int port = test_port();
+        auto block = fd::shm::MappedBlock::create(port);
+        block->heartbeat_ms.store(fd::shm::now_ms());
+        std::string seen_id;
+        int seen_all = -1;
+        std::thread daemon([&] {
+            uint32_t rung = block->doorbell.load();
+            while (block->cmd_seq.load() == block->ack_seq.load()) { fd::shm::futex_wait(block->doorbell, rung, 100000); rung = block->doorbell.load(); }
+            seen_id  = std::string(block->cmd_request_id, strnlen(block->cmd_request_id, sizeof block->cmd_request_id));
+            seen_all = block->cmd_abort_all;
+            serve_one(*block);
+        });
+        fd::shm::MailboxCommand cmd{.op = "abort", .request_id = std::string(128, 'r')};
+        CHECK(fd::shm::mailbox_call(*block, cmd, 5000).http_status == 200);
+        daemon.join();
+        CHECK(seen_id == std::string(128, 'r'));
+        CHECK(seen_all == 0);
+        const uint32_t seq = block->cmd_seq.load();
+        cmd.request_id = std::string(fd::shm::kRequestIdCap, 'r');
+        CHECK_THROWS_WITH_AS(fd::shm::mailbox_call(*block, cmd, 300), doctest::Contains("too long"), fd::Error);
+        CHECK(block->cmd_seq.load() == seq);  // nothing was posted
+        fd::shm::MappedBlock::remove(port);
+    }
+
+    TEST_CASE("a block of the previous ABI (2, smaller) is named by its ABI, not by its size") {
+        const int port = test_port();
+        const std::string path = "/dev/shm/" + fd::shm::block_name(port);
+        {
+            std::ofstream f(path, std::ios::binary);
+            std::vector<char> bytes(33264, 0);  // ABI 2's size
+            const uint64_t magic = fd::shm::kControlBlockMagic;
+            const uint32_t abi = 2, size = 33264;
+            std::memcpy(bytes.data(), &magic, 8);
+            std::memcpy(bytes.data() + 8, &abi, 4);
+            std::memcpy(bytes.data() + 12, &size, 4);
+            f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        }
+        ::chmod(path.c_str(), 0600);
+        CHECK_THROWS_WITH_AS(fd::shm::MappedBlock::open(port), doctest::Contains("ABI version 2, this build speaks 3"), fd::Error);
+        ::unlink(path.c_str());
     }
 }
