@@ -297,6 +297,37 @@ class Rsync(unittest.TestCase):
             self.ok(d, "POST", "/v1/resume")
             self.assertEqual(greedy(d), (*self.b_out, "b7"))
 
+    def test_a_trusted_local_store_is_hard_linked_else_copied(self):
+        """A local store's version is pulled by hard links (rsync --link-dest) when all its files are
+        ours and writable by nobody else; a group-writable file, or "link": false, makes it a copy.
+        Either way the daemon serves the version's tokens and leaves the store as it was."""
+        store = os.path.join(self.tmp, "store-link")
+        self.publish(self.B, store, "l1")
+        self.publish(self.A, store, "l2")
+        staging = os.path.join(self.tmp, "staging-link")
+        weights = [os.path.join(store, "l1", f) for f in os.listdir(os.path.join(store, "l1")) if f.endswith(".safetensors")]
+        with self.daemon(store, staging) as d:
+            self.ok(d, "POST", "/v1/pause")
+            self.ok(d, "POST", "/v1/update_weights", {"version": "l1", "verify_checksum": True})
+            self.ok(d, "POST", "/v1/resume")
+            self.assertEqual(greedy(d), (*self.b_out, "l1"))
+            self.assertRegex(d.output(), r"pulled l1 \(\d+ bytes, hard-linked from the local store\)")
+            self.assert_clean(staging)
+            self.assertEqual({os.stat(w).st_nlink for w in weights}, {1})  # the staged links are gone with the staged dir
+            os.chmod(os.path.join(store, "l2", "config.json"), 0o664)  # group-writable: not trusted for sharing
+            self.ok(d, "POST", "/v1/pause")
+            self.ok(d, "POST", "/v1/update_weights", {"version": "l2"})
+            self.ok(d, "POST", "/v1/resume")
+            self.assertEqual(greedy(d), (*self.a_out, "l2"))
+            self.assertRegex(d.output(), r"pulled l2 \(\d+ bytes, copied\)")
+        cfg = {"source": store, "staging_dir": staging, "link": False}
+        with Daemon("--dynamic-load-weight", "--load-strategy", "rsync", "--rsync-config", json.dumps(cfg), model=self.A) as d:
+            self.ok(d, "POST", "/v1/pause")
+            self.ok(d, "POST", "/v1/update_weights", {"version": "l1"})
+            self.ok(d, "POST", "/v1/resume")
+            self.assertEqual(greedy(d), (*self.b_out, "l1"))
+            self.assertRegex(d.output(), r"pulled l1 \(\d+ bytes, copied\)")
+
     def test_a_bad_rsync_config_stops_start_up_naming_the_field(self):
         for cfg, field in [('{"staging_dir": "/tmp/x"}', "source"), ('{"source": "/s", "timeout_s": -1}', "timeout_s"),
                            ('{"source": "/s", "args": "-z"}', "args"), ('{"source": "/s", "colour": 1}', "colour"),
