@@ -149,8 +149,10 @@ MappedBlock MappedBlock::create(int port) {
         MappedBlock old;
         if (size > 0) { map(obj, old.block_, old.region_); }
         const std::string problem = size > 0 ? layout_problem(*old.block_, static_cast<size_t>(size)) : "it is empty";
-        if (!problem.empty() && size >= static_cast<bip::offset_t>(sizeof(ControlBlock)) && old.block_->magic == kControlBlockMagic &&
-            pid_alive(old.block_->pid.load())) {
+        // magic, ABI and pid sit at fixed offsets in every ABI (static_asserts), so a live daemon
+        // of another version is recognized whatever its block's size (ABI 2 was smaller).
+        const auto header_bytes = static_cast<bip::offset_t>(offsetof(ControlBlock, pid) + sizeof(int64_t));
+        if (!problem.empty() && size >= header_bytes && old.block_->magic == kControlBlockMagic && pid_alive(old.block_->pid.load())) {
             fail(Errc::invalid_argument, "control block {}: {}; a running fdrollout of another version owns it", shm_path(port), problem);
         }
         if (problem.empty() && pid_alive(old.block_->pid.load()) && old.block_->pid.load() != ::getpid()) {

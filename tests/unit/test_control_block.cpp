@@ -315,6 +315,16 @@ TEST_SUITE("shm::control_block") {
         }
         ::chmod(path.c_str(), 0600);
         CHECK_THROWS_WITH_AS(fd::shm::MappedBlock::open(port), doctest::Contains("ABI version 2, this build speaks 3"), fd::Error);
+        // ... and a new daemon on that port neither reads nor removes the block of a live old one
+        {
+            std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+            const int64_t pid = ::getppid();  // alive, not us
+            f.seekp(16);
+            f.write(reinterpret_cast<const char *>(&pid), 8);
+        }
+        CHECK_THROWS_WITH_AS(fd::shm::MappedBlock::create(port), doctest::Contains("another version owns it"), fd::Error);
+        struct stat st{};
+        CHECK(::stat(path.c_str(), &st) == 0);
         ::unlink(path.c_str());
     }
 }
