@@ -34,7 +34,8 @@ class Progress(unittest.TestCase):
 
     def daemon(self):
         cfg = {"source": self.store, "staging_dir": os.path.join(self.tmp, f"staging-{time.monotonic_ns()}"),
-               "args": [f"--bwlimit={BWLIMIT_KIB}"]}
+               "args": [f"--bwlimit={BWLIMIT_KIB}"],
+               "link": False}  # copy, as from a remote store: a hard-linked local pull moves no bytes to watch
         return Daemon("--dynamic-load-weight", "--load-strategy", "rsync", "--rsync-config", json.dumps(cfg))
 
     def test_health_shows_the_transfer(self):
