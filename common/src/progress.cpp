@@ -7,8 +7,14 @@ Progress & Progress::current() {
     return p;
 }
 
+void Progress::set_op(std::string op) {
+    std::lock_guard lk(mu_);
+    op_ = std::move(op);
+}
+
 void Progress::begin(std::string phase, int64_t bytes_total) {
     std::lock_guard lk(mu_);
+    phase_op_ = op_;
     phase_ = std::move(phase);
     t0_    = std::chrono::steady_clock::now();
     done_.store(0, std::memory_order_relaxed);
@@ -33,7 +39,8 @@ std::optional<ProgressSnapshot> Progress::last() const {
 
 std::optional<ProgressSnapshot> Progress::snapshot_locked() const {
     if (phase_.empty()) { return std::nullopt; }
-    return ProgressSnapshot{.phase       = phase_,
+    return ProgressSnapshot{.op          = phase_op_,
+                            .phase       = phase_,
                             .bytes_done  = done_.load(std::memory_order_relaxed),
                             .bytes_total = total_.load(std::memory_order_relaxed),
                             .elapsed_s   = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count()};

@@ -245,6 +245,26 @@ class Daemon:
             os.unlink(self.log.name)
 
 
+def wait_until(cond, timeout, what):
+    """Poll cond() every 10 ms until it returns a true value (returned) or `timeout` seconds pass
+    (AssertionError naming `what`). Tests wait on an observable condition with a deadline, never on
+    a fixed sleep: under load (2 cores, other builds) a sleep is never long enough."""
+    deadline = time.time() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.time() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.01)
+
+
+def wait_control_in_flight(d, op, timeout=30):
+    """Wait until daemon d's engine runs control operation `op` (/health control_in_flight), e.g.
+    a pause stretched by FD_DEBUG_CONTROL_DELAY_MS: the command has reached the engine."""
+    wait_until(lambda: d.get("/health", timeout=timeout)[1]["control_in_flight"] == op, timeout, f"{op} in flight on port {d.port}")
+
+
 def fresh_daemon(model=STORIES, *args, **kw):
     """The reference the weight tests compare against: a fresh daemon on `model` at
     tensor-parallel size 1, in process (without FD_TEST_DAEMON_ARGS), whatever this run's tp."""

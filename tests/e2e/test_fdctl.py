@@ -13,7 +13,7 @@ import threading
 import time
 import unittest
 
-from fdtest import FDCTL, REF, REPO, STORIES, Daemon, copy_checkpoint, fdctl, free_port, fresh_daemon, perturbed
+from fdtest import FDCTL, REF, REPO, STORIES, Daemon, copy_checkpoint, fdctl, free_port, fresh_daemon, perturbed, wait_control_in_flight
 
 SHM = "/dev/shm/fdrollout.{}"
 EXIT = {"ok": 0, "usage": 2, "not_found": 3, "wrong_state": 4, "invalid_checkpoint": 5, "engine_paused": 6,
@@ -216,9 +216,12 @@ class Fdctl(unittest.TestCase):
             fdtest.free_port = orig
 
     def test_fdctl_killed_while_holding_the_mailbox(self):
-        with Daemon("--dynamic-load-weight", env={"FD_DEBUG_CONTROL_DELAY_MS": "1500"}) as d:
+        with Daemon("--dynamic-load-weight", env={"FD_DEBUG_CONTROL_DELAY_MS": "3000"}) as d:
             p = subprocess.Popen([FDCTL, "--port", str(d.port), "pause"])
-            time.sleep(0.3)
+            # Killed once its pause runs (posted, answer not yet written), not after a fixed time:
+            # under load fdctl may not even have posted it 0.3 s after its start.
+            wait_control_in_flight(d, "pause")
+            self.assertIsNone(p.poll())  # still waiting for the answer: it holds the mailbox lock
             p.send_signal(signal.SIGKILL)
             p.wait()
             t0 = time.time()

@@ -2,10 +2,9 @@
 what outlives the grace period ends with finish_reason "abort"."""
 import signal
 import threading
-import time
 import unittest
 
-from fdtest import Daemon, merge_stream
+from fdtest import Daemon, merge_stream, wait_until
 
 LONG = {"prompt": "Once upon a time", "max_tokens": 500, "temperature": 0, "ignore_eos": True, "n": 24}
 
@@ -25,19 +24,19 @@ class Lifecycle(unittest.TestCase):
             threads = [threading.Thread(target=stream), threading.Thread(target=plain)]
             for t in threads:
                 t.start()
-            deadline = time.time() + 10
-            while time.time() < deadline and d.get("/health")[1]["num_requests_running"] < 48:
-                time.sleep(0.01)
-            self.assertGreater(d.get("/health")[1]["num_requests_running"], 0)
+            # both requests admitted (24 + 24 choices) before the signal: what is refused after it is new work
+            wait_until(lambda: d.get("/health")[1]["num_requests_running"] == 48, 60, "48 choices running")
             d.proc.send_signal(sig)
-            time.sleep(0.05)
-            # new work is refused while draining
+            # new work is refused once draining shows (not after a fixed sleep: under load the
+            # daemon's signal thread may not have run yet, and a request sent before it does is
+            # rightly admitted)
             try:
+                wait_until(lambda: d.get("/health", timeout=5)[1]["status"] == "draining", 30, "draining in /health")
                 status, j = d.post("/v1/completions", {"prompt": "Lily", "max_tokens": 2}, timeout=5)
                 self.assertEqual(status, 503)
                 self.assertEqual(j["error"]["type"], "engine_paused")
             except OSError:
-                pass  # the listener may already be closed
+                pass  # the listener may already be closed (past a short grace period)
             for t in threads:
                 t.join(60)
             self.assertEqual(d.proc.wait(60), 0)

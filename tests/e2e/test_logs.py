@@ -5,7 +5,7 @@ import re
 import time
 import unittest
 
-from fdtest import Daemon
+from fdtest import Daemon, wait_until
 
 
 class Logs(unittest.TestCase):
@@ -20,8 +20,10 @@ class Logs(unittest.TestCase):
             self.assertEqual(status, 400)
             d.get("/v1/models")
             d.get("/no/such/route")
-            time.sleep(0.2)  # the line is written after the last byte
-            lines = [l for l in d.output().splitlines() if "[access]" in l]
+            # each line is written after its response's last byte: wait for all five, not a fixed time
+            access = lambda: [l for l in d.output().splitlines() if "[access]" in l]
+            wait_until(lambda: len(access()) >= 5, 30, f"5 access lines: {access()}")
+            lines = access()
             comp = [l for l in lines if "POST /v1/completions 200" in l]
             self.assertEqual(len(comp), 2, lines)
             # Each line is written after its response went out, so the two may log in either
@@ -57,7 +59,7 @@ class Logs(unittest.TestCase):
         with Daemon("--log-format", "json") as d:
             d.complete(prompt='He said "hi"\n', max_tokens=3, temperature=0)
             d.post("/v1/completions", {"prompt": "x", "max_tokens": "three"})
-            time.sleep(0.2)
+            wait_until(lambda: d.output().count('"logger":"access"') >= 2, 30, "the two access lines")  # written after the last byte
             objs = [json.loads(l) for l in d.output().splitlines() if l.strip()]
             self.assertGreater(len(objs), 3)
             for o in objs:

@@ -88,7 +88,12 @@ class Rsync(unittest.TestCase):
         assert rc == 0, (rc, out, err)
         return out
 
-    def daemon(self, source, staging, timeout_s=5, model=None):
+    # timeout_s of a daemon whose pulls must complete: far above a pull's time on a loaded 2-core
+    # box (an rsync took over 2 s at load 17); the short timeouts are only where the timeout is
+    # what a test checks (a refused or hung rsync daemon).
+    PULL_TIMEOUT_S = 60
+
+    def daemon(self, source, staging, timeout_s=PULL_TIMEOUT_S, model=None):
         cfg = {"source": source, "staging_dir": staging, "timeout_s": timeout_s}
         return Daemon("--dynamic-load-weight", "--load-strategy", "rsync", "--rsync-config", json.dumps(cfg), model=model or self.A)
 
@@ -118,7 +123,7 @@ class Rsync(unittest.TestCase):
         with open(wrapper, "w") as f:
             f.write(f"#!/bin/sh\necho \"$$\" >> {count}\nexec rsync \"$@\"\n")
         os.chmod(wrapper, 0o755)
-        cfg = {"source": self.rsyncd.url(), "staging_dir": staging, "timeout_s": 5, "rsync": wrapper}
+        cfg = {"source": self.rsyncd.url(), "staging_dir": staging, "timeout_s": self.PULL_TIMEOUT_S, "rsync": wrapper}
 
         def runs():
             return len(read(count).split()) if os.path.exists(count) else 0
@@ -204,7 +209,7 @@ class Rsync(unittest.TestCase):
         staging = os.path.join(self.tmp, "staging-faults")
         timeout_s = 2
         try:
-            with self.daemon(self.rsyncd.url("faulty"), staging, timeout_s=timeout_s) as d:
+            with self.daemon(self.rsyncd.url("faulty"), staging) as d:  # real pulls: the generous timeout
                 self.ok(d, "POST", "/v1/pause")
                 self.assertIn("nope", self.err(d, 404, "not_found", {"version": "nope"}))
                 self.err(d, 404, "not_found", {"version": "latest"})  # a file of the store, not a version
@@ -229,9 +234,10 @@ class Rsync(unittest.TestCase):
                     self.assert_clean(staging)
                     self.ok(d, "POST", "/v1/resume")
                     self.assertEqual(greedy(d), (*self.a_out, "0"))
-            # a daemon that was serving stops: 503, then works again once it is back
+            # a daemon that was serving stops: 503 (refused: at once, whatever timeout_s), then works
+            # again once it is back (a real pull: the generous timeout)
             rs = RsyncDaemon(self.tmp, {"store": store})
-            with self.daemon(rs.url(), staging, timeout_s=timeout_s) as d:
+            with self.daemon(rs.url(), staging) as d:
                 self.ok(d, "POST", "/v1/pause")
                 rs.stop()
                 self.err(d, 503, "source_unavailable", {"version": "B"})

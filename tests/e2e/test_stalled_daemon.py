@@ -17,9 +17,12 @@ import threading
 import time
 import unittest
 
-from fdtest import FDCTL, Daemon, fdctl, greedy
+from fdtest import FDCTL, Daemon, fdctl, greedy, wait_control_in_flight
 
 EXIT_TIMEOUT = 7
+# The slow command the queued ones wait behind (FD_DEBUG_CONTROL_DELAY_MS): it must outlast the
+# queued command's start (an fdctl exec, then its 0.7 s --timeout).
+SLOW_PAUSE_MS = 2500
 
 
 def state(d):
@@ -124,10 +127,10 @@ class StalledDaemon(unittest.TestCase):
             self.assertEqual(state(d), (True, []))
 
     def test_an_fdctl_command_queued_behind_a_slow_one_is_withdrawn_at_its_deadline(self):
-        with Daemon("--dynamic-load-weight", env={"FD_DEBUG_CONTROL_DELAY_MS": "2500"}) as d:
+        with Daemon("--dynamic-load-weight", env={"FD_DEBUG_CONTROL_DELAY_MS": str(SLOW_PAUSE_MS)}) as d:
             slow = threading.Thread(target=lambda: d.post("/v1/pause", timeout=30))
             slow.start()
-            time.sleep(0.3)  # the pause is running (2.5 s)
+            wait_control_in_flight(d, "pause")  # the pause is running (SLOW_PAUSE_MS), not just sent
             rc, _, err = fdctl(d.port, "--timeout", "0.7", "resume", timeout=30)
             self.assertEqual(rc, EXIT_TIMEOUT, err)
             self.assertIn("withdrawn", err)
@@ -137,10 +140,10 @@ class StalledDaemon(unittest.TestCase):
             self.assertEqual(state(d), (True, []))  # the pause ran, the withdrawn resume never did
 
     def test_http_x_request_timeout_withdraws_a_queued_command(self):
-        with Daemon("--dynamic-load-weight", env={"FD_DEBUG_CONTROL_DELAY_MS": "2500"}) as d:
+        with Daemon("--dynamic-load-weight", env={"FD_DEBUG_CONTROL_DELAY_MS": str(SLOW_PAUSE_MS)}) as d:
             slow = threading.Thread(target=lambda: d.post("/v1/pause", timeout=30))
             slow.start()
-            time.sleep(0.3)
+            wait_control_in_flight(d, "pause")
             status, j = d.post("/v1/resume", headers={"X-Request-Timeout": "0.5"}, timeout=30)
             self.assertEqual((status, j["error"]["type"]), (504, "timeout"), j)
             self.assertIn("withdrawn", j["error"]["message"])

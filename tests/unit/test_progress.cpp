@@ -32,6 +32,28 @@ TEST_CASE("a progress phase is visible while open and kept as last() after") {
     CHECK(p.last()->bytes_done == 500);
 }
 
+TEST_CASE("a phase carries the control operation it began in, whatever the op is when it is read") {
+    auto & p = fd::Progress::current();
+    {
+        fd::ProgressPhase ph("load", 10);  // start-up: no operation
+        REQUIRE(p.snapshot());
+        CHECK(p.snapshot()->op.empty());
+    }
+    p.set_op("update_weights");
+    {
+        fd::ProgressPhase ph("transfer", 0);
+        p.set_op("");  // the op's end is published after its phases end; a reader sees the phase's own op
+        REQUIRE(p.snapshot());
+        CHECK(p.snapshot()->op == "update_weights");
+    }
+    REQUIRE(p.last());
+    CHECK(p.last()->op == "update_weights");
+    {
+        fd::ProgressPhase ph("load", 10);
+        CHECK(p.snapshot()->op.empty());
+    }
+}
+
 TEST_CASE("fill_weights reports every tensor byte of the load phase") {
     const fs::path dir = fs::path(FD_SOURCE_DIR) / "models" / "stories260K";
     const auto cfg = fd::model::load_model_config(dir);

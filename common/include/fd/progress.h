@@ -16,6 +16,7 @@
 namespace fd {
 
 struct ProgressSnapshot {
+    std::string op;               ///< the control operation the phase runs in ("update_weights", "wakeup"); "" = none (start-up)
     std::string phase;            ///< "transfer" (rsync pull), "verify" (store checksums), "load" (copy into the weight arena)
     int64_t     bytes_done  = 0;
     int64_t     bytes_total = 0;  ///< 0 = not known yet
@@ -27,6 +28,9 @@ public:
     /// The process-wide record.
     static Progress & current();
 
+    /// The control operation running now ("" when it ends); a phase begun while it is set carries
+    /// it in its snapshots, so a reader never pairs a phase with another operation's state.
+    void set_op(std::string op);
     /// Start `phase` with `bytes_total` (0 = unknown yet); resets bytes_done.
     void begin(std::string phase, int64_t bytes_total);
     /// Called from any thread while the phase runs.
@@ -44,6 +48,8 @@ private:
     std::optional<ProgressSnapshot> snapshot_locked() const;
 
     mutable std::mutex                    mu_;
+    std::string                           op_;        ///< the control operation running now (mu_)
+    std::string                           phase_op_;  ///< op_ when the running phase began (mu_)
     std::string                           phase_;     ///< empty = none running (mu_)
     std::chrono::steady_clock::time_point t0_;        ///< (mu_)
     std::atomic<int64_t>                  done_{0}, total_{0};

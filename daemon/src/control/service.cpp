@@ -153,10 +153,12 @@ ControlReply ControlService::handle(const ControlRequest & req) {
 namespace {
 
 /// /health `progress`: bytes done / total of the long phase running now (fd/progress.h), else null.
-json progress_json(const std::string & op) {
+/// Its `op` is the one the phase recorded when it began, not the engine state read a moment
+/// earlier (that read can predate the operation's start: `op` would be null).
+json progress_json() {
     const auto p = Progress::current().snapshot();
     if (!p) { return nullptr; }
-    return {{"op", op.empty() ? json(nullptr) : json(op)}, {"phase", p->phase}, {"bytes_done", p->bytes_done},
+    return {{"op", p->op.empty() ? json(nullptr) : json(p->op)}, {"phase", p->phase}, {"bytes_done", p->bytes_done},
             {"bytes_total", p->bytes_total > 0 ? json(p->bytes_total) : json(nullptr)}, {"elapsed_s", p->elapsed_s}};
 }
 
@@ -191,7 +193,7 @@ json ControlService::status_json() const {
                                 {"total", st.n_swap_blocks_total}}},
             {"num_requests_swapped", st.n_swapped},
             {"rss_bytes", process_rss_bytes() + engine_.rank_processes_rss_bytes()},  // the daemon and its rank processes
-            {"progress", progress_json(es.control_in_flight)}};
+            {"progress", progress_json()}};
 }
 
 ControlReply ControlService::run(const ControlRequest & req) {

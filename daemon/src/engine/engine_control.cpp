@@ -3,6 +3,7 @@
 #include "fd/arena.h"
 #include "fd/engine/engine.h"
 #include "fd/log.h"
+#include "fd/progress.h"
 #include "fd/shm/names.h"
 
 #include <fmt/ranges.h>
@@ -67,6 +68,7 @@ ControlResult Engine::run_control(const ControlCommand & cmd) {
     const bool was_draining = drain_.has_value();
     state_.control_in_flight = op;
     publish_stats();
+    Progress::current().set_op(op);  // the phases this op runs report it (/health progress.op)
     if (cfg_.debug_control_delay_ms > 0) { std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.debug_control_delay_ms)); }
     ControlResult r;
     try {
@@ -89,6 +91,7 @@ ControlResult Engine::run_control(const ControlCommand & cmd) {
     } catch (const std::exception & e) {
         r.error = Error(Errc::internal, e.what());
     }
+    Progress::current().set_op("");
     if (!was_draining && drain_) {  // pause mode=wait started draining: poll_drain() answers it
         drain_->t0 = t0;
         accepting_.store(false);
