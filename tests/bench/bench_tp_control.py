@@ -58,7 +58,7 @@ def pause_under_load(d, batch):
 
 
 def bench(model, extra, trials, batch):
-    with Daemon("--threads", "1", "--max-num-seqs", str(batch), "--kv-cache-bytes", "256MiB", *extra, model=model,
+    with Daemon("--threads", "1", "--max-num-seqs", str(batch), "--kv-cache-bytes", "256MiB", "--dynamic-load-weight", *extra, model=model,
                 timeout=300, extra=False) as d:
         rows = {"pause": [], "sleep": [], "wakeup": [], "update": []}
         for i in range(trials):
