@@ -173,8 +173,14 @@ private:
         for (int32_t r = 0; r < cfg_.world_size; ++r) {
             if (r == cfg_.rank) { continue; }
             auto reached = [&] { return static_cast<int32_t>(L[r].arrived.load(std::memory_order_acquire) - k) >= 0; };
-            // A short spin covers a peer a few microseconds behind; then sleep on its counter.
-            for (int i = 0; i < 4000 && !reached(); ++i) { cpu_relax(); }
+            // A short spin (~30 us) covers a peer a few microseconds behind; then sleep on its counter.
+            if (!reached()) {
+                const auto spin_until = Clock::now() + std::chrono::microseconds(30);
+                for (int i = 1; !reached(); ++i) {
+                    cpu_relax();
+                    if (i % 64 == 0 && Clock::now() >= spin_until) { break; }
+                }
+            }
             while (!reached()) {
                 const auto now = Clock::now();
                 if (now >= deadline) {
