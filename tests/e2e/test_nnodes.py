@@ -8,7 +8,7 @@ model config or --tensor-parallel-size is refused with a clear error; a token fi
 read is refused before anything starts; a second copy of node 1 started by mistake is refused
 (exit 4, wrong_state) and leaves the running node alone. /health rss_bytes and the sleep result
 count the remote rank's RSS. The host swap tier (--swap-space) runs on the remote rank too: with
-forced preemption, outputs equal a tp=2 daemon on one node that never preempts.""")
+forced preemption, outputs equal a tp=2 daemon on one node that never preempts."""
 import json
 import os
 import shutil
