@@ -41,14 +41,20 @@ def timed(d, path, body=None):
 
 
 def pause_under_load(d, batch):
-    threads = [threading.Thread(target=d.post, args=("/v1/completions", {
-        "prompt": f"Once upon a time {i}", "max_tokens": 4096, "temperature": 0, "ignore_eos": True}),
-        kwargs={"timeout": 600}) for i in range(batch)]
+    errors = []
+
+    def run(i):
+        code, j = d.post("/v1/completions", {"prompt": f"Once upon a time {i}", "max_tokens": 200, "temperature": 0,
+                                             "ignore_eos": True}, timeout=600)
+        if code != 200:
+            errors.append((code, j))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(batch)]
     for t in threads:
         t.start()
     deadline = time.time() + 120
     while d.get("/health")[1]["num_requests_running"] < batch:
-        assert time.time() < deadline, "the batch never ran"
+        assert time.time() < deadline and not errors, f"the batch never ran: {errors[:1]}"
         time.sleep(0.005)
     time.sleep(0.3)  # decoding
     dt = timed(d, "/v1/pause")
