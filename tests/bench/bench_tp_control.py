@@ -6,7 +6,7 @@ from sending it to its answer, median over --trials:
            engine answers once paused (it aborts the batch, so the latency is one step at most)
   sleep    POST /v1/sleep?tags=weight,kv_cache on the paused engine
   wakeup   POST /v1/wakeup (both tags: KV remapped, weights reloaded from the checkpoint)
-  update   POST /v1/update_weights {"version": "bench-i"} (paused; the same checkpoint dir)
+  update   POST /v1/update_weights {"version": "bench-i"} (paused again first; the same checkpoint dir)
 Configurations: tp1 (in-process, the default), tp1_mp (one rank process) and tp2 (two rank
 processes over --dist-backend, default auto); ratios tp2 / tp1 and tp2 / tp1_mp. One JSON object.
 
@@ -71,6 +71,7 @@ def bench(model, extra, trials, batch):
             rows["pause"].append(pause_under_load(d, batch))
             rows["sleep"].append(timed(d, "/v1/sleep?tags=weight,kv_cache"))
             rows["wakeup"].append(timed(d, "/v1/wakeup"))
+            timed(d, "/v1/pause")  # wakeup resumed the engine; update_weights needs it paused
             rows["update"].append(timed(d, "/v1/update_weights", {"version": f"bench-{i}"}))
             timed(d, "/v1/resume")
         h = d.get("/health")[1]
