@@ -75,7 +75,7 @@ def bench(model, extra, trials, batch):
             rows["update"].append(timed(d, "/v1/update_weights", {"version": f"bench-{i}"}))
             timed(d, "/v1/resume")
         h = d.get("/health")[1]
-        return {"executor": h.get("executor_backend"), "comm_backend": h.get("comm_backend"),
+        return {"executor": h.get("executor"), "comm_backend": h.get("comm_group", {}).get("backend"),
                 **{f"{k}_s": statistics.median(v) for k, v in rows.items()}, "runs": rows}
 
 
