@@ -72,6 +72,11 @@ void resolve_parallel(Config & cfg, Resolved & r, std::vector<std::string> & pro
         if (p.master_port == 0) { problems.push_back(fmt::format("--nnodes {} needs --master-port: the port node 0 listens on for the other nodes", p.nnodes)); }
         if (r.executor_backend == "uni") { problems.push_back("--nnodes > 1 needs --distributed-executor-backend mp"); }
     }
+    if (p.dist_backend != "auto" && p.dist_backend != "gloo" && p.dist_backend != "shm") {
+        problems.push_back(fmt::format("--dist-backend '{}': expected gloo, shm or auto", p.dist_backend));
+    } else if (p.dist_backend == "shm" && p.nnodes > 1) {
+        problems.push_back(fmt::format("--dist-backend shm needs every rank on one host; --nnodes {} needs gloo (or auto)", p.nnodes));
+    }
     in_addr n4{};
     if (!p.node_addr.empty() && ::inet_pton(AF_INET, p.node_addr.c_str(), &n4) != 1) {
         problems.push_back(fmt::format("--node-addr '{}' must be an IPv4 address", p.node_addr));

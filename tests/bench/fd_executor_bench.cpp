@@ -37,8 +37,21 @@ double median(std::vector<double> v) {
     return v[v.size() / 2];
 }
 
-/// Seconds per forward() of `b`, repeated for at least `seconds_min`.
-double step_seconds(runtime::Executor & ex, const model::StepBatch & b, std::vector<float> & logits, double seconds_min) {
+/// Seconds per step of `b` as the engine runs it (forward_in_place: the logits read where
+/// rank 0 wrote them), repeated for at least `seconds_min`. `sink` keeps the read alive.
+double step_seconds(runtime::Executor & ex, const model::StepBatch & b, std::vector<float> & sink, double seconds_min) {
+    int64_t n = 0;
+    const auto t0 = Clock::now();
+    do {
+        sink[0] += ex.forward_in_place(b, nullptr)[0];
+        ++n;
+    } while (since(t0) < seconds_min);
+    return since(t0) / static_cast<double>(n);
+}
+
+/// The same with forward(): the logits copied out into `logits` (what the engine did before
+/// forward_in_place), for the copy's cost in the same run.
+double step_seconds_copy(runtime::Executor & ex, const model::StepBatch & b, std::vector<float> & logits, double seconds_min) {
     int64_t n = 0;
     const auto t0 = Clock::now();
     do {
@@ -85,19 +98,26 @@ int main(int argc, char ** argv) {
         std::vector<float> logits;
         for (const int32_t b : o.batches) {
             bench::DecodeBatch db(b, o.ctx);
-            logits.resize(static_cast<size_t>(b) * cfg.vocab_size);
+            logits.assign(1, 0.0f);
+            std::vector<float> copied(static_cast<size_t>(b) * cfg.vocab_size);
             step_seconds(*uni, db.b, logits, 0.05);  // warm-up (KV pages touched, threads up)
             step_seconds(*mp, db.b, logits, 0.05);
-            std::vector<double> ratios, t_uni, t_mp;
+            step_seconds_copy(*mp, db.b, copied, 0.05);
+            std::vector<double> ratios, copy_ratios, t_uni, t_mp, t_copy;
             for (int32_t r = 0; r < o.rounds; ++r) {
                 const double u = step_seconds(*uni, db.b, logits, o.seconds_min);
                 const double m = step_seconds(*mp, db.b, logits, o.seconds_min);
+                const double c = step_seconds_copy(*mp, db.b, copied, o.seconds_min);
                 t_uni.push_back(u);
                 t_mp.push_back(m);
+                t_copy.push_back(c);
                 ratios.push_back(m / u);
+                copy_ratios.push_back(c / u);
             }
             steps.push_back({{"batch", b}, {"uni_step_ms", median(t_uni) * 1e3}, {"mp_step_ms", median(t_mp) * 1e3},
-                             {"mp_over_uni", median(ratios)}, {"link_overhead_us", (median(t_mp) - median(t_uni)) * 1e6}});
+                             {"mp_over_uni", median(ratios)}, {"link_overhead_us", (median(t_mp) - median(t_uni)) * 1e6},
+                             {"mp_copy_step_ms", median(t_copy) * 1e3}, {"mp_copy_over_uni", median(copy_ratios)},
+                             {"copy_saved_us", (median(t_copy) - median(t_mp)) * 1e6}});
         }
         out["decode_step"] = steps;
 

@@ -8,9 +8,11 @@
 //   decode    B sequences (each of --batches) with --prompt-len contexts prefilled (untimed),
 //             then --decode-steps forwards of B tokens (logits for all), tok/s
 // Each measurement is the best of --repeats runs. `ratios_vs_tp1` divides each tp's tok/s by
-// tp 1's measured in the same run (a ratio > 1: tp is faster).
+// tp 1's measured in the same run (a ratio > 1: tp is faster). --comm gloo,shm measures each tp > 1
+// with each all-reduce (GlooComm over loopback TCP; ShmComm, a shared-memory segment): keys
+// "tp2" (the first --comm) and "tp2_shm" etc. for the others.
 // Usage: fd_tp_bench --model DIR [--tp 1,2] [--threads 1] [--batches 1,64] [--prompt-len 128]
-//                    [--decode-steps 16] [--prefill-len 512] [--repeats 3]
+//                    [--decode-steps 16] [--prefill-len 512] [--repeats 3] [--comm gloo[,shm]]
 #include "fd/kv/kv_cache.h"
 #include "fd/model/model_config.h"
 #include "fd/model/safetensors.h"
@@ -52,6 +54,7 @@ struct Options {
     int              decode_steps = 16;
     int              prefill_len = 512;
     int              repeats = 3;
+    std::vector<std::string> comms = {"gloo"};
 };
 
 /// What rank 0 measured, written into the shared mapping.
@@ -118,16 +121,23 @@ void run_rank(const Options & o, int rank, int tp, fd::runtime::Comm * comm, Res
 }
 
 /// Run `tp` rank processes; rank 0's Result.
-Result run_tp(const Options & o, int tp) {
+Result run_tp(const Options & o, int tp, const std::string & comm_kind) {
     auto * shared = static_cast<Result *>(mmap(nullptr, sizeof(Result), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
     if (shared == MAP_FAILED) { throw std::runtime_error("mmap failed"); }
     *shared = Result{};
     std::unique_ptr<fd::runtime::TcpStoreServer> store;
     if (tp > 1) { store = std::make_unique<fd::runtime::TcpStoreServer>("127.0.0.1", 0); }
+    const std::string prefix = "/fd-tp-bench-" + std::to_string(getpid());
+    fd::runtime::ShmCommSegment segment;
+    if (tp > 1 && comm_kind == "shm") { segment = fd::runtime::ShmCommSegment(fd::runtime::shm_comm_name(prefix, 1), tp); }
     const bool failed = fd::testing::run_forked_ranks(tp, [&](int r) {
         std::unique_ptr<fd::runtime::Comm> comm;
         if (tp > 1) {
-            comm = fd::runtime::make_gloo_comm({.rank = r, .world_size = tp, .store_port = store->port(), .timeout_s = 300});
+            if (comm_kind == "shm") {
+                comm = fd::runtime::make_shm_comm({.rank = r, .world_size = tp, .name_prefix = prefix, .timeout_s = 300});
+            } else {
+                comm = fd::runtime::make_gloo_comm({.rank = r, .world_size = tp, .store_port = store->port(), .timeout_s = 300});
+            }
             comm->connect(1);
         }
         Result mine;
@@ -155,6 +165,8 @@ int main(int argc, char ** argv) {
     app.add_option("--decode-steps", o.decode_steps, "timed decode steps per run")->capture_default_str()->check(CLI::PositiveNumber);
     app.add_option("--prefill-len", o.prefill_len, "prefill tokens per forward")->capture_default_str()->check(CLI::PositiveNumber);
     app.add_option("--repeats", o.repeats, "runs per measurement (best kept)")->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--comm", o.comms, "all-reduce(s) for tp > 1, comma-separated: gloo, shm")->delimiter(',')
+        ->check(CLI::IsMember({"gloo", "shm"}));
     CLI11_PARSE(app, argc, argv);
     if (o.batches.empty() || o.batches.size() > 16) {
         std::fprintf(stderr, "fd_tp_bench: 1 to 16 batch sizes\n");
@@ -173,11 +185,19 @@ int main(int argc, char ** argv) {
     j["date"] = fd::bench::utc_now();
     json runs = json::array(), ratios = json::object();
     Result base;
+    std::vector<std::pair<int, std::string>> plan;
     for (int tp : o.tps) {
-        std::fprintf(stderr, "fd_tp_bench: tp %d...\n", tp);
-        const Result r = run_tp(o, tp);
+        if (tp == 1) {
+            plan.emplace_back(1, "none");
+        } else {
+            for (const auto & c : o.comms) { plan.emplace_back(tp, c); }
+        }
+    }
+    for (const auto & [tp, comm_kind] : plan) {
+        std::fprintf(stderr, "fd_tp_bench: tp %d (%s)...\n", tp, comm_kind.c_str());
+        const Result r = run_tp(o, tp, comm_kind);
         if (tp == 1) { base = r; }
-        json run = {{"tp", tp}, {"prefill_tok_s", round_to(o.prefill_len / r.prefill_s, 1)}};
+        json run = {{"tp", tp}, {"comm", comm_kind}, {"prefill_tok_s", round_to(o.prefill_len / r.prefill_s, 1)}};
         json dec = json::array();
         json ratio = {{"prefill", round_to(base.prefill_s / r.prefill_s, 3)}};
         for (size_t i = 0; i < o.batches.size(); ++i) {
@@ -188,7 +208,7 @@ int main(int argc, char ** argv) {
         }
         run["decode"] = dec;
         runs.push_back(run);
-        if (tp != 1) { ratios["tp" + std::to_string(tp)] = ratio; }
+        if (tp != 1) { ratios["tp" + std::to_string(tp) + (comm_kind == o.comms[0] ? "" : "_" + comm_kind)] = ratio; }
     }
     j["runs"] = runs;
     j["ratios_vs_tp1"] = ratios;

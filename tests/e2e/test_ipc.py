@@ -220,6 +220,9 @@ class Ipc(unittest.TestCase):
                 self.ok(d, "POST", "/v1/pause")
                 status, j = d.post("/v1/update_weights", {})
                 if status != 200:
+                    if TP > 1 and status == 422 and "ranks fetched different versions" in j["error"]["message"]:
+                        refused += 1  # the ranks read their records either side of a republish: refused, nothing applied
+                        continue
                     self.assertEqual((status, j["error"]["type"]), (503, "source_unavailable"), j)
                     refused += 1
                     continue

@@ -3,7 +3,10 @@ processes give the same outputs as the in-process rank; a rank killed (SIGKILL) 
 (SIGSTOP) during decode, update or sleep fails the call with rank_failed naming it, never a hang;
 /health says degraded and new requests get 503 until wakeup respawns the rank and reloads the
 serving version (outputs then equal a fresh daemon); sleep closes the rank's communication
-sockets (seen in /proc/<pid>/net/tcp) and wakeup reopens them; bad flags stop start-up clearly."""
+sockets (seen in /proc/<pid>/net/tcp; --dist-backend gloo) or unmaps its shared-memory segment
+(seen in /proc/<pid>/maps; shm, the default on one host, whose segment never stays in /dev/shm)
+and wakeup reopens them; shm and gloo give bitwise the same outputs at tp=2; bad flags stop
+start-up clearly."""
 import os
 import shutil
 import signal
@@ -91,7 +94,7 @@ class MpExecutor(unittest.TestCase):
             a, b = d.complete(**body), uni.complete(**body)
             self.assertEqual([c["token_ids"] for c in a["choices"]], [c["token_ids"] for c in b["choices"]])
             h = d.get("/health")[1]
-            self.assertEqual((h["executor"], h["comm_group"]), ("mp", {"backend": "gloo", "state": "connected"}))
+            self.assertEqual((h["executor"], h["comm_group"]), ("mp", {"backend": "shm", "state": "connected"}))  # auto, one host
             self.assertEqual(uni.get("/health")[1]["comm_group"], {"backend": "null", "state": "none"})
             # RSS of the rank process is in /health and in each rank's sleep report.
             self.assertGreater(h["rss_bytes"], d.rss() // 2)
@@ -166,8 +169,38 @@ class MpExecutor(unittest.TestCase):
             self.recover(d, pid)
             self.assertEqual(greedy(d), before)
 
+    def test_shm_group_segment_is_unmapped_on_sleep_and_mapped_again_on_wakeup_tp2(self):
+        def mapped(pid, prefix):
+            with open(f"/proc/{pid}/maps") as f:
+                return [line.split()[-1] for line in f if prefix in line]
+
+        with Daemon(*MP, "--tensor-parallel-size", "2", "--threads", "1", "--dist-backend", "gloo") as g:
+            want = greedy(g)
+            self.assertEqual(g.get("/health")[1]["comm_group"], {"backend": "gloo", "state": "connected"})
+        with Daemon(*MP, "--tensor-parallel-size", "2", "--threads", "1") as d:
+            prefix = f"fdrollout-tp-{d.proc.pid}-"
+            self.assertEqual(d.get("/health")[1]["comm_group"], {"backend": "shm", "state": "connected"})
+            self.assertEqual(greedy(d), want)  # the same sums in the same order as Gloo: bitwise equal
+            pids = d.rank_pids()
+            self.assertEqual(len(pids), 2)
+            for pid in pids:
+                self.assertEqual(len(mapped(pid, prefix)), 1, mapped(pid, prefix))
+                self.assertEqual(tcp_sockets(pid), [])  # no Gloo pairs
+            self.assertEqual([n for n in os.listdir("/dev/shm") if n.startswith(prefix)], [])  # unlinked once mapped
+            self.ok(d, "/v1/sleep?tags=kv_cache")  # only weight sleep closes the group
+            self.assertTrue(all(mapped(pid, prefix) for pid in pids))
+            self.ok(d, "/v1/sleep?tags=weight")
+            self.assertEqual([mapped(pid, prefix) for pid in pids], [[], []])
+            self.assertEqual(d.get("/health")[1]["comm_group"]["state"], "disconnected")
+            self.ok(d, "/v1/wakeup")
+            for pid in pids:
+                self.assertEqual(len(mapped(pid, prefix)), 1)
+            self.assertEqual([n for n in os.listdir("/dev/shm") if n.startswith(prefix)], [])
+            self.assertEqual(d.get("/health")[1]["comm_group"]["state"], "connected")
+            self.assertEqual(greedy(d), want)
+
     def test_sleep_closes_the_comm_sockets_and_wakeup_reopens_them(self):
-        with Daemon(*MP) as d:
+        with Daemon(*MP, "--dist-backend", "gloo") as d:
             pid = self.rank(d)
             self.assertGreater(len(tcp_sockets(pid)), 0)
             self.ok(d, "/v1/sleep?tags=kv_cache")  # only weight sleep closes the group
@@ -182,7 +215,7 @@ class MpExecutor(unittest.TestCase):
             self.assertGreater(len(tcp_sockets(pid)), 0)
             self.assertEqual(d.get("/health")[1]["comm_group"]["state"], "connected")
             self.assertEqual(d.complete(prompt=PROMPT, max_tokens=60, temperature=0)["choices"][0]["token_ids"], REF[PROMPT]["ids"])
-        with Daemon(*MP, "--no-shutdown-comm-group-if-worker-idle") as d:
+        with Daemon(*MP, "--dist-backend", "gloo", "--no-shutdown-comm-group-if-worker-idle") as d:
             pid = self.rank(d)
             n = len(tcp_sockets(pid))
             self.ok(d, "/v1/sleep")
@@ -249,6 +282,11 @@ class MpExecutor(unittest.TestCase):
         self.assertIn("needs mp", err)
         rc, err = start("--distributed-executor-backend", "gloo")
         self.assertEqual(rc, 2, err)
+        rc, err = start("--dist-backend", "nccl2")
+        self.assertEqual(rc, 2, err)
+        rc, err = start("--tensor-parallel-size", "2", "--nnodes", "2", "--master-port", str(free_port()), "--dist-backend", "shm")
+        self.assertEqual(rc, 10, err)
+        self.assertIn("--dist-backend shm needs every rank on one host", err)
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
             taken.listen()

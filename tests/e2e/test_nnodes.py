@@ -5,7 +5,10 @@ rank (or a stopped one, at the deadline) is rank_failed naming it and wakeup wai
 rank), after which outputs equal a fresh daemon; shutting node 0 down ends node 1. Refusals: a
 node that never joins fails start-up within the timeout naming it; a wrong token, a different
 model config or --tensor-parallel-size is refused with a clear error; a token file others can
-read is refused before anything starts."""
+read is refused before anything starts; a second copy of node 1 started by mistake is refused
+(exit 4, wrong_state) and leaves the running node alone. /health rss_bytes and the sleep result
+count the remote rank's RSS. The host swap tier (--swap-space) runs on the remote rank too: with
+forced preemption, outputs equal a tp=2 daemon on one node that never preempts."""
 import json
 import os
 import shutil
@@ -15,7 +18,8 @@ import tempfile
 import time
 import unittest
 
-from fdtest import BIN, REF, STORIES, Daemon, copy_checkpoint, free_port, greedy, log_dir, perturbed
+from fdtest import BIN, REF, STORIES, Daemon, copy_checkpoint, free_port, greedy, log_dir, perturbed, rss_bytes
+from test_swap import TINY_POOL, bodies, metrics, run_concurrently
 
 TP2 = ("--tensor-parallel-size", "2", "--threads", "1", "--dynamic-load-weight")
 
@@ -222,6 +226,60 @@ class TwoNodes(unittest.TestCase):
                 self.assertEqual(n.wait(30), 10, n.output())
                 self.assertIn("node 0 runs --nnodes 2 --tensor-parallel-size 2", n.output())
             self.assertEqual(wait_exit(d, 30), 14, d.output())
+
+    def test_a_second_copy_of_node_1_is_refused_and_rss_covers_the_remote_rank(self):
+        port = free_port()
+        with node0(port, self.token) as d, Node(port, self.token) as n:
+            d.wait_ready(60)
+            before = greedy(d)
+            [remote] = n.rank_pids()
+            [local] = d.rank_pids()
+            # /health counts the daemon, its rank and node 1's rank (as that rank last reported).
+            here = rss_bytes(d.proc.pid) + rss_bytes(local)
+            there = rss_bytes(remote)
+            got = d.get("/health")[1]["rss_bytes"]
+            self.assertGreater(there, 4 << 20)
+            self.assertGreater(got, here + 0.7 * there, (got, here, there))
+            self.assertLess(got, here + 1.3 * there + (16 << 20), (got, here, there))
+            res = self.ok(d, "/v1/sleep")
+            r1 = [r for r in res["ranks"] if r["rank"] == 1][0]
+            self.assertLess(abs(r1["rss_bytes"] - rss_bytes(remote)), 4 << 20, (r1, rss_bytes(remote)))
+            self.assertGreater(res["rss_after_bytes"], rss_bytes(d.proc.pid) + rss_bytes(local) + 0.7 * rss_bytes(remote))
+            self.ok(d, "/v1/wakeup")
+            # A second `fdrollout --node-rank 1` for the same node: refused at once, naming why.
+            with Node(port, self.token) as twin:
+                self.assertEqual(twin.wait(30), 4, twin.output())  # wrong_state
+                self.assertIn("rank 1 of node 1 is already running", twin.output())
+                self.assertEqual(twin.rank_pids(), [])
+            self.assertIn("refused a join from 127.0.0.2:", d.output())
+            self.assertEqual(n.rank_pids(), [remote])  # the running node is untouched
+            self.assertEqual(d.get("/health")[1]["degraded_ranks"], [])
+            self.assertEqual(greedy(d), before)
+            # After node 1's rank dies, node 1 itself rejoins (its old link closed): not refused.
+            os.kill(remote, signal.SIGKILL)
+            deadline = time.time() + 10
+            while d.get("/health")[1]["state"] != "degraded" and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertFalse(self.ok(d, "/v1/wakeup")["is_paused"])
+            self.assertEqual(greedy(d), before)
+
+    def test_swap_tier_with_a_remote_rank_equals_no_preemption(self):
+        reqs = bodies()
+        with Daemon(*TP2, "--max-model-len", "80", extra=False) as ref:  # one node, a pool that never preempts
+            want = run_concurrently(ref, reqs)
+            self.assertEqual(metrics(ref)["fdrollout_preemptions_total"], 0)
+        port = free_port()
+        with node0(port, self.token, *TINY_POOL, "--swap-space", "0.01") as d, Node(port, self.token) as n:
+            d.wait_ready(60)
+            got = run_concurrently(d, reqs)
+            for i, (g, w) in enumerate(zip(got, want)):
+                self.assertEqual(g, w, f"request {i} ({reqs[i]['prompt']!r}) differs with swapping over two nodes")
+            m = metrics(d)
+            self.assertGreater(m["fdrollout_swap_preemptions_total"], 0, m)
+            self.assertEqual(m["fdrollout_recompute_preemptions_total"], 0, m)
+            self.assertEqual(m["fdrollout_kv_swap_in_bytes_total"], m["fdrollout_kv_swap_out_bytes_total"])
+            self.assertEqual(len(n.rank_pids()), 1)
+            self.assertEqual(d.get("/health")[1]["degraded_ranks"], [])
 
     def test_a_token_file_others_can_read_is_refused(self):
         loose = os.path.join(self.tmp, "loose-token")

@@ -48,6 +48,7 @@ struct ParallelOptions {
     std::string node_addr;                     ///< node k > 0: the address its ranks bind (empty: the one that reaches the master)
     std::string dist_token_file;               ///< nnodes > 1: the shared join secret (0600, owned by the user), else FD_DIST_TOKEN
     bool        shutdown_comm_group_if_worker_idle = true;  ///< sleep(weight) closes the comm group, wakeup rebuilds it
+    std::string dist_backend = "auto";         ///< the ranks' all-reduce: gloo | shm (one host) | auto (shm when --nnodes 1, else gloo)
 };
 
 struct Config {

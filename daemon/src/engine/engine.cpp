@@ -403,8 +403,9 @@ bool Engine::step() {
     }
     if (cfg_.debug_step_delay_ms > 0) { std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.debug_step_delay_ms)); }
     const int32_t vocab = model_cfg_.vocab_size;
-    logits_.resize(batch_.logits_rows.size() * static_cast<size_t>(vocab));
-    if (!executor_->forward(batch_, logits_.data(), &control_waiting_)) {
+    // Rank 0's logits where they were written (mp: the shared region), valid until the next executor call.
+    const float * step_logits = executor_->forward_in_place(batch_, &control_waiting_);
+    if (!step_logits) {
         return true;  // a control command arrived: nothing advanced; it runs first, then the step is redone
     }
 
@@ -424,7 +425,7 @@ bool Engine::step() {
     };
     for (size_t i = 0; i < rows.size(); ++i) {
         Sequence &    s      = *rows[i].s;
-        const float * logits = &logits_[i * vocab];
+        const float * logits = step_logits + i * static_cast<size_t>(vocab);
         if (!s.channel) { continue; }
         if (rows[i].pos >= 0) {
             s.prompt_lps.push_back(token_logprobs(logits, vocab, s.tokens[rows[i].pos + 1], s.params.prompt_logprobs, scratch_));

@@ -2,6 +2,7 @@
 #include "fd/arena.h"
 #include "fd/runtime/executor.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace fd::runtime {
@@ -22,6 +23,12 @@ public:
 
     bool forward(const model::StepBatch & batch, float * logits, const std::atomic<bool> * abandon) override {
         return worker_->forward(batch, logits, abandon);
+    }
+
+    const float * forward_in_place(const model::StepBatch & batch, const std::atomic<bool> * abandon) override {
+        // At least one element, so a step without logits rows still returns non-null.
+        logits_.resize(std::max<size_t>(1, batch.logits_rows.size() * static_cast<size_t>(worker_->config().vocab_size)));
+        return worker_->forward(batch, logits_.data(), abandon) ? logits_.data() : nullptr;
     }
 
     std::vector<RankReport> stage_weights(const weights::FetchRequest & req) override {
@@ -104,6 +111,7 @@ private:
     int32_t                                 rank_ = 0;
     bool                                    hold_fetched_ = false;
     std::shared_ptr<void>                   fetch_hold_;   ///< the last fetch, until commit / drop (hold_fetched_)
+    std::vector<float>                      logits_;       ///< forward_in_place's [rows, vocab]; only grows
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include "fd/runtime/mp_executor.h"
 
 #include "fd/log.h"
+#include "fd/runtime/comm.h"
 #include "fd/runtime/node_join.h"
 #include "fd/runtime/tcp_store.h"
 #include "fd/status.h"
@@ -57,6 +58,9 @@ public:
         FD_CHECK(cfg.nnodes >= 1 && cfg.tensor_parallel_size % cfg.nnodes == 0, "--nnodes {} must divide --tensor-parallel-size {}",
                  cfg.nnodes, cfg.tensor_parallel_size);
         per_node_ = cfg.tensor_parallel_size / cfg.nnodes;
+        if (cfg_.dist_backend == "auto") { cfg_.dist_backend = cfg.nnodes == 1 ? "shm" : "gloo"; }
+        FD_CHECK(cfg_.dist_backend == "gloo" || (cfg_.dist_backend == "shm" && cfg.nnodes == 1),
+                 "--dist-backend {} with --nnodes {}: shm needs every rank on one host", cfg_.dist_backend, cfg.nnodes);
         if (cfg.nnodes > 1) {
             listener_ = std::make_unique<JoinListener>(
                 cfg.master_addr, cfg.master_port,
@@ -74,6 +78,7 @@ public:
             ranks_[r].remote = ranks_[r].node != 0;
         }
         pids_ = std::vector<std::atomic<pid_t>>(ranks_.size());
+        remote_rss_ = std::vector<std::atomic<int64_t>>(ranks_.size());
         replies_.resize(ranks_.size());
         generation_ = 1;
         try {
@@ -92,7 +97,7 @@ public:
     const model::ModelConfig & model_config() const override { return model_cfg_; }
     const char * backend() const override { return "mp"; }
     const char * comm_state() const override { return comm_connected_ ? "connected" : "disconnected"; }
-    const char * comm_backend() const override { return "gloo"; }
+    const char * comm_backend() const override { return cfg_.dist_backend.c_str(); }
     int64_t rank_processes_rss_bytes() const override {
         int64_t sum = 0;
         for (const pid_t pid : pids_) {
@@ -101,12 +106,22 @@ public:
             int64_t size = 0, resident = 0;
             if (f >> size >> resident) { sum += resident * ::sysconf(_SC_PAGESIZE); }
         }
+        for (const auto & rss : remote_rss_) { sum += rss.load(std::memory_order_relaxed); }
         return sum;
     }
     int64_t weight_bytes() const override { return weight_bytes_; }
     int64_t kv_bytes() const override { return kv_bytes_; }
 
     bool forward(const model::StepBatch & batch, float * logits, const std::atomic<bool> * abandon) override {
+        const float * in_place = forward_in_place(batch, abandon);
+        if (!in_place) { return false; }
+        std::memcpy(logits, in_place, batch.logits_rows.size() * static_cast<size_t>(model_cfg_.vocab_size) * sizeof(float));
+        return true;
+    }
+
+    /// Rank 0 wrote the logits into the region: the engine reads them there (valid until the
+    /// next call, which rewrites the region).
+    const float * forward_in_place(const model::StepBatch & batch, const std::atomic<bool> * abandon) override {
         const int32_t bs = cfg_.worker.block_size, vocab = model_cfg_.vocab_size;
         int64_t need = step_encode(region_.data(), region_.bytes(), batch, bs, vocab);
         if (need > region_.bytes()) {
@@ -114,17 +129,16 @@ public:
             need = step_encode(region_.data(), region_.bytes(), batch, bs, vocab);
         }
         auto * h = static_cast<RegionHeader *>(region_.data());
-        h->abandon.store(false);
+        h->abandon.store(false, std::memory_order_relaxed);  // the link's send orders it before the rank reads
         LinkMsg req;
         req.op           = static_cast<uint32_t>(LinkOp::forward);
         req.region_bytes = static_cast<uint64_t>(region_.bytes());
         // Ranks on other nodes get the step's arrays inline (everything before the logits).
         const size_t inline_n = per_node_ < world_size() ? static_cast<size_t>(step_layout(h->n_tokens, h->n_logits, h->n_tables, vocab).logits) : 0;
         call(req, "forward", false, abandon, inline_n ? region_.data() : nullptr, inline_n);
-        if (replies_[0].status == kLinkAbandoned) { return false; }
+        if (replies_[0].status == kLinkAbandoned) { return nullptr; }
         check_replies("forward");
-        std::memcpy(logits, step_logits(region_.data()), batch.logits_rows.size() * static_cast<size_t>(vocab) * sizeof(float));
-        return true;
+        return step_logits(region_.data());
     }
 
     std::vector<RankReport> stage_weights(const weights::FetchRequest & req) override {
@@ -266,6 +280,7 @@ private:
             }
             auto & k     = ranks_[r];
             k.link       = std::move(j->link);
+            listener_->mark_serving(r, k.link.fd());  // a second copy of that node is refused from now on
             k.model_dir  = j->model_dir;
             k.bind_addr  = j->bind_addr;
             k.pid        = -1;
@@ -286,6 +301,8 @@ private:
                  "--master-port {} --dist-token-file FILE --model DIR` on it and check it can reach {}:{}", names, cfg_.timeout_s,
                  cfg_.nnodes, node, cfg_.master_addr, listener_->port(), cfg_.master_addr, listener_->port());
         }
+        // shm: this generation's segment exists while the ranks join, its name until all mapped it.
+        ShmCommSegment segment = comm_segment(generation_);
         std::vector<int32_t> all;
         for (int32_t r = 0; r < world_size(); ++r) {
             all.push_back(r);
@@ -300,7 +317,7 @@ private:
 
     void send_config(int32_t r) {
         auto & k = ranks_[r];
-        RankSpawn s{.cfg = cfg_, .rank = r, .generation = generation_, .store_port = store_->port()};
+        RankSpawn s{.cfg = cfg_, .rank = r, .generation = generation_, .store_port = store_->port(), .shm_prefix = shm_prefix()};
         s.cfg.dist_token.clear();  // never leaves node 0
         if (k.remote) {
             // Paths are the node's own; the checkpoint (and the update source) must be reachable there.
@@ -376,11 +393,17 @@ private:
                     continue;
                 }
                 LinkMsg & m = replies_[r];
-                const auto got = ranks_[r].link.recv(m, Clock::now() + std::chrono::seconds(1));
-                if (got != LinkSocket::Recv::ok) {
+                // poll said readable: a seqpacket record is whole, read it without a second poll.
+                const auto got = ranks_[r].link.stream() ? ranks_[r].link.recv(m, Clock::now() + std::chrono::seconds(1))
+                                                         : ranks_[r].link.try_recv(m);
+                if (got == LinkSocket::Recv::timeout && !ranks_[r].link.stream()) {
+                    still_.push_back(r);  // readable but nothing whole yet: poll again
+                } else if (got != LinkSocket::Recv::ok) {
                     mark_failed(r, /*timed_out=*/false);
                 } else if (m.op != static_cast<uint32_t>(LinkOp::ready) && m.seq != seq) {
                     still_.push_back(r);  // a late answer to an older request
+                } else if (ranks_[r].remote && m.rss_bytes > 0) {
+                    remote_rss_[r].store(m.rss_bytes, std::memory_order_relaxed);  // control replies carry it; steps do not
                 }
             }
             pending_.swap(still_);
@@ -469,6 +492,10 @@ private:
     void mark_failed(int32_t r, bool timed_out, const std::string & what = {}) {
         auto & k = ranks_[r];
         if (k.failed) { return; }
+        if (k.remote) {
+            listener_->mark_gone(r);
+            remote_rss_[r].store(0, std::memory_order_relaxed);
+        }
         bool reaped = false;
         if (!what.empty()) {
             k.why = what;
@@ -511,14 +538,26 @@ private:
         LinkMsg m;
         m.op         = static_cast<uint32_t>(LinkOp::comm_connect);
         m.generation = ++generation_;
+        ShmCommSegment segment = comm_segment(generation_);
         call(m, "wakeup (rebuilding the communication group)");
         check_replies("wakeup (rebuilding the communication group)");
         comm_connected_ = true;
     }
 
+    /// The shm group's segment names: this daemon's pid and store port make them unique on the host.
+    std::string shm_prefix() const {
+        return cfg_.dist_backend == "shm" ? fmt::format("/fdrollout-tp-{}-{}", ::getpid(), store_->port()) : std::string();
+    }
+    /// shm: a fresh segment for `generation` (unlinked when the returned holder goes); gloo: none.
+    ShmCommSegment comm_segment(int64_t generation) const {
+        if (cfg_.dist_backend != "shm") { return {}; }
+        return ShmCommSegment(shm_comm_name(shm_prefix(), generation), world_size());
+    }
+
     /// Wait for rank `r`'s process to end (SIGKILL first when `kill`); bounded.
     void reap(int32_t r, bool kill) {
         auto & k = ranks_[r];
+        if (k.remote && listener_) { listener_->mark_gone(r); }  // before the close: its duplicate would keep the link open
         k.link.close();
         if (k.pid <= 0) { return; }
         if (kill) { ::kill(k.pid, SIGKILL); }
@@ -566,6 +605,7 @@ private:
     SharedRegion                     region_;
     std::vector<Rank>                ranks_;
     std::vector<std::atomic<pid_t>>  pids_;      ///< [world] live rank pids (0: none), read by other threads
+    std::vector<std::atomic<int64_t>> remote_rss_;  ///< [world] RSS a rank on another node last reported (0: local / none)
     std::vector<LinkMsg>             replies_;   ///< [world] the latest call's answers
     std::vector<int32_t>             targets_, live_, pending_, still_;
     uint64_t                         seq_ = 0;

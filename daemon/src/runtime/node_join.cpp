@@ -6,6 +6,7 @@
 #include "fd/status.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/crypto.h>
@@ -166,6 +167,22 @@ JoinListener::~JoinListener() {
     stop_ = true;
     if (thread_.joinable()) { thread_.join(); }
     if (listen_fd_ >= 0) { ::close(listen_fd_); }
+    for (const auto & [rank, fd] : serving_) { ::close(fd); }
+}
+
+void JoinListener::mark_serving(int32_t rank, int fd) {
+    const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    std::lock_guard lk(mu_);
+    if (auto it = serving_.find(rank); it != serving_.end()) { ::close(it->second); }
+    if (dup >= 0) { serving_[rank] = dup; }
+}
+
+void JoinListener::mark_gone(int32_t rank) {
+    std::lock_guard lk(mu_);
+    if (auto it = serving_.find(rank); it != serving_.end()) {
+        ::close(it->second);
+        serving_.erase(it);
+    }
 }
 
 void JoinListener::serve() {
@@ -222,6 +239,34 @@ void JoinListener::handshake(int fd, const std::string & peer) {
                hello.rank >= (hello.node_rank + 1) * per_node) {
         refuse(Errc::invalid_argument, fmt::format("--node-rank {} rank {} is outside node ranks [1, {}) with {} rank(s) each",
                                                    hello.node_rank, hello.rank, expect_.nnodes, per_node));
+    }
+    if (v.status == 0) {
+        // A second copy of node k (started by mistake) must not take over, nor wait parked: the
+        // rank is live while its link's peer is connected (a rejoining node closed its old links).
+        std::lock_guard lk(mu_);
+        auto connected = [](int fd) {
+            pollfd p{fd, POLLRDHUP, 0};
+            return ::poll(&p, 1, 0) == 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0;
+        };
+        std::string from;
+        if (auto it = serving_.find(hello.rank); it != serving_.end()) {
+            if (connected(it->second)) {
+                from = "serving";
+            } else {
+                ::close(it->second);
+                serving_.erase(it);
+            }
+        }
+        if (from.empty()) {
+            if (auto it = parked_.find(hello.rank); it != parked_.end() && connected(it->second.link.fd())) {
+                from = fmt::format("joined from {}, waiting to be taken", it->second.peer);
+            }
+        }
+        if (!from.empty()) {
+            refuse(Errc::wrong_state, fmt::format("rank {} of node {} is already running ({}): is a second `fdrollout --node-rank {}` "
+                                                  "running for the same node? Stop this one; node {} rejoins by itself when its ranks exit",
+                                                  hello.rank, hello.node_rank, from, hello.node_rank, hello.node_rank));
+        }
     }
     if (!s.send_bytes(&v, sizeof v)) { return; }
     if (v.status != 0) {

@@ -244,6 +244,17 @@ LinkSocket::Recv LinkSocket::recv(LinkMsg & m, std::chrono::steady_clock::time_p
     }
 }
 
+LinkSocket::Recv LinkSocket::try_recv(LinkMsg & m) {
+    if (fd_ < 0) { return Recv::closed; }
+    for (;;) {
+        const ssize_t r = ::recv(fd_, &m, sizeof m, MSG_DONTWAIT);
+        if (r == static_cast<ssize_t>(sizeof m)) { return Recv::ok; }
+        if (r < 0 && errno == EINTR) { continue; }
+        if (r < 0 && errno == EAGAIN) { return Recv::timeout; }
+        return Recv::closed;  // EOF, reset, or a malformed record
+    }
+}
+
 int64_t LinkSocket::recv_bytes(void * data, size_t cap) {
     if (stream_) {
         const auto forever = std::chrono::steady_clock::time_point::max();

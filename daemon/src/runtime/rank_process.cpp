@@ -41,6 +41,8 @@ json rank_spawn_to_json(const RankSpawn & s) {
                         {"port", c.source.port}, {"rsync_config", c.source.rsync_config}}},
             {"master_addr", c.master_addr},
             {"bind_addr", s.bind_addr},
+            {"dist_backend", c.dist_backend},
+            {"shm_prefix", s.shm_prefix},
             {"timeout_s", c.timeout_s},
             {"log_level", c.log_level},
             {"log_format", c.log_format}};
@@ -72,6 +74,8 @@ RankSpawn rank_spawn_from_json(const json & j) {
         c.source.rsync_config = src.at("rsync_config");
         c.master_addr = j.at("master_addr");
         s.bind_addr   = j.value("bind_addr", std::string());
+        c.dist_backend = j.value("dist_backend", std::string("gloo"));
+        s.shm_prefix  = j.value("shm_prefix", std::string());
         c.timeout_s   = j.at("timeout_s");
         c.log_level   = j.at("log_level");
         c.log_format  = j.at("log_format");
@@ -172,9 +176,14 @@ public:
             // The group first (a sharded worker all-reduces from its first step). Its timeout is half
             // the daemon's: a rank whose peer died answers with that error before the daemon gives
             // up on it, so the daemon names the dead rank, not the waiting one.
-            comm_ = make_gloo_comm({.rank = s.rank, .world_size = c.tensor_parallel_size,
-                                    .bind_host = s.bind_addr.empty() ? c.master_addr : s.bind_addr,
-                                    .store_host = c.master_addr, .store_port = s.store_port, .timeout_s = 0.5 * c.timeout_s});
+            if (c.dist_backend == "shm") {
+                comm_ = make_shm_comm({.rank = s.rank, .world_size = c.tensor_parallel_size, .name_prefix = s.shm_prefix,
+                                       .timeout_s = 0.5 * c.timeout_s});
+            } else {
+                comm_ = make_gloo_comm({.rank = s.rank, .world_size = c.tensor_parallel_size,
+                                        .bind_host = s.bind_addr.empty() ? c.master_addr : s.bind_addr,
+                                        .store_host = c.master_addr, .store_port = s.store_port, .timeout_s = 0.5 * c.timeout_s});
+            }
             comm_->connect(s.generation);
             model_cfg_ = model::load_model_config(c.model_dir);
             model::WorkerConfig wcfg = c.worker;

@@ -191,7 +191,7 @@ private:
     std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> seqs_;
     kv::SeqId                                 next_seq_id_ = 1;
     model::StepBatch                          batch_;
-    std::vector<float>                        logits_, scratch_, processed_;  ///< processed_: one row after the logits processors
+    std::vector<float>                        scratch_, processed_;  ///< processed_: one row after the logits processors
     bool                                      defer_events_ = false;  ///< emit() holds events back (pause)
     std::vector<std::pair<std::shared_ptr<ResultChannel>, ChoiceEvent>> deferred_;
     /// A pause mode=wait waiting for the requests in flight to finish.

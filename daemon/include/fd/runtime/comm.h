@@ -2,9 +2,11 @@
 //
 // Ranks all-reduce (sum) the partial outputs of the row-parallel linears (o_proj, down_proj)
 // through a Comm. Implementations: NullComm (tp=1: nothing to reduce), GlooComm (CPU, Gloo's
-// TCP transport), NcclComm (CUDA builds; device pointers). A Comm can be torn down and rebuilt
-// (`--shutdown-comm-group-if-worker-idle`: sleep closes its sockets, wakeup reconnects), each
-// build a new "generation" of the group, rendezvousing through a TcpStore the master hosts.
+// TCP transport), ShmComm (CPU, ranks on one host: a shared-memory segment), NcclComm (CUDA
+// builds; device pointers). A Comm can be torn down and rebuilt (`--shutdown-comm-group-if-
+// worker-idle`: sleep closes its sockets / unmaps its segment, wakeup reconnects), each build a
+// new "generation" of the group, rendezvousing through a TcpStore the master hosts (Gloo, NCCL)
+// or a segment the daemon creates per generation (shm).
 //
 // Determinism (Gloo): all_reduce_sum gathers every rank's buffer and each rank sums element i
 // in rank order 0, 1, ..., T-1, so the result is bitwise the same on every rank and does not
@@ -24,7 +26,7 @@ class TcpStoreClient;
 class Comm {
 public:
     virtual ~Comm() = default;
-    virtual const char * name() const = 0;   ///< "null" | "gloo" | "nccl"
+    virtual const char * name() const = 0;   ///< "null" | "gloo" | "shm" | "nccl"
     virtual int32_t rank() const = 0;
     virtual int32_t world_size() const = 0;
     /// True while the group's connections are up (between connect() and disconnect()).
@@ -64,6 +66,54 @@ struct GlooCommConfig {
 
 /// Gloo over TCP. Not connected until connect().
 std::unique_ptr<Comm> make_gloo_comm(const GlooCommConfig & cfg);
+
+/// Ranks on one host: an all-reduce through a shared-memory segment (ShmComm).
+/// Segment of generation g: POSIX shm `<name_prefix>-g<g>`, created by the daemon (ShmCommSegment,
+/// O_EXCL, 0600) before it asks the ranks to connect, and unlinked once every rank mapped it (so
+/// nothing stays in /dev/shm); a rank opens it only when it is this user's, 0600, and of the
+/// expected size. Layout: a header, one 64-byte line per rank with its arrival counter, then two
+/// sets (alternating by call) of `world_size` slots of kShmCommSlotFloats f32 each.
+/// Every collective call k: each rank copies its (chunk of the) input into its slot of set k % 2,
+/// publishes k in its counter (release), waits until every counter reached k (spin, then a futex
+/// wait, bounded by timeout_s), then reads. Arriving at call k means a rank has finished reading
+/// call k-1, so the alternate set is free again: one wait per call. all_reduce_sum sums element i
+/// in rank order 0, 1, ..., T-1 starting from rank 0's value, exactly as GlooComm does, so results
+/// are bitwise the same as Gloo's on every rank. Inputs longer than a slot run in slot-sized
+/// chunks (element-wise: the order per element is unchanged).
+struct ShmCommConfig {
+    int32_t     rank        = 0;
+    int32_t     world_size  = 1;
+    std::string name_prefix;           ///< "/fdrollout-tp-<daemon pid>-<port>"; the segment is <prefix>-g<generation>
+    double      timeout_s   = 30.0;    ///< per-collective limit (a peer not arriving → rank_failed)
+};
+/// f32 elements per rank slot (1 MiB).
+inline constexpr int64_t kShmCommSlotFloats = int64_t{1} << 18;
+/// The segment's name for one generation.
+std::string shm_comm_name(const std::string & name_prefix, int64_t generation);
+/// Bytes of a segment for `world_size` ranks.
+int64_t shm_comm_segment_bytes(int32_t world_size);
+
+/// Not connected until connect(generation), which maps the segment the daemon created for that
+/// generation (Errors  rank_failed when it is missing or not this user's 0600 segment of the
+/// expected size); disconnect() unmaps it.
+std::unique_ptr<Comm> make_shm_comm(const ShmCommConfig & cfg);
+
+/// The daemon's side of a ShmComm generation: creates the segment (zeroed, 0600, O_EXCL) and
+/// unlinks it on unlink() or destruction. Errors  fd::Error{internal} when shm_open refuses.
+class ShmCommSegment {
+public:
+    ShmCommSegment() = default;
+    ShmCommSegment(const std::string & name, int32_t world_size);
+    ~ShmCommSegment();
+    ShmCommSegment(ShmCommSegment && o) noexcept;
+    ShmCommSegment & operator=(ShmCommSegment && o) noexcept;
+    /// Remove the name (mappings stay valid). Idempotent.
+    void unlink();
+    const std::string & name() const { return name_; }
+
+private:
+    std::string name_;
+};
 
 /// NCCL (CUDA builds only: throws fd::Error{invalid_argument} otherwise). The unique id is
 /// exchanged through the same TcpStore. all_reduce_sum takes device pointers, on the

@@ -55,6 +55,12 @@ public:
     /// One step on every rank. Shapes  logits [batch.logits_rows.size(), vocab] f32 (rank 0's).
     /// Returns false when `abandon` turned true and the step was dropped (see Worker::forward).
     virtual bool forward(const model::StepBatch & batch, float * logits, const std::atomic<bool> * abandon) = 0;
+    /// One step on every rank, rank 0's logits read in place (no copy): memory the executor owns
+    /// (mp: the shared region rank 0 wrote them into; uni: a buffer the Worker wrote into), valid
+    /// until the next call on this executor, never allocated per step once grown.
+    /// Shapes  returned [batch.logits_rows.size(), vocab] f32. Returns nullptr when `abandon`
+    /// turned true and the step was dropped. Errors  as forward().
+    virtual const float * forward_in_place(const model::StepBatch & batch, const std::atomic<bool> * abandon) = 0;
 
     /// Phase 1 of an update: every rank fetches `req` (its rank set by the executor) from the
     /// weight source and stages it. Errors  the first rank's error (not_found,
@@ -98,8 +104,9 @@ public:
     /// The ranks' communication group: "none" (a single in-process rank), "connected" or
     /// "disconnected" (torn down by sleep with --shutdown-comm-group-if-worker-idle).
     virtual const char * comm_state() const { return "none"; }
-    /// Resident bytes of the rank processes other than this one (mp: the sum over the local
-    /// ranks, read from /proc; uni: 0, the rank is this process). Any thread.
+    /// Resident bytes of the rank processes other than this one (mp: the local ranks read from
+    /// /proc now, plus each rank on another node as it reported with its last control reply -
+    /// start-up, sleep, wakeup, update; uni: 0, the rank is this process). Any thread.
     virtual int64_t rank_processes_rss_bytes() const { return 0; }
     /// Let go of the checkpoint the last stage_weights / reload_weights fetched, kept by a rank
     /// process (make_local_executor's hold_fetched) so that every rank shares one fetch (the rsync

@@ -17,7 +17,9 @@
 //   master → node  JoinVerdict   0 = accepted (the connection is parked for that rank until the
 //                                executor takes it), else an Errc and the reason (wrong token,
 //                                different model config.json, different --tensor-parallel-size
-//                                or --nnodes, a rank outside the node's range)
+//                                or --nnodes, a rank outside the node's range, or - wrong_state -
+//                                a rank already joined and still connected: a second copy of
+//                                node k started by mistake is refused, never parked)
 // The token never crosses the wire; a recorded handshake cannot be replayed (fresh nonces). The
 // step traffic after the join is not encrypted: run multi-host ranks on a private network.
 #pragma once
@@ -79,6 +81,13 @@ public:
     /// waiting until `deadline`; nullopt when none arrived.
     std::optional<JoinedLink> take(int32_t rank, std::chrono::steady_clock::time_point deadline);
 
+    /// The executor serves rank `rank` on the taken link `fd` (kept as a duplicate here): joins for
+    /// that rank are refused (wrong_state) while the link's peer is connected.
+    void mark_serving(int32_t rank, int fd);
+    /// The executor let go of rank `rank`'s link (failed, recovering, shutting down): call before
+    /// closing it, so the duplicate does not keep the connection open. Idempotent.
+    void mark_gone(int32_t rank);
+
 private:
     void serve();
     void handshake(int fd, const std::string & peer);
@@ -89,6 +98,7 @@ private:
     std::mutex                      mu_;
     std::condition_variable         cv_;
     std::map<int32_t, JoinedLink>   parked_;
+    std::map<int32_t, int>          serving_;   ///< rank → duplicate fd of the link the executor serves
     std::thread                     thread_;
 };
 

@@ -156,6 +156,9 @@ public:
     /// `on_slice` (the daemon checks the engine's abandon flag there).
     Recv recv(LinkMsg & m, std::chrono::steady_clock::time_point deadline,
               std::chrono::milliseconds poll_slice = std::chrono::milliseconds(0), const std::function<void()> & on_slice = {});
+    /// Seqpacket links: read one message that poll() reported readable, without waiting
+    /// (timeout: nothing there after all).
+    Recv try_recv(LinkMsg & m);
     /// Receive one blob of any size up to `cap` bytes (send_blob's; blocking). Returns bytes, 0 on close.
     int64_t recv_bytes(void * data, size_t cap);
     /// True when the peer has closed its end (or sent something unasked); never blocks.

@@ -1,0 +1,257 @@
+// ShmComm: collectives between ranks on one host through a shared-memory segment (fd/runtime/comm.h).
+#include "fd/runtime/comm.h"
+
+#include "fd/log.h"
+#include "fd/status.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <utility>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace fd::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kMagic = 0x6664746d2d73686dULL;  // "fdtm-shm"
+
+struct alignas(64) Header {
+    uint64_t magic;
+    int32_t  world_size;
+    int32_t  pad_;
+    int64_t  slot_floats;
+};
+
+/// One rank's arrival line: `arrived` is the number of the last call this rank reached (futex word),
+/// `sleepers` counts peers in a futex wait on it.
+struct alignas(64) Line {
+    std::atomic<uint32_t> arrived;
+    std::atomic<uint32_t> sleepers;
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+int64_t lines_offset() { return static_cast<int64_t>(sizeof(Header)); }
+int64_t slots_offset(int32_t world) { return lines_offset() + static_cast<int64_t>(sizeof(Line)) * world; }
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+}
+
+/// Shared (not process-private) futex wait on `word` while it holds `expected`, at most `ms`.
+void futex_wait(std::atomic<uint32_t> * word, uint32_t expected, int64_t ms) {
+    timespec ts{static_cast<time_t>(ms / 1000), static_cast<long>((ms % 1000) * 1000000)};
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+void futex_wake_all(std::atomic<uint32_t> * word) {
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+class ShmComm final : public Comm {
+public:
+    explicit ShmComm(const ShmCommConfig & cfg) : cfg_(cfg) {
+        FD_CHECK(cfg.world_size >= 1 && cfg.rank >= 0 && cfg.rank < cfg.world_size, "rank {} of {}", cfg.rank, cfg.world_size);
+    }
+    ~ShmComm() override { disconnect(); }
+
+    const char * name() const override { return "shm"; }
+    int32_t rank() const override { return cfg_.rank; }
+    int32_t world_size() const override { return cfg_.world_size; }
+    bool connected() const override { return base_ != nullptr; }
+
+    void connect(int64_t generation) override {
+        disconnect();
+        const std::string name = shm_comm_name(cfg_.name_prefix, generation);
+        const int64_t bytes = shm_comm_segment_bytes(cfg_.world_size);
+        const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
+        if (fd < 0) {
+            fail(Errc::rank_failed, "rank {} could not open the tensor-parallel segment {} (generation {}): {}", cfg_.rank, name, generation,
+                 std::strerror(errno));
+        }
+        struct stat st{};
+        const bool stat_ok = ::fstat(fd, &st) == 0;
+        const uid_t me = ::geteuid();
+        if (!stat_ok || st.st_uid != me || (st.st_mode & 0777) != 0600 || st.st_size != bytes) {
+            ::close(fd);
+            fail(Errc::rank_failed, "rank {}: the tensor-parallel segment {} is not this user's 0600 segment of {} bytes (owner {}, mode {:o}, "
+                 "{} bytes); refusing it", cfg_.rank, name, bytes, st.st_uid, st.st_mode & 0777, st.st_size);
+        }
+        void * p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        ::close(fd);
+        if (p == MAP_FAILED) { fail(Errc::rank_failed, "rank {}: mapping {}: {}", cfg_.rank, name, std::strerror(errno)); }
+        const auto * h = static_cast<const Header *>(p);
+        if (h->magic != kMagic || h->world_size != cfg_.world_size || h->slot_floats != kShmCommSlotFloats) {
+            ::munmap(p, static_cast<size_t>(bytes));
+            fail(Errc::rank_failed, "rank {}: {} is not a {}-rank tensor-parallel segment", cfg_.rank, name, cfg_.world_size);
+        }
+        base_  = static_cast<char *>(p);
+        bytes_ = bytes;
+        // Counters start at 0 in a fresh segment: every rank's first call is 1.
+        call_ = lines()[cfg_.rank].arrived.load(std::memory_order_acquire);
+        log::get("comm")->info("rank {}/{}: shm group connected (generation {}, {})", cfg_.rank, cfg_.world_size, generation, name);
+    }
+
+    void disconnect() override {
+        if (!base_) { return; }
+        ::munmap(base_, static_cast<size_t>(bytes_));
+        base_  = nullptr;
+        bytes_ = 0;
+        log::get("comm")->info("rank {}/{}: shm group disconnected", cfg_.rank, cfg_.world_size);
+    }
+
+    void all_reduce_sum(float * data, int64_t n) override {
+        FD_CHECK(base_, "all_reduce_sum on a disconnected group");
+        if (cfg_.world_size == 1 || n == 0) { return; }
+        const int32_t W = cfg_.world_size;
+        for (int64_t off = 0; off < n; off += kShmCommSlotFloats) {
+            const int64_t m = std::min(kShmCommSlotFloats, n - off);
+            float * x = data + off;
+            const uint32_t k = arrive(x, m, "all-reduce");
+            // Rank order 0..W-1 from rank 0's value: GlooComm's order, the same bits on every rank.
+            const float * s0 = slot(k, 0);
+            for (int64_t i = 0; i < m; ++i) { x[i] = s0[i]; }
+            for (int32_t r = 1; r < W; ++r) {
+                const float * s = slot(k, r);
+                for (int64_t i = 0; i < m; ++i) { x[i] += s[i]; }
+            }
+        }
+    }
+
+    void gather(const float * send, int64_t n, float * recv) override {
+        FD_CHECK(base_, "gather on a disconnected group");
+        if (cfg_.world_size == 1) {
+            std::copy_n(send, n, recv);
+            return;
+        }
+        for (int64_t off = 0; off < n; off += kShmCommSlotFloats) {
+            const int64_t m = std::min(kShmCommSlotFloats, n - off);
+            const uint32_t k = arrive(send + off, m, "gather");
+            if (cfg_.rank != 0) { continue; }
+            for (int32_t r = 0; r < cfg_.world_size; ++r) { std::copy_n(slot(k, r), m, recv + r * n + off); }
+        }
+    }
+
+    void barrier() override {
+        FD_CHECK(base_, "barrier on a disconnected group");
+        if (cfg_.world_size == 1) { return; }
+        arrive(nullptr, 0, "barrier");
+    }
+
+private:
+    Line * lines() const { return reinterpret_cast<Line *>(base_ + lines_offset()); }
+    float * slot(uint32_t call, int32_t r) const {
+        const int64_t set = call % 2;
+        return reinterpret_cast<float *>(base_ + slots_offset(cfg_.world_size)) + (set * cfg_.world_size + r) * kShmCommSlotFloats;
+    }
+
+    /// Call k: put `m` floats of `x` in this rank's slot, publish k, wait until every rank has.
+    /// Errors  rank_failed naming the ranks that did not arrive within timeout_s.
+    uint32_t arrive(const float * x, int64_t m, const char * what) {
+        const uint32_t k = ++call_;
+        if (m > 0) { std::memcpy(slot(k, cfg_.rank), x, static_cast<size_t>(m) * sizeof(float)); }
+        Line * L = lines();
+        L[cfg_.rank].arrived.store(k, std::memory_order_seq_cst);
+        if (L[cfg_.rank].sleepers.load(std::memory_order_seq_cst) != 0) { futex_wake_all(&L[cfg_.rank].arrived); }
+        const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.timeout_s));
+        for (int32_t r = 0; r < cfg_.world_size; ++r) {
+            if (r == cfg_.rank) { continue; }
+            auto reached = [&] { return static_cast<int32_t>(L[r].arrived.load(std::memory_order_acquire) - k) >= 0; };
+            // A short spin (~30 us) covers a peer a few microseconds behind; then sleep on its counter.
+            if (!reached()) {
+                const auto spin_until = Clock::now() + std::chrono::microseconds(30);
+                for (int i = 1; !reached(); ++i) {
+                    cpu_relax();
+                    if (i % 64 == 0 && Clock::now() >= spin_until) { break; }
+                }
+            }
+            while (!reached()) {
+                const auto now = Clock::now();
+                if (now >= deadline) {
+                    fail(Errc::rank_failed, "{} on rank {}: rank {} did not arrive within {:.1f} s (a peer rank died or hung)", what,
+                         cfg_.rank, r, cfg_.timeout_s);
+                }
+                L[r].sleepers.fetch_add(1, std::memory_order_seq_cst);
+                const uint32_t seen = L[r].arrived.load(std::memory_order_seq_cst);
+                if (static_cast<int32_t>(seen - k) < 0) {
+                    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+                    futex_wait(&L[r].arrived, seen, std::clamp<int64_t>(left, 1, 100));
+                }
+                L[r].sleepers.fetch_sub(1, std::memory_order_seq_cst);
+            }
+        }
+        return k;
+    }
+
+    ShmCommConfig cfg_;
+    char *        base_  = nullptr;
+    int64_t       bytes_ = 0;
+    uint32_t      call_  = 0;   ///< the number of this rank's last collective call (same on every rank)
+};
+
+}  // namespace
+
+std::string shm_comm_name(const std::string & name_prefix, int64_t generation) { return name_prefix + "-g" + std::to_string(generation); }
+
+int64_t shm_comm_segment_bytes(int32_t world_size) {
+    return slots_offset(world_size) + int64_t{2} * world_size * kShmCommSlotFloats * static_cast<int64_t>(sizeof(float));
+}
+
+std::unique_ptr<Comm> make_shm_comm(const ShmCommConfig & cfg) { return std::make_unique<ShmComm>(cfg); }
+
+ShmCommSegment::ShmCommSegment(const std::string & name, int32_t world_size) {
+    FD_CHECK(world_size >= 1, "world size {}", world_size);
+    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) { fail(Errc::internal, "creating the tensor-parallel segment {}: {}", name, std::strerror(errno)); }
+    name_ = name;
+    const int64_t bytes = shm_comm_segment_bytes(world_size);
+    void * p = MAP_FAILED;
+    if (::fchmod(fd, 0600) == 0 && ::ftruncate(fd, bytes) == 0) {
+        p = ::mmap(nullptr, sizeof(Header), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    const int err = errno;
+    ::close(fd);
+    if (p == MAP_FAILED) {
+        unlink();
+        fail(Errc::internal, "sizing the tensor-parallel segment {} ({} bytes): {}", name, bytes, std::strerror(err));
+    }
+    auto * h = static_cast<Header *>(p);
+    h->world_size  = world_size;
+    h->slot_floats = kShmCommSlotFloats;
+    h->magic       = kMagic;
+    ::munmap(p, sizeof(Header));
+}
+
+ShmCommSegment::~ShmCommSegment() { unlink(); }
+ShmCommSegment::ShmCommSegment(ShmCommSegment && o) noexcept : name_(std::exchange(o.name_, {})) {}
+ShmCommSegment & ShmCommSegment::operator=(ShmCommSegment && o) noexcept {
+    if (this != &o) {
+        unlink();
+        name_ = std::exchange(o.name_, {});
+    }
+    return *this;
+}
+
+void ShmCommSegment::unlink() {
+    if (name_.empty()) { return; }
+    ::shm_unlink(name_.c_str());
+    name_.clear();
+}
+
+}  // namespace fd::runtime
