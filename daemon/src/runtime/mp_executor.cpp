@@ -150,7 +150,9 @@ public:
             check_replies("update_weights (staging)");
             for (const auto & r : replies_) {
                 if (r.has_reply_version != replies_[0].has_reply_version || std::strcmp(r.version, replies_[0].version) != 0) {
-                    fail(Errc::invalid_checkpoint, "ranks fetched different versions (rank 0 '{}', rank {} '{}'); nothing applied",
+                    // Only a "latest" fetch can differ (a named version is checked by every rank): the source
+                    // moved between the ranks' reads, a transient state like a record rewritten mid-copy.
+                    fail(Errc::source_unavailable, "ranks fetched different versions (rank 0 '{}', rank {} '{}'): the source changed while they read it; nothing applied, retry",
                          replies_[0].version, r.rank, r.version);
                 }
             }
