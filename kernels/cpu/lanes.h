@@ -43,17 +43,16 @@ inline float reduce16(f32x16 v) {
 /// reduce16 of 16 (or 8) accumulators at once, transposed: each level adds whole vectors whose
 /// lanes pair exactly as reduce16 pairs them (lane i with i + 8, then i + 4, then (0 + 2) and
 /// (1 + 3), then those two), so every sum is bitwise reduce16's. out[i] = reduce16(v[i]).
-// GCC 12 flags the _mm512_undefined_ps() inside its own shuffle intrinsics.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Shuffles and permutes with every lane selected use the zero-masked intrinsics: GCC 12 flags the
+// _mm512_undefined_ps() inside the plain ones (-Wuninitialized wherever they are inlined).
+#define FD_SHUF_F32X4(a, b, imm) _mm512_maskz_shuffle_f32x4(__mmask16(0xFFFF), (a), (b), (imm))
 inline __m512 pair_halves(__m512 a, __m512 b) {  // [a: i + (i+8) | b: i + (i+8)], i < 8
-    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(FD_SHUF_F32X4(a, b, _MM_SHUFFLE(1, 0, 1, 0)), FD_SHUF_F32X4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
 }
 inline __m512 pair_quarters(__m512 ab, __m512 cd) {  // quarter g of 4: i + (i+4), i < 4, of a, b, c, d
-    return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(FD_SHUF_F32X4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)), FD_SHUF_F32X4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
 }
+#undef FD_SHUF_F32X4
 inline __m512 pair_02_13(__m512 p, __m512 q) {  // per quarter [p0+p2, p1+p3, q0+q2, q1+q3]
     return _mm512_add_ps(_mm512_shuffle_ps(p, q, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(p, q, _MM_SHUFFLE(3, 2, 3, 2)));
 }
@@ -69,13 +68,9 @@ inline void reduce16_many(const f32x16 * acc, int n, float * out) {
     // q[g] quarter j holds accumulator 4g + j; t[m] quarter j: (a, b) of q[2m] then of q[2m + 1].
     for (int i = 0; i < n / 8; ++i) { t[i] = pair_02_13(q[2 * i], q[2 * i + 1]); }
     const __m512 f = pair_last(t[0], n == 16 ? t[1] : t[0]);  // lane 4j + g: accumulator 4g + j
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, f);
-    for (int g = 0; g < n / 4; ++g) {
-        for (int j = 0; j < 4; ++j) { out[4 * g + j] = lanes[4 * j + g]; }
-    }
+    const __m512i from = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);  // i → 4 (i % 4) + i / 4
+    _mm512_mask_storeu_ps(out, n == 16 ? __mmask16(0xFFFF) : __mmask16(0x00FF), _mm512_maskz_permutexvar_ps(__mmask16(0xFFFF), from, f));
 }
-#pragma GCC diagnostic pop
 #endif
 
 /// out[i] = reduce16(acc[i]) for i < n.

@@ -11,8 +11,8 @@
 //                 32, of the "hi" vector k = 8*(l/4) + 4 + l%4, lo first. x is permuted into the
 //                 same order once per call, so the weights need no further shuffling.
 // Paths: one row (decode) and, for f32 weights, up to 8 rows stream the weights from their rows
-// in register tiles; more rows (or bf16) run on packed operands (x per call, a weight block per
-// task, see "Many rows" below). Tiles and packing only decide which loads feed an FMA, never the
+// in register tiles; more rows (or bf16) run on packed operands (x per call, a strip of weights
+// per k chunk and block of rows, see "Many rows" below). Tiles and packing only decide which loads feed an FMA, never the
 // arithmetic, so a row's result is bitwise the same for any batch size, batch position, path,
 // tiling or thread count.
 #include "fd/kernels/cpu_ops.h"
@@ -220,26 +220,28 @@ void tile(const TileArgs & t) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Many rows: packed operands
+// Many rows: packed x, weight strips (GotoBLAS-style blocking)
 //
-// Both operands are packed into "vector steps" of 16 k's in the weights' lane order (f32: k = 16v
-// + lane; bf16: step s of 32 k's is vector steps 2s (lo) and 2s + 1 (hi), bf16_lane_k order), the
-// tail zero-padded exactly as the one-row path pads it. So vector step v of a packed (row,
-// output) pair is the very FMA the one-row path runs at its step v (bf16: lo before hi), and the
-// packed kernel runs the one-row path's chain. x is packed once per call into tiles of kMR rows
-// ([tile][vstep][kMR][16], one contiguous stream per tile); a task packs its block of weight rows
-// once ([strip][vstep][kNR][16]; bf16 widened here), then every row panel of the task meets it.
+// x is packed once per call into "vector steps" of 16 k's in the weights' lane order (f32: k =
+// 16v + lane; bf16: step s of 32 k's is vector steps 2s (lo) and 2s + 1 (hi), bf16_lane_k
+// order), the tail zero-padded exactly as the one-row path pads it, in tiles of kMR rows
+// ([tile][vstep][kMR][16]: one contiguous stream per tile). Weights are read in strips of kNR
+// rows, one k chunk at a time packed (bf16 widened, a partial last step zero-padded) into a
+// small buffer [vstep][kNR][16]; the stored weights are never written. Vector step v of a (row,
+// output) pair is then the very FMA the one-row path runs at its step v (bf16: lo before hi), so
+// the packed kernel runs the one-row path's chain.
+// Blocking for a 48 KiB L1 / 1 MiB L2 core (GotoBLAS): a task owns a block of rows (packed x <=
+// 512 KiB, stays in L2) and a range of outputs; a strip chunk (<= 24 KiB) sits in L1 while every
+// x tile of the block meets it. The weights stream from memory once per block of rows. (Tried
+// and dropped: software prefetch of the next strip, of the next x panel, and reading f32 strips
+// from the stored rows unpacked - each measured slower on this machine.)
 // ---------------------------------------------------------------------------------------------
 
-constexpr int     kMR      = 4, kNR = 6;
+constexpr int     kMR      = 4, kNR = 6;  ///< register tile: 24 lane accumulators, 6 weights, 1 x
 constexpr int64_t kDirectRows = 8;        ///< f32 weights, up to this many rows: not packed
 constexpr int64_t kKcSteps = 64;          ///< vector steps per k chunk (1024 k's): a strip chunk
                                           ///< (6 x 1024 x 4 B = 24 KiB) stays in L1
-constexpr int64_t kXPanelBytes = 128 << 10;  ///< packed x of one panel (whole k) within this (L2)
-constexpr int64_t kWBlockBytes = 192 << 10;  ///< a task's packed weight block within this (L2)
-constexpr int64_t kXSuperBytes = 768 << 10;  ///< x rows of one task, kept in L2 next to its weight
-                                             ///< block (from L3 a task ran ~25% slower); the
-                                             ///< weights stream from memory once per these rows
+constexpr int64_t kXBlockBytes = 512 << 10;  ///< packed x of a task's rows within this (L2)
 
 /// Vector steps of a row of n_in k's: f32 ceil(n_in / 16), bf16 2 ceil(n_in / 32).
 int64_t n_vsteps(WType t, int64_t n_in) { return t == WType::f32 ? (n_in + 15) / 16 : 2 * ((n_in + 31) / 32); }
@@ -279,24 +281,23 @@ void pack_x(std::vector<float> & xp, const float * x, int64_t n_rows, int64_t n_
     }
 }
 
-/// Weight rows [o0, o0 + n) → wp [ceil(n / kNR)][n_vsteps][kNR][16] as f32 in lane order; outputs
-/// past n zero (results not stored).
+/// Weight rows [o, o + n) (n <= kNR), vector steps [v0, v0 + nk) → dst [nk][kNR][16] as f32 in
+/// lane order (v0 and nk whole steps of T); outputs past n zero (results not stored).
 template <WType T>
-void pack_w(float * wp, const char * w, int64_t n_in, int64_t o0, int64_t n) {
-    const int64_t nv = n_vsteps(T, n_in), row_bytes = n_in * Step<T>::kElemBytes;
-    const int64_t n_strips = (n + kNR - 1) / kNR;
-    for (int64_t c = 0; c < n_strips * kNR; ++c) {
-        float * dst = wp + (c / kNR) * nv * kNR * kLanes + (c % kNR) * kLanes;
+void pack_strip(float * dst, const char * w, int64_t n_in, int64_t o, int n, int64_t v0, int64_t nk) {
+    const int64_t row_bytes = n_in * Step<T>::kElemBytes;
+    for (int c = 0; c < kNR; ++c) {
+        float * d = dst + c * kLanes;
         if (c >= n) {
-            for (int64_t v = 0; v < nv; ++v) { std::memset(dst + v * kNR * kLanes, 0, sizeof(float) * kLanes); }
+            for (int64_t v = 0; v < nk; ++v) { std::memset(d + v * kNR * kLanes, 0, sizeof(float) * kLanes); }
             continue;
         }
-        const char * row = w + (o0 + c) * row_bytes;
-        for (int64_t v = 0; v < nv; v += Step<T>::V) {
-            const int64_t k = v / Step<T>::V * Step<T>::K;
+        const char * row = w + (o + c) * row_bytes;
+        for (int64_t v = 0; v < nk; v += Step<T>::V) {
+            const int64_t k = (v0 + v) / Step<T>::V * Step<T>::K;
             f32x16        wv[Step<T>::V];
             load_w<T>(row, k, static_cast<int>(std::min<int64_t>(Step<T>::K, n_in - k)), wv);
-            for (int u = 0; u < Step<T>::V; ++u) { std::memcpy(dst + (v + u) * kNR * kLanes, &wv[u], sizeof(f32x16)); }
+            for (int u = 0; u < Step<T>::V; ++u) { std::memcpy(d + (v + u) * kNR * kLanes, &wv[u], sizeof(f32x16)); }
         }
     }
 }
@@ -329,17 +330,18 @@ __attribute__((noinline)) void packed_steps(const float * xp, const float * wp, 
         }
     }
     for (int64_t s = 0; s < n; ++s) {
-        const float * ws = wp + s * kNR * kLanes;
         const float * xs = xp + s * kMR * kLanes;
+        const float * ws = wp + s * kNR * kLanes;
         __m512 w[kNR];
 #pragma GCC unroll 8
         for (int c = 0; c < kNR; ++c) {
             w[c] = _mm512_loadu_ps(ws + c * kLanes);
-            __asm__("" : "+v"(w[c]));
+            __asm__("" : "+v"(w[c]));  // loaded once, not folded into each row's FMA
         }
 #pragma GCC unroll 8
         for (int r = 0; r < kMR; ++r) {
-            const __m512 xv = _mm512_loadu_ps(xs + r * kLanes);
+            __m512 xv = _mm512_loadu_ps(xs + r * kLanes);
+            __asm__("" : "+v"(xv));
 #pragma GCC unroll 8
             for (int c = 0; c < kNR; ++c) { a[r][c] = _mm512_fmadd_ps(xv, w[c], a[r][c]); }
         }
@@ -366,11 +368,20 @@ __attribute__((noinline)) void packed_steps(const float * xp, const float * wp, 
         float sums[kMR * kNR];
         reduce_all(&acc[0][0], kMR * kNR, sums);
         if (e.n_rows == kMR && e.n_cols == kNR) {
+#if defined(__AVX512F__)
+            constexpr __mmask16 kRow = (1u << kNR) - 1;  // one row of the tile: kNR floats
+            const __m512 b = e.bias ? _mm512_maskz_loadu_ps(kRow, e.bias) : _mm512_setzero_ps();
 #pragma GCC unroll 8
             for (int r = 0; r < kMR; ++r) {
-#pragma GCC unroll 8
+                __m512 v = _mm512_maskz_loadu_ps(kRow, sums + r * kNR);
+                if (e.bias) { v = _mm512_add_ps(v, b); }  // the same one rounding as the scalar add
+                _mm512_mask_storeu_ps(e.out + r * e.ldo, kRow, v);
+            }
+#else
+            for (int r = 0; r < kMR; ++r) {
                 for (int c = 0; c < kNR; ++c) { e.out[r * e.ldo + c] = e.bias ? sums[r * kNR + c] + e.bias[c] : sums[r * kNR + c]; }
             }
+#endif
             return;
         }
         for (int r = 0; r < e.n_rows; ++r) {
@@ -383,53 +394,41 @@ __attribute__((noinline)) void packed_steps(const float * xp, const float * wp, 
     }
 }
 
-/// One task of the many-row path: rows [r0, r1) x outputs [o0, o1). xp from pack_x (r0 a
-/// multiple of kMR); wp this thread's packed block of outputs [o0, o1).
-void packed_task(float * out, const float * xp, const float * wp, const float * bias, int64_t nv, int64_t r0,
-                 int64_t r1, int64_t n_out, int64_t o0, int64_t o1, int64_t mc) {
-    const int64_t n_strips = (o1 - o0 + kNR - 1) / kNR;
+/// One task of the many-row path: rows [r0, r1) x outputs [o0, o1) (r0 a multiple of kMR, xp
+/// from pack_x, w the stored weights). Strip by strip and k chunk by k chunk: the strip chunk,
+/// packed (bf16 widened) into a buffer that stays in L1, meets every x tile of the rows (from
+/// L2), lane sums parked exactly in a per-tile carry between chunks.
+template <WType T>
+void packed_task(float * out, const float * xp, const char * w, const float * bias, int64_t n_in, int64_t nv,
+                 int64_t r0, int64_t r1, int64_t n_out, int64_t o0, int64_t o1) {
+    const int64_t n_tiles = (r1 - r0 + kMR - 1) / kMR, n_chunks = (nv + kKcSteps - 1) / kKcSteps;
     thread_local std::vector<f32x16> carry;
-    for (int64_t p0 = r0; p0 < r1; p0 += mc) {
-        const int64_t p1 = std::min(r1, p0 + mc), n_tiles = (p1 - p0 + kMR - 1) / kMR;
-        const bool    chunked = nv > kKcSteps;
-        if (chunked && static_cast<int64_t>(carry.size()) < n_tiles * n_strips * kMR * kNR) {
-            carry.resize(static_cast<size_t>(n_tiles * n_strips * kMR * kNR));
-        }
+    thread_local std::vector<float>  sbuf;
+    if (n_chunks > 1 && static_cast<int64_t>(carry.size()) < n_tiles * kMR * kNR) {
+        carry.resize(static_cast<size_t>(n_tiles * kMR * kNR));
+    }
+    if (static_cast<int64_t>(sbuf.size()) < kKcSteps * kNR * kLanes) { sbuf.resize(static_cast<size_t>(kKcSteps * kNR * kLanes)); }
+    const float * x0 = xp + (r0 / kMR) * nv * kMR * kLanes;
+    for (int64_t o = o0; o < o1; o += kNR) {
+        const int n = static_cast<int>(std::min<int64_t>(kNR, o1 - o));
         for (int64_t v0 = 0; v0 < nv; v0 += kKcSteps) {
             const int64_t nk = std::min(kKcSteps, nv - v0);
-            // The next (panel, chunk)'s x is brought into L2 while this one runs: its lines are
-            // spread over this unit's kernel calls (x of a fresh panel comes from L3 or memory).
-            int64_t np0 = p0, nv0 = v0 + kKcSteps;
-            if (nv0 >= nv) { np0 = p0 + mc; nv0 = 0; }
-            const int64_t n_next_tiles = np0 < r1 ? (std::min(r1, np0 + mc) - np0 + kMR - 1) / kMR : 0;
-            const int64_t next_lines_per_tile = std::min(kKcSteps, nv - nv0) * kMR;  // 64-byte lines
-            const int64_t next_lines = n_next_tiles * next_lines_per_tile;
-            const int64_t n_calls = n_strips * n_tiles, per_call = (next_lines + n_calls - 1) / n_calls;
-            int64_t       next_line = 0;
-            for (int64_t st = 0; st < n_strips; ++st) {
-                const float * ws = wp + (st * nv + v0) * kNR * kLanes;
-                const int64_t o  = o0 + st * kNR;
-                const int     nc = static_cast<int>(std::min<int64_t>(kNR, o1 - o));
-                for (int64_t tt = 0; tt < n_tiles; ++tt) {
-                    const int64_t  r  = p0 + tt * kMR;
-                    const TileEnds e{.carry  = chunked ? carry.data() + (st * n_tiles + tt) * kMR * kNR : nullptr,
-                                     .out    = out + r * n_out + o, .ldo = n_out, .bias = bias ? bias + o : nullptr,
-                                     .n_rows = static_cast<int>(std::min<int64_t>(kMR, p1 - r)), .n_cols = nc};
-                    const float *  xs = xp + ((r / kMR) * nv + v0) * kMR * kLanes;
-                    const bool     first = v0 == 0, last = v0 + nk == nv;
-                    for (int64_t i = 0; i < per_call && next_line < next_lines; ++i, ++next_line) {
-                        const int64_t nt = next_line / next_lines_per_tile, ln = next_line % next_lines_per_tile;
-                        __builtin_prefetch(xp + ((np0 / kMR + nt) * nv + nv0) * kMR * kLanes + ln * kLanes, 0, 2);
-                    }
-                    if (first && last) {
-                        packed_steps<true, true>(xs, ws, nk, e);
-                    } else if (first) {
-                        packed_steps<true, false>(xs, ws, nk, e);
-                    } else if (last) {
-                        packed_steps<false, true>(xs, ws, nk, e);
-                    } else {
-                        packed_steps<false, false>(xs, ws, nk, e);
-                    }
+            const bool    first = v0 == 0, last = v0 + nk == nv;
+            pack_strip<T>(sbuf.data(), w, n_in, o, n, v0, nk);
+            for (int64_t tt = 0; tt < n_tiles; ++tt) {
+                const int64_t  r = r0 + tt * kMR;
+                const TileEnds e{.carry  = n_chunks > 1 ? carry.data() + tt * kMR * kNR : nullptr,
+                                 .out    = out + r * n_out + o, .ldo = n_out, .bias = bias ? bias + o : nullptr,
+                                 .n_rows = static_cast<int>(std::min<int64_t>(kMR, r1 - r)), .n_cols = n};
+                const float *  xs = x0 + (tt * nv + v0) * kMR * kLanes;
+                if (first && last) {
+                    packed_steps<true, true>(xs, sbuf.data(), nk, e);
+                } else if (first) {
+                    packed_steps<true, false>(xs, sbuf.data(), nk, e);
+                } else if (last) {
+                    packed_steps<false, true>(xs, sbuf.data(), nk, e);
+                } else {
+                    packed_steps<false, false>(xs, sbuf.data(), nk, e);
                 }
             }
         }
@@ -518,32 +517,29 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
         });
         return;
     }
-    // Many rows: x packed once; tasks of up to `sb` rows x `nc` outputs, output-block major
-    // within a block of rows, so the weights stream from memory once per `sb` rows. A task packs
-    // its weight block (in L2) and runs it against panels of `mc` rows (packed x in L2), a strip
-    // of kNR outputs (in L1) meeting every kMR-row tile of the panel.
+    // Many rows: x packed once; tasks of (a block of rows: packed x <= kXBlockBytes, in L2) x
+    // (a range of whole strips), blocks of rows major; one range of outputs per block unless
+    // the threads need more tasks.
     thread_local std::vector<float> xp;  // the caller's thread only: tasks read it
     pack_x(xp, x, n_rows, n_in, wtype);
     const float * xpk = xp.data();  // (a thread_local named inside a task would be the worker's own)
     const int64_t nv = n_vsteps(wtype, n_in), vbytes = nv * kLanes * 4;  // packed bytes of one row
-    const int64_t nc = std::clamp<int64_t>(kWBlockBytes / vbytes / kNR * kNR, kNR, 48);
-    const int64_t mc = std::clamp<int64_t>(kXPanelBytes / vbytes / kMR * kMR, kMR, 128);
-    const int64_t sb_max = std::max<int64_t>(mc, kXSuperBytes / vbytes / mc * mc);
-    const int64_t n_sb   = (n_rows + sb_max - 1) / sb_max;  // blocks of rows of about equal size
-    const int64_t sb     = ((n_rows + n_sb - 1) / n_sb + kMR - 1) / kMR * kMR;
-    const int64_t n_ob   = (n_out + nc - 1) / nc;
-    for_tasks(n_sb * n_ob, [&](int64_t t) {
-        const int64_t s0 = (t / n_ob) * sb, s1 = std::min(n_rows, s0 + sb);
-        const int64_t o0 = (t % n_ob) * nc, o1 = std::min(n_out, o0 + nc);
-        thread_local std::vector<float> wp;
-        const int64_t need = (o1 - o0 + kNR - 1) / kNR * kNR * nv * kLanes;
-        if (static_cast<int64_t>(wp.size()) < need) { wp.resize(static_cast<size_t>(need)); }
+    const int64_t mc_max   = std::max<int64_t>(kMR, kXBlockBytes / vbytes / kMR * kMR);
+    const int64_t n_rb     = (n_rows + mc_max - 1) / mc_max;  // blocks of rows of about equal size
+    const int64_t mc       = ((n_rows + n_rb - 1) / n_rb + kMR - 1) / kMR * kMR;
+    const int64_t n_strips = (n_out + kNR - 1) / kNR;
+    const int64_t n_thr    = pool ? pool->n_threads() : 1;
+    const int64_t n_or     = n_thr > 1 ? std::clamp<int64_t>((3 * n_thr + n_rb - 1) / n_rb, 1, n_strips) : 1;
+    const int64_t oc       = (n_strips + n_or - 1) / n_or * kNR;  // outputs per range
+    for_tasks(n_rb * n_or, [&](int64_t t) {
+        const int64_t s0 = (t / n_or) * mc, s1 = std::min(n_rows, s0 + mc);
+        const int64_t o0 = (t % n_or) * oc, o1 = std::min(n_out, o0 + oc);
+        if (s0 >= s1 || o0 >= o1) { return; }
         if (wtype == WType::f32) {
-            pack_w<WType::f32>(wp.data(), wb, n_in, o0, o1 - o0);
+            packed_task<WType::f32>(out, xpk, wb, bias, n_in, nv, s0, s1, n_out, o0, o1);
         } else {
-            pack_w<WType::bf16>(wp.data(), wb, n_in, o0, o1 - o0);
+            packed_task<WType::bf16>(out, xpk, wb, bias, n_in, nv, s0, s1, n_out, o0, o1);
         }
-        packed_task(out, xpk, wp.data(), bias, nv, s0, s1, n_out, o0, o1, mc);
     });
 }
 

@@ -27,9 +27,9 @@ namespace fd::kernels {
 ///          caller only).
 /// Paths    1 row, and 2-8 rows of f32 weights: the weight rows stream past x in register tiles.
 ///          More rows (or bf16): x packed once per call into 4-row tiles in the weights' lane order;
-///          tasks of (rows of <= 768 KiB of x) x (<= 48 outputs: packed weights <= 192 KiB, bf16
-///          widened) pack their weights once and meet panels of <= 128 KiB of x: a 6-output strip
-///          (k-chunks of 1024, lane sums parked exactly between chunks) against every 4-row tile.
+///          tasks of (rows of <= 512 KiB of packed x, kept in L2) x (a range of outputs) pack one
+///          6-output strip at a time (k-chunks of 1024, bf16 widened; <= 24 KiB, kept in L1) and
+///          run it against every 4-row tile of their rows, lane sums parked exactly between chunks.
 ///          Every path runs the same FMA chain per output (the tests check bitwise equality).
 /// Source   register-tiled dot-product micro-kernel (4 x 6; 1 x 8 for one row), GotoBLAS packing;
 ///          the fixed-reduction-order idea follows "Defeating Nondeterminism in LLM Inference"
