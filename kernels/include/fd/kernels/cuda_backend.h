@@ -19,11 +19,21 @@
 namespace fd::kernels {
 
 /// The CUDA backend on device `device_id`, with `n_host_threads` (>= 1) host threads for
-/// host_pool(). Errors  fd::Error{invalid_argument} when no such CUDA device is visible (the
-/// message says why); fd::Error{internal} when the stream cannot be created.
-std::unique_ptr<Backend> make_cuda_backend(int32_t device_id, int32_t n_host_threads);
+/// host_pool(). `batch_invariant` false (--no-batch-invariant) is accepted and today runs the
+/// same fixed-order kernels (a cuBLAS heuristic path is not written yet).
+/// Errors  fd::Error{invalid_argument} when no such CUDA device is visible (the message says
+/// "no CUDA device visible" and why); fd::Error{internal} when the stream cannot be created.
+std::unique_ptr<Backend> make_cuda_backend(int32_t device_id, int32_t n_host_threads, bool batch_invariant = true);
 
-/// True when CUDA device `device_id` is usable; otherwise false and `why` says why.
+/// True when CUDA device `device_id` is usable; otherwise false and `why` says why ("no CUDA
+/// device visible (...)" when the runtime finds none).
 bool cuda_device_available(int32_t device_id, std::string * why);
+
+/// cudaGetDeviceCount (0 on any error: no driver, no device).
+int32_t cuda_device_count();
+
+/// cudaMemGetInfo on device `device_id` (made current on the calling thread).
+/// Errors  fd::Error{internal} when the runtime call fails.
+MemInfo cuda_mem_info(int32_t device_id);
 
 }  // namespace fd::kernels
