@@ -109,7 +109,7 @@ void resolve_swap_space(const Config & cfg, Resolved & r, std::vector<std::strin
     }
 }
 
-/// --device, --use-cudagraph, --gpu-memory-utilization (its range; the sizing is size_kv_pool's).
+/// --device, --gpu-memory-utilization (its range; the sizing is gpu_kv_pool_bytes').
 void resolve_device(const Config & cfg, Resolved & r, std::vector<std::string> & problems) {
     const auto & m = cfg.model;
     if (m.device == "cpu") {
@@ -127,7 +127,6 @@ void resolve_device(const Config & cfg, Resolved & r, std::vector<std::string> &
         problems.push_back("--device cuda with --tensor-parallel-size > 1: the ranks' collectives run over host memory (Gloo); "
                            "the NCCL comm is not wired yet. Use one rank per daemon on CUDA");
     }
-    if (m.use_cudagraph && !cuda) { problems.push_back("--use-cudagraph needs --device cuda (CUDA graphs do not exist on the CPU backend)"); }
     if (m.gpu_memory_utilization != 0.0) {
         if (!cuda) {
             problems.push_back("--gpu-memory-utilization needs --device cuda; on the CPU backend size the KV pool with --kv-cache-bytes "

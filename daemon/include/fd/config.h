@@ -22,7 +22,6 @@ struct ModelOptions {
     std::string weight_version = "0";        ///< used when the model dir has no version.yaml `step`
     std::string device         = "cpu";      ///< cpu | cuda (cuda needs a CUDA build and a visible device)
     double      gpu_memory_utilization = 0.0;  ///< cuda: fraction (0, 1] of the device's memory this instance may use (sizes the KV pool); 0 = unset
-    bool        use_cudagraph   = false;     ///< cuda: activation buffers sized for --max-num-batched-tokens up front (graph capture itself: not yet)
     bool        batch_invariant = true;      ///< false = --no-batch-invariant (cuda: may use heuristic GEMMs; cpu: same kernels)
     int32_t     tensor_parallel_size = 1;    ///< ranks; 1 until tensor parallelism lands
     int32_t     n_threads      = 0;          ///< kernel threads; 0 = all cores
