@@ -47,6 +47,7 @@ public:
             cudaFreeHost(b.pinned);
         }
         cudaFree(best_);
+        cudaFree(first_);
         cudaStreamDestroy(stream_);
     }
 
@@ -88,6 +89,17 @@ public:
     }
     void free_pinned_host(void * p) noexcept override {
         if (p) { cudaFreeHost(p); }
+    }
+    int64_t find_nonfinite(const void * p, StoredType t, int64_t n) override {
+        current();
+        if (!first_) { check(cudaMalloc(reinterpret_cast<void **>(&first_), sizeof(unsigned long long)), "cudaMalloc (first_nonfinite)"); }
+        const unsigned long long none = ~0ULL;
+        unsigned long long       got  = none;
+        check(cudaMemcpyAsync(first_, &none, sizeof none, cudaMemcpyHostToDevice, stream_), "find_nonfinite");
+        cuda::first_nonfinite(first_, p, static_cast<int>(t), n, stream_);
+        check(cudaMemcpyAsync(&got, first_, sizeof got, cudaMemcpyDeviceToHost, stream_), "find_nonfinite");
+        check(cudaStreamSynchronize(stream_), "find_nonfinite");
+        return got == none ? -1 : static_cast<int64_t>(got);
     }
 
     void begin_step(const StepIndex & step) override {
@@ -241,6 +253,7 @@ private:
     int64_t           attn_n_       = 0;
     int32_t           attn_bs_      = 0;
     std::vector<int32_t> flat_, table_row_, n_ctx_;
+    unsigned long long * first_ = nullptr;  // find_nonfinite's result
     int64_t *         best_     = nullptr;
     int64_t           best_cap_ = 0;
 };

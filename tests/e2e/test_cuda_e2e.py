@@ -4,7 +4,7 @@ stories260K (F32): greedy tokens equal to a CPU daemon's, token logprobs within 
 both tags (weight, kv_cache) hands >= 97% of the device memory the daemon held back (device-wide
 cudaMemGetInfo through libcudart, read in this process); wakeup serves the same tokens again; 50
 sleep/wakeup cycles leak no device memory (free memory after the last wakeup within 2 MiB of the
-first). Exits 77 (CTest: Skipped) where no CUDA device is visible.
+first); the sleep result's device_bytes_freed matches. Exits 77 (CTest: Skipped) where no CUDA device is visible.
 """
 import ctypes
 import sys
@@ -57,6 +57,9 @@ class CudaDaemon(unittest.TestCase):
             status, body = d.post("/v1/sleep?tags=weight,kv_cache")
             self.assertEqual(status, 200, body)
             freed = device_free() - awake
+            res = body.get("result", body)
+            self.assertIn("device_bytes_freed", res, body)  # the daemon's own cudaMemGetInfo delta
+            self.assertGreaterEqual(res["device_bytes_freed"], 0.97 * freed - (2 << 20))
             # The context, cuBLAS/scratch buffers and index staging stay: >= 97% of what the
             # weights + KV regions held is the issue's bar; held also counts the context, so
             # compare against the regions (256 MiB KV + weights) via the freed fraction of held

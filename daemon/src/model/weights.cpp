@@ -1,5 +1,6 @@
 #include "fd/file_io.h"
 #include "fd/model/weights.h"
+#include "fd/weights/cuda_ipc.h"
 #include "fd/progress.h"
 
 #include "fd/log.h"
@@ -93,6 +94,7 @@ void warn_if_untied_head(const WeightLayout & layout, const TensorIndex & idx, O
     auto head = idx.tensors.find("lm_head.weight");
     auto emb  = idx.tensors.find("model.embed_tokens.weight");
     if (!layout.tied_lm_head || head == idx.tensors.end() || emb == idx.tensors.end()) { return; }
+    if (head->second.on_cuda_ipc || emb->second.on_cuda_ipc) { return; }  // not in a file
     const TensorInfo & h = head->second;
     const TensorInfo & e = emb->second;
     bool differs = h.shape != e.shape || h.dtype != e.dtype;
@@ -124,7 +126,7 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
     auto add = [&](const TensorInfo & src, int64_t e0, int64_t n, std::byte * dst, DType d) {
         const bool    widen = src.dtype != d;
         const int64_t es    = dtype_size(src.dtype), chunk = kChunkBytes / es;
-        const int     fd    = files.fd(src);
+        const int     fd    = src.on_cuda_ipc ? -1 : files.fd(src);
         for (int64_t e = 0; e < n; e += chunk) {
             jobs.push_back({&src, fd, (e0 + e) * es, std::min(chunk, n - e), dst + e * dtype_size(d), widen});
         }
@@ -135,7 +137,7 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
         const bool    widen = src.dtype != d;
         const int64_t es = dtype_size(src.dtype), stride = src.shape[1] * es;
         const int64_t per_job = std::max<int64_t>(1, kChunkBytes / (n * es));
-        const int     fd = files.fd(src);
+        const int     fd = src.on_cuda_ipc ? -1 : files.fd(src);
         for (int64_t r = 0; r < rows; r += per_job) {
             jobs.push_back({&src, fd, r * stride + c0 * es, n, dst + r * n * dtype_size(d), widen, std::min(per_job, rows - r), stride});
         }
@@ -187,6 +189,11 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
             }
         }
     }
+    // CUDA IPC tensors (the ipc source on a CUDA rank): each allocation opened once; copies go
+    // device to device when the destination is the device and no widening is needed.
+    weights::CudaIpcOpened ipc_opened;
+    std::mutex             ipc_mu;
+    const bool             d2d_ok = dev && dev->kind() == kernels::DeviceKind::cuda;
     ProgressPhase progress("load", total_bytes);  // /health `progress` while the copy runs
     std::mutex         mu;
     std::exception_ptr first_error;
@@ -203,6 +210,30 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
             }
             const std::string what    = "tensor '" + j.src->name + "'";
             const int64_t     es      = dtype_size(j.src->dtype);
+            const std::byte * ipc     = nullptr;  // the CUDA IPC allocation's device address
+            if (j.src->on_cuda_ipc) {
+                std::lock_guard lk(ipc_mu);
+                ipc = static_cast<const std::byte *>(ipc_opened.base(j.src->cuda_ipc_handle.data(), j.src->file.string() + ": " + what));
+            }
+            if (ipc && d2d_ok && !j.widen) {  // device to device, checked on the device
+                const auto st = j.src->dtype == DType::f32 ? kernels::StoredType::f32
+                              : j.src->dtype == DType::bf16 ? kernels::StoredType::bf16 : kernels::StoredType::f16;
+                for (int64_t row = 0; row < j.n_rows; ++row) {
+                    const int64_t src_row = j.src_offset + row * j.src_stride;
+                    std::byte *   dst_row = j.dst + row * j.n_elems * es;
+                    std::lock_guard lk(upload_mu);
+                    weights::cuda_copy(dst_row, ipc + j.src->offset_bytes + src_row, static_cast<uint64_t>(j.n_elems * es), what);
+                    if (opt.check_finite) {
+                        if (const int64_t bad = dev->find_nonfinite(dst_row, st, j.n_elems); bad >= 0) {
+                            std::byte v[4] = {};
+                            dev->download(v, dst_row + bad * es, es);
+                            fail_nonfinite(*j.src, src_row / es + bad, v);
+                        }
+                    }
+                    Progress::current().add_done(j.n_elems * es);
+                }
+                return;
+            }
             // Unchecked and not widened: one pread for the whole chunk (the path without the check).
             const int64_t     per     = opt.check_finite || j.widen ? kScanBytes / es : j.n_elems;
             std::vector<std::byte> raw(j.widen ? static_cast<size_t>(std::min(per, j.n_elems) * es) : 0);
@@ -227,7 +258,12 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
                     const int64_t n   = std::min(per, j.n_elems - e);
                     const int64_t off = j.src->offset_bytes + src_row + e * es;
                     std::byte *   p   = j.widen ? raw.data() : dst_row + e * es;
-                    pread_exact(j.fd, p, n * es, off, j.src->file, what);
+                    if (ipc) {  // a CUDA IPC tensor read to host (a host destination, or widening)
+                        std::lock_guard lk(upload_mu);
+                        weights::cuda_copy(p, ipc + off, static_cast<uint64_t>(n * es), what);
+                    } else {
+                        pread_exact(j.fd, p, n * es, off, j.src->file, what);
+                    }
                     if (opt.check_finite) {
                         if (const int64_t bad = find_nonfinite(j.src->dtype, p, n); bad >= 0) {
                             fail_nonfinite(*j.src, src_row / es + e + bad, p + bad * es);

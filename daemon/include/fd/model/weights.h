@@ -37,6 +37,9 @@ struct FillOptions {
 /// blocking, must be a regular file and the one whose header `idx` was read from (st_dev/ino).
 /// A tied model whose checkpoint also stores a different lm_head.weight: a warning log.
 /// With opt.upload_to the same bytes reach `base` through bounce buffers (see FillOptions).
+/// A tensor on a CUDA IPC allocation (TensorInfo::on_cuda_ipc) is copied device to device when
+/// opt.upload_to is a CUDA backend and no widening is needed, its NaN/Inf check run on the
+/// device (Backend::find_nonfinite); otherwise it is copied to host and handled as a file read.
 /// On error `base` holds a partial copy (callers fill a staging arena).
 /// Errors   fd::Error{invalid_checkpoint} naming the file and tensor (cannot open, not a regular
 ///          file, short read, a NaN/Inf value and its element index); source_unavailable when a

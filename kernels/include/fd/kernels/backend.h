@@ -45,6 +45,9 @@ struct MemInfo {
     int64_t total_bytes = 0;
 };
 
+/// How a checkpoint stores floats (the weights' dtypes before any widening).
+enum class StoredType : uint8_t { f32 = 0, bf16 = 1, f16 = 2 };
+
 /// The index arrays of one forward step (host memory, valid until the step's last op is issued).
 struct StepIndex {
     const int32_t *   tokens    = nullptr;  ///< [n_tokens] input ids
@@ -92,6 +95,11 @@ public:
     virtual void * alloc_pinned_host(int64_t bytes) { (void)bytes; return nullptr; }
     /// Give back memory from alloc_pinned_host(); nullptr is a no-op.
     virtual void free_pinned_host(void * p) noexcept { (void)p; }
+    /// Index of the first NaN or Inf among the `n` values of type `t` at `p` (backend memory),
+    /// or -1; waits for earlier ops. The check of weights that reach the device without a host
+    /// copy (CUDA IPC, device to device). Default: download() in 256 KiB pieces and scan on the
+    /// host; CUDA: a device kernel on the stored bits.
+    virtual int64_t find_nonfinite(const void * p, StoredType t, int64_t n);
 
     // --- forward-pass ops -----------------------------------------------------------------
 
