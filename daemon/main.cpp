@@ -67,7 +67,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
                    "activations and other processes leave (vLLM's rule). Refused on cpu (use --kv-cache-bytes)")
         ->envname("FD_GPU_MEMORY_UTILIZATION");
     app.add_flag("!--no-batch-invariant", c.model.batch_invariant,
-                 "Allow a row's logits to depend on the batch (cuda: heuristic GEMMs, not implemented yet; cpu: same kernels)");
+                 "Allow a row's logits to depend on the batch (cuda: cuBLAS heuristic SGEMM for F32 weights without bias; cpu: the same kernels)");
     app.add_option("--tensor-parallel-size", c.model.tensor_parallel_size, "Tensor-parallel ranks (must divide the KV heads; > 1 runs one process per rank: mp)")
         ->envname("FD_TENSOR_PARALLEL_SIZE")->capture_default_str();
     app.add_option("--threads", c.model.n_threads, "CPU kernel threads per rank (0 = all cores)")->envname("FD_THREADS")->capture_default_str();
@@ -185,8 +185,9 @@ int run(fd::Config & cfg, sigset_t & signals) {
                  "capture itself is not implemented yet, decode steps run eagerly", cfg.engine.scheduler.max_num_batched_tokens);
     }
     if (!cfg.model.batch_invariant) {
-        lg->info("--no-batch-invariant: accepted; the {} backend runs its batch-invariant kernels (no heuristic GEMM path yet)",
-                 cfg.model.device);
+        lg->info("--no-batch-invariant: {}", r.device == fd::kernels::DeviceKind::cuda
+                                                 ? "F32 linear layers without bias use cuBLAS's heuristic SGEMM"
+                                                 : "accepted; the cpu backend's kernels are batch-invariant anyway");
     }
     const fd::model::WorkerConfig wcfg{
         .rank = 0, .device = r.device, .device_id = 0, .batch_invariant = cfg.model.batch_invariant,

@@ -2,6 +2,7 @@
 // arrays staged through pinned buffers.
 #include "fd/kernels/cuda_backend.h"
 
+#include "cublas_gemm.h"
 #include "fd/kernels/cuda_ops.h"
 #include "fd/kernels/thread_pool.h"
 #include "fd/status.h"
@@ -121,6 +122,11 @@ public:
     }
     void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows, int64_t n_out,
                 int64_t n_in) override {
+        // --no-batch-invariant: cuBLAS's heuristic SGEMM for f32 weights without bias.
+        if (!batch_invariant_ && wtype == WType::f32 && bias == nullptr &&
+            gemm_.sgemm(out, x, static_cast<const float *>(w), n_rows, n_out, n_in, stream_)) {
+            return;
+        }
         cuda::linear(out, x, w, wtype, bias, n_rows, n_out, n_in, stream_);
     }
     void rms_norm(float * out, const float * x, const float * weight, int64_t n_rows, int64_t n_embd, float eps) override {
@@ -242,7 +248,8 @@ private:
     }
 
     int32_t           device_ = 0;
-    bool              batch_invariant_ = true;  // false: --no-batch-invariant (same kernels today)
+    bool              batch_invariant_ = true;  // false: --no-batch-invariant (cuBLAS SGEMM for f32 weights)
+    cuda::HeuristicGemm gemm_;
     ThreadPool        pool_;
     cudaStream_t      stream_ = nullptr;
     IndexBuf          idx_[kSlotCount];
