@@ -11,7 +11,10 @@
 #include <sys/sysinfo.h>
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
+#include <vector>
 
 namespace k = fd::kernels;
 
@@ -69,4 +72,22 @@ TEST_CASE("resolve refuses CUDA-only flags on cpu and an unknown device, naming 
         CHECK(e4 == fd::Errc::invalid_argument);
         CHECK(w4.find("no CUDA device visible") != std::string::npos);
     }
+}
+
+TEST_CASE("Backend::find_nonfinite (the download-and-scan default) finds the first NaN/Inf of F32, BF16 and F16, or -1") {
+    auto be = k::make_cpu_backend(1);
+    const int64_t n = 300000;  // several 256 KiB pieces
+    std::vector<float> f(static_cast<size_t>(n), 0.5f);
+    CHECK(be->find_nonfinite(f.data(), k::StoredType::f32, n) == -1);
+    f[200001] = std::numeric_limits<float>::infinity();
+    f[250000] = std::numeric_limits<float>::quiet_NaN();
+    CHECK(be->find_nonfinite(f.data(), k::StoredType::f32, n) == 200001);
+    std::vector<uint16_t> h(static_cast<size_t>(n), 0x3f00);  // 0.5 in BF16
+    CHECK(be->find_nonfinite(h.data(), k::StoredType::bf16, n) == -1);
+    h[131072] = 0x7fc0;  // BF16 NaN, first element of the second piece
+    CHECK(be->find_nonfinite(h.data(), k::StoredType::bf16, n) == 131072);
+    std::vector<uint16_t> g(static_cast<size_t>(n), 0x3800);  // 0.5 in F16
+    g[n - 1] = 0xfc00;  // F16 -Inf, the last element
+    CHECK(be->find_nonfinite(g.data(), k::StoredType::f16, n) == n - 1);
+    CHECK(be->find_nonfinite(g.data(), k::StoredType::f16, n - 1) == -1);
 }
