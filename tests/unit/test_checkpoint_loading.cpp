@@ -574,8 +574,6 @@ TEST_CASE("is_loopback_host: only loopback addresses and localhost") {
     }
 }
 
-}  // TEST_SUITE
-
 namespace {
 
 /// A CPU backend that counts uploads and hands out "pinned" host memory (malloc), to see that
@@ -654,3 +652,5 @@ TEST_CASE("fill_weights through upload_to: every byte arrives by upload, one at 
     expect_invalid([&] { fd::model::fill_weights(L, idx2, staged.data(), &pool, {.upload_to = &be}); },
                    {"'w'", "non-finite", "element 2000001"});
 }
+
+}  // TEST_SUITE
