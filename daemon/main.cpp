@@ -60,7 +60,14 @@ void add_flags(CLI::App & app, fd::Config & c) {
                  "Start on a non-loopback --host without --api-key (refused otherwise)")->envname("FD_ALLOW_UNAUTHENTICATED");
     app.add_option("--weight-version", c.model.weight_version, "Weight version reported when the model dir has no version.yaml 'step'")
         ->envname("FD_WEIGHT_VERSION")->capture_default_str();
-    app.add_option("--device", c.model.device, "Backend: cpu (cuda needs a CUDA build)")->envname("FD_DEVICE")->capture_default_str();
+    app.add_option("--device", c.model.device, "Backend: cpu | cuda (a CUDA build with a visible device; none visible: exit 10)")
+        ->envname("FD_DEVICE")->capture_default_str();
+    app.add_option("--gpu-memory-utilization", c.model.gpu_memory_utilization,
+                   "cuda: fraction (0, 1] of the device's memory this instance may use; the KV pool gets what the weights, "
+                   "activations and other processes leave (vLLM's rule). Refused on cpu (use --kv-cache-bytes)")
+        ->envname("FD_GPU_MEMORY_UTILIZATION");
+    app.add_flag("!--no-batch-invariant", c.model.batch_invariant,
+                 "Allow a row's logits to depend on the batch (cuda: cuBLAS heuristic SGEMM for F32 weights without bias; cpu: the same kernels)");
     app.add_option("--tensor-parallel-size", c.model.tensor_parallel_size, "Tensor-parallel ranks (must divide the KV heads; > 1 runs one process per rank: mp)")
         ->envname("FD_TENSOR_PARALLEL_SIZE")->capture_default_str();
     app.add_option("--threads", c.model.n_threads, "CPU kernel threads per rank (0 = all cores)")->envname("FD_THREADS")->capture_default_str();
@@ -130,7 +137,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
                    "update_weights staging arena: persistent (kept resident between updates; updates copy at memory bandwidth, "
                    "RSS holds a second copy of the weights while awake) or transient (mapped per update)")
         ->envname("FD_UPDATE_STAGING")->check(CLI::IsMember({"persistent", "transient"}))->capture_default_str();
-    app.add_flag("--use-cudagraph", c.engine.use_cudagraph, "CUDA-graph rule on every backend: waking weight needs kv_cache awake first")
+    app.add_flag("--use-cudagraph", c.engine.use_cudagraph, "CUDA-graph rule on every backend: waking weight needs kv_cache awake first; on --device cuda the activation buffers are also sized for --max-num-batched-tokens up front (stable addresses; graph capture itself is not implemented yet)")
         ->envname("FD_USE_CUDAGRAPH");
     app.add_option("--control-timeout-s", c.control.control_timeout_s,
                    "Longest a V1 control call waits for the engine before 504; also the deadline of every weight read (load, wakeup, update)")
@@ -175,8 +182,20 @@ int run(fd::Config & cfg, sigset_t & signals) {
              r.model.vocab_size, cfg.engine.weight_version);
     auto tok = fd::tokenizer::load_tokenizer(cfg.model.model_dir, {.bos_token_id = r.model.bos_token_id});
     lg->info("tokenizer: {} ({} ids)", tok->kind(), tok->vocab_size());
+    const bool graphs = cfg.engine.use_cudagraph && r.device == fd::kernels::DeviceKind::cuda;
+    if (graphs) {
+        lg->warn("--use-cudagraph on cuda: activation buffers are sized for {} tokens up front (stable addresses); CUDA graph "
+                 "capture itself is not implemented yet, decode steps run eagerly", cfg.engine.scheduler.max_num_batched_tokens);
+    }
+    if (!cfg.model.batch_invariant) {
+        lg->info("--no-batch-invariant: {}", r.device == fd::kernels::DeviceKind::cuda
+                                                 ? "F32 linear layers without bias use cuBLAS's heuristic SGEMM"
+                                                 : "accepted; the cpu backend's kernels are batch-invariant anyway");
+    }
     const fd::model::WorkerConfig wcfg{
-        .rank = 0, .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,
+        .rank = 0, .device = r.device, .device_id = 0, .batch_invariant = cfg.model.batch_invariant,
+        .reserve_tokens = graphs ? cfg.engine.scheduler.max_num_batched_tokens : 0,
+        .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,
         .n_blocks = r.n_kv_blocks, .n_swap_blocks = r.n_swap_blocks, .max_model_len = cfg.engine.max_model_len,
         .keep_update_staging = cfg.weights.update_staging == "persistent",
         .check_finite_weights = cfg.weights.check_finite_weights, .io_timeout_s = cfg.control.control_timeout_s};

@@ -1,4 +1,4 @@
-// The backend factory: the one place that knows which backends this build has.
+// The backend factory and device queries: the one place that knows which backends this build has.
 #include "fd/kernels/backend.h"
 
 #include "fd/status.h"
@@ -6,6 +6,12 @@
 #if FD_WITH_CUDA
 #include "fd/kernels/cuda_backend.h"
 #endif
+
+#include <algorithm>
+#include <cstddef>
+#include <fstream>
+#include <sstream>
+#include <vector>
 
 namespace fd::kernels {
 
@@ -17,12 +23,78 @@ const char * device_kind_name(DeviceKind kind) {
     return "?";
 }
 
+MemInfo host_mem_info() {
+    std::ifstream in("/proc/meminfo");
+    std::string   line;
+    MemInfo       m;
+    while (std::getline(in, line)) {
+        std::istringstream ss(line);
+        std::string        key;
+        int64_t            kib = 0;
+        ss >> key >> kib;
+        if (key == "MemAvailable:") { m.free_bytes = kib * 1024; }
+        if (key == "MemTotal:") { m.total_bytes = kib * 1024; }
+    }
+    return m;
+}
+
+bool device_available(DeviceKind kind, int32_t device_id, std::string * why) {
+    switch (kind) {
+    case DeviceKind::cpu: return true;
+    case DeviceKind::cuda:
+#if FD_WITH_CUDA
+        return cuda_device_available(device_id, why);
+#else
+        (void)device_id;
+        if (why) { *why = "this build has no CUDA backend (configure with a CUDA toolkit and FD_WITH_CUDA=ON)"; }
+        return false;
+#endif
+    }
+    if (why) { *why = "unknown device kind"; }
+    return false;
+}
+
+int32_t device_count(DeviceKind kind) {
+    if (kind == DeviceKind::cpu) { return 1; }
+#if FD_WITH_CUDA
+    return cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
+MemInfo device_mem_info(DeviceKind kind, int32_t device_id) {
+    std::string why;
+    if (!device_available(kind, device_id, &why)) { fail(Errc::invalid_argument, "--device {}: {}", device_kind_name(kind), why); }
+#if FD_WITH_CUDA
+    if (kind == DeviceKind::cuda) { return cuda_mem_info(device_id); }
+#endif
+    return host_mem_info();
+}
+
+int64_t Backend::find_nonfinite(const void * p, StoredType t, int64_t n) {
+    const int64_t es = t == StoredType::f32 ? 4 : 2, per = (int64_t{256} << 10) / es;
+    std::vector<std::byte> host(static_cast<size_t>(std::min(per, std::max<int64_t>(n, 1)) * es));
+    for (int64_t e = 0; e < n; e += per) {
+        const int64_t m = std::min(per, n - e);
+        download(host.data(), static_cast<const std::byte *>(p) + e * es, m * es);
+        int64_t bad = -1;
+        switch (t) {
+        case StoredType::f32: bad = find_nonfinite_f32(reinterpret_cast<const float *>(host.data()), m); break;
+        case StoredType::bf16: bad = find_nonfinite_bf16(reinterpret_cast<const uint16_t *>(host.data()), m); break;
+        case StoredType::f16: bad = find_nonfinite_f16(reinterpret_cast<const uint16_t *>(host.data()), m); break;
+        }
+        if (bad >= 0) { return e + bad; }
+    }
+    return -1;
+}
+
 std::unique_ptr<Backend> make_backend(const BackendConfig & cfg) {
     switch (cfg.kind) {
     case DeviceKind::cpu: return make_cpu_backend(cfg.n_threads);
     case DeviceKind::cuda:
 #if FD_WITH_CUDA
-        return make_cuda_backend(cfg.device_id, cfg.n_threads);
+        return make_cuda_backend(cfg.device_id, cfg.n_threads, cfg.batch_invariant);
 #else
         break;
 #endif

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# GPU check (issue #10): configure a CUDA build (-DFD_WITH_CUDA=ON, sm_90), build the GPU tests and
-# the GPU benchmark, run `ctest -L gpu` and fd_gpu_bench (JSON). Meant to finish within 8 minutes on
+# GPU check (issue #10): configure a CUDA build (-DFD_WITH_CUDA=ON, sm_90), build the GPU tests,
+# the daemon and the GPU benchmark, run `ctest -L gpu` (the ops, the VMM allocator, the backend,
+# the Worker on cuda vs cpu, and the daemon e2e on --device cuda: greedy equal to cpu, logprobs
+# within 1e-5, sleep frees >= 97%, 50 sleep/wakeup cycles leak nothing) and fd_gpu_bench (JSON). Meant to finish within 8 minutes on
 # one H200; record its output in docs/benchmarks.md. Without a GPU every gpu test reports Skipped
 # (exit 77) and the script says "no GPU: N tests skipped" and exits 0.
 #   BUILD_DIR (default build-gpu), FD_JOBS (default: all cores), FD_GPU_BENCH_SECONDS (per point, 0.3)
@@ -13,7 +15,9 @@ start=$(date +%s)
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFD_WITH_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
 # Only what the GPU check runs (the whole tree builds with scripts/build.sh).
-cmake --build "$BUILD_DIR" -j "$JOBS" --target fd_gpu_test_cuda_ops fd_gpu_test_cuda_vmm fd_gpu_test_cuda_backend fd_gpu_bench
+# fdrollout + fdctl: the e2e pass (e2e_test_cuda_e2e: the daemon on --device cuda vs cpu).
+cmake --build "$BUILD_DIR" -j "$JOBS" --target fd_gpu_test_cuda_ops fd_gpu_test_cuda_vmm fd_gpu_test_cuda_backend \
+      fd_gpu_test_cuda_worker fd_gpu_bench fdrollout fdctl
 built=$(date +%s)
 echo "gpu_check: built in $((built - start)) s"
 

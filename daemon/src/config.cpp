@@ -114,6 +114,65 @@ void resolve_swap_space(const Config & cfg, Resolved & r, std::vector<std::strin
     }
 }
 
+/// --device, --gpu-memory-utilization (its range; the sizing is gpu_kv_pool_bytes').
+void resolve_device(const Config & cfg, Resolved & r, std::vector<std::string> & problems) {
+    const auto & m = cfg.model;
+    if (m.device == "cpu") {
+        r.device = kernels::DeviceKind::cpu;
+    } else if (m.device == "cuda") {
+        r.device = kernels::DeviceKind::cuda;
+        std::string why;
+        if (!kernels::device_available(kernels::DeviceKind::cuda, 0, &why)) { problems.push_back("--device cuda: " + why); }
+    } else {
+        problems.push_back(fmt::format("--device '{}': expected cpu or cuda", m.device));
+        return;
+    }
+    const bool cuda = r.device == kernels::DeviceKind::cuda;
+    if (cuda && m.tensor_parallel_size > 1) {
+        problems.push_back("--device cuda with --tensor-parallel-size > 1: the ranks' collectives run over host memory (Gloo); "
+                           "the NCCL comm is not wired yet. Use one rank per daemon on CUDA");
+    }
+    if (m.gpu_memory_utilization != 0.0) {
+        if (!cuda) {
+            problems.push_back("--gpu-memory-utilization needs --device cuda; on the CPU backend size the KV pool with --kv-cache-bytes "
+                               "(bytes, or a fraction of available memory such as 0.3)");
+        } else if (!(m.gpu_memory_utilization > 0.0 && m.gpu_memory_utilization <= 1.0)) {
+            problems.push_back(fmt::format("--gpu-memory-utilization {} must be in (0, 1]", m.gpu_memory_utilization));
+        } else if (cfg.kv.kv_cache_bytes != "0") {
+            problems.push_back("--gpu-memory-utilization and --kv-cache-bytes both size the KV pool: pass one of them");
+        }
+    }
+}
+
+}  // namespace
+
+int64_t gpu_kv_budget_bytes(const kernels::MemInfo & mem, double utilization, int64_t weight_bytes, int64_t other_bytes) {
+    // vLLM's rule: this instance may hold utilization x total; what other processes (and the
+    // context) hold already, total - free, counts against it.
+    const double  budget = utilization * static_cast<double>(mem.total_bytes) - static_cast<double>(mem.total_bytes - mem.free_bytes);
+    return std::max<int64_t>(0, static_cast<int64_t>(budget) - weight_bytes - other_bytes);
+}
+
+namespace {
+
+/// --gpu-memory-utilization: the KV pool's bytes (whole model, as --kv-cache-bytes counts them)
+/// from device 0's memory now, less this rank's weights (twice with persistent update staging),
+/// its activation buffers for --max-num-batched-tokens and 512 MiB for the CUDA context and
+/// kernels' workspaces. Each rank holds 1/tp of every block on its own device.
+int64_t gpu_kv_pool_bytes(const Config & cfg, const Resolved & r) {
+    const int32_t tp      = std::max(1, cfg.model.tensor_parallel_size);
+    const auto    layout  = model::plan_layout(r.model, model::read_tensor_index(cfg.model.model_dir), {0, tp});
+    const int64_t weights = layout.arena_bytes * (cfg.weights.update_staging == "persistent" ? 2 : 1);
+    const auto &  m       = r.model;
+    const int64_t n       = cfg.engine.scheduler.max_num_batched_tokens;
+    const int64_t per_tok = (4LL * m.hidden_size + 3LL * m.n_heads * m.head_dim + 4LL * m.kv_dim() + 3LL * m.intermediate_size) / tp +
+                            m.hidden_size;
+    const int64_t acts    = 4 * (n * per_tok + 2LL * cfg.engine.scheduler.max_num_seqs * m.vocab_size);
+    const int64_t per_dev = gpu_kv_budget_bytes(kernels::device_mem_info(r.device, 0), cfg.model.gpu_memory_utilization, weights,
+                                                acts + (512LL << 20));
+    return per_dev * tp;
+}
+
 }  // namespace
 
 Resolved resolve(Config & cfg) {
@@ -126,10 +185,7 @@ Resolved resolve(Config & cfg) {
     }
     r.model = model::load_model_config(dir);  // throws invalid_checkpoint
 
-    if (cfg.model.device != "cpu") {
-        problems.push_back(cfg.model.device == "cuda" ? "--device cuda: the CUDA backend is not wired yet (its kernels and allocator are tested by scripts/gpu_check.sh); use --device cpu"
-                                                      : fmt::format("--device '{}': expected cpu or cuda", cfg.model.device));
-    }
+    resolve_device(cfg, r, problems);
     try {
         const auto st = weights::parse_load_strategy(cfg.weights.load_strategy);
         if (st == weights::LoadStrategy::rsync && cfg.weights.rsync_config.empty()) {
@@ -189,10 +245,13 @@ Resolved resolve(Config & cfg) {
         if (kvs.find('.') != std::string::npos) {
             const double frac = std::stod(kvs);
             if (!(frac > 0.0 && frac <= 1.0)) { problems.push_back("--kv-cache-bytes fraction must be in (0, 1]"); }
-            bytes = static_cast<int64_t>(frac * static_cast<double>(mem_available_bytes()));
+            const int64_t avail = r.device == kernels::DeviceKind::cuda ? kernels::device_mem_info(r.device, 0).free_bytes : mem_available_bytes();
+            bytes = static_cast<int64_t>(frac * static_cast<double>(avail));
         } else if (auto b = parse_bytes(kvs)) {
             bytes = *b;
-            if (bytes == 0) {
+            if (bytes == 0 && cfg.model.gpu_memory_utilization > 0.0) {
+                bytes = gpu_kv_pool_bytes(cfg, r);
+            } else if (bytes == 0) {
                 const int64_t want_tokens = static_cast<int64_t>(e.scheduler.max_num_seqs) * e.max_model_len;
                 bytes = std::min<int64_t>((want_tokens + bs - 1) / bs * block_bytes, 2LL << 30);
             }

@@ -37,6 +37,7 @@ public:
     }
     void copy(void * dst, const void * src, int64_t bytes) override { std::memcpy(dst, src, static_cast<size_t>(bytes)); }
     void synchronize() override {}
+    MemInfo mem_info() override { return host_mem_info(); }
 
     void embedding(float * out, const void * table, WType ttype, const int32_t * tokens, int64_t n_tokens, int64_t n_embd,
                    int64_t vocab_begin, int64_t vocab_rows) override {

@@ -2,6 +2,7 @@
 // arrays staged through pinned buffers.
 #include "fd/kernels/cuda_backend.h"
 
+#include "cublas_gemm.h"
 #include "fd/kernels/cuda_ops.h"
 #include "fd/kernels/thread_pool.h"
 #include "fd/status.h"
@@ -35,7 +36,8 @@ enum Slot { kTokens, kPositions, kSlots, kTables, kTableRow, kNctx, kRows, kSlot
 
 class CudaBackend final : public Backend {
 public:
-    CudaBackend(int32_t device, int32_t n_host_threads) : device_(device), pool_(std::max(1, n_host_threads)) {
+    CudaBackend(int32_t device, int32_t n_host_threads, bool batch_invariant)
+        : device_(device), batch_invariant_(batch_invariant), pool_(std::max(1, n_host_threads)) {
         check(cudaSetDevice(device), "cudaSetDevice");
         check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     }
@@ -46,6 +48,7 @@ public:
             cudaFreeHost(b.pinned);
         }
         cudaFree(best_);
+        cudaFree(first_);
         cudaStreamDestroy(stream_);
     }
 
@@ -64,10 +67,12 @@ public:
         if (p) { cudaFree(p); }
     }
     void upload(void * dst, const void * src_host, int64_t bytes) override {
+        current();
         check(cudaMemcpyAsync(dst, src_host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_), "upload");
         check(cudaStreamSynchronize(stream_), "upload");  // the host buffer may be reused on return
     }
     void download(void * dst_host, const void * src, int64_t bytes) override {
+        current();
         check(cudaMemcpyAsync(dst_host, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_), "download");
         check(cudaStreamSynchronize(stream_), "download");
     }
@@ -75,6 +80,28 @@ public:
         check(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream_), "copy");
     }
     void synchronize() override { check(cudaStreamSynchronize(stream_), "a device op failed"); }
+    MemInfo mem_info() override { return cuda_mem_info(device_); }
+    void * alloc_pinned_host(int64_t bytes) override {
+        current();
+        void * p = nullptr;
+        const cudaError_t e = cudaHostAlloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)), cudaHostAllocDefault);
+        if (e != cudaSuccess) { fail(Errc::internal, "CUDA backend: cudaHostAlloc of {} bytes: {}", bytes, cudaGetErrorString(e)); }
+        return p;
+    }
+    void free_pinned_host(void * p) noexcept override {
+        if (p) { cudaFreeHost(p); }
+    }
+    int64_t find_nonfinite(const void * p, StoredType t, int64_t n) override {
+        current();
+        if (!first_) { check(cudaMalloc(reinterpret_cast<void **>(&first_), sizeof(unsigned long long)), "cudaMalloc (first_nonfinite)"); }
+        const unsigned long long none = ~0ULL;
+        unsigned long long       got  = none;
+        check(cudaMemcpyAsync(first_, &none, sizeof none, cudaMemcpyHostToDevice, stream_), "find_nonfinite");
+        cuda::first_nonfinite(first_, p, static_cast<int>(t), n, stream_);
+        check(cudaMemcpyAsync(&got, first_, sizeof got, cudaMemcpyDeviceToHost, stream_), "find_nonfinite");
+        check(cudaStreamSynchronize(stream_), "find_nonfinite");
+        return got == none ? -1 : static_cast<int64_t>(got);
+    }
 
     void begin_step(const StepIndex & step) override {
         for (IndexBuf & b : idx_) { b.step_host = nullptr; }
@@ -95,6 +122,11 @@ public:
     }
     void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows, int64_t n_out,
                 int64_t n_in) override {
+        // --no-batch-invariant: cuBLAS's heuristic SGEMM for f32 weights without bias.
+        if (!batch_invariant_ && wtype == WType::f32 && bias == nullptr &&
+            gemm_.sgemm(out, x, static_cast<const float *>(w), n_rows, n_out, n_in, stream_)) {
+            return;
+        }
         cuda::linear(out, x, w, wtype, bias, n_rows, n_out, n_in, stream_);
     }
     void rms_norm(float * out, const float * x, const float * weight, int64_t n_rows, int64_t n_embd, float eps) override {
@@ -149,6 +181,12 @@ public:
     }
 
 private:
+    /// Make this backend's device current on the calling thread (host-pool threads upload weights).
+    void current() const {
+        int cur = -1;
+        if (cudaGetDevice(&cur) != cudaSuccess || cur != device_) { check(cudaSetDevice(device_), "cudaSetDevice"); }
+    }
+
     /// The device copy of `bytes` of host memory `host` in slot `s`. A step's array (step = true,
     /// or already staged by begin_step) is copied once and reused; anything else each call.
     const void * stage(Slot s, const void * host, int64_t bytes, bool step) {
@@ -210,6 +248,8 @@ private:
     }
 
     int32_t           device_ = 0;
+    bool              batch_invariant_ = true;  // false: --no-batch-invariant (cuBLAS SGEMM for f32 weights)
+    cuda::HeuristicGemm gemm_;
     ThreadPool        pool_;
     cudaStream_t      stream_ = nullptr;
     IndexBuf          idx_[kSlotCount];
@@ -220,6 +260,7 @@ private:
     int64_t           attn_n_       = 0;
     int32_t           attn_bs_      = 0;
     std::vector<int32_t> flat_, table_row_, n_ctx_;
+    unsigned long long * first_ = nullptr;  // find_nonfinite's result
     int64_t *         best_     = nullptr;
     int64_t           best_cap_ = 0;
 };
@@ -229,21 +270,33 @@ private:
 bool cuda_device_available(int32_t device_id, std::string * why) {
     int               n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || device_id < 0 || device_id >= n) {
-        if (why) {
-            *why = e != cudaSuccess ? std::string("CUDA runtime: ") + cudaGetErrorString(e)
-                                    : "CUDA device " + std::to_string(device_id) + " is not visible (" + std::to_string(n) +
-                                          " devices)";
-        }
+    if (e != cudaSuccess || n == 0) {
+        if (why) { *why = std::string("no CUDA device visible (") + (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")"; }
+        return false;
+    }
+    if (device_id < 0 || device_id >= n) {
+        if (why) { *why = "CUDA device " + std::to_string(device_id) + " is not visible (" + std::to_string(n) + " devices)"; }
         return false;
     }
     return true;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int32_t device_id, int32_t n_host_threads) {
+int32_t cuda_device_count() {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+MemInfo cuda_mem_info(int32_t device_id) {
+    check(cudaSetDevice(device_id), "cudaSetDevice");
+    size_t free_b = 0, total_b = 0;
+    check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    return {static_cast<int64_t>(free_b), static_cast<int64_t>(total_b)};
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int32_t device_id, int32_t n_host_threads, bool batch_invariant) {
     std::string why;
     if (!cuda_device_available(device_id, &why)) { fail(Errc::invalid_argument, "--device cuda: {}", why); }
-    return std::make_unique<CudaBackend>(device_id, n_host_threads);
+    return std::make_unique<CudaBackend>(device_id, n_host_threads, batch_invariant);
 }
 
 }  // namespace fd::kernels

@@ -19,7 +19,9 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -570,6 +572,85 @@ TEST_CASE("is_loopback_host: only loopback addresses and localhost") {
     for (const char * h : {"0.0.0.0", "::", "10.0.0.1", "192.168.1.2", "example.com", "::ffff:10.0.0.1", "", "128.0.0.1"}) {
         CHECK_FALSE_MESSAGE(fd::is_loopback_host(h), h);
     }
+}
+
+namespace {
+
+/// A CPU backend that counts uploads and hands out "pinned" host memory (malloc), to see that
+/// fill_weights' staged path (FillOptions::upload_to) writes only through upload().
+class CountingBackend final : public fd::kernels::Backend {
+public:
+    std::unique_ptr<fd::kernels::Backend> cpu = fd::kernels::make_cpu_backend(1);
+    std::atomic<int64_t> uploads{0}, upload_bytes{0}, max_upload{0}, pinned{0};
+    std::atomic<int>     in_upload{0}, overlapping{0};
+
+    const char * name() const override { return "counting"; }
+    fd::kernels::DeviceKind kind() const override { return fd::kernels::DeviceKind::cpu; }
+    bool host_visible() const override { return false; }
+    fd::kernels::ThreadPool * host_pool() override { return cpu->host_pool(); }
+    void * alloc(int64_t b) override { return cpu->alloc(b); }
+    void free(void * p) noexcept override { cpu->free(p); }
+    void upload(void * dst, const void * src, int64_t b) override {
+        if (in_upload.fetch_add(1) != 0) { overlapping.fetch_add(1); }  // uploads must be one at a time
+        uploads.fetch_add(1);
+        upload_bytes.fetch_add(b);
+        for (int64_t m = max_upload.load(); b > m && !max_upload.compare_exchange_weak(m, b);) {}
+        cpu->upload(dst, src, b);
+        in_upload.fetch_sub(1);
+    }
+    void download(void * dst, const void * src, int64_t b) override { cpu->download(dst, src, b); }
+    void copy(void * dst, const void * src, int64_t b) override { cpu->copy(dst, src, b); }
+    void synchronize() override {}
+    fd::kernels::MemInfo mem_info() override { return cpu->mem_info(); }
+    void * alloc_pinned_host(int64_t b) override {
+        pinned.fetch_add(1);
+        return std::malloc(static_cast<size_t>(b));
+    }
+    void free_pinned_host(void * p) noexcept override { std::free(p); }
+    void embedding(float *, const void *, fd::kernels::WType, const int32_t *, int64_t, int64_t, int64_t, int64_t) override {}
+    void linear(float *, const float *, const void *, fd::kernels::WType, const float *, int64_t, int64_t, int64_t) override {}
+    void rms_norm(float *, const float *, const float *, int64_t, int64_t, float) override {}
+    void rope(float *, const int32_t *, const float *, int64_t, int64_t, int64_t) override {}
+    void silu_mul(float *, const float *, int64_t, int64_t) override {}
+    void add(float *, const float *, int64_t) override {}
+    void copy_rows(float *, int64_t, const float *, int64_t, int64_t, int64_t) override {}
+    void gather_rows(float *, const float *, const int32_t *, int64_t, int64_t) override {}
+    void kv_store(fd::kernels::PagedKv, const float *, const float *, const int64_t *, int64_t) override {}
+    void attention_paged(float *, const float *, const fd::kernels::AttnQuery *, int64_t, int64_t, fd::kernels::PagedKv, float) override {}
+    void log_softmax_rows(float *, const float *, int64_t, int64_t) override {}
+    void argmax_rows(int64_t *, const float *, int64_t, int64_t) override {}
+};
+
+}  // namespace
+
+TEST_CASE("fill_weights through upload_to: every byte arrives by upload, one at a time, in pieces of <= 16 MiB, bounce "
+          "buffers pinned (one per pool thread); the result equals the direct fill; a NaN is still refused") {
+    using fd::model::DType;
+    TempDir d;
+    const int64_t rows = 3000, cols = 1500;  // 4.5M F16 values = 9 MB stored, 18 MB widened: several jobs
+    std::vector<uint16_t> v(static_cast<size_t>(rows * cols));
+    for (size_t i = 0; i < v.size(); ++i) { v[i] = static_cast<uint16_t>(0x3000 + i % 0x0b00); }  // finite F16
+    write_safetensors(d.path / "model.safetensors", {{"w", "F16", {rows, cols}, bytes_of(v)}});
+    const auto idx = fd::model::read_tensor_index(d.path);
+    const auto L = one_tensor_layout(rows, cols, DType::f16, DType::f32);
+    std::vector<std::byte> direct(static_cast<size_t>(L.arena_bytes)), staged(static_cast<size_t>(L.arena_bytes));
+    fd::kernels::ThreadPool pool(3);
+    fd::model::fill_weights(L, idx, direct.data(), &pool);
+    CountingBackend be;
+    fd::model::fill_weights(L, idx, staged.data(), &pool, {.upload_to = &be});
+    CHECK(std::memcmp(direct.data(), staged.data(), static_cast<size_t>(rows * cols * 4)) == 0);
+    CHECK(be.upload_bytes.load() == rows * cols * 4);
+    CHECK(be.uploads.load() >= 2);
+    CHECK(be.max_upload.load() <= (int64_t{16} << 20));
+    CHECK(be.overlapping.load() == 0);
+    CHECK(be.pinned.load() == 3);
+    // A NaN through the staged path: refused, naming the element.
+    v[2000001] = 0x7e00;
+    TempDir d2;
+    write_safetensors(d2.path / "model.safetensors", {{"w", "F16", {rows, cols}, bytes_of(v)}});
+    const auto idx2 = fd::model::read_tensor_index(d2.path);
+    expect_invalid([&] { fd::model::fill_weights(L, idx2, staged.data(), &pool, {.upload_to = &be}); },
+                   {"'w'", "non-finite", "element 2000001"});
 }
 
 }  // TEST_SUITE

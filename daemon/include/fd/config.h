@@ -8,6 +8,7 @@
 #include "fd/api/server.h"
 #include "fd/control/service.h"
 #include "fd/engine/engine.h"
+#include "fd/kernels/backend.h"
 #include "fd/model/model_config.h"
 
 #include <cstdint>
@@ -19,7 +20,9 @@ namespace fd {
 struct ModelOptions {
     std::string model_dir;                   ///< HF checkpoint dir; default = the embedded stories260K
     std::string weight_version = "0";        ///< used when the model dir has no version.yaml `step`
-    std::string device         = "cpu";      ///< cpu | cuda (cuda needs a CUDA build)
+    std::string device         = "cpu";      ///< cpu | cuda (cuda needs a CUDA build and a visible device)
+    double      gpu_memory_utilization = 0.0;  ///< cuda: fraction (0, 1] of the device's memory this instance may use (sizes the KV pool); 0 = unset
+    bool        batch_invariant = true;      ///< false = --no-batch-invariant (cuda: may use heuristic GEMMs; cpu: same kernels)
     int32_t     tensor_parallel_size = 1;    ///< ranks; 1 until tensor parallelism lands
     int32_t     n_threads      = 0;          ///< kernel threads; 0 = all cores
 };
@@ -68,6 +71,7 @@ struct Config {
 /// The resolved numbers main() builds the engine from.
 struct Resolved {
     model::ModelConfig model;
+    kernels::DeviceKind device = kernels::DeviceKind::cpu;  ///< --device, parsed
     int64_t            n_kv_blocks = 0;
     int64_t            n_swap_blocks = 0;   ///< host swap pool blocks per rank (0 = no swap tier)
     std::string        executor_backend = "uni";  ///< --distributed-executor-backend, resolved
@@ -77,6 +81,11 @@ struct Resolved {
 /// and size the KV pool. Errors  fd::Error{invalid_argument} listing every bad setting, among
 /// them a non-loopback --host without --api-key (unless --allow-unauthenticated).
 Resolved resolve(Config & cfg);
+
+/// --gpu-memory-utilization's KV budget on one device (vLLM's rule): utilization x total, less
+/// what is in use already (total - free), less this rank's `weight_bytes` and `other_bytes`
+/// (activations, workspaces); 0 when nothing is left. Bytes.
+int64_t gpu_kv_budget_bytes(const kernels::MemInfo & mem, double utilization, int64_t weight_bytes, int64_t other_bytes);
 
 /// True when `host` (a --host value) only accepts local connections: 127.0.0.0/8, ::1,
 /// ::ffff:127.x.y.z or "localhost". 0.0.0.0, ::, other addresses and hostnames are not.

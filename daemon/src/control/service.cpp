@@ -53,6 +53,7 @@ json result_json(ControlOp op, const ControlResult & r) {
             if (r.freed_swap_bytes >= 0) { freed["kv_swap"] = r.freed_swap_bytes; }
             j.update({{"tags", r.tags_done}, {"skipped", r.tags_skipped}, {"freed_bytes", freed}, {"aborted", r.n_aborted},
                       {"rss_before_bytes", r.rss_before_bytes}, {"rss_after_bytes", r.rss_after_bytes}, {"ranks", ranks_json(r)}});
+            if (r.device_freed_bytes >= 0) { j["device_bytes_freed"] = r.device_freed_bytes; }
             break;
         }
         case ControlOp::wakeup:

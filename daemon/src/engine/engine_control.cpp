@@ -147,6 +147,7 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
         freed = 0;
         for (const auto & rep : executor_->release(tag)) {
             freed += rep.freed_bytes;
+            if (rep.device_freed_bytes >= 0) { r.device_freed_bytes = std::max<int64_t>(0, r.device_freed_bytes) + rep.device_freed_bytes; }
             auto & rc = rank_cost(r, rep.rank);
             rc.freed_bytes = std::max<int64_t>(0, rc.freed_bytes) + rep.freed_bytes;
             rc.rss_bytes   = rep.rss_bytes;

@@ -32,13 +32,14 @@ int64_t Allocator::held_bytes_total() const {
     return sum;
 }
 
-std::unique_ptr<Allocator> make_allocator(kernels::DeviceKind device) {
+std::unique_ptr<Allocator> make_allocator(kernels::DeviceKind device, int32_t device_id) {
     switch (device) {
     case kernels::DeviceKind::cpu: return make_host_allocator();
     case kernels::DeviceKind::cuda:
 #if FD_WITH_CUDA
-        return make_cuda_vmm_allocator(-1);  // the calling thread's current CUDA device
+        return make_cuda_vmm_allocator(device_id);  // -1: the calling thread's current CUDA device
 #else
+        (void)device_id;
         break;
 #endif
     }

@@ -132,6 +132,12 @@ public:
     bool                keeps_addresses() const override { return true; }
 
     std::byte * map(Tag tag, int64_t bytes, bool populate) override {
+        if (tag == Tag::kv_swap) {
+            unpin();
+            std::byte * p = host_->map(tag, bytes, /*populate=*/true);  // page-locking touches every page anyway
+            pin();
+            return p;
+        }
         (void)populate;  // device memory is physical once mapped
         if (bytes <= 0) { fail(Errc::invalid_argument, "CUDA VMM allocator: tag {}: {} bytes requested", tag_name(tag), bytes); }
         drop(tag);
@@ -152,6 +158,10 @@ public:
     }
 
     int64_t release(Tag tag) noexcept override {
+        if (tag == Tag::kv_swap) {
+            unpin();
+            return host_->release(tag);
+        }
         Region & r = regions_[idx(tag)];
         if (r.base == 0 || r.handles.empty()) { return 0; }
         // Kernels still using the memory must finish before it is unmapped.
@@ -164,6 +174,11 @@ public:
     }
 
     std::byte * reacquire(Tag tag, bool populate) override {
+        if (tag == Tag::kv_swap) {
+            std::byte * p = host_->reacquire(tag, /*populate=*/true);
+            if (!pinned_) { pin(); }
+            return p;
+        }
         (void)populate;
         Region & r = regions_[idx(tag)];
         if (r.base == 0) { fail(Errc::internal, "CUDA VMM allocator: reacquire {}: the tag has no region", tag_name(tag)); }
@@ -171,9 +186,20 @@ public:
         return data(tag);
     }
 
-    void swap(Tag a, Tag b) noexcept override { std::swap(regions_[idx(a)], regions_[idx(b)]); }
+    void swap(Tag a, Tag b) noexcept override {
+        if (a == b) { return; }
+        if (a == Tag::kv_swap || b == Tag::kv_swap) {  // host memory never trades places with device memory
+            log::get("memory")->error("CUDA VMM allocator: swap({}, {}) refused: kv_swap is host memory", tag_name(a), tag_name(b));
+            return;
+        }
+        std::swap(regions_[idx(a)], regions_[idx(b)]);
+    }
 
     int64_t drop(Tag tag) noexcept override {
+        if (tag == Tag::kv_swap) {
+            unpin();
+            return host_->drop(tag);
+        }
         Region &      r     = regions_[idx(tag)];
         const int64_t freed = release(tag);
         if (r.base != 0) { driver().address_free(r.base, r.size); }
@@ -181,9 +207,13 @@ public:
         return freed;
     }
 
-    std::byte * data(Tag tag) const override { return reinterpret_cast<std::byte *>(regions_[idx(tag)].base); }
-    int64_t     capacity_bytes(Tag tag) const override { return static_cast<int64_t>(regions_[idx(tag)].size); }
-    bool        resident(Tag tag) const override { return !regions_[idx(tag)].handles.empty(); }
+    std::byte * data(Tag tag) const override {
+        return tag == Tag::kv_swap ? host_->data(tag) : reinterpret_cast<std::byte *>(regions_[idx(tag)].base);
+    }
+    int64_t capacity_bytes(Tag tag) const override {
+        return tag == Tag::kv_swap ? host_->capacity_bytes(tag) : static_cast<int64_t>(regions_[idx(tag)].size);
+    }
+    bool resident(Tag tag) const override { return tag == Tag::kv_swap ? host_->resident(tag) : !regions_[idx(tag)].handles.empty(); }
 
 private:
     struct Region {
@@ -242,6 +272,23 @@ private:
         r.handles.clear();
     }
 
+    /// Page-lock the resident kv_swap host region (cudaHostRegister) so swap copies are DMA.
+    void pin() {
+        if (!host_->resident(Tag::kv_swap)) { return; }
+        check_rt(cudaHostRegister(host_->data(Tag::kv_swap), static_cast<size_t>(host_->capacity_bytes(Tag::kv_swap)),
+                                  cudaHostRegisterDefault),
+                 "cudaHostRegister", "kv_swap");
+        pinned_ = true;
+    }
+    void unpin() noexcept {
+        if (!pinned_) { return; }
+        const cudaError_t e = cudaHostUnregister(host_->data(Tag::kv_swap));
+        if (e != cudaSuccess) { log::get("memory")->error("CUDA VMM allocator: cudaHostUnregister(kv_swap): {}", cudaGetErrorString(e)); }
+        pinned_ = false;
+    }
+
+    std::unique_ptr<Allocator> host_ = make_host_allocator();  ///< the kv_swap region (pinned host memory)
+    bool     pinned_      = false;  ///< kv_swap is registered with CUDA
     int      device_      = 0;
     CUdevice cu_device_   = 0;
     size_t   granularity_ = 0;

@@ -79,7 +79,7 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
     be.rms_norm(rows, rows, w_.final_norm, n_logits, h, eps);
     // The logits land in the caller's host buffer directly where backend memory is host memory.
     const int64_t full  = n_logits * cfg_.vocab_size;
-    float *       out   = be.host_visible() ? logits : s_.logits.floats(full);  // [n_logits, vocab]
+    float *       out   = device_mem_ ? s_.logits.floats(full) : logits;  // [n_logits, vocab]
     if (!comm_) {
         be.linear(out, rows, w_.lm_head.w, w_.lm_head.type, nullptr, n_logits, vocab, h);
     } else {

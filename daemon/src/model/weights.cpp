@@ -1,5 +1,6 @@
 #include "fd/file_io.h"
 #include "fd/model/weights.h"
+#include "fd/weights/cuda_ipc.h"
 #include "fd/progress.h"
 
 #include "fd/log.h"
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <algorithm>
 #include <set>
@@ -92,6 +94,7 @@ void warn_if_untied_head(const WeightLayout & layout, const TensorIndex & idx, O
     auto head = idx.tensors.find("lm_head.weight");
     auto emb  = idx.tensors.find("model.embed_tokens.weight");
     if (!layout.tied_lm_head || head == idx.tensors.end() || emb == idx.tensors.end()) { return; }
+    if (head->second.on_cuda_ipc || emb->second.on_cuda_ipc) { return; }  // not in a file
     const TensorInfo & h = head->second;
     const TensorInfo & e = emb->second;
     bool differs = h.shape != e.shape || h.dtype != e.dtype;
@@ -123,7 +126,7 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
     auto add = [&](const TensorInfo & src, int64_t e0, int64_t n, std::byte * dst, DType d) {
         const bool    widen = src.dtype != d;
         const int64_t es    = dtype_size(src.dtype), chunk = kChunkBytes / es;
-        const int     fd    = files.fd(src);
+        const int     fd    = src.on_cuda_ipc ? -1 : files.fd(src);
         for (int64_t e = 0; e < n; e += chunk) {
             jobs.push_back({&src, fd, (e0 + e) * es, std::min(chunk, n - e), dst + e * dtype_size(d), widen});
         }
@@ -134,7 +137,7 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
         const bool    widen = src.dtype != d;
         const int64_t es = dtype_size(src.dtype), stride = src.shape[1] * es;
         const int64_t per_job = std::max<int64_t>(1, kChunkBytes / (n * es));
-        const int     fd = files.fd(src);
+        const int     fd = src.on_cuda_ipc ? -1 : files.fd(src);
         for (int64_t r = 0; r < rows; r += per_job) {
             jobs.push_back({&src, fd, r * stride + c0 * es, n, dst + r * n * dtype_size(d), widen, std::min(per_job, rows - r), stride});
         }
@@ -156,8 +159,41 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
             }
         }
     }
-    int64_t total_bytes = 0;
-    for (const CopyJob & j : jobs) { total_bytes += j.n_rows * j.n_elems * dtype_size(j.src->dtype); }
+    int64_t total_bytes = 0, max_out = 0;
+    for (const CopyJob & j : jobs) {
+        total_bytes += j.n_rows * j.n_elems * dtype_size(j.src->dtype);
+        max_out = std::max(max_out, j.n_rows * j.n_elems * (j.widen ? 4 : dtype_size(j.src->dtype)));
+    }
+    // A device destination: each job lands in a host bounce buffer (one per pool thread), then
+    // one upload. The check and the widening stay fused into the host-side copy.
+    kernels::Backend * const dev = opt.upload_to;
+    std::mutex               upload_mu, bounce_mu;
+    std::vector<std::byte *> bounce_free;
+    std::vector<std::unique_ptr<std::byte[]>> bounce_plain;
+    std::vector<void *>      bounce_pinned;
+    struct PinnedFree {
+        kernels::Backend * be;
+        std::vector<void *> * v;
+        ~PinnedFree() { if (be) { for (void * p : *v) { be->free_pinned_host(p); } } }
+    } pinned_free{dev, &bounce_pinned};
+    if (dev && max_out > 0) {
+        const int n_buf = pool ? pool->n_threads() : 1;
+        for (int i = 0; i < n_buf; ++i) {
+            void * p = dev->alloc_pinned_host(max_out);
+            if (p) {
+                bounce_pinned.push_back(p);
+                bounce_free.push_back(static_cast<std::byte *>(p));
+            } else {
+                bounce_plain.push_back(std::make_unique<std::byte[]>(static_cast<size_t>(max_out)));
+                bounce_free.push_back(bounce_plain.back().get());
+            }
+        }
+    }
+    // CUDA IPC tensors (the ipc source on a CUDA rank): each allocation opened once; copies go
+    // device to device when the destination is the device and no widening is needed.
+    weights::CudaIpcOpened ipc_opened;
+    std::mutex             ipc_mu;
+    const bool             d2d_ok = dev && dev->kind() == kernels::DeviceKind::cuda;
     ProgressPhase progress("load", total_bytes);  // /health `progress` while the copy runs
     std::mutex         mu;
     std::exception_ptr first_error;
@@ -174,18 +210,60 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
             }
             const std::string what    = "tensor '" + j.src->name + "'";
             const int64_t     es      = dtype_size(j.src->dtype);
+            const std::byte * ipc     = nullptr;  // the CUDA IPC allocation's device address
+            if (j.src->on_cuda_ipc) {
+                std::lock_guard lk(ipc_mu);
+                ipc = static_cast<const std::byte *>(ipc_opened.base(j.src->cuda_ipc_handle.data(), j.src->file.string() + ": " + what));
+            }
+            if (ipc && d2d_ok && !j.widen) {  // device to device, checked on the device
+                const auto st = j.src->dtype == DType::f32 ? kernels::StoredType::f32
+                              : j.src->dtype == DType::bf16 ? kernels::StoredType::bf16 : kernels::StoredType::f16;
+                for (int64_t row = 0; row < j.n_rows; ++row) {
+                    const int64_t src_row = j.src_offset + row * j.src_stride;
+                    std::byte *   dst_row = j.dst + row * j.n_elems * es;
+                    std::lock_guard lk(upload_mu);
+                    weights::cuda_copy(dst_row, ipc + j.src->offset_bytes + src_row, static_cast<uint64_t>(j.n_elems * es), what);
+                    if (opt.check_finite) {
+                        if (const int64_t bad = dev->find_nonfinite(dst_row, st, j.n_elems); bad >= 0) {
+                            std::byte v[4] = {};
+                            dev->download(v, dst_row + bad * es, es);
+                            fail_nonfinite(*j.src, src_row / es + bad, v);
+                        }
+                    }
+                    Progress::current().add_done(j.n_elems * es);
+                }
+                return;
+            }
             // Unchecked and not widened: one pread for the whole chunk (the path without the check).
             const int64_t     per     = opt.check_finite || j.widen ? kScanBytes / es : j.n_elems;
             std::vector<std::byte> raw(j.widen ? static_cast<size_t>(std::min(per, j.n_elems) * es) : 0);
             const int64_t     des     = j.widen ? 4 : es;  // bytes per element in the arena
+            std::byte *       out     = j.dst;             // host memory this job writes
+            if (dev) {
+                std::lock_guard lk(bounce_mu);
+                FD_CHECK(!bounce_free.empty(), "fill_weights: no free bounce buffer");
+                out = bounce_free.back();
+                bounce_free.pop_back();
+            }
+            struct Return {
+                std::byte * p;
+                std::mutex * mu;
+                std::vector<std::byte *> * v;
+                ~Return() { if (p) { std::lock_guard lk(*mu); v->push_back(p); } }
+            } give_back{dev ? out : nullptr, &bounce_mu, &bounce_free};
             for (int64_t row = 0; row < j.n_rows; ++row) {
                 const int64_t src_row = j.src_offset + row * j.src_stride;
-                std::byte *   dst_row = j.dst + row * j.n_elems * des;
+                std::byte *   dst_row = out + row * j.n_elems * des;
                 for (int64_t e = 0; e < j.n_elems; e += per) {
                     const int64_t n   = std::min(per, j.n_elems - e);
                     const int64_t off = j.src->offset_bytes + src_row + e * es;
                     std::byte *   p   = j.widen ? raw.data() : dst_row + e * es;
-                    pread_exact(j.fd, p, n * es, off, j.src->file, what);
+                    if (ipc) {  // a CUDA IPC tensor read to host (a host destination, or widening)
+                        std::lock_guard lk(upload_mu);
+                        weights::cuda_copy(p, ipc + off, static_cast<uint64_t>(n * es), what);
+                    } else {
+                        pread_exact(j.fd, p, n * es, off, j.src->file, what);
+                    }
                     if (opt.check_finite) {
                         if (const int64_t bad = find_nonfinite(j.src->dtype, p, n); bad >= 0) {
                             fail_nonfinite(*j.src, src_row / es + e + bad, p + bad * es);
@@ -194,6 +272,10 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
                     if (j.widen) { convert_to_f32(j.src->dtype, p, reinterpret_cast<float *>(dst_row) + e, n); }
                     Progress::current().add_done(n * es);
                 }
+            }
+            if (dev) {
+                std::lock_guard lk(upload_mu);
+                dev->upload(j.dst, out, j.n_rows * j.n_elems * des);
             }
         } catch (...) {
             std::lock_guard lk(mu);
@@ -210,8 +292,11 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
     warn_if_untied_head(layout, idx, files);
 }
 
-ModelWeights bind_weights(const ModelConfig & c, const WeightLayout & layout, const std::byte * base) {
+ModelWeights bind_weights(const ModelConfig & c, const WeightLayout & layout, const std::byte * base, kernels::Backend * device,
+                          kernels::ScratchBuffer * small_store) {
+    FD_CHECK(device == nullptr || small_store != nullptr, "bind_weights: device weights need a small_store");
     ModelWeights w;
+    std::vector<std::byte> host;  // a small tensor downloaded from the device
     int64_t n_small = 0;
     for (const auto & t : layout.tensors) { n_small += t.shape.size() == 1 ? t.shape[0] : 0; }
     w.small_f32.resize(static_cast<size_t>(n_small));
@@ -228,7 +313,13 @@ ModelWeights bind_weights(const ModelConfig & c, const WeightLayout & layout, co
     auto vec = [&](const std::string & name) -> const float * {
         const InferenceTensor & t = get(name);
         float * dst = w.small_f32.data() + next;
-        convert_to_f32(t.dtype, base + t.offset, dst, t.shape[0]);
+        const std::byte * src = base + t.offset;
+        if (device) {
+            host.resize(static_cast<size_t>(t.shape[0] * dtype_size(t.dtype)));
+            device->download(host.data(), src, static_cast<int64_t>(host.size()));
+            src = host.data();
+        }
+        convert_to_f32(t.dtype, src, dst, t.shape[0]);
         next += t.shape[0];
         return dst;
     };
@@ -248,6 +339,17 @@ ModelWeights bind_weights(const ModelConfig & c, const WeightLayout & layout, co
     }
     w.final_norm = vec("model.norm.weight");
     w.lm_head    = layout.tied_lm_head ? w.embed : lin("lm_head.weight");
+    if (device && n_small > 0) {  // the kernels read the norms and biases from device memory
+        float * d = small_store->floats(n_small);
+        device->upload(d, w.small_f32.data(), n_small * static_cast<int64_t>(sizeof(float)));
+        auto rebase = [&](const float *& p) {
+            if (p) { p = d + (p - w.small_f32.data()); }
+        };
+        for (LayerWeights & L : w.layers) {
+            for (const float ** p : {&L.attn_norm, &L.bqkv, &L.q_norm, &L.k_norm, &L.mlp_norm}) { rebase(*p); }
+        }
+        rebase(w.final_norm);
+    }
     return w;
 }
 

@@ -8,6 +8,8 @@
 #include "fd/status.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace fd::model {
@@ -37,21 +39,26 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     if (idx.tensors.count("model.layers.0.self_attn.q_proj.weight")) { validate_checkpoint(cfg_, idx); }
     layout_ = plan_layout(cfg_, idx, {wcfg.rank, wcfg.tp_size});
     validate_against_layout(layout_, idx);
-    backend_ = kernels::make_backend({.kind = wcfg.device, .n_threads = std::max(1, wcfg.n_threads)});
-    alloc_   = memory::make_allocator(backend_->kind());
+    backend_ = kernels::make_backend({.kind = wcfg.device, .n_threads = std::max(1, wcfg.n_threads), .device_id = wcfg.device_id,
+                                      .batch_invariant = wcfg.batch_invariant});
+    alloc_   = memory::make_allocator(backend_->kind(), wcfg.device_id);
+    const char * staged_env = std::getenv("FD_TEST_STAGED_FILL");
+    device_mem_ = !backend_->host_visible() || wcfg.test_device_paths || (staged_env && std::string(staged_env) == "1");
     for (kernels::ScratchBuffer * b : {&s_.x, &s_.xn, &s_.qkv, &s_.q, &s_.k, &s_.v, &s_.att, &s_.ff, &s_.gate, &s_.rows,
-                                       &s_.logits, &s_.part, &s_.gathered, &rope_}) {
+                                       &s_.logits, &s_.part, &s_.gathered, &rope_, &small_}) {
         *b = kernels::ScratchBuffer(backend_.get());
     }
+    if (wcfg.reserve_tokens > 0) { reserve_scratch(wcfg.reserve_tokens, wcfg.reserve_tokens); }
     fill_region(Tag::weight, idx, /*populate=*/false);
-    w_ = bind_weights(cfg_, layout_, alloc_->data(Tag::weight));
+    bind();
     map_kv_pool(/*fresh=*/true);
     map_swap_pool(/*fresh=*/true);
     std::vector<float> rope(static_cast<size_t>(wcfg.max_model_len) * cfg_.head_dim);  // [max_model_len, head_dim]
     kernels::rope_table_inv_freq(rope.data(), wcfg.max_model_len, cfg_.head_dim, rope_inv_freq(cfg_).data());
     backend_->upload(rope_.floats(static_cast<int64_t>(rope.size())), rope.data(), static_cast<int64_t>(rope.size() * sizeof(float)));
-    log::get("model")->info("rank={}/{} | {} backend, {} allocator | weights {:.1f} MiB, KV pool {} blocks x {} tokens = {:.1f} MiB, {} threads",
-                            wcfg.rank, wcfg.tp_size, backend_->name(), alloc_->name(), weight_bytes() / 1048576.0, wcfg.n_blocks,
+    log::get("model")->info("rank={}/{} | {} backend{}, {} allocator | weights {:.1f} MiB, KV pool {} blocks x {} tokens = {:.1f} MiB, {} threads",
+                            wcfg.rank, wcfg.tp_size, backend_->name(), device_mem_ && backend_->host_visible() ? " (TEST: device-memory paths)" : "",
+                            alloc_->name(), weight_bytes() / 1048576.0, wcfg.n_blocks,
                             wcfg.block_size, kv_bytes() / 1048576.0, backend_->host_pool()->n_threads());
     if (wcfg.n_swap_blocks > 0) {
         log::get("model")->info("rank={}/{} | host KV swap pool {} blocks = {:.1f} MiB", wcfg.rank, wcfg.tp_size, wcfg.n_swap_blocks,
@@ -137,7 +144,45 @@ int64_t Worker::release_swap() { return alloc_->release(Tag::kv_swap); }
 void Worker::fill_region(Tag tag, const TensorIndex & idx, bool populate) {
     std::byte * base = region(tag, layout_.arena_bytes, populate);
     fill_weights(layout_, idx, base, backend_->host_pool(),
-                 {.check_finite = wcfg_.check_finite_weights, .timeout_s = wcfg_.io_timeout_s});
+                 {.check_finite = wcfg_.check_finite_weights, .timeout_s = wcfg_.io_timeout_s,
+                  .upload_to = device_mem_ ? backend_.get() : nullptr});
+}
+
+void Worker::bind() {
+    w_ = device_mem_ ? bind_weights(cfg_, layout_, alloc_->data(Tag::weight), backend_.get(), &small_)
+                     : bind_weights(cfg_, layout_, alloc_->data(Tag::weight));
+}
+
+// The sizes forward() asks of each buffer (kept in step with it; test_worker_device_paths checks
+// that a reserved Worker's buffers never grow).
+void Worker::reserve_scratch(int64_t n, int64_t n_logits) {
+    const int64_t T = wcfg_.tp_size, h = cfg_.hidden_size, hd = cfg_.head_dim;
+    const int64_t q_dim = cfg_.n_heads / T * hd, kv_dim = cfg_.n_kv_heads / T * hd, ff = cfg_.intermediate_size / T;
+    const int64_t vocab = cfg_.vocab_size / T;
+    s_.x.floats(n * h);
+    s_.xn.floats(n * h);
+    s_.qkv.floats(n * (q_dim + 2 * kv_dim));
+    s_.q.floats(n * q_dim);
+    s_.k.floats(n * kv_dim);
+    s_.v.floats(n * kv_dim);
+    s_.att.floats(n * q_dim);
+    s_.ff.floats(n * 2 * ff);
+    s_.gate.floats(n * ff);
+    s_.rows.floats(n_logits * h);
+    if (device_mem_) { s_.logits.floats(n_logits * cfg_.vocab_size); }
+    if (T > 1) {
+        s_.part.floats(n_logits * vocab);
+        s_.gathered.floats(wcfg_.rank == 0 ? T * n_logits * vocab : 0);
+    }
+}
+
+int64_t Worker::scratch_bytes() const {
+    int64_t sum = 0;
+    for (const kernels::ScratchBuffer * b : {&s_.x, &s_.xn, &s_.qkv, &s_.q, &s_.k, &s_.v, &s_.att, &s_.ff, &s_.gate, &s_.rows,
+                                             &s_.logits, &s_.part, &s_.gathered}) {
+        sum += b->capacity_bytes();
+    }
+    return sum;
 }
 
 int64_t Worker::release_weights() {
@@ -176,7 +221,7 @@ void Worker::reload_weights(const TensorIndex & idx, const std::function<void()>
         alloc_->release(Tag::weight);
         throw;
     }
-    w_ = bind_weights(cfg_, layout_, alloc_->data(Tag::weight));
+    bind();
 }
 
 int64_t Worker::stage_weights(const TensorIndex & idx, const std::function<void()> & verify_copied) {
@@ -199,7 +244,7 @@ int64_t Worker::stage_weights(const TensorIndex & idx, const std::function<void(
 void Worker::commit_staged() {
     FD_CHECK(staged_, "commit_staged with nothing staged");
     alloc_->swap(Tag::weight, Tag::staging);
-    w_ = bind_weights(cfg_, layout_, alloc_->data(Tag::weight));
+    bind();
     staged_ = false;
     if (!wcfg_.keep_update_staging) { alloc_->release(Tag::staging); }
 }

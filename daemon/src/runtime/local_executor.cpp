@@ -62,7 +62,10 @@ public:
 
     std::vector<RankReport> release(MemoryTag tag) override {
         RankReport r{.rank = rank_};
+        const bool    cuda = worker_->backend().kind() == kernels::DeviceKind::cuda;
+        const int64_t free0 = cuda ? worker_->backend().mem_info().free_bytes : 0;
         r.freed_bytes = worker_->release(tag);
+        if (cuda) { r.device_freed_bytes = worker_->backend().mem_info().free_bytes - free0; }
         r.rss_bytes   = process_rss_bytes();
         return {r};
     }
@@ -101,6 +104,7 @@ private:
         const auto t0 = Clock::now();
         weights::FetchRequest mine = req;
         mine.rank = rank_;
+        mine.device_destination = worker_->backend().kind() == kernels::DeviceKind::cuda;  // ipc: device to device
         weights::FetchedCheckpoint ckpt = source_->fetch(mine);
         r.fetch_s = seconds_since(t0);
         return ckpt;

@@ -36,7 +36,9 @@ json rank_spawn_to_json(const RankSpawn & s) {
             {"model_dir", c.model_dir},
             {"worker", {{"n_threads", w.n_threads}, {"block_size", w.block_size}, {"n_blocks", w.n_blocks},
                         {"max_model_len", w.max_model_len}, {"n_swap_blocks", w.n_swap_blocks}, {"keep_update_staging", w.keep_update_staging},
-                        {"check_finite_weights", w.check_finite_weights}, {"io_timeout_s", w.io_timeout_s}}},
+                        {"check_finite_weights", w.check_finite_weights}, {"io_timeout_s", w.io_timeout_s},
+                        {"device", kernels::device_kind_name(w.device)}, {"batch_invariant", w.batch_invariant},
+                        {"reserve_tokens", w.reserve_tokens}}},
             {"source", {{"strategy", std::string(weights::to_string(c.source.strategy))}, {"model_dir", c.source.model_dir.string()},
                         {"port", c.source.port}, {"rsync_config", c.source.rsync_config}}},
             {"master_addr", c.master_addr},
@@ -67,6 +69,11 @@ RankSpawn rank_spawn_from_json(const json & j) {
         c.worker.check_finite_weights = w.at("check_finite_weights");
         c.worker.io_timeout_s         = w.at("io_timeout_s");
         c.worker.rank                 = s.rank;
+        // The device: rank r on CUDA device r modulo the devices this host sees.
+        c.worker.device          = w.value("device", std::string("cpu")) == "cuda" ? kernels::DeviceKind::cuda : kernels::DeviceKind::cpu;
+        c.worker.batch_invariant = w.value("batch_invariant", true);
+        c.worker.reserve_tokens  = w.value("reserve_tokens", int64_t{0});
+        c.worker.device_id       = s.rank % std::max(1, kernels::device_count(c.worker.device));
         const auto & src = j.at("source");
         c.source.strategy     = weights::parse_load_strategy(src.at("strategy").get<std::string>());
         c.source.model_dir    = src.at("model_dir").get<std::string>();

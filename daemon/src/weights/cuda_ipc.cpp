@@ -56,7 +56,48 @@ void cuda_ipc_copy_to_host(const uint8_t * handle, uint64_t offset, uint64_t nby
     }
 }
 
+CudaIpcOpened::~CudaIpcOpened() {
+    for (auto & [h, p] : open_) { cudaIpcCloseMemHandle(p); }
+}
+
+const void * CudaIpcOpened::base(const uint8_t * handle, const std::string & what) {
+    std::array<uint8_t, 64> key{};
+    std::memcpy(key.data(), handle, key.size());
+    if (auto it = open_.find(key); it != open_.end()) { return it->second; }
+    if (!cuda_ipc_available()) {
+        fail(Errc::source_unavailable, "{}: is a CUDA IPC handle, but {}", what, cuda_ipc_unavailable_reason());
+    }
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle, sizeof h);
+    void * p = nullptr;
+    const cudaError_t err = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+        fail(Errc::source_unavailable, "{}: cannot open the CUDA IPC handle ({}): did the publishing process exit?", what,
+             cudaGetErrorString(err));
+    }
+    open_.emplace(key, p);
+    return p;
+}
+
+void cuda_copy(void * dst, const void * src, uint64_t nbytes, const std::string & what) {
+    const cudaError_t err = cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault);
+    if (err != cudaSuccess) {
+        fail(Errc::source_unavailable, "{}: copying {} bytes from the CUDA IPC allocation failed: {}", what, nbytes,
+             cudaGetErrorString(err));
+    }
+}
+
 #else
+
+CudaIpcOpened::~CudaIpcOpened() = default;
+
+const void * CudaIpcOpened::base(const uint8_t *, const std::string & what) {
+    fail(Errc::source_unavailable, "{}: is a CUDA IPC handle, but {}", what, cuda_ipc_unavailable_reason());
+}
+
+void cuda_copy(void *, const void *, uint64_t, const std::string & what) {
+    fail(Errc::source_unavailable, "{}: is a CUDA IPC tensor, but {}", what, cuda_ipc_unavailable_reason());
+}
 
 bool cuda_ipc_available() { return false; }
 

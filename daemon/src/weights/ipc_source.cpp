@@ -262,7 +262,19 @@ public:
             }
         }
         auto cuda = std::make_shared<CudaCopies>();
-        cuda->copy(*rec, entries, ts);
+        if (req.device_destination) {  // a CUDA rank: fill_weights copies these device to device
+            for (size_t i = 0; i < entries.size(); ++i) {
+                if (entries[i].location != shm::kIpcCudaIpc) { continue; }
+                if (!cuda_ipc_available()) {
+                    fail(Errc::source_unavailable, "{}: tensor '{}' is a CUDA IPC handle, but {}", rec->path(), ts[i].name,
+                         cuda_ipc_unavailable_reason());
+                }
+                ts[i].on_cuda_ipc = true;
+                std::memcpy(ts[i].cuda_ipc_handle.data(), entries[i].cuda_ipc_handle, ts[i].cuda_ipc_handle.size());
+            }
+        } else {
+            cuda->copy(*rec, entries, ts);
+        }
         for (model::TensorInfo & t : ts) {
             if (out.index.tensors.count(t.name)) {
                 fail(Errc::invalid_checkpoint, "{}: tensor '{}' appears twice", rec->path(), t.name);

@@ -120,6 +120,7 @@ struct ControlResult {
     std::vector<std::string> tags_skipped;         ///< sleep/wakeup: asked but already in that state
     std::vector<std::string> tags_done;            ///< sleep/wakeup: processed, in order
     int64_t  rss_before_bytes = 0, rss_after_bytes = 0;
+    int64_t  device_freed_bytes = -1;              ///< sleep on CUDA ranks: growth of the devices' free memory (cudaMemGetInfo); -1 = not measured
     std::string           version;                 ///< update_weights/wakeup/commit: version now serving; stage: the staged one; drop: the dropped one ("" = none)
     bool                  staged = false;          ///< update_weights with commit=false: staged, not serving
     int64_t               bytes = 0;               ///< update_weights/wakeup: checkpoint bytes read

@@ -15,8 +15,10 @@
 //                  returns every byte to the OS at once and RSS drops. release() keeps the address
 //                  range (madvise(MADV_DONTNEED)): reacquire() gives zero-filled memory at the SAME
 //                  addresses. Regions of 2 MiB or more use transparent huge pages.
-//   (CUDA, later) the driver's virtual-memory API: cuMemAddressReserve once, cuMemCreate +
-//                  cuMemMap on reacquire, cuMemUnmap + cuMemRelease on release; same addresses.
+//   CudaVmmAllocator (fd/memory/cuda_vmm_allocator.h) the driver's virtual-memory API:
+//                  cuMemAddressReserve once, cuMemCreate + cuMemMap on reacquire, cuMemUnmap +
+//                  cuMemRelease on release; same addresses. Its kv_swap region is pinned HOST
+//                  memory (the swap tier's copies are upload / download).
 // Not thread-safe: one owner (the Worker, on the engine thread or the rank's step loop).
 #pragma once
 
@@ -97,8 +99,9 @@ public:
 /// The host allocator (see the header comment).
 std::unique_ptr<Allocator> make_host_allocator();
 
-/// The allocator for a backend of kind `device`.
+/// The allocator for a backend of kind `device` (CUDA: on ordinal `device_id`; -1 = the calling
+/// thread's current device).
 /// Errors  fd::Error{invalid_argument} when that kind is not compiled into this build.
-std::unique_ptr<Allocator> make_allocator(kernels::DeviceKind device);
+std::unique_ptr<Allocator> make_allocator(kernels::DeviceKind device, int32_t device_id = -1);
 
 }  // namespace fd::memory

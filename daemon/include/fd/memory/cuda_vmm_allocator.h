@@ -12,6 +12,9 @@
 //   reacquire(tag)  fresh chunks mapped at the SAME addresses, zero-filled.
 //   drop(tag)       release + cuMemAddressFree.
 // The same idea as vLLM's CuMemAllocator and SGLang's torch_memory_saver.
+// Except kv_swap: the host swap tier is HOST memory (the inner host allocator's mmap region,
+// same addresses across release / reacquire) page-locked with cudaHostRegister while resident,
+// so swap copies run at DMA speed. swap() never exchanges kv_swap with a device tag.
 //
 // The driver is reached through the CUDA runtime (cudaGetDriverEntryPointByVersion): nothing
 // links libcuda.so.1, so binaries still load on a machine without the NVIDIA driver.

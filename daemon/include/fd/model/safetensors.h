@@ -6,6 +6,7 @@
 // Spec: huggingface/safetensors README ("Format").
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -30,6 +31,11 @@ struct TensorInfo {
     /// Readers of the data check that the file they open is still this one.
     uint64_t              file_dev = 0;
     uint64_t              file_ino = 0;
+    /// The data is a CUDA IPC allocation, not in `file` (the ipc source on a CUDA rank):
+    /// `cuda_ipc_handle` is its cudaIpcMemHandle_t and offset_bytes the offset into it.
+    /// fill_weights copies it device to device (or to host where it must widen).
+    bool                  on_cuda_ipc = false;
+    std::array<uint8_t, 64> cuda_ipc_handle{};
 
     int64_t numel() const;
 };

@@ -3,6 +3,7 @@
 // Only the engine thread calls these.
 #pragma once
 
+#include "fd/kernels/backend.h"
 #include "fd/kernels/ops.h"
 #include "fd/kernels/thread_pool.h"
 #include "fd/model/model_config.h"
@@ -20,6 +21,11 @@ namespace fd::model {
 struct FillOptions {
     bool   check_finite = true;  ///< refuse NaN/Inf (checked on each piece right after it is read)
     double timeout_s    = 0.0;   ///< > 0: no new piece is read after this many seconds (a hung file system)
+    /// nullptr: `base` is host memory, written in place. Else `base` is this backend's memory
+    /// (a device region): each chunk is read, checked and widened in a host bounce buffer
+    /// (pinned where the backend has alloc_pinned_host; one per pool thread, each at most
+    /// 16 MiB) and then upload()ed, one upload at a time.
+    kernels::Backend * upload_to = nullptr;
 };
 
 /// Read every inference tensor of `layout` from the checkpoint `idx` into `base`
@@ -30,6 +36,10 @@ struct FillOptions {
 /// widening); others are read, checked and widened to f32. Every file is opened without
 /// blocking, must be a regular file and the one whose header `idx` was read from (st_dev/ino).
 /// A tied model whose checkpoint also stores a different lm_head.weight: a warning log.
+/// With opt.upload_to the same bytes reach `base` through bounce buffers (see FillOptions).
+/// A tensor on a CUDA IPC allocation (TensorInfo::on_cuda_ipc) is copied device to device when
+/// opt.upload_to is a CUDA backend and no widening is needed, its NaN/Inf check run on the
+/// device (Backend::find_nonfinite); otherwise it is copied to host and handled as a file read.
 /// On error `base` holds a partial copy (callers fill a staging arena).
 /// Errors   fd::Error{invalid_checkpoint} naming the file and tensor (cannot open, not a regular
 ///          file, short read, a NaN/Inf value and its element index); source_unavailable when a
@@ -66,6 +76,11 @@ struct ModelWeights {
 };
 
 /// Point a ModelWeights at the tensors of `layout` in `base` (filled by fill_weights).
-ModelWeights bind_weights(const ModelConfig & cfg, const WeightLayout & layout, const std::byte * base);
+/// `device` nullptr: `base` is host memory and the small f32 tensors live in small_f32. Else
+/// `base` is `device`'s memory: the small tensors are download()ed, widened, and uploaded into
+/// `small_store` (grown to fit once; same address while the layout is the same), which the
+/// returned pointers then point into (small_f32 keeps the host copy).
+ModelWeights bind_weights(const ModelConfig & cfg, const WeightLayout & layout, const std::byte * base,
+                          kernels::Backend * device = nullptr, kernels::ScratchBuffer * small_store = nullptr);
 
 }  // namespace fd::model

@@ -58,6 +58,18 @@ struct WorkerConfig {
     int32_t rank       = 0;    ///< this rank, in [0, tp_size)
     int32_t tp_size    = 1;    ///< tensor-parallel ranks (must divide heads, kv heads, intermediate, vocab)
     kernels::DeviceKind device = kernels::DeviceKind::cpu;  ///< the backend the forward pass runs on
+    int32_t device_id  = 0;    ///< CUDA: the device ordinal this rank uses
+    /// CUDA: false = --no-batch-invariant (see kernels::BackendConfig); CPU: no effect.
+    bool    batch_invariant = true;
+    /// > 0: size every activation buffer for a step of this many tokens (and as many logits rows)
+    /// at construction, so forward() never reallocates them and their addresses never change
+    /// (what captured CUDA graphs need: --use-cudagraph sets it to --max-num-batched-tokens).
+    /// A larger step still works (the buffers grow, addresses move). 0 = grow on demand.
+    int64_t reserve_tokens = 0;
+    /// TEST ONLY: run the device-memory paths on a host-visible backend (CPU): weights filled
+    /// through bounce buffers and upload(), norms uploaded, logits downloaded. Results must be
+    /// bitwise those of the direct path. Also set by the environment FD_TEST_STAGED_FILL=1.
+    bool    test_device_paths = false;
     int32_t n_threads  = 1;    ///< CPU threads for the kernels (per rank)
     int32_t block_size = 16;   ///< tokens per KV block
     int64_t n_blocks   = 0;    ///< KV blocks to allocate
@@ -112,6 +124,12 @@ public:
     /// The rollout's tensors (inference names, shapes, dtypes, arena offsets, HF parts).
     const WeightLayout & layout() const { return layout_; }
     int64_t kv_bytes() const { return alloc_->held_bytes(memory::Tag::kv_cache); }
+    /// True when weights and KV are written and read only through the backend (a device
+    /// backend, or test_device_paths).
+    bool device_memory() const { return device_mem_; }
+    /// Bytes of the activation buffers now (constant across forward() calls once
+    /// reserve_tokens covers the steps).
+    int64_t scratch_bytes() const;
     /// The rank's backend and tagged allocator (e.g. for the kv_swap tier).
     kernels::Backend & backend() { return *backend_; }
     memory::Allocator & allocator() { return *alloc_; }
@@ -179,6 +197,10 @@ private:
     std::byte * region(memory::Tag tag, int64_t bytes, bool populate);
     /// Give `tag` a region for the layout (pre-faulted if asked) and fill it from `idx`.
     void fill_region(memory::Tag tag, const TensorIndex & idx, bool populate);
+    /// Point w_ at the weight region (norms uploaded to small_ on a device).
+    void bind();
+    /// Grow every activation buffer to a step of n_tokens tokens and n_logits logits rows.
+    void reserve_scratch(int64_t n_tokens, int64_t n_logits);
 
     /// The forward pass's activations, backend memory, grown to the largest batch seen.
     struct Scratch {
@@ -193,9 +215,11 @@ private:
     std::unique_ptr<kernels::Backend>     backend_;   ///< the ops (CPU: owns the --threads pool)
     std::unique_ptr<memory::Allocator>    alloc_;     ///< weight, staging, kv_cache and kv_swap regions
     bool                                  staged_ = false;   ///< the staging region holds a validated copy
+    bool                                  device_mem_ = false;  ///< see device_memory()
     ModelWeights                          w_;
     std::vector<float *>                  k_pool_, v_pool_;  ///< per layer, in the kv_cache region
     kernels::ScratchBuffer                rope_;             ///< [max_model_len, head_dim] backend memory
+    kernels::ScratchBuffer                small_;            ///< device_mem_: the f32 norms and biases
     Scratch                               s_;
 };
 

@@ -42,6 +42,9 @@ struct RankReport {
     double                     commit_s = 0.0;     ///< commit: the pointer swap
     int64_t                    freed_bytes = -1;   ///< release: bytes handed back (-1: not a release)
     int64_t                    rss_bytes = 0;      ///< the rank process's RSS after the call
+    /// release on a CUDA rank: how much cudaMemGetInfo's free memory grew across the call (-1:
+    /// not measured: a CPU rank, or a rank process of the mp executor)
+    int64_t                    device_freed_bytes = -1;
 };
 
 class Executor {

@@ -29,6 +29,10 @@ struct FetchRequest {
     int32_t                    rank = 0;
     bool                       wakeup = false;    ///< reload after sleep (not an update)
     std::string                serving_version;   ///< the weight_version now served (or last served)
+    /// The rank's weights are CUDA device memory: the ipc source leaves CUDA IPC tensors on the
+    /// device (TensorInfo::on_cuda_ipc) for fill_weights to copy device to device; false: they
+    /// are copied to host memory here.
+    bool                       device_destination = false;
 };
 
 struct FetchedCheckpoint {

@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace fd::kernels {
 
@@ -36,6 +37,16 @@ enum class DeviceKind : uint8_t { cpu = 0, cuda = 1 };
 
 /// "cpu" / "cuda".
 const char * device_kind_name(DeviceKind kind);
+
+/// Memory of a backend's device, bytes: free now and total (CUDA: cudaMemGetInfo; CPU: host
+/// memory from /proc/meminfo, MemAvailable and MemTotal).
+struct MemInfo {
+    int64_t free_bytes  = 0;
+    int64_t total_bytes = 0;
+};
+
+/// How a checkpoint stores floats (the weights' dtypes before any widening).
+enum class StoredType : uint8_t { f32 = 0, bf16 = 1, f16 = 2 };
 
 /// The index arrays of one forward step (host memory, valid until the step's last op is issued).
 struct StepIndex {
@@ -75,6 +86,20 @@ public:
     /// Wait until every op issued so far has finished.
     /// Errors  fd::Error{internal} when a device op failed (the message names it).
     virtual void synchronize() = 0;
+    /// Free and total bytes of the device's memory now (see MemInfo).
+    /// Errors  fd::Error{internal} when the device cannot be queried.
+    virtual MemInfo mem_info() = 0;
+    /// `bytes` of page-locked host memory for staging copies to and from the device (CUDA:
+    /// cudaHostAlloc), or nullptr where the backend has none (CPU): the caller then uses ordinary
+    /// host memory. Free with free_pinned_host().
+    virtual void * alloc_pinned_host(int64_t bytes) { (void)bytes; return nullptr; }
+    /// Give back memory from alloc_pinned_host(); nullptr is a no-op.
+    virtual void free_pinned_host(void * p) noexcept { (void)p; }
+    /// Index of the first NaN or Inf among the `n` values of type `t` at `p` (backend memory),
+    /// or -1; waits for earlier ops. The check of weights that reach the device without a host
+    /// copy (CUDA IPC, device to device). Default: download() in 256 KiB pieces and scan on the
+    /// host; CUDA: a device kernel on the stored bits.
+    virtual int64_t find_nonfinite(const void * p, StoredType t, int64_t n);
 
     // --- forward-pass ops -----------------------------------------------------------------
 
@@ -149,7 +174,25 @@ struct BackendConfig {
     DeviceKind kind      = DeviceKind::cpu;
     int32_t    n_threads = 1;   ///< CPU: threads for the ops (>= 1; the caller is one of them)
     int32_t    device_id = 0;   ///< CUDA: the device ordinal
+    /// CUDA: false = --no-batch-invariant, linear may use cuBLAS's heuristic GEMM (a row's result
+    /// may then depend on the batch's row count). CPU: ignored (its kernels are always invariant).
+    bool       batch_invariant = true;
 };
+
+/// True when a backend of `kind` can be built on device `device_id` in this build (CPU: always);
+/// otherwise false and `why` (optional) says why, e.g. "no CUDA device visible (...)".
+bool device_available(DeviceKind kind, int32_t device_id, std::string * why);
+
+/// Devices of `kind` this process sees (CPU: 1; CUDA: cudaGetDeviceCount, 0 on any error or
+/// in a build without CUDA).
+int32_t device_count(DeviceKind kind);
+
+/// Free and total memory of device `device_id` of `kind` (CPU: host memory, /proc/meminfo).
+/// Errors  fd::Error{invalid_argument} when that kind is not compiled in or the device is absent.
+MemInfo device_mem_info(DeviceKind kind, int32_t device_id);
+
+/// Host memory from /proc/meminfo: MemAvailable and MemTotal (0, 0 when unreadable).
+MemInfo host_mem_info();
 
 /// The CPU backend: kernels/cpu's ops on its own thread pool of `n_threads` (>= 1).
 std::unique_ptr<Backend> make_cpu_backend(int32_t n_threads);

@@ -108,4 +108,10 @@ void log_softmax_argmax(float * out, int64_t * best, const float * x, int64_t n_
 void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
             int64_t n_out, int64_t n_in, cudaStream_t stream);
 
+/// The NaN/Inf check on stored bits: *first = min(*first, i) for every element i of x whose
+/// exponent bits are all ones. `bits_kind` 0 = f32, 1 = bf16, 2 = f16. The caller sets *first
+/// to ULLONG_MAX before and reads it after the stream finished.
+/// Shapes   x [n] of that type;  first [1] device.
+void first_nonfinite(unsigned long long * first, const void * x, int bits_kind, int64_t n, cudaStream_t stream);
+
 }  // namespace fd::kernels::cuda

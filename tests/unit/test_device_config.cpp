@@ -1,0 +1,93 @@
+// The device seams around the Backend (kernels/backend.cpp: device_available, device_count,
+// host_mem_info, Backend::mem_info / alloc_pinned_host) and the device flags of resolve()
+// (daemon/src/config.cpp: --device, --gpu-memory-utilization and its budget).
+#include "fd/config.h"
+#include "fd/kernels/backend.h"
+#include "fd/status.h"
+#include "test_util.h"
+
+#include <doctest/doctest.h>
+
+#include <sys/sysinfo.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace k = fd::kernels;
+
+TEST_CASE("host_mem_info reads MemTotal and MemAvailable; the CPU backend reports it and has no pinned memory") {
+    struct sysinfo si{};
+    REQUIRE(sysinfo(&si) == 0);
+    const double total = static_cast<double>(si.totalram) * si.mem_unit;  // the kernel's own count
+    const k::MemInfo m = k::host_mem_info();
+    CHECK(std::fabs(static_cast<double>(m.total_bytes) - total) <= 0.001 * total);
+    CHECK(m.free_bytes > 0);
+    CHECK(m.free_bytes <= m.total_bytes);
+    auto be = k::make_cpu_backend(1);
+    CHECK(be->mem_info().total_bytes == m.total_bytes);
+    CHECK(be->alloc_pinned_host(4096) == nullptr);
+    be->free_pinned_host(nullptr);
+    CHECK(k::device_count(k::DeviceKind::cpu) == 1);
+    std::string why;
+    CHECK(k::device_available(k::DeviceKind::cpu, 0, &why));
+    if (k::device_count(k::DeviceKind::cuda) == 0) {  // this machine: no GPU
+        CHECK_FALSE(k::device_available(k::DeviceKind::cuda, 0, &why));
+        CHECK(why.find("CUDA") != std::string::npos);
+        CHECK(fd::test::error_of([] { k::device_mem_info(k::DeviceKind::cuda, 0); }) == fd::Errc::invalid_argument);
+    }
+}
+
+TEST_CASE("gpu_kv_budget_bytes: utilization x total, less memory in use, weights and the rest; never negative") {
+    const int64_t G = int64_t{1} << 30;
+    const k::MemInfo m{60 * G, 80 * G};  // 20 GiB in use by others
+    CHECK(fd::gpu_kv_budget_bytes(m, 0.9, 10 * G, 2 * G) == static_cast<int64_t>(0.9 * 80 * G) - 20 * G - 12 * G);
+    CHECK(fd::gpu_kv_budget_bytes(m, 1.0, 0, 0) == 60 * G);
+    CHECK(fd::gpu_kv_budget_bytes(m, 0.2, 1 * G, 0) == 0);  // 16 GiB allowed, 20 in use already
+}
+
+TEST_CASE("resolve refuses CUDA-only flags on cpu and an unknown device, naming each") {
+    auto problems = [](auto edit) {
+        fd::Config c;
+        c.model.model_dir = FD_SOURCE_DIR "/models/stories260K";
+        edit(c);
+        std::string what;
+        const fd::Errc e = fd::test::error_of([&] { fd::resolve(c); }, &what);
+        return std::make_pair(e, what);
+    };
+    auto [e2, w2] = problems([](fd::Config & c) { c.model.gpu_memory_utilization = 0.5; });
+    CHECK(e2 == fd::Errc::invalid_argument);
+    CHECK(w2.find("--gpu-memory-utilization needs --device cuda") != std::string::npos);
+    auto [e3, w3] = problems([](fd::Config & c) { c.model.device = "tpu"; });
+    CHECK(e3 == fd::Errc::invalid_argument);
+    CHECK(w3.find("expected cpu or cuda") != std::string::npos);
+    fd::Config ok;
+    ok.model.model_dir       = FD_SOURCE_DIR "/models/stories260K";
+    ok.model.batch_invariant = false;  // --no-batch-invariant: accepted on cpu
+    CHECK(fd::resolve(ok).device == k::DeviceKind::cpu);
+    if (k::device_count(k::DeviceKind::cuda) == 0) {
+        auto [e4, w4] = problems([](fd::Config & c) { c.model.device = "cuda"; });
+        CHECK(e4 == fd::Errc::invalid_argument);
+        CHECK(w4.find("no CUDA device visible") != std::string::npos);
+    }
+}
+
+TEST_CASE("Backend::find_nonfinite (the download-and-scan default) finds the first NaN/Inf of F32, BF16 and F16, or -1") {
+    auto be = k::make_cpu_backend(1);
+    const int64_t n = 300000;  // several 256 KiB pieces
+    std::vector<float> f(static_cast<size_t>(n), 0.5f);
+    CHECK(be->find_nonfinite(f.data(), k::StoredType::f32, n) == -1);
+    f[200001] = std::numeric_limits<float>::infinity();
+    f[250000] = std::numeric_limits<float>::quiet_NaN();
+    CHECK(be->find_nonfinite(f.data(), k::StoredType::f32, n) == 200001);
+    std::vector<uint16_t> h(static_cast<size_t>(n), 0x3f00);  // 0.5 in BF16
+    CHECK(be->find_nonfinite(h.data(), k::StoredType::bf16, n) == -1);
+    h[131072] = 0x7fc0;  // BF16 NaN, first element of the second piece
+    CHECK(be->find_nonfinite(h.data(), k::StoredType::bf16, n) == 131072);
+    std::vector<uint16_t> g(static_cast<size_t>(n), 0x3800);  // 0.5 in F16
+    g[n - 1] = 0xfc00;  // F16 -Inf, the last element
+    CHECK(be->find_nonfinite(g.data(), k::StoredType::f16, n) == n - 1);
+    CHECK(be->find_nonfinite(g.data(), k::StoredType::f16, n - 1) == -1);
+}
