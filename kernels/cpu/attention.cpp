@@ -36,8 +36,8 @@ constexpr int64_t kQt = 64;
 /// Tiles of more queries than this run one kv head at a time: the scores scratch of a head
 /// ([queries, group, context]) stays in L2 and each K/V row slice is still read once per tile.
 constexpr int64_t kPerHeadQueries = 4;
-/// Context positions per inner chunk: 16 scores are reduced at once (reduce_all).
-constexpr int64_t kTc = 16;
+/// Context positions per chunk: the keys of two 16-lane score vectors.
+constexpr int64_t kTc = 32;
 
 /// e^x for x <= 0 (softmax after subtracting the max), 16 lanes: x = n ln2 + r, |r| <= ln2 / 2,
 /// e^r by the Cephes expf polynomial, times 2^n. Within ~2 ulp of expf; lanes below -87 give
@@ -66,139 +66,270 @@ inline const float * kv_row(const float * pool, const AttnQuery & qry, int64_t t
     return pool + (static_cast<int64_t>(qry.block_table[t / bs]) * bs + t % bs) * row;
 }
 
-/// Lane sums of M queries' scores against kTc K rows: acc[m][j] = 16 lane-wise FMA chains over
-/// d of q[m] · k[j] (d ascending). Every K vector is loaded once for the M queries; each
-/// (query, row) chain is the same for any M.
-/// kHd > 0: head_dim known at compile time (q held in registers); 0: `hd` at run time. The same
-/// FMAs either way.
-template <int M, int kHd = 0>
-inline void score_lanes(f32x16 (&acc)[4][kTc], const float * const (&qh)[4], const float * const (&kr)[kTc], int64_t hd) {
-    if constexpr (kHd > 0) {
-        constexpr int ND = kHd / kLanes;
-        f32x16 qv[M][ND];
-#pragma GCC unroll 8
-        for (int m = 0; m < M; ++m) {
-#pragma GCC unroll 8
-            for (int d = 0; d < ND; ++d) { qv[m][d] = load16(qh[m] + d * kLanes); }
-        }
-#pragma GCC unroll 2
-        for (int64_t j = 0; j < kTc; ++j) {
-            f32x16 a[M] = {};
-#pragma GCC unroll 8
-            for (int d = 0; d < ND; ++d) {
-                const f32x16 k = load16(kr[j] + d * kLanes);
-#pragma GCC unroll 4
-                for (int m = 0; m < M; ++m) { a[m] += qv[m][d] * k; }
-            }
-#pragma GCC unroll 4
-            for (int m = 0; m < M; ++m) { acc[m][j] = a[m]; }
-        }
-    } else {
-        for (int64_t j = 0; j < kTc; ++j) {
-            f32x16 a[M] = {};
-            for (int64_t d = 0; d < hd; d += kLanes) {
-                const f32x16 k = load16(kr[j] + d);
-                for (int m = 0; m < M; ++m) { a[m] += load16(qh[m] + d) * k; }
-            }
-            for (int m = 0; m < M; ++m) { acc[m][j] = a[m]; }
-        }
+/// The kTc row pointers of chunk [t0, t0 + kTc) (rows past n_max repeat row n_max - 1, which
+/// exists): one block-table look-up per block, not per row.
+inline void chunk_rows(const float * (&rows)[kTc], const float * pool, const AttnQuery & qry, int64_t t0, int64_t n_max,
+                       int64_t bs, int64_t row) {
+    int64_t j = 0;
+    while (j < kTc && t0 + j < n_max) {
+        const int64_t t = t0 + j, off = t % bs, n = std::min<int64_t>({bs - off, kTc - j, n_max - t});
+        const float * base = pool + (static_cast<int64_t>(qry.block_table[t / bs]) * bs + off) * row;
+        for (int64_t i = 0; i < n; ++i) { rows[j + i] = base + i * row; }
+        j += n;
+    }
+    for (; j < kTc; ++j) { rows[j] = rows[j - 1]; }
+}
+
+/// Prefetch floats [off, off + len) of each of the kTc rows (the next chunk, while this one
+/// computes).
+inline void prefetch_rows(const float * const (&rows)[kTc], int64_t off, int64_t len) {
+    for (int64_t j = 0; j < kTc; ++j) {
+        if (j > 0 && rows[j] == rows[j - 1]) { break; }
+        for (int64_t e = 0; e < len; e += 16) { __builtin_prefetch(rows[j] + off + e, 0, 3); }
     }
 }
 
-/// o[m] += p[m][j] * V[j] for j < nt[m] (ascending), M queries sharing every V load; one FMA
-/// per element and j, whatever M.
-template <int M>
-inline void accumulate_v(float * const (&o)[4], const float * const (&p)[4], const int64_t (&nt)[4],
-                         const float * const (&vr)[kTc], int64_t hd) {
-    for (int64_t d = 0; d < hd; d += kLanes) {
-        f32x16 a[M];
-        for (int m = 0; m < M; ++m) { a[m] = load16(o[m] + d); }
-        bool full = true;
-        for (int m = 0; m < M; ++m) { full = full && nt[m] == kTc; }
-        if (full) {  // the same FMAs as below, without the per-row test
-            for (int64_t j = 0; j < kTc; ++j) {
-                const f32x16 v = load16(vr[j] + d);
-                for (int m = 0; m < M; ++m) { a[m] += p[m][j] * v; }
+#if defined(__AVX512F__)
+// GCC 12 flags the _mm512_undefined_ps() inside its own shuffle intrinsics (as in lanes.h).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+/// In-register 16 x 16 transpose: r[i][j] -> r[j][i].
+inline void transpose16(__m512 (&r)[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i]     = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4g + c], 128-bit lane L: rows 4g .. 4g + 3 at column 4L + c.
+    for (int g = 0; g < 4; ++g) {
+        u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+        u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    // Column 4L + c, lane group G = u[4G + c] lane L: a 4 x 4 transpose of 128-bit lanes per c.
+    for (int c = 0; c < 4; ++c) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(2, 0, 2, 0));
+        const __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(3, 1, 3, 1));
+        const __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(2, 0, 2, 0));
+        const __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(3, 1, 3, 1));
+        r[c]      = _mm512_shuffle_f32x4(v0, v2, _MM_SHUFFLE(2, 0, 2, 0));
+        r[8 + c]  = _mm512_shuffle_f32x4(v0, v2, _MM_SHUFFLE(3, 1, 3, 1));
+        r[4 + c]  = _mm512_shuffle_f32x4(v1, v3, _MM_SHUFFLE(2, 0, 2, 0));
+        r[12 + c] = _mm512_shuffle_f32x4(v1, v3, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+#pragma GCC diagnostic pop
+#endif
+
+/// kt[d, j] = rows[j][d] for d < hd, j < kTc: one kv head's slice of the chunk's keys, transposed
+/// so that one 16-lane vector holds dimension d of 16 consecutive keys. Moves data only.
+///   kt [hd, kTc]
+inline void transpose_keys(float * kt, const float * const (&rows)[kTc], int64_t hd) {
+#if defined(__AVX512F__)
+    if (hd % 16 == 0) {
+        for (int64_t jb = 0; jb < kTc; jb += 16) {
+            for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+                __m512 r[16];
+                for (int j = 0; j < 16; ++j) { r[j] = _mm512_loadu_ps(rows[jb + j] + d0); }
+                transpose16(r);
+                for (int d = 0; d < 16; ++d) { _mm512_storeu_ps(kt + (d0 + d) * kTc + jb, r[d]); }
             }
-        } else {
-            for (int64_t j = 0; j < kTc; ++j) {
-                const f32x16 v = load16(vr[j] + d);
+        }
+        return;
+    }
+#endif
+    for (int64_t j = 0; j < kTc; ++j) {
+        for (int64_t d = 0; d < hd; ++d) { kt[d * kTc + j] = rows[j][d]; }
+    }
+}
+
+/// Scores of M (query, head) pairs against the chunk's kTc keys, lanes along the keys:
+///   s[m][j] = (FMA chain over d ascending of q[m][d] * K[j][d], from 0) * scale.
+/// Each score is its own chain, so it is the same for any M, tile or chunk. kt: [hd, kTc] from
+/// transpose_keys, shared by the M pairs (one kv head).
+template <int M>
+inline void score_chunk(float * const * s, const float * const * qh, const float * kt, int64_t hd, float scale) {
+    f32x16 a[M][2] = {};
+    for (int64_t d = 0; d < hd; ++d) {
+        const f32x16 k0 = load16(kt + d * kTc), k1 = load16(kt + d * kTc + 16);
+#pragma GCC unroll 8
+        for (int m = 0; m < M; ++m) {
+            const float qd = qh[m][d];
+            a[m][0] += qd * k0;
+            a[m][1] += qd * k1;
+        }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+        const f32x16 s0 = a[m][0] * scale, s1 = a[m][1] * scale;
+        std::memcpy(s[m], &s0, sizeof s0);
+        std::memcpy(s[m] + 16, &s1, sizeof s1);
+    }
+}
+
+#if defined(__AVX512F__)
+/// score_chunk for M pairs without the kt scratch (decode: each K row is read once, so it is
+/// transposed in registers and used at once). The same FMA chains in the same order.
+template <int M>
+inline void score_direct(float * const * s, const float * const * qh, const float * const (&rows)[kTc], int64_t hd,
+                         float scale) {
+    for (int64_t jb = 0; jb < kTc; jb += 16) {
+        __m512 a[M];
+        for (int m = 0; m < M; ++m) { a[m] = _mm512_setzero_ps(); }
+        for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+            __m512 r[16];
+            for (int j = 0; j < 16; ++j) { r[j] = _mm512_loadu_ps(rows[jb + j] + d0); }
+            transpose16(r);
+            for (int d = 0; d < 16; ++d) {
+                for (int m = 0; m < M; ++m) { a[m] = _mm512_fmadd_ps(_mm512_set1_ps(qh[m][d0 + d]), r[d], a[m]); }
+            }
+        }
+        for (int m = 0; m < M; ++m) { _mm512_storeu_ps(s[m] + jb, _mm512_mul_ps(a[m], _mm512_set1_ps(scale))); }
+    }
+}
+#endif
+
+/// score_chunk for n pairs, 8 at a time (then 4, 2, 1): the same chains whatever the grouping.
+inline void score_pairs(float * const * s, const float * const * qh, int n, const float * kt, int64_t hd, float scale) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) { score_chunk<8>(s + i, qh + i, kt, hd, scale); }
+    if (i + 4 <= n) { score_chunk<4>(s + i, qh + i, kt, hd, scale); i += 4; }
+    if (i + 2 <= n) { score_chunk<2>(s + i, qh + i, kt, hd, scale); i += 2; }
+    if (i < n) { score_chunk<1>(s + i, qh + i, kt, hd, scale); }
+}
+
+/// Keeps v in a register: one load serves all its uses (GCC otherwise folds the load into
+/// every FMA that reads it).
+inline void in_register(f32x16 & v) { asm("" : "+v"(v)); }
+
+/// o[m] += p[m][j] * V[j] for j < nt[m] (ascending), M (query, head) pairs of one kv head sharing
+/// every V load; one FMA per element and j, whatever M. ND 16-lane vectors of d at a time
+/// (hd % (16 * ND) == 0): M * ND independent chains.
+template <int M, int ND>
+inline void pv_chunk(float * const * o, const float * const * p, const int64_t * nt, const float * const (&vr)[kTc],
+                     int64_t hd) {
+    int64_t j_all = kTc, j_any = 0;  // every pair / some pair reaches j
+    for (int m = 0; m < M; ++m) {
+        j_all = std::min(j_all, nt[m]);
+        j_any = std::max(j_any, nt[m]);
+    }
+    for (int64_t d = 0; d < hd; d += ND * kLanes) {
+        f32x16 a[M][ND];
+        for (int m = 0; m < M; ++m) {
+            for (int e = 0; e < ND; ++e) { a[m][e] = load16(o[m] + d + e * kLanes); }
+        }
+        for (int64_t j = 0; j < j_all; ++j) {
+            f32x16 v[ND];
+#pragma GCC unroll 4
+            for (int e = 0; e < ND; ++e) {
+                v[e] = load16(vr[j] + d + e * kLanes);
+                in_register(v[e]);
+            }
+#pragma GCC unroll 8
+            for (int m = 0; m < M; ++m) {
+                const float pj = p[m][j];
+#pragma GCC unroll 4
+                for (int e = 0; e < ND; ++e) { a[m][e] += pj * v[e]; }
+            }
+        }
+        for (int64_t j = j_all; j < j_any; ++j) {  // the same FMAs, for the pairs that reach j
+            for (int e = 0; e < ND; ++e) {
+                const f32x16 v = load16(vr[j] + d + e * kLanes);
                 for (int m = 0; m < M; ++m) {
-                    if (j < nt[m]) { a[m] += p[m][j] * v; }
+                    if (j < nt[m]) { a[m][e] += p[m][j] * v; }
                 }
             }
         }
-        for (int m = 0; m < M; ++m) { std::memcpy(o[m] + d, &a[m], sizeof a[m]); }
+        for (int m = 0; m < M; ++m) {
+            for (int e = 0; e < ND; ++e) { std::memcpy(o[m] + d + e * kLanes, &a[m][e], sizeof a[m][e]); }
+        }
     }
 }
 
+/// pv_chunk for n pairs, 8 at a time (then 4, 2, 1); head_dim not a multiple of 16: scalar FMAs
+/// in the same order.
+inline void pv_pairs(float * const * o, const float * const * p, const int64_t * nt, int n, const float * const (&vr)[kTc],
+                     int64_t hd) {
+    if (hd % kLanes != 0) {
+        for (int m = 0; m < n; ++m) {
+            for (int64_t j = 0; j < nt[m]; ++j) {
+                for (int64_t d = 0; d < hd; ++d) { o[m][d] += p[m][j] * vr[j][d]; }
+            }
+        }
+        return;
+    }
+    int i = 0;
+    if (hd % (2 * kLanes) == 0) {
+        for (; i + 8 <= n; i += 8) { pv_chunk<8, 2>(o + i, p + i, nt + i, vr, hd); }
+        if (i + 4 <= n) { pv_chunk<4, 2>(o + i, p + i, nt + i, vr, hd); i += 4; }
+    }
+    if (hd % (4 * kLanes) == 0) {
+        for (; i + 2 <= n; i += 2) { pv_chunk<2, 4>(o + i, p + i, nt + i, vr, hd); }
+        for (; i < n; ++i) { pv_chunk<1, 4>(o + i, p + i, nt + i, vr, hd); }
+    }
+    for (; i + 4 <= n; i += 4) { pv_chunk<4, 1>(o + i, p + i, nt + i, vr, hd); }
+    for (; i < n; ++i) { pv_chunk<1, 1>(o + i, p + i, nt + i, vr, hd); }
+}
+
 /// Attention of queries [i0, i1) (one sequence) for the query heads of kv heads [g0, g1).
-///   scores [i1 - i0, (g1 - g0) * group, n_ctx_max rounded up to kTc] scratch.
-/// Per (query, head), whatever the tile: s[t] = reduce16(16 lane-wise FMA chains over d) * scale
-/// (head_dim % 16 == 0; else one sequential chain), p = exp16(s - max) / sum with the sum
-/// 16 lane-wise chains over t then reduce16, out = sum over t ascending of p[t] * V[t] (one FMA
-/// per element and t).
+///   scores [i1 - i0, (g1 - g0) * group, n_ctx_max rounded up to kTc] scratch;  kt [hd, kTc].
+/// Per (query, head), whatever the tile: s[t] = (one FMA chain over d ascending) * scale,
+/// p = exp16(s - max) / sum with the sum 16 lane-wise chains over t then reduce16,
+/// out = sum over t ascending of p[t] * V[t] (one FMA per element and t).
 void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_t i0, int64_t i1, int64_t n_heads,
-                 int64_t g0, int64_t g1, PagedKv kv, float scale, float * scores) {
+                 int64_t g0, int64_t g1, PagedKv kv, float scale, float * scores, float * kt) {
     const int64_t hd = kv.head_dim, row = static_cast<int64_t>(kv.n_kv_heads) * hd, bs = kv.block_size;
     const int64_t group = n_heads / kv.n_kv_heads, nq = i1 - i0, nh = (g1 - g0) * group;
-    const bool    lanes = hd % kLanes == 0;
     int64_t       n_max = 0;
     for (int64_t i = i0; i < i1; ++i) { n_max = std::max<int64_t>(n_max, queries[i].n_ctx); }
     const int64_t ld = (n_max + kTc - 1) / kTc * kTc;  // scores row stride
     const AttnQuery & qt = queries[i0];  // the tile's block table (all its queries share it)
-    // Scores: each K row (this head's part) is read once for every query of the tile.
-    const float * kr[kTc];
+    // Scores: each K row slice is read (and transposed) once for every (query, head) of the tile.
     const float * kb[kTc];
+    const float * kn[kTc];
     int64_t       act[kQt];  // queries whose context reaches the chunk
+    std::vector<const float *> qp(static_cast<size_t>(nq * group));
+    std::vector<float *>       sp(static_cast<size_t>(nq * group)), op(static_cast<size_t>(nq * group));
+    std::vector<const float *> pp(static_cast<size_t>(nq * group));
+    std::vector<int64_t>       nt(static_cast<size_t>(nq * group));
+    chunk_rows(kb, kv.k, qt, 0, n_max, bs, row);
     for (int64_t t0 = 0; t0 < n_max; t0 += kTc) {
-        for (int64_t j = 0; j < kTc; ++j) { kb[j] = kv_row(kv.k, qt, std::min(t0 + j, n_max - 1), bs, row); }
+        if (t0 + kTc < n_max) {
+            chunk_rows(kn, kv.k, qt, t0 + kTc, n_max, bs, row);
+        }
         int64_t n_act = 0;
         for (int64_t qi = 0; qi < nq; ++qi) {
             if (t0 < queries[i0 + qi].n_ctx) { act[n_act++] = qi; }
         }
-        for (int64_t h = g0 * group; h < g1 * group; ++h) {
-            for (int64_t j = 0; j < kTc; ++j) { kr[j] = kb[j] + (h / group) * hd; }
-            for (int64_t a0 = 0; a0 < n_act; a0 += 4) {
-                const int     m_n = static_cast<int>(std::min<int64_t>(4, n_act - a0));
-                const float * qh[4];
-                float *       sp[4];
-                for (int m = 0; m < 4; ++m) {
-                    const int64_t qi = act[a0 + std::min(m, m_n - 1)];
-                    qh[m] = q + ((i0 + qi) * n_heads + h) * hd;
-                    sp[m] = scores + (qi * nh + h - g0 * group) * ld + t0;
-                }
-                if (lanes) {
-                    f32x16 acc[4][kTc];
-                    if (m_n == 4 && hd == 64) {
-                        score_lanes<4, 64>(acc, qh, kr, hd);
-                    } else if (m_n == 4 && hd == 128) {
-                        score_lanes<4, 128>(acc, qh, kr, hd);
-                    } else if (m_n == 4) {
-                        score_lanes<4>(acc, qh, kr, hd);
-                    } else {
-                        for (int m = 0; m < m_n; ++m) {
-                            const float * q1[4] = {qh[m], qh[m], qh[m], qh[m]};
-                            f32x16        a1[4][kTc];
-                            score_lanes<1>(a1, q1, kr, hd);
-                            std::memcpy(acc[m], a1[0], sizeof acc[m]);
-                        }
-                    }
-                    for (int m = 0; m < m_n; ++m) { reduce_all(acc[m], kTc, sp[m]); }
-                } else {
-                    for (int m = 0; m < m_n; ++m) {
-                        for (int64_t j = 0; j < kTc; ++j) {
-                            float sum = 0.0f;
-                            for (int64_t d = 0; d < hd; ++d) { sum += qh[m][d] * kr[j][d]; }
-                            sp[m][j] = sum;
-                        }
-                    }
-                }
-                for (int m = 0; m < m_n; ++m) {
-                    for (int64_t j = 0; j < kTc; ++j) { sp[m][j] *= scale; }
+        for (int64_t g = g0; g < g1; ++g) {
+            const float * kr[kTc];
+            for (int64_t j = 0; j < kTc; ++j) { kr[j] = kb[j] + g * hd; }
+            if (t0 + kTc < n_max) { prefetch_rows(kn, g * hd, hd); }  // this head's slice of the next chunk
+            int n = 0;
+            for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+                for (int64_t a = 0; a < n_act; ++a) {
+                    const int64_t qi = act[a];
+                    qp[n] = q + ((i0 + qi) * n_heads + h) * hd;
+                    sp[n] = scores + (qi * nh + h - g0 * group) * ld + t0;
+                    ++n;
                 }
             }
+#if defined(__AVX512F__)
+            if (n <= 4 && hd % 16 == 0) {
+                const float * const * qq = qp.data();
+                float * const *       ss = sp.data();
+                if (n == 4) { score_direct<4>(ss, qq, kr, hd, scale); }
+                else if (n == 3) { score_direct<3>(ss, qq, kr, hd, scale); }
+                else if (n == 2) { score_direct<2>(ss, qq, kr, hd, scale); }
+                else if (n == 1) { score_direct<1>(ss, qq, kr, hd, scale); }
+                continue;
+            }
+#endif
+            transpose_keys(kt, kr, hd);
+            score_pairs(sp.data(), qp.data(), n, kt, hd, scale);
         }
+        if (t0 + kTc < n_max) { std::copy(std::begin(kn), std::end(kn), std::begin(kb)); }
     }
     // Softmax of each (query, head) over its own context; lanes past it hold exactly 0.
     for (int64_t qi = 0; qi < nq; ++qi) {
@@ -230,45 +361,45 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
         float * o = out + ((i0 + qi) * n_heads + g0 * group) * hd;
         std::fill(o, o + nh * hd, 0.0f);
     }
+    // Tiles of many queries read each V chunk many times: from a packed copy.
+    thread_local std::vector<float> vpack;
+    const bool pack_v = nq > kPerHeadQueries;
+    if (pack_v && vpack.size() < static_cast<size_t>(kTc * hd)) { vpack.resize(static_cast<size_t>(kTc * hd)); }
     const float * vb[kTc];
+    const float * vn[kTc];
     const float * vr[kTc];
+    chunk_rows(vb, kv.v, qt, 0, n_max, bs, row);
     for (int64_t t0 = 0; t0 < n_max; t0 += kTc) {
-        for (int64_t j = 0; j < kTc; ++j) { vb[j] = kv_row(kv.v, qt, std::min(t0 + j, n_max - 1), bs, row); }
+        if (t0 + kTc < n_max) {
+            chunk_rows(vn, kv.v, qt, t0 + kTc, n_max, bs, row);
+        }
         int64_t n_act = 0;
         for (int64_t qi = 0; qi < nq; ++qi) {
             if (t0 < queries[i0 + qi].n_ctx) { act[n_act++] = qi; }
         }
-        for (int64_t h = g0 * group; h < g1 * group; ++h) {
-            for (int64_t j = 0; j < kTc; ++j) { vr[j] = vb[j] + (h / group) * hd; }
-            for (int64_t a0 = 0; a0 < n_act; a0 += 4) {
-                const int     m_n = static_cast<int>(std::min<int64_t>(4, n_act - a0));
-                float *       o[4];
-                const float * p[4];
-                int64_t       nt[4];
-                for (int m = 0; m < 4; ++m) {
-                    const int64_t qi = act[a0 + std::min(m, m_n - 1)];
-                    o[m]  = out + ((i0 + qi) * n_heads + h) * hd;
-                    p[m]  = scores + (qi * nh + h - g0 * group) * ld + t0;
-                    nt[m] = std::min(kTc, queries[i0 + qi].n_ctx - t0);
+        for (int64_t g = g0; g < g1; ++g) {
+            if (t0 + kTc < n_max) { prefetch_rows(vn, g * hd, hd); }
+            if (pack_v) {  // contiguous copy: rows 3+ KiB apart crowd a few L1 sets
+                for (int64_t j = 0; j < kTc; ++j) {
+                    std::memcpy(vpack.data() + j * hd, vb[j] + g * hd, sizeof(float) * hd);
+                    vr[j] = vpack.data() + j * hd;
                 }
-                if (lanes && m_n == 4) {
-                    accumulate_v<4>(o, p, nt, vr, hd);
-                } else if (lanes) {
-                    for (int m = 0; m < m_n; ++m) {
-                        float * const       o1[4] = {o[m], o[m], o[m], o[m]};
-                        const float * const p1[4] = {p[m], p[m], p[m], p[m]};
-                        const int64_t       n1[4] = {nt[m], nt[m], nt[m], nt[m]};
-                        accumulate_v<1>(o1, p1, n1, vr, hd);
-                    }
-                } else {
-                    for (int m = 0; m < m_n; ++m) {
-                        for (int64_t j = 0; j < nt[m]; ++j) {
-                            for (int64_t d = 0; d < hd; ++d) { o[m][d] += p[m][j] * vr[j][d]; }
-                        }
-                    }
+            } else {
+                for (int64_t j = 0; j < kTc; ++j) { vr[j] = vb[j] + g * hd; }
+            }
+            int n = 0;
+            for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+                for (int64_t a = 0; a < n_act; ++a) {
+                    const int64_t qi = act[a];
+                    op[n] = out + ((i0 + qi) * n_heads + h) * hd;
+                    pp[n] = scores + (qi * nh + h - g0 * group) * ld + t0;
+                    nt[n] = std::min(kTc, queries[i0 + qi].n_ctx - t0);
+                    ++n;
                 }
             }
+            pv_pairs(op.data(), pp.data(), nt.data(), n, vr, hd);
         }
+        if (t0 + kTc < n_max) { std::copy(std::begin(vn), std::end(vn), std::begin(vb)); }
     }
 }
 
@@ -295,15 +426,16 @@ void attention_paged(float * out, const float * q, const AttnQuery * queries, in
     const int64_t per_range = (n_kv + n_ranges - 1) / n_ranges;
     const int64_t group     = n_heads / n_kv;
     auto run = [&](int64_t task) {
-        thread_local std::vector<float> scores;
+        thread_local std::vector<float> scores, kt;
         const int64_t tile = task / n_ranges, g0 = task % n_ranges * per_range, g1 = std::min(n_kv, g0 + per_range);
         const int64_t nq = starts[tile + 1] - starts[tile];
         const int64_t heads_at_once = nq > kPerHeadQueries ? 1 : per_range;  // kv heads per attend_tile
         const size_t  need = static_cast<size_t>(nq * heads_at_once * group * ((n_ctx_max + kTc - 1) / kTc * kTc));
         if (scores.size() < need) { scores.resize(need); }
+        if (kt.size() < static_cast<size_t>(kv.head_dim * kTc)) { kt.resize(static_cast<size_t>(kv.head_dim * kTc)); }
         for (int64_t g = g0; g < g1; g += heads_at_once) {
             attend_tile(out, q, queries, starts[tile], starts[tile + 1], n_heads, g, std::min(g1, g + heads_at_once), kv, scale,
-                        scores.data());
+                        scores.data(), kt.data());
         }
     };
     const int64_t n_tasks = n_tiles * n_ranges;
