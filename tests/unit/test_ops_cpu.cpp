@@ -441,7 +441,7 @@ TEST_CASE("attention_paged output for a query is bitwise the same in any batch c
             std::vector<size_t> order(qs.size());
             std::iota(order.begin(), order.end(), size_t(0));
             // Trials 0-3 keep each sequence's queries consecutive, as a prefill batches them (tiles of
-            // up to 16 sharing K/V reads); the others shuffle.
+            // up to 64 sharing K/V reads); the others shuffle.
             if (trial >= 4) { std::shuffle(order.begin(), order.end(), rng); }
             if (trial >= 4 && trial % 2 == 1) { order.resize(2 + rng() % 20); }
             std::vector<float> q(order.size() * per), out(order.size() * per);
@@ -460,6 +460,56 @@ TEST_CASE("attention_paged output for a query is bitwise the same in any batch c
         }
         CHECK(compared > 2 * int(qs.size()));
         CHECK(mismatches == 0);
+    }
+}
+
+TEST_CASE("attention_paged: long prefills (up to 4100 tokens) give each query bitwise its decode output") {
+    // One sequence over scattered blocks; every token of it as one prefill batch (tiles of many
+    // queries: transposed-K GEMM scores, packed V), against each sampled query attended alone
+    // (the decode path) and against a double-precision reference.
+    struct Shape { int n_heads, n_kv, head_dim, len; };
+    for (const Shape sh : {Shape{4, 2, 64, 4100}, Shape{2, 1, 128, 1100}, Shape{4, 4, 24, 700}, Shape{6, 2, 16, 300}}) {
+        CAPTURE(sh.head_dim);
+        CAPTURE(sh.len);
+        std::mt19937 rng(uint32_t(sh.len));
+        const int bs = 16, nb = (sh.len + bs - 1) / bs, row = sh.n_kv * sh.head_dim, per = sh.n_heads * sh.head_dim;
+        std::vector<int32_t> table(static_cast<size_t>(nb));
+        std::iota(table.begin(), table.end(), 0);
+        std::shuffle(table.begin(), table.end(), rng);  // blocks out of order
+        std::vector<float> kp(size_t(nb) * bs * row, std::numeric_limits<float>::quiet_NaN()), vp(kp.size(), kp[0]);
+        const auto k_rows = random_vec(rng, size_t(sh.len) * row, -2.0f, 2.0f), v_rows = random_vec(rng, size_t(sh.len) * row);
+        std::vector<int64_t> slots(size_t(sh.len));
+        for (int t = 0; t < sh.len; ++t) { slots[t] = int64_t(table[t / bs]) * bs + t % bs; }
+        const k::PagedKv kv{kp.data(), vp.data(), bs, sh.n_kv, sh.head_dim};
+        k::kv_store(kv, k_rows.data(), v_rows.data(), slots.data(), sh.len);
+        const auto q = random_vec(rng, size_t(sh.len) * per, -2.0f, 2.0f);
+        std::vector<k::AttnQuery> queries(size_t(sh.len));
+        for (int i = 0; i < sh.len; ++i) { queries[i] = {table.data(), i + 1}; }
+        const float scale = 1.0f / std::sqrt(float(sh.head_dim));
+        k::ThreadPool pool(2);
+        std::vector<float> out(q.size());
+        k::attention_paged(out.data(), q.data(), queries.data(), sh.len, sh.n_heads, kv, scale, &pool);
+        // A later chunk of the same sequence (chunked prefill: queries 1000.. of it) as its own batch.
+        const int c0 = std::min(sh.len / 2, 1000), cn = std::min(100, sh.len - c0);
+        std::vector<float> out_chunk(size_t(cn) * per);
+        k::attention_paged(out_chunk.data(), q.data() + size_t(c0) * per, queries.data() + c0, cn, sh.n_heads, kv, scale, nullptr);
+        CHECK(bits_equal(out_chunk.data(), out.data() + size_t(c0) * per, out_chunk.size()));
+        std::vector<int> sample = {0, 1, 15, 16, 31, 32, 33, 63, 64, 65, 127, 128, sh.len / 2, sh.len - 2, sh.len - 1};
+        if (sh.len > 4096) { sample.insert(sample.end(), {2047, 2048, 4095, 4096}); }
+        int mismatches = 0, bad = 0;
+        std::vector<float> alone(static_cast<size_t>(per));
+        std::vector<double> ref(static_cast<size_t>(per));
+        for (const int i : sample) {
+            k::attention_paged(alone.data(), q.data() + size_t(i) * per, &queries[i], 1, sh.n_heads, kv, scale, nullptr);
+            mismatches += !bits_equal(alone.data(), out.data() + size_t(i) * per, size_t(per));
+            std::vector<float> kc(k_rows.begin(), k_rows.begin() + size_t(i + 1) * row), vc(v_rows.begin(), v_rows.begin() + size_t(i + 1) * row);
+            naive_attention(ref.data(), q.data() + size_t(i) * per, kc, vc, i + 1, sh.n_heads, sh.n_kv, sh.head_dim, scale);
+            for (int e = 0; e < per; ++e) {
+                if (!(std::fabs(out[size_t(i) * per + e] - ref[e]) <= 1e-5 * (1.0 + std::fabs(ref[e])))) { ++bad; }
+            }
+        }
+        CHECK(mismatches == 0);
+        CHECK(bad == 0);
     }
 }
 
