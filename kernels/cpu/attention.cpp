@@ -1,12 +1,13 @@
-// Paged KV store and causal GQA attention (see ops.h).
+// Paged KV store and causal GQA attention (see cpu_ops.h).
 //
 // Tiles: consecutive queries over the same block table (a prefill's tokens) are attended
-// together, up to 16, so each K and V row read from memory serves all of them; with few tiles
+// together, up to 64, so each K and V row read from memory serves all of them; with few tiles
 // (small decode batches) the kv heads are split into ranges as well. Per (query, head) the
-// arithmetic never depends on the tile: scores are 16 lane-wise FMA chains over head_dim and
-// the shared reduce16, softmax sums are 16 lane-wise chains over t and reduce16, and the V
-// accumulation is one FMA per element and t, t ascending. Results are therefore bitwise the
-// same whatever the batch, its order or the threads.
+// arithmetic never depends on the tile: each score is one FMA chain over head_dim (keys along
+// the 16 lanes, so 16 scores are computed at once without a lane reduction), softmax sums are
+// 16 lane-wise chains over t and reduce16, and the V accumulation is one FMA per element and t,
+// t ascending. Results are therefore bitwise the same whatever the batch, its order or the
+// threads.
 #include "fd/kernels/cpu_ops.h"
 #include "lanes.h"
 
@@ -289,10 +290,17 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
     const float * kb[kTc];
     const float * kn[kTc];
     int64_t       act[kQt];  // queries whose context reaches the chunk
-    std::vector<const float *> qp(static_cast<size_t>(nq * group));
-    std::vector<float *>       sp(static_cast<size_t>(nq * group)), op(static_cast<size_t>(nq * group));
-    std::vector<const float *> pp(static_cast<size_t>(nq * group));
-    std::vector<int64_t>       nt(static_cast<size_t>(nq * group));
+    thread_local std::vector<const float *> qp, pp;  // per (query, head) pair of one kv head
+    thread_local std::vector<float *>       sp, op;
+    thread_local std::vector<int64_t>       nt;
+    const size_t n_pairs = static_cast<size_t>(nq * group);
+    if (qp.size() < n_pairs) {
+        qp.resize(n_pairs);
+        pp.resize(n_pairs);
+        sp.resize(n_pairs);
+        op.resize(n_pairs);
+        nt.resize(n_pairs);
+    }
     chunk_rows(kb, kv.k, qt, 0, n_max, bs, row);
     for (int64_t t0 = 0; t0 < n_max; t0 += kTc) {
         if (t0 + kTc < n_max) {
