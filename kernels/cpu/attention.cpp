@@ -31,6 +31,9 @@ namespace {
 
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 
+/// 0, 1, ..., 15 (lane masks).
+constexpr f32x16 kLaneIndex = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
 /// Queries of one task: up to kQt consecutive batch entries of one sequence (same block table),
 /// so each K and V row read from memory serves all of them.
 constexpr int64_t kQt = 64;
@@ -169,28 +172,6 @@ inline void score_chunk(float * const * s, const float * const * qh, const float
     }
 }
 
-#if defined(__AVX512F__)
-/// score_chunk for M pairs without the kt scratch (decode: each K row is read once, so it is
-/// transposed in registers and used at once). The same FMA chains in the same order.
-template <int M>
-inline void score_direct(float * const * s, const float * const * qh, const float * const (&rows)[kTc], int64_t hd,
-                         float scale) {
-    for (int64_t jb = 0; jb < kTc; jb += 16) {
-        __m512 a[M];
-        for (int m = 0; m < M; ++m) { a[m] = _mm512_setzero_ps(); }
-        for (int64_t d0 = 0; d0 < hd; d0 += 16) {
-            __m512 r[16];
-            for (int j = 0; j < 16; ++j) { r[j] = _mm512_loadu_ps(rows[jb + j] + d0); }
-            transpose16(r);
-            for (int d = 0; d < 16; ++d) {
-                for (int m = 0; m < M; ++m) { a[m] = _mm512_fmadd_ps(_mm512_set1_ps(qh[m][d0 + d]), r[d], a[m]); }
-            }
-        }
-        for (int m = 0; m < M; ++m) { _mm512_storeu_ps(s[m] + jb, _mm512_mul_ps(a[m], _mm512_set1_ps(scale))); }
-    }
-}
-#endif
-
 /// score_chunk for n pairs, 8 at a time (then 4, 2, 1): the same chains whatever the grouping.
 inline void score_pairs(float * const * s, const float * const * qh, int n, const float * kt, int64_t hd, float scale) {
     int i = 0;
@@ -311,8 +292,6 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
             if (t0 < queries[i0 + qi].n_ctx) { act[n_act++] = qi; }
         }
         for (int64_t g = g0; g < g1; ++g) {
-            const float * kr[kTc];
-            for (int64_t j = 0; j < kTc; ++j) { kr[j] = kb[j] + g * hd; }
             if (t0 + kTc < n_max) { prefetch_rows(kn, g * hd, hd); }  // this head's slice of the next chunk
             int n = 0;
             for (int64_t h = g * group; h < (g + 1) * group; ++h) {
@@ -323,17 +302,8 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
                     ++n;
                 }
             }
-#if defined(__AVX512F__)
-            if (n <= 4 && hd % 16 == 0) {
-                const float * const * qq = qp.data();
-                float * const *       ss = sp.data();
-                if (n == 4) { score_direct<4>(ss, qq, kr, hd, scale); }
-                else if (n == 3) { score_direct<3>(ss, qq, kr, hd, scale); }
-                else if (n == 2) { score_direct<2>(ss, qq, kr, hd, scale); }
-                else if (n == 1) { score_direct<1>(ss, qq, kr, hd, scale); }
-                continue;
-            }
-#endif
+            const float * kr[kTc];
+            for (int64_t j = 0; j < kTc; ++j) { kr[j] = kb[j] + g * hd; }
             transpose_keys(kt, kr, hd);
             score_pairs(sp.data(), qp.data(), n, kt, hd, scale);
         }
@@ -354,14 +324,23 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
             for (int j = 0; j < kLanes; ++j) { mx = m16[j] > mx ? m16[j] : mx; }
             for (; t < n; ++t) { mx = s[t] > mx ? s[t] : mx; }
             f32x16 sum{};
-            for (int64_t t = 0; t < n; t += kLanes) {
-                f32x16 e = exp16(load16(s + t) - mx);
-                for (int64_t j = n - t; j < kLanes; ++j) { e[j] = 0.0f; }
-                std::memcpy(s + t, &e, sizeof e);
+            int64_t t1 = 0;
+            for (; t1 + kLanes <= n; t1 += kLanes) {
+                const f32x16 e = exp16(load16(s + t1) - mx);
+                std::memcpy(s + t1, &e, sizeof e);
                 sum += e;
             }
-            const float inv = 1.0f / reduce16(sum);
-            for (int64_t t = 0; t < n; ++t) { s[t] *= inv; }
+            if (t1 < n) {  // lanes past n add exactly 0
+                const f32x16 e = exp16(load16(s + t1) - mx);
+                const f32x16 z = (kLaneIndex < static_cast<float>(n - t1)) ? e : f32x16{};
+                std::memcpy(s + t1, &z, sizeof z);
+                sum += z;
+            }
+            const f32x16 inv = f32x16{} + 1.0f / reduce16(sum);
+            for (int64_t t = 0; t < n; t += kLanes) {  // lanes past n hold 0 and stay 0 (row stride >= n + 16)
+                const f32x16 v = load16(s + t) * inv;
+                std::memcpy(s + t, &v, sizeof v);
+            }
         }
     }
     // Output: V rows read once per chunk for every query of the tile, accumulated in t order.

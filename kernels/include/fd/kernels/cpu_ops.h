@@ -49,8 +49,7 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
 ///          queries [n_tokens]
 /// Paths    scores for 32 keys at a time with the keys along the 16 lanes: the chunk's K rows
 ///          (one kv head) are transposed to [head_dim, 32] and up to 8 (query, head) pairs run
-///          as a small GEMM against it (q broadcast, 16 chains); with <= 4 pairs (decode) the
-///          rows are transposed in registers and used at once. V: up to 8 pairs share each V
+///          as a small GEMM against it (q broadcast, 16 chains). V: up to 8 pairs share each V
 ///          load (8 x 32 dims of accumulators); tiles of > 4 queries read a packed copy of the
 ///          chunk's V. The next chunk's K/V slice is prefetched while one computes.
 /// Threads  tiles of up to 64 consecutive tokens sharing a block table (a prefill) are attended
