@@ -8,6 +8,10 @@
 // 16 lane-wise chains over t and reduce16, and the V accumulation is one FMA per element and t,
 // t ascending. Results are therefore bitwise the same whatever the batch, its order or the
 // threads.
+//
+// K is stored transposed within each block (kv_store): per (block, kv head) [head_dim, block_size],
+// so dimension d of 16 consecutive keys is one contiguous load and no path transposes K; V rows
+// stay [block_size, n_kv_heads, head_dim].
 #include "fd/kernels/cpu_ops.h"
 #include "lanes.h"
 
@@ -20,9 +24,13 @@ namespace fd::kernels {
 
 void kv_store(PagedKv kv, const float * k_new, const float * v_new, const int64_t * slots,
               int64_t n_tokens) {
-    const int64_t row = static_cast<int64_t>(kv.n_kv_heads) * kv.head_dim;
+    const int64_t row = static_cast<int64_t>(kv.n_kv_heads) * kv.head_dim, bs = kv.block_size;
     for (int64_t t = 0; t < n_tokens; ++t) {
-        std::memcpy(kv.k + slots[t] * row, k_new + t * row, sizeof(float) * row);
+        // K: element e = kv_head * head_dim + d of the token at offset o of block b goes to
+        // block b's [n_kv_heads * head_dim, block_size] at [e, o].
+        float *       kd = kv.k + slots[t] / bs * bs * row + slots[t] % bs;
+        const float * ks = k_new + t * row;
+        for (int64_t e = 0; e < row; ++e) { kd[e * bs] = ks[e]; }
         std::memcpy(kv.v + slots[t] * row, v_new + t * row, sizeof(float) * row);
     }
 }
@@ -65,12 +73,7 @@ inline f32x16 exp16(f32x16 x) {
     return y * scale;
 }
 
-/// Where context position t of a query's sequence lives.
-inline const float * kv_row(const float * pool, const AttnQuery & qry, int64_t t, int64_t bs, int64_t row) {
-    return pool + (static_cast<int64_t>(qry.block_table[t / bs]) * bs + t % bs) * row;
-}
-
-/// The kTc row pointers of chunk [t0, t0 + kTc) (rows past n_max repeat row n_max - 1, which
+/// The kTc V row pointers of chunk [t0, t0 + kTc) (rows past n_max repeat row n_max - 1, which
 /// exists): one block-table look-up per block, not per row.
 inline void chunk_rows(const float * (&rows)[kTc], const float * pool, const AttnQuery & qry, int64_t t0, int64_t n_max,
                        int64_t bs, int64_t row) {
@@ -93,70 +96,44 @@ inline void prefetch_rows(const float * const (&rows)[kTc], int64_t off, int64_t
     }
 }
 
-#if defined(__AVX512F__)
-// GCC 12 flags the _mm512_undefined_ps() inside its own shuffle intrinsics (as in lanes.h).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-/// In-register 16 x 16 transpose: r[i][j] -> r[j][i].
-inline void transpose16(__m512 (&r)[16]) {
-    __m512 t[16], u[16];
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i]     = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    // u[4g + c], 128-bit lane L: rows 4g .. 4g + 3 at column 4L + c.
-    for (int g = 0; g < 4; ++g) {
-        u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-        u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-        u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-        u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
-    }
-    // Column 4L + c, lane group G = u[4G + c] lane L: a 4 x 4 transpose of 128-bit lanes per c.
-    for (int c = 0; c < 4; ++c) {
-        const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(2, 0, 2, 0));
-        const __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(3, 1, 3, 1));
-        const __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(2, 0, 2, 0));
-        const __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(3, 1, 3, 1));
-        r[c]      = _mm512_shuffle_f32x4(v0, v2, _MM_SHUFFLE(2, 0, 2, 0));
-        r[8 + c]  = _mm512_shuffle_f32x4(v0, v2, _MM_SHUFFLE(3, 1, 3, 1));
-        r[4 + c]  = _mm512_shuffle_f32x4(v1, v3, _MM_SHUFFLE(2, 0, 2, 0));
-        r[12 + c] = _mm512_shuffle_f32x4(v1, v3, _MM_SHUFFLE(3, 1, 3, 1));
-    }
+/// Where keys [t, t + 16) of the sequence start in the K pool, kv head 0 (block_size % 16 == 0
+/// and t % 16 == 0, so the 16 keys are consecutive columns of one block's Kᵀ): dimension d of
+/// key t + j of kv head g is at [(g * head_dim + d) * block_size + j].
+inline const float * key_lanes(const float * k, const AttnQuery & qry, int64_t t, int64_t bs, int64_t row) {
+    return k + static_cast<int64_t>(qry.block_table[t / bs]) * bs * row + t % bs;
 }
-#pragma GCC diagnostic pop
-#endif
 
-/// kt[d, j] = rows[j][d] for d < hd, j < kTc: one kv head's slice of the chunk's keys, transposed
-/// so that one 16-lane vector holds dimension d of 16 consecutive keys. Moves data only.
+/// kt[d, j] = dimension d of key t0 + j, kv head g, for t0 + j < n_max; 0 past it. Gathers the
+/// chunk's keys from the blocks' Kᵀ for block sizes that are not a multiple of 16 (moves data
+/// only).
 ///   kt [hd, kTc]
-inline void transpose_keys(float * kt, const float * const (&rows)[kTc], int64_t hd) {
-#if defined(__AVX512F__)
-    if (hd % 16 == 0) {
-        for (int64_t jb = 0; jb < kTc; jb += 16) {
-            for (int64_t d0 = 0; d0 < hd; d0 += 16) {
-                __m512 r[16];
-                for (int j = 0; j < 16; ++j) { r[j] = _mm512_loadu_ps(rows[jb + j] + d0); }
-                transpose16(r);
-                for (int d = 0; d < 16; ++d) { _mm512_storeu_ps(kt + (d0 + d) * kTc + jb, r[d]); }
-            }
+inline void gather_keys(float * kt, const float * k, const AttnQuery & qry, int64_t t0, int64_t n_max, int64_t bs,
+                        int64_t row, int64_t g, int64_t hd) {
+    int64_t j = 0;
+    while (j < kTc && t0 + j < n_max) {
+        const int64_t t = t0 + j, off = t % bs, n = std::min<int64_t>({bs - off, kTc - j, n_max - t});
+        const float * base = k + static_cast<int64_t>(qry.block_table[t / bs]) * bs * row + g * hd * bs + off;
+        for (int64_t d = 0; d < hd; ++d) {
+            for (int64_t i = 0; i < n; ++i) { kt[d * kTc + j + i] = base[d * bs + i]; }
         }
-        return;
+        j += n;
     }
-#endif
-    for (int64_t j = 0; j < kTc; ++j) {
-        for (int64_t d = 0; d < hd; ++d) { kt[d * kTc + j] = rows[j][d]; }
+    if (j < kTc) {
+        for (int64_t d = 0; d < hd; ++d) { std::fill(kt + d * kTc + j, kt + (d + 1) * kTc, 0.0f); }
     }
 }
 
 /// Scores of M (query, head) pairs against the chunk's kTc keys, lanes along the keys:
 ///   s[m][j] = (FMA chain over d ascending of q[m][d] * K[j][d], from 0) * scale.
-/// Each score is its own chain, so it is the same for any M, tile or chunk. kt: [hd, kTc] from
-/// transpose_keys, shared by the M pairs (one kv head).
+/// Each score is its own chain, so it is the same for any M, tile or chunk. Keys 0..15 of the
+/// chunk: dimension d at k0[d * ld]; keys 16..31 at k1[d * ld] (a block's Kᵀ, ld = block_size,
+/// or gather_keys' scratch, ld = kTc); shared by the M pairs (one kv head).
 template <int M>
-inline void score_chunk(float * const * s, const float * const * qh, const float * kt, int64_t hd, float scale) {
+inline void score_chunk(float * const * s, const float * const * qh, const float * k0p, const float * k1p, int64_t ld,
+                        int64_t hd, float scale) {
     f32x16 a[M][2] = {};
     for (int64_t d = 0; d < hd; ++d) {
-        const f32x16 k0 = load16(kt + d * kTc), k1 = load16(kt + d * kTc + 16);
+        const f32x16 k0 = load16(k0p + d * ld), k1 = load16(k1p + d * ld);
 #pragma GCC unroll 8
         for (int m = 0; m < M; ++m) {
             const float qd = qh[m][d];
@@ -173,12 +150,13 @@ inline void score_chunk(float * const * s, const float * const * qh, const float
 }
 
 /// score_chunk for n pairs, 8 at a time (then 4, 2, 1): the same chains whatever the grouping.
-inline void score_pairs(float * const * s, const float * const * qh, int n, const float * kt, int64_t hd, float scale) {
+inline void score_pairs(float * const * s, const float * const * qh, int n, const float * k0, const float * k1, int64_t ld,
+                        int64_t hd, float scale) {
     int i = 0;
-    for (; i + 8 <= n; i += 8) { score_chunk<8>(s + i, qh + i, kt, hd, scale); }
-    if (i + 4 <= n) { score_chunk<4>(s + i, qh + i, kt, hd, scale); i += 4; }
-    if (i + 2 <= n) { score_chunk<2>(s + i, qh + i, kt, hd, scale); i += 2; }
-    if (i < n) { score_chunk<1>(s + i, qh + i, kt, hd, scale); }
+    for (; i + 8 <= n; i += 8) { score_chunk<8>(s + i, qh + i, k0, k1, ld, hd, scale); }
+    if (i + 4 <= n) { score_chunk<4>(s + i, qh + i, k0, k1, ld, hd, scale); i += 4; }
+    if (i + 2 <= n) { score_chunk<2>(s + i, qh + i, k0, k1, ld, hd, scale); i += 2; }
+    if (i < n) { score_chunk<1>(s + i, qh + i, k0, k1, ld, hd, scale); }
 }
 
 /// Keeps v in a register: one load serves all its uses (GCC otherwise folds the load into
@@ -255,7 +233,8 @@ inline void pv_pairs(float * const * o, const float * const * p, const int64_t *
 }
 
 /// Attention of queries [i0, i1) (one sequence) for the query heads of kv heads [g0, g1).
-///   scores [i1 - i0, (g1 - g0) * group, n_ctx_max rounded up to kTc] scratch;  kt [hd, kTc].
+///   scores [i1 - i0, (g1 - g0) * group, n_ctx_max rounded up to kTc] scratch;  kt [hd, kTc] scratch
+///   (gather_keys; block sizes not a multiple of 16 only).
 /// Per (query, head), whatever the tile: s[t] = (one FMA chain over d ascending) * scale,
 /// p = exp16(s - max) / sum with the sum 16 lane-wise chains over t then reduce16,
 /// out = sum over t ascending of p[t] * V[t] (one FMA per element and t).
@@ -267,9 +246,11 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
     for (int64_t i = i0; i < i1; ++i) { n_max = std::max<int64_t>(n_max, queries[i].n_ctx); }
     const int64_t ld = (n_max + kTc - 1) / kTc * kTc;  // scores row stride
     const AttnQuery & qt = queries[i0];  // the tile's block table (all its queries share it)
-    // Scores: each K row slice is read (and transposed) once for every (query, head) of the tile.
-    const float * kb[kTc];
-    const float * kn[kTc];
+    // Scores: each key is read once for every (query, head) of the tile, straight from the
+    // blocks' Kᵀ (dimension d of 16 consecutive keys is one 64-byte run) when block_size % 16 == 0.
+    const bool    direct = bs % kLanes == 0;
+    const float * kb[2] = {};  // keys [t0, t0 + 16) and [t0 + 16, t0 + 32), kv head 0 (direct)
+    const float * kn[2] = {};  // the next chunk's
     int64_t       act[kQt];  // queries whose context reaches the chunk
     thread_local std::vector<const float *> qp, pp;  // per (query, head) pair of one kv head
     thread_local std::vector<float *>       sp, op;
@@ -282,17 +263,26 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
         op.resize(n_pairs);
         nt.resize(n_pairs);
     }
-    chunk_rows(kb, kv.k, qt, 0, n_max, bs, row);
+    // Halves past n_max point at the first half (their scores are never read).
+    auto chunk_keys = [&](const float * (&p)[2], int64_t t0) {
+        p[0] = key_lanes(kv.k, qt, t0, bs, row);
+        p[1] = t0 + kLanes < n_max ? key_lanes(kv.k, qt, t0 + kLanes, bs, row) : p[0];
+    };
+    if (direct) { chunk_keys(kb, 0); }
     for (int64_t t0 = 0; t0 < n_max; t0 += kTc) {
-        if (t0 + kTc < n_max) {
-            chunk_rows(kn, kv.k, qt, t0 + kTc, n_max, bs, row);
-        }
+        const bool next = direct && t0 + kTc < n_max;
+        if (next) { chunk_keys(kn, t0 + kTc); }
         int64_t n_act = 0;
         for (int64_t qi = 0; qi < nq; ++qi) {
             if (t0 < queries[i0 + qi].n_ctx) { act[n_act++] = qi; }
         }
         for (int64_t g = g0; g < g1; ++g) {
-            if (t0 + kTc < n_max) { prefetch_rows(kn, g * hd, hd); }  // this head's slice of the next chunk
+            if (next) {  // this head's slice of the next chunk
+                for (int64_t d = 0; d < hd; ++d) {
+                    __builtin_prefetch(kn[0] + (g * hd + d) * bs, 0, 3);
+                    __builtin_prefetch(kn[1] + (g * hd + d) * bs, 0, 3);
+                }
+            }
             int n = 0;
             for (int64_t h = g * group; h < (g + 1) * group; ++h) {
                 for (int64_t a = 0; a < n_act; ++a) {
@@ -302,12 +292,14 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
                     ++n;
                 }
             }
-            const float * kr[kTc];
-            for (int64_t j = 0; j < kTc; ++j) { kr[j] = kb[j] + g * hd; }
-            transpose_keys(kt, kr, hd);
-            score_pairs(sp.data(), qp.data(), n, kt, hd, scale);
+            if (direct) {
+                score_pairs(sp.data(), qp.data(), n, kb[0] + g * hd * bs, kb[1] + g * hd * bs, bs, hd, scale);
+            } else {
+                gather_keys(kt, kv.k, qt, t0, n_max, bs, row, g, hd);
+                score_pairs(sp.data(), qp.data(), n, kt, kt + kLanes, kTc, hd, scale);
+            }
         }
-        if (t0 + kTc < n_max) { std::copy(std::begin(kn), std::end(kn), std::begin(kb)); }
+        if (next) { std::copy(std::begin(kn), std::end(kn), std::begin(kb)); }
     }
     // Softmax of each (query, head) over its own context; lanes past it hold exactly 0.
     for (int64_t qi = 0; qi < nq; ++qi) {

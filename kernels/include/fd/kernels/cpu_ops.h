@@ -47,9 +47,11 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
 /// bitwise the same alone (decode) or inside a prefill of any length, at any thread count.
 /// Shapes   out [n_tokens, n_heads, head_dim] written;  q [n_tokens, n_heads, head_dim]
 ///          queries [n_tokens]
-/// Paths    scores for 32 keys at a time with the keys along the 16 lanes: the chunk's K rows
-///          (one kv head) are transposed to [head_dim, 32] and up to 8 (query, head) pairs run
-///          as a small GEMM against it (q broadcast, 16 chains). V: up to 8 pairs share each V
+/// Paths    scores for 32 keys at a time with the keys along the 16 lanes, read straight from
+///          the blocks' transposed K (PagedKv: dimension d of 16 keys is one 64-byte load; a
+///          32-key chunk spans two blocks of 16) when block_size % 16 == 0, else gathered into
+///          a [head_dim, 32] scratch; up to 8 (query, head) pairs run as a small GEMM against
+///          it (q broadcast, 16 chains). V: up to 8 pairs share each V
 ///          load (8 x 32 dims of accumulators); tiles of > 4 queries read a packed copy of the
 ///          chunk's V. The next chunk's K/V slice is prefetched while one computes.
 /// Threads  tiles of up to 64 consecutive tokens sharing a block table (a prefill) are attended
