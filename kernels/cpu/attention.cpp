@@ -1,12 +1,17 @@
-// Paged KV store and causal GQA attention (see ops.h).
+// Paged KV store and causal GQA attention (see cpu_ops.h).
 //
 // Tiles: consecutive queries over the same block table (a prefill's tokens) are attended
-// together, up to 16, so each K and V row read from memory serves all of them; with few tiles
+// together, up to 64, so each K and V row read from memory serves all of them; with few tiles
 // (small decode batches) the kv heads are split into ranges as well. Per (query, head) the
-// arithmetic never depends on the tile: scores are 16 lane-wise FMA chains over head_dim and
-// the shared reduce16, softmax sums are 16 lane-wise chains over t and reduce16, and the V
-// accumulation is one FMA per element and t, t ascending. Results are therefore bitwise the
-// same whatever the batch, its order or the threads.
+// arithmetic never depends on the tile: each score is one FMA chain over head_dim (keys along
+// the 16 lanes, so 16 scores are computed at once without a lane reduction), softmax sums are
+// 16 lane-wise chains over t and reduce16, and the V accumulation is one FMA per element and t,
+// t ascending. Results are therefore bitwise the same whatever the batch, its order or the
+// threads.
+//
+// K is stored transposed within each block (kv_store): per (block, kv head) [head_dim, block_size],
+// so dimension d of 16 consecutive keys is one contiguous load and no path transposes K; V rows
+// stay [block_size, n_kv_heads, head_dim].
 #include "fd/kernels/cpu_ops.h"
 #include "lanes.h"
 
@@ -19,9 +24,13 @@ namespace fd::kernels {
 
 void kv_store(PagedKv kv, const float * k_new, const float * v_new, const int64_t * slots,
               int64_t n_tokens) {
-    const int64_t row = static_cast<int64_t>(kv.n_kv_heads) * kv.head_dim;
+    const int64_t row = static_cast<int64_t>(kv.n_kv_heads) * kv.head_dim, bs = kv.block_size;
     for (int64_t t = 0; t < n_tokens; ++t) {
-        std::memcpy(kv.k + slots[t] * row, k_new + t * row, sizeof(float) * row);
+        // K: element e = kv_head * head_dim + d of the token at offset o of block b goes to
+        // block b's [n_kv_heads * head_dim, block_size] at [e, o].
+        float *       kd = kv.k + slots[t] / bs * bs * row + slots[t] % bs;
+        const float * ks = k_new + t * row;
+        for (int64_t e = 0; e < row; ++e) { kd[e * bs] = ks[e]; }
         std::memcpy(kv.v + slots[t] * row, v_new + t * row, sizeof(float) * row);
     }
 }
@@ -30,14 +39,17 @@ namespace {
 
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 
+/// 0, 1, ..., 15 (lane masks).
+constexpr f32x16 kLaneIndex = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
 /// Queries of one task: up to kQt consecutive batch entries of one sequence (same block table),
 /// so each K and V row read from memory serves all of them.
 constexpr int64_t kQt = 64;
 /// Tiles of more queries than this run one kv head at a time: the scores scratch of a head
 /// ([queries, group, context]) stays in L2 and each K/V row slice is still read once per tile.
 constexpr int64_t kPerHeadQueries = 4;
-/// Context positions per inner chunk: 16 scores are reduced at once (reduce_all).
-constexpr int64_t kTc = 16;
+/// Context positions per chunk: the keys of two 16-lane score vectors.
+constexpr int64_t kTc = 32;
 
 /// e^x for x <= 0 (softmax after subtracting the max), 16 lanes: x = n ln2 + r, |r| <= ln2 / 2,
 /// e^r by the Cephes expf polynomial, times 2^n. Within ~2 ulp of expf; lanes below -87 give
@@ -61,144 +73,233 @@ inline f32x16 exp16(f32x16 x) {
     return y * scale;
 }
 
-/// Where context position t of a query's sequence lives.
-inline const float * kv_row(const float * pool, const AttnQuery & qry, int64_t t, int64_t bs, int64_t row) {
-    return pool + (static_cast<int64_t>(qry.block_table[t / bs]) * bs + t % bs) * row;
+/// The kTc V row pointers of chunk [t0, t0 + kTc) (rows past n_max repeat row n_max - 1, which
+/// exists): one block-table look-up per block, not per row.
+inline void chunk_rows(const float * (&rows)[kTc], const float * pool, const AttnQuery & qry, int64_t t0, int64_t n_max,
+                       int64_t bs, int64_t row) {
+    int64_t j = 0;
+    while (j < kTc && t0 + j < n_max) {
+        const int64_t t = t0 + j, off = t % bs, n = std::min<int64_t>({bs - off, kTc - j, n_max - t});
+        const float * base = pool + (static_cast<int64_t>(qry.block_table[t / bs]) * bs + off) * row;
+        for (int64_t i = 0; i < n; ++i) { rows[j + i] = base + i * row; }
+        j += n;
+    }
+    for (; j < kTc; ++j) { rows[j] = rows[j - 1]; }
 }
 
-/// Lane sums of M queries' scores against kTc K rows: acc[m][j] = 16 lane-wise FMA chains over
-/// d of q[m] · k[j] (d ascending). Every K vector is loaded once for the M queries; each
-/// (query, row) chain is the same for any M.
-/// kHd > 0: head_dim known at compile time (q held in registers); 0: `hd` at run time. The same
-/// FMAs either way.
-template <int M, int kHd = 0>
-inline void score_lanes(f32x16 (&acc)[4][kTc], const float * const (&qh)[4], const float * const (&kr)[kTc], int64_t hd) {
-    if constexpr (kHd > 0) {
-        constexpr int ND = kHd / kLanes;
-        f32x16 qv[M][ND];
-#pragma GCC unroll 8
-        for (int m = 0; m < M; ++m) {
-#pragma GCC unroll 8
-            for (int d = 0; d < ND; ++d) { qv[m][d] = load16(qh[m] + d * kLanes); }
-        }
-#pragma GCC unroll 2
-        for (int64_t j = 0; j < kTc; ++j) {
-            f32x16 a[M] = {};
-#pragma GCC unroll 8
-            for (int d = 0; d < ND; ++d) {
-                const f32x16 k = load16(kr[j] + d * kLanes);
-#pragma GCC unroll 4
-                for (int m = 0; m < M; ++m) { a[m] += qv[m][d] * k; }
-            }
-#pragma GCC unroll 4
-            for (int m = 0; m < M; ++m) { acc[m][j] = a[m]; }
-        }
-    } else {
-        for (int64_t j = 0; j < kTc; ++j) {
-            f32x16 a[M] = {};
-            for (int64_t d = 0; d < hd; d += kLanes) {
-                const f32x16 k = load16(kr[j] + d);
-                for (int m = 0; m < M; ++m) { a[m] += load16(qh[m] + d) * k; }
-            }
-            for (int m = 0; m < M; ++m) { acc[m][j] = a[m]; }
-        }
+/// Prefetch floats [off, off + len) of each of the kTc rows (the next chunk, while this one
+/// computes).
+inline void prefetch_rows(const float * const (&rows)[kTc], int64_t off, int64_t len) {
+    for (int64_t j = 0; j < kTc; ++j) {
+        if (j > 0 && rows[j] == rows[j - 1]) { break; }
+        for (int64_t e = 0; e < len; e += 16) { __builtin_prefetch(rows[j] + off + e, 0, 3); }
     }
 }
 
-/// o[m] += p[m][j] * V[j] for j < nt[m] (ascending), M queries sharing every V load; one FMA
-/// per element and j, whatever M.
+/// Where keys [t, t + 16) of the sequence start in the K pool, kv head 0 (block_size % 16 == 0
+/// and t % 16 == 0, so the 16 keys are consecutive columns of one block's Kᵀ): dimension d of
+/// key t + j of kv head g is at [(g * head_dim + d) * block_size + j].
+inline const float * key_lanes(const float * k, const AttnQuery & qry, int64_t t, int64_t bs, int64_t row) {
+    return k + static_cast<int64_t>(qry.block_table[t / bs]) * bs * row + t % bs;
+}
+
+/// kt[d, j] = dimension d of key t0 + j, kv head g, for t0 + j < n_max; 0 past it. Gathers the
+/// chunk's keys from the blocks' Kᵀ for block sizes that are not a multiple of 16 (moves data
+/// only).
+///   kt [hd, kTc]
+inline void gather_keys(float * kt, const float * k, const AttnQuery & qry, int64_t t0, int64_t n_max, int64_t bs,
+                        int64_t row, int64_t g, int64_t hd) {
+    int64_t j = 0;
+    while (j < kTc && t0 + j < n_max) {
+        const int64_t t = t0 + j, off = t % bs, n = std::min<int64_t>({bs - off, kTc - j, n_max - t});
+        const float * base = k + static_cast<int64_t>(qry.block_table[t / bs]) * bs * row + g * hd * bs + off;
+        for (int64_t d = 0; d < hd; ++d) {
+            for (int64_t i = 0; i < n; ++i) { kt[d * kTc + j + i] = base[d * bs + i]; }
+        }
+        j += n;
+    }
+    if (j < kTc) {
+        for (int64_t d = 0; d < hd; ++d) { std::fill(kt + d * kTc + j, kt + (d + 1) * kTc, 0.0f); }
+    }
+}
+
+/// Scores of M (query, head) pairs against the chunk's kTc keys, lanes along the keys:
+///   s[m][j] = (FMA chain over d ascending of q[m][d] * K[j][d], from 0) * scale.
+/// Each score is its own chain, so it is the same for any M, tile or chunk. Keys 0..15 of the
+/// chunk: dimension d at k0[d * ld]; keys 16..31 at k1[d * ld] (a block's Kᵀ, ld = block_size,
+/// or gather_keys' scratch, ld = kTc); shared by the M pairs (one kv head).
 template <int M>
-inline void accumulate_v(float * const (&o)[4], const float * const (&p)[4], const int64_t (&nt)[4],
-                         const float * const (&vr)[kTc], int64_t hd) {
-    for (int64_t d = 0; d < hd; d += kLanes) {
-        f32x16 a[M];
-        for (int m = 0; m < M; ++m) { a[m] = load16(o[m] + d); }
-        bool full = true;
-        for (int m = 0; m < M; ++m) { full = full && nt[m] == kTc; }
-        if (full) {  // the same FMAs as below, without the per-row test
-            for (int64_t j = 0; j < kTc; ++j) {
-                const f32x16 v = load16(vr[j] + d);
-                for (int m = 0; m < M; ++m) { a[m] += p[m][j] * v; }
+inline void score_chunk(float * const * s, const float * const * qh, const float * k0p, const float * k1p, int64_t ld,
+                        int64_t hd, float scale) {
+    f32x16 a[M][2] = {};
+    for (int64_t d = 0; d < hd; ++d) {
+        const f32x16 k0 = load16(k0p + d * ld), k1 = load16(k1p + d * ld);
+#pragma GCC unroll 8
+        for (int m = 0; m < M; ++m) {
+            const float qd = qh[m][d];
+            a[m][0] += qd * k0;
+            a[m][1] += qd * k1;
+        }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+        const f32x16 s0 = a[m][0] * scale, s1 = a[m][1] * scale;
+        std::memcpy(s[m], &s0, sizeof s0);
+        std::memcpy(s[m] + 16, &s1, sizeof s1);
+    }
+}
+
+/// score_chunk for n pairs, 8 at a time (then 4, 2, 1): the same chains whatever the grouping.
+inline void score_pairs(float * const * s, const float * const * qh, int n, const float * k0, const float * k1, int64_t ld,
+                        int64_t hd, float scale) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) { score_chunk<8>(s + i, qh + i, k0, k1, ld, hd, scale); }
+    if (i + 4 <= n) { score_chunk<4>(s + i, qh + i, k0, k1, ld, hd, scale); i += 4; }
+    if (i + 2 <= n) { score_chunk<2>(s + i, qh + i, k0, k1, ld, hd, scale); i += 2; }
+    if (i < n) { score_chunk<1>(s + i, qh + i, k0, k1, ld, hd, scale); }
+}
+
+/// Keeps v in a register: one load serves all its uses (GCC otherwise folds the load into
+/// every FMA that reads it).
+inline void in_register(f32x16 & v) { asm("" : "+v"(v)); }
+
+/// o[m] += p[m][j] * V[j] for j < nt[m] (ascending), M (query, head) pairs of one kv head sharing
+/// every V load; one FMA per element and j, whatever M. ND 16-lane vectors of d at a time
+/// (hd % (16 * ND) == 0): M * ND independent chains.
+template <int M, int ND>
+inline void pv_chunk(float * const * o, const float * const * p, const int64_t * nt, const float * const (&vr)[kTc],
+                     int64_t hd) {
+    int64_t j_all = kTc, j_any = 0;  // every pair / some pair reaches j
+    for (int m = 0; m < M; ++m) {
+        j_all = std::min(j_all, nt[m]);
+        j_any = std::max(j_any, nt[m]);
+    }
+    for (int64_t d = 0; d < hd; d += ND * kLanes) {
+        f32x16 a[M][ND];
+        for (int m = 0; m < M; ++m) {
+            for (int e = 0; e < ND; ++e) { a[m][e] = load16(o[m] + d + e * kLanes); }
+        }
+        for (int64_t j = 0; j < j_all; ++j) {
+            f32x16 v[ND];
+#pragma GCC unroll 4
+            for (int e = 0; e < ND; ++e) {
+                v[e] = load16(vr[j] + d + e * kLanes);
+                in_register(v[e]);
             }
-        } else {
-            for (int64_t j = 0; j < kTc; ++j) {
-                const f32x16 v = load16(vr[j] + d);
+#pragma GCC unroll 8
+            for (int m = 0; m < M; ++m) {
+                const float pj = p[m][j];
+#pragma GCC unroll 4
+                for (int e = 0; e < ND; ++e) { a[m][e] += pj * v[e]; }
+            }
+        }
+        for (int64_t j = j_all; j < j_any; ++j) {  // the same FMAs, for the pairs that reach j
+            for (int e = 0; e < ND; ++e) {
+                const f32x16 v = load16(vr[j] + d + e * kLanes);
                 for (int m = 0; m < M; ++m) {
-                    if (j < nt[m]) { a[m] += p[m][j] * v; }
+                    if (j < nt[m]) { a[m][e] += p[m][j] * v; }
                 }
             }
         }
-        for (int m = 0; m < M; ++m) { std::memcpy(o[m] + d, &a[m], sizeof a[m]); }
+        for (int m = 0; m < M; ++m) {
+            for (int e = 0; e < ND; ++e) { std::memcpy(o[m] + d + e * kLanes, &a[m][e], sizeof a[m][e]); }
+        }
     }
 }
 
+/// pv_chunk for n pairs, 8 at a time (then 4, 2, 1); head_dim not a multiple of 16: scalar FMAs
+/// in the same order.
+inline void pv_pairs(float * const * o, const float * const * p, const int64_t * nt, int n, const float * const (&vr)[kTc],
+                     int64_t hd) {
+    if (hd % kLanes != 0) {
+        for (int m = 0; m < n; ++m) {
+            for (int64_t j = 0; j < nt[m]; ++j) {
+                for (int64_t d = 0; d < hd; ++d) { o[m][d] += p[m][j] * vr[j][d]; }
+            }
+        }
+        return;
+    }
+    int i = 0;
+    if (hd % (2 * kLanes) == 0) {
+        for (; i + 8 <= n; i += 8) { pv_chunk<8, 2>(o + i, p + i, nt + i, vr, hd); }
+        if (i + 4 <= n) { pv_chunk<4, 2>(o + i, p + i, nt + i, vr, hd); i += 4; }
+    }
+    if (hd % (4 * kLanes) == 0) {
+        for (; i + 2 <= n; i += 2) { pv_chunk<2, 4>(o + i, p + i, nt + i, vr, hd); }
+        for (; i < n; ++i) { pv_chunk<1, 4>(o + i, p + i, nt + i, vr, hd); }
+    }
+    for (; i + 4 <= n; i += 4) { pv_chunk<4, 1>(o + i, p + i, nt + i, vr, hd); }
+    for (; i < n; ++i) { pv_chunk<1, 1>(o + i, p + i, nt + i, vr, hd); }
+}
+
 /// Attention of queries [i0, i1) (one sequence) for the query heads of kv heads [g0, g1).
-///   scores [i1 - i0, (g1 - g0) * group, n_ctx_max rounded up to kTc] scratch.
-/// Per (query, head), whatever the tile: s[t] = reduce16(16 lane-wise FMA chains over d) * scale
-/// (head_dim % 16 == 0; else one sequential chain), p = exp16(s - max) / sum with the sum
-/// 16 lane-wise chains over t then reduce16, out = sum over t ascending of p[t] * V[t] (one FMA
-/// per element and t).
+///   scores [i1 - i0, (g1 - g0) * group, n_ctx_max rounded up to kTc] scratch;  kt [hd, kTc] scratch
+///   (gather_keys; block sizes not a multiple of 16 only).
+/// Per (query, head), whatever the tile: s[t] = (one FMA chain over d ascending) * scale,
+/// p = exp16(s - max) / sum with the sum 16 lane-wise chains over t then reduce16,
+/// out = sum over t ascending of p[t] * V[t] (one FMA per element and t).
 void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_t i0, int64_t i1, int64_t n_heads,
-                 int64_t g0, int64_t g1, PagedKv kv, float scale, float * scores) {
+                 int64_t g0, int64_t g1, PagedKv kv, float scale, float * scores, float * kt) {
     const int64_t hd = kv.head_dim, row = static_cast<int64_t>(kv.n_kv_heads) * hd, bs = kv.block_size;
     const int64_t group = n_heads / kv.n_kv_heads, nq = i1 - i0, nh = (g1 - g0) * group;
-    const bool    lanes = hd % kLanes == 0;
     int64_t       n_max = 0;
     for (int64_t i = i0; i < i1; ++i) { n_max = std::max<int64_t>(n_max, queries[i].n_ctx); }
     const int64_t ld = (n_max + kTc - 1) / kTc * kTc;  // scores row stride
     const AttnQuery & qt = queries[i0];  // the tile's block table (all its queries share it)
-    // Scores: each K row (this head's part) is read once for every query of the tile.
-    const float * kr[kTc];
-    const float * kb[kTc];
+    // Scores: each key is read once for every (query, head) of the tile, straight from the
+    // blocks' Kᵀ (dimension d of 16 consecutive keys is one 64-byte run) when block_size % 16 == 0.
+    const bool    direct = bs % kLanes == 0;
+    const float * kb[2] = {};  // keys [t0, t0 + 16) and [t0 + 16, t0 + 32), kv head 0 (direct)
+    const float * kn[2] = {};  // the next chunk's
     int64_t       act[kQt];  // queries whose context reaches the chunk
+    thread_local std::vector<const float *> qp, pp;  // per (query, head) pair of one kv head
+    thread_local std::vector<float *>       sp, op;
+    thread_local std::vector<int64_t>       nt;
+    const size_t n_pairs = static_cast<size_t>(nq * group);
+    if (qp.size() < n_pairs) {
+        qp.resize(n_pairs);
+        pp.resize(n_pairs);
+        sp.resize(n_pairs);
+        op.resize(n_pairs);
+        nt.resize(n_pairs);
+    }
+    // Halves past n_max point at the first half (their scores are never read).
+    auto chunk_keys = [&](const float * (&p)[2], int64_t t0) {
+        p[0] = key_lanes(kv.k, qt, t0, bs, row);
+        p[1] = t0 + kLanes < n_max ? key_lanes(kv.k, qt, t0 + kLanes, bs, row) : p[0];
+    };
+    if (direct) { chunk_keys(kb, 0); }
     for (int64_t t0 = 0; t0 < n_max; t0 += kTc) {
-        for (int64_t j = 0; j < kTc; ++j) { kb[j] = kv_row(kv.k, qt, std::min(t0 + j, n_max - 1), bs, row); }
+        const bool next = direct && t0 + kTc < n_max;
+        if (next) { chunk_keys(kn, t0 + kTc); }
         int64_t n_act = 0;
         for (int64_t qi = 0; qi < nq; ++qi) {
             if (t0 < queries[i0 + qi].n_ctx) { act[n_act++] = qi; }
         }
-        for (int64_t h = g0 * group; h < g1 * group; ++h) {
-            for (int64_t j = 0; j < kTc; ++j) { kr[j] = kb[j] + (h / group) * hd; }
-            for (int64_t a0 = 0; a0 < n_act; a0 += 4) {
-                const int     m_n = static_cast<int>(std::min<int64_t>(4, n_act - a0));
-                const float * qh[4];
-                float *       sp[4];
-                for (int m = 0; m < 4; ++m) {
-                    const int64_t qi = act[a0 + std::min(m, m_n - 1)];
-                    qh[m] = q + ((i0 + qi) * n_heads + h) * hd;
-                    sp[m] = scores + (qi * nh + h - g0 * group) * ld + t0;
-                }
-                if (lanes) {
-                    f32x16 acc[4][kTc];
-                    if (m_n == 4 && hd == 64) {
-                        score_lanes<4, 64>(acc, qh, kr, hd);
-                    } else if (m_n == 4 && hd == 128) {
-                        score_lanes<4, 128>(acc, qh, kr, hd);
-                    } else if (m_n == 4) {
-                        score_lanes<4>(acc, qh, kr, hd);
-                    } else {
-                        for (int m = 0; m < m_n; ++m) {
-                            const float * q1[4] = {qh[m], qh[m], qh[m], qh[m]};
-                            f32x16        a1[4][kTc];
-                            score_lanes<1>(a1, q1, kr, hd);
-                            std::memcpy(acc[m], a1[0], sizeof acc[m]);
-                        }
-                    }
-                    for (int m = 0; m < m_n; ++m) { reduce_all(acc[m], kTc, sp[m]); }
-                } else {
-                    for (int m = 0; m < m_n; ++m) {
-                        for (int64_t j = 0; j < kTc; ++j) {
-                            float sum = 0.0f;
-                            for (int64_t d = 0; d < hd; ++d) { sum += qh[m][d] * kr[j][d]; }
-                            sp[m][j] = sum;
-                        }
-                    }
-                }
-                for (int m = 0; m < m_n; ++m) {
-                    for (int64_t j = 0; j < kTc; ++j) { sp[m][j] *= scale; }
+        for (int64_t g = g0; g < g1; ++g) {
+            if (next) {  // this head's slice of the next chunk
+                for (int64_t d = 0; d < hd; ++d) {
+                    __builtin_prefetch(kn[0] + (g * hd + d) * bs, 0, 3);
+                    __builtin_prefetch(kn[1] + (g * hd + d) * bs, 0, 3);
                 }
             }
+            int n = 0;
+            for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+                for (int64_t a = 0; a < n_act; ++a) {
+                    const int64_t qi = act[a];
+                    qp[n] = q + ((i0 + qi) * n_heads + h) * hd;
+                    sp[n] = scores + (qi * nh + h - g0 * group) * ld + t0;
+                    ++n;
+                }
+            }
+            if (direct) {
+                score_pairs(sp.data(), qp.data(), n, kb[0] + g * hd * bs, kb[1] + g * hd * bs, bs, hd, scale);
+            } else {
+                gather_keys(kt, kv.k, qt, t0, n_max, bs, row, g, hd);
+                score_pairs(sp.data(), qp.data(), n, kt, kt + kLanes, kTc, hd, scale);
+            }
         }
+        if (next) { std::copy(std::begin(kn), std::end(kn), std::begin(kb)); }
     }
     // Softmax of each (query, head) over its own context; lanes past it hold exactly 0.
     for (int64_t qi = 0; qi < nq; ++qi) {
@@ -215,14 +316,23 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
             for (int j = 0; j < kLanes; ++j) { mx = m16[j] > mx ? m16[j] : mx; }
             for (; t < n; ++t) { mx = s[t] > mx ? s[t] : mx; }
             f32x16 sum{};
-            for (int64_t t = 0; t < n; t += kLanes) {
-                f32x16 e = exp16(load16(s + t) - mx);
-                for (int64_t j = n - t; j < kLanes; ++j) { e[j] = 0.0f; }
-                std::memcpy(s + t, &e, sizeof e);
+            int64_t t1 = 0;
+            for (; t1 + kLanes <= n; t1 += kLanes) {
+                const f32x16 e = exp16(load16(s + t1) - mx);
+                std::memcpy(s + t1, &e, sizeof e);
                 sum += e;
             }
-            const float inv = 1.0f / reduce16(sum);
-            for (int64_t t = 0; t < n; ++t) { s[t] *= inv; }
+            if (t1 < n) {  // lanes past n add exactly 0
+                const f32x16 e = exp16(load16(s + t1) - mx);
+                const f32x16 z = (kLaneIndex < static_cast<float>(n - t1)) ? e : f32x16{};
+                std::memcpy(s + t1, &z, sizeof z);
+                sum += z;
+            }
+            const f32x16 inv = f32x16{} + 1.0f / reduce16(sum);
+            for (int64_t t = 0; t < n; t += kLanes) {  // lanes past n hold 0 and stay 0 (row stride >= n + 16)
+                const f32x16 v = load16(s + t) * inv;
+                std::memcpy(s + t, &v, sizeof v);
+            }
         }
     }
     // Output: V rows read once per chunk for every query of the tile, accumulated in t order.
@@ -230,45 +340,45 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
         float * o = out + ((i0 + qi) * n_heads + g0 * group) * hd;
         std::fill(o, o + nh * hd, 0.0f);
     }
+    // Tiles of many queries read each V chunk many times: from a packed copy.
+    thread_local std::vector<float> vpack;
+    const bool pack_v = nq > kPerHeadQueries;
+    if (pack_v && vpack.size() < static_cast<size_t>(kTc * hd)) { vpack.resize(static_cast<size_t>(kTc * hd)); }
     const float * vb[kTc];
+    const float * vn[kTc];
     const float * vr[kTc];
+    chunk_rows(vb, kv.v, qt, 0, n_max, bs, row);
     for (int64_t t0 = 0; t0 < n_max; t0 += kTc) {
-        for (int64_t j = 0; j < kTc; ++j) { vb[j] = kv_row(kv.v, qt, std::min(t0 + j, n_max - 1), bs, row); }
+        if (t0 + kTc < n_max) {
+            chunk_rows(vn, kv.v, qt, t0 + kTc, n_max, bs, row);
+        }
         int64_t n_act = 0;
         for (int64_t qi = 0; qi < nq; ++qi) {
             if (t0 < queries[i0 + qi].n_ctx) { act[n_act++] = qi; }
         }
-        for (int64_t h = g0 * group; h < g1 * group; ++h) {
-            for (int64_t j = 0; j < kTc; ++j) { vr[j] = vb[j] + (h / group) * hd; }
-            for (int64_t a0 = 0; a0 < n_act; a0 += 4) {
-                const int     m_n = static_cast<int>(std::min<int64_t>(4, n_act - a0));
-                float *       o[4];
-                const float * p[4];
-                int64_t       nt[4];
-                for (int m = 0; m < 4; ++m) {
-                    const int64_t qi = act[a0 + std::min(m, m_n - 1)];
-                    o[m]  = out + ((i0 + qi) * n_heads + h) * hd;
-                    p[m]  = scores + (qi * nh + h - g0 * group) * ld + t0;
-                    nt[m] = std::min(kTc, queries[i0 + qi].n_ctx - t0);
+        for (int64_t g = g0; g < g1; ++g) {
+            if (t0 + kTc < n_max) { prefetch_rows(vn, g * hd, hd); }
+            if (pack_v) {  // contiguous copy: rows 3+ KiB apart crowd a few L1 sets
+                for (int64_t j = 0; j < kTc; ++j) {
+                    std::memcpy(vpack.data() + j * hd, vb[j] + g * hd, sizeof(float) * hd);
+                    vr[j] = vpack.data() + j * hd;
                 }
-                if (lanes && m_n == 4) {
-                    accumulate_v<4>(o, p, nt, vr, hd);
-                } else if (lanes) {
-                    for (int m = 0; m < m_n; ++m) {
-                        float * const       o1[4] = {o[m], o[m], o[m], o[m]};
-                        const float * const p1[4] = {p[m], p[m], p[m], p[m]};
-                        const int64_t       n1[4] = {nt[m], nt[m], nt[m], nt[m]};
-                        accumulate_v<1>(o1, p1, n1, vr, hd);
-                    }
-                } else {
-                    for (int m = 0; m < m_n; ++m) {
-                        for (int64_t j = 0; j < nt[m]; ++j) {
-                            for (int64_t d = 0; d < hd; ++d) { o[m][d] += p[m][j] * vr[j][d]; }
-                        }
-                    }
+            } else {
+                for (int64_t j = 0; j < kTc; ++j) { vr[j] = vb[j] + g * hd; }
+            }
+            int n = 0;
+            for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+                for (int64_t a = 0; a < n_act; ++a) {
+                    const int64_t qi = act[a];
+                    op[n] = out + ((i0 + qi) * n_heads + h) * hd;
+                    pp[n] = scores + (qi * nh + h - g0 * group) * ld + t0;
+                    nt[n] = std::min(kTc, queries[i0 + qi].n_ctx - t0);
+                    ++n;
                 }
             }
+            pv_pairs(op.data(), pp.data(), nt.data(), n, vr, hd);
         }
+        if (t0 + kTc < n_max) { std::copy(std::begin(vn), std::end(vn), std::begin(vb)); }
     }
 }
 
@@ -295,15 +405,16 @@ void attention_paged(float * out, const float * q, const AttnQuery * queries, in
     const int64_t per_range = (n_kv + n_ranges - 1) / n_ranges;
     const int64_t group     = n_heads / n_kv;
     auto run = [&](int64_t task) {
-        thread_local std::vector<float> scores;
+        thread_local std::vector<float> scores, kt;
         const int64_t tile = task / n_ranges, g0 = task % n_ranges * per_range, g1 = std::min(n_kv, g0 + per_range);
         const int64_t nq = starts[tile + 1] - starts[tile];
         const int64_t heads_at_once = nq > kPerHeadQueries ? 1 : per_range;  // kv heads per attend_tile
         const size_t  need = static_cast<size_t>(nq * heads_at_once * group * ((n_ctx_max + kTc - 1) / kTc * kTc));
         if (scores.size() < need) { scores.resize(need); }
+        if (kt.size() < static_cast<size_t>(kv.head_dim * kTc)) { kt.resize(static_cast<size_t>(kv.head_dim * kTc)); }
         for (int64_t g = g0; g < g1; g += heads_at_once) {
             attend_tile(out, q, queries, starts[tile], starts[tile + 1], n_heads, g, std::min(g1, g + heads_at_once), kv, scale,
-                        scores.data());
+                        scores.data(), kt.data());
         }
     };
     const int64_t n_tasks = n_tiles * n_ranges;

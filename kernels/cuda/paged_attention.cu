@@ -8,7 +8,8 @@
 //           e[t] * V[t, d] to its output dims d = tid, tid + 128, ... in t order (one FMA per t);
 //   out     acc[d] / sum.
 // A score is one warp's dot product: lane l runs the FMA chain over d = l, l + 32, ... and a
-// fixed xor-butterfly adds the 32 lanes (every lane ends with the same bits).
+// fixed xor-butterfly adds the 32 lanes (every lane ends with the same bits). K is stored
+// transposed within each block (PagedKv), so dimension d of key t is block_size floats after d - 1.
 #include "cuda_common.cuh"
 #include "fd/kernels/cuda_ops.h"
 
@@ -26,10 +27,17 @@ __device__ __forceinline__ const float * kv_row(const float * pool, const int32_
     return pool + (static_cast<int64_t>(table[t / bs]) * bs + t % bs) * row;
 }
 
-/// scale * <qs, K[t, kvh, :]>, computed by a whole warp; every lane returns the same value.
-__device__ __forceinline__ float score(const float * qs, const float * k, int hd, int lane, float scale) {
+/// Key t of kv head kvh in the K pool (transposed per block): its dimension d is at [d * bs].
+__device__ __forceinline__ const float * k_col(const float * pool, const int32_t * table, int64_t t, int64_t bs,
+                                               int64_t row, int kvh, int hd) {
+    return pool + static_cast<int64_t>(table[t / bs]) * bs * row + static_cast<int64_t>(kvh) * hd * bs + t % bs;
+}
+
+/// scale * <qs, K[t, kvh, :]> (k = k_col, dimension d at k[d * bs]), computed by a whole warp;
+/// every lane returns the same value.
+__device__ __forceinline__ float score(const float * qs, const float * k, int64_t bs, int hd, int lane, float scale) {
     float a = 0.0f;
-    for (int d = lane; d < hd; d += 32) { a = fmaf(qs[d], k[d], a); }
+    for (int d = lane; d < hd; d += 32) { a = fmaf(qs[d], k[d * bs], a); }
     for (int off = 16; off > 0; off >>= 1) { a += __shfl_xor_sync(0xffffffffu, a, off); }
     return a * scale;
 }
@@ -51,7 +59,7 @@ __global__ void attention_kernel(float * out, const float * q, AttnBatch b, int 
 
     float mx = -INFINITY;
     for (int64_t t = warp; t < n; t += kWarps) {
-        mx = fmaxf(mx, score(qs, kv_row(kv.k, table, t, bs, row) + static_cast<int64_t>(kvh) * hd, hd, lane, scale));
+        mx = fmaxf(mx, score(qs, k_col(kv.k, table, t, bs, row, kvh, hd), bs, hd, lane, scale));
     }
     if (lane == 0) { wmax[warp] = mx; }
     __syncthreads();
@@ -63,7 +71,7 @@ __global__ void attention_kernel(float * out, const float * q, AttnBatch b, int 
     for (int64_t t0 = 0; t0 < n; t0 += kChunk) {
         const int nc = static_cast<int>(n - t0 < kChunk ? n - t0 : kChunk);
         for (int j = warp; j < nc; j += kWarps) {
-            const float s = score(qs, kv_row(kv.k, table, t0 + j, bs, row) + static_cast<int64_t>(kvh) * hd, hd, lane, scale);
+            const float s = score(qs, k_col(kv.k, table, t0 + j, bs, row, kvh, hd), bs, hd, lane, scale);
             if (lane == 0) { e[j] = expf(s - mx); }
         }
         __syncthreads();

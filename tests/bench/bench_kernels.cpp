@@ -105,7 +105,7 @@ DecodeLinears make_decode_linears(const fd::model::ModelConfig & c, bool with_lm
 }
 
 json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & batches, const std::vector<int> & ctxs,
-                     int n_threads, double read_bw_gbs, double min_s, int64_t kv_budget_bytes) {
+                     int n_threads, double read_bw_gbs, double min_s, int64_t kv_budget_bytes, double read_bw_cpu_gbs) {
     namespace K = fd::kernels;
     const int64_t h = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv = q_dim + 2 * kv_dim;
     const int64_t ff = c.intermediate_size;
@@ -165,6 +165,12 @@ json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & 
             e["bytes_read_gbs"] = round_to(gbs, 2);
             e["ratio_vs_read_bw"] = round_to(gbs / read_bw_gbs, 3);
             e["attention_kv_gbs"] = round_to(kv_bytes / ta.best / 1e9, 2);
+            if (read_bw_cpu_gbs > 0) {  // per process CPU second: steadier on a shared machine
+                const double gbs_cpu = (static_cast<double>(weight_bytes) + kv_bytes) / (tl.best_cpu + ta.best_cpu) / 1e9;
+                e["bytes_read_gbs_cpu"] = round_to(gbs_cpu, 2);
+                e["ratio_vs_read_bw_cpu"] = round_to(gbs_cpu / read_bw_cpu_gbs, 3);
+                e["attention_kv_gbs_cpu"] = round_to(kv_bytes / ta.best_cpu / 1e9, 2);
+            }
             out.push_back(e);
         }
     }

@@ -97,9 +97,11 @@ nlohmann::ordered_json linear_vs_openblas(const std::vector<int64_t> & ms, int64
 /// KV pool of B sequences of ctx tokens (synthetic values). Bytes read per step = streamed
 /// weight bytes + KV bytes (B * ctx * kv_dim * 2 * 4 * n_layers); reported as GB/s and as a
 /// ratio to `read_bw_gbs`. Layers share one KV pool when distinct pools would pass
-/// `kv_budget_bytes` (each pool is then still far larger than the caches).
+/// `kv_budget_bytes` (each pool is then still far larger than the caches). With
+/// `read_bw_cpu_gbs` > 0 (the probe's best by thread CPU time) the same bytes per process CPU
+/// second are reported against it too (`ratio_vs_read_bw_cpu`; meaningful at 1 thread).
 nlohmann::ordered_json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & batches,
                                        const std::vector<int> & ctxs, int n_threads, double read_bw_gbs,
-                                       double min_s, int64_t kv_budget_bytes);
+                                       double min_s, int64_t kv_budget_bytes, double read_bw_cpu_gbs = 0.0);
 
 }  // namespace fd::bench

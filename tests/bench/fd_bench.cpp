@@ -1,8 +1,10 @@
 // fd_bench — throughput of fdrollout's forward pass on this machine, as one JSON object.
 //
 // Measures, in one run:
-//   memory_read_bw_gbs   reading a touched buffer (default 1 GiB) with a vectorized sum, best of 3,
-//                        on 1 thread and (with --threads > 1) on --threads threads; memcpy for reference
+//   memory_read_bw_gbs   reading a touched buffer (default 1 GiB) with a vectorized sum on 1 pinned
+//                        thread and (with --threads > 1) on --threads pinned threads: 9 passes each,
+//                        best / median / worst by wall time and best / median by thread CPU time
+//                        (read_bw_probe); the best wall pass is the reference; memcpy for reference
 //   linear_vs_openblas   OpenBLAS sgemm (1 thread) vs kernels::linear (f32 and bf16 weights, 1 thread)
 //                        at N=2048, K=768 and M = each of --linear-m (default 64, 512, 2048)
 //   per model            prefill tok/s (one sequence of L tokens per forward, each L of
@@ -40,6 +42,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <pthread.h>
+#include <sched.h>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -92,27 +97,63 @@ float sum_floats(const float * p, size_t n) {
 
 volatile float g_sink = 0.0f;
 
-/// Best-of-`reps` read bandwidth (GB/s, 1e9 B/s) of summing the buffer on `n_threads` threads.
-double read_bw_gbs(const Mapping & m, int n_threads, int reps) {
+/// One read-bandwidth probe (issue #14: the best-of-3 probe moved 2x between runs here).
+/// `passes` passes over the whole buffer; each pass sums it on `n_threads` threads pinned to
+/// CPUs 0, 1, ... (one slice each), started together. Per pass: GB/s (1e9 B/s) by wall time and
+/// by the slowest thread's CPU time (time the threads were actually running, so time slices
+/// taken by other processes do not count). Reported: best / median / worst by wall time, best
+/// and median by CPU time. The reference for ratios is the best wall pass.
+json read_bw_probe(const Mapping & m, int n_threads, int passes) {
     const size_t n     = m.n_floats();
     const size_t chunk = n / static_cast<size_t>(n_threads) / 128 * 128;
-    double best = 1e300;
-    for (int r = 0; r < reps; ++r) {
-        std::vector<float> part(n_threads, 0.0f);
-        const auto t0 = Clock::now();
-        if (n_threads == 1) {
-            part[0] = sum_floats(m.p, chunk);
-        } else {
-            std::vector<std::thread> th;
-            for (int t = 0; t < n_threads; ++t) {
-                th.emplace_back([&, t] { part[t] = sum_floats(m.p + t * chunk, chunk); });
-            }
-            for (auto & x : th) { x.join(); }
+    const int    n_cpu = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    std::vector<double> wall, cpu;
+    for (int r = 0; r < passes; ++r) {
+        std::vector<float>  part(n_threads, 0.0f);
+        std::vector<double> tcpu(n_threads, 0.0);
+        std::atomic<int>    ready{0};
+        std::atomic<bool>   go{false};
+        std::vector<std::thread> th;
+        for (int t = 0; t < n_threads; ++t) {
+            th.emplace_back([&, t] {
+                cpu_set_t set;
+                CPU_ZERO(&set);
+                CPU_SET(t % n_cpu, &set);
+                pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+                ready.fetch_add(1);
+                while (!go.load(std::memory_order_acquire)) { std::this_thread::yield(); }
+                timespec c0{}, c1{};
+                clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+                part[t] = sum_floats(m.p + t * chunk, chunk);
+                clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+                tcpu[t] = static_cast<double>(c1.tv_sec - c0.tv_sec) + 1e-9 * static_cast<double>(c1.tv_nsec - c0.tv_nsec);
+            });
         }
-        best = std::min(best, seconds_since(t0));
+        while (ready.load() < n_threads) { std::this_thread::yield(); }
+        const auto t0 = Clock::now();
+        go.store(true, std::memory_order_release);
+        for (auto & x : th) { x.join(); }
+        wall.push_back(seconds_since(t0));
+        cpu.push_back(*std::max_element(tcpu.begin(), tcpu.end()));
         for (float v : part) { g_sink = g_sink + v; }
     }
-    return static_cast<double>(chunk) * n_threads * sizeof(float) / best / 1e9;
+    const double bytes = static_cast<double>(chunk) * n_threads * sizeof(float);
+    auto gbs = [&](std::vector<double> secs) {  // sorted best (fastest) first
+        std::sort(secs.begin(), secs.end());
+        std::vector<double> g;
+        for (double x : secs) { g.push_back(bytes / x / 1e9); }
+        return g;
+    };
+    const std::vector<double> w = gbs(wall), c = gbs(cpu);
+    json j;
+    j["best"] = round_to(w.front(), 2);
+    j["median"] = round_to(w[w.size() / 2], 2);
+    j["worst"] = round_to(w.back(), 2);
+    j["best_cpu_time"] = round_to(c.front(), 2);
+    j["median_cpu_time"] = round_to(c[c.size() / 2], 2);
+    j["passes"] = passes;
+    j["threads_pinned"] = true;
+    return j;
 }
 
 json memory_bandwidth(size_t bytes, int n_threads) {
@@ -121,8 +162,14 @@ json memory_bandwidth(size_t bytes, int n_threads) {
     for (size_t i = 0; i < src.n_floats(); ++i) { src.p[i] = static_cast<float>(i & 1023) * 1e-3f; }
     json j;
     j["buffer_mib"] = bytes >> 20;
-    j["single_thread"] = round_to(read_bw_gbs(src, 1, 3), 2);
-    if (n_threads > 1) { j["multi_thread"] = round_to(read_bw_gbs(src, n_threads, 3), 2); }
+    // Two untimed passes first (page tables, frequency), then the probes.
+    read_bw_probe(src, n_threads, 2);
+    j["single_thread_probe"] = read_bw_probe(src, 1, 9);
+    j["single_thread"] = j["single_thread_probe"]["best"];
+    if (n_threads > 1) {
+        j["multi_thread_probe"] = read_bw_probe(src, n_threads, 9);
+        j["multi_thread"] = j["multi_thread_probe"]["best"];
+    }
     // memcpy of half the buffer into a second (touched) buffer; GB/s of bytes copied.
     Mapping dst(bytes / 2);
     std::memset(dst.p, 0, dst.bytes);
@@ -238,7 +285,7 @@ json decode_breakdown(const fd::model::ModelConfig & c, const Options & o, int64
     return out;
 }
 
-json bench_model(const std::string & dir, const Options & o, double read_bw) {
+json bench_model(const std::string & dir, const Options & o, double read_bw, double read_bw_cpu) {
     namespace M = fd::model;
     const M::ModelConfig cfg = M::load_model_config(dir);
     const M::TensorIndex idx = M::read_tensor_index(dir);
@@ -358,7 +405,7 @@ json bench_model(const std::string & dir, const Options & o, double read_bw) {
         shapes_done.emplace_back(shape, dir);
         std::fprintf(stderr, "fd_bench: decode at long contexts...\n");
         j["decode_contexts"] = decode_contexts(cfg, o.ctx_batches, o.ctx_lens, o.threads, read_bw,
-                                               std::max(0.2, o.seconds_min), o.kv_budget_mib << 20);
+                                               std::max(0.2, o.seconds_min), o.kv_budget_mib << 20, read_bw_cpu);
     }
     return j;
 }
@@ -443,6 +490,7 @@ int main(int argc, char ** argv) {
         r["memory_read_bw_gbs"] = bw;
         r["memcpy_bw_gbs"] = bw["memcpy_single_thread"];
         const double read_bw = o.threads > 1 ? bw["multi_thread"].get<double>() : bw["single_thread"].get<double>();
+        const double read_bw_cpu = (o.threads > 1 ? bw["multi_thread_probe"] : bw["single_thread_probe"])["best_cpu_time"].get<double>();
         std::fprintf(stderr, "fd_bench: sgemm reference...\n");
         r["linear_vs_openblas"] = linear_vs_openblas(o.linear_ms, 2048, 768, std::min(o.seconds_min, 1.0));
         r["openblas_sgemm_gflops"] = r["linear_vs_openblas"]["runs"][0]["openblas_sgemm_gflops"];
@@ -452,7 +500,7 @@ int main(int argc, char ** argv) {
         int64_t largest = -1, largest_bytes = -1;
         for (const auto & m : o.models) {
             std::fprintf(stderr, "fd_bench: model %s...\n", m.c_str());
-            models_j.push_back(bench_model(m, o, read_bw));
+            models_j.push_back(bench_model(m, o, read_bw, read_bw_cpu));
             const int64_t wb = models_j.back()["weight_bytes"].get<int64_t>();
             if (wb > largest_bytes) { largest_bytes = wb; largest = static_cast<int64_t>(models_j.size()) - 1; }
         }

@@ -18,9 +18,11 @@
 // device: sleeping a tag is releasing its region, waking it reacquiring it.
 //
 // KV pool layout (per layer, one kv_cache region for all layers), this rank's heads only:
-//   k, v [n_layers][n_blocks, block_size, n_kv_heads / tp_size, head_dim]  f32
-// Host swap pool (--swap-space; the kv_swap region), one block after another, this rank's heads:
-//   [n_swap_blocks][n_layers][k | v][block_size, n_kv_heads / tp_size, head_dim]  f32
+//   k [n_layers][n_blocks, n_kv_heads / tp_size, head_dim, block_size]  f32 (transposed per block)
+//   v [n_layers][n_blocks, block_size, n_kv_heads / tp_size, head_dim]  f32
+// Host swap pool (--swap-space; the kv_swap region), one block after another, this rank's heads,
+// each block copied whole (layout-agnostic):
+//   [n_swap_blocks][n_layers][k | v][block_size * n_kv_heads / tp_size * head_dim]  f32
 #pragma once
 
 #include "fd/kernels/backend.h"

@@ -149,7 +149,8 @@ public:
     virtual void gather_rows(float * out, const float * x, const int32_t * rows, int64_t n_out_rows, int64_t n_cols) = 0;
 
     /// Store each token's K and V at its slot (kernels::kv_store).
-    /// Shapes  kv pool [n_blocks, block_size, n_kv_heads, head_dim] f32 (backend memory);
+    /// Shapes  kv pool as fd::kernels::PagedKv (K [n_blocks, n_kv_heads, head_dim, block_size],
+    ///         V [n_blocks, block_size, n_kv_heads, head_dim]) f32 (backend memory);
     ///         k_new, v_new [n_tokens, n_kv_heads, head_dim] f32;  slots [n_tokens] host.
     virtual void kv_store(PagedKv kv, const float * k_new, const float * v_new, const int64_t * slots,
                           int64_t n_tokens) = 0;

@@ -40,12 +40,20 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
 /// Causal GQA attention over the paged pool, one softmax per (token, head):
 ///   s[t]   = scale * <q[i, h, :], K[t, h / (n_heads / n_kv_heads), :]>   for t < n_ctx(i)
 ///   out[i, h, :] = sum_t softmax(s)[t] * V[t, kv(h), :]
-/// Per (token, head) the arithmetic is fixed: s[t] = 16 lane-wise FMA chains over head_dim and
-/// one fixed lane reduction (head_dim % 16 == 0; else one sequential chain); softmax with a
-/// polynomial exp (within ~2 ulp of expf) and a 16-lane sum over t; V accumulated with one FMA
-/// per element, t ascending. Results are therefore batch-invariant.
+/// Per (token, head) the arithmetic is fixed: each score is one FMA chain over d ascending (from
+/// 0, any head_dim), then times scale; softmax with a polynomial exp (within ~2 ulp of expf) and
+/// a 16-lane sum over t (lane = t mod 16) then one fixed lane reduction; V accumulated with one
+/// FMA per element, t ascending. Results are therefore batch-invariant: a query's output is
+/// bitwise the same alone (decode) or inside a prefill of any length, at any thread count.
 /// Shapes   out [n_tokens, n_heads, head_dim] written;  q [n_tokens, n_heads, head_dim]
 ///          queries [n_tokens]
+/// Paths    scores for 32 keys at a time with the keys along the 16 lanes, read straight from
+///          the blocks' transposed K (PagedKv: dimension d of 16 keys is one 64-byte load; a
+///          32-key chunk spans two blocks of 16) when block_size % 16 == 0, else gathered into
+///          a [head_dim, 32] scratch; up to 8 (query, head) pairs run as a small GEMM against
+///          it (q broadcast, 16 chains). V: up to 8 pairs share each V
+///          load (8 x 32 dims of accumulators); tiles of > 4 queries read a packed copy of the
+///          chunk's V. The next chunk's K/V slice is prefetched while one computes.
 /// Threads  tiles of up to 64 consecutive tokens sharing a block table (a prefill) are attended
 ///          together, each K/V row read once for the tile; tiles (and, when there are fewer
 ///          than 2 per thread, ranges of kv heads) are split over `pool`.

@@ -66,7 +66,8 @@ void rope_rotate_half(float * x, const int32_t * positions, const float * cos_si
 
 /// Store each token's K and V in the paged pool at its slot (slot = block_id * block_size + offset):
 /// the layout of fd::kernels::PagedKv, k/v pointing to device memory.
-/// Shapes   kv.k, kv.v [n_blocks, block_size, n_kv_heads, head_dim];
+/// Shapes   kv.k [n_blocks, n_kv_heads, head_dim, block_size] (K transposed within each block);
+///          kv.v [n_blocks, block_size, n_kv_heads, head_dim];
 ///          k_new, v_new [n_tokens, n_kv_heads, head_dim];  slots [n_tokens] int64.
 void kv_store(PagedKv kv, const float * k_new, const float * v_new, const int64_t * slots, int64_t n_tokens,
               cudaStream_t stream);

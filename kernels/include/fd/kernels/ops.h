@@ -81,8 +81,12 @@ void rope_rotate_half(float * x, const int32_t * positions, const float * cos_si
 // Paged KV cache and attention
 // ---------------------------------------------------------------------------------------------
 
-/// One layer's paged KV pool.
-///   k, v [n_blocks, block_size, n_kv_heads, head_dim]
+/// One layer's paged KV pool. K is stored transposed within each block, so attention reads
+/// dimension d of consecutive keys as one contiguous run (no transpose per chunk); V is not:
+///   k [n_blocks, n_kv_heads, head_dim, block_size]
+///   v [n_blocks, block_size, n_kv_heads, head_dim]
+/// Both are block_size * n_kv_heads * head_dim floats per block: whole-block copies (swap,
+/// prefix reuse) do not depend on the layout.
 struct PagedKv {
     float * k          = nullptr;
     float * v          = nullptr;
@@ -91,7 +95,8 @@ struct PagedKv {
     int32_t head_dim   = 0;
 };
 
-/// Store each token's K and V at its slot (slot = block_id * block_size + offset).
+/// Store each token's K and V at its slot (slot = block_id * block_size + offset), in
+/// PagedKv's layout: k[block_id, kvh, d, offset] = k_new[t, kvh, d], v[slot, :, :] = v_new[t, :, :].
 /// Shapes   k_new, v_new [n_tokens, n_kv_heads, head_dim];  slots [n_tokens]
 void kv_store(PagedKv kv, const float * k_new, const float * v_new, const int64_t * slots,
               int64_t n_tokens);
