@@ -7,6 +7,7 @@ nothing generated); afterwards every answer is on the new version. Control route
 proxied."""
 import json
 import os
+import subprocess
 import threading
 import time
 
@@ -29,7 +30,17 @@ def probe(port, finish=None):
 
 
 def wait_up(tc, proc, port, log, name):
-    """Until the balancer on `port` serves the probe; fails the test if `proc` exits first."""
+    """Stops `proc` when `tc` cleans up (SIGTERM, then SIGKILL after 10 s); waits until the balancer
+    on `port` serves the probe; fails the test if `proc` exits first."""
+
+    def stop():
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    tc.addCleanup(stop)
     deadline = time.time() + 20
     while time.time() < deadline:
         if proc.poll() is not None:

@@ -44,15 +44,6 @@ class HAProxy(unittest.TestCase):
         log = open(os.path.join(self.tmp, "stderr.log"), "w+")
         self.addCleanup(log.close)
         proc = subprocess.Popen([HAPROXY, "-f", path, "-db"], stdout=log, stderr=log)
-
-        def stop():
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.addCleanup(stop)
         return wait_up(self, proc, port, log, "haproxy")
 
     def test_fleet_update_through_haproxy(self):

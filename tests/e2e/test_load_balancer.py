@@ -38,15 +38,6 @@ class LoadBalancer(unittest.TestCase):
         log = open(os.path.join(prefix, "stderr.log"), "w+")
         self.addCleanup(log.close)
         proc = subprocess.Popen([NGINX, "-p", prefix, "-c", path, "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=log)
-
-        def stop():
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.addCleanup(stop)
         return wait_up(self, proc, port, log, "nginx")
 
     def test_fleet_update_through_nginx(self):

@@ -94,11 +94,6 @@ double max_diff(const Greedy & a, const Greedy & b) {
     return d;
 }
 
-void make_checkpoint(const fs::path & out, const std::string & args) {
-    const std::string cmd = "/usr/bin/python3 " FD_SOURCE_DIR "/scripts/make_random_checkpoint.py --tokenizer-from '' --out '" +
-                            out.string() + "' " + args + " > /dev/null";
-    REQUIRE(std::system(cmd.c_str()) == 0);
-}
 
 void check_against_cpu(const fs::path & a, const fs::path & b, double tol) {
     const auto cfg = model::load_model_config(a);
@@ -136,8 +131,8 @@ TEST_CASE("stories260K F32 on cuda: greedy equal to cpu, logprobs within 1e-5, u
 
 TEST_CASE("random BF16 in 3 shards on cuda: greedy equal to cpu, logprobs within 1e-3") {
     test::TempDir d;
-    make_checkpoint(d.path / "a", "--preset tiny-llama-bf16-sharded");
-    make_checkpoint(d.path / "b", "--preset tiny-llama-bf16-sharded --seed 9");
+    fd::test::make_random_checkpoint(d.path / "a", "--preset tiny-llama-bf16-sharded");
+    fd::test::make_random_checkpoint(d.path / "b", "--preset tiny-llama-bf16-sharded --seed 9");
     check_against_cpu(d.path / "a", d.path / "b", 1e-3);
 }
 

@@ -40,12 +40,6 @@ namespace {
 const fs::path kStories = fs::path(FD_SOURCE_DIR) / "models" / "stories260K";
 constexpr int32_t kBlock = 4;  // tokens per KV block: sequences span several blocks
 
-/// A random checkpoint from scripts/make_random_checkpoint.py (the e2e tests' generator).
-void make_checkpoint(const fs::path & out, const std::string & args) {
-    const std::string cmd = "/usr/bin/python3 " FD_SOURCE_DIR "/scripts/make_random_checkpoint.py --tokenizer-from '' --out '" +
-                            out.string() + "' " + args + " > /dev/null";
-    REQUIRE(std::system(cmd.c_str()) == 0);
-}
 
 /// Rank `rank`'s state dict in inference names, as a trainer publishes it for ipc_snapshot
 /// (RolloutModel::gather into model_state.tp<rank>.safetensors in `out`). Returns the file.
@@ -283,29 +277,29 @@ TEST_CASE("stories260K: tp 2 and 4 match tp 1 (logits, greedy tokens), batch inv
 
 TEST_CASE("random Qwen2 (q/k/v biases, F32): tp 2 on 2 kv heads, tp 2 and 4 on 4 kv heads") {
     test::TempDir d;
-    make_checkpoint(d.path / "q2", "--preset tiny-qwen2");
+    fd::test::make_random_checkpoint(d.path / "q2", "--preset tiny-qwen2");
     check_against_tp1(d.path / "q2", {2});
-    make_checkpoint(d.path / "q4", "--preset tiny-qwen2 --kv-heads 4 --seed 3");
+    fd::test::make_random_checkpoint(d.path / "q4", "--preset tiny-qwen2 --kv-heads 4 --seed 3");
     check_against_tp1(d.path / "q4", {2, 4});
 }
 
 TEST_CASE("random Qwen3 (q_norm / k_norm per head, head_dim 128 != hidden / heads): tp 2 matches tp 1") {
     test::TempDir d;
-    make_checkpoint(d.path, "--preset qwen3-like");
+    fd::test::make_random_checkpoint(d.path, "--preset qwen3-like");
     check_against_tp1(d.path, {2});
 }
 
 TEST_CASE("random BF16 checkpoint in 3 shards, untied head: tp 2 and 4 match tp 1") {
     test::TempDir d;
-    make_checkpoint(d.path, "--preset tiny-llama-bf16-sharded");
+    fd::test::make_random_checkpoint(d.path, "--preset tiny-llama-bf16-sharded");
     check_against_tp1(d.path, {2, 4});
 }
 
 TEST_CASE("per-rank snapshot files load as they are; stage/commit and release/reload per rank switch every rank bitwise") {
     test::TempDir d;
     const fs::path a = d.path / "a", b = d.path / "b", snap_a = d.path / "snap_a", snap_b = d.path / "snap_b";
-    make_checkpoint(a, "--preset tiny-llama-bf16-sharded");
-    make_checkpoint(b, "--preset tiny-llama-bf16-sharded --seed 9");
+    fd::test::make_random_checkpoint(a, "--preset tiny-llama-bf16-sharded");
+    fd::test::make_random_checkpoint(b, "--preset tiny-llama-bf16-sharded --seed 9");
     const auto cfg = model::load_model_config(a);
     const Scenario s = scenario(a);
     std::vector<int32_t> tables;
@@ -334,8 +328,8 @@ TEST_CASE("per-rank snapshot files load as they are; stage/commit and release/re
 
 TEST_CASE("the state dict RolloutModel publishes per rank is the layout each rank's Worker holds") {
     test::TempDir d;
-    make_checkpoint(d.path / "q", "--preset tiny-qwen2 --kv-heads 4");
-    make_checkpoint(d.path / "s", "--preset tiny-llama-bf16-sharded");
+    fd::test::make_random_checkpoint(d.path / "q", "--preset tiny-qwen2 --kv-heads 4");
+    fd::test::make_random_checkpoint(d.path / "s", "--preset tiny-llama-bf16-sharded");
     for (const fs::path & m : {kStories, d.path / "q", d.path / "s"}) {
         const auto cfg = model::load_model_config(m);
         const auto idx = model::read_tensor_index(m);
@@ -380,7 +374,7 @@ TEST_CASE("a tp that does not divide a dimension, a bad rank or a missing comm i
     CHECK(error_of([&] { model::Worker(cfg, idx, worker_config(0, 3), &comm3); }, &what) == Errc::invalid_argument);
     CHECK(what.find("num_attention_heads = 8") != std::string::npos);
     test::TempDir d;
-    make_checkpoint(d.path, "--preset tiny-qwen2");  // 2 kv heads
+    fd::test::make_random_checkpoint(d.path, "--preset tiny-qwen2");  // 2 kv heads
     LayoutOnlyComm comm4(0, 4);
     CHECK(error_of([&] { model::Worker(model::load_model_config(d.path), model::read_tensor_index(d.path), worker_config(0, 4), &comm4); },
                    &what) == Errc::invalid_argument);

@@ -30,11 +30,6 @@ namespace {
 const fs::path kStories = fs::path(FD_SOURCE_DIR) / "models" / "stories260K";
 constexpr int32_t kBlock = 4;  // tokens per KV block: sequences span several blocks
 
-void make_checkpoint(const fs::path & out, const std::string & args) {
-    const std::string cmd = "/usr/bin/python3 " FD_SOURCE_DIR "/scripts/make_random_checkpoint.py --tokenizer-from '' --out '" +
-                            out.string() + "' " + args + " > /dev/null";
-    REQUIRE(std::system(cmd.c_str()) == 0);
-}
 
 model::WorkerConfig wcfg(bool device_paths, int64_t reserve = 0) {
     model::WorkerConfig w{.n_threads = 2, .block_size = kBlock, .n_blocks = 64, .max_model_len = 128};
@@ -127,23 +122,23 @@ TEST_SUITE("model::device_paths") {
 
     TEST_CASE("random Qwen2 (F32, q/k/v biases): load, update, sleep/wakeup bitwise equal") {
         test::TempDir d;
-        make_checkpoint(d.path / "a", "--preset tiny-qwen2");
-        make_checkpoint(d.path / "b", "--preset tiny-qwen2 --seed 9");
+        fd::test::make_random_checkpoint(d.path / "a", "--preset tiny-qwen2");
+        fd::test::make_random_checkpoint(d.path / "b", "--preset tiny-qwen2 --seed 9");
         check_model(d.path / "a", d.path / "b");
     }
 
     TEST_CASE("random BF16 in 3 shards, untied head: load, update, sleep/wakeup bitwise equal") {
         test::TempDir d;
-        make_checkpoint(d.path / "a", "--preset tiny-llama-bf16-sharded");
-        make_checkpoint(d.path / "b", "--preset tiny-llama-bf16-sharded --seed 9");
+        fd::test::make_random_checkpoint(d.path / "a", "--preset tiny-llama-bf16-sharded");
+        fd::test::make_random_checkpoint(d.path / "b", "--preset tiny-llama-bf16-sharded --seed 9");
         check_model(d.path / "a", d.path / "b");
     }
 
     TEST_CASE("a NaN in an update is refused on the staged path; the live weights keep serving bitwise") {
         test::TempDir d;
         const fs::path a = d.path / "a", bad = d.path / "bad";
-        make_checkpoint(a, "--preset tiny-llama-bf16-sharded");
-        make_checkpoint(bad, "--preset tiny-llama-bf16-sharded --seed 9");
+        fd::test::make_random_checkpoint(a, "--preset tiny-llama-bf16-sharded");
+        fd::test::make_random_checkpoint(bad, "--preset tiny-llama-bf16-sharded --seed 9");
         const auto idx_bad = model::read_tensor_index(bad);
         const auto & t = idx_bad.tensors.at("model.layers.1.mlp.down_proj.weight");
         {  // element 1000 := BF16 NaN (0x7fc0), in place (same inode: the index stays valid)

@@ -6,10 +6,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -59,5 +61,15 @@ inline Errc error_of(const std::function<void()> & fn, std::string * what = null
     }
     return Errc::ok;
 }
+
+#ifdef FD_SOURCE_DIR
+/// A random checkpoint at `out` from scripts/make_random_checkpoint.py (the e2e tests' generator);
+/// `args`: its flags (e.g. "--preset tiny-qwen2 --seed 3"). Errors  std::runtime_error if it fails.
+inline void make_random_checkpoint(const std::filesystem::path & out, const std::string & args) {
+    const std::string cmd = "/usr/bin/python3 " FD_SOURCE_DIR "/scripts/make_random_checkpoint.py --tokenizer-from '' --out '" +
+                            out.string() + "' " + args + " > /dev/null";
+    if (std::system(cmd.c_str()) != 0) { throw std::runtime_error("make_random_checkpoint.py failed: " + cmd); }
+}
+#endif
 
 }  // namespace fd::test
