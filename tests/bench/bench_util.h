@@ -32,6 +32,12 @@ inline double percentile(std::vector<double> v, double q) {
     return v[std::clamp<size_t>(k, 1, v.size()) - 1];
 }
 
+/// The upper median of `v` (v[n / 2] once sorted); `v` must not be empty.
+inline double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
 /// {n, p50_ms, p99_ms, min_ms, max_ms} of durations in seconds.
 inline nlohmann::ordered_json ms_stats(const std::vector<double> & seconds) {
     std::vector<double> ms;

@@ -8,6 +8,7 @@
 #include "fd/model/safetensors.h"
 #include "fd/runtime/mp_executor.h"
 #include "bench_batch.h"
+#include "bench_util.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -17,7 +18,8 @@
 #include <iostream>
 
 using json  = nlohmann::ordered_json;
-using Clock = std::chrono::steady_clock;
+using fd::bench::Clock;
+using fd::bench::median;
 using namespace fd;
 
 namespace {
@@ -30,13 +32,6 @@ struct Options {
     int32_t control_trials = 3;
 };
 
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
 /// Seconds per step of `b` as the engine runs it (forward_in_place: the logits read where
 /// rank 0 wrote them), repeated for at least `seconds_min`. `sink` keeps the read alive.
 double step_seconds(runtime::Executor & ex, const model::StepBatch & b, std::vector<float> & sink, double seconds_min) {
@@ -45,8 +40,8 @@ double step_seconds(runtime::Executor & ex, const model::StepBatch & b, std::vec
     do {
         sink[0] += ex.forward_in_place(b, nullptr)[0];
         ++n;
-    } while (since(t0) < seconds_min);
-    return since(t0) / static_cast<double>(n);
+    } while (fd::bench::seconds_since(t0) < seconds_min);
+    return fd::bench::seconds_since(t0) / static_cast<double>(n);
 }
 
 /// The same with forward(): the logits copied out into `logits` (what the engine did before
@@ -57,8 +52,8 @@ double step_seconds_copy(runtime::Executor & ex, const model::StepBatch & b, std
     do {
         ex.forward(b, logits.data(), nullptr);
         ++n;
-    } while (since(t0) < seconds_min);
-    return since(t0) / static_cast<double>(n);
+    } while (fd::bench::seconds_since(t0) < seconds_min);
+    return fd::bench::seconds_since(t0) / static_cast<double>(n);
 }
 
 }  // namespace
@@ -129,15 +124,15 @@ int main(int argc, char ** argv) {
                 auto t0 = Clock::now();
                 ex.release(runtime::MemoryTag::kv_cache);
                 ex.release(runtime::MemoryTag::weight);
-                sl.push_back(since(t0));
+                sl.push_back(fd::bench::seconds_since(t0));
                 t0 = Clock::now();
                 ex.acquire_kv();
                 ex.reload_weights({.wakeup = true});
-                wk.push_back(since(t0));
+                wk.push_back(fd::bench::seconds_since(t0));
                 t0 = Clock::now();
                 ex.stage_weights({.version = "b"});
                 ex.commit_weights();
-                up.push_back(since(t0));
+                up.push_back(fd::bench::seconds_since(t0));
             }
             return json{{"sleep_s", median(sl)}, {"wakeup_s", median(wk)}, {"update_s", median(up)}};
         };

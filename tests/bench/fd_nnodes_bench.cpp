@@ -9,6 +9,7 @@
 #include "fd/model/model_config.h"
 #include "fd/runtime/mp_executor.h"
 #include "bench_batch.h"
+#include "bench_util.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -28,7 +29,8 @@
 extern char ** environ;
 
 using json  = nlohmann::ordered_json;
-using Clock = std::chrono::steady_clock;
+using fd::bench::Clock;
+using fd::bench::median;
 using namespace fd;
 
 namespace {
@@ -39,17 +41,10 @@ struct Options {
     std::vector<int32_t> batches = {1, 64};
 };
 
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
 double step_seconds(runtime::Executor & ex, const model::StepBatch & b, std::vector<float> & logits) {
     const auto t0 = Clock::now();
     ex.forward(b, logits.data(), nullptr);
-    return since(t0);
+    return fd::bench::seconds_since(t0);
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released).
