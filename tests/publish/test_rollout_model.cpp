@@ -35,6 +35,24 @@ const fs::path kStories = fs::path(FD_SOURCE_DIR) / "models" / "stories260K";
 
 using fd::test::TempDir;
 
+/// `cfg` as config.json in `dir` and a model.safetensors with every tensor the config expects
+/// (the optional ones only `with_optional`), F32, element k of each tensor = k.
+fs::path write_ramp_checkpoint(const fs::path & dir, const nlohmann::json & cfg, bool with_optional) {
+    std::ofstream(dir / "config.json") << cfg.dump();
+    const auto c = fd::model::load_model_config(dir);
+    std::vector<fd::publish::SafetensorsEntry> entries;
+    for (const auto & t : fd::model::expected_tensors(c)) {
+        if (with_optional || !t.optional) { entries.push_back({t.name, DType::f32, t.shape}); }
+    }
+    fd::publish::write_safetensors(dir / "model.safetensors", entries, [&](size_t i, std::byte * dst) {
+        int64_t n = 1;
+        for (int64_t d : entries[i].shape) { n *= d; }
+        auto * f = reinterpret_cast<float *>(dst);
+        for (int64_t k = 0; k < n; ++k) { f[k] = static_cast<float>(k); }
+    });
+    return dir;
+}
+
 /// A Qwen2-shaped checkpoint (qkv biases, GQA 4/2 heads, untied lm_head, F32) whose every
 /// element equals its flat index within its tensor, so slices can be checked by value.
 fs::path write_qwen2(const fs::path & dir) {
@@ -43,17 +61,7 @@ fs::path write_qwen2(const fs::path & dir) {
                                 {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 8},
                                 {"hidden_act", "silu"}, {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-6},
                                 {"tie_word_embeddings", false}, {"bos_token_id", 1}, {"eos_token_id", 2}};
-    std::ofstream(dir / "config.json") << cfg.dump();
-    const auto c = fd::model::load_model_config(dir);
-    std::vector<fd::publish::SafetensorsEntry> entries;
-    for (const auto & t : fd::model::expected_tensors(c)) { entries.push_back({t.name, DType::f32, t.shape}); }
-    fd::publish::write_safetensors(dir / "model.safetensors", entries, [&](size_t i, std::byte * dst) {
-        int64_t n = 1;
-        for (int64_t d : entries[i].shape) { n *= d; }
-        auto * f = reinterpret_cast<float *>(dst);
-        for (int64_t k = 0; k < n; ++k) { f[k] = static_cast<float>(k); }
-    });
-    return dir;
+    return write_ramp_checkpoint(dir, cfg, /*with_optional=*/true);
 }
 
 /// A Qwen3-shaped checkpoint (head_dim 16 != hidden 32 / 4 heads, q_norm/k_norm, tied), values
@@ -65,19 +73,7 @@ fs::path write_qwen3(const fs::path & dir) {
                                 {"attention_bias", false}, {"use_sliding_window", false}, {"sliding_window", nullptr},
                                 {"hidden_act", "silu"}, {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-6},
                                 {"tie_word_embeddings", true}, {"bos_token_id", 1}, {"eos_token_id", 2}};
-    std::ofstream(dir / "config.json") << cfg.dump();
-    const auto c = fd::model::load_model_config(dir);
-    std::vector<fd::publish::SafetensorsEntry> entries;
-    for (const auto & t : fd::model::expected_tensors(c)) {
-        if (!t.optional) { entries.push_back({t.name, DType::f32, t.shape}); }
-    }
-    fd::publish::write_safetensors(dir / "model.safetensors", entries, [&](size_t i, std::byte * dst) {
-        int64_t n = 1;
-        for (int64_t d : entries[i].shape) { n *= d; }
-        auto * f = reinterpret_cast<float *>(dst);
-        for (int64_t k = 0; k < n; ++k) { f[k] = static_cast<float>(k); }
-    });
-    return dir;
+    return write_ramp_checkpoint(dir, cfg, /*with_optional=*/false);
 }
 
 using fd::test::error_of;
