@@ -9,22 +9,28 @@
 
 namespace fd {
 
+namespace {
+
+mode_t forbidden_bits(Trust trust) { return trust == Trust::secret ? 077 : 022; }
+
+}  // namespace
+
+bool is_trusted(const struct stat & st, Trust trust) { return st.st_uid == ::geteuid() && (st.st_mode & forbidden_bits(trust)) == 0; }
+
 void check_trusted(int fd, const std::string & path, Trust trust) {
     struct stat st{};
     if (::fstat(fd, &st) != 0) { fail(Errc::internal, "{}: fstat failed: {}", path, std::strerror(errno)); }
+    if (is_trusted(st, trust)) { return; }
     const uid_t me = ::geteuid();
-    const mode_t bad = trust == Trust::secret ? 077 : 022;
     if (st.st_uid != me) {
         fail(Errc::forbidden,
              "{} is owned by uid {}, not by this daemon's user (uid {}): refusing to trust it (another local user could "
              "have planted it); remove it as its owner or root and let this user create it",
              path, st.st_uid, me);
     }
-    if ((st.st_mode & bad) != 0) {
-        fail(Errc::forbidden, "{} has mode {:04o}: {} by other users, so refusing to trust it; chmod {} it",
-             path, st.st_mode & 07777, trust == Trust::secret ? "readable or writable" : "writable",
-             trust == Trust::secret ? (S_ISDIR(st.st_mode) ? "0700" : "0600") : "go-w");
-    }
+    fail(Errc::forbidden, "{} has mode {:04o}: {} by other users, so refusing to trust it; chmod {} it",
+         path, st.st_mode & 07777, trust == Trust::secret ? "readable or writable" : "writable",
+         trust == Trust::secret ? (S_ISDIR(st.st_mode) ? "0700" : "0600") : "go-w");
 }
 
 void check_trusted_path(const std::string & path, Trust trust) {

@@ -11,6 +11,8 @@
 
 #include "fd/status.h"
 
+#include <sys/stat.h>
+
 #include <string>
 
 namespace fd {
@@ -19,6 +21,10 @@ enum class Trust {
     owned,   ///< owned by geteuid(), no group/other write bit
     secret,  ///< owned by geteuid(), no group/other bit at all (mode 0600 / 0700)
 };
+
+/// Whether the object `st` describes (from fstat/lstat) passes `trust` for this process: owned
+/// by geteuid() and without the group/other bits `trust` forbids. No errors.
+bool is_trusted(const struct stat & st, Trust trust);
 
 /// Check the object open on `fd` (file, directory or shm object; `path` only names it in the
 /// message). Errors  fd::Error{forbidden} naming `path`, its owner uid and mode, and what to do;

@@ -3,6 +3,7 @@
 
 #include "fd/log.h"
 #include "fd/status.h"
+#include "fd/trust.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -87,8 +88,7 @@ public:
         }
         struct stat st{};
         const bool stat_ok = ::fstat(fd, &st) == 0;
-        const uid_t me = ::geteuid();
-        if (!stat_ok || st.st_uid != me || (st.st_mode & 0777) != 0600 || st.st_size != bytes) {
+        if (!stat_ok || !is_trusted(st, Trust::secret) || st.st_size != bytes) {
             ::close(fd);
             fail(Errc::rank_failed, "rank {}: the tensor-parallel segment {} is not this user's 0600 segment of {} bytes (owner {}, mode {:o}, "
                  "{} bytes); refusing it", cfg_.rank, name, bytes, st.st_uid, st.st_mode & 0777, st.st_size);

@@ -132,7 +132,7 @@ bool linkable(const fs::path & dir) {
     if (ec) { return false; }
     for (const auto & e : it) {
         struct stat st{};
-        if (::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) { return false; }
+        if (::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || !is_trusted(st, Trust::owned)) { return false; }
     }
     return true;
 }
