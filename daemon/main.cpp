@@ -192,9 +192,11 @@ int run(fd::Config & cfg, sigset_t & signals) {
                                                  ? "F32 linear layers without bias use cuBLAS's heuristic SGEMM"
                                                  : "accepted; the cpu backend's kernels are batch-invariant anyway");
     }
+    const char * staged_fill_env = std::getenv("FD_TEST_STAGED_FILL");
     const fd::model::WorkerConfig wcfg{
         .rank = 0, .device = r.device, .device_id = 0, .batch_invariant = cfg.model.batch_invariant,
         .reserve_tokens = graphs ? cfg.engine.scheduler.max_num_batched_tokens : 0,
+        .test_device_paths = staged_fill_env && std::string(staged_fill_env) == "1",  // test-only hook (README)
         .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,
         .n_blocks = r.n_kv_blocks, .n_swap_blocks = r.n_swap_blocks, .max_model_len = cfg.engine.max_model_len,
         .keep_update_staging = cfg.weights.update_staging == "persistent",

@@ -8,7 +8,6 @@
 #include "fd/status.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -42,8 +41,7 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     backend_ = kernels::make_backend({.kind = wcfg.device, .n_threads = std::max(1, wcfg.n_threads), .device_id = wcfg.device_id,
                                       .batch_invariant = wcfg.batch_invariant});
     alloc_   = memory::make_allocator(backend_->kind(), wcfg.device_id);
-    const char * staged_env = std::getenv("FD_TEST_STAGED_FILL");
-    device_mem_ = !backend_->host_visible() || wcfg.test_device_paths || (staged_env && std::string(staged_env) == "1");
+    device_mem_ = !backend_->host_visible() || wcfg.test_device_paths;
     for (kernels::ScratchBuffer * b : {&s_.x, &s_.xn, &s_.qkv, &s_.q, &s_.k, &s_.v, &s_.att, &s_.ff, &s_.gate, &s_.rows,
                                        &s_.logits, &s_.part, &s_.gathered, &rope_, &small_}) {
         *b = kernels::ScratchBuffer(backend_.get());

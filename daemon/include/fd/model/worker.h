@@ -70,7 +70,7 @@ struct WorkerConfig {
     int64_t reserve_tokens = 0;
     /// TEST ONLY: run the device-memory paths on a host-visible backend (CPU): weights filled
     /// through bounce buffers and upload(), norms uploaded, logits downloaded. Results must be
-    /// bitwise those of the direct path. Also set by the environment FD_TEST_STAGED_FILL=1.
+    /// bitwise those of the direct path. The daemon sets it from the environment FD_TEST_STAGED_FILL=1.
     bool    test_device_paths = false;
     int32_t n_threads  = 1;    ///< CPU threads for the kernels (per rank)
     int32_t block_size = 16;   ///< tokens per KV block
