@@ -137,7 +137,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
                    "update_weights staging arena: persistent (kept resident between updates; updates copy at memory bandwidth, "
                    "RSS holds a second copy of the weights while awake) or transient (mapped per update)")
         ->envname("FD_UPDATE_STAGING")->check(CLI::IsMember({"persistent", "transient"}))->capture_default_str();
-    app.add_flag("--use-cudagraph", c.engine.use_cudagraph, "CUDA-graph rule on every backend: waking weight needs kv_cache awake first; on --device cuda the activation buffers are also sized for --max-num-batched-tokens up front (stable addresses; graph capture itself is not implemented yet)")
+    app.add_flag("--use-cudagraph", c.engine.use_cudagraph, "CUDA graphs: on --device cuda (tp 1) decode steps run as CUDA graphs captured at start-up per batch-size bucket (1, 2, 4, ... powers of two, then --max-num-seqs), replayed after sleep/wakeup and update_weights without recapture (update_weights then copies the staged weights into place); every backend: waking weight needs kv_cache awake first")
         ->envname("FD_USE_CUDAGRAPH");
     app.add_option("--control-timeout-s", c.control.control_timeout_s,
                    "Longest a V1 control call waits for the engine before 504; also the deadline of every weight read (load, wakeup, update)")
@@ -184,8 +184,9 @@ int run(fd::Config & cfg, sigset_t & signals) {
     lg->info("tokenizer: {} ({} ids)", tok->kind(), tok->vocab_size());
     const bool graphs = cfg.engine.use_cudagraph && r.device == fd::kernels::DeviceKind::cuda;
     if (graphs) {
-        lg->warn("--use-cudagraph on cuda: activation buffers are sized for {} tokens up front (stable addresses); CUDA graph "
-                 "capture itself is not implemented yet, decode steps run eagerly", cfg.engine.scheduler.max_num_batched_tokens);
+        lg->info("--use-cudagraph on cuda: decode steps of up to {} sequences run as CUDA graphs (captured at start-up){}",
+                 cfg.engine.scheduler.max_num_seqs,
+                 cfg.model.tensor_parallel_size > 1 ? "; not at tensor_parallel_size > 1, whose steps run eagerly" : "");
     }
     if (!cfg.model.batch_invariant) {
         lg->info("--no-batch-invariant: {}", r.device == fd::kernels::DeviceKind::cuda
@@ -196,6 +197,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
     const fd::model::WorkerConfig wcfg{
         .rank = 0, .device = r.device, .device_id = 0, .batch_invariant = cfg.model.batch_invariant,
         .reserve_tokens = graphs ? cfg.engine.scheduler.max_num_batched_tokens : 0,
+        .graph_max_batch = graphs ? cfg.engine.scheduler.max_num_seqs : 0,
         .test_device_paths = staged_fill_env && std::string(staged_fill_env) == "1",  // test-only hook (README)
         .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,
         .n_blocks = r.n_kv_blocks, .n_swap_blocks = r.n_swap_blocks, .max_model_len = cfg.engine.max_model_len,

@@ -89,6 +89,10 @@ int64_t Backend::find_nonfinite(const void * p, StoredType t, int64_t n) {
     return -1;
 }
 
+void Backend::begin_capture() { fail(Errc::internal, "the {} backend has no graph capture", name()); }
+int32_t Backend::end_capture() { fail(Errc::internal, "the {} backend has no graph capture", name()); }
+void Backend::replay(int32_t id) { fail(Errc::internal, "the {} backend has no graph {} to replay", name(), id); }
+
 std::unique_ptr<Backend> make_backend(const BackendConfig & cfg) {
     switch (cfg.kind) {
     case DeviceKind::cpu: return make_cpu_backend(cfg.n_threads);

@@ -1,5 +1,5 @@
 // The CUDA Backend (see fd/kernels/cuda_backend.h): one stream, the cuda_ops kernels, host index
-// arrays staged through pinned buffers.
+// arrays staged through pinned buffers, CUDA graphs of fixed steps (capture / replay).
 #include "fd/kernels/cuda_backend.h"
 
 #include "cublas_gemm.h"
@@ -34,6 +34,35 @@ struct IndexBuf {
 
 enum Slot { kTokens, kPositions, kSlots, kTables, kTableRow, kNctx, kRows, kSlotCount };
 
+/// The fixed index buffers of graph steps (Backend::reserve_graph_steps): one device allocation
+/// and its pinned twin, same layout, arrays sized for max_rows:
+///   slots int64 [max_rows] | tokens | positions | n_ctx | table_row int32 [max_rows] |
+///   tables int32 [max_rows, max_blocks]   (row i: token i's block table; table_row[i] = i)
+/// begin_step(fixed) fills the pinned copy and uploads it with two async copies (the head, then
+/// the used width of the tables, 2D); `copied` marks when the pinned copy may be rewritten.
+struct FixedStep {
+    std::byte *  dev        = nullptr;
+    std::byte *  pinned     = nullptr;
+    int64_t      max_rows   = 0;
+    int32_t      max_blocks = 0;
+    int32_t      block_size = 0;
+    int64_t      head_bytes = 0;  // bytes before the tables
+    cudaEvent_t  copied     = nullptr;
+    bool         pending    = false;  // an upload from `pinned` may still be reading it
+    // The step now on the device (active: begin_step had fixed = true).
+    bool              active    = false;
+    const void *      tokens    = nullptr;
+    const void *      positions = nullptr;
+    const void *      slots     = nullptr;
+    const AttnQuery * queries   = nullptr;
+    int64_t           n         = 0;
+
+    int64_t * slots_at(std::byte * base) const { return reinterpret_cast<int64_t *>(base); }
+    int32_t * i32_at(std::byte * base, int k) const {  // k: 0 tokens, 1 positions, 2 n_ctx, 3 table_row, 4 tables
+        return reinterpret_cast<int32_t *>(base + 8 * max_rows) + k * max_rows;
+    }
+};
+
 class CudaBackend final : public Backend {
 public:
     CudaBackend(int32_t device, int32_t n_host_threads, bool batch_invariant)
@@ -42,7 +71,12 @@ public:
         check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     }
     ~CudaBackend() override {
+        abort_capture();
         cudaStreamSynchronize(stream_);
+        for (cudaGraphExec_t g : graphs_) { cudaGraphExecDestroy(g); }
+        cudaFree(fixed_.dev);
+        cudaFreeHost(fixed_.pinned);
+        if (fixed_.copied) { cudaEventDestroy(fixed_.copied); }
         for (IndexBuf & b : idx_) {
             cudaFree(b.dev);
             cudaFreeHost(b.pinned);
@@ -103,9 +137,87 @@ public:
         return got == none ? -1 : static_cast<int64_t>(got);
     }
 
+    // --- graphs ---
+
+    bool supports_graphs() const override { return true; }
+
+    void reserve_graph_steps(int64_t max_rows, int32_t max_blocks, int32_t block_size) override {
+        current();
+        if (max_rows <= fixed_.max_rows && max_blocks <= fixed_.max_blocks && block_size == fixed_.block_size) { return; }
+        FD_CHECK(graphs_.empty() && !capturing_, "reserve_graph_steps after a graph was captured (its buffers would move)");
+        FD_CHECK(max_rows > 0 && max_blocks > 0 && block_size > 0, "reserve_graph_steps({}, {}, {})", max_rows, max_blocks, block_size);
+        check(cudaStreamSynchronize(stream_), "reserve_graph_steps");
+        cudaFree(fixed_.dev);
+        cudaFreeHost(fixed_.pinned);
+        fixed_.dev = fixed_.pinned = nullptr;
+        fixed_.max_rows   = max_rows;
+        fixed_.max_blocks = max_blocks;
+        fixed_.block_size = block_size;
+        fixed_.head_bytes = max_rows * (8 + 4 * 4);
+        const int64_t bytes = fixed_.head_bytes + max_rows * max_blocks * 4;
+        check(cudaMalloc(reinterpret_cast<void **>(&fixed_.dev), static_cast<size_t>(bytes)), "cudaMalloc (graph step indices)");
+        check(cudaMallocHost(reinterpret_cast<void **>(&fixed_.pinned), static_cast<size_t>(bytes)), "cudaMallocHost (graph step indices)");
+        std::memset(fixed_.pinned, 0, static_cast<size_t>(bytes));
+        int32_t * row = fixed_.i32_at(fixed_.pinned, 3);
+        for (int64_t i = 0; i < max_rows; ++i) { row[i] = static_cast<int32_t>(i); }
+        check(cudaMemcpyAsync(fixed_.dev, fixed_.pinned, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
+              "graph step indices upload");
+        check(cudaStreamSynchronize(stream_), "graph step indices upload");
+        if (!fixed_.copied) { check(cudaEventCreateWithFlags(&fixed_.copied, cudaEventDisableTiming), "cudaEventCreate"); }
+        fixed_.pending = false;
+    }
+
+    void begin_capture() override {
+        current();
+        FD_CHECK(!capturing_, "begin_capture while capturing");
+        check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+        capturing_ = true;
+    }
+
+    int32_t end_capture() override {
+        FD_CHECK(capturing_, "end_capture without begin_capture");
+        capturing_ = false;
+        cudaGraph_t g = nullptr;
+        check(cudaStreamEndCapture(stream_, &g), "cudaStreamEndCapture (an op in the capture was not capturable)");
+        cudaGraphExec_t exec = nullptr;
+        const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+        cudaGraphDestroy(g);
+        check(e, "cudaGraphInstantiate");
+        graphs_.push_back(exec);
+        ++n_captured_;
+        return static_cast<int32_t>(graphs_.size() - 1);
+    }
+
+    void abort_capture() noexcept override {
+        if (!capturing_) { return; }
+        capturing_ = false;
+        cudaGraph_t g = nullptr;
+        if (cudaStreamEndCapture(stream_, &g) == cudaSuccess && g) { cudaGraphDestroy(g); }
+        (void)cudaGetLastError();  // a failed capture's error is not the next op's
+    }
+
+    void replay(int32_t id) override {
+        FD_CHECK(id >= 0 && id < static_cast<int32_t>(graphs_.size()), "replay of graph {} ({} captured)", id, graphs_.size());
+        check(cudaGraphLaunch(graphs_[static_cast<size_t>(id)], stream_), "cudaGraphLaunch");
+    }
+
+    void drop_graphs() noexcept override {
+        abort_capture();
+        cudaStreamSynchronize(stream_);
+        for (cudaGraphExec_t g : graphs_) { cudaGraphExecDestroy(g); }
+        graphs_.clear();
+    }
+
+    int64_t graphs_captured() const override { return n_captured_; }
+
     void begin_step(const StepIndex & step) override {
         for (IndexBuf & b : idx_) { b.step_host = nullptr; }
         attn_queries_ = nullptr;
+        fixed_.active = false;
+        if (step.fixed) {
+            begin_fixed_step(step);
+            return;
+        }
         const int64_t n = step.n_tokens;
         if (n <= 0) { return; }
         if (step.tokens) { stage(kTokens, step.tokens, n * 4, true); }
@@ -160,6 +272,12 @@ public:
     void attention_paged(float * out, const float * q, const AttnQuery * queries, int64_t n_tokens, int64_t n_heads, PagedKv kv,
                          float scale) override {
         if (n_tokens <= 0) { return; }
+        if (fixed_.active && queries == fixed_.queries && n_tokens == fixed_.n && kv.block_size == fixed_.block_size) {
+            const cuda::AttnBatch fb{fixed_.i32_at(fixed_.dev, 4), fixed_.max_blocks, fixed_.i32_at(fixed_.dev, 3),
+                                     fixed_.i32_at(fixed_.dev, 2)};
+            cuda::attention_paged(out, q, fb, n_tokens, n_heads, kv, scale, stream_);
+            return;
+        }
         // The step's queries are flattened once (every layer shares them); others every call.
         const bool cached = queries == attn_queries_ && n_tokens == attn_n_ && kv.block_size == attn_bs_;
         if (!cached) { build_attn(queries, n_tokens, kv.block_size, queries == step_queries_ && n_tokens == step_n_); }
@@ -170,6 +288,7 @@ public:
     }
     void argmax_rows(int64_t * out_host, const float * x, int64_t n_rows, int64_t n) override {
         if (n_rows <= 0) { return; }
+        FD_CHECK(!capturing_, "argmax_rows (a download) during graph capture");
         if (n_rows > best_cap_) {
             check(cudaStreamSynchronize(stream_), "argmax_rows");
             cudaFree(best_);
@@ -190,6 +309,14 @@ private:
     /// The device copy of `bytes` of host memory `host` in slot `s`. A step's array (step = true,
     /// or already staged by begin_step) is copied once and reused; anything else each call.
     const void * stage(Slot s, const void * host, int64_t bytes, bool step) {
+        if (fixed_.active) {
+            if (s == kTokens && host == fixed_.tokens) { return fixed_.i32_at(fixed_.dev, 0); }
+            if (s == kPositions && host == fixed_.positions) { return fixed_.i32_at(fixed_.dev, 1); }
+            if (s == kSlots && host == fixed_.slots) { return fixed_.slots_at(fixed_.dev); }
+        }
+        if (capturing_) {  // a host copy inside a graph would replay stale host memory
+            fail(Errc::internal, "CUDA backend: an index array that is not the fixed step's, during graph capture");
+        }
         IndexBuf & b = idx_[s];
         if (bytes <= 0) { return b.dev; }  // nothing to read (the op enqueues nothing)
         if (!step && host == b.step_host && bytes == b.step_bytes) { return b.dev; }
@@ -212,6 +339,48 @@ private:
         b.step_host  = step ? host : nullptr;
         b.step_bytes = step ? bytes : 0;
         return b.dev;
+    }
+
+    /// A fixed step (graph steps): the arrays into the pinned twin of the fixed buffers, then two
+    /// async uploads (head; tables 2D, the widest row's used entries). Outside any capture.
+    void begin_fixed_step(const StepIndex & step) {
+        const int64_t n = step.n_tokens;
+        FD_CHECK(!capturing_, "begin_step during graph capture (the uploads must precede the replay)");
+        FD_CHECK(fixed_.dev != nullptr, "a fixed step before reserve_graph_steps");
+        FD_CHECK(n >= 1 && n <= fixed_.max_rows, "a fixed step of {} rows (reserved {})", n, fixed_.max_rows);
+        current();
+        if (fixed_.pending) { check(cudaEventSynchronize(fixed_.copied), "graph step indices (previous upload)"); }
+        std::byte * h = fixed_.pinned;
+        std::memcpy(fixed_.i32_at(h, 0), step.tokens, static_cast<size_t>(n) * 4);
+        std::memcpy(fixed_.i32_at(h, 1), step.positions, static_cast<size_t>(n) * 4);
+        std::memcpy(fixed_.slots_at(h), step.slots, static_cast<size_t>(n) * 8);
+        int32_t * n_ctx  = fixed_.i32_at(h, 2);
+        int32_t * tables = fixed_.i32_at(h, 4);
+        const int32_t bs = fixed_.block_size;
+        int32_t width = 1;
+        for (int64_t i = 0; i < n; ++i) {
+            const int32_t c  = step.queries[i].n_ctx;
+            const int32_t nb = (c + bs - 1) / bs;
+            FD_CHECK(c >= 1 && nb <= fixed_.max_blocks, "a fixed step's query {} attends {} tokens (at most {} x {})", i, c,
+                     fixed_.max_blocks, bs);
+            n_ctx[i] = c;
+            std::memcpy(tables + i * fixed_.max_blocks, step.queries[i].block_table, static_cast<size_t>(nb) * 4);
+            width = std::max(width, nb);
+        }
+        check(cudaMemcpyAsync(fixed_.dev, h, static_cast<size_t>(fixed_.head_bytes), cudaMemcpyHostToDevice, stream_),
+              "graph step indices upload");
+        const size_t pitch = static_cast<size_t>(fixed_.max_blocks) * 4;
+        check(cudaMemcpy2DAsync(fixed_.i32_at(fixed_.dev, 4), pitch, tables, pitch, static_cast<size_t>(width) * 4,
+                                static_cast<size_t>(n), cudaMemcpyHostToDevice, stream_),
+              "graph step block tables upload");
+        check(cudaEventRecord(fixed_.copied, stream_), "cudaEventRecord (graph step indices)");
+        fixed_.pending   = true;
+        fixed_.active    = true;
+        fixed_.tokens    = step.tokens;
+        fixed_.positions = step.positions;
+        fixed_.slots     = step.slots;
+        fixed_.queries   = step.queries;
+        fixed_.n         = n;
     }
 
     /// Flattens the queries' block tables ([n_tables, max_blocks], one row per distinct table)
@@ -260,6 +429,10 @@ private:
     int64_t           attn_n_       = 0;
     int32_t           attn_bs_      = 0;
     std::vector<int32_t> flat_, table_row_, n_ctx_;
+    FixedStep         fixed_;                   // graph steps' index buffers
+    std::vector<cudaGraphExec_t> graphs_;       // by id (end_capture)
+    bool              capturing_   = false;
+    int64_t           n_captured_  = 0;
     unsigned long long * first_ = nullptr;  // find_nonfinite's result
     int64_t *         best_     = nullptr;
     int64_t           best_cap_ = 0;

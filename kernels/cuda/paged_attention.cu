@@ -1,15 +1,18 @@
 // Causal GQA paged attention, prefill and decode alike (see fd/kernels/cuda_ops.h).
 //
 // One 128-thread block (4 warps) per (query token, head); nothing depends on the grid, so a
-// row's output is the same whatever else is batched. Per (token, head):
-//   pass 1  max of the scores: warp w scores keys t = w, w + 4, ... (max is exact in any order);
-//   pass 2  keys in chunks of 128, t ascending: the chunk's scores again, e[t] = expf(s - max)
-//           into shared memory, then every thread adds e[t] to the running sum and
+// row's output is the same whatever else is batched (and a captured graph step's padding rows
+// change nothing). Per (token, head), with n = n_ctx read from device memory (a graph replays
+// with each step's own lengths):
+//   pass 1  max of the scores: thread j scores keys t = j, j + 128, ... (max is exact in any order);
+//   pass 2  keys in chunks of 128, t ascending: thread j scores key t0 + j again, e[j] =
+//           expf(s - max) into shared memory, then every thread adds e[t] to the running sum and
 //           e[t] * V[t, d] to its output dims d = tid, tid + 128, ... in t order (one FMA per t);
 //   out     acc[d] / sum.
-// A score is one warp's dot product: lane l runs the FMA chain over d = l, l + 32, ... and a
-// fixed xor-butterfly adds the 32 lanes (every lane ends with the same bits). K is stored
-// transposed within each block (PagedKv), so dimension d of key t is block_size floats after d - 1.
+// A score is ONE thread's FMA chain over d ascending from 0, then times scale: the CPU twin's
+// order (cpu_ops.h). K is stored transposed within each block (PagedKv: [n_kv_heads, head_dim,
+// block_size]), so for one d the 32 lanes of a warp read 32 consecutive keys: coalesced
+// (block_size floats per block contiguous), while q[d] is one shared-memory broadcast.
 #include "cuda_common.cuh"
 #include "fd/kernels/cuda_ops.h"
 
@@ -19,7 +22,7 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kWarps   = kThreads / 32;
-constexpr int kChunk   = 128;  // keys per pass-2 chunk
+constexpr int kChunk   = kThreads;  // keys per pass-2 chunk (one per thread)
 constexpr int kMaxDimsPerThread = 4;  // head_dim <= 512
 
 __device__ __forceinline__ const float * kv_row(const float * pool, const int32_t * table, int64_t t, int64_t bs,
@@ -33,12 +36,11 @@ __device__ __forceinline__ const float * k_col(const float * pool, const int32_t
     return pool + static_cast<int64_t>(table[t / bs]) * bs * row + static_cast<int64_t>(kvh) * hd * bs + t % bs;
 }
 
-/// scale * <qs, K[t, kvh, :]> (k = k_col, dimension d at k[d * bs]), computed by a whole warp;
-/// every lane returns the same value.
-__device__ __forceinline__ float score(const float * qs, const float * k, int64_t bs, int hd, int lane, float scale) {
+/// scale * <qs, K[t, kvh, :]> (k = k_col, dimension d at k[d * bs]): one FMA chain over d
+/// ascending, then times scale (the CPU's order).
+__device__ __forceinline__ float score(const float * qs, const float * k, int64_t bs, int hd, float scale) {
     float a = 0.0f;
-    for (int d = lane; d < hd; d += 32) { a = fmaf(qs[d], k[d * bs], a); }
-    for (int off = 16; off > 0; off >>= 1) { a += __shfl_xor_sync(0xffffffffu, a, off); }
+    for (int d = 0; d < hd; ++d) { a = fmaf(qs[d], k[d * bs], a); }
     return a * scale;
 }
 
@@ -58,9 +60,10 @@ __global__ void attention_kernel(float * out, const float * q, AttnBatch b, int 
     __syncthreads();
 
     float mx = -INFINITY;
-    for (int64_t t = warp; t < n; t += kWarps) {
-        mx = fmaxf(mx, score(qs, k_col(kv.k, table, t, bs, row, kvh, hd), bs, hd, lane, scale));
+    for (int64_t t = tid; t < n; t += kThreads) {
+        mx = fmaxf(mx, score(qs, k_col(kv.k, table, t, bs, row, kvh, hd), bs, hd, scale));
     }
+    for (int off = 16; off > 0; off >>= 1) { mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off)); }
     if (lane == 0) { wmax[warp] = mx; }
     __syncthreads();
     mx = wmax[0];
@@ -70,10 +73,7 @@ __global__ void attention_kernel(float * out, const float * q, AttnBatch b, int 
     float sum = 0.0f;
     for (int64_t t0 = 0; t0 < n; t0 += kChunk) {
         const int nc = static_cast<int>(n - t0 < kChunk ? n - t0 : kChunk);
-        for (int j = warp; j < nc; j += kWarps) {
-            const float s = score(qs, k_col(kv.k, table, t0 + j, bs, row, kvh, hd), bs, hd, lane, scale);
-            if (lane == 0) { e[j] = expf(s - mx); }
-        }
+        if (tid < nc) { e[tid] = expf(score(qs, k_col(kv.k, table, t0 + tid, bs, row, kvh, hd), bs, hd, scale) - mx); }
         __syncthreads();
         for (int j = 0; j < nc; ++j) {
             const float   p = e[j];

@@ -4,9 +4,12 @@
 //               heads of 64, intermediate 8192) through fd::kernels::cuda::linear at B = 1, 64, 256:
 //               seconds, weight bytes/s ÷ the memcpy bandwidth, TFLOP/s, and cuBLAS (bf16 x bf16,
 //               f32 accumulate, heuristics) on the same shapes as a speed reference;
-//   vmm         the CUDA allocator's release / reacquire (zero-filled) seconds and the freed fraction (cudaMemGetInfo).
-// Exits 77 with {"gpu": false, ...} where no GPU is visible.
+//   vmm         the CUDA allocator's release / reacquire (zero-filled) seconds and the freed fraction (cudaMemGetInfo);
+//   decode      (with a model dir, argv[2]) a Worker's decode tok/s at B = 1, 64, 256, eager and with
+//               CUDA graphs, weight bytes/s ÷ memcpy at B = 1 (gpu_decode_bench.h).
+// Usage: fd_gpu_bench [SECONDS_PER_POINT [MODEL_DIR]]. Exits 77 with {"gpu": false, ...} where no GPU is visible.
 #include "fd/kernels/cuda_ops.h"
+#include "gpu_decode_bench.h"
 #include "fd/memory/cuda_vmm_allocator.h"
 
 #include <cublas_v2.h>
@@ -179,6 +182,7 @@ int main(int argc, char ** argv) {
                           {"wakeup_seconds", std::chrono::duration<double>(t2 - t1).count()},
                           {"freed_fraction", static_cast<double>(after - held) / static_cast<double>(freed)}};
         }
+        if (argc > 2) { out["decode"] = fd::bench::decode_bench(argv[2], bw_rw, seconds_per_point); }
         out["gpu"] = true;
         std::printf("%s\n", out.dump(2).c_str());
         return 0;

@@ -3,6 +3,7 @@
 // buffers); the batch's index arrays stay on the host (see fd/kernels/backend.h).
 #include "fd/model/worker.h"
 
+#include "fd/model/graph_plan.h"
 #include "fd/runtime/comm.h"
 #include "fd/status.h"
 
@@ -17,6 +18,23 @@ kernels::PagedKv Worker::layer_kv(int il) {
 bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool> * abandon) {
     FD_CHECK(alloc_->resident(memory::Tag::weight) && alloc_->resident(memory::Tag::kv_cache),
              "forward with released weights or KV pool");
+    const int64_t n = b.n_tokens();
+    for (int64_t t = 0; t < n; ++t) {
+        FD_CHECK(b.tokens[t] >= 0 && b.tokens[t] < cfg_.vocab_size, "token id {} outside vocab", b.tokens[t]);
+        FD_CHECK(b.positions[t] < wcfg_.max_model_len, "position {} beyond max_model_len", b.positions[t]);
+    }
+    if (graphs_on() && is_graph_step(b, g_.buckets.back(), wcfg_.max_model_len)) { return forward_graph(b, logits, abandon); }
+    backend_->begin_step({b.tokens.data(), b.positions.data(), b.slots.data(), b.queries.data(), n});
+    // The logits land in the caller's host buffer directly where backend memory is host memory.
+    const int64_t full = static_cast<int64_t>(b.logits_rows.size()) * cfg_.vocab_size;
+    float *       out  = device_mem_ ? s_.logits.floats(full) : logits;  // [n_logits, vocab]
+    if (!run_model(b, out, abandon)) { return false; }
+    if (comm_ && wcfg_.rank != 0) { return true; }
+    if (out != logits) { backend_->download(logits, out, full * static_cast<int64_t>(sizeof(float))); }
+    return true;
+}
+
+bool Worker::run_model(const StepBatch & b, float * out, const std::atomic<bool> * abandon) {
     kernels::Backend & be = *backend_;
     // This rank's share of every split dimension (T = 1: the whole model).
     const int64_t T = wcfg_.tp_size, n = b.n_tokens(), h = cfg_.hidden_size, hd = cfg_.head_dim;
@@ -24,10 +42,6 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
     const int64_t kv_dim = n_kv_heads * hd, qkv_dim = q_dim + 2 * kv_dim, ff = cfg_.intermediate_size / T;
     const int64_t vocab = cfg_.vocab_size / T, vocab0 = wcfg_.rank * vocab;  // this rank's vocab rows
     const float   eps   = cfg_.rms_norm_eps;
-    for (int64_t t = 0; t < n; ++t) {
-        FD_CHECK(b.tokens[t] >= 0 && b.tokens[t] < cfg_.vocab_size, "token id {} outside vocab", b.tokens[t]);
-        FD_CHECK(b.positions[t] < wcfg_.max_model_len, "position {} beyond max_model_len", b.positions[t]);
-    }
     float * x    = s_.x.floats(n * h);          // [n, hidden] residual stream
     float * xn   = s_.xn.floats(n * h);         // [n, hidden] normalized / a layer's output
     float * qkv  = s_.qkv.floats(n * qkv_dim);  // [n, q_dim + 2 kv_dim]
@@ -38,7 +52,6 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
     float * gu   = s_.ff.floats(n * 2 * ff);    // [n, 2 * intermediate]  gate | up
     float * gate = s_.gate.floats(n * ff);      // [n, intermediate]
     const float * rope = rope_.data();          // [max_model_len, head_dim]
-    be.begin_step({b.tokens.data(), b.positions.data(), b.slots.data(), b.queries.data(), n});
 
     be.embedding(x, w_.embed.w, w_.embed.type, b.tokens.data(), n, h, vocab0, vocab);
     if (comm_) { comm_->all_reduce_sum(x, n * h); }  // vocab parallel: the other ranks added zeros
@@ -72,14 +85,19 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
         if (comm_) { comm_->all_reduce_sum(xn, n * h); }
         be.add(x, xn, n * h);
     }
-    // Final norm and LM head, only for the rows that need logits.
+    // Final norm and LM head, only for the rows that need logits. When every row needs them in
+    // order (decode, graph steps) the norm reads x directly: same arithmetic, no gather (and no
+    // host row ids inside a captured graph).
     const int64_t n_logits = static_cast<int64_t>(b.logits_rows.size());
     float *       rows     = s_.rows.floats(n_logits * h);  // [n_logits, hidden]
-    be.gather_rows(rows, x, b.logits_rows.data(), n_logits, h);
-    be.rms_norm(rows, rows, w_.final_norm, n_logits, h, eps);
-    // The logits land in the caller's host buffer directly where backend memory is host memory.
-    const int64_t full  = n_logits * cfg_.vocab_size;
-    float *       out   = device_mem_ ? s_.logits.floats(full) : logits;  // [n_logits, vocab]
+    bool          all_rows = n_logits == n;
+    for (int64_t i = 0; all_rows && i < n; ++i) { all_rows = b.logits_rows[i] == i; }
+    if (all_rows) {
+        be.rms_norm(rows, x, w_.final_norm, n_logits, h, eps);
+    } else {
+        be.gather_rows(rows, x, b.logits_rows.data(), n_logits, h);
+        be.rms_norm(rows, rows, w_.final_norm, n_logits, h, eps);
+    }
     if (!comm_) {
         be.linear(out, rows, w_.lm_head.w, w_.lm_head.type, nullptr, n_logits, vocab, h);
     } else {
@@ -92,7 +110,6 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
         if (wcfg_.rank != 0) { return true; }
         for (int64_t r = 0; r < T; ++r) { be.copy_rows(out + r * vocab, T * vocab, gathered + r * n_logits * vocab, vocab, n_logits, vocab); }
     }
-    if (out != logits) { be.download(logits, out, full * static_cast<int64_t>(sizeof(float))); }
     return true;
 }
 

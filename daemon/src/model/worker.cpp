@@ -4,6 +4,7 @@
 
 #include "fd/arena.h"
 #include "fd/log.h"
+#include "fd/model/graph_plan.h"
 #include "fd/runtime/comm.h"
 #include "fd/status.h"
 
@@ -46,7 +47,14 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
                                        &s_.logits, &s_.part, &s_.gathered, &rope_, &small_}) {
         *b = kernels::ScratchBuffer(backend_.get());
     }
-    if (wcfg.reserve_tokens > 0) { reserve_scratch(wcfg.reserve_tokens, wcfg.reserve_tokens); }
+    if (wcfg.graph_max_batch > 0 && wcfg.tp_size == 1) {
+        g_.buckets = model::graph_buckets(wcfg.graph_max_batch);
+        g_.ids.assign(g_.buckets.size(), -1);
+        g_.scratch_table = {static_cast<int32_t>(wcfg.n_blocks)};  // the extra block map_kv_pool adds
+        g_.scratch_slot  = wcfg.n_blocks * wcfg.block_size;
+    }
+    const int64_t reserve = std::max<int64_t>(wcfg.reserve_tokens, graphs_on() ? g_.buckets.back() : 0);
+    if (reserve > 0) { reserve_scratch(reserve, reserve); }
     fill_region(Tag::weight, idx, /*populate=*/false);
     bind();
     map_kv_pool(/*fresh=*/true);
@@ -54,6 +62,7 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     std::vector<float> rope(static_cast<size_t>(wcfg.max_model_len) * cfg_.head_dim);  // [max_model_len, head_dim]
     kernels::rope_table_inv_freq(rope.data(), wcfg.max_model_len, cfg_.head_dim, rope_inv_freq(cfg_).data());
     backend_->upload(rope_.floats(static_cast<int64_t>(rope.size())), rope.data(), static_cast<int64_t>(rope.size() * sizeof(float)));
+    if (graphs_on()) { capture_graphs(); }
     log::get("model")->info("rank={}/{} | {} backend{}, {} allocator | weights {:.1f} MiB, KV pool {} blocks x {} tokens = {:.1f} MiB, {} threads",
                             wcfg.rank, wcfg.tp_size, backend_->name(), device_mem_ && backend_->host_visible() ? " (TEST: device-memory paths)" : "",
                             alloc_->name(), weight_bytes() / 1048576.0, wcfg.n_blocks,
@@ -74,8 +83,10 @@ std::byte * Worker::region(Tag tag, int64_t bytes, bool populate) {
 }
 
 void Worker::map_kv_pool(bool fresh) {
-    // 64-byte aligned per layer and K/V, as the bump arena laid them out.
-    const int64_t per_layer = wcfg_.n_blocks * wcfg_.block_size * static_cast<int64_t>(cfg_.kv_dim() / wcfg_.tp_size);
+    // 64-byte aligned per layer and K/V, as the bump arena laid them out. Graph steps: one more
+    // block, the padding rows' scratch slot (block id n_blocks: the engine never hands it out).
+    const int64_t n_blocks  = wcfg_.n_blocks + (graphs_on() ? 1 : 0);
+    const int64_t per_layer = n_blocks * wcfg_.block_size * static_cast<int64_t>(cfg_.kv_dim() / wcfg_.tp_size);
     const int64_t stride    = Arena::footprint_floats(per_layer);
     const int64_t bytes     = 2 * cfg_.n_layers * stride;
     std::byte *   base      = fresh ? alloc_->map(Tag::kv_cache, bytes, /*populate=*/true) : region(Tag::kv_cache, bytes, true);
@@ -167,7 +178,7 @@ void Worker::reserve_scratch(int64_t n, int64_t n_logits) {
     s_.ff.floats(n * 2 * ff);
     s_.gate.floats(n * ff);
     s_.rows.floats(n_logits * h);
-    if (device_mem_) { s_.logits.floats(n_logits * cfg_.vocab_size); }
+    if (device_mem_ || graphs_on()) { s_.logits.floats(n_logits * cfg_.vocab_size); }
     if (T > 1) {
         s_.part.floats(n_logits * vocab);
         s_.gathered.floats(wcfg_.rank == 0 ? T * n_logits * vocab : 0);
@@ -241,7 +252,15 @@ int64_t Worker::stage_weights(const TensorIndex & idx, const std::function<void(
 
 void Worker::commit_staged() {
     FD_CHECK(staged_, "commit_staged with nothing staged");
-    alloc_->swap(Tag::weight, Tag::staging);
+    if (graphs_on()) {
+        // Captured graphs hold the weights' addresses: copy staging into the weight region
+        // (device to device, at memory bandwidth) instead of swapping the regions. Both are
+        // resident and validated, so only a device fault can fail it (then nothing serves).
+        backend_->copy(alloc_->data(Tag::weight), alloc_->data(Tag::staging), layout_.arena_bytes);
+        backend_->synchronize();
+    } else {
+        alloc_->swap(Tag::weight, Tag::staging);
+    }
     bind();
     staged_ = false;
     if (!wcfg_.keep_update_staging) { alloc_->release(Tag::staging); }

@@ -68,6 +68,15 @@ struct WorkerConfig {
     /// (what captured CUDA graphs need: --use-cudagraph sets it to --max-num-batched-tokens).
     /// A larger step still works (the buffers grow, addresses move). 0 = grow on demand.
     int64_t reserve_tokens = 0;
+    /// > 0 (--use-cudagraph on cuda: --max-num-seqs): decode steps of up to this many rows run
+    /// as CUDA graphs, one per batch-size bucket (fd/model/graph_plan.h), all captured at
+    /// construction (as vLLM does) and replayed with each step's indices uploaded first; the
+    /// activation buffers are reserved for max(reserve_tokens, this), the KV pool gets one more
+    /// block (the padding rows' scratch slot), and commit_staged() copies staging into the
+    /// weights instead of swapping regions, so every captured address stays valid across
+    /// sleep/wakeup and update_weights. tp_size > 1 ignores it (the collectives are not
+    /// captured). TEST ONLY on a backend without graphs (CPU): the same padded steps run eagerly.
+    int32_t graph_max_batch = 0;
     /// TEST ONLY: run the device-memory paths on a host-visible backend (CPU): weights filled
     /// through bounce buffers and upload(), norms uploaded, logits downloaded. Results must be
     /// bitwise those of the direct path. The daemon sets it from the environment FD_TEST_STAGED_FILL=1.
@@ -175,11 +184,24 @@ public:
     int64_t stage_weights(const TensorIndex & idx, const std::function<void()> & verify_copied = {});
     /// Phase 2: the staged region goes live (a pointer swap); the previous one becomes the next
     /// update's staging area (or is unmapped with keep_update_staging = false). Cannot fail.
+    /// With graph steps (graph_max_batch) the staged bytes are COPIED into the weight region
+    /// instead (backend copy, device to device; the weights keep their addresses, so captured
+    /// graphs replay the new weights) and staging stays the staging area.
     /// Requires  has_staged().
     void commit_staged();
     /// Forget the staged copy (unmapped unless keep_update_staging). No-op when none.
     void drop_staged();
     bool has_staged() const { return staged_; }
+    // --- CUDA graphs (WorkerConfig::graph_max_batch) ---
+
+    /// The batch-size buckets graph steps pad to (empty when graphs are off).
+    const std::vector<int32_t> & graph_buckets() const { return g_.buckets; }
+    /// Graphs captured so far, recaptures included (a capture counter: replays after sleep/wakeup
+    /// or update_weights must not raise it).
+    int64_t graph_captures() const { return g_.captures; }
+    /// Forward steps that ran as a graph step (replayed; on a backend without graphs: padded).
+    int64_t graph_steps() const { return g_.steps; }
+
     /// Bytes of one KV block across all layers (K and V) on one rank of `tp_size`.
     static int64_t kv_block_bytes(const ModelConfig & cfg, int32_t block_size, int32_t tp_size = 1);
 
@@ -204,6 +226,21 @@ private:
     /// Grow every activation buffer to a step of n_tokens tokens and n_logits logits rows.
     void reserve_scratch(int64_t n_tokens, int64_t n_logits);
 
+    /// The model from the embedding to the LM head on `b` (index arrays as begin_step got them),
+    /// rank 0's logits of b.logits_rows into `out` (backend memory, [n_logits, vocab]). False
+    /// when `abandon` fired. Issues ops only (no host sync): what a graph captures.
+    bool run_model(const StepBatch & b, float * out, const std::atomic<bool> * abandon);
+    /// Graph steps are on (graph_max_batch > 0, tp_size 1).
+    bool graphs_on() const { return !g_.buckets.empty(); }
+    /// Reserve the fixed buffers and capture every bucket (an eager warm-up run first).
+    void capture_graphs();
+    /// Capture bucket k's graph on an all-padding step.
+    void capture_bucket(size_t k);
+    /// A graph step (is_graph_step): pad, upload the indices, replay, download n rows of logits.
+    bool forward_graph(const StepBatch & b, float * logits, const std::atomic<bool> * abandon);
+    /// Every address a captured graph holds (weights, KV, rope, norms, activations).
+    std::vector<const void *> graph_addresses() const;
+
     /// The forward pass's activations, backend memory, grown to the largest batch seen.
     struct Scratch {
         kernels::ScratchBuffer x, xn, qkv, q, k, v, att, ff, gate, rows, logits;
@@ -223,6 +260,17 @@ private:
     kernels::ScratchBuffer                rope_;             ///< [max_model_len, head_dim] backend memory
     kernels::ScratchBuffer                small_;            ///< device_mem_: the f32 norms and biases
     Scratch                               s_;
+
+    /// The CUDA-graph state (graph_max_batch > 0).
+    struct Graphs {
+        std::vector<int32_t>      buckets;        ///< ascending (graph_plan.h)
+        std::vector<int32_t>      ids;            ///< backend graph id per bucket, -1 = none
+        std::vector<const void *> addrs;          ///< graph_addresses() at capture
+        std::vector<int32_t>      scratch_table;  ///< {n_blocks}: the padding rows' block table
+        int64_t                   scratch_slot = 0;
+        StepBatch                 pad;            ///< the padded step (reused)
+        int64_t                   captures = 0, steps = 0;
+    } g_;
 };
 
 }  // namespace fd::model

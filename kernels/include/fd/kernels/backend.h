@@ -55,6 +55,11 @@ struct StepIndex {
     const int64_t *   slots     = nullptr;  ///< [n_tokens] KV slot each token writes
     const AttnQuery * queries   = nullptr;  ///< [n_tokens] context each token attends to
     int64_t           n_tokens  = 0;
+    /// A graph step (see "CUDA graphs" in Backend): the arrays go to the FIXED device buffers of
+    /// reserve_graph_steps() (one block-table row per token), and every op of the step that gets
+    /// these same pointers reads them there. n_tokens <= its max_rows; every n_ctx <= its
+    /// max_blocks * block_size. The CPU backend ignores it.
+    bool              fixed     = false;
 };
 
 class Backend {
@@ -100,6 +105,38 @@ public:
     /// copy (CUDA IPC, device to device). Default: download() in 256 KiB pieces and scan on the
     /// host; CUDA: a device kernel on the stored bits.
     virtual int64_t find_nonfinite(const void * p, StoredType t, int64_t n);
+
+    // --- CUDA graphs (decode steps captured once per batch-size bucket; fd/model/worker.h) ---
+    //
+    // A graph records the ops issued between begin_capture() and end_capture() on the backend's
+    // stream with every pointer and size as it was then; replay() runs them again. So a captured
+    // step must read its index arrays from fixed buffers (StepIndex::fixed, uploaded by
+    // begin_step() BEFORE replay, outside the graph), and every tensor it touches must keep its
+    // address for as long as the graph is replayed. Nothing inside a capture may allocate,
+    // synchronize or copy from the host.
+
+    /// True when the calls below work (CUDA). CPU: false (they fail with Errc::internal).
+    virtual bool supports_graphs() const { return false; }
+    /// Allocate the fixed index buffers of graph steps: up to `max_rows` rows, block tables of up
+    /// to `max_blocks` entries of `block_size` tokens. Once, before the first fixed step.
+    /// Errors  fd::Error{internal} when out of device memory.
+    virtual void reserve_graph_steps(int64_t max_rows, int32_t max_blocks, int32_t block_size) {
+        (void)max_rows; (void)max_blocks; (void)block_size;
+    }
+    /// Start recording the ops issued from now on into a graph (CUDA: cudaStreamBeginCapture,
+    /// thread-local mode) instead of running them.
+    virtual void begin_capture();
+    /// Stop recording and instantiate the graph; returns its id for replay().
+    /// Errors  fd::Error{internal} when capture or instantiation failed (e.g. an op synchronized).
+    virtual int32_t end_capture();
+    /// Stop a capture after an error (the partial graph is dropped). No-op when not capturing.
+    virtual void abort_capture() noexcept {}
+    /// Run graph `id` on the stream (asynchronous, like any op).
+    virtual void replay(int32_t id);
+    /// Destroy every graph (waits for the stream first).
+    virtual void drop_graphs() noexcept {}
+    /// Graphs instantiated so far (a counter: drop_graphs() does not reset it).
+    virtual int64_t graphs_captured() const { return 0; }
 
     // --- forward-pass ops -----------------------------------------------------------------
 

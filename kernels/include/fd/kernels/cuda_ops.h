@@ -85,8 +85,11 @@ struct AttnBatch {
 /// own n_ctx), one 128-thread block per (token, head):
 ///   s[t] = scale * <q[i, h, :], K[t, h / (n_heads / n_kv_heads), :]>   for t < n_ctx(i)
 ///   out[i, h, :] = sum_t exp(s[t] - max s) * V[t, kv(h), :]  /  sum_t exp(s[t] - max s)
-/// Fixed order per (token, head): each score is one warp's lane-strided FMA chains over d and a
-/// fixed xor-butterfly; the exp-sum and the V accumulation run over t ascending (one FMA per t).
+/// Fixed order per (token, head): each score is one thread's FMA chain over d ascending, then
+/// times scale (the CPU's order; consecutive lanes take consecutive keys, so the transposed K is
+/// read coalesced); the exp-sum and the V accumulation run over t ascending (one FMA per t).
+/// n_ctx is read from device memory and the grid is (n_heads, n_tokens) only, so a captured
+/// graph replays correctly for any lengths up to the block tables' max_blocks.
 /// Shapes   out [n_tokens, n_heads, head_dim] written;  q [n_tokens, n_heads, head_dim];
 ///          head_dim <= 512, n_heads a multiple of kv.n_kv_heads.
 void attention_paged(float * out, const float * q, AttnBatch batch, int64_t n_tokens, int64_t n_heads, PagedKv kv,
