@@ -141,6 +141,26 @@ public:
         return step_logits(region_.data());
     }
 
+    /// probe_step_link(): forward()'s encode and round trip, without the model.
+    void probe(const model::StepBatch * batch) {
+        LinkMsg req;
+        req.op = static_cast<uint32_t>(LinkOp::probe);
+        size_t inline_n = 0;
+        if (batch) {
+            const int32_t bs = cfg_.worker.block_size, vocab = model_cfg_.vocab_size;
+            int64_t need = step_encode(region_.data(), region_.bytes(), *batch, bs, vocab);
+            if (need > region_.bytes()) {
+                region_.resize(need + need / 2);
+                need = step_encode(region_.data(), region_.bytes(), *batch, bs, vocab);
+            }
+            const auto * h   = static_cast<const RegionHeader *>(region_.data());
+            req.region_bytes = static_cast<uint64_t>(region_.bytes());
+            inline_n = per_node_ < world_size() ? static_cast<size_t>(step_layout(h->n_tokens, h->n_logits, h->n_tables, vocab).logits) : 0;
+        }
+        call(req, "link probe", false, nullptr, inline_n ? region_.data() : nullptr, inline_n);
+        check_replies("link probe");
+    }
+
     std::vector<RankReport> stage_weights(const weights::FetchRequest & req) override {
         LinkMsg m;
         m.op = static_cast<uint32_t>(LinkOp::stage);
@@ -303,23 +323,25 @@ private:
                  "--master-port {} --dist-token-file FILE --model DIR` on it and check it can reach {}:{}", names, cfg_.timeout_s,
                  cfg_.nnodes, node, cfg_.master_addr, listener_->port(), cfg_.master_addr, listener_->port());
         }
-        // shm: this generation's segment exists while the ranks join, its name until all mapped it.
+        // shm: this generation's segment travels with each local rank's config; the daemon's
+        // descriptor closes once they all answered (their mappings keep it).
         ShmCommSegment segment = comm_segment(generation_);
         std::vector<int32_t> all;
         for (int32_t r = 0; r < world_size(); ++r) {
             all.push_back(r);
             if (ranks_[r].remote) {
-                send_config(r);
+                send_config(r, -1);
             } else {
-                spawn(r);
+                spawn(r, segment.fd());
             }
         }
         wait_ready(all);
     }
 
-    void send_config(int32_t r) {
+    /// `segment_fd` >= 0: the shm group's segment, passed with the config (local ranks only).
+    void send_config(int32_t r, int segment_fd) {
         auto & k = ranks_[r];
-        RankSpawn s{.cfg = cfg_, .rank = r, .generation = generation_, .store_port = store_->port(), .shm_prefix = shm_prefix()};
+        RankSpawn s{.cfg = cfg_, .rank = r, .generation = generation_, .store_port = store_->port()};
         s.cfg.dist_token.clear();  // never leaves node 0
         if (k.remote) {
             // Paths are the node's own; the checkpoint (and the update source) must be reachable there.
@@ -328,10 +350,10 @@ private:
             s.bind_addr     = k.bind_addr;
         }
         const std::string js = rank_spawn_to_json(s).dump();
-        if (!k.link.send_blob(js.data(), js.size())) { mark_failed(r, false); }
+        if (!k.link.send_blob(js.data(), js.size(), segment_fd)) { mark_failed(r, false); }
     }
 
-    void spawn(int32_t r) {
+    void spawn(int32_t r, int segment_fd) {
         auto [mine, theirs] = make_link_pair();
         const pid_t pid = spawn_rank_process(binary_, theirs.fd(), region_.fd());
         auto & k  = ranks_[r];
@@ -340,7 +362,7 @@ private:
         k.link    = std::move(mine);
         k.failed  = false;
         k.why.clear();
-        send_config(r);
+        send_config(r, segment_fd);
     }
 
     /// Wait for `ready` from the freshly spawned ranks in `fresh`.
@@ -415,8 +437,9 @@ private:
     /// Send `req` to every rank (or only the live ones) and gather the replies.
     /// Errors  rank_failed naming every failed rank when one was failed before or failed now.
     /// `payload` (n bytes) follows the request on stream links (remote ranks: the step inline).
+    /// `pass_fd` >= 0 travels with the request to every (local) rank.
     void call(LinkMsg req, const char * what, bool survivors_only = false, const std::atomic<bool> * abandon = nullptr,
-              const void * payload = nullptr, size_t payload_n = 0) {
+              const void * payload = nullptr, size_t payload_n = 0, int pass_fd = -1) {
         std::vector<int32_t> & targets = targets_;
         targets.clear();
         for (int32_t r = 0; r < world_size(); ++r) {
@@ -432,7 +455,7 @@ private:
         for (int32_t r : targets) {
             replies_[r].status = 0;
             auto & link = ranks_[r].link;
-            if (link.send(req) && (!payload || !link.stream() || link.send_bytes(payload, payload_n))) {
+            if (link.send(req, pass_fd) && (!payload || !link.stream() || link.send_bytes(payload, payload_n))) {
                 live_.push_back(r);
             } else {
                 mark_failed(r, false);
@@ -541,19 +564,16 @@ private:
         m.op         = static_cast<uint32_t>(LinkOp::comm_connect);
         m.generation = ++generation_;
         ShmCommSegment segment = comm_segment(generation_);
-        call(m, "wakeup (rebuilding the communication group)");
+        call(m, "wakeup (rebuilding the communication group)", false, nullptr, nullptr, 0, segment.fd());
         check_replies("wakeup (rebuilding the communication group)");
         comm_connected_ = true;
     }
 
-    /// The shm group's segment names: this daemon's pid and store port make them unique on the host.
-    std::string shm_prefix() const {
-        return cfg_.dist_backend == "shm" ? fmt::format("/fdrollout-tp-{}-{}", ::getpid(), store_->port()) : std::string();
-    }
-    /// shm: a fresh segment for `generation` (unlinked when the returned holder goes); gloo: none.
+    /// shm: a fresh memfd segment for `generation` (the daemon's descriptor closes when the
+    /// returned holder goes); gloo: none.
     ShmCommSegment comm_segment(int64_t generation) const {
         if (cfg_.dist_backend != "shm") { return {}; }
-        return ShmCommSegment(shm_comm_name(shm_prefix(), generation), world_size());
+        return ShmCommSegment(world_size(), generation);
     }
 
     /// Wait for rank `r`'s process to end (SIGKILL first when `kill`); bounded.
@@ -617,6 +637,12 @@ private:
 };
 
 }  // namespace
+
+void probe_step_link(Executor & ex, const model::StepBatch * batch) {
+    auto * mp = dynamic_cast<MpExecutor *>(&ex);
+    if (!mp) { fail(Errc::invalid_argument, "probe_step_link: the {} executor has no step link", ex.backend()); }
+    mp->probe(batch);
+}
 
 std::unique_ptr<Executor> make_mp_executor(const MpExecutorConfig & cfg, const model::ModelConfig & model_cfg) {
     return std::make_unique<MpExecutor>(cfg, model_cfg);
