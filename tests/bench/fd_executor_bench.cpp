@@ -9,7 +9,9 @@
 // `link_us`, the same probe carrying the batch (the daemon encodes it into the shared region, the
 // rank decodes it: everything a step adds to the model's work); `encode_us` / `decode_us` alone,
 // in process; `link_over_uni_step` = link_us / the uni step. `memory` lists, for this process (uni)
-// and the rank process (mp), the mappings of 2 MiB or more with their transparent-huge-page state.
+// and the rank process (mp), the mappings of 2 MiB or more with their transparent-huge-page state
+// after the decode rounds; `memory_after_control` the anonymous (arena) share in huge pages after
+// the sleep/wakeup/update cycles.
 //   fd_executor_bench --model DIR --rank-binary build/fdrollout [--threads 1] [--batches 1,64]
 #include "fd/model/model_config.h"
 #include "fd/model/safetensors.h"
@@ -241,6 +243,19 @@ int main(int argc, char ** argv) {
                           {"mp_over_uni", {{"sleep", cm["sleep_s"].get<double>() / cu["sleep_s"].get<double>()},
                                            {"wakeup", cm["wakeup_s"].get<double>() / cu["wakeup_s"].get<double>()},
                                            {"update", cm["update_s"].get<double>() / cu["update_s"].get<double>()}}}};
+        // After sleep/wakeup/update cycles (pages dropped and faulted in again): still huge?
+        auto huge_share = [](const json & maps) {
+            int64_t rss = 0, huge = 0;
+            for (const auto & m : maps) {
+                if (m["what"] != "[anon]") { continue; }
+                rss += m["rss_kb"].get<int64_t>();
+                huge += m["anon_huge_kb"].get<int64_t>();
+            }
+            return json{{"anon_rss_kb", rss}, {"anon_huge_kb", huge}};
+        };
+        json after = {{"uni_process", huge_share(big_mappings(::getpid()))}};
+        for (const pid_t p : child_pids()) { after["rank_process_" + std::to_string(p)] = huge_share(big_mappings(p)); }
+        out["memory_after_control"] = after;
         std::cout << out.dump(2) << std::endl;
         return 0;
     } catch (const std::exception & e) {
