@@ -305,6 +305,12 @@ class MpExecutor(unittest.TestCase):
             self.ok(d, "/v1/wakeup")
             self.assertNotIn(victim, d.rank_pids())
             self.assertEqual(greedy(d)[0], uids)
+            # The respawned ranks (started while the engine thread ran the wakeup) are shut down in
+            # order at SIGTERM, not killed early by a parent-death signal when the engine thread ends.
+            self.assertEqual(d.stop(), 0)
+            tail = d.output().split("draining", 1)[1]
+            for r in (0, 1):
+                self.assertIn(f"rank {r}/2: shm group disconnected", tail)
 
     def test_bad_parallel_flags_stop_start_up(self):
         def start(*args):

@@ -15,12 +15,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <map>
+#include <mutex>
 #include <thread>
 
 namespace fd::runtime {
@@ -49,6 +53,68 @@ std::string process_condition(pid_t pid, bool & reaped) {
     }
     return "did not answer";
 }
+
+/// The one thread local rank processes are started from. A rank's PR_SET_PDEATHSIG fires when
+/// the *thread* that spawned it ends, not the daemon process: a rank respawned by wakeup from the
+/// engine thread was SIGKILLed when that thread stopped (daemon shutdown), before the executor
+/// could shut it down in order. This thread lives as long as the executor (it ends after the
+/// ranks are reaped), so every rank dies exactly with the daemon, or when told.
+class SpawnThread {
+public:
+    SpawnThread() : thread_([this] { run(); }) {}
+    ~SpawnThread() {
+        {
+            std::lock_guard lk(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+    SpawnThread(const SpawnThread &) = delete;
+    SpawnThread & operator=(const SpawnThread &) = delete;
+
+    /// spawn_rank_process(binary, link_fd, region_fd) on this thread; its errors rethrown here.
+    /// Errors  rank_failed when the thread does not get to it within `timeout_s`.
+    pid_t spawn(const std::string & binary, int link_fd, int region_fd, double timeout_s) {
+        std::packaged_task<pid_t()> task([&] { return spawn_rank_process(binary, link_fd, region_fd); });
+        auto result = task.get_future();
+        {
+            std::lock_guard lk(mu_);
+            job_ = &task;
+        }
+        cv_.notify_all();
+        if (result.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) {
+            std::lock_guard lk(mu_);
+            if (job_ == &task) {  // never started: withdraw it (a started spawn finishes in microseconds)
+                job_ = nullptr;
+                fail(Errc::rank_failed, "starting a rank process: the spawn thread did not respond within {:.1f} s", timeout_s);
+            }
+        }
+        return result.get();
+    }
+
+private:
+    void run() {
+        std::unique_lock lk(mu_);
+        for (;;) {
+            cv_.wait(lk, [&] { return stop_ || job_ != nullptr; });
+            if (job_ != nullptr) {
+                auto * job = std::exchange(job_, nullptr);
+                lk.unlock();
+                (*job)();
+                lk.lock();
+                continue;
+            }
+            if (stop_) { return; }
+        }
+    }
+
+    std::mutex                     mu_;
+    std::condition_variable        cv_;
+    std::packaged_task<pid_t()> *  job_ = nullptr;
+    bool                           stop_ = false;
+    std::thread                    thread_;  ///< last: started once the rest is initialised
+};
 
 class MpExecutor final : public Executor {
 public:
@@ -355,7 +421,7 @@ private:
 
     void spawn(int32_t r, int segment_fd) {
         auto [mine, theirs] = make_link_pair();
-        const pid_t pid = spawn_rank_process(binary_, theirs.fd(), region_.fd());
+        const pid_t pid = spawner_.spawn(binary_, theirs.fd(), region_.fd(), cfg_.timeout_s);
         auto & k  = ranks_[r];
         k.pid     = pid;
         pids_[r]  = pid;
@@ -621,6 +687,7 @@ private:
     model::ModelConfig               model_cfg_;
     double                           wait_s_;
     std::string                      binary_;
+    SpawnThread                      spawner_;   ///< every local rank is started (and so parented) there
     std::unique_ptr<JoinListener>    listener_;  ///< nnodes > 1: where other nodes' ranks join
     std::unique_ptr<TcpStoreServer>  store_;
     int32_t                          per_node_ = 1;
