@@ -127,14 +127,14 @@ Result run_tp(const Options & o, int tp, const std::string & comm_kind) {
     *shared = Result{};
     std::unique_ptr<fd::runtime::TcpStoreServer> store;
     if (tp > 1) { store = std::make_unique<fd::runtime::TcpStoreServer>("127.0.0.1", 0); }
-    const std::string prefix = "/fd-tp-bench-" + std::to_string(getpid());
-    fd::runtime::ShmCommSegment segment;
-    if (tp > 1 && comm_kind == "shm") { segment = fd::runtime::ShmCommSegment(fd::runtime::shm_comm_name(prefix, 1), tp); }
+    fd::runtime::ShmCommSegment segment;  // each fork()ed rank inherits its descriptor
+    if (tp > 1 && comm_kind == "shm") { segment = fd::runtime::ShmCommSegment(tp, 1); }
     const bool failed = fd::testing::run_forked_ranks(tp, [&](int r) {
         std::unique_ptr<fd::runtime::Comm> comm;
         if (tp > 1) {
             if (comm_kind == "shm") {
-                comm = fd::runtime::make_shm_comm({.rank = r, .world_size = tp, .name_prefix = prefix, .timeout_s = 300});
+                comm = fd::runtime::make_shm_comm(
+                    {.rank = r, .world_size = tp, .segment_fd = [&](int64_t) { return ::dup(segment.fd()); }, .timeout_s = 300});
             } else {
                 comm = fd::runtime::make_gloo_comm({.rank = r, .world_size = tp, .store_port = store->port(), .timeout_s = 300});
             }

@@ -4,8 +4,8 @@ processes give the same outputs as the in-process rank; a rank killed (SIGKILL) 
 /health says degraded and new requests get 503 until wakeup respawns the rank and reloads the
 serving version (outputs then equal a fresh daemon); sleep closes the rank's communication
 sockets (seen in /proc/<pid>/net/tcp; --dist-backend gloo) or unmaps its shared-memory segment
-(seen in /proc/<pid>/maps; shm, the default on one host, whose segment never stays in /dev/shm)
-and wakeup reopens them; shm and gloo give bitwise the same outputs at tp=2; bad flags stop
+(seen in /proc/<pid>/maps; shm, the default on one host: a memfd handed to each rank, never in
+/dev/shm, not even after the daemon is SIGKILLed, whose ranks die with it) and wakeup reopens them; shm and gloo give bitwise the same outputs at tp=2; bad flags stop
 start-up clearly."""
 import os
 import shutil
@@ -17,10 +17,21 @@ import threading
 import time
 import unittest
 
-from fdtest import BIN, REF, STORIES, Daemon, GREEDY, copy_checkpoint, free_port, greedy, perturbed, rss_bytes
+from fdtest import BIN, REF, STORIES, Daemon, GREEDY, copy_checkpoint, free_port, greedy, perturbed, rss_bytes, wait_until
 
 MP = ("--distributed-executor-backend", "mp", "--dynamic-load-weight")
 PROMPT = "Once upon a time"
+
+
+def fd_targets(pid):
+    """Where process pid's open descriptors point (readlink of /proc/<pid>/fd/*)."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
+    return out
 
 
 def tcp_sockets(pid):
@@ -169,35 +180,61 @@ class MpExecutor(unittest.TestCase):
             self.recover(d, pid)
             self.assertEqual(greedy(d), before)
 
-    def test_shm_group_segment_is_unmapped_on_sleep_and_mapped_again_on_wakeup_tp2(self):
-        def mapped(pid, prefix):
+    def test_shm_group_segment_is_a_memfd_never_in_dev_shm_even_after_sigkill_tp2(self):
+        def mapped(pid):
+            """The rank's mappings of a tensor-parallel segment (a memfd: "/memfd:fdrollout-tp (deleted)")."""
             with open(f"/proc/{pid}/maps") as f:
-                return [line.split()[-1] for line in f if prefix in line]
+                return [" ".join(line.split()[5:]) for line in f if "fdrollout-tp" in line]
 
-        with Daemon(*MP, "--tensor-parallel-size", "2", "--threads", "1", "--dist-backend", "gloo") as g:
+        def held(pid):
+            """Descriptors of pid open on a tensor-parallel segment."""
+            return [t for t in fd_targets(pid) if "fdrollout-tp" in t]
+
+        def in_dev_shm(daemon_pid):
+            # Before this change the segment was /dev/shm/fdrollout-tp-<daemon pid>-<port>-g<N>;
+            # other suites running the old code may hold their own, so only this daemon's count.
+            return [n for n in os.listdir("/dev/shm") if n.startswith("fdrollout-tp") and f"-{daemon_pid}-" in n]
+
+        with Daemon(*MP, "--tensor-parallel-size", "2", "--threads", "1", "--dist-backend", "gloo") as g, Daemon(extra=False) as uni:
             want = greedy(g)
             self.assertEqual(g.get("/health")[1]["comm_group"], {"backend": "gloo", "state": "connected"})
-        with Daemon(*MP, "--tensor-parallel-size", "2", "--threads", "1") as d:
-            prefix = f"fdrollout-tp-{d.proc.pid}-"
+            self.assertEqual(greedy(uni)[0], want[0])  # tp=2 ids equal tp=1
+        d = Daemon(*MP, "--tensor-parallel-size", "2", "--threads", "1", "--dist-backend", "shm")
+        try:
             self.assertEqual(d.get("/health")[1]["comm_group"], {"backend": "shm", "state": "connected"})
-            self.assertEqual(greedy(d), want)  # the same sums in the same order as Gloo: bitwise equal
             pids = d.rank_pids()
             self.assertEqual(len(pids), 2)
             for pid in pids:
-                self.assertEqual(len(mapped(pid, prefix)), 1, mapped(pid, prefix))
+                self.assertEqual(mapped(pid), ["/memfd:fdrollout-tp (deleted)"])  # a memfd: no path anywhere
+                self.assertEqual(held(pid), [])  # mapped, then its descriptor closed
                 self.assertEqual(tcp_sockets(pid), [])  # no Gloo pairs
-            self.assertEqual([n for n in os.listdir("/dev/shm") if n.startswith(prefix)], [])  # unlinked once mapped
+            self.assertEqual(held(d.proc.pid), [])  # the daemon let go once every rank answered
+            self.assertEqual(in_dev_shm(d.proc.pid), [])
+            self.assertEqual(greedy(d), want)  # the same sums in the same order as Gloo: bitwise equal
+            self.assertEqual(in_dev_shm(d.proc.pid), [])  # while serving
             self.ok(d, "/v1/sleep?tags=kv_cache")  # only weight sleep closes the group
-            self.assertTrue(all(mapped(pid, prefix) for pid in pids))
+            self.assertTrue(all(mapped(pid) for pid in pids))
             self.ok(d, "/v1/sleep?tags=weight")
-            self.assertEqual([mapped(pid, prefix) for pid in pids], [[], []])
+            self.assertEqual([mapped(pid) for pid in pids], [[], []])
             self.assertEqual(d.get("/health")[1]["comm_group"]["state"], "disconnected")
-            self.ok(d, "/v1/wakeup")
+            self.ok(d, "/v1/wakeup")  # a new generation: a new memfd, handed over with comm_connect
             for pid in pids:
-                self.assertEqual(len(mapped(pid, prefix)), 1)
-            self.assertEqual([n for n in os.listdir("/dev/shm") if n.startswith(prefix)], [])
+                self.assertEqual(mapped(pid), ["/memfd:fdrollout-tp (deleted)"])
+                self.assertEqual(held(pid), [])
+            self.assertEqual(held(d.proc.pid), [])
+            self.assertEqual(in_dev_shm(d.proc.pid), [])
             self.assertEqual(d.get("/health")[1]["comm_group"]["state"], "connected")
             self.assertEqual(greedy(d), want)
+            # SIGKILL of the daemon: the ranks die with it (parent-death signal), nothing stays.
+            d.proc.kill()
+            d.proc.wait()
+            wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 10, f"rank processes {pids} gone")
+            self.assertEqual(in_dev_shm(d.proc.pid), [])
+        finally:
+            d.stop(signal.SIGKILL)
+            os.unlink(d.log.name)
+            if os.path.exists(f"/dev/shm/fdrollout.{d.port}"):  # the SIGKILLed daemon's control block
+                os.unlink(f"/dev/shm/fdrollout.{d.port}")
 
     def test_sleep_closes_the_comm_sockets_and_wakeup_reopens_them(self):
         with Daemon(*MP, "--dist-backend", "gloo") as d:
@@ -268,6 +305,12 @@ class MpExecutor(unittest.TestCase):
             self.ok(d, "/v1/wakeup")
             self.assertNotIn(victim, d.rank_pids())
             self.assertEqual(greedy(d)[0], uids)
+            # The respawned ranks (started while the engine thread ran the wakeup) are shut down in
+            # order at SIGTERM, not killed early by a parent-death signal when the engine thread ends.
+            self.assertEqual(d.stop(), 0)
+            tail = d.output().split("draining", 1)[1]
+            for r in (0, 1):
+                self.assertIn(f"rank {r}/2: shm group disconnected", tail)
 
     def test_bad_parallel_flags_stop_start_up(self):
         def start(*args):

@@ -15,12 +15,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <map>
+#include <mutex>
 #include <thread>
 
 namespace fd::runtime {
@@ -49,6 +53,68 @@ std::string process_condition(pid_t pid, bool & reaped) {
     }
     return "did not answer";
 }
+
+/// The one thread local rank processes are started from. A rank's PR_SET_PDEATHSIG fires when
+/// the *thread* that spawned it ends, not the daemon process: a rank respawned by wakeup from the
+/// engine thread was SIGKILLed when that thread stopped (daemon shutdown), before the executor
+/// could shut it down in order. This thread lives as long as the executor (it ends after the
+/// ranks are reaped), so every rank dies exactly with the daemon, or when told.
+class SpawnThread {
+public:
+    SpawnThread() : thread_([this] { run(); }) {}
+    ~SpawnThread() {
+        {
+            std::lock_guard lk(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+    SpawnThread(const SpawnThread &) = delete;
+    SpawnThread & operator=(const SpawnThread &) = delete;
+
+    /// spawn_rank_process(binary, link_fd, region_fd) on this thread; its errors rethrown here.
+    /// Errors  rank_failed when the thread does not get to it within `timeout_s`.
+    pid_t spawn(const std::string & binary, int link_fd, int region_fd, double timeout_s) {
+        std::packaged_task<pid_t()> task([&] { return spawn_rank_process(binary, link_fd, region_fd); });
+        auto result = task.get_future();
+        {
+            std::lock_guard lk(mu_);
+            job_ = &task;
+        }
+        cv_.notify_all();
+        if (result.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) {
+            std::lock_guard lk(mu_);
+            if (job_ == &task) {  // never started: withdraw it (a started spawn finishes in microseconds)
+                job_ = nullptr;
+                fail(Errc::rank_failed, "starting a rank process: the spawn thread did not respond within {:.1f} s", timeout_s);
+            }
+        }
+        return result.get();
+    }
+
+private:
+    void run() {
+        std::unique_lock lk(mu_);
+        for (;;) {
+            cv_.wait(lk, [&] { return stop_ || job_ != nullptr; });
+            if (job_ != nullptr) {
+                auto * job = std::exchange(job_, nullptr);
+                lk.unlock();
+                (*job)();
+                lk.lock();
+                continue;
+            }
+            if (stop_) { return; }
+        }
+    }
+
+    std::mutex                     mu_;
+    std::condition_variable        cv_;
+    std::packaged_task<pid_t()> *  job_ = nullptr;
+    bool                           stop_ = false;
+    std::thread                    thread_;  ///< last: started once the rest is initialised
+};
 
 class MpExecutor final : public Executor {
 public:
@@ -139,6 +205,26 @@ public:
         if (replies_[0].status == kLinkAbandoned) { return nullptr; }
         check_replies("forward");
         return step_logits(region_.data());
+    }
+
+    /// probe_step_link(): forward()'s encode and round trip, without the model.
+    void probe(const model::StepBatch * batch) {
+        LinkMsg req;
+        req.op = static_cast<uint32_t>(LinkOp::probe);
+        size_t inline_n = 0;
+        if (batch) {
+            const int32_t bs = cfg_.worker.block_size, vocab = model_cfg_.vocab_size;
+            int64_t need = step_encode(region_.data(), region_.bytes(), *batch, bs, vocab);
+            if (need > region_.bytes()) {
+                region_.resize(need + need / 2);
+                need = step_encode(region_.data(), region_.bytes(), *batch, bs, vocab);
+            }
+            const auto * h   = static_cast<const RegionHeader *>(region_.data());
+            req.region_bytes = static_cast<uint64_t>(region_.bytes());
+            inline_n = per_node_ < world_size() ? static_cast<size_t>(step_layout(h->n_tokens, h->n_logits, h->n_tables, vocab).logits) : 0;
+        }
+        call(req, "link probe", false, nullptr, inline_n ? region_.data() : nullptr, inline_n);
+        check_replies("link probe");
     }
 
     std::vector<RankReport> stage_weights(const weights::FetchRequest & req) override {
@@ -303,23 +389,25 @@ private:
                  "--master-port {} --dist-token-file FILE --model DIR` on it and check it can reach {}:{}", names, cfg_.timeout_s,
                  cfg_.nnodes, node, cfg_.master_addr, listener_->port(), cfg_.master_addr, listener_->port());
         }
-        // shm: this generation's segment exists while the ranks join, its name until all mapped it.
+        // shm: this generation's segment travels with each local rank's config; the daemon's
+        // descriptor closes once they all answered (their mappings keep it).
         ShmCommSegment segment = comm_segment(generation_);
         std::vector<int32_t> all;
         for (int32_t r = 0; r < world_size(); ++r) {
             all.push_back(r);
             if (ranks_[r].remote) {
-                send_config(r);
+                send_config(r, -1);
             } else {
-                spawn(r);
+                spawn(r, segment.fd());
             }
         }
         wait_ready(all);
     }
 
-    void send_config(int32_t r) {
+    /// `segment_fd` >= 0: the shm group's segment, passed with the config (local ranks only).
+    void send_config(int32_t r, int segment_fd) {
         auto & k = ranks_[r];
-        RankSpawn s{.cfg = cfg_, .rank = r, .generation = generation_, .store_port = store_->port(), .shm_prefix = shm_prefix()};
+        RankSpawn s{.cfg = cfg_, .rank = r, .generation = generation_, .store_port = store_->port()};
         s.cfg.dist_token.clear();  // never leaves node 0
         if (k.remote) {
             // Paths are the node's own; the checkpoint (and the update source) must be reachable there.
@@ -328,19 +416,19 @@ private:
             s.bind_addr     = k.bind_addr;
         }
         const std::string js = rank_spawn_to_json(s).dump();
-        if (!k.link.send_blob(js.data(), js.size())) { mark_failed(r, false); }
+        if (!k.link.send_blob(js.data(), js.size(), segment_fd)) { mark_failed(r, false); }
     }
 
-    void spawn(int32_t r) {
+    void spawn(int32_t r, int segment_fd) {
         auto [mine, theirs] = make_link_pair();
-        const pid_t pid = spawn_rank_process(binary_, theirs.fd(), region_.fd());
+        const pid_t pid = spawner_.spawn(binary_, theirs.fd(), region_.fd(), cfg_.timeout_s);
         auto & k  = ranks_[r];
         k.pid     = pid;
         pids_[r]  = pid;
         k.link    = std::move(mine);
         k.failed  = false;
         k.why.clear();
-        send_config(r);
+        send_config(r, segment_fd);
     }
 
     /// Wait for `ready` from the freshly spawned ranks in `fresh`.
@@ -415,8 +503,9 @@ private:
     /// Send `req` to every rank (or only the live ones) and gather the replies.
     /// Errors  rank_failed naming every failed rank when one was failed before or failed now.
     /// `payload` (n bytes) follows the request on stream links (remote ranks: the step inline).
+    /// `pass_fd` >= 0 travels with the request to every (local) rank.
     void call(LinkMsg req, const char * what, bool survivors_only = false, const std::atomic<bool> * abandon = nullptr,
-              const void * payload = nullptr, size_t payload_n = 0) {
+              const void * payload = nullptr, size_t payload_n = 0, int pass_fd = -1) {
         std::vector<int32_t> & targets = targets_;
         targets.clear();
         for (int32_t r = 0; r < world_size(); ++r) {
@@ -432,7 +521,7 @@ private:
         for (int32_t r : targets) {
             replies_[r].status = 0;
             auto & link = ranks_[r].link;
-            if (link.send(req) && (!payload || !link.stream() || link.send_bytes(payload, payload_n))) {
+            if (link.send(req, pass_fd) && (!payload || !link.stream() || link.send_bytes(payload, payload_n))) {
                 live_.push_back(r);
             } else {
                 mark_failed(r, false);
@@ -541,19 +630,16 @@ private:
         m.op         = static_cast<uint32_t>(LinkOp::comm_connect);
         m.generation = ++generation_;
         ShmCommSegment segment = comm_segment(generation_);
-        call(m, "wakeup (rebuilding the communication group)");
+        call(m, "wakeup (rebuilding the communication group)", false, nullptr, nullptr, 0, segment.fd());
         check_replies("wakeup (rebuilding the communication group)");
         comm_connected_ = true;
     }
 
-    /// The shm group's segment names: this daemon's pid and store port make them unique on the host.
-    std::string shm_prefix() const {
-        return cfg_.dist_backend == "shm" ? fmt::format("/fdrollout-tp-{}-{}", ::getpid(), store_->port()) : std::string();
-    }
-    /// shm: a fresh segment for `generation` (unlinked when the returned holder goes); gloo: none.
+    /// shm: a fresh memfd segment for `generation` (the daemon's descriptor closes when the
+    /// returned holder goes); gloo: none.
     ShmCommSegment comm_segment(int64_t generation) const {
         if (cfg_.dist_backend != "shm") { return {}; }
-        return ShmCommSegment(shm_comm_name(shm_prefix(), generation), world_size());
+        return ShmCommSegment(world_size(), generation);
     }
 
     /// Wait for rank `r`'s process to end (SIGKILL first when `kill`); bounded.
@@ -601,6 +687,7 @@ private:
     model::ModelConfig               model_cfg_;
     double                           wait_s_;
     std::string                      binary_;
+    SpawnThread                      spawner_;   ///< every local rank is started (and so parented) there
     std::unique_ptr<JoinListener>    listener_;  ///< nnodes > 1: where other nodes' ranks join
     std::unique_ptr<TcpStoreServer>  store_;
     int32_t                          per_node_ = 1;
@@ -617,6 +704,12 @@ private:
 };
 
 }  // namespace
+
+void probe_step_link(Executor & ex, const model::StepBatch * batch) {
+    auto * mp = dynamic_cast<MpExecutor *>(&ex);
+    if (!mp) { fail(Errc::invalid_argument, "probe_step_link: the {} executor has no step link", ex.backend()); }
+    mp->probe(batch);
+}
 
 std::unique_ptr<Executor> make_mp_executor(const MpExecutorConfig & cfg, const model::ModelConfig & model_cfg) {
     return std::make_unique<MpExecutor>(cfg, model_cfg);

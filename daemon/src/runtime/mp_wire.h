@@ -16,7 +16,6 @@ struct RankSpawn {
     int64_t          generation = 1;  ///< comm group generation to join at start-up
     int32_t          store_port = 0;  ///< the TcpStore's actual port
     std::string      bind_addr;       ///< where this rank's Gloo pairs bind; empty = cfg.master_addr (node 0)
-    std::string      shm_prefix;      ///< cfg.dist_backend "shm": the segments' name prefix (fd/runtime/comm.h)
 };
 
 nlohmann::json rank_spawn_to_json(const RankSpawn & s);

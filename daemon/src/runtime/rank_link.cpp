@@ -158,12 +158,14 @@ LinkSocket::LinkSocket(int fd) : fd_(fd) {
     stream_ = fd >= 0 && ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM;
 }
 LinkSocket::~LinkSocket() { close(); }
-LinkSocket::LinkSocket(LinkSocket && o) noexcept : fd_(std::exchange(o.fd_, -1)), stream_(o.stream_) {}
+LinkSocket::LinkSocket(LinkSocket && o) noexcept
+    : fd_(std::exchange(o.fd_, -1)), stream_(o.stream_), received_fd_(std::exchange(o.received_fd_, -1)) {}
 LinkSocket & LinkSocket::operator=(LinkSocket && o) noexcept {
     if (this != &o) {
         close();
-        fd_     = std::exchange(o.fd_, -1);
-        stream_ = o.stream_;
+        fd_          = std::exchange(o.fd_, -1);
+        stream_      = o.stream_;
+        received_fd_ = std::exchange(o.received_fd_, -1);
     }
     return *this;
 }
@@ -171,12 +173,45 @@ LinkSocket & LinkSocket::operator=(LinkSocket && o) noexcept {
 void LinkSocket::close() {
     if (fd_ >= 0) { ::close(fd_); }
     fd_ = -1;
+    if (received_fd_ >= 0) { ::close(received_fd_); }
+    received_fd_ = -1;
 }
 
-bool LinkSocket::send(const LinkMsg & m) { return send_bytes(&m, sizeof m); }
+int LinkSocket::take_fd() { return std::exchange(received_fd_, -1); }
 
-bool LinkSocket::send_bytes(const void * data, size_t n) {
+bool LinkSocket::send(const LinkMsg & m, int pass_fd) { return send_bytes(&m, sizeof m, pass_fd); }
+
+namespace {
+
+/// One seqpacket record carrying a copy of `pass_fd` (SCM_RIGHTS).
+ssize_t send_with_fd(int sock, const void * data, size_t n, int pass_fd) {
+    iovec iov{const_cast<void *>(data), n};
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
+    msghdr mh{};
+    mh.msg_iov        = &iov;
+    mh.msg_iovlen     = 1;
+    mh.msg_control    = ctl;
+    mh.msg_controllen = sizeof ctl;
+    cmsghdr * c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type  = SCM_RIGHTS;
+    c->cmsg_len   = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+    return ::sendmsg(sock, &mh, MSG_NOSIGNAL);
+}
+
+}  // namespace
+
+bool LinkSocket::send_bytes(const void * data, size_t n, int pass_fd) {
     if (fd_ < 0) { return false; }
+    if (pass_fd >= 0) {
+        if (stream_) { return false; }  // descriptors only cross a local (seqpacket) link
+        for (;;) {
+            const ssize_t w = send_with_fd(fd_, data, n, pass_fd);
+            if (w < 0 && errno == EINTR) { continue; }
+            return w == static_cast<ssize_t>(n);
+        }
+    }
     const char * p = static_cast<const char *>(data);
     for (;;) {
         const ssize_t w = ::send(fd_, p, n, MSG_NOSIGNAL);
@@ -191,12 +226,34 @@ bool LinkSocket::send_bytes(const void * data, size_t n) {
     }
 }
 
-bool LinkSocket::send_blob(const void * data, size_t n) {
+bool LinkSocket::send_blob(const void * data, size_t n, int pass_fd) {
     if (stream_) {
+        if (pass_fd >= 0) { return false; }
         const uint32_t len = static_cast<uint32_t>(n);
         if (!send_bytes(&len, sizeof len)) { return false; }
     }
-    return send_bytes(data, n);
+    return send_bytes(data, n, pass_fd);
+}
+
+ssize_t LinkSocket::recv_record(void * data, size_t cap, int flags) {
+    iovec iov{data, cap};
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
+    msghdr mh{};
+    mh.msg_iov        = &iov;
+    mh.msg_iovlen     = 1;
+    mh.msg_control    = ctl;
+    mh.msg_controllen = sizeof ctl;
+    const ssize_t r = ::recvmsg(fd_, &mh, flags | MSG_CMSG_CLOEXEC);
+    if (r < 0) { return r; }
+    for (cmsghdr * c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len < CMSG_LEN(sizeof(int))) { continue; }
+        // One descriptor per record is all a sender passes (more would not fit: the kernel closes those).
+        int got = -1;
+        std::memcpy(&got, CMSG_DATA(c), sizeof(int));
+        if (received_fd_ >= 0) { ::close(received_fd_); }
+        received_fd_ = got;
+    }
+    return r;
 }
 
 LinkSocket::Recv LinkSocket::recv_exact(void * data, size_t n, std::chrono::steady_clock::time_point deadline) {
@@ -237,7 +294,7 @@ LinkSocket::Recv LinkSocket::recv(LinkMsg & m, std::chrono::steady_clock::time_p
         }
         // A stream delivers the record in pieces: once it starts, read the rest (bounded).
         if (stream_) { return recv_exact(&m, sizeof m, std::max(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(5))); }
-        const ssize_t r = ::recv(fd_, &m, sizeof m, 0);
+        const ssize_t r = recv_record(&m, sizeof m, 0);
         if (r == static_cast<ssize_t>(sizeof m)) { return Recv::ok; }
         if (r < 0 && (errno == EINTR || errno == EAGAIN)) { continue; }
         return Recv::closed;  // EOF, reset, or a malformed record: the link is unusable
@@ -247,7 +304,7 @@ LinkSocket::Recv LinkSocket::recv(LinkMsg & m, std::chrono::steady_clock::time_p
 LinkSocket::Recv LinkSocket::try_recv(LinkMsg & m) {
     if (fd_ < 0) { return Recv::closed; }
     for (;;) {
-        const ssize_t r = ::recv(fd_, &m, sizeof m, MSG_DONTWAIT);
+        const ssize_t r = recv_record(&m, sizeof m, MSG_DONTWAIT);
         if (r == static_cast<ssize_t>(sizeof m)) { return Recv::ok; }
         if (r < 0 && errno == EINTR) { continue; }
         if (r < 0 && errno == EAGAIN) { return Recv::timeout; }
@@ -263,7 +320,7 @@ int64_t LinkSocket::recv_bytes(void * data, size_t cap) {
         return recv_exact(data, len, forever) == Recv::ok ? static_cast<int64_t>(len) : 0;
     }
     for (;;) {
-        const ssize_t r = ::recv(fd_, data, cap, 0);
+        const ssize_t r = recv_record(data, cap, 0);
         if (r < 0 && errno == EINTR) { continue; }
         return r < 0 ? 0 : r;
     }

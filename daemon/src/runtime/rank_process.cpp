@@ -44,7 +44,6 @@ json rank_spawn_to_json(const RankSpawn & s) {
             {"master_addr", c.master_addr},
             {"bind_addr", s.bind_addr},
             {"dist_backend", c.dist_backend},
-            {"shm_prefix", s.shm_prefix},
             {"timeout_s", c.timeout_s},
             {"log_level", c.log_level},
             {"log_format", c.log_format}};
@@ -83,7 +82,6 @@ RankSpawn rank_spawn_from_json(const json & j) {
         c.master_addr = j.at("master_addr");
         s.bind_addr   = j.value("bind_addr", std::string());
         c.dist_backend = j.value("dist_backend", std::string("gloo"));
-        s.shm_prefix  = j.value("shm_prefix", std::string());
         c.timeout_s   = j.at("timeout_s");
         c.log_level   = j.at("log_level");
         c.log_format  = j.at("log_format");
@@ -185,8 +183,9 @@ public:
             // the daemon's: a rank whose peer died answers with that error before the daemon gives
             // up on it, so the daemon names the dead rank, not the waiting one.
             if (c.dist_backend == "shm") {
-                comm_ = make_shm_comm({.rank = s.rank, .world_size = c.tensor_parallel_size, .name_prefix = s.shm_prefix,
-                                       .timeout_s = 0.5 * c.timeout_s});
+                // The segment came with the config (start-up) or comes with comm_connect (a rebuild).
+                comm_ = make_shm_comm({.rank = s.rank, .world_size = c.tensor_parallel_size,
+                                       .segment_fd = [this](int64_t) { return link_.take_fd(); }, .timeout_s = 0.5 * c.timeout_s});
             } else {
                 comm_ = make_gloo_comm({.rank = s.rank, .world_size = c.tensor_parallel_size,
                                         .bind_host = s.bind_addr.empty() ? c.master_addr : s.bind_addr,
@@ -228,7 +227,8 @@ public:
                 link_.send(m);
                 return true;
             }
-            if ((op == LinkOp::forward || op == LinkOp::swap_kv) && link_.stream()) {
+            const bool inline_step = op == LinkOp::forward || op == LinkOp::swap_kv || (op == LinkOp::probe && m.bytes > 0);
+            if (inline_step && link_.stream()) {
                 // The step's arrays (or the swap's block lists) follow the request inline; the buffer only grows.
                 const size_t n = static_cast<size_t>(m.bytes);
                 if (inline_.size() * sizeof(int64_t) < n) { inline_.resize((n + 7) / 8); }
@@ -251,6 +251,7 @@ private:
         try {
             switch (op) {
                 case LinkOp::forward: return forward(m);
+                case LinkOp::probe: return probe(m);
                 case LinkOp::stage:
                     test_pause_at("stage", spawn_.rank);
                     rank_report_to_msg(ex_->stage_weights(fetch_request_from_msg(m))[0], reply);
@@ -286,6 +287,17 @@ private:
         }
         fill_state(reply);
         return reply;
+    }
+
+    /// The link's cost alone: decode the step like forward() (region_bytes 0: none), no model.
+    LinkMsg probe(const LinkMsg & m) {
+        if (link_.stream()) {
+            if (m.bytes > 0) { step_decode(inline_.data(), batch_); }
+        } else if (m.region_bytes > 0) {
+            if (static_cast<int64_t>(m.region_bytes) != region_.bytes()) { region_.remap(); }
+            step_decode(region_.data(), batch_);
+        }
+        return LinkMsg{};
     }
 
     LinkMsg forward(const LinkMsg & m) {

@@ -1,4 +1,4 @@
-// ShmComm: collectives between ranks on one host through a shared-memory segment (fd/runtime/comm.h).
+// ShmComm: collectives between ranks on one host through a memfd segment the daemon hands over (fd/runtime/comm.h).
 #include "fd/runtime/comm.h"
 
 #include "fd/log.h"
@@ -37,7 +37,12 @@ struct alignas(64) Header {
     int32_t  world_size;
     int32_t  pad_;
     int64_t  slot_floats;
+    int64_t  generation;
 };
+
+/// The seals a segment carries: its size is fixed for good (no peer can shrink it under a
+/// mapping, which would fault every rank) and no further seal can be added or removed.
+constexpr int kSegmentSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
 /// One rank's arrival line: `arrived` is the number of the last call this rank reached (futex word),
 /// `sleepers` counts peers in a futex wait on it.
@@ -79,33 +84,36 @@ public:
 
     void connect(int64_t generation) override {
         disconnect();
-        const std::string name = shm_comm_name(cfg_.name_prefix, generation);
         const int64_t bytes = shm_comm_segment_bytes(cfg_.world_size);
-        const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
+        const int fd = cfg_.segment_fd ? cfg_.segment_fd(generation) : -1;
         if (fd < 0) {
-            fail(Errc::rank_failed, "rank {} could not open the tensor-parallel segment {} (generation {}): {}", cfg_.rank, name, generation,
-                 std::strerror(errno));
+            fail(Errc::rank_failed, "rank {}: no tensor-parallel segment was handed over for generation {}", cfg_.rank, generation);
         }
         struct stat st{};
         const bool stat_ok = ::fstat(fd, &st) == 0;
-        if (!stat_ok || !is_trusted(st, Trust::secret) || st.st_size != bytes) {
+        const int  seals   = ::fcntl(fd, F_GET_SEALS);  // EINVAL unless a memfd (or another sealable shmem file)
+        if (!stat_ok || !is_trusted(st, Trust::secret) || st.st_size != bytes || seals < 0 || (seals & kSegmentSeals) != kSegmentSeals) {
             ::close(fd);
-            fail(Errc::rank_failed, "rank {}: the tensor-parallel segment {} is not this user's 0600 segment of {} bytes (owner {}, mode {:o}, "
-                 "{} bytes); refusing it", cfg_.rank, name, bytes, st.st_uid, st.st_mode & 0777, st.st_size);
+            fail(Errc::rank_failed, "rank {}: the tensor-parallel segment handed over for generation {} is not this user's sealed 0600 "
+                 "memfd of {} bytes (owner {}, mode {:o}, {} bytes, seals {:#x}); refusing it", cfg_.rank, generation, bytes, st.st_uid,
+                 st.st_mode & 0777, st.st_size, seals);
         }
         void * p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        const int err = errno;
         ::close(fd);
-        if (p == MAP_FAILED) { fail(Errc::rank_failed, "rank {}: mapping {}: {}", cfg_.rank, name, std::strerror(errno)); }
+        if (p == MAP_FAILED) { fail(Errc::rank_failed, "rank {}: mapping the tensor-parallel segment: {}", cfg_.rank, std::strerror(err)); }
         const auto * h = static_cast<const Header *>(p);
-        if (h->magic != kMagic || h->world_size != cfg_.world_size || h->slot_floats != kShmCommSlotFloats) {
+        if (h->magic != kMagic || h->world_size != cfg_.world_size || h->slot_floats != kShmCommSlotFloats || h->generation != generation) {
+            const int64_t got_gen = h->generation;
             ::munmap(p, static_cast<size_t>(bytes));
-            fail(Errc::rank_failed, "rank {}: {} is not a {}-rank tensor-parallel segment", cfg_.rank, name, cfg_.world_size);
+            fail(Errc::rank_failed, "rank {}: the segment handed over is not a {}-rank tensor-parallel segment of generation {} (its "
+                 "generation: {})", cfg_.rank, cfg_.world_size, generation, got_gen);
         }
         base_  = static_cast<char *>(p);
         bytes_ = bytes;
         // Counters start at 0 in a fresh segment: every rank's first call is 1.
         call_ = lines()[cfg_.rank].arrived.load(std::memory_order_acquire);
-        log::get("comm")->info("rank {}/{}: shm group connected (generation {}, {})", cfg_.rank, cfg_.world_size, generation, name);
+        log::get("comm")->info("rank {}/{}: shm group connected (generation {})", cfg_.rank, cfg_.world_size, generation);
     }
 
     void disconnect() override {
@@ -207,51 +215,49 @@ private:
 
 }  // namespace
 
-std::string shm_comm_name(const std::string & name_prefix, int64_t generation) { return name_prefix + "-g" + std::to_string(generation); }
-
 int64_t shm_comm_segment_bytes(int32_t world_size) {
     return slots_offset(world_size) + int64_t{2} * world_size * kShmCommSlotFloats * static_cast<int64_t>(sizeof(float));
 }
 
 std::unique_ptr<Comm> make_shm_comm(const ShmCommConfig & cfg) { return std::make_unique<ShmComm>(cfg); }
 
-ShmCommSegment::ShmCommSegment(const std::string & name, int32_t world_size) {
+ShmCommSegment::ShmCommSegment(int32_t world_size, int64_t generation) {
     FD_CHECK(world_size >= 1, "world size {}", world_size);
-    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0) { fail(Errc::internal, "creating the tensor-parallel segment {}: {}", name, std::strerror(errno)); }
-    name_ = name;
+    fd_ = ::memfd_create("fdrollout-tp", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd_ < 0) { fail(Errc::internal, "creating the tensor-parallel segment (memfd_create): {}", std::strerror(errno)); }
     const int64_t bytes = shm_comm_segment_bytes(world_size);
     void * p = MAP_FAILED;
-    if (::fchmod(fd, 0600) == 0 && ::ftruncate(fd, bytes) == 0) {
-        p = ::mmap(nullptr, sizeof(Header), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (::fchmod(fd_, 0600) == 0 && ::ftruncate(fd_, bytes) == 0) {
+        p = ::mmap(nullptr, sizeof(Header), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
     }
-    const int err = errno;
-    ::close(fd);
-    if (p == MAP_FAILED) {
-        unlink();
-        fail(Errc::internal, "sizing the tensor-parallel segment {} ({} bytes): {}", name, bytes, std::strerror(err));
+    int err = errno;
+    if (p != MAP_FAILED) {
+        auto * h = static_cast<Header *>(p);
+        h->world_size  = world_size;
+        h->slot_floats = kShmCommSlotFloats;
+        h->generation  = generation;
+        h->magic       = kMagic;
+        ::munmap(p, sizeof(Header));
+        if (::fcntl(fd_, F_ADD_SEALS, kSegmentSeals) == 0) { return; }
+        err = errno;
     }
-    auto * h = static_cast<Header *>(p);
-    h->world_size  = world_size;
-    h->slot_floats = kShmCommSlotFloats;
-    h->magic       = kMagic;
-    ::munmap(p, sizeof(Header));
+    close();
+    fail(Errc::internal, "preparing the tensor-parallel segment ({} bytes): {}", bytes, std::strerror(err));
 }
 
-ShmCommSegment::~ShmCommSegment() { unlink(); }
-ShmCommSegment::ShmCommSegment(ShmCommSegment && o) noexcept : name_(std::exchange(o.name_, {})) {}
+ShmCommSegment::~ShmCommSegment() { close(); }
+ShmCommSegment::ShmCommSegment(ShmCommSegment && o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
 ShmCommSegment & ShmCommSegment::operator=(ShmCommSegment && o) noexcept {
     if (this != &o) {
-        unlink();
-        name_ = std::exchange(o.name_, {});
+        close();
+        fd_ = std::exchange(o.fd_, -1);
     }
     return *this;
 }
 
-void ShmCommSegment::unlink() {
-    if (name_.empty()) { return; }
-    ::shm_unlink(name_.c_str());
-    name_.clear();
+void ShmCommSegment::close() {
+    if (fd_ >= 0) { ::close(fd_); }
+    fd_ = -1;
 }
 
 }  // namespace fd::runtime

@@ -1,10 +1,16 @@
 // The rank link (fd/runtime/rank_link.h): a step batch survives the shared region unchanged
 // (block tables included) and the region grows only when a step needs it; over a real
 // socketpair to a forked peer, replies arrive in order, a peer that dies is seen at once and a
-// peer that is stopped runs into the deadline instead of hanging the caller.
+// peer that is stopped runs into the deadline instead of hanging the caller; a descriptor passed
+// with a record (the shm group's segment) arrives as a working copy of the same file, only once,
+// and a stream (TCP) link refuses to carry one.
 #include "fd/runtime/rank_link.h"
 
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -133,5 +139,48 @@ TEST_SUITE("runtime::rank_link") {
         CHECK(mine.recv(r, t1 + std::chrono::seconds(10)) == LinkSocket::Recv::closed);
         CHECK(Clock::now() - t1 < std::chrono::seconds(5));
         CHECK(!mine.send(m));
+    }
+
+    TEST_CASE("a descriptor passed with a record arrives as a copy of the same file, once; a stream link refuses one") {
+        auto [a, b] = make_link_pair();
+        const int mem = ::memfd_create("fdrollout-tp-test", MFD_CLOEXEC);
+        REQUIRE(mem >= 0);
+        REQUIRE(::ftruncate(mem, 4096) == 0);
+        LinkMsg m;
+        m.op = static_cast<uint32_t>(LinkOp::comm_connect);
+        m.generation = 3;
+        REQUIRE(a.send(m, mem));
+        LinkMsg r;
+        REQUIRE(b.recv(r, Clock::now() + std::chrono::seconds(10)) == LinkSocket::Recv::ok);
+        CHECK(r.generation == 3);
+        const int got = b.take_fd();
+        REQUIRE(got >= 0);
+        CHECK(got != mem);
+        CHECK(b.take_fd() == -1);  // taken once
+        struct stat s1{}, s2{};
+        REQUIRE(::fstat(mem, &s1) == 0);
+        REQUIRE(::fstat(got, &s2) == 0);
+        CHECK((s1.st_dev == s2.st_dev && s1.st_ino == s2.st_ino));
+        CHECK((::fcntl(got, F_GETFD) & FD_CLOEXEC) != 0);  // never leaks into an exec'd child
+        ::close(got);
+        // A record without one brings none; a blob can carry one too (the config at start-up).
+        REQUIRE(a.send(m));
+        REQUIRE(b.recv(r, Clock::now() + std::chrono::seconds(10)) == LinkSocket::Recv::ok);
+        CHECK(b.take_fd() == -1);
+        const char blob[] = "{\"rank\": 0}";
+        REQUIRE(a.send_blob(blob, sizeof blob, mem));
+        char buf[64] = {};
+        CHECK(b.recv_bytes(buf, sizeof buf) == static_cast<int64_t>(sizeof blob));
+        const int got2 = b.take_fd();
+        CHECK(got2 >= 0);
+        if (got2 >= 0) { ::close(got2); }
+        // A TCP-like stream link never carries descriptors (a rank on another host cannot map them).
+        int sv[2];
+        REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+        LinkSocket s(sv[0]), t(sv[1]);
+        REQUIRE(s.stream());
+        CHECK(!s.send(m, mem));
+        CHECK(!s.send_blob(blob, sizeof blob, mem));
+        ::close(mem);
     }
 }

@@ -1,8 +1,9 @@
-// ShmComm: the same-host all-reduce over a shared-memory segment, between fork()ed rank
-// processes. Sums bitwise equal to GlooComm's on the same inputs (and to rank order 0..T-1),
-// over more than one slot; gather; a rank that never arrives is rank_failed within the timeout;
-// disconnect unmaps the segment and the daemon's holder unlinks it; a segment that is not the
-// user's 0600 one, or missing, is refused.
+// ShmComm: the same-host all-reduce over a memfd segment, between fork()ed rank processes (each
+// gets its own copy of the segment's descriptor, as a rank process does over its link). Sums
+// bitwise equal to GlooComm's on the same inputs (and to rank order 0..T-1), over more than one
+// slot; gather; a rank that never arrives is rank_failed within the timeout; the segment has no
+// name anywhere and disconnect unmaps it; a descriptor that is not this user's sealed 0600 memfd
+// of the right size and generation, or none, is refused.
 #include "fd/runtime/comm.h"
 #include "fd/runtime/tcp_store.h"
 #include "fd/status.h"
@@ -19,6 +20,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <random>
 #include <string>
@@ -28,7 +30,10 @@ using namespace fd;
 
 namespace {
 
-std::string prefix(const char * what) { return "/fdrollout-test-" + std::to_string(::getpid()) + "-" + what; }
+/// ShmCommConfig::segment_fd handing over a copy of `seg`'s descriptor (ShmComm closes it).
+std::function<int(int64_t)> hand(const runtime::ShmCommSegment & seg) {
+    return [&seg](int64_t) { return ::dup(seg.fd()); };
+}
 
 /// Rank r's input: magnitudes spread over 2^-8..2^8, so the summation order shows in the bits.
 std::vector<float> input(int r, int64_t n) {
@@ -40,14 +45,27 @@ std::vector<float> input(int r, int64_t n) {
     return x;
 }
 
-/// True while this process maps a file whose path contains `name`.
-bool mapped(const std::string & name) {
+/// True while this process maps a tensor-parallel segment (a memfd's maps entry: "/memfd:fdrollout-tp (deleted)").
+bool mapped() {
     std::ifstream f("/proc/self/maps");
     std::string line;
     while (std::getline(f, line)) {
-        if (line.find(name.substr(1)) != std::string::npos) { return true; }
+        if (line.find("memfd:fdrollout-tp") != std::string::npos) { return true; }
     }
     return false;
+}
+
+/// connect(gen) must refuse; returns its message.
+std::string refused(runtime::Comm & c, int64_t gen) {
+    try {
+        c.connect(gen);
+    } catch (const Error & e) {
+        CHECK(e.code() == Errc::rank_failed);
+        CHECK(!c.connected());
+        return e.what();
+    }
+    FAIL("connect accepted the segment");
+    return {};
 }
 
 bool bits_equal(const std::vector<float> & a, const std::vector<float> & b) {
@@ -60,13 +78,12 @@ TEST_CASE("shm comm: all-reduce is bitwise Gloo's (rank order 0..T-1) at 2, 3 an
     for (const int world : {2, 3, 4}) {
         CAPTURE(world);
         const int64_t n = runtime::kShmCommSlotFloats + 1237;  // two chunks
-        const std::string pre = prefix("sum");
         runtime::TcpStoreServer store("127.0.0.1", 0);
         int failed = 0;
         for (int64_t gen = 1; gen <= 2; ++gen) {
-            runtime::ShmCommSegment seg(runtime::shm_comm_name(pre, gen), world);
+            runtime::ShmCommSegment seg(world, gen);
             failed += fd::testing::run_forked_ranks(world, [&](int r) {
-                auto shm = runtime::make_shm_comm({.rank = r, .world_size = world, .name_prefix = pre, .timeout_s = 20});
+                auto shm = runtime::make_shm_comm({.rank = r, .world_size = world, .segment_fd = hand(seg), .timeout_s = 20});
                 auto gloo = runtime::make_gloo_comm({.rank = r, .world_size = world, .store_port = store.port(), .timeout_s = 20});
                 shm->connect(gen);
                 gloo->connect(gen);
@@ -89,8 +106,9 @@ TEST_CASE("shm comm: all-reduce is bitwise Gloo's (rank order 0..T-1) at 2, 3 an
                     bad += world > 2 && bits_equal(a, rev);  // (two ranks: a + b == b + a)
                 }
                 shm->barrier();
+                bad += !mapped();
                 shm->disconnect();
-                bad += shm->connected() || mapped(runtime::shm_comm_name(pre, gen));
+                bad += shm->connected() || mapped();
                 gloo->disconnect();
                 return bad ? 1 : 0;
             });
@@ -102,10 +120,9 @@ TEST_CASE("shm comm: all-reduce is bitwise Gloo's (rank order 0..T-1) at 2, 3 an
 TEST_CASE("shm comm: gather stacks every rank's buffer on rank 0") {
     const int world = 3;
     const int64_t n = 1000;
-    const std::string pre = prefix("gather");
-    runtime::ShmCommSegment seg(runtime::shm_comm_name(pre, 1), world);
+    runtime::ShmCommSegment seg(world, 1);
     CHECK(fd::testing::run_forked_ranks(world, [&](int r) {
-              auto c = runtime::make_shm_comm({.rank = r, .world_size = world, .name_prefix = pre, .timeout_s = 20});
+              auto c = runtime::make_shm_comm({.rank = r, .world_size = world, .segment_fd = hand(seg), .timeout_s = 20});
               c->connect(1);
               const auto x = input(r, n);
               std::vector<float> all(static_cast<size_t>(world * n), -1.0f);
@@ -120,9 +137,8 @@ TEST_CASE("shm comm: gather stacks every rank's buffer on rank 0") {
 }
 
 TEST_CASE("shm comm: a rank that never arrives is rank_failed naming it within the timeout") {
-    const std::string pre = prefix("timeout");
-    runtime::ShmCommSegment seg(runtime::shm_comm_name(pre, 1), 3);
-    auto c = runtime::make_shm_comm({.rank = 0, .world_size = 3, .name_prefix = pre, .timeout_s = 0.3});
+    runtime::ShmCommSegment seg(3, 1);
+    auto c = runtime::make_shm_comm({.rank = 0, .world_size = 3, .segment_fd = hand(seg), .timeout_s = 0.3});
     c->connect(1);
     std::vector<float> x(16, 1.0f);
     const auto t0 = std::chrono::steady_clock::now();
@@ -138,55 +154,68 @@ TEST_CASE("shm comm: a rank that never arrives is rank_failed naming it within t
     CHECK(took < 10.0);  // bounded (generous: the machine may be loaded)
 }
 
-TEST_CASE("shm comm: disconnect unmaps the segment; the daemon's holder unlinks it") {
-    const std::string pre = prefix("teardown");
-    const std::string name = runtime::shm_comm_name(pre, 7);
-    const std::filesystem::path dev = "/dev/shm" + name;
-    auto c = runtime::make_shm_comm({.rank = 0, .world_size = 1, .name_prefix = pre, .timeout_s = 1});
+TEST_CASE("shm comm: the segment is a nameless memfd; the daemon's descriptor can close; disconnect unmaps it") {
+    auto c = runtime::make_shm_comm({.rank = 0, .world_size = 1, .segment_fd = [](int64_t) { return -1; }, .timeout_s = 1});
+    CHECK(refused(*c, 1).find("no tensor-parallel segment was handed over for generation 1") != std::string::npos);
+    int handed = -1;
+    auto d = runtime::make_shm_comm({.rank = 0, .world_size = 1, .segment_fd = [&](int64_t) { return handed; }, .timeout_s = 1});
     {
-        runtime::ShmCommSegment seg(name, 1);
-        CHECK(std::filesystem::exists(dev));
-        CHECK((std::filesystem::status(dev).permissions() & std::filesystem::perms::all) ==
-              (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
-        c->connect(7);
-        CHECK(c->connected());
-        CHECK(mapped(name));
-    }
-    CHECK(!std::filesystem::exists(dev));  // unlinked; the mapping stays usable
+        runtime::ShmCommSegment seg(1, 7);
+        // No path: the kernel names it "/memfd:fdrollout-tp (deleted)", outside any directory.
+        const auto target = std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(seg.fd())).string();
+        CHECK(target.rfind("/memfd:fdrollout-tp", 0) == 0);
+        struct stat st{};
+        REQUIRE(::fstat(seg.fd(), &st) == 0);
+        CHECK((st.st_mode & 0777) == 0600);
+        CHECK(st.st_size == runtime::shm_comm_segment_bytes(1));
+        // Sealed: nobody holding it can shrink or grow it under a peer's mapping.
+        CHECK(::ftruncate(seg.fd(), 4096) != 0);
+        CHECK(::ftruncate(seg.fd(), st.st_size * 2) != 0);
+        handed = ::dup(seg.fd());
+        CHECK(refused(*d, 8).find("generation 8 (its generation: 7)") != std::string::npos);  // the descriptor was closed
+        handed = ::dup(seg.fd());
+        d->connect(7);
+        CHECK(d->connected());
+        CHECK(mapped());
+    }  // the daemon's descriptor closes; the mapping stays usable
     float x[2] = {1.5f, 2.5f};
-    c->all_reduce_sum(x, 2);
+    d->all_reduce_sum(x, 2);
     CHECK(x[1] == 2.5f);
-    c->disconnect();
-    CHECK(!c->connected());
-    CHECK(!mapped(name));
-    // A generation whose segment is gone cannot be joined.
-    try {
-        c->connect(7);
-        FAIL("connected to an unlinked segment");
-    } catch (const Error & e) {
-        CHECK(e.code() == Errc::rank_failed);
-    }
+    d->disconnect();
+    CHECK(!d->connected());
+    CHECK(!mapped());
 }
 
-TEST_CASE("shm comm: a segment that is not this user's 0600 one of the right size is refused") {
-    const std::string pre = prefix("mode");
-    const std::string name = runtime::shm_comm_name(pre, 1);
-    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644);
-    REQUIRE(fd >= 0);
-    REQUIRE(::fchmod(fd, 0644) == 0);
-    REQUIRE(::ftruncate(fd, runtime::shm_comm_segment_bytes(2)) == 0);
-    ::close(fd);
-    auto c = runtime::make_shm_comm({.rank = 0, .world_size = 2, .name_prefix = pre, .timeout_s = 1});
-    try {
-        c->connect(1);
-        FAIL("accepted a 0644 segment");
-    } catch (const Error & e) {
-        CHECK(e.code() == Errc::rank_failed);
-        CHECK(std::string(e.what()).find("0600") != std::string::npos);
+TEST_CASE("shm comm: a descriptor that is not this user's sealed 0600 memfd of the right size is refused") {
+    const int64_t bytes = runtime::shm_comm_segment_bytes(2);
+    int handed = -1;
+    auto c = runtime::make_shm_comm({.rank = 0, .world_size = 2, .segment_fd = [&](int64_t) { return handed; }, .timeout_s = 1});
+    // A memfd of the right size, but 0644 and unsealed.
+    handed = ::memfd_create("fdrollout-tp", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    REQUIRE(handed >= 0);
+    REQUIRE(::fchmod(handed, 0644) == 0);
+    REQUIRE(::ftruncate(handed, bytes) == 0);
+    CHECK(refused(*c, 1).find("sealed 0600") != std::string::npos);
+    // 0600 and the right size, but unsealed (a peer could truncate it under the others).
+    handed = ::memfd_create("fdrollout-tp", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    REQUIRE(::fchmod(handed, 0600) == 0);
+    REQUIRE(::ftruncate(handed, bytes) == 0);
+    CHECK(refused(*c, 1).find("seals 0x0") != std::string::npos);
+    // A regular (unnamed) file: not sealable at all.
+    handed = ::open("/tmp", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    REQUIRE(handed >= 0);
+    REQUIRE(::ftruncate(handed, bytes) == 0);
+    CHECK(refused(*c, 1).find("refusing it") != std::string::npos);
+    // A real segment, for three ranks: the wrong size for two.
+    {
+        runtime::ShmCommSegment three(3, 1);
+        handed = ::dup(three.fd());
+        CHECK(refused(*c, 1).find(std::to_string(bytes) + " bytes") != std::string::npos);
     }
-    CHECK(!c->connected());
-    ::shm_unlink(name.c_str());
-    // Two holders cannot create one name (O_EXCL): a stale or foreign segment is never reused.
-    runtime::ShmCommSegment a(name, 2);
-    CHECK_THROWS_AS(runtime::ShmCommSegment(name, 2), Error);
+    // The right one is accepted.
+    runtime::ShmCommSegment two(2, 1);
+    handed = ::dup(two.fd());
+    c->connect(1);
+    CHECK(c->connected());
+    c->disconnect();
 }

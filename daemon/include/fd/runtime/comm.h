@@ -6,7 +6,7 @@
 // builds; device pointers). A Comm can be torn down and rebuilt (`--shutdown-comm-group-if-
 // worker-idle`: sleep closes its sockets / unmaps its segment, wakeup reconnects), each build a
 // new "generation" of the group, rendezvousing through a TcpStore the master hosts (Gloo, NCCL)
-// or a segment the daemon creates per generation (shm).
+// or a memfd segment the daemon creates per generation and hands to its ranks (shm).
 //
 // Determinism (Gloo): all_reduce_sum gathers every rank's buffer and each rank sums element i
 // in rank order 0, 1, ..., T-1, so the result is bitwise the same on every rank and does not
@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -68,11 +69,14 @@ struct GlooCommConfig {
 std::unique_ptr<Comm> make_gloo_comm(const GlooCommConfig & cfg);
 
 /// Ranks on one host: an all-reduce through a shared-memory segment (ShmComm).
-/// Segment of generation g: POSIX shm `<name_prefix>-g<g>`, created by the daemon (ShmCommSegment,
-/// O_EXCL, 0600) before it asks the ranks to connect, and unlinked once every rank mapped it (so
-/// nothing stays in /dev/shm); a rank opens it only when it is this user's, 0600, and of the
-/// expected size. Layout: a header, one 64-byte line per rank with its arrival counter, then two
-/// sets (alternating by call) of `world_size` slots of kShmCommSlotFloats f32 each.
+/// Segment of generation g: an anonymous memfd (no name: nothing in /dev/shm, nothing another
+/// process can open, nothing a killed daemon can leave behind) that the daemon creates per
+/// generation (ShmCommSegment: 0600, sized, header written, then sealed against resizing) and
+/// hands to each local rank process over its link (SCM_RIGHTS, fd/runtime/rank_link.h). A rank
+/// maps it only when it is this user's 0600 memfd, sealed, of the expected size, with the magic,
+/// world size, slot size and generation it expects. Layout: a header, one 64-byte line per rank
+/// with its arrival counter, then two sets (alternating by call) of `world_size` slots of
+/// kShmCommSlotFloats f32 each.
 /// Every collective call k: each rank copies its (chunk of the) input into its slot of set k % 2,
 /// publishes k in its counter (release), waits until every counter reached k (spin, then a futex
 /// wait, bounded by timeout_s), then reads. Arriving at call k means a rank has finished reading
@@ -83,36 +87,38 @@ std::unique_ptr<Comm> make_gloo_comm(const GlooCommConfig & cfg);
 struct ShmCommConfig {
     int32_t     rank        = 0;
     int32_t     world_size  = 1;
-    std::string name_prefix;           ///< "/fdrollout-tp-<daemon pid>-<port>"; the segment is <prefix>-g<generation>
+    /// connect(generation) calls it for that generation's segment: a descriptor ShmComm takes
+    /// over (and closes once mapped), or -1 when none arrived (→ rank_failed).
+    std::function<int(int64_t generation)> segment_fd;
     double      timeout_s   = 30.0;    ///< per-collective limit (a peer not arriving → rank_failed)
 };
 /// f32 elements per rank slot (1 MiB).
 inline constexpr int64_t kShmCommSlotFloats = int64_t{1} << 18;
-/// The segment's name for one generation.
-std::string shm_comm_name(const std::string & name_prefix, int64_t generation);
 /// Bytes of a segment for `world_size` ranks.
 int64_t shm_comm_segment_bytes(int32_t world_size);
 
-/// Not connected until connect(generation), which maps the segment the daemon created for that
-/// generation (Errors  rank_failed when it is missing or not this user's 0600 segment of the
-/// expected size); disconnect() unmaps it.
+/// Not connected until connect(generation), which maps the segment cfg.segment_fd(generation)
+/// hands over (Errors  rank_failed when there is none, or it is not this user's sealed 0600
+/// memfd of the expected size, magic, world size and generation); disconnect() unmaps it.
 std::unique_ptr<Comm> make_shm_comm(const ShmCommConfig & cfg);
 
-/// The daemon's side of a ShmComm generation: creates the segment (zeroed, 0600, O_EXCL) and
-/// unlinks it on unlink() or destruction. Errors  fd::Error{internal} when shm_open refuses.
+/// The daemon's side of a ShmComm generation: a fresh memfd segment (zeroed, 0600, header
+/// written, sealed against shrinking and growing). Hand fd() to each rank; the memory goes when
+/// the last mapping and descriptor do. Errors  fd::Error{internal} when the kernel refuses.
 class ShmCommSegment {
 public:
     ShmCommSegment() = default;
-    ShmCommSegment(const std::string & name, int32_t world_size);
+    ShmCommSegment(int32_t world_size, int64_t generation);
     ~ShmCommSegment();
     ShmCommSegment(ShmCommSegment && o) noexcept;
     ShmCommSegment & operator=(ShmCommSegment && o) noexcept;
-    /// Remove the name (mappings stay valid). Idempotent.
-    void unlink();
-    const std::string & name() const { return name_; }
+    /// The memfd (close-on-exec), or -1 for an empty holder.
+    int fd() const { return fd_; }
+    /// Close the daemon's descriptor (ranks' mappings stay valid). Idempotent.
+    void close();
 
 private:
-    std::string name_;
+    int fd_ = -1;
 };
 
 /// NCCL (CUDA builds only: throws fd::Error{invalid_argument} otherwise). The unique id is

@@ -49,6 +49,13 @@ struct MpExecutorConfig {
 ///         invalid_argument when the master port cannot be bound (in use).
 std::unique_ptr<Executor> make_mp_executor(const MpExecutorConfig & cfg, const model::ModelConfig & model_cfg);
 
+/// The step link's own cost, for fd_executor_bench: one round trip to every rank that runs no
+/// model. With `batch` (else nullptr: an empty step), the daemon encodes it into the shared region
+/// as forward() does and each rank decodes it (remote ranks: inline), then answers at once.
+/// Errors  fd::Error{invalid_argument} when `ex` is not a multi-process executor; rank_failed as
+///         forward().
+void probe_step_link(Executor & ex, const model::StepBatch * batch);
+
 /// argv[1] of a rank process.
 inline constexpr const char * kRankProcessFlag = "--fd-rank-process";
 

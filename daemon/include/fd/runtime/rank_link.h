@@ -7,6 +7,10 @@
 //     in order. It is the wake-up (a blocking read, no spinning) and the liveness signal: a dead
 //     rank's end closes and the daemon's read returns at once; a stuck one is caught by the
 //     deadline every wait carries.
+//   - tensor-parallel over shared memory (--dist-backend shm): each comm-group generation's
+//     segment is a memfd too, passed to the rank as SCM_RIGHTS ancillary data on the link (with
+//     the config blob at start-up, with the comm_connect request on a rebuild): nothing named,
+//     nothing left in /dev/shm, not even by a daemon killed with SIGKILL.
 //   - one shared region (a memfd: it has no name, so no other local user can open or forge it;
 //     only holders of the fd map it) holding the step batch the daemon writes and the logits
 //     rank 0 writes back. It grows (never shrinks) when a step needs more; the request carries
@@ -64,6 +68,7 @@ enum class LinkOp : uint32_t {
     release_swap,      ///< hand the host swap pool back (sleep with FD_ENABLE_SWAP_SPACE_CLEARING=1)
     swap_kv,           ///< run the KV block copies listed in the region (n_swap_out, n_swap_in)
     release_fetched,   ///< every rank staged / reloaded: let go of the fetched checkpoint (Executor::release_fetched)
+    probe,             ///< the link's own cost: region_bytes > 0 → decode the step in the region; no model run
 };
 
 /// Reply status besides an Errc: the step was dropped because `abandon` turned true.
@@ -143,13 +148,18 @@ public:
     bool stream() const { return stream_; }
     void close();
 
-    /// Send one message (EPIPE etc. → false: the peer is gone).
+    /// Send one message (EPIPE etc. → false: the peer is gone). `pass_fd` >= 0: a copy of that
+    /// descriptor travels with the record (SCM_RIGHTS; seqpacket links only: a stream link
+    /// refuses it and returns false); the receiver collects it with take_fd().
     enum class Recv { ok, closed, timeout };
-    bool send(const LinkMsg & m);
+    bool send(const LinkMsg & m, int pass_fd = -1);
     /// Send `n` raw bytes (a stream link: all of them, in order; a seqpacket link: one record).
-    bool send_bytes(const void * data, size_t n);
+    bool send_bytes(const void * data, size_t n, int pass_fd = -1);
     /// Send one configuration blob (a stream link prefixes its length, u32).
-    bool send_blob(const void * data, size_t n);
+    bool send_blob(const void * data, size_t n, int pass_fd = -1);
+    /// The descriptor that came with the last record received (close-on-exec; the caller owns it),
+    /// or -1. A record received later replaces (and closes) one not taken.
+    int take_fd();
     /// Stream links: read exactly `n` bytes until `deadline`.
     Recv recv_exact(void * data, size_t n, std::chrono::steady_clock::time_point deadline);
     /// Wait until `deadline` for one message. `poll_slice` > 0: wake at least that often and call
@@ -165,8 +175,11 @@ public:
     bool peer_closed() const;
 
 private:
+    /// One seqpacket record into `data` (at most `cap` bytes), keeping a passed descriptor.
+    ssize_t recv_record(void * data, size_t cap, int flags);
     int  fd_ = -1;
     bool stream_ = false;
+    int  received_fd_ = -1;
 };
 
 /// Start `binary --fd-rank-process 3 <4|-1> <this pid>` with `link_fd` as its fd 3 and
