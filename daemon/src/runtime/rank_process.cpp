@@ -208,6 +208,8 @@ std::unique_ptr<Comm> make_rank_comm(const RankSpawn & s) {
                                      : make_gloo_comm(g);
     const bool device = c.worker.device != kernels::DeviceKind::cpu;
     if (!device && !c.worker.test_device_paths) { return host; }
+    log::get("rank")->info("rank {}: {} collectives staged through host memory ({})", s.rank, c.dist_backend,
+                           device ? "device tensors" : "TEST: FD_TEST_STAGED_FILL");
     return make_staged_comm(std::move(host), c.worker.test_device_paths);
 }
 
