@@ -77,7 +77,7 @@ void resolve_dist_backend(const Config & cfg, Resolved & r, std::vector<std::str
     }
     if (p.dist_backend != "auto") {
         r.dist_backend = p.dist_backend;
-    } else if (cuda && p.nnodes == 1 && r.ranks_per_device == 1) {
+    } else if (cuda && tp > 1 && p.nnodes == 1 && r.ranks_per_device == 1) {  // tp = 1 never reduces: no NCCL communicator
         r.dist_backend = "nccl";
     } else {
         r.dist_backend = p.nnodes == 1 ? "shm" : "gloo";

@@ -75,8 +75,8 @@ struct Resolved {
     int64_t            n_kv_blocks = 0;
     int64_t            n_swap_blocks = 0;   ///< host swap pool blocks per rank (0 = no swap tier)
     std::string        executor_backend = "uni";  ///< --distributed-executor-backend, resolved
-    /// --dist-backend, resolved: auto is nccl on cuda when this node's ranks (tp / nnodes) each
-    /// have a device of their own and --nnodes is 1, else shm (one node) or gloo; on cpu shm or gloo.
+    /// --dist-backend, resolved: auto is nccl on cuda when tp > 1, --nnodes is 1 and every rank
+    /// has a device of its own, else shm (one node) or gloo; on cpu shm or gloo.
     std::string        dist_backend = "shm";
     /// cuda: devices this node sees (CUDA_VISIBLE_DEVICES respected) and the most ranks of this
     /// node on one of them (rank r runs on device (r mod tp/nnodes) mod n_devices); cpu: 1, 1.

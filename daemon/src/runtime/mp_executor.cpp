@@ -64,7 +64,9 @@ public:
         const int32_t n_dev = cuda_ ? kernels::device_count(kernels::DeviceKind::cuda) : 1;
         if (cfg_.dist_backend == "auto") {
             // As resolve() does (fd/config.h Resolved::dist_backend): nccl where every rank has its own device.
-            cfg_.dist_backend = cuda_ && cfg.nnodes == 1 && per_node_ <= n_dev ? "nccl" : cfg.nnodes == 1 ? "shm" : "gloo";
+            cfg_.dist_backend = cuda_ && cfg.tensor_parallel_size > 1 && cfg.nnodes == 1 && per_node_ <= n_dev ? "nccl"
+                                : cfg.nnodes == 1                                                              ? "shm"
+                                                                                                               : "gloo";
         }
         FD_CHECK(cfg_.dist_backend == "gloo" || ((cfg_.dist_backend == "shm" || cfg_.dist_backend == "nccl") && cfg.nnodes == 1),
                  "--dist-backend {} with --nnodes {}: shm and nccl need every rank on one host", cfg_.dist_backend, cfg.nnodes);
