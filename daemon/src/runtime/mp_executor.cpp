@@ -194,6 +194,7 @@ public:
         if (shared_devices_) {
             // Ranks sharing a device release one at a time: each one's cudaMemGetInfo delta
             // (device_freed_bytes) is then its own, not its neighbour's too.
+            for (auto & m : replies_) { m.status = 0; }  // check_replies reads every rank's: none stale
             for (int32_t r = 0; r < world_size(); ++r) {
                 LinkMsg m;
                 m.op = static_cast<uint32_t>(op);
