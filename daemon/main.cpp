@@ -91,8 +91,9 @@ void add_flags(CLI::App & app, fd::Config & c) {
                  "mp backend: sleep with the weight tag closes the ranks' communication group (its sockets), wakeup rebuilds it "
                  "before reloading")->envname("FD_SHUTDOWN_COMM_GROUP_IF_WORKER_IDLE")->capture_default_str();
     app.add_option("--dist-backend", p.dist_backend, "mp backend: the ranks' all-reduce: gloo (TCP), shm (shared memory, every rank "
-                   "on this host) or auto (shm when --nnodes 1, else gloo)")
-        ->envname("FD_DIST_BACKEND")->check(CLI::IsMember({"auto", "gloo", "shm"}))->capture_default_str();
+                   "on this host), nccl (--device cuda, one rank per device, one node) or auto (cuda: nccl when every rank has a "
+                   "device of its own, else shm/gloo staged through host memory; cpu: shm when --nnodes 1, else gloo)")
+        ->envname("FD_DIST_BACKEND")->check(CLI::IsMember({"auto", "gloo", "shm", "nccl"}))->capture_default_str();
     app.add_option("--max-num-seqs", c.engine.scheduler.max_num_seqs, "Most sequences in the running batch")
         ->envname("FD_MAX_NUM_SEQS")->capture_default_str();
     app.add_option("--max-num-batched-tokens", c.engine.scheduler.max_num_batched_tokens, "Token budget per engine step (prefill chunks + decodes)")
@@ -212,7 +213,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
                                          .worker = wcfg, .source = scfg, .master_addr = cfg.parallel.master_addr,
                                          .master_port = cfg.parallel.master_port, .nnodes = par.nnodes, .dist_token = dist_token,
                                          .shutdown_comm_group_if_worker_idle = cfg.parallel.shutdown_comm_group_if_worker_idle,
-                                         .dist_backend = cfg.parallel.dist_backend,
+                                         .dist_backend = r.dist_backend,
                                          .timeout_s = cfg.control.control_timeout_s, .log_level = cfg.log_level,
                                          .log_format = cfg.log_format};
         // A weight read that hangs fails inside the rank before the daemon gives up on the rank.

@@ -2,9 +2,11 @@
 # GPU check (issue #10): configure a CUDA build (-DFD_WITH_CUDA=ON, sm_90), build the GPU tests,
 # the daemon and the GPU benchmark, run `ctest -L gpu` (the ops, the VMM allocator, the backend,
 # the Worker on cuda vs cpu, and the daemon e2e on --device cuda: greedy equal to cpu, logprobs
-# within 1e-5, sleep frees >= 97%, 50 sleep/wakeup cycles leak nothing; CUDA graphs replayed bitwise equal to eager)
-# and fd_gpu_bench (JSON; with decode tok/s at B=1/64/256, eager and graphs, on a random ~1B BF16
-# model written to a temp dir). Meant to finish within 8 minutes on
+# within 1e-5, sleep frees >= 97%, 50 sleep/wakeup cycles leak nothing; CUDA graphs replayed bitwise
+# equal to eager; NcclComm and the staged comm; tp=2 on cuda equal to tp=1 and cpu with per-rank
+# device memory in /health and sleep, an NCCL communicator destroyed by sleep and rebuilt by wakeup,
+# and the rank-fault suite at tp=2 on cuda) and fd_gpu_bench (JSON; with decode tok/s at B=1/64/256,
+# eager and graphs, on a random ~1B BF16 model written to a temp dir). Meant to finish within 8 minutes on
 # one H200; record its output in docs/benchmarks.md. Without a GPU every gpu test reports Skipped
 # (exit 77) and the script says "no GPU: N tests skipped" and exits 0.
 #   BUILD_DIR (default build-gpu), FD_JOBS (default: all cores), FD_GPU_BENCH_SECONDS (per point, 0.3)
@@ -19,7 +21,7 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFD_WITH_CUDA=ON
 # Only what the GPU check runs (the whole tree builds with scripts/build.sh).
 # fdrollout + fdctl: the e2e pass (e2e_test_cuda_e2e: the daemon on --device cuda vs cpu).
 cmake --build "$BUILD_DIR" -j "$JOBS" --target fd_gpu_test_cuda_ops fd_gpu_test_cuda_vmm fd_gpu_test_cuda_backend \
-      fd_gpu_test_cuda_worker fd_gpu_test_cuda_graph fd_gpu_bench fdrollout fdctl
+      fd_gpu_test_cuda_worker fd_gpu_test_cuda_graph fd_gpu_test_nccl_comm fd_gpu_bench fdrollout fdctl
 built=$(date +%s)
 echo "gpu_check: built in $((built - start)) s"
 

@@ -45,6 +45,45 @@ bool is_loopback_host(const std::string & host) {
 
 namespace {
 
+/// --dist-backend, and where the ranks of this node run on cuda (Resolved::n_devices,
+/// ranks_per_device). Several ranks may share a device (tests on one GPU): allowed, with a
+/// warning at start-up, over a host-staged shm/gloo group (NCCL refuses two ranks on one device).
+void resolve_dist_backend(const Config & cfg, Resolved & r, std::vector<std::string> & problems) {
+    const auto &  p    = cfg.parallel;
+    const bool    cuda = r.device == kernels::DeviceKind::cuda;
+    const int32_t tp   = std::max(1, cfg.model.tensor_parallel_size);
+    const int32_t per_node = std::max(1, tp / std::max(1, p.nnodes));
+    r.n_devices        = cuda ? std::max(1, kernels::device_count(kernels::DeviceKind::cuda)) : 1;
+    r.ranks_per_device = cuda ? (per_node + r.n_devices - 1) / r.n_devices : 1;
+    if (p.dist_backend != "auto" && p.dist_backend != "gloo" && p.dist_backend != "shm" && p.dist_backend != "nccl") {
+        problems.push_back(fmt::format("--dist-backend '{}': expected gloo, shm, nccl or auto", p.dist_backend));
+        return;
+    }
+    if (p.dist_backend == "shm" && p.nnodes > 1) {
+        problems.push_back(fmt::format("--dist-backend shm needs every rank on one host; --nnodes {} needs gloo (or auto)", p.nnodes));
+    }
+    if (p.dist_backend == "nccl") {
+        if (!cuda) {
+            problems.push_back("--dist-backend nccl needs --device cuda (NCCL reduces device memory); on cpu use gloo, shm or auto");
+        } else if (p.nnodes > 1) {
+            problems.push_back(fmt::format("--dist-backend nccl with --nnodes {}: NCCL across hosts is not supported yet; use gloo "
+                                           "(or auto), which stages the all-reduce through host memory", p.nnodes));
+        } else if (r.ranks_per_device > 1) {
+            problems.push_back(fmt::format("--dist-backend nccl: --tensor-parallel-size {} puts {} ranks on each of the {} visible CUDA "
+                                           "device(s), and NCCL refuses two ranks of a group on one device (\"Duplicate GPU detected\"); "
+                                           "make {} devices visible (CUDA_VISIBLE_DEVICES) or use --dist-backend auto or shm (host-staged)",
+                                           tp, r.ranks_per_device, r.n_devices, per_node));
+        }
+    }
+    if (p.dist_backend != "auto") {
+        r.dist_backend = p.dist_backend;
+    } else if (cuda && tp > 1 && p.nnodes == 1 && r.ranks_per_device == 1) {  // tp = 1 never reduces: no NCCL communicator
+        r.dist_backend = "nccl";
+    } else {
+        r.dist_backend = p.nnodes == 1 ? "shm" : "gloo";
+    }
+}
+
 /// --tensor-parallel-size, --distributed-executor-backend and the rendezvous flags.
 void resolve_parallel(Config & cfg, Resolved & r, std::vector<std::string> & problems) {
     const int32_t tp = cfg.model.tensor_parallel_size;
@@ -72,11 +111,7 @@ void resolve_parallel(Config & cfg, Resolved & r, std::vector<std::string> & pro
         if (p.master_port == 0) { problems.push_back(fmt::format("--nnodes {} needs --master-port: the port node 0 listens on for the other nodes", p.nnodes)); }
         if (r.executor_backend == "uni") { problems.push_back("--nnodes > 1 needs --distributed-executor-backend mp"); }
     }
-    if (p.dist_backend != "auto" && p.dist_backend != "gloo" && p.dist_backend != "shm") {
-        problems.push_back(fmt::format("--dist-backend '{}': expected gloo, shm or auto", p.dist_backend));
-    } else if (p.dist_backend == "shm" && p.nnodes > 1) {
-        problems.push_back(fmt::format("--dist-backend shm needs every rank on one host; --nnodes {} needs gloo (or auto)", p.nnodes));
-    }
+    resolve_dist_backend(cfg, r, problems);
     in_addr n4{};
     if (!p.node_addr.empty() && ::inet_pton(AF_INET, p.node_addr.c_str(), &n4) != 1) {
         problems.push_back(fmt::format("--node-addr '{}' must be an IPv4 address", p.node_addr));
@@ -128,10 +163,6 @@ void resolve_device(const Config & cfg, Resolved & r, std::vector<std::string> &
         return;
     }
     const bool cuda = r.device == kernels::DeviceKind::cuda;
-    if (cuda && m.tensor_parallel_size > 1) {
-        problems.push_back("--device cuda with --tensor-parallel-size > 1: the ranks' collectives run over host memory (Gloo); "
-                           "the NCCL comm is not wired yet. Use one rank per daemon on CUDA");
-    }
     if (m.gpu_memory_utilization != 0.0) {
         if (!cuda) {
             problems.push_back("--gpu-memory-utilization needs --device cuda; on the CPU backend size the KV pool with --kv-cache-bytes "
@@ -168,9 +199,12 @@ int64_t gpu_kv_pool_bytes(const Config & cfg, const Resolved & r) {
     const int64_t per_tok = (4LL * m.hidden_size + 3LL * m.n_heads * m.head_dim + 4LL * m.kv_dim() + 3LL * m.intermediate_size) / tp +
                             m.hidden_size;
     const int64_t acts    = 4 * (n * per_tok + 2LL * cfg.engine.scheduler.max_num_seqs * m.vocab_size);
-    const int64_t per_dev = gpu_kv_budget_bytes(kernels::device_mem_info(r.device, 0), cfg.model.gpu_memory_utilization, weights,
-                                                acts + (512LL << 20));
-    return per_dev * tp;
+    // Ranks sharing a device (ranks_per_device > 1) split its budget, each with its own weights,
+    // activations and context.
+    const int64_t rpd     = std::max(1, r.ranks_per_device);
+    const int64_t per_dev = gpu_kv_budget_bytes(kernels::device_mem_info(r.device, 0), cfg.model.gpu_memory_utilization, rpd * weights,
+                                                rpd * (acts + (512LL << 20)));
+    return per_dev / rpd * tp;
 }
 
 }  // namespace

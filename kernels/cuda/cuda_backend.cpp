@@ -88,6 +88,7 @@ public:
 
     const char * name() const override { return "cuda"; }
     DeviceKind   kind() const override { return DeviceKind::cuda; }
+    void *       native_stream() override { return stream_; }
     bool         host_visible() const override { return false; }
     ThreadPool * host_pool() override { return &pool_; }
 

@@ -108,6 +108,24 @@ def free_port():
 # Extra daemon flags for a whole test run: CTest runs some scripts a second time with
 # FD_TEST_DAEMON_ARGS="--distributed-executor-backend mp" (the same tests over rank processes).
 EXTRA_ARGS = os.environ.get("FD_TEST_DAEMON_ARGS", "").split()
+
+
+def _cuda_devices():
+    import ctypes
+    for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
+        try:
+            rt = ctypes.CDLL(name)
+        except OSError:
+            continue
+        n = ctypes.c_int(0)
+        return n.value if rt.cudaGetDeviceCount(ctypes.byref(n)) == 0 else 0
+    return 0
+
+
+# A run over --device cuda (label gpu) where no GPU is visible: Skipped (77), never Passed.
+if "--device" in EXTRA_ARGS and EXTRA_ARGS[EXTRA_ARGS.index("--device") + 1:][:1] == ["cuda"] and _cuda_devices() == 0:
+    print("FD_TEST_DAEMON_ARGS asks for --device cuda and no CUDA device is visible: skipped")
+    sys.exit(77)
 MP = "mp" in EXTRA_ARGS
 # The tensor-parallel size of this run's daemons (FD_TEST_DAEMON_ARGS "--tensor-parallel-size N").
 TP = int(EXTRA_ARGS[EXTRA_ARGS.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in EXTRA_ARGS else 1

@@ -107,11 +107,18 @@ class MpExecutor(unittest.TestCase):
             h = d.get("/health")[1]
             self.assertEqual((h["executor"], h["comm_group"]), ("mp", {"backend": "shm", "state": "connected"}))  # auto, one host
             self.assertEqual(uni.get("/health")[1]["comm_group"], {"backend": "null", "state": "none"})
+            # CPU ranks: no device memory in /health or /metrics (issue #10's fields are CUDA-only).
+            self.assertIn("device_memory", h)
+            self.assertIsNone(h["device_memory"])
+            self.assertIsNone(uni.get("/health")[1]["device_memory"])
+            self.assertNotIn("fdrollout_device_memory_used_bytes", d.get("/metrics")[1])
             # RSS of the rank process is in /health and in each rank's sleep report.
             self.assertGreater(h["rss_bytes"], d.rss() // 2)
             res = self.ok(d, "/v1/sleep")
             r0 = res["ranks"][0]
             self.assertEqual(r0["rank"], 0)
+            self.assertNotIn("device_bytes_freed", r0)  # a CPU rank measures no device memory
+            self.assertNotIn("device_bytes_freed", res)
             self.assertLess(abs(r0["rss_bytes"] - rss_bytes(self.rank(d))), 8 << 20)  # that rank process's own RSS
             self.ok(d, "/v1/wakeup")
             self.assertEqual(greedy(d), greedy(uni))
@@ -327,6 +334,9 @@ class MpExecutor(unittest.TestCase):
         self.assertEqual(rc, 2, err)
         rc, err = start("--dist-backend", "nccl2")
         self.assertEqual(rc, 2, err)
+        rc, err = start("--tensor-parallel-size", "2", "--dist-backend", "nccl")
+        self.assertEqual(rc, 10, err)
+        self.assertIn("--dist-backend nccl needs --device cuda", err)
         rc, err = start("--tensor-parallel-size", "2", "--nnodes", "2", "--master-port", str(free_port()), "--dist-backend", "shm")
         self.assertEqual(rc, 10, err)
         self.assertIn("--dist-backend shm needs every rank on one host", err)

@@ -91,3 +91,64 @@ TEST_CASE("Backend::find_nonfinite (the download-and-scan default) finds the fir
     CHECK(be->find_nonfinite(g.data(), k::StoredType::f16, n) == n - 1);
     CHECK(be->find_nonfinite(g.data(), k::StoredType::f16, n - 1) == -1);
 }
+
+TEST_CASE("resolve: --dist-backend nccl needs cuda, one node and a device per rank; auto picks shm/gloo on cpu") {
+    auto problems = [](auto edit) {
+        fd::Config c;
+        c.model.model_dir = FD_SOURCE_DIR "/models/stories260K";
+        edit(c);
+        std::string what;
+        const fd::Errc e = fd::test::error_of([&] { fd::resolve(c); }, &what);
+        return std::make_pair(e, what);
+    };
+    auto [e1, w1] = problems([](fd::Config & c) {
+        c.model.tensor_parallel_size = 2;
+        c.parallel.dist_backend      = "nccl";
+    });
+    CHECK(e1 == fd::Errc::invalid_argument);
+    CHECK(w1.find("--dist-backend nccl needs --device cuda") != std::string::npos);
+    auto [e2, w2] = problems([](fd::Config & c) { c.parallel.dist_backend = "mpi"; });
+    CHECK(e2 == fd::Errc::invalid_argument);
+    CHECK(w2.find("expected gloo, shm, nccl or auto") != std::string::npos);
+    if (k::device_count(k::DeviceKind::cuda) == 0) {
+        // No GPU here: "no CUDA device visible" is one problem; the nccl rules are still named.
+        auto [e3, w3] = problems([](fd::Config & c) {
+            c.model.device               = "cuda";
+            c.model.tensor_parallel_size = 2;
+            c.parallel.dist_backend      = "nccl";
+        });
+        CHECK(e3 == fd::Errc::invalid_argument);
+        CHECK(w3.find("no CUDA device visible") != std::string::npos);
+        CHECK(w3.find("NCCL refuses two ranks of a group on one device") != std::string::npos);
+        auto [e4, w4] = problems([](fd::Config & c) {
+            c.model.device               = "cuda";
+            c.model.tensor_parallel_size = 2;
+            c.parallel.nnodes            = 2;
+            c.parallel.master_port       = 29999;
+            c.parallel.dist_backend      = "nccl";
+        });
+        CHECK(w4.find("NCCL across hosts is not supported yet") != std::string::npos);
+        // tp > 1 on cuda is no longer refused for itself: only the missing device is.
+        auto [e5, w5] = problems([](fd::Config & c) {
+            c.model.device               = "cuda";
+            c.model.tensor_parallel_size = 2;
+        });
+        CHECK(e5 == fd::Errc::invalid_argument);
+        CHECK(w5.find("no CUDA device visible") != std::string::npos);
+        CHECK(w5.find("tensor-parallel") == std::string::npos);
+    }
+    fd::Config one;
+    one.model.model_dir            = FD_SOURCE_DIR "/models/stories260K";
+    one.model.tensor_parallel_size = 2;
+    const auto r1 = fd::resolve(one);
+    CHECK(r1.dist_backend == "shm");
+    CHECK(r1.n_devices == 1);
+    CHECK(r1.ranks_per_device == 1);
+    fd::Config two = one;
+    two.parallel.nnodes      = 2;
+    two.parallel.master_port = 29998;
+    CHECK(fd::resolve(two).dist_backend == "gloo");
+    fd::Config g = one;
+    g.parallel.dist_backend = "gloo";
+    CHECK(fd::resolve(g).dist_backend == "gloo");
+}

@@ -51,7 +51,7 @@ struct ParallelOptions {
     std::string node_addr;                     ///< node k > 0: the address its ranks bind (empty: the one that reaches the master)
     std::string dist_token_file;               ///< nnodes > 1: the shared join secret (0600, owned by the user), else FD_DIST_TOKEN
     bool        shutdown_comm_group_if_worker_idle = true;  ///< sleep(weight) closes the comm group, wakeup rebuilds it
-    std::string dist_backend = "auto";         ///< the ranks' all-reduce: gloo | shm (one host) | auto (shm when --nnodes 1, else gloo)
+    std::string dist_backend = "auto";         ///< the ranks' all-reduce: gloo | shm (one host) | nccl (cuda) | auto (resolve() picks)
 };
 
 struct Config {
@@ -75,6 +75,13 @@ struct Resolved {
     int64_t            n_kv_blocks = 0;
     int64_t            n_swap_blocks = 0;   ///< host swap pool blocks per rank (0 = no swap tier)
     std::string        executor_backend = "uni";  ///< --distributed-executor-backend, resolved
+    /// --dist-backend, resolved: auto is nccl on cuda when tp > 1, --nnodes is 1 and every rank
+    /// has a device of its own, else shm (one node) or gloo; on cpu shm or gloo.
+    std::string        dist_backend = "shm";
+    /// cuda: devices this node sees (CUDA_VISIBLE_DEVICES respected) and the most ranks of this
+    /// node on one of them (rank r runs on device (r mod tp/nnodes) mod n_devices); cpu: 1, 1.
+    int32_t            n_devices = 1;
+    int32_t            ranks_per_device = 1;
 };
 
 /// Fill model-dependent defaults in `cfg` (max_model_len, served name, weight version, threads)

@@ -127,6 +127,20 @@ void get_metrics(ApiContext & ctx, const Request &, Response & res) {
     w.single("fdrollout_comm_group_connected", "gauge", "1 while the ranks' communication group is connected (also with none).",
              es.comm_group == "disconnected" ? 0 : 1,
              fmt::format("backend=\"{}\",executor=\"{}\"", es.comm_backend, es.executor_backend));
+    // CUDA ranks' device memory (absent on cpu), as /health device_memory: at most ~1 s old.
+    if (const auto devs = ctx.engine->rank_devices(); !devs.empty()) {
+        w.family("fdrollout_device_memory_used_bytes", "gauge", "Device memory in use on each CUDA rank's device (cudaMemGetInfo total - free; every process's).");
+        for (const auto & d : devs) { w.sample("fdrollout_device_memory_used_bytes", fmt::format("rank=\"{}\",device=\"{}\"", d.rank, d.device), d.total_bytes - d.free_bytes); }
+        w.family("fdrollout_device_memory_total_bytes", "gauge", "Memory of each CUDA rank's device.");
+        for (const auto & d : devs) { w.sample("fdrollout_device_memory_total_bytes", fmt::format("rank=\"{}\",device=\"{}\"", d.rank, d.device), d.total_bytes); }
+        w.family("fdrollout_device_memory_held_bytes", "gauge", "Bytes each CUDA rank's allocator holds, by memory tag (kv_swap is pinned host memory).");
+        for (const auto & d : devs) {
+            int t = 0;
+            for (const char * tag : {"weight", "kv_cache", "staging", "kv_swap"}) {
+                w.sample("fdrollout_device_memory_held_bytes", fmt::format("rank=\"{}\",tag=\"{}\"", d.rank, tag), d.held_bytes[t++]);
+            }
+        }
+    }
     w.family("fdrollout_sleeping", "gauge", "Memory tags asleep.");
     w.sample("fdrollout_sleeping", "tag=\"weight\"", es.weight_asleep ? 1 : 0);
     w.sample("fdrollout_sleeping", "tag=\"kv_cache\"", es.kv_asleep ? 1 : 0);

@@ -28,6 +28,7 @@ json ranks_json(const ControlResult & r) {
         json j = {{"rank", c.rank}, {"rss_bytes", c.rss_bytes}};
         if (c.freed_bytes >= 0) {
             j["freed_bytes"] = c.freed_bytes;  // sleep
+            if (c.device_freed_bytes >= 0) { j["device_bytes_freed"] = c.device_freed_bytes; }  // a CUDA rank's cudaMemGetInfo delta
         } else {
             j.update({{"version", c.version}, {"bytes", c.bytes}, {"sync_cost", c.sync_s}, {"update_cost", c.update_s}, {"total_cost", c.total_s}});
         }
@@ -163,6 +164,25 @@ json progress_json() {
             {"bytes_total", p->bytes_total > 0 ? json(p->bytes_total) : json(nullptr)}, {"elapsed_s", p->elapsed_s}};
 }
 
+/// /health `device_memory`: null on cpu; on cuda every rank's device, its memory (cudaMemGetInfo
+/// in the rank's process) and what the rank's allocator holds per tag, as measured at most ~1 s
+/// before (age_s) or at the last control call.
+json device_memory_json(const std::vector<runtime::RankDevice> & devs) {
+    if (devs.empty()) { return nullptr; }
+    const auto now = std::chrono::steady_clock::now();
+    json ranks = json::array();
+    for (const auto & d : devs) {
+        ranks.push_back({{"rank", d.rank}, {"device", d.device}, {"total_bytes", d.total_bytes}, {"free_bytes", d.free_bytes},
+                         {"used_bytes", d.total_bytes - d.free_bytes},
+                         {"held_bytes", {{"weight", d.held_bytes[0]}, {"kv_cache", d.held_bytes[1]}, {"staging", d.held_bytes[2]},
+                                         {"kv_swap", d.held_bytes[3]}}},
+                         {"comm_connected", d.comm_connected},
+                         {"nccl_comms", {{"live", d.nccl_comms_live}, {"created", d.nccl_comms_created}}},
+                         {"age_s", std::chrono::duration<double>(now - d.measured).count()}});
+    }
+    return {{"ranks", std::move(ranks)}};
+}
+
 }  // namespace
 
 json ControlService::status_json() const {
@@ -194,6 +214,7 @@ json ControlService::status_json() const {
                                 {"total", st.n_swap_blocks_total}}},
             {"num_requests_swapped", st.n_swapped},
             {"rss_bytes", process_rss_bytes() + engine_.rank_processes_rss_bytes()},  // the daemon and its rank processes
+            {"device_memory", device_memory_json(engine_.rank_devices())},
             {"progress", progress_json()}};
 }
 

@@ -99,6 +99,7 @@ void Engine::loop() {
         bool worked = false;
         try {
             worked = step();
+            executor_->refresh_rank_devices(1.0);  // cuda: /health's device memory, at most ~1 s old
         } catch (const Error & e) {
             lg->error("step failed: {}", e.what());
             if (e.code() == Errc::rank_failed) {

@@ -151,6 +151,7 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
             auto & rc = rank_cost(r, rep.rank);
             rc.freed_bytes = std::max<int64_t>(0, rc.freed_bytes) + rep.freed_bytes;
             rc.rss_bytes   = rep.rss_bytes;
+            if (rep.device_freed_bytes >= 0) { rc.device_freed_bytes = std::max<int64_t>(0, rc.device_freed_bytes) + rep.device_freed_bytes; }
         }
     };
     if (tags.kv_cache) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 
 namespace fd::runtime {
 namespace {
@@ -67,6 +68,7 @@ public:
         r.freed_bytes = worker_->release(tag);
         if (cuda) { r.device_freed_bytes = worker_->backend().mem_info().free_bytes - free0; }
         r.rss_bytes   = process_rss_bytes();
+        refresh_rank_devices(0.0);
         return {r};
     }
 
@@ -98,6 +100,28 @@ public:
     int64_t weight_bytes() const override { return worker_->weight_bytes(); }
     int64_t kv_bytes() const override { return worker_->kv_bytes(); }
 
+    std::vector<RankDevice> rank_devices() const override {
+        std::lock_guard lk(dev_mu_);
+        return dev_.measured == Clock::time_point{} ? std::vector<RankDevice>{} : std::vector<RankDevice>{dev_};
+    }
+
+    void refresh_rank_devices(double max_age_s) override {
+        if (worker_->backend().kind() != kernels::DeviceKind::cuda) { return; }
+        const auto now = Clock::now();
+        {
+            std::lock_guard lk(dev_mu_);
+            if (dev_.measured != Clock::time_point{} && seconds_since(dev_.measured) < max_age_s) { return; }
+        }
+        RankDevice d{.rank = rank_, .device = worker_->device_id()};
+        const auto m = worker_->backend().mem_info();
+        d.free_bytes  = m.free_bytes;
+        d.total_bytes = m.total_bytes;
+        for (int t = 0; t < 4; ++t) { d.held_bytes[t] = worker_->allocator().held_bytes(static_cast<memory::Tag>(t)); }
+        d.measured = now;
+        std::lock_guard lk(dev_mu_);
+        dev_ = d;
+    }
+
 private:
     /// This rank's checkpoint for `req`; the time it took goes to r.fetch_s.
     weights::FetchedCheckpoint fetch(const weights::FetchRequest & req, RankReport & r) {
@@ -116,6 +140,8 @@ private:
     bool                                    hold_fetched_ = false;
     std::shared_ptr<void>                   fetch_hold_;   ///< the last fetch, until commit / drop (hold_fetched_)
     std::vector<float>                      logits_;       ///< forward_in_place's [rows, vocab]; only grows
+    mutable std::mutex                      dev_mu_;
+    RankDevice                              dev_;          ///< cuda: the last refresh_rank_devices (measured 0: never)
 };
 
 }  // namespace

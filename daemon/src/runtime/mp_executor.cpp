@@ -1,6 +1,7 @@
 // MpExecutor: one OS process per rank, reached through rank links (fd/runtime/mp_executor.h).
 #include "fd/runtime/mp_executor.h"
 
+#include "fd/kernels/backend.h"
 #include "fd/log.h"
 #include "fd/runtime/comm.h"
 #include "fd/runtime/node_join.h"
@@ -124,9 +125,21 @@ public:
         FD_CHECK(cfg.nnodes >= 1 && cfg.tensor_parallel_size % cfg.nnodes == 0, "--nnodes {} must divide --tensor-parallel-size {}",
                  cfg.nnodes, cfg.tensor_parallel_size);
         per_node_ = cfg.tensor_parallel_size / cfg.nnodes;
-        if (cfg_.dist_backend == "auto") { cfg_.dist_backend = cfg.nnodes == 1 ? "shm" : "gloo"; }
-        FD_CHECK(cfg_.dist_backend == "gloo" || (cfg_.dist_backend == "shm" && cfg.nnodes == 1),
-                 "--dist-backend {} with --nnodes {}: shm needs every rank on one host", cfg_.dist_backend, cfg.nnodes);
+        cuda_     = cfg.worker.device == kernels::DeviceKind::cuda;
+        const int32_t n_dev = cuda_ ? kernels::device_count(kernels::DeviceKind::cuda) : 1;
+        if (cfg_.dist_backend == "auto") {
+            // As resolve() does (fd/config.h Resolved::dist_backend): nccl where every rank has its own device.
+            cfg_.dist_backend = cuda_ && cfg.tensor_parallel_size > 1 && cfg.nnodes == 1 && per_node_ <= n_dev ? "nccl"
+                                : cfg.nnodes == 1                                                              ? "shm"
+                                                                                                               : "gloo";
+        }
+        FD_CHECK(cfg_.dist_backend == "gloo" || ((cfg_.dist_backend == "shm" || cfg_.dist_backend == "nccl") && cfg.nnodes == 1),
+                 "--dist-backend {} with --nnodes {}: shm and nccl need every rank on one host", cfg_.dist_backend, cfg.nnodes);
+        if (cuda_ && per_node_ > n_dev) {
+            log::get("engine")->warn("{} ranks share {} CUDA device(s): rank r runs on device r mod {}. Fine for tests; each rank holds its "
+                                     "own context and the group runs {} staged through host memory (NCCL refuses two ranks on one device)",
+                                     per_node_, n_dev, std::max(1, n_dev), cfg_.dist_backend);
+        }
         if (cfg.nnodes > 1) {
             listener_ = std::make_unique<JoinListener>(
                 cfg.master_addr, cfg.master_port,
@@ -146,6 +159,7 @@ public:
         pids_ = std::vector<std::atomic<pid_t>>(ranks_.size());
         remote_rss_ = std::vector<std::atomic<int64_t>>(ranks_.size());
         replies_.resize(ranks_.size());
+        devs_.resize(ranks_.size());
         generation_ = 1;
         try {
             start_all();
@@ -259,10 +273,22 @@ public:
     void drop_staged_weights() override { call_op(LinkOp::drop, "drop_staged_weights"); }
 
     std::vector<RankReport> release(MemoryTag tag) override {
-        call_op(tag == MemoryTag::weight     ? LinkOp::release_weight
-                : tag == MemoryTag::kv_cache ? LinkOp::release_kv
-                                             : LinkOp::release_swap,
-                "sleep");
+        const LinkOp op = tag == MemoryTag::weight     ? LinkOp::release_weight
+                          : tag == MemoryTag::kv_cache ? LinkOp::release_kv
+                                                       : LinkOp::release_swap;
+        if (shared_devices_) {
+            // Ranks sharing a device release one at a time: each one's cudaMemGetInfo delta
+            // (device_freed_bytes) is then its own, not its neighbour's too.
+            for (auto & m : replies_) { m.status = 0; }  // check_replies reads every rank's: none stale
+            for (int32_t r = 0; r < world_size(); ++r) {
+                LinkMsg m;
+                m.op = static_cast<uint32_t>(op);
+                call(m, "sleep", false, nullptr, nullptr, 0, r);
+                check_replies("sleep");
+            }
+        } else {
+            call_op(op, "sleep");
+        }
         auto reps = reports();
         if (tag == MemoryTag::weight && cfg_.shutdown_comm_group_if_worker_idle && comm_connected_) {
             call_op(LinkOp::comm_disconnect, "sleep (closing the communication group)");
@@ -321,6 +347,23 @@ public:
             if (k.failed) { out.push_back(r); }
         }
         return out;
+    }
+
+    std::vector<RankDevice> rank_devices() const override {
+        std::lock_guard lk(dev_mu_);
+        std::vector<RankDevice> out;
+        for (const auto & d : devs_) {
+            if (d.measured != Clock::time_point{}) { out.push_back(d); }
+        }
+        return out;
+    }
+
+    void refresh_rank_devices(double max_age_s) override {
+        if (!cuda_ || std::chrono::duration<double>(Clock::now() - last_control_).count() < max_age_s) { return; }
+        for (const auto & k : ranks_) {
+            if (k.failed) { return; }  // degraded: /health says so; wakeup recovers
+        }
+        call_op(LinkOp::mem_info, "measuring device memory");
     }
 
     void recover() override {
@@ -450,6 +493,22 @@ private:
         if (!errors.empty()) { fail(Errc::rank_failed, "{}", errors); }
         weight_bytes_ = replies_[0].weight_bytes;
         kv_bytes_     = replies_[0].kv_bytes;
+        last_control_ = Clock::now();
+        shared_devices_ = false;  // two ranks of one node on one device (each rank's `ready` names its device)
+        for (int32_t a = 0; a < world_size(); ++a) {
+            for (int32_t b = a + 1; b < world_size(); ++b) {
+                shared_devices_ = shared_devices_ || (replies_[a].device_id >= 0 && ranks_[a].node == ranks_[b].node &&
+                                                      replies_[a].device_id == replies_[b].device_id);
+            }
+        }
+    }
+
+    void note_device(int32_t r, const LinkMsg & m) {
+        RankDevice d = rank_device_from_msg(m);
+        d.rank     = r;
+        d.measured = Clock::now();
+        std::lock_guard lk(dev_mu_);
+        devs_[r] = d;
     }
 
     /// Collect one reply from each rank in `ranks` until `deadline` into replies_[r] (a `ready`
@@ -492,8 +551,11 @@ private:
                     mark_failed(r, /*timed_out=*/false);
                 } else if (m.op != static_cast<uint32_t>(LinkOp::ready) && m.seq != seq) {
                     still_.push_back(r);  // a late answer to an older request
-                } else if (ranks_[r].remote && m.rss_bytes > 0) {
-                    remote_rss_[r].store(m.rss_bytes, std::memory_order_relaxed);  // control replies carry it; steps do not
+                } else {
+                    if (ranks_[r].remote && m.rss_bytes > 0) {
+                        remote_rss_[r].store(m.rss_bytes, std::memory_order_relaxed);  // control replies carry it; steps do not
+                    }
+                    if (m.device_id >= 0) { note_device(r, m); }  // a CUDA rank's control reply
                 }
             }
             pending_.swap(still_);
@@ -503,18 +565,20 @@ private:
     /// Send `req` to every rank (or only the live ones) and gather the replies.
     /// Errors  rank_failed naming every failed rank when one was failed before or failed now.
     /// `payload` (n bytes) follows the request on stream links (remote ranks: the step inline).
+    /// `only` >= 0: send to that rank alone (the others' replies_ stay as they were).
     /// `pass_fd` >= 0 travels with the request to every (local) rank.
     void call(LinkMsg req, const char * what, bool survivors_only = false, const std::atomic<bool> * abandon = nullptr,
-              const void * payload = nullptr, size_t payload_n = 0, int pass_fd = -1) {
+              const void * payload = nullptr, size_t payload_n = 0, int32_t only = -1, int pass_fd = -1) {
         std::vector<int32_t> & targets = targets_;
         targets.clear();
         for (int32_t r = 0; r < world_size(); ++r) {
             if (!ranks_[r].failed) {
-                targets.push_back(r);
+                if (only < 0 || r == only) { targets.push_back(r); }
             } else if (!survivors_only) {
                 throw_failed(what);
             }
         }
+        if (req.op != static_cast<uint32_t>(LinkOp::forward)) { last_control_ = Clock::now(); }  // its replies carry device memory
         req.seq = ++seq_;
         if (payload) { req.bytes = static_cast<int64_t>(payload_n); }
         live_.clear();
@@ -630,7 +694,7 @@ private:
         m.op         = static_cast<uint32_t>(LinkOp::comm_connect);
         m.generation = ++generation_;
         ShmCommSegment segment = comm_segment(generation_);
-        call(m, "wakeup (rebuilding the communication group)", false, nullptr, nullptr, 0, segment.fd());
+        call(m, "wakeup (rebuilding the communication group)", false, nullptr, nullptr, 0, -1, segment.fd());
         check_replies("wakeup (rebuilding the communication group)");
         comm_connected_ = true;
     }
@@ -701,6 +765,11 @@ private:
     int64_t                          generation_ = 1;
     bool                             comm_connected_ = false;
     int64_t                          weight_bytes_ = 0, kv_bytes_ = 0;
+    bool                             cuda_ = false;            ///< --device cuda: replies carry device memory
+    bool                             shared_devices_ = false;  ///< two ranks of one node on one CUDA device
+    Clock::time_point                last_control_{};          ///< the last call whose replies carried device memory
+    mutable std::mutex               dev_mu_;
+    std::vector<RankDevice>          devs_;                    ///< [world] each CUDA rank's last report (measured 0: none yet)
 };
 
 }  // namespace

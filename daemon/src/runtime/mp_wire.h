@@ -17,6 +17,8 @@ struct RankSpawn {
     int32_t          store_port = 0;  ///< the TcpStore's actual port
     std::string      bind_addr;       ///< where this rank's Gloo pairs bind; empty = cfg.master_addr (node 0)
 };
+// The rank's CUDA device is not sent: each host computes rank_device_id() from its own visible
+// devices (cfg.nnodes travels for that).
 
 nlohmann::json rank_spawn_to_json(const RankSpawn & s);
 /// Errors  fd::Error{invalid_argument} on a malformed configuration.
@@ -26,5 +28,11 @@ void fetch_request_to_msg(const weights::FetchRequest & req, LinkMsg & m);
 weights::FetchRequest fetch_request_from_msg(const LinkMsg & m);
 void rank_report_to_msg(const RankReport & r, LinkMsg & m);
 RankReport rank_report_from_msg(const LinkMsg & m);
+/// A CUDA rank's device fields of a control reply (m.device_id < 0: a CPU rank, nothing written / read).
+void rank_device_to_msg(const RankDevice & d, LinkMsg & m);
+RankDevice rank_device_from_msg(const LinkMsg & m);
+/// The device rank `rank` of `tp` ranks over `nnodes` hosts runs on: its index on its node
+/// (rank mod tp/nnodes) modulo the `n_devices` its host sees (>= 1).
+int32_t rank_device_id(int32_t rank, int32_t tp, int32_t nnodes, int32_t n_devices);
 
 }  // namespace fd::runtime

@@ -33,6 +33,7 @@ json rank_spawn_to_json(const RankSpawn & s) {
             {"generation", s.generation},
             {"store_port", s.store_port},
             {"tensor_parallel_size", c.tensor_parallel_size},
+            {"nnodes", c.nnodes},
             {"model_dir", c.model_dir},
             {"worker", {{"n_threads", w.n_threads}, {"block_size", w.block_size}, {"n_blocks", w.n_blocks},
                         {"max_model_len", w.max_model_len}, {"n_swap_blocks", w.n_swap_blocks}, {"keep_update_staging", w.keep_update_staging},
@@ -57,6 +58,7 @@ RankSpawn rank_spawn_from_json(const json & j) {
         s.store_port = j.at("store_port");
         auto & c = s.cfg;
         c.tensor_parallel_size = j.at("tensor_parallel_size");
+        c.nnodes               = j.value("nnodes", 1);
         c.model_dir            = j.at("model_dir");
         const auto & w = j.at("worker");
         c.worker.n_threads            = w.at("n_threads");
@@ -68,12 +70,12 @@ RankSpawn rank_spawn_from_json(const json & j) {
         c.worker.check_finite_weights = w.at("check_finite_weights");
         c.worker.io_timeout_s         = w.at("io_timeout_s");
         c.worker.rank                 = s.rank;
-        // The device: rank r on CUDA device r modulo the devices this host sees.
         c.worker.device          = w.value("device", std::string("cpu")) == "cuda" ? kernels::DeviceKind::cuda : kernels::DeviceKind::cpu;
         c.worker.batch_invariant = w.value("batch_invariant", true);
         c.worker.reserve_tokens  = w.value("reserve_tokens", int64_t{0});
         c.worker.test_device_paths = w.value("test_device_paths", false);
-        c.worker.device_id       = s.rank % std::max(1, kernels::device_count(c.worker.device));
+        // The device: this rank's index on its node modulo the devices this host sees.
+        c.worker.device_id       = rank_device_id(s.rank, c.tensor_parallel_size, c.nnodes, kernels::device_count(c.worker.device));
         const auto & src = j.at("source");
         c.source.strategy     = weights::parse_load_strategy(src.at("strategy").get<std::string>());
         c.source.model_dir    = src.at("model_dir").get<std::string>();
@@ -119,6 +121,31 @@ void rank_report_to_msg(const RankReport & r, LinkMsg & m) {
     m.commit_s          = r.commit_s;
     m.freed_bytes       = r.freed_bytes;
     m.rss_bytes         = r.rss_bytes;
+    m.device_freed_bytes = r.device_freed_bytes;
+}
+
+void rank_device_to_msg(const RankDevice & d, LinkMsg & m) {
+    m.device_id          = d.device;
+    m.device_free_bytes  = d.free_bytes;
+    m.device_total_bytes = d.total_bytes;
+    std::copy(std::begin(d.held_bytes), std::end(d.held_bytes), std::begin(m.held_bytes));
+    m.comm_connected     = d.comm_connected;
+    m.nccl_comms_live    = d.nccl_comms_live;
+    m.nccl_comms_created = d.nccl_comms_created;
+}
+
+RankDevice rank_device_from_msg(const LinkMsg & m) {
+    RankDevice d{.rank = m.rank, .device = m.device_id, .free_bytes = m.device_free_bytes, .total_bytes = m.device_total_bytes};
+    std::copy(std::begin(m.held_bytes), std::end(m.held_bytes), std::begin(d.held_bytes));
+    d.comm_connected     = m.comm_connected != 0;
+    d.nccl_comms_live    = m.nccl_comms_live;
+    d.nccl_comms_created = m.nccl_comms_created;
+    return d;
+}
+
+int32_t rank_device_id(int32_t rank, int32_t tp, int32_t nnodes, int32_t n_devices) {
+    const int32_t per_node = std::max(1, tp / std::max(1, nnodes));
+    return (rank % per_node) % std::max(1, n_devices);
 }
 
 RankReport rank_report_from_msg(const LinkMsg & m) {
@@ -132,6 +159,7 @@ RankReport rank_report_from_msg(const LinkMsg & m) {
     r.commit_s          = m.commit_s;
     r.freed_bytes       = m.freed_bytes;
     r.rss_bytes         = m.rss_bytes;
+    r.device_freed_bytes = m.device_freed_bytes;
     return r;
 }
 
@@ -163,6 +191,27 @@ void test_pause_at(const char * phase, int rank) {
     std::this_thread::sleep_for(std::chrono::seconds(60));
 }
 
+/// The rank's group: nccl on its CUDA device, or shm / gloo (staged through host memory when the
+/// rank's tensors are device memory, or always under the FD_TEST_STAGED_FILL test hook).
+/// `segment_fd`: the shm group's segment for a generation (the fd that came over the rank link).
+std::unique_ptr<Comm> make_rank_comm(const RankSpawn & s, std::function<int(int64_t)> segment_fd) {
+    const auto & c = s.cfg;
+    // Half the daemon's timeout: a rank whose peer died answers with that error before the daemon
+    // gives up on it, so the daemon names the dead rank, not the waiting one.
+    const GlooCommConfig g{.rank = s.rank, .world_size = c.tensor_parallel_size, .bind_host = s.bind_addr.empty() ? c.master_addr : s.bind_addr,
+                           .store_host = c.master_addr, .store_port = s.store_port, .timeout_s = 0.5 * c.timeout_s};
+    if (c.dist_backend == "nccl") { return make_nccl_comm(g, c.worker.device_id); }
+    std::unique_ptr<Comm> host = c.dist_backend == "shm"
+                                     ? make_shm_comm({.rank = s.rank, .world_size = c.tensor_parallel_size, .segment_fd = std::move(segment_fd),
+                                                      .timeout_s = 0.5 * c.timeout_s})
+                                     : make_gloo_comm(g);
+    const bool device = c.worker.device != kernels::DeviceKind::cpu;
+    if (!device && !c.worker.test_device_paths) { return host; }
+    log::get("rank")->info("rank {}: {} collectives staged through host memory ({})", s.rank, c.dist_backend,
+                           device ? "device tensors" : "TEST: FD_TEST_STAGED_FILL");
+    return make_staged_comm(std::move(host), c.worker.test_device_paths);
+}
+
 /// The rank's side: one request at a time, answered in order.
 class RankServer {
 public:
@@ -179,23 +228,15 @@ public:
         ready.rank = s.rank;
         try {
             const auto & c = s.cfg;
-            // The group first (a sharded worker all-reduces from its first step). Its timeout is half
-            // the daemon's: a rank whose peer died answers with that error before the daemon gives
-            // up on it, so the daemon names the dead rank, not the waiting one.
-            if (c.dist_backend == "shm") {
-                // The segment came with the config (start-up) or comes with comm_connect (a rebuild).
-                comm_ = make_shm_comm({.rank = s.rank, .world_size = c.tensor_parallel_size,
-                                       .segment_fd = [this](int64_t) { return link_.take_fd(); }, .timeout_s = 0.5 * c.timeout_s});
-            } else {
-                comm_ = make_gloo_comm({.rank = s.rank, .world_size = c.tensor_parallel_size,
-                                        .bind_host = s.bind_addr.empty() ? c.master_addr : s.bind_addr,
-                                        .store_host = c.master_addr, .store_port = s.store_port, .timeout_s = 0.5 * c.timeout_s});
-            }
+            // The group first (a sharded worker all-reduces from its first step). The shm segment
+            // came with the config (start-up) or comes with comm_connect (a rebuild).
+            comm_ = make_rank_comm(s, [this](int64_t) { return link_.take_fd(); });
             comm_->connect(s.generation);
             model_cfg_ = model::load_model_config(c.model_dir);
             model::WorkerConfig wcfg = c.worker;
             wcfg.tp_size = c.tensor_parallel_size;  // rank r of T: its shard, collectives through comm_
             auto worker = std::make_unique<model::Worker>(model_cfg_, model::read_tensor_index(c.model_dir), wcfg, comm_.get());
+            comm_->use_backend(&worker->backend());  // nccl: the backend's stream; shm/gloo on cuda: staged through host memory
             ex_ = make_local_executor(std::move(worker), weights::make_weight_source(c.source), s.rank, /*hold_fetched=*/true);
             fill_state(ready);
         } catch (const Error & e) {
@@ -276,6 +317,7 @@ private:
                 case LinkOp::reload: rank_report_to_msg(ex_->reload_weights(fetch_request_from_msg(m))[0], reply); break;
                 case LinkOp::comm_connect: comm_->connect(m.generation); break;
                 case LinkOp::comm_disconnect: comm_->disconnect(); break;
+                case LinkOp::mem_info: break;  // fill_state below answers
                 default: fail(Errc::internal, "rank {}: unknown link op {}", spawn_.rank, m.op);
             }
         } catch (const Error & e) {
@@ -332,6 +374,19 @@ private:
         m.kv_bytes       = ex_->kv_bytes();
         m.comm_connected = comm_ && comm_->connected();
         if (m.rss_bytes == 0) { m.rss_bytes = process_rss_bytes(); }
+        try {
+            ex_->refresh_rank_devices(0.0);  // cuda: cudaMemGetInfo now; cpu: nothing
+        } catch (const Error & e) {
+            log::get("rank")->warn("rank {}: device memory not measured: {}", spawn_.rank, e.what());
+        }
+        const auto devs = ex_->rank_devices();
+        if (devs.empty()) { return; }
+        RankDevice d = devs[0];
+        d.comm_connected = m.comm_connected != 0;
+        const auto n = nccl_comm_counts();
+        d.nccl_comms_live    = n.live;
+        d.nccl_comms_created = n.inits;
+        rank_device_to_msg(d, m);
     }
 
     LinkSocket                 link_;

@@ -105,6 +105,7 @@ struct RankCost {
     int64_t     bytes    = 0;     ///< checkpoint bytes this rank read
     int64_t     freed_bytes = -1; ///< sleep: bytes this rank handed back (-1: none released)
     int64_t     rss_bytes = 0;    ///< the rank process's RSS after the command
+    int64_t     device_freed_bytes = -1;  ///< sleep on a CUDA rank: growth of its device's free memory (cudaMemGetInfo) across its releases; -1 = not measured
 };
 
 struct ControlResult {
@@ -120,7 +121,7 @@ struct ControlResult {
     std::vector<std::string> tags_skipped;         ///< sleep/wakeup: asked but already in that state
     std::vector<std::string> tags_done;            ///< sleep/wakeup: processed, in order
     int64_t  rss_before_bytes = 0, rss_after_bytes = 0;
-    int64_t  device_freed_bytes = -1;              ///< sleep on CUDA ranks: growth of the devices' free memory (cudaMemGetInfo); -1 = not measured
+    int64_t  device_freed_bytes = -1;              ///< sleep on CUDA ranks: the sum of the ranks' device_freed_bytes; -1 = not measured
     std::string           version;                 ///< update_weights/wakeup/commit: version now serving; stage: the staged one; drop: the dropped one ("" = none)
     bool                  staged = false;          ///< update_weights with commit=false: staged, not serving
     int64_t               bytes = 0;               ///< update_weights/wakeup: checkpoint bytes read

@@ -120,6 +120,8 @@ public:
     EngineStats stats() const;
     /// Resident bytes of the rank processes outside this one (mp executor; 0 for uni). Any thread.
     int64_t rank_processes_rss_bytes() const { return executor_->rank_processes_rss_bytes(); }
+    /// CUDA ranks' device memory as last measured (Executor::rank_devices); any thread.
+    std::vector<runtime::RankDevice> rank_devices() const { return executor_->rank_devices(); }
     /// Latency histograms and finish counters (fd/metrics/request_metrics.h); any thread.
     const metrics::RequestMetrics & request_metrics() const { return request_metrics_; }
     const model::ModelConfig & model_config() const { return model_cfg_; }

@@ -128,6 +128,7 @@ public:
     const ModelConfig & config() const { return cfg_; }
     int32_t rank() const { return wcfg_.rank; }
     int32_t tp_size() const { return wcfg_.tp_size; }
+    int32_t device_id() const { return wcfg_.device_id; }  ///< CUDA: the device ordinal this rank runs on
     /// Bytes of the live weights (0 while released).
     int64_t weight_bytes() const;
     /// Bytes of the resident staging region (0 unless keep_update_staging and an update ran).

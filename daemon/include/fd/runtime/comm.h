@@ -12,13 +12,24 @@
 // in rank order 0, 1, ..., T-1, so the result is bitwise the same on every rank and does not
 // depend on the buffer's length or on where element i sits in it (a ring all-reduce's chunking
 // would make the order depend on the batch for T > 2); batch invariance holds within one tp
-// size. NCCL's all-reduce makes no such promise (its CUDA build is not batch-invariant yet).
+// size. NCCL's all-reduce makes no such promise (ring/tree chunking depends on the length), so
+// outputs at tp > 1 over nccl match tp = 1 within f32 rounding, not bitwise.
+//
+// On a device backend (CUDA) the data pointers are device memory. NcclComm enqueues every
+// collective on the backend's stream (use_backend), in op order and without a host wait; Gloo and
+// shm run on host memory, so on a device backend they are wrapped in make_staged_comm, which
+// copies through pinned host buffers (Backend::download / upload) around each collective: the
+// path of ranks that share a device (NCCL refuses two ranks on one device) and of --nnodes > 1.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+
+namespace fd::kernels {
+class Backend;
+}
 
 namespace fd::runtime {
 
@@ -51,6 +62,11 @@ public:
     virtual void gather(const float * send, int64_t n, float * recv) = 0;
     /// Every rank reaches this point. Errors  as all_reduce_sum.
     virtual void barrier() = 0;
+    /// The backend whose memory the collectives' pointers are (the rank's Worker's; it outlives
+    /// this Comm's use). NcclComm issues on its native_stream(); a staged comm copies through
+    /// host buffers when its memory is not host-visible; the host comms ignore it. Kept across
+    /// connect()/disconnect(). Default: ignored.
+    virtual void use_backend(kernels::Backend * backend) { (void)backend; }
 };
 
 /// tp=1: rank 0 of 1, every collective a no-op, always connected.
@@ -121,9 +137,33 @@ private:
     int fd_ = -1;
 };
 
-/// NCCL (CUDA builds only: throws fd::Error{invalid_argument} otherwise). The unique id is
-/// exchanged through the same TcpStore. all_reduce_sum takes device pointers, on the
-/// default stream, and synchronizes.
+/// NCCL (CUDA builds only: throws fd::Error{invalid_argument} otherwise) on CUDA device `device`
+/// (one rank per device: NCCL refuses two ranks of a group on one device, "Duplicate GPU").
+/// connect(g): rank 0 takes a fresh ncclUniqueId and publishes it in the TcpStore under
+/// "gen<g>/nccl_id" (bind_host unused); the others read it there (cfg.timeout_s), then
+/// ncclCommInitRank. disconnect(): ncclCommDestroy. Collectives take device pointers and are
+/// enqueued on the stream of use_backend()'s backend without a host wait (before use_backend:
+/// the legacy default stream, synchronized); barrier() waits for its stream.
+/// Errors  rank_failed on any NCCL error (the message carries ncclGetErrorString) or an id that
+/// did not arrive within cfg.timeout_s; invalid_argument when the device cannot be used.
 std::unique_ptr<Comm> make_nccl_comm(const GlooCommConfig & cfg, int32_t device);
+
+/// NCCL communicators of this process: alive now and created since start (both 0 in a build
+/// without CUDA). Tests prove that sleep destroys the group and wakeup builds a new one.
+struct NcclCommCounts {
+    int64_t live  = 0;
+    int64_t inits = 0;
+};
+NcclCommCounts nccl_comm_counts();
+
+/// A host comm (gloo, shm) for ranks whose backend memory is device memory: every collective
+/// downloads its input into a pinned host buffer (Backend::download, which waits for the ops
+/// before it), runs `host`'s collective there and uploads the result (Backend::upload, which
+/// waits for the copy), so sums are `host`'s, bitwise. With a host-visible backend (CPU) it is
+/// `host` itself, unless `always_stage` (the FD_TEST_STAGED_FILL test hook: the copies then go
+/// through the CPU backend's download/upload, proving the staging on a machine without a GPU).
+/// name(), connect() and disconnect() are `host`'s. Buffers grow to the largest collective and
+/// are freed with the comm.
+std::unique_ptr<Comm> make_staged_comm(std::unique_ptr<Comm> host, bool always_stage = false);
 
 }  // namespace fd::runtime

@@ -17,6 +17,7 @@
 #include "fd/weights/weight_source.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -42,9 +43,22 @@ struct RankReport {
     double                     commit_s = 0.0;     ///< commit: the pointer swap
     int64_t                    freed_bytes = -1;   ///< release: bytes handed back (-1: not a release)
     int64_t                    rss_bytes = 0;      ///< the rank process's RSS after the call
-    /// release on a CUDA rank: how much cudaMemGetInfo's free memory grew across the call (-1:
-    /// not measured: a CPU rank, or a rank process of the mp executor)
+    /// release on a CUDA rank (in-process or a rank process): how much cudaMemGetInfo's free
+    /// memory of its device grew across the call (-1: not measured, a CPU rank). Ranks sharing a
+    /// device release one after another, so each delta is that rank's own.
     int64_t                    device_freed_bytes = -1;
+};
+
+/// One CUDA rank's device memory and group as last measured (Executor::rank_devices).
+struct RankDevice {
+    int32_t rank   = 0;
+    int32_t device = -1;                 ///< CUDA device ordinal in the rank's process (CUDA_VISIBLE_DEVICES applies)
+    int64_t free_bytes  = 0;             ///< cudaMemGetInfo of that device (every process's use counts)
+    int64_t total_bytes = 0;
+    int64_t held_bytes[4] = {};          ///< bytes the rank's allocator holds, by memory::Tag (weight, kv_cache, staging, kv_swap; kv_swap is pinned host memory)
+    bool    comm_connected = false;      ///< the rank's own Comm::connected()
+    int64_t nccl_comms_live = 0, nccl_comms_created = 0;  ///< the rank process's nccl_comm_counts()
+    std::chrono::steady_clock::time_point measured{};     ///< when (this process's clock)
 };
 
 class Executor {
@@ -115,8 +129,17 @@ public:
     /// process (make_local_executor's hold_fetched) so that every rank shares one fetch (the rsync
     /// source's staged dir); the multi-process executor calls it on every rank once all replied.
     virtual void release_fetched() {}
-    /// The group's backend: "null" | "gloo" | "nccl".
+    /// The group's backend: "null" | "gloo" | "shm" | "nccl".
     virtual const char * comm_backend() const { return "null"; }
+
+    /// CUDA ranks: each rank's device memory as last measured, in rank order; empty on cpu.
+    /// Any thread (a copy under a lock; never asks the ranks).
+    virtual std::vector<RankDevice> rank_devices() const { return {}; }
+    /// Engine thread, between steps: measure again when the last measurement is older than
+    /// `max_age_s` (mp: one mem_info round trip to every rank, skipped while a rank is failed;
+    /// every control reply refreshes it too). No-op on cpu.
+    /// Errors  rank_failed (mp) as any call.
+    virtual void refresh_rank_devices(double max_age_s) { (void)max_age_s; }
 };
 
 /// tp=1: the one rank in this process, the Worker called directly (no link, no copy).

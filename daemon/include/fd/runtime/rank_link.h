@@ -69,6 +69,7 @@ enum class LinkOp : uint32_t {
     swap_kv,           ///< run the KV block copies listed in the region (n_swap_out, n_swap_in)
     release_fetched,   ///< every rank staged / reloaded: let go of the fetched checkpoint (Executor::release_fetched)
     probe,             ///< the link's own cost: region_bytes > 0 → decode the step in the region; no model run
+    mem_info,          ///< nothing to do: the reply carries the rank's device memory (every control reply does)
 };
 
 /// Reply status besides an Errc: the step was dropped because `abandon` turned true.
@@ -90,6 +91,13 @@ struct LinkMsg {
     char     serving_version[136] = {};  ///< request: the version now served
     char     text[512] = {};             ///< reply: error message (truncated)
     int64_t  n_swap_out = 0, n_swap_in = 0;  ///< swap_kv: block copies in the region
+    // Every control reply (not forward's) of a CUDA rank: its device and memory now (RankDevice).
+    int32_t  device_id = -1;                 ///< reply: the rank's CUDA device; -1: a CPU rank (no fields below)
+    int32_t  pad2_ = 0;
+    int64_t  device_free_bytes = 0, device_total_bytes = 0;  ///< cudaMemGetInfo
+    int64_t  held_bytes[4] = {};             ///< the rank allocator's bytes by memory::Tag
+    int64_t  device_freed_bytes = -1;        ///< release reply: growth of device_free_bytes across the release
+    int64_t  nccl_comms_live = 0, nccl_comms_created = 0;  ///< the rank process's nccl_comm_counts()
 };
 static_assert(std::is_trivially_copyable_v<LinkMsg>);
 

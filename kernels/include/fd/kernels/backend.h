@@ -94,6 +94,10 @@ public:
     /// Free and total bytes of the device's memory now (see MemInfo).
     /// Errors  fd::Error{internal} when the device cannot be queried.
     virtual MemInfo mem_info() = 0;
+    /// The device stream every op is issued on (CUDA: its cudaStream_t), or nullptr where ops run
+    /// synchronously on the host (CPU). Collectives on backend memory (NcclComm) are enqueued on it
+    /// so that they run in op order without a host wait.
+    virtual void * native_stream() { return nullptr; }
     /// `bytes` of page-locked host memory for staging copies to and from the device (CUDA:
     /// cudaHostAlloc), or nullptr where the backend has none (CPU): the caller then uses ordinary
     /// host memory. Free with free_pinned_host().
