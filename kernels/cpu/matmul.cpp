@@ -241,17 +241,24 @@ constexpr int     kMR      = 4, kNR = 6;  ///< register tile: 24 lane accumulato
 constexpr int64_t kDirectRows = 8;        ///< f32 weights, up to this many rows: not packed
 constexpr int64_t kKcSteps = 64;          ///< vector steps per k chunk (1024 k's): a strip chunk
                                           ///< (6 x 1024 x 4 B = 24 KiB) stays in L1
-constexpr int64_t kXBlockBytes = 512 << 10;  ///< packed x of a task's rows within this (L2)
+#ifndef FD_XBLOCK_KIB
+#define FD_XBLOCK_KIB 512
+#endif
+#ifndef FD_WCHUNK_KIB
+#define FD_WCHUNK_KIB 2048
+#endif
+constexpr int64_t kXBlockBytes = int64_t(FD_XBLOCK_KIB) << 10;  ///< packed x of a block of rows within this (L2)
+constexpr int64_t kWChunkBytes = int64_t(FD_WCHUNK_KIB) << 10;  ///< packed weights of a chunk of outputs (L3)
 
 /// Vector steps of a row of n_in k's: f32 ceil(n_in / 16), bf16 2 ceil(n_in / 32).
 int64_t n_vsteps(WType t, int64_t n_in) { return t == WType::f32 ? (n_in + 15) / 16 : 2 * ((n_in + 31) / 32); }
 
-/// x [n_rows, n_in] → xp [ceil(n_rows / kMR)][n_vsteps][kMR][16], rows past n_rows zero.
-void pack_x(std::vector<float> & xp, const float * x, int64_t n_rows, int64_t n_in, WType t) {
-    const int64_t nv = n_vsteps(t, n_in), n_tiles = (n_rows + kMR - 1) / kMR;
-    xp.resize(static_cast<size_t>(n_tiles * nv * kMR * kLanes));
-    for (int64_t tile = 0; tile < n_tiles; ++tile) {
-        float * dst = xp.data() + tile * nv * kMR * kLanes;
+/// Tiles [t0, t1) of x [n_rows, n_in] → xp [ceil(n_rows / kMR)][n_vsteps][kMR][16] (xp sized by
+/// the caller), rows past n_rows zero.
+void pack_x_tiles(float * xp, const float * x, int64_t n_rows, int64_t n_in, WType t, int64_t t0, int64_t t1) {
+    const int64_t nv = n_vsteps(t, n_in);
+    for (int64_t tile = t0; tile < t1; ++tile) {
+        float * dst = xp + tile * nv * kMR * kLanes;
         for (int r = 0; r < kMR; ++r) {
             const int64_t row = tile * kMR + r;
             for (int64_t v = 0; v < nv; ++v) {
@@ -279,6 +286,13 @@ void pack_x(std::vector<float> & xp, const float * x, int64_t n_rows, int64_t n_
             }
         }
     }
+}
+
+/// x [n_rows, n_in] → xp (resized) [ceil(n_rows / kMR)][n_vsteps][kMR][16], rows past n_rows zero.
+void pack_x(std::vector<float> & xp, const float * x, int64_t n_rows, int64_t n_in, WType t) {
+    const int64_t n_tiles = (n_rows + kMR - 1) / kMR;
+    xp.resize(static_cast<size_t>(n_tiles * n_vsteps(t, n_in) * kMR * kLanes));
+    pack_x_tiles(xp.data(), x, n_rows, n_in, t, 0, n_tiles);
 }
 
 /// Weight rows [o, o + n) (n <= kNR), vector steps [v0, v0 + nk) → dst [nk][kNR][16] as f32 in
@@ -319,7 +333,6 @@ struct TileEnds {
 /// the carry).
 template <bool kFirst, bool kLast>
 __attribute__((noinline)) void packed_steps(const float * xp, const float * wp, int64_t n, const TileEnds & e) {
-    f32x16 acc[kMR][kNR];
 #if defined(__AVX512F__)
     __m512 a[kMR][kNR];
 #pragma GCC unroll 8
@@ -346,12 +359,8 @@ __attribute__((noinline)) void packed_steps(const float * xp, const float * wp, 
             for (int c = 0; c < kNR; ++c) { a[r][c] = _mm512_fmadd_ps(xv, w[c], a[r][c]); }
         }
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < kMR; ++r) {
-#pragma GCC unroll 8
-        for (int c = 0; c < kNR; ++c) { std::memcpy(&acc[r][c], &a[r][c], sizeof(__m512)); }
-    }
 #else
+    f32x16 acc[kMR][kNR];
     for (int r = 0; r < kMR; ++r) {
         for (int c = 0; c < kNR; ++c) { acc[r][c] = kFirst ? f32x16{} : e.carry[r * kNR + c]; }
     }
@@ -362,28 +371,49 @@ __attribute__((noinline)) void packed_steps(const float * xp, const float * wp, 
         }
     }
 #endif
+#if defined(__AVX512F__)
+    static_assert(kMR * kNR == 24, "the epilogue below places 16 + 8 sums");
+    if constexpr (!kLast) {
+#pragma GCC unroll 8
+        for (int r = 0; r < kMR; ++r) {
+#pragma GCC unroll 8
+            for (int c = 0; c < kNR; ++c) { _mm512_storeu_ps(reinterpret_cast<float *>(e.carry + r * kNR + c), a[r][c]); }
+        }
+    } else {
+        // reduce16 of the 24 accumulators (row-major, i = r * kNR + c) with lanes.h's transposed
+        // pairing, kept in registers: f0 lane 4 (i % 4) + i / 4 holds sum i < 16, f1 lane
+        // 4 (j % 4) + j / 4 sum 16 + j. Row r (sums 6r .. 6r + 5) is then one two-source
+        // permute (a trip through memory, masked store then reload at another offset, stalls
+        // store forwarding).
+        const __m512 *v = &a[0][0];
+        const __m512 h0 = pair_halves(v[0], v[1]), h1 = pair_halves(v[2], v[3]), h2 = pair_halves(v[4], v[5]);
+        const __m512 h3 = pair_halves(v[6], v[7]), h4 = pair_halves(v[8], v[9]), h5 = pair_halves(v[10], v[11]);
+        const __m512 h6 = pair_halves(v[12], v[13]), h7 = pair_halves(v[14], v[15]), h8 = pair_halves(v[16], v[17]);
+        const __m512 h9 = pair_halves(v[18], v[19]), h10 = pair_halves(v[20], v[21]), h11 = pair_halves(v[22], v[23]);
+        const __m512 q0 = pair_quarters(h0, h1), q1 = pair_quarters(h2, h3), q2 = pair_quarters(h4, h5);
+        const __m512 q3 = pair_quarters(h6, h7), q4 = pair_quarters(h8, h9), q5 = pair_quarters(h10, h11);
+        const __m512 t0 = pair_02_13(q0, q1), t1 = pair_02_13(q2, q3), t2 = pair_02_13(q4, q5);
+        const __m512 f0 = pair_last(t0, t1), f1 = pair_last(t2, t2);
+        const __mmask16 cols = __mmask16((1u << e.n_cols) - 1);  // the tile's outputs in a row
+        const __m512    b    = e.bias ? _mm512_maskz_loadu_ps(cols, e.bias) : _mm512_setzero_ps();
+        // lane of sum i in (f0 | f1): i < 16: 4 (i % 4) + i / 4; else 16 + 4 (j % 4) + j / 4, j = i - 16
+        const __m512i idx[kMR] = {_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                                  _mm512_setr_epi32(9, 13, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                                  _mm512_setr_epi32(3, 7, 11, 15, 16, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                                  _mm512_setr_epi32(24, 28, 17, 21, 25, 29, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)};
+#pragma GCC unroll 8
+        for (int r = 0; r < kMR; ++r) {
+            __m512 o = _mm512_permutex2var_ps(f0, idx[r], f1);
+            if (e.bias) { o = _mm512_add_ps(o, b); }  // the same one rounding as the scalar add
+            if (r < e.n_rows) { _mm512_mask_storeu_ps(e.out + r * e.ldo, cols, o); }
+        }
+    }
+#else
     if constexpr (!kLast) {
         std::memcpy(e.carry, &acc[0][0], sizeof acc);
     } else {
         float sums[kMR * kNR];
         reduce_all(&acc[0][0], kMR * kNR, sums);
-        if (e.n_rows == kMR && e.n_cols == kNR) {
-#if defined(__AVX512F__)
-            constexpr __mmask16 kRow = (1u << kNR) - 1;  // one row of the tile: kNR floats
-            const __m512 b = e.bias ? _mm512_maskz_loadu_ps(kRow, e.bias) : _mm512_setzero_ps();
-#pragma GCC unroll 8
-            for (int r = 0; r < kMR; ++r) {
-                __m512 v = _mm512_maskz_loadu_ps(kRow, sums + r * kNR);
-                if (e.bias) { v = _mm512_add_ps(v, b); }  // the same one rounding as the scalar add
-                _mm512_mask_storeu_ps(e.out + r * e.ldo, kRow, v);
-            }
-#else
-            for (int r = 0; r < kMR; ++r) {
-                for (int c = 0; c < kNR; ++c) { e.out[r * e.ldo + c] = e.bias ? sums[r * kNR + c] + e.bias[c] : sums[r * kNR + c]; }
-            }
-#endif
-            return;
-        }
         for (int r = 0; r < e.n_rows; ++r) {
             for (int c = 0; c < e.n_cols; ++c) {
                 float v = sums[r * kNR + c];
@@ -392,43 +422,64 @@ __attribute__((noinline)) void packed_steps(const float * xp, const float * wp, 
             }
         }
     }
+#endif
 }
 
-/// One task of the many-row path: rows [r0, r1) x outputs [o0, o1) (r0 a multiple of kMR, xp
-/// from pack_x, w the stored weights). Strip by strip and k chunk by k chunk: the strip chunk,
-/// packed (bf16 widened) into a buffer that stays in L1, meets every x tile of the rows (from
-/// L2), lane sums parked exactly in a per-tile carry between chunks.
+/// Outputs per chunk of packed weights: whole strips whose packed f32 copy fits kWChunkBytes.
+int64_t chunk_outputs(int64_t nv) {
+    const int64_t strip_bytes = nv * kNR * kLanes * 4;
+    return std::max<int64_t>(1, kWChunkBytes / strip_bytes) * kNR;
+}
+
+/// One task of the many-row path: every row x outputs [o0, o1) (o0 a multiple of kNR; xp from
+/// pack_x, w the stored weights, rows cut into blocks of mc). Outputs are taken a chunk (packed
+/// copy <= kWChunkBytes) at a time; within it, block of rows by block of rows (packed x in L2),
+/// strip by strip and k chunk by k chunk: the strip chunk (in L1) meets every x tile of the
+/// block, lane sums parked exactly in a per-tile carry between k chunks. The first block of rows
+/// packs each strip chunk (bf16 widened) into the chunk's buffer just before it uses it; the
+/// others read it from there (L3), so the stored weights are read, and packed, once per call.
 template <WType T>
 void packed_task(float * out, const float * xp, const char * w, const float * bias, int64_t n_in, int64_t nv,
-                 int64_t r0, int64_t r1, int64_t n_out, int64_t o0, int64_t o1) {
-    const int64_t n_tiles = (r1 - r0 + kMR - 1) / kMR, n_chunks = (nv + kKcSteps - 1) / kKcSteps;
+                 int64_t n_rows, int64_t mc, int64_t n_out, int64_t o0, int64_t o1) {
+    const int64_t n_chunks = (nv + kKcSteps - 1) / kKcSteps, strip_floats = nv * kNR * kLanes;
+    const int64_t oc = chunk_outputs(nv);
     thread_local std::vector<f32x16> carry;
-    thread_local std::vector<float>  sbuf;
-    if (n_chunks > 1 && static_cast<int64_t>(carry.size()) < n_tiles * kMR * kNR) {
-        carry.resize(static_cast<size_t>(n_tiles * kMR * kNR));
+    thread_local std::vector<float>  wbuf;
+    const int64_t max_tiles = (mc + kMR - 1) / kMR;
+    if (n_chunks > 1 && static_cast<int64_t>(carry.size()) < max_tiles * kMR * kNR) {
+        carry.resize(static_cast<size_t>(max_tiles * kMR * kNR));
     }
-    if (static_cast<int64_t>(sbuf.size()) < kKcSteps * kNR * kLanes) { sbuf.resize(static_cast<size_t>(kKcSteps * kNR * kLanes)); }
-    const float * x0 = xp + (r0 / kMR) * nv * kMR * kLanes;
-    for (int64_t o = o0; o < o1; o += kNR) {
-        const int n = static_cast<int>(std::min<int64_t>(kNR, o1 - o));
-        for (int64_t v0 = 0; v0 < nv; v0 += kKcSteps) {
-            const int64_t nk = std::min(kKcSteps, nv - v0);
-            const bool    first = v0 == 0, last = v0 + nk == nv;
-            pack_strip<T>(sbuf.data(), w, n_in, o, n, v0, nk);
-            for (int64_t tt = 0; tt < n_tiles; ++tt) {
-                const int64_t  r = r0 + tt * kMR;
-                const TileEnds e{.carry  = n_chunks > 1 ? carry.data() + tt * kMR * kNR : nullptr,
-                                 .out    = out + r * n_out + o, .ldo = n_out, .bias = bias ? bias + o : nullptr,
-                                 .n_rows = static_cast<int>(std::min<int64_t>(kMR, r1 - r)), .n_cols = n};
-                const float *  xs = x0 + (tt * nv + v0) * kMR * kLanes;
-                if (first && last) {
-                    packed_steps<true, true>(xs, sbuf.data(), nk, e);
-                } else if (first) {
-                    packed_steps<true, false>(xs, sbuf.data(), nk, e);
-                } else if (last) {
-                    packed_steps<false, true>(xs, sbuf.data(), nk, e);
-                } else {
-                    packed_steps<false, false>(xs, sbuf.data(), nk, e);
+    const int64_t wneed = (std::min(oc, o1 - o0) + kNR - 1) / kNR * strip_floats;
+    if (static_cast<int64_t>(wbuf.size()) < wneed) { wbuf.resize(static_cast<size_t>(wneed)); }
+    for (int64_t c0 = o0; c0 < o1; c0 += oc) {
+        const int64_t c1 = std::min(o1, c0 + oc);
+        for (int64_t r0 = 0; r0 < n_rows; r0 += mc) {
+            const int64_t r1 = std::min(n_rows, r0 + mc), n_tiles = (r1 - r0 + kMR - 1) / kMR;
+            const float * x0 = xp + (r0 / kMR) * nv * kMR * kLanes;
+            for (int64_t o = c0; o < c1; o += kNR) {
+                const int n  = static_cast<int>(std::min<int64_t>(kNR, c1 - o));
+                float *   ws = wbuf.data() + (o - c0) / kNR * strip_floats;
+                for (int64_t v0 = 0; v0 < nv; v0 += kKcSteps) {
+                    const int64_t nk = std::min(kKcSteps, nv - v0);
+                    const bool    first = v0 == 0, last = v0 + nk == nv;
+                    float *       wk = ws + v0 * kNR * kLanes;
+                    if (r0 == 0) { pack_strip<T>(wk, w, n_in, o, n, v0, nk); }
+                    for (int64_t tt = 0; tt < n_tiles; ++tt) {
+                        const int64_t  r = r0 + tt * kMR;
+                        const TileEnds e{.carry  = n_chunks > 1 ? carry.data() + tt * kMR * kNR : nullptr,
+                                         .out    = out + r * n_out + o, .ldo = n_out, .bias = bias ? bias + o : nullptr,
+                                         .n_rows = static_cast<int>(std::min<int64_t>(kMR, r1 - r)), .n_cols = n};
+                        const float *  xs = x0 + (tt * nv + v0) * kMR * kLanes;
+                        if (first && last) {
+                            packed_steps<true, true>(xs, wk, nk, e);
+                        } else if (first) {
+                            packed_steps<true, false>(xs, wk, nk, e);
+                        } else if (last) {
+                            packed_steps<false, true>(xs, wk, nk, e);
+                        } else {
+                            packed_steps<false, false>(xs, wk, nk, e);
+                        }
+                    }
                 }
             }
         }
@@ -517,28 +568,30 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
         });
         return;
     }
-    // Many rows: x packed once; tasks of (a block of rows: packed x <= kXBlockBytes, in L2) x
-    // (a range of whole strips), blocks of rows major; one range of outputs per block unless
-    // the threads need more tasks.
+    // Many rows: x packed once (tiles split over the threads); tasks of whole strips of outputs x
+    // every row, so each task packs its own weights once; at least one range per thread.
     thread_local std::vector<float> xp;  // the caller's thread only: tasks read it
-    pack_x(xp, x, n_rows, n_in, wtype);
-    const float * xpk = xp.data();  // (a thread_local named inside a task would be the worker's own)
     const int64_t nv = n_vsteps(wtype, n_in), vbytes = nv * kLanes * 4;  // packed bytes of one row
+    const int64_t n_xt = (n_rows + kMR - 1) / kMR;
+    xp.resize(static_cast<size_t>(n_xt * nv * kMR * kLanes));
+    float * xpk = xp.data();  // (a thread_local named inside a task would be the worker's own)
+    const int64_t n_thr = pool ? pool->n_threads() : 1;
+    const int64_t n_xtasks = std::min<int64_t>(n_xt, n_thr);
+    for_tasks(n_xtasks, [&](int64_t t) {
+        pack_x_tiles(xpk, x, n_rows, n_in, wtype, n_xt * t / n_xtasks, n_xt * (t + 1) / n_xtasks);
+    });
     const int64_t mc_max   = std::max<int64_t>(kMR, kXBlockBytes / vbytes / kMR * kMR);
     const int64_t n_rb     = (n_rows + mc_max - 1) / mc_max;  // blocks of rows of about equal size
     const int64_t mc       = ((n_rows + n_rb - 1) / n_rb + kMR - 1) / kMR * kMR;
     const int64_t n_strips = (n_out + kNR - 1) / kNR;
-    const int64_t n_thr    = pool ? pool->n_threads() : 1;
-    const int64_t n_or     = n_thr > 1 ? std::clamp<int64_t>((3 * n_thr + n_rb - 1) / n_rb, 1, n_strips) : 1;
-    const int64_t oc       = (n_strips + n_or - 1) / n_or * kNR;  // outputs per range
-    for_tasks(n_rb * n_or, [&](int64_t t) {
-        const int64_t s0 = (t / n_or) * mc, s1 = std::min(n_rows, s0 + mc);
-        const int64_t o0 = (t % n_or) * oc, o1 = std::min(n_out, o0 + oc);
-        if (s0 >= s1 || o0 >= o1) { return; }
+    const int64_t n_or     = std::min(n_strips, n_thr);
+    for_tasks(n_or, [&](int64_t t) {
+        const int64_t o0 = n_strips * t / n_or * kNR, o1 = std::min(n_out, n_strips * (t + 1) / n_or * kNR);
+        if (o0 >= o1) { return; }
         if (wtype == WType::f32) {
-            packed_task<WType::f32>(out, xpk, wb, bias, n_in, nv, s0, s1, n_out, o0, o1);
+            packed_task<WType::f32>(out, xpk, wb, bias, n_in, nv, n_rows, mc, n_out, o0, o1);
         } else {
-            packed_task<WType::bf16>(out, xpk, wb, bias, n_in, nv, s0, s1, n_out, o0, o1);
+            packed_task<WType::bf16>(out, xpk, wb, bias, n_in, nv, n_rows, mc, n_out, o0, o1);
         }
     });
 }
