@@ -59,23 +59,17 @@ inline __m512 pair_02_13(__m512 p, __m512 q) {  // per quarter [p0+p2, p1+p3, q0
 inline __m512 pair_last(__m512 r, __m512 s) {  // per quarter [r0+r1, r2+r3, s0+s1, s2+s3]
     return _mm512_add_ps(_mm512_shuffle_ps(r, s, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(r, s, _MM_SHUFFLE(3, 1, 3, 1)));
 }
-/// n = 16 or 8 accumulators in registers → one vector, lane i = reduce16(v[i]) (i < n; lanes
-/// n.. unspecified when n = 8).
-inline __m512 reduce16_vec(const __m512 * v, int n) {
-    __m512 h[8] = {}, q[4] = {}, t[2] = {};
+/// n = 16 or 8 accumulators → out[n].
+inline void reduce16_many(const f32x16 * acc, int n, float * out) {
+    __m512 v[16] = {}, h[8] = {}, q[4] = {}, t[2] = {};
+    for (int i = 0; i < n; ++i) { std::memcpy(&v[i], &acc[i], sizeof(__m512)); }
     for (int i = 0; i < n / 2; ++i) { h[i] = pair_halves(v[2 * i], v[2 * i + 1]); }
     for (int i = 0; i < n / 4; ++i) { q[i] = pair_quarters(h[2 * i], h[2 * i + 1]); }
     // q[g] quarter j holds accumulator 4g + j; t[m] quarter j: (a, b) of q[2m] then of q[2m + 1].
     for (int i = 0; i < n / 8; ++i) { t[i] = pair_02_13(q[2 * i], q[2 * i + 1]); }
     const __m512 f = pair_last(t[0], n == 16 ? t[1] : t[0]);  // lane 4j + g: accumulator 4g + j
     const __m512i from = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);  // i → 4 (i % 4) + i / 4
-    return _mm512_maskz_permutexvar_ps(__mmask16(0xFFFF), from, f);
-}
-/// n = 16 or 8 accumulators → out[n].
-inline void reduce16_many(const f32x16 * acc, int n, float * out) {
-    __m512 v[16] = {};
-    for (int i = 0; i < n; ++i) { std::memcpy(&v[i], &acc[i], sizeof(__m512)); }
-    _mm512_mask_storeu_ps(out, n == 16 ? __mmask16(0xFFFF) : __mmask16(0x00FF), reduce16_vec(v, n));
+    _mm512_mask_storeu_ps(out, n == 16 ? __mmask16(0xFFFF) : __mmask16(0x00FF), _mm512_maskz_permutexvar_ps(__mmask16(0xFFFF), from, f));
 }
 #endif
 

@@ -245,10 +245,11 @@ constexpr int64_t kKcSteps = 64;          ///< vector steps per k chunk (1024 k'
 #define FD_XBLOCK_KIB 512
 #endif
 #ifndef FD_WCHUNK_KIB
-#define FD_WCHUNK_KIB 2048
+#define FD_WCHUNK_KIB 1024
 #endif
 constexpr int64_t kXBlockBytes = int64_t(FD_XBLOCK_KIB) << 10;  ///< packed x of a block of rows within this (L2)
 constexpr int64_t kWChunkBytes = int64_t(FD_WCHUNK_KIB) << 10;  ///< packed weights of a chunk of outputs (L3)
+constexpr int64_t kXPrefetchFloats = 512;  ///< the kernel prefetches packed x this far ahead (8 steps)
 
 /// Vector steps of a row of n_in k's: f32 ceil(n_in / 16), bf16 2 ceil(n_in / 32).
 int64_t n_vsteps(WType t, int64_t n_in) { return t == WType::f32 ? (n_in + 15) / 16 : 2 * ((n_in + 31) / 32); }
@@ -316,113 +317,139 @@ void pack_strip(float * dst, const char * w, int64_t n_in, int64_t o, int n, int
     }
 }
 
-/// Where a tile's lanes start and end: from zero or the carry, to the carry or (reduced, plus the
-/// bias) to out.
-struct TileEnds {
-    f32x16 *      carry;   ///< [kMR * kNR] lanes between k chunks
-    float *       out;     ///< out [n_rows, ldo] at the tile's first output
+/// A column of kMR x kNR tiles (consecutive x tiles against one strip chunk) and where their
+/// lanes start and end: from zero or the carry, to the carry or (reduced, plus the bias) to out.
+struct Tiles {
+    const float * xp;      ///< the first tile's packed x at the chunk's first step
+    int64_t       xstride; ///< floats from one tile's packed x to the next's
+    const float * wp;      ///< the strip chunk [n_steps][kNR][16]
+    int64_t       n_steps; ///< vector steps in the chunk
+    int64_t       n_tiles;
+    f32x16 *      carry;   ///< [n_tiles][kMR * kNR] lanes between k chunks
+    float *       out;     ///< out [n_rows, ldo] at the first tile's first output
     int64_t       ldo;
     const float * bias;    ///< [n_cols] or nullptr
-    int           n_rows;  ///< rows of the tile to store (1..kMR)
-    int           n_cols;  ///< outputs of the tile to store (1..kNR)
+    int           last_rows;  ///< rows of the last tile to store (1..kMR; the others kMR)
+    int           n_cols;  ///< outputs of each tile to store (1..kNR)
 };
 
-/// `n` vector steps of a kMR x kNR tile on packed operands: xp [n][kMR][16], wp [n][kNR][16].
-/// acc[r][c] = x * w + acc, one FMA per step, steps ascending (the one-row path's chain); kFirst:
-/// lanes start at zero (else from the carry); kLast: reduce, add the bias, store (else lanes to
-/// the carry).
+/// Each tile of `t` in turn: t.n_steps vector steps on packed operands, xp [n][kMR][16] and
+/// wp [n][kNR][16]: acc[r][c] = x * w + acc, one FMA per step, steps ascending (the one-row
+/// path's chain); kFirst: lanes start at zero (else from the carry); kLast: reduce, add the
+/// bias, store (else lanes to the carry). One call per column of tiles, so one tile's epilogue
+/// overlaps the next one's start.
 template <bool kFirst, bool kLast>
-__attribute__((noinline)) void packed_steps(const float * xp, const float * wp, int64_t n, const TileEnds & e) {
+__attribute__((noinline)) void packed_tiles(const Tiles & t) {
+    for (int64_t tt = 0; tt < t.n_tiles; ++tt) {
+        const float * xp = t.xp + tt * t.xstride;
+        const float * wp = t.wp;
+        const int64_t n  = t.n_steps;
+        f32x16 *      carry = t.carry ? t.carry + tt * kMR * kNR : nullptr;
+        float *       out   = t.out + tt * kMR * t.ldo;
+        const int     n_rows = tt + 1 == t.n_tiles ? t.last_rows : kMR;
 #if defined(__AVX512F__)
-    __m512 a[kMR][kNR];
-#pragma GCC unroll 8
-    for (int r = 0; r < kMR; ++r) {
-#pragma GCC unroll 8
-        for (int c = 0; c < kNR; ++c) {
-            a[r][c] = kFirst ? _mm512_setzero_ps() : _mm512_loadu_ps(reinterpret_cast<const float *>(e.carry + r * kNR + c));
-        }
-    }
-    for (int64_t s = 0; s < n; ++s) {
-        const float * xs = xp + s * kMR * kLanes;
-        const float * ws = wp + s * kNR * kLanes;
-        __m512 w[kNR];
-#pragma GCC unroll 8
-        for (int c = 0; c < kNR; ++c) {
-            w[c] = _mm512_loadu_ps(ws + c * kLanes);
-            __asm__("" : "+v"(w[c]));  // loaded once, not folded into each row's FMA
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < kMR; ++r) {
-            __m512 xv = _mm512_loadu_ps(xs + r * kLanes);
-            __asm__("" : "+v"(xv));
-#pragma GCC unroll 8
-            for (int c = 0; c < kNR; ++c) { a[r][c] = _mm512_fmadd_ps(xv, w[c], a[r][c]); }
-        }
-    }
-#else
-    f32x16 acc[kMR][kNR];
-    for (int r = 0; r < kMR; ++r) {
-        for (int c = 0; c < kNR; ++c) { acc[r][c] = kFirst ? f32x16{} : e.carry[r * kNR + c]; }
-    }
-    for (int64_t s = 0; s < n; ++s) {
-        for (int r = 0; r < kMR; ++r) {
-            const f32x16 xv = load16(xp + (s * kMR + r) * kLanes);
-            for (int c = 0; c < kNR; ++c) { acc[r][c] += xv * load16(wp + (s * kNR + c) * kLanes); }
-        }
-    }
-#endif
-#if defined(__AVX512F__)
-    static_assert(kMR * kNR == 24, "the epilogue below places 16 + 8 sums");
-    if constexpr (!kLast) {
+        __m512 a[kMR][kNR];
 #pragma GCC unroll 8
         for (int r = 0; r < kMR; ++r) {
 #pragma GCC unroll 8
-            for (int c = 0; c < kNR; ++c) { _mm512_storeu_ps(reinterpret_cast<float *>(e.carry + r * kNR + c), a[r][c]); }
-        }
-    } else {
-        // reduce16 of the 24 accumulators (row-major, i = r * kNR + c) with lanes.h's transposed
-        // pairing, kept in registers: f0 lane 4 (i % 4) + i / 4 holds sum i < 16, f1 lane
-        // 4 (j % 4) + j / 4 sum 16 + j. Row r (sums 6r .. 6r + 5) is then one two-source
-        // permute (a trip through memory, masked store then reload at another offset, stalls
-        // store forwarding).
-        const __m512 *v = &a[0][0];
-        const __m512 h0 = pair_halves(v[0], v[1]), h1 = pair_halves(v[2], v[3]), h2 = pair_halves(v[4], v[5]);
-        const __m512 h3 = pair_halves(v[6], v[7]), h4 = pair_halves(v[8], v[9]), h5 = pair_halves(v[10], v[11]);
-        const __m512 h6 = pair_halves(v[12], v[13]), h7 = pair_halves(v[14], v[15]), h8 = pair_halves(v[16], v[17]);
-        const __m512 h9 = pair_halves(v[18], v[19]), h10 = pair_halves(v[20], v[21]), h11 = pair_halves(v[22], v[23]);
-        const __m512 q0 = pair_quarters(h0, h1), q1 = pair_quarters(h2, h3), q2 = pair_quarters(h4, h5);
-        const __m512 q3 = pair_quarters(h6, h7), q4 = pair_quarters(h8, h9), q5 = pair_quarters(h10, h11);
-        const __m512 t0 = pair_02_13(q0, q1), t1 = pair_02_13(q2, q3), t2 = pair_02_13(q4, q5);
-        const __m512 f0 = pair_last(t0, t1), f1 = pair_last(t2, t2);
-        const __mmask16 cols = __mmask16((1u << e.n_cols) - 1);  // the tile's outputs in a row
-        const __m512    b    = e.bias ? _mm512_maskz_loadu_ps(cols, e.bias) : _mm512_setzero_ps();
-        // lane of sum i in (f0 | f1): i < 16: 4 (i % 4) + i / 4; else 16 + 4 (j % 4) + j / 4, j = i - 16
-        const __m512i idx[kMR] = {_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                                  _mm512_setr_epi32(9, 13, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                                  _mm512_setr_epi32(3, 7, 11, 15, 16, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                                  _mm512_setr_epi32(24, 28, 17, 21, 25, 29, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)};
-#pragma GCC unroll 8
-        for (int r = 0; r < kMR; ++r) {
-            __m512 o = _mm512_permutex2var_ps(f0, idx[r], f1);
-            if (e.bias) { o = _mm512_add_ps(o, b); }  // the same one rounding as the scalar add
-            if (r < e.n_rows) { _mm512_mask_storeu_ps(e.out + r * e.ldo, cols, o); }
-        }
-    }
-#else
-    if constexpr (!kLast) {
-        std::memcpy(e.carry, &acc[0][0], sizeof acc);
-    } else {
-        float sums[kMR * kNR];
-        reduce_all(&acc[0][0], kMR * kNR, sums);
-        for (int r = 0; r < e.n_rows; ++r) {
-            for (int c = 0; c < e.n_cols; ++c) {
-                float v = sums[r * kNR + c];
-                if (e.bias) { v += e.bias[c]; }
-                e.out[r * e.ldo + c] = v;
+            for (int c = 0; c < kNR; ++c) {
+                a[r][c] = kFirst ? _mm512_setzero_ps() : _mm512_loadu_ps(reinterpret_cast<const float *>(carry + r * kNR + c));
             }
         }
-    }
+        for (int64_t s = 0; s < n; ++s) {
+            const float * xs = xp + s * kMR * kLanes;
+            const float * ws = wp + s * kNR * kLanes;
+#pragma GCC unroll 4
+            for (int r = 0; r < kMR; ++r) {  // x streams from L2: ask for it 8 steps (2 KiB) ahead
+                _mm_prefetch(reinterpret_cast<const char *>(xs + kXPrefetchFloats + r * kLanes), _MM_HINT_T0);
+            }
+            __m512 w[kNR];
+#pragma GCC unroll 8
+            for (int c = 0; c < kNR; ++c) {
+                w[c] = _mm512_loadu_ps(ws + c * kLanes);
+                __asm__("" : "+v"(w[c]));  // loaded once, not folded into each row's FMA
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < kMR; ++r) {
+                __m512 xv = _mm512_loadu_ps(xs + r * kLanes);
+                __asm__("" : "+v"(xv));
+#pragma GCC unroll 8
+                for (int c = 0; c < kNR; ++c) { a[r][c] = _mm512_fmadd_ps(xv, w[c], a[r][c]); }
+            }
+        }
+#else
+        f32x16 acc[kMR][kNR];
+        for (int r = 0; r < kMR; ++r) {
+            for (int c = 0; c < kNR; ++c) { acc[r][c] = kFirst ? f32x16{} : carry[r * kNR + c]; }
+        }
+        for (int64_t s = 0; s < n; ++s) {
+            for (int r = 0; r < kMR; ++r) {
+                const f32x16 xv = load16(xp + (s * kMR + r) * kLanes);
+                for (int c = 0; c < kNR; ++c) { acc[r][c] += xv * load16(wp + (s * kNR + c) * kLanes); }
+            }
+        }
 #endif
+#if defined(__AVX512F__)
+        static_assert(kMR * kNR == 24, "the epilogue below places 16 + 8 sums");
+        if constexpr (!kLast) {
+#pragma GCC unroll 8
+            for (int r = 0; r < kMR; ++r) {
+#pragma GCC unroll 8
+                for (int c = 0; c < kNR; ++c) { _mm512_storeu_ps(reinterpret_cast<float *>(carry + r * kNR + c), a[r][c]); }
+            }
+        } else {
+            // reduce16 of the 24 accumulators (row-major, i = r * kNR + c) with lanes.h's transposed
+            // pairing, kept in registers: f0 lane 4 (i % 4) + i / 4 holds sum i < 16, f1 lane
+            // 4 (j % 4) + j / 4 sum 16 + j. Row r (sums 6r .. 6r + 5) is then one two-source
+            // permute (a trip through memory, masked store then reload at another offset, stalls
+            // store forwarding).
+            const __m512 *v = &a[0][0];
+            // First level as lanes.h's pair_halves (lane i + lane i + 8), but x's sums in the low
+            // half and y's in the high half from one blend and one shuffle: [x lo | y hi] + [x hi |
+            // y lo]; y's adds have their operands swapped, which is exact (addition commutes).
+            auto ph = [](__m512 x, __m512 y) {
+                const __m512 bl = _mm512_mask_blend_ps(__mmask16(0xFF00), x, y);
+                const __m512 sh = _mm512_maskz_shuffle_f32x4(__mmask16(0xFFFF), x, y, _MM_SHUFFLE(1, 0, 3, 2));
+                return _mm512_add_ps(bl, sh);
+            };
+            const __m512 h0 = ph(v[0], v[1]), h1 = ph(v[2], v[3]), h2 = ph(v[4], v[5]);
+            const __m512 h3 = ph(v[6], v[7]), h4 = ph(v[8], v[9]), h5 = ph(v[10], v[11]);
+            const __m512 h6 = ph(v[12], v[13]), h7 = ph(v[14], v[15]), h8 = ph(v[16], v[17]);
+            const __m512 h9 = ph(v[18], v[19]), h10 = ph(v[20], v[21]), h11 = ph(v[22], v[23]);
+            const __m512 q0 = pair_quarters(h0, h1), q1 = pair_quarters(h2, h3), q2 = pair_quarters(h4, h5);
+            const __m512 q3 = pair_quarters(h6, h7), q4 = pair_quarters(h8, h9), q5 = pair_quarters(h10, h11);
+            const __m512 t0 = pair_02_13(q0, q1), t1 = pair_02_13(q2, q3), t2 = pair_02_13(q4, q5);
+            const __m512 f0 = pair_last(t0, t1), f1 = pair_last(t2, t2);
+            const __mmask16 cols = __mmask16((1u << t.n_cols) - 1);  // the tile's outputs in a row
+            const __m512    b    = t.bias ? _mm512_maskz_loadu_ps(cols, t.bias) : _mm512_setzero_ps();
+            // lane of sum i in (f0 | f1): i < 16: 4 (i % 4) + i / 4; else 16 + 4 (j % 4) + j / 4, j = i - 16
+            const __m512i idx[kMR] = {_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                                      _mm512_setr_epi32(9, 13, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                                      _mm512_setr_epi32(3, 7, 11, 15, 16, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                                      _mm512_setr_epi32(24, 28, 17, 21, 25, 29, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)};
+#pragma GCC unroll 8
+            for (int r = 0; r < kMR; ++r) {
+                __m512 o = _mm512_permutex2var_ps(f0, idx[r], f1);
+                if (t.bias) { o = _mm512_add_ps(o, b); }  // the same one rounding as the scalar add
+                if (r < n_rows) { _mm512_mask_storeu_ps(out + r * t.ldo, cols, o); }
+            }
+        }
+#else
+        if constexpr (!kLast) {
+            std::memcpy(carry, &acc[0][0], sizeof acc);
+        } else {
+            float sums[kMR * kNR];
+            reduce_all(&acc[0][0], kMR * kNR, sums);
+            for (int r = 0; r < n_rows; ++r) {
+                for (int c = 0; c < t.n_cols; ++c) {
+                    float v = sums[r * kNR + c];
+                    if (t.bias) { v += t.bias[c]; }
+                    out[r * t.ldo + c] = v;
+                }
+            }
+        }
+#endif
+    }
 }
 
 /// Outputs per chunk of packed weights: whole strips whose packed f32 copy fits kWChunkBytes.
@@ -464,21 +491,18 @@ void packed_task(float * out, const float * xp, const char * w, const float * bi
                     const bool    first = v0 == 0, last = v0 + nk == nv;
                     float *       wk = ws + v0 * kNR * kLanes;
                     if (r0 == 0) { pack_strip<T>(wk, w, n_in, o, n, v0, nk); }
-                    for (int64_t tt = 0; tt < n_tiles; ++tt) {
-                        const int64_t  r = r0 + tt * kMR;
-                        const TileEnds e{.carry  = n_chunks > 1 ? carry.data() + tt * kMR * kNR : nullptr,
-                                         .out    = out + r * n_out + o, .ldo = n_out, .bias = bias ? bias + o : nullptr,
-                                         .n_rows = static_cast<int>(std::min<int64_t>(kMR, r1 - r)), .n_cols = n};
-                        const float *  xs = x0 + (tt * nv + v0) * kMR * kLanes;
-                        if (first && last) {
-                            packed_steps<true, true>(xs, wk, nk, e);
-                        } else if (first) {
-                            packed_steps<true, false>(xs, wk, nk, e);
-                        } else if (last) {
-                            packed_steps<false, true>(xs, wk, nk, e);
-                        } else {
-                            packed_steps<false, false>(xs, wk, nk, e);
-                        }
+                    const Tiles t{.xp = x0 + v0 * kMR * kLanes, .xstride = nv * kMR * kLanes, .wp = wk, .n_steps = nk,
+                                  .n_tiles = n_tiles, .carry = n_chunks > 1 ? carry.data() : nullptr,
+                                  .out = out + r0 * n_out + o, .ldo = n_out, .bias = bias ? bias + o : nullptr,
+                                  .last_rows = static_cast<int>(r1 - r0 - (n_tiles - 1) * kMR), .n_cols = n};
+                    if (first && last) {
+                        packed_tiles<true, true>(t);
+                    } else if (first) {
+                        packed_tiles<true, false>(t);
+                    } else if (last) {
+                        packed_tiles<false, true>(t);
+                    } else {
+                        packed_tiles<false, false>(t);
                     }
                 }
             }
