@@ -239,7 +239,7 @@ void tile(const TileArgs & t) {
 
 constexpr int     kMR      = 4, kNR = 6;  ///< register tile: 24 lane accumulators, 6 weights, 1 x
 constexpr int64_t kDirectRows = 8;        ///< f32 weights, up to this many rows: not packed
-constexpr int64_t kKcSteps = 64;          ///< vector steps per k chunk (1024 k's): a strip chunk
+constexpr int64_t kKcSteps = 64;           ///< vector steps per k chunk (1024 k's): a strip chunk
                                           ///< (6 x 1024 x 4 B = 24 KiB) stays in L1
 #ifndef FD_XBLOCK_KIB
 #define FD_XBLOCK_KIB 512
@@ -254,16 +254,23 @@ constexpr int64_t kXPrefetchFloats = 512;  ///< the kernel prefetches packed x t
 /// Vector steps of a row of n_in k's: f32 ceil(n_in / 16), bf16 2 ceil(n_in / 32).
 int64_t n_vsteps(WType t, int64_t n_in) { return t == WType::f32 ? (n_in + 15) / 16 : 2 * ((n_in + 31) / 32); }
 
-/// Tiles [t0, t1) of x [n_rows, n_in] → xp [ceil(n_rows / kMR)][n_vsteps][kMR][16] (xp sized by
-/// the caller), rows past n_rows zero.
+/// Where vector step v of x tile `tile` starts in packed x (floats): k chunk major, so the tiles'
+/// steps of one chunk are one contiguous stream: [chunk][tile][step in chunk][kMR][16] (n_xt
+/// tiles, nv steps; only the last chunk is shorter than kKcSteps).
+inline int64_t x_offset(int64_t n_xt, int64_t nv, int64_t tile, int64_t v) {
+    const int64_t c0 = v / kKcSteps * kKcSteps, nk = std::min(kKcSteps, nv - c0);
+    return (c0 * n_xt + tile * nk + (v - c0)) * kMR * kLanes;
+}
+
+/// Tiles [t0, t1) of x [n_rows, n_in] → xp (x_offset layout, sized by the caller: n_xt * nv *
+/// kMR * 16 floats), rows past n_rows zero.
 void pack_x_tiles(float * xp, const float * x, int64_t n_rows, int64_t n_in, WType t, int64_t t0, int64_t t1) {
-    const int64_t nv = n_vsteps(t, n_in);
+    const int64_t nv = n_vsteps(t, n_in), n_xt = (n_rows + kMR - 1) / kMR;
     for (int64_t tile = t0; tile < t1; ++tile) {
-        float * dst = xp + tile * nv * kMR * kLanes;
         for (int r = 0; r < kMR; ++r) {
             const int64_t row = tile * kMR + r;
             for (int64_t v = 0; v < nv; ++v) {
-                float * d = dst + (v * kMR + r) * kLanes;
+                float * d = xp + x_offset(n_xt, nv, tile, v) + r * kLanes;
                 if (row >= n_rows) {
                     std::memset(d, 0, sizeof(float) * kLanes);
                     continue;
@@ -289,7 +296,7 @@ void pack_x_tiles(float * xp, const float * x, int64_t n_rows, int64_t n_in, WTy
     }
 }
 
-/// x [n_rows, n_in] → xp (resized) [ceil(n_rows / kMR)][n_vsteps][kMR][16], rows past n_rows zero.
+/// x [n_rows, n_in] → xp (resized; x_offset layout), rows past n_rows zero. One row: step v at v * kMR * 16.
 void pack_x(std::vector<float> & xp, const float * x, int64_t n_rows, int64_t n_in, WType t) {
     const int64_t n_tiles = (n_rows + kMR - 1) / kMR;
     xp.resize(static_cast<size_t>(n_tiles * n_vsteps(t, n_in) * kMR * kLanes));
@@ -469,6 +476,7 @@ template <WType T>
 void packed_task(float * out, const float * xp, const char * w, const float * bias, int64_t n_in, int64_t nv,
                  int64_t n_rows, int64_t mc, int64_t n_out, int64_t o0, int64_t o1) {
     const int64_t n_chunks = (nv + kKcSteps - 1) / kKcSteps, strip_floats = nv * kNR * kLanes;
+    const int64_t n_xt = (n_rows + kMR - 1) / kMR;
     const int64_t oc = chunk_outputs(nv);
     thread_local std::vector<f32x16> carry;
     thread_local std::vector<float>  wbuf;
@@ -482,7 +490,6 @@ void packed_task(float * out, const float * xp, const char * w, const float * bi
         const int64_t c1 = std::min(o1, c0 + oc);
         for (int64_t r0 = 0; r0 < n_rows; r0 += mc) {
             const int64_t r1 = std::min(n_rows, r0 + mc), n_tiles = (r1 - r0 + kMR - 1) / kMR;
-            const float * x0 = xp + (r0 / kMR) * nv * kMR * kLanes;
             for (int64_t o = c0; o < c1; o += kNR) {
                 const int n  = static_cast<int>(std::min<int64_t>(kNR, c1 - o));
                 float *   ws = wbuf.data() + (o - c0) / kNR * strip_floats;
@@ -491,7 +498,7 @@ void packed_task(float * out, const float * xp, const char * w, const float * bi
                     const bool    first = v0 == 0, last = v0 + nk == nv;
                     float *       wk = ws + v0 * kNR * kLanes;
                     if (r0 == 0) { pack_strip<T>(wk, w, n_in, o, n, v0, nk); }
-                    const Tiles t{.xp = x0 + v0 * kMR * kLanes, .xstride = nv * kMR * kLanes, .wp = wk, .n_steps = nk,
+                    const Tiles t{.xp = xp + x_offset(n_xt, nv, r0 / kMR, v0), .xstride = nk * kMR * kLanes, .wp = wk, .n_steps = nk,
                                   .n_tiles = n_tiles, .carry = n_chunks > 1 ? carry.data() : nullptr,
                                   .out = out + r0 * n_out + o, .ldo = n_out, .bias = bias ? bias + o : nullptr,
                                   .last_rows = static_cast<int>(r1 - r0 - (n_tiles - 1) * kMR), .n_cols = n};
