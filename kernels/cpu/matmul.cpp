@@ -11,9 +11,9 @@
 //                 32, of the "hi" vector k = 8*(l/4) + 4 + l%4, lo first. x is permuted into the
 //                 same order once per call, so the weights need no further shuffling.
 // Paths: one row (decode) and, for f32 weights, up to 8 rows stream the weights from their rows
-// in register tiles; more rows (or bf16) run on packed operands (x per call, a strip of weights
-// per k chunk and block of rows, see "Many rows" below). Tiles and packing only decide which loads feed an FMA, never the
-// arithmetic, so a row's result is bitwise the same for any batch size, batch position, path,
+// in register tiles; more rows (or bf16) run on packed operands (x and the weights packed once
+// per call, see "Many rows" below). Tiles and packing only decide which loads feed an FMA, never
+// the arithmetic, so a row's result is bitwise the same for any batch size, batch position, path,
 // tiling or thread count.
 #include "fd/kernels/cpu_ops.h"
 #include "lanes.h"
@@ -222,33 +222,32 @@ void tile(const TileArgs & t) {
 // ---------------------------------------------------------------------------------------------
 // Many rows: packed x, weight strips (GotoBLAS-style blocking)
 //
-// x is packed once per call into "vector steps" of 16 k's in the weights' lane order (f32: k =
-// 16v + lane; bf16: step s of 32 k's is vector steps 2s (lo) and 2s + 1 (hi), bf16_lane_k
-// order), the tail zero-padded exactly as the one-row path pads it, in tiles of kMR rows
-// ([tile][vstep][kMR][16]: one contiguous stream per tile). Weights are read in strips of kNR
-// rows, one k chunk at a time packed (bf16 widened, a partial last step zero-padded) into a
-// small buffer [vstep][kNR][16]; the stored weights are never written. Vector step v of a (row,
+// x is packed once per call (tiles split over the threads) into "vector steps" of 16 k's in the
+// weights' lane order (f32: k = 16v + lane; bf16: step s of 32 k's is vector steps 2s (lo) and
+// 2s + 1 (hi), bf16_lane_k order), the tail zero-padded exactly as the one-row path pads it, in
+// tiles of kMR rows, k chunk major ([chunk][tile][vstep][kMR][16], x_offset: one contiguous
+// stream per chunk). Weights are packed in strips of kNR rows (bf16 widened, a partial last step
+// zero-padded; [vstep][kNR][16]); the stored weights are never written. Vector step v of a (row,
 // output) pair is then the very FMA the one-row path runs at its step v (bf16: lo before hi), so
 // the packed kernel runs the one-row path's chain.
-// Blocking for a 48 KiB L1 / 1 MiB L2 core (GotoBLAS): a task owns a block of rows (packed x <=
-// 512 KiB, stays in L2) and a range of outputs; a strip chunk (<= 24 KiB) sits in L1 while every
-// x tile of the block meets it. The weights stream from memory once per block of rows. (Tried
-// and dropped: software prefetch of the next strip, of the next x panel, and reading f32 strips
-// from the stored rows unpacked - each measured slower on this machine.)
+// Blocking for a 48 KiB L1 / 1 MiB L2 core (GotoBLAS loop order): a task owns a range of outputs
+// and every row. It takes its outputs a chunk at a time (packed weights <= 1 MiB, kept in L3),
+// and within a chunk the rows a block at a time (packed x <= 512 KiB, kept in L2); a strip's k
+// chunk (<= 24 KiB) sits in L1 while every x tile of the block meets it. The first block of rows
+// packs each strip chunk into the chunk's buffer as it reaches it; the later blocks read the
+// packed copy, so the stored weights are read and packed once per call (they were once per
+// block of rows: 12 times at 2048 rows of 768). The 4 x 6 kernel runs a whole column of tiles
+// per call and keeps its 24 lane reductions in registers up to the store.
+// Tried and dropped (measured no better here): software prefetch of the next packed strip,
+// weight chunks of 2-8 MiB, x blocks of 256-768 KiB, k chunks of 512 or 2048.
 // ---------------------------------------------------------------------------------------------
 
 constexpr int     kMR      = 4, kNR = 6;  ///< register tile: 24 lane accumulators, 6 weights, 1 x
 constexpr int64_t kDirectRows = 8;        ///< f32 weights, up to this many rows: not packed
 constexpr int64_t kKcSteps = 64;           ///< vector steps per k chunk (1024 k's): a strip chunk
                                           ///< (6 x 1024 x 4 B = 24 KiB) stays in L1
-#ifndef FD_XBLOCK_KIB
-#define FD_XBLOCK_KIB 512
-#endif
-#ifndef FD_WCHUNK_KIB
-#define FD_WCHUNK_KIB 1024
-#endif
-constexpr int64_t kXBlockBytes = int64_t(FD_XBLOCK_KIB) << 10;  ///< packed x of a block of rows within this (L2)
-constexpr int64_t kWChunkBytes = int64_t(FD_WCHUNK_KIB) << 10;  ///< packed weights of a chunk of outputs (L3)
+constexpr int64_t kXBlockBytes = 512 << 10;   ///< packed x of a block of rows within this (L2)
+constexpr int64_t kWChunkBytes = 1024 << 10;  ///< packed weights of a chunk of outputs (L3)
 constexpr int64_t kXPrefetchFloats = 512;  ///< the kernel prefetches packed x this far ahead (8 steps)
 
 /// Vector steps of a row of n_in k's: f32 ceil(n_in / 16), bf16 2 ceil(n_in / 32).
