@@ -285,10 +285,22 @@ void pack_x_tiles(float * xp, const float * x, int64_t n_rows, int64_t n_in, WTy
                     }
                 } else {
                     const int64_t base = (v / 2) * 32;
+#if defined(__AVX512F__)
+                    // The 32 k's of the step (zero past n_in), then lanes in bf16_lane_k order:
+                    // lo k = 8 (l / 4) + l % 4, hi the same + 4 (one two-source permute each).
+                    const int64_t  left = n_in - base;
+                    const __mmask16 m0 = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+                    const __mmask16 m1 = left >= 32 ? __mmask16(0xFFFF) : left <= 16 ? __mmask16(0) : __mmask16((1u << (left - 16)) - 1);
+                    const __m512 a = _mm512_maskz_loadu_ps(m0, src + base), b = _mm512_maskz_loadu_ps(m1, src + base + 16);
+                    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+                    const __m512i idx = v % 2 ? _mm512_add_epi32(lo, _mm512_set1_epi32(4)) : lo;
+                    _mm512_storeu_ps(d, _mm512_permutex2var_ps(a, idx, b));
+#else
                     for (int l = 0; l < kLanes; ++l) {
                         const int64_t k = base + bf16_lane_k((v % 2) * kLanes + l);
                         d[l] = k < n_in ? src[k] : 0.0f;
                     }
+#endif
                 }
             }
         }
