@@ -11,9 +11,9 @@
 //                 32, of the "hi" vector k = 8*(l/4) + 4 + l%4, lo first. x is permuted into the
 //                 same order once per call, so the weights need no further shuffling.
 // Paths: one row (decode) and, for f32 weights, up to 8 rows stream the weights from their rows
-// in register tiles; more rows (or bf16) run on packed operands (x per call, a strip of weights
-// per k chunk and block of rows, see "Many rows" below). Tiles and packing only decide which loads feed an FMA, never the
-// arithmetic, so a row's result is bitwise the same for any batch size, batch position, path,
+// in register tiles; more rows (or bf16) run on packed operands (x and the weights packed once
+// per call, see "Many rows" below). Tiles and packing only decide which loads feed an FMA, never
+// the arithmetic, so a row's result is bitwise the same for any batch size, batch position, path,
 // tiling or thread count.
 #include "fd/kernels/cpu_ops.h"
 #include "lanes.h"
@@ -222,40 +222,54 @@ void tile(const TileArgs & t) {
 // ---------------------------------------------------------------------------------------------
 // Many rows: packed x, weight strips (GotoBLAS-style blocking)
 //
-// x is packed once per call into "vector steps" of 16 k's in the weights' lane order (f32: k =
-// 16v + lane; bf16: step s of 32 k's is vector steps 2s (lo) and 2s + 1 (hi), bf16_lane_k
-// order), the tail zero-padded exactly as the one-row path pads it, in tiles of kMR rows
-// ([tile][vstep][kMR][16]: one contiguous stream per tile). Weights are read in strips of kNR
-// rows, one k chunk at a time packed (bf16 widened, a partial last step zero-padded) into a
-// small buffer [vstep][kNR][16]; the stored weights are never written. Vector step v of a (row,
+// x is packed once per call (tiles split over the threads) into "vector steps" of 16 k's in the
+// weights' lane order (f32: k = 16v + lane; bf16: step s of 32 k's is vector steps 2s (lo) and
+// 2s + 1 (hi), bf16_lane_k order), the tail zero-padded exactly as the one-row path pads it, in
+// tiles of kMR rows, k chunk major ([chunk][tile][vstep][kMR][16], x_offset: one contiguous
+// stream per chunk). Weights are packed in strips of kNR rows (bf16 widened, a partial last step
+// zero-padded; [vstep][kNR][16]); the stored weights are never written. Vector step v of a (row,
 // output) pair is then the very FMA the one-row path runs at its step v (bf16: lo before hi), so
 // the packed kernel runs the one-row path's chain.
-// Blocking for a 48 KiB L1 / 1 MiB L2 core (GotoBLAS): a task owns a block of rows (packed x <=
-// 512 KiB, stays in L2) and a range of outputs; a strip chunk (<= 24 KiB) sits in L1 while every
-// x tile of the block meets it. The weights stream from memory once per block of rows. (Tried
-// and dropped: software prefetch of the next strip, of the next x panel, and reading f32 strips
-// from the stored rows unpacked - each measured slower on this machine.)
+// Blocking for a 48 KiB L1 / 1 MiB L2 core (GotoBLAS loop order): a task owns a range of outputs
+// and every row. It takes its outputs a chunk at a time (packed weights <= 1 MiB, kept in L3),
+// and within a chunk the rows a block at a time (packed x <= 512 KiB, kept in L2); a strip's k
+// chunk (<= 24 KiB) sits in L1 while every x tile of the block meets it. The first block of rows
+// packs each strip chunk into the chunk's buffer as it reaches it; the later blocks read the
+// packed copy, so the stored weights are read and packed once per call (they were once per
+// block of rows: 12 times at 2048 rows of 768). The 4 x 6 kernel runs a whole column of tiles
+// per call and keeps its 24 lane reductions in registers up to the store.
+// Tried and dropped (measured no better here): software prefetch of the next packed strip,
+// weight chunks of 2-8 MiB, x blocks of 256-768 KiB, k chunks of 512 or 2048.
 // ---------------------------------------------------------------------------------------------
 
 constexpr int     kMR      = 4, kNR = 6;  ///< register tile: 24 lane accumulators, 6 weights, 1 x
 constexpr int64_t kDirectRows = 8;        ///< f32 weights, up to this many rows: not packed
-constexpr int64_t kKcSteps = 64;          ///< vector steps per k chunk (1024 k's): a strip chunk
+constexpr int64_t kKcSteps = 64;           ///< vector steps per k chunk (1024 k's): a strip chunk
                                           ///< (6 x 1024 x 4 B = 24 KiB) stays in L1
-constexpr int64_t kXBlockBytes = 512 << 10;  ///< packed x of a task's rows within this (L2)
+constexpr int64_t kXBlockBytes = 512 << 10;   ///< packed x of a block of rows within this (L2)
+constexpr int64_t kWChunkBytes = 1024 << 10;  ///< packed weights of a chunk of outputs (L3)
+constexpr int64_t kXPrefetchFloats = 512;  ///< the kernel prefetches packed x this far ahead (8 steps)
 
 /// Vector steps of a row of n_in k's: f32 ceil(n_in / 16), bf16 2 ceil(n_in / 32).
 int64_t n_vsteps(WType t, int64_t n_in) { return t == WType::f32 ? (n_in + 15) / 16 : 2 * ((n_in + 31) / 32); }
 
-/// x [n_rows, n_in] → xp [ceil(n_rows / kMR)][n_vsteps][kMR][16], rows past n_rows zero.
-void pack_x(std::vector<float> & xp, const float * x, int64_t n_rows, int64_t n_in, WType t) {
-    const int64_t nv = n_vsteps(t, n_in), n_tiles = (n_rows + kMR - 1) / kMR;
-    xp.resize(static_cast<size_t>(n_tiles * nv * kMR * kLanes));
-    for (int64_t tile = 0; tile < n_tiles; ++tile) {
-        float * dst = xp.data() + tile * nv * kMR * kLanes;
+/// Where vector step v of x tile `tile` starts in packed x (floats): k chunk major, so the tiles'
+/// steps of one chunk are one contiguous stream: [chunk][tile][step in chunk][kMR][16] (n_xt
+/// tiles, nv steps; only the last chunk is shorter than kKcSteps).
+inline int64_t x_offset(int64_t n_xt, int64_t nv, int64_t tile, int64_t v) {
+    const int64_t c0 = v / kKcSteps * kKcSteps, nk = std::min(kKcSteps, nv - c0);
+    return (c0 * n_xt + tile * nk + (v - c0)) * kMR * kLanes;
+}
+
+/// Tiles [t0, t1) of x [n_rows, n_in] → xp (x_offset layout, sized by the caller: n_xt * nv *
+/// kMR * 16 floats), rows past n_rows zero.
+void pack_x_tiles(float * xp, const float * x, int64_t n_rows, int64_t n_in, WType t, int64_t t0, int64_t t1) {
+    const int64_t nv = n_vsteps(t, n_in), n_xt = (n_rows + kMR - 1) / kMR;
+    for (int64_t tile = t0; tile < t1; ++tile) {
         for (int r = 0; r < kMR; ++r) {
             const int64_t row = tile * kMR + r;
             for (int64_t v = 0; v < nv; ++v) {
-                float * d = dst + (v * kMR + r) * kLanes;
+                float * d = xp + x_offset(n_xt, nv, tile, v) + r * kLanes;
                 if (row >= n_rows) {
                     std::memset(d, 0, sizeof(float) * kLanes);
                     continue;
@@ -271,14 +285,33 @@ void pack_x(std::vector<float> & xp, const float * x, int64_t n_rows, int64_t n_
                     }
                 } else {
                     const int64_t base = (v / 2) * 32;
+#if defined(__AVX512F__)
+                    // The 32 k's of the step (zero past n_in), then lanes in bf16_lane_k order:
+                    // lo k = 8 (l / 4) + l % 4, hi the same + 4 (one two-source permute each).
+                    const int64_t  left = n_in - base;
+                    const __mmask16 m0 = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+                    const __mmask16 m1 = left >= 32 ? __mmask16(0xFFFF) : left <= 16 ? __mmask16(0) : __mmask16((1u << (left - 16)) - 1);
+                    const __m512 a = _mm512_maskz_loadu_ps(m0, src + base), b = _mm512_maskz_loadu_ps(m1, src + base + 16);
+                    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+                    const __m512i idx = v % 2 ? _mm512_add_epi32(lo, _mm512_set1_epi32(4)) : lo;
+                    _mm512_storeu_ps(d, _mm512_permutex2var_ps(a, idx, b));
+#else
                     for (int l = 0; l < kLanes; ++l) {
                         const int64_t k = base + bf16_lane_k((v % 2) * kLanes + l);
                         d[l] = k < n_in ? src[k] : 0.0f;
                     }
+#endif
                 }
             }
         }
     }
+}
+
+/// x [n_rows, n_in] → xp (resized; x_offset layout), rows past n_rows zero. One row: step v at v * kMR * 16.
+void pack_x(std::vector<float> & xp, const float * x, int64_t n_rows, int64_t n_in, WType t) {
+    const int64_t n_tiles = (n_rows + kMR - 1) / kMR;
+    xp.resize(static_cast<size_t>(n_tiles * n_vsteps(t, n_in) * kMR * kLanes));
+    pack_x_tiles(xp.data(), x, n_rows, n_in, t, 0, n_tiles);
 }
 
 /// Weight rows [o, o + n) (n <= kNR), vector steps [v0, v0 + nk) → dst [nk][kNR][16] as f32 in
@@ -302,133 +335,193 @@ void pack_strip(float * dst, const char * w, int64_t n_in, int64_t o, int n, int
     }
 }
 
-/// Where a tile's lanes start and end: from zero or the carry, to the carry or (reduced, plus the
-/// bias) to out.
-struct TileEnds {
-    f32x16 *      carry;   ///< [kMR * kNR] lanes between k chunks
-    float *       out;     ///< out [n_rows, ldo] at the tile's first output
+/// A column of kMR x kNR tiles (consecutive x tiles against one strip chunk) and where their
+/// lanes start and end: from zero or the carry, to the carry or (reduced, plus the bias) to out.
+struct Tiles {
+    const float * xp;      ///< the first tile's packed x at the chunk's first step
+    int64_t       xstride; ///< floats from one tile's packed x to the next's
+    const float * wp;      ///< the strip chunk [n_steps][kNR][16]
+    int64_t       n_steps; ///< vector steps in the chunk
+    int64_t       n_tiles;
+    f32x16 *      carry;   ///< [n_tiles][kMR * kNR] lanes between k chunks
+    float *       out;     ///< out [n_rows, ldo] at the first tile's first output
     int64_t       ldo;
     const float * bias;    ///< [n_cols] or nullptr
-    int           n_rows;  ///< rows of the tile to store (1..kMR)
-    int           n_cols;  ///< outputs of the tile to store (1..kNR)
+    int           last_rows;  ///< rows of the last tile to store (1..kMR; the others kMR)
+    int           n_cols;  ///< outputs of each tile to store (1..kNR)
 };
 
-/// `n` vector steps of a kMR x kNR tile on packed operands: xp [n][kMR][16], wp [n][kNR][16].
-/// acc[r][c] = x * w + acc, one FMA per step, steps ascending (the one-row path's chain); kFirst:
-/// lanes start at zero (else from the carry); kLast: reduce, add the bias, store (else lanes to
-/// the carry).
+/// Each tile of `t` in turn: t.n_steps vector steps on packed operands, xp [n][kMR][16] and
+/// wp [n][kNR][16]: acc[r][c] = x * w + acc, one FMA per step, steps ascending (the one-row
+/// path's chain); kFirst: lanes start at zero (else from the carry); kLast: reduce, add the
+/// bias, store (else lanes to the carry). One call per column of tiles, so one tile's epilogue
+/// overlaps the next one's start.
 template <bool kFirst, bool kLast>
-__attribute__((noinline)) void packed_steps(const float * xp, const float * wp, int64_t n, const TileEnds & e) {
-    f32x16 acc[kMR][kNR];
+__attribute__((noinline)) void packed_tiles(const Tiles & t) {
+    for (int64_t tt = 0; tt < t.n_tiles; ++tt) {
+        const float * xp = t.xp + tt * t.xstride;
+        const float * wp = t.wp;
+        const int64_t n  = t.n_steps;
+        f32x16 *      carry = t.carry ? t.carry + tt * kMR * kNR : nullptr;
+        float *       out   = t.out + tt * kMR * t.ldo;
+        const int     n_rows = tt + 1 == t.n_tiles ? t.last_rows : kMR;
 #if defined(__AVX512F__)
-    __m512 a[kMR][kNR];
-#pragma GCC unroll 8
-    for (int r = 0; r < kMR; ++r) {
-#pragma GCC unroll 8
-        for (int c = 0; c < kNR; ++c) {
-            a[r][c] = kFirst ? _mm512_setzero_ps() : _mm512_loadu_ps(reinterpret_cast<const float *>(e.carry + r * kNR + c));
-        }
-    }
-    for (int64_t s = 0; s < n; ++s) {
-        const float * xs = xp + s * kMR * kLanes;
-        const float * ws = wp + s * kNR * kLanes;
-        __m512 w[kNR];
-#pragma GCC unroll 8
-        for (int c = 0; c < kNR; ++c) {
-            w[c] = _mm512_loadu_ps(ws + c * kLanes);
-            __asm__("" : "+v"(w[c]));  // loaded once, not folded into each row's FMA
-        }
+        __m512 a[kMR][kNR];
 #pragma GCC unroll 8
         for (int r = 0; r < kMR; ++r) {
-            __m512 xv = _mm512_loadu_ps(xs + r * kLanes);
-            __asm__("" : "+v"(xv));
 #pragma GCC unroll 8
-            for (int c = 0; c < kNR; ++c) { a[r][c] = _mm512_fmadd_ps(xv, w[c], a[r][c]); }
+            for (int c = 0; c < kNR; ++c) {
+                a[r][c] = kFirst ? _mm512_setzero_ps() : _mm512_loadu_ps(reinterpret_cast<const float *>(carry + r * kNR + c));
+            }
         }
-    }
+        for (int64_t s = 0; s < n; ++s) {
+            const float * xs = xp + s * kMR * kLanes;
+            const float * ws = wp + s * kNR * kLanes;
+#pragma GCC unroll 4
+            for (int r = 0; r < kMR; ++r) {  // x streams from L2: ask for it 8 steps (2 KiB) ahead
+                _mm_prefetch(reinterpret_cast<const char *>(xs + kXPrefetchFloats + r * kLanes), _MM_HINT_T0);
+            }
+            __m512 w[kNR];
 #pragma GCC unroll 8
-    for (int r = 0; r < kMR; ++r) {
+            for (int c = 0; c < kNR; ++c) {
+                w[c] = _mm512_loadu_ps(ws + c * kLanes);
+                __asm__("" : "+v"(w[c]));  // loaded once, not folded into each row's FMA
+            }
 #pragma GCC unroll 8
-        for (int c = 0; c < kNR; ++c) { std::memcpy(&acc[r][c], &a[r][c], sizeof(__m512)); }
-    }
+            for (int r = 0; r < kMR; ++r) {
+                __m512 xv = _mm512_loadu_ps(xs + r * kLanes);
+                __asm__("" : "+v"(xv));
+#pragma GCC unroll 8
+                for (int c = 0; c < kNR; ++c) { a[r][c] = _mm512_fmadd_ps(xv, w[c], a[r][c]); }
+            }
+        }
 #else
-    for (int r = 0; r < kMR; ++r) {
-        for (int c = 0; c < kNR; ++c) { acc[r][c] = kFirst ? f32x16{} : e.carry[r * kNR + c]; }
-    }
-    for (int64_t s = 0; s < n; ++s) {
+        f32x16 acc[kMR][kNR];
         for (int r = 0; r < kMR; ++r) {
-            const f32x16 xv = load16(xp + (s * kMR + r) * kLanes);
-            for (int c = 0; c < kNR; ++c) { acc[r][c] += xv * load16(wp + (s * kNR + c) * kLanes); }
+            for (int c = 0; c < kNR; ++c) { acc[r][c] = kFirst ? f32x16{} : carry[r * kNR + c]; }
         }
-    }
+        for (int64_t s = 0; s < n; ++s) {
+            for (int r = 0; r < kMR; ++r) {
+                const f32x16 xv = load16(xp + (s * kMR + r) * kLanes);
+                for (int c = 0; c < kNR; ++c) { acc[r][c] += xv * load16(wp + (s * kNR + c) * kLanes); }
+            }
+        }
 #endif
-    if constexpr (!kLast) {
-        std::memcpy(e.carry, &acc[0][0], sizeof acc);
-    } else {
-        float sums[kMR * kNR];
-        reduce_all(&acc[0][0], kMR * kNR, sums);
-        if (e.n_rows == kMR && e.n_cols == kNR) {
 #if defined(__AVX512F__)
-            constexpr __mmask16 kRow = (1u << kNR) - 1;  // one row of the tile: kNR floats
-            const __m512 b = e.bias ? _mm512_maskz_loadu_ps(kRow, e.bias) : _mm512_setzero_ps();
+        static_assert(kMR * kNR == 24, "the epilogue below places 16 + 8 sums");
+        if constexpr (!kLast) {
 #pragma GCC unroll 8
             for (int r = 0; r < kMR; ++r) {
-                __m512 v = _mm512_maskz_loadu_ps(kRow, sums + r * kNR);
-                if (e.bias) { v = _mm512_add_ps(v, b); }  // the same one rounding as the scalar add
-                _mm512_mask_storeu_ps(e.out + r * e.ldo, kRow, v);
+#pragma GCC unroll 8
+                for (int c = 0; c < kNR; ++c) { _mm512_storeu_ps(reinterpret_cast<float *>(carry + r * kNR + c), a[r][c]); }
             }
-#else
+        } else {
+            // reduce16 of the 24 accumulators (row-major, i = r * kNR + c) with lanes.h's transposed
+            // pairing, kept in registers: f0 lane 4 (i % 4) + i / 4 holds sum i < 16, f1 lane
+            // 4 (j % 4) + j / 4 sum 16 + j. Row r (sums 6r .. 6r + 5) is then one two-source
+            // permute (a trip through memory, masked store then reload at another offset, stalls
+            // store forwarding).
+            const __m512 *v = &a[0][0];
+            // First level as lanes.h's pair_halves (lane i + lane i + 8), but x's sums in the low
+            // half and y's in the high half from one blend and one shuffle: [x lo | y hi] + [x hi |
+            // y lo]; y's adds have their operands swapped, which is exact (addition commutes).
+            auto ph = [](__m512 x, __m512 y) {
+                const __m512 bl = _mm512_mask_blend_ps(__mmask16(0xFF00), x, y);
+                const __m512 sh = _mm512_maskz_shuffle_f32x4(__mmask16(0xFFFF), x, y, _MM_SHUFFLE(1, 0, 3, 2));
+                return _mm512_add_ps(bl, sh);
+            };
+            const __m512 h0 = ph(v[0], v[1]), h1 = ph(v[2], v[3]), h2 = ph(v[4], v[5]);
+            const __m512 h3 = ph(v[6], v[7]), h4 = ph(v[8], v[9]), h5 = ph(v[10], v[11]);
+            const __m512 h6 = ph(v[12], v[13]), h7 = ph(v[14], v[15]), h8 = ph(v[16], v[17]);
+            const __m512 h9 = ph(v[18], v[19]), h10 = ph(v[20], v[21]), h11 = ph(v[22], v[23]);
+            const __m512 q0 = pair_quarters(h0, h1), q1 = pair_quarters(h2, h3), q2 = pair_quarters(h4, h5);
+            const __m512 q3 = pair_quarters(h6, h7), q4 = pair_quarters(h8, h9), q5 = pair_quarters(h10, h11);
+            const __m512 t0 = pair_02_13(q0, q1), t1 = pair_02_13(q2, q3), t2 = pair_02_13(q4, q5);
+            const __m512 f0 = pair_last(t0, t1), f1 = pair_last(t2, t2);
+            const __mmask16 cols = __mmask16((1u << t.n_cols) - 1);  // the tile's outputs in a row
+            const __m512    b    = t.bias ? _mm512_maskz_loadu_ps(cols, t.bias) : _mm512_setzero_ps();
+            // lane of sum i in (f0 | f1): i < 16: 4 (i % 4) + i / 4; else 16 + 4 (j % 4) + j / 4, j = i - 16
+            const __m512i idx[kMR] = {_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                                      _mm512_setr_epi32(9, 13, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                                      _mm512_setr_epi32(3, 7, 11, 15, 16, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                                      _mm512_setr_epi32(24, 28, 17, 21, 25, 29, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)};
+#pragma GCC unroll 8
             for (int r = 0; r < kMR; ++r) {
-                for (int c = 0; c < kNR; ++c) { e.out[r * e.ldo + c] = e.bias ? sums[r * kNR + c] + e.bias[c] : sums[r * kNR + c]; }
+                __m512 o = _mm512_permutex2var_ps(f0, idx[r], f1);
+                if (t.bias) { o = _mm512_add_ps(o, b); }  // the same one rounding as the scalar add
+                if (r < n_rows) { _mm512_mask_storeu_ps(out + r * t.ldo, cols, o); }
             }
+        }
+#else
+        if constexpr (!kLast) {
+            std::memcpy(carry, &acc[0][0], sizeof acc);
+        } else {
+            float sums[kMR * kNR];
+            reduce_all(&acc[0][0], kMR * kNR, sums);
+            for (int r = 0; r < n_rows; ++r) {
+                for (int c = 0; c < t.n_cols; ++c) {
+                    float v = sums[r * kNR + c];
+                    if (t.bias) { v += t.bias[c]; }
+                    out[r * t.ldo + c] = v;
+                }
+            }
+        }
 #endif
-            return;
-        }
-        for (int r = 0; r < e.n_rows; ++r) {
-            for (int c = 0; c < e.n_cols; ++c) {
-                float v = sums[r * kNR + c];
-                if (e.bias) { v += e.bias[c]; }
-                e.out[r * e.ldo + c] = v;
-            }
-        }
     }
 }
 
-/// One task of the many-row path: rows [r0, r1) x outputs [o0, o1) (r0 a multiple of kMR, xp
-/// from pack_x, w the stored weights). Strip by strip and k chunk by k chunk: the strip chunk,
-/// packed (bf16 widened) into a buffer that stays in L1, meets every x tile of the rows (from
-/// L2), lane sums parked exactly in a per-tile carry between chunks.
+/// Outputs per chunk of packed weights: whole strips whose packed f32 copy fits kWChunkBytes.
+int64_t chunk_outputs(int64_t nv) {
+    const int64_t strip_bytes = nv * kNR * kLanes * 4;
+    return std::max<int64_t>(1, kWChunkBytes / strip_bytes) * kNR;
+}
+
+/// One task of the many-row path: every row x outputs [o0, o1) (o0 a multiple of kNR; xp from
+/// pack_x, w the stored weights, rows cut into blocks of mc). Outputs are taken a chunk (packed
+/// copy <= kWChunkBytes) at a time; within it, block of rows by block of rows (packed x in L2),
+/// strip by strip and k chunk by k chunk: the strip chunk (in L1) meets every x tile of the
+/// block, lane sums parked exactly in a per-tile carry between k chunks. The first block of rows
+/// packs each strip chunk (bf16 widened) into the chunk's buffer just before it uses it; the
+/// others read it from there (L3), so the stored weights are read, and packed, once per call.
 template <WType T>
 void packed_task(float * out, const float * xp, const char * w, const float * bias, int64_t n_in, int64_t nv,
-                 int64_t r0, int64_t r1, int64_t n_out, int64_t o0, int64_t o1) {
-    const int64_t n_tiles = (r1 - r0 + kMR - 1) / kMR, n_chunks = (nv + kKcSteps - 1) / kKcSteps;
+                 int64_t n_rows, int64_t mc, int64_t n_out, int64_t o0, int64_t o1) {
+    const int64_t n_chunks = (nv + kKcSteps - 1) / kKcSteps, strip_floats = nv * kNR * kLanes;
+    const int64_t n_xt = (n_rows + kMR - 1) / kMR;
+    const int64_t oc = chunk_outputs(nv);
     thread_local std::vector<f32x16> carry;
-    thread_local std::vector<float>  sbuf;
-    if (n_chunks > 1 && static_cast<int64_t>(carry.size()) < n_tiles * kMR * kNR) {
-        carry.resize(static_cast<size_t>(n_tiles * kMR * kNR));
+    thread_local std::vector<float>  wbuf;
+    const int64_t max_tiles = (mc + kMR - 1) / kMR;
+    if (n_chunks > 1 && static_cast<int64_t>(carry.size()) < max_tiles * kMR * kNR) {
+        carry.resize(static_cast<size_t>(max_tiles * kMR * kNR));
     }
-    if (static_cast<int64_t>(sbuf.size()) < kKcSteps * kNR * kLanes) { sbuf.resize(static_cast<size_t>(kKcSteps * kNR * kLanes)); }
-    const float * x0 = xp + (r0 / kMR) * nv * kMR * kLanes;
-    for (int64_t o = o0; o < o1; o += kNR) {
-        const int n = static_cast<int>(std::min<int64_t>(kNR, o1 - o));
-        for (int64_t v0 = 0; v0 < nv; v0 += kKcSteps) {
-            const int64_t nk = std::min(kKcSteps, nv - v0);
-            const bool    first = v0 == 0, last = v0 + nk == nv;
-            pack_strip<T>(sbuf.data(), w, n_in, o, n, v0, nk);
-            for (int64_t tt = 0; tt < n_tiles; ++tt) {
-                const int64_t  r = r0 + tt * kMR;
-                const TileEnds e{.carry  = n_chunks > 1 ? carry.data() + tt * kMR * kNR : nullptr,
-                                 .out    = out + r * n_out + o, .ldo = n_out, .bias = bias ? bias + o : nullptr,
-                                 .n_rows = static_cast<int>(std::min<int64_t>(kMR, r1 - r)), .n_cols = n};
-                const float *  xs = x0 + (tt * nv + v0) * kMR * kLanes;
-                if (first && last) {
-                    packed_steps<true, true>(xs, sbuf.data(), nk, e);
-                } else if (first) {
-                    packed_steps<true, false>(xs, sbuf.data(), nk, e);
-                } else if (last) {
-                    packed_steps<false, true>(xs, sbuf.data(), nk, e);
-                } else {
-                    packed_steps<false, false>(xs, sbuf.data(), nk, e);
+    const int64_t wneed = (std::min(oc, o1 - o0) + kNR - 1) / kNR * strip_floats;
+    if (static_cast<int64_t>(wbuf.size()) < wneed) { wbuf.resize(static_cast<size_t>(wneed)); }
+    for (int64_t c0 = o0; c0 < o1; c0 += oc) {
+        const int64_t c1 = std::min(o1, c0 + oc);
+        for (int64_t r0 = 0; r0 < n_rows; r0 += mc) {
+            const int64_t r1 = std::min(n_rows, r0 + mc), n_tiles = (r1 - r0 + kMR - 1) / kMR;
+            for (int64_t o = c0; o < c1; o += kNR) {
+                const int n  = static_cast<int>(std::min<int64_t>(kNR, c1 - o));
+                float *   ws = wbuf.data() + (o - c0) / kNR * strip_floats;
+                for (int64_t v0 = 0; v0 < nv; v0 += kKcSteps) {
+                    const int64_t nk = std::min(kKcSteps, nv - v0);
+                    const bool    first = v0 == 0, last = v0 + nk == nv;
+                    float *       wk = ws + v0 * kNR * kLanes;
+                    if (r0 == 0) { pack_strip<T>(wk, w, n_in, o, n, v0, nk); }
+                    const Tiles t{.xp = xp + x_offset(n_xt, nv, r0 / kMR, v0), .xstride = nk * kMR * kLanes, .wp = wk, .n_steps = nk,
+                                  .n_tiles = n_tiles, .carry = n_chunks > 1 ? carry.data() : nullptr,
+                                  .out = out + r0 * n_out + o, .ldo = n_out, .bias = bias ? bias + o : nullptr,
+                                  .last_rows = static_cast<int>(r1 - r0 - (n_tiles - 1) * kMR), .n_cols = n};
+                    if (first && last) {
+                        packed_tiles<true, true>(t);
+                    } else if (first) {
+                        packed_tiles<true, false>(t);
+                    } else if (last) {
+                        packed_tiles<false, true>(t);
+                    } else {
+                        packed_tiles<false, false>(t);
+                    }
                 }
             }
         }
@@ -517,28 +610,30 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
         });
         return;
     }
-    // Many rows: x packed once; tasks of (a block of rows: packed x <= kXBlockBytes, in L2) x
-    // (a range of whole strips), blocks of rows major; one range of outputs per block unless
-    // the threads need more tasks.
+    // Many rows: x packed once (tiles split over the threads); tasks of whole strips of outputs x
+    // every row, so each task packs its own weights once; at least one range per thread.
     thread_local std::vector<float> xp;  // the caller's thread only: tasks read it
-    pack_x(xp, x, n_rows, n_in, wtype);
-    const float * xpk = xp.data();  // (a thread_local named inside a task would be the worker's own)
     const int64_t nv = n_vsteps(wtype, n_in), vbytes = nv * kLanes * 4;  // packed bytes of one row
+    const int64_t n_xt = (n_rows + kMR - 1) / kMR;
+    xp.resize(static_cast<size_t>(n_xt * nv * kMR * kLanes));
+    float * xpk = xp.data();  // (a thread_local named inside a task would be the worker's own)
+    const int64_t n_thr = pool ? pool->n_threads() : 1;
+    const int64_t n_xtasks = std::min<int64_t>(n_xt, n_thr);
+    for_tasks(n_xtasks, [&](int64_t t) {
+        pack_x_tiles(xpk, x, n_rows, n_in, wtype, n_xt * t / n_xtasks, n_xt * (t + 1) / n_xtasks);
+    });
     const int64_t mc_max   = std::max<int64_t>(kMR, kXBlockBytes / vbytes / kMR * kMR);
     const int64_t n_rb     = (n_rows + mc_max - 1) / mc_max;  // blocks of rows of about equal size
     const int64_t mc       = ((n_rows + n_rb - 1) / n_rb + kMR - 1) / kMR * kMR;
     const int64_t n_strips = (n_out + kNR - 1) / kNR;
-    const int64_t n_thr    = pool ? pool->n_threads() : 1;
-    const int64_t n_or     = n_thr > 1 ? std::clamp<int64_t>((3 * n_thr + n_rb - 1) / n_rb, 1, n_strips) : 1;
-    const int64_t oc       = (n_strips + n_or - 1) / n_or * kNR;  // outputs per range
-    for_tasks(n_rb * n_or, [&](int64_t t) {
-        const int64_t s0 = (t / n_or) * mc, s1 = std::min(n_rows, s0 + mc);
-        const int64_t o0 = (t % n_or) * oc, o1 = std::min(n_out, o0 + oc);
-        if (s0 >= s1 || o0 >= o1) { return; }
+    const int64_t n_or     = std::min(n_strips, n_thr);
+    for_tasks(n_or, [&](int64_t t) {
+        const int64_t o0 = n_strips * t / n_or * kNR, o1 = std::min(n_out, n_strips * (t + 1) / n_or * kNR);
+        if (o0 >= o1) { return; }
         if (wtype == WType::f32) {
-            packed_task<WType::f32>(out, xpk, wb, bias, n_in, nv, s0, s1, n_out, o0, o1);
+            packed_task<WType::f32>(out, xpk, wb, bias, n_in, nv, n_rows, mc, n_out, o0, o1);
         } else {
-            packed_task<WType::bf16>(out, xpk, wb, bias, n_in, nv, s0, s1, n_out, o0, o1);
+            packed_task<WType::bf16>(out, xpk, wb, bias, n_in, nv, n_rows, mc, n_out, o0, o1);
         }
     });
 }

@@ -78,6 +78,51 @@ json linear_vs_openblas(const std::vector<int64_t> & ms, int64_t n, int64_t k, d
     return r;
 }
 
+json linear_thread_scaling(const std::vector<int64_t> & ms, int64_t n, int64_t k, int n_threads, double min_s) {
+    namespace K = fd::kernels;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t m_max = *std::max_element(ms.begin(), ms.end());
+    std::vector<float> a(m_max * k), w(n * k), c(m_max * n);
+    for (auto & v : a) { v = nd(rng); }
+    for (auto & v : w) { v = nd(rng) / std::sqrt(static_cast<float>(k)); }
+    K::ThreadPool pool(n_threads);
+    json out = json::array();
+    for (const int64_t m : ms) {
+        const double flop = 2.0 * m * n * k;
+        auto blas = [&] {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
+                        static_cast<int>(k), 1.0f, a.data(), static_cast<int>(k), w.data(), static_cast<int>(k), 0.0f,
+                        c.data(), static_cast<int>(n));
+        };
+        auto fd1 = [&] { K::linear(c.data(), a.data(), w.data(), K::WType::f32, nullptr, m, n, k, nullptr); };
+        auto fdn = [&] { K::linear(c.data(), a.data(), w.data(), K::WType::f32, nullptr, m, n, k, &pool); };
+        openblas_set_num_threads(1);
+        blas(); fd1();
+        const Timing b1 = time_repeated(min_s, 3, blas);
+        const Timing f1 = time_repeated(min_s, 3, fd1);
+        openblas_set_num_threads(n_threads);
+        blas(); fdn();
+        const Timing bn = time_repeated(min_s, 3, blas);
+        const Timing fn = time_repeated(min_s, 3, fdn);
+        openblas_set_num_threads(1);
+        json j;
+        j["shape"] = {{"M", m}, {"N", n}, {"K", k}};
+        j["openblas_gflops_1t"] = round_to(flop / b1.best / 1e9, 1);
+        j["openblas_gflops_nt"] = round_to(flop / bn.best / 1e9, 1);
+        j["fd_gflops_1t"] = round_to(flop / f1.best / 1e9, 1);
+        j["fd_gflops_nt"] = round_to(flop / fn.best / 1e9, 1);
+        j["openblas_scaling"] = round_to(b1.best / bn.best, 3);
+        j["fd_scaling"] = round_to(f1.best / fn.best, 3);
+        j["fd_vs_openblas_nt"] = round_to(bn.best / fn.best, 3);
+        out.push_back(j);
+    }
+    json r;
+    r["threads"] = n_threads;
+    r["runs"] = out;
+    return r;
+}
+
 DecodeLinears make_decode_linears(const fd::model::ModelConfig & c, bool with_lm_head) {
     const int64_t h = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv = q_dim + 2 * kv_dim;
     const int64_t ff = c.intermediate_size;

@@ -92,6 +92,13 @@ DecodeLinears make_decode_linears(const fd::model::ModelConfig & c, bool with_lm
 
 nlohmann::ordered_json linear_vs_openblas(const std::vector<int64_t> & ms, int64_t n, int64_t k, double min_s);
 
+/// 1 -> n_threads scaling of kernels::linear (ThreadPool of n_threads) next to OpenBLAS sgemm's
+/// own (openblas_set_num_threads), same shapes as linear_vs_openblas, wall time of the best run:
+/// per M, GFLOP/s of each at 1 and n threads, each one's scaling (t1 / tn), and fd ÷ OpenBLAS at
+/// n threads. What OpenBLAS gains tells what the machine allows. OpenBLAS is left at 1 thread.
+nlohmann::ordered_json linear_thread_scaling(const std::vector<int64_t> & ms, int64_t n, int64_t k, int n_threads,
+                                             double min_s);
+
 /// Decode steps of B tokens at context `ctx` on the model's shapes with f32 weights, for each
 /// (B, ctx): every linear layer (LM head included) plus attention of every layer over a paged
 /// KV pool of B sequences of ctx tokens (synthetic values). Bytes read per step = streamed

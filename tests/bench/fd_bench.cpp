@@ -7,6 +7,8 @@
 //                        (read_bw_probe); the best wall pass is the reference; memcpy for reference
 //   linear_vs_openblas   OpenBLAS sgemm (1 thread) vs kernels::linear (f32 and bf16 weights, 1 thread)
 //                        at N=2048, K=768 and M = each of --linear-m (default 64, 512, 2048)
+//   linear_thread_scaling  (--threads > 1) 1 -> --threads scaling of kernels::linear next to
+//                        OpenBLAS's own (OPENBLAS threads set to match), same shapes, wall time
 //   per model            prefill tok/s (one sequence of L tokens per forward, each L of
 //                        --prefill-lens, as ratios to the first), and batched decode:
 //                        B sequences whose --prompt-len contexts are prefilled (untimed), then
@@ -495,6 +497,7 @@ int main(int argc, char ** argv) {
         r["linear_vs_openblas"] = linear_vs_openblas(o.linear_ms, 2048, 768, std::min(o.seconds_min, 1.0));
         r["openblas_sgemm_gflops"] = r["linear_vs_openblas"]["runs"][0]["openblas_sgemm_gflops"];
         r["fd_matmul_gflops"] = r["linear_vs_openblas"]["runs"][0]["fd_f32_gflops"];
+        if (o.threads > 1) { r["linear_thread_scaling"] = linear_thread_scaling(o.linear_ms, 2048, 768, o.threads, std::min(o.seconds_min, 1.0)); }
 
         json    models_j = json::array();
         int64_t largest = -1, largest_bytes = -1;

@@ -247,6 +247,49 @@ TEST_CASE("linear rows are bitwise identical alone, at any batch position of 2 t
     }
 }
 
+TEST_CASE("linear: every row of 1 to 4096 rows is bitwise its one-row result across weight chunks, row blocks and k chunks") {
+    // Shapes whose packed weights span several 1 MiB output chunks, whose rows span several
+    // 512 KiB blocks of packed x and whose k spans two 1024-k chunks (400 x 1100), plus awkward
+    // edges (13 x 33): each row of each batch is one of 64 pool rows and must equal, bitwise,
+    // that pool row computed alone (the decode path), with no pool and on 1 and 2 threads.
+    std::mt19937 rng(2026);
+    k::ThreadPool pool1(1), pool2(2);
+    const std::vector<k::ThreadPool *> pools = {nullptr, &pool1, &pool2};
+    constexpr int64_t kPool = 64;
+    for (k::WType wt : {k::WType::f32, k::WType::bf16}) {
+        for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{400, 1100}, {13, 33}}) {
+            const auto w    = stored(random_vec(rng, size_t(n_out * n_in)), wt);
+            const auto bias = random_vec(rng, size_t(n_out));
+            const auto xs   = random_vec(rng, size_t(kPool * n_in), -3.0f, 3.0f);
+            std::vector<float> alone(size_t(kPool * n_out));
+            for (int64_t p = 0; p < kPool; ++p) {
+                k::linear(alone.data() + p * n_out, xs.data() + p * n_in, w.data(wt), wt, bias.data(), 1, n_out, n_in, nullptr);
+            }
+            for (int64_t n_rows : {1, 7, 64, 511, 512, 2048, 4096}) {
+                std::vector<float> x(size_t(n_rows * n_in));
+                auto pick = [&](int64_t r) { return (r * 37 + n_rows) % kPool; };
+                for (int64_t r = 0; r < n_rows; ++r) {
+                    std::copy_n(xs.begin() + pick(r) * n_in, n_in, x.begin() + r * n_in);
+                }
+                for (k::ThreadPool * pl : pools) {
+                    std::vector<float> out(size_t(n_rows * n_out), 12345.0f);
+                    k::linear(out.data(), x.data(), w.data(wt), wt, bias.data(), n_rows, n_out, n_in, pl);
+                    int64_t bad_rows = 0, first_bad = -1;
+                    for (int64_t r = 0; r < n_rows; ++r) {
+                        if (!bits_equal(out.data() + r * n_out, alone.data() + pick(r) * n_out, size_t(n_out))) {
+                            if (first_bad < 0) { first_bad = r; }
+                            ++bad_rows;
+                        }
+                    }
+                    CAPTURE(int(wt)); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(n_rows); CAPTURE(pl ? pl->n_threads() : 0);
+                    CAPTURE(first_bad);
+                    CHECK(bad_rows == 0);
+                }
+            }
+        }
+    }
+}
+
 TEST_CASE("rms_norm matches the naive formula and may run in place") {
     std::mt19937 rng(7);
     const int64_t n_rows = 5, n_embd = 67;

@@ -23,14 +23,17 @@ namespace fd::kernels {
 ///          x    [n_rows, n_in]   f32
 ///          w    [n_out, n_in]    `wtype` (row-major, rows contiguous)
 ///          bias [n_out] f32 or nullptr
-/// Threads  outputs (and, for many rows, blocks of rows) are split over `pool` (may be nullptr =
-///          caller only).
+/// Threads  outputs are split over `pool` (may be nullptr = caller only); for many rows each
+///          thread owns a range of outputs for every row (and packs x tiles of its share first).
 /// Paths    1 row, and 2-8 rows of f32 weights: the weight rows stream past x in register tiles.
-///          More rows (or bf16): x packed once per call into 4-row tiles in the weights' lane order;
-///          tasks of (rows of <= 512 KiB of packed x, kept in L2) x (a range of outputs) pack one
-///          6-output strip at a time (k-chunks of 1024, bf16 widened; <= 24 KiB, kept in L1) and
-///          run it against every 4-row tile of their rows, lane sums parked exactly between chunks.
-///          Every path runs the same FMA chain per output (the tests check bitwise equality).
+///          More rows (or bf16): x packed once per call into 4-row tiles in the weights' lane
+///          order (k-chunk major); each task takes its outputs in chunks whose packed weights fit
+///          1 MiB (L3) and, per chunk, the rows in blocks of <= 512 KiB of packed x (L2): each
+///          6-output strip's k-chunk of 1024 (<= 24 KiB, L1) meets every 4-row tile of the block,
+///          lane sums parked exactly between k-chunks. The first block packs each strip (bf16
+///          widened) into the chunk's buffer; later blocks reuse it, so the weights are read and
+///          packed once per call. Every path runs the same FMA chain per output (the tests
+///          check bitwise equality, 1..4096 rows, 0-4 threads).
 /// Source   register-tiled dot-product micro-kernel (4 x 6; 1 x 8 for one row), GotoBLAS packing;
 ///          the fixed-reduction-order idea follows "Defeating Nondeterminism in LLM Inference"
 ///          (He et al., Thinking Machines 2025) and SGLang's batch-invariant ops.
