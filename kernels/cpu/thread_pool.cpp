@@ -1,5 +1,7 @@
 #include "fd/kernels/thread_pool.h"
 
+#include <chrono>
+
 namespace fd::kernels {
 
 ThreadPool::ThreadPool(int n_threads) {
@@ -52,9 +54,12 @@ void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t)
     }
     cv_start_.notify_all();
     run_tasks();
+    ++stats_.jobs;
+    const auto t0 = std::chrono::steady_clock::now();
     std::unique_lock lk(mu_);
     cv_done_.wait(lk, [&] { return n_busy_ == 0; });
     fn_ = nullptr;
+    stats_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace fd::kernels

@@ -30,6 +30,16 @@ public:
     /// done. Tasks are claimed dynamically, so fn must not depend on which thread runs it.
     void parallel_for(int64_t n_tasks, const std::function<void(int64_t)> & fn);
 
+    /// Counters for profiling (fd_bench): parallel_for calls that used the workers, and the
+    /// seconds the caller spent waiting for them after its own tasks ran out (load imbalance
+    /// plus hand-off latency). Read and reset by the caller's thread only.
+    struct Stats {
+        int64_t jobs   = 0;
+        double  wait_s = 0.0;
+    };
+    Stats stats() const { return stats_; }
+    void  reset_stats() { stats_ = {}; }
+
 private:
     void worker_loop();
     void run_tasks();
@@ -44,6 +54,7 @@ private:
     int                                    n_busy_  = 0;   ///< workers still inside the job
     uint64_t                               job_id_  = 0;
     bool                                   stop_    = false;
+    Stats                                  stats_;
 };
 
 }  // namespace fd::kernels
