@@ -20,7 +20,7 @@
 //                        KV bytes) per step / time against the read bandwidth (bench_kernels.h).
 //   prefill_profile      (--prefill-profile) a prefill of each --profile-lens length per op class at
 //                        each --profile-threads count (share of the forward, 1 -> N scaling, pool
-//                        hand-off), and OpenBLAS sgemm vs kernels::linear at M=512 on the model's
+//                        hand-off), and OpenBLAS sgemm vs kernels::linear at M=512 and 128 on the model's
 //                        layer shapes at the same thread counts: what N threads give a tuned sgemm
 //                        here (bench_prefill.h).
 // The Worker is driven directly (no engine thread, no HTTP); block tables come from a KvCache and
@@ -426,7 +426,10 @@ json bench_model(const std::string & dir, const Options & o, double read_bw, dou
             profiled.emplace_back(shape, dir);
             std::fprintf(stderr, "fd_bench: prefill profile...\n");
             j["prefill_profile"] = prefill_profile(cfg, o.profile_lens, o.profile_threads, std::max(0.2, o.seconds_min));
-            j["sgemm_thread_scaling"] = sgemm_thread_scaling(cfg, 512, o.profile_threads, std::max(0.2, o.seconds_min));
+            j["sgemm_thread_scaling"] = json::array();
+            for (const int64_t m : {int64_t{512}, int64_t{128}}) {
+                j["sgemm_thread_scaling"].push_back(sgemm_thread_scaling(cfg, m, o.profile_threads, std::max(0.2, o.seconds_min)));
+            }
         }
     }
     return j;
