@@ -194,33 +194,61 @@ json prefill_profile(const fd::model::ModelConfig & c, const std::vector<int> & 
     for (const int len : lens) {
         json per_t = json::array();
         std::vector<std::array<double, kNumOps>> op_ms(threads.size());
-        std::vector<double> total_ms(threads.size());
-        for (size_t ti = 0; ti < threads.size(); ++ti) {
-            PrefillModel & m = *models[ti];
-            K::ThreadPool & pool = *backends[ti]->host_pool();
-            std::array<double, kNumOps> warm{};
-            profiled_forward(m, len, warm);
+        std::vector<double> total_ms(threads.size()), total_cpu_ms(threads.size());
+        // Runs alternate between the thread counts (round robin), so a change in the machine's
+        // load during the measurement hits every count alike.
+        struct Acc {
             std::vector<std::array<double, kNumOps>> per_run;
-            std::vector<double> totals, jobs, waits;
+            std::vector<double> totals, cpus, jobs, waits;
             double spent = 0.0;
-            while (per_run.size() < 3 || spent < min_s) {
+        };
+        std::vector<Acc> acc(threads.size());
+        for (size_t ti = 0; ti < threads.size(); ++ti) {
+            std::array<double, kNumOps> warm{};
+            profiled_forward(*models[ti], len, warm);
+        }
+        auto more = [&] {
+            for (const auto & a : acc) { if (a.per_run.size() < 3 || a.spent < min_s) { return true; } }
+            return false;
+        };
+        while (more()) {
+            for (size_t ti = 0; ti < threads.size(); ++ti) {
+                K::ThreadPool & pool = *backends[ti]->host_pool();
+                Acc & a = acc[ti];
                 std::array<double, kNumOps> ms{};
                 pool.reset_stats();
-                const auto t0 = Clock::now();
-                profiled_forward(m, len, ms);
+                const auto   t0 = Clock::now();
+                const double c0 = process_cpu_seconds();
+                profiled_forward(*models[ti], len, ms);
                 const double s = seconds_since(t0);
-                spent += s;
-                totals.push_back(s * 1e3);
-                per_run.push_back(ms);
-                jobs.push_back(static_cast<double>(pool.stats().jobs));
-                waits.push_back(pool.stats().wait_s * 1e3);
+                a.cpus.push_back((process_cpu_seconds() - c0) * 1e3);
+                a.spent += s;
+                a.totals.push_back(s * 1e3);
+                a.per_run.push_back(ms);
+                a.jobs.push_back(static_cast<double>(pool.stats().jobs));
+                a.waits.push_back(pool.stats().wait_s * 1e3);
             }
+        }
+        for (size_t ti = 0; ti < threads.size(); ++ti) {
+            const auto & per_run = acc[ti].per_run;
+            const auto & totals = acc[ti].totals;
+            const auto & cpus = acc[ti].cpus;
+            const auto & jobs = acc[ti].jobs;
+            const auto & waits = acc[ti].waits;
             json e;
             e["threads"] = threads[ti];
             e["runs"] = per_run.size();
             total_ms[ti] = median(totals);
             e["total_ms"] = round_to(total_ms[ti], 3);
             e["tok_s"] = round_to(len / total_ms[ti] * 1e3, 1);
+            // Process CPU time (all threads). The pool's threads spin while they wait (up to
+            // kSpinNs), so on a machine shared with other work cpu_ms / threads estimates the
+            // wall time the forward would take alone (high where a thread spun while its partner
+            // was preempted, low where a wait outlasted the spin and slept); the wall figures
+            // then mostly measure the share of the CPUs we got.
+            total_cpu_ms[ti] = median(cpus);
+            e["cpu_ms"] = round_to(total_cpu_ms[ti], 3);
+            e["cpu_ms_per_thread"] = round_to(total_cpu_ms[ti] / threads[ti], 3);
             json ops;
             for (int op = 0; op < kNumOps; ++op) {
                 std::vector<double> v;
@@ -257,12 +285,15 @@ json prefill_profile(const fd::model::ModelConfig & c, const std::vector<int> & 
         run["per_threads"] = per_t;
         run["ops"] = table;
         for (size_t ti = 1; ti < threads.size(); ++ti) {
-            run["total_scaling_t" + std::to_string(threads[0]) + "_to_t" + std::to_string(threads[ti])] =
-                round_to(total_ms[0] / total_ms[ti], 3);
+            const std::string key = "t" + std::to_string(threads[0]) + "_to_t" + std::to_string(threads[ti]);
+            run["total_scaling_" + key] = round_to(total_ms[0] / total_ms[ti], 3);
+            run["cpu_time_scaling_estimate_" + key] = round_to(total_cpu_ms[0] / threads[0] / (total_cpu_ms[ti] / threads[ti]), 3);
         }
         // Human-readable summary on stderr.
         std::fprintf(stderr, "prefill profile, %d tokens:", len);
-        for (size_t ti = 0; ti < threads.size(); ++ti) { std::fprintf(stderr, "  t%d %.1f ms", threads[ti], total_ms[ti]); }
+        for (size_t ti = 0; ti < threads.size(); ++ti) {
+            std::fprintf(stderr, "  t%d %.1f ms (cpu %.1f ms per thread)", threads[ti], total_ms[ti], total_cpu_ms[ti] / threads[ti]);
+        }
         std::fprintf(stderr, "\n");
         for (const auto & r : table) {
             std::fprintf(stderr, "  %-40s", r["op"].get<std::string>().c_str());

@@ -19,7 +19,9 @@ namespace fd::bench {
 /// seconds) of each op class's milliseconds — embedding, rms_norm, qkv_split (copy_rows), rope,
 /// kv_store, attention, linear_{qkv,o,gate_up,down}, silu_mul, residual_add, lm_head (gather,
 /// final norm, head) — and of the whole forward; the pool's parallel_for count and the caller's
-/// wait at its barriers (ThreadPool::Stats). Per op class: its share of the forward at each
+/// wait at its barriers (ThreadPool::Stats), and the process CPU time of the forward (its
+/// ÷ threads estimates the forward's wall time on an otherwise idle machine, since the pool's
+/// threads spin while they wait; cpu_time_scaling_estimate). Per op class: its share of the forward at each
 /// thread count and its scaling (ms at the first count ÷ ms at each other). Also the pool's
 /// hand-off cost: an empty parallel_for of n_threads tasks back to back ("hot") and after 2 ms
 /// idle ("cold"), median microseconds.
