@@ -404,9 +404,18 @@ void attention_paged(float * out, const float * q, const AttnQuery * queries, in
     const int64_t n_ranges  = n_threads == 1 ? 1 : std::clamp<int64_t>((2 * n_threads + n_tiles - 1) / n_tiles, 1, n_kv);
     const int64_t per_range = (n_kv + n_ranges - 1) / n_ranges;
     const int64_t group     = n_heads / n_kv;
+    // Tiles largest first (work ~ the sum of their queries' contexts; a prefill's last tiles
+    // attend to the most keys): tasks are claimed in order, so the threads finish together
+    // instead of one running the largest tile alone at the end.
+    std::vector<int64_t> order(static_cast<size_t>(n_tiles)), cost(static_cast<size_t>(n_tiles), 0);
+    for (int64_t t = 0; t < n_tiles; ++t) {
+        order[t] = t;
+        for (int64_t i = starts[t]; i < starts[t + 1]; ++i) { cost[t] += queries[i].n_ctx; }
+    }
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost[a] > cost[b]; });
     auto run = [&](int64_t task) {
         thread_local std::vector<float> scores, kt;
-        const int64_t tile = task / n_ranges, g0 = task % n_ranges * per_range, g1 = std::min(n_kv, g0 + per_range);
+        const int64_t tile = order[task / n_ranges], g0 = task % n_ranges * per_range, g1 = std::min(n_kv, g0 + per_range);
         const int64_t nq = starts[tile + 1] - starts[tile];
         const int64_t heads_at_once = nq > kPerHeadQueries ? 1 : per_range;  // kv heads per attend_tile
         const size_t  need = static_cast<size_t>(nq * heads_at_once * group * ((n_ctx_max + kTc - 1) / kTc * kTc));

@@ -1,6 +1,10 @@
 // The CPU backend: kernels/cpu's ops on the backend's own thread pool, over host memory. The
 // oracle every other backend is tested against; each method is the op the forward pass ran
 // directly before the Backend seam (same calls, same arithmetic, bitwise the same results).
+// The row-wise ops (embedding, rms_norm, rope, silu_mul, add, row copies, kv_store) run their
+// kernel on contiguous ranges of rows spread over the pool once a call has enough work
+// (for_rows): each row is still computed by the same single-row code, so the split never
+// changes a result.
 #include "fd/kernels/backend.h"
 #include "fd/kernels/cpu_ops.h"
 #include "fd/status.h"
@@ -12,6 +16,9 @@
 
 namespace fd::kernels {
 namespace {
+
+/// Calls below this many floats of work run on the caller alone (a hand-off costs ~1-2 us).
+constexpr int64_t kParallelFloats = 16 << 10;
 
 class CpuBackend final : public Backend {
 public:
@@ -41,17 +48,19 @@ public:
 
     void embedding(float * out, const void * table, WType ttype, const int32_t * tokens, int64_t n_tokens, int64_t n_embd,
                    int64_t vocab_begin, int64_t vocab_rows) override {
-        for (int64_t t = 0; t < n_tokens; ++t) {
-            float *       o  = out + t * n_embd;
-            const int64_t id = tokens[t] - vocab_begin;
-            if (id < 0 || id >= vocab_rows) {  // another rank's vocab row: it adds the embedding
-                std::fill_n(o, n_embd, 0.0f);
-            } else if (ttype == WType::bf16) {
-                bf16_to_f32(o, static_cast<const uint16_t *>(table) + id * n_embd, n_embd);
-            } else {
-                std::memcpy(o, static_cast<const float *>(table) + id * n_embd, sizeof(float) * n_embd);
+        for_rows(n_tokens, n_embd, 1, [&](int64_t t0, int64_t t1) {
+            for (int64_t t = t0; t < t1; ++t) {
+                float *       o  = out + t * n_embd;
+                const int64_t id = tokens[t] - vocab_begin;
+                if (id < 0 || id >= vocab_rows) {  // another rank's vocab row: it adds the embedding
+                    std::fill_n(o, n_embd, 0.0f);
+                } else if (ttype == WType::bf16) {
+                    bf16_to_f32(o, static_cast<const uint16_t *>(table) + id * n_embd, n_embd);
+                } else {
+                    std::memcpy(o, static_cast<const float *>(table) + id * n_embd, sizeof(float) * n_embd);
+                }
             }
-        }
+        });
     }
 
     void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
@@ -61,37 +70,61 @@ public:
 
     void rms_norm(float * out, const float * x, const float * weight, int64_t n_rows, int64_t n_embd,
                   float eps) override {
-        kernels::rms_norm(out, x, weight, n_rows, n_embd, eps);
+        for_rows(n_rows, n_embd, 1, [&](int64_t r0, int64_t r1) {
+            kernels::rms_norm(out + r0 * n_embd, x + r0 * n_embd, weight, r1 - r0, n_embd, eps);
+        });
     }
 
     void rope(float * x, const int32_t * positions, const float * cos_sin, int64_t n_tokens, int64_t n_heads,
               int64_t head_dim) override {
-        rope_rotate_half(x, positions, cos_sin, n_tokens, n_heads, head_dim);
+        const int64_t row = n_heads * head_dim;
+        for_rows(n_tokens, row, 1, [&](int64_t t0, int64_t t1) {
+            rope_rotate_half(x + t0 * row, positions + t0, cos_sin, t1 - t0, n_heads, head_dim);
+        });
     }
 
     void silu_mul(float * out, const float * gate_up, int64_t n_rows, int64_t n_ff) override {
-        for (int64_t t = 0; t < n_rows; ++t) {
-            kernels::silu_mul(out + t * n_ff, gate_up + t * 2 * n_ff, gate_up + t * 2 * n_ff + n_ff, n_ff);
-        }
+        // exp per element: ~8x the work of a copy per float.
+        for_rows(n_rows, 8 * n_ff, 1, [&](int64_t r0, int64_t r1) {
+            for (int64_t t = r0; t < r1; ++t) {
+                kernels::silu_mul(out + t * n_ff, gate_up + t * 2 * n_ff, gate_up + t * 2 * n_ff + n_ff, n_ff);
+            }
+        });
     }
 
-    void add(float * out, const float * x, int64_t n_elems) override { add_inplace(out, x, n_elems); }
+    void add(float * out, const float * x, int64_t n_elems) override {
+        constexpr int64_t kSpan = 1024;  // "rows" of 4 KiB: chunks start on cache lines
+        for_rows((n_elems + kSpan - 1) / kSpan, kSpan, 1, [&](int64_t r0, int64_t r1) {
+            const int64_t e0 = r0 * kSpan, e1 = std::min(n_elems, r1 * kSpan);
+            add_inplace(out + e0, x + e0, e1 - e0);
+        });
+    }
 
     void copy_rows(float * dst, int64_t dst_stride, const float * src, int64_t src_stride, int64_t n_rows,
                    int64_t n_cols) override {
-        for (int64_t r = 0; r < n_rows; ++r) {
-            std::memcpy(dst + r * dst_stride, src + r * src_stride, sizeof(float) * n_cols);
-        }
+        for_rows(n_rows, n_cols, 1, [&](int64_t r0, int64_t r1) {
+            for (int64_t r = r0; r < r1; ++r) {
+                std::memcpy(dst + r * dst_stride, src + r * src_stride, sizeof(float) * n_cols);
+            }
+        });
     }
 
     void gather_rows(float * out, const float * x, const int32_t * rows, int64_t n_out_rows, int64_t n_cols) override {
-        for (int64_t i = 0; i < n_out_rows; ++i) {
-            std::memcpy(out + i * n_cols, x + static_cast<int64_t>(rows[i]) * n_cols, sizeof(float) * n_cols);
-        }
+        for_rows(n_out_rows, n_cols, 1, [&](int64_t r0, int64_t r1) {
+            for (int64_t i = r0; i < r1; ++i) {
+                std::memcpy(out + i * n_cols, x + static_cast<int64_t>(rows[i]) * n_cols, sizeof(float) * n_cols);
+            }
+        });
     }
 
     void kv_store(PagedKv kv, const float * k_new, const float * v_new, const int64_t * slots, int64_t n_tokens) override {
-        kernels::kv_store(kv, k_new, v_new, slots, n_tokens);
+        // Ranges of whole blocks' worth of tokens: a prefill's consecutive tokens share each
+        // block's transposed-K lines, so (when the first starts a block) two threads never
+        // write the same line.
+        const int64_t row = static_cast<int64_t>(kv.n_kv_heads) * kv.head_dim;
+        for_rows(n_tokens, 2 * row, kv.block_size, [&](int64_t t0, int64_t t1) {
+            kernels::kv_store(kv, k_new + t0 * row, v_new + t0 * row, slots + t0, t1 - t0);
+        });
     }
 
     void attention_paged(float * out, const float * q, const AttnQuery * queries, int64_t n_tokens, int64_t n_heads,
@@ -100,14 +133,36 @@ public:
     }
 
     void log_softmax_rows(float * out, const float * x, int64_t n_rows, int64_t n) override {
-        for (int64_t r = 0; r < n_rows; ++r) { log_softmax(out + r * n, x + r * n, n); }
+        for_rows(n_rows, 8 * n, 1, [&](int64_t r0, int64_t r1) {
+            for (int64_t r = r0; r < r1; ++r) { log_softmax(out + r * n, x + r * n, n); }
+        });
     }
 
     void argmax_rows(int64_t * out_host, const float * x, int64_t n_rows, int64_t n) override {
-        for (int64_t r = 0; r < n_rows; ++r) { out_host[r] = argmax(x + r * n, n); }
+        for_rows(n_rows, n, 1, [&](int64_t r0, int64_t r1) {
+            for (int64_t r = r0; r < r1; ++r) { out_host[r] = argmax(x + r * n, n); }
+        });
     }
 
 private:
+    /// fn(r0, r1) over contiguous ranges covering [0, n_rows), on the pool when the call has
+    /// kParallelFloats of work (row_work floats per row) and more than one thread: about 4
+    /// ranges per thread (claimed dynamically, so a thread that starts late takes fewer),
+    /// each a multiple of `align` rows.
+    template <typename Fn>
+    void for_rows(int64_t n_rows, int64_t row_work, int64_t align, Fn && fn) {
+        const int64_t nt = pool_.n_threads();
+        if (nt == 1 || n_rows < 2 * align || n_rows * row_work < kParallelFloats) {
+            if (n_rows > 0) { fn(int64_t{0}, n_rows); }
+            return;
+        }
+        const int64_t per_min = std::max<int64_t>(align, (kParallelFloats / 4 + row_work - 1) / row_work);
+        int64_t       per     = std::max(per_min, (n_rows + 4 * nt - 1) / (4 * nt));
+        per = (per + align - 1) / align * align;
+        const int64_t n_ranges = (n_rows + per - 1) / per;
+        pool_.parallel_for(n_ranges, [&](int64_t i) { fn(i * per, std::min(n_rows, (i + 1) * per)); });
+    }
+
     ThreadPool pool_;
 };
 

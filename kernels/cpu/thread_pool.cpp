@@ -1,17 +1,63 @@
 #include "fd/kernels/thread_pool.h"
 
+#include <chrono>
+#include <climits>
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace fd::kernels {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+}
+
+/// Sleeps while *word == expected (returns at once if it already differs; spurious wake-ups
+/// are possible, callers re-check).
+inline void futex_wait(std::atomic<uint32_t> & word, uint32_t expected) {
+    syscall(SYS_futex, reinterpret_cast<uint32_t *>(&word), FUTEX_WAIT_PRIVATE, expected, nullptr, nullptr, 0);
+}
+
+inline void futex_wake_all(std::atomic<uint32_t> & word) {
+    syscall(SYS_futex, reinterpret_cast<uint32_t *>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+
+/// Spins up to ThreadPool::kSpinNs until done() holds; true if it did.
+template <typename Done>
+bool spin_until(Done done) {
+    if (done()) { return true; }
+    const auto t_end = Clock::now() + std::chrono::nanoseconds(ThreadPool::kSpinNs);
+    for (;;) {
+        for (int i = 0; i < 64; ++i) {
+            cpu_relax();
+            if (done()) { return true; }
+        }
+        if (Clock::now() >= t_end) { return done(); }
+    }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
     for (int i = 1; i < n_threads; ++i) { workers_.emplace_back([this] { worker_loop(); }); }
 }
 
 ThreadPool::~ThreadPool() {
-    {
-        std::lock_guard lk(mu_);
-        stop_ = true;
-    }
-    cv_start_.notify_all();
+    stop_.store(true);
+    job_.fetch_add(1);  // seq_cst: a worker either sees the new job or is counted in sleepers_
+    futex_wake_all(job_);
     for (auto & t : workers_) { t.join(); }
 }
 
@@ -20,19 +66,19 @@ void ThreadPool::run_tasks() {
 }
 
 void ThreadPool::worker_loop() {
-    uint64_t seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-        {
-            std::unique_lock lk(mu_);
-            cv_start_.wait(lk, [&] { return stop_ || job_id_ != seen; });
-            if (stop_) { return; }
-            seen = job_id_;
+        if (!spin_until([&] { return job_.load(std::memory_order_acquire) != seen; })) {
+            // Dekker pairing with parallel_for: sleepers_ before re-reading job_, both seq_cst;
+            // the caller bumps job_ before reading sleepers_. One of the two sees the other.
+            sleepers_.fetch_add(1);
+            while (job_.load() == seen) { futex_wait(job_, seen); }
+            sleepers_.fetch_sub(1);
         }
+        seen = job_.load(std::memory_order_acquire);
+        if (stop_.load(std::memory_order_acquire)) { return; }
         run_tasks();
-        {
-            std::lock_guard lk(mu_);
-            if (--n_busy_ == 0) { cv_done_.notify_one(); }
-        }
+        if (busy_.fetch_sub(1) == 1 && caller_asleep_.load() != 0) { futex_wake_all(busy_); }
     }
 }
 
@@ -42,18 +88,22 @@ void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t)
         for (int64_t i = 0; i < n_tasks; ++i) { fn(i); }
         return;
     }
-    {
-        std::lock_guard lk(mu_);
-        fn_      = &fn;
-        n_tasks_ = n_tasks;
-        next_.store(0);
-        n_busy_  = static_cast<int>(workers_.size());
-        ++job_id_;
-    }
-    cv_start_.notify_all();
+    // The previous job is over (busy_ reached 0), so no worker reads these until job_ moves.
+    fn_      = &fn;
+    n_tasks_ = n_tasks;
+    next_.store(0, std::memory_order_relaxed);
+    busy_.store(static_cast<uint32_t>(workers_.size()), std::memory_order_relaxed);
+    job_.fetch_add(1);  // seq_cst (release for the fields above)
+    if (sleepers_.load() != 0) { futex_wake_all(job_); }
     run_tasks();
-    std::unique_lock lk(mu_);
-    cv_done_.wait(lk, [&] { return n_busy_ == 0; });
+    ++stats_.jobs;
+    const auto t0 = Clock::now();
+    if (!spin_until([&] { return busy_.load(std::memory_order_acquire) == 0; })) {
+        caller_asleep_.store(1);  // seq_cst, paired with the last worker's busy_ decrement
+        for (uint32_t b = busy_.load(); b != 0; b = busy_.load()) { futex_wait(busy_, b); }
+        caller_asleep_.store(0, std::memory_order_relaxed);
+    }
+    stats_.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
     fn_ = nullptr;
 }
 

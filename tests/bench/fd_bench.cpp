@@ -20,12 +20,18 @@
 //   decode_contexts      decode steps at long contexts (--decode-ctx, --decode-ctx-batches) on the
 //                        model's shapes: linear layers + attention over a paged KV pool, (weight +
 //                        KV bytes) per step / time against the read bandwidth (bench_kernels.h).
+//   prefill_profile      (--prefill-profile) a prefill of each --profile-lens length per op class at
+//                        each --profile-threads count (share of the forward, 1 -> N scaling, pool
+//                        hand-off), and OpenBLAS sgemm vs kernels::linear at M=512 and 128 on the model's
+//                        layer shapes at the same thread counts: what N threads give a tuned sgemm
+//                        here (bench_prefill.h).
 // The Worker is driven directly (no engine thread, no HTTP); block tables come from a KvCache and
 // the StepBatch is built exactly as Engine::step() builds it.
 // Usage: fd_bench [--model DIR[,DIR]] [--threads N] [--batches 1,8,32,64] [--prompt-len 128]
 //                 [--decode-steps 32] [--seconds-min 1.0] [--bw-mib 1024] [--no-breakdown]
 //                 [--prefill-lens 128,512,2048] [--linear-m 64,512,2048] [--decode-ctx 128,2048,8192]
 //                 [--decode-ctx-batches 1,64] [--kv-budget-mib 2048]
+//                 [--prefill-profile] [--profile-lens 128,512,2048] [--profile-threads 1,2]
 #include "fd/arena.h"
 #include "fd/kernels/cpu_ops.h"
 #include "fd/kernels/thread_pool.h"
@@ -35,6 +41,7 @@
 #include "fd/model/worker.h"
 
 #include "bench_kernels.h"
+#include "bench_prefill.h"
 #include "bench_batch.h"
 #include "bench_util.h"
 
@@ -204,6 +211,9 @@ struct Options {
     std::vector<int>         ctx_lens     = {128, 2048, 8192};
     std::vector<int>         ctx_batches  = {1, 64};
     int64_t                  kv_budget_mib = 2048;
+    bool                     prefill_profile = false;
+    std::vector<int>         profile_lens    = {128, 512, 2048};
+    std::vector<int>         profile_threads = {1, 2};
 };
 
 
@@ -409,6 +419,21 @@ json bench_model(const std::string & dir, const Options & o, double read_bw, dou
         j["decode_contexts"] = decode_contexts(cfg, o.ctx_batches, o.ctx_lens, o.threads, read_bw,
                                                std::max(0.2, o.seconds_min), o.kv_budget_mib << 20, read_bw_cpu);
     }
+    if (o.prefill_profile) {  // synthetic weights of the model's shape: once per distinct shape
+        static std::vector<std::pair<std::string, std::string>> profiled;  // (shape, model)
+        const auto seen = std::find_if(profiled.begin(), profiled.end(), [&](const auto & p) { return p.first == shape; });
+        if (seen != profiled.end()) {
+            j["prefill_profile"] = "same shape as " + seen->second;
+        } else {
+            profiled.emplace_back(shape, dir);
+            std::fprintf(stderr, "fd_bench: prefill profile...\n");
+            j["prefill_profile"] = prefill_profile(cfg, o.profile_lens, o.profile_threads, std::max(0.2, o.seconds_min));
+            j["sgemm_thread_scaling"] = json::array();
+            for (const int64_t m : {int64_t{512}, int64_t{128}}) {
+                j["sgemm_thread_scaling"].push_back(sgemm_thread_scaling(cfg, m, o.profile_threads, std::max(0.2, o.seconds_min)));
+            }
+        }
+    }
     return j;
 }
 
@@ -446,6 +471,10 @@ int main(int argc, char ** argv) {
     app.add_option("--decode-ctx", ctx_lens, "contexts of the long-context decode steps (empty: skip)")->capture_default_str();
     app.add_option("--decode-ctx-batches", ctx_batches, "batch sizes of the long-context decode steps")->capture_default_str();
     app.add_option("--kv-budget-mib", o.kv_budget_mib, "KV memory of one long-context run before layers share a pool")->capture_default_str();
+    std::string profile_lens = "128,512,2048", profile_threads = "1,2";
+    app.add_flag("--prefill-profile", o.prefill_profile, "time a prefill per op class at each --profile-threads count, with an sgemm thread-scaling reference");
+    app.add_option("--profile-lens", profile_lens, "prefill lengths of the profile, comma-separated")->capture_default_str();
+    app.add_option("--profile-threads", profile_threads, "thread counts of the profile (scaling against the first)")->capture_default_str();
     CLI11_PARSE(app, argc, argv);
 
     try {
@@ -466,6 +495,9 @@ int main(int argc, char ** argv) {
         for (int m : ints(linear_ms)) { o.linear_ms.push_back(m); }
         if (o.linear_ms.empty()) { o.linear_ms = {64}; }
         o.ctx_lens    = ints(ctx_lens);
+        o.profile_lens    = ints(profile_lens);
+        o.profile_threads = ints(profile_threads);
+        if (o.profile_lens.empty() || o.profile_threads.empty()) { throw std::runtime_error("--profile-lens and --profile-threads need a value"); }
         o.ctx_batches = ints(ctx_batches);
         if (o.ctx_batches.empty()) { o.ctx_batches = {1}; }
         o.batches.clear();

@@ -242,4 +242,102 @@ TEST_CASE("silu_mul over gate|up rows, copy_rows, gather_rows, log_softmax_rows 
     CHECK(am[1] == 7);
 }
 
+TEST_CASE("row-wise ops split over 2 and 3 threads (past the parallel threshold) equal the single-row kernels bitwise") {
+    std::mt19937 rng(11);
+    for (int threads : {1, 2, 3}) {
+        CAPTURE(threads);
+        auto be = k::make_cpu_backend(threads);
+        for (int64_t n : {int64_t(2), int64_t(33), int64_t(257)}) {  // 257 x 96 floats: several ranges per thread
+            CAPTURE(n);
+            const int64_t w = 96;
+            const auto x = random_vec(rng, n * w, -3.0f, 3.0f), nw = random_vec(rng, w, 0.5f, 1.5f);
+            // rms_norm
+            Dev dx(*be, x), dnw(*be, nw), dn(*be, n * w);
+            be->rms_norm(dn.f(), dx.f(), dnw.f(), n, w, 1e-5f);
+            std::vector<float> ref(x.size());
+            k::rms_norm(ref.data(), x.data(), nw.data(), n, w, 1e-5f);
+            CHECK(bits_equal(dn.host(), ref));
+            // add
+            const auto y = random_vec(rng, x.size());
+            Dev da(*be, x), dy(*be, y);
+            be->add(da.f(), dy.f(), n * w);
+            std::vector<float> sum = x;
+            k::add_inplace(sum.data(), y.data(), n * w);
+            CHECK(bits_equal(da.host(), sum));
+            // silu_mul over [n, gate | up]
+            const auto gu = random_vec(rng, n * 2 * w, -4.0f, 4.0f);
+            Dev dgu(*be, gu), dg(*be, n * w);
+            be->silu_mul(dg.f(), dgu.f(), n, w);
+            std::vector<float> sref(size_t(n * w));
+            for (int64_t t = 0; t < n; ++t) { k::silu_mul(&sref[t * w], &gu[t * 2 * w], &gu[t * 2 * w + w], w); }
+            CHECK(bits_equal(dg.host(), sref));
+            // rope over [n, 3 heads, 32]
+            const int64_t n_pos = 300, hd = 32;
+            std::vector<float> table(size_t(n_pos * hd));
+            k::rope_table(table.data(), n_pos, hd, 10000.0f);
+            std::vector<int32_t> pos(static_cast<size_t>(n));
+            for (auto & p : pos) { p = int32_t(rng() % n_pos); }
+            const auto qx = random_vec(rng, n * 3 * hd);
+            Dev dq(*be, qx), dt(*be, table);
+            be->rope(dq.f(), pos.data(), dt.f(), n, 3, hd);
+            std::vector<float> qref = qx;
+            k::rope_rotate_half(qref.data(), pos.data(), table.data(), n, 3, hd);
+            CHECK(bits_equal(dq.host(), qref));
+            // copy_rows (the middle 40 of 96 columns) and gather_rows (reversed)
+            Dev dc(*be, n * 40);
+            be->copy_rows(dc.f(), 40, dx.f() + 30, w, n, 40);
+            const auto c = dc.host();
+            int bad = 0;
+            for (int64_t r = 0; r < n; ++r) { bad += std::memcmp(&c[r * 40], &x[r * w + 30], 40 * 4) != 0; }
+            CHECK(bad == 0);
+            std::vector<int32_t> rows(static_cast<size_t>(n));
+            for (int64_t i = 0; i < n; ++i) { rows[i] = int32_t(n - 1 - i); }
+            Dev dgath(*be, n * w);
+            be->gather_rows(dgath.f(), dx.f(), rows.data(), n, w);
+            const auto g = dgath.host();
+            bad = 0;
+            for (int64_t i = 0; i < n; ++i) { bad += std::memcmp(&g[i * w], &x[rows[i] * w], w * 4) != 0; }
+            CHECK(bad == 0);
+            // embedding of n tokens from a 50-row table (f32)
+            const auto emb = random_vec(rng, 50 * w);
+            std::vector<int32_t> tok(static_cast<size_t>(n));
+            for (auto & t : tok) { t = int32_t(rng() % 50); }
+            Dev demb(*be, emb), de(*be, n * w);
+            be->embedding(de.f(), demb.p, k::WType::f32, tok.data(), n, w, 0, 50);
+            const auto e = de.host();
+            bad = 0;
+            for (int64_t i = 0; i < n; ++i) { bad += std::memcmp(&e[i * w], &emb[tok[i] * w], w * 4) != 0; }
+            CHECK(bad == 0);
+            // kv_store of a prefill starting mid-block over scattered blocks of 16 (2 kv heads x 32)
+            const int32_t bs = 16, kvh = 2, blocks = 40;
+            const int64_t row = kvh * hd;
+            std::vector<int32_t> tbl;
+            for (int32_t b = 0; b < blocks; ++b) { tbl.push_back((b * 7) % blocks); }
+            std::vector<int64_t> slots(static_cast<size_t>(n));
+            for (int64_t t = 0; t < n; ++t) { slots[t] = int64_t(tbl[(t + 5) / bs]) * bs + (t + 5) % bs; }
+            const auto kn = random_vec(rng, n * row), vn = random_vec(rng, n * row);
+            std::vector<float> zeros(size_t(blocks * bs * row), 0.0f);
+            Dev kp(*be, zeros), vp(*be, zeros), dk(*be, kn), dv(*be, vn);
+            std::vector<float> kp_ref = zeros, vp_ref = zeros;
+            be->kv_store({kp.f(), vp.f(), bs, kvh, int32_t(hd)}, dk.f(), dv.f(), slots.data(), n);
+            k::kv_store({kp_ref.data(), vp_ref.data(), bs, kvh, int32_t(hd)}, kn.data(), vn.data(), slots.data(), n);
+            CHECK(bits_equal(kp.host(), kp_ref));
+            CHECK(bits_equal(vp.host(), vp_ref));
+        }
+        // log_softmax_rows and argmax_rows over 20 rows of a 1000-token vocab
+        const int64_t vocab = 1000, nr = 20;
+        const auto logits = random_vec(rng, nr * vocab, -5.0f, 5.0f);
+        Dev dl(*be, logits), dls(*be, nr * vocab);
+        be->log_softmax_rows(dls.f(), dl.f(), nr, vocab);
+        std::vector<float> lref(logits.size());
+        for (int64_t r = 0; r < nr; ++r) { k::log_softmax(&lref[r * vocab], &logits[r * vocab], vocab); }
+        CHECK(bits_equal(dls.host(), lref));
+        std::vector<int64_t> am(static_cast<size_t>(nr), -1);
+        be->argmax_rows(am.data(), dl.f(), nr, vocab);
+        int bad = 0;
+        for (int64_t r = 0; r < nr; ++r) { bad += am[r] != k::argmax(&logits[r * vocab], vocab); }
+        CHECK(bad == 0);
+    }
+}
+
 }  // TEST_SUITE

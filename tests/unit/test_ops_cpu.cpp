@@ -9,12 +9,15 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 namespace k = fd::kernels;
@@ -126,6 +129,44 @@ TEST_CASE("ThreadPool::parallel_for runs every task exactly once for 1 to 4 thre
                 REQUIRE(std::count(hits.begin(), hits.end(), 1) == n_tasks);
             }
         }
+    }
+}
+
+TEST_CASE("ThreadPool hands jobs over through its sleep paths: workers asleep between jobs, the caller asleep while a worker runs") {
+    using namespace std::chrono_literals;
+    const auto spin = std::chrono::nanoseconds(k::ThreadPool::kSpinNs);
+    for (int nt : {2, 3}) {
+        CAPTURE(nt);
+        k::ThreadPool pool(nt);
+        pool.reset_stats();
+        const auto caller = std::this_thread::get_id();
+        for (int rep = 0; rep < 5; ++rep) {
+            // Idle past the spin: the workers are asleep on the futex when the job comes.
+            std::this_thread::sleep_for(3 * spin);
+            // Every thread must take a task: each task waits (10 s at most) until nt threads
+            // have entered one, which only happens if the sleeping workers were woken.
+            std::atomic<int> entered{0}, done{0};
+            std::atomic<bool> all_met{true};
+            pool.parallel_for(nt, [&](int64_t) {
+                entered.fetch_add(1);
+                const auto t_end = std::chrono::steady_clock::now() + 10s;
+                while (entered.load() < nt && std::chrono::steady_clock::now() < t_end) { std::this_thread::yield(); }
+                if (entered.load() < nt) { all_met.store(false); }
+                // A worker's task outlasts the caller's spin: the caller sleeps until woken.
+                if (std::this_thread::get_id() != caller) { std::this_thread::sleep_for(3 * spin); }
+                done.fetch_add(1);
+            });
+            CHECK(all_met.load());
+            CHECK(done.load() == nt);  // parallel_for returned only after every task finished
+        }
+        CHECK(pool.stats().jobs == 5);
+        CHECK(pool.stats().wait_s >= 0.0);
+        // Back-to-back tiny jobs (the spinning path), many of them.
+        std::atomic<int64_t> total{0};
+        for (int rep = 0; rep < 20000; ++rep) {
+            pool.parallel_for(3, [&](int64_t i) { total.fetch_add(i + 1); });
+        }
+        CHECK(total.load() == 20000 * 6);
     }
 }
 

@@ -59,7 +59,8 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
 ///          chunk's V. The next chunk's K/V slice is prefetched while one computes.
 /// Threads  tiles of up to 64 consecutive tokens sharing a block table (a prefill) are attended
 ///          together, each K/V row read once for the tile; tiles (and, when there are fewer
-///          than 2 per thread, ranges of kv heads) are split over `pool`.
+///          than 2 per thread, ranges of kv heads) are split over `pool`, largest tiles (by the
+///          sum of their queries' contexts) claimed first so the threads finish together.
 /// Source   Vaswani et al. 2017; paged layout after vLLM PagedAttention (Kwon et al. 2023).
 void attention_paged(float * out, const float * q, const AttnQuery * queries, int64_t n_tokens,
                      int64_t n_heads, PagedKv kv, float scale, ThreadPool * pool);
