@@ -74,3 +74,15 @@ TEST_CASE("mp wire: the spawn configuration carries --nnodes (each host computes
     CHECK(t.rank == 3);
     CHECK(t.cfg.worker.device_id == 0);  // cpu
 }
+
+TEST_CASE("mp wire: the spawn configuration carries --use-cudagraph's graph_max_batch and the scratch reservation") {
+    RankSpawn s;
+    s.cfg.tensor_parallel_size    = 1;
+    s.cfg.worker.graph_max_batch  = 48;
+    s.cfg.worker.reserve_tokens   = 4096;
+    const RankSpawn t = rank_spawn_from_json(rank_spawn_to_json(s));
+    CHECK(t.cfg.worker.graph_max_batch == 48);
+    CHECK(t.cfg.worker.reserve_tokens == 4096);
+    RankSpawn off;
+    CHECK(rank_spawn_from_json(rank_spawn_to_json(off)).cfg.worker.graph_max_batch == 0);
+}
