@@ -110,20 +110,27 @@ def free_port():
 EXTRA_ARGS = os.environ.get("FD_TEST_DAEMON_ARGS", "").split()
 
 
-def _cuda_devices():
+def cudart():
+    """The CUDA runtime library (ctypes), or None where none is installed."""
     import ctypes
     for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
         try:
-            rt = ctypes.CDLL(name)
+            return ctypes.CDLL(name)
         except OSError:
             continue
-        n = ctypes.c_int(0)
-        return n.value if rt.cudaGetDeviceCount(ctypes.byref(n)) == 0 else 0
-    return 0
+    return None
+
+
+def cuda_device_count():
+    """cudaGetDeviceCount; 0 with no runtime, no driver or no device."""
+    import ctypes
+    rt = cudart()
+    n = ctypes.c_int(0)
+    return n.value if rt is not None and rt.cudaGetDeviceCount(ctypes.byref(n)) == 0 else 0
 
 
 # A run over --device cuda (label gpu) where no GPU is visible: Skipped (77), never Passed.
-if "--device" in EXTRA_ARGS and EXTRA_ARGS[EXTRA_ARGS.index("--device") + 1:][:1] == ["cuda"] and _cuda_devices() == 0:
+if "--device" in EXTRA_ARGS and EXTRA_ARGS[EXTRA_ARGS.index("--device") + 1:][:1] == ["cuda"] and cuda_device_count() == 0:
     print("FD_TEST_DAEMON_ARGS asks for --device cuda and no CUDA device is visible: skipped")
     sys.exit(77)
 MP = "mp" in EXTRA_ARGS

@@ -15,28 +15,10 @@ import unittest
 
 from concurrent.futures import ThreadPoolExecutor
 
-from fdtest import GREEDY, Daemon, greedy
+from fdtest import GREEDY, Daemon, cuda_device_count, cudart, greedy
 
 KV = ["--kv-cache-bytes", "256MiB", "--dynamic-load-weight"]
-
-
-def cudart():
-    for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    return None
-
-
 RT = cudart()
-
-
-def device_count():
-    if RT is None:
-        return 0
-    n = ctypes.c_int(0)
-    return n.value if RT.cudaGetDeviceCount(ctypes.byref(n)) == 0 else 0
 
 
 def device_free():
@@ -104,7 +86,7 @@ class CudaDaemon(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if device_count() == 0:
+    if cuda_device_count() == 0:
         print("no CUDA device visible: skipped")
         sys.exit(77)
     unittest.main()

@@ -14,28 +14,16 @@ nccl. Either way:
   communicator is destroyed by sleep and a new one created by wakeup (the rank's own counts).
 Exits 77 (CTest: Skipped) where no CUDA device is visible.
 """
-import ctypes
 import sys
 import unittest
 
-from fdtest import Daemon, greedy
+from fdtest import Daemon, cuda_device_count, greedy
 
 KV = ["--kv-cache-bytes", "128MiB", "--dynamic-load-weight"]
 TP2 = ["--tensor-parallel-size", "2", "--threads", "1"]
 
 
-def device_count():
-    for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
-        try:
-            rt = ctypes.CDLL(name)
-        except OSError:
-            continue
-        n = ctypes.c_int(0)
-        return n.value if rt.cudaGetDeviceCount(ctypes.byref(n)) == 0 else 0
-    return 0
-
-
-N_DEV = device_count()
+N_DEV = cuda_device_count()
 
 
 def close(testcase, a, b, tol=1e-4):

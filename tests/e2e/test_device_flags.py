@@ -11,21 +11,11 @@ sleep/wakeup of the weights and a reload through update_weights; at tp=2 the hoo
 ranks' shm all-reduce through host buffers (the path of CUDA ranks sharing a device): tokens and
 logprobs bitwise those of tp=2 without it, also across a sleep/wakeup that rebuilds the group.
 """
-import ctypes
 import unittest
 
-from fdtest import Daemon, greedy
+from fdtest import Daemon, cuda_device_count, greedy
 
 
-def cuda_visible():
-    for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
-        try:
-            rt = ctypes.CDLL(name)
-        except OSError:
-            continue
-        n = ctypes.c_int(0)
-        return rt.cudaGetDeviceCount(ctypes.byref(n)) == 0 and n.value > 0
-    return False
 
 
 def refused(testcase, args, needle):
@@ -35,7 +25,7 @@ def refused(testcase, args, needle):
 
 
 class DeviceFlags(unittest.TestCase):
-    @unittest.skipIf(cuda_visible(), "a CUDA device is visible here")
+    @unittest.skipIf(cuda_device_count() > 0, "a CUDA device is visible here")
     def test_cuda_without_a_device_exits_10(self):
         refused(self, ["--device", "cuda"], "no CUDA device visible")
         # tp > 1 on cuda is allowed; without a device it stops for that reason alone.
