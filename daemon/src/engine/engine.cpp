@@ -99,7 +99,12 @@ void Engine::loop() {
         bool worked = false;
         try {
             worked = step();
-            executor_->refresh_rank_devices(1.0);  // cuda: /health's device memory, at most ~1 s old
+            try {
+                executor_->refresh_rank_devices(1.0);  // cuda: /health's device memory, at most ~1 s old
+            } catch (const Error & e) {
+                if (e.code() == Errc::rank_failed) { throw; }  // a lost rank: degraded, as for a step
+                lg->warn("device memory refresh failed (the step's results stand): {}", e.what());
+            }
         } catch (const Error & e) {
             lg->error("step failed: {}", e.what());
             if (e.code() == Errc::rank_failed) {
