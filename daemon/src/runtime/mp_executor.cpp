@@ -9,6 +9,7 @@
 #include "fd/status.h"
 
 #include "mp_wire.h"
+#include "rank_spawn.h"
 
 #include <fmt/ranges.h>
 
@@ -16,14 +17,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <future>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -32,90 +31,6 @@ namespace fd::runtime {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-/// How a rank process that stopped answering is doing, in words ("was killed by signal 9").
-std::string process_condition(pid_t pid, bool & reaped) {
-    if (pid <= 0) { return "has exited"; }
-    int st = 0;
-    const pid_t w = ::waitpid(pid, &st, WNOHANG);
-    if (w == pid) {
-        reaped = true;
-        if (WIFSIGNALED(st)) { return fmt::format("was killed by signal {} ({})", WTERMSIG(st), strsignal(WTERMSIG(st))); }
-        return fmt::format("exited with code {}", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-    }
-    std::ifstream f(fmt::format("/proc/{}/stat", pid));
-    std::string line;
-    std::getline(f, line);
-    const auto close = line.rfind(')');
-    if (close != std::string::npos && close + 2 < line.size()) {
-        const char state = line[close + 2];
-        if (state == 'T' || state == 't') { return "is stopped (SIGSTOP?) and did not answer"; }
-        if (state == 'Z') { return "has exited"; }
-    }
-    return "did not answer";
-}
-
-/// The one thread local rank processes are started from. A rank's PR_SET_PDEATHSIG fires when
-/// the *thread* that spawned it ends, not the daemon process: a rank respawned by wakeup from the
-/// engine thread was SIGKILLed when that thread stopped (daemon shutdown), before the executor
-/// could shut it down in order. This thread lives as long as the executor (it ends after the
-/// ranks are reaped), so every rank dies exactly with the daemon, or when told.
-class SpawnThread {
-public:
-    SpawnThread() : thread_([this] { run(); }) {}
-    ~SpawnThread() {
-        {
-            std::lock_guard lk(mu_);
-            stop_ = true;
-        }
-        cv_.notify_all();
-        thread_.join();
-    }
-    SpawnThread(const SpawnThread &) = delete;
-    SpawnThread & operator=(const SpawnThread &) = delete;
-
-    /// spawn_rank_process(binary, link_fd, region_fd) on this thread; its errors rethrown here.
-    /// Errors  rank_failed when the thread does not get to it within `timeout_s`.
-    pid_t spawn(const std::string & binary, int link_fd, int region_fd, double timeout_s) {
-        std::packaged_task<pid_t()> task([&] { return spawn_rank_process(binary, link_fd, region_fd); });
-        auto result = task.get_future();
-        {
-            std::lock_guard lk(mu_);
-            job_ = &task;
-        }
-        cv_.notify_all();
-        if (result.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) {
-            std::lock_guard lk(mu_);
-            if (job_ == &task) {  // never started: withdraw it (a started spawn finishes in microseconds)
-                job_ = nullptr;
-                fail(Errc::rank_failed, "starting a rank process: the spawn thread did not respond within {:.1f} s", timeout_s);
-            }
-        }
-        return result.get();
-    }
-
-private:
-    void run() {
-        std::unique_lock lk(mu_);
-        for (;;) {
-            cv_.wait(lk, [&] { return stop_ || job_ != nullptr; });
-            if (job_ != nullptr) {
-                auto * job = std::exchange(job_, nullptr);
-                lk.unlock();
-                (*job)();
-                lk.lock();
-                continue;
-            }
-            if (stop_) { return; }
-        }
-    }
-
-    std::mutex                     mu_;
-    std::condition_variable        cv_;
-    std::packaged_task<pid_t()> *  job_ = nullptr;
-    bool                           stop_ = false;
-    std::thread                    thread_;  ///< last: started once the rest is initialised
-};
 
 class MpExecutor final : public Executor {
 public:
