@@ -21,6 +21,11 @@ namespace fd::bench {
 
 using json = nlohmann::ordered_json;
 
+void openblas_linear(float * y, const float * a, const float * w, int64_t m, int64_t n, int64_t k) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a,
+                static_cast<int>(k), w, static_cast<int>(k), 0.0f, y, static_cast<int>(n));
+}
+
 json linear_vs_openblas(const std::vector<int64_t> & ms, int64_t n, int64_t k, double min_s) {
     namespace K = fd::kernels;
     std::mt19937 rng(42);
@@ -42,9 +47,7 @@ json linear_vs_openblas(const std::vector<int64_t> & ms, int64_t n, int64_t k, d
     for (const int64_t m : ms) {
         const double flop = 2.0 * m * n * k;
         auto blas = [&] {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
-                        static_cast<int>(k), 1.0f, a.data(), static_cast<int>(k), w.data(), static_cast<int>(k), 0.0f,
-                        c_blas.data(), static_cast<int>(n));
+            openblas_linear(c_blas.data(), a.data(), w.data(), m, n, k);
         };
         auto f32  = [&] { K::linear(c_fd.data(), a.data(), w.data(), K::WType::f32, nullptr, m, n, k, nullptr); };
         auto bf16 = [&] { K::linear(c_fd.data(), a.data(), w16.data(), K::WType::bf16, nullptr, m, n, k, nullptr); };
@@ -91,9 +94,7 @@ json linear_thread_scaling(const std::vector<int64_t> & ms, int64_t n, int64_t k
     for (const int64_t m : ms) {
         const double flop = 2.0 * m * n * k;
         auto blas = [&] {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
-                        static_cast<int>(k), 1.0f, a.data(), static_cast<int>(k), w.data(), static_cast<int>(k), 0.0f,
-                        c.data(), static_cast<int>(n));
+            openblas_linear(c.data(), a.data(), w.data(), m, n, k);
         };
         auto fd1 = [&] { K::linear(c.data(), a.data(), w.data(), K::WType::f32, nullptr, m, n, k, nullptr); };
         auto fdn = [&] { K::linear(c.data(), a.data(), w.data(), K::WType::f32, nullptr, m, n, k, &pool); };

@@ -90,6 +90,10 @@ struct DecodeLinears {
 };
 DecodeLinears make_decode_linears(const fd::model::ModelConfig & c, bool with_lm_head);
 
+/// OpenBLAS's reference for kernels::linear: y[m, n] = a[m, k] · w[n, k]ᵀ (f32, row major; the
+/// threads are whatever openblas_set_num_threads last set).
+void openblas_linear(float * y, const float * a, const float * w, int64_t m, int64_t n, int64_t k);
+
 nlohmann::ordered_json linear_vs_openblas(const std::vector<int64_t> & ms, int64_t n, int64_t k, double min_s);
 
 /// 1 -> n_threads scaling of kernels::linear (ThreadPool of n_threads) next to OpenBLAS sgemm's

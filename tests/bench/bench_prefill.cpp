@@ -336,9 +336,7 @@ json sgemm_thread_scaling(const fd::model::ModelConfig & c, int64_t m, const std
         json sh = json::array();
         for (const auto & s : shapes) {
             auto blas = [&] {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(s.n),
-                            static_cast<int>(s.k), 1.0f, a.data(), static_cast<int>(s.k), w.data(), static_cast<int>(s.k), 0.0f,
-                            y.data(), static_cast<int>(s.n));
+                openblas_linear(y.data(), a.data(), w.data(), m, s.n, s.k);
             };
             auto fdl = [&] { K::linear(y.data(), a.data(), w.data(), K::WType::f32, nullptr, m, s.n, s.k, &pool); };
             blas(); fdl();
