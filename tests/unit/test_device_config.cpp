@@ -48,15 +48,18 @@ TEST_CASE("gpu_kv_budget_bytes: utilization x total, less memory in use, weights
     CHECK(fd::gpu_kv_budget_bytes(m, 0.2, 1 * G, 0) == 0);  // 16 GiB allowed, 20 in use already
 }
 
+/// resolve() on stories260K's config after `edit`: the error code and message it fails with.
+template <class Edit>
+std::pair<fd::Errc, std::string> problems(Edit edit) {
+    fd::Config c;
+    c.model.model_dir = FD_SOURCE_DIR "/models/stories260K";
+    edit(c);
+    std::string what;
+    const fd::Errc e = fd::test::error_of([&] { fd::resolve(c); }, &what);
+    return std::make_pair(e, what);
+}
+
 TEST_CASE("resolve refuses CUDA-only flags on cpu and an unknown device, naming each") {
-    auto problems = [](auto edit) {
-        fd::Config c;
-        c.model.model_dir = FD_SOURCE_DIR "/models/stories260K";
-        edit(c);
-        std::string what;
-        const fd::Errc e = fd::test::error_of([&] { fd::resolve(c); }, &what);
-        return std::make_pair(e, what);
-    };
     auto [e2, w2] = problems([](fd::Config & c) { c.model.gpu_memory_utilization = 0.5; });
     CHECK(e2 == fd::Errc::invalid_argument);
     CHECK(w2.find("--gpu-memory-utilization needs --device cuda") != std::string::npos);
@@ -93,14 +96,6 @@ TEST_CASE("Backend::find_nonfinite (the download-and-scan default) finds the fir
 }
 
 TEST_CASE("resolve: --dist-backend nccl needs cuda, one node and a device per rank; auto picks shm/gloo on cpu") {
-    auto problems = [](auto edit) {
-        fd::Config c;
-        c.model.model_dir = FD_SOURCE_DIR "/models/stories260K";
-        edit(c);
-        std::string what;
-        const fd::Errc e = fd::test::error_of([&] { fd::resolve(c); }, &what);
-        return std::make_pair(e, what);
-    };
     auto [e1, w1] = problems([](fd::Config & c) {
         c.model.tensor_parallel_size = 2;
         c.parallel.dist_backend      = "nccl";
