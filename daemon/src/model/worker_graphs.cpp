@@ -24,13 +24,10 @@ namespace fd::model {
 
 using memory::Tag;
 
-std::vector<const void *> Worker::graph_addresses() const {
-    std::vector<const void *> a = {alloc_->data(Tag::weight), alloc_->data(Tag::kv_cache), rope_.data(), small_.data()};
-    for (const kernels::ScratchBuffer * b : {&s_.x, &s_.xn, &s_.qkv, &s_.q, &s_.k, &s_.v, &s_.att, &s_.ff, &s_.gate, &s_.rows,
-                                             &s_.logits}) {
-        a.push_back(b->data());
-    }
-    return a;
+Worker::GraphAddresses Worker::graph_addresses() const {
+    return {alloc_->data(Tag::weight), alloc_->data(Tag::kv_cache), rope_.data(), small_.data(), s_.x.data(), s_.xn.data(),
+            s_.qkv.data(), s_.q.data(), s_.k.data(), s_.v.data(), s_.att.data(), s_.ff.data(), s_.gate.data(), s_.rows.data(),
+            s_.logits.data()};
 }
 
 void Worker::capture_graphs() {

@@ -31,6 +31,7 @@
 #include "fd/model/model_config.h"
 #include "fd/model/weights.h"
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
@@ -239,8 +240,10 @@ private:
     void capture_bucket(size_t k);
     /// A graph step (is_graph_step): pad, upload the indices, replay, download n rows of logits.
     bool forward_graph(const StepBatch & b, float * logits, const std::atomic<bool> * abandon);
-    /// Every address a captured graph holds (weights, KV, rope, norms, activations).
-    std::vector<const void *> graph_addresses() const;
+    /// Every address a captured graph holds (weights, KV, rope, norms, activations); checked
+    /// before each replay, so a fixed array: no allocation per step.
+    using GraphAddresses = std::array<const void *, 15>;
+    GraphAddresses graph_addresses() const;
 
     /// The forward pass's activations, backend memory, grown to the largest batch seen.
     struct Scratch {
@@ -266,7 +269,7 @@ private:
     struct Graphs {
         std::vector<int32_t>      buckets;        ///< ascending (graph_plan.h)
         std::vector<int32_t>      ids;            ///< backend graph id per bucket, -1 = none
-        std::vector<const void *> addrs;          ///< graph_addresses() at capture
+        GraphAddresses            addrs{};        ///< graph_addresses() at capture
         std::vector<int32_t>      scratch_table;  ///< {n_blocks}: the padding rows' block table
         int64_t                   scratch_slot = 0;
         StepBatch                 pad;            ///< the padded step (reused)
