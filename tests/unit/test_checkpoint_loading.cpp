@@ -7,6 +7,7 @@
 #include "fd/model/weights.h"
 #include "fd/kernels/thread_pool.h"
 #include "fd/status.h"
+#include "noop_backend.h"
 #include "test_util.h"
 
 #include <doctest/doctest.h>
@@ -578,7 +579,7 @@ namespace {
 
 /// A CPU backend that counts uploads and hands out "pinned" host memory (malloc), to see that
 /// fill_weights' staged path (FillOptions::upload_to) writes only through upload().
-class CountingBackend final : public fd::kernels::Backend {
+class CountingBackend final : public fd::test::NoOpsBackend {
 public:
     std::unique_ptr<fd::kernels::Backend> cpu = fd::kernels::make_cpu_backend(1);
     std::atomic<int64_t> uploads{0}, upload_bytes{0}, max_upload{0}, pinned{0};
@@ -607,18 +608,6 @@ public:
         return std::malloc(static_cast<size_t>(b));
     }
     void free_pinned_host(void * p) noexcept override { std::free(p); }
-    void embedding(float *, const void *, fd::kernels::WType, const int32_t *, int64_t, int64_t, int64_t, int64_t) override {}
-    void linear(float *, const float *, const void *, fd::kernels::WType, const float *, int64_t, int64_t, int64_t) override {}
-    void rms_norm(float *, const float *, const float *, int64_t, int64_t, float) override {}
-    void rope(float *, const int32_t *, const float *, int64_t, int64_t, int64_t) override {}
-    void silu_mul(float *, const float *, int64_t, int64_t) override {}
-    void add(float *, const float *, int64_t) override {}
-    void copy_rows(float *, int64_t, const float *, int64_t, int64_t, int64_t) override {}
-    void gather_rows(float *, const float *, const int32_t *, int64_t, int64_t) override {}
-    void kv_store(fd::kernels::PagedKv, const float *, const float *, const int64_t *, int64_t) override {}
-    void attention_paged(float *, const float *, const fd::kernels::AttnQuery *, int64_t, int64_t, fd::kernels::PagedKv, float) override {}
-    void log_softmax_rows(float *, const float *, int64_t, int64_t) override {}
-    void argmax_rows(int64_t *, const float *, int64_t, int64_t) override {}
 };
 
 }  // namespace

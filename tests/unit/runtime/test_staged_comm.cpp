@@ -9,6 +9,7 @@
 #include "fd/runtime/tcp_store.h"
 
 #include "../../fork_ranks.h"
+#include "../noop_backend.h"
 
 #include <doctest/doctest.h>
 
@@ -24,7 +25,7 @@ namespace {
 
 /// A backend whose memory the comm must not touch directly (host_visible false): upload and
 /// download are memcpy and counted; it runs no ops.
-class FakeDevice final : public kernels::Backend {
+class FakeDevice final : public test::NoOpsBackend {
 public:
     int64_t n_down = 0, n_up = 0, bytes_down = 0, bytes_up = 0;
 
@@ -47,18 +48,6 @@ public:
     void copy(void * dst, const void * src, int64_t bytes) override { std::memcpy(dst, src, static_cast<size_t>(bytes)); }
     void synchronize() override {}
     kernels::MemInfo mem_info() override { return {}; }
-    void embedding(float *, const void *, kernels::WType, const int32_t *, int64_t, int64_t, int64_t, int64_t) override {}
-    void linear(float *, const float *, const void *, kernels::WType, const float *, int64_t, int64_t, int64_t) override {}
-    void rms_norm(float *, const float *, const float *, int64_t, int64_t, float) override {}
-    void rope(float *, const int32_t *, const float *, int64_t, int64_t, int64_t) override {}
-    void silu_mul(float *, const float *, int64_t, int64_t) override {}
-    void add(float *, const float *, int64_t) override {}
-    void copy_rows(float *, int64_t, const float *, int64_t, int64_t, int64_t) override {}
-    void gather_rows(float *, const float *, const int32_t *, int64_t, int64_t) override {}
-    void kv_store(kernels::PagedKv, const float *, const float *, const int64_t *, int64_t) override {}
-    void attention_paged(float *, const float *, const kernels::AttnQuery *, int64_t, int64_t, kernels::PagedKv, float) override {}
-    void log_softmax_rows(float *, const float *, int64_t, int64_t) override {}
-    void argmax_rows(int64_t *, const float *, int64_t, int64_t) override {}
 };
 
 /// Rank r's input: magnitudes over 2^-8..2^8, so a different summation order shows in the bits.
