@@ -5,8 +5,10 @@ measured in the same run on the same templates and messages. Prints one JSON obj
     jinja_bench.py --bench build/fd_jinja_bench --fixtures build/npm_fixtures [--iters 2000]
 """
 import argparse
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,6 +48,7 @@ def main():
     models = {m: os.path.join(args.fixtures, "models", m) for m in args.models.split(",")}
     msgs = conversation(20)
     tmp = tempfile.mkdtemp(prefix="fd_jinja_bench_")
+    atexit.register(shutil.rmtree, tmp, True)  # the scratch files go however the run ends
     chat_path = os.path.join(tmp, "chat.json")
     with open(chat_path, "w", encoding="utf-8") as f:
         json.dump({"messages": msgs}, f)
