@@ -17,6 +17,7 @@
 // tiling or thread count.
 #include "fd/kernels/cpu_ops.h"
 #include "lanes.h"
+#include "scratch.h"
 
 #include <algorithm>
 #include <cstring>
@@ -237,9 +238,13 @@ void tile(const TileArgs & t) {
 // packs each strip chunk into the chunk's buffer as it reaches it; the later blocks read the
 // packed copy, so the stored weights are read and packed once per call (they were once per
 // block of rows: 12 times at 2048 rows of 768). The 4 x 6 kernel runs a whole column of tiles
-// per call and keeps its 24 lane reductions in registers up to the store.
-// Tried and dropped (measured no better here): software prefetch of the next packed strip,
-// weight chunks of 2-8 MiB, x blocks of 256-768 KiB, k chunks of 512 or 2048.
+// per call and keeps its 24 lane reductions in registers up to the store. Packed x, the weight
+// chunk and the carry live in 2 MiB huge pages (scratch.h): a 480 KiB x block is one page, not
+// 120, which alone took M=2048 from 0.92 to about 0.96 of OpenBLAS sgemm.
+// Tried and dropped (measured no better here): software prefetch of the next packed strip (into
+// L1 or L2, whole or over the column's last tiles: 2-5 % slower), weight chunks of 2-8 MiB, x
+// blocks of 256-768 KiB, k chunks of 512 or 2048, unpacked x and weights read from their rows
+// (f32: 5-8 % slower at M >= 512), unpacked weights with packed x (equal at M >= 512).
 // ---------------------------------------------------------------------------------------------
 
 constexpr int     kMR      = 4, kNR = 6;  ///< register tile: 24 lane accumulators, 6 weights, 1 x
@@ -489,28 +494,25 @@ void packed_task(float * out, const float * xp, const char * w, const float * bi
     const int64_t n_chunks = (nv + kKcSteps - 1) / kKcSteps, strip_floats = nv * kNR * kLanes;
     const int64_t n_xt = (n_rows + kMR - 1) / kMR;
     const int64_t oc = chunk_outputs(nv);
-    thread_local std::vector<f32x16> carry;
-    thread_local std::vector<float>  wbuf;
+    thread_local HugeScratch<f32x16> carry_buf;
+    thread_local HugeScratch<float>  wbuf_buf;
     const int64_t max_tiles = (mc + kMR - 1) / kMR;
-    if (n_chunks > 1 && static_cast<int64_t>(carry.size()) < max_tiles * kMR * kNR) {
-        carry.resize(static_cast<size_t>(max_tiles * kMR * kNR));
-    }
-    const int64_t wneed = (std::min(oc, o1 - o0) + kNR - 1) / kNR * strip_floats;
-    if (static_cast<int64_t>(wbuf.size()) < wneed) { wbuf.resize(static_cast<size_t>(wneed)); }
+    f32x16 * const carry = n_chunks > 1 ? carry_buf.get(static_cast<size_t>(max_tiles * kMR * kNR)) : nullptr;
+    float * const  wbuf  = wbuf_buf.get(static_cast<size_t>((std::min(oc, o1 - o0) + kNR - 1) / kNR * strip_floats));
     for (int64_t c0 = o0; c0 < o1; c0 += oc) {
         const int64_t c1 = std::min(o1, c0 + oc);
         for (int64_t r0 = 0; r0 < n_rows; r0 += mc) {
             const int64_t r1 = std::min(n_rows, r0 + mc), n_tiles = (r1 - r0 + kMR - 1) / kMR;
             for (int64_t o = c0; o < c1; o += kNR) {
                 const int n  = static_cast<int>(std::min<int64_t>(kNR, c1 - o));
-                float *   ws = wbuf.data() + (o - c0) / kNR * strip_floats;
+                float *   ws = wbuf + (o - c0) / kNR * strip_floats;
                 for (int64_t v0 = 0; v0 < nv; v0 += kKcSteps) {
                     const int64_t nk = std::min(kKcSteps, nv - v0);
                     const bool    first = v0 == 0, last = v0 + nk == nv;
                     float *       wk = ws + v0 * kNR * kLanes;
                     if (r0 == 0) { pack_strip<T>(wk, w, n_in, o, n, v0, nk); }
                     const Tiles t{.xp = xp + x_offset(n_xt, nv, r0 / kMR, v0), .xstride = nk * kMR * kLanes, .wp = wk, .n_steps = nk,
-                                  .n_tiles = n_tiles, .carry = n_chunks > 1 ? carry.data() : nullptr,
+                                  .n_tiles = n_tiles, .carry = carry,
                                   .out = out + r0 * n_out + o, .ldo = n_out, .bias = bias ? bias + o : nullptr,
                                   .last_rows = static_cast<int>(r1 - r0 - (n_tiles - 1) * kMR), .n_cols = n};
                     if (first && last) {
@@ -612,11 +614,10 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
     }
     // Many rows: x packed once (tiles split over the threads); tasks of whole strips of outputs x
     // every row, so each task packs its own weights once; at least one range per thread.
-    thread_local std::vector<float> xp;  // the caller's thread only: tasks read it
+    thread_local HugeScratch<float> xp;  // the caller's thread only: tasks read it
     const int64_t nv = n_vsteps(wtype, n_in), vbytes = nv * kLanes * 4;  // packed bytes of one row
     const int64_t n_xt = (n_rows + kMR - 1) / kMR;
-    xp.resize(static_cast<size_t>(n_xt * nv * kMR * kLanes));
-    float * xpk = xp.data();  // (a thread_local named inside a task would be the worker's own)
+    float * xpk = xp.get(static_cast<size_t>(n_xt * nv * kMR * kLanes));  // (a thread_local named inside a task would be the worker's own)
     const int64_t n_thr = pool ? pool->n_threads() : 1;
     const int64_t n_xtasks = std::min<int64_t>(n_xt, n_thr);
     for_tasks(n_xtasks, [&](int64_t t) {

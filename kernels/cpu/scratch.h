@@ -1,0 +1,68 @@
+// kernels/cpu/scratch.h — a CPU kernel's per-thread scratch in 2 MiB transparent huge pages.
+// Internal to kernels/cpu.
+//
+// linear's packed operands (x packed once per call, the weight strips of a chunk of outputs) are
+// re-read for every strip and every block of rows. In 4 KiB pages a 480 KiB x block spans 120
+// pages, more than the L1 DTLB holds, and the hardware prefetchers stop at every 4 KiB boundary;
+// in 2 MiB pages the same block is one page. Measured on the 2-core AVX-512 guest
+// (docs/benchmarks.md, stop 20): linear at M=2048, N=2048, K=768 went from 0.92 to 0.96-0.97 of
+// OpenBLAS sgemm, and the K=2048 `down` shape from 0.71-0.80 to 0.83-0.85, from this alone.
+// The daemon's weight and KV arenas already ask for huge pages (fd::Arena); this is the same
+// request for the kernels' own buffers, which were plain std::vectors.
+#pragma once
+
+#include <sys/mman.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <new>
+
+namespace fd::kernels {
+namespace {
+
+/// Scratch of T (trivially copyable) that grows on demand and is never shrunk; growing discards
+/// the contents (every user rewrites what it reads). Memory is 2 MiB-aligned and madvised
+/// MADV_HUGEPAGE, so under THP "madvise" (or "always") it is backed by huge pages. Meant to be
+/// thread_local: one buffer per thread, freed when the thread ends.
+/// Errors: std::bad_alloc when the mapping fails (as a std::vector would throw).
+template <class T> class HugeScratch {
+  public:
+    static constexpr size_t kHuge = size_t{2} << 20;
+
+    HugeScratch() = default;
+    HugeScratch(const HugeScratch &) = delete;
+    HugeScratch & operator=(const HugeScratch &) = delete;
+    ~HugeScratch() { unmap(); }
+
+    /// At least n elements (n may be 0). The pointer stays valid until a larger get().
+    T * get(size_t n) {
+        const size_t need = (n * sizeof(T) + kHuge - 1) / kHuge * kHuge;
+        if (need > bytes_) {
+            unmap();
+            // Over-map by one huge page and trim both ends, so the start is 2 MiB-aligned.
+            void * raw = mmap(nullptr, need + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (raw == MAP_FAILED) { throw std::bad_alloc(); }
+            auto * r     = static_cast<char *>(raw);
+            auto * start = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(r) + kHuge - 1) / kHuge * kHuge);
+            if (start > r) { munmap(r, static_cast<size_t>(start - r)); }
+            if (r + need + kHuge > start + need) { munmap(start + need, static_cast<size_t>(r + need + kHuge - (start + need))); }
+            madvise(start, need, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB
+            p_     = reinterpret_cast<T *>(start);
+            bytes_ = need;
+        }
+        return p_;
+    }
+
+  private:
+    void unmap() {
+        if (p_) { munmap(p_, bytes_); }
+        p_     = nullptr;
+        bytes_ = 0;
+    }
+
+    T *    p_     = nullptr;
+    size_t bytes_ = 0;
+};
+
+}  // namespace
+}  // namespace fd::kernels
