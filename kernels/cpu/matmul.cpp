@@ -273,13 +273,17 @@ void pack_x_tiles(float * xp, const float * x, int64_t n_rows, int64_t n_in, WTy
     for (int64_t tile = t0; tile < t1; ++tile) {
         for (int r = 0; r < kMR; ++r) {
             const int64_t row = tile * kMR + r;
-            for (int64_t v = 0; v < nv; ++v) {
+            const float * src = row < n_rows ? x + row * n_in : nullptr;
+            // f32: one vector step per pass; bf16: both of a 32-k step (lo, hi) from one load.
+            const int64_t vs = t == WType::f32 ? 1 : 2;
+            for (int64_t v = 0; v < nv; v += vs) {
                 float * d = xp + x_offset(n_xt, nv, tile, v) + r * kLanes;
+                float * dh = t == WType::f32 ? nullptr : xp + x_offset(n_xt, nv, tile, v + 1) + r * kLanes;
                 if (row >= n_rows) {
                     std::memset(d, 0, sizeof(float) * kLanes);
+                    if (dh) { std::memset(dh, 0, sizeof(float) * kLanes); }
                     continue;
                 }
-                const float * src = x + row * n_in;
                 if (t == WType::f32) {
                     const int64_t k0 = v * kLanes, n = std::min<int64_t>(kLanes, n_in - k0);
                     if (n == kLanes) {
@@ -298,12 +302,13 @@ void pack_x_tiles(float * xp, const float * x, int64_t n_rows, int64_t n_in, WTy
                     const __mmask16 m1 = left >= 32 ? __mmask16(0xFFFF) : left <= 16 ? __mmask16(0) : __mmask16((1u << (left - 16)) - 1);
                     const __m512 a = _mm512_maskz_loadu_ps(m0, src + base), b = _mm512_maskz_loadu_ps(m1, src + base + 16);
                     const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-                    const __m512i idx = v % 2 ? _mm512_add_epi32(lo, _mm512_set1_epi32(4)) : lo;
-                    _mm512_storeu_ps(d, _mm512_permutex2var_ps(a, idx, b));
+                    _mm512_storeu_ps(d, _mm512_permutex2var_ps(a, lo, b));
+                    _mm512_storeu_ps(dh, _mm512_permutex2var_ps(a, _mm512_add_epi32(lo, _mm512_set1_epi32(4)), b));
 #else
                     for (int l = 0; l < kLanes; ++l) {
-                        const int64_t k = base + bf16_lane_k((v % 2) * kLanes + l);
-                        d[l] = k < n_in ? src[k] : 0.0f;
+                        const int64_t k = base + bf16_lane_k(l), kh = base + bf16_lane_k(kLanes + l);
+                        d[l]  = k < n_in ? src[k] : 0.0f;
+                        dh[l] = kh < n_in ? src[kh] : 0.0f;
                     }
 #endif
                 }
