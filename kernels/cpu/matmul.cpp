@@ -350,7 +350,9 @@ void pack_strip(float * dst, const char * w, int64_t n_in, int64_t o, int n, int
 struct Tiles {
     const float * xp;      ///< the first tile's packed x at the chunk's first step
     int64_t       xstride; ///< floats from one tile's packed x to the next's
-    const float * wp;      ///< the strip chunk [n_steps][kNR][16]
+    const float * wp;      ///< packed: the strip chunk [n_steps][kNR][16]; direct: the first
+                           ///< output's row at the chunk's first k
+    int64_t       ldw;     ///< direct: floats from one output's row to the next (n_in)
     int64_t       n_steps; ///< vector steps in the chunk
     int64_t       n_tiles;
     f32x16 *      carry;   ///< [n_tiles][kMR * kNR] lanes between k chunks
@@ -361,13 +363,18 @@ struct Tiles {
     int           n_cols;  ///< outputs of each tile to store (1..kNR)
 };
 
-/// Each tile of `t` in turn: t.n_steps vector steps on packed operands, xp [n][kMR][16] and
-/// wp [n][kNR][16]: acc[r][c] = x * w + acc, one FMA per step, steps ascending (the one-row
-/// path's chain); kFirst: lanes start at zero (else from the carry); kLast: reduce, add the
-/// bias, store (else lanes to the carry). One call per column of tiles, so one tile's epilogue
-/// overlaps the next one's start.
-template <bool kFirst, bool kLast>
+/// Each tile of `t` in turn: t.n_steps vector steps on packed x, xp [n][kMR][16], and weights
+/// packed, wp [n][kNR][16], or (kDirect, f32) read from their rows, wp + c * ldw + 16 s:
+/// acc[r][c] = x * w + acc, one FMA per step, steps ascending (the one-row path's chain; the
+/// same FMAs whichever way the weights arrive); kFirst: lanes start at zero (else from the
+/// carry); kLast: reduce, add the bias, store (else lanes to the carry). One call per column of
+/// tiles, so one tile's epilogue overlaps the next one's start.
+template <bool kFirst, bool kLast, bool kDirect>
 __attribute__((noinline)) void packed_tiles(const Tiles & t) {
+    constexpr int64_t WS = kDirect ? kLanes : kNR * kLanes;  // floats from one step's weights to the next
+    const int64_t     ldw = kDirect ? t.ldw : kLanes;
+    const float *     wr[kNR];  // output c's weights at the first step (past n_cols: the last one's)
+    for (int c = 0; c < kNR; ++c) { wr[c] = t.wp + std::min(c, t.n_cols - 1) * ldw; }
     for (int64_t tt = 0; tt < t.n_tiles; ++tt) {
         const float * xp = t.xp + tt * t.xstride;
         const float * wp = t.wp;
@@ -384,19 +391,28 @@ __attribute__((noinline)) void packed_tiles(const Tiles & t) {
                 a[r][c] = kFirst ? _mm512_setzero_ps() : _mm512_loadu_ps(reinterpret_cast<const float *>(carry + r * kNR + c));
             }
         }
+        // Direct weights: two advancing row pointers and offsets from them ([p + 4 L]), so the
+        // loop keeps to the integer registers (an array of six row pointers spills to the stack).
+        const float * w0 = wr[0], * w3 = wr[3];
+        const int64_t l1 = wr[1] - wr[0], l2 = wr[2] - wr[0], l4 = wr[4] - wr[3], l5 = wr[5] - wr[3];
         for (int64_t s = 0; s < n; ++s) {
             const float * xs = xp + s * kMR * kLanes;
-            const float * ws = wp + s * kNR * kLanes;
 #pragma GCC unroll 4
             for (int r = 0; r < kMR; ++r) {  // x streams from L2: ask for it 8 steps (2 KiB) ahead
                 _mm_prefetch(reinterpret_cast<const char *>(xs + kXPrefetchFloats + r * kLanes), _MM_HINT_T0);
             }
             __m512 w[kNR];
+            if constexpr (kDirect) {
+                const float * p0 = w0 + s * kLanes, * p3 = w3 + s * kLanes;
+                w[0] = _mm512_loadu_ps(p0), w[1] = _mm512_loadu_ps(p0 + l1), w[2] = _mm512_loadu_ps(p0 + l2);
+                w[3] = _mm512_loadu_ps(p3), w[4] = _mm512_loadu_ps(p3 + l4), w[5] = _mm512_loadu_ps(p3 + l5);
+            } else {
+                const float * ws = wp + s * WS;
 #pragma GCC unroll 8
-            for (int c = 0; c < kNR; ++c) {
-                w[c] = _mm512_loadu_ps(ws + c * kLanes);
-                __asm__("" : "+v"(w[c]));  // loaded once, not folded into each row's FMA
+                for (int c = 0; c < kNR; ++c) { w[c] = _mm512_loadu_ps(ws + c * kLanes); }
             }
+            // Loaded once, not folded into each row's FMA.
+            __asm__("" : "+v"(w[0]), "+v"(w[1]), "+v"(w[2]), "+v"(w[3]), "+v"(w[4]), "+v"(w[5]));
 #pragma GCC unroll 8
             for (int r = 0; r < kMR; ++r) {
                 __m512 xv = _mm512_loadu_ps(xs + r * kLanes);
@@ -413,12 +429,12 @@ __attribute__((noinline)) void packed_tiles(const Tiles & t) {
         for (int64_t s = 0; s < n; ++s) {
             for (int r = 0; r < kMR; ++r) {
                 const f32x16 xv = load16(xp + (s * kMR + r) * kLanes);
-                for (int c = 0; c < kNR; ++c) { acc[r][c] += xv * load16(wp + (s * kNR + c) * kLanes); }
+                for (int c = 0; c < kNR; ++c) { acc[r][c] += xv * load16(wr[c] + s * WS); }
             }
         }
 #endif
 #if defined(__AVX512F__)
-        static_assert(kMR * kNR == 24, "the epilogue below places 16 + 8 sums");
+        static_assert(kMR * kNR == 24 && kNR == 6, "the loads above name 6 weights; the epilogue places 16 + 8 sums");
         if constexpr (!kLast) {
 #pragma GCC unroll 8
             for (int r = 0; r < kMR; ++r) {
@@ -493,7 +509,9 @@ int64_t chunk_outputs(int64_t nv) {
 /// block, lane sums parked exactly in a per-tile carry between k chunks. The first block of rows
 /// packs each strip chunk (bf16 widened) into the chunk's buffer just before it uses it; the
 /// others read it from there (L3), so the stored weights are read, and packed, once per call.
-template <WType T>
+/// kDirect (f32, n_in a multiple of 16, one block of rows): nothing to reuse, so the strips are
+/// read from the weights' own rows instead of packed.
+template <WType T, bool kDirect>
 void packed_task(float * out, const float * xp, const char * w, const float * bias, int64_t n_in, int64_t nv,
                  int64_t n_rows, int64_t mc, int64_t n_out, int64_t o0, int64_t o1) {
     const int64_t n_chunks = (nv + kKcSteps - 1) / kKcSteps, strip_floats = nv * kNR * kLanes;
@@ -503,31 +521,32 @@ void packed_task(float * out, const float * xp, const char * w, const float * bi
     thread_local HugeScratch<float>  wbuf_buf;
     const int64_t max_tiles = (mc + kMR - 1) / kMR;
     f32x16 * const carry = n_chunks > 1 ? carry_buf.get(static_cast<size_t>(max_tiles * kMR * kNR)) : nullptr;
-    float * const  wbuf  = wbuf_buf.get(static_cast<size_t>((std::min(oc, o1 - o0) + kNR - 1) / kNR * strip_floats));
+    float * const  wbuf  = kDirect ? nullptr : wbuf_buf.get(static_cast<size_t>((std::min(oc, o1 - o0) + kNR - 1) / kNR * strip_floats));
     for (int64_t c0 = o0; c0 < o1; c0 += oc) {
         const int64_t c1 = std::min(o1, c0 + oc);
         for (int64_t r0 = 0; r0 < n_rows; r0 += mc) {
             const int64_t r1 = std::min(n_rows, r0 + mc), n_tiles = (r1 - r0 + kMR - 1) / kMR;
             for (int64_t o = c0; o < c1; o += kNR) {
                 const int n  = static_cast<int>(std::min<int64_t>(kNR, c1 - o));
-                float *   ws = wbuf + (o - c0) / kNR * strip_floats;
+                float *   ws = kDirect ? nullptr : wbuf + (o - c0) / kNR * strip_floats;
                 for (int64_t v0 = 0; v0 < nv; v0 += kKcSteps) {
                     const int64_t nk = std::min(kKcSteps, nv - v0);
                     const bool    first = v0 == 0, last = v0 + nk == nv;
-                    float *       wk = ws + v0 * kNR * kLanes;
-                    if (r0 == 0) { pack_strip<T>(wk, w, n_in, o, n, v0, nk); }
-                    const Tiles t{.xp = xp + x_offset(n_xt, nv, r0 / kMR, v0), .xstride = nk * kMR * kLanes, .wp = wk, .n_steps = nk,
+                    float *       wk = kDirect ? nullptr : ws + v0 * kNR * kLanes;
+                    if (!kDirect && r0 == 0) { pack_strip<T>(wk, w, n_in, o, n, v0, nk); }
+                    const float * wd = kDirect ? reinterpret_cast<const float *>(w) + o * n_in + v0 * kLanes : wk;
+                    const Tiles t{.xp = xp + x_offset(n_xt, nv, r0 / kMR, v0), .xstride = nk * kMR * kLanes, .wp = wd, .ldw = n_in, .n_steps = nk,
                                   .n_tiles = n_tiles, .carry = carry,
                                   .out = out + r0 * n_out + o, .ldo = n_out, .bias = bias ? bias + o : nullptr,
                                   .last_rows = static_cast<int>(r1 - r0 - (n_tiles - 1) * kMR), .n_cols = n};
                     if (first && last) {
-                        packed_tiles<true, true>(t);
+                        packed_tiles<true, true, kDirect>(t);
                     } else if (first) {
-                        packed_tiles<true, false>(t);
+                        packed_tiles<true, false, kDirect>(t);
                     } else if (last) {
-                        packed_tiles<false, true>(t);
+                        packed_tiles<false, true, kDirect>(t);
                     } else {
-                        packed_tiles<false, false>(t);
+                        packed_tiles<false, false, kDirect>(t);
                     }
                 }
             }
@@ -633,13 +652,18 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
     const int64_t mc       = ((n_rows + n_rb - 1) / n_rb + kMR - 1) / kMR * kMR;
     const int64_t n_strips = (n_out + kNR - 1) / kNR;
     const int64_t n_or     = std::min(n_strips, n_thr);
+    // One block of rows meets each weight strip once: packing it would only cost a copy. (Not
+    // past one k chunk: rows 8 KiB apart and more then share L1 sets, 2-3 % slower at K = 2048.)
+    const bool direct = wtype == WType::f32 && n_rb == 1 && n_in % kLanes == 0 && nv <= kKcSteps;
     for_tasks(n_or, [&](int64_t t) {
         const int64_t o0 = n_strips * t / n_or * kNR, o1 = std::min(n_out, n_strips * (t + 1) / n_or * kNR);
         if (o0 >= o1) { return; }
-        if (wtype == WType::f32) {
-            packed_task<WType::f32>(out, xpk, wb, bias, n_in, nv, n_rows, mc, n_out, o0, o1);
+        if (direct) {
+            packed_task<WType::f32, true>(out, xpk, wb, bias, n_in, nv, n_rows, mc, n_out, o0, o1);
+        } else if (wtype == WType::f32) {
+            packed_task<WType::f32, false>(out, xpk, wb, bias, n_in, nv, n_rows, mc, n_out, o0, o1);
         } else {
-            packed_task<WType::bf16>(out, xpk, wb, bias, n_in, nv, n_rows, mc, n_out, o0, o1);
+            packed_task<WType::bf16, false>(out, xpk, wb, bias, n_in, nv, n_rows, mc, n_out, o0, o1);
         }
     });
 }
