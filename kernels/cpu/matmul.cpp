@@ -295,15 +295,22 @@ void pack_x_tiles(float * xp, const float * x, int64_t n_rows, int64_t n_in, WTy
                 } else {
                     const int64_t base = (v / 2) * 32;
 #if defined(__AVX512F__)
-                    // The 32 k's of the step (zero past n_in), then lanes in bf16_lane_k order:
-                    // lo k = 8 (l / 4) + l % 4, hi the same + 4 (one two-source permute each).
-                    const int64_t  left = n_in - base;
-                    const __mmask16 m0 = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-                    const __mmask16 m1 = left >= 32 ? __mmask16(0xFFFF) : left <= 16 ? __mmask16(0) : __mmask16((1u << (left - 16)) - 1);
-                    const __m512 a = _mm512_maskz_loadu_ps(m0, src + base), b = _mm512_maskz_loadu_ps(m1, src + base + 16);
-                    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-                    _mm512_storeu_ps(d, _mm512_permutex2var_ps(a, lo, b));
-                    _mm512_storeu_ps(dh, _mm512_permutex2var_ps(a, _mm512_add_epi32(lo, _mm512_set1_epi32(4)), b));
+                    // The 32 k's of the step (zero past n_in) as eight groups of 4, then lanes in
+                    // bf16_lane_k order: lo k = 8 (l / 4) + l % 4 is groups 0, 2, 4, 6, hi groups
+                    // 1, 3, 5, 7 (one 128-bit shuffle each). Plain loads unless it is the tail: in
+                    // the many-row path the masked loads and two-source permutes this replaced
+                    // made the bf16 pack 4x the f32 one (1.4 vs 0.4 ms at 2048 x 768).
+                    const int64_t left = n_in - base;
+                    __m512        a, b;
+                    if (left >= 32) {
+                        a = _mm512_loadu_ps(src + base), b = _mm512_loadu_ps(src + base + 16);
+                    } else {
+                        const __mmask16 m0 = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+                        const __mmask16 m1 = left <= 16 ? __mmask16(0) : __mmask16((1u << (left - 16)) - 1);
+                        a = _mm512_maskz_loadu_ps(m0, src + base), b = _mm512_maskz_loadu_ps(m1, src + base + 16);
+                    }
+                    _mm512_storeu_ps(d, _mm512_maskz_shuffle_f32x4(__mmask16(0xFFFF), a, b, _MM_SHUFFLE(2, 0, 2, 0)));
+                    _mm512_storeu_ps(dh, _mm512_maskz_shuffle_f32x4(__mmask16(0xFFFF), a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 #else
                     for (int l = 0; l < kLanes; ++l) {
                         const int64_t k = base + bf16_lane_k(l), kh = base + bf16_lane_k(kLanes + l);
