@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512BW__)
@@ -357,9 +358,9 @@ void pack_strip(float * dst, const char * w, int64_t n_in, int64_t o, int n, int
 struct Tiles {
     const float * xp;      ///< the first tile's packed x at the chunk's first step
     int64_t       xstride; ///< floats from one tile's packed x to the next's
-    const float * wp;      ///< packed: the strip chunk [n_steps][kNR][16]; direct: the first
-                           ///< output's row at the chunk's first k
-    int64_t       ldw;     ///< direct: floats from one output's row to the next (n_in)
+    const void *  wp;      ///< packed: the strip chunk [n_steps][kNR][16] f32; rows: the first
+                           ///< output's stored row at the chunk's first k
+    int64_t       ldw;     ///< rows: elements from one output's row to the next (n_in)
     int64_t       n_steps; ///< vector steps in the chunk
     int64_t       n_tiles;
     f32x16 *      carry;   ///< [n_tiles][kMR * kNR] lanes between k chunks
@@ -370,21 +371,28 @@ struct Tiles {
     int           n_cols;  ///< outputs of each tile to store (1..kNR)
 };
 
+/// Where packed_tiles takes its weights: the packed strip chunk, or each output's stored row
+/// (f32 or bf16, widened in registers exactly as pack_strip widens it).
+enum class WSrc { packed, f32_rows, bf16_rows };
+
+/// Element bytes of WSrc K's weights.
+constexpr int64_t wsrc_bytes(WSrc k) { return k == WSrc::bf16_rows ? 2 : 4; }
+
 /// Each tile of `t` in turn: t.n_steps vector steps on packed x, xp [n][kMR][16], and weights
-/// packed, wp [n][kNR][16], or (kDirect, f32) read from their rows, wp + c * ldw + 16 s:
-/// acc[r][c] = x * w + acc, one FMA per step, steps ascending (the one-row path's chain; the
-/// same FMAs whichever way the weights arrive); kFirst: lanes start at zero (else from the
-/// carry); kLast: reduce, add the bias, store (else lanes to the carry). One call per column of
-/// tiles, so one tile's epilogue overlaps the next one's start.
-template <bool kFirst, bool kLast, bool kDirect>
+/// packed, wp [n][kNR][16], or read from their rows (f32: vector step s of output c at row c's
+/// element 16 s; bf16: steps 2 g and 2 g + 1 are the lo and hi unpack of row c's elements
+/// 32 g .. 32 g + 31, as load_bf16_step): acc[r][c] = x * w + acc, one FMA per step, steps
+/// ascending (the one-row path's chain; the same FMAs whichever way the weights arrive);
+/// kFirst: lanes start at zero (else from the carry); kLast: reduce, add the bias, store (else
+/// lanes to the carry). One call per column of tiles, so one tile's epilogue overlaps the next
+/// one's start.
+template <bool kFirst, bool kLast, WSrc kW>
 __attribute__((noinline)) void packed_tiles(const Tiles & t) {
-    constexpr int64_t WS = kDirect ? kLanes : kNR * kLanes;  // floats from one step's weights to the next
-    const int64_t     ldw = kDirect ? t.ldw : kLanes;
-    const float *     wr[kNR];  // output c's weights at the first step (past n_cols: the last one's)
-    for (int c = 0; c < kNR; ++c) { wr[c] = t.wp + std::min(c, t.n_cols - 1) * ldw; }
+    const int64_t ldw = kW == WSrc::packed ? kLanes * 4 : t.ldw * wsrc_bytes(kW);  // bytes between outputs
+    const char *  wr[kNR];  // output c's weights at the first step (past n_cols: the last one's)
+    for (int c = 0; c < kNR; ++c) { wr[c] = static_cast<const char *>(t.wp) + std::min(c, t.n_cols - 1) * ldw; }
     for (int64_t tt = 0; tt < t.n_tiles; ++tt) {
         const float * xp = t.xp + tt * t.xstride;
-        const float * wp = t.wp;
         const int64_t n  = t.n_steps;
         f32x16 *      carry = t.carry ? t.carry + tt * kMR * kNR : nullptr;
         float *       out   = t.out + tt * kMR * t.ldo;
@@ -398,9 +406,9 @@ __attribute__((noinline)) void packed_tiles(const Tiles & t) {
                 a[r][c] = kFirst ? _mm512_setzero_ps() : _mm512_loadu_ps(reinterpret_cast<const float *>(carry + r * kNR + c));
             }
         }
-        // Direct weights: two advancing row pointers and offsets from them ([p + 4 L]), so the
+        // Weights from rows: two advancing row pointers and offsets from them ([p + L]), so the
         // loop keeps to the integer registers (an array of six row pointers spills to the stack).
-        const float * w0 = wr[0], * w3 = wr[3];
+        const char *  w0 = wr[0], * w3 = wr[3];
         const int64_t l1 = wr[1] - wr[0], l2 = wr[2] - wr[0], l4 = wr[4] - wr[3], l5 = wr[5] - wr[3];
         for (int64_t s = 0; s < n; ++s) {
             const float * xs = xp + s * kMR * kLanes;
@@ -409,14 +417,25 @@ __attribute__((noinline)) void packed_tiles(const Tiles & t) {
                 _mm_prefetch(reinterpret_cast<const char *>(xs + kXPrefetchFloats + r * kLanes), _MM_HINT_T0);
             }
             __m512 w[kNR];
-            if constexpr (kDirect) {
-                const float * p0 = w0 + s * kLanes, * p3 = w3 + s * kLanes;
-                w[0] = _mm512_loadu_ps(p0), w[1] = _mm512_loadu_ps(p0 + l1), w[2] = _mm512_loadu_ps(p0 + l2);
-                w[3] = _mm512_loadu_ps(p3), w[4] = _mm512_loadu_ps(p3 + l4), w[5] = _mm512_loadu_ps(p3 + l5);
-            } else {
-                const float * ws = wp + s * WS;
+            if constexpr (kW == WSrc::packed) {
+                const float * ws = reinterpret_cast<const float *>(w0) + s * kNR * kLanes;
 #pragma GCC unroll 8
                 for (int c = 0; c < kNR; ++c) { w[c] = _mm512_loadu_ps(ws + c * kLanes); }
+            } else if constexpr (kW == WSrc::f32_rows) {
+                const float * p0 = reinterpret_cast<const float *>(w0) + s * kLanes;
+                const float * p3 = reinterpret_cast<const float *>(w3) + s * kLanes;
+                w[0] = _mm512_loadu_ps(p0), w[1] = _mm512_loadu_ps(p0 + l1 / 4), w[2] = _mm512_loadu_ps(p0 + l2 / 4);
+                w[3] = _mm512_loadu_ps(p3), w[4] = _mm512_loadu_ps(p3 + l4 / 4), w[5] = _mm512_loadu_ps(p3 + l5 / 4);
+            } else {
+                // 32 bf16 per 64 bytes: even s the lo unpack (bf16 << 16 in lanes 0-3 of each
+                // 128-bit group's k's, as load_bf16_step), odd s the hi unpack of the same bytes.
+                const char *  p0 = w0 + s / 2 * 64, * p3 = w3 + s / 2 * 64;
+                const __m512i z  = _mm512_setzero_si512();
+                auto          wv = [&](const char * p) {
+                    const __m512i v = _mm512_loadu_si512(p);
+                    return _mm512_castsi512_ps(s % 2 ? _mm512_unpackhi_epi16(z, v) : _mm512_unpacklo_epi16(z, v));
+                };
+                w[0] = wv(p0), w[1] = wv(p0 + l1), w[2] = wv(p0 + l2), w[3] = wv(p3), w[4] = wv(p3 + l4), w[5] = wv(p3 + l5);
             }
             // Loaded once, not folded into each row's FMA.
             __asm__("" : "+v"(w[0]), "+v"(w[1]), "+v"(w[2]), "+v"(w[3]), "+v"(w[4]), "+v"(w[5]));
@@ -434,9 +453,21 @@ __attribute__((noinline)) void packed_tiles(const Tiles & t) {
             for (int c = 0; c < kNR; ++c) { acc[r][c] = kFirst ? f32x16{} : carry[r * kNR + c]; }
         }
         for (int64_t s = 0; s < n; ++s) {
+            f32x16 wv[kNR];
+            for (int c = 0; c < kNR; ++c) {
+                if constexpr (kW == WSrc::packed) {
+                    wv[c] = load16(reinterpret_cast<const float *>(wr[0]) + (s * kNR + c) * kLanes);
+                } else if constexpr (kW == WSrc::f32_rows) {
+                    wv[c] = load16(reinterpret_cast<const float *>(wr[c]) + s * kLanes);
+                } else {
+                    f32x16 two[2];
+                    load_bf16_step(reinterpret_cast<const uint16_t *>(wr[c] + s / 2 * 64), two[0], two[1]);
+                    wv[c] = two[s % 2];
+                }
+            }
             for (int r = 0; r < kMR; ++r) {
                 const f32x16 xv = load16(xp + (s * kMR + r) * kLanes);
-                for (int c = 0; c < kNR; ++c) { acc[r][c] += xv * load16(wr[c] + s * WS); }
+                for (int c = 0; c < kNR; ++c) { acc[r][c] += xv * wv[c]; }
             }
         }
 #endif
@@ -516,8 +547,8 @@ int64_t chunk_outputs(int64_t nv) {
 /// block, lane sums parked exactly in a per-tile carry between k chunks. The first block of rows
 /// packs each strip chunk (bf16 widened) into the chunk's buffer just before it uses it; the
 /// others read it from there (L3), so the stored weights are read, and packed, once per call.
-/// kDirect (f32, n_in a multiple of 16, one block of rows): nothing to reuse, so the strips are
-/// read from the weights' own rows instead of packed.
+/// kDirect (one block of rows, one k chunk, no partial step): nothing to reuse, so the strips
+/// are read from the weights' own rows (bf16 widened in registers) instead of packed.
 template <WType T, bool kDirect>
 void packed_task(float * out, const float * xp, const char * w, const float * bias, int64_t n_in, int64_t nv,
                  int64_t n_rows, int64_t mc, int64_t n_out, int64_t o0, int64_t o1) {
@@ -528,6 +559,7 @@ void packed_task(float * out, const float * xp, const char * w, const float * bi
     thread_local HugeScratch<float>  wbuf_buf;
     const int64_t max_tiles = (mc + kMR - 1) / kMR;
     f32x16 * const carry = n_chunks > 1 ? carry_buf.get(static_cast<size_t>(max_tiles * kMR * kNR)) : nullptr;
+    constexpr WSrc kW    = !kDirect ? WSrc::packed : T == WType::f32 ? WSrc::f32_rows : WSrc::bf16_rows;
     float * const  wbuf  = kDirect ? nullptr : wbuf_buf.get(static_cast<size_t>((std::min(oc, o1 - o0) + kNR - 1) / kNR * strip_floats));
     for (int64_t c0 = o0; c0 < o1; c0 += oc) {
         const int64_t c1 = std::min(o1, c0 + oc);
@@ -541,19 +573,19 @@ void packed_task(float * out, const float * xp, const char * w, const float * bi
                     const bool    first = v0 == 0, last = v0 + nk == nv;
                     float *       wk = kDirect ? nullptr : ws + v0 * kNR * kLanes;
                     if (!kDirect && r0 == 0) { pack_strip<T>(wk, w, n_in, o, n, v0, nk); }
-                    const float * wd = kDirect ? reinterpret_cast<const float *>(w) + o * n_in + v0 * kLanes : wk;
+                    const void *  wd = kDirect ? static_cast<const void *>(w + (o * n_in + v0 * kLanes) * Step<T>::kElemBytes) : wk;
                     const Tiles t{.xp = xp + x_offset(n_xt, nv, r0 / kMR, v0), .xstride = nk * kMR * kLanes, .wp = wd, .ldw = n_in, .n_steps = nk,
                                   .n_tiles = n_tiles, .carry = carry,
                                   .out = out + r0 * n_out + o, .ldo = n_out, .bias = bias ? bias + o : nullptr,
                                   .last_rows = static_cast<int>(r1 - r0 - (n_tiles - 1) * kMR), .n_cols = n};
                     if (first && last) {
-                        packed_tiles<true, true, kDirect>(t);
+                        packed_tiles<true, true, kW>(t);
                     } else if (first) {
-                        packed_tiles<true, false, kDirect>(t);
+                        packed_tiles<true, false, kW>(t);
                     } else if (last) {
-                        packed_tiles<false, true, kDirect>(t);
+                        packed_tiles<false, true, kW>(t);
                     } else {
-                        packed_tiles<false, false, kDirect>(t);
+                        packed_tiles<false, false, kW>(t);
                     }
                 }
             }
@@ -660,17 +692,21 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
     const int64_t n_strips = (n_out + kNR - 1) / kNR;
     const int64_t n_or     = std::min(n_strips, n_thr);
     // One block of rows meets each weight strip once: packing it would only cost a copy. (Not
-    // past one k chunk: rows 8 KiB apart and more then share L1 sets, 2-3 % slower at K = 2048.)
-    const bool direct = wtype == WType::f32 && n_rb == 1 && n_in % kLanes == 0 && nv <= kKcSteps;
+    // past one k chunk: rows 8 KiB apart and more then share L1 sets, 2-3 % slower at K = 2048;
+    // nor with a partial last step, which the rows do not pad.)
+    const bool direct = n_rb == 1 && n_in % Step<WType::bf16>::K == 0 && nv <= kKcSteps;
     for_tasks(n_or, [&](int64_t t) {
         const int64_t o0 = n_strips * t / n_or * kNR, o1 = std::min(n_out, n_strips * (t + 1) / n_or * kNR);
         if (o0 >= o1) { return; }
-        if (direct) {
-            packed_task<WType::f32, true>(out, xpk, wb, bias, n_in, nv, n_rows, mc, n_out, o0, o1);
-        } else if (wtype == WType::f32) {
-            packed_task<WType::f32, false>(out, xpk, wb, bias, n_in, nv, n_rows, mc, n_out, o0, o1);
+        auto run = [&](auto dtype, auto is_direct) {
+            packed_task<decltype(dtype)::value, decltype(is_direct)::value>(out, xpk, wb, bias, n_in, nv, n_rows, mc, n_out, o0, o1);
+        };
+        using F32 = std::integral_constant<WType, WType::f32>;
+        using BF16 = std::integral_constant<WType, WType::bf16>;
+        if (wtype == WType::f32) {
+            direct ? run(F32{}, std::true_type{}) : run(F32{}, std::false_type{});
         } else {
-            packed_task<WType::bf16, false>(out, xpk, wb, bias, n_in, nv, n_rows, mc, n_out, o0, o1);
+            direct ? run(BF16{}, std::true_type{}) : run(BF16{}, std::false_type{});
         }
     });
 }
