@@ -32,8 +32,11 @@ namespace fd::kernels {
 ///          6-output strip's k-chunk of 1024 (<= 24 KiB, L1) meets every 4-row tile of the block,
 ///          lane sums parked exactly between k-chunks. The first block packs each strip (bf16
 ///          widened) into the chunk's buffer; later blocks reuse it, so the weights are read and
-///          packed once per call. Every path runs the same FMA chain per output (the tests
-///          check bitwise equality, 1..4096 rows, 0-4 threads).
+///          packed once per call; with a single block of rows and k <= 1024 (a multiple of 32)
+///          the strips are read from the weight rows instead (bf16 widened in registers). The
+///          packed buffers live in 2 MiB transparent huge pages. Every path runs the same FMA
+///          chain per output (the tests check bitwise equality, 1..4096 rows, 0-4 threads).
+/// Errors   std::bad_alloc when the per-thread scratch cannot be mapped.
 /// Source   register-tiled dot-product micro-kernel (4 x 6; 1 x 8 for one row), GotoBLAS packing;
 ///          the fixed-reduction-order idea follows "Defeating Nondeterminism in LLM Inference"
 ///          (He et al., Thinking Machines 2025) and SGLang's batch-invariant ops.
