@@ -1,7 +1,7 @@
 """Decode throughput with forced preemption, host swap vs recompute (issue #10, "Swap").
 
 The same workload (B concurrent greedy sequences, a P-token prompt each, G generated tokens,
-ignore_eos) runs on three daemons started one after another with the same flags except:
+ignore_eos, all B sent in one request so they reach the scheduler together) runs on three daemons started one after another with the same flags except:
   no_preemption  a KV pool big enough for every sequence at once (the reference)
   recompute      a KV pool that holds about `--pool-fraction` of the sequences' full length (more
                  of them are admitted on their prompts than fit once grown), no swap pool:
@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
@@ -44,21 +43,20 @@ def metrics(d):
     return out
 
 
-def run(d, bodies):
-    outs = [None] * len(bodies)
-
-    def worker(i):
-        j = d.complete(**bodies[i])
-        outs[i] = (j["choices"][0]["token_ids"], j["choices"][0]["logprobs"]["token_logprobs"])
-
-    d.complete(**{**bodies[0], "max_tokens": 2})  # warm-up (page faults, thread pool)
+def run(d, prompts, body):
+    """All prompts go in ONE completion request (a list of token-id prompts): the engine admits a
+    request's sequences together, in the same step, so they are all in the scheduler at once and
+    hold KV blocks at the same time. (One request per prompt on its own thread only overlapped by
+    chance: a short sequence could finish before the others arrived, and then the small pool was
+    never exhausted.) Returns ([(token_ids, token_logprobs)] in prompt order, figures)."""
+    d.complete(**{**body, "prompt": prompts[0], "max_tokens": 2})  # warm-up (page faults, thread pool)
     m0 = metrics(d)
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(bodies))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(3600)
+    status, j = d.post("/v1/completions", {**body, "prompt": prompts}, timeout=3600)
+    assert status == 200, (status, j)
+    choices = sorted(j["choices"], key=lambda c: c["index"])
+    assert [c["index"] for c in choices] == list(range(len(prompts))), [c["index"] for c in choices]
+    outs = [(c["token_ids"], c["logprobs"]["token_logprobs"]) for c in choices]
     dt = time.perf_counter() - t0
     m1 = metrics(d)
     delta = {k.removeprefix("fdrollout_"): m1[k] - m0.get(k, 0) for k in
@@ -89,8 +87,8 @@ def main():
     common = ["--threads", str(a.threads), "--block-size", str(bs), "--max-model-len", str(seq_len + bs),
               "--max-num-seqs", str(a.batch), "--max-num-batched-tokens", str(max(2048, a.prompt_len))]
     # Distinct prompts (token ids: BOS then a per-sequence ramp) so no two sequences share KV.
-    bodies = [{"prompt": [1] + [(5 + 31 * i + 7 * t) % 400 + 3 for t in range(a.prompt_len - 1)], "max_tokens": a.gen,
-               "temperature": 0, "logprobs": 0, "ignore_eos": True} for i in range(a.batch)]
+    prompts = [[1] + [(5 + 31 * i + 7 * t) % 400 + 3 for t in range(a.prompt_len - 1)] for i in range(a.batch)]
+    body = {"max_tokens": a.gen, "temperature": 0, "logprobs": 0, "ignore_eos": True}
     configs = {
         "no_preemption": ["--kv-cache-bytes", str((a.batch * blocks_per_seq + 1) * block_bytes)],
         "recompute": ["--kv-cache-bytes", str(small_blocks * block_bytes)],
@@ -102,7 +100,7 @@ def main():
     for _ in range(a.rounds):
         for name, flags in configs.items():
             with Daemon(*common, *flags, model=a.model, timeout=600, extra=False) as d:
-                outputs[name], r = run(d, bodies)
+                outputs[name], r = run(d, prompts, body)
                 runs[name].append(r)
     results = {k: {**sorted(v, key=lambda r: r["decode_tok_per_s"])[len(v) // 2], "decode_tok_per_s_rounds": [r["decode_tok_per_s"] for r in v]}
                for k, v in runs.items()}
