@@ -1,4 +1,4 @@
-// Starting and watching local rank processes for the multi-process executor (mp_executor.cpp):
+// Starting and watching local rank processes for the multi-process executor (mp_executor_ranks.cpp):
 // the one thread ranks are spawned from, and how a rank that stopped answering is doing.
 #pragma once
 
