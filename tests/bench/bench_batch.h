@@ -1,5 +1,6 @@
 // tests/bench/bench_batch.h — synthetic step batches for the forward benches (fd_bench,
-// fd_tp_bench, fd_executor_bench, fd_nnodes_bench): deterministic token ids and the StepBatch rows Engine::step() would build.
+// fd_tp_bench, fd_executor_bench, fd_nnodes_bench, fd_gpu_bench) and the graph-step tests
+// (tests/model/graph_test_util.h): deterministic token ids and the StepBatch rows Engine::step() would build.
 // Header-only; bench code only.
 #pragma once
 
@@ -30,6 +31,21 @@ inline void add_tokens(fd::model::StepBatch & b, const fd::kv::KvCache & kv, int
         b.queries.push_back({table.data(), pos + 1});
     }
     if (want_logits) { b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1); }
+}
+
+/// One decode step of `n_seqs` sequences at position `pos` (a graph-eligible step: one token per
+/// sequence, every row's logits asked for). Sequence s owns blocks [s * blocks_per_seq,
+/// (s + 1) * blocks_per_seq) of `table` and reads token (s * 7 + pos * 13 + 1) % vocab.
+inline void add_decode_step(fd::model::StepBatch & b, const int32_t * table, int32_t n_seqs, int32_t blocks_per_seq,
+                            int32_t block_size, int32_t pos, int32_t vocab) {
+    for (int32_t s = 0; s < n_seqs; ++s) {
+        const int32_t * t = table + static_cast<size_t>(s) * blocks_per_seq;
+        b.tokens.push_back((s * 7 + pos * 13 + 1) % vocab);
+        b.positions.push_back(pos);
+        b.slots.push_back(int64_t{t[pos / block_size]} * block_size + pos % block_size);
+        b.queries.push_back({t, pos + 1});
+        b.logits_rows.push_back(s);
+    }
 }
 
 /// `n_seqs` sequences of `ctx` tokens in blocks of 16: one decode token each (at position ctx-1).

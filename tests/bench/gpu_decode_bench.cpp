@@ -1,6 +1,8 @@
 // Decode tok/s with and without CUDA graphs (see gpu_decode_bench.h).
 #include "gpu_decode_bench.h"
 
+#include "bench_batch.h"
+
 #include "fd/model/model_config.h"
 #include "fd/model/safetensors.h"
 #include "fd/model/worker.h"
@@ -27,14 +29,7 @@ double time_decode(model::Worker & w, int32_t n, double seconds) {
     int32_t            pos = 0;
     auto step = [&] {
         b.clear();
-        for (int32_t s = 0; s < n; ++s) {
-            const int32_t * t = table.data() + static_cast<size_t>(s) * kBlocksPerSeq;
-            b.tokens.push_back((s * 7 + pos * 13 + 1) % vocab);
-            b.positions.push_back(pos);
-            b.slots.push_back(int64_t{t[pos / kBlock]} * kBlock + pos % kBlock);
-            b.queries.push_back({t, pos + 1});
-            b.logits_rows.push_back(s);
-        }
+        add_decode_step(b, table.data(), n, kBlocksPerSeq, kBlock, pos, vocab);
         w.forward(b, logits.data());
         pos = (pos + 1) % max_pos;
     };

@@ -34,6 +34,43 @@ std::vector<float> input(int r, int64_t n) {
     return x;
 }
 
+/// Rank r's share of the two-rank checks, on `be` through `comm` (group generation 1):
+/// all-reduce of input(r, n) (doubled on the stream first when `add_first`, so the collective
+/// must see that earlier op's result) equals the host sum of both ranks' inputs, and a gather of
+/// m floats lands rank r's values in row r on rank 0. Returns the mismatches it saw.
+int two_rank_mismatches(kernels::Backend & be, runtime::Comm & comm, int r, int64_t n, int64_t m, bool add_first) {
+    comm.use_backend(&be);
+    comm.connect(1);
+    const auto x = input(r, n), x0 = input(0, n), x1 = input(1, n);
+    const float f = add_first ? 2.0f : 1.0f;
+    float * d = static_cast<float *>(be.alloc(n * 4));
+    be.upload(d, x.data(), n * 4);
+    if (add_first) { be.add(d, d, n); }
+    comm.all_reduce_sum(d, n);
+    std::vector<float> y(static_cast<size_t>(n));
+    be.download(y.data(), d, n * 4);
+    int b = 0;
+    for (int64_t i = 0; i < n; ++i) { b += y[i] != f * x0[i] + f * x1[i]; }
+    float * part = static_cast<float *>(be.alloc(m * 4));
+    float * all  = static_cast<float *>(be.alloc(2 * m * 4));
+    std::vector<float> p(static_cast<size_t>(m));
+    for (int64_t i = 0; i < m; ++i) { p[i] = static_cast<float>(r * 10000 + i); }
+    be.upload(part, p.data(), m * 4);
+    comm.gather(part, m, r == 0 ? all : nullptr);
+    if (r == 0) {
+        std::vector<float> a(static_cast<size_t>(2 * m));
+        be.download(a.data(), all, 2 * m * 4);
+        for (int64_t i = 0; i < 2 * m; ++i) { b += a[i] != static_cast<float>((i / m) * 10000 + i % m); }
+    } else {
+        be.synchronize();  // the gather may still be queued on the stream: wait before freeing
+    }
+    comm.disconnect();
+    be.free(d);
+    be.free(part);
+    be.free(all);
+    return b;
+}
+
 }  // namespace
 
 TEST_CASE("nccl, one rank: sleep-style disconnect destroys the communicator, connect builds a new one; stream order holds") {
@@ -85,36 +122,9 @@ TEST_CASE("nccl, two ranks on two devices: all-reduce equals the host sum, gathe
     const int64_t n = 300000, m = 1000;
     int bad[2] = {1, 1};
     auto rank = [&](int r) {
-        auto be = kernels::make_cuda_backend(r, 1);
+        auto be   = kernels::make_cuda_backend(r, 1);
         auto comm = runtime::make_nccl_comm({.rank = r, .world_size = 2, .store_port = store.port(), .timeout_s = 60}, r);
-        comm->use_backend(be.get());
-        comm->connect(1);
-        const auto x = input(r, n), x0 = input(0, n), x1 = input(1, n);
-        float * d = static_cast<float *>(be->alloc(n * 4));
-        be->upload(d, x.data(), n * 4);
-        comm->all_reduce_sum(d, n);
-        std::vector<float> y(static_cast<size_t>(n));
-        be->download(y.data(), d, n * 4);
-        int b = 0;
-        for (int64_t i = 0; i < n; ++i) { b += y[i] != x0[i] + x1[i]; }
-        float * part = static_cast<float *>(be->alloc(m * 4));
-        float * all  = static_cast<float *>(be->alloc(2 * m * 4));
-        std::vector<float> p(static_cast<size_t>(m));
-        for (int64_t i = 0; i < m; ++i) { p[i] = static_cast<float>(r * 10000 + i); }
-        be->upload(part, p.data(), m * 4);
-        comm->gather(part, m, r == 0 ? all : nullptr);
-        if (r == 0) {
-            std::vector<float> a(static_cast<size_t>(2 * m));
-            be->download(a.data(), all, 2 * m * 4);
-            for (int64_t i = 0; i < 2 * m; ++i) { b += a[i] != static_cast<float>((i / m) * 10000 + i % m); }
-        } else {
-            be->synchronize();
-        }
-        comm->disconnect();
-        be->free(d);
-        be->free(part);
-        be->free(all);
-        bad[r] = b;
+        bad[r]    = two_rank_mismatches(*be, *comm, r, n, m, false);
     };
     std::thread t1(rank, 1);
     rank(0);
@@ -128,36 +138,10 @@ TEST_CASE("staged gloo, two CUDA ranks sharing device 0: sums bitwise the host G
     const int64_t n = 200000, m = 777;
     int bad[2] = {1, 1};
     auto rank = [&](int r) {
-        auto be = kernels::make_cuda_backend(0, 1);
+        auto be   = kernels::make_cuda_backend(0, 1);
         auto comm = runtime::make_staged_comm(
             runtime::make_gloo_comm({.rank = r, .world_size = 2, .store_port = store.port(), .timeout_s = 60}));
-        comm->use_backend(be.get());
-        comm->connect(1);
-        const auto x = input(r, n), x0 = input(0, n), x1 = input(1, n);
-        float * d = static_cast<float *>(be->alloc(n * 4));
-        be->upload(d, x.data(), n * 4);
-        be->add(d, d, n);  // an op before the collective: its result must be what is reduced
-        comm->all_reduce_sum(d, n);
-        std::vector<float> y(static_cast<size_t>(n));
-        be->download(y.data(), d, n * 4);
-        int b = 0;
-        for (int64_t i = 0; i < n; ++i) { b += y[i] != 2.0f * x0[i] + 2.0f * x1[i]; }
-        float * part = static_cast<float *>(be->alloc(m * 4));
-        float * all  = static_cast<float *>(be->alloc(2 * m * 4));
-        std::vector<float> p(static_cast<size_t>(m));
-        for (int64_t i = 0; i < m; ++i) { p[i] = static_cast<float>(r * 10000 + i); }
-        be->upload(part, p.data(), m * 4);
-        comm->gather(part, m, r == 0 ? all : nullptr);
-        if (r == 0) {
-            std::vector<float> a(static_cast<size_t>(2 * m));
-            be->download(a.data(), all, 2 * m * 4);
-            for (int64_t i = 0; i < 2 * m; ++i) { b += a[i] != static_cast<float>((i / m) * 10000 + i % m); }
-        }
-        comm->disconnect();
-        be->free(d);
-        be->free(part);
-        be->free(all);
-        bad[r] = b;
+        bad[r] = two_rank_mismatches(*be, *comm, r, n, m, true);  // an op before the collective
     };
     std::thread t1(rank, 1);
     rank(0);

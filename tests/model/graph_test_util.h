@@ -2,6 +2,7 @@
 // tests/gpu/test_cuda_graph.cpp on CUDA): a decode driver and a copy of the live KV blocks.
 #pragma once
 
+#include "../bench/bench_batch.h"
 #include "fd/arena.h"
 #include "fd/model/worker.h"
 
@@ -24,14 +25,7 @@ inline std::vector<float> decode_steps(model::Worker & w, int32_t n_seqs, int32_
     std::vector<float> out, logits(static_cast<size_t>(n_seqs) * vocab);
     for (int32_t p = pos0; p < pos0 + steps; ++p) {
         model::StepBatch b;
-        for (int32_t s = 0; s < n_seqs; ++s) {
-            const int32_t * t = table.data() + static_cast<size_t>(s) * blocks_per_seq;
-            b.tokens.push_back((s * 7 + p * 13 + 1) % vocab);
-            b.positions.push_back(p);
-            b.slots.push_back(int64_t{t[p / block_size]} * block_size + p % block_size);
-            b.queries.push_back({t, p + 1});
-            b.logits_rows.push_back(s);
-        }
+        bench::add_decode_step(b, table.data(), n_seqs, blocks_per_seq, block_size, p, vocab);
         REQUIRE(w.forward(b, logits.data()));
         out.insert(out.end(), logits.begin(), logits.end());
     }
