@@ -302,7 +302,7 @@ int64_t chunk_outputs(int64_t nv) {
 }
 
 /// One task of the many-row path: every row x outputs [o0, o1) (o0 a multiple of kNR; xp from
-/// pack_x, w the stored weights, rows cut into blocks of mc). Outputs are taken a chunk (packed
+/// pack_x_tiles, w the stored weights, rows cut into blocks of mc). Outputs are taken a chunk (packed
 /// copy <= kWChunkBytes) at a time; within it, block of rows by block of rows (packed x in L2),
 /// strip by strip and k chunk by k chunk: the strip chunk (in L1) meets every x tile of the
 /// block, lane sums parked exactly in a per-tile carry between k chunks. The first block of rows
