@@ -17,8 +17,8 @@
 #include "fd/model/model_config.h"
 #include "fd/model/safetensors.h"
 #include "fd/model/worker.h"
-#include "fd/runtime/comm.h"
-#include "fd/runtime/tcp_store.h"
+#include "fd/comm/comm.h"
+#include "fd/comm/tcp_store.h"
 
 #include "bench_batch.h"
 #include "bench_util.h"

@@ -1,4 +1,4 @@
-// The ranks' collectives on CUDA (issue #9/#10, fd/runtime/comm.h), exercised where a GPU is:
+// The ranks' collectives on CUDA (issue #9/#10, fd/comm/comm.h), exercised where a GPU is:
 // - NcclComm of one rank on device 0: connect / disconnect / connect again create and destroy
 //   NCCL communicators (nccl_comm_counts), a collective enqueued on the backend's stream runs
 //   after the backend's earlier ops and before its later ones (no host wait in between);
@@ -8,8 +8,8 @@
 //   the path --dist-backend auto takes for tp=2 on one GPU: sums bitwise Gloo's host sums.
 #include "fd/kernels/backend.h"
 #include "fd/kernels/cuda_backend.h"
-#include "fd/runtime/comm.h"
-#include "fd/runtime/tcp_store.h"
+#include "fd/comm/comm.h"
+#include "fd/comm/tcp_store.h"
 
 #include "gpu_util.h"
 

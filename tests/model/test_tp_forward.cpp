@@ -11,8 +11,8 @@
 #include "fd/model/safetensors.h"
 #include "fd/publish/safetensors_write.h"
 #include "fd/model/worker.h"
-#include "fd/runtime/comm.h"
-#include "fd/runtime/tcp_store.h"
+#include "fd/comm/comm.h"
+#include "fd/comm/tcp_store.h"
 #include "fd/status.h"
 #include "../unit/test_util.h"
 

@@ -4,7 +4,7 @@
 #include "fd/model/worker.h"
 
 #include "fd/model/graph_plan.h"
-#include "fd/runtime/comm.h"
+#include "fd/comm/comm.h"
 #include "fd/status.h"
 
 #include <cmath>

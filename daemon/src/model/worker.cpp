@@ -5,7 +5,7 @@
 #include "fd/arena.h"
 #include "fd/log.h"
 #include "fd/model/graph_plan.h"
-#include "fd/runtime/comm.h"
+#include "fd/comm/comm.h"
 #include "fd/status.h"
 
 #include <algorithm>

@@ -8,11 +8,11 @@
 // const measurements (rank_processes_rss_bytes, rank_devices) that other threads read.
 #pragma once
 
-#include "fd/runtime/comm.h"
+#include "fd/comm/comm.h"
 #include "fd/runtime/mp_executor.h"
 #include "fd/runtime/node_join.h"
 #include "fd/runtime/rank_link.h"
-#include "fd/runtime/tcp_store.h"
+#include "fd/comm/tcp_store.h"
 
 #include "rank_spawn.h"
 

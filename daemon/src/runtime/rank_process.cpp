@@ -4,7 +4,7 @@
 #include "fd/log.h"
 #include "fd/model/model_config.h"
 #include "fd/model/safetensors.h"
-#include "fd/runtime/comm.h"
+#include "fd/comm/comm.h"
 #include "fd/status.h"
 
 #include "mp_wire.h"

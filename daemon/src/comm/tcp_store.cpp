@@ -1,5 +1,5 @@
 // TcpStoreServer / TcpStoreClient: the rank group's rendezvous store (see tcp_store.h).
-#include "fd/runtime/tcp_store.h"
+#include "fd/comm/tcp_store.h"
 
 #include "fd/status.h"
 

@@ -1,8 +1,8 @@
 // Comm: Gloo all-reduce between real rank processes rendezvousing through the TcpStore on
 // loopback; a rank that never joins is named; disconnect closes the group's sockets; a taken
 // master port is refused. NullComm is the identity.
-#include "fd/runtime/comm.h"
-#include "fd/runtime/tcp_store.h"
+#include "fd/comm/comm.h"
+#include "fd/comm/tcp_store.h"
 #include "fd/status.h"
 
 #include "../fork_ranks.h"

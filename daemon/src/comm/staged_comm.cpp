@@ -1,7 +1,7 @@
 // StagedComm: a host comm (gloo, shm) for ranks whose tensors live in device memory; every
-// collective goes device -> pinned host -> the host comm -> device (fd/runtime/comm.h).
+// collective goes device -> pinned host -> the host comm -> device (fd/comm/comm.h).
 #include "fd/kernels/backend.h"
-#include "fd/runtime/comm.h"
+#include "fd/comm/comm.h"
 #include "fd/status.h"
 
 #include <vector>

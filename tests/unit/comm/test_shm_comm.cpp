@@ -4,8 +4,8 @@
 // slot; gather; a rank that never arrives is rank_failed within the timeout; the segment has no
 // name anywhere and disconnect unmaps it; a descriptor that is not this user's sealed 0600 memfd
 // of the right size and generation, or none, is refused.
-#include "fd/runtime/comm.h"
-#include "fd/runtime/tcp_store.h"
+#include "fd/comm/comm.h"
+#include "fd/comm/tcp_store.h"
 #include "fd/status.h"
 
 #include "../../fork_ranks.h"

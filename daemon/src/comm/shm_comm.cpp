@@ -1,5 +1,5 @@
-// ShmComm: collectives between ranks on one host through a memfd segment the daemon hands over (fd/runtime/comm.h).
-#include "fd/runtime/comm.h"
+// ShmComm: collectives between ranks on one host through a memfd segment the daemon hands over (fd/comm/comm.h).
+#include "fd/comm/comm.h"
 
 #include "fd/log.h"
 #include "fd/status.h"

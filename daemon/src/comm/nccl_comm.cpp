@@ -1,14 +1,14 @@
 // NcclComm: the CUDA build's collectives (device pointers, enqueued on the rank backend's stream).
 // The NCCL unique id travels through the rank group's TcpStore, one per generation, as Gloo's
 // addresses do. Without CUDA, make_nccl_comm refuses.
-#include "fd/runtime/comm.h"
+#include "fd/comm/comm.h"
 
 #include "fd/status.h"
 
 #if FD_WITH_CUDA
 #include "fd/kernels/backend.h"
 #include "fd/log.h"
-#include "fd/runtime/tcp_store.h"
+#include "fd/comm/tcp_store.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>

@@ -1,4 +1,4 @@
-// fd/runtime/tcp_store.h — the rendezvous key-value store of a rank group (torchrun's TCPStore
+// fd/comm/tcp_store.h — the rendezvous key-value store of a rank group (torchrun's TCPStore
 // role; Debian's Gloo ships only file, hash and Redis stores).
 //
 // The master (node 0's daemon, at --master-addr:--master-port) runs a TcpStoreServer; every

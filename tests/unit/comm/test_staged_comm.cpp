@@ -1,12 +1,12 @@
-// The staged comm (fd/runtime/comm.h make_staged_comm), between fork()ed rank processes over
+// The staged comm (fd/comm/comm.h make_staged_comm), between fork()ed rank processes over
 // Gloo: on a backend whose memory is not host-visible (a fake "device" whose upload/download
 // count their bytes) every all-reduce goes through exactly one download and one upload of the
 // buffer and the sums are bitwise the unstaged Gloo comm's; gather lands rank r's part in row r of
 // rank 0's buffer through one upload there; on the CPU backend it stages only when asked to
 // (the FD_TEST_STAGED_FILL hook) and gives the same bits either way.
 #include "fd/kernels/backend.h"
-#include "fd/runtime/comm.h"
-#include "fd/runtime/tcp_store.h"
+#include "fd/comm/comm.h"
+#include "fd/comm/tcp_store.h"
 
 #include "../../fork_ranks.h"
 #include "../noop_backend.h"

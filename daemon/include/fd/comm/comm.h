@@ -1,4 +1,4 @@
-// fd/runtime/comm.h — collectives between the tensor-parallel ranks (ARCHITECTURE.md seam 2).
+// fd/comm/comm.h — collectives between the tensor-parallel ranks (ARCHITECTURE.md seam 2).
 //
 // Ranks all-reduce (sum) the partial outputs of the row-parallel linears (o_proj, down_proj)
 // through a Comm. Implementations: NullComm (tp=1: nothing to reduce), GlooComm (CPU, Gloo's

@@ -1,8 +1,8 @@
 // NullComm and GlooComm (CPU collectives over Gloo's TCP transport).
-#include "fd/runtime/comm.h"
+#include "fd/comm/comm.h"
 
 #include "fd/log.h"
-#include "fd/runtime/tcp_store.h"
+#include "fd/comm/tcp_store.h"
 #include "fd/status.h"
 
 #include <gloo/allgather.h>
