@@ -67,7 +67,7 @@ struct Result {
 using fd::bench::add_tokens;
 
 /// One rank's run (every rank executes the same forwards; only rank 0's timings are kept).
-void run_rank(const Options & o, int rank, int tp, fd::runtime::Comm * comm, Result * out) {
+void run_rank(const Options & o, int rank, int tp, fd::comm::Comm * comm, Result * out) {
     const M::ModelConfig cfg = M::load_model_config(o.model);
     const int32_t vocab = cfg.vocab_size, bs = 16, total = o.prompt_len + o.decode_steps;
     const int32_t bmax = *std::max_element(o.batches.begin(), o.batches.end());
@@ -125,18 +125,18 @@ Result run_tp(const Options & o, int tp, const std::string & comm_kind) {
     auto * shared = static_cast<Result *>(mmap(nullptr, sizeof(Result), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
     if (shared == MAP_FAILED) { throw std::runtime_error("mmap failed"); }
     *shared = Result{};
-    std::unique_ptr<fd::runtime::TcpStoreServer> store;
-    if (tp > 1) { store = std::make_unique<fd::runtime::TcpStoreServer>("127.0.0.1", 0); }
-    fd::runtime::ShmCommSegment segment;  // each fork()ed rank inherits its descriptor
-    if (tp > 1 && comm_kind == "shm") { segment = fd::runtime::ShmCommSegment(tp, 1); }
+    std::unique_ptr<fd::comm::TcpStoreServer> store;
+    if (tp > 1) { store = std::make_unique<fd::comm::TcpStoreServer>("127.0.0.1", 0); }
+    fd::comm::ShmCommSegment segment;  // each fork()ed rank inherits its descriptor
+    if (tp > 1 && comm_kind == "shm") { segment = fd::comm::ShmCommSegment(tp, 1); }
     const bool failed = fd::testing::run_forked_ranks(tp, [&](int r) {
-        std::unique_ptr<fd::runtime::Comm> comm;
+        std::unique_ptr<fd::comm::Comm> comm;
         if (tp > 1) {
             if (comm_kind == "shm") {
-                comm = fd::runtime::make_shm_comm(
+                comm = fd::comm::make_shm_comm(
                     {.rank = r, .world_size = tp, .segment_fd = [&](int64_t) { return ::dup(segment.fd()); }, .timeout_s = 300});
             } else {
-                comm = fd::runtime::make_gloo_comm({.rank = r, .world_size = tp, .store_port = store->port(), .timeout_s = 300});
+                comm = fd::comm::make_gloo_comm({.rank = r, .world_size = tp, .store_port = store->port(), .timeout_s = 300});
             }
             comm->connect(1);
         }

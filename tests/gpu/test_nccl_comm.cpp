@@ -38,7 +38,7 @@ std::vector<float> input(int r, int64_t n) {
 /// all-reduce of input(r, n) (doubled on the stream first when `add_first`, so the collective
 /// must see that earlier op's result) equals the host sum of both ranks' inputs, and a gather of
 /// m floats lands rank r's values in row r on rank 0. Returns the mismatches it saw.
-int two_rank_mismatches(kernels::Backend & be, runtime::Comm & comm, int r, int64_t n, int64_t m, bool add_first) {
+int two_rank_mismatches(kernels::Backend & be, comm::Comm & comm, int r, int64_t n, int64_t m, bool add_first) {
     comm.use_backend(&be);
     comm.connect(1);
     const auto x = input(r, n), x0 = input(0, n), x1 = input(1, n);
@@ -74,15 +74,15 @@ int two_rank_mismatches(kernels::Backend & be, runtime::Comm & comm, int r, int6
 }  // namespace
 
 TEST_CASE("nccl, one rank: sleep-style disconnect destroys the communicator, connect builds a new one; stream order holds") {
-    runtime::TcpStoreServer store("127.0.0.1", 0);
+    comm::TcpStoreServer store("127.0.0.1", 0);
     auto be = kernels::make_cuda_backend(0, 1);
-    const auto before = runtime::nccl_comm_counts();
-    auto comm = runtime::make_nccl_comm({.rank = 0, .world_size = 1, .store_port = store.port(), .timeout_s = 30}, 0);
+    const auto before = comm::nccl_comm_counts();
+    auto comm = comm::make_nccl_comm({.rank = 0, .world_size = 1, .store_port = store.port(), .timeout_s = 30}, 0);
     comm->use_backend(be.get());
     comm->connect(1);
     CHECK(comm->connected());
-    CHECK(runtime::nccl_comm_counts().live == before.live + 1);
-    CHECK(runtime::nccl_comm_counts().inits == before.inits + 1);
+    CHECK(comm::nccl_comm_counts().live == before.live + 1);
+    CHECK(comm::nccl_comm_counts().inits == before.inits + 1);
     const int64_t n = 1 << 20;
     const auto x = input(0, n);
     float * d = static_cast<float *>(be->alloc(n * 4));
@@ -98,10 +98,10 @@ TEST_CASE("nccl, one rank: sleep-style disconnect destroys the communicator, con
     comm->barrier();
     comm->disconnect();
     CHECK_FALSE(comm->connected());
-    CHECK(runtime::nccl_comm_counts().live == before.live);
+    CHECK(comm::nccl_comm_counts().live == before.live);
     comm->connect(2);  // a rebuilt group: a fresh id under gen2/
-    CHECK(runtime::nccl_comm_counts().live == before.live + 1);
-    CHECK(runtime::nccl_comm_counts().inits == before.inits + 2);
+    CHECK(comm::nccl_comm_counts().live == before.live + 1);
+    CHECK(comm::nccl_comm_counts().inits == before.inits + 2);
     comm->all_reduce_sum(d, n);  // the rebuilt communicator works (still the identity)
     be->download(y.data(), d, n * 4);
     bad = 0;
@@ -118,12 +118,12 @@ TEST_CASE("nccl, two ranks on two devices: all-reduce equals the host sum, gathe
         MESSAGE("one CUDA device visible: the two-device NCCL case needs two (NCCL refuses two ranks on one device)");
         return;
     }
-    runtime::TcpStoreServer store("127.0.0.1", 0);
+    comm::TcpStoreServer store("127.0.0.1", 0);
     const int64_t n = 300000, m = 1000;
     int bad[2] = {1, 1};
     auto rank = [&](int r) {
         auto be   = kernels::make_cuda_backend(r, 1);
-        auto comm = runtime::make_nccl_comm({.rank = r, .world_size = 2, .store_port = store.port(), .timeout_s = 60}, r);
+        auto comm = comm::make_nccl_comm({.rank = r, .world_size = 2, .store_port = store.port(), .timeout_s = 60}, r);
         bad[r]    = two_rank_mismatches(*be, *comm, r, n, m, false);
     };
     std::thread t1(rank, 1);
@@ -134,13 +134,13 @@ TEST_CASE("nccl, two ranks on two devices: all-reduce equals the host sum, gathe
 }
 
 TEST_CASE("staged gloo, two CUDA ranks sharing device 0: sums bitwise the host Gloo sums, gather in rank order") {
-    runtime::TcpStoreServer store("127.0.0.1", 0);
+    comm::TcpStoreServer store("127.0.0.1", 0);
     const int64_t n = 200000, m = 777;
     int bad[2] = {1, 1};
     auto rank = [&](int r) {
         auto be   = kernels::make_cuda_backend(0, 1);
-        auto comm = runtime::make_staged_comm(
-            runtime::make_gloo_comm({.rank = r, .world_size = 2, .store_port = store.port(), .timeout_s = 60}));
+        auto comm = comm::make_staged_comm(
+            comm::make_gloo_comm({.rank = r, .world_size = 2, .store_port = store.port(), .timeout_s = 60}));
         bad[r] = two_rank_mismatches(*be, *comm, r, n, m, true);  // an op before the collective
     };
     std::thread t1(rank, 1);

@@ -122,7 +122,7 @@ model::TensorIndex rank_snapshot_index(const fs::path & dir, int rank) {
 
 /// Run `steps` on a Worker of rank `rank` of `tp` (comm: nullptr at tp 1); rank 0 writes the
 /// logits rows in order into `out` ([rows, vocab]).
-void run_rank(const Load & load, int rank, int tp, runtime::Comm * comm, const std::vector<model::StepBatch> & steps, float * out) {
+void run_rank(const Load & load, int rank, int tp, comm::Comm * comm, const std::vector<model::StepBatch> & steps, float * out) {
     const auto cfg = model::load_model_config(load.model);
     const auto idx = load.snapshot ? rank_snapshot_index(load.snapshot_dir, rank) : model::read_tensor_index(load.model);
     model::Worker w(cfg, idx, worker_config(rank, tp), comm);
@@ -156,9 +156,9 @@ std::vector<float> run_tp(const Load & load, int tp, const std::vector<model::St
     }
     void * shared = mmap(nullptr, n * sizeof(float), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     REQUIRE(shared != MAP_FAILED);
-    runtime::TcpStoreServer store("127.0.0.1", 0);
+    comm::TcpStoreServer store("127.0.0.1", 0);
     const int failed = fd::testing::run_forked_ranks(tp, [&](int r) {
-        auto comm = runtime::make_gloo_comm({.rank = r, .world_size = tp, .store_port = store.port(), .timeout_s = 60});
+        auto comm = comm::make_gloo_comm({.rank = r, .world_size = tp, .store_port = store.port(), .timeout_s = 60});
         comm->connect(1);
         run_rank(load, r, tp, comm.get(), steps, static_cast<float *>(shared));
         comm->barrier();
@@ -248,7 +248,7 @@ void check_against_tp1(const fs::path & model, std::initializer_list<int> tps) {
 }
 
 /// A Comm that only says its rank (layout checks build Workers without peers).
-class LayoutOnlyComm final : public runtime::Comm {
+class LayoutOnlyComm final : public comm::Comm {
 public:
     LayoutOnlyComm(int32_t rank, int32_t world) : rank_(rank), world_(world) {}
     const char * name() const override { return "layout-only"; }

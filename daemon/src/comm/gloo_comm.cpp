@@ -17,7 +17,7 @@
 #include <chrono>
 #include <vector>
 
-namespace fd::runtime {
+namespace fd::comm {
 namespace {
 
 class NullComm final : public Comm {
@@ -164,4 +164,4 @@ std::unique_ptr<Comm> make_null_comm() { return std::make_unique<NullComm>(); }
 
 std::unique_ptr<Comm> make_gloo_comm(const GlooCommConfig & cfg) { return std::make_unique<GlooComm>(cfg); }
 
-}  // namespace fd::runtime
+}  // namespace fd::comm

@@ -18,7 +18,7 @@
 #include <cstring>
 #endif
 
-namespace fd::runtime {
+namespace fd::comm {
 
 #if FD_WITH_CUDA
 namespace {
@@ -137,4 +137,4 @@ std::unique_ptr<Comm> make_nccl_comm(const GlooCommConfig &, int32_t) {
 NcclCommCounts nccl_comm_counts() { return {}; }
 #endif
 
-}  // namespace fd::runtime
+}  // namespace fd::comm

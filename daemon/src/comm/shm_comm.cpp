@@ -25,7 +25,7 @@
 #include <immintrin.h>
 #endif
 
-namespace fd::runtime {
+namespace fd::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -260,4 +260,4 @@ void ShmCommSegment::close() {
     fd_ = -1;
 }
 
-}  // namespace fd::runtime
+}  // namespace fd::comm

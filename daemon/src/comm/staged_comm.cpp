@@ -6,7 +6,7 @@
 
 #include <vector>
 
-namespace fd::runtime {
+namespace fd::comm {
 namespace {
 
 class StagedComm final : public Comm {
@@ -99,4 +99,4 @@ std::unique_ptr<Comm> make_staged_comm(std::unique_ptr<Comm> host, bool always_s
     return std::make_unique<StagedComm>(std::move(host), always_stage);
 }
 
-}  // namespace fd::runtime
+}  // namespace fd::comm

@@ -14,7 +14,7 @@
 #include <cerrno>
 #include <cstring>
 
-namespace fd::runtime {
+namespace fd::comm {
 namespace {
 
 constexpr uint32_t kMaxValue = 1u << 20;
@@ -209,4 +209,4 @@ void TcpStoreClient::wait(const std::vector<std::string> & keys, const std::chro
     }
 }
 
-}  // namespace fd::runtime
+}  // namespace fd::comm

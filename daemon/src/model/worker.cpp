@@ -20,7 +20,7 @@ int64_t Worker::kv_block_bytes(const ModelConfig & c, int32_t block_size, int32_
     return 2LL * c.n_layers * block_size * (c.kv_dim() / std::max(1, tp_size)) * static_cast<int64_t>(sizeof(float));
 }
 
-Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg, runtime::Comm * comm)
+Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg, comm::Comm * comm)
     : cfg_(cfg), wcfg_(wcfg) {
     FD_CHECK(wcfg.n_blocks > 0 && wcfg.block_size > 0, "worker needs KV blocks ({} x {})", wcfg.n_blocks, wcfg.block_size);
     check_tp_divides(cfg_, wcfg.tp_size);

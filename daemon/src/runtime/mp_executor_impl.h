@@ -128,7 +128,7 @@ private:
 
     /// shm: a fresh memfd segment for `generation` (the daemon's descriptor closes when the
     /// returned holder goes); gloo: none.
-    ShmCommSegment comm_segment(int64_t generation) const;
+    comm::ShmCommSegment comm_segment(int64_t generation) const;
 
     /// Wait for rank `r`'s process to end (SIGKILL first when `kill`); bounded.
     void reap(int32_t r, bool kill);
@@ -141,7 +141,7 @@ private:
     std::string                      binary_;
     SpawnThread                      spawner_;   ///< every local rank is started (and so parented) there
     std::unique_ptr<JoinListener>    listener_;  ///< nnodes > 1: where other nodes' ranks join
-    std::unique_ptr<TcpStoreServer>  store_;
+    std::unique_ptr<comm::TcpStoreServer>  store_;
     int32_t                          per_node_ = 1;
     SharedRegion                     region_;
     std::vector<Rank>                ranks_;

@@ -61,7 +61,7 @@ void MpExecutor::start_all() {
     }
     // shm: this generation's segment travels with each local rank's config; the daemon's
     // descriptor closes once they all answered (their mappings keep it).
-    ShmCommSegment segment = comm_segment(generation_);
+    comm::ShmCommSegment segment = comm_segment(generation_);
     std::vector<int32_t> all;
     for (int32_t r = 0; r < world_size(); ++r) {
         all.push_back(r);
@@ -133,15 +133,15 @@ void MpExecutor::connect_group() {
     LinkMsg m;
     m.op         = static_cast<uint32_t>(LinkOp::comm_connect);
     m.generation = ++generation_;
-    ShmCommSegment segment = comm_segment(generation_);
+    comm::ShmCommSegment segment = comm_segment(generation_);
     call(m, "wakeup (rebuilding the communication group)", false, nullptr, nullptr, 0, -1, segment.fd());
     check_replies("wakeup (rebuilding the communication group)");
     comm_connected_ = true;
 }
 
-ShmCommSegment MpExecutor::comm_segment(int64_t generation) const {
+comm::ShmCommSegment MpExecutor::comm_segment(int64_t generation) const {
     if (cfg_.dist_backend != "shm") { return {}; }
-    return ShmCommSegment(world_size(), generation);
+    return comm::ShmCommSegment(world_size(), generation);
 }
 
 // ---- failure, restart, shutdown

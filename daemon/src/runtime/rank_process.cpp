@@ -25,6 +25,7 @@
 namespace fd::runtime {
 
 using json = nlohmann::json;
+using namespace comm;  // the collectives (fd/comm/comm.h) this rank builds
 
 json rank_spawn_to_json(const RankSpawn & s) {
     const auto & c = s.cfg;

@@ -39,7 +39,7 @@ int run_ranks(int world, int port, int64_t n) {
     return fd::testing::run_forked_ranks(world, [&](int r) {
         int bad = 0;
         try {
-            auto comm = runtime::make_gloo_comm({.rank = r, .world_size = world, .store_port = port, .timeout_s = 20});
+            auto comm = comm::make_gloo_comm({.rank = r, .world_size = world, .store_port = port, .timeout_s = 20});
             for (int gen = 1; gen <= 2; ++gen) {
                 comm->connect(gen);
                 std::vector<float> x(static_cast<size_t>(n));
@@ -65,7 +65,7 @@ int run_ranks(int world, int port, int64_t n) {
 }  // namespace
 
 TEST_CASE("comm: null comm is rank 0 of 1 and leaves data alone") {
-    auto c = runtime::make_null_comm();
+    auto c = comm::make_null_comm();
     float x[3] = {1.0f, 2.0f, 3.0f};
     c->connect(1);
     c->all_reduce_sum(x, 3);
@@ -74,15 +74,15 @@ TEST_CASE("comm: null comm is rank 0 of 1 and leaves data alone") {
 }
 
 TEST_CASE("comm: gloo all-reduce over 2 and 4 rank processes, rebuilt after disconnect") {
-    runtime::TcpStoreServer store("127.0.0.1", 0);
+    comm::TcpStoreServer store("127.0.0.1", 0);
     CHECK(run_ranks(2, store.port(), 4099) == 0);
-    runtime::TcpStoreServer store4("127.0.0.1", 0);
+    comm::TcpStoreServer store4("127.0.0.1", 0);
     CHECK(run_ranks(4, store4.port(), 1 << 16) == 0);
 }
 
 TEST_CASE("comm: a rank that never joins is named within the timeout") {
-    runtime::TcpStoreServer store("127.0.0.1", 0);
-    auto comm = runtime::make_gloo_comm({.rank = 0, .world_size = 3, .store_port = store.port(), .timeout_s = 0.5});
+    comm::TcpStoreServer store("127.0.0.1", 0);
+    auto comm = comm::make_gloo_comm({.rank = 0, .world_size = 3, .store_port = store.port(), .timeout_s = 0.5});
     try {
         comm->connect(1);
         FAIL("connect returned without ranks 1 and 2");
@@ -94,9 +94,9 @@ TEST_CASE("comm: a rank that never joins is named within the timeout") {
 }
 
 TEST_CASE("comm: a master port in use is refused naming it; no store there is rank_failed") {
-    runtime::TcpStoreServer store("127.0.0.1", 0);
+    comm::TcpStoreServer store("127.0.0.1", 0);
     try {
-        runtime::TcpStoreServer again("127.0.0.1", store.port());
+        comm::TcpStoreServer again("127.0.0.1", store.port());
         FAIL("a second store bound the same port");
     } catch (const Error & e) {
         CHECK(e.code() == Errc::invalid_argument);
@@ -105,9 +105,9 @@ TEST_CASE("comm: a master port in use is refused naming it; no store there is ra
     const int dead_port = store.port();
     int free_port = 0;
     {
-        runtime::TcpStoreServer tmp("127.0.0.1", 0);
+        comm::TcpStoreServer tmp("127.0.0.1", 0);
         free_port = tmp.port();
     }
     CHECK(free_port != dead_port);
-    CHECK_THROWS_AS(runtime::TcpStoreClient("127.0.0.1", free_port, std::chrono::milliseconds(200)), Error);
+    CHECK_THROWS_AS(comm::TcpStoreClient("127.0.0.1", free_port, std::chrono::milliseconds(200)), Error);
 }

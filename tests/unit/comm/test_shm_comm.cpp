@@ -31,7 +31,7 @@ using namespace fd;
 namespace {
 
 /// ShmCommConfig::segment_fd handing over a copy of `seg`'s descriptor (ShmComm closes it).
-std::function<int(int64_t)> hand(const runtime::ShmCommSegment & seg) {
+std::function<int(int64_t)> hand(const comm::ShmCommSegment & seg) {
     return [&seg](int64_t) { return ::dup(seg.fd()); };
 }
 
@@ -56,7 +56,7 @@ bool mapped() {
 }
 
 /// connect(gen) must refuse; returns its message.
-std::string refused(runtime::Comm & c, int64_t gen) {
+std::string refused(comm::Comm & c, int64_t gen) {
     try {
         c.connect(gen);
     } catch (const Error & e) {
@@ -77,14 +77,14 @@ bool bits_equal(const std::vector<float> & a, const std::vector<float> & b) {
 TEST_CASE("shm comm: all-reduce is bitwise Gloo's (rank order 0..T-1) at 2, 3 and 4 ranks, over two slots, rebuilt by generation") {
     for (const int world : {2, 3, 4}) {
         CAPTURE(world);
-        const int64_t n = runtime::kShmCommSlotFloats + 1237;  // two chunks
-        runtime::TcpStoreServer store("127.0.0.1", 0);
+        const int64_t n = comm::kShmCommSlotFloats + 1237;  // two chunks
+        comm::TcpStoreServer store("127.0.0.1", 0);
         int failed = 0;
         for (int64_t gen = 1; gen <= 2; ++gen) {
-            runtime::ShmCommSegment seg(world, gen);
+            comm::ShmCommSegment seg(world, gen);
             failed += fd::testing::run_forked_ranks(world, [&](int r) {
-                auto shm = runtime::make_shm_comm({.rank = r, .world_size = world, .segment_fd = hand(seg), .timeout_s = 20});
-                auto gloo = runtime::make_gloo_comm({.rank = r, .world_size = world, .store_port = store.port(), .timeout_s = 20});
+                auto shm = comm::make_shm_comm({.rank = r, .world_size = world, .segment_fd = hand(seg), .timeout_s = 20});
+                auto gloo = comm::make_gloo_comm({.rank = r, .world_size = world, .store_port = store.port(), .timeout_s = 20});
                 shm->connect(gen);
                 gloo->connect(gen);
                 int bad = 0;
@@ -120,9 +120,9 @@ TEST_CASE("shm comm: all-reduce is bitwise Gloo's (rank order 0..T-1) at 2, 3 an
 TEST_CASE("shm comm: gather stacks every rank's buffer on rank 0") {
     const int world = 3;
     const int64_t n = 1000;
-    runtime::ShmCommSegment seg(world, 1);
+    comm::ShmCommSegment seg(world, 1);
     CHECK(fd::testing::run_forked_ranks(world, [&](int r) {
-              auto c = runtime::make_shm_comm({.rank = r, .world_size = world, .segment_fd = hand(seg), .timeout_s = 20});
+              auto c = comm::make_shm_comm({.rank = r, .world_size = world, .segment_fd = hand(seg), .timeout_s = 20});
               c->connect(1);
               const auto x = input(r, n);
               std::vector<float> all(static_cast<size_t>(world * n), -1.0f);
@@ -137,8 +137,8 @@ TEST_CASE("shm comm: gather stacks every rank's buffer on rank 0") {
 }
 
 TEST_CASE("shm comm: a rank that never arrives is rank_failed naming it within the timeout") {
-    runtime::ShmCommSegment seg(3, 1);
-    auto c = runtime::make_shm_comm({.rank = 0, .world_size = 3, .segment_fd = hand(seg), .timeout_s = 0.3});
+    comm::ShmCommSegment seg(3, 1);
+    auto c = comm::make_shm_comm({.rank = 0, .world_size = 3, .segment_fd = hand(seg), .timeout_s = 0.3});
     c->connect(1);
     std::vector<float> x(16, 1.0f);
     const auto t0 = std::chrono::steady_clock::now();
@@ -155,19 +155,19 @@ TEST_CASE("shm comm: a rank that never arrives is rank_failed naming it within t
 }
 
 TEST_CASE("shm comm: the segment is a nameless memfd; the daemon's descriptor can close; disconnect unmaps it") {
-    auto c = runtime::make_shm_comm({.rank = 0, .world_size = 1, .segment_fd = [](int64_t) { return -1; }, .timeout_s = 1});
+    auto c = comm::make_shm_comm({.rank = 0, .world_size = 1, .segment_fd = [](int64_t) { return -1; }, .timeout_s = 1});
     CHECK(refused(*c, 1).find("no tensor-parallel segment was handed over for generation 1") != std::string::npos);
     int handed = -1;
-    auto d = runtime::make_shm_comm({.rank = 0, .world_size = 1, .segment_fd = [&](int64_t) { return handed; }, .timeout_s = 1});
+    auto d = comm::make_shm_comm({.rank = 0, .world_size = 1, .segment_fd = [&](int64_t) { return handed; }, .timeout_s = 1});
     {
-        runtime::ShmCommSegment seg(1, 7);
+        comm::ShmCommSegment seg(1, 7);
         // No path: the kernel names it "/memfd:fdrollout-tp (deleted)", outside any directory.
         const auto target = std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(seg.fd())).string();
         CHECK(target.rfind("/memfd:fdrollout-tp", 0) == 0);
         struct stat st{};
         REQUIRE(::fstat(seg.fd(), &st) == 0);
         CHECK((st.st_mode & 0777) == 0600);
-        CHECK(st.st_size == runtime::shm_comm_segment_bytes(1));
+        CHECK(st.st_size == comm::shm_comm_segment_bytes(1));
         // Sealed: nobody holding it can shrink or grow it under a peer's mapping.
         CHECK(::ftruncate(seg.fd(), 4096) != 0);
         CHECK(::ftruncate(seg.fd(), st.st_size * 2) != 0);
@@ -187,9 +187,9 @@ TEST_CASE("shm comm: the segment is a nameless memfd; the daemon's descriptor ca
 }
 
 TEST_CASE("shm comm: a descriptor that is not this user's sealed 0600 memfd of the right size is refused") {
-    const int64_t bytes = runtime::shm_comm_segment_bytes(2);
+    const int64_t bytes = comm::shm_comm_segment_bytes(2);
     int handed = -1;
-    auto c = runtime::make_shm_comm({.rank = 0, .world_size = 2, .segment_fd = [&](int64_t) { return handed; }, .timeout_s = 1});
+    auto c = comm::make_shm_comm({.rank = 0, .world_size = 2, .segment_fd = [&](int64_t) { return handed; }, .timeout_s = 1});
     // A memfd of the right size, but 0644 and unsealed.
     handed = ::memfd_create("fdrollout-tp", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     REQUIRE(handed >= 0);
@@ -208,12 +208,12 @@ TEST_CASE("shm comm: a descriptor that is not this user's sealed 0600 memfd of t
     CHECK(refused(*c, 1).find("refusing it") != std::string::npos);
     // A real segment, for three ranks: the wrong size for two.
     {
-        runtime::ShmCommSegment three(3, 1);
+        comm::ShmCommSegment three(3, 1);
         handed = ::dup(three.fd());
         CHECK(refused(*c, 1).find(std::to_string(bytes) + " bytes") != std::string::npos);
     }
     // The right one is accepted.
-    runtime::ShmCommSegment two(2, 1);
+    comm::ShmCommSegment two(2, 1);
     handed = ::dup(two.fd());
     c->connect(1);
     CHECK(c->connected());

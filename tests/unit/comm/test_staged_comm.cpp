@@ -69,11 +69,11 @@ bool bits_equal(const std::vector<float> & a, const std::vector<float> & b) {
 TEST_CASE("staged comm on a device backend: one download + one upload per all-reduce, sums bitwise Gloo's; gather rows in rank order") {
     const int world = 3;
     const int64_t n = 5000;
-    runtime::TcpStoreServer store("127.0.0.1", 0);
+    comm::TcpStoreServer store("127.0.0.1", 0);
     const int failed = fd::testing::run_forked_ranks(world, [&](int r) {
-        const runtime::GlooCommConfig g{.rank = r, .world_size = world, .store_port = store.port(), .timeout_s = 20};
-        auto plain  = runtime::make_gloo_comm(g);
-        auto staged = runtime::make_staged_comm(runtime::make_gloo_comm(g));
+        const comm::GlooCommConfig g{.rank = r, .world_size = world, .store_port = store.port(), .timeout_s = 20};
+        auto plain  = comm::make_gloo_comm(g);
+        auto staged = comm::make_staged_comm(comm::make_gloo_comm(g));
         FakeDevice dev;
         staged->use_backend(&dev);
         plain->connect(1);
@@ -113,12 +113,12 @@ TEST_CASE("staged comm on a device backend: one download + one upload per all-re
 TEST_CASE("staged comm on the CPU backend: a pass-through unless always_stage (the test hook); same bits both ways") {
     const int world = 2;
     const int64_t n = 4096;
-    runtime::TcpStoreServer store("127.0.0.1", 0);
+    comm::TcpStoreServer store("127.0.0.1", 0);
     const int failed = fd::testing::run_forked_ranks(world, [&](int r) {
-        const runtime::GlooCommConfig g{.rank = r, .world_size = world, .store_port = store.port(), .timeout_s = 20};
+        const comm::GlooCommConfig g{.rank = r, .world_size = world, .store_port = store.port(), .timeout_s = 20};
         auto be = kernels::make_cpu_backend(1);
-        auto direct = runtime::make_staged_comm(runtime::make_gloo_comm(g));
-        auto forced = runtime::make_staged_comm(runtime::make_gloo_comm(g), /*always_stage=*/true);
+        auto direct = comm::make_staged_comm(comm::make_gloo_comm(g));
+        auto forced = comm::make_staged_comm(comm::make_gloo_comm(g), /*always_stage=*/true);
         direct->use_backend(be.get());
         forced->use_backend(be.get());
         direct->connect(1);

@@ -31,7 +31,7 @@ namespace fd::kernels {
 class Backend;
 }
 
-namespace fd::runtime {
+namespace fd::comm {
 
 class TcpStoreClient;
 
@@ -166,4 +166,4 @@ NcclCommCounts nccl_comm_counts();
 /// are freed with the comm.
 std::unique_ptr<Comm> make_staged_comm(std::unique_ptr<Comm> host, bool always_stage = false);
 
-}  // namespace fd::runtime
+}  // namespace fd::comm

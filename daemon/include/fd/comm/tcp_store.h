@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-namespace fd::runtime {
+namespace fd::comm {
 
 class TcpStoreServer {
 public:
@@ -63,4 +63,4 @@ private:
     std::mutex                mu_;
 };
 
-}  // namespace fd::runtime
+}  // namespace fd::comm

@@ -39,7 +39,7 @@
 #include <memory>
 #include <vector>
 
-namespace fd::runtime {
+namespace fd::comm {
 class Comm;
 }
 
@@ -111,7 +111,7 @@ public:
     ///         comm does not match, or tp_size does not divide num_attention_heads,
     ///         num_key_value_heads, intermediate_size or vocab_size (the message names it);
     ///         fd::Error{invalid_checkpoint} from loading (incl. a NaN/Inf weight, named).
-    Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg, runtime::Comm * comm = nullptr);
+    Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg, comm::Comm * comm = nullptr);
 
     /// Run the model on `batch`; rank 0 writes the logits of batch.logits_rows. Every rank must
     /// call it with the same batch (the collectives pair up step by step).
@@ -253,7 +253,7 @@ private:
 
     ModelConfig                           cfg_;
     WorkerConfig                          wcfg_;
-    runtime::Comm *                       comm_ = nullptr;   ///< nullptr at tp_size 1
+    comm::Comm *                       comm_ = nullptr;   ///< nullptr at tp_size 1
     WeightLayout                          layout_;    ///< planned from the first checkpoint
     std::unique_ptr<kernels::Backend>     backend_;   ///< the ops (CPU: owns the --threads pool)
     std::unique_ptr<memory::Allocator>    alloc_;     ///< weight, staging, kv_cache and kv_swap regions
