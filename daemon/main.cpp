@@ -7,7 +7,7 @@
 #include "fd/control/shm_watcher.h"
 #include "fd/engine/engine.h"
 #include "fd/log.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/tokenizer/tokenizer.h"
 #include "fd/model/worker.h"
 #include "fd/runtime/mp_executor.h"

@@ -4,7 +4,7 @@
 #include "fd/file_io.h"
 #include "fd/shm/names.h"
 #include "fd/status.h"
-#include "fd/weights/store.h"
+#include "fd/checkpoint/store.h"
 
 #include <fcntl.h>
 #include <sys/syscall.h>

@@ -4,7 +4,7 @@
 // run. Bench code only.
 #pragma once
 
-#include "fd/model/model_config.h"
+#include "fd/checkpoint/model_config.h"
 
 #include <nlohmann/json.hpp>
 

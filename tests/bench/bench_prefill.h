@@ -3,7 +3,7 @@
 // well-tuned sgemm on the same machine (the hardware reference). Bench code only.
 #pragma once
 
-#include "fd/model/model_config.h"
+#include "fd/checkpoint/model_config.h"
 
 #include <nlohmann/json.hpp>
 

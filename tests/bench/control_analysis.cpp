@@ -7,7 +7,7 @@
 #include "fd/arena.h"
 #include "fd/kernels/cpu_ops.h"
 #include "fd/kernels/thread_pool.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/model/weights.h"
 
 #include <algorithm>

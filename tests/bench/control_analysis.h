@@ -1,7 +1,7 @@
 // tests/bench/control_analysis.h — stage-by-stage timing of the weight-control paths.
 #pragma once
 
-#include "fd/model/model_config.h"
+#include "fd/checkpoint/model_config.h"
 
 #include <nlohmann/json.hpp>
 

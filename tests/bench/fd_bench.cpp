@@ -36,8 +36,8 @@
 #include "fd/kernels/cpu_ops.h"
 #include "fd/kernels/thread_pool.h"
 #include "fd/kv/kv_cache.h"
-#include "fd/model/model_config.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/model_config.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/model/worker.h"
 
 #include "bench_kernels.h"

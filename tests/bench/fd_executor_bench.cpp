@@ -13,8 +13,8 @@
 // after the decode rounds; `memory_after_control` the anonymous (arena) share in huge pages after
 // the sleep/wakeup/update cycles.
 //   fd_executor_bench --model DIR --rank-binary build/fdrollout [--threads 1] [--batches 1,64]
-#include "fd/model/model_config.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/model_config.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/runtime/mp_executor.h"
 #include "fd/runtime/rank_link.h"
 #include "bench_batch.h"

@@ -6,7 +6,7 @@
 // repeated), so a loaded machine's swings hit both alike; the medians and the median of the per-pair
 // ratios two / one are printed. One JSON object.
 //   fd_nnodes_bench --model DIR --rank-binary build/fdrollout [--threads 1] [--batches 1,64]
-#include "fd/model/model_config.h"
+#include "fd/checkpoint/model_config.h"
 #include "fd/runtime/mp_executor.h"
 #include "bench_batch.h"
 #include "bench_util.h"

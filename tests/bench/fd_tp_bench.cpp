@@ -14,8 +14,8 @@
 // Usage: fd_tp_bench --model DIR [--tp 1,2] [--threads 1] [--batches 1,64] [--prompt-len 128]
 //                    [--decode-steps 16] [--prefill-len 512] [--repeats 3] [--comm gloo[,shm]]
 #include "fd/kv/kv_cache.h"
-#include "fd/model/model_config.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/model_config.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/model/worker.h"
 #include "fd/comm/comm.h"
 #include "fd/comm/tcp_store.h"

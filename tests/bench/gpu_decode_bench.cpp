@@ -3,8 +3,8 @@
 
 #include "bench_batch.h"
 
-#include "fd/model/model_config.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/model_config.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/model/worker.h"
 
 #include <chrono>

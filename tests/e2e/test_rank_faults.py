@@ -27,7 +27,7 @@ from fdtest import copy_checkpoint, Daemon, fdctl, fresh_daemon, greedy, perturb
 
 TP2 = ("--tensor-parallel-size", "2", "--threads", "1")
 # stories260K: hidden 64, 8 heads of 8 (q_dim 64), 4 KV heads, intermediate 172. At tp=2 rank 1
-# owns q_proj rows [32, 64) and down_proj columns [86, 172) (fd/model/layout.h).
+# owns q_proj rows [32, 64) and down_proj columns [86, 172) (fd/checkpoint/layout.h).
 Q_ROW_RANK1, DOWN_COL_RANK1 = 40, 100
 
 

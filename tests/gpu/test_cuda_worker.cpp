@@ -8,8 +8,8 @@
 #include "gpu_util.h"
 
 #include "fd/kernels/backend.h"
-#include "fd/model/model_config.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/model_config.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/model/worker.h"
 #include "../unit/test_util.h"
 

@@ -1,8 +1,8 @@
 // stories260K against llama2.c: greedy ids and per-step top-1 logits (reference_logits.json),
 // prefill-vs-decode and batch invariance of the logits, at the Worker level (no HTTP, no engine).
 #include "fd/kv/kv_cache.h"
-#include "fd/model/model_config.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/model_config.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/tokenizer/sentencepiece_tokenizer.h"
 #include "fd/model/worker.h"
 

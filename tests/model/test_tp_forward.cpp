@@ -6,9 +6,9 @@
 // batched; per-rank snapshot files (inference names) load and stage/commit like the full
 // checkpoint, release/reload reads each rank's slices again; the layout RolloutModel
 // publishes is the one each rank's Worker holds.
-#include "fd/model/model_config.h"
+#include "fd/checkpoint/model_config.h"
 #include "fd/publish/rollout_model.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/publish/safetensors_write.h"
 #include "fd/model/worker.h"
 #include "fd/comm/comm.h"

@@ -7,8 +7,8 @@
 // shards with an untied head. A NaN in an update is refused on the staged path too and the live
 // weights keep serving bit-exactly. reserve_tokens (what --use-cudagraph sets) keeps every
 // activation buffer at one address.
-#include "fd/model/model_config.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/model_config.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/model/worker.h"
 #include "fd/status.h"
 #include "../unit/test_util.h"

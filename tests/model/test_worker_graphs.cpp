@@ -7,8 +7,8 @@
 // step runs eagerly; update (stage + commit) copies staging into the weights, keeping the weight
 // region's address, and gives the new weights' logits; sleep/wakeup keeps the addresses too.
 // The same checks with real capture/replay are tests/gpu/test_cuda_graph.cpp.
-#include "fd/model/model_config.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/model_config.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/model/worker.h"
 #include "graph_test_util.h"
 #include "../unit/test_util.h"

@@ -1,9 +1,9 @@
 // RolloutModel (publish/src/rollout_model.cpp): state dict per TP rank, name mappings to
 // training names, gather; the safetensors writer. The Qwen2-shaped checkpoint is written in a
 // fresh temp dir by the test itself. Linked against fd_publish only (no engine).
-#include "fd/model/model_config.h"
-#include "fd/model/safetensors.h"
-#include "fd/model/layout.h"
+#include "fd/checkpoint/model_config.h"
+#include "fd/checkpoint/safetensors.h"
+#include "fd/checkpoint/layout.h"
 #include "fd/publish/rollout_model.h"
 #include "fd/publish/safetensors_write.h"
 #include "fd/status.h"

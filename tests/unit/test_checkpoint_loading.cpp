@@ -2,8 +2,8 @@
 // config parsing and version.yaml (model_config.cpp), checkpoint validation (weights.cpp) and
 // byte-size parsing (config.cpp). Files are written into a fresh temp dir per test.
 #include "fd/config.h"
-#include "fd/model/model_config.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/model_config.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/model/weights.h"
 #include "fd/kernels/thread_pool.h"
 #include "fd/status.h"

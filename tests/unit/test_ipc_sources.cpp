@@ -1,7 +1,7 @@
 // The same-host weight sources (daemon/src/weights/ipc_snapshot_source.cpp, ipc_source.cpp):
 // the ipc_snapshot source's file choice, and the ipc source's record checks. Files are written
 // in a fresh temp dir (stories260K copied there) and a private shm object by the test itself.
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/publish/safetensors_write.h"
 #include "fd/shm/ipc_weights.h"
 #include "fd/status.h"

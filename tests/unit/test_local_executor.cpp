@@ -1,8 +1,8 @@
 // LocalExecutor over the real stories260K Worker: the two-phase update (stage on every rank,
 // then commit; drop on failure) never changes what is served before commit, and release /
 // reload hand memory back and restore the same logits.
-#include "fd/model/model_config.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/model_config.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/publish/safetensors_write.h"
 #include "fd/runtime/executor.h"
 #include "fd/status.h"

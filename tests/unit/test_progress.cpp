@@ -1,8 +1,8 @@
 // fd::Progress (daemon/src/progress.cpp) and the load phase fill_weights reports: every byte of
 // the checkpoint's tensors counted once, whatever the number of threads.
 #include "fd/kernels/thread_pool.h"
-#include "fd/model/model_config.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/model_config.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/model/weights.h"
 #include "fd/progress.h"
 

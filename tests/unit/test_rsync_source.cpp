@@ -3,7 +3,7 @@
 // exactly as long as `hold`, unknown versions are not_found, `latest` resolves an omitted
 // version, and wakeup falls back to --model when the store lacks the serving version.
 #include "fd/status.h"
-#include "fd/weights/store.h"
+#include "fd/checkpoint/store.h"
 #include "fd/weights/weight_source.h"
 #include "test_util.h"
 

@@ -9,7 +9,7 @@
 #include "fd/control/service.h"
 #include "fd/engine/engine.h"
 #include "fd/kernels/backend.h"
-#include "fd/model/model_config.h"
+#include "fd/checkpoint/model_config.h"
 
 #include <cstdint>
 #include <string>

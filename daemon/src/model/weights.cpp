@@ -1,6 +1,6 @@
 #include "fd/file_io.h"
 #include "fd/model/weights.h"
-#include "fd/weights/cuda_ipc.h"
+#include "fd/memory/cuda_ipc.h"
 #include "fd/progress.h"
 
 #include "fd/log.h"

@@ -2,8 +2,8 @@
 // LocalExecutor for its own rank), joins the communication group, then serves the link.
 #include "fd/arena.h"
 #include "fd/log.h"
-#include "fd/model/model_config.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/model_config.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/comm/comm.h"
 #include "fd/status.h"
 

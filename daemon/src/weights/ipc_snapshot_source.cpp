@@ -7,7 +7,7 @@
 // Publishers write every file as *.tmp and rename it, so only complete files are ever listed.
 #include "fd/weights/weight_source.h"
 
-#include "fd/model/model_config.h"
+#include "fd/checkpoint/model_config.h"
 #include "fd/file_io.h"
 #include "fd/status.h"
 #include "fd/trust.h"

@@ -9,7 +9,7 @@
 #include "fd/weights/weight_source.h"
 
 #include "fd/shm/ipc_weights.h"
-#include "fd/weights/cuda_ipc.h"
+#include "fd/memory/cuda_ipc.h"
 #include "fd/shm/names.h"
 #include "fd/status.h"
 #include "fd/trust.h"

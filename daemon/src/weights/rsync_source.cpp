@@ -12,13 +12,13 @@
 #include "fd/weights/weight_source.h"
 
 #include "fd/log.h"
-#include "fd/model/model_config.h"
+#include "fd/checkpoint/model_config.h"
 #include "fd/progress.h"
 #include "fd/shm/names.h"
 #include "fd/file_io.h"
 #include "fd/status.h"
 #include "fd/trust.h"
-#include "fd/weights/store.h"
+#include "fd/checkpoint/store.h"
 
 #include <fcntl.h>
 #include <poll.h>

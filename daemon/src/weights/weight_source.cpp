@@ -1,6 +1,6 @@
 #include "fd/weights/weight_source.h"
 
-#include "fd/model/model_config.h"
+#include "fd/checkpoint/model_config.h"
 #include "fd/status.h"
 
 namespace fd::weights {

@@ -1,14 +1,14 @@
 // fd/model/weights.h — loading the model's weights into one arena in the inference layout of
-// fd/model/layout.h (the ONE home of the TP sharding), and pointing the forward pass at them.
+// fd/checkpoint/layout.h (the ONE home of the TP sharding), and pointing the forward pass at them.
 // Only the engine thread calls these.
 #pragma once
 
 #include "fd/kernels/backend.h"
 #include "fd/kernels/ops.h"
 #include "fd/kernels/thread_pool.h"
-#include "fd/model/model_config.h"
-#include "fd/model/safetensors.h"
-#include "fd/model/layout.h"
+#include "fd/checkpoint/model_config.h"
+#include "fd/checkpoint/safetensors.h"
+#include "fd/checkpoint/layout.h"
 
 #include <cstddef>
 #include <map>

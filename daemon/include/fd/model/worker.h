@@ -28,7 +28,7 @@
 #include "fd/kernels/backend.h"
 #include "fd/kv/block_copy.h"
 #include "fd/memory/allocator.h"
-#include "fd/model/model_config.h"
+#include "fd/checkpoint/model_config.h"
 #include "fd/model/weights.h"
 
 #include <array>

@@ -5,7 +5,7 @@
 // model and applies it all-or-nothing. Called on the engine thread only.
 #pragma once
 
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/safetensors.h"
 
 #include <filesystem>
 #include <functional>

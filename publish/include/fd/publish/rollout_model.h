@@ -14,7 +14,7 @@
 // with q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim, T = tp_size.
 //
 // Sharding of rank r (Megatron / vLLM; column parallel = split the output rows of [out, in],
-// row parallel = split the input columns) — computed by plan_layout (fd/model/layout.h), the
+// row parallel = split the input columns) — computed by plan_layout (fd/checkpoint/layout.h), the
 // same code the daemon's loader shards with:
 //   qkv_proj         column parallel: rows [r*q_dim/T, (r+1)*q_dim/T) of q_proj, the same
 //                    fraction of k_proj and of v_proj (whole kv heads), stacked q | k | v
@@ -27,9 +27,9 @@
 // Dtypes: the checkpoint's F32 or BF16 (a fused tensor whose parts differ, and F16, are F32).
 #pragma once
 
-#include "fd/model/model_config.h"
-#include "fd/model/safetensors.h"
-#include "fd/model/layout.h"
+#include "fd/checkpoint/model_config.h"
+#include "fd/checkpoint/safetensors.h"
+#include "fd/checkpoint/layout.h"
 
 #include <cstddef>
 #include <filesystem>

@@ -1,8 +1,8 @@
 // fd/publish/safetensors_write.h — writing safetensors files (trainer-side publishers:
-// fdctl publish --strategy ipc_snapshot). Format: see fd/model/safetensors.h. Library fd_publish.
+// fdctl publish --strategy ipc_snapshot). Format: see fd/checkpoint/safetensors.h. Library fd_publish.
 #pragma once
 
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/safetensors.h"
 
 #include <cstddef>
 #include <filesystem>

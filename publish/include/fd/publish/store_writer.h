@@ -1,5 +1,5 @@
 // fd/publish/store_writer.h — the trainer side of the `rsync` strategy: add one version of a
-// Hugging Face checkpoint to a versioned store (layout and manifest: fd/weights/store.h,
+// Hugging Face checkpoint to a versioned store (layout and manifest: fd/checkpoint/store.h,
 // docs/weight_sources.md "Publishing"). Used by `fdctl publish --strategy rsync`; a trainer
 // written in C++ links fd_publish and calls it directly. Library fd_publish (no engine).
 //

@@ -3,7 +3,7 @@
 // check_against_manifest (sizes always, checksums on request, strict file list).
 #include "fd/progress.h"
 #include "fd/status.h"
-#include "fd/weights/store.h"
+#include "fd/checkpoint/store.h"
 #include "test_util.h"
 
 #include <doctest/doctest.h>

@@ -1,4 +1,4 @@
-#include "fd/model/model_config.h"
+#include "fd/checkpoint/model_config.h"
 
 #include "fd/file_io.h"
 #include "fd/status.h"

@@ -2,7 +2,7 @@
 // Qwen3 / Mistral, rope_scaling (llama3 inverse frequencies against values computed by a numpy
 // transcription of transformers' _compute_llama3_parameters, tests/e2e/np_llama.py), and every
 // unsupported field refused naming it.
-#include "fd/model/model_config.h"
+#include "fd/checkpoint/model_config.h"
 #include "fd/model/weights.h"
 #include "fd/status.h"
 #include "test_util.h"

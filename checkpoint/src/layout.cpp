@@ -1,6 +1,6 @@
-// The tensor-parallel sharding layout (fd/model/layout.h): planning it from a checkpoint and
+// The tensor-parallel sharding layout (fd/checkpoint/layout.h): planning it from a checkpoint and
 // checking checkpoints against it. Linked by the daemon (fd_core) and the publishers (fd_publish).
-#include "fd/model/layout.h"
+#include "fd/checkpoint/layout.h"
 
 #include "fd/status.h"
 

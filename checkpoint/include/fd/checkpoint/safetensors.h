@@ -1,4 +1,4 @@
-// fd/model/safetensors.h — reading safetensors checkpoints (single file or sharded).
+// fd/checkpoint/safetensors.h — reading safetensors checkpoints (single file or sharded).
 //
 // Format: 8-byte little-endian header length N, N bytes of JSON {name: {dtype, shape,
 // data_offsets: [begin, end)}} (offsets relative to the data section), then the data.

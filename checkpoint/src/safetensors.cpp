@@ -1,5 +1,5 @@
 #include "fd/file_io.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/safetensors.h"
 
 #include "fd/half.h"
 #include "fd/status.h"

@@ -1,4 +1,4 @@
-// fd/model/model_config.h — the architecture of a Hugging Face checkpoint directory.
+// fd/checkpoint/model_config.h — the architecture of a Hugging Face checkpoint directory.
 //
 // Read from config.json (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
 // MistralForCausalLM), generation_config.json (stop ids) and version.yaml (`step`, the weight

@@ -1,4 +1,4 @@
-// fd/model/layout.h — the model's weights in inference layout, sharded per tensor-parallel rank.
+// fd/checkpoint/layout.h — the model's weights in inference layout, sharded per tensor-parallel rank.
 // This file (plan_layout) is the ONE home of the TP sharding: the Worker's loader
 // (fd/model/weights.h, fd_core) and RolloutModel (fd/publish/rollout_model.h, fd_publish) both
 // read it. Library fd_checkpoint (with the config and safetensors readers): no engine, no kernels.
@@ -29,8 +29,8 @@
 // update) must have the same names, shapes and dtypes. Pure functions of their arguments.
 #pragma once
 
-#include "fd/model/model_config.h"
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/model_config.h"
+#include "fd/checkpoint/safetensors.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// fd/weights/store.h — the versioned weight store of the `rsync` strategy (docs/weight_sources.md):
+// fd/checkpoint/store.h — the versioned weight store of the `rsync` strategy (docs/weight_sources.md):
 // manifest.json (per-file size and SHA-256, per-tensor SHA-256 of the raw bytes), hashing, and
 // checking a pulled version against its manifest. Shared by the rsync source (fd_core) and by
 // `fdctl publish --strategy rsync`.

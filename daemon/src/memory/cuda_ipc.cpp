@@ -1,6 +1,6 @@
-// CUDA IPC copy-in for the `ipc` weight source (see fd/weights/cuda_ipc.h). The CUDA runtime
+// CUDA IPC copy-in for the `ipc` weight source (see fd/memory/cuda_ipc.h). The CUDA runtime
 // calls are compiled only when the build has CUDA (FD_WITH_CUDA); tested where a GPU exists.
-#include "fd/weights/cuda_ipc.h"
+#include "fd/memory/cuda_ipc.h"
 
 #include "fd/status.h"
 

@@ -1,7 +1,7 @@
 #include "fd/file_io.h"
-#include "fd/weights/store.h"
+#include "fd/checkpoint/store.h"
 
-#include "fd/model/safetensors.h"
+#include "fd/checkpoint/safetensors.h"
 #include "fd/progress.h"
 #include "fd/status.h"
 

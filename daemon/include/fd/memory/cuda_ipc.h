@@ -1,4 +1,4 @@
-// fd/weights/cuda_ipc.h — reading tensors a trainer published as CUDA IPC handles (the `ipc`
+// fd/memory/cuda_ipc.h — reading tensors a trainer published as CUDA IPC handles (the `ipc`
 // strategy's GPU form, fd/shm/ipc_weights.h location kIpcCudaIpc).
 //
 // Compiled against the CUDA runtime when the build has CUDA (FD_WITH_CUDA, the default when
