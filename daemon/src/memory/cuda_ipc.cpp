@@ -10,7 +10,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace fd::weights {
+namespace fd::memory {
 
 #if FD_WITH_CUDA
 
@@ -111,4 +111,4 @@ void cuda_ipc_copy_to_host(const uint8_t *, uint64_t, uint64_t, void *, const st
 
 #endif
 
-}  // namespace fd::weights
+}  // namespace fd::memory

@@ -191,7 +191,7 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
     }
     // CUDA IPC tensors (the ipc source on a CUDA rank): each allocation opened once; copies go
     // device to device when the destination is the device and no widening is needed.
-    weights::CudaIpcOpened ipc_opened;
+    memory::CudaIpcOpened ipc_opened;
     std::mutex             ipc_mu;
     const bool             d2d_ok = dev && dev->kind() == kernels::DeviceKind::cuda;
     ProgressPhase progress("load", total_bytes);  // /health `progress` while the copy runs
@@ -222,7 +222,7 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
                     const int64_t src_row = j.src_offset + row * j.src_stride;
                     std::byte *   dst_row = j.dst + row * j.n_elems * es;
                     std::lock_guard lk(upload_mu);
-                    weights::cuda_copy(dst_row, ipc + j.src->offset_bytes + src_row, static_cast<uint64_t>(j.n_elems * es), what);
+                    memory::cuda_copy(dst_row, ipc + j.src->offset_bytes + src_row, static_cast<uint64_t>(j.n_elems * es), what);
                     if (opt.check_finite) {
                         if (const int64_t bad = dev->find_nonfinite(dst_row, st, j.n_elems); bad >= 0) {
                             std::byte v[4] = {};
@@ -260,7 +260,7 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
                     std::byte *   p   = j.widen ? raw.data() : dst_row + e * es;
                     if (ipc) {  // a CUDA IPC tensor read to host (a host destination, or widening)
                         std::lock_guard lk(upload_mu);
-                        weights::cuda_copy(p, ipc + off, static_cast<uint64_t>(n * es), what);
+                        memory::cuda_copy(p, ipc + off, static_cast<uint64_t>(n * es), what);
                     } else {
                         pread_exact(j.fd, p, n * es, off, j.src->file, what);
                     }

@@ -28,6 +28,9 @@ namespace {
 
 using shm::IpcRecordHeader;
 using shm::IpcTensorEntry;
+using memory::cuda_ipc_available;
+using memory::cuda_ipc_copy_to_host;
+using memory::cuda_ipc_unavailable_reason;
 
 /// The opened record: its fd and a read-only mapping of the header (the seqlock word).
 class Record {

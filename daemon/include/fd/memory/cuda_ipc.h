@@ -11,7 +11,7 @@
 #include <map>
 #include <string>
 
-namespace fd::weights {
+namespace fd::memory {
 
 /// True when this build has CUDA and the runtime sees at least one device.
 bool cuda_ipc_available();
@@ -46,4 +46,4 @@ private:
 /// Errors  fd::Error{source_unavailable} naming `what` when the copy fails (or no CUDA).
 void cuda_copy(void * dst, const void * src, uint64_t nbytes, const std::string & what);
 
-}  // namespace fd::weights
+}  // namespace fd::memory
