@@ -208,7 +208,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
                                          .model_dir = cfg.model.model_dir, .port = cfg.server.port,
                                          .rsync_config = cfg.weights.rsync_config};
     std::unique_ptr<fd::runtime::Executor> executor;
-    if (r.executor_backend == "mp") {
+    if (r.executor_backend == fd::runtime::ExecutorKind::mp) {
         fd::runtime::MpExecutorConfig mp{.tensor_parallel_size = cfg.model.tensor_parallel_size, .model_dir = cfg.model.model_dir,
                                          .worker = wcfg, .source = scfg, .master_addr = cfg.parallel.master_addr,
                                          .master_port = cfg.parallel.master_port, .nnodes = par.nnodes, .dist_token = dist_token,

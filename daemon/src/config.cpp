@@ -45,71 +45,48 @@ bool is_loopback_host(const std::string & host) {
 
 namespace {
 
-/// --dist-backend, and where the ranks of this node run on cuda (Resolved::n_devices,
+/// --dist-backend, and where the ranks of this node run on cuda (Resolved::world, n_devices,
 /// ranks_per_device). Several ranks may share a device (tests on one GPU): allowed, with a
 /// warning at start-up, over a host-staged shm/gloo group (NCCL refuses two ranks on one device).
 void resolve_dist_backend(const Config & cfg, Resolved & r, std::vector<std::string> & problems) {
-    const auto &  p    = cfg.parallel;
-    const bool    cuda = r.device == kernels::DeviceKind::cuda;
-    const int32_t tp   = std::max(1, cfg.model.tensor_parallel_size);
-    const int32_t per_node = std::max(1, tp / std::max(1, p.nnodes));
-    r.n_devices        = cuda ? std::max(1, kernels::device_count(kernels::DeviceKind::cuda)) : 1;
-    r.ranks_per_device = cuda ? (per_node + r.n_devices - 1) / r.n_devices : 1;
-    if (p.dist_backend != "auto" && p.dist_backend != "gloo" && p.dist_backend != "shm" && p.dist_backend != "nccl") {
-        problems.push_back(fmt::format("--dist-backend '{}': expected gloo, shm, nccl or auto", p.dist_backend));
+    const bool cuda    = r.device == kernels::DeviceKind::cuda;
+    r.n_devices        = r.world.n_devices;
+    r.ranks_per_device = cuda ? r.world.ranks_per_device() : 1;
+    const auto requested = runtime::parse_dist_backend(cfg.parallel.dist_backend);
+    if (!requested) {
+        problems.push_back(fmt::format("--dist-backend '{}': expected gloo, shm, nccl or auto", cfg.parallel.dist_backend));
         return;
     }
-    if (p.dist_backend == "shm" && p.nnodes > 1) {
-        problems.push_back(fmt::format("--dist-backend shm needs every rank on one host; --nnodes {} needs gloo (or auto)", p.nnodes));
-    }
-    if (p.dist_backend == "nccl") {
-        if (!cuda) {
-            problems.push_back("--dist-backend nccl needs --device cuda (NCCL reduces device memory); on cpu use gloo, shm or auto");
-        } else if (p.nnodes > 1) {
-            problems.push_back(fmt::format("--dist-backend nccl with --nnodes {}: NCCL across hosts is not supported yet; use gloo "
-                                           "(or auto), which stages the all-reduce through host memory", p.nnodes));
-        } else if (r.ranks_per_device > 1) {
-            problems.push_back(fmt::format("--dist-backend nccl: --tensor-parallel-size {} puts {} ranks on each of the {} visible CUDA "
-                                           "device(s), and NCCL refuses two ranks of a group on one device (\"Duplicate GPU detected\"); "
-                                           "make {} devices visible (CUDA_VISIBLE_DEVICES) or use --dist-backend auto or shm (host-staged)",
-                                           tp, r.ranks_per_device, r.n_devices, per_node));
-        }
-    }
-    if (p.dist_backend != "auto") {
-        r.dist_backend = p.dist_backend;
-    } else if (cuda && tp > 1 && p.nnodes == 1 && r.ranks_per_device == 1) {  // tp = 1 never reduces: no NCCL communicator
-        r.dist_backend = "nccl";
-    } else {
-        r.dist_backend = p.nnodes == 1 ? "shm" : "gloo";
-    }
+    r.dist_backend = runtime::resolve_dist_backend(*requested, r.world, cuda, problems);
 }
 
 /// --tensor-parallel-size, --distributed-executor-backend and the rendezvous flags.
 void resolve_parallel(Config & cfg, Resolved & r, std::vector<std::string> & problems) {
     const int32_t tp = cfg.model.tensor_parallel_size;
     const auto & p = cfg.parallel;
-    if (tp < 1) {
-        problems.push_back(fmt::format("--tensor-parallel-size {} must be >= 1", tp));
-    } else if (r.model.n_kv_heads % tp != 0 || r.model.n_heads % tp != 0 || r.model.intermediate_size % tp != 0 ||
-               r.model.vocab_size % tp != 0) {
+    const bool cuda = r.device == kernels::DeviceKind::cuda;
+    // tp >= 1, nnodes >= 1 dividing tp: World::make reports those.
+    r.world = runtime::World::make(tp, p.nnodes, cuda ? kernels::device_count(kernels::DeviceKind::cuda) : 1, problems);
+    if (tp >= 1 && (r.model.n_kv_heads % tp != 0 || r.model.n_heads % tp != 0 || r.model.intermediate_size % tp != 0 ||
+                    r.model.vocab_size % tp != 0)) {
         problems.push_back(fmt::format("--tensor-parallel-size {} must divide the model's {} KV heads, {} attention heads, "
                                        "intermediate size {} and vocab size {}", tp, r.model.n_kv_heads, r.model.n_heads,
                                        r.model.intermediate_size, r.model.vocab_size));
     }
-    r.executor_backend = p.distributed_executor_backend.empty() ? (tp > 1 || p.nnodes > 1 ? "mp" : "uni") : p.distributed_executor_backend;
-    if (r.executor_backend != "uni" && r.executor_backend != "mp") {
-        problems.push_back(fmt::format("--distributed-executor-backend '{}': expected uni or mp", r.executor_backend));
-    } else if (r.executor_backend == "uni" && tp > 1) {
-        problems.push_back(fmt::format("--distributed-executor-backend uni runs one rank in this process; --tensor-parallel-size {} needs mp", tp));
-    }
-    if (p.nnodes < 1) {
-        problems.push_back(fmt::format("--nnodes {} must be >= 1", p.nnodes));
-    } else if (p.nnodes > 1) {
-        if (tp < p.nnodes || tp % p.nnodes != 0) {
-            problems.push_back(fmt::format("--nnodes {} must divide --tensor-parallel-size {} (each node runs tp/nnodes ranks)", p.nnodes, tp));
+    const auto kind = p.distributed_executor_backend.empty()
+                          ? std::optional(tp > 1 || p.nnodes > 1 ? runtime::ExecutorKind::mp : runtime::ExecutorKind::uni)
+                          : runtime::parse_executor_kind(p.distributed_executor_backend);
+    if (!kind) {
+        problems.push_back(fmt::format("--distributed-executor-backend '{}': expected uni or mp", p.distributed_executor_backend));
+    } else {
+        r.executor_backend = *kind;
+        if (*kind == runtime::ExecutorKind::uni && tp > 1) {
+            problems.push_back(fmt::format("--distributed-executor-backend uni runs one rank in this process; --tensor-parallel-size {} needs mp", tp));
         }
+    }
+    if (p.nnodes > 1) {
         if (p.master_port == 0) { problems.push_back(fmt::format("--nnodes {} needs --master-port: the port node 0 listens on for the other nodes", p.nnodes)); }
-        if (r.executor_backend == "uni") { problems.push_back("--nnodes > 1 needs --distributed-executor-backend mp"); }
+        if (kind == runtime::ExecutorKind::uni) { problems.push_back("--nnodes > 1 needs --distributed-executor-backend mp"); }
     }
     resolve_dist_backend(cfg, r, problems);
     in_addr n4{};

@@ -92,7 +92,7 @@ int main(int argc, char ** argv) {
 
         // Gloo on one node too: the comparison is of the links (shm would change the collectives).
         auto one = runtime::make_mp_executor({.tensor_parallel_size = 2, .model_dir = o.model, .worker = w, .source = src,
-                                              .dist_backend = "gloo", .timeout_s = 600, .rank_binary = o.rank_binary, .log_level = "warn"},
+                                              .dist_backend = fd::runtime::DistBackend::gloo, .timeout_s = 600, .rank_binary = o.rank_binary, .log_level = "warn"},
                                              cfg);
         // Node 1 first (it retries until node 0 listens), then node 0's executor waits for its join.
         const std::string ports = std::to_string(port);

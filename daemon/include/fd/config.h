@@ -10,6 +10,7 @@
 #include "fd/engine/engine.h"
 #include "fd/kernels/backend.h"
 #include "fd/checkpoint/model_config.h"
+#include "fd/runtime/world.h"
 
 #include <cstdint>
 #include <string>
@@ -74,12 +75,16 @@ struct Resolved {
     kernels::DeviceKind device = kernels::DeviceKind::cpu;  ///< --device, parsed
     int64_t            n_kv_blocks = 0;
     int64_t            n_swap_blocks = 0;   ///< host swap pool blocks per rank (0 = no swap tier)
-    std::string        executor_backend = "uni";  ///< --distributed-executor-backend, resolved
-    /// --dist-backend, resolved: auto is nccl on cuda when tp > 1, --nnodes is 1 and every rank
-    /// has a device of its own, else shm (one node) or gloo; on cpu shm or gloo.
-    std::string        dist_backend = "shm";
-    /// cuda: devices this node sees (CUDA_VISIBLE_DEVICES respected) and the most ranks of this
-    /// node on one of them (rank r runs on device (r mod tp/nnodes) mod n_devices); cpu: 1, 1.
+    runtime::ExecutorKind executor_backend = runtime::ExecutorKind::uni;  ///< --distributed-executor-backend, resolved
+    /// --dist-backend, resolved (runtime::resolve_dist_backend): auto is nccl on cuda when tp > 1,
+    /// --nnodes is 1 and every rank has a device of its own, else shm (one node) or gloo; on cpu
+    /// shm or gloo. Never DistBackend::automatic.
+    runtime::DistBackend  dist_backend = runtime::DistBackend::shm;
+    /// The ranks: tp, nnodes and (cuda) the devices this node sees, CUDA_VISIBLE_DEVICES respected
+    /// (cpu: 1); rank r runs on device world.device_of(r).
+    runtime::World        world;
+    /// cuda: world.n_devices and world.ranks_per_device() (the most ranks of this node on one
+    /// device); cpu: 1, 1.
     int32_t            n_devices = 1;
     int32_t            ranks_per_device = 1;
 };

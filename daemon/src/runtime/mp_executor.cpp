@@ -19,24 +19,17 @@ namespace fd::runtime {
 
 MpExecutor::MpExecutor(const MpExecutorConfig & cfg, const model::ModelConfig & model_cfg)
     : cfg_(cfg), model_cfg_(model_cfg), wait_s_(std::max(0.2, 0.9 * cfg.timeout_s)) {
-    FD_CHECK(cfg.tensor_parallel_size >= 1, "tensor_parallel_size {}", cfg.tensor_parallel_size);
-    FD_CHECK(cfg.nnodes >= 1 && cfg.tensor_parallel_size % cfg.nnodes == 0, "--nnodes {} must divide --tensor-parallel-size {}",
-             cfg.nnodes, cfg.tensor_parallel_size);
-    per_node_ = cfg.tensor_parallel_size / cfg.nnodes;
-    cuda_     = cfg.worker.device == kernels::DeviceKind::cuda;
-    const int32_t n_dev = cuda_ ? kernels::device_count(kernels::DeviceKind::cuda) : 1;
-    if (cfg_.dist_backend == "auto") {
-        // As resolve() does (fd/config.h Resolved::dist_backend): nccl where every rank has its own device.
-        cfg_.dist_backend = cuda_ && cfg.tensor_parallel_size > 1 && cfg.nnodes == 1 && per_node_ <= n_dev ? "nccl"
-                            : cfg.nnodes == 1                                                              ? "shm"
-                                                                                                           : "gloo";
-    }
-    FD_CHECK(cfg_.dist_backend == "gloo" || ((cfg_.dist_backend == "shm" || cfg_.dist_backend == "nccl") && cfg.nnodes == 1),
-             "--dist-backend {} with --nnodes {}: shm and nccl need every rank on one host", cfg_.dist_backend, cfg.nnodes);
-    if (cuda_ && per_node_ > n_dev) {
+    world_ = World::make(cfg.tensor_parallel_size, cfg.nnodes,
+                         cfg.worker.device == kernels::DeviceKind::cuda ? kernels::device_count(kernels::DeviceKind::cuda) : 1);
+    cuda_  = cfg.worker.device == kernels::DeviceKind::cuda;
+    std::vector<std::string> problems;
+    cfg_.dist_backend = resolve_dist_backend(cfg.dist_backend, world_, cuda_, problems);
+    FD_CHECK(cfg_.dist_backend == DistBackend::gloo || !world_.multi_node(),
+             "--dist-backend {} with --nnodes {}: shm and nccl need every rank on one host", dist_backend_name(cfg_.dist_backend), cfg.nnodes);
+    if (cuda_ && world_.ranks_per_device() > 1) {
         log::get("engine")->warn("{} ranks share {} CUDA device(s): rank r runs on device r mod {}. Fine for tests; each rank holds its "
                                  "own context and the group runs {} staged through host memory (NCCL refuses two ranks on one device)",
-                                 per_node_, n_dev, std::max(1, n_dev), cfg_.dist_backend);
+                                 world_.per_node(), world_.n_devices, world_.n_devices, dist_backend_name(cfg_.dist_backend));
     }
     if (cfg.nnodes > 1) {
         listener_ = std::make_unique<JoinListener>(
@@ -51,8 +44,8 @@ MpExecutor::MpExecutor(const MpExecutorConfig & cfg, const model::ModelConfig & 
     region_.create(step_layout(256, 64, 1024, model_cfg.vocab_size).total_bytes);
     ranks_.resize(static_cast<size_t>(cfg.tensor_parallel_size));
     for (int32_t r = 0; r < world_size(); ++r) {
-        ranks_[r].node   = r / per_node_;
-        ranks_[r].remote = ranks_[r].node != 0;
+        ranks_[r].node   = world_.node_of(r);
+        ranks_[r].remote = world_.is_remote(r);
     }
     pids_ = std::vector<std::atomic<pid_t>>(ranks_.size());
     remote_rss_ = std::vector<std::atomic<int64_t>>(ranks_.size());
@@ -89,7 +82,7 @@ const float * MpExecutor::forward_in_place(const model::StepBatch & batch, const
     req.op           = static_cast<uint32_t>(LinkOp::forward);
     req.region_bytes = static_cast<uint64_t>(region_.bytes());
     // Ranks on other nodes get the step's arrays inline (everything before the logits).
-    const size_t inline_n = per_node_ < world_size() ? static_cast<size_t>(step_layout(h->n_tokens, h->n_logits, h->n_tables, vocab).logits) : 0;
+    const size_t inline_n = world_.multi_node() ? static_cast<size_t>(step_layout(h->n_tokens, h->n_logits, h->n_tables, vocab).logits) : 0;
     call(req, "forward", false, abandon, inline_n ? region_.data() : nullptr, inline_n);
     if (replies_[0].status == kLinkAbandoned) { return nullptr; }
     check_replies("forward");
@@ -109,7 +102,7 @@ void MpExecutor::probe(const model::StepBatch * batch) {
         }
         const auto * h   = static_cast<const RegionHeader *>(region_.data());
         req.region_bytes = static_cast<uint64_t>(region_.bytes());
-        inline_n = per_node_ < world_size() ? static_cast<size_t>(step_layout(h->n_tokens, h->n_logits, h->n_tables, vocab).logits) : 0;
+        inline_n = world_.multi_node() ? static_cast<size_t>(step_layout(h->n_tokens, h->n_logits, h->n_tables, vocab).logits) : 0;
     }
     call(req, "link probe", false, nullptr, inline_n ? region_.data() : nullptr, inline_n);
     check_replies("link probe");
@@ -181,7 +174,7 @@ void MpExecutor::swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::Blo
     m.n_swap_out   = n_out;
     m.n_swap_in    = n_in;
     // Ranks on other nodes get the block lists inline, like a step's arrays.
-    const bool remote = per_node_ < world_size();
+    const bool remote = world_.multi_node();
     call(m, "KV swap", false, nullptr, remote ? region_.data() : nullptr, remote ? static_cast<size_t>(need) : 0);
     check_replies("KV swap");
 }

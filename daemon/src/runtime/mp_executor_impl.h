@@ -37,7 +37,7 @@ public:
     const model::ModelConfig & model_config() const override { return model_cfg_; }
     const char * backend() const override { return "mp"; }
     const char * comm_state() const override { return comm_connected_ ? "connected" : "disconnected"; }
-    const char * comm_backend() const override { return cfg_.dist_backend.c_str(); }
+    const char * comm_backend() const override { return dist_backend_name(cfg_.dist_backend); }
     int64_t rank_processes_rss_bytes() const override;
     int64_t weight_bytes() const override { return weight_bytes_; }
     int64_t kv_bytes() const override { return kv_bytes_; }
@@ -142,7 +142,7 @@ private:
     SpawnThread                      spawner_;   ///< every local rank is started (and so parented) there
     std::unique_ptr<JoinListener>    listener_;  ///< nnodes > 1: where other nodes' ranks join
     std::unique_ptr<comm::TcpStoreServer>  store_;
-    int32_t                          per_node_ = 1;
+    World                            world_;     ///< the ranks: tp, nnodes, node_of, device_of (fd/runtime/world.h)
     SharedRegion                     region_;
     std::vector<Rank>                ranks_;
     std::vector<std::atomic<pid_t>>  pids_;      ///< [world] live rank pids (0: none), read by other threads

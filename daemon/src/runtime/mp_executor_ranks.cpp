@@ -140,7 +140,7 @@ void MpExecutor::connect_group() {
 }
 
 comm::ShmCommSegment MpExecutor::comm_segment(int64_t generation) const {
-    if (cfg_.dist_backend != "shm") { return {}; }
+    if (cfg_.dist_backend != DistBackend::shm) { return {}; }
     return comm::ShmCommSegment(world_size(), generation);
 }
 

@@ -5,6 +5,7 @@
 // refuses the join (its error's exit code) or stays unreachable past the timeout (rank_failed).
 #include "fd/log.h"
 #include "fd/runtime/node_join.h"
+#include "fd/runtime/world.h"
 #include "fd/status.h"
 
 #include <sys/wait.h>
@@ -89,7 +90,8 @@ Watch watch_ranks(std::map<pid_t, int32_t> & pids, const sigset_t & signals, int
 
 int node_agent_main(const NodeAgentConfig & cfg, const sigset_t & signals) {
     auto lg = log::get("node");
-    const int32_t per = cfg.tp / cfg.nnodes, first = cfg.node_rank * per;
+    const World   world = World::make(cfg.tp, cfg.nnodes, 1);  // devices: each rank asks its own host (rank_device_id)
+    const int32_t per = world.per_node(), first = world.first_rank(cfg.node_rank);
     const std::string binary = cfg.rank_binary.empty() ? std::filesystem::read_symlink("/proc/self/exe").string() : cfg.rank_binary;
     JoinRequest req{.nnodes = cfg.nnodes, .node_rank = cfg.node_rank, .tp = cfg.tp, .rank = first, .master_addr = cfg.master_addr,
                     .bind_addr = cfg.node_addr, .model_dir = std::filesystem::absolute(cfg.model_dir).string(), .token = cfg.token,

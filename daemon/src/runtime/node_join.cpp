@@ -1,6 +1,7 @@
 // Joining node 0 from another host: the shared token, the authenticated handshake, node 0's
 // JoinListener and node k's join_master (fd/runtime/node_join.h).
 #include "fd/runtime/node_join.h"
+#include "fd/runtime/world.h"
 
 #include "fd/log.h"
 #include "fd/status.h"
@@ -225,7 +226,8 @@ void JoinListener::handshake(int fd, const std::string & peer) {
         v.status = static_cast<int32_t>(code);
         set_field(v.text, why);
     };
-    const int32_t per_node = expect_.nnodes > 0 ? expect_.tp / expect_.nnodes : 0;
+    std::vector<std::string> bad_world;  // node 0's own settings were checked at start-up
+    const World world = World::make(expect_.tp, expect_.nnodes, 1, bad_world);
     if (CRYPTO_memcmp(want, proof.client_mac, 32) != 0) {
         refuse(Errc::forbidden, "authentication failed: the node's join token differs from node 0's (--dist-token-file / FD_DIST_TOKEN)");
     } else if (hello.nnodes != expect_.nnodes || hello.tp != expect_.tp) {
@@ -235,10 +237,10 @@ void JoinListener::handshake(int fd, const std::string & peer) {
         refuse(Errc::invalid_argument, fmt::format("this node's model config.json ({}, fingerprint {:016x}) differs from node 0's "
                                                    "(fingerprint {:016x}): every node must serve the same model", hello.model_dir,
                                                    hello.fingerprint, expect_.fingerprint));
-    } else if (hello.node_rank < 1 || hello.node_rank >= expect_.nnodes || hello.rank < hello.node_rank * per_node ||
-               hello.rank >= (hello.node_rank + 1) * per_node) {
+    } else if (hello.node_rank < 1 || hello.node_rank >= world.nnodes || hello.rank < world.first_rank(hello.node_rank) ||
+               hello.rank >= world.first_rank(hello.node_rank + 1)) {
         refuse(Errc::invalid_argument, fmt::format("--node-rank {} rank {} is outside node ranks [1, {}) with {} rank(s) each",
-                                                   hello.node_rank, hello.rank, expect_.nnodes, per_node));
+                                                   hello.node_rank, hello.rank, expect_.nnodes, world.per_node()));
     }
     if (v.status == 0) {
         // A second copy of node k (started by mistake) must not take over, nor wait parked: the

@@ -46,7 +46,7 @@ json rank_spawn_to_json(const RankSpawn & s) {
                         {"port", c.source.port}, {"rsync_config", c.source.rsync_config}}},
             {"master_addr", c.master_addr},
             {"bind_addr", s.bind_addr},
-            {"dist_backend", c.dist_backend},
+            {"dist_backend", dist_backend_name(c.dist_backend)},
             {"timeout_s", c.timeout_s},
             {"log_level", c.log_level},
             {"log_format", c.log_format}};
@@ -86,7 +86,10 @@ RankSpawn rank_spawn_from_json(const json & j) {
         c.source.rsync_config = src.at("rsync_config");
         c.master_addr = j.at("master_addr");
         s.bind_addr   = j.value("bind_addr", std::string());
-        c.dist_backend = j.value("dist_backend", std::string("gloo"));
+        const std::string backend = j.value("dist_backend", std::string("gloo"));
+        const auto parsed = parse_dist_backend(backend);
+        if (!parsed) { fail(Errc::invalid_argument, "rank configuration: dist_backend '{}'", backend); }  // auto here: gloo, as before
+        c.dist_backend = *parsed;
         c.timeout_s   = j.at("timeout_s");
         c.log_level   = j.at("log_level");
         c.log_format  = j.at("log_format");
@@ -147,8 +150,7 @@ RankDevice rank_device_from_msg(const LinkMsg & m) {
 }
 
 int32_t rank_device_id(int32_t rank, int32_t tp, int32_t nnodes, int32_t n_devices) {
-    const int32_t per_node = std::max(1, tp / std::max(1, nnodes));
-    return (rank % per_node) % std::max(1, n_devices);
+    return World::make(tp, nnodes, n_devices).device_of(rank);
 }
 
 RankReport rank_report_from_msg(const LinkMsg & m) {
@@ -203,14 +205,14 @@ std::unique_ptr<Comm> make_rank_comm(const RankSpawn & s, std::function<int(int6
     // gives up on it, so the daemon names the dead rank, not the waiting one.
     const GlooCommConfig g{.rank = s.rank, .world_size = c.tensor_parallel_size, .bind_host = s.bind_addr.empty() ? c.master_addr : s.bind_addr,
                            .store_host = c.master_addr, .store_port = s.store_port, .timeout_s = 0.5 * c.timeout_s};
-    if (c.dist_backend == "nccl") { return make_nccl_comm(g, c.worker.device_id); }
-    std::unique_ptr<Comm> host = c.dist_backend == "shm"
+    if (c.dist_backend == DistBackend::nccl) { return make_nccl_comm(g, c.worker.device_id); }
+    std::unique_ptr<Comm> host = c.dist_backend == DistBackend::shm
                                      ? make_shm_comm({.rank = s.rank, .world_size = c.tensor_parallel_size, .segment_fd = std::move(segment_fd),
                                                       .timeout_s = 0.5 * c.timeout_s})
                                      : make_gloo_comm(g);
     const bool device = c.worker.device != kernels::DeviceKind::cpu;
     if (!device && !c.worker.test_device_paths) { return host; }
-    log::get("rank")->info("rank {}: {} collectives staged through host memory ({})", s.rank, c.dist_backend,
+    log::get("rank")->info("rank {}: {} collectives staged through host memory ({})", s.rank, dist_backend_name(c.dist_backend),
                            device ? "device tensors" : "TEST: FD_TEST_STAGED_FILL");
     return make_staged_comm(std::move(host), c.worker.test_device_paths);
 }

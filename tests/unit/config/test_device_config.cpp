@@ -136,14 +136,14 @@ TEST_CASE("resolve: --dist-backend nccl needs cuda, one node and a device per ra
     one.model.model_dir            = FD_SOURCE_DIR "/models/stories260K";
     one.model.tensor_parallel_size = 2;
     const auto r1 = fd::resolve(one);
-    CHECK(r1.dist_backend == "shm");
+    CHECK(r1.dist_backend == fd::runtime::DistBackend::shm);
     CHECK(r1.n_devices == 1);
     CHECK(r1.ranks_per_device == 1);
     fd::Config two = one;
     two.parallel.nnodes      = 2;
     two.parallel.master_port = 29998;
-    CHECK(fd::resolve(two).dist_backend == "gloo");
+    CHECK(fd::resolve(two).dist_backend == fd::runtime::DistBackend::gloo);
     fd::Config g = one;
     g.parallel.dist_backend = "gloo";
-    CHECK(fd::resolve(g).dist_backend == "gloo");
+    CHECK(fd::resolve(g).dist_backend == fd::runtime::DistBackend::gloo);
 }

@@ -17,6 +17,7 @@
 #pragma once
 
 #include "fd/runtime/executor.h"
+#include "fd/runtime/world.h"
 #include "fd/weights/weight_source.h"
 
 #include <memory>
@@ -35,7 +36,7 @@ struct MpExecutorConfig {
     int32_t     nnodes = 1;                 ///< hosts: this daemon (node 0) runs ranks [0, tp/nnodes), node k the next tp/nnodes
     std::string dist_token;                 ///< nnodes > 1: the nodes' shared join secret (load_dist_token)
     bool        shutdown_comm_group_if_worker_idle = true;  ///< sleep(weight) disconnects the group; wakeup reconnects
-    std::string dist_backend = "auto";      ///< gloo | shm (a segment per generation, every rank on this host) | auto: shm when nnodes == 1
+    DistBackend dist_backend = DistBackend::automatic;  ///< gloo | shm (a segment per generation, every rank on this host) | nccl | automatic (resolve_dist_backend)
     double      timeout_s = 900.0;          ///< --control-timeout-s: every wait on a rank, start-up included
     std::string rank_binary;                ///< the fdrollout binary to exec; empty = this process's own
     std::string log_level = "info", log_format = "text";
