@@ -7,7 +7,7 @@ pkgs=(
   libboost-dev libcli11-dev libspdlog-dev libfmt-dev doctest-dev libcpp-httplib-dev
   nlohmann-json3-dev libsentencepiece-dev libopenblas-dev libssl-dev
   rsync python3 python3-numpy python3-jinja2 python3-prometheus-client
-  libpcre2-dev libutf8proc-dev libgloo-dev
+  libpcre2-dev libutf8proc-dev libgloo-dev libyaml-cpp-dev
   nginx-light  # tests/e2e/test_load_balancer.py: scripts/fleet_nginx.conf in front of a fleet on loopback
   haproxy      # tests/e2e/test_haproxy.py: scripts/fleet_haproxy.cfg in front of a fleet on loopback
 )

@@ -5,11 +5,11 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
-#include <regex>
-#include <sstream>
 
 namespace fd::model {
 namespace {
@@ -293,17 +293,25 @@ std::optional<std::string> read_version_step(const std::filesystem::path & dir) 
     const auto file = dir / "version.yaml";
     const auto text = read_small_file(file, 1 << 20, Errc::invalid_checkpoint);
     if (!text) { return std::nullopt; }
-    std::istringstream in(*text);
-    static const std::regex kStep(R"(^\s*step\s*:\s*['"]?([A-Za-z0-9._-]{1,128})['"]?\s*(#.*)?$)");
-    static const std::regex kStepKey(R"(^\s*step\s*:.*$)");
-    std::string line;
-    while (std::getline(in, line)) {
-        if (!std::regex_match(line, kStepKey)) { continue; }
-        std::smatch m;
-        if (std::regex_match(line, m, kStep)) { return m[1].str(); }
-        fail(Errc::invalid_checkpoint, "{}: malformed 'step' line '{}'", file.string(), line);
+    YAML::Node doc;
+    try {
+        doc = YAML::Load(*text);
+    } catch (const YAML::Exception & e) {
+        fail(Errc::invalid_checkpoint, "{}: not YAML: {}", file.string(), e.what());
     }
-    return std::nullopt;
+    if (!doc || doc.IsNull()) { return std::nullopt; }  // an empty file
+    if (!doc.IsMap()) { fail(Errc::invalid_checkpoint, "{}: expected a mapping with a top-level 'step'", file.string()); }
+    const YAML::Node step = doc["step"];  // the top-level key only: a nested `step:` is another thing's
+    if (!step) { return std::nullopt; }
+    const std::string value = step.IsScalar() ? step.Scalar() : std::string();
+    const bool ok = !value.empty() && value.size() <= 128 && std::all_of(value.begin(), value.end(), [](char ch) {
+        return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-';
+    });
+    if (!ok) {
+        fail(Errc::invalid_checkpoint, "{}: malformed 'step' '{}' (want 1-128 of A-Z a-z 0-9 . _ -)", file.string(),
+             step.IsScalar() ? value : std::string(step.IsNull() ? "" : "a mapping or list"));
+    }
+    return value;
 }
 
 }  // namespace fd::model

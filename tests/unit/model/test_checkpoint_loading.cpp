@@ -364,8 +364,18 @@ TEST_CASE("read_version_step returns the step, nullopt when absent, and throws w
     CHECK_FALSE(fd::model::read_version_step(d.path).has_value());
     write_text(d.path / "version.yaml", "step: 42\n");
     CHECK(fd::model::read_version_step(d.path) == std::optional<std::string>("42"));
-    write_text(d.path / "version.yaml", "name: run-7\n  step: \"v1.2_rc-3\"  # comment\n");
+    write_text(d.path / "version.yaml", "name: run-7\nstep: \"v1.2_rc-3\"  # comment\n");
     CHECK(fd::model::read_version_step(d.path) == std::optional<std::string>("v1.2_rc-3"));
+    // A `step:` nested under another key is not the version (the old line regex took the first
+    // `step:` line at any indentation: "9" here, and "3" for the file without a top-level step).
+    write_text(d.path / "version.yaml", "trainer:\n  name: run-7\n  step: 9\nstep: 'v2'\n");
+    CHECK(fd::model::read_version_step(d.path) == std::optional<std::string>("v2"));
+    write_text(d.path / "version.yaml", "optimizer:\n  step: 3\n");
+    CHECK_FALSE(fd::model::read_version_step(d.path).has_value());
+    write_text(d.path / "version.yaml", "step: [1, 2]\n");
+    expect_invalid([&] { fd::model::read_version_step(d.path); }, {"version.yaml", "step"});
+    write_text(d.path / "version.yaml", "step: 'unclosed\n");
+    expect_invalid([&] { fd::model::read_version_step(d.path); }, {"version.yaml"});
     write_text(d.path / "version.yaml", "name: run-7\n");
     CHECK_FALSE(fd::model::read_version_step(d.path).has_value());
     write_text(d.path / "version.yaml", "step: a/b\n");
