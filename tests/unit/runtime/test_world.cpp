@@ -74,6 +74,10 @@ TEST_CASE("World: node_of, local_index, first_rank and device_of by hand") {
     CHECK(one.device_of(5) == 5);
     CHECK(one.ranks_per_device() == 1);
     CHECK_FALSE(one.multi_node());
+    // Each host counts its own devices from 0: tp 4 over 2 hosts of 4 devices, rank 3 is node 1's
+    // second rank, on that host's device 1 (not device 3).
+    CHECK(World::make(4, 2, 4).device_of(3) == 1);
+    CHECK(World::make(4, 2, 4).device_of(2) == 0);
     // cpu (no device count): everything on "device" 0.
     CHECK(World::make(2, 1, 0).device_of(1) == 0);
 }
