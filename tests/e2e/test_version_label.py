@@ -205,6 +205,32 @@ class VersionLabel(unittest.TestCase):
         self.sleep_wakeup(d)
         self.serves(d, "C", "6", "sleep + wakeup (the record)")
 
+    def test_ipc_records_for_another_tp_size(self):
+        """fdctl publish --strategy ipc takes the running daemon's tp (above); a --tp that disagrees
+        is refused before anything is written, and a record of another tp size (here from the
+        Python publisher) is a 422 saying which --tp to pass; the old weights keep serving."""
+        import fdpublish
+        d = self.start("--load-strategy", "ipc", model=self.ckpt["A"])
+        path = f"/dev/shm/fdrollout.{d.port}.weights.tp0"
+        self.addCleanup(lambda: [os.unlink(p) for p in
+                                 [f"/dev/shm/fdrollout.{d.port}.weights.tp{r}" for r in range(TP + 1)] if os.path.exists(p)])
+        rc, out, err = fdctl(d.port, "publish", "--strategy", "ipc", "--from", self.ckpt["B"], "--version", "x", "--tp", str(TP + 1))
+        self.assertEqual(rc, 10, err)
+        self.assertIn(f"runs tp={TP}", err)
+        self.assertIn(f"pass --tp {TP}", err)
+        self.assertFalse(os.path.exists(path))
+        out = self.publish(d.port, "--strategy", "ipc", "--from", self.ckpt["B"], "--version", "x")
+        for r in range(TP):  # every rank's file is listed
+            self.assertIn(f"/dev/shm/fdrollout.{d.port}.weights.tp{r}", out)
+        hf = fdpublish.load_checkpoint(self.ckpt["C"])
+        fdpublish.publish_ipc(fdpublish.to_rollout_names(hf, fdpublish.load_config(self.ckpt["C"])), d.port, "y", tp_size=TP + 1)
+        self.ok(d, "/v1/pause")
+        status, j = d.post("/v1/update_weights", {})
+        self.assertEqual((status, j["error"]["type"]), (422, "invalid_checkpoint"), j)
+        self.assertIn(f"published for tp={TP + 1}, the rollout runs tp={TP}: pass --tp {TP}", j["error"]["message"])
+        self.ok(d, "/v1/resume")
+        self.serves(d, "A", "0", "a refused record of another tp size")
+
 
 if __name__ == "__main__":
     unittest.main()
