@@ -111,6 +111,19 @@ int run_wait(const Options & o) {
 
 std::string base_url(const Options & o) { return o.url.empty() ? "http://127.0.0.1:" + std::to_string(o.port) : o.url; }
 
+/// The tensor_parallel_size of the daemon on o.port (its /health), 0 when none answers within
+/// a few seconds (publish --strategy ipc works without a daemon).
+int rollout_tp(const Options & o) {
+    try {
+        const fdctl::Reply r = fdctl::make_v1_transport(base_url(o), o.api_key, std::min(o.timeout_s, 5.0))->call({.op = "status"});
+        if (r.http_status != 200) { return 0; }
+        const auto j = nlohmann::json::parse(r.body, nullptr, false);
+        return j.is_object() ? j.value("tensor_parallel_size", 1) : 0;
+    } catch (const fd::Error &) {
+        return 0;
+    }
+}
+
 int run_command(const Options & o, fd::shm::MailboxCommand cmd) {
     const bool long_op = cmd.op != "status" && cmd.op != "is_paused" && cmd.op != "pause" && cmd.op != "resume" && cmd.op != "abort";
     std::unique_ptr<fdctl::ProgressBar> bar;  // bytes done / total of the daemon's load, on a terminal
@@ -207,7 +220,8 @@ int main(int argc, char ** argv) {
     publish->add_option("--store", pub.store, "rsync: the versioned store dir");
     publish->add_option("--model", pub.model_dir, "ipc_snapshot: the rollout's --model dir");
     publish->add_option("--version", pub.version, "rsync, ipc: version to publish ([A-Za-z0-9._-]{1,128}); ipc_snapshot: optional, written to version.yaml");
-    publish->add_option("--tp", pub.tp, "ipc_snapshot, ipc: the rollout's tensor parallel size")->capture_default_str();
+    auto * publish_tp = publish->add_option("--tp", pub.tp, "ipc_snapshot, ipc: the rollout's tensor parallel size (ipc: default the "
+                                                             "running rollout's on --port, else 1)")->capture_default_str();
     publish->callback([&] { cmd.op = "publish"; });
     fdctl::ModelInfoOptions info;
     auto * model_info = app.add_subcommand("model-info", "Print the rollout's state dict per rank and its training-name mapping");
@@ -263,9 +277,11 @@ int main(int argc, char ** argv) {
     }
     try {
         if (cmd.op == "publish") {
-            pub.port  = o.port;
-            pub.json  = o.json;
-            pub.quiet = o.quiet;
+            pub.port     = o.port;
+            pub.json     = o.json;
+            pub.quiet    = o.quiet;
+            pub.tp_given = publish_tp->count() > 0;
+            if (pub.strategy == "ipc") { pub.rollout_tp = rollout_tp(o); }
             return fdctl::run_publish(pub);
         }
         if (cmd.op == "model_info") {

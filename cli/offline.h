@@ -13,6 +13,8 @@ struct PublishOptions {
     std::string model_dir;       ///< ipc_snapshot: the rollout's --model dir (files land there)
     std::string version;         ///< rsync, ipc: the version to publish
     int         tp   = 1;        ///< ipc_snapshot, ipc: tensor parallel size of the rollout
+    bool        tp_given = false;///< --tp was on the command line (ipc: else the running rollout's is used)
+    int         rollout_tp = 0;  ///< ipc: the tensor_parallel_size the daemon on --port reports (0: none answered)
     int         port = 8000;     ///< ipc: the rollout's --port (names the shm records)
     bool        json  = false;
     bool        quiet = false;

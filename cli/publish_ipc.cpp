@@ -5,7 +5,8 @@
 //
 // ipc_snapshot: MODEL_DIR/model_state.tp{r}.safetensors for every rank, each written as .tmp and
 //   renamed; then stale model_state.tp{r}.part*.safetensors (which would shadow the new file) are
-//   removed, and with --version, MODEL_DIR/version.yaml ("step: V") is replaced the same way.
+//   removed; MODEL_DIR/version.yaml is removed first and, with --version, written ("step: V") the
+//   same way last, so it never names other files than the snapshot's.
 // ipc: one POSIX shm object per rank, /dev/shm/fdrollout.<port>.weights.tp<r> (mode 0600), laid
 //   out as in fd/shm/ipc_weights.h and written under its seqlock (generation odd while writing,
 //   +2 when done); an existing object is reused and only ever grown (total_bytes says how much
@@ -162,6 +163,11 @@ int publish_ipc_snapshot(const PublishOptions & o) {
     if (!fs::is_directory(dir)) { fd::fail(fd::Errc::not_found, "--model {} is not a directory", dir.string()); }
     const fd::model::TensorIndex idx = fd::model::read_tensor_index(o.from);
     const fd::publish::RolloutModel m(fd::model::load_model_config(o.from), idx, o.tp);
+    // version.yaml names the snapshot files: the old one goes before the first new file (a reader
+    // in between sees no version, never the old one on new bytes), the new one (--version) last.
+    std::error_code rm_ec;
+    fs::remove(dir / "version.yaml", rm_ec);
+    if (rm_ec) { fd::fail(fd::Errc::invalid_argument, "cannot remove the old {}: {}", (dir / "version.yaml").string(), rm_ec.message()); }
     json ranks = json::array();
     int64_t total = 0;
     for (int r = 0; r < o.tp; ++r) {
@@ -197,7 +203,15 @@ int publish_ipc_snapshot(const PublishOptions & o) {
     return 0;
 }
 
-int publish_ipc(const PublishOptions & o) {
+int publish_ipc(const PublishOptions & given) {
+    // One record per rank of the rollout: its tp size is the running daemon's (on --port) unless
+    // --tp says it; a --tp that disagrees with a running daemon publishes nothing.
+    PublishOptions o = given;
+    if (!o.tp_given && o.rollout_tp > 0) { o.tp = o.rollout_tp; }
+    if (o.tp_given && o.rollout_tp > 0 && o.rollout_tp != o.tp) {
+        fd::fail(fd::Errc::invalid_argument, "the rollout on port {} runs tp={}, --tp {} was given: pass --tp {} (or leave --tp out); "
+                                             "nothing published", o.port, o.rollout_tp, o.tp, o.rollout_tp);
+    }
     check_common(o);
     if (o.version.empty()) { fd::fail(fd::Errc::invalid_argument, "publish --strategy ipc needs --version"); }
     const fd::model::TensorIndex idx = fd::model::read_tensor_index(o.from);
@@ -209,10 +223,13 @@ int publish_ipc(const PublishOptions & o) {
         total += ranks.back()["bytes"].get<uint64_t>();
     }
     json j = {{"strategy", "ipc"}, {"version", o.version}, {"port", o.port}, {"tp", o.tp}, {"bytes", total}, {"ranks", ranks}};
-    print_summary(o, j, fmt::format("published {} as ipc version {} for port {} ({} rank(s), {:.1f} MiB) in /dev/shm{}; "
-                                    "it stays until removed: rm /dev/shm/fdrollout.{}.weights.tp*",
-                                    o.from, o.version, o.port, o.tp, total / 1048576.0,
-                                    fd::shm::ipc_weights_name(o.port, 0), o.port));
+    std::string files;
+    for (int r = 0; r < o.tp; ++r) { files += (r ? ", /dev/shm" : "/dev/shm") + fd::shm::ipc_weights_name(o.port, r); }
+    print_summary(o, j, fmt::format("published {} as ipc version {} for port {} (tp={}{}, {:.1f} MiB): {}; "
+                                    "they stay until removed: rm /dev/shm/fdrollout.{}.weights.tp*",
+                                    o.from, o.version, o.port, o.tp,
+                                    o.tp_given ? "" : o.rollout_tp > 0 ? ", the running rollout's" : ", no rollout answered on that port",
+                                    total / 1048576.0, files, o.port));
     return 0;
 }
 

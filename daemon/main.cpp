@@ -7,11 +7,13 @@
 #include "fd/control/shm_watcher.h"
 #include "fd/engine/engine.h"
 #include "fd/log.h"
+#include "fd/checkpoint/model_config.h"
 #include "fd/checkpoint/safetensors.h"
 #include "fd/tokenizer/tokenizer.h"
 #include "fd/model/worker.h"
 #include "fd/runtime/mp_executor.h"
 #include "fd/runtime/node_join.h"
+#include "fd/weights/fingerprint.h"
 #include "fd/weights/weight_source.h"
 
 #include <CLI/CLI.hpp>
@@ -153,6 +155,53 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_LOG_STATS_INTERVAL_S")->check(CLI::NonNegativeNumber)->capture_default_str();
 }
 
+/// Start-up loads what the label names (docs/weight_sources.md, "The version label names the
+/// bytes served"). The ranks were built on the --model checkpoint; where the strategy says the
+/// label names other bytes they load those through the source (stage + commit on every rank):
+///   ipc_snapshot with model_state.tp*.safetensors in --model: the snapshot, labelled with
+///     version.yaml `step` (the publisher's --version), else with its fingerprint label;
+///   rsync with a version.yaml `step` V in --model: the store's V (--model, labelled V, when the
+///     store has no V).
+/// Otherwise the --model checkpoint serves under the label config.cpp chose. Sets
+/// cfg.engine.weight_version and weight_fingerprint.
+/// Errors  the source's (invalid_checkpoint, forbidden, source_unavailable ...): start-up fails.
+void load_labelled_startup(fd::Config & cfg, const fd::weights::SourceConfig & scfg, fd::runtime::Executor & ex) {
+    namespace fs = std::filesystem;
+    auto lg = fd::log::get("weights");
+    std::optional<std::string> version;  // the version to fetch (nullopt: the source's own)
+    bool through_source = false;
+    if (scfg.strategy == fd::weights::LoadStrategy::ipc_snapshot) {
+        std::error_code ec;
+        for (const auto & e : fs::directory_iterator(scfg.model_dir, ec)) {
+            const std::string name = e.path().filename().string();
+            if (name.rfind("model_state.tp", 0) == 0 && name.ends_with(".safetensors")) { through_source = true; }
+        }
+    } else if (scfg.strategy == fd::weights::LoadStrategy::rsync) {
+        version        = fd::model::read_version_step(scfg.model_dir);
+        through_source = version.has_value();
+    }
+    if (through_source) {
+        try {
+            const auto staged = ex.stage_weights({.version = version});
+            ex.commit_weights();
+            std::vector<std::string> fps;
+            for (const auto & rep : staged) { fps.push_back(rep.fingerprint); }
+            cfg.engine.weight_fingerprint = fd::weights::combine_fingerprints(fps);
+            cfg.engine.weight_version     = staged[0].version ? *staged[0].version : fd::weights::fingerprint_label(cfg.engine.weight_fingerprint);
+            lg->info("start-up: serving the {} source's weights, weight_version {}", fd::weights::to_string(scfg.strategy),
+                     cfg.engine.weight_version);
+            return;
+        } catch (const fd::Error & e) {
+            if (scfg.strategy != fd::weights::LoadStrategy::rsync || e.code() != fd::Errc::not_found) { throw; }
+            lg->warn("start-up: {}; serving --model {} as weight_version {} (its version.yaml)", e.what(), scfg.model_dir.string(),
+                     cfg.engine.weight_version);
+        }
+    }
+    // Every rank read the --model files: the fingerprint the ranks' fetches of them combine to.
+    const std::string fp = fd::weights::checkpoint_fingerprint(fd::model::read_tensor_index(scfg.model_dir));
+    cfg.engine.weight_fingerprint = fd::weights::combine_fingerprints(std::vector<std::string>(ex.world_size(), fp));
+}
+
 int run(fd::Config & cfg, sigset_t & signals) {
     auto lg = fd::log::get("engine");
     const fd::Resolved r = fd::resolve(cfg);
@@ -206,7 +255,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
         .check_finite_weights = cfg.weights.check_finite_weights, .io_timeout_s = cfg.control.control_timeout_s};
     const fd::weights::SourceConfig scfg{.strategy = fd::weights::parse_load_strategy(cfg.weights.load_strategy),
                                          .model_dir = cfg.model.model_dir, .port = cfg.server.port,
-                                         .rsync_config = cfg.weights.rsync_config};
+                                         .rsync_config = cfg.weights.rsync_config, .tp = cfg.model.tensor_parallel_size};
     std::unique_ptr<fd::runtime::Executor> executor;
     if (r.executor_backend == fd::runtime::ExecutorKind::mp) {
         fd::runtime::MpExecutorConfig mp{.tensor_parallel_size = cfg.model.tensor_parallel_size, .model_dir = cfg.model.model_dir,
@@ -224,6 +273,9 @@ int run(fd::Config & cfg, sigset_t & signals) {
         executor = fd::runtime::make_local_executor(std::move(worker), fd::weights::make_weight_source(scfg));
     }
     lg->info("executor: {} ({} rank(s), {} thread(s) per rank)", executor->backend(), executor->world_size(), cfg.model.n_threads);
+    cfg.engine.model_dir           = cfg.model.model_dir;
+    cfg.engine.base_weight_version = cfg.engine.weight_version;  // config.cpp: --model's own label
+    load_labelled_startup(cfg, scfg, *executor);
     fd::engine::Engine engine(cfg.engine, std::move(executor), tok,
                               {.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
                                .enable_prefix_caching = cfg.kv.enable_prefix_caching, .n_host_blocks = r.n_swap_blocks});

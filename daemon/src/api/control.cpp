@@ -24,6 +24,15 @@
 #include <random>
 
 namespace fd::api {
+
+std::optional<std::string> version_field(const nlohmann::json & body, const char * key) {
+    if (!body.is_object() || !body.contains(key) || body[key].is_null()) { return std::nullopt; }
+    const nlohmann::json & v = body[key];
+    if (v.is_string()) { return v.get<std::string>(); }
+    if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) { return std::to_string(v.get<uint64_t>()); }
+    throw Error(Errc::invalid_argument, fmt::format("'{}' must be a string or a non-negative integer (a step)", key), key);
+}
+
 namespace {
 
 using nlohmann::json;
@@ -70,10 +79,7 @@ void check_rsync_config(const json & given, const std::string & configured) {
 /// The update_weights body {"version", "verify_checksum", "commit", "rsync_config"} into `cmd`.
 void parse_update_body(const json & j, const std::string & rsync_config, shm::MailboxCommand & cmd) {
     reject_unknown_fields(j, {"version", "verify_checksum", "commit", "rsync_config"}, "update_weights");
-    if (j.contains("version") && !j["version"].is_null()) {
-        if (!j["version"].is_string()) { throw Error(Errc::invalid_argument, "'version' must be a string", "version"); }
-        cmd.version = j["version"].get<std::string>();
-    }
+    cmd.version = version_field(j, "version");
     if (j.contains("verify_checksum") && !j["verify_checksum"].is_null()) {
         if (!j["verify_checksum"].is_boolean()) { throw Error(Errc::invalid_argument, "'verify_checksum' must be a boolean", "verify_checksum"); }
         cmd.verify_checksum = j["verify_checksum"].get<bool>();
@@ -260,10 +266,7 @@ void control_route(ApiContext & ctx, const Request & req, Response & res) {
         if (!in.body.is_null()) { parse_update_body(in.body, ctx.control->config().rsync_config, cmd); }
     } else if (cmd.op == "commit_weights") {
         reject_unknown_fields(in.body, {"version"}, "commit_weights");
-        if (in.body.is_object() && in.body.contains("version") && !in.body["version"].is_null()) {
-            if (!in.body["version"].is_string()) { throw Error(Errc::invalid_argument, "'version' must be a string", "version"); }
-            cmd.version = in.body["version"].get<std::string>();
-        }
+        cmd.version = version_field(in.body, "version");
     } else {
         reject_unknown_fields(in.body, {}, cmd.op);  // these ops take no body ({} is fine)
     }

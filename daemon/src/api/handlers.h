@@ -56,6 +56,10 @@ ControlInput read_control_input(const Request & req);
 
 /// Errors  invalid_argument naming the first field of the object `body` not in `fields`.
 void reject_unknown_fields(const nlohmann::json & body, std::initializer_list<std::string_view> fields, std::string_view what);
+/// body[`key`] as a version: a string, or a non-negative integer as its decimal string (trainers
+/// send step numbers); nullopt when absent or null. Syntax is checked later (ControlRequest).
+/// Errors  fd::Error{invalid_argument} naming `key` for any other type.
+std::optional<std::string> version_field(const nlohmann::json & body, const char * key);
 
 /// `?mode=` of a pause (V1 and vLLM): absent → "", else "abort" | "wait" | "keep".
 /// Errors  invalid_argument naming any other value (nothing is done).

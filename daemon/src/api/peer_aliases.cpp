@@ -344,6 +344,60 @@ void sglang_abort_request(ApiContext & ctx, const ControlInput & in, Response & 
     res.status = 200;  // SGLang's Response(status_code=200): empty
 }
 
+// ---- prime-rl (its vLLM server's own routes: src/prime_rl/inference/vllm/server.py) ----
+
+/// Our error object (prime-rl only checks the status; the type and message say what to do).
+void fd_error(Response & res, const Outcome & o) {
+    send_json(res, o.http_status, json{{"status", "error"}, {"error", {{"type", o.error_type}, {"message", o.error_message}}}});
+}
+
+/// One weight change the way prime-rl's orchestrator drives it (src/prime_rl/orchestrator/clients.py:
+/// /pause?mode=keep, then this, then /resume): on a paused engine the update alone, which leaves
+/// it paused; on a serving one pause mode=wait, the update, resume (prime-rl's vLLM runs
+/// collective_rpc on a live engine). Answers prime-rl's {"status": "ok"} plus the version now served.
+void prime_update(ApiContext & ctx, const ControlInput & in, Response & res, shm::MailboxCommand update) {
+    const bool was_paused = run(ctx, in, {.op = "is_paused"}).result.value("is_paused", false);
+    if (!was_paused) {
+        const Outcome p = run(ctx, in, {.op = "pause", .mode = "wait"});
+        if (!p.ok) { return fd_error(res, p); }
+    }
+    const Outcome u = run(ctx, in, update);
+    // Old or new weights: serving as before (not under the client's deadline, as for SGLang's).
+    if (!was_paused) { ctx.control->handle(shm::MailboxCommand{.op = "resume"}); }
+    if (!u.ok) { return fd_error(res, u); }
+    json body{{"status", "ok"}, {"weight_version", u.result.value("version", "")}};
+    if (!update.weight_dir.empty()) { body["weight_dir"] = update.weight_dir; }
+    send_json(res, 200, body);
+}
+
+/// POST /update_weights {"weight_dir": ABS_DIR, "version"?: str|int, "version_uid"?: str|null}: load
+/// the complete HF checkpoint in ABS_DIR (owned by the daemon's user; all-or-nothing). Label:
+/// `version`, else `version_uid`, else ABS_DIR/version.yaml `step`, else the fingerprint label.
+void prime_update_weights(ApiContext & ctx, const ControlInput & in, Response & res) {
+    in.allow_only({}, "POST /update_weights");
+    const json & b = in.body;
+    reject_unknown_fields(b, {"weight_dir", "version", "version_uid"}, "update_weights");
+    if (!b.is_object() || !b.contains("weight_dir") || !b["weight_dir"].is_string() || b["weight_dir"].get<std::string>().empty()) {
+        throw Error(Errc::invalid_argument, "'weight_dir' (an absolute path to a Hugging Face checkpoint dir) is required; "
+                                            "POST /v1/update_weights updates from the --load-strategy source", "weight_dir");
+    }
+    shm::MailboxCommand update{.op = "update_weights"};
+    update.weight_dir = b["weight_dir"].get<std::string>();
+    update.version    = version_field(b, "version");
+    if (!update.version) { update.version = version_field(b, "version_uid"); }
+    prime_update(ctx, in, res, update);
+}
+
+/// POST /reload_weights {}: back to the base --model checkpoint (prime-rl resets between runs),
+/// labelled as at start-up (its version.yaml `step`, else --weight-version).
+void prime_reload_weights(ApiContext & ctx, const ControlInput & in, Response & res) {
+    in.allow_only({}, "POST /reload_weights");
+    reject_unknown_fields(in.body, {}, "reload_weights");
+    shm::MailboxCommand update{.op = "update_weights"};
+    update.reload_base = true;
+    prime_update(ctx, in, res, update);
+}
+
 using AliasFn = void (*)(ApiContext &, const ControlInput &, Response &);
 
 /// Path → alias (the route table in routes.cpp binds each path to peer_alias_route).
@@ -362,6 +416,8 @@ const std::map<std::string, AliasFn> kAliases = {
     {"/get_weight_version", sglang_weight_version},
     {"/update_weights_from_disk", sglang_update_from_disk},
     {"/abort_request", sglang_abort_request},
+    {"/update_weights", prime_update_weights},
+    {"/reload_weights", prime_reload_weights},
 };
 
 }  // namespace

@@ -114,6 +114,8 @@ Router make_routes(ApiContext & ctx) {
     control("GET",  "/get_weight_version",      peer_alias_route);
     control("POST", "/update_weights_from_disk", peer_alias_route);
     control("POST", "/abort_request",           peer_alias_route);
+    control("POST", "/update_weights",          peer_alias_route);  // prime-rl: {"weight_dir"}
+    control("POST", "/reload_weights",          peer_alias_route);  // prime-rl: back to --model
     return http;
 }
 

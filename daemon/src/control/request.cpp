@@ -73,6 +73,19 @@ ControlRequest ControlRequest::parse(const shm::MailboxCommand & wire) {
     } else if (!wire.request_id.empty() || wire.abort_all) {
         throw Error(Errc::invalid_argument, fmt::format("'{}' takes no request_id (only abort does)", wire.op), "request_id");
     }
+    if ((!wire.weight_dir.empty() || wire.reload_base) && !update) {
+        throw Error(Errc::invalid_argument, fmt::format("'{}' takes no weight_dir (only update_weights does)", wire.op), "weight_dir");
+    }
+    if (!wire.weight_dir.empty()) {
+        if (wire.reload_base) { throw Error(Errc::invalid_argument, "weight_dir and a reload of the base model exclude each other", "weight_dir"); }
+        if (wire.weight_dir.front() != '/') {
+            throw Error(Errc::invalid_argument, fmt::format("weight_dir '{}' must be an absolute path", wire.weight_dir), "weight_dir");
+        }
+        if (wire.weight_dir.size() > 1023) { throw Error(Errc::invalid_argument, "weight_dir is longer than 1023 bytes", "weight_dir"); }
+        if (!wire.commit) { throw Error(Errc::invalid_argument, "weight_dir loads are not staged (commit=false); pass commit=true", "commit"); }
+    }
+    r.weight_dir      = wire.weight_dir;
+    r.reload_base     = wire.reload_base;
     r.request_id      = wire.request_id;
     r.abort_all       = wire.abort_all;
     r.version         = wire.version;

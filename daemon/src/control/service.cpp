@@ -194,6 +194,7 @@ json ControlService::status_json() const {
     return {{"status", draining ? "draining" : es.degraded ? "degraded" : "ok"},
             {"degraded_ranks", es.failed_ranks},
             {"executor", es.executor_backend},
+            {"tensor_parallel_size", es.tensor_parallel_size},
             {"comm_group", {{"backend", es.comm_backend}, {"state", es.comm_group}}},
             {"state", state},
             {"is_paused", es.paused},
@@ -252,7 +253,8 @@ ControlReply ControlService::run(const ControlRequest & req) {
         case ControlVerb::wakeup: require_dynamic(); return op({.op = ControlOp::wakeup, .tags = req.tags});
         case ControlVerb::update_weights:
             require_dynamic();
-            return op({.op = ControlOp::update_weights, .version = req.version, .verify_checksum = req.verify_checksum, .commit = req.commit});
+            return op({.op = ControlOp::update_weights, .version = req.version, .verify_checksum = req.verify_checksum, .commit = req.commit,
+                       .weight_dir = req.weight_dir, .reload_base = req.reload_base});
         case ControlVerb::commit_weights: require_dynamic(); return op({.op = ControlOp::commit_weights, .version = req.version});
         case ControlVerb::drop_staged_weights: require_dynamic(); return op({.op = ControlOp::drop_staged_weights});
         case ControlVerb::flush_cache: return op({.op = ControlOp::flush_cache});

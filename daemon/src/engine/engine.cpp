@@ -50,7 +50,9 @@ Engine::Engine(const EngineConfig & cfg, std::unique_ptr<runtime::Executor> exec
     : cfg_(cfg), model_cfg_(executor->model_config()), executor_(std::move(executor)), tok_(std::move(tok)), kv_cfg_(kv_cfg),
       kv_(kv_cfg), sched_(cfg.scheduler) {
     state_.weight_version   = cfg_.weight_version;
+    if (!cfg_.weight_fingerprint.empty()) { known_labels_[cfg_.weight_version] = cfg_.weight_fingerprint; }
     state_.executor_backend = executor_->backend();
+    state_.tensor_parallel_size = executor_->world_size();
     state_.comm_backend     = executor_->comm_backend();
     publish_stats();
 }

@@ -5,6 +5,7 @@
 #include "fd/log.h"
 #include "fd/progress.h"
 #include "fd/shm/names.h"
+#include "fd/weights/fingerprint.h"
 
 #include <fmt/ranges.h>
 
@@ -214,10 +215,25 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
 }
 
 void Engine::reload_serving_weights(ControlResult & r) {
-    const auto reps = executor_->reload_weights({.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version});
+    weights::FetchRequest req{.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version};
+    req.weight_dir       = serving_dir_;  // weights loaded from a checkpoint dir come back from it
+    req.weight_dir_owned = serving_dir_owned_;
+    const auto reps = executor_->reload_weights(req);
     state_.weight_asleep = false;
     state_.weights_valid = true;
-    if (reps[0].version) { state_.weight_version = *reps[0].version; }
+    // The label must name the bytes now loaded: the serving one when they did not change, else the
+    // source's version (or the serving one), unless this process saw that label on other bytes
+    // (fd/weights/fingerprint.h).
+    std::vector<std::string> fps;
+    for (const auto & rep : reps) { fps.push_back(rep.fingerprint); }
+    const std::string fp    = weights::combine_fingerprints(fps);
+    const std::string asked = reps[0].version.value_or(state_.weight_version);
+    const std::string label = weights::label_after_reload(known_labels_, state_.weight_version, reps[0].version, fp);
+    if (label != asked && label != state_.weight_version) {
+        log::get("engine")->warn("wakeup: weight_version {} named other weights than the source now holds (its files changed); "
+                                 "serving them as weight_version {}", asked, label);
+    }
+    set_label(label, fp);
     r.bytes = reps[0].bytes;
     for (const auto & rep : reps) {
         auto & rc = rank_cost(r, rep.rank);
@@ -228,6 +244,11 @@ void Engine::reload_serving_weights(ControlResult & r) {
         rc.bytes     = rep.bytes;
         rc.rss_bytes = rep.rss_bytes;
     }
+}
+
+void Engine::set_label(const std::string & version, const std::string & fp) {
+    state_.weight_version = version;
+    if (!fp.empty()) { known_labels_[version] = fp; }
 }
 
 void Engine::enter_degraded(const Error & e) {
@@ -273,13 +294,36 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     // A new update replaces whatever an earlier "commit": false left staged.
     drop_staged(nullptr);
     // Phase 1 on every rank (the executor drops every staged copy if any rank fails).
-    const auto staged = executor_->stage_weights({.version = cmd.version, .verify_checksum = cmd.verify_checksum,
-                                                  .serving_version = state_.weight_version});
-    const std::optional<std::string> version = cmd.version ? cmd.version : staged[0].version;
+    weights::FetchRequest req{.version = cmd.version, .verify_checksum = cmd.verify_checksum, .serving_version = state_.weight_version};
+    if (cmd.reload_base) {  // prime-rl's /reload_weights: the base --model (anyone's, like `normal`)
+        req.weight_dir       = cfg_.model_dir;
+        req.weight_dir_owned = false;
+    } else if (!cmd.weight_dir.empty()) {  // prime-rl's /update_weights {"weight_dir"}
+        req.weight_dir = cmd.weight_dir;
+    }
+    const auto staged = executor_->stage_weights(req);
+    std::vector<std::string> fps;
+    for (const auto & rep : staged) { fps.push_back(rep.fingerprint); }
+    staged_fingerprint_ = weights::combine_fingerprints(fps);
+    std::optional<std::string> version = cmd.version ? cmd.version : staged[0].version;
+    // A directory without version.yaml: the base model keeps its start-up label, any other
+    // checkpoint is named by its fingerprint.
+    if (!version && cmd.reload_base) { version = cfg_.base_weight_version; }
+    if (!version && !req.weight_dir.empty() && !staged_fingerprint_.empty()) { version = weights::fingerprint_label(staged_fingerprint_); }
     if (!version) {
         executor_->drop_staged_weights();
         throw Error(Errc::invalid_argument,
                     "no version given and the source has no version.yaml 'step'; pass {\"version\": \"...\"}", "version");
+    }
+    if (!cmd.version) {
+        // The source's own version (version.yaml): when this process saw it on other bytes, the
+        // label names the new bytes by their fingerprint instead.
+        const std::string label = weights::label_for(known_labels_, *version, staged_fingerprint_);
+        if (label != *version) {
+            log::get("engine")->warn("update_weights: the source says version {} but that version named other weights; serving "
+                                     "them as weight_version {} (write a new version.yaml step or pass \"version\")", *version, label);
+            version = label;
+        }
     }
     for (const auto & rep : staged) {
         auto & rc = rank_cost(r, rep.rank);
@@ -305,7 +349,9 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
         rc.total_s  = rc.sync_s + rc.update_s;
     }
     kv_.flush_prefix_cache();
-    state_.weight_version = *version;
+    set_label(*version, staged_fingerprint_);
+    serving_dir_       = req.weight_dir;
+    serving_dir_owned_ = req.weight_dir_owned;
     state_.weights_valid  = true;
     recompute_kept();
 }
@@ -327,7 +373,8 @@ void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {
         rc.rss_bytes = rep.rss_bytes;
     }
     kv_.flush_prefix_cache();  // no KV computed with the old weights is reused (invariant 1)
-    state_.weight_version = state_.staged_version;
+    set_label(state_.staged_version, staged_fingerprint_);
+    serving_dir_.clear();  // staged updates come from the source only
     state_.weights_valid  = true;
     state_.staged_version.clear();
     r.version = state_.weight_version;

@@ -40,6 +40,7 @@ public:
         if (hold_fetched_) { fetch_hold_ = ckpt.hold; }
         r.stage_s           = seconds_since(t1);
         r.version           = ckpt.version;
+        r.fingerprint       = ckpt.fingerprint;
         r.checksum_verified = ckpt.checksum_verified;
         r.rss_bytes         = process_rss_bytes();
         return {r};
@@ -92,8 +93,9 @@ public:
         if (hold_fetched_) { fetch_hold_ = ckpt.hold; }
         r.stage_s   = seconds_since(t1);
         r.bytes     = ckpt.index.total_bytes;
-        r.version   = ckpt.version;
-        r.rss_bytes = process_rss_bytes();
+        r.version     = ckpt.version;
+        r.fingerprint = ckpt.fingerprint;
+        r.rss_bytes   = process_rss_bytes();
         return {r};
     }
 
@@ -129,7 +131,8 @@ private:
         weights::FetchRequest mine = req;
         mine.rank = rank_;
         mine.device_destination = worker_->backend().kind() == kernels::DeviceKind::cuda;  // ipc: device to device
-        weights::FetchedCheckpoint ckpt = source_->fetch(mine);
+        weights::FetchedCheckpoint ckpt = req.weight_dir.empty() ? source_->fetch(mine)
+                                                                 : weights::fetch_checkpoint_dir(req.weight_dir, req.weight_dir_owned);
         r.fetch_s = seconds_since(t0);
         return ckpt;
     }

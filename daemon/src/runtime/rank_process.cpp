@@ -84,6 +84,7 @@ RankSpawn rank_spawn_from_json(const json & j) {
         c.source.model_dir    = src.at("model_dir").get<std::string>();
         c.source.port         = src.at("port");
         c.source.rsync_config = src.at("rsync_config");
+        c.source.tp           = c.tensor_parallel_size;
         c.master_addr = j.at("master_addr");
         s.bind_addr   = j.value("bind_addr", std::string());
         const std::string backend = j.value("dist_backend", std::string("gloo"));
@@ -105,6 +106,8 @@ void fetch_request_to_msg(const weights::FetchRequest & req, LinkMsg & m) {
     set_field(m.serving_version, req.serving_version);
     m.verify_checksum = req.verify_checksum;
     m.wakeup          = req.wakeup;
+    set_field(m.weight_dir, req.weight_dir);
+    m.weight_dir_owned = req.weight_dir_owned;
 }
 
 weights::FetchRequest fetch_request_from_msg(const LinkMsg & m) {
@@ -113,6 +116,8 @@ weights::FetchRequest fetch_request_from_msg(const LinkMsg & m) {
     r.serving_version = m.serving_version;
     r.verify_checksum = m.verify_checksum != 0;
     r.wakeup          = m.wakeup != 0;
+    r.weight_dir       = m.weight_dir;
+    r.weight_dir_owned = m.weight_dir_owned != 0;
     return r;
 }
 
@@ -120,6 +125,7 @@ void rank_report_to_msg(const RankReport & r, LinkMsg & m) {
     m.rank              = r.rank;
     m.has_reply_version = r.version.has_value();
     set_field(m.version, r.version.value_or(""));
+    set_field(m.fingerprint, r.fingerprint);
     m.bytes             = r.bytes;
     m.checksum_verified = r.checksum_verified;
     m.fetch_s           = r.fetch_s;
@@ -157,6 +163,7 @@ RankReport rank_report_from_msg(const LinkMsg & m) {
     RankReport r;
     r.rank = m.rank;
     if (m.has_reply_version) { r.version = std::string(m.version); }
+    r.fingerprint = m.fingerprint;
     r.bytes             = m.bytes;
     r.checksum_verified = m.checksum_verified != 0;
     r.fetch_s           = m.fetch_s;

@@ -11,6 +11,7 @@
 #include "fd/file_io.h"
 #include "fd/status.h"
 #include "fd/trust.h"
+#include "fd/weights/fingerprint.h"
 
 #include <algorithm>
 #include <charconv>
@@ -89,7 +90,8 @@ public:
         } else {
             out.index = model::read_tensor_index(dir_);
         }
-        out.version = req.version ? req.version : model::read_version_step(dir_);
+        out.version     = req.version ? req.version : model::read_version_step(dir_);
+        out.fingerprint = checkpoint_fingerprint(out.index);
         return out;
     }
 

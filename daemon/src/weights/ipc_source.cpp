@@ -205,7 +205,7 @@ private:
 
 class IpcSource final : public WeightSource {
 public:
-    explicit IpcSource(int port) : port_(port) {}
+    IpcSource(int port, int tp) : port_(port), tp_(tp) {}
     LoadStrategy strategy() const override { return LoadStrategy::ipc; }
 
     FetchedCheckpoint fetch(const FetchRequest & req) override {
@@ -227,6 +227,7 @@ public:
         const uint32_t n_tensors   = h.n_tensors;
         const uint64_t total_bytes = h.total_bytes;
         const int32_t  rank        = h.rank;
+        const int32_t  rec_tp      = h.tp_size;
         const auto     version     = c_string(h.version, sizeof(h.version));
         const uint64_t table_end   = sizeof(IpcRecordHeader) + uint64_t{n_tensors} * sizeof(IpcTensorEntry);
         std::vector<IpcTensorEntry> entries;
@@ -237,6 +238,10 @@ public:
         }
         if (rec->generation() != g1) {
             fail(Errc::source_unavailable, "{}: the publisher rewrote the record while it was read; retry", rec->path());
+        }
+        if (rec_tp != tp_) {
+            fail(Errc::invalid_checkpoint, "{}: published for tp={}, the rollout runs tp={}: pass --tp {} to fdctl publish "
+                 "(or tp_size={} to fdpublish.publish_ipc); nothing applied", rec->path(), rec_tp, tp_, tp_, tp_);
         }
         if (total_bytes > static_cast<uint64_t>(rec->size())) {
             fail(Errc::invalid_checkpoint, "{}: header says {} bytes but the object has {}", rec->path(), total_bytes, rec->size());
@@ -308,12 +313,13 @@ public:
 
 private:
     int port_;
+    int tp_;
 };
 
 }  // namespace
 
-std::unique_ptr<WeightSource> make_ipc_source(int port) {
-    return std::make_unique<IpcSource>(port);
+std::unique_ptr<WeightSource> make_ipc_source(int port, int tp) {
+    return std::make_unique<IpcSource>(port, tp);
 }
 
 }  // namespace fd::weights

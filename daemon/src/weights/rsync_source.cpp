@@ -19,6 +19,7 @@
 #include "fd/status.h"
 #include "fd/trust.h"
 #include "fd/checkpoint/store.h"
+#include "fd/weights/fingerprint.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -413,8 +414,9 @@ public:
                 fail(Errc::source_unavailable, "model dir {} is not reachable; restore it and retry", model_dir_.string());
             }
             FetchedCheckpoint out;
-            out.index   = model::read_tensor_index(model_dir_);
-            out.version = model::read_version_step(model_dir_);
+            out.index       = model::read_tensor_index(model_dir_);
+            out.version     = model::read_version_step(model_dir_);
+            out.fingerprint = checkpoint_fingerprint(out.index);
             return out;
         }
         const std::string v = req.version ? *req.version : resolve_version();
@@ -467,6 +469,7 @@ private:
                 store::check_against_manifest(final_dir, m, false);  // sizes and names: no second read of the data
                 out.index             = model::read_tensor_index(final_dir);
                 out.version           = v;
+                out.fingerprint       = manifest_fingerprint(m);
                 out.checksum_verified = verify_checksum;  // the pulling rank checked with the same request
                 out.hold              = staged;
             } catch (...) {
@@ -514,6 +517,7 @@ private:
             store::check_against_manifest(final_dir, m, verify_checksum);
             out.index             = model::read_tensor_index(final_dir);
             out.version           = v;
+            out.fingerprint       = manifest_fingerprint(m);
             out.checksum_verified = verify_checksum;
             out.transfer_s        = transfer_s;
             staged->hold_shared();  // EX → SH: other ranks may share it from now on

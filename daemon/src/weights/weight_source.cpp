@@ -1,7 +1,12 @@
 #include "fd/weights/weight_source.h"
 
 #include "fd/checkpoint/model_config.h"
+#include "fd/file_io.h"
 #include "fd/status.h"
+#include "fd/trust.h"
+#include "fd/weights/fingerprint.h"
+
+#include <algorithm>
 
 namespace fd::weights {
 
@@ -35,7 +40,8 @@ public:
         }
         FetchedCheckpoint out;
         out.index   = model::read_tensor_index(dir_);
-        out.version = model::read_version_step(dir_);
+        out.version     = model::read_version_step(dir_);
+        out.fingerprint = checkpoint_fingerprint(out.index);
         return out;
     }
 
@@ -45,6 +51,32 @@ private:
 
 }  // namespace
 
+FetchedCheckpoint fetch_checkpoint_dir(const std::filesystem::path & dir, bool owned) {
+    if (!std::filesystem::is_directory(dir)) {
+        fail(Errc::source_unavailable, "weight dir {} is not a reachable directory; write the checkpoint there and retry", dir.string());
+    }
+    // Another local user must not choose what this daemon serves (SPEC §8.6): the directory (so
+    // nobody else can add or replace a file in it) and every file read.
+    if (owned) { check_trusted_path(dir.string(), Trust::owned); }
+    FetchedCheckpoint out;
+    out.index = model::read_tensor_index(dir);
+    if (owned) {
+        std::vector<std::filesystem::path> files;
+        for (const auto & [name, t] : out.index.tensors) { files.push_back(t.file); }
+        files.push_back(dir / "model.safetensors.index.json");
+        std::sort(files.begin(), files.end());
+        files.erase(std::unique(files.begin(), files.end()), files.end());
+        for (const auto & f : files) {
+            if (!std::filesystem::exists(f)) { continue; }
+            const UniqueFd fd = open_regular(f, Errc::invalid_checkpoint);
+            check_trusted(fd.get(), f.string(), Trust::owned);
+        }
+    }
+    out.version     = model::read_version_step(dir);
+    out.fingerprint = checkpoint_fingerprint(out.index);
+    return out;
+}
+
 std::unique_ptr<WeightSource> make_normal_source(std::filesystem::path model_dir) {
     return std::make_unique<NormalSource>(std::move(model_dir));
 }
@@ -53,7 +85,7 @@ std::unique_ptr<WeightSource> make_weight_source(const SourceConfig & cfg) {
     switch (cfg.strategy) {
         case LoadStrategy::normal: return make_normal_source(cfg.model_dir);
         case LoadStrategy::ipc_snapshot: return make_ipc_snapshot_source(cfg.model_dir);
-        case LoadStrategy::ipc: return make_ipc_source(cfg.port);
+        case LoadStrategy::ipc: return make_ipc_source(cfg.port, cfg.tp);
         case LoadStrategy::rsync: return make_rsync_source(cfg.model_dir, cfg.rsync_config, cfg.port);
     }
     fail(Errc::internal, "unknown load strategy");

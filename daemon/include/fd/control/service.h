@@ -57,6 +57,8 @@ struct ControlRequest {
     engine::PauseMode          pause_mode = engine::PauseMode::abort;  ///< pause
     std::string                request_id;        ///< abort: 1..128 printable ASCII, no spaces
     bool                       abort_all = false; ///< abort: every request (request_id then empty)
+    std::string                weight_dir;        ///< update_weights: an absolute checkpoint dir (prime-rl's /update_weights)
+    bool                       reload_base = false;  ///< update_weights: the base --model (prime-rl's /reload_weights)
     /// The caller's deadline and start/cancel handshake (set by the transport after parse; null =
     /// the deadline is now + control_timeout_s). A state-changing command not started by the
     /// deadline is dropped, never run, and answered 504 `timeout` saying nothing changed.

@@ -93,6 +93,8 @@ struct ControlCommand {
     PauseMode                  pause_mode = PauseMode::abort;  ///< pause
     std::string                request_id;         ///< abort_request: a completion id (cmpl-…) or a client's X-Request-Id
     bool                       abort_all = false;  ///< abort_request: every running and queued request (the engine is not paused)
+    std::string                weight_dir;         ///< update_weights: load this absolute HF checkpoint dir (owned by the daemon's user)
+    bool                       reload_base = false;///< update_weights: load the base --model checkpoint
 };
 
 /// One rank's part of a control command (result.ranks).
@@ -144,6 +146,7 @@ struct EngineState {
     bool              degraded      = false;      ///< a rank failed: generation refused until wakeup recovers it
     std::vector<int32_t> failed_ranks;            ///< the failed ranks (may be empty when a group call failed)
     std::string       executor_backend = "uni";   ///< uni | mp
+    int32_t           tensor_parallel_size = 1;   ///< ranks (/health; fdctl publish --strategy ipc reads it)
     std::string       comm_group       = "none";  ///< none | connected | disconnected
     std::string       comm_backend     = "null";  ///< null | gloo | nccl
     std::string       control_in_flight;          ///< op name while one runs, else empty

@@ -35,6 +35,13 @@ struct EngineConfig {
     SchedulerConfig scheduler;
     int32_t         max_model_len  = 0;    ///< prompt + generated tokens per sequence
     std::string     weight_version = "0";  ///< reported with every output (until an update changes it)
+    /// What the start-up bytes are (fd/weights/fingerprint.h; "" = unknown): a wakeup that
+    /// loads other bytes that no new version names changes the label (docs/weight_sources.md).
+    std::string     weight_fingerprint;
+    std::string     model_dir;             ///< --model (update_weights reload_base reads it)
+    /// The label of the --model checkpoint itself (version.yaml `step`, else --weight-version):
+    /// what update_weights reload_base serves it as.
+    std::string     base_weight_version = "0";
     bool            use_cudagraph  = false;///< enforces the wake-kv_cache-before-weight rule (SPEC §3)
     int32_t         debug_control_delay_ms = 0; ///< tests only (FD_DEBUG_CONTROL_DELAY_MS): stretch every control op
     /// FD_ENABLE_SWAP_SPACE_CLEARING=1: sleep(kv_cache) also unmaps the host swap pool
@@ -189,6 +196,16 @@ private:
     kv::KvCacheConfig                         kv_cfg_;
     kv::KvCache                               kv_;
     EngineState                               state_;      ///< engine thread only; copied into stats_
+    std::string                               staged_fingerprint_;  ///< of the staged bytes (two-phase)
+    /// Every label served and the fingerprint of its bytes (weights::label_for keeps a label
+    /// from naming other bytes than it named before).
+    std::map<std::string, std::string>        known_labels_;
+    /// The serving weights came from this checkpoint dir (update_weights weight_dir / reload_base),
+    /// not the source: wakeup re-reads it ("" = the source). Owned: see FetchRequest.
+    std::string                               serving_dir_;
+    bool                                      serving_dir_owned_ = true;
+    /// Set the serving label to `version` for bytes fingerprinted `fp` and remember the pair.
+    void          set_label(const std::string & version, const std::string & fp);
     Scheduler                                 sched_;
     std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> seqs_;
     kv::SeqId                                 next_seq_id_ = 1;

@@ -36,6 +36,7 @@ using MemoryTag = memory::Tag;
 struct RankReport {
     int32_t                    rank = 0;
     std::optional<std::string> version;            ///< stage/reload: the version the fetched checkpoint carries, if it says
+    std::string                fingerprint;        ///< stage/reload: FetchedCheckpoint::fingerprint ("" = unknown)
     int64_t                    bytes = 0;          ///< stage/reload: checkpoint bytes copied in
     bool                       checksum_verified = false;
     double                     fetch_s  = 0.0;     ///< locating (and, for rsync, pulling) the shard

@@ -98,6 +98,9 @@ struct LinkMsg {
     int64_t  held_bytes[4] = {};             ///< the rank allocator's bytes by memory::Tag
     int64_t  device_freed_bytes = -1;        ///< release reply: growth of device_free_bytes across the release
     int64_t  nccl_comms_live = 0, nccl_comms_created = 0;  ///< the rank process's nccl_comm_counts()
+    char     fingerprint[72] = {};           ///< stage/reload reply: the fetched checkpoint's fingerprint (64 hex or "")
+    char     weight_dir[1024] = {};          ///< stage request: FetchRequest::weight_dir ("" = the source)
+    uint8_t  weight_dir_owned = 1, pad3_[7] = {};
 };
 static_assert(std::is_trivially_copyable_v<LinkMsg>);
 

@@ -33,12 +33,19 @@ struct FetchRequest {
     /// device (TensorInfo::on_cuda_ipc) for fill_weights to copy device to device; false: they
     /// are copied to host memory here.
     bool                       device_destination = false;
+    /// Not "": load the complete HF checkpoint in this directory instead of the source's
+    /// (prime-rl's /update_weights weight_dir, /reload_weights: --model); see fetch_checkpoint_dir.
+    std::string                weight_dir;
+    bool                       weight_dir_owned = true;  ///< weight_dir must be the daemon user's (false: --model)
 };
 
 struct FetchedCheckpoint {
     model::TensorIndex         index;             ///< headers read and bounds-checked
     std::optional<std::string> version;           ///< the version this checkpoint carries, if it says
     bool                       checksum_verified = false;
+    /// What the bytes are (fd/weights/fingerprint.h): the engine changes the label of a wakeup
+    /// whose bytes differ from those the label was set on. "" = the source cannot say (ipc).
+    std::string                fingerprint;
     double                     transfer_s = 0.0;  ///< time spent moving bytes to this host (rsync)
     /// Called once every byte was copied into staging and before it goes live; throws to drop
     /// the staged copy (ipc: the publisher rewrote the record during the copy).
@@ -63,6 +70,7 @@ struct SourceConfig {
     std::filesystem::path model_dir;     ///< --model
     int                   port = 8000;   ///< ipc: the shm records are /fdrollout.<port>.weights.tp<rank>
     std::string           rsync_config;  ///< --rsync-config JSON (rsync)
+    int                   tp = 1;        ///< ipc: the rollout's tensor parallel size (a record published for another is 422)
 };
 
 /// The source for `cfg.strategy`. Errors  fd::Error{invalid_argument} on a bad rsync config.
@@ -74,8 +82,14 @@ std::unique_ptr<WeightSource> make_normal_source(std::filesystem::path model_dir
 /// `ipc_snapshot`: model_state.tp{rank}.part{N}.safetensors (all N, ascending), else
 /// model_state.tp{rank}.safetensors, else the full checkpoint, in --model (weight_sources.md).
 std::unique_ptr<WeightSource> make_ipc_snapshot_source(std::filesystem::path model_dir);
-/// `ipc`: the POSIX shm record a trainer published (weight_sources.md, fd/shm/ipc_weights.h).
-std::unique_ptr<WeightSource> make_ipc_source(int port);
+/// The complete Hugging Face checkpoint in `dir` (any layout `normal` reads), its version.yaml
+/// `step` and fingerprint. `owned`: `dir` and every file read must belong to the daemon's user
+/// and not be writable by others (as ipc_snapshot files; --model itself is read with owned=false).
+/// Errors  source_unavailable (no such dir), forbidden (owned and not), invalid_checkpoint.
+FetchedCheckpoint fetch_checkpoint_dir(const std::filesystem::path & dir, bool owned);
+/// `ipc`: the POSIX shm record a trainer published (weight_sources.md, fd/shm/ipc_weights.h) for
+/// a rollout of `tp` ranks (a record whose tp_size differs is 422 invalid_checkpoint).
+std::unique_ptr<WeightSource> make_ipc_source(int port, int tp = 1);
 /// `rsync`: versions pulled with the rsync program from the store in `config_json`; `port` names
 /// the default staging dir ($TMPDIR/fdrollout-staging-<port>; 0: the pid).
 /// Errors  fd::Error{invalid_argument} naming the bad field.

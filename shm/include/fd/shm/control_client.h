@@ -63,6 +63,11 @@ struct MailboxCommand {
     std::string                mode;            ///< pause: "" | "abort" | "wait" | "keep" (the block carries it as cmd_pause_mode)
     std::string                request_id;      ///< abort: a completion id or X-Request-Id (the block carries it as cmd_request_id)
     bool                       abort_all = false; ///< abort: every request, without pausing (cmd_abort_all)
+    /// update_weights only, HTTP only (prime-rl's routes; the shm block does not carry them):
+    /// load the complete HF checkpoint in this absolute directory instead of the --load-strategy
+    /// source (the daemon's user must own it), or (reload_base) the base --model checkpoint.
+    std::string                weight_dir;
+    bool                       reload_base = false;
 };
 
 /// The daemon's answer: exactly what the V1 HTTP route answers.

@@ -1,0 +1,59 @@
+// fd/weights/fingerprint.h — content fingerprints that keep the version label naming the bytes
+// served (docs/weight_sources.md, "The version label names the bytes served").
+//
+// A wakeup re-reads its source; when the source's files changed since the label was set and no
+// new version names them, the label must change. The engine compares the fingerprint of what it
+// loads with the one recorded when the label was set. Sources fill FetchedCheckpoint::fingerprint:
+//   normal, ipc_snapshot, rsync's --model fallback: checkpoint_fingerprint (stat + headers)
+//   rsync store versions (immutable, published once):  manifest_fingerprint (the files' SHA-256)
+//   ipc: "" (the record's version and seqlock generation already say what it holds)
+#pragma once
+
+#include "fd/checkpoint/safetensors.h"
+#include "fd/checkpoint/store.h"
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fd::weights {
+
+/// Fingerprint of the files `idx` reads: SHA-256 (64 lowercase hex) over, for every distinct
+/// file in path order, its file name, size (bytes), modification time (ns) and the bytes before
+/// its first tensor's data (the safetensors length prefix and JSON header: every tensor's name,
+/// dtype, shape and offsets). Reads a few KiB per file, never the tensor data (cost measured in
+/// docs/benchmarks.md). "" for an index without files.
+/// Errors  fd::Error{source_unavailable} naming the file when it cannot be opened or read.
+std::string checkpoint_fingerprint(const model::TensorIndex & idx);
+
+/// Fingerprint of a store version: SHA-256 (64 hex) over every manifest file's name, size and
+/// SHA-256 (the version's content, whatever the staged copy's inode or mtime).
+std::string manifest_fingerprint(const store::Manifest & m);
+
+/// Several ranks' fingerprints as one, in rank order: the single one for one rank, else the
+/// SHA-256 of them joined; "" when any is "" (some rank's source cannot say).
+std::string combine_fingerprints(const std::vector<std::string> & per_rank);
+
+/// The label of bytes that no version names: "fp-" + the first 16 hex digits of `fp`
+/// (matches the version syntax [A-Za-z0-9._-]{1,128}).
+std::string fingerprint_label(const std::string & fp);
+
+/// The fingerprint of the bytes each label named in this process (label -> fingerprint).
+using KnownLabels = std::map<std::string, std::string>;
+
+/// The label for bytes fingerprinted `fp` that their source (or the serving label, when the
+/// source names none) calls `candidate`: `candidate` unless it is known to name other bytes
+/// (`known` holds another fingerprint for it); then fingerprint_label(fp). A `fp` of "" (the
+/// source cannot fingerprint, ipc) keeps `candidate`. Examples: a wakeup re-reading files that
+/// changed under an unchanged version.yaml gets "fp-…"; a re-read of the same files, or a new
+/// version.yaml step, keeps or takes the version.
+std::string label_for(const KnownLabels & known, const std::string & candidate, const std::string & fp);
+
+/// The label after a reload (wakeup) loaded bytes fingerprinted `fp` while `serving` was the
+/// label: `serving` when it named exactly these bytes (unchanged files keep their label, whatever
+/// version.yaml now says); else label_for(known, the source's version or else `serving`, fp).
+std::string label_after_reload(const KnownLabels & known, const std::string & serving, const std::optional<std::string> & fetched_version,
+                               const std::string & fp);
+
+}  // namespace fd::weights
