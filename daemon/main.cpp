@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <thread>
+#include <vector>
 
 #ifndef FD_DEFAULT_MODEL_DIR
 #define FD_DEFAULT_MODEL_DIR "models/stories260K"
@@ -48,6 +49,12 @@ void add_flags(CLI::App & app, fd::Config & c) {
     app.add_option("--port", c.server.port, "TCP port to listen on")->envname("FD_PORT")->capture_default_str();
     app.add_option("--served-model-name", c.server.served_model_name, "Model name clients send (default: model dir name)")
         ->envname("FD_SERVED_MODEL_NAME");
+    app.add_option("--chat-template", c.server.chat_template,
+                   "Chat template for /v1/chat/completions instead of the model's (vLLM's flag): a Jinja file, or the template "
+                   "itself")->envname("FD_CHAT_TEMPLATE");
+    app.add_flag("--trust-request-chat-template", c.server.trust_request_chat_template,
+                 "Let a chat request bring its own 'chat_template' (vLLM's flag; refused with 400 otherwise)")
+        ->envname("FD_TRUST_REQUEST_CHAT_TEMPLATE");
     app.add_option("--api-key", c.server.api_key,
                    "Require 'Authorization: Bearer KEY' on every route except GET /health, /metrics and /version (generation, "
                    "/v1/models, and the V1 and legacy control routes unless --control-api-key is set); the shm control block "
@@ -153,6 +160,32 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_LOG_STATS_INTERVAL_S")->check(CLI::NonNegativeNumber)->capture_default_str();
 }
 
+/// vLLM flags typed by habit (issue #26): accepted with vLLM's meaning where fdrollout has it,
+/// else a usage error (exit 2) naming the fdrollout equivalent. `fdrollout serve MODEL` (vLLM's
+/// form) is main()'s: it reads as --model MODEL.
+void add_vllm_flags(CLI::App & app, fd::Config & c) {
+    app.add_flag_callback("--enable-sleep-mode", [&c] { c.control.dynamic_load_weight = true; },
+                          "vLLM's flag: the same as --dynamic-load-weight (sleep/wake_up and the other weight-control routes)");
+    app.add_option_function<std::string>(
+        "--dtype",
+        [](const std::string & v) {
+            if (v != "auto") {
+                throw CLI::ValidationError("--dtype", fmt::format("'{}': fdrollout computes in the checkpoint's own dtype (F32, BF16 or F16 "
+                                                                   "weights); only --dtype auto is accepted", v));
+            }
+        },
+        "vLLM's flag: auto only (the checkpoint's own dtype)");
+    app.add_option_function<int64_t>(
+        "--seed",
+        [](int64_t) {
+            throw CLI::ValidationError("--seed", "fdrollout has no server-wide seed: send \"seed\" in each request (vLLM's per-request "
+                                                 "field); a request without one draws fresh randomness");
+        },
+        "vLLM's flag: refused (send \"seed\" per request)");
+    app.add_option("--max-logprobs", c.server.max_logprobs, "Largest logprobs / top_logprobs / prompt_logprobs a request may ask for (vLLM's flag)")
+        ->envname("FD_MAX_LOGPROBS")->check(CLI::Range(0, 1024))->capture_default_str();
+}
+
 int run(fd::Config & cfg, sigset_t & signals) {
     auto lg = fd::log::get("engine");
     const fd::Resolved r = fd::resolve(cfg);
@@ -241,11 +274,19 @@ int run(fd::Config & cfg, sigset_t & signals) {
 
     int sig = 0;
     sigwait(&signals, &sig);
-    lg->info("signal {}: draining (grace {} s)", sig, cfg.shutdown_grace_s);
+    {
+        const auto st = engine.stats();
+        lg->info("signal {}: draining {} choice(s), up to {} s (--shutdown-grace-s); Ctrl-C (or another SIGTERM) again to stop now",
+                 sig, st.n_running + st.n_waiting, cfg.shutdown_grace_s);
+    }
     engine.begin_drain();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(cfg.shutdown_grace_s);
+    const timespec tick{0, 20'000'000};  // 20 ms
     while (!engine.idle() && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (sigtimedwait(&signals, nullptr, &tick) > 0) {  // a second signal: what is left is aborted now
+            lg->warn("second signal: stopping now; the requests still running end with finish_reason \"abort\"");
+            break;
+        }
     }
     throughput.stop();
     watcher.stop();  // removes the control block
@@ -274,6 +315,7 @@ int main(int argc, char ** argv) {
                  "Every flag can also be set by the FD_* environment variable shown."};
     fd::Config cfg;
     add_flags(app, cfg);
+    add_vllm_flags(app, cfg);
     app.set_version_flag("--version", fmt::format("fdrollout {} (git {})", fd::kVersion, fd::kGitCommit));
     app.footer("Exit codes: 0 stopped cleanly (SIGTERM/SIGINT), 2 usage error (a flag not understood; nothing started),\n"
                "10 invalid configuration (e.g. --model, --kv-cache-bytes), other start-up failures by fd::Errc (fdctl --help).\n"
@@ -286,8 +328,15 @@ int main(int argc, char ** argv) {
     cfg.engine.clear_swap_space_on_sleep = clear_swap && std::string(clear_swap) == "1";
     if (const char * d = std::getenv("FD_DEBUG_CONTROL_DELAY_MS")) { cfg.engine.debug_control_delay_ms = std::atoi(d); }
     if (const char * d = std::getenv("FD_DEBUG_STEP_DELAY_MS")) { cfg.engine.debug_step_delay_ms = std::atoi(d); }
+    // vLLM's `serve MODEL`: the same as --model MODEL
+    std::vector<char *> args(argv, argv + argc);
+    std::string         model_flag = "--model";
+    if (args.size() >= 2 && std::string(args[1]) == "serve") {
+        args.erase(args.begin() + 1);
+        if (args.size() >= 2 && args[1][0] != '-') { args.insert(args.begin() + 1, model_flag.data()); }
+    }
     try {
-        app.parse(argc, argv);
+        app.parse(static_cast<int>(args.size()), args.data());
     } catch (const CLI::ParseError & e) {
         // --help and --version exit 0; every usage error exits 2 (CLI11's own codes, 105-115,
         // would collide with nothing documented and mean nothing to a script).

@@ -137,7 +137,8 @@ class WeightControl(unittest.TestCase):
                 f.write("step: 77\n")
             for bad in ["..", ".", "a/b", "x" * 129, "sp ace", ""]:
                 self.err(d, "POST", "/v1/update_weights", 400, "invalid_argument", {"version": bad})
-            self.err(d, "POST", "/v1/update_weights", 400, "invalid_argument", {"version": 5})
+            for bad in [5.5, True, ["7"]]:  # an integer step is its decimal string (issue #26); other types are 400
+                self.err(d, "POST", "/v1/update_weights", 400, "invalid_argument", {"version": bad})
             self.assertEqual(self.ok(d, "POST", "/v1/update_weights")["version"], "77")
             self.ok(d, "POST", "/v1/resume")
             self.assertEqual(greedy(d), (*self.a_out, "77"))

@@ -57,6 +57,7 @@ struct ControlRequest {
     engine::PauseMode          pause_mode = engine::PauseMode::abort;  ///< pause
     std::string                request_id;        ///< abort: 1..128 printable ASCII, no spaces
     bool                       abort_all = false; ///< abort: every request (request_id then empty)
+    bool                       keep_prefix_cache = false;  ///< pause: do not flush the prefix cache (an update still does)
     /// The caller's deadline and start/cancel handshake (set by the transport after parse; null =
     /// the deadline is now + control_timeout_s). A state-changing command not started by the
     /// deadline is dropped, never run, and answered 504 `timeout` saying nothing changed.

@@ -93,6 +93,7 @@ struct ControlCommand {
     PauseMode                  pause_mode = PauseMode::abort;  ///< pause
     std::string                request_id;         ///< abort_request: a completion id (cmpl-…) or a client's X-Request-Id
     bool                       abort_all = false;  ///< abort_request: every running and queued request (the engine is not paused)
+    bool                       keep_prefix_cache = false;  ///< pause: leave the prefix cache as it is (update/commit still flush it)
 };
 
 /// One rank's part of a control command (result.ranks).

@@ -63,6 +63,7 @@ struct MailboxCommand {
     std::string                mode;            ///< pause: "" | "abort" | "wait" | "keep" (the block carries it as cmd_pause_mode)
     std::string                request_id;      ///< abort: a completion id or X-Request-Id (the block carries it as cmd_request_id)
     bool                       abort_all = false; ///< abort: every request, without pausing (cmd_abort_all)
+    bool                       keep_prefix_cache = false; ///< pause: keep the prefix cache (prime-rl's clear_cache=false; HTTP only, the block has no field)
 };
 
 /// The daemon's answer: exactly what the V1 HTTP route answers.
