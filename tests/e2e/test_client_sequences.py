@@ -120,8 +120,9 @@ class ClientSequences(unittest.TestCase):
                 self.assertEqual(d.get("/health")[1]["sleeping_tags"], ["kv_cache"])
                 # update_weights: pull into the local dir, then the engine reloads it
                 self.publish(name, step)
-                self.assertEqual(self.ok(d, "POST", "/pause_generation", {}),
-                                 {"message": "Generation paused successfully.", "status": "ok"})
+                j = self.ok(d, "POST", "/pause_generation", {})
+                self.assertTrue(j.pop("request_id").startswith("ctrl-"))  # every control answer carries one
+                self.assertEqual(j, {"message": "Generation paused successfully.", "status": "ok"})
                 self.assertEqual(d.get("/flush_cache")[0], 200)
                 j = self.ok(d, "POST", "/update_weights_from_disk", {"model_path": self.src, "weight_version": str(step)})
                 self.assertTrue(j["success"], j)
