@@ -41,6 +41,10 @@ std::string default_model_dir() {
     return FD_DEFAULT_MODEL_DIR;
 }
 
+/// "[default: on] " for a negatable flag's help: CLI11 prints the value the negated name sets
+/// (`--no-x{false}`), which reads as the default; this says the real one (issue #26).
+std::string on_off(bool dflt) { return fmt::format("[default: {}] ", dflt ? "on" : "off"); }
+
 void add_flags(CLI::App & app, fd::Config & c) {
     c.model.model_dir = default_model_dir();
     app.add_option("--model", c.model.model_dir, "Hugging Face checkpoint dir (config.json, *.safetensors [+ index], tokenizer.json or tokenizer.model)")
@@ -74,7 +78,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
                    "activations and other processes leave (vLLM's rule). Refused on cpu (use --kv-cache-bytes)")
         ->envname("FD_GPU_MEMORY_UTILIZATION");
     app.add_flag("!--no-batch-invariant", c.model.batch_invariant,
-                 "Allow a row's logits to depend on the batch (cuda: cuBLAS heuristic SGEMM for F32 weights without bias; cpu: the same kernels)");
+                 std::string(c.model.batch_invariant ? "[default: batch-invariant kernels; this flag turns them off] " : "") + "Allow a row's logits to depend on the batch (cuda: cuBLAS heuristic SGEMM for F32 weights without bias; cpu: the same kernels)");
     app.add_option("--tensor-parallel-size", c.model.tensor_parallel_size, "Tensor-parallel ranks (must divide the KV heads; > 1 runs one process per rank: mp)")
         ->envname("FD_TENSOR_PARALLEL_SIZE")->capture_default_str();
     app.add_option("--threads", c.model.n_threads, "CPU kernel threads per rank (0 = all cores)")->envname("FD_THREADS")->capture_default_str();
@@ -95,7 +99,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
     app.add_option("--dist-token-file", p.dist_token_file, "--nnodes > 1: file holding the nodes' shared join secret (same bytes on "
                    "every node, owned by you, mode 0600; else the FD_DIST_TOKEN environment variable)")->envname("FD_DIST_TOKEN_FILE");
     app.add_flag("--shutdown-comm-group-if-worker-idle,!--no-shutdown-comm-group-if-worker-idle", p.shutdown_comm_group_if_worker_idle,
-                 "mp backend: sleep with the weight tag closes the ranks' communication group (its sockets), wakeup rebuilds it "
+                 on_off(p.shutdown_comm_group_if_worker_idle) + "mp backend: sleep with the weight tag closes the ranks' communication group (its sockets), wakeup rebuilds it "
                  "before reloading")->envname("FD_SHUTDOWN_COMM_GROUP_IF_WORKER_IDLE")->capture_default_str();
     app.add_option("--dist-backend", p.dist_backend, "mp backend: the ranks' all-reduce: gloo (TCP), shm (shared memory, every rank "
                    "on this host), nccl (--device cuda, one rank per device, one node) or auto (cuda: nccl when every rank has a "
@@ -116,7 +120,8 @@ void add_flags(CLI::App & app, fd::Config & c) {
                    "back instead of being recomputed (recompute when the pool is full); pre-faulted. "
                    "FD_ENABLE_SWAP_SPACE_CLEARING=1: sleep(kv_cache) frees it too")
         ->envname("FD_SWAP_SPACE")->capture_default_str();
-    app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", c.kv.enable_prefix_caching, "Reuse KV blocks of identical prompt prefixes")
+    app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", c.kv.enable_prefix_caching,
+                 on_off(c.kv.enable_prefix_caching) + "Reuse KV blocks of identical prompt prefixes (vLLM v1 defaults to on)")
         ->envname("FD_ENABLE_PREFIX_CACHING");
     app.add_option("--request-timeout-s", c.server.request_timeout_s, "Longest a completion may run before 504")
         ->envname("FD_REQUEST_TIMEOUT_S")->capture_default_str();
@@ -151,7 +156,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
                    "Longest a V1 control call waits for the engine before 504; also the deadline of every weight read (load, wakeup, update)")
         ->envname("FD_CONTROL_TIMEOUT_S")->capture_default_str();
     app.add_flag("--check-finite-weights,!--no-check-finite-weights", c.weights.check_finite_weights,
-                 "Refuse weights holding NaN/Inf at load, wakeup and update (checked while copying; 422 naming the tensor)")
+                 on_off(c.weights.check_finite_weights) + "Refuse weights holding NaN/Inf at load, wakeup and update (checked while copying; 422 naming the tensor)")
         ->envname("FD_CHECK_FINITE_WEIGHTS")->capture_default_str();
     app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error, critical, off")->envname("FD_LOG_LEVEL")->capture_default_str();
     app.add_option("--log-format", c.log_format, "text or json (one JSON object per line: time, level, logger, msg, pid, thread)")

@@ -168,6 +168,12 @@ class VllmHabitFlags(unittest.TestCase):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def test_help_states_the_defaults_of_negatable_flags(self):
+        out = subprocess.run([BIN, "--help"], capture_output=True, text=True, timeout=60).stdout
+        line = {n: next(x for x in out.splitlines() if n in x) for n in ("--enable-prefix-caching,", "--no-batch-invariant")}
+        self.assertIn("[default: off]", line["--enable-prefix-caching,"])  # CLI11's "{false}" is the value --no-… sets
+        self.assertIn("[default: batch-invariant kernels", line["--no-batch-invariant"])
+
     def test_refused_flags_name_the_equivalent(self):
         for args, says in [(["--dtype", "float16"], "checkpoint's own dtype"), (["--seed", "1"], "in each request")]:
             p = subprocess.run([BIN, "--model", STORIES, "--port", str(free_port()), *args], capture_output=True, text=True, timeout=60)
