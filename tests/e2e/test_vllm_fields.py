@@ -170,7 +170,10 @@ class VllmHabitFlags(unittest.TestCase):
 
     def test_help_states_the_defaults_of_negatable_flags(self):
         out = subprocess.run([BIN, "--help"], capture_output=True, text=True, timeout=60).stdout
-        line = {n: next(x for x in out.splitlines() if n in x) for n in ("--enable-prefix-caching,", "--no-batch-invariant")}
+        lines = out.splitlines()
+        # a flag's line and the next (CLI11 puts the description there after a long name)
+        line = {n: " ".join(lines[i:i + 2]) for n in ("--enable-prefix-caching,", "--no-batch-invariant")
+                for i in [next(k for k, x in enumerate(lines) if n in x)]}
         self.assertIn("[default: off]", line["--enable-prefix-caching,"])  # CLI11's "{false}" is the value --no-… sets
         self.assertIn("[default: batch-invariant kernels", line["--no-batch-invariant"])
 
