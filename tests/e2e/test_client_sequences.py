@@ -26,15 +26,12 @@ class ClientSequences(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="fd-cs-")
+        cls.addClassCleanup(shutil.rmtree, cls.tmp, True)  # also when the rest of setUpClass fails
         # scale 0.3: enough noise that the three generate different greedy tokens
         cls.ckpt = {"A": STORIES, "B": perturbed(STORIES, os.path.join(cls.tmp, "B"), seed=3, scale=0.3),
                     "C": perturbed(STORIES, os.path.join(cls.tmp, "C"), seed=5, scale=0.3)}
         cls.ref = {name: numpy_ids(d) for name, d in cls.ckpt.items()}
         assert len({tuple(v) for v in cls.ref.values()}) == 3, "the three checkpoints must generate differently"
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def setUp(self):
         self.src = copy_checkpoint(STORIES, tempfile.mkdtemp(prefix="src-", dir=self.tmp))
