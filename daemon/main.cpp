@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <thread>
+#include <vector>
 
 #ifndef FD_DEFAULT_MODEL_DIR
 #define FD_DEFAULT_MODEL_DIR "models/stories260K"
@@ -42,6 +43,10 @@ std::string default_model_dir() {
     return FD_DEFAULT_MODEL_DIR;
 }
 
+/// "[default: on] " for a negatable flag's help: CLI11 prints the value the negated name sets
+/// (`--no-x{false}`), which reads as the default; this says the real one (issue #26).
+std::string on_off(bool dflt) { return fmt::format("[default: {}] ", dflt ? "on" : "off"); }
+
 void add_flags(CLI::App & app, fd::Config & c) {
     c.model.model_dir = default_model_dir();
     app.add_option("--model", c.model.model_dir, "Hugging Face checkpoint dir (config.json, *.safetensors [+ index], tokenizer.json or tokenizer.model)")
@@ -50,6 +55,12 @@ void add_flags(CLI::App & app, fd::Config & c) {
     app.add_option("--port", c.server.port, "TCP port to listen on")->envname("FD_PORT")->capture_default_str();
     app.add_option("--served-model-name", c.server.served_model_name, "Model name clients send (default: model dir name)")
         ->envname("FD_SERVED_MODEL_NAME");
+    app.add_option("--chat-template", c.server.chat_template,
+                   "Chat template for /v1/chat/completions instead of the model's (vLLM's flag): a Jinja file, or the template "
+                   "itself")->envname("FD_CHAT_TEMPLATE");
+    app.add_flag("--trust-request-chat-template", c.server.trust_request_chat_template,
+                 "Let a chat request bring its own 'chat_template' (vLLM's flag; refused with 400 otherwise)")
+        ->envname("FD_TRUST_REQUEST_CHAT_TEMPLATE");
     app.add_option("--api-key", c.server.api_key,
                    "Require 'Authorization: Bearer KEY' on every route except GET /health, /metrics and /version (generation, "
                    "/v1/models, and the V1 and legacy control routes unless --control-api-key is set); the shm control block "
@@ -69,7 +80,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
                    "activations and other processes leave (vLLM's rule). Refused on cpu (use --kv-cache-bytes)")
         ->envname("FD_GPU_MEMORY_UTILIZATION");
     app.add_flag("!--no-batch-invariant", c.model.batch_invariant,
-                 "Allow a row's logits to depend on the batch (cuda: cuBLAS heuristic SGEMM for F32 weights without bias; cpu: the same kernels)");
+                 std::string(c.model.batch_invariant ? "[default: batch-invariant kernels; this flag turns them off] " : "") + "Allow a row's logits to depend on the batch (cuda: cuBLAS heuristic SGEMM for F32 weights without bias; cpu: the same kernels)");
     app.add_option("--tensor-parallel-size", c.model.tensor_parallel_size, "Tensor-parallel ranks (must divide the KV heads; > 1 runs one process per rank: mp)")
         ->envname("FD_TENSOR_PARALLEL_SIZE")->capture_default_str();
     app.add_option("--threads", c.model.n_threads, "CPU kernel threads per rank (0 = all cores)")->envname("FD_THREADS")->capture_default_str();
@@ -90,7 +101,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
     app.add_option("--dist-token-file", p.dist_token_file, "--nnodes > 1: file holding the nodes' shared join secret (same bytes on "
                    "every node, owned by you, mode 0600; else the FD_DIST_TOKEN environment variable)")->envname("FD_DIST_TOKEN_FILE");
     app.add_flag("--shutdown-comm-group-if-worker-idle,!--no-shutdown-comm-group-if-worker-idle", p.shutdown_comm_group_if_worker_idle,
-                 "mp backend: sleep with the weight tag closes the ranks' communication group (its sockets), wakeup rebuilds it "
+                 on_off(p.shutdown_comm_group_if_worker_idle) + "mp backend: sleep with the weight tag closes the ranks' communication group (its sockets), wakeup rebuilds it "
                  "before reloading")->envname("FD_SHUTDOWN_COMM_GROUP_IF_WORKER_IDLE")->capture_default_str();
     app.add_option("--dist-backend", p.dist_backend, "mp backend: the ranks' all-reduce: gloo (TCP), shm (shared memory, every rank "
                    "on this host), nccl (--device cuda, one rank per device, one node) or auto (cuda: nccl when every rank has a "
@@ -111,7 +122,8 @@ void add_flags(CLI::App & app, fd::Config & c) {
                    "back instead of being recomputed (recompute when the pool is full); pre-faulted. "
                    "FD_ENABLE_SWAP_SPACE_CLEARING=1: sleep(kv_cache) frees it too")
         ->envname("FD_SWAP_SPACE")->capture_default_str();
-    app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", c.kv.enable_prefix_caching, "Reuse KV blocks of identical prompt prefixes")
+    app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", c.kv.enable_prefix_caching,
+                 on_off(c.kv.enable_prefix_caching) + "Reuse KV blocks of identical prompt prefixes (vLLM v1 defaults to on)")
         ->envname("FD_ENABLE_PREFIX_CACHING");
     app.add_option("--request-timeout-s", c.server.request_timeout_s, "Longest a completion may run before 504")
         ->envname("FD_REQUEST_TIMEOUT_S")->capture_default_str();
@@ -146,7 +158,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
                    "Longest a V1 control call waits for the engine before 504; also the deadline of every weight read (load, wakeup, update)")
         ->envname("FD_CONTROL_TIMEOUT_S")->capture_default_str();
     app.add_flag("--check-finite-weights,!--no-check-finite-weights", c.weights.check_finite_weights,
-                 "Refuse weights holding NaN/Inf at load, wakeup and update (checked while copying; 422 naming the tensor)")
+                 on_off(c.weights.check_finite_weights) + "Refuse weights holding NaN/Inf at load, wakeup and update (checked while copying; 422 naming the tensor)")
         ->envname("FD_CHECK_FINITE_WEIGHTS")->capture_default_str();
     app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error, critical, off")->envname("FD_LOG_LEVEL")->capture_default_str();
     app.add_option("--log-format", c.log_format, "text or json (one JSON object per line: time, level, logger, msg, pid, thread)")
@@ -200,6 +212,32 @@ void load_labelled_startup(fd::Config & cfg, const fd::weights::SourceConfig & s
     // Every rank read the --model files: the fingerprint the ranks' fetches of them combine to.
     const std::string fp = fd::weights::checkpoint_fingerprint(fd::model::read_tensor_index(scfg.model_dir));
     cfg.engine.weight_fingerprint = fd::weights::combine_fingerprints(std::vector<std::string>(ex.world_size(), fp));
+}
+
+/// vLLM flags typed by habit (issue #26): accepted with vLLM's meaning where fdrollout has it,
+/// else a usage error (exit 2) naming the fdrollout equivalent. `fdrollout serve MODEL` (vLLM's
+/// form) is main()'s: it reads as --model MODEL.
+void add_vllm_flags(CLI::App & app, fd::Config & c) {
+    app.add_flag_callback("--enable-sleep-mode", [&c] { c.control.dynamic_load_weight = true; },
+                          "vLLM's flag: the same as --dynamic-load-weight (sleep/wake_up and the other weight-control routes)");
+    app.add_option_function<std::string>(
+        "--dtype",
+        [](const std::string & v) {
+            if (v != "auto") {
+                throw CLI::ValidationError("--dtype", fmt::format("'{}': fdrollout computes in the checkpoint's own dtype (F32, BF16 or F16 "
+                                                                   "weights); only --dtype auto is accepted", v));
+            }
+        },
+        "vLLM's flag: auto only (the checkpoint's own dtype)");
+    app.add_option_function<int64_t>(
+        "--seed",
+        [](int64_t) {
+            throw CLI::ValidationError("--seed", "fdrollout has no server-wide seed: send \"seed\" in each request (vLLM's per-request "
+                                                 "field); a request without one draws fresh randomness");
+        },
+        "vLLM's flag: refused (send \"seed\" per request)");
+    app.add_option("--max-logprobs", c.server.max_logprobs, "Largest logprobs / top_logprobs / prompt_logprobs a request may ask for (vLLM's flag)")
+        ->envname("FD_MAX_LOGPROBS")->check(CLI::Range(0, 1024))->capture_default_str();
 }
 
 int run(fd::Config & cfg, sigset_t & signals) {
@@ -293,11 +331,19 @@ int run(fd::Config & cfg, sigset_t & signals) {
 
     int sig = 0;
     sigwait(&signals, &sig);
-    lg->info("signal {}: draining (grace {} s)", sig, cfg.shutdown_grace_s);
+    {
+        const auto st = engine.stats();
+        lg->info("signal {}: draining {} choice(s), up to {} s (--shutdown-grace-s); Ctrl-C (or another SIGTERM) again to stop now",
+                 sig, st.n_running + st.n_waiting, cfg.shutdown_grace_s);
+    }
     engine.begin_drain();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(cfg.shutdown_grace_s);
+    const timespec tick{0, 20'000'000};  // 20 ms
     while (!engine.idle() && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (sigtimedwait(&signals, nullptr, &tick) > 0) {  // a second signal: what is left is aborted now
+            lg->warn("second signal: stopping now; the requests still running end with finish_reason \"abort\"");
+            break;
+        }
     }
     throughput.stop();
     watcher.stop();  // removes the control block
@@ -326,6 +372,7 @@ int main(int argc, char ** argv) {
                  "Every flag can also be set by the FD_* environment variable shown."};
     fd::Config cfg;
     add_flags(app, cfg);
+    add_vllm_flags(app, cfg);
     app.set_version_flag("--version", fmt::format("fdrollout {} (git {})", fd::kVersion, fd::kGitCommit));
     app.footer("Exit codes: 0 stopped cleanly (SIGTERM/SIGINT), 2 usage error (a flag not understood; nothing started),\n"
                "10 invalid configuration (e.g. --model, --kv-cache-bytes), other start-up failures by fd::Errc (fdctl --help).\n"
@@ -338,8 +385,15 @@ int main(int argc, char ** argv) {
     cfg.engine.clear_swap_space_on_sleep = clear_swap && std::string(clear_swap) == "1";
     if (const char * d = std::getenv("FD_DEBUG_CONTROL_DELAY_MS")) { cfg.engine.debug_control_delay_ms = std::atoi(d); }
     if (const char * d = std::getenv("FD_DEBUG_STEP_DELAY_MS")) { cfg.engine.debug_step_delay_ms = std::atoi(d); }
+    // vLLM's `serve MODEL`: the same as --model MODEL
+    std::vector<char *> args(argv, argv + argc);
+    std::string         model_flag = "--model";
+    if (args.size() >= 2 && std::string(args[1]) == "serve") {
+        args.erase(args.begin() + 1);
+        if (args.size() >= 2 && args[1][0] != '-') { args.insert(args.begin() + 1, model_flag.data()); }
+    }
     try {
-        app.parse(argc, argv);
+        app.parse(static_cast<int>(args.size()), args.data());
     } catch (const CLI::ParseError & e) {
         // --help and --version exit 0; every usage error exits 2 (CLI11's own codes, 105-115,
         // would collide with nothing documented and mean nothing to a script).

@@ -9,12 +9,18 @@
 # eager and graphs, on a random ~1B BF16 model written to a temp dir). Meant to finish within 8 minutes on
 # one H200; record its output in docs/benchmarks.md. Without a GPU every gpu test reports Skipped
 # (exit 77) and the script says "no GPU: N tests skipped" and exits 0.
-#   BUILD_DIR (default build-gpu), FD_JOBS (default: all cores), FD_GPU_BENCH_SECONDS (per point, 0.3)
+# It runs scripts/install_deps.sh first (a lent machine starts bare).
+#   BUILD_DIR (default build-gpu), FD_JOBS (default: all cores), FD_GPU_BENCH_SECONDS (per point, 0.3),
+#   FD_SKIP_INSTALL_DEPS=1 (skip install_deps.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 JOBS=${FD_JOBS:-$(nproc)}
 start=$(date +%s)
+
+# A lent GPU machine starts bare: the Debian packages first (idempotent; says so when all present).
+# FD_SKIP_INSTALL_DEPS=1 skips it (a machine set up by hand).
+if [[ "${FD_SKIP_INSTALL_DEPS:-0}" != 1 ]]; then scripts/install_deps.sh; fi
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFD_WITH_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null

@@ -6,7 +6,8 @@
 #   scripts/rl_loop_example.sh [--port 8000] [--rounds 3] [--train-cmd 'CMD']
 #
 # CMD runs with STEP=<round> in its environment (default: no-op, i.e. same weights).
-# Needs: fdctl (FDCTL=path), curl, a daemon started with --dynamic-load-weight.
+# Needs: curl, a daemon started with --dynamic-load-weight, and fdctl: FDCTL_BIN (as in
+# rl_loop.sh; FDCTL is read too), default the repo's own build/fdctl, else fdctl on PATH.
 set -euo pipefail
 PORT=8000 ROUNDS=3 TRAIN_CMD=true
 while [ $# -gt 0 ]; do
@@ -17,8 +18,12 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--port P] [--rounds N] [--train-cmd CMD]" >&2; exit 2 ;;
   esac
 done
-FDCTL=${FDCTL:-fdctl}
-ctl() { "$FDCTL" --port "$PORT" --timeout 120 "$@"; }
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+FDCTL_BIN=${FDCTL_BIN:-${FDCTL:-}}
+if [ -z "$FDCTL_BIN" ]; then
+  if [ -x "$REPO/build/fdctl" ]; then FDCTL_BIN=$REPO/build/fdctl; else FDCTL_BIN=fdctl; fi
+fi
+ctl() { "$FDCTL_BIN" --port "$PORT" --timeout 120 "$@"; }
 
 ctl wait --until serving --quiet
 for STEP in $(seq 1 "$ROUNDS"); do

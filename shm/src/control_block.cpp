@@ -275,7 +275,8 @@ MailboxReply mailbox_call(ControlBlock & b, const MailboxCommand & cmd, int64_t 
     auto check = [&](const char * waiting_for) {
         if (!pid_alive(pid)) { fail(Errc::unreachable, "fdrollout (pid {}) on port {} is gone (waiting for {}); nothing was sent", pid, port, waiting_for); }
         if (now_ms() > deadline) {
-            fail(Errc::timeout, "no {} within {} ms (--timeout){}; nothing was sent, nothing changed", waiting_for, timeout_ms, stalled_note());
+            fail(Errc::timeout, "gave up waiting for {} after {} ms (--timeout){}; nothing was sent, nothing changed", waiting_for, timeout_ms,
+                 stalled_note());
         }
     };
     // 1. The writer lock; a dead holder's lock is taken over.

@@ -259,7 +259,14 @@ class ChatTemplateVariants(unittest.TestCase):
     def test_no_template_no_bos_and_malformed_template(self):
         tmp = tempfile.mkdtemp(prefix="fd_chat_v_")
         try:
-            with Daemon() as plain:  # stories260K itself ships no chat template
+            # stories260K ships a small chat template (issue #26); a copy without one answers 400
+            plain_dir = model_copy(os.path.join(tmp, "plain"))
+            with open(os.path.join(plain_dir, "tokenizer_config.json")) as f:
+                cfg = json.load(f)
+            del cfg["chat_template"]
+            with open(os.path.join(plain_dir, "tokenizer_config.json"), "w") as f:
+                json.dump(cfg, f)
+            with Daemon(model=plain_dir) as plain:
                 status, j = plain.post("/v1/chat/completions", {"messages": MESSAGES})
                 self.assertEqual(status, 400)
                 self.assertIn("has no chat template", j["error"]["message"])

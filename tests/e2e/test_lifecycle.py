@@ -58,6 +58,28 @@ class Lifecycle(unittest.TestCase):
     def test_sigint_past_the_grace_period_aborts_and_exits_zero(self):
         self.drain(signal.SIGINT, 0.05, "abort")
 
+    def test_a_second_sigint_stops_the_drain_at_once(self):
+        """The first Ctrl-C drains (and says how to stop now), a second one stops at once (issue #26)."""
+        with Daemon("--shutdown-grace-s", "300", env={"FD_DEBUG_STEP_DELAY_MS": "50"}) as d:  # 500 steps: ~25 s
+            results = {}
+
+            def stream():
+                results["stream"] = d.stream(**{**LONG, "n": 2})
+
+            t = threading.Thread(target=stream)
+            t.start()
+            wait_until(lambda: d.get("/health")[1]["num_requests_running"] == 2, 60, "2 choices running")
+            d.proc.send_signal(signal.SIGINT)
+            wait_until(lambda: "Ctrl-C (or another SIGTERM) again to stop now" in d.output(), 30, "the drain message")
+            self.assertIn("draining 2 choice(s), up to 300 s", d.output())
+            self.assertIsNone(d.proc.poll())  # still draining
+            d.proc.send_signal(signal.SIGINT)
+            self.assertEqual(d.proc.wait(15), 0)
+            t.join(30)
+            chunks, done = results["stream"]
+            self.assertTrue(done)
+            self.assertEqual({m["finish_reason"] for m in merge_stream(chunks).values()}, {"abort"})
+
 
 class Port(unittest.TestCase):
     def test_a_second_daemon_on_a_taken_port_is_refused(self):

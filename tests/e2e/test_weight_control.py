@@ -137,8 +137,7 @@ class WeightControl(unittest.TestCase):
                 f.write("step: 77\n")
             for bad in ["..", ".", "a/b", "x" * 129, "sp ace", ""]:
                 self.err(d, "POST", "/v1/update_weights", 400, "invalid_argument", {"version": bad})
-            # an integer step is its decimal string (issue 26); other numbers are 400
-            for bad in [5.5, -5, True]:
+            for bad in [5.5, -5, True, ["7"]]:  # an integer step is its decimal string (issue #26); other values are 400
                 self.err(d, "POST", "/v1/update_weights", 400, "invalid_argument", {"version": bad})
             self.assertEqual(self.ok(d, "POST", "/v1/update_weights")["version"], "77")
             self.ok(d, "POST", "/v1/resume")

@@ -103,13 +103,25 @@ bool get_bool(const json & j, const char * key, bool dflt) {
 }  // namespace
 
 std::vector<int32_t> chat_prompt_ids(ApiContext & ctx, const json & j, const ojson & oj, bool add_special_tokens) {
-    if (!ctx.chat_template) {
+    // vLLM's request `chat_template`: only with --trust-request-chat-template (vLLM's rule)
+    std::optional<tokenizer::ChatTemplate> own;
+    if (j.contains("chat_template") && !j["chat_template"].is_null()) {
+        if (!j["chat_template"].is_string()) { bad("chat_template", "'chat_template' must be a string (a Jinja template)"); }
+        if (!ctx.cfg.trust_request_chat_template) {
+            bad("chat_template", "a request's 'chat_template' is refused unless the daemon runs with --trust-request-chat-template "
+                                 "(vLLM's flag); or start it with --chat-template FILE");
+        }
+        own = ctx.chat_template ? ctx.chat_template->with_source(j["chat_template"].get<std::string>())
+                                : tokenizer::ChatTemplate(j["chat_template"].get<std::string>(), "request chat_template", ojson::object());
+    }
+    const tokenizer::ChatTemplate * tmpl = own ? &*own : ctx.chat_template;
+    if (!tmpl) {
         bad("messages", fmt::format("model '{}' has no chat template (no chat_template.jinja, no 'chat_template' in tokenizer_config.json); "
-                                    "use /v1/completions with a prompt",
+                                    "start fdrollout with --chat-template FILE, or use /v1/completions with a prompt",
                                     ctx.cfg.served_model_name));
     }
     tokenizer::ChatRequest chat;
-    chat.messages               = check_messages(oj.contains("messages") ? oj["messages"] : ojson(), ctx.chat_template->takes_content_parts());
+    chat.messages               = check_messages(oj.contains("messages") ? oj["messages"] : ojson(), tmpl->takes_content_parts());
     chat.add_generation_prompt  = get_bool(j, "add_generation_prompt", true);  // vLLM's default
     chat.continue_final_message = get_bool(j, "continue_final_message", false);
     if (oj.contains("tools") && !oj["tools"].is_null()) {
@@ -130,8 +142,8 @@ std::vector<int32_t> chat_prompt_ids(ApiContext & ctx, const json & j, const ojs
         if (!oj["chat_template_kwargs"].is_object()) { bad("chat_template_kwargs", "'chat_template_kwargs' must be an object"); }
         chat.chat_template_kwargs = oj["chat_template_kwargs"];
     }
-    const std::string text = ctx.chat_template->render(chat);
-    return add_special_tokens ? ctx.tok->encode(text, true) : encode_chat_prompt(*ctx.tok, *ctx.chat_template, text);
+    const std::string text = tmpl->render(chat);
+    return add_special_tokens ? ctx.tok->encode(text, true) : encode_chat_prompt(*ctx.tok, *tmpl, text);
 }
 
 namespace {
@@ -144,12 +156,13 @@ ChatCompletionRequest parse(ApiContext & ctx, const std::string & body) {
         "tool_choice", "documents", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
         "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens", "min_p",
         "skip_special_tokens", "spaces_between_special_tokens", "prompt_logprobs", "include_stop_str_in_output",
-        "return_tokens_as_token_ids"};
+        "return_tokens_as_token_ids", "chat_template"};
     check_fields(j, kKnown);
     check_model(ctx, j);
     const ojson oj = ojson::parse(body);  // key order kept: templates print tools with tojson
     ChatCompletionRequest r;
-    r.gen.prompts.push_back(chat_prompt_ids(ctx, j, oj, false));
+    r.gen.prompts.push_back(chat_prompt_ids(ctx, j, oj, get_bool(j, "add_special_tokens", false)));  // vLLM's chat default: false
+    parse_vllm_fields(ctx, j, r.gen);
 
     if (r.gen.prompts[0].empty()) { bad("messages", "the chat template rendered an empty prompt"); }
     r.opts     = parse_sampling(ctx, j, r.gen, {"max_completion_tokens", "max_tokens"});
@@ -177,8 +190,8 @@ json token_entry(const std::string & piece, float logprob) {
 }
 
 /// OpenAI chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]};
-/// tokens are the vocabulary pieces, as in the completions route ("token_id:N" with
-/// return_tokens_as_token_ids).
+/// tokens are the decoded text, as in the completions route ("token_id:N" with
+/// return_tokens_as_token_ids); bytes are the token's UTF-8 bytes (vLLM's).
 json chat_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps, bool as_ids) {
     json content = json::array();
     for (const auto & lp : lps) {

@@ -53,17 +53,23 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
     const auto & mc = ctx.engine->model_config();
     CompletionRequest r;
 
-    // prompt: string | [string] | [int] | [[int]]
+    // prompt: string | [string] | [int] | [[int]]; text is encoded with the tokenizer's special
+    // tokens (BOS) unless add_special_tokens is false (vLLM's field, default true here)
+    bool add_special = true;
+    if (j.contains("add_special_tokens") && !j["add_special_tokens"].is_null()) {
+        if (!j["add_special_tokens"].is_boolean()) { bad("add_special_tokens", "'add_special_tokens' must be a boolean"); }
+        add_special = j["add_special_tokens"].get<bool>();
+    }
     if (!j.contains("prompt")) { bad("prompt", "'prompt' is required"); }
     const json & p = j["prompt"];
     if (p.is_string()) {
         r.prompt_texts.push_back(p.get<std::string>());
-        r.gen.prompts.push_back(ctx.tok->encode(r.prompt_texts.back()));
+        r.gen.prompts.push_back(ctx.tok->encode(r.prompt_texts.back(), add_special));
     } else if (p.is_array() && !p.empty() && p[0].is_string()) {
         for (const auto & s : p) {
             if (!s.is_string()) { bad("prompt", "a list prompt must hold only strings or only token ids"); }
             r.prompt_texts.push_back(s.get<std::string>());
-            r.gen.prompts.push_back(ctx.tok->encode(r.prompt_texts.back()));
+            r.gen.prompts.push_back(ctx.tok->encode(r.prompt_texts.back(), add_special));
         }
     } else if (p.is_array() && !p.empty() && p[0].is_array()) {
         for (size_t i = 0; i < p.size(); ++i) {
@@ -77,6 +83,10 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
     }
     for (size_t i = 0; i < r.gen.prompts.size(); ++i) {
         if (r.gen.prompts[i].empty()) { bad("prompt", fmt::format("prompt {} is empty", i)); }
+    }
+    const bool truncated = parse_vllm_fields(ctx, j, r.gen);  // truncate_prompt_tokens cuts the prompts here
+    for (size_t i = 0; i < r.gen.prompts.size(); ++i) {
+        if (truncated && i < r.prompt_texts.size()) { r.prompt_texts[i] = ctx.tok->decode(r.gen.prompts[i]); }  // echo: what ran
         if (r.prompt_texts.size() <= i) { r.prompt_texts.push_back(ctx.tok->decode(r.gen.prompts[i])); }
     }
 

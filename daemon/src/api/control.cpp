@@ -3,7 +3,7 @@
 // service's reply is sent as is, so both transports answer identically.
 //
 // Input rules, the same for every control route (V1, legacy and the peers' aliases):
-// - parameters come from the URL's query only, never from a body (cpp-httplib would merge a
+// - parameters come from the URL's query only, never from a form body (cpp-httplib would merge a
 //   form-encoded body into its params: `curl -d tags=kv_cache` must not act on a tag);
 // - each query parameter at most once (`tags=kv_cache&tags=foo` is 400, nothing done), except
 //   where a peer's route documents a repeated key (vLLM's `wake_up?tags=a&tags=b`);
@@ -89,6 +89,38 @@ void parse_update_body(const json & j, const std::string & rsync_config, shm::Ma
         cmd.commit = j["commit"].get<bool>();
     }
     if (j.contains("rsync_config")) { check_rsync_config(j["rsync_config"], rsync_config); }
+}
+
+/// FastDeploy's CE script sends the sleep/wakeup tags in a JSON body instead of the query:
+/// `{"tags": "weight,kv_cache"}` (the query's comma text) or `{"tags": ["weight", "kv_cache"]}`.
+/// Returns the comma text, or nullopt when the body has no `tags` (or null). A list must hold
+/// strings and not be empty (omit `tags` for both); the tag names are checked by the service.
+std::optional<std::string> body_tags(const json & body) {
+    if (!body.is_object() || !body.contains("tags") || body["tags"].is_null()) { return std::nullopt; }
+    const json & t = body["tags"];
+    const char * shape = "'tags' must be a string (\"weight,kv_cache\") or a list of strings ([\"weight\", \"kv_cache\"]); nothing was done";
+    if (t.is_string()) { return t.get<std::string>(); }
+    if (!t.is_array()) { throw Error(Errc::invalid_argument, shape, "tags"); }
+    if (t.empty()) { throw Error(Errc::invalid_argument, "'tags' is an empty list; omit it for both tags (weight, kv_cache); nothing was done", "tags"); }
+    std::string text;
+    for (const auto & e : t) {
+        if (!e.is_string()) { throw Error(Errc::invalid_argument, shape, "tags"); }
+        text += (text.empty() ? "" : ",") + e.get<std::string>();
+    }
+    return text;
+}
+
+/// The tags of a sleep/wakeup from the query and/or the body; given in both, they must name the
+/// same set (order and repeats aside), else 400 and nothing is done.
+std::string sleep_tags(const ControlInput & in) {
+    const auto q = in.get("tags");
+    const auto b = body_tags(in.body);
+    if (q && b && shm::parse_tag_list(*q) != shm::parse_tag_list(*b)) {
+        throw Error(Errc::invalid_argument,
+                    fmt::format("tags '{}' in the query and '{}' in the body differ; give them once (query or body); nothing was done", *q, *b),
+                    "tags");
+    }
+    return q ? *q : b ? *b : std::string();
 }
 
 /// The number in header `name` (one occurrence, a finite decimal), or nullopt when absent.
@@ -238,7 +270,12 @@ void control_route(ApiContext & ctx, const Request & req, Response & res) {
     // refused here rather than guessed at (vLLM's own route is POST /sleep).
     in.allow_only(cmd.op == "pause" ? std::initializer_list<std::string_view>{"tags", "mode"} : std::initializer_list<std::string_view>{"tags"},
                   req.path);
-    if (const auto tags = in.get("tags")) { cmd.tags = *tags; }
+    if (cmd.op == "sleep" || cmd.op == "wakeup") {
+        reject_unknown_fields(in.body, {"tags"}, cmd.op);
+        cmd.tags = sleep_tags(in);
+    } else if (const auto tags = in.get("tags")) {
+        cmd.tags = *tags;
+    }
     if (cmd.op == "pause") {
         // mode in the query (vLLM's spelling) or the body {"mode": ...}; both must agree
         reject_unknown_fields(in.body, {"mode"}, "pause");
@@ -267,7 +304,7 @@ void control_route(ApiContext & ctx, const Request & req, Response & res) {
     } else if (cmd.op == "commit_weights") {
         reject_unknown_fields(in.body, {"version"}, "commit_weights");
         cmd.version = version_field(in.body, "version");
-    } else {
+    } else if (cmd.op != "sleep" && cmd.op != "wakeup") {
         reject_unknown_fields(in.body, {}, cmd.op);  // these ops take no body ({} is fine)
     }
     send_reply(res, ctx.control->handle(cmd, request_gate(req)));

@@ -31,15 +31,17 @@ json parse_body(const std::string & body) {
     return j;
 }
 
+const std::set<std::string> kVllmExtraFields = {"return_token_ids", "add_special_tokens", "truncate_prompt_tokens", "detokenize",
+                                                 "priority", "cache_salt", "response_format"};
+
 void check_fields(const json & j, const std::set<std::string> & known) {
     // Unknown or unsupported fields are errors, not silently different sampling (OpenAI also
     // rejects unrecognized arguments). Unsupported ones pass only at their no-op value.
     for (const auto & [key, v] : j.items()) {
-        if (known.count(key) == 0) { bad(key, fmt::format("unknown field '{}'", key)); }
-        const bool noop = v.is_null() || ((key == "min_p") && v.is_number() && v.get<double>() == 0.0) ||
-                          (key == "best_of" && v.is_number() && v.get<double>() == 1.0) ||
+        if (known.count(key) == 0 && kVllmExtraFields.count(key) == 0) { bad(key, fmt::format("unknown field '{}'", key)); }
+        const bool noop = v.is_null() || (key == "best_of" && v.is_number() && v.get<double>() == 1.0) ||
                           (key == "suffix" && v.is_string() && v.get<std::string>().empty());
-        const bool supported = key != "best_of" && key != "min_p" && key != "suffix";
+        const bool supported = key != "best_of" && key != "suffix";
         if (!supported && !noop) { bad(key, fmt::format("'{}' is not supported by fdrollout yet; remove it or use its neutral value", key)); }
     }
 }
@@ -84,9 +86,16 @@ T get_number(const json & j, const char * key, T dflt, bool integer) {
     return it->template get<T>();
 }
 
+/// "<prefix>-<32 hex>": 128 random bits (vLLM's random_uuid width), so ids stay unique across a
+/// fleet and a restart (POST /v1/abort and fdctl --fleet abort find requests by them).
 std::string new_id(const std::string & prefix) {
-    static std::atomic<uint64_t> counter{std::random_device{}()};
-    return fmt::format("{}-{:016x}", prefix, counter.fetch_add(0x9e3779b97f4a7c15ULL));
+    thread_local std::mt19937_64 rng{[] {
+        std::random_device rd;
+        std::seed_seq seq{rd(), rd(), rd(), rd(), rd(), rd(), rd(), rd()};
+        return std::mt19937_64(seq);
+    }()};
+    const uint64_t hi = rng(), lo = rng();
+    return fmt::format("{}-{:016x}{:016x}", prefix, hi, lo);
 }
 
 json usage_json(const std::vector<ChoiceAcc> & acc, int32_t n) {
@@ -147,7 +156,7 @@ json stop_reason_json(const engine::StopReason & r) {
 }
 
 std::string token_string(const tokenizer::Tokenizer & tok, int32_t id, bool as_ids) {
-    return as_ids ? fmt::format("token_id:{}", id) : tok.piece(id);
+    return as_ids ? fmt::format("token_id:{}", id) : tok.token_text(id);
 }
 
 json prompt_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps) {
@@ -189,6 +198,8 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
     if (!(sp.temperature >= 0.0f) || sp.temperature > 100.0f) { bad("temperature", "'temperature' must be in [0, 100]"); }
     if (!(sp.top_p > 0.0f) || sp.top_p > 1.0f) { bad("top_p", "'top_p' must be in (0, 1]"); }
     if (sp.top_k < -1) { bad("top_k", "'top_k' must be -1, 0 (off) or a positive integer"); }
+    sp.min_p = get_number<float>(j, "min_p", 0.0f, false);
+    if (!(sp.min_p >= 0.0f && sp.min_p <= 1.0f)) { bad("min_p", "'min_p' must be in [0, 1] (0 = off)"); }
     if (gen.n < 1 || gen.n > ctx.cfg.max_n) { bad("n", fmt::format("'n' must be in [1, {}], got {}", ctx.cfg.max_n, gen.n)); }
     if (j.contains("seed") && !j["seed"].is_null()) {
         if (!j["seed"].is_number_integer()) { bad("seed", "'seed' must be an integer"); }
@@ -247,20 +258,77 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
     }
     if (j.contains("stream_options") && !j["stream_options"].is_null()) {
         const json & so = j["stream_options"];
-        if (!so.is_object()) { bad("stream_options", fmt::format("'stream_options' must be an object {{\"include_usage\": bool}}, got {}", so.dump())); }
+        if (!so.is_object()) {
+            bad("stream_options", fmt::format("'stream_options' must be an object {{\"include_usage\": bool, \"continuous_usage_stats\": bool}}, "
+                                              "got {}", so.dump()));
+        }
         if (!o.stream) { bad("stream_options", "'stream_options' is only allowed with \"stream\": true"); }
         for (const auto & [key, v] : so.items()) {
-            if (key != "include_usage") { bad("stream_options." + key, fmt::format("unknown field 'stream_options.{}' (include_usage)", key)); }
-            if (!v.is_null() && !v.is_boolean()) {
-                bad("stream_options.include_usage", fmt::format("'stream_options.include_usage' must be a boolean, got {}", v.dump()));
+            if (key != "include_usage" && key != "continuous_usage_stats") {
+                bad("stream_options." + key, fmt::format("unknown field 'stream_options.{}' (include_usage, continuous_usage_stats)", key));
             }
-            o.include_usage = v.is_boolean() && v.get<bool>();
+            if (!v.is_null() && !v.is_boolean()) {
+                bad("stream_options." + key, fmt::format("'stream_options.{}' must be a boolean, got {}", key, v.dump()));
+            }
+            (key == "include_usage" ? o.include_usage : o.continuous_usage) = v.is_boolean() && v.get<bool>();
         }
+        o.continuous_usage = o.continuous_usage && o.include_usage;  // vLLM: usage on every chunk needs both
     }
     if (j.contains("user") && !j["user"].is_null() && !j["user"].is_string()) {
         bad("user", fmt::format("'user' must be a string, got {}", j["user"].dump()));
     }
     return o;
+}
+
+bool parse_vllm_fields(const ApiContext & ctx, const json & j, engine::GenerateRequest & gen) {
+    auto given = [&](const char * key) { return j.contains(key) && !j[key].is_null(); };
+    for (const char * key : {"return_token_ids", "add_special_tokens", "detokenize"}) {
+        if (given(key) && !j[key].is_boolean()) { bad(key, fmt::format("'{}' must be a boolean", key)); }
+    }
+    if (given("detokenize") && !j["detokenize"].get<bool>()) {
+        bad("detokenize", "'detokenize': false is not supported: the text is always decoded (token_ids are returned alongside it)");
+    }
+    if (given("priority")) {
+        if (!j["priority"].is_number_integer()) { bad("priority", "'priority' must be an integer"); }
+        if (j["priority"].get<int64_t>() != 0) {
+            bad("priority", fmt::format("'priority' {} is not supported: requests are scheduled first come, first served (priority 0 only)",
+                                        j["priority"].dump()));
+        }
+    }
+    if (given("cache_salt")) {
+        if (!j["cache_salt"].is_string() || j["cache_salt"].get<std::string>().empty()) {
+            bad("cache_salt", "'cache_salt' must be a non-empty string");
+        }
+        // never 0 (= no salt): an unsalted request cannot hit a salted request's blocks
+        gen.prefix_salt = std::hash<std::string>{}(j["cache_salt"].get<std::string>()) | 1u;
+    }
+    if (given("response_format")) {
+        const json & rf = j["response_format"];
+        if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string()) {
+            bad("response_format", "'response_format' must be an object {\"type\": \"text\"}");
+        }
+        if (rf["type"] != "text" || rf.size() != 1) {
+            bad("response_format", fmt::format("'response_format' {} is not supported: only {{\"type\": \"text\"}} (no guided decoding)", rf.dump()));
+        }
+    }
+    bool truncated = false;
+    if (given("truncate_prompt_tokens")) {
+        if (!j["truncate_prompt_tokens"].is_number_integer()) { bad("truncate_prompt_tokens", "'truncate_prompt_tokens' must be an integer"); }
+        const int64_t max_len = ctx.engine->config().max_model_len;
+        int64_t       k       = j["truncate_prompt_tokens"].get<int64_t>();
+        if (k == -1) { k = max_len; }
+        if (k < 1) { bad("truncate_prompt_tokens", fmt::format("'truncate_prompt_tokens' must be -1 or >= 1, got {}", k)); }
+        if (k > max_len) {
+            bad("truncate_prompt_tokens", fmt::format("'truncate_prompt_tokens' {} exceeds the maximum context length {} (--max-model-len)", k, max_len));
+        }
+        for (auto & p : gen.prompts) {
+            if (static_cast<int64_t>(p.size()) > k) {
+                p.erase(p.begin(), p.end() - k);  // vLLM keeps the last k tokens (left truncation)
+                truncated = true;
+            }
+        }
+    }
+    return truncated;
 }
 
 void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, const char * prompt_param) {
@@ -371,8 +439,10 @@ struct Generation {
             sent_first[ev.choice] = true;
             json choice = format.chunk_choice(ev, first);
             if (!ev.weight_versions.empty()) { choice["weight_versions"] = spans_json(ev.weight_versions); }
-            write({{"id", id}, {"object", format.chunk_object}, {"created", created}, {"model", ctx->cfg.served_model_name},
-                   {"weight_version", ev.weight_version}, {"choices", json::array({std::move(choice)})}});
+            json chunk = {{"id", id}, {"object", format.chunk_object}, {"created", created}, {"model", ctx->cfg.served_model_name},
+                          {"weight_version", ev.weight_version}, {"choices", json::array({std::move(choice)})}};
+            if (opts.continuous_usage) { chunk["usage"] = usage_json(acc, n_per); }  // vLLM's continuous_usage_stats: so far
+            write(chunk);
         }
         if (channel->done()) {
             if (opts.include_usage) {

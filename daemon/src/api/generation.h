@@ -21,9 +21,28 @@ namespace fd::api {
 /// Parse the body as a JSON object. Errors: 400 when it is not one.
 nlohmann::json parse_body(const std::string & body);
 
-/// Every field of `j` must be in `known`; the fields fdrollout does not implement pass only at
-/// their neutral value (best_of 1, min_p 0, suffix ""). Errors: 400 naming the field.
+/// vLLM's request fields both routes accept besides their own (what RL stacks send through the
+/// OpenAI client's extra_body): return_token_ids, add_special_tokens, truncate_prompt_tokens,
+/// detokenize, priority, cache_salt, response_format. Read by parse_vllm_fields (and
+/// add_special_tokens by each route's prompt encoding).
+extern const std::set<std::string> kVllmExtraFields;
+
+/// Every field of `j` must be in `known` or kVllmExtraFields; the fields fdrollout does not
+/// implement pass only at their neutral value (best_of 1, suffix ""). Errors: 400 naming the field.
 void check_fields(const nlohmann::json & j, const std::set<std::string> & known);
+
+/// kVllmExtraFields into `gen`, after the prompts are encoded; returns whether any prompt was
+/// truncated. Each value fdrollout cannot honour is a 400 naming the field:
+///   return_token_ids   bool; token ids are always returned (prompt_token_ids, token_ids)
+///   truncate_prompt_tokens  null | -1 | k >= 1: keep each prompt's last k tokens (-1: the last
+///                      --max-model-len); k > --max-model-len is 400 (vLLM's rule)
+///   detokenize         true only (the text is always decoded)
+///   priority           0 only (scheduling is FIFO)
+///   cache_salt         a non-empty string: prefix-cache hits only between requests with the same
+///                      salt (vLLM's meaning; gen.prefix_salt)
+///   response_format    {"type": "text"} only (no guided decoding)
+/// add_special_tokens is read by the routes when they encode.
+bool parse_vllm_fields(const ApiContext & ctx, const nlohmann::json & j, engine::GenerateRequest & gen);
 
 /// `model`, when given, must name the served model. Errors: 404 naming it.
 void check_model(const ApiContext & ctx, const nlohmann::json & j);
@@ -35,6 +54,7 @@ std::vector<int32_t> token_prompt(const nlohmann::json & arr, int32_t vocab, siz
 struct StreamOptions {
     bool stream        = false;
     bool include_usage = false;  ///< stream_options.include_usage
+    bool continuous_usage = false;  ///< stream_options.continuous_usage_stats (with include_usage): usage on every chunk
     bool tokens_as_ids = false;  ///< return_tokens_as_token_ids: logprob tokens as "token_id:N"
 };
 
@@ -61,7 +81,9 @@ std::vector<int32_t> chat_prompt_ids(ApiContext & ctx, const nlohmann::json & j,
 /// vLLM's stop_reason: the stop string, the stop token id, or null.
 nlohmann::json stop_reason_json(const engine::StopReason & r);
 
-/// A logprob token as returned: the vocabulary piece, or "token_id:N" (return_tokens_as_token_ids).
+/// A logprob token as returned: its decoded text as OpenAI and vLLM return it (" the", not the
+/// vocabulary piece "▁the"; a byte that is not UTF-8 on its own reads as U+FFFD), or "token_id:N"
+/// with return_tokens_as_token_ids (the exact token, as vLLM spells it).
 std::string token_string(const tokenizer::Tokenizer & tok, int32_t id, bool as_ids);
 
 /// vLLM's prompt_logprobs: [null, {"<id>": {logprob, rank, decoded_token}} per later prompt

@@ -1,14 +1,15 @@
-// vLLM's and SGLang's control routes as thin aliases over the one control service: each alias
-// turns the peer's request into the same wire command a V1 route builds (so parse, validation
-// and the engine operation are shared), and the service's reply into the peer's response shape.
-// The table (route → V1 call → response shape) is documented in docs/peer_aliases.md and
-// replayed by tests/e2e/test_peer_aliases.py.
+// vLLM's control routes as thin aliases over the one control service (SGLang's are in
+// sglang_aliases.cpp): each alias turns the peer's request into the same wire command a V1
+// route builds (so parse, validation and the engine operation are shared), and the service's
+// reply into the peer's response shape. The table (route → V1 call → response shape) is
+// documented in docs/peer_aliases.md and replayed by tests/e2e/test_peer_aliases.py; each RL
+// framework's own call order by tests/e2e/test_client_sequences.py.
 //
 // Tag names: vLLM and SGLang call the weight tag `weights`; ours is `weight`. Both are accepted
 // here; `kv_cache` is the same everywhere. vLLM's sleep levels map onto tags: level 1 (offload
 // weights, discard KV) and level 2 (discard both) both free weights and KV — fdrollout never
 // keeps a host copy, wakeup reloads weights from the configured source.
-#include "handlers.h"
+#include "peer_aliases.h"
 
 #include "fd/shm/names.h"
 
@@ -20,18 +21,9 @@
 #include <map>
 
 namespace fd::api {
-namespace {
+namespace peer {
 
 using nlohmann::json;
-
-/// The service's reply, decoded: ok + its `result` object, or the error's type/message.
-struct Outcome {
-    int         http_status = 200;
-    bool        ok          = false;
-    json        result;           ///< `result` of a success (or the whole body for status)
-    std::string error_type;
-    std::string error_message;
-};
 
 /// One command through the service, under the request's deadline headers (a fresh gate each).
 Outcome run(ApiContext & ctx, const ControlInput & in, const shm::MailboxCommand & cmd) {
@@ -59,13 +51,7 @@ void send_json(Response & res, int status, const json & body) {
     res.set_content(dump(body), "application/json");
 }
 
-/// vLLM's error body: {"error": message} with the service's status.
-void vllm_error(Response & res, const Outcome & o) { send_json(res, o.http_status, json{{"error", o.error_message}}); }
-/// SGLang's error body (_create_error_response): {"error": {"message": ...}}.
-void sglang_error(Response & res, const Outcome & o) { send_json(res, o.http_status, json{{"error", {{"message", o.error_message}}}}); }
-
-/// A peer tag (`weights` | `weight` | `kv_cache`, comma lists allowed) into our tags text.
-std::string map_tags(const std::vector<std::string> & given, const char * param) {
+std::string map_tags(const std::vector<std::string> & given, const char * param, bool cuda_graph_ok) {
     std::string out;
     for (const auto & item : given) {
         size_t start = 0;
@@ -75,8 +61,10 @@ std::string map_tags(const std::vector<std::string> & given, const char * param)
             start            = comma == std::string::npos ? item.size() + 1 : comma + 1;
             if (t.empty()) { continue; }
             if (t == "weights") { t = "weight"; }
+            if (cuda_graph_ok && t == "cuda_graph") { continue; }  // no memory of its own (sglang_aliases.cpp)
             if (t != "weight" && t != "kv_cache") {
-                throw Error(Errc::invalid_argument, fmt::format("unknown tag '{}' (weights or kv_cache); nothing was done", t), param);
+                throw Error(Errc::invalid_argument, fmt::format("unknown tag '{}' (weights{} or kv_cache); nothing was done", t,
+                                                                cuda_graph_ok ? ", cuda_graph" : ""), param);
             }
             if (out.find(t) == std::string::npos) { out += (out.empty() ? "" : ",") + t; }
         }
@@ -84,25 +72,33 @@ std::string map_tags(const std::vector<std::string> & given, const char * param)
     return out;
 }
 
-/// SGLang's `tags` body field: null/absent = all, else a list of strings.
-std::string sglang_tags(const json & body) {
-    if (!body.is_object() || !body.contains("tags") || body["tags"].is_null()) { return ""; }
-    if (!body["tags"].is_array()) { throw Error(Errc::invalid_argument, "'tags' must be a list of strings (weights, kv_cache)", "tags"); }
-    std::vector<std::string> v;
-    for (const auto & t : body["tags"]) {
-        if (!t.is_string()) { throw Error(Errc::invalid_argument, "'tags' must be a list of strings (weights, kv_cache)", "tags"); }
-        v.push_back(t.get<std::string>());
-    }
-    const std::string tags = map_tags(v, "tags");
-    if (tags.empty()) { throw Error(Errc::invalid_argument, "'tags' is an empty list; omit it for all tags", "tags"); }
-    return tags;
-}
-
 double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::round(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() * 100.0) / 100.0;
 }
 
 bool sleeping(ApiContext & ctx) { return !ctx.control->status_json()["sleeping_tags"].empty(); }
+
+}  // namespace peer
+
+namespace {
+
+using nlohmann::json;
+using namespace peer;
+
+/// vLLM's error body: {"error": message} with the service's status.
+void vllm_error(Response & res, const Outcome & o) { send_json(res, o.http_status, json{{"error", o.error_message}}); }
+
+/// A boolean query parameter as FastAPI parses one (true/false, 1/0, yes/no, on/off; any
+/// case); `dflt` when absent. Errors  invalid_argument naming it for anything else.
+bool query_bool(const ControlInput & in, const char * key, bool dflt) {
+    const auto v = in.get(key);
+    if (!v) { return dflt; }
+    std::string l = *v;
+    std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (l == "true" || l == "1" || l == "yes" || l == "on") { return true; }
+    if (l == "false" || l == "0" || l == "no" || l == "off") { return false; }
+    throw Error(Errc::invalid_argument, fmt::format("'{}' must be true or false, got '{}'; nothing was done", key, *v), key);
+}
 
 // ---- vLLM ----
 
@@ -161,11 +157,12 @@ void vllm_pause(ApiContext & ctx, const ControlInput & in, Response & res) {
         }
         mode = "wait";
     }
-    if (const auto c = in.get("clear_cache"); c && *c != "true" && *c != "1") {
-        throw Error(Errc::invalid_argument, "clear_cache=false is not supported: a pause always flushes the prefix cache", "clear_cache");
-    }
+    // clear_cache=false (prime-rl's keep pause): the prefix cache stays, so requests after the
+    // resume hit it; its blocks were computed with the serving weights, and any weight change
+    // (update_weights, commit_weights, a weight wakeup) still flushes it.
+    const bool keep_cache = !query_bool(in, "clear_cache", true);
     reject_unknown_fields(in.body, {}, "pause");
-    const Outcome o = run(ctx, in, {.op = "pause", .mode = mode});
+    const Outcome o = run(ctx, in, {.op = "pause", .mode = mode, .keep_prefix_cache = keep_cache});
     if (!o.ok) { return vllm_error(res, o); }
     send_json(res, 200, json{{"status", "paused"}});
 }
@@ -191,6 +188,23 @@ void vllm_reset_prefix_cache(ApiContext & ctx, const ControlInput & in, Response
     const Outcome o = run(ctx, in, {.op = "flush_cache"});
     if (!o.ok) { return vllm_error(res, o); }
     res.status = 200;  // vLLM answers an empty 200
+}
+
+/// vLLM's KV-only release (vllm/entrypoints/serve/dev/sleep/api_router.py, LLM.release_kv_cache_memory):
+/// needs a completed pause (409 otherwise, nothing freed), then frees the KV cache as
+/// `/v1/sleep?tags=kv_cache`; `POST /wake_up?tags=kv_cache` restores it. vLLM recomputes
+/// requests kept by a keep pause after the wake-up; ours end with finish_reason "abort" (a sleep
+/// frees the KV they hold). vLLM answers an empty 200; so do we.
+void vllm_release_kv_cache_memory(ApiContext & ctx, const ControlInput & in, Response & res) {
+    in.allow_only({}, "POST /release_kv_cache_memory");
+    reject_unknown_fields(in.body, {}, "release_kv_cache_memory");
+    if (!run(ctx, in, {.op = "is_paused"}).result.value("is_paused", false)) {
+        return vllm_error(res, Outcome{.http_status = 409, .error_message = "release_kv_cache_memory needs a paused engine: POST /pause "
+                                                                             "first (nothing was freed)"});
+    }
+    const Outcome o = run(ctx, in, {.op = "sleep", .tags = "kv_cache"});
+    if (!o.ok) { return vllm_error(res, o); }
+    res.status = 200;
 }
 
 /// vLLM's dev-mode RL route (vllm/entrypoints/serve/dev/rlhf/api_router.py): {"request_ids":
@@ -232,116 +246,6 @@ void vllm_abort_requests(ApiContext & ctx, const ControlInput & in, Response & r
         }
     }
     send_json(res, 200, json{{"status", "aborted"}, {"aborted", aborted}, {"not_found", not_found}});
-}
-
-// ---- SGLang ----
-
-void sglang_release(ApiContext & ctx, const ControlInput & in, Response & res) {
-    in.allow_only({}, "POST /release_memory_occupation");
-    reject_unknown_fields(in.body, {"tags"}, "release_memory_occupation");
-    const Outcome o = run(ctx, in, {.op = "sleep", .tags = sglang_tags(in.body)});
-    if (!o.ok) { return sglang_error(res, o); }
-    send_json(res, 200, nullptr);  // SGLang's handler returns None: a JSON null
-}
-
-void sglang_resume(ApiContext & ctx, const ControlInput & in, Response & res) {
-    in.allow_only({}, "POST /resume_memory_occupation");
-    reject_unknown_fields(in.body, {"tags"}, "resume_memory_occupation");
-    const Outcome o = run(ctx, in, {.op = "wakeup", .tags = sglang_tags(in.body)});
-    if (!o.ok) { return sglang_error(res, o); }
-    send_json(res, 200, nullptr);
-}
-
-void sglang_flush_cache(ApiContext & ctx, const ControlInput & in, Response & res) {
-    in.allow_only({"timeout"}, "POST /flush_cache");
-    reject_unknown_fields(in.body, {}, "flush_cache");
-    const Outcome o = run(ctx, in, {.op = "flush_cache"});
-    res.status      = o.ok ? 200 : o.http_status;
-    res.set_content(o.ok ? "Cache flushed.\n" : o.error_message + "\n", "text/plain");  // SGLang's text answer
-}
-
-void sglang_weight_version(ApiContext & ctx, const ControlInput & in, Response & res) {
-    in.allow_only({}, "GET /get_weight_version");
-    const Outcome o = run(ctx, in, {.op = "status"});
-    if (!o.ok) { return sglang_error(res, o); }
-    send_json(res, 200, json{{"weight_version", o.result["weight_version"]}});
-}
-
-/// SGLang's update_weights_from_disk is one call on a serving engine: pause mode=wait (the
-/// requests in flight finish first; with abort_all_requests they end with finish_reason abort,
-/// counted in num_paused_requests), update_weights, then
-/// resume unless the engine was paused before or keep_pause is set. `model_path` must name the
-/// daemon's --model dir: weights come from the configured --load-strategy source only.
-void sglang_update_from_disk(ApiContext & ctx, const ControlInput & in, Response & res) {
-    in.allow_only({}, "POST /update_weights_from_disk");
-    const json & b = in.body;
-    reject_unknown_fields(b, {"model_path", "weight_version", "flush_cache", "load_format", "abort_all_requests", "keep_pause"},
-                          "update_weights_from_disk");
-    if (!b.is_object() || !b.contains("model_path") || !b["model_path"].is_string()) {
-        throw Error(Errc::invalid_argument, "'model_path' (string) is required", "model_path");
-    }
-    std::error_code ec;
-    const auto given = std::filesystem::weakly_canonical(b["model_path"].get<std::string>(), ec);
-    const auto mine  = std::filesystem::weakly_canonical(ctx.cfg.model_dir, ec);
-    if (given != mine) {
-        throw Error(Errc::invalid_argument,
-                    fmt::format("'model_path' must be this daemon's --model dir ({}): new weights come from its --load-strategy source, "
-                                "selected by weight_version", ctx.cfg.model_dir), "model_path");
-    }
-    shm::MailboxCommand update{.op = "update_weights"};
-    if (b.contains("weight_version") && !b["weight_version"].is_null()) {
-        if (!b["weight_version"].is_string()) { throw Error(Errc::invalid_argument, "'weight_version' must be a string", "weight_version"); }
-        update.version = b["weight_version"].get<std::string>();
-    }
-    for (const char * f : {"flush_cache", "abort_all_requests", "keep_pause"}) {
-        if (b.contains(f) && !b[f].is_null() && !b[f].is_boolean()) { throw Error(Errc::invalid_argument, fmt::format("'{}' must be a boolean", f), f); }
-    }
-    if (b.contains("load_format") && !b["load_format"].is_null() && b["load_format"] != "auto") {
-        throw Error(Errc::invalid_argument, "'load_format' must be null or \"auto\" (safetensors)", "load_format");
-    }
-    if (b.value("flush_cache", true) == false) {
-        throw Error(Errc::invalid_argument, "flush_cache=false is not supported: KV computed with old weights is never reused", "flush_cache");
-    }
-    auto answer = [&](const Outcome & o, int aborted) {
-        send_json(res, o.ok ? 200 : o.http_status,
-                  json{{"success", o.ok}, {"message", o.ok ? fmt::format("Succeeded to update model weights (version {}).", o.result.value("version", "")) : o.error_message},
-                       {"num_paused_requests", aborted}});
-    };
-    const bool was_paused = run(ctx, in, {.op = "is_paused"}).result.value("is_paused", false);
-    int aborted = 0;
-    if (!was_paused) {
-        // SGLang lets the requests in flight finish unless abort_all_requests: pause mode=wait.
-        const Outcome p = run(ctx, in, {.op = "pause", .mode = b.value("abort_all_requests", false) ? "abort" : "wait"});
-        if (!p.ok) { return answer(p, 0); }
-        aborted = p.result.value("aborted", 0);
-    }
-    const Outcome u = run(ctx, in, update);
-    // Old or new weights: serving as before. Not under the client's deadline: a resume dropped
-    // for lateness would leave the engine paused by a call that reported its outcome.
-    if (!was_paused && !b.value("keep_pause", false)) { ctx.control->handle(shm::MailboxCommand{.op = "resume"}); }
-    answer(u, aborted);
-}
-
-/// SGLang's AbortReq {rid, abort_all}: one request by id (the completion id or the client's
-/// X-Request-Id), or every request; neither pauses. SGLang answers an empty 200; so do we, but an
-/// unknown rid is 404 (SGLang ignores it) so a typo is visible.
-void sglang_abort_request(ApiContext & ctx, const ControlInput & in, Response & res) {
-    in.allow_only({}, "POST /abort_request");
-    const json & b = in.body;
-    reject_unknown_fields(b, {"rid", "abort_all"}, "abort_request");
-    shm::MailboxCommand cmd{.op = "abort"};
-    if (b.is_object() && b.contains("rid") && !b["rid"].is_null()) {
-        if (!b["rid"].is_string()) { throw Error(Errc::invalid_argument, "'rid' must be a string", "rid"); }
-        cmd.request_id = b["rid"].get<std::string>();
-    }
-    if (b.is_object() && b.contains("abort_all") && !b["abort_all"].is_null()) {
-        if (!b["abort_all"].is_boolean()) { throw Error(Errc::invalid_argument, "'abort_all' must be a boolean", "abort_all"); }
-        cmd.abort_all = b["abort_all"].get<bool>();
-    }
-    if (cmd.abort_all) { cmd.request_id.clear(); }  // SGLang: abort_all wins over rid
-    const Outcome o = run(ctx, in, cmd);
-    if (!o.ok) { return sglang_error(res, o); }
-    res.status = 200;  // SGLang's Response(status_code=200): empty
 }
 
 // ---- prime-rl (its vLLM server's own routes: src/prime_rl/inference/vllm/server.py) ----
@@ -398,8 +302,6 @@ void prime_reload_weights(ApiContext & ctx, const ControlInput & in, Response & 
     prime_update(ctx, in, res, update);
 }
 
-using AliasFn = void (*)(ApiContext &, const ControlInput &, Response &);
-
 /// Path → alias (the route table in routes.cpp binds each path to peer_alias_route).
 const std::map<std::string, AliasFn> kAliases = {
     {"/sleep", vllm_sleep},
@@ -410,6 +312,7 @@ const std::map<std::string, AliasFn> kAliases = {
     {"/is_paused", vllm_is_paused},
     {"/reset_prefix_cache", vllm_reset_prefix_cache},
     {"/abort_requests", vllm_abort_requests},
+    {"/release_kv_cache_memory", vllm_release_kv_cache_memory},
     {"/release_memory_occupation", sglang_release},
     {"/resume_memory_occupation", sglang_resume},
     {"/flush_cache", sglang_flush_cache},
@@ -418,6 +321,10 @@ const std::map<std::string, AliasFn> kAliases = {
     {"/abort_request", sglang_abort_request},
     {"/update_weights", prime_update_weights},
     {"/reload_weights", prime_reload_weights},
+    {"/pause_generation", sglang_pause_generation},
+    {"/continue_generation", sglang_continue_generation},
+    {"/post_process_weights", sglang_post_process_weights},
+    {"/weights_checker", sglang_weights_checker},
 };
 
 }  // namespace

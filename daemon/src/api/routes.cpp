@@ -108,9 +108,15 @@ Router make_routes(ApiContext & ctx) {
     control("GET",  "/is_paused",               peer_alias_route);
     control("POST", "/reset_prefix_cache",      peer_alias_route);
     control("POST", "/abort_requests",          peer_alias_route);  // vLLM dev-mode RL route
+    control("POST", "/release_kv_cache_memory", peer_alias_route);  // vLLM dev-mode KV-only release
     control("POST", "/release_memory_occupation", peer_alias_route);  // SGLang
     control("POST", "/resume_memory_occupation",  peer_alias_route);
     control("POST", "/flush_cache",             peer_alias_route);
+    control("GET",  "/flush_cache",             peer_alias_route);  // slime polls it with GET
+    control("POST", "/pause_generation",        peer_alias_route);
+    control("POST", "/continue_generation",     peer_alias_route);
+    control("POST", "/post_process_weights",    peer_alias_route);
+    control("POST", "/weights_checker",         peer_alias_route);
     control("GET",  "/get_weight_version",      peer_alias_route);
     control("POST", "/update_weights_from_disk", peer_alias_route);
     control("POST", "/abort_request",           peer_alias_route);

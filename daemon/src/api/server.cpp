@@ -29,8 +29,8 @@ void write_error(Response & res, const Error & e) {
 
 ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, control::ControlService & control, const tokenizer::Tokenizer & tok)
     : ctx_(std::make_unique<ApiContext>(ApiContext{std::move(cfg), &engine, &control, &tok})) {
-    if (!ctx_->cfg.model_dir.empty()) {
-        if (auto t = tokenizer::ChatTemplate::load(ctx_->cfg.model_dir)) {
+    if (!ctx_->cfg.model_dir.empty() || !ctx_->cfg.chat_template.empty()) {
+        if (auto t = tokenizer::ChatTemplate::load(ctx_->cfg.model_dir, ctx_->cfg.chat_template)) {
             chat_template_      = std::make_unique<tokenizer::ChatTemplate>(std::move(*t));
             ctx_->chat_template = chat_template_.get();
             log::get("api")->info("chat template: {}", chat_template_->origin());

@@ -62,6 +62,10 @@ ControlRequest ControlRequest::parse(const shm::MailboxCommand & wire) {
         throw Error(Errc::invalid_argument, fmt::format("'{}' takes no mode (only pause does)", wire.op), "mode");
     }
     r.pause_mode = engine::parse_pause_mode(wire.mode);
+    if (wire.keep_prefix_cache && r.verb != ControlVerb::pause) {
+        throw Error(Errc::invalid_argument, fmt::format("'{}' takes no clear_cache (only pause does)", wire.op), "clear_cache");
+    }
+    r.keep_prefix_cache = wire.keep_prefix_cache;
     if (r.verb == ControlVerb::abort) {
         if (wire.abort_all == !wire.request_id.empty()) {
             throw Error(Errc::invalid_argument, "abort takes either 'request_id' (a completion id or the client's X-Request-Id) or "

@@ -235,7 +235,7 @@ ControlReply ControlService::run(const ControlRequest & req) {
         }
     };
     switch (req.verb) {
-        case ControlVerb::pause: return op({.op = ControlOp::pause, .pause_mode = req.pause_mode});
+        case ControlVerb::pause: return op({.op = ControlOp::pause, .pause_mode = req.pause_mode, .keep_prefix_cache = req.keep_prefix_cache});
         case ControlVerb::abort: return op({.op = ControlOp::abort_request, .request_id = req.request_id, .abort_all = req.abort_all});
         case ControlVerb::resume: return op({.op = ControlOp::resume});
         case ControlVerb::is_paused: {

@@ -202,6 +202,7 @@ void Engine::admit(GenerateRequest & req) {
                 s->max_chunk       = scoring_chunk(model_cfg_.vocab_size);
             }
             s->t_arrival     = req.t_arrival;
+            s->prefix_salt   = req.prefix_salt;
             s->request_ids   = ids;
             sched_.add(s.get());
             seqs_.emplace(s->id, std::move(s));
@@ -421,7 +422,7 @@ bool Engine::step() {
     for (const auto & [ss, n] : d.run) {
         auto & s = static_cast<Sequence &>(*ss);
         s.n_computed += n;
-        kv_.commit_full_blocks(s.id, s.tokens, s.n_computed);
+        kv_.commit_full_blocks(s.id, s.tokens, s.n_computed, s.prefix_salt);
     }
     // Token counters go up before each row's event goes out: an event-driven reader may answer
     // the client before push() returns, and a client that has its answer finds it in /metrics.

@@ -75,7 +75,7 @@ ControlResult Engine::run_control(const ControlCommand & cmd) {
     try {
         switch (cmd.op) {
             case ControlOp::pause:
-                do_pause(cmd.pause_mode, r, cmd.gate ? cmd.gate->deadline() : t0 + std::chrono::seconds(300));
+                do_pause(cmd.pause_mode, r, cmd.gate ? cmd.gate->deadline() : t0 + std::chrono::seconds(300), !cmd.keep_prefix_cache);
                 break;
             case ControlOp::resume: do_resume(r); break;
             case ControlOp::sleep: do_sleep(cmd.tags, r); break;

@@ -18,7 +18,7 @@
 
 namespace fd::engine {
 
-void Engine::do_pause(PauseMode mode, ControlResult & r, std::chrono::steady_clock::time_point drain_deadline) {
+void Engine::do_pause(PauseMode mode, ControlResult & r, std::chrono::steady_clock::time_point drain_deadline, bool flush_prefix) {
     r.pause_mode = mode;
     accepting_.store(false);
     switch (mode) {
@@ -42,7 +42,7 @@ void Engine::do_pause(PauseMode mode, ControlResult & r, std::chrono::steady_clo
             }
             const int32_t n = n_live();
             if (n > 0) {  // answered by poll_drain()
-                drain_ = Drain{.pc = nullptr, .deadline = drain_deadline, .t0 = {}, .n_at_start = n};
+                drain_ = Drain{.pc = nullptr, .deadline = drain_deadline, .t0 = {}, .n_at_start = n, .flush_prefix = flush_prefix};
                 return;
             }
             state_.paused     = true;
@@ -50,7 +50,7 @@ void Engine::do_pause(PauseMode mode, ControlResult & r, std::chrono::steady_clo
             break;
         }
     }
-    kv_.flush_prefix_cache();  // unreferenced cached blocks only: kept requests keep theirs
+    if (flush_prefix) { kv_.flush_prefix_cache(); }  // unreferenced cached blocks only: kept requests keep theirs
 }
 
 void Engine::poll_drain() {
@@ -71,7 +71,7 @@ void Engine::poll_drain() {
         state_.paused     = true;
         state_.pause_mode = PauseMode::wait;
         r.n_drained       = d.n_at_start;
-        kv_.flush_prefix_cache();
+        if (d.flush_prefix) { kv_.flush_prefix_cache(); }
     }
     d.pc->done.set_value(finish_control("pause", d.t0, std::move(r)));
     // The commands held behind it, in order (one of them may start another drain).

@@ -67,7 +67,7 @@ void apply_logits_processors(float * logits, int32_t vocab, const SamplingParams
 int32_t sample_token(const float * logits, int32_t vocab, const SamplingParams & p, SeqRng & rng) {
     if (p.temperature <= 0.0f) { return static_cast<int32_t>(kernels::argmax(logits, vocab)); }
     const double u        = rng.next();
-    const bool   restrict = (p.top_k > 0 && p.top_k < vocab) || p.top_p < 1.0f;
+    const bool   restrict = (p.top_k > 0 && p.top_k < vocab) || p.top_p < 1.0f || p.min_p > 0.0f;
     std::vector<int32_t> ids(static_cast<size_t>(vocab));
     std::iota(ids.begin(), ids.end(), 0);
     int32_t n = vocab;
@@ -80,7 +80,12 @@ int32_t sample_token(const float * logits, int32_t vocab, const SamplingParams &
     std::vector<double> prob(static_cast<size_t>(n));
     double sum = 0.0;
     for (int32_t i = 0; i < n; ++i) {
+        // prob[i] / prob of the argmax = exp((logit - max) / T): the ratio min_p compares with
         prob[i] = std::exp(static_cast<double>(logits[ids[i]] - mx) / p.temperature);
+        if (p.min_p > 0.0f && prob[i] < static_cast<double>(p.min_p)) {  // sorted: every later one is below too
+            n = i;
+            break;
+        }
         sum += prob[i];
     }
     if (p.top_p < 1.0f) {

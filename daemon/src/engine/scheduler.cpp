@@ -69,7 +69,7 @@ ScheduleDecision Scheduler::schedule(kv::KvCache & kv) {
             budget -= n;
             continue;
         }
-        const int32_t cached = s->no_prefix_cache ? 0 : kv.match_prefix(s->id, s->tokens);
+        const int32_t cached = s->no_prefix_cache ? 0 : kv.match_prefix(s->id, s->tokens, s->prefix_salt);
         s->n_computed = cached;
         const int64_t n = chunk(s, budget);
         if (!kv.allocate(s->id, s->n_computed + n)) {

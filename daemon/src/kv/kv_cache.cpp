@@ -53,20 +53,20 @@ void KvCache::unref(int32_t id) {
     }
 }
 
-int32_t KvCache::match_prefix(SeqId seq, const std::vector<int32_t> & tokens) {
+int32_t KvCache::match_prefix(SeqId seq, const std::vector<int32_t> & tokens, uint64_t salt) {
     auto & table = tables_[seq];
     FD_CHECK(table.empty(), "match_prefix on seq {} that already holds blocks", seq);
     if (!cfg_.enable_prefix_caching || tokens.empty()) { return 0; }
     const int64_t bs       = cfg_.block_size_tokens;
     const int64_t n_full   = (static_cast<int64_t>(tokens.size()) - 1) / bs;
-    uint64_t      h        = 0;
+    uint64_t      h        = salt;  // the chain starts at the salt: another salt's blocks hash elsewhere
     int32_t       parent   = -1;
     for (int64_t i = 0; i < n_full; ++i) {
         h = chain_hash(h, tokens.data() + i * bs);
         auto it = by_hash_.find(h);
         if (it == by_hash_.end()) { break; }
         Block & b = blocks_[it->second];
-        if (b.parent != parent || !std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin() + i * bs)) { break; }
+        if (b.parent != parent || b.salt != salt || !std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin() + i * bs)) { break; }
         if (b.ref++ == 0) { lru_.erase(b.lru_it); }
         table.push_back(it->second);
         parent = it->second;
@@ -90,18 +90,19 @@ bool KvCache::allocate(SeqId seq, int64_t n_tokens) {
     return true;
 }
 
-void KvCache::commit_full_blocks(SeqId seq, const std::vector<int32_t> & tokens, int64_t n_computed) {
+void KvCache::commit_full_blocks(SeqId seq, const std::vector<int32_t> & tokens, int64_t n_computed, uint64_t salt) {
     if (!cfg_.enable_prefix_caching) { return; }
     auto & table = tables_.at(seq);
     int64_t & done = n_committed_blocks_[seq];
     const int64_t bs     = cfg_.block_size_tokens;
     const int64_t n_full = std::min<int64_t>(n_computed / bs, static_cast<int64_t>(table.size()));
-    uint64_t h = done > 0 ? blocks_[table[done - 1]].hash : 0;
+    uint64_t h = done > 0 ? blocks_[table[done - 1]].hash : salt;
     for (int64_t i = done; i < n_full; ++i) {
         Block & b = blocks_[table[i]];
         h = chain_hash(h, tokens.data() + i * bs);
         b.hash   = h;
         b.parent = i > 0 ? table[i - 1] : -1;
+        b.salt   = salt;
         if (!b.cached && by_hash_.count(h) == 0) {
             b.tokens.assign(tokens.begin() + i * bs, tokens.begin() + (i + 1) * bs);
             b.cached = true;

@@ -38,7 +38,7 @@ ChatTemplate::ChatTemplate(std::string_view source, std::string origin, nlohmann
     takes_parts_ = std::regex_search(source.begin(), source.end(), kLoopOverContent);
 }
 
-std::optional<ChatTemplate> ChatTemplate::load(const std::filesystem::path & dir) {
+std::optional<ChatTemplate> ChatTemplate::load(const std::filesystem::path & dir, const std::string & override_template) {
     nlohmann::ordered_json config = nlohmann::ordered_json::object();
     const auto             config_path = dir / "tokenizer_config.json";
     if (std::filesystem::exists(config_path)) {
@@ -58,6 +58,23 @@ std::optional<ChatTemplate> ChatTemplate::load(const std::filesystem::path & dir
     }
     std::string source, origin;
     const auto  jinja_path = dir / "chat_template.jinja";
+    if (!override_template.empty()) {
+        std::error_code ec;
+        if (std::filesystem::is_regular_file(override_template, ec)) {
+            std::ifstream in(override_template, std::ios::binary);
+            if (!in) { fail(Errc::invalid_argument, "--chat-template {}: cannot read the file", override_template); }
+            std::ostringstream ss;
+            ss << in.rdbuf();
+            source = ss.str();
+            origin = override_template;
+        } else if (override_template.find("{{") != std::string::npos || override_template.find("{%") != std::string::npos) {
+            source = override_template;
+            origin = "--chat-template";
+        } else {
+            fail(Errc::invalid_argument, "--chat-template '{}' is neither a readable file nor a Jinja template", override_template);
+        }
+        return ChatTemplate(source, origin, std::move(special));  // a malformed one: invalid_argument with line:column
+    }
     if (std::filesystem::exists(jinja_path)) {
         source = read_text(jinja_path);
         origin = jinja_path.string();
@@ -89,6 +106,14 @@ std::optional<ChatTemplate> ChatTemplate::load(const std::filesystem::path & dir
         return ChatTemplate(source, origin, std::move(special));
     } catch (const fd::Error & e) {
         throw fd::Error(Errc::invalid_checkpoint, e.what());
+    }
+}
+
+ChatTemplate ChatTemplate::with_source(std::string_view source) const {
+    try {
+        return ChatTemplate(source, "request chat_template", special_tokens_);
+    } catch (const fd::Error & e) {
+        throw fd::Error(Errc::invalid_argument, e.what(), "chat_template");
     }
 }
 

@@ -1,5 +1,5 @@
 // Sampler (daemon/src/engine/sampler.cpp): greedy, seeded reproducibility, top-k/top-p,
-// sampling frequencies, logprobs and ranks, and vLLM's logits processors (min_tokens, logit_bias,
+// min_p, sampling frequencies, logprobs and ranks, and vLLM's logits processors (min_tokens, logit_bias,
 // repetition/frequency/presence penalties) on hand-computed rows.
 #include "fd/engine/sampler.h"
 #include "fd/kernels/ops.h"
@@ -147,6 +147,60 @@ TEST_CASE("top_p keeps the smallest prefix of candidates reaching p") {
     for (int i = 0; i < n; ++i) { ++count[size_t(sample_token(logits.data(), 4, params(1.0f, 0, 0.75f), rng))]; }
     CHECK(count[2] + count[3] == 0);
     CHECK(double(count[0]) / n == doctest::Approx(0.5 / 0.8).epsilon(0.03));
+}
+
+TEST_CASE("min_p drops tokens less likely than min_p x the most likely (vLLM's min_p), hand-computed") {
+    // p = [0.5, 0.3, 0.15, 0.05]; min_p 0.35: threshold 0.35 * 0.5 = 0.175 keeps ids {0, 1},
+    // drawn as 0.5 / 0.8 and 0.3 / 0.8.
+    const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+    const int n = 20000;
+    SamplingParams p = params(1.0f);
+    p.min_p = 0.35f;
+    SeqRng rng = SeqRng::from_seed(7, 0);
+    std::array<int, 4> count{};
+    for (int i = 0; i < n; ++i) { ++count[size_t(sample_token(logits.data(), 4, p, rng))]; }
+    CHECK(count[2] + count[3] == 0);
+    CHECK(double(count[0]) / n == doctest::Approx(0.625).epsilon(0.03));
+    CHECK(double(count[1]) / n == doctest::Approx(0.375).epsilon(0.03));
+    // min_p compares the tempered distribution: T = 2 gives p ~ sqrt(p) = [0.7071, 0.5477,
+    // 0.3873, 0.2236], ratios to the max [1, 0.7746, 0.5477, 0.3162]; min_p 0.5 keeps {0, 1, 2},
+    // drawn as [0.4306, 0.3335, 0.2359] (each sqrt over their sum 1.6421).
+    p.temperature = 2.0f;
+    p.min_p       = 0.5f;
+    count         = {};
+    for (int i = 0; i < n; ++i) { ++count[size_t(sample_token(logits.data(), 4, p, rng))]; }
+    CHECK(count[3] == 0);
+    const std::array<double, 3> want = {0.4306, 0.3335, 0.2359};
+    for (size_t i = 0; i < 3; ++i) {
+        CAPTURE(i);
+        CHECK(std::fabs(double(count[i]) / n - want[i]) < 0.02);
+    }
+}
+
+TEST_CASE("min_p applies before top_p: top_p sums over the tokens min_p kept") {
+    // p = [0.5, 0.3, 0.15, 0.05], min_p 0.2 (threshold 0.1) keeps {0, 1, 2} renormalised to
+    // [0.5263, 0.3158, 0.1579]; top_p 0.84 then keeps {0, 1} (0.5263 + 0.3158 = 0.8421 >= 0.84).
+    // top_p first would keep {0, 1, 2} (0.5 + 0.3 < 0.84), and min_p would keep id 2 (0.15 >= 0.1).
+    const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+    SamplingParams p = params(1.0f, 0, 0.84f);
+    p.min_p = 0.2f;
+    SeqRng rng = SeqRng::from_seed(13, 0);
+    std::array<int, 4> count{};
+    const int n = 20000;
+    for (int i = 0; i < n; ++i) { ++count[size_t(sample_token(logits.data(), 4, p, rng))]; }
+    CHECK(count[2] + count[3] == 0);
+    CHECK(double(count[0]) / n == doctest::Approx(0.625).epsilon(0.03));
+}
+
+TEST_CASE("min_p 1 is greedy, min_p 0 changes no draw") {
+    const auto logits = random_logits(17, 300);
+    SamplingParams p = params(1.5f);
+    const auto plain = draw(logits, p, SeqRng::from_seed(3, 0), 200);
+    p.min_p = 0.0f;
+    CHECK(draw(logits, p, SeqRng::from_seed(3, 0), 200) == plain);
+    p.min_p = 1.0f;
+    const auto greedy_id = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    for (int32_t t : draw(logits, p, SeqRng::from_seed(3, 0), 200)) { REQUIRE(t == greedy_id); }
 }
 
 TEST_CASE("empirical frequencies at temperature 1 match the softmax within 0.02") {

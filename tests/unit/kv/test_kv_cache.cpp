@@ -43,10 +43,10 @@ void check_invariant(const KvCache & kv) {
 }
 
 /// Admit `seq` the way the scheduler does: match the prefix, allocate the rest, compute, commit.
-int32_t admit_and_commit(KvCache & kv, fd::kv::SeqId seq, const std::vector<int32_t> & tokens) {
-    const int32_t cached = kv.match_prefix(seq, tokens);
+int32_t admit_and_commit(KvCache & kv, fd::kv::SeqId seq, const std::vector<int32_t> & tokens, uint64_t salt = 0) {
+    const int32_t cached = kv.match_prefix(seq, tokens, salt);
     REQUIRE(kv.allocate(seq, static_cast<int64_t>(tokens.size())));
-    kv.commit_full_blocks(seq, tokens, static_cast<int64_t>(tokens.size()));
+    kv.commit_full_blocks(seq, tokens, static_cast<int64_t>(tokens.size()), salt);
     return cached;
 }
 
@@ -162,6 +162,21 @@ TEST_CASE("a different token in block 0 gives no prefix match") {
     swapped.insert(swapped.end(), tokens.begin(), tokens.begin() + 16);
     swapped.push_back(5);
     CHECK(kv.match_prefix(3, swapped) == 0);
+}
+
+TEST_CASE("a prefix salt (vLLM's cache_salt) shares blocks only between equal salts") {
+    KvCache kv({.n_blocks = 16, .block_size_tokens = 16, .enable_prefix_caching = true});
+    const auto tokens = ramp(40);
+    CHECK(admit_and_commit(kv, 1, tokens, 0x1234) == 0);
+    CHECK(kv.match_prefix(2, tokens) == 0);           // unsalted: none of salt 0x1234's blocks
+    CHECK(kv.match_prefix(3, tokens, 0x9999) == 0);   // another salt: none
+    CHECK(kv.match_prefix(4, tokens, 0x1234) == 32);  // the same salt: both full blocks
+    // An unsalted sequence commits its own copies; each salt then finds its own.
+    CHECK(admit_and_commit(kv, 5, tokens) == 0);
+    CHECK(kv.n_blocks_cached() == 4);
+    CHECK(kv.match_prefix(6, tokens) == 32);
+    CHECK(kv.block_table(6)[0] != kv.block_table(4)[0]);
+    check_invariant(kv);
 }
 
 TEST_CASE("a prompt exactly two blocks long only matches one block") {

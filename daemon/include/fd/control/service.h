@@ -59,6 +59,7 @@ struct ControlRequest {
     bool                       abort_all = false; ///< abort: every request (request_id then empty)
     std::string                weight_dir;        ///< update_weights: an absolute checkpoint dir (prime-rl's /update_weights)
     bool                       reload_base = false;  ///< update_weights: the base --model (prime-rl's /reload_weights)
+    bool                       keep_prefix_cache = false;  ///< pause: do not flush the prefix cache (an update still does)
     /// The caller's deadline and start/cancel handshake (set by the transport after parse; null =
     /// the deadline is now + control_timeout_s). A state-changing command not started by the
     /// deadline is dropped, never run, and answered 504 `timeout` saying nothing changed.

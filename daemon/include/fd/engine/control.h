@@ -95,6 +95,7 @@ struct ControlCommand {
     bool                       abort_all = false;  ///< abort_request: every running and queued request (the engine is not paused)
     std::string                weight_dir;         ///< update_weights: load this absolute HF checkpoint dir (owned by the daemon's user)
     bool                       reload_base = false;///< update_weights: load the base --model checkpoint
+    bool                       keep_prefix_cache = false;  ///< pause: leave the prefix cache as it is (update/commit still flush it)
 };
 
 /// One rank's part of a control command (result.ranks).

@@ -58,6 +58,7 @@ struct GenerateRequest {
     SamplingParams                    params;
     std::shared_ptr<ResultChannel>    channel;
     std::vector<std::string>          request_ids;  ///< ids POST /v1/abort finds it by: the completion id, the client's X-Request-Id
+    uint64_t                          prefix_salt = 0;  ///< vLLM's cache_salt, hashed (0 = none): prefix-cache hits only between equal salts
     std::chrono::steady_clock::time_point t_arrival{};  ///< set by submit(); start of TTFT, e2e, queue time
 };
 
@@ -150,7 +151,10 @@ private:
     // control (engine_control.cpp; pause modes and abort: engine_pause.cpp)
     ControlResult run_control(const ControlCommand & cmd);
     /// `drain_deadline`: mode=wait gives up at it (the caller's deadline).
-    void          do_pause(PauseMode mode, ControlResult & r, std::chrono::steady_clock::time_point drain_deadline = {});
+    /// `flush_prefix` false: the prefix cache stays (prime-rl's clear_cache=false); its blocks
+    /// were computed with the weights still serving, and every weight change flushes it.
+    void          do_pause(PauseMode mode, ControlResult & r, std::chrono::steady_clock::time_point drain_deadline = {},
+                           bool flush_prefix = true);
     /// pause mode=wait in progress: answer it once no request is left, or at its deadline with
     /// `timeout` (admission reopened); then run the commands held back meanwhile.
     void          poll_drain();
@@ -219,6 +223,7 @@ private:
         std::chrono::steady_clock::time_point deadline;   ///< the caller's; then timeout, admission reopened
         std::chrono::steady_clock::time_point t0;
         int32_t                               n_at_start = 0;
+        bool                                  flush_prefix = true;  ///< the pause's (see do_pause)
     };
     std::optional<Drain>                      drain_;
     std::deque<std::shared_ptr<PendingControl>> held_controls_;  ///< commands queued behind a drain (run in order after it)

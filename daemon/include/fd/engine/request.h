@@ -26,6 +26,7 @@ struct SamplingParams {
     float                    temperature    = 1.0f;   ///< 0 = greedy
     float                    top_p          = 1.0f;   ///< (0, 1]
     int32_t                  top_k          = 0;      ///< 0 or -1 = off
+    float                    min_p          = 0.0f;   ///< [0, 1]; 0 = off: drop tokens less likely than min_p x the most likely
     std::optional<uint64_t>  seed;                    ///< per-request; choice i uses a stream derived from (seed, i)
     std::vector<std::string> stop;                    ///< stop strings (excluded from the text)
     std::vector<int32_t>     stop_token_ids;          ///< extra stop ids (included in token_ids)

@@ -38,9 +38,10 @@ void apply_logits_processors(float * logits, int32_t vocab, const SamplingParams
 
 /// Choose the next token.
 ///   temperature == 0: argmax (lowest id on ties).
-///   else: softmax(logits / T) restricted to the top_k highest, then to the smallest set whose
-///   probability reaches top_p (candidates ordered by logit desc, id asc), sampled by inverse CDF
-///   with one draw from `rng`.
+///   else: softmax(logits / T) restricted to the tokens whose probability is at least min_p
+///   times the most likely one's (vLLM's min_p, applied first as vLLM's sampler does), then to
+///   the top_k highest, then to the smallest set whose probability reaches top_p of what is left
+///   (candidates ordered by logit desc, id asc), sampled by inverse CDF with one draw from `rng`.
 /// Shapes  logits [vocab]
 int32_t sample_token(const float * logits, int32_t vocab, const SamplingParams & p, SeqRng & rng);
 

@@ -40,6 +40,7 @@ struct SchedSeq {
     int32_t              n_preempted = 0;
     bool                 no_prefix_cache = false;  ///< every prompt row is computed (its logits are wanted)
     int32_t              max_chunk       = 0;      ///< > 0: at most this many tokens per step
+    uint64_t             prefix_salt     = 0;      ///< prefix-cache namespace (vLLM's cache_salt, hashed; 0 = none)
 
     int64_t n_remaining() const { return static_cast<int64_t>(tokens.size()) - n_computed; }
 };

@@ -44,7 +44,8 @@ public:
     /// With prefix caching: attach the cached full blocks that hold a prefix of tokens[0, n-1)
     /// (the last token is always recomputed so its logits exist) to `seq`, whose table must be
     /// empty. Returns the number of tokens whose KV is now present (a multiple of block size).
-    int32_t match_prefix(SeqId seq, const std::vector<int32_t> & tokens);
+    /// Only blocks committed with the same `salt` match (vLLM's cache_salt; 0 = none).
+    int32_t match_prefix(SeqId seq, const std::vector<int32_t> & tokens, uint64_t salt = 0);
 
     /// Blocks `seq` still needs to hold `n_tokens` tokens.
     int64_t n_blocks_needed(SeqId seq, int64_t n_tokens) const;
@@ -54,8 +55,8 @@ public:
     bool allocate(SeqId seq, int64_t n_tokens);
 
     /// With prefix caching: publish `seq`'s full blocks among tokens[0, n_computed) so later
-    /// sequences can reuse them.
-    void commit_full_blocks(SeqId seq, const std::vector<int32_t> & tokens, int64_t n_computed);
+    /// sequences can reuse them (those asking with the same `salt`).
+    void commit_full_blocks(SeqId seq, const std::vector<int32_t> & tokens, int64_t n_computed, uint64_t salt = 0);
 
     /// Drop `seq`'s blocks, device and host (cached ones stay reusable until evicted).
     void release(SeqId seq);
@@ -98,6 +99,7 @@ private:
         bool     cached = false;          ///< present in by_hash_
         uint64_t hash   = 0;
         int32_t  parent = -1;             ///< previous block of the chain (-1 = first)
+        uint64_t salt   = 0;              ///< the committing sequence's prefix salt, to verify hash hits
         std::vector<int32_t> tokens;      ///< the block's tokens, to verify hash hits
         std::list<int32_t>::iterator lru_it;
     };

@@ -41,7 +41,16 @@ public:
     /// Errors  fd::Error{invalid_checkpoint} naming the file: unreadable/invalid JSON, a
     ///         `chat_template` of the wrong type or a list without "default", a malformed
     ///         template (with line and column).
-    static std::optional<ChatTemplate> load(const std::filesystem::path & dir);
+    /// `override_template` (vLLM's --chat-template): a file path, or the template itself when
+    /// it holds "{{" or "{%" and names no file; it replaces the dir's template, whose special
+    /// tokens it still gets.
+    /// Errors  also fd::Error{invalid_argument} when `override_template` is neither a readable
+    ///         file nor a template, or does not parse (line and column).
+    static std::optional<ChatTemplate> load(const std::filesystem::path & dir, const std::string & override_template = {});
+
+    /// A template a request brought (vLLM's `chat_template` field), with this one's special tokens.
+    /// Errors  fd::Error{invalid_argument, param "chat_template"} when it does not parse.
+    ChatTemplate with_source(std::string_view source) const;
 
     /// The prompt text for `req`.
     /// Errors  jinja::TemplateRaise (the template's raise_exception message);

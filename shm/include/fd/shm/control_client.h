@@ -68,6 +68,7 @@ struct MailboxCommand {
     /// source (the daemon's user must own it), or (reload_base) the base --model checkpoint.
     std::string                weight_dir;
     bool                       reload_base = false;
+    bool                       keep_prefix_cache = false; ///< pause: keep the prefix cache (prime-rl's clear_cache=false; HTTP only, the block has no field)
 };
 
 /// The daemon's answer: exactly what the V1 HTTP route answers.

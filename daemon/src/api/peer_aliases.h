@@ -1,0 +1,56 @@
+// Internal to fd::api: what the vLLM aliases (peer_aliases.cpp) and the SGLang aliases
+// (sglang_aliases.cpp) share. Each alias turns a peer's request into the wire command a V1
+// route builds and the service's reply into the peer's response shape (docs/peer_aliases.md).
+#pragma once
+
+#include "handlers.h"
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace fd::api::peer {
+
+/// The service's reply, decoded: ok + its `result` object, or the error's type/message.
+struct Outcome {
+    int            http_status = 200;
+    bool           ok          = false;
+    nlohmann::json result;           ///< `result` of a success (or the whole body for status)
+    std::string    error_type;
+    std::string    error_message;
+};
+
+/// One command through the service, under the request's deadline headers (a fresh gate each).
+Outcome run(ApiContext & ctx, const ControlInput & in, const shm::MailboxCommand & cmd);
+
+/// Answer `body` as JSON with `status`.
+void send_json(Response & res, int status, const nlohmann::json & body);
+
+/// Peer tags (`weights` | `weight` | `kv_cache`, comma lists allowed; with `cuda_graph_ok` also
+/// SGLang's `cuda_graph`, which names no memory of its own here: dropped) into our tags text
+/// ("" when nothing is left).
+/// Errors  invalid_argument naming `param` for any other tag (nothing is done).
+std::string map_tags(const std::vector<std::string> & given, const char * param, bool cuda_graph_ok = false);
+
+/// Milliseconds since t0, rounded to 0.01.
+double ms_since(std::chrono::steady_clock::time_point t0);
+
+/// True while any tag is asleep.
+bool sleeping(ApiContext & ctx);
+
+/// An alias: the peer's request in, the peer's answer out.
+using AliasFn = void (*)(ApiContext &, const ControlInput &, Response &);
+
+// SGLang's routes (sglang_aliases.cpp; python/sglang/srt/entrypoints/http_server.py).
+void sglang_release(ApiContext & ctx, const ControlInput & in, Response & res);
+void sglang_resume(ApiContext & ctx, const ControlInput & in, Response & res);
+void sglang_flush_cache(ApiContext & ctx, const ControlInput & in, Response & res);
+void sglang_weight_version(ApiContext & ctx, const ControlInput & in, Response & res);
+void sglang_update_from_disk(ApiContext & ctx, const ControlInput & in, Response & res);
+void sglang_abort_request(ApiContext & ctx, const ControlInput & in, Response & res);
+void sglang_pause_generation(ApiContext & ctx, const ControlInput & in, Response & res);
+void sglang_continue_generation(ApiContext & ctx, const ControlInput & in, Response & res);
+void sglang_post_process_weights(ApiContext & ctx, const ControlInput & in, Response & res);
+void sglang_weights_checker(ApiContext & ctx, const ControlInput & in, Response & res);
+
+}  // namespace fd::api::peer

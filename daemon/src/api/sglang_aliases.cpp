@@ -1,0 +1,224 @@
+// SGLang's control routes as slime and AReaL call them (python/sglang/srt/entrypoints/
+// http_server.py): thin aliases over the one control service, like the vLLM ones in
+// peer_aliases.cpp. Tag names: SGLang's `weights` is our `weight`; `cuda_graph` names no memory
+// of its own here (captured graphs keep their addresses across a sleep, see
+// model/worker_graphs.cpp), so it is accepted and acts on nothing.
+#include "peer_aliases.h"
+
+#include "fd/shm/names.h"
+
+#include <filesystem>
+#include <optional>
+
+namespace fd::api::peer {
+namespace {
+
+using nlohmann::json;
+
+/// SGLang's error body (_create_error_response): {"error": {"message": ...}}.
+void sglang_error(Response & res, const Outcome & o) { send_json(res, o.http_status, json{{"error", {{"message", o.error_message}}}}); }
+
+/// SGLang's `tags` body field: null/absent = all (""), else a non-empty list of strings
+/// (weights, kv_cache, cuda_graph). nullopt when the list names only `cuda_graph`: nothing to do.
+std::optional<std::string> sglang_tags(const json & body) {
+    if (!body.is_object() || !body.contains("tags") || body["tags"].is_null()) { return ""; }
+    const char * shape = "'tags' must be a list of strings (weights, kv_cache, cuda_graph)";
+    if (!body["tags"].is_array()) { throw Error(Errc::invalid_argument, shape, "tags"); }
+    std::vector<std::string> v;
+    for (const auto & t : body["tags"]) {
+        if (!t.is_string()) { throw Error(Errc::invalid_argument, shape, "tags"); }
+        v.push_back(t.get<std::string>());
+    }
+    if (v.empty()) { throw Error(Errc::invalid_argument, "'tags' is an empty list; omit it for all tags", "tags"); }
+    std::string tags = map_tags(v, "tags", /*cuda_graph_ok=*/true);
+    if (tags.empty()) { return std::nullopt; }
+    return tags;
+}
+
+/// SGLang's answer to pause_generation / continue_generation.
+void generation_ok(Response & res, const char * what) {
+    send_json(res, 200, json{{"message", fmt::format("Generation {} successfully.", what)}, {"status", "ok"}});
+}
+
+/// An optional boolean body field. Errors  invalid_argument naming it when not a boolean.
+bool body_bool(const json & b, const char * key, bool dflt) {
+    if (!b.is_object() || !b.contains(key) || b[key].is_null()) { return dflt; }
+    if (!b[key].is_boolean()) { throw Error(Errc::invalid_argument, fmt::format("'{}' must be a boolean", key), key); }
+    return b[key].get<bool>();
+}
+
+}  // namespace
+
+void sglang_release(ApiContext & ctx, const ControlInput & in, Response & res) {
+    in.allow_only({}, "POST /release_memory_occupation");
+    reject_unknown_fields(in.body, {"tags"}, "release_memory_occupation");
+    const auto tags = sglang_tags(in.body);
+    if (!tags) { return send_json(res, 200, nullptr); }  // only cuda_graph: no memory of its own
+    const Outcome o = run(ctx, in, {.op = "sleep", .tags = *tags});
+    if (!o.ok) { return sglang_error(res, o); }
+    send_json(res, 200, nullptr);  // SGLang's handler returns None: a JSON null
+}
+
+void sglang_resume(ApiContext & ctx, const ControlInput & in, Response & res) {
+    in.allow_only({}, "POST /resume_memory_occupation");
+    reject_unknown_fields(in.body, {"tags"}, "resume_memory_occupation");
+    const auto tags = sglang_tags(in.body);
+    if (!tags) { return send_json(res, 200, nullptr); }
+    const Outcome o = run(ctx, in, {.op = "wakeup", .tags = *tags});
+    if (!o.ok) { return sglang_error(res, o); }
+    send_json(res, 200, nullptr);
+}
+
+/// GET or POST (SGLang serves both; slime polls GET until it answers 200). SGLang refuses while
+/// requests run; ours flushes only unreferenced blocks, so it always succeeds.
+void sglang_flush_cache(ApiContext & ctx, const ControlInput & in, Response & res) {
+    in.allow_only({"timeout"}, in.req ? in.req->method + " /flush_cache" : "/flush_cache");
+    reject_unknown_fields(in.body, {}, "flush_cache");
+    const Outcome o = run(ctx, in, {.op = "flush_cache"});
+    res.status      = o.ok ? 200 : o.http_status;
+    res.set_content(o.ok ? "Cache flushed.\n" : o.error_message + "\n", "text/plain");  // SGLang's text answer
+}
+
+void sglang_weight_version(ApiContext & ctx, const ControlInput & in, Response & res) {
+    in.allow_only({}, "GET /get_weight_version");
+    const Outcome o = run(ctx, in, {.op = "status"});
+    if (!o.ok) { return sglang_error(res, o); }
+    send_json(res, 200, json{{"weight_version", o.result["weight_version"]}});
+}
+
+/// SGLang's update_weights_from_disk is one call on a serving engine: pause mode=wait (the
+/// requests in flight finish first; with abort_all_requests they end with finish_reason abort,
+/// counted in num_paused_requests), update_weights, then
+/// resume unless the engine was paused before or keep_pause is set. `model_path` must name the
+/// daemon's --model dir: weights come from the configured --load-strategy source only.
+void sglang_update_from_disk(ApiContext & ctx, const ControlInput & in, Response & res) {
+    in.allow_only({}, "POST /update_weights_from_disk");
+    const json & b = in.body;
+    reject_unknown_fields(b, {"model_path", "weight_version", "flush_cache", "load_format", "abort_all_requests", "keep_pause"},
+                          "update_weights_from_disk");
+    if (!b.is_object() || !b.contains("model_path") || !b["model_path"].is_string()) {
+        throw Error(Errc::invalid_argument, "'model_path' (string) is required", "model_path");
+    }
+    std::error_code ec;
+    const auto given = std::filesystem::weakly_canonical(b["model_path"].get<std::string>(), ec);
+    const auto mine  = std::filesystem::weakly_canonical(ctx.cfg.model_dir, ec);
+    if (given != mine) {
+        throw Error(Errc::invalid_argument,
+                    fmt::format("'model_path' must be this daemon's --model dir ({}): new weights come from its --load-strategy source, "
+                                "selected by weight_version", ctx.cfg.model_dir), "model_path");
+    }
+    shm::MailboxCommand update{.op = "update_weights"};
+    update.version = version_field(b, "weight_version");  // slime sends str(int); an integer is its decimal string
+    for (const char * f : {"flush_cache", "abort_all_requests", "keep_pause"}) {
+        if (b.contains(f) && !b[f].is_null() && !b[f].is_boolean()) { throw Error(Errc::invalid_argument, fmt::format("'{}' must be a boolean", f), f); }
+    }
+    if (b.contains("load_format") && !b["load_format"].is_null() && b["load_format"] != "auto") {
+        throw Error(Errc::invalid_argument, "'load_format' must be null or \"auto\" (safetensors)", "load_format");
+    }
+    if (b.value("flush_cache", true) == false) {
+        throw Error(Errc::invalid_argument, "flush_cache=false is not supported: KV computed with old weights is never reused", "flush_cache");
+    }
+    auto answer = [&](const Outcome & o, int aborted) {
+        send_json(res, o.ok ? 200 : o.http_status,
+                  json{{"success", o.ok}, {"message", o.ok ? fmt::format("Succeeded to update model weights (version {}).", o.result.value("version", "")) : o.error_message},
+                       {"num_paused_requests", aborted}});
+    };
+    const bool was_paused = run(ctx, in, {.op = "is_paused"}).result.value("is_paused", false);
+    int aborted = 0;
+    if (!was_paused) {
+        // SGLang lets the requests in flight finish unless abort_all_requests: pause mode=wait.
+        const Outcome p = run(ctx, in, {.op = "pause", .mode = b.value("abort_all_requests", false) ? "abort" : "wait"});
+        if (!p.ok) { return answer(p, 0); }
+        aborted = p.result.value("aborted", 0);
+    }
+    const Outcome u = run(ctx, in, update);
+    // Old or new weights: serving as before. Not under the client's deadline: a resume dropped
+    // for lateness would leave the engine paused by a call that reported its outcome.
+    if (!was_paused && !b.value("keep_pause", false)) { ctx.control->handle(shm::MailboxCommand{.op = "resume"}); }
+    answer(u, aborted);
+}
+
+/// SGLang's AbortReq {rid, abort_all}: one request by id (the completion id or the client's
+/// X-Request-Id), or every request; neither pauses. SGLang answers an empty 200; so do we, but an
+/// unknown rid is 404 (SGLang ignores it) so a typo is visible.
+void sglang_abort_request(ApiContext & ctx, const ControlInput & in, Response & res) {
+    in.allow_only({}, "POST /abort_request");
+    const json & b = in.body;
+    reject_unknown_fields(b, {"rid", "abort_all"}, "abort_request");
+    shm::MailboxCommand cmd{.op = "abort"};
+    if (b.is_object() && b.contains("rid") && !b["rid"].is_null()) {
+        if (!b["rid"].is_string()) { throw Error(Errc::invalid_argument, "'rid' must be a string", "rid"); }
+        cmd.request_id = b["rid"].get<std::string>();
+    }
+    if (b.is_object() && b.contains("abort_all") && !b["abort_all"].is_null()) {
+        if (!b["abort_all"].is_boolean()) { throw Error(Errc::invalid_argument, "'abort_all' must be a boolean", "abort_all"); }
+        cmd.abort_all = b["abort_all"].get<bool>();
+    }
+    if (cmd.abort_all) { cmd.request_id.clear(); }  // SGLang: abort_all wins over rid
+    const Outcome o = run(ctx, in, cmd);
+    if (!o.ok) { return sglang_error(res, o); }
+    res.status = 200;  // SGLang's Response(status_code=200): empty
+}
+
+/// SGLang's PauseGenerationReqInput {"mode": "abort" | "retract" | "in_place"} (default abort):
+/// abort ends every request with finish_reason "abort" (`/v1/pause?mode=abort`); in_place
+/// freezes them with their KV and retract re-queues them to be recomputed, both of which our
+/// `mode=keep` does (a kept request resumes bitwise as if never paused, or is recomputed with the
+/// new weights after an update). Answers SGLang's {"message", "status": "ok"}.
+void sglang_pause_generation(ApiContext & ctx, const ControlInput & in, Response & res) {
+    in.allow_only({}, "POST /pause_generation");
+    reject_unknown_fields(in.body, {"mode"}, "pause_generation");
+    std::string mode = "abort";
+    if (in.body.is_object() && in.body.contains("mode") && !in.body["mode"].is_null()) {
+        const json & m = in.body["mode"];
+        if (!m.is_string() || (m != "abort" && m != "retract" && m != "in_place")) {
+            throw Error(Errc::invalid_argument, fmt::format("'mode' must be \"abort\", \"retract\" or \"in_place\", got {}; nothing was done", m.dump()),
+                        "mode");
+        }
+        mode = m == "abort" ? "abort" : "keep";
+    }
+    const Outcome o = run(ctx, in, {.op = "pause", .mode = mode});
+    if (!o.ok) { return sglang_error(res, o); }
+    generation_ok(res, "paused");
+}
+
+/// SGLang's continue_generation: resume. slime calls it after a weights-only resume, before the
+/// kv_cache resume (train.py: onload_weights, update_weights, onload_kv); while a tag is asleep
+/// the engine cannot serve, and the wakeup that brings the last tag back resumes it (SPEC §3), so
+/// the call answers 200 and leaves the resume to that wakeup.
+void sglang_continue_generation(ApiContext & ctx, const ControlInput & in, Response & res) {
+    in.allow_only({}, "POST /continue_generation");
+    reject_unknown_fields(in.body, {}, "continue_generation");
+    if (sleeping(ctx)) { return generation_ok(res, "continued"); }
+    const Outcome o = run(ctx, in, {.op = "resume"});
+    if (!o.ok) { return sglang_error(res, o); }
+    generation_ok(res, "continued");
+}
+
+/// SGLang's post_process_weights {"restore_weights_before_load", "post_process_quantization"}
+/// (slime calls it around a tensor/distributed update): hooks for quantized weights. fdrollout
+/// serves only unquantized checkpoints (model_config.cpp refuses quantization_config), so both
+/// are no-ops; the answer is SGLang's {"success", "message"}.
+void sglang_post_process_weights(ApiContext &, const ControlInput & in, Response & res) {
+    in.allow_only({}, "POST /post_process_weights");
+    reject_unknown_fields(in.body, {"restore_weights_before_load", "post_process_quantization"}, "post_process_weights");
+    body_bool(in.body, "restore_weights_before_load", false);
+    body_bool(in.body, "post_process_quantization", false);
+    send_json(res, 200, json{{"success", true}, {"message", "nothing to post-process: the weights are not quantized"}});
+}
+
+/// SGLang's weights_checker {"action": "snapshot" | "reset_tensors" | "compare"} (slime's
+/// --check-weight-update-equal: snapshot, reset_tensors, push the same weights, compare). It does
+/// not map: reset_tensors would serve invalid weights, which fdrollout never does (SPEC §8.1),
+/// and every update is already checked before it applies (names, shapes, dtypes, sizes;
+/// checksums with verify_checksum). 400 saying so, nothing done.
+void sglang_weights_checker(ApiContext &, const ControlInput & in, Response &) {
+    in.allow_only({}, "POST /weights_checker");
+    reject_unknown_fields(in.body, {"action"}, "weights_checker");
+    throw Error(Errc::invalid_argument,
+                "weights_checker is not supported: fdrollout never serves reset (invalid) tensors, and it validates every update before "
+                "applying it (names, shapes, dtypes, sizes; checksums with {\"verify_checksum\": true} on /v1/update_weights); run "
+                "slime without --check-weight-update-equal. Nothing was done", "action");
+}
+
+}  // namespace fd::api::peer

@@ -1,0 +1,217 @@
+"""vLLM's request fields that RL stacks send through the OpenAI client's extra_body (issue #26):
+min_p, add_special_tokens, truncate_prompt_tokens, return_token_ids, detokenize, priority,
+cache_salt, response_format, stream_options.continuous_usage_stats; logprob tokens as decoded
+text; the embedded model's chat template, --chat-template and the request's chat_template.
+A value fdrollout cannot honour is a 400 naming the field. References: REF (llama2.c's greedy
+outputs, models/stories260K/README.md) and the tokenizer's own ids."""
+import math
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+from fdtest import BIN, Daemon, free_port, REF, STORIES
+
+PROMPT = "Once upon a time"
+IDS = REF[PROMPT]["prompt_ids"]  # [BOS, ...]
+
+
+class VllmFields(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.d = Daemon("--enable-prefix-caching", "--block-size", "4")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.__exit__(None)
+
+    def bad(self, body, field, route="/v1/completions"):
+        code, j = self.d.post(route, body)
+        self.assertEqual((code, j["error"]["param"]), (400, field), j)
+        return j["error"]["message"]
+
+    def test_min_p_keeps_tokens_at_least_min_p_times_the_most_likely(self):
+        # At temperature 1 the logprobs are the sampling distribution's: every sampled token must
+        # have p >= min_p * p_max, i.e. logprob >= log(min_p) + the top logprob.
+        for min_p in (0.2, 0.5):
+            j = self.d.complete(prompt=PROMPT, max_tokens=48, temperature=1.0, seed=11, min_p=min_p, logprobs=1)
+            lp = j["choices"][0]["logprobs"]
+            for tok_lp, top in zip(lp["token_logprobs"], lp["top_logprobs"]):
+                self.assertGreaterEqual(tok_lp, math.log(min_p) + max(top.values()) - 1e-5)
+        # Without min_p the same seed draws at least one token below that bound (the check above can fail).
+        j = self.d.complete(prompt=PROMPT, max_tokens=48, temperature=1.0, seed=11, logprobs=1)
+        lp = j["choices"][0]["logprobs"]
+        self.assertTrue(any(t < math.log(0.5) + max(top.values()) for t, top in zip(lp["token_logprobs"], lp["top_logprobs"])))
+        # min_p 1 keeps only the most likely token: greedy
+        j = self.d.complete(prompt=PROMPT, max_tokens=20, temperature=1.0, seed=3, min_p=1.0)
+        self.assertEqual(j["choices"][0]["token_ids"], REF[PROMPT]["ids"][:20])
+        for v in (-0.1, 1.5, "0.1"):
+            self.bad({"prompt": PROMPT, "min_p": v}, "min_p")
+
+    def test_add_special_tokens_and_truncate_prompt_tokens(self):
+        c = self.d.complete(prompt=PROMPT, max_tokens=1, add_special_tokens=False)["choices"][0]
+        self.assertEqual(c["prompt_token_ids"], IDS[1:])
+        self.assertEqual(self.d.complete(prompt=PROMPT, max_tokens=1, add_special_tokens=True)["choices"][0]["prompt_token_ids"], IDS)
+        c = self.d.complete(prompt=PROMPT, max_tokens=1, truncate_prompt_tokens=3, echo=True)["choices"][0]
+        self.assertEqual(c["prompt_token_ids"], IDS[-3:])  # the last 3 (left truncation, as vLLM)
+        self.assertTrue(c["text"].startswith("upon a time"), c["text"])
+        self.assertEqual(self.d.complete(prompt=IDS, max_tokens=1, truncate_prompt_tokens=-1)["choices"][0]["prompt_token_ids"], IDS)
+        self.assertEqual(self.d.complete(prompt=IDS, max_tokens=1, truncate_prompt_tokens=50)["choices"][0]["prompt_token_ids"], IDS)
+        for v in (0, -2, 10 ** 6, "3"):
+            self.bad({"prompt": PROMPT, "truncate_prompt_tokens": v}, "truncate_prompt_tokens")
+        self.bad({"prompt": PROMPT, "add_special_tokens": "no"}, "add_special_tokens")
+
+    def test_accepted_values_and_refused_ones(self):
+        body = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "return_token_ids": True, "detokenize": True,
+                "priority": 0, "response_format": {"type": "text"}, "cache_salt": "run-7"}
+        c = self.d.complete(**body)["choices"][0]
+        self.assertEqual(c["token_ids"], REF[PROMPT]["ids"][:4])
+        self.assertEqual(self.d.complete(**{**body, "return_token_ids": False})["choices"][0]["token_ids"], REF[PROMPT]["ids"][:4])
+        self.assertIn("priority", self.bad({"prompt": PROMPT, "priority": 1}, "priority"))
+        self.assertIn("detokenize", self.bad({"prompt": PROMPT, "detokenize": False}, "detokenize"))
+        self.bad({"prompt": PROMPT, "response_format": {"type": "json_object"}}, "response_format")
+        self.bad({"prompt": PROMPT, "response_format": "text"}, "response_format")
+        self.bad({"prompt": PROMPT, "cache_salt": ""}, "cache_salt")
+        self.bad({"prompt": PROMPT, "return_token_ids": 1}, "return_token_ids")
+        self.bad({"messages": [{"role": "user", "content": PROMPT}], "priority": -1}, "priority", "/v1/chat/completions")
+
+    def test_cache_salt_separates_the_prefix_cache(self):
+        prompt = PROMPT + " there was a little girl named Lily who liked to"
+
+        def cached(**kw):
+            return self.d.complete(prompt=prompt, max_tokens=1, temperature=0, **kw)["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+        self.d.post("/reset_prefix_cache")
+        self.assertEqual(cached(cache_salt="alice"), 0)
+        self.assertGreater(cached(cache_salt="alice"), 0)  # same salt: hit
+        self.assertEqual(cached(cache_salt="bob"), 0)       # another salt: miss
+        self.assertEqual(cached(), 0)                       # unsalted: miss
+        self.assertGreater(cached(), 0)
+
+    def test_continuous_usage_stats(self):
+        chunks, done = self.d.stream(prompt=PROMPT, max_tokens=6, temperature=0,
+                                     stream_options={"include_usage": True, "continuous_usage_stats": True})
+        self.assertTrue(done)
+        token_chunks = [c for c in chunks if c["choices"]]
+        self.assertTrue(all("usage" in c for c in token_chunks), token_chunks)
+        seen = 0
+        for c in token_chunks:
+            seen += len(c["choices"][0]["token_ids"])
+            self.assertEqual(c["usage"]["completion_tokens"], seen)
+            self.assertEqual(c["usage"]["prompt_tokens"], len(IDS))
+        self.assertEqual(chunks[-1]["usage"]["completion_tokens"], 6)
+        # without include_usage it adds nothing (vLLM needs both)
+        chunks, _ = self.d.stream(prompt=PROMPT, max_tokens=3, stream_options={"continuous_usage_stats": True})
+        self.assertFalse(any("usage" in c for c in chunks))
+        self.bad({"prompt": PROMPT, "stream": True, "stream_options": {"continuous_usage_stats": "yes"}},
+                 "stream_options.continuous_usage_stats")
+
+    def test_logprob_tokens_are_decoded_text(self):
+        c = self.d.complete(prompt=PROMPT, max_tokens=40, temperature=0, logprobs=2)["choices"][0]
+        lp = c["logprobs"]
+        self.assertEqual("".join(lp["tokens"]), c["text"])  # decoded text, as OpenAI and vLLM return it
+        self.assertFalse(any("\u2581" in t for t in lp["tokens"]), lp["tokens"])
+        self.assertEqual(lp["tokens"][:3], [",", " there", " was"])
+        self.assertIn(" there", lp["top_logprobs"][1])
+        ch = self.d.post("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 40,
+                                                  "temperature": 0, "logprobs": True, "top_logprobs": 2})[1]["choices"][0]
+        self.assertEqual([e["token"] for e in ch["logprobs"]["content"]], lp["tokens"])
+        self.assertEqual([e["bytes"] for e in ch["logprobs"]["content"]], [list(t.encode()) for t in lp["tokens"]])
+        # the exact tokens stay available
+        c = self.d.complete(prompt=PROMPT, max_tokens=5, temperature=0, logprobs=1, return_tokens_as_token_ids=True)["choices"][0]
+        self.assertEqual(c["logprobs"]["tokens"], [f"token_id:{i}" for i in c["token_ids"]])
+
+    def test_embedded_chat_template(self):
+        """stories260K ships a chat template: BOS, then the messages' text joined by spaces."""
+        code, j = self.d.post("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 30,
+                                                       "temperature": 0})
+        self.assertEqual(code, 200, j)
+        c = j["choices"][0]
+        self.assertEqual(c["prompt_token_ids"], IDS)
+        self.assertEqual(c["token_ids"], REF[PROMPT]["ids"][:30])
+        j = self.d.post("/v1/chat/completions", {"messages": [{"role": "system", "content": "Lily"},
+                                                              {"role": "user", "content": "and Tom"}], "max_tokens": 10,
+                                                 "temperature": 0})[1]
+        self.assertEqual(j["choices"][0]["token_ids"], REF["Lily and Tom"]["ids"][:10])
+        # a request's own template needs --trust-request-chat-template (vLLM's rule)
+        self.assertIn("--trust-request-chat-template",
+                      self.bad({"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ bos_token }}Lily and Tom"},
+                               "chat_template", "/v1/chat/completions"))
+
+
+    def test_completion_ids_carry_128_random_bits(self):
+        ids = {self.d.complete(prompt=PROMPT, max_tokens=1)["id"] for _ in range(20)}
+        self.assertEqual(len(ids), 20)
+        self.assertTrue(all(re.fullmatch(r"cmpl-[0-9a-f]{32}", i) for i in ids), ids)
+        j = self.d.post("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1})[1]
+        self.assertRegex(j["id"], r"^chatcmpl-[0-9a-f]{32}$")
+
+
+class VllmHabitFlags(unittest.TestCase):
+    """vLLM's flags typed by habit: accepted with vLLM's meaning, or refused naming ours."""
+
+    def test_serve_model_and_accepted_flags(self):
+        tmp = tempfile.mkdtemp(prefix="fd-vf-")
+        try:
+            wrapper = os.path.join(tmp, "vllm-style")
+            with open(wrapper, "w") as f:
+                f.write(f'#!/bin/sh\nexec "{BIN}" serve "{STORIES}" "$@"\n')
+            os.chmod(wrapper, 0o755)
+            with Daemon("--enable-sleep-mode", "--dtype", "auto", "--max-logprobs", "2", model=None, bin=wrapper) as d:
+                self.assertEqual(d.get("/v1/models")[1]["data"][0]["id"], "stories260K")
+                self.assertEqual(d.post("/sleep?level=1")[0], 200)  # --enable-sleep-mode = --dynamic-load-weight
+                self.assertEqual(d.post("/wake_up")[0], 200)
+                code, j = d.post("/v1/completions", {"prompt": PROMPT, "logprobs": 3})
+                self.assertEqual((code, j["error"]["param"]), (400, "logprobs"), j)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_help_states_the_defaults_of_negatable_flags(self):
+        out = subprocess.run([BIN, "--help"], capture_output=True, text=True, timeout=60).stdout
+        lines = out.splitlines()
+        # a flag's line and the next (CLI11 puts the description there after a long name)
+        line = {n: " ".join(lines[i:i + 2]) for n in ("--enable-prefix-caching,", "--no-batch-invariant")
+                for i in [next(k for k, x in enumerate(lines) if n in x)]}
+        self.assertIn("[default: off]", line["--enable-prefix-caching,"])  # CLI11's "{false}" is the value --no-… sets
+        self.assertIn("[default: batch-invariant kernels", line["--no-batch-invariant"])
+
+    def test_refused_flags_name_the_equivalent(self):
+        for args, says in [(["--dtype", "float16"], "checkpoint's own dtype"), (["--seed", "1"], "in each request")]:
+            p = subprocess.run([BIN, "--model", STORIES, "--port", str(free_port()), *args], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(says, p.stdout + p.stderr)
+
+
+class ChatTemplateFlags(unittest.TestCase):
+    def test_chat_template_flag_and_trusted_request_template(self):
+        tmp = tempfile.mkdtemp(prefix="fd-ct-")
+        try:
+            path = os.path.join(tmp, "t.jinja")
+            with open(path, "w") as f:
+                f.write("{{ bos_token }}{{ messages[-1]['content'] }} and Tom")
+            with Daemon("--chat-template", path, "--trust-request-chat-template") as d:
+                j = d.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Lily"}], "max_tokens": 10,
+                                                    "temperature": 0})[1]
+                self.assertEqual(j["choices"][0]["prompt_token_ids"], REF["Lily and Tom"]["prompt_ids"])
+                self.assertEqual(j["choices"][0]["token_ids"], REF["Lily and Tom"]["ids"][:10])
+                j = d.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "ignored"}], "max_tokens": 10,
+                                                    "temperature": 0, "chat_template": "{{ bos_token }}Once upon a time"})[1]
+                self.assertEqual(j["choices"][0]["token_ids"], REF[PROMPT]["ids"][:10])
+                code, j = d.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                          "chat_template": "{% for m in messages %}"})
+                self.assertEqual((code, j["error"]["param"]), (400, "chat_template"), j)
+            d = Daemon("--chat-template", os.path.join(tmp, "missing.jinja"), wait=False)
+            try:
+                d.proc.wait(60)
+                self.assertNotEqual(d.proc.returncode, 0)
+                self.assertIn("neither a readable file nor a Jinja template", d.output())
+            finally:
+                d.__exit__(None)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    unittest.main()
