@@ -185,10 +185,29 @@ void vllm_is_paused(ApiContext & ctx, const ControlInput & in, Response & res) {
     send_json(res, 200, json{{"is_paused", o.result.value("is_paused", false)}});
 }
 
+/// Both cache-flush aliases clear the device prefix cache and the host KV tier; `keep_host_tier`
+/// (query `true|false|1|0`, or a JSON body boolean) keeps the host tier. Errors  invalid_argument.
+std::string flush_mode(const ControlInput & in) {
+    bool keep = false;
+    if (const auto q = in.get("keep_host_tier")) {
+        if (*q != "true" && *q != "false" && *q != "1" && *q != "0") {
+            throw Error(Errc::invalid_argument, fmt::format("keep_host_tier must be true or false, got '{}'", *q), "keep_host_tier");
+        }
+        keep = *q == "true" || *q == "1";
+    }
+    if (in.body.is_object() && in.body.contains("keep_host_tier")) {
+        if (!in.body["keep_host_tier"].is_boolean()) {
+            throw Error(Errc::invalid_argument, "keep_host_tier must be a boolean", "keep_host_tier");
+        }
+        keep = in.body["keep_host_tier"].get<bool>();
+    }
+    return keep ? "device" : "";
+}
+
 void vllm_reset_prefix_cache(ApiContext & ctx, const ControlInput & in, Response & res) {
-    in.allow_only({}, "POST /reset_prefix_cache");
-    reject_unknown_fields(in.body, {}, "reset_prefix_cache");
-    const Outcome o = run(ctx, in, {.op = "flush_cache"});
+    in.allow_only({"keep_host_tier"}, "POST /reset_prefix_cache");
+    reject_unknown_fields(in.body, {"keep_host_tier"}, "reset_prefix_cache");
+    const Outcome o = run(ctx, in, {.op = "flush_cache", .mode = flush_mode(in)});
     if (!o.ok) { return vllm_error(res, o); }
     res.status = 200;  // vLLM answers an empty 200
 }
@@ -253,9 +272,9 @@ void sglang_resume(ApiContext & ctx, const ControlInput & in, Response & res) {
 }
 
 void sglang_flush_cache(ApiContext & ctx, const ControlInput & in, Response & res) {
-    in.allow_only({"timeout"}, "POST /flush_cache");
-    reject_unknown_fields(in.body, {}, "flush_cache");
-    const Outcome o = run(ctx, in, {.op = "flush_cache"});
+    in.allow_only({"timeout", "keep_host_tier"}, "POST /flush_cache");
+    reject_unknown_fields(in.body, {"keep_host_tier"}, "flush_cache");
+    const Outcome o = run(ctx, in, {.op = "flush_cache", .mode = flush_mode(in)});
     res.status      = o.ok ? 200 : o.http_status;
     res.set_content(o.ok ? "Cache flushed.\n" : o.error_message + "\n", "text/plain");  // SGLang's text answer
 }

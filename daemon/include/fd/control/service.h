@@ -57,6 +57,7 @@ struct ControlRequest {
     engine::PauseMode          pause_mode = engine::PauseMode::abort;  ///< pause
     std::string                request_id;        ///< abort: 1..128 printable ASCII, no spaces
     bool                       abort_all = false; ///< abort: every request (request_id then empty)
+    bool                       keep_host_tier = false; ///< flush_cache: wire mode "device" (the host KV tier is kept); "" | "all" = both tiers
     /// The caller's deadline and start/cancel handshake (set by the transport after parse; null =
     /// the deadline is now + control_timeout_s). A state-changing command not started by the
     /// deadline is dropped, never run, and answered 504 `timeout` saying nothing changed.
@@ -65,7 +66,7 @@ struct ControlRequest {
     /// Validate a command in wire form. Checks the op name, that tags are only given to
     /// sleep/wakeup and name known tags, the version syntax ([A-Za-z0-9._-]{1,128}, not '.'
     /// or '..'; only for update_weights and commit_weights), verify_checksum and commit=false
-    /// only for update_weights, mode (abort|wait|keep) only for pause, request_id / abort_all
+    /// only for update_weights, mode (abort|wait|keep) only for pause (all|device for flush_cache), request_id / abort_all
     /// only for abort (exactly one of them).
     /// Errors  fd::Error{invalid_argument} with param() naming the offending field.
     static ControlRequest parse(const shm::MailboxCommand & wire);

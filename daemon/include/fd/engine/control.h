@@ -93,6 +93,7 @@ struct ControlCommand {
     PauseMode                  pause_mode = PauseMode::abort;  ///< pause
     std::string                request_id;         ///< abort_request: a completion id (cmpl-…) or a client's X-Request-Id
     bool                       abort_all = false;  ///< abort_request: every running and queued request (the engine is not paused)
+    bool                       keep_host_tier = false;  ///< flush_cache: forget the device prefix cache only (wire: mode "device")
 };
 
 /// One rank's part of a control command (result.ranks).
@@ -118,6 +119,7 @@ struct ControlResult {
     int64_t  freed_weight_bytes = -1;              ///< sleep: -1 = tag not processed (not asked or already asleep)
     int64_t  freed_kv_bytes     = -1;
     int64_t  freed_swap_bytes   = -1;              ///< sleep(kv_cache) with FD_ENABLE_SWAP_SPACE_CLEARING=1: the host swap pool
+    int64_t  n_host_blocks_flushed = 0;            ///< flush_cache: host KV tier prefix blocks forgotten
     std::vector<std::string> tags_skipped;         ///< sleep/wakeup: asked but already in that state
     std::vector<std::string> tags_done;            ///< sleep/wakeup: processed, in order
     int64_t  rss_before_bytes = 0, rss_after_bytes = 0;
