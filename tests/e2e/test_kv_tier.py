@@ -139,8 +139,8 @@ class KvTier(unittest.TestCase):
             self.assertEqual(d.post("/v1/resume")[0], 200)
             j = d.complete(**body(A))
             self.assertEqual(j["weight_version"], "b")
-            self.assertEqual(j["usage"]["prompt_tokens_details"]["host_cached_tokens"], 0)
             self.assertEqual(out(j), self.ref_a_new, "old-version KV served after the update")
+            self.assertEqual(j["usage"]["prompt_tokens_details"]["host_cached_tokens"], 0)
             self.assertGreater(metrics(d)["fdrollout_kv_host_tier_invalidated_total"], 0)
 
     def test_update_never_reuses_old_version_blocks(self):
