@@ -109,8 +109,7 @@ def main():
     vocab = min(mc["vocab_size"], 500)
     bs = 16
     bb = kv_block_bytes(a.model, bs)
-    max_len = max(a.shared_len, a.grpo_len + a.gen) + 2 * bs
-    common = ["--threads", str(a.threads), "--block-size", str(bs), "--max-model-len", str(max_len), "--enable-prefix-caching",
+    common = ["--threads", str(a.threads), "--block-size", str(bs), "--enable-prefix-caching",
               "--max-num-batched-tokens", str(max(2048, a.shared_len)), "--max-num-seqs", str(max(8, a.n * 4))]
 
     # 1. ttft
@@ -121,7 +120,8 @@ def main():
     got, usage = {}, {}
     for _ in range(a.rounds):
         for name, extra in (("tier", ["--swap-space", repr(host * bb / (1 << 30))]), ("recompute", [])):
-            with Daemon(*common, "--kv-cache-bytes", str(pool * bb), *extra, model=a.model, timeout=600, extra=False) as d:
+            with Daemon(*common, "--max-model-len", str(a.shared_len + bs), "--kv-cache-bytes", str(pool * bb), *extra, model=a.model,
+                        timeout=600, extra=False) as d:
                 ttft_round(d, shared, evictors)  # warm-up round (page faults, threads)
                 dt, got[name], usage[name] = ttft_round(d, shared, evictors)
                 ttft[name].append(dt)
@@ -135,7 +135,8 @@ def main():
     gouts = {}
     for _ in range(a.rounds):
         for name, extra in (("tier", ["--swap-space", repr(ghost * bb / (1 << 30))]), ("recompute", [])):
-            with Daemon(*common, "--kv-cache-bytes", str(gpool * bb), *extra, model=a.model, timeout=600, extra=False) as d:
+            with Daemon(*common, "--max-model-len", str(a.grpo_len + a.gen + bs), "--kv-cache-bytes", str(gpool * bb), *extra,
+                        model=a.model, timeout=600, extra=False) as d:
                 r, gouts[name] = grpo_round(d, prompts, a.n, a.gen)
                 grpo[name].append(r)
     gmed = {k: sorted(v, key=lambda r: r["tok_per_s"])[len(v) // 2] for k, v in grpo.items()}
