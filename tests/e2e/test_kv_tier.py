@@ -111,6 +111,22 @@ class KvTier(unittest.TestCase):
     def test_host_hit_equals_recompute_mp(self):
         self.check_exact("--distributed-executor-backend", "mp")
 
+    def test_preemption_swaps_and_tier_copies_together(self):
+        # test_swap's load (12 concurrent 65-token sequences over 6 device blocks) with prefix
+        # caching on: preemption swaps and the tier's copies share the host pool and the steps.
+        from test_swap import TINY_POOL, bodies, run_concurrently
+        reqs = bodies()
+        with Daemon("--max-model-len", "80", extra=False) as ref:
+            want = run_concurrently(ref, reqs)
+        with Daemon(*TINY_POOL, "--enable-prefix-caching", "--swap-space", str(24 * BLOCK_BYTES / (1 << 30)), extra=False) as d:
+            got = run_concurrently(d, reqs)
+            for i, (g, w) in enumerate(zip(got, want)):
+                self.assertEqual(g, w, f"request {i} differs")
+            m = metrics(d)
+            self.assertGreater(m["fdrollout_swap_preemptions_total"], 0, m)
+            self.assertGreater(m["fdrollout_kv_host_tier_offloads_total"], 0, m)
+            self.assertEqual(m["fdrollout_kv_swap_blocks_used"], 0)
+
     def test_no_host_field_without_tier(self):
         with Daemon("--enable-prefix-caching", *SMALL_POOL, extra=False) as d:
             j = d.complete(**body(A))
