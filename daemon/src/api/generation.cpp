@@ -99,13 +99,16 @@ std::string new_id(const std::string & prefix) {
 }
 
 json usage_json(const std::vector<ChoiceAcc> & acc, int32_t n) {
-    int64_t prompt = 0, completion = 0, cached = 0;
+    int64_t prompt = 0, completion = 0, cached = 0, host_cached = -1;
     for (size_t c = 0; c < acc.size(); ++c) {
         completion += static_cast<int64_t>(acc[c].token_ids.size());
         if (c % n == 0) { prompt += acc[c].n_prompt; cached += acc[c].n_cached; }
+        if (c % n == 0 && acc[c].n_host_cached >= 0) { host_cached = std::max<int64_t>(host_cached, 0) + acc[c].n_host_cached; }
     }
+    json details = {{"cached_tokens", cached}};
+    if (host_cached >= 0) { details["host_cached_tokens"] = host_cached; }  // only with a host KV tier
     return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion},
-            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+            {"prompt_tokens_details", std::move(details)}};
 }
 
 /// min_tokens, the penalties and logit_bias (vLLM's ranges). Errors: 400 naming the field.
@@ -388,6 +391,7 @@ struct Generation {
                 if (ev.finish != FinishReason::none) { a.stop_reason = ev.stop_reason; }
                 a.n_prompt = ev.n_prompt_tokens;
                 a.n_cached = ev.n_cached_tokens;
+                a.n_host_cached = ev.n_host_cached_tokens;
                 if (ev.finish != FinishReason::none) { a.finish = ev.finish; }
                 if (!ev.weight_versions.empty()) { a.weight_versions = std::move(ev.weight_versions); }
                 weight_version = ev.weight_version;
@@ -434,6 +438,7 @@ struct Generation {
             a.token_ids.insert(a.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
             a.n_prompt = ev.n_prompt_tokens;
             a.n_cached = ev.n_cached_tokens;
+            a.n_host_cached = ev.n_host_cached_tokens;
             if (ev.error) { return end_with_error(ev.error->code(), ev.error->what()); }
             const bool first      = !sent_first[ev.choice];
             sent_first[ev.choice] = true;

@@ -103,7 +103,7 @@ struct ChoiceAcc {
     engine::StopReason                stop_reason;
     engine::FinishReason              finish   = engine::FinishReason::none;
     std::vector<engine::VersionSpan>  weight_versions;  ///< set when the tokens came from more than one version
-    int32_t                           n_prompt = 0, n_cached = 0;
+    int32_t                           n_prompt = 0, n_cached = 0, n_host_cached = -1;  ///< n_host_cached: -1 = no host KV tier
 };
 
 /// How a route formats its answer.

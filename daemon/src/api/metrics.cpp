@@ -101,6 +101,27 @@ void get_metrics(ApiContext & ctx, const Request &, Response & res) {
     w.single("fdrollout_kv_swap_blocks_capacity", "gauge", "Blocks in the host swap pool (--swap-space; 0 = off).", st.n_swap_blocks_total);
     w.single("fdrollout_kv_swap_out_bytes_total", "counter", "KV bytes copied device -> host pool (all ranks).", st.swap_out_bytes_total);
     w.single("fdrollout_kv_swap_in_bytes_total", "counter", "KV bytes copied host pool -> device (all ranks).", st.swap_in_bytes_total);
+    // The host KV tier's prefix blocks (prefix caching + --swap-space; transfer bytes/s = rate() of the byte counters).
+    const int64_t bb = st.host_tier_block_bytes;
+    w.single("fdrollout_kv_host_tier_cached_blocks", "gauge", "Host KV tier blocks holding evicted prefix blocks.", st.n_host_tier_blocks_cached);
+    w.single("fdrollout_kv_host_tier_cached_bytes", "gauge", "Bytes of those blocks (all ranks).", st.n_host_tier_blocks_cached * bb);
+    w.single("fdrollout_kv_host_tier_capacity_bytes", "gauge", "Bytes of the host pool (--swap-space, all ranks).", st.n_swap_blocks_total * bb);
+    w.single("fdrollout_kv_host_tier_hits_total", "counter", "Prefix blocks copied back from the host tier instead of recomputed.",
+             st.n_host_tier_hits_total);
+    w.single("fdrollout_kv_host_tier_offloads_total", "counter", "Evicted device prefix blocks copied to the host tier.",
+             st.n_host_tier_offloads_total);
+    w.single("fdrollout_kv_host_tier_evictions_total", "counter", "Host tier prefix blocks evicted (LRU) to make room.",
+             st.n_host_tier_evictions_total);
+    w.single("fdrollout_kv_host_tier_invalidated_total", "counter", "Host tier prefix blocks dropped by a weight change or a cache flush.",
+             st.n_host_tier_invalidated_total);
+    w.single("fdrollout_kv_host_tier_out_bytes_total", "counter", "Prefix KV bytes copied device -> host tier (all ranks).",
+             st.host_tier_out_bytes_total);
+    w.single("fdrollout_kv_host_tier_in_bytes_total", "counter", "Prefix KV bytes copied host tier -> device (all ranks).",
+             st.host_tier_in_bytes_total);
+    w.single("fdrollout_kv_host_tier_transfers_paused", "gauge", "1 while tier copies are stopped (paused or draining).",
+             st.host_tier_transfers_paused ? 1 : 0);
+    w.single("fdrollout_prompt_tokens_host_cached_total", "counter", "Prompt tokens served from the host KV tier (part of the cached ones).",
+             st.n_tokens_host_cached_total);
     w.single("fdrollout_kv_blocks_used", "gauge", "KV blocks in use.", st.n_kv_blocks_used);
     w.single("fdrollout_kv_blocks_free", "gauge", "KV blocks free (including evictable cached blocks).", st.n_kv_blocks_free);
     w.single("fdrollout_kv_blocks_capacity", "gauge", "KV blocks in the pool (used + free).", st.n_kv_blocks_total);

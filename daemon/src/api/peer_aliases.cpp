@@ -78,6 +78,25 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 bool sleeping(ApiContext & ctx) { return !ctx.control->status_json()["sleeping_tags"].empty(); }
 
+/// Both cache-flush aliases clear the device prefix cache and the host KV tier; `keep_host_tier`
+/// (query `true|false|1|0`, or a JSON body boolean) keeps the host tier. Errors  invalid_argument.
+std::string flush_mode(const ControlInput & in) {
+    bool keep = false;
+    if (const auto q = in.get("keep_host_tier")) {
+        if (*q != "true" && *q != "false" && *q != "1" && *q != "0") {
+            throw Error(Errc::invalid_argument, fmt::format("keep_host_tier must be true or false, got '{}'", *q), "keep_host_tier");
+        }
+        keep = *q == "true" || *q == "1";
+    }
+    if (in.body.is_object() && in.body.contains("keep_host_tier")) {
+        if (!in.body["keep_host_tier"].is_boolean()) {
+            throw Error(Errc::invalid_argument, "keep_host_tier must be a boolean", "keep_host_tier");
+        }
+        keep = in.body["keep_host_tier"].get<bool>();
+    }
+    return keep ? "device" : "";
+}
+
 }  // namespace peer
 
 namespace {
@@ -183,9 +202,9 @@ void vllm_is_paused(ApiContext & ctx, const ControlInput & in, Response & res) {
 }
 
 void vllm_reset_prefix_cache(ApiContext & ctx, const ControlInput & in, Response & res) {
-    in.allow_only({}, "POST /reset_prefix_cache");
-    reject_unknown_fields(in.body, {}, "reset_prefix_cache");
-    const Outcome o = run(ctx, in, {.op = "flush_cache"});
+    in.allow_only({"keep_host_tier"}, "POST /reset_prefix_cache");
+    reject_unknown_fields(in.body, {"keep_host_tier"}, "reset_prefix_cache");
+    const Outcome o = run(ctx, in, {.op = "flush_cache", .mode = flush_mode(in)});
     if (!o.ok) { return vllm_error(res, o); }
     res.status = 200;  // vLLM answers an empty 200
 }

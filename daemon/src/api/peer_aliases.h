@@ -44,6 +44,10 @@ using AliasFn = void (*)(ApiContext &, const ControlInput &, Response &);
 // SGLang's routes (sglang_aliases.cpp; python/sglang/srt/entrypoints/http_server.py).
 void sglang_release(ApiContext & ctx, const ControlInput & in, Response & res);
 void sglang_resume(ApiContext & ctx, const ControlInput & in, Response & res);
+/// The flush_cache wire mode of a cache-flush alias: "device" when `keep_host_tier` (query
+/// true|false|1|0 or a JSON body boolean) keeps the host KV tier, else "" (both tiers).
+/// Errors  invalid_argument.
+std::string flush_mode(const ControlInput & in);
 void sglang_flush_cache(ApiContext & ctx, const ControlInput & in, Response & res);
 void sglang_weight_version(ApiContext & ctx, const ControlInput & in, Response & res);
 void sglang_update_from_disk(ApiContext & ctx, const ControlInput & in, Response & res);

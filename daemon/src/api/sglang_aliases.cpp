@@ -72,9 +72,9 @@ void sglang_resume(ApiContext & ctx, const ControlInput & in, Response & res) {
 /// GET or POST (SGLang serves both; slime polls GET until it answers 200). SGLang refuses while
 /// requests run; ours flushes only unreferenced blocks, so it always succeeds.
 void sglang_flush_cache(ApiContext & ctx, const ControlInput & in, Response & res) {
-    in.allow_only({"timeout"}, in.req ? in.req->method + " /flush_cache" : "/flush_cache");
-    reject_unknown_fields(in.body, {}, "flush_cache");
-    const Outcome o = run(ctx, in, {.op = "flush_cache"});
+    in.allow_only({"timeout", "keep_host_tier"}, in.req ? in.req->method + " /flush_cache" : "/flush_cache");
+    reject_unknown_fields(in.body, {"keep_host_tier"}, "flush_cache");
+    const Outcome o = run(ctx, in, {.op = "flush_cache", .mode = flush_mode(in)});
     res.status      = o.ok ? 200 : o.http_status;
     res.set_content(o.ok ? "Cache flushed.\n" : o.error_message + "\n", "text/plain");  // SGLang's text answer
 }

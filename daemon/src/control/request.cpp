@@ -58,10 +58,19 @@ ControlRequest ControlRequest::parse(const shm::MailboxCommand & wire) {
         throw Error(Errc::invalid_argument,
                     fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", *wire.version), "version");
     }
-    if (!wire.mode.empty() && r.verb != ControlVerb::pause) {
-        throw Error(Errc::invalid_argument, fmt::format("'{}' takes no mode (only pause does)", wire.op), "mode");
+    if (!wire.mode.empty() && r.verb != ControlVerb::pause && r.verb != ControlVerb::flush_cache) {
+        throw Error(Errc::invalid_argument, fmt::format("'{}' takes no mode (only pause and flush_cache do)", wire.op), "mode");
     }
-    r.pause_mode = engine::parse_pause_mode(wire.mode);
+    if (r.verb == ControlVerb::flush_cache) {
+        if (wire.mode != "" && wire.mode != "all" && wire.mode != "device") {
+            throw Error(Errc::invalid_argument,
+                        fmt::format("flush_cache mode '{}' must be 'all' (device prefix cache and host KV tier, the default) or 'device' "
+                                    "(keep the host tier); nothing was flushed", wire.mode), "mode");
+        }
+        r.keep_host_tier = wire.mode == "device";
+    } else {
+        r.pause_mode = engine::parse_pause_mode(wire.mode);
+    }
     if (wire.keep_prefix_cache && r.verb != ControlVerb::pause) {
         throw Error(Errc::invalid_argument, fmt::format("'{}' takes no clear_cache (only pause does)", wire.op), "clear_cache");
     }

@@ -66,7 +66,7 @@ json result_json(ControlOp op, const ControlResult & r) {
             break;
         case ControlOp::commit_weights: j.update({{"version", r.version}, {"ranks", ranks_json(r)}}); break;
         case ControlOp::drop_staged_weights: j["dropped_version"] = r.version.empty() ? json(nullptr) : json(r.version); break;
-        case ControlOp::flush_cache: break;
+        case ControlOp::flush_cache: j["host_blocks_flushed"] = r.n_host_blocks_flushed; break;
     }
     return j;
 }
@@ -214,6 +214,12 @@ json ControlService::status_json() const {
             {"kv_swap_blocks", {{"used", st.n_swap_blocks_used}, {"free", st.n_swap_blocks_total - st.n_swap_blocks_used},
                                 {"total", st.n_swap_blocks_total}}},
             {"num_requests_swapped", st.n_swapped},
+            {"kv_host_tier", {{"enabled", st.host_tier_enabled},
+                              {"cached_blocks", st.n_host_tier_blocks_cached},
+                              {"cached_bytes", st.n_host_tier_blocks_cached * st.host_tier_block_bytes},
+                              {"capacity_bytes", st.n_swap_blocks_total * st.host_tier_block_bytes},
+                              {"weight_version", st.host_tier_weight_version},
+                              {"transfers_paused", st.host_tier_transfers_paused}}},
             {"rss_bytes", process_rss_bytes() + engine_.rank_processes_rss_bytes()},  // the daemon and its rank processes
             {"device_memory", device_memory_json(engine_.rank_devices())},
             {"progress", progress_json()}};
@@ -257,7 +263,7 @@ ControlReply ControlService::run(const ControlRequest & req) {
                        .weight_dir = req.weight_dir, .reload_base = req.reload_base});
         case ControlVerb::commit_weights: require_dynamic(); return op({.op = ControlOp::commit_weights, .version = req.version});
         case ControlVerb::drop_staged_weights: require_dynamic(); return op({.op = ControlOp::drop_staged_weights});
-        case ControlVerb::flush_cache: return op({.op = ControlOp::flush_cache});
+        case ControlVerb::flush_cache: return op({.op = ControlOp::flush_cache, .keep_host_tier = req.keep_host_tier});
         case ControlVerb::clear_load_weight:
         case ControlVerb::update_model_weight: break;
     }

@@ -228,6 +228,7 @@ void Engine::emit(Sequence & s, FinishReason why, ChoiceEvent ev) {
     ev.finish          = why;
     ev.n_prompt_tokens = s.n_prompt;
     ev.n_cached_tokens = std::max(0, s.n_cached);
+    ev.n_host_cached_tokens = kv_.tier_enabled() ? s.n_host_cached : -1;
     ev.weight_version  = state_.weight_version;
     if (why != FinishReason::none && s.spans.size() > 1) { ev.weight_versions = s.spans; }
     // Metrics first: an event-driven reader may answer the client before push() returns, and
@@ -350,6 +351,7 @@ bool Engine::step() {
         return handled_control;
     }
     const auto t0 = std::chrono::steady_clock::now();
+    kv_.set_transfers_paused(drain_.has_value());  // a pause (mode=wait draining) stops tier copies
     ScheduleDecision d = sched_.schedule(kv_);
     for (SchedSeq * r : d.rejected) {
         auto & s = static_cast<Sequence &>(*r);
@@ -366,14 +368,22 @@ bool Engine::step() {
         stats_.n_swap_preemptions_total += static_cast<int64_t>(d.swapped.size());
         stats_.n_recompute_preemptions_total += static_cast<int64_t>(d.preempted.size());
     }
-    if (!d.swap_out.empty() || !d.swap_in.empty()) {  // before the forward: it may overwrite swapped-out blocks
+    // Before the forward (it may overwrite swapped-out or evicted blocks), in one call: every
+    // device → host copy (preemption, then the tier's) runs before every host → device one.
+    const size_t n_tier_out = d.tier_out.size(), n_tier_in = d.tier_in.size();
+    d.swap_out.insert(d.swap_out.end(), d.tier_out.begin(), d.tier_out.end());
+    d.swap_in.insert(d.swap_in.end(), d.tier_in.begin(), d.tier_in.end());
+    if (!d.swap_out.empty() || !d.swap_in.empty()) {
         executor_->swap_kv(d.swap_out.data(), static_cast<int64_t>(d.swap_out.size()), d.swap_in.data(),
                            static_cast<int64_t>(d.swap_in.size()));
         const int64_t block_bytes = model::Worker::kv_block_bytes(model_cfg_, kv_.block_size());  // all ranks together
         std::lock_guard lk(stats_mu_);
-        stats_.swap_out_bytes_total += static_cast<int64_t>(d.swap_out.size()) * block_bytes;
-        stats_.swap_in_bytes_total += static_cast<int64_t>(d.swap_in.size()) * block_bytes;
+        stats_.swap_out_bytes_total += static_cast<int64_t>(d.swap_out.size() - n_tier_out) * block_bytes;
+        stats_.swap_in_bytes_total += static_cast<int64_t>(d.swap_in.size() - n_tier_in) * block_bytes;
+        stats_.host_tier_out_bytes_total += static_cast<int64_t>(n_tier_out) * block_bytes;
+        stats_.host_tier_in_bytes_total += static_cast<int64_t>(n_tier_in) * block_bytes;
     }
+    kv_.copies_done();  // the copies ran (step-aligned): the blocks they held may be handed out again
     if (d.run.empty()) {
         reap();
         publish_stats();
@@ -426,11 +436,12 @@ bool Engine::step() {
     }
     // Token counters go up before each row's event goes out: an event-driven reader may answer
     // the client before push() returns, and a client that has its answer finds it in /metrics.
-    auto count = [&](int64_t n_generated, int64_t n_prompt, int64_t n_cached) {
+    auto count = [&](int64_t n_generated, int64_t n_prompt, int64_t n_cached, int64_t n_host_cached) {
         std::lock_guard lk(stats_mu_);
         stats_.n_tokens_generated_total += n_generated;
         stats_.n_tokens_prompt_total += n_prompt;
         stats_.n_tokens_cached_total += n_cached;
+        stats_.n_tokens_host_cached_total += n_host_cached;
     };
     for (size_t i = 0; i < rows.size(); ++i) {
         Sequence &    s      = *rows[i].s;
@@ -441,12 +452,13 @@ bool Engine::step() {
             s.n_prompt_scored = rows[i].pos + 1;
             continue;
         }
-        int64_t n_prompt = 0, n_cached = 0;
+        int64_t n_prompt = 0, n_cached = 0, n_host_cached = 0;
         if (static_cast<int32_t>(s.tokens.size()) == s.n_prompt) {  // first token of this choice
-            n_prompt = s.n_prompt;
-            n_cached = std::max(0, s.n_cached);
+            n_prompt      = s.n_prompt;
+            n_cached      = std::max(0, s.n_cached);
+            n_host_cached = s.n_cached > 0 ? s.n_host_cached : 0;
             if (s.params.max_tokens == 0) {  // scoring only: the prompt's logprobs, nothing generated
-                count(0, n_prompt, n_cached);
+                count(0, n_prompt, n_cached, n_host_cached);
                 emit(s, FinishReason::length, ChoiceEvent{});
                 continue;
             }
@@ -459,7 +471,7 @@ bool Engine::step() {
                                     model_cfg_.eos_token_ids);
             to_sample = processed_.data();
         }
-        count(1, n_prompt, n_cached);
+        count(1, n_prompt, n_cached, n_host_cached);
         ChoiceEvent ev;
         append_token(s, sample_token(to_sample, vocab, s.params, s.rng), logits, ev);
     }
@@ -552,6 +564,16 @@ void Engine::publish_stats() {
     stats_.n_swap_blocks_used  = kv_.n_host_blocks_used();
     stats_.n_swap_blocks_total = kv_.n_host_blocks_total();
     stats_.n_swapped           = kv_.n_seqs_swapped();
+    const auto tc = kv_.tier_counters();
+    stats_.host_tier_enabled             = kv_.tier_enabled();
+    stats_.n_host_tier_blocks_cached     = kv_.n_host_blocks_cached();
+    stats_.host_tier_block_bytes         = model::Worker::kv_block_bytes(model_cfg_, kv_.block_size());
+    stats_.n_host_tier_offloads_total    = tier_counted_.offloaded + tc.offloaded;
+    stats_.n_host_tier_hits_total        = tier_counted_.loaded + tc.loaded;
+    stats_.n_host_tier_evictions_total   = tier_counted_.evicted + tc.evicted;
+    stats_.n_host_tier_invalidated_total = tier_counted_.invalidated + tc.invalidated;
+    stats_.host_tier_transfers_paused    = state_.paused || drain_.has_value();
+    stats_.host_tier_weight_version      = state_.weight_version;
 }
 
 }  // namespace fd::engine

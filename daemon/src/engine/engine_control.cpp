@@ -83,7 +83,10 @@ ControlResult Engine::run_control(const ControlCommand & cmd) {
             case ControlOp::update_weights: do_update_weights(cmd, r); break;
             case ControlOp::commit_weights: do_commit_weights(cmd, r); break;
             case ControlOp::drop_staged_weights: drop_staged(&r); break;
-            case ControlOp::flush_cache: kv_.flush_prefix_cache(); break;
+            case ControlOp::flush_cache:
+                kv_.flush_prefix_cache();
+                if (!cmd.keep_host_tier) { r.n_host_blocks_flushed = kv_.flush_host_tier(); }
+                break;
             case ControlOp::abort_request: do_abort_request(cmd, r); break;
         }
     } catch (const Error & e) {
@@ -160,10 +163,15 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
             r.tags_skipped.push_back("kv_cache");
         } else {
             release(runtime::MemoryTag::kv_cache, r.freed_kv_bytes);
-            // The swap pool's contents went with the aborted requests; its memory stays unless
-            // FD_ENABLE_SWAP_SPACE_CLEARING=1 (wakeup(kv_cache) maps it again).
-            if (cfg_.clear_swap_space_on_sleep && kv_cfg_.n_host_blocks > 0) { release(runtime::MemoryTag::kv_swap, r.freed_swap_bytes); }
-            kv_ = kv::KvCache(kv_cfg_);
+            // The swapped-out sequences went with the aborted requests; the pool's memory, and
+            // the host KV tier's prefix blocks in it, stay unless FD_ENABLE_SWAP_SPACE_CLEARING=1
+            // (wakeup(kv_cache) maps it again). Kept entries serve only their weight version.
+            if (cfg_.clear_swap_space_on_sleep && kv_cfg_.n_host_blocks > 0) {
+                release(runtime::MemoryTag::kv_swap, r.freed_swap_bytes);
+                reset_kv();
+            } else {
+                kv_.reset_device();
+            }
             state_.kv_asleep = true;
             r.tags_done.push_back("kv_cache");
         }
@@ -196,7 +204,7 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
     if (tags.weight && state_.weight_asleep) {
         drop_staged(nullptr);
         reload_serving_weights(r);
-        kv_.flush_prefix_cache();
+        weights_changed();  // reloaded from the source: maybe other bytes than before the sleep
         weight_woken = true;
     }
     if (tags.kv_cache) {
@@ -204,7 +212,7 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
             r.tags_skipped.push_back("kv_cache");
         } else {
             for (const auto & rep : executor_->acquire_kv()) { rank_cost(r, rep.rank).rss_bytes = rep.rss_bytes; }
-            kv_ = kv::KvCache(kv_cfg_);
+            kv_.reset_device();  // the host tier (when its pool stayed) keeps its entries
             state_.kv_asleep = false;
             r.tags_done.push_back("kv_cache");
         }
@@ -279,7 +287,7 @@ void Engine::recover_ranks(ControlResult & r) {
     state_.weight_asleep = true;
     state_.weights_valid = false;
     executor_->acquire_kv();
-    kv_ = kv::KvCache(kv_cfg_);
+    reset_kv();  // respawned ranks hold no KV, host tier included
     state_.kv_asleep = false;
     reload_serving_weights(r);
     r.tags_done = {"kv_cache", "weight"};
@@ -348,7 +356,7 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
         rc.update_s = rep.commit_s;
         rc.total_s  = rc.sync_s + rc.update_s;
     }
-    kv_.flush_prefix_cache();
+    weights_changed();
     set_label(*version, staged_fingerprint_);
     serving_dir_       = req.weight_dir;
     serving_dir_owned_ = req.weight_dir_owned;
@@ -372,13 +380,29 @@ void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {
         rc.total_s  = rep.commit_s;
         rc.rss_bytes = rep.rss_bytes;
     }
-    kv_.flush_prefix_cache();  // no KV computed with the old weights is reused (invariant 1)
+    weights_changed();  // no KV computed with the old weights is reused (invariant 1)
     set_label(state_.staged_version, staged_fingerprint_);
     serving_dir_.clear();  // staged updates come from the source only
     state_.weights_valid  = true;
     state_.staged_version.clear();
     r.version = state_.weight_version;
     recompute_kept();
+}
+
+void Engine::weights_changed() {
+    kv_.flush_prefix_cache();
+    const int64_t n = kv_.set_weight_epoch(++weight_epoch_);
+    if (n > 0) { log::get("engine")->info("weights changed: {} host KV tier block(s) of the old weights dropped", n); }
+}
+
+void Engine::reset_kv() {
+    const auto c = kv_.tier_counters();
+    tier_counted_.offloaded += c.offloaded;
+    tier_counted_.loaded += c.loaded;
+    tier_counted_.evicted += c.evicted;
+    tier_counted_.invalidated += c.invalidated + kv_.n_host_blocks_cached();
+    kv_ = kv::KvCache(kv_cfg_);
+    kv_.set_weight_epoch(weight_epoch_);
 }
 
 void Engine::drop_staged(ControlResult * r) {

@@ -69,7 +69,8 @@ ScheduleDecision Scheduler::schedule(kv::KvCache & kv) {
             budget -= n;
             continue;
         }
-        const int32_t cached = s->no_prefix_cache ? 0 : kv.match_prefix(s->id, s->tokens, s->prefix_salt);
+        int32_t       from_host = 0;
+        const int32_t cached    = s->no_prefix_cache ? 0 : kv.match_prefix(s->id, s->tokens, s->prefix_salt, &from_host);
         s->n_computed = cached;
         const int64_t n = chunk(s, budget);
         if (!kv.allocate(s->id, s->n_computed + n)) {
@@ -77,12 +78,16 @@ ScheduleDecision Scheduler::schedule(kv::KvCache & kv) {
             s->n_computed = 0;
             break;
         }
-        if (s->n_cached < 0) { s->n_cached = cached; }
+        if (s->n_cached < 0) {
+            s->n_cached      = cached;
+            s->n_host_cached = from_host;
+        }
         waiting_.pop_front();
         running_.push_back(s);
         d.run.push_back({s, static_cast<int32_t>(n)});
         budget -= n;
     }
+    kv.take_tier_copies(d.tier_out, d.tier_in);
     return d;
 }
 

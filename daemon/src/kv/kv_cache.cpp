@@ -13,8 +13,21 @@ KvCache::KvCache(const KvCacheConfig & cfg) : cfg_(cfg), blocks_(static_cast<siz
     free_.reserve(blocks_.size());
     for (int64_t i = cfg.n_blocks - 1; i >= 0; --i) { free_.push_back(static_cast<int32_t>(i)); }
     FD_CHECK(cfg.n_host_blocks >= 0, "host swap pool of {} blocks", cfg.n_host_blocks);
-    host_free_.reserve(static_cast<size_t>(cfg.n_host_blocks));
-    for (int64_t i = cfg.n_host_blocks - 1; i >= 0; --i) { host_free_.push_back(static_cast<int32_t>(i)); }
+    host_ = HostTier(cfg.n_host_blocks, cfg.block_size_tokens);
+}
+
+void KvCache::reset_device() {
+    FD_CHECK(host_tables_.empty(), "reset_device with {} sequence(s) swapped out", host_tables_.size());
+    copies_done();
+    tier_out_.clear();
+    tier_in_.clear();
+    blocks_.assign(static_cast<size_t>(cfg_.n_blocks), Block{});
+    free_.clear();
+    for (int64_t i = cfg_.n_blocks - 1; i >= 0; --i) { free_.push_back(static_cast<int32_t>(i)); }
+    lru_.clear();
+    by_hash_.clear();
+    tables_.clear();
+    n_committed_blocks_.clear();
 }
 
 uint64_t KvCache::chain_hash(uint64_t parent_hash, const int32_t * tokens) const {
@@ -32,6 +45,7 @@ int32_t KvCache::take_block() {
         FD_CHECK(!lru_.empty(), "no KV block left to take");
         id = lru_.front();
         lru_.pop_front();
+        offload(id);
         Block & b = blocks_[id];
         by_hash_.erase(b.hash);
         b.cached = false;
@@ -39,6 +53,19 @@ int32_t KvCache::take_block() {
     }
     blocks_[id].ref = 1;
     return id;
+}
+
+// An evicted device prefix block lives on in the host tier: queue its device → host copy (it runs
+// before anything writes the device block again: the step's copies precede its forward).
+void KvCache::offload(int32_t id) {
+    const Block & b = blocks_[id];
+    if (!tier_enabled() || transfers_paused_ || b.epoch != epoch_ || host_.contains(b.hash, epoch_)) { return; }
+    const int32_t h = host_.take();
+    if (h < 0) { return; }  // every host block is in use: the prefix is dropped
+    host_.publish(h, b.hash, b.parent_hash, b.tokens.data(), b.epoch);
+    host_.put_after_step(h);  // written by this step's copy: not handed out again before it ran
+    tier_out_.push_back({id, h});
+    ++counters_.offloaded;
 }
 
 void KvCache::unref(int32_t id) {
@@ -53,7 +80,8 @@ void KvCache::unref(int32_t id) {
     }
 }
 
-int32_t KvCache::match_prefix(SeqId seq, const std::vector<int32_t> & tokens, uint64_t salt) {
+int32_t KvCache::match_prefix(SeqId seq, const std::vector<int32_t> & tokens, uint64_t salt, int32_t * n_from_host) {
+    if (n_from_host) { *n_from_host = 0; }
     auto & table = tables_[seq];
     FD_CHECK(table.empty(), "match_prefix on seq {} that already holds blocks", seq);
     if (!cfg_.enable_prefix_caching || tokens.empty()) { return 0; }
@@ -61,16 +89,49 @@ int32_t KvCache::match_prefix(SeqId seq, const std::vector<int32_t> & tokens, ui
     const int64_t n_full   = (static_cast<int64_t>(tokens.size()) - 1) / bs;
     uint64_t      h        = salt;  // the chain starts at the salt: another salt's blocks hash elsewhere
     int32_t       parent   = -1;
-    for (int64_t i = 0; i < n_full; ++i) {
-        h = chain_hash(h, tokens.data() + i * bs);
-        auto it = by_hash_.find(h);
+    int64_t       i        = 0;
+    uint64_t      h_parent = 0;
+    for (; i < n_full; ++i) {
+        const uint64_t hi = chain_hash(h, tokens.data() + i * bs);
+        auto it = by_hash_.find(hi);
         if (it == by_hash_.end()) { break; }
         Block & b = blocks_[it->second];
         if (b.parent != parent || b.salt != salt || !std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin() + i * bs)) { break; }
         if (b.ref++ == 0) { lru_.erase(b.lru_it); }
         table.push_back(it->second);
         parent = it->second;
+        h      = hi;
     }
+    // The device cache missed at block i: the host tier may hold it (and what follows).
+    const int64_t n_device = i;
+    for (; tier_enabled() && !transfers_paused_ && i < n_full && n_blocks_free() > 0; ++i) {
+        const int32_t * blk = tokens.data() + i * bs;
+        h_parent            = h;
+        const uint64_t hi   = chain_hash(h, blk);
+        const int32_t  hb   = host_.find(hi, h_parent, blk, epoch_);
+        if (hb < 0) { break; }
+        host_.hold(hb);                  // first: the eviction below may need a host block, never this one
+        const int32_t d = take_block();  // (may itself offload an older prefix block)
+        Block & b = blocks_[d];
+        b.hash        = hi;
+        b.parent      = parent;
+        b.parent_hash = h_parent;  // block 0's is the salt: host hits are verified against it
+        b.salt        = salt;
+        b.epoch       = epoch_;
+        if (by_hash_.count(hi) == 0) {
+            b.tokens.assign(blk, blk + bs);
+            b.cached     = true;
+            by_hash_[hi] = d;
+        }
+        ++b.ref;  // held until the copy ran: never evicted (and overwritten) before it is written
+        dev_held_.push_back(d);
+        tier_in_.push_back({hb, d});
+        ++counters_.loaded;
+        table.push_back(d);
+        parent = d;
+        h      = hi;
+    }
+    if (n_from_host) { *n_from_host = static_cast<int32_t>((i - n_device) * bs); }
     n_committed_blocks_[seq] = static_cast<int64_t>(table.size());
     return static_cast<int32_t>(table.size() * bs);
 }
@@ -99,10 +160,13 @@ void KvCache::commit_full_blocks(SeqId seq, const std::vector<int32_t> & tokens,
     uint64_t h = done > 0 ? blocks_[table[done - 1]].hash : salt;
     for (int64_t i = done; i < n_full; ++i) {
         Block & b = blocks_[table[i]];
+        const uint64_t h_prev = h;
         h = chain_hash(h, tokens.data() + i * bs);
+        b.parent_hash = h_prev;
         b.hash   = h;
         b.parent = i > 0 ? table[i - 1] : -1;
         b.salt   = salt;
+        b.epoch  = epoch_;
         if (!b.cached && by_hash_.count(h) == 0) {
             b.tokens.assign(tokens.begin() + i * bs, tokens.begin() + (i + 1) * bs);
             b.cached = true;
@@ -114,7 +178,7 @@ void KvCache::commit_full_blocks(SeqId seq, const std::vector<int32_t> & tokens,
 
 void KvCache::release(SeqId seq) {
     if (auto h = host_tables_.find(seq); h != host_tables_.end()) {
-        host_free_.insert(host_free_.end(), h->second.rbegin(), h->second.rend());
+        for (auto b = h->second.rbegin(); b != h->second.rend(); ++b) { host_.put(*b); }
         host_tables_.erase(h);
     }
     auto it = tables_.find(seq);
@@ -135,8 +199,7 @@ bool KvCache::swap_out(SeqId seq, int64_t n_tokens, std::vector<BlockCopy> & cop
     auto & host = host_tables_[seq];
     host.reserve(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
-        const int32_t h = host_free_.back();
-        host_free_.pop_back();
+        const int32_t h = host_.take();
         host.push_back(h);
         copies.push_back({it->second[i], h});
     }
@@ -156,7 +219,15 @@ bool KvCache::swap_in(SeqId seq, int64_t n_tokens, std::vector<BlockCopy> & copi
     auto & table = tables_[seq];
     for (int64_t i = 0; i < need; ++i) { table.push_back(take_block()); }
     for (int64_t i = 0; i < n_host; ++i) { copies.push_back({h->second[i], table[i]}); }
-    host_free_.insert(host_free_.end(), h->second.rbegin(), h->second.rend());
+    // With the tier a device → host copy may be queued in this step too: the blocks read here
+    // stay taken until copies_done() (without it the decision holds no swap-out, as before).
+    for (auto b = h->second.rbegin(); b != h->second.rend(); ++b) {
+        if (tier_enabled()) {
+            host_.put_after_step(*b);
+        } else {
+            host_.put(*b);
+        }
+    }
     host_tables_.erase(h);
     n_committed_blocks_[seq] = 0;  // fresh blocks: commit_full_blocks publishes them again
     return true;
@@ -179,6 +250,39 @@ void KvCache::flush_prefix_cache() {
         }
     }
     by_hash_.clear();
+}
+
+int64_t KvCache::flush_host_tier() {
+    const int64_t n = host_.flush();
+    counters_.invalidated += n;
+    return n;
+}
+
+int64_t KvCache::set_weight_epoch(uint64_t epoch) {
+    epoch_ = epoch;
+    const int64_t n = host_.drop_other_epochs(epoch);
+    counters_.invalidated += n;
+    return n;
+}
+
+void KvCache::take_tier_copies(std::vector<BlockCopy> & out, std::vector<BlockCopy> & in) {
+    out.insert(out.end(), tier_out_.begin(), tier_out_.end());
+    in.insert(in.end(), tier_in_.begin(), tier_in_.end());
+    tier_out_.clear();
+    tier_in_.clear();
+}
+
+void KvCache::copies_done() {
+    host_.end_step();
+    std::vector<int32_t> held;
+    held.swap(dev_held_);
+    for (int32_t d : held) { unref(d); }
+}
+
+KvCache::TierCounters KvCache::tier_counters() const {
+    TierCounters c = counters_;
+    c.evicted      = host_.n_evictions_total();
+    return c;
 }
 
 const std::vector<int32_t> & KvCache::block_table(SeqId seq) const {

@@ -60,6 +60,7 @@ struct ControlRequest {
     std::string                weight_dir;        ///< update_weights: an absolute checkpoint dir (prime-rl's /update_weights)
     bool                       reload_base = false;  ///< update_weights: the base --model (prime-rl's /reload_weights)
     bool                       keep_prefix_cache = false;  ///< pause: do not flush the prefix cache (an update still does)
+    bool                       keep_host_tier = false; ///< flush_cache: wire mode "device" (the host KV tier is kept); "" | "all" = both tiers
     /// The caller's deadline and start/cancel handshake (set by the transport after parse; null =
     /// the deadline is now + control_timeout_s). A state-changing command not started by the
     /// deadline is dropped, never run, and answered 504 `timeout` saying nothing changed.
@@ -68,7 +69,7 @@ struct ControlRequest {
     /// Validate a command in wire form. Checks the op name, that tags are only given to
     /// sleep/wakeup and name known tags, the version syntax ([A-Za-z0-9._-]{1,128}, not '.'
     /// or '..'; only for update_weights and commit_weights), verify_checksum and commit=false
-    /// only for update_weights, mode (abort|wait|keep) only for pause, request_id / abort_all
+    /// only for update_weights, mode (abort|wait|keep) only for pause (all|device for flush_cache), request_id / abort_all
     /// only for abort (exactly one of them).
     /// Errors  fd::Error{invalid_argument} with param() naming the offending field.
     static ControlRequest parse(const shm::MailboxCommand & wire);

@@ -96,6 +96,7 @@ struct ControlCommand {
     std::string                weight_dir;         ///< update_weights: load this absolute HF checkpoint dir (owned by the daemon's user)
     bool                       reload_base = false;///< update_weights: load the base --model checkpoint
     bool                       keep_prefix_cache = false;  ///< pause: leave the prefix cache as it is (update/commit still flush it)
+    bool                       keep_host_tier = false;  ///< flush_cache: forget the device prefix cache only (wire: mode "device")
 };
 
 /// One rank's part of a control command (result.ranks).
@@ -121,6 +122,7 @@ struct ControlResult {
     int64_t  freed_weight_bytes = -1;              ///< sleep: -1 = tag not processed (not asked or already asleep)
     int64_t  freed_kv_bytes     = -1;
     int64_t  freed_swap_bytes   = -1;              ///< sleep(kv_cache) with FD_ENABLE_SWAP_SPACE_CLEARING=1: the host swap pool
+    int64_t  n_host_blocks_flushed = 0;            ///< flush_cache: host KV tier prefix blocks forgotten
     std::vector<std::string> tags_skipped;         ///< sleep/wakeup: asked but already in that state
     std::vector<std::string> tags_done;            ///< sleep/wakeup: processed, in order
     int64_t  rss_before_bytes = 0, rss_after_bytes = 0;

@@ -83,6 +83,18 @@ struct EngineStats {
     int64_t n_swap_blocks_used = 0, n_swap_blocks_total = 0;  ///< host swap pool: blocks holding swapped-out KV / capacity
     int64_t n_swapped = 0;                                    ///< sequences whose KV is in the host pool
     int64_t swap_out_bytes_total = 0, swap_in_bytes_total = 0;///< KV bytes copied device → host / host → device (all ranks)
+    // The host KV tier's prefix blocks (prefix caching + --swap-space; fd/kv/host_tier.h).
+    bool    host_tier_enabled = false;
+    int64_t n_host_tier_blocks_cached = 0;       ///< host blocks holding prefix entries now
+    int64_t host_tier_block_bytes     = 0;       ///< bytes of one block, all ranks together
+    int64_t n_host_tier_offloads_total = 0;      ///< evicted device prefix blocks copied to the host
+    int64_t n_host_tier_hits_total     = 0;      ///< host prefix blocks copied back instead of recomputed
+    int64_t n_host_tier_evictions_total = 0;     ///< host prefix entries evicted (LRU) for room
+    int64_t n_host_tier_invalidated_total = 0;   ///< host prefix entries dropped (weight change, flush)
+    int64_t n_tokens_host_cached_total = 0;      ///< prompt tokens served from the host tier (part of n_tokens_cached_total)
+    int64_t host_tier_out_bytes_total = 0, host_tier_in_bytes_total = 0;  ///< tier copy bytes device → host / host → device (all ranks)
+    bool    host_tier_transfers_paused = false;  ///< tier copies stopped (paused or draining)
+    std::string host_tier_weight_version;        ///< the weight version the host entries were computed under
     std::array<int64_t, kStepLatencyBuckets.size() + 1> step_latency_counts{};  ///< last = +Inf
     double  step_latency_sum_s = 0.0;
 };
@@ -171,6 +183,11 @@ private:
     /// After the serving weights changed under kept requests: drop their KV so every one is
     /// recomputed (prompt + generated tokens) with the new weights before it samples again.
     void          recompute_kept();
+    /// The serving weights changed: no KV computed before is reused (device prefix cache
+    /// flushed, host-tier entries keyed to the new epoch; invariant 1).
+    void          weights_changed();
+    /// A fresh KvCache (device pool and host tier), its counters carried over.
+    void          reset_kv();
     void          do_resume(ControlResult & r);
     void          do_sleep(TagSet tags, ControlResult & r);
     void          do_wakeup(TagSet tags, ControlResult & r);
@@ -199,6 +216,8 @@ private:
     std::shared_ptr<const tokenizer::Tokenizer>   tok_;
     kv::KvCacheConfig                         kv_cfg_;
     kv::KvCache                               kv_;
+    uint64_t                                  weight_epoch_ = 0;  ///< bumped whenever the serving weights change (KV keys)
+    kv::KvCache::TierCounters                 tier_counted_;      ///< tier counters of the KvCaches replaced so far
     EngineState                               state_;      ///< engine thread only; copied into stats_
     std::string                               staged_fingerprint_;  ///< of the staged bytes (two-phase)
     /// Every label served and the fingerprint of its bytes (weights::label_for keeps a label

@@ -92,6 +92,7 @@ struct ChoiceEvent {
     StopReason                stop_reason;      ///< on the finishing event
     int32_t                   n_prompt_tokens = 0;
     int32_t                   n_cached_tokens = 0;  ///< prompt tokens served from the prefix cache
+    int32_t                   n_host_cached_tokens = -1;  ///< of those, from the host KV tier (-1 = no host tier)
     std::string               weight_version;
     std::vector<VersionSpan>  weight_versions;  ///< on the finishing event, only when the choice's tokens
                                                 ///< came from more than one version (a keep pause + update)

@@ -14,6 +14,10 @@
 // The engine runs a decision's copies before the step's forward pass. A decision never holds
 // both swap_out and swap_in (admission, the only swap-in, is skipped in a step that preempted),
 // so a host block freed by a swap-in is never the target of a swap-out in the same step.
+// With prefix caching and a host pool the decision also lists the host KV tier's copies
+// (tier_out: evicted prefix blocks saved to the host; tier_in: host-tier prefix hits loaded
+// back); the engine runs every device → host copy (swap_out, tier_out) before every host →
+// device one (swap_in, tier_in), then KvCache::copies_done() (fd/kv/kv_cache.h).
 // A sequence may cap its chunk (max_chunk) and skip the prefix cache (no_prefix_cache: scoring
 // wants every prompt row).
 //
@@ -37,6 +41,7 @@ struct SchedSeq {
     std::vector<int32_t> tokens;           ///< prompt + generated so far
     int64_t              n_computed  = 0;  ///< tokens whose KV is in the cache
     int32_t              n_cached    = -1; ///< prompt tokens found in the prefix cache at first admission (-1 = not yet admitted)
+    int32_t              n_host_cached = 0; ///< of n_cached, the tokens copied back from the host KV tier
     int32_t              n_preempted = 0;
     bool                 no_prefix_cache = false;  ///< every prompt row is computed (its logits are wanted)
     int32_t              max_chunk       = 0;      ///< > 0: at most this many tokens per step
@@ -63,6 +68,8 @@ struct ScheduleDecision {
     std::vector<SchedSeq *>    rejected;    ///< can never fit the KV pool; removed from the queue
     std::vector<kv::BlockCopy> swap_out;    ///< device → host copies to run before this step
     std::vector<kv::BlockCopy> swap_in;     ///< host → device copies to run before this step
+    std::vector<kv::BlockCopy> tier_out;    ///< host KV tier: evicted prefix blocks, device → host
+    std::vector<kv::BlockCopy> tier_in;     ///< host KV tier: prefix hits, host → device
 
     size_t n_preempted() const { return preempted.size() + swapped.size(); }
 };

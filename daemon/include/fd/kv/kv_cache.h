@@ -11,11 +11,25 @@
 // fresh device blocks and frees the host ones; each returns the block copies the Worker must run
 // (fd/kv/block_copy.h). A sequence's blocks reside on the device or on the host, never both.
 //
+// The multi-level prefix cache (prefix caching on and a host tier): the same host pool
+// (fd/kv/host_tier.h) also keeps the prefix blocks the device pool evicts. When take_block()
+// evicts an unreferenced cached device block computed under the current weight epoch, a
+// device → host copy saves it (unless the host tier has it already); match_prefix() continues a
+// device-cache hit with host-tier hits, each copied back (host → device) into a fresh device
+// block instead of being recomputed. These copies are collected with take_tier_copies() and
+// must run in the step that scheduled them, every device → host copy before every host → device
+// copy and both before the forward (the engine's swap_kv does exactly that); copies_done() then
+// releases the blocks they held, so no block a pending copy reads or writes is handed out again
+// in the same step (never a torn block). Host entries are keyed by weight epoch
+// (set_weight_epoch: entries of other epochs are dropped, never matched). set_transfers_paused()
+// stops both directions (pause); what was copied stays.
+//
 // Invariants: n_blocks_free() + n_blocks_used() == n_blocks_total();
 //             n_host_blocks_free() + n_host_blocks_used() == n_host_blocks_total().
 #pragma once
 
 #include "fd/kv/block_copy.h"
+#include "fd/kv/host_tier.h"
 
 #include <cstdint>
 #include <list>
@@ -43,9 +57,11 @@ public:
 
     /// With prefix caching: attach the cached full blocks that hold a prefix of tokens[0, n-1)
     /// (the last token is always recomputed so its logits exist) to `seq`, whose table must be
-    /// empty. Returns the number of tokens whose KV is now present (a multiple of block size).
+    /// empty: device hits first, then host-tier hits (each takes a device block and queues a
+    /// host → device copy). Returns the number of tokens whose KV is now present (a multiple of
+    /// block size); `*n_from_host` (if given) receives how many of them came from the host tier.
     /// Only blocks committed with the same `salt` match (vLLM's cache_salt; 0 = none).
-    int32_t match_prefix(SeqId seq, const std::vector<int32_t> & tokens, uint64_t salt = 0);
+    int32_t match_prefix(SeqId seq, const std::vector<int32_t> & tokens, uint64_t salt = 0, int32_t * n_from_host = nullptr);
 
     /// Blocks `seq` still needs to hold `n_tokens` tokens.
     int64_t n_blocks_needed(SeqId seq, int64_t n_tokens) const;
@@ -76,8 +92,29 @@ public:
 
     Residence residence(SeqId seq) const;
 
-    /// Forget every cached prefix (blocks still in use stay with their sequences).
+    /// Forget every cached prefix of the device pool (blocks still in use stay with their sequences).
     void flush_prefix_cache();
+    /// Forget every prefix block of the host tier (swapped-out sequences keep theirs). Returns blocks dropped.
+    int64_t flush_host_tier();
+    /// The device pool was released and mapped again: every device block is free, no sequence
+    /// holds any; the host tier's prefix entries stay (their bytes are in the kv_swap region).
+    /// Requires  no sequence is swapped out.
+    void reset_device();
+
+    /// The weight epoch new KV is computed under; host entries of any other epoch are dropped.
+    /// Returns the host blocks dropped.
+    int64_t set_weight_epoch(uint64_t epoch);
+    uint64_t weight_epoch() const { return epoch_; }
+    /// While paused no tier copy is queued (evicted blocks are dropped, lookups stop at the device).
+    void set_transfers_paused(bool paused) { transfers_paused_ = paused; }
+    bool transfers_paused() const { return transfers_paused_; }
+    /// Whether prefix blocks go to the host tier (prefix caching on and a host pool).
+    bool tier_enabled() const { return cfg_.enable_prefix_caching && cfg_.n_host_blocks > 0; }
+    /// Append (and forget) the tier copies queued since the last call: device → host to `out`,
+    /// host → device to `in`.
+    void take_tier_copies(std::vector<BlockCopy> & out, std::vector<BlockCopy> & in);
+    /// This step's copies ran: the blocks they held are released.
+    void copies_done();
 
     /// Block ids of `seq`, in token order.  Shape [ceil(n_tokens / block_size)].
     const std::vector<int32_t> & block_table(SeqId seq) const;
@@ -88,10 +125,21 @@ public:
     int64_t n_blocks_cached() const { return static_cast<int64_t>(by_hash_.size()); }
     int32_t block_size() const { return cfg_.block_size_tokens; }
     int64_t n_host_blocks_total() const { return cfg_.n_host_blocks; }
-    int64_t n_host_blocks_free() const { return static_cast<int64_t>(host_free_.size()); }
+    int64_t n_host_blocks_free() const { return host_.n_available(); }
     int64_t n_host_blocks_used() const { return n_host_blocks_total() - n_host_blocks_free(); }
     /// Sequences whose blocks are in the host pool.
     int64_t n_seqs_swapped() const { return static_cast<int64_t>(host_tables_.size()); }
+    /// Host blocks holding prefix entries (reusable; counted in n_host_blocks_free()).
+    int64_t n_host_blocks_cached() const { return host_.n_cached(); }
+
+    /// Tier counters since construction (blocks).
+    struct TierCounters {
+        int64_t offloaded   = 0;  ///< device → host prefix copies queued
+        int64_t loaded      = 0;  ///< host → device prefix copies queued (host-tier hits)
+        int64_t evicted     = 0;  ///< host prefix entries evicted (LRU) to make room
+        int64_t invalidated = 0;  ///< host prefix entries dropped by a weight change or a flush
+    };
+    TierCounters tier_counters() const;
 
 private:
     struct Block {
@@ -100,11 +148,14 @@ private:
         uint64_t hash   = 0;
         int32_t  parent = -1;             ///< previous block of the chain (-1 = first)
         uint64_t salt   = 0;              ///< the committing sequence's prefix salt, to verify hash hits
+        uint64_t parent_hash = 0;         ///< previous block's chain hash (0 = first)
+        uint64_t epoch  = 0;              ///< weight epoch the block's KV was computed under
         std::vector<int32_t> tokens;      ///< the block's tokens, to verify hash hits
         std::list<int32_t>::iterator lru_it;
     };
 
     int32_t  take_block();
+    void     offload(int32_t id);
     void     unref(int32_t id);
     uint64_t chain_hash(uint64_t parent_hash, const int32_t * tokens) const;
 
@@ -115,8 +166,13 @@ private:
     std::unordered_map<uint64_t, int32_t>           by_hash_;
     std::unordered_map<SeqId, std::vector<int32_t>> tables_;
     std::unordered_map<SeqId, int64_t>              n_committed_blocks_;
-    std::vector<int32_t>                            host_free_;    ///< free host block ids
+    HostTier                                        host_;
     std::unordered_map<SeqId, std::vector<int32_t>> host_tables_;  ///< swapped-out sequences' host blocks, in token order
+    uint64_t                                        epoch_ = 0;
+    bool                                            transfers_paused_ = false;
+    std::vector<BlockCopy>                          tier_out_, tier_in_;  ///< queued tier copies
+    std::vector<int32_t>                            dev_held_;  ///< device blocks a queued host → device copy writes
+    TierCounters                                    counters_;
 };
 
 }  // namespace fd::kv
