@@ -109,7 +109,7 @@ def fault_during_decode(bin_, backend, sig, *args):
 
 
 def kill_during_rebuild(bin_, backend, tmp, trial):
-    marker = os.path.join(tmp, f"rebuild-{backend}-{trial}")
+    marker = os.path.join(tmp, f"rebuild-{abs(hash(bin_))}-{backend}-{trial}")
     d = start(bin_, backend, env={"FD_TEST_PAUSE_AT": f"comm_connect:1:{marker}"})
     try:
         code, j = d.post("/v1/sleep")
@@ -117,11 +117,11 @@ def kill_during_rebuild(bin_, backend, tmp, trial):
         answer = {}
         t = threading.Thread(target=lambda: answer.update(r=d.post("/v1/wakeup", timeout=60), t=time.monotonic()))
         t.start()
-        deadline = time.time() + 30
+        deadline = time.time() + 5
         while not (os.path.exists(marker) and os.path.getsize(marker) > 0):
-            if time.time() > deadline:
+            if time.time() > deadline or "r" in answer:
                 t.join(60)
-                return None  # no comm_connect hook in this binary
+                return None  # no comm_connect hook in this binary: the wakeup just succeeded
             time.sleep(0.005)
         with open(marker) as f:
             victim = int(f.read())
@@ -161,9 +161,14 @@ def run_cases(bin_, backends, trials, tmp):
             "stop_decode": lambda: fault_during_decode(bin_, backend, signal.SIGSTOP, *(["--rank-heartbeat-s", "1"] if bin_ == BIN else [])),
         }
         for name, case in cases.items():
-            runs = [case() for _ in range(trials)]
+            runs = []
+            for _ in range(trials):
+                runs.append(case())
+                if runs[-1] is None:
+                    break
             if any(r is None for r in runs):
                 continue
+            print(f"{'ref' if bin_ != BIN else 'new'} {backend}/{name}: {runs}", file=sys.stderr, flush=True)
             answer, health = [r[0] for r in runs], [r[1] for r in runs]
             out[f"{backend}/{name}"] = {"answer_s_median": statistics.median(answer), "answer_s_max": max(answer),
                                         "health_s_median": statistics.median(health), "health_s_max": max(health)}
