@@ -104,8 +104,7 @@ def fault_during_decode(bin_, backend, sig, *args):
             os.kill(victim, signal.SIGCONT)
         return (min(errors) - t0 if errors else float("nan")), (t_health - t0 if t_health else float("nan"))
     finally:
-        d.stop(signal.SIGKILL)
-        d.__exit__()
+        d.__exit__()  # SIGTERM: the daemon removes its control block
 
 
 def kill_during_rebuild(bin_, backend, tmp, trial):
@@ -135,8 +134,7 @@ def kill_during_rebuild(bin_, backend, tmp, trial):
         assert (code, j["error"]["type"]) == (503, "rank_failed"), (code, j)
         return answer["t"] - t0, (t_health - t0 if t_health else float("nan"))
     finally:
-        d.stop(signal.SIGKILL)
-        d.__exit__()
+        d.__exit__()  # SIGTERM: the daemon removes its control block
 
 
 def health_rtt(bin_):
