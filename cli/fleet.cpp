@@ -127,7 +127,32 @@ json phase_json(const std::vector<HostResult> & rs) {
     return a;
 }
 
+/// Every host's weight_version now (from /health): "unreachable" / "no answer" where none came.
+json serving_versions(const FleetOptions & o, const std::vector<std::string> & hosts) {
+    const auto status = fan_out(o, hosts, {.op = "status"});
+    json seen = json::object();
+    for (const auto & s : status) {
+        const json j = s.ok() ? json::parse(s.body, nullptr, false) : json();
+        seen[s.host] = j.is_object() ? j.value("weight_version", "?")
+                       : s.exit_code == fd::errc_info(fd::Errc::unreachable).exit_code ? "unreachable"
+                                                                                         : "no answer";
+    }
+    return seen;
+}
+
+/// "h1 (exit 8), h3 (exit 7)": the hosts of `rs` that failed.
+std::string failed_hosts(const std::vector<HostResult> & rs) {
+    std::string out;
+    for (const auto & r : rs) {
+        if (!r.ok()) { out += fmt::format("{}{} (exit {})", out.empty() ? "" : ", ", r.host, r.exit_code); }
+    }
+    return out;
+}
+
 /// The all-or-nothing update: stage everywhere → commit everywhere, or drop everywhere → verify.
+/// Exit codes (cli/fleet.h, README's table): nothing committed anywhere → the shared code when
+/// every host failed alike, else 20, whether or not every staged copy could be dropped (a staged
+/// copy is never served); 21 only when some host may serve the new version and another does not.
 int fleet_update(const FleetOptions & o, const std::vector<std::string> & hosts, fd::shm::MailboxCommand cmd) {
     json report = {{"op", "update_weights"}, {"version", *cmd.version}, {"hosts", hosts}};
     auto finish = [&](int rc, const std::string & outcome) {
@@ -139,39 +164,55 @@ int fleet_update(const FleetOptions & o, const std::vector<std::string> & hosts,
         if (rc != 0) { std::cerr << "fdctl: fleet: " << outcome << "\n"; }
         return rc;
     };
+    // Nothing was committed anywhere: drop what may be staged, everywhere (a host that gave no
+    // answer may still finish its stage), and say who serves what. A drop that fails leaves a
+    // staged copy that is never served: the fleet still serves one version (20, not 21).
+    auto roll_back = [&](const std::vector<HostResult> & failed_phase, const char * phase) {
+        const auto dropped = fan_out(o, hosts, {.op = "drop_staged_weights"});
+        report["drop"] = phase_json(dropped);
+        print_phase(o, "drop", dropped);
+        const std::string not_dropped = failed_hosts(dropped);
+        const json seen = serving_versions(o, hosts);
+        report["weight_versions"] = seen;
+        return finish(combined_exit(failed_phase),
+                      fmt::format("version {} did not {} on every host (failed: {}); nothing was committed anywhere: every host keeps "
+                                  "its old version; weight_version per host: {}{}", *cmd.version, phase, failed_hosts(failed_phase),
+                                  seen.dump(), not_dropped.empty() ? std::string{}
+                                                                   : fmt::format(". The staged copy (never served) could not be dropped "
+                                                                                 "on {}: run drop-staged-weights there once it answers",
+                                                                                 not_dropped)));
+    };
     cmd.commit = false;
     const auto staged = fan_out(o, hosts, cmd);
     report["stage"] = phase_json(staged);
     print_phase(o, "stage", staged);
-    if (!all_ok(staged)) {
-        const auto dropped = fan_out(o, hosts, {.op = "drop_staged_weights"});
-        report["drop"] = phase_json(dropped);
-        print_phase(o, "drop", dropped);
-        const int rc = combined_exit(staged);
-        if (!all_ok(dropped)) {
-            return finish(kExitFleetInconsistent, "staging failed and the staged copy could not be dropped everywhere "
-                                                  "(no host serves it; drop-staged-weights on the failed hosts)");
-        }
-        return finish(rc, fmt::format("version {} did not stage on every host; dropped everywhere: every host keeps its old version", *cmd.version));
-    }
+    if (!all_ok(staged)) { return roll_back(staged, "stage"); }
     const auto committed = fan_out(o, hosts, {.op = "commit_weights", .version = cmd.version});
     report["commit"] = phase_json(committed);
     print_phase(o, "commit", committed);
-    const auto status = fan_out(o, hosts, {.op = "status"});
-    std::set<std::string> versions;
-    json seen = json::object();
-    for (const auto & s : status) {
-        const json j  = s.ok() ? json::parse(s.body, nullptr, false) : json();
-        const std::string v = j.is_object() ? j.value("weight_version", "?") : "?";
-        versions.insert(v);
-        seen[s.host] = v;
-    }
+    const json seen = serving_versions(o, hosts);
     report["weight_versions"] = seen;
-    if (!all_ok(committed) || versions.size() != 1 || *versions.begin() != *cmd.version) {
-        return finish(kExitFleetInconsistent, fmt::format("INCONSISTENT: version {} committed on some hosts only; weight_version per host: {}",
-                                                          *cmd.version, seen.dump()));
+    bool all_new = true, any_new = false, any_unsure = false;
+    for (size_t i = 0; i < hosts.size(); ++i) {
+        const std::string v = seen.value(hosts[i], std::string("?"));
+        all_new    = all_new && v == *cmd.version;
+        any_new    = any_new || v == *cmd.version || committed[i].ok();
+        any_unsure = any_unsure || committed[i].http_status == 0 || (v != *cmd.version && (v == "unreachable" || v == "no answer"));
     }
-    return finish(0, fmt::format("every host ({}) serves weight_version {} once resumed", hosts.size(), *cmd.version));
+    if (all_ok(committed) && all_new) {
+        return finish(0, fmt::format("every host ({}) serves weight_version {} once resumed", hosts.size(), *cmd.version));
+    }
+    if (!any_new && !any_unsure) { return roll_back(committed, "commit"); }  // every commit refused, every host still on its old version
+    std::string serve_new, serve_other;
+    for (const auto & h : hosts) {
+        const std::string v = seen.value(h, std::string("?"));
+        std::string & list  = v == *cmd.version ? serve_new : serve_other;
+        list += fmt::format("{}{}{}", list.empty() ? "" : ", ", h, v == *cmd.version ? std::string{} : " (" + v + ")");
+    }
+    return finish(kExitFleetInconsistent,
+                  fmt::format("INCONSISTENT: version {} committed on some hosts only (commit failed: {}); serving {}: {}; not serving "
+                              "it: {}; weight_version per host: {}", *cmd.version, failed_hosts(committed).empty() ? "none" : failed_hosts(committed),
+                              *cmd.version, serve_new.empty() ? "none confirmed" : serve_new, serve_other.empty() ? "none" : serve_other, seen.dump()));
 }
 
 /// `abort REQUEST_ID` on a fleet: the request runs on one host (or a few, for an X-Request-Id

@@ -107,6 +107,10 @@ void add_flags(CLI::App & app, fd::Config & c) {
                    "on this host), nccl (--device cuda, one rank per device, one node) or auto (cuda: nccl when every rank has a "
                    "device of its own, else shm/gloo staged through host memory; cpu: shm when --nnodes 1, else gloo)")
         ->envname("FD_DIST_BACKEND")->check(CLI::IsMember({"auto", "gloo", "shm", "nccl"}))->capture_default_str();
+    app.add_option("--rank-heartbeat-s", p.rank_heartbeat_s,
+                   "mp backend: a rank process stopped (SIGSTOP, a debugger) this long is failed (rank_failed, /health degraded); "
+                   "one that exits is noticed at once on every backend, whatever this says")
+        ->envname("FD_RANK_HEARTBEAT_S")->check(CLI::Range(0.05, 3600.0))->capture_default_str();
     app.add_option("--max-num-seqs", c.engine.scheduler.max_num_seqs, "Most sequences in the running batch")
         ->envname("FD_MAX_NUM_SEQS")->capture_default_str();
     app.add_option("--max-num-batched-tokens", c.engine.scheduler.max_num_batched_tokens, "Token budget per engine step (prefill chunks + decodes)")
@@ -301,7 +305,8 @@ int run(fd::Config & cfg, sigset_t & signals) {
                                          .master_port = cfg.parallel.master_port, .nnodes = par.nnodes, .dist_token = dist_token,
                                          .shutdown_comm_group_if_worker_idle = cfg.parallel.shutdown_comm_group_if_worker_idle,
                                          .dist_backend = r.dist_backend,
-                                         .timeout_s = cfg.control.control_timeout_s, .log_level = cfg.log_level,
+                                         .timeout_s = cfg.control.control_timeout_s,
+                                         .heartbeat_s = cfg.parallel.rank_heartbeat_s, .log_level = cfg.log_level,
                                          .log_format = cfg.log_format};
         // A weight read that hangs fails inside the rank before the daemon gives up on the rank.
         mp.worker.io_timeout_s = 0.8 * cfg.control.control_timeout_s;

@@ -394,7 +394,8 @@ struct Generation {
                 a.n_host_cached = ev.n_host_cached_tokens;
                 if (ev.finish != FinishReason::none) { a.finish = ev.finish; }
                 if (!ev.weight_versions.empty()) { a.weight_versions = std::move(ev.weight_versions); }
-                weight_version = ev.weight_version;
+                weight_version   = ev.weight_version;
+                a.weight_version = ev.weight_version;
             }
             if (!channel->done()) {
                 if (std::chrono::steady_clock::now() < deadline) { return false; }
@@ -404,7 +405,14 @@ struct Generation {
             json choices = json::array();
             for (int32_t c = 0; c < static_cast<int32_t>(acc.size()); ++c) {
                 json choice = format.choice(c, acc[c]);
-                if (!acc[c].weight_versions.empty()) { choice["weight_versions"] = spans_json(acc[c].weight_versions); }
+                if (!acc[c].weight_versions.empty()) {
+                    choice["weight_versions"] = spans_json(acc[c].weight_versions);
+                } else if (!acc[c].token_ids.empty() && acc[c].weight_version != weight_version) {
+                    // One version, not the response's (a choice that ended before an update its
+                    // siblings continued under): its span says which.
+                    const int32_t last = static_cast<int32_t>(acc[c].token_ids.size()) - 1;
+                    choice["weight_versions"] = spans_json({{.version = acc[c].weight_version, .first_token = 0, .last_token = last}});
+                }
                 choices.push_back(std::move(choice));
             }
             note_usage(res);

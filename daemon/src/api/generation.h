@@ -103,6 +103,7 @@ struct ChoiceAcc {
     engine::StopReason                stop_reason;
     engine::FinishReason              finish   = engine::FinishReason::none;
     std::vector<engine::VersionSpan>  weight_versions;  ///< set when the tokens came from more than one version
+    std::string                       weight_version;   ///< the version of its last event (its tokens' when it has any)
     int32_t                           n_prompt = 0, n_cached = 0, n_host_cached = -1;  ///< n_host_cached: -1 = no host KV tier
 };
 

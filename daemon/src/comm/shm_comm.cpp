@@ -6,6 +6,7 @@
 #include "fd/trust.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -20,6 +21,7 @@
 #include <ctime>
 #include <string>
 #include <utility>
+#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -45,10 +47,12 @@ struct alignas(64) Header {
 constexpr int kSegmentSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
 /// One rank's arrival line: `arrived` is the number of the last call this rank reached (futex word),
-/// `sleepers` counts peers in a futex wait on it.
+/// `sleepers` counts peers in a futex wait on it, `pid` is the rank's process (set at connect: a
+/// peer waiting on it watches that process through a pidfd and fails at once when it exits).
 struct alignas(64) Line {
     std::atomic<uint32_t> arrived;
     std::atomic<uint32_t> sleepers;
+    std::atomic<int32_t>  pid;
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
@@ -113,10 +117,16 @@ public:
         bytes_ = bytes;
         // Counters start at 0 in a fresh segment: every rank's first call is 1.
         call_ = lines()[cfg_.rank].arrived.load(std::memory_order_acquire);
+        lines()[cfg_.rank].pid.store(static_cast<int32_t>(::getpid()), std::memory_order_release);
+        peer_fds_.assign(static_cast<size_t>(cfg_.world_size), -1);
         log::get("comm")->info("rank {}/{}: shm group connected (generation {})", cfg_.rank, cfg_.world_size, generation);
     }
 
     void disconnect() override {
+        for (int & fd : peer_fds_) {
+            if (fd >= 0) { ::close(fd); }
+            fd = -1;
+        }
         if (!base_) { return; }
         ::munmap(base_, static_cast<size_t>(bytes_));
         base_  = nullptr;
@@ -195,11 +205,16 @@ private:
                     fail(Errc::rank_failed, "{} on rank {}: rank {} did not arrive within {:.1f} s (a peer rank died or hung)", what,
                          cfg_.rank, r, cfg_.timeout_s);
                 }
+                if (peer_exited(r)) {
+                    fail(Errc::rank_failed, "{} on rank {}: rank {} (pid {}) exited before arriving", what, cfg_.rank, r,
+                         L[r].pid.load(std::memory_order_acquire));
+                }
                 L[r].sleepers.fetch_add(1, std::memory_order_seq_cst);
                 const uint32_t seen = L[r].arrived.load(std::memory_order_seq_cst);
                 if (static_cast<int32_t>(seen - k) < 0) {
+                    // 10 ms slices: a peer that exits meanwhile is seen within one.
                     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
-                    futex_wait(&L[r].arrived, seen, std::clamp<int64_t>(left, 1, 100));
+                    futex_wait(&L[r].arrived, seen, std::clamp<int64_t>(left, 1, 10));
                 }
                 L[r].sleepers.fetch_sub(1, std::memory_order_seq_cst);
             }
@@ -207,7 +222,22 @@ private:
         return k;
     }
 
+    /// True once peer `r`'s process (the pid its line names) has exited: its pidfd, opened on
+    /// first need, is readable (or the pid is already gone). False while it has not connected.
+    bool peer_exited(int32_t r) {
+        const int32_t pid = lines()[r].pid.load(std::memory_order_acquire);
+        if (pid <= 0) { return false; }
+        int & fd = peer_fds_[static_cast<size_t>(r)];
+        if (fd < 0) {
+            fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+            if (fd < 0) { return errno == ESRCH; }
+        }
+        pollfd p{fd, POLLIN, 0};
+        return ::poll(&p, 1, 0) > 0;
+    }
+
     ShmCommConfig cfg_;
+    std::vector<int> peer_fds_;  ///< [world] pidfds of the peers (-1: not opened yet)
     char *        base_  = nullptr;
     int64_t       bytes_ = 0;
     uint32_t      call_  = 0;   ///< the number of this rank's last collective call (same on every rank)

@@ -229,7 +229,9 @@ void Engine::emit(Sequence & s, FinishReason why, ChoiceEvent ev) {
     ev.n_prompt_tokens = s.n_prompt;
     ev.n_cached_tokens = std::max(0, s.n_cached);
     ev.n_host_cached_tokens = kv_.tier_enabled() ? s.n_host_cached : -1;
-    ev.weight_version  = state_.weight_version;
+    // The version its tokens came from: a kept choice that ends (abort, pause, sleep, shutdown)
+    // after an update without a token under the new weights still names the old one.
+    ev.weight_version  = s.spans.empty() ? state_.weight_version : s.spans.back().version;
     if (why != FinishReason::none && s.spans.size() > 1) { ev.weight_versions = s.spans; }
     // Metrics first: an event-driven reader may answer the client before push() returns, and
     // a client that has its answer must find it counted in /metrics.

@@ -277,6 +277,12 @@ void Engine::enter_degraded(const Error & e) {
 void Engine::recover_ranks(ControlResult & r) {
     auto lg = log::get("engine");
     lg->warn("wakeup: recovering rank(s) [{}]", fmt::join(executor_->failed_ranks(), ", "));
+    // Every rank process is replaced: whatever a two-phase update staged went with the old ones
+    // (a later commit_weights is a 409 "nothing is staged", never a commit of nothing).
+    if (!state_.staged_version.empty()) {
+        lg->warn("wakeup: the staged version '{}' is discarded with the old rank processes", state_.staged_version);
+        state_.staged_version.clear();
+    }
     executor_->recover();
     state_.degraded = false;
     state_.failed_ranks.clear();

@@ -206,28 +206,52 @@ std::vector<RankReport> MpExecutor::reload_weights(const weights::FetchRequest &
 
 void MpExecutor::gather(const std::vector<int32_t> & ranks, Clock::time_point deadline, const std::atomic<bool> * abandon, uint64_t seq) {
     pending_.assign(ranks.begin(), ranks.end());
-    pollfd fds[64];
+    pollfd fds[128];  // [0, n): the pending ranks' links; [n, n + n_pidfd): the pidfds of the local ones among them
+    int32_t pid_of[64];
     FD_CHECK(pending_.size() <= 64, "{} ranks on one node", pending_.size());
-    bool abandoned = false;
+    // A stopped rank is looked at every heartbeat_s / 10 (5 ms .. 500 ms): caught within heartbeat_s + 2 looks (≤ 1.2 × heartbeat_s).
+    const auto tick = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::clamp(cfg_.heartbeat_s / 10, 0.005, 0.5)));
+    auto next_beat = Clock::now() + tick;
+    bool abandoned = false, lost = n_lost_ != lost_mark_;  // a rank already lost since the call began (its send failed)
+    if (lost) { deadline = std::min(deadline, Clock::now() + kSurvivorGrace); }
     while (!pending_.empty()) {
         const auto now = Clock::now();
         if (now >= deadline) {
-            for (int32_t r : pending_) { mark_failed(r, /*timed_out=*/true); }
-            return;
+            if (!lost) {
+                for (int32_t r : pending_) { mark_failed(r, /*timed_out=*/true); }
+            }
+            return;  // after a loss: the survivors stay unanswered (see the header)
         }
-        auto wait = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+        auto wait = std::chrono::ceil<std::chrono::milliseconds>(std::min(deadline, next_beat) - now);
         if (abandon) { wait = std::min(wait, std::chrono::milliseconds(2)); }
-        for (size_t i = 0; i < pending_.size(); ++i) { fds[i] = {ranks_[pending_[i]].link.fd(), POLLIN, 0}; }
-        const int rc = ::poll(fds, pending_.size(), static_cast<int>(wait.count()));
+        const size_t n = pending_.size();
+        size_t n_pidfd = 0;
+        for (size_t i = 0; i < n; ++i) {
+            fds[i] = {ranks_[pending_[i]].link.fd(), POLLIN, 0};
+            if (ranks_[pending_[i]].pidfd >= 0) {
+                fds[n + n_pidfd] = {ranks_[pending_[i]].pidfd, POLLIN, 0};
+                pid_of[n_pidfd++] = static_cast<int32_t>(i);
+            }
+        }
+        const int rc = ::poll(fds, n + n_pidfd, static_cast<int>(std::max<int64_t>(0, wait.count())));
         if (abandon && !abandoned && abandon->load(std::memory_order_relaxed)) {
             static_cast<RegionHeader *>(region_.data())->abandon.store(true);
             abandoned = true;
         }
-        if (rc <= 0) { continue; }
+        const size_t lost_before = n_lost_;
+        // Liveness first: an exited process fails now, a stopped one at the heartbeat.
+        for (size_t j = 0; rc > 0 && j < n_pidfd; ++j) {
+            if (fds[n + j].revents != 0) { check_process(pending_[pid_of[j]], Clock::now()); }
+        }
+        if (Clock::now() >= next_beat) {
+            for (int32_t r : pending_) { check_process(r, Clock::now()); }
+            next_beat = Clock::now() + tick;
+        }
         still_.clear();
-        for (size_t i = 0; i < pending_.size(); ++i) {
+        for (size_t i = 0; i < n; ++i) {
             const int32_t r = pending_[i];
-            if (fds[i].revents == 0) {
+            if (ranks_[r].failed) { continue; }
+            if (rc <= 0 || fds[i].revents == 0) {
                 still_.push_back(r);
                 continue;
             }
@@ -249,6 +273,11 @@ void MpExecutor::gather(const std::vector<int32_t> & ranks, Clock::time_point de
             }
         }
         pending_.swap(still_);
+        if (n_lost_ != lost_before && !lost) {
+            // The others may be waiting for the lost rank inside a collective: a moment to answer, no more.
+            lost     = true;
+            deadline = std::min(deadline, Clock::now() + kSurvivorGrace);
+        }
     }
 }
 
@@ -264,7 +293,8 @@ void MpExecutor::call(LinkMsg req, const char * what, bool survivors_only, const
         }
     }
     if (req.op != static_cast<uint32_t>(LinkOp::forward)) { last_control_ = Clock::now(); }  // its replies carry device memory
-    req.seq = ++seq_;
+    req.seq    = ++seq_;
+    lost_mark_ = n_lost_;
     if (payload) { req.bytes = static_cast<int64_t>(payload_n); }
     live_.clear();
     for (int32_t r : targets) {

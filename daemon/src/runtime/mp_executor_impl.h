@@ -73,13 +73,18 @@ private:
         int32_t     node = 0;
         bool        remote = false;          ///< on node > 0: a TCP link from its node agent, no pid here
         std::string model_dir, bind_addr;    ///< remote: the node's --model and its ranks' Gloo address
+        int         pidfd = -1;              ///< local: readable once the process exits (-1: none)
+        Clock::time_point stopped_since{};   ///< local: when it was first seen stopped ({}: running)
     };
 
     // ---- the round trip to every rank (mp_executor.cpp)
 
     /// Collect one reply from each rank in `ranks` until `deadline` into replies_[r] (a `ready`
-    /// or the answer to `seq`). A rank whose link closes or that misses the deadline is marked
-    /// failed. Allocation-free once warm (the step path).
+    /// or the answer to `seq`). A rank whose link closes, whose process exits (pidfd), that stays
+    /// stopped for heartbeat_s or that misses the deadline is marked failed. Once one has failed,
+    /// the others get kSurvivorGrace more to answer (they may be waiting on the dead one inside a
+    /// collective), then the wait ends with them unanswered (their late replies are skipped by
+    /// seq; recover() restarts every rank). Allocation-free once warm (the step path).
     void gather(const std::vector<int32_t> & ranks, Clock::time_point deadline, const std::atomic<bool> * abandon, uint64_t seq);
 
     /// Send `req` to every rank (or only the live ones) and gather the replies.
@@ -121,6 +126,10 @@ private:
 
     [[noreturn]] void throw_failed(const char * what) const;
 
+    /// Rank `r`'s process (local ranks) without waiting: marks it failed and returns true when it
+    /// has exited, or has been stopped for heartbeat_s (first seen stopped at the last sample).
+    bool check_process(int32_t r, Clock::time_point now);
+
     /// Rank `r` is out until recover(): its link closed (`timed_out` false) or it missed a deadline.
     void mark_failed(int32_t r, bool timed_out, const std::string & what = {});
 
@@ -149,6 +158,9 @@ private:
     std::vector<std::atomic<int64_t>> remote_rss_;  ///< [world] RSS a rank on another node last reported (0: local / none)
     std::vector<LinkMsg>             replies_;   ///< [world] the latest call's answers
     std::vector<int32_t>             targets_, live_, pending_, still_;
+    size_t                           n_lost_ = 0;     ///< ranks marked failed so far
+    size_t                           lost_mark_ = 0;  ///< n_lost_ when the current call / start-up wait began
+    static constexpr std::chrono::milliseconds kSurvivorGrace{50};  ///< see gather(): what a survivor gets after a loss
     uint64_t                         seq_ = 0;
     int64_t                          generation_ = 1;
     bool                             comm_connected_ = false;

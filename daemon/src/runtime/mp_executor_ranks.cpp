@@ -94,6 +94,9 @@ void MpExecutor::spawn(int32_t r, int segment_fd) {
     auto & k  = ranks_[r];
     k.pid     = pid;
     pids_[r]  = pid;
+    if (k.pidfd >= 0) { ::close(k.pidfd); }
+    k.pidfd   = open_pidfd(pid);
+    k.stopped_since = {};
     k.link    = std::move(mine);
     k.failed  = false;
     k.why.clear();
@@ -105,6 +108,7 @@ void MpExecutor::wait_ready(const std::vector<int32_t> & fresh) {
     for (int32_t r : fresh) {
         if (!ranks_[r].failed) { waiting.push_back(r); }
     }
+    lost_mark_ = n_lost_;
     gather(waiting, Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.timeout_s)), nullptr, 0);
     std::string errors;
     for (int32_t r = 0; r < world_size(); ++r) {
@@ -148,12 +152,33 @@ comm::ShmCommSegment MpExecutor::comm_segment(int64_t generation) const {
 
 std::vector<int32_t> MpExecutor::failed_ranks() {
     std::vector<int32_t> out;
+    const auto now = Clock::now();
     for (int32_t r = 0; r < world_size(); ++r) {
         auto & k = ranks_[r];
         if (!k.failed && k.link.peer_closed()) { mark_failed(r, false); }
+        if (!k.failed) { check_process(r, now); }
         if (k.failed) { out.push_back(r); }
     }
     return out;
+}
+
+bool MpExecutor::check_process(int32_t r, Clock::time_point now) {
+    auto & k = ranks_[r];
+    if (k.failed || k.remote || k.pid <= 0) { return k.failed; }
+    if (pidfd_exited(k.pidfd)) {
+        mark_failed(r, /*timed_out=*/false);
+        return true;
+    }
+    if (!process_stopped(k.pid)) {
+        k.stopped_since = {};
+        return false;
+    }
+    if (k.stopped_since == Clock::time_point{}) { k.stopped_since = now; }
+    const double stopped_s = std::chrono::duration<double>(now - k.stopped_since).count();
+    if (stopped_s < cfg_.heartbeat_s) { return false; }
+    mark_failed(r, /*timed_out=*/true, fmt::format("is stopped (SIGSTOP or a debugger) for {:.1f} s (--rank-heartbeat-s {:g})", stopped_s,
+                                                   cfg_.heartbeat_s));
+    return true;
 }
 
 void MpExecutor::mark_failed(int32_t r, bool timed_out, const std::string & what) {
@@ -185,6 +210,7 @@ void MpExecutor::mark_failed(int32_t r, bool timed_out, const std::string & what
         pids_[r] = 0;
     }
     k.failed = true;
+    ++n_lost_;
     log::get("engine")->error("rank {} {}", r, k.why);
 }
 
@@ -227,6 +253,11 @@ void MpExecutor::reap(int32_t r, bool kill) {
     auto & k = ranks_[r];
     if (k.remote && listener_) { listener_->mark_gone(r); }  // before the close: its duplicate would keep the link open
     k.link.close();
+    if (k.pidfd >= 0) {
+        ::close(k.pidfd);
+        k.pidfd = -1;
+    }
+    k.stopped_since = {};
     if (k.pid <= 0) { return; }
     if (kill) { ::kill(k.pid, SIGKILL); }
     const auto deadline = Clock::now() + std::chrono::seconds(5);
@@ -248,18 +279,21 @@ void MpExecutor::reap(int32_t r, bool kill) {
 }
 
 void MpExecutor::shutdown() {
+    // A group that lost a rank is broken: its survivors may be waiting for it inside a collective
+    // (no shutdown answer would come), so every rank is killed rather than asked.
+    const bool broken = std::any_of(ranks_.begin(), ranks_.end(), [](const Rank & k) { return k.failed; });
     LinkMsg m;
     m.op = static_cast<uint32_t>(LinkOp::shutdown);
     for (auto & k : ranks_) {
-        if (!k.failed) { k.link.send(m); }
+        if (!broken) { k.link.send(m); }
     }
     for (int32_t r = 0; r < world_size(); ++r) {
         auto & k = ranks_[r];
-        if (!k.failed && k.link.open()) {
+        if (!broken && k.link.open()) {
             LinkMsg ack;
             k.link.recv(ack, Clock::now() + std::chrono::seconds(5));
         }
-        reap(r, ranks_[r].failed);
+        reap(r, broken);
     }
 }
 

@@ -180,7 +180,8 @@ namespace {
 /// TEST-ONLY hook (docs/operations.md, "Test hooks"), compiled in always and inert unless the
 /// environment has FD_TEST_PAUSE_AT=<phase>:<rank>:<file>. When rank <rank> reaches <phase> of an
 /// update — `stage` (asked to stage, nothing fetched yet), `commit` (staged, asked to commit,
-/// not yet committed) or `committed` (committed, before it answers) — it creates <file>
+/// not yet committed) or `committed` (committed, before it answers) — or of a wakeup's group
+/// rebuild — `comm_connect` (asked to rebuild, before it joins the group) — it creates <file>
 /// (O_EXCL: once per file, so a respawned rank does not pause again), writes its pid there and
 /// sleeps up to 60 s, for a test to SIGKILL it at exactly that phase. Never set it in production.
 void test_pause_at(const char * phase, int rank) {
@@ -327,7 +328,10 @@ private:
                     break;
                 }
                 case LinkOp::reload: rank_report_to_msg(ex_->reload_weights(fetch_request_from_msg(m))[0], reply); break;
-                case LinkOp::comm_connect: comm_->connect(m.generation); break;
+                case LinkOp::comm_connect:
+                    test_pause_at("comm_connect", spawn_.rank);
+                    comm_->connect(m.generation);
+                    break;
                 case LinkOp::comm_disconnect: comm_->disconnect(); break;
                 case LinkOp::mem_info: break;  // fill_state below answers
                 default: fail(Errc::internal, "rank {}: unknown link op {}", spawn_.rank, m.op);

@@ -6,7 +6,10 @@
 
 #include <fmt/format.h>
 
+#include <poll.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -35,6 +38,26 @@ std::string process_condition(pid_t pid, bool & reaped) {
         if (state == 'Z') { return "has exited"; }
     }
     return "did not answer";
+}
+
+int open_pidfd(pid_t pid) {
+    if (pid <= 0) { return -1; }
+    return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));  // pidfds are close-on-exec
+}
+
+bool pidfd_exited(int pidfd) {
+    if (pidfd < 0) { return false; }
+    pollfd p{pidfd, POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+}
+
+bool process_stopped(pid_t pid) {
+    if (pid <= 0) { return false; }
+    std::ifstream f(fmt::format("/proc/{}/stat", pid));
+    std::string line;
+    std::getline(f, line);
+    const auto close = line.rfind(')');
+    return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'T' || line[close + 2] == 't');
 }
 
 SpawnThread::~SpawnThread() {

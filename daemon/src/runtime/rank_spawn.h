@@ -17,6 +17,16 @@ namespace fd::runtime {
 /// then sets `reaped`. pid <= 0: "has exited".
 std::string process_condition(pid_t pid, bool & reaped);
 
+/// A pidfd for `pid` (pidfd_open, close-on-exec): it turns readable (POLLIN) the moment the
+/// process exits, before it is reaped. -1 when the kernel has none (< 5.3) or the pid is gone.
+int open_pidfd(pid_t pid);
+
+/// True when `pidfd`'s process has exited (a poll without waiting). pidfd < 0: false.
+bool pidfd_exited(int pidfd);
+
+/// True while `pid` is stopped (SIGSTOP, SIGTSTP, a debugger: state T or t in /proc/PID/stat).
+bool process_stopped(pid_t pid);
+
 /// The one thread local rank processes are started from. A rank's PR_SET_PDEATHSIG fires when
 /// the *thread* that spawned it ends, not the daemon process: a rank respawned by wakeup from the
 /// engine thread was SIGKILLed when that thread stopped (daemon shutdown), before the executor

@@ -38,6 +38,10 @@ struct MpExecutorConfig {
     bool        shutdown_comm_group_if_worker_idle = true;  ///< sleep(weight) disconnects the group; wakeup reconnects
     DistBackend dist_backend = DistBackend::automatic;  ///< gloo | shm (a segment per generation, every rank on this host) | nccl | automatic (resolve_dist_backend)
     double      timeout_s = 900.0;          ///< --control-timeout-s: every wait on a rank, start-up included
+    /// --rank-heartbeat-s: every wait on this node's ranks also watches their processes: one that
+    /// exits fails the wait at once (its pidfd), one stopped (SIGSTOP, a debugger: state T/t in
+    /// /proc, looked at every heartbeat_s / 10) for heartbeat_s fails it then (within 1.2 x). Daemon side only.
+    double      heartbeat_s = 3.0;
     std::string rank_binary;                ///< the fdrollout binary to exec; empty = this process's own
     std::string log_level = "info", log_format = "text";
 };
