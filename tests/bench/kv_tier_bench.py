@@ -26,25 +26,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
 from fdtest import Daemon, STORIES  # noqa: E402
-
-
-def kv_block_bytes(model_dir, block_size):
-    with open(os.path.join(model_dir, "config.json")) as f:
-        c = json.load(f)
-    heads = c["num_attention_heads"]
-    head_dim = c.get("head_dim") or c["hidden_size"] // heads
-    return 2 * c["num_hidden_layers"] * block_size * c.get("num_key_value_heads", heads) * head_dim * 4
-
-
-def metrics(d):
-    _, text = d.get("/metrics")
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("fdrollout_") and "_bucket" not in line:
-            name, value = line.rsplit(" ", 1)
-            name = name.split("{")[0]
-            out[name] = out.get(name, 0.0) + float(value)
-    return out
+from swap_bench import kv_block_bytes, metrics  # noqa: E402  (one /metrics reader, one block-size rule)
 
 
 def prompt(seed, n, vocab):
