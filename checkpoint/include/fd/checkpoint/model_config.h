@@ -83,8 +83,10 @@ std::optional<std::string> check_max_model_len(const ModelConfig & cfg, int32_t 
 /// the attention factor of these types is 1).
 std::vector<float> rope_inv_freq(const ModelConfig & cfg);
 
-/// `step` from `dir`/version.yaml as a string ("step: 42" → "42"), or nullopt if the file or the
-/// key is absent. Errors  fd::Error{invalid_checkpoint} if the file exists but `step` is malformed.
+/// The top-level `step` of `dir`/version.yaml (read with yaml-cpp) as a string ("step: 42" →
+/// "42"), or nullopt if the file or a top-level `step` is absent (a `step:` nested under another
+/// key is not the version). Errors  fd::Error{invalid_checkpoint} naming the file if it is not
+/// YAML, not a mapping, or its `step` is not 1-128 of [A-Za-z0-9._-].
 std::optional<std::string> read_version_step(const std::filesystem::path & dir);
 
 }  // namespace fd::model
