@@ -34,7 +34,7 @@ class Install(unittest.TestCase):
             self.assertTrue(os.access(self.path(rel), os.X_OK), rel)
         for rel in ["share/fdrollout/models/stories260K/config.json", "share/fdrollout/models/stories260K/model.safetensors",
                     "share/fdrollout/models/stories260K/tokenizer.model", "share/doc/fdrollout/README.md",
-                    "share/doc/fdrollout/operations.md", "share/fdrollout/systemd/fdrollout.service",
+                    "share/doc/fdrollout/operations.md", "share/doc/fdrollout/weight_control.md", "share/fdrollout/systemd/fdrollout.service",
                     "share/fdrollout/systemd/fdrollout.env", "share/bash-completion/completions/fdctl",
                     "share/fdrollout/python/fdpublish.py", "share/fdrollout/python/safetensors_np.py"]:
             self.assertTrue(os.path.isfile(self.path(rel)), rel)
