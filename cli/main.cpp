@@ -45,6 +45,7 @@ constexpr const char * kExitCodes =
     "  13  forbidden: a file the daemon must trust (ipc record, control block, snapshot or staging dir)\n"
     "      belongs to another user or is writable by others, or (fdctl) the control block is not yours or open to others\n"
     "  14  rank_failed (a tensor-parallel rank died, hung or never joined)\n"
+    "  15  shutting_down (the daemon is draining or stopping: retry on another replica)\n"
     "  20  fleet (--fleet/--hosts): some hosts failed, the others succeeded (per-host results on stdout/stderr);\n"
     "      abort REQUEST_ID: a host failed (e.g. unreachable), so the id may still run there\n"
     "      update-weights: not every host staged, so the version was dropped everywhere: all keep the old one\n"

@@ -25,12 +25,14 @@ enum class Errc {
     wrong_state,         ///< operation not allowed in the current engine state
     invalid_checkpoint,  ///< names/shapes/dtypes/sizes do not match the model
     checksum_mismatch,   ///< a file or tensor differs from its manifest
-    engine_paused,       ///< generation refused while paused/asleep/cleared/draining
+    engine_paused,       ///< generation refused while paused/asleep/cleared (shutdown: shutting_down)
     source_unavailable,  ///< weight source unreachable
     timeout,             ///< a wait ran out
     unreachable,         ///< fdctl only: no daemon on that port/socket
     rank_failed,         ///< a tensor-parallel rank died, hung or never joined (the message names it)
     internal,            ///< FD_CHECK fired
+    shutting_down,       ///< the daemon is draining or stopping (SIGTERM/SIGINT): retry on another replica.
+                         ///< Last so that the numbers above, which ranks and nodes exchange, stay put.
 };
 
 struct ErrcInfo {
@@ -56,6 +58,7 @@ inline constexpr ErrcInfo kErrcTable[] = {
     {Errc::unreachable,        "unreachable",        0,   8},
     {Errc::rank_failed,        "rank_failed",        503, 14},
     {Errc::internal,           "internal",           500, 70},
+    {Errc::shutting_down,      "shutting_down",      503, 15},
 };
 
 /// fdctl: the command line was wrong; nothing was sent.

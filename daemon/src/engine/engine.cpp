@@ -69,7 +69,7 @@ void Engine::stop() {
 }
 
 void Engine::submit(GenerateRequest req) {
-    if (draining_.load()) { fail(Errc::engine_paused, "the server is shutting down; retry on another replica"); }
+    if (draining_.load()) { fail(Errc::shutting_down, "the server is shutting down; retry on another replica"); }
     if (degraded_.load()) {
         fail(Errc::rank_failed, "a tensor-parallel rank failed (GET /health names it); POST /v1/wakeup respawns it, or restart the daemon");
     }
@@ -131,7 +131,7 @@ void Engine::loop() {
     abort_all();
     auto shutting_down = [](const std::shared_ptr<PendingControl> & pc) {
         ControlResult r;
-        r.error = Error(Errc::engine_paused, "the server is shutting down");
+        r.error = Error(Errc::shutting_down, "the server is shutting down");
         pc->done.set_value(std::move(r));
     };
     if (drain_ && drain_->pc) { shutting_down(drain_->pc); }
@@ -150,7 +150,7 @@ void Engine::loop() {
             }
         } else {
             ControlResult r;
-            r.error = Error(Errc::engine_paused, "the server is shutting down");
+            r.error = Error(Errc::shutting_down, "the server is shutting down");
             std::get<std::shared_ptr<PendingControl>>(item)->done.set_value(std::move(r));
         }
     }

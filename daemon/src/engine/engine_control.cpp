@@ -40,7 +40,7 @@ std::future<ControlResult> Engine::control(ControlCommand cmd) {
         std::lock_guard lk(inbox_mu_);
         if (stop_.load()) {
             ControlResult r;
-            r.error = Error(Errc::engine_paused, "the server is shutting down");
+            r.error = Error(Errc::shutting_down, "the server is shutting down");
             pc->done.set_value(std::move(r));
             return fut;
         }
