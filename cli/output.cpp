@@ -6,6 +6,9 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <string_view>
+#include <utility>
+
 namespace fdctl {
 namespace {
 
@@ -20,6 +23,31 @@ json parse(const Reply & r) {
 }
 
 std::string mib(const json & v) { return fmt::format("{:.1f} MiB", v.get<double>() / 1048576.0); }
+
+/// The daemon's hints name HTTP routes (its messages are the same on both transports); fdctl's
+/// user types fdctl commands. Longest phrases first: a shorter one is a prefix of a longer one.
+constexpr std::pair<std::string_view, std::string_view> kRouteToFdctl[] = {
+    {"POST /v1/update_weights {\"version\": ..., \"commit\": false} first", "run `fdctl stage-weights --version V` first"},
+    {"POST /v1/wakeup or /v1/update_weights first", "run `fdctl wakeup` or `fdctl update-weights` first"},
+    {"POST /v1/wakeup?tags=weight first", "run `fdctl wakeup --tags weight` first"},
+    {"POST /v1/wakeup?tags=kv_cache", "`fdctl wakeup --tags kv_cache`"},
+    {"retry after POST /v1/resume or /v1/wakeup", "retry after `fdctl resume` or `fdctl wakeup`"},
+    {"POST /v1/pause first", "run `fdctl pause` first"},
+    {"POST /v1/wakeup first", "run `fdctl wakeup` first"},
+    {"POST /v1/wakeup", "`fdctl wakeup`"},
+    {"GET /health names it", "`fdctl status` names it"},
+    {"pass {\"version\": \"...\"}", "pass --version"},
+    {"or pass \"version\")", "or pass --version)"},
+};
+
+std::string speak_fdctl(std::string msg) {
+    for (const auto & [route, cmd] : kRouteToFdctl) {
+        for (size_t at = msg.find(route); at != std::string::npos; at = msg.find(route, at + cmd.size())) {
+            msg.replace(at, route.size(), cmd);
+        }
+    }
+    return msg;
+}
 
 }  // namespace
 
@@ -40,7 +68,7 @@ int exit_code_for(const Reply & r) {
 std::string error_message(const Reply & r) {
     const json j = parse(r);
     if (j.is_object() && j.contains("error") && j["error"].is_object()) {
-        return fmt::format("{} ({}): {}", j["error"].value("type", "error"), r.http_status, j["error"].value("message", ""));
+        return fmt::format("{} ({}): {}", j["error"].value("type", "error"), r.http_status, speak_fdctl(j["error"].value("message", "")));
     }
     if (j.is_object() && j.contains("msg")) {
         std::string m = fmt::format("{} ({})", j["msg"].get<std::string>(), r.http_status);
@@ -59,7 +87,10 @@ std::string human_summary(const std::string & op, const Reply & r) {
                            j.value("state", "?"), j.value("is_paused", false),
                            j["sleeping_tags"].empty() ? "-" : fmt::format("{}", fmt::join(j["sleeping_tags"].get<std::vector<std::string>>(), ",")),
                            j.value("weights_valid", false), j.value("weight_version", "?"), j.value("model_weights_status", 0),
-                           j.value("num_requests_running", 0), j.value("num_requests_waiting", 0));
+                           j.value("num_requests_running", 0), j.value("num_requests_waiting", 0)) +
+               (j.contains("staged_weight_version") && j["staged_weight_version"].is_string()
+                    ? " staged_weight_version=" + j["staged_weight_version"].get<std::string>()
+                    : std::string());
     }
     if (j.is_object() && j.contains("msg")) { return j["msg"].get<std::string>(); }  // legacy answers
     if (!j.is_object() || !j.contains("result")) { return r.body; }

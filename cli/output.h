@@ -14,7 +14,8 @@ int exit_code_for(const Reply & r);
 /// One-line human summary of a successful answer to `op` (stdout without --json).
 std::string human_summary(const std::string & op, const Reply & r);
 
-/// The error message of a failed answer (stderr).
+/// The error message of a failed answer (stderr): "TYPE (HTTP status): message", the daemon's
+/// route hints ("POST /v1/pause first") spoken as fdctl commands ("run `fdctl pause` first").
 std::string error_message(const Reply & r);
 
 }  // namespace fdctl

@@ -103,6 +103,36 @@ class Fdctl(unittest.TestCase):
                     self.assertEqual(rc, EXIT["not_found"], err)
                     self.assertIn("Dynamic Load Weight Disabled.", err)
 
+    def test_status_shows_the_staged_version_and_hints_speak_fdctl(self):
+        """Issue #26: the one-line status names a staged version; the daemon's route hints reach
+        an fdctl user as fdctl commands, over both transports (the --json body stays the daemon's)."""
+        with Daemon("--dynamic-load-weight") as d:
+            for transport, version in (("shm", "s1"), ("v1", "s2")):
+                t = ["--transport", transport]
+                rc, out, err = fdctl(d.port, *t, "update-weights", "--version", version)  # not paused
+                self.assertEqual(rc, EXIT["wrong_state"], err)
+                self.assertIn("run `fdctl pause` first", err)
+                self.assertNotIn("POST /v1", err)
+                rc, out, _ = fdctl(d.port, *t, "--json", "update-weights", "--version", version)
+                self.assertIn("POST /v1/pause first", json.loads(out)["error"]["message"])  # the body is untouched
+                self.assertEqual(fdctl(d.port, *t, "pause")[0], 0)
+                rc, out, err = fdctl(d.port, *t, "commit-weights")  # nothing staged
+                self.assertEqual(rc, EXIT["wrong_state"], err)
+                self.assertIn("run `fdctl stage-weights --version V` first", err)
+                self.assertNotIn("POST /v1", err)
+                rc, out, err = fdctl(d.port, *t, "status")
+                self.assertEqual(rc, 0, err)
+                self.assertNotIn("staged", out)
+                self.assertEqual(fdctl(d.port, *t, "stage-weights", "--version", version)[0], 0)
+                rc, out, err = fdctl(d.port, *t, "status")
+                self.assertEqual(rc, 0, err)
+                self.assertTrue(out.startswith("state=paused paused=true"), out)
+                self.assertIn(f"staged_weight_version={version}", out)
+                self.assertEqual(fdctl(d.port, *t, "drop-staged-weights")[0], 0)
+                rc, out, _ = fdctl(d.port, *t, "status")
+                self.assertNotIn("staged", out)
+                self.assertEqual(fdctl(d.port, *t, "resume")[0], 0)
+
     def test_usage_errors_send_nothing(self):
         for args in [["sleep", "--tags", "weights"], ["update-weights", "--version", "../x"], ["wait", "--until", "sleepy"],
                      ["frobnicate"], [], ["--transport", "carrier-pigeon", "status"]]:
