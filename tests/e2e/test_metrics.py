@@ -9,12 +9,13 @@ order of events (queue <= TTFT, TTFT + inter-token <= e2e) and the client's own 
 import os
 import re
 import subprocess
+import threading
 import time
 import unittest
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fdtest import REPO, Daemon, rss_bytes
+from fdtest import REPO, Daemon, rss_bytes, wait_until
 
 NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -52,7 +53,7 @@ def naming_problems(text):
         if typ != "histogram" and re.search(r"_(sum|count|bucket)$", name):
             problems.append(f"{name}: a {typ} must not end in _sum/_count/_bucket")
         for bad in BAD_UNITS:
-            if bad + "_" in name + "_":
+            if bad + "_" in name + "_" and not name.startswith("vllm:"):  # vLLM's own names are kept as vLLM spells them
                 problems.append(f"{name}: use base units, not {bad[1:]}")
         stem = name[:-len("_total")] if name.endswith("_total") else name
         if re.search(r"(latency|duration|time)", stem) and not re.search(r"_seconds$|_info$", stem):
@@ -234,6 +235,72 @@ class Metrics(unittest.TestCase):
             e2e_seq = mid[("fdrollout_e2e_request_latency_seconds_sum", lab)] - before[("fdrollout_e2e_request_latency_seconds_sum", lab)]
             self.assertGreater(e2e_seq, 0)
             self.assertLessEqual(e2e_seq, client_s)
+
+    def test_vllm_named_series_equal_ours_after_known_requests(self):
+        """Issue #26: vLLM's metric names (vllm/v1/metrics/loggers.py; counters with the `_total`
+        prometheus_client adds) beside ours, with values checked against the requests sent."""
+        with Daemon("--max-num-seqs", "4", "--enable-prefix-caching", "--block-size", "16") as d:
+            lab = frozenset({("model_name", "stories260K")})
+            before = values(scrape(d))
+            max_tokens = 12
+            long_prompt = " ".join(["Once upon a time there was a little girl named Lily."] * 6)
+            first = d.complete(prompt=long_prompt, max_tokens=max_tokens, temperature=0, ignore_eos=True)
+            second = d.complete(prompt=long_prompt, max_tokens=max_tokens, temperature=0, ignore_eos=True)
+            pair = d.complete(prompt=["Lily", "Tom"], n=2, max_tokens=3, temperature=0.8, seed=1, ignore_eos=True)
+            text = scrape(d)
+            self.assertEqual(naming_problems(text), [])
+            after = values(text)
+
+            def delta(name, labels=lab):
+                return after[(name, labels)] - before.get((name, labels), 0)
+
+            p_long = first["usage"]["prompt_tokens"]
+            cached = first["usage"]["prompt_tokens_details"]["cached_tokens"] + second["usage"]["prompt_tokens_details"]["cached_tokens"]
+            self.assertGreaterEqual(second["usage"]["prompt_tokens_details"]["cached_tokens"], 16)  # full blocks from the prefix cache
+            prompt_total = 2 * p_long + 2 * pair["usage"]["prompt_tokens"]  # per choice: each of the n = 2 is prefilled
+            self.assertEqual(delta("vllm:prompt_tokens_total"), prompt_total)
+            self.assertEqual(delta("vllm:prefix_cache_queries_total"), prompt_total)
+            self.assertEqual(delta("vllm:prefix_cache_hits_total"), cached)  # "Lily", "Tom": shorter than a block
+            self.assertEqual(delta("vllm:generation_tokens_total"), 2 * max_tokens + 4 * 3)
+            self.assertEqual(delta("vllm:num_preemptions_total"), delta("fdrollout_preemptions_total", frozenset()))
+            # histograms: one observation per finished choice, in the buckets their sizes fall in
+
+            def buckets(name):
+                return {float(dict(k[1])["le"]): v - before.get(k, 0) for k, v in after.items() if k[0] == name + "_bucket"}
+
+            gen = buckets("vllm:request_generation_tokens")
+            self.assertEqual((gen[2], gen[5], gen[10], gen[20], gen[float("inf")]), (0, 4, 4, 6, 6))
+            self.assertEqual(delta("vllm:request_generation_tokens_count"), 6)
+            self.assertEqual(delta("vllm:request_generation_tokens_sum"), 2 * max_tokens + 4 * 3)
+            prm = buckets("vllm:request_prompt_tokens")
+            self.assertEqual((prm[1], prm[float("inf")]), (0, 6))
+            self.assertLessEqual(pair["usage"]["prompt_tokens"], 10)  # "Lily", "Tom": BOS + a few tokens each
+            le_long = min(b for b in prm if p_long <= b)  # the bucket the two long prompts fall in
+            below = max(b for b in prm if b < le_long)
+            self.assertEqual((prm[5], prm[below], prm[le_long]), (4, 4, 6))
+            self.assertEqual(delta("vllm:request_prompt_tokens_count"), 6)
+            self.assertEqual(delta("vllm:request_prompt_tokens_sum"), prompt_total)
+            for ours in ["time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"]:
+                self.assertEqual(after[(f"vllm:{ours}_count", lab)], after[(f"fdrollout_{ours}_count", lab)], ours)
+                self.assertEqual(after[(f"vllm:{ours}_sum", lab)], after[(f"fdrollout_{ours}_sum", lab)], ours)
+            # gauges, idle: nothing runs or waits; usage is the used share of the pool
+            self.assertEqual((after[("vllm:num_requests_running", lab)], after[("vllm:num_requests_waiting", lab)]), (0, 0))
+            used, cap = after[("fdrollout_kv_blocks_used", frozenset())], after[("fdrollout_kv_blocks_capacity", frozenset())]
+            self.assertGreater(cap, 0)
+            self.assertAlmostEqual(after[("vllm:kv_cache_usage_perc", lab)], used / cap)
+            # busy: 24 choices on 4 slots, so 4 run and 20 wait; usage is the used share of the pool
+            results = {}
+            t = threading.Thread(target=lambda: results.setdefault(
+                "r", d.complete(prompt="Once upon a time", max_tokens=400, temperature=0, ignore_eos=True, n=24)))
+            t.start()
+            wait_until(lambda: values(scrape(d))[("vllm:num_requests_waiting", lab)] == 20, 60, "20 choices waiting")
+            mid = values(scrape(d))
+            self.assertEqual(mid[("vllm:num_requests_running", lab)], 4)
+            used, cap = mid[("fdrollout_kv_blocks_used", frozenset())], mid[("fdrollout_kv_blocks_capacity", frozenset())]
+            self.assertGreaterEqual(used, 4)  # 4 sequences hold at least a block each
+            self.assertAlmostEqual(mid[("vllm:kv_cache_usage_perc", lab)], used / cap)
+            t.join(300)
+            self.assertEqual(len(results["r"]["choices"]), 24)
 
 
 if __name__ == "__main__":

@@ -183,6 +183,35 @@ void get_metrics(ApiContext & ctx, const Request &, Response & res) {
     w.single("fdrollout_progress_total_bytes", "gauge", "Bytes the long phase running now moves (0 when none or unknown).",
              progress ? progress->bytes_total : 0);
 
+    // vLLM's names (vllm/v1/metrics/loggers.py) for the series whose meaning is the same, beside
+    // ours, so vLLM dashboards and autoscalers read fdrollout unchanged (docs/operations.md has the
+    // mapping). Counters carry `_total` as prometheus_client exposes them; labelled model_name.
+    w.single("vllm:num_requests_running", "gauge", "Number of requests in model execution batches (= fdrollout_num_requests_running).",
+             st.n_running, model);
+    w.single("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed (= fdrollout_num_requests_waiting).",
+             st.n_waiting, model);
+    w.single("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage (fdrollout_kv_blocks_used / _capacity).",
+             st.n_kv_blocks_total > 0 ? static_cast<double>(st.n_kv_blocks_used) / static_cast<double>(st.n_kv_blocks_total) : 0.0, model);
+    w.single("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens (= fdrollout_prompt_tokens_total).",
+             st.n_tokens_prompt_total, model);
+    w.single("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens (= fdrollout_prompt_tokens_cached_total).",
+             st.n_tokens_cached_total, model);
+    w.single("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine (= fdrollout_preemptions_total).",
+             st.n_preemptions_total, model);
+    w.single("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed (= fdrollout_prompt_tokens_total).", st.n_tokens_prompt_total, model);
+    w.single("vllm:generation_tokens_total", "counter", "Number of generation tokens processed (= fdrollout_generation_tokens_total).",
+             st.n_tokens_generated_total, model);
+    w.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed, per finished choice.", rm.prompt_tokens.snapshot(), model);
+    w.histogram("vllm:request_generation_tokens", "Number of generation tokens processed, per finished choice.", rm.generation_tokens.snapshot(), model);
+    w.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds (= fdrollout_time_to_first_token_seconds).",
+                rm.ttft_s.snapshot(), model);
+    w.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds (= fdrollout_inter_token_latency_seconds).",
+                rm.itl_s.snapshot(), model);
+    w.histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds (= fdrollout_e2e_request_latency_seconds).",
+                rm.e2e_s.snapshot(), model);
+    w.histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request (= fdrollout_request_queue_time_seconds).",
+                rm.queue_s.snapshot(), model);
+
     // Build and process.
     w.single("fdrollout_build_info", "gauge", "Build of this fdrollout (value 1).", 1,
              fmt::format("version=\"{}\",git_commit=\"{}\"", label_value(kVersion), label_value(kGitCommit)));

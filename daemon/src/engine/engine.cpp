@@ -238,6 +238,8 @@ void Engine::emit(Sequence & s, FinishReason why, ChoiceEvent ev) {
     if (why != FinishReason::none) {
         request_metrics_.e2e_s.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - s.t_arrival).count());
         request_metrics_.n_finished[static_cast<size_t>(why) - 1].fetch_add(1, std::memory_order_relaxed);
+        request_metrics_.prompt_tokens.observe(s.n_prompt);
+        request_metrics_.generation_tokens.observe(static_cast<double>(s.tokens.size()) - s.n_prompt);
     }
     if (defer_events_) {
         deferred_.emplace_back(s.channel, std::move(ev));

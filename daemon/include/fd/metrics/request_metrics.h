@@ -8,6 +8,8 @@
 //   inter-token latency   between two consecutive tokens of one choice
 //   e2e latency           arrival → the choice's finishing event (stop, length, abort, error)
 //   queue time            arrival → the choice is first scheduled
+//   prompt tokens         the choice's prompt length, at its finishing event (tokens)
+//   generation tokens     tokens the choice generated, at its finishing event (tokens)
 #pragma once
 
 #include "fd/metrics/histogram.h"
@@ -29,6 +31,11 @@ inline constexpr std::array<double, 26> kRequestLatencyBuckets = {0.001, 0.005, 
                                                                   1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                                                                   50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
+/// Tokens. vLLM's 1-2-5 token-count buckets (build_1_2_5_buckets), to 500000 instead of up to
+/// --max-model-len (the buckets above it stay empty).
+inline constexpr std::array<double, 17> kTokenCountBuckets = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000,
+                                                              10000, 20000, 50000, 100000, 200000};
+
 /// Finish reasons counted by fdrollout_requests_finished_total (FinishReason without `none`).
 inline constexpr std::array<const char *, 4> kFinishReasonNames = {"stop", "length", "abort", "error"};
 
@@ -37,6 +44,8 @@ struct RequestMetrics {
     Histogram itl_s{kItlBuckets};
     Histogram e2e_s{kRequestLatencyBuckets};
     Histogram queue_s{kRequestLatencyBuckets};
+    Histogram prompt_tokens{kTokenCountBuckets};      ///< per finished choice
+    Histogram generation_tokens{kTokenCountBuckets};  ///< per finished choice
     /// Finished choices per reason, indexed like kFinishReasonNames.
     std::array<std::atomic<int64_t>, kFinishReasonNames.size()> n_finished{};
 };
