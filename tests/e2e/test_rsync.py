@@ -189,6 +189,28 @@ class Rsync(unittest.TestCase):
             self.assertEqual(greedy(d), (*self.b_out, "B"))
             self.assert_clean(staging)
 
+    def test_after_a_pull_the_staging_dir_holds_only_its_lock(self):
+        """Issue #26: after every pull, whatever its end (applied, staged then committed, staged
+        then dropped, failed), the staging dir holds exactly `.pull.lock` and nothing else; a
+        staged version holds its dir and hold file only while it is staged."""
+        staging = os.path.join(self.tmp, "staging-only-lock")
+        with self.daemon(self.rsyncd.url(), staging) as d:
+            self.ok(d, "POST", "/v1/pause")
+            self.ok(d, "POST", "/v1/update_weights", {"version": "B"})
+            self.assertEqual(sorted(os.listdir(staging)), [".pull.lock"])
+            res = self.ok(d, "POST", "/v1/update_weights", {"version": "B", "commit": False})
+            self.assertTrue(res["staged"])
+            self.assertEqual(sorted(os.listdir(staging)), [".hold-B", ".pull.lock", "B"])  # staged: kept until commit or drop
+            self.ok(d, "POST", "/v1/commit_weights", {"version": "B"})
+            self.assertEqual(sorted(os.listdir(staging)), [".pull.lock"])
+            self.ok(d, "POST", "/v1/update_weights", {"version": "B", "commit": False})
+            self.assertEqual(self.ok(d, "POST", "/v1/drop_staged_weights")["dropped_version"], "B")
+            self.assertEqual(sorted(os.listdir(staging)), [".pull.lock"])
+            self.err(d, 404, "not_found", {"version": "nope"})
+            self.assertEqual(sorted(os.listdir(staging)), [".pull.lock"])
+            self.ok(d, "POST", "/v1/resume")
+            self.assertEqual(greedy(d), (*self.b_out, "B"))
+
     def test_faults_leave_the_old_weights_serving_and_staging_empty(self):
         store = self.faulty
         for v in ["flip", "trunc", "grown", "nomanifest"]:
