@@ -190,9 +190,9 @@ class Rsync(unittest.TestCase):
             self.assert_clean(staging)
 
     def test_after_a_pull_the_staging_dir_holds_only_its_lock(self):
-        """Issue #26: after every pull, whatever its end (applied, staged then committed, staged
-        then dropped, failed), the staging dir holds exactly `.pull.lock` and nothing else; a
-        staged version holds its dir and hold file only while it is staged."""
+        """Issue #26: after every pull, whatever its end (applied, staged, staged then committed,
+        staged then dropped, failed), the staging dir holds exactly `.pull.lock` and nothing else
+        (a staged version is held in the staging arena, not in the staging dir)."""
         staging = os.path.join(self.tmp, "staging-only-lock")
         with self.daemon(self.rsyncd.url(), staging) as d:
             self.ok(d, "POST", "/v1/pause")
@@ -200,7 +200,7 @@ class Rsync(unittest.TestCase):
             self.assertEqual(sorted(os.listdir(staging)), [".pull.lock"])
             res = self.ok(d, "POST", "/v1/update_weights", {"version": "B", "commit": False})
             self.assertTrue(res["staged"])
-            self.assertEqual(sorted(os.listdir(staging)), [".hold-B", ".pull.lock", "B"])  # staged: kept until commit or drop
+            self.assertEqual(sorted(os.listdir(staging)), [".pull.lock"])  # staged: the copy lives in memory, not here
             self.ok(d, "POST", "/v1/commit_weights", {"version": "B"})
             self.assertEqual(sorted(os.listdir(staging)), [".pull.lock"])
             self.ok(d, "POST", "/v1/update_weights", {"version": "B", "commit": False})
