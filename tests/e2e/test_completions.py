@@ -75,6 +75,16 @@ class Completions(unittest.TestCase):
         j = self.d.complete(prompt="Lily and Tom", max_tokens=60, temperature=0, echo=True)
         self.assertEqual(j["choices"][0]["text"], REF["Lily and Tom"]["text"])
 
+    def test_echo_of_token_id_prompts_is_their_text(self):
+        # token-id prompts are decoded only for echo; the echoed text is the same as before
+        ref = REF["Lily and Tom"]
+        j = self.d.complete(prompt=ref["prompt_ids"], max_tokens=60, temperature=0, echo=True)
+        self.assertEqual(j["choices"][0]["text"], ref["text"])
+        chunks, _ = self.d.stream(prompt=[ref["prompt_ids"]], max_tokens=60, temperature=0, echo=True)
+        self.assertEqual(merge_stream(chunks)[0]["text"], ref["text"])
+        j = self.d.complete(prompt=ref["prompt_ids"], max_tokens=60, temperature=0)
+        self.assertEqual("Lily and Tom" + j["choices"][0]["text"], ref["text"])
+
     def test_stop_string_cuts_the_text(self):
         j = self.d.complete(prompt="Once upon a time", max_tokens=60, temperature=0, stop=["Lily."])
         c = j["choices"][0]

@@ -15,7 +15,7 @@ using engine::FinishReason;
 
 struct CompletionRequest {
     engine::GenerateRequest  gen;
-    std::vector<std::string> prompt_texts;  ///< [n_prompts] for echo
+    std::vector<std::string> prompt_texts;  ///< [n_prompts] with echo, else empty (token-id prompts are decoded only for echo)
     std::vector<int32_t>     prompt_chars;  ///< [n_prompts] code points of each prompt text
     std::vector<std::vector<int32_t>> prompt_offsets;  ///< [n_prompts][n_tokens] echo text_offset of each prompt token
     StreamOptions            opts;
@@ -85,10 +85,6 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
         if (r.gen.prompts[i].empty()) { bad("prompt", fmt::format("prompt {} is empty", i)); }
     }
     const bool truncated = parse_vllm_fields(ctx, j, r.gen);  // truncate_prompt_tokens cuts the prompts here
-    for (size_t i = 0; i < r.gen.prompts.size(); ++i) {
-        if (truncated && i < r.prompt_texts.size()) { r.prompt_texts[i] = ctx.tok->decode(r.gen.prompts[i]); }  // echo: what ran
-        if (r.prompt_texts.size() <= i) { r.prompt_texts.push_back(ctx.tok->decode(r.gen.prompts[i])); }
-    }
 
     r.opts = parse_sampling(ctx, j, r.gen, {"max_tokens"});
     auto & sp = r.gen.params;
@@ -107,6 +103,7 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
         if (!j["echo"].is_boolean()) { bad("echo", "'echo' must be a boolean"); }
         r.echo = j["echo"].get<bool>();
     }
+    r.prompt_texts = echo_prompt_texts(*ctx.tok, r.gen.prompts, std::move(r.prompt_texts), truncated, r.echo);
     if (sp.max_tokens == 0 && !r.echo) { bad("max_tokens", "'max_tokens' must be >= 1 (0 only with \"echo\": true, to score the prompt)"); }
     if (r.echo && sp.logprobs >= 0) {  // echoed tokens carry their logprobs (vLLM: prompt_logprobs defaults to logprobs)
         sp.prompt_logprobs = std::max(sp.prompt_logprobs, sp.logprobs);
@@ -153,6 +150,16 @@ struct LegacyLogprobs {
 };
 
 }  // namespace
+
+std::vector<std::string> echo_prompt_texts(const tokenizer::Tokenizer & tok, const std::vector<std::vector<int32_t>> & prompts,
+                                           std::vector<std::string> texts, bool truncated, bool echo) {
+    if (!echo) { return {}; }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        if (truncated && i < texts.size()) { texts[i] = tok.decode(prompts[i]); }  // what ran
+        if (texts.size() <= i) { texts.push_back(tok.decode(prompts[i])); }
+    }
+    return texts;
+}
 
 void post_completions(ApiContext & ctx, const Request & req, Response & res) {
     auto r            = std::make_shared<const CompletionRequest>(parse(ctx, req.body));

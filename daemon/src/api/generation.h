@@ -7,6 +7,7 @@
 #include "handlers.h"
 
 #include "fd/engine/request.h"
+#include "fd/tokenizer/tokenizer.h"
 
 #include <functional>
 #include <set>
@@ -68,6 +69,14 @@ struct StreamOptions {
 /// Errors: 400 naming the field.
 StreamOptions parse_sampling(const ApiContext & ctx, const nlohmann::json & j, engine::GenerateRequest & gen,
                              std::initializer_list<const char *> max_tokens_keys);
+
+/// The text /v1/completions echoes for each prompt ([n_prompts]), decoded only when `echo` asks
+/// for it: `texts` are the prompts as given in text (the first ones; none for token-id prompts),
+/// `prompts` the ids that run ([n_prompts][n_tokens]). A text prompt echoes its own text unless
+/// `truncated` (then the decode of what ran); a token-id prompt echoes its decode. Without
+/// `echo`: empty, and the tokenizer is never called. Errors: none.
+std::vector<std::string> echo_prompt_texts(const tokenizer::Tokenizer & tok, const std::vector<std::vector<int32_t>> & prompts,
+                                           std::vector<std::string> texts, bool truncated, bool echo);
 
 /// The prompt ids of a chat request (chat_completions.cpp): `messages` rendered with the model's
 /// chat template with add_generation_prompt (default true), continue_final_message, tools,

@@ -354,9 +354,27 @@ bool Engine::step() {
         publish_stats();
         return handled_control;
     }
-    const auto t0 = std::chrono::steady_clock::now();
+    StepPlan plan;
+    if (!build_step(plan)) {
+        reap();
+        publish_stats();
+        return !plan.d.rejected.empty() || handled_control;
+    }
+    const float * step_logits = run_step();
+    if (!step_logits) {
+        return true;  // a control command arrived: nothing advanced; it runs first, then the step is redone
+    }
+    emit_step(plan, step_logits);
+    reap();
+    poll_drain();
+    publish_stats();
+    return true;
+}
+
+bool Engine::build_step(StepPlan & plan) {
+    const auto t0 = plan.t0 = std::chrono::steady_clock::now();
     kv_.set_transfers_paused(drain_.has_value());  // a pause (mode=wait draining) stops tier copies
-    ScheduleDecision d = sched_.schedule(kv_);
+    ScheduleDecision & d = plan.d = sched_.schedule(kv_);
     for (SchedSeq * r : d.rejected) {
         auto & s = static_cast<Sequence &>(*r);
         ChoiceEvent ev;
@@ -388,19 +406,12 @@ bool Engine::step() {
         stats_.host_tier_in_bytes_total += static_cast<int64_t>(n_tier_in) * block_bytes;
     }
     kv_.copies_done();  // the copies ran (step-aligned): the blocks they held may be handed out again
-    if (d.run.empty()) {
-        reap();
-        publish_stats();
-        return !d.rejected.empty() || handled_control;
-    }
+    if (d.run.empty()) { return false; }
 
     // Build the flat batch.
     batch_.clear();
     const int32_t bs = kv_.block_size();
-    // Each logits row: a prompt row to score (pos >= 0: its logits give prompt token pos + 1's
-    // logprob) or the row a sequence samples from (pos = -1).
-    struct RowUse { Sequence * s; int32_t pos; };
-    std::vector<RowUse> rows;
+    auto & rows = plan.rows;  // what each logits row is for (StepPlan::RowUse)
     for (const auto & [ss, n] : d.run) {
         auto &        s     = static_cast<Sequence &>(*ss);
         const auto &  table = kv_.block_table(s.id);
@@ -424,14 +435,20 @@ bool Engine::step() {
             rows.push_back({&s, -1});
         }
     }
-    if (cfg_.debug_step_delay_ms > 0) { std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.debug_step_delay_ms)); }
-    const int32_t vocab = model_cfg_.vocab_size;
-    // Rank 0's logits where they were written (mp: the shared region), valid until the next executor call.
-    const float * step_logits = executor_->forward_in_place(batch_, &control_waiting_);
-    if (!step_logits) {
-        return true;  // a control command arrived: nothing advanced; it runs first, then the step is redone
-    }
+    return true;
+}
 
+const float * Engine::run_step() {
+    if (cfg_.debug_step_delay_ms > 0) { std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.debug_step_delay_ms)); }
+    // Rank 0's logits where they were written (mp: the shared region), valid until the next executor call.
+    return executor_->forward_in_place(batch_, &control_waiting_);
+}
+
+void Engine::emit_step(const StepPlan & plan, const float * step_logits) {
+    const ScheduleDecision & d     = plan.d;
+    const auto &             rows  = plan.rows;
+    const auto               t0    = plan.t0;
+    const int32_t            vocab = model_cfg_.vocab_size;
     t_step_done_ = std::chrono::steady_clock::now();
     for (const auto & [ss, n] : d.run) {
         auto & s = static_cast<Sequence &>(*ss);
@@ -488,10 +505,6 @@ bool Engine::step() {
         ++stats_.step_latency_counts[b];
         stats_.step_latency_sum_s += dt;
     }
-    reap();
-    poll_drain();
-    publish_stats();
-    return true;
 }
 
 int32_t Engine::abort_all() {

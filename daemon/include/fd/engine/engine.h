@@ -151,7 +151,26 @@ private:
     struct Sequence;
 
     void loop();
+    /// One engine step: take the inbox, reap, then build / run / emit. True when something
+    /// happened (a control handled, a row run or rejected).
     bool step();
+    /// A step's plan: the scheduler's decision, what each logits row of batch_ is for, its start.
+    struct StepPlan {
+        /// A logits row: a prompt row to score (pos >= 0: its logits give prompt token pos + 1's
+        /// logprob) or the row a sequence samples from (pos = -1).
+        struct RowUse { Sequence * s; int32_t pos; };
+        ScheduleDecision                      d;
+        std::vector<RowUse>                   rows;
+        std::chrono::steady_clock::time_point t0;
+    };
+    /// Build: schedule (rejects, preemption, swap and tier copies) and fill batch_ and plan.rows.
+    /// False when nothing runs this step.
+    bool build_step(StepPlan & plan);
+    /// Run: the forward over batch_. Rank 0's logits [n_rows][vocab] f32, valid until the next
+    /// executor call; null when a control command arrived first (nothing advanced).
+    const float * run_step();
+    /// Emit: advance the run sequences, score prompt rows, sample, send events, step stats.
+    void emit_step(const StepPlan & plan, const float * step_logits);
     void admit(GenerateRequest & req);
     /// Send `ev` for `s` (stamped, with the text now safe to send); `why` != none finishes `s`.
     void emit(Sequence & s, FinishReason why, ChoiceEvent ev);
