@@ -39,6 +39,20 @@ class Install(unittest.TestCase):
                     "share/fdrollout/python/fdpublish.py", "share/fdrollout/python/safetensors_np.py"]:
             self.assertTrue(os.path.isfile(self.path(rel)), rel)
 
+    def test_python_package(self):
+        """The fdrollout package lands where python3 looks under the prefix, and the old script
+        names (share/fdrollout/python/fdpublish.py) find it from there without PYTHONPATH."""
+        pkgs = [os.path.join(r, "fdrollout") for r in __import__("glob").glob(self.path("lib", "python3*", "dist-packages"))]
+        self.assertEqual(len(pkgs), 1, pkgs)
+        for m in ["__init__", "client", "fleet", "publish", "rollout_model", "safetensors_np"]:
+            self.assertTrue(os.path.isfile(os.path.join(pkgs[0], m + ".py")), m)
+        code = ("import sys; sys.path.insert(0, %r); import fdpublish, safetensors_np; import fdrollout; "
+                "print(fdpublish.__file__); print(fdrollout.Client.__module__)" % self.path("share/fdrollout/python"))
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        p = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, cwd="/", env=env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(os.path.realpath(p.stdout.split()[0]), os.path.realpath(os.path.join(pkgs[0], "publish.py")))
+
     def test_installed_daemon_serves_its_own_model(self):
         with Daemon(model=None, bin=self.path("bin", "fdrollout")) as d:
             status, m = d.get("/v1/models")

@@ -1,0 +1,130 @@
+"""`Fleet`: the same control calls on several daemons at once, and the all-or-nothing fleet
+update that `fdctl --fleet FILE update-weights` runs (docs/weight_control.md, SPEC §9).
+
+    from fdrollout import Fleet
+    f = Fleet(["10.0.0.1:8000", "10.0.0.2:8000"], api_key=KEY, timeout=120)   # or Fleet.from_file(path)
+    f.pause()
+    f.update_weights("step-43")      # staged everywhere, then committed everywhere -- or dropped everywhere
+    f.resume()
+
+Each member is called from its own thread and bounded by `timeout`. A call that fails on some
+members raises `FleetError` whose `results` maps every member's url to its result (a dict) or
+its `FdRolloutError`; nothing is retried.
+
+`update_weights(version)`: stage `version` on every member; only if every member staged it,
+commit it on every member, else drop it everywhere (every member keeps its old version:
+`FleetError.committed` is "none", fdctl's exit 20). If some commits fail or the members do not
+all report `version` afterwards, `committed` is "some" (fdctl's exit 21) and `serving` says which
+member serves what.
+"""
+import concurrent.futures
+
+from .client import Client, FdRolloutError
+
+
+class FleetError(Exception):
+    """results: {url: result dict | FdRolloutError}; committed: None (not an update), "none" or
+    "some"; serving: {url: weight_version or None when unknown} after an update."""
+
+    def __init__(self, what, results, committed=None, serving=None):
+        failed = {u: r for u, r in results.items() if isinstance(r, Exception)}
+        lines = [f"{u}: {r.type}: {r.message}" if isinstance(r, FdRolloutError) else f"{u}: {r}" for u, r in failed.items()]
+        super().__init__(f"{what}: {len(failed)} of {len(results)} member(s) failed" + ("; " if lines else "") + "; ".join(lines))
+        self.results, self.committed, self.serving = results, committed, serving or {}
+
+
+def read_fleet_file(path):
+    """One `host:port` or `http://host:port` per line; `#` starts a comment (fdctl's --fleet)."""
+    urls = []
+    with open(path) as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                urls.append(line)
+    if not urls:
+        raise ValueError(f"{path}: no members")
+    return urls
+
+
+class Fleet:
+    def __init__(self, urls, api_key=None, timeout=900.0):
+        self.members = [u if isinstance(u, Client) else Client(u, api_key=api_key, timeout=timeout) for u in urls]
+        if not self.members:
+            raise ValueError("a fleet needs at least one member")
+        seen = set()
+        for m in self.members:
+            if m.url in seen:
+                raise ValueError(f"{m.url} is listed twice")
+            seen.add(m.url)
+
+    @classmethod
+    def from_file(cls, path, **kw):
+        return cls(read_fleet_file(path), **kw)
+
+    def __repr__(self):
+        return f"Fleet({[m.url for m in self.members]!r})"
+
+    def map(self, fn):
+        """fn(client) on every member in parallel -> {url: result or the exception it raised}."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.members)) as ex:
+            futs = {m.url: ex.submit(fn, m) for m in self.members}
+        out = {}
+        for url, fut in futs.items():
+            try:
+                out[url] = fut.result()
+            except (FdRolloutError, OSError, ValueError) as e:
+                out[url] = e
+        return out
+
+    def _all(self, what, fn):
+        res = self.map(fn)
+        if any(isinstance(r, Exception) for r in res.values()):
+            raise FleetError(what, res)
+        return res
+
+    def pause(self, mode="abort", clear_cache=None):
+        return self._all("pause", lambda c: c.pause(mode=mode, clear_cache=clear_cache))
+
+    def resume(self):
+        return self._all("resume", lambda c: c.resume())
+
+    def sleep(self, tags=None):
+        return self._all("sleep", lambda c: c.sleep(tags))
+
+    def wakeup(self, tags=None):
+        return self._all("wakeup", lambda c: c.wakeup(tags))
+
+    def health(self):
+        return self._all("health", lambda c: c.health())
+
+    def weight_versions(self):
+        """{url: weight_version, or the exception when the member did not answer}."""
+        return self.map(lambda c: c.weight_version())
+
+    def abort(self, request_id=None, all=False):
+        """Ask every member; a member that does not run `request_id` answers 404 (not an error
+        here when another member aborted it). Raises FleetError when a member did not answer or
+        no member runs it."""
+        res = self.map(lambda c: c.abort(request_id=request_id, all=all))
+        unanswered = any(isinstance(r, Exception) and not (isinstance(r, FdRolloutError) and r.status == 404)
+                         for r in res.values())
+        if unanswered or all is False and not any(not isinstance(r, Exception) for r in res.values()):
+            raise FleetError("abort", res)
+        return res
+
+    def update_weights(self, version, verify_checksum=False):
+        """All-or-nothing across the fleet (module docstring). Every member must be paused."""
+        version = str(version)
+        staged = self.map(lambda c: c.stage_weights(version, verify_checksum=verify_checksum))
+        if any(isinstance(r, Exception) for r in staged.values()):
+            dropped = self.map(lambda c: c.drop_staged_weights())
+            serving = {u: (v if not isinstance(v, Exception) else None) for u, v in self.weight_versions().items()}
+            results = {u: staged[u] if isinstance(staged[u], Exception) else dropped[u] for u in staged}
+            raise FleetError(f"update_weights {version}: not staged everywhere, dropped", results, "none", serving)
+        committed = self.map(lambda c: c.commit_weights(version))
+        serving = {u: (v if not isinstance(v, Exception) else None) for u, v in self.weight_versions().items()}
+        if any(isinstance(r, Exception) for r in committed.values()) or any(v != version for v in serving.values()):
+            n_ok = sum(1 for r in committed.values() if not isinstance(r, Exception))
+            raise FleetError(f"update_weights {version}: committed on {n_ok} of {len(committed)} member(s)",
+                             committed, "some" if n_ok else "none", serving)
+        return committed

@@ -1,0 +1,349 @@
+"""Publish trainer weights to fdrollout without C++: numpy only (Debian's python3-numpy).
+
+The three layouts of docs/weight_sources.md, written atomically (a reader never sees half a
+version, even if this process dies midway):
+
+    import numpy as np
+    from fdrollout import publish as fdpublish   # (scripts/fdpublish.py is a shim for this module)
+    # HF (training) names -> float32 arrays, e.g. {k: v.float().cpu().numpy() for k, v in sd.items()}
+    hf = fdpublish.load_checkpoint("/models/base")            # or your trainer's state dict
+    cfg = fdpublish.load_config("/models/base")
+
+    # rsync: a versioned store the rollout pulls with rsync (--load-strategy rsync)
+    fdpublish.publish_rsync(hf, store="/data/store", version="42", template_dir="/models/base", dtype="BF16")
+    # ipc_snapshot: per-rank files in the rollout's --model dir, in inference names
+    fdpublish.publish_ipc_snapshot(fdpublish.to_rollout_names(hf, cfg), "/models/base", dtype="BF16")
+    # ipc: POSIX shared memory read by the rollout on --port 8000
+    fdpublish.publish_ipc(fdpublish.to_rollout_names(hf, cfg), port=8000, version="42", dtype="BF16")
+
+then `fdctl pause && fdctl update-weights --version 42 && fdctl resume`.
+
+`dtype` must match what the rollout holds (the dtype of its --model checkpoint; F16 models are
+held as F32): "F32", "BF16" or "F16"; None keeps each array's dtype (float32 -> F32). A value
+may also be (array, dtype) for one tensor.
+"""
+import hashlib
+import json
+import mmap
+import os
+import re
+import shutil
+import struct
+
+import numpy as np
+
+from . import safetensors_np
+
+VERSION_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+STORE_FORMAT = "fdrollout-store/1"
+
+
+def check_version(version):
+    """A version names a directory of the store: [A-Za-z0-9._-]{1,128}, never '.' or '..'."""
+    if not isinstance(version, str) or not VERSION_RE.match(version) or version in (".", ".."):
+        raise ValueError(f"version {version!r} must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'")
+
+
+def load_config(model_dir):
+    with open(os.path.join(model_dir, "config.json")) as f:
+        return json.load(f)
+
+
+def load_checkpoint(model_dir):
+    """Every tensor of an HF checkpoint dir as float32 arrays, by HF name."""
+    out = {}
+    for name in sorted(os.listdir(model_dir)):
+        if name.endswith(".safetensors") and not name.startswith("model_state."):
+            out.update(safetensors_np.load_file(os.path.join(model_dir, name)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Inference names (what RolloutModel / `fdctl model-info` print)
+# ---------------------------------------------------------------------------------------------
+
+def _dims(cfg):
+    h = cfg["hidden_size"]
+    n_heads = cfg["num_attention_heads"]
+    n_kv = cfg.get("num_key_value_heads", n_heads)
+    qwen3 = cfg.get("architectures", [""])[0] == "Qwen3ForCausalLM"
+    head_dim = cfg.get("head_dim") or (128 if qwen3 else h // n_heads)  # Qwen3Config's default is 128
+    return h, n_heads * head_dim, n_kv * head_dim, cfg["intermediate_size"], cfg["vocab_size"]
+
+
+def to_rollout_names(hf, cfg, tp=1, rank=0):
+    """HF-named tensors -> the rollout's state dict for `rank` of `tp` (docs/weight_sources.md):
+    q|k|v fused into qkv_proj, gate|up into gate_up_proj, sharded Megatron-style when tp > 1,
+    lm_head dropped when the embeddings are tied. Values keep their (array, dtype) form."""
+    h, q_dim, kv_dim, ff, vocab = _dims(cfg)
+    for what, n in (("q_dim", q_dim), ("kv_dim", kv_dim), ("intermediate_size", ff), ("vocab_size", vocab)):
+        if n % tp:
+            raise ValueError(f"{what} {n} is not divisible by tp {tp}")
+
+    def arr(v):
+        return v[0] if isinstance(v, tuple) else v
+
+    def like(v, a):
+        return (a, v[1]) if isinstance(v, tuple) else a
+
+    def rows(v, n):  # this rank's slice of dim 0 (n rows in total)
+        a = arr(v)
+        return like(v, a[rank * n // tp:(rank + 1) * n // tp])
+
+    def cols(v, n):
+        a = arr(v)
+        return like(v, a[:, rank * n // tp:(rank + 1) * n // tp])
+
+    def cat(*vs):
+        return like(vs[0], np.concatenate([arr(v) for v in vs], axis=0))
+
+    out = {}
+    n_layers = cfg["num_hidden_layers"]
+    out["model.embed_tokens.weight"] = rows(hf["model.embed_tokens.weight"], vocab)
+    for i in range(n_layers):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = hf[p + "input_layernorm.weight"]
+        out[p + "post_attention_layernorm.weight"] = hf[p + "post_attention_layernorm.weight"]
+        a = p + "self_attn."
+        out[a + "qkv_proj.weight"] = cat(rows(hf[a + "q_proj.weight"], q_dim), rows(hf[a + "k_proj.weight"], kv_dim),
+                                         rows(hf[a + "v_proj.weight"], kv_dim))
+        if a + "q_proj.bias" in hf:
+            out[a + "qkv_proj.bias"] = cat(rows(hf[a + "q_proj.bias"], q_dim), rows(hf[a + "k_proj.bias"], kv_dim),
+                                           rows(hf[a + "v_proj.bias"], kv_dim))
+        for norm in ("q_norm.weight", "k_norm.weight"):  # Qwen3: per-head, replicated
+            if a + norm in hf:
+                out[a + norm] = hf[a + norm]
+        out[a + "o_proj.weight"] = cols(hf[a + "o_proj.weight"], q_dim)
+        m = p + "mlp."
+        out[m + "gate_up_proj.weight"] = cat(rows(hf[m + "gate_proj.weight"], ff), rows(hf[m + "up_proj.weight"], ff))
+        out[m + "down_proj.weight"] = cols(hf[m + "down_proj.weight"], ff)
+    out["model.norm.weight"] = hf["model.norm.weight"]
+    if not cfg.get("tie_word_embeddings", False):
+        out["lm_head.weight"] = rows(hf["lm_head.weight"], vocab)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# rsync store
+# ---------------------------------------------------------------------------------------------
+
+def _sha256_file(path, start=0, length=None, chunk=8 << 20):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(start)
+        left = length
+        while left is None or left > 0:
+            b = f.read(chunk if left is None else min(chunk, left))
+            if not b:
+                break
+            h.update(b)
+            if left is not None:
+                left -= len(b)
+    return h.hexdigest()
+
+
+def _fsync_path(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def write_manifest(version_dir, version):
+    """Hash every file (and every tensor of every .safetensors file) of `version_dir` into
+    manifest.json (docs/weight_sources.md). Returns the manifest dict."""
+    files, tensors = {}, {}
+    for name in sorted(os.listdir(version_dir)):
+        path = os.path.join(version_dir, name)
+        if name == "manifest.json" or not os.path.isfile(path):
+            continue
+        files[name] = {"size": os.path.getsize(path), "sha256": _sha256_file(path)}
+        if name.endswith(".safetensors"):
+            header, data_start = safetensors_np.read_header(path)
+            for t, info in header.items():
+                if t == "__metadata__":
+                    continue
+                b, e = info["data_offsets"]
+                tensors[t] = {"file": name, "sha256": _sha256_file(path, data_start + b, e - b)}
+    manifest = {"format": STORE_FORMAT, "version": version, "files": files, "tensors": tensors}
+    with open(os.path.join(version_dir, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    return manifest
+
+
+def _tag_of(value, dtype):
+    """The safetensors dtype tag `value` would be stored as (without converting it)."""
+    arr, dt = value if isinstance(value, tuple) else (value, dtype)
+    arr = np.asarray(arr)
+    if dt is not None and arr.dtype.kind == "f":
+        return dt
+    return safetensors_np._TAG.get(arr.dtype.newbyteorder("="), str(arr.dtype))
+
+
+def check_dtypes_like(tensors, model_dir, dtype=None):
+    """Raise ValueError naming the first tensor whose stored dtype would differ from the same
+    tensor in `model_dir`'s checkpoint (the rollout would refuse it with 422)."""
+    held = {}
+    for name in os.listdir(model_dir):
+        if name.endswith(".safetensors") and not name.startswith("model_state."):
+            header, _ = safetensors_np.read_header(os.path.join(model_dir, name))
+            held.update({k: v["dtype"] for k, v in header.items() if k != "__metadata__"})
+    for name in sorted(tensors):
+        if name in held and _tag_of(tensors[name], dtype) != held[name]:
+            raise ValueError(f"{name}: would be published as {_tag_of(tensors[name], dtype)}, but {model_dir} holds "
+                             f"{held[name]} (pass dtype={held[name]!r})")
+
+
+# The non-weight files of a checkpoint version (as fd::weights::store::is_checkpoint_file):
+# what a published version holds besides its *.safetensors; README.md, LICENSE etc. stay out.
+CHECKPOINT_FILES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                    "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
+                    "chat_template.jinja", "chat_template.json"}
+
+
+def publish_rsync(tensors, store, version, template_dir, dtype=None):
+    """Write `tensors` (HF names) as version `version` of the rsync store `store`: an HF
+    checkpoint dir (model.safetensors + the config, tokenizer and generation-config files of `template_dir`, version.yaml
+    `step: version`) with manifest.json written last, renamed into place, then `latest`.
+    Versions are immutable. Raises FileExistsError if the version exists, ValueError if a
+    tensor's dtype differs from `template_dir`'s checkpoint (nothing is written then).
+    Returns the version dir."""
+    check_version(version)
+    check_dtypes_like(tensors, template_dir, dtype)
+    os.makedirs(store, exist_ok=True)
+    final = os.path.join(store, version)
+    if os.path.exists(final):
+        raise FileExistsError(f"{final} exists: versions are immutable, publish a new one")
+    for name in os.listdir(store):  # publishes of dead processes
+        m = re.match(r"^\.tmp-.*-(\d+)$", name)
+        if m and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(os.path.join(store, name), ignore_errors=True)
+    tmp = os.path.join(store, f".tmp-{version}-{os.getpid()}")
+    os.makedirs(tmp)
+    try:
+        for name in sorted(os.listdir(template_dir)):
+            src = os.path.join(template_dir, name)
+            if os.path.isfile(src) and name in CHECKPOINT_FILES:
+                shutil.copyfile(src, os.path.join(tmp, name))
+        with open(os.path.join(tmp, "version.yaml"), "w") as f:
+            f.write(f"step: {version}\n")
+        safetensors_np.save_file(tensors, os.path.join(tmp, "model.safetensors"), dtype=dtype)
+        for name in os.listdir(tmp):
+            _fsync_path(os.path.join(tmp, name))
+        write_manifest(tmp, version)
+        _fsync_path(tmp)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_path(store)
+    latest_tmp = os.path.join(store, f"latest.tmp-{os.getpid()}")
+    with open(latest_tmp, "w") as f:
+        f.write(version + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(latest_tmp, os.path.join(store, "latest"))
+    return final
+
+
+# ---------------------------------------------------------------------------------------------
+# ipc_snapshot
+# ---------------------------------------------------------------------------------------------
+
+def publish_ipc_snapshot(tensors, model_dir, rank=0, dtype=None):
+    """Write `tensors` (inference names, this rank's shards) to
+    `model_dir`/model_state.tp{rank}.safetensors (via a .tmp file and a rename). Stale
+    model_state.tp{rank}.part*.safetensors files are removed first, since parts take precedence."""
+    for name in os.listdir(model_dir):
+        if re.match(rf"^model_state\.tp{rank}\.part\d+\.safetensors$", name):
+            os.remove(os.path.join(model_dir, name))
+    path = os.path.join(model_dir, f"model_state.tp{rank}.safetensors")
+    safetensors_np.save_file(tensors, path, dtype=dtype)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# ipc (POSIX shared memory; layout of shm/include/fd/shm/ipc_weights.h)
+# ---------------------------------------------------------------------------------------------
+
+IPC_MAGIC = 0x5043494457524446
+IPC_ABI = 1
+IPC_DTYPES = {"F32": 0, "BF16": 1, "F16": 2}
+_HEADER = struct.Struct("<QIIQ136siiQQ72x")   # 256 bytes
+_ENTRY = struct.Struct("<192sIIII4qQQ64s")    # 320 bytes
+_GEN_OFFSET = 16
+assert _HEADER.size == 256 and _ENTRY.size == 320
+
+
+def ipc_path(port, rank=0):
+    return f"/dev/shm/fdrollout.{port}.weights.tp{rank}"
+
+
+def publish_ipc(tensors, port, version, rank=0, tp_size=1, dtype=None):
+    """Publish `tensors` (inference names) into /dev/shm/fdrollout.<port>.weights.tp<rank>.
+
+    The record's generation is odd while this writes and moves to the next even value when the
+    publish is complete, so the rollout never consumes a half-written publish; the rollout
+    copies the data, so the caller may publish again as soon as update_weights returned.
+    Returns the new generation."""
+    check_version(version)
+    encoded = []
+    for name in sorted(tensors):
+        value = tensors[name]
+        arr, dt = value if isinstance(value, tuple) else (value, dtype)
+        tag, data = safetensors_np._encode(arr, dt)
+        if tag not in IPC_DTYPES:
+            raise ValueError(f"{name}: dtype {tag} cannot be published (F32, BF16, F16)")
+        if len(name.encode()) >= 192 or data.ndim > 4:
+            raise ValueError(f"{name}: name too long or more than 4 dims")
+        encoded.append((name, tag, data))
+    table_end = _HEADER.size + _ENTRY.size * len(encoded)
+    offset = (table_end + 4095) // 4096 * 4096
+    entries, data_bytes = [], 0
+    for name, tag, data in encoded:
+        shape = list(data.shape) + [0] * (4 - data.ndim)
+        entries.append(_ENTRY.pack(name.encode(), IPC_DTYPES[tag], 0, data.ndim, 0, *shape, offset, data.nbytes, b""))
+        offset = (offset + data.nbytes + 63) // 64 * 64
+        data_bytes += data.nbytes
+    total = offset
+    path = ipc_path(port, rank)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        gen = 0
+        if os.fstat(fd).st_size >= _HEADER.size:
+            with mmap.mmap(fd, _HEADER.size) as m:
+                magic, abi = struct.unpack_from("<QI", m, 0)
+                if magic == IPC_MAGIC and abi == IPC_ABI:
+                    gen = struct.unpack_from("<Q", m, _GEN_OFFSET)[0]
+                    gen += gen % 2  # a publisher died mid-write: continue from the next even
+                struct.pack_into("<Q", m, _GEN_OFFSET, gen + 1)  # odd: being written
+                m.flush()
+        os.ftruncate(fd, total)
+        with mmap.mmap(fd, total) as m:
+            header = _HEADER.pack(IPC_MAGIC, IPC_ABI, len(encoded), gen + 1, version.encode(), rank, tp_size, total, data_bytes)
+            m[:_HEADER.size] = header
+            pos = _HEADER.size
+            for e in entries:
+                m[pos:pos + _ENTRY.size] = e
+                pos += _ENTRY.size
+            for (name, tag, data), e in zip(encoded, entries):
+                off = _ENTRY.unpack(e)[9]
+                m[off:off + data.nbytes] = data.tobytes()
+            struct.pack_into("<Q", m, _GEN_OFFSET, gen + 2)  # even: complete
+            m.flush()
+    finally:
+        os.close(fd)
+    return gen + 2

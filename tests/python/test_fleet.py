@@ -1,0 +1,97 @@
+"""fdrollout.Fleet (python/fdrollout/fleet.py) against three real daemons: parallel control, the
+all-or-nothing fleet update (committed everywhere, or dropped everywhere when one member cannot
+stage, with each member still serving its old version, checked against a fresh daemon), a
+member that is down, and the fleet file format."""
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+from fdtest import STORIES, Daemon, copy_checkpoint, free_port, fresh_daemon, greedy, perturbed  # noqa: E402
+from fdrollout import FdRolloutError, Fleet, FleetError, read_fleet_file  # noqa: E402
+
+
+class FleetUpdate(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="fd-pyfleet-")
+        cls.new = perturbed(STORIES, os.path.join(cls.tmp, "new"))
+        with fresh_daemon(cls.new) as ref:
+            cls.ref_new = greedy(ref)[:2]
+        with fresh_daemon(STORIES) as ref:
+            cls.ref_old = greedy(ref)[:2]
+        cls.models = [copy_checkpoint(STORIES, os.path.join(cls.tmp, f"m{i}")) for i in range(3)]
+        cls.daemons = [Daemon("--dynamic-load-weight", model=m) for m in cls.models]
+        cls.urls = [f"127.0.0.1:{d.port}" for d in cls.daemons]
+
+    @classmethod
+    def tearDownClass(cls):
+        for d in cls.daemons:
+            d.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def put(self, i, src):
+        shutil.copyfile(os.path.join(src, "model.safetensors"), os.path.join(self.models[i], "model.safetensors"))
+
+    def test_1_update_everywhere(self):
+        f = Fleet(self.urls, timeout=60)
+        self.assertEqual(set(f.pause()), set("http://" + u for u in self.urls))
+        for i in range(3):
+            self.put(i, self.new)
+        res = f.update_weights("b")
+        self.assertEqual({r["version"] for r in res.values()}, {"b"})
+        f.resume()
+        for d in self.daemons:
+            self.assertEqual(greedy(d), (*self.ref_new, "b"))
+
+    def test_2_one_member_cannot_stage_nothing_commits(self):
+        f = Fleet(self.urls, timeout=60)
+        f.pause()
+        for i in range(3):
+            self.put(i, STORIES)
+        with open(os.path.join(self.models[1], "model.safetensors"), "r+b") as fh:
+            fh.truncate(1000)  # member 1's checkpoint is broken: it cannot stage
+        with self.assertRaises(FleetError) as e:
+            f.update_weights("c")
+        self.assertEqual(e.exception.committed, "none")
+        self.assertEqual(set(e.exception.serving.values()), {"b"})
+        bad = e.exception.results["http://" + self.urls[1]]
+        self.assertIsInstance(bad, FdRolloutError)
+        self.assertEqual(bad.type, "invalid_checkpoint")
+        for url in f.members:
+            self.assertIsNone(url.health()["staged_weight_version"], f"{url}: the staged copy was dropped")
+        f.resume()
+        for d in self.daemons:
+            self.assertEqual(greedy(d), (*self.ref_new, "b"), "every member keeps serving its old version")
+
+    def test_3_member_down(self):
+        f = Fleet(self.urls + [f"127.0.0.1:{free_port()}"], timeout=10)
+        with self.assertRaises(FleetError) as e:
+            f.pause()
+        down = [r for r in e.exception.results.values() if isinstance(r, Exception)]
+        self.assertEqual([r.type for r in down], ["unreachable"])
+        with self.assertRaises(FleetError) as e:
+            f.update_weights("d")
+        self.assertEqual(e.exception.committed, "none")
+        Fleet(self.urls).resume()
+        for d in self.daemons:
+            self.assertEqual(greedy(d)[2], "b")
+
+    def test_fleet_file(self):
+        path = os.path.join(self.tmp, "fleet.txt")
+        with open(path, "w") as fh:
+            fh.write("# rollout fleet\n127.0.0.1:8001\n\nhttp://127.0.0.1:8002  # second\n")
+        self.assertEqual(read_fleet_file(path), ["127.0.0.1:8001", "http://127.0.0.1:8002"])
+        with self.assertRaises(ValueError):
+            Fleet(["127.0.0.1:8001", "http://127.0.0.1:8001"])
+        with self.assertRaises(ValueError):
+            Fleet([])
+
+
+if __name__ == "__main__":
+    unittest.main()
