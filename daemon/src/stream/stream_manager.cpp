@@ -147,7 +147,11 @@ StreamManager::~StreamManager() {
     impl_->watchdog.join();
     std::lock_guard lk(impl_->mu);
     impl_->update.reset();
-    impl_->serving.reset();
+    if (impl_->serving) {  // kept while it served; nothing reads it once the daemon stops
+        std::error_code ec;
+        fs::remove_all(impl_->serving->path(), ec);
+        impl_->serving.reset();
+    }
     impl_->close_transport();
 }
 
