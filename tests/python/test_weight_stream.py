@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -25,6 +26,7 @@ import numpy as np  # noqa: E402
 from fdtest import PYTHON, STORIES, Daemon, fresh_daemon, greedy, perturbed, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
+from fdrollout.weight_stream import _frame  # noqa: E402
 
 # The killed trainer. mode "mid": announces every tensor as one bucket, sends half the frames and
 # a few bytes of the next, says SENT, waits. mode "between": one whole bucket of 3 tensors, answered,
@@ -256,6 +258,41 @@ class StreamTp1(unittest.TestCase):
         self.assertEqual(self.stream("after-silence", self.tensors)["weight_version"], "after-silence")
 
 
+    def test_8_sglang_update_group(self):
+        """SGLang's pair as slime sends it: init the group, then buckets labelled weight_version;
+        the bucket that completes the model commits it (before that the old version serves)."""
+        before = self.c.weight_version()
+        st, info = self.d.post("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 29500, "rank_offset": 1,
+                                                               "world_size": 2, "group_name": "actor", "backend": "gloo"})
+        self.assertEqual(st, 200, info)
+        self.assertTrue(info["success"])
+        s = socket.create_connection(("127.0.0.1", info["port"]), timeout=20)
+        try:
+            s.sendall(_frame({"token": info["token"]}))
+            names = sorted(self.tensors)
+            half = len(names) // 2
+            answers = []
+            for part in (names[:half], names[half:]):
+                body = {"names": part, "dtypes": ["torch.float32"] * len(part), "shapes": [list(self.tensors[n].shape) for n in part],
+                        "group_name": "actor", "flush_cache": True, "weight_version": "sg-1"}
+                out = {}
+                th = threading.Thread(target=lambda: out.update(r=self.d.post("/update_weights_from_distributed", body)))
+                th.start()
+                for n in part:
+                    a = self.tensors[n]
+                    s.sendall(_frame({"name": n, "dtype": "F32", "shape": list(a.shape)}, a.nbytes) + a.tobytes())
+                th.join(30)
+                answers.append(out["r"])
+                if len(answers) == 1:
+                    self.assertEqual(self.c.weight_version(), before, "nothing serves before the last tensor arrived")
+        finally:
+            s.close()
+        (st1, j1), (st2, j2) = answers
+        self.assertEqual((st1, j1["success"], j1["n_received"], j1["n_expected"]), (200, True, half, len(names)), j1)
+        self.assertEqual((st2, j2["success"], j2["weight_version"]), (200, True, "sg-1"), j2)
+        self.assert_serving(self.ref_new, "sg-1")
+
+
 class StreamTp2(StreamTp1):
     TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1"]
 
@@ -263,6 +300,7 @@ class StreamTp2(StreamTp1):
     test_2_bad_input_is_a_4xx_naming_it_and_changes_nothing = None
     test_3_protocol_order = None
     test_6_silent_trainer_is_dropped_at_the_timeout = None
+    test_8_sglang_update_group = None
 
 
 if __name__ == "__main__":
