@@ -193,6 +193,13 @@ class StreamTp1(unittest.TestCase):
             ws.__exit__(RuntimeError, RuntimeError("test"), None)  # aborts
         st, j = self.d.post("/init_weight_transfer_engine", {"init_info": {"backend": "carrier-pigeon"}})
         self.assertEqual(st, 400, j)
+        # NCCL's rendezvous is the trainer's ncclUniqueId in the body (no TCP store): required, checked
+        st, j = self.d.post("/init_weight_transfer_engine", {"init_info": {"master_address": "127.0.0.1", "master_port": 29500,
+                                                                           "rank_offset": 1, "world_size": 2}})
+        self.assertEqual(st, 400, j)
+        self.assertIn("nccl_unique_id", j["error"]["message"])
+        st, j = self.d.post("/init_weight_transfer_engine", {"init_info": {"backend": "nccl", "nccl_unique_id": "ab"}})
+        self.assertIn(st, (400, 404), j)  # malformed id (CUDA build) or no CUDA in this build
         st, j = self.d.post("/update_weights", {"update_info": {"names": ["a"], "dtype_names": ["F32"]}})
         self.assertEqual(st, 400, j)
         self.assertEqual(self.stream("after-order", self.tensors)["weight_version"], "after-order")

@@ -116,6 +116,9 @@ void vllm_init(ApiContext & ctx, const ControlInput & in, Response & res) {
     stream::InitRequest r;
     r.backend = ii.value("backend", ii.contains("master_address") || ii.contains("nccl_unique_id") ? "nccl" : "tcp");
     if (ii.contains("timeout_s")) { r.timeout_s = ii["timeout_s"].get<double>(); }
+    r.nccl_unique_id = ii.value("nccl_unique_id", "");
+    r.rank_offset    = ii.value("rank_offset", 1);
+    r.world_size     = ii.value("world_size", 2);
     const auto ep = ctx.stream->init(r);
     json body = endpoint_json(ep, *ctx.stream);
     body["message"] = "Weight transfer initialized";
@@ -169,13 +172,16 @@ void vllm_bucket(ApiContext & ctx, const ControlInput & in, Response & res) {
 // ---- SGLang ----
 
 void sglang_init_group(ApiContext & ctx, const ControlInput & in, Response & res) {
-    reject_unknown_fields(in.body, {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend", "timeout_s"},
-                          "init_weights_update_group");
+    reject_unknown_fields(in.body, {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend", "timeout_s",
+                                    "nccl_unique_id"}, "init_weights_update_group");
     const json & b = in.body.is_object() ? in.body : json::object();
     stream::InitRequest r;
     const std::string be = b.value("backend", "tcp");
     r.backend = be == "nccl" ? "nccl" : be == "tcp" || be == "gloo" ? "tcp" : be;
     if (b.contains("timeout_s")) { r.timeout_s = b["timeout_s"].get<double>(); }
+    r.nccl_unique_id = b.value("nccl_unique_id", "");
+    r.rank_offset    = b.value("rank_offset", 1);
+    r.world_size     = b.value("world_size", 2);
     const auto ep = ctx.stream->init(r);
     json body = endpoint_json(ep, *ctx.stream);
     body["success"] = true;

@@ -11,10 +11,51 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace fd::stream {
+
+// ---- the transport seam: how a bucket's bytes arrive ----
+
+/// One trainer's connection. receive() runs on one thread at a time; interrupt() and
+/// peer_closed() may be called from any other.
+class Receiver {
+public:
+    virtual ~Receiver() = default;
+    virtual const char * name() const = 0;  ///< "tcp" | "nccl"
+    /// Receive `specs`, in order, into dst(i) (host memory, specs[i].nbytes bytes each); `packed`:
+    /// the whole bucket as one transfer (tcp: one frame; nccl: one broadcast).
+    /// Errors  timeout at `deadline`; source_unavailable when the trainer is gone or interrupt()
+    ///         was called; invalid_argument when a tcp frame differs from its announcement.
+    virtual void receive(const std::vector<TensorSpec> & specs, bool packed, const std::function<std::byte *(size_t)> & dst,
+                         Clock::time_point deadline) = 0;
+    /// True when the trainer is known gone (never blocks).
+    virtual bool peer_closed() = 0;
+    /// Make a receive() in progress (and every later one) fail at once.
+    virtual void interrupt() = 0;
+};
+
+/// The CPU transport over an accepted, authenticated connection (tcp_wire.cpp).
+std::unique_ptr<Receiver> make_tcp_receiver(UniqueFd conn);
+
+/// The GPU transport (nccl_receiver.cpp): this process joins the trainer's NCCL group as rank
+/// `rank` of `world_size` on CUDA device `device`, from the ncclUniqueId the trainer created
+/// (`unique_id_hex`: 256 hex digits = its 128 bytes; no TCP store, no PyTorch). Tensors arrive
+/// as ncclBroadcast from rank 0 (the trainer), one per tensor in announced order (packed: one
+/// per bucket, the tensors back to back), into a device buffer, then are copied to host.
+/// The group forms within `deadline` (non-blocking init, polled; aborted past it).
+/// Errors  not_found in a build without CUDA; invalid_argument on a malformed id or ranks;
+///         timeout; source_unavailable when NCCL reports an error (the group is aborted).
+struct NcclGroup {
+    std::string unique_id_hex;
+    int32_t     rank = 1;
+    int32_t     world_size = 2;
+    int32_t     device = 0;
+};
+std::unique_ptr<Receiver> make_nccl_receiver(const NcclGroup & g, Clock::time_point deadline);
 
 // ---- tcp_wire.cpp ----
 

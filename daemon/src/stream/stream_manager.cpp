@@ -75,7 +75,8 @@ struct StreamManager::Impl {
     std::map<std::string, TensorSpec> expected;       ///< read from --model at the first init
     // transport
     std::string backend;                              ///< "" = none
-    UniqueFd    listener, conn;
+    UniqueFd    listener;                             ///< tcp, until the trainer connected
+    std::unique_ptr<Receiver> rx;                     ///< the connected trainer
     std::string token;
     double      timeout_s = 0;
     // the open update
@@ -86,8 +87,8 @@ struct StreamManager::Impl {
     std::optional<Error>        last_error;
 
     void close_transport() {
-        if (conn.valid()) { ::shutdown(conn.get(), SHUT_RDWR); }
-        conn.reset();
+        if (rx) { rx->interrupt(); }
+        rx.reset();
         listener.reset();
         backend.clear();
         token.clear();
@@ -112,7 +113,7 @@ struct StreamManager::Impl {
             if (update && !update->sealed && Clock::now() > update->idle_deadline) {
                 drop_locked(Error(Errc::timeout, fmt::format("the trainer sent nothing for {:g} s (the stream timeout) while an update "
                                                              "was open", timeout_s)));
-            } else if (conn.valid() && peer_closed(conn.get())) {
+            } else if (rx && rx->peer_closed()) {
                 if (update && !update->sealed) {
                     drop_locked(Error(Errc::source_unavailable, "the trainer closed its weight-stream connection in the middle of an update"));
                 } else {
@@ -141,7 +142,7 @@ StreamManager::~StreamManager() {
     {
         std::lock_guard lk(impl_->mu);
         impl_->stopping = true;
-        if (impl_->conn.valid()) { ::shutdown(impl_->conn.get(), SHUT_RDWR); }
+        if (impl_->rx) { impl_->rx->interrupt(); }
     }
     impl_->cv.notify_all();
     impl_->watchdog.join();
@@ -156,24 +157,48 @@ StreamManager::~StreamManager() {
 }
 
 Endpoint StreamManager::init(const InitRequest & req) {
-    std::lock_guard lk(impl_->mu);
+    std::unique_lock lk(impl_->mu);
     auto & m = *impl_;
-    if (m.update) {
+    if (m.update || m.busy) {
         fail(Errc::wrong_state, "a weight update is open ({} of {} tensors received); POST /finish_weight_update or "
-                                "/abort_weight_update first", m.update->weight_map.size(), m.expected.size());
+                                "/abort_weight_update first", m.update ? m.update->weight_map.size() : 0, m.expected.size());
     }
     if (req.timeout_s && !(*req.timeout_s > 0)) { throw Error(Errc::invalid_argument, "timeout_s must be > 0 seconds", "timeout_s"); }
-    if (req.backend == "nccl") {
-        throw Error(Errc::not_found, "the nccl weight-stream backend needs a CUDA build with a GPU (its receive path is not in this "
-                                     "build); use backend \"tcp\"", "backend");
-    }
-    if (req.backend != "tcp") {
+    if (req.backend != "tcp" && req.backend != "nccl") {
         throw Error(Errc::invalid_argument, fmt::format("unknown weight-stream backend '{}' (tcp, nccl)", req.backend), "backend");
+    }
+    if (req.backend == "nccl" && req.nccl_unique_id.empty()) {
+        throw Error(Errc::invalid_argument, "the nccl backend needs init_info.nccl_unique_id: the 256 hex digits of the ncclUniqueId the "
+                                            "trainer (rank 0) created; the rendezvous uses no TCP store", "nccl_unique_id");
     }
     m.load_expected();
     m.close_transport();
     m.last_error.reset();
-    Endpoint ep{.backend = "tcp", .host = m.cfg.host, .token = random_token(), .timeout_s = req.timeout_s.value_or(m.cfg.timeout_s)};
+    const double timeout_s = req.timeout_s.value_or(m.cfg.timeout_s);
+    if (req.backend == "nccl") {  // the rendezvous is the group's init: the trainer joins it now
+        m.busy = true;
+        lk.unlock();
+        std::unique_ptr<Receiver> rx;
+        std::optional<Error> err;
+        try {
+            rx = make_nccl_receiver({.unique_id_hex = req.nccl_unique_id, .rank = req.rank_offset, .world_size = req.world_size,
+                                     .device = m.cfg.cuda_device}, after(timeout_s));
+        } catch (const Error & e) {
+            err = e;
+        }
+        lk.lock();
+        m.busy = false;
+        if (m.abort_reason) { err = *std::exchange(m.abort_reason, std::nullopt); }
+        if (err) {
+            m.last_error = err;
+            throw *err;
+        }
+        m.rx        = std::move(rx);
+        m.backend   = "nccl";
+        m.timeout_s = timeout_s;
+        return Endpoint{.backend = "nccl", .timeout_s = timeout_s};
+    }
+    Endpoint ep{.backend = "tcp", .host = m.cfg.host, .token = random_token(), .timeout_s = timeout_s};
     m.listener  = tcp_listen(m.cfg.host, &ep.port);
     m.token     = ep.token;
     m.backend   = "tcp";
@@ -192,7 +217,7 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
     if (m.update || m.busy) { fail(Errc::wrong_state, "a weight update is already open; send its tensors and POST /finish_weight_update"); }
     m.last_error.reset();
     deadline = std::min(deadline, after(m.timeout_s));
-    if (!m.conn.valid()) {
+    if (!m.rx) {
         m.busy = true;
         const int listener = m.listener.get();
         const std::string token = m.token;
@@ -211,7 +236,7 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
             m.drop_locked(*err);
             throw *err;
         }
-        m.conn = std::move(c);
+        m.rx = make_tcp_receiver(std::move(c));
         m.listener.reset();  // one trainer per transport
     }
     auto dir = std::make_unique<StagingDir>(m.root, m.cfg.port);
@@ -258,7 +283,7 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
         throw;
     }
     m.busy            = true;
-    const int fd      = m.conn.get();
+    Receiver * rx     = m.rx.get();  // not reset while busy (drop() only interrupts it)
     const fs::path f  = m.update->dir->next_bucket_file();
     deadline          = std::min(deadline, after(m.timeout_s));
     lk.unlock();
@@ -267,29 +292,10 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
     int64_t bytes = 0;
     try {
         BucketFile out(f, specs);
-        if (packed) {
-            int64_t total = 0;
-            for (const auto & s : specs) { total += s.nbytes; }
-            const auto h = read_frame_header(fd, deadline, "the packed bucket's frame");
-            if (!h.value("packed", false) || h.value("nbytes", int64_t(-1)) != total) {
-                fail(Errc::invalid_argument, "the packed bucket's frame says {}; expected {{\"packed\": true, \"nbytes\": {}}}", h.dump(), total);
-            }
-        }
+        if (!rx) { fail(Errc::wrong_state, "no trainer is connected; POST /init_weight_transfer_engine again"); }
+        rx->receive(specs, packed, [&out](size_t i) { return out.data(i); }, deadline);
         for (size_t i = 0; i < specs.size(); ++i) {
             const TensorSpec & s = specs[i];
-            const std::string what = fmt::format("tensor '{}'", s.name);
-            if (!packed) {
-                const auto h = read_frame_header(fd, deadline, what);
-                const bool same = h.value("name", "") == s.name && h.contains("dtype") && h["dtype"].is_string() &&
-                                  parse_dtype_name(h["dtype"].get<std::string>(), what) == s.dtype && h.contains("shape") &&
-                                  h["shape"] == nlohmann::json(s.shape) && h.value("nbytes", int64_t(-1)) == s.nbytes;
-                if (!same) {
-                    fail(Errc::invalid_argument, "the frame {} arrived where {} {} {} ({} bytes) was announced; frames must follow the "
-                                                 "announced names, dtypes and shapes in order", h.dump(), what,
-                         model::dtype_name(s.dtype), shape_text(s.shape), s.nbytes);
-                }
-            }
-            read_exact(fd, out.data(i), static_cast<size_t>(s.nbytes), deadline, what);
             if (const int64_t bad = first_nonfinite(s, out.data(i)); bad >= 0) {
                 fail(Errc::invalid_checkpoint, "tensor '{}' holds a non-finite value (NaN or Inf) at element {}; nothing was applied",
                      s.name, bad);
@@ -368,7 +374,7 @@ void StreamManager::drop(const Error & why) {
     auto & m = *impl_;
     if (m.busy) {  // the bucket (or accept) in flight sees its socket shut and drops with this reason
         m.abort_reason = why;
-        if (m.conn.valid()) { ::shutdown(m.conn.get(), SHUT_RDWR); }
+        if (m.rx) { m.rx->interrupt(); }
         if (m.listener.valid()) { ::shutdown(m.listener.get(), SHUT_RDWR); }  // wakes an accept (closed after it returns)
         return;
     }
@@ -385,7 +391,7 @@ std::string StreamManager::status_json() const {
     std::lock_guard lk(impl_->mu);
     const auto & m = *impl_;
     nlohmann::json j{{"transport", m.backend.empty() ? nlohmann::json(nullptr) : nlohmann::json(m.backend)},
-                     {"connected", m.conn.valid()},
+                     {"connected", m.rx != nullptr},
                      {"update_open", m.update.has_value()},
                      {"n_received", m.update ? m.update->weight_map.size() : 0},
                      {"n_expected", m.expected.size()},

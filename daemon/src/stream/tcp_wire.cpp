@@ -138,6 +138,53 @@ UniqueFd tcp_accept_trainer(int listener, const std::string & token, Clock::time
     }
 }
 
+namespace {
+
+class TcpReceiver final : public Receiver {
+public:
+    explicit TcpReceiver(UniqueFd conn) : conn_(std::move(conn)) {}
+    ~TcpReceiver() override { interrupt(); }
+    const char * name() const override { return "tcp"; }
+    bool peer_closed() override { return stream::peer_closed(conn_.get()); }
+    void interrupt() override { ::shutdown(conn_.get(), SHUT_RDWR); }
+
+    void receive(const std::vector<TensorSpec> & specs, bool packed, const std::function<std::byte *(size_t)> & dst,
+                 Clock::time_point deadline) override {
+        const int fd = conn_.get();
+        if (packed) {
+            int64_t total = 0;
+            for (const auto & s : specs) { total += s.nbytes; }
+            const auto h = read_frame_header(fd, deadline, "the packed bucket's frame");
+            if (!h.value("packed", false) || h.value("nbytes", int64_t(-1)) != total) {
+                fail(Errc::invalid_argument, "the packed bucket's frame says {}; expected {{\"packed\": true, \"nbytes\": {}}}", h.dump(), total);
+            }
+        }
+        for (size_t i = 0; i < specs.size(); ++i) {
+            const TensorSpec & s = specs[i];
+            const std::string what = fmt::format("tensor '{}'", s.name);
+            if (!packed) {
+                const auto h = read_frame_header(fd, deadline, what);
+                const bool same = h.value("name", "") == s.name && h.contains("dtype") && h["dtype"].is_string() &&
+                                  parse_dtype_name(h["dtype"].get<std::string>(), what) == s.dtype && h.contains("shape") &&
+                                  h["shape"] == nlohmann::json(s.shape) && h.value("nbytes", int64_t(-1)) == s.nbytes;
+                if (!same) {
+                    fail(Errc::invalid_argument, "the frame {} arrived where {} {} {} ({} bytes) was announced; frames must follow the "
+                                                 "announced names, dtypes and shapes in order", h.dump(), what,
+                         model::dtype_name(s.dtype), nlohmann::json(s.shape).dump(), s.nbytes);
+                }
+            }
+            read_exact(fd, dst(i), static_cast<size_t>(s.nbytes), deadline, what);
+        }
+    }
+
+private:
+    UniqueFd conn_;
+};
+
+}  // namespace
+
+std::unique_ptr<Receiver> make_tcp_receiver(UniqueFd conn) { return std::make_unique<TcpReceiver>(std::move(conn)); }
+
 bool peer_closed(int fd) {
     pollfd pfd{fd, POLLRDHUP, 0};
     if (::poll(&pfd, 1, 0) <= 0) { return false; }

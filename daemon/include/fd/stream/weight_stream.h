@@ -60,6 +60,7 @@ struct StreamConfig {
     std::string           host = "127.0.0.1";  ///< the TCP transport listens here (--host)
     int32_t               port = 8000;      ///< the daemon's port (names its staging dirs)
     double                timeout_s = 900;  ///< --control-timeout-s: default bound of every wait
+    int32_t               cuda_device = 0;  ///< nccl: the device this process receives on
 };
 
 /// One tensor as announced (and as it must arrive).
