@@ -265,6 +265,27 @@ class StreamTp1(unittest.TestCase):
         self.assertEqual(self.stream("after-silence", self.tensors)["weight_version"], "after-silence")
 
 
+    def test_9_stopped_daemon_makes_the_trainer_raise(self):
+        """The trainer's side is bounded too: a daemon that stops answering (SIGSTOP) makes the
+        stream raise within its timeout, never hang; resumed, the daemon drops the update."""
+        before = self.c.weight_version()
+        ws = self.c.weight_stream("stopped", timeout=2).__enter__()
+        self.d.proc.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            with self.assertRaises((FdRolloutError, OSError)):
+                for name in sorted(self.tensors):
+                    ws.send(name, self.tensors[name])
+                ws.flush()
+            self.assertLess(time.monotonic() - t0, 20, "raised within the timeout (2 s) plus the client's grace")
+        finally:
+            self.d.proc.send_signal(signal.SIGCONT)
+            ws._close()
+        wait_until(lambda: self.d.post("/init_weight_transfer_engine", {"init_info": {"backend": "tcp"}})[0] == 200, 15,
+                   "the stopped stream's update dropped after SIGCONT")
+        self.assertEqual(self.c.weight_version(), before)
+        self.assertEqual(self.stream("after-stop", self.tensors)["weight_version"], "after-stop")
+
     def test_8_sglang_update_group(self):
         """SGLang's pair as slime sends it: init the group, then buckets labelled weight_version;
         the bucket that completes the model commits it (before that the old version serves)."""
@@ -308,6 +329,7 @@ class StreamTp2(StreamTp1):
     test_3_protocol_order = None
     test_6_silent_trainer_is_dropped_at_the_timeout = None
     test_8_sglang_update_group = None
+    test_9_stopped_daemon_makes_the_trainer_raise = None
 
 
 if __name__ == "__main__":
