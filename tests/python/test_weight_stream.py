@@ -271,6 +271,11 @@ class StreamTp1(unittest.TestCase):
         before = self.c.weight_version()
         ws = self.c.weight_stream("stopped", timeout=2).__enter__()
         self.d.proc.send_signal(signal.SIGSTOP)
+
+        def stopped():
+            with open(f"/proc/{self.d.proc.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "T"
+        wait_until(stopped, 10, "the daemon stopped")
         t0 = time.monotonic()
         try:
             with self.assertRaises((FdRolloutError, OSError)):

@@ -34,9 +34,11 @@ BucketFile::BucketFile(const fs::path & file, const std::vector<TensorSpec> & sp
     map_bytes_        = head + static_cast<size_t>(off);
     UniqueFd f(::open(file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!f.valid()) { fail(Errc::internal, "weight stream: cannot create {}: {}", file.string(), std::strerror(errno)); }
-    if (::ftruncate(f.get(), static_cast<off_t>(map_bytes_)) != 0) {
-        fail(Errc::source_unavailable, "weight stream: cannot size {} to {} bytes: {} (is the staging file system full?)", file.string(),
-             map_bytes_, std::strerror(errno));
+    // Reserve the blocks now (tmpfs allocates on write: a full /dev/shm would otherwise be a
+    // SIGBUS in the middle of the copy instead of this error).
+    if (const int rc = ::posix_fallocate(f.get(), 0, static_cast<off_t>(map_bytes_)); rc != 0) {
+        fail(Errc::source_unavailable, "weight stream: cannot reserve {} bytes for {}: {} (is the staging file system full?)", map_bytes_,
+             file.string(), std::strerror(rc));
     }
     // MAP_POPULATE: every page allocated up front, not one fault per page while the socket drains.
     void * m = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f.get(), 0);
