@@ -3,6 +3,8 @@
 - `Client(url, api_key=None, timeout=900)`: every weight-control call of one daemon
   (pause modes, resume, sleep/wakeup by tag, update_weights, two-phase stage/commit/drop, abort,
   health) over its V1 HTTP API; errors raise `FdRolloutError` with the daemon's error type.
+  `Client.weight_stream(version)`: stream new weights into the daemon without files
+  (`WeightStream`: send(name, tensor); leaving commits on every rank, an exception drops).
 - `Fleet(urls)`: the same calls on several daemons in parallel, and the all-or-nothing fleet
   update (`FleetError` says what was committed where).
 - `publish`: write weights for the rsync, ipc_snapshot and ipc load strategies (numpy only);
@@ -16,7 +18,8 @@ From a checkout: `PYTHONPATH=python`; `cmake --install` puts the package on pyth
 from .client import Client, FdRolloutError
 from .fleet import Fleet, FleetError, read_fleet_file
 from .rollout_model import RolloutModel, RolloutModelConfig
+from .weight_stream import WeightStream
 
 __all__ = ["Client", "FdRolloutError", "Fleet", "FleetError", "read_fleet_file", "RolloutModel",
-           "RolloutModelConfig"]
+           "RolloutModelConfig", "WeightStream"]
 __version__ = "0.1.0"

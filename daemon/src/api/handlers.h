@@ -79,6 +79,12 @@ void control_route(ApiContext & ctx, const Request & req, Response & res);
 /// The vLLM and SGLang control routes (peer_aliases.cpp): thin translations of a peer's
 /// request into the same wire command, and of the service's reply into the peer's shape.
 void peer_alias_route(ApiContext & ctx, const Request & req, Response & res);
+/// The weight-stream routes (stream_routes.cpp): vLLM's /init_weight_transfer_engine,
+/// /start_weight_update, /finish_weight_update, our /abort_weight_update, SGLang's
+/// /init_weights_update_group and /update_weights_from_distributed.
+void stream_route(ApiContext & ctx, const Request & req, Response & res);
+/// POST /update_weights: vLLM's bucket {"update_info"} (a weight stream), else prime-rl's {"weight_dir"}.
+void update_weights_route(ApiContext & ctx, const Request & req, Response & res);
 /// True for the weight-control routes of the route table (V1 and legacy).
 bool is_control_path(const std::string & path);
 

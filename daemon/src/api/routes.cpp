@@ -120,8 +120,15 @@ Router make_routes(ApiContext & ctx) {
     control("GET",  "/get_weight_version",      peer_alias_route);
     control("POST", "/update_weights_from_disk", peer_alias_route);
     control("POST", "/abort_request",           peer_alias_route);
-    control("POST", "/update_weights",          peer_alias_route);  // prime-rl: {"weight_dir"}
+    control("POST", "/update_weights",          update_weights_route);  // vLLM: {"update_info"} (a stream bucket); prime-rl: {"weight_dir"}
     control("POST", "/reload_weights",          peer_alias_route);  // prime-rl: back to --model
+    // trainer weight streams (SPEC §12, docs/weight_streams.md; stream_routes.cpp)
+    control("POST", "/init_weight_transfer_engine",     stream_route);  // vLLM
+    control("POST", "/start_weight_update",             stream_route);
+    control("POST", "/finish_weight_update",            stream_route);
+    control("POST", "/abort_weight_update",             stream_route);  // ours: drop the open update
+    control("POST", "/init_weights_update_group",       stream_route);  // SGLang
+    control("POST", "/update_weights_from_distributed", stream_route);
     return http;
 }
 

@@ -4,6 +4,7 @@
 #include "http_server.h"
 
 #include "fd/arena.h"
+#include "fd/stream/weight_stream.h"
 #include "fd/tokenizer/chat_template.h"
 #include "fd/log.h"
 
@@ -37,6 +38,9 @@ ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, control::Control
         }
     }
     const ServerConfig & c = ctx_->cfg;
+    stream_ = std::make_unique<stream::StreamManager>(stream::StreamConfig{
+        .model_dir = c.model_dir, .host = c.host, .port = c.port, .timeout_s = control.config().control_timeout_s});
+    ctx_->stream = stream_.get();
     const HttpLimits limits{.max_body_bytes = c.max_body_bytes, .max_header_bytes = c.max_header_bytes,
                             .read_timeout_s = c.http_read_timeout_s, .write_timeout_s = c.http_write_timeout_s,
                             .keep_alive_timeout_s = c.keep_alive_timeout_s, .n_io_threads = c.n_io_threads,

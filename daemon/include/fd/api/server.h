@@ -14,6 +14,7 @@
 
 namespace fd::tokenizer { class ChatTemplate; }
 namespace fd::control { class ControlService; }
+namespace fd::stream { class StreamManager; }
 
 namespace fd::api {
 
@@ -49,6 +50,7 @@ struct ApiContext {
     control::ControlService *   control = nullptr;
     const tokenizer::Tokenizer *    tok    = nullptr;
     const tokenizer::ChatTemplate * chat_template = nullptr;  ///< null: the model has none (chat → 400)
+    stream::StreamManager *     stream = nullptr;  ///< trainer weight streams (fd/stream/weight_stream.h)
 };
 
 class ApiServer {
@@ -70,6 +72,7 @@ public:
 private:
     std::unique_ptr<ApiContext>              ctx_;
     std::unique_ptr<tokenizer::ChatTemplate> chat_template_;
+    std::unique_ptr<stream::StreamManager>   stream_;  ///< outlives http_ (declared before it)
     std::unique_ptr<HttpServer>              http_;
 };
 

@@ -1,0 +1,174 @@
+// fd/stream/weight_stream.h — trainer → rollout weight streams without files (SPEC §12;
+// docs/weight_streams.md is the wire reference).
+//
+// A trainer pushes its new weights, in training (Hugging Face) names, over a transport the
+// daemon opens for it; nothing touches a file system the trainer can see. The calls are vLLM's
+// weight-transfer routes (SGLang's map onto the same calls, src/api/stream_routes.cpp):
+//
+//   init   (/init_weight_transfer_engine)  open the transport: on CPU a TCP listener on --host,
+//          port chosen by the kernel, with a one-time token; the trainer connects and sends the
+//          token as its first frame. The transport lives until the next init, a failed
+//          stream, or the trainer closing its connection.
+//   start  (/start_weight_update)          open one update: accept the trainer's connection
+//          (rendezvous, bounded), create its private staging dir.
+//   bucket (/update_weights {update_info}) announce tensors {names, dtype_names, shapes}; the
+//          call returns once every announced tensor arrived on the transport, in announced
+//          order, and was validated (known name, dtype and shape equal to the model's, no
+//          duplicate in the stream, every value finite) and written to the staging dir.
+//   finish (/finish_weight_update)         every tensor of the model present: the staging dir
+//          is sealed as a Hugging Face checkpoint; the caller (the HTTP layer) then stages and
+//          commits it on every rank with update_weights {weight_dir} (all ranks or none), and
+//          reports committed() or drop().
+//
+// All-or-nothing: any failure (bad input, a dead or silent trainer, a failed commit) drops the
+// open update: its staging dir is removed, the transport closed, and the serving weights are
+// untouched. The error stays readable (last_error) so a later finish names what went wrong.
+// Bounded: every wait has a deadline — the rendezvous and each bucket by the caller's deadline
+// (at most the stream timeout), the gaps between calls of an open update by the stream timeout
+// (a watchdog thread drops an update that got nothing for that long, and at once when the
+// trainer's connection closes).
+//
+// Staging: a private dir (mode 0700, owned by the daemon's user) under the staging root
+// (default /dev/shm: tmpfs, memory), one safetensors file per bucket plus
+// model.safetensors.index.json. After a commit the dir stays as the serving weights' source
+// (a wakeup after sleep reloads them from it) until the next stream commits; every dir of this
+// daemon is removed when it stops, and dirs of dead daemons on the same port at start-up.
+//
+// Thread-safety: every member may be called from any thread (the HTTP control pool); one
+// update at a time; a second bucket while one is being received is refused (409).
+#pragma once
+
+#include "fd/checkpoint/safetensors.h"
+#include "fd/status.h"
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fd::stream {
+
+using Clock = std::chrono::steady_clock;
+
+struct StreamConfig {
+    std::filesystem::path model_dir;        ///< --model: the names, shapes and dtypes every stream must carry
+    std::filesystem::path staging_root;     ///< where staging dirs go; "" = /dev/shm when present, else the temp dir
+    std::string           host = "127.0.0.1";  ///< the TCP transport listens here (--host)
+    int32_t               port = 8000;      ///< the daemon's port (names its staging dirs)
+    double                timeout_s = 900;  ///< --control-timeout-s: default bound of every wait
+    int32_t               cuda_device = 0;  ///< nccl: the device this process receives on
+};
+
+/// One tensor as announced (and as it must arrive).
+struct TensorSpec {
+    std::string          name;              ///< training (HF) name
+    model::DType         dtype = model::DType::f32;
+    std::vector<int64_t> shape;             ///< outermost first
+    int64_t              nbytes = 0;        ///< numel × dtype size
+};
+
+/// Parse a dtype name as trainers send it: safetensors' F32 | F16 | BF16, or torch's float32 |
+/// float16 | bfloat16 (also "torch.float32", "float", "half").
+/// Errors  fd::Error{invalid_argument} naming `what` (the tensor) and the accepted names.
+model::DType parse_dtype_name(const std::string & s, const std::string & what);
+
+struct InitRequest {
+    std::string            backend = "tcp";   ///< "tcp" (CPU transport) | "nccl" (GPU; needs a CUDA build)
+    std::optional<double>  timeout_s;         ///< bound of each wait; default StreamConfig::timeout_s
+    // nccl: the trainer is rank 0 of a group of world_size; the daemon's receiver is rank_offset.
+    std::string            nccl_unique_id;    ///< 256 hex digits (ncclUniqueId)
+    int32_t                rank_offset = 1;
+    int32_t                world_size  = 2;
+};
+
+/// Where the trainer sends (the answer of init).
+struct Endpoint {
+    std::string backend;                      ///< "tcp" | "nccl"
+    std::string host;                         ///< tcp: connect here
+    int32_t     port = 0;
+    std::string token;                        ///< tcp: 32 hex digits, the first frame's "token"
+    double      timeout_s = 0;                ///< the bound the daemon applies to each wait
+};
+
+/// One received bucket.
+struct BucketReport {
+    int32_t n_tensors = 0;
+    int64_t bytes = 0;
+    int32_t n_received = 0;                   ///< tensors in the update so far
+    int32_t n_expected = 0;                   ///< tensors the model has
+    double  seconds = 0;
+};
+
+/// A complete update, ready to load.
+struct Sealed {
+    std::filesystem::path      dir;           ///< an HF checkpoint dir (index + shards), 0700
+    std::optional<std::string> version;       ///< as given to start (or finish)
+    int64_t                    bytes = 0;
+    int32_t                    n_tensors = 0;
+};
+
+class StreamManager {
+public:
+    explicit StreamManager(StreamConfig cfg);
+    ~StreamManager();  ///< drops any update, closes the transport, removes every staging dir
+    StreamManager(const StreamManager &) = delete;
+    StreamManager & operator=(const StreamManager &) = delete;
+
+    /// Open a transport (closing any earlier one).
+    /// Errors  wrong_state while an update is open (finish or abort it first);
+    ///         invalid_argument for an unknown backend or bad nccl fields; not_found for nccl
+    ///         without CUDA; invalid_checkpoint when --model's tensor index cannot be read.
+    Endpoint init(const InitRequest & req);
+
+    /// Open an update labelled `version` (nullopt: the label is decided at the commit). Accepts
+    /// the trainer's connection if it has not been accepted yet, until `deadline`.
+    /// Errors  wrong_state (no transport; an update already open), timeout (no trainer
+    ///         connected with the right token by the deadline: the transport is closed).
+    void start(std::optional<std::string> version, Clock::time_point deadline);
+
+    /// Receive one bucket: `specs` in order, each as one frame (packed=false) or all as one
+    /// frame (packed=true). Returns when all arrived and were written.
+    /// Errors  (the update is dropped and the transport closed on every one)
+    ///         wrong_state: no update open, or one being received or sealed;
+    ///         invalid_argument: an unknown name, a dtype or shape unlike the model's, a name
+    ///           twice (in the bucket or the stream), a frame unlike its announcement;
+    ///         invalid_checkpoint: a non-finite value (tensor and element named);
+    ///         timeout: the bytes did not arrive by `deadline`; source_unavailable: the trainer
+    ///           closed the connection.
+    BucketReport receive_bucket(const std::vector<TensorSpec> & specs, bool packed, Clock::time_point deadline);
+
+    /// Check that every tensor of the model arrived and seal the staging dir. `version` (if
+    /// given) overrides start's. The update then waits for committed() or drop().
+    /// Errors  wrong_state (no update open: says why the last one was dropped, if it was);
+    ///         invalid_argument naming the missing tensors (the update is dropped).
+    Sealed seal(std::optional<std::string> version);
+
+    /// The sealed update went live: its dir becomes the serving weights' source; the previous
+    /// stream's dir is removed. The update is closed; the transport stays for the next one.
+    void committed();
+
+    /// Drop the open update (if any) for `why`: its staging dir is removed, the transport
+    /// closed (a bucket being received stops at once). No-op without an update.
+    void drop(const Error & why);
+
+    /// The reason the last update was dropped ("" = none since the last init/start).
+    std::optional<Error> last_error() const;
+
+    /// For /health and the routes: {transport, connected, update_open, n_received, n_expected,
+    /// bytes_received, version, last_error}.
+    std::string status_json() const;
+
+    /// The model's tensors a stream must carry (read from --model at the first init).
+    std::map<std::string, TensorSpec> expected() const;
+
+    struct Impl;
+
+private:
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fd::stream

@@ -1,0 +1,246 @@
+// The weight-stream routes (SPEC §12, docs/weight_streams.md): vLLM's weight-transfer calls and
+// SGLang's update-group calls, both over fd::stream::StreamManager. The finish seals the stream
+// into a staging dir and loads it through the one update path (update_weights {weight_dir}):
+// staged on every rank, committed on all or none, the new label only after the commit.
+// Errors use the control shape {"status":"error","error":{"type","message"}} (both peers' clients
+// look at the HTTP status only).
+#include "peer_aliases.h"
+
+#include "fd/shm/names.h"
+#include "fd/stream/weight_stream.h"
+
+#include <map>
+
+namespace fd::api {
+
+namespace {
+
+using nlohmann::json;
+using peer::Outcome;
+using stream::Clock;
+
+void require_stream(ApiContext & ctx, const Request & req) {
+    if (!ctx.control->config().dynamic_load_weight) {
+        fail(Errc::not_found, "{} needs dynamic weight loading; start fdrollout with --dynamic-load-weight", req.path);
+    }
+    FD_CHECK(ctx.stream != nullptr, "the API context has a stream manager");
+}
+
+/// The caller's deadline (X-Request-Timeout / X-Request-Deadline), else the stream's own bound.
+Clock::time_point deadline_of(const ControlInput & in) {
+    if (in.req) {
+        if (auto g = request_gate(*in.req)) { return g->deadline(); }
+    }
+    return Clock::time_point::max();
+}
+
+std::optional<std::string> checked_version(const json & body, const char * key) {
+    auto v = version_field(body, key);
+    if (v && !shm::is_valid_version(*v)) {
+        throw Error(Errc::invalid_argument, fmt::format("'{}' must match [A-Za-z0-9._-]{{1,128}} (not '.' or '..'), got '{}'", key, *v), key);
+    }
+    return v;
+}
+
+json endpoint_json(const stream::Endpoint & ep, const stream::StreamManager & sm) {
+    json tensors = json::array();
+    for (const auto & [name, t] : sm.expected()) { tensors.push_back({{"name", name}, {"dtype", model::dtype_name(t.dtype)}, {"shape", t.shape}}); }
+    return {{"backend", ep.backend}, {"host", ep.host}, {"port", ep.port}, {"token", ep.token}, {"timeout_s", ep.timeout_s},
+            {"tensors", tensors}};
+}
+
+/// {names, dtype_names|dtypes, shapes} → specs. Errors  invalid_argument naming the field.
+std::vector<stream::TensorSpec> read_specs(const json & b, const char * dtypes_key) {
+    for (const char * k : {"names", dtypes_key, "shapes"}) {
+        if (!b.contains(k) || !b[k].is_array()) { throw Error(Errc::invalid_argument, fmt::format("'{}' must be a list", k), k); }
+    }
+    const auto & names = b["names"];
+    if (b[dtypes_key].size() != names.size() || b["shapes"].size() != names.size()) {
+        throw Error(Errc::invalid_argument, fmt::format("names, {} and shapes must have the same length ({}, {}, {})", dtypes_key, names.size(),
+                                                        b[dtypes_key].size(), b["shapes"].size()), "names");
+    }
+    std::vector<stream::TensorSpec> out;
+    for (size_t i = 0; i < names.size(); ++i) {
+        if (!names[i].is_string()) { throw Error(Errc::invalid_argument, "every name must be a string", "names"); }
+        stream::TensorSpec s;
+        s.name = names[i].get<std::string>();
+        if (!b[dtypes_key][i].is_string()) { throw Error(Errc::invalid_argument, fmt::format("{}: the dtype must be a string", s.name), dtypes_key); }
+        s.dtype  = stream::parse_dtype_name(b[dtypes_key][i].get<std::string>(), s.name);
+        int64_t n = 1;
+        for (const auto & d : b["shapes"][i]) {
+            if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t(1) << 40)) {
+                throw Error(Errc::invalid_argument, fmt::format("{}: shape {} is not a list of sizes", s.name, b["shapes"][i].dump()), "shapes");
+            }
+            s.shape.push_back(d.get<int64_t>());
+            n *= d.get<int64_t>();
+        }
+        s.nbytes = n * model::dtype_size(s.dtype);
+        out.push_back(std::move(s));
+    }
+    return out;
+}
+
+/// Load the sealed stream on every rank and commit (or drop it). A serving engine is paused
+/// (mode wait) around the update and resumed after, as for prime-rl's weight_dir update; a
+/// paused one (TRL's pause mode=keep) stays paused.
+json commit_sealed(ApiContext & ctx, const ControlInput & in, const stream::Sealed & s) {
+    const bool was_paused = peer::run(ctx, in, {.op = "is_paused"}).result.value("is_paused", false);
+    Outcome u;
+    if (!was_paused) { u = peer::run(ctx, in, {.op = "pause", .mode = "wait"}); }
+    if (was_paused || u.ok) {
+        shm::MailboxCommand update{.op = "update_weights"};
+        update.weight_dir = s.dir.string();
+        update.version    = s.version;
+        u = peer::run(ctx, in, update);
+        if (!was_paused) { ctx.control->handle(shm::MailboxCommand{.op = "resume"}); }
+    }
+    if (!u.ok) {
+        const Error e(errc_from_name(u.error_type), u.error_message);
+        ctx.stream->drop(e);
+        throw Error(e.code(), fmt::format("the streamed weights were not applied (every rank keeps the serving version): {}", u.error_message));
+    }
+    ctx.stream->committed();
+    return {{"weight_version", u.result.value("version", "")}, {"bytes", s.bytes}, {"n_tensors", s.n_tensors}, {"ranks", u.result.value("ranks", json::array())}};
+}
+
+// ---- vLLM ----
+
+void vllm_init(ApiContext & ctx, const ControlInput & in, Response & res) {
+    reject_unknown_fields(in.body, {"init_info"}, "init_weight_transfer_engine");
+    if (!in.body.is_object() || !in.body.contains("init_info") || !in.body["init_info"].is_object()) {
+        throw Error(Errc::invalid_argument, "missing 'init_info' (an object) in the request body", "init_info");
+    }
+    const json & ii = in.body["init_info"];
+    reject_unknown_fields(ii, {"backend", "timeout_s", "master_address", "master_port", "rank_offset", "world_size", "nccl_unique_id"},
+                          "init_info");
+    stream::InitRequest r;
+    r.backend = ii.value("backend", ii.contains("master_address") || ii.contains("nccl_unique_id") ? "nccl" : "tcp");
+    if (ii.contains("timeout_s")) { r.timeout_s = ii["timeout_s"].get<double>(); }
+    r.nccl_unique_id = ii.value("nccl_unique_id", "");
+    r.rank_offset    = ii.value("rank_offset", 1);
+    r.world_size     = ii.value("world_size", 2);
+    const auto ep = ctx.stream->init(r);
+    json body = endpoint_json(ep, *ctx.stream);
+    body["message"] = "Weight transfer initialized";
+    peer::send_json(res, 200, body);
+}
+
+void vllm_start(ApiContext & ctx, const ControlInput & in, Response & res) {
+    reject_unknown_fields(in.body, {"is_checkpoint_format", "version", "weight_version"}, "start_weight_update");
+    if (in.body.is_object() && in.body.contains("is_checkpoint_format") && !in.body.value("is_checkpoint_format", true)) {
+        throw Error(Errc::invalid_argument, "only checkpoint-format (Hugging Face training) names are streamed: is_checkpoint_format must be true",
+                    "is_checkpoint_format");
+    }
+    auto v = checked_version(in.body, "version");
+    if (!v) { v = checked_version(in.body, "weight_version"); }
+    ctx.stream->start(v, deadline_of(in));
+    peer::send_json(res, 200, json{{"message", "Weight update started"}});
+}
+
+void vllm_finish(ApiContext & ctx, const ControlInput & in, Response & res) {
+    reject_unknown_fields(in.body, {"version", "weight_version"}, "finish_weight_update");
+    auto v = checked_version(in.body, "version");
+    if (!v) { v = checked_version(in.body, "weight_version"); }
+    json body = commit_sealed(ctx, in, ctx.stream->seal(v));
+    body["message"] = "Weight update finished";
+    peer::send_json(res, 200, body);
+}
+
+void stream_abort(ApiContext & ctx, const ControlInput & in, Response & res) {
+    reject_unknown_fields(in.body, {}, "abort_weight_update");
+    ctx.stream->drop(Error(Errc::wrong_state, "the trainer aborted the update (POST /abort_weight_update)"));
+    peer::send_json(res, 200, json{{"message", "Weight update aborted; serving weights unchanged"}});
+}
+
+void vllm_bucket(ApiContext & ctx, const ControlInput & in, Response & res) {
+    reject_unknown_fields(in.body, {"update_info"}, "update_weights");
+    const json & ui = in.body["update_info"];
+    if (!ui.is_object()) { throw Error(Errc::invalid_argument, "'update_info' must be an object {names, dtype_names, shapes}", "update_info"); }
+    reject_unknown_fields(ui, {"names", "dtype_names", "shapes", "packed", "extras", "is_checkpoint_format"}, "update_info");
+    std::vector<stream::TensorSpec> specs;
+    try {
+        specs = read_specs(ui, "dtype_names");
+    } catch (const Error & e) {  // the trainer is already sending this bucket: the stream is out of step
+        ctx.stream->drop(e);
+        throw;
+    }
+    const auto r = ctx.stream->receive_bucket(specs, ui.value("packed", false), deadline_of(in));
+    peer::send_json(res, 200, json{{"message", "Weights updated"}, {"n_tensors", r.n_tensors}, {"bytes", r.bytes},
+                                   {"n_received", r.n_received}, {"n_expected", r.n_expected}});
+}
+
+// ---- SGLang ----
+
+void sglang_init_group(ApiContext & ctx, const ControlInput & in, Response & res) {
+    reject_unknown_fields(in.body, {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend", "timeout_s",
+                                    "nccl_unique_id"}, "init_weights_update_group");
+    const json & b = in.body.is_object() ? in.body : json::object();
+    stream::InitRequest r;
+    const std::string be = b.value("backend", "tcp");
+    r.backend = be == "nccl" ? "nccl" : be == "tcp" || be == "gloo" ? "tcp" : be;
+    if (b.contains("timeout_s")) { r.timeout_s = b["timeout_s"].get<double>(); }
+    r.nccl_unique_id = b.value("nccl_unique_id", "");
+    r.rank_offset    = b.value("rank_offset", 1);
+    r.world_size     = b.value("world_size", 2);
+    const auto ep = ctx.stream->init(r);
+    json body = endpoint_json(ep, *ctx.stream);
+    body["success"] = true;
+    body["message"] = "Succeeded to initialize custom process group.";
+    peer::send_json(res, 200, body);
+}
+
+/// One SGLang bucket. The first opens the update (labelled weight_version); the one that
+/// completes the model's tensors commits it.
+void sglang_update_distributed(ApiContext & ctx, const ControlInput & in, Response & res) {
+    reject_unknown_fields(in.body, {"names", "dtypes", "shapes", "group_name", "flush_cache", "weight_version", "load_format"},
+                          "update_weights_from_distributed");
+    const json & b = in.body.is_object() ? in.body : json::object();
+    const auto v = checked_version(b, "weight_version");
+    std::vector<stream::TensorSpec> specs;
+    try {
+        specs = read_specs(b, "dtypes");
+    } catch (const Error & e) {
+        ctx.stream->drop(e);
+        throw;
+    }
+    const json st = json::parse(ctx.stream->status_json());
+    if (!st.value("update_open", false)) { ctx.stream->start(v, deadline_of(in)); }
+    const auto r = ctx.stream->receive_bucket(specs, false, deadline_of(in));
+    if (r.n_received < r.n_expected) {
+        return peer::send_json(res, 200, json{{"success", true}, {"n_received", r.n_received}, {"n_expected", r.n_expected},
+                                              {"message", fmt::format("received {} of {} tensors; the update commits when every tensor arrived",
+                                                                      r.n_received, r.n_expected)}});
+    }
+    json body = commit_sealed(ctx, in, ctx.stream->seal(v));
+    body["success"] = true;
+    body["message"] = "Succeeded to update parameter online.";
+    peer::send_json(res, 200, body);
+}
+
+using StreamFn = void (*)(ApiContext &, const ControlInput &, Response &);
+const std::map<std::string, StreamFn> kStreamRoutes = {
+    {"/init_weight_transfer_engine", vllm_init},
+    {"/start_weight_update", vllm_start},
+    {"/finish_weight_update", vllm_finish},
+    {"/abort_weight_update", stream_abort},
+    {"/init_weights_update_group", sglang_init_group},
+    {"/update_weights_from_distributed", sglang_update_distributed},
+};
+
+}  // namespace
+
+void stream_route(ApiContext & ctx, const Request & req, Response & res) {
+    require_stream(ctx, req);
+    kStreamRoutes.at(req.path)(ctx, read_control_input(req), res);
+}
+
+void update_weights_route(ApiContext & ctx, const Request & req, Response & res) {
+    const ControlInput in = read_control_input(req);
+    if (in.body.is_object() && in.body.contains("update_info")) {  // vLLM's bucket; else prime-rl's {"weight_dir"}
+        require_stream(ctx, req);
+        return vllm_bucket(ctx, in, res);
+    }
+    peer_alias_route(ctx, req, res);
+}
+
+}  // namespace fd::api

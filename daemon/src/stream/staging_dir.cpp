@@ -1,0 +1,116 @@
+// Where a weight stream's bytes land: a private dir of safetensors files (one per bucket) that
+// the update_weights {weight_dir} path then stages on every rank. The files are written in place
+// through a shared mapping, so each byte is copied once from the socket into the file.
+#include "stream_io.h"
+
+#include "fd/log.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+namespace fd::stream {
+
+namespace fs = std::filesystem;
+
+BucketFile::BucketFile(const fs::path & file, const std::vector<TensorSpec> & specs) : file_(file) {
+    // safetensors: u64 LE header length, the JSON header (padded with spaces to 8 bytes), data.
+    nlohmann::json h = nlohmann::json::object();
+    int64_t off = 0;
+    for (const auto & s : specs) {
+        h[s.name] = {{"dtype", model::dtype_name(s.dtype)}, {"shape", s.shape}, {"data_offsets", {off, off + s.nbytes}}};
+        offsets_.push_back(off);
+        off += s.nbytes;
+    }
+    std::string text = h.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');
+    const size_t head = 8 + text.size();
+    map_bytes_        = head + static_cast<size_t>(off);
+    UniqueFd f(::open(file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!f.valid()) { fail(Errc::internal, "weight stream: cannot create {}: {}", file.string(), std::strerror(errno)); }
+    // Reserve the blocks now (tmpfs allocates on write: a full /dev/shm would otherwise be a
+    // SIGBUS in the middle of the copy instead of this error).
+    if (const int rc = ::posix_fallocate(f.get(), 0, static_cast<off_t>(map_bytes_)); rc != 0) {
+        fail(Errc::source_unavailable, "weight stream: cannot reserve {} bytes for {}: {} (is the staging file system full?)", map_bytes_,
+             file.string(), std::strerror(rc));
+    }
+    // MAP_POPULATE: every page allocated up front, not one fault per page while the socket drains.
+    void * m = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f.get(), 0);
+    if (m == MAP_FAILED) { fail(Errc::internal, "weight stream: cannot map {}: {}", file.string(), std::strerror(errno)); }
+    map_ = static_cast<std::byte *>(m);
+    const uint64_t n = text.size();
+    for (int i = 0; i < 8; ++i) { map_[i] = static_cast<std::byte>((n >> (8 * i)) & 0xff); }
+    std::memcpy(map_ + 8, text.data(), text.size());
+    base_ = map_ + head;
+}
+
+BucketFile::~BucketFile() {
+    if (map_) { ::munmap(map_, map_bytes_); }
+}
+
+namespace {
+
+std::atomic<int32_t> g_dir_counter{0};
+
+bool pid_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
+
+}  // namespace
+
+StagingDir::StagingDir(const fs::path & root, int32_t port) {
+    for (int attempt = 0; attempt < 100; ++attempt) {
+        path_ = root / fmt::format("fdrollout-stream.{}.{}.{}", port, ::getpid(), g_dir_counter.fetch_add(1));
+        if (::mkdir(path_.c_str(), 0700) == 0) { return; }
+        if (errno != EEXIST) {
+            fail(Errc::source_unavailable, "weight stream: cannot create the staging dir {}: {}", path_.string(), std::strerror(errno));
+        }
+    }
+    fail(Errc::internal, "weight stream: no free staging dir name under {}", root.string());
+}
+
+StagingDir::~StagingDir() {
+    if (keep_) { return; }
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+    if (ec) { log::get("stream")->warn("cannot remove the staging dir {}: {}", path_.string(), ec.message()); }
+}
+
+fs::path StagingDir::next_bucket_file() { return path_ / fmt::format("bucket-{:05d}.safetensors", ++n_buckets_); }
+
+void StagingDir::write_index(const std::map<std::string, std::string> & weight_map, int64_t total_bytes) {
+    const nlohmann::json j{{"metadata", {{"total_size", total_bytes}, {"format", "fdrollout-weight-stream"}}}, {"weight_map", weight_map}};
+    const fs::path file = path_ / "model.safetensors.index.json";
+    UniqueFd f(::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!f.valid()) { fail(Errc::internal, "weight stream: cannot create {}: {}", file.string(), std::strerror(errno)); }
+    const std::string text = j.dump();
+    write_all(f.get(), text.data(), static_cast<int64_t>(text.size()), file, Errc::internal);
+}
+
+fs::path staging_root(const fs::path & root) {
+    if (!root.empty()) { return root; }
+    if (::access("/dev/shm", W_OK | X_OK) == 0 && fs::is_directory("/dev/shm")) { return "/dev/shm"; }
+    return fs::temp_directory_path();
+}
+
+void remove_stale_dirs(const fs::path & root, int32_t port) {
+    std::error_code ec;
+    const std::string prefix = fmt::format("fdrollout-stream.{}.", port);
+    for (const auto & e : fs::directory_iterator(root, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind(prefix, 0) != 0) { continue; }
+        struct stat st{};
+        if (::lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) { continue; }
+        const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+        if (pid == ::getpid() || pid_alive(pid)) { continue; }
+        std::error_code rm;
+        fs::remove_all(e.path(), rm);
+        if (!rm) { log::get("stream")->info("removed {} (left by a daemon that is gone)", e.path().string()); }
+    }
+}
+
+}  // namespace fd::stream

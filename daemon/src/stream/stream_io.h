@@ -1,0 +1,138 @@
+// Internal to fd::stream: the two I/O halves of a weight stream — the CPU transport's socket
+// (tcp_wire.cpp: listen, accept with a token, read frames with a deadline) and the staging dir
+// the received bytes land in (staging_dir.cpp: one safetensors file per bucket, written in
+// place through a shared mapping). The wire format is docs/weight_streams.md's.
+#pragma once
+
+#include "fd/file_io.h"
+#include "fd/stream/weight_stream.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fd::stream {
+
+// ---- the transport seam: how a bucket's bytes arrive ----
+
+/// One trainer's connection. receive() runs on one thread at a time; interrupt() and
+/// peer_closed() may be called from any other.
+class Receiver {
+public:
+    virtual ~Receiver() = default;
+    virtual const char * name() const = 0;  ///< "tcp" | "nccl"
+    /// Receive `specs`, in order, into dst(i) (host memory, specs[i].nbytes bytes each); `packed`:
+    /// the whole bucket as one transfer (tcp: one frame; nccl: one broadcast).
+    /// Errors  timeout at `deadline`; source_unavailable when the trainer is gone or interrupt()
+    ///         was called; invalid_argument when a tcp frame differs from its announcement.
+    virtual void receive(const std::vector<TensorSpec> & specs, bool packed, const std::function<std::byte *(size_t)> & dst,
+                         Clock::time_point deadline) = 0;
+    /// True when the trainer is known gone (never blocks).
+    virtual bool peer_closed() = 0;
+    /// Make a receive() in progress (and every later one) fail at once.
+    virtual void interrupt() = 0;
+};
+
+/// The CPU transport over an accepted, authenticated connection (tcp_wire.cpp).
+std::unique_ptr<Receiver> make_tcp_receiver(UniqueFd conn);
+
+/// The GPU transport (nccl_receiver.cpp): this process joins the trainer's NCCL group as rank
+/// `rank` of `world_size` on CUDA device `device`, from the ncclUniqueId the trainer created
+/// (`unique_id_hex`: 256 hex digits = its 128 bytes; no TCP store, no PyTorch). Tensors arrive
+/// as ncclBroadcast from rank 0 (the trainer), one per tensor in announced order (packed: one
+/// per bucket, the tensors back to back), into a device buffer, then are copied to host.
+/// The group forms within `deadline` (non-blocking init, polled; aborted past it).
+/// Errors  not_found in a build without CUDA; invalid_argument on a malformed id or ranks;
+///         timeout; source_unavailable when NCCL reports an error (the group is aborted).
+struct NcclGroup {
+    std::string unique_id_hex;
+    int32_t     rank = 1;
+    int32_t     world_size = 2;
+    int32_t     device = 0;
+};
+std::unique_ptr<Receiver> make_nccl_receiver(const NcclGroup & g, Clock::time_point deadline);
+
+// ---- tcp_wire.cpp ----
+
+/// "FDW1": every frame starts with it, then u32 LE header length, the header (a JSON object,
+/// at most kMaxFrameHeaderBytes), then header["nbytes"] payload bytes (absent = 0).
+inline constexpr char     kFrameMagic[4]       = {'F', 'D', 'W', '1'};
+inline constexpr uint32_t kMaxFrameHeaderBytes = 1u << 20;
+
+/// A listening TCP socket on `host` (any port the kernel picks), non-blocking.
+/// Errors  invalid_argument when `host` does not resolve or cannot be bound.
+UniqueFd tcp_listen(const std::string & host, int32_t * port_out);
+
+/// Accept connections on `listener` until one sends the hello frame {"token": `token`}
+/// (constant-time compare); others are closed. Errors  timeout at `deadline`.
+UniqueFd tcp_accept_trainer(int listener, const std::string & token, Clock::time_point deadline);
+
+/// Read exactly `n` bytes. Errors  timeout at `deadline` (naming `what`); source_unavailable
+/// when the peer closed the connection or it failed.
+void read_exact(int fd, void * dst, size_t n, Clock::time_point deadline, const std::string & what);
+
+/// Read one frame header (magic, length, JSON object). Errors  as read_exact; invalid_argument
+/// on a bad magic, an oversized header or one that is not a JSON object.
+nlohmann::json read_frame_header(int fd, Clock::time_point deadline, const std::string & what);
+
+/// True when the peer closed (or reset) the connection; never blocks.
+bool peer_closed(int fd);
+
+/// 32 random hex digits from /dev/urandom.
+std::string random_token();
+
+// ---- staging_dir.cpp ----
+
+/// One bucket's safetensors file, mapped for writing: the header is written, each tensor's
+/// bytes go to data(i) ([specs[i].nbytes] bytes). Unmapped on destruction.
+class BucketFile {
+public:
+    BucketFile(const std::filesystem::path & file, const std::vector<TensorSpec> & specs);
+    ~BucketFile();
+    BucketFile(const BucketFile &) = delete;
+    BucketFile & operator=(const BucketFile &) = delete;
+    std::byte * data(size_t i) const { return base_ + offsets_[i]; }
+    const std::filesystem::path & file() const { return file_; }
+
+private:
+    std::filesystem::path file_;
+    std::byte *           map_ = nullptr;
+    size_t                map_bytes_ = 0;
+    std::byte *           base_ = nullptr;    ///< the data section
+    std::vector<int64_t>  offsets_;
+};
+
+/// A private staging dir: <root>/fdrollout-stream.<port>.<pid>.<n>, mode 0700, removed (with
+/// everything in it) on destruction unless keep() was called.
+class StagingDir {
+public:
+    StagingDir(const std::filesystem::path & root, int32_t port);
+    ~StagingDir();
+    StagingDir(const StagingDir &) = delete;
+    StagingDir & operator=(const StagingDir &) = delete;
+    const std::filesystem::path & path() const { return path_; }
+    /// The next bucket's file name (bucket-00001.safetensors, ...).
+    std::filesystem::path next_bucket_file();
+    /// Write model.safetensors.index.json mapping every name to its file (the file name only).
+    void write_index(const std::map<std::string, std::string> & weight_map, int64_t total_bytes);
+    void keep() { keep_ = true; }
+
+private:
+    std::filesystem::path path_;
+    int32_t               n_buckets_ = 0;
+    bool                  keep_ = false;
+};
+
+/// The staging root: `root` when set, else /dev/shm when it is a writable dir, else the temp dir.
+std::filesystem::path staging_root(const std::filesystem::path & root);
+
+/// Remove <root>/fdrollout-stream.<port>.<pid>.* dirs owned by this user whose pid is not alive
+/// (left by a daemon that was killed). Never throws.
+void remove_stale_dirs(const std::filesystem::path & root, int32_t port);
+
+}  // namespace fd::stream

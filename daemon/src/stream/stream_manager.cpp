@@ -1,0 +1,408 @@
+// StreamManager: the life of a weight stream (fd/stream/weight_stream.h) — one transport, at
+// most one open update, a watchdog that bounds the gaps between calls. The socket and file I/O
+// of a bucket run outside the lock (busy_); a drop() meanwhile shuts the socket down so that the
+// bucket stops at once and drops the update itself.
+#include "fd/stream/weight_stream.h"
+
+#include "stream_io.h"
+
+#include "fd/kernels/ops.h"
+#include "fd/log.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+
+namespace fd::stream {
+
+namespace fs = std::filesystem;
+
+model::DType parse_dtype_name(const std::string & s, const std::string & what) {
+    std::string n = s.rfind("torch.", 0) == 0 ? s.substr(6) : s;
+    if (n == "F32" || n == "float32" || n == "float") { return model::DType::f32; }
+    if (n == "F16" || n == "float16" || n == "half") { return model::DType::f16; }
+    if (n == "BF16" || n == "bfloat16") { return model::DType::bf16; }
+    fail(Errc::invalid_argument, "{}: dtype '{}' is not one of F32, F16, BF16 (or torch's float32, float16, bfloat16)", what, s);
+}
+
+namespace {
+
+Clock::time_point after(double s) { return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); }
+
+std::string shape_text(const std::vector<int64_t> & s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); ++i) { out += (i ? ", " : "") + std::to_string(s[i]); }
+    return out + "]";
+}
+
+/// Index of the first NaN/Inf among `t`'s values at `p`, or -1.
+int64_t first_nonfinite(const TensorSpec & t, const std::byte * p) {
+    const int64_t n = t.nbytes / model::dtype_size(t.dtype);
+    switch (t.dtype) {
+        case model::DType::f32: return kernels::find_nonfinite_f32(reinterpret_cast<const float *>(p), n);
+        case model::DType::bf16: return kernels::find_nonfinite_bf16(reinterpret_cast<const uint16_t *>(p), n);
+        case model::DType::f16: return kernels::find_nonfinite_f16(reinterpret_cast<const uint16_t *>(p), n);
+    }
+    return -1;
+}
+
+bool optional_tensor(const std::string & name) { return name.find("rotary_emb.inv_freq") != std::string::npos; }
+
+}  // namespace
+
+struct StreamManager::Impl {
+    struct Update {
+        std::unique_ptr<StagingDir>        dir;
+        std::optional<std::string>         version;
+        std::map<std::string, std::string> weight_map;     ///< name -> bucket file name
+        int64_t                            bytes = 0;
+        bool                               sealed = false;
+        Clock::time_point                  idle_deadline;
+    };
+
+    StreamConfig cfg;
+    fs::path     root;
+    mutable std::mutex      mu;
+    std::condition_variable cv;
+    bool                    stopping = false;
+    std::thread             watchdog;
+
+    std::map<std::string, TensorSpec> expected;       ///< read from --model at the first init
+    // transport
+    std::string backend;                              ///< "" = none
+    UniqueFd    listener;                             ///< tcp, until the trainer connected
+    std::unique_ptr<Receiver> rx;                     ///< the connected trainer
+    std::string token;
+    double      timeout_s = 0;
+    // the open update
+    std::optional<Update>       update;
+    bool                        busy = false;         ///< start's accept or a bucket runs outside the lock
+    std::optional<Error>        abort_reason;         ///< drop() while busy: the busy call drops with it
+    std::unique_ptr<StagingDir> serving;              ///< the committed stream's dir (the wakeup source)
+    std::optional<Error>        last_error;
+
+    void close_transport() {
+        if (rx) { rx->interrupt(); }
+        rx.reset();
+        listener.reset();
+        backend.clear();
+        token.clear();
+    }
+
+    /// Drop the open update and close the transport (lock held, not busy).
+    void drop_locked(const Error & why) {
+        if (update) {
+            log::get("stream")->warn("weight stream dropped ({} of {} tensors received, serving weights unchanged): {}",
+                                     update->weight_map.size(), expected.size(), why.what());
+        }
+        update.reset();  // removes the staging dir
+        close_transport();
+        last_error = why;
+    }
+
+    void watch() {
+        std::unique_lock lk(mu);
+        while (!stopping) {
+            cv.wait_for(lk, std::chrono::milliseconds(50));
+            if (stopping || busy) { continue; }
+            if (update && !update->sealed && Clock::now() > update->idle_deadline) {
+                drop_locked(Error(Errc::timeout, fmt::format("the trainer sent nothing for {:g} s (the stream timeout) while an update "
+                                                             "was open", timeout_s)));
+            } else if (rx && rx->peer_closed()) {
+                if (update && !update->sealed) {
+                    drop_locked(Error(Errc::source_unavailable, "the trainer closed its weight-stream connection in the middle of an update"));
+                } else {
+                    log::get("stream")->info("the trainer closed its weight-stream connection");
+                    close_transport();
+                }
+            }
+        }
+    }
+
+    void load_expected() {
+        if (!expected.empty()) { return; }
+        const auto idx = model::read_tensor_index(cfg.model_dir);
+        for (const auto & [name, t] : idx.tensors) { expected[name] = TensorSpec{name, t.dtype, t.shape, t.size_bytes}; }
+    }
+};
+
+StreamManager::StreamManager(StreamConfig cfg) : impl_(std::make_unique<Impl>()) {
+    impl_->cfg  = std::move(cfg);
+    impl_->root = staging_root(impl_->cfg.staging_root);
+    remove_stale_dirs(impl_->root, impl_->cfg.port);
+    impl_->watchdog = std::thread([this] { impl_->watch(); });
+}
+
+StreamManager::~StreamManager() {
+    {
+        std::lock_guard lk(impl_->mu);
+        impl_->stopping = true;
+        if (impl_->rx) { impl_->rx->interrupt(); }
+    }
+    impl_->cv.notify_all();
+    impl_->watchdog.join();
+    std::lock_guard lk(impl_->mu);
+    impl_->update.reset();
+    if (impl_->serving) {  // kept while it served; nothing reads it once the daemon stops
+        std::error_code ec;
+        fs::remove_all(impl_->serving->path(), ec);
+        impl_->serving.reset();
+    }
+    impl_->close_transport();
+}
+
+Endpoint StreamManager::init(const InitRequest & req) {
+    std::unique_lock lk(impl_->mu);
+    auto & m = *impl_;
+    if (m.update || m.busy) {
+        fail(Errc::wrong_state, "a weight update is open ({} of {} tensors received); POST /finish_weight_update or "
+                                "/abort_weight_update first", m.update ? m.update->weight_map.size() : 0, m.expected.size());
+    }
+    if (req.timeout_s && !(*req.timeout_s > 0)) { throw Error(Errc::invalid_argument, "timeout_s must be > 0 seconds", "timeout_s"); }
+    if (req.backend != "tcp" && req.backend != "nccl") {
+        throw Error(Errc::invalid_argument, fmt::format("unknown weight-stream backend '{}' (tcp, nccl)", req.backend), "backend");
+    }
+    if (req.backend == "nccl" && req.nccl_unique_id.empty()) {
+        throw Error(Errc::invalid_argument, "the nccl backend needs init_info.nccl_unique_id: the 256 hex digits of the ncclUniqueId the "
+                                            "trainer (rank 0) created; the rendezvous uses no TCP store", "nccl_unique_id");
+    }
+    m.load_expected();
+    m.close_transport();
+    m.last_error.reset();
+    const double timeout_s = req.timeout_s.value_or(m.cfg.timeout_s);
+    if (req.backend == "nccl") {  // the rendezvous is the group's init: the trainer joins it now
+        m.busy = true;
+        lk.unlock();
+        std::unique_ptr<Receiver> rx;
+        std::optional<Error> err;
+        try {
+            rx = make_nccl_receiver({.unique_id_hex = req.nccl_unique_id, .rank = req.rank_offset, .world_size = req.world_size,
+                                     .device = m.cfg.cuda_device}, after(timeout_s));
+        } catch (const Error & e) {
+            err = e;
+        }
+        lk.lock();
+        m.busy = false;
+        if (m.abort_reason) { err = *std::exchange(m.abort_reason, std::nullopt); }
+        if (err) {
+            m.last_error = err;
+            throw *err;
+        }
+        m.rx        = std::move(rx);
+        m.backend   = "nccl";
+        m.timeout_s = timeout_s;
+        return Endpoint{.backend = "nccl", .timeout_s = timeout_s};
+    }
+    Endpoint ep{.backend = "tcp", .host = m.cfg.host, .token = random_token(), .timeout_s = timeout_s};
+    m.listener  = tcp_listen(m.cfg.host, &ep.port);
+    m.token     = ep.token;
+    m.backend   = "tcp";
+    m.timeout_s = ep.timeout_s;
+    log::get("stream")->info("weight stream: listening on {}:{} (timeout {:g} s)", ep.host, ep.port, ep.timeout_s);
+    return ep;
+}
+
+void StreamManager::start(std::optional<std::string> version, Clock::time_point deadline) {
+    std::unique_lock lk(impl_->mu);
+    auto & m = *impl_;
+    if (m.backend.empty()) {
+        fail(Errc::wrong_state, "no weight-stream transport{}; POST /init_weight_transfer_engine first",
+             m.last_error ? fmt::format(" (the last one was closed: {})", m.last_error->what()) : "");
+    }
+    if (m.update || m.busy) { fail(Errc::wrong_state, "a weight update is already open; send its tensors and POST /finish_weight_update"); }
+    m.last_error.reset();
+    deadline = std::min(deadline, after(m.timeout_s));
+    if (!m.rx) {
+        m.busy = true;
+        const int listener = m.listener.get();
+        const std::string token = m.token;
+        lk.unlock();
+        UniqueFd c;
+        std::optional<Error> err;
+        try {
+            c = tcp_accept_trainer(listener, token, deadline);
+        } catch (const Error & e) {
+            err = e;
+        }
+        lk.lock();
+        m.busy = false;
+        if (m.abort_reason) { err = *std::exchange(m.abort_reason, std::nullopt); }
+        if (err) {
+            m.drop_locked(*err);
+            throw *err;
+        }
+        m.rx = make_tcp_receiver(std::move(c));
+        m.listener.reset();  // one trainer per transport
+    }
+    auto dir = std::make_unique<StagingDir>(m.root, m.cfg.port);
+    m.update.emplace();
+    m.update->dir           = std::move(dir);
+    m.update->version       = std::move(version);
+    m.update->idle_deadline = after(m.timeout_s);
+}
+
+BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs, bool packed, Clock::time_point deadline) {
+    const auto t0 = Clock::now();
+    std::unique_lock lk(impl_->mu);
+    auto & m = *impl_;
+    if (!m.update) {
+        fail(Errc::wrong_state, "no weight update is open{}; POST /start_weight_update first",
+             m.last_error ? fmt::format(" (the last one was dropped: {})", m.last_error->what()) : "");
+    }
+    if (m.busy) { fail(Errc::wrong_state, "another bucket is being received; send buckets one after another"); }
+    if (m.update->sealed) { fail(Errc::wrong_state, "the update is finishing; no more tensors are taken"); }
+    std::set<std::string> in_bucket;
+    try {
+        if (specs.empty()) { throw Error(Errc::invalid_argument, "update_info announces no tensor", "update_info"); }
+        for (const auto & s : specs) {
+            auto it = m.expected.find(s.name);
+            if (it == m.expected.end()) {
+                throw Error(Errc::invalid_checkpoint, fmt::format("tensor '{}' is not a tensor of the model (its training names are "
+                                                                  "those of --model's checkpoint); nothing was applied", s.name), "names");
+            }
+            const TensorSpec & e = it->second;
+            if (s.dtype != e.dtype) {
+                throw Error(Errc::invalid_checkpoint, fmt::format("tensor '{}': dtype {} announced, the model holds {}; cast it before "
+                                                                  "sending", s.name, model::dtype_name(s.dtype), model::dtype_name(e.dtype)), "dtype_names");
+            }
+            if (s.shape != e.shape) {
+                throw Error(Errc::invalid_checkpoint, fmt::format("tensor '{}': shape {} announced, the model's is {}", s.name,
+                                                                  shape_text(s.shape), shape_text(e.shape)), "shapes");
+            }
+            if (m.update->weight_map.count(s.name) || !in_bucket.insert(s.name).second) {
+                throw Error(Errc::invalid_argument, fmt::format("tensor '{}' was sent twice in this update", s.name), "names");
+            }
+        }
+    } catch (const Error & e) {
+        m.drop_locked(e);
+        throw;
+    }
+    m.busy            = true;
+    Receiver * rx     = m.rx.get();  // not reset while busy (drop() only interrupts it)
+    const fs::path f  = m.update->dir->next_bucket_file();
+    deadline          = std::min(deadline, after(m.timeout_s));
+    lk.unlock();
+
+    std::optional<Error> err;
+    int64_t bytes = 0;
+    try {
+        BucketFile out(f, specs);
+        if (!rx) { fail(Errc::wrong_state, "no trainer is connected; POST /init_weight_transfer_engine again"); }
+        rx->receive(specs, packed, [&out](size_t i) { return out.data(i); }, deadline);
+        for (size_t i = 0; i < specs.size(); ++i) {
+            const TensorSpec & s = specs[i];
+            if (const int64_t bad = first_nonfinite(s, out.data(i)); bad >= 0) {
+                fail(Errc::invalid_checkpoint, "tensor '{}' holds a non-finite value (NaN or Inf) at element {}; nothing was applied",
+                     s.name, bad);
+            }
+            bytes += s.nbytes;
+        }
+    } catch (const Error & e) {
+        err = e;
+    } catch (const std::exception & e) {
+        err = Error(Errc::internal, e.what());
+    }
+    lk.lock();
+    m.busy = false;
+    if (m.abort_reason) { err = *std::exchange(m.abort_reason, std::nullopt); }
+    if (err) {
+        m.drop_locked(*err);
+        throw *err;
+    }
+    for (const auto & s : specs) { m.update->weight_map[s.name] = f.filename().string(); }
+    m.update->bytes += bytes;
+    m.update->idle_deadline = after(m.timeout_s);
+    return BucketReport{.n_tensors  = static_cast<int32_t>(specs.size()),
+                        .bytes      = bytes,
+                        .n_received = static_cast<int32_t>(m.update->weight_map.size()),
+                        .n_expected = static_cast<int32_t>(m.expected.size()),
+                        .seconds    = std::chrono::duration<double>(Clock::now() - t0).count()};
+}
+
+Sealed StreamManager::seal(std::optional<std::string> version) {
+    std::lock_guard lk(impl_->mu);
+    auto & m = *impl_;
+    if (!m.update) {
+        if (m.last_error) {
+            throw Error(m.last_error->code(), fmt::format("the weight update was dropped, nothing was applied: {}", m.last_error->what()));
+        }
+        fail(Errc::wrong_state, "no weight update is open; POST /start_weight_update first");
+    }
+    if (m.busy) { fail(Errc::wrong_state, "a bucket is still being received; finish after its /update_weights answered"); }
+    if (m.update->sealed) { fail(Errc::wrong_state, "the update is already finishing"); }
+    std::vector<std::string> missing;
+    for (const auto & [name, t] : m.expected) {
+        if (!m.update->weight_map.count(name) && !optional_tensor(name)) { missing.push_back(name); }
+    }
+    if (!missing.empty()) {
+        std::string list;
+        for (size_t i = 0; i < missing.size() && i < 8; ++i) { list += (i ? ", " : "") + missing[i]; }
+        if (missing.size() > 8) { list += fmt::format(", ... ({} in all)", missing.size()); }
+        const Error e(Errc::invalid_checkpoint, fmt::format("the update is missing {} tensor(s): {}; nothing was applied", missing.size(), list),
+                      "names");
+        m.drop_locked(e);
+        throw e;
+    }
+    m.update->dir->write_index(m.update->weight_map, m.update->bytes);
+    m.update->sealed = true;
+    if (version) { m.update->version = version; }
+    return Sealed{.dir = m.update->dir->path(), .version = m.update->version, .bytes = m.update->bytes,
+                  .n_tensors = static_cast<int32_t>(m.update->weight_map.size())};
+}
+
+void StreamManager::committed() {
+    std::lock_guard lk(impl_->mu);
+    auto & m = *impl_;
+    if (!m.update) { return; }
+    m.update->dir->keep();
+    auto old  = std::move(m.serving);  // the previous stream's dir: nothing reads it any more
+    m.serving = std::move(m.update->dir);
+    m.update.reset();
+    if (old) {
+        std::error_code ec;
+        fs::remove_all(old->path(), ec);
+    }
+}
+
+void StreamManager::drop(const Error & why) {
+    std::lock_guard lk(impl_->mu);
+    auto & m = *impl_;
+    if (m.busy) {  // the bucket (or accept) in flight sees its socket shut and drops with this reason
+        m.abort_reason = why;
+        if (m.rx) { m.rx->interrupt(); }
+        if (m.listener.valid()) { ::shutdown(m.listener.get(), SHUT_RDWR); }  // wakes an accept (closed after it returns)
+        return;
+    }
+    if (!m.update) { return; }
+    m.drop_locked(why);
+}
+
+std::optional<Error> StreamManager::last_error() const {
+    std::lock_guard lk(impl_->mu);
+    return impl_->last_error;
+}
+
+std::string StreamManager::status_json() const {
+    std::lock_guard lk(impl_->mu);
+    const auto & m = *impl_;
+    nlohmann::json j{{"transport", m.backend.empty() ? nlohmann::json(nullptr) : nlohmann::json(m.backend)},
+                     {"connected", m.rx != nullptr},
+                     {"update_open", m.update.has_value()},
+                     {"n_received", m.update ? m.update->weight_map.size() : 0},
+                     {"n_expected", m.expected.size()},
+                     {"bytes_received", m.update ? m.update->bytes : 0},
+                     {"last_error", m.last_error ? nlohmann::json(m.last_error->what()) : nlohmann::json(nullptr)}};
+    return j.dump();
+}
+
+std::map<std::string, TensorSpec> StreamManager::expected() const {
+    std::lock_guard lk(impl_->mu);
+    return impl_->expected;
+}
+
+}  // namespace fd::stream

@@ -1,0 +1,165 @@
+"""`WeightStream`: push new weights into a running daemon without files (SPEC §12).
+
+    with client.weight_stream("step-42") as ws:      # init transport, start the update
+        for name, tensor in model.state_dict().items():
+            ws.send(name, tensor)                    # numpy array, or a torch tensor (CPU or not)
+    # leaving the block normally: finish -> staged on every rank, committed on all or none;
+    # ws.result = {"weight_version": "step-42", "bytes", "n_tensors", "ranks"}
+    # an exception inside the block: the update is aborted, the daemon keeps serving as before.
+
+Wire (docs/weight_streams.md): the daemon's `/init_weight_transfer_engine` answers a TCP port
+and a one-time token; this side connects, sends the token as a hello frame, then every bucket is
+one `/update_weights {"update_info": {names, dtype_names, shapes}}` call answered once the
+tensors that follow on the socket, one frame each (b"FDW1", u32 LE header length, JSON header
+{"name", "dtype", "shape", "nbytes"}, then the raw little-endian bytes), arrived. Tensors are
+sent in the daemon's dtype for that name: float arrays of another float dtype are cast (f32 →
+BF16 rounds to nearest even); pass `dtype=` to send the bytes as they are.
+
+Every wait is bounded: the socket and each HTTP call time out after `timeout` seconds (a dead or
+stopped daemon raises), and the daemon drops an update that gets nothing for its timeout.
+numpy only; torch tensors are accepted (via .numpy()) but torch is never imported.
+"""
+import json
+import socket
+import struct
+import threading
+
+import numpy as np
+
+from .safetensors_np import _f32_to_bf16_bits
+
+_MAGIC = b"FDW1"
+_NP_TAGS = {np.dtype("float32"): "F32", np.dtype("float16"): "F16"}
+_CAST = {"F32": np.float32, "F16": np.float16}
+
+
+def _frame(header, nbytes=0):
+    h = json.dumps({**header, "nbytes": nbytes} if nbytes or "name" in header else header).encode()
+    return _MAGIC + struct.pack("<I", len(h)) + h
+
+
+def _to_numpy(t):
+    """A numpy array (C-contiguous) and its safetensors tag ("BF16" for torch bfloat16 bits)."""
+    if type(t).__module__.split(".")[0] == "torch":
+        t = t.detach().cpu().contiguous()
+        if str(t.dtype) == "torch.bfloat16":
+            import torch  # present: t is a torch tensor
+            return np.ascontiguousarray(t.view(torch.int16).numpy().view(np.uint16)), "BF16"
+        t = t.numpy()
+    a = np.ascontiguousarray(t)
+    return a, _NP_TAGS.get(a.dtype)
+
+
+class WeightStream:
+    """One update of one daemon. Use through `Client.weight_stream(...)`."""
+
+    def __init__(self, client, version, base_version=None, bucket_bytes=64 << 20, timeout=None):
+        if base_version is not None:
+            raise NotImplementedError("delta streams (base_version, send_delta) are not implemented by this daemon yet")
+        self.client, self.version = client, (None if version is None else str(version))
+        self.bucket_bytes = int(bucket_bytes)
+        self.timeout = float(timeout or client.timeout)
+        self.sock, self.expected, self.result = None, {}, None
+        self._pending, self._pending_bytes = [], 0
+        self.bytes_sent = 0
+
+    # -- context manager -----------------------------------------------------------------------
+
+    def __enter__(self):
+        c = self.client
+        info = c.request("POST", "/init_weight_transfer_engine", body={"init_info": {"backend": "tcp", "timeout_s": self.timeout}},
+                         timeout=self.timeout)
+        self.expected = {t["name"]: (t["dtype"], tuple(t["shape"])) for t in info.get("tensors", [])}
+        host = info.get("host") or c.host
+        if host in ("0.0.0.0", "::", ""):
+            host = c.host
+        self.sock = socket.create_connection((host, int(info["port"])), timeout=self.timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.sendall(_frame({"token": info["token"]}))
+        try:
+            c.request("POST", "/start_weight_update", body={"version": self.version} if self.version else {}, timeout=self.timeout)
+        except BaseException:
+            self._close()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is None:
+                self.flush()
+                body = {"version": self.version} if self.version else {}
+                self.result = self.client.request("POST", "/finish_weight_update", body=body, timeout=self.timeout)
+            else:
+                self.abort()
+        finally:
+            self._close()
+        return False
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def send(self, name, tensor, dtype=None):
+        """Queue `tensor` under its training (HF) name; a full bucket goes out at once.
+        `dtype` ("F32", "F16", "BF16"): send the array's bytes as that dtype (BF16: uint16 bits)."""
+        a, tag = _to_numpy(tensor)
+        want = self.expected.get(name, (None,))[0]
+        if dtype is not None:
+            tag = dtype
+        elif want is not None and tag != want and a.dtype.kind == "f":
+            a = np.ascontiguousarray(_f32_to_bf16_bits(a.astype(np.float32)).reshape(a.shape)) if want == "BF16" \
+                else np.ascontiguousarray(a.astype(_CAST[want]))
+            tag = want
+        if tag is None:
+            raise TypeError(f"{name}: cannot send a {a.dtype} array; pass dtype= (F32, F16 or BF16)")
+        self._pending.append((name, tag, a))
+        self._pending_bytes += a.nbytes
+        if self._pending_bytes >= self.bucket_bytes:
+            self.flush()
+
+    def flush(self):
+        """Send the queued tensors as one bucket; returns the daemon's answer (None if none queued)."""
+        if not self._pending:
+            return None
+        bucket, self._pending, self._pending_bytes = self._pending, [], 0
+        info = {"names": [n for n, _, _ in bucket], "dtype_names": [t for _, t, _ in bucket],
+                "shapes": [list(a.shape) for _, _, a in bucket]}
+        answer, error = {}, []
+
+        def call():
+            try:
+                answer["r"] = self.client.request("POST", "/update_weights", body={"update_info": info}, timeout=self.timeout)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                error.append(e)
+
+        th = threading.Thread(target=call, daemon=True)
+        th.start()
+        send_error = None
+        try:
+            for name, tag, a in bucket:
+                self.sock.sendall(_frame({"name": name, "dtype": tag, "shape": list(a.shape)}, a.nbytes))
+                self.sock.sendall(memoryview(a.reshape(-1).view(np.uint8)))
+                self.bytes_sent += a.nbytes
+        except OSError as e:  # the daemon refused the bucket and closed the stream, or died
+            send_error = e
+        th.join(self.timeout + 10)
+        if error:
+            raise error[0]
+        if send_error is not None:
+            raise send_error
+        if th.is_alive():
+            raise TimeoutError(f"/update_weights did not answer within {self.timeout + 10:g} s")
+        return answer.get("r")
+
+    def abort(self):
+        """Drop the update on the daemon (the serving weights stay); errors are ignored."""
+        self._pending, self._pending_bytes = [], 0
+        try:
+            self.client.request("POST", "/abort_weight_update", body={}, timeout=min(self.timeout, 30.0))
+        except Exception:  # noqa: BLE001 - the daemon may be gone; it drops the update by itself then
+            pass
+
+    def _close(self):
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            finally:
+                self.sock = None

@@ -1,0 +1,341 @@
+"""Client.weight_stream (python/fdrollout/weight_stream.py) against the real daemon at tp=1 and
+tp=2: a stream's weights serve exactly as a fresh daemon started on the same weights (written to
+a checkpoint with safetensors_np); bad input is a 4xx naming the tensor and changes nothing; a
+trainer killed mid-send or gone silent leaves the old version serving and the next stream works.
+"""
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import numpy as np  # noqa: E402
+
+from fdtest import PYTHON, STORIES, Daemon, fresh_daemon, greedy, perturbed, wait_until  # noqa: E402
+from fdrollout import Client, FdRolloutError  # noqa: E402
+from fdrollout import safetensors_np  # noqa: E402
+from fdrollout.weight_stream import _frame  # noqa: E402
+
+# The killed trainer. mode "mid": announces every tensor as one bucket, sends half the frames and
+# a few bytes of the next, says SENT, waits. mode "between": one whole bucket of 3 tensors, answered,
+# then SENT (the update stays open between calls).
+KILLED_TRAINER = r"""
+import json, socket, struct, sys, threading, time, http.client
+sys.path.insert(0, sys.argv[2])
+from fdrollout import safetensors_np
+port, ckpt, mode = int(sys.argv[1]), sys.argv[3], sys.argv[4]
+def post(path, body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse(); return r.status, json.loads(r.read() or b"null")
+_, info = post("/init_weight_transfer_engine", {"init_info": {"backend": "tcp"}})
+s = socket.create_connection(("127.0.0.1", info["port"]))
+def frame(h, n=0):
+    h = json.dumps(h).encode(); return b"FDW1" + struct.pack("<I", len(h)) + h
+s.sendall(frame({"token": info["token"]}))
+post("/start_weight_update", {"version": "killed"})
+t = safetensors_np.load_file(ckpt)
+names = sorted(t)
+if mode == "between":
+    names = names[:3]
+ui = {"names": names, "dtype_names": ["F32"] * len(names), "shapes": [list(t[n].shape) for n in names]}
+th = threading.Thread(target=post, args=("/update_weights", {"update_info": ui}), daemon=True)
+th.start()
+for n in names[: len(names) // 2] if mode == "mid" else names:
+    a = t[n]
+    s.sendall(frame({"name": n, "dtype": "F32", "shape": list(a.shape), "nbytes": a.nbytes}))
+    s.sendall(a.tobytes())
+if mode == "mid":
+    n = names[len(names) // 2]
+    s.sendall(frame({"name": n, "dtype": "F32", "shape": list(t[n].shape), "nbytes": 4 * t[n].size}))
+    s.sendall(b"\0" * 12)  # a few bytes of the next tensor's data
+else:
+    th.join()
+print("SENT", flush=True)
+time.sleep(600)
+"""
+
+
+def stream_dirs(port):
+    return sorted(glob.glob(f"/dev/shm/fdrollout-stream.{port}.*")) + sorted(glob.glob(os.path.join(tempfile.gettempdir(), f"fdrollout-stream.{port}.*")))
+
+
+class StreamTp1(unittest.TestCase):
+    TP_ARGS = []
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="fd-pystream-")
+        cls.new = os.path.join(cls.tmp, "new")
+        perturbed(STORIES, cls.new)
+        cls.tensors = safetensors_np.load_file(os.path.join(cls.new, "model.safetensors"))
+        cls.base = safetensors_np.load_file(os.path.join(STORIES, "model.safetensors"))
+        # The references: fresh daemons at the same tensor-parallel size on the same weights.
+        with fresh_daemon(cls.new, *cls.TP_ARGS) as ref:
+            cls.ref_new = greedy(ref)[:2]
+        with fresh_daemon(STORIES, *cls.TP_ARGS) as ref:
+            cls.ref_old = greedy(ref)[:2]
+        cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *cls.TP_ARGS, model=STORIES, extra=False)
+        cls.c = Client(f"127.0.0.1:{cls.d.port}", timeout=20)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+        assert not stream_dirs(cls.d.port), f"the daemon left staging dirs: {stream_dirs(cls.d.port)}"
+
+    def stream(self, version, tensors, **kw):
+        with self.c.weight_stream(version, **kw) as ws:
+            for name in sorted(tensors):
+                ws.send(name, tensors[name])
+        return ws.result
+
+    def assert_serving(self, ref, version):
+        self.assertEqual(greedy(self.d), (*ref, version))
+        self.assertEqual(self.c.health()["state"], "serving")
+
+    def test_1_stream_commits_and_equals_a_fresh_daemon(self):
+        r = self.stream("s1", self.tensors)
+        self.assertEqual(r["weight_version"], "s1")
+        self.assertEqual(r["n_tensors"], len(self.tensors))
+        self.assertEqual(r["bytes"], sum(a.nbytes for a in self.tensors.values()))
+        self.assert_serving(self.ref_new, "s1")
+        self.assertEqual(len(stream_dirs(self.d.port)), 1, "the serving stream's dir is kept for wakeup")
+        # sleep / wakeup reloads the streamed weights (from the kept dir), same label
+        self.c.sleep()
+        self.c.wakeup()
+        self.assert_serving(self.ref_new, "s1")
+        # the next stream replaces it (and its dir)
+        r = self.stream("s2", self.base, bucket_bytes=1 << 14)
+        self.assertEqual(r["weight_version"], "s2")
+        self.assert_serving(self.ref_old, "s2")
+        self.assertEqual(len(stream_dirs(self.d.port)), 1)
+
+    def bad(self, status, type_, words, tensors, **kw):
+        before = self.c.weight_version()
+        with self.assertRaises(FdRolloutError) as e:
+            self.stream("bad", tensors, **kw)
+        self.assertEqual((e.exception.status, e.exception.type), (status, type_), e.exception.message)
+        for w in words:
+            self.assertIn(w, e.exception.message)
+        self.assertEqual(self.c.weight_version(), before, "a failed stream changes nothing")
+        self.assertEqual(self.c.health()["state"], "serving")
+        return e.exception
+
+    def test_2_bad_input_is_a_4xx_naming_it_and_changes_nothing(self):
+        self.stream("good", self.base)
+        name = "model.layers.0.mlp.down_proj.weight"
+        self.bad(422, "invalid_checkpoint", ["model.layers.9.nothing"], {**self.tensors, "model.layers.9.nothing": np.zeros(3, np.float32)})
+        self.bad(422, "invalid_checkpoint", [name, "shape"], {**self.tensors, name: np.zeros((2, 2), np.float32)})
+        nan = self.tensors[name].copy()
+        nan[1, 2] = np.nan
+        e = self.bad(422, "invalid_checkpoint", [name, "non-finite"], {**self.tensors, name: nan})
+        self.assertIn("(NaN or Inf) at element 174", e.message)  # row 1, column 2 of [64, 172], found as it arrived
+        missing = dict(self.tensors)
+        del missing[name]
+        self.bad(422, "invalid_checkpoint", [name, "missing"], missing)
+        # an explicit dtype unlike the model's (F32): the bytes are not reinterpreted
+        with self.assertRaises(FdRolloutError) as e:
+            with self.c.weight_stream("bad") as ws:
+                ws.send(name, self.tensors[name].astype(np.float16), dtype="F16")
+        self.assertEqual(e.exception.status, 422)
+        self.assertIn("dtype F16", e.exception.message)
+        # a duplicate across buckets
+        with self.assertRaises(FdRolloutError) as e:
+            with self.c.weight_stream("bad", bucket_bytes=1) as ws:
+                ws.send(name, self.tensors[name])
+                ws.send(name, self.tensors[name])
+        self.assertEqual((e.exception.status, e.exception.type), (400, "invalid_argument"))
+        self.assertIn(f"'{name}' was sent twice", e.exception.message)
+        self.assert_serving(self.ref_old, "good")
+        self.assertEqual(len(stream_dirs(self.d.port)), 1, "no staging dir of a failed stream survives")
+
+    def test_3_protocol_order(self):
+        # the finish of a failed stream answers its failure, as a 4xx naming it
+        name = "model.layers.0.mlp.down_proj.weight"
+        ws = self.c.weight_stream("dup", bucket_bytes=1).__enter__()
+        ws.send(name, self.tensors[name])
+        with self.assertRaises(FdRolloutError):
+            ws.send(name, self.tensors[name])
+        ws._close()
+        st, j = self.d.post("/finish_weight_update", {})
+        self.assertEqual(st, 400, j)
+        self.assertIn("was dropped, nothing was applied: tensor 'model.layers.0.mlp.down_proj.weight' was sent twice", j["error"]["message"])
+        # finish without start
+        self.assertEqual(self.d.post("/init_weight_transfer_engine", {"init_info": {"backend": "tcp"}})[0], 200)
+        st, j = self.d.post("/finish_weight_update", {})
+        self.assertEqual(st, 409, j)
+        self.assertIn("start_weight_update", j["error"]["message"])
+        # a second start, a second init while an update is open
+        ws = self.c.weight_stream("x").__enter__()
+        try:
+            st, j = self.d.post("/start_weight_update", {})
+            self.assertEqual(st, 409, j)
+            self.assertIn("already open", j["error"]["message"])
+            st, j = self.d.post("/init_weight_transfer_engine", {"init_info": {"backend": "tcp"}})
+            self.assertEqual(st, 409, j)
+            self.assertIn("weight update is open", j["error"]["message"])
+            st, j = self.d.post("/init_weight_transfer_engine", {"init_info": {"backend": "carrier-pigeon"}})
+            self.assertEqual(st, 409, j)  # the open update is checked first: nothing is touched
+        finally:
+            ws.__exit__(RuntimeError, RuntimeError("test"), None)  # aborts
+        st, j = self.d.post("/init_weight_transfer_engine", {"init_info": {"backend": "carrier-pigeon"}})
+        self.assertEqual(st, 400, j)
+        # NCCL's rendezvous is the trainer's ncclUniqueId in the body (no TCP store): required, checked
+        st, j = self.d.post("/init_weight_transfer_engine", {"init_info": {"master_address": "127.0.0.1", "master_port": 29500,
+                                                                           "rank_offset": 1, "world_size": 2}})
+        self.assertEqual(st, 400, j)
+        self.assertIn("nccl_unique_id", j["error"]["message"])
+        st, j = self.d.post("/init_weight_transfer_engine", {"init_info": {"backend": "nccl", "nccl_unique_id": "ab"}})
+        self.assertIn(st, (400, 404), j)  # malformed id (CUDA build) or no CUDA in this build
+        st, j = self.d.post("/update_weights", {"update_info": {"names": ["a"], "dtype_names": ["F32"]}})
+        self.assertEqual(st, 400, j)
+        self.assertEqual(self.stream("after-order", self.tensors)["weight_version"], "after-order")
+        self.assert_serving(self.ref_new, "after-order")
+
+    def test_4_exception_inside_the_block_drops(self):
+        before = self.c.weight_version()
+        with self.assertRaises(KeyError):
+            with self.c.weight_stream("dropped") as ws:
+                for name in sorted(self.tensors)[:5]:
+                    ws.send(name, self.tensors[name])
+                ws.flush()
+                raise KeyError("trainer bug")
+        self.assertEqual(self.c.weight_version(), before)
+        self.assertEqual(self.stream("after-drop", self.tensors)["weight_version"], "after-drop")
+
+    def test_5_trainer_killed_mid_send(self):
+        self.killed_trainer("mid")
+
+    def test_7_trainer_killed_between_buckets(self):
+        self.killed_trainer("between")
+
+    def killed_trainer(self, mode):
+        before = self.c.weight_version()
+        ckpt = os.path.join(self.new, "model.safetensors")
+        p = subprocess.Popen([PYTHON, "-c", KILLED_TRAINER, str(self.d.port), os.path.join(HERE, "..", "..", "python"), ckpt, mode],
+                             stdout=subprocess.PIPE, text=True)
+        try:
+            self.assertEqual(p.stdout.readline().strip(), "SENT")
+            t0 = time.monotonic()
+            p.send_signal(signal.SIGKILL)
+            p.wait(10)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            p.stdout.close()
+        # The daemon sees the connection close and drops the update: a new init is accepted.
+        def reinit():
+            st, j = self.d.post("/init_weight_transfer_engine", {"init_info": {"backend": "tcp"}})
+            return st == 200
+        wait_until(reinit, 10, "the killed trainer's update dropped")
+        self.assertLess(time.monotonic() - t0, 10, "dropped well before the 20 s stream timeout: the closed connection is seen")
+        self.assertEqual(self.c.weight_version(), before)
+        self.assertEqual(self.c.health()["state"], "serving")
+        self.assertLessEqual(len(stream_dirs(self.d.port)), 1, "the killed stream's staging dir is removed")
+        self.assertEqual(self.stream("after-kill", self.tensors)["weight_version"], "after-kill")
+        self.assert_serving(self.ref_new, "after-kill")
+
+    def test_6_silent_trainer_is_dropped_at_the_timeout(self):
+        before = self.c.weight_version()
+        ws = self.c.weight_stream("silent", timeout=1.5).__enter__()
+        t0 = time.monotonic()
+        try:
+            def dropped():
+                st, j = self.d.post("/init_weight_transfer_engine", {"init_info": {"backend": "tcp"}})
+                return st == 200
+            wait_until(dropped, 15, "the silent trainer's update dropped")
+            self.assertGreaterEqual(time.monotonic() - t0, 1.0)
+        finally:
+            ws._close()
+        self.assertEqual(self.c.weight_version(), before)
+        self.assertEqual(self.stream("after-silence", self.tensors)["weight_version"], "after-silence")
+
+
+    def test_9_stopped_daemon_makes_the_trainer_raise(self):
+        """The trainer's side is bounded too: a daemon that stops answering (SIGSTOP) makes the
+        stream raise within its timeout, never hang; resumed, the daemon drops the update."""
+        before = self.c.weight_version()
+        ws = self.c.weight_stream("stopped", timeout=2).__enter__()
+        self.d.proc.send_signal(signal.SIGSTOP)
+
+        def stopped():
+            with open(f"/proc/{self.d.proc.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "T"
+        wait_until(stopped, 10, "the daemon stopped")
+        t0 = time.monotonic()
+        try:
+            with self.assertRaises((FdRolloutError, OSError)):
+                for name in sorted(self.tensors):
+                    ws.send(name, self.tensors[name])
+                ws.flush()
+            self.assertLess(time.monotonic() - t0, 20, "raised within the timeout (2 s) plus the client's grace")
+        finally:
+            self.d.proc.send_signal(signal.SIGCONT)
+            ws._close()
+        wait_until(lambda: self.d.post("/init_weight_transfer_engine", {"init_info": {"backend": "tcp"}})[0] == 200, 15,
+                   "the stopped stream's update dropped after SIGCONT")
+        self.assertEqual(self.c.weight_version(), before)
+        self.assertEqual(self.stream("after-stop", self.tensors)["weight_version"], "after-stop")
+
+    def test_8_sglang_update_group(self):
+        """SGLang's pair as slime sends it: init the group, then buckets labelled weight_version;
+        the bucket that completes the model commits it (before that the old version serves)."""
+        before = self.c.weight_version()
+        st, info = self.d.post("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 29500, "rank_offset": 1,
+                                                               "world_size": 2, "group_name": "actor", "backend": "gloo"})
+        self.assertEqual(st, 200, info)
+        self.assertTrue(info["success"])
+        s = socket.create_connection(("127.0.0.1", info["port"]), timeout=20)
+        try:
+            s.sendall(_frame({"token": info["token"]}))
+            names = sorted(self.tensors)
+            half = len(names) // 2
+            answers = []
+            for part in (names[:half], names[half:]):
+                body = {"names": part, "dtypes": ["torch.float32"] * len(part), "shapes": [list(self.tensors[n].shape) for n in part],
+                        "group_name": "actor", "flush_cache": True, "weight_version": "sg-1"}
+                out = {}
+                th = threading.Thread(target=lambda: out.update(r=self.d.post("/update_weights_from_distributed", body)))
+                th.start()
+                for n in part:
+                    a = self.tensors[n]
+                    s.sendall(_frame({"name": n, "dtype": "F32", "shape": list(a.shape)}, a.nbytes) + a.tobytes())
+                th.join(30)
+                answers.append(out["r"])
+                if len(answers) == 1:
+                    self.assertEqual(self.c.weight_version(), before, "nothing serves before the last tensor arrived")
+        finally:
+            s.close()
+        (st1, j1), (st2, j2) = answers
+        self.assertEqual((st1, j1["success"], j1["n_received"], j1["n_expected"]), (200, True, half, len(names)), j1)
+        self.assertEqual((st2, j2["success"], j2["weight_version"]), (200, True, "sg-1"), j2)
+        self.assert_serving(self.ref_new, "sg-1")
+
+
+class StreamTp2(StreamTp1):
+    TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1"]
+
+    # tp=2 repeats the end-to-end paths; the input checks run before any rank is involved.
+    test_2_bad_input_is_a_4xx_naming_it_and_changes_nothing = None
+    test_3_protocol_order = None
+    test_6_silent_trainer_is_dropped_at_the_timeout = None
+    test_8_sglang_update_group = None
+    test_9_stopped_daemon_makes_the_trainer_raise = None
+
+
+if __name__ == "__main__":
+    unittest.main()
