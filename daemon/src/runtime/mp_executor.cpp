@@ -50,6 +50,7 @@ MpExecutor::MpExecutor(const MpExecutorConfig & cfg, const model::ModelConfig & 
     pids_ = std::vector<std::atomic<pid_t>>(ranks_.size());
     remote_rss_ = std::vector<std::atomic<int64_t>>(ranks_.size());
     replies_.resize(ranks_.size());
+    details_.resize(ranks_.size());
     devs_.resize(ranks_.size());
     generation_ = 1;
     try {
@@ -108,10 +109,14 @@ void MpExecutor::probe(const model::StepBatch * batch) {
     check_replies("link probe");
 }
 
+std::vector<RankReport> MpExecutor::rank_call(const RankRequest & req) {
+    call_op(req);
+    return reports();
+}
+
 std::vector<RankReport> MpExecutor::stage_weights(const weights::FetchRequest & req) {
     LinkMsg m;
-    m.op = static_cast<uint32_t>(LinkOp::stage);
-    fetch_request_to_msg(req, m);
+    rank_request_to_msg({.op = RankOp::stage, .fetch = req}, m);
     try {
         call(m, "update_weights (staging)");
         check_replies("update_weights (staging)");
@@ -133,26 +138,24 @@ std::vector<RankReport> MpExecutor::stage_weights(const weights::FetchRequest & 
 }
 
 std::vector<RankReport> MpExecutor::commit_weights() {
-    call_op(LinkOp::commit, "update_weights (commit)");
+    call_op({.op = RankOp::commit});
     return reports();
 }
 
 std::vector<RankReport> MpExecutor::release(MemoryTag tag) {
-    const LinkOp op = tag == MemoryTag::weight     ? LinkOp::release_weight
-                      : tag == MemoryTag::kv_cache ? LinkOp::release_kv
-                                                   : LinkOp::release_swap;
+    const RankRequest req{.op = RankOp::release, .tag = tag};
     if (shared_devices_) {
         // Ranks sharing a device release one at a time: each one's cudaMemGetInfo delta
         // (device_freed_bytes) is then its own, not its neighbour's too.
         for (auto & m : replies_) { m.status = 0; }  // check_replies reads every rank's: none stale
         for (int32_t r = 0; r < world_size(); ++r) {
             LinkMsg m;
-            m.op = static_cast<uint32_t>(op);
+            rank_request_to_msg(req, m);
             call(m, "sleep", false, nullptr, nullptr, 0, r);
             check_replies("sleep");
         }
     } else {
-        call_op(op, "sleep");
+        call_op(req);
     }
     auto reps = reports();
     if (tag == MemoryTag::weight && cfg_.shutdown_comm_group_if_worker_idle && comm_connected_) {
@@ -180,22 +183,21 @@ void MpExecutor::swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::Blo
 }
 
 std::vector<RankReport> MpExecutor::acquire_kv() {
-    call_op(LinkOp::acquire_kv, "wakeup (kv_cache)");
+    call_op({.op = RankOp::acquire_kv});
     return reports();
 }
 
 std::vector<RankReport> MpExecutor::reload_weights(const weights::FetchRequest & req) {
     connect_group();
     LinkMsg m;
-    m.op = static_cast<uint32_t>(LinkOp::reload);
-    fetch_request_to_msg(req, m);
+    rank_request_to_msg({.op = RankOp::reload, .fetch = req}, m);
     call(m, "wakeup (weights)");
     try {
         check_replies("wakeup (weights)");
     } catch (...) {
         // All or none: ranks that did load hand their copy back again.
         LinkMsg rel;
-        rel.op = static_cast<uint32_t>(LinkOp::release_weight);
+        rank_request_to_msg({.op = RankOp::release, .tag = MemoryTag::weight}, rel);
         try { call(rel, "wakeup (undo)", true); } catch (const Error &) {}
         throw;
     }
@@ -261,7 +263,7 @@ void MpExecutor::gather(const std::vector<int32_t> & ranks, Clock::time_point de
                                                      : ranks_[r].link.try_recv(m);
             if (got == LinkSocket::Recv::timeout && !ranks_[r].link.stream()) {
                 still_.push_back(r);  // readable but nothing whole yet: poll again
-            } else if (got != LinkSocket::Recv::ok) {
+            } else if (got != LinkSocket::Recv::ok || !read_detail(r, m)) {
                 mark_failed(r, /*timed_out=*/false);
             } else if (m.op != static_cast<uint32_t>(LinkOp::ready) && m.seq != seq) {
                 still_.push_back(r);  // a late answer to an older request
@@ -279,6 +281,15 @@ void MpExecutor::gather(const std::vector<int32_t> & ranks, Clock::time_point de
             deadline = std::min(deadline, Clock::now() + kSurvivorGrace);
         }
     }
+}
+
+bool MpExecutor::read_detail(int32_t r, const LinkMsg & m) {
+    if (m.detail_bytes <= 0) { return true; }
+    if (m.detail_bytes > kRankDetailMaxBytes) { return false; }  // out of step: no rank sends that
+    details_[r].resize(static_cast<size_t>(m.detail_bytes));
+    // The detail follows its reply at once: the reply's deadline is no longer at stake here.
+    return ranks_[r].link.recv_payload(details_[r].data(), details_[r].size(), Clock::now() + std::chrono::seconds(5)) ==
+           LinkSocket::Recv::ok;
 }
 
 void MpExecutor::call(LinkMsg req, const char * what, bool survivors_only, const std::atomic<bool> * abandon,
@@ -299,6 +310,7 @@ void MpExecutor::call(LinkMsg req, const char * what, bool survivors_only, const
     live_.clear();
     for (int32_t r : targets) {
         replies_[r].status = 0;
+        details_[r].clear();
         auto & link = ranks_[r].link;
         if (link.send(req, pass_fd) && (!payload || !link.stream() || link.send_bytes(payload, payload_n))) {
             live_.push_back(r);
@@ -318,11 +330,18 @@ void MpExecutor::call(LinkMsg req, const char * what, bool survivors_only, const
 
 void MpExecutor::release_fetched_everywhere() {
     try {
-        call_op(LinkOp::release_fetched, "releasing the fetched weights");
+        call_op({.op = RankOp::release_fetched});
     } catch (...) {
         drop_on_survivors();
         throw;
     }
+}
+
+void MpExecutor::call_op(const RankRequest & req) {
+    LinkMsg m;
+    rank_request_to_msg(req, m);
+    call(m, rank_op_what(req.op));
+    check_replies(rank_op_what(req.op));
 }
 
 void MpExecutor::call_op(LinkOp op, const char * what) {
@@ -343,13 +362,16 @@ void MpExecutor::check_replies(const char * what) const {
 
 std::vector<RankReport> MpExecutor::reports() const {
     std::vector<RankReport> out;
-    for (int32_t r = 0; r < world_size(); ++r) { out.push_back(rank_report_from_msg(replies_[r])); }
+    for (int32_t r = 0; r < world_size(); ++r) {
+        out.push_back(rank_report_from_msg(replies_[r]));
+        out.back().detail = details_[r];
+    }
     return out;
 }
 
 void MpExecutor::drop_on_survivors() {
     LinkMsg m;
-    m.op = static_cast<uint32_t>(LinkOp::drop);
+    rank_request_to_msg({.op = RankOp::drop}, m);
     try { call(m, "drop_staged_weights", true); } catch (const Error &) {}
 }
 void probe_step_link(Executor & ex, const model::StepBatch * batch) {

@@ -49,9 +49,11 @@ public:
     /// probe_step_link(): forward()'s encode and round trip, without the model.
     void probe(const model::StepBatch * batch);
 
+    /// One LinkOp::rank_call to every rank; the reports carry each rank's detail.
+    std::vector<RankReport> rank_call(const RankRequest & req) override;
     std::vector<RankReport> stage_weights(const weights::FetchRequest & req) override;
     std::vector<RankReport> commit_weights() override;
-    void drop_staged_weights() override { call_op(LinkOp::drop, "drop_staged_weights"); }
+    void drop_staged_weights() override { call_op({.op = RankOp::drop}); }
     std::vector<RankReport> release(MemoryTag tag) override;
     void swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in) override;
     std::vector<RankReport> acquire_kv() override;
@@ -84,8 +86,12 @@ private:
     /// stopped for heartbeat_s or that misses the deadline is marked failed. Once one has failed,
     /// the others get kSurvivorGrace more to answer (they may be waiting on the dead one inside a
     /// collective), then the wait ends with them unanswered (their late replies are skipped by
-    /// seq; recover() restarts every rank). Allocation-free once warm (the step path).
+    /// seq; recover() restarts every rank). A reply announcing a detail (detail_bytes) is followed
+    /// by it: read into details_[r] whatever its seq. Allocation-free once warm (the step path).
     void gather(const std::vector<int32_t> & ranks, Clock::time_point deadline, const std::atomic<bool> * abandon, uint64_t seq);
+
+    /// The detail rank `r`'s reply `m` announces, into details_[r]. False: the link broke.
+    bool read_detail(int32_t r, const LinkMsg & m);
 
     /// Send `req` to every rank (or only the live ones) and gather the replies.
     /// Errors  rank_failed naming every failed rank when one was failed before or failed now.
@@ -99,6 +105,8 @@ private:
     /// source's shared dir removes it), before commit, so a rank killed later leaves nothing.
     void release_fetched_everywhere();
 
+    /// call() and check_replies() for one rank operation (its message: rank_op_what(req.op)).
+    void call_op(const RankRequest & req);
     void call_op(LinkOp op, const char * what);
 
     /// The first rank's error (every rank answered).
@@ -157,6 +165,7 @@ private:
     std::vector<std::atomic<pid_t>>  pids_;      ///< [world] live rank pids (0: none), read by other threads
     std::vector<std::atomic<int64_t>> remote_rss_;  ///< [world] RSS a rank on another node last reported (0: local / none)
     std::vector<LinkMsg>             replies_;   ///< [world] the latest call's answers
+    std::vector<std::string>         details_;   ///< [world] the latest rank_call's RankReport::detail
     std::vector<int32_t>             targets_, live_, pending_, still_;
     size_t                           n_lost_ = 0;     ///< ranks marked failed so far
     size_t                           lost_mark_ = 0;  ///< n_lost_ when the current call / start-up wait began

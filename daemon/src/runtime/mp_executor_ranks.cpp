@@ -333,7 +333,7 @@ void MpExecutor::refresh_rank_devices(double max_age_s) {
     for (const auto & k : ranks_) {
         if (k.failed) { return; }  // degraded: /health says so; wakeup recovers
     }
-    call_op(LinkOp::mem_info, "measuring device memory");
+    call_op({.op = RankOp::mem_info});
 }
 
 }  // namespace fd::runtime

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "fd/runtime/mp_executor.h"
+#include "fd/runtime/rank_call.h"
 #include "fd/runtime/rank_link.h"
 
 #include <nlohmann/json.hpp>
@@ -26,6 +27,11 @@ RankSpawn rank_spawn_from_json(const nlohmann::json & j);
 
 void fetch_request_to_msg(const weights::FetchRequest & req, LinkMsg & m);
 weights::FetchRequest fetch_request_from_msg(const LinkMsg & m);
+/// A rank_call request: op rank_call, the RankOp, its fetch request and tag.
+void rank_request_to_msg(const RankRequest & req, LinkMsg & m);
+/// Errors  fd::Error{internal} on a RankOp or tag outside the lists (a link out of step).
+RankRequest rank_request_from_msg(const LinkMsg & m);
+/// A report's fixed fields (RankReport::detail travels after the reply: LinkMsg::detail_bytes).
 void rank_report_to_msg(const RankReport & r, LinkMsg & m);
 RankReport rank_report_from_msg(const LinkMsg & m);
 /// A CUDA rank's device fields of a control reply (m.device_id < 0: a CPU rank, nothing written / read).

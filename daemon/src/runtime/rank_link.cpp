@@ -277,6 +277,35 @@ LinkSocket::Recv LinkSocket::recv_exact(void * data, size_t n, std::chrono::stea
     return Recv::ok;
 }
 
+bool LinkSocket::send_payload(const void * data, size_t n) {
+    if (stream_) { return n == 0 || send_bytes(data, n); }
+    const char * p = static_cast<const char *>(data);
+    for (size_t off = 0; off < n; off += kPayloadChunk) {
+        if (!send_bytes(p + off, std::min(kPayloadChunk, n - off))) { return false; }
+    }
+    return true;
+}
+
+LinkSocket::Recv LinkSocket::recv_payload(void * data, size_t n, std::chrono::steady_clock::time_point deadline) {
+    if (stream_) { return recv_exact(data, n, deadline); }
+    char * p = static_cast<char *>(data);
+    for (size_t off = 0; off < n;) {
+        if (fd_ < 0) { return Recv::closed; }
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline) { return Recv::timeout; }
+        pollfd pf{fd_, POLLIN, 0};
+        const int rc = ::poll(&pf, 1, static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count()));
+        if (rc < 0 && errno != EINTR) { return Recv::closed; }
+        if (rc <= 0) { continue; }
+        const size_t want = std::min(kPayloadChunk, n - off);
+        const ssize_t r = recv_record(p + off, want, MSG_DONTWAIT);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) { continue; }
+        if (r != static_cast<ssize_t>(want)) { return Recv::closed; }
+        off += want;
+    }
+    return Recv::ok;
+}
+
 LinkSocket::Recv LinkSocket::recv(LinkMsg & m, std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds poll_slice,
                                   const std::function<void()> & on_slice) {
     if (fd_ < 0) { return Recv::closed; }

@@ -121,6 +121,20 @@ weights::FetchRequest fetch_request_from_msg(const LinkMsg & m) {
     return r;
 }
 
+void rank_request_to_msg(const RankRequest & req, LinkMsg & m) {
+    m.op      = static_cast<uint32_t>(LinkOp::rank_call);
+    m.rank_op = static_cast<uint32_t>(req.op);
+    m.tag     = static_cast<uint8_t>(req.tag);
+    fetch_request_to_msg(req.fetch, m);
+}
+
+RankRequest rank_request_from_msg(const LinkMsg & m) {
+    if (m.rank_op >= kRankOpCount || m.tag >= memory::kNumTags) {
+        fail(Errc::internal, "rank call: operation {} / tag {} outside the lists (daemon and rank binaries differ?)", m.rank_op, m.tag);
+    }
+    return {.op = static_cast<RankOp>(m.rank_op), .fetch = fetch_request_from_msg(m), .tag = static_cast<memory::Tag>(m.tag)};
+}
+
 void rank_report_to_msg(const RankReport & r, LinkMsg & m) {
     m.rank              = r.rank;
     m.has_reply_version = r.version.has_value();
@@ -295,45 +309,44 @@ public:
             reply.op   = m.op;
             reply.seq  = m.seq;
             reply.rank = spawn_.rank;
+            if (reply.status != 0) { reply.detail_bytes = 0; }
             if (!link_.send(reply)) { return false; }
+            if (reply.detail_bytes > 0 && !link_.send_payload(detail_.data(), detail_.size())) { return false; }
         }
     }
 
 private:
+    /// Run one request; a rank_call's detail is left in detail_ (reply.detail_bytes of it).
     LinkMsg handle(LinkOp op, const LinkMsg & m) {
         LinkMsg reply;
+        detail_.clear();
         try {
             switch (op) {
                 case LinkOp::forward: return forward(m);
                 case LinkOp::probe: return probe(m);
-                case LinkOp::stage:
-                    test_pause_at("stage", spawn_.rank);
-                    rank_report_to_msg(ex_->stage_weights(fetch_request_from_msg(m))[0], reply);
+                case LinkOp::rank_call: {
+                    // The table's row, on this rank's LocalExecutor (rank_ops.cpp). The test hook's
+                    // phases are the ops' names (stage, commit, ...), and committed after a commit.
+                    const RankRequest req = rank_request_from_msg(m);
+                    test_pause_at(std::string(rank_op_name(req.op)).c_str(), spawn_.rank);
+                    RankReport rep = std::move(ex_->rank_call(req)[0]);
+                    if (req.op == RankOp::commit) { test_pause_at("committed", spawn_.rank); }
+                    rank_report_to_msg(rep, reply);
+                    detail_            = std::move(rep.detail);
+                    reply.detail_bytes = static_cast<int64_t>(detail_.size());
                     break;
-                case LinkOp::commit:
-                    test_pause_at("commit", spawn_.rank);
-                    rank_report_to_msg(ex_->commit_weights()[0], reply);
-                    test_pause_at("committed", spawn_.rank);
-                    break;
-                case LinkOp::drop: ex_->drop_staged_weights(); break;
-                case LinkOp::release_fetched: ex_->release_fetched(); break;
-                case LinkOp::release_weight: rank_report_to_msg(ex_->release(MemoryTag::weight)[0], reply); break;
-                case LinkOp::release_kv: rank_report_to_msg(ex_->release(MemoryTag::kv_cache)[0], reply); break;
-                case LinkOp::acquire_kv: rank_report_to_msg(ex_->acquire_kv()[0], reply); break;
-                case LinkOp::release_swap: rank_report_to_msg(ex_->release(MemoryTag::kv_swap)[0], reply); break;
+                }
                 case LinkOp::swap_kv: {
                     if (!link_.stream() && static_cast<int64_t>(m.region_bytes) != region_.bytes()) { region_.remap(); }
                     const auto [out, in] = swap_lists(link_.stream() ? static_cast<void *>(inline_.data()) : region_.data(), m.n_swap_out);
                     ex_->swap_kv(out, m.n_swap_out, in, m.n_swap_in);
                     break;
                 }
-                case LinkOp::reload: rank_report_to_msg(ex_->reload_weights(fetch_request_from_msg(m))[0], reply); break;
                 case LinkOp::comm_connect:
                     test_pause_at("comm_connect", spawn_.rank);
                     comm_->connect(m.generation);
                     break;
                 case LinkOp::comm_disconnect: comm_->disconnect(); break;
-                case LinkOp::mem_info: break;  // fill_state below answers
                 default: fail(Errc::internal, "rank {}: unknown link op {}", spawn_.rank, m.op);
             }
         } catch (const Error & e) {
@@ -414,6 +427,7 @@ private:
     model::StepBatch           batch_;
     std::vector<float>         scratch_;
     std::vector<int64_t>       inline_;  ///< a remote rank's step arrays (8-byte aligned)
+    std::string                detail_;  ///< the last rank_call's RankReport::detail
 };
 
 }  // namespace

@@ -9,11 +9,14 @@
 //     throwing, so every rank keeps serving the old version bit-exactly;
 //   - release()/acquire() fan a memory tag out to every rank;
 //   - swap_kv() runs the scheduler's KV block copies (host swap tier) on every rank.
+//   - rank_call() runs any operation of the rank-call table (fd/runtime/rank_call.h) on every
+//     rank, the one path from the engine to a Worker method (vLLM's collective_rpc).
 // LocalExecutor (tp=1) runs the one rank in-process, calling the Worker directly.
 // Called from the engine thread only.
 #pragma once
 
 #include "fd/model/worker.h"
+#include "fd/runtime/rank_call.h"
 #include "fd/weights/weight_source.h"
 
 #include <atomic>
@@ -25,30 +28,6 @@
 #include <vector>
 
 namespace fd::runtime {
-
-/// Memory a rank can hand back and take again: the allocator's tags (fd/memory/allocator.h).
-/// Sleep / wakeup name weight and kv_cache; releasing weight releases the staging copy too.
-/// kv_swap: the host swap pool (--swap-space), released by sleep(kv_cache) only with
-/// FD_ENABLE_SWAP_SPACE_CLEARING=1.
-using MemoryTag = memory::Tag;
-
-/// One rank's part of a collective control call.
-struct RankReport {
-    int32_t                    rank = 0;
-    std::optional<std::string> version;            ///< stage/reload: the version the fetched checkpoint carries, if it says
-    std::string                fingerprint;        ///< stage/reload: FetchedCheckpoint::fingerprint ("" = unknown)
-    int64_t                    bytes = 0;          ///< stage/reload: checkpoint bytes copied in
-    bool                       checksum_verified = false;
-    double                     fetch_s  = 0.0;     ///< locating (and, for rsync, pulling) the shard
-    double                     stage_s  = 0.0;     ///< validating and copying it into memory
-    double                     commit_s = 0.0;     ///< commit: the pointer swap
-    int64_t                    freed_bytes = -1;   ///< release: bytes handed back (-1: not a release)
-    int64_t                    rss_bytes = 0;      ///< the rank process's RSS after the call
-    /// release on a CUDA rank (in-process or a rank process): how much cudaMemGetInfo's free
-    /// memory of its device grew across the call (-1: not measured, a CPU rank). Ranks sharing a
-    /// device release one after another, so each delta is that rank's own.
-    int64_t                    device_freed_bytes = -1;
-};
 
 /// One CUDA rank's device memory and group as last measured (Executor::rank_devices).
 struct RankDevice {
@@ -79,6 +58,13 @@ public:
     /// Shapes  returned [batch.logits_rows.size(), vocab] f32. Returns nullptr when `abandon`
     /// turned true and the step was dropped. Errors  as forward().
     virtual const float * forward_in_place(const model::StepBatch & batch, const std::atomic<bool> * abandon) = 0;
+
+    /// Run `req` on every rank (fd/runtime/rank_call.h: a bare row of the table, none of the
+    /// rules the named methods below add around stage, reload and release).
+    /// Returns one report per rank, in rank order.
+    /// Errors  the first rank's error (every rank answered: "rank r (what): ..." at tp > 1);
+    ///         rank_failed (mp) naming a rank that died or missed the deadline.
+    virtual std::vector<RankReport> rank_call(const RankRequest & req) = 0;
 
     /// Phase 1 of an update: every rank fetches `req` (its rank set by the executor) from the
     /// weight source and stages it. Errors  the first rank's error (not_found,

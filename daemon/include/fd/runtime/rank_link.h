@@ -55,21 +55,12 @@ enum class LinkOp : uint32_t {
     config = 1,        ///< daemon → rank: JSON config follows in the same message's tail (first message)
     ready,             ///< rank → daemon: worker built, group connected
     forward,
-    stage,
-    commit,
-    drop,
-    release_weight,
-    release_kv,
-    acquire_kv,
-    reload,
+    rank_call,         ///< a row of the rank-call table (fd/runtime/rank_call.h): rank_op, its fields; reply: the RankReport
     comm_connect,
     comm_disconnect,
     shutdown,
-    release_swap,      ///< hand the host swap pool back (sleep with FD_ENABLE_SWAP_SPACE_CLEARING=1)
     swap_kv,           ///< run the KV block copies listed in the region (n_swap_out, n_swap_in)
-    release_fetched,   ///< every rank staged / reloaded: let go of the fetched checkpoint (Executor::release_fetched)
     probe,             ///< the link's own cost: region_bytes > 0 → decode the step in the region; no model run
-    mem_info,          ///< nothing to do: the reply carries the rank's device memory (every control reply does)
 };
 
 /// Reply status besides an Errc: the step was dropped because `abandon` turned true.
@@ -100,7 +91,13 @@ struct LinkMsg {
     int64_t  nccl_comms_live = 0, nccl_comms_created = 0;  ///< the rank process's nccl_comm_counts()
     char     fingerprint[72] = {};           ///< stage/reload reply: the fetched checkpoint's fingerprint (64 hex or "")
     char     weight_dir[1024] = {};          ///< stage request: FetchRequest::weight_dir ("" = the source)
-    uint8_t  weight_dir_owned = 1, pad3_[7] = {};
+    uint8_t  weight_dir_owned = 1;
+    uint8_t  tag = 0;                        ///< rank_call request: RankRequest::tag (memory::Tag)
+    uint8_t  pad3_[2] = {};
+    uint32_t rank_op = 0;                    ///< rank_call request: RankOp
+    /// rank_call reply: bytes of RankReport::detail that follow the reply (send_payload; at most
+    /// kRankDetailMaxBytes), 0: none.
+    int64_t  detail_bytes = 0;
 };
 static_assert(std::is_trivially_copyable_v<LinkMsg>);
 
@@ -166,6 +163,13 @@ public:
     bool send(const LinkMsg & m, int pass_fd = -1);
     /// Send `n` raw bytes (a stream link: all of them, in order; a seqpacket link: one record).
     bool send_bytes(const void * data, size_t n, int pass_fd = -1);
+    /// Send `n` bytes that the peer reads with recv_payload(n) (a seqpacket link: records of at
+    /// most kPayloadChunk bytes; a stream link: the bytes in order).
+    static constexpr size_t kPayloadChunk = 64 << 10;
+    bool send_payload(const void * data, size_t n);
+    /// Read the `n` bytes send_payload sent, until `deadline` (a seqpacket record of another size:
+    /// closed, the link is out of step).
+    Recv recv_payload(void * data, size_t n, std::chrono::steady_clock::time_point deadline);
     /// Send one configuration blob (a stream link prefixes its length, u32).
     bool send_blob(const void * data, size_t n, int pass_fd = -1);
     /// The descriptor that came with the last record received (close-on-exec; the caller owns it),

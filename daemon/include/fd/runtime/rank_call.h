@@ -1,0 +1,101 @@
+// fd/runtime/rank_call.h — the rank operations: one list, one request, one report (in the
+// spirit of vLLM's collective_rpc).
+//
+// Every control operation a rank runs is a row of FD_RANK_OPS and reaches the rank through
+// Executor::rank_call(RankRequest) on every executor: LocalExecutor runs the row's function on
+// its Worker in this process; MpExecutor sends the request to every rank process over its link
+// (LinkOp::rank_call: the request's fields in the LinkMsg), where the rank's own LocalExecutor
+// runs the same row, and gathers one RankReport from each (the op's `detail` travels after the
+// reply). So adding a rank operation is one Worker method plus one row here and its function
+// in daemon/src/runtime/rank_ops.cpp: no Executor virtual, no LinkOp, no case in the rank
+// process. The step (forward), the step-link probe, the KV swap (block lists in the shared
+// region) and the communication group's connect / disconnect stay link operations of their own.
+//
+// A bare rank_call runs the row on every rank and nothing more. The Executor's named methods
+// add what a collective needs around it (stage_weights: every rank's version equal, staged
+// copies dropped everywhere on a failure; reload_weights: the group rebuilt first, the reload
+// undone on a failure; release: ranks sharing a device one at a time): call those for weights
+// and memory; call rank_call directly for the ops that have no such rule (describe, mem_info).
+#pragma once
+
+#include "fd/memory/allocator.h"
+#include "fd/weights/weight_source.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace fd::runtime {
+
+/// The rank operations: X(name, what) where `what` names the operation in an error message
+/// ("rank 1 (update_weights (commit)): ..."). The order is the wire's (RankOp values).
+#define FD_RANK_OPS(X)                                                                                              \
+    X(stage, "update_weights (staging)")        /* fetch req.fetch and stage it (Worker::stage_weights) */          \
+    X(commit, "update_weights (commit)")        /* the staged copy goes live (Worker::commit_staged) */             \
+    X(drop, "drop_staged_weights")              /* forget the staged copy and the fetch (Worker::drop_staged) */    \
+    X(release_fetched, "releasing the fetched weights") /* let go of the last fetch (its shared dir) */            \
+    X(release, "sleep")                         /* hand req.tag's memory back (Worker::release) */                  \
+    X(acquire_kv, "wakeup (kv_cache)")          /* map the KV (and swap) pools again (Worker::acquire_kv) */        \
+    X(reload, "wakeup (weights)")               /* fetch req.fetch into fresh memory (Worker::reload_weights) */    \
+    X(mem_info, "measuring device memory")      /* nothing: every control reply carries the rank's device memory */ \
+    X(describe, "describe")                     /* the rank's tensors (Worker::layout): detail, see below */
+
+enum class RankOp : uint32_t {
+#define FD_RANK_OP_ENUM(name, what) name,
+    FD_RANK_OPS(FD_RANK_OP_ENUM)
+#undef FD_RANK_OP_ENUM
+};
+
+/// Rows in FD_RANK_OPS.
+inline constexpr uint32_t kRankOpCount = 0
+#define FD_RANK_OP_COUNT(name, what) +1
+    FD_RANK_OPS(FD_RANK_OP_COUNT)
+#undef FD_RANK_OP_COUNT
+    ;
+
+/// The op's name as in FD_RANK_OPS ("stage", "describe"); "?" outside the list.
+std::string_view rank_op_name(RankOp op);
+/// What the op is called in an error message ("update_weights (commit)").
+const char * rank_op_what(RankOp op);
+
+/// Memory a rank can hand back and take again: the allocator's tags (fd/memory/allocator.h).
+/// Sleep / wakeup name weight and kv_cache; releasing weight releases the staging copy too.
+/// kv_swap: the host swap pool (--swap-space), released by sleep(kv_cache) only with
+/// FD_ENABLE_SWAP_SPACE_CLEARING=1.
+using MemoryTag = memory::Tag;
+
+/// One rank operation, the same for every rank (the executor sets each rank's FetchRequest::rank).
+struct RankRequest {
+    RankOp                op = RankOp::mem_info;
+    weights::FetchRequest fetch;                  ///< stage, reload: what to fetch
+    MemoryTag             tag = MemoryTag::weight;  ///< release: which memory
+};
+
+/// One rank's answer to a rank operation (the fields an op does not fill keep their defaults).
+struct RankReport {
+    int32_t                    rank = 0;
+    std::optional<std::string> version;            ///< stage/reload: the version the fetched checkpoint carries, if it says
+    std::string                fingerprint;        ///< stage/reload: FetchedCheckpoint::fingerprint ("" = unknown)
+    int64_t                    bytes = 0;          ///< stage/reload: checkpoint bytes copied in
+    bool                       checksum_verified = false;
+    double                     fetch_s  = 0.0;     ///< locating (and, for rsync, pulling) the shard
+    double                     stage_s  = 0.0;     ///< validating and copying it into memory
+    double                     commit_s = 0.0;     ///< commit: the pointer swap
+    int64_t                    freed_bytes = -1;   ///< release: bytes handed back (-1: not a release)
+    int64_t                    rss_bytes = 0;      ///< the rank process's RSS after the call
+    /// release on a CUDA rank (in-process or a rank process): how much cudaMemGetInfo's free
+    /// memory of its device grew across the call (-1: not measured, a CPU rank). Ranks sharing a
+    /// device release one after another, so each delta is that rank's own.
+    int64_t                    device_freed_bytes = -1;
+    /// The op's own result as JSON text ("" = none), any size up to kRankDetailMaxBytes.
+    /// describe: {"rank", "tp_size", "weight_bytes", "arena_bytes", "tied_lm_head",
+    ///   "tensors": [{"name", "dtype" (in memory, safetensors' "F32" | "BF16" | "F16"), "shape" [rows, cols] or [n] (this
+    ///   rank's shard), "shard" ("replicated" | "rows" | "cols"), "bytes"}] in arena order}.
+    std::string                detail;
+};
+
+/// The largest `detail` a rank sends back; a larger one fails the call (internal).
+inline constexpr int64_t kRankDetailMaxBytes = int64_t{64} << 20;
+
+}  // namespace fd::runtime

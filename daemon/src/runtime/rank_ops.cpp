@@ -1,0 +1,143 @@
+// The rank-call table's rank side (rank_ops.h): one function per row of FD_RANK_OPS
+// (fd/runtime/rank_call.h), each calling one Worker method, and the dispatch the X-macro builds.
+// A new rank operation: its row in rank_call.h and its run_<name> function here.
+#include "rank_ops.h"
+
+#include "fd/arena.h"
+#include "fd/status.h"
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <chrono>
+
+namespace fd::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+bool on_cuda(const RankSite & s) { return s.worker->backend().kind() == kernels::DeviceKind::cuda; }
+
+/// This rank's checkpoint for `req`; the time it took goes to r.fetch_s.
+weights::FetchedCheckpoint fetch(RankSite & s, const weights::FetchRequest & req, RankReport & r) {
+    const auto t0 = Clock::now();
+    weights::FetchRequest mine = req;
+    mine.rank               = s.rank;
+    mine.device_destination = on_cuda(s);  // ipc: device to device
+    weights::FetchedCheckpoint ckpt = req.weight_dir.empty() ? s.source->fetch(mine)
+                                                             : weights::fetch_checkpoint_dir(req.weight_dir, req.weight_dir_owned);
+    r.fetch_s = seconds_since(t0);
+    return ckpt;
+}
+
+// ---- one function per row (same order as FD_RANK_OPS)
+
+void run_stage(RankSite & s, const RankRequest & req, RankReport & r) {
+    weights::FetchedCheckpoint ckpt = fetch(s, req.fetch, r);
+    const auto t1 = Clock::now();
+    r.bytes = s.worker->stage_weights(ckpt.index, ckpt.verify_copied);
+    if (s.hold_fetched) { s.fetch_hold = ckpt.hold; }
+    r.stage_s           = seconds_since(t1);
+    r.version           = ckpt.version;
+    r.fingerprint       = ckpt.fingerprint;
+    r.checksum_verified = ckpt.checksum_verified;
+}
+
+void run_commit(RankSite & s, const RankRequest &, RankReport & r) {
+    const auto t0 = Clock::now();
+    s.worker->commit_staged();
+    r.commit_s = seconds_since(t0);
+}
+
+void run_drop(RankSite & s, const RankRequest &, RankReport &) {
+    s.worker->drop_staged();
+    s.fetch_hold.reset();
+}
+
+void run_release_fetched(RankSite & s, const RankRequest &, RankReport &) { s.fetch_hold.reset(); }
+
+void run_release(RankSite & s, const RankRequest & req, RankReport & r) {
+    const bool    cuda  = on_cuda(s);
+    const int64_t free0 = cuda ? s.worker->backend().mem_info().free_bytes : 0;
+    r.freed_bytes = s.worker->release(req.tag);
+    if (cuda) { r.device_freed_bytes = s.worker->backend().mem_info().free_bytes - free0; }
+}
+
+void run_acquire_kv(RankSite & s, const RankRequest &, RankReport &) { s.worker->acquire_kv(); }
+
+void run_reload(RankSite & s, const RankRequest & req, RankReport & r) {
+    weights::FetchedCheckpoint ckpt = fetch(s, req.fetch, r);
+    const auto t1 = Clock::now();
+    s.worker->reload_weights(ckpt.index, ckpt.verify_copied);
+    if (s.hold_fetched) { s.fetch_hold = ckpt.hold; }
+    r.stage_s     = seconds_since(t1);
+    r.bytes       = ckpt.index.total_bytes;
+    r.version     = ckpt.version;
+    r.fingerprint = ckpt.fingerprint;
+}
+
+void run_mem_info(RankSite &, const RankRequest &, RankReport &) {}  // the executor measures after every call
+
+void run_describe(RankSite & s, const RankRequest &, RankReport & r) {
+    static constexpr const char * kShard[] = {"replicated", "rows", "cols"};
+    const model::WeightLayout & l = s.worker->layout();
+    nlohmann::json tensors = nlohmann::json::array();
+    for (const auto & t : l.tensors) {
+        tensors.push_back({{"name", t.name}, {"dtype", model::dtype_name(t.dtype)}, {"shape", t.shape},
+                           {"shard", kShard[static_cast<int>(t.shard)]}, {"bytes", t.bytes}});
+    }
+    r.detail = nlohmann::json{{"rank", s.rank},
+                              {"tp_size", s.worker->tp_size()},
+                              {"weight_bytes", s.worker->weight_bytes()},
+                              {"arena_bytes", l.arena_bytes},
+                              {"tied_lm_head", l.tied_lm_head},
+                              {"tensors", std::move(tensors)}}
+                   .dump();
+}
+
+using RunFn = void (*)(RankSite &, const RankRequest &, RankReport &);
+
+struct Row {
+    std::string_view name;
+    const char *     what;
+    RunFn            run;
+};
+
+constexpr std::array<Row, kRankOpCount> kRows = {{
+#define FD_RANK_OP_ROW(name, what) {#name, what, &run_##name},
+    FD_RANK_OPS(FD_RANK_OP_ROW)
+#undef FD_RANK_OP_ROW
+}};
+
+const Row * row_of(RankOp op) {
+    const auto i = static_cast<uint32_t>(op);
+    return i < kRows.size() ? &kRows[i] : nullptr;
+}
+
+}  // namespace
+
+std::string_view rank_op_name(RankOp op) {
+    const Row * row = row_of(op);
+    return row ? row->name : std::string_view("?");
+}
+
+const char * rank_op_what(RankOp op) {
+    const Row * row = row_of(op);
+    return row ? row->what : "an unknown rank operation";
+}
+
+RankReport run_rank_op(RankSite & site, const RankRequest & req) {
+    const Row * row = row_of(req.op);
+    if (!row) { fail(Errc::internal, "rank {}: unknown rank operation {}", site.rank, static_cast<uint32_t>(req.op)); }
+    RankReport r{.rank = site.rank};
+    row->run(site, req, r);
+    if (static_cast<int64_t>(r.detail.size()) > kRankDetailMaxBytes) {
+        fail(Errc::internal, "rank {}: {}'s result is {} bytes (at most {})", site.rank, row->name, r.detail.size(), kRankDetailMaxBytes);
+    }
+    r.rss_bytes = process_rss_bytes();
+    return r;
+}
+
+}  // namespace fd::runtime
