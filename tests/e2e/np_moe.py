@@ -33,6 +33,12 @@ def expert(w, b, e, mixtral):
     return (w[b + f"experts.{e}.{g}.weight"], w[b + f"experts.{e}.{u}.weight"], w[b + f"experts.{e}.{d}.weight"])
 
 
+def renormalises(cfg):
+    """MixtralSparseMoeBlock always divides the top-k weights by their sum; the Qwen blocks when
+    norm_topk_prob."""
+    return arch(cfg) == "MixtralForCausalLM" or cfg.get("norm_topk_prob", False)
+
+
 def silu(g):
     return g / (1 + np.exp(-g))
 
@@ -48,7 +54,7 @@ def sparse_block(cfg, w, il, x, routes=None):
     p = np.exp(z) / np.exp(z).sum(-1, keepdims=True)                 # softmax in float32
     sel = np.argsort(-p, axis=-1, kind="stable")[:, :k]              # torch.topk: descending
     wts = np.take_along_axis(p, sel, axis=-1)
-    if mixtral or cfg.get("norm_topk_prob", False):                  # Mixtral always renormalises
+    if renormalises(cfg):
         wts = wts / wts.sum(-1, keepdims=True)
     out = np.zeros_like(x)
     for e in range(E):                                               # the expert_hit loop, ascending
