@@ -72,6 +72,58 @@ MemInfo device_mem_info(DeviceKind kind, int32_t device_id) {
     return host_mem_info();
 }
 
+void Backend::scale_add_rows(float * out, const float * y, const int32_t * rows, const float * scales, int64_t n, int64_t n_cols) {
+    if (host_visible()) {
+        for (int64_t i = 0; i < n; ++i) {
+            float *       o = out + static_cast<int64_t>(rows[i]) * n_cols;
+            const float * v = y + i * n_cols;
+            const float   s = scales[i];
+            for (int64_t c = 0; c < n_cols; ++c) {
+                const float prod = s * v[c];
+                o[c] += prod;
+            }
+        }
+        return;
+    }
+    std::vector<float> o(static_cast<size_t>(n_cols)), v(static_cast<size_t>(n_cols));
+    const int64_t row_bytes = n_cols * static_cast<int64_t>(sizeof(float));
+    for (int64_t i = 0; i < n; ++i) {
+        float * dst = out + static_cast<int64_t>(rows[i]) * n_cols;
+        download(o.data(), dst, row_bytes);
+        download(v.data(), y + i * n_cols, row_bytes);
+        for (int64_t c = 0; c < n_cols; ++c) {
+            const float prod = scales[i] * v[static_cast<size_t>(c)];
+            o[static_cast<size_t>(c)] += prod;
+        }
+        upload(dst, o.data(), row_bytes);
+    }
+}
+
+void Backend::moe_experts(float * out, const float * x, const MoePlan & plan, const ExpertWeights * experts, int64_t n_rows,
+                          int64_t n_embd, int64_t n_ff, float * work) {
+    const int64_t m_max = plan.max_rows;
+    float * xe  = work;                     // [m, n_embd]    the group's rows of x
+    float * gu  = xe + m_max * n_embd;      // [m, 2 * n_ff]  gate | up
+    float * act = gu + m_max * 2 * n_ff;    // [m, n_ff]      silu(gate) * up
+    float * ye  = act + m_max * n_ff;       // [m, n_embd]    the expert's output
+    if (host_visible()) {
+        std::fill(out, out + n_rows * n_embd, 0.0f);
+    } else {
+        const std::vector<float> zeros(static_cast<size_t>(n_rows * n_embd), 0.0f);
+        upload(out, zeros.data(), n_rows * n_embd * static_cast<int64_t>(sizeof(float)));
+    }
+    for (size_t i = 0; i < plan.experts.size(); ++i) {
+        const ExpertWeights & w    = experts[plan.experts[i]];
+        const int64_t         b    = plan.begin[i], m = plan.begin[i + 1] - b;
+        const int32_t *       rows = plan.rows.data() + b;
+        gather_rows(xe, x, rows, m, n_embd);
+        linear(gu, xe, w.gate_up, w.gate_up_type, nullptr, m, 2 * n_ff, n_embd);
+        silu_mul(act, gu, m, n_ff);
+        linear(ye, act, w.down, w.down_type, nullptr, m, n_embd, n_ff);
+        scale_add_rows(out, ye, rows, plan.weights.data() + b, m, n_embd);
+    }
+}
+
 int64_t Backend::find_nonfinite(const void * p, StoredType t, int64_t n) {
     const int64_t es = t == StoredType::f32 ? 4 : 2, per = (int64_t{256} << 10) / es;
     std::vector<std::byte> host(static_cast<size_t>(std::min(per, std::max<int64_t>(n, 1)) * es));

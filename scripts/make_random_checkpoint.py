@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Write a Hugging Face-style Llama / Qwen2 / Qwen3 / Mistral checkpoint with random weights.
+"""Write a Hugging Face-style Llama / Qwen2 / Qwen3 / Mistral checkpoint with random weights, or a
+mixture-of-experts Qwen3-MoE / Qwen2-MoE / Mixtral one (per-expert names, or --stacked-experts).
 
 The directory gets config.json, model.safetensors (or N shards plus
 model.safetensors.index.json), the tokenizer files copied from
@@ -17,6 +18,7 @@ Examples:
   make_random_checkpoint.py --preset qwen3-like --out /tmp/ck_q3
   make_random_checkpoint.py --arch llama --rope-scaling '{"rope_type": "linear", "factor": 2}' --out /tmp/ck
   make_random_checkpoint.py --out /tmp/ck --hidden 128 --layers 4 --heads 4 --dtype F16
+  make_random_checkpoint.py --preset qwen3-moe-like --out /tmp/ck_moe --stacked-experts
 Needs numpy only (Debian: /usr/bin/python3 with python3-numpy).
 """
 import argparse
@@ -41,9 +43,14 @@ TORCH_DTYPE = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 BASE = dict(arch="llama", hidden=64, intermediate=172, layers=2, heads=8,
             kv_heads=None, head_dim=None, vocab=512, max_pos=512,
             rope_theta=10000.0, rms_eps=1e-5, dtype="F32", shards=1, tie=True,
-            no_lm_head=False, rope_scaling=None, sliding_window=None, embed_std=1.0)
+            no_lm_head=False, rope_scaling=None, sliding_window=None, embed_std=1.0,
+            experts=None, top_k=None, moe_intermediate=None, shared_intermediate=None,
+            norm_topk=None, sparse_step=None, mlp_only_layers=None, stacked_experts=False)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                 "mixtral": "MixtralForCausalLM"}
+MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral")
 PRESETS = {
     "tiny-qwen2": dict(arch="qwen2", hidden=64, intermediate=176, layers=2,
                        heads=4, kv_heads=2, vocab=512, dtype="F32"),
@@ -93,6 +100,36 @@ PRESETS = {
     "mistral-like": dict(arch="mistral", hidden=128, intermediate=448, layers=2, heads=4,
                          kv_heads=1, head_dim=32, vocab=512, max_pos=1024,
                          rope_theta=1000000.0, tie=False),
+    # Mixture of experts, the real configs' shapes scaled down (tests/e2e/test_moe.py).
+    # Qwen3-30B-A3B: 32/4 heads of 128, 128 experts top-8 of width 768, norm_topk_prob, theta
+    # 1e6, untied; here 16 experts top-4, layer 1 dense (mlp_only_layers) to exercise it, and
+    # GQA 2:1 (not 8:1) so that tp 2 divides the KV heads.
+    "qwen3-moe-like": dict(arch="qwen3_moe", hidden=64, intermediate=96, layers=3, heads=4,
+                           kv_heads=2, head_dim=32, vocab=512, max_pos=1024,
+                           rope_theta=1000000.0, rms_eps=1e-6, tie=False, embed_std=0.1,
+                           experts=16, top_k=4, moe_intermediate=32, norm_topk=True,
+                           sparse_step=1, mlp_only_layers=[1]),
+    # Qwen1.5-MoE-A2.7B: 16 heads (MHA), q/k/v biases, 60 experts top-4 of 1408 plus a shared
+    # expert of 5632 behind sigmoid(shared_expert_gate), norm_topk_prob false, untied.
+    "qwen2-moe-like": dict(arch="qwen2_moe", hidden=64, intermediate=128, layers=2, heads=4,
+                           kv_heads=4, head_dim=16, vocab=512, max_pos=1024,
+                           rope_theta=1000000.0, rms_eps=1e-6, tie=False, embed_std=0.1,
+                           experts=12, top_k=4, moe_intermediate=32, shared_intermediate=128,
+                           norm_topk=False, sparse_step=1),
+    # The MoE decode bench (docs/benchmarks.md, issue 23): Qwen3-30B-A3B's routing (128 experts,
+    # top-8, norm_topk_prob) and head layout (q_dim = 2 x hidden, head_dim 128) scaled to hidden
+    # 512 (expert width 768 x 512/2048 = 192), 6 layers, BF16: 226 MB of experts, 8/128 active.
+    "qwen3-30b-a3b-bench": dict(arch="qwen3_moe", hidden=512, intermediate=1536, layers=6, heads=8,
+                                kv_heads=1, head_dim=128, vocab=8192, max_pos=4096,
+                                rope_theta=1000000.0, rms_eps=1e-6, tie=False, embed_std=0.1,
+                                dtype="BF16", experts=128, top_k=8, moe_intermediate=192,
+                                norm_topk=True, sparse_step=1),
+    # Mixtral-8x7B: 32/8 heads of 128, 8 experts top-2 of width intermediate_size, always
+    # renormalised, theta 1e6, untied (GQA 2:1 here, for tp 2).
+    "mixtral-like": dict(arch="mixtral", hidden=64, intermediate=96, layers=2, heads=4,
+                         kv_heads=2, head_dim=16, vocab=512, max_pos=1024,
+                         rope_theta=1000000.0, rms_eps=1e-5, tie=False, embed_std=0.1,
+                         experts=8, top_k=2),
 }
 
 
@@ -128,6 +165,18 @@ def parse_args(argv=None):
     p.add_argument("--embed-std", type=float,
                    help="std of the embeddings (default 1.0; a tied model generates "
                         "varied tokens with ~0.1)")
+    p.add_argument("--experts", type=int, help="MoE: num_experts / num_local_experts")
+    p.add_argument("--top-k", type=int, help="MoE: num_experts_per_tok")
+    p.add_argument("--moe-intermediate", type=int, help="MoE (Qwen): moe_intermediate_size")
+    p.add_argument("--shared-intermediate", type=int,
+                   help="Qwen2-MoE: shared_expert_intermediate_size")
+    p.add_argument("--norm-topk", action=argparse.BooleanOptionalAction,
+                   help="MoE (Qwen): norm_topk_prob")
+    p.add_argument("--sparse-step", type=int, help="MoE (Qwen): decoder_sparse_step")
+    p.add_argument("--mlp-only-layers", type=json.loads, help="MoE (Qwen): JSON list")
+    p.add_argument("--stacked-experts", action="store_true", default=None,
+                   help="MoE: write experts stacked (experts.gate_up_proj [E, 2I, H], "
+                        "experts.down_proj [E, H, I]) instead of per expert")
     p.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
     p.add_argument("--tokenizer-from", default=DEFAULT_TOKENIZER,
                    help="directory to copy tokenizer files from "
@@ -176,18 +225,21 @@ def tensor_groups(cfg, rng):
              p + "self_attn.q_proj.weight": linear(q_out, h),
              p + "self_attn.k_proj.weight": linear(kv_out, h),
              p + "self_attn.v_proj.weight": linear(kv_out, h)}
-        if cfg["arch"] == "qwen3":
+        if cfg["arch"] in ("qwen3", "qwen3_moe"):
             t[p + "self_attn.q_norm.weight"] = norm(hd)
             t[p + "self_attn.k_norm.weight"] = norm(hd)
-        if cfg["arch"] == "qwen2":
+        if cfg["arch"] in ("qwen2", "qwen2_moe"):
             t[p + "self_attn.q_proj.bias"] = normal((q_out,), 0.1)
             t[p + "self_attn.k_proj.bias"] = normal((kv_out,), 0.1)
             t[p + "self_attn.v_proj.bias"] = normal((kv_out,), 0.1)
         t[p + "self_attn.o_proj.weight"] = linear(h, q_out)
         t[p + "post_attention_layernorm.weight"] = norm(h)
-        t[p + "mlp.gate_proj.weight"] = linear(inter, h)
-        t[p + "mlp.up_proj.weight"] = linear(inter, h)
-        t[p + "mlp.down_proj.weight"] = linear(h, inter)
+        if is_moe_layer(cfg, i):
+            t.update(moe_block(cfg, p, linear))
+        else:
+            t[p + "mlp.gate_proj.weight"] = linear(inter, h)
+            t[p + "mlp.up_proj.weight"] = linear(inter, h)
+            t[p + "mlp.down_proj.weight"] = linear(h, inter)
         yield i, t
     final = {"model.norm.weight": norm(h)}
     if not cfg["tie"]:
@@ -195,6 +247,43 @@ def tensor_groups(cfg, rng):
     elif not cfg["no_lm_head"]:
         final["lm_head.weight"] = embed.copy()
     yield "final", final
+
+
+def is_moe_layer(cfg, i):
+    """transformers' rule: Mixtral every layer; Qwen-MoE unless in mlp_only_layers, every
+    decoder_sparse_step-th layer."""
+    if cfg["arch"] == "mixtral":
+        return True
+    if cfg["arch"] not in MOE_ARCHS:
+        return False
+    return i not in (cfg["mlp_only_layers"] or []) and (i + 1) % (cfg["sparse_step"] or 1) == 0
+
+
+def moe_block(cfg, p, linear):
+    """The sparse block's tensors of layer prefix p: router, experts (per expert in expert order,
+    or stacked), Qwen2-MoE's shared expert and gate."""
+    h, E = cfg["hidden"], cfg["experts"]
+    mixtral = cfg["arch"] == "mixtral"
+    ff = cfg["intermediate"] if mixtral else cfg["moe_intermediate"]
+    b = p + ("block_sparse_moe." if mixtral else "mlp.")
+    g_name, u_name, d_name = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    t = {b + "gate.weight": linear(E, h)}
+    experts = [(linear(ff, h), linear(ff, h), linear(h, ff)) for _ in range(E)]
+    if cfg["stacked_experts"]:
+        t[b + "experts.gate_up_proj"] = np.stack([np.concatenate([g, u]) for g, u, _ in experts])
+        t[b + "experts.down_proj"] = np.stack([d for _, _, d in experts])
+    else:
+        for e, (g, u, d) in enumerate(experts):
+            t[b + f"experts.{e}.{g_name}.weight"] = g
+            t[b + f"experts.{e}.{u_name}.weight"] = u
+            t[b + f"experts.{e}.{d_name}.weight"] = d
+    if cfg["arch"] == "qwen2_moe":
+        sf = cfg["shared_intermediate"]
+        t[b + "shared_expert.gate_proj.weight"] = linear(sf, h)
+        t[b + "shared_expert.up_proj.weight"] = linear(sf, h)
+        t[b + "shared_expert.down_proj.weight"] = linear(h, sf)
+        t[b + "shared_expert_gate.weight"] = linear(1, h)
+    return t
 
 
 def shard_of(group, cfg):
@@ -231,15 +320,26 @@ def write_config(out, cfg):
     }
     if cfg["rope_scaling"] is not None:
         conf["rope_scaling"] = cfg["rope_scaling"]
-    if arch in ("llama", "qwen3"):
+    if arch in ("llama", "qwen3", "qwen3_moe"):
         conf["attention_bias"] = False
     if arch == "llama":
         conf["mlp_bias"] = False
-    if arch in ("qwen2", "qwen3"):  # as the real configs: the window is off
+    if arch == "mixtral":
+        conf.update(num_local_experts=cfg["experts"], num_experts_per_tok=cfg["top_k"],
+                    router_aux_loss_coef=0.02, output_router_logits=False, router_jitter_noise=0.0)
+    if arch in ("qwen3_moe", "qwen2_moe"):
+        conf.update(num_experts=cfg["experts"], num_experts_per_tok=cfg["top_k"],
+                    moe_intermediate_size=cfg["moe_intermediate"], norm_topk_prob=bool(cfg["norm_topk"]),
+                    decoder_sparse_step=cfg["sparse_step"] or 1,
+                    mlp_only_layers=cfg["mlp_only_layers"] or [], router_aux_loss_coef=0.001,
+                    output_router_logits=False)
+    if arch == "qwen2_moe":
+        conf.update(shared_expert_intermediate_size=cfg["shared_intermediate"], qkv_bias=True)
+    if arch in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):  # as the real configs: the window is off
         conf["use_sliding_window"] = False
         conf["sliding_window"] = cfg["sliding_window"]
         conf["max_window_layers"] = cfg["layers"]
-    if arch == "mistral":
+    if arch in ("mistral", "mixtral"):
         conf["sliding_window"] = cfg["sliding_window"]
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(conf, f, indent=2)

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <functional>
 #include <set>
 namespace fd::model {
@@ -14,6 +15,16 @@ namespace {
 std::string layer_name(int il, const char * leaf) { return fmt::format("model.layers.{}.{}", il, leaf); }
 
 }  // namespace
+
+std::string expert_of(std::string_view name) {
+    int layer = -1, expert = -1, used = 0;
+    const size_t at = name.find(".experts.");
+    if (name.rfind("model.layers.", 0) != 0 || at == std::string_view::npos) { return {}; }
+    const std::string s(name);
+    if (std::sscanf(s.c_str(), "model.layers.%d.%n", &layer, &used) != 1) { return {}; }
+    if (std::sscanf(s.c_str() + at, ".experts.%d", &expert) != 1) { return fmt::format(" (layer {}, experts)", layer); }
+    return fmt::format(" (layer {}, expert {})", layer, expert);
+}
 
 namespace {
 
@@ -28,10 +39,16 @@ WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp);
 
 void check_tp_divides(const ModelConfig & c, int32_t tp_size) {
     if (tp_size < 1) { fail(Errc::invalid_argument, "tensor parallel size must be >= 1, got {}", tp_size); }
-    const std::pair<const char *, int64_t> dims[] = {{"num_attention_heads", c.n_heads},
-                                                     {"num_key_value_heads", c.n_kv_heads},
-                                                     {"intermediate_size", c.intermediate_size},
-                                                     {"vocab_size", c.vocab_size}};
+    // Under TP-MoE every expert's intermediate dimension is split like the dense MLP's (vLLM
+    // without expert parallelism); a dense width no layer uses is not split.
+    const bool mixtral = c.arch == Arch::mixtral;
+    const std::pair<const char *, int64_t> dims[] = {
+        {"num_attention_heads", c.n_heads},
+        {"num_key_value_heads", c.n_kv_heads},
+        {"intermediate_size", c.has_dense_layer() || mixtral ? c.intermediate_size : 0},
+        {"moe_intermediate_size", mixtral ? 0 : c.moe.intermediate},
+        {"shared_expert_intermediate_size", c.moe.shared_intermediate},
+        {"vocab_size", c.vocab_size}};
     for (const auto & [what, n] : dims) {
         if (n % tp_size != 0) {
             fail(Errc::invalid_argument, "{} = {} is not divisible by the tensor parallel size {}; pick a tp that divides it",
@@ -57,17 +74,19 @@ void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx) {
         auto it = idx.tensors.find(x.name);
         if (it == idx.tensors.end()) {
             if (x.optional) { continue; }
-            fail(Errc::invalid_checkpoint, "{}: checkpoint is missing tensor '{}' (expected shape [{}])", idx.source.string(),
-                 x.name, fmt::join(x.shape, ", "));
+            fail(Errc::invalid_checkpoint, "{}: checkpoint is missing tensor '{}'{} (expected shape [{}])", idx.source.string(),
+                 x.name, expert_of(x.name), fmt::join(x.shape, ", "));
         }
         if (it->second.shape != x.shape) {
-            fail(Errc::invalid_checkpoint, "{}: tensor '{}' has shape [{}], expected [{}]", it->second.file.string(),
-                 x.name, fmt::join(it->second.shape, ", "), fmt::join(x.shape, ", "));
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}'{} has shape [{}], expected [{}]", it->second.file.string(),
+                 x.name, expert_of(x.name), fmt::join(it->second.shape, ", "), fmt::join(x.shape, ", "));
         }
     }
     for (const auto & [name, t] : idx.tensors) {
         if (known.count(name) == 0 && name.find("rotary_emb.inv_freq") == std::string::npos) {
-            fail(Errc::invalid_checkpoint, "{}: unknown tensor '{}' for {}", t.file.string(), name, cfg.architecture);
+            fail(Errc::invalid_checkpoint, "{}: unknown tensor '{}'{} for {}{}", t.file.string(), name, expert_of(name), cfg.architecture,
+                 cfg.moe.enabled() && name.find(".experts.") != std::string::npos
+                     ? fmt::format(" ({} experts, 0 to {})", cfg.moe.n_experts, cfg.moe.n_experts - 1) : std::string{});
         }
     }
 }
@@ -150,8 +169,33 @@ WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp) {
         }
         add(n("self_attn.o_proj.weight"), Shard::cols, {{n("self_attn.o_proj.weight"), h}}, q);
         add(n("post_attention_layernorm.weight"), Shard::replicated, {{n("post_attention_layernorm.weight"), h}}, 0);
-        add(n("mlp.gate_up_proj.weight"), Shard::rows, {{n("mlp.gate_proj.weight"), ff}, {n("mlp.up_proj.weight"), ff}}, h);
-        add(n("mlp.down_proj.weight"), Shard::cols, {{n("mlp.down_proj.weight"), h}}, ff);
+        if (!c.is_moe_layer(il)) {
+            add(n("mlp.gate_up_proj.weight"), Shard::rows, {{n("mlp.gate_proj.weight"), ff}, {n("mlp.up_proj.weight"), ff}}, h);
+            add(n("mlp.down_proj.weight"), Shard::cols, {{n("mlp.down_proj.weight"), h}}, ff);
+            continue;
+        }
+        // A sparse MoE block: the router whole, then every expert as a dense MLP sliced like
+        // the dense one (TP-MoE), then Qwen2-MoE's shared expert and its gate.
+        const MoeConfig & m = c.moe;
+        const int64_t     mf = m.intermediate;
+        const std::string p  = n(m.prefix.c_str());
+        add(p + ".gate.weight", Shard::replicated, {{p + ".gate.weight", m.n_experts}}, h);
+        const std::string fused = c.arch == Arch::mixtral ? "w13" : "gate_up_proj";
+        for (int e = 0; e < m.n_experts; ++e) {
+            const std::string x = fmt::format("{}.experts.{}.", p, e);
+            add(x + fused + ".weight", Shard::rows, {{x + m.gate_name + ".weight", mf}, {x + m.up_name + ".weight", mf}}, h);
+        }
+        for (int e = 0; e < m.n_experts; ++e) {
+            const std::string x = fmt::format("{}.experts.{}.", p, e);
+            add(x + m.down_name + ".weight", Shard::cols, {{x + m.down_name + ".weight", h}}, mf);
+        }
+        if (m.shared_intermediate > 0) {
+            const int64_t sf = m.shared_intermediate;
+            add(p + ".shared_expert.gate_up_proj.weight", Shard::rows,
+                {{p + ".shared_expert.gate_proj.weight", sf}, {p + ".shared_expert.up_proj.weight", sf}}, h);
+            add(p + ".shared_expert.down_proj.weight", Shard::cols, {{p + ".shared_expert.down_proj.weight", h}}, sf);
+            add(p + ".shared_expert_gate.weight", Shard::replicated, {{p + ".shared_expert_gate.weight", 1}}, h);
+        }
     }
     add("model.norm.weight", Shard::replicated, {{"model.norm.weight", h}}, 0);
     if (!c.tie_word_embeddings) { add("lm_head.weight", Shard::rows, {{"lm_head.weight", c.vocab_size}}, h); }
@@ -174,8 +218,8 @@ void validate_against_layout(const WeightLayout & layout, const TensorIndex & id
     auto check = [&](const std::string & name, const std::vector<int64_t> & shape, std::initializer_list<DType> dtypes) {
         const TensorInfo & t = idx.tensors.at(name);
         if (t.shape != shape) {
-            fail(Errc::invalid_checkpoint, "{}: tensor '{}' has shape [{}], expected [{}]", t.file.string(), name,
-                 fmt::join(t.shape, ", "), fmt::join(shape, ", "));
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}'{} has shape [{}], expected [{}]", t.file.string(), name,
+                 expert_of(name), fmt::join(t.shape, ", "), fmt::join(shape, ", "));
         }
         if (std::find(dtypes.begin(), dtypes.end(), t.dtype) == dtypes.end()) {
             fail(Errc::invalid_checkpoint, "{}: tensor '{}' has dtype {}, expected {} (as loaded)", t.file.string(), name,
@@ -195,8 +239,8 @@ void validate_against_layout(const WeightLayout & layout, const TensorIndex & id
         }
         for (const WeightPart & p : it.parts) {  // the whole training tensors; the rank's slices are read
             if (!idx.tensors.count(p.hf_name)) {
-                fail(Errc::invalid_checkpoint, "{}: checkpoint is missing tensor '{}'{}", idx.source.string(), p.hf_name,
-                     fused ? fmt::format(" (or the fused '{}')", it.name) : std::string{});
+                fail(Errc::invalid_checkpoint, "{}: checkpoint is missing tensor '{}'{}{}", idx.source.string(), p.hf_name,
+                     expert_of(p.hf_name), fused ? fmt::format(" (or the fused '{}')", it.name) : std::string{});
             }
             check(p.hf_name, p.hf_shape, {p.dtype});
         }

@@ -142,6 +142,108 @@ void parse_rope(const json & j, const path & file, ModelConfig & c) {
     }
 }
 
+/// The MoE fields of Qwen3MoeConfig / Qwen2MoeConfig / MixtralConfig (MoeConfig), checked
+/// against each other; a routing scheme other than softmax → top-k is refused naming the field.
+void parse_moe(const json & j, const path & file, ModelConfig & c) {
+    if (c.arch != Arch::qwen3_moe && c.arch != Arch::qwen2_moe && c.arch != Arch::mixtral) { return; }
+    const std::string f = file.string();
+    MoeConfig & m = c.moe;
+    const bool mixtral = c.arch == Arch::mixtral;
+    // MixtralConfig names the count num_local_experts, the Qwen configs num_experts (and
+    // transformers maps each name onto the other): both given must agree.
+    const char * count_key = mixtral ? "num_local_experts" : "num_experts";
+    const char * other_key = mixtral ? "num_experts" : "num_local_experts";
+    auto count = [&](const char * key) -> int64_t {
+        const json & v = j[key];
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (1 << 20)) {
+            fail(Errc::invalid_checkpoint, "{}: field '{}' must be a positive integer, got {}", f, key, v.dump());
+        }
+        return v.get<int64_t>();
+    };
+    if (absent(j, count_key) && absent(j, other_key)) {
+        fail(Errc::invalid_checkpoint, "{}: {} needs field '{}' (the number of experts)", f, c.architecture, count_key);
+    }
+    const int64_t n = !absent(j, count_key) ? count(count_key) : count(other_key);
+    if (!absent(j, count_key) && !absent(j, other_key) && count(other_key) != n) {
+        fail(Errc::invalid_checkpoint, "{}: inconsistent expert counts: '{}' = {} but '{}' = {}", f, count_key, n, other_key,
+             count(other_key));
+    }
+    if (n == 0) {
+        fail(Errc::invalid_checkpoint, "{}: field '{}' is 0: {} needs experts (serve a dense checkpoint with its dense "
+             "architecture)", f, count_key, c.architecture);
+    }
+    m.n_experts = static_cast<int32_t>(n);
+    if (!absent(j, "num_experts_per_tok") && j["num_experts_per_tok"].is_number_integer() && j["num_experts_per_tok"].get<int64_t>() == 0) {
+        fail(Errc::invalid_checkpoint, "{}: field 'num_experts_per_tok' is 0: every token must go to at least one expert", f);
+    }
+    m.top_k = get_int(j, "num_experts_per_tok", file, mixtral ? 2 : c.arch == Arch::qwen2_moe ? 4 : 8);
+    if (m.top_k > m.n_experts) {
+        fail(Errc::invalid_checkpoint, "{}: field 'num_experts_per_tok' = {} is more than the {} experts ('{}')", f, m.top_k,
+             m.n_experts, count_key);
+    }
+    if (mixtral) {
+        m.intermediate     = c.intermediate_size;  // MixtralBlockSparseTop2MLP: ffn_dim = intermediate_size
+        m.norm_topk_prob   = true;                 // softmax then top-k then renormalise, always
+        m.prefix           = "block_sparse_moe";
+        m.gate_name        = "w1";
+        m.up_name          = "w3";
+        m.down_name        = "w2";
+        m.sparse_layer.assign(static_cast<size_t>(c.n_layers), true);
+    } else {
+        m.intermediate   = get_int(j, "moe_intermediate_size", file);
+        m.norm_topk_prob = get_bool(j, "norm_topk_prob", file);  // both Qwen configs default to false
+        if (c.arch == Arch::qwen2_moe && !absent(j, "shared_expert_intermediate_size")) {
+            m.shared_intermediate = get_int(j, "shared_expert_intermediate_size", file);
+        } else if (c.arch == Arch::qwen2_moe) {
+            m.shared_intermediate = 5632;  // Qwen2MoeConfig's default
+        }
+        const json step = j.value("decoder_sparse_step", json(1));
+        if (!step.is_number_integer() || step.get<int64_t>() < 1) {
+            fail(Errc::invalid_checkpoint, "{}: field 'decoder_sparse_step' must be a positive integer, got {}", f, step.dump());
+        }
+        std::vector<bool> mlp_only(static_cast<size_t>(c.n_layers), false);
+        if (!absent(j, "mlp_only_layers")) {
+            if (!j["mlp_only_layers"].is_array()) {
+                fail(Errc::invalid_checkpoint, "{}: field 'mlp_only_layers' must be a list of layer indices, got {}", f,
+                     j["mlp_only_layers"].dump());
+            }
+            for (const json & l : j["mlp_only_layers"]) {
+                if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= c.n_layers) {
+                    fail(Errc::invalid_checkpoint, "{}: field 'mlp_only_layers' holds {}, not a layer index in [0, {})", f, l.dump(),
+                         c.n_layers);
+                }
+                mlp_only[l.get<size_t>()] = true;
+            }
+        }
+        m.sparse_layer.resize(static_cast<size_t>(c.n_layers));
+        for (int il = 0; il < c.n_layers; ++il) {  // Qwen{2,3}MoeDecoderLayer.__init__
+            m.sparse_layer[static_cast<size_t>(il)] = !mlp_only[static_cast<size_t>(il)] && (il + 1) % step.get<int64_t>() == 0;
+        }
+    }
+    // Routing schemes of other MoE families (DeepSeek, GLM, ...): not softmax → top-k.
+    if (!absent(j, "scoring_func") && j["scoring_func"] != json("softmax")) {
+        fail(Errc::invalid_checkpoint, "{}: 'scoring_func': {} is not supported (softmax routing only)", f, j["scoring_func"].dump());
+    }
+    if (!absent(j, "topk_method") && j["topk_method"] != json("greedy")) {
+        fail(Errc::invalid_checkpoint, "{}: 'topk_method': {} is not supported (plain top-k routing only)", f, j["topk_method"].dump());
+    }
+    for (const char * grouped : {"n_group", "topk_group"}) {
+        if (!absent(j, grouped) && !(j[grouped].is_number_integer() && j[grouped].get<int64_t>() <= 1)) {
+            fail(Errc::invalid_checkpoint, "{}: '{}': {} (group-limited routing) is not supported", f, grouped, j[grouped].dump());
+        }
+    }
+    if (!absent(j, "routed_scaling_factor") && get_number(j, "routed_scaling_factor", file, 1.0) != 1.0) {
+        fail(Errc::invalid_checkpoint, "{}: 'routed_scaling_factor': {} is not supported (expert weights are not rescaled)", f,
+             j["routed_scaling_factor"].dump());
+    }
+    for (const char * shared : {"n_shared_experts", "num_shared_experts"}) {
+        if (!absent(j, shared) && !(j[shared].is_number() && j[shared].get<double>() == 0)) {
+            fail(Errc::invalid_checkpoint, "{}: '{}': {} is not supported for {} (Qwen2-MoE's shared_expert_intermediate_size is)",
+                 f, shared, j[shared].dump(), c.architecture);
+        }
+    }
+}
+
 /// Fields that change the math and are not implemented: a start-up error naming each.
 void refuse_unsupported(const json & j, const path & file, ModelConfig & c) {
     const std::string f = file.string();
@@ -149,9 +251,9 @@ void refuse_unsupported(const json & j, const path & file, ModelConfig & c) {
                                                                                    : absent(j, "hidden_act") ? "silu" : j["hidden_act"].dump();
     if (act != "silu") { fail(Errc::invalid_checkpoint, "{}: hidden_act '{}' is not supported (silu only)", f, act); }
     for (const char * moe : {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"}) {
-        if (!absent(j, moe) && !(j[moe].is_number() && j[moe].get<double>() == 0)) {
-            fail(Errc::invalid_checkpoint, "{}: '{}': {} — mixture-of-experts layers are not supported (dense {} only)", f, moe,
-                 j[moe].dump(), c.architecture);
+        if (!c.moe.enabled() && !absent(j, moe) && !(j[moe].is_number() && j[moe].get<double>() == 0)) {
+            fail(Errc::invalid_checkpoint, "{}: '{}': {} — {} is a dense architecture; mixture-of-experts models are served as "
+                 "Qwen3MoeForCausalLM, Qwen2MoeForCausalLM or MixtralForCausalLM", f, moe, j[moe].dump(), c.architecture);
         }
     }
     if (!absent(j, "quantization_config")) {
@@ -165,18 +267,19 @@ void refuse_unsupported(const json & j, const path & file, ModelConfig & c) {
     }
     // attention_bias: Llama and Qwen3 put biases on q/k/v/o (HF); Qwen2 always has q/k/v
     // biases and no field; Mistral has none and ignores the field.
-    if ((c.arch == Arch::llama || c.arch == Arch::qwen3) && get_bool(j, "attention_bias", file)) {
+    if ((c.arch == Arch::llama || c.arch == Arch::qwen3 || c.arch == Arch::qwen3_moe) && get_bool(j, "attention_bias", file)) {
         fail(Errc::invalid_checkpoint, "{}: 'attention_bias': true is not supported for {} (biases on q/k/v/o_proj)", f, c.architecture);
     }
     if (c.arch == Arch::llama && get_bool(j, "mlp_bias", file)) {
         fail(Errc::invalid_checkpoint, "{}: 'mlp_bias': true is not supported (biases on gate/up/down_proj)", f);
     }
     // Sliding-window attention (not implemented; fine while max_model_len <= the window).
-    if (c.arch == Arch::mistral && !absent(j, "sliding_window")) {
+    if ((c.arch == Arch::mistral || c.arch == Arch::mixtral) && !absent(j, "sliding_window")) {
         c.sliding_window       = get_int(j, "sliding_window", file);
         c.sliding_window_field = "sliding_window";
     }
-    if ((c.arch == Arch::qwen2 || c.arch == Arch::qwen3) && get_bool(j, "use_sliding_window", file) && !absent(j, "sliding_window")) {
+    const bool qwen = c.arch == Arch::qwen2 || c.arch == Arch::qwen3 || c.arch == Arch::qwen2_moe || c.arch == Arch::qwen3_moe;
+    if (qwen && get_bool(j, "use_sliding_window", file) && !absent(j, "sliding_window")) {
         bool any = false;
         if (!absent(j, "layer_types")) {
             if (!j["layer_types"].is_array()) { fail(Errc::invalid_checkpoint, "{}: field 'layer_types' must be a list", f); }
@@ -214,19 +317,31 @@ ModelConfig load_model_config(const path & dir) {
         c.qk_norm = true;
     } else if (c.architecture == "MistralForCausalLM") {
         c.arch = Arch::mistral;
+    } else if (c.architecture == "Qwen3MoeForCausalLM") {
+        c.arch    = Arch::qwen3_moe;
+        c.qk_norm = true;
+    } else if (c.architecture == "Qwen2MoeForCausalLM") {
+        c.arch     = Arch::qwen2_moe;
+        c.qkv_bias = j.value("qkv_bias", json(true)) != json(false);  // Qwen2MoeConfig.qkv_bias, default true
+    } else if (c.architecture == "MixtralForCausalLM") {
+        c.arch = Arch::mixtral;
     } else {
         fail(Errc::invalid_checkpoint,
-             "{}: unsupported architecture '{}' (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)",
+             "{}: unsupported architecture '{}' (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, "
+             "Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM)",
              file.string(), c.architecture);
     }
     c.vocab_size        = get_int(j, "vocab_size", file);
     c.hidden_size       = get_int(j, "hidden_size", file);
-    c.intermediate_size = get_int(j, "intermediate_size", file);
+    // A Qwen MoE model whose every layer is sparse never reads intermediate_size (HF defaults it).
+    c.intermediate_size = get_int(j, "intermediate_size", file,
+                                  c.arch == Arch::qwen3_moe ? std::optional<int32_t>(6144)
+                                  : c.arch == Arch::qwen2_moe ? std::optional<int32_t>(5632) : std::nullopt);
     c.n_layers          = get_int(j, "num_hidden_layers", file);
     c.n_heads           = get_int(j, "num_attention_heads", file);
     c.n_kv_heads        = get_int(j, "num_key_value_heads", file, c.n_heads);
     // Qwen3Config's head_dim defaults to 128; the others derive it.
-    c.head_dim          = get_int(j, "head_dim", file, c.arch == Arch::qwen3 ? 128 : c.hidden_size / c.n_heads);
+    c.head_dim          = get_int(j, "head_dim", file, c.arch == Arch::qwen3 ? 128 : c.hidden_size / c.n_heads);  // Qwen3Moe: derived
     c.max_position_embeddings = get_int(j, "max_position_embeddings", file, 2048);
     c.rms_norm_eps      = static_cast<float>(get_number(j, "rms_norm_eps", file, 1e-6));
     c.rope_theta        = static_cast<float>(get_number(j, "rope_theta", file, 10000.0));
@@ -237,6 +352,7 @@ ModelConfig load_model_config(const path & dir) {
     }
     if (c.head_dim % 2 != 0) { fail(Errc::invalid_checkpoint, "{}: head_dim {} must be even for RoPE", file.string(), c.head_dim); }
     parse_rope(j, file, c);
+    parse_moe(j, file, c);
     refuse_unsupported(j, file, c);
     if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) { c.bos_token_id = j["bos_token_id"]; }  // may be null
     if (j.contains("eos_token_id")) { c.eos_token_ids = id_list(j["eos_token_id"]); }
@@ -248,6 +364,13 @@ ModelConfig load_model_config(const path & dir) {
         if (g.contains("bos_token_id") && g["bos_token_id"].is_number_integer()) { c.bos_token_id = g["bos_token_id"]; }
     }
     return c;
+}
+
+bool ModelConfig::has_dense_layer() const {
+    for (int il = 0; il < n_layers; ++il) {
+        if (!is_moe_layer(il)) { return true; }
+    }
+    return false;
 }
 
 std::optional<std::string> check_max_model_len(const ModelConfig & c, int32_t max_model_len) {

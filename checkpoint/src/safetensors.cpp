@@ -1,5 +1,6 @@
 #include "fd/file_io.h"
 #include "fd/checkpoint/safetensors.h"
+#include "fd/checkpoint/layout.h"
 
 #include "fd/half.h"
 #include "fd/status.h"
@@ -184,7 +185,9 @@ int64_t TensorInfo::numel() const {
     return n;
 }
 
-TensorIndex read_tensor_index(const fs::path & dir) {
+namespace {
+
+TensorIndex read_headers(const fs::path & dir) {
     TensorIndex idx;
     idx.source = dir;
     const auto index_file = dir / "model.safetensors.index.json";
@@ -240,6 +243,14 @@ TensorIndex read_tensor_index(const fs::path & dir) {
     return idx;
 }
 
+}  // namespace
+
+TensorIndex read_tensor_index(const fs::path & dir) {
+    TensorIndex idx = read_headers(dir);
+    split_stacked_experts(idx);  // MoE exports that stack their experts: per-expert views
+    return idx;
+}
+
 void pread_exact(int fd, void * dst, int64_t n, int64_t off, const std::filesystem::path & file, const std::string & what) {
     auto * p = static_cast<char *>(dst);
     while (n > 0) {
@@ -255,6 +266,7 @@ TensorIndex read_tensor_files(const std::filesystem::path & source, const std::v
     TensorIndex idx;
     idx.source = source;
     for (const auto & f : files) { read_header(f, idx); }
+    split_stacked_experts(idx);
     return idx;
 }
 

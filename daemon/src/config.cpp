@@ -67,11 +67,19 @@ void resolve_parallel(Config & cfg, Resolved & r, std::vector<std::string> & pro
     const bool cuda = r.device == kernels::DeviceKind::cuda;
     // tp >= 1, nnodes >= 1 dividing tp: World::make reports those.
     r.world = runtime::World::make(tp, p.nnodes, cuda ? kernels::device_count(kernels::DeviceKind::cuda) : 1, problems);
-    if (tp >= 1 && (r.model.n_kv_heads % tp != 0 || r.model.n_heads % tp != 0 || r.model.intermediate_size % tp != 0 ||
+    // A MoE model whose every layer is sparse never splits intermediate_size (Mixtral's experts are that wide).
+    const bool dense_ff = r.model.has_dense_layer() || r.model.arch == model::Arch::mixtral;
+    if (tp >= 1 && (r.model.n_kv_heads % tp != 0 || r.model.n_heads % tp != 0 || (dense_ff && r.model.intermediate_size % tp != 0) ||
                     r.model.vocab_size % tp != 0)) {
         problems.push_back(fmt::format("--tensor-parallel-size {} must divide the model's {} KV heads, {} attention heads, "
                                        "intermediate size {} and vocab size {}", tp, r.model.n_kv_heads, r.model.n_heads,
                                        r.model.intermediate_size, r.model.vocab_size));
+    } else if (tp >= 1 && r.model.moe.enabled()) {
+        try {  // the experts' widths (moe_intermediate_size, shared_expert_intermediate_size)
+            model::check_tp_divides(r.model, tp);
+        } catch (const Error & e) {
+            problems.push_back(fmt::format("--tensor-parallel-size {}: {}", tp, e.what()));
+        }
     }
     const auto kind = p.distributed_executor_backend.empty()
                           ? std::optional(tp > 1 || p.nnodes > 1 ? runtime::ExecutorKind::mp : runtime::ExecutorKind::uni)

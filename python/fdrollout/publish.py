@@ -68,7 +68,42 @@ def _dims(cfg):
     n_kv = cfg.get("num_key_value_heads", n_heads)
     qwen3 = cfg.get("architectures", [""])[0] == "Qwen3ForCausalLM"
     head_dim = cfg.get("head_dim") or (128 if qwen3 else h // n_heads)  # Qwen3Config's default is 128
-    return h, n_heads * head_dim, n_kv * head_dim, cfg["intermediate_size"], cfg["vocab_size"]
+    # A Qwen-MoE model whose layers are all sparse may omit intermediate_size (its experts' width is
+    # moe_intermediate_size, checked per expert).
+    return h, n_heads * head_dim, n_kv * head_dim, cfg.get("intermediate_size", 0), cfg["vocab_size"]
+
+
+def _moe_block(hf, cfg, p, rows, cols, cat, like, arr):
+    """A sparse MoE layer's rollout tensors (docs/architectures.md, "Mixture of experts"): the
+    router whole, each expert's gate|up rows and down columns sliced like the dense MLP, Qwen2-MoE's
+    shared expert and gate. Experts per expert or stacked (experts.gate_up_proj [E, 2I, H])."""
+    mixtral = cfg["architectures"][0] == "MixtralForCausalLM"
+    b = p + ("block_sparse_moe." if mixtral else "mlp.")
+    n_exp = cfg["num_local_experts"] if mixtral else cfg["num_experts"]
+    g, u, d = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    fused = "w13" if mixtral else "gate_up_proj"
+    out = {b + "gate.weight": hf[b + "gate.weight"]}
+    stacked = next((b + "experts." + n for n in ("gate_up_proj", "gate_up_proj.weight") if b + "experts." + n in hf), None)
+    for e in range(n_exp):
+        x = f"{b}experts.{e}."
+        if stacked:
+            gu = arr(hf[stacked])[e]
+            half = gu.shape[0] // 2
+            gate, up = like(hf[stacked], gu[:half]), like(hf[stacked], gu[half:])
+            down_key = stacked.replace("gate_up_proj", "down_proj")
+            down = like(hf[down_key], arr(hf[down_key])[e])
+        else:
+            gate, up, down = hf[x + g + ".weight"], hf[x + u + ".weight"], hf[x + d + ".weight"]
+        mf = arr(gate).shape[0]
+        out[x + fused + ".weight"] = cat(rows(gate, mf), rows(up, mf))
+        out[x + d + ".weight"] = cols(down, mf)
+    if b + "shared_expert.gate_proj.weight" in hf:
+        s = b + "shared_expert."
+        sf = arr(hf[s + "gate_proj.weight"]).shape[0]
+        out[s + "gate_up_proj.weight"] = cat(rows(hf[s + "gate_proj.weight"], sf), rows(hf[s + "up_proj.weight"], sf))
+        out[s + "down_proj.weight"] = cols(hf[s + "down_proj.weight"], sf)
+        out[b + "shared_expert_gate.weight"] = hf[b + "shared_expert_gate.weight"]
+    return out
 
 
 def to_rollout_names(hf, cfg, tp=1, rank=0):
@@ -115,8 +150,11 @@ def to_rollout_names(hf, cfg, tp=1, rank=0):
                 out[a + norm] = hf[a + norm]
         out[a + "o_proj.weight"] = cols(hf[a + "o_proj.weight"], q_dim)
         m = p + "mlp."
-        out[m + "gate_up_proj.weight"] = cat(rows(hf[m + "gate_proj.weight"], ff), rows(hf[m + "up_proj.weight"], ff))
-        out[m + "down_proj.weight"] = cols(hf[m + "down_proj.weight"], ff)
+        if m + "gate_proj.weight" in hf:
+            out[m + "gate_up_proj.weight"] = cat(rows(hf[m + "gate_proj.weight"], ff), rows(hf[m + "up_proj.weight"], ff))
+            out[m + "down_proj.weight"] = cols(hf[m + "down_proj.weight"], ff)
+        else:
+            out.update(_moe_block(hf, cfg, p, rows, cols, cat, like, arr))
     out["model.norm.weight"] = hf["model.norm.weight"]
     if not cfg.get("tie_word_embeddings", False):
         out["lm_head.weight"] = rows(hf["lm_head.weight"], vocab)

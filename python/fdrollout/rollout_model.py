@@ -40,12 +40,23 @@ class RolloutModelConfig:
                 f"load_strategy={self.load_strategy!r})")
 
 
-# Which training tensors each fused rollout tensor concatenates (in this order, along dim 0).
+# Which training tensors each fused rollout tensor concatenates (in this order, along dim 0), by
+# the rollout name's last components: attention q|k|v, the dense / shared-expert / per-expert
+# gate|up, and Mixtral's per-expert w1|w3.
 _FUSED = {
-    "self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-    "self_attn.qkv_proj.bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
-    "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    "qkv_proj.weight": ("q_proj.weight", "k_proj.weight", "v_proj.weight"),
+    "qkv_proj.bias": ("q_proj.bias", "k_proj.bias", "v_proj.bias"),
+    "gate_up_proj.weight": ("gate_proj.weight", "up_proj.weight"),
+    "w13.weight": ("w1.weight", "w3.weight"),
 }
+
+
+def _training_names(name):
+    for suffix, parts in _FUSED.items():
+        if name.endswith("." + suffix):
+            prefix = name[:-len(suffix)]
+            return [prefix + p for p in parts]
+    return [name]
 
 
 class RolloutModel:
@@ -73,11 +84,5 @@ class RolloutModel:
 
     def get_name_mappings_to_training(self):
         """{rollout name: [training names]}: one name for a plain tensor, the parts in
-        concatenation order for a fused one (q, k, v; gate, up)."""
-        out = {}
-        for name in self.state_dict(0):
-            prefix, _, rest = name.partition("self_attn.") if "self_attn." in name else name.partition("mlp.")
-            key = name[len(prefix):]
-            parts = _FUSED.get(key)
-            out[name] = [prefix + p for p in parts] if parts else [name]
-        return out
+        concatenation order for a fused one (q, k, v; gate, up; Mixtral's w1, w3)."""
+        return {name: _training_names(name) for name in self.state_dict(0)}

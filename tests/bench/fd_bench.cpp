@@ -225,10 +225,20 @@ int64_t count_params(const fd::model::ModelConfig & c) {
 }
 
 /// Bytes a decode step actually streams: everything but the embedding table (one row per token),
-/// unless the LM head reads that table (tied embeddings).
+/// unless the LM head reads that table (tied embeddings). A MoE model at B=1 reads only its
+/// token's top_k experts of each sparse layer: the other experts' bytes are not streamed
+/// (issue 23's "active bytes").
 int64_t streamed_weight_bytes(const fd::model::Worker & w) {
     const auto & L = w.layout();
-    return w.weight_bytes() - (L.tied_lm_head ? 0 : L.find("model.embed_tokens.weight")->bytes);
+    int64_t inactive = 0;
+    const auto & c = w.config();
+    if (c.moe.enabled()) {
+        for (const auto & t : L.tensors) {
+            if (t.name.find(".experts.") != std::string::npos) { inactive += t.bytes; }
+        }
+        inactive -= inactive / c.moe.n_experts * c.moe.top_k;  // every expert has the same bytes
+    }
+    return w.weight_bytes() - inactive - (L.tied_lm_head ? 0 : L.find("model.embed_tokens.weight")->bytes);
 }
 
 

@@ -58,15 +58,16 @@ def rope_inv_freq(cfg):
     return inv
 
 
-def logits(cfg, w, ids):
-    """Logits [len(ids), vocab] of a causal pass over ids."""
+def logits(cfg, w, ids, mlp=None):
+    """Logits [len(ids), vocab] of a causal pass over ids. mlp(il, xn) -> [T, hidden] or None
+    replaces layer il's feed-forward block (np_moe.py's sparse MoE blocks); None = SwiGLU MLP."""
     h, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or h // nh
     eps = cfg["rms_norm_eps"]
     T = len(ids)
     x = w["model.embed_tokens.weight"][ids]
     inv = rope_inv_freq(cfg)
-    qk_norm = cfg["architectures"][0] == "Qwen3ForCausalLM"
+    qk_norm = cfg["architectures"][0] in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
     ang = np.arange(T, dtype=np.float32)[:, None] * inv[None, :]
     cos, sin = np.cos(ang), np.sin(ang)
 
@@ -98,6 +99,10 @@ def logits(cfg, w, ids):
         att = np.einsum("hts,shd->thd", s, v).reshape(T, nh * hd)
         x = x + att @ w[p + "self_attn.o_proj.weight"].T
         xn = rms(x, w[p + "post_attention_layernorm.weight"], eps)
+        y = mlp(il, xn) if mlp else None
+        if y is not None:
+            x = x + y
+            continue
         g = xn @ w[p + "mlp.gate_proj.weight"].T
         u = xn @ w[p + "mlp.up_proj.weight"].T
         x = x + ((g / (1 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T

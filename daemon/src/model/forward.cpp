@@ -1,4 +1,4 @@
-// The Llama / Qwen2 / Qwen3 forward pass, one readable function over a Backend (after llama2.c
+// The Llama / Qwen2 / Qwen3 / Mistral (and MoE: Qwen3-MoE, Qwen2-MoE, Mixtral) forward pass, one readable function over a Backend (after llama2.c
 // forward()). Every tensor is backend memory (the weight and kv_cache regions, the scratch
 // buffers); the batch's index arrays stay on the host (see fd/kernels/backend.h).
 #include "fd/model/worker.h"
@@ -77,8 +77,15 @@ bool Worker::run_model(const StepBatch & b, float * out, const std::atomic<bool>
         be.linear(xn, att, L.o.w, L.o.type, nullptr, n, h, q_dim);
         if (comm_) { comm_->all_reduce_sum(xn, n * h); }  // row parallel: sum the ranks' partial outputs
         be.add(x, xn, n * h);
-        // SwiGLU MLP
+        // SwiGLU MLP, or a sparse MoE block (moe_forward.cpp)
         be.rms_norm(xn, x, L.mlp_norm, n, h, eps);
+        if (cfg_.is_moe_layer(il)) {
+            float * moe = s_.moe_out.floats(n * h);
+            moe_mlp(il, xn, moe, n);
+            if (comm_) { comm_->all_reduce_sum(moe, n * h); }
+            be.add(x, moe, n * h);
+            continue;
+        }
         be.linear(gu, xn, L.gate_up.w, L.gate_up.type, nullptr, n, 2 * ff, h);
         be.silu_mul(gate, gu, n, ff);
         be.linear(xn, gate, L.down.w, L.down.type, nullptr, n, h, ff);

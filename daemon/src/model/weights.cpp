@@ -334,8 +334,26 @@ ModelWeights bind_weights(const ModelConfig & c, const WeightLayout & layout, co
         L.k_norm    = c.qk_norm ? vec(layer_name(il, "self_attn.k_norm.weight")) : nullptr;
         L.o         = lin(layer_name(il, "self_attn.o_proj.weight"));
         L.mlp_norm  = vec(layer_name(il, "post_attention_layernorm.weight"));
-        L.gate_up   = lin(layer_name(il, "mlp.gate_up_proj.weight"));
-        L.down      = lin(layer_name(il, "mlp.down_proj.weight"));
+        if (!c.is_moe_layer(il)) {
+            L.gate_up = lin(layer_name(il, "mlp.gate_up_proj.weight"));
+            L.down    = lin(layer_name(il, "mlp.down_proj.weight"));
+            continue;
+        }
+        const MoeConfig & m = c.moe;
+        const std::string p = layer_name(il, m.prefix.c_str());
+        const std::string fused = c.arch == Arch::mixtral ? "w13" : "gate_up_proj";
+        L.moe.router = lin(p + ".gate.weight");
+        L.moe.experts.resize(static_cast<size_t>(m.n_experts));
+        for (int e = 0; e < m.n_experts; ++e) {
+            const LinearWeight gu = lin(fmt::format("{}.experts.{}.{}.weight", p, e, fused));
+            const LinearWeight dn = lin(fmt::format("{}.experts.{}.{}.weight", p, e, m.down_name));
+            L.moe.experts[static_cast<size_t>(e)] = {gu.w, gu.type, dn.w, dn.type};
+        }
+        if (m.shared_intermediate > 0) {
+            L.moe.shared_gate_up = lin(p + ".shared_expert.gate_up_proj.weight");
+            L.moe.shared_down    = lin(p + ".shared_expert.down_proj.weight");
+            L.moe.shared_gate    = lin(p + ".shared_expert_gate.weight");
+        }
     }
     w.final_norm = vec("model.norm.weight");
     w.lm_head    = layout.tied_lm_head ? w.embed : lin("lm_head.weight");

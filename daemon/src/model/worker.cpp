@@ -44,10 +44,15 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     alloc_   = memory::make_allocator(backend_->kind(), wcfg.device_id);
     device_mem_ = !backend_->host_visible() || wcfg.test_device_paths;
     for (kernels::ScratchBuffer * b : {&s_.x, &s_.xn, &s_.qkv, &s_.q, &s_.k, &s_.v, &s_.att, &s_.ff, &s_.gate, &s_.rows,
-                                       &s_.logits, &s_.part, &s_.gathered, &rope_, &small_}) {
+                                       &s_.logits, &s_.part, &s_.gathered, &rope_, &small_, &s_.moe_logits, &s_.moe_out,
+                                       &s_.moe_work, &s_.shared_gu, &s_.shared_act, &s_.shared_y, &s_.shared_g}) {
         *b = kernels::ScratchBuffer(backend_.get());
     }
-    if (wcfg.graph_max_batch > 0 && wcfg.tp_size == 1) {
+    if (wcfg.graph_max_batch > 0 && wcfg.tp_size == 1 && cfg_.moe.enabled()) {
+        log::get("model")->warn("--use-cudagraph: {} routes tokens on the host between ops, which a graph cannot capture; its "
+                                "decode steps run eagerly", cfg_.architecture);
+    }
+    if (wcfg.graph_max_batch > 0 && wcfg.tp_size == 1 && !cfg_.moe.enabled()) {
         g_.buckets = model::graph_buckets(wcfg.graph_max_batch);
         g_.ids.assign(g_.buckets.size(), -1);
         g_.scratch_table = {static_cast<int32_t>(wcfg.n_blocks)};  // the extra block map_kv_pool adds
@@ -188,7 +193,8 @@ void Worker::reserve_scratch(int64_t n, int64_t n_logits) {
 int64_t Worker::scratch_bytes() const {
     int64_t sum = 0;
     for (const kernels::ScratchBuffer * b : {&s_.x, &s_.xn, &s_.qkv, &s_.q, &s_.k, &s_.v, &s_.att, &s_.ff, &s_.gate, &s_.rows,
-                                             &s_.logits, &s_.part, &s_.gathered}) {
+                                             &s_.logits, &s_.part, &s_.gathered, &s_.moe_logits, &s_.moe_out, &s_.moe_work,
+                                             &s_.shared_gu, &s_.shared_act, &s_.shared_y, &s_.shared_g}) {
         sum += b->capacity_bytes();
     }
     return sum;

@@ -12,6 +12,21 @@
 // incl. Qwen3's self_attn.q_norm / k_norm [head_dim], model.norm, lm_head when untied).
 // T = tp size (1: the whole model).
 //
+// A sparse MoE layer (ModelConfig::is_moe_layer; P = model.layers.N.mlp, Mixtral's
+// model.layers.N.block_sparse_moe) has, instead of mlp.gate_up_proj / mlp.down_proj:
+//   P.gate.weight                         [n_experts, hidden]   router, replicated
+//   P.experts.E.gate_up_proj.weight       [2*moe_ff/T, hidden]  rows gate | up  (Mixtral: experts.E.w13.weight, w1 | w3)
+//   P.experts.E.down_proj.weight          [hidden, moe_ff/T]    (Mixtral: experts.E.w2.weight)
+//   P.shared_expert.gate_up_proj.weight   [2*shared_ff/T, hidden]  (Qwen2-MoE)
+//   P.shared_expert.down_proj.weight      [hidden, shared_ff/T]    (Qwen2-MoE)
+//   P.shared_expert_gate.weight           [1, hidden]              (Qwen2-MoE, replicated)
+// every gate_up of the layer's experts in expert order, then every down. Each expert is cut like
+// the dense MLP (TP-MoE: rows of gate and up, columns of down); an expert-parallel layout
+// would instead keep a slice of the experts whole on each rank. A checkpoint may hold the experts
+// per expert (HF names P.experts.E.gate_proj/up_proj/down_proj.weight, Mixtral's w1/w3/w2) or
+// stacked (P.experts.gate_up_proj [E, 2*moe_ff, hidden], P.experts.down_proj [E, hidden, moe_ff]):
+// split_stacked_experts turns the stacked form into per-expert views when the index is read.
+//
 // Sharding of rank r of T (Megatron / vLLM; Shard below):
 //   qkv_proj (+bias)  rows:  rows [r*q_dim/T, (r+1)*q_dim/T) of q_proj, the same fraction of
 //                            k_proj and of v_proj (whole heads), stacked q | k | v
@@ -124,6 +139,19 @@ WeightLayout plan_layout(const ModelConfig & cfg, const TensorIndex & idx, TpRan
 /// is its HF name is told apart by its shape (the rank's shard, or the whole tensor).
 /// Errors  fd::Error{invalid_checkpoint} naming the file and tensor.
 void validate_against_layout(const WeightLayout & layout, const TensorIndex & idx);
+
+/// " (layer L, expert E)" when `name` is an expert's tensor (model.layers.L.*.experts.E.*), else "".
+std::string expert_of(std::string_view name);
+
+/// Replace every stacked expert tensor of `idx` — `model.layers.L.<P>.experts.gate_up_proj[.weight]`
+/// [E, 2*I, H] and `...experts.down_proj[.weight]` [E, H, I] — by per-expert views of the same
+/// bytes under the per-expert HF names (P = block_sparse_moe: w1 | w3 and w2, else gate_proj |
+/// up_proj and down_proj): expert e's gate is rows [e*2I, e*2I+I) of the first, its up the next
+/// I rows, its down the e-th [H, I] block of the second. Called by read_tensor_index and
+/// read_tensor_files, so every file source accepts both forms.
+/// Errors  fd::Error{invalid_checkpoint} naming the tensor and layer: a stacked tensor that is
+///         not 3-D, whose 2*I is odd, or an expert given both stacked and per expert (duplicate).
+void split_stacked_experts(TensorIndex & idx);
 
 /// True when `idx` holds inference tensor `it` as its own (this rank's) tensor rather than as
 /// training parts: a fused name, or an unfused HF name with the rank's shard shape (at tp 1

@@ -1,7 +1,8 @@
 // fd/checkpoint/model_config.h — the architecture of a Hugging Face checkpoint directory.
 //
 // Read from config.json (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-// MistralForCausalLM), generation_config.json (stop ids) and version.yaml (`step`, the weight
+// MistralForCausalLM, and the mixture-of-experts Qwen3MoeForCausalLM, Qwen2MoeForCausalLM,
+// MixtralForCausalLM: see MoeConfig), generation_config.json (stop ids) and version.yaml (`step`, the weight
 // version). Pure parsing: no tensors are touched.
 //
 // Every config field that changes the forward pass and that fdrollout does not implement is a
@@ -17,7 +18,7 @@
 
 namespace fd::model {
 
-enum class Arch { llama, qwen2, qwen3, mistral };
+enum class Arch { llama, qwen2, qwen3, mistral, qwen3_moe, qwen2_moe, mixtral };
 
 /// `rope_scaling` (or transformers v5 `rope_parameters`): how the RoPE inverse frequencies are
 /// derived from rope_theta (transformers modeling_rope_utils.ROPE_INIT_FUNCTIONS).
@@ -36,6 +37,31 @@ struct RopeScaling {
     double      low_freq_factor  = 1.0;    ///< llama3
     double      high_freq_factor = 4.0;    ///< llama3
     int32_t     original_max_position_embeddings = 0;  ///< llama3
+};
+
+/// The sparse MLP of a mixture-of-experts model (transformers' Qwen3MoeSparseMoeBlock,
+/// Qwen2MoeSparseMoeBlock, MixtralSparseMoeBlock). Per token, in f32:
+///   p = softmax(x · routerᵀ) over n_experts;  the top_k largest p (descending, ties: lower id);
+///   renormalised to sum 1 when norm_topk_prob (Mixtral: always);
+///   y = Σ_k p_k · expert_k(x)  (expert = SwiGLU MLP of width moe_intermediate_size), summed in
+///   ascending expert id as transformers' index_add_ loop does;
+///   Qwen2-MoE adds sigmoid(x · shared_expert_gateᵀ) · shared_expert(x) (width shared_intermediate).
+/// Layer il is sparse when il is not in mlp_only_layers and (il + 1) % decoder_sparse_step == 0
+/// (Mixtral: every layer); the others are dense MLPs of width intermediate_size.
+struct MoeConfig {
+    int32_t n_experts         = 0;      ///< num_experts (Qwen) / num_local_experts (Mixtral); 0 = dense model
+    int32_t top_k             = 0;      ///< num_experts_per_tok, in [1, n_experts]
+    int32_t intermediate      = 0;      ///< moe_intermediate_size (Mixtral: intermediate_size)
+    int32_t shared_intermediate = 0;    ///< Qwen2-MoE shared_expert_intermediate_size; 0 = no shared expert
+    bool    norm_topk_prob    = false;  ///< renormalise the top-k weights (Mixtral: true)
+    std::vector<bool> sparse_layer;     ///< [n_layers] true = a sparse MoE block
+    /// HF module prefix of the sparse block inside a layer: "mlp" (Qwen) or "block_sparse_moe" (Mixtral).
+    std::string prefix = "mlp";
+    /// Expert weight names under `prefix`.experts.N: gate, up, down ("gate_proj"/"up_proj"/
+    /// "down_proj"; Mixtral "w1"/"w3"/"w2").
+    std::string gate_name = "gate_proj", up_name = "up_proj", down_name = "down_proj";
+
+    bool enabled() const { return n_experts > 0; }
 };
 
 struct ModelConfig {
@@ -62,6 +88,12 @@ struct ModelConfig {
     std::string sliding_window_field;       ///< the config field(s) that made it active, for messages
     int32_t     bos_token_id      = 1;
     std::vector<int32_t> eos_token_ids;     ///< generation_config.json eos_token_id, else config.json's
+    MoeConfig   moe;                        ///< mixture of experts (moe.enabled()), else dense
+
+    /// True when layer `il` runs the sparse MoE block (false for every layer of a dense model).
+    bool is_moe_layer(int il) const { return moe.enabled() && moe.sparse_layer[static_cast<size_t>(il)]; }
+    /// True when some layer runs a dense MLP of width intermediate_size.
+    bool has_dense_layer() const;
 
     int32_t q_dim() const { return n_heads * head_dim; }
     int32_t kv_dim() const { return n_kv_heads * head_dim; }
@@ -71,7 +103,12 @@ struct ModelConfig {
 /// Errors   fd::Error{invalid_checkpoint} naming the file and field: missing or unreadable file,
 ///          unsupported architecture, missing/non-positive sizes, n_heads % n_kv_heads != 0,
 ///          unsupported hidden_act, rope_scaling type (named), attention_bias / mlp_bias where
-///          unsupported, MoE fields, quantization_config, partial_rotary_factor != 1.
+///          unsupported, MoE fields on a dense architecture, quantization_config,
+///          partial_rotary_factor != 1; for MoE architectures (MoeConfig): num_experts /
+///          num_local_experts missing, 0 or inconsistent, num_experts_per_tok 0 or > experts,
+///          moe_intermediate_size missing, decoder_sparse_step < 1, mlp_only_layers out of
+///          range, a routing type other than softmax top-k (scoring_func, topk_method,
+///          n_group / topk_group, routed_scaling_factor != 1), each naming the field.
 ModelConfig load_model_config(const std::filesystem::path & dir);
 
 /// A start-up problem serving `cfg` with sequences of up to `max_model_len` tokens (an active

@@ -53,6 +53,15 @@ struct LinearWeight {
     kernels::WType type = kernels::WType::f32;
 };
 
+/// One rank's sparse MoE block (fd/checkpoint/layout.h; T = tp size, moe_ff = moe_intermediate_size).
+struct MoeWeights {
+    LinearWeight router;                         ///< [n_experts, hidden] (replicated)
+    std::vector<kernels::ExpertWeights> experts; ///< [n_experts] gate_up [2*moe_ff/T, hidden], down [hidden, moe_ff/T]
+    LinearWeight shared_gate_up;                 ///< [2*shared_ff/T, hidden] (Qwen2-MoE) or w nullptr
+    LinearWeight shared_down;                    ///< [hidden, shared_ff/T]
+    LinearWeight shared_gate;                    ///< [1, hidden] (replicated)
+};
+
 /// One rank's layer (T = tp size; T = 1: the whole layer).
 struct LayerWeights {
     const float * attn_norm = nullptr;  ///< [hidden] f32
@@ -62,8 +71,9 @@ struct LayerWeights {
     const float * k_norm    = nullptr;  ///< [head_dim] f32 (Qwen3) or nullptr
     LinearWeight  o;                    ///< [hidden, q_dim/T]
     const float * mlp_norm  = nullptr;  ///< [hidden] f32
-    LinearWeight  gate_up;              ///< [2*intermediate/T, hidden]
-    LinearWeight  down;                 ///< [hidden, intermediate/T]
+    LinearWeight  gate_up;              ///< [2*intermediate/T, hidden] (dense layers)
+    LinearWeight  down;                 ///< [hidden, intermediate/T] (dense layers)
+    MoeWeights    moe;                  ///< sparse layers (ModelConfig::is_moe_layer); else empty
 };
 
 /// Pointers into one filled arena, plus f32 copies of the small 1-D tensors (norms, biases).

@@ -75,8 +75,8 @@ struct WorkerConfig {
     /// activation buffers are reserved for max(reserve_tokens, this), the KV pool gets one more
     /// block (the padding rows' scratch slot), and commit_staged() copies staging into the
     /// weights instead of swapping regions, so every captured address stays valid across
-    /// sleep/wakeup and update_weights. tp_size > 1 ignores it (the collectives are not
-    /// captured). TEST ONLY on a backend without graphs (CPU): the same padded steps run eagerly.
+    /// sleep/wakeup and update_weights. tp_size > 1 and MoE models ignore it (the collectives
+    /// and the host-side routing are not captured). TEST ONLY on a backend without graphs (CPU): the same padded steps run eagerly.
     int32_t graph_max_batch = 0;
     /// TEST ONLY: run the device-memory paths on a host-visible backend (CPU): weights filled
     /// through bounce buffers and upload(), norms uploaded, logits downloaded. Results must be
@@ -249,7 +249,22 @@ private:
     struct Scratch {
         kernels::ScratchBuffer x, xn, qkv, q, k, v, att, ff, gate, rows, logits;
         kernels::ScratchBuffer part, gathered;  ///< tp > 1: this rank's logits, rank 0's gathered [T, n_logits, vocab/T]
+        /// Sparse MoE layers (moe_forward.cpp): router logits [n, n_experts], the block's output
+        /// [n, hidden], the grouped experts' work buffer, the shared expert's gate|up, activation,
+        /// output and gate logit.
+        kernels::ScratchBuffer moe_logits, moe_out, moe_work, shared_gu, shared_act, shared_y, shared_g;
     };
+    /// Host-side routing state of the MoE layers (reused across steps).
+    struct MoeHost {
+        std::vector<float>   logits;   ///< [n, n_experts] router logits downloaded
+        std::vector<int32_t> ids;      ///< [n, top_k] chosen experts
+        std::vector<float>   weights;  ///< [n, top_k] their routing weights
+        std::vector<float>   shared_scale;  ///< [n] sigmoid(shared_expert_gate(x))
+        std::vector<int32_t> identity;      ///< [n] 0, 1, ..., n - 1
+    };
+    /// A sparse MoE block on this rank's expert slices: out [n, hidden] = this rank's partial sum
+    /// of the routed experts (and the gated shared expert); the caller all-reduces.
+    void moe_mlp(int il, const float * xn, float * out, int64_t n);
 
     ModelConfig                           cfg_;
     WorkerConfig                          wcfg_;
@@ -264,6 +279,7 @@ private:
     kernels::ScratchBuffer                rope_;             ///< [max_model_len, head_dim] backend memory
     kernels::ScratchBuffer                small_;            ///< device_mem_: the f32 norms and biases
     Scratch                               s_;
+    MoeHost                               moe_host_;
 
     /// The CUDA-graph state (graph_max_batch > 0).
     struct Graphs {

@@ -21,6 +21,7 @@
 // - One thread uses a Backend at a time.
 #pragma once
 
+#include "fd/kernels/moe.h"
 #include "fd/kernels/ops.h"
 
 #include <cstddef>
@@ -60,6 +61,15 @@ struct StepIndex {
     /// these same pointers reads them there. n_tokens <= its max_rows; every n_ctx <= its
     /// max_blocks * block_size. The CPU backend ignores it.
     bool              fixed     = false;
+};
+
+/// One expert's SwiGLU MLP (backend memory), as the dense MLP's: gate_up [2 * n_ff, n_embd]
+/// rows gate | up, down [n_embd, n_ff].
+struct ExpertWeights {
+    const void * gate_up = nullptr;
+    WType        gate_up_type = WType::f32;
+    const void * down = nullptr;
+    WType        down_type = WType::f32;
 };
 
 class Backend {
@@ -201,6 +211,29 @@ public:
     ///         queries [n_tokens] host (block tables host).  scale: usually 1/sqrt(head_dim).
     virtual void attention_paged(float * out, const float * q, const AttnQuery * queries, int64_t n_tokens,
                                  int64_t n_heads, PagedKv kv, float scale) = 0;
+
+    /// Scaled scatter-add: out[rows[i], :] += scales[i] * y[i, :] for i = 0, 1, ..., n - 1 in
+    /// order (transformers' `expert(x) * w` then index_add_; the same operations for every row).
+    /// Shapes  out [*, n_cols] f32 modified;  y [n, n_cols] f32;  rows [n], scales [n] host.
+    /// Default: a host loop (backend memory host-visible), else per-row download / upload.
+    virtual void scale_add_rows(float * out, const float * y, const int32_t * rows, const float * scales, int64_t n,
+                                int64_t n_cols);
+
+    /// The routed experts of a sparse MoE block, grouped by expert (fd/kernels/moe.h):
+    ///   out[t, :] = Σ over t's experts e in ascending id of  w(t, e) · down_e(silu(gate_e x_t) * up_e x_t)
+    /// For each expert of `plan` (only those: the others' weights are never read) its tokens'
+    /// rows of x are gathered, run through that expert's two linears (the dense MLP's ops, so
+    /// each row's arithmetic does not depend on the group size) and scatter-added, scaled, to
+    /// out. A row's result depends only on its own route: bitwise batch invariant.
+    /// Shapes  out [n_rows, n_embd] f32 written (zeroed first);  x [n_rows, n_embd] f32;
+    ///         experts [n_experts] host array;  work: moe_work_floats(plan.max_rows, ...) floats
+    ///         of backend memory.
+    virtual void moe_experts(float * out, const float * x, const MoePlan & plan, const ExpertWeights * experts, int64_t n_rows,
+                             int64_t n_embd, int64_t n_ff, float * work);
+    /// Floats of moe_experts' work buffer for groups of up to `max_rows` tokens.
+    static int64_t moe_work_floats(int64_t max_rows, int64_t n_embd, int64_t n_ff) {
+        return max_rows * (2 * n_embd + 3 * n_ff);
+    }
 
     /// Row-wise log-softmax (kernels::log_softmax per row).
     /// Shapes  out [n_rows, n] f32 written, may alias x;  x [n_rows, n] f32.
