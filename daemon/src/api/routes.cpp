@@ -122,6 +122,7 @@ Router make_routes(ApiContext & ctx) {
     control("POST", "/abort_request",           peer_alias_route);
     control("POST", "/update_weights",          peer_alias_route);  // prime-rl: {"weight_dir"}
     control("POST", "/reload_weights",          peer_alias_route);  // prime-rl: back to --model
+    control("POST", "/init_broadcaster",        peer_alias_route);  // prime-rl's NCCL broadcast: refused, naming the alternatives
     return http;
 }
 
