@@ -30,12 +30,12 @@ std::string checkpoint_fingerprint(const model::TensorIndex & idx) {
         const int64_t n = std::clamp<int64_t>(header_end, 0, std::min<int64_t>(st.st_size, 100LL << 20));
         header.resize(static_cast<size_t>(n));
         model::pread_exact(fd.get(), header.data(), n, 0, file, "header");
-        // ctime and the inode too: a writer can set mtime back (touch -r, cp -p, utime) but not
-        // ctime, which every write, rename onto the name or utime moves to now.
-        const std::string line = fmt::format("{}\n{}\n{}.{:09d}\n{}.{:09d}\n{}:{}\n{}\n", file.filename().string(),
+        // The device and inode too: a file replaced by another (a writer's temp file renamed
+        // over it, rsync -a, mv) is seen even when its mtime was preserved. Not the ctime: a
+        // rename of the same file away and back moves it, and those bytes keep their label.
+        const std::string line = fmt::format("{}\n{}\n{}.{:09d}\n{}:{}\n{}\n", file.filename().string(),
                                              static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec),
-                                             static_cast<int64_t>(st.st_mtim.tv_nsec), static_cast<int64_t>(st.st_ctim.tv_sec),
-                                             static_cast<int64_t>(st.st_ctim.tv_nsec), static_cast<uint64_t>(st.st_dev),
+                                             static_cast<int64_t>(st.st_mtim.tv_nsec), static_cast<uint64_t>(st.st_dev),
                                              static_cast<uint64_t>(st.st_ino), n);
         h.update(line.data(), line.size());
         h.update(header.data(), header.size());

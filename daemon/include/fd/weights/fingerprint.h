@@ -20,11 +20,11 @@
 namespace fd::weights {
 
 /// Fingerprint of the files `idx` reads: SHA-256 (64 lowercase hex) over, for every distinct
-/// file in path order, its file name, size (bytes), modification and status-change times (ns),
-/// device and inode, and the bytes before its first tensor's data (the safetensors length prefix
-/// and JSON header: every tensor's name, dtype, shape and offsets). A writer may restore the
-/// mtime, not the ctime: any write since the last look changes it (so does a chmod or chown:
-/// a new label for the same bytes, never the old label for new ones). Reads a few KiB per file, never the tensor data (cost measured in
+/// file in path order, its file name, size (bytes), modification time (ns), device and inode,
+/// and the bytes before its first tensor's data (the safetensors length prefix and JSON header:
+/// every tensor's name, dtype, shape and offsets). A file replaced by another (temp + rename,
+/// rsync, mv) is seen even with its mtime preserved; missed: a write in place into the same
+/// inode that keeps size and header and restores the mtime (touch -r). Reads a few KiB per file, never the tensor data (cost measured in
 /// docs/benchmarks.md). "" for an index without files.
 /// Errors  fd::Error{source_unavailable} naming the file when it cannot be opened or read.
 std::string checkpoint_fingerprint(const model::TensorIndex & idx);
