@@ -96,6 +96,15 @@ class ClientSequences(unittest.TestCase):
     # ---- SGLang servers: slime, AReaL ----
 
     def test_slime_colocated_disk_update(self):
+        self.slime_colocated_disk_update()
+
+    def test_slime_colocated_disk_update_with_cuda_graphs(self):
+        """The same with --use-cudagraph (issue #26: its staged resume, weights before kv_cache +
+        cuda_graph, was a 409). On the CPU the graph steps run padded and eagerly; the order rule
+        is the engine's, the same on every backend."""
+        self.slime_colocated_disk_update("--use-cudagraph")
+
+    def slime_colocated_disk_update(self, *args):
         """slime (THUDM/slime@624b824): train.py's loop with --offload-rollout and a full disk
         update into the local checkpoint dir (= the daemon's --model):
         RolloutManager.offload → SGLangEngine.release_memory_occupation (GET /flush_cache until
@@ -105,7 +114,7 @@ class ClientSequences(unittest.TestCase):
         {"model_path", "weight_version": str(step)}, get_weight_version (ci_test), continue_generation;
         onload_kv → resume_memory_occupation {"tags": ["kv_cache", "cuda_graph"]}
         (slime/backends/sglang_utils/sglang_engine.py, slime/ray/rollout.py)."""
-        d = self.daemon()
+        d = self.daemon(*args)
         for step, name in [(1, "B"), (2, "C")]:
             with self.subTest(step=step):
                 # offload
@@ -151,6 +160,53 @@ class ClientSequences(unittest.TestCase):
         self.assertTrue(d.get("/health")[1]["is_paused"])  # paused before the update: stays paused
         self.ok(d, "POST", "/continue_generation", {})
         self.assert_serves_reference(d, "4")
+
+    def test_areal_disk_update_into_its_own_dir(self):
+        """AReaL's disk update as it runs (inclusionAI/AReaL@4aef98d): the trainer saves each
+        version to its own dir (areal/api/io_struct.py: WeightUpdateMeta.from_disk names
+        <save root>/weight_update, with_version(v) makes it weight_update_v{v}); rank 0 calls
+        pause_generation, then (areal/infra/remote_inf_engine.py _update_weights_from_disk, once
+        the save is announced) POST /update_weights_from_disk {"model_path": that dir,
+        "abort_all_requests": true} (areal/engine/sglang_remote.py
+        build_disk_weight_update_requests: no weight_version, no version.yaml in the dir), deletes
+        the dir after the load (clear_checkpoint_after_load, rl_trainer.py sets it true), then
+        continue_generation (areal/engine/fsdp_engine.py _update_weights_from_disk). Nothing names
+        the new bytes, so the label is their fingerprint fp-<hex>: a new one per version, and the
+        outputs are that checkpoint's."""
+        d = self.daemon()
+        root = tempfile.mkdtemp(prefix="areal-", dir=self.tmp)
+        labels = []
+        for v, name in [(1, "B"), (2, "C")]:
+            with self.subTest(version=v):
+                self.ok(d, "POST", "/pause_generation", {})
+                path = copy_checkpoint(self.ckpt[name], os.path.join(root, f"weight_update_v{v}"))
+                self.assertFalse(os.path.exists(os.path.join(path, "version.yaml")))
+                j = self.ok(d, "POST", "/update_weights_from_disk", {"model_path": path, "abort_all_requests": True})
+                self.assertEqual((j["success"], j["num_paused_requests"]), (True, 0), j)
+                shutil.rmtree(path)  # clear_checkpoint_after_load
+                label = self.ok(d, "GET", "/get_weight_version")["weight_version"]
+                self.assertRegex(label, r"^fp-[0-9a-f]{16}$")
+                self.assertNotIn(label, labels + ["0"])
+                labels.append(label)
+                self.names[label] = name
+                self.ok(d, "POST", "/continue_generation", {})
+                self.assert_serves_reference(d, label)
+        # offload / onload (_offload_rollout, _onload_rollout) after the dir was deleted: the
+        # weights cannot come back from it, so they come from --model (still A), under the label
+        # that named A's bytes at start-up, never C's label
+        start = next(k for k, v in self.names.items() if v == "A")
+        self.ok(d, "POST", "/pause_generation", {})
+        self.ok(d, "POST", "/release_memory_occupation", {})
+        self.ok(d, "POST", "/resume_memory_occupation", {})
+        self.ok(d, "POST", "/continue_generation", {})
+        self.assert_serves_reference(d, start)
+        # a relative model_path (not --model) is refused, nothing changes
+        self.ok(d, "POST", "/pause_generation", {})
+        code, j = d.post("/update_weights_from_disk", {"model_path": "weight_update_v3"})
+        self.assertEqual(code, 400, j)
+        self.assertIn("absolute", j["error"]["message"])
+        self.ok(d, "POST", "/continue_generation", {})
+        self.assert_serves_reference(d, start)
 
     def test_sglang_pause_modes_and_no_op_routes(self):
         """/pause_generation's modes (SGLang's PauseGenerationReqInput: abort, retract, in_place),
@@ -219,6 +275,19 @@ class ClientSequences(unittest.TestCase):
         self.assertEqual(d.post("/reset_prefix_cache"), (200, ""))
         self.ok(d, "POST", "/wake_up?tags=kv_cache")
         self.assert_serves_reference(d, "3")
+
+    def test_prime_rl_init_broadcaster_names_the_alternatives(self):
+        """prime-rl's NCCL weight broadcast (init_nccl_broadcast posts /init_broadcaster with this
+        body) has no receiver here: a 400 that names the filesystem route prime-rl can use
+        instead; nothing changes."""
+        d = self.daemon()
+        code, j = d.post("/init_broadcaster", {"host": "127.0.0.1", "port": 29501, "rank_offset": 0, "inference_world_size": 1,
+                                               "timeout": 1200, "quantize_in_weight_transfer": False})
+        self.assertEqual((code, j["status"], j["error"]["type"]), (400, "error", "invalid_argument"), j)
+        for says in ("not supported", "/update_weights {\"weight_dir\"", "/v1/update_weights", "filesystem weight broadcast"):
+            self.assertIn(says, j["error"]["message"])
+        self.assertFalse(d.get("/health")[1]["is_paused"])
+        self.assert_serves_reference(d)
 
     def test_vllm_release_kv_cache_memory(self):
         """vLLM's KV-only release (vllm/entrypoints/serve/dev/sleep/api_router.py): needs a

@@ -92,7 +92,11 @@ ALIASES = [
      keys("success", "message", "num_paused_requests")),
     ("sglang", "POST", "/update_weights_from_disk", {"model_path": "@MODEL", "weight_version": "w3"}, [PAUSE],
      ("POST", "/v1/update_weights", {"version": "w3"}), 200, keys("success", "message", "num_paused_requests")),
+    # another dir is a checkpoint of its own (AReaL's weight_update_v{N}, issue 26; it was a 400):
+    # a missing one is 503 and nothing changes; a relative path that is not --model stays 400
     ("sglang", "POST", "/update_weights_from_disk", {"model_path": "/elsewhere", "weight_version": "w4"}, [],
+     ("GET", "/health", None), 503, keys("success", "message", "num_paused_requests")),
+    ("sglang", "POST", "/update_weights_from_disk", {"model_path": "elsewhere", "weight_version": "w4"}, [],
      ("GET", "/health", None), 400, keys("error")),
     ("sglang", "POST", "/update_weights_from_disk", {"model_path": "@MODEL", "bogus": 1}, [], ("GET", "/health", None), 400, keys("error")),
     ("sglang", "POST", "/update_weights_from_disk", {"model_path": "@MODEL", "weight_version": "w5", "abort_all_requests": True}, [],

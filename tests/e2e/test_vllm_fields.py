@@ -1,7 +1,7 @@
 """vLLM's request fields that RL stacks send through the OpenAI client's extra_body (issue #26):
 min_p, add_special_tokens, truncate_prompt_tokens, return_token_ids, detokenize, priority,
-cache_salt, response_format, stream_options.continuous_usage_stats; logprob tokens as decoded
-text; the embedded model's chat template, --chat-template and the request's chat_template.
+cache_salt, response_format, stream_options.continuous_usage_stats; detokenize false (token ids,
+no text); logprob tokens as decoded text; the embedded model's chat template, --chat-template and the request's chat_template.
 A value fdrollout cannot honour is a 400 naming the field. References: REF (llama2.c's greedy
 outputs, models/stories260K/README.md) and the tokenizer's own ids."""
 import math
@@ -70,12 +70,60 @@ class VllmFields(unittest.TestCase):
         self.assertEqual(c["token_ids"], REF[PROMPT]["ids"][:4])
         self.assertEqual(self.d.complete(**{**body, "return_token_ids": False})["choices"][0]["token_ids"], REF[PROMPT]["ids"][:4])
         self.assertIn("priority", self.bad({"prompt": PROMPT, "priority": 1}, "priority"))
-        self.assertIn("detokenize", self.bad({"prompt": PROMPT, "detokenize": False}, "detokenize"))
+        self.bad({"prompt": PROMPT, "detokenize": "no"}, "detokenize")
         self.bad({"prompt": PROMPT, "response_format": {"type": "json_object"}}, "response_format")
         self.bad({"prompt": PROMPT, "response_format": "text"}, "response_format")
         self.bad({"prompt": PROMPT, "cache_salt": ""}, "cache_salt")
         self.bad({"prompt": PROMPT, "return_token_ids": 1}, "return_token_ids")
         self.bad({"messages": [{"role": "user", "content": PROMPT}], "priority": -1}, "priority", "/v1/chat/completions")
+
+    def test_detokenize_false_returns_token_ids_and_no_text(self):
+        """vLLM's SamplingParams.detokenize=False (vllm/sampling_params.py; its tokens-only
+        serving, vllm/entrypoints/serve/disagg/serving.py): no text is decoded, the token ids are
+        the answer, logprob tokens read "token_id:N" (as _create_tokens_logprobs writes them), and
+        stop strings are refused ("stop strings are only supported when detokenize is True").
+        The ids and logprobs equal those of the same request with text (and REF's greedy ids)."""
+        n = 12
+        body = {"prompt": PROMPT, "max_tokens": n, "temperature": 0, "logprobs": 2, "return_token_ids": True}
+        ref = self.d.complete(**body)["choices"][0]
+        c = self.d.complete(**body, detokenize=False)["choices"][0]
+        self.assertEqual(c["token_ids"], REF[PROMPT]["ids"][:n])
+        self.assertEqual(c["token_ids"], ref["token_ids"])
+        self.assertNotEqual(ref["text"], "")
+        self.assertEqual(c["text"], "")
+        lp = c["logprobs"]
+        self.assertEqual(lp["tokens"], [f"token_id:{i}" for i in c["token_ids"]])
+        self.assertEqual(lp["token_logprobs"], ref["logprobs"]["token_logprobs"])
+        ref_tok = self.d.complete(**body, return_tokens_as_token_ids=True)["choices"][0]["logprobs"]
+        self.assertEqual(lp["top_logprobs"], ref_tok["top_logprobs"])  # the same ids and values as "token_id:N" keys
+        self.assertEqual(lp["text_offset"], [0] * n)
+        self.assertEqual(c["finish_reason"], "length")
+        # a stop token id still stops it (stop_token_ids need no text)
+        stop_id = REF[PROMPT]["ids"][3]
+        c = self.d.complete(prompt=PROMPT, max_tokens=n, temperature=0, detokenize=False, stop_token_ids=[stop_id])["choices"][0]
+        self.assertEqual((c["token_ids"], c["finish_reason"], c["stop_reason"], c["text"]),
+                         (REF[PROMPT]["ids"][:4], "stop", stop_id, ""))
+        # echo: no text either; the prompt's logprobs are as token ids, prompt_logprobs undecoded
+        c = self.d.complete(prompt=PROMPT, max_tokens=0, echo=True, logprobs=1, prompt_logprobs=1, detokenize=False)["choices"][0]
+        self.assertEqual(c["text"], "")
+        self.assertEqual(c["logprobs"]["tokens"], [f"token_id:{i}" for i in IDS])
+        self.assertEqual({e["decoded_token"] for d in c["prompt_logprobs"][1:] for e in d.values()}, {None})
+        # chat: empty content, ids and token-id logprobs
+        chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": n, "temperature": 0, "logprobs": True,
+                "top_logprobs": 1}
+        code, j = self.d.post("/v1/chat/completions", {**chat, "detokenize": False})
+        self.assertEqual(code, 200, j)
+        ch = j["choices"][0]
+        self.assertEqual((ch["message"]["content"], ch["token_ids"]), ("", REF[PROMPT]["ids"][:n]))
+        self.assertEqual([e["token"] for e in ch["logprobs"]["content"]], [f"token_id:{i}" for i in ch["token_ids"]])
+        # streamed: every chunk's text is empty, the ids add up to the same tokens
+        chunks, done = self.d.stream(prompt=PROMPT, max_tokens=n, temperature=0, detokenize=False)
+        self.assertTrue(done)
+        self.assertEqual({c["choices"][0]["text"] for c in chunks if c["choices"]}, {""})
+        self.assertEqual([t for c in chunks if c["choices"] for t in c["choices"][0]["token_ids"]], REF[PROMPT]["ids"][:n])
+        # stop strings need text: 400 naming stop (vLLM's rule), on both routes
+        self.assertIn("detokenize", self.bad({"prompt": PROMPT, "detokenize": False, "stop": ["Lily"]}, "stop"))
+        self.bad({**chat, "detokenize": False, "stop": "x"}, "stop", "/v1/chat/completions")
 
     def test_cache_salt_separates_the_prefix_cache(self):
         prompt = PROMPT + " there was a little girl named Lily who liked to"

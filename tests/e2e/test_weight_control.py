@@ -210,15 +210,19 @@ class WeightControl(unittest.TestCase):
             self.assertEqual(sorted(res["tags"]), ["kv_cache", "weight"])
             self.assertEqual(greedy(d)[:2], self.b_out)
 
-    def test_use_cudagraph_needs_kv_cache_awake_before_weight(self):
+    def test_use_cudagraph_wakes_the_tags_in_either_order(self):
+        """Issue #26: SGLang's staged resume (weights, then kv_cache + cuda_graph) works with
+        --use-cudagraph (it was a 409); the engine serves once both tags are back."""
         with Daemon("--dynamic-load-weight", "--use-cudagraph") as d:
             before = greedy(d)
-            self.ok(d, "POST", "/v1/sleep")
-            self.err(d, "POST", "/v1/wakeup?tags=weight", 409, "wrong_state")
-            self.assertEqual(sorted(d.get("/health")[1]["sleeping_tags"]), ["kv_cache", "weight"])
-            self.assertTrue(self.ok(d, "POST", "/v1/wakeup?tags=kv_cache")["is_paused"])
-            self.assertFalse(self.ok(d, "POST", "/v1/wakeup?tags=weight")["is_paused"])
-            self.assertEqual(greedy(d), before)
+            for first, last in [("weight", "kv_cache"), ("kv_cache", "weight")]:
+                with self.subTest(first=first):
+                    self.ok(d, "POST", "/v1/sleep")
+                    self.assertTrue(self.ok(d, "POST", f"/v1/wakeup?tags={first}")["is_paused"])
+                    self.assertEqual(d.get("/health")[1]["sleeping_tags"], [last])
+                    self.err(d, "POST", "/v1/resume", 409, "wrong_state")  # one tag still asleep
+                    self.assertFalse(self.ok(d, "POST", f"/v1/wakeup?tags={last}")["is_paused"])
+                    self.assertEqual(greedy(d), before)
 
     def test_control_routes_need_dynamic_load_weight(self):
         with Daemon() as d:

@@ -94,6 +94,18 @@ TEST_CASE("graphs replay after sleep(weight, kv_cache) + wakeup and after update
     g.reload_weights(idx_b);
     CHECK(test::bits_equal(b0, test::decode_steps(g, 5, 10, kBlock, kBlocksPerSeq)));
     CHECK(g.graph_captures() == captured);
+
+    // SGLang's staged resume (slime: weights, the trainer's sync, then kv_cache + cuda_graph):
+    // the weights come back while the KV pool is still unmapped; both keep their addresses, so
+    // the graphs replay without a capture.
+    g.release(memory::Tag::weight);
+    g.release(memory::Tag::kv_cache);
+    g.reload_weights(idx_a);
+    CHECK(g.allocator().data(memory::Tag::weight) == weights);
+    g.acquire_kv();
+    CHECK(g.allocator().data(memory::Tag::kv_cache) == kv);
+    CHECK(test::bits_equal(a0, test::decode_steps(g, 5, 10, kBlock, kBlocksPerSeq)));
+    CHECK(g.graph_captures() == captured);
 }
 
 TEST_CASE("CudaBackend capture/replay: a fixed step's indices are read at replay, not at capture") {

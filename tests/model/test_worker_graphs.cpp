@@ -106,4 +106,15 @@ TEST_CASE("graph steps: update commits by copy (weight address kept) and sleep/w
     CHECK(g.allocator().data(memory::Tag::kv_cache) == kv);
     CHECK(test::bits_equal(b0, test::decode_steps(g, 3, 5, kBlock, kBlocksPerSeq)));
     CHECK(g.graph_captures() == 0);
+
+    // Weights first, then kv_cache (SGLang's staged resume, slime's onload_weights / onload_kv):
+    // same addresses, a's logits.
+    CHECK(g.release(memory::Tag::weight) > 0);
+    CHECK(g.release(memory::Tag::kv_cache) > 0);
+    g.reload_weights(idx_a);
+    CHECK(g.allocator().data(memory::Tag::weight) == weights);
+    g.acquire_kv();
+    CHECK(g.allocator().data(memory::Tag::kv_cache) == kv);
+    CHECK(test::bits_equal(a0, test::decode_steps(g, 3, 5, kBlock, kBlocksPerSeq)));
+    CHECK(g.graph_captures() == 0);
 }

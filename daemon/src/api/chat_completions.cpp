@@ -224,8 +224,8 @@ void post_chat_completions(ApiContext & ctx, const Request & req, Response & res
                     {"token_ids", a.token_ids}};
     };
     if (r->gen.params.prompt_logprobs >= 0) {  // vLLM: one top-level prompt_logprobs (the prompt is shared)
-        f.body = [tok](const std::vector<ChoiceAcc> & acc, json & body) {
-            body["prompt_logprobs"] = acc.empty() ? json(nullptr) : prompt_logprobs_json(*tok, acc[0].prompt_logprobs);
+        f.body = [tok, decode = r->gen.params.detokenize](const std::vector<ChoiceAcc> & acc, json & body) {
+            body["prompt_logprobs"] = acc.empty() ? json(nullptr) : prompt_logprobs_json(*tok, acc[0].prompt_logprobs, decode);
         };
     }
     f.chunk_choice = [r, tok, ids](const ChoiceEvent & ev, bool first) {

@@ -103,13 +103,17 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
         if (!j["echo"].is_boolean()) { bad("echo", "'echo' must be a boolean"); }
         r.echo = j["echo"].get<bool>();
     }
-    r.prompt_texts = echo_prompt_texts(*ctx.tok, r.gen.prompts, std::move(r.prompt_texts), truncated, r.echo);
+    const bool detok = sp.detokenize;  // false: no text anywhere, the echoed prompt's included
+    r.prompt_texts = echo_prompt_texts(*ctx.tok, r.gen.prompts, detok ? std::move(r.prompt_texts) : std::vector<std::string>{}, truncated,
+                                       r.echo && detok);
+    if (r.echo && !detok) { r.prompt_texts.assign(r.gen.prompts.size(), ""); }
     if (sp.max_tokens == 0 && !r.echo) { bad("max_tokens", "'max_tokens' must be >= 1 (0 only with \"echo\": true, to score the prompt)"); }
     if (r.echo && sp.logprobs >= 0) {  // echoed tokens carry their logprobs (vLLM: prompt_logprobs defaults to logprobs)
         sp.prompt_logprobs = std::max(sp.prompt_logprobs, sp.logprobs);
         for (size_t i = 0; i < r.gen.prompts.size(); ++i) {
             r.prompt_chars.push_back(count_code_points(r.prompt_texts[i]));
-            r.prompt_offsets.push_back(prompt_offsets(*ctx.tok, r.gen.prompts[i], r.prompt_chars.back()));
+            r.prompt_offsets.push_back(detok ? prompt_offsets(*ctx.tok, r.gen.prompts[i], r.prompt_chars.back())
+                                             : std::vector<int32_t>(r.gen.prompts[i].size(), 0));
         }
     } else if (r.echo) {
         for (const auto & t : r.prompt_texts) { r.prompt_chars.push_back(count_code_points(t)); }
@@ -187,7 +191,7 @@ void post_completions(ApiContext & ctx, const Request & req, Response & res) {
                     {"logprobs", logprobs},
                     {"finish_reason", engine::to_string(a.finish)},
                     {"stop_reason", stop_reason_json(a.stop_reason)},
-                    {"prompt_logprobs", r->prompt_lps ? prompt_logprobs_json(*tok, a.prompt_logprobs) : json(nullptr)},
+                    {"prompt_logprobs", r->prompt_lps ? prompt_logprobs_json(*tok, a.prompt_logprobs, r->gen.params.detokenize) : json(nullptr)},
                     {"prompt_token_ids", r->gen.prompts[ip]},
                     {"token_ids", a.token_ids}};
     };

@@ -162,12 +162,13 @@ std::string token_string(const tokenizer::Tokenizer & tok, int32_t id, bool as_i
     return as_ids ? fmt::format("token_id:{}", id) : tok.token_text(id);
 }
 
-json prompt_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps) {
+json prompt_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps, bool decode) {
     json out = json::array({nullptr});
     auto entry = [&](int32_t id, float lp, int32_t rank) {
         const int32_t one[1] = {id};
         return json{{"logprob", lp}, {"rank", rank},
-                    {"decoded_token", tok.decode(std::span<const int32_t>(one), {.skip_special_tokens = false, .continuation = true})}};
+                    {"decoded_token", decode ? json(tok.decode(std::span<const int32_t>(one), {.skip_special_tokens = false, .continuation = true}))
+                                             : json(nullptr)}};
     };
     for (const auto & lp : lps) {
         json d = json::object();
@@ -250,7 +251,12 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
     sp.include_stop_str_in_output = get_bool("include_stop_str_in_output");
     StreamOptions o;
     o.stream         = get_bool("stream");
-    o.tokens_as_ids  = get_bool("return_tokens_as_token_ids");
+    // detokenize false: no text, so logprob tokens are their ids too (vLLM's tokens-only answer)
+    o.tokens_as_ids  = get_bool("return_tokens_as_token_ids") || !sp.detokenize;
+    if (!sp.detokenize && !sp.stop.empty()) {
+        bad("stop", "stop strings are only supported when detokenize is true (vLLM's rule): with \"detokenize\": false no text is "
+                    "decoded to match them; use stop_token_ids");
+    }
     sp.prompt_logprobs = -1;
     if (j.contains("prompt_logprobs") && !j["prompt_logprobs"].is_null()) {
         sp.prompt_logprobs = get_number<int32_t>(j, "prompt_logprobs", -1, true);
@@ -288,9 +294,7 @@ bool parse_vllm_fields(const ApiContext & ctx, const json & j, engine::GenerateR
     for (const char * key : {"return_token_ids", "add_special_tokens", "detokenize"}) {
         if (given(key) && !j[key].is_boolean()) { bad(key, fmt::format("'{}' must be a boolean", key)); }
     }
-    if (given("detokenize") && !j["detokenize"].get<bool>()) {
-        bad("detokenize", "'detokenize': false is not supported: the text is always decoded (token_ids are returned alongside it)");
-    }
+    gen.params.detokenize = !given("detokenize") || j["detokenize"].get<bool>();  // false: checked against `stop` in parse_sampling
     if (given("priority")) {
         if (!j["priority"].is_number_integer()) { bad("priority", "'priority' must be an integer"); }
         if (j["priority"].get<int64_t>() != 0) {

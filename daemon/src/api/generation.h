@@ -37,7 +37,10 @@ void check_fields(const nlohmann::json & j, const std::set<std::string> & known)
 ///   return_token_ids   bool; token ids are always returned (prompt_token_ids, token_ids)
 ///   truncate_prompt_tokens  null | -1 | k >= 1: keep each prompt's last k tokens (-1: the last
 ///                      --max-model-len); k > --max-model-len is 400 (vLLM's rule)
-///   detokenize         true only (the text is always decoded)
+///   detokenize         bool (vLLM's SamplingParams.detokenize, default true); false: no text is
+///                      decoded — `text` / `message.content` are "" (echo included), logprob
+///                      tokens read "token_id:N", prompt_logprobs' decoded_token is null; token
+///                      ids as always; `stop` strings are then a 400 (parse_sampling)
 ///   priority           0 only (scheduling is FIFO)
 ///   cache_salt         a non-empty string: prefix-cache hits only between requests with the same
 ///                      salt (vLLM's meaning; gen.prefix_salt)
@@ -64,7 +67,8 @@ struct StreamOptions {
 /// top_p, top_k, n, seed, stop, stop_token_ids, ignore_eos, skip_special_tokens,
 /// spaces_between_special_tokens, min_tokens, repetition_penalty, presence_penalty,
 /// frequency_penalty, logit_bias, include_stop_str_in_output, prompt_logprobs,
-/// return_tokens_as_token_ids, stream, stream_options (vLLM's ranges). `logprobs` is the
+/// return_tokens_as_token_ids (also on with detokenize false), stream, stream_options (vLLM's
+/// ranges); stop strings with detokenize false are a 400. `logprobs` is the
 /// route's own. The max-tokens field may be 0 here; routes refuse it where it means nothing.
 /// Errors: 400 naming the field.
 StreamOptions parse_sampling(const ApiContext & ctx, const nlohmann::json & j, engine::GenerateRequest & gen,
@@ -96,8 +100,9 @@ nlohmann::json stop_reason_json(const engine::StopReason & r);
 std::string token_string(const tokenizer::Tokenizer & tok, int32_t id, bool as_ids);
 
 /// vLLM's prompt_logprobs: [null, {"<id>": {logprob, rank, decoded_token}} per later prompt
-/// token], each dict holding the prompt token and the top k (ranks 1..k).
-nlohmann::json prompt_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps);
+/// token], each dict holding the prompt token and the top k (ranks 1..k). decoded_token is null
+/// when `decode` is false (detokenize: false, as vLLM's engine leaves it).
+nlohmann::json prompt_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps, bool decode = true);
 
 /// Each prompt plus max_tokens must fit --max-model-len. Errors: 400 naming prompt/max_tokens.
 void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, const char * prompt_param);

@@ -11,6 +11,7 @@
 // keeps a host copy, wakeup reloads weights from the configured source.
 #include "peer_aliases.h"
 
+#include "fd/log.h"
 #include "fd/shm/names.h"
 
 #include <algorithm>
@@ -321,6 +322,24 @@ void prime_reload_weights(ApiContext & ctx, const ControlInput & in, Response & 
     prime_update(ctx, in, res, update);
 }
 
+/// POST /init_broadcaster {host, port, rank_offset, inference_world_size, timeout, ...}: prime-rl's
+/// NCCL weight broadcast. fdrollout has no NCCL receiver for a trainer's group (the weight-stream
+/// transport is issue #25's), so it is refused before anything connects, naming what works
+/// instead: prime-rl's filesystem weight broadcast (its default) calls /update_weights
+/// {"weight_dir"} above. prime-rl's client (init_nccl_broadcast) logs a 404 as "route does not
+/// exist, skipping" and drops any other status without a word, so the refusal is also logged
+/// here, where the operator looks when the trainer's broadcast finds no receiver.
+void prime_init_broadcaster(ApiContext &, const ControlInput & in, Response &) {
+    in.allow_only({}, "POST /init_broadcaster");
+    const std::string msg =
+        "/init_broadcaster (prime-rl's NCCL weight broadcast) is not supported: fdrollout takes new weights from a checkpoint dir "
+        "(POST /update_weights {\"weight_dir\": ABS_DIR}: prime-rl's filesystem weight broadcast, its default) or from its "
+        "--load-strategy source (POST /v1/update_weights: normal, ipc, ipc_snapshot, rsync; docs/weight_sources.md). Run prime-rl "
+        "with the filesystem weight broadcast. Nothing was done";
+    log::get("api")->warn("{}", msg);
+    throw Error(Errc::invalid_argument, msg);
+}
+
 /// Path → alias (the route table in routes.cpp binds each path to peer_alias_route).
 const std::map<std::string, AliasFn> kAliases = {
     {"/sleep", vllm_sleep},
@@ -340,6 +359,7 @@ const std::map<std::string, AliasFn> kAliases = {
     {"/abort_request", sglang_abort_request},
     {"/update_weights", prime_update_weights},
     {"/reload_weights", prime_reload_weights},
+    {"/init_broadcaster", prime_init_broadcaster},
     {"/pause_generation", sglang_pause_generation},
     {"/continue_generation", sglang_continue_generation},
     {"/post_process_weights", sglang_post_process_weights},

@@ -129,6 +129,7 @@ Router make_routes(ApiContext & ctx) {
     control("POST", "/abort_weight_update",             stream_route);  // ours: drop the open update
     control("POST", "/init_weights_update_group",       stream_route);  // SGLang
     control("POST", "/update_weights_from_distributed", stream_route);
+    control("POST", "/init_broadcaster",        peer_alias_route);  // prime-rl's NCCL broadcast: refused, naming the alternatives
     return http;
 }
 

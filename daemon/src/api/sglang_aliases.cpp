@@ -89,8 +89,13 @@ void sglang_weight_version(ApiContext & ctx, const ControlInput & in, Response &
 /// SGLang's update_weights_from_disk is one call on a serving engine: pause mode=wait (the
 /// requests in flight finish first; with abort_all_requests they end with finish_reason abort,
 /// counted in num_paused_requests), update_weights, then
-/// resume unless the engine was paused before or keep_pause is set. `model_path` must name the
-/// daemon's --model dir: weights come from the configured --load-strategy source only.
+/// resume unless the engine was paused before or keep_pause is set. `model_path` naming the
+/// daemon's --model dir updates from the configured --load-strategy source; any other absolute
+/// dir is loaded as a complete HF checkpoint (AReaL saves each version to its own
+/// .../weight_update_v{N} and deletes it after the load), under the trust rules of prime-rl's
+/// weight_dir (owned by the daemon's user). Label: `weight_version`, else the dir's version.yaml
+/// `step`, else the serving label when the bytes are the ones it names, else the fingerprint label
+/// `fp-<hex>` (AReaL sends no version; docs/weight_sources.md).
 void sglang_update_from_disk(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "POST /update_weights_from_disk");
     const json & b = in.body;
@@ -99,15 +104,19 @@ void sglang_update_from_disk(ApiContext & ctx, const ControlInput & in, Response
     if (!b.is_object() || !b.contains("model_path") || !b["model_path"].is_string()) {
         throw Error(Errc::invalid_argument, "'model_path' (string) is required", "model_path");
     }
+    const std::string path = b["model_path"].get<std::string>();
     std::error_code ec;
-    const auto given = std::filesystem::weakly_canonical(b["model_path"].get<std::string>(), ec);
+    const auto given = std::filesystem::weakly_canonical(path, ec);
     const auto mine  = std::filesystem::weakly_canonical(ctx.cfg.model_dir, ec);
-    if (given != mine) {
-        throw Error(Errc::invalid_argument,
-                    fmt::format("'model_path' must be this daemon's --model dir ({}): new weights come from its --load-strategy source, "
-                                "selected by weight_version", ctx.cfg.model_dir), "model_path");
-    }
     shm::MailboxCommand update{.op = "update_weights"};
+    if (given != mine) {
+        if (!std::filesystem::path(path).is_absolute()) {
+            throw Error(Errc::invalid_argument,
+                        fmt::format("'model_path' must be an absolute path to a Hugging Face checkpoint dir (or this daemon's --model dir "
+                                    "{}, to update from its --load-strategy source), got '{}'", ctx.cfg.model_dir, path), "model_path");
+        }
+        update.weight_dir = path;  // a checkpoint of its own, as prime-rl's weight_dir
+    }
     update.version = version_field(b, "weight_version");  // slime sends str(int); an integer is its decimal string
     for (const char * f : {"flush_cache", "abort_all_requests", "keep_pause"}) {
         if (b.contains(f) && !b[f].is_null() && !b[f].is_boolean()) { throw Error(Errc::invalid_argument, fmt::format("'{}' must be a boolean", f), f); }

@@ -265,9 +265,16 @@ void Engine::append_token(Sequence & s, int32_t tok, const float * logits, Choic
     } else {
         s.spans.back().last_token = n_generated - 1;
     }
+    // detokenize false (vLLM's): no text at all, and no decoding work (stop strings are refused then).
     auto add_text = [&](const std::string & t) {
         s.text += t;
         s.n_chars += count_code_points(t);
+    };
+    auto decode = [&](bool flush) {
+        if (!p.detokenize) { return; }
+        std::string t = s.detok.push(tok);
+        if (flush) { t += s.detok.flush(); }
+        add_text(t);
     };
 
     // vLLM's stop checks: nothing but the length stops a choice before min_tokens tokens; EOS
@@ -281,11 +288,11 @@ void Engine::append_token(Sequence & s, int32_t tok, const float * logits, Choic
     if (n_generated >= p.min_tokens && ((is_eos && !p.ignore_eos) || is_stop_id)) {
         why = FinishReason::stop;
         if (p.ignore_eos || tok != primary_eos) { ev.stop_reason.token_id = tok; }
-        if (p.include_stop_str_in_output) { add_text(s.detok.push(tok) + s.detok.flush()); }
+        if (p.include_stop_str_in_output) { decode(/*flush=*/true); }
     } else {
         const size_t before = s.text.size();
-        add_text(s.detok.push(tok));
-        if (n_generated > p.min_tokens) {
+        decode(/*flush=*/false);
+        if (n_generated > p.min_tokens && p.detokenize) {
             for (const auto & st : p.stop) {
                 const size_t from = before >= st.size() ? before - st.size() + 1 : 0;
                 const size_t at   = s.text.find(st, from);
@@ -300,7 +307,7 @@ void Engine::append_token(Sequence & s, int32_t tok, const float * logits, Choic
         }
         if (why == FinishReason::none && (n_generated >= p.max_tokens || static_cast<int32_t>(s.tokens.size()) >= cfg_.max_model_len)) {
             why = FinishReason::length;
-            add_text(s.detok.flush());
+            if (p.detokenize) { add_text(s.detok.flush()); }
         }
     }
     emit(s, why, std::move(ev));

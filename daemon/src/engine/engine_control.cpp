@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 namespace fd::engine {
@@ -191,9 +192,11 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
 }
 
 void Engine::do_wakeup(TagSet tags, ControlResult & r) {
-    if (cfg_.use_cudagraph && tags.weight && !tags.kv_cache && state_.kv_asleep && state_.weight_asleep) {
-        fail(Errc::wrong_state, "with --use-cudagraph, wake kv_cache before weight (POST /v1/wakeup?tags=kv_cache, or both tags)");
-    }
+    // Either order, also with --use-cudagraph (SGLang's and vLLM's staged resumes: weights, then
+    // the trainer's sync, then kv_cache + cuda_graph): captured graphs hold the weight and KV
+    // pool addresses, which a release and reacquire keep (model/worker_graphs.cpp); no step runs
+    // until both tags are back, and the first one checks every captured address and captures
+    // again if any moved. So nothing here depends on which tag comes back first.
     if (state_.degraded) {
         recover_ranks(r);
         return;
@@ -223,6 +226,18 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
 }
 
 void Engine::reload_serving_weights(ControlResult & r) {
+    if (!serving_dir_.empty()) {
+        // A checkpoint dir deleted after its load (AReaL's clear_checkpoint_after_load) cannot give
+        // the weights back: wake from the configured source instead, labelled by what it holds
+        // (a failed wakeup would leave the weights asleep with nothing able to load them).
+        std::error_code ec;
+        if (!std::filesystem::exists(serving_dir_, ec) && !ec) {
+            log::get("engine")->warn("wakeup: the checkpoint dir {} the weights came from is gone; loading the --load-strategy source "
+                                     "instead (its label follows the bytes)", serving_dir_);
+            serving_dir_.clear();
+            serving_dir_owned_ = true;
+        }
+    }
     weights::FetchRequest req{.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version};
     req.weight_dir       = serving_dir_;  // weights loaded from a checkpoint dir come back from it
     req.weight_dir_owned = serving_dir_owned_;
@@ -320,14 +335,18 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     for (const auto & rep : staged) { fps.push_back(rep.fingerprint); }
     staged_fingerprint_ = weights::combine_fingerprints(fps);
     std::optional<std::string> version = cmd.version ? cmd.version : staged[0].version;
-    // A directory without version.yaml: the base model keeps its start-up label, any other
-    // checkpoint is named by its fingerprint.
+    // Nothing names the bytes (no version given, no version.yaml step): the base model keeps its
+    // start-up label; the bytes the serving label names keep it; any others are named by their
+    // fingerprint (AReaL's update_weights_from_disk sends no version).
     if (!version && cmd.reload_base) { version = cfg_.base_weight_version; }
-    if (!version && !req.weight_dir.empty() && !staged_fingerprint_.empty()) { version = weights::fingerprint_label(staged_fingerprint_); }
+    if (!version && !staged_fingerprint_.empty()) {
+        version = weights::label_of_unnamed(known_labels_, state_.weight_version, staged_fingerprint_);
+    }
     if (!version) {
         executor_->drop_staged_weights();
         throw Error(Errc::invalid_argument,
-                    "no version given and the source has no version.yaml 'step'; pass {\"version\": \"...\"}", "version");
+                    "no version given and the source names none (no version.yaml 'step', no record version); pass {\"version\": \"...\"}",
+                    "version");
     }
     if (!cmd.version) {
         // The source's own version (version.yaml): when this process saw it on other bytes, the

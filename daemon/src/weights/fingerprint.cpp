@@ -30,8 +30,13 @@ std::string checkpoint_fingerprint(const model::TensorIndex & idx) {
         const int64_t n = std::clamp<int64_t>(header_end, 0, std::min<int64_t>(st.st_size, 100LL << 20));
         header.resize(static_cast<size_t>(n));
         model::pread_exact(fd.get(), header.data(), n, 0, file, "header");
-        const std::string line = fmt::format("{}\n{}\n{}.{:09d}\n{}\n", file.filename().string(), static_cast<int64_t>(st.st_size),
-                                             static_cast<int64_t>(st.st_mtim.tv_sec), static_cast<int64_t>(st.st_mtim.tv_nsec), n);
+        // The device and inode too: a file replaced by another (a writer's temp file renamed
+        // over it, rsync -a, mv) is seen even when its mtime was preserved. Not the ctime: a
+        // rename of the same file away and back moves it, and those bytes keep their label.
+        const std::string line = fmt::format("{}\n{}\n{}.{:09d}\n{}:{}\n{}\n", file.filename().string(),
+                                             static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec),
+                                             static_cast<int64_t>(st.st_mtim.tv_nsec), static_cast<uint64_t>(st.st_dev),
+                                             static_cast<uint64_t>(st.st_ino), n);
         h.update(line.data(), line.size());
         h.update(header.data(), header.size());
     }
@@ -69,9 +74,18 @@ std::string label_for(const KnownLabels & known, const std::string & candidate, 
     return it == known.end() || it->second == fp ? candidate : fingerprint_label(fp);
 }
 
+std::string label_of_unnamed(const KnownLabels & known, const std::string & serving, const std::string & fp) {
+    if (const auto it = known.find(serving); it != known.end() && it->second == fp) { return serving; }
+    for (const auto & [label, f] : known) {
+        if (f == fp) { return label; }
+    }
+    return fingerprint_label(fp);
+}
+
 std::string label_after_reload(const KnownLabels & known, const std::string & serving, const std::optional<std::string> & fetched_version,
                                const std::string & fp) {
     if (const auto it = known.find(serving); !fp.empty() && it != known.end() && it->second == fp) { return serving; }
+    if (!fetched_version && !fp.empty()) { return label_of_unnamed(known, serving, fp); }
     return label_for(known, fetched_version.value_or(serving), fp);
 }
 

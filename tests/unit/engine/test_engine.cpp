@@ -278,17 +278,35 @@ TEST_CASE("engine: a failed weight reload leaves every tag asleep") {
     CHECK(h.ex->count("acquire_kv") == 0);
 }
 
-TEST_CASE("engine: with --use-cudagraph, kv_cache wakes before weight") {
-    EngineConfig cfg;
-    cfg.use_cudagraph = true;
-    Harness h(cfg);
-    CHECK_FALSE(h.control({.op = ControlOp::sleep, .tags = {true, true}}).error);
-    const ControlResult w = h.control({.op = ControlOp::wakeup, .tags = {true, false}});
-    CHECK(code_of(w) == Errc::wrong_state);
-    CHECK(h.ex->count("reload") == 0);
-    CHECK_FALSE(h.control({.op = ControlOp::wakeup, .tags = {false, true}}).error);
-    CHECK_FALSE(h.control({.op = ControlOp::wakeup, .tags = {true, false}}).error);
-    CHECK(h.ex->count("reload") == 1);
+TEST_CASE("engine: with --use-cudagraph, wakeup takes the tags in either order; serving needs both") {
+    // SGLang's staged resume (slime's onload_weights, then onload_kv with cuda_graph) and the
+    // opposite order: the weights come back while the KV cache sleeps, the engine stays paused
+    // (a resume is refused) until the last tag is back, then serves.
+    for (const bool weights_first : {true, false}) {
+        CAPTURE(weights_first);
+        EngineConfig cfg;
+        cfg.use_cudagraph = true;
+        Harness h(cfg);
+        CHECK_FALSE(h.control({.op = ControlOp::sleep, .tags = {true, true}}).error);
+        const TagSet first = weights_first ? TagSet{true, false} : TagSet{false, true};
+        const TagSet last  = weights_first ? TagSet{false, true} : TagSet{true, false};
+        const ControlResult w = h.control({.op = ControlOp::wakeup, .tags = first});
+        REQUIRE_FALSE(w.error);
+        CHECK(h.ex->count("reload") == (weights_first ? 1 : 0));
+        CHECK(h.ex->count("acquire_kv") == (weights_first ? 0 : 1));
+        auto st = h.engine->stats().state;
+        CHECK(st.weight_asleep == !weights_first);
+        CHECK(st.kv_asleep == weights_first);
+        CHECK(st.paused);
+        CHECK(code_of(h.op(ControlOp::resume)) == Errc::wrong_state);
+        CHECK_FALSE(h.control({.op = ControlOp::wakeup, .tags = last}).error);
+        CHECK(h.ex->count("reload") == 1);
+        CHECK(h.ex->count("acquire_kv") == 1);
+        st = h.engine->stats().state;
+        CHECK_FALSE(st.weight_asleep);
+        CHECK_FALSE(st.kv_asleep);
+        CHECK_FALSE(st.paused);  // the wakeup that brings the last tag back resumes
+    }
 }
 
 TEST_CASE("engine: the legacy word: CLEARING -> the engine sleeps and writes CLEARED; UPDATING -> reloads, NORMAL") {

@@ -1,6 +1,6 @@
 // Content fingerprints and the label rule (daemon/src/weights/fingerprint.cpp): what changes a
-// checkpoint's fingerprint (a rewrite, another header, another mtime) and what does not (a
-// second read of the same files), and label_for's cases.
+// checkpoint's fingerprint (a rewrite, also one that restores the mtime; another header, another
+// mtime) and what does not (a second read of the same files), and label_for's cases.
 #include "fd/checkpoint/safetensors.h"
 #include "fd/publish/safetensors_write.h"
 #include "fd/weights/fingerprint.h"
@@ -45,11 +45,15 @@ TEST_CASE("checkpoint_fingerprint: stable for the same files, changed by a rewri
     CHECK(a.size() == 64);
     CHECK(fp_of(d.path) == a);  // a second read of the same files
 
-    // Same size and header, other values, mtime restored: only a full hash would see it (the
-    // documented limit); the fingerprint is unchanged.
+    // Same size and header, other values, mtime restored (touch -r), written as writers do (a
+    // temp file renamed over it, as write_safetensors does): another inode, so the fingerprint
+    // changes (issue #26: it used to miss this). A write in place into the same inode with the
+    // mtime restored is still missed (the documented limit; a rename away and back is no change).
     write_one(d.path, "w", 4, 2.0f);
     set_mtime(f, t0);
-    CHECK(fp_of(d.path) == a);
+    const std::string restored = fp_of(d.path);
+    CHECK(restored != a);
+    CHECK(fp_of(d.path) == restored);  // and stable while nothing happens
     // The same rewrite with its own mtime (what every writer leaves): changed.
     set_mtime(f, t0 + std::chrono::seconds(1));
     CHECK(fp_of(d.path) != a);
@@ -63,7 +67,7 @@ TEST_CASE("checkpoint_fingerprint: stable for the same files, changed by a rewri
     // The normal source fills it.
     write_one(d.path, "w", 4, 1.0f);
     set_mtime(f, t0);
-    CHECK(fd::weights::make_normal_source(d.path)->fetch({}).fingerprint == a);
+    CHECK(fd::weights::make_normal_source(d.path)->fetch({}).fingerprint == fp_of(d.path));
 }
 
 TEST_CASE("manifest_fingerprint and combine_fingerprints") {
@@ -111,6 +115,20 @@ TEST_CASE("label_after_reload: unchanged bytes keep the serving label; changed o
     CHECK(label_after_reload(known, "8", "7", f1) == "7");       // back to the bytes of 7
     CHECK(label_after_reload(known, "8", "6", "") == "6");       // ipc: the record's version
     CHECK(label_after_reload(known, "8", std::nullopt, "") == "8");
+    // the source names none and the bytes are those 7 named (a dir gone, the source reloaded): 7
+    CHECK(label_after_reload(known, "8", std::nullopt, f1) == "7");
+}
+
+TEST_CASE("label_of_unnamed: bytes nothing names keep the serving label, else a label that named them, else their fingerprint's") {
+    const std::string f1(64, '1'), f2(64, '2'), f3(64, '3');
+    const fd::weights::KnownLabels known{{"7", f1}, {"8", f2}, {"fp-2222222222222222", f2}};
+    using fd::weights::label_of_unnamed;
+    CHECK(label_of_unnamed(known, "8", f2) == "8");
+    CHECK(label_of_unnamed(known, "fp-2222222222222222", f2) == "fp-2222222222222222");
+    CHECK(label_of_unnamed(known, "8", f1) == "7");
+    CHECK(label_of_unnamed(known, "7", f2) == "8");  // the first in label order
+    CHECK(label_of_unnamed(known, "8", f3) == "fp-" + f3.substr(0, 16));
+    CHECK(label_of_unnamed({}, "0", f3) == "fp-" + f3.substr(0, 16));
 }
 
 }  // TEST_SUITE

@@ -42,7 +42,7 @@ struct EngineConfig {
     /// The label of the --model checkpoint itself (version.yaml `step`, else --weight-version):
     /// what update_weights reload_base serves it as.
     std::string     base_weight_version = "0";
-    bool            use_cudagraph  = false;///< enforces the wake-kv_cache-before-weight rule (SPEC §3)
+    bool            use_cudagraph  = false;///< graphs on: wakeup takes the tags in either order (engine_control.cpp)
     int32_t         debug_control_delay_ms = 0; ///< tests only (FD_DEBUG_CONTROL_DELAY_MS): stretch every control op
     /// FD_ENABLE_SWAP_SPACE_CLEARING=1: sleep(kv_cache) also unmaps the host swap pool
     /// (--swap-space); wakeup(kv_cache) maps it again. Off: the pool's memory stays (its contents

@@ -42,6 +42,8 @@ struct SamplingParams {
     float                    frequency_penalty  = 0.0f;  ///< [-2, 2]; generated tokens, per occurrence
     std::vector<std::pair<int32_t, float>> logit_bias;   ///< (token id, bias in [-100, 100]) added to the logits
     bool                     include_stop_str_in_output = false;  ///< keep the matched stop string in the text
+    bool                     detokenize = true;  ///< false: no text is decoded (vLLM's SamplingParams.detokenize):
+                                                 ///< events carry token ids with empty text; needs `stop` empty
 
     /// True when any logits processor (min_tokens, logit_bias, penalties) is active.
     bool processes_logits() const {

@@ -20,9 +20,11 @@
 namespace fd::weights {
 
 /// Fingerprint of the files `idx` reads: SHA-256 (64 lowercase hex) over, for every distinct
-/// file in path order, its file name, size (bytes), modification time (ns) and the bytes before
-/// its first tensor's data (the safetensors length prefix and JSON header: every tensor's name,
-/// dtype, shape and offsets). Reads a few KiB per file, never the tensor data (cost measured in
+/// file in path order, its file name, size (bytes), modification time (ns), device and inode,
+/// and the bytes before its first tensor's data (the safetensors length prefix and JSON header:
+/// every tensor's name, dtype, shape and offsets). A file replaced by another (temp + rename,
+/// rsync, mv) is seen even with its mtime preserved; missed: a write in place into the same
+/// inode that keeps size and header and restores the mtime (touch -r). Reads a few KiB per file, never the tensor data (cost measured in
 /// docs/benchmarks.md). "" for an index without files.
 /// Errors  fd::Error{source_unavailable} naming the file when it cannot be opened or read.
 std::string checkpoint_fingerprint(const model::TensorIndex & idx);
@@ -50,9 +52,15 @@ using KnownLabels = std::map<std::string, std::string>;
 /// version.yaml step, keeps or takes the version.
 std::string label_for(const KnownLabels & known, const std::string & candidate, const std::string & fp);
 
+/// The label for bytes fingerprinted `fp` that nothing names (no version given, none in the
+/// source): `serving` when it named exactly these bytes, else another label that did (the first
+/// in label order), else fingerprint_label(fp). Errors: none; `fp` must not be "".
+std::string label_of_unnamed(const KnownLabels & known, const std::string & serving, const std::string & fp);
+
 /// The label after a reload (wakeup) loaded bytes fingerprinted `fp` while `serving` was the
 /// label: `serving` when it named exactly these bytes (unchanged files keep their label, whatever
-/// version.yaml now says); else label_for(known, the source's version or else `serving`, fp).
+/// version.yaml now says); when the source names no version, label_of_unnamed (bytes served
+/// before under a label get it back); else label_for(known, the source's version, fp).
 std::string label_after_reload(const KnownLabels & known, const std::string & serving, const std::optional<std::string> & fetched_version,
                                const std::string & fp);
 
