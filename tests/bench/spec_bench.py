@@ -33,6 +33,11 @@ PROMPTS = ["Once upon a time", "Lily and Tom", "The little dog", "One day, a gir
            "Tom had a red ball. He", "The sun was", "Mom said", "There was a big tree in the park and"]
 
 
+def series(m, name):
+    """The value of `name` whatever its labels (one series)."""
+    return next(v for k, v in m.items() if k == name or k.startswith(name + "{"))
+
+
 def metrics(d):
     out = {}
     for line in d.get("/metrics")[1].splitlines():
@@ -45,7 +50,7 @@ def metrics(d):
 def spec_counts(d):
     m = metrics(d)
     s = lambda fam: sum(v for k, v in m.items() if k.startswith(fam + "{"))
-    return {"tokens": m["fdrollout_generation_tokens_total"], "forwards": m["fdrollout_sequence_forwards_total"],
+    return {"tokens": series(m, "fdrollout_generation_tokens_total"), "forwards": m["fdrollout_sequence_forwards_total"],
             "proposed": s("fdrollout_spec_decode_num_draft_tokens_total"), "accepted": s("fdrollout_spec_decode_num_accepted_tokens_total")}
 
 

@@ -43,6 +43,16 @@ def sampled_bodies():
              "presence_penalty": 0.5, "logprobs": 1}]
 
 
+def ngram_reference(tokens, lo, hi, k):
+    """vLLM's prompt lookup, written here independently of the C++ proposer: the longest suffix
+    n-gram (n from hi down to lo) found earlier in `tokens`, first occurrence; the <= k tokens after it."""
+    for n in range(min(hi, len(tokens) - 1), lo - 1, -1):
+        for i in range(len(tokens) - n):
+            if tokens[i:i + n] == tokens[len(tokens) - n:]:
+                return tokens[i + n:i + n + k]
+    return []
+
+
 def choices(d, body):
     """The response's choices (index order), everything they carry."""
     j = d.complete(**body)
@@ -63,6 +73,11 @@ def concurrently(d, reqs):
     return out
 
 
+def series(m, name):
+    """The value of `name` whatever its labels (one series)."""
+    return next(v for k, v in m.items() if k == name or k.startswith(name + "{"))
+
+
 def metrics(d):
     """{series (with labels): value} of /metrics."""
     out = {}
@@ -79,7 +94,7 @@ def spec_totals(d):
     return {"drafts": pick("fdrollout_spec_decode_num_drafts_total"),
             "proposed": pick("fdrollout_spec_decode_num_draft_tokens_total"),
             "accepted": pick("fdrollout_spec_decode_num_accepted_tokens_total"),
-            "tokens": m["fdrollout_generation_tokens_total"], "forwards": m["fdrollout_sequence_forwards_total"]}
+            "tokens": series(m, "fdrollout_generation_tokens_total"), "forwards": m["fdrollout_sequence_forwards_total"]}
 
 
 class SpeculativeEqual(unittest.TestCase):
@@ -136,30 +151,36 @@ class SpeculativeEqual(unittest.TestCase):
         self.assertGreater(after["proposed"] - after["accepted"], before["proposed"] - before["accepted"])  # rejections too
 
     def test_drafted_position_follows_target_distribution(self):
-        """n choices of 3 tokens at temperature 1: the step after the first token verifies one
-        draft; the second token's frequencies (choices sharing the most common first token) match
-        the target's probabilities there — exp(logprob) over the whole vocabulary (logprobs 512:
-        the raw logits' log-softmax) — by chi-square. Skipping the rejection correction (a rejected
-        draft resampled from p itself) over-weights the draft and fails it."""
-        prompt = "Tom and Lily. Tom and Lily. Tom and"
-        n = 600
+        """Choices of 3 tokens at temperature 2: after the first token the step verifies one
+        draft (for the first token this prompt makes likely, the n-gram proposer — re-implemented
+        below as the reference — drafts the token the story continues with, p ~ 0.7 at this
+        temperature). The second token's frequencies in that group match the target's
+        probabilities there, softmax(logprob / T) over the whole vocabulary (logprobs 512: the raw
+        logits' log-softmax), by chi-square. Skipping the rejection correction (a rejected draft
+        resampled from p itself, the draft included) over-weights the draft and fails it."""
+        prompt = "Once upon a time, there was a little girl. Once upon a time, there was a little"
+        temperature, n, per_request = 2.0, 1000, 125  # n <= 128 per request
         before = spec_totals(self.spec)
         cs = []
-        for seed in range(4):
-            cs += choices(self.spec, {"prompt": prompt, "n": n // 4, "max_tokens": 3, "temperature": 1.0, "seed": 77 + seed,
-                                      "logprobs": 512, "return_tokens_as_token_ids": True, "ignore_eos": True})
+        for seed in range(n // per_request):
+            cs += choices(self.spec, {"prompt": prompt, "n": per_request, "max_tokens": 3, "temperature": temperature,
+                                      "seed": 77 + seed, "logprobs": 512, "return_tokens_as_token_ids": True, "ignore_eos": True})
         after = spec_totals(self.spec)
-        self.assertGreaterEqual(after["drafts"] - before["drafts"], n // 2, (before, after))  # the position was drafted
-        firsts = {}
+        groups = {}
         for c in cs:
-            firsts.setdefault(c["token_ids"][0], []).append(c)
-        group = max(firsts.values(), key=len)
+            groups.setdefault(c["token_ids"][0], []).append(c)
+        drafted = {t: g for t, g in groups.items() if ngram_reference(g[0]["prompt_token_ids"] + [t], 1, 3, 1)}
+        t1, group = max(drafted.items(), key=lambda kv: len(kv[1]))
+        draft = ngram_reference(group[0]["prompt_token_ids"] + [t1], 1, 3, 1)[0]
+        self.assertGreaterEqual(after["drafts"] - before["drafts"], sum(len(g) for g in drafted.values()), (before, after))
         self.assertGreater(len(group), 150)
         top = group[0]["logprobs"]["top_logprobs"][1]
-        probs = {int(k.split(":")[1]): math.exp(v) for k, v in top.items()}
         for c in group:  # the target's distribution at position 1 is the same for the whole group
             self.assertEqual(c["logprobs"]["top_logprobs"][1], top)
-        self.assertAlmostEqual(sum(probs.values()), 1.0, places=3)
+        self.assertEqual(len(top), 512)
+        z = sum(math.exp(v / temperature) for v in top.values())
+        probs = {int(k.split(":")[1]): math.exp(v / temperature) / z for k, v in top.items()}
+        self.assertTrue(0.2 < probs[draft] < 0.95, probs[draft])  # a draft the correction matters for
         counts = {}
         for c in group:
             counts[c["token_ids"][1]] = counts.get(c["token_ids"][1], 0) + 1
@@ -177,7 +198,9 @@ class SpeculativeEqual(unittest.TestCase):
         # chi-square critical value at p = 0.001 (Wilson-Hilferty)
         z = 3.090
         crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-        self.assertGreaterEqual(df, 2, bins)
+        print(f"drafted position: {m} samples, p(draft) {probs[draft]:.3f}, draft seen {counts.get(draft, 0)}, "
+              f"chi2 {chi2:.1f} < {crit:.1f} (df {df})", flush=True)
+        self.assertGreaterEqual(df, 1, bins)
         self.assertLess(chi2, crit, f"chi2 {chi2:.1f} >= {crit:.1f} (df {df}): {bins}")
 
     def test_bad_configs_are_start_up_errors_naming_the_field(self):
