@@ -2,7 +2,8 @@
 
 Daemons with the same flags except --speculative-config:
   plain   no speculation (the reference)
-  ngram   {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+  ngram   {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+           "disable_by_batch_size": 0} (speculation at every batch size)
   cutoff  the same with "disable_by_batch_size": --cutoff (B=64 runs plain steps)
 in alternating rounds (figures are medians over rounds):
 
@@ -10,7 +11,7 @@ in alternating rounds (figures are medians over rounds):
    story prompt: decode tokens/s, ngram ÷ plain, and the mean tokens per target forward
    (generation tokens ÷ sequence forwards, /metrics) and acceptance rate of the ngram daemon.
 2. b64: 64 requests in flight at once (8 story prompts x 8 seeded samples at temperature 0.8,
-   --gen-batch tokens): generated tokens per wall second, ngram ÷ plain and cutoff ÷ plain.
+   --gen-batch tokens each): generated tokens per wall second, ngram ÷ plain and cutoff ÷ plain.
 Every round checks that the daemons return identical tokens (`outputs_identical`).
 
 Usage: /usr/bin/python3 tests/bench/spec_bench.py [--model DIR] [--k 3] [--gen 256] [--gen-batch 64]
@@ -86,15 +87,16 @@ def main():
     ap.add_argument("--cutoff", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    cfg = {"method": "ngram", "num_speculative_tokens": a.k, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    cfg = {"method": "ngram", "num_speculative_tokens": a.k, "prompt_lookup_min": 1, "prompt_lookup_max": 3, "disable_by_batch_size": 0}
     common = ["--threads", str(a.threads), "--max-num-seqs", "64", "--max-model-len", "512"]
-    ds = {"plain": Daemon(*common, model=a.model, extra=False),
-          "ngram": Daemon(*common, "--speculative-config", json.dumps(cfg), model=a.model, extra=False),
-          "cutoff": Daemon(*common, "--speculative-config", json.dumps({**cfg, "disable_by_batch_size": a.cutoff}), model=a.model,
-                           extra=False)}
+    flags = {"plain": [], "ngram": ["--speculative-config", json.dumps(cfg)],
+             "cutoff": ["--speculative-config", json.dumps({**cfg, "disable_by_batch_size": a.cutoff})]}
+    ds = {}
     res = {"k": a.k, "gen": a.gen, "gen_batch": a.gen_batch, "rounds": a.rounds, "cutoff": a.cutoff, "threads": a.threads,
            "model": os.path.basename(os.path.normpath(a.model)), "outputs_identical": True}
     try:
+        for k, f in flags.items():
+            ds[k] = Daemon(*common, *f, model=a.model, extra=False, timeout=600)
         for name, prompt in (("repetitive", REPETITIVE), ("story", STORY)):
             body = {"prompt": prompt, "max_tokens": a.gen, "temperature": 0, "ignore_eos": True}
             tps = {"plain": [], "ngram": []}

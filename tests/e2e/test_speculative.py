@@ -16,7 +16,9 @@ import unittest
 
 from fdtest import Daemon
 
-SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3})
+# disable_by_batch_size 0: speculate at every batch size, so batched steps mix speculating and plain sequences.
+SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+                   "disable_by_batch_size": 0})
 # stories260K continues this with the same sentence again: drafts from the prompt are accepted.
 REPETITIVE = ("Tom and Lily played with the ball. They were happy. Tom and Lily played with the ball. "
               "They were happy. Tom and Lily played with the")
@@ -264,6 +266,25 @@ class SpeculativeAcrossPreemptionAndKeep(unittest.TestCase):
             for t in threads:
                 t.join(300)
             self.assertEqual(out, want)
+
+
+    def test_off_above_disable_by_batch_size_still_equal(self):
+        """disable_by_batch_size 2 with 8 choices in flight: those steps verify no drafts (counted),
+        a lone request speculates again, and every output equals the plain daemon's."""
+        cfg = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+                          "disable_by_batch_size": 2})
+        wide = {"prompt": REPETITIVE, "n": 8, "max_tokens": 30, "temperature": 0, "logprobs": 1, "ignore_eos": True}
+        lone = {**wide, "n": 1}
+        with Daemon(extra=False) as ref:
+            want = [choices(ref, wide), choices(ref, lone)]
+        with Daemon("--speculative-config", cfg, extra=False) as d:
+            self.assertEqual(choices(d, wide), want[0])
+            off = metrics(d)["fdrollout_spec_decode_disabled_steps_total"]
+            self.assertGreater(off, 0)
+            before = spec_totals(d)
+            self.assertEqual(choices(d, lone), want[1])
+            self.assertGreater(spec_totals(d)["accepted"], before["accepted"])
+            self.assertEqual(d.get("/health")[1]["speculative"]["disabled_steps"], off)
 
 
 class SpeculativeTp2(unittest.TestCase):

@@ -90,16 +90,17 @@ SpeculativeConfig parse_speculative_config(const std::string & text, int32_t mod
         problems.push_back("--speculative-config: speculative_config.prompt_lookup_min/max apply to method \"ngram\" only");
     }
     if (c.method == SpecMethod::ngram) {
+        bool ok = true;
+        for (const auto & [v, name] : {std::pair{lo, "prompt_lookup_min"}, std::pair{hi, "prompt_lookup_max"}}) {
+            if (v && (*v < 1 || *v > 1024)) {
+                problems.push_back(fmt::format("--speculative-config: speculative_config.{} {} must be in [1, 1024]", name, *v));
+                ok = false;
+            }
+        }
         if (!lo && !hi) { lo = hi = kDefaultPromptLookup; }
         if (!lo) { lo = hi; }
         if (!hi) { hi = lo; }
-        if (*lo < 1 || *lo > 1024) {
-            problems.push_back(fmt::format("--speculative-config: speculative_config.prompt_lookup_min {} must be in [1, 1024]", *lo));
-        }
-        if (*hi < 1 || *hi > 1024) {
-            problems.push_back(fmt::format("--speculative-config: speculative_config.prompt_lookup_max {} must be in [1, 1024]", *hi));
-        }
-        if (*lo > *hi) {
+        if (ok && *lo > *hi) {
             problems.push_back(fmt::format("--speculative-config: speculative_config.prompt_lookup_min {} exceeds prompt_lookup_max {} "
                                            "(the bounds are reversed)", *lo, *hi));
         }
@@ -114,7 +115,7 @@ SpeculativeConfig parse_speculative_config(const std::string & text, int32_t mod
         c.prompt_lookup_min = static_cast<int32_t>(*lo);
         c.prompt_lookup_max = static_cast<int32_t>(*hi);
     }
-    c.disable_by_batch_size = b ? static_cast<int32_t>(*b) : 0;
+    c.disable_by_batch_size = b ? static_cast<int32_t>(*b) : kDefaultDisableByBatchSize;
     return c;
 }
 

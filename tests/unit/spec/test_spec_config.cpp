@@ -51,7 +51,7 @@ TEST_CASE("speculative-config: ngram with vLLM's fields and defaults") {
     CHECK(c.num_speculative_tokens == 3);
     CHECK(c.prompt_lookup_min == 2);
     CHECK(c.prompt_lookup_max == 4);
-    CHECK(c.disable_by_batch_size == 0);
+    CHECK(c.disable_by_batch_size == 8);  // absent: fdrollout's measured default (vLLM: never off)
     c = parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 2})", 0, p);
     REQUIRE(p.empty());
     CHECK(c.prompt_lookup_min == 5);  // neither bound: both 5, as vLLM
@@ -64,6 +64,9 @@ TEST_CASE("speculative-config: ngram with vLLM's fields and defaults") {
     REQUIRE(p.empty());
     CHECK(c.prompt_lookup_max == 2);
     CHECK(c.disable_by_batch_size == 32);
+    c = parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 1, "disable_by_batch_size": 0})", 0, p);
+    REQUIRE(p.empty());
+    CHECK(c.disable_by_batch_size == 0);  // never off
 }
 
 TEST_CASE("speculative-config: bad input is one problem naming the field") {
