@@ -152,6 +152,11 @@ void add_flags(CLI::App & app, fd::Config & c) {
                    "rsync strategy: JSON {\"source\": \"rsync://host:port/module\" | \"host:path\" | \"/path\", \"staging_dir\": DIR, "
                    "\"timeout_s\": 300}")
         ->envname("FD_RSYNC_CONFIG");
+    app.add_option("--speculative-config", c.speculative_config,
+                   "Speculative decoding (vLLM's flag): JSON {\"method\": \"ngram\", \"num_speculative_tokens\": k, "
+                   "\"prompt_lookup_min\": n, \"prompt_lookup_max\": n, \"disable_by_batch_size\": b}; drafts are verified "
+                   "exactly (outputs and logprobs unchanged). docs/speculative.md")
+        ->envname("FD_SPECULATIVE_CONFIG");
     app.add_option("--update-staging", c.weights.update_staging,
                    "update_weights staging arena: persistent (kept resident between updates; updates copy at memory bandwidth, "
                    "RSS holds a second copy of the weights while awake) or transient (mapped per update)")

@@ -4,7 +4,10 @@
 #include "fd/model/worker.h"
 #include "fd/shm/names.h"
 #include "fd/status.h"
+#include "fd/spec/spec_config.h"
 #include "fd/weights/weight_source.h"
+
+#include <nlohmann/json.hpp>
 
 #include <fmt/ranges.h>
 #include <arpa/inet.h>
@@ -13,6 +16,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <thread>
 
@@ -44,6 +49,17 @@ bool is_loopback_host(const std::string & host) {
 }
 
 namespace {
+
+/// config.json's num_nextn_predict_layers (MiMo's, DeepSeek's MTP layers); 0 when absent or unreadable.
+int32_t mtp_layers(const std::string & model_dir) {
+    std::ifstream f(std::filesystem::path(model_dir) / "config.json");
+    if (!f) { return 0; }
+    const auto j = nlohmann::json::parse(f, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("num_nextn_predict_layers") || !j["num_nextn_predict_layers"].is_number_integer()) {
+        return 0;
+    }
+    return j["num_nextn_predict_layers"].get<int32_t>();
+}
 
 /// --dist-backend, and where the ranks of this node run on cuda (Resolved::world, n_devices,
 /// ranks_per_device). Several ranks may share a device (tests on one GPU): allowed, with a
@@ -239,6 +255,8 @@ Resolved resolve(Config & cfg) {
     if (!shm::is_valid_version(e.weight_version)) {
         problems.push_back(fmt::format("--weight-version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", e.weight_version));
     }
+
+    e.speculative = spec::parse_speculative_config(cfg.speculative_config, mtp_layers(cfg.model.model_dir), problems);
 
     auto & s = cfg.server;
     s.model_dir = cfg.model.model_dir;

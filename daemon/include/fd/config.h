@@ -68,6 +68,7 @@ struct Config {
     std::string          log_format       = "text";  ///< text | json (fd/log.h)
     double               log_stats_interval_s = 10.0;///< throughput line period, seconds; 0 = off
     double               shutdown_grace_s = 30.0;  ///< SIGTERM: seconds in-flight requests may take to finish
+    std::string          speculative_config;       ///< --speculative-config JSON (resolve() parses it into engine.speculative)
 };
 
 /// The resolved numbers main() builds the engine from.

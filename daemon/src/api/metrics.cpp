@@ -28,6 +28,9 @@ std::string label_value(const std::string & v) {
     return out;
 }
 
+/// The labels of a per-version series.
+std::string version_label(const std::string & v) { return "weight_version=\"" + label_value(v) + "\""; }
+
 /// Writes one metric family at a time: HELP and TYPE once, then its samples.
 class PromWriter {
 public:
@@ -211,6 +214,40 @@ void get_metrics(ApiContext & ctx, const Request &, Response & res) {
                 rm.e2e_s.snapshot(), model);
     w.histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request (= fdrollout_request_queue_time_seconds).",
                 rm.queue_s.snapshot(), model);
+
+    // Speculative decoding (--speculative-config): per weight version, and vLLM's names summed.
+    w.family("fdrollout_spec_decode_num_drafts_total", "counter", "Draft proposals verified (one per speculating sequence per step), by weight version.");
+    for (const auto & [v, c] : st.spec_by_version) { w.sample("fdrollout_spec_decode_num_drafts_total", version_label(v), c.n_drafts); }
+    w.family("fdrollout_spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed and verified, by weight version.");
+    for (const auto & [v, c] : st.spec_by_version) { w.sample("fdrollout_spec_decode_num_draft_tokens_total", version_label(v), c.n_draft_tokens); }
+    w.family("fdrollout_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens the target accepted, by weight version.");
+    for (const auto & [v, c] : st.spec_by_version) { w.sample("fdrollout_spec_decode_num_accepted_tokens_total", version_label(v), c.n_accepted_tokens); }
+    w.family("fdrollout_spec_decode_mean_accepted_length", "gauge", "1 + accepted / drafts: tokens per target forward of a speculating sequence, by weight version.");
+    for (const auto & [v, c] : st.spec_by_version) { w.sample("fdrollout_spec_decode_mean_accepted_length", version_label(v), c.mean_accepted_length()); }
+    w.single("fdrollout_spec_decode_disabled_steps_total", "counter", "Steps that verified no draft because more sequences ran than disable_by_batch_size.",
+             st.n_spec_steps_off_total);
+    w.single("fdrollout_sequence_forwards_total", "counter", "Sequence-steps that produced tokens (generation tokens / this = tokens per target forward).",
+             st.n_target_forwards_total);
+    {
+        spec::DraftCounters all;
+        for (const auto & [v, c] : st.spec_by_version) {
+            all.n_drafts += c.n_drafts;
+            all.n_draft_tokens += c.n_draft_tokens;
+            all.n_accepted_tokens += c.n_accepted_tokens;
+            if (all.accepted_per_pos.size() < c.accepted_per_pos.size()) { all.accepted_per_pos.resize(c.accepted_per_pos.size(), 0); }
+            for (size_t i = 0; i < c.accepted_per_pos.size(); ++i) { all.accepted_per_pos[i] += c.accepted_per_pos[i]; }
+        }
+        if (st.spec_method != "none") {
+            w.single("vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.", all.n_drafts, model);
+            w.single("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.", all.n_draft_tokens, model);
+            w.single("vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.", all.n_accepted_tokens, model);
+            w.family("vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", "Accepted tokens per draft position.");
+            for (int32_t i = 0; i < st.num_speculative_tokens; ++i) {
+                const int64_t n = static_cast<size_t>(i) < all.accepted_per_pos.size() ? all.accepted_per_pos[static_cast<size_t>(i)] : 0;
+                w.sample("vllm:spec_decode_num_accepted_tokens_per_pos_total", model + fmt::format(",position=\"{}\"", i), n);
+            }
+        }
+    }
 
     // Build and process.
     w.single("fdrollout_build_info", "gauge", "Build of this fdrollout (value 1).", 1,

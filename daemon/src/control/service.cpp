@@ -183,6 +183,23 @@ json device_memory_json(const std::vector<runtime::RankDevice> & devs) {
     return {{"ranks", std::move(ranks)}};
 }
 
+/// /health's speculative-decoding view: the method, k, and the serving version's acceptance
+/// (null rate before any draft was verified under it).
+json speculative_json(const engine::EngineStats & st) {
+    if (st.spec_method == "none") { return {{"method", "none"}}; }
+    const auto it = st.spec_by_version.find(st.state.weight_version);
+    const spec::DraftCounters c = it == st.spec_by_version.end() ? spec::DraftCounters{} : it->second;
+    return {{"method", st.spec_method},
+            {"num_speculative_tokens", st.num_speculative_tokens},
+            {"weight_version", st.state.weight_version},
+            {"num_drafts", c.n_drafts},
+            {"num_draft_tokens", c.n_draft_tokens},
+            {"num_accepted_tokens", c.n_accepted_tokens},
+            {"acceptance_rate", c.n_draft_tokens > 0 ? json(c.acceptance_rate()) : json(nullptr)},
+            {"mean_accepted_length", c.n_drafts > 0 ? json(c.mean_accepted_length()) : json(nullptr)},
+            {"disabled_steps", st.n_spec_steps_off_total}};
+}
+
 }  // namespace
 
 json ControlService::status_json() const {
@@ -222,7 +239,8 @@ json ControlService::status_json() const {
                               {"transfers_paused", st.host_tier_transfers_paused}}},
             {"rss_bytes", process_rss_bytes() + engine_.rank_processes_rss_bytes()},  // the daemon and its rank processes
             {"device_memory", device_memory_json(engine_.rank_devices())},
-            {"progress", progress_json()}};
+            {"progress", progress_json()},
+            {"speculative", speculative_json(st)}};
 }
 
 ControlReply ControlService::run(const ControlRequest & req) {

@@ -1,5 +1,7 @@
 #include "fd/engine/engine.h"
 
+#include "engine_sequence.h"
+
 #include "fd/engine/sampler.h"
 #include "fd/log.h"
 #include "fd/tokenizer/incremental_decoder.h"
@@ -21,30 +23,6 @@ int32_t scoring_chunk(int32_t vocab) { return std::max(16, static_cast<int32_t>(
 
 }  // namespace
 
-/// One choice of one request, from admission to its finishing event.
-struct Engine::Sequence : SchedSeq {
-    int32_t                        choice = 0;
-    std::shared_ptr<ResultChannel> channel;
-    SamplingParams                 params;
-    int32_t                        n_prompt = 0;
-    SeqRng                         rng;
-    tokenizer::IncrementalDecoder  detok;
-    std::string                    text;            ///< generated text so far (stop strings cut off)
-    size_t                         n_text_sent = 0; ///< bytes of `text` already sent
-    size_t                         stop_holdback = 0;
-    int64_t                        n_chars = 0;     ///< code points in `text` (for text_offsets)
-    std::vector<TokenLogprob>      prompt_lps;      ///< prompt_logprobs, until the first event carries them
-    int32_t                        n_prompt_scored = 0;  ///< prompt rows whose logprobs were taken (prompt token i+1 per row i)
-    bool                           prompt_lps_sent = false;
-    std::shared_ptr<const std::vector<std::string>> request_ids;  ///< the request's ids (POST /v1/abort)
-    std::vector<VersionSpan>       spans;           ///< which weight version produced which generated tokens
-    std::chrono::steady_clock::time_point t_arrival{}, t_scheduled{}, t_last_token{};  ///< request metrics
-
-    Sequence(const tokenizer::Tokenizer & tok, const std::vector<int32_t> & prompt, const SamplingParams & p)
-        : detok(tok, prompt, {.skip_special_tokens = p.skip_special_tokens,
-                              .spaces_between_special_tokens = p.spaces_between_special_tokens}) {}
-};
-
 Engine::Engine(const EngineConfig & cfg, std::unique_ptr<runtime::Executor> executor,
                std::shared_ptr<const tokenizer::Tokenizer> tok, const kv::KvCacheConfig & kv_cfg)
     : cfg_(cfg), model_cfg_(executor->model_config()), executor_(std::move(executor)), tok_(std::move(tok)), kv_cfg_(kv_cfg),
@@ -54,6 +32,9 @@ Engine::Engine(const EngineConfig & cfg, std::unique_ptr<runtime::Executor> exec
     state_.executor_backend = executor_->backend();
     state_.tensor_parallel_size = executor_->world_size();
     state_.comm_backend     = executor_->comm_backend();
+    proposer_ = spec::make_proposer(cfg_.speculative);
+    stats_.spec_method            = spec::to_string(cfg_.speculative.method);
+    stats_.num_speculative_tokens = cfg_.speculative.num_speculative_tokens;
     publish_stats();
 }
 
@@ -250,6 +231,11 @@ void Engine::emit(Sequence & s, FinishReason why, ChoiceEvent ev) {
 }
 
 void Engine::append_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev) {
+    const FinishReason why = push_token(s, tok, logits, ev);
+    emit(s, why, std::move(ev));
+}
+
+FinishReason Engine::push_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev) {
     const SamplingParams & p = s.params;
     const bool first = s.t_last_token == std::chrono::steady_clock::time_point{};
     (first ? request_metrics_.ttft_s : request_metrics_.itl_s)
@@ -310,7 +296,7 @@ void Engine::append_token(Sequence & s, int32_t tok, const float * logits, Choic
             if (p.detokenize) { add_text(s.detok.flush()); }
         }
     }
-    emit(s, why, std::move(ev));
+    return why;
 }
 
 bool Engine::step() {
@@ -381,6 +367,7 @@ bool Engine::step() {
 bool Engine::build_step(StepPlan & plan) {
     const auto t0 = plan.t0 = std::chrono::steady_clock::now();
     kv_.set_transfers_paused(drain_.has_value());  // a pause (mode=wait draining) stops tier copies
+    propose_drafts();
     ScheduleDecision & d = plan.d = sched_.schedule(kv_);
     for (SchedSeq * r : d.rejected) {
         auto & s = static_cast<Sequence &>(*r);
@@ -419,7 +406,7 @@ bool Engine::build_step(StepPlan & plan) {
     batch_.clear();
     const int32_t bs = kv_.block_size();
     auto & rows = plan.rows;  // what each logits row is for (StepPlan::RowUse)
-    for (const auto & [ss, n] : d.run) {
+    for (const auto & [ss, n, n_draft] : d.run) {
         auto &        s     = static_cast<Sequence &>(*ss);
         const auto &  table = kv_.block_table(s.id);
         if (s.t_scheduled == std::chrono::steady_clock::time_point{}) {
@@ -439,7 +426,19 @@ bool Engine::build_step(StepPlan & plan) {
         }
         if (s.n_computed + n == static_cast<int64_t>(s.tokens.size())) {
             batch_.logits_rows.push_back(static_cast<int32_t>(batch_.tokens.size()) - 1);
-            rows.push_back({&s, -1});
+            rows.push_back({&s, -1, n_draft});
+        }
+        // Draft rows (n == 1: the sample row above is the last token's): draft token j at the
+        // position after it, its KV written into blocks the scheduler granted, its logits row
+        // scoring draft j + 1 (or giving the bonus token after the last).
+        for (int32_t j = 0; j < n_draft; ++j) {
+            const int32_t pos = static_cast<int32_t>(s.tokens.size()) + j;
+            batch_.tokens.push_back(s.draft[static_cast<size_t>(j)]);
+            batch_.positions.push_back(pos);
+            batch_.slots.push_back(static_cast<int64_t>(table[pos / bs]) * bs + pos % bs);
+            batch_.queries.push_back({table.data(), pos + 1});
+            batch_.logits_rows.push_back(static_cast<int32_t>(batch_.tokens.size()) - 1);
+            rows.push_back({&s, -2});
         }
     }
     return true;
@@ -451,30 +450,36 @@ const float * Engine::run_step() {
     return executor_->forward_in_place(batch_, &control_waiting_);
 }
 
+void Engine::count_tokens(int64_t n_generated, int64_t n_prompt, int64_t n_cached, int64_t n_host_cached, int64_t n_forwards) {
+    // Token counters go up before each row's event goes out: an event-driven reader may answer
+    // the client before push() returns, and a client that has its answer finds it in /metrics.
+    std::lock_guard lk(stats_mu_);
+    stats_.n_tokens_generated_total += n_generated;
+    stats_.n_tokens_prompt_total += n_prompt;
+    stats_.n_tokens_cached_total += n_cached;
+    stats_.n_tokens_host_cached_total += n_host_cached;
+    stats_.n_target_forwards_total += n_forwards;
+}
+
 void Engine::emit_step(const StepPlan & plan, const float * step_logits) {
     const ScheduleDecision & d     = plan.d;
     const auto &             rows  = plan.rows;
     const auto               t0    = plan.t0;
     const int32_t            vocab = model_cfg_.vocab_size;
     t_step_done_ = std::chrono::steady_clock::now();
-    for (const auto & [ss, n] : d.run) {
+    for (const auto & [ss, n, n_draft] : d.run) {
         auto & s = static_cast<Sequence &>(*ss);
         s.n_computed += n;
         kv_.commit_full_blocks(s.id, s.tokens, s.n_computed, s.prefix_salt);
     }
-    // Token counters go up before each row's event goes out: an event-driven reader may answer
-    // the client before push() returns, and a client that has its answer finds it in /metrics.
-    auto count = [&](int64_t n_generated, int64_t n_prompt, int64_t n_cached, int64_t n_host_cached) {
-        std::lock_guard lk(stats_mu_);
-        stats_.n_tokens_generated_total += n_generated;
-        stats_.n_tokens_prompt_total += n_prompt;
-        stats_.n_tokens_cached_total += n_cached;
-        stats_.n_tokens_host_cached_total += n_host_cached;
-    };
     for (size_t i = 0; i < rows.size(); ++i) {
         Sequence &    s      = *rows[i].s;
         const float * logits = step_logits + i * static_cast<size_t>(vocab);
-        if (!s.channel) { continue; }
+        if (rows[i].pos == -2 || !s.channel) { continue; }  // draft rows: read with their sample row
+        if (rows[i].n_draft > 0) {
+            emit_draft_rows(rows[i], logits);
+            continue;
+        }
         if (rows[i].pos >= 0) {
             s.prompt_lps.push_back(token_logprobs(logits, vocab, s.tokens[rows[i].pos + 1], s.params.prompt_logprobs, scratch_));
             s.n_prompt_scored = rows[i].pos + 1;
@@ -486,7 +491,7 @@ void Engine::emit_step(const StepPlan & plan, const float * step_logits) {
             n_cached      = std::max(0, s.n_cached);
             n_host_cached = s.n_cached > 0 ? s.n_host_cached : 0;
             if (s.params.max_tokens == 0) {  // scoring only: the prompt's logprobs, nothing generated
-                count(0, n_prompt, n_cached, n_host_cached);
+                count_tokens(0, n_prompt, n_cached, n_host_cached);
                 emit(s, FinishReason::length, ChoiceEvent{});
                 continue;
             }
@@ -499,7 +504,7 @@ void Engine::emit_step(const StepPlan & plan, const float * step_logits) {
                                     model_cfg_.eos_token_ids);
             to_sample = processed_.data();
         }
-        count(1, n_prompt, n_cached, n_host_cached);
+        count_tokens(1, n_prompt, n_cached, n_host_cached, 1);
         ChoiceEvent ev;
         append_token(s, sample_token(to_sample, vocab, s.params, s.rng), logits, ev);
     }

@@ -107,6 +107,11 @@ int32_t sample_token(const float * logits, int32_t vocab, const SamplingParams &
     return ids[n - 1];
 }
 
+DraftVerdict verify_draft_token(const float * logits, int32_t vocab, const SamplingParams & p, SeqRng & rng, int32_t draft) {
+    const int32_t t = sample_token(logits, vocab, p, rng);
+    return {.token = t, .accepted = t == draft};
+}
+
 TokenLogprob token_logprobs(const float * logits, int32_t vocab, int32_t id, int32_t k, std::vector<float> & scratch) {
     scratch.resize(static_cast<size_t>(vocab));
     kernels::log_softmax(scratch.data(), logits, vocab);

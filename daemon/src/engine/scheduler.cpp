@@ -37,6 +37,14 @@ ScheduleDecision Scheduler::schedule(kv::KvCache & kv) {
     for (size_t i = 0; i < running_.size() && budget > 0;) {
         SchedSeq *    s = running_[i];
         const int64_t n = chunk(s, budget);
+        // Drafts: only on top of a decode, only with blocks already free (never a preemption).
+        const int64_t g = s->n_remaining() == 1 && n == 1 ? std::min<int64_t>(s->n_draft, budget - 1) : 0;
+        if (g > 0 && kv.allocate(s->id, s->n_computed + n + g)) {
+            d.run.push_back({s, static_cast<int32_t>(n), static_cast<int32_t>(g)});
+            budget -= n + g;
+            ++i;
+            continue;
+        }
         bool          self_preempted = false;
         while (!kv.allocate(s->id, s->n_computed + n)) {
             SchedSeq * victim = running_.back();

@@ -176,6 +176,20 @@ void KvCache::commit_full_blocks(SeqId seq, const std::vector<int32_t> & tokens,
     done = std::max(done, n_full);
 }
 
+void KvCache::trim(SeqId seq, int64_t n_tokens) {
+    auto it = tables_.find(seq);
+    if (it == tables_.end()) { return; }
+    auto &        table = it->second;
+    const int64_t keep  = (std::max<int64_t>(n_tokens, 0) + cfg_.block_size_tokens - 1) / cfg_.block_size_tokens;
+    const auto    done  = n_committed_blocks_.find(seq);
+    FD_CHECK(done == n_committed_blocks_.end() || done->second <= keep, "trim of seq {} to {} tokens would drop {} committed blocks", seq,
+             n_tokens, done == n_committed_blocks_.end() ? 0 : done->second);
+    while (static_cast<int64_t>(table.size()) > keep) {
+        unref(table.back());
+        table.pop_back();
+    }
+}
+
 void KvCache::release(SeqId seq) {
     if (auto h = host_tables_.find(seq); h != host_tables_.end()) {
         for (auto b = h->second.rbegin(); b != h->second.rend(); ++b) { host_.put(*b); }

@@ -251,3 +251,54 @@ TEST_CASE("a scoring sequence (no_prefix_cache) computes every row, max_chunk to
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("scheduler: drafts ride on a decode within budget and free blocks, never by preemption") {
+    // 8 blocks of 4 tokens; budget 8.
+    KvCache   kv(KvCacheConfig{.n_blocks = 8, .block_size_tokens = 4});
+    Scheduler sched(SchedulerConfig{.max_num_seqs = 4, .max_num_batched_tokens = 8});
+    SchedSeq  a, b;
+    a.id = 1;
+    a.tokens = {1, 2, 3, 4, 5};
+    b.id = 2;
+    b.tokens = {6, 7, 8};
+    sched.add(&a);
+    sched.add(&b);
+    auto d = sched.schedule(kv);  // prefills: a 5 tokens (2 blocks), b 3 (1 block)
+    REQUIRE(d.run.size() == 2);
+    a.n_computed = 5;
+    b.n_computed = 3;
+    a.tokens.push_back(9);
+    b.tokens.push_back(10);
+    // a asks for 3 drafts: positions 5..8 need blocks 1 (held) and 2 (new): granted.
+    a.n_draft = 3;
+    b.n_draft = 0;
+    d = sched.schedule(kv);
+    REQUIRE(d.run.size() == 2);
+    CHECK(d.run[0].seq == &a);
+    CHECK(d.run[0].n_tokens == 1);
+    CHECK(d.run[0].n_draft == 3);
+    CHECK(kv.block_table(a.id).size() == 3);
+    CHECK(d.run[1].n_draft == 0);
+    // The budget caps drafts: 8 tokens, b's decode first this time needs 1, so a may take 1 + 6 at most.
+    kv.trim(a.id, 6);  // the engine's rollback: a's tokens are 6, drafts rejected
+    CHECK(kv.block_table(a.id).size() == 2);
+    a.n_draft = 20;
+    d = sched.schedule(kv);
+    CHECK(d.run[0].n_draft == 7);  // 1 decode + 7 drafts = the whole budget; blocks 2, 3 taken
+    CHECK(kv.block_table(a.id).size() == 4);
+    CHECK(d.run.size() == 1);      // nothing left of the budget for b
+    kv.trim(a.id, 6);
+    // No free block for the drafts: the step runs without them and preempts nobody.
+    a.n_draft = 0;
+    b.n_draft = 8;
+    SchedSeq c;
+    c.id = 3;
+    REQUIRE(kv.n_blocks_free() == 5);
+    REQUIRE(kv.allocate(c.id, 20));  // every free block
+    d = sched.schedule(kv);
+    REQUIRE(d.run.size() == 2);
+    CHECK(d.n_preempted() == 0);
+    CHECK(d.run[1].seq == &b);
+    CHECK(d.run[1].n_tokens == 1);
+    CHECK(d.run[1].n_draft == 0);
+}

@@ -13,6 +13,8 @@
 #include "fd/metrics/request_metrics.h"
 #include "fd/tokenizer/tokenizer.h"
 #include "fd/runtime/executor.h"
+#include "fd/spec/acceptance.h"
+#include "fd/spec/proposer.h"
 
 #include <array>
 #include <atomic>
@@ -49,6 +51,8 @@ struct EngineConfig {
     /// are dropped either way: sleep aborts every request).
     bool            clear_swap_space_on_sleep = false;
     int32_t         debug_step_delay_ms = 0;    ///< tests only (FD_DEBUG_STEP_DELAY_MS): stretch every step that runs (requests stay in flight)
+    /// --speculative-config (fd/spec/spec_config.h; docs/speculative.md): drafts verified exactly.
+    spec::SpeculativeConfig speculative;
 };
 
 /// A completion request: every prompt is sampled `n` times; choice index = prompt * n + i.
@@ -97,6 +101,13 @@ struct EngineStats {
     std::string host_tier_weight_version;        ///< the weight version the host entries were computed under
     std::array<int64_t, kStepLatencyBuckets.size() + 1> step_latency_counts{};  ///< last = +Inf
     double  step_latency_sum_s = 0.0;
+    // Speculative decoding (--speculative-config; docs/speculative.md).
+    std::string spec_method = "none";            ///< none | ngram
+    int32_t     num_speculative_tokens = 0;      ///< k
+    /// Verified drafts per weight version (the version serving when they were verified).
+    std::map<std::string, spec::DraftCounters> spec_by_version;
+    int64_t     n_spec_steps_off_total = 0;      ///< steps that verified no draft because the batch exceeded disable_by_batch_size
+    int64_t     n_target_forwards_total = 0;     ///< sequence-steps that produced tokens (plain or speculating): tokens / this = tokens per target forward
 };
 
 class Engine {
@@ -158,7 +169,9 @@ private:
     struct StepPlan {
         /// A logits row: a prompt row to score (pos >= 0: its logits give prompt token pos + 1's
         /// logprob) or the row a sequence samples from (pos = -1).
-        struct RowUse { Sequence * s; int32_t pos; };
+        /// A sample row (pos = -1) with n_draft > 0 is followed by its n_draft draft rows (pos =
+        /// -2): row j scores draft token j (fd/engine/sampler.h, verify_draft_token).
+        struct RowUse { Sequence * s; int32_t pos; int32_t n_draft = 0; };
         ScheduleDecision                      d;
         std::vector<RowUse>                   rows;
         std::chrono::steady_clock::time_point t0;
@@ -176,6 +189,23 @@ private:
     void emit(Sequence & s, FinishReason why, ChoiceEvent ev);
     /// `logits`: the raw row (logprobs come from it).
     void append_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev);
+    /// append_token without the emit: add `tok` to `s` and `ev`, return what it finishes (none
+    /// when the choice goes on). The stop checks run per token, so a token inside an accepted
+    /// draft run ends the choice exactly where a run without speculation ends it.
+    FinishReason push_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev);
+    // speculative decoding (engine_spec.cpp)
+    /// Before schedule(): each running sequence with one token to compute proposes its drafts
+    /// (SchedSeq::n_draft), bounded by k, max_tokens and max_model_len; none above
+    /// disable_by_batch_size running sequences.
+    void propose_drafts();
+    /// Emit the sample row `i` of plan.rows and its draft rows: verify the drafts in order, append
+    /// the target's tokens up to the first rejection (plus the target's own token there, or the
+    /// bonus token after the last draft), count acceptance, keep the accepted drafts' KV, give the
+    /// rejected ones' blocks back. `logits`: row i's [1 + n_draft, vocab].
+    void emit_draft_rows(const StepPlan::RowUse & row, const float * logits);
+    /// The token counters (/metrics), bumped before the event that carries the tokens goes out;
+    /// `n_forwards`: sequence-steps that produced tokens (n_target_forwards_total).
+    void count_tokens(int64_t n_generated, int64_t n_prompt, int64_t n_cached, int64_t n_host_cached, int64_t n_forwards = 0);
     /// Every sequence still alive ends with `e`.
     void fail_step(const Error & e);
     void publish_stats();
@@ -253,6 +283,7 @@ private:
     kv::SeqId                                 next_seq_id_ = 1;
     model::StepBatch                          batch_;
     std::vector<float>                        scratch_, processed_;  ///< processed_: one row after the logits processors
+    std::unique_ptr<spec::Proposer>           proposer_;  ///< --speculative-config's (null: none)
     bool                                      defer_events_ = false;  ///< emit() holds events back (pause)
     std::vector<std::pair<std::shared_ptr<ResultChannel>, ChoiceEvent>> deferred_;
     /// A pause mode=wait waiting for the requests in flight to finish.

@@ -45,6 +45,23 @@ void apply_logits_processors(float * logits, int32_t vocab, const SamplingParams
 /// Shapes  logits [vocab]
 int32_t sample_token(const float * logits, int32_t vocab, const SamplingParams & p, SeqRng & rng);
 
+/// Verify one draft token at a drafted position: the rejection sampler for a deterministic draft
+/// (q = delta(draft)), coupled with the plain sampler. The target's token t = sample_token(logits,
+/// vocab, p, rng) is drawn exactly as a run without speculation draws it (one rng draw when
+/// temperature > 0, none when greedy); the draft is accepted iff t == draft. So the draft is
+/// accepted with probability p(draft) under every sampling filter (temperature, min_p, top-k,
+/// top-p; `logits` already processed: penalties, logit_bias, min_tokens), and on a rejection
+/// t is distributed as p with the draft removed and renormalised (the inverse-CDF draw,
+/// conditioned on missing the draft's interval) — the target distribution exactly. With the
+/// same rng state the token equals the one a run without speculation samples: a seeded request
+/// gives the same tokens with and without --speculative-config.
+/// Shapes  logits [vocab]
+struct DraftVerdict {
+    int32_t token    = 0;      ///< the target's token at this position (= draft when accepted)
+    bool    accepted = false;
+};
+DraftVerdict verify_draft_token(const float * logits, int32_t vocab, const SamplingParams & p, SeqRng & rng, int32_t draft);
+
 /// Log-probabilities of `id` and the top `k` tokens under log_softmax(logits); rank of `id` =
 /// number of tokens whose logprob is >= its own (vLLM's rank: 1 = the most likely).
 /// Shapes  logits [vocab];  scratch [vocab] (overwritten)

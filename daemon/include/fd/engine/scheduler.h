@@ -18,6 +18,10 @@
 // (tier_out: evicted prefix blocks saved to the host; tier_in: host-tier prefix hits loaded
 // back); the engine runs every device → host copy (swap_out, tier_out) before every host →
 // device one (swap_in, tier_in), then KvCache::copies_done() (fd/kv/kv_cache.h).
+// Speculative decoding: a running sequence with one token left to compute may ask to verify
+// n_draft draft tokens in the same step (the engine proposes them before schedule()); they are
+// granted (ScheduledSeq::n_draft) when the budget and free KV blocks allow, never by preempting
+// another sequence (then the step runs without them), and count against the token budget.
 // A sequence may cap its chunk (max_chunk) and skip the prefix cache (no_prefix_cache: scoring
 // wants every prompt row).
 //
@@ -46,6 +50,7 @@ struct SchedSeq {
     bool                 no_prefix_cache = false;  ///< every prompt row is computed (its logits are wanted)
     int32_t              max_chunk       = 0;      ///< > 0: at most this many tokens per step
     uint64_t             prefix_salt     = 0;      ///< prefix-cache namespace (vLLM's cache_salt, hashed; 0 = none)
+    int32_t              n_draft         = 0;      ///< draft tokens to verify this step (set by the engine before schedule())
 
     int64_t n_remaining() const { return static_cast<int64_t>(tokens.size()) - n_computed; }
 };
@@ -58,6 +63,7 @@ struct SchedulerConfig {
 struct ScheduledSeq {
     SchedSeq * seq      = nullptr;
     int32_t    n_tokens = 0;  ///< tokens to compute this step, starting at seq->n_computed
+    int32_t    n_draft  = 0;  ///< draft tokens granted after them (n_tokens == 1); KV blocks held for all
 };
 
 struct ScheduleDecision {

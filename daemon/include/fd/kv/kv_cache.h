@@ -74,6 +74,12 @@ public:
     /// sequences can reuse them (those asking with the same `salt`).
     void commit_full_blocks(SeqId seq, const std::vector<int32_t> & tokens, int64_t n_computed, uint64_t salt = 0);
 
+    /// Speculative decoding's rollback: give back `seq`'s device blocks past the ones that hold
+    /// its first `n_tokens` tokens (blocks allocated for draft tokens the target rejected; their
+    /// slots are rewritten when those positions are computed again). Blocks published with
+    /// commit_full_blocks hold computed tokens only and are never among them (FD_CHECK).
+    void trim(SeqId seq, int64_t n_tokens);
+
     /// Drop `seq`'s blocks, device and host (cached ones stay reusable until evicted).
     void release(SeqId seq);
 

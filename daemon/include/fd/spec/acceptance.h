@@ -1,0 +1,35 @@
+// fd/spec/acceptance.h — how many draft tokens the target accepted, per weight version.
+//
+// vLLM's spec-decode counters: a "draft" is one sequence's proposal verified in one step
+// (vllm:spec_decode_num_drafts), of num_draft_tokens tokens of which num_accepted_tokens were
+// accepted; accepted_per_pos[i] counts drafts whose token i was accepted. Mean accepted length
+// (vLLM's mean acceptance length) = 1 + accepted / drafts: tokens produced per target forward
+// of a speculating sequence. Header-only value types; the engine keeps one per weight version.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace fd::spec {
+
+struct DraftCounters {
+    int64_t              n_drafts          = 0;  ///< proposals verified (one per sequence per step)
+    int64_t              n_draft_tokens    = 0;  ///< tokens proposed and verified
+    int64_t              n_accepted_tokens = 0;  ///< of those, accepted by the target
+    std::vector<int64_t> accepted_per_pos;       ///< [k] drafts whose token i was accepted
+
+    /// One verified proposal of `n_proposed` tokens, the first `n_accepted` accepted.
+    void record(int32_t n_proposed, int32_t n_accepted) {
+        ++n_drafts;
+        n_draft_tokens += n_proposed;
+        n_accepted_tokens += n_accepted;
+        if (accepted_per_pos.size() < static_cast<size_t>(n_accepted)) { accepted_per_pos.resize(static_cast<size_t>(n_accepted), 0); }
+        for (int32_t i = 0; i < n_accepted; ++i) { ++accepted_per_pos[static_cast<size_t>(i)]; }
+    }
+    /// accepted / proposed tokens; 0 when nothing was proposed.
+    double acceptance_rate() const { return n_draft_tokens > 0 ? static_cast<double>(n_accepted_tokens) / static_cast<double>(n_draft_tokens) : 0.0; }
+    /// 1 + accepted / drafts (tokens per target forward of a speculating sequence); 0 when no draft.
+    double mean_accepted_length() const { return n_drafts > 0 ? 1.0 + static_cast<double>(n_accepted_tokens) / static_cast<double>(n_drafts) : 0.0; }
+};
+
+}  // namespace fd::spec

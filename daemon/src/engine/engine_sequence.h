@@ -1,0 +1,41 @@
+// engine_sequence.h — the engine's Sequence (private to daemon/src/engine): one choice of one
+// request, as engine.cpp (admission, sampling, events) and engine_spec.cpp (drafts) see it.
+#pragma once
+
+#include "fd/engine/engine.h"
+#include "fd/engine/sampler.h"
+#include "fd/tokenizer/incremental_decoder.h"
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fd::engine {
+
+/// One choice of one request, from admission to its finishing event.
+struct Engine::Sequence : SchedSeq {
+    int32_t                        choice = 0;
+    std::shared_ptr<ResultChannel> channel;
+    SamplingParams                 params;
+    int32_t                        n_prompt = 0;
+    SeqRng                         rng;
+    tokenizer::IncrementalDecoder  detok;
+    std::string                    text;            ///< generated text so far (stop strings cut off)
+    size_t                         n_text_sent = 0; ///< bytes of `text` already sent
+    size_t                         stop_holdback = 0;
+    int64_t                        n_chars = 0;     ///< code points in `text` (for text_offsets)
+    std::vector<TokenLogprob>      prompt_lps;      ///< prompt_logprobs, until the first event carries them
+    int32_t                        n_prompt_scored = 0;  ///< prompt rows whose logprobs were taken (prompt token i+1 per row i)
+    bool                           prompt_lps_sent = false;
+    std::shared_ptr<const std::vector<std::string>> request_ids;  ///< the request's ids (POST /v1/abort)
+    std::vector<VersionSpan>       spans;           ///< which weight version produced which generated tokens
+    std::vector<int32_t>           draft;           ///< this step's draft tokens (n_draft of them granted; never in `tokens`)
+    std::chrono::steady_clock::time_point t_arrival{}, t_scheduled{}, t_last_token{};  ///< request metrics
+
+    Sequence(const tokenizer::Tokenizer & tok, const std::vector<int32_t> & prompt, const SamplingParams & p)
+        : detok(tok, prompt, {.skip_special_tokens = p.skip_special_tokens,
+                              .spaces_between_special_tokens = p.spaces_between_special_tokens}) {}
+};
+
+}  // namespace fd::engine

@@ -1,0 +1,87 @@
+// Engine: speculative decoding's two halves of a step — proposing drafts before schedule(), and
+// verifying them after the forward (docs/speculative.md).
+//
+// A speculating sequence's step computes [last token, d1..dg] in one forward; row j's logits are
+// the target's at the position after token j, bitwise equal to the row a one-token decode of the
+// same prefix gives (batch-invariant kernels). The rows are read in order: the token the target
+// samples there (the plain sampler, same rng draw) is appended; while it equals the draft the
+// next row is valid too (its KV was computed from accepted tokens), else the step ends there.
+// So the tokens, logprobs, rng stream and finish of a choice equal a run without speculation.
+#include "fd/engine/engine.h"
+
+#include "engine_sequence.h"
+
+#include <algorithm>
+
+namespace fd::engine {
+
+void Engine::propose_drafts() {
+    const auto & running = sched_.running();
+    for (SchedSeq * r : running) { r->n_draft = 0; }
+    if (!proposer_) { return; }
+    const spec::SpeculativeConfig & sc = cfg_.speculative;
+    if (sc.disable_by_batch_size > 0 && static_cast<int32_t>(running.size()) > sc.disable_by_batch_size) {
+        std::lock_guard lk(stats_mu_);
+        ++stats_.n_spec_steps_off_total;
+        return;
+    }
+    for (SchedSeq * r : running) {
+        auto & s = static_cast<Sequence &>(*r);
+        s.draft.clear();
+        const auto    n_tokens    = static_cast<int32_t>(s.tokens.size());
+        const int32_t n_generated = n_tokens - s.n_prompt;
+        if (!s.channel || s.n_remaining() != 1 || n_generated < 1) { continue; }  // decodes only
+        // The step yields at most 1 + g tokens: never past max_tokens; draft j sits at position
+        // n_tokens - 1 + j, below max_model_len.
+        const int32_t k = std::min({sc.num_speculative_tokens, s.params.max_tokens - n_generated - 1, cfg_.max_model_len - n_tokens});
+        if (k <= 0) { continue; }
+        proposer_->propose(s.tokens, k, s.draft);
+        s.n_draft = static_cast<int32_t>(s.draft.size());
+    }
+}
+
+void Engine::emit_draft_rows(const StepPlan::RowUse & row, const float * logits) {
+    Sequence &    s     = *row.s;
+    const int32_t vocab = model_cfg_.vocab_size;
+    const int32_t g     = row.n_draft;
+    ChoiceEvent   ev;
+    FinishReason  why        = FinishReason::none;
+    int32_t       n_accepted = 0;
+    for (int32_t j = 0; j <= g && why == FinishReason::none; ++j) {
+        const float * raw       = logits + static_cast<size_t>(j) * vocab;
+        const float * to_sample = raw;
+        if (s.params.processes_logits()) {  // over the tokens accepted so far, as a plain step sees them
+            processed_.assign(raw, raw + vocab);
+            const std::span<const int32_t> all(s.tokens);
+            apply_logits_processors(processed_.data(), vocab, s.params, all.first(s.n_prompt), all.subspan(s.n_prompt),
+                                    model_cfg_.eos_token_ids);
+            to_sample = processed_.data();
+        }
+        DraftVerdict v;
+        if (j < g) {
+            v = verify_draft_token(to_sample, vocab, s.params, s.rng, s.draft[static_cast<size_t>(j)]);
+        } else {
+            v.token = sample_token(to_sample, vocab, s.params, s.rng);  // every draft accepted: the bonus token
+        }
+        count_tokens(1, 0, 0, 0, j == 0 ? 1 : 0);
+        why = push_token(s, v.token, raw, ev);
+        if (!v.accepted) { break; }
+        ++n_accepted;
+    }
+    {
+        std::lock_guard lk(stats_mu_);
+        stats_.spec_by_version[state_.weight_version].record(g, n_accepted);
+    }
+    if (why == FinishReason::none) {
+        // The accepted drafts' KV (computed by this forward from accepted tokens) is kept; the
+        // rejected ones' slots are not: the blocks past the real tokens go back, and nothing
+        // past n_computed is ever published to the prefix cache.
+        s.n_computed += n_accepted;
+        kv_.commit_full_blocks(s.id, s.tokens, s.n_computed, s.prefix_salt);
+        kv_.trim(s.id, static_cast<int64_t>(s.tokens.size()));
+    }
+    s.draft.clear();
+    emit(s, why, std::move(ev));
+}
+
+}  // namespace fd::engine
