@@ -181,7 +181,7 @@ class RankLiveness(unittest.TestCase):
     def test_busy_ranks_are_not_called_stuck_under_a_short_bound(self):
         # Negative control: with --rank-stuck-s 1, decoding, an update, sleep and wakeup all tick
         # (kernel jobs, weight bytes, requests, collectives): no rank is failed.
-        d = self.daemon("shm", "--rank-heartbeat-s", "0.5", "--rank-stuck-s", "1")
+        d = self.daemon("shm", "--rank-heartbeat-s", "1", "--rank-stuck-s", "1")
         before = greedy(d)
         s = Streams(d, 4)
         s.join()

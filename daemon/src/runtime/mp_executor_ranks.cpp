@@ -202,7 +202,7 @@ bool MpExecutor::check_heard(int32_t r, Clock::time_point now, bool startup) {
         why = fmt::format("on node {} sent no heartbeat for {:.1f} s (--rank-heartbeat-s {:g}): stopped, frozen, or node {} is unreachable",
                           k.node, silent_s, cfg_.heartbeat_s, k.node);
     } else if (k.pid > 0 && process_stopped(k.pid)) {
-        why = fmt::format("is stopped (SIGSTOP or a debugger): no heartbeat for {:.1f} s (--rank-heartbeat-s {:g})", silent_s, cfg_.heartbeat_s);
+        return false;  // stopped here: check_process's /proc look decides, timed from the stop itself (not from a late beat)
     } else {
         why = fmt::format("sent no heartbeat for {:.1f} s (--rank-heartbeat-s {:g}): frozen or not scheduled", silent_s, cfg_.heartbeat_s);
     }
