@@ -108,9 +108,15 @@ void add_flags(CLI::App & app, fd::Config & c) {
                    "device of its own, else shm/gloo staged through host memory; cpu: shm when --nnodes 1, else gloo)")
         ->envname("FD_DIST_BACKEND")->check(CLI::IsMember({"auto", "gloo", "shm", "nccl"}))->capture_default_str();
     app.add_option("--rank-heartbeat-s", p.rank_heartbeat_s,
-                   "mp backend: a rank process stopped (SIGSTOP, a debugger) this long is failed (rank_failed, /health degraded); "
+                   "mp backend: each rank process beats over its link every this / 10 while it works; one that sends no beat "
+                   "this long (stopped, frozen, its node unreachable) is failed (rank_failed, /health degraded), within 1.2 x; "
                    "one that exits is noticed at once on every backend, whatever this says")
         ->envname("FD_RANK_HEARTBEAT_S")->check(CLI::Range(0.05, 3600.0))->capture_default_str();
+    app.add_option("--rank-stuck-s", p.rank_stuck_s,
+                   "mp backend: a rank that beats but whose main loop made no progress (no kernel job, no weight bytes, no request "
+                   "taken) this long while the daemon waits on it is failed as stuck (a deadlock, a kernel that never returns); "
+                   "waiting on a peer in a collective or on an rsync child does not count")
+        ->envname("FD_RANK_STUCK_S")->check(CLI::Range(0.05, 86400.0))->capture_default_str();
     app.add_option("--max-num-seqs", c.engine.scheduler.max_num_seqs, "Most sequences in the running batch")
         ->envname("FD_MAX_NUM_SEQS")->capture_default_str();
     app.add_option("--max-num-batched-tokens", c.engine.scheduler.max_num_batched_tokens, "Token budget per engine step (prefill chunks + decodes)")
@@ -311,7 +317,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
                                          .shutdown_comm_group_if_worker_idle = cfg.parallel.shutdown_comm_group_if_worker_idle,
                                          .dist_backend = r.dist_backend,
                                          .timeout_s = cfg.control.control_timeout_s,
-                                         .heartbeat_s = cfg.parallel.rank_heartbeat_s, .log_level = cfg.log_level,
+                                         .heartbeat_s = cfg.parallel.rank_heartbeat_s, .stuck_s = cfg.parallel.rank_stuck_s, .log_level = cfg.log_level,
                                          .log_format = cfg.log_format};
         // A weight read that hangs fails inside the rank before the daemon gives up on the rank.
         mp.worker.io_timeout_s = 0.8 * cfg.control.control_timeout_s;

@@ -1,5 +1,7 @@
 #include "fd/kernels/thread_pool.h"
 
+#include "fd/liveness.h"
+
 #include <chrono>
 #include <climits>
 
@@ -86,6 +88,7 @@ void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t)
     if (n_tasks <= 0) { return; }
     if (workers_.empty() || n_tasks == 1) {
         for (int64_t i = 0; i < n_tasks; ++i) { fn(i); }
+        liveness::tick();  // a kernel job done: the rank's heartbeat reports progress (fd/liveness.h)
         return;
     }
     // The previous job is over (busy_ reached 0), so no worker reads these until job_ moves.
@@ -105,6 +108,7 @@ void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t)
     }
     stats_.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
     fn_ = nullptr;
+    liveness::tick();
 }
 
 }  // namespace fd::kernels

@@ -8,7 +8,13 @@ or 9 s, not as a fast figure), median and max over --trials:
                 seconds to wakeup's 503 rank_failed answer and to /health "degraded"
   stop_decode   rank 1 SIGSTOPped while the streams decode, --rank-heartbeat-s 1: seconds to the
                 first rank_failed answer and to /health "degraded" (bound: 1.2 x the heartbeat)
-Targets: kill ≤ 0.1 s; stop ≤ the heartbeat bound. Each figure is also printed as a ratio to its
+  stuck_decode  rank 1's main loop hangs while the streams decode (FD_TEST_HANG_AT=forward, armed
+                by deleting its file: the process runs and beats, no progress), --rank-heartbeat-s
+                1 --rank-stuck-s 1 (bound: the stuck bound + heartbeat/10 + a look = 1.2 s)
+  remote_stop   (backend gloo only: two "nodes" on this host, node 1's agent on 127.0.0.2) node 1's
+                rank SIGSTOPped while the streams decode, --rank-heartbeat-s 1: node 0 sees no
+                process of it, only its missing beats (bound: 1.2 x the heartbeat)
+Targets: kill ≤ 0.1 s; stop and stuck ≤ the heartbeat bound. Each figure is also printed as a ratio to its
 bound measured against the same run's /health round trip (the reference: one idle HTTP answer).
 With --ref-bin (an fdrollout built from an older commit), the same cases run on it and the ratio
 new / ref is printed (kill_rebuild needs the comm_connect hook: skipped on a binary without it).
@@ -28,7 +34,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
-from fdtest import BIN, Daemon  # noqa: E402
+from fdtest import BIN, STORIES, Daemon, free_port  # noqa: E402
 
 STREAM = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
 ENV = {"FD_DEBUG_STEP_DELAY_MS": "5"}
@@ -79,6 +85,73 @@ def stream_until_error(port, first_error):
         return
     finally:
         conn.close()
+
+
+def decode_then(d, fault):
+    """4 streams on `d`; once they decode, `fault()` (returns the undo); seconds to the first error chunk, to /health degraded."""
+    errors = []
+    threads = [threading.Thread(target=stream_until_error, args=(d.port, errors)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 30
+    while d.get("/health")[1]["num_requests_running"] < 4:
+        assert time.time() < deadline, "the streams never ran"
+        time.sleep(0.005)
+    time.sleep(0.3)
+    watch = HealthWatch(d)
+    t0 = time.monotonic()
+    undo = fault()
+    for t in threads:
+        t.join(60)
+    t_health = watch.join()
+    if undo:
+        undo()
+    return (min(errors) - t0 if errors else float("nan")), (t_health - t0 if t_health else float("nan"))
+
+
+def stuck_during_decode(bin_, backend, tmp, trial):
+    marker = os.path.join(tmp, f"hang-{backend}-{trial}")
+    open(marker, "w").close()  # disarmed until deleted
+    d = start(bin_, backend, "--rank-heartbeat-s", "1", "--rank-stuck-s", "1", env={"FD_TEST_HANG_AT": f"forward:1:{marker}"})
+    try:
+        return decode_then(d, lambda: os.unlink(marker))
+    finally:
+        d.__exit__()
+
+
+def remote_stop_during_decode(bin_, tmp, trial):
+    """Node 0 (this daemon, rank 0) and node 1 (an agent on 127.0.0.2, rank 1) on this host."""
+    import subprocess
+    token = os.path.join(tmp, "token")
+    if not os.path.exists(token):
+        with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(os.urandom(32).hex())
+    port = free_port()
+    node = subprocess.Popen([bin_, "--model", STORIES, "--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "1",
+                             "--master-addr", "127.0.0.1", "--master-port", str(port), "--node-addr", "127.0.0.2",
+                             "--dist-token-file", token, "--control-timeout-s", "10"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **ENV})
+    try:
+        d = Daemon("--dynamic-load-weight", "--tensor-parallel-size", "2", "--threads", "1", "--nnodes", "2", "--node-rank", "0",
+                   "--master-addr", "127.0.0.1", "--master-port", str(port), "--dist-token-file", token, "--control-timeout-s", "10",
+                   "--rank-heartbeat-s", "1", extra=False, bin=bin_, env=ENV)
+        try:
+            from fdtest import children, cmdline
+            [victim] = [c for c in children(node.pid) if b"--fd-rank-process" in cmdline(c)]
+
+            def stop():
+                os.kill(victim, signal.SIGSTOP)
+                return lambda: os.kill(victim, signal.SIGCONT)
+            return decode_then(d, stop)
+        finally:
+            d.__exit__()
+    finally:
+        node.terminate()
+        try:
+            node.wait(30)
+        except subprocess.TimeoutExpired:
+            node.kill()
+            node.wait()
 
 
 def fault_during_decode(bin_, backend, sig, *args):
@@ -158,6 +231,10 @@ def run_cases(bin_, backends, trials, tmp):
             "kill_rebuild": lambda i=[0]: (i.__setitem__(0, i[0] + 1), kill_during_rebuild(bin_, backend, tmp, i[0]))[1],
             "stop_decode": lambda: fault_during_decode(bin_, backend, signal.SIGSTOP, *(["--rank-heartbeat-s", "1"] if bin_ == BIN else [])),
         }
+        if bin_ == BIN:  # the hang hook and --rank-stuck-s are new
+            cases["stuck_decode"] = lambda i=[0]: (i.__setitem__(0, i[0] + 1), stuck_during_decode(bin_, backend, tmp, i[0]))[1]
+        if bin_ == BIN and backend == "gloo":  # --nnodes 2 runs gloo
+            cases["remote_stop"] = lambda i=[0]: (i.__setitem__(0, i[0] + 1), remote_stop_during_decode(bin_, tmp, i[0]))[1]
         for name, case in cases.items():
             runs = []
             for _ in range(trials):
@@ -195,7 +272,7 @@ def main():
     print(f"/health round trip (reference): {rtt * 1e3:.2f} ms; trials {a.trials}; --control-timeout-s 10")
     print(f"{'case':22} {'answer med/max s':>18} {'health med/max s':>18} {'bound s':>8} {'max/bound':>9} {'ref answer s':>13} {'new/ref':>8}")
     for key, v in new.items():
-        bound = 1.2 if key.endswith("stop_decode") else 0.1
+        bound = 1.2 if key.endswith(("stop_decode", "stuck_decode", "remote_stop")) else 0.1
         worst = max(v["answer_s_max"], v["health_s_max"])
         r = ref.get(key)
         print(f"{key:22} {v['answer_s_median']:8.3f}/{v['answer_s_max']:<8.3f} {v['health_s_median']:8.3f}/{v['health_s_max']:<8.3f} "

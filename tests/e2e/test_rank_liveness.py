@@ -10,6 +10,9 @@ deadline (0.9 x the timeout). Now:
   says degraded [1] within LIVENESS_S (the bound the tests allow a loaded 2-core machine; the
   benchmark, tests/bench/rank_fault_latency.py, measures the real figure);
 - SIGSTOP rank 1 (decoding, or idle) → the same within --rank-heartbeat-s (1 s here) + slack;
+- rank 1 stuck in its main loop (FD_TEST_HANG_AT=forward, its beat thread still beating) → the
+  same within --rank-stuck-s (2 s here) + slack, naming rank 1 only (rank 0 waits on it in the
+  all-reduce, which is not "stuck"); with --rank-stuck-s 1, busy ranks are never called stuck;
 - rank 1 SIGKILLed while wakeup rebuilds the group (FD_TEST_PAUSE_AT=comm_connect, the rank
   paused before it joins, its peer inside the rendezvous) → wakeup answers 503 rank_failed within
   LIVENESS_S; the next wakeup recovers;
@@ -140,6 +143,59 @@ class RankLiveness(unittest.TestCase):
         status, j = d.post("/v1/update_weights", {}, timeout=10)
         self.assertEqual((status, j["error"]["type"]), (503, "rank_failed"), j)
         self.assertIn("stopped", j["error"]["message"])
+
+    def test_a_stuck_rank_is_caught_by_its_beat_and_its_waiting_peer_is_not_named(self):
+        # FD_TEST_HANG_AT=forward:1:FILE, armed by deleting FILE: rank 1's next step hangs in its main
+        # loop (no progress) while its beat thread beats, and rank 0 waits for it in the all-reduce.
+        # Before the heartbeat carried progress, this waited for the deadline (0.9 x 60 s here).
+        tmp = tempfile.mkdtemp(prefix="fd-stuck-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        for backend in ("shm", "gloo"):
+            with self.subTest(backend):
+                marker = os.path.join(tmp, f"hang-{backend}")
+                open(marker, "w").close()  # disarmed until deleted
+                d = self.daemon(backend, "--rank-heartbeat-s", "1", "--rank-stuck-s", "2",
+                                env={"FD_TEST_HANG_AT": f"forward:1:{marker}"})
+                before = greedy(d)
+                s = Streams(d, 4)
+                wait_until(lambda: d.get("/health")[1]["num_requests_running"] >= 4, 30, "4 streams decoding")
+                time.sleep(0.2)
+                victim = d.rank_pids()[1]
+                t0 = time.monotonic()
+                os.unlink(marker)  # armed: rank 1's next forward hangs
+                h = wait_until(lambda: degraded(d), 30, "/health degraded")
+                t_health = time.monotonic() - t0
+                s.join()
+                print(f"\n{backend}: rank stuck in its main loop -> /health degraded {t_health:.3f} s (--rank-stuck-s 2)", end="")
+                self.assertEqual(h["degraded_ranks"], [1], h)  # rank 0, waiting on it in the all-reduce, is not named
+                self.assertGreater(t_health, 1.9)  # the stuck bound, not earlier: it still beats
+                self.assertLess(t_health, 2.0 + LIVENESS_S)
+                for chunks, done in s.out:
+                    errors = [c["error"] for c in chunks if "error" in c]
+                    self.assertEqual([e["type"] for e in errors], ["rank_failed"], chunks[-2:])
+                    self.assertIn("rank 1", errors[0]["message"])
+                    self.assertIn("is stuck", errors[0]["message"])
+                self.assertIn(victim, d.rank_pids())  # alive until recovery: it beats, it is not stopped
+                self.recovers(d, before, victim)
+
+    def test_busy_ranks_are_not_called_stuck_under_a_short_bound(self):
+        # Negative control: with --rank-stuck-s 1, decoding, an update, sleep and wakeup all tick
+        # (kernel jobs, weight bytes, requests, collectives): no rank is failed.
+        d = self.daemon("shm", "--rank-heartbeat-s", "1", "--rank-stuck-s", "1")
+        before = greedy(d)
+        s = Streams(d, 4)
+        s.join()
+        for chunks, done in s.out:
+            self.assertTrue(done)
+            self.assertFalse([c for c in chunks if "error" in c], chunks[-2:])
+        self.ok(d, "/v1/pause")
+        self.ok(d, "/v1/update_weights", {"version": "b"})
+        self.ok(d, "/v1/sleep")
+        self.ok(d, "/v1/wakeup")
+        h = d.get("/health")[1]
+        self.assertEqual((h["state"], h["degraded_ranks"]), ("serving", []), h)
+        self.assertEqual(greedy(d)[:2], before[:2])  # same weights, now labelled b
+        self.assertNotIn("is stuck", d.output())
 
     def test_a_rank_killed_while_wakeup_rebuilds_the_group(self):
         tmp = tempfile.mkdtemp(prefix="fd-liveness-")

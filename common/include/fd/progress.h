@@ -6,6 +6,8 @@
 // relaxed atomic add each; readers (HTTP threads) take a snapshot. Never throws.
 #pragma once
 
+#include "fd/liveness.h"
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -34,8 +36,15 @@ public:
     /// Start `phase` with `bytes_total` (0 = unknown yet); resets bytes_done.
     void begin(std::string phase, int64_t bytes_total);
     /// Called from any thread while the phase runs.
-    void add_done(int64_t bytes) { done_.fetch_add(bytes, std::memory_order_relaxed); }
-    void set_done(int64_t bytes) { done_.store(bytes, std::memory_order_relaxed); }
+    /// Both also tick the process's liveness mark (fd/liveness.h): bytes moving is progress.
+    void add_done(int64_t bytes) {
+        done_.fetch_add(bytes, std::memory_order_relaxed);
+        liveness::tick();
+    }
+    void set_done(int64_t bytes) {
+        done_.store(bytes, std::memory_order_relaxed);
+        liveness::tick();
+    }
     void set_total(int64_t bytes) { total_.store(bytes, std::memory_order_relaxed); }
     /// The phase is over (success or failure).
     void end();

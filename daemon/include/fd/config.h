@@ -53,7 +53,8 @@ struct ParallelOptions {
     std::string dist_token_file;               ///< nnodes > 1: the shared join secret (0600, owned by the user), else FD_DIST_TOKEN
     bool        shutdown_comm_group_if_worker_idle = true;  ///< sleep(weight) closes the comm group, wakeup rebuilds it
     std::string dist_backend = "auto";         ///< the ranks' all-reduce: gloo | shm (one host) | nccl (cuda) | auto (resolve() picks)
-    double      rank_heartbeat_s = 3.0;        ///< a local rank process stopped (SIGSTOP, a debugger) this long is failed
+    double      rank_heartbeat_s = 3.0;        ///< a rank that sends no heartbeat this long while worked on (stopped, frozen, unreachable) is failed
+    double      rank_stuck_s = 30.0;           ///< a rank that beats but whose main loop makes no progress this long is failed as stuck
 };
 
 struct Config {

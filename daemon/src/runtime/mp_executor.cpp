@@ -214,6 +214,11 @@ void MpExecutor::gather(const std::vector<int32_t> & ranks, Clock::time_point de
     // A stopped rank is looked at every heartbeat_s / 10 (5 ms .. 500 ms): caught within heartbeat_s + 2 looks (≤ 1.2 × heartbeat_s).
     const auto tick = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::clamp(cfg_.heartbeat_s / 10, 0.005, 0.5)));
     auto next_beat = Clock::now() + tick;
+    const bool startup = seq == 0;
+    for (int32_t r : pending_) {
+        ranks_[r].heard     = Clock::now();
+        ranks_[r].beat_seen = false;
+    }
     bool abandoned = false, lost = n_lost_ != lost_mark_;  // a rank already lost since the call began (its send failed)
     if (lost) { deadline = std::min(deadline, Clock::now() + kSurvivorGrace); }
     while (!pending_.empty()) {
@@ -245,7 +250,8 @@ void MpExecutor::gather(const std::vector<int32_t> & ranks, Clock::time_point de
         for (size_t j = 0; rc > 0 && j < n_pidfd; ++j) {
             if (fds[n + j].revents != 0) { check_process(pending_[pid_of[j]], Clock::now()); }
         }
-        if (Clock::now() >= next_beat) {
+        const bool look = Clock::now() >= next_beat;
+        if (look) {
             for (int32_t r : pending_) { check_process(r, Clock::now()); }
             next_beat = Clock::now() + tick;
         }
@@ -254,7 +260,8 @@ void MpExecutor::gather(const std::vector<int32_t> & ranks, Clock::time_point de
             const int32_t r = pending_[i];
             if (ranks_[r].failed) { continue; }
             if (rc <= 0 || fds[i].revents == 0) {
-                still_.push_back(r);
+                // Nothing to read: has it beaten lately? (Records already queued are read first.)
+                if (!(look && check_heard(r, Clock::now(), startup))) { still_.push_back(r); }
                 continue;
             }
             LinkMsg & m = replies_[r];
@@ -265,6 +272,9 @@ void MpExecutor::gather(const std::vector<int32_t> & ranks, Clock::time_point de
                 still_.push_back(r);  // readable but nothing whole yet: poll again
             } else if (got != LinkSocket::Recv::ok || !read_detail(r, m)) {
                 mark_failed(r, /*timed_out=*/false);
+            } else if (m.op == static_cast<uint32_t>(LinkOp::beat)) {
+                note_beat(r, m, Clock::now());  // not a reply: wait on (unless it says stuck)
+                if (!ranks_[r].failed) { still_.push_back(r); }
             } else if (m.op != static_cast<uint32_t>(LinkOp::ready) && m.seq != seq) {
                 still_.push_back(r);  // a late answer to an older request
             } else {

@@ -77,13 +77,16 @@ private:
         std::string model_dir, bind_addr;    ///< remote: the node's --model and its ranks' Gloo address
         int         pidfd = -1;              ///< local: readable once the process exits (-1: none)
         Clock::time_point stopped_since{};   ///< local: when it was first seen stopped ({}: running)
+        Clock::time_point heard{};           ///< the current wait: when its request went or its last record came
+        bool              beat_seen = false; ///< the current wait: a beat came (start-up holds a rank to its beat after its first)
     };
 
     // ---- the round trip to every rank (mp_executor.cpp)
 
     /// Collect one reply from each rank in `ranks` until `deadline` into replies_[r] (a `ready`
-    /// or the answer to `seq`). A rank whose link closes, whose process exits (pidfd), that stays
-    /// stopped for heartbeat_s or that misses the deadline is marked failed. Once one has failed,
+    /// or the answer to `seq`), reading its beats meanwhile. A rank whose link closes, whose
+    /// process exits (pidfd), that sends no beat for heartbeat_s (or stays stopped that long), whose
+    /// beat says it is stuck (stuck_s) or that misses the deadline is marked failed. Once one has failed,
     /// the others get kSurvivorGrace more to answer (they may be waiting on the dead one inside a
     /// collective), then the wait ends with them unanswered (their late replies are skipped by
     /// seq; recover() restarts every rank). A reply announcing a detail (detail_bytes) is followed
@@ -138,6 +141,11 @@ private:
     /// has exited, or has been stopped for heartbeat_s (first seen stopped at the last sample).
     bool check_process(int32_t r, Clock::time_point now);
 
+    /// Rank `r`'s beat `m` (a stuck one is marked failed).
+    void note_beat(int32_t r, const LinkMsg & m, Clock::time_point now);
+    /// Rank `r` sent nothing for heartbeat_s: marks it failed and returns true.
+    bool check_heard(int32_t r, Clock::time_point now, bool startup);
+
     /// Rank `r` is out until recover(): its link closed (`timed_out` false) or it missed a deadline.
     void mark_failed(int32_t r, bool timed_out, const std::string & what = {});
 
@@ -169,7 +177,7 @@ private:
     std::vector<int32_t>             targets_, live_, pending_, still_;
     size_t                           n_lost_ = 0;     ///< ranks marked failed so far
     size_t                           lost_mark_ = 0;  ///< n_lost_ when the current call / start-up wait began
-    static constexpr std::chrono::milliseconds kSurvivorGrace{50};  ///< see gather(): what a survivor gets after a loss
+    static constexpr std::chrono::milliseconds kSurvivorGrace{10};  ///< see gather(): what a survivor gets after a loss
     uint64_t                         seq_ = 0;
     int64_t                          generation_ = 1;
     bool                             comm_connected_ = false;

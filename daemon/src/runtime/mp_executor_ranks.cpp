@@ -181,6 +181,35 @@ bool MpExecutor::check_process(int32_t r, Clock::time_point now) {
     return true;
 }
 
+void MpExecutor::note_beat(int32_t r, const LinkMsg & m, Clock::time_point now) {
+    auto & k     = ranks_[r];
+    k.heard      = now;
+    k.beat_seen  = true;
+    if (m.since_progress_s < cfg_.stuck_s) { return; }
+    mark_failed(r, /*timed_out=*/true, fmt::format("{}is stuck: its process runs and beats, but its main loop made no progress for {:.1f} s "
+                                                   "(--rank-stuck-s {:g}; a deadlock, or a kernel that never returns)",
+                                                   k.remote ? fmt::format("on node {} ", k.node) : std::string(), m.since_progress_s, cfg_.stuck_s));
+}
+
+bool MpExecutor::check_heard(int32_t r, Clock::time_point now, bool startup) {
+    auto & k = ranks_[r];
+    if (k.failed) { return true; }
+    if (startup && !k.beat_seen) { return false; }  // exec and loading the binary send no beats
+    const double silent_s = std::chrono::duration<double>(now - k.heard).count();
+    if (silent_s < cfg_.heartbeat_s + beat_interval_s(cfg_.heartbeat_s)) { return false; }  // the beat due last, plus the bound
+    std::string why;
+    if (k.remote) {
+        why = fmt::format("on node {} sent no heartbeat for {:.1f} s (--rank-heartbeat-s {:g}): stopped, frozen, or node {} is unreachable",
+                          k.node, silent_s, cfg_.heartbeat_s, k.node);
+    } else if (k.pid > 0 && process_stopped(k.pid)) {
+        return false;  // stopped here: check_process's /proc look decides, timed from the stop itself (not from a late beat)
+    } else {
+        why = fmt::format("sent no heartbeat for {:.1f} s (--rank-heartbeat-s {:g}): frozen or not scheduled", silent_s, cfg_.heartbeat_s);
+    }
+    mark_failed(r, /*timed_out=*/true, why);
+    return true;
+}
+
 void MpExecutor::mark_failed(int32_t r, bool timed_out, const std::string & what) {
     auto & k = ranks_[r];
     if (k.failed) { return; }
@@ -291,7 +320,8 @@ void MpExecutor::shutdown() {
         auto & k = ranks_[r];
         if (!broken && k.link.open()) {
             LinkMsg ack;
-            k.link.recv(ack, Clock::now() + std::chrono::seconds(5));
+            const auto until = Clock::now() + std::chrono::seconds(5);
+            while (k.link.recv(ack, until) == LinkSocket::Recv::ok && ack.op == static_cast<uint32_t>(LinkOp::beat)) {}
         }
         reap(r, broken);
     }

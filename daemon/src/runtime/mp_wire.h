@@ -8,7 +8,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 namespace fd::runtime {
+
+/// How often a busy rank beats (fd/runtime/rank_link.h, LinkOp::beat): --rank-heartbeat-s / 10,
+/// 5 ms .. 0.5 s. The daemon fails a rank silent for heartbeat_s + this: between 1 and 1.2 x
+/// heartbeat_s after it stopped (its look at the silence runs every heartbeat_s / 10 too).
+inline double beat_interval_s(double heartbeat_s) { return std::clamp(heartbeat_s / 10, 0.005, 0.5); }
 
 /// The configuration a rank process starts from.
 struct RankSpawn {

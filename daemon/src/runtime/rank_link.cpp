@@ -226,6 +226,16 @@ bool LinkSocket::send_bytes(const void * data, size_t n, int pass_fd) {
     }
 }
 
+bool LinkSocket::send_beat(const LinkMsg & m) {
+    if (fd_ < 0) { return false; }
+    if (stream_) { return send_bytes(&m, sizeof m); }
+    for (;;) {
+        const ssize_t w = ::send(fd_, &m, sizeof m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR) { continue; }
+        return w == static_cast<ssize_t>(sizeof m);
+    }
+}
+
 bool LinkSocket::send_blob(const void * data, size_t n, int pass_fd) {
     if (stream_) {
         if (pass_fd >= 0) { return false; }

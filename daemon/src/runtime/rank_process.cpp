@@ -5,6 +5,7 @@
 #include "fd/checkpoint/model_config.h"
 #include "fd/checkpoint/safetensors.h"
 #include "fd/comm/comm.h"
+#include "fd/liveness.h"
 #include "fd/status.h"
 
 #include "mp_wire.h"
@@ -15,9 +16,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,6 +51,8 @@ json rank_spawn_to_json(const RankSpawn & s) {
             {"bind_addr", s.bind_addr},
             {"dist_backend", dist_backend_name(c.dist_backend)},
             {"timeout_s", c.timeout_s},
+            {"heartbeat_s", c.heartbeat_s},
+            {"stuck_s", c.stuck_s},
             {"log_level", c.log_level},
             {"log_format", c.log_format}};
 }
@@ -92,6 +97,8 @@ RankSpawn rank_spawn_from_json(const json & j) {
         if (!parsed) { fail(Errc::invalid_argument, "rank configuration: dist_backend '{}'", backend); }  // auto here: gloo, as before
         c.dist_backend = *parsed;
         c.timeout_s   = j.at("timeout_s");
+        c.heartbeat_s = j.value("heartbeat_s", 3.0);
+        c.stuck_s     = j.value("stuck_s", 30.0);
         c.log_level   = j.at("log_level");
         c.log_format  = j.at("log_format");
         return s;
@@ -191,32 +198,83 @@ RankReport rank_report_from_msg(const LinkMsg & m) {
 
 namespace {
 
-/// TEST-ONLY hook (docs/operations.md, "Test hooks"), compiled in always and inert unless the
-/// environment has FD_TEST_PAUSE_AT=<phase>:<rank>:<file>. When rank <rank> reaches <phase> of an
-/// update — `stage` (asked to stage, nothing fetched yet), `commit` (staged, asked to commit,
-/// not yet committed) or `committed` (committed, before it answers) — or of a wakeup's group
-/// rebuild — `comm_connect` (asked to rebuild, before it joins the group) — it creates <file>
-/// (O_EXCL: once per file, so a respawned rank does not pause again), writes its pid there and
-/// sleeps up to 60 s, for a test to SIGKILL it at exactly that phase. Never set it in production.
-void test_pause_at(const char * phase, int rank) {
-    static const char * spec = std::getenv("FD_TEST_PAUSE_AT");
-    if (spec == nullptr || *spec == '\0') { return; }
+/// The file of a TEST-ONLY hook spec `<phase>:<rank>:<file>` in environment variable `env` when
+/// it names `phase` and `rank`, and this process created the file just now (O_EXCL, the pid
+/// written in it: once per file, so a respawned rank does not trip again); else empty.
+std::string test_hook_trips(const char * env, const char * phase, int rank) {
+    const char * spec = std::getenv(env);
+    if (spec == nullptr || *spec == '\0') { return {}; }
     const std::string s = spec;
     const auto c1 = s.find(':');
     const auto c2 = c1 == std::string::npos ? std::string::npos : s.find(':', c1 + 1);
     if (c2 == std::string::npos || s.compare(0, c1, phase) != 0 || c1 != std::strlen(phase) ||
         s.substr(c1 + 1, c2 - c1 - 1) != std::to_string(rank)) {
-        return;
+        return {};
     }
     const std::string file = s.substr(c2 + 1);
     const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) { return; }
+    if (fd < 0) { return {}; }
     const std::string pid = std::to_string(::getpid()) + "\n";
     [[maybe_unused]] const auto n = ::write(fd, pid.data(), pid.size());
     ::close(fd);
-    log::get("rank")->warn("rank {}: FD_TEST_PAUSE_AT: pausing at {} (test-only hook)", rank, phase);
-    std::this_thread::sleep_for(std::chrono::seconds(60));
+    return file;
 }
+
+/// TEST-ONLY hooks (docs/operations.md, "Test hooks"), compiled in always and inert unless the
+/// environment sets them. Phases: `stage` (asked to stage, nothing fetched yet), `commit`
+/// (staged, asked to commit), `committed` (committed, before it answers), `comm_connect` (a
+/// wakeup's group rebuild, before it joins) and `forward` (a step, before its model run).
+/// FD_TEST_PAUSE_AT=<phase>:<rank>:<file>: rank <rank> writes its pid to <file> and sleeps up to
+/// 60 s as a bounded wait (its heartbeat says it progresses), for a test to SIGKILL or SIGSTOP it
+/// at exactly that phase. FD_TEST_HANG_AT=<phase>:<rank>:<file>: the same, but its main loop hangs
+/// (up to 600 s, no progress, the beat thread still beating): a deadlocked rank, for the stuck
+/// check (--rank-stuck-s). A test arms a hook for later by creating <file> first and deleting it
+/// when the hook should trip. Never set them in production.
+void test_pause_at(const char * phase, int rank) {
+    if (!test_hook_trips("FD_TEST_PAUSE_AT", phase, rank).empty()) {
+        log::get("rank")->warn("rank {}: FD_TEST_PAUSE_AT: pausing at {} (test-only hook)", rank, phase);
+        liveness::WaitScope waiting;
+        std::this_thread::sleep_for(std::chrono::seconds(60));
+    }
+    if (!test_hook_trips("FD_TEST_HANG_AT", phase, rank).empty()) {
+        log::get("rank")->warn("rank {}: FD_TEST_HANG_AT: hanging at {} (test-only hook)", rank, phase);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(600);
+        while (std::chrono::steady_clock::now() < until) { std::this_thread::sleep_for(std::chrono::milliseconds(10)); }
+    }
+}
+
+/// A rank's Comm as its heartbeat sees it: every collective and (re)connect is a wait on the
+/// peers, bounded by the comm's own timeout (and each peer watched by the daemon), so a rank
+/// waiting there is not stuck; a finished one is progress (fd/liveness.h).
+class WatchedComm final : public Comm {
+public:
+    explicit WatchedComm(std::unique_ptr<Comm> inner) : inner_(std::move(inner)) {}
+    const char * name() const override { return inner_->name(); }
+    int32_t rank() const override { return inner_->rank(); }
+    int32_t world_size() const override { return inner_->world_size(); }
+    bool connected() const override { return inner_->connected(); }
+    void connect(int64_t generation) override {
+        liveness::WaitScope w;
+        inner_->connect(generation);
+    }
+    void disconnect() override { inner_->disconnect(); }
+    void all_reduce_sum(float * data, int64_t n) override {
+        liveness::WaitScope w;
+        inner_->all_reduce_sum(data, n);
+    }
+    void gather(const float * send, int64_t n, float * recv) override {
+        liveness::WaitScope w;
+        inner_->gather(send, n, recv);
+    }
+    void barrier() override {
+        liveness::WaitScope w;
+        inner_->barrier();
+    }
+    void use_backend(kernels::Backend * backend) override { inner_->use_backend(backend); }
+
+private:
+    std::unique_ptr<Comm> inner_;
+};
 
 /// The rank's group: nccl on its CUDA device, or shm / gloo (staged through host memory when the
 /// rank's tensors are device memory, or always under the FD_TEST_STAGED_FILL test hook).
@@ -227,16 +285,16 @@ std::unique_ptr<Comm> make_rank_comm(const RankSpawn & s, std::function<int(int6
     // gives up on it, so the daemon names the dead rank, not the waiting one.
     const GlooCommConfig g{.rank = s.rank, .world_size = c.tensor_parallel_size, .bind_host = s.bind_addr.empty() ? c.master_addr : s.bind_addr,
                            .store_host = c.master_addr, .store_port = s.store_port, .timeout_s = 0.5 * c.timeout_s};
-    if (c.dist_backend == DistBackend::nccl) { return make_nccl_comm(g, c.worker.device_id); }
+    if (c.dist_backend == DistBackend::nccl) { return std::make_unique<WatchedComm>(make_nccl_comm(g, c.worker.device_id)); }
     std::unique_ptr<Comm> host = c.dist_backend == DistBackend::shm
                                      ? make_shm_comm({.rank = s.rank, .world_size = c.tensor_parallel_size, .segment_fd = std::move(segment_fd),
                                                       .timeout_s = 0.5 * c.timeout_s})
                                      : make_gloo_comm(g);
     const bool device = c.worker.device != kernels::DeviceKind::cpu;
-    if (!device && !c.worker.test_device_paths) { return host; }
+    if (!device && !c.worker.test_device_paths) { return std::make_unique<WatchedComm>(std::move(host)); }
     log::get("rank")->info("rank {}: {} collectives staged through host memory ({})", s.rank, dist_backend_name(c.dist_backend),
                            device ? "device tensors" : "TEST: FD_TEST_STAGED_FILL");
-    return make_staged_comm(std::move(host), c.worker.test_device_paths);
+    return std::make_unique<WatchedComm>(make_staged_comm(std::move(host), c.worker.test_device_paths));
 }
 
 /// The rank's side: one request at a time, answered in order.
@@ -246,10 +304,20 @@ public:
     RankServer(LinkSocket link, int region_fd) : link_(std::move(link)) {
         if (region_fd >= 0) { region_.attach(region_fd); }
     }
+    ~RankServer() {
+        {
+            std::lock_guard lk(send_mu_);
+            stop_beat_ = true;
+        }
+        beat_cv_.notify_all();
+        if (beat_.joinable()) { beat_.join(); }
+    }
 
     /// Build everything, answer `ready` (or the error that stopped start-up). False: exit.
     bool start(const RankSpawn & s) {
         spawn_ = s;
+        set_busy(0);  // start-up beats too (seq 0): reading the weights can be long
+        beat_ = std::thread([this] { beat_loop(); });
         LinkMsg ready;
         ready.op   = static_cast<uint32_t>(LinkOp::ready);
         ready.rank = s.rank;
@@ -273,8 +341,7 @@ public:
             ready.status = static_cast<int32_t>(Errc::internal);
             set_field(ready.text, e.what());
         }
-        link_.send(ready);
-        return ready.status == 0;
+        return answer(ready) && ready.status == 0;
     }
 
     /// True when the daemon said shutdown; false when the link closed or broke.
@@ -292,9 +359,11 @@ public:
             const auto op = static_cast<LinkOp>(m.op);
             if (op == LinkOp::shutdown) {
                 comm_->disconnect();
-                link_.send(m);
+                answer(m);
                 return true;
             }
+            set_busy(m.seq);
+            liveness::tick();  // a request taken: progress
             const bool inline_step = op == LinkOp::forward || op == LinkOp::swap_kv || (op == LinkOp::probe && m.bytes > 0);
             if (inline_step && link_.stream()) {
                 // The step's arrays (or the swap's block lists) follow the request inline; the buffer only grows.
@@ -310,7 +379,7 @@ public:
             reply.seq  = m.seq;
             reply.rank = spawn_.rank;
             if (reply.status != 0) { reply.detail_bytes = 0; }
-            if (!link_.send(reply)) { return false; }
+            if (!answer(reply)) { return false; }  // busy_ is false from here: no beat follows the reply
             if (reply.detail_bytes > 0 && !link_.send_payload(detail_.data(), detail_.size())) { return false; }
         }
     }
@@ -372,6 +441,7 @@ private:
     }
 
     LinkMsg forward(const LinkMsg & m) {
+        test_pause_at("forward", spawn_.rank);
         LinkMsg reply;
         void * step = nullptr;
         if (link_.stream()) {
@@ -418,7 +488,44 @@ private:
         rank_device_to_msg(d, m);
     }
 
+    /// Beats from now on, for request `seq`.
+    void set_busy(uint64_t seq) {
+        std::lock_guard lk(send_mu_);
+        busy_ = true;
+        seq_  = seq;
+    }
+
+    /// The reply (or `ready`): no beat follows it until the next request.
+    bool answer(const LinkMsg & m) {
+        std::lock_guard lk(send_mu_);
+        busy_ = false;
+        return link_.send(m);
+    }
+
+    /// Every beat_interval_s (--rank-heartbeat-s / 10) while busy: one `beat` with the seconds since the main loop
+    /// last progressed (fd/liveness.h). Idle ranks send nothing (no one reads their link then).
+    void beat_loop() {
+        const auto every = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(beat_interval_s(spawn_.cfg.heartbeat_s)));
+        std::unique_lock lk(send_mu_);
+        while (!stop_beat_) {
+            beat_cv_.wait_for(lk, every, [this] { return stop_beat_; });
+            if (stop_beat_ || !busy_) { continue; }
+            LinkMsg b;
+            b.op               = static_cast<uint32_t>(LinkOp::beat);
+            b.seq              = seq_;
+            b.rank             = spawn_.rank;
+            b.since_progress_s = liveness::seconds_since_progress();
+            link_.send_beat(b);
+        }
+    }
+
     LinkSocket                 link_;
+    std::mutex                 send_mu_;    ///< one sender at a time (a stream link's records must not interleave)
+    std::condition_variable    beat_cv_;
+    std::thread                beat_;
+    bool                       busy_ = false, stop_beat_ = false;  ///< (send_mu_)
+    uint64_t                   seq_ = 0;                          ///< the request being worked on (send_mu_)
     SharedRegion               region_;
     RankSpawn                  spawn_;
     model::ModelConfig         model_cfg_;

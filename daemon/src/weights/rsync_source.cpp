@@ -210,6 +210,8 @@ ProcessResult run_process(const std::vector<std::string> & argv, double timeout_
         fail(Errc::source_unavailable, "cannot run '{}': {}; install rsync or set \"rsync\" in --rsync-config", argv[0], std::strerror(rc));
     }
     ProcessResult r;
+    // A child (rsync, ssh) has its own bound (timeout_s): waiting on it is not a stuck rank (fd/liveness.h).
+    liveness::WaitScope waiting;
     const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
     auto ms_left = [&] {
         return static_cast<int>(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));

@@ -3,7 +3,8 @@
 // bitwise equal to GlooComm's on the same inputs (and to rank order 0..T-1), over more than one
 // slot; gather; a rank that never arrives is rank_failed within the timeout; the segment has no
 // name anywhere and disconnect unmaps it; a descriptor that is not this user's sealed 0600 memfd
-// of the right size and generation, or none, is refused.
+// of the right size and generation, or none, is refused; a peer that exits while another waits is
+// noticed through its pidfd at once.
 #include "fd/comm/comm.h"
 #include "fd/comm/tcp_store.h"
 #include "fd/status.h"
@@ -13,7 +14,9 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -24,6 +27,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace fd;
@@ -152,6 +156,54 @@ TEST_CASE("shm comm: a rank that never arrives is rank_failed naming it within t
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     CHECK(took >= 0.3);
     CHECK(took < 10.0);  // bounded (generous: the machine may be loaded)
+}
+
+TEST_CASE("shm comm: a peer that exits while the others wait is noticed through its pidfd within ~10 ms, not at the timeout") {
+    // Rank 0 (this process) waits in an all-reduce with a 3 s timeout; rank 1 (a fork) connects,
+    // lets rank 0 settle into its futex wait, notes the time and exits without arriving. Rank 0
+    // must fail naming its exit, one 10 ms futex slice later (the bound allows a loaded machine),
+    // not "did not arrive" at 3 s (what it did with the pidfd check disabled).
+    comm::ShmCommSegment seg(2, 1);
+    auto c = comm::make_shm_comm({.rank = 0, .world_size = 2, .segment_fd = hand(seg), .timeout_s = 3.0});
+    c->connect(1);
+    int tp[2];
+    REQUIRE(::pipe(tp) == 0);
+    const pid_t child = ::fork();
+    if (child == 0) {
+        ::close(tp[0]);
+        int rc = 1;
+        try {
+            auto peer = comm::make_shm_comm({.rank = 1, .world_size = 2, .segment_fd = hand(seg), .timeout_s = 3.0});
+            peer->connect(1);
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            const double t = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+            rc = ::write(tp[1], &t, sizeof t) == static_cast<ssize_t>(sizeof t) ? 0 : 1;
+        } catch (...) {
+        }
+        _exit(rc);  // without arriving
+    }
+    ::close(tp[1]);
+    std::vector<float> x(16, 1.0f);
+    std::string what;
+    try {
+        c->all_reduce_sum(x.data(), 16);
+    } catch (const Error & e) {
+        CHECK(e.code() == Errc::rank_failed);
+        what = e.what();
+    }
+    const double t_err = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    double t_exit = 0;
+    REQUIRE(::read(tp[0], &t_exit, sizeof t_exit) == static_cast<ssize_t>(sizeof t_exit));
+    ::close(tp[0]);
+    int st = 0;
+    ::waitpid(child, &st, 0);
+    CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 0));
+    CAPTURE(what);
+    CHECK(what.find(fmt::format("rank 1 (pid {}) exited before arriving", child)) != std::string::npos);
+    const double took = t_err - t_exit;
+    MESSAGE("peer exit noticed after ", took * 1e3, " ms");
+    CHECK(took >= 0.0);
+    CHECK(took < 0.25);  // ~10 ms (one futex slice) on a quiet machine; far under the 3 s timeout on a loaded one
 }
 
 TEST_CASE("shm comm: the segment is a nameless memfd; the daemon's descriptor can close; disconnect unmaps it") {

@@ -38,10 +38,19 @@ struct MpExecutorConfig {
     bool        shutdown_comm_group_if_worker_idle = true;  ///< sleep(weight) disconnects the group; wakeup reconnects
     DistBackend dist_backend = DistBackend::automatic;  ///< gloo | shm (a segment per generation, every rank on this host) | nccl | automatic (resolve_dist_backend)
     double      timeout_s = 900.0;          ///< --control-timeout-s: every wait on a rank, start-up included
-    /// --rank-heartbeat-s: every wait on this node's ranks also watches their processes: one that
-    /// exits fails the wait at once (its pidfd), one stopped (SIGSTOP, a debugger: state T/t in
-    /// /proc, looked at every heartbeat_s / 10) for heartbeat_s fails it then (within 1.2 x). Daemon side only.
+    /// --rank-heartbeat-s: every wait on a rank watches it. One that exits fails the wait at once
+    /// (its pidfd, its link's hang-up). Each rank process beats over its link every heartbeat_s / 10
+    /// while it works on a request (remote ranks included); one that sends nothing for heartbeat_s
+    /// past its due beat (stopped, frozen, its node unreachable) is failed between 1 and 1.2 x
+    /// heartbeat_s after it stopped (a local rank's /proc state, looked at as often, names a SIGSTOP). At start-up a rank is held to its beat
+    /// only once its first beat came (exec and loading the binary are not beaten).
     double      heartbeat_s = 3.0;
+    /// --rank-stuck-s: a rank that beats but whose main loop made no progress (no kernel job, no
+    /// weight bytes moved, no request taken, fd/liveness.h) for stuck_s while the daemon waits on
+    /// it is failed as stuck (within stuck_s + heartbeat_s / 10). Waits with a bound of their own
+    /// (a peer inside a collective, an rsync child) count as progress: a rank waiting on a stuck
+    /// peer is not the one named.
+    double      stuck_s = 30.0;
     std::string rank_binary;                ///< the fdrollout binary to exec; empty = this process's own
     std::string log_level = "info", log_format = "text";
 };

@@ -5,8 +5,11 @@
 // (a rank on another host, --nnodes > 1, has a TCP connection instead and no region: see below):
 //   - a SOCK_SEQPACKET socketpair carrying fixed-size LinkMsg records: one request, one reply,
 //     in order. It is the wake-up (a blocking read, no spinning) and the liveness signal: a dead
-//     rank's end closes and the daemon's read returns at once; a stuck one is caught by the
-//     deadline every wait carries.
+//     rank's end closes and the daemon's read returns at once. While a rank works on a request
+//     it also sends `beat` records (from a thread of its own, every --rank-heartbeat-s / 10, all
+//     before its reply, none while idle), each carrying the seconds since its main loop last
+//     progressed: no beat for --rank-heartbeat-s is a stopped rank (or an unreachable node), a
+//     beat at or over --rank-stuck-s a stuck one; both fail it (fd/runtime/mp_executor.h).
 //   - tensor-parallel over shared memory (--dist-backend shm): each comm-group generation's
 //     segment is a memfd too, passed to the rank as SCM_RIGHTS ancillary data on the link (with
 //     the config blob at start-up, with the comm_connect request on a rebuild): nothing named,
@@ -61,6 +64,7 @@ enum class LinkOp : uint32_t {
     shutdown,
     swap_kv,           ///< run the KV block copies listed in the region (n_swap_out, n_swap_in)
     probe,             ///< the link's own cost: region_bytes > 0 → decode the step in the region; no model run
+    beat,              ///< rank → daemon, unasked: the rank's heartbeat while it works on request `seq` (below)
 };
 
 /// Reply status besides an Errc: the step was dropped because `abandon` turned true.
@@ -98,6 +102,7 @@ struct LinkMsg {
     /// rank_call reply: bytes of RankReport::detail that follow the reply (send_payload; at most
     /// kRankDetailMaxBytes), 0: none.
     int64_t  detail_bytes = 0;
+    double   since_progress_s = 0.0;         ///< beat: seconds since the rank's main loop last progressed (fd/liveness.h)
 };
 static_assert(std::is_trivially_copyable_v<LinkMsg>);
 
@@ -161,6 +166,9 @@ public:
     /// refuses it and returns false); the receiver collects it with take_fd().
     enum class Recv { ok, closed, timeout };
     bool send(const LinkMsg & m, int pass_fd = -1);
+    /// A heartbeat: a seqpacket link never blocks (a full buffer drops the beat: the daemon is not
+    /// reading); a stream link sends whole, bounded by the socket's send timeout.
+    bool send_beat(const LinkMsg & m);
     /// Send `n` raw bytes (a stream link: all of them, in order; a seqpacket link: one record).
     bool send_bytes(const void * data, size_t n, int pass_fd = -1);
     /// Send `n` bytes that the peer reads with recv_payload(n) (a seqpacket link: records of at
