@@ -80,9 +80,11 @@ public:
         return {r};
     }
 
-    void swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in) override {
-        worker_->swap_out(out, n_out);
+    void swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in, const kv::BlockCopy * bg,
+                 int64_t n_bg) override {
+        worker_->swap_out(out, n_out);  // waits for the background copies first
         worker_->swap_in(in, n_in);
+        worker_->swap_out_background(bg, n_bg);
     }
 
     std::vector<RankReport> reload_weights(const weights::FetchRequest & req) override {

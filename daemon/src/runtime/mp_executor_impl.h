@@ -53,7 +53,8 @@ public:
     std::vector<RankReport> commit_weights() override;
     void drop_staged_weights() override { call_op(LinkOp::drop, "drop_staged_weights"); }
     std::vector<RankReport> release(MemoryTag tag) override;
-    void swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in) override;
+    void swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in, const kv::BlockCopy * bg,
+                 int64_t n_bg) override;
     std::vector<RankReport> acquire_kv() override;
     std::vector<RankReport> reload_weights(const weights::FetchRequest & req) override;
 
@@ -158,6 +159,7 @@ private:
     std::vector<std::atomic<int64_t>> remote_rss_;  ///< [world] RSS a rank on another node last reported (0: local / none)
     std::vector<LinkMsg>             replies_;   ///< [world] the latest call's answers
     std::vector<int32_t>             targets_, live_, pending_, still_;
+    std::vector<kv::BlockCopy>       swap_scratch_;  ///< swap_kv: out + background copies in one list
     size_t                           n_lost_ = 0;     ///< ranks marked failed so far
     size_t                           lost_mark_ = 0;  ///< n_lost_ when the current call / start-up wait began
     static constexpr std::chrono::milliseconds kSurvivorGrace{50};  ///< see gather(): what a survivor gets after a loss
