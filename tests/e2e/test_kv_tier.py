@@ -118,10 +118,13 @@ class KvTier(unittest.TestCase):
         self.check_exact("--distributed-executor-backend", "mp")
 
     def test_preemption_swaps_and_tier_copies_together(self):
-        # test_swap's load (12 concurrent 65-token sequences over 6 device blocks) with prefix
-        # caching on: preemption swaps and the tier's copies share the host pool and the steps.
+        # test_swap's load (12 concurrent requests, n = 2, 60 generated tokens, over 6 device
+        # blocks) with prefix caching on: preemption swaps and the tier's copies share the host
+        # pool and the steps. Its prompts are 20 tokens here (one full prompt block each): the
+        # tier keeps only blocks likely to be reused (prompt blocks, or blocks a lookup hit), and
+        # test_swap's short text prompts have no full prompt block, so nothing of theirs would go.
         from test_swap import TINY_POOL, bodies, run_concurrently
-        reqs = bodies()
+        reqs = [{**b, "prompt": prompt(200 + i, 20)} for i, b in enumerate(bodies())]
         with Daemon("--max-model-len", "80", extra=False) as ref:
             want = run_concurrently(ref, reqs)
         with Daemon(*TINY_POOL, "--enable-prefix-caching", "--swap-space", str(24 * BLOCK_BYTES / (1 << 30)), extra=False) as d:
