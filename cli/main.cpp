@@ -208,6 +208,11 @@ int main(int argc, char ** argv) {
     commit->add_option("--version", o.version, "Refuse unless this is the staged version (recommended)");
     commit->callback([&] { cmd.op = "commit_weights"; });
     simple("drop-staged-weights", "drop_staged_weights", "Discard a staged version (no-op when none)");
+    auto * flush = app.add_subcommand("flush-cache", "Forget the prefix cache: the device pool's and the host KV tier's (--swap-space) "
+                                                     "cached blocks; running requests keep theirs");
+    bool keep_host_tier = false;
+    flush->add_flag("--keep-host-tier", keep_host_tier, "Keep the host KV tier's blocks (flush the device prefix cache only)");
+    flush->callback([&] { cmd.op = "flush_cache"; cmd.mode = keep_host_tier ? "device" : "all"; });
     auto * wait = app.add_subcommand("wait", "Wait until /health's state is serving, paused or sleeping (bounded by --timeout)");
     wait->add_option("--until", o.until, "serving | paused | sleeping (asleep: the old name of sleeping)")->required()
         ->transform(CLI::Transformer({{"asleep", "sleeping"}}))->check(CLI::IsMember({"serving", "paused", "sleeping"}));

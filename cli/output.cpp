@@ -102,6 +102,7 @@ std::string human_summary(const std::string & op, const Reply & r) {
         return fmt::format("paused (aborted {} request(s))", res.value("aborted", 0));
     }
     if (op == "resume") { return "resumed"; }
+    if (op == "flush_cache") { return fmt::format("prefix cache flushed ({} host KV tier block(s) forgotten)", res.value("host_blocks_flushed", 0)); }
     if (op == "abort") { return fmt::format("aborted {} request(s)", res.value("aborted", 0)); }
     if (op == "sleep" || (op == "clear_load_weight" && res.contains("freed_bytes"))) {
         std::string freed;

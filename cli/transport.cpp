@@ -66,6 +66,8 @@ public:
             if (cmd.version) { body += ", \"version\": \"" + *cmd.version + "\""; }  // syntax checked: no quotes
             if (!cmd.commit) { body += ", \"commit\": false"; }
             res = cli_.Post("/v1/update_weights", h, body + "}", "application/json");
+        } else if (op == "flush_cache") {
+            res = cli_.Post(cmd.mode == "device" ? "/v1/flush_cache?keep_host_tier=true" : "/v1/flush_cache", h, "", "application/json");
         } else if (op == "pause" && !cmd.mode.empty()) {
             res = cli_.Post("/v1/pause?mode=" + cmd.mode, h, "", "application/json");  // checked by fdctl: abort|wait|keep
         } else if (op == "abort") {

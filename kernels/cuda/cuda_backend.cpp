@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <unordered_map>
 #include <vector>
 
@@ -83,6 +84,12 @@ public:
         }
         cudaFree(best_);
         cudaFree(first_);
+        if (copy_stream_) {
+            cudaStreamSynchronize(copy_stream_);
+            cudaStreamDestroy(copy_stream_);
+        }
+        for (const Fence & f : fences_) { cudaEventDestroy(f.event); }
+        for (cudaEvent_t e : spare_events_) { cudaEventDestroy(e); }
         cudaStreamDestroy(stream_);
     }
 
@@ -125,6 +132,50 @@ public:
     }
     void free_pinned_host(void * p) noexcept override {
         if (p) { cudaFreeHost(p); }
+    }
+    // The copy queue (the host KV tier's block copies): a second stream, ordered against the op
+    // stream by events in both directions; fences are events recorded on it, oldest first.
+    bool copy_queue() const override { return true; }
+    void copy_queue_after_ops() override {
+        current();
+        ensure_copy_stream();
+        cudaEvent_t e = event();
+        check(cudaEventRecord(e, stream_), "copy queue: cudaEventRecord (op stream)");
+        check(cudaStreamWaitEvent(copy_stream_, e, 0), "copy queue: cudaStreamWaitEvent");
+        spare_events_.push_back(e);  // reusable once recorded again: waits already captured it
+    }
+    void download_async(void * dst_host, const void * src, int64_t bytes) override {
+        current();
+        ensure_copy_stream();
+        check(cudaMemcpyAsync(dst_host, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, copy_stream_), "download_async");
+    }
+    void upload_async(void * dst, const void * src_host, int64_t bytes) override {
+        current();
+        ensure_copy_stream();
+        check(cudaMemcpyAsync(dst, src_host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, copy_stream_), "upload_async");
+    }
+    uint64_t copy_queue_fence() override {
+        current();
+        ensure_copy_stream();
+        cudaEvent_t e = event();
+        check(cudaEventRecord(e, copy_stream_), "copy queue: cudaEventRecord (copy stream)");
+        fences_.push_back({++last_fence_, e});
+        return last_fence_;
+    }
+    bool copy_queue_done(uint64_t fence) override {
+        while (!fences_.empty() && fences_.front().id <= fence) {
+            const cudaError_t q = cudaEventQuery(fences_.front().event);
+            if (q == cudaErrorNotReady) { return false; }
+            check(q, "a KV block copy on the copy stream failed");
+            spare_events_.push_back(fences_.front().event);
+            fences_.pop_front();
+        }
+        return true;
+    }
+    void ops_after_copies(uint64_t fence) override {
+        for (const Fence & f : fences_) {
+            if (f.id == fence) { check(cudaStreamWaitEvent(stream_, f.event, 0), "op stream: cudaStreamWaitEvent (copy fence)"); }
+        }
     }
     int64_t find_nonfinite(const void * p, StoredType t, int64_t n) override {
         current();
@@ -417,11 +468,34 @@ private:
         attn_bs_           = block_size;
     }
 
+    void ensure_copy_stream() {
+        if (!copy_stream_) { check(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (copy stream)"); }
+    }
+    /// An event without timing (a spare one when there is).
+    cudaEvent_t event() {
+        if (!spare_events_.empty()) {
+            cudaEvent_t e = spare_events_.back();
+            spare_events_.pop_back();
+            return e;
+        }
+        cudaEvent_t e = nullptr;
+        check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+        return e;
+    }
+    struct Fence {
+        uint64_t    id = 0;
+        cudaEvent_t event = nullptr;
+    };
+
     int32_t           device_ = 0;
     bool              batch_invariant_ = true;  // false: --no-batch-invariant (cuBLAS SGEMM for f32 weights)
     cuda::HeuristicGemm gemm_;
     ThreadPool        pool_;
     cudaStream_t      stream_ = nullptr;
+    cudaStream_t      copy_stream_ = nullptr;  // the copy queue (created on first use)
+    std::deque<Fence> fences_;                 // recorded on copy_stream_, oldest first
+    std::vector<cudaEvent_t> spare_events_;
+    uint64_t          last_fence_ = 0;
     IndexBuf          idx_[kSlotCount];
     const AttnQuery * step_queries_ = nullptr;
     int64_t           step_n_       = 0;

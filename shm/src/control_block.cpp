@@ -307,7 +307,8 @@ MailboxReply mailbox_call(ControlBlock & b, const MailboxCommand & cmd, int64_t 
     b.cmd_has_version     = cmd.version.has_value();
     b.cmd_verify_checksum = cmd.verify_checksum;
     b.cmd_stage_only      = cmd.commit ? 0 : 1;
-    b.cmd_pause_mode      = cmd.mode == "wait" ? 1 : cmd.mode == "keep" ? 2 : 0;  // the daemon validates; fdctl checked the name
+    b.cmd_pause_mode      = cmd.op == "flush_cache" ? (cmd.mode == "device" ? 1 : 0)  // flush_cache: 1 keeps the host KV tier
+                            : cmd.mode == "wait" ? 1 : cmd.mode == "keep" ? 2 : 0;       // the daemon validates; fdctl checked the name
     const int64_t  left_ms = std::clamp<int64_t>(deadline - now_ms(), 0, int64_t{1} << 40);  // ~34 years: no ns overflow
     b.cmd_deadline_ns      = monotonic_ns() + left_ms * 1000000;
     const uint32_t seq     = b.cmd_seq.load() + 1;

@@ -67,7 +67,9 @@ def grpo_round(d, prompts, n, gen):
     m1 = metrics(d)
     dm = {k: m1.get("fdrollout_" + k, 0) - m0.get("fdrollout_" + k, 0) for k in
           ("generation_tokens_total", "prompt_tokens_total", "prompt_tokens_cached_total", "prompt_tokens_host_cached_total",
-           "kv_host_tier_in_bytes_total", "kv_host_tier_out_bytes_total", "preemptions_total")}
+           "kv_host_tier_in_bytes_total", "kv_host_tier_out_bytes_total", "preemptions_total", "kv_host_tier_offloads_total",
+           "kv_host_tier_offloads_background_total", "kv_host_tier_hits_total", "kv_host_tier_loads_total",
+           "swap_preemptions_total", "recompute_preemptions_total", "kv_swap_out_bytes_total", "kv_swap_in_bytes_total")}
     r = {"seconds": dt, "tok_per_s": dm["generation_tokens_total"] / dt, **dm,
          "prefix_tokens_device": dm["prompt_tokens_cached_total"] - dm["prompt_tokens_host_cached_total"],
          "prefix_tokens_host": dm["prompt_tokens_host_cached_total"]}

@@ -11,14 +11,20 @@ them: after an update (one- or two-phase) with the host tier full of old blocks,
 fresh daemon on the new version. Sleep keeps the tier (cleared with FD_ENABLE_SWAP_SPACE_CLEARING=1),
 vLLM's /reset_prefix_cache and SGLang's /flush_cache clear both tiers unless keep_host_tier=true,
 and pause stops tier transfers (/health says so) until resume.
+
+Transfers run in the background (a reused prefix block about to be evicted is copied ahead,
+while a step computes): a pause during such a copy (slowed by FD_TEST_KV_COPY_DELAY_MS) answers
+only after it landed, and never hangs: past the control timeout it answers 504 and changes
+nothing. fdctl flush-cache [--keep-host-tier] flushes over either transport.
 """
 import os
 import random
 import shutil
 import tempfile
+import time
 import unittest
 
-from fdtest import copy_checkpoint, Daemon, fresh_daemon, Logprobs, perturbed, STORIES
+from fdtest import copy_checkpoint, Daemon, fdctl, fresh_daemon, Logprobs, perturbed, STORIES
 
 BLOCK_BYTES = 20480  # stories260K: 2 x 5 layers x 16 tokens x 32 floats x 4 bytes
 SMALL_POOL = ["--kv-cache-bytes", str(8 * BLOCK_BYTES), "--max-model-len", "128"]
@@ -112,10 +118,13 @@ class KvTier(unittest.TestCase):
         self.check_exact("--distributed-executor-backend", "mp")
 
     def test_preemption_swaps_and_tier_copies_together(self):
-        # test_swap's load (12 concurrent 65-token sequences over 6 device blocks) with prefix
-        # caching on: preemption swaps and the tier's copies share the host pool and the steps.
+        # test_swap's load (12 concurrent requests, n = 2, 60 generated tokens, over 6 device
+        # blocks) with prefix caching on: preemption swaps and the tier's copies share the host
+        # pool and the steps. Its prompts are 20 tokens here (one full prompt block each): the
+        # tier keeps only blocks likely to be reused (prompt blocks, or blocks a lookup hit), and
+        # test_swap's short text prompts have no full prompt block, so nothing of theirs would go.
         from test_swap import TINY_POOL, bodies, run_concurrently
-        reqs = bodies()
+        reqs = [{**b, "prompt": prompt(200 + i, 20)} for i, b in enumerate(bodies())]
         with Daemon("--max-model-len", "80", extra=False) as ref:
             want = run_concurrently(ref, reqs)
         with Daemon(*TINY_POOL, "--enable-prefix-caching", "--swap-space", str(24 * BLOCK_BYTES / (1 << 30)), extra=False) as d:
@@ -126,6 +135,10 @@ class KvTier(unittest.TestCase):
             self.assertGreater(m["fdrollout_swap_preemptions_total"], 0, m)
             self.assertGreater(m["fdrollout_kv_host_tier_offloads_total"], 0, m)
             self.assertEqual(m["fdrollout_kv_swap_blocks_used"], 0)
+            # hits count first admissions, as usage's host_cached_tokens does; loads every copy back.
+            self.assertEqual(m["fdrollout_kv_host_tier_hits_total"] * 16, m["fdrollout_prompt_tokens_host_cached_total"], m)
+            self.assertGreaterEqual(m["fdrollout_kv_host_tier_loads_total"], m["fdrollout_kv_host_tier_hits_total"], m)
+            self.assertEqual(m["fdrollout_kv_host_tier_in_bytes_total"], m["fdrollout_kv_host_tier_loads_total"] * BLOCK_BYTES, m)
 
     def test_no_host_field_without_tier(self):
         with Daemon("--enable-prefix-caching", *SMALL_POOL, extra=False) as d:
@@ -208,6 +221,71 @@ class KvTier(unittest.TestCase):
             self.assertFalse(d.get("/health")[1]["kv_host_tier"]["transfers_paused"])
             u = self.host_hit(d)
             self.assertEqual(u["host_cached_tokens"], 64, u)  # pause flushed the device cache, not the host tier
+
+    def background_copy_in_flight(self, d):
+        """A, then B with max_tokens 1: B's one step evicts two of A's five prompt blocks (copied
+        at once) and writes the other three ahead in the background; then the engine is idle with
+        that copy in flight. Returns when B answered (time.monotonic() before B was sent)."""
+        d.complete(**body(A))
+        t0 = time.monotonic()
+        d.complete(prompt=B, max_tokens=1, temperature=0)
+        return t0
+
+    def check_pause_waits(self, *args):
+        with Daemon(*TIER, *args, env={"FD_TEST_KV_COPY_DELAY_MS": "3000"}, extra=False) as d:
+            t0 = self.background_copy_in_flight(d)
+            st, j = d.post("/v1/pause")
+            dt = time.monotonic() - t0
+            self.assertEqual(st, 200, j)
+            self.assertEqual(j["result"]["tier_copies_waited"], 3, j)
+            self.assertGreaterEqual(dt, 3.0, "the pause answered before the background copy landed")
+            self.assertEqual(d.get("/health")[1]["kv_host_tier"]["transfers_in_flight_blocks"], 0)
+            m = metrics(d)
+            self.assertEqual(m["fdrollout_kv_host_tier_offloads_background_total"], 3, m)
+            self.assertEqual(m["fdrollout_kv_host_tier_offloads_total"], 5, m)
+            self.assertEqual(m["fdrollout_kv_host_tier_transfers_in_flight"], 0, m)
+            self.assertEqual(d.post("/v1/resume")[0], 200)
+            for p in (B, C):  # A leaves the device: all five blocks come from the host, bitwise as recomputed
+                d.complete(**body(p))
+            u = self.host_hit(d)
+            self.assertEqual(u["host_cached_tokens"], 64, u)
+
+    def test_pause_waits_for_background_copies_uni(self):
+        self.check_pause_waits("--distributed-executor-backend", "uni")
+
+    def test_pause_waits_for_background_copies_mp(self):
+        self.check_pause_waits("--distributed-executor-backend", "mp")
+
+    def test_pause_during_a_transfer_never_hangs(self):
+        with Daemon(*TIER, "--control-timeout-s", "2", env={"FD_TEST_KV_COPY_DELAY_MS": "8000"}, extra=False) as d:
+            t0 = self.background_copy_in_flight(d)
+            st, j = d.post("/v1/pause", timeout=30)
+            self.assertEqual(st, 504, j)  # the copy outlasts the control timeout: refused, not hung
+            self.assertEqual(j["error"]["type"], "timeout", j)
+            self.assertLess(time.monotonic() - t0, 7.5)
+            self.assertFalse(d.get("/v1/is_paused")[1]["is_paused"])  # nothing changed
+            time.sleep(max(0.0, 8.2 - (time.monotonic() - t0)))
+            st, j = d.post("/v1/pause")
+            self.assertEqual(st, 200, j)
+            self.assertEqual(j["result"]["tier_copies_waited"], 3, j)
+
+    def test_fdctl_flush_cache_keeps_the_host_tier_when_asked(self):
+        for transport in ("shm", "v1"):
+            for keep in (False, True):
+                with Daemon(*TIER, extra=False) as d:
+                    evict_a(self, d)
+                    rc, so, se = fdctl(d.port, "--transport", transport, "flush-cache", *(["--keep-host-tier"] if keep else []))
+                    self.assertEqual(rc, 0, (transport, keep, so, se))
+                    self.assertIn("prefix cache flushed", so)
+                    self.assertEqual(d.get("/health")[1]["kv_host_tier"]["cached_blocks"] > 0, keep, (transport, keep))
+                    u = self.host_hit(d)
+                    self.assertEqual(u["host_cached_tokens"], 64 if keep else 0, (transport, keep, u))
+        with Daemon(*TIER, extra=False) as d:
+            st, res = d.post("/v1/flush_cache?keep_host_tier=maybe")
+            self.assertEqual(st, 400, res)
+            st, res = d.post("/v1/flush_cache?keep_host_tier=true")
+            self.assertEqual(st, 200, res)
+            self.assertEqual(res["result"]["host_blocks_flushed"], 0)
 
     def test_absurd_swap_space_is_refused_naming_the_numbers(self):
         with Daemon("--swap-space", "100000", wait=False, extra=False) as d:

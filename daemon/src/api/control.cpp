@@ -12,6 +12,7 @@
 // A client deadline (X-Request-Timeout / X-Request-Deadline, below) becomes the command's start
 // gate: a command still queued at its deadline is withdrawn, never run, and answered 504 `timeout`.
 #include "handlers.h"
+#include "peer_aliases.h"
 
 #include "fd/shm/names.h"
 
@@ -42,7 +43,7 @@ const std::map<std::string, std::string> kRouteOps = {
     {"/v1/pause", "pause"},   {"/v1/resume", "resume"}, {"/v1/is_paused", "is_paused"},
     {"/v1/sleep", "sleep"},   {"/v1/wakeup", "wakeup"}, {"/v1/update_weights", "update_weights"},
     {"/v1/commit_weights", "commit_weights"},           {"/v1/drop_staged_weights", "drop_staged_weights"},
-    {"/v1/abort", "abort"},
+    {"/v1/abort", "abort"},                             {"/v1/flush_cache", "flush_cache"},
     {"/clear_load_weight", "clear_load_weight"},        {"/update_model_weight", "update_model_weight"},
 };
 
@@ -268,7 +269,9 @@ void control_route(ApiContext & ctx, const Request & req, Response & res) {
     // Only `tags` (sleep, wakeup) and `mode` (pause) are control parameters; which ops take tags
     // is ControlRequest::parse's call. Anything else, e.g. vLLM's ?level=1 on /v1/sleep, is
     // refused here rather than guessed at (vLLM's own route is POST /sleep).
-    in.allow_only(cmd.op == "pause" ? std::initializer_list<std::string_view>{"tags", "mode"} : std::initializer_list<std::string_view>{"tags"},
+    in.allow_only(cmd.op == "pause"         ? std::initializer_list<std::string_view>{"tags", "mode"}
+                  : cmd.op == "flush_cache" ? std::initializer_list<std::string_view>{"keep_host_tier"}
+                                            : std::initializer_list<std::string_view>{"tags"},
                   req.path);
     if (cmd.op == "sleep" || cmd.op == "wakeup") {
         reject_unknown_fields(in.body, {"tags"}, cmd.op);
@@ -301,6 +304,10 @@ void control_route(ApiContext & ctx, const Request & req, Response & res) {
         }
     } else if (cmd.op == "update_weights") {
         if (!in.body.is_null()) { parse_update_body(in.body, ctx.control->config().rsync_config, cmd); }
+    } else if (cmd.op == "flush_cache") {
+        // ?keep_host_tier=true (or the body's boolean) keeps the host KV tier: mode "device"
+        reject_unknown_fields(in.body, {"keep_host_tier"}, "flush_cache");
+        cmd.mode = peer::flush_mode(in);
     } else if (cmd.op == "commit_weights") {
         reject_unknown_fields(in.body, {"version"}, "commit_weights");
         cmd.version = version_field(in.body, "version");

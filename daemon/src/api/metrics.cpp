@@ -109,10 +109,18 @@ void get_metrics(ApiContext & ctx, const Request &, Response & res) {
     w.single("fdrollout_kv_host_tier_cached_blocks", "gauge", "Host KV tier blocks holding evicted prefix blocks.", st.n_host_tier_blocks_cached);
     w.single("fdrollout_kv_host_tier_cached_bytes", "gauge", "Bytes of those blocks (all ranks).", st.n_host_tier_blocks_cached * bb);
     w.single("fdrollout_kv_host_tier_capacity_bytes", "gauge", "Bytes of the host pool (--swap-space, all ranks).", st.n_swap_blocks_total * bb);
-    w.single("fdrollout_kv_host_tier_hits_total", "counter", "Prefix blocks copied back from the host tier instead of recomputed.",
+    w.single("fdrollout_kv_host_tier_hits_total", "counter",
+             "Prefix blocks a request's first admission took from the host tier (prompt_tokens_host_cached_total / block size).",
              st.n_host_tier_hits_total);
-    w.single("fdrollout_kv_host_tier_offloads_total", "counter", "Evicted device prefix blocks copied to the host tier.",
+    w.single("fdrollout_kv_host_tier_loads_total", "counter",
+             "Prefix blocks copied back from the host tier instead of recomputed (every admission, re-admissions after a preemption too).",
+             st.n_host_tier_loads_total);
+    w.single("fdrollout_kv_host_tier_offloads_total", "counter", "Reused device prefix blocks copied to the host tier (ahead of or at eviction).",
              st.n_host_tier_offloads_total);
+    w.single("fdrollout_kv_host_tier_offloads_background_total", "counter",
+             "Of those, the blocks copied ahead of eviction in the background (while a step computed).", st.n_host_tier_offloads_background_total);
+    w.single("fdrollout_kv_host_tier_transfers_in_flight", "gauge", "Blocks of background tier copies not yet waited for.",
+             st.n_host_tier_in_flight);
     w.single("fdrollout_kv_host_tier_evictions_total", "counter", "Host tier prefix blocks evicted (LRU) to make room.",
              st.n_host_tier_evictions_total);
     w.single("fdrollout_kv_host_tier_invalidated_total", "counter", "Host tier prefix blocks dropped by a weight change or a cache flush.",

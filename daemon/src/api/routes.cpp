@@ -96,6 +96,7 @@ Router make_routes(ApiContext & ctx) {
     control("POST", "/v1/commit_weights",       control_route);  // two-phase update (SPEC §3)
     control("POST", "/v1/drop_staged_weights",  control_route);
     control("POST", "/v1/abort",                control_route);  // end one request (or all) without pausing
+    control("POST", "/v1/flush_cache",          control_route);  // prefix cache, both tiers (?keep_host_tier=true: device only)
     // legacy FastDeploy routes (SPEC §4)
     control("GET",  "/clear_load_weight",       control_route);
     control("GET",  "/update_model_weight",     control_route);

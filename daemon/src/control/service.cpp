@@ -41,7 +41,7 @@ json result_json(ControlOp op, const ControlResult & r) {
     json j = {{"is_paused", r.is_paused}, {"elapsed_s", r.elapsed_s}};
     switch (op) {
         case ControlOp::pause:
-            j.update({{"mode", engine::to_string(r.pause_mode)}, {"aborted", r.n_aborted}});
+            j.update({{"mode", engine::to_string(r.pause_mode)}, {"aborted", r.n_aborted}, {"tier_copies_waited", r.n_tier_copies_waited}});
             if (r.pause_mode == engine::PauseMode::keep) { j["kept"] = r.n_kept; }
             if (r.pause_mode == engine::PauseMode::wait) { j["drained"] = r.n_drained; }
             break;
@@ -236,7 +236,8 @@ json ControlService::status_json() const {
                               {"cached_bytes", st.n_host_tier_blocks_cached * st.host_tier_block_bytes},
                               {"capacity_bytes", st.n_swap_blocks_total * st.host_tier_block_bytes},
                               {"weight_version", st.host_tier_weight_version},
-                              {"transfers_paused", st.host_tier_transfers_paused}}},
+                              {"transfers_paused", st.host_tier_transfers_paused},
+                              {"transfers_in_flight_blocks", st.n_host_tier_in_flight}}},
             {"rss_bytes", process_rss_bytes() + engine_.rank_processes_rss_bytes()},  // the daemon and its rank processes
             {"device_memory", device_memory_json(engine_.rank_devices())},
             {"progress", progress_json()},

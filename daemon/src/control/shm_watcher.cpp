@@ -92,7 +92,11 @@ void ShmWatcher::mailbox_loop() {
         cmd.commit          = b.cmd_stage_only == 0;
         cmd.request_id      = std::string(b.cmd_request_id, strnlen(b.cmd_request_id, sizeof b.cmd_request_id));
         cmd.abort_all       = b.cmd_abort_all != 0;
-        if (b.cmd_pause_mode != 0) { cmd.mode = b.cmd_pause_mode == 1 ? "wait" : b.cmd_pause_mode == 2 ? "keep" : "?"; }
+        if (cmd.op == "flush_cache") {
+            cmd.mode = b.cmd_pause_mode == 1 ? "device" : "";  // 1: keep the host KV tier
+        } else if (b.cmd_pause_mode != 0) {
+            cmd.mode = b.cmd_pause_mode == 1 ? "wait" : b.cmd_pause_mode == 2 ? "keep" : "?";
+        }
         ControlReply r;
         if (!shm::command_pending(b, seq)) {
             // fdctl withdrew it, or its deadline passed while we were stopped or busy: never run it.

@@ -364,8 +364,21 @@ bool Engine::step() {
     return true;
 }
 
+int64_t Engine::finish_background_copies() {
+    const int64_t n = kv_.n_background_in_flight();
+    if (n == 0) { return 0; }
+    executor_->swap_kv(nullptr, 0, nullptr, 0);  // returns once every rank's background copies landed
+    kv_.background_done();
+    return n;
+}
+
 bool Engine::build_step(StepPlan & plan) {
     const auto t0 = plan.t0 = std::chrono::steady_clock::now();
+    // The last step's background copies (they ran while it computed) landed before any block
+    // they read or write can be handed out again: step-aligned, never a torn block. (Idle, with
+    // nothing to schedule, nothing is handed out: the next step or control command waits.)
+    if (sched_.running().empty() && sched_.waiting().empty()) { return false; }
+    finish_background_copies();
     kv_.set_transfers_paused(drain_.has_value());  // a pause (mode=wait draining) stops tier copies
     propose_drafts();
     ScheduleDecision & d = plan.d = sched_.schedule(kv_);
@@ -386,17 +399,18 @@ bool Engine::build_step(StepPlan & plan) {
     }
     // Before the forward (it may overwrite swapped-out or evicted blocks), in one call: every
     // device → host copy (preemption, then the tier's) runs before every host → device one.
-    const size_t n_tier_out = d.tier_out.size(), n_tier_in = d.tier_in.size();
+    // The write-ahead offloads (tier_bg) start last and run in the background during the forward.
+    const size_t n_tier_out = d.tier_out.size(), n_tier_in = d.tier_in.size(), n_tier_bg = d.tier_bg.size();
     d.swap_out.insert(d.swap_out.end(), d.tier_out.begin(), d.tier_out.end());
     d.swap_in.insert(d.swap_in.end(), d.tier_in.begin(), d.tier_in.end());
-    if (!d.swap_out.empty() || !d.swap_in.empty()) {
+    if (!d.swap_out.empty() || !d.swap_in.empty() || n_tier_bg > 0) {
         executor_->swap_kv(d.swap_out.data(), static_cast<int64_t>(d.swap_out.size()), d.swap_in.data(),
-                           static_cast<int64_t>(d.swap_in.size()));
+                           static_cast<int64_t>(d.swap_in.size()), d.tier_bg.data(), static_cast<int64_t>(n_tier_bg));
         const int64_t block_bytes = model::Worker::kv_block_bytes(model_cfg_, kv_.block_size());  // all ranks together
         std::lock_guard lk(stats_mu_);
         stats_.swap_out_bytes_total += static_cast<int64_t>(d.swap_out.size() - n_tier_out) * block_bytes;
         stats_.swap_in_bytes_total += static_cast<int64_t>(d.swap_in.size() - n_tier_in) * block_bytes;
-        stats_.host_tier_out_bytes_total += static_cast<int64_t>(n_tier_out) * block_bytes;
+        stats_.host_tier_out_bytes_total += static_cast<int64_t>(n_tier_out + n_tier_bg) * block_bytes;
         stats_.host_tier_in_bytes_total += static_cast<int64_t>(n_tier_in) * block_bytes;
     }
     kv_.copies_done();  // the copies ran (step-aligned): the blocks they held may be handed out again
@@ -458,6 +472,7 @@ void Engine::count_tokens(int64_t n_generated, int64_t n_prompt, int64_t n_cache
     stats_.n_tokens_prompt_total += n_prompt;
     stats_.n_tokens_cached_total += n_cached;
     stats_.n_tokens_host_cached_total += n_host_cached;
+    stats_.n_host_tier_hits_total += n_host_cached / kv_.block_size();  // the same first admissions, in blocks
     stats_.n_target_forwards_total += n_forwards;
 }
 
@@ -470,7 +485,7 @@ void Engine::emit_step(const StepPlan & plan, const float * step_logits) {
     for (const auto & [ss, n, n_draft] : d.run) {
         auto & s = static_cast<Sequence &>(*ss);
         s.n_computed += n;
-        kv_.commit_full_blocks(s.id, s.tokens, s.n_computed, s.prefix_salt);
+        kv_.commit_full_blocks(s.id, s.tokens, s.n_computed, s.prefix_salt, s.n_prompt);
     }
     for (size_t i = 0; i < rows.size(); ++i) {
         Sequence &    s      = *rows[i].s;
@@ -598,7 +613,9 @@ void Engine::publish_stats() {
     stats_.n_host_tier_blocks_cached     = kv_.n_host_blocks_cached();
     stats_.host_tier_block_bytes         = model::Worker::kv_block_bytes(model_cfg_, kv_.block_size());
     stats_.n_host_tier_offloads_total    = tier_counted_.offloaded + tc.offloaded;
-    stats_.n_host_tier_hits_total        = tier_counted_.loaded + tc.loaded;
+    stats_.n_host_tier_loads_total       = tier_counted_.loaded + tc.loaded;
+    stats_.n_host_tier_offloads_background_total = tier_counted_.offloaded_background + tc.offloaded_background;
+    stats_.n_host_tier_in_flight         = kv_.n_background_in_flight();
     stats_.n_host_tier_evictions_total   = tier_counted_.evicted + tc.evicted;
     stats_.n_host_tier_invalidated_total = tier_counted_.invalidated + tc.invalidated;
     stats_.host_tier_transfers_paused    = state_.paused || drain_.has_value();

@@ -74,6 +74,10 @@ ControlResult Engine::run_control(const ControlCommand & cmd) {
     if (cfg_.debug_control_delay_ms > 0) { std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.debug_control_delay_ms)); }
     ControlResult r;
     try {
+        // Every control op starts with the host tier's transfers stopped: the background copies
+        // in flight land first (the seed's "pause cache transfer"; bounded by the ranks' timeout:
+        // a timeout fails the op before it changed anything). No step runs until it answers.
+        if (cmd.op != ControlOp::abort_request) { r.n_tier_copies_waited = finish_background_copies(); }
         switch (cmd.op) {
             case ControlOp::pause:
                 do_pause(cmd.pause_mode, r, cmd.gate ? cmd.gate->deadline() : t0 + std::chrono::seconds(300), !cmd.keep_prefix_cache);
@@ -284,6 +288,7 @@ void Engine::enter_degraded(const Error & e) {
     publish_stats();  // /health says degraded before any client sees its request fail (answers go out at once)
     fail_step(e);     // every request still alive ends with the rank error
     abort_all();   // (emits nothing more) frees their KV blocks
+    kv_.background_done();  // forgotten: each rank waits for its own copies before its next copy or release
     kv_.flush_prefix_cache();
     publish_stats();
     if (first) { log::get("engine")->critical("degraded: rank(s) [{}] failed: {}", fmt::join(state_.failed_ranks, ", "), e.what()); }
@@ -423,6 +428,7 @@ void Engine::weights_changed() {
 void Engine::reset_kv() {
     const auto c = kv_.tier_counters();
     tier_counted_.offloaded += c.offloaded;
+    tier_counted_.offloaded_background += c.offloaded_background;
     tier_counted_.loaded += c.loaded;
     tier_counted_.evicted += c.evicted;
     tier_counted_.invalidated += c.invalidated + kv_.n_host_blocks_cached();

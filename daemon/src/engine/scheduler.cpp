@@ -77,6 +77,14 @@ ScheduleDecision Scheduler::schedule(kv::KvCache & kv) {
             budget -= n;
             continue;
         }
+        // Host-tier hits are loaded only for a sequence that is then sure to fit (else nothing is
+        // copied for it, and it waits as it would have).
+        if (!s->no_prefix_cache && !kv.admit_sure(s->tokens, s->prefix_salt, [&](int64_t n_cached) {
+                const int64_t n = std::min(static_cast<int64_t>(s->tokens.size()) - n_cached, budget);
+                return s->max_chunk > 0 ? std::min<int64_t>(n, s->max_chunk) : n;
+            })) {
+            break;
+        }
         int32_t       from_host = 0;
         const int32_t cached    = s->no_prefix_cache ? 0 : kv.match_prefix(s->id, s->tokens, s->prefix_salt, &from_host);
         s->n_computed = cached;
@@ -96,6 +104,10 @@ ScheduleDecision Scheduler::schedule(kv::KvCache & kv) {
         budget -= n;
     }
     kv.take_tier_copies(d.tier_out, d.tier_in);
+    // Write-ahead: the reused blocks among the next ones an eviction takes go to the host now,
+    // in the background (a window of an eighth of the pool, at least 16 blocks).
+    const int64_t window = std::max<int64_t>(16, kv.n_blocks_total() / 8);
+    kv.plan_background_offloads(d.tier_bg, window, window);
     return d;
 }
 

@@ -19,6 +19,7 @@ KvCache::KvCache(const KvCacheConfig & cfg) : cfg_(cfg), blocks_(static_cast<siz
 void KvCache::reset_device() {
     FD_CHECK(host_tables_.empty(), "reset_device with {} sequence(s) swapped out", host_tables_.size());
     copies_done();
+    background_done();  // (the Worker waited for every background copy before its pool went)
     tier_out_.clear();
     tier_in_.clear();
     blocks_.assign(static_cast<size_t>(cfg_.n_blocks), Block{});
@@ -42,24 +43,32 @@ int32_t KvCache::take_block() {
         id = free_.back();
         free_.pop_back();
     } else {
-        FD_CHECK(!lru_.empty(), "no KV block left to take");
-        id = lru_.front();
-        lru_.pop_front();
+        auto it = lru_.begin();  // the oldest one no background copy reads
+        while (it != lru_.end() && blocks_[*it].pinned) { ++it; }
+        FD_CHECK(it != lru_.end(), "no KV block left to take ({} pinned by background copies)", bg_dev_pinned_.size());
+        id = *it;
+        lru_.erase(it);
         offload(id);
         Block & b = blocks_[id];
         by_hash_.erase(b.hash);
         b.cached = false;
         b.tokens.clear();
     }
-    blocks_[id].ref = 1;
+    blocks_[id].ref       = 1;
+    blocks_[id].hits      = 0;
+    blocks_[id].in_prompt = false;
     return id;
 }
 
-// An evicted device prefix block lives on in the host tier: queue its device → host copy (it runs
-// before anything writes the device block again: the step's copies precede its forward).
+bool KvCache::worth_offloading(const Block & b) const {
+    return b.cached && (b.in_prompt || b.hits > 0) && b.epoch == epoch_ && !host_.contains(b.hash, epoch_);
+}
+
+// An evicted reused device prefix block lives on in the host tier: queue its device → host copy
+// (it runs before anything writes the device block again: the step's copies precede its forward).
 void KvCache::offload(int32_t id) {
     const Block & b = blocks_[id];
-    if (!tier_enabled() || transfers_paused_ || b.epoch != epoch_ || host_.contains(b.hash, epoch_)) { return; }
+    if (!tier_enabled() || transfers_paused_ || !worth_offloading(b)) { return; }
     const int32_t h = host_.take();
     if (h < 0) { return; }  // every host block is in use: the prefix is dropped
     host_.publish(h, b.hash, b.parent_hash, b.tokens.data(), b.epoch);
@@ -98,13 +107,15 @@ int32_t KvCache::match_prefix(SeqId seq, const std::vector<int32_t> & tokens, ui
         Block & b = blocks_[it->second];
         if (b.parent != parent || b.salt != salt || !std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin() + i * bs)) { break; }
         if (b.ref++ == 0) { lru_.erase(b.lru_it); }
+        ++b.hits;
         table.push_back(it->second);
         parent = it->second;
         h      = hi;
     }
-    // The device cache missed at block i: the host tier may hold it (and what follows).
+    // The device cache missed at block i: the host tier may hold it (and what follows). Not
+    // while background copies are in flight (a host block they write is not readable yet).
     const int64_t n_device = i;
-    for (; tier_enabled() && !transfers_paused_ && i < n_full && n_blocks_free() > 0; ++i) {
+    for (; tier_enabled() && !transfers_paused_ && bg_host_held_.empty() && i < n_full && n_blocks_free() > 0; ++i) {
         const int32_t * blk = tokens.data() + i * bs;
         h_parent            = h;
         const uint64_t hi   = chain_hash(h, blk);
@@ -118,6 +129,7 @@ int32_t KvCache::match_prefix(SeqId seq, const std::vector<int32_t> & tokens, ui
         b.parent_hash = h_parent;  // block 0's is the salt: host hits are verified against it
         b.salt        = salt;
         b.epoch       = epoch_;
+        b.hits        = 1;  // it was reused: worth keeping on the host again
         if (by_hash_.count(hi) == 0) {
             b.tokens.assign(blk, blk + bs);
             b.cached     = true;
@@ -136,6 +148,35 @@ int32_t KvCache::match_prefix(SeqId seq, const std::vector<int32_t> & tokens, ui
     return static_cast<int32_t>(table.size() * bs);
 }
 
+KvCache::PrefixProbe KvCache::probe_prefix(const std::vector<int32_t> & tokens, uint64_t salt) const {
+    PrefixProbe p;
+    if (!cfg_.enable_prefix_caching || tokens.empty()) { return p; }
+    const int64_t bs     = cfg_.block_size_tokens;
+    const int64_t n_full = (static_cast<int64_t>(tokens.size()) - 1) / bs;
+    uint64_t      h      = salt;
+    int32_t       parent = -1;
+    int64_t       i      = 0;
+    for (; i < n_full; ++i) {  // as match_prefix's device part
+        const uint64_t hi = chain_hash(h, tokens.data() + i * bs);
+        auto it = by_hash_.find(hi);
+        if (it == by_hash_.end()) { break; }
+        const Block & b = blocks_[it->second];
+        if (b.parent != parent || b.salt != salt || !std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin() + i * bs)) { break; }
+        p.n_device_idle += b.ref == 0 ? 1 : 0;
+        parent = it->second;
+        h      = hi;
+    }
+    p.n_device = i;
+    for (; tier_enabled() && !transfers_paused_ && bg_host_held_.empty() && i < n_full; ++i) {  // and its host part
+        const int32_t * blk = tokens.data() + i * bs;
+        const uint64_t  hi  = chain_hash(h, blk);
+        if (host_.find(hi, h, blk, epoch_) < 0) { break; }
+        ++p.n_host;
+        h = hi;
+    }
+    return p;
+}
+
 int64_t KvCache::n_blocks_needed(SeqId seq, int64_t n_tokens) const {
     auto it = tables_.find(seq);
     const int64_t have = it == tables_.end() ? 0 : static_cast<int64_t>(it->second.size());
@@ -151,7 +192,7 @@ bool KvCache::allocate(SeqId seq, int64_t n_tokens) {
     return true;
 }
 
-void KvCache::commit_full_blocks(SeqId seq, const std::vector<int32_t> & tokens, int64_t n_computed, uint64_t salt) {
+void KvCache::commit_full_blocks(SeqId seq, const std::vector<int32_t> & tokens, int64_t n_computed, uint64_t salt, int64_t n_prompt) {
     if (!cfg_.enable_prefix_caching) { return; }
     auto & table = tables_.at(seq);
     int64_t & done = n_committed_blocks_[seq];
@@ -167,6 +208,7 @@ void KvCache::commit_full_blocks(SeqId seq, const std::vector<int32_t> & tokens,
         b.parent = i > 0 ? table[i - 1] : -1;
         b.salt   = salt;
         b.epoch  = epoch_;
+        b.in_prompt = n_prompt < 0 || (i + 1) * bs <= n_prompt;
         if (!b.cached && by_hash_.count(h) == 0) {
             b.tokens.assign(tokens.begin() + i * bs, tokens.begin() + (i + 1) * bs);
             b.cached = true;
@@ -291,6 +333,34 @@ void KvCache::copies_done() {
     std::vector<int32_t> held;
     held.swap(dev_held_);
     for (int32_t d : held) { unref(d); }
+}
+
+int64_t KvCache::plan_background_offloads(std::vector<BlockCopy> & bg, int64_t window, int64_t max_blocks) {
+    // Nothing to write ahead while the never-used free blocks cover the window: no eviction is near.
+    if (!tier_enabled() || transfers_paused_ || !bg_dev_pinned_.empty() || static_cast<int64_t>(free_.size()) >= window) { return 0; }
+    int64_t n = 0, seen = 0;
+    for (auto it = lru_.begin(); it != lru_.end() && seen < window && n < max_blocks; ++it, ++seen) {
+        Block & b = blocks_[*it];
+        if (!worth_offloading(b)) { continue; }
+        const int32_t h = host_.take();
+        if (h < 0) { break; }  // every host block is in use
+        host_.publish(h, b.hash, b.parent_hash, b.tokens.data(), b.epoch);
+        bg_host_held_.push_back(h);
+        b.pinned = true;
+        bg_dev_pinned_.push_back(*it);
+        bg.push_back({*it, h});
+        ++n;
+    }
+    counters_.offloaded += n;
+    counters_.offloaded_background += n;
+    return n;
+}
+
+void KvCache::background_done() {
+    for (int32_t d : bg_dev_pinned_) { blocks_[d].pinned = false; }
+    for (int32_t h : bg_host_held_) { host_.put(h); }
+    bg_dev_pinned_.clear();
+    bg_host_held_.clear();
 }
 
 KvCache::TierCounters KvCache::tier_counters() const {

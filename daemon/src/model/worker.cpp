@@ -9,6 +9,7 @@
 #include "fd/status.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,10 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     bind();
     map_kv_pool(/*fresh=*/true);
     map_swap_pool(/*fresh=*/true);
+    if (wcfg.n_swap_blocks > 0) {
+        const char * delay_ms = std::getenv("FD_TEST_KV_COPY_DELAY_MS");  // TEST ONLY (kv_copier.h)
+        copier_ = std::make_unique<KvCopier>(backend_.get(), delay_ms ? std::atof(delay_ms) / 1000.0 : 0.0);
+    }
     std::vector<float> rope(static_cast<size_t>(wcfg.max_model_len) * cfg_.head_dim);  // [max_model_len, head_dim]
     kernels::rope_table_inv_freq(rope.data(), wcfg.max_model_len, cfg_.head_dim, rope_inv_freq(cfg_).data());
     backend_->upload(rope_.floats(static_cast<int64_t>(rope.size())), rope.data(), static_cast<int64_t>(rope.size() * sizeof(float)));
@@ -124,8 +129,36 @@ void Worker::check_copies(const kv::BlockCopy * copies, int64_t n, bool out) con
     }
 }
 
+void Worker::wait_copies() {
+    if (!copier_) { return; }
+    const double timeout_s = wcfg_.io_timeout_s > 0 ? wcfg_.io_timeout_s : 300.0;
+    if (!copier_->wait(timeout_s)) {
+        fail(Errc::timeout, "rank {}: {} background KV copy batch(es) to the host tier did not land within {:.1f} s", wcfg_.rank,
+             copier_->n_in_flight(), timeout_s);
+    }
+}
+
+void Worker::swap_out_background(const kv::BlockCopy * copies, int64_t n) {
+    if (n == 0) { return; }
+    check_copies(copies, n, true);
+    FD_CHECK(copier_ != nullptr, "background KV copies without a swap pool");
+    const int64_t bf = block_floats(), bytes = bf * static_cast<int64_t>(sizeof(float));
+    auto * host = reinterpret_cast<float *>(alloc_->data(Tag::kv_swap));
+    std::vector<KvCopier::Piece> pieces;
+    pieces.reserve(static_cast<size_t>(n * 2 * cfg_.n_layers));
+    for (int64_t i = 0; i < n; ++i) {
+        float * dst = host + static_cast<int64_t>(copies[i].dst) * 2 * cfg_.n_layers * bf;
+        for (int il = 0; il < cfg_.n_layers; ++il) {
+            pieces.push_back({dst + (2 * il) * bf, k_pool_[il] + copies[i].src * bf, bytes});
+            pieces.push_back({dst + (2 * il + 1) * bf, v_pool_[il] + copies[i].src * bf, bytes});
+        }
+    }
+    copier_->start_download(std::move(pieces));
+}
+
 // The swap pool is host memory; the KV pool is the backend's (download / upload: memcpy on the CPU).
 void Worker::swap_out(const kv::BlockCopy * copies, int64_t n) {
+    wait_copies();  // (a block a background copy reads may be the one written next)
     if (n == 0) { return; }
     check_copies(copies, n, true);
     const int64_t bf = block_floats(), bytes = bf * static_cast<int64_t>(sizeof(float));
@@ -140,6 +173,7 @@ void Worker::swap_out(const kv::BlockCopy * copies, int64_t n) {
 }
 
 void Worker::swap_in(const kv::BlockCopy * copies, int64_t n) {
+    wait_copies();
     if (n == 0) { return; }
     check_copies(copies, n, false);
     const int64_t bf = block_floats(), bytes = bf * static_cast<int64_t>(sizeof(float));
@@ -207,6 +241,7 @@ int64_t Worker::release_weights() {
 }
 
 int64_t Worker::release(Tag tag) {
+    if (tag == Tag::kv_cache || tag == Tag::kv_swap) { wait_copies(); }  // never unmap under a copy
     switch (tag) {
     case Tag::weight: return release_weights();
     case Tag::kv_cache: return release_kv();

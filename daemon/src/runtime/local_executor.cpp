@@ -54,9 +54,11 @@ public:
         return rank_call({.op = RankOp::reload, .fetch = req});
     }
 
-    void swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in) override {
-        site_.worker->swap_out(out, n_out);
+    void swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in, const kv::BlockCopy * bg,
+                 int64_t n_bg) override {
+        site_.worker->swap_out(out, n_out);  // waits for the background copies first
         site_.worker->swap_in(in, n_in);
+        site_.worker->swap_out_background(bg, n_bg);
     }
 
     int64_t weight_bytes() const override { return site_.worker->weight_bytes(); }

@@ -165,7 +165,14 @@ std::vector<RankReport> MpExecutor::release(MemoryTag tag) {
     return reps;
 }
 
-void MpExecutor::swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in) {
+void MpExecutor::swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in, const kv::BlockCopy * bg,
+                         int64_t n_bg) {
+    if (n_bg > 0) {  // the background copies ride at the out list's end (rank_link.h)
+        swap_scratch_.assign(out, out + n_out);
+        swap_scratch_.insert(swap_scratch_.end(), bg, bg + n_bg);
+        out   = swap_scratch_.data();
+        n_out = static_cast<int64_t>(swap_scratch_.size());
+    }
     int64_t need = swap_encode(region_.data(), region_.bytes(), out, n_out, in, n_in);
     if (need > region_.bytes()) {
         region_.resize(need + need / 2);
@@ -176,6 +183,7 @@ void MpExecutor::swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::Blo
     m.region_bytes = static_cast<uint64_t>(region_.bytes());
     m.n_swap_out   = n_out;
     m.n_swap_in    = n_in;
+    m.n_swap_bg    = n_bg;
     // Ranks on other nodes get the block lists inline, like a step's arrays.
     const bool remote = world_.multi_node();
     call(m, "KV swap", false, nullptr, remote ? region_.data() : nullptr, remote ? static_cast<size_t>(need) : 0);

@@ -55,7 +55,8 @@ public:
     std::vector<RankReport> commit_weights() override;
     void drop_staged_weights() override { call_op({.op = RankOp::drop}); }
     std::vector<RankReport> release(MemoryTag tag) override;
-    void swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in) override;
+    void swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in, const kv::BlockCopy * bg,
+                 int64_t n_bg) override;
     std::vector<RankReport> acquire_kv() override;
     std::vector<RankReport> reload_weights(const weights::FetchRequest & req) override;
 
@@ -175,6 +176,7 @@ private:
     std::vector<LinkMsg>             replies_;   ///< [world] the latest call's answers
     std::vector<std::string>         details_;   ///< [world] the latest rank_call's RankReport::detail
     std::vector<int32_t>             targets_, live_, pending_, still_;
+    std::vector<kv::BlockCopy>       swap_scratch_;  ///< swap_kv: out + background copies in one list
     size_t                           n_lost_ = 0;     ///< ranks marked failed so far
     size_t                           lost_mark_ = 0;  ///< n_lost_ when the current call / start-up wait began
     static constexpr std::chrono::milliseconds kSurvivorGrace{10};  ///< see gather(): what a survivor gets after a loss

@@ -408,7 +408,8 @@ private:
                 case LinkOp::swap_kv: {
                     if (!link_.stream() && static_cast<int64_t>(m.region_bytes) != region_.bytes()) { region_.remap(); }
                     const auto [out, in] = swap_lists(link_.stream() ? static_cast<void *>(inline_.data()) : region_.data(), m.n_swap_out);
-                    ex_->swap_kv(out, m.n_swap_out, in, m.n_swap_in);
+                    FD_CHECK(m.n_swap_bg >= 0 && m.n_swap_bg <= m.n_swap_out, "swap_kv: {} background copies of {}", m.n_swap_bg, m.n_swap_out);
+                    ex_->swap_kv(out, m.n_swap_out - m.n_swap_bg, in, m.n_swap_in, out + (m.n_swap_out - m.n_swap_bg), m.n_swap_bg);
                     break;
                 }
                 case LinkOp::comm_connect:

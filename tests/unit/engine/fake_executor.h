@@ -114,7 +114,7 @@ public:
         note("acquire_kv");
         return reports(std::nullopt, 0);
     }
-    void swap_kv(const kv::BlockCopy *, int64_t, const kv::BlockCopy *, int64_t) override { note("swap_kv"); }
+    void swap_kv(const kv::BlockCopy *, int64_t, const kv::BlockCopy *, int64_t, const kv::BlockCopy *, int64_t) override { note("swap_kv"); }
     std::vector<runtime::RankReport> reload_weights(const weights::FetchRequest & req) override {
         note("reload");
         if (fail_reload) {

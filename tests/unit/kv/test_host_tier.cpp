@@ -36,6 +36,12 @@ struct Sim {
     struct Pending { fd::kv::SeqId seq; std::vector<int32_t> tokens; int32_t cached; };
     std::vector<Pending> admitted;
     int64_t              n_verified = 0, n_host_hits = 0;
+    /// The engine's write-ahead offloads (plan_background_offloads after the step's copies):
+    /// they land only at the next fence(), AFTER the step's forward wrote its blocks, so a
+    /// pinned block handed out and rewritten meanwhile would reach the host torn.
+    bool                   background = false;
+    std::vector<BlockCopy> bg;
+    int64_t                n_bg = 0;
 
     explicit Sim(const KvCacheConfig & c)
         : kv(c), device(static_cast<size_t>(c.n_blocks)), host(static_cast<size_t>(c.n_host_blocks)) {}
@@ -45,8 +51,17 @@ struct Sim {
         return {epoch, std::vector<int32_t>(t.begin(), t.begin() + end)};
     }
 
+    /// The engine's fence before it schedules (or runs a control op): the background copies land.
+    void fence() {
+        for (const BlockCopy & c : bg) { host[c.dst] = device[c.src]; }
+        bg.clear();
+        kv.background_done();
+        CHECK(kv.n_background_in_flight() == 0);
+    }
+
     /// Scheduler-style admission: match, allocate (release on failure, as the scheduler does).
     bool admit(fd::kv::SeqId seq, const std::vector<int32_t> & tokens) {
+        fence();
         int32_t from_host = -1;
         const int32_t cached = kv.match_prefix(seq, tokens, 0, &from_host);
         REQUIRE(from_host >= 0);
@@ -75,6 +90,16 @@ struct Sim {
             device[c.dst] = host[c.src];
         }
         kv.copies_done();
+        if (background) {
+            const int64_t n = kv.plan_background_offloads(bg, 16, 16);
+            CHECK(n == static_cast<int64_t>(bg.size()));
+            n_bg += n;
+            for (const BlockCopy & c : bg) {  // no block of this step's forward is read by a background copy
+                for (const auto & p : admitted) {
+                    for (int32_t d : kv.block_table(p.seq)) { REQUIRE(d != c.src); }
+                }
+            }
+        }
         for (const auto & p : admitted) {
             const auto & table = kv.block_table(p.seq);
             const int64_t bs = kv.block_size();
@@ -221,10 +246,14 @@ TEST_CASE("a host block a queued copy reads is not handed out again in the same 
 }
 
 TEST_CASE("random traffic: every reused block holds the KV computed from scratch for its prefix") {
+  for (const bool background : {false, true}) {
+    CAPTURE(background);
+    int64_t n_bg = 0;
     for (uint32_t seed = 1; seed <= 20; ++seed) {
         CAPTURE(seed);
         std::mt19937 rng(seed);
         Sim sim({.n_blocks = 8, .block_size_tokens = 4, .enable_prefix_caching = true, .n_host_blocks = 6});
+        sim.background = background;
         std::vector<std::vector<int32_t>> bases;
         for (int i = 0; i < 5; ++i) { bases.push_back(ramp(12, 1000 * (i + 1))); }
         std::vector<fd::kv::SeqId> live;
@@ -237,6 +266,7 @@ TEST_CASE("random traffic: every reused block holds the KV computed from scratch
                 live.erase(live.begin() + static_cast<long>(k));
             }
             if (rng() % 40 == 0) {
+                sim.fence();  // a control op waits for the background copies first
                 for (auto s : live) { sim.kv.release(s); }
                 live.clear();
                 sim.kv.flush_prefix_cache();
@@ -256,7 +286,98 @@ TEST_CASE("random traffic: every reused block holds the KV computed from scratch
         }
         CHECK(sim.n_host_hits > 0);      // the host tier was really exercised
         CHECK(sim.n_verified > 100);
+        n_bg += sim.n_bg;
     }
+    CHECK((n_bg > 0) == background);  // the background path was really exercised
+  }
+}
+
+TEST_CASE("only blocks likely to be reused go to the host: prompt blocks, and generated blocks once hit") {
+    Sim sim({.n_blocks = 4, .block_size_tokens = 4, .enable_prefix_caching = true, .n_host_blocks = 8});
+    // a: 8 prompt tokens and 5 generated ones: blocks 0-1 are prompt blocks, block 2 generated.
+    const auto a = ramp(13, 100), b = ramp(13, 500);
+    REQUIRE(sim.kv.match_prefix(1, a) == 0);
+    REQUIRE(sim.kv.allocate(1, 13));
+    sim.kv.commit_full_blocks(1, a, 13, 0, /*n_prompt=*/8);
+    sim.kv.release(1);
+    SUBCASE("an unreused generated block is dropped at eviction") {
+        REQUIRE(sim.kv.match_prefix(2, b) == 0);
+        REQUIRE(sim.kv.allocate(2, 13));  // evicts a's 3 blocks
+        std::vector<BlockCopy> out, in;
+        sim.kv.take_tier_copies(out, in);
+        CHECK(out.size() == 2);           // the two prompt blocks, not the generated one
+        sim.kv.copies_done();
+        CHECK(sim.kv.tier_counters().offloaded == 2);
+    }
+    SUBCASE("a generated block a lookup hit is kept") {
+        REQUIRE(sim.kv.match_prefix(3, a) == 12);  // a again (a next turn): all 3 blocks hit on the device
+        sim.kv.release(3);
+        REQUIRE(sim.kv.match_prefix(2, b) == 0);
+        REQUIRE(sim.kv.allocate(2, 13));
+        std::vector<BlockCopy> out, in;
+        sim.kv.take_tier_copies(out, in);
+        CHECK(out.size() == 3);
+        sim.kv.copies_done();
+    }
+}
+
+TEST_CASE("write-ahead: reused blocks near eviction are copied in the background, pinned until the fence") {
+    Sim sim({.n_blocks = 4, .block_size_tokens = 4, .enable_prefix_caching = true, .n_host_blocks = 8});
+    const auto a = ramp(13, 100), b = ramp(5, 500), c = ramp(13, 900);
+    REQUIRE(sim.admit(1, a));
+    sim.run_step();
+    sim.kv.release(1);                                    // a's 3 full blocks cached, unreferenced (the LRU); its 4th free
+    std::vector<BlockCopy> bg;
+    CHECK(sim.kv.plan_background_offloads(bg, 16, 2) == 2);  // at most max_blocks, the oldest first
+    REQUIRE(bg.size() == 2);
+    CHECK(sim.kv.n_background_in_flight() == 2);
+    std::vector<BlockCopy> more;
+    CHECK(sim.kv.plan_background_offloads(more, 16, 16) == 0);  // one batch in flight at a time
+    // While in flight an allocation never takes a pinned block: b gets the free block and a's third.
+    REQUIRE(sim.kv.match_prefix(2, b) == 0);
+    REQUIRE(sim.kv.allocate(2, 5));
+    for (int32_t d : sim.kv.block_table(2)) {
+        for (const BlockCopy & g : bg) { CHECK(d != g.src); }
+    }
+    sim.admitted.push_back({2, b, 0});
+    sim.run_step();                                       // the evicted third block is copied now; b's forward
+    sim.bg = bg;
+    sim.fence();                                          // then the background copies land (host := device)
+    sim.kv.release(2);
+    CHECK(sim.kv.tier_counters().offloaded == 3);
+    CHECK(sim.kv.tier_counters().offloaded_background == 2);
+    // c takes every block: a's two written ahead need no copy at eviction (the host has them).
+    REQUIRE(sim.admit(3, c));
+    sim.run_step();
+    sim.kv.release(3);
+    CHECK(sim.kv.tier_counters().offloaded == 4);         // + b's one prompt block, not a's again
+    // a comes back from the host, every block equal to its KV computed from scratch.
+    REQUIRE(sim.admit(4, a));
+    CHECK(sim.admitted.back().cached == 12);
+    sim.run_step();
+    CHECK(sim.n_verified == 3);
+    sim.check_invariants();
+}
+
+TEST_CASE("admit_sure: host blocks are only loaded for a sequence that then fits") {
+    Sim sim({.n_blocks = 6, .block_size_tokens = 4, .enable_prefix_caching = true, .n_host_blocks = 8});
+    const auto a = ramp(13, 100), b = ramp(21, 500);
+    REQUIRE(sim.admit(1, a));
+    sim.run_step();
+    sim.kv.release(1);
+    REQUIRE(sim.admit(2, b));                             // 6 blocks: a's 3 go to the host
+    sim.run_step();
+    REQUIRE(sim.kv.n_host_blocks_cached() == 3);
+    // b holds every device block: a (3 host hits + 1 block) cannot fit now.
+    auto rest = [&](int64_t n_cached) { return 13 - n_cached; };
+    CHECK_FALSE(sim.kv.admit_sure(a, 0, rest));
+    CHECK(sim.kv.admit_sure(ramp(13, 3000), 0, rest));    // no host hit: nothing to hold back
+    sim.kv.release(2);                                    // b's blocks are free (cached) again
+    CHECK(sim.kv.admit_sure(a, 0, rest));
+    int32_t from_host = 0;
+    CHECK(sim.kv.match_prefix(3, a, 0, &from_host) == 12);
+    CHECK(from_host == 12);
+    CHECK(sim.kv.allocate(3, 13));
 }
 
 TEST_CASE("HostTier: take evicts the oldest unreferenced entry; held and in-use blocks are never taken") {

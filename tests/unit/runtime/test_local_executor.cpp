@@ -11,6 +11,8 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -218,4 +220,32 @@ TEST_CASE("local executor: KV swapped out to the host pool and back into another
     CHECK(f.ex->release(runtime::MemoryTag::kv_swap)[0].freed_bytes == 0);
     f.ex->acquire_kv();
     f.ex->swap_kv(out, 1, nullptr, 0);
+}
+
+TEST_CASE("local executor: a background swap-out runs during the next forward and the next swap_kv waits for it") {
+    SwapFixture ref(0);
+    ref.prefill(0);
+    const auto want = ref.decode(0);
+
+    ::setenv("FD_TEST_KV_COPY_DELAY_MS", "1000", 1);  // the copy lands no earlier than 1 s after it started
+    SwapFixture f(3);
+    ::unsetenv("FD_TEST_KV_COPY_DELAY_MS");
+    f.prefill(0);
+    const kv::BlockCopy bg[] = {{.src = 0, .dst = 2}};
+    const auto t0 = std::chrono::steady_clock::now();
+    f.ex->swap_kv(nullptr, 0, nullptr, 0, bg, 1);
+    const double started_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(started_s < 0.9);            // returned without waiting for the copy
+    f.prefill(1);                      // a forward on another block runs while the copy is in flight
+    f.ex->swap_kv(nullptr, 0, nullptr, 0);  // the wait alone
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >= 1.0);
+    // The host block holds block 0's KV: wiped device pool, copied back into block 3, same decode.
+    f.ex->release(runtime::MemoryTag::kv_cache);
+    f.ex->acquire_kv();
+    const kv::BlockCopy in[] = {{.src = 2, .dst = 3}};
+    f.ex->swap_kv(nullptr, 0, in, 1);
+    CHECK(f.decode(3) == want);
+    // Ids outside the pools are refused before anything starts.
+    const kv::BlockCopy bad[] = {{.src = 0, .dst = 3}};
+    CHECK_THROWS_AS(f.ex->swap_kv(nullptr, 0, nullptr, 0, bad, 1), Error);
 }

@@ -123,6 +123,7 @@ struct ControlResult {
     int64_t  freed_kv_bytes     = -1;
     int64_t  freed_swap_bytes   = -1;              ///< sleep(kv_cache) with FD_ENABLE_SWAP_SPACE_CLEARING=1: the host swap pool
     int64_t  n_host_blocks_flushed = 0;            ///< flush_cache: host KV tier prefix blocks forgotten
+    int64_t  n_tier_copies_waited = 0;             ///< host KV tier blocks whose background copy the op waited for before it ran
     std::vector<std::string> tags_skipped;         ///< sleep/wakeup: asked but already in that state
     std::vector<std::string> tags_done;            ///< sleep/wakeup: processed, in order
     int64_t  rss_before_bytes = 0, rss_after_bytes = 0;

@@ -92,7 +92,10 @@ struct EngineStats {
     int64_t n_host_tier_blocks_cached = 0;       ///< host blocks holding prefix entries now
     int64_t host_tier_block_bytes     = 0;       ///< bytes of one block, all ranks together
     int64_t n_host_tier_offloads_total = 0;      ///< evicted device prefix blocks copied to the host
-    int64_t n_host_tier_hits_total     = 0;      ///< host prefix blocks copied back instead of recomputed
+    int64_t n_host_tier_hits_total     = 0;      ///< host prefix blocks a request's first admission copied back (= prompt_tokens_host_cached_total / block size)
+    int64_t n_host_tier_loads_total    = 0;      ///< every host prefix block copied back (re-admissions after a preemption too)
+    int64_t n_host_tier_offloads_background_total = 0;  ///< of the offloads, those copied ahead of eviction in the background
+    int64_t n_host_tier_in_flight      = 0;      ///< blocks of background copies not yet waited for
     int64_t n_host_tier_evictions_total = 0;     ///< host prefix entries evicted (LRU) for room
     int64_t n_host_tier_invalidated_total = 0;   ///< host prefix entries dropped (weight change, flush)
     int64_t n_tokens_host_cached_total = 0;      ///< prompt tokens served from the host tier (part of n_tokens_cached_total)
@@ -209,6 +212,11 @@ private:
     /// Every sequence still alive ends with `e`.
     void fail_step(const Error & e);
     void publish_stats();
+    /// Step-aligned end of the host tier's background copies (KvCache::plan_background_offloads):
+    /// wait until every rank's landed (an empty swap_kv: bounded by the ranks' timeout), then
+    /// release their blocks. Returns the blocks waited for (0: none in flight, no call).
+    /// Errors  timeout, rank_failed (the blocks stay held; the next call waits again).
+    int64_t finish_background_copies();
     // control (engine_control.cpp; pause modes and abort: engine_pause.cpp)
     ControlResult run_control(const ControlCommand & cmd);
     /// `drain_deadline`: mode=wait gives up at it (the caller's deadline).

@@ -16,8 +16,11 @@
 // so a host block freed by a swap-in is never the target of a swap-out in the same step.
 // With prefix caching and a host pool the decision also lists the host KV tier's copies
 // (tier_out: evicted prefix blocks saved to the host; tier_in: host-tier prefix hits loaded
-// back); the engine runs every device → host copy (swap_out, tier_out) before every host →
-// device one (swap_in, tier_in), then KvCache::copies_done() (fd/kv/kv_cache.h).
+// back; tier_bg: the write-ahead offloads of reused blocks about to be evicted, run in the
+// background); the engine runs every device → host copy (swap_out, tier_out) before every host →
+// device one (swap_in, tier_in), then KvCache::copies_done() (fd/kv/kv_cache.h), and starts
+// tier_bg last. A waiting sequence whose prefix hits the host tier is only matched (its host
+// blocks loaded) when it is sure to be admitted (KvCache::admit_sure).
 // Speculative decoding: a running sequence with one token left to compute may ask to verify
 // n_draft draft tokens in the same step (the engine proposes them before schedule()); they are
 // granted (ScheduledSeq::n_draft) when the budget and free KV blocks allow, never by preempting
@@ -76,6 +79,7 @@ struct ScheduleDecision {
     std::vector<kv::BlockCopy> swap_in;     ///< host → device copies to run before this step
     std::vector<kv::BlockCopy> tier_out;    ///< host KV tier: evicted prefix blocks, device → host
     std::vector<kv::BlockCopy> tier_in;     ///< host KV tier: prefix hits, host → device
+    std::vector<kv::BlockCopy> tier_bg;     ///< host KV tier: write-ahead offloads, device → host, in the background
 
     size_t n_preempted() const { return preempted.size() + swapped.size(); }
 };

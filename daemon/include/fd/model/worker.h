@@ -27,6 +27,7 @@
 
 #include "fd/kernels/backend.h"
 #include "fd/kv/block_copy.h"
+#include "fd/model/kv_copier.h"
 #include "fd/memory/allocator.h"
 #include "fd/checkpoint/model_config.h"
 #include "fd/model/weights.h"
@@ -167,6 +168,18 @@ public:
     /// Copy host block c.src into device block c.dst (every layer's K and V), for each c in order.
     /// Errors  as swap_out.
     void swap_in(const kv::BlockCopy * copies, int64_t n);
+    /// As swap_out, but in the background (fd/model/kv_copier.h: the CUDA copy stream, or the
+    /// CPU copy thread): returns once started. Until wait_copies() returned, the caller writes
+    /// none of the device blocks read and reads none of the host blocks written (forward() may
+    /// run meanwhile: it writes only blocks its batch holds). swap_out, swap_in and release
+    /// wait for these copies first.
+    /// Errors  as swap_out (nothing started).
+    void swap_out_background(const kv::BlockCopy * copies, int64_t n);
+    /// Wait until every background copy landed: at most WorkerConfig::io_timeout_s (300 s when 0).
+    /// Errors  fd::Error{timeout} naming the batches still in flight (they still land later).
+    void wait_copies();
+    /// Background copy batches started and not yet landed (0 without a swap pool).
+    int64_t copies_in_flight() { return copier_ ? copier_->n_in_flight() : 0; }
     int64_t swap_bytes() const { return alloc_->held_bytes(memory::Tag::kv_swap); }
     /// Load weights into the reacquired region (after release_weights): parallel reads over the pool.
     /// Validates names, shapes and the dtypes first loaded.
@@ -280,6 +293,9 @@ private:
     kernels::ScratchBuffer                small_;            ///< device_mem_: the f32 norms and biases
     Scratch                               s_;
     MoeHost                               moe_host_;
+    /// The background tier copies (a swap pool only); declared after backend_ and alloc_, so
+    /// destroyed first: it waits for copies that read and write their memory.
+    std::unique_ptr<KvCopier>             copier_;
 
     /// The CUDA-graph state (graph_max_batch > 0).
     struct Graphs {

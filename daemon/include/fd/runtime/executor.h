@@ -81,10 +81,17 @@ public:
     /// Map the KV pool, and the swap pool if released, again on every rank (same geometry;
     /// contents lost).
     virtual std::vector<RankReport> acquire_kv() = 0;
-    /// On every rank: copy the `n_out` blocks of `out` device → host, then the `n_in` blocks of
-    /// `in` host → device (fd/kv/block_copy.h; a scheduler decision's swap_out / swap_in).
-    /// Errors  fd::Error{internal} on a block id outside the pools; rank_failed (mp).
-    virtual void swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in) = 0;
+    /// On every rank: wait for the background copies an earlier call started, copy the `n_out`
+    /// blocks of `out` device → host, then the `n_in` blocks of `in` host → device
+    /// (fd/kv/block_copy.h; a scheduler decision's swap_out / swap_in), then START the `n_bg`
+    /// device → host copies of `bg` in the background (the host tier's write-ahead offloads,
+    /// Worker::swap_out_background) and return: they run while the next forward computes; the
+    /// caller keeps their blocks untouched until its next swap_kv call returned (a call with
+    /// nothing in it is the wait alone).
+    /// Errors  fd::Error{internal} on a block id outside the pools; timeout when background
+    ///         copies did not land within the rank's io timeout; rank_failed (mp).
+    virtual void swap_kv(const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in, int64_t n_in,
+                         const kv::BlockCopy * bg = nullptr, int64_t n_bg = 0) = 0;
     /// After release(weight): every rank fetches `req` and loads it into fresh memory.
     /// Errors  as stage_weights; the weights then stay released on every rank.
     virtual std::vector<RankReport> reload_weights(const weights::FetchRequest & req) = 0;

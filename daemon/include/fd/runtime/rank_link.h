@@ -34,7 +34,8 @@
 // region's bytes up to `logits`, LinkMsg::bytes of them) right after it, read into a buffer that
 // only grows. Rank 0 is always on node 0, so logits never cross TCP.
 // A swap_kv request uses the same region (between steps) for its block lists:
-//   RegionHeader, then out [n_swap_out] BlockCopy, then in [n_swap_in] BlockCopy (64-byte aligned)
+//   RegionHeader, then out [n_swap_out] BlockCopy, then in [n_swap_in] BlockCopy (64-byte aligned);
+//   the last n_swap_bg of out are the background copies (Executor::swap_kv's `bg`)
 // Single-threaded on each side (the engine thread; the rank's main thread).
 #pragma once
 
@@ -86,6 +87,7 @@ struct LinkMsg {
     char     serving_version[136] = {};  ///< request: the version now served
     char     text[512] = {};             ///< reply: error message (truncated)
     int64_t  n_swap_out = 0, n_swap_in = 0;  ///< swap_kv: block copies in the region
+    int64_t  n_swap_bg = 0;                  ///< swap_kv: how many of the out list's LAST copies run in the background
     // Every control reply (not forward's) of a CUDA rank: its device and memory now (RankDevice).
     int32_t  device_id = -1;                 ///< reply: the rank's CUDA device; -1: a CPU rank (no fields below)
     int32_t  pad2_ = 0;

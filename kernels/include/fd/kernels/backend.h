@@ -114,6 +114,32 @@ public:
     virtual void * alloc_pinned_host(int64_t bytes) { (void)bytes; return nullptr; }
     /// Give back memory from alloc_pinned_host(); nullptr is a no-op.
     virtual void free_pinned_host(void * p) noexcept { (void)p; }
+
+    // --- the copy queue: block copies between backend memory and host memory beside the ops ---
+    // (the host KV tier's transfers, fd/model/kv_copier.h). A device backend runs them on a
+    // stream of their own, ordered against the op stream by events; the CPU backend has none
+    // (copy_queue() is false) and the caller copies on a host thread of its own.
+
+    /// True when the backend has a copy queue (CUDA: a second stream).
+    virtual bool copy_queue() const { return false; }
+    /// Order the copies issued next after every op issued so far (CUDA: an event recorded on
+    /// the op stream that the copy stream waits for; no host wait).
+    virtual void copy_queue_after_ops() {}
+    /// Issue a copy of `bytes` from backend memory to host memory (`dst_host` page-locked for a
+    /// real overlap) on the copy queue; returns at once. Default: download() (synchronous).
+    virtual void download_async(void * dst_host, const void * src, int64_t bytes) { download(dst_host, src, bytes); }
+    /// Issue a copy of `bytes` from host memory to backend memory on the copy queue; the host
+    /// bytes must stay put until the copy's fence passed. Default: upload() (synchronous).
+    virtual void upload_async(void * dst, const void * src_host, int64_t bytes) { upload(dst, src_host, bytes); }
+    /// A fence after every copy issued so far (CUDA: an event recorded on the copy stream);
+    /// 0 where copies are synchronous.
+    virtual uint64_t copy_queue_fence() { return 0; }
+    /// Whether the copies before `fence` have finished; never waits.
+    /// Errors  fd::Error{internal} when a copy failed.
+    virtual bool copy_queue_done(uint64_t fence) { (void)fence; return true; }
+    /// Ops issued from now on run after the copies before `fence` (CUDA: cudaStreamWaitEvent on
+    /// the op stream; no host wait).
+    virtual void ops_after_copies(uint64_t fence) { (void)fence; }
     /// Index of the first NaN or Inf among the `n` values of type `t` at `p` (backend memory),
     /// or -1; waits for earlier ops. The check of weights that reach the device without a host
     /// copy (CUDA IPC, device to device). Default: download() in 256 KiB pieces and scan on the

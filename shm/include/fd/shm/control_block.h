@@ -96,7 +96,7 @@ struct ControlBlock {
     uint8_t  cmd_verify_checksum;
     uint8_t  cmd_has_version;
     uint8_t  cmd_stage_only;                   ///< update_weights: 1 = stage only ("commit": false); 0 (older clients) = commit
-    uint8_t  cmd_pause_mode;                   ///< pause: 0 abort (older clients leave it 0), 1 wait, 2 keep
+    uint8_t  cmd_pause_mode;                   ///< pause: 0 abort (older clients leave it 0), 1 wait, 2 keep; flush_cache: 1 keep the host KV tier
     uint8_t  cmd_abort_all;                    ///< abort: 1 = every request (cmd_request_id empty); ABI 3
     uint8_t  pad2_[3];
     int32_t  result_http_status;               ///< the status the V1 HTTP route would answer

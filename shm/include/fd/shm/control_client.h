@@ -60,7 +60,7 @@ struct MailboxCommand {
     std::optional<std::string> version;         ///< update_weights, commit_weights
     bool                       verify_checksum = false;
     bool                       commit = true;   ///< update_weights: false = stage only (two-phase update)
-    std::string                mode;            ///< pause: "" | "abort" | "wait" | "keep" (the block carries it as cmd_pause_mode)
+    std::string                mode;            ///< pause: "" | "abort" | "wait" | "keep"; flush_cache: "" | "all" | "device" (the block carries it as cmd_pause_mode)
     std::string                request_id;      ///< abort: a completion id or X-Request-Id (the block carries it as cmd_request_id)
     bool                       abort_all = false; ///< abort: every request, without pausing (cmd_abort_all)
     /// update_weights only, HTTP only (prime-rl's routes; the shm block does not carry them):
