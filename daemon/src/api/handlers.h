@@ -7,7 +7,7 @@
 #include "fd/shm/control_client.h"
 #include "fd/status.h"
 
-#include "http_message.h"
+#include "http/http_message.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,6 +1,6 @@
 // The whole HTTP surface at a glance, plus the one wrapper that turns exceptions into errors.
 #include "handlers.h"
-#include "http_server.h"
+#include "http/http_server.h"
 
 #include "fd/log.h"
 

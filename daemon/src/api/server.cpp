@@ -1,7 +1,7 @@
 // ApiServer lifecycle and the small read-only endpoints: /health, /v1/models (/metrics, /version: metrics.cpp).
 #include "access_log.h"
 #include "handlers.h"
-#include "http_server.h"
+#include "http/http_server.h"
 
 #include "fd/arena.h"
 #include "fd/tokenizer/chat_template.h"
