@@ -11,9 +11,69 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 
 namespace fd::control {
 namespace {
+
+/// Releases held events kHoldFor after the service has its reply, on a thread of its own: the
+/// reply is written by the transport meanwhile (the HTTP I/O thread, the mailbox), before the
+/// aborted requests' handlers wake and compete with it for the CPUs (measured: releasing at once
+/// made a pause at B=64 take 3 decode steps instead of 0.5, docs/benchmarks.md). The same bound
+/// the engine's acknowledgement wait had; nothing waits for an acknowledgement.
+class DelayedRelease {
+public:
+    static constexpr std::chrono::microseconds kHoldFor{2000};
+    static DelayedRelease & instance() {
+        static DelayedRelease r;
+        return r;
+    }
+    void add(std::shared_ptr<engine::HeldEvents> held) {
+        {
+            std::lock_guard lk(mu_);
+            q_.push_back({std::chrono::steady_clock::now() + kHoldFor, std::move(held)});
+        }
+        cv_.notify_one();
+    }
+    ~DelayedRelease() {
+        {
+            std::lock_guard lk(mu_);
+            stop_ = true;
+        }
+        cv_.notify_one();
+        thread_.join();  // releases what is left
+    }
+
+private:
+    DelayedRelease() : thread_([this] { loop(); }) {}
+    void loop() {
+        std::unique_lock lk(mu_);
+        for (;;) {
+            if (q_.empty()) {
+                if (stop_) { return; }
+                cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+                continue;
+            }
+            if (!stop_ && std::chrono::steady_clock::now() < q_.front().first) {
+                cv_.wait_until(lk, q_.front().first);
+                continue;
+            }
+            auto held = std::move(q_.front().second);
+            q_.pop_front();
+            lk.unlock();
+            held->release();
+            lk.lock();
+        }
+    }
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::pair<std::chrono::steady_clock::time_point, std::shared_ptr<engine::HeldEvents>>> q_;
+    bool stop_ = false;
+    std::thread thread_;
+};
 
 using engine::ControlCommand;
 using engine::ControlOp;
@@ -67,8 +127,9 @@ ControlOutcome ControlService::run(ControlCommand cmd) {
     const ControlOp op = cmd.op;
     try {
         ControlOutcome o = run_checked(std::move(cmd));
-        // The reply is decided: the aborted requests' final events may go now (the explicit ack).
-        if (o.result.held) { o.result.held->release(); }
+        // The reply is decided: the aborted requests' final events go once it is out (the
+        // explicit ack: DelayedRelease), whatever the transport.
+        if (o.result.held) { DelayedRelease::instance().add(std::move(o.result.held)); }
         return o;
     } catch (const Error & e) {
         return {.op = op, .error = e};

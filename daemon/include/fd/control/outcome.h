@@ -43,7 +43,7 @@ struct LegacyAnswer {
 struct ControlOutcome {
     engine::ControlOp                  op = engine::ControlOp::status;
     std::optional<Error>               error;   ///< the command failed or was refused: nothing changed (SPEC §3)
-    engine::ControlResult              result;  ///< an engine operation's result (held events already released)
+    engine::ControlResult              result;  ///< an engine operation's result (its held events handed to the release: null)
     std::optional<engine::EngineState> state;   ///< is_paused: the engine state when asked
     std::optional<StatusReport>        status;  ///< status
     std::optional<LegacyAnswer>        legacy;  ///< clear_load_weight / update_model_weight

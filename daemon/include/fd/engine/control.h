@@ -145,9 +145,9 @@ struct RankCost {
 
 /// The final events of the requests a control command ended (a pause mode=abort), held back so
 /// that the control reply goes out first and the aborted requests' handlers do not compete with
-/// it for the CPUs. The control service calls release() once it has its reply (an explicit
-/// call: the engine waits for no acknowledgement); the last owner's destructor releases them too,
-/// so they are never lost. Thread-safe; release() is idempotent.
+/// it for the CPUs. The control service releases them (an explicit call, 2 ms after it has its
+/// reply: the engine waits for no acknowledgement); the last owner's destructor releases them
+/// too, so they are never lost. Thread-safe; release() is idempotent.
 class HeldEvents {
 public:
     using Item = std::pair<std::shared_ptr<ResultChannel>, ChoiceEvent>;
