@@ -6,6 +6,9 @@ A module is a folder that holds code of one concern:
   daemon/src/<f>.cpp, daemon/include/fd/<f>.h  -> <f>   (the daemon's top-level files: config, arena)
   daemon/main.cpp                              -> main
   checkpoint/, shm/, kernels/, common/, publish/, cli/ -> that folder's name
+  the sub-modules in SUB_MODULES (daemon/src/<m>/<s>/, daemon/include/fd/<m>/<s>/) -> "<m>/<s>"
+  (api/http: the HTTP transport apart from the handlers; tokenizer/jinja: the template
+  interpreter), so the parent may use them but they never use the parent
 An edge A -> B means a file of A includes a header of B (`#include "fd/..."`, or a header next
 to the including file). Edges inside one module are dropped.
 
@@ -19,6 +22,7 @@ import re
 import sys
 
 TOP_LIBS = ("checkpoint", "shm", "kernels", "common", "publish", "cli")
+SUB_MODULES = ("api/http", "tokenizer/jinja")
 SOURCE_EXT = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 
@@ -33,8 +37,12 @@ def module_of(rel):
     if parts[1:] == ["main.cpp"]:
         return "main"
     if len(parts) >= 3 and parts[1] == "src":
+        if len(parts) > 4 and "/".join(parts[2:4]) in SUB_MODULES:
+            return "/".join(parts[2:4])
         return parts[2] if len(parts) > 3 else os.path.splitext(parts[2])[0]
     if len(parts) >= 4 and parts[1] == "include" and parts[2] == "fd":
+        if len(parts) > 5 and "/".join(parts[3:5]) in SUB_MODULES:
+            return "/".join(parts[3:5])
         return parts[3] if len(parts) > 4 else os.path.splitext(parts[3])[0]
     return None
 

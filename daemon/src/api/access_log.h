@@ -8,7 +8,7 @@
 // went away before a non-streamed answer logs status 499.
 #pragma once
 
-#include "http_message.h"
+#include "http/http_message.h"
 
 namespace fd::api {
 

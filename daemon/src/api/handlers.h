@@ -7,7 +7,7 @@
 #include "fd/shm/control_client.h"
 #include "fd/status.h"
 
-#include "http_message.h"
+#include "http/http_message.h"
 
 #include <nlohmann/json.hpp>
 
@@ -74,10 +74,10 @@ void send_reply(Response & res, const control::ControlReply & r);
 void stamp_request_id(const Request & req, Response & res);
 
 /// Every V1 and legacy control route: the request becomes the wire command the shm mailbox
-/// carries too and goes through the control service (fd/control/service.h).
+/// carries too, the control service runs it (fd/control/service.h) and its V1 rendering is sent.
 void control_route(ApiContext & ctx, const Request & req, Response & res);
 /// The vLLM and SGLang control routes (peer_aliases.cpp): thin translations of a peer's
-/// request into the same wire command, and of the service's reply into the peer's shape.
+/// request into the same wire command, and of the service's typed outcome into the peer's shape.
 void peer_alias_route(ApiContext & ctx, const Request & req, Response & res);
 /// The weight-stream routes (stream_routes.cpp): vLLM's /init_weight_transfer_engine,
 /// /start_weight_update, /finish_weight_update, our /abort_weight_update, SGLang's
@@ -85,8 +85,6 @@ void peer_alias_route(ApiContext & ctx, const Request & req, Response & res);
 void stream_route(ApiContext & ctx, const Request & req, Response & res);
 /// POST /update_weights: vLLM's bucket {"update_info"} (a weight stream), else prime-rl's {"weight_dir"}.
 void update_weights_route(ApiContext & ctx, const Request & req, Response & res);
-/// True for the weight-control routes of the route table (V1 and legacy).
-bool is_control_path(const std::string & path);
 
 void post_completions(ApiContext & ctx, const Request & req, Response & res);
 void post_tokenize(ApiContext & ctx, const Request & req, Response & res);

@@ -152,7 +152,7 @@ void get_metrics(ApiContext & ctx, const Request &, Response & res) {
     w.single("fdrollout_paused", "gauge", "1 while generation is paused.", es.paused ? 1 : 0);
     w.single("fdrollout_weights_valid", "gauge", "1 when the loaded weights are valid.", es.weights_valid ? 1 : 0);
     w.single("fdrollout_model_weights_status", "gauge", "Legacy status word: 0 normal, 1 updating, -1 clearing, -2 cleared.",
-             static_cast<int>(es.model_weights_status));
+             static_cast<int>(ctx.control->legacy_word().status()));
     w.single("fdrollout_degraded", "gauge", "1 while a rank has failed (generation refused until wakeup recovers it).", es.degraded ? 1 : 0);
     w.family("fdrollout_rank_failed", "gauge", "Ranks known dead or stuck (value 1).");
     for (const int32_t rk : es.failed_ranks) { w.sample("fdrollout_rank_failed", fmt::format("rank=\"{}\"", rk), 1); }

@@ -27,25 +27,13 @@ namespace peer {
 using nlohmann::json;
 
 /// One command through the service, under the request's deadline headers (a fresh gate each).
-Outcome run(ApiContext & ctx, const ControlInput & in, const shm::MailboxCommand & cmd) {
-    const control::ControlReply r = ctx.control->handle(cmd, in.req ? request_gate(*in.req) : nullptr);
-    Outcome o;
-    o.http_status = r.http_status;
-    const json j  = json::parse(r.body, nullptr, false);
-    if (r.http_status == 200 && j.is_object()) {
-        o.ok     = true;
-        o.result = j.contains("result") ? j["result"] : j;
-        return o;
-    }
-    if (j.is_object() && j.contains("error") && j["error"].is_object()) {
-        o.error_type    = j["error"].value("type", "error");
-        o.error_message = j["error"].value("message", r.body);
-    } else {
-        o.error_type    = "error";
-        o.error_message = r.body;
-    }
-    return o;
+ControlOutcome run(ApiContext & ctx, const ControlInput & in, const shm::MailboxCommand & cmd) {
+    return ctx.control->run(cmd, in.req ? request_gate(*in.req) : nullptr);
 }
+
+void send_error(Response & res, const ControlOutcome & o, control::Peer peer) { send_reply(res, control::render_error(o, peer)); }
+
+bool paused(const ControlOutcome & o) { return o.ok() && o.state && o.state->paused; }
 
 void send_json(Response & res, int status, const json & body) {
     res.status = status;
@@ -77,7 +65,10 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::round(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() * 100.0) / 100.0;
 }
 
-bool sleeping(ApiContext & ctx) { return !ctx.control->status_json()["sleeping_tags"].empty(); }
+bool sleeping(ApiContext & ctx) {
+    const auto st = ctx.control->status_report().stats.state;
+    return st.weight_asleep || st.kv_asleep;
+}
 
 /// Both cache-flush aliases clear the device prefix cache and the host KV tier; `keep_host_tier`
 /// (query `true|false|1|0`, or a JSON body boolean) keeps the host tier. Errors  invalid_argument.
@@ -106,7 +97,7 @@ using nlohmann::json;
 using namespace peer;
 
 /// vLLM's error body: {"error": message} with the service's status.
-void vllm_error(Response & res, const Outcome & o) { send_json(res, o.http_status, json{{"error", o.error_message}}); }
+void vllm_error(Response & res, const ControlOutcome & o) { send_error(res, o, control::Peer::vllm); }
 
 /// A boolean query parameter as FastAPI parses one (true/false, 1/0, yes/no, on/off; any
 /// case); `dflt` when absent. Errors  invalid_argument naming it for anything else.
@@ -142,11 +133,11 @@ void vllm_sleep(ApiContext & ctx, const ControlInput & in, Response & res) {
     const std::string tags = map_tags(in.all("tags"), "tags");
     const auto t0 = std::chrono::steady_clock::now();
     if (mode == "wait") {
-        const Outcome p = run(ctx, in, {.op = "pause", .mode = "wait"});
-        if (!p.ok) { return vllm_error(res, p); }
+        const ControlOutcome p = run(ctx, in, {.op = "pause", .mode = "wait"});
+        if (!p.ok()) { return vllm_error(res, p); }
     }
-    const Outcome o = run(ctx, in, {.op = "sleep", .tags = tags});
-    if (!o.ok) { return vllm_error(res, o); }
+    const ControlOutcome o = run(ctx, in, {.op = "sleep", .tags = tags});
+    if (!o.ok()) { return vllm_error(res, o); }
     send_json(res, 200, json{{"status", "sleeping"}, {"level", level}, {"elapsed_ms", ms_since(t0)}});
 }
 
@@ -155,17 +146,18 @@ void vllm_wake_up(ApiContext & ctx, const ControlInput & in, Response & res) {
     reject_unknown_fields(in.body, {}, "wake_up");
     const auto given = in.all("tags");
     const auto t0    = std::chrono::steady_clock::now();
-    const Outcome o  = run(ctx, in, {.op = "wakeup", .tags = map_tags(given, "tags")});
-    if (!o.ok) { return vllm_error(res, o); }
+    const ControlOutcome o  = run(ctx, in, {.op = "wakeup", .tags = map_tags(given, "tags")});
+    if (!o.ok()) { return vllm_error(res, o); }
     send_json(res, 200, json{{"status", sleeping(ctx) ? "sleeping" : "awake"}, {"tags_woken", given.empty() ? json(nullptr) : json(given)},
                              {"elapsed_ms", ms_since(t0)}});
 }
 
 void vllm_is_sleeping(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "GET /is_sleeping");
-    const Outcome o = run(ctx, in, {.op = "status"});
-    if (!o.ok) { return vllm_error(res, o); }
-    send_json(res, 200, json{{"is_sleeping", !o.result["sleeping_tags"].empty()}});
+    const ControlOutcome o = run(ctx, in, {.op = "status"});
+    if (!o.ok()) { return vllm_error(res, o); }
+    const auto & st = o.status->stats.state;
+    send_json(res, 200, json{{"is_sleeping", st.weight_asleep || st.kv_asleep}});
 }
 
 void vllm_pause(ApiContext & ctx, const ControlInput & in, Response & res) {
@@ -182,31 +174,31 @@ void vllm_pause(ApiContext & ctx, const ControlInput & in, Response & res) {
     // (update_weights, commit_weights, a weight wakeup) still flushes it.
     const bool keep_cache = !query_bool(in, "clear_cache", true);
     reject_unknown_fields(in.body, {}, "pause");
-    const Outcome o = run(ctx, in, {.op = "pause", .mode = mode, .keep_prefix_cache = keep_cache});
-    if (!o.ok) { return vllm_error(res, o); }
+    const ControlOutcome o = run(ctx, in, {.op = "pause", .mode = mode, .keep_prefix_cache = keep_cache});
+    if (!o.ok()) { return vllm_error(res, o); }
     send_json(res, 200, json{{"status", "paused"}});
 }
 
 void vllm_resume(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "POST /resume");
     reject_unknown_fields(in.body, {}, "resume");
-    const Outcome o = run(ctx, in, {.op = "resume"});
-    if (!o.ok) { return vllm_error(res, o); }
+    const ControlOutcome o = run(ctx, in, {.op = "resume"});
+    if (!o.ok()) { return vllm_error(res, o); }
     send_json(res, 200, json{{"status", "resumed"}});
 }
 
 void vllm_is_paused(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "GET /is_paused");
-    const Outcome o = run(ctx, in, {.op = "is_paused"});
-    if (!o.ok) { return vllm_error(res, o); }
-    send_json(res, 200, json{{"is_paused", o.result.value("is_paused", false)}});
+    const ControlOutcome o = run(ctx, in, {.op = "is_paused"});
+    if (!o.ok()) { return vllm_error(res, o); }
+    send_json(res, 200, json{{"is_paused", paused(o)}});
 }
 
 void vllm_reset_prefix_cache(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({"keep_host_tier"}, "POST /reset_prefix_cache");
     reject_unknown_fields(in.body, {"keep_host_tier"}, "reset_prefix_cache");
-    const Outcome o = run(ctx, in, {.op = "flush_cache", .mode = flush_mode(in)});
-    if (!o.ok) { return vllm_error(res, o); }
+    const ControlOutcome o = run(ctx, in, {.op = "flush_cache", .mode = flush_mode(in)});
+    if (!o.ok()) { return vllm_error(res, o); }
     res.status = 200;  // vLLM answers an empty 200
 }
 
@@ -218,12 +210,12 @@ void vllm_reset_prefix_cache(ApiContext & ctx, const ControlInput & in, Response
 void vllm_release_kv_cache_memory(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "POST /release_kv_cache_memory");
     reject_unknown_fields(in.body, {}, "release_kv_cache_memory");
-    if (!run(ctx, in, {.op = "is_paused"}).result.value("is_paused", false)) {
-        return vllm_error(res, Outcome{.http_status = 409, .error_message = "release_kv_cache_memory needs a paused engine: POST /pause "
-                                                                             "first (nothing was freed)"});
+    if (!paused(run(ctx, in, {.op = "is_paused"}))) {
+        return vllm_error(res, ControlOutcome{.error = Error(Errc::wrong_state, "release_kv_cache_memory needs a paused engine: POST /pause "
+                                                                                "first (nothing was freed)")});
     }
-    const Outcome o = run(ctx, in, {.op = "sleep", .tags = "kv_cache"});
-    if (!o.ok) { return vllm_error(res, o); }
+    const ControlOutcome o = run(ctx, in, {.op = "sleep", .tags = "kv_cache"});
+    if (!o.ok()) { return vllm_error(res, o); }
     res.status = 200;
 }
 
@@ -249,17 +241,17 @@ void vllm_abort_requests(ApiContext & ctx, const ControlInput & in, Response & r
         }
     }
     if (ids.empty()) {
-        const Outcome o = run(ctx, in, {.op = "abort", .abort_all = true});
-        if (!o.ok) { return vllm_error(res, o); }
-        return send_json(res, 200, json{{"status", "aborted"}, {"aborted", o.result.value("aborted", 0)}});
+        const ControlOutcome o = run(ctx, in, {.op = "abort", .abort_all = true});
+        if (!o.ok()) { return vllm_error(res, o); }
+        return send_json(res, 200, json{{"status", "aborted"}, {"aborted", o.result.n_aborted}});
     }
     int aborted = 0;
     json not_found = json::array();
     for (const auto & id : ids) {
-        const Outcome o = run(ctx, in, {.op = "abort", .request_id = id});
-        if (o.ok) {
-            aborted += o.result.value("aborted", 0);
-        } else if (o.http_status == 404) {
+        const ControlOutcome o = run(ctx, in, {.op = "abort", .request_id = id});
+        if (o.ok()) {
+            aborted += o.result.n_aborted;
+        } else if (control::http_status(o) == 404) {
             not_found.push_back(id);
         } else {
             return vllm_error(res, o);
@@ -271,25 +263,23 @@ void vllm_abort_requests(ApiContext & ctx, const ControlInput & in, Response & r
 // ---- prime-rl (its vLLM server's own routes: src/prime_rl/inference/vllm/server.py) ----
 
 /// Our error object (prime-rl only checks the status; the type and message say what to do).
-void fd_error(Response & res, const Outcome & o) {
-    send_json(res, o.http_status, json{{"status", "error"}, {"error", {{"type", o.error_type}, {"message", o.error_message}}}});
-}
+void fd_error(Response & res, const ControlOutcome & o) { send_error(res, o, control::Peer::fdrollout); }
 
 /// One weight change the way prime-rl's orchestrator drives it (src/prime_rl/orchestrator/clients.py:
 /// /pause?mode=keep, then this, then /resume): on a paused engine the update alone, which leaves
 /// it paused; on a serving one pause mode=wait, the update, resume (prime-rl's vLLM runs
 /// collective_rpc on a live engine). Answers prime-rl's {"status": "ok"} plus the version now served.
 void prime_update(ApiContext & ctx, const ControlInput & in, Response & res, shm::MailboxCommand update) {
-    const bool was_paused = run(ctx, in, {.op = "is_paused"}).result.value("is_paused", false);
+    const bool was_paused = paused(run(ctx, in, {.op = "is_paused"}));
     if (!was_paused) {
-        const Outcome p = run(ctx, in, {.op = "pause", .mode = "wait"});
-        if (!p.ok) { return fd_error(res, p); }
+        const ControlOutcome p = run(ctx, in, {.op = "pause", .mode = "wait"});
+        if (!p.ok()) { return fd_error(res, p); }
     }
-    const Outcome u = run(ctx, in, update);
+    const ControlOutcome u = run(ctx, in, update);
     // Old or new weights: serving as before (not under the client's deadline, as for SGLang's).
-    if (!was_paused) { ctx.control->handle(shm::MailboxCommand{.op = "resume"}); }
-    if (!u.ok) { return fd_error(res, u); }
-    json body{{"status", "ok"}, {"weight_version", u.result.value("version", "")}};
+    if (!was_paused) { ctx.control->run(shm::MailboxCommand{.op = "resume"}); }
+    if (!u.ok()) { return fd_error(res, u); }
+    json body{{"status", "ok"}, {"weight_version", u.result.version}};
     if (!update.weight_dir.empty()) { body["weight_dir"] = update.weight_dir; }
     send_json(res, 200, body);
 }

@@ -1,6 +1,8 @@
 // Internal to fd::api: what the vLLM aliases (peer_aliases.cpp) and the SGLang aliases
 // (sglang_aliases.cpp) share. Each alias turns a peer's request into the wire command a V1
-// route builds and the service's reply into the peer's response shape (docs/peer_aliases.md).
+// route builds (the same one command after control::parse_command), and the service's typed
+// outcome into the peer's response shape: errors through control::render_error, success bodies
+// from the outcome's fields (docs/peer_aliases.md). No alias parses the service's JSON.
 #pragma once
 
 #include "handlers.h"
@@ -11,17 +13,16 @@
 
 namespace fd::api::peer {
 
-/// The service's reply, decoded: ok + its `result` object, or the error's type/message.
-struct Outcome {
-    int            http_status = 200;
-    bool           ok          = false;
-    nlohmann::json result;           ///< `result` of a success (or the whole body for status)
-    std::string    error_type;
-    std::string    error_message;
-};
+using control::ControlOutcome;
 
 /// One command through the service, under the request's deadline headers (a fresh gate each).
-Outcome run(ApiContext & ctx, const ControlInput & in, const shm::MailboxCommand & cmd);
+ControlOutcome run(ApiContext & ctx, const ControlInput & in, const shm::MailboxCommand & cmd);
+
+/// Send the peer's error shape of a failed outcome (control::render_error).
+void send_error(Response & res, const ControlOutcome & o, control::Peer peer);
+
+/// is_paused of an is_paused outcome (false when it failed).
+bool paused(const ControlOutcome & o);
 
 /// Answer `body` as JSON with `status`.
 void send_json(Response & res, int status, const nlohmann::json & body);

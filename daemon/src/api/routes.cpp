@@ -1,10 +1,9 @@
 // The whole HTTP surface at a glance, plus the one wrapper that turns exceptions into errors.
 #include "handlers.h"
-#include "http_server.h"
+#include "http/http_server.h"
 
 #include "fd/log.h"
 
-#include <set>
 
 namespace fd::api {
 namespace {
@@ -53,11 +52,7 @@ Handler wrap(ApiContext & ctx, void (*fn)(ApiContext &, const Request &, Respons
     };
 }
 
-std::set<std::string> g_control_paths;  ///< filled once by register_routes, read-only after
-
 }  // namespace
-
-bool is_control_path(const std::string & path) { return g_control_paths.count(path) != 0; }
 
 /// The route table. Lanes (http_server.h): probes answer on the I/O thread, control calls on
 /// their own pool, generation and tokenizer handlers on the data pool. A POST without a body
@@ -69,7 +64,6 @@ Router make_routes(ApiContext & ctx) {
     Router http;
     auto post = [&](const char * path, Handler h) { http.Post(path, std::move(h)); };
     auto control = [&](const char * method, const char * path, auto handler) {
-        g_control_paths.insert(path);
         auto h = wrap(ctx, handler, Auth::control_key, C);
         if (std::string_view(method) == "POST") {
             http.Post(path, std::move(h), Lane::control);

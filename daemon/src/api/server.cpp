@@ -1,7 +1,7 @@
 // ApiServer lifecycle and the small read-only endpoints: /health, /v1/models (/metrics, /version: metrics.cpp).
 #include "access_log.h"
 #include "handlers.h"
-#include "http_server.h"
+#include "http/http_server.h"
 
 #include "fd/arena.h"
 #include "fd/stream/weight_stream.h"
@@ -45,10 +45,8 @@ ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, control::Control
                             .read_timeout_s = c.http_read_timeout_s, .write_timeout_s = c.http_write_timeout_s,
                             .keep_alive_timeout_s = c.keep_alive_timeout_s, .n_io_threads = c.n_io_threads,
                             .n_data_threads = c.n_data_threads, .max_control_threads = c.max_control_threads};
-    // Runs after a response is written: tell the engine a control reply is out, so requests the
-    // control call aborted are answered after it, not in competition with it; then the access log.
-    http_ = std::make_unique<HttpServer>(limits, make_routes(*ctx_), [this](const Request & req, const Response & res, double ms) {
-        if (is_control_path(req.path)) { ctx_->engine->control_reply_sent(); }
+    // Runs after a response is written: the access log.
+    http_ = std::make_unique<HttpServer>(limits, make_routes(*ctx_), [](const Request & req, const Response & res, double ms) {
         access_end(req, res, ms);
     });
 }

@@ -16,7 +16,7 @@ namespace {
 using nlohmann::json;
 
 /// SGLang's error body (_create_error_response): {"error": {"message": ...}}.
-void sglang_error(Response & res, const Outcome & o) { send_json(res, o.http_status, json{{"error", {{"message", o.error_message}}}}); }
+void sglang_error(Response & res, const ControlOutcome & o) { send_error(res, o, control::Peer::sglang); }
 
 /// SGLang's `tags` body field: null/absent = all (""), else a non-empty list of strings
 /// (weights, kv_cache, cuda_graph). nullopt when the list names only `cuda_graph`: nothing to do.
@@ -54,8 +54,8 @@ void sglang_release(ApiContext & ctx, const ControlInput & in, Response & res) {
     reject_unknown_fields(in.body, {"tags"}, "release_memory_occupation");
     const auto tags = sglang_tags(in.body);
     if (!tags) { return send_json(res, 200, nullptr); }  // only cuda_graph: no memory of its own
-    const Outcome o = run(ctx, in, {.op = "sleep", .tags = *tags});
-    if (!o.ok) { return sglang_error(res, o); }
+    const ControlOutcome o = run(ctx, in, {.op = "sleep", .tags = *tags});
+    if (!o.ok()) { return sglang_error(res, o); }
     send_json(res, 200, nullptr);  // SGLang's handler returns None: a JSON null
 }
 
@@ -64,8 +64,8 @@ void sglang_resume(ApiContext & ctx, const ControlInput & in, Response & res) {
     reject_unknown_fields(in.body, {"tags"}, "resume_memory_occupation");
     const auto tags = sglang_tags(in.body);
     if (!tags) { return send_json(res, 200, nullptr); }
-    const Outcome o = run(ctx, in, {.op = "wakeup", .tags = *tags});
-    if (!o.ok) { return sglang_error(res, o); }
+    const ControlOutcome o = run(ctx, in, {.op = "wakeup", .tags = *tags});
+    if (!o.ok()) { return sglang_error(res, o); }
     send_json(res, 200, nullptr);
 }
 
@@ -74,16 +74,16 @@ void sglang_resume(ApiContext & ctx, const ControlInput & in, Response & res) {
 void sglang_flush_cache(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({"timeout", "keep_host_tier"}, in.req ? in.req->method + " /flush_cache" : "/flush_cache");
     reject_unknown_fields(in.body, {"keep_host_tier"}, "flush_cache");
-    const Outcome o = run(ctx, in, {.op = "flush_cache", .mode = flush_mode(in)});
-    res.status      = o.ok ? 200 : o.http_status;
-    res.set_content(o.ok ? "Cache flushed.\n" : o.error_message + "\n", "text/plain");  // SGLang's text answer
+    const ControlOutcome o = run(ctx, in, {.op = "flush_cache", .mode = flush_mode(in)});
+    res.status      = control::http_status(o);
+    res.set_content(o.ok() ? "Cache flushed.\n" : control::error_message(o) + "\n", "text/plain");  // SGLang's text answer
 }
 
 void sglang_weight_version(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "GET /get_weight_version");
-    const Outcome o = run(ctx, in, {.op = "status"});
-    if (!o.ok) { return sglang_error(res, o); }
-    send_json(res, 200, json{{"weight_version", o.result["weight_version"]}});
+    const ControlOutcome o = run(ctx, in, {.op = "status"});
+    if (!o.ok()) { return sglang_error(res, o); }
+    send_json(res, 200, json{{"weight_version", o.status->stats.state.weight_version}});
 }
 
 /// SGLang's update_weights_from_disk is one call on a serving engine: pause mode=wait (the
@@ -127,23 +127,23 @@ void sglang_update_from_disk(ApiContext & ctx, const ControlInput & in, Response
     if (b.value("flush_cache", true) == false) {
         throw Error(Errc::invalid_argument, "flush_cache=false is not supported: KV computed with old weights is never reused", "flush_cache");
     }
-    auto answer = [&](const Outcome & o, int aborted) {
-        send_json(res, o.ok ? 200 : o.http_status,
-                  json{{"success", o.ok}, {"message", o.ok ? fmt::format("Succeeded to update model weights (version {}).", o.result.value("version", "")) : o.error_message},
+    auto answer = [&](const ControlOutcome & o, int aborted) {
+        send_json(res, control::http_status(o),
+                  json{{"success", o.ok()}, {"message", o.ok() ? fmt::format("Succeeded to update model weights (version {}).", o.result.version) : control::error_message(o)},
                        {"num_paused_requests", aborted}});
     };
-    const bool was_paused = run(ctx, in, {.op = "is_paused"}).result.value("is_paused", false);
+    const bool was_paused = paused(run(ctx, in, {.op = "is_paused"}));
     int aborted = 0;
     if (!was_paused) {
         // SGLang lets the requests in flight finish unless abort_all_requests: pause mode=wait.
-        const Outcome p = run(ctx, in, {.op = "pause", .mode = b.value("abort_all_requests", false) ? "abort" : "wait"});
-        if (!p.ok) { return answer(p, 0); }
-        aborted = p.result.value("aborted", 0);
+        const ControlOutcome p = run(ctx, in, {.op = "pause", .mode = b.value("abort_all_requests", false) ? "abort" : "wait"});
+        if (!p.ok()) { return answer(p, 0); }
+        aborted = p.result.n_aborted;
     }
-    const Outcome u = run(ctx, in, update);
+    const ControlOutcome u = run(ctx, in, update);
     // Old or new weights: serving as before. Not under the client's deadline: a resume dropped
     // for lateness would leave the engine paused by a call that reported its outcome.
-    if (!was_paused && !b.value("keep_pause", false)) { ctx.control->handle(shm::MailboxCommand{.op = "resume"}); }
+    if (!was_paused && !b.value("keep_pause", false)) { ctx.control->run(shm::MailboxCommand{.op = "resume"}); }
     answer(u, aborted);
 }
 
@@ -164,8 +164,8 @@ void sglang_abort_request(ApiContext & ctx, const ControlInput & in, Response & 
         cmd.abort_all = b["abort_all"].get<bool>();
     }
     if (cmd.abort_all) { cmd.request_id.clear(); }  // SGLang: abort_all wins over rid
-    const Outcome o = run(ctx, in, cmd);
-    if (!o.ok) { return sglang_error(res, o); }
+    const ControlOutcome o = run(ctx, in, cmd);
+    if (!o.ok()) { return sglang_error(res, o); }
     res.status = 200;  // SGLang's Response(status_code=200): empty
 }
 
@@ -186,8 +186,8 @@ void sglang_pause_generation(ApiContext & ctx, const ControlInput & in, Response
         }
         mode = m == "abort" ? "abort" : "keep";
     }
-    const Outcome o = run(ctx, in, {.op = "pause", .mode = mode});
-    if (!o.ok) { return sglang_error(res, o); }
+    const ControlOutcome o = run(ctx, in, {.op = "pause", .mode = mode});
+    if (!o.ok()) { return sglang_error(res, o); }
     generation_ok(res, "paused");
 }
 
@@ -199,8 +199,8 @@ void sglang_continue_generation(ApiContext & ctx, const ControlInput & in, Respo
     in.allow_only({}, "POST /continue_generation");
     reject_unknown_fields(in.body, {}, "continue_generation");
     if (sleeping(ctx)) { return generation_ok(res, "continued"); }
-    const Outcome o = run(ctx, in, {.op = "resume"});
-    if (!o.ok) { return sglang_error(res, o); }
+    const ControlOutcome o = run(ctx, in, {.op = "resume"});
+    if (!o.ok()) { return sglang_error(res, o); }
     generation_ok(res, "continued");
 }
 

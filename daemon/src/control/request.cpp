@@ -1,53 +1,49 @@
-// ControlRequest::parse — the one place a control command is validated, whatever carried it.
-#include "fd/control/service.h"
+// parse_command — the one place a control command is validated, whatever carried it — and the
+// mailbox's block fields in wire form.
+#include "fd/control/request.h"
 
 #include "fd/shm/names.h"
 
-#include <array>
-#include <utility>
+#include <cstring>
 
 namespace fd::control {
-namespace {
 
-constexpr std::array<std::pair<ControlVerb, std::string_view>, 13> kVerbs = {{
-    {ControlVerb::pause, "pause"},
-    {ControlVerb::resume, "resume"},
-    {ControlVerb::is_paused, "is_paused"},
-    {ControlVerb::status, "status"},
-    {ControlVerb::sleep, "sleep"},
-    {ControlVerb::wakeup, "wakeup"},
-    {ControlVerb::update_weights, "update_weights"},
-    {ControlVerb::commit_weights, "commit_weights"},
-    {ControlVerb::drop_staged_weights, "drop_staged_weights"},
-    {ControlVerb::flush_cache, "flush_cache"},
-    {ControlVerb::abort, "abort"},
-    {ControlVerb::clear_load_weight, "clear_load_weight"},
-    {ControlVerb::update_model_weight, "update_model_weight"},
-}};
+using engine::ControlOp;
 
-}  // namespace
-
-std::string_view to_string(ControlVerb v) {
-    for (const auto & [verb, name] : kVerbs) {
-        if (verb == v) { return name; }
+ControlOp parse_op(std::string_view name) {
+    for (int i = 0; i <= static_cast<int>(ControlOp::update_model_weight); ++i) {
+        if (engine::wire_name(static_cast<ControlOp>(i)) == name) { return static_cast<ControlOp>(i); }
     }
-    return "?";
+    throw Error(Errc::invalid_argument, fmt::format("unknown control command '{}'", name), "op");
 }
 
-ControlRequest ControlRequest::parse(const shm::MailboxCommand & wire) {
-    ControlRequest r;
-    bool known = false;
-    for (const auto & [verb, name] : kVerbs) {
-        if (name == wire.op) { r.verb = verb; known = true; }
+shm::MailboxCommand read_mailbox(const shm::ControlBlock & b) {
+    shm::MailboxCommand cmd;
+    cmd.op   = std::string(b.cmd_op, strnlen(b.cmd_op, sizeof b.cmd_op));
+    cmd.tags = std::string(b.cmd_tags, strnlen(b.cmd_tags, sizeof b.cmd_tags));
+    if (b.cmd_has_version) { cmd.version = std::string(b.cmd_version, strnlen(b.cmd_version, sizeof b.cmd_version)); }
+    cmd.verify_checksum = b.cmd_verify_checksum != 0;
+    cmd.commit          = b.cmd_stage_only == 0;
+    cmd.request_id      = std::string(b.cmd_request_id, strnlen(b.cmd_request_id, sizeof b.cmd_request_id));
+    cmd.abort_all       = b.cmd_abort_all != 0;
+    if (cmd.op == "flush_cache") {
+        cmd.mode = b.cmd_pause_mode == 1 ? "device" : "";  // 1: keep the host KV tier
+    } else if (b.cmd_pause_mode != 0) {
+        cmd.mode = b.cmd_pause_mode == 1 ? "wait" : b.cmd_pause_mode == 2 ? "keep" : "?";
     }
-    if (!known) { throw Error(Errc::invalid_argument, fmt::format("unknown control command '{}'", wire.op), "op"); }
-    const bool takes_tags = r.verb == ControlVerb::sleep || r.verb == ControlVerb::wakeup;
+    return cmd;
+}
+
+engine::ControlCommand parse_command(const shm::MailboxCommand & wire) {
+    engine::ControlCommand r;
+    r.op = parse_op(wire.op);
+    const bool takes_tags = r.op == ControlOp::sleep || r.op == ControlOp::wakeup;
     if (!wire.tags.empty() && !takes_tags) {
         throw Error(Errc::invalid_argument, fmt::format("'{}' takes no tags (only sleep and wakeup do)", wire.op), "tags");
     }
     if (takes_tags) { r.tags = engine::parse_tags(wire.tags); }
-    const bool update = r.verb == ControlVerb::update_weights;
-    if (wire.version && !update && r.verb != ControlVerb::commit_weights) {
+    const bool update = r.op == ControlOp::update_weights;
+    if (wire.version && !update && r.op != ControlOp::commit_weights) {
         throw Error(Errc::invalid_argument, fmt::format("'{}' takes no version (only update_weights and commit_weights do)", wire.op), "version");
     }
     if (!update && (wire.verify_checksum || !wire.commit)) {
@@ -58,10 +54,10 @@ ControlRequest ControlRequest::parse(const shm::MailboxCommand & wire) {
         throw Error(Errc::invalid_argument,
                     fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", *wire.version), "version");
     }
-    if (!wire.mode.empty() && r.verb != ControlVerb::pause && r.verb != ControlVerb::flush_cache) {
+    if (!wire.mode.empty() && r.op != ControlOp::pause && r.op != ControlOp::flush_cache) {
         throw Error(Errc::invalid_argument, fmt::format("'{}' takes no mode (only pause and flush_cache do)", wire.op), "mode");
     }
-    if (r.verb == ControlVerb::flush_cache) {
+    if (r.op == ControlOp::flush_cache) {
         if (wire.mode != "" && wire.mode != "all" && wire.mode != "device") {
             throw Error(Errc::invalid_argument,
                         fmt::format("flush_cache mode '{}' must be 'all' (device prefix cache and host KV tier, the default) or 'device' "
@@ -71,11 +67,11 @@ ControlRequest ControlRequest::parse(const shm::MailboxCommand & wire) {
     } else {
         r.pause_mode = engine::parse_pause_mode(wire.mode);
     }
-    if (wire.keep_prefix_cache && r.verb != ControlVerb::pause) {
+    if (wire.keep_prefix_cache && r.op != ControlOp::pause) {
         throw Error(Errc::invalid_argument, fmt::format("'{}' takes no clear_cache (only pause does)", wire.op), "clear_cache");
     }
     r.keep_prefix_cache = wire.keep_prefix_cache;
-    if (r.verb == ControlVerb::abort) {
+    if (r.op == ControlOp::abort_request) {
         if (wire.abort_all == !wire.request_id.empty()) {
             throw Error(Errc::invalid_argument, "abort takes either 'request_id' (a completion id or the client's X-Request-Id) or "
                                                 "\"abort_all\": true; nothing was done", "request_id");

@@ -1,5 +1,6 @@
 #include "fd/control/shm_watcher.h"
 
+#include "fd/control/request.h"
 #include "fd/log.h"
 
 #include <chrono>
@@ -31,7 +32,7 @@ private:
 ShmWatcher::ShmWatcher(shm::MappedBlock block, int port, engine::Engine & engine, ControlService & service)
     : port_(port), engine_(engine), service_(service), block_(std::move(block)) {
     block_->v1_update_weights.store(service_.config().v1_update_weights ? 1 : 0);
-    engine_.attach_legacy_word(&block_->legacy_status);
+    service_.legacy_word().attach(&block_->legacy_status);
     publish();
     log::get("control")->info("control block /dev/shm/{} ready (mode 0600)", shm::block_name(port));
 }
@@ -48,6 +49,7 @@ void ShmWatcher::stop() {
     shm::futex_wake(block_->doorbell);
     if (heartbeat_.joinable()) { heartbeat_.join(); }
     if (mailbox_.joinable()) { mailbox_.join(); }
+    service_.legacy_word().detach();  // the word outlives the block (commands finishing at shutdown settle it)
     block_->pid.store(0);
     shm::MappedBlock::remove(port_);
 }
@@ -81,22 +83,9 @@ void ShmWatcher::mailbox_loop() {
     while (!stop_.load()) {
         shm::futex_wait(b.doorbell, rung, 100000);
         rung = b.doorbell.load(std::memory_order_acquire);
-        engine_.wake();  // the legacy status word may have moved
         const uint32_t seq = b.cmd_seq.load(std::memory_order_acquire);
         if (seq == b.ack_seq.load()) { continue; }
-        shm::MailboxCommand cmd;
-        cmd.op   = std::string(b.cmd_op, strnlen(b.cmd_op, sizeof b.cmd_op));
-        cmd.tags = std::string(b.cmd_tags, strnlen(b.cmd_tags, sizeof b.cmd_tags));
-        if (b.cmd_has_version) { cmd.version = std::string(b.cmd_version, strnlen(b.cmd_version, sizeof b.cmd_version)); }
-        cmd.verify_checksum = b.cmd_verify_checksum != 0;
-        cmd.commit          = b.cmd_stage_only == 0;
-        cmd.request_id      = std::string(b.cmd_request_id, strnlen(b.cmd_request_id, sizeof b.cmd_request_id));
-        cmd.abort_all       = b.cmd_abort_all != 0;
-        if (cmd.op == "flush_cache") {
-            cmd.mode = b.cmd_pause_mode == 1 ? "device" : "";  // 1: keep the host KV tier
-        } else if (b.cmd_pause_mode != 0) {
-            cmd.mode = b.cmd_pause_mode == 1 ? "wait" : b.cmd_pause_mode == 2 ? "keep" : "?";
-        }
+        const shm::MailboxCommand cmd = read_mailbox(b);
         ControlReply r;
         if (!shm::command_pending(b, seq)) {
             // fdctl withdrew it, or its deadline passed while we were stopped or busy: never run it.
@@ -115,7 +104,6 @@ void ShmWatcher::mailbox_loop() {
         b.result_http_status = r.http_status;
         b.ack_seq.store(seq, std::memory_order_release);
         shm::futex_wake(b.ack_seq);
-        engine_.control_reply_sent();
     }
 }
 

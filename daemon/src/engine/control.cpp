@@ -15,8 +15,33 @@ std::string_view to_string(ControlOp op) {
         case ControlOp::drop_staged_weights: return "drop_staged_weights";
         case ControlOp::flush_cache: return "flush_cache";
         case ControlOp::abort_request: return "abort_request";
+        case ControlOp::is_paused: return "is_paused";
+        case ControlOp::status: return "status";
+        case ControlOp::clear_load_weight: return "clear_load_weight";
+        case ControlOp::update_model_weight: return "update_model_weight";
     }
     return "?";
+}
+
+std::string_view wire_name(ControlOp op) { return op == ControlOp::abort_request ? "abort" : to_string(op); }
+
+bool is_engine_op(ControlOp op) {
+    switch (op) {
+        case ControlOp::is_paused:
+        case ControlOp::status:
+        case ControlOp::clear_load_weight:
+        case ControlOp::update_model_weight: return false;
+        default: return true;
+    }
+}
+
+void HeldEvents::release() {
+    std::vector<Item> items;
+    {
+        std::lock_guard lk(mu_);
+        items.swap(items_);
+    }
+    for (auto & [channel, ev] : items) { channel->push(std::move(ev)); }
 }
 
 std::string_view to_string(PauseMode m) {

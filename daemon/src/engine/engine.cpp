@@ -113,7 +113,7 @@ void Engine::loop() {
     auto shutting_down = [](const std::shared_ptr<PendingControl> & pc) {
         ControlResult r;
         r.error = Error(Errc::shutting_down, "the server is shutting down");
-        pc->done.set_value(std::move(r));
+        answer(*pc, std::move(r));
     };
     if (drain_ && drain_->pc) { shutting_down(drain_->pc); }
     drain_.reset();
@@ -132,7 +132,7 @@ void Engine::loop() {
         } else {
             ControlResult r;
             r.error = Error(Errc::shutting_down, "the server is shutting down");
-            std::get<std::shared_ptr<PendingControl>>(item)->done.set_value(std::move(r));
+            answer(*std::get<std::shared_ptr<PendingControl>>(item), std::move(r));
         }
     }
     inbox_.clear();
@@ -324,7 +324,6 @@ bool Engine::step() {
             }
         }
     }
-    poll_legacy_word();
     // Drop sequences whose client went away.
     for (auto & [id, s] : seqs_) {
         if (s->channel && s->channel->cancelled()) { s->channel.reset(); }
@@ -573,27 +572,20 @@ int32_t Engine::abort_matching(const std::string & id, bool all) {
     return static_cast<int32_t>(hit.size());
 }
 
-void Engine::control_reply_sent() {
-    {
-        std::lock_guard lk(reply_mu_);
-        ++reply_acks_;
-    }
-    reply_cv_.notify_all();
+std::shared_ptr<HeldEvents> Engine::take_held() {
+    if (deferred_.empty()) { return nullptr; }
+    auto held = std::make_shared<HeldEvents>(std::move(deferred_));
+    deferred_.clear();
+    return held;
 }
 
-void Engine::flush_deferred(std::optional<uint64_t> acks_before) {
-    if (deferred_.empty()) { return; }
-    if (acks_before) {
-        std::unique_lock lk(reply_mu_);
-        reply_cv_.wait_for(lk, kControlReplyWait, [&] { return reply_acks_ != *acks_before; });
-    }
-    for (auto & [channel, ev] : deferred_) { channel->push(std::move(ev)); }
-    deferred_.clear();
+void Engine::answer(PendingControl & pc, ControlResult r) {
+    if (pc.cmd.on_done) { pc.cmd.on_done(r); }
+    pc.done.set_value(std::move(r));
 }
 
 void Engine::publish_stats() {
     std::lock_guard lk(stats_mu_);
-    state_.model_weights_status = legacy_status();
     state_.comm_group        = executor_->comm_state();
     state_.n_kept = 0;
     if (state_.paused && state_.pause_mode == PauseMode::keep) {

@@ -4,7 +4,6 @@
 #include "fd/engine/engine.h"
 #include "fd/log.h"
 #include "fd/progress.h"
-#include "fd/shm/names.h"
 #include "fd/weights/fingerprint.h"
 
 #include <fmt/ranges.h>
@@ -42,7 +41,7 @@ std::future<ControlResult> Engine::control(ControlCommand cmd) {
         if (stop_.load()) {
             ControlResult r;
             r.error = Error(Errc::shutting_down, "the server is shutting down");
-            pc->done.set_value(std::move(r));
+            answer(*pc, std::move(r));
             return fut;
         }
         inbox_.emplace_back(std::move(pc));
@@ -50,18 +49,6 @@ std::future<ControlResult> Engine::control(ControlCommand cmd) {
     }
     inbox_cv_.notify_one();
     return fut;
-}
-
-void Engine::attach_legacy_word(std::atomic<int32_t> * word) {
-    word->store(legacy_word_->load());
-    legacy_word_ = word;
-}
-
-bool Engine::legacy_transition(shm::WeightsStatus from, shm::WeightsStatus to) {
-    int32_t expected = static_cast<int32_t>(from);
-    const bool ok = legacy_word_->compare_exchange_strong(expected, static_cast<int32_t>(to));
-    if (ok) { inbox_cv_.notify_one(); }
-    return ok;
 }
 
 ControlResult Engine::run_control(const ControlCommand & cmd) {
@@ -93,6 +80,11 @@ ControlResult Engine::run_control(const ControlCommand & cmd) {
                 if (!cmd.keep_host_tier) { r.n_host_blocks_flushed = kv_.flush_host_tier(); }
                 break;
             case ControlOp::abort_request: do_abort_request(cmd, r); break;
+            case ControlOp::is_paused:
+            case ControlOp::status:
+            case ControlOp::clear_load_weight:
+            case ControlOp::update_model_weight:
+                fail(Errc::internal, "{} is answered by the control service, not the engine", to_string(cmd.op));
         }
     } catch (const Error & e) {
         r.error = e;
@@ -117,7 +109,6 @@ ControlResult Engine::finish_control(const std::string & op, std::chrono::steady
     state_.control_in_flight = drain_ ? "pause" : "";  // an abort_request may run while a pause drains
     state_.last_control_error = r.error ? fmt::format("{}: {}", op, r.error->what()) : std::string{};
     accepting_.store(!state_.paused && !drain_);
-    sync_legacy_word();
     {
         std::lock_guard lk(stats_mu_);
         auto & st = stats_.control_ops[op];
@@ -441,30 +432,6 @@ void Engine::drop_staged(ControlResult * r) {
     executor_->drop_staged_weights();
     if (r) { r->version = state_.staged_version; }
     state_.staged_version.clear();
-}
-
-void Engine::sync_legacy_word() {
-    const auto cur = legacy_status();
-    if (cur == shm::WeightsStatus::clearing || cur == shm::WeightsStatus::updating) { return; }
-    const bool asleep = state_.weight_asleep || state_.kv_asleep;
-    legacy_word_->store(static_cast<int32_t>(asleep ? shm::WeightsStatus::cleared : shm::WeightsStatus::normal));
-}
-
-void Engine::poll_legacy_word() {
-    const auto cur = legacy_status();
-    if (cur != shm::WeightsStatus::clearing && cur != shm::WeightsStatus::updating) { return; }
-    const bool clearing = cur == shm::WeightsStatus::clearing;
-    ControlCommand cmd;
-    cmd.op   = clearing ? ControlOp::sleep : ControlOp::wakeup;
-    cmd.tags = {true, true};
-    // The legacy path does the same work as V1 sleep/wakeup (the word stays CLEARING/UPDATING
-    // meanwhile), then settles the word: CLEARED while anything is asleep, else NORMAL.
-    const ControlResult r = run_control(cmd);
-    flush_deferred(std::nullopt);  // no reply to wait for: the caller polls the word
-    if (r.error) { log::get("control")->error("legacy {} failed: {}", clearing ? "clear" : "update", r.error->what()); }
-    const bool asleep = state_.weight_asleep || state_.kv_asleep;
-    legacy_word_->store(static_cast<int32_t>(asleep ? shm::WeightsStatus::cleared : shm::WeightsStatus::normal));
-    publish_stats();
 }
 
 }  // namespace fd::engine

@@ -25,7 +25,7 @@ void Engine::do_pause(PauseMode mode, ControlResult & r, std::chrono::steady_clo
         case PauseMode::abort:
             state_.paused     = true;
             state_.pause_mode = PauseMode::abort;
-            defer_events_     = true;  // delivered by flush_deferred() once the pause reply is out
+            defer_events_     = true;  // held in the result (take_held): the control service releases them with its reply
             r.n_aborted       = abort_all();
             defer_events_     = false;
             break;
@@ -73,7 +73,7 @@ void Engine::poll_drain() {
         r.n_drained       = d.n_at_start;
         if (d.flush_prefix) { kv_.flush_prefix_cache(); }
     }
-    d.pc->done.set_value(finish_control("pause", d.t0, std::move(r)));
+    answer(*d.pc, finish_control("pause", d.t0, std::move(r)));
     // The commands held behind it, in order (one of them may start another drain).
     while (!drain_ && !held_controls_.empty()) {
         auto pc = std::move(held_controls_.front());
@@ -89,13 +89,8 @@ void Engine::dispatch_control(const std::shared_ptr<PendingControl> & pc) {
         ControlResult r;
         r.error = Error(Errc::timeout, fmt::format("{} was not started before the caller's deadline: dropped, nothing changed",
                                                    to_string(pc->cmd.op)));
-        pc->done.set_value(std::move(r));
+        answer(*pc, std::move(r));
         return;
-    }
-    uint64_t acks_before;
-    {
-        std::lock_guard lk(reply_mu_);
-        acks_before = reply_acks_;
     }
     const bool was_draining = drain_.has_value();
     ControlResult r = run_control(pc->cmd);
@@ -103,8 +98,8 @@ void Engine::dispatch_control(const std::shared_ptr<PendingControl> & pc) {
         drain_->pc = pc;
         return;
     }
-    pc->done.set_value(std::move(r));
-    flush_deferred(acks_before);
+    r.held = take_held();
+    answer(*pc, std::move(r));
 }
 
 void Engine::do_abort_request(const ControlCommand & cmd, ControlResult & r) {

@@ -1,7 +1,7 @@
 // ChatTemplate: the model dir's chat template and transformers' apply_chat_template semantics.
 #include "fd/tokenizer/chat_template.h"
 
-#include "jinja_interp.h"
+#include "jinja/jinja_interp.h"
 
 #include <fmt/format.h>
 

@@ -1,7 +1,7 @@
 // The HTTP layer's own pieces that need no socket: query parsing, header lookup, the handler
 // pool, and the result channel's notify hook the async bodies ride on.
-#include "../../../daemon/src/api/handler_pool.h"
-#include "../../../daemon/src/api/http_message.h"
+#include "../../../daemon/src/api/http/handler_pool.h"
+#include "../../../daemon/src/api/http/http_message.h"
 
 #include "fd/engine/request.h"
 

@@ -1,10 +1,11 @@
-// ControlRequest::parse — the one validation of a control command, whichever transport carried it.
-#include "fd/control/service.h"
+// control::parse_command — the one validation of a control command, whichever transport carried it.
+#include "fd/control/render.h"
+#include "fd/control/request.h"
 
 #include <doctest/doctest.h>
 
-using fd::control::ControlRequest;
-using fd::control::ControlVerb;
+using fd::control::parse_command;
+using fd::engine::ControlOp;
 using fd::shm::MailboxCommand;
 
 namespace {
@@ -12,7 +13,7 @@ namespace {
 /// The param() of the error parse(wire) throws ("" if it does not throw).
 std::string rejected_param(const MailboxCommand & wire) {
     try {
-        ControlRequest::parse(wire);
+        parse_command(wire);
     } catch (const fd::Error & e) {
         CHECK(e.code() == fd::Errc::invalid_argument);
         return e.param();
@@ -25,18 +26,18 @@ std::string rejected_param(const MailboxCommand & wire) {
 TEST_CASE("control request: every wire op name maps to its verb and back") {
     for (const char * op : {"pause", "resume", "is_paused", "status", "sleep", "wakeup", "update_weights", "commit_weights",
                             "drop_staged_weights", "flush_cache", "clear_load_weight", "update_model_weight"}) {
-        const ControlRequest r = ControlRequest::parse({.op = op});
-        CHECK(fd::control::to_string(r.verb) == op);
+        const auto r = parse_command({.op = op});
+        CHECK(fd::engine::wire_name(r.op) == op);
     }
     CHECK(rejected_param({.op = "pause_all"}) == "op");
     CHECK(rejected_param({.op = ""}) == "op");
 }
 
 TEST_CASE("control request: tags only for sleep/wakeup, empty = both, unknown tag refused") {
-    auto both = ControlRequest::parse({.op = "sleep"});
+    auto both = parse_command({.op = "sleep"});
     CHECK(both.tags.weight);
     CHECK(both.tags.kv_cache);
-    auto kv = ControlRequest::parse({.op = "wakeup", .tags = " kv_cache "});
+    auto kv = parse_command({.op = "wakeup", .tags = " kv_cache "});
     CHECK(!kv.tags.weight);
     CHECK(kv.tags.kv_cache);
     CHECK(rejected_param({.op = "sleep", .tags = "weight,foo"}) == "tags");
@@ -44,11 +45,11 @@ TEST_CASE("control request: tags only for sleep/wakeup, empty = both, unknown ta
 }
 
 TEST_CASE("control request: version syntax is checked here, for update_weights only") {
-    auto r = ControlRequest::parse({.op = "update_weights", .version = "step-42.a_b", .verify_checksum = true});
-    CHECK(r.verb == ControlVerb::update_weights);
+    auto r = parse_command({.op = "update_weights", .version = "step-42.a_b", .verify_checksum = true});
+    CHECK(r.op == ControlOp::update_weights);
     CHECK(*r.version == "step-42.a_b");
     CHECK(r.verify_checksum);
-    CHECK(!ControlRequest::parse({.op = "update_weights"}).version);
+    CHECK(!parse_command({.op = "update_weights"}).version);
     for (const char * bad : {"", ".", "..", "a/b", "v 1", "v\n1"}) {
         CHECK(rejected_param({.op = "update_weights", .version = std::string(bad)}) == "version");
     }
@@ -58,13 +59,13 @@ TEST_CASE("control request: version syntax is checked here, for update_weights o
 }
 
 TEST_CASE("control request: two-phase update fields") {
-    auto stage = ControlRequest::parse({.op = "update_weights", .version = std::string("v2"), .commit = false});
+    auto stage = parse_command({.op = "update_weights", .version = std::string("v2"), .commit = false});
     CHECK(!stage.commit);
-    CHECK(ControlRequest::parse({.op = "update_weights"}).commit);  // the default (and older shm clients) commit
-    auto commit = ControlRequest::parse({.op = "commit_weights", .version = std::string("v2")});
-    CHECK(commit.verb == ControlVerb::commit_weights);
+    CHECK(parse_command({.op = "update_weights"}).commit);  // the default (and older shm clients) commit
+    auto commit = parse_command({.op = "commit_weights", .version = std::string("v2")});
+    CHECK(commit.op == ControlOp::commit_weights);
     CHECK(*commit.version == "v2");
-    CHECK(!ControlRequest::parse({.op = "commit_weights"}).version);
+    CHECK(!parse_command({.op = "commit_weights"}).version);
     CHECK(rejected_param({.op = "commit_weights", .version = std::string("a/b")}) == "version");
     CHECK(rejected_param({.op = "commit_weights", .verify_checksum = true}) == "verify_checksum");
     CHECK(rejected_param({.op = "drop_staged_weights", .version = std::string("v2")}) == "version");
@@ -74,10 +75,10 @@ TEST_CASE("control request: two-phase update fields") {
 
 TEST_CASE("control request: pause modes, only for pause") {
     using fd::engine::PauseMode;
-    CHECK(ControlRequest::parse({.op = "pause"}).pause_mode == PauseMode::abort);
-    CHECK(ControlRequest::parse({.op = "pause", .mode = "abort"}).pause_mode == PauseMode::abort);
-    CHECK(ControlRequest::parse({.op = "pause", .mode = "wait"}).pause_mode == PauseMode::wait);
-    CHECK(ControlRequest::parse({.op = "pause", .mode = "keep"}).pause_mode == PauseMode::keep);
+    CHECK(parse_command({.op = "pause"}).pause_mode == PauseMode::abort);
+    CHECK(parse_command({.op = "pause", .mode = "abort"}).pause_mode == PauseMode::abort);
+    CHECK(parse_command({.op = "pause", .mode = "wait"}).pause_mode == PauseMode::wait);
+    CHECK(parse_command({.op = "pause", .mode = "keep"}).pause_mode == PauseMode::keep);
     CHECK(rejected_param({.op = "pause", .mode = "Keep"}) == "mode");
     CHECK(rejected_param({.op = "pause", .mode = "?"}) == "mode");  // what the watcher makes of an unknown shm byte
     CHECK(rejected_param({.op = "sleep", .mode = "wait"}) == "mode");
@@ -85,16 +86,16 @@ TEST_CASE("control request: pause modes, only for pause") {
 }
 
 TEST_CASE("control request: abort takes exactly one of request_id and abort_all") {
-    auto one = ControlRequest::parse({.op = "abort", .request_id = "cmpl-0123456789abcdef"});
-    CHECK(one.verb == ControlVerb::abort);
+    auto one = parse_command({.op = "abort", .request_id = "cmpl-0123456789abcdef"});
+    CHECK(one.op == ControlOp::abort_request);
     CHECK(one.request_id == "cmpl-0123456789abcdef");
     CHECK(!one.abort_all);
-    CHECK(ControlRequest::parse({.op = "abort", .abort_all = true}).abort_all);
+    CHECK(parse_command({.op = "abort", .abort_all = true}).abort_all);
     CHECK(rejected_param({.op = "abort"}) == "request_id");
     CHECK(rejected_param({.op = "abort", .request_id = "x", .abort_all = true}) == "request_id");
     CHECK(rejected_param({.op = "abort", .request_id = "has space"}) == "request_id");
     CHECK(rejected_param({.op = "abort", .request_id = std::string(129, 'a')}) == "request_id");
-    CHECK(ControlRequest::parse({.op = "abort", .request_id = std::string(128, 'a')}).request_id.size() == 128);
+    CHECK(parse_command({.op = "abort", .request_id = std::string(128, 'a')}).request_id.size() == 128);
     CHECK(rejected_param({.op = "pause", .request_id = "x"}) == "request_id");
     CHECK(rejected_param({.op = "abort", .version = std::string("v1"), .request_id = "x"}) == "version");
 }

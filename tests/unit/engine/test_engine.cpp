@@ -1,7 +1,8 @@
 // The Engine (daemon/src/engine/engine*.cpp) over a FakeExecutor (fake_executor.h): no model,
 // fixed logits (greedy output t+1, t+2, ... after a prompt ending in t), injectable failures.
 // Pause modes, update / stage / commit / drop, a failed stage, a failed rank, sleep/wakeup
-// ordering and the legacy status word, each checked through the engine's public API.
+// ordering, each checked through the engine's public API (the legacy status word, which the
+// control layer owns, is tested in tests/unit/control/test_legacy.cpp).
 #include "fd/engine/engine.h"
 #include "fd/status.h"
 
@@ -39,12 +40,13 @@ struct Harness {
     }
     ~Harness() { engine->stop(); }
 
-    /// Run a command and wait (10 s at most) for its result; the reply counts as sent.
+    /// Run a command and wait (10 s at most) for its result; the reply counts as sent (the
+    /// events it held back are released, as the control service does).
     ControlResult control(ControlCommand cmd) {
         auto fut = engine->control(std::move(cmd));
         REQUIRE(fut.wait_for(10s) == std::future_status::ready);
         ControlResult r = fut.get();
-        engine->control_reply_sent();
+        if (r.held) { r.held->release(); }
         return r;
     }
     ControlResult op(ControlOp o) { return control({.op = o}); }
@@ -307,31 +309,4 @@ TEST_CASE("engine: with --use-cudagraph, wakeup takes the tags in either order; 
         CHECK_FALSE(st.kv_asleep);
         CHECK_FALSE(st.paused);  // the wakeup that brings the last tag back resumes
     }
-}
-
-TEST_CASE("engine: the legacy word: CLEARING -> the engine sleeps and writes CLEARED; UPDATING -> reloads, NORMAL") {
-    Harness h;
-    using fd::shm::WeightsStatus;
-    auto wait_for = [&](WeightsStatus want) {
-        const auto deadline = std::chrono::steady_clock::now() + 10s;
-        while (h.engine->legacy_status() != want) {
-            REQUIRE(std::chrono::steady_clock::now() < deadline);
-            std::this_thread::sleep_for(5ms);
-        }
-    };
-    CHECK(h.engine->legacy_status() == WeightsStatus::normal);
-    CHECK_FALSE(h.engine->legacy_transition(WeightsStatus::cleared, WeightsStatus::updating));  // not from NORMAL
-    REQUIRE(h.engine->legacy_transition(WeightsStatus::normal, WeightsStatus::clearing));
-    wait_for(WeightsStatus::cleared);
-    CHECK(h.ex->count("release:weight") == 1);
-    CHECK(h.ex->count("release:kv_cache") == 1);
-    CHECK(h.engine->stats().state.weight_asleep);
-    REQUIRE(h.engine->legacy_transition(WeightsStatus::cleared, WeightsStatus::updating));
-    wait_for(WeightsStatus::normal);
-    CHECK(h.ex->count("reload") == 1);
-    CHECK(h.ex->count("acquire_kv") == 1);
-    CHECK_FALSE(h.engine->stats().state.weight_asleep);
-    // A V1 sleep settles the word too.
-    CHECK_FALSE(h.control({.op = ControlOp::sleep, .tags = {false, true}}).error);
-    CHECK(h.engine->legacy_status() == WeightsStatus::cleared);
 }

@@ -3,9 +3,11 @@
 // Owns the block of one port: creates it at start (reclaiming a stale one, refusing if a live
 // daemon owns it), removes it on clean exit. Two threads:
 //   - heartbeat: every 100 ms refreshes heartbeat_ms and the state snapshot (seqlock);
-//   - mailbox: sleeps on the doorbell futex; on a command it calls the control service (the same
-//     code the V1 HTTP routes call), writes the answer and acknowledges; on any doorbell it also
-//     wakes the engine, which watches the legacy status word living in this block.
+//   - mailbox: sleeps on the doorbell futex; on a command it reads the block's fields in wire
+//     form (control::read_mailbox), calls the control service (the same code the V1 HTTP routes
+//     call), writes the rendered V1 answer and acknowledges.
+// The service's legacy status word lives in this block while the watcher runs (attached at
+// construction, detached at stop).
 // It never mutates engine state itself: every operation goes through the engine inbox.
 #pragma once
 
@@ -21,7 +23,7 @@ namespace fd::control {
 class ShmWatcher {
 public:
     /// Take over `block` (from shm::MappedBlock::create(port), done before the model loads so a
-    /// taken port fails fast) and attach the engine's legacy status word to it. Commands go to
+    /// taken port fails fast) and attach the service's legacy status word to it. Commands go to
     /// `service`, which must outlive the watcher.
     ShmWatcher(shm::MappedBlock block, int port, engine::Engine & engine, ControlService & service);
     ~ShmWatcher();

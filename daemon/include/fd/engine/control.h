@@ -1,18 +1,24 @@
-// fd/engine/control.h — weight-control commands and the engine state they change (SPEC §3, §4).
+// fd/engine/control.h — the one weight-control command type, its typed result, and the engine
+// state they change (SPEC §3, §4).
 //
-// HTTP handlers (and, later, the shm watcher) build a ControlCommand and post it to the engine
-// inbox; the engine thread runs commands one at a time between steps and fulfils the promise.
-// Failures travel back as data (ControlResult::error); a rejected command changes nothing.
+// Every transport builds a ControlCommand: the V1 and legacy HTTP routes, every vLLM/SGLang
+// alias and the shm mailbox (fdctl) alike, through control::parse_command (fd/control/request.h),
+// the one validation. The control service (fd/control/service.h) answers the queries and the
+// legacy pair itself and posts the engine operations to the engine inbox; the engine thread runs
+// them one at a time between steps and fulfils the promise with a ControlResult. Failures travel
+// back as data (ControlResult::error); a rejected command changes nothing.
 #pragma once
 
-#include "fd/shm/weights_status.h"
+#include "fd/engine/request.h"
 #include "fd/status.h"
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <functional>
 #include <future>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -20,11 +26,29 @@
 
 namespace fd::engine {
 
-enum class ControlOp { pause, resume, sleep, wakeup, update_weights, commit_weights, drop_staged_weights, flush_cache, abort_request };
+/// Every command a control transport can carry: the engine operations (pause ... abort_request),
+/// then the ones the control service answers without the engine inbox (the is_paused and status
+/// queries, the legacy FastDeploy pair).
+enum class ControlOp {
+    pause, resume, sleep, wakeup, update_weights,
+    commit_weights,       ///< two-phase update, phase 2: the staged version goes live
+    drop_staged_weights,  ///< two-phase update: discard the staged version
+    flush_cache,          ///< drop the prefix cache (vLLM /reset_prefix_cache, SGLang /flush_cache)
+    abort_request,        ///< end one request (by id) or every request, without pausing (POST /v1/abort)
+    is_paused, status,    ///< queries (control service)
+    clear_load_weight, update_model_weight,  ///< the legacy pair (control/legacy.h)
+};
 
+/// The operation's name in logs, /metrics (`op` label) and /health control_in_flight:
 /// "pause" | "resume" | "sleep" | "wakeup" | "update_weights" | "commit_weights" |
-/// "drop_staged_weights" | "flush_cache" | "abort_request".
+/// "drop_staged_weights" | "flush_cache" | "abort_request" | "is_paused" | "status" |
+/// "clear_load_weight" | "update_model_weight".
 std::string_view to_string(ControlOp op);
+/// The wire name: the mailbox op (cmd_op) and the V1 route's last path segment; to_string()
+/// except abort_request, which is "abort" (POST /v1/abort).
+std::string_view wire_name(ControlOp op);
+/// True for the operations the engine runs (pause ... abort_request).
+bool is_engine_op(ControlOp op);
 
 /// What a pause does with the requests in flight (vLLM's pause modes; SPEC §3):
 ///   abort  every running and queued request ends at once with finish_reason "abort" (default);
@@ -83,6 +107,9 @@ private:
     std::chrono::steady_clock::time_point deadline_;
 };
 
+struct ControlResult;
+
+/// One validated control command (control::parse_command checks the fields against the op).
 struct ControlCommand {
     ControlOp                  op = ControlOp::pause;
     TagSet                     tags;               ///< sleep / wakeup
@@ -97,6 +124,10 @@ struct ControlCommand {
     bool                       reload_base = false;///< update_weights: load the base --model checkpoint
     bool                       keep_prefix_cache = false;  ///< pause: leave the prefix cache as it is (update/commit still flush it)
     bool                       keep_host_tier = false;  ///< flush_cache: forget the device prefix cache only (wire: mode "device")
+    /// Called on the engine thread once the command finished (or was dropped), just before its
+    /// future is ready, with the engine's stats already published (null: none). The legacy word
+    /// settles through it (control/legacy.cpp), also after its caller gave up waiting.
+    std::function<void(const ControlResult &)> on_done;
 };
 
 /// One rank's part of a control command (result.ranks).
@@ -110,6 +141,26 @@ struct RankCost {
     int64_t     freed_bytes = -1; ///< sleep: bytes this rank handed back (-1: none released)
     int64_t     rss_bytes = 0;    ///< the rank process's RSS after the command
     int64_t     device_freed_bytes = -1;  ///< sleep on a CUDA rank: growth of its device's free memory (cudaMemGetInfo) across its releases; -1 = not measured
+};
+
+/// The final events of the requests a control command ended (a pause mode=abort), held back so
+/// that the control reply goes out first and the aborted requests' handlers do not compete with
+/// it for the CPUs. The control service releases them (an explicit call, 2 ms after it has its
+/// reply: the engine waits for no acknowledgement); the last owner's destructor releases them
+/// too, so they are never lost. Thread-safe; release() is idempotent.
+class HeldEvents {
+public:
+    using Item = std::pair<std::shared_ptr<ResultChannel>, ChoiceEvent>;
+    explicit HeldEvents(std::vector<Item> items) : items_(std::move(items)) {}
+    HeldEvents(const HeldEvents &) = delete;
+    HeldEvents & operator=(const HeldEvents &) = delete;
+    ~HeldEvents() { release(); }
+    /// Push every held event to its channel (once).
+    void release();
+
+private:
+    std::mutex        mu_;
+    std::vector<Item> items_;
 };
 
 struct ControlResult {
@@ -134,6 +185,7 @@ struct ControlResult {
     bool                  checksum_verified = false;
     std::vector<RankCost> ranks;
     double                elapsed_s = 0.0;
+    std::shared_ptr<HeldEvents> held;              ///< pause mode=abort: the aborted requests' final events (null: none)
 };
 
 /// Engine state (SPEC §3): the one state machine, written by the engine thread only.
@@ -146,7 +198,6 @@ struct EngineState {
     bool              weights_valid = true;
     std::string       weight_version;
     std::string       staged_version;             ///< two-phase update: validated and staged, not serving ("" = none)
-    shm::WeightsStatus model_weights_status = shm::WeightsStatus::normal;
     bool              degraded      = false;      ///< a rank failed: generation refused until wakeup recovers it
     std::vector<int32_t> failed_ranks;            ///< the failed ranks (may be empty when a group call failed)
     std::string       executor_backend = "uni";   ///< uni | mp

@@ -130,20 +130,6 @@ public:
     /// Queue a control command; commands run one at a time, in order, on the engine thread.
     std::future<ControlResult> control(ControlCommand cmd);
 
-    /// The legacy `model_weights_status` word (SPEC §4). Handlers move it NORMAL→CLEARING or
-    /// CLEARED→UPDATING with legacy_transition(); the engine thread sees the transition, performs
-    /// the clear or reload, and writes CLEARED or NORMAL.
-    shm::WeightsStatus legacy_status() const { return static_cast<shm::WeightsStatus>(legacy_word_->load()); }
-    bool legacy_transition(shm::WeightsStatus from, shm::WeightsStatus to);
-    /// Use `word` (the shm control block's) as the status word from now on. Call before start().
-    void attach_legacy_word(std::atomic<int32_t> * word);
-    /// Wake the engine thread (e.g. the status word may have changed from another process).
-    void wake() { inbox_cv_.notify_one(); }
-    /// A control reply has been written to its caller (HTTP socket or shm mailbox). Requests a
-    /// pause aborts get their final events only after this (or kControlReplyWait): the control
-    /// plane answers first, the aborted requests' handlers do not compete with it for the CPUs.
-    void control_reply_sent();
-    static constexpr std::chrono::microseconds kControlReplyWait{2000};
 
     /// Refuse new requests from now on (SIGTERM); in-flight ones continue.
     void begin_drain() { draining_.store(true); }
@@ -251,8 +237,6 @@ private:
     void          do_update_weights(const ControlCommand & cmd, ControlResult & r);
     void          do_commit_weights(const ControlCommand & cmd, ControlResult & r);
     void          drop_staged(ControlResult * r);  ///< drop the staged version if any (r->version names it)
-    void          poll_legacy_word();
-    void          sync_legacy_word();
     int32_t       abort_all();
     /// A rank failed (`e` says which): every live request ends with `e`, generation stops until
     /// wakeup recovers the ranks (engine_control.cpp).
@@ -263,9 +247,11 @@ private:
     /// Every rank loads the serving version from the source into fresh memory (after a weight
     /// release); the version the checkpoint carries, bytes and per-rank costs go into `r`.
     void          reload_serving_weights(ControlResult & r);
-    /// Push the events held back while a control command ran, once its reply went out (a
-    /// control_reply_sent() after `acks_before`, at most kControlReplyWait); nullopt: now.
-    void          flush_deferred(std::optional<uint64_t> acks_before);
+    /// The events held back while a control command ran (null when none), for its result: the
+    /// control service releases them once it has the reply (HeldEvents).
+    std::shared_ptr<HeldEvents> take_held();
+    /// Fulfil a command's promise: its on_done first (stats are published by then).
+    static void   answer(PendingControl & pc, ControlResult r);
 
     EngineConfig                              cfg_;
     model::ModelConfig                        model_cfg_;
@@ -293,7 +279,7 @@ private:
     std::vector<float>                        scratch_, processed_;  ///< processed_: one row after the logits processors
     std::unique_ptr<spec::Proposer>           proposer_;  ///< --speculative-config's (null: none)
     bool                                      defer_events_ = false;  ///< emit() holds events back (pause)
-    std::vector<std::pair<std::shared_ptr<ResultChannel>, ChoiceEvent>> deferred_;
+    std::vector<HeldEvents::Item>             deferred_;  ///< events held back (defer_events_), taken by take_held()
     /// A pause mode=wait waiting for the requests in flight to finish.
     struct Drain {
         std::shared_ptr<PendingControl>       pc;         ///< answered by poll_drain()
@@ -304,9 +290,6 @@ private:
     };
     std::optional<Drain>                      drain_;
     std::deque<std::shared_ptr<PendingControl>> held_controls_;  ///< commands queued behind a drain (run in order after it)
-    std::mutex                                reply_mu_;
-    std::condition_variable                   reply_cv_;
-    uint64_t                                  reply_acks_ = 0;  ///< control replies written (reply_mu_)
 
     mutable std::mutex                        inbox_mu_;
     std::condition_variable                   inbox_cv_;
@@ -316,8 +299,6 @@ private:
     std::atomic<bool>                         accepting_{true};   ///< false while paused/asleep
     std::atomic<bool>                         degraded_{false};   ///< a rank failed (state_.degraded, readable by submit())
     std::atomic<bool>                         control_waiting_{false}; ///< a command is queued: drop the step in flight
-    std::atomic<int32_t>                      own_legacy_word_{0};
-    std::atomic<int32_t> *                    legacy_word_ = &own_legacy_word_;
     std::thread                               thread_;
 
     mutable std::mutex                        stats_mu_;

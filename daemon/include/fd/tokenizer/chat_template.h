@@ -10,7 +10,7 @@
 // after the final message's content. Immutable after construction; render() is thread-safe.
 #pragma once
 
-#include "fd/tokenizer/jinja.h"
+#include "fd/tokenizer/jinja/jinja.h"
 
 #include <nlohmann/json.hpp>
 

@@ -5,10 +5,10 @@
 //   watch the socket so a client that goes away releases its sequences at once → next request.
 // Malformed input is answered 400 / 413 / 431 / 408 and the connection closed (after draining
 // what the client still sends, so it reads the answer instead of a reset).
-#include "handlers.h"
 #include "http_server.h"
 
 #include "fd/log.h"
+#include "fd/status.h"
 
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
@@ -16,6 +16,7 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
 
 #include <sys/socket.h>
 
@@ -122,6 +123,15 @@ private:
         answer_error(Error(Errc::invalid_argument, fmt::format("malformed HTTP request: {}", ec.message())), 400);
     }
 
+    /// The OpenAI error object with `status` as the response (the transport's own errors; the
+    /// handlers write theirs through api/routes.cpp).
+    void set_error(const Error & e, int status) {
+        res_.status = status;
+        res_.set_content(nlohmann::json{{"error", {{"message", e.what()}, {"type", errc_name(e.code())}, {"param", nullptr}, {"code", status}}}}
+                             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                         "application/json");
+    }
+
     /// An error answered by the HTTP layer itself (the request could not be read or routed):
     /// the OpenAI error object with `status`.
     void answer_error(const Error & e, int status) {
@@ -130,9 +140,7 @@ private:
             fill_request();
             keep_alive_ = keep && keep_alive_;  // a request that could not be read closes the connection
         }
-        res_.status = status;
-        res_.set_content(dump(nlohmann::json{{"error", {{"message", e.what()}, {"type", errc_name(e.code())}, {"param", nullptr}, {"code", status}}}}),
-                         "application/json");
+        set_error(e, status);
         write_whole();
     }
 
@@ -261,7 +269,7 @@ private:
         } catch (const std::exception & e) {  // a body's own bug: end it rather than hang the client
             log::get("api")->error("{} {}: {}", req_.method, req_.path, e.what());
             done = true;
-            if (!b.streamed) { write_error(res_, Error(Errc::internal, e.what())); }
+            if (!b.streamed) { set_error(Error(Errc::internal, e.what()), errc_http_status(Errc::internal)); }
         }
         if (!b.streamed) {
             if (done) {

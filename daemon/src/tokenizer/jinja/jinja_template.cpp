@@ -1,5 +1,5 @@
 // Template: parse once, render many times; converts engine errors into fd::Error.
-#include "fd/tokenizer/jinja.h"
+#include "fd/tokenizer/jinja/jinja.h"
 
 #include "jinja_interp.h"
 
