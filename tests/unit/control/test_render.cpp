@@ -31,11 +31,11 @@ TEST_CASE("render: pause / abort results, V1 shape") {
     o.result.n_kept = 3;
     auto r = fd::control::render_v1(o);
     CHECK(r.http_status == 200);
-    CHECK(body(r) == json::parse(R"({"status":"success","result":{"is_paused":true,"elapsed_s":0.5,"mode":"keep","aborted":0,"kept":3}})"));
+    CHECK(body(r) == json::parse(R"({"status":"success","result":{"is_paused":true,"elapsed_s":0.5,"mode":"keep","aborted":0,"kept":3,"tier_copies_waited":0}})"));
     o.result.pause_mode = fd::engine::PauseMode::wait;
     o.result.n_drained = 2;
     CHECK(body(fd::control::render_v1(o))["result"] ==
-          json::parse(R"({"is_paused":true,"elapsed_s":0.5,"mode":"wait","aborted":0,"drained":2})"));
+          json::parse(R"({"is_paused":true,"elapsed_s":0.5,"mode":"wait","aborted":0,"drained":2,"tier_copies_waited":0})"));
     ControlOutcome a{.op = ControlOp::abort_request};
     a.result.n_aborted = 4;
     CHECK(body(fd::control::render_v1(a))["result"] == json::parse(R"({"is_paused":false,"elapsed_s":0.0,"aborted":4})"));
