@@ -16,7 +16,6 @@ namespace fd::api {
 namespace {
 
 using nlohmann::json;
-using peer::Outcome;
 using stream::Clock;
 
 void require_stream(ApiContext & ctx, const Request & req) {
@@ -84,23 +83,23 @@ std::vector<stream::TensorSpec> read_specs(const json & b, const char * dtypes_k
 /// (mode wait) around the update and resumed after, as for prime-rl's weight_dir update; a
 /// paused one (TRL's pause mode=keep) stays paused.
 json commit_sealed(ApiContext & ctx, const ControlInput & in, const stream::Sealed & s) {
-    const bool was_paused = peer::run(ctx, in, {.op = "is_paused"}).result.value("is_paused", false);
-    Outcome u;
+    const bool was_paused = peer::paused(peer::run(ctx, in, {.op = "is_paused"}));
+    control::ControlOutcome u;
     if (!was_paused) { u = peer::run(ctx, in, {.op = "pause", .mode = "wait"}); }
-    if (was_paused || u.ok) {
+    if (was_paused || u.ok()) {
         shm::MailboxCommand update{.op = "update_weights"};
         update.weight_dir = s.dir.string();
         update.version    = s.version;
         u = peer::run(ctx, in, update);
         if (!was_paused) { ctx.control->handle(shm::MailboxCommand{.op = "resume"}); }
     }
-    if (!u.ok) {
-        const Error e(errc_from_name(u.error_type), u.error_message);
+    if (!u.ok()) {
+        const Error e = u.error ? *u.error : Error(Errc::internal, control::error_message(u));
         ctx.stream->drop(e);
-        throw Error(e.code(), fmt::format("the streamed weights were not applied (every rank keeps the serving version): {}", u.error_message));
+        throw Error(e.code(), fmt::format("the streamed weights were not applied (every rank keeps the serving version): {}", e.what()));
     }
     ctx.stream->committed();
-    return {{"weight_version", u.result.value("version", "")}, {"bytes", s.bytes}, {"n_tensors", s.n_tensors}, {"ranks", u.result.value("ranks", json::array())}};
+    return {{"weight_version", u.result.version}, {"bytes", s.bytes}, {"n_tensors", s.n_tensors}, {"ranks", control::rank_reports_json(u.result)}};
 }
 
 // ---- vLLM ----

@@ -108,6 +108,8 @@ json speculative_json(const engine::EngineStats & st) {
 
 }  // namespace
 
+nlohmann::json rank_reports_json(const engine::ControlResult & r) { return ranks_json(r); }
+
 std::vector<std::string> sleeping_tags(const engine::EngineState & st) {
     std::vector<std::string> tags;
     if (st.weight_asleep) { tags.emplace_back("weight"); }

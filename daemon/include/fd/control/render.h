@@ -40,6 +40,10 @@ ControlReply error_reply(const Error & e);
 /// The GET /health body (docs/http_api.md).
 nlohmann::json status_json(const StatusReport & s);
 
+/// The per-rank array of an engine result (V1's `ranks`: rank, rss_bytes, and either freed_bytes
+/// or version / bytes / sync_cost / update_cost / total_cost), for routes that build their own body.
+nlohmann::json rank_reports_json(const engine::ControlResult & r);
+
 /// The error answers of the peers' aliases, each with the error table's status of o.error (a
 /// failed legacy answer: its status and msg):
 enum class Peer {
