@@ -7,16 +7,7 @@ share/fdrollout/python/fdpublish.py keep working; new code should `from fdrollou
 import os
 import sys
 
-import glob
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _fdrollout_path  # noqa: E402
 
-_here = os.path.dirname(os.path.abspath(__file__))
-# A checkout (python/ beside scripts/), else an install prefix (share/fdrollout/python/ -> lib/python3*/dist-packages)
-# when the package is not already on python3's path.
-for _p in [os.path.join(_here, "..", "python")] + sorted(glob.glob(os.path.join(_here, "..", "..", "..", "lib", "python3*", "dist-packages"))):
-    if os.path.isfile(os.path.join(_p, "fdrollout", "__init__.py")):
-        sys.path.insert(0, os.path.abspath(_p))
-        break
-
-import fdrollout.publish  # noqa: E402
-
-sys.modules[__name__] = fdrollout.publish
+sys.modules[__name__] = _fdrollout_path.module("publish")

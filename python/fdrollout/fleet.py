@@ -33,6 +33,14 @@ class FleetError(Exception):
         self.results, self.committed, self.serving = results, committed, serving or {}
 
 
+def any_failed(results):
+    return any(isinstance(r, Exception) for r in results.values())
+
+
+def all_failed(results):
+    return all(isinstance(r, Exception) for r in results.values())
+
+
 def read_fleet_file(path):
     """One `host:port` or `http://host:port` per line; `#` starts a comment (fdctl's --fleet)."""
     urls = []
@@ -78,7 +86,7 @@ class Fleet:
 
     def _all(self, what, fn):
         res = self.map(fn)
-        if any(isinstance(r, Exception) for r in res.values()):
+        if any_failed(res):
             raise FleetError(what, res)
         return res
 
@@ -101,6 +109,10 @@ class Fleet:
         """{url: weight_version, or the exception when the member did not answer}."""
         return self.map(lambda c: c.weight_version())
 
+    def _serving(self):
+        """{url: weight_version, None when the member did not answer}."""
+        return {u: (None if isinstance(v, Exception) else v) for u, v in self.weight_versions().items()}
+
     def abort(self, request_id=None, all=False):
         """Ask every member; a member that does not run `request_id` answers 404 (not an error
         here when another member aborted it). Raises FleetError when a member did not answer or
@@ -108,7 +120,8 @@ class Fleet:
         res = self.map(lambda c: c.abort(request_id=request_id, all=all))
         unanswered = any(isinstance(r, Exception) and not (isinstance(r, FdRolloutError) and r.status == 404)
                          for r in res.values())
-        if unanswered or all is False and not any(not isinstance(r, Exception) for r in res.values()):
+        nobody_ran_it = not all and all_failed(res)
+        if unanswered or nobody_ran_it:
             raise FleetError("abort", res)
         return res
 
@@ -116,14 +129,14 @@ class Fleet:
         """All-or-nothing across the fleet (module docstring). Every member must be paused."""
         version = str(version)
         staged = self.map(lambda c: c.stage_weights(version, verify_checksum=verify_checksum))
-        if any(isinstance(r, Exception) for r in staged.values()):
+        if any_failed(staged):
             dropped = self.map(lambda c: c.drop_staged_weights())
-            serving = {u: (v if not isinstance(v, Exception) else None) for u, v in self.weight_versions().items()}
+            serving = self._serving()
             results = {u: staged[u] if isinstance(staged[u], Exception) else dropped[u] for u in staged}
             raise FleetError(f"update_weights {version}: not staged everywhere, dropped", results, "none", serving)
         committed = self.map(lambda c: c.commit_weights(version))
-        serving = {u: (v if not isinstance(v, Exception) else None) for u, v in self.weight_versions().items()}
-        if any(isinstance(r, Exception) for r in committed.values()) or any(v != version for v in serving.values()):
+        serving = self._serving()
+        if any_failed(committed) or any(v != version for v in serving.values()):
             n_ok = sum(1 for r in committed.values() if not isinstance(r, Exception))
             raise FleetError(f"update_weights {version}: committed on {n_ok} of {len(committed)} member(s)",
                              committed, "some" if n_ok else "none", serving)
