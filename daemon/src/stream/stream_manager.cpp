@@ -86,6 +86,27 @@ struct StreamManager::Impl {
     std::unique_ptr<StagingDir> serving;              ///< the committed stream's dir (the wakeup source)
     std::optional<Error>        last_error;
 
+    /// Run `fn` outside the lock with `busy` set (so no other call starts and drop() only
+    /// interrupts), then relock. Returns the error `fn` threw or, taking precedence, the reason a
+    /// drop() gave while it ran; nullopt when it finished cleanly.
+    template <class Fn>
+    std::optional<Error> outside_lock(std::unique_lock<std::mutex> & lk, Fn && fn) {
+        busy = true;
+        lk.unlock();
+        std::optional<Error> err;
+        try {
+            fn();
+        } catch (const Error & e) {
+            err = e;
+        } catch (const std::exception & e) {
+            err = Error(Errc::internal, e.what());
+        }
+        lk.lock();
+        busy = false;
+        if (abort_reason) { err = *std::exchange(abort_reason, std::nullopt); }
+        return err;
+    }
+
     void close_transport() {
         if (rx) { rx->interrupt(); }
         rx.reset();
@@ -176,19 +197,11 @@ Endpoint StreamManager::init(const InitRequest & req) {
     m.last_error.reset();
     const double timeout_s = req.timeout_s.value_or(m.cfg.timeout_s);
     if (req.backend == "nccl") {  // the rendezvous is the group's init: the trainer joins it now
-        m.busy = true;
-        lk.unlock();
         std::unique_ptr<Receiver> rx;
-        std::optional<Error> err;
-        try {
+        const auto err = m.outside_lock(lk, [&] {
             rx = make_nccl_receiver({.unique_id_hex = req.nccl_unique_id, .rank = req.rank_offset, .world_size = req.world_size,
                                      .device = m.cfg.cuda_device}, after(timeout_s));
-        } catch (const Error & e) {
-            err = e;
-        }
-        lk.lock();
-        m.busy = false;
-        if (m.abort_reason) { err = *std::exchange(m.abort_reason, std::nullopt); }
+        });
         if (err) {
             m.last_error = err;
             throw *err;
@@ -218,20 +231,10 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
     m.last_error.reset();
     deadline = std::min(deadline, after(m.timeout_s));
     if (!m.rx) {
-        m.busy = true;
         const int listener = m.listener.get();
         const std::string token = m.token;
-        lk.unlock();
         UniqueFd c;
-        std::optional<Error> err;
-        try {
-            c = tcp_accept_trainer(listener, token, deadline);
-        } catch (const Error & e) {
-            err = e;
-        }
-        lk.lock();
-        m.busy = false;
-        if (m.abort_reason) { err = *std::exchange(m.abort_reason, std::nullopt); }
+        const auto err = m.outside_lock(lk, [&] { c = tcp_accept_trainer(listener, token, deadline); });
         if (err) {
             m.drop_locked(*err);
             throw *err;
@@ -282,15 +285,11 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
         m.drop_locked(e);
         throw;
     }
-    m.busy            = true;
     Receiver * rx     = m.rx.get();  // not reset while busy (drop() only interrupts it)
     const fs::path f  = m.update->dir->next_bucket_file();
     deadline          = std::min(deadline, after(m.timeout_s));
-    lk.unlock();
-
-    std::optional<Error> err;
     int64_t bytes = 0;
-    try {
+    const auto err = m.outside_lock(lk, [&] {
         BucketFile out(f, specs);
         if (!rx) { fail(Errc::wrong_state, "no trainer is connected; POST /init_weight_transfer_engine again"); }
         rx->receive(specs, packed, [&out](size_t i) { return out.data(i); }, deadline);
@@ -302,14 +301,7 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
             }
             bytes += s.nbytes;
         }
-    } catch (const Error & e) {
-        err = e;
-    } catch (const std::exception & e) {
-        err = Error(Errc::internal, e.what());
-    }
-    lk.lock();
-    m.busy = false;
-    if (m.abort_reason) { err = *std::exchange(m.abort_reason, std::nullopt); }
+    });
     if (err) {
         m.drop_locked(*err);
         throw *err;
