@@ -10,6 +10,7 @@ pkgs=(
   libpcre2-dev libutf8proc-dev libgloo-dev libyaml-cpp-dev
   nginx-light  # tests/e2e/test_load_balancer.py: scripts/fleet_nginx.conf in front of a fleet on loopback
   haproxy      # tests/e2e/test_haproxy.py: scripts/fleet_haproxy.cfg in front of a fleet on loopback
+  python3-torch  # a real PyTorch trainer/reference: bf16 forwards, trained MTP fixture, the GRPO example (~1 min)
 )
 # Node + npm run the reference tokenizers and template engine (tests/fixtures/fetch_npm_fixtures.sh);
 # a machine that already has both (e.g. from NodeSource) keeps them.
