@@ -15,6 +15,15 @@ tensors that follow on the socket, one frame each (b"FDW1", u32 LE header length
 sent in the daemon's dtype for that name: float arrays of another float dtype are cast (f32 →
 BF16 rounds to nearest even); pass `dtype=` to send the bytes as they are.
 
+Delta updates: `client.weight_stream("step-43", base_version="step-42")` opens an update against
+the version every rank serves (409 otherwise); `send_delta(name, indices, values)` sends only the
+changed elements of a tensor (flat int64/int32 indices into the HF tensor, sorted and unique, and
+their new values), applied by the daemon to a copy of the base's tensor; `send` still sends a
+tensor in full, and tensors not sent keep the base's bytes. The commit is all-or-nothing as for a
+full update and the served weights equal (bitwise) a full update of the same weights. A delta
+frame's header adds {"n_indices", "index_dtype"}; its payload is the indices then the values.
+`changed_elements(old, new)` gives the (indices, values) of a tensor's changed elements.
+
 Every wait is bounded: the socket and each HTTP call time out after `timeout` seconds (a dead or
 stopped daemon raises), and the daemon drops an update that gets nothing for its timeout.
 numpy only; torch tensors are accepted (via .numpy()) but torch is never imported.
@@ -54,9 +63,8 @@ class WeightStream:
     """One update of one daemon. Use through `Client.weight_stream(...)`."""
 
     def __init__(self, client, version, base_version=None, bucket_bytes=64 << 20, timeout=None):
-        if base_version is not None:
-            raise NotImplementedError("delta streams (base_version, send_delta) are not implemented by this daemon yet")
         self.client, self.version = client, (None if version is None else str(version))
+        self.base_version = None if base_version is None else str(base_version)
         self.bucket_bytes = int(bucket_bytes)
         self.timeout = float(timeout or client.timeout)
         self.sock, self.expected, self.result = None, {}, None
@@ -77,7 +85,10 @@ class WeightStream:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.sendall(_frame({"token": info["token"]}))
         try:
-            c.request("POST", "/start_weight_update", body={"version": self.version} if self.version else {}, timeout=self.timeout)
+            body = {"version": self.version} if self.version else {}
+            if self.base_version is not None:
+                body["base_version"] = self.base_version
+            c.request("POST", "/start_weight_update", body=body, timeout=self.timeout)
         except BaseException:
             self._close()
             raise
@@ -101,17 +112,47 @@ class WeightStream:
         """Queue `tensor` under its training (HF) name; a full bucket goes out at once.
         `dtype` ("F32", "F16", "BF16"): send the array's bytes as that dtype (BF16: uint16 bits)."""
         a, tag = _to_numpy(tensor)
-        want = self.expected.get(name, (None,))[0]
-        if dtype is not None:
-            tag = dtype
-        elif want is not None and tag != want and a.dtype.kind == "f":
-            a = np.ascontiguousarray(_f32_to_bf16_bits(a.astype(np.float32)).reshape(a.shape)) if want == "BF16" \
-                else np.ascontiguousarray(a.astype(_CAST[want]))
-            tag = want
+        a, tag = self._cast(name, a, tag, dtype)
         if tag is None:
             raise TypeError(f"{name}: cannot send a {a.dtype} array; pass dtype= (F32, F16 or BF16)")
-        self._pending.append((name, tag, a))
-        self._pending_bytes += a.nbytes
+        self._queue((name, tag, a, None, a.nbytes))
+
+    def _cast(self, name, a, tag, dtype):
+        want = self.expected.get(name, (None,))[0]
+        if dtype is not None:
+            return a, dtype
+        if want is not None and tag != want and a.dtype.kind == "f":
+            if want == "BF16":
+                return np.ascontiguousarray(_f32_to_bf16_bits(a.astype(np.float32)).reshape(a.shape)), "BF16"
+            return np.ascontiguousarray(a.astype(_CAST[want])), want
+        return a, tag
+
+    def send_delta(self, name, indices, values, dtype=None):
+        """Queue a delta of the tensor `name` against the stream's base_version: `indices` [n] flat
+        element indices into the HF tensor (int64 or int32; sorted, unique, in range: the daemon
+        checks and answers 400 naming the tensor), `values` [n] their new values (cast to the
+        rollout's dtype as in `send`). The tensor's shape is the one the daemon holds."""
+        if self.base_version is None:
+            raise ValueError(f"{name}: send_delta needs weight_stream(..., base_version=...)")
+        if name not in self.expected:
+            raise KeyError(f"{name}: not a tensor of the model (the init answer lists them)")
+        idx, _ = _to_numpy(indices)
+        if idx.dtype not in (np.dtype("int64"), np.dtype("int32")):
+            raise TypeError(f"{name}: delta indices must be int64 or int32, got {idx.dtype}")
+        v, tag = _to_numpy(values)
+        v, tag = self._cast(name, v, tag, dtype)
+        if tag is None:
+            raise TypeError(f"{name}: cannot send {v.dtype} values; pass dtype= (F32, F16 or BF16)")
+        idx, v = idx.reshape(-1), v.reshape(-1)
+        if idx.size != v.size:
+            raise ValueError(f"{name}: {idx.size} indices but {v.size} values")
+        delta = {"n_indices": int(idx.size), "index_dtype": "I64" if idx.dtype == np.int64 else "I32"}
+        shape = list(self.expected[name][1])
+        self._queue((name, tag, (idx, v), (delta, shape), idx.nbytes + v.nbytes))
+
+    def _queue(self, item):
+        self._pending.append(item)
+        self._pending_bytes += item[4]
         if self._pending_bytes >= self.bucket_bytes:
             self.flush()
 
@@ -120,8 +161,10 @@ class WeightStream:
         if not self._pending:
             return None
         bucket, self._pending, self._pending_bytes = self._pending, [], 0
-        info = {"names": [n for n, _, _ in bucket], "dtype_names": [t for _, t, _ in bucket],
-                "shapes": [list(a.shape) for _, _, a in bucket]}
+        info = {"names": [b[0] for b in bucket], "dtype_names": [b[1] for b in bucket],
+                "shapes": [b[3][1] if b[3] else list(b[2].shape) for b in bucket]}
+        if any(b[3] for b in bucket):
+            info["deltas"] = [b[3][0] if b[3] else None for b in bucket]
         answer, error = {}, []
 
         def call():
@@ -134,10 +177,15 @@ class WeightStream:
         th.start()
         send_error = None
         try:
-            for name, tag, a in bucket:
-                self.sock.sendall(_frame({"name": name, "dtype": tag, "shape": list(a.shape)}, a.nbytes))
-                self.sock.sendall(memoryview(a.reshape(-1).view(np.uint8)))
-                self.bytes_sent += a.nbytes
+            for name, tag, a, delta, nbytes in bucket:
+                if delta is None:
+                    self.sock.sendall(_frame({"name": name, "dtype": tag, "shape": list(a.shape)}, nbytes))
+                    self.sock.sendall(memoryview(a.reshape(-1).view(np.uint8)))
+                else:
+                    self.sock.sendall(_frame({"name": name, "dtype": tag, "shape": delta[1], **delta[0]}, nbytes))
+                    for part in a:
+                        self.sock.sendall(memoryview(np.ascontiguousarray(part).reshape(-1).view(np.uint8)))
+                self.bytes_sent += nbytes
         except OSError as e:  # the daemon refused the bucket and closed the stream, or died
             send_error = e
         th.join(self.timeout + 10)
@@ -163,3 +211,17 @@ class WeightStream:
                 self.sock.close()
             finally:
                 self.sock = None
+
+
+def changed_elements(old, new):
+    """(indices, values) of the elements where `new` differs from `old` bitwise (same shape and
+    dtype; numpy arrays or CPU torch tensors): indices int64 [n] flat, sorted; values [n] of new.
+    A NaN that stays NaN with the same bits is unchanged; +0.0 → -0.0 is a change."""
+    a, _ = _to_numpy(old)
+    b, _ = _to_numpy(new)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(f"changed_elements: {a.shape} {a.dtype} vs {b.shape} {b.dtype}")
+    bits = np.dtype(f"u{a.dtype.itemsize}")
+    fa, fb = a.reshape(-1).view(bits), b.reshape(-1).view(bits)
+    idx = np.flatnonzero(fa != fb).astype(np.int64)
+    return idx, b.reshape(-1)[idx]

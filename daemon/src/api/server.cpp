@@ -94,7 +94,9 @@ void get_model(ApiContext & ctx, const Request & req, Response & res) {
 
 void get_health(ApiContext & ctx, const Request &, Response & res) {
     res.status = ctx.engine->draining() || ctx.engine->stats().state.degraded ? 503 : 200;
-    res.set_content(dump(ctx.control->status_json()), "application/json");
+    nlohmann::json body = ctx.control->status_json();
+    if (ctx.stream) { body["weight_stream"] = nlohmann::json::parse(ctx.stream->status_json()); }
+    res.set_content(dump(body), "application/json");
 }
 
 }  // namespace fd::api

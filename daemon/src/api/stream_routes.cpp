@@ -48,7 +48,28 @@ json endpoint_json(const stream::Endpoint & ep, const stream::StreamManager & sm
             {"tensors", tensors}};
 }
 
-/// {names, dtype_names|dtypes, shapes} → specs. Errors  invalid_argument naming the field.
+/// update_info.deltas[i]: null (a full tensor) or {"n_indices": k, "index_dtype": "I64"|"I32"}:
+/// the frame then carries k indices then k values (docs/weight_streams.md, "Delta updates").
+void read_delta(const json & deltas, size_t i, stream::TensorSpec & s) {
+    if (!deltas.is_array() || deltas.size() <= i) {
+        throw Error(Errc::invalid_argument, "'deltas' must be a list with one entry (null or {n_indices, index_dtype}) per name", "deltas");
+    }
+    const json & d = deltas[i];
+    if (d.is_null()) { return; }
+    if (!d.is_object() || !d.contains("n_indices") || !d["n_indices"].is_number_integer() || d["n_indices"].get<int64_t>() < 0) {
+        throw Error(Errc::invalid_argument, fmt::format("{}: a delta is {{\"n_indices\": k >= 0, \"index_dtype\": \"I64\"|\"I32\"}}, got {}",
+                                                        s.name, d.dump()), "deltas");
+    }
+    reject_unknown_fields(d, {"n_indices", "index_dtype"}, "deltas");
+    s.n_indices   = d["n_indices"].get<int64_t>();
+    s.index_bytes = stream::parse_index_dtype_name(d.value("index_dtype", "I64"), s.name);
+    if (s.n_indices > s.numel()) {
+        throw Error(Errc::invalid_argument, fmt::format("{}: a delta of {} elements into a tensor of {}", s.name, s.n_indices, s.numel()), "deltas");
+    }
+    s.nbytes = s.n_indices * (s.index_bytes + model::dtype_size(s.dtype));
+}
+
+/// {names, dtype_names|dtypes, shapes[, deltas]} → specs. Errors  invalid_argument naming the field.
 std::vector<stream::TensorSpec> read_specs(const json & b, const char * dtypes_key) {
     for (const char * k : {"names", dtypes_key, "shapes"}) {
         if (!b.contains(k) || !b[k].is_array()) { throw Error(Errc::invalid_argument, fmt::format("'{}' must be a list", k), k); }
@@ -74,15 +95,41 @@ std::vector<stream::TensorSpec> read_specs(const json & b, const char * dtypes_k
             n *= d.get<int64_t>();
         }
         s.nbytes = n * model::dtype_size(s.dtype);
+        if (b.contains("deltas")) { read_delta(b["deltas"], i, s); }
         out.push_back(std::move(s));
     }
     return out;
 }
 
+/// Every rank serves `base` (the engine's one serving label; a degraded engine, asleep or
+/// invalid weights serve nothing). Errors  wrong_state naming what serves.
+void require_serving(ApiContext & ctx, const ControlInput & in, const std::string & base) {
+    const control::ControlOutcome o = peer::run(ctx, in, {.op = "status"});
+    if (!o.ok() || !o.status) { throw o.error ? *o.error : Error(Errc::internal, "the status query failed"); }
+    const auto & st = o.status->stats.state;
+    if (st.weight_version != base || st.degraded || st.weight_asleep || !st.weights_valid) {
+        throw Error(Errc::wrong_state,
+                    fmt::format("base_version '{}' is not what every rank serves (weight_version '{}'{}{}{}); a delta applies only to the "
+                                "exact base; stream the full weights or name the serving version", base, st.weight_version,
+                                st.degraded ? ", degraded" : "", st.weight_asleep ? ", weights asleep" : "",
+                                st.weights_valid ? "" : ", weights invalid"), "base_version");
+    }
+}
+
 /// Load the sealed stream on every rank and commit (or drop it). A serving engine is paused
 /// (mode wait) around the update and resumed after, as for prime-rl's weight_dir update; a
-/// paused one (TRL's pause mode=keep) stays paused.
+/// paused one (TRL's pause mode=keep) stays paused. A delta update is committed only while
+/// every rank still serves its base (checked again here: 409 and the update dropped otherwise).
 json commit_sealed(ApiContext & ctx, const ControlInput & in, const stream::Sealed & s) {
+    if (s.base_version) {
+        try {
+            require_serving(ctx, in, *s.base_version);
+        } catch (const Error & e) {
+            ctx.stream->drop(e);
+            throw Error(e.code(), fmt::format("the delta update was not applied (every rank keeps the serving version): {}", e.what()),
+                        "base_version");
+        }
+    }
     const bool was_paused = peer::paused(peer::run(ctx, in, {.op = "is_paused"}));
     control::ControlOutcome u;
     if (!was_paused) { u = peer::run(ctx, in, {.op = "pause", .mode = "wait"}); }
@@ -98,8 +145,14 @@ json commit_sealed(ApiContext & ctx, const ControlInput & in, const stream::Seal
         ctx.stream->drop(e);
         throw Error(e.code(), fmt::format("the streamed weights were not applied (every rank keeps the serving version): {}", e.what()));
     }
-    ctx.stream->committed();
-    return {{"weight_version", u.result.version}, {"bytes", s.bytes}, {"n_tensors", s.n_tensors}, {"ranks", control::rank_reports_json(u.result)}};
+    ctx.stream->committed(u.result.version);
+    json body{{"weight_version", u.result.version}, {"bytes", s.bytes}, {"n_tensors", s.n_tensors}, {"ranks", control::rank_reports_json(u.result)}};
+    if (s.base_version) {
+        body["base_version"] = *s.base_version;
+        body["n_delta"]      = s.n_delta;
+        body["n_from_base"]  = s.n_from_base;
+    }
+    return body;
 }
 
 // ---- vLLM ----
@@ -125,14 +178,16 @@ void vllm_init(ApiContext & ctx, const ControlInput & in, Response & res) {
 }
 
 void vllm_start(ApiContext & ctx, const ControlInput & in, Response & res) {
-    reject_unknown_fields(in.body, {"is_checkpoint_format", "version", "weight_version"}, "start_weight_update");
+    reject_unknown_fields(in.body, {"is_checkpoint_format", "version", "weight_version", "base_version"}, "start_weight_update");
     if (in.body.is_object() && in.body.contains("is_checkpoint_format") && !in.body.value("is_checkpoint_format", true)) {
         throw Error(Errc::invalid_argument, "only checkpoint-format (Hugging Face training) names are streamed: is_checkpoint_format must be true",
                     "is_checkpoint_format");
     }
     auto v = checked_version(in.body, "version");
     if (!v) { v = checked_version(in.body, "weight_version"); }
-    ctx.stream->start(v, deadline_of(in));
+    const auto base = checked_version(in.body, "base_version");
+    if (base) { require_serving(ctx, in, *base); }
+    ctx.stream->start(v, deadline_of(in), base);
     peer::send_json(res, 200, json{{"message", "Weight update started"}});
 }
 
@@ -155,7 +210,7 @@ void vllm_bucket(ApiContext & ctx, const ControlInput & in, Response & res) {
     reject_unknown_fields(in.body, {"update_info"}, "update_weights");
     const json & ui = in.body["update_info"];
     if (!ui.is_object()) { throw Error(Errc::invalid_argument, "'update_info' must be an object {names, dtype_names, shapes}", "update_info"); }
-    reject_unknown_fields(ui, {"names", "dtype_names", "shapes", "packed", "extras", "is_checkpoint_format"}, "update_info");
+    reject_unknown_fields(ui, {"names", "dtype_names", "shapes", "packed", "extras", "is_checkpoint_format", "deltas"}, "update_info");
     std::vector<stream::TensorSpec> specs;
     try {
         specs = read_specs(ui, "dtype_names");

@@ -86,6 +86,17 @@ bool peer_closed(int fd);
 /// 32 random hex digits from /dev/urandom.
 std::string random_token();
 
+// ---- delta.cpp ----
+
+/// Apply one delta to the base's copy of its tensor, after checking it: `payload` is the
+/// delta's wire bytes — indices [n_indices] (int64 | int32 per s.index_bytes, little-endian, at
+/// any alignment) then values [n_indices] of s.dtype; `dst` [s.numel()] of s.dtype, written at
+/// those indices only, and only when every index and value is valid.
+/// Errors  invalid_argument naming the tensor and position: an index outside [0, numel), or
+///         not greater than the one before (unsorted or duplicated); invalid_checkpoint: a
+///         non-finite value.
+void apply_delta(const TensorSpec & s, const std::byte * payload, std::byte * dst);
+
 // ---- staging_dir.cpp ----
 
 /// One bucket's safetensors file, mapped for writing: the header is written, each tensor's

@@ -60,9 +60,12 @@ struct StreamManager::Impl {
         std::unique_ptr<StagingDir>        dir;
         std::optional<std::string>         version;
         std::map<std::string, std::string> weight_map;     ///< name -> bucket file name
-        int64_t                            bytes = 0;
+        int64_t                            bytes = 0;     ///< received on the wire
         bool                               sealed = false;
         Clock::time_point                  idle_deadline;
+        std::optional<std::string>         base_version;  ///< a delta update's base
+        model::TensorIndex                 base;          ///< its tensors (in serving's dir)
+        int32_t                            n_delta = 0;
     };
 
     StreamConfig cfg;
@@ -83,7 +86,8 @@ struct StreamManager::Impl {
     std::optional<Update>       update;
     bool                        busy = false;         ///< start's accept or a bucket runs outside the lock
     std::optional<Error>        abort_reason;         ///< drop() while busy: the busy call drops with it
-    std::unique_ptr<StagingDir> serving;              ///< the committed stream's dir (the wakeup source)
+    std::unique_ptr<StagingDir> serving;              ///< the committed stream's dir (the wakeup source, the base of deltas)
+    std::string                 serving_version;      ///< the label it was committed as
     std::optional<Error>        last_error;
 
     /// Run `fn` outside the lock with `busy` set (so no other call starts and drop() only
@@ -220,7 +224,7 @@ Endpoint StreamManager::init(const InitRequest & req) {
     return ep;
 }
 
-void StreamManager::start(std::optional<std::string> version, Clock::time_point deadline) {
+void StreamManager::start(std::optional<std::string> version, Clock::time_point deadline, std::optional<std::string> base_version) {
     std::unique_lock lk(impl_->mu);
     auto & m = *impl_;
     if (m.backend.empty()) {
@@ -228,6 +232,16 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
              m.last_error ? fmt::format(" (the last one was closed: {})", m.last_error->what()) : "");
     }
     if (m.update || m.busy) { fail(Errc::wrong_state, "a weight update is already open; send its tensors and POST /finish_weight_update"); }
+    model::TensorIndex base;
+    if (base_version) {
+        if (!m.serving || m.serving_version != *base_version) {
+            throw Error(Errc::wrong_state,
+                        fmt::format("base_version '{}' is not the version of the last weight stream this daemon committed ({}): a delta "
+                                    "applies to streamed bytes the daemon holds; stream the full weights first", *base_version,
+                                    m.serving ? "'" + m.serving_version + "'" : "none since start-up"), "base_version");
+        }
+        base = model::read_tensor_index(m.serving->path());
+    }
     m.last_error.reset();
     deadline = std::min(deadline, after(m.timeout_s));
     if (!m.rx) {
@@ -247,6 +261,8 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
     m.update->dir           = std::move(dir);
     m.update->version       = std::move(version);
     m.update->idle_deadline = after(m.timeout_s);
+    m.update->base_version  = std::move(base_version);
+    m.update->base          = std::move(base);
 }
 
 BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs, bool packed, Clock::time_point deadline) {
@@ -280,6 +296,21 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
             if (m.update->weight_map.count(s.name) || !in_bucket.insert(s.name).second) {
                 throw Error(Errc::invalid_argument, fmt::format("tensor '{}' was sent twice in this update", s.name), "names");
             }
+            if (s.is_delta()) {
+                if (!m.update->base_version) {
+                    throw Error(Errc::invalid_argument, fmt::format("tensor '{}' is a delta but the update has no base_version; start it with "
+                                                                    "{{\"base_version\": ...}} or send the tensor in full", s.name), "deltas");
+                }
+                if (!m.update->base.tensors.count(s.name)) {
+                    throw Error(Errc::invalid_argument, fmt::format("tensor '{}' is a delta but base version '{}' does not hold it; send it "
+                                                                    "in full", s.name, *m.update->base_version), "deltas");
+                }
+                if (s.n_indices > s.numel() || (s.index_bytes != 4 && s.index_bytes != 8) ||
+                    s.nbytes != s.n_indices * (s.index_bytes + model::dtype_size(s.dtype))) {
+                    throw Error(Errc::invalid_argument, fmt::format("tensor '{}': a delta of {} elements ({}-byte indices) into {} elements",
+                                                                    s.name, s.n_indices, s.index_bytes, s.numel()), "deltas");
+                }
+            }
         }
     } catch (const Error & e) {
         m.drop_locked(e);
@@ -288,14 +319,30 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
     Receiver * rx     = m.rx.get();  // not reset while busy (drop() only interrupts it)
     const fs::path f  = m.update->dir->next_bucket_file();
     deadline          = std::min(deadline, after(m.timeout_s));
+    const model::TensorIndex & base = m.update->base;  // not changed while busy
+    // What the bucket file holds: every tensor in full (a delta's is the base's copy + the delta).
+    std::vector<TensorSpec> staged = specs;
+    int32_t n_delta = 0;
+    for (auto & s : staged) {
+        n_delta += s.is_delta() ? 1 : 0;
+        s.nbytes    = s.full_nbytes();
+        s.n_indices = -1;
+    }
     int64_t bytes = 0;
     const auto err = m.outside_lock(lk, [&] {
-        BucketFile out(f, specs);
+        BucketFile out(f, staged);
         if (!rx) { fail(Errc::wrong_state, "no trainer is connected; POST /init_weight_transfer_engine again"); }
-        rx->receive(specs, packed, [&out](size_t i) { return out.data(i); }, deadline);
+        std::vector<std::vector<std::byte>> wire(specs.size());  // a delta's payload lands here, a full tensor's in the file
+        for (size_t i = 0; i < specs.size(); ++i) {
+            if (specs[i].is_delta()) { wire[i].resize(static_cast<size_t>(specs[i].nbytes)); }
+        }
+        rx->receive(specs, packed, [&](size_t i) { return specs[i].is_delta() ? wire[i].data() : out.data(i); }, deadline);
         for (size_t i = 0; i < specs.size(); ++i) {
             const TensorSpec & s = specs[i];
-            if (const int64_t bad = first_nonfinite(s, out.data(i)); bad >= 0) {
+            if (s.is_delta()) {
+                model::read_tensor_raw(base.tensors.at(s.name), out.data(i));
+                apply_delta(s, wire[i].data(), out.data(i));
+            } else if (const int64_t bad = first_nonfinite(s, out.data(i)); bad >= 0) {
                 fail(Errc::invalid_checkpoint, "tensor '{}' holds a non-finite value (NaN or Inf) at element {}; nothing was applied",
                      s.name, bad);
             }
@@ -308,6 +355,7 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
     }
     for (const auto & s : specs) { m.update->weight_map[s.name] = f.filename().string(); }
     m.update->bytes += bytes;
+    m.update->n_delta += n_delta;
     m.update->idle_deadline = after(m.timeout_s);
     return BucketReport{.n_tensors  = static_cast<int32_t>(specs.size()),
                         .bytes      = bytes,
@@ -317,7 +365,7 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
 }
 
 Sealed StreamManager::seal(std::optional<std::string> version) {
-    std::lock_guard lk(impl_->mu);
+    std::unique_lock lk(impl_->mu);
     auto & m = *impl_;
     if (!m.update) {
         if (m.last_error) {
@@ -327,6 +375,27 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
     }
     if (m.busy) { fail(Errc::wrong_state, "a bucket is still being received; finish after its /update_weights answered"); }
     if (m.update->sealed) { fail(Errc::wrong_state, "the update is already finishing"); }
+    int32_t n_from_base = 0;
+    if (m.update->base_version) {  // a delta update: every tensor not sent keeps the base's bytes
+        std::vector<TensorSpec> rest;
+        for (const auto & [name, t] : m.update->base.tensors) {
+            if (!m.update->weight_map.count(name)) { rest.push_back(TensorSpec{name, t.dtype, t.shape, t.size_bytes}); }
+        }
+        if (!rest.empty()) {
+            const fs::path f = m.update->dir->next_bucket_file();
+            const model::TensorIndex & base = m.update->base;
+            const auto err = m.outside_lock(lk, [&] {
+                BucketFile out(f, rest);
+                for (size_t i = 0; i < rest.size(); ++i) { model::read_tensor_raw(base.tensors.at(rest[i].name), out.data(i)); }
+            });
+            if (err) {
+                m.drop_locked(*err);
+                throw *err;
+            }
+            for (const auto & s : rest) { m.update->weight_map[s.name] = f.filename().string(); }
+            n_from_base = static_cast<int32_t>(rest.size());
+        }
+    }
     std::vector<std::string> missing;
     for (const auto & [name, t] : m.expected) {
         if (!m.update->weight_map.count(name) && !optional_tensor(name)) { missing.push_back(name); }
@@ -340,20 +409,29 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
         m.drop_locked(e);
         throw e;
     }
-    m.update->dir->write_index(m.update->weight_map, m.update->bytes);
+    int64_t staged_bytes = 0;
+    for (const auto & [name, file] : m.update->weight_map) { staged_bytes += m.expected.count(name) ? m.expected.at(name).nbytes : 0; }
+    m.update->dir->write_index(m.update->weight_map, staged_bytes);
     m.update->sealed = true;
     if (version) { m.update->version = version; }
     return Sealed{.dir = m.update->dir->path(), .version = m.update->version, .bytes = m.update->bytes,
-                  .n_tensors = static_cast<int32_t>(m.update->weight_map.size())};
+                  .n_tensors = static_cast<int32_t>(m.update->weight_map.size()), .base_version = m.update->base_version,
+                  .n_delta = m.update->n_delta, .n_from_base = n_from_base};
 }
 
-void StreamManager::committed() {
+std::optional<std::string> StreamManager::open_base_version() const {
+    std::lock_guard lk(impl_->mu);
+    return impl_->update ? impl_->update->base_version : std::nullopt;
+}
+
+void StreamManager::committed(const std::string & version) {
     std::lock_guard lk(impl_->mu);
     auto & m = *impl_;
     if (!m.update) { return; }
     m.update->dir->keep();
     auto old  = std::move(m.serving);  // the previous stream's dir: nothing reads it any more
     m.serving = std::move(m.update->dir);
+    m.serving_version = version;
     m.update.reset();
     if (old) {
         std::error_code ec;
@@ -382,13 +460,27 @@ std::optional<Error> StreamManager::last_error() const {
 std::string StreamManager::status_json() const {
     std::lock_guard lk(impl_->mu);
     const auto & m = *impl_;
-    nlohmann::json j{{"transport", m.backend.empty() ? nlohmann::json(nullptr) : nlohmann::json(m.backend)},
-                     {"connected", m.rx != nullptr},
-                     {"update_open", m.update.has_value()},
-                     {"n_received", m.update ? m.update->weight_map.size() : 0},
-                     {"n_expected", m.expected.size()},
-                     {"bytes_received", m.update ? m.update->bytes : 0},
-                     {"last_error", m.last_error ? nlohmann::json(m.last_error->what()) : nlohmann::json(nullptr)}};
+    using nlohmann::json;
+    const auto opt = [](const std::optional<std::string> & v) { return v ? json(*v) : json(nullptr); };
+    const char * state = !m.update ? "idle" : m.update->sealed ? "finishing" : m.busy ? "receiving" : "open";
+    json deadline_in_s = nullptr;
+    if (m.update && !m.update->sealed) {
+        deadline_in_s = std::max(0.0, std::chrono::duration<double>(m.update->idle_deadline - Clock::now()).count());
+    }
+    json j{{"state", state},
+           {"transport", m.backend.empty() ? json(nullptr) : json(m.backend)},
+           {"connected", m.rx != nullptr},
+           {"update_open", m.update.has_value()},
+           {"version", m.update ? opt(m.update->version) : json(nullptr)},
+           {"base_version", m.update ? opt(m.update->base_version) : json(nullptr)},
+           {"n_received", m.update ? m.update->weight_map.size() : 0},
+           {"n_expected", m.expected.size()},
+           {"n_delta", m.update ? m.update->n_delta : 0},
+           {"bytes_received", m.update ? m.update->bytes : 0},
+           {"deadline_in_s", deadline_in_s},
+           {"timeout_s", m.backend.empty() ? json(nullptr) : json(m.timeout_s)},
+           {"serving_stream_version", m.serving ? json(m.serving_version) : json(nullptr)},
+           {"last_error", m.last_error ? json(m.last_error->what()) : json(nullptr)}};
     return j.dump();
 }
 

@@ -166,7 +166,8 @@ public:
                 const auto h = read_frame_header(fd, deadline, what);
                 const bool same = h.value("name", "") == s.name && h.contains("dtype") && h["dtype"].is_string() &&
                                   parse_dtype_name(h["dtype"].get<std::string>(), what) == s.dtype && h.contains("shape") &&
-                                  h["shape"] == nlohmann::json(s.shape) && h.value("nbytes", int64_t(-1)) == s.nbytes;
+                                  h["shape"] == nlohmann::json(s.shape) && h.value("nbytes", int64_t(-1)) == s.nbytes &&
+                                  h.value("n_indices", int64_t(-1)) == s.n_indices;
                 if (!same) {
                     fail(Errc::invalid_argument, "the frame {} arrived where {} {} {} ({} bytes) was announced; frames must follow the "
                                                  "announced names, dtypes and shapes in order", h.dump(), what,

@@ -64,12 +64,26 @@ struct StreamConfig {
 };
 
 /// One tensor as announced (and as it must arrive).
+/// A full tensor's payload is its numel values; a delta's (n_indices >= 0) is `n_indices` flat
+/// element indices into the HF tensor (index_bytes each: int64 or int32, little-endian, sorted,
+/// unique, in [0, numel)) followed by `n_indices` values of `dtype`; it is applied to a copy of
+/// the base version's tensor.
 struct TensorSpec {
     std::string          name;              ///< training (HF) name
     model::DType         dtype = model::DType::f32;
-    std::vector<int64_t> shape;             ///< outermost first
-    int64_t              nbytes = 0;        ///< numel × dtype size
+    std::vector<int64_t> shape;             ///< the HF tensor's, outermost first (a delta's too)
+    int64_t              nbytes = 0;        ///< payload bytes on the wire: numel × dtype size, or a delta's n_indices × (index_bytes + dtype size)
+    int64_t              n_indices = -1;    ///< -1 = a full tensor; >= 0 = a delta of that many elements
+    int32_t              index_bytes = 0;   ///< a delta's index width: 8 (int64) | 4 (int32)
+
+    bool    is_delta() const { return n_indices >= 0; }
+    int64_t numel() const;                  ///< product of shape
+    int64_t full_nbytes() const;            ///< numel × dtype size (what the staged tensor holds)
 };
+
+/// Parse an index dtype name: I64 | int64 | I32 | int32 (torch's with "torch."). Returns 8 or 4.
+/// Errors  fd::Error{invalid_argument} naming `what`.
+int32_t parse_index_dtype_name(const std::string & s, const std::string & what);
 
 /// Parse a dtype name as trainers send it: safetensors' F32 | F16 | BF16, or torch's float32 |
 /// float16 | bfloat16 (also "torch.float32", "float", "half").
@@ -109,6 +123,9 @@ struct Sealed {
     std::optional<std::string> version;       ///< as given to start (or finish)
     int64_t                    bytes = 0;
     int32_t                    n_tensors = 0;
+    std::optional<std::string> base_version;  ///< a delta update's base
+    int32_t                    n_delta = 0;   ///< tensors that came as deltas
+    int32_t                    n_from_base = 0;  ///< tensors not sent, copied from the base
 };
 
 class StreamManager {
@@ -126,30 +143,45 @@ public:
 
     /// Open an update labelled `version` (nullopt: the label is decided at the commit). Accepts
     /// the trainer's connection if it has not been accepted yet, until `deadline`.
-    /// Errors  wrong_state (no transport; an update already open), timeout (no trainer
-    ///         connected with the right token by the deadline: the transport is closed).
-    void start(std::optional<std::string> version, Clock::time_point deadline);
+    /// `base_version` set: a delta update against that version. Its tensors may come as deltas
+    /// (applied to a copy of the base's tensor) or in full; tensors not sent keep the base's
+    /// bytes. The base bytes are those of the stream this manager committed last (base_dir()):
+    /// the caller checks that every rank serves `base_version` (here and again before commit).
+    /// Errors  wrong_state (no transport; an update already open; `base_version` is not the
+    ///         version of the last committed stream — nothing is opened, the transport stays),
+    ///         timeout (no trainer connected with the right token by the deadline: the
+    ///         transport is closed).
+    void start(std::optional<std::string> version, Clock::time_point deadline,
+               std::optional<std::string> base_version = std::nullopt);
 
     /// Receive one bucket: `specs` in order, each as one frame (packed=false) or all as one
-    /// frame (packed=true). Returns when all arrived and were written.
+    /// frame (packed=true). Returns when all arrived and were written (a delta: applied to a
+    /// copy of the base's tensor in the staging dir).
     /// Errors  (the update is dropped and the transport closed on every one)
     ///         wrong_state: no update open, or one being received or sealed;
     ///         invalid_argument: an unknown name, a dtype or shape unlike the model's, a name
-    ///           twice (in the bucket or the stream), a frame unlike its announcement;
+    ///           twice (in the bucket or the stream), a frame unlike its announcement, a delta
+    ///           in an update without base_version, a delta's indices unsorted, duplicated or
+    ///           out of range (tensor and position named);
     ///         invalid_checkpoint: a non-finite value (tensor and element named);
     ///         timeout: the bytes did not arrive by `deadline`; source_unavailable: the trainer
     ///           closed the connection.
     BucketReport receive_bucket(const std::vector<TensorSpec> & specs, bool packed, Clock::time_point deadline);
 
     /// Check that every tensor of the model arrived and seal the staging dir. `version` (if
-    /// given) overrides start's. The update then waits for committed() or drop().
+    /// given) overrides start's. A delta update first copies the base's bytes of every tensor
+    /// not sent. The update then waits for committed() or drop().
     /// Errors  wrong_state (no update open: says why the last one was dropped, if it was);
     ///         invalid_argument naming the missing tensors (the update is dropped).
     Sealed seal(std::optional<std::string> version);
 
-    /// The sealed update went live: its dir becomes the serving weights' source; the previous
-    /// stream's dir is removed. The update is closed; the transport stays for the next one.
-    void committed();
+    /// The sealed update went live as `version` (the label the engine gave it): its dir becomes
+    /// the serving weights' source and the base of later deltas; the previous stream's dir is
+    /// removed. The update is closed; the transport stays for the next one.
+    void committed(const std::string & version);
+
+    /// The base_version of the open update (nullopt: none open, or a full update).
+    std::optional<std::string> open_base_version() const;
 
     /// Drop the open update (if any) for `why`: its staging dir is removed, the transport
     /// closed (a bucket being received stops at once). No-op without an update.
@@ -158,8 +190,10 @@ public:
     /// The reason the last update was dropped ("" = none since the last init/start).
     std::optional<Error> last_error() const;
 
-    /// For /health and the routes: {transport, connected, update_open, n_received, n_expected,
-    /// bytes_received, version, last_error}.
+    /// For /health and the routes: {state: "idle" | "open" | "receiving" | "finishing",
+    /// transport, connected, update_open, version, base_version, n_received, n_expected,
+    /// n_delta, bytes_received, deadline_in_s (the watchdog's: seconds until an open update that
+    /// gets nothing more is dropped; null when none), serving_stream_version, last_error}.
     std::string status_json() const;
 
     /// The model's tensors a stream must carry (read from --model at the first init).

@@ -1,0 +1,247 @@
+"""Delta weight streams (Client.weight_stream(version, base_version=...), send_delta) against the
+real daemon at tp=1 and tp=2. References nobody here wrote: a fresh daemon started on a
+checkpoint holding the same weights (written with safetensors_np), and a full stream of them.
+  - a delta update serves exactly what a full update of the same weights serves (ids and
+    logprobs), and stages byte for byte the same tensors;
+  - a wrong base (not the serving version, or the serving version changed under an open delta)
+    is a 409 and the old version keeps serving;
+  - bad indices (unsorted, duplicated, out of range, negative) are a 400 naming the tensor, a
+    non-finite value a 422; nothing staged survives a failed stream.
+"""
+import glob
+import json
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import numpy as np  # noqa: E402
+
+from fdtest import STORIES, Daemon, copy_checkpoint, fresh_daemon, greedy, rewrite_tensors  # noqa: E402
+from fdrollout import Client, FdRolloutError, changed_elements  # noqa: E402
+from fdrollout import safetensors_np  # noqa: E402
+
+NAME = "model.layers.0.mlp.down_proj.weight"   # [64, 172]: split by columns at tp=2
+QKV = "model.layers.1.self_attn.k_proj.weight"  # fused into qkv by the rollout
+
+
+def stream_dirs(port):
+    return sorted(glob.glob(f"/dev/shm/fdrollout-stream.{port}.*")) + \
+        sorted(glob.glob(os.path.join(tempfile.gettempdir(), f"fdrollout-stream.{port}.*")))
+
+
+def sparse_change(base, fraction, seed):
+    """`base` with `fraction` of the elements of every other tensor set to new values (the rest
+    bit for bit the same); tensors left alone keep every bit."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i, (name, a) in enumerate(sorted(base.items())):
+        b = a.copy()
+        if i % 2 == 0 or name in (NAME, QKV):
+            flat = b.reshape(-1)
+            k = max(1, int(flat.size * fraction))
+            idx = rng.choice(flat.size, size=k, replace=False)
+            flat[idx] = (flat[idx] + rng.normal(0, 0.1 * (float(a.std()) + 1e-3), k)).astype(a.dtype)
+        out[name] = b
+    return out
+
+
+def read_staged(d):
+    """The tensors of the daemon's serving stream dir (its kept staging dir)."""
+    dirs = stream_dirs(d.port)
+    assert len(dirs) == 1, dirs
+    out = {}
+    for f in glob.glob(os.path.join(dirs[0], "*.safetensors")):
+        out.update(safetensors_np.load_file(f))
+    return out
+
+
+class DeltaTp1(unittest.TestCase):
+    TP_ARGS = []
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="fd-pydelta-")
+        cls.base = safetensors_np.load_file(os.path.join(STORIES, "model.safetensors"))
+        cls.new = sparse_change(cls.base, 0.01, seed=3)
+        new_dir = os.path.join(cls.tmp, "new")
+
+        def put(t):
+            t.update({k: v.copy() for k, v in cls.new.items()})
+
+        rewrite_tensors(copy_checkpoint(STORIES, new_dir), put)
+        # The references: fresh daemons at this run's tensor-parallel size on the same weights.
+        with fresh_daemon(new_dir, *cls.TP_ARGS) as ref:
+            cls.ref_new = greedy(ref)[:2]
+        with fresh_daemon(STORIES, *cls.TP_ARGS) as ref:
+            cls.ref_base = greedy(ref)[:2]
+        assert cls.ref_new != cls.ref_base, "the sparse change must show in the greedy probe"
+        cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *cls.TP_ARGS, model=STORIES, extra=False)
+        cls.c = Client(f"127.0.0.1:{cls.d.port}", timeout=20)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+        assert not stream_dirs(cls.d.port), f"the daemon left staging dirs: {stream_dirs(cls.d.port)}"
+
+    def full(self, version, tensors):
+        with self.c.weight_stream(version) as ws:
+            for name in sorted(tensors):
+                ws.send(name, tensors[name])
+        return ws.result
+
+    def delta(self, version, base_version, old, new, int32=(), full=()):
+        with self.c.weight_stream(version, base_version=base_version) as ws:
+            for name in sorted(new):
+                if name in full:
+                    ws.send(name, new[name])
+                    continue
+                idx, vals = changed_elements(old[name], new[name])
+                if idx.size:
+                    ws.send_delta(name, idx.astype(np.int32) if name in int32 else idx, vals)
+        return ws.result
+
+    def assert_serving(self, ref, version):
+        self.assertEqual(greedy(self.d), (*ref, version))
+        h = self.c.health()
+        self.assertEqual(h["state"], "serving")
+        self.assertEqual(h["weight_stream"]["state"], "idle")
+
+    def test_1_delta_equals_a_full_update(self):
+        self.assertEqual(self.full("b0", self.base)["weight_version"], "b0")
+        self.assert_serving(self.ref_base, "b0")
+        n_changed = sum(1 for n in self.new if changed_elements(self.base[n], self.new[n])[0].size)
+        r = self.delta("d1", "b0", self.base, self.new, int32={NAME}, full={QKV})
+        self.assertEqual((r["weight_version"], r["base_version"]), ("d1", "b0"))
+        self.assertEqual(r["n_delta"], n_changed - 1)            # QKV went in full
+        self.assertEqual(r["n_from_base"], len(self.base) - n_changed)
+        sent = sum(self.new[QKV].nbytes if n == QKV else changed_elements(self.base[n], self.new[n])[0].size * (4 + 4 if n == NAME else 8 + 4)
+                   for n in self.new)
+        self.assertEqual(r["bytes"], sent, "the wire carries the deltas only")
+        self.assert_serving(self.ref_new, "d1")
+        staged = read_staged(self.d)
+        self.assertEqual(sorted(staged), sorted(self.new))
+        for n in self.new:
+            self.assertTrue(np.array_equal(staged[n].view(np.uint32), self.new[n].view(np.uint32)), n)
+        # a full update of the same weights serves the same, bit for bit; then a delta back
+        self.full("f1", self.new)
+        self.assert_serving(self.ref_new, "f1")
+        r = self.delta("d2", "f1", self.new, self.base)
+        self.assertEqual(r["weight_version"], "d2")
+        self.assert_serving(self.ref_base, "d2")
+        # sleep / wakeup reloads the delta's staged weights
+        self.c.sleep()
+        self.c.wakeup()
+        self.assert_serving(self.ref_base, "d2")
+        self.assertEqual(len(stream_dirs(self.d.port)), 1)
+
+    def refused(self, status, type_, words, fn):
+        before = self.c.weight_version()
+        with self.assertRaises(FdRolloutError) as e:
+            fn()
+        self.assertEqual((e.exception.status, e.exception.type), (status, type_), e.exception.message)
+        for w in words:
+            self.assertIn(w, e.exception.message)
+        self.assertEqual(self.c.weight_version(), before, "a failed delta changes nothing")
+        self.assertEqual(self.c.health()["state"], "serving")
+        self.assertEqual(len(stream_dirs(self.d.port)), 1, "no staging dir of a failed stream survives")
+        return e.exception
+
+    def test_2_wrong_base_is_409_and_the_old_version_serves(self):
+        self.full("w0", self.base)
+        # a base nobody serves; an older stream's version
+        self.refused(409, "wrong_state", ["'nope'", "w0"], lambda: self.delta("w1", "nope", self.base, self.new))
+        self.full("w1", self.new)
+        self.refused(409, "wrong_state", ["'w0'", "w1"], lambda: self.delta("w2", "w0", self.base, self.new))
+        self.assert_serving(self.ref_new, "w1")
+
+        # the serving version changes while the delta is open: the finish refuses it
+        def changed_under():
+            with self.c.weight_stream("w3", base_version="w1") as ws:
+                idx, vals = changed_elements(self.new[NAME], self.base[NAME])
+                ws.send_delta(NAME, idx, vals)
+                ws.flush()
+                self.c.pause()
+                self.c.update_weights(version="other")  # --model from the load-strategy source
+                self.c.resume()
+
+        with self.assertRaises(FdRolloutError) as e:
+            changed_under()
+        self.assertEqual((e.exception.status, e.exception.type), (409, "wrong_state"), e.exception.message)
+        self.assertIn("'w1'", e.exception.message)
+        self.assert_serving(self.ref_base, "other")
+        # 'other' came from --model, not from a stream: no delta applies to it
+        self.refused(409, "wrong_state", ["'other'", "stream the full weights first"],
+                     lambda: self.delta("w4", "other", self.base, self.new))
+
+    def test_3_bad_indices_are_4xx_naming_the_tensor(self):
+        self.full("i0", self.base)
+        n = self.base[NAME].size
+        vals = np.ones(3, np.float32)
+
+        def one(idx, v=vals, name=NAME):
+            def fn():
+                with self.c.weight_stream("bad", base_version="i0") as ws:
+                    ws.send(QKV, self.new[QKV])  # a full tensor before it in the same bucket
+                    ws.send_delta(name, np.asarray(idx, np.int64), v)
+            return fn
+
+        e = self.refused(400, "invalid_argument", [NAME, "sorted and unique", "index 5 at position 1 follows 9"], one([9, 5, 11]))
+        self.refused(400, "invalid_argument", [NAME, "sorted and unique", "index 5 at position 2 follows 5"], one([1, 5, 5]))
+        self.refused(400, "invalid_argument", [NAME, f"index {n} (at position 2) is outside [0, {n})"], one([0, 1, n]))
+        self.refused(400, "invalid_argument", [NAME, "index -1 (at position 0)"], one([-1, 0, 1]))
+        self.refused(400, "invalid_argument", [NAME, f"a delta of {n + 1} elements"],
+                     one(np.arange(n + 1), np.zeros(n + 1, np.float32)))
+        nan = vals.copy()
+        nan[1] = np.inf
+        self.refused(422, "invalid_checkpoint", [NAME, "delta value 1 (of 3) is non-finite"], one([0, 1, 2], nan))
+        self.assertIn("nothing was applied", e.message)
+        # a delta frame in an update without base_version (the client refuses before sending)
+        with self.assertRaises(ValueError):
+            with self.c.weight_stream("bad") as ws:
+                ws.send_delta(NAME, np.arange(3), vals)
+        st, body = self.d.post("/start_weight_update", {"base_version": "i0!"})
+        self.assertEqual(st, 400, body)
+        self.assert_serving(self.ref_base, "i0")
+        # the next delta works
+        self.assertEqual(self.delta("i1", "i0", self.base, self.new)["weight_version"], "i1")
+        self.assert_serving(self.ref_new, "i1")
+
+    def test_4_health_shows_an_open_stream(self):
+        self.full("h0", self.base)
+
+        class Stop(Exception):
+            pass
+
+        with self.assertRaises(Stop):
+            with self.c.weight_stream("h1", base_version="h0", timeout=20) as ws:
+                idx, vals = changed_elements(self.base[NAME], self.new[NAME])
+                ws.send_delta(NAME, idx, vals)
+                ws.flush()
+                s = self.c.health()["weight_stream"]
+                self.assertEqual((s["state"], s["transport"], s["version"], s["base_version"]), ("open", "tcp", "h1", "h0"))
+                self.assertEqual((s["n_received"], s["n_delta"], s["bytes_received"]), (1, 1, idx.size * 12))
+                self.assertTrue(0 < s["deadline_in_s"] <= 20, s)
+                raise Stop()  # leaving with an exception aborts the update
+        s = self.c.health()["weight_stream"]
+        self.assertEqual((s["state"], s["version"], s["n_received"], s["deadline_in_s"], s["serving_stream_version"]),
+                         ("idle", None, 0, None, "h0"))
+        self.assert_serving(self.ref_base, "h0")
+
+
+class DeltaTp2(DeltaTp1):
+    TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1"]
+
+    # tp=2 repeats the paths that reach the ranks; the input checks run before any rank is involved.
+    test_3_bad_indices_are_4xx_naming_the_tensor = None
+    test_4_health_shows_an_open_stream = None
+
+
+if __name__ == "__main__":
+    unittest.main()
