@@ -1,0 +1,121 @@
+"""Delta weight-stream updates (issue 25): the time of a delta update with 1 % and 5 % of the
+elements changed ÷ the time of a full stream update of the same model, into the same tp=2
+daemon, in one run (targets ≤ 0.1 / ≤ 0.2).
+
+Each rep: a full stream of W0 (the base, timed), a delta of W1 (1 % of every tensor's elements
+changed) against it, a full stream of W0 again (timed), a delta of W2 (5 %) against it. A time is
+from opening the stream to the commit's answer (init, start, buckets, finish = stage + commit on
+every rank); the trainer's diff (which elements changed) is computed before and not timed.
+Reported: each ratio (delta ÷ the median full time of the rep), the delta's split into
+buckets (wire + apply to the base copy) and finish, and the bytes on the wire.
+
+  /usr/bin/python3 tests/bench/delta_stream_bench.py [--reps 3] [--hidden 512 --layers 8] > out.json
+Figures are ratios within one run: the machine may be loaded by other jobs (load is recorded).
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import numpy as np  # noqa: E402
+
+from fdtest import Daemon, make_checkpoint  # noqa: E402
+from fdrollout import Client, changed_elements, safetensors_np  # noqa: E402
+
+
+def changed(base, fraction, seed):
+    """base with `fraction` of each tensor's elements changed; (tensors, {name: (indices, values)})."""
+    rng = np.random.default_rng(seed)
+    out, deltas = {}, {}
+    for name, a in sorted(base.items()):
+        b = a.copy()
+        flat = b.reshape(-1)
+        k = max(1, int(round(flat.size * fraction)))
+        idx = rng.choice(flat.size, size=k, replace=False)
+        flat[idx] = (flat[idx] + np.float32(0.01) + rng.normal(0, 0.01, k)).astype(a.dtype)
+        out[name] = b
+        deltas[name] = changed_elements(a, b)
+    return out, deltas
+
+
+def timed_full(c, tensors, version):
+    t0 = time.perf_counter()
+    with c.weight_stream(version) as ws:
+        for n in sorted(tensors):
+            ws.send(n, tensors[n])
+        ws.flush()
+        t_last = time.perf_counter()
+    t1 = time.perf_counter()
+    assert ws.result["weight_version"] == version
+    return {"seconds": t1 - t0, "buckets_s": t_last - t0, "finish_s": t1 - t_last, "wire_bytes": ws.bytes_sent}
+
+
+def timed_delta(c, deltas, version, base):
+    t0 = time.perf_counter()
+    with c.weight_stream(version, base_version=base) as ws:
+        for n in sorted(deltas):
+            ws.send_delta(n, *deltas[n])
+        ws.flush()
+        t_last = time.perf_counter()
+    t1 = time.perf_counter()
+    assert ws.result["weight_version"] == version and ws.result["base_version"] == base, ws.result
+    return {"seconds": t1 - t0, "buckets_s": t_last - t0, "finish_s": t1 - t_last, "wire_bytes": ws.bytes_sent,
+            "n_delta": ws.result["n_delta"]}
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--hidden", default="512")
+    p.add_argument("--intermediate", default="1376")
+    p.add_argument("--layers", default="8")
+    p.add_argument("--tp", type=int, default=2)
+    a = p.parse_args()
+    tmp = tempfile.mkdtemp(prefix="fd-delta-bench-")
+    try:
+        model = make_checkpoint(os.path.join(tmp, "m"), "--hidden", a.hidden, "--intermediate", a.intermediate, "--layers", a.layers,
+                                "--heads", "8", "--vocab", "512")
+        w0 = safetensors_np.load_file(os.path.join(model, "model.safetensors"))
+        _, d1 = changed(w0, 0.01, seed=1)
+        _, d5 = changed(w0, 0.05, seed=5)
+        out = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
+               "load_avg_at_start": os.getloadavg()[0], "tp": a.tp, "model_bytes": sum(x.nbytes for x in w0.values()), "runs": []}
+        tp_args = ["--tensor-parallel-size", str(a.tp), "--threads", "1"] if a.tp > 1 else []
+        with Daemon("--dynamic-load-weight", *tp_args, model=model, extra=False, timeout=300) as d:
+            c = Client(f"127.0.0.1:{d.port}", timeout=300)
+            timed_full(c, w0, "warm")  # first stream: page-in, allocations
+            for i in range(a.reps):
+                run = {"full_a": timed_full(c, w0, f"a{i}")}
+                run["delta_1pct"] = timed_delta(c, d1, f"d1-{i}", f"a{i}")
+                run["full_b"] = timed_full(c, w0, f"b{i}")
+                run["delta_5pct"] = timed_delta(c, d5, f"d5-{i}", f"b{i}")
+                full_s = (run["full_a"]["seconds"] + run["full_b"]["seconds"]) / 2
+                run["delta_1pct_over_full"] = run["delta_1pct"]["seconds"] / full_s
+                run["delta_5pct_over_full"] = run["delta_5pct"]["seconds"] / full_s
+                out["runs"].append(run)
+                print(json.dumps(run), file=sys.stderr)
+        out["median"] = {k: median([r[k] for r in out["runs"]]) for k in ("delta_1pct_over_full", "delta_5pct_over_full")}
+        for k in ("full_a", "delta_1pct", "delta_5pct"):
+            out["median"][k + "_s"] = median([r[k]["seconds"] for r in out["runs"]])
+            out["median"][k + "_finish_s"] = median([r[k]["finish_s"] for r in out["runs"]])
+            out["median"][k + "_wire_bytes"] = out["runs"][0][k]["wire_bytes"]
+        out["load_avg_at_end"] = os.getloadavg()[0]
+        print(json.dumps(out, indent=1))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
