@@ -297,7 +297,7 @@ def main(argv=None):
             kind, dt, nbytes, share = stream_weights(client, model, sent, f"grpo-{step}", a.update, a.delta_threshold)
             kinds.append(kind)
             worst = max(worst, max(mism))
-            print(f"step {step}: rollout version {sorted(versions)} reward {mean_r:.3f} loss {loss.item():+.4f} | "
+            print(f"step {step}: rollout version {sorted(versions)} reward {mean_r:.3f} loss {loss.item():+.3e} | "
                   f"logprob mismatch max {max(mism):.2e} mean {np.mean(mism):.2e} over {len(mism)} tokens | "
                   f"update {kind} ({share:.1%} of elements changed) {nbytes} B in {dt * 1e3:.1f} ms -> grpo-{step}", flush=True)
             if a.check:

@@ -20,6 +20,12 @@
 //          commits it on every rank with update_weights {weight_dir} (all ranks or none), and
 //          reports committed() or drop().
 //
+// Delta updates: start with a base_version (every rank must serve it; the route checks, here
+// and again before the commit) names the last committed stream as the base; a bucket's tensor
+// may then be (indices, values) — applied to a copy of the base's tensor in the new staging dir —
+// and seal() copies every tensor not sent from the base, so the dir is always a complete
+// checkpoint, byte for byte the one a full stream of the same weights gives (delta.cpp).
+//
 // All-or-nothing: any failure (bad input, a dead or silent trainer, a failed commit) drops the
 // open update: its staging dir is removed, the transport closed, and the serving weights are
 // untouched. The error stays readable (last_error) so a later finish names what went wrong.
