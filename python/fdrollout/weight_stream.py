@@ -62,7 +62,10 @@ def _to_numpy(t):
 class WeightStream:
     """One update of one daemon. Use through `Client.weight_stream(...)`."""
 
-    def __init__(self, client, version, base_version=None, bucket_bytes=64 << 20, timeout=None):
+    def __init__(self, client, version, base_version=None, bucket_bytes=64 << 20, timeout=None, backend="tcp", device=0):
+        if backend not in ("tcp", "nccl"):
+            raise ValueError(f"backend must be 'tcp' or 'nccl', not {backend!r}")
+        self.backend, self.device, self._nccl = backend, device, None
         self.client, self.version = client, (None if version is None else str(version))
         self.base_version = None if base_version is None else str(base_version)
         self.bucket_bytes = int(bucket_bytes)
@@ -73,17 +76,45 @@ class WeightStream:
 
     # -- context manager -----------------------------------------------------------------------
 
+    def _init_nccl(self):
+        """NCCL: the init request and this side's join of the group run together (each waits for
+        the other); both bounded by the timeout."""
+        from .nccl_sender import NcclSender
+        self._nccl = NcclSender(self.device, self.timeout)
+        answer, error = {}, []
+
+        def call():
+            try:
+                answer["r"] = self.client.request("POST", "/init_weight_transfer_engine", body={"init_info": self._nccl.init_info()},
+                                                  timeout=self.timeout)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                error.append(e)
+
+        th = threading.Thread(target=call, daemon=True)
+        th.start()
+        try:
+            self._nccl.join()
+        finally:
+            th.join(self.timeout + 10)
+        if error:
+            raise error[0]
+        return answer["r"]
+
     def __enter__(self):
         c = self.client
-        info = c.request("POST", "/init_weight_transfer_engine", body={"init_info": {"backend": "tcp", "timeout_s": self.timeout}},
-                         timeout=self.timeout)
+        if self.backend == "nccl":
+            info = self._init_nccl()
+        else:
+            info = c.request("POST", "/init_weight_transfer_engine", body={"init_info": {"backend": "tcp", "timeout_s": self.timeout}},
+                             timeout=self.timeout)
         self.expected = {t["name"]: (t["dtype"], tuple(t["shape"])) for t in info.get("tensors", [])}
-        host = info.get("host") or c.host
-        if host in ("0.0.0.0", "::", ""):
-            host = c.host
-        self.sock = socket.create_connection((host, int(info["port"])), timeout=self.timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.sendall(_frame({"token": info["token"]}))
+        if self.backend == "tcp":
+            host = info.get("host") or c.host
+            if host in ("0.0.0.0", "::", ""):
+                host = c.host
+            self.sock = socket.create_connection((host, int(info["port"])), timeout=self.timeout)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock.sendall(_frame({"token": info["token"]}))
         try:
             body = {"version": self.version} if self.version else {}
             if self.base_version is not None:
@@ -178,7 +209,9 @@ class WeightStream:
         send_error = None
         try:
             for name, tag, a, delta, nbytes in bucket:
-                if delta is None:
+                if self._nccl is not None:  # one broadcast per tensor: its payload, no frame
+                    self._nccl.send(list(a) if delta is not None else [a])
+                elif delta is None:
                     self.sock.sendall(_frame({"name": name, "dtype": tag, "shape": list(a.shape)}, nbytes))
                     self.sock.sendall(memoryview(a.reshape(-1).view(np.uint8)))
                 else:
@@ -186,7 +219,7 @@ class WeightStream:
                     for part in a:
                         self.sock.sendall(memoryview(np.ascontiguousarray(part).reshape(-1).view(np.uint8)))
                 self.bytes_sent += nbytes
-        except OSError as e:  # the daemon refused the bucket and closed the stream, or died
+        except (OSError, TimeoutError, RuntimeError) as e:  # the daemon refused the bucket and closed the stream, or died
             send_error = e
         th.join(self.timeout + 10)
         if error:
@@ -206,6 +239,7 @@ class WeightStream:
             pass
 
     def _close(self):
+        self._nccl = None  # the communicator lives until the next init on the daemon's side
         if self.sock is not None:
             try:
                 self.sock.close()
