@@ -21,7 +21,10 @@ import unittest
 import numpy as np
 
 import np_llama
-from fdtest import STORIES, Daemon, make_checkpoint
+import json
+import subprocess
+
+from fdtest import FDCTL, STORIES, Daemon, make_checkpoint
 
 N_NEW = 12
 LOGPROB_TOL = 1e-4  # the f32 mode's tolerance against numpy (test_architectures.py); measured below it
@@ -205,6 +208,21 @@ class KvCacheDtype(unittest.TestCase):
             after = d.complete(**body)["choices"]
             self.assertEqual(d.get("/health")[1]["kv_cache"]["dtype"], "bfloat16")
         self.assertEqual([(c["token_ids"], c["logprobs"]) for c in after], [(c["token_ids"], c["logprobs"]) for c in before])
+
+    def test_fdctl_model_info_states_kv_bytes_per_token(self):
+        def info(*args):
+            p = subprocess.run([FDCTL, "model-info", "--model", STORIES, "--json", *args], capture_output=True, text=True, timeout=60)
+            return p.returncode, p.stdout + p.stderr
+
+        for args, dtype, per_token in (((), "float32", 1280), (("--kv-cache-dtype", "bfloat16"), "bfloat16", 640),
+                                       (("--kv-cache-dtype", "bfloat16", "--tp", "2"), "bfloat16", 320)):
+            rc, out = info(*args)
+            self.assertEqual(rc, 0, out)
+            kv = json.loads(out)["kv_cache"]
+            self.assertEqual((kv["dtype"], kv["bytes_per_token"]), (dtype, per_token))
+        rc, out = info("--kv-cache-dtype", "fp8")
+        self.assertNotEqual(rc, 0)
+        self.assertIn("bfloat16", out)
 
     def test_unknown_dtype_is_a_startup_error_naming_the_choices(self):
         for bad in ("fp8", "bf16", "float16", ""):

@@ -124,12 +124,15 @@ TEST_CASE("kv_store into a bf16 pool writes each value rounded to nearest even a
         CAPTURE(block);
         TwinPools p(rng, block, 2, 24, {37, 5});
         int bad = 0, written = 0;
-        for (size_t i = 0; i < p.k32.size(); ++i) {
-            const bool set = !std::isnan(p.k32[i]);
-            written += set;
-            bad += set ? !(widen(p.k16[i]) == p.k32[i] && widen(p.v16[i]) == p.v32[i]) : !(p.k16[i] == 0x7FC0 && p.v16[i] == 0x7FC0);
+        // K and V have different layouts (K transposed per block): each against its f32 twin.
+        for (const auto & [p16, p32] : {std::pair{&p.k16, &p.k32}, std::pair{&p.v16, &p.v32}}) {
+            for (size_t i = 0; i < p32->size(); ++i) {
+                const bool set = !std::isnan((*p32)[i]);
+                written += set;
+                bad += set ? !(widen((*p16)[i]) == (*p32)[i]) : (*p16)[i] != 0x7FC0;
+            }
         }
-        CHECK(written == (37 + 5) * 2 * 24);
+        CHECK(written == 2 * (37 + 5) * 2 * 24);
         CHECK(bad == 0);
     }
 }
