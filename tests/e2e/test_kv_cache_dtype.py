@@ -23,6 +23,7 @@ import numpy as np
 import np_llama
 import json
 import subprocess
+import sys
 
 from fdtest import FDCTL, STORIES, Daemon, make_checkpoint
 
@@ -119,6 +120,11 @@ class KvCacheDtype(unittest.TestCase):
                     f32, f32_lp = greedy_lp(d, self.prompt)
                 self.assertEqual(got, want)
                 gap = max(abs(g - w) for g, w in zip(got_lp, want_lp))
+                n_same = next((i for i, (a, b) in enumerate(zip(got, f32)) if a != b), N_NEW)
+                mode_gap = max(abs(g - w) for g, w in zip(got_lp[:n_same], f32_lp[:n_same])) if n_same else float("nan")
+                print(f"\n{preset}: bf16 KV vs numpy(rounded K/V) max |dlogprob| {gap:.2e}; vs the float32 KV daemon: "
+                      f"{n_same}/{N_NEW} greedy tokens equal before the first difference, max |dlogprob| over them {mode_gap:.2e}",
+                      file=sys.stderr)
                 self.assertLessEqual(gap, LOGPROB_TOL, (got_lp, want_lp))
                 # The mode is really on: its logprobs are not the f32 mode's, and the rounding is
                 # what separates them (the f32 daemon follows the unrounded numpy forward).
