@@ -178,7 +178,13 @@ class KvCacheDtype(unittest.TestCase):
         self.check_swap(["--distributed-executor-backend", "uni"])
 
     def test_swap_round_trips_equal_no_preemption_mp_tp2(self):
-        self.check_swap(["--tensor-parallel-size", "2", "--threads", "1"])
+        args = ["--tensor-parallel-size", "2", "--threads", "1"]
+        want = self.check_swap(args)
+        # The rank processes store bf16 (the dtype reached them): not the float32 mode's logprobs.
+        body = {"prompt": "Once upon a time", "n": 2, "max_tokens": 60, "temperature": 0, "logprobs": 2, "ignore_eos": True}
+        with Daemon(*args, "--max-model-len", "80", extra=False) as f32:
+            c = f32.complete(**body)["choices"][0]
+        self.assertNotEqual(c["logprobs"]["token_logprobs"], want[0][0][1]["token_logprobs"])
 
     def test_host_tier_round_trip_equals_from_scratch(self):
         import random
