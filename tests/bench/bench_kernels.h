@@ -5,6 +5,7 @@
 #pragma once
 
 #include "fd/checkpoint/model_config.h"
+#include "fd/kernels/ops.h"
 
 #include <nlohmann/json.hpp>
 
