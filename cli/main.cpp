@@ -233,6 +233,9 @@ int main(int argc, char ** argv) {
     auto * model_info = app.add_subcommand("model-info", "Print the rollout's state dict per rank and its training-name mapping");
     model_info->add_option("--model", info.model_dir, "Hugging Face checkpoint dir")->required();
     model_info->add_option("--tp", info.tp, "Tensor parallel size")->capture_default_str();
+    model_info->add_option("--kv-cache-dtype", info.kv_cache_dtype,
+                           "The daemon's --kv-cache-dtype the kv_cache figures are for: auto (= float32), float32, bfloat16")
+        ->check(CLI::IsMember({"auto", "float32", "bfloat16"}))->capture_default_str();
     model_info->callback([&] { cmd.op = "model_info"; });
 
     app.set_version_flag("--version", fmt::format("fdctl {} (git {})", fd::kVersion, fd::kGitCommit));

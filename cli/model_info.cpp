@@ -6,6 +6,8 @@
 //    "ranks": [{"rank": r, "state_dict": [{"name", "shape", "dtype"}],
 //               "training_slices": [{"name", "slices": [{"hf_name", "dim", "begin", "end", "dst_row0"}]}]}],
 //    "name_mappings_to_training": {inference name: [HF names, stacking order]}}
+//    "kv_cache": {"dtype": "float32" | "bfloat16", "bytes_per_token": per rank, "bytes_per_token_all_ranks"}
+// (--kv-cache-dtype, the daemon's flag: 2 (K, V) x layers x kv_dim / tp x 4 or 2 bytes).
 // The human form prints one table per rank and the mapping.
 #include "offline.h"
 
@@ -34,8 +36,13 @@ std::string slice_str(const fd::publish::TrainingSlice & s) {
 int run_model_info(const ModelInfoOptions & o) {
     const fd::publish::RolloutModel m(o.model_dir, o.tp);
     const auto mapping = m.name_mappings_to_training();
+    const bool    bf16_kv  = o.kv_cache_dtype == "bfloat16";
+    const int64_t kv_token = 2LL * m.config().n_layers * m.config().kv_dim() * (bf16_kv ? 2 : 4);  // all ranks
+    const json    kv_cache = {{"dtype", bf16_kv ? "bfloat16" : "float32"}, {"bytes_per_token", kv_token / o.tp},
+                              {"bytes_per_token_all_ranks", kv_token}};
     if (o.json) {
-        json j = {{"model", o.model_dir}, {"architecture", m.config().architecture}, {"tp", o.tp}, {"ranks", json::array()}};
+        json j = {{"model", o.model_dir}, {"architecture", m.config().architecture}, {"tp", o.tp}, {"kv_cache", kv_cache},
+                  {"ranks", json::array()}};
         for (int r = 0; r < o.tp; ++r) {
             json sd = json::array(), sl = json::array();
             for (const auto & src : m.training_slices(r)) {
@@ -53,6 +60,8 @@ int run_model_info(const ModelInfoOptions & o) {
         return 0;
     }
     std::cout << fmt::format("model {} ({}), tensor parallel size {}\n", o.model_dir, m.config().architecture, o.tp);
+    std::cout << fmt::format("KV cache: {}, {} bytes per token per rank ({} all ranks)\n", kv_cache["dtype"].get<std::string>(),
+                             kv_token / o.tp, kv_token);
     for (int r = 0; r < o.tp; ++r) {
         const auto srcs = m.training_slices(r);
         int64_t bytes = 0;

@@ -31,6 +31,7 @@ struct ModelInfoOptions {
     std::string model_dir;
     int         tp   = 1;
     bool        json = false;
+    std::string kv_cache_dtype = "auto";  ///< the daemon's --kv-cache-dtype: auto | float32 | bfloat16 (sizes kv_cache)
 };
 
 /// `fdctl model-info`: the inference state dict per rank and the names it maps to in training.

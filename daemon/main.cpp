@@ -132,6 +132,11 @@ void add_flags(CLI::App & app, fd::Config & c) {
                    "back instead of being recomputed (recompute when the pool is full); pre-faulted. "
                    "FD_ENABLE_SWAP_SPACE_CLEARING=1: sleep(kv_cache) frees it too")
         ->envname("FD_SWAP_SPACE")->capture_default_str();
+    app.add_option("--kv-cache-dtype", c.kv.kv_cache_dtype,
+                   "KV cache element type (vLLM's flag): auto = float32 (today's numerics), float32, or bfloat16 (K/V rounded to "
+                   "nearest even when stored, widened to f32 in attention: half the bytes per token, twice the blocks in the same "
+                   "--kv-cache-bytes / --gpu-memory-utilization budget)")
+        ->envname("FD_KV_CACHE_DTYPE")->capture_default_str();
     app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", c.kv.enable_prefix_caching,
                  on_off(c.kv.enable_prefix_caching) + "Reuse KV blocks of identical prompt prefixes (vLLM v1 defaults to on)")
         ->envname("FD_ENABLE_PREFIX_CACHING");
@@ -303,7 +308,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
         .graph_max_batch = graphs ? cfg.engine.scheduler.max_num_seqs : 0,
         .test_device_paths = staged_fill_env && std::string(staged_fill_env) == "1",  // test-only hook (README)
         .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,
-        .n_blocks = r.n_kv_blocks, .n_swap_blocks = r.n_swap_blocks, .max_model_len = cfg.engine.max_model_len,
+        .n_blocks = r.n_kv_blocks, .n_swap_blocks = r.n_swap_blocks, .kv_dtype = r.kv_dtype, .max_model_len = cfg.engine.max_model_len,
         .keep_update_staging = cfg.weights.update_staging == "persistent",
         .check_finite_weights = cfg.weights.check_finite_weights, .io_timeout_s = cfg.control.control_timeout_s};
     const fd::weights::SourceConfig scfg{.strategy = fd::weights::parse_load_strategy(cfg.weights.load_strategy),
@@ -328,6 +333,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
     }
     lg->info("executor: {} ({} rank(s), {} thread(s) per rank)", executor->backend(), executor->world_size(), cfg.model.n_threads);
     cfg.engine.model_dir           = cfg.model.model_dir;
+    cfg.engine.kv_cache_dtype      = r.kv_dtype;
     cfg.engine.base_weight_version = cfg.engine.weight_version;  // config.cpp: --model's own label
     load_labelled_startup(cfg, scfg, *executor);
     fd::engine::Engine engine(cfg.engine, std::move(executor), tok,

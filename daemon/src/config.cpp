@@ -48,6 +48,14 @@ bool is_loopback_host(const std::string & host) {
     return false;  // a hostname or any other address: assume reachable
 }
 
+std::optional<kernels::WType> parse_kv_cache_dtype(const std::string & s) {
+    if (s == "auto" || s == "float32") { return kernels::WType::f32; }
+    if (s == "bfloat16") { return kernels::WType::bf16; }
+    return std::nullopt;
+}
+
+std::string kv_cache_dtype_name(kernels::WType t) { return t == kernels::WType::bf16 ? "bfloat16" : "float32"; }
+
 namespace {
 
 /// config.json's num_nextn_predict_layers (MiMo's, DeepSeek's MTP layers); 0 when absent or unreadable.
@@ -134,7 +142,7 @@ void resolve_swap_space(const Config & cfg, Resolved & r, std::vector<std::strin
     }
     if (gib == 0.0) { return; }
     const int32_t tp          = std::max(1, cfg.model.tensor_parallel_size);
-    const int64_t block_bytes = model::Worker::kv_block_bytes(r.model, cfg.kv.block_size_tokens, tp);
+    const int64_t block_bytes = model::Worker::kv_block_bytes(r.model, cfg.kv.block_size_tokens, tp, r.kv_dtype);
     const auto    bytes       = static_cast<int64_t>(gib * static_cast<double>(int64_t{1} << 30));
     r.n_swap_blocks = bytes / block_bytes;
     if (r.n_swap_blocks == 0) {
@@ -275,8 +283,13 @@ Resolved resolve(Config & cfg) {
     if (!(cfg.control.control_timeout_s > 0) || !(cfg.control.legacy_timeout_s > 0)) { problems.push_back("--control-timeout-s must be > 0"); }
     if (s.port < 0 || s.port > 65535) { problems.push_back(fmt::format("--port {} must be in [0, 65535]", s.port)); }
 
+    if (const auto d = parse_kv_cache_dtype(cfg.kv.kv_cache_dtype)) {
+        r.kv_dtype = *d;
+    } else {
+        problems.push_back(fmt::format("--kv-cache-dtype '{}': expected one of auto, float32, bfloat16", cfg.kv.kv_cache_dtype));
+    }
     if (problems.empty()) {
-        const int64_t block_bytes = model::Worker::kv_block_bytes(r.model, bs);
+        const int64_t block_bytes = model::Worker::kv_block_bytes(r.model, bs, 1, r.kv_dtype);
         const std::string & kvs = cfg.kv.kv_cache_bytes;
         int64_t bytes = 0;
         if (kvs.find('.') != std::string::npos) {

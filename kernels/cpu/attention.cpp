@@ -12,12 +12,18 @@
 // K is stored transposed within each block (kv_store): per (block, kv head) [head_dim, block_size],
 // so dimension d of 16 consecutive keys is one contiguous load and no path transposes K; V rows
 // stay [block_size, n_kv_heads, head_dim].
+//
+// bf16 pools (--kv-cache-dtype bfloat16): every K and V load widens 16 bf16 values to f32
+// exactly (a shift into the upper half) and feeds the same FMA chains in the same order, so the
+// result is bitwise that of the f32 kernel over a pool holding the bf16-rounded values. The
+// element type is a template parameter (float or Bf16) of every function that reads the pool.
 #include "fd/kernels/cpu_ops.h"
 #include "lanes.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace fd::kernels {
@@ -25,17 +31,50 @@ namespace fd::kernels {
 void kv_store(PagedKv kv, const float * k_new, const float * v_new, const int64_t * slots,
               int64_t n_tokens) {
     const int64_t row = static_cast<int64_t>(kv.n_kv_heads) * kv.head_dim, bs = kv.block_size;
+    const bool    bf16 = kv.dtype == WType::bf16;
     for (int64_t t = 0; t < n_tokens; ++t) {
         // K: element e = kv_head * head_dim + d of the token at offset o of block b goes to
         // block b's [n_kv_heads * head_dim, block_size] at [e, o].
-        float *       kd = kv.k + slots[t] / bs * bs * row + slots[t] % bs;
+        const int64_t k0 = slots[t] / bs * bs * row + slots[t] % bs;
         const float * ks = k_new + t * row;
-        for (int64_t e = 0; e < row; ++e) { kd[e * bs] = ks[e]; }
-        std::memcpy(kv.v + slots[t] * row, v_new + t * row, sizeof(float) * row);
+        const float * vs = v_new + t * row;
+        if (bf16) {
+            uint16_t * kd = static_cast<uint16_t *>(kv.k) + k0;
+            uint16_t * vd = static_cast<uint16_t *>(kv.v) + slots[t] * row;
+            for (int64_t e = 0; e < row; ++e) { kd[e * bs] = f32_to_bf16_rne(ks[e]); }
+            for (int64_t e = 0; e < row; ++e) { vd[e] = f32_to_bf16_rne(vs[e]); }
+        } else {
+            float * kd = static_cast<float *>(kv.k) + k0;
+            for (int64_t e = 0; e < row; ++e) { kd[e * bs] = ks[e]; }
+            std::memcpy(static_cast<float *>(kv.v) + slots[t] * row, vs, sizeof(float) * row);
+        }
     }
 }
 
 namespace {
+
+/// A bf16 pool element (the upper half of an IEEE f32).
+using Bf16 = uint16_t;
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+/// 16 bf16 values widened exactly to f32 (shifted into the upper half).
+inline f32x16 load16(const Bf16 * p) {
+    u16x16 h;
+    std::memcpy(&h, p, sizeof h);
+    const u32x16 w = __builtin_convertvector(h, u32x16) << 16;
+    f32x16 f;
+    std::memcpy(&f, &w, sizeof f);
+    return f;
+}
+/// One element widened to f32.
+inline float to_f32(float x) { return x; }
+inline float to_f32(Bf16 x) {
+    const uint32_t u = static_cast<uint32_t>(x) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
 
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 
@@ -75,46 +114,51 @@ inline f32x16 exp16(f32x16 x) {
 
 /// The kTc V row pointers of chunk [t0, t0 + kTc) (rows past n_max repeat row n_max - 1, which
 /// exists): one block-table look-up per block, not per row.
-inline void chunk_rows(const float * (&rows)[kTc], const float * pool, const AttnQuery & qry, int64_t t0, int64_t n_max,
+template <typename T>
+inline void chunk_rows(const T * (&rows)[kTc], const T * pool, const AttnQuery & qry, int64_t t0, int64_t n_max,
                        int64_t bs, int64_t row) {
     int64_t j = 0;
     while (j < kTc && t0 + j < n_max) {
         const int64_t t = t0 + j, off = t % bs, n = std::min<int64_t>({bs - off, kTc - j, n_max - t});
-        const float * base = pool + (static_cast<int64_t>(qry.block_table[t / bs]) * bs + off) * row;
+        const T * base = pool + (static_cast<int64_t>(qry.block_table[t / bs]) * bs + off) * row;
         for (int64_t i = 0; i < n; ++i) { rows[j + i] = base + i * row; }
         j += n;
     }
     for (; j < kTc; ++j) { rows[j] = rows[j - 1]; }
 }
 
-/// Prefetch floats [off, off + len) of each of the kTc rows (the next chunk, while this one
-/// computes).
-inline void prefetch_rows(const float * const (&rows)[kTc], int64_t off, int64_t len) {
+/// Prefetch elements [off, off + len) of each of the kTc rows (the next chunk, while this one
+/// computes): one prefetch per 64-byte line.
+template <typename T>
+inline void prefetch_rows(const T * const (&rows)[kTc], int64_t off, int64_t len) {
+    constexpr int64_t kPerLine = 64 / sizeof(T);
     for (int64_t j = 0; j < kTc; ++j) {
         if (j > 0 && rows[j] == rows[j - 1]) { break; }
-        for (int64_t e = 0; e < len; e += 16) { __builtin_prefetch(rows[j] + off + e, 0, 3); }
+        for (int64_t e = 0; e < len; e += kPerLine) { __builtin_prefetch(rows[j] + off + e, 0, 3); }
     }
 }
 
 /// Where keys [t, t + 16) of the sequence start in the K pool, kv head 0 (block_size % 16 == 0
 /// and t % 16 == 0, so the 16 keys are consecutive columns of one block's Kᵀ): dimension d of
 /// key t + j of kv head g is at [(g * head_dim + d) * block_size + j].
-inline const float * key_lanes(const float * k, const AttnQuery & qry, int64_t t, int64_t bs, int64_t row) {
+template <typename T>
+inline const T * key_lanes(const T * k, const AttnQuery & qry, int64_t t, int64_t bs, int64_t row) {
     return k + static_cast<int64_t>(qry.block_table[t / bs]) * bs * row + t % bs;
 }
 
 /// kt[d, j] = dimension d of key t0 + j, kv head g, for t0 + j < n_max; 0 past it. Gathers the
 /// chunk's keys from the blocks' Kᵀ for block sizes that are not a multiple of 16 (moves data
-/// only).
+/// only; bf16 widened exactly).
 ///   kt [hd, kTc]
-inline void gather_keys(float * kt, const float * k, const AttnQuery & qry, int64_t t0, int64_t n_max, int64_t bs,
+template <typename T>
+inline void gather_keys(float * kt, const T * k, const AttnQuery & qry, int64_t t0, int64_t n_max, int64_t bs,
                         int64_t row, int64_t g, int64_t hd) {
     int64_t j = 0;
     while (j < kTc && t0 + j < n_max) {
         const int64_t t = t0 + j, off = t % bs, n = std::min<int64_t>({bs - off, kTc - j, n_max - t});
-        const float * base = k + static_cast<int64_t>(qry.block_table[t / bs]) * bs * row + g * hd * bs + off;
+        const T * base = k + static_cast<int64_t>(qry.block_table[t / bs]) * bs * row + g * hd * bs + off;
         for (int64_t d = 0; d < hd; ++d) {
-            for (int64_t i = 0; i < n; ++i) { kt[d * kTc + j + i] = base[d * bs + i]; }
+            for (int64_t i = 0; i < n; ++i) { kt[d * kTc + j + i] = to_f32(base[d * bs + i]); }
         }
         j += n;
     }
@@ -128,8 +172,8 @@ inline void gather_keys(float * kt, const float * k, const AttnQuery & qry, int6
 /// Each score is its own chain, so it is the same for any M, tile or chunk. Keys 0..15 of the
 /// chunk: dimension d at k0[d * ld]; keys 16..31 at k1[d * ld] (a block's Kᵀ, ld = block_size,
 /// or gather_keys' scratch, ld = kTc); shared by the M pairs (one kv head).
-template <int M>
-inline void score_chunk(float * const * s, const float * const * qh, const float * k0p, const float * k1p, int64_t ld,
+template <int M, typename T>
+inline void score_chunk(float * const * s, const float * const * qh, const T * k0p, const T * k1p, int64_t ld,
                         int64_t hd, float scale) {
     f32x16 a[M][2] = {};
     for (int64_t d = 0; d < hd; ++d) {
@@ -150,7 +194,8 @@ inline void score_chunk(float * const * s, const float * const * qh, const float
 }
 
 /// score_chunk for n pairs, 8 at a time (then 4, 2, 1): the same chains whatever the grouping.
-inline void score_pairs(float * const * s, const float * const * qh, int n, const float * k0, const float * k1, int64_t ld,
+template <typename T>
+inline void score_pairs(float * const * s, const float * const * qh, int n, const T * k0, const T * k1, int64_t ld,
                         int64_t hd, float scale) {
     int i = 0;
     for (; i + 8 <= n; i += 8) { score_chunk<8>(s + i, qh + i, k0, k1, ld, hd, scale); }
@@ -166,8 +211,8 @@ inline void in_register(f32x16 & v) { asm("" : "+v"(v)); }
 /// o[m] += p[m][j] * V[j] for j < nt[m] (ascending), M (query, head) pairs of one kv head sharing
 /// every V load; one FMA per element and j, whatever M. ND 16-lane vectors of d at a time
 /// (hd % (16 * ND) == 0): M * ND independent chains.
-template <int M, int ND>
-inline void pv_chunk(float * const * o, const float * const * p, const int64_t * nt, const float * const (&vr)[kTc],
+template <int M, int ND, typename T>
+inline void pv_chunk(float * const * o, const float * const * p, const int64_t * nt, const T * const (&vr)[kTc],
                      int64_t hd) {
     int64_t j_all = kTc, j_any = 0;  // every pair / some pair reaches j
     for (int m = 0; m < M; ++m) {
@@ -209,12 +254,13 @@ inline void pv_chunk(float * const * o, const float * const * p, const int64_t *
 
 /// pv_chunk for n pairs, 8 at a time (then 4, 2, 1); head_dim not a multiple of 16: scalar FMAs
 /// in the same order.
-inline void pv_pairs(float * const * o, const float * const * p, const int64_t * nt, int n, const float * const (&vr)[kTc],
+template <typename T>
+inline void pv_pairs(float * const * o, const float * const * p, const int64_t * nt, int n, const T * const (&vr)[kTc],
                      int64_t hd) {
     if (hd % kLanes != 0) {
         for (int m = 0; m < n; ++m) {
             for (int64_t j = 0; j < nt[m]; ++j) {
-                for (int64_t d = 0; d < hd; ++d) { o[m][d] += p[m][j] * vr[j][d]; }
+                for (int64_t d = 0; d < hd; ++d) { o[m][d] += p[m][j] * to_f32(vr[j][d]); }
             }
         }
         return;
@@ -238,8 +284,11 @@ inline void pv_pairs(float * const * o, const float * const * p, const int64_t *
 /// Per (query, head), whatever the tile: s[t] = (one FMA chain over d ascending) * scale,
 /// p = exp16(s - max) / sum with the sum 16 lane-wise chains over t then reduce16,
 /// out = sum over t ascending of p[t] * V[t] (one FMA per element and t).
+template <typename T>
 void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_t i0, int64_t i1, int64_t n_heads,
                  int64_t g0, int64_t g1, PagedKv kv, float scale, float * scores, float * kt) {
+    const T *     kpool = static_cast<const T *>(kv.k);
+    const T *     vpool = static_cast<const T *>(kv.v);
     const int64_t hd = kv.head_dim, row = static_cast<int64_t>(kv.n_kv_heads) * hd, bs = kv.block_size;
     const int64_t group = n_heads / kv.n_kv_heads, nq = i1 - i0, nh = (g1 - g0) * group;
     int64_t       n_max = 0;
@@ -249,8 +298,8 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
     // Scores: each key is read once for every (query, head) of the tile, straight from the
     // blocks' Kᵀ (dimension d of 16 consecutive keys is one 64-byte run) when block_size % 16 == 0.
     const bool    direct = bs % kLanes == 0;
-    const float * kb[2] = {};  // keys [t0, t0 + 16) and [t0 + 16, t0 + 32), kv head 0 (direct)
-    const float * kn[2] = {};  // the next chunk's
+    const T *     kb[2] = {};  // keys [t0, t0 + 16) and [t0 + 16, t0 + 32), kv head 0 (direct)
+    const T *     kn[2] = {};  // the next chunk's
     int64_t       act[kQt];  // queries whose context reaches the chunk
     thread_local std::vector<const float *> qp, pp;  // per (query, head) pair of one kv head
     thread_local std::vector<float *>       sp, op;
@@ -264,9 +313,9 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
         nt.resize(n_pairs);
     }
     // Halves past n_max point at the first half (their scores are never read).
-    auto chunk_keys = [&](const float * (&p)[2], int64_t t0) {
-        p[0] = key_lanes(kv.k, qt, t0, bs, row);
-        p[1] = t0 + kLanes < n_max ? key_lanes(kv.k, qt, t0 + kLanes, bs, row) : p[0];
+    auto chunk_keys = [&](const T * (&p)[2], int64_t t0) {
+        p[0] = key_lanes(kpool, qt, t0, bs, row);
+        p[1] = t0 + kLanes < n_max ? key_lanes(kpool, qt, t0 + kLanes, bs, row) : p[0];
     };
     if (direct) { chunk_keys(kb, 0); }
     for (int64_t t0 = 0; t0 < n_max; t0 += kTc) {
@@ -295,7 +344,7 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
             if (direct) {
                 score_pairs(sp.data(), qp.data(), n, kb[0] + g * hd * bs, kb[1] + g * hd * bs, bs, hd, scale);
             } else {
-                gather_keys(kt, kv.k, qt, t0, n_max, bs, row, g, hd);
+                gather_keys(kt, kpool, qt, t0, n_max, bs, row, g, hd);
                 score_pairs(sp.data(), qp.data(), n, kt, kt + kLanes, kTc, hd, scale);
             }
         }
@@ -340,17 +389,19 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
         float * o = out + ((i0 + qi) * n_heads + g0 * group) * hd;
         std::fill(o, o + nh * hd, 0.0f);
     }
-    // Tiles of many queries read each V chunk many times: from a packed copy.
+    // Tiles of many queries read each V chunk many times: from a packed copy (bf16 widened
+    // exactly to f32, so the FMAs see the same values).
     thread_local std::vector<float> vpack;
     const bool pack_v = nq > kPerHeadQueries;
     if (pack_v && vpack.size() < static_cast<size_t>(kTc * hd)) { vpack.resize(static_cast<size_t>(kTc * hd)); }
-    const float * vb[kTc];
-    const float * vn[kTc];
-    const float * vr[kTc];
-    chunk_rows(vb, kv.v, qt, 0, n_max, bs, row);
+    const T *     vb[kTc];
+    const T *     vn[kTc];
+    const T *     vr[kTc];
+    const float * vf[kTc];
+    chunk_rows(vb, vpool, qt, 0, n_max, bs, row);
     for (int64_t t0 = 0; t0 < n_max; t0 += kTc) {
         if (t0 + kTc < n_max) {
-            chunk_rows(vn, kv.v, qt, t0 + kTc, n_max, bs, row);
+            chunk_rows(vn, vpool, qt, t0 + kTc, n_max, bs, row);
         }
         int64_t n_act = 0;
         for (int64_t qi = 0; qi < nq; ++qi) {
@@ -360,8 +411,13 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
             if (t0 + kTc < n_max) { prefetch_rows(vn, g * hd, hd); }
             if (pack_v) {  // contiguous copy: rows 3+ KiB apart crowd a few L1 sets
                 for (int64_t j = 0; j < kTc; ++j) {
-                    std::memcpy(vpack.data() + j * hd, vb[j] + g * hd, sizeof(float) * hd);
-                    vr[j] = vpack.data() + j * hd;
+                    float * dst = vpack.data() + j * hd;
+                    if constexpr (std::is_same_v<T, float>) {
+                        std::memcpy(dst, vb[j] + g * hd, sizeof(float) * hd);
+                    } else {
+                        for (int64_t d = 0; d < hd; ++d) { dst[d] = to_f32(vb[j][g * hd + d]); }
+                    }
+                    vf[j] = dst;
                 }
             } else {
                 for (int64_t j = 0; j < kTc; ++j) { vr[j] = vb[j] + g * hd; }
@@ -376,7 +432,11 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
                     ++n;
                 }
             }
-            pv_pairs(op.data(), pp.data(), nt.data(), n, vr, hd);
+            if (pack_v) {
+                pv_pairs(op.data(), pp.data(), nt.data(), n, vf, hd);
+            } else {
+                pv_pairs(op.data(), pp.data(), nt.data(), n, vr, hd);
+            }
         }
         if (t0 + kTc < n_max) { std::copy(std::begin(vn), std::end(vn), std::begin(vb)); }
     }
@@ -422,8 +482,12 @@ void attention_paged(float * out, const float * q, const AttnQuery * queries, in
         if (scores.size() < need) { scores.resize(need); }
         if (kt.size() < static_cast<size_t>(kv.head_dim * kTc)) { kt.resize(static_cast<size_t>(kv.head_dim * kTc)); }
         for (int64_t g = g0; g < g1; g += heads_at_once) {
-            attend_tile(out, q, queries, starts[tile], starts[tile + 1], n_heads, g, std::min(g1, g + heads_at_once), kv, scale,
-                        scores.data(), kt.data());
+            const int64_t gh = std::min(g1, g + heads_at_once);
+            if (kv.dtype == WType::bf16) {
+                attend_tile<Bf16>(out, q, queries, starts[tile], starts[tile + 1], n_heads, g, gh, kv, scale, scores.data(), kt.data());
+            } else {
+                attend_tile<float>(out, q, queries, starts[tile], starts[tile + 1], n_heads, g, gh, kv, scale, scores.data(), kt.data());
+            }
         }
     };
     const int64_t n_tasks = n_tiles * n_ranges;

@@ -151,7 +151,8 @@ DecodeLinears make_decode_linears(const fd::model::ModelConfig & c, bool with_lm
 }
 
 json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & batches, const std::vector<int> & ctxs,
-                     int n_threads, double read_bw_gbs, double min_s, int64_t kv_budget_bytes, double read_bw_cpu_gbs) {
+                     int n_threads, double read_bw_gbs, double min_s, int64_t kv_budget_bytes, double read_bw_cpu_gbs,
+                     const std::vector<fd::kernels::WType> & kv_dtypes) {
     namespace K = fd::kernels;
     const int64_t h = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv = q_dim + 2 * kv_dim;
     const int64_t ff = c.intermediate_size;
@@ -169,12 +170,19 @@ json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & 
     json out = json::array();
     for (const int B : batches) {
         for (const int ctx : ctxs) {
+          double f32_step = 0, f32_att = 0;  // this (B, ctx)'s f32-KV times, for the bf16 ratios
+          for (const K::WType kvt : kv_dtypes) {
+            const int64_t eb        = K::kv_elem_bytes(kvt);
             const int32_t bps       = (ctx + bs - 1) / bs;
-            const int64_t layer_fl  = int64_t(B) * bps * bs * kv_dim;  // K (or V) floats of one layer
-            const int64_t pool_b    = 2 * layer_fl * 4;
+            const int64_t layer_fl  = int64_t(B) * bps * bs * kv_dim;  // K (or V) elements of one layer
+            const int64_t pool_b    = 2 * layer_fl * eb;
             const int     n_pools   = static_cast<int>(std::clamp<int64_t>(kv_budget_bytes / pool_b, 1, c.n_layers));
             Mapping kvmem(static_cast<size_t>(n_pools) * pool_b);
-            for (size_t i = 0; i < kvmem.n_floats(); ++i) { kvmem.p[i] = static_cast<float>(i & 255) * 1e-3f; }
+            auto * kv16 = reinterpret_cast<uint16_t *>(kvmem.p);
+            for (size_t i = 0; i < kvmem.bytes / eb; ++i) {
+                const float v = static_cast<float>(i & 255) * 1e-3f;
+                if (kvt == K::WType::bf16) { kv16[i] = K::f32_to_bf16_rne(v); } else { kvmem.p[i] = v; }
+            }
             // Sequences' blocks interleaved across the pool, as a busy KvCache hands them out.
             std::vector<int32_t> tables(static_cast<size_t>(B) * bps);
             for (int32_t s = 0; s < B; ++s) {
@@ -187,8 +195,8 @@ json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & 
             };
             auto attention = [&] {
                 for (int il = 0; il < c.n_layers; ++il) {
-                    float * base = kvmem.p + static_cast<size_t>(il % n_pools) * 2 * layer_fl;
-                    const K::PagedKv kv{base, base + layer_fl, bs, c.n_kv_heads, c.head_dim};
+                    std::byte * base = reinterpret_cast<std::byte *>(kvmem.p) + static_cast<size_t>(il % n_pools) * pool_b;
+                    const K::PagedKv kv{base, base + layer_fl * eb, bs, c.n_kv_heads, c.head_dim, kvt};
                     K::attention_paged(att.data(), q.data(), queries.data(), B, c.n_heads, kv, scale, &pool);
                 }
             };
@@ -196,11 +204,12 @@ json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & 
             const Timing tl = time_repeated(min_s / 2, 2, linear);
             const Timing ta = time_repeated(min_s / 2, 2, attention);
             const double step_s   = tl.best + ta.best;
-            const double kv_bytes = static_cast<double>(B) * ctx * kv_dim * 2 * 4 * c.n_layers;
+            const double kv_bytes = static_cast<double>(B) * ctx * kv_dim * 2 * eb * c.n_layers;
             const double gbs      = (static_cast<double>(weight_bytes) + kv_bytes) / step_s / 1e9;
             json e;
             e["batch"] = B;
             e["ctx"] = ctx;
+            e["kv_dtype"] = kvt == K::WType::bf16 ? "bfloat16" : "float32";
             e["ms_per_step"] = round_to(step_s * 1e3, 3);
             e["tok_s"] = round_to(B / step_s, 1);
             e["linear_ms"] = round_to(tl.best * 1e3, 3);
@@ -211,6 +220,14 @@ json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & 
             e["bytes_read_gbs"] = round_to(gbs, 2);
             e["ratio_vs_read_bw"] = round_to(gbs / read_bw_gbs, 3);
             e["attention_kv_gbs"] = round_to(kv_bytes / ta.best / 1e9, 2);
+            e["kv_ratio_vs_read_bw"] = round_to(kv_bytes / ta.best / 1e9 / read_bw_gbs, 3);
+            if (kvt == K::WType::f32) {
+                f32_step = step_s;
+                f32_att  = ta.best;
+            } else if (f32_step > 0) {
+                e["step_vs_f32_kv"] = round_to(step_s / f32_step, 3);
+                e["attention_vs_f32_kv"] = round_to(ta.best / f32_att, 3);
+            }
             if (read_bw_cpu_gbs > 0) {  // per process CPU second: steadier on a shared machine
                 const double gbs_cpu = (static_cast<double>(weight_bytes) + kv_bytes) / (tl.best_cpu + ta.best_cpu) / 1e9;
                 e["bytes_read_gbs_cpu"] = round_to(gbs_cpu, 2);
@@ -218,6 +235,7 @@ json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & 
                 e["attention_kv_gbs_cpu"] = round_to(kv_bytes / ta.best_cpu / 1e9, 2);
             }
             out.push_back(e);
+          }
         }
     }
     return out;

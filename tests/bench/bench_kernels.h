@@ -5,6 +5,7 @@
 #pragma once
 
 #include "fd/checkpoint/model_config.h"
+#include "fd/kernels/ops.h"
 
 #include <nlohmann/json.hpp>
 
@@ -111,8 +112,13 @@ nlohmann::ordered_json linear_thread_scaling(const std::vector<int64_t> & ms, in
 /// `kv_budget_bytes` (each pool is then still far larger than the caches). With
 /// `read_bw_cpu_gbs` > 0 (the probe's best by thread CPU time) the same bytes per process CPU
 /// second are reported against it too (`ratio_vs_read_bw_cpu`; meaningful at 1 thread).
+/// Each (B, ctx) runs once per KV dtype of `kv_dtypes` (f32: 4 bytes per element, bf16: 2; the
+/// KV bytes above scale with it). Per entry also: `kv_ratio_vs_read_bw` = (KV bytes / attention
+/// time) ÷ read_bw_gbs, the attention's share of the bandwidth; and for bf16 after an f32 run of
+/// the same (B, ctx): `step_vs_f32_kv` and `attention_vs_f32_kv`, the time ratios (issue 28).
 nlohmann::ordered_json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & batches,
                                        const std::vector<int> & ctxs, int n_threads, double read_bw_gbs,
-                                       double min_s, int64_t kv_budget_bytes, double read_bw_cpu_gbs = 0.0);
+                                       double min_s, int64_t kv_budget_bytes, double read_bw_cpu_gbs = 0.0,
+                                       const std::vector<fd::kernels::WType> & kv_dtypes = {fd::kernels::WType::f32});
 
 }  // namespace fd::bench

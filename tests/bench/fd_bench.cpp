@@ -211,6 +211,7 @@ struct Options {
     std::vector<int>         ctx_lens     = {128, 2048, 8192};
     std::vector<int>         ctx_batches  = {1, 64};
     int64_t                  kv_budget_mib = 2048;
+    std::vector<fd::kernels::WType> ctx_kv_dtypes = {fd::kernels::WType::f32};  ///< --decode-ctx-kv-dtypes
     bool                     prefill_profile = false;
     std::vector<int>         profile_lens    = {128, 512, 2048};
     std::vector<int>         profile_threads = {1, 2};
@@ -427,7 +428,7 @@ json bench_model(const std::string & dir, const Options & o, double read_bw, dou
         shapes_done.emplace_back(shape, dir);
         std::fprintf(stderr, "fd_bench: decode at long contexts...\n");
         j["decode_contexts"] = decode_contexts(cfg, o.ctx_batches, o.ctx_lens, o.threads, read_bw,
-                                               std::max(0.2, o.seconds_min), o.kv_budget_mib << 20, read_bw_cpu);
+                                               std::max(0.2, o.seconds_min), o.kv_budget_mib << 20, read_bw_cpu, o.ctx_kv_dtypes);
     }
     if (o.prefill_profile) {  // synthetic weights of the model's shape: once per distinct shape
         static std::vector<std::pair<std::string, std::string>> profiled;  // (shape, model)
@@ -481,6 +482,10 @@ int main(int argc, char ** argv) {
     app.add_option("--decode-ctx", ctx_lens, "contexts of the long-context decode steps (empty: skip)")->capture_default_str();
     app.add_option("--decode-ctx-batches", ctx_batches, "batch sizes of the long-context decode steps")->capture_default_str();
     app.add_option("--kv-budget-mib", o.kv_budget_mib, "KV memory of one long-context run before layers share a pool")->capture_default_str();
+    std::string ctx_kv_dtypes = "float32";
+    app.add_option("--decode-ctx-kv-dtypes", ctx_kv_dtypes,
+                   "KV dtypes of the long-context decode steps, comma-separated: float32, bfloat16 (bf16 rows add step_vs_f32_kv)")
+        ->capture_default_str();
     std::string profile_lens = "128,512,2048", profile_threads = "1,2";
     app.add_flag("--prefill-profile", o.prefill_profile, "time a prefill per op class at each --profile-threads count, with an sgemm thread-scaling reference");
     app.add_option("--profile-lens", profile_lens, "prefill lengths of the profile, comma-separated")->capture_default_str();
@@ -505,6 +510,16 @@ int main(int argc, char ** argv) {
         for (int m : ints(linear_ms)) { o.linear_ms.push_back(m); }
         if (o.linear_ms.empty()) { o.linear_ms = {64}; }
         o.ctx_lens    = ints(ctx_lens);
+        o.ctx_kv_dtypes.clear();
+        for (const auto & t : split_commas({ctx_kv_dtypes})) {
+            if (t == "float32") {
+                o.ctx_kv_dtypes.push_back(fd::kernels::WType::f32);
+            } else if (t == "bfloat16") {
+                o.ctx_kv_dtypes.push_back(fd::kernels::WType::bf16);
+            } else {
+                throw std::runtime_error("--decode-ctx-kv-dtypes: expected float32 and/or bfloat16, got " + t);
+            }
+        }
         o.profile_lens    = ints(profile_lens);
         o.profile_threads = ints(profile_threads);
         if (o.profile_lens.empty() || o.profile_threads.empty()) { throw std::runtime_error("--profile-lens and --profile-threads need a value"); }

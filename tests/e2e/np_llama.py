@@ -58,9 +58,11 @@ def rope_inv_freq(cfg):
     return inv
 
 
-def logits(cfg, w, ids, mlp=None):
+def logits(cfg, w, ids, mlp=None, kv_round=None):
     """Logits [len(ids), vocab] of a causal pass over ids. mlp(il, xn) -> [T, hidden] or None
-    replaces layer il's feed-forward block (np_moe.py's sparse MoE blocks); None = SwiGLU MLP."""
+    replaces layer il's feed-forward block (np_moe.py's sparse MoE blocks); None = SwiGLU MLP.
+    kv_round(a) -> a, if given, is applied to K (after RoPE) and V before attention: what a KV
+    cache stores (e.g. rounding to bf16 for --kv-cache-dtype bfloat16)."""
     h, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or h // nh
     eps = cfg["rms_norm_eps"]
@@ -90,6 +92,8 @@ def logits(cfg, w, ids, mlp=None):
             k = rms(k, w[p + "self_attn.k_norm.weight"], eps)
         q, k = rope(q), rope(k)
         v = proj["v"].reshape(T, nkv, hd)
+        if kv_round is not None:
+            k, v = kv_round(k), kv_round(v)
         rep = nh // nkv
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
         s = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd)

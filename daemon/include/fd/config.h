@@ -33,6 +33,7 @@ struct KvOptions {
     std::string kv_cache_bytes        = "0"; ///< bytes ("512MiB", "2G", "1073741824"), a fraction of free memory ("0.3"), or 0 = enough for max_num_seqs full-length sequences (at most 2 GiB)
     bool        enable_prefix_caching = false;
     double      swap_space_gib        = 0.0; ///< host KV swap pool per rank, GiB (--swap-space; FastDeploy's/vLLM's name); 0 = off
+    std::string kv_cache_dtype        = "auto"; ///< --kv-cache-dtype (vLLM's flag): auto | float32 (4 bytes per K/V element) | bfloat16 (2, rounded to nearest even)
 };
 
 struct WeightsOptions {
@@ -78,6 +79,7 @@ struct Resolved {
     kernels::DeviceKind device = kernels::DeviceKind::cpu;  ///< --device, parsed
     int64_t            n_kv_blocks = 0;
     int64_t            n_swap_blocks = 0;   ///< host swap pool blocks per rank (0 = no swap tier)
+    kernels::WType     kv_dtype = kernels::WType::f32;  ///< --kv-cache-dtype, parsed (auto = f32)
     runtime::ExecutorKind executor_backend = runtime::ExecutorKind::uni;  ///< --distributed-executor-backend, resolved
     /// --dist-backend, resolved (runtime::resolve_dist_backend): auto is nccl on cuda when tp > 1,
     /// --nnodes is 1 and every rank has a device of its own, else shm (one node) or gloo; on cpu
@@ -105,6 +107,12 @@ int64_t gpu_kv_budget_bytes(const kernels::MemInfo & mem, double utilization, in
 /// True when `host` (a --host value) only accepts local connections: 127.0.0.0/8, ::1,
 /// ::ffff:127.x.y.z or "localhost". 0.0.0.0, ::, other addresses and hostnames are not.
 bool is_loopback_host(const std::string & host);
+
+/// --kv-cache-dtype: "auto" and "float32" -> f32 (4 bytes per K/V element), "bfloat16" -> bf16
+/// (2 bytes); anything else -> nullopt (resolve() refuses it naming the choices).
+std::optional<kernels::WType> parse_kv_cache_dtype(const std::string & s);
+/// The KV dtype's name as /health, /v1/models and the log show it: "float32" | "bfloat16".
+std::string kv_cache_dtype_name(kernels::WType t);
 
 /// Parse a byte size with optional K/M/G/T suffix ("512MiB", "2G") → bytes; nullopt if not a size.
 std::optional<int64_t> parse_bytes(const std::string & s);

@@ -76,7 +76,10 @@ json model_json(ApiContext & ctx) {
               {"owned_by", "fdrollout"},
               {"root", ctx.cfg.model_dir},
               {"max_model_len", ctx.engine->config().max_model_len},
-              {"weight_version", st.state.weight_version}};
+              {"weight_version", st.state.weight_version},
+              {"kv_cache_dtype", st.kv_cache_dtype},
+              {"kv_cache_tokens", st.n_kv_blocks_total * st.kv_block_size},
+              {"kv_cache_bytes_per_token", st.kv_bytes_per_token}};
 }
 }  // namespace
 

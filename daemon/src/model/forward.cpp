@@ -12,7 +12,7 @@
 namespace fd::model {
 
 kernels::PagedKv Worker::layer_kv(int il) {
-    return {k_pool_[il], v_pool_[il], wcfg_.block_size, cfg_.n_kv_heads / wcfg_.tp_size, cfg_.head_dim};
+    return {k_pool_[il], v_pool_[il], wcfg_.block_size, cfg_.n_kv_heads / wcfg_.tp_size, cfg_.head_dim, wcfg_.kv_dtype};
 }
 
 bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool> * abandon) {

@@ -17,8 +17,8 @@ namespace fd::model {
 
 using memory::Tag;
 
-int64_t Worker::kv_block_bytes(const ModelConfig & c, int32_t block_size, int32_t tp_size) {
-    return 2LL * c.n_layers * block_size * (c.kv_dim() / std::max(1, tp_size)) * static_cast<int64_t>(sizeof(float));
+int64_t Worker::kv_block_bytes(const ModelConfig & c, int32_t block_size, int32_t tp_size, kernels::WType kv_dtype) {
+    return 2LL * c.n_layers * block_size * (c.kv_dim() / std::max(1, tp_size)) * kernels::kv_elem_bytes(kv_dtype);
 }
 
 Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg, comm::Comm * comm)
@@ -73,10 +73,12 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     kernels::rope_table_inv_freq(rope.data(), wcfg.max_model_len, cfg_.head_dim, rope_inv_freq(cfg_).data());
     backend_->upload(rope_.floats(static_cast<int64_t>(rope.size())), rope.data(), static_cast<int64_t>(rope.size() * sizeof(float)));
     if (graphs_on()) { capture_graphs(); }
-    log::get("model")->info("rank={}/{} | {} backend{}, {} allocator | weights {:.1f} MiB, KV pool {} blocks x {} tokens = {:.1f} MiB, {} threads",
+    log::get("model")->info("rank={}/{} | {} backend{}, {} allocator | weights {:.1f} MiB, KV pool {} blocks x {} tokens = {} tokens, {} "
+                            "bytes per token ({} KV) = {:.1f} MiB, {} threads",
                             wcfg.rank, wcfg.tp_size, backend_->name(), device_mem_ && backend_->host_visible() ? " (TEST: device-memory paths)" : "",
-                            alloc_->name(), weight_bytes() / 1048576.0, wcfg.n_blocks,
-                            wcfg.block_size, kv_bytes() / 1048576.0, backend_->host_pool()->n_threads());
+                            alloc_->name(), weight_bytes() / 1048576.0, wcfg.n_blocks, wcfg.block_size, wcfg.n_blocks * wcfg.block_size,
+                            kv_block_bytes(cfg_, 1, wcfg.tp_size, wcfg.kv_dtype), wcfg.kv_dtype == kernels::WType::bf16 ? "bfloat16" : "float32",
+                            kv_bytes() / 1048576.0, backend_->host_pool()->n_threads());
     if (wcfg.n_swap_blocks > 0) {
         log::get("model")->info("rank={}/{} | host KV swap pool {} blocks = {:.1f} MiB", wcfg.rank, wcfg.tp_size, wcfg.n_swap_blocks,
                                 swap_bytes() / 1048576.0);
@@ -96,22 +98,22 @@ void Worker::map_kv_pool(bool fresh) {
     // 64-byte aligned per layer and K/V, as the bump arena laid them out. Graph steps: one more
     // block, the padding rows' scratch slot (block id n_blocks: the engine never hands it out).
     const int64_t n_blocks  = wcfg_.n_blocks + (graphs_on() ? 1 : 0);
-    const int64_t per_layer = n_blocks * wcfg_.block_size * static_cast<int64_t>(cfg_.kv_dim() / wcfg_.tp_size);
-    const int64_t stride    = Arena::footprint_floats(per_layer);
+    const int64_t per_layer = n_blocks * block_bytes();
+    const int64_t stride    = (per_layer + 63) / 64 * 64;
     const int64_t bytes     = 2 * cfg_.n_layers * stride;
     std::byte *   base      = fresh ? alloc_->map(Tag::kv_cache, bytes, /*populate=*/true) : region(Tag::kv_cache, bytes, true);
     k_pool_.clear();
     v_pool_.clear();
     for (int il = 0; il < cfg_.n_layers; ++il) {
-        k_pool_.push_back(reinterpret_cast<float *>(base + (2 * il) * stride));
-        v_pool_.push_back(reinterpret_cast<float *>(base + (2 * il + 1) * stride));
+        k_pool_.push_back(base + (2 * il) * stride);
+        v_pool_.push_back(base + (2 * il + 1) * stride);
     }
 }
 
 void Worker::map_swap_pool(bool fresh) {
     if (wcfg_.n_swap_blocks <= 0) { return; }
     // Pre-faulted: the pool is really held (RSS shows it) and a swap-out never page-faults.
-    const int64_t bytes = wcfg_.n_swap_blocks * 2 * cfg_.n_layers * block_floats() * static_cast<int64_t>(sizeof(float));
+    const int64_t bytes = wcfg_.n_swap_blocks * 2 * cfg_.n_layers * block_bytes();
     if (fresh) {
         alloc_->map(Tag::kv_swap, bytes, /*populate=*/true);
     } else {
@@ -142,12 +144,12 @@ void Worker::swap_out_background(const kv::BlockCopy * copies, int64_t n) {
     if (n == 0) { return; }
     check_copies(copies, n, true);
     FD_CHECK(copier_ != nullptr, "background KV copies without a swap pool");
-    const int64_t bf = block_floats(), bytes = bf * static_cast<int64_t>(sizeof(float));
-    auto * host = reinterpret_cast<float *>(alloc_->data(Tag::kv_swap));
+    const int64_t bf = block_bytes(), bytes = bf;
+    std::byte * host = alloc_->data(Tag::kv_swap);
     std::vector<KvCopier::Piece> pieces;
     pieces.reserve(static_cast<size_t>(n * 2 * cfg_.n_layers));
     for (int64_t i = 0; i < n; ++i) {
-        float * dst = host + static_cast<int64_t>(copies[i].dst) * 2 * cfg_.n_layers * bf;
+        std::byte * dst = host + static_cast<int64_t>(copies[i].dst) * 2 * cfg_.n_layers * bf;
         for (int il = 0; il < cfg_.n_layers; ++il) {
             pieces.push_back({dst + (2 * il) * bf, k_pool_[il] + copies[i].src * bf, bytes});
             pieces.push_back({dst + (2 * il + 1) * bf, v_pool_[il] + copies[i].src * bf, bytes});
@@ -161,10 +163,10 @@ void Worker::swap_out(const kv::BlockCopy * copies, int64_t n) {
     wait_copies();  // (a block a background copy reads may be the one written next)
     if (n == 0) { return; }
     check_copies(copies, n, true);
-    const int64_t bf = block_floats(), bytes = bf * static_cast<int64_t>(sizeof(float));
-    auto * host = reinterpret_cast<float *>(alloc_->data(Tag::kv_swap));
+    const int64_t bf = block_bytes(), bytes = bf;
+    std::byte * host = alloc_->data(Tag::kv_swap);
     for (int64_t i = 0; i < n; ++i) {
-        float * dst = host + static_cast<int64_t>(copies[i].dst) * 2 * cfg_.n_layers * bf;
+        std::byte * dst = host + static_cast<int64_t>(copies[i].dst) * 2 * cfg_.n_layers * bf;
         for (int il = 0; il < cfg_.n_layers; ++il) {
             backend_->download(dst + (2 * il) * bf, k_pool_[il] + copies[i].src * bf, bytes);
             backend_->download(dst + (2 * il + 1) * bf, v_pool_[il] + copies[i].src * bf, bytes);
@@ -176,10 +178,10 @@ void Worker::swap_in(const kv::BlockCopy * copies, int64_t n) {
     wait_copies();
     if (n == 0) { return; }
     check_copies(copies, n, false);
-    const int64_t bf = block_floats(), bytes = bf * static_cast<int64_t>(sizeof(float));
-    const auto * host = reinterpret_cast<const float *>(alloc_->data(Tag::kv_swap));
+    const int64_t bf = block_bytes(), bytes = bf;
+    const std::byte * host = alloc_->data(Tag::kv_swap);
     for (int64_t i = 0; i < n; ++i) {
-        const float * src = host + static_cast<int64_t>(copies[i].src) * 2 * cfg_.n_layers * bf;
+        const std::byte * src = host + static_cast<int64_t>(copies[i].src) * 2 * cfg_.n_layers * bf;
         for (int il = 0; il < cfg_.n_layers; ++il) {
             backend_->upload(k_pool_[il] + copies[i].dst * bf, src + (2 * il) * bf, bytes);
             backend_->upload(v_pool_[il] + copies[i].dst * bf, src + (2 * il + 1) * bf, bytes);

@@ -44,7 +44,8 @@ json rank_spawn_to_json(const RankSpawn & s) {
                         {"check_finite_weights", w.check_finite_weights}, {"io_timeout_s", w.io_timeout_s},
                         {"device", kernels::device_kind_name(w.device)}, {"batch_invariant", w.batch_invariant},
                         {"reserve_tokens", w.reserve_tokens}, {"graph_max_batch", w.graph_max_batch},
-                        {"test_device_paths", w.test_device_paths}}},
+                        {"test_device_paths", w.test_device_paths},
+                        {"kv_dtype", w.kv_dtype == kernels::WType::bf16 ? "bfloat16" : "float32"}}},
             {"source", {{"strategy", std::string(weights::to_string(c.source.strategy))}, {"model_dir", c.source.model_dir.string()},
                         {"port", c.source.port}, {"rsync_config", c.source.rsync_config}}},
             {"master_addr", c.master_addr},
@@ -82,6 +83,7 @@ RankSpawn rank_spawn_from_json(const json & j) {
         c.worker.reserve_tokens  = w.value("reserve_tokens", int64_t{0});
         c.worker.graph_max_batch = w.value("graph_max_batch", int32_t{0});  // --use-cudagraph (tp = 1 only; tp > 1 runs eagerly)
         c.worker.test_device_paths = w.value("test_device_paths", false);
+        c.worker.kv_dtype = w.value("kv_dtype", std::string("float32")) == "bfloat16" ? kernels::WType::bf16 : kernels::WType::f32;
         // The device: this rank's index on its node modulo the devices this host sees.
         c.worker.device_id       = rank_device_id(s.rank, c.tensor_parallel_size, c.nnodes, kernels::device_count(c.worker.device));
         const auto & src = j.at("source");

@@ -41,6 +41,7 @@ struct EngineConfig {
     /// loads other bytes that no new version names changes the label (docs/weight_sources.md).
     std::string     weight_fingerprint;
     std::string     model_dir;             ///< --model (update_weights reload_base reads it)
+    kernels::WType  kv_cache_dtype = kernels::WType::f32;  ///< --kv-cache-dtype (KV bytes per block: Worker::kv_block_bytes)
     /// The label of the --model checkpoint itself (version.yaml `step`, else --weight-version):
     /// what update_weights reload_base serves it as.
     std::string     base_weight_version = "0";
@@ -84,6 +85,9 @@ struct EngineStats {
     int64_t n_requests_total = 0, n_preemptions_total = 0, n_steps_total = 0;
     int64_t n_swap_preemptions_total = 0, n_recompute_preemptions_total = 0;  ///< the two kinds of n_preemptions_total
     int64_t n_kv_blocks_used = 0, n_kv_blocks_free = 0, n_kv_blocks_total = 0;
+    std::string kv_cache_dtype = "float32";  ///< --kv-cache-dtype resolved: float32 | bfloat16
+    int32_t kv_block_size = 0;               ///< tokens per KV block
+    int64_t kv_bytes_per_token = 0;          ///< KV bytes one token takes, all layers, K and V, all ranks together
     int64_t n_swap_blocks_used = 0, n_swap_blocks_total = 0;  ///< host swap pool: blocks holding swapped-out KV / capacity
     int64_t n_swapped = 0;                                    ///< sequences whose KV is in the host pool
     int64_t swap_out_bytes_total = 0, swap_in_bytes_total = 0;///< KV bytes copied device → host / host → device (all ranks)

@@ -87,6 +87,10 @@ struct WorkerConfig {
     int32_t block_size = 16;   ///< tokens per KV block
     int64_t n_blocks   = 0;    ///< KV blocks to allocate
     int64_t n_swap_blocks = 0; ///< host swap pool blocks (--swap-space); 0 = none
+    /// --kv-cache-dtype: the element type of the KV pool and of the host swap pool (the same
+    /// bytes per block, so swaps and tier copies are byte copies): f32, or bf16 (half the bytes
+    /// per token; K/V rounded to nearest even when stored, widened exactly when attention reads).
+    kernels::WType kv_dtype = kernels::WType::f32;
     int32_t max_model_len = 0; ///< positions the RoPE table covers
     /// Keep update_weights' staging region resident between updates (the previous weights' region
     /// becomes the next staging area): updates then copy at memory bandwidth, at the cost of a
@@ -217,8 +221,10 @@ public:
     /// Forward steps that ran as a graph step (replayed; on a backend without graphs: padded).
     int64_t graph_steps() const { return g_.steps; }
 
-    /// Bytes of one KV block across all layers (K and V) on one rank of `tp_size`.
-    static int64_t kv_block_bytes(const ModelConfig & cfg, int32_t block_size, int32_t tp_size = 1);
+    /// Bytes of one KV block across all layers (K and V) on one rank of `tp_size`, elements of
+    /// `kv_dtype` (4 bytes f32, 2 bytes bf16): 2 * n_layers * block_size * kv_dim / tp * elem bytes.
+    static int64_t kv_block_bytes(const ModelConfig & cfg, int32_t block_size, int32_t tp_size = 1,
+                                  kernels::WType kv_dtype = kernels::WType::f32);
 
 private:
     int64_t release_weights();  ///< release(weight)
@@ -228,8 +234,10 @@ private:
 
     void map_kv_pool(bool fresh);
     void map_swap_pool(bool fresh);
-    /// Floats of one block in one layer's K (or V) pool.
-    int64_t block_floats() const { return static_cast<int64_t>(wcfg_.block_size) * (cfg_.kv_dim() / wcfg_.tp_size); }
+    /// Bytes of one block in one layer's K (or V) pool (block_size * kv_dim / tp elements of kv_dtype).
+    int64_t block_bytes() const {
+        return static_cast<int64_t>(wcfg_.block_size) * (cfg_.kv_dim() / wcfg_.tp_size) * kernels::kv_elem_bytes(wcfg_.kv_dtype);
+    }
     void check_copies(const kv::BlockCopy * copies, int64_t n, bool out) const;
     /// The tag's region, at least `bytes`: reacquired (same addresses) when big enough, else
     /// mapped anew. Resident on return.
@@ -288,7 +296,7 @@ private:
     bool                                  staged_ = false;   ///< the staging region holds a validated copy
     bool                                  device_mem_ = false;  ///< see device_memory()
     ModelWeights                          w_;
-    std::vector<float *>                  k_pool_, v_pool_;  ///< per layer, in the kv_cache region
+    std::vector<std::byte *>              k_pool_, v_pool_;  ///< per layer, in the kv_cache region (kv_dtype elements)
     kernels::ScratchBuffer                rope_;             ///< [max_model_len, head_dim] backend memory
     kernels::ScratchBuffer                small_;            ///< device_mem_: the f32 norms and biases
     Scratch                               s_;

@@ -227,7 +227,8 @@ public:
 
     /// Store each token's K and V at its slot (kernels::kv_store).
     /// Shapes  kv pool as fd::kernels::PagedKv (K [n_blocks, n_kv_heads, head_dim, block_size],
-    ///         V [n_blocks, block_size, n_kv_heads, head_dim]) f32 (backend memory);
+    ///         V [n_blocks, block_size, n_kv_heads, head_dim]) of kv.dtype, f32 or bf16 (rounded to
+    ///         nearest even; --kv-cache-dtype), backend memory;
     ///         k_new, v_new [n_tokens, n_kv_heads, head_dim] f32;  slots [n_tokens] host.
     virtual void kv_store(PagedKv kv, const float * k_new, const float * v_new, const int64_t * slots,
                           int64_t n_tokens) = 0;
@@ -235,6 +236,7 @@ public:
     /// Causal GQA attention over the paged pool (kernels::attention_paged: fixed reduction order).
     /// Shapes  out [n_tokens, n_heads, head_dim] f32 written;  q [n_tokens, n_heads, head_dim] f32;
     ///         queries [n_tokens] host (block tables host).  scale: usually 1/sqrt(head_dim).
+    ///         kv f32 or bf16 (kv.dtype; bf16 widened exactly to f32 as it is read).
     virtual void attention_paged(float * out, const float * q, const AttnQuery * queries, int64_t n_tokens,
                                  int64_t n_heads, PagedKv kv, float scale) = 0;
 

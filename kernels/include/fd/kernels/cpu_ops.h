@@ -51,8 +51,11 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
 /// a 16-lane sum over t (lane = t mod 16) then one fixed lane reduction; V accumulated with one
 /// FMA per element, t ascending. Results are therefore batch-invariant: a query's output is
 /// bitwise the same alone (decode) or inside a prefill of any length, at any thread count.
-/// Shapes   out [n_tokens, n_heads, head_dim] written;  q [n_tokens, n_heads, head_dim]
-///          queries [n_tokens]
+/// Shapes   out [n_tokens, n_heads, head_dim] f32 written;  q [n_tokens, n_heads, head_dim] f32
+///          queries [n_tokens];  kv as PagedKv, f32 or bf16 (kv.dtype)
+/// KV dtype a bf16 pool is read with every K and V value widened exactly to f32 and the same FMA
+///          chains in the same order: the output is bitwise that of an f32 pool holding the
+///          bf16-rounded values, at half the bytes read.
 /// Paths    scores for 32 keys at a time with the keys along the 16 lanes, read straight from
 ///          the blocks' transposed K (PagedKv: dimension d of 16 keys is one 64-byte load; a
 ///          32-key chunk spans two blocks of 16) when block_size % 16 == 0, else gathered into

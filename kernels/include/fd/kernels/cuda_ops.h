@@ -67,8 +67,9 @@ void rope_rotate_half(float * x, const int32_t * positions, const float * cos_si
 /// Store each token's K and V in the paged pool at its slot (slot = block_id * block_size + offset):
 /// the layout of fd::kernels::PagedKv, k/v pointing to device memory.
 /// Shapes   kv.k [n_blocks, n_kv_heads, head_dim, block_size] (K transposed within each block);
-///          kv.v [n_blocks, block_size, n_kv_heads, head_dim];
-///          k_new, v_new [n_tokens, n_kv_heads, head_dim];  slots [n_tokens] int64.
+///          kv.v [n_blocks, block_size, n_kv_heads, head_dim];  kv.dtype f32, or bf16 (each value
+///          rounded to nearest even, f32_to_bf16_rne's rule);
+///          k_new, v_new [n_tokens, n_kv_heads, head_dim] f32;  slots [n_tokens] int64.
 void kv_store(PagedKv kv, const float * k_new, const float * v_new, const int64_t * slots, int64_t n_tokens,
               cudaStream_t stream);
 
@@ -91,7 +92,8 @@ struct AttnBatch {
 /// n_ctx is read from device memory and the grid is (n_heads, n_tokens) only, so a captured
 /// graph replays correctly for any lengths up to the block tables' max_blocks.
 /// Shapes   out [n_tokens, n_heads, head_dim] written;  q [n_tokens, n_heads, head_dim];
-///          head_dim <= 512, n_heads a multiple of kv.n_kv_heads.
+///          head_dim <= 512, n_heads a multiple of kv.n_kv_heads;  kv.dtype f32 or bf16 (each K/V
+///          element widened exactly to f32 when read: the f32 kernel's result over rounded values).
 void attention_paged(float * out, const float * q, AttnBatch batch, int64_t n_tokens, int64_t n_heads, PagedKv kv,
                      float scale, cudaStream_t stream);
 

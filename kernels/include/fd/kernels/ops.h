@@ -85,19 +85,35 @@ void rope_rotate_half(float * x, const int32_t * positions, const float * cos_si
 /// dimension d of consecutive keys as one contiguous run (no transpose per chunk); V is not:
 ///   k [n_blocks, n_kv_heads, head_dim, block_size]
 ///   v [n_blocks, block_size, n_kv_heads, head_dim]
-/// Both are block_size * n_kv_heads * head_dim floats per block: whole-block copies (swap,
-/// prefix reuse) do not depend on the layout.
+/// Both are block_size * n_kv_heads * head_dim elements of `dtype` per block: whole-block copies
+/// (swap, prefix reuse) do not depend on the layout. dtype f32 (--kv-cache-dtype auto|float32):
+/// 4 bytes per element; bf16 (--kv-cache-dtype bfloat16): 2 bytes, the upper half of an IEEE f32,
+/// written rounded to nearest even by kv_store and widened exactly to f32 by attention.
 struct PagedKv {
-    float * k          = nullptr;
-    float * v          = nullptr;
+    void *  k          = nullptr;  ///< `dtype` elements
+    void *  v          = nullptr;  ///< `dtype` elements
     int32_t block_size = 0;  ///< tokens per block
     int32_t n_kv_heads = 0;
     int32_t head_dim   = 0;
+    WType   dtype      = WType::f32;  ///< element type of k and v (f32 or bf16)
 };
 
+/// Bytes of one element of a KV pool of `dtype` (4 for f32, 2 for bf16).
+constexpr int64_t kv_elem_bytes(WType dtype) { return dtype == WType::bf16 ? 2 : 4; }
+
+/// f32 -> bf16 bits, round to nearest even (NaN stays a quiet NaN of the same sign; values past
+/// the largest bf16 round to +-Inf, as PyTorch's .to(torch.bfloat16) does).
+inline uint16_t f32_to_bf16_rne(float x) {
+    uint32_t u;
+    __builtin_memcpy(&u, &x, sizeof u);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) { return static_cast<uint16_t>((u >> 16) | 0x0040u); }
+    return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
 /// Store each token's K and V at its slot (slot = block_id * block_size + offset), in
-/// PagedKv's layout: k[block_id, kvh, d, offset] = k_new[t, kvh, d], v[slot, :, :] = v_new[t, :, :].
-/// Shapes   k_new, v_new [n_tokens, n_kv_heads, head_dim];  slots [n_tokens]
+/// PagedKv's layout: k[block_id, kvh, d, offset] = k_new[t, kvh, d], v[slot, :, :] = v_new[t, :, :]
+/// (bf16 pools: each value rounded to nearest even, f32_to_bf16_rne).
+/// Shapes   k_new, v_new [n_tokens, n_kv_heads, head_dim] f32;  slots [n_tokens]
 void kv_store(PagedKv kv, const float * k_new, const float * v_new, const int64_t * slots,
               int64_t n_tokens);
 
