@@ -149,7 +149,7 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
             freed += std::max<int64_t>(0, rep.freed_bytes);
             if (rep.device_freed_bytes >= 0) { r.device_freed_bytes = std::max<int64_t>(0, r.device_freed_bytes) + rep.device_freed_bytes; }
             auto & rc = rank_cost(r, rep.rank);
-            rc.freed_bytes = std::max<int64_t>(0, rc.freed_bytes) + rep.freed_bytes;
+            rc.freed_bytes = std::max<int64_t>(0, rc.freed_bytes) + std::max<int64_t>(0, rep.freed_bytes);
             rc.rss_bytes   = rep.rss_bytes;
             if (rep.device_freed_bytes >= 0) { rc.device_freed_bytes = std::max<int64_t>(0, rc.device_freed_bytes) + rep.device_freed_bytes; }
         }
