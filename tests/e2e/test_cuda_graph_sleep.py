@@ -9,7 +9,7 @@ libcudart, read in this process): it grows after the sleep, by at least half the
 daemon reports (the report also counts the pinned host twin of the index buffers), and the
 daemon's device_bytes_freed is positive. Greedy outputs after the wakeup equal the ones before
 the sleep (and a CPU daemon's), also three requests at once (other buckets, captured lazily);
-after a step the buffers are held again (free memory back within 2 MiB of before the sleep, so
+after a step the buffers are held again (free memory back within 4 MiB of before the sleep, so
 nothing leaks over 20 cycles). SGLang's alias does the same. Exits 77 (CTest: Skipped) where no
 CUDA device is visible.
 """
@@ -67,12 +67,12 @@ class CudaGraphSleep(unittest.TestCase):
             self.assertEqual(greedy(d)[0], self.ref)  # the buffers reserved again, the bucket captured again
             self.assertEqual(self.concurrent(d), [self.ref, self.ref_other, self.ref])
             back = device_free()
-            self.assertLessEqual(abs(back - awake), 2 << 20, (awake, back))
+            self.assertLessEqual(abs(back - awake), 4 << 20, (awake, back))
             for _ in range(20):
                 self.assertEqual(d.post("/v1/sleep?tags=cuda_graph")[0], 200)
                 self.assertEqual(d.post("/v1/wakeup?tags=cuda_graph")[0], 200)
                 self.assertEqual(greedy(d)[0], self.ref)
-            self.assertGreaterEqual(device_free(), back - (2 << 20))
+            self.assertGreaterEqual(device_free(), back - (4 << 20))
             # SGLang's staged resume with the tag: release all, weights, then kv_cache + cuda_graph
             self.assertEqual(d.post("/release_memory_occupation", {}), (200, None))
             self.assertEqual(d.post("/resume_memory_occupation", {"tags": ["weights"]}), (200, None))
