@@ -190,10 +190,10 @@ int main(int argc, char ** argv) {
     simple("clear-load-weight", "clear_load_weight", "Legacy: free weights and KV (GET /clear_load_weight)");
     simple("update-model-weight", "update_model_weight", "Legacy: reload weights (GET /update_model_weight)");
     auto * sleep = app.add_subcommand("sleep", "Free memory by tag (implies pause)");
-    sleep->add_option("--tags", o.tags, "weight, kv_cache or both, comma-separated (default both)");
+    sleep->add_option("--tags", o.tags, "weight, kv_cache, cuda_graph, comma-separated (default weight,kv_cache)");
     sleep->callback([&] { cmd.op = "sleep"; });
     auto * wakeup = app.add_subcommand("wakeup", "Restore memory by tag (reloads weights from the source; resumes on success)");
-    wakeup->add_option("--tags", o.tags, "weight, kv_cache or both, comma-separated (default both)");
+    wakeup->add_option("--tags", o.tags, "weight, kv_cache, cuda_graph, comma-separated (default weight,kv_cache)");
     wakeup->callback([&] { cmd.op = "wakeup"; });
     auto * update = app.add_subcommand("update-weights", "Refresh weights in place, all-or-nothing (needs pause; never resumes)");
     update->add_option("--version", o.version, "Weight version to load ([A-Za-z0-9._-]{1,128})");
@@ -260,8 +260,8 @@ int main(int argc, char ** argv) {
     try {
         // Usage errors are caught here, before anything is sent.
         if (cmd.op == "sleep" || cmd.op == "wakeup") {
-            const auto tags = fd::shm::parse_tag_list(o.tags);
-            cmd.tags = tags.size() == 2 ? "weight,kv_cache" : tags[0];
+            cmd.tags.clear();
+            for (const auto & t : fd::shm::parse_tag_list(o.tags)) { cmd.tags += (cmd.tags.empty() ? "" : ",") + t; }
         }
         if ((cmd.op == "update_weights" || cmd.op == "commit_weights") &&
             update->count("--version") + stage->count("--version") + commit->count("--version") > 0) {

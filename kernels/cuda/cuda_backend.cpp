@@ -260,6 +260,20 @@ public:
         graphs_.clear();
     }
 
+    int64_t release_graph_steps() noexcept override {
+        drop_graphs();
+        const int64_t bytes = fixed_.dev ? fixed_.head_bytes + fixed_.max_rows * fixed_.max_blocks * 4 : 0;
+        if (fixed_.pending && fixed_.copied) { cudaEventSynchronize(fixed_.copied); }
+        cudaFree(fixed_.dev);
+        cudaFreeHost(fixed_.pinned);
+        fixed_.dev = fixed_.pinned = nullptr;
+        fixed_.max_rows = fixed_.max_blocks = fixed_.block_size = 0;  // reserve_graph_steps allocates again
+        fixed_.pending = fixed_.active = false;
+        cudaDeviceGraphMemTrim(device_);  // memory the driver keeps for graphs goes back too
+        (void)cudaGetLastError();
+        return 2 * bytes;  // the device buffer and its pinned twin
+    }
+
     int64_t graphs_captured() const override { return n_captured_; }
 
     void begin_step(const StepIndex & step) override {

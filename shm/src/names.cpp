@@ -22,7 +22,7 @@ bool is_valid_request_id(std::string_view id) {
 }
 
 std::vector<std::string> parse_tag_list(std::string_view text) {
-    bool weight = false, kv = false;
+    bool weight = false, kv = false, graph = false;
     size_t pos = 0;
     while (pos <= text.size()) {
         size_t end = text.find(',', pos);
@@ -34,15 +34,19 @@ std::vector<std::string> parse_tag_list(std::string_view text) {
             weight = true;
         } else if (tag == "kv_cache") {
             kv = true;
+        } else if (tag == "cuda_graph") {
+            graph = true;
         } else if (!tag.empty()) {
-            throw Error(Errc::invalid_argument, fmt::format("unknown tag '{}': use weight, kv_cache or both (comma-separated)", tag), "tags");
+            throw Error(Errc::invalid_argument,
+                        fmt::format("unknown tag '{}': use weight, kv_cache, cuda_graph (comma-separated; none = weight,kv_cache)", tag), "tags");
         }
         pos = end + 1;
     }
-    if (!weight && !kv) { weight = kv = true; }
+    if (!weight && !kv && !graph) { weight = kv = true; }
     std::vector<std::string> out;
     if (weight) { out.emplace_back("weight"); }
     if (kv) { out.emplace_back("kv_cache"); }
+    if (graph) { out.emplace_back("cuda_graph"); }
     return out;
 }
 

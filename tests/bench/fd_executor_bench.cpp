@@ -8,7 +8,9 @@
 // rounds: `link_empty_us`, the median round trip of a probe request that runs no model;
 // `link_us`, the same probe carrying the batch (the daemon encodes it into the shared region, the
 // rank decodes it: everything a step adds to the model's work); `encode_us` / `decode_us` alone,
-// in process; `link_over_uni_step` = link_us / the uni step. `memory` lists, for this process (uni)
+// in process; `link_over_uni_step` = link_us / the uni step; `link_msg_bytes` = one LinkMsg (the
+// fixed record sent each way per step over the socket), `region_step_bytes` = the step's share of
+// the shared region (batch in, logits out). `memory` lists, for this process (uni)
 // and the rank process (mp), the mappings of 2 MiB or more with their transparent-huge-page state
 // after the decode rounds; `memory_after_control` the anonymous (arena) share in huge pages after
 // the sleep/wakeup/update cycles.
@@ -207,7 +209,8 @@ int main(int argc, char ** argv) {
                              {"encode_us", median(t_enc) * 1e6}, {"decode_us", median(t_dec) * 1e6},
                              {"link_over_uni_step", median(link_ratios)},
                              {"mp_copy_step_ms", median(t_copy) * 1e3}, {"mp_copy_over_uni", median(copy_ratios)},
-                             {"copy_saved_us", (median(t_copy) - median(t_mp)) * 1e6}});
+                             {"copy_saved_us", (median(t_copy) - median(t_mp)) * 1e6},
+                             {"link_msg_bytes", static_cast<int64_t>(sizeof(runtime::LinkMsg))}, {"region_step_bytes", region_bytes}});
         }
         out["decode_step"] = steps;
         // Where each side's memory sits (after the decode rounds: weights, KV, logits all touched).

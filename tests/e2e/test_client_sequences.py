@@ -208,6 +208,71 @@ class ClientSequences(unittest.TestCase):
         self.ok(d, "POST", "/continue_generation", {})
         self.assert_serves_reference(d, start)
 
+    def test_areal_colocated_disk_update_while_released(self):
+        """AReaL with actor and rollout on the same GPUs (inclusionAI/AReaL@4aef98d,
+        areal/trainer/rl_trainer.py: _is_actor_rollout_colocated sets _should_offload_rollout;
+        _apply_initial_offload_policy offloads first; each train() step is _onload_rollout
+        (rollout.onload = POST /resume_memory_occupation {}, then continue_generation), the
+        rollout, _offload_rollout (pause_generation, then rollout.offload = POST
+        /release_memory_occupation {}: areal/engine/sglang_remote.py get_offload_request /
+        get_onload_request), the train step, then actor.update_weights with the disk meta
+        (areal/engine/fsdp_engine.py _update_weights_from_disk: pause_generation, POST
+        /update_weights_from_disk {"model_path": .../weight_update_v{N}, "abort_all_requests": true}
+        from build_disk_weight_update_requests, the dir deleted once answered:
+        areal/infra/remote_inf_engine.py update_weights_from_disk, clear_checkpoint_after_load;
+        then continue_generation). So the update arrives while the weights are released, and the
+        dir is gone before the next onload: the daemon loads the new weights at once (SGLang's
+        update_weights_from_disk loads at once too), all-or-nothing; /get_weight_version names
+        them from then on. Ends with outputs equal to the reference of the version reported."""
+        d = self.daemon()
+        root = tempfile.mkdtemp(prefix="areal-colo-", dir=self.tmp)
+        start = d.get("/health")[1]["weight_version"]
+
+        def offload():
+            self.ok(d, "POST", "/pause_generation", {})
+            self.assertIsNone(self.ok(d, "POST", "/release_memory_occupation", {}))
+            self.assertEqual(sorted(d.get("/health")[1]["sleeping_tags"]), ["kv_cache", "weight"])
+
+        def onload(label):
+            self.assertIsNone(self.ok(d, "POST", "/resume_memory_occupation", {}))
+            self.ok(d, "POST", "/continue_generation", {})
+            self.assert_serves_reference(d, label)
+
+        offload()  # _apply_initial_offload_policy
+        label = start
+        for v, name in [(1, "B"), (2, "C")]:
+            with self.subTest(version=v):
+                onload(label)
+                offload()
+                # the train step, then update_weights: the save is announced, the request sent
+                self.ok(d, "POST", "/pause_generation", {})
+                path = copy_checkpoint(self.ckpt[name], os.path.join(root, f"weight_update_v{v}"))
+                j = self.ok(d, "POST", "/update_weights_from_disk", {"model_path": path, "abort_all_requests": True})
+                self.assertEqual((j["success"], j["num_paused_requests"]), (True, 0), j)
+                shutil.rmtree(path)  # clear_checkpoint_after_load
+                h = d.get("/health")[1]
+                self.assertEqual((h["sleeping_tags"], h["is_paused"], h["weights_valid"]), (["kv_cache"], True, True), h)
+                label = self.ok(d, "GET", "/get_weight_version")["weight_version"]  # the bytes now loaded
+                self.assertRegex(label, r"^fp-[0-9a-f]{16}$")
+                self.names[label] = name
+                self.ok(d, "POST", "/continue_generation", {})  # kv_cache asleep: stays paused until the onload
+                self.assertTrue(d.get("/health")[1]["is_paused"])
+        onload(label)
+        # all-or-nothing while released: a checkpoint that does not fit (a tensor cut short) is
+        # refused, the weights stay released and the next onload serves the previous version
+        offload()
+        bad = copy_checkpoint(self.ckpt["B"], os.path.join(root, "weight_update_v3"))
+        with open(os.path.join(bad, "model.safetensors"), "r+b") as f:
+            f.truncate(os.path.getsize(os.path.join(bad, "model.safetensors")) - 4096)
+        self.ok(d, "POST", "/pause_generation", {})
+        code, j = d.post("/update_weights_from_disk", {"model_path": bad, "abort_all_requests": True})
+        self.assertEqual((code, j["success"]), (422, False), j)
+        h = d.get("/health")[1]
+        self.assertEqual((sorted(h["sleeping_tags"]), h["weight_version"]), (["kv_cache", "weight"], label), h)
+        # the dir the serving weights came from was deleted: the onload loads --model (A) under
+        # the label that named A at start-up (docs/peer_aliases.md, prime-rl's weight routes)
+        onload(start)
+
     def test_sglang_pause_modes_and_no_op_routes(self):
         """/pause_generation's modes (SGLang's PauseGenerationReqInput: abort, retract, in_place),
         /post_process_weights as a no-op (nothing is quantized), /weights_checker refused."""
@@ -224,8 +289,13 @@ class ClientSequences(unittest.TestCase):
                                  {"restore_weights_before_load": False, "post_process_quantization": True})["success"], True)
         code, j = d.post("/weights_checker", {"action": "snapshot"})
         self.assertEqual((code, j["error"]["type"]), (400, "invalid_argument"), j)
-        self.assertEqual(d.post("/release_memory_occupation", {"tags": ["cuda_graph"]}), (200, None))  # no memory of its own
-        self.assertEqual(d.get("/health")[1]["sleeping_tags"], [])
+        # cuda_graph alone: on CUDA the graphs and their buffers go back (tests/e2e/
+        # test_cuda_graph_sleep.py); here there are none. Like any sleep it pauses; it is not a
+        # sleeping state, and its resume brings the engine back.
+        self.assertEqual(d.post("/release_memory_occupation", {"tags": ["cuda_graph"]}), (200, None))
+        h = d.get("/health")[1]
+        self.assertEqual((h["is_paused"], h["sleeping_tags"]), (True, []), h)
+        self.assertEqual(d.post("/resume_memory_occupation", {"tags": ["cuda_graph"]}), (200, None))
         self.assert_serves_reference(d)
 
     # ---- vLLM servers: verl, OpenRLHF, TRL, prime-rl ----

@@ -50,14 +50,16 @@ class Fdctl(unittest.TestCase):
             (["sleep", "--tags", "weight"], 0, "asleep: weight"),
             (["sleep", "--tags", "weight,kv_cache"], 0, "asleep: kv_cache (already asleep: weight)"),
             (["resume"], EXIT["wrong_state"], ""),
-            (["update-weights", "--version", "v2"], EXIT["wrong_state"], ""),
-            (["wakeup", "--tags", "kv_cache"], 0, "awake: kv_cache"),
-            (["wakeup"], 0, "awake: weight; weight_version 0; serving"),
-            (["update-weights", "--version", "v2"], EXIT["wrong_state"], ""),  # not paused
-            (["pause"], 0, "paused"),
+            # while the weights are released an update loads them at once (issue 26: AReaL's colocated loop)
             (["update-weights", "--version", "v2"], 0, "weight_version v2"),
+            (["status"], 0, "state=sleeping paused=true sleeping=kv_cache weights_valid=true weight_version=v2"),
+            (["wakeup", "--tags", "kv_cache"], 0, "awake: kv_cache; weight_version v2; serving"),
+            (["wakeup"], 0, "awake: -; weight_version v2; serving"),
+            (["update-weights", "--version", "v3"], EXIT["wrong_state"], ""),  # not paused
+            (["pause"], 0, "paused"),
+            (["update-weights", "--version", "v3"], 0, "weight_version v3"),
             (["resume"], 0, "resumed"),
-            (["status"], 0, "state=serving paused=false sleeping=- weights_valid=true weight_version=v2"),
+            (["status"], 0, "state=serving paused=false sleeping=- weights_valid=true weight_version=v3"),
             (["clear-load-weight"], 0, "clear model weight successfully"),
             (["clear-load-weight"], 0, "model weight is cleared"),
             (["update-model-weight"], 0, "update model weight successfully"),
@@ -78,7 +80,7 @@ class Fdctl(unittest.TestCase):
                         rc2, js, _ = fdctl(d.port, "--transport", transport, "--json", *args) if args[0] in ("is-paused", "status") else (rc, None, None)
                         if js:
                             answers[transport].append(normalized(js))
-                self.assertEqual(d.complete(prompt="Lily and Tom", max_tokens=60, temperature=0)["weight_version"], "v2")
+                self.assertEqual(d.complete(prompt="Lily and Tom", max_tokens=60, temperature=0)["weight_version"], "v3")
         self.assertEqual(answers["shm"], answers["v1"])
 
     def test_json_output_is_the_http_body(self):

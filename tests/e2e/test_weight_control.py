@@ -224,6 +224,30 @@ class WeightControl(unittest.TestCase):
                     self.assertFalse(self.ok(d, "POST", f"/v1/wakeup?tags={last}")["is_paused"])
                     self.assertEqual(greedy(d), before)
 
+    def test_cuda_graph_tag_on_cpu(self):
+        """Issue #26: the cuda_graph tag is real (tests/e2e/test_cuda_graph_sleep.py frees the
+        graphs on CUDA); a CPU rank has no graphs: 0 bytes, listed as done, not a sleeping state.
+        No tags still means weight + kv_cache only."""
+        with Daemon("--dynamic-load-weight", "--use-cudagraph") as d:
+            before = greedy(d)
+            res = self.ok(d, "POST", "/v1/sleep?tags=cuda_graph")
+            self.assertEqual((res["tags"], res["skipped"], res["freed_bytes"]), (["cuda_graph"], [], {"cuda_graph": 0}))
+            self.assertEqual(d.get("/health")[1]["sleeping_tags"], [])
+            self.assertTrue(d.get("/health")[1]["is_paused"])
+            self.ok(d, "POST", "/v1/resume")  # nothing asleep: resume is not refused
+            self.assertEqual(greedy(d), before)
+            res = self.ok(d, "POST", "/v1/sleep")
+            self.assertEqual(sorted(res["freed_bytes"]), ["kv_cache", "weight"])
+            res = self.ok(d, "POST", "/v1/wakeup?tags=kv_cache,cuda_graph,weight")
+            self.assertEqual((res["tags"], res["is_paused"]), (["kv_cache", "weight", "cuda_graph"], False))
+            self.assertEqual(greedy(d), before)
+            res = self.ok(d, "POST", "/v1/sleep", {"tags": ["weight", "kv_cache", "cuda_graph"]})
+            self.assertEqual(res["tags"], ["kv_cache", "weight", "cuda_graph"])
+            self.ok(d, "POST", "/v1/wakeup?tags=weight")
+            self.ok(d, "POST", "/v1/wakeup?tags=cuda_graph,kv_cache")
+            self.assertEqual(greedy(d), before)
+            self.err(d, "POST", "/v1/sleep?tags=cuda_graphs", 400, "invalid_argument")
+
     def test_control_routes_need_dynamic_load_weight(self):
         with Daemon() as d:
             for path in ["/v1/sleep", "/v1/wakeup", "/v1/update_weights"]:

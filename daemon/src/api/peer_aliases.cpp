@@ -40,8 +40,8 @@ void send_json(Response & res, int status, const json & body) {
     res.set_content(dump(body), "application/json");
 }
 
-std::string map_tags(const std::vector<std::string> & given, const char * param, bool cuda_graph_ok) {
-    std::string out;
+engine::TagSet map_tags(const std::vector<std::string> & given, const char * param, bool cuda_graph_ok) {
+    engine::TagSet out;
     for (const auto & item : given) {
         size_t start = 0;
         while (start <= item.size()) {
@@ -49,13 +49,16 @@ std::string map_tags(const std::vector<std::string> & given, const char * param,
             std::string t    = item.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
             start            = comma == std::string::npos ? item.size() + 1 : comma + 1;
             if (t.empty()) { continue; }
-            if (t == "weights") { t = "weight"; }
-            if (cuda_graph_ok && t == "cuda_graph") { continue; }  // no memory of its own (sglang_aliases.cpp)
-            if (t != "weight" && t != "kv_cache") {
+            if (t == "weights" || t == "weight") {
+                out.weight = true;
+            } else if (t == "kv_cache") {
+                out.kv_cache = true;
+            } else if (cuda_graph_ok && t == "cuda_graph") {
+                out.cuda_graph = true;
+            } else {
                 throw Error(Errc::invalid_argument, fmt::format("unknown tag '{}' (weights{} or kv_cache); nothing was done", t,
                                                                 cuda_graph_ok ? ", cuda_graph" : ""), param);
             }
-            if (out.find(t) == std::string::npos) { out += (out.empty() ? "" : ",") + t; }
         }
     }
     return out;
@@ -130,7 +133,7 @@ void vllm_sleep(ApiContext & ctx, const ControlInput & in, Response & res) {
                                             "(mode=abort or mode=wait); nothing was done", "mode");
     }
     reject_unknown_fields(in.body, {}, "sleep");
-    const std::string tags = map_tags(in.all("tags"), "tags");
+    const std::string tags = map_tags(in.all("tags"), "tags").text();
     const auto t0 = std::chrono::steady_clock::now();
     if (mode == "wait") {
         const ControlOutcome p = run(ctx, in, {.op = "pause", .mode = "wait"});
@@ -146,7 +149,7 @@ void vllm_wake_up(ApiContext & ctx, const ControlInput & in, Response & res) {
     reject_unknown_fields(in.body, {}, "wake_up");
     const auto given = in.all("tags");
     const auto t0    = std::chrono::steady_clock::now();
-    const ControlOutcome o  = run(ctx, in, {.op = "wakeup", .tags = map_tags(given, "tags")});
+    const ControlOutcome o  = run(ctx, in, {.op = "wakeup", .tags = map_tags(given, "tags").text()});
     if (!o.ok()) { return vllm_error(res, o); }
     send_json(res, 200, json{{"status", sleeping(ctx) ? "sleeping" : "awake"}, {"tags_woken", given.empty() ? json(nullptr) : json(given)},
                              {"elapsed_ms", ms_since(t0)}});

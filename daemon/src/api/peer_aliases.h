@@ -5,6 +5,7 @@
 // from the outcome's fields (docs/peer_aliases.md). No alias parses the service's JSON.
 #pragma once
 
+#include "fd/engine/control.h"
 #include "handlers.h"
 
 #include <chrono>
@@ -28,10 +29,10 @@ bool paused(const ControlOutcome & o);
 void send_json(Response & res, int status, const nlohmann::json & body);
 
 /// Peer tags (`weights` | `weight` | `kv_cache`, comma lists allowed; with `cuda_graph_ok` also
-/// SGLang's `cuda_graph`, which names no memory of its own here: dropped) into our tags text
-/// ("" when nothing is left).
+/// SGLang's `cuda_graph`) into the one tag set (engine::TagSet; empty when none is given: the
+/// route's default applies).
 /// Errors  invalid_argument naming `param` for any other tag (nothing is done).
-std::string map_tags(const std::vector<std::string> & given, const char * param, bool cuda_graph_ok = false);
+engine::TagSet map_tags(const std::vector<std::string> & given, const char * param, bool cuda_graph_ok = false);
 
 /// Milliseconds since t0, rounded to 0.01.
 double ms_since(std::chrono::steady_clock::time_point t0);

@@ -1,8 +1,8 @@
 // SGLang's control routes as slime and AReaL call them (python/sglang/srt/entrypoints/
 // http_server.py): thin aliases over the one control service, like the vLLM ones in
-// peer_aliases.cpp. Tag names: SGLang's `weights` is our `weight`; `cuda_graph` names no memory
-// of its own here (captured graphs keep their addresses across a sleep, see
-// model/worker_graphs.cpp), so it is accepted and acts on nothing.
+// peer_aliases.cpp. Tag names: SGLang's `weights` is our `weight`; `cuda_graph` frees the captured
+// graphs and their buffers on CUDA (engine::TagSet; nothing on CPU); no tags = all three, as
+// SGLang's GPU_MEMORY_ALL_TYPES.
 #include "peer_aliases.h"
 
 #include "fd/shm/names.h"
@@ -18,10 +18,10 @@ using nlohmann::json;
 /// SGLang's error body (_create_error_response): {"error": {"message": ...}}.
 void sglang_error(Response & res, const ControlOutcome & o) { send_error(res, o, control::Peer::sglang); }
 
-/// SGLang's `tags` body field: null/absent = all (""), else a non-empty list of strings
-/// (weights, kv_cache, cuda_graph). nullopt when the list names only `cuda_graph`: nothing to do.
-std::optional<std::string> sglang_tags(const json & body) {
-    if (!body.is_object() || !body.contains("tags") || body["tags"].is_null()) { return ""; }
+/// SGLang's `tags` body field: null/absent = all three, else a non-empty list of strings
+/// (weights, kv_cache, cuda_graph). Returns the wire's tags text.
+std::string sglang_tags(const json & body) {
+    if (!body.is_object() || !body.contains("tags") || body["tags"].is_null()) { return engine::TagSet::all().text(); }
     const char * shape = "'tags' must be a list of strings (weights, kv_cache, cuda_graph)";
     if (!body["tags"].is_array()) { throw Error(Errc::invalid_argument, shape, "tags"); }
     std::vector<std::string> v;
@@ -30,9 +30,7 @@ std::optional<std::string> sglang_tags(const json & body) {
         v.push_back(t.get<std::string>());
     }
     if (v.empty()) { throw Error(Errc::invalid_argument, "'tags' is an empty list; omit it for all tags", "tags"); }
-    std::string tags = map_tags(v, "tags", /*cuda_graph_ok=*/true);
-    if (tags.empty()) { return std::nullopt; }
-    return tags;
+    return map_tags(v, "tags", /*cuda_graph_ok=*/true).text();
 }
 
 /// SGLang's answer to pause_generation / continue_generation.
@@ -52,9 +50,7 @@ bool body_bool(const json & b, const char * key, bool dflt) {
 void sglang_release(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "POST /release_memory_occupation");
     reject_unknown_fields(in.body, {"tags"}, "release_memory_occupation");
-    const auto tags = sglang_tags(in.body);
-    if (!tags) { return send_json(res, 200, nullptr); }  // only cuda_graph: no memory of its own
-    const ControlOutcome o = run(ctx, in, {.op = "sleep", .tags = *tags});
+    const ControlOutcome o = run(ctx, in, {.op = "sleep", .tags = sglang_tags(in.body)});
     if (!o.ok()) { return sglang_error(res, o); }
     send_json(res, 200, nullptr);  // SGLang's handler returns None: a JSON null
 }
@@ -62,9 +58,7 @@ void sglang_release(ApiContext & ctx, const ControlInput & in, Response & res) {
 void sglang_resume(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "POST /resume_memory_occupation");
     reject_unknown_fields(in.body, {"tags"}, "resume_memory_occupation");
-    const auto tags = sglang_tags(in.body);
-    if (!tags) { return send_json(res, 200, nullptr); }
-    const ControlOutcome o = run(ctx, in, {.op = "wakeup", .tags = *tags});
+    const ControlOutcome o = run(ctx, in, {.op = "wakeup", .tags = sglang_tags(in.body)});
     if (!o.ok()) { return sglang_error(res, o); }
     send_json(res, 200, nullptr);
 }

@@ -44,6 +44,7 @@ json result_json(ControlOp op, const ControlResult & r) {
             if (r.freed_weight_bytes >= 0) { freed["weight"] = r.freed_weight_bytes; }
             if (r.freed_kv_bytes >= 0) { freed["kv_cache"] = r.freed_kv_bytes; }
             if (r.freed_swap_bytes >= 0) { freed["kv_swap"] = r.freed_swap_bytes; }
+            if (r.freed_graph_bytes >= 0) { freed["cuda_graph"] = r.freed_graph_bytes; }
             j.update({{"tags", r.tags_done}, {"skipped", r.tags_skipped}, {"freed_bytes", freed}, {"aborted", r.n_aborted},
                       {"rss_before_bytes", r.rss_before_bytes}, {"rss_after_bytes", r.rss_after_bytes}, {"ranks", ranks_json(r)}});
             if (r.device_freed_bytes >= 0) { j["device_bytes_freed"] = r.device_freed_bytes; }

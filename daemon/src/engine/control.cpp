@@ -62,8 +62,16 @@ PauseMode parse_pause_mode(std::string_view text) {
 
 TagSet parse_tags(std::string_view text) {
     TagSet t;
-    for (const auto & tag : shm::parse_tag_list(text)) { (tag == "weight" ? t.weight : t.kv_cache) = true; }
+    for (const auto & tag : shm::parse_tag_list(text)) { (tag == "weight" ? t.weight : tag == "kv_cache" ? t.kv_cache : t.cuda_graph) = true; }
     return t;
+}
+
+std::string TagSet::text() const {
+    std::string out;
+    for (const auto & [on, name] : {std::pair{weight, "weight"}, std::pair{kv_cache, "kv_cache"}, std::pair{cuda_graph, "cuda_graph"}}) {
+        if (on) { out += (out.empty() ? "" : ",") + std::string(name); }
+    }
+    return out;
 }
 
 

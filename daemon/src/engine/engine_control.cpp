@@ -143,17 +143,18 @@ void Engine::do_resume(ControlResult &) {
 void Engine::do_sleep(TagSet tags, ControlResult & r) {
     do_pause(PauseMode::abort, r);  // sleep implies pause mode=abort: kept requests end too (their KV is freed)
     r.rss_before_bytes = process_rss_bytes() + executor_->rank_processes_rss_bytes();
-    auto release = [&](runtime::MemoryTag tag, int64_t & freed) {
+    auto count = [&](const std::vector<runtime::RankReport> & reps, int64_t & freed) {
         freed = 0;
-        for (const auto & rep : executor_->release(tag)) {
-            freed += rep.freed_bytes;
+        for (const auto & rep : reps) {
+            freed += std::max<int64_t>(0, rep.freed_bytes);
             if (rep.device_freed_bytes >= 0) { r.device_freed_bytes = std::max<int64_t>(0, r.device_freed_bytes) + rep.device_freed_bytes; }
             auto & rc = rank_cost(r, rep.rank);
-            rc.freed_bytes = std::max<int64_t>(0, rc.freed_bytes) + rep.freed_bytes;
+            rc.freed_bytes = std::max<int64_t>(0, rc.freed_bytes) + std::max<int64_t>(0, rep.freed_bytes);
             rc.rss_bytes   = rep.rss_bytes;
             if (rep.device_freed_bytes >= 0) { rc.device_freed_bytes = std::max<int64_t>(0, rc.device_freed_bytes) + rep.device_freed_bytes; }
         }
     };
+    auto release = [&](runtime::MemoryTag tag, int64_t & freed) { count(executor_->release(tag), freed); };
     if (tags.kv_cache) {
         if (state_.kv_asleep) {
             r.tags_skipped.push_back("kv_cache");
@@ -182,6 +183,12 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
             state_.weights_valid = false;
             r.tags_done.push_back("weight");
         }
+    }
+    if (tags.cuda_graph) {
+        // Not a sleeping state (TagSet): the graphs and their buffers go back on every rank
+        // (nothing on a CPU rank), and each graph is captured again at its first step.
+        count(executor_->rank_call({.op = runtime::RankOp::release_graphs}), r.freed_graph_bytes);
+        r.tags_done.push_back("cuda_graph");
     }
     r.rss_after_bytes = process_rss_bytes() + executor_->rank_processes_rss_bytes();
 }
@@ -216,6 +223,7 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
         }
     }
     if (tags.weight) { (weight_woken ? r.tags_done : r.tags_skipped).push_back("weight"); }  // after kv_cache, as before
+    if (tags.cuda_graph) { r.tags_done.push_back("cuda_graph"); }  // nothing now: captured again at the first graph step
     r.version = state_.weight_version;
     if (!state_.weight_asleep && !state_.kv_asleep && state_.weights_valid) { state_.paused = false; }
 }
@@ -313,46 +321,102 @@ void Engine::recover_ranks(ControlResult & r) {
     lg->info("wakeup: ranks recovered, serving weight_version {}", state_.weight_version);
 }
 
-void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
-    if (!state_.paused) { fail(Errc::wrong_state, "update_weights needs a paused engine; POST /v1/pause first"); }
-    if (state_.weight_asleep) { fail(Errc::wrong_state, "weights are asleep; POST /v1/wakeup?tags=weight first (it reloads from the source)"); }
-    // A new update replaces whatever an earlier "commit": false left staged.
-    drop_staged(nullptr);
-    // Phase 1 on every rank (the executor drops every staged copy if any rank fails).
+weights::FetchRequest Engine::update_request(const ControlCommand & cmd) const {
     weights::FetchRequest req{.version = cmd.version, .verify_checksum = cmd.verify_checksum, .serving_version = state_.weight_version};
     if (cmd.reload_base) {  // prime-rl's /reload_weights: the base --model (anyone's, like `normal`)
         req.weight_dir       = cfg_.model_dir;
         req.weight_dir_owned = false;
-    } else if (!cmd.weight_dir.empty()) {  // prime-rl's /update_weights {"weight_dir"}
+    } else if (!cmd.weight_dir.empty()) {  // prime-rl's /update_weights {"weight_dir"}, SGLang's model_path
         req.weight_dir = cmd.weight_dir;
     }
-    const auto staged = executor_->stage_weights(req);
-    std::vector<std::string> fps;
-    for (const auto & rep : staged) { fps.push_back(rep.fingerprint); }
-    staged_fingerprint_ = weights::combine_fingerprints(fps);
-    std::optional<std::string> version = cmd.version ? cmd.version : staged[0].version;
+    return req;
+}
+
+std::optional<std::string> Engine::update_label(const ControlCommand & cmd, const std::optional<std::string> & fetched, const std::string & fp) {
+    std::optional<std::string> version = cmd.version ? cmd.version : fetched;
     // Nothing names the bytes (no version given, no version.yaml step): the base model keeps its
     // start-up label; the bytes the serving label names keep it; any others are named by their
     // fingerprint (AReaL's update_weights_from_disk sends no version).
     if (!version && cmd.reload_base) { version = cfg_.base_weight_version; }
-    if (!version && !staged_fingerprint_.empty()) {
-        version = weights::label_of_unnamed(known_labels_, state_.weight_version, staged_fingerprint_);
-    }
-    if (!version) {
-        executor_->drop_staged_weights();
-        throw Error(Errc::invalid_argument,
-                    "no version given and the source names none (no version.yaml 'step', no record version); pass {\"version\": \"...\"}",
-                    "version");
-    }
-    if (!cmd.version) {
+    if (!version && !fp.empty()) { version = weights::label_of_unnamed(known_labels_, state_.weight_version, fp); }
+    if (version && !cmd.version) {
         // The source's own version (version.yaml): when this process saw it on other bytes, the
         // label names the new bytes by their fingerprint instead.
-        const std::string label = weights::label_for(known_labels_, *version, staged_fingerprint_);
+        const std::string label = weights::label_for(known_labels_, *version, fp);
         if (label != *version) {
             log::get("engine")->warn("update_weights: the source says version {} but that version named other weights; serving "
                                      "them as weight_version {} (write a new version.yaml step or pass \"version\")", *version, label);
             version = label;
         }
+    }
+    return version;
+}
+
+namespace {
+const char * kNoVersion = "no version given and the source names none (no version.yaml 'step', no record version); pass {\"version\": \"...\"}";
+}  // namespace
+
+void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) {
+    // AReaL's colocated loop (areal/trainer/rl_trainer.py: _offload_rollout = pause_generation +
+    // release_memory_occupation {}; the train step; actor.update_weights = pause_generation +
+    // update_weights_from_disk; _onload_rollout = resume_memory_occupation {} +
+    // continue_generation) sends the update while the weights are released, and deletes the dir
+    // once answered (clear_checkpoint_after_load). So the new weights cannot wait for the wakeup:
+    // they are loaded now into fresh memory, as SGLang's update_weights_from_disk loads at once.
+    // All-or-nothing: on any failure every rank's weights stay released and the label, the
+    // serving dir and what a wakeup loads are as before.
+    if (!cmd.commit) {
+        fail(Errc::wrong_state, "weights are asleep: a two-phase update cannot stage into released memory; POST /v1/wakeup?tags=weight "
+                                "first (or update without \"commit\": false, which loads the new weights at once)");
+    }
+    const weights::FetchRequest req  = update_request(cmd);
+    const auto                  reps = executor_->reload_weights(req);
+    std::vector<std::string> fps;
+    for (const auto & rep : reps) { fps.push_back(rep.fingerprint); }
+    const std::string fp      = weights::combine_fingerprints(fps);
+    const auto        version = update_label(cmd, reps[0].version, fp);
+    if (!version) {
+        executor_->release(runtime::MemoryTag::weight);  // as before the call: released
+        throw Error(Errc::invalid_argument, kNoVersion, "version");
+    }
+    state_.weight_asleep = false;
+    state_.weights_valid = true;
+    weights_changed();
+    set_label(*version, fp);
+    serving_dir_       = req.weight_dir;
+    serving_dir_owned_ = req.weight_dir_owned;
+    for (const auto & rep : reps) {
+        auto & rc = rank_cost(r, rep.rank);
+        rc.version   = *version;
+        rc.sync_s    = rep.fetch_s;
+        rc.update_s  = rep.stage_s;
+        rc.total_s   = rep.fetch_s + rep.stage_s;
+        rc.bytes     = rep.bytes;
+        rc.rss_bytes = rep.rss_bytes;
+    }
+    r.bytes             = reps[0].bytes;
+    r.checksum_verified = reps[0].checksum_verified;
+    r.version           = *version;
+    r.tags_done         = {"weight"};  // the weight tag is awake again
+    log::get("engine")->info("update_weights while the weights were released: weight_version {} loaded, weight tag awake{}", *version,
+                             state_.kv_asleep ? " (kv_cache still asleep)" : "");
+}
+
+void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
+    if (!state_.paused) { fail(Errc::wrong_state, "update_weights needs a paused engine; POST /v1/pause first"); }
+    if (state_.weight_asleep) { return update_while_asleep(cmd, r); }
+    // A new update replaces whatever an earlier "commit": false left staged.
+    drop_staged(nullptr);
+    // Phase 1 on every rank (the executor drops every staged copy if any rank fails).
+    const weights::FetchRequest req = update_request(cmd);
+    const auto staged = executor_->stage_weights(req);
+    std::vector<std::string> fps;
+    for (const auto & rep : staged) { fps.push_back(rep.fingerprint); }
+    staged_fingerprint_ = weights::combine_fingerprints(fps);
+    const std::optional<std::string> version = update_label(cmd, staged[0].version, staged_fingerprint_);
+    if (!version) {
+        executor_->drop_staged_weights();
+        throw Error(Errc::invalid_argument, kNoVersion, "version");
     }
     for (const auto & rep : staged) {
         auto & rc = rank_cost(r, rep.rank);

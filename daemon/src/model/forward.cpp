@@ -23,6 +23,7 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
         FD_CHECK(b.tokens[t] >= 0 && b.tokens[t] < cfg_.vocab_size, "token id {} outside vocab", b.tokens[t]);
         FD_CHECK(b.positions[t] < wcfg_.max_model_len, "position {} beyond max_model_len", b.positions[t]);
     }
+    if (graphs_on() && s_.x.capacity_bytes() == 0) { restore_graph_memory(); }  // after release_graphs()
     if (graphs_on() && is_graph_step(b, g_.buckets.back(), wcfg_.max_model_len)) { return forward_graph(b, logits, abandon); }
     backend_->begin_step({b.tokens.data(), b.positions.data(), b.slots.data(), b.queries.data(), n});
     // The logits land in the caller's host buffer directly where backend memory is host memory.

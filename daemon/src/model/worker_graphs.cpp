@@ -12,6 +12,10 @@
 // graph_addresses() records all of them at capture; a step that finds one moved drops the
 // graphs and captures again (counted in graph_captures(), logged) rather than replaying stale
 // pointers.
+//
+// Sleep tag cuda_graph (release_graphs): the graphs, their fixed index buffers and the
+// activations go back to the device; the next forward() reserves the buffers again (new
+// addresses) and every bucket is captured again at its first step, by the same address check.
 #include "fd/log.h"
 #include "fd/model/graph_plan.h"
 #include "fd/model/worker.h"
@@ -45,6 +49,30 @@ void Worker::capture_graphs() {
     for (int32_t b : g_.buckets) { list += (list.empty() ? "" : " ") + std::to_string(b); }
     log::get("model")->info("rank={} | CUDA graphs: {} decode buckets captured ({}), {} activation bytes reserved", wcfg_.rank,
                             g_.captures - before, list, scratch_bytes());
+}
+
+int64_t Worker::release_graphs() {
+    if (!graphs_on() || !backend_->supports_graphs()) { return 0; }
+    backend_->synchronize();
+    int64_t freed = backend_->release_graph_steps();
+    std::fill(g_.ids.begin(), g_.ids.end(), -1);
+    freed += scratch_bytes();
+    for (kernels::ScratchBuffer * b : {&s_.x, &s_.xn, &s_.qkv, &s_.q, &s_.k, &s_.v, &s_.att, &s_.ff, &s_.gate, &s_.rows, &s_.logits,
+                                       &s_.part, &s_.gathered, &s_.moe_logits, &s_.moe_out, &s_.moe_work, &s_.shared_gu,
+                                       &s_.shared_act, &s_.shared_y, &s_.shared_g}) {
+        b->reset();
+    }
+    log::get("model")->info("rank={} | CUDA graphs released: {} bytes (graphs, step index buffers, activations); captured again "
+                            "at the next step", wcfg_.rank, freed);
+    return freed;
+}
+
+void Worker::restore_graph_memory() {
+    const int64_t reserve = std::max<int64_t>(wcfg_.reserve_tokens, g_.buckets.back());
+    reserve_scratch(reserve, reserve);
+    const int32_t max_blocks = (wcfg_.max_model_len + wcfg_.block_size - 1) / wcfg_.block_size;
+    backend_->reserve_graph_steps(g_.buckets.back(), std::max(1, max_blocks), wcfg_.block_size);
+    g_.addrs = graph_addresses();  // no graph holds the old ones: each bucket captures at its first step
 }
 
 void Worker::capture_bucket(size_t k) {

@@ -38,7 +38,7 @@ public:
     /// The one rank runs the table's row (rank_ops.cpp); a release measures the device again.
     std::vector<RankReport> rank_call(const RankRequest & req) override {
         RankReport r = run_rank_op(site_, req);
-        if (req.op == RankOp::release || req.op == RankOp::mem_info) { refresh_rank_devices(0.0); }
+        if (req.op == RankOp::release || req.op == RankOp::release_graphs || req.op == RankOp::mem_info) { refresh_rank_devices(0.0); }
         return {std::move(r)};
     }
 

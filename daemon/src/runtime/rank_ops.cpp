@@ -76,6 +76,7 @@ void run_reload(RankSite & s, const RankRequest & req, RankReport & r) {
     r.bytes       = ckpt.index.total_bytes;
     r.version     = ckpt.version;
     r.fingerprint = ckpt.fingerprint;
+    r.checksum_verified = ckpt.checksum_verified;
 }
 
 void run_mem_info(RankSite &, const RankRequest &, RankReport &) {}  // the executor measures after every call
@@ -95,6 +96,13 @@ void run_describe(RankSite & s, const RankRequest &, RankReport & r) {
                               {"tied_lm_head", l.tied_lm_head},
                               {"tensors", std::move(tensors)}}
                    .dump();
+}
+
+void run_release_graphs(RankSite & s, const RankRequest &, RankReport & r) {
+    const bool    cuda  = on_cuda(s);
+    const int64_t free0 = cuda ? s.worker->backend().mem_info().free_bytes : 0;
+    r.freed_bytes = s.worker->release_graphs();
+    if (cuda) { r.device_freed_bytes = s.worker->backend().mem_info().free_bytes - free0; }
 }
 
 using RunFn = void (*)(RankSite &, const RankRequest &, RankReport &);

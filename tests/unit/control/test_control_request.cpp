@@ -42,6 +42,24 @@ TEST_CASE("control request: tags only for sleep/wakeup, empty = both, unknown ta
     CHECK(kv.tags.kv_cache);
     CHECK(rejected_param({.op = "sleep", .tags = "weight,foo"}) == "tags");
     CHECK(rejected_param({.op = "pause", .tags = "weight"}) == "tags");
+    CHECK(!both.tags.cuda_graph);  // no tags = weight + kv_cache, as vLLM and FastDeploy
+    auto g = parse_command({.op = "sleep", .tags = "cuda_graph"});
+    CHECK((!g.tags.weight && !g.tags.kv_cache && g.tags.cuda_graph));
+    CHECK(rejected_param({.op = "sleep", .tags = "cuda_graphs"}) == "tags");
+}
+
+TEST_CASE("control request: TagSet text is the wire's tags, in one order, and parses back") {
+    using fd::engine::TagSet;
+    CHECK(TagSet{}.text().empty());
+    CHECK(TagSet::all().text() == "weight,kv_cache,cuda_graph");
+    CHECK(TagSet{false, true, true}.text() == "kv_cache,cuda_graph");
+    for (const TagSet t : {TagSet{true, false, false}, TagSet{false, true, false}, TagSet{false, false, true}, TagSet{true, false, true},
+                           TagSet::all()}) {
+        const TagSet back = fd::engine::parse_tags(t.text());
+        CHECK((back.weight == t.weight && back.kv_cache == t.kv_cache && back.cuda_graph == t.cuda_graph));
+    }
+    const TagSet dup = fd::engine::parse_tags(" cuda_graph, weight ,cuda_graph");
+    CHECK(dup.text() == "weight,cuda_graph");
 }
 
 TEST_CASE("control request: version syntax is checked here, for update_weights only") {

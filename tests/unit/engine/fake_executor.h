@@ -99,10 +99,15 @@ public:
         return reports(std::nullopt, 0);
     }
     void drop_staged_weights() override { note("drop"); }
-    /// A bare rank call: logged as "rank_call:<op>" (the engine never makes one today).
+    /// A bare rank call: logged as "rank_call:<op>" (the engine makes one for sleep's
+    /// cuda_graph tag: release_graphs, 7 bytes per rank).
     std::vector<runtime::RankReport> rank_call(const runtime::RankRequest & req) override {
         note(("rank_call:" + std::string(runtime::rank_op_name(req.op))).c_str());
-        return reports(std::nullopt, 0);
+        auto r = reports(std::nullopt, 0);
+        if (req.op == runtime::RankOp::release_graphs) {
+            for (auto & rep : r) { rep.freed_bytes = 7; }
+        }
+        return r;
     }
     std::vector<runtime::RankReport> release(runtime::MemoryTag tag) override {
         note(tag == runtime::MemoryTag::weight ? "release:weight" : tag == runtime::MemoryTag::kv_cache ? "release:kv_cache" : "release:other");

@@ -268,6 +268,61 @@ TEST_CASE("engine: sleep releases kv_cache then weight; wakeup reloads the weigh
     CHECK(collect(*h.submit({4}, 2)).tokens == std::vector<int32_t>{5, 6});
 }
 
+TEST_CASE("engine: sleep's cuda_graph tag releases the graphs on every rank; not a sleeping state") {
+    Harness h;
+    const ControlResult s = h.control({.op = ControlOp::sleep, .tags = {false, false, true}});
+    REQUIRE_FALSE(s.error);
+    CHECK(s.tags_done == std::vector<std::string>{"cuda_graph"});
+    CHECK(s.freed_graph_bytes == 14);  // 7 per rank, two ranks
+    CHECK(s.freed_weight_bytes == -1);
+    CHECK(s.freed_kv_bytes == -1);
+    CHECK(h.ex->count("rank_call:release_graphs") == 1);
+    CHECK(h.ex->count("release:weight") + h.ex->count("release:kv_cache") == 0);
+    auto st = h.engine->stats().state;
+    CHECK((st.paused && !st.weight_asleep && !st.kv_asleep));
+    CHECK_FALSE(h.op(ControlOp::resume).error);  // nothing asleep
+    CHECK(collect(*h.submit({4}, 2)).tokens == std::vector<int32_t>{5, 6});
+    // all three: kv_cache, weight, cuda_graph, in that order; the wakeup lists it and resumes
+    const ControlResult all = h.control({.op = ControlOp::sleep, .tags = TagSet::all()});
+    CHECK(all.tags_done == std::vector<std::string>{"kv_cache", "weight", "cuda_graph"});
+    CHECK(h.ex->count("rank_call:release_graphs") == 2);
+    const ControlResult w = h.control({.op = ControlOp::wakeup, .tags = TagSet::all()});
+    REQUIRE_FALSE(w.error);
+    CHECK(w.tags_done == std::vector<std::string>{"kv_cache", "weight", "cuda_graph"});
+    CHECK_FALSE(w.is_paused);
+    // no tags named by a caller = weight + kv_cache (parse_tags), the graphs untouched
+    CHECK_FALSE(h.control({.op = ControlOp::sleep, .tags = parse_tags("")}).error);
+    CHECK(h.ex->count("rank_call:release_graphs") == 2);
+}
+
+TEST_CASE("engine: update_weights while the weights are released loads them at once, all-or-nothing") {
+    // AReaL's colocated loop: release all, train, update_weights_from_disk, then resume all.
+    Harness h;
+    const std::string before = h.engine->stats().state.weight_version;
+    CHECK_FALSE(h.control({.op = ControlOp::sleep, .tags = {true, true}}).error);
+    h.ex->fail_reload = fd::Error(Errc::invalid_checkpoint, "tensor cut short");
+    CHECK(code_of(h.control({.op = ControlOp::update_weights, .version = "v7"})) == Errc::invalid_checkpoint);
+    auto st = h.engine->stats().state;
+    CHECK((st.weight_asleep && st.kv_asleep && !st.weights_valid && st.weight_version == before));
+    CHECK(code_of(h.control({.op = ControlOp::update_weights, .version = "v7", .commit = false})) == Errc::wrong_state);
+    CHECK(h.ex->count("stage") == 0);
+    const ControlResult u = h.control({.op = ControlOp::update_weights, .version = "v7"});
+    REQUIRE_FALSE(u.error);
+    CHECK(u.version == "v7");
+    CHECK(u.tags_done == std::vector<std::string>{"weight"});
+    CHECK(h.ex->count("reload") == 2);
+    st = h.engine->stats().state;
+    CHECK((!st.weight_asleep && st.kv_asleep && st.weights_valid && st.paused && st.weight_version == "v7"));
+    const ControlResult w = h.control({.op = ControlOp::wakeup, .tags = {true, true}});
+    REQUIRE_FALSE(w.error);
+    CHECK(w.tags_skipped == std::vector<std::string>{"weight"});  // already loaded: not loaded again
+    CHECK(h.ex->count("reload") == 2);
+    CHECK(w.version == "v7");
+    CHECK_FALSE(w.is_paused);
+    const Choice c = collect(*h.submit({4}, 2));
+    CHECK(c.version == "v7");
+}
+
 TEST_CASE("engine: a failed weight reload leaves every tag asleep") {
     Harness h;
     CHECK_FALSE(h.control({.op = ControlOp::sleep, .tags = {true, true}}).error);

@@ -264,6 +264,7 @@ TEST_SUITE("shm::control_block") {
         CHECK(fd::shm::parse_tag_list("") == std::vector<std::string>{"weight", "kv_cache"});
         CHECK(fd::shm::parse_tag_list(" kv_cache , ") == std::vector<std::string>{"kv_cache"});
         CHECK(fd::shm::parse_tag_list("kv_cache,weight") == std::vector<std::string>{"weight", "kv_cache"});
+        CHECK(fd::shm::parse_tag_list("cuda_graph,kv_cache") == std::vector<std::string>{"kv_cache", "cuda_graph"});
         CHECK_THROWS_AS(fd::shm::parse_tag_list("weights"), fd::Error);
     }
 

@@ -66,14 +66,32 @@ std::string_view to_string(PauseMode m);
 /// Parse a pause mode ("" = abort). Errors  fd::Error{invalid_argument} naming it (param "mode").
 PauseMode parse_pause_mode(std::string_view text);
 
-/// Memory a sleep/wakeup acts on.
+/// The memory tags a sleep / wakeup names: the one tag-set type. The V1 routes and fdctl's
+/// mailbox send it as text (shm::parse_tag_list: the names), the vLLM / SGLang aliases map
+/// their names onto it (api/peer_aliases.cpp), the engine acts on it. What each tag frees:
+///   weight      the weights and a staged update copy (allocator regions weight + staging);
+///   kv_cache    the KV pool (region kv_cache; with FD_ENABLE_SWAP_SPACE_CLEARING=1 the host swap
+///               pool kv_swap too) and the prefix cache in it;
+///   cuda_graph  the captured CUDA graphs, their fixed index buffers and the activation buffers
+///               they replay into (no allocator region: Worker::release_graphs). Not a sleeping
+///               state: nothing is refused while it is released, and each graph is captured
+///               again at its first step; a CPU backend has no graphs (0 bytes).
+/// The allocator's own tags (memory::Tag) are regions, not this set: the mapping above is the
+/// engine's (Engine::do_sleep).
 struct TagSet {
-    bool weight   = false;
-    bool kv_cache = false;
-    bool empty() const { return !weight && !kv_cache; }
+    bool weight     = false;
+    bool kv_cache   = false;
+    bool cuda_graph = false;
+    bool empty() const { return !weight && !kv_cache && !cuda_graph; }
+    /// Every tag (SGLang's "no tags": GPU_MEMORY_ALL_TYPES).
+    static TagSet all() { return {true, true, true}; }
+    /// The tags named, comma-separated in the order weight, kv_cache, cuda_graph ("" when empty):
+    /// what the wire's `tags` carries.
+    std::string text() const;
 };
 
-/// Parse `tags=` ("weight,kv_cache"; spaces trimmed; empty or absent = both).
+/// Parse `tags=` ("weight,kv_cache,cuda_graph"; spaces trimmed; empty or absent = weight and
+/// kv_cache, as in vLLM and FastDeploy: cuda_graph only when named).
 /// Errors  fd::Error{invalid_argument} naming the unknown tag.
 TagSet parse_tags(std::string_view text);
 
@@ -173,6 +191,7 @@ struct ControlResult {
     int64_t  freed_weight_bytes = -1;              ///< sleep: -1 = tag not processed (not asked or already asleep)
     int64_t  freed_kv_bytes     = -1;
     int64_t  freed_swap_bytes   = -1;              ///< sleep(kv_cache) with FD_ENABLE_SWAP_SPACE_CLEARING=1: the host swap pool
+    int64_t  freed_graph_bytes  = -1;              ///< sleep(cuda_graph): the ranks' graph buffers (0 on CPU or with graphs off)
     int64_t  n_host_blocks_flushed = 0;            ///< flush_cache: host KV tier prefix blocks forgotten
     int64_t  n_tier_copies_waited = 0;             ///< host KV tier blocks whose background copy the op waited for before it ran
     std::vector<std::string> tags_skipped;         ///< sleep/wakeup: asked but already in that state

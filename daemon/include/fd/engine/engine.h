@@ -239,6 +239,16 @@ private:
     void          do_sleep(TagSet tags, ControlResult & r);
     void          do_wakeup(TagSet tags, ControlResult & r);
     void          do_update_weights(const ControlCommand & cmd, ControlResult & r);
+    /// update_weights while the weights are released (AReaL's colocated loop): the new weights
+    /// are loaded into fresh memory at once, all-or-nothing; the weight tag is awake afterwards.
+    void          update_while_asleep(const ControlCommand & cmd, ControlResult & r);
+    /// Where an update's weights come from: the request's dir, the base --model, else the source.
+    weights::FetchRequest update_request(const ControlCommand & cmd) const;
+    /// The label of an update's new bytes `fp` (docs/weight_sources.md): the request's version,
+    /// else the fetched one (version.yaml step: its fingerprint label when this process saw that
+    /// version on other bytes), the start-up label for the base model, else the serving label
+    /// when the bytes are its own, else fp-<hex>. nullopt: nothing names them.
+    std::optional<std::string> update_label(const ControlCommand & cmd, const std::optional<std::string> & fetched, const std::string & fp);
     void          do_commit_weights(const ControlCommand & cmd, ControlResult & r);
     void          drop_staged(ControlResult * r);  ///< drop the staged version if any (r->version names it)
     int32_t       abort_all();

@@ -220,6 +220,14 @@ public:
     int64_t graph_captures() const { return g_.captures; }
     /// Forward steps that ran as a graph step (replayed; on a backend without graphs: padded).
     int64_t graph_steps() const { return g_.steps; }
+    /// Sleep tag `cuda_graph` (engine thread, generation paused): destroy the captured graphs and
+    /// free what only graph steps need held: the fixed index buffers (Backend::
+    /// release_graph_steps) and the activation buffers reserved for --max-num-batched-tokens
+    /// (reserve_scratch). Nothing to restore explicitly: the next forward() reserves the
+    /// buffers again and each bucket's graph is captured again at its first step (the address
+    /// check in forward_graph). Returns the bytes handed back; 0 on a backend without graphs
+    /// (CPU, whose padded TEST steps keep their buffers) or with graphs off.
+    int64_t release_graphs();
 
     /// Bytes of one KV block across all layers (K and V) on one rank of `tp_size`, elements of
     /// `kv_dtype` (4 bytes f32, 2 bytes bf16): 2 * n_layers * block_size * kv_dim / tp * elem bytes.
@@ -257,6 +265,8 @@ private:
     bool graphs_on() const { return !g_.buckets.empty(); }
     /// Reserve the fixed buffers and capture every bucket (an eager warm-up run first).
     void capture_graphs();
+    /// After release_graphs(): reserve the activation and fixed index buffers again (forward()).
+    void restore_graph_memory();
     /// Capture bucket k's graph on an all-padding step.
     void capture_bucket(size_t k);
     /// A graph step (is_graph_step): pad, upload the indices, replay, download n rows of logits.

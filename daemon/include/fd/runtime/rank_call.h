@@ -39,7 +39,8 @@ namespace fd::runtime {
     X(acquire_kv, "wakeup (kv_cache)")          /* map the KV (and swap) pools again (Worker::acquire_kv) */        \
     X(reload, "wakeup (weights)")               /* fetch req.fetch into fresh memory (Worker::reload_weights) */    \
     X(mem_info, "measuring device memory")      /* nothing: every control reply carries the rank's device memory */ \
-    X(describe, "describe")                     /* the rank's tensors (Worker::layout): detail, see below */
+    X(describe, "describe")                     /* the rank's tensors (Worker::layout): detail, see below */          \
+    X(release_graphs, "sleep (cuda_graph)")     /* destroy the CUDA graphs, free their buffers (Worker::release_graphs) */
 
 enum class RankOp : uint32_t {
 #define FD_RANK_OP_ENUM(name, what) name,
@@ -59,10 +60,10 @@ std::string_view rank_op_name(RankOp op);
 /// What the op is called in an error message ("update_weights (commit)").
 const char * rank_op_what(RankOp op);
 
-/// Memory a rank can hand back and take again: the allocator's tags (fd/memory/allocator.h).
-/// Sleep / wakeup name weight and kv_cache; releasing weight releases the staging copy too.
-/// kv_swap: the host swap pool (--swap-space), released by sleep(kv_cache) only with
-/// FD_ENABLE_SWAP_SPACE_CLEARING=1.
+/// Memory a rank can hand back and take again: the allocator's regions (fd/memory/allocator.h).
+/// The sleep tags (engine::TagSet) map onto them: weight = the weight region and the staging
+/// copy; kv_cache = kv_cache (and kv_swap, the host swap pool of --swap-space, only with
+/// FD_ENABLE_SWAP_SPACE_CLEARING=1); cuda_graph has no region (the release_graphs op).
 using MemoryTag = memory::Tag;
 
 /// One rank operation, the same for every rank (the executor sets each rank's FetchRequest::rank).
@@ -82,9 +83,9 @@ struct RankReport {
     double                     fetch_s  = 0.0;     ///< locating (and, for rsync, pulling) the shard
     double                     stage_s  = 0.0;     ///< validating and copying it into memory
     double                     commit_s = 0.0;     ///< commit: the pointer swap
-    int64_t                    freed_bytes = -1;   ///< release: bytes handed back (-1: not a release)
+    int64_t                    freed_bytes = -1;   ///< release, release_graphs: bytes handed back (-1: not a release)
     int64_t                    rss_bytes = 0;      ///< the rank process's RSS after the call
-    /// release on a CUDA rank (in-process or a rank process): how much cudaMemGetInfo's free
+    /// release / release_graphs on a CUDA rank (in-process or a rank process): how much cudaMemGetInfo's free
     /// memory of its device grew across the call (-1: not measured, a CPU rank). Ranks sharing a
     /// device release one after another, so each delta is that rank's own.
     int64_t                    device_freed_bytes = -1;

@@ -175,6 +175,12 @@ public:
     virtual void replay(int32_t id);
     /// Destroy every graph (waits for the stream first).
     virtual void drop_graphs() noexcept {}
+    /// drop_graphs(), then free the fixed index buffers of reserve_graph_steps() (device and
+    /// pinned host) and let the driver return the graphs' memory (the `cuda_graph` sleep tag).
+    /// The next fixed step needs reserve_graph_steps() again. Returns the bytes of the buffers
+    /// freed (device + pinned host; what the graph objects held shows only in the device's free
+    /// memory). Default (no graphs): 0.
+    virtual int64_t release_graph_steps() noexcept { drop_graphs(); return 0; }
     /// Graphs instantiated so far (a counter: drop_graphs() does not reset it).
     virtual int64_t graphs_captured() const { return 0; }
 
