@@ -233,6 +233,8 @@ int main(int argc, char ** argv) {
     auto * model_info = app.add_subcommand("model-info", "Print the rollout's state dict per rank and its training-name mapping");
     model_info->add_option("--model", info.model_dir, "Hugging Face checkpoint dir")->required();
     model_info->add_option("--tp", info.tp, "Tensor parallel size")->capture_default_str();
+    model_info->add_option("--compute-dtype", info.compute_dtype, "The rollout's --compute-dtype: the numerics block says what the "
+                           "linears compute with this checkpoint's weights")->check(CLI::IsMember({"float32", "bfloat16"}))->capture_default_str();
     model_info->callback([&] { cmd.op = "model_info"; });
 
     app.set_version_flag("--version", fmt::format("fdctl {} (git {})", fd::kVersion, fd::kGitCommit));

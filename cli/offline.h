@@ -31,6 +31,7 @@ struct ModelInfoOptions {
     std::string model_dir;
     int         tp   = 1;
     bool        json = false;
+    std::string compute_dtype = "float32";  ///< the daemon's --compute-dtype the numerics block describes
 };
 
 /// `fdctl model-info`: the inference state dict per rank and the names it maps to in training.

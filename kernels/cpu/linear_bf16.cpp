@@ -7,7 +7,8 @@
 //   holds k = 32 s + 2 l (even) and 32 s + 2 l + 1 (odd) and runs, s ascending,
 //     acc = FTZ(fma(DAZ(x_odd), DAZ(w_odd), DAZ(acc)));  acc = FTZ(fma(DAZ(x_even), DAZ(w_even), acc))
 //   (DAZ: a denormal input reads as zero of its sign; FTZ: a denormal result becomes zero of its
-//   sign; fma: one rounding, RNE). Then lanes.h's fixed reduction of the 16 lanes, then the bias.
+//   sign; fma: one rounding, RNE; a NaN input propagates the first NaN of x, w, acc, quieted).
+//   Then lanes.h's fixed reduction of the 16 lanes, then the bias.
 // That is exactly one vdpbf16ps per step per lane (Intel SDM pseudo-code; checked bitwise on this
 // machine's AMD Zen 4 by tests/unit/kernels/test_linear_bf16.cpp). Two paths give these bits:
 //   avx512_bf16: vcvtne2ps2bf16 for x, vdpbf16ps for the steps, compiled with a target
@@ -65,10 +66,22 @@ inline uint16_t round_one(float v) {
     return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+/// acc + x * w as the instruction computes it: DAZ on the inputs, one rounding, FTZ; a NaN input
+/// gives the first NaN of x, w, acc made quiet (measured on Zen 4, the SDM's order for two-source
+/// ops), an invalid operation (inf * 0, inf - inf) the x86 default NaN 0xFFC00000.
+inline float fma_daz_ftz(float x, float w, float acc) {
+    x = flush(x), w = flush(w), acc = flush(acc);
+    if (std::isnan(x) || std::isnan(w) || std::isnan(acc)) {
+        return from_bits(to_bits(std::isnan(x) ? x : std::isnan(w) ? w : acc) | 0x00400000u);
+    }
+    const float r = std::fma(x, w, acc);
+    return std::isnan(r) ? from_bits(0xFFC00000u) : flush(r);
+}
+
 /// One lane of one step (portable): the odd pair first, then the even pair.
 inline float dp_lane(float acc, uint16_t x_even, uint16_t x_odd, uint16_t w_even, uint16_t w_odd) {
-    acc = flush(std::fma(flush(bf16_value(x_odd)), flush(bf16_value(w_odd)), flush(acc)));
-    return flush(std::fma(flush(bf16_value(x_even)), flush(bf16_value(w_even)), acc));
+    acc = fma_daz_ftz(bf16_value(x_odd), bf16_value(w_odd), acc);
+    return fma_daz_ftz(bf16_value(x_even), bf16_value(w_even), acc);
 }
 
 /// x [n_rows, n_in] f32 → xb [n_rows, kp] bf16 (kp = padded_k(n_in), zero tail), portable.

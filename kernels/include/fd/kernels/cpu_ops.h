@@ -61,7 +61,9 @@ void round_to_bf16(uint16_t * out, const float * x, int64_t n, Bf16Isa isa);
 
 /// One vdpbf16ps: for each lane l < 16,
 ///   acc[l] = FTZ(fma(DAZ(a[2l+1]), DAZ(b[2l+1]), DAZ(acc[l])));  acc[l] = FTZ(fma(DAZ(a[2l]), DAZ(b[2l]), acc[l]))
-/// (DAZ / FTZ: a denormal input / result reads as zero of its sign; one RNE rounding per fma).
+/// (DAZ / FTZ: a denormal input / result reads as zero of its sign; one RNE rounding per fma;
+/// a NaN input gives the first NaN of a, b, acc made quiet; an invalid product or sum, inf * 0 or
+/// inf - inf, the x86 default NaN 0xFFC00000).
 /// Shapes   acc [16] f32 modified;  a, b [32] bf16 bits.
 /// Errors   as round_to_bf16.
 void dpbf16_step(float * acc, const uint16_t * a, const uint16_t * b, Bf16Isa isa);
