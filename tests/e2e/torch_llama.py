@@ -7,6 +7,11 @@ with the softmax in float32, LlamaMLP), used as the reference for the numerics o
   "bf16_inputs"  each linear's input and weight rounded to bfloat16 (round to nearest even),
                  multiplied and summed in float32, output float32: the definition of
                  --compute-dtype bfloat16 (only the summation order differs)
+  "bf16_inputs_f64"  the same with the products summed in float64 (then rounded to float32):
+                 another valid summation order. Rounding each linear's input to bf16 amplifies
+                 the last-bit differences of a summation order (an input a hair either side of a
+                 rounding boundary moves by a whole bf16 step), so the gap between these two is
+                 the noise floor any bf16-input implementation is measured against
   "autocast"     float32 parameters under torch.autocast("cpu", dtype=torch.bfloat16): what a
                  trainer running bf16 autocast computes (linears AND the attention matmuls in bf16,
                  their outputs rounded to bf16, norms and softmax in float32)
@@ -21,7 +26,7 @@ import torch.nn.functional as F
 from fdtest import read_json  # noqa: E402  (also puts scripts/ on sys.path)
 import safetensors_np  # noqa: E402
 
-MODES = ("float32", "bf16_inputs", "autocast")
+MODES = ("float32", "bf16_inputs", "bf16_inputs_f64", "autocast")
 
 
 def load(dir_):
@@ -57,8 +62,10 @@ def logits(cfg, w, ids, mode="float32"):
     assert rs.get("rope_type", rs.get("type", "default")) == "default", "default rope only"
 
     def linear(x, weight, bias=None):
-        if mode == "bf16_inputs":
+        if mode in ("bf16_inputs", "bf16_inputs_f64"):
             x, weight = x.bfloat16().float(), weight.bfloat16().float()
+        if mode == "bf16_inputs_f64":
+            return F.linear(x.double(), weight.double(), None if bias is None else bias.double()).float()
         return F.linear(x, weight, bias)
 
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
