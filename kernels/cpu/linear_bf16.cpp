@@ -42,6 +42,9 @@ namespace {
 constexpr int64_t kStepK = 32;  ///< k's per step: one vdpbf16ps
 
 inline int64_t padded_k(int64_t n_in) { return (n_in + kStepK - 1) / kStepK * kStepK; }
+/// Elements from one rounded x row to the next: the padded k plus one cache line, so that the
+/// rows of a tile do not all fall in the same L1 sets (4 KiB apart when n_in = 2048).
+inline int64_t x_stride(int64_t n_in) { return padded_k(n_in) + kStepK; }
 
 inline float from_bits(uint32_t u) {
     float f;
@@ -86,9 +89,9 @@ inline float dp_lane(float acc, uint16_t x_even, uint16_t x_odd, uint16_t w_even
 
 /// x [n_rows, n_in] f32 → xb [n_rows, kp] bf16 (kp = padded_k(n_in), zero tail), portable.
 void round_rows_portable(uint16_t * xb, const float * x, int64_t r0, int64_t r1, int64_t n_in) {
-    const int64_t kp = padded_k(n_in);
+    const int64_t kp = padded_k(n_in), ldx = x_stride(n_in);
     for (int64_t r = r0; r < r1; ++r) {
-        for (int64_t k = 0; k < kp; ++k) { xb[r * kp + k] = k < n_in ? round_one(x[r * n_in + k]) : uint16_t{0}; }
+        for (int64_t k = 0; k < kp; ++k) { xb[r * ldx + k] = k < n_in ? round_one(x[r * n_in + k]) : uint16_t{0}; }
     }
 }
 
@@ -108,14 +111,14 @@ inline void weight_step_portable(uint16_t (&w)[kStepK], const char * row, WType 
 /// Outputs [o0, o1) of rows [r0, r1), portable: each output's 16 lanes step by step.
 void outputs_portable(float * out, const uint16_t * xb, const char * w, WType wtype, const float * bias, int64_t r0,
                       int64_t r1, int64_t n_out, int64_t n_in, int64_t o0, int64_t o1) {
-    const int64_t kp = padded_k(n_in), row_bytes = n_in * (wtype == WType::bf16 ? 2 : 4);
+    const int64_t kp = padded_k(n_in), ldx = x_stride(n_in), row_bytes = n_in * (wtype == WType::bf16 ? 2 : 4);
     for (int64_t o = o0; o < o1; ++o) {
         for (int64_t r = r0; r < r1; ++r) {
             alignas(64) float acc[kLanes] = {};
             for (int64_t k = 0; k < kp; k += kStepK) {
                 uint16_t ws[kStepK];
                 weight_step_portable(ws, w + o * row_bytes, wtype, k, n_in);
-                const uint16_t * xs = xb + r * kp + k;
+                const uint16_t * xs = xb + r * ldx + k;
                 for (int l = 0; l < kLanes; ++l) { acc[l] = dp_lane(acc[l], xs[2 * l], xs[2 * l + 1], ws[2 * l], ws[2 * l + 1]); }
             }
             float v = reduce16(load16(acc));
@@ -126,7 +129,7 @@ void outputs_portable(float * out, const uint16_t * xb, const char * w, WType wt
 }
 
 #if defined(FD_HAVE_BF16_TARGET)
-FD_BF16_TARGET void round_rows_avx(uint16_t * xb, const float * x, int64_t r0, int64_t r1, int64_t n_in) {
+FD_BF16_TARGET void round_rows_avx(uint16_t * xb, const float * x, int64_t r0, int64_t r1, int64_t n_in, int64_t ldx) {
     const int64_t kp = padded_k(n_in);
     for (int64_t r = r0; r < r1; ++r) {
         const float * src = x + r * n_in;
@@ -141,7 +144,7 @@ FD_BF16_TARGET void round_rows_avx(uint16_t * xb, const float * x, int64_t r0, i
                 lo = _mm512_maskz_loadu_ps(m0, src + k), hi = _mm512_maskz_loadu_ps(m1, src + k + 16);
             }
             const __m512bh b = _mm512_cvtne2ps_pbh(hi, lo);  // element j < 16 from lo
-            _mm512_storeu_si512(xb + r * kp + k, (__m512i)b);
+            _mm512_storeu_si512(xb + r * ldx + k, (__m512i)b);
         }
     }
 }
@@ -171,7 +174,8 @@ FD_BF16_TARGET inline __m512bh weight_step_avx(const char * row, int64_t k, int6
 /// One MR x NR tile over the whole k: rows xr (bf16, padded), weight rows wr; rows past n_rows
 /// and outputs past n_cols repeat the last valid one (not stored).
 struct TileB {
-    const uint16_t * x;       ///< xb [n_rows, kp] at the tile's first row
+    const uint16_t * x;       ///< xb [n_rows, ldx] at the tile's first row
+    int64_t          ldx;     ///< elements between x rows (x_stride)
     int64_t          kp;
     const char *     w;       ///< weight rows [n_cols, row_bytes] at the tile's first output
     int64_t          row_bytes;
@@ -187,7 +191,7 @@ template <WType T, int MR, int NR, bool kPrefetch>
 FD_BF16_TARGET __attribute__((noinline)) void tile_avx(const TileB & t) {
     const uint16_t * xr[MR];
     const char *     wr[NR];
-    for (int r = 0; r < MR; ++r) { xr[r] = t.x + std::min(r, t.n_rows - 1) * t.kp; }
+    for (int r = 0; r < MR; ++r) { xr[r] = t.x + std::min(r, t.n_rows - 1) * t.ldx; }
     for (int c = 0; c < NR; ++c) { wr[c] = t.w + std::min(c, t.n_cols - 1) * t.row_bytes; }
     __m512 a[MR][NR];
 #pragma GCC unroll 8
@@ -232,14 +236,14 @@ FD_BF16_TARGET __attribute__((noinline)) void tile_avx(const TileB & t) {
 template <WType T, int MR, int NR>
 void outputs_avx(float * out, const uint16_t * xb, const char * w, const float * bias, int64_t r0, int64_t r1,
                  int64_t n_out, int64_t n_in, int64_t o0, int64_t o1) {
-    const int64_t kp = padded_k(n_in), row_bytes = n_in * (T == WType::bf16 ? 2 : 4);
-    const int64_t mc = std::max<int64_t>(MR, (256 << 10) / (kp * 2) / MR * MR);
+    const int64_t kp = padded_k(n_in), ldx = x_stride(n_in), row_bytes = n_in * (T == WType::bf16 ? 2 : 4);
+    const int64_t mc = std::max<int64_t>(MR, (256 << 10) / (ldx * 2) / MR * MR);
     for (int64_t b0 = r0; b0 < r1; b0 += mc) {
         const int64_t b1 = std::min(r1, b0 + mc);
         for (int64_t o = o0; o < o1; o += NR) {
             const int n_cols = static_cast<int>(std::min<int64_t>(NR, o1 - o));
             for (int64_t r = b0; r < b1; r += MR) {
-                tile_avx<T, MR, NR, MR == 1>({.x = xb + r * kp, .kp = kp, .w = w + o * row_bytes, .row_bytes = row_bytes,
+                tile_avx<T, MR, NR, MR == 1>({.x = xb + r * ldx, .ldx = ldx, .kp = kp, .w = w + o * row_bytes, .row_bytes = row_bytes,
                                               .n_in = n_in, .n_rows = static_cast<int>(std::min<int64_t>(MR, b1 - r)),
                                               .n_cols = n_cols, .out = out + r * n_out + o, .ldo = n_out,
                                               .bias = bias ? bias + o : nullptr});
@@ -295,12 +299,12 @@ void round_to_bf16(uint16_t * out, const float * x, int64_t n, Bf16Isa isa) {
 #if defined(FD_HAVE_BF16_TARGET)
     if (isa == Bf16Isa::avx512_bf16) {
         const int64_t whole = n / kStepK * kStepK;
-        if (whole > 0) { round_rows_avx(out, x, 0, 1, whole); }
+        if (whole > 0) { round_rows_avx(out, x, 0, 1, whole, whole); }
         if (whole < n) {  // the tail through the instruction too, as a zero-padded step
             alignas(64) float    src[kStepK] = {};
             alignas(64) uint16_t dst[kStepK];
             std::memcpy(src, x + whole, sizeof(float) * (n - whole));
-            round_rows_avx(dst, src, 0, 1, kStepK);
+            round_rows_avx(dst, src, 0, 1, kStepK, kStepK);
             std::memcpy(out + whole, dst, sizeof(uint16_t) * (n - whole));
         }
         return;
@@ -325,18 +329,18 @@ void linear_bf16(float * out, const float * x, const void * w, WType wtype, cons
     if (n_rows <= 0 || n_out <= 0) { return; }
     require(isa);
     const char *  wb = static_cast<const char *>(w);
-    const int64_t kp = padded_k(n_in);
+    const int64_t ldx = x_stride(n_in);
     // x rounded once per call (the caller's thread-local buffer; tasks only read it).
     thread_local std::vector<uint16_t> xb_buf;
-    xb_buf.resize(static_cast<size_t>(n_rows * kp));
+    xb_buf.resize(static_cast<size_t>(n_rows * ldx));
     uint16_t *    xb    = xb_buf.data();
     const int64_t n_thr = pool ? pool->n_threads() : 1;
-    const int64_t n_xt  = n_rows * kp < (64 << 10) ? 1 : std::min(n_rows, n_thr);
+    const int64_t n_xt  = n_rows * ldx < (64 << 10) ? 1 : std::min(n_rows, n_thr);
     for_tasks(pool, n_xt, [&](int64_t t) {
         const int64_t r0 = n_rows * t / n_xt, r1 = n_rows * (t + 1) / n_xt;
 #if defined(FD_HAVE_BF16_TARGET)
         if (isa == Bf16Isa::avx512_bf16) {
-            round_rows_avx(xb, x, r0, r1, n_in);
+            round_rows_avx(xb, x, r0, r1, n_in, x_stride(n_in));
             return;
         }
 #endif
