@@ -236,6 +236,8 @@ int main(int argc, char ** argv) {
     model_info->add_option("--kv-cache-dtype", info.kv_cache_dtype,
                            "The daemon's --kv-cache-dtype the kv_cache figures are for: auto (= float32), float32, bfloat16")
         ->check(CLI::IsMember({"auto", "float32", "bfloat16"}))->capture_default_str();
+    model_info->add_option("--compute-dtype", info.compute_dtype, "The rollout's --compute-dtype: the numerics block says what the "
+                           "linears compute with this checkpoint's weights")->check(CLI::IsMember({"float32", "bfloat16"}))->capture_default_str();
     model_info->callback([&] { cmd.op = "model_info"; });
 
     app.set_version_flag("--version", fmt::format("fdctl {} (git {})", fd::kVersion, fd::kGitCommit));

@@ -8,7 +8,9 @@
 //    "name_mappings_to_training": {inference name: [HF names, stacking order]}}
 //    "kv_cache": {"dtype": "float32" | "bfloat16", "bytes_per_token": per rank, "bytes_per_token_all_ranks"}
 // (--kv-cache-dtype, the daemon's flag: 2 (K, V) x layers x kv_dim / tp x 4 or 2 bytes).
-// The human form prints one table per rank and the mapping.
+//    "numerics": {"compute_dtype", "linear_weights_dtype", "linears", "other_ops"}}
+// The human form prints one table per rank, the mapping and the numerics (--compute-dtype: what
+// the daemon started with that flag computes with these weights; docs/sampling.md).
 #include "offline.h"
 
 #include "fd/publish/rollout_model.h"
@@ -31,6 +33,16 @@ std::string slice_str(const fd::publish::TrainingSlice & s) {
     return s.dim == 0 ? fmt::format("{}[{}:{}]", s.hf_name, s.begin, s.end) : fmt::format("{}[:, {}:{}]", s.hf_name, s.begin, s.end);
 }
 
+/// The numerics block: what --compute-dtype `cd` does with weights stored as `wdtype`.
+json numerics_json(const std::string & cd, const std::string & wdtype) {
+    const bool bf = cd == "bfloat16";
+    std::string linears = bf ? "x rounded to bf16 (round to nearest even), bf16 weights" : "x in f32, weights widened to f32";
+    if (bf && wdtype == "F32") { linears += " (these F32 weights rounded to bf16 as they are read)"; }
+    linears += bf ? ", exact products summed in f32 (vdpbf16ps); outputs f32" : ", products and sums in f32";
+    return {{"compute_dtype", cd}, {"linear_weights_dtype", wdtype}, {"linears", linears},
+            {"other_ops", "f32: embeddings widened, RMSNorm, RoPE, attention, softmax, residual stream"}};
+}
+
 }  // namespace
 
 int run_model_info(const ModelInfoOptions & o) {
@@ -40,6 +52,15 @@ int run_model_info(const ModelInfoOptions & o) {
     const int64_t kv_token = 2LL * m.config().n_layers * m.config().kv_dim() * (bf16_kv ? 2 : 4);  // all ranks
     const json    kv_cache = {{"dtype", bf16_kv ? "bfloat16" : "float32"}, {"bytes_per_token", kv_token / o.tp},
                               {"bytes_per_token_all_ranks", kv_token}};
+    // The linears' stored dtype: that of the 2-D weights of rank 0 other than the embedding.
+    std::string wdtype = "F32";
+    for (const auto & src : m.training_slices(0)) {
+        if (src.tensor.shape.size() == 2 && src.tensor.name.find("embed_tokens") == std::string::npos) {
+            wdtype = fd::model::dtype_name(src.tensor.dtype);
+            break;
+        }
+    }
+    const json numerics = numerics_json(o.compute_dtype, wdtype);
     if (o.json) {
         json j = {{"model", o.model_dir}, {"architecture", m.config().architecture}, {"tp", o.tp}, {"kv_cache", kv_cache},
                   {"ranks", json::array()}};
@@ -56,6 +77,7 @@ int run_model_info(const ModelInfoOptions & o) {
             j["ranks"].push_back({{"rank", r}, {"state_dict", std::move(sd)}, {"training_slices", std::move(sl)}});
         }
         j["name_mappings_to_training"] = mapping;
+        j["numerics"] = numerics;
         std::cout << j.dump() << "\n";
         return 0;
     }
@@ -77,6 +99,8 @@ int run_model_info(const ModelInfoOptions & o) {
     }
     std::cout << "\nname_mappings_to_training:\n";
     for (const auto & [name, hf] : mapping) { std::cout << fmt::format("  {} <- {}\n", name, fmt::join(hf, ", ")); }
+    std::cout << fmt::format("\nnumerics (--compute-dtype {}): linears: {}; {}\n", o.compute_dtype,
+                             numerics["linears"].get<std::string>(), numerics["other_ops"].get<std::string>());
     return 0;
 }
 

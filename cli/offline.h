@@ -32,6 +32,7 @@ struct ModelInfoOptions {
     int         tp   = 1;
     bool        json = false;
     std::string kv_cache_dtype = "auto";  ///< the daemon's --kv-cache-dtype: auto | float32 | bfloat16 (sizes kv_cache)
+    std::string compute_dtype = "float32";  ///< the daemon's --compute-dtype the numerics block describes
 };
 
 /// `fdctl model-info`: the inference state dict per rank and the names it maps to in training.

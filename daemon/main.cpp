@@ -6,6 +6,7 @@
 #include "fd/control/service.h"
 #include "fd/control/shm_watcher.h"
 #include "fd/engine/engine.h"
+#include "fd/kernels/cpu_ops.h"
 #include "fd/log.h"
 #include "fd/checkpoint/model_config.h"
 #include "fd/checkpoint/safetensors.h"
@@ -81,6 +82,12 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_GPU_MEMORY_UTILIZATION");
     app.add_flag("!--no-batch-invariant", c.model.batch_invariant,
                  std::string(c.model.batch_invariant ? "[default: batch-invariant kernels; this flag turns them off] " : "") + "Allow a row's logits to depend on the batch (cuda: cuBLAS heuristic SGEMM for F32 weights without bias; cpu: the same kernels)");
+    app.add_option("--compute-dtype", c.model.compute_dtype,
+                   "The linear layers' arithmetic: float32 (x and widened weights in f32: the default, today's numerics) | "
+                   "bfloat16 (x rounded to bf16, bf16 weights, exact products summed in f32: a trainer's bf16 autocast "
+                   "matmul; AVX512_BF16 when the CPU has it, same bits without; F32 weights are rounded to bf16 as read). "
+                   "cpu only; docs/sampling.md")
+        ->envname("FD_COMPUTE_DTYPE")->capture_default_str();
     app.add_option("--tensor-parallel-size", c.model.tensor_parallel_size, "Tensor-parallel ranks (must divide the KV heads; > 1 runs one process per rank: mp)")
         ->envname("FD_TENSOR_PARALLEL_SIZE")->capture_default_str();
     app.add_option("--threads", c.model.n_threads, "CPU kernel threads per rank (0 = all cores)")->envname("FD_THREADS")->capture_default_str();
@@ -303,7 +310,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
     }
     const char * staged_fill_env = std::getenv("FD_TEST_STAGED_FILL");
     const fd::model::WorkerConfig wcfg{
-        .rank = 0, .device = r.device, .device_id = 0, .batch_invariant = cfg.model.batch_invariant,
+        .rank = 0, .device = r.device, .device_id = 0, .batch_invariant = cfg.model.batch_invariant, .compute = r.compute,
         .reserve_tokens = graphs ? cfg.engine.scheduler.max_num_batched_tokens : 0,
         .graph_max_batch = graphs ? cfg.engine.scheduler.max_num_seqs : 0,
         .test_device_paths = staged_fill_env && std::string(staged_fill_env) == "1",  // test-only hook (README)
@@ -332,8 +339,11 @@ int run(fd::Config & cfg, sigset_t & signals) {
         executor = fd::runtime::make_local_executor(std::move(worker), fd::weights::make_weight_source(scfg));
     }
     lg->info("executor: {} ({} rank(s), {} thread(s) per rank)", executor->backend(), executor->world_size(), cfg.model.n_threads);
+    lg->info("compute dtype: {}{}", fd::kernels::compute_type_name(r.compute),
+             r.compute == fd::kernels::ComputeType::bf16 ? fmt::format(" (linears on {})", fd::kernels::bf16_isa_name(fd::kernels::bf16_best_isa())) : std::string());
     cfg.engine.model_dir           = cfg.model.model_dir;
     cfg.engine.kv_cache_dtype      = r.kv_dtype;
+    cfg.engine.compute_dtype       = fd::kernels::compute_type_name(r.compute);
     cfg.engine.base_weight_version = cfg.engine.weight_version;  // config.cpp: --model's own label
     load_labelled_startup(cfg, scfg, *executor);
     fd::engine::Engine engine(cfg.engine, std::move(executor), tok,

@@ -145,10 +145,22 @@ void Backend::begin_capture() { fail(Errc::internal, "the {} backend has no grap
 int32_t Backend::end_capture() { fail(Errc::internal, "the {} backend has no graph capture", name()); }
 void Backend::replay(int32_t id) { fail(Errc::internal, "the {} backend has no graph {} to replay", name(), id); }
 
+const char * compute_type_name(ComputeType t) { return t == ComputeType::bf16 ? "bfloat16" : "float32"; }
+
+ComputeType parse_compute_type(const std::string & name) {
+    if (name == "float32" || name == "fp32" || name == "float") { return ComputeType::f32; }
+    if (name == "bfloat16" || name == "bf16") { return ComputeType::bf16; }
+    fail(Errc::invalid_argument, "--compute-dtype '{}' is not one of float32, bfloat16", name);
+}
+
 std::unique_ptr<Backend> make_backend(const BackendConfig & cfg) {
     switch (cfg.kind) {
-    case DeviceKind::cpu: return make_cpu_backend(cfg.n_threads);
+    case DeviceKind::cpu: return make_cpu_backend(cfg.n_threads, cfg.compute);
     case DeviceKind::cuda:
+        if (cfg.compute != ComputeType::f32) {
+            fail(Errc::invalid_argument, "--compute-dtype {} runs on the cpu backend only; --device cuda computes in float32",
+                 compute_type_name(cfg.compute));
+        }
 #if FD_WITH_CUDA
         return make_cuda_backend(cfg.device_id, cfg.n_threads, cfg.batch_invariant);
 #else

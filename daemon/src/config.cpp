@@ -172,6 +172,14 @@ void resolve_device(const Config & cfg, Resolved & r, std::vector<std::string> &
         return;
     }
     const bool cuda = r.device == kernels::DeviceKind::cuda;
+    try {
+        r.compute = kernels::parse_compute_type(m.compute_dtype);
+        if (cuda && r.compute != kernels::ComputeType::f32) {
+            problems.push_back(fmt::format("--compute-dtype {} runs on the cpu backend only; --device cuda computes in float32", m.compute_dtype));
+        }
+    } catch (const Error & e) {
+        problems.push_back(e.what());
+    }
     if (m.gpu_memory_utilization != 0.0) {
         if (!cuda) {
             problems.push_back("--gpu-memory-utilization needs --device cuda; on the CPU backend size the KV pool with --kv-cache-bytes "

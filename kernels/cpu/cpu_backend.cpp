@@ -22,9 +22,10 @@ constexpr int64_t kParallelFloats = 16 << 10;
 
 class CpuBackend final : public Backend {
 public:
-    explicit CpuBackend(int32_t n_threads) : pool_(std::max(1, n_threads)) {}
+    CpuBackend(int32_t n_threads, ComputeType compute) : pool_(std::max(1, n_threads)), compute_(compute) {}
 
     const char * name() const override { return "cpu"; }
+    ComputeType compute_type() const override { return compute_; }
     DeviceKind kind() const override { return DeviceKind::cpu; }
     bool host_visible() const override { return true; }
     ThreadPool * host_pool() override { return &pool_; }
@@ -65,7 +66,11 @@ public:
 
     void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
                 int64_t n_out, int64_t n_in) override {
-        kernels::linear(out, x, w, wtype, bias, n_rows, n_out, n_in, &pool_);
+        if (compute_ == ComputeType::bf16) {
+            kernels::linear_bf16(out, x, w, wtype, bias, n_rows, n_out, n_in, &pool_, isa_);
+        } else {
+            kernels::linear(out, x, w, wtype, bias, n_rows, n_out, n_in, &pool_);
+        }
     }
 
     void rms_norm(float * out, const float * x, const float * weight, int64_t n_rows, int64_t n_embd,
@@ -163,14 +168,16 @@ private:
         pool_.parallel_for(n_ranges, [&](int64_t i) { fn(i * per, std::min(n_rows, (i + 1) * per)); });
     }
 
-    ThreadPool pool_;
+    ThreadPool  pool_;
+    ComputeType compute_;
+    Bf16Isa     isa_ = bf16_best_isa();
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int32_t n_threads) {
+std::unique_ptr<Backend> make_cpu_backend(int32_t n_threads, ComputeType compute) {
     if (n_threads < 1) { fail(Errc::invalid_argument, "the cpu backend needs at least 1 thread (got {})", n_threads); }
-    return std::make_unique<CpuBackend>(n_threads);
+    return std::make_unique<CpuBackend>(n_threads, compute);
 }
 
 }  // namespace fd::kernels

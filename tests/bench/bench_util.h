@@ -73,6 +73,23 @@ inline std::string cpu_model() {
     return "unknown";
 }
 
+/// The SIMD flags of the first CPU in /proc/cpuinfo that decide the kernels' paths: fma, avx2,
+/// avx512*, amx* (space-separated; issue 28 asks every figure to carry them).
+inline std::string cpu_simd_flags() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string   line;
+    while (std::getline(in, line)) {
+        if (line.rfind("flags", 0) != 0) { continue; }
+        std::istringstream words(line.substr(line.find(':') + 1));
+        std::string        w, out;
+        while (words >> w) {
+            if (w == "fma" || w == "avx2" || w.rfind("avx512", 0) == 0 || w.rfind("amx", 0) == 0) { out += (out.empty() ? "" : " ") + w; }
+        }
+        return out;
+    }
+    return "";
+}
+
 /// Now as "YYYY-MM-DDTHH:MM:SSZ".
 inline std::string utc_now() {
     const std::time_t t = std::time(nullptr);

@@ -215,6 +215,9 @@ struct Options {
     bool                     prefill_profile = false;
     std::vector<int>         profile_lens    = {128, 512, 2048};
     std::vector<int>         profile_threads = {1, 2};
+    /// --compute-dtype: each model runs once per mode; with both, `compute_dtype_ratios` gives
+    /// bfloat16 ÷ float32 for every row (issue 28).
+    std::vector<fd::kernels::ComputeType> computes = {fd::kernels::ComputeType::f32};
 };
 
 
@@ -308,7 +311,8 @@ json decode_breakdown(const fd::model::ModelConfig & c, const Options & o, int64
     return out;
 }
 
-json bench_model(const std::string & dir, const Options & o, double read_bw, double read_bw_cpu) {
+json bench_model(const std::string & dir, const Options & o, double read_bw, double read_bw_cpu,
+                 fd::kernels::ComputeType compute = fd::kernels::ComputeType::f32) {
     namespace M = fd::model;
     const M::ModelConfig cfg = M::load_model_config(dir);
     const M::TensorIndex idx = M::read_tensor_index(dir);
@@ -326,7 +330,7 @@ json bench_model(const std::string & dir, const Options & o, double read_bw, dou
     int64_t streamed = 0;
     {  // the worker (weights + KV) lives only for the end-to-end measurements
     const auto t_load = Clock::now();
-    M::Worker worker(cfg, idx, M::WorkerConfig{.rank = 0, .n_threads = o.threads, .block_size = bs,
+    M::Worker worker(cfg, idx, M::WorkerConfig{.rank = 0, .compute = compute, .n_threads = o.threads, .block_size = bs,
                                                 .n_blocks = n_blocks, .max_model_len = std::max(total_len, pre_len)});
     const double load_s = seconds_since(t_load);
     fd::kv::KvCache kv({.n_blocks = n_blocks, .block_size_tokens = bs, .enable_prefix_caching = false});
@@ -335,6 +339,7 @@ json bench_model(const std::string & dir, const Options & o, double read_bw, dou
     }
 
     j["model"] = dir;
+    j["compute_dtype"] = fd::kernels::compute_type_name(compute);
     j["architecture"] = cfg.architecture;
     j["shape"] = {{"layers", cfg.n_layers}, {"hidden", cfg.hidden_size}, {"intermediate", cfg.intermediate_size},
                   {"heads", cfg.n_heads}, {"kv_heads", cfg.n_kv_heads}, {"head_dim", cfg.head_dim}, {"vocab", vocab}};
@@ -490,9 +495,15 @@ int main(int argc, char ** argv) {
     app.add_flag("--prefill-profile", o.prefill_profile, "time a prefill per op class at each --profile-threads count, with an sgemm thread-scaling reference");
     app.add_option("--profile-lens", profile_lens, "prefill lengths of the profile, comma-separated")->capture_default_str();
     app.add_option("--profile-threads", profile_threads, "thread counts of the profile (scaling against the first)")->capture_default_str();
+    std::string computes = "float32";
+    app.add_option("--compute-dtype", computes, "linear arithmetic per model run, comma-separated (float32,bfloat16: both, "
+                   "with bfloat16 / float32 ratios)")->capture_default_str();
     CLI11_PARSE(app, argc, argv);
 
     try {
+        o.computes.clear();
+        for (const auto & s : split_commas({computes})) { o.computes.push_back(fd::kernels::parse_compute_type(s)); }
+        if (o.computes.empty()) { o.computes = {fd::kernels::ComputeType::f32}; }
         o.models = split_commas(models);
         if (o.models.empty()) { o.models.push_back(FD_SOURCE_DIR "/models/stories260K"); }
         auto ints = [](const std::string & list) {
@@ -540,6 +551,8 @@ int main(int argc, char ** argv) {
         // Other processes on the machine skew every wall-clock figure: say how busy it was.
         r["loadavg_start"] = read_first_line("/proc/loadavg");
         r["cpu"] = cpu_model();
+        r["cpu_simd_flags"] = cpu_simd_flags();
+        r["bf16_isa"] = fd::kernels::bf16_isa_name(fd::kernels::bf16_best_isa());
         r["n_cpus"] = std::thread::hardware_concurrency();
         r["threads"] = o.threads;
         r["settings"] = {{"batches", o.batches}, {"prompt_len", o.prompt_len}, {"decode_steps", o.decode_steps},
@@ -560,9 +573,30 @@ int main(int argc, char ** argv) {
         int64_t largest = -1, largest_bytes = -1;
         for (const auto & m : o.models) {
             std::fprintf(stderr, "fd_bench: model %s...\n", m.c_str());
-            models_j.push_back(bench_model(m, o, read_bw, read_bw_cpu));
-            const int64_t wb = models_j.back()["weight_bytes"].get<int64_t>();
-            if (wb > largest_bytes) { largest_bytes = wb; largest = static_cast<int64_t>(models_j.size()) - 1; }
+            for (const auto ct : o.computes) {
+                models_j.push_back(bench_model(m, o, read_bw, read_bw_cpu, ct));
+                const int64_t wb = models_j.back()["weight_bytes"].get<int64_t>();
+                if (wb > largest_bytes) { largest_bytes = wb; largest = static_cast<int64_t>(models_j.size()) - 1; }
+            }
+            if (o.computes.size() == 2 && o.computes[0] != o.computes[1]) {  // the two runs just made, same process
+                const json & a = models_j[models_j.size() - 2], & b = models_j.back();
+                const json & f32 = a["compute_dtype"] == "float32" ? a : b, & bf = a["compute_dtype"] == "float32" ? b : a;
+                json rat = {{"model", m}, {"what", "bfloat16 tok/s / float32 tok/s"}, {"prefill", json::array()}, {"decode", json::array()}};
+                for (size_t i = 0; i < f32["prefill"].size(); ++i) {
+                    rat["prefill"].push_back({{"tokens", f32["prefill"][i]["tokens"]},
+                                              {"ratio", round_to(bf["prefill"][i]["tok_s"].get<double>() / f32["prefill"][i]["tok_s"].get<double>(), 3)}});
+                }
+                for (size_t i = 0; i < f32["decode"].size(); ++i) {
+                    json d = {{"batch", f32["decode"][i]["batch"]},
+                              {"ratio", round_to(bf["decode"][i]["tok_s"].get<double>() / f32["decode"][i]["tok_s"].get<double>(), 3)}};
+                    if (f32["decode"][i]["batch"] == 1) {
+                        d["float32_streamed_ratio_vs_read_bw"] = f32["decode"][i]["streamed_ratio_vs_read_bw"];
+                        d["bfloat16_streamed_ratio_vs_read_bw"] = bf["decode"][i]["streamed_ratio_vs_read_bw"];
+                    }
+                    rat["decode"].push_back(d);
+                }
+                r["compute_dtype_ratios"].push_back(rat);
+            }
         }
 
         // Targets, per model; the top-level verdict is the largest model's (a model that fits in

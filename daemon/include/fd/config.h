@@ -24,6 +24,7 @@ struct ModelOptions {
     std::string device         = "cpu";      ///< cpu | cuda (cuda needs a CUDA build and a visible device)
     double      gpu_memory_utilization = 0.0;  ///< cuda: fraction (0, 1] of the device's memory this instance may use (sizes the KV pool); 0 = unset
     bool        batch_invariant = true;      ///< false = --no-batch-invariant (cuda: may use heuristic GEMMs; cpu: same kernels)
+    std::string compute_dtype  = "float32";  ///< --compute-dtype: the linears' arithmetic, float32 | bfloat16 (kernels::ComputeType)
     int32_t     tensor_parallel_size = 1;    ///< ranks; 1 until tensor parallelism lands
     int32_t     n_threads      = 0;          ///< kernel threads; 0 = all cores
 };
@@ -77,6 +78,7 @@ struct Config {
 struct Resolved {
     model::ModelConfig model;
     kernels::DeviceKind device = kernels::DeviceKind::cpu;  ///< --device, parsed
+    kernels::ComputeType compute = kernels::ComputeType::f32;  ///< --compute-dtype, parsed
     int64_t            n_kv_blocks = 0;
     int64_t            n_swap_blocks = 0;   ///< host swap pool blocks per rank (0 = no swap tier)
     kernels::WType     kv_dtype = kernels::WType::f32;  ///< --kv-cache-dtype, parsed (auto = f32)

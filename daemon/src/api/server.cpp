@@ -76,6 +76,7 @@ json model_json(ApiContext & ctx) {
               {"owned_by", "fdrollout"},
               {"root", ctx.cfg.model_dir},
               {"max_model_len", ctx.engine->config().max_model_len},
+              {"compute_dtype", ctx.engine->config().compute_dtype},
               {"weight_version", st.state.weight_version},
               {"kv_cache_dtype", st.kv_cache_dtype},
               {"kv_cache_tokens", st.n_kv_blocks_total * st.kv_block_size},

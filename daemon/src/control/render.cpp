@@ -144,6 +144,7 @@ json status_json(const StatusReport & s) {
             {"control_in_flight", es.control_in_flight.empty() ? json(nullptr) : json(es.control_in_flight)},
             {"last_control_error", es.last_control_error.empty() ? json(nullptr) : json(es.last_control_error)},
             {"model", s.model},
+            {"compute_dtype", s.compute_dtype},
             {"num_requests_running", st.n_running},
             {"num_requests_waiting", st.n_waiting},
             {"kv_blocks", {{"used", st.n_kv_blocks_used}, {"free", st.n_kv_blocks_free}, {"total", st.n_kv_blocks_total}}},

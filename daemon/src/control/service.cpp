@@ -194,6 +194,7 @@ StatusReport ControlService::status_report() const {
     s.stats                = engine_.stats();
     s.draining             = engine_.draining();
     s.model                = cfg_.served_model_name;
+    s.compute_dtype        = engine_.config().compute_dtype;
     s.model_weights_status = legacy_.status();
     s.rss_bytes            = process_rss_bytes() + engine_.rank_processes_rss_bytes();  // the daemon and its rank processes
     s.devices              = engine_.rank_devices();

@@ -41,7 +41,7 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     layout_ = plan_layout(cfg_, idx, {wcfg.rank, wcfg.tp_size});
     validate_against_layout(layout_, idx);
     backend_ = kernels::make_backend({.kind = wcfg.device, .n_threads = std::max(1, wcfg.n_threads), .device_id = wcfg.device_id,
-                                      .batch_invariant = wcfg.batch_invariant});
+                                      .batch_invariant = wcfg.batch_invariant, .compute = wcfg.compute});
     alloc_   = memory::make_allocator(backend_->kind(), wcfg.device_id);
     device_mem_ = !backend_->host_visible() || wcfg.test_device_paths;
     for (kernels::ScratchBuffer * b : {&s_.x, &s_.xn, &s_.qkv, &s_.q, &s_.k, &s_.v, &s_.att, &s_.ff, &s_.gate, &s_.rows,

@@ -43,6 +43,7 @@ json rank_spawn_to_json(const RankSpawn & s) {
                         {"max_model_len", w.max_model_len}, {"n_swap_blocks", w.n_swap_blocks}, {"keep_update_staging", w.keep_update_staging},
                         {"check_finite_weights", w.check_finite_weights}, {"io_timeout_s", w.io_timeout_s},
                         {"device", kernels::device_kind_name(w.device)}, {"batch_invariant", w.batch_invariant},
+                        {"compute_dtype", kernels::compute_type_name(w.compute)},
                         {"reserve_tokens", w.reserve_tokens}, {"graph_max_batch", w.graph_max_batch},
                         {"test_device_paths", w.test_device_paths},
                         {"kv_dtype", w.kv_dtype == kernels::WType::bf16 ? "bfloat16" : "float32"}}},
@@ -80,6 +81,7 @@ RankSpawn rank_spawn_from_json(const json & j) {
         c.worker.rank                 = s.rank;
         c.worker.device          = w.value("device", std::string("cpu")) == "cuda" ? kernels::DeviceKind::cuda : kernels::DeviceKind::cpu;
         c.worker.batch_invariant = w.value("batch_invariant", true);
+        c.worker.compute         = kernels::parse_compute_type(w.value("compute_dtype", std::string("float32")));
         c.worker.reserve_tokens  = w.value("reserve_tokens", int64_t{0});
         c.worker.graph_max_batch = w.value("graph_max_batch", int32_t{0});  // --use-cudagraph (tp = 1 only; tp > 1 runs eagerly)
         c.worker.test_device_paths = w.value("test_device_paths", false);

@@ -77,6 +77,26 @@ TEST_CASE("resolve refuses CUDA-only flags on cpu and an unknown device, naming 
     }
 }
 
+TEST_CASE("resolve: --compute-dtype float32 | bfloat16 (and their short names); anything else is refused naming both") {
+    for (auto [name, want] : {std::pair<const char *, k::ComputeType>{"float32", k::ComputeType::f32}, {"bfloat16", k::ComputeType::bf16},
+                              {"bf16", k::ComputeType::bf16}, {"fp32", k::ComputeType::f32}}) {
+        fd::Config c;
+        c.model.model_dir     = FD_SOURCE_DIR "/models/stories260K";
+        c.model.compute_dtype = name;
+        CAPTURE(name);
+        CHECK(fd::resolve(c).compute == want);
+    }
+    auto [e, w] = problems([](fd::Config & c) { c.model.compute_dtype = "float16"; });
+    CHECK(e == fd::Errc::invalid_argument);
+    CHECK(w.find("--compute-dtype 'float16' is not one of float32, bfloat16") != std::string::npos);
+    auto [e2, w2] = problems([](fd::Config & c) { c.model.device = "cuda"; c.model.compute_dtype = "bfloat16"; });
+    CHECK(e2 == fd::Errc::invalid_argument);
+    CHECK(w2.find("--compute-dtype bfloat16 runs on the cpu backend only") != std::string::npos);
+    auto be = k::make_cpu_backend(1, k::ComputeType::bf16);
+    CHECK(be->compute_type() == k::ComputeType::bf16);
+    CHECK(k::make_cpu_backend(1)->compute_type() == k::ComputeType::f32);
+}
+
 TEST_CASE("Backend::find_nonfinite (the download-and-scan default) finds the first NaN/Inf of F32, BF16 and F16, or -1") {
     auto be = k::make_cpu_backend(1);
     const int64_t n = 300000;  // several 256 KiB pieces

@@ -1,6 +1,7 @@
 // linear (kernels/cpu/matmul.cpp; its many-row path in linear_packed.cpp) against a naive
 // double loop, plus the batch-invariance guarantee of ops.h for it: a row's result is bitwise
-// the same whatever else is in the batch, wherever it sits, and whatever the thread count.
+// the same whatever else is in the batch, wherever it sits, and whatever the thread count —
+// in both compute modes (f32: linear; bf16: linear_bf16, --compute-dtype bfloat16).
 #include "fd/kernels/cpu_ops.h"
 #include "fd/kernels/thread_pool.h"
 
@@ -44,6 +45,17 @@ StoredWeight stored(std::vector<float> w, k::WType t) {
     }
     s.values = std::move(w);
     return s;
+}
+
+/// The two compute modes' linear (the same contract, shapes and invariance).
+enum class Mode { f32, bf16 };
+void run_linear(Mode m, float * out, const float * x, const void * w, k::WType wt, const float * bias, int64_t n_rows,
+                int64_t n_out, int64_t n_in, k::ThreadPool * pool) {
+    if (m == Mode::f32) {
+        k::linear(out, x, w, wt, bias, n_rows, n_out, n_in, pool);
+    } else {
+        k::linear_bf16(out, x, w, wt, bias, n_rows, n_out, n_in, pool);
+    }
 }
 
 /// Entries of `out` [n_rows, n_out] further than 1e-5 × (sum of |terms|) from the naive double
@@ -121,7 +133,7 @@ TEST_CASE("linear matches the naive loop when k spans several cache chunks and r
     }
 }
 
-TEST_CASE("linear rows are bitwise identical alone, at any batch position of 2 to 4096 rows and with 1 to 4 threads") {
+TEST_CASE("linear rows are bitwise identical alone, at any batch position of 2 to 4096 rows and with 1 to 4 threads (f32 and bf16 compute)") {
     std::mt19937 rng(99);
     std::vector<std::unique_ptr<k::ThreadPool>> pools;
     for (int nt : {1, 2, 3, 4}) { pools.push_back(std::make_unique<k::ThreadPool>(nt)); }
@@ -132,13 +144,14 @@ TEST_CASE("linear rows are bitwise identical alone, at any batch position of 2 t
     for (int64_t n : {31, 64, 65, 127, 128, 129, 300, 513, 1000, 2048, 4096}) { row_counts.push_back(n); }
     // Shapes big enough that the pool splits the outputs into several tasks; k below, at and
     // above one cache chunk (with partial steps at the end) so rows meet every path.
+    for (Mode mode : {Mode::f32, Mode::bf16}) {
     for (k::WType wt : {k::WType::f32, k::WType::bf16}) {
         for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{1000, 256}, {97, 65}, {33, 7}, {130, 1100}, {50, 2061}}) {
             const auto w    = stored(random_vec(rng, size_t(n_out * n_in)), wt);
             const auto bias = random_vec(rng, size_t(n_out));
             const auto x0   = random_vec(rng, size_t(n_in));
             std::vector<float> alone(static_cast<size_t>(n_out));
-            k::linear(alone.data(), x0.data(), w.data(wt), wt, bias.data(), 1, n_out, n_in, nullptr);
+            run_linear(mode, alone.data(), x0.data(), w.data(wt), wt, bias.data(), 1, n_out, n_in, nullptr);
 
             int checked = 0, calls = 0;
             for (int64_t n_rows : row_counts) {
@@ -152,10 +165,10 @@ TEST_CASE("linear rows are bitwise identical alone, at any batch position of 2 t
                 for (k::ThreadPool * pool : pool_ptrs) {
                     if (n_rows * n_out * n_in > (int64_t(1) << 28) && pool && pool->n_threads() % 2 == 1) { continue; }  // keep the test short
                     std::vector<float> out(size_t(n_rows * n_out));
-                    k::linear(out.data(), x.data(), w.data(wt), wt, bias.data(), n_rows, n_out, n_in, pool);
+                    run_linear(mode, out.data(), x.data(), w.data(wt), wt, bias.data(), n_rows, n_out, n_in, pool);
                     ++calls;
                     for (int64_t pos : at) {
-                        CAPTURE(int(wt)); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(n_rows); CAPTURE(pos);
+                        CAPTURE(int(mode)); CAPTURE(int(wt)); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(n_rows); CAPTURE(pos);
                         CAPTURE(pool ? pool->n_threads() : 0);
                         CHECK(bits_equal(out.data() + pos * n_out, alone.data(), size_t(n_out)));
                         ++checked;
@@ -166,9 +179,10 @@ TEST_CASE("linear rows are bitwise identical alone, at any batch position of 2 t
             CHECK(checked >= calls);
         }
     }
+    }
 }
 
-TEST_CASE("linear: every row of 1 to 4096 rows is bitwise its one-row result across weight chunks, row blocks and k chunks") {
+TEST_CASE("linear: every row of 1 to 4096 rows is bitwise its one-row result across weight chunks, row blocks and k chunks (f32 and bf16 compute)") {
     // Shapes whose packed weights span several 1 MiB output chunks, whose rows span several
     // 512 KiB blocks of packed x and whose k spans two 1024-k chunks (400 x 1100), plus awkward
     // edges (13 x 33): each row of each batch is one of 64 pool rows and must equal, bitwise,
@@ -177,6 +191,7 @@ TEST_CASE("linear: every row of 1 to 4096 rows is bitwise its one-row result acr
     k::ThreadPool pool1(1), pool2(2);
     const std::vector<k::ThreadPool *> pools = {nullptr, &pool1, &pool2};
     constexpr int64_t kPool = 64;
+    for (Mode mode : {Mode::f32, Mode::bf16}) {
     for (k::WType wt : {k::WType::f32, k::WType::bf16}) {
         for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{400, 1100}, {13, 33}}) {
             const auto w    = stored(random_vec(rng, size_t(n_out * n_in)), wt);
@@ -184,7 +199,7 @@ TEST_CASE("linear: every row of 1 to 4096 rows is bitwise its one-row result acr
             const auto xs   = random_vec(rng, size_t(kPool * n_in), -3.0f, 3.0f);
             std::vector<float> alone(size_t(kPool * n_out));
             for (int64_t p = 0; p < kPool; ++p) {
-                k::linear(alone.data() + p * n_out, xs.data() + p * n_in, w.data(wt), wt, bias.data(), 1, n_out, n_in, nullptr);
+                run_linear(mode, alone.data() + p * n_out, xs.data() + p * n_in, w.data(wt), wt, bias.data(), 1, n_out, n_in, nullptr);
             }
             for (int64_t n_rows : {1, 7, 64, 511, 512, 2048, 4096}) {
                 std::vector<float> x(size_t(n_rows * n_in));
@@ -194,7 +209,7 @@ TEST_CASE("linear: every row of 1 to 4096 rows is bitwise its one-row result acr
                 }
                 for (k::ThreadPool * pl : pools) {
                     std::vector<float> out(size_t(n_rows * n_out), 12345.0f);
-                    k::linear(out.data(), x.data(), w.data(wt), wt, bias.data(), n_rows, n_out, n_in, pl);
+                    run_linear(mode, out.data(), x.data(), w.data(wt), wt, bias.data(), n_rows, n_out, n_in, pl);
                     int64_t bad_rows = 0, first_bad = -1;
                     for (int64_t r = 0; r < n_rows; ++r) {
                         if (!bits_equal(out.data() + r * n_out, alone.data() + pick(r) * n_out, size_t(n_out))) {
@@ -202,12 +217,13 @@ TEST_CASE("linear: every row of 1 to 4096 rows is bitwise its one-row result acr
                             ++bad_rows;
                         }
                     }
-                    CAPTURE(int(wt)); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(n_rows); CAPTURE(pl ? pl->n_threads() : 0);
+                    CAPTURE(int(mode)); CAPTURE(int(wt)); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(n_rows); CAPTURE(pl ? pl->n_threads() : 0);
                     CAPTURE(first_bad);
                     CHECK(bad_rows == 0);
                 }
             }
         }
+    }
     }
 }
 

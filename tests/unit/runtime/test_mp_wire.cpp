@@ -86,3 +86,17 @@ TEST_CASE("mp wire: the spawn configuration carries --use-cudagraph's graph_max_
     RankSpawn off;
     CHECK(rank_spawn_from_json(rank_spawn_to_json(off)).cfg.worker.graph_max_batch == 0);
 }
+
+TEST_CASE("mp wire: the spawn configuration carries --compute-dtype (every rank builds its backend in that mode)") {
+    RankSpawn s;
+    s.cfg.tensor_parallel_size = 2;
+    s.cfg.worker.compute       = kernels::ComputeType::bf16;
+    const auto j = rank_spawn_to_json(s);
+    CHECK(j["worker"]["compute_dtype"] == "bfloat16");
+    CHECK(rank_spawn_from_json(j).cfg.worker.compute == kernels::ComputeType::bf16);
+    RankSpawn f32;
+    CHECK(rank_spawn_from_json(rank_spawn_to_json(f32)).cfg.worker.compute == kernels::ComputeType::f32);
+    auto bad = j;
+    bad["worker"]["compute_dtype"] = "int8";
+    CHECK_THROWS(rank_spawn_from_json(bad));
+}

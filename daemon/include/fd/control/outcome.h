@@ -21,6 +21,7 @@ struct StatusReport {
     engine::EngineStats                   stats;
     bool                                  draining = false;
     std::string                           model;              ///< --served-model-name
+    std::string                           compute_dtype;      ///< --compute-dtype as served ("float32" | "bfloat16")
     shm::WeightsStatus                    model_weights_status = shm::WeightsStatus::normal;  ///< the legacy word
     int64_t                               rss_bytes = 0;      ///< the daemon and its rank processes
     std::vector<runtime::RankDevice>      devices;            ///< CUDA ranks (empty on cpu)

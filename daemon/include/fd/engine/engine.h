@@ -46,6 +46,9 @@ struct EngineConfig {
     /// what update_weights reload_base serves it as.
     std::string     base_weight_version = "0";
     bool            use_cudagraph  = false;///< graphs on: wakeup takes the tags in either order (engine_control.cpp)
+    /// --compute-dtype as served (kernels::compute_type_name: "float32" | "bfloat16"), shown in
+    /// /health and /v1/models; the ranks' backends were built with it.
+    std::string     compute_dtype  = "float32";
     int32_t         debug_control_delay_ms = 0; ///< tests only (FD_DEBUG_CONTROL_DELAY_MS): stretch every control op
     /// FD_ENABLE_SWAP_SPACE_CLEARING=1: sleep(kv_cache) also unmaps the host swap pool
     /// (--swap-space); wakeup(kv_cache) maps it again. Off: the pool's memory stays (its contents

@@ -65,6 +65,8 @@ struct WorkerConfig {
     int32_t device_id  = 0;    ///< CUDA: the device ordinal this rank uses
     /// CUDA: false = --no-batch-invariant (see kernels::BackendConfig); CPU: no effect.
     bool    batch_invariant = true;
+    /// The linears' arithmetic (--compute-dtype; kernels::BackendConfig::compute). CPU only.
+    kernels::ComputeType compute = kernels::ComputeType::f32;
     /// > 0: size every activation buffer for a step of this many tokens (and as many logits rows)
     /// at construction, so forward() never reallocates them and their addresses never change
     /// (what captured CUDA graphs need: --use-cudagraph sets it to --max-num-batched-tokens).

@@ -49,6 +49,18 @@ struct MemInfo {
 /// How a checkpoint stores floats (the weights' dtypes before any widening).
 enum class StoredType : uint8_t { f32 = 0, bf16 = 1, f16 = 2 };
 
+/// The arithmetic of the linear layers (--compute-dtype; vLLM / SGLang name dtypes so).
+///   f32:  x and widened weights multiplied and summed in f32 (kernels::linear) — the default.
+///   bf16: x rounded to bf16, bf16 weights (f32 weights rounded as read), exact products summed
+///         in f32 (kernels::linear_bf16) — a trainer's bf16 autocast matmul with f32 outputs.
+enum class ComputeType : uint8_t { f32 = 0, bf16 = 1 };
+
+/// "float32" / "bfloat16" (the flag's values).
+const char * compute_type_name(ComputeType t);
+/// The flag's value → ComputeType ("float32" | "bfloat16"; also "fp32", "bf16").
+/// Errors  fd::Error{invalid_argument} naming the choices for anything else.
+ComputeType parse_compute_type(const std::string & name);
+
 /// The index arrays of one forward step (host memory, valid until the step's last op is issued).
 struct StepIndex {
     const int32_t *   tokens    = nullptr;  ///< [n_tokens] input ids
@@ -78,6 +90,8 @@ public:
 
     /// "cpu", "cuda" (for logs and /health).
     virtual const char * name() const = 0;
+    /// The linears' arithmetic this backend was built with (BackendConfig::compute).
+    virtual ComputeType compute_type() const { return ComputeType::f32; }
     virtual DeviceKind kind() const = 0;
     /// True when backend memory is host memory the caller may read and write directly (CPU).
     virtual bool host_visible() const = 0;
@@ -286,6 +300,9 @@ struct BackendConfig {
     /// CUDA: false = --no-batch-invariant, linear may use cuBLAS's heuristic GEMM (a row's result
     /// may then depend on the batch's row count). CPU: ignored (its kernels are always invariant).
     bool       batch_invariant = true;
+    /// The linears' arithmetic (ComputeType). CPU: bf16 runs kernels::linear_bf16 (AVX512_BF16
+    /// when the CPU has it, else the portable path: the same bits). CUDA: f32 only.
+    ComputeType compute = ComputeType::f32;
 };
 
 /// True when a backend of `kind` can be built on device `device_id` in this build (CPU: always);
@@ -303,8 +320,9 @@ MemInfo device_mem_info(DeviceKind kind, int32_t device_id);
 /// Host memory from /proc/meminfo: MemAvailable and MemTotal (0, 0 when unreadable).
 MemInfo host_mem_info();
 
-/// The CPU backend: kernels/cpu's ops on its own thread pool of `n_threads` (>= 1).
-std::unique_ptr<Backend> make_cpu_backend(int32_t n_threads);
+/// The CPU backend: kernels/cpu's ops on its own thread pool of `n_threads` (>= 1), its linears
+/// in `compute` arithmetic.
+std::unique_ptr<Backend> make_cpu_backend(int32_t n_threads, ComputeType compute = ComputeType::f32);
 
 /// The backend `cfg` asks for.
 /// Errors  fd::Error{invalid_argument} when that kind is not compiled into this build or the

@@ -43,6 +43,49 @@ namespace fd::kernels {
 void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
             int64_t n_out, int64_t n_in, ThreadPool * pool);
 
+/// Which instructions run linear_bf16's steps. Both give the same bits (the unit tests check it).
+enum class Bf16Isa : uint8_t {
+    portable    = 0,  ///< lane by lane, std::fma with explicit DAZ/FTZ (any CPU)
+    avx512_bf16 = 1,  ///< vcvtne2ps2bf16 + vdpbf16ps (chosen at run time when the CPU has AVX512_BF16)
+};
+/// "portable" / "avx512_bf16".
+const char * bf16_isa_name(Bf16Isa isa);
+/// avx512_bf16 when this CPU has it (cpuid, checked once), else portable.
+Bf16Isa bf16_best_isa();
+
+/// Round f32 to bf16 as vcvtne2ps2bf16 does: round to nearest even; a denormal becomes a zero of
+/// its sign; NaN stays NaN (quiet).
+/// Shapes   out [n] bf16 bits written;  x [n] f32.
+/// Errors   fd::Error{invalid_argument} when `isa` is avx512_bf16 and the CPU lacks it.
+void round_to_bf16(uint16_t * out, const float * x, int64_t n, Bf16Isa isa);
+
+/// One vdpbf16ps: for each lane l < 16,
+///   acc[l] = FTZ(fma(DAZ(a[2l+1]), DAZ(b[2l+1]), DAZ(acc[l])));  acc[l] = FTZ(fma(DAZ(a[2l]), DAZ(b[2l]), acc[l]))
+/// (DAZ / FTZ: a denormal input / result reads as zero of its sign; one RNE rounding per fma;
+/// a NaN input gives the first NaN of a, b, acc made quiet; an invalid product or sum, inf * 0 or
+/// inf - inf, the x86 default NaN 0xFFC00000).
+/// Shapes   acc [16] f32 modified;  a, b [32] bf16 bits.
+/// Errors   as round_to_bf16.
+void dpbf16_step(float * acc, const uint16_t * a, const uint16_t * b, Bf16Isa isa);
+
+/// out = x · Wᵀ (+ bias) in bf16 compute (--compute-dtype bfloat16): x rounded to bf16
+/// (round_to_bf16), W bf16 (f32 weights rounded the same way as they are read: the numbers
+/// of rounding them at load), products exact, sums in f32. Each output is one fixed chain:
+/// steps of 32 k's ascending (the last zero-padded), each one dpbf16_step on 16 lanes (lane l
+/// holds k = 32s + 2l and 32s + 2l + 1), then lanes.h's fixed reduction of the 16 lanes, then
+/// the bias. So a row's result is bitwise the same for any n_rows, batch position, tiling,
+/// thread count and either `isa` (batch-invariant, as linear).
+/// Shapes   as linear: out [n_rows, n_out] f32 written;  x [n_rows, n_in] f32;
+///          w [n_out, n_in] `wtype` (f32 or bf16);  bias [n_out] f32 or nullptr.
+/// Threads  x rounded once per call (rows split over `pool`); outputs split over `pool` in
+///          ranges of whole 24-output groups (one row: ~128 KiB of weights per task).
+/// Paths    avx512_bf16: 1 x 8 register tiles for one row (weights streamed, prefetched), up to
+///          4 x 6 for more (rows in blocks of ~256 KiB of bf16 x); the stored bf16 rows are the
+///          instruction's operands (no packing, no widening).
+/// Errors   as round_to_bf16.
+void linear_bf16(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
+                 int64_t n_out, int64_t n_in, ThreadPool * pool, Bf16Isa isa = bf16_best_isa());
+
 /// Causal GQA attention over the paged pool, one softmax per (token, head):
 ///   s[t]   = scale * <q[i, h, :], K[t, h / (n_heads / n_kv_heads), :]>   for t < n_ctx(i)
 ///   out[i, h, :] = sum_t softmax(s)[t] * V[t, kv(h), :]
