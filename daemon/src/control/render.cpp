@@ -95,7 +95,7 @@ json speculative_json(const engine::EngineStats & st) {
     if (st.spec_method == "none") { return {{"method", "none"}}; }
     const auto it = st.spec_by_version.find(st.state.weight_version);
     const spec::DraftCounters c = it == st.spec_by_version.end() ? spec::DraftCounters{} : it->second;
-    return {{"method", st.spec_method},
+    json j = {{"method", st.spec_method},
             {"num_speculative_tokens", st.num_speculative_tokens},
             {"weight_version", st.state.weight_version},
             {"num_drafts", c.n_drafts},
@@ -104,6 +104,8 @@ json speculative_json(const engine::EngineStats & st) {
             {"acceptance_rate", c.n_draft_tokens > 0 ? json(c.acceptance_rate()) : json(nullptr)},
             {"mean_accepted_length", c.n_drafts > 0 ? json(c.mean_accepted_length()) : json(nullptr)},
             {"disabled_steps", st.n_spec_steps_off_total}};
+    if (st.spec_method == "mtp") { j["mtp_cache_bytes"] = st.mtp_cache_bytes; }  // 0 while kv_cache sleeps
+    return j;
 }
 
 }  // namespace

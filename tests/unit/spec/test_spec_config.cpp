@@ -27,7 +27,7 @@ bool one_names(const std::vector<std::string> & p, const std::string & what) {
 
 std::vector<int32_t> propose(const NgramProposer & pr, const std::vector<int32_t> & toks, int32_t k) {
     std::vector<int32_t> out = {99};  // cleared by propose
-    pr.propose(toks, k, out);
+    pr.propose({.tokens = toks, .layer_drafts = {}}, k, out);
     return out;
 }
 
@@ -87,9 +87,9 @@ TEST_CASE("speculative-config: bad input is one problem naming the field") {
                     "unknown field speculative_config.draft_model"));
     CHECK(one_names(problems_of(R"({"method": "ngram", "num_speculative_tokens": 2)"), "not valid JSON"));
     CHECK(one_names(problems_of(R"(["ngram"])"), "must be a JSON object"));
-    // mtp: a model without MTP layers is told so; one with them is told "not yet".
+    // mtp: a model without MTP layers is told so; one with them is accepted.
     CHECK(one_names(problems_of(R"({"method": "mtp", "num_speculative_tokens": 1})"), "num_nextn_predict_layers"));
-    CHECK(one_names(problems_of(R"({"method": "mtp", "num_speculative_tokens": 1})", 1), "not supported yet"));
+    CHECK(problems_of(R"({"method": "mtp", "num_speculative_tokens": 2})", 1).empty());
     // Every problem at once, and nothing half-parsed.
     std::vector<std::string> p;
     const auto c = parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 0, "prompt_lookup_min": 3, "prompt_lookup_max": 1})", 0, p);
