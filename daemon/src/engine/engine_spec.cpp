@@ -11,6 +11,8 @@
 
 #include "engine_sequence.h"
 
+#include "fd/log.h"
+
 #include <algorithm>
 
 namespace fd::engine {
@@ -117,7 +119,24 @@ void Engine::emit_draft_rows(const StepPlan::RowUse & row, const float * logits)
     }
     {
         std::lock_guard lk(stats_mu_);
-        stats_.spec_by_version[state_.weight_version].record(g, n_accepted);
+        const std::string & v = state_.weight_version;
+        stats_.spec_by_version[v].record(g, n_accepted);
+        if (v != spec_version_) {  // the first draft under a new version
+            spec_prev_version_ = spec_version_;
+            spec_version_      = v;
+            stats_.spec_collapse_version.clear();
+            stats_.spec_collapse_previous.clear();
+        }
+        if (!spec_prev_version_.empty() && collapse_warned_ != v &&
+            spec::acceptance_collapsed(stats_.spec_by_version[spec_prev_version_], stats_.spec_by_version[v])) {
+            collapse_warned_ = v;
+            stats_.spec_collapse_version  = v;
+            stats_.spec_collapse_previous = spec_prev_version_;
+            log::get("engine")->warn("speculative decoding: acceptance collapsed after the weight update from version '{}' to '{}': "
+                                     "{:.3f} of draft tokens accepted now, {:.3f} before (a stale or mismatched draft?); outputs are "
+                                     "unchanged, only slower", spec_prev_version_, v, stats_.spec_by_version[v].acceptance_rate(),
+                                     stats_.spec_by_version[spec_prev_version_].acceptance_rate());
+        }
     }
     if (why == FinishReason::none) {
         // The accepted drafts' KV (computed by this forward from accepted tokens) is kept; the

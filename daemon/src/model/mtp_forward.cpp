@@ -83,7 +83,7 @@ void Worker::mtp_argmax(const float * hid, int64_t n, int32_t * tokens) {
 
 void Worker::draft_mtp(const DraftBatch & db, std::vector<int32_t> & drafts) {
     FD_CHECK(wcfg_.mtp_draft_tokens > 0 && !w_.mtp.empty(), "draft_mtp without MTP drafts configured");
-    FD_CHECK(alloc_->resident(Tag::mtp_cache) && alloc_->resident(Tag::weight), "draft_mtp with a released MTP cache or weights");
+    FD_CHECK(alloc_->resident(memory::Tag::mtp_cache) && alloc_->resident(memory::Tag::weight), "draft_mtp with a released MTP cache or weights");
     const int64_t n = static_cast<int64_t>(db.hidden_rows.size()), h = cfg_.hidden_size, bs = wcfg_.block_size;
     for (int64_t i = 0; i < n; ++i) {
         FD_CHECK(db.hidden_rows[i] >= 0 && db.hidden_rows[i] < n_hidden_rows_, "MTP row {} outside the last forward's {} rows",

@@ -107,6 +107,9 @@ struct EngineStats {
     // Speculative decoding (--speculative-config; docs/speculative.md).
     std::string spec_method = "none";            ///< none | ngram | mtp
     int64_t     mtp_cache_bytes = 0;             ///< the MTP draft layer's KV (0 without mtp or while asleep)
+    /// The serving version's acceptance collapsed against the version before it
+    /// (spec::acceptance_collapsed): both labels, "" when not.
+    std::string spec_collapse_version, spec_collapse_previous;
     int32_t     num_speculative_tokens = 0;      ///< k
     /// Verified drafts per weight version (the version serving when they were verified).
     std::map<std::string, spec::DraftCounters> spec_by_version;
@@ -286,6 +289,9 @@ private:
     std::vector<int32_t>                      layer_drafts_; ///< its output
     std::vector<float>                        scratch_, processed_;  ///< processed_: one row after the logits processors
     std::unique_ptr<spec::Proposer>           proposer_;  ///< --speculative-config's (null: none)
+    /// The versions drafts were verified under: the current one and the one before it (the
+    /// acceptance-collapse check compares them); collapse_warned_: the version already warned about.
+    std::string                               spec_version_, spec_prev_version_, collapse_warned_;
     bool                                      defer_events_ = false;  ///< emit() holds events back (pause)
     std::vector<HeldEvents::Item>             deferred_;  ///< events held back (defer_events_), taken by take_held()
     /// A pause mode=wait waiting for the requests in flight to finish.
