@@ -75,7 +75,7 @@ class Mtp(unittest.TestCase):
     def ok(self, d, path, body=None):
         code, j = d.post(path, body)
         self.assertEqual(code, 200, j)
-        return j
+        return j["result"]
 
     def test_greedy_and_logprobs_equal_alone_and_batched(self):
         for ck, k in ((self.mimic, 1), (self.mimic, 3), (self.random, 2)):
@@ -148,11 +148,10 @@ class Mtp(unittest.TestCase):
                 rewrite_tensors(src, lambda t: t.update({k: v for k, v in rnd.items() if k.startswith("model.mtp_layers.")}))
                 self.ok(d, "/v1/update_weights", {"version": "v1", "verify_checksum": False})
                 self.ok(d, "/v1/resume")
-                got = [choices(d, b) for b in bodies()[:3]]
-                for g, w in zip(got, want):  # same target: same tokens and logprobs, the new label
-                    for gc, wc in zip(g, w):
-                        self.assertEqual(gc["weight_version"], "v1")
-                        self.assertEqual((gc["token_ids"], gc["logprobs"]), (wc["token_ids"], wc["logprobs"]))
+                for b, w in zip(bodies()[:3], want):  # same target: same tokens and logprobs, the new label
+                    j = d.complete(**b)
+                    self.assertEqual(j["weight_version"], "v1")
+                    self.assertEqual(sorted(j["choices"], key=lambda c: c["index"]), w)
                 per = spec_by_version(d)
                 rate = {v: acc / prop for v, (_, prop, acc) in per.items()}
                 self.assertGreater(rate["0"], 0.2, per)
@@ -171,7 +170,7 @@ class Mtp(unittest.TestCase):
                 self.ok(d, "/v1/pause")
                 rewrite_tensors(src, lambda t: t.pop("model.mtp_layers.0.input_proj.weight"))
                 code, j = d.post("/v1/update_weights", {"version": "broken", "verify_checksum": False})
-                self.assertEqual((code, j["error"]["type"] if "type" in j["error"] else j["error"].get("code")), (422, "invalid_checkpoint"), j)
+                self.assertEqual((code, j["error"]["type"]), (422, "invalid_checkpoint"), j)
                 self.assertIn("model.mtp_layers.0.input_proj.weight", j["error"]["message"])
                 self.ok(d, "/v1/resume")
                 self.assertEqual(d.get("/health")[1]["weight_version"], "0")
@@ -183,7 +182,7 @@ class Mtp(unittest.TestCase):
             with self.subTest(needle=needle):
                 r = subprocess.run([BIN, "--model", model, "--port", "0", "--speculative-config", MTP(2), *extra],
                                    capture_output=True, text=True, timeout=60)
-                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertNotEqual(r.returncode, 0, r.stderr)
                 self.assertIn(needle, r.stdout + r.stderr)
 
 
