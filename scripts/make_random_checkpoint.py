@@ -48,7 +48,7 @@ BASE = dict(arch="llama", hidden=64, intermediate=172, layers=2, heads=8,
             no_lm_head=False, rope_scaling=None, sliding_window=None, embed_std=1.0,
             experts=None, top_k=None, moe_intermediate=None, shared_intermediate=None,
             norm_topk=None, sparse_step=None, mlp_only_layers=None, stacked_experts=False,
-            mtp_layers=1, mtp_mimic=False)
+            mtp_layers=1, mtp_mimic=False, mtp_hidden_scale=0.0)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
@@ -187,6 +187,8 @@ def parse_args(argv=None):
     p.add_argument("--mtp-mimic", action="store_true", default=None,
                    help="MiMo: MTP layer = a copy of decoder layer 0 fed the token only (input_proj = [0 | I], "
                         "unit norms): its drafts then often match the target (a draft that gets accepted)")
+    p.add_argument("--mtp-hidden-scale", type=float,
+                   help="MiMo --mtp-mimic: input_proj's hidden half = this x a random [H, H] (default 0: token only)")
     p.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
     p.add_argument("--tokenizer-from", default=DEFAULT_TOKENIZER,
                    help="directory to copy tokenizer files from "
@@ -269,9 +271,11 @@ def tensor_groups(cfg, rng):
                     final[p + name] = norm(arr.shape[0]) if "layernorm" in name else normal(arr.shape, 0.1)
             final[p + "final_layernorm.weight"] = norm(h)
             if cfg["mtp_mimic"]:
-                final[p + "token_layernorm.weight"] = np.ones(h, np.float32)
-                final[p + "hidden_layernorm.weight"] = np.ones(h, np.float32)
-                final[p + "input_proj.weight"] = np.concatenate([np.zeros((h, h), np.float32), np.eye(h, dtype=np.float32)], axis=1)
+                if not cfg["mtp_hidden_scale"]:  # token only: its norm as layer 0's input sees it
+                    final[p + "token_layernorm.weight"] = np.ones(h, np.float32)
+                    final[p + "hidden_layernorm.weight"] = np.ones(h, np.float32)
+                hid = linear(h, h) * np.float32(cfg["mtp_hidden_scale"])  # 0: the hidden state is ignored
+                final[p + "input_proj.weight"] = np.concatenate([hid, np.eye(h, dtype=np.float32)], axis=1)
                 final[p + "final_layernorm.weight"] = final["model.norm.weight"].copy()
     if not cfg["tie"]:
         final["lm_head.weight"] = linear(cfg["vocab"], h)

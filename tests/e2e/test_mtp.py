@@ -4,13 +4,16 @@ MiMoForCausalLM = Qwen2 + model.mtp_layers.N.* (scripts/make_random_checkpoint.p
 tiny-mimo). A daemon drafting with the MTP layer and one without serve the same requests:
 greedy tokens, text, finish reasons and every logprob equal bit for bit, alone and batched.
 --mtp-mimic makes the MTP layer a copy of layer 0 fed the token, so its drafts are often
-accepted (acceptance is really exercised); the plain random MTP layer rarely is. The MTP cache
+accepted (acceptance is really exercised); the plain random MTP layer rarely is; the "mixed"
+fixture (untied head, input_proj reading the hidden state too) accepts some drafts and rejects
+most. The drafts themselves are checked against a numpy MTP layer (np_llama.mtp_drafts). The MTP cache
 is freed by sleep?tags=kv_cache (its bytes in freed_bytes) and rebuilt by wakeup; update_weights
 replaces the draft layer with the target (acceptance per weight version moves, and its collapse
 is logged and shown in /health); a checkpoint
 without the MTP tensors is refused (422 naming them) and the old weights keep serving; mtp on a
 model without MTP layers, or at tp 2, is a start-up error naming the field.
 """
+import itertools
 import json
 import os
 import subprocess
@@ -67,6 +70,10 @@ class Mtp(unittest.TestCase):
         cls.tmp = tempfile.TemporaryDirectory(prefix="fd-mtp-")
         cls.mimic = make_checkpoint(os.path.join(cls.tmp.name, "mimic"), "--preset", "tiny-mimo", "--mtp-mimic", "--seed", "3")
         cls.random = make_checkpoint(os.path.join(cls.tmp.name, "random"), "--preset", "tiny-mimo", "--seed", "3")
+        # varied target tokens (untied head), and a draft that reads both halves of input_proj:
+        # some drafts accepted, most not
+        cls.mixed = make_checkpoint(os.path.join(cls.tmp.name, "mixed"), "--preset", "tiny-mimo", "--mtp-mimic",
+                                    "--mtp-hidden-scale", "0.5", "--no-tie", "--seed", "3")
 
     @classmethod
     def tearDownClass(cls):
@@ -78,7 +85,7 @@ class Mtp(unittest.TestCase):
         return j["result"]
 
     def test_greedy_and_logprobs_equal_alone_and_batched(self):
-        for ck, k in ((self.mimic, 1), (self.mimic, 3), (self.random, 2)):
+        for ck, k in ((self.mimic, 1), (self.mimic, 3), (self.mixed, 2), (self.random, 2)):
             with self.subTest(ck=os.path.basename(ck), k=k), Daemon("--max-logprobs", "64", model=ck) as plain, \
                     Daemon("--max-logprobs", "64", "--speculative-config", MTP(k), model=ck) as spec:
                 want = [choices(plain, b) for b in bodies()]
@@ -97,28 +104,29 @@ class Mtp(unittest.TestCase):
         # alone, the proposed and accepted counts follow from the drafts the numpy MTP layer
         # (np_llama.mtp_drafts, from vLLM's mimo_mtp.py) makes at each step boundary.
         import np_llama
-        for ck in (self.mimic, self.random):
-            cfg, w = np_llama.load(ck)
-            for k in (1, 3):
-                with self.subTest(ck=os.path.basename(ck), k=k), \
-                        Daemon("--speculative-config", MTP(k), "--no-enable-prefix-caching", model=ck) as d:
-                    prompt, m = [1, 45, 99, 301, 7], 40
-                    out = d.complete(prompt=prompt, max_tokens=m, temperature=0, ignore_eos=True)["choices"][0]["token_ids"]
-                    seq = prompt + out
-                    L, n_gen, proposed, accepted = len(prompt), 1, 0, 0  # seq[L]: the last token, not yet in the KV cache
-                    while n_gen < m:
-                        kk = min(k, m - n_gen - 1)
-                        a = 0
-                        if kk >= 1:
-                            drafts = np_llama.mtp_drafts(cfg, w, seq[:L + 1], kk)
-                            while a < kk and drafts[a] == seq[L + 1 + a]:
-                                a += 1
-                            proposed, accepted = proposed + kk, accepted + a
-                        L, n_gen = L + a + 1, n_gen + a + 1
-                    _, got_proposed, got_accepted = spec_by_version(d)["0"]
-                    self.assertEqual((got_proposed, got_accepted), (proposed, accepted))
-                    if ck == self.mimic:
-                        self.assertGreater(accepted, 0)
+        loaded = {ck: np_llama.load(ck) for ck in (self.mimic, self.mixed, self.random)}
+        # a 2-token prompt too: position 0's row weighs more there
+        for ck, k, prompt in itertools.product(loaded, (1, 3), ([1, 45, 99, 301, 7], [1, 200])):
+            cfg, w = loaded[ck]
+            with self.subTest(ck=os.path.basename(ck), k=k, prompt=prompt), \
+                    Daemon("--speculative-config", MTP(k), "--no-enable-prefix-caching", model=ck) as d:
+                m = 40
+                out = d.complete(prompt=prompt, max_tokens=m, temperature=0, ignore_eos=True)["choices"][0]["token_ids"]
+                seq = prompt + out
+                L, n_gen, proposed, accepted = len(prompt), 1, 0, 0  # seq[L]: the last token, not yet in the KV cache
+                while n_gen < m:
+                    kk = min(k, m - n_gen - 1)
+                    a = 0
+                    if kk >= 1:
+                        drafts = np_llama.mtp_drafts(cfg, w, seq[:L + 1], kk)
+                        while a < kk and drafts[a] == seq[L + 1 + a]:
+                            a += 1
+                        proposed, accepted = proposed + kk, accepted + a
+                    L, n_gen = L + a + 1, n_gen + a + 1
+                _, got_proposed, got_accepted = spec_by_version(d)["0"]
+                self.assertEqual((got_proposed, got_accepted), (proposed, accepted))
+                if ck == self.mixed:  # both outcomes occur: the comparison sees every draft
+                    self.assertTrue(0 < accepted < proposed, (proposed, accepted))
 
     def test_sleep_kv_cache_frees_the_mtp_cache_and_wakeup_rebuilds_it(self):
         args = ("--dynamic-load-weight", "--kv-cache-bytes", "8MiB", "--max-num-seqs", "8")
