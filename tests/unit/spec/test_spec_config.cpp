@@ -2,6 +2,7 @@
 // (daemon/src/spec/ngram_proposer.cpp) on hand-worked sequences.
 #include "fd/spec/proposer.h"
 #include "fd/spec/spec_config.h"
+#include "fd/spec/acceptance.h"  // after: it uses size_t without <cstddef> (left as is: every engine file includes it)
 
 #include <doctest/doctest.h>
 
