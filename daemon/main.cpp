@@ -309,6 +309,8 @@ int run(fd::Config & cfg, sigset_t & signals) {
                                                  : "accepted; the cpu backend's kernels are batch-invariant anyway");
     }
     const char * staged_fill_env = std::getenv("FD_TEST_STAGED_FILL");
+    // --speculative-config method "mtp": the worker runs MTP layer 0 as the draft (config.cpp refuses it at tp > 1).
+    const int32_t mtp_k = cfg.engine.speculative.method == fd::spec::SpecMethod::mtp ? cfg.engine.speculative.num_speculative_tokens : 0;
     const fd::model::WorkerConfig wcfg{
         .rank = 0, .device = r.device, .device_id = 0, .batch_invariant = cfg.model.batch_invariant, .compute = r.compute,
         .reserve_tokens = graphs ? cfg.engine.scheduler.max_num_batched_tokens : 0,
@@ -317,6 +319,9 @@ int run(fd::Config & cfg, sigset_t & signals) {
         .n_threads = cfg.model.n_threads, .block_size = cfg.kv.block_size_tokens,
         .n_blocks = r.n_kv_blocks, .n_swap_blocks = r.n_swap_blocks, .kv_dtype = r.kv_dtype, .max_model_len = cfg.engine.max_model_len,
         .keep_update_staging = cfg.weights.update_staging == "persistent",
+        .mtp_draft_tokens = mtp_k,
+        .mtp_scratch_blocks = mtp_k > 0 ? static_cast<int64_t>(cfg.engine.scheduler.max_num_seqs) *
+                                              ((mtp_k + cfg.kv.block_size_tokens - 1) / cfg.kv.block_size_tokens + 1) : 0,
         .check_finite_weights = cfg.weights.check_finite_weights, .io_timeout_s = cfg.control.control_timeout_s};
     const fd::weights::SourceConfig scfg{.strategy = fd::weights::parse_load_strategy(cfg.weights.load_strategy),
                                          .model_dir = cfg.model.model_dir, .port = cfg.server.port,

@@ -19,6 +19,8 @@ Examples:
   make_random_checkpoint.py --arch llama --rope-scaling '{"rope_type": "linear", "factor": 2}' --out /tmp/ck
   make_random_checkpoint.py --out /tmp/ck --hidden 128 --layers 4 --heads 4 --dtype F16
   make_random_checkpoint.py --preset qwen3-moe-like --out /tmp/ck_moe --stacked-experts
+  make_random_checkpoint.py --preset tiny-mimo --out /tmp/ck_mimo          # Qwen2 + 1 MTP layer
+  make_random_checkpoint.py --preset tiny-mimo --mtp-mimic --out /tmp/ck_m # MTP layer = layer 0's copy
 Needs numpy only (Debian: /usr/bin/python3 with python3-numpy).
 """
 import argparse
@@ -45,13 +47,17 @@ BASE = dict(arch="llama", hidden=64, intermediate=172, layers=2, heads=8,
             rope_theta=10000.0, rms_eps=1e-5, dtype="F32", shards=1, tie=True,
             no_lm_head=False, rope_scaling=None, sliding_window=None, embed_std=1.0,
             experts=None, top_k=None, moe_intermediate=None, shared_intermediate=None,
-            norm_topk=None, sparse_step=None, mlp_only_layers=None, stacked_experts=False)
+            norm_topk=None, sparse_step=None, mlp_only_layers=None, stacked_experts=False,
+            mtp_layers=1, mtp_mimic=False, mtp_hidden_scale=0.0)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-                 "mixtral": "MixtralForCausalLM"}
+                 "mixtral": "MixtralForCausalLM",
+                 "mimo": "MiMoForCausalLM"}
 MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral")
 PRESETS = {
+    "tiny-mimo": dict(arch="mimo", hidden=64, intermediate=176, layers=2,
+                      heads=4, kv_heads=2, vocab=512, dtype="F32"),
     "tiny-qwen2": dict(arch="qwen2", hidden=64, intermediate=176, layers=2,
                        heads=4, kv_heads=2, vocab=512, dtype="F32"),
     "tiny-llama-bf16-sharded": dict(arch="llama", hidden=64, intermediate=172,
@@ -177,6 +183,12 @@ def parse_args(argv=None):
     p.add_argument("--stacked-experts", action="store_true", default=None,
                    help="MoE: write experts stacked (experts.gate_up_proj [E, 2I, H], "
                         "experts.down_proj [E, H, I]) instead of per expert")
+    p.add_argument("--mtp-layers", type=int, help="MiMo: num_nextn_predict_layers (default 1)")
+    p.add_argument("--mtp-mimic", action="store_true", default=None,
+                   help="MiMo: MTP layer = a copy of decoder layer 0 fed the token only (input_proj = [0 | I], "
+                        "unit norms): its drafts then often match the target (a draft that gets accepted)")
+    p.add_argument("--mtp-hidden-scale", type=float,
+                   help="MiMo --mtp-mimic: input_proj's hidden half = this x a random [H, H] (default 0: token only)")
     p.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
     p.add_argument("--tokenizer-from", default=DEFAULT_TOKENIZER,
                    help="directory to copy tokenizer files from "
@@ -228,7 +240,7 @@ def tensor_groups(cfg, rng):
         if cfg["arch"] in ("qwen3", "qwen3_moe"):
             t[p + "self_attn.q_norm.weight"] = norm(hd)
             t[p + "self_attn.k_norm.weight"] = norm(hd)
-        if cfg["arch"] in ("qwen2", "qwen2_moe"):
+        if cfg["arch"] in ("qwen2", "qwen2_moe", "mimo"):
             t[p + "self_attn.q_proj.bias"] = normal((q_out,), 0.1)
             t[p + "self_attn.k_proj.bias"] = normal((kv_out,), 0.1)
             t[p + "self_attn.v_proj.bias"] = normal((kv_out,), 0.1)
@@ -240,8 +252,31 @@ def tensor_groups(cfg, rng):
             t[p + "mlp.gate_proj.weight"] = linear(inter, h)
             t[p + "mlp.up_proj.weight"] = linear(inter, h)
             t[p + "mlp.down_proj.weight"] = linear(h, inter)
+        if i == 0:
+            layer0 = {k[len(p):]: v for k, v in t.items()}  # the MTP block's shapes (and --mtp-mimic's values)
         yield i, t
     final = {"model.norm.weight": norm(h)}
+    if cfg["arch"] == "mimo":  # MiMo's MTP layers (vLLM mimo_mtp.py names), after the model
+        for m in range(cfg["mtp_layers"]):
+            p = f"model.mtp_layers.{m}."
+            final[p + "token_layernorm.weight"] = norm(h)
+            final[p + "hidden_layernorm.weight"] = norm(h)
+            final[p + "input_proj.weight"] = linear(h, 2 * h)  # columns: hidden | token embedding
+            for name, arr in layer0.items():
+                if cfg["mtp_mimic"]:
+                    final[p + name] = arr.copy()
+                elif arr.ndim == 2:
+                    final[p + name] = linear(*arr.shape)
+                else:
+                    final[p + name] = norm(arr.shape[0]) if "layernorm" in name else normal(arr.shape, 0.1)
+            final[p + "final_layernorm.weight"] = norm(h)
+            if cfg["mtp_mimic"]:
+                if not cfg["mtp_hidden_scale"]:  # token only: its norm as layer 0's input sees it
+                    final[p + "token_layernorm.weight"] = np.ones(h, np.float32)
+                    final[p + "hidden_layernorm.weight"] = np.ones(h, np.float32)
+                hid = linear(h, h) * np.float32(cfg["mtp_hidden_scale"])  # 0: the hidden state is ignored
+                final[p + "input_proj.weight"] = np.concatenate([hid, np.eye(h, dtype=np.float32)], axis=1)
+                final[p + "final_layernorm.weight"] = final["model.norm.weight"].copy()
     if not cfg["tie"]:
         final["lm_head.weight"] = linear(cfg["vocab"], h)
     elif not cfg["no_lm_head"]:
@@ -335,7 +370,9 @@ def write_config(out, cfg):
                     output_router_logits=False)
     if arch == "qwen2_moe":
         conf.update(shared_expert_intermediate_size=cfg["shared_intermediate"], qkv_bias=True)
-    if arch in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):  # as the real configs: the window is off
+    if arch == "mimo":
+        conf["num_nextn_predict_layers"] = cfg["mtp_layers"]
+    if arch in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mimo"):  # as the real configs: the window is off
         conf["use_sliding_window"] = False
         conf["sliding_window"] = cfg["sliding_window"]
         conf["max_window_layers"] = cfg["layers"]

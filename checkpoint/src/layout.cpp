@@ -154,8 +154,31 @@ WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp) {
         L.tensors.push_back(std::move(t));
     };
     add("model.embed_tokens.weight", Shard::rows, {{"model.embed_tokens.weight", c.vocab_size}}, h);
+    // One dense decoder block under `pre` ("model.layers.N." or "model.mtp_layers.N.").
+    auto dense_block = [&](const std::string & pre) {
+        auto n = [&](const char * leaf) { return pre + leaf; };
+        add(n("input_layernorm.weight"), Shard::replicated, {{n("input_layernorm.weight"), h}}, 0);
+        add(n("self_attn.qkv_proj.weight"), Shard::rows, {{n("self_attn.q_proj.weight"), q}, {n("self_attn.k_proj.weight"), kv},
+                                                          {n("self_attn.v_proj.weight"), kv}}, h);
+        if (c.qkv_bias) {
+            add(n("self_attn.qkv_proj.bias"), Shard::rows, {{n("self_attn.q_proj.bias"), q}, {n("self_attn.k_proj.bias"), kv},
+                                                            {n("self_attn.v_proj.bias"), kv}}, 0);
+        }
+        if (c.qk_norm) {
+            add(n("self_attn.q_norm.weight"), Shard::replicated, {{n("self_attn.q_norm.weight"), c.head_dim}}, 0);
+            add(n("self_attn.k_norm.weight"), Shard::replicated, {{n("self_attn.k_norm.weight"), c.head_dim}}, 0);
+        }
+        add(n("self_attn.o_proj.weight"), Shard::cols, {{n("self_attn.o_proj.weight"), h}}, q);
+        add(n("post_attention_layernorm.weight"), Shard::replicated, {{n("post_attention_layernorm.weight"), h}}, 0);
+        add(n("mlp.gate_up_proj.weight"), Shard::rows, {{n("mlp.gate_proj.weight"), ff}, {n("mlp.up_proj.weight"), ff}}, h);
+        add(n("mlp.down_proj.weight"), Shard::cols, {{n("mlp.down_proj.weight"), h}}, ff);
+    };
     for (int il = 0; il < c.n_layers; ++il) {
         auto n = [&](const char * leaf) { return layer_name(il, leaf); };
+        if (!c.is_moe_layer(il)) {
+            dense_block(layer_name(il, ""));
+            continue;
+        }
         add(n("input_layernorm.weight"), Shard::replicated, {{n("input_layernorm.weight"), h}}, 0);
         add(n("self_attn.qkv_proj.weight"), Shard::rows, {{n("self_attn.q_proj.weight"), q}, {n("self_attn.k_proj.weight"), kv},
                                                           {n("self_attn.v_proj.weight"), kv}}, h);
@@ -169,11 +192,6 @@ WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp) {
         }
         add(n("self_attn.o_proj.weight"), Shard::cols, {{n("self_attn.o_proj.weight"), h}}, q);
         add(n("post_attention_layernorm.weight"), Shard::replicated, {{n("post_attention_layernorm.weight"), h}}, 0);
-        if (!c.is_moe_layer(il)) {
-            add(n("mlp.gate_up_proj.weight"), Shard::rows, {{n("mlp.gate_proj.weight"), ff}, {n("mlp.up_proj.weight"), ff}}, h);
-            add(n("mlp.down_proj.weight"), Shard::cols, {{n("mlp.down_proj.weight"), h}}, ff);
-            continue;
-        }
         // A sparse MoE block: the router whole, then every expert as a dense MLP sliced like
         // the dense one (TP-MoE), then Qwen2-MoE's shared expert and its gate.
         const MoeConfig & m = c.moe;
@@ -198,6 +216,17 @@ WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp) {
         }
     }
     add("model.norm.weight", Shard::replicated, {{"model.norm.weight", h}}, 0);
+    // MiMo's MTP layers (vLLM mimo_mtp.py): the two input norms, input_proj over
+    // [hidden_layernorm(h), token_layernorm(embed)] (replicated: small, read whole by every rank),
+    // a dense decoder block, final_layernorm. The embedding and the head are the target's.
+    for (int m = 0; m < c.n_mtp_layers; ++m) {
+        const std::string pre = fmt::format("model.mtp_layers.{}.", m);
+        add(pre + "token_layernorm.weight", Shard::replicated, {{pre + "token_layernorm.weight", h}}, 0);
+        add(pre + "hidden_layernorm.weight", Shard::replicated, {{pre + "hidden_layernorm.weight", h}}, 0);
+        add(pre + "input_proj.weight", Shard::replicated, {{pre + "input_proj.weight", h}}, 2 * h);
+        dense_block(pre);
+        add(pre + "final_layernorm.weight", Shard::replicated, {{pre + "final_layernorm.weight", h}}, 0);
+    }
     if (!c.tie_word_embeddings) { add("lm_head.weight", Shard::rows, {{"lm_head.weight", c.vocab_size}}, h); }
     L.arena_bytes = offset;
     return L;

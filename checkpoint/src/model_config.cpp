@@ -309,8 +309,8 @@ ModelConfig load_model_config(const path & dir) {
     c.architecture   = archs.is_array() && !archs.empty() && archs[0].is_string() ? archs[0].get<std::string>() : "";
     if (c.architecture == "LlamaForCausalLM") {
         c.arch = Arch::llama;
-    } else if (c.architecture == "Qwen2ForCausalLM") {
-        c.arch     = Arch::qwen2;
+    } else if (c.architecture == "Qwen2ForCausalLM" || c.architecture == "MiMoForCausalLM") {
+        c.arch     = Arch::qwen2;  // MiMo: a Qwen2 decoder plus num_nextn_predict_layers MTP layers
         c.qkv_bias = true;
     } else if (c.architecture == "Qwen3ForCausalLM") {
         c.arch    = Arch::qwen3;
@@ -327,7 +327,7 @@ ModelConfig load_model_config(const path & dir) {
         c.arch = Arch::mixtral;
     } else {
         fail(Errc::invalid_checkpoint,
-             "{}: unsupported architecture '{}' (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, "
+             "{}: unsupported architecture '{}' (supported: LlamaForCausalLM, Qwen2ForCausalLM, MiMoForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, "
              "Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM)",
              file.string(), c.architecture);
     }
@@ -354,6 +354,10 @@ ModelConfig load_model_config(const path & dir) {
     parse_rope(j, file, c);
     parse_moe(j, file, c);
     refuse_unsupported(j, file, c);
+    if (c.architecture == "MiMoForCausalLM") {
+        const bool zero = j.contains("num_nextn_predict_layers") && j["num_nextn_predict_layers"] == json(0);
+        c.n_mtp_layers  = zero ? 0 : get_int(j, "num_nextn_predict_layers", file, 0);
+    }
     if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) { c.bos_token_id = j["bos_token_id"]; }  // may be null
     if (j.contains("eos_token_id")) { c.eos_token_ids = id_list(j["eos_token_id"]); }
 

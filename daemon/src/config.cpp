@@ -58,17 +58,6 @@ std::string kv_cache_dtype_name(kernels::WType t) { return t == kernels::WType::
 
 namespace {
 
-/// config.json's num_nextn_predict_layers (MiMo's, DeepSeek's MTP layers); 0 when absent or unreadable.
-int32_t mtp_layers(const std::string & model_dir) {
-    std::ifstream f(std::filesystem::path(model_dir) / "config.json");
-    if (!f) { return 0; }
-    const auto j = nlohmann::json::parse(f, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("num_nextn_predict_layers") || !j["num_nextn_predict_layers"].is_number_integer()) {
-        return 0;
-    }
-    return j["num_nextn_predict_layers"].get<int32_t>();
-}
-
 /// --dist-backend, and where the ranks of this node run on cuda (Resolved::world, n_devices,
 /// ranks_per_device). Several ranks may share a device (tests on one GPU): allowed, with a
 /// warning at start-up, over a host-staged shm/gloo group (NCCL refuses two ranks on one device).
@@ -272,7 +261,13 @@ Resolved resolve(Config & cfg) {
         problems.push_back(fmt::format("--weight-version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", e.weight_version));
     }
 
-    e.speculative = spec::parse_speculative_config(cfg.speculative_config, mtp_layers(cfg.model.model_dir), problems);
+    e.speculative = spec::parse_speculative_config(cfg.speculative_config, r.model.n_mtp_layers, problems);
+    if (e.speculative.method == spec::SpecMethod::mtp &&
+        (cfg.model.tensor_parallel_size > 1 || r.executor_backend != runtime::ExecutorKind::uni)) {
+        problems.push_back(fmt::format("--speculative-config: speculative_config.method \"mtp\" runs its draft layer in the daemon's own "
+                                       "rank: it needs --tensor-parallel-size 1 and --distributed-executor-backend uni (got {}, {})",
+                                       cfg.model.tensor_parallel_size, r.executor_backend == runtime::ExecutorKind::uni ? "uni" : "mp"));
+    }
 
     auto & s = cfg.server;
     s.model_dir = cfg.model.model_dir;

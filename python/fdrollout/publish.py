@@ -135,8 +135,11 @@ def to_rollout_names(hf, cfg, tp=1, rank=0):
     out = {}
     n_layers = cfg["num_hidden_layers"]
     out["model.embed_tokens.weight"] = rows(hf["model.embed_tokens.weight"], vocab)
-    for i in range(n_layers):
-        p = f"model.layers.{i}."
+    # MiMo's MTP layers (model.mtp_layers.N.*, num_nextn_predict_layers) are part of the state
+    # dict: a decoder block like the others plus their own norms and input_proj (replicated).
+    n_mtp = cfg.get("num_nextn_predict_layers", 0) if cfg.get("architectures", [""])[0] == "MiMoForCausalLM" else 0
+    blocks = [f"model.layers.{i}." for i in range(n_layers)] + [f"model.mtp_layers.{m}." for m in range(n_mtp)]
+    for p in blocks:
         out[p + "input_layernorm.weight"] = hf[p + "input_layernorm.weight"]
         out[p + "post_attention_layernorm.weight"] = hf[p + "post_attention_layernorm.weight"]
         a = p + "self_attn."
@@ -156,6 +159,10 @@ def to_rollout_names(hf, cfg, tp=1, rank=0):
         else:
             out.update(_moe_block(hf, cfg, p, rows, cols, cat, like, arr))
     out["model.norm.weight"] = hf["model.norm.weight"]
+    for m in range(n_mtp):
+        p = f"model.mtp_layers.{m}."
+        for leaf in ("token_layernorm.weight", "hidden_layernorm.weight", "input_proj.weight", "final_layernorm.weight"):
+            out[p + leaf] = hf[p + leaf]
     if not cfg.get("tie_word_embeddings", False):
         out["lm_head.weight"] = rows(hf["lm_head.weight"], vocab)
     return out

@@ -58,16 +58,15 @@ def rope_inv_freq(cfg):
     return inv
 
 
-def logits(cfg, w, ids, mlp=None, kv_round=None):
-    """Logits [len(ids), vocab] of a causal pass over ids. mlp(il, xn) -> [T, hidden] or None
-    replaces layer il's feed-forward block (np_moe.py's sparse MoE blocks); None = SwiGLU MLP.
+def block(cfg, w, p, x, mlp=None, il=0, kv_round=None):
+    """One decoder block (weights under prefix p, e.g. "model.layers.3.") over x [T, hidden] at
+    positions 0..T-1, causal. mlp(il, xn) -> [T, hidden] or None replaces its feed-forward.
     kv_round(a) -> a, if given, is applied to K (after RoPE) and V before attention: what a KV
     cache stores (e.g. rounding to bf16 for --kv-cache-dtype bfloat16)."""
     h, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or h // nh
     eps = cfg["rms_norm_eps"]
-    T = len(ids)
-    x = w["model.embed_tokens.weight"][ids]
+    T = len(x)
     inv = rope_inv_freq(cfg)
     qk_norm = cfg["architectures"][0] in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
     ang = np.arange(T, dtype=np.float32)[:, None] * inv[None, :]
@@ -78,41 +77,78 @@ def logits(cfg, w, ids, mlp=None, kv_round=None):
         c, s = cos[:, None, :], sin[:, None, :]
         return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
 
+    xn = rms(x, w[p + "input_layernorm.weight"], eps)
+    proj = {}
+    for n in "qkv":
+        proj[n] = xn @ w[p + f"self_attn.{n}_proj.weight"].T
+        if p + f"self_attn.{n}_proj.bias" in w:
+            proj[n] = proj[n] + w[p + f"self_attn.{n}_proj.bias"]
+    q, k = proj["q"].reshape(T, nh, hd), proj["k"].reshape(T, nkv, hd)
+    if qk_norm:  # Qwen3: RMSNorm over each head, before RoPE
+        q = rms(q, w[p + "self_attn.q_norm.weight"], eps)
+        k = rms(k, w[p + "self_attn.k_norm.weight"], eps)
+    q, k = rope(q), rope(k)
+    v = proj["v"].reshape(T, nkv, hd)
+    if kv_round is not None:
+        k, v = kv_round(k), kv_round(v)
+    rep = nh // nkv
+    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+    s = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd)
+    s = s + np.triu(np.full((T, T), -np.inf, dtype=np.float32), 1)[None]
+    s = np.exp(s - s.max(-1, keepdims=True))
+    s /= s.sum(-1, keepdims=True)
+    att = np.einsum("hts,shd->thd", s, v).reshape(T, nh * hd)
+    x = x + att @ w[p + "self_attn.o_proj.weight"].T
+    xn = rms(x, w[p + "post_attention_layernorm.weight"], eps)
+    y = mlp(il, xn) if mlp else None
+    if y is not None:
+        return x + y
+    g = xn @ w[p + "mlp.gate_proj.weight"].T
+    u = xn @ w[p + "mlp.up_proj.weight"].T
+    return x + ((g / (1 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
+
+
+def head(cfg, w):
+    """The LM head [vocab, hidden] (the embeddings when tied)."""
+    return w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else w["lm_head.weight"]
+
+
+def hidden(cfg, w, ids, mlp=None, kv_round=None):
+    """The final-normed hidden states [len(ids), hidden] of a causal pass over ids."""
+    x = w["model.embed_tokens.weight"][ids]
     for il in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{il}."
-        xn = rms(x, w[p + "input_layernorm.weight"], eps)
-        proj = {}
-        for n in "qkv":
-            proj[n] = xn @ w[p + f"self_attn.{n}_proj.weight"].T
-            if p + f"self_attn.{n}_proj.bias" in w:
-                proj[n] = proj[n] + w[p + f"self_attn.{n}_proj.bias"]
-        q, k = proj["q"].reshape(T, nh, hd), proj["k"].reshape(T, nkv, hd)
-        if qk_norm:  # Qwen3: RMSNorm over each head, before RoPE
-            q = rms(q, w[p + "self_attn.q_norm.weight"], eps)
-            k = rms(k, w[p + "self_attn.k_norm.weight"], eps)
-        q, k = rope(q), rope(k)
-        v = proj["v"].reshape(T, nkv, hd)
-        if kv_round is not None:
-            k, v = kv_round(k), kv_round(v)
-        rep = nh // nkv
-        k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd)
-        s = s + np.triu(np.full((T, T), -np.inf, dtype=np.float32), 1)[None]
-        s = np.exp(s - s.max(-1, keepdims=True))
-        s /= s.sum(-1, keepdims=True)
-        att = np.einsum("hts,shd->thd", s, v).reshape(T, nh * hd)
-        x = x + att @ w[p + "self_attn.o_proj.weight"].T
-        xn = rms(x, w[p + "post_attention_layernorm.weight"], eps)
-        y = mlp(il, xn) if mlp else None
-        if y is not None:
-            x = x + y
-            continue
-        g = xn @ w[p + "mlp.gate_proj.weight"].T
-        u = xn @ w[p + "mlp.up_proj.weight"].T
-        x = x + ((g / (1 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
-    x = rms(x, w["model.norm.weight"], eps)
-    head = w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else w["lm_head.weight"]
-    return x @ head.T
+        x = block(cfg, w, f"model.layers.{il}.", x, mlp, il, kv_round)
+    return rms(x, w["model.norm.weight"], cfg["rms_norm_eps"])
+
+
+def logits(cfg, w, ids, mlp=None, kv_round=None):
+    """Logits [len(ids), vocab] of a causal pass over ids. mlp(il, xn) -> [T, hidden] or None
+    replaces layer il's feed-forward block (np_moe.py's sparse MoE blocks); None = SwiGLU MLP.
+    kv_round: see block()."""
+    return hidden(cfg, w, ids, mlp, kv_round) @ head(cfg, w).T
+
+
+def mtp_drafts(cfg, w, ids, k):
+    """MiMo's MTP layer 0 as vLLM's mimo_mtp.py defines it, drafting k tokens after ids (the
+    last one not yet in the KV cache), vLLM's reuse of the one layer for k > 1. Row q (position
+    q) reads a hidden state and the embedding of the token at q + 1 (zeroed at position 0):
+    x = input_proj([hidden_layernorm(h) | token_layernorm(e)]), a decoder block, final_layernorm,
+    the target's head, greedy. Rows 0..L-1 read the target's final-normed hidden states and
+    ids[1:]; draft j+1 comes from one more row reading the previous row's output and draft j."""
+    eps = cfg["rms_norm_eps"]
+    p = "model.mtp_layers.0."
+    hs, toks, out = [hidden(cfg, w, ids)[:-1]], list(ids[1:]), []
+    for _ in range(k):
+        e = w["model.embed_tokens.weight"][toks].copy()
+        e[0] = 0.0
+        x = np.concatenate([rms(np.concatenate(hs), w[p + "hidden_layernorm.weight"], eps),
+                            rms(e, w[p + "token_layernorm.weight"], eps)], axis=1)
+        y = rms(block(cfg, w, p, x @ w[p + "input_proj.weight"].T), w[p + "final_layernorm.weight"], eps)
+        d = int(np.argmax(y[-1] @ head(cfg, w).T))
+        out.append(d)
+        hs.append(y[-1:])
+        toks.append(d)
+    return out
 
 
 def greedy(cfg, w, prompt_ids, n):

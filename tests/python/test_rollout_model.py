@@ -35,6 +35,29 @@ class RolloutModelTest(unittest.TestCase):
                 self.assertEqual({k: list(v.shape) for k, v in sd.items()}, {e["name"]: e["shape"] for e in r["state_dict"]},
                                  f"tp={tp} rank={r['rank']}")
 
+    def test_mimo_mtp_layers_travel_with_the_target(self):
+        # MiMo's model.mtp_layers.N.* (draft weights) are part of the state dict: names, shapes
+        # and mappings equal the C++ layout's at tp 1 and 2, values as the mapping says.
+        import tempfile
+        from fdtest import make_checkpoint
+        with tempfile.TemporaryDirectory(prefix="fd-rm-mimo-") as d:
+            make_checkpoint(d, "--preset", "tiny-mimo")
+            for tp in (1, 2):
+                rm = RolloutModel(RolloutModelConfig(d, tensor_parallel_size=tp))
+                ref = model_info(d, tp)
+                self.assertEqual(rm.get_name_mappings_to_training(), ref["name_mappings_to_training"], f"tp={tp}")
+                for r in ref["ranks"]:
+                    self.assertEqual({k: list(v.shape) for k, v in rm.state_dict(rank=r["rank"]).items()},
+                                     {e["name"]: e["shape"] for e in r["state_dict"]}, f"tp={tp} rank={r['rank']}")
+            mapping = RolloutModel(RolloutModelConfig(d)).get_name_mappings_to_training()
+            self.assertEqual(mapping["model.mtp_layers.0.self_attn.qkv_proj.weight"],
+                             [f"model.mtp_layers.0.self_attn.{x}_proj.weight" for x in "qkv"])
+            self.assertEqual(mapping["model.mtp_layers.0.input_proj.weight"], ["model.mtp_layers.0.input_proj.weight"])
+            hf = safetensors_np.load_file(os.path.join(d, "model.safetensors"))
+            sd = RolloutModel(RolloutModelConfig(d)).state_dict()
+            for name, parts in mapping.items():
+                np.testing.assert_array_equal(sd[name], np.concatenate([hf[p] for p in parts], axis=0), name)
+
     def test_values_follow_the_mapping(self):
         hf = safetensors_np.load_file(os.path.join(STORIES, "model.safetensors"))
         rm = RolloutModel(RolloutModelConfig(STORIES, tensor_parallel_size=1))

@@ -96,7 +96,7 @@ json speculative_json(const engine::EngineStats & st) {
     if (st.spec_method == "none") { return {{"method", "none"}}; }
     const auto it = st.spec_by_version.find(st.state.weight_version);
     const spec::DraftCounters c = it == st.spec_by_version.end() ? spec::DraftCounters{} : it->second;
-    return {{"method", st.spec_method},
+    json j = {{"method", st.spec_method},
             {"num_speculative_tokens", st.num_speculative_tokens},
             {"weight_version", st.state.weight_version},
             {"num_drafts", c.n_drafts},
@@ -105,6 +105,19 @@ json speculative_json(const engine::EngineStats & st) {
             {"acceptance_rate", c.n_draft_tokens > 0 ? json(c.acceptance_rate()) : json(nullptr)},
             {"mean_accepted_length", c.n_drafts > 0 ? json(c.mean_accepted_length()) : json(nullptr)},
             {"disabled_steps", st.n_spec_steps_off_total}};
+    if (st.spec_method == "mtp") { j["mtp_cache_bytes"] = st.mtp_cache_bytes; }  // 0 while kv_cache sleeps
+    // spec::acceptance_collapsed after an update: both versions and their rates (null: none).
+    j["acceptance_collapse"] = nullptr;
+    if (!st.spec_collapse_version.empty()) {
+        const auto rate = [&](const std::string & v) {
+            const auto f = st.spec_by_version.find(v);
+            return f == st.spec_by_version.end() ? 0.0 : f->second.acceptance_rate();
+        };
+        j["acceptance_collapse"] = {{"weight_version", st.spec_collapse_version}, {"acceptance_rate", rate(st.spec_collapse_version)},
+                                    {"previous_weight_version", st.spec_collapse_previous},
+                                    {"previous_acceptance_rate", rate(st.spec_collapse_previous)}};
+    }
+    return j;
 }
 
 }  // namespace

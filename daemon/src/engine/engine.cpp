@@ -357,6 +357,7 @@ bool Engine::step() {
         return true;  // a control command arrived: nothing advanced; it runs first, then the step is redone
     }
     emit_step(plan, step_logits);
+    if (proposer_ && proposer_->uses_draft_layers()) { run_draft_layers(plan); }
     reap();
     poll_drain();
     publish_stats();
@@ -615,6 +616,7 @@ void Engine::publish_stats() {
     stats_.n_host_tier_invalidated_total = tier_counted_.invalidated + tc.invalidated;
     stats_.host_tier_transfers_paused    = state_.paused || drain_.has_value();
     stats_.host_tier_weight_version      = state_.weight_version;
+    stats_.mtp_cache_bytes               = executor_->mtp_cache_bytes();
 }
 
 }  // namespace fd::engine

@@ -11,6 +11,8 @@
 
 #include "engine_sequence.h"
 
+#include "fd/log.h"
+
 #include <algorithm>
 
 namespace fd::engine {
@@ -35,8 +37,55 @@ void Engine::propose_drafts() {
         // n_tokens - 1 + j, below max_model_len.
         const int32_t k = std::min({sc.num_speculative_tokens, s.params.max_tokens - n_generated - 1, cfg_.max_model_len - n_tokens});
         if (k <= 0) { continue; }
-        proposer_->propose(s.tokens, k, s.draft);
+        proposer_->propose({.tokens = s.tokens, .layer_drafts = s.layer_drafts}, k, s.draft);
         s.n_draft = static_cast<int32_t>(s.draft.size());
+    }
+}
+
+void Engine::run_draft_layers(const StepPlan & plan) {
+    model::DraftBatch & db = draft_batch_;
+    db.clear();
+    const spec::SpeculativeConfig & sc = cfg_.speculative;
+    const int32_t bs       = kv_.block_size();
+    const bool    chains   = sc.disable_by_batch_size == 0 || static_cast<int32_t>(sched_.running().size()) <= sc.disable_by_batch_size;
+    std::vector<Sequence *> drafting;  // chain c's sequence
+    size_t r0 = 0;  // the sequence's first row in batch_
+    for (const auto & [ss, n, n_draft] : plan.d.run) {
+        auto &       s     = static_cast<Sequence &>(*ss);
+        const size_t n_rows = static_cast<size_t>(n + n_draft);
+        const size_t first  = r0;
+        r0 += n_rows;
+        s.layer_drafts.clear();
+        if (!s.channel) { continue; }  // finished this step
+        const auto & table = kv_.block_table(s.id);
+        const auto   n_tok = static_cast<int32_t>(s.tokens.size());
+        int32_t      last  = -1;  // the catch-up row of the sequence's last kept position
+        for (size_t i = first; i < first + n_rows; ++i) {
+            const int32_t pos = batch_.positions[i];
+            if (pos >= s.n_computed || pos + 1 >= n_tok) { break; }  // a rejected draft row, or no next token yet
+            db.hidden_rows.push_back(static_cast<int32_t>(i));
+            db.tokens.push_back(s.tokens[static_cast<size_t>(pos) + 1]);
+            db.positions.push_back(pos);
+            db.slots.push_back(static_cast<int64_t>(table[static_cast<size_t>(pos / bs)]) * bs + pos % bs);
+            db.queries.push_back({table.data(), pos + 1});
+            last = static_cast<int32_t>(db.tokens.size()) - 1;
+        }
+        const int32_t n_generated = n_tok - s.n_prompt;
+        if (!chains || last < 0 || s.n_computed != n_tok - 1 || n_generated < 1) { continue; }  // not about to decode
+        // As propose_drafts bounds them: never past max_tokens, no draft at or past max_model_len.
+        const int32_t k = std::min({sc.num_speculative_tokens, s.params.max_tokens - n_generated - 1, cfg_.max_model_len - n_tok});
+        if (k <= 0 || db.positions[static_cast<size_t>(last)] != n_tok - 2) { continue; }
+        db.chains.push_back({.row = last, .k = k, .block_table = table.data(), .n_table_blocks = static_cast<int32_t>(table.size())});
+        drafting.push_back(&s);
+    }
+    if (db.hidden_rows.empty()) { return; }
+    executor_->draft_mtp(db, layer_drafts_);
+    size_t at = 0;
+    for (size_t c = 0; c < drafting.size(); ++c) {
+        const auto k = static_cast<size_t>(db.chains[c].k);
+        drafting[c]->layer_drafts.assign(layer_drafts_.begin() + static_cast<std::ptrdiff_t>(at),
+                                         layer_drafts_.begin() + static_cast<std::ptrdiff_t>(at + k));
+        at += k;
     }
 }
 
@@ -70,7 +119,24 @@ void Engine::emit_draft_rows(const StepPlan::RowUse & row, const float * logits)
     }
     {
         std::lock_guard lk(stats_mu_);
-        stats_.spec_by_version[state_.weight_version].record(g, n_accepted);
+        const std::string & v = state_.weight_version;
+        stats_.spec_by_version[v].record(g, n_accepted);
+        if (v != spec_version_) {  // the first draft under a new version
+            spec_prev_version_ = spec_version_;
+            spec_version_      = v;
+            stats_.spec_collapse_version.clear();
+            stats_.spec_collapse_previous.clear();
+        }
+        if (!spec_prev_version_.empty() && collapse_warned_ != v &&
+            spec::acceptance_collapsed(stats_.spec_by_version[spec_prev_version_], stats_.spec_by_version[v])) {
+            collapse_warned_ = v;
+            stats_.spec_collapse_version  = v;
+            stats_.spec_collapse_previous = spec_prev_version_;
+            log::get("engine")->warn("speculative decoding: acceptance collapsed after the weight update from version '{}' to '{}': "
+                                     "{:.3f} of draft tokens accepted now, {:.3f} before (a stale or mismatched draft?); outputs are "
+                                     "unchanged, only slower", spec_prev_version_, v, stats_.spec_by_version[v].acceptance_rate(),
+                                     stats_.spec_by_version[spec_prev_version_].acceptance_rate());
+        }
     }
     if (why == FinishReason::none) {
         // The accepted drafts' KV (computed by this forward from accepted tokens) is kept; the

@@ -15,6 +15,7 @@ const char * tag_name(Tag tag) {
     case Tag::kv_cache: return "kv_cache";
     case Tag::staging: return "staging";
     case Tag::kv_swap: return "kv_swap";
+    case Tag::mtp_cache: return "mtp_cache";
     }
     return "?";
 }

@@ -96,6 +96,10 @@ bool Worker::run_model(const StepBatch & b, float * out, const std::atomic<bool>
     // Final norm and LM head, only for the rows that need logits. When every row needs them in
     // order (decode, graph steps) the norm reads x directly: same arithmetic, no gather (and no
     // host row ids inside a captured graph).
+    if (wcfg_.mtp_draft_tokens > 0) {  // every row's final-normed hidden state: what the MTP layer reads (draft_mtp)
+        be.rms_norm(s_.hidden.floats(n * h), x, w_.final_norm, n, h, eps);
+        n_hidden_rows_ = n;
+    }
     const int64_t n_logits = static_cast<int64_t>(b.logits_rows.size());
     float *       rows     = s_.rows.floats(n_logits * h);  // [n_logits, hidden]
     bool          all_rows = n_logits == n;

@@ -324,16 +324,20 @@ ModelWeights bind_weights(const ModelConfig & c, const WeightLayout & layout, co
         return dst;
     };
     w.embed = lin("model.embed_tokens.weight");
+    // The attention half of a block under `pre` ("model.layers.N." / "model.mtp_layers.N.").
+    auto attention = [&](LayerWeights & L, const std::string & pre) {
+        L.attn_norm = vec(pre + "input_layernorm.weight");
+        L.qkv       = lin(pre + "self_attn.qkv_proj.weight");
+        L.bqkv      = c.qkv_bias ? vec(pre + "self_attn.qkv_proj.bias") : nullptr;
+        L.q_norm    = c.qk_norm ? vec(pre + "self_attn.q_norm.weight") : nullptr;
+        L.k_norm    = c.qk_norm ? vec(pre + "self_attn.k_norm.weight") : nullptr;
+        L.o         = lin(pre + "self_attn.o_proj.weight");
+        L.mlp_norm  = vec(pre + "post_attention_layernorm.weight");
+    };
     w.layers.resize(static_cast<size_t>(c.n_layers));
     for (int il = 0; il < c.n_layers; ++il) {
         LayerWeights & L = w.layers[il];
-        L.attn_norm = vec(layer_name(il, "input_layernorm.weight"));
-        L.qkv       = lin(layer_name(il, "self_attn.qkv_proj.weight"));
-        L.bqkv      = c.qkv_bias ? vec(layer_name(il, "self_attn.qkv_proj.bias")) : nullptr;
-        L.q_norm    = c.qk_norm ? vec(layer_name(il, "self_attn.q_norm.weight")) : nullptr;
-        L.k_norm    = c.qk_norm ? vec(layer_name(il, "self_attn.k_norm.weight")) : nullptr;
-        L.o         = lin(layer_name(il, "self_attn.o_proj.weight"));
-        L.mlp_norm  = vec(layer_name(il, "post_attention_layernorm.weight"));
+        attention(L, layer_name(il, ""));
         if (!c.is_moe_layer(il)) {
             L.gate_up = lin(layer_name(il, "mlp.gate_up_proj.weight"));
             L.down    = lin(layer_name(il, "mlp.down_proj.weight"));
@@ -357,6 +361,18 @@ ModelWeights bind_weights(const ModelConfig & c, const WeightLayout & layout, co
     }
     w.final_norm = vec("model.norm.weight");
     w.lm_head    = layout.tied_lm_head ? w.embed : lin("lm_head.weight");
+    w.mtp.resize(static_cast<size_t>(c.n_mtp_layers));
+    for (int m = 0; m < c.n_mtp_layers; ++m) {
+        MtpWeights &      M   = w.mtp[static_cast<size_t>(m)];
+        const std::string pre = fmt::format("model.mtp_layers.{}.", m);
+        M.token_norm  = vec(pre + "token_layernorm.weight");
+        M.hidden_norm = vec(pre + "hidden_layernorm.weight");
+        M.input_proj  = lin(pre + "input_proj.weight");
+        attention(M.block, pre);
+        M.block.gate_up = lin(pre + "mlp.gate_up_proj.weight");
+        M.block.down    = lin(pre + "mlp.down_proj.weight");
+        M.final_norm  = vec(pre + "final_layernorm.weight");
+    }
     if (device && n_small > 0) {  // the kernels read the norms and biases from device memory
         float * d = small_store->floats(n_small);
         device->upload(d, w.small_f32.data(), n_small * static_cast<int64_t>(sizeof(float)));
@@ -367,6 +383,12 @@ ModelWeights bind_weights(const ModelConfig & c, const WeightLayout & layout, co
             for (const float ** p : {&L.attn_norm, &L.bqkv, &L.q_norm, &L.k_norm, &L.mlp_norm}) { rebase(*p); }
         }
         rebase(w.final_norm);
+        for (MtpWeights & M : w.mtp) {
+            for (const float ** p : {&M.token_norm, &M.hidden_norm, &M.final_norm, &M.block.attn_norm, &M.block.bqkv, &M.block.q_norm,
+                                      &M.block.k_norm, &M.block.mlp_norm}) {
+                rebase(*p);
+            }
+        }
     }
     return w;
 }

@@ -46,14 +46,22 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     device_mem_ = !backend_->host_visible() || wcfg.test_device_paths;
     for (kernels::ScratchBuffer * b : {&s_.x, &s_.xn, &s_.qkv, &s_.q, &s_.k, &s_.v, &s_.att, &s_.ff, &s_.gate, &s_.rows,
                                        &s_.logits, &s_.part, &s_.gathered, &rope_, &small_, &s_.moe_logits, &s_.moe_out,
-                                       &s_.moe_work, &s_.shared_gu, &s_.shared_act, &s_.shared_y, &s_.shared_g}) {
+                                       &s_.moe_work, &s_.shared_gu, &s_.shared_act, &s_.shared_y, &s_.shared_g, &s_.hidden,
+                                       &s_.mtp_in, &s_.mtp_cat, &s_.mtp_out, &s_.mtp_cur, &s_.mtp_logits}) {
         *b = kernels::ScratchBuffer(backend_.get());
     }
     if (wcfg.graph_max_batch > 0 && wcfg.tp_size == 1 && cfg_.moe.enabled()) {
         log::get("model")->warn("--use-cudagraph: {} routes tokens on the host between ops, which a graph cannot capture; its "
                                 "decode steps run eagerly", cfg_.architecture);
     }
-    if (wcfg.graph_max_batch > 0 && wcfg.tp_size == 1 && !cfg_.moe.enabled()) {
+    if (wcfg.mtp_draft_tokens > 0 && (cfg_.n_mtp_layers < 1 || wcfg.tp_size != 1)) {
+        fail(Errc::invalid_argument, "MTP drafts need a checkpoint with MTP layers (num_nextn_predict_layers >= 1, has {}) and "
+             "tensor_parallel_size 1 (is {})", cfg_.n_mtp_layers, wcfg.tp_size);
+    }
+    if (wcfg.graph_max_batch > 0 && wcfg.mtp_draft_tokens > 0) {
+        log::get("model")->warn("--use-cudagraph with MTP speculation: every step runs eagerly (the draft layer reads every row's hidden state)");
+    }
+    if (wcfg.graph_max_batch > 0 && wcfg.tp_size == 1 && !cfg_.moe.enabled() && wcfg.mtp_draft_tokens == 0) {
         g_.buckets = model::graph_buckets(wcfg.graph_max_batch);
         g_.ids.assign(g_.buckets.size(), -1);
         g_.scratch_table = {static_cast<int32_t>(wcfg.n_blocks)};  // the extra block map_kv_pool adds
@@ -64,6 +72,7 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     fill_region(Tag::weight, idx, /*populate=*/false);
     bind();
     map_kv_pool(/*fresh=*/true);
+    map_mtp_cache(/*fresh=*/true);
     map_swap_pool(/*fresh=*/true);
     if (wcfg.n_swap_blocks > 0) {
         const char * delay_ms = std::getenv("FD_TEST_KV_COPY_DELAY_MS");  // TEST ONLY (kv_copier.h)
@@ -108,6 +117,16 @@ void Worker::map_kv_pool(bool fresh) {
         k_pool_.push_back(base + (2 * il) * stride);
         v_pool_.push_back(base + (2 * il + 1) * stride);
     }
+}
+
+void Worker::map_mtp_cache(bool fresh) {
+    if (wcfg_.mtp_draft_tokens <= 0) { return; }
+    const int64_t n_blocks = wcfg_.n_blocks + wcfg_.mtp_scratch_blocks;
+    const int64_t stride   = Arena::footprint_floats(n_blocks * wcfg_.block_size * static_cast<int64_t>(cfg_.kv_dim()));
+    std::byte *   base     = fresh ? alloc_->map(Tag::mtp_cache, 2 * stride, /*populate=*/true)
+                                   : region(Tag::mtp_cache, 2 * stride, /*populate=*/true);
+    mtp_k_ = reinterpret_cast<float *>(base);
+    mtp_v_ = reinterpret_cast<float *>(base + stride);
 }
 
 void Worker::map_swap_pool(bool fresh) {
@@ -249,6 +268,7 @@ int64_t Worker::release(Tag tag) {
     case Tag::kv_cache: return release_kv();
     case Tag::staging: staged_ = false; return alloc_->release(Tag::staging);
     case Tag::kv_swap: return release_swap();
+    case Tag::mtp_cache: mtp_k_ = mtp_v_ = nullptr; return alloc_->release(Tag::mtp_cache);
     }
     return 0;
 }
@@ -256,11 +276,14 @@ int64_t Worker::release(Tag tag) {
 int64_t Worker::release_kv() {
     k_pool_.clear();
     v_pool_.clear();
-    return alloc_->release(Tag::kv_cache);
+    int64_t freed = alloc_->release(Tag::kv_cache);
+    if (wcfg_.mtp_draft_tokens > 0) { freed += release(Tag::mtp_cache); }  // the draft layer's KV goes with the target's
+    return freed;
 }
 
 void Worker::acquire_kv() {
     if (!alloc_->resident(Tag::kv_cache)) { map_kv_pool(/*fresh=*/false); }
+    if (wcfg_.mtp_draft_tokens > 0 && !alloc_->resident(Tag::mtp_cache)) { map_mtp_cache(/*fresh=*/false); }
     if (wcfg_.n_swap_blocks > 0 && !alloc_->resident(Tag::kv_swap)) { map_swap_pool(/*fresh=*/false); }
 }
 

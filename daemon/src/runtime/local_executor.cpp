@@ -35,6 +35,9 @@ public:
         return site_.worker->forward(batch, logits_.data(), abandon) ? logits_.data() : nullptr;
     }
 
+    void draft_mtp(const model::DraftBatch & db, std::vector<int32_t> & drafts) override { site_.worker->draft_mtp(db, drafts); }
+    int64_t mtp_cache_bytes() const override { return site_.worker->mtp_cache_bytes(); }
+
     /// The one rank runs the table's row (rank_ops.cpp); a release measures the device again.
     std::vector<RankReport> rank_call(const RankRequest & req) override {
         RankReport r = run_rank_op(site_, req);

@@ -6,7 +6,8 @@
 
 namespace fd::spec {
 
-void NgramProposer::propose(std::span<const int32_t> tokens, int32_t k, std::vector<int32_t> & out) const {
+void NgramProposer::propose(const ProposeInput & in, int32_t k, std::vector<int32_t> & out) const {
+    const std::span<const int32_t> tokens = in.tokens;
     out.clear();
     const auto n_tok = static_cast<int64_t>(tokens.size());
     if (k <= 0) { return; }
@@ -26,9 +27,17 @@ std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig & cfg) {
     switch (cfg.method) {
         case SpecMethod::none: return nullptr;
         case SpecMethod::ngram: return std::make_unique<NgramProposer>(cfg.prompt_lookup_min, cfg.prompt_lookup_max);
-        case SpecMethod::mtp: break;
+        case SpecMethod::mtp: return std::make_unique<MtpProposer>();
     }
-    throw Error(Errc::invalid_argument, "speculative_config.method \"mtp\" is not supported yet; use \"ngram\"");
+    return nullptr;
+}
+
+void MtpProposer::propose(const ProposeInput & in, int32_t k, std::vector<int32_t> & out) const {
+    out.clear();
+    for (const int32_t t : in.layer_drafts) {
+        if (static_cast<int32_t>(out.size()) >= k || t < 0) { break; }
+        out.push_back(t);
+    }
 }
 
 }  // namespace fd::spec

@@ -67,10 +67,7 @@ SpeculativeConfig parse_speculative_config(const std::string & text, int32_t mod
             c.method = SpecMethod::mtp;
             if (model_mtp_layers <= 0) {
                 problems.push_back("--speculative-config: speculative_config.method \"mtp\" needs a checkpoint with next-token-prediction "
-                                   "layers (config.json num_nextn_predict_layers >= 1); this model has none. Use \"ngram\"");
-            } else {
-                problems.push_back("--speculative-config: speculative_config.method \"mtp\" is not supported yet (this build verifies "
-                                   "n-gram drafts only; MTP layers come next). Use \"ngram\"");
+                                   "layers (MiMoForCausalLM with config.json num_nextn_predict_layers >= 1); this model has none. Use \"ngram\"");
             }
         } else {
             problems.push_back(fmt::format("--speculative-config: unknown speculative_config.method \"{}\" (expected \"ngram\" or \"mtp\")", m));

@@ -199,6 +199,37 @@ TEST_CASE("Qwen3: q_norm/k_norm [head_dim] tensors, head_dim 128 != hidden/heads
     refused(j, {"attention_bias"});
 }
 
+TEST_CASE("MiMo: a Qwen2 decoder whose num_nextn_predict_layers MTP layers are in the state dict (vLLM mimo_mtp.py names)") {
+    // MiMo-7B's config.json fields (sizes small): Qwen2 plus num_nextn_predict_layers.
+    json j = qwen25();
+    j["architectures"] = {"MiMoForCausalLM"};
+    j["num_nextn_predict_layers"] = 1;
+    auto c = load(j);
+    CHECK(c.arch == fd::model::Arch::qwen2);
+    CHECK(c.qkv_bias);
+    CHECK(c.n_mtp_layers == 1);
+    std::map<std::string, std::vector<int64_t>> shape;
+    for (const auto & t : fd::model::expected_tensors(c)) { shape[t.name] = t.shape; }
+    const std::string p = "model.mtp_layers.0.";
+    CHECK(shape.at(p + "input_proj.weight") == std::vector<int64_t>{896, 2 * 896});  // [hidden | token] -> hidden
+    for (const char * norm : {"token_layernorm.weight", "hidden_layernorm.weight", "final_layernorm.weight", "input_layernorm.weight",
+                              "post_attention_layernorm.weight"}) {
+        CHECK(shape.at(p + norm) == std::vector<int64_t>{896});
+    }
+    CHECK(shape.at(p + "self_attn.q_proj.weight") == std::vector<int64_t>{896, 896});
+    CHECK(shape.at(p + "self_attn.k_proj.bias") == std::vector<int64_t>{128});
+    CHECK(shape.at(p + "mlp.down_proj.weight") == std::vector<int64_t>{896, 4864});
+    CHECK(shape.count("model.mtp_layers.1.input_proj.weight") == 0);
+    CHECK(shape.count("model.layers.24.input_layernorm.weight") == 0);
+    // The inference layout fuses the block's q|k|v and gate|up like the decoder's.
+    j["num_nextn_predict_layers"] = 0;
+    CHECK(load(j).n_mtp_layers == 0);
+    auto q2 = load(qwen25());
+    CHECK(q2.n_mtp_layers == 0);  // a Qwen2 checkpoint never has them
+    j["num_nextn_predict_layers"] = -1;
+    refused(j, {"num_nextn_predict_layers"});
+}
+
 TEST_CASE("Mistral: Llama math; an active sliding_window limits max_model_len, naming the field") {
     auto c = load(mistral());
     CHECK(c.arch == fd::model::Arch::mistral);

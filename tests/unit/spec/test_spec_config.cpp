@@ -2,6 +2,7 @@
 // (daemon/src/spec/ngram_proposer.cpp) on hand-worked sequences.
 #include "fd/spec/proposer.h"
 #include "fd/spec/spec_config.h"
+#include "fd/spec/acceptance.h"  // after: it uses size_t without <cstddef> (left as is: every engine file includes it)
 
 #include <doctest/doctest.h>
 
@@ -27,7 +28,7 @@ bool one_names(const std::vector<std::string> & p, const std::string & what) {
 
 std::vector<int32_t> propose(const NgramProposer & pr, const std::vector<int32_t> & toks, int32_t k) {
     std::vector<int32_t> out = {99};  // cleared by propose
-    pr.propose(toks, k, out);
+    pr.propose({.tokens = toks, .layer_drafts = {}}, k, out);
     return out;
 }
 
@@ -87,9 +88,9 @@ TEST_CASE("speculative-config: bad input is one problem naming the field") {
                     "unknown field speculative_config.draft_model"));
     CHECK(one_names(problems_of(R"({"method": "ngram", "num_speculative_tokens": 2)"), "not valid JSON"));
     CHECK(one_names(problems_of(R"(["ngram"])"), "must be a JSON object"));
-    // mtp: a model without MTP layers is told so; one with them is told "not yet".
+    // mtp: a model without MTP layers is told so; one with them is accepted.
     CHECK(one_names(problems_of(R"({"method": "mtp", "num_speculative_tokens": 1})"), "num_nextn_predict_layers"));
-    CHECK(one_names(problems_of(R"({"method": "mtp", "num_speculative_tokens": 1})", 1), "not supported yet"));
+    CHECK(problems_of(R"({"method": "mtp", "num_speculative_tokens": 2})", 1).empty());
     // Every problem at once, and nothing half-parsed.
     std::vector<std::string> p;
     const auto c = parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 0, "prompt_lookup_min": 3, "prompt_lookup_max": 1})", 0, p);
@@ -117,4 +118,40 @@ TEST_CASE("ngram proposer: the longest suffix n-gram's earliest occurrence gives
     // a sequence shorter than the n-gram: nothing, no out-of-range read.
     CHECK(propose(p23, {4}, 2).empty());
     CHECK(propose(p23, {}, 2).empty());
+}
+
+TEST_CASE("mtp proposer: the draft layer's tokens, at most k, up to a -1; make_proposer picks it") {
+    const fd::spec::MtpProposer p;
+    std::vector<int32_t>       out = {99};
+    const std::vector<int32_t> toks = {1, 2, 3}, layer = {7, 8, 9};
+    p.propose({.tokens = toks, .layer_drafts = layer}, 2, out);
+    CHECK(out == std::vector<int32_t>{7, 8});
+    p.propose({.tokens = toks, .layer_drafts = layer}, 5, out);
+    CHECK(out == std::vector<int32_t>{7, 8, 9});
+    const std::vector<int32_t> cut = {7, -1, 9};  // a chain that stopped early
+    p.propose({.tokens = toks, .layer_drafts = cut}, 3, out);
+    CHECK(out == std::vector<int32_t>{7});
+    p.propose({.tokens = toks, .layer_drafts = {}}, 3, out);
+    CHECK(out.empty());
+    fd::spec::SpeculativeConfig c;
+    c.method = SpecMethod::mtp;
+    CHECK(fd::spec::make_proposer(c)->uses_draft_layers());
+    c.method = SpecMethod::ngram;
+    c.prompt_lookup_min = c.prompt_lookup_max = 2;
+    CHECK_FALSE(fd::spec::make_proposer(c)->uses_draft_layers());
+}
+
+TEST_CASE("acceptance collapse: below a third of the previous version's rate, once both saw the window") {
+    using fd::spec::acceptance_collapsed;
+    using fd::spec::DraftCounters;
+    auto counters = [](int64_t proposed, int64_t accepted) {
+        DraftCounters c;
+        c.n_drafts = proposed, c.n_draft_tokens = proposed, c.n_accepted_tokens = accepted;
+        return c;
+    };
+    CHECK(acceptance_collapsed(counters(100, 60), counters(100, 19), 64));         // 0.19 < 0.6 / 3
+    CHECK_FALSE(acceptance_collapsed(counters(100, 60), counters(100, 20), 64));   // 0.2 is exactly a third
+    CHECK_FALSE(acceptance_collapsed(counters(100, 60), counters(63, 0), 64));     // the new version's window not full
+    CHECK_FALSE(acceptance_collapsed(counters(63, 60), counters(100, 0), 64));     // the old one's not either
+    CHECK_FALSE(acceptance_collapsed(counters(100, 0), counters(100, 0), 64));     // nothing to fall from
 }

@@ -1,6 +1,6 @@
 // fd/checkpoint/model_config.h — the architecture of a Hugging Face checkpoint directory.
 //
-// Read from config.json (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+// Read from config.json (LlamaForCausalLM, Qwen2ForCausalLM, MiMoForCausalLM (Qwen2 + MTP layers), Qwen3ForCausalLM,
 // MistralForCausalLM, and the mixture-of-experts Qwen3MoeForCausalLM, Qwen2MoeForCausalLM,
 // MixtralForCausalLM: see MoeConfig), generation_config.json (stop ids) and version.yaml (`step`, the weight
 // version). Pure parsing: no tensors are touched.
@@ -89,6 +89,10 @@ struct ModelConfig {
     int32_t     bos_token_id      = 1;
     std::vector<int32_t> eos_token_ids;     ///< generation_config.json eos_token_id, else config.json's
     MoeConfig   moe;                        ///< mixture of experts (moe.enabled()), else dense
+    /// MiMoForCausalLM's num_nextn_predict_layers: next-token-prediction (MTP) layers stored as
+    /// model.mtp_layers.N.* (part of the state dict: every load path carries them; the draft
+    /// proposer of --speculative-config method "mtp" runs layer 0). 0 for every other architecture.
+    int32_t     n_mtp_layers      = 0;
 
     /// True when layer `il` runs the sparse MoE block (false for every layer of a dense model).
     bool is_moe_layer(int il) const { return moe.enabled() && moe.sparse_layer[static_cast<size_t>(il)]; }

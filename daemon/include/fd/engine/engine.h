@@ -112,7 +112,11 @@ struct EngineStats {
     std::array<int64_t, kStepLatencyBuckets.size() + 1> step_latency_counts{};  ///< last = +Inf
     double  step_latency_sum_s = 0.0;
     // Speculative decoding (--speculative-config; docs/speculative.md).
-    std::string spec_method = "none";            ///< none | ngram
+    std::string spec_method = "none";            ///< none | ngram | mtp
+    int64_t     mtp_cache_bytes = 0;             ///< the MTP draft layer's KV (0 without mtp or while asleep)
+    /// The serving version's acceptance collapsed against the version before it
+    /// (spec::acceptance_collapsed): both labels, "" when not.
+    std::string spec_collapse_version, spec_collapse_previous;
     int32_t     num_speculative_tokens = 0;      ///< k
     /// Verified drafts per weight version (the version serving when they were verified).
     std::map<std::string, spec::DraftCounters> spec_by_version;
@@ -199,6 +203,11 @@ private:
     /// bonus token after the last draft), count acceptance, keep the accepted drafts' KV, give the
     /// rejected ones' blocks back. `logits`: row i's [1 + n_draft, vocab].
     void emit_draft_rows(const StepPlan::RowUse & row, const float * logits);
+    /// MTP (Proposer::uses_draft_layers): after emit_step, run the draft layer over every kept
+    /// row of the step (its cache follows each sequence) and chain k drafts for each sequence
+    /// about to decode (Sequence::layer_drafts, read by the next propose_drafts).
+    /// Errors  as Executor::draft_mtp (an internal error fails the step's sequences).
+    void run_draft_layers(const StepPlan & plan);
     /// The token counters (/metrics), bumped before the event that carries the tokens goes out;
     /// `n_forwards`: sequence-steps that produced tokens (n_target_forwards_total).
     void count_tokens(int64_t n_generated, int64_t n_prompt, int64_t n_cached, int64_t n_host_cached, int64_t n_forwards = 0);
@@ -293,8 +302,13 @@ private:
     std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> seqs_;
     kv::SeqId                                 next_seq_id_ = 1;
     model::StepBatch                          batch_;
+    model::DraftBatch                         draft_batch_;  ///< run_draft_layers' (reused)
+    std::vector<int32_t>                      layer_drafts_; ///< its output
     std::vector<float>                        scratch_, processed_;  ///< processed_: one row after the logits processors
     std::unique_ptr<spec::Proposer>           proposer_;  ///< --speculative-config's (null: none)
+    /// The versions drafts were verified under: the current one and the one before it (the
+    /// acceptance-collapse check compares them); collapse_warned_: the version already warned about.
+    std::string                               spec_version_, spec_prev_version_, collapse_warned_;
     bool                                      defer_events_ = false;  ///< emit() holds events back (pause)
     std::vector<HeldEvents::Item>             deferred_;  ///< events held back (defer_events_), taken by take_held()
     /// A pause mode=wait waiting for the requests in flight to finish.

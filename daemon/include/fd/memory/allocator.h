@@ -33,11 +33,13 @@
 
 namespace fd::memory {
 
-enum class Tag : uint8_t { weight = 0, kv_cache = 1, staging = 2, kv_swap = 3 };
-inline constexpr int kNumTags = 4;
-inline constexpr std::array<Tag, kNumTags> kAllTags = {Tag::weight, Tag::kv_cache, Tag::staging, Tag::kv_swap};
+/// mtp_cache: the MTP draft layers' KV pool (--speculative-config method "mtp"); the control
+/// API's kv_cache tag covers it (sleep?tags=kv_cache frees both, wakeup maps both).
+enum class Tag : uint8_t { weight = 0, kv_cache = 1, staging = 2, kv_swap = 3, mtp_cache = 4 };
+inline constexpr int kNumTags = 5;
+inline constexpr std::array<Tag, kNumTags> kAllTags = {Tag::weight, Tag::kv_cache, Tag::staging, Tag::kv_swap, Tag::mtp_cache};
 
-/// "weight", "kv_cache", "staging", "kv_swap".
+/// "weight", "kv_cache", "staging", "kv_swap", "mtp_cache".
 const char * tag_name(Tag tag);
 /// The tag named `name` (tag_name's spelling), nullopt otherwise.
 std::optional<Tag> parse_tag(std::string_view name);

@@ -76,12 +76,23 @@ struct LayerWeights {
     MoeWeights    moe;                  ///< sparse layers (ModelConfig::is_moe_layer); else empty
 };
 
+/// One MiMo next-token-prediction layer (model.mtp_layers.N.*; vLLM MiMoMultiTokenPredictorLayer):
+///   x = input_proj([hidden_norm(h) | token_norm(embed(t))]);  x = block(x);  out = final_norm(x)
+struct MtpWeights {
+    const float * token_norm  = nullptr;  ///< [hidden] f32 token_layernorm
+    const float * hidden_norm = nullptr;  ///< [hidden] f32 hidden_layernorm
+    LinearWeight  input_proj;             ///< [hidden, 2*hidden] columns: hidden | token embedding
+    LayerWeights  block;                  ///< a dense decoder block (whole: tp 1)
+    const float * final_norm  = nullptr;  ///< [hidden] f32 final_layernorm
+};
+
 /// Pointers into one filled arena, plus f32 copies of the small 1-D tensors (norms, biases).
 struct ModelWeights {
     LinearWeight              embed;       ///< [vocab/T, hidden] (row lookup; the rank's vocab rows)
     std::vector<LayerWeights> layers;      ///< [n_layers]
     const float *             final_norm = nullptr;  ///< [hidden] f32
     LinearWeight              lm_head;     ///< [vocab/T, hidden] (embed when tied)
+    std::vector<MtpWeights>   mtp;         ///< [n_mtp_layers] (ModelConfig::n_mtp_layers)
     std::vector<float>        small_f32;   ///< backing store of the f32 norms and biases
 };
 

@@ -58,6 +58,34 @@ struct StepBatch {
     int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
 };
 
+/// The MTP draft work of one step (--speculative-config method "mtp"; mtp_forward.cpp), run
+/// right after the forward() whose hidden states it reads. MTP layer 0 (vLLM mimo_mtp.py) at
+/// position p reads the target's final-normed hidden state h_p and the embedding of token p + 1
+/// and predicts token p + 2; its K/V go to the MTP cache at the target's slot of p.
+///   catch-up rows: every position of the step whose next token is known and kept (prompt rows,
+///                  the decode row, accepted draft rows): the MTP cache follows the sequence;
+///   chains:        for a sequence about to decode, its last catch-up row gives draft 1 (argmax
+///                  of the shared lm_head); draft j + 1 comes from the layer run again at the next
+///                  position on (its own output, draft j) — vLLM's reuse of one MTP layer for k.
+/// A chain position past the sequence's KV blocks writes into worker-private scratch blocks
+/// (WorkerConfig::mtp_scratch_blocks) that the next step's catch-up overwrites in real ones.
+struct DraftBatch {
+    std::vector<int32_t>            hidden_rows;  ///< [n] row of the last forward whose hidden state feeds row i
+    std::vector<int32_t>            tokens;       ///< [n] token at position + 1 (its embedding)
+    std::vector<int32_t>            positions;    ///< [n]
+    std::vector<int64_t>            slots;        ///< [n] the position's KV slot (MTP cache: same block ids)
+    std::vector<kernels::AttnQuery> queries;      ///< [n] context in the MTP cache (incl. itself)
+    struct Chain {
+        int32_t         row = 0;                  ///< catch-up row giving draft 1
+        int32_t         k   = 0;                  ///< drafts wanted, >= 1
+        const int32_t * block_table = nullptr;    ///< the sequence's KV blocks
+        int32_t         n_table_blocks = 0;
+    };
+    std::vector<Chain>              chains;
+
+    void clear() { hidden_rows.clear(); tokens.clear(); positions.clear(); slots.clear(); queries.clear(); chains.clear(); }
+};
+
 struct WorkerConfig {
     int32_t rank       = 0;    ///< this rank, in [0, tp_size)
     int32_t tp_size    = 1;    ///< tensor-parallel ranks (must divide heads, kv heads, intermediate, vocab)
@@ -98,6 +126,13 @@ struct WorkerConfig {
     /// becomes the next staging area): updates then copy at memory bandwidth, at the cost of a
     /// second copy of the weights in RSS while awake. false: map it per update, unmap after.
     bool    keep_update_staging = true;
+    /// > 0 (--speculative-config method "mtp"): the model's MTP layer 0 drafts (draft_mtp):
+    /// forward() keeps every row's final-normed hidden state and the MTP cache (Tag::mtp_cache,
+    /// one layer's K/V over n_blocks + mtp_scratch_blocks blocks) is mapped. 0 = off.
+    int32_t mtp_draft_tokens = 0;
+    /// Scratch blocks for draft chains that run past a sequence's blocks (max_num_seqs *
+    /// (ceil(k / block_size) + 1) covers every chain of a step).
+    int64_t mtp_scratch_blocks = 0;
     /// Refuse weights holding NaN/Inf at load, wakeup and update (checked during the copy).
     bool    check_finite_weights = true;
     /// > 0: a weight fill (load, wakeup, update) reads no new piece after this many seconds and
@@ -132,6 +167,15 @@ public:
     /// else the collectives mismatch and fail with rank_failed.
     /// Errors  fd::Error{rank_failed} from the Comm (a peer died or hung).
     bool forward(const StepBatch & batch, float * logits, const std::atomic<bool> * abandon = nullptr);
+
+    /// Run the MTP work of `db` after forward() (see DraftBatch): write the catch-up rows' MTP
+    /// cache, then each chain's k drafts (greedy) into `drafts`, chain after chain.
+    /// Shapes  drafts [sum of chains' k] token ids (resized).
+    /// Errors  fd::Error{internal} when MTP is off (WorkerConfig::mtp_draft_tokens 0), a row is
+    ///         outside the last forward, or the MTP cache is released.
+    void draft_mtp(const DraftBatch & db, std::vector<int32_t> & drafts);
+    /// Bytes of the MTP cache (0 when off or released).
+    int64_t mtp_cache_bytes() const { return alloc_->held_bytes(memory::Tag::mtp_cache); }
 
     const ModelConfig & config() const { return cfg_; }
     int32_t rank() const { return wcfg_.rank; }
@@ -243,6 +287,13 @@ private:
     kernels::PagedKv layer_kv(int il);
 
     void map_kv_pool(bool fresh);
+    void map_mtp_cache(bool fresh);
+    /// The MTP layer over `n` rows: input hidden `hin` [n, hidden] (final-normed) and tokens,
+    /// writing its K/V at the slots; out [n, hidden] = final_layernorm(block(...)).
+    void mtp_layer(const float * hin, const int32_t * tokens, const int32_t * positions, const int64_t * slots,
+                   const kernels::AttnQuery * queries, int64_t n, float * out);
+    /// Greedy token of each of `n` rows of `hid` [n, hidden] through the shared lm_head.
+    void mtp_argmax(const float * hid, int64_t n, int32_t * tokens);
     void map_swap_pool(bool fresh);
     /// Bytes of one block in one layer's K (or V) pool (block_size * kv_dim / tp elements of kv_dtype).
     int64_t block_bytes() const {
@@ -286,6 +337,10 @@ private:
         /// [n, hidden], the grouped experts' work buffer, the shared expert's gate|up, activation,
         /// output and gate logit.
         kernels::ScratchBuffer moe_logits, moe_out, moe_work, shared_gu, shared_act, shared_y, shared_g;
+        /// MTP (mtp_draft_tokens > 0): every row's final-normed hidden state of the last forward
+        /// [n_last, hidden]; the MTP layer's input rows, concat [n, 2*hidden], output, and the
+        /// chains' current hidden rows and logits.
+        kernels::ScratchBuffer hidden, mtp_in, mtp_cat, mtp_out, mtp_cur, mtp_logits;
     };
     /// Host-side routing state of the MoE layers (reused across steps).
     struct MoeHost {
@@ -309,6 +364,9 @@ private:
     bool                                  device_mem_ = false;  ///< see device_memory()
     ModelWeights                          w_;
     std::vector<std::byte *>              k_pool_, v_pool_;  ///< per layer, in the kv_cache region (kv_dtype elements)
+    float *                               mtp_k_ = nullptr, * mtp_v_ = nullptr;  ///< MTP cache (one layer, always f32), in mtp_cache
+    int64_t                               n_hidden_rows_ = 0;  ///< rows of s_.hidden (the last forward)
+    std::vector<float>                    mtp_host_logits_;    ///< device_mem_: downloaded [n, vocab]
     kernels::ScratchBuffer                rope_;             ///< [max_model_len, head_dim] backend memory
     kernels::ScratchBuffer                small_;            ///< device_mem_: the f32 norms and biases
     Scratch                               s_;

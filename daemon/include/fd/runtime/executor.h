@@ -16,6 +16,7 @@
 #pragma once
 
 #include "fd/model/worker.h"
+#include "fd/status.h"
 #include "fd/runtime/rank_call.h"
 #include "fd/weights/weight_source.h"
 
@@ -58,6 +59,17 @@ public:
     /// Shapes  returned [batch.logits_rows.size(), vocab] f32. Returns nullptr when `abandon`
     /// turned true and the step was dropped. Errors  as forward().
     virtual const float * forward_in_place(const model::StepBatch & batch, const std::atomic<bool> * abandon) = 0;
+    /// The MTP draft work after the last forward (Worker::draft_mtp, fd/model/worker.h).
+    /// Shapes  drafts [sum of db.chains' k] token ids; -1 ends a chain's drafts early.
+    /// Errors  fd::Error{invalid_argument} on an executor without MTP drafts (mp: tp > 1 is
+    ///         refused at start-up); as Worker::draft_mtp.
+    virtual void draft_mtp(const model::DraftBatch & db, std::vector<int32_t> & drafts) {
+        (void)db; (void)drafts;
+        fail(Errc::invalid_argument, "this executor ({}) has no MTP draft layers; speculative_config.method \"mtp\" needs "
+             "--distributed-executor-backend uni", backend());
+    }
+    /// Bytes of the MTP cache on every rank together (0 without MTP drafts).
+    virtual int64_t mtp_cache_bytes() const { return 0; }
 
     /// Run `req` on every rank (fd/runtime/rank_call.h: a bare row of the table, none of the
     /// rules the named methods below add around stage, reload and release).

@@ -32,4 +32,16 @@ struct DraftCounters {
     double mean_accepted_length() const { return n_drafts > 0 ? 1.0 + static_cast<double>(n_accepted_tokens) / static_cast<double>(n_drafts) : 0.0; }
 };
 
+/// Draft tokens each version must have had verified before their acceptance rates are compared.
+inline constexpr int64_t kCollapseWindowTokens = 64;
+
+/// The acceptance-collapse check after a weight update (SPEC §11): true when both the previous
+/// version and the current one have at least `window` verified draft tokens and the current
+/// acceptance rate is below a third of the previous one (e.g. a draft layer left stale, or
+/// updated apart from the target). Pure; the engine logs a warning and flags /health.
+inline bool acceptance_collapsed(const DraftCounters & previous, const DraftCounters & current, int64_t window = kCollapseWindowTokens) {
+    return previous.n_draft_tokens >= window && current.n_draft_tokens >= window &&
+           current.acceptance_rate() * 3.0 < previous.acceptance_rate();
+}
+
 }  // namespace fd::spec

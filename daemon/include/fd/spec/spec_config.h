@@ -47,8 +47,7 @@ inline constexpr int32_t kDefaultPromptLookup = 5;
 /// the result is meaningful only when none was appended. Rules: unknown fields or methods are
 /// refused; k in [1, 32]; ngram: prompt_lookup_min/max >= 1, min <= max (one given: the other
 /// takes its value; none: both 5, as vLLM); disable_by_batch_size >= 0 (absent: 8); mtp needs a checkpoint with next-token-prediction
-/// layers (`model_mtp_layers` = its num_nextn_predict_layers) and is refused in this build ("not
-/// yet": only ngram drafts are verified so far).
+/// layers (`model_mtp_layers` = ModelConfig::n_mtp_layers, MiMo's num_nextn_predict_layers).
 SpeculativeConfig parse_speculative_config(const std::string & json, int32_t model_mtp_layers, std::vector<std::string> & problems);
 
 }  // namespace fd::spec

@@ -1,0 +1,198 @@
+"""MTP speculation (--speculative-config method "mtp", SPEC §11, issue #24) on random MiMo checkpoints.
+
+MiMoForCausalLM = Qwen2 + model.mtp_layers.N.* (scripts/make_random_checkpoint.py --preset
+tiny-mimo). A daemon drafting with the MTP layer and one without serve the same requests:
+greedy tokens, text, finish reasons and every logprob equal bit for bit, alone and batched.
+--mtp-mimic makes the MTP layer a copy of layer 0 fed the token, so its drafts are often
+accepted (acceptance is really exercised); the plain random MTP layer rarely is; the "mixed"
+fixture (1-layer untied target, input_proj reading the hidden state too) accepts about half. The drafts themselves are checked against a numpy MTP layer (np_llama.mtp_drafts). The MTP cache
+is freed by sleep?tags=kv_cache (its bytes in freed_bytes) and rebuilt by wakeup; update_weights
+replaces the draft layer with the target (acceptance per weight version moves, and its collapse
+is logged and shown in /health); a checkpoint
+without the MTP tensors is refused (422 naming them) and the old weights keep serving; mtp on a
+model without MTP layers, or at tp 2, is a start-up error naming the field.
+"""
+import itertools
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import unittest
+
+from fdtest import BIN, STORIES, Daemon, copy_checkpoint, make_checkpoint, rewrite_tensors
+
+MTP = lambda k: json.dumps({"method": "mtp", "num_speculative_tokens": k, "disable_by_batch_size": 0})
+PROMPTS = ["Once upon a time", "Lily and Tom", "The little dog", "Tom and Lily played with the ball."]
+
+
+def bodies():
+    out = [{"prompt": p, "max_tokens": 30 + 5 * i, "temperature": 0, "logprobs": 3, "ignore_eos": True} for i, p in enumerate(PROMPTS)]
+    out.append({"prompt": PROMPTS[0], "max_tokens": 7, "temperature": 0, "logprobs": 2, "prompt_logprobs": 2})
+    out.append({"prompt": PROMPTS[1], "max_tokens": 25, "temperature": 0, "logprobs": 1, "repetition_penalty": 1.3})
+    return out
+
+
+def choices(d, body):
+    return sorted(d.complete(**body)["choices"], key=lambda c: c["index"])
+
+
+def concurrently(d, reqs):
+    out = [None] * len(reqs)
+
+    def run(i):
+        out[i] = choices(d, reqs[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return out
+
+
+def spec_by_version(d):
+    """{weight_version: (drafts, proposed, accepted)} from /metrics."""
+    out = {}
+    for line in d.get("/metrics")[1].splitlines():
+        for i, fam in enumerate(("fdrollout_spec_decode_num_drafts_total", "fdrollout_spec_decode_num_draft_tokens_total",
+                                 "fdrollout_spec_decode_num_accepted_tokens_total")):
+            if line.startswith(fam + "{"):
+                v = line.split('weight_version="', 1)[1].split('"', 1)[0]
+                out.setdefault(v, [0, 0, 0])[i] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+class Mtp(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="fd-mtp-")
+        cls.mimic = make_checkpoint(os.path.join(cls.tmp.name, "mimic"), "--preset", "tiny-mimo", "--mtp-mimic", "--seed", "3")
+        cls.random = make_checkpoint(os.path.join(cls.tmp.name, "random"), "--preset", "tiny-mimo", "--seed", "3")
+        # a 1-layer target with varied tokens (untied head) and a layer-0 copy as the draft that
+        # also reads the hidden state (input_proj's hidden half 0.1 x random, random norms):
+        # about half the drafts accepted, so most of them change what the counters show
+        cls.mixed = make_checkpoint(os.path.join(cls.tmp.name, "mixed"), "--preset", "tiny-mimo", "--mtp-mimic",
+                                    "--mtp-hidden-scale", "0.1", "--no-tie", "--layers", "1", "--seed", "3")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def ok(self, d, path, body=None):
+        code, j = d.post(path, body)
+        self.assertEqual(code, 200, j)
+        return j["result"]
+
+    def test_greedy_and_logprobs_equal_alone_and_batched(self):
+        for ck, k in ((self.mimic, 1), (self.mimic, 3), (self.mixed, 2), (self.random, 2)):
+            with self.subTest(ck=os.path.basename(ck), k=k), Daemon("--max-logprobs", "64", model=ck) as plain, \
+                    Daemon("--max-logprobs", "64", "--speculative-config", MTP(k), model=ck) as spec:
+                want = [choices(plain, b) for b in bodies()]
+                self.assertEqual([choices(spec, b) for b in bodies()], want)
+                self.assertEqual(concurrently(spec, bodies() * 2), want * 2)
+                drafts, proposed, accepted = spec_by_version(spec)["0"]
+                self.assertGreater(drafts, 0)
+                self.assertLessEqual(accepted, proposed)
+                if ck == self.mimic:  # the copied layer predicts the target often
+                    self.assertGreater(accepted, 0.2 * proposed, (drafts, proposed, accepted))
+                h = spec.get("/health")[1]["speculative"]
+                self.assertEqual((h["method"], h["num_speculative_tokens"]), ("mtp", k))
+
+    def test_drafts_equal_a_numpy_mtp_reference(self):
+        # The draft layer's own arithmetic, checked through what it changes: with a greedy request
+        # alone, the proposed and accepted counts follow from the drafts the numpy MTP layer
+        # (np_llama.mtp_drafts, from vLLM's mimo_mtp.py) makes at each step boundary.
+        import np_llama
+        loaded = {ck: np_llama.load(ck) for ck in (self.mimic, self.mixed, self.random)}
+        # a 2-token prompt too: position 0's row weighs more there
+        for ck, k, prompt in itertools.product(loaded, (1, 3), ([1, 45, 99, 301, 7], [1, 200])):
+            cfg, w = loaded[ck]
+            with self.subTest(ck=os.path.basename(ck), k=k, prompt=prompt), \
+                    Daemon("--speculative-config", MTP(k), "--no-enable-prefix-caching", model=ck) as d:
+                m = 40
+                out = d.complete(prompt=prompt, max_tokens=m, temperature=0, ignore_eos=True)["choices"][0]["token_ids"]
+                seq = prompt + out
+                L, n_gen, proposed, accepted = len(prompt), 1, 0, 0  # seq[L]: the last token, not yet in the KV cache
+                while n_gen < m:
+                    kk = min(k, m - n_gen - 1)
+                    a = 0
+                    if kk >= 1:
+                        drafts = np_llama.mtp_drafts(cfg, w, seq[:L + 1], kk)
+                        while a < kk and drafts[a] == seq[L + 1 + a]:
+                            a += 1
+                        proposed, accepted = proposed + kk, accepted + a
+                    L, n_gen = L + a + 1, n_gen + a + 1
+                _, got_proposed, got_accepted = spec_by_version(d)["0"]
+                self.assertEqual((got_proposed, got_accepted), (proposed, accepted))
+                if ck == self.mixed:  # both outcomes occur: the comparison sees every draft
+                    self.assertTrue(0 < accepted < proposed, (proposed, accepted))
+
+    def test_sleep_kv_cache_frees_the_mtp_cache_and_wakeup_rebuilds_it(self):
+        args = ("--dynamic-load-weight", "--kv-cache-bytes", "8MiB", "--max-num-seqs", "8")
+        with Daemon(*args, model=self.mimic) as plain, Daemon(*args, "--speculative-config", MTP(2), model=self.mimic) as spec:
+            want = choices(plain, bodies()[0])
+            self.assertEqual(choices(spec, bodies()[0]), want)
+            freed_plain = self.ok(plain, "/v1/sleep?tags=kv_cache")["freed_bytes"]["kv_cache"]
+            freed_spec = self.ok(spec, "/v1/sleep?tags=kv_cache")["freed_bytes"]["kv_cache"]
+            # the MTP cache: one layer's K and V over the same blocks (+ scratch) next to 2 layers
+            self.assertGreater(freed_spec, freed_plain * 1.4, (freed_spec, freed_plain))
+            self.assertEqual(spec.get("/health")[1]["speculative"]["mtp_cache_bytes"], 0)
+            self.ok(spec, "/v1/wakeup?tags=kv_cache")
+            self.assertGreater(spec.get("/health")[1]["speculative"]["mtp_cache_bytes"], 0)
+            self.assertEqual(choices(spec, bodies()[0]), want)
+            self.assertGreater(spec_by_version(spec)["0"][2], 0)
+
+    def test_update_replaces_the_draft_layer_with_the_target(self):
+        with tempfile.TemporaryDirectory(prefix="fd-mtp-upd-") as src:
+            copy_checkpoint(self.mimic, src)
+            # v1: the same target, the MTP layer replaced by random weights (the random checkpoint's)
+            import safetensors_np
+            rnd = safetensors_np.load_file(os.path.join(self.random, "model.safetensors"))
+            with Daemon("--dynamic-load-weight", "--speculative-config", MTP(2), model=src) as d, Daemon(model=self.mimic) as plain:
+                want = [choices(plain, b) for b in bodies()[:3]]
+                self.assertEqual([choices(d, b) for b in bodies()[:3]], want)
+                self.ok(d, "/v1/pause")
+                rewrite_tensors(src, lambda t: t.update({k: v for k, v in rnd.items() if k.startswith("model.mtp_layers.")}))
+                self.ok(d, "/v1/update_weights", {"version": "v1", "verify_checksum": False})
+                self.ok(d, "/v1/resume")
+                for b, w in zip(bodies()[:3], want):  # same target: same tokens and logprobs, the new label
+                    j = d.complete(**b)
+                    self.assertEqual(j["weight_version"], "v1")
+                    self.assertEqual(sorted(j["choices"], key=lambda c: c["index"]), w)
+                per = spec_by_version(d)
+                rate = {v: acc / prop for v, (_, prop, acc) in per.items()}
+                self.assertGreater(rate["0"], 0.2, per)
+                self.assertLess(rate["v1"], rate["0"] / 3, per)  # the random draft layer is much worse
+                # ... which is the acceptance collapse the daemon reports, naming both versions
+                col = d.get("/health")[1]["speculative"]["acceptance_collapse"]
+                self.assertEqual((col["weight_version"], col["previous_weight_version"]), ("v1", "0"), col)
+                self.assertAlmostEqual(col["acceptance_rate"], rate["v1"])
+                self.assertIn("acceptance collapsed after the weight update from version '0' to 'v1'", d.output())
+
+    def test_checkpoint_without_mtp_tensors_is_refused_and_nothing_changes(self):
+        with tempfile.TemporaryDirectory(prefix="fd-mtp-miss-") as src:
+            copy_checkpoint(self.mimic, src)
+            with Daemon("--dynamic-load-weight", "--speculative-config", MTP(2), model=src) as d:
+                want = choices(d, bodies()[0])
+                self.ok(d, "/v1/pause")
+                rewrite_tensors(src, lambda t: t.pop("model.mtp_layers.0.input_proj.weight"))
+                code, j = d.post("/v1/update_weights", {"version": "broken", "verify_checksum": False})
+                self.assertEqual((code, j["error"]["type"]), (422, "invalid_checkpoint"), j)
+                self.assertIn("model.mtp_layers.0.input_proj.weight", j["error"]["message"])
+                self.ok(d, "/v1/resume")
+                self.assertEqual(d.get("/health")[1]["weight_version"], "0")
+                self.assertEqual(choices(d, bodies()[0]), want)
+
+    def test_start_up_errors_name_the_field(self):
+        for model, extra, needle in ((STORIES, [], "num_nextn_predict_layers"),
+                                     (self.mimic, ["--tensor-parallel-size", "2"], "--tensor-parallel-size 1")):
+            with self.subTest(needle=needle):
+                r = subprocess.run([BIN, "--model", model, "--port", "0", "--speculative-config", MTP(2), *extra],
+                                   capture_output=True, text=True, timeout=60)
+                self.assertNotEqual(r.returncode, 0, r.stderr)
+                self.assertIn(needle, r.stdout + r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
