@@ -103,6 +103,11 @@ void add_flags(CLI::App & app, fd::Config & c) {
     app.add_flag("--shutdown-comm-group-if-worker-idle,!--no-shutdown-comm-group-if-worker-idle", p.shutdown_comm_group_if_worker_idle,
                  on_off(p.shutdown_comm_group_if_worker_idle) + "mp backend: sleep with the weight tag closes the ranks' communication group (its sockets), wakeup rebuilds it "
                  "before reloading")->envname("FD_SHUTDOWN_COMM_GROUP_IF_WORKER_IDLE")->capture_default_str();
+    app.add_flag("--enable-expert-parallel", p.enable_expert_parallel,
+                 "MoE models: spread the experts over the --tensor-parallel-size ranks (vLLM's flag): each rank holds "
+                 "num_experts / tp experts whole, attention stays tensor-parallel; tokens' expert outputs are combined in a "
+                 "fixed order, bitwise the same for every tp. Keeps the comm group on weight sleep unless "
+                 "--shutdown-comm-group-if-worker-idle is given")->envname("FD_ENABLE_EXPERT_PARALLEL");
     app.add_option("--dist-backend", p.dist_backend, "mp backend: the ranks' all-reduce: gloo (TCP), shm (shared memory, every rank "
                    "on this host), nccl (--device cuda, one rank per device, one node) or auto (cuda: nccl when every rank has a "
                    "device of its own, else shm/gloo staged through host memory; cpu: shm when --nnodes 1, else gloo)")
@@ -298,7 +303,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
     }
     const char * staged_fill_env = std::getenv("FD_TEST_STAGED_FILL");
     const fd::model::WorkerConfig wcfg{
-        .rank = 0, .device = r.device, .device_id = 0, .batch_invariant = cfg.model.batch_invariant,
+        .rank = 0, .ep_size = r.world.ep, .device = r.device, .device_id = 0, .batch_invariant = cfg.model.batch_invariant,
         .reserve_tokens = graphs ? cfg.engine.scheduler.max_num_batched_tokens : 0,
         .graph_max_batch = graphs ? cfg.engine.scheduler.max_num_seqs : 0,
         .test_device_paths = staged_fill_env && std::string(staged_fill_env) == "1",  // test-only hook (README)
@@ -328,6 +333,9 @@ int run(fd::Config & cfg, sigset_t & signals) {
     }
     lg->info("executor: {} ({} rank(s), {} thread(s) per rank)", executor->backend(), executor->world_size(), cfg.model.n_threads);
     cfg.engine.model_dir           = cfg.model.model_dir;
+    cfg.engine.expert_parallel_size = r.world.ep;
+    cfg.engine.shutdown_comm_group_on_sleep = r.executor_backend == fd::runtime::ExecutorKind::mp &&
+                                              cfg.parallel.shutdown_comm_group_if_worker_idle;
     cfg.engine.base_weight_version = cfg.engine.weight_version;  // config.cpp: --model's own label
     load_labelled_startup(cfg, scfg, *executor);
     fd::engine::Engine engine(cfg.engine, std::move(executor), tok,
@@ -410,6 +418,7 @@ int main(int argc, char ** argv) {
     }
     try {
         app.parse(static_cast<int>(args.size()), args.data());
+        cfg.parallel.shutdown_comm_group_given = app.get_option("--shutdown-comm-group-if-worker-idle")->count() > 0;
     } catch (const CLI::ParseError & e) {
         // --help and --version exit 0; every usage error exits 2 (CLI11's own codes, 105-115,
         // would collide with nothing documented and mean nothing to a script).

@@ -15,6 +15,7 @@ const char * tag_name(Tag tag) {
     case Tag::kv_cache: return "kv_cache";
     case Tag::staging: return "staging";
     case Tag::kv_swap: return "kv_swap";
+    case Tag::ep_buffer: return "ep_buffer";
     }
     return "?";
 }

@@ -7,6 +7,8 @@
 //   kv_cache  the paged KV pool, all layers
 //   staging   update_weights' second copy of the weights (swapped with `weight` on commit)
 //   kv_swap   the host-side swap tier for preempted sequences' KV blocks (--swap-space)
+//   ep_buffer expert parallelism's dispatch/combine buffers (model/moe_ep.cpp); released with
+//             the weights (sleep tag `weight`), mapped again by the first step after wakeup
 // A region is either resident (physical memory behind it) or released (its size remembered;
 // what the address range does is the implementation's, see keeps_addresses()).
 //
@@ -33,11 +35,11 @@
 
 namespace fd::memory {
 
-enum class Tag : uint8_t { weight = 0, kv_cache = 1, staging = 2, kv_swap = 3 };
-inline constexpr int kNumTags = 4;
-inline constexpr std::array<Tag, kNumTags> kAllTags = {Tag::weight, Tag::kv_cache, Tag::staging, Tag::kv_swap};
+enum class Tag : uint8_t { weight = 0, kv_cache = 1, staging = 2, kv_swap = 3, ep_buffer = 4 };
+inline constexpr int kNumTags = 5;
+inline constexpr std::array<Tag, kNumTags> kAllTags = {Tag::weight, Tag::kv_cache, Tag::staging, Tag::kv_swap, Tag::ep_buffer};
 
-/// "weight", "kv_cache", "staging", "kv_swap".
+/// "weight", "kv_cache", "staging", "kv_swap", "ep_buffer".
 const char * tag_name(Tag tag);
 /// The tag named `name` (tag_name's spelling), nullopt otherwise.
 std::optional<Tag> parse_tag(std::string_view name);
