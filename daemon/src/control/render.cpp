@@ -133,7 +133,7 @@ json status_json(const StatusReport & s) {
             {"tensor_parallel_size", es.tensor_parallel_size},
             {"expert_parallel_size", es.expert_parallel_size},
             {"comm_group", {{"backend", es.comm_backend}, {"state", es.comm_group},
-                            {"on_weight_sleep", es.comm_group_kept_on_sleep ? "kept" : "destroyed"}}},
+                            {"on_weight_sleep", es.comm_group == "none" ? json(nullptr) : json(es.comm_group_kept_on_sleep ? "kept" : "destroyed")}}},
             {"state", state},
             {"is_paused", es.paused},
             {"pause_mode", es.paused ? json(engine::to_string(es.pause_mode)) : json(nullptr)},
