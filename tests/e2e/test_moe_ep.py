@@ -125,7 +125,7 @@ class MoeExpertParallel(unittest.TestCase):
         want_other_tp1 = self.generate(other)
         want_other_ep = self.generate(other, *EP2)
         self.assertNotEqual(want_other_ep[0], self.tp1["qwen2-moe-like"][0], "the perturbation must change the tokens")
-        with Daemon(*EP2, model=model) as d:
+        with Daemon(*EP2, "--dynamic-load-weight", model=model) as d:
             before = self.generate(model, d=d)
             self.assert_close(before, self.tp1["qwen2-moe-like"], "EP=2 before sleep")
             res = self.ok(d, "/v1/sleep?tags=weight")
@@ -151,7 +151,7 @@ class MoeExpertParallel(unittest.TestCase):
             self.assertEqual(got, want_other_ep)  # bitwise a fresh EP daemon on those weights
             self.assert_close(got, want_other_tp1, "EP=2 after update vs tp=1")
         # the explicit flag still destroys the group on weight sleep (and wakeup rebuilds it)
-        with Daemon(*EP2, "--shutdown-comm-group-if-worker-idle", model=other) as d:
+        with Daemon(*EP2, "--dynamic-load-weight", "--shutdown-comm-group-if-worker-idle", model=other) as d:
             self.assertEqual(d.get("/health")[1]["comm_group"]["on_weight_sleep"], "destroyed")
             self.generate(other, d=d)
             self.ok(d, "/v1/sleep?tags=weight")
@@ -165,7 +165,7 @@ class MoeExpertParallel(unittest.TestCase):
         model = self.ck["mixtral-like"]
         marker = os.path.join(self.tmp, "ep-dispatch")
         open(marker, "w").close()  # armed: the hook trips once this file is gone
-        with Daemon(*EP2, "--control-timeout-s", "10", model=model, extra=False,
+        with Daemon(*EP2, "--dynamic-load-weight", "--control-timeout-s", "10", model=model, extra=False,
                     env={"FD_TEST_PAUSE_AT": f"ep_dispatch:1:{marker}"}) as d:
             before = self.generate(model, d=d)
             os.unlink(marker)
