@@ -26,7 +26,7 @@ def main(model):
             tw = time.time() - t0
             out[name] = {"freed_bytes": j["result"]["freed_bytes"], "rss_before": j["result"]["rss_before_bytes"],
                          "rss_after": j["result"]["rss_after_bytes"], "sleep_s": round(ts, 3), "wakeup_s": round(tw, 3),
-                         "comm_group_after_sleep": h["comm_group"], "wakeup_status": s2}
+                         "comm_group_after_sleep": h["comm_group"], "on_weight_sleep": h["comm_group_on_weight_sleep"], "wakeup_status": s2}
     print(json.dumps(out, indent=1))
 
 

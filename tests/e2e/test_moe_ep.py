@@ -95,7 +95,7 @@ class MoeExpertParallel(unittest.TestCase):
                 with Daemon(*EP2, model=d) as dm:
                     h = dm.get("/health")[1]
                     self.assertEqual((h["tensor_parallel_size"], h["expert_parallel_size"]), (2, 2), h)
-                    self.assertEqual(h["comm_group"]["on_weight_sleep"], "kept", h)
+                    self.assertEqual(h["comm_group_on_weight_sleep"], "kept", h)
                     shm = self.generate(d, d=dm)
                     log = dm.output()
                 self.assert_close(shm, self.tp1[preset], f"{preset} EP=2 vs tp=1")
@@ -134,7 +134,7 @@ class MoeExpertParallel(unittest.TestCase):
             self.assertGreater(freed["weight"], 0)
             self.assertGreater(freed["ep_buffer"], 0)
             h = d.get("/health")[1]
-            self.assertEqual((h["comm_group"]["state"], h["comm_group"]["on_weight_sleep"]), ("connected", "kept"), h)
+            self.assertEqual((h["comm_group"]["state"], h["comm_group_on_weight_sleep"]), ("connected", "kept"), h)
             again = self.ok(d, "/v1/sleep?tags=weight")
             self.assertEqual(again["skipped"], ["weight"])
             self.ok(d, "/v1/wakeup")
@@ -152,7 +152,7 @@ class MoeExpertParallel(unittest.TestCase):
             self.assert_close(got, want_other_tp1, "EP=2 after update vs tp=1")
         # the explicit flag still destroys the group on weight sleep (and wakeup rebuilds it)
         with Daemon(*EP2, "--dynamic-load-weight", "--shutdown-comm-group-if-worker-idle", model=other) as d:
-            self.assertEqual(d.get("/health")[1]["comm_group"]["on_weight_sleep"], "destroyed")
+            self.assertEqual(d.get("/health")[1]["comm_group_on_weight_sleep"], "destroyed")
             self.generate(other, d=d)
             self.ok(d, "/v1/sleep?tags=weight")
             self.assertEqual(d.get("/health")[1]["comm_group"]["state"], "disconnected")

@@ -132,8 +132,9 @@ json status_json(const StatusReport & s) {
             {"executor", es.executor_backend},
             {"tensor_parallel_size", es.tensor_parallel_size},
             {"expert_parallel_size", es.expert_parallel_size},
-            {"comm_group", {{"backend", es.comm_backend}, {"state", es.comm_group},
-                            {"on_weight_sleep", es.comm_group == "none" ? json(nullptr) : json(es.comm_group_kept_on_sleep ? "kept" : "destroyed")}}},
+            {"comm_group", {{"backend", es.comm_backend}, {"state", es.comm_group}}},
+            // sleep(weight): the group is kept (expert parallel default) or destroyed; null without a group
+            {"comm_group_on_weight_sleep", es.comm_group == "none" ? json(nullptr) : json(es.comm_group_kept_on_sleep ? "kept" : "destroyed")},
             {"state", state},
             {"is_paused", es.paused},
             {"pause_mode", es.paused ? json(engine::to_string(es.pause_mode)) : json(nullptr)},
