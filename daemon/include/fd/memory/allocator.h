@@ -7,8 +7,9 @@
 //   kv_cache  the paged KV pool, all layers
 //   staging   update_weights' second copy of the weights (swapped with `weight` on commit)
 //   kv_swap   the host-side swap tier for preempted sequences' KV blocks (--swap-space)
-//   ep_buffer expert parallelism's dispatch/combine buffers (model/moe_ep.cpp); released with
-//             the weights (sleep tag `weight`), mapped again by the first step after wakeup
+//   ep_buffer expert parallelism's dispatch/combine buffers (model/moe_ep.cpp), mapped by the
+//             first MoE step and grown with the largest; released with the weights (sleep tag
+//             `weight`), mapped again (same size) by the wakeup that reloads them
 // A region is either resident (physical memory behind it) or released (its size remembered;
 // what the address range does is the implementation's, see keeps_addresses()).
 //
