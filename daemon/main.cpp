@@ -110,6 +110,11 @@ void add_flags(CLI::App & app, fd::Config & c) {
     app.add_flag("--shutdown-comm-group-if-worker-idle,!--no-shutdown-comm-group-if-worker-idle", p.shutdown_comm_group_if_worker_idle,
                  on_off(p.shutdown_comm_group_if_worker_idle) + "mp backend: sleep with the weight tag closes the ranks' communication group (its sockets), wakeup rebuilds it "
                  "before reloading")->envname("FD_SHUTDOWN_COMM_GROUP_IF_WORKER_IDLE")->capture_default_str();
+    app.add_flag("--enable-expert-parallel", p.enable_expert_parallel,
+                 "MoE models: spread the experts over the --tensor-parallel-size ranks (vLLM's flag): each rank holds "
+                 "num_experts / tp experts whole, attention stays tensor-parallel; tokens' expert outputs are combined in a "
+                 "fixed order, bitwise the same for every tp. Keeps the comm group on weight sleep unless "
+                 "--shutdown-comm-group-if-worker-idle is given")->envname("FD_ENABLE_EXPERT_PARALLEL");
     app.add_option("--dist-backend", p.dist_backend, "mp backend: the ranks' all-reduce: gloo (TCP), shm (shared memory, every rank "
                    "on this host), nccl (--device cuda, one rank per device, one node) or auto (cuda: nccl when every rank has a "
                    "device of its own, else shm/gloo staged through host memory; cpu: shm when --nnodes 1, else gloo)")
@@ -312,7 +317,8 @@ int run(fd::Config & cfg, sigset_t & signals) {
     // --speculative-config method "mtp": the worker runs MTP layer 0 as the draft (config.cpp refuses it at tp > 1).
     const int32_t mtp_k = cfg.engine.speculative.method == fd::spec::SpecMethod::mtp ? cfg.engine.speculative.num_speculative_tokens : 0;
     const fd::model::WorkerConfig wcfg{
-        .rank = 0, .device = r.device, .device_id = 0, .batch_invariant = cfg.model.batch_invariant, .compute = r.compute,
+        .rank = 0, .ep_size = r.world.ep, .device = r.device, .device_id = 0, .batch_invariant = cfg.model.batch_invariant,
+        .compute = r.compute,
         .reserve_tokens = graphs ? cfg.engine.scheduler.max_num_batched_tokens : 0,
         .graph_max_batch = graphs ? cfg.engine.scheduler.max_num_seqs : 0,
         .test_device_paths = staged_fill_env && std::string(staged_fill_env) == "1",  // test-only hook (README)
@@ -349,6 +355,9 @@ int run(fd::Config & cfg, sigset_t & signals) {
     cfg.engine.model_dir           = cfg.model.model_dir;
     cfg.engine.kv_cache_dtype      = r.kv_dtype;
     cfg.engine.compute_dtype       = fd::kernels::compute_type_name(r.compute);
+    cfg.engine.expert_parallel_size = r.world.ep;
+    cfg.engine.shutdown_comm_group_on_sleep = r.executor_backend == fd::runtime::ExecutorKind::mp &&
+                                              cfg.parallel.shutdown_comm_group_if_worker_idle;
     cfg.engine.base_weight_version = cfg.engine.weight_version;  // config.cpp: --model's own label
     load_labelled_startup(cfg, scfg, *executor);
     fd::engine::Engine engine(cfg.engine, std::move(executor), tok,
@@ -431,6 +440,7 @@ int main(int argc, char ** argv) {
     }
     try {
         app.parse(static_cast<int>(args.size()), args.data());
+        cfg.parallel.shutdown_comm_group_given = app.get_option("--shutdown-comm-group-if-worker-idle")->count() > 0;
     } catch (const CLI::ParseError & e) {
         // --help and --version exit 0; every usage error exits 2 (CLI11's own codes, 105-115,
         // would collide with nothing documented and mean nothing to a script).

@@ -37,17 +37,32 @@ WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp);
 
 }  // namespace
 
-void check_tp_divides(const ModelConfig & c, int32_t tp_size) {
+std::pair<int32_t, int32_t> rank_experts(int32_t n_experts, TpRank tp) {
+    if (tp.ep <= 1) { return {0, n_experts}; }
+    const int64_t e = tp.rank % tp.ep;
+    return {static_cast<int32_t>(n_experts * e / tp.ep), static_cast<int32_t>(n_experts * (e + 1) / tp.ep)};
+}
+
+void check_tp_divides(const ModelConfig & c, int32_t tp_size, int32_t ep) {
     if (tp_size < 1) { fail(Errc::invalid_argument, "tensor parallel size must be >= 1, got {}", tp_size); }
+    if (ep > 1 && !c.moe.enabled()) {
+        fail(Errc::invalid_argument, "--enable-expert-parallel needs a mixture-of-experts model; {} is dense (no num_experts)",
+             c.architecture);
+    }
+    if (ep > 1 && c.moe.n_experts % ep != 0) {
+        fail(Errc::invalid_argument, "num_experts = {} is not divisible by the expert parallel size {} (--tensor-parallel-size with "
+             "--enable-expert-parallel); pick a size that divides the experts", c.moe.n_experts, ep);
+    }
     // Under TP-MoE every expert's intermediate dimension is split like the dense MLP's (vLLM
-    // without expert parallelism); a dense width no layer uses is not split.
-    const bool mixtral = c.arch == Arch::mixtral;
+    // without expert parallelism); a dense width no layer uses is not split. Under expert
+    // parallelism the experts (and Qwen2-MoE's shared expert) stay whole.
+    const bool mixtral = c.arch == Arch::mixtral, tp_moe = ep <= 1;
     const std::pair<const char *, int64_t> dims[] = {
         {"num_attention_heads", c.n_heads},
         {"num_key_value_heads", c.n_kv_heads},
-        {"intermediate_size", c.has_dense_layer() || mixtral ? c.intermediate_size : 0},
-        {"moe_intermediate_size", mixtral ? 0 : c.moe.intermediate},
-        {"shared_expert_intermediate_size", c.moe.shared_intermediate},
+        {"intermediate_size", c.has_dense_layer() || (mixtral && tp_moe) ? c.intermediate_size : 0},
+        {"moe_intermediate_size", mixtral || !tp_moe ? 0 : c.moe.intermediate},
+        {"shared_expert_intermediate_size", tp_moe ? c.moe.shared_intermediate : 0},
         {"vocab_size", c.vocab_size}};
     for (const auto & [what, n] : dims) {
         if (n % tp_size != 0) {
@@ -99,7 +114,10 @@ const InferenceTensor * WeightLayout::find(std::string_view name) const {
 }
 
 WeightLayout plan_layout(const ModelConfig & c, const TensorIndex & idx, TpRank tp) {
-    check_tp_divides(c, tp.size);
+    check_tp_divides(c, tp.size, tp.ep);
+    if (tp.ep > 1 && tp.size % tp.ep != 0) {
+        fail(Errc::invalid_argument, "expert parallel size {} does not divide the tensor parallel size {}", tp.ep, tp.size);
+    }
     if (tp.rank < 0 || tp.rank >= tp.size) {
         fail(Errc::invalid_argument, "rank {} is outside [0, {}) (tp size {})", tp.rank, tp.size, tp.size);
     }
@@ -193,25 +211,28 @@ WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp) {
         add(n("self_attn.o_proj.weight"), Shard::cols, {{n("self_attn.o_proj.weight"), h}}, q);
         add(n("post_attention_layernorm.weight"), Shard::replicated, {{n("post_attention_layernorm.weight"), h}}, 0);
         // A sparse MoE block: the router whole, then every expert as a dense MLP sliced like
-        // the dense one (TP-MoE), then Qwen2-MoE's shared expert and its gate.
+        // the dense one (TP-MoE), then Qwen2-MoE's shared expert and its gate. Expert parallel:
+        // only this rank's experts, each whole, and the shared expert whole.
         const MoeConfig & m = c.moe;
         const int64_t     mf = m.intermediate;
         const std::string p  = n(m.prefix.c_str());
+        const Shard       er = tp.ep > 1 ? Shard::replicated : Shard::rows, ec = tp.ep > 1 ? Shard::replicated : Shard::cols;
+        const auto [e0, e1]  = rank_experts(m.n_experts, tp);
         add(p + ".gate.weight", Shard::replicated, {{p + ".gate.weight", m.n_experts}}, h);
         const std::string fused = c.arch == Arch::mixtral ? "w13" : "gate_up_proj";
-        for (int e = 0; e < m.n_experts; ++e) {
+        for (int e = e0; e < e1; ++e) {
             const std::string x = fmt::format("{}.experts.{}.", p, e);
-            add(x + fused + ".weight", Shard::rows, {{x + m.gate_name + ".weight", mf}, {x + m.up_name + ".weight", mf}}, h);
+            add(x + fused + ".weight", er, {{x + m.gate_name + ".weight", mf}, {x + m.up_name + ".weight", mf}}, h);
         }
-        for (int e = 0; e < m.n_experts; ++e) {
+        for (int e = e0; e < e1; ++e) {
             const std::string x = fmt::format("{}.experts.{}.", p, e);
-            add(x + m.down_name + ".weight", Shard::cols, {{x + m.down_name + ".weight", h}}, mf);
+            add(x + m.down_name + ".weight", ec, {{x + m.down_name + ".weight", h}}, mf);
         }
         if (m.shared_intermediate > 0) {
             const int64_t sf = m.shared_intermediate;
-            add(p + ".shared_expert.gate_up_proj.weight", Shard::rows,
+            add(p + ".shared_expert.gate_up_proj.weight", er,
                 {{p + ".shared_expert.gate_proj.weight", sf}, {p + ".shared_expert.up_proj.weight", sf}}, h);
-            add(p + ".shared_expert.down_proj.weight", Shard::cols, {{p + ".shared_expert.down_proj.weight", h}}, sf);
+            add(p + ".shared_expert.down_proj.weight", ec, {{p + ".shared_expert.down_proj.weight", h}}, sf);
             add(p + ".shared_expert_gate.weight", Shard::replicated, {{p + ".shared_expert_gate.weight", 1}}, h);
         }
     }
@@ -236,6 +257,19 @@ bool is_fused(const InferenceTensor & it) { return it.parts.size() > 1 || it.par
 
 }  // namespace
 
+namespace {
+
+/// "model.layers.L.<P>.experts.E." of a per-expert tensor name, "" for any other name.
+std::string expert_prefix(const std::string & name) {
+    const size_t at = name.find(".experts.");
+    int expert = -1;
+    if (at == std::string::npos || std::sscanf(name.c_str() + at, ".experts.%d", &expert) != 1) { return {}; }
+    const size_t dot = name.find('.', at + 9);
+    return dot == std::string::npos ? std::string{} : name.substr(0, dot + 1);
+}
+
+}  // namespace
+
 bool holds_inference_form(const InferenceTensor & it, const TensorIndex & idx) {
     auto w = idx.tensors.find(it.name);
     return w != idx.tensors.end() && (is_fused(it) || w->second.shape == it.shape);
@@ -243,7 +277,12 @@ bool holds_inference_form(const InferenceTensor & it, const TensorIndex & idx) {
 
 
 void validate_against_layout(const WeightLayout & layout, const TensorIndex & idx) {
-    std::set<std::string> used;
+    std::set<std::string> used, own_experts;
+    if (layout.tp.ep > 1) {
+        for (const InferenceTensor & it : layout.tensors) {
+            if (std::string e = expert_prefix(it.name); !e.empty()) { own_experts.insert(std::move(e)); }
+        }
+    }
     auto check = [&](const std::string & name, const std::vector<int64_t> & shape, std::initializer_list<DType> dtypes) {
         const TensorInfo & t = idx.tensors.at(name);
         if (t.shape != shape) {
@@ -276,6 +315,10 @@ void validate_against_layout(const WeightLayout & layout, const TensorIndex & id
     }
     for (const auto & [name, t] : idx.tensors) {
         if (used.count(name) || name.find("rotary_emb.inv_freq") != std::string::npos) { continue; }
+        if (layout.tp.ep > 1) {  // another rank's expert: that rank checks (and loads) it
+            const std::string e = expert_prefix(name);
+            if (!e.empty() && !own_experts.count(e)) { continue; }
+        }
         if (layout.tied_lm_head && name == "lm_head.weight") { continue; }
         fail(Errc::invalid_checkpoint, "{}: unknown tensor '{}' (not in the rollout's state dict)", t.file.string(), name);
     }

@@ -79,17 +79,31 @@ void resolve_parallel(Config & cfg, Resolved & r, std::vector<std::string> & pro
     const auto & p = cfg.parallel;
     const bool cuda = r.device == kernels::DeviceKind::cuda;
     // tp >= 1, nnodes >= 1 dividing tp: World::make reports those.
-    r.world = runtime::World::make(tp, p.nnodes, cuda ? kernels::device_count(kernels::DeviceKind::cuda) : 1, problems);
-    // A MoE model whose every layer is sparse never splits intermediate_size (Mixtral's experts are that wide).
-    const bool dense_ff = r.model.has_dense_layer() || r.model.arch == model::Arch::mixtral;
+    // --enable-expert-parallel (vLLM's flag): the experts over all tp ranks (ep = tp), each whole.
+    const int32_t ep = p.enable_expert_parallel ? std::max(1, tp) : 1;
+    r.world = runtime::World::make(tp, p.nnodes, cuda ? kernels::device_count(kernels::DeviceKind::cuda) : 1, problems, ep);
+    if (p.enable_expert_parallel && !r.model.moe.enabled()) {
+        problems.push_back(fmt::format("--enable-expert-parallel needs a mixture-of-experts model; {} ({}) is dense (no num_experts)",
+                                       cfg.model.model_dir, r.model.architecture));
+    } else if (p.enable_expert_parallel && r.model.moe.n_experts % std::max(1, tp) != 0) {
+        problems.push_back(fmt::format("--enable-expert-parallel: num_experts = {} is not divisible by --tensor-parallel-size {} (each "
+                                       "rank holds num_experts / tp experts); pick a size that divides the experts",
+                                       r.model.moe.n_experts, tp));
+    }
+    // Under expert parallelism the comm group stays up across a weight sleep unless asked
+    // (FastDeploy's DeepEP rule: the buffers are rebuilt on the same group).
+    if (ep > 1 && !p.shutdown_comm_group_given) { cfg.parallel.shutdown_comm_group_if_worker_idle = false; }
+    // A MoE model whose every layer is sparse never splits intermediate_size (Mixtral's experts
+    // are that wide); under expert parallelism no expert is split.
+    const bool dense_ff = r.model.has_dense_layer() || (r.model.arch == model::Arch::mixtral && ep == 1);
     if (tp >= 1 && (r.model.n_kv_heads % tp != 0 || r.model.n_heads % tp != 0 || (dense_ff && r.model.intermediate_size % tp != 0) ||
                     r.model.vocab_size % tp != 0)) {
         problems.push_back(fmt::format("--tensor-parallel-size {} must divide the model's {} KV heads, {} attention heads, "
                                        "intermediate size {} and vocab size {}", tp, r.model.n_kv_heads, r.model.n_heads,
                                        r.model.intermediate_size, r.model.vocab_size));
-    } else if (tp >= 1 && r.model.moe.enabled()) {
+    } else if (tp >= 1 && r.model.moe.enabled() && (ep == 1 || r.model.moe.n_experts % ep == 0)) {
         try {  // the experts' widths (moe_intermediate_size, shared_expert_intermediate_size)
-            model::check_tp_divides(r.model, tp);
+            model::check_tp_divides(r.model, tp, ep);
         } catch (const Error & e) {
             problems.push_back(fmt::format("--tensor-parallel-size {}: {}", tp, e.what()));
         }
@@ -198,7 +212,7 @@ namespace {
 /// kernels' workspaces. Each rank holds 1/tp of every block on its own device.
 int64_t gpu_kv_pool_bytes(const Config & cfg, const Resolved & r) {
     const int32_t tp      = std::max(1, cfg.model.tensor_parallel_size);
-    const auto    layout  = model::plan_layout(r.model, model::read_tensor_index(cfg.model.model_dir), {0, tp});
+    const auto    layout  = model::plan_layout(r.model, model::read_tensor_index(cfg.model.model_dir), r.world.tp_rank(0));
     const int64_t weights = layout.arena_bytes * (cfg.weights.update_staging == "persistent" ? 2 : 1);
     const auto &  m       = r.model;
     const int64_t n       = cfg.engine.scheduler.max_num_batched_tokens;

@@ -10,9 +10,12 @@
 // Each measurement is the best of --repeats runs. `ratios_vs_tp1` divides each tp's tok/s by
 // tp 1's measured in the same run (a ratio > 1: tp is faster). --comm gloo,shm measures each tp > 1
 // with each all-reduce (GlooComm over loopback TCP; ShmComm, a shared-memory segment): keys
-// "tp2" (the first --comm) and "tp2_shm" etc. for the others.
+// "tp2" (the first --comm) and "tp2_shm" etc. for the others. --ep (MoE models, issue 23) also
+// measures each tp > 1 with expert parallelism (ep = tp: experts whole per rank, the combine's
+// all-gather, fd/model/moe_ep.h): keys "tp2_ep" etc., and for every run the share of rank 0's
+// decode time spent inside all-gather / all-reduce calls (waiting for the peers included).
 // Usage: fd_tp_bench --model DIR [--tp 1,2] [--threads 1] [--batches 1,64] [--prompt-len 128]
-//                    [--decode-steps 16] [--prefill-len 512] [--repeats 3] [--comm gloo[,shm]]
+//                    [--decode-steps 16] [--prefill-len 512] [--repeats 3] [--comm gloo[,shm]] [--ep]
 #include "fd/kv/kv_cache.h"
 #include "fd/checkpoint/model_config.h"
 #include "fd/checkpoint/safetensors.h"
@@ -55,25 +58,56 @@ struct Options {
     int              prefill_len = 512;
     int              repeats = 3;
     std::vector<std::string> comms = {"gloo"};
+    bool             ep = false;
+};
+
+/// The rank's comm with the seconds spent inside its collectives counted (fd_tp_bench --ep).
+class TimingComm final : public fd::comm::Comm {
+public:
+    explicit TimingComm(std::unique_ptr<fd::comm::Comm> inner) : inner_(std::move(inner)) {}
+    const char * name() const override { return inner_->name(); }
+    int32_t rank() const override { return inner_->rank(); }
+    int32_t world_size() const override { return inner_->world_size(); }
+    bool connected() const override { return inner_->connected(); }
+    void connect(int64_t g) override { inner_->connect(g); }
+    void disconnect() override { inner_->disconnect(); }
+    void all_reduce_sum(float * d, int64_t n) override {
+        const auto t0 = Clock::now();
+        inner_->all_reduce_sum(d, n);
+        reduce_s += seconds_since(t0);
+    }
+    void gather(const float * s, int64_t n, float * r) override { inner_->gather(s, n, r); }
+    void all_gather(const float * s, int64_t n, float * r) override {
+        const auto t0 = Clock::now();
+        inner_->all_gather(s, n, r);
+        gather_s += seconds_since(t0);
+    }
+    void barrier() override { inner_->barrier(); }
+    double reduce_s = 0, gather_s = 0;
+
+private:
+    std::unique_ptr<fd::comm::Comm> inner_;
 };
 
 /// What rank 0 measured, written into the shared mapping.
 struct Result {
     double prefill_s = 0;       ///< best forward of prefill_len tokens
     double decode_s[16] = {};   ///< best run of decode_steps forwards, per batch size
+    double gather_s[16] = {};   ///< of that run: seconds inside all_gather (expert parallel's combine)
+    double reduce_s[16] = {};   ///< of that run: seconds inside all_reduce_sum
     int    ok = 0;
 };
 
 using fd::bench::add_tokens;
 
 /// One rank's run (every rank executes the same forwards; only rank 0's timings are kept).
-void run_rank(const Options & o, int rank, int tp, fd::comm::Comm * comm, Result * out) {
+void run_rank(const Options & o, int rank, int tp, int ep, TimingComm * comm, Result * out) {
     const M::ModelConfig cfg = M::load_model_config(o.model);
     const int32_t vocab = cfg.vocab_size, bs = 16, total = o.prompt_len + o.decode_steps;
     const int32_t bmax = *std::max_element(o.batches.begin(), o.batches.end());
     const int64_t n_blocks = int64_t(bmax) * ((total + bs - 1) / bs) + (o.prefill_len + bs - 1) / bs;
     M::Worker w(cfg, M::read_tensor_index(o.model),
-                {.rank = rank, .tp_size = tp, .n_threads = o.threads, .block_size = bs, .n_blocks = n_blocks,
+                {.rank = rank, .tp_size = tp, .ep_size = ep, .n_threads = o.threads, .block_size = bs, .n_blocks = n_blocks,
                  .max_model_len = std::max(total, o.prefill_len)}, comm);
     fd::kv::KvCache kv({.n_blocks = n_blocks, .block_size_tokens = bs, .enable_prefix_caching = false});
     for (int64_t s = 0; s <= bmax; ++s) {
@@ -111,9 +145,15 @@ void run_rank(const Options & o, int rank, int tp, fd::comm::Comm * comm, Result
         double best = 1e30;
         for (int r = 0; r < o.repeats; ++r) {
             sync();
+            const double g0 = comm ? comm->gather_s : 0, r0 = comm ? comm->reduce_s : 0;
             const auto t0 = Clock::now();
             for (const auto & b : steps) { w.forward(b, logits.data()); }
-            best = std::min(best, seconds_since(t0));
+            const double s = seconds_since(t0);
+            if (s < best) {
+                best = s;
+                out->gather_s[i] = comm ? comm->gather_s - g0 : 0;
+                out->reduce_s[i] = comm ? comm->reduce_s - r0 : 0;
+            }
         }
         out->decode_s[i] = best;
     }
@@ -121,7 +161,7 @@ void run_rank(const Options & o, int rank, int tp, fd::comm::Comm * comm, Result
 }
 
 /// Run `tp` rank processes; rank 0's Result.
-Result run_tp(const Options & o, int tp, const std::string & comm_kind) {
+Result run_tp(const Options & o, int tp, int ep, const std::string & comm_kind) {
     auto * shared = static_cast<Result *>(mmap(nullptr, sizeof(Result), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
     if (shared == MAP_FAILED) { throw std::runtime_error("mmap failed"); }
     *shared = Result{};
@@ -130,18 +170,19 @@ Result run_tp(const Options & o, int tp, const std::string & comm_kind) {
     fd::comm::ShmCommSegment segment;  // each fork()ed rank inherits its descriptor
     if (tp > 1 && comm_kind == "shm") { segment = fd::comm::ShmCommSegment(tp, 1); }
     const bool failed = fd::testing::run_forked_ranks(tp, [&](int r) {
-        std::unique_ptr<fd::comm::Comm> comm;
+        std::unique_ptr<TimingComm> comm;
         if (tp > 1) {
             if (comm_kind == "shm") {
-                comm = fd::comm::make_shm_comm(
-                    {.rank = r, .world_size = tp, .segment_fd = [&](int64_t) { return ::dup(segment.fd()); }, .timeout_s = 300});
+                comm = std::make_unique<TimingComm>(fd::comm::make_shm_comm(
+                    {.rank = r, .world_size = tp, .segment_fd = [&](int64_t) { return ::dup(segment.fd()); }, .timeout_s = 300}));
             } else {
-                comm = fd::comm::make_gloo_comm({.rank = r, .world_size = tp, .store_port = store->port(), .timeout_s = 300});
+                comm = std::make_unique<TimingComm>(
+                    fd::comm::make_gloo_comm({.rank = r, .world_size = tp, .store_port = store->port(), .timeout_s = 300}));
             }
             comm->connect(1);
         }
         Result mine;
-        run_rank(o, r, tp, comm.get(), &mine);
+        run_rank(o, r, tp, ep, comm.get(), &mine);
         if (r == 0) { *shared = mine; }
         if (comm) { comm->barrier(); }
         return 0;
@@ -167,6 +208,7 @@ int main(int argc, char ** argv) {
     app.add_option("--repeats", o.repeats, "runs per measurement (best kept)")->capture_default_str()->check(CLI::PositiveNumber);
     app.add_option("--comm", o.comms, "all-reduce(s) for tp > 1, comma-separated: gloo, shm")->delimiter(',')
         ->check(CLI::IsMember({"gloo", "shm"}));
+    app.add_flag("--ep", o.ep, "MoE: also measure each tp > 1 with expert parallelism (ep = tp)");
     CLI11_PARSE(app, argc, argv);
     if (o.batches.empty() || o.batches.size() > 16) {
         std::fprintf(stderr, "fd_tp_bench: 1 to 16 batch sizes\n");
@@ -185,30 +227,41 @@ int main(int argc, char ** argv) {
     j["date"] = fd::bench::utc_now();
     json runs = json::array(), ratios = json::object();
     Result base;
-    std::vector<std::pair<int, std::string>> plan;
+    struct Planned {
+        int tp, ep;
+        std::string comm;
+    };
+    std::vector<Planned> plan;
     for (int tp : o.tps) {
         if (tp == 1) {
-            plan.emplace_back(1, "none");
+            plan.push_back({1, 1, "none"});
         } else {
-            for (const auto & c : o.comms) { plan.emplace_back(tp, c); }
+            for (const auto & c : o.comms) { plan.push_back({tp, 1, c}); }
+            if (o.ep) {
+                for (const auto & c : o.comms) { plan.push_back({tp, tp, c}); }
+            }
         }
     }
-    for (const auto & [tp, comm_kind] : plan) {
-        std::fprintf(stderr, "fd_tp_bench: tp %d (%s)...\n", tp, comm_kind.c_str());
-        const Result r = run_tp(o, tp, comm_kind);
+    for (const auto & [tp, ep, comm_kind] : plan) {
+        std::fprintf(stderr, "fd_tp_bench: tp %d ep %d (%s)...\n", tp, ep, comm_kind.c_str());
+        const Result r = run_tp(o, tp, ep, comm_kind);
         if (tp == 1) { base = r; }
-        json run = {{"tp", tp}, {"comm", comm_kind}, {"prefill_tok_s", round_to(o.prefill_len / r.prefill_s, 1)}};
+        json run = {{"tp", tp}, {"ep", ep}, {"comm", comm_kind}, {"prefill_tok_s", round_to(o.prefill_len / r.prefill_s, 1)}};
         json dec = json::array();
         json ratio = {{"prefill", round_to(base.prefill_s / r.prefill_s, 3)}};
         for (size_t i = 0; i < o.batches.size(); ++i) {
             const double tok_s = o.batches[i] * o.decode_steps / r.decode_s[i];
             dec.push_back({{"batch", o.batches[i]}, {"tok_s", round_to(tok_s, 1)},
-                           {"ms_per_step", round_to(r.decode_s[i] / o.decode_steps * 1e3, 3)}});
+                           {"ms_per_step", round_to(r.decode_s[i] / o.decode_steps * 1e3, 3)},
+                           {"all_gather_share", round_to(r.gather_s[i] / r.decode_s[i], 4)},
+                           {"all_reduce_share", round_to(r.reduce_s[i] / r.decode_s[i], 4)}});
             ratio["decode_b" + std::to_string(o.batches[i])] = round_to(base.decode_s[i] / r.decode_s[i], 3);
         }
         run["decode"] = dec;
         runs.push_back(run);
-        if (tp != 1) { ratios["tp" + std::to_string(tp) + (comm_kind == o.comms[0] ? "" : "_" + comm_kind)] = ratio; }
+        if (tp != 1) {
+            ratios["tp" + std::to_string(tp) + (ep > 1 ? "_ep" : "") + (comm_kind == o.comms[0] ? "" : "_" + comm_kind)] = ratio;
+        }
     }
     j["runs"] = runs;
     j["ratios_vs_tp1"] = ratios;

@@ -53,7 +53,9 @@ struct ParallelOptions {
     int32_t     master_port = 0;               ///< its port; 0 = any free port (single node); nnodes > 1: where nodes join
     std::string node_addr;                     ///< node k > 0: the address its ranks bind (empty: the one that reaches the master)
     std::string dist_token_file;               ///< nnodes > 1: the shared join secret (0600, owned by the user), else FD_DIST_TOKEN
-    bool        shutdown_comm_group_if_worker_idle = true;  ///< sleep(weight) closes the comm group, wakeup rebuilds it
+    bool        shutdown_comm_group_if_worker_idle = true;  ///< sleep(weight) closes the comm group, wakeup rebuilds it (resolved: off under expert parallelism unless given)
+    bool        shutdown_comm_group_given = false;          ///< the flag (or its env var) was given: expert parallelism keeps it as given
+    bool        enable_expert_parallel = false;             ///< --enable-expert-parallel: experts spread over the tp ranks (ep = tp)
     std::string dist_backend = "auto";         ///< the ranks' all-reduce: gloo | shm (one host) | nccl (cuda) | auto (resolve() picks)
     double      rank_heartbeat_s = 3.0;        ///< a rank that sends no heartbeat this long while worked on (stopped, frozen, unreachable) is failed
     double      rank_stuck_s = 30.0;           ///< a rank that beats but whose main loop makes no progress this long is failed as stuck

@@ -30,6 +30,7 @@ public:
     void disconnect() override {}
     void all_reduce_sum(float *, int64_t) override {}
     void gather(const float * send, int64_t n, float * recv) override { std::copy_n(send, n, recv); }
+    void all_gather(const float * send, int64_t n, float * recv) override { std::copy_n(send, n, recv); }
     void barrier() override {}
 };
 
@@ -136,6 +137,24 @@ public:
         }
     }
 
+    void all_gather(const float * send, int64_t n, float * recv) override {
+        FD_CHECK(ctx_, "all_gather on a disconnected group");
+        if (cfg_.world_size == 1 || n == 0) {
+            std::copy_n(send, n, recv);
+            return;
+        }
+        try {
+            gloo::AllgatherOptions opts(ctx_);
+            opts.setInput(const_cast<float *>(send), static_cast<size_t>(n));  // gloo only reads the input
+            opts.setOutput(recv, static_cast<size_t>(n * cfg_.world_size));
+            opts.setTag(tag_++);
+            opts.setTimeout(timeout());
+            gloo::allgather(opts);
+        } catch (const gloo::Exception & e) {
+            fail(Errc::rank_failed, "all-gather on rank {} failed (a peer rank died or hung): {}", cfg_.rank, e.what());
+        }
+    }
+
     void barrier() override {
         FD_CHECK(ctx_, "barrier on a disconnected group");
         try {
@@ -159,6 +178,10 @@ private:
 };
 
 }  // namespace
+
+void Comm::all_gather(const float *, int64_t, float *) {
+    fail(Errc::internal, "comm '{}' has no all_gather (expert parallelism needs it)", name());
+}
 
 std::unique_ptr<Comm> make_null_comm() { return std::make_unique<NullComm>(); }
 

@@ -102,6 +102,12 @@ public:
         if (!bound_) { sync("gather"); }
     }
 
+    void all_gather(const float * send, int64_t n, float * recv) override {
+        FD_CHECK(comm_, "all_gather on a disconnected group");
+        check(ncclAllGather(send, recv, static_cast<size_t>(n), ncclFloat32, comm_, stream_), "ncclAllGather");
+        if (!bound_) { sync("all-gather"); }
+    }
+
     void barrier() override {
         if (!one_ && cudaMalloc(&one_, sizeof(float)) != cudaSuccess) { fail(Errc::internal, "cudaMalloc for the barrier failed"); }
         FD_CHECK(comm_, "barrier on a disconnected group");

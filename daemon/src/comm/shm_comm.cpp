@@ -166,6 +166,19 @@ public:
         }
     }
 
+    void all_gather(const float * send, int64_t n, float * recv) override {
+        FD_CHECK(base_, "all_gather on a disconnected group");
+        if (cfg_.world_size == 1) {
+            std::copy_n(send, n, recv);
+            return;
+        }
+        for (int64_t off = 0; off < n; off += kShmCommSlotFloats) {
+            const int64_t m = std::min(kShmCommSlotFloats, n - off);
+            const uint32_t k = arrive(send + off, m, "all-gather");
+            for (int32_t r = 0; r < cfg_.world_size; ++r) { std::copy_n(slot(k, r), m, recv + r * n + off); }
+        }
+    }
+
     void barrier() override {
         FD_CHECK(base_, "barrier on a disconnected group");
         if (cfg_.world_size == 1) { return; }

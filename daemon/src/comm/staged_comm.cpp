@@ -55,6 +55,18 @@ public:
         if (root) { backend_->upload(recv, h + n, bytes(all)); }
     }
 
+    void all_gather(const float * send, int64_t n, float * recv) override {
+        if (!stage_) {
+            host_->all_gather(send, n, recv);
+            return;
+        }
+        const int64_t all = int64_t{world_size()} * n;
+        float *       h   = buffer(n + all);  // [n] this rank's part, then [world, n]
+        backend_->download(h, send, bytes(n));
+        host_->all_gather(h, n, h + n);
+        backend_->upload(recv, h + n, bytes(all));
+    }
+
 private:
     static int64_t bytes(int64_t n) { return n * static_cast<int64_t>(sizeof(float)); }
 

@@ -45,6 +45,7 @@ json result_json(ControlOp op, const ControlResult & r) {
             if (r.freed_kv_bytes >= 0) { freed["kv_cache"] = r.freed_kv_bytes; }
             if (r.freed_swap_bytes >= 0) { freed["kv_swap"] = r.freed_swap_bytes; }
             if (r.freed_graph_bytes >= 0) { freed["cuda_graph"] = r.freed_graph_bytes; }
+            if (r.freed_ep_buffer_bytes >= 0) { freed["ep_buffer"] = r.freed_ep_buffer_bytes; }
             j.update({{"tags", r.tags_done}, {"skipped", r.tags_skipped}, {"freed_bytes", freed}, {"aborted", r.n_aborted},
                       {"rss_before_bytes", r.rss_before_bytes}, {"rss_after_bytes", r.rss_after_bytes}, {"ranks", ranks_json(r)}});
             if (r.device_freed_bytes >= 0) { j["device_bytes_freed"] = r.device_freed_bytes; }
@@ -144,7 +145,10 @@ json status_json(const StatusReport & s) {
             {"degraded_ranks", es.failed_ranks},
             {"executor", es.executor_backend},
             {"tensor_parallel_size", es.tensor_parallel_size},
+            {"expert_parallel_size", es.expert_parallel_size},
             {"comm_group", {{"backend", es.comm_backend}, {"state", es.comm_group}}},
+            // sleep(weight): the group is kept (expert parallel default) or destroyed; null without a group
+            {"comm_group_on_weight_sleep", es.comm_group == "none" ? json(nullptr) : json(es.comm_group_kept_on_sleep ? "kept" : "destroyed")},
             {"state", state},
             {"is_paused", es.paused},
             {"pause_mode", es.paused ? json(engine::to_string(es.pause_mode)) : json(nullptr)},

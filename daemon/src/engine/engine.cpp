@@ -32,6 +32,8 @@ Engine::Engine(const EngineConfig & cfg, std::unique_ptr<runtime::Executor> exec
     state_.executor_backend = executor_->backend();
     state_.tensor_parallel_size = executor_->world_size();
     state_.comm_backend     = executor_->comm_backend();
+    state_.expert_parallel_size     = cfg_.expert_parallel_size;
+    state_.comm_group_kept_on_sleep = !cfg_.shutdown_comm_group_on_sleep;
     proposer_ = spec::make_proposer(cfg_.speculative);
     stats_.spec_method            = spec::to_string(cfg_.speculative.method);
     stats_.num_speculative_tokens = cfg_.speculative.num_speculative_tokens;

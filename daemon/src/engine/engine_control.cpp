@@ -179,6 +179,7 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
         } else {
             drop_staged(nullptr);  // a staged version is weight memory too
             release(runtime::MemoryTag::weight, r.freed_weight_bytes);
+            if (cfg_.expert_parallel_size > 1) { release(runtime::MemoryTag::ep_buffer, r.freed_ep_buffer_bytes); }
             state_.weight_asleep = true;
             state_.weights_valid = false;
             r.tags_done.push_back("weight");

@@ -16,6 +16,7 @@ const char * tag_name(Tag tag) {
     case Tag::staging: return "staging";
     case Tag::kv_swap: return "kv_swap";
     case Tag::mtp_cache: return "mtp_cache";
+    case Tag::ep_buffer: return "ep_buffer";
     }
     return "?";
 }

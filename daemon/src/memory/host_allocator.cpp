@@ -14,7 +14,7 @@ class HostAllocator final : public Allocator {
 public:
     HostAllocator()
         : regions_{Region{Arena("weight")}, Region{Arena("kv_cache")}, Region{Arena("staging")}, Region{Arena("kv_swap")},
-                   Region{Arena("mtp_cache")}} {}
+                   Region{Arena("mtp_cache")}, Region{Arena("ep_buffer")}} {}
 
     const char * name() const override { return "host"; }
     kernels::DeviceKind device() const override { return kernels::DeviceKind::cpu; }

@@ -83,7 +83,7 @@ bool Worker::run_model(const StepBatch & b, float * out, const std::atomic<bool>
         if (cfg_.is_moe_layer(il)) {
             float * moe = s_.moe_out.floats(n * h);
             moe_mlp(il, xn, moe, n);
-            if (comm_) { comm_->all_reduce_sum(moe, n * h); }
+            if (comm_ && wcfg_.ep_size == 1) { comm_->all_reduce_sum(moe, n * h); }  // expert parallel: whole on every rank
             be.add(x, moe, n * h);
             continue;
         }

@@ -3,9 +3,14 @@
 // (Backend::moe_experts, only the experts the batch uses) → Qwen2-MoE's gated shared expert.
 // Under tensor parallelism every rank holds every expert's slice (TP-MoE) and the whole router,
 // so every rank routes identically; the block's output is this rank's partial sum, all-reduced
-// by the caller with the rest of the layer.
+// by the caller with the rest of the layer. Under expert parallelism (wcfg_.ep_size > 1) each
+// rank holds its experts whole and the shared expert whole; the routed experts go through the
+// dispatch/combine of fd/model/moe_ep.h and the block's output is the whole sum, bitwise tp=1's,
+// on every rank (the caller does not all-reduce it).
+#include "fd/model/moe_ep.h"
 #include "fd/model/worker.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace fd::model {
@@ -14,7 +19,8 @@ void Worker::moe_mlp(int il, const float * xn, float * out, int64_t n) {
     kernels::Backend & be = *backend_;
     const MoeConfig &  m  = cfg_.moe;
     const MoeWeights & W  = w_.layers[static_cast<size_t>(il)].moe;
-    const int64_t T = wcfg_.tp_size, h = cfg_.hidden_size, E = m.n_experts, ff = m.intermediate / T;
+    const bool    ep = wcfg_.ep_size > 1;
+    const int64_t T = ep ? 1 : wcfg_.tp_size, h = cfg_.hidden_size, E = m.n_experts, ff = m.intermediate / T;
     MoeHost & host = moe_host_;
     // Router logits, then softmax → top-k (→ renormalise) per token on the host.
     float * logits = s_.moe_logits.floats(n * E);
@@ -26,9 +32,16 @@ void Worker::moe_mlp(int il, const float * xn, float * out, int64_t n) {
     kernels::moe_route(host.ids.data(), host.weights.data(), host.logits.data(), n, E, m.top_k, m.norm_topk_prob);
     const kernels::MoePlan plan = kernels::moe_plan(host.ids.data(), host.weights.data(), n, m.top_k, E);
     float * work = s_.moe_work.floats(kernels::Backend::moe_work_floats(plan.max_rows, h, ff));
-    be.moe_experts(out, xn, plan, W.experts.data(), n, h, ff, work);
+    if (ep) {
+        const MoeEpCall call{.plan = plan, .experts = W.experts.data(), .n_experts = m.n_experts, .ep = wcfg_.ep_size,
+                             .ep_rank = wcfg_.rank % wcfg_.ep_size, .n_rows = n, .n_embd = h, .n_ff = ff};
+        if (wcfg_.test_ep_dispatch_hook) { wcfg_.test_ep_dispatch_hook(); }
+        moe_experts_ep(be, *comm_, call, out, xn, work, ep_buffer(moe_ep_buffer_floats(call)));
+    } else {
+        be.moe_experts(out, xn, plan, W.experts.data(), n, h, ff, work);
+    }
     if (m.shared_intermediate == 0) { return; }
-    // Qwen2-MoE: + sigmoid(x · shared_expert_gateᵀ) · shared_expert(x)
+    // Qwen2-MoE: + sigmoid(x · shared_expert_gateᵀ) · shared_expert(x)  (whole under ep: T = 1)
     const int64_t sf = m.shared_intermediate / T;
     float * gu  = s_.shared_gu.floats(n * 2 * sf);
     float * act = s_.shared_act.floats(n * sf);
@@ -46,6 +59,16 @@ void Worker::moe_mlp(int il, const float * xn, float * out, int64_t n) {
         for (int64_t t = 0; t < n; ++t) { host.identity[static_cast<size_t>(t)] = static_cast<int32_t>(t); }
     }
     be.scale_add_rows(out, y, host.identity.data(), host.shared_scale.data(), n, h);
+}
+
+float * Worker::ep_buffer(int64_t floats) {
+    const int64_t bytes = floats * static_cast<int64_t>(sizeof(float));
+    if (alloc_->resident(memory::Tag::ep_buffer) && alloc_->capacity_bytes(memory::Tag::ep_buffer) >= bytes) {
+        return reinterpret_cast<float *>(alloc_->data(memory::Tag::ep_buffer));
+    }
+    // Grow by a quarter more than asked (steps vary in size); a released region comes back.
+    const int64_t want = std::max(bytes, alloc_->capacity_bytes(memory::Tag::ep_buffer));
+    return reinterpret_cast<float *>(region(memory::Tag::ep_buffer, want + (want > bytes ? 0 : bytes / 4), /*populate=*/true));
 }
 
 }  // namespace fd::model

@@ -347,8 +347,9 @@ ModelWeights bind_weights(const ModelConfig & c, const WeightLayout & layout, co
         const std::string p = layer_name(il, m.prefix.c_str());
         const std::string fused = c.arch == Arch::mixtral ? "w13" : "gate_up_proj";
         L.moe.router = lin(p + ".gate.weight");
-        L.moe.experts.resize(static_cast<size_t>(m.n_experts));
-        for (int e = 0; e < m.n_experts; ++e) {
+        L.moe.experts.resize(static_cast<size_t>(m.n_experts));  // expert parallel: only this rank's are bound
+        const auto [e0, e1] = rank_experts(m.n_experts, layout.tp);
+        for (int e = e0; e < e1; ++e) {
             const LinearWeight gu = lin(fmt::format("{}.experts.{}.{}.weight", p, e, fused));
             const LinearWeight dn = lin(fmt::format("{}.experts.{}.{}.weight", p, e, m.down_name));
             L.moe.experts[static_cast<size_t>(e)] = {gu.w, gu.type, dn.w, dn.type};

@@ -24,7 +24,10 @@ int64_t Worker::kv_block_bytes(const ModelConfig & c, int32_t block_size, int32_
 Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg, comm::Comm * comm)
     : cfg_(cfg), wcfg_(wcfg) {
     FD_CHECK(wcfg.n_blocks > 0 && wcfg.block_size > 0, "worker needs KV blocks ({} x {})", wcfg.n_blocks, wcfg.block_size);
-    check_tp_divides(cfg_, wcfg.tp_size);
+    check_tp_divides(cfg_, wcfg.tp_size, wcfg.ep_size);
+    if (wcfg.ep_size > 1 && wcfg.ep_size != wcfg.tp_size) {
+        fail(Errc::invalid_argument, "expert parallel size {} must equal the tensor parallel size {}", wcfg.ep_size, wcfg.tp_size);
+    }
     if (wcfg.rank < 0 || wcfg.rank >= wcfg.tp_size) {
         fail(Errc::invalid_argument, "rank {} is outside [0, {}) (tp size {})", wcfg.rank, wcfg.tp_size, wcfg.tp_size);
     }
@@ -38,7 +41,7 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     // A full Hugging Face checkpoint is checked as such; a rank's own state dict (inference
     // names) only against the layout it plans.
     if (idx.tensors.count("model.layers.0.self_attn.q_proj.weight")) { validate_checkpoint(cfg_, idx); }
-    layout_ = plan_layout(cfg_, idx, {wcfg.rank, wcfg.tp_size});
+    layout_ = plan_layout(cfg_, idx, {wcfg.rank, wcfg.tp_size, wcfg.ep_size});
     validate_against_layout(layout_, idx);
     backend_ = kernels::make_backend({.kind = wcfg.device, .n_threads = std::max(1, wcfg.n_threads), .device_id = wcfg.device_id,
                                       .batch_invariant = wcfg.batch_invariant, .compute = wcfg.compute});
@@ -269,6 +272,7 @@ int64_t Worker::release(Tag tag) {
     case Tag::staging: staged_ = false; return alloc_->release(Tag::staging);
     case Tag::kv_swap: return release_swap();
     case Tag::mtp_cache: mtp_k_ = mtp_v_ = nullptr; return alloc_->release(Tag::mtp_cache);
+    case Tag::ep_buffer: return alloc_->release(Tag::ep_buffer);  // the next MoE step maps it again
     }
     return 0;
 }
@@ -292,8 +296,11 @@ void Worker::reload_weights(const TensorIndex & idx, const std::function<void()>
     try {
         fill_region(Tag::weight, idx, /*populate=*/false);
         if (verify_copied) { verify_copied(); }
+        // Expert parallel: the dispatch/combine buffers come back with the weights (same size).
+        if (alloc_->capacity_bytes(Tag::ep_buffer) > 0) { alloc_->reacquire(Tag::ep_buffer, /*populate=*/true); }
     } catch (...) {
         alloc_->release(Tag::weight);
+        alloc_->release(Tag::ep_buffer);
         throw;
     }
     bind();

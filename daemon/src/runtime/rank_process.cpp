@@ -46,7 +46,7 @@ json rank_spawn_to_json(const RankSpawn & s) {
                         {"compute_dtype", kernels::compute_type_name(w.compute)},
                         {"reserve_tokens", w.reserve_tokens}, {"graph_max_batch", w.graph_max_batch},
                         {"test_device_paths", w.test_device_paths},
-                        {"kv_dtype", w.kv_dtype == kernels::WType::bf16 ? "bfloat16" : "float32"}}},
+                        {"kv_dtype", w.kv_dtype == kernels::WType::bf16 ? "bfloat16" : "float32"}, {"ep_size", w.ep_size}}},
             {"source", {{"strategy", std::string(weights::to_string(c.source.strategy))}, {"model_dir", c.source.model_dir.string()},
                         {"port", c.source.port}, {"rsync_config", c.source.rsync_config}}},
             {"master_addr", c.master_addr},
@@ -86,6 +86,7 @@ RankSpawn rank_spawn_from_json(const json & j) {
         c.worker.graph_max_batch = w.value("graph_max_batch", int32_t{0});  // --use-cudagraph (tp = 1 only; tp > 1 runs eagerly)
         c.worker.test_device_paths = w.value("test_device_paths", false);
         c.worker.kv_dtype = w.value("kv_dtype", std::string("float32")) == "bfloat16" ? kernels::WType::bf16 : kernels::WType::f32;
+        c.worker.ep_size           = w.value("ep_size", int32_t{1});
         // The device: this rank's index on its node modulo the devices this host sees.
         c.worker.device_id       = rank_device_id(s.rank, c.tensor_parallel_size, c.nnodes, kernels::device_count(c.worker.device));
         const auto & src = j.at("source");
@@ -227,7 +228,8 @@ std::string test_hook_trips(const char * env, const char * phase, int rank) {
 /// TEST-ONLY hooks (docs/operations.md, "Test hooks"), compiled in always and inert unless the
 /// environment sets them. Phases: `stage` (asked to stage, nothing fetched yet), `commit`
 /// (staged, asked to commit), `committed` (committed, before it answers), `comm_connect` (a
-/// wakeup's group rebuild, before it joins) and `forward` (a step, before its model run).
+/// wakeup's group rebuild, before it joins), `forward` (a step, before its model run) and
+/// `ep_dispatch` (expert parallel: a MoE layer, before its dispatch; its peers wait in the combine).
 /// FD_TEST_PAUSE_AT=<phase>:<rank>:<file>: rank <rank> writes its pid to <file> and sleeps up to
 /// 60 s as a bounded wait (its heartbeat says it progresses), for a test to SIGKILL or SIGSTOP it
 /// at exactly that phase. FD_TEST_HANG_AT=<phase>:<rank>:<file>: the same, but its main loop hangs
@@ -269,6 +271,10 @@ public:
     void gather(const float * send, int64_t n, float * recv) override {
         liveness::WaitScope w;
         inner_->gather(send, n, recv);
+    }
+    void all_gather(const float * send, int64_t n, float * recv) override {
+        liveness::WaitScope w;
+        inner_->all_gather(send, n, recv);
     }
     void barrier() override {
         liveness::WaitScope w;
@@ -334,6 +340,9 @@ public:
             model_cfg_ = model::load_model_config(c.model_dir);
             model::WorkerConfig wcfg = c.worker;
             wcfg.tp_size = c.tensor_parallel_size;  // rank r of T: its shard, collectives through comm_
+            if (std::getenv("FD_TEST_PAUSE_AT") != nullptr && wcfg.ep_size > 1) {
+                wcfg.test_ep_dispatch_hook = [rank = s.rank] { test_pause_at("ep_dispatch", rank); };
+            }
             auto worker = std::make_unique<model::Worker>(model_cfg_, model::read_tensor_index(c.model_dir), wcfg, comm_.get());
             comm_->use_backend(&worker->backend());  // nccl: the backend's stream; shm/gloo on cuda: staged through host memory
             ex_ = make_local_executor(std::move(worker), weights::make_weight_source(c.source), s.rank, /*hold_fetched=*/true);

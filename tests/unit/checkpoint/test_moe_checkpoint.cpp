@@ -9,6 +9,7 @@
 #include "test_util.h"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -259,6 +260,61 @@ TEST_CASE("layout: router whole, each expert's gate|up rows and down columns sli
     j["moe_intermediate_size"] = 6;
     const ModelConfig c4 = load(j);
     refused_with([&] { check_tp_divides(c4, 4); }, fd::Errc::invalid_argument, {"moe_intermediate_size", "6"});
+}
+
+TEST_CASE("layout under expert parallelism: rank r holds experts [r*E/2, (r+1)*E/2) whole and no other; attention stays sliced") {
+    const ModelConfig c = load(small_qwen3_moe());  // 4 experts of width 8, hidden 16, 2 heads of 8
+    const auto expected = expected_tensors(c);
+    const TensorIndex idx = index_of(expected);
+    for (int r = 0; r < 2; ++r) {
+        CAPTURE(r);
+        const WeightLayout L = plan_layout(c, idx, {r, 2, 2});
+        CHECK(rank_experts(4, {r, 2, 2}) == std::pair<int32_t, int32_t>{2 * r, 2 * r + 2});
+        for (int e = 0; e < 4; ++e) {
+            CAPTURE(e);
+            const bool mine = e / 2 == r;
+            const InferenceTensor * gu = L.find(fmt::format("model.layers.2.mlp.experts.{}.gate_up_proj.weight", e));
+            const InferenceTensor * dn = L.find(fmt::format("model.layers.0.mlp.experts.{}.down_proj.weight", e));
+            CHECK((gu != nullptr) == mine);
+            CHECK((dn != nullptr) == mine);
+            if (!mine) { continue; }
+            CHECK(gu->shape == std::vector<int64_t>{16, 16});  // 2 * 8 rows: whole
+            CHECK(gu->shard == Shard::replicated);
+            CHECK(gu->parts[0].src0 == 0);
+            CHECK(gu->parts[1].rows == 8);
+            CHECK(dn->shape == std::vector<int64_t>{16, 8});
+            CHECK(dn->parts[0].dim == 0);
+        }
+        CHECK(L.find("model.layers.0.mlp.gate.weight")->shape == std::vector<int64_t>{4, 16});
+        CHECK(L.find("model.layers.0.self_attn.qkv_proj.weight")->shape == std::vector<int64_t>{24, 16});  // (q 16 + k 16 + v 16) / 2: sliced
+        CHECK(L.find("model.layers.1.mlp.gate_up_proj.weight")->shape == std::vector<int64_t>{24, 16});    // dense layer: 2 * 24 / 2
+        validate_against_layout(L, idx);  // the other rank's experts in the index are skipped
+    }
+    // Each rank checks its own experts: a missing expert 3 is rank 1's error, named; rank 0 does not read it.
+    TensorIndex miss = idx;
+    miss.tensors.erase("model.layers.2.mlp.experts.3.up_proj.weight");
+    validate_against_layout(plan_layout(c, idx, {0, 2, 2}), miss);
+    refused_with([&] { validate_against_layout(plan_layout(c, idx, {1, 2, 2}), miss); }, fd::Errc::invalid_checkpoint,
+                 {"experts.3.up_proj", "expert 3"});
+    // A mis-shaped own expert (a TP-MoE slice where the whole expert is expected) is refused by name.
+    TensorIndex half = idx;
+    half.tensors.at("model.layers.0.mlp.experts.1.down_proj.weight").shape = {16, 4};
+    refused_with([&] { validate_against_layout(plan_layout(c, idx, {0, 2, 2}), half); }, fd::Errc::invalid_checkpoint,
+                 {"experts.1.down_proj", "[16, 4]"});
+    // Start-up rules: ep must divide the experts (naming both); EP needs a MoE model; widths are not split.
+    refused_with([&] { check_tp_divides(c, 3, 3); }, fd::Errc::invalid_argument, {"num_experts = 4", "expert parallel size 3"});
+    ModelConfig dense = c;
+    dense.moe.n_experts = 0;
+    refused_with([&] { check_tp_divides(dense, 2, 2); }, fd::Errc::invalid_argument, {"--enable-expert-parallel", "dense"});
+    json j = small_qwen3_moe();
+    j["moe_intermediate_size"] = 6;  // 6 % 4 != 0: refused under TP-MoE, fine under EP (experts whole)
+    j["num_attention_heads"] = 4;
+    j["num_key_value_heads"] = 4;
+    j["head_dim"] = 4;
+    j["intermediate_size"] = 8;
+    const ModelConfig c6 = load(j);
+    check_tp_divides(c6, 4, 4);
+    refused_with([&] { check_tp_divides(c6, 4); }, fd::Errc::invalid_argument, {"moe_intermediate_size"});
 }
 
 TEST_CASE("Qwen2-MoE's shared expert and gate, Mixtral's w1|w3 and w2 under block_sparse_moe") {

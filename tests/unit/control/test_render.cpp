@@ -52,6 +52,9 @@ TEST_CASE("render: sleep, wakeup, update, commit, drop, flush results, V1 shape"
     CHECK(body(fd::control::render_v1(s))["result"] == json::parse(R"({"is_paused":false,"elapsed_s":0.0,"tags":["kv_cache","weight"],
         "skipped":[],"freed_bytes":{"weight":100,"kv_cache":50},"aborted":0,"rss_before_bytes":9,"rss_after_bytes":8,
         "ranks":[{"rank":0,"rss_bytes":7,"freed_bytes":75}]})"));
+    // expert parallel (issue 23): sleep(weight) also reports the dispatch/combine buffers it freed
+    s.result.freed_ep_buffer_bytes = 30;
+    CHECK(body(fd::control::render_v1(s))["result"]["freed_bytes"] == json::parse(R"({"weight":100,"kv_cache":50,"ep_buffer":30})"));
 
     ControlOutcome u{.op = ControlOp::update_weights};
     u.result.is_paused = true;
@@ -163,6 +166,15 @@ TEST_CASE("render: status_json names the state, the legacy word and the counts")
     CHECK(j["rss_bytes"] == 123);
     CHECK(j["device_memory"].is_null());
     CHECK(j["progress"].is_null());
+    CHECK(j["expert_parallel_size"] == 1);
+    CHECK(j["comm_group_on_weight_sleep"].is_null());  // no group (uni)
+    s.stats.state.comm_group = "connected";
+    s.stats.state.expert_parallel_size = 2;
+    s.stats.state.comm_group_kept_on_sleep = true;
+    CHECK(fd::control::status_json(s)["comm_group_on_weight_sleep"] == "kept");
+    CHECK(fd::control::status_json(s)["expert_parallel_size"] == 2);
+    s.stats.state.comm_group_kept_on_sleep = false;
+    CHECK(fd::control::status_json(s)["comm_group_on_weight_sleep"] == "destroyed");
     s.draining = true;
     CHECK(fd::control::status_json(s)["state"] == "draining");
 }

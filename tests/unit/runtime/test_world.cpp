@@ -113,6 +113,17 @@ TEST_CASE("World slices by hand: heads, kv heads, ff, vocab and experts") {
     CHECK(e.experts(6, 2) == Slice{0, 3});
     // ep = 1: every rank every expert.
     CHECK(w.experts(6, 3) == Slice{0, 6});
+    // One expert's width (moe_intermediate_size 96): split under TP-MoE, whole under EP; ff stays the dense MLP's.
+    auto moe = cfg;
+    moe.moe.n_experts    = 8;
+    moe.moe.intermediate = 96;
+    const World ep4 = World::make(4, 1, 1, 4);
+    CHECK(w.expert_ff(moe, 1) == Slice{24, 48});
+    CHECK(ep4.expert_ff(moe, 1) == Slice{0, 96});
+    CHECK(ep4.ff(moe, 1) == Slice{43, 86});
+    // and plan_layout's experts are World's: expert rank 3 of 4 holds experts [6, 8)
+    CHECK(fd::model::rank_experts(8, ep4.tp_rank(3)) == std::pair<int32_t, int32_t>{6, 8});
+    CHECK(ep4.experts(8, 3) == Slice{6, 8});
 }
 
 TEST_CASE("World slices equal the shards plan_layout cuts for every rank") {

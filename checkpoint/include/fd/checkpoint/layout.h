@@ -51,6 +51,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace fd::model {
@@ -66,12 +67,22 @@ enum class Shard : uint8_t {
 struct TpRank {
     int32_t rank = 0;
     int32_t size = 1;
+    /// Expert-parallel size (--enable-expert-parallel: = size; 1 = off). ep > 1: expert rank
+    /// e = rank % ep holds experts [e*E/ep, (e+1)*E/ep) of each sparse layer WHOLE (Shard::
+    /// replicated, names keep the global expert id) and no other expert; Qwen2-MoE's shared
+    /// expert is whole on every rank. Attention, embeddings and dense MLPs stay tp-sliced.
+    int32_t ep = 1;
 };
 
-/// Check that `tp_size` (>= 1) divides every dimension the sharding splits.
+/// The experts [begin, end) of `n_experts` that rank `tp.rank` holds (all of them at ep 1).
+std::pair<int32_t, int32_t> rank_experts(int32_t n_experts, TpRank tp);
+
+/// Check that `tp_size` (>= 1) divides every dimension the sharding splits; with expert
+/// parallelism (`ep` > 1) the experts' widths are not split and `ep` must divide the experts.
 /// Errors  fd::Error{invalid_argument} naming the dimension (num_attention_heads,
-///         num_key_value_heads, intermediate_size, vocab_size) and both numbers.
-void check_tp_divides(const ModelConfig & cfg, int32_t tp_size);
+///         num_key_value_heads, intermediate_size, vocab_size, num_experts) and both numbers,
+///         or expert parallelism on a dense model.
+void check_tp_divides(const ModelConfig & cfg, int32_t tp_size, int32_t ep = 1);
 
 /// Rows [row0, row0 + rows) of an inference tensor come from training (HF) tensor `hf_name`:
 /// dim 0: its rows [src0, src0 + rows) (every column); dim 1: its columns [src0, src0 + cols)
@@ -130,7 +141,9 @@ void validate_checkpoint(const ModelConfig & cfg, const TensorIndex & idx);
 ///         fd::Error{invalid_checkpoint} when a tensor is in neither form.
 WeightLayout plan_layout(const ModelConfig & cfg, const TensorIndex & idx, TpRank tp = {});
 
-/// Check that `idx` can refill `layout` (load, wakeup, update, any weight source): every
+/// Check that `idx` can refill `layout` (load, wakeup, update, any weight source). With expert
+/// parallelism (layout.tp.ep > 1) the experts of other ranks in `idx` are skipped (each rank
+/// checks its own; together the ranks check the whole set). Otherwise: every
 /// inference tensor present either under its inference name with the layout's (this rank's)
 /// shape and memory dtype (snapshots, ipc records) or as its training parts with the whole
 /// HF shapes and dtypes first loaded (HF checkpoints; only this rank's slices are read);

@@ -60,6 +60,13 @@ public:
     ///         the others, may be nullptr there). Host memory for gloo, device memory for nccl.
     /// Errors  as all_reduce_sum.
     virtual void gather(const float * send, int64_t n, float * recv) = 0;
+    /// Every rank receives every rank's `send`, stacked in rank order: expert parallelism's
+    /// combine (fd/model/moe_ep.h). Bytes are copied, never summed, so the result is bitwise the
+    /// same on every rank and for every backend.
+    /// Shapes  send [n] f32 on every rank (the same n everywhere); recv [world_size, n] f32 on
+    ///         every rank. Host memory for gloo / shm, device memory for nccl.
+    /// Errors  as all_reduce_sum; fd::Error{internal} from a Comm that does not implement it.
+    virtual void all_gather(const float * send, int64_t n, float * recv);
     /// Every rank reaches this point. Errors  as all_reduce_sum.
     virtual void barrier() = 0;
     /// The backend whose memory the collectives' pointers are (the rank's Worker's; it outlives

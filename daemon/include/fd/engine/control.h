@@ -190,6 +190,7 @@ struct ControlResult {
     PauseMode pause_mode = PauseMode::abort;       ///< pause: the mode it ran with
     int64_t  freed_weight_bytes = -1;              ///< sleep: -1 = tag not processed (not asked or already asleep)
     int64_t  freed_kv_bytes     = -1;
+    int64_t  freed_ep_buffer_bytes = -1;           ///< sleep(weight) under expert parallelism: the dispatch/combine buffers
     int64_t  freed_swap_bytes   = -1;              ///< sleep(kv_cache) with FD_ENABLE_SWAP_SPACE_CLEARING=1: the host swap pool
     int64_t  freed_graph_bytes  = -1;              ///< sleep(cuda_graph): the ranks' graph buffers (0 on CPU or with graphs off)
     int64_t  n_host_blocks_flushed = 0;            ///< flush_cache: host KV tier prefix blocks forgotten
@@ -222,6 +223,8 @@ struct EngineState {
     std::string       executor_backend = "uni";   ///< uni | mp
     int32_t           tensor_parallel_size = 1;   ///< ranks (/health; fdctl publish --strategy ipc reads it)
     std::string       comm_group       = "none";  ///< none | connected | disconnected
+    int32_t           expert_parallel_size = 1;   ///< --enable-expert-parallel: the ranks the experts are spread over; 1 = off
+    bool              comm_group_kept_on_sleep = false;  ///< sleep(weight) keeps the comm group (expert parallel default)
     std::string       comm_backend     = "null";  ///< null | gloo | nccl
     std::string       control_in_flight;          ///< op name while one runs, else empty
     std::string       last_control_error;         ///< message of the last failed command

@@ -49,6 +49,12 @@ struct EngineConfig {
     /// --compute-dtype as served (kernels::compute_type_name: "float32" | "bfloat16"), shown in
     /// /health and /v1/models; the ranks' backends were built with it.
     std::string     compute_dtype  = "float32";
+    /// --enable-expert-parallel: the expert-parallel size (1 = off). > 1: sleep(weight) also
+    /// releases every rank's ep_buffer tag (reported as freed_bytes.ep_buffer).
+    int32_t         expert_parallel_size = 1;
+    /// sleep(weight) closes the comm group (--shutdown-comm-group-if-worker-idle, resolved:
+    /// default on without expert parallelism, off with it). /health reports it.
+    bool            shutdown_comm_group_on_sleep = true;
     int32_t         debug_control_delay_ms = 0; ///< tests only (FD_DEBUG_CONTROL_DELAY_MS): stretch every control op
     /// FD_ENABLE_SWAP_SPACE_CLEARING=1: sleep(kv_cache) also unmaps the host swap pool
     /// (--swap-space); wakeup(kv_cache) maps it again. Off: the pool's memory stays (its contents

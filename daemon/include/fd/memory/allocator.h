@@ -7,6 +7,9 @@
 //   kv_cache  the paged KV pool, all layers
 //   staging   update_weights' second copy of the weights (swapped with `weight` on commit)
 //   kv_swap   the host-side swap tier for preempted sequences' KV blocks (--swap-space)
+//   ep_buffer expert parallelism's dispatch/combine buffers (model/moe_ep.cpp), mapped by the
+//             first MoE step and grown with the largest; released with the weights (sleep tag
+//             `weight`), mapped again (same size) by the wakeup that reloads them
 // A region is either resident (physical memory behind it) or released (its size remembered;
 // what the address range does is the implementation's, see keeps_addresses()).
 //
@@ -35,11 +38,14 @@ namespace fd::memory {
 
 /// mtp_cache: the MTP draft layers' KV pool (--speculative-config method "mtp"); the control
 /// API's kv_cache tag covers it (sleep?tags=kv_cache frees both, wakeup maps both).
-enum class Tag : uint8_t { weight = 0, kv_cache = 1, staging = 2, kv_swap = 3, mtp_cache = 4 };
-inline constexpr int kNumTags = 5;
-inline constexpr std::array<Tag, kNumTags> kAllTags = {Tag::weight, Tag::kv_cache, Tag::staging, Tag::kv_swap, Tag::mtp_cache};
+/// ep_buffer: the expert-parallel dispatch/combine buffers (--enable-expert-parallel); the
+/// control API's weight tag covers it (reported as freed_bytes.ep_buffer).
+enum class Tag : uint8_t { weight = 0, kv_cache = 1, staging = 2, kv_swap = 3, mtp_cache = 4, ep_buffer = 5 };
+inline constexpr int kNumTags = 6;
+inline constexpr std::array<Tag, kNumTags> kAllTags = {Tag::weight, Tag::kv_cache, Tag::staging, Tag::kv_swap, Tag::mtp_cache,
+                                                       Tag::ep_buffer};
 
-/// "weight", "kv_cache", "staging", "kv_swap", "mtp_cache".
+/// "weight", "kv_cache", "staging", "kv_swap", "mtp_cache", "ep_buffer".
 const char * tag_name(Tag tag);
 /// The tag named `name` (tag_name's spelling), nullopt otherwise.
 std::optional<Tag> parse_tag(std::string_view name);

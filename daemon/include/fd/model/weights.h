@@ -56,7 +56,7 @@ struct LinearWeight {
 /// One rank's sparse MoE block (fd/checkpoint/layout.h; T = tp size, moe_ff = moe_intermediate_size).
 struct MoeWeights {
     LinearWeight router;                         ///< [n_experts, hidden] (replicated)
-    std::vector<kernels::ExpertWeights> experts; ///< [n_experts] gate_up [2*moe_ff/T, hidden], down [hidden, moe_ff/T]
+    std::vector<kernels::ExpertWeights> experts; ///< [n_experts] gate_up [2*moe_ff/T, hidden], down [hidden, moe_ff/T]; expert parallel: T = 1 and only this rank's experts (the others null)
     LinearWeight shared_gate_up;                 ///< [2*shared_ff/T, hidden] (Qwen2-MoE) or w nullptr
     LinearWeight shared_down;                    ///< [hidden, shared_ff/T]
     LinearWeight shared_gate;                    ///< [1, hidden] (replicated)

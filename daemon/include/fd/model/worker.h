@@ -89,6 +89,9 @@ struct DraftBatch {
 struct WorkerConfig {
     int32_t rank       = 0;    ///< this rank, in [0, tp_size)
     int32_t tp_size    = 1;    ///< tensor-parallel ranks (must divide heads, kv heads, intermediate, vocab)
+    /// Expert-parallel size (--enable-expert-parallel: tp_size; 1 = TP-MoE). > 1: this rank holds
+    /// experts [r*E/ep, (r+1)*E/ep) whole (fd/model/moe_ep.h); needs a MoE model with ep | E.
+    int32_t ep_size    = 1;
     kernels::DeviceKind device = kernels::DeviceKind::cpu;  ///< the backend the forward pass runs on
     int32_t device_id  = 0;    ///< CUDA: the device ordinal this rank uses
     /// CUDA: false = --no-batch-invariant (see kernels::BackendConfig); CPU: no effect.
@@ -138,6 +141,10 @@ struct WorkerConfig {
     /// > 0: a weight fill (load, wakeup, update) reads no new piece after this many seconds and
     /// fails with timeout (a hung file system); 0 = no limit.
     double  io_timeout_s = 0.0;
+    /// TEST ONLY (the rank process sets it under FD_TEST_PAUSE_AT=ep_dispatch:<rank>:<file>):
+    /// called on an expert-parallel rank before each MoE layer's dispatch, so a test can kill the
+    /// rank while its peers wait in the combine's all-gather. Empty: nothing.
+    std::function<void()> test_ep_dispatch_hook;
 };
 
 class Worker {
@@ -353,6 +360,9 @@ private:
     /// A sparse MoE block on this rank's expert slices: out [n, hidden] = this rank's partial sum
     /// of the routed experts (and the gated shared expert); the caller all-reduces.
     void moe_mlp(int il, const float * xn, float * out, int64_t n);
+    /// Expert parallel: at least `floats` f32 of the ep_buffer region (mapped, grown or brought
+    /// back after a release here; backend memory).
+    float * ep_buffer(int64_t floats);
 
     ModelConfig                           cfg_;
     WorkerConfig                          wcfg_;

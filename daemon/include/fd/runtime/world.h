@@ -4,10 +4,12 @@
 // the MLP, the vocabulary or the experts it holds, asks a World; the `auto` --dist-backend rule
 // lives here too (resolve_dist_backend), read by the configuration and the mp executor alike.
 //
+// Expert parallelism (--enable-expert-parallel, vLLM's flag): ep = tp; rank r holds experts
+// [r*E/ep, (r+1)*E/ep) whole (expert_ff is the whole width), attention stays tp-sliced.
+//
 // Placement (vLLM's / torchrun's): tp ranks over nnodes hosts, tp/nnodes per host, node k
 // running ranks [k*tp/nnodes, (k+1)*tp/nnodes); on cuda a rank uses device
-// (its index on its node) mod the devices its host sees. ep (expert parallel size) is 1 until
-// the expert-parallel issue fills it; expert_slice is ready for it.
+// (its index on its node) mod the devices its host sees.
 //
 // Slices (Megatron / vLLM; the same rule as fd/checkpoint/layout.h's plan_layout, which the
 // unit tests check them against): rank r of tp holds the half-open ranges
@@ -17,6 +19,7 @@
 //   experts  [e*E/ep, (e+1)*E/ep) of E experts for expert rank e = r mod ep.
 #pragma once
 
+#include "fd/checkpoint/layout.h"
 #include "fd/checkpoint/model_config.h"
 
 #include <cstdint>
@@ -78,7 +81,15 @@ struct World {
 
     Slice heads(const model::ModelConfig & cfg, int32_t rank) const { return split(cfg.n_heads, tp, rank); }
     Slice kv_heads(const model::ModelConfig & cfg, int32_t rank) const { return split(cfg.n_kv_heads, tp, rank); }
+    /// The dense MLP's intermediate slice (intermediate_size; not an expert's width: see expert_ff).
     Slice ff(const model::ModelConfig & cfg, int32_t rank) const { return split(cfg.intermediate_size, tp, rank); }
+    /// The slice of ONE expert's intermediate dimension rank `rank` holds (moe_intermediate_size;
+    /// Mixtral: intermediate_size): split over tp under TP-MoE, whole under expert parallelism.
+    Slice expert_ff(const model::ModelConfig & cfg, int32_t rank) const {
+        return ep > 1 ? Slice{0, cfg.moe.intermediate} : split(cfg.moe.intermediate, tp, rank);
+    }
+    /// The experts' layout for plan_layout (fd/checkpoint/layout.h): {rank, tp, ep}.
+    model::TpRank tp_rank(int32_t rank) const { return {rank, tp, ep}; }
     Slice vocab(const model::ModelConfig & cfg, int32_t rank) const { return split(cfg.vocab_size, tp, rank); }
     /// The experts (of n_experts) expert rank expert_rank(rank) holds.
     Slice experts(int64_t n_experts, int32_t rank) const { return split(n_experts, ep, expert_rank(rank)); }
