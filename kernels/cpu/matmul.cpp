@@ -184,14 +184,16 @@ void strip(float * out, const float * x, const char * w, const float * bias, int
 template <WType T, int MR, int NR>
 void rows_direct(float * out, const float * x, int64_t ldx, const char * w, const float * bias, int64_t n_rows, int64_t n_in,
                  int64_t n_out, int64_t o0, int64_t o1) {
-    const int64_t row_bytes = n_in * Step<T>::kElemBytes;
+    const int64_t row_bytes  = n_in * Step<T>::kElemBytes;
+    const bool    short_rows = row_bytes < kShortRowBytes;  // the next tile streamed by the first row block (strip())
     for (int64_t o = o0; o < o1; o += NR) {
         for (int64_t r = 0; r < n_rows; r += MR) {
             tile<T, MR, NR, true>({.x = x + r * ldx, .ldx = ldx, .w = w + o * row_bytes, .ldw = row_bytes,
                                             .n_rows = static_cast<int>(std::min<int64_t>(MR, n_rows - r)),
                                             .n_cols = static_cast<int>(std::min<int64_t>(NR, o1 - o)), .n_k = n_in,
                                             .first = true, .last = true, .carry = nullptr, .out = out + r * n_out + o,
-                                            .ldo = n_out, .bias = bias ? bias + o : nullptr});
+                                            .ldo = n_out, .bias = bias ? bias + o : nullptr,
+                                            .pf = short_rows && r == 0 ? w + (o + NR) * row_bytes : nullptr});
         }
     }
 }
