@@ -11,7 +11,7 @@ The reference is np_moe.py, the numpy forward written from transformers' Qwen3Mo
 checkpoint has 3 layers of which layer 1 is dense (mlp_only_layers), so each row holds 2 lists
 of 4. Checked: alone, in a batch of other prompts, after another request cached the prompt's
 blocks (a routes request recomputes its prefix: cached_tokens 0), streamed (final chunk), in a
-chat completion, under recompute preemption, and at tp=2. Bad input: no flag, a dense model, a
+chat completion, under recompute and swap preemption, and at tp=2. Bad input: no flag, a dense model, a
 non-boolean value → 400 naming why; the daemon keeps serving."""
 import os
 import shutil
@@ -109,20 +109,23 @@ class RoutedExperts(unittest.TestCase):
         self.assertEqual(len(gen), N_NEW)
         self.assertEqual(c["routed_experts"], routes_of(self.cfg, self.w, ids + gen[:-1]))
 
-    def test_routes_survive_recompute_preemption(self):
+    def test_routes_survive_recompute_and_swap_preemption(self):
         # 6 blocks cannot hold 4 choices of 24 + 40 tokens (4 blocks each) at once: some are preempted
-        # and recomputed; their routes are those of one uninterrupted forward.
+        # and recomputed, or (with --swap-space) swapped out and back; their routes are those of one
+        # uninterrupted forward.
         n_new = 40
         gen, _ = np_moe.greedy(self.cfg, self.w, self.prompts[0], n_new)
         want = routes_of(self.cfg, self.w, self.prompts[0] + gen[:-1])
-        with Daemon(*R3, "--kv-cache-bytes", str(6 * BLOCK_BYTES), "--max-model-len", "80", model=self.ck) as d:
-            j = d.complete(**body(self.prompts[0], max_tokens=n_new, n=4))
-            _, metrics = d.get("/metrics")
-        pre = [l for l in metrics.splitlines() if l.startswith("fdrollout_preemptions_total ")][0]
-        self.assertGreater(float(pre.split()[1]), 0)
-        for c in j["choices"]:
-            self.assertEqual(c["token_ids"], gen)
-            self.assertEqual(c["routed_experts"], want)
+        swap = ("--swap-space", str(32 * BLOCK_BYTES / (1 << 30)))
+        for kind, extra in (("recompute", ()), ("swap", swap)):
+            with Daemon(*R3, "--kv-cache-bytes", str(6 * BLOCK_BYTES), "--max-model-len", "80", *extra, model=self.ck) as d:
+                j = d.complete(**body(self.prompts[0], max_tokens=n_new, n=4))
+                _, metrics = d.get("/metrics")
+            pre = [l for l in metrics.splitlines() if l.startswith(f"fdrollout_{kind}_preemptions_total ")][0]
+            self.assertGreater(float(pre.split()[1]), 0, kind)
+            for c in j["choices"]:
+                self.assertEqual(c["token_ids"], gen, kind)
+                self.assertEqual(c["routed_experts"], want, kind)
 
     def test_tp2_routes_equal_numpy(self):
         with Daemon(*R3, *TP2, model=self.ck) as d:
