@@ -268,6 +268,10 @@ void add_vllm_flags(CLI::App & app, fd::Config & c) {
                                                  "field); a request without one draws fresh randomness");
         },
         "vLLM's flag: refused (send \"seed\" per request)");
+    app.add_flag("--enable-return-routed-experts", c.server.enable_return_routed_experts,
+                 "MoE models: a request with \"return_routed_experts\": true gets each choice's routed experts (rollout routing "
+                 "replay, R3; vLLM's flag)")
+        ->envname("FD_ENABLE_RETURN_ROUTED_EXPERTS");
     app.add_option("--max-logprobs", c.server.max_logprobs, "Largest logprobs / top_logprobs / prompt_logprobs a request may ask for (vLLM's flag)")
         ->envname("FD_MAX_LOGPROBS")->check(CLI::Range(0, 1024))->capture_default_str();
 }

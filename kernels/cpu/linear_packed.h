@@ -12,7 +12,7 @@ namespace fd::kernels::detail {
 
 /// fd::kernels::linear (cpu_ops.h) on packed operands: the same contract, shapes and bitwise
 /// results as every other path of linear, for any n_rows >= 1 and n_out >= 1 (linear sends it
-/// every call of more than one row except f32 with up to 8 rows). x is packed once per call
+/// every call of more than 8 rows). x is packed once per call
 /// over `pool`; each task owns a range of output strips for every row.
 /// Errors   std::bad_alloc when its scratch cannot be mapped.
 void linear_packed(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,

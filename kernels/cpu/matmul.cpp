@@ -10,8 +10,8 @@
 //                 weights); lane l of the "lo" vector takes k = 8*(l/4) + l%4 of each block of
 //                 32, of the "hi" vector k = 8*(l/4) + 4 + l%4, lo first. x is permuted into the
 //                 same order once per call, so the weights need no further shuffling.
-// Paths: one row (decode) and, for f32 weights, up to 8 rows stream the weights from their rows
-// in register tiles (this file); more rows (or bf16) run on packed x (linear_packed.cpp), the
+// Paths: up to 8 rows (decode; bf16 too since issue 23) stream the weights from their rows
+// in register tiles (this file); more rows run on packed x (linear_packed.cpp), the
 // weights packed once per call or, when every strip meets the rows only once, read from their
 // rows. Tiles and packing only decide which loads feed an FMA, never
 // the arithmetic, so a row's result is bitwise the same for any batch size, batch position, path,
@@ -32,6 +32,7 @@ namespace fd::kernels {
 namespace {
 
 constexpr int64_t kDirectRows = 8;  ///< f32 weights, up to this many rows: streamed, not packed
+constexpr int64_t kShortRowBytes = 4096;  ///< one-row path: rows shorter than this prefetch the next tile (TileArgs::pf)
 
 /// One MR x NR register tile over a chunk of k: MR rows of x and NR weight rows, both already
 /// at the chunk's first k. Rows past n_rows / outputs past n_cols repeat the last valid one
@@ -51,6 +52,11 @@ struct TileArgs {
     float *       out;     ///< out [n_rows, ldo] at the tile's first output
     int64_t       ldo;
     const float * bias;    ///< [n_cols] or nullptr
+    /// kPrefetch with short weight rows: the next tile's weights (NR rows, contiguous after this
+    /// tile's), prefetched as one sequential stream, NR cache lines per step (a step reads one
+    /// line of each of the NR rows, so the stream covers the next tile as this one ends). nullptr:
+    /// each row's own line 512 bytes ahead (rows long enough for that to stay inside them).
+    const char *  pf = nullptr;
 };
 
 #if defined(__AVX512BW__)
@@ -58,10 +64,11 @@ struct TileArgs {
 /// once into registers (left to itself the compiler folds each load into every row's FMA:
 /// MR x NR loads per step instead of MR + NR). The same FMAs in the same order as the generic
 /// step in tile(): acc = x * w + acc, one rounding each, rows' x vectors lo before hi.
-/// kPrefetch: one streaming row, keep ~512 bytes of each weight row in flight.
+/// kPrefetch: one streaming row, keep ~512 bytes of each weight row in flight (or, with `pf`,
+/// stream the next tile's weights: TileArgs::pf).
 template <WType T, int MR, int NR, bool kPrefetch>
 __attribute__((noinline)) void whole_steps(f32x16 (&acc)[MR][NR], const float * const (&xr)[MR],
-                                           const char * const (&wr)[NR], int64_t n_steps) {
+                                           const char * const (&wr)[NR], int64_t n_steps, const char * pf) {
     using S = Step<T>;
     __m512 a[MR][NR];
 #pragma GCC unroll 8
@@ -74,7 +81,7 @@ __attribute__((noinline)) void whole_steps(f32x16 (&acc)[MR][NR], const float * 
         __m512        w[NR][S::V];
 #pragma GCC unroll 8
         for (int c = 0; c < NR; ++c) {
-            if (kPrefetch) { __builtin_prefetch(wr[c] + k * S::kElemBytes + 512, 0, 3); }
+            if (kPrefetch) { __builtin_prefetch(pf ? pf + (s * NR + c) * 64 : wr[c] + k * S::kElemBytes + 512, 0, 3); }
             if constexpr (T == WType::f32) {
                 w[c][0] = _mm512_loadu_ps(reinterpret_cast<const float *>(wr[c]) + k);
             } else {
@@ -117,13 +124,13 @@ void tile(const TileArgs & t) {
     }
     int64_t k = 0;
 #if defined(__AVX512BW__)
-    whole_steps<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_k / S::K);
+    whole_steps<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_k / S::K, t.pf);
     k = t.n_k / S::K * S::K;
 #endif
     auto step = [&](int64_t kk, int n) {
         f32x16 wv[NR][S::V];
         for (int c = 0; c < NR; ++c) {
-            if (kPrefetch) { __builtin_prefetch(wr[c] + kk * S::kElemBytes + 512, 0, 3); }
+            if (kPrefetch) { __builtin_prefetch(t.pf ? t.pf + (kk / S::K * NR + c) * 64 : wr[c] + kk * S::kElemBytes + 512, 0, 3); }
             load_w<T>(wr[c], kk, n, wv[c]);
         }
         for (int r = 0; r < MR; ++r) {
@@ -158,27 +165,35 @@ void strip(float * out, const float * x, const char * w, const float * bias, int
            int64_t o1) {
     const int64_t row_bytes = n_in * Step<T>::kElemBytes;
     constexpr int NR = 8;
+    // Short rows (MoE experts, small models): 512 bytes ahead would land in the tile's own next
+    // row; stream the next tile instead (issue 23: 1 KiB bf16 expert rows read at 0.3 of the
+    // read bandwidth with the per-row prefetch).
+    const bool short_rows = row_bytes < kShortRowBytes;
     for (int64_t o = o0; o < o1; o += NR) {
         tile<T, 1, NR, true>({.x = x, .ldx = 0, .w = w + o * row_bytes, .ldw = row_bytes, .n_rows = 1,
                               .n_cols = static_cast<int>(std::min<int64_t>(NR, o1 - o)), .n_k = n_in,
                               .first = true, .last = true, .carry = nullptr, .out = out + o, .ldo = 1,
-                              .bias = bias ? bias + o : nullptr});
+                              .bias = bias ? bias + o : nullptr, .pf = short_rows ? w + (o + NR) * row_bytes : nullptr});
     }
 }
 
-/// A few f32 rows (2..kDirectRows) x outputs [o0, o1) on unpacked operands: the weights stream
-/// from their rows as in the one-row path (packing them would cost more than these rows use).
-template <int MR, int NR>
-void rows_direct(float * out, const float * x, const char * w, const float * bias, int64_t n_rows, int64_t n_in,
+/// A few rows (2..kDirectRows) x outputs [o0, o1) on unpacked weights: they stream from their
+/// rows as in the one-row path (packing them would cost more than these rows use). x [n_rows,
+/// ldx]: f32 x itself (ldx = n_in); bf16 each row in the bf16 lane order, zero-padded to whole
+/// steps (ldx = its padded length), as the one-row path permutes it.
+template <WType T, int MR, int NR>
+void rows_direct(float * out, const float * x, int64_t ldx, const char * w, const float * bias, int64_t n_rows, int64_t n_in,
                  int64_t n_out, int64_t o0, int64_t o1) {
-    const int64_t row_bytes = n_in * 4;
+    const int64_t row_bytes  = n_in * Step<T>::kElemBytes;
+    const bool    short_rows = row_bytes < kShortRowBytes;  // the next tile streamed by the first row block (strip())
     for (int64_t o = o0; o < o1; o += NR) {
         for (int64_t r = 0; r < n_rows; r += MR) {
-            tile<WType::f32, MR, NR, true>({.x = x + r * n_in, .ldx = n_in, .w = w + o * row_bytes, .ldw = row_bytes,
+            tile<T, MR, NR, true>({.x = x + r * ldx, .ldx = ldx, .w = w + o * row_bytes, .ldw = row_bytes,
                                             .n_rows = static_cast<int>(std::min<int64_t>(MR, n_rows - r)),
                                             .n_cols = static_cast<int>(std::min<int64_t>(NR, o1 - o)), .n_k = n_in,
                                             .first = true, .last = true, .carry = nullptr, .out = out + r * n_out + o,
-                                            .ldo = n_out, .bias = bias ? bias + o : nullptr});
+                                            .ldo = n_out, .bias = bias ? bias + o : nullptr,
+                                            .pf = short_rows && r == 0 ? w + (o + NR) * row_bytes : nullptr});
         }
     }
 }
@@ -211,17 +226,38 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
         });
         return;
     }
-    if (wtype == WType::f32 && n_rows <= kDirectRows) {
-        // A few rows: as the one-row path, tasks of ~128 KiB of weights.
-        const int64_t per_task = std::max<int64_t>(24, ((128 << 10) / std::max<int64_t>(1, n_in * 4)) / 24 * 24);
+    if (n_rows <= kDirectRows) {
+        // A few rows: as the one-row path, tasks of ~128 KiB of weights. bf16 (issue 23: MoE
+        // experts meet a few rows each at batched decode): x rows permuted as the one-row path's.
+        const float * xs  = x;
+        int64_t       ldx = n_in;
+        if (wtype == WType::bf16) {
+            thread_local std::vector<float> xperm;
+            ldx = (n_in + 31) / 32 * 32;
+            xperm.resize(static_cast<size_t>(n_rows * ldx));
+            for (int64_t r = 0; r < n_rows; ++r) {
+                float * d = xperm.data() + r * ldx;
+                for (int64_t k = 0; k < n_in; k += 32) { permute_bf16_step(x + r * n_in + k, n_in - k, d + k, d + k + kLanes); }
+            }
+            xs = xperm.data();
+        }
+        const int64_t row_bytes = n_in * static_cast<int64_t>(wtype == WType::f32 ? 4 : 2);
+        const int64_t per_task  = std::max<int64_t>(24, ((128 << 10) / std::max<int64_t>(1, row_bytes)) / 24 * 24);
+        auto run = [&]<WType T>(int64_t o0, int64_t o1) {
+            if (n_rows == 2) {
+                rows_direct<T, 2, 8>(out, xs, ldx, wb, bias, n_rows, n_in, n_out, o0, o1);
+            } else if (n_rows == 3) {
+                rows_direct<T, 3, 6>(out, xs, ldx, wb, bias, n_rows, n_in, n_out, o0, o1);
+            } else {
+                rows_direct<T, 4, 6>(out, xs, ldx, wb, bias, n_rows, n_in, n_out, o0, o1);
+            }
+        };
         for_tasks(pool, (n_out + per_task - 1) / per_task, [&](int64_t t) {
             const int64_t o0 = t * per_task, o1 = std::min(n_out, o0 + per_task);
-            if (n_rows == 2) {
-                rows_direct<2, 8>(out, x, wb, bias, n_rows, n_in, n_out, o0, o1);
-            } else if (n_rows == 3) {
-                rows_direct<3, 6>(out, x, wb, bias, n_rows, n_in, n_out, o0, o1);
+            if (wtype == WType::f32) {
+                run.template operator()<WType::f32>(o0, o1);
             } else {
-                rows_direct<4, 6>(out, x, wb, bias, n_rows, n_in, n_out, o0, o1);
+                run.template operator()<WType::bf16>(o0, o1);
             }
         });
         return;

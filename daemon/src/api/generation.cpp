@@ -32,7 +32,7 @@ json parse_body(const std::string & body) {
 }
 
 const std::set<std::string> kVllmExtraFields = {"return_token_ids", "add_special_tokens", "truncate_prompt_tokens", "detokenize",
-                                                 "priority", "cache_salt", "response_format"};
+                                                 "priority", "cache_salt", "response_format", "return_routed_experts"};
 
 void check_fields(const json & j, const std::set<std::string> & known) {
     // Unknown or unsupported fields are errors, not silently different sampling (OpenAI also
@@ -295,6 +295,23 @@ bool parse_vllm_fields(const ApiContext & ctx, const json & j, engine::GenerateR
         if (given(key) && !j[key].is_boolean()) { bad(key, fmt::format("'{}' must be a boolean", key)); }
     }
     gen.params.detokenize = !given("detokenize") || j["detokenize"].get<bool>();  // false: checked against `stop` in parse_sampling
+    if (given("return_routed_experts")) {
+        if (!j["return_routed_experts"].is_boolean()) {
+            bad("return_routed_experts", fmt::format("'return_routed_experts' must be a boolean, got {}", j["return_routed_experts"].dump()));
+        }
+        if (j["return_routed_experts"].get<bool>()) {
+            const auto & mc = ctx.engine->model_config();
+            if (!mc.moe.enabled()) {
+                bad("return_routed_experts", fmt::format("'return_routed_experts' needs a mixture-of-experts model; {} ({}) is dense: it "
+                                                         "routes no token to experts", ctx.cfg.served_model_name, mc.architecture));
+            }
+            if (!ctx.cfg.enable_return_routed_experts) {
+                bad("return_routed_experts", "'return_routed_experts' needs the daemon started with --enable-return-routed-experts "
+                                             "(vLLM's flag; FD_ENABLE_RETURN_ROUTED_EXPERTS=1)");
+            }
+            gen.params.return_routed_experts = true;
+        }
+    }
     if (given("priority")) {
         if (!j["priority"].is_number_integer()) { bad("priority", "'priority' must be an integer"); }
         if (j["priority"].get<int64_t>() != 0) {
@@ -361,6 +378,21 @@ json spans_json(const std::vector<engine::VersionSpan> & spans) {
     return a;
 }
 
+/// [n_rows][n_layers][top_k] nested lists (vLLM's and SGLang's [seq_len, num_layers, top_k]).
+json routed_experts_json(const engine::RoutedExperts & r) {
+    json rows = json::array();
+    const int64_t n = r.n_rows(), k = r.top_k;
+    for (int64_t t = 0; t < n; ++t) {
+        json layers = json::array();
+        for (int64_t l = 0; l < r.n_layers; ++l) {
+            const int32_t * ids = r.ids.data() + (t * r.n_layers + l) * k;
+            layers.push_back(json(std::vector<int32_t>(ids, ids + k)));
+        }
+        rows.push_back(std::move(layers));
+    }
+    return rows;
+}
+
 /// One completion in flight: what its AsyncBody's pump works on (the connection's strand).
 struct Generation {
     ApiContext *                       ctx = nullptr;
@@ -398,6 +430,7 @@ struct Generation {
                 a.n_host_cached = ev.n_host_cached_tokens;
                 if (ev.finish != FinishReason::none) { a.finish = ev.finish; }
                 if (!ev.weight_versions.empty()) { a.weight_versions = std::move(ev.weight_versions); }
+                if (ev.routed_experts) { a.routed_experts = std::move(ev.routed_experts); }
                 weight_version   = ev.weight_version;
                 a.weight_version = ev.weight_version;
             }
@@ -409,6 +442,7 @@ struct Generation {
             json choices = json::array();
             for (int32_t c = 0; c < static_cast<int32_t>(acc.size()); ++c) {
                 json choice = format.choice(c, acc[c]);
+                if (acc[c].routed_experts) { choice["routed_experts"] = routed_experts_json(*acc[c].routed_experts); }
                 if (!acc[c].weight_versions.empty()) {
                     choice["weight_versions"] = spans_json(acc[c].weight_versions);
                 } else if (!acc[c].token_ids.empty() && acc[c].weight_version != weight_version) {
@@ -456,6 +490,7 @@ struct Generation {
             sent_first[ev.choice] = true;
             json choice = format.chunk_choice(ev, first);
             if (!ev.weight_versions.empty()) { choice["weight_versions"] = spans_json(ev.weight_versions); }
+            if (ev.routed_experts) { choice["routed_experts"] = routed_experts_json(*ev.routed_experts); }  // the final chunk
             json chunk = {{"id", id}, {"object", format.chunk_object}, {"created", created}, {"model", ctx->cfg.served_model_name},
                           {"weight_version", ev.weight_version}, {"choices", json::array({std::move(choice)})}};
             if (opts.continuous_usage) { chunk["usage"] = usage_json(acc, n_per); }  // vLLM's continuous_usage_stats: so far

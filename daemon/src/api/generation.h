@@ -10,6 +10,7 @@
 #include "fd/tokenizer/tokenizer.h"
 
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -45,6 +46,9 @@ void check_fields(const nlohmann::json & j, const std::set<std::string> & known)
 ///   cache_salt         a non-empty string: prefix-cache hits only between requests with the same
 ///                      salt (vLLM's meaning; gen.prefix_salt)
 ///   response_format    {"type": "text"} only (no guided decoding)
+///   return_routed_experts  bool (R3); true needs a MoE model and --enable-return-routed-experts:
+///                      each choice then carries `routed_experts` [n_rows][n_moe_layers][top_k]
+///                      (run_generation; streamed on the choice's finishing chunk)
 /// add_special_tokens is read by the routes when they encode.
 bool parse_vllm_fields(const ApiContext & ctx, const nlohmann::json & j, engine::GenerateRequest & gen);
 
@@ -117,6 +121,7 @@ struct ChoiceAcc {
     engine::StopReason                stop_reason;
     engine::FinishReason              finish   = engine::FinishReason::none;
     std::vector<engine::VersionSpan>  weight_versions;  ///< set when the tokens came from more than one version
+    std::optional<engine::RoutedExperts> routed_experts;  ///< return_routed_experts: from the finishing event
     std::string                       weight_version;   ///< the version of its last event (its tokens' when it has any)
     int32_t                           n_prompt = 0, n_cached = 0, n_host_cached = -1;  ///< n_host_cached: -1 = no host KV tier
 };
@@ -139,7 +144,8 @@ struct ResponseFormat {
 /// or SSE chunks {id, object, created, model, weight_version, choices: [one]} then an optional
 /// usage chunk and `data: [DONE]`. A choice whose tokens came from more than one weight version
 /// (kept across an update) also carries `weight_versions: [{version, first_token, last_token}]`
-/// (generated-token indices, inclusive), streamed on its finishing chunk. At most
+/// (generated-token indices, inclusive), streamed on its finishing chunk; with return_routed_experts
+/// each choice carries `routed_experts` ([n_rows][n_moe_layers][top_k], the finishing chunk). At most
 /// --request-timeout-s (504 before the headers, an in-band error after). The request is
 /// cancelled when the client goes. POST /v1/abort finds it by its `id` or by the client's
 /// `X-Request-Id` header (`http_req`).

@@ -184,6 +184,9 @@ void Engine::admit(GenerateRequest & req) {
                 s->no_prefix_cache = true;
                 s->max_chunk       = scoring_chunk(model_cfg_.vocab_size);
             }
+            // R3: a cached prefix's routes were never computed for this request; recompute them
+            // (a request never gets routes another request's forward produced).
+            if (req.params.return_routed_experts) { s->no_prefix_cache = true; }
             s->t_arrival     = req.t_arrival;
             s->prefix_salt   = req.prefix_salt;
             s->request_ids   = ids;
@@ -216,6 +219,16 @@ void Engine::emit(Sequence & s, FinishReason why, ChoiceEvent ev) {
     // after an update without a token under the new weights still names the old one.
     ev.weight_version  = s.spans.empty() ? state_.weight_version : s.spans.back().version;
     if (why != FinishReason::none && s.spans.size() > 1) { ev.weight_versions = s.spans; }
+    if (why != FinishReason::none && s.params.return_routed_experts) {
+        // The rows of every position this choice's forwards computed: prompt, then generated but the last.
+        engine::RoutedExperts re;
+        re.top_k    = model_cfg_.moe.top_k;
+        re.n_layers = re.top_k > 0 ? model::route_cols(model_cfg_) / re.top_k : 0;
+        const int64_t cols = model::route_cols(model_cfg_);
+        const int64_t rows = cols > 0 ? std::min<int64_t>(s.n_computed, static_cast<int64_t>(s.routes.size()) / cols) : 0;
+        re.ids.assign(s.routes.begin(), s.routes.begin() + rows * cols);
+        ev.routed_experts = std::move(re);
+    }
     // Metrics first: an event-driven reader may answer the client before push() returns, and
     // a client that has its answer must find it counted in /metrics.
     if (why != FinishReason::none) {
@@ -440,6 +453,7 @@ bool Engine::build_step(StepPlan & plan) {
                 rows.push_back({&s, pos});
             }
         }
+        batch_.want_routes = batch_.want_routes || s.params.return_routed_experts;
         if (s.n_computed + n == static_cast<int64_t>(s.tokens.size())) {
             batch_.logits_rows.push_back(static_cast<int32_t>(batch_.tokens.size()) - 1);
             rows.push_back({&s, -1, n_draft});
@@ -478,12 +492,32 @@ void Engine::count_tokens(int64_t n_generated, int64_t n_prompt, int64_t n_cache
     stats_.n_target_forwards_total += n_forwards;
 }
 
+void Engine::keep_routes(const ScheduleDecision & d) {
+    const int32_t * routes = executor_->step_routes();  // [batch tokens, cols], batch_ order
+    const int64_t   cols   = model::route_cols(model_cfg_);
+    FD_CHECK(routes != nullptr && cols > 0, "a step that asked for routed experts returned none");
+    int64_t row = 0;
+    for (const auto & [ss, n, n_draft] : d.run) {
+        auto & s = static_cast<Sequence &>(*ss);
+        // The batch holds n rows at positions n_computed.., then n_draft draft rows after the
+        // last token (a rejected draft's row is overwritten when that position is computed again).
+        const int64_t first = s.n_computed, n_rows = n + n_draft;
+        if (s.params.return_routed_experts) {
+            const auto need = static_cast<size_t>((first + n_rows) * cols);
+            if (s.routes.size() < need) { s.routes.resize(need, -1); }
+            std::copy_n(routes + row * cols, n_rows * cols, s.routes.begin() + first * cols);
+        }
+        row += n_rows;
+    }
+}
+
 void Engine::emit_step(const StepPlan & plan, const float * step_logits) {
     const ScheduleDecision & d     = plan.d;
     const auto &             rows  = plan.rows;
     const auto               t0    = plan.t0;
     const int32_t            vocab = model_cfg_.vocab_size;
     t_step_done_ = std::chrono::steady_clock::now();
+    if (batch_.want_routes) { keep_routes(d); }
     for (const auto & [ss, n, n_draft] : d.run) {
         auto & s = static_cast<Sequence &>(*ss);
         s.n_computed += n;

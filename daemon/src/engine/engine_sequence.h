@@ -30,6 +30,7 @@ struct Engine::Sequence : SchedSeq {
     bool                           prompt_lps_sent = false;
     std::shared_ptr<const std::vector<std::string>> request_ids;  ///< the request's ids (POST /v1/abort)
     std::vector<VersionSpan>       spans;           ///< which weight version produced which generated tokens
+    std::vector<int32_t>           routes;          ///< return_routed_experts: [positions computed, route_cols] by position
     std::vector<int32_t>           draft;           ///< this step's draft tokens (n_draft of them granted; never in `tokens`)
     std::vector<int32_t>           layer_drafts;    ///< MTP: the draft layer's tokens after the last step (-1 ends them early)
     std::chrono::steady_clock::time_point t_arrival{}, t_scheduled{}, t_last_token{};  ///< request metrics

@@ -7,9 +7,15 @@
 #include "fd/comm/comm.h"
 #include "fd/status.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace fd::model {
+
+int32_t route_cols(const ModelConfig & cfg) {
+    if (!cfg.moe.enabled()) { return 0; }
+    return static_cast<int32_t>(std::count(cfg.moe.sparse_layer.begin(), cfg.moe.sparse_layer.end(), true)) * cfg.moe.top_k;
+}
 
 kernels::PagedKv Worker::layer_kv(int il) {
     return {k_pool_[il], v_pool_[il], wcfg_.block_size, cfg_.n_kv_heads / wcfg_.tp_size, cfg_.head_dim, wcfg_.kv_dtype};
@@ -24,6 +30,9 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
         FD_CHECK(b.positions[t] < wcfg_.max_model_len, "position {} beyond max_model_len", b.positions[t]);
     }
     if (graphs_on() && s_.x.capacity_bytes() == 0) { restore_graph_memory(); }  // after release_graphs()
+    // R3: moe_mlp writes each sparse layer's routes into [n, n_moe_layers, top_k] (MoE steps never run as graphs).
+    moe_host_.record = b.want_routes && cfg_.moe.enabled();
+    if (moe_host_.record) { moe_host_.routes.assign(static_cast<size_t>(n * route_cols(cfg_)), -1); }
     if (graphs_on() && is_graph_step(b, g_.buckets.back(), wcfg_.max_model_len)) { return forward_graph(b, logits, abandon); }
     backend_->begin_step({b.tokens.data(), b.positions.data(), b.slots.data(), b.queries.data(), n});
     // The logits land in the caller's host buffer directly where backend memory is host memory.

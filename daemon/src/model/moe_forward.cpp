@@ -30,6 +30,11 @@ void Worker::moe_mlp(int il, const float * xn, float * out, int64_t n) {
     host.weights.resize(static_cast<size_t>(n * m.top_k));
     be.download(host.logits.data(), logits, n * E * static_cast<int64_t>(sizeof(float)));
     kernels::moe_route(host.ids.data(), host.weights.data(), host.logits.data(), n, E, m.top_k, m.norm_topk_prob);
+    if (host.record) {  // R3: this layer's top_k ids of each token, at the layer's place among the sparse layers
+        const int64_t k = m.top_k, cols = route_cols(cfg_);
+        const int64_t at = std::count(m.sparse_layer.begin(), m.sparse_layer.begin() + il, true) * k;
+        for (int64_t t = 0; t < n; ++t) { std::copy_n(host.ids.data() + t * k, k, host.routes.data() + t * cols + at); }
+    }
     const kernels::MoePlan plan = kernels::moe_plan(host.ids.data(), host.weights.data(), n, m.top_k, E);
     float * work = s_.moe_work.floats(kernels::Backend::moe_work_floats(plan.max_rows, h, ff));
     if (ep) {

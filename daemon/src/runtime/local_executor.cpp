@@ -29,6 +29,8 @@ public:
         return site_.worker->forward(batch, logits, abandon);
     }
 
+    const int32_t * step_routes() const override { return site_.worker->step_routes(); }
+
     const float * forward_in_place(const model::StepBatch & batch, const std::atomic<bool> * abandon) override {
         // At least one element, so a step without logits rows still returns non-null.
         logits_.resize(std::max<size_t>(1, batch.logits_rows.size() * static_cast<size_t>(site_.worker->config().vocab_size)));

@@ -71,11 +71,12 @@ bool MpExecutor::forward(const model::StepBatch & batch, float * logits, const s
 }
 
 const float * MpExecutor::forward_in_place(const model::StepBatch & batch, const std::atomic<bool> * abandon) {
-    const int32_t bs = cfg_.worker.block_size, vocab = model_cfg_.vocab_size;
-    int64_t need = step_encode(region_.data(), region_.bytes(), batch, bs, vocab);
+    const int32_t bs = cfg_.worker.block_size, vocab = model_cfg_.vocab_size, rc = model::route_cols(model_cfg_);
+    routes_ = nullptr;
+    int64_t need = step_encode(region_.data(), region_.bytes(), batch, bs, vocab, rc);
     if (need > region_.bytes()) {
         region_.resize(need + need / 2);
-        need = step_encode(region_.data(), region_.bytes(), batch, bs, vocab);
+        need = step_encode(region_.data(), region_.bytes(), batch, bs, vocab, rc);
     }
     auto * h = static_cast<RegionHeader *>(region_.data());
     h->abandon.store(false, std::memory_order_relaxed);  // the link's send orders it before the rank reads
@@ -87,6 +88,7 @@ const float * MpExecutor::forward_in_place(const model::StepBatch & batch, const
     call(req, "forward", false, abandon, inline_n ? region_.data() : nullptr, inline_n);
     if (replies_[0].status == kLinkAbandoned) { return nullptr; }
     check_replies("forward");
+    routes_ = runtime::step_routes(region_.data());  // rank 0 wrote them beside the logits (nullptr: not asked)
     return step_logits(region_.data());
 }
 

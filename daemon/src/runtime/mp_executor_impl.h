@@ -46,6 +46,8 @@ public:
     /// Rank 0 wrote the logits into the region: the engine reads them there (valid until the
     /// next call, which rewrites the region).
     const float * forward_in_place(const model::StepBatch & batch, const std::atomic<bool> * abandon) override;
+    /// Rank 0 wrote them into the region after the logits (rank_link.h); until the next call.
+    const int32_t * step_routes() const override { return routes_; }
     /// probe_step_link(): forward()'s encode and round trip, without the model.
     void probe(const model::StepBatch * batch);
 
@@ -170,6 +172,7 @@ private:
     std::unique_ptr<comm::TcpStoreServer>  store_;
     World                            world_;     ///< the ranks: tp, nnodes, node_of, device_of (fd/runtime/world.h)
     SharedRegion                     region_;
+    const int32_t *                  routes_ = nullptr;  ///< the last forward's routes in region_ (step_routes)
     std::vector<Rank>                ranks_;
     std::vector<std::atomic<pid_t>>  pids_;      ///< [world] live rank pids (0: none), read by other threads
     std::vector<std::atomic<int64_t>> remote_rss_;  ///< [world] RSS a rank on another node last reported (0: local / none)

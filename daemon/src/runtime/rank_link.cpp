@@ -29,7 +29,7 @@ const T * at(const void * region, int64_t off) { return reinterpret_cast<const T
 
 }  // namespace
 
-StepLayout step_layout(int64_t n_tokens, int64_t n_logits, int64_t n_tables, int64_t vocab) {
+StepLayout step_layout(int64_t n_tokens, int64_t n_logits, int64_t n_tables, int64_t vocab, int64_t route_cols) {
     StepLayout l;
     int64_t off = align64(sizeof(RegionHeader));
     auto take = [&](int64_t & field, int64_t bytes) {
@@ -44,6 +44,7 @@ StepLayout step_layout(int64_t n_tokens, int64_t n_logits, int64_t n_tables, int
     take(l.logits_rows, n_logits * 4);
     take(l.tables, n_tables * 4);
     take(l.logits, n_logits * vocab * 4);
+    take(l.routes, n_tokens * route_cols * 4);
     l.total_bytes = off;
     return l;
 }
@@ -63,16 +64,19 @@ int64_t step_tables(const model::StepBatch & b, int32_t block_size) {
     return n + (run_ctx + block_size - 1) / block_size;
 }
 
-int64_t step_encode(void * region, int64_t region_bytes, const model::StepBatch & b, int32_t block_size, int32_t vocab) {
+int64_t step_encode(void * region, int64_t region_bytes, const model::StepBatch & b, int32_t block_size, int32_t vocab,
+                    int32_t route_cols) {
     const int64_t n = b.n_tokens(), nl = static_cast<int64_t>(b.logits_rows.size());
     const int64_t nt = step_tables(b, block_size);
-    const StepLayout l = step_layout(n, nl, nt, vocab);
+    const int32_t rc = b.want_routes ? route_cols : 0;
+    const StepLayout l = step_layout(n, nl, nt, vocab, rc);
     if (l.total_bytes > region_bytes) { return l.total_bytes; }
     auto * h = static_cast<RegionHeader *>(region);
     h->n_tokens = static_cast<int32_t>(n);
     h->n_logits = static_cast<int32_t>(nl);
     h->n_tables = static_cast<int32_t>(nt);
     h->vocab    = vocab;
+    h->route_cols = rc;
     std::memcpy(at<int32_t>(region, l.tokens), b.tokens.data(), n * 4);
     std::memcpy(at<int32_t>(region, l.positions), b.positions.data(), n * 4);
     std::memcpy(at<int64_t>(region, l.slots), b.slots.data(), n * 8);
@@ -121,6 +125,7 @@ void step_decode(const void * region, model::StepBatch & b) {
     b.positions.assign(pos, pos + n);
     b.slots.assign(slots, slots + n);
     b.logits_rows.assign(rows, rows + nl);
+    b.want_routes = h->route_cols > 0;
     b.queries.resize(static_cast<size_t>(n));
     for (int64_t t = 0; t < n; ++t) {
         FD_CHECK(qt[t] >= 0 && qt[t] <= h->n_tables, "block table offset {} outside {}", qt[t], h->n_tables);
@@ -131,6 +136,12 @@ void step_decode(const void * region, model::StepBatch & b) {
 float * step_logits(void * region) {
     const auto * h = static_cast<const RegionHeader *>(region);
     return at<float>(region, step_layout(h->n_tokens, h->n_logits, h->n_tables, h->vocab).logits);
+}
+
+int32_t * step_routes(void * region) {
+    const auto * h = static_cast<const RegionHeader *>(region);
+    if (h->route_cols <= 0) { return nullptr; }
+    return at<int32_t>(region, step_layout(h->n_tokens, h->n_logits, h->n_tables, h->vocab, h->route_cols).routes);
 }
 
 int64_t swap_encode(void * region, int64_t region_bytes, const kv::BlockCopy * out, int64_t n_out, const kv::BlockCopy * in,

@@ -477,6 +477,13 @@ private:
         // Dropping a step half-way is only safe alone: with peers, every rank must reach every
         // all-reduce, so a group finishes the step.
         const bool done = ex_->forward(batch_, out, spawn_.cfg.tensor_parallel_size == 1 ? &h->abandon : nullptr);
+        // R3: rank 0's routes go beside its logits (every rank routed the same tokens identically).
+        if (done && spawn_.rank == 0 && h->route_cols > 0) {
+            const int32_t * routes = ex_->step_routes();
+            FD_CHECK(routes != nullptr && h->route_cols == model::route_cols(model_cfg_),
+                     "rank 0 has no routes of {} columns for a step that asked for them", h->route_cols);
+            std::memcpy(step_routes(step), routes, static_cast<size_t>(h->n_tokens) * h->route_cols * sizeof(int32_t));
+        }
         reply.status = done ? 0 : kLinkAbandoned;
         return reply;
     }

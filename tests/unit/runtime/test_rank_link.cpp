@@ -3,7 +3,8 @@
 // socketpair to a forked peer, replies arrive in order, a peer that dies is seen at once and a
 // peer that is stopped runs into the deadline instead of hanging the caller; a descriptor passed
 // with a record (the shm group's segment) arrives as a working copy of the same file, only once,
-// and a stream (TCP) link refuses to carry one.
+// and a stream (TCP) link refuses to carry one. A step asking for its routed experts (R3) gets
+// rank 0's routes back beside the logits.
 #include "fd/runtime/rank_link.h"
 
 #include <doctest/doctest.h>
@@ -85,6 +86,43 @@ TEST_SUITE("runtime::rank_link") {
         step_decode(peer.data(), got);
         CHECK(got.tokens == s.b.tokens);
         (void)before;
+    }
+
+    TEST_CASE("a step that wants its routed experts (R3) carries rank 0's routes after the logits; one that does not, none") {
+        TwoSeqs s;
+        const int32_t bs = 4, vocab = 64, cols = 2 * 4;  // 2 sparse layers x top-4
+        SharedRegion region;
+        region.create(64);
+        // Not asked: the layout is the one without routes, and the rank sees want_routes false.
+        const int64_t plain = step_encode(region.data(), region.bytes(), s.b, bs, vocab, cols);
+        CHECK(plain == step_layout(6, 2, 5, vocab).total_bytes);
+        s.b.want_routes = true;
+        const int64_t need = step_encode(region.data(), region.bytes(), s.b, bs, vocab, cols);
+        CHECK(need == step_layout(6, 2, 5, vocab, cols).total_bytes);
+        CHECK(need >= plain + 6 * cols * 4);
+        region.resize(need);
+        REQUIRE(step_encode(region.data(), region.bytes(), s.b, bs, vocab, cols) == need);
+        SharedRegion peer;
+        peer.attach(::dup(region.fd()));
+        model::StepBatch got;
+        step_decode(peer.data(), got);
+        CHECK(got.want_routes);
+        // Rank 0 writes [n_tokens, cols] ids past the logits; the daemon reads them, logits intact.
+        step_logits(peer.data())[2 * vocab - 1] = 2.5f;
+        int32_t * r = step_routes(peer.data());
+        REQUIRE(r != nullptr);
+        CHECK(reinterpret_cast<char *>(r) >= reinterpret_cast<char *>(step_logits(peer.data()) + 2 * vocab));
+        for (int32_t i = 0; i < 6 * cols; ++i) { r[i] = 100 + i; }
+        const int32_t * back = step_routes(region.data());
+        REQUIRE(back != nullptr);
+        for (int32_t i = 0; i < 6 * cols; ++i) { CHECK(back[i] == 100 + i); }
+        CHECK(step_logits(region.data())[2 * vocab - 1] == 2.5f);
+        // The next step without routes: none in the region, and the rank's batch says so.
+        s.b.want_routes = false;
+        REQUIRE(step_encode(region.data(), region.bytes(), s.b, bs, vocab, cols) == plain);
+        step_decode(peer.data(), got);
+        CHECK_FALSE(got.want_routes);
+        CHECK(step_routes(region.data()) == nullptr);
     }
 
     TEST_CASE("replies come back in order; a dead peer is seen at once, a stopped one at the deadline") {

@@ -41,6 +41,7 @@ struct ServerConfig {
     double      request_timeout_s = 600.0;   ///< longest a completion may take before 504
     int32_t     max_logprobs      = 20;      ///< cap on `logprobs`
     int32_t     max_n             = 128;     ///< cap on `n`
+    bool        enable_return_routed_experts = false;  ///< --enable-return-routed-experts: requests may ask for return_routed_experts (R3)
 };
 
 /// Shared by every handler.

@@ -190,6 +190,9 @@ private:
     const float * run_step();
     /// Emit: advance the run sequences, score prompt rows, sample, send events, step stats.
     void emit_step(const StepPlan & plan, const float * step_logits);
+    /// R3: copy the step's routed experts (Executor::step_routes) into each sequence that asked,
+    /// by position. Before emit_step advances n_computed.
+    void keep_routes(const ScheduleDecision & d);
     void admit(GenerateRequest & req);
     /// Send `ev` for `s` (stamped, with the text now safe to send); `why` != none finishes `s`.
     void emit(Sequence & s, FinishReason why, ChoiceEvent ev);

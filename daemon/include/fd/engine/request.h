@@ -44,6 +44,10 @@ struct SamplingParams {
     bool                     include_stop_str_in_output = false;  ///< keep the matched stop string in the text
     bool                     detokenize = true;  ///< false: no text is decoded (vLLM's SamplingParams.detokenize):
                                                  ///< events carry token ids with empty text; needs `stop` empty
+    /// R3 (--enable-return-routed-experts; vLLM's / SGLang's return_routed_experts): the finishing
+    /// event carries the choice's routed experts. Such a choice skips the prefix cache: every
+    /// prompt row is computed, so its routes come from this request's own forward.
+    bool                     return_routed_experts = false;
 
     /// True when any logits processor (min_tokens, logit_bias, penalties) is active.
     bool processes_logits() const {
@@ -68,6 +72,17 @@ struct StopReason {
 };
 
 enum class FinishReason { none, stop, length, abort, error };
+
+/// A choice's routed experts (R3): row t = the token at position t of prompt + generated (the
+/// rows the model ran a forward on: the prompt, then every generated token but the last), one run
+/// of top_k logical expert ids per sparse MoE layer in layer order, each run in the router's order
+/// (descending routing probability; the lower id first among equals).
+struct RoutedExperts {
+    int32_t              n_layers = 0;  ///< sparse MoE layers
+    int32_t              top_k    = 0;  ///< num_experts_per_tok
+    std::vector<int32_t> ids;           ///< [n_rows, n_layers, top_k]
+    int64_t n_rows() const { return n_layers * top_k > 0 ? static_cast<int64_t>(ids.size()) / (n_layers * top_k) : 0; }
+};
 
 /// A run of a choice's generated tokens produced by one weight version (vLLM's idea for
 /// requests kept across a weight update). Token indices count generated tokens from 0.
@@ -98,6 +113,7 @@ struct ChoiceEvent {
     std::string               weight_version;
     std::vector<VersionSpan>  weight_versions;  ///< on the finishing event, only when the choice's tokens
                                                 ///< came from more than one version (a keep pause + update)
+    std::optional<RoutedExperts> routed_experts;  ///< on the finishing event, when return_routed_experts
     std::optional<Error>      error;
 };
 

@@ -53,8 +53,11 @@ struct StepBatch {
     std::vector<int64_t>            slots;        ///< [n_tokens] KV slot each token writes
     std::vector<kernels::AttnQuery> queries;      ///< [n_tokens] context each token attends to (incl. itself)
     std::vector<int32_t>            logits_rows;  ///< [n_logits] token rows whose logits are wanted
+    /// Record every token's routed experts (R3, --enable-return-routed-experts): rank 0 keeps
+    /// them for Worker::step_routes(). MoE models only; false costs nothing.
+    bool                            want_routes = false;
 
-    void clear() { tokens.clear(); positions.clear(); slots.clear(); queries.clear(); logits_rows.clear(); }
+    void clear() { tokens.clear(); positions.clear(); slots.clear(); queries.clear(); logits_rows.clear(); want_routes = false; }
     int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
 };
 
@@ -85,6 +88,11 @@ struct DraftBatch {
 
     void clear() { hidden_rows.clear(); tokens.clear(); positions.clear(); slots.clear(); queries.clear(); chains.clear(); }
 };
+
+/// Columns of one token's routed experts (R3): one run of top_k expert ids per sparse MoE
+/// layer, in layer order (dense layers from mlp_only_layers / decoder_sparse_step have none):
+/// n_moe_layers * top_k; 0 on a dense model.
+int32_t route_cols(const ModelConfig & cfg);
 
 struct WorkerConfig {
     int32_t rank       = 0;    ///< this rank, in [0, tp_size)
@@ -174,6 +182,12 @@ public:
     /// else the collectives mismatch and fail with rank_failed.
     /// Errors  fd::Error{rank_failed} from the Comm (a peer died or hung).
     bool forward(const StepBatch & batch, float * logits, const std::atomic<bool> * abandon = nullptr);
+    /// The routed experts of the last forward() (every rank routes identically; the executor
+    /// reads rank 0's). Shapes  [n_tokens, n_moe_layers, top_k] int32 logical expert ids, each
+    /// token's top_k in the router's order (descending probability, the lower id first among
+    /// equals: kernels::moe_route); route_cols(config()) per token. nullptr when that batch did
+    /// not set want_routes or the model is dense. Valid until the next forward().
+    const int32_t * step_routes() const { return moe_host_.record ? moe_host_.routes.data() : nullptr; }
 
     /// Run the MTP work of `db` after forward() (see DraftBatch): write the catch-up rows' MTP
     /// cache, then each chain's k drafts (greedy) into `drafts`, chain after chain.
@@ -356,6 +370,8 @@ private:
         std::vector<float>   weights;  ///< [n, top_k] their routing weights
         std::vector<float>   shared_scale;  ///< [n] sigmoid(shared_expert_gate(x))
         std::vector<int32_t> identity;      ///< [n] 0, 1, ..., n - 1
+        bool                 record = false;  ///< this step's batch wants its routes (StepBatch::want_routes)
+        std::vector<int32_t> routes;          ///< [n, n_moe_layers, top_k] the step's routes when `record`
     };
     /// A sparse MoE block on this rank's expert slices: out [n, hidden] = this rank's partial sum
     /// of the routed experts (and the gated shared expert); the caller all-reduces.

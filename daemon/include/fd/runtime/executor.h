@@ -70,6 +70,11 @@ public:
     }
     /// Bytes of the MTP cache on every rank together (0 without MTP drafts).
     virtual int64_t mtp_cache_bytes() const { return 0; }
+    /// Rank 0's routed experts of the last forward / forward_in_place (R3; Worker::step_routes):
+    /// Shapes  [batch.n_tokens(), n_moe_layers, top_k] int32, model::route_cols per token.
+    /// nullptr when that batch did not set want_routes or the model is dense. Valid until the
+    /// next call on this executor.
+    virtual const int32_t * step_routes() const { return nullptr; }
 
     /// Run `req` on every rank (fd/runtime/rank_call.h: a bare row of the table, none of the
     /// rules the named methods below add around stage, reload and release).

@@ -29,6 +29,8 @@
 //   logits_rows [n_logits]  i32
 //   tables      [n_tables]  i32   block ids, one run per sequence
 //   logits      [n_logits, vocab] f32   (written by rank 0)
+//   routes      [n_tokens, route_cols] i32  (R3: written by rank 0 when the step wants its routes;
+//               route_cols = model::route_cols, 0 = none)
 // A remote rank's link is a TCP stream (fd/runtime/node_join.h): the same LinkMsg records, read
 // whole; the config is length-prefixed; a forward request carries the step's arrays inline (the
 // region's bytes up to `logits`, LinkMsg::bytes of them) right after it, read into a buffer that
@@ -119,27 +121,32 @@ void set_field(char (&dst)[N], const std::string & s) {
 struct RegionHeader {
     std::atomic<bool> abandon{false};  ///< set by the daemon while rank 0 computes: drop the step
     int32_t n_tokens = 0, n_logits = 0, n_tables = 0, vocab = 0;
+    int32_t route_cols = 0;  ///< > 0: the step wants its routed experts (StepBatch::want_routes), this many per token
 };
 
 /// Byte offsets of one step's arrays in the region.
 struct StepLayout {
-    int64_t tokens = 0, positions = 0, slots = 0, q_table = 0, q_ctx = 0, logits_rows = 0, tables = 0, logits = 0;
+    int64_t tokens = 0, positions = 0, slots = 0, q_table = 0, q_ctx = 0, logits_rows = 0, tables = 0, logits = 0, routes = 0;
     int64_t total_bytes = 0;
 };
-StepLayout step_layout(int64_t n_tokens, int64_t n_logits, int64_t n_tables, int64_t vocab);
+StepLayout step_layout(int64_t n_tokens, int64_t n_logits, int64_t n_tables, int64_t vocab, int64_t route_cols = 0);
 
 /// Block-table entries `b` needs in the region (one run per sequence, ceil(max n_ctx / block_size)).
 int64_t step_tables(const model::StepBatch & b, int32_t block_size);
 
 /// Write `b` into `region` (of `region_bytes`); returns the bytes the step needs. Writes nothing
 /// and returns more than region_bytes when it does not fit (grow the region and call again).
-int64_t step_encode(void * region, int64_t region_bytes, const model::StepBatch & b, int32_t block_size, int32_t vocab);
+/// `route_cols` (model::route_cols of the served model) sizes the routes array when b.want_routes.
+int64_t step_encode(void * region, int64_t region_bytes, const model::StepBatch & b, int32_t block_size, int32_t vocab,
+                    int32_t route_cols = 0);
 
 /// Rebuild the batch from `region` into `b` (its vectors reused); queries point into the region.
 void step_decode(const void * region, model::StepBatch & b);
 
 /// Rank 0's logits in the region. Shapes  [n_logits, vocab] f32.
 float * step_logits(void * region);
+/// The step's routes array in `region` ([n_tokens, route_cols] i32); nullptr when route_cols is 0.
+int32_t * step_routes(void * region);
 
 /// Write a swap_kv request's block lists into `region`; returns the bytes they need (writes
 /// nothing and returns more than region_bytes when they do not fit).
