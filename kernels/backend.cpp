@@ -124,17 +124,17 @@ void Backend::moe_experts(float * out, const float * x, const MoePlan & plan, co
     }
 }
 
-int64_t Backend::find_nonfinite(const void * p, StoredType t, int64_t n) {
-    const int64_t es = t == StoredType::f32 ? 4 : 2, per = (int64_t{256} << 10) / es;
+int64_t Backend::find_nonfinite(const void * p, fd::DType t, int64_t n) {
+    const int64_t es = t == fd::DType::f32 ? 4 : 2, per = (int64_t{256} << 10) / es;
     std::vector<std::byte> host(static_cast<size_t>(std::min(per, std::max<int64_t>(n, 1)) * es));
     for (int64_t e = 0; e < n; e += per) {
         const int64_t m = std::min(per, n - e);
         download(host.data(), static_cast<const std::byte *>(p) + e * es, m * es);
         int64_t bad = -1;
         switch (t) {
-        case StoredType::f32: bad = find_nonfinite_f32(reinterpret_cast<const float *>(host.data()), m); break;
-        case StoredType::bf16: bad = find_nonfinite_bf16(reinterpret_cast<const uint16_t *>(host.data()), m); break;
-        case StoredType::f16: bad = find_nonfinite_f16(reinterpret_cast<const uint16_t *>(host.data()), m); break;
+        case fd::DType::f32: bad = find_nonfinite_f32(reinterpret_cast<const float *>(host.data()), m); break;
+        case fd::DType::bf16: bad = find_nonfinite_bf16(reinterpret_cast<const uint16_t *>(host.data()), m); break;
+        case fd::DType::f16: bad = find_nonfinite_f16(reinterpret_cast<const uint16_t *>(host.data()), m); break;
         }
         if (bad >= 0) { return e + bad; }
     }

@@ -66,7 +66,7 @@ struct StreamConfig {
 /// One tensor as announced (and as it must arrive).
 struct TensorSpec {
     std::string          name;              ///< training (HF) name
-    model::DType         dtype = model::DType::f32;
+    fd::DType     dtype = fd::DType::f32;
     std::vector<int64_t> shape;             ///< outermost first
     int64_t              nbytes = 0;        ///< numel × dtype size
 };
@@ -74,7 +74,7 @@ struct TensorSpec {
 /// Parse a dtype name as trainers send it: safetensors' F32 | F16 | BF16, or torch's float32 |
 /// float16 | bfloat16 (also "torch.float32", "float", "half").
 /// Errors  fd::Error{invalid_argument} naming `what` (the tensor) and the accepted names.
-model::DType parse_dtype_name(const std::string & s, const std::string & what);
+fd::DType parse_dtype_name(const std::string & s, const std::string & what);
 
 struct InitRequest {
     std::string            backend = "tcp";   ///< "tcp" (CPU transport) | "nccl" (GPU; needs a CUDA build)

@@ -46,8 +46,9 @@ struct MemInfo {
     int64_t total_bytes = 0;
 };
 
-/// How a checkpoint stores floats (the weights' dtypes before any widening).
-enum class StoredType : uint8_t { f32 = 0, bf16 = 1, f16 = 2 };
+/// How a checkpoint stores floats (the weights' dtypes before any widening). Deprecated alias of
+/// the one fd::DType (fd/dtype.h); new code writes fd::DType.
+using StoredType = fd::DType;
 
 /// The index arrays of one forward step (host memory, valid until the step's last op is issued).
 struct StepIndex {
@@ -144,7 +145,7 @@ public:
     /// or -1; waits for earlier ops. The check of weights that reach the device without a host
     /// copy (CUDA IPC, device to device). Default: download() in 256 KiB pieces and scan on the
     /// host; CUDA: a device kernel on the stored bits.
-    virtual int64_t find_nonfinite(const void * p, StoredType t, int64_t n);
+    virtual int64_t find_nonfinite(const void * p, fd::DType t, int64_t n);
 
     // --- CUDA graphs (decode steps captured once per batch-size bucket; fd/model/worker.h) ---
     //
