@@ -1,6 +1,7 @@
 // The rank Worker: loading, the tagged regions (weights, staging, KV pool) and weight control.
 // The forward pass itself is in forward.cpp.
 #include "fd/model/worker.h"
+#include "worker_graphs.h"
 
 #include "fd/arena.h"
 #include "fd/log.h"
@@ -53,13 +54,8 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
         log::get("model")->warn("--use-cudagraph: {} routes tokens on the host between ops, which a graph cannot capture; its "
                                 "decode steps run eagerly", cfg_.architecture);
     }
-    if (wcfg.graph_max_batch > 0 && wcfg.tp_size == 1 && !cfg_.moe.enabled()) {
-        g_.buckets = model::graph_buckets(wcfg.graph_max_batch);
-        g_.ids.assign(g_.buckets.size(), -1);
-        g_.scratch_table = {static_cast<int32_t>(wcfg.n_blocks)};  // the extra block map_kv_pool adds
-        g_.scratch_slot  = wcfg.n_blocks * wcfg.block_size;
-    }
-    const int64_t reserve = std::max<int64_t>(wcfg.reserve_tokens, graphs_on() ? g_.buckets.back() : 0);
+    if (wcfg.graph_max_batch > 0 && wcfg.tp_size == 1 && !cfg_.moe.enabled()) { g_ = std::make_unique<GraphState>(wcfg); }
+    const int64_t reserve = std::max<int64_t>(wcfg.reserve_tokens, graphs_on() ? g_->buckets.back() : 0);
     if (reserve > 0) { reserve_scratch(reserve, reserve); }
     fill_region(Tag::weight, idx, /*populate=*/false);
     bind();
@@ -72,7 +68,7 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     std::vector<float> rope(static_cast<size_t>(wcfg.max_model_len) * cfg_.head_dim);  // [max_model_len, head_dim]
     kernels::rope_table_inv_freq(rope.data(), wcfg.max_model_len, cfg_.head_dim, rope_inv_freq(cfg_).data());
     backend_->upload(rope_.floats(static_cast<int64_t>(rope.size())), rope.data(), static_cast<int64_t>(rope.size() * sizeof(float)));
-    if (graphs_on()) { capture_graphs(); }
+    if (graphs_on()) { g_->capture_all(*this); }
     log::get("model")->info("rank={}/{} | {} backend{}, {} allocator | weights {:.1f} MiB, KV pool {} blocks x {} tokens = {:.1f} MiB, {} threads",
                             wcfg.rank, wcfg.tp_size, backend_->name(), device_mem_ && backend_->host_visible() ? " (TEST: device-memory paths)" : "",
                             alloc_->name(), weight_bytes() / 1048576.0, wcfg.n_blocks,
@@ -82,6 +78,8 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
                                 swap_bytes() / 1048576.0);
     }
 }
+
+Worker::~Worker() = default;  // here, where GraphState is complete
 
 int64_t Worker::weight_bytes() const {
     return alloc_->resident(Tag::weight) ? (layout_.arena_bytes + 63) / 64 * 64 : 0;
