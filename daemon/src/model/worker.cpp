@@ -22,6 +22,26 @@ int64_t Worker::kv_block_bytes(const ModelConfig & c, int32_t block_size, int32_
     return 2LL * c.n_layers * block_size * (c.kv_dim() / std::max(1, tp_size)) * static_cast<int64_t>(sizeof(float));
 }
 
+namespace {
+
+/// Every matrix of the layout (dtype in memory) is one the backend's kernels read: asked of the
+/// backend (Backend::supports), not assumed from the device kind.
+/// Errors  fd::Error{invalid_checkpoint} naming the tensor, its dtype, the op and the backend.
+void check_backend_supports(const kernels::Backend & be, const WeightLayout & layout) {
+    for (const InferenceTensor & t : layout.tensors) {
+        if (t.shape.size() < 2) { continue; }  // norms and biases: widened to f32 at bind
+        const kernels::BackendOp op = t.name.find("embed_tokens") != std::string::npos ? kernels::BackendOp::embedding
+                                    : t.name.find(".experts.") != std::string::npos  ? kernels::BackendOp::moe_experts
+                                                                                     : kernels::BackendOp::linear;
+        if (!be.supports(op, t.dtype)) {
+            fail(Errc::invalid_checkpoint, "tensor '{}' is {} in memory, which the {} backend's {} does not read", t.name,
+                 fd::dtype_name(t.dtype), be.name(), kernels::backend_op_name(op));
+        }
+    }
+}
+
+}  // namespace
+
 Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg, comm::Comm * comm)
     : cfg_(cfg), wcfg_(wcfg) {
     FD_CHECK(wcfg.n_blocks > 0 && wcfg.block_size > 0, "worker needs KV blocks ({} x {})", wcfg.n_blocks, wcfg.block_size);
@@ -43,6 +63,7 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     validate_against_layout(layout_, idx);
     backend_ = kernels::make_backend({.kind = wcfg.device, .n_threads = std::max(1, wcfg.n_threads), .device_id = wcfg.device_id,
                                       .batch_invariant = wcfg.batch_invariant});
+    check_backend_supports(*backend_, layout_);
     alloc_   = memory::make_allocator(backend_->kind(), wcfg.device_id);
     device_mem_ = !backend_->host_visible() || wcfg.test_device_paths;
     for (kernels::ScratchBuffer * b : {&s_.x, &s_.xn, &s_.qkv, &s_.q, &s_.k, &s_.v, &s_.att, &s_.ff, &s_.gate, &s_.rows,

@@ -41,7 +41,7 @@ Worker::GraphState::Addresses Worker::GraphState::addresses(const Worker & w) {
 void Worker::GraphState::capture_all(Worker & w) {
     const int32_t max_blocks = (w.wcfg_.max_model_len + w.wcfg_.block_size - 1) / w.wcfg_.block_size;
     w.backend_->reserve_graph_steps(buckets.back(), std::max(1, max_blocks), w.wcfg_.block_size);
-    if (!w.backend_->supports_graphs()) {
+    if (!w.backend_->supports(kernels::BackendOp::graph_capture, fd::DType::f32)) {
         log::get("model")->warn("rank={} | TEST: graph steps padded to buckets up to {} and run eagerly ({} backend has no graphs)",
                                 w.wcfg_.rank, buckets.back(), w.backend_->name());
         return;
@@ -84,7 +84,7 @@ bool Worker::GraphState::forward(Worker & w, const StepBatch & b, float * logits
     // The indices go to the fixed buffers first (outside the graph), then the graph runs.
     be.begin_step({pad.tokens.data(), pad.positions.data(), pad.slots.data(), pad.queries.data(), bucket, true});
     float * out = w.s_.logits.floats(int64_t{bucket} * w.cfg_.vocab_size);  // reserved: never moves
-    if (be.supports_graphs()) {
+    if (be.supports(kernels::BackendOp::graph_capture, fd::DType::f32)) {
         if (addresses(w) != addrs) {
             log::get("model")->warn("rank={} | CUDA graphs: a captured address moved; dropping {} graphs and capturing again",
                                     w.wcfg_.rank, buckets.size());
