@@ -53,11 +53,11 @@ void print_summary(const PublishOptions & o, const json & j, const std::string &
     std::cout << (o.json ? j.dump() : human) << "\n";
 }
 
-uint32_t ipc_dtype(fd::model::DType d) {
+uint32_t ipc_dtype(fd::DType d) {
     switch (d) {
-        case fd::model::DType::f32: return fd::shm::kIpcF32;
-        case fd::model::DType::bf16: return fd::shm::kIpcBF16;
-        case fd::model::DType::f16: return fd::shm::kIpcF16;
+        case fd::DType::f32: return fd::shm::kIpcF32;
+        case fd::DType::bf16: return fd::shm::kIpcBF16;
+        case fd::DType::f16: return fd::shm::kIpcF16;
     }
     return fd::shm::kIpcF32;
 }

@@ -124,17 +124,61 @@ void Backend::moe_experts(float * out, const float * x, const MoePlan & plan, co
     }
 }
 
-int64_t Backend::find_nonfinite(const void * p, StoredType t, int64_t n) {
-    const int64_t es = t == StoredType::f32 ? 4 : 2, per = (int64_t{256} << 10) / es;
+const char * backend_op_name(BackendOp op) {
+    switch (op) {
+        case BackendOp::embedding: return "embedding";
+        case BackendOp::linear: return "linear";
+        case BackendOp::moe_experts: return "moe_experts";
+        case BackendOp::rms_norm: return "rms_norm";
+        case BackendOp::rope: return "rope";
+        case BackendOp::silu_mul: return "silu_mul";
+        case BackendOp::add: return "add";
+        case BackendOp::copy_rows: return "copy_rows";
+        case BackendOp::gather_rows: return "gather_rows";
+        case BackendOp::kv_store: return "kv_store";
+        case BackendOp::attention_paged: return "attention_paged";
+        case BackendOp::scale_add_rows: return "scale_add_rows";
+        case BackendOp::log_softmax_rows: return "log_softmax_rows";
+        case BackendOp::argmax_rows: return "argmax_rows";
+        case BackendOp::find_nonfinite: return "find_nonfinite";
+        case BackendOp::graph_capture: return "graph_capture";
+    }
+    return "?";
+}
+
+bool Backend::supports(BackendOp op, fd::DType dtype) const {
+    switch (op) {
+        case BackendOp::embedding:
+        case BackendOp::linear:
+        case BackendOp::moe_experts: return dtype == fd::DType::f32 || dtype == fd::DType::bf16;
+        case BackendOp::find_nonfinite: return true;
+        case BackendOp::graph_capture: return supports_graphs();
+        case BackendOp::rms_norm:
+        case BackendOp::rope:
+        case BackendOp::silu_mul:
+        case BackendOp::add:
+        case BackendOp::copy_rows:
+        case BackendOp::gather_rows:
+        case BackendOp::kv_store:
+        case BackendOp::attention_paged:
+        case BackendOp::scale_add_rows:
+        case BackendOp::log_softmax_rows:
+        case BackendOp::argmax_rows: return dtype == fd::DType::f32;
+    }
+    return false;
+}
+
+int64_t Backend::find_nonfinite(const void * p, fd::DType t, int64_t n) {
+    const int64_t es = t == fd::DType::f32 ? 4 : 2, per = (int64_t{256} << 10) / es;
     std::vector<std::byte> host(static_cast<size_t>(std::min(per, std::max<int64_t>(n, 1)) * es));
     for (int64_t e = 0; e < n; e += per) {
         const int64_t m = std::min(per, n - e);
         download(host.data(), static_cast<const std::byte *>(p) + e * es, m * es);
         int64_t bad = -1;
         switch (t) {
-        case StoredType::f32: bad = find_nonfinite_f32(reinterpret_cast<const float *>(host.data()), m); break;
-        case StoredType::bf16: bad = find_nonfinite_bf16(reinterpret_cast<const uint16_t *>(host.data()), m); break;
-        case StoredType::f16: bad = find_nonfinite_f16(reinterpret_cast<const uint16_t *>(host.data()), m); break;
+        case fd::DType::f32: bad = find_nonfinite_f32(reinterpret_cast<const float *>(host.data()), m); break;
+        case fd::DType::bf16: bad = find_nonfinite_bf16(reinterpret_cast<const uint16_t *>(host.data()), m); break;
+        case fd::DType::f16: bad = find_nonfinite_f16(reinterpret_cast<const uint16_t *>(host.data()), m); break;
         }
         if (bad >= 0) { return e + bad; }
     }

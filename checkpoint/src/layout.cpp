@@ -30,7 +30,7 @@ namespace {
 
 /// The dtype of training part `hf` of inference tensor `name`: as the checkpoint stores it, or
 /// (a checkpoint in inference names) as the whole inference tensor is stored.
-using DtypeOf = std::function<DType(const std::string & name, const std::string & hf)>;
+using DtypeOf = std::function<fd::DType(const std::string & name, const std::string & hf)>;
 
 /// Rank `tp.rank`'s inference layout of `c` (the sharding table of layout.h).
 WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp);
@@ -75,7 +75,7 @@ void check_tp_divides(const ModelConfig & c, int32_t tp_size, int32_t ep) {
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig & c) {
     // Every training part of the inference layout, in layout order (dtypes do not matter here).
     std::vector<ExpectedTensor> e;
-    for (const InferenceTensor & t : plan(c, [](const std::string &, const std::string &) { return DType::f32; }, {}).tensors) {
+    for (const InferenceTensor & t : plan(c, [](const std::string &, const std::string &) { return fd::DType::f32; }, {}).tensors) {
         for (const WeightPart & p : t.parts) { e.push_back({p.hf_name, p.hf_shape}); }
     }
     if (c.tie_word_embeddings) { e.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}, true}); }
@@ -161,10 +161,10 @@ WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp) {
             t.parts.push_back(std::move(p));
         }
         const int64_t my_cols = shard == Shard::cols ? cols / T : cols;
-        const DType d0 = t.parts.front().dtype;
+        const fd::DType d0 = t.parts.front().dtype;
         bool same = true;
         for (const auto & p : t.parts) { same = same && p.dtype == d0; }
-        t.dtype = same && d0 != DType::f16 ? d0 : DType::f32;
+        t.dtype = same && d0 != fd::DType::f16 ? d0 : fd::DType::f32;
         t.shape = my_cols ? std::vector<int64_t>{rows, my_cols} : std::vector<int64_t>{rows};
         t.bytes = rows * std::max<int64_t>(my_cols, 1) * dtype_size(t.dtype);
         t.offset = offset;
@@ -283,7 +283,7 @@ void validate_against_layout(const WeightLayout & layout, const TensorIndex & id
             if (std::string e = expert_prefix(it.name); !e.empty()) { own_experts.insert(std::move(e)); }
         }
     }
-    auto check = [&](const std::string & name, const std::vector<int64_t> & shape, std::initializer_list<DType> dtypes) {
+    auto check = [&](const std::string & name, const std::vector<int64_t> & shape, std::initializer_list<fd::DType> dtypes) {
         const TensorInfo & t = idx.tensors.at(name);
         if (t.shape != shape) {
             fail(Errc::invalid_checkpoint, "{}: tensor '{}'{} has shape [{}], expected [{}]", t.file.string(), name,

@@ -39,9 +39,9 @@ TensorInfo parse_entry(const fs::path & file, const std::string & name, const js
     t.file = file;
     if (!v.is_object()) { fail(Errc::invalid_checkpoint, "{}: tensor '{}' has a malformed header entry (not an object)", file.string(), name); }
     const std::string dt = v.value("dtype", "");
-    if (dt == "F32") { t.dtype = DType::f32; }
-    else if (dt == "BF16") { t.dtype = DType::bf16; }
-    else if (dt == "F16") { t.dtype = DType::f16; }
+    if (dt == "F32") { t.dtype = fd::DType::f32; }
+    else if (dt == "BF16") { t.dtype = fd::DType::bf16; }
+    else if (dt == "F16") { t.dtype = fd::DType::f16; }
     else { fail(Errc::invalid_checkpoint, "{}: tensor '{}' has unsupported dtype '{}' (F32, BF16, F16)", file.string(), name, dt); }
     const auto & shape = v.at("shape");
     const auto & offs  = v.at("data_offsets");
@@ -168,17 +168,6 @@ void read_header(const fs::path & file, TensorIndex & idx) {
 
 }  // namespace
 
-int64_t dtype_size(DType d) { return d == DType::f32 ? 4 : 2; }
-
-const char * dtype_name(DType d) {
-    switch (d) {
-        case DType::f32: return "F32";
-        case DType::bf16: return "BF16";
-        case DType::f16: return "F16";
-    }
-    return "?";
-}
-
 int64_t TensorInfo::numel() const {
     int64_t n = 1;
     for (int64_t d : shape) { n *= d; }
@@ -275,15 +264,15 @@ void read_tensor_raw(const TensorInfo & t, void * dst) {
     pread_all(f.get(), dst, t.size_bytes, t.offset_bytes, t.file, "tensor '" + t.name + "'");
 }
 
-void convert_to_f32(DType dtype, const void * src, float * dst, int64_t numel) {
+void convert_to_f32(fd::DType dtype, const void * src, float * dst, int64_t numel) {
     switch (dtype) {
-        case DType::f32: std::memcpy(dst, src, sizeof(float) * numel); break;
-        case DType::bf16: {
+        case fd::DType::f32: std::memcpy(dst, src, sizeof(float) * numel); break;
+        case fd::DType::bf16: {
             const auto * h = static_cast<const uint16_t *>(src);
             for (int64_t i = 0; i < numel; ++i) { dst[i] = bf16_to_float(h[i]); }
             break;
         }
-        case DType::f16: {
+        case fd::DType::f16: {
             const auto * h = static_cast<const uint16_t *>(src);
             for (int64_t i = 0; i < numel; ++i) { dst[i] = f16_to_float(h[i]); }
             break;
@@ -292,7 +281,7 @@ void convert_to_f32(DType dtype, const void * src, float * dst, int64_t numel) {
 }
 
 void read_tensor_f32(const TensorInfo & t, float * dst) {
-    if (t.dtype == DType::f32) {
+    if (t.dtype == fd::DType::f32) {
         read_tensor_raw(t, dst);
         return;
     }

@@ -177,7 +177,7 @@ public:
             if (f.id == fence) { check(cudaStreamWaitEvent(stream_, f.event, 0), "op stream: cudaStreamWaitEvent (copy fence)"); }
         }
     }
-    int64_t find_nonfinite(const void * p, StoredType t, int64_t n) override {
+    int64_t find_nonfinite(const void * p, fd::DType t, int64_t n) override {
         current();
         if (!first_) { check(cudaMalloc(reinterpret_cast<void **>(&first_), sizeof(unsigned long long)), "cudaMalloc (first_nonfinite)"); }
         const unsigned long long none = ~0ULL;

@@ -18,12 +18,12 @@ using namespace fd::model;
 namespace {
 
 /// Copy `n` elements stored as `from` in `src` to `dst` as `to` (equal, or `to` = f32).
-void convert(DType from, DType to, const std::byte * src, std::byte * dst, int64_t n) {
+void convert(fd::DType from, fd::DType to, const std::byte * src, std::byte * dst, int64_t n) {
     if (from == to) {
         std::memcpy(dst, src, static_cast<size_t>(n * dtype_size(from)));
         return;
     }
-    FD_CHECK(to == DType::f32, "cannot narrow {} to {}", dtype_name(from), dtype_name(to));
+    FD_CHECK(to == fd::DType::f32, "cannot narrow {} to {}", dtype_name(from), dtype_name(to));
     convert_to_f32(from, src, reinterpret_cast<float *>(dst), n);
 }
 
@@ -100,7 +100,7 @@ void RolloutModel::gather(const RankTensorSource & src, const TensorIndex & idx,
         const int64_t hf_cols = t.shape.size() == 2 ? t.shape[1] : 1;
         const bool fits = t.shape.size() == st.shape.size() &&
                           (sl.dim == 0 ? hf_cols == cols && sl.end <= hf_rows : hf_rows == st.shape[0] && sl.end <= hf_cols);
-        if (!fits || (st.dtype != t.dtype && st.dtype != DType::f32)) {
+        if (!fits || (st.dtype != t.dtype && st.dtype != fd::DType::f32)) {
             fail(Errc::invalid_checkpoint, "{}: tensor '{}' has shape [{}] {}, which cannot fill '{}' [{}] {}", t.file.string(),
                  t.name, fmt::join(t.shape, ", "), dtype_name(t.dtype), st.name, fmt::join(st.shape, ", "), dtype_name(st.dtype));
         }

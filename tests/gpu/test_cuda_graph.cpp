@@ -112,6 +112,7 @@ TEST_CASE("CudaBackend capture/replay: a fixed step's indices are read at replay
     // Two graph steps through one capture: embedding of fixed tokens, replayed with new tokens.
     auto be = kernels::make_backend({.kind = kernels::DeviceKind::cuda, .n_threads = 1});
     REQUIRE(be->supports_graphs());
+    CHECK(be->supports(fd::kernels::BackendOp::graph_capture, fd::DType::f32));  // the query callers use reads it
     be->reserve_graph_steps(4, 2, 16);
     const int64_t n_embd = 8, vocab = 16;
     std::vector<float> table(static_cast<size_t>(vocab * n_embd));

@@ -23,7 +23,11 @@ json ranks_json(const ControlResult & r) {
             j["freed_bytes"] = c.freed_bytes;  // sleep
             if (c.device_freed_bytes >= 0) { j["device_bytes_freed"] = c.device_freed_bytes; }  // a CUDA rank's cudaMemGetInfo delta
         } else {
-            j.update({{"version", c.version}, {"bytes", c.bytes}, {"sync_cost", c.sync_s}, {"update_cost", c.update_s}, {"total_cost", c.total_s}});
+            // sync: fetching + staging the new weights; update: applying them (a commit's pointer swap,
+            // a wakeup's copy into the serving weights). engine_control.cpp folds the reports so.
+            const double sync_s = c.fetch_s + c.stage_s, update_s = c.commit_s;
+            j.update({{"version", c.version.value_or("")}, {"bytes", c.bytes}, {"sync_cost", sync_s}, {"update_cost", update_s},
+                      {"total_cost", sync_s + update_s}});
         }
         a.push_back(std::move(j));
     }

@@ -21,13 +21,29 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-/// The entry of `rank` in r.ranks (appended, ranks kept in order of first mention).
-RankCost & rank_cost(ControlResult & r, int32_t rank) {
-    for (auto & c : r.ranks) {
-        if (c.rank == rank) { return c; }
+/// Fold one rank call's reports into r.ranks: the one place a control result's per-rank entries
+/// are built (one entry per rank, in order of first mention). Freed bytes and durations add up
+/// over the command's calls, the RSS is the last one reported, `label` (when given) is the weight
+/// version the rank serves or staged after this call. `in_place`: the call copied straight into
+/// the serving weights (a wakeup's reload), so its stage_s is the applying cost (commit_s) that
+/// the render shows as update_cost (control/render.cpp: sync = fetch + stage, update = commit).
+void accumulate_rank_reports(ControlResult & r, const std::vector<runtime::RankReport> & reps,
+                             const std::optional<std::string> & label, bool in_place = false) {
+    for (const runtime::RankReport & rep : reps) {
+        auto it = std::find_if(r.ranks.begin(), r.ranks.end(), [&](const runtime::RankReport & e) { return e.rank == rep.rank; });
+        runtime::RankReport & e = it != r.ranks.end() ? *it : r.ranks.emplace_back(runtime::RankReport{.rank = rep.rank});
+        if (label) { e.version = *label; }
+        if (!rep.fingerprint.empty()) { e.fingerprint = rep.fingerprint; }
+        if (rep.bytes != 0) { e.bytes = rep.bytes; }
+        e.checksum_verified = e.checksum_verified || rep.checksum_verified;
+        e.fetch_s += rep.fetch_s;
+        (in_place ? e.commit_s : e.stage_s) += rep.stage_s;
+        e.commit_s += rep.commit_s;
+        if (rep.freed_bytes >= 0) { e.freed_bytes = std::max<int64_t>(0, e.freed_bytes) + rep.freed_bytes; }
+        if (rep.device_freed_bytes >= 0) { e.device_freed_bytes = std::max<int64_t>(0, e.device_freed_bytes) + rep.device_freed_bytes; }
+        e.rss_bytes = rep.rss_bytes;
+        if (!rep.detail.empty()) { e.detail = rep.detail; }
     }
-    r.ranks.push_back({.rank = rank});
-    return r.ranks.back();
 }
 
 }  // namespace
@@ -148,11 +164,8 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
         for (const auto & rep : reps) {
             freed += std::max<int64_t>(0, rep.freed_bytes);
             if (rep.device_freed_bytes >= 0) { r.device_freed_bytes = std::max<int64_t>(0, r.device_freed_bytes) + rep.device_freed_bytes; }
-            auto & rc = rank_cost(r, rep.rank);
-            rc.freed_bytes = std::max<int64_t>(0, rc.freed_bytes) + std::max<int64_t>(0, rep.freed_bytes);
-            rc.rss_bytes   = rep.rss_bytes;
-            if (rep.device_freed_bytes >= 0) { rc.device_freed_bytes = std::max<int64_t>(0, rc.device_freed_bytes) + rep.device_freed_bytes; }
         }
+        accumulate_rank_reports(r, reps, std::nullopt);
     };
     auto release = [&](runtime::MemoryTag tag, int64_t & freed) { count(executor_->release(tag), freed); };
     if (tags.kv_cache) {
@@ -217,7 +230,7 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
         if (!state_.kv_asleep) {
             r.tags_skipped.push_back("kv_cache");
         } else {
-            for (const auto & rep : executor_->acquire_kv()) { rank_cost(r, rep.rank).rss_bytes = rep.rss_bytes; }
+            accumulate_rank_reports(r, executor_->acquire_kv(), std::nullopt);
             kv_.reset_device();  // the host tier (when its pool stayed) keeps its entries
             state_.kv_asleep = false;
             r.tags_done.push_back("kv_cache");
@@ -262,15 +275,7 @@ void Engine::reload_serving_weights(ControlResult & r) {
     }
     set_label(label, fp);
     r.bytes = reps[0].bytes;
-    for (const auto & rep : reps) {
-        auto & rc = rank_cost(r, rep.rank);
-        rc.version   = state_.weight_version;
-        rc.sync_s    = rep.fetch_s;
-        rc.update_s  = rep.stage_s;
-        rc.total_s   = rep.fetch_s + rep.stage_s;
-        rc.bytes     = rep.bytes;
-        rc.rss_bytes = rep.rss_bytes;
-    }
+    accumulate_rank_reports(r, reps, state_.weight_version, /*in_place=*/true);
 }
 
 void Engine::set_label(const std::string & version, const std::string & fp) {
@@ -386,15 +391,7 @@ void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) 
     set_label(*version, fp);
     serving_dir_       = req.weight_dir;
     serving_dir_owned_ = req.weight_dir_owned;
-    for (const auto & rep : reps) {
-        auto & rc = rank_cost(r, rep.rank);
-        rc.version   = *version;
-        rc.sync_s    = rep.fetch_s;
-        rc.update_s  = rep.stage_s;
-        rc.total_s   = rep.fetch_s + rep.stage_s;
-        rc.bytes     = rep.bytes;
-        rc.rss_bytes = rep.rss_bytes;
-    }
+    accumulate_rank_reports(r, reps, *version);
     r.bytes             = reps[0].bytes;
     r.checksum_verified = reps[0].checksum_verified;
     r.version           = *version;
@@ -419,14 +416,7 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
         executor_->drop_staged_weights();
         throw Error(Errc::invalid_argument, kNoVersion, "version");
     }
-    for (const auto & rep : staged) {
-        auto & rc = rank_cost(r, rep.rank);
-        rc.version   = *version;
-        rc.sync_s    = rep.fetch_s + rep.stage_s;
-        rc.total_s   = rc.sync_s;
-        rc.bytes     = rep.bytes;
-        rc.rss_bytes = rep.rss_bytes;
-    }
+    accumulate_rank_reports(r, staged, *version);
     r.bytes             = staged[0].bytes;
     r.checksum_verified = staged[0].checksum_verified;
     r.version           = *version;
@@ -436,12 +426,7 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
         return;
     }
     // Phase 2: every rank staged, so every rank commits.
-    const auto committed = executor_->commit_weights();
-    for (const auto & rep : committed) {
-        auto & rc = rank_cost(r, rep.rank);
-        rc.update_s = rep.commit_s;
-        rc.total_s  = rc.sync_s + rc.update_s;
-    }
+    accumulate_rank_reports(r, executor_->commit_weights(), *version);
     weights_changed();
     set_label(*version, staged_fingerprint_);
     serving_dir_       = req.weight_dir;
@@ -458,14 +443,7 @@ void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {
         fail(Errc::wrong_state, "version '{}' is not the staged one ('{}'); nothing changed", *cmd.version, state_.staged_version);
     }
     if (!state_.paused) { fail(Errc::wrong_state, "commit_weights needs a paused engine; POST /v1/pause first"); }
-    const auto committed = executor_->commit_weights();
-    for (const auto & rep : committed) {
-        auto & rc = rank_cost(r, rep.rank);
-        rc.version  = state_.staged_version;
-        rc.update_s = rep.commit_s;
-        rc.total_s  = rep.commit_s;
-        rc.rss_bytes = rep.rss_bytes;
-    }
+    accumulate_rank_reports(r, executor_->commit_weights(), state_.staged_version);
     weights_changed();  // no KV computed with the old weights is reused (invariant 1)
     set_label(state_.staged_version, staged_fingerprint_);
     serving_dir_.clear();  // staged updates come from the source only

@@ -2,6 +2,7 @@
 // forward()). Every tensor is backend memory (the weight and kv_cache regions, the scratch
 // buffers); the batch's index arrays stay on the host (see fd/kernels/backend.h).
 #include "fd/model/worker.h"
+#include "worker_graphs.h"
 
 #include "fd/model/graph_plan.h"
 #include "fd/comm/comm.h"
@@ -33,7 +34,7 @@ bool Worker::forward(const StepBatch & b, float * logits, const std::atomic<bool
     // R3: moe_mlp writes each sparse layer's routes into [n, n_moe_layers, top_k] (MoE steps never run as graphs).
     moe_host_.record = b.want_routes && cfg_.moe.enabled();
     if (moe_host_.record) { moe_host_.routes.assign(static_cast<size_t>(n * route_cols(cfg_)), -1); }
-    if (graphs_on() && is_graph_step(b, g_.buckets.back(), wcfg_.max_model_len)) { return forward_graph(b, logits, abandon); }
+    if (graphs_on() && is_graph_step(b, g_->buckets.back(), wcfg_.max_model_len)) { return g_->forward(*this, b, logits, abandon); }
     backend_->begin_step({b.tokens.data(), b.positions.data(), b.slots.data(), b.queries.data(), n});
     // The logits land in the caller's host buffer directly where backend memory is host memory.
     const int64_t full = static_cast<int64_t>(b.logits_rows.size()) * cfg_.vocab_size;

@@ -65,18 +65,18 @@ constexpr int64_t kChunkBytes = 8 << 20;
 constexpr int64_t kScanBytes = 256 << 10;
 
 /// Index of the first NaN/Inf among `n` values stored as `d` at `p`, or -1.
-int64_t find_nonfinite(DType d, const void * p, int64_t n) {
+int64_t find_nonfinite(fd::DType d, const void * p, int64_t n) {
     switch (d) {
-        case DType::f32: return kernels::find_nonfinite_f32(static_cast<const float *>(p), n);
-        case DType::bf16: return kernels::find_nonfinite_bf16(static_cast<const uint16_t *>(p), n);
-        case DType::f16: return kernels::find_nonfinite_f16(static_cast<const uint16_t *>(p), n);
+        case fd::DType::f32: return kernels::find_nonfinite_f32(static_cast<const float *>(p), n);
+        case fd::DType::bf16: return kernels::find_nonfinite_bf16(static_cast<const uint16_t *>(p), n);
+        case fd::DType::f16: return kernels::find_nonfinite_f16(static_cast<const uint16_t *>(p), n);
     }
     return -1;
 }
 
 [[noreturn]] void fail_nonfinite(const TensorInfo & t, int64_t elem, const void * p) {
     double v = 0;
-    if (t.dtype == DType::f32) {
+    if (t.dtype == fd::DType::f32) {
         v = *static_cast<const float *>(p);
     } else {
         float f = 0;
@@ -123,7 +123,7 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
     OpenFiles files;
     std::vector<CopyJob> jobs;
     // Split `n` elements of `src` from element `e0` into chunks going to `dst` in memory dtype `d`.
-    auto add = [&](const TensorInfo & src, int64_t e0, int64_t n, std::byte * dst, DType d) {
+    auto add = [&](const TensorInfo & src, int64_t e0, int64_t n, std::byte * dst, fd::DType d) {
         const bool    widen = src.dtype != d;
         const int64_t es    = dtype_size(src.dtype), chunk = kChunkBytes / es;
         const int     fd    = src.on_cuda_ipc ? -1 : files.fd(src);
@@ -133,7 +133,7 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
     };
     // Column range [c0, c0 + n) of each of the `rows` rows of `src` (row length src.shape[1]) to
     // consecutive rows of `dst`: jobs of whole rows, about a chunk each, each row one pread.
-    auto add_cols = [&](const TensorInfo & src, int64_t rows, int64_t c0, int64_t n, std::byte * dst, DType d) {
+    auto add_cols = [&](const TensorInfo & src, int64_t rows, int64_t c0, int64_t n, std::byte * dst, fd::DType d) {
         const bool    widen = src.dtype != d;
         const int64_t es = dtype_size(src.dtype), stride = src.shape[1] * es;
         const int64_t per_job = std::max<int64_t>(1, kChunkBytes / (n * es));
@@ -216,8 +216,7 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
                 ipc = static_cast<const std::byte *>(ipc_opened.base(j.src->cuda_ipc_handle.data(), j.src->file.string() + ": " + what));
             }
             if (ipc && d2d_ok && !j.widen) {  // device to device, checked on the device
-                const auto st = j.src->dtype == DType::f32 ? kernels::StoredType::f32
-                              : j.src->dtype == DType::bf16 ? kernels::StoredType::bf16 : kernels::StoredType::f16;
+                const fd::DType st = j.src->dtype;
                 for (int64_t row = 0; row < j.n_rows; ++row) {
                     const int64_t src_row = j.src_offset + row * j.src_stride;
                     std::byte *   dst_row = j.dst + row * j.n_elems * es;
@@ -308,7 +307,8 @@ ModelWeights bind_weights(const ModelConfig & c, const WeightLayout & layout, co
     };
     auto lin = [&](const std::string & name) {
         const InferenceTensor & t = get(name);
-        return LinearWeight{base + t.offset, t.dtype == DType::bf16 ? kernels::WType::bf16 : kernels::WType::f32};
+        FD_CHECK(t.dtype != fd::DType::f16, "inference tensor '{}' is f16 in memory (the layout widens F16 to f32)", name);
+        return LinearWeight{base + t.offset, t.dtype};
     };
     auto vec = [&](const std::string & name) -> const float * {
         const InferenceTensor & t = get(name);

@@ -1,6 +1,7 @@
 // The rank Worker: loading, the tagged regions (weights, staging, KV pool) and weight control.
 // The forward pass itself is in forward.cpp.
 #include "fd/model/worker.h"
+#include "worker_graphs.h"
 
 #include "fd/arena.h"
 #include "fd/log.h"
@@ -20,6 +21,26 @@ using memory::Tag;
 int64_t Worker::kv_block_bytes(const ModelConfig & c, int32_t block_size, int32_t tp_size, kernels::WType kv_dtype) {
     return 2LL * c.n_layers * block_size * (c.kv_dim() / std::max(1, tp_size)) * kernels::kv_elem_bytes(kv_dtype);
 }
+
+namespace {
+
+/// Every matrix of the layout (dtype in memory) is one the backend's kernels read: asked of the
+/// backend (Backend::supports), not assumed from the device kind.
+/// Errors  fd::Error{invalid_checkpoint} naming the tensor, its dtype, the op and the backend.
+void check_backend_supports(const kernels::Backend & be, const WeightLayout & layout) {
+    for (const InferenceTensor & t : layout.tensors) {
+        if (t.shape.size() < 2) { continue; }  // norms and biases: widened to f32 at bind
+        const kernels::BackendOp op = t.name.find("embed_tokens") != std::string::npos ? kernels::BackendOp::embedding
+                                    : t.name.find(".experts.") != std::string::npos  ? kernels::BackendOp::moe_experts
+                                                                                     : kernels::BackendOp::linear;
+        if (!be.supports(op, t.dtype)) {
+            fail(Errc::invalid_checkpoint, "tensor '{}' is {} in memory, which the {} backend's {} does not read", t.name,
+                 fd::dtype_name(t.dtype), be.name(), kernels::backend_op_name(op));
+        }
+    }
+}
+
+}  // namespace
 
 Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg, comm::Comm * comm)
     : cfg_(cfg), wcfg_(wcfg) {
@@ -45,6 +66,7 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     validate_against_layout(layout_, idx);
     backend_ = kernels::make_backend({.kind = wcfg.device, .n_threads = std::max(1, wcfg.n_threads), .device_id = wcfg.device_id,
                                       .batch_invariant = wcfg.batch_invariant, .compute = wcfg.compute});
+    check_backend_supports(*backend_, layout_);
     alloc_   = memory::make_allocator(backend_->kind(), wcfg.device_id);
     device_mem_ = !backend_->host_visible() || wcfg.test_device_paths;
     for (kernels::ScratchBuffer * b : {&s_.x, &s_.xn, &s_.qkv, &s_.q, &s_.k, &s_.v, &s_.att, &s_.ff, &s_.gate, &s_.rows,
@@ -65,12 +87,9 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
         log::get("model")->warn("--use-cudagraph with MTP speculation: every step runs eagerly (the draft layer reads every row's hidden state)");
     }
     if (wcfg.graph_max_batch > 0 && wcfg.tp_size == 1 && !cfg_.moe.enabled() && wcfg.mtp_draft_tokens == 0) {
-        g_.buckets = model::graph_buckets(wcfg.graph_max_batch);
-        g_.ids.assign(g_.buckets.size(), -1);
-        g_.scratch_table = {static_cast<int32_t>(wcfg.n_blocks)};  // the extra block map_kv_pool adds
-        g_.scratch_slot  = wcfg.n_blocks * wcfg.block_size;
+        g_ = std::make_unique<GraphState>(wcfg);
     }
-    const int64_t reserve = std::max<int64_t>(wcfg.reserve_tokens, graphs_on() ? g_.buckets.back() : 0);
+    const int64_t reserve = std::max<int64_t>(wcfg.reserve_tokens, graphs_on() ? g_->buckets.back() : 0);
     if (reserve > 0) { reserve_scratch(reserve, reserve); }
     fill_region(Tag::weight, idx, /*populate=*/false);
     bind();
@@ -84,7 +103,7 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
     std::vector<float> rope(static_cast<size_t>(wcfg.max_model_len) * cfg_.head_dim);  // [max_model_len, head_dim]
     kernels::rope_table_inv_freq(rope.data(), wcfg.max_model_len, cfg_.head_dim, rope_inv_freq(cfg_).data());
     backend_->upload(rope_.floats(static_cast<int64_t>(rope.size())), rope.data(), static_cast<int64_t>(rope.size() * sizeof(float)));
-    if (graphs_on()) { capture_graphs(); }
+    if (graphs_on()) { g_->capture_all(*this); }
     log::get("model")->info("rank={}/{} | {} backend{}, {} allocator | weights {:.1f} MiB, KV pool {} blocks x {} tokens = {} tokens, {} "
                             "bytes per token ({} KV) = {:.1f} MiB, {} threads",
                             wcfg.rank, wcfg.tp_size, backend_->name(), device_mem_ && backend_->host_visible() ? " (TEST: device-memory paths)" : "",
@@ -96,6 +115,8 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerCon
                                 swap_bytes() / 1048576.0);
     }
 }
+
+Worker::~Worker() = default;  // here, where GraphState is complete
 
 int64_t Worker::weight_bytes() const {
     return alloc_->resident(Tag::weight) ? (layout_.arena_bytes + 63) / 64 * 64 : 0;

@@ -326,7 +326,11 @@ void MpExecutor::call(LinkMsg req, const char * what, bool survivors_only, const
     if (req.op != static_cast<uint32_t>(LinkOp::forward)) { last_control_ = Clock::now(); }  // its replies carry device memory
     req.seq    = ++seq_;
     lost_mark_ = n_lost_;
-    if (payload) { req.bytes = static_cast<int64_t>(payload_n); }
+    if (payload) {
+        FD_CHECK(static_cast<int64_t>(payload_n) <= kInlineMaxBytes, "{}: {} inline bytes exceed the link's bound of {} (kInlineMaxBytes)",
+                 what, payload_n, kInlineMaxBytes);
+        req.bytes = static_cast<int64_t>(payload_n);
+    }
     live_.clear();
     for (int32_t r : targets) {
         replies_[r].status = 0;

@@ -161,6 +161,41 @@ std::pair<const kv::BlockCopy *, const kv::BlockCopy *> swap_lists(const void * 
     return {at<kv::BlockCopy>(region, off_out), at<kv::BlockCopy>(region, off_in)};
 }
 
+void check_inline_step(const void * data, int64_t n) {
+    if (n < static_cast<int64_t>(sizeof(RegionHeader)) || data == nullptr) {
+        fail(Errc::invalid_argument, "inline step of {} bytes: shorter than its {}-byte header", n, sizeof(RegionHeader));
+    }
+    RegionHeader h;  // copied out: the bytes came from the network
+    std::memcpy(static_cast<void *>(&h), data, sizeof h);
+    const auto bad = [&](const char * what) {
+        fail(Errc::invalid_argument, "inline step of {} bytes {}: n_tokens {}, n_logits {}, n_tables {}", n, what, h.n_tokens,
+             h.n_logits, h.n_tables);
+    };
+    if (h.n_tokens < 0 || h.n_logits < 0 || h.n_tables < 0 || h.vocab < 0) { bad("has a negative count"); }
+    if (step_layout(h.n_tokens, h.n_logits, h.n_tables, 0).logits > n) { bad("is shorter than the arrays its header counts"); }
+}
+
+void check_inline_swap(int64_t n, int64_t n_out, int64_t n_in) {
+    const int64_t max_copies = kInlineMaxBytes / static_cast<int64_t>(sizeof(kv::BlockCopy));
+    if (n_out < 0 || n_in < 0 || n_out > max_copies || n_in > max_copies) {
+        fail(Errc::invalid_argument, "inline swap_kv of {} bytes: {} out / {} in block copies", n, n_out, n_in);
+    }
+    const int64_t need = align64(align64(sizeof(RegionHeader)) + n_out * static_cast<int64_t>(sizeof(kv::BlockCopy))) +
+                         n_in * static_cast<int64_t>(sizeof(kv::BlockCopy));
+    if (need > n) { fail(Errc::invalid_argument, "inline swap_kv of {} bytes: {} out / {} in block copies need {}", n, n_out, n_in, need); }
+}
+
+LinkSocket::Recv recv_inline(LinkSocket & link, const LinkMsg & m, std::vector<int64_t> & buf,
+                             std::chrono::steady_clock::time_point deadline) {
+    if (m.bytes < 0 || m.bytes > kInlineMaxBytes) {
+        fail(Errc::invalid_argument, "request {} (link op {}) announces {} inline bytes; at most {} may follow a request", m.seq, m.op,
+             m.bytes, kInlineMaxBytes);
+    }
+    const size_t n = static_cast<size_t>(m.bytes);
+    if (buf.size() * sizeof(int64_t) < n) { buf.resize((n + 7) / 8); }
+    return link.recv_exact(buf.data(), n, deadline);
+}
+
 // --- socket ---
 
 LinkSocket::LinkSocket(int fd) : fd_(fd) {

@@ -379,11 +379,16 @@ public:
             liveness::tick();  // a request taken: progress
             const bool inline_step = op == LinkOp::forward || op == LinkOp::swap_kv || (op == LinkOp::probe && m.bytes > 0);
             if (inline_step && link_.stream()) {
-                // The step's arrays (or the swap's block lists) follow the request inline; the buffer only grows.
-                const size_t n = static_cast<size_t>(m.bytes);
-                if (inline_.size() * sizeof(int64_t) < n) { inline_.resize((n + 7) / 8); }
-                if (link_.recv_exact(inline_.data(), n, std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                     std::chrono::duration<double>(std::max(1.0, 0.9 * spawn_.cfg.timeout_s)))) != LinkSocket::Recv::ok) {
+                // The step's arrays (or the swap's block lists) follow the request inline; the buffer
+                // only grows, up to kInlineMaxBytes. A longer length is refused before anything is
+                // allocated; the bytes after it cannot be skipped, so the link is closed (the daemon
+                // sees this rank fail, and a node agent rejoins).
+                const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                                             std::chrono::duration<double>(std::max(1.0, 0.9 * spawn_.cfg.timeout_s)));
+                try {
+                    if (recv_inline(link_, m, inline_, deadline) != LinkSocket::Recv::ok) { return false; }
+                } catch (const Error & e) {
+                    log::get("rank")->error("rank {}: {}; closing the link", spawn_.rank, e.what());
                     return false;
                 }
             }
@@ -420,6 +425,7 @@ private:
                 }
                 case LinkOp::swap_kv: {
                     if (!link_.stream() && static_cast<int64_t>(m.region_bytes) != region_.bytes()) { region_.remap(); }
+                    if (link_.stream()) { check_inline_swap(m.bytes, m.n_swap_out, m.n_swap_in); }
                     const auto [out, in] = swap_lists(link_.stream() ? static_cast<void *>(inline_.data()) : region_.data(), m.n_swap_out);
                     FD_CHECK(m.n_swap_bg >= 0 && m.n_swap_bg <= m.n_swap_out, "swap_kv: {} background copies of {}", m.n_swap_bg, m.n_swap_out);
                     ex_->swap_kv(out, m.n_swap_out - m.n_swap_bg, in, m.n_swap_in, out + (m.n_swap_out - m.n_swap_bg), m.n_swap_bg);
@@ -446,7 +452,10 @@ private:
     /// The link's cost alone: decode the step like forward() (region_bytes 0: none), no model.
     LinkMsg probe(const LinkMsg & m) {
         if (link_.stream()) {
-            if (m.bytes > 0) { step_decode(inline_.data(), batch_); }
+            if (m.bytes > 0) {
+                check_inline_step(inline_.data(), m.bytes);
+                step_decode(inline_.data(), batch_);
+            }
         } else if (m.region_bytes > 0) {
             if (static_cast<int64_t>(m.region_bytes) != region_.bytes()) { region_.remap(); }
             step_decode(region_.data(), batch_);
@@ -460,6 +469,7 @@ private:
         void * step = nullptr;
         if (link_.stream()) {
             FD_CHECK(spawn_.rank != 0, "rank 0 runs on node 0");
+            check_inline_step(inline_.data(), m.bytes);
             step = inline_.data();
         } else {
             if (static_cast<int64_t>(m.region_bytes) != region_.bytes()) { region_.remap(); }

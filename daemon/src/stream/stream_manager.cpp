@@ -22,11 +22,8 @@ namespace fd::stream {
 
 namespace fs = std::filesystem;
 
-model::DType parse_dtype_name(const std::string & s, const std::string & what) {
-    std::string n = s.rfind("torch.", 0) == 0 ? s.substr(6) : s;
-    if (n == "F32" || n == "float32" || n == "float") { return model::DType::f32; }
-    if (n == "F16" || n == "float16" || n == "half") { return model::DType::f16; }
-    if (n == "BF16" || n == "bfloat16") { return model::DType::bf16; }
+fd::DType parse_dtype_name(const std::string & s, const std::string & what) {
+    if (const std::optional<fd::DType> d = fd::parse_dtype(s)) { return *d; }
     fail(Errc::invalid_argument, "{}: dtype '{}' is not one of F32, F16, BF16 (or torch's float32, float16, bfloat16)", what, s);
 }
 
@@ -44,9 +41,9 @@ std::string shape_text(const std::vector<int64_t> & s) {
 int64_t first_nonfinite(const TensorSpec & t, const std::byte * p) {
     const int64_t n = t.nbytes / model::dtype_size(t.dtype);
     switch (t.dtype) {
-        case model::DType::f32: return kernels::find_nonfinite_f32(reinterpret_cast<const float *>(p), n);
-        case model::DType::bf16: return kernels::find_nonfinite_bf16(reinterpret_cast<const uint16_t *>(p), n);
-        case model::DType::f16: return kernels::find_nonfinite_f16(reinterpret_cast<const uint16_t *>(p), n);
+        case fd::DType::f32: return kernels::find_nonfinite_f32(reinterpret_cast<const float *>(p), n);
+        case fd::DType::bf16: return kernels::find_nonfinite_bf16(reinterpret_cast<const uint16_t *>(p), n);
+        case fd::DType::f16: return kernels::find_nonfinite_f16(reinterpret_cast<const uint16_t *>(p), n);
     }
     return -1;
 }

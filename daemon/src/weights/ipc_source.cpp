@@ -112,9 +112,9 @@ model::TensorInfo to_tensor(const Record & rec, const IpcTensorEntry & e, uint64
     t.name = *name;
     t.file = rec.path();
     switch (e.dtype) {
-        case shm::kIpcF32: t.dtype = model::DType::f32; break;
-        case shm::kIpcBF16: t.dtype = model::DType::bf16; break;
-        case shm::kIpcF16: t.dtype = model::DType::f16; break;
+        case shm::kIpcF32: t.dtype = fd::DType::f32; break;
+        case shm::kIpcBF16: t.dtype = fd::DType::bf16; break;
+        case shm::kIpcF16: t.dtype = fd::DType::f16; break;
         default: fail(Errc::invalid_checkpoint, "{}: tensor '{}' has unknown dtype code {} (0 F32, 1 BF16, 2 F16)", rec.path(), *name, e.dtype);
     }
     if (e.ndim < 1 || e.ndim > static_cast<uint32_t>(shm::kIpcMaxDims)) {

@@ -17,8 +17,9 @@ json body(const fd::control::ControlReply & r) {
     return json::parse(r.body);
 }
 
-fd::engine::RankCost update_cost(int32_t rank) {
-    return {.rank = rank, .version = "v7", .sync_s = 0.25, .update_s = 0.5, .total_s = 0.75, .bytes = 1000 + rank, .rss_bytes = 4096};
+/// An update_weights rank entry: fetch + stage (sync_cost) 0.25 s, commit (update_cost) 0.5 s.
+fd::runtime::RankReport update_cost(int32_t rank) {
+    return {.rank = rank, .version = "v7", .bytes = 1000 + rank, .fetch_s = 0.125, .stage_s = 0.125, .commit_s = 0.5, .rss_bytes = 4096};
 }
 
 }  // namespace

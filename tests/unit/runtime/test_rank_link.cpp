@@ -4,8 +4,11 @@
 // peer that is stopped runs into the deadline instead of hanging the caller; a descriptor passed
 // with a record (the shm group's segment) arrives as a working copy of the same file, only once,
 // and a stream (TCP) link refuses to carry one. A step asking for its routed experts (R3) gets
-// rank 0's routes back beside the logits.
+// rank 0's routes back beside the logits. A rank on a stream link refuses an inline length
+// above kInlineMaxBytes before it allocates, and a step or swap whose header counts more than
+// arrived.
 #include "fd/runtime/rank_link.h"
+#include "fd/status.h"
 
 #include <doctest/doctest.h>
 #include <fcntl.h>
@@ -220,5 +223,57 @@ TEST_SUITE("runtime::rank_link") {
         CHECK(!s.send(m, mem));
         CHECK(!s.send_blob(blob, sizeof blob, mem));
         ::close(mem);
+    }
+    TEST_CASE("a stream link's inline step: its length is bounded before allocation, its counts checked against it") {
+        int sv[2];
+        REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+        LinkSocket daemon_end(sv[0]), rank_end(sv[1]);
+        REQUIRE(rank_end.stream());
+        std::vector<int64_t> buf;
+        const auto soon = [] { return Clock::now() + std::chrono::milliseconds(500); };
+        // An oversized (or negative) header: refused at once, nothing allocated, nothing read.
+        for (int64_t bytes : {kInlineMaxBytes + 1, int64_t{1} << 62, int64_t{-8}}) {
+            CAPTURE(bytes);
+            LinkMsg m;
+            m.op    = static_cast<uint32_t>(LinkOp::forward);
+            m.bytes = bytes;
+            const auto t0 = Clock::now();
+            CHECK_THROWS_WITH_AS(recv_inline(rank_end, m, buf, soon()), doctest::Contains("at most 268435456 may follow"), fd::Error);
+            CHECK(Clock::now() - t0 < std::chrono::milliseconds(400));  // no wait for bytes that would follow
+            CHECK(buf.empty());
+        }
+        // A real step (TwoSeqs: 6 tokens, 2 logits rows, 5 table entries) sent inline as the
+        // daemon does (everything before the logits): received whole, counts consistent.
+        TwoSeqs s;
+        const int32_t bs = 4, vocab = 1024;
+        std::vector<int64_t> region(static_cast<size_t>(step_layout(6, 2, 5, vocab).total_bytes / 8 + 1));
+        const int64_t region_bytes = static_cast<int64_t>(region.size() * 8);
+        REQUIRE(step_encode(region.data(), region_bytes, s.b, bs, vocab) <= region_bytes);
+        const int64_t n = step_layout(6, 2, 5, vocab).logits;
+        LinkMsg m;
+        m.op    = static_cast<uint32_t>(LinkOp::forward);
+        m.bytes = n;
+        REQUIRE(daemon_end.send_bytes(region.data(), static_cast<size_t>(n)));
+        REQUIRE(recv_inline(rank_end, m, buf, soon()) == LinkSocket::Recv::ok);
+        CHECK(static_cast<int64_t>(buf.size() * 8) >= n);
+        CHECK_NOTHROW(check_inline_step(buf.data(), n));
+        model::StepBatch got;
+        step_decode(buf.data(), got);
+        CHECK(got.tokens == s.b.tokens);
+        // The same header with fewer bytes than its arrays need, or a negative count: refused.
+        CHECK_THROWS_WITH_AS(check_inline_step(buf.data(), n - 1), doctest::Contains("shorter than the arrays"), fd::Error);
+        CHECK_THROWS_WITH_AS(check_inline_step(buf.data(), 16), doctest::Contains("header"), fd::Error);
+        RegionHeader h;
+        std::memcpy(static_cast<void *>(&h), buf.data(), sizeof h);
+        h.n_tables = -1;
+        std::memcpy(static_cast<void *>(buf.data()), &h, sizeof h);
+        CHECK_THROWS_WITH_AS(check_inline_step(buf.data(), n), doctest::Contains("negative"), fd::Error);
+        // swap_kv's lists: 3 out + 2 in copies need exactly what swap_encode writes.
+        const kv::BlockCopy copies[3] = {{1, 2}, {3, 4}, {5, 6}};
+        const int64_t swap_n = swap_encode(region.data(), 0, copies, 3, copies, 2);  // writes nothing: sizes only
+        CHECK_NOTHROW(check_inline_swap(swap_n, 3, 2));
+        CHECK_THROWS_WITH_AS(check_inline_swap(swap_n - 1, 3, 2), doctest::Contains("need"), fd::Error);
+        CHECK_THROWS_WITH_AS(check_inline_swap(swap_n, 3, int64_t{1} << 60), doctest::Contains("block copies"), fd::Error);
+        CHECK_THROWS_WITH_AS(check_inline_swap(swap_n, -1, 2), doctest::Contains("block copies"), fd::Error);
     }
 }

@@ -91,7 +91,7 @@ struct WeightPart {
     std::string hf_name;
     int64_t     row0 = 0;
     int64_t     rows = 0;
-    DType       dtype = DType::f32;  ///< as stored in the checkpoint the layout was planned from
+    fd::DType   dtype = fd::DType::f32;  ///< as stored in the checkpoint the layout was planned from
     int         dim  = 0;            ///< 0: a row range, 1: a column range
     int64_t     src0 = 0;            ///< first HF row (dim 0) or column (dim 1) taken
     std::vector<int64_t> hf_shape;   ///< the whole training tensor's shape
@@ -102,7 +102,7 @@ struct InferenceTensor {
     std::string             name;        ///< inference name, e.g. model.layers.0.self_attn.qkv_proj.weight
     std::vector<int64_t>    shape;       ///< [rows, cols] or [n], outermost first; this rank's shard
     Shard                   shard = Shard::replicated;
-    DType                   dtype = DType::f32;  ///< in memory: the checkpoint's f32 / bf16; F16 → f32
+    fd::DType               dtype = fd::DType::f32;  ///< in memory: the checkpoint's f32 / bf16; F16 → f32
     int64_t                 offset = 0;  ///< bytes into the weights arena, 64-byte aligned
     int64_t                 bytes  = 0;
     std::vector<WeightPart> parts;       ///< training tensors stacked along dim 0, in order

@@ -6,6 +6,8 @@
 // Spec: huggingface/safetensors README ("Format").
 #pragma once
 
+#include "fd/dtype.h"
+
 #include <array>
 #include <cstdint>
 #include <filesystem>
@@ -15,14 +17,15 @@
 
 namespace fd::model {
 
-enum class DType { f32, bf16, f16 };
-
-/// "F32" | "BF16" | "F16".
-const char * dtype_name(DType d);
+/// The checkpoint's element type is the one fd::DType (fd/dtype.h). Deprecated alias, kept while
+/// branches written before the merge still spell it model::DType; new code writes fd::DType.
+using DType = fd::DType;
+using fd::dtype_name;  ///< "F32" | "BF16" | "F16"
+using fd::dtype_size;  ///< bytes per element (4 or 2)
 
 struct TensorInfo {
     std::string           name;
-    DType                 dtype = DType::f32;
+    fd::DType         dtype = fd::DType::f32;
     std::vector<int64_t>  shape;          ///< outermost first, as stored
     std::filesystem::path file;
     int64_t               offset_bytes = 0;  ///< absolute offset of the data in `file`
@@ -58,9 +61,6 @@ struct TensorIndex {
 ///          a tensor listed in the index but absent from its shard.
 TensorIndex read_tensor_index(const std::filesystem::path & dir);
 
-/// Bytes per element of `d` (4 or 2).
-int64_t dtype_size(DType d);
-
 /// Read exactly `n` bytes at byte offset `off` of the open file `fd` (retries short reads).
 /// Errors   fd::Error{invalid_checkpoint} naming `file` and `what` on EOF or an I/O error.
 void pread_exact(int fd, void * dst, int64_t n, int64_t off, const std::filesystem::path & file, const std::string & what);
@@ -74,7 +74,7 @@ TensorIndex read_tensor_files(const std::filesystem::path & source, const std::v
 void read_tensor_raw(const TensorInfo & t, void * dst);
 
 /// Convert `numel` values stored as `dtype` to f32.   Shapes  dst [numel], src [numel] of dtype.
-void convert_to_f32(DType dtype, const void * src, float * dst, int64_t numel);
+void convert_to_f32(fd::DType dtype, const void * src, float * dst, int64_t numel);
 
 /// Read one tensor and convert it to f32.
 /// Shapes   dst [numel] written.

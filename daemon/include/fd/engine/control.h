@@ -10,6 +10,7 @@
 #pragma once
 
 #include "fd/engine/request.h"
+#include "fd/runtime/rank_call.h"
 #include "fd/status.h"
 
 #include <atomic>
@@ -148,18 +149,14 @@ struct ControlCommand {
     std::function<void(const ControlResult &)> on_done;
 };
 
-/// One rank's part of a control command (result.ranks).
-struct RankCost {
-    int32_t     rank     = 0;
-    std::string version;
-    double      sync_s   = 0.0;   ///< fetching + staging the new weights
-    double      update_s = 0.0;   ///< applying them
-    double      total_s  = 0.0;
-    int64_t     bytes    = 0;     ///< checkpoint bytes this rank read
-    int64_t     freed_bytes = -1; ///< sleep: bytes this rank handed back (-1: none released)
-    int64_t     rss_bytes = 0;    ///< the rank process's RSS after the command
-    int64_t     device_freed_bytes = -1;  ///< sleep on a CUDA rank: growth of its device's free memory (cudaMemGetInfo) across its releases; -1 = not measured
-};
+/// One rank's part of a control command (result.ranks) is the rank's own report
+/// (fd/runtime/rank_call.h), folded over the rank calls the command made by
+/// accumulate_rank_reports (engine_control.cpp, the one place): freed bytes and durations summed,
+/// RSS the last one reported, `version` the weight version the rank serves or staged after the
+/// command (nullopt when the command did not touch its weights). Adding a per-rank field is a
+/// field of RankReport that the rank fills (and, to show it, a line of control/render.cpp).
+/// Deprecated alias for the type's old name, kept for branches written before issue #22.
+using RankCost = runtime::RankReport;
 
 /// The final events of the requests a control command ended (a pause mode=abort), held back so
 /// that the control reply goes out first and the aborted requests' handlers do not compete with
@@ -203,7 +200,7 @@ struct ControlResult {
     bool                  staged = false;          ///< update_weights with commit=false: staged, not serving
     int64_t               bytes = 0;               ///< update_weights/wakeup: checkpoint bytes read
     bool                  checksum_verified = false;
-    std::vector<RankCost> ranks;
+    std::vector<runtime::RankReport> ranks;        ///< one per rank (see RankCost above): update_weights/wakeup/commit/sleep
     double                elapsed_s = 0.0;
     std::shared_ptr<HeldEvents> held;              ///< pause mode=abort: the aborted requests' final events (null: none)
 };

@@ -49,8 +49,8 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
 
 /// A linear weight as the kernels read it: [n_out, n_in] in `type`.
 struct LinearWeight {
-    const void *   w    = nullptr;
-    kernels::WType type = kernels::WType::f32;
+    const void * w    = nullptr;
+    fd::DType    type = fd::DType::f32;  ///< f32 or bf16 (F16 checkpoints are widened at load)
 };
 
 /// One rank's sparse MoE block (fd/checkpoint/layout.h; T = tp size, moe_ff = moe_intermediate_size).

@@ -169,6 +169,9 @@ public:
     ///         num_key_value_heads, intermediate_size or vocab_size (the message names it);
     ///         fd::Error{invalid_checkpoint} from loading (incl. a NaN/Inf weight, named).
     Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg, comm::Comm * comm = nullptr);
+    ~Worker();
+    Worker(const Worker &) = delete;
+    Worker & operator=(const Worker &) = delete;
 
     /// Run the model on `batch`; rank 0 writes the logits of batch.logits_rows. Every rank must
     /// call it with the same batch (the collectives pair up step by step).
@@ -281,18 +284,18 @@ public:
     // --- CUDA graphs (WorkerConfig::graph_max_batch) ---
 
     /// The batch-size buckets graph steps pad to (empty when graphs are off).
-    const std::vector<int32_t> & graph_buckets() const { return g_.buckets; }
+    const std::vector<int32_t> & graph_buckets() const;
     /// Graphs captured so far, recaptures included (a capture counter: replays after sleep/wakeup
     /// or update_weights must not raise it).
-    int64_t graph_captures() const { return g_.captures; }
+    int64_t graph_captures() const;
     /// Forward steps that ran as a graph step (replayed; on a backend without graphs: padded).
-    int64_t graph_steps() const { return g_.steps; }
+    int64_t graph_steps() const;
     /// Sleep tag `cuda_graph` (engine thread, generation paused): destroy the captured graphs and
     /// free what only graph steps need held: the fixed index buffers (Backend::
     /// release_graph_steps) and the activation buffers reserved for --max-num-batched-tokens
     /// (reserve_scratch). Nothing to restore explicitly: the next forward() reserves the
     /// buffers again and each bucket's graph is captured again at its first step (the address
-    /// check in forward_graph). Returns the bytes handed back; 0 on a backend without graphs
+    /// check in GraphState::forward). Returns the bytes handed back; 0 on a backend without graphs
     /// (CPU, whose padded TEST steps keep their buffers) or with graphs off.
     int64_t release_graphs();
 
@@ -335,20 +338,10 @@ private:
     /// rank 0's logits of b.logits_rows into `out` (backend memory, [n_logits, vocab]). False
     /// when `abandon` fired. Issues ops only (no host sync): what a graph captures.
     bool run_model(const StepBatch & b, float * out, const std::atomic<bool> * abandon);
-    /// Graph steps are on (graph_max_batch > 0, tp_size 1).
-    bool graphs_on() const { return !g_.buckets.empty(); }
-    /// Reserve the fixed buffers and capture every bucket (an eager warm-up run first).
-    void capture_graphs();
+    /// Graph steps are on (graph_max_batch > 0, tp_size 1, a dense model, no MTP drafts).
+    bool graphs_on() const { return g_ != nullptr; }
     /// After release_graphs(): reserve the activation and fixed index buffers again (forward()).
     void restore_graph_memory();
-    /// Capture bucket k's graph on an all-padding step.
-    void capture_bucket(size_t k);
-    /// A graph step (is_graph_step): pad, upload the indices, replay, download n rows of logits.
-    bool forward_graph(const StepBatch & b, float * logits, const std::atomic<bool> * abandon);
-    /// Every address a captured graph holds (weights, KV, rope, norms, activations); checked
-    /// before each replay, so a fixed array: no allocation per step.
-    using GraphAddresses = std::array<const void *, 15>;
-    GraphAddresses graph_addresses() const;
 
     /// The forward pass's activations, backend memory, grown to the largest batch seen.
     struct Scratch {
@@ -401,16 +394,12 @@ private:
     /// destroyed first: it waits for copies that read and write their memory.
     std::unique_ptr<KvCopier>             copier_;
 
-    /// The CUDA-graph state (graph_max_batch > 0).
-    struct Graphs {
-        std::vector<int32_t>      buckets;        ///< ascending (graph_plan.h)
-        std::vector<int32_t>      ids;            ///< backend graph id per bucket, -1 = none
-        GraphAddresses            addrs{};        ///< graph_addresses() at capture
-        std::vector<int32_t>      scratch_table;  ///< {n_blocks}: the padding rows' block table
-        int64_t                   scratch_slot = 0;
-        StepBatch                 pad;            ///< the padded step (reused)
-        int64_t                   captures = 0, steps = 0;
-    } g_;
+    /// The CUDA-graph steps (buckets, captured graph ids, the padded step, the addresses the
+    /// graphs hold) and their capture / replay: private to the model module
+    /// (daemon/src/model/worker_graphs.{h,cpp}); null when graph steps are off. Declared last, so
+    /// destroyed first.
+    struct GraphState;
+    std::unique_ptr<GraphState> g_;
 };
 
 }  // namespace fd::model

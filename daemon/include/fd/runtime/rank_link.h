@@ -155,6 +155,22 @@ int64_t swap_encode(void * region, int64_t region_bytes, const kv::BlockCopy * o
 /// The lists swap_encode wrote: [0] out, [1] in.
 std::pair<const kv::BlockCopy *, const kv::BlockCopy *> swap_lists(const void * region, int64_t n_out);
 
+/// The most bytes that may follow one request inline on a stream link (a rank on another node:
+/// LinkMsg::bytes of a forward or probe step's arrays, or of swap_kv's block lists). A rank
+/// refuses a larger length before it allocates anything, and the daemon never sends one. 256 MiB
+/// is ~100x the arrays of a 32k-token step of 256 sequences with 2048-block tables each (~3 MiB)
+/// and the lists of 8M block copies; the bound is what a peer can make a rank allocate.
+inline constexpr int64_t kInlineMaxBytes = int64_t{256} << 20;
+
+/// Check that `n` bytes of a step received inline hold what their header says: non-negative
+/// counts whose arrays (step_layout up to the logits, which never travel) fit in `n`.
+/// Errors  fd::Error{invalid_argument} naming the counts and `n`.
+void check_inline_step(const void * data, int64_t n);
+
+/// Check that `n` bytes received inline hold swap_kv's lists of n_out + n_in block copies.
+/// Errors  fd::Error{invalid_argument} naming the counts and `n`.
+void check_inline_swap(int64_t n, int64_t n_out, int64_t n_in);
+
 /// The daemon's or the rank's end of a SOCK_SEQPACKET link.
 class LinkSocket {
 public:
@@ -213,6 +229,13 @@ private:
     bool stream_ = false;
     int  received_fd_ = -1;
 };
+
+/// A rank on a stream link: receive the m.bytes that follow request `m` into `buf` (grown, never
+/// shrunk; 8-byte aligned) until `deadline`. Returns as LinkSocket::recv_exact.
+/// Errors  fd::Error{invalid_argument} when m.bytes is negative or above kInlineMaxBytes: nothing
+///         is read or allocated, and the link is out of step from there (the caller closes it).
+LinkSocket::Recv recv_inline(LinkSocket & link, const LinkMsg & m, std::vector<int64_t> & buf,
+                             std::chrono::steady_clock::time_point deadline);
 
 /// Start `binary --fd-rank-process 3 <4|-1> <this pid>` with `link_fd` as its fd 3 and
 /// `region_fd` (or none: -1) as fd 4, default signal dispositions and an empty signal mask.

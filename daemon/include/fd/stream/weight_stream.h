@@ -76,7 +76,7 @@ struct StreamConfig {
 /// the base version's tensor.
 struct TensorSpec {
     std::string          name;              ///< training (HF) name
-    model::DType         dtype = model::DType::f32;
+    fd::DType            dtype = fd::DType::f32;
     std::vector<int64_t> shape;             ///< the HF tensor's, outermost first (a delta's too)
     int64_t              nbytes = 0;        ///< payload bytes on the wire: numel × dtype size, or a delta's n_indices × (index_bytes + dtype size)
     int64_t              n_indices = -1;    ///< -1 = a full tensor; >= 0 = a delta of that many elements
@@ -94,7 +94,7 @@ int32_t parse_index_dtype_name(const std::string & s, const std::string & what);
 /// Parse a dtype name as trainers send it: safetensors' F32 | F16 | BF16, or torch's float32 |
 /// float16 | bfloat16 (also "torch.float32", "float", "half").
 /// Errors  fd::Error{invalid_argument} naming `what` (the tensor) and the accepted names.
-model::DType parse_dtype_name(const std::string & s, const std::string & what);
+fd::DType parse_dtype_name(const std::string & s, const std::string & what);
 
 struct InitRequest {
     std::string            backend = "tcp";   ///< "tcp" (CPU transport) | "nccl" (GPU; needs a CUDA build)

@@ -46,8 +46,35 @@ struct MemInfo {
     int64_t total_bytes = 0;
 };
 
-/// How a checkpoint stores floats (the weights' dtypes before any widening).
-enum class StoredType : uint8_t { f32 = 0, bf16 = 1, f16 = 2 };
+/// How a checkpoint stores floats (the weights' dtypes before any widening). Deprecated alias of
+/// the one fd::DType (fd/dtype.h); new code writes fd::DType.
+using StoredType = fd::DType;
+
+/// The operations a backend runs, for Backend::supports (ggml's supports_op): one per Backend
+/// method that computes, and graph_capture for the CUDA-graph calls. The CPU backend is the
+/// oracle: it runs every op, and another backend's op is tested against it.
+enum class BackendOp : uint8_t {
+    embedding,         ///< dtype: the table's (f32, bf16)
+    linear,            ///< dtype: the weight's (f32, bf16)
+    moe_experts,       ///< dtype: the experts' weights' (f32, bf16)
+    rms_norm,          ///< the rest compute on f32 activations: dtype f32
+    rope,
+    silu_mul,
+    add,
+    copy_rows,
+    gather_rows,
+    kv_store,
+    attention_paged,
+    scale_add_rows,
+    log_softmax_rows,
+    argmax_rows,
+    find_nonfinite,    ///< dtype: the scanned memory's (f32, bf16, f16)
+    graph_capture,     ///< begin_capture / end_capture / replay (any dtype)
+};
+inline constexpr int kBackendOpCount = static_cast<int>(BackendOp::graph_capture) + 1;
+
+/// "embedding", "linear", ... (the enumerator's name).
+const char * backend_op_name(BackendOp op);
 
 /// The arithmetic of the linear layers (--compute-dtype; vLLM / SGLang name dtypes so).
 ///   f32:  x and widened weights multiplied and summed in f32 (kernels::linear) — the default.
@@ -92,6 +119,14 @@ public:
     virtual const char * name() const = 0;
     /// The linears' arithmetic this backend was built with (BackendConfig::compute).
     virtual ComputeType compute_type() const { return ComputeType::f32; }
+    /// Whether this backend runs `op` on tensors of `dtype` (ggml's supports_op): the forward
+    /// pass and the loader ask it instead of testing the device kind or the build, so a kernel
+    /// added to one backend needs no #if. The default is the CPU oracle's table, which every
+    /// backend implements today (a backend's own kernels, or the base class's host loops):
+    /// embedding / linear / moe_experts on f32 and bf16 weights (F16 checkpoints are widened to
+    /// f32 at load), find_nonfinite on all three dtypes, every other op on f32, graph_capture
+    /// when supports_graphs(). A backend that lacks a kernel (or adds a dtype) overrides it.
+    virtual bool supports(BackendOp op, fd::DType dtype) const;
     virtual DeviceKind kind() const = 0;
     /// True when backend memory is host memory the caller may read and write directly (CPU).
     virtual bool host_visible() const = 0;
@@ -158,7 +193,7 @@ public:
     /// or -1; waits for earlier ops. The check of weights that reach the device without a host
     /// copy (CUDA IPC, device to device). Default: download() in 256 KiB pieces and scan on the
     /// host; CUDA: a device kernel on the stored bits.
-    virtual int64_t find_nonfinite(const void * p, StoredType t, int64_t n);
+    virtual int64_t find_nonfinite(const void * p, fd::DType t, int64_t n);
 
     // --- CUDA graphs (decode steps captured once per batch-size bucket; fd/model/worker.h) ---
     //
@@ -170,6 +205,7 @@ public:
     // synchronize or copy from the host.
 
     /// True when the calls below work (CUDA). CPU: false (they fail with Errc::internal).
+    /// Callers ask supports(BackendOp::graph_capture, ...), which reads it.
     virtual bool supports_graphs() const { return false; }
     /// Allocate the fixed index buffers of graph steps: up to `max_rows` rows, block tables of up
     /// to `max_blocks` entries of `block_size` tokens. Once, before the first fixed step.

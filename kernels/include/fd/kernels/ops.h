@@ -17,6 +17,8 @@
 //   are tested against these.
 #pragma once
 
+#include "fd/dtype.h"
+
 #include <cstddef>
 #include <cstdint>
 
@@ -27,8 +29,10 @@ namespace fd::kernels {
 // ---------------------------------------------------------------------------------------------
 
 /// How a linear weight is stored in memory: the checkpoint's own dtype, so loading and updating
-/// weights is a copy (F16 checkpoints are widened to f32 at load).
-enum class WType : uint8_t { f32 = 0, bf16 = 1 };
+/// weights is a copy (F16 checkpoints are widened to f32 at load, so the kernels see f32 or bf16).
+/// Deprecated alias of the one fd::DType (fd/dtype.h), kept while the kernels and the branches
+/// written before issue #22 spell it WType; new code writes fd::DType.
+using WType = fd::DType;
 
 /// out = x · Wᵀ (+ bias): the CPU kernel is declared in fd/kernels/cpu_ops.h (it runs on a
 /// ThreadPool); the forward pass calls it through Backend::linear.

@@ -40,7 +40,7 @@
 
 namespace fd::publish {
 
-using model::DType;
+using fd::DType;
 using model::ModelConfig;
 using model::TensorIndex;
 using model::WeightLayout;
@@ -49,7 +49,7 @@ using model::WeightLayout;
 struct StateTensor {
     std::string          name;   ///< inference name
     std::vector<int64_t> shape;  ///< outermost first; [rows, cols] or [n]
-    DType                dtype = DType::f32;
+    fd::DType            dtype = fd::DType::f32;
 
     int64_t numel() const;
     int64_t nbytes() const { return numel() * model::dtype_size(dtype); }

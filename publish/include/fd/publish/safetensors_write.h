@@ -12,12 +12,12 @@
 
 namespace fd::publish {
 
-using model::DType;
+using fd::DType;
 
 /// One tensor to write with write_safetensors.
 struct SafetensorsEntry {
     std::string          name;
-    DType                dtype = DType::f32;
+    fd::DType            dtype = fd::DType::f32;
     std::vector<int64_t> shape;
 };
 
