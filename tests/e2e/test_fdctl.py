@@ -22,9 +22,11 @@ EXIT = {"ok": 0, "usage": 2, "not_found": 3, "wrong_state": 4, "invalid_checkpoi
 
 def normalized(body):
     """Drop the fields that legitimately differ between two calls (timings, RSS, and the
-    request_id HTTP control answers carry)."""
+    request_id HTTP control answers carry). `weight_stream` is the HTTP weight-stream state that
+    /health adds (docs/weight_streams.md); the shm mailbox has no stream, so its status lacks it."""
     j = json.loads(body)
     j.pop("request_id", None)
+    j.pop("weight_stream", None)
     res = j.get("result", j)
     for k in ["elapsed_s", "rss_before_bytes", "rss_after_bytes", "rss_bytes", "ranks"]:
         res.pop(k, None)
