@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 REPO = os.environ.get("FD_REPO", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
@@ -402,3 +403,35 @@ class OtherUser:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# ---- helpers shared by the reference-comparing tests ----
+
+def prompt_ids(n=40, seed=11):
+    """A random prompt: BOS (1) then n - 1 ids in [3, 512), from numpy's default_rng(seed)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return [1] + [int(x) for x in rng.integers(3, 512, n - 1)]
+
+
+def log_softmax(x):
+    """log softmax of a logits row, in float64."""
+    import numpy as np
+    x = x.astype(np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+def run_concurrently(d, reqs):
+    """[[(token_ids, logprobs object)] per choice] per request, all requests in flight at once."""
+    out = [None] * len(reqs)
+
+    def worker(i):
+        j = d.complete(**reqs[i])
+        out[i] = [(c["token_ids"], c["logprobs"]) for c in sorted(j["choices"], key=lambda c: c["index"])]
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return out

@@ -16,24 +16,13 @@ import unittest
 import numpy as np
 
 import np_llama
-from fdtest import (BIN, FDCTL, Daemon, copy_checkpoint, free_port, make_checkpoint, read_json, rewrite_tensors,
-                    write_json)
+from fdtest import (BIN, FDCTL, Daemon, copy_checkpoint, free_port, log_softmax, make_checkpoint, prompt_ids, read_json,
+                    rewrite_tensors, write_json)
 
 import fdpublish  # noqa: E402  (scripts/ is on sys.path via fdtest)
 
 N_NEW = 12
 LOGPROB_TOL = 1e-4  # measured differences ~5e-6
-
-
-def prompt_ids(n=40, seed=11):
-    rng = np.random.default_rng(seed)
-    return [1] + [int(x) for x in rng.integers(3, 512, n - 1)]
-
-
-def log_softmax(x):
-    x = x.astype(np.float64)
-    m = x.max()
-    return x - m - np.log(np.exp(x - m).sum())
 
 
 def numpy_greedy(model_dir, prompt, n=N_NEW, cfg_edit=None, drop=()):

@@ -15,7 +15,6 @@ them back to f32. Checked here against references nobody here wrote:
 import os
 import shutil
 import tempfile
-import threading
 import unittest
 
 import numpy as np
@@ -25,7 +24,7 @@ import json
 import subprocess
 import sys
 
-from fdtest import FDCTL, STORIES, Daemon, make_checkpoint
+from fdtest import FDCTL, STORIES, Daemon, log_softmax, make_checkpoint, prompt_ids, run_concurrently
 
 N_NEW = 12
 LOGPROB_TOL = 1e-4  # the f32 mode's tolerance against numpy (test_architectures.py); measured below it
@@ -39,17 +38,6 @@ def round_bf16(a):
     u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
     r = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
     return r.astype(np.uint32).view(np.float32).reshape(np.shape(a))
-
-
-def prompt_ids(n=40, seed=11):
-    rng = np.random.default_rng(seed)
-    return [1] + [int(x) for x in rng.integers(3, 512, n - 1)]
-
-
-def log_softmax(x):
-    x = x.astype(np.float64)
-    m = x.max()
-    return x - m - np.log(np.exp(x - m).sum())
 
 
 def numpy_greedy(model_dir, prompt, kv_round):
@@ -67,21 +55,6 @@ def numpy_greedy(model_dir, prompt, kv_round):
 def greedy_lp(d, prompt):
     c = d.complete(prompt=prompt, max_tokens=N_NEW, temperature=0, ignore_eos=True, logprobs=1)["choices"][0]
     return c["token_ids"], c["logprobs"]["token_logprobs"]
-
-
-def run_concurrently(d, reqs):
-    out = [None] * len(reqs)
-
-    def worker(i):
-        j = d.complete(**reqs[i])
-        out[i] = [(c["token_ids"], c["logprobs"]) for c in sorted(j["choices"], key=lambda c: c["index"])]
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(reqs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    return out
 
 
 def metrics(d):

@@ -8,10 +8,9 @@ a pool big enough that nothing is ever preempted (the reference), at the uni and
 kinds when it is tiny). sleep(kv_cache) keeps the swap pool's memory by default and releases it
 with FD_ENABLE_SWAP_SPACE_CLEARING=1 (RSS shows it), and wakeup maps it again.
 """
-import threading
 import unittest
 
-from fdtest import REF, Daemon
+from fdtest import REF, Daemon, run_concurrently
 
 PROMPTS = ["Once upon a time", "Lily and Tom", "The little dog", "One day, a girl named Sue",
            "Tom had a red ball. He", "The sun was"]
@@ -23,22 +22,6 @@ GIB = 1 << 30
 
 def bodies():
     return [{"prompt": p, "n": 2, "max_tokens": 60, "temperature": 0, "logprobs": 2, "ignore_eos": True} for p in PROMPTS]
-
-
-def run_concurrently(d, reqs):
-    """[[(token_ids, logprobs object)] per choice] per request, all requests in flight at once."""
-    out = [None] * len(reqs)
-
-    def worker(i):
-        j = d.complete(**reqs[i])
-        out[i] = [(c["token_ids"], c["logprobs"]) for c in sorted(j["choices"], key=lambda c: c["index"])]
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(reqs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    return out
 
 
 def metrics(d):
