@@ -7,6 +7,7 @@
 // of a speculating sequence. Header-only value types; the engine keeps one per weight version.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
