@@ -256,9 +256,12 @@ void MpExecutor::gather(const std::vector<int32_t> & ranks, Clock::time_point de
             abandoned = true;
         }
         const size_t lost_before = n_lost_;
-        // Liveness first: an exited process fails now, a stopped one at the heartbeat.
+        // Liveness first: an exited process fails now, a stopped one at the heartbeat. Unless its
+        // link has a record queued: a rank that answered (a start-up error naming the bad flag,
+        // say) and then exited is read first, so its answer is not lost to the race; the next
+        // poll sees the exit if the record was no reply.
         for (size_t j = 0; rc > 0 && j < n_pidfd; ++j) {
-            if (fds[n + j].revents != 0) { check_process(pending_[pid_of[j]], Clock::now()); }
+            if (fds[n + j].revents != 0 && fds[pid_of[j]].revents == 0) { check_process(pending_[pid_of[j]], Clock::now()); }
         }
         const bool look = Clock::now() >= next_beat;
         if (look) {
