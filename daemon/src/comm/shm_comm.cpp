@@ -152,32 +152,9 @@ public:
         }
     }
 
-    void gather(const float * send, int64_t n, float * recv) override {
-        FD_CHECK(base_, "gather on a disconnected group");
-        if (cfg_.world_size == 1) {
-            std::copy_n(send, n, recv);
-            return;
-        }
-        for (int64_t off = 0; off < n; off += kShmCommSlotFloats) {
-            const int64_t m = std::min(kShmCommSlotFloats, n - off);
-            const uint32_t k = arrive(send + off, m, "gather");
-            if (cfg_.rank != 0) { continue; }
-            for (int32_t r = 0; r < cfg_.world_size; ++r) { std::copy_n(slot(k, r), m, recv + r * n + off); }
-        }
-    }
+    void gather(const float * send, int64_t n, float * recv) override { collect(send, n, recv, /*every_rank=*/false, "gather"); }
 
-    void all_gather(const float * send, int64_t n, float * recv) override {
-        FD_CHECK(base_, "all_gather on a disconnected group");
-        if (cfg_.world_size == 1) {
-            std::copy_n(send, n, recv);
-            return;
-        }
-        for (int64_t off = 0; off < n; off += kShmCommSlotFloats) {
-            const int64_t m = std::min(kShmCommSlotFloats, n - off);
-            const uint32_t k = arrive(send + off, m, "all-gather");
-            for (int32_t r = 0; r < cfg_.world_size; ++r) { std::copy_n(slot(k, r), m, recv + r * n + off); }
-        }
-    }
+    void all_gather(const float * send, int64_t n, float * recv) override { collect(send, n, recv, /*every_rank=*/true, "all-gather"); }
 
     void barrier() override {
         FD_CHECK(base_, "barrier on a disconnected group");
@@ -194,6 +171,22 @@ private:
 
     /// Call k: put `m` floats of `x` in this rank's slot, publish k, wait until every rank has.
     /// Errors  rank_failed naming the ranks that did not arrive within timeout_s.
+    /// gather / all_gather: every rank's `send` [n] lands at recv [world, n] in rank order, slot by
+    /// slot, on rank 0 only or (every_rank) on all ranks.
+    void collect(const float * send, int64_t n, float * recv, bool every_rank, const char * what) {
+        FD_CHECK(base_, "{} on a disconnected group", what);
+        if (cfg_.world_size == 1) {
+            std::copy_n(send, n, recv);
+            return;
+        }
+        for (int64_t off = 0; off < n; off += kShmCommSlotFloats) {
+            const int64_t  m = std::min(kShmCommSlotFloats, n - off);
+            const uint32_t k = arrive(send + off, m, what);
+            if (!every_rank && cfg_.rank != 0) { continue; }
+            for (int32_t r = 0; r < cfg_.world_size; ++r) { std::copy_n(slot(k, r), m, recv + r * n + off); }
+        }
+    }
+
     uint32_t arrive(const float * x, int64_t m, const char * what) {
         const uint32_t k = ++call_;
         if (m > 0) { std::memcpy(slot(k, cfg_.rank), x, static_cast<size_t>(m) * sizeof(float)); }
