@@ -172,8 +172,9 @@ WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp) {
         L.tensors.push_back(std::move(t));
     };
     add("model.embed_tokens.weight", Shard::rows, {{"model.embed_tokens.weight", c.vocab_size}}, h);
-    // One dense decoder block under `pre` ("model.layers.N." or "model.mtp_layers.N.").
-    auto dense_block = [&](const std::string & pre) {
+    // A decoder block's attention half, through post_attention_layernorm, under `pre`
+    // ("model.layers.N." or "model.mtp_layers.N."): the same for dense and MoE blocks.
+    auto attention = [&](const std::string & pre) {
         auto n = [&](const char * leaf) { return pre + leaf; };
         add(n("input_layernorm.weight"), Shard::replicated, {{n("input_layernorm.weight"), h}}, 0);
         add(n("self_attn.qkv_proj.weight"), Shard::rows, {{n("self_attn.q_proj.weight"), q}, {n("self_attn.k_proj.weight"), kv},
@@ -188,6 +189,11 @@ WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp) {
         }
         add(n("self_attn.o_proj.weight"), Shard::cols, {{n("self_attn.o_proj.weight"), h}}, q);
         add(n("post_attention_layernorm.weight"), Shard::replicated, {{n("post_attention_layernorm.weight"), h}}, 0);
+    };
+    // One dense decoder block under `pre`: attention, then the SwiGLU MLP.
+    auto dense_block = [&](const std::string & pre) {
+        auto n = [&](const char * leaf) { return pre + leaf; };
+        attention(pre);
         add(n("mlp.gate_up_proj.weight"), Shard::rows, {{n("mlp.gate_proj.weight"), ff}, {n("mlp.up_proj.weight"), ff}}, h);
         add(n("mlp.down_proj.weight"), Shard::cols, {{n("mlp.down_proj.weight"), h}}, ff);
     };
@@ -197,19 +203,7 @@ WeightLayout plan(const ModelConfig & c, const DtypeOf & dtype_of, TpRank tp) {
             dense_block(layer_name(il, ""));
             continue;
         }
-        add(n("input_layernorm.weight"), Shard::replicated, {{n("input_layernorm.weight"), h}}, 0);
-        add(n("self_attn.qkv_proj.weight"), Shard::rows, {{n("self_attn.q_proj.weight"), q}, {n("self_attn.k_proj.weight"), kv},
-                                                          {n("self_attn.v_proj.weight"), kv}}, h);
-        if (c.qkv_bias) {
-            add(n("self_attn.qkv_proj.bias"), Shard::rows, {{n("self_attn.q_proj.bias"), q}, {n("self_attn.k_proj.bias"), kv},
-                                                            {n("self_attn.v_proj.bias"), kv}}, 0);
-        }
-        if (c.qk_norm) {  // Qwen3: per-head RMSNorm weights, [head_dim] each
-            add(n("self_attn.q_norm.weight"), Shard::replicated, {{n("self_attn.q_norm.weight"), c.head_dim}}, 0);
-            add(n("self_attn.k_norm.weight"), Shard::replicated, {{n("self_attn.k_norm.weight"), c.head_dim}}, 0);
-        }
-        add(n("self_attn.o_proj.weight"), Shard::cols, {{n("self_attn.o_proj.weight"), h}}, q);
-        add(n("post_attention_layernorm.weight"), Shard::replicated, {{n("post_attention_layernorm.weight"), h}}, 0);
+        attention(layer_name(il, ""));
         // A sparse MoE block: the router whole, then every expert as a dense MLP sliced like
         // the dense one (TP-MoE), then Qwen2-MoE's shared expert and its gate. Expert parallel:
         // only this rank's experts, each whole, and the shared expert whole.
