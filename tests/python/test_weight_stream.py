@@ -30,7 +30,8 @@ from fdrollout.weight_stream import _frame  # noqa: E402
 
 # The killed trainer. mode "mid": announces every tensor as one bucket, sends half the frames and
 # a few bytes of the next, says SENT, waits. mode "between": one whole bucket of 3 tensors, answered,
-# then SENT (the update stays open between calls).
+# then SENT (the update stays open between calls). mode "unannounced": writes every tensor's frame
+# without any /update_weights call (so nothing on the daemon reads them), then SENT.
 KILLED_TRAINER = r"""
 import json, socket, struct, sys, threading, time, http.client
 sys.path.insert(0, sys.argv[2])
@@ -51,6 +52,14 @@ names = sorted(t)
 if mode == "between":
     names = names[:3]
 ui = {"names": names, "dtype_names": ["F32"] * len(names), "shapes": [list(t[n].shape) for n in names]}
+if mode == "unannounced":  # every frame written, no /update_weights call made: the bytes fill the
+    def send_all():        # daemon's receive window and the rest waits in our send buffer
+        for n in names:
+            s.sendall(frame({"name": n, "dtype": "F32", "shape": list(t[n].shape), "nbytes": t[n].nbytes}) + t[n].tobytes())
+    threading.Thread(target=send_all, daemon=True).start()
+    time.sleep(0.5)
+    print("SENT", flush=True)
+    time.sleep(600)
 th = threading.Thread(target=post, args=("/update_weights", {"update_info": ui}), daemon=True)
 th.start()
 for n in names[: len(names) // 2] if mode == "mid" else names:
@@ -221,6 +230,11 @@ class StreamTp1(unittest.TestCase):
 
     def test_7_trainer_killed_between_buckets(self):
         self.killed_trainer("between")
+
+    def test_5b_trainer_killed_before_announcing_its_bytes(self):
+        # Its frames are queued behind the daemon's full receive window and no bucket reads them:
+        # the daemon still sees the death at once (the accepted frame left unread makes it a reset).
+        self.killed_trainer("unannounced")
 
     def killed_trainer(self, mode):
         before = self.c.weight_version()

@@ -23,6 +23,20 @@ int ms_left(Clock::time_point deadline) {
     return static_cast<int>(std::clamp<int64_t>(left, 0, 1000));  // wake at least every second
 }
 
+/// The one frame the daemon writes: {"accepted": true} after a valid hello. The trainer need not
+/// read it; unread, it makes the trainer's kernel answer the trainer's death with a reset (Linux
+/// resets a connection closed with unread data), which the watchdog sees at once even when the
+/// dead trainer's unsent bytes wait behind our full receive window (a plain FIN would queue behind
+/// them and never arrive while no bucket reads). Best effort: a failed write changes nothing.
+void send_accepted(int fd) {
+    static const std::string body = R"({"accepted": true})";
+    std::string f(kFrameMagic, 4);
+    const auto n = static_cast<uint32_t>(body.size());
+    for (int i = 0; i < 4; ++i) { f += static_cast<char>((n >> (8 * i)) & 0xff); }
+    f += body;
+    (void)::send(fd, f.data(), f.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
 bool same_token(const std::string & a, const std::string & b) {
     if (a.size() != b.size()) { return false; }
     unsigned diff = 0;
@@ -131,7 +145,10 @@ UniqueFd tcp_accept_trainer(int listener, const std::string & token, Clock::time
             // A connection gets a few seconds (within the deadline) to say who it is.
             const auto hello_by = std::min(deadline, Clock::now() + std::chrono::seconds(5));
             const auto j        = read_frame_header(c.get(), hello_by, "the hello frame");
-            if (j.contains("token") && j["token"].is_string() && same_token(j["token"].get<std::string>(), token)) { return c; }
+            if (j.contains("token") && j["token"].is_string() && same_token(j["token"].get<std::string>(), token)) {
+                send_accepted(c.get());
+                return c;
+            }
         } catch (const Error &) {
         }
         // Wrong token or garbage: not the trainer; keep waiting for it.
