@@ -330,9 +330,17 @@ int run(fd::Config & cfg, sigset_t & signals) {
         .n_blocks = r.n_kv_blocks, .n_swap_blocks = r.n_swap_blocks, .kv_dtype = r.kv_dtype, .max_model_len = cfg.engine.max_model_len,
         .keep_update_staging = cfg.weights.update_staging == "persistent",
         .mtp_draft_tokens = mtp_k,
-        .mtp_scratch_blocks = mtp_k > 0 ? static_cast<int64_t>(cfg.engine.scheduler.max_num_seqs) *
-                                              ((mtp_k + cfg.kv.block_size_tokens - 1) / cfg.kv.block_size_tokens + 1) : 0,
+        .mtp_scratch_blocks = r.n_mtp_scratch_blocks,
         .check_finite_weights = cfg.weights.check_finite_weights, .io_timeout_s = cfg.control.control_timeout_s};
+    {
+        const int64_t target = r.n_kv_blocks * fd::model::Worker::kv_block_bytes(r.model, cfg.kv.block_size_tokens, 1, r.kv_dtype);
+        const int64_t mtp    = mtp_k > 0 ? (r.n_kv_blocks + r.n_mtp_scratch_blocks) *
+                                               fd::model::Worker::mtp_block_bytes(r.model, cfg.kv.block_size_tokens, 1) : 0;
+        lg->info("KV budget (--kv-cache-bytes) {:.1f} MiB: target KV {} blocks = {:.1f} MiB{}", r.kv_budget_bytes / 1048576.0,
+                 r.n_kv_blocks, target / 1048576.0,
+                 mtp_k > 0 ? fmt::format(", MTP cache {} + {} scratch blocks = {:.1f} MiB", r.n_kv_blocks, r.n_mtp_scratch_blocks,
+                                         mtp / 1048576.0) : std::string());
+    }
     const fd::weights::SourceConfig scfg{.strategy = fd::weights::parse_load_strategy(cfg.weights.load_strategy),
                                          .model_dir = cfg.model.model_dir, .port = cfg.server.port,
                                          .rsync_config = cfg.weights.rsync_config, .tp = cfg.model.tensor_parallel_size};
@@ -358,6 +366,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
              r.compute == fd::kernels::ComputeType::bf16 ? fmt::format(" (linears on {})", fd::kernels::bf16_isa_name(fd::kernels::bf16_best_isa())) : std::string());
     cfg.engine.model_dir           = cfg.model.model_dir;
     cfg.engine.kv_cache_dtype      = r.kv_dtype;
+    cfg.engine.kv_budget_bytes     = r.kv_budget_bytes;
     cfg.engine.compute_dtype       = fd::kernels::compute_type_name(r.compute);
     cfg.engine.expert_parallel_size = r.world.ep;
     cfg.engine.shutdown_comm_group_on_sleep = r.executor_backend == fd::runtime::ExecutorKind::mp &&

@@ -145,7 +145,9 @@ void resolve_swap_space(const Config & cfg, Resolved & r, std::vector<std::strin
     }
     if (gib == 0.0) { return; }
     const int32_t tp          = std::max(1, cfg.model.tensor_parallel_size);
-    const int64_t block_bytes = model::Worker::kv_block_bytes(r.model, cfg.kv.block_size_tokens, tp, r.kv_dtype);
+    // With MTP drafts a host block holds the block's MTP KV too (Worker::swap_block_bytes).
+    const int64_t block_bytes = model::Worker::swap_block_bytes(r.model, cfg.kv.block_size_tokens, tp, r.kv_dtype,
+                                                                cfg.engine.speculative.method == spec::SpecMethod::mtp);
     const auto    bytes       = static_cast<int64_t>(gib * static_cast<double>(int64_t{1} << 30));
     r.n_swap_blocks = bytes / block_bytes;
     if (r.n_swap_blocks == 0) {
@@ -307,6 +309,14 @@ Resolved resolve(Config & cfg) {
     }
     if (problems.empty()) {
         const int64_t block_bytes = model::Worker::kv_block_bytes(r.model, bs, 1, r.kv_dtype);
+        // MTP drafts: the MTP cache (one layer's K and V, f32, over the pool's blocks and the
+        // chains' scratch blocks) is paid from the same budget: each block costs its target KV
+        // and its MTP KV, and the scratch blocks come off the top.
+        const bool    mtp       = e.speculative.method == spec::SpecMethod::mtp;
+        const int64_t mtp_bytes = mtp ? model::Worker::mtp_block_bytes(r.model, bs, 1) : 0;
+        r.n_mtp_scratch_blocks  = mtp ? static_cast<int64_t>(e.scheduler.max_num_seqs) *
+                                            ((e.speculative.num_speculative_tokens + bs - 1) / bs + 1) : 0;
+        const int64_t per_block = block_bytes + mtp_bytes;
         const std::string & kvs = cfg.kv.kv_cache_bytes;
         int64_t bytes = 0;
         if (kvs.find('.') != std::string::npos) {
@@ -320,17 +330,24 @@ Resolved resolve(Config & cfg) {
                 bytes = gpu_kv_pool_bytes(cfg, r);
             } else if (bytes == 0) {
                 const int64_t want_tokens = static_cast<int64_t>(e.scheduler.max_num_seqs) * e.max_model_len;
-                bytes = std::min<int64_t>((want_tokens + bs - 1) / bs * block_bytes, 2LL << 30);
+                // auto: max_num_seqs sequences of max_model_len (and their MTP cache), at most 2 GiB
+                bytes = std::min<int64_t>((want_tokens + bs - 1) / bs * per_block + r.n_mtp_scratch_blocks * mtp_bytes, 2LL << 30);
             }
         } else {
             problems.push_back(fmt::format("--kv-cache-bytes '{}': expected bytes (e.g. 512MiB) or a fraction (e.g. 0.3)", kvs));
         }
-        r.n_kv_blocks = bytes / block_bytes;
+        r.kv_budget_bytes       = bytes;
+        r.n_kv_blocks = std::max<int64_t>(0, bytes - r.n_mtp_scratch_blocks * mtp_bytes) / per_block;
         const int64_t min_blocks = (e.max_model_len + bs - 1) / bs;
         if (problems.empty() && r.n_kv_blocks < min_blocks) {
-            problems.push_back(fmt::format("--kv-cache-bytes {} holds {} KV blocks of {} bytes; one --max-model-len {} sequence needs {} blocks "
+            const int64_t need = min_blocks * per_block + r.n_mtp_scratch_blocks * mtp_bytes;
+            problems.push_back(fmt::format("--kv-cache-bytes {} holds {} KV blocks of {} bytes{}; one --max-model-len {} sequence needs {} blocks "
                                            "= {} bytes at least (or pass 0 to size the pool automatically)",
-                                           kvs, r.n_kv_blocks, block_bytes, e.max_model_len, min_blocks, min_blocks * block_bytes));
+                                           kvs, r.n_kv_blocks, per_block,
+                                           mtp ? fmt::format(" ({} of them the MTP cache's, which also takes {} scratch blocks = {} bytes; "
+                                                             "fewer --max-num-seqs need fewer)", mtp_bytes, r.n_mtp_scratch_blocks,
+                                                             r.n_mtp_scratch_blocks * mtp_bytes) : std::string(),
+                                           e.max_model_len, min_blocks, need));
         }
     }
     if (problems.empty()) { resolve_swap_space(cfg, r, problems); }

@@ -63,6 +63,14 @@ def spec_by_version(d):
     return out
 
 
+def metric(d, name):
+    """The value of an unlabelled series of /metrics."""
+    for line in d.get("/metrics")[1].splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
 class Mtp(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -142,6 +150,65 @@ class Mtp(unittest.TestCase):
             self.assertGreater(spec.get("/health")[1]["speculative"]["mtp_cache_bytes"], 0)
             self.assertEqual(choices(spec, bodies()[0]), want)
             self.assertGreater(spec_by_version(spec)["0"][2], 0)
+
+    def test_kv_budget_pays_for_the_mtp_cache(self):
+        # tiny-mimo: 2 layers, 2 KV heads x head_dim 16, f32, 16-token blocks. A block of the
+        # target's KV: 2 layers x (K, V) x 16 x 32 x 4 B; of the MTP cache: (K, V) x 16 x 32 x 4 B
+        # (one layer, always f32), and k = 2 drafts take max_num_seqs x (ceil(2 / 16) + 1) scratch
+        # blocks. The budget pays both: (8 MiB - scratch) // (target + MTP) blocks.
+        budget, seqs = 8 << 20, 8
+        target_block, mtp_block, scratch = 2 * 2 * 16 * 32 * 4, 2 * 16 * 32 * 4, seqs * 2
+        args = ("--kv-cache-bytes", str(budget), "--max-num-seqs", str(seqs))
+        with Daemon(*args, model=self.mimic) as plain, Daemon(*args, "--speculative-config", MTP(2), model=self.mimic) as spec:
+            hp, hs = plain.get("/health")[1], spec.get("/health")[1]
+            self.assertEqual(hp["kv_cache"]["blocks"], budget // target_block)
+            blocks = (budget - scratch * mtp_block) // (target_block + mtp_block)
+            self.assertEqual(hs["kv_cache"]["blocks"], blocks)
+            self.assertEqual((hs["kv_cache"]["budget_bytes"], hp["kv_cache"]["budget_bytes"]), (budget, budget))
+            # held bytes: what the pools ask for, rounded up by the host allocator (2 MiB pages)
+            mtp_want, mib2 = (blocks + scratch) * mtp_block, 2 << 20
+            mtp_bytes = hs["speculative"]["mtp_cache_bytes"]
+            self.assertTrue(mtp_want <= mtp_bytes < mtp_want + mib2, (mtp_bytes, mtp_want))
+            self.assertEqual(hs["kv_cache"]["bytes"], blocks * target_block)
+            self.assertLessEqual(hs["kv_cache"]["bytes"] + mtp_want, budget)
+            self.assertIn(f"MTP cache {blocks} + {scratch} scratch blocks", spec.output())
+            freed = self.ok(spec, "/v1/sleep?tags=kv_cache")["freed_bytes"]["kv_cache"]
+            self.assertTrue(blocks * target_block + mtp_want <= freed < blocks * target_block + mtp_want + 2 * mib2, freed)
+        # a budget that holds the scratch blocks but not one max_model_len sequence besides: refused, named
+        r = subprocess.run([BIN, "--model", self.mimic, "--port", "0", "--speculative-config", MTP(2), "--max-model-len", "96",
+                            "--max-num-seqs", "4", "--kv-cache-bytes", str(6 * target_block + 8 * mtp_block)],
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(r.returncode, 0, r.stderr)
+        self.assertIn("MTP cache", r.stdout + r.stderr)
+
+    def test_preemption_by_swap_and_recompute_keeps_the_draft_kv(self):
+        # 6 KV blocks of 16 tokens (and the MTP cache's share of the budget): these requests
+        # preempt each other over and over. Greedy outputs equal a plain daemon's; with swap the
+        # drafts themselves equal those of a speculating daemon that never preempts (the MTP
+        # cache's blocks travel to the host pool and back with the target's), so the proposed
+        # and accepted counts are the same too.
+        seqs, target_block, mtp_block = 4, 2 * 2 * 16 * 32 * 4, 2 * 16 * 32 * 4
+        tiny = ["--kv-cache-bytes", str(6 * (target_block + mtp_block) + seqs * 2 * mtp_block)]
+        common = ["--max-model-len", "96", "--max-num-seqs", str(seqs), "--max-logprobs", "8"]
+        reqs = [{"prompt": p, "n": 2, "max_tokens": 50, "temperature": 0, "logprobs": 2, "ignore_eos": True} for p in PROMPTS]
+        with Daemon(*common, model=self.mimic) as plain:
+            want = [choices(plain, r) for r in reqs]
+        with Daemon(*common, "--speculative-config", MTP(3), model=self.mimic) as ref:
+            self.assertEqual(concurrently(ref, reqs), want)
+            ref_counts = spec_by_version(ref)["0"]
+            self.assertEqual(metric(ref, "fdrollout_preemptions_total"), 0)
+        self.assertGreater(ref_counts[2], 0.2 * ref_counts[1], ref_counts)
+        for extra in (["--swap-space", "0.001"], []):  # swap, then recompute (no pool)
+            with self.subTest(extra=extra), Daemon(*common, *tiny, *extra, "--speculative-config", MTP(3), model=self.mimic) as d:
+                self.assertEqual(d.get("/health")[1]["kv_cache"]["blocks"], 6)
+                self.assertEqual(concurrently(d, reqs), want)
+                kind = "fdrollout_swap_preemptions_total" if extra else "fdrollout_recompute_preemptions_total"
+                self.assertGreater(metric(d, kind), 0)
+                counts = spec_by_version(d)["0"]
+                self.assertGreater(counts[2], 0.2 * counts[1], counts)
+                if extra:
+                    self.assertEqual(counts, ref_counts)
+                self.assertEqual(d.get("/health")[1]["kv_blocks"]["used"], 0)
 
     def test_update_replaces_the_draft_layer_with_the_target(self):
         with tempfile.TemporaryDirectory(prefix="fd-mtp-upd-") as src:

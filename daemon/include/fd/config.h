@@ -82,6 +82,13 @@ struct Resolved {
     kernels::DeviceKind device = kernels::DeviceKind::cpu;  ///< --device, parsed
     kernels::ComputeType compute = kernels::ComputeType::f32;  ///< --compute-dtype, parsed
     int64_t            n_kv_blocks = 0;
+    /// --kv-cache-bytes resolved (a fraction, 0 = auto and --gpu-memory-utilization turned into
+    /// bytes), all ranks together: the target's KV pool and, with MTP drafts, the MTP cache.
+    int64_t            kv_budget_bytes = 0;
+    /// --speculative-config method "mtp": MTP cache blocks past the KV pool's, for draft chains
+    /// that run past a sequence's blocks (max_num_seqs * (ceil(k / block_size) + 1)); 0 without.
+    /// Their bytes come out of kv_budget_bytes too.
+    int64_t            n_mtp_scratch_blocks = 0;
     int64_t            n_swap_blocks = 0;   ///< host swap pool blocks per rank (0 = no swap tier)
     kernels::WType     kv_dtype = kernels::WType::f32;  ///< --kv-cache-dtype, parsed (auto = f32)
     runtime::ExecutorKind executor_backend = runtime::ExecutorKind::uni;  ///< --distributed-executor-backend, resolved

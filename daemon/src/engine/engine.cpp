@@ -421,7 +421,8 @@ bool Engine::build_step(StepPlan & plan) {
     if (!d.swap_out.empty() || !d.swap_in.empty() || n_tier_bg > 0) {
         executor_->swap_kv(d.swap_out.data(), static_cast<int64_t>(d.swap_out.size()), d.swap_in.data(),
                            static_cast<int64_t>(d.swap_in.size()), d.tier_bg.data(), static_cast<int64_t>(n_tier_bg));
-        const int64_t block_bytes = model::Worker::kv_block_bytes(model_cfg_, kv_.block_size(), 1, cfg_.kv_cache_dtype);  // all ranks together
+        const int64_t block_bytes = model::Worker::swap_block_bytes(model_cfg_, kv_.block_size(), 1, cfg_.kv_cache_dtype,
+                                                                    cfg_.speculative.method == spec::SpecMethod::mtp);  // all ranks together
         std::lock_guard lk(stats_mu_);
         stats_.swap_out_bytes_total += static_cast<int64_t>(d.swap_out.size() - n_tier_out) * block_bytes;
         stats_.swap_in_bytes_total += static_cast<int64_t>(d.swap_in.size() - n_tier_in) * block_bytes;
@@ -637,13 +638,15 @@ void Engine::publish_stats() {
     stats_.kv_cache_dtype    = cfg_.kv_cache_dtype == kernels::WType::bf16 ? "bfloat16" : "float32";
     stats_.kv_block_size     = kv_.block_size();
     stats_.kv_bytes_per_token = model::Worker::kv_block_bytes(model_cfg_, 1, 1, cfg_.kv_cache_dtype);
+    stats_.kv_budget_bytes    = cfg_.kv_budget_bytes;
     stats_.n_swap_blocks_used  = kv_.n_host_blocks_used();
     stats_.n_swap_blocks_total = kv_.n_host_blocks_total();
     stats_.n_swapped           = kv_.n_seqs_swapped();
     const auto tc = kv_.tier_counters();
     stats_.host_tier_enabled             = kv_.tier_enabled();
     stats_.n_host_tier_blocks_cached     = kv_.n_host_blocks_cached();
-    stats_.host_tier_block_bytes         = model::Worker::kv_block_bytes(model_cfg_, kv_.block_size(), 1, cfg_.kv_cache_dtype);
+    stats_.host_tier_block_bytes         = model::Worker::swap_block_bytes(model_cfg_, kv_.block_size(), 1, cfg_.kv_cache_dtype,
+                                                                           cfg_.speculative.method == spec::SpecMethod::mtp);
     stats_.n_host_tier_offloads_total    = tier_counted_.offloaded + tc.offloaded;
     stats_.n_host_tier_loads_total       = tier_counted_.loaded + tc.loaded;
     stats_.n_host_tier_offloads_background_total = tier_counted_.offloaded_background + tc.offloaded_background;

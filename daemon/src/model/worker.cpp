@@ -22,6 +22,14 @@ int64_t Worker::kv_block_bytes(const ModelConfig & c, int32_t block_size, int32_
     return 2LL * c.n_layers * block_size * (c.kv_dim() / std::max(1, tp_size)) * kernels::kv_elem_bytes(kv_dtype);
 }
 
+int64_t Worker::mtp_block_bytes(const ModelConfig & c, int32_t block_size, int32_t tp_size) {
+    return 2LL * block_size * (c.kv_dim() / std::max(1, tp_size)) * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t Worker::swap_block_bytes(const ModelConfig & c, int32_t block_size, int32_t tp_size, kernels::WType kv_dtype, bool mtp) {
+    return kv_block_bytes(c, block_size, tp_size, kv_dtype) + (mtp ? mtp_block_bytes(c, block_size, tp_size) : 0);
+}
+
 namespace {
 
 /// Every matrix of the layout (dtype in memory) is one the backend's kernels read: asked of the
@@ -156,7 +164,7 @@ void Worker::map_mtp_cache(bool fresh) {
 void Worker::map_swap_pool(bool fresh) {
     if (wcfg_.n_swap_blocks <= 0) { return; }
     // Pre-faulted: the pool is really held (RSS shows it) and a swap-out never page-faults.
-    const int64_t bytes = wcfg_.n_swap_blocks * 2 * cfg_.n_layers * block_bytes();
+    const int64_t bytes = wcfg_.n_swap_blocks * host_block_bytes();
     if (fresh) {
         alloc_->map(Tag::kv_swap, bytes, /*populate=*/true);
     } else {
@@ -166,6 +174,7 @@ void Worker::map_swap_pool(bool fresh) {
 
 void Worker::check_copies(const kv::BlockCopy * copies, int64_t n, bool out) const {
     FD_CHECK(alloc_->resident(Tag::kv_cache) && alloc_->resident(Tag::kv_swap), "KV swap with a released KV or swap pool");
+    FD_CHECK(wcfg_.mtp_draft_tokens <= 0 || alloc_->resident(Tag::mtp_cache), "KV swap with a released MTP cache");
     const int64_t n_src = out ? wcfg_.n_blocks : wcfg_.n_swap_blocks, n_dst = out ? wcfg_.n_swap_blocks : wcfg_.n_blocks;
     for (int64_t i = 0; i < n; ++i) {
         FD_CHECK(copies[i].src >= 0 && copies[i].src < n_src && copies[i].dst >= 0 && copies[i].dst < n_dst,
@@ -187,15 +196,20 @@ void Worker::swap_out_background(const kv::BlockCopy * copies, int64_t n) {
     if (n == 0) { return; }
     check_copies(copies, n, true);
     FD_CHECK(copier_ != nullptr, "background KV copies without a swap pool");
-    const int64_t bf = block_bytes(), bytes = bf;
+    const int64_t bf = block_bytes(), bytes = bf, mb = mtp_half_block_bytes(), hb = host_block_bytes();
     std::byte * host = alloc_->data(Tag::kv_swap);
     std::vector<KvCopier::Piece> pieces;
-    pieces.reserve(static_cast<size_t>(n * 2 * cfg_.n_layers));
+    pieces.reserve(static_cast<size_t>(n * (2 * cfg_.n_layers + 2)));
     for (int64_t i = 0; i < n; ++i) {
-        std::byte * dst = host + static_cast<int64_t>(copies[i].dst) * 2 * cfg_.n_layers * bf;
+        std::byte * dst = host + static_cast<int64_t>(copies[i].dst) * hb;
         for (int il = 0; il < cfg_.n_layers; ++il) {
             pieces.push_back({dst + (2 * il) * bf, k_pool_[il] + copies[i].src * bf, bytes});
             pieces.push_back({dst + (2 * il + 1) * bf, v_pool_[il] + copies[i].src * bf, bytes});
+        }
+        if (mb > 0) {  // the MTP cache's K and V of the block, after the target's layers
+            std::byte * m = dst + 2 * cfg_.n_layers * bf;
+            pieces.push_back({m, reinterpret_cast<const std::byte *>(mtp_k_) + copies[i].src * mb, mb});
+            pieces.push_back({m + mb, reinterpret_cast<const std::byte *>(mtp_v_) + copies[i].src * mb, mb});
         }
     }
     copier_->start_download(std::move(pieces));
@@ -206,13 +220,18 @@ void Worker::swap_out(const kv::BlockCopy * copies, int64_t n) {
     wait_copies();  // (a block a background copy reads may be the one written next)
     if (n == 0) { return; }
     check_copies(copies, n, true);
-    const int64_t bf = block_bytes(), bytes = bf;
+    const int64_t bf = block_bytes(), bytes = bf, mb = mtp_half_block_bytes(), hb = host_block_bytes();
     std::byte * host = alloc_->data(Tag::kv_swap);
     for (int64_t i = 0; i < n; ++i) {
-        std::byte * dst = host + static_cast<int64_t>(copies[i].dst) * 2 * cfg_.n_layers * bf;
+        std::byte * dst = host + static_cast<int64_t>(copies[i].dst) * hb;
         for (int il = 0; il < cfg_.n_layers; ++il) {
             backend_->download(dst + (2 * il) * bf, k_pool_[il] + copies[i].src * bf, bytes);
             backend_->download(dst + (2 * il + 1) * bf, v_pool_[il] + copies[i].src * bf, bytes);
+        }
+        if (mb > 0) {  // the MTP cache's K and V of the block: the draft KV travels with the target's
+            std::byte * m = dst + 2 * cfg_.n_layers * bf;
+            backend_->download(m, reinterpret_cast<const std::byte *>(mtp_k_) + copies[i].src * mb, mb);
+            backend_->download(m + mb, reinterpret_cast<const std::byte *>(mtp_v_) + copies[i].src * mb, mb);
         }
     }
 }
@@ -221,13 +240,18 @@ void Worker::swap_in(const kv::BlockCopy * copies, int64_t n) {
     wait_copies();
     if (n == 0) { return; }
     check_copies(copies, n, false);
-    const int64_t bf = block_bytes(), bytes = bf;
+    const int64_t bf = block_bytes(), bytes = bf, mb = mtp_half_block_bytes(), hb = host_block_bytes();
     const std::byte * host = alloc_->data(Tag::kv_swap);
     for (int64_t i = 0; i < n; ++i) {
-        const std::byte * src = host + static_cast<int64_t>(copies[i].src) * 2 * cfg_.n_layers * bf;
+        const std::byte * src = host + static_cast<int64_t>(copies[i].src) * hb;
         for (int il = 0; il < cfg_.n_layers; ++il) {
             backend_->upload(k_pool_[il] + copies[i].dst * bf, src + (2 * il) * bf, bytes);
             backend_->upload(v_pool_[il] + copies[i].dst * bf, src + (2 * il + 1) * bf, bytes);
+        }
+        if (mb > 0) {
+            const std::byte * m = src + 2 * cfg_.n_layers * bf;
+            backend_->upload(reinterpret_cast<std::byte *>(mtp_k_) + copies[i].dst * mb, m, mb);
+            backend_->upload(reinterpret_cast<std::byte *>(mtp_v_) + copies[i].dst * mb, m + mb, mb);
         }
     }
 }

@@ -42,6 +42,9 @@ struct EngineConfig {
     std::string     weight_fingerprint;
     std::string     model_dir;             ///< --model (update_weights reload_base reads it)
     kernels::WType  kv_cache_dtype = kernels::WType::f32;  ///< --kv-cache-dtype (KV bytes per block: Worker::kv_block_bytes)
+    /// --kv-cache-bytes resolved (fd::Resolved::kv_budget_bytes), all ranks together: the KV pool
+    /// and, with MTP drafts, the MTP cache are paid from it. /health shows it (kv_cache.budget_bytes).
+    int64_t         kv_budget_bytes = 0;
     /// The label of the --model checkpoint itself (version.yaml `step`, else --weight-version):
     /// what update_weights reload_base serves it as.
     std::string     base_weight_version = "0";
@@ -97,13 +100,14 @@ struct EngineStats {
     std::string kv_cache_dtype = "float32";  ///< --kv-cache-dtype resolved: float32 | bfloat16
     int32_t kv_block_size = 0;               ///< tokens per KV block
     int64_t kv_bytes_per_token = 0;          ///< KV bytes one token takes, all layers, K and V, all ranks together
+    int64_t kv_budget_bytes = 0;             ///< EngineConfig::kv_budget_bytes
     int64_t n_swap_blocks_used = 0, n_swap_blocks_total = 0;  ///< host swap pool: blocks holding swapped-out KV / capacity
     int64_t n_swapped = 0;                                    ///< sequences whose KV is in the host pool
     int64_t swap_out_bytes_total = 0, swap_in_bytes_total = 0;///< KV bytes copied device → host / host → device (all ranks)
     // The host KV tier's prefix blocks (prefix caching + --swap-space; fd/kv/host_tier.h).
     bool    host_tier_enabled = false;
     int64_t n_host_tier_blocks_cached = 0;       ///< host blocks holding prefix entries now
-    int64_t host_tier_block_bytes     = 0;       ///< bytes of one block, all ranks together
+    int64_t host_tier_block_bytes     = 0;       ///< bytes of one host block, all ranks together (with MTP: its MTP KV too)
     int64_t n_host_tier_offloads_total = 0;      ///< evicted device prefix blocks copied to the host
     int64_t n_host_tier_hits_total     = 0;      ///< host prefix blocks a request's first admission copied back (= prompt_tokens_host_cached_total / block size)
     int64_t n_host_tier_loads_total    = 0;      ///< every host prefix block copied back (re-admissions after a preemption too)

@@ -22,7 +22,8 @@
 //   v [n_layers][n_blocks, block_size, n_kv_heads / tp_size, head_dim]  f32
 // Host swap pool (--swap-space; the kv_swap region), one block after another, this rank's heads,
 // each block copied whole (layout-agnostic):
-//   [n_swap_blocks][n_layers][k | v][block_size * n_kv_heads / tp_size * head_dim]  f32
+//   [n_swap_blocks][n_layers][k | v][block_size * n_kv_heads / tp_size * head_dim]  kv_dtype
+// followed in each block, with MTP drafts, by the MTP cache's [k | v][block_size * kv_dim / tp] f32.
 #pragma once
 
 #include "fd/kernels/backend.h"
@@ -236,7 +237,8 @@ public:
     // --- host swap pool (engine thread; generation between steps) ---
 
     /// Copy every layer's K and V of device block c.src into host block c.dst, for each c in
-    /// order. Block ids must lie in [0, n_blocks) / [0, n_swap_blocks).
+    /// order (with MTP drafts, the MTP cache's K and V of the block too: swap_block_bytes).
+    /// Block ids must lie in [0, n_blocks) / [0, n_swap_blocks).
     /// Errors  fd::Error{internal} on an id out of range or a released pool (nothing copied).
     void swap_out(const kv::BlockCopy * copies, int64_t n);
     /// Copy host block c.src into device block c.dst (every layer's K and V), for each c in order.
@@ -303,6 +305,15 @@ public:
     /// `kv_dtype` (4 bytes f32, 2 bytes bf16): 2 * n_layers * block_size * kv_dim / tp * elem bytes.
     static int64_t kv_block_bytes(const ModelConfig & cfg, int32_t block_size, int32_t tp_size = 1,
                                   kernels::WType kv_dtype = kernels::WType::f32);
+    /// Bytes of one block of the MTP cache (--speculative-config method "mtp") on one rank of
+    /// `tp_size`: the draft layer's K and V, always f32: 2 * block_size * kv_dim / tp * 4. The KV
+    /// budget (--kv-cache-bytes) pays kv_block_bytes + this per block, plus this per scratch block.
+    static int64_t mtp_block_bytes(const ModelConfig & cfg, int32_t block_size, int32_t tp_size = 1);
+    /// Bytes of one block of the host swap pool (--swap-space): the target's K and V of every
+    /// layer (kv_block_bytes), then, with MTP drafts (`mtp`), the MTP cache's K and V of the
+    /// block (mtp_block_bytes), so a swapped-out sequence's draft KV comes back with it.
+    static int64_t swap_block_bytes(const ModelConfig & cfg, int32_t block_size, int32_t tp_size, kernels::WType kv_dtype,
+                                    bool mtp);
 
 private:
     int64_t release_weights();  ///< release(weight)
@@ -323,6 +334,12 @@ private:
     int64_t block_bytes() const {
         return static_cast<int64_t>(wcfg_.block_size) * (cfg_.kv_dim() / wcfg_.tp_size) * kernels::kv_elem_bytes(wcfg_.kv_dtype);
     }
+    /// Bytes of one block of the MTP cache's K (or V): block_size * kv_dim / tp f32 (0 without MTP drafts).
+    int64_t mtp_half_block_bytes() const {
+        return wcfg_.mtp_draft_tokens > 0 ? mtp_block_bytes(cfg_, wcfg_.block_size, wcfg_.tp_size) / 2 : 0;
+    }
+    /// Bytes of one host swap pool block (swap_block_bytes).
+    int64_t host_block_bytes() const { return 2 * cfg_.n_layers * block_bytes() + 2 * mtp_half_block_bytes(); }
     void check_copies(const kv::BlockCopy * copies, int64_t n, bool out) const;
     /// The tag's region, at least `bytes`: reacquired (same addresses) when big enough, else
     /// mapped anew. Resident on return.
