@@ -6,7 +6,10 @@ greedy tokens, text, finish reasons and every logprob equal bit for bit, alone a
 --mtp-mimic makes the MTP layer a copy of layer 0 fed the token, so its drafts are often
 accepted (acceptance is really exercised); the plain random MTP layer rarely is; the "mixed"
 fixture (1-layer untied target, input_proj reading the hidden state too) accepts about half. The drafts themselves are checked against a numpy MTP layer (np_llama.mtp_drafts). The MTP cache
-is freed by sleep?tags=kv_cache (its bytes in freed_bytes) and rebuilt by wakeup; update_weights
+is freed by sleep?tags=kv_cache (its bytes in freed_bytes) and rebuilt by wakeup; it is paid from
+--kv-cache-bytes (blocks = (budget - scratch) / (target + MTP bytes per block), /health
+kv_cache.budget_bytes); preemption by swap and by recompute keeps outputs equal and drafts
+accepted; --use-cudagraph is accepted with mtp; update_weights
 replaces the draft layer with the target (acceptance per weight version moves, and its collapse
 is logged and shown in /health); a checkpoint
 without the MTP tensors is refused (422 naming them) and the old weights keep serving; mtp on a
@@ -141,10 +144,15 @@ class Mtp(unittest.TestCase):
         with Daemon(*args, model=self.mimic) as plain, Daemon(*args, "--speculative-config", MTP(2), model=self.mimic) as spec:
             want = choices(plain, bodies()[0])
             self.assertEqual(choices(spec, bodies()[0]), want)
+            mtp = spec.get("/health")[1]["speculative"]["mtp_cache_bytes"]
+            target = spec.get("/health")[1]["kv_cache"]["bytes"]
+            self.assertGreater(mtp, 0)
             freed_plain = self.ok(plain, "/v1/sleep?tags=kv_cache")["freed_bytes"]["kv_cache"]
             freed_spec = self.ok(spec, "/v1/sleep?tags=kv_cache")["freed_bytes"]["kv_cache"]
-            # the MTP cache: one layer's K and V over the same blocks (+ scratch) next to 2 layers
-            self.assertGreater(freed_spec, freed_plain * 1.4, (freed_spec, freed_plain))
+            # the MTP cache (one layer's K and V over the same blocks + scratch) is freed with the
+            # target's pool, which is smaller than the plain daemon's: both share --kv-cache-bytes
+            self.assertGreaterEqual(freed_spec, mtp + target)
+            self.assertLess(freed_spec - mtp, freed_plain, (freed_spec, mtp, freed_plain))
             self.assertEqual(spec.get("/health")[1]["speculative"]["mtp_cache_bytes"], 0)
             self.ok(spec, "/v1/wakeup?tags=kv_cache")
             self.assertGreater(spec.get("/health")[1]["speculative"]["mtp_cache_bytes"], 0)
@@ -158,7 +166,7 @@ class Mtp(unittest.TestCase):
         # blocks. The budget pays both: (8 MiB - scratch) // (target + MTP) blocks.
         budget, seqs = 8 << 20, 8
         target_block, mtp_block, scratch = 2 * 2 * 16 * 32 * 4, 2 * 16 * 32 * 4, seqs * 2
-        args = ("--kv-cache-bytes", str(budget), "--max-num-seqs", str(seqs))
+        args = ("--dynamic-load-weight", "--kv-cache-bytes", str(budget), "--max-num-seqs", str(seqs))
         with Daemon(*args, model=self.mimic) as plain, Daemon(*args, "--speculative-config", MTP(2), model=self.mimic) as spec:
             hp, hs = plain.get("/health")[1], spec.get("/health")[1]
             self.assertEqual(hp["kv_cache"]["blocks"], budget // target_block)
@@ -183,10 +191,10 @@ class Mtp(unittest.TestCase):
 
     def test_preemption_by_swap_and_recompute_keeps_the_draft_kv(self):
         # 6 KV blocks of 16 tokens (and the MTP cache's share of the budget): these requests
-        # preempt each other over and over. Greedy outputs equal a plain daemon's; with swap the
-        # drafts themselves equal those of a speculating daemon that never preempts (the MTP
-        # cache's blocks travel to the host pool and back with the target's), so the proposed
-        # and accepted counts are the same too.
+        # preempt each other over and over. Greedy outputs equal a plain daemon's and the drafts
+        # are still accepted as often as without preemption. (Which steps draft depends on when
+        # sequences are swapped, so the counts are not compared; that a swapped sequence drafts
+        # exactly as one never swapped is tests/model/test_worker_mtp_swap.cpp's.)
         seqs, target_block, mtp_block = 4, 2 * 2 * 16 * 32 * 4, 2 * 16 * 32 * 4
         tiny = ["--kv-cache-bytes", str(6 * (target_block + mtp_block) + seqs * 2 * mtp_block)]
         common = ["--max-model-len", "96", "--max-num-seqs", str(seqs), "--max-logprobs", "8"]
@@ -205,10 +213,15 @@ class Mtp(unittest.TestCase):
                 kind = "fdrollout_swap_preemptions_total" if extra else "fdrollout_recompute_preemptions_total"
                 self.assertGreater(metric(d, kind), 0)
                 counts = spec_by_version(d)["0"]
-                self.assertGreater(counts[2], 0.2 * counts[1], counts)
-                if extra:
-                    self.assertEqual(counts, ref_counts)
+                self.assertGreater(counts[2] / counts[1], ref_counts[2] / ref_counts[1] - 0.05, (counts, ref_counts))
                 self.assertEqual(d.get("/health")[1]["kv_blocks"]["used"], 0)
+
+    def test_use_cudagraph_with_mtp_is_accepted(self):
+        # --use-cudagraph with mtp: accepted (on cuda every step then runs eagerly, logged; on cpu
+        # the flag captures nothing), same tokens and logprobs, drafts accepted
+        with Daemon(model=self.mimic) as plain, Daemon("--use-cudagraph", "--speculative-config", MTP(2), model=self.mimic) as d:
+            self.assertEqual(choices(d, bodies()[0]), choices(plain, bodies()[0]))
+            self.assertGreater(spec_by_version(d)["0"][2], 0)
 
     def test_update_replaces_the_draft_layer_with_the_target(self):
         with tempfile.TemporaryDirectory(prefix="fd-mtp-upd-") as src:
