@@ -21,6 +21,7 @@ import os
 import subprocess
 import tempfile
 import threading
+import time
 import unittest
 
 from fdtest import BIN, STORIES, Daemon, copy_checkpoint, make_checkpoint, rewrite_tensors
@@ -209,11 +210,17 @@ class Mtp(unittest.TestCase):
         for extra in (["--swap-space", "0.001"], []):  # swap, then recompute (no pool)
             with self.subTest(extra=extra), Daemon(*common, *tiny, *extra, "--speculative-config", MTP(3), model=self.mimic) as d:
                 self.assertEqual(d.get("/health")[1]["kv_cache"]["blocks"], 6)
+                if extra:  # a host block holds the block's MTP K/V too (so it comes back with the sequence)
+                    self.assertEqual(d.get("/health")[1]["kv_swap_blocks"]["total"], int(0.001 * 2**30) // (target_block + mtp_block))
                 self.assertEqual(concurrently(d, reqs), want)
                 kind = "fdrollout_swap_preemptions_total" if extra else "fdrollout_recompute_preemptions_total"
                 self.assertGreater(metric(d, kind), 0)
                 counts = spec_by_version(d)["0"]
                 self.assertGreater(counts[2] / counts[1], ref_counts[2] / ref_counts[1] - 0.05, (counts, ref_counts))
+                # every block given back (the engine frees the last ones just after the responses)
+                deadline = time.monotonic() + 10
+                while d.get("/health")[1]["kv_blocks"]["used"] != 0 and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 self.assertEqual(d.get("/health")[1]["kv_blocks"]["used"], 0)
 
     def test_use_cudagraph_with_mtp_is_accepted(self):
