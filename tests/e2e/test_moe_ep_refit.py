@@ -27,9 +27,10 @@ import unittest
 
 import numpy as np
 
-import fdpublish
-import safetensors_np
-from fdtest import FDCTL, Daemon, copy_checkpoint, fdctl, make_checkpoint, perturbed
+from fdtest import FDCTL, STORIES, Daemon, copy_checkpoint, fdctl, make_checkpoint, perturbed
+
+import fdpublish  # noqa: E402  (fdtest puts scripts/ on the path)
+import safetensors_np  # noqa: E402
 
 N_NEW = 8
 LOGPROB_TOL = 1e-4
@@ -96,6 +97,7 @@ class EpRefits(unittest.TestCase):
         """An update to `version` is a 422 whose message has every needle; `served` still serves."""
         status, j = self.update(d, version)
         self.assertEqual(status, 422, j)
+        print(f"{version}: {status} {j['error']['message']}")
         for n in needles:
             self.assertIn(n, j["error"]["message"])
         self.assertEqual(generate(d), served)  # bitwise: every rank kept its old experts
@@ -164,7 +166,6 @@ class EpRefits(unittest.TestCase):
         self.assertIn("num_experts = 12", p.stderr)
         with self.assertRaisesRegex(ValueError, "num_experts = 12"):
             fdpublish.to_rollout_names(hf, cfg, tp=5, rank=0, expert_parallel=True)
-        from fdtest import STORIES
         p = subprocess.run([FDCTL, "model-info", "--model", STORIES, "--ep"], capture_output=True, text=True, timeout=60)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("dense", p.stderr)
@@ -320,7 +321,8 @@ class EpRefits(unittest.TestCase):
             hosts = f"127.0.0.1:{d.port},127.0.0.1:{t.port}"
             self.assertEqual(fdctl(0, "--hosts", hosts, "pause")[0], 0)
             rc, out, err = fdctl(0, "--hosts", hosts, "--json", "update-weights", "--version", "v-miss")
-            self.assertEqual(rc, 20, err)
+            self.assertEqual(rc, 5, err)  # every host refused alike: that code (5 invalid_checkpoint)
+            self.assertIn("nothing was committed anywhere", err)
             rep = json.loads(out)
             self.assertEqual([h["ok"] for h in rep["stage"]], [False, False])
             self.assertIn("layer 2, expert 13", rep["stage"][0]["body"]["error"]["message"])
