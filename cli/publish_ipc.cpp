@@ -162,8 +162,10 @@ int publish_ipc_snapshot(const PublishOptions & o) {
     if (o.model_dir.empty()) { fd::fail(fd::Errc::invalid_argument, "publish --strategy ipc_snapshot needs --model (the rollout's --model dir)"); }
     const fs::path dir = o.model_dir;
     if (!fs::is_directory(dir)) { fd::fail(fd::Errc::not_found, "--model {} is not a directory", dir.string()); }
-    const fd::model::TensorIndex idx = fd::model::read_tensor_index(o.from);
-    const fd::publish::RolloutModel m(fd::model::load_model_config(o.from), idx, o.tp, o.ep);
+    const fd::model::ModelConfig cfg = fd::model::load_model_config(o.from);
+    fd::model::TensorIndex idx = fd::model::read_tensor_index(o.from);
+    fd::model::alias_v5_mixtral_names(cfg, idx);  // gather reads the v4 names the state dict maps to
+    const fd::publish::RolloutModel m(cfg, idx, o.tp, o.ep);
     // version.yaml names the snapshot files: the old one goes before the first new file (a reader
     // in between sees no version, never the old one on new bytes), the new one (--version) last.
     std::error_code rm_ec;
@@ -222,8 +224,10 @@ int publish_ipc(const PublishOptions & given) {
     }
     check_common(o);
     if (o.version.empty()) { fd::fail(fd::Errc::invalid_argument, "publish --strategy ipc needs --version"); }
-    const fd::model::TensorIndex idx = fd::model::read_tensor_index(o.from);
-    const fd::publish::RolloutModel m(fd::model::load_model_config(o.from), idx, o.tp, o.ep);
+    const fd::model::ModelConfig cfg = fd::model::load_model_config(o.from);
+    fd::model::TensorIndex idx = fd::model::read_tensor_index(o.from);
+    fd::model::alias_v5_mixtral_names(cfg, idx);  // gather reads the v4 names the state dict maps to
+    const fd::publish::RolloutModel m(cfg, idx, o.tp, o.ep);
     json ranks = json::array();
     uint64_t total = 0;
     for (int r = 0; r < o.tp; ++r) {

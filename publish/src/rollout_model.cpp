@@ -39,13 +39,15 @@ int64_t StateTensor::numel() const {
 RolloutModel::RolloutModel(const std::filesystem::path & model_dir, int tp_size, bool expert_parallel)
     : RolloutModel(load_model_config(model_dir), read_tensor_index(model_dir), tp_size, expert_parallel) {}
 
-RolloutModel::RolloutModel(ModelConfig cfg, const TensorIndex & idx, int tp_size, bool expert_parallel)
+RolloutModel::RolloutModel(ModelConfig cfg, const TensorIndex & given, int tp_size, bool expert_parallel)
     : cfg_(std::move(cfg)), tp_(tp_size), ep_(expert_parallel ? std::max(1, tp_size) : 1) {
     if (expert_parallel && !cfg_.moe.enabled()) {
         fail(Errc::invalid_argument, "expert parallel needs a mixture-of-experts model; {} is dense (no num_experts)",
              cfg_.architecture);
     }
     check_tp_divides(cfg_, tp_, ep_);
+    TensorIndex renamed;  // transformers v5 Mixtral names: training_slices name the v4 ones
+    const TensorIndex & idx = with_v4_names(cfg_, given, renamed);
     validate_checkpoint(cfg_, idx);
     layout_ = plan_layout(cfg_, idx);
     // The loader's own plan for every rank (layout.h: the one home of the sharding).

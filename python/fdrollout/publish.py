@@ -100,6 +100,32 @@ def rank_experts(cfg, tp=1, rank=0, expert_parallel=False):
     return range(rank * e // tp, (rank + 1) * e // tp)
 
 
+_V5_MIXTRAL = re.compile(r"^(model\.layers\.\d+)\.mlp\.(gate\.weight|experts\.(?:gate_up_proj|down_proj)|experts\.(\d+)\."
+                         r"(gate_proj|up_proj|down_proj)\.weight)$")
+_V5_LEAF = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+
+
+def v4_names(hf, cfg):
+    """`hf` under the names the rollout maps from: transformers v5 calls Mixtral's sparse block
+    `mlp` (mlp.gate, and the stacked mlp.experts.gate_up_proj [E, 2I, H] / down_proj [E, H, I]);
+    v4 and the rollout call it block_sparse_moe (experts' w1 | w3, w2). Other models unchanged.
+    ValueError naming layer and expert when a tensor is given under both names."""
+    if cfg.get("architectures", [""])[0] != "MixtralForCausalLM":
+        return hf
+    out = {}
+    for k, v in hf.items():
+        m = _V5_MIXTRAL.match(k)
+        if m:
+            if m.group(3) is not None:
+                k = f"{m.group(1)}.block_sparse_moe.experts.{m.group(3)}.{_V5_LEAF[m.group(4)]}.weight"
+            else:
+                k = f"{m.group(1)}.block_sparse_moe.{m.group(2)}"
+            if k in hf or k in out:
+                raise ValueError(f"{k}: given twice, under its v4 name and transformers v5's")
+        out[k] = v
+    return out
+
+
 def _moe_block(hf, cfg, p, rows, cols, cat, like, arr, experts, whole):
     """A sparse MoE layer's rollout tensors (docs/architectures.md, "Mixture of experts"): the
     router whole, each of `experts`' gate|up rows and down columns sliced like the dense MLP
@@ -143,6 +169,7 @@ def to_rollout_names(hf, cfg, tp=1, rank=0, expert_parallel=False):
     only this rank's experts (rank_experts), each whole; attention and the rest stay tp-sliced."""
     h, q_dim, kv_dim, ff, vocab = _dims(cfg)
     experts = rank_experts(cfg, tp, rank, expert_parallel)
+    hf = v4_names(hf, cfg)
     if expert_parallel and cfg["architectures"][0] == "MixtralForCausalLM":
         ff = 0  # Mixtral's intermediate_size is its experts' width: whole under expert parallelism
     for what, n in (("q_dim", q_dim), ("kv_dim", kv_dim), ("intermediate_size", ff), ("vocab_size", vocab)):

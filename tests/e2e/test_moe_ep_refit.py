@@ -13,6 +13,10 @@
 - On each path a missing, a duplicated and a mis-shaped expert (for the records: one cut for
   TP-MoE, each expert sliced) is a 422 naming layer and expert; the weights served before keep
   serving bitwise (on every rank: each rank holds different experts).
+- transformers v5's Mixtral names (its conversion_mapping.py: `mlp.gate`, the stacked
+  `mlp.experts.gate_up_proj [E, 2I, H]` / `down_proj [E, H, I]`) serve bitwise what the v4 names
+  serve (tp=1 and EP=2), give the same state dict per EP rank (fdctl model-info, to_rollout_names)
+  and refit an EP=2 daemon; a tensor under both names is a 422 naming the layer.
 - EP with 4 ranks (Qwen2-MoE-like: 12 experts, 4 KV heads) serves tp=1's greedy tokens,
   logprobs within 1e-4, the same as EP=2's."""
 import glob
@@ -27,7 +31,7 @@ import unittest
 
 import numpy as np
 
-from fdtest import FDCTL, STORIES, Daemon, copy_checkpoint, fdctl, make_checkpoint, perturbed
+from fdtest import FDCTL, STORIES, Daemon, copy_checkpoint, fdctl, make_checkpoint, perturbed, rewrite_tensors
 
 import fdpublish  # noqa: E402  (fdtest puts scripts/ on the path)
 import safetensors_np  # noqa: E402
@@ -338,6 +342,65 @@ class EpRefits(unittest.TestCase):
             self.assertEqual(generate(d), base)
             self.assertEqual(generate(t), base_tp1)
             self.assertEqual([x.get("/health")[1]["weight_version"] for x in (d, t)], ["v-base", "v-base"])
+
+    # ---- transformers v5's Mixtral names ----
+
+    def test_v5_mixtral_names_serve_list_and_refit_like_v4(self):
+        preset = "mixtral-like"
+        base, want, _ = self.references(preset)
+        v5 = to_v5_mixtral(self.ck[preset], os.path.join(self.tmp, "mx-v5"))
+        t = safetensors_np.load_file(os.path.join(v5, "model.safetensors"))
+        self.assertEqual(t["model.layers.1.mlp.experts.gate_up_proj"].shape, (8, 192, 64))
+        self.assertNotIn("model.layers.1.block_sparse_moe.gate.weight", t)
+        self.assertEqual(fresh(v5), fresh(self.ck[preset]))  # tp=1, bitwise
+        self.assertEqual(fresh(v5, *EP2), base)
+        # the state dict per EP rank: the same names, shapes and values from either naming
+        cfg = fdpublish.load_config(v5)
+        hf4, hf5 = fdpublish.load_checkpoint(self.ck[preset]), fdpublish.load_checkpoint(v5)
+        infos = []
+        for d in (self.ck[preset], v5):
+            p = subprocess.run([FDCTL, "model-info", "--model", d, "--tp", "2", "--ep", "--json"], capture_output=True,
+                               text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            infos.append([(r["state_dict"], r["training_slices"]) for r in json.loads(p.stdout)["ranks"]])
+        self.assertEqual(infos[0], infos[1])
+        for r in (0, 1):
+            a = fdpublish.to_rollout_names(hf4, cfg, tp=2, rank=r, expert_parallel=True)
+            b = fdpublish.to_rollout_names(hf5, cfg, tp=2, rank=r, expert_parallel=True)
+            self.assertEqual(sorted(a), sorted(b))
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        # an EP=2 daemon (v4 names) refitted from a v5 checkpoint of other weights serves them
+        model = copy_checkpoint(self.ck[preset], os.path.join(self.tmp, "mx-v5-live"))
+        other5 = to_v5_mixtral(self.other[preset], os.path.join(self.tmp, "mx-v5-other"))
+        both = to_v5_mixtral(self.other[preset], os.path.join(self.tmp, "mx-v5-both"))
+        rewrite_tensors(both, lambda x: x.update({"model.layers.0.block_sparse_moe.gate.weight":
+                                                  x["model.layers.0.mlp.gate.weight"]}))
+        with Daemon(*EP2, "--dynamic-load-weight", model=model) as d:
+            shutil.copyfile(os.path.join(both, "model.safetensors"), os.path.join(model, "model.safetensors"))
+            self.assert_refused(d, "both", base, "layer 0 router is given twice", "model.layers.0.mlp.gate.weight")
+            shutil.copyfile(os.path.join(other5, "model.safetensors"), os.path.join(model, "model.safetensors"))
+            status, j = self.update(d, "v5")
+            self.assertEqual(status, 200, j)
+            self.assert_serves(d, preset)
+
+
+def to_v5_mixtral(src, dst):
+    """dst = the Mixtral checkpoint src under transformers v5's names (conversion_mapping.py):
+    block_sparse_moe.gate -> mlp.gate; experts' w1 | w3 -> mlp.experts.gate_up_proj [E, 2I, H]
+    (MergeModulelist(dim=0) then Concatenate(dim=1)), w2 -> mlp.experts.down_proj [E, H, I]."""
+    cfg = fdpublish.load_config(src)
+
+    def mutate(t):
+        for layer in range(cfg["num_hidden_layers"]):
+            b, v5 = f"model.layers.{layer}.block_sparse_moe.", f"model.layers.{layer}.mlp."
+            t[v5 + "gate.weight"] = t.pop(b + "gate.weight")
+            e = range(cfg["num_local_experts"])
+            w1, w3, w2 = ([t.pop(f"{b}experts.{i}.{w}.weight") for i in e] for w in ("w1", "w3", "w2"))
+            t[v5 + "experts.gate_up_proj"] = np.concatenate([np.stack(w1), np.stack(w3)], axis=1)
+            t[v5 + "experts.down_proj"] = np.stack(w2)
+
+    return rewrite_tensors(copy_checkpoint(src, dst), mutate)
 
 
 class Ep4(unittest.TestCase):

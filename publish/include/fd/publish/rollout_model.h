@@ -92,7 +92,8 @@ public:
     /// top of this file); fd::Error{invalid_argument} on a dense model or when tp_size does not
     /// divide num_experts (naming both numbers).
     RolloutModel(const std::filesystem::path & model_dir, int tp_size, bool expert_parallel = false);
-    /// From an already parsed config and a validated index (HF names). Errors  as above.
+    /// From an already parsed config and a validated index (HF names; transformers v5's Mixtral
+    /// names are read as the v4 ones, alias_v5_mixtral_names). Errors  as above.
     RolloutModel(ModelConfig cfg, const TensorIndex & idx, int tp_size, bool expert_parallel = false);
 
     const ModelConfig &  config() const { return cfg_; }
@@ -124,7 +125,8 @@ public:
     std::vector<RankTensorSource> training_slices(int rank) const;
 
     /// Fill `dst` ([src.tensor.nbytes()] bytes) with the inference tensor `src` of one rank from
-    /// the HF checkpoint `idx` (the one this model was built from, or one like it): reads the
+    /// the HF checkpoint `idx` (the one this model was built from, or one like it, under the v4
+    /// names: pass a v5 Mixtral index through fd::model::with_v4_names first): reads the
     /// slices, converts F16 (or mixed) parts to F32 when the state dict says F32.
     /// Errors  fd::Error{invalid_checkpoint} naming the file and tensor (missing, short read,
     ///         other shape).
