@@ -24,6 +24,8 @@
 #include <iostream>
 #include <set>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 namespace {
 
@@ -112,16 +114,17 @@ int run_wait(const Options & o) {
 
 std::string base_url(const Options & o) { return o.url.empty() ? "http://127.0.0.1:" + std::to_string(o.port) : o.url; }
 
-/// The tensor_parallel_size of the daemon on o.port (its /health), 0 when none answers within
-/// a few seconds (publish --strategy ipc works without a daemon).
-int rollout_tp(const Options & o) {
+/// The tensor_parallel_size and expert_parallel_size of the daemon on o.port (its /health),
+/// {0, 0} when none answers within a few seconds (publish --strategy ipc works without a daemon).
+std::pair<int, int> rollout_sizes(const Options & o) {
     try {
         const fdctl::Reply r = fdctl::make_v1_transport(base_url(o), o.api_key, std::min(o.timeout_s, 5.0))->call({.op = "status"});
-        if (r.http_status != 200) { return 0; }
+        if (r.http_status != 200) { return {0, 0}; }
         const auto j = nlohmann::json::parse(r.body, nullptr, false);
-        return j.is_object() ? j.value("tensor_parallel_size", 1) : 0;
+        if (!j.is_object()) { return {0, 0}; }
+        return {j.value("tensor_parallel_size", 1), j.value("expert_parallel_size", 1)};
     } catch (const fd::Error &) {
-        return 0;
+        return {0, 0};
     }
 }
 
@@ -228,11 +231,16 @@ int main(int argc, char ** argv) {
     publish->add_option("--version", pub.version, "rsync, ipc: version to publish ([A-Za-z0-9._-]{1,128}); ipc_snapshot: optional, written to version.yaml");
     auto * publish_tp = publish->add_option("--tp", pub.tp, "ipc_snapshot, ipc: the rollout's tensor parallel size (ipc: default the "
                                                              "running rollout's on --port, else 1)")->capture_default_str();
+    auto * publish_ep = publish->add_flag("--ep,--enable-expert-parallel", pub.ep,
+                                          "ipc_snapshot, ipc: for a rollout started with --enable-expert-parallel: each rank's "
+                                          "record holds only its experts, whole (ipc: default the running rollout's on --port)");
     publish->callback([&] { cmd.op = "publish"; });
     fdctl::ModelInfoOptions info;
     auto * model_info = app.add_subcommand("model-info", "Print the rollout's state dict per rank and its training-name mapping");
     model_info->add_option("--model", info.model_dir, "Hugging Face checkpoint dir")->required();
     model_info->add_option("--tp", info.tp, "Tensor parallel size")->capture_default_str();
+    model_info->add_flag("--ep,--enable-expert-parallel", info.ep, "The daemon's --enable-expert-parallel layout: each rank lists "
+                         "only its experts, whole (experts [r*E/tp, (r+1)*E/tp))");
     model_info->add_option("--kv-cache-dtype", info.kv_cache_dtype,
                            "The daemon's --kv-cache-dtype the kv_cache figures are for: auto (= float32), float32, bfloat16")
         ->check(CLI::IsMember({"auto", "float32", "bfloat16"}))->capture_default_str();
@@ -292,7 +300,8 @@ int main(int argc, char ** argv) {
             pub.json     = o.json;
             pub.quiet    = o.quiet;
             pub.tp_given = publish_tp->count() > 0;
-            if (pub.strategy == "ipc") { pub.rollout_tp = rollout_tp(o); }
+            pub.ep_given = publish_ep->count() > 0;
+            if (pub.strategy == "ipc") { std::tie(pub.rollout_tp, pub.rollout_ep) = rollout_sizes(o); }
             return fdctl::run_publish(pub);
         }
         if (cmd.op == "model_info") {

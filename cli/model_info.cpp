@@ -1,9 +1,12 @@
-// fdctl model-info --model DIR [--tp N] [--json]: RolloutModel's state dict per rank and the
-// training (HF) names each inference tensor maps to (docs/weight_sources.md).
+// fdctl model-info --model DIR [--tp N] [--ep] [--json]: RolloutModel's state dict per rank and
+// the training (HF) names each inference tensor maps to (docs/weight_sources.md). --ep
+// (--enable-expert-parallel): the daemon's expert-parallel layout, each rank only its experts.
 //
 // --json prints
-//   {"model": DIR, "architecture": ..., "tp": N,
-//    "ranks": [{"rank": r, "state_dict": [{"name", "shape", "dtype"}],
+//   {"model": DIR, "architecture": ..., "tp": N, "ep": N or 1,
+//    "ranks": [{"rank": r, "experts": [begin, end) of each sparse layer (MoE models only),
+//               "state_dict": [{"name", "shape", "dtype"}],
+//               "name_mappings_to_training": {this rank's inference name: [HF names]},
 //               "training_slices": [{"name", "slices": [{"hf_name", "dim", "begin", "end", "dst_row0"}]}]}],
 //    "name_mappings_to_training": {inference name: [HF names, stacking order]}}
 //    "kv_cache": {"dtype": "float32" | "bfloat16", "bytes_per_token": per rank, "bytes_per_token_all_ranks"}
@@ -46,7 +49,8 @@ json numerics_json(const std::string & cd, const std::string & wdtype) {
 }  // namespace
 
 int run_model_info(const ModelInfoOptions & o) {
-    const fd::publish::RolloutModel m(o.model_dir, o.tp);
+    const fd::publish::RolloutModel m(o.model_dir, o.tp, o.ep);
+    const bool moe = m.config().moe.enabled();
     const auto mapping = m.name_mappings_to_training();
     const bool    bf16_kv  = o.kv_cache_dtype == "bfloat16";
     const int64_t kv_token = 2LL * m.config().n_layers * m.config().kv_dim() * (bf16_kv ? 2 : 4);  // all ranks
@@ -62,8 +66,8 @@ int run_model_info(const ModelInfoOptions & o) {
     }
     const json numerics = numerics_json(o.compute_dtype, wdtype);
     if (o.json) {
-        json j = {{"model", o.model_dir}, {"architecture", m.config().architecture}, {"tp", o.tp}, {"kv_cache", kv_cache},
-                  {"ranks", json::array()}};
+        json j = {{"model", o.model_dir}, {"architecture", m.config().architecture}, {"tp", o.tp}, {"ep", m.ep_size()},
+                  {"kv_cache", kv_cache}, {"ranks", json::array()}};
         for (int r = 0; r < o.tp; ++r) {
             json sd = json::array(), sl = json::array();
             for (const auto & src : m.training_slices(r)) {
@@ -74,21 +78,34 @@ int run_model_info(const ModelInfoOptions & o) {
                 }
                 sl.push_back({{"name", src.tensor.name}, {"slices", std::move(slices)}});
             }
-            j["ranks"].push_back({{"rank", r}, {"state_dict", std::move(sd)}, {"training_slices", std::move(sl)}});
+            json rank = {{"rank", r}, {"state_dict", std::move(sd)}, {"training_slices", std::move(sl)},
+                         {"name_mappings_to_training", m.name_mappings_to_training(r)}};
+            if (moe) {
+                const auto [e0, e1] = m.rank_experts(r);
+                rank["experts"] = {e0, e1};
+            }
+            j["ranks"].push_back(std::move(rank));
         }
         j["name_mappings_to_training"] = mapping;
         j["numerics"] = numerics;
         std::cout << j.dump() << "\n";
         return 0;
     }
-    std::cout << fmt::format("model {} ({}), tensor parallel size {}\n", o.model_dir, m.config().architecture, o.tp);
+    std::cout << fmt::format("model {} ({}), tensor parallel size {}{}\n", o.model_dir, m.config().architecture, o.tp,
+                             m.ep_size() > 1 ? fmt::format(", expert parallel size {}", m.ep_size()) : std::string{});
     std::cout << fmt::format("KV cache: {}, {} bytes per token per rank ({} all ranks)\n", kv_cache["dtype"].get<std::string>(),
                              kv_token / o.tp, kv_token);
     for (int r = 0; r < o.tp; ++r) {
         const auto srcs = m.training_slices(r);
         int64_t bytes = 0;
         for (const auto & s : srcs) { bytes += s.tensor.nbytes(); }
-        std::cout << fmt::format("\nrank {}: {} tensors, {:.1f} MiB\n", r, srcs.size(), bytes / 1048576.0);
+        std::string experts;
+        if (moe) {
+            const auto [e0, e1] = m.rank_experts(r);
+            experts = fmt::format(", experts {}..{} of {} per sparse layer{}", e0, e1 - 1, m.config().moe.n_experts,
+                                  m.ep_size() > 1 ? " (whole)" : " (each sliced)");
+        }
+        std::cout << fmt::format("\nrank {}: {} tensors, {:.1f} MiB{}\n", r, srcs.size(), bytes / 1048576.0, experts);
         std::cout << fmt::format("  {:<46} {:<14} {:<5} {}\n", "name", "shape", "dtype", "training slices");
         for (const auto & s : srcs) {
             std::vector<std::string> parts;

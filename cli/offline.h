@@ -15,6 +15,9 @@ struct PublishOptions {
     int         tp   = 1;        ///< ipc_snapshot, ipc: tensor parallel size of the rollout
     bool        tp_given = false;///< --tp was on the command line (ipc: else the running rollout's is used)
     int         rollout_tp = 0;  ///< ipc: the tensor_parallel_size the daemon on --port reports (0: none answered)
+    bool        ep = false;      ///< ipc_snapshot, ipc: --ep (--enable-expert-parallel): cut each rank's experts whole
+    bool        ep_given = false;///< --ep was on the command line (ipc: else the running rollout's is used)
+    int         rollout_ep = 0;  ///< ipc: the expert_parallel_size the daemon on --port reports (0: none answered)
     int         port = 8000;     ///< ipc: the rollout's --port (names the shm records)
     bool        json  = false;
     bool        quiet = false;
@@ -30,6 +33,7 @@ int publish_ipc(const PublishOptions & o);            ///< cli/publish_ipc.cpp
 struct ModelInfoOptions {
     std::string model_dir;
     int         tp   = 1;
+    bool        ep   = false;  ///< --ep / --enable-expert-parallel: the daemon's expert-parallel layout (ep = tp)
     bool        json = false;
     std::string kv_cache_dtype = "auto";  ///< the daemon's --kv-cache-dtype: auto | float32 | bfloat16 (sizes kv_cache)
     std::string compute_dtype = "float32";  ///< the daemon's --compute-dtype the numerics block describes

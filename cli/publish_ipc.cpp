@@ -1,7 +1,8 @@
 // fdctl publish --strategy ipc_snapshot | ipc: the trainer side of the two same-host strategies
 // (docs/weight_sources.md). Both convert a Hugging Face checkpoint (--from) into the rollout's
 // state dict per tensor-parallel rank with RolloutModel (q|k|v and gate|up fused by stacking
-// rows, Megatron sharding, dtypes kept; F16 becomes F32 like the rollout holds it).
+// rows, Megatron sharding, dtypes kept; F16 becomes F32 like the rollout holds it). --ep (a rollout
+// started with --enable-expert-parallel): each rank's record holds only its experts, whole.
 //
 // ipc_snapshot: MODEL_DIR/model_state.tp{r}.safetensors for every rank, each written as .tmp and
 //   renamed; then stale model_state.tp{r}.part*.safetensors (which would shadow the new file) are
@@ -161,8 +162,10 @@ int publish_ipc_snapshot(const PublishOptions & o) {
     if (o.model_dir.empty()) { fd::fail(fd::Errc::invalid_argument, "publish --strategy ipc_snapshot needs --model (the rollout's --model dir)"); }
     const fs::path dir = o.model_dir;
     if (!fs::is_directory(dir)) { fd::fail(fd::Errc::not_found, "--model {} is not a directory", dir.string()); }
-    const fd::model::TensorIndex idx = fd::model::read_tensor_index(o.from);
-    const fd::publish::RolloutModel m(fd::model::load_model_config(o.from), idx, o.tp);
+    const fd::model::ModelConfig cfg = fd::model::load_model_config(o.from);
+    fd::model::TensorIndex idx = fd::model::read_tensor_index(o.from);
+    fd::model::alias_v5_mixtral_names(cfg, idx);  // gather reads the v4 names the state dict maps to
+    const fd::publish::RolloutModel m(cfg, idx, o.tp, o.ep);
     // version.yaml names the snapshot files: the old one goes before the first new file (a reader
     // in between sees no version, never the old one on new bytes), the new one (--version) last.
     std::error_code rm_ec;
@@ -196,7 +199,7 @@ int publish_ipc_snapshot(const PublishOptions & o) {
         }
         fs::rename(tmp, dir / "version.yaml");
     }
-    json j = {{"strategy", "ipc_snapshot"}, {"model", dir.string()}, {"tp", o.tp}, {"bytes", total}, {"ranks", ranks}};
+    json j = {{"strategy", "ipc_snapshot"}, {"model", dir.string()}, {"tp", o.tp}, {"ep", m.ep_size()}, {"bytes", total}, {"ranks", ranks}};
     if (!o.version.empty()) { j["version"] = o.version; }
     print_summary(o, j, fmt::format("published {} as ipc_snapshot into {} ({} rank(s), {:.1f} MiB){}", o.from, dir.string(), o.tp,
                                     total / 1048576.0, o.version.empty() ? "" : "; version.yaml step " + o.version));
@@ -212,17 +215,27 @@ int publish_ipc(const PublishOptions & given) {
         fd::fail(fd::Errc::invalid_argument, "the rollout on port {} runs tp={}, --tp {} was given: pass --tp {} (or leave --tp out); "
                                              "nothing published", o.port, o.rollout_tp, o.tp, o.rollout_tp);
     }
+    // The expert layout likewise: the running daemon's unless --ep says it; a record cut for the
+    // other layout would be refused by every rank (the expert shapes differ).
+    if (!o.ep_given && o.rollout_ep > 0) { o.ep = o.rollout_ep > 1; }
+    if (o.ep_given && o.rollout_ep == 1 && o.rollout_tp > 1) {
+        fd::fail(fd::Errc::invalid_argument, "the rollout on port {} runs without --enable-expert-parallel (each expert sliced over "
+                                             "its tp={} ranks), --ep was given: leave --ep out; nothing published", o.port, o.rollout_tp);
+    }
     check_common(o);
     if (o.version.empty()) { fd::fail(fd::Errc::invalid_argument, "publish --strategy ipc needs --version"); }
-    const fd::model::TensorIndex idx = fd::model::read_tensor_index(o.from);
-    const fd::publish::RolloutModel m(fd::model::load_model_config(o.from), idx, o.tp);
+    const fd::model::ModelConfig cfg = fd::model::load_model_config(o.from);
+    fd::model::TensorIndex idx = fd::model::read_tensor_index(o.from);
+    fd::model::alias_v5_mixtral_names(cfg, idx);  // gather reads the v4 names the state dict maps to
+    const fd::publish::RolloutModel m(cfg, idx, o.tp, o.ep);
     json ranks = json::array();
     uint64_t total = 0;
     for (int r = 0; r < o.tp; ++r) {
         ranks.push_back(publish_rank(o, m, idx, r));
         total += ranks.back()["bytes"].get<uint64_t>();
     }
-    json j = {{"strategy", "ipc"}, {"version", o.version}, {"port", o.port}, {"tp", o.tp}, {"bytes", total}, {"ranks", ranks}};
+    json j = {{"strategy", "ipc"}, {"version", o.version}, {"port", o.port}, {"tp", o.tp}, {"ep", m.ep_size()}, {"bytes", total},
+              {"ranks", ranks}};
     std::string files;
     for (int r = 0; r < o.tp; ++r) { files += (r ? ", /dev/shm" : "/dev/shm") + fd::shm::ipc_weights_name(o.port, r); }
     print_summary(o, j, fmt::format("published {} as ipc version {} for port {} (tp={}{}, {:.1f} MiB): {}; "

@@ -2,7 +2,8 @@
 // exports write, `model.layers.L.<P>.experts.gate_up_proj [E, 2I, H]` and
 // `...experts.down_proj [E, H, I]` (transformers v5's Qwen3MoeExperts: gate_up_proj[e] · x
 // chunked into gate | up), turned into per-expert views of the same file bytes so that the one
-// layout (plan_layout) and the one reader (fill_weights) serve both forms.
+// layout (plan_layout) and the one reader (fill_weights) serve both forms; and transformers v5's
+// Mixtral names (the block called `mlp`) mapped onto the v4 ones (alias_v5_mixtral_names).
 #include "fd/checkpoint/layout.h"
 
 #include "fd/status.h"
@@ -62,6 +63,40 @@ void split_stacked_experts(TensorIndex & idx) {
             }
         }
     }
+}
+
+bool alias_v5_mixtral_names(const ModelConfig & cfg, TensorIndex & idx) {
+    if (cfg.arch != Arch::mixtral) { return false; }
+    static const std::regex kV5(R"(^model\.layers\.(\d+)\.mlp\.(gate\.weight|experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight)$)");
+    std::vector<std::string> v5;
+    for (const auto & [name, t] : idx.tensors) {
+        if (name.find(".mlp.") != std::string::npos && std::regex_match(name, kV5)) { v5.push_back(name); }
+    }
+    for (const std::string & name : v5) {
+        std::smatch mt;
+        std::regex_match(name, mt, kV5);
+        const std::string layer = mt[1], leaf = mt[4];
+        const std::string v4 = mt[3].matched
+            ? fmt::format("model.layers.{}.block_sparse_moe.experts.{}.{}.weight", layer, std::string(mt[3]),
+                          leaf == "gate_proj" ? "w1" : leaf == "up_proj" ? "w3" : "w2")
+            : fmt::format("model.layers.{}.block_sparse_moe.gate.weight", layer);
+        if (idx.tensors.count(v4)) {
+            fail(Errc::invalid_checkpoint, "{}: layer {}{} is given twice: as '{}' and as transformers v5's '{}'",
+                 idx.tensors.at(name).file.string(), layer, mt[3].matched ? " expert " + std::string(mt[3]) : std::string(" router"),
+                 v4, name);
+        }
+        TensorInfo t = std::move(idx.tensors.at(name));
+        idx.tensors.erase(name);
+        t.name = v4;
+        idx.tensors.emplace(v4, std::move(t));
+    }
+    return !v5.empty();
+}
+
+const TensorIndex & with_v4_names(const ModelConfig & cfg, const TensorIndex & idx, TensorIndex & storage) {
+    if (cfg.arch != Arch::mixtral) { return idx; }
+    storage = idx;
+    return alias_v5_mixtral_names(cfg, storage) ? storage : idx;
 }
 
 }  // namespace fd::model

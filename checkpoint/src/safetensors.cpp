@@ -158,7 +158,8 @@ void read_header(const fs::path & file, TensorIndex & idx) {
         t.file_dev = static_cast<uint64_t>(st.st_dev);
         t.file_ino = static_cast<uint64_t>(st.st_ino);
         if (auto prev = idx.tensors.find(t.name); prev != idx.tensors.end()) {
-            fail(Errc::invalid_checkpoint, "{}: tensor '{}' is also in {}", file.string(), t.name, prev->second.file.string());
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}'{} is also in {}", file.string(), t.name, expert_of(t.name),
+                 prev->second.file.string());
         }
         idx.total_bytes += t.size_bytes;
         std::string name = t.name;

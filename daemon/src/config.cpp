@@ -214,7 +214,9 @@ namespace {
 /// kernels' workspaces. Each rank holds 1/tp of every block on its own device.
 int64_t gpu_kv_pool_bytes(const Config & cfg, const Resolved & r) {
     const int32_t tp      = std::max(1, cfg.model.tensor_parallel_size);
-    const auto    layout  = model::plan_layout(r.model, model::read_tensor_index(cfg.model.model_dir), r.world.tp_rank(0));
+    model::TensorIndex renamed;
+    const auto    layout  = model::plan_layout(r.model, model::with_v4_names(r.model, model::read_tensor_index(cfg.model.model_dir), renamed),
+                                               r.world.tp_rank(0));
     const int64_t weights = layout.arena_bytes * (cfg.weights.update_staging == "persistent" ? 2 : 1);
     const auto &  m       = r.model;
     const int64_t n       = cfg.engine.scheduler.max_num_batched_tokens;

@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace fd::publish {
@@ -35,15 +36,27 @@ int64_t StateTensor::numel() const {
     return n;
 }
 
-RolloutModel::RolloutModel(const std::filesystem::path & model_dir, int tp_size)
-    : RolloutModel(load_model_config(model_dir), read_tensor_index(model_dir), tp_size) {}
+RolloutModel::RolloutModel(const std::filesystem::path & model_dir, int tp_size, bool expert_parallel)
+    : RolloutModel(load_model_config(model_dir), read_tensor_index(model_dir), tp_size, expert_parallel) {}
 
-RolloutModel::RolloutModel(ModelConfig cfg, const TensorIndex & idx, int tp_size) : cfg_(std::move(cfg)), tp_(tp_size) {
-    check_tp_divides(cfg_, tp_);
+RolloutModel::RolloutModel(ModelConfig cfg, const TensorIndex & given, int tp_size, bool expert_parallel)
+    : cfg_(std::move(cfg)), tp_(tp_size), ep_(expert_parallel ? std::max(1, tp_size) : 1) {
+    if (expert_parallel && !cfg_.moe.enabled()) {
+        fail(Errc::invalid_argument, "expert parallel needs a mixture-of-experts model; {} is dense (no num_experts)",
+             cfg_.architecture);
+    }
+    check_tp_divides(cfg_, tp_, ep_);
+    TensorIndex renamed;  // transformers v5 Mixtral names: training_slices name the v4 ones
+    const TensorIndex & idx = with_v4_names(cfg_, given, renamed);
     validate_checkpoint(cfg_, idx);
     layout_ = plan_layout(cfg_, idx);
     // The loader's own plan for every rank (layout.h: the one home of the sharding).
-    for (int r = 0; r < tp_; ++r) { rank_layouts_.push_back(plan_layout(cfg_, idx, {r, tp_})); }
+    for (int r = 0; r < tp_; ++r) { rank_layouts_.push_back(plan_layout(cfg_, idx, {r, tp_, ep_})); }
+}
+
+std::pair<int32_t, int32_t> RolloutModel::rank_experts(int rank) const {
+    check_rank(rank);
+    return model::rank_experts(cfg_.moe.enabled() ? cfg_.moe.n_experts : 0, {rank, tp_, ep_});
 }
 
 const WeightLayout & RolloutModel::rank_layout(int rank) const {
@@ -75,9 +88,10 @@ std::vector<StateTensor> RolloutModel::state_dict(int rank) const {
     return out;
 }
 
-std::map<std::string, std::vector<std::string>> RolloutModel::name_mappings_to_training() const {
+std::map<std::string, std::vector<std::string>> RolloutModel::name_mappings_to_training(int rank) const {
+    if (rank != -1) { check_rank(rank); }
     std::map<std::string, std::vector<std::string>> m;
-    for (const InferenceTensor & t : layout_.tensors) {
+    for (const InferenceTensor & t : (rank < 0 ? layout_ : rank_layouts_[static_cast<size_t>(rank)]).tensors) {
         auto & v = m[t.name];
         for (const WeightPart & p : t.parts) { v.push_back(p.hf_name); }
     }

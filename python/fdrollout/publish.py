@@ -13,6 +13,11 @@ version, even if this process dies midway):
     fdpublish.publish_rsync(hf, store="/data/store", version="42", template_dir="/models/base", dtype="BF16")
     # ipc_snapshot: per-rank files in the rollout's --model dir, in inference names
     fdpublish.publish_ipc_snapshot(fdpublish.to_rollout_names(hf, cfg), "/models/base", dtype="BF16")
+    # a rollout on --tensor-parallel-size 2 --enable-expert-parallel: one file per rank, each with
+    # only its experts (whole)
+    for r in range(2):
+        fdpublish.publish_ipc_snapshot(fdpublish.to_rollout_names(hf, cfg, tp=2, rank=r, expert_parallel=True),
+                                       "/models/base", rank=r)
     # ipc: POSIX shared memory read by the rollout on --port 8000
     fdpublish.publish_ipc(fdpublish.to_rollout_names(hf, cfg), port=8000, version="42", dtype="BF16")
 
@@ -73,18 +78,68 @@ def _dims(cfg):
     return h, n_heads * head_dim, n_kv * head_dim, cfg.get("intermediate_size", 0), cfg["vocab_size"]
 
 
-def _moe_block(hf, cfg, p, rows, cols, cat, like, arr):
+def n_experts(cfg):
+    """num_experts (Mixtral: num_local_experts) of an HF config; 0 for a dense model."""
+    mixtral = cfg.get("architectures", [""])[0] == "MixtralForCausalLM"
+    return int(cfg.get("num_local_experts" if mixtral else "num_experts", 0) or 0)
+
+
+def rank_experts(cfg, tp=1, rank=0, expert_parallel=False):
+    """The experts range(begin, end) of each sparse layer that `rank` of `tp` holds: all of them
+    without expert parallelism, [rank*E/tp, (rank+1)*E/tp) with it (the daemon's
+    --enable-expert-parallel; fd/checkpoint/layout.h rank_experts). ValueError on a dense model
+    or when tp does not divide the experts (naming both numbers)."""
+    e = n_experts(cfg)
+    if not expert_parallel:
+        return range(0, e)
+    if e == 0:
+        raise ValueError(f"expert parallel needs a mixture-of-experts model; {cfg.get('architectures', ['?'])[0]} is dense "
+                         "(no num_experts)")
+    if e % tp:
+        raise ValueError(f"num_experts = {e} is not divisible by the expert parallel size {tp} (tp with expert_parallel)")
+    return range(rank * e // tp, (rank + 1) * e // tp)
+
+
+_V5_MIXTRAL = re.compile(r"^(model\.layers\.\d+)\.mlp\.(gate\.weight|experts\.(?:gate_up_proj|down_proj)|experts\.(\d+)\."
+                         r"(gate_proj|up_proj|down_proj)\.weight)$")
+_V5_LEAF = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+
+
+def v4_names(hf, cfg):
+    """`hf` under the names the rollout maps from: transformers v5 calls Mixtral's sparse block
+    `mlp` (mlp.gate, and the stacked mlp.experts.gate_up_proj [E, 2I, H] / down_proj [E, H, I]);
+    v4 and the rollout call it block_sparse_moe (experts' w1 | w3, w2). Other models unchanged.
+    ValueError naming layer and expert when a tensor is given under both names."""
+    if cfg.get("architectures", [""])[0] != "MixtralForCausalLM":
+        return hf
+    out = {}
+    for k, v in hf.items():
+        m = _V5_MIXTRAL.match(k)
+        if m:
+            if m.group(3) is not None:
+                k = f"{m.group(1)}.block_sparse_moe.experts.{m.group(3)}.{_V5_LEAF[m.group(4)]}.weight"
+            else:
+                k = f"{m.group(1)}.block_sparse_moe.{m.group(2)}"
+            if k in hf or k in out:
+                raise ValueError(f"{k}: given twice, under its v4 name and transformers v5's")
+        out[k] = v
+    return out
+
+
+def _moe_block(hf, cfg, p, rows, cols, cat, like, arr, experts, whole):
     """A sparse MoE layer's rollout tensors (docs/architectures.md, "Mixture of experts"): the
-    router whole, each expert's gate|up rows and down columns sliced like the dense MLP, Qwen2-MoE's
-    shared expert and gate. Experts per expert or stacked (experts.gate_up_proj [E, 2I, H])."""
+    router whole, each of `experts`' gate|up rows and down columns sliced like the dense MLP
+    (`whole`: expert parallel, each expert and the shared expert whole), Qwen2-MoE's shared expert
+    and gate. Experts per expert or stacked (experts.gate_up_proj [E, 2I, H])."""
     mixtral = cfg["architectures"][0] == "MixtralForCausalLM"
     b = p + ("block_sparse_moe." if mixtral else "mlp.")
-    n_exp = cfg["num_local_experts"] if mixtral else cfg["num_experts"]
+    if whole:
+        rows = cols = lambda v, n: v  # noqa: E731  (expert parallel: no expert is sliced)
     g, u, d = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
     fused = "w13" if mixtral else "gate_up_proj"
     out = {b + "gate.weight": hf[b + "gate.weight"]}
     stacked = next((b + "experts." + n for n in ("gate_up_proj", "gate_up_proj.weight") if b + "experts." + n in hf), None)
-    for e in range(n_exp):
+    for e in experts:
         x = f"{b}experts.{e}."
         if stacked:
             gu = arr(hf[stacked])[e]
@@ -106,11 +161,17 @@ def _moe_block(hf, cfg, p, rows, cols, cat, like, arr):
     return out
 
 
-def to_rollout_names(hf, cfg, tp=1, rank=0):
+def to_rollout_names(hf, cfg, tp=1, rank=0, expert_parallel=False):
     """HF-named tensors -> the rollout's state dict for `rank` of `tp` (docs/weight_sources.md):
     q|k|v fused into qkv_proj, gate|up into gate_up_proj, sharded Megatron-style when tp > 1,
-    lm_head dropped when the embeddings are tied. Values keep their (array, dtype) form."""
+    lm_head dropped when the embeddings are tied. Values keep their (array, dtype) form.
+    `expert_parallel` (a rollout started with --enable-expert-parallel): each sparse layer keeps
+    only this rank's experts (rank_experts), each whole; attention and the rest stay tp-sliced."""
     h, q_dim, kv_dim, ff, vocab = _dims(cfg)
+    experts = rank_experts(cfg, tp, rank, expert_parallel)
+    hf = v4_names(hf, cfg)
+    if expert_parallel and cfg["architectures"][0] == "MixtralForCausalLM":
+        ff = 0  # Mixtral's intermediate_size is its experts' width: whole under expert parallelism
     for what, n in (("q_dim", q_dim), ("kv_dim", kv_dim), ("intermediate_size", ff), ("vocab_size", vocab)):
         if n % tp:
             raise ValueError(f"{what} {n} is not divisible by tp {tp}")
@@ -157,7 +218,7 @@ def to_rollout_names(hf, cfg, tp=1, rank=0):
             out[m + "gate_up_proj.weight"] = cat(rows(hf[m + "gate_proj.weight"], ff), rows(hf[m + "up_proj.weight"], ff))
             out[m + "down_proj.weight"] = cols(hf[m + "down_proj.weight"], ff)
         else:
-            out.update(_moe_block(hf, cfg, p, rows, cols, cat, like, arr))
+            out.update(_moe_block(hf, cfg, p, rows, cols, cat, like, arr, experts, expert_parallel))
     out["model.norm.weight"] = hf["model.norm.weight"]
     for m in range(n_mtp):
         p = f"model.mtp_layers.{m}."

@@ -5,7 +5,11 @@
                              dynamic_load_weight=True, load_strategy="ipc_snapshot")
     rm = RolloutModel(cfg)
     rm.state_dict(rank=0)                   # {rollout name: float32 array} of tp rank 0
-    rm.get_name_mappings_to_training()      # {rollout name: [training (HF) names]}
+    rm.get_name_mappings_to_training()      # {rollout name: [training (HF) names]}, every rank's
+
+With `enable_expert_parallel=True` (FastDeploy's / vLLM's name; the daemon's
+--enable-expert-parallel) each rank's state dict holds only its experts, whole:
+`rm.rank_experts(r)` is their range, `rm.get_name_mappings_to_training(rank=r)` that rank's mapping.
 
 The rollout's names and shards are those of `fdctl model-info` and the C++ `RolloutModel`
 (publish/include/fd/publish/rollout_model.h): q|k|v fused into `qkv_proj`, gate|up into
@@ -22,7 +26,7 @@ LOAD_STRATEGIES = ("normal", "ipc_snapshot", "ipc", "rsync")
 
 class RolloutModelConfig:
     def __init__(self, model_name_or_path, tensor_parallel_size=1, dynamic_load_weight=True,
-                 load_strategy="normal"):
+                 load_strategy="normal", enable_expert_parallel=False):
         if not os.path.isfile(os.path.join(model_name_or_path, "config.json")):
             raise ValueError(f"model_name_or_path {model_name_or_path!r}: no config.json there")
         if not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
@@ -33,11 +37,14 @@ class RolloutModelConfig:
         self.tensor_parallel_size = tensor_parallel_size
         self.dynamic_load_weight = bool(dynamic_load_weight)
         self.load_strategy = load_strategy
+        if not isinstance(enable_expert_parallel, bool):
+            raise ValueError(f"enable_expert_parallel {enable_expert_parallel!r} must be a bool")
+        self.enable_expert_parallel = enable_expert_parallel
 
     def __repr__(self):
         return (f"RolloutModelConfig(model_name_or_path={self.model_name_or_path!r}, "
                 f"tensor_parallel_size={self.tensor_parallel_size}, dynamic_load_weight={self.dynamic_load_weight}, "
-                f"load_strategy={self.load_strategy!r})")
+                f"load_strategy={self.load_strategy!r}, enable_expert_parallel={self.enable_expert_parallel})")
 
 
 # Which training tensors each fused rollout tensor concatenates (in this order, along dim 0), by
@@ -69,20 +76,41 @@ class RolloutModel:
         self.cfg = cfg
         self.config = publish.load_config(cfg.model_name_or_path)
         self._hf = None
+        if cfg.enable_expert_parallel:  # refused now, naming why: a dense model, or tp not dividing the experts
+            publish.rank_experts(self.config, cfg.tensor_parallel_size, 0, True)
 
     def _training(self):
         if self._hf is None:
             self._hf = publish.load_checkpoint(self.cfg.model_name_or_path)
         return self._hf
 
-    def state_dict(self, rank=0):
-        """{rollout name: numpy array} of tensor-parallel `rank` (float32 values)."""
+    def _check_rank(self, rank):
         tp = self.cfg.tensor_parallel_size
-        if not 0 <= rank < tp:
-            raise ValueError(f"rank {rank} is outside tensor_parallel_size {tp}")
-        return publish.to_rollout_names(self._training(), self.config, tp=tp, rank=rank)
+        if not isinstance(rank, int) or not 0 <= rank < tp:
+            raise ValueError(f"rank {rank!r} is outside tensor_parallel_size {tp}")
 
-    def get_name_mappings_to_training(self):
+    def rank_experts(self, rank=0):
+        """range(begin, end): the experts of each sparse layer `rank` holds (all of them without
+        expert parallelism; empty for a dense model)."""
+        self._check_rank(rank)
+        return publish.rank_experts(self.config, self.cfg.tensor_parallel_size, rank, self.cfg.enable_expert_parallel)
+
+    def state_dict(self, rank=0):
+        """{rollout name: numpy array} of tensor-parallel `rank` (float32 values); under expert
+        parallelism only that rank's experts, whole."""
+        self._check_rank(rank)
+        return publish.to_rollout_names(self._training(), self.config, tp=self.cfg.tensor_parallel_size, rank=rank,
+                                        expert_parallel=self.cfg.enable_expert_parallel)
+
+    def get_name_mappings_to_training(self, rank=None):
         """{rollout name: [training names]}: one name for a plain tensor, the parts in
-        concatenation order for a fused one (q, k, v; gate, up; Mixtral's w1, w3)."""
-        return {name: _training_names(name) for name in self.state_dict(0)}
+        concatenation order for a fused one (q, k, v; gate, up; Mixtral's w1, w3). Every rank's
+        tensors (every expert); `rank`: only the tensors that rank holds."""
+        if rank is None:  # the same names on every rank unless each holds its own experts
+            ranks = range(self.cfg.tensor_parallel_size) if self.cfg.enable_expert_parallel else [0]
+        else:
+            ranks = [rank]
+        out = {}
+        for r in ranks:
+            out.update({name: _training_names(name) for name in self.state_dict(r)})
+        return out

@@ -211,6 +211,63 @@ TEST_CASE("gather copies the right rows and columns of each rank") {
     }
 }
 
+TEST_CASE("expert parallel: each rank lists only its experts, whole, and maps them to their HF names") {
+    TempDir d;  // Mixtral-shaped: 8 experts top-2 of width 24 (intermediate_size), hidden 32
+    const nlohmann::json cfg = {{"architectures", {"MixtralForCausalLM"}}, {"model_type", "mixtral"}, {"vocab_size", 96},
+                                {"hidden_size", 32}, {"intermediate_size", 24}, {"num_hidden_layers", 2},
+                                {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 8},
+                                {"num_local_experts", 8}, {"num_experts_per_tok", 2}, {"hidden_act", "silu"},
+                                {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-5}, {"tie_word_embeddings", false},
+                                {"bos_token_id", 1}, {"eos_token_id", 2}};
+    write_ramp_checkpoint(d.path, cfg, /*with_optional=*/true);
+    const auto idx = fd::model::read_tensor_index(d.path);
+    const RolloutModel m(d.path, 2, /*expert_parallel=*/true);
+    CHECK(m.ep_size() == 2);
+    CHECK(RolloutModel(d.path, 2).ep_size() == 1);
+    CHECK(RolloutModel(d.path, 2).rank_experts(1) == std::pair<int32_t, int32_t>{0, 8});
+    std::multiset<std::string> experts_seen;
+    for (int r = 0; r < 2; ++r) {
+        CAPTURE(r);
+        CHECK(m.rank_experts(r) == std::pair<int32_t, int32_t>{4 * r, 4 * r + 4});
+        const auto map = m.name_mappings_to_training(r);
+        for (const auto & src : m.training_slices(r)) {
+            const std::string & n = src.tensor.name;
+            if (n.find(".experts.") == std::string::npos) { continue; }
+            const int e = std::stoi(n.substr(n.find(".experts.") + 9));
+            CAPTURE(n);
+            CHECK((e >= 4 * r && e < 4 * r + 4));
+            experts_seen.insert(n);
+            CHECK(map.count(n) == 1);
+            const std::string x = n.substr(0, n.rfind('.', n.size() - 8) + 1);  // ...experts.E.
+            std::vector<float> out(static_cast<size_t>(src.tensor.numel()));
+            RolloutModel::gather(src, idx, reinterpret_cast<std::byte *>(out.data()));
+            if (n.ends_with("w13.weight")) {  // whole: w1's 24 rows, then w3's (each a ramp from 0)
+                CHECK(src.tensor.shape == std::vector<int64_t>{48, 32});
+                CHECK(map.at(n) == std::vector<std::string>{x + "w1.weight", x + "w3.weight"});
+                CHECK(out[23 * 32 + 31] == 23 * 32 + 31);
+                CHECK(out[24 * 32] == 0);
+            } else {  // w2 whole: every column
+                CHECK(src.tensor.shape == std::vector<int64_t>{32, 24});
+                CHECK(map.at(n) == std::vector<std::string>{n});
+                CHECK(out[31 * 24 + 23] == 31 * 24 + 23);
+            }
+        }
+        std::map<std::string, std::vector<int64_t>> shape;
+        for (const auto & t : m.state_dict(r)) { shape[t.name] = t.shape; }
+        CHECK(shape.at("model.layers.0.block_sparse_moe.gate.weight") == std::vector<int64_t>{8, 32});  // router whole
+        CHECK(shape.at("model.layers.0.self_attn.o_proj.weight") == std::vector<int64_t>{32, 16});       // attention tp-sliced
+    }
+    CHECK(experts_seen.size() == 2 * 8 * 2);  // 2 layers x 8 experts x (w13, w2), each on one rank only
+    CHECK(std::set<std::string>(experts_seen.begin(), experts_seen.end()).size() == experts_seen.size());
+    CHECK(m.name_mappings_to_training().size() == m.name_mappings_to_training(0).size() + 2 * 4 * 2);  // every rank's
+    std::string what;
+    CHECK(error_of([&] { RolloutModel(d.path, 3, true); }, &what) == Errc::invalid_argument);
+    CHECK(what.find("num_experts = 8") != std::string::npos);
+    CHECK(error_of([&] { RolloutModel(kStories, 1, true); }, &what) == Errc::invalid_argument);
+    CHECK(what.find("dense") != std::string::npos);
+    CHECK(error_of([&] { (void)m.name_mappings_to_training(2); }) == Errc::invalid_argument);
+}
+
 TEST_CASE("a tp that does not divide heads, kv heads, intermediate or vocab is invalid_argument") {
     CHECK(error_of([] { RolloutModel(kStories, 3); }) == Errc::invalid_argument);   // 8 heads
     CHECK(error_of([] { RolloutModel(kStories, 8); }) == Errc::invalid_argument);   // 4 kv heads

@@ -50,8 +50,10 @@ void check_backend_supports(const kernels::Backend & be, const WeightLayout & la
 
 }  // namespace
 
-Worker::Worker(const ModelConfig & cfg, const TensorIndex & idx, const WorkerConfig & wcfg, comm::Comm * comm)
+Worker::Worker(const ModelConfig & cfg, const TensorIndex & given, const WorkerConfig & wcfg, comm::Comm * comm)
     : cfg_(cfg), wcfg_(wcfg) {
+    TensorIndex renamed;  // transformers v5 Mixtral names → the layout's (fd/checkpoint/layout.h)
+    const TensorIndex & idx = with_v4_names(cfg_, given, renamed);
     FD_CHECK(wcfg.n_blocks > 0 && wcfg.block_size > 0, "worker needs KV blocks ({} x {})", wcfg.n_blocks, wcfg.block_size);
     check_tp_divides(cfg_, wcfg.tp_size, wcfg.ep_size);
     if (wcfg.ep_size > 1 && wcfg.ep_size != wcfg.tp_size) {
@@ -336,7 +338,9 @@ void Worker::acquire_kv() {
     if (wcfg_.n_swap_blocks > 0 && !alloc_->resident(Tag::kv_swap)) { map_swap_pool(/*fresh=*/false); }
 }
 
-void Worker::reload_weights(const TensorIndex & idx, const std::function<void()> & verify_copied) {
+void Worker::reload_weights(const TensorIndex & given, const std::function<void()> & verify_copied) {
+    TensorIndex renamed;
+    const TensorIndex & idx = with_v4_names(cfg_, given, renamed);
     validate_against_layout(layout_, idx);
     try {
         fill_region(Tag::weight, idx, /*populate=*/false);
@@ -351,8 +355,10 @@ void Worker::reload_weights(const TensorIndex & idx, const std::function<void()>
     bind();
 }
 
-int64_t Worker::stage_weights(const TensorIndex & idx, const std::function<void()> & verify_copied) {
+int64_t Worker::stage_weights(const TensorIndex & given, const std::function<void()> & verify_copied) {
     FD_CHECK(alloc_->resident(Tag::weight), "update_weights while the weights are released");
+    TensorIndex renamed;
+    const TensorIndex & idx = with_v4_names(cfg_, given, renamed);
     validate_against_layout(layout_, idx);
     // Every byte of the new weights in memory before anything live changes. A failed read
     // leaves only the staging region dirty.

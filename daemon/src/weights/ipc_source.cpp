@@ -8,6 +8,7 @@
 // if the publisher wrote meanwhile the staged copy is dropped with 503 "retry".
 #include "fd/weights/weight_source.h"
 
+#include "fd/checkpoint/layout.h"
 #include "fd/shm/ipc_weights.h"
 #include "fd/memory/cuda_ipc.h"
 #include "fd/shm/names.h"
@@ -285,7 +286,7 @@ public:
         }
         for (model::TensorInfo & t : ts) {
             if (out.index.tensors.count(t.name)) {
-                fail(Errc::invalid_checkpoint, "{}: tensor '{}' appears twice", rec->path(), t.name);
+                fail(Errc::invalid_checkpoint, "{}: tensor '{}'{} appears twice", rec->path(), t.name, model::expert_of(t.name));
             }
             out.index.total_bytes += t.size_bytes;
             std::string name = t.name;

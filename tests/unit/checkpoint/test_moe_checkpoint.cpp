@@ -425,4 +425,56 @@ TEST_CASE("stacked experts [E, 2I, H] / [E, H, I] become per-expert views of the
     refused_with([&] { validate_checkpoint(c, bad); }, fd::Errc::invalid_checkpoint, {"layer 0, expert 3", "missing"});
 }
 
+TEST_CASE("transformers v5's Mixtral names (mlp.gate, stacked mlp.experts.*) are read as block_sparse_moe's; both is refused") {
+    json j = mixtral_8x7b();
+    j.update({{"hidden_size", 16}, {"num_attention_heads", 2}, {"num_key_value_heads", 1}, {"num_hidden_layers", 2},
+              {"intermediate_size", 8}, {"num_local_experts", 3}, {"vocab_size", 32}});
+    const ModelConfig c = load(j);
+    // the v4 index, then layer 1's block under v5's names: the router renamed, the experts stacked
+    const TensorIndex v4 = index_of(expected_tensors(c));
+    TensorIndex v5 = v4;
+    TensorInfo router = v5.tensors.at("model.layers.1.block_sparse_moe.gate.weight");
+    v5.tensors.erase(router.name);
+    router.name = "model.layers.1.mlp.gate.weight";
+    v5.tensors[router.name] = router;
+    for (int e = 0; e < 3; ++e) {
+        for (const char * w : {"w1", "w3", "w2"}) { v5.tensors.erase(fmt::format("model.layers.1.block_sparse_moe.experts.{}.{}.weight", e, w)); }
+    }
+    TensorInfo gu;
+    gu.name = "model.layers.1.mlp.experts.gate_up_proj";
+    gu.shape = {3, 16, 16};  // [E, 2I, H]
+    gu.file = "mem/x.safetensors";
+    gu.offset_bytes = 4096;
+    gu.size_bytes = 3 * 16 * 16 * 4;
+    TensorInfo dn = gu;
+    dn.name = "model.layers.1.mlp.experts.down_proj";
+    dn.shape = {3, 16, 8};  // [E, H, I]
+    dn.offset_bytes = 65536;
+    dn.size_bytes = 3 * 16 * 8 * 4;
+    v5.tensors[gu.name] = gu;
+    v5.tensors[dn.name] = dn;
+    split_stacked_experts(v5);
+    TensorIndex renamed;
+    const TensorIndex & got = with_v4_names(c, v5, renamed);
+    CHECK(&got == &renamed);
+    validate_checkpoint(c, got);  // complete under the v4 names
+    CHECK(got.tensors.count("model.layers.1.mlp.gate.weight") == 0);
+    const TensorInfo & w3 = got.tensors.at("model.layers.1.block_sparse_moe.experts.2.w3.weight");
+    CHECK(w3.shape == std::vector<int64_t>{8, 16});
+    CHECK(w3.offset_bytes == 4096 + (2 * 16 + 8) * 16 * 4);  // expert 2's up rows (w3) of gate | up
+    CHECK(got.tensors.at("model.layers.1.block_sparse_moe.experts.1.w2.weight").offset_bytes == 65536 + 16 * 8 * 4);
+    // a v4 index, or another architecture, is left as it is
+    TensorIndex unused;
+    CHECK(&with_v4_names(c, v4, unused) == &v4);
+    const ModelConfig q = load(small_qwen3_moe());
+    TensorIndex qi = index_of(expected_tensors(q));
+    CHECK_FALSE(alias_v5_mixtral_names(q, qi));
+    CHECK(qi.tensors.count("model.layers.0.mlp.gate.weight") == 1);
+    // one tensor under both names
+    TensorIndex both = v5;
+    both.tensors["model.layers.1.block_sparse_moe.experts.0.w2.weight"] = v4.tensors.at("model.layers.1.block_sparse_moe.experts.0.w2.weight");
+    refused_with([&] { alias_v5_mixtral_names(c, both); }, fd::Errc::invalid_checkpoint,
+                 {"layer 1 expert 0", "given twice", "model.layers.1.mlp.experts.0.down_proj.weight"});
+}
+
 }  // TEST_SUITE

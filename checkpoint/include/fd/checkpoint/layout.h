@@ -166,6 +166,22 @@ std::string expert_of(std::string_view name);
 ///         not 3-D, whose 2*I is odd, or an expert given both stacked and per expert (duplicate).
 void split_stacked_experts(TensorIndex & idx);
 
+/// transformers v5 names Mixtral's sparse block `mlp` (its conversion_mapping.py:
+/// `block_sparse_moe.gate` → `mlp.gate`; experts' w1 | w3 stacked into `mlp.experts.gate_up_proj`
+/// [E, 2*I, H], w2 into `mlp.experts.down_proj` [E, H, I]). For a Mixtral `cfg` this renames
+/// `model.layers.L.mlp.gate.weight` → `model.layers.L.block_sparse_moe.gate.weight` and the
+/// per-expert views split_stacked_experts made of the stacked tensors,
+/// `model.layers.L.mlp.experts.E.{gate_proj,up_proj,down_proj}.weight` →
+/// `model.layers.L.block_sparse_moe.experts.E.{w1,w3,w2}.weight`, so the one layout serves both
+/// namings (errors then name the v4 names). Any other architecture, or an index without such
+/// names: unchanged. Returns whether anything was renamed.
+/// Errors  fd::Error{invalid_checkpoint} naming layer and expert when one tensor is given under
+///         both names.
+bool alias_v5_mixtral_names(const ModelConfig & cfg, TensorIndex & idx);
+
+/// `idx` itself, or (alias_v5_mixtral_names renames something) `storage` holding the renamed copy.
+const TensorIndex & with_v4_names(const ModelConfig & cfg, const TensorIndex & idx, TensorIndex & storage);
+
 /// True when `idx` holds inference tensor `it` as its own (this rank's) tensor rather than as
 /// training parts: a fused name, or an unfused HF name with the rank's shard shape (at tp 1
 /// both forms are the same bytes).

@@ -25,6 +25,14 @@
 //   lm_head          column parallel: rows [r*vocab/T, ...) (absent when tied to embed_tokens)
 //   *layernorm, model.norm, self_attn.q_norm / k_norm (Qwen3, [head_dim])  replicated
 // Dtypes: the checkpoint's F32 or BF16 (a fused tensor whose parts differ, and F16, are F32).
+//
+// Mixture of experts (docs/architectures.md): each expert is one more fused gate_up_proj (Mixtral
+// w13) and one down_proj (w2). Without expert parallelism (TP-MoE) every rank holds every expert,
+// sliced like the dense MLP. With expert parallelism (`expert_parallel`, the daemon's
+// --enable-expert-parallel: ep = tp) rank r holds experts [r*E/tp, (r+1)*E/tp) of every sparse
+// layer WHOLE and no other expert (Qwen2-MoE's shared expert whole on every rank); attention,
+// embeddings, dense MLPs and the head stay tp-sliced. A record cut for one form is refused by the
+// other (the expert shapes differ).
 #pragma once
 
 #include "fd/checkpoint/model_config.h"
@@ -36,6 +44,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fd::publish {
@@ -79,12 +88,22 @@ public:
     /// from load_model_config / read_tensor_index / validate_checkpoint);
     /// fd::Error{invalid_argument} when tp_size < 1 or n_heads, n_kv_heads, intermediate_size
     /// or vocab_size is not divisible by tp_size (the message names the dimension).
-    RolloutModel(const std::filesystem::path & model_dir, int tp_size);
-    /// From an already parsed config and a validated index (HF names). Errors  as above.
-    RolloutModel(ModelConfig cfg, const TensorIndex & idx, int tp_size);
+    /// `expert_parallel`: the layout of a daemon started with --enable-expert-parallel (see the
+    /// top of this file); fd::Error{invalid_argument} on a dense model or when tp_size does not
+    /// divide num_experts (naming both numbers).
+    RolloutModel(const std::filesystem::path & model_dir, int tp_size, bool expert_parallel = false);
+    /// From an already parsed config and a validated index (HF names; transformers v5's Mixtral
+    /// names are read as the v4 ones, alias_v5_mixtral_names). Errors  as above.
+    RolloutModel(ModelConfig cfg, const TensorIndex & idx, int tp_size, bool expert_parallel = false);
 
     const ModelConfig &  config() const { return cfg_; }
     int                  tp_size() const { return tp_; }
+    /// The expert-parallel size: tp_size with expert_parallel, else 1.
+    int                  ep_size() const { return ep_; }
+    /// The experts [begin, end) of each sparse layer rank `rank` holds: all of them (0, E) when
+    /// not expert parallel, (0, 0) for a dense model.
+    /// Errors  fd::Error{invalid_argument} when rank is outside [0, tp_size).
+    std::pair<int32_t, int32_t> rank_experts(int rank) const;
     /// The TP = 1 inference layout (plan_layout): names, unsharded shapes, memory dtypes.
     const WeightLayout & layout() const { return layout_; }
     /// Rank `rank`'s layout: exactly what the Worker of that rank plans and holds.
@@ -96,15 +115,18 @@ public:
     std::vector<StateTensor> state_dict(int rank) const;
 
     /// Inference name → its training (HF) names, in stacking order (q, k, v / gate, up; a
-    /// one-element list for an unfused tensor). The same for every rank.
-    std::map<std::string, std::vector<std::string>> name_mappings_to_training() const;
+    /// one-element list for an unfused tensor), over every rank (every expert). `rank` >= 0:
+    /// only the tensors that rank holds (under expert parallelism: only its experts).
+    /// Errors  fd::Error{invalid_argument} when rank is outside [-1, tp_size).
+    std::map<std::string, std::vector<std::string>> name_mappings_to_training(int rank = -1) const;
 
     /// Rank `rank`'s state dict with the HF slices each tensor is made of.
     /// Errors  fd::Error{invalid_argument} when rank is outside [0, tp_size).
     std::vector<RankTensorSource> training_slices(int rank) const;
 
     /// Fill `dst` ([src.tensor.nbytes()] bytes) with the inference tensor `src` of one rank from
-    /// the HF checkpoint `idx` (the one this model was built from, or one like it): reads the
+    /// the HF checkpoint `idx` (the one this model was built from, or one like it, under the v4
+    /// names: pass a v5 Mixtral index through fd::model::with_v4_names first): reads the
     /// slices, converts F16 (or mixed) parts to F32 when the state dict says F32.
     /// Errors  fd::Error{invalid_checkpoint} naming the file and tensor (missing, short read,
     ///         other shape).
@@ -117,6 +139,7 @@ private:
     WeightLayout layout_;
     std::vector<WeightLayout> rank_layouts_;  ///< [tp_size]
     int          tp_ = 1;
+    int          ep_ = 1;
 };
 
 }  // namespace fd::publish
