@@ -24,9 +24,10 @@ disable_by_batch_size: the default cut-off, 8), in alternating rounds:
 3. stale: one --dynamic-load-weight daemon (k = --k) on a copy of the fixture serves B=1 greedy
    requests at version "fresh0" (the trained layer), then update_weights to "stale" (the fixture's
    stale layer: an early training checkpoint, the same target), then to "fresh1" (the trained
-   layer again): acceptance, tokens/s (÷ plain, interleaved) per version, and whether the
-   acceptance-collapse report (/health, log line) appeared, against the documented rule
-   (rate < 1/3 of the previous version's, both >= 64 draft tokens).
+   layer again), then to "untrained" (the layer before training): acceptance, tokens/s (÷ plain,
+   interleaved) per version, and whether the acceptance-collapse report (/health, log line)
+   appeared, against the documented rule (rate < 1/3 of the previous version's, both >= 64
+   draft tokens).
 
 Usage: /usr/bin/python3 tests/bench/spec_bench.py [--method ngram|mtp] [--model DIR] [--k 3] [--gen 256]
        [--gen-batch 64] [--rounds 3] [--cutoff 16] [--threads 2]"""

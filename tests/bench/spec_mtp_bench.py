@@ -60,7 +60,7 @@ def run_mtp(a, sb):
     if kname not in flags:
         flags[kname] = ["--speculative-config", mtp_cfg(a.k)]
     res = {"method": "mtp", "k": a.k, "gen": a.gen, "gen_batch": a.gen_batch, "rounds": a.rounds, "threads": a.threads,
-           "fixture": os.path.basename(root), "fixture_heldout": {"fresh": meta["fresh"], "stale": meta["stale"],
+           "fixture": os.path.basename(root), "fixture_heldout": {"fresh": meta["fresh"], "stale": meta["stale"], "untrained": meta["untrained"],
                                                                   "stale_step": meta["stale_step"], "steps": meta["steps"]},
            "outputs_identical": True}
     ds, tmp = {}, None
@@ -111,11 +111,12 @@ def run_mtp(a, sb):
         src = copy_checkpoint(fresh, os.path.join(tmp, "src"))
         layer = lambda d: {k: v for k, v in safetensors_np.load_file(os.path.join(d, "model.safetensors")).items()
                            if k.startswith("model.mtp_layers.")}
-        layers = {"stale": layer(os.path.join(root, "stale")), "fresh1": layer(fresh)}
+        layers = {"stale": layer(os.path.join(root, "stale")), "fresh1": layer(fresh), "untrained": layer(os.path.join(root, "untrained"))}
         ds["upd"] = Daemon(*common, "--dynamic-load-weight", "--weight-version", "fresh0", "--speculative-config", mtp_cfg(a.k),
                            model=src, extra=False, timeout=600)
         stale = {}
-        for version in ("fresh0", "stale", "fresh1"):
+        order = ("fresh0", "stale", "fresh1", "untrained")
+        for version in order:
             d = ds["upd"]
             if version != "fresh0":
                 assert d.post("/v1/pause")[0] == 200
@@ -138,7 +139,7 @@ def run_mtp(a, sb):
                               "collapse_reported": h["acceptance_collapse"]}
         log = ds["upd"].output()
         rate = {v: s["acceptance_rate"] for v, s in stale.items()}
-        for prev, v in (("fresh0", "stale"), ("stale", "fresh1")):
+        for prev, v in zip(order, order[1:]):
             stale[v]["collapse_expected"] = rate[v] < rate[prev] / COLLAPSE_FACTOR and min(
                 stale[v]["draft_tokens"], stale[prev]["draft_tokens"]) >= COLLAPSE_MIN_TOKENS
             stale[v]["warning_logged"] = f"acceptance collapsed after the weight update from version '{prev}' to '{v}'" in log

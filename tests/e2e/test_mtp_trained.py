@@ -2,7 +2,8 @@
 
 scripts/make_mtp_fixture.py --quick writes stories260K in MiMo layout (zero q/k/v biases,
 num_nextn_predict_layers 1) with an MTP layer trained on the model's own continuations
-(fresh/) and the same target with an early training checkpoint of that layer (stale/). It is
+(fresh/), and the same target with an early training checkpoint of that layer (stale/) or the
+layer before training (untrained/). It is
 cached in the build dir (build/fixtures/mtp-stories260K-<script hash>-quick); CTest's setup
 test mtp_fixture_quick makes it before this test (a few minutes of one CPU, once per version of
 the script), so this test alone stays under a minute.
@@ -15,8 +16,10 @@ Checked here:
   seeded samples equal to a run without it);
 - the daemon's proposed / accepted counts equal those of the numpy MTP reference
   (np_llama.mtp_drafts) on the trained layer;
-- update_weights to the stale layer lowers acceptance, and the acceptance-collapse report
-  appears exactly when the rule of docs/speculative.md says (new rate < 1/3 of the previous).
+- update_weights to the stale layer (an early training checkpoint), then to the untrained one,
+  lowers acceptance each time, and the acceptance-collapse report (/health and the log line)
+  appears exactly when the rule of docs/speculative.md says (new rate < 1/3 of the previous):
+  the untrained layer's always does.
 """
 import json
 import os
@@ -97,10 +100,15 @@ class MtpTrained(unittest.TestCase):
             self.assertEqual(spec_by_version(d)["0"][1:], [proposed, accepted])
             self.assertGreater(accepted, proposed / 2)
 
-    def test_stale_layer_after_an_update_and_the_collapse_rule(self):
+    def test_stale_and_untrained_layers_after_updates_and_the_collapse_rule(self):
         import safetensors_np
-        stale = {k: v for k, v in safetensors_np.load_file(os.path.join(self.stale, "model.safetensors")).items()
-                 if k.startswith("model.mtp_layers.")}
+
+        def layer(d):
+            return {k: v for k, v in safetensors_np.load_file(os.path.join(d, "model.safetensors")).items()
+                    if k.startswith("model.mtp_layers.")}
+
+        root = os.path.dirname(self.fresh)
+        layers = {v: layer(os.path.join(root, v)) for v in ("stale", "untrained")}
         reqs = [body(p, 40) for p in PROMPTS]
         with Daemon(model=self.fresh) as plain:
             want = [choices(plain, b) for b in reqs]
@@ -109,25 +117,31 @@ class MtpTrained(unittest.TestCase):
             copy_checkpoint(self.fresh, src)
             with Daemon("--dynamic-load-weight", "--speculative-config", MTP(2), model=src) as d:
                 self.assertEqual([choices(d, b) for b in reqs], want)
-                code, _ = d.post("/v1/pause")
-                self.assertEqual(code, 200)
-                rewrite_tensors(src, lambda t: t.update(stale))
-                code, j = d.post("/v1/update_weights", {"version": "stale", "verify_checksum": False})
-                self.assertEqual(code, 200, j)
-                self.assertEqual(d.post("/v1/resume")[0], 200)
-                self.assertEqual([choices(d, b) for b in reqs], want)  # same target: same outputs
+                collapse, prev = {}, "0"
+                for v in ("stale", "untrained"):
+                    self.assertEqual(d.post("/v1/pause")[0], 200)
+                    rewrite_tensors(src, lambda t: t.update(layers[v]))
+                    code, j = d.post("/v1/update_weights", {"version": v, "verify_checksum": False})
+                    self.assertEqual(code, 200, j)
+                    self.assertEqual(d.post("/v1/resume")[0], 200)
+                    self.assertEqual([choices(d, b) for b in reqs], want)  # same target: same outputs
+                    col = d.get("/health")[1]["speculative"]["acceptance_collapse"]
+                    warned = f"acceptance collapsed after the weight update from version '{prev}' to '{v}'" in d.output()
+                    collapse[v] = (col is not None, warned, col)
+                    prev = v
                 per = spec_by_version(d)
                 rate = {v: acc / prop for v, (_, prop, acc) in per.items()}
-                self.assertLess(rate["stale"], rate["0"] * 0.8, per)
-                col = d.get("/health")[1]["speculative"]["acceptance_collapse"]
-                warned = "acceptance collapsed after the weight update from version '0' to 'stale'" in d.output()
-                collapsed = rate["stale"] < rate["0"] / 3
-                self.assertEqual(col is not None, collapsed, (col, rate))
-                self.assertEqual(warned, collapsed, rate)
+                self.assertTrue(rate["0"] > rate["stale"] / 0.8 and rate["stale"] > rate["untrained"], per)
+                for v, before in (("stale", "0"), ("untrained", "stale")):
+                    # the rule (docs/speculative.md): reported and logged iff the rate fell below a third
+                    self.assertTrue(min(per[v][1], per[before][1]) >= 64, per)
+                    expected = rate[v] < rate[before] / 3
+                    self.assertEqual(collapse[v][:2], (expected, expected), (v, collapse[v], rate))
+                self.assertTrue(collapse["untrained"][0], rate)  # the untrained layer: a collapse by construction
+                self.assertEqual(collapse["untrained"][2]["previous_weight_version"], "stale")
         finally:
             import shutil
             shutil.rmtree(src, ignore_errors=True)
-
 
 if __name__ == "__main__":
     unittest.main()
