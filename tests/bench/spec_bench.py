@@ -22,7 +22,7 @@ disable_by_batch_size: the default cut-off, 8), in alternating rounds:
    target forward and acceptance (/metrics deltas), decode tokens/s, mtp ÷ plain.
 2. b64: as for ngram (k = --k), mtp ÷ plain and cutoff (the default cut-off) ÷ plain.
 3. stale: one --dynamic-load-weight daemon (k = --k) on a copy of the fixture serves B=1 greedy
-   requests at version "fresh0" (the trained layer), then update_weights to "stale" (the fixture's
+   requests (the first 4 story prompts) at version "fresh0" (the trained layer), then update_weights to "stale" (the fixture's
    stale layer: an early training checkpoint, the same target), then to "fresh1" (the trained
    layer again), then to "untrained" (the layer before training): acceptance, tokens/s (÷ plain,
    interleaved) per version, and whether the acceptance-collapse report (/health, log line)
@@ -30,7 +30,8 @@ disable_by_batch_size: the default cut-off, 8), in alternating rounds:
    draft tokens).
 
 Usage: /usr/bin/python3 tests/bench/spec_bench.py [--method ngram|mtp] [--model DIR] [--k 3] [--gen 256]
-       [--gen-batch 64] [--rounds 3] [--cutoff 16] [--threads 2]"""
+       [--gen-batch 64] [--rounds 3] [--cutoff 16] [--threads 2]
+FD_MTP_FIXTURE=DIR: use that fixture (e.g. build/fixtures/mtp-stories260K-<hash>-quick, the CTest one)."""
 import argparse
 import json
 import os
