@@ -11,9 +11,10 @@ the script), so this test alone stays under a minute.
 Checked here:
 - the MiMo form equals the Llama form it came from: greedy tokens, every logprob, top_logprobs
   and prompt_logprobs bitwise (the daemon on models/stories260K vs on fresh/, no speculation);
-- the fresh layer's drafts are accepted (rate > 0.5 at k = 1 and 2, a conservative bound: the
-  script's own held-out figure is about 0.85) and speculation changes nothing (tokens, logprobs,
-  seeded samples equal to a run without it);
+- the fresh layer's drafts are accepted (rate > 0.35 at k = 1 and 2, a conservative bound: 0.62
+  / 0.51 measured, the script's own held-out agreement about 0.84; a swapped input_proj concat
+  order in the daemon gives 0.06) and speculation changes nothing (tokens, logprobs, seeded
+  samples equal to a run without it);
 - the daemon's proposed / accepted counts equal those of the numpy MTP reference
   (np_llama.mtp_drafts) on the trained layer;
 - update_weights to the stale layer (an early training checkpoint), then to the untrained one,
@@ -79,7 +80,7 @@ class MtpTrained(unittest.TestCase):
                     self.assertEqual([choices(spec, b) for b in reqs], want)
                     drafts, proposed, accepted = spec_by_version(spec)["0"]
                     self.assertGreater(proposed, 100)
-                    self.assertGreater(accepted / proposed, 0.5, (drafts, proposed, accepted))
+                    self.assertGreater(accepted / proposed, 0.35, (drafts, proposed, accepted))
 
     def test_counts_equal_the_numpy_mtp_reference(self):
         import np_llama
@@ -98,7 +99,7 @@ class MtpTrained(unittest.TestCase):
                     proposed, accepted = proposed + kk, accepted + a
                 L, n_gen = L + a + 1, n_gen + a + 1
             self.assertEqual(spec_by_version(d)["0"][1:], [proposed, accepted])
-            self.assertGreater(accepted, proposed / 2)
+            self.assertGreater(accepted, proposed * 0.35)
 
     def test_stale_and_untrained_layers_after_updates_and_the_collapse_rule(self):
         import safetensors_np
