@@ -1,6 +1,6 @@
-"""Speculative decoding (issue #24): n-gram drafts with ÷ without, same run.
+"""Speculative decoding (issue #24): with ÷ without, same run. --method ngram (default) or mtp.
 
-Daemons with the same flags except --speculative-config:
+ngram: daemons with the same flags except --speculative-config:
   plain   no speculation (the reference)
   ngram   {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
            "disable_by_batch_size": 0} (speculation at every batch size)
@@ -14,8 +14,24 @@ in alternating rounds (figures are medians over rounds):
    --gen-batch tokens each): generated tokens per wall second, ngram ÷ plain and cutoff ÷ plain.
 Every round checks that the daemons return identical tokens (`outputs_identical`).
 
-Usage: /usr/bin/python3 tests/bench/spec_bench.py [--model DIR] [--k 3] [--gen 256] [--gen-batch 64]
-       [--rounds 3] [--cutoff 16] [--threads 2]"""
+mtp: the trained MTP fixture (scripts/make_mtp_fixture.py: stories260K in MiMo layout + an MTP
+layer trained on its own text; made on first use, cached in the build dir), daemons plain,
+mtp k=1/2/3 ({"method": "mtp", "disable_by_batch_size": 0}) and cutoff (mtp k=--k with no
+disable_by_batch_size: the default cut-off, 8), in alternating rounds:
+1. b1_k{1,2,3}: the 8 story prompts one greedy request at a time, --gen tokens each: tokens per
+   target forward and acceptance (/metrics deltas), decode tokens/s, mtp ÷ plain.
+2. b64: as for ngram (k = --k), mtp ÷ plain and cutoff (the default cut-off) ÷ plain.
+3. stale: one --dynamic-load-weight daemon (k = --k) on a copy of the fixture serves B=1 greedy
+   requests (the first 4 story prompts) at version "fresh0" (the trained layer), then update_weights to "stale" (the fixture's
+   stale layer: an early training checkpoint, the same target), then to "fresh1" (the trained
+   layer again), then to "untrained" (the layer before training): acceptance, tokens/s (÷ plain,
+   interleaved) per version, and whether the acceptance-collapse report (/health, log line)
+   appeared, against the documented rule (rate < 1/3 of the previous version's, both >= 64
+   draft tokens).
+
+Usage: /usr/bin/python3 tests/bench/spec_bench.py [--method ngram|mtp] [--model DIR] [--k 3] [--gen 256]
+       [--gen-batch 64] [--rounds 3] [--cutoff 16] [--threads 2]
+FD_MTP_FIXTURE=DIR: use that fixture (e.g. build/fixtures/mtp-stories260K-<hash>-quick, the CTest one)."""
 import argparse
 import json
 import os
@@ -25,6 +41,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fdtest import Daemon, STORIES  # noqa: E402
 
 REPETITIVE = ("Tom and Lily played with the ball. They were happy. Tom and Lily played with the ball. "
@@ -77,16 +94,8 @@ def batch(d, bodies):
     return time.perf_counter() - t0, out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=STORIES)
-    ap.add_argument("--k", type=int, default=3)
-    ap.add_argument("--gen", type=int, default=256)
-    ap.add_argument("--gen-batch", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--cutoff", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=2)
-    a = ap.parse_args()
+def run_ngram(a):
+    a.model = a.model or STORIES
     cfg = {"method": "ngram", "num_speculative_tokens": a.k, "prompt_lookup_min": 1, "prompt_lookup_max": 3, "disable_by_batch_size": 0}
     common = ["--threads", str(a.threads), "--max-num-seqs", "64", "--max-model-len", "512"]
     flags = {"plain": [], "ngram": ["--speculative-config", json.dumps(cfg)],
@@ -132,6 +141,27 @@ def main():
     finally:
         for d in ds.values():
             d.__exit__(None, None, None)  # stop, remove its log
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--method", choices=("ngram", "mtp"), default="ngram")
+    ap.add_argument("--model", help="ngram: default models/stories260K; mtp: default the trained fixture")
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--gen", type=int, default=256)
+    ap.add_argument("--gen-batch", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cutoff", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    load0 = os.getloadavg()
+    if a.method == "ngram":
+        res = run_ngram(a)
+    else:
+        import spec_mtp_bench
+        res = spec_mtp_bench.run_mtp(a, sys.modules[__name__])
+    res["loadavg_start_end"] = [round(load0[0], 2), round(os.getloadavg()[0], 2)]
     print(json.dumps(res, indent=2))
 
 
