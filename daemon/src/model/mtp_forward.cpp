@@ -18,7 +18,7 @@
 namespace fd::model {
 
 void Worker::mtp_layer(const float * hin, const int32_t * tokens, const int32_t * positions, const int64_t * slots,
-                       const kernels::AttnQuery * queries, int64_t n, float * out) {
+                       const kernels::AttnQuery * queries, int64_t n, float * out, const int32_t * out_rows, int64_t n_out) {
     kernels::Backend & be = *backend_;
     const MtpWeights & M  = w_.mtp.front();
     const LayerWeights & L = M.block;
@@ -62,6 +62,20 @@ void Worker::mtp_layer(const float * hin, const int32_t * tokens, const int32_t 
     be.rope(k, positions, rope_.data(), n, n_kv_heads, hd);
     const kernels::PagedKv kv{mtp_k_, mtp_v_, wcfg_.block_size, cfg_.n_kv_heads, cfg_.head_dim};
     be.kv_store(kv, k, v, slots, n);
+    std::vector<kernels::AttnQuery> out_queries;
+    if (n_out >= 0) {  // only the rows out_rows[0, n_out) go on: gather their q, residual and query
+        if (n_out == 0) { return; }
+        float * qo = qkv;  // [n_out, q_dim] (qkv is read no more)
+        float * xo = e;    // [n_out, hidden] (e neither)
+        be.gather_rows(qo, q, out_rows, n_out, q_dim);
+        be.gather_rows(xo, x, out_rows, n_out, h);
+        out_queries.reserve(static_cast<size_t>(n_out));
+        for (int64_t i = 0; i < n_out; ++i) { out_queries.push_back(queries[out_rows[i]]); }
+        q = qo;
+        x = xo;
+        queries = out_queries.data();
+        n = n_out;
+    }
     be.attention_paged(att, q, queries, n, n_heads, kv, 1.0f / std::sqrt(static_cast<float>(hd)));
     be.linear(xn, att, L.o.w, L.o.type, nullptr, n, h, q_dim);
     be.add(x, xn, n * h);
@@ -93,27 +107,31 @@ void Worker::draft_mtp(const DraftBatch & db, std::vector<int32_t> & drafts) {
     }
     drafts.clear();
     if (n == 0) { return; }
-    // Catch-up: every kept position's MTP K/V, and the output rows the chains start from.
-    float * hin = s_.mtp_cur.floats(n * h);
-    backend_->gather_rows(hin, s_.hidden.data(), db.hidden_rows.data(), n, h);
-    float * out = s_.mtp_out.floats(n * h);
-    mtp_layer(hin, db.tokens.data(), db.positions.data(), db.slots.data(), db.queries.data(), n, out);
+    // Catch-up: every kept position's MTP K/V; the whole layer only on the rows the chains start
+    // from (out row c = chain c's row), none when no chain drafts (e.g. above the batch cut-off).
     const int64_t m = static_cast<int64_t>(db.chains.size());
-    if (m == 0) { return; }
-    int32_t max_k = 0;
     std::vector<int32_t> start(static_cast<size_t>(m));
-    std::vector<int32_t> offset(static_cast<size_t>(m) + 1, 0);  // chain c's drafts at [offset[c], offset[c+1])
     for (int64_t c = 0; c < m; ++c) {
         const auto & ch = db.chains[static_cast<size_t>(c)];
         FD_CHECK(ch.row >= 0 && ch.row < n && ch.k >= 1, "MTP chain row {} / k {} invalid", ch.row, ch.k);
-        start[static_cast<size_t>(c)]      = ch.row;
+        start[static_cast<size_t>(c)] = ch.row;
+    }
+    float * hin = s_.mtp_cur.floats(n * h);
+    backend_->gather_rows(hin, s_.hidden.data(), db.hidden_rows.data(), n, h);
+    float * out = s_.mtp_out.floats(std::max<int64_t>(m, 1) * h);
+    mtp_layer(hin, db.tokens.data(), db.positions.data(), db.slots.data(), db.queries.data(), n, out, start.data(), m);
+    if (m == 0) { return; }
+    int32_t max_k = 0;
+    std::vector<int32_t> offset(static_cast<size_t>(m) + 1, 0);  // chain c's drafts at [offset[c], offset[c+1])
+    for (int64_t c = 0; c < m; ++c) {
+        const auto & ch = db.chains[static_cast<size_t>(c)];
         offset[static_cast<size_t>(c) + 1] = offset[static_cast<size_t>(c)] + ch.k;
         max_k = std::max(max_k, ch.k);
     }
     drafts.assign(static_cast<size_t>(offset.back()), 0);
     // Draft 1 of every chain: the greedy token of its catch-up row.
     float * cur = s_.mtp_cur.floats(m * h);  // [m, hidden] the chains' current hidden rows
-    backend_->gather_rows(cur, out, start.data(), m, h);
+    backend_->copy_rows(cur, h, out, h, m, h);
     std::vector<int32_t> tok(static_cast<size_t>(m));
     mtp_argmax(cur, m, tok.data());
     for (int64_t c = 0; c < m; ++c) { drafts[static_cast<size_t>(offset[c])] = tok[static_cast<size_t>(c)]; }

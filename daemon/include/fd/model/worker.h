@@ -324,9 +324,13 @@ private:
     void map_kv_pool(bool fresh);
     void map_mtp_cache(bool fresh);
     /// The MTP layer over `n` rows: input hidden `hin` [n, hidden] (final-normed) and tokens,
-    /// writing its K/V at the slots; out [n, hidden] = final_layernorm(block(...)).
+    /// writing every row's K/V at its slot; out [n_out, hidden] = final_layernorm(block(...)) of
+    /// the rows `out_rows` [n_out] (indices into the n rows; n_out < 0 = all n, in order). The other
+    /// rows stop after their K/V (no attention, o_proj or MLP): a catch-up row only feeds the MTP
+    /// cache. Each output row is bitwise the same whichever rows run beside it (batch-invariant ops).
     void mtp_layer(const float * hin, const int32_t * tokens, const int32_t * positions, const int64_t * slots,
-                   const kernels::AttnQuery * queries, int64_t n, float * out);
+                   const kernels::AttnQuery * queries, int64_t n, float * out, const int32_t * out_rows = nullptr,
+                   int64_t n_out = -1);
     /// Greedy token of each of `n` rows of `hid` [n, hidden] through the shared lm_head.
     void mtp_argmax(const float * hid, int64_t n, int32_t * tokens);
     void map_swap_pool(bool fresh);
