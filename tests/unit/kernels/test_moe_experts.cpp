@@ -93,7 +93,7 @@ std::vector<float> run(k::Backend & be, const Weights & W, const std::vector<flo
 /// Double reference: out[t] = Σ over the plan's pairs of t, in plan order, w · down(silu(gate x) * up x).
 std::vector<double> reference(const Weights & W, const std::vector<float> & x, int64_t n, const k::MoePlan & p) {
     const int64_t h = W.h, ff = W.ff;
-    std::vector<double> out(size_t(n * h), 0.0), act(size_t(ff));
+    std::vector<double> out(size_t(n * h), 0.0), act(static_cast<size_t>(ff));
     for (size_t i = 0; i < p.experts.size(); ++i) {
         const std::vector<float> &gu = W.gu[size_t(p.experts[i])], &dn = W.dn[size_t(p.experts[i])];
         for (int64_t q = p.begin[i]; q < p.begin[i + 1]; ++q) {
