@@ -8,11 +8,11 @@
 // expert, then down of every expert):
 //  - x rows are gathered once per pair, in the weights' lane order (bf16: permute_bf16_step, as
 //    linear's few-row paths; zero-padded to whole steps);
-//  - a group of m <= kMoeSmallRows rows is cut into ceil(m / 8) row tiles of near-equal size, and
-//    each tile runs a register tile of exactly its rows (MR = 1..8; NR = 8..3 weight rows so the
+//  - a group of m <= kMoeSmallRows rows is cut into ceil(m / 6) row tiles of near-equal size, and
+//    each tile runs a register tile of exactly its rows (MR = 1..6; NR = 8..3 weight rows so the
 //    MR x NR accumulators, a step's 2 NR weight vectors and one x vector fit 32 registers), so no
-//    padding rows are computed; the expert's weights stream once per row tile (a 24-output chunk
-//    at a time, so the second tile finds them in L1);
+//    padding rows are computed; the expert's weights stream from memory once (a 60-output chunk
+//    at a time, so the later tiles find them in L2);
 //  - the first row tile prefetches the weights kPfStrips strips ahead into L2 as one sequential
 //    stream (NR lines per step, as matmul.cpp's TileArgs::pf streams the next tile), running
 //    on into the next task's weights at a task's end: the segment's experts are one continuous
@@ -20,7 +20,7 @@
 // Arithmetic: every output is kernels::linear's chain (matmul.cpp's header): 16 lanes, k steps
 // ascending, one FMA each (bf16: lo before hi), the tail through linear_step.h's zero-padded
 // loads, then reduce_all. Tiles only choose which loads feed an FMA, so each row's result is
-// bitwise kernels::linear's (test_moe_kernels checks it against the per-expert linear loop).
+// bitwise kernels::linear's (test_moe_experts checks it against the per-expert linear loop).
 #include "moe_experts.h"
 
 #include "fd/kernels/cpu_ops.h"
@@ -37,9 +37,11 @@
 namespace fd::kernels {
 namespace {
 
-constexpr int     kMaxMR    = 8;
-constexpr int64_t kChunkOut = 24;          ///< outputs per chunk of a group of several row tiles
-                                           ///< (rows 5..8 each: NR 4 or 3 divides it)
+/// Rows per register tile at most: 7- and 8-row tiles (NR = 3) ran at 68 GFLOP/s where two tiles
+/// of 3-4 rows ran at 79 (1 thread, weights in cache, bf16 512 x 192 experts).
+constexpr int     kMaxMR    = 6;
+constexpr int64_t kChunkOut = 60;          ///< outputs per chunk of a group of several row tiles
+                                           ///< (every NR of 3..6 rows divides it)
 constexpr int64_t kTaskOut  = 120;         ///< tasks are whole multiples of this: every NR divides it
 constexpr int64_t kTaskBytes = 128 << 10;  ///< weights per task (as linear's decode tasks)
 /// The leading row tile prefetches the weights this many strips ahead, into L2 (issue 23, 1
@@ -52,6 +54,7 @@ constexpr int64_t kPfStrips = 4;
 /// Weights per register tile for MR rows: MR x NR accumulators + 2 NR weight vectors (a bf16
 /// step's lo and hi) + 1 x vector <= 32 registers.
 constexpr int nr_for(int mr) { return mr == 1 ? 8 : mr <= 3 ? 6 : mr == 4 ? 5 : mr == 5 ? 4 : 3; }
+static_assert(kMaxMR == 6 && kChunkOut % 6 == 0 && kChunkOut % 5 == 0 && kChunkOut % 4 == 0, "row_tile's cases, the chunk's strips");
 
 /// Floats of a packed row of n_in k's: whole bf16 steps (32), zero-padded (both dtypes).
 int64_t padded(int64_t n_in) { return (n_in + 31) / 32 * 32; }
@@ -170,9 +173,7 @@ void row_tile(int mr, float * out, int64_t ldo, const float * x, int64_t ldx, co
         case 3: tile_strips<T, 3>(out, ldo, x, ldx, w, row_bytes, n_in, oc, oe, o_end, next, stream); break;
         case 4: tile_strips<T, 4>(out, ldo, x, ldx, w, row_bytes, n_in, oc, oe, o_end, next, stream); break;
         case 5: tile_strips<T, 5>(out, ldo, x, ldx, w, row_bytes, n_in, oc, oe, o_end, next, stream); break;
-        case 6: tile_strips<T, 6>(out, ldo, x, ldx, w, row_bytes, n_in, oc, oe, o_end, next, stream); break;
-        case 7: tile_strips<T, 7>(out, ldo, x, ldx, w, row_bytes, n_in, oc, oe, o_end, next, stream); break;
-        default: tile_strips<T, 8>(out, ldo, x, ldx, w, row_bytes, n_in, oc, oe, o_end, next, stream); break;
+        default: tile_strips<T, 6>(out, ldo, x, ldx, w, row_bytes, n_in, oc, oe, o_end, next, stream); break;
     }
 }
 

@@ -12,8 +12,8 @@
 
 namespace fd::kernels::detail {
 
-/// Groups of up to this many rows run on the expert tiles (one register tile of 1..8 rows per
-/// up to 8 rows, the expert's weights streamed once per tile); larger groups on kernels::linear.
+/// Groups of up to this many rows run on the expert tiles (register tiles of 1..6 rows, the
+/// expert's weights streamed from memory once); larger groups on kernels::linear.
 constexpr int64_t kMoeSmallRows = 16;
 
 /// Floats of scratch moe_expert_outputs uses per (token, expert) pair (its caller sizes segments

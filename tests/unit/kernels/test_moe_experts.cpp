@@ -1,5 +1,5 @@
 // The CPU backend's expert tiles (kernels/cpu/moe_experts.cpp, CpuBackend::moe_experts): for
-// every group size they run (1..16 rows: register tiles of 1..8 rows, one or two per group; 17+:
+// every group size they run (1..16 rows: register tiles of 1..6 rows, one to three per group; 17+:
 // kernels::linear), f32 and bf16 weights, k a multiple of the step or with a tail, 1 or 3
 // threads:
 //  - the output against an independent double-precision loop over each token's experts;
