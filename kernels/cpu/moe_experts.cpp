@@ -186,6 +186,7 @@ struct GroupTask {
     int64_t       n_in, m, o0, o1;
     float *       out;    ///< the group's output rows [m, ldo] (column 0)
     int64_t       ldo;
+    int64_t       group = 0;  ///< its plan expert index
     /// The first weight byte this task reads.
     const char * start() const { return w + o0 * n_in * (t == WType::f32 ? 4 : 2); }
 };
@@ -275,29 +276,44 @@ void moe_expert_outputs(float * ye, const float * x, const MoePlan & plan, int64
         const int64_t b = plan.begin[i] - b0, m = plan.begin[i + 1] - plan.begin[i];
         const ExpertWeights & w = experts[plan.experts[static_cast<size_t>(i)]];
         add_tasks(up_tasks, {.x = xp + b * ldh, .ldx = ldh, .w = static_cast<const char *>(w.gate_up), .t = w.gate_up_type,
-                             .n_in = n_embd, .m = m, .o0 = 0, .o1 = 0, .out = gu + b * 2 * n_ff, .ldo = 2 * n_ff}, 2 * n_ff);
+                             .n_in = n_embd, .m = m, .o0 = 0, .o1 = 0, .out = gu + b * 2 * n_ff, .ldo = 2 * n_ff, .group = i}, 2 * n_ff);
         add_tasks(down_tasks, {.x = ap + b * ldf, .ldx = ldf, .w = static_cast<const char *>(w.down), .t = w.down_type,
-                               .n_in = n_ff, .m = m, .o0 = 0, .o1 = 0, .out = ye + b * n_embd, .ldo = n_embd}, n_embd);
+                               .n_in = n_ff, .m = m, .o0 = 0, .o1 = 0, .out = ye + b * n_embd, .ldo = n_embd, .group = i}, n_embd);
     }
-    run_tasks(up_tasks, down_tasks.empty() ? nullptr : down_tasks.front().start(), pool);
+    // silu(gate) * up per pair (the backend's silu_mul); a small group's act rows then packed
+    // for down in its dtype's lane order.
+    std::vector<char> act_done(static_cast<size_t>(i1 - i0), 0);
+    auto group_act = [&](int64_t i) {
+        const WType t = experts[plan.experts[static_cast<size_t>(i)]].down_type;
+        for (int64_t p = plan.begin[i] - b0; p < plan.begin[i + 1] - b0; ++p) {
+            silu_mul(act + p * n_ff, gu + p * 2 * n_ff, gu + p * 2 * n_ff + n_ff, n_ff);
+            if (small(i)) { pack_row(ap + p * ldf, act + p * n_ff, n_ff, t); }
+        }
+        act_done[static_cast<size_t>(i - i0)] = 1;
+    };
+    const char * const down_first = down_tasks.empty() ? nullptr : down_tasks.front().start();
+    if (!pool || pool->n_threads() == 1) {
+        // One thread: a group's act right after its last gate_up task, while the prefetch stream
+        // already fetches the next expert's weights (the exps overlap the memory stream instead
+        // of leaving it idle between the phases).
+        const int64_t n = static_cast<int64_t>(up_tasks.size());
+        for (int64_t t = 0; t < n; ++t) {
+            const GroupTask & g = up_tasks[static_cast<size_t>(t)];
+            run_task(g, t + 1 < n ? up_tasks[static_cast<size_t>(t + 1)].start() : down_first);
+            if (g.o1 == 2 * n_ff) { group_act(g.group); }
+        }
+    } else {
+        run_tasks(up_tasks, down_first, pool);
+    }
     for (int64_t i = i0; i < i1; ++i) {
         if (small(i)) { continue; }
         const int64_t b = plan.begin[i] - b0, m = plan.begin[i + 1] - plan.begin[i];
         const ExpertWeights & w = experts[plan.experts[static_cast<size_t>(i)]];
         linear(gu + b * 2 * n_ff, xp + b * ldh, w.gate_up, w.gate_up_type, nullptr, m, 2 * n_ff, n_embd, pool);
     }
-    // silu(gate) * up per pair (the backend's silu_mul), small groups' rows packed for down.
-    const int64_t per = std::max<int64_t>(1, (16 << 10) / std::max<int64_t>(1, n_ff));
-    for_tasks(pool, (n_pairs + per - 1) / per, [&](int64_t t) {
-        for (int64_t p = t * per; p < std::min(n_pairs, (t + 1) * per); ++p) {
-            silu_mul(act + p * n_ff, gu + p * 2 * n_ff, gu + p * 2 * n_ff + n_ff, n_ff);
-        }
+    for_tasks(pool, i1 - i0, [&](int64_t j) {
+        if (!act_done[static_cast<size_t>(j)]) { group_act(i0 + j); }
     });
-    for (int64_t i = i0; i < i1; ++i) {
-        if (!small(i)) { continue; }
-        const WType t = experts[plan.experts[static_cast<size_t>(i)]].down_type;
-        for (int64_t p = plan.begin[i] - b0; p < plan.begin[i + 1] - b0; ++p) { pack_row(ap + p * ldf, act + p * n_ff, n_ff, t); }
-    }
     run_tasks(down_tasks, nullptr, pool);
     for (int64_t i = i0; i < i1; ++i) {
         if (small(i)) { continue; }
