@@ -13,7 +13,7 @@
 //    MR x NR accumulators, a step's 2 NR weight vectors and one x vector fit 32 registers), so no
 //    padding rows are computed; the expert's weights stream from memory once (a 60-output chunk
 //    at a time, so the later tiles find them in L2);
-//  - the first row tile prefetches the weights kPfStrips strips ahead into L2 as one sequential
+//  - the first row tile prefetches the weights 3-4 strips ahead into L2 as one sequential
 //    stream (NR lines per step, as matmul.cpp's TileArgs::pf streams the next tile), running
 //    on into the next task's weights at a task's end: the segment's experts are one continuous
 //    prefetched stream, and the FMAs of one expert overlap the fetch of the next.
@@ -50,6 +50,10 @@ constexpr int64_t kTaskBytes = 128 << 10;  ///< weights per task (as linear's de
 /// buffers bounding the bytes in flight; 4 strips into L2 ran at 0.7-0.8, 8-16 strips or an
 /// extra L1 stream one strip ahead no better).
 constexpr int64_t kPfStrips = 4;
+/// One-row tiles (B = 1 decode): 3 strips ahead (24 KiB of 1 KiB rows) read the block at ~870
+/// µs per token against ~970 at 4 strips and ~930 at 2 (fd_moe_bench --batch 1, 6 runs each
+/// interleaved, load 11); L1 prefetches 2 or 8 strips ahead were slower still.
+constexpr int64_t kPfStripsOneRow = 3;
 
 /// Weights per register tile for MR rows: MR x NR accumulators + 2 NR weight vectors (a bf16
 /// step's lo and hi) + 1 x vector <= 32 registers.
@@ -151,13 +155,14 @@ void expert_tile(const float * x, int64_t ldx, const char * w, int64_t row_bytes
 }
 
 /// One row tile of MR rows x outputs [oc, oe) of w, strip by strip; `stream`: this tile leads
-/// the prefetch (kPfStrips strips ahead; past the task's last output o_end, on from `next`).
+/// the prefetch (kPfStrips strips ahead, one-row tiles kPfStripsOneRow; past the task's last
+/// output o_end, on from `next`).
 template <WType T, int MR>
 void tile_strips(float * out, int64_t ldo, const float * x, int64_t ldx, const char * w, int64_t row_bytes, int64_t n_in,
                  int64_t oc, int64_t oe, int64_t o_end, const char * next, bool stream) {
     constexpr int NR = nr_for(MR);
     for (int64_t o = oc; o < oe; o += NR) {
-        const int64_t ahead = o + kPfStrips * NR;  // the strip this one prefetches
+        const int64_t ahead = o + (MR == 1 ? kPfStripsOneRow : kPfStrips) * NR;  // the strip this one prefetches
         const char *  pf    = !stream ? nullptr : ahead < o_end ? w + ahead * row_bytes : next ? next + (ahead - o_end) * row_bytes : nullptr;
         expert_tile<T, MR, NR>(x, ldx, w + o * row_bytes, row_bytes, static_cast<int>(std::min<int64_t>(NR, oe - o)), n_in,
                                out + o, ldo, pf);
