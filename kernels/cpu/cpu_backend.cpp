@@ -8,17 +8,21 @@
 #include "fd/kernels/backend.h"
 #include "fd/kernels/cpu_ops.h"
 #include "fd/status.h"
+#include "moe_experts.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 namespace fd::kernels {
 namespace {
 
 /// Calls below this many floats of work run on the caller alone (a hand-off costs ~1-2 us).
 constexpr int64_t kParallelFloats = 16 << 10;
+/// moe_experts: scratch floats per segment of the plan (64 MiB; at least one expert per segment).
+constexpr int64_t kMoeScratchFloats = 16 << 20;
 
 class CpuBackend final : public Backend {
 public:
@@ -120,6 +124,32 @@ public:
                 std::memcpy(out + i * n_cols, x + static_cast<int64_t>(rows[i]) * n_cols, sizeof(float) * n_cols);
             }
         });
+    }
+
+    /// Backend::moe_experts' contract and bits, on the expert tiles (cpu/moe_experts.h): the
+    /// plan a segment of experts at a time (the segment's pairs' scratch <= kMoeScratchFloats),
+    /// each segment's outputs scatter-added in plan order by the same scale_add_rows as the
+    /// per-expert loop (so out is bitwise that loop's, and EP's combine). --compute-dtype
+    /// bfloat16 keeps the per-expert loop, whose linears are linear_bf16.
+    void moe_experts(float * out, const float * x, const MoePlan & plan, const ExpertWeights * experts, int64_t n_rows,
+                     int64_t n_embd, int64_t n_ff, float * work) override {
+        if (compute_ == ComputeType::bf16) {
+            Backend::moe_experts(out, x, plan, experts, n_rows, n_embd, n_ff, work);
+            return;
+        }
+        std::fill(out, out + n_rows * n_embd, 0.0f);
+        const int64_t per_pair = detail::moe_scratch_floats_per_pair(n_embd, n_ff) + n_embd;
+        const int64_t cap      = std::max<int64_t>(1, kMoeScratchFloats / per_pair);
+        thread_local std::vector<float> ye;
+        const int64_t n_used = static_cast<int64_t>(plan.experts.size());
+        for (int64_t i0 = 0, i1; i0 < n_used; i0 = i1) {
+            i1 = i0 + 1;  // at least one expert; then while the segment's pairs fit the cap
+            while (i1 < n_used && plan.begin[i1 + 1] - plan.begin[i0] <= cap) { ++i1; }
+            const int64_t b = plan.begin[i0], n = plan.begin[i1] - b;
+            ye.resize(static_cast<size_t>(n * n_embd));
+            detail::moe_expert_outputs(ye.data(), x, plan, i0, i1, experts, n_embd, n_ff, &pool_);
+            scale_add_rows(out, ye.data(), plan.rows.data() + b, plan.weights.data() + b, n, n_embd);
+        }
     }
 
     void kv_store(PagedKv kv, const float * k_new, const float * v_new, const int64_t * slots, int64_t n_tokens) override {
