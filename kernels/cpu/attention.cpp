@@ -60,12 +60,20 @@ typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
 /// 16 bf16 values widened exactly to f32 (shifted into the upper half).
 inline f32x16 load16(const Bf16 * p) {
+#if defined(__AVX512BW__)
+    // One zero-extending load (vpmovzxwd) and one shift, on whole 512-bit registers (GCC's generic
+    // convert below splits into 128-bit halves and re-inserts them: 3x the instructions).
+    // (Zero-masked forms: the plain ones trip GCC 12's -Wmaybe-uninitialized, as in lanes.h.)
+    const __m512i x = _mm512_maskz_cvtepu16_epi32(__mmask16(0xFFFF), _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
+    return reinterpret_cast<f32x16>(_mm512_maskz_slli_epi32(__mmask16(0xFFFF), x, 16));
+#else
     u16x16 h;
     std::memcpy(&h, p, sizeof h);
     const u32x16 w = __builtin_convertvector(h, u32x16) << 16;
     f32x16 f;
     std::memcpy(&f, &w, sizeof f);
     return f;
+#endif
 }
 /// One element widened to f32.
 inline float to_f32(float x) { return x; }
@@ -442,6 +450,223 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
     }
 }
 
+/// Decode fast path (one query over its block table, block_size % 16 == 0, head_dim % 16 == 0):
+/// the same arithmetic as attend_tile, bitwise (each score one FMA chain over d ascending from 0,
+/// times scale; the same softmax code; out = FMA chain over t ascending from 0), organised so
+/// one query keeps the core busy: per kv head, its group's scores over kNv 16-key vectors at once
+/// (group * kNv independent chains instead of 2 per pair), then its softmax, then its P·V with the
+/// accumulators in registers across the whole context. K and V are prefetched a chunk ahead.
+constexpr int64_t kNv = 8;      // 16-key vectors scored at once (group 1); fewer for larger groups
+constexpr int64_t kVAhead = 2;  // V blocks prefetched ahead
+
+/// s[m][16b + j] = (FMA chain over d of q[m][d] * key(16b + j)[d]) * scale for NV key vectors, M
+/// pairs of one kv head; key vector b: dimension d at kp[b][d * ld]. pf: the next chunk's vectors
+/// (prefetched line by line along d), or nullptr.
+template <int M, int NV, typename T>
+inline void score_vecs(float * const * s, const float * const * qh, const T * const * kp, const T * const * pf,
+                       int64_t ld, int64_t hd, float scale) {
+    f32x16 a[M][NV] = {};
+    const int64_t row_bytes = ld * static_cast<int64_t>(sizeof(T));
+    for (int64_t d = 0; d < hd; ++d) {
+        if (pf != nullptr && ((d * row_bytes) & 63) < row_bytes) {
+#pragma GCC unroll 8
+            for (int b = 0; b < NV; ++b) { __builtin_prefetch(pf[b] + d * ld, 0, 3); }
+        }
+        f32x16 k[NV];
+#pragma GCC unroll 8
+        for (int b = 0; b < NV; ++b) {
+            k[b] = load16(kp[b] + d * ld);
+            if constexpr (M > 1) { in_register(k[b]); }  // M == 1: the load folds into the FMA
+        }
+#pragma GCC unroll 8
+        for (int m = 0; m < M; ++m) {
+            const float qd = qh[m][d];
+#pragma GCC unroll 8
+            for (int b = 0; b < NV; ++b) { a[m][b] += qd * k[b]; }
+        }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+#pragma GCC unroll 8
+        for (int b = 0; b < NV; ++b) {
+            const f32x16 v = a[m][b] * scale;
+            std::memcpy(s[m] + b * kLanes, &v, sizeof v);
+        }
+    }
+}
+
+/// o[m][16e + i] += p[m][j] * v(j)[16e + i] for rows j < cnt ascending (one FMA per element and
+/// row), e < ND, M pairs sharing every V load; row j at v + j * row. The accumulators are loaded
+/// from o and stored back exactly, so a chain split over calls is the same chain. pf: the same
+/// rows of a block ahead (prefetched row by row), or nullptr.
+template <int M, int ND, typename T>
+inline void pv_rows(float * const * o, const float * const * p, int64_t cnt, const T * v, const T * pf, int64_t row) {
+    f32x16 a[M][ND];
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+#pragma GCC unroll 8
+        for (int e = 0; e < ND; ++e) { a[m][e] = load16(o[m] + e * kLanes); }
+    }
+    constexpr int64_t kLines = (ND * kLanes * static_cast<int64_t>(sizeof(T)) + 63) / 64;
+    for (int64_t j = 0; j < cnt; ++j) {
+        if (pf != nullptr) {
+#pragma GCC unroll 8
+            for (int64_t l = 0; l < kLines; ++l) { __builtin_prefetch(pf + j * row + l * (64 / sizeof(T)), 0, 3); }
+        }
+        f32x16 vv[ND];
+#pragma GCC unroll 8
+        for (int e = 0; e < ND; ++e) {
+            vv[e] = load16(v + j * row + e * kLanes);
+            if constexpr (M > 1) { in_register(vv[e]); }  // M == 1: the load folds into the FMA
+        }
+#pragma GCC unroll 8
+        for (int m = 0; m < M; ++m) {
+            const float pj = p[m][j];
+#pragma GCC unroll 8
+            for (int e = 0; e < ND; ++e) { a[m][e] += pj * vv[e]; }
+        }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+#pragma GCC unroll 8
+        for (int e = 0; e < ND; ++e) { std::memcpy(o[m] + e * kLanes, &a[m][e], sizeof a[m][e]); }
+    }
+}
+
+/// Softmax of one (query, head) score row over its n entries, in place (attend_tile's code:
+/// max exact, exp16(s - max), 16 lane-wise sums over t then reduce16, times 1 / sum); lanes of
+/// the last vector past n become 0.
+inline void softmax_row(float * s, int64_t n) {
+    f32x16  m16 = f32x16{} - INFINITY;
+    int64_t t = 0;
+    for (; t + kLanes <= n; t += kLanes) {
+        const f32x16 v = load16(s + t);
+        m16 = v > m16 ? v : m16;
+    }
+    float mx = -INFINITY;
+    for (int j = 0; j < kLanes; ++j) { mx = m16[j] > mx ? m16[j] : mx; }
+    for (; t < n; ++t) { mx = s[t] > mx ? s[t] : mx; }
+    f32x16  sum{};
+    int64_t t1 = 0;
+    for (; t1 + kLanes <= n; t1 += kLanes) {
+        const f32x16 e = exp16(load16(s + t1) - mx);
+        std::memcpy(s + t1, &e, sizeof e);
+        sum += e;
+    }
+    if (t1 < n) {
+        const f32x16 e = exp16(load16(s + t1) - mx);
+        const f32x16 z = (kLaneIndex < static_cast<float>(n - t1)) ? e : f32x16{};
+        std::memcpy(s + t1, &z, sizeof z);
+        sum += z;
+    }
+    const f32x16 inv = f32x16{} + 1.0f / reduce16(sum);
+    for (int64_t t2 = 0; t2 < n; t2 += kLanes) {
+        const f32x16 v = load16(s + t2) * inv;
+        std::memcpy(s + t2, &v, sizeof v);
+    }
+}
+
+/// Scores of M pairs over the whole context, NV key vectors at a time (vectors past the context
+/// repeat its last one: their scores land in the padding and are never read).
+template <int M, int NV, typename T>
+inline void score_head(float * const * s, const float * const * qh, const T * kpool, const AttnQuery & qry,
+                       int64_t n, int64_t bs, int64_t row, int64_t koff, int64_t hd, float scale) {
+    const int64_t nv = (n + kLanes - 1) / kLanes;
+    auto vec = [&](int64_t v) {
+        v = std::min(v, nv - 1);
+        return key_lanes(kpool, qry, v * kLanes, bs, row) + koff;
+    };
+    const T * kp[NV];
+    const T * pf[NV];
+    for (int b = 0; b < NV; ++b) { kp[b] = vec(b); }
+    float * sv[M];
+    for (int64_t v0 = 0; v0 < nv; v0 += NV) {
+        const bool next = v0 + NV < nv;
+        for (int b = 0; b < NV; ++b) { pf[b] = next ? vec(v0 + NV + b) : nullptr; }
+        for (int m = 0; m < M; ++m) { sv[m] = s[m] + v0 * kLanes; }
+        score_vecs<M, NV>(sv, qh, kp, next ? pf : nullptr, bs, hd, scale);
+        if (next) { std::copy(std::begin(pf), std::end(pf), std::begin(kp)); }
+    }
+}
+
+/// attend_tile for one query (queries[i]) and kv heads [g0, g1), when block_size % 16 == 0 and
+/// head_dim % 16 == 0: bitwise its result.
+template <typename T>
+void attend_one(float * out, const float * q, const AttnQuery & qry, int64_t n_heads, int64_t g0, int64_t g1,
+                PagedKv kv, float scale) {
+    const T *     kpool = static_cast<const T *>(kv.k);
+    const T *     vpool = static_cast<const T *>(kv.v);
+    const int64_t hd = kv.head_dim, row = static_cast<int64_t>(kv.n_kv_heads) * hd, bs = kv.block_size;
+    const int64_t group = n_heads / kv.n_kv_heads, n = qry.n_ctx;
+    if (n <= 0) {  // no keys: zeros, as attend_tile leaves them
+        std::fill(out + g0 * group * hd, out + g1 * group * hd, 0.0f);
+        return;
+    }
+    const int64_t ld = ((n + kNv * kLanes - 1) / (kNv * kLanes) + 1) * kNv * kLanes;  // + a padding chunk
+    thread_local std::vector<float> scores;
+    const size_t need = static_cast<size_t>((g1 - g0) * group * ld);  // [heads of the range, ld]
+    if (scores.size() < need) { scores.resize(need); }
+    for (int64_t g = g0; g < g1; ++g) {
+        // Scores, 8 pairs at a time (then 4, 2, 1) with 1, 2, 4 or 8 key vectors: >= 8 chains.
+        for (int64_t h0 = 0; h0 < group;) {
+            const int64_t left = group - h0;
+            const int     mm   = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            const float * qh[8];
+            float *       s[8];
+            for (int m = 0; m < mm; ++m) {
+                qh[m] = q + (g * group + h0 + m) * hd;
+                s[m]  = scores.data() + ((g - g0) * group + h0 + m) * ld;
+            }
+            const int64_t koff = g * hd * bs;
+            switch (mm) {
+                case 8: score_head<8, 1>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
+                case 4: score_head<4, 2>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
+                case 2: score_head<2, 4>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
+                default: score_head<1, kNv>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
+            }
+            h0 += mm;
+        }
+        for (int64_t h = 0; h < group; ++h) { softmax_row(scores.data() + (g - g0) * group * ld + h * ld, n); }
+    }
+    // P·V block by block, every head of the range per block: a block's V rows are one contiguous
+    // run (all kv heads), read once, with the accumulators kept in `out` between blocks.
+    const int64_t nh = (g1 - g0) * group;
+    float *       o0 = out + g0 * group * hd;
+    std::fill(o0, o0 + nh * hd, 0.0f);
+    const int64_t n_blocks = (n + bs - 1) / bs;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const int64_t t0 = b * bs, cnt = std::min(bs, n - t0);
+        const T *     vb = vpool + static_cast<int64_t>(qry.block_table[b]) * bs * row;
+        const T *     vf = b + kVAhead < n_blocks ? vpool + static_cast<int64_t>(qry.block_table[b + kVAhead]) * bs * row : nullptr;
+        for (int64_t g = g0; g < g1; ++g) {
+            for (int64_t h0 = 0; h0 < group;) {
+                const int     mm = group - h0 >= 2 && hd % 64 == 0 ? 2 : 1;
+                const float * p[2];
+                float *       o[2];
+                for (int m = 0; m < mm; ++m) {
+                    p[m] = scores.data() + ((g - g0) * group + h0 + m) * ld + t0;
+                    o[m] = out + (g * group + h0 + m) * hd;
+                }
+                for (int64_t d0 = 0; d0 < hd;) {
+                    float *       od[2] = {o[0] + d0, mm > 1 ? o[1] + d0 : nullptr};
+                    const int64_t off = g * hd + d0;
+                    const T *     pf = vf != nullptr ? vf + off : nullptr;
+                    if (hd - d0 >= 64) {
+                        if (mm == 2) { pv_rows<2, 4>(od, p, cnt, vb + off, pf, row); }
+                        else { pv_rows<1, 4>(od, p, cnt, vb + off, pf, row); }
+                        d0 += 64;
+                    } else {
+                        if (mm == 2) { pv_rows<2, 1>(od, p, cnt, vb + off, pf, row); }
+                        else { pv_rows<1, 1>(od, p, cnt, vb + off, pf, row); }
+                        d0 += 16;
+                    }
+                }
+                h0 += mm;
+            }
+        }
+    }
+}
+
 }  // namespace
 
 void attention_paged(float * out, const float * q, const AttnQuery * queries, int64_t n_tokens,
@@ -481,6 +706,15 @@ void attention_paged(float * out, const float * q, const AttnQuery * queries, in
         const size_t  need = static_cast<size_t>(nq * heads_at_once * group * ((n_ctx_max + kTc - 1) / kTc * kTc));
         if (scores.size() < need) { scores.resize(need); }
         if (kt.size() < static_cast<size_t>(kv.head_dim * kTc)) { kt.resize(static_cast<size_t>(kv.head_dim * kTc)); }
+        if (nq == 1 && kv.block_size % kLanes == 0 && kv.head_dim % kLanes == 0) {
+            const int64_t i = starts[tile];
+            if (kv.dtype == WType::bf16) {
+                attend_one<Bf16>(out + i * n_heads * kv.head_dim, q + i * n_heads * kv.head_dim, queries[i], n_heads, g0, g1, kv, scale);
+            } else {
+                attend_one<float>(out + i * n_heads * kv.head_dim, q + i * n_heads * kv.head_dim, queries[i], n_heads, g0, g1, kv, scale);
+            }
+            return;
+        }
         for (int64_t g = g0; g < g1; g += heads_at_once) {
             const int64_t gh = std::min(g1, g + heads_at_once);
             if (kv.dtype == WType::bf16) {
