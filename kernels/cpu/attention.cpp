@@ -17,8 +17,12 @@
 // exactly (a shift into the upper half) and feeds the same FMA chains in the same order, so the
 // result is bitwise that of the f32 kernel over a pool holding the bf16-rounded values. The
 // element type is a template parameter (float or Bf16) of every function that reads the pool.
-#include "fd/kernels/cpu_ops.h"
-#include "lanes.h"
+//
+// Decode queries (a tile of one query, block_size and head_dim multiples of 16) take
+// attention_decode.cpp's path instead: the same chains in the same order (bitwise this kernel's
+// output; the tests compare a prefill's queries with their decode outputs), laid out for one
+// query (more chains in flight, V walked block by block over every head).
+#include "attention_lanes.h"
 
 #include <algorithm>
 #include <cmath>
@@ -53,42 +57,6 @@ void kv_store(PagedKv kv, const float * k_new, const float * v_new, const int64_
 
 namespace {
 
-/// A bf16 pool element (the upper half of an IEEE f32).
-using Bf16 = uint16_t;
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-
-/// 16 bf16 values widened exactly to f32 (shifted into the upper half).
-inline f32x16 load16(const Bf16 * p) {
-#if defined(__AVX512BW__)
-    // One zero-extending load (vpmovzxwd) and one shift, on whole 512-bit registers (GCC's generic
-    // convert below splits into 128-bit halves and re-inserts them: 3x the instructions).
-    // (Zero-masked forms: the plain ones trip GCC 12's -Wmaybe-uninitialized, as in lanes.h.)
-    const __m512i x = _mm512_maskz_cvtepu16_epi32(__mmask16(0xFFFF), _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
-    return reinterpret_cast<f32x16>(_mm512_maskz_slli_epi32(__mmask16(0xFFFF), x, 16));
-#else
-    u16x16 h;
-    std::memcpy(&h, p, sizeof h);
-    const u32x16 w = __builtin_convertvector(h, u32x16) << 16;
-    f32x16 f;
-    std::memcpy(&f, &w, sizeof f);
-    return f;
-#endif
-}
-/// One element widened to f32.
-inline float to_f32(float x) { return x; }
-inline float to_f32(Bf16 x) {
-    const uint32_t u = static_cast<uint32_t>(x) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-
-/// 0, 1, ..., 15 (lane masks).
-constexpr f32x16 kLaneIndex = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-
 /// Queries of one task: up to kQt consecutive batch entries of one sequence (same block table),
 /// so each K and V row read from memory serves all of them.
 constexpr int64_t kQt = 64;
@@ -97,28 +65,6 @@ constexpr int64_t kQt = 64;
 constexpr int64_t kPerHeadQueries = 4;
 /// Context positions per chunk: the keys of two 16-lane score vectors.
 constexpr int64_t kTc = 32;
-
-/// e^x for x <= 0 (softmax after subtracting the max), 16 lanes: x = n ln2 + r, |r| <= ln2 / 2,
-/// e^r by the Cephes expf polynomial, times 2^n. Within ~2 ulp of expf; lanes below -87 give
-/// ~1e-38 instead of underflowing. Each lane depends on its own input only.
-inline f32x16 exp16(f32x16 x) {
-    const f32x16 lo = f32x16{} - 87.0f;
-    x = x < lo ? lo : x;
-    const f32x16 round = f32x16{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-    const f32x16 n = (x * 1.44269504088896341f + round) - round;
-    const f32x16 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-    f32x16 p = f32x16{} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const f32x16 y = p * r * r + r + 1.0f;
-    const i32x16 e = (__builtin_convertvector(n, i32x16) + 127) << 23;
-    f32x16 scale;
-    std::memcpy(&scale, &e, sizeof scale);
-    return y * scale;
-}
 
 /// The kTc V row pointers of chunk [t0, t0 + kTc) (rows past n_max repeat row n_max - 1, which
 /// exists): one block-table look-up per block, not per row.
@@ -144,14 +90,6 @@ inline void prefetch_rows(const T * const (&rows)[kTc], int64_t off, int64_t len
         if (j > 0 && rows[j] == rows[j - 1]) { break; }
         for (int64_t e = 0; e < len; e += kPerLine) { __builtin_prefetch(rows[j] + off + e, 0, 3); }
     }
-}
-
-/// Where keys [t, t + 16) of the sequence start in the K pool, kv head 0 (block_size % 16 == 0
-/// and t % 16 == 0, so the 16 keys are consecutive columns of one block's Kᵀ): dimension d of
-/// key t + j of kv head g is at [(g * head_dim + d) * block_size + j].
-template <typename T>
-inline const T * key_lanes(const T * k, const AttnQuery & qry, int64_t t, int64_t bs, int64_t row) {
-    return k + static_cast<int64_t>(qry.block_table[t / bs]) * bs * row + t % bs;
 }
 
 /// kt[d, j] = dimension d of key t0 + j, kv head g, for t0 + j < n_max; 0 past it. Gathers the
@@ -211,10 +149,6 @@ inline void score_pairs(float * const * s, const float * const * qh, int n, cons
     if (i + 2 <= n) { score_chunk<2>(s + i, qh + i, k0, k1, ld, hd, scale); i += 2; }
     if (i < n) { score_chunk<1>(s + i, qh + i, k0, k1, ld, hd, scale); }
 }
-
-/// Keeps v in a register: one load serves all its uses (GCC otherwise folds the load into
-/// every FMA that reads it).
-inline void in_register(f32x16 & v) { asm("" : "+v"(v)); }
 
 /// o[m] += p[m][j] * V[j] for j < nt[m] (ascending), M (query, head) pairs of one kv head sharing
 /// every V load; one FMA per element and j, whatever M. ND 16-lane vectors of d at a time
@@ -358,39 +292,10 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
         }
         if (next) { std::copy(std::begin(kn), std::end(kn), std::begin(kb)); }
     }
-    // Softmax of each (query, head) over its own context; lanes past it hold exactly 0.
+    // Softmax of each (query, head) over its own context; lanes past it hold exactly 0 (the row
+    // stride is >= n + 16).
     for (int64_t qi = 0; qi < nq; ++qi) {
-        const int64_t n = queries[i0 + qi].n_ctx;
-        for (int64_t hh = 0; hh < nh; ++hh) {
-            float * s  = scores + (qi * nh + hh) * ld;
-            f32x16 m16 = f32x16{} - INFINITY;  // max: exact in any order
-            int64_t t = 0;
-            for (; t + kLanes <= n; t += kLanes) {
-                const f32x16 v = load16(s + t);
-                m16 = v > m16 ? v : m16;
-            }
-            float mx = -INFINITY;
-            for (int j = 0; j < kLanes; ++j) { mx = m16[j] > mx ? m16[j] : mx; }
-            for (; t < n; ++t) { mx = s[t] > mx ? s[t] : mx; }
-            f32x16 sum{};
-            int64_t t1 = 0;
-            for (; t1 + kLanes <= n; t1 += kLanes) {
-                const f32x16 e = exp16(load16(s + t1) - mx);
-                std::memcpy(s + t1, &e, sizeof e);
-                sum += e;
-            }
-            if (t1 < n) {  // lanes past n add exactly 0
-                const f32x16 e = exp16(load16(s + t1) - mx);
-                const f32x16 z = (kLaneIndex < static_cast<float>(n - t1)) ? e : f32x16{};
-                std::memcpy(s + t1, &z, sizeof z);
-                sum += z;
-            }
-            const f32x16 inv = f32x16{} + 1.0f / reduce16(sum);
-            for (int64_t t = 0; t < n; t += kLanes) {  // lanes past n hold 0 and stay 0 (row stride >= n + 16)
-                const f32x16 v = load16(s + t) * inv;
-                std::memcpy(s + t, &v, sizeof v);
-            }
-        }
+        for (int64_t hh = 0; hh < nh; ++hh) { softmax_row(scores + (qi * nh + hh) * ld, queries[i0 + qi].n_ctx); }
     }
     // Output: V rows read once per chunk for every query of the tile, accumulated in t order.
     for (int64_t qi = 0; qi < nq; ++qi) {
@@ -447,223 +352,6 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
             }
         }
         if (t0 + kTc < n_max) { std::copy(std::begin(vn), std::end(vn), std::begin(vb)); }
-    }
-}
-
-/// Decode fast path (one query over its block table, block_size % 16 == 0, head_dim % 16 == 0):
-/// the same arithmetic as attend_tile, bitwise (each score one FMA chain over d ascending from 0,
-/// times scale; the same softmax code; out = FMA chain over t ascending from 0), organised so
-/// one query keeps the core busy: per kv head, its group's scores over kNv 16-key vectors at once
-/// (group * kNv independent chains instead of 2 per pair), then its softmax, then its P·V with the
-/// accumulators in registers across the whole context. K and V are prefetched a chunk ahead.
-constexpr int64_t kNv = 8;      // 16-key vectors scored at once (group 1); fewer for larger groups
-constexpr int64_t kVAhead = 2;  // V blocks prefetched ahead
-
-/// s[m][16b + j] = (FMA chain over d of q[m][d] * key(16b + j)[d]) * scale for NV key vectors, M
-/// pairs of one kv head; key vector b: dimension d at kp[b][d * ld]. pf: the next chunk's vectors
-/// (prefetched line by line along d), or nullptr.
-template <int M, int NV, typename T>
-inline void score_vecs(float * const * s, const float * const * qh, const T * const * kp, const T * const * pf,
-                       int64_t ld, int64_t hd, float scale) {
-    f32x16 a[M][NV] = {};
-    const int64_t row_bytes = ld * static_cast<int64_t>(sizeof(T));
-    for (int64_t d = 0; d < hd; ++d) {
-        if (pf != nullptr && ((d * row_bytes) & 63) < row_bytes) {
-#pragma GCC unroll 8
-            for (int b = 0; b < NV; ++b) { __builtin_prefetch(pf[b] + d * ld, 0, 3); }
-        }
-        f32x16 k[NV];
-#pragma GCC unroll 8
-        for (int b = 0; b < NV; ++b) {
-            k[b] = load16(kp[b] + d * ld);
-            if constexpr (M > 1) { in_register(k[b]); }  // M == 1: the load folds into the FMA
-        }
-#pragma GCC unroll 8
-        for (int m = 0; m < M; ++m) {
-            const float qd = qh[m][d];
-#pragma GCC unroll 8
-            for (int b = 0; b < NV; ++b) { a[m][b] += qd * k[b]; }
-        }
-    }
-#pragma GCC unroll 8
-    for (int m = 0; m < M; ++m) {
-#pragma GCC unroll 8
-        for (int b = 0; b < NV; ++b) {
-            const f32x16 v = a[m][b] * scale;
-            std::memcpy(s[m] + b * kLanes, &v, sizeof v);
-        }
-    }
-}
-
-/// o[m][16e + i] += p[m][j] * v(j)[16e + i] for rows j < cnt ascending (one FMA per element and
-/// row), e < ND, M pairs sharing every V load; row j at v + j * row. The accumulators are loaded
-/// from o and stored back exactly, so a chain split over calls is the same chain. pf: the same
-/// rows of a block ahead (prefetched row by row), or nullptr.
-template <int M, int ND, typename T>
-inline void pv_rows(float * const * o, const float * const * p, int64_t cnt, const T * v, const T * pf, int64_t row) {
-    f32x16 a[M][ND];
-#pragma GCC unroll 8
-    for (int m = 0; m < M; ++m) {
-#pragma GCC unroll 8
-        for (int e = 0; e < ND; ++e) { a[m][e] = load16(o[m] + e * kLanes); }
-    }
-    constexpr int64_t kLines = (ND * kLanes * static_cast<int64_t>(sizeof(T)) + 63) / 64;
-    for (int64_t j = 0; j < cnt; ++j) {
-        if (pf != nullptr) {
-#pragma GCC unroll 8
-            for (int64_t l = 0; l < kLines; ++l) { __builtin_prefetch(pf + j * row + l * (64 / sizeof(T)), 0, 3); }
-        }
-        f32x16 vv[ND];
-#pragma GCC unroll 8
-        for (int e = 0; e < ND; ++e) {
-            vv[e] = load16(v + j * row + e * kLanes);
-            if constexpr (M > 1) { in_register(vv[e]); }  // M == 1: the load folds into the FMA
-        }
-#pragma GCC unroll 8
-        for (int m = 0; m < M; ++m) {
-            const float pj = p[m][j];
-#pragma GCC unroll 8
-            for (int e = 0; e < ND; ++e) { a[m][e] += pj * vv[e]; }
-        }
-    }
-#pragma GCC unroll 8
-    for (int m = 0; m < M; ++m) {
-#pragma GCC unroll 8
-        for (int e = 0; e < ND; ++e) { std::memcpy(o[m] + e * kLanes, &a[m][e], sizeof a[m][e]); }
-    }
-}
-
-/// Softmax of one (query, head) score row over its n entries, in place (attend_tile's code:
-/// max exact, exp16(s - max), 16 lane-wise sums over t then reduce16, times 1 / sum); lanes of
-/// the last vector past n become 0.
-inline void softmax_row(float * s, int64_t n) {
-    f32x16  m16 = f32x16{} - INFINITY;
-    int64_t t = 0;
-    for (; t + kLanes <= n; t += kLanes) {
-        const f32x16 v = load16(s + t);
-        m16 = v > m16 ? v : m16;
-    }
-    float mx = -INFINITY;
-    for (int j = 0; j < kLanes; ++j) { mx = m16[j] > mx ? m16[j] : mx; }
-    for (; t < n; ++t) { mx = s[t] > mx ? s[t] : mx; }
-    f32x16  sum{};
-    int64_t t1 = 0;
-    for (; t1 + kLanes <= n; t1 += kLanes) {
-        const f32x16 e = exp16(load16(s + t1) - mx);
-        std::memcpy(s + t1, &e, sizeof e);
-        sum += e;
-    }
-    if (t1 < n) {
-        const f32x16 e = exp16(load16(s + t1) - mx);
-        const f32x16 z = (kLaneIndex < static_cast<float>(n - t1)) ? e : f32x16{};
-        std::memcpy(s + t1, &z, sizeof z);
-        sum += z;
-    }
-    const f32x16 inv = f32x16{} + 1.0f / reduce16(sum);
-    for (int64_t t2 = 0; t2 < n; t2 += kLanes) {
-        const f32x16 v = load16(s + t2) * inv;
-        std::memcpy(s + t2, &v, sizeof v);
-    }
-}
-
-/// Scores of M pairs over the whole context, NV key vectors at a time (vectors past the context
-/// repeat its last one: their scores land in the padding and are never read).
-template <int M, int NV, typename T>
-inline void score_head(float * const * s, const float * const * qh, const T * kpool, const AttnQuery & qry,
-                       int64_t n, int64_t bs, int64_t row, int64_t koff, int64_t hd, float scale) {
-    const int64_t nv = (n + kLanes - 1) / kLanes;
-    auto vec = [&](int64_t v) {
-        v = std::min(v, nv - 1);
-        return key_lanes(kpool, qry, v * kLanes, bs, row) + koff;
-    };
-    const T * kp[NV];
-    const T * pf[NV];
-    for (int b = 0; b < NV; ++b) { kp[b] = vec(b); }
-    float * sv[M];
-    for (int64_t v0 = 0; v0 < nv; v0 += NV) {
-        const bool next = v0 + NV < nv;
-        for (int b = 0; b < NV; ++b) { pf[b] = next ? vec(v0 + NV + b) : nullptr; }
-        for (int m = 0; m < M; ++m) { sv[m] = s[m] + v0 * kLanes; }
-        score_vecs<M, NV>(sv, qh, kp, next ? pf : nullptr, bs, hd, scale);
-        if (next) { std::copy(std::begin(pf), std::end(pf), std::begin(kp)); }
-    }
-}
-
-/// attend_tile for one query (queries[i]) and kv heads [g0, g1), when block_size % 16 == 0 and
-/// head_dim % 16 == 0: bitwise its result.
-template <typename T>
-void attend_one(float * out, const float * q, const AttnQuery & qry, int64_t n_heads, int64_t g0, int64_t g1,
-                PagedKv kv, float scale) {
-    const T *     kpool = static_cast<const T *>(kv.k);
-    const T *     vpool = static_cast<const T *>(kv.v);
-    const int64_t hd = kv.head_dim, row = static_cast<int64_t>(kv.n_kv_heads) * hd, bs = kv.block_size;
-    const int64_t group = n_heads / kv.n_kv_heads, n = qry.n_ctx;
-    if (n <= 0) {  // no keys: zeros, as attend_tile leaves them
-        std::fill(out + g0 * group * hd, out + g1 * group * hd, 0.0f);
-        return;
-    }
-    const int64_t ld = ((n + kNv * kLanes - 1) / (kNv * kLanes) + 1) * kNv * kLanes;  // + a padding chunk
-    thread_local std::vector<float> scores;
-    const size_t need = static_cast<size_t>((g1 - g0) * group * ld);  // [heads of the range, ld]
-    if (scores.size() < need) { scores.resize(need); }
-    for (int64_t g = g0; g < g1; ++g) {
-        // Scores, 8 pairs at a time (then 4, 2, 1) with 1, 2, 4 or 8 key vectors: >= 8 chains.
-        for (int64_t h0 = 0; h0 < group;) {
-            const int64_t left = group - h0;
-            const int     mm   = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-            const float * qh[8];
-            float *       s[8];
-            for (int m = 0; m < mm; ++m) {
-                qh[m] = q + (g * group + h0 + m) * hd;
-                s[m]  = scores.data() + ((g - g0) * group + h0 + m) * ld;
-            }
-            const int64_t koff = g * hd * bs;
-            switch (mm) {
-                case 8: score_head<8, 1>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
-                case 4: score_head<4, 2>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
-                case 2: score_head<2, 4>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
-                default: score_head<1, kNv>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
-            }
-            h0 += mm;
-        }
-        for (int64_t h = 0; h < group; ++h) { softmax_row(scores.data() + (g - g0) * group * ld + h * ld, n); }
-    }
-    // P·V block by block, every head of the range per block: a block's V rows are one contiguous
-    // run (all kv heads), read once, with the accumulators kept in `out` between blocks.
-    const int64_t nh = (g1 - g0) * group;
-    float *       o0 = out + g0 * group * hd;
-    std::fill(o0, o0 + nh * hd, 0.0f);
-    const int64_t n_blocks = (n + bs - 1) / bs;
-    for (int64_t b = 0; b < n_blocks; ++b) {
-        const int64_t t0 = b * bs, cnt = std::min(bs, n - t0);
-        const T *     vb = vpool + static_cast<int64_t>(qry.block_table[b]) * bs * row;
-        const T *     vf = b + kVAhead < n_blocks ? vpool + static_cast<int64_t>(qry.block_table[b + kVAhead]) * bs * row : nullptr;
-        for (int64_t g = g0; g < g1; ++g) {
-            for (int64_t h0 = 0; h0 < group;) {
-                const int     mm = group - h0 >= 2 && hd % 64 == 0 ? 2 : 1;
-                const float * p[2];
-                float *       o[2];
-                for (int m = 0; m < mm; ++m) {
-                    p[m] = scores.data() + ((g - g0) * group + h0 + m) * ld + t0;
-                    o[m] = out + (g * group + h0 + m) * hd;
-                }
-                for (int64_t d0 = 0; d0 < hd;) {
-                    float *       od[2] = {o[0] + d0, mm > 1 ? o[1] + d0 : nullptr};
-                    const int64_t off = g * hd + d0;
-                    const T *     pf = vf != nullptr ? vf + off : nullptr;
-                    if (hd - d0 >= 64) {
-                        if (mm == 2) { pv_rows<2, 4>(od, p, cnt, vb + off, pf, row); }
-                        else { pv_rows<1, 4>(od, p, cnt, vb + off, pf, row); }
-                        d0 += 64;
-                    } else {
-                        if (mm == 2) { pv_rows<2, 1>(od, p, cnt, vb + off, pf, row); }
-                        else { pv_rows<1, 1>(od, p, cnt, vb + off, pf, row); }
-                        d0 += 16;
-                    }
-                }
-                h0 += mm;
-            }
-        }
     }
 }
 
