@@ -18,12 +18,6 @@
 namespace fd::kernels {
 namespace {
 
-/// Decode fast path (one query over its block table, block_size % 16 == 0, head_dim % 16 == 0):
-/// the same arithmetic as attend_tile, bitwise (each score one FMA chain over d ascending from 0,
-/// times scale; the same softmax code; out = FMA chain over t ascending from 0), organised so
-/// one query keeps the core busy: per kv head, its group's scores over kNv 16-key vectors at once
-/// (group * kNv independent chains instead of 2 per pair), then its softmax, then its P·V with the
-/// accumulators in registers across the whole context. K and V are prefetched a chunk ahead.
 constexpr int64_t kNv = 8;      // 16-key vectors scored at once (group 1); fewer for larger groups
 constexpr int64_t kVAhead = 2;  // V blocks prefetched ahead
 
