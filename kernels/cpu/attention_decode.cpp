@@ -203,11 +203,21 @@ void attend_one(float * out, const float * q, const AttnQuery & qry, int64_t n_h
                 s[m]  = scores.data() + ((g - g0) * group + h0 + m) * ld;
             }
             const int64_t koff = g * hd * bs;
-            switch (mm) {
-                case 8: score_head<8, 1>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
-                case 4: score_head<4, 2>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
-                case 2: score_head<2, 4>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
-                default: score_head<1, kNv>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
+            // Short contexts: no more key vectors at once than the context has (the chains are
+            // independent, so any count gives the same scores).
+            const int64_t nv = (n + kLanes - 1) / kLanes;
+            const int     vecs = std::min<int64_t>(nv >= 8 ? 8 : nv >= 4 ? 4 : nv >= 2 ? 2 : 1, kNv / mm);
+            switch (mm * 16 + vecs) {
+                case 8 * 16 + 1: score_head<8, 1>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
+                case 4 * 16 + 2: score_head<4, 2>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
+                case 4 * 16 + 1: score_head<4, 1>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
+                case 2 * 16 + 4: score_head<2, 4>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
+                case 2 * 16 + 2: score_head<2, 2>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
+                case 2 * 16 + 1: score_head<2, 1>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
+                case 1 * 16 + 8: score_head<1, 8>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
+                case 1 * 16 + 4: score_head<1, 4>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
+                case 1 * 16 + 2: score_head<1, 2>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
+                default: score_head<1, 1>(s, qh, kpool, qry, n, bs, row, koff, hd, scale); break;
             }
             h0 += mm;
         }
