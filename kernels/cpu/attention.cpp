@@ -17,8 +17,12 @@
 // exactly (a shift into the upper half) and feeds the same FMA chains in the same order, so the
 // result is bitwise that of the f32 kernel over a pool holding the bf16-rounded values. The
 // element type is a template parameter (float or Bf16) of every function that reads the pool.
-#include "fd/kernels/cpu_ops.h"
-#include "lanes.h"
+//
+// Decode queries (a tile of one query, block_size and head_dim multiples of 16) take
+// attention_decode.cpp's path instead: the same chains in the same order (bitwise this kernel's
+// output; the tests compare a prefill's queries with their decode outputs), laid out for one
+// query (more chains in flight, V walked block by block over every head).
+#include "attention_lanes.h"
 
 #include <algorithm>
 #include <cmath>
@@ -53,34 +57,6 @@ void kv_store(PagedKv kv, const float * k_new, const float * v_new, const int64_
 
 namespace {
 
-/// A bf16 pool element (the upper half of an IEEE f32).
-using Bf16 = uint16_t;
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-
-/// 16 bf16 values widened exactly to f32 (shifted into the upper half).
-inline f32x16 load16(const Bf16 * p) {
-    u16x16 h;
-    std::memcpy(&h, p, sizeof h);
-    const u32x16 w = __builtin_convertvector(h, u32x16) << 16;
-    f32x16 f;
-    std::memcpy(&f, &w, sizeof f);
-    return f;
-}
-/// One element widened to f32.
-inline float to_f32(float x) { return x; }
-inline float to_f32(Bf16 x) {
-    const uint32_t u = static_cast<uint32_t>(x) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-
-/// 0, 1, ..., 15 (lane masks).
-constexpr f32x16 kLaneIndex = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-
 /// Queries of one task: up to kQt consecutive batch entries of one sequence (same block table),
 /// so each K and V row read from memory serves all of them.
 constexpr int64_t kQt = 64;
@@ -89,28 +65,6 @@ constexpr int64_t kQt = 64;
 constexpr int64_t kPerHeadQueries = 4;
 /// Context positions per chunk: the keys of two 16-lane score vectors.
 constexpr int64_t kTc = 32;
-
-/// e^x for x <= 0 (softmax after subtracting the max), 16 lanes: x = n ln2 + r, |r| <= ln2 / 2,
-/// e^r by the Cephes expf polynomial, times 2^n. Within ~2 ulp of expf; lanes below -87 give
-/// ~1e-38 instead of underflowing. Each lane depends on its own input only.
-inline f32x16 exp16(f32x16 x) {
-    const f32x16 lo = f32x16{} - 87.0f;
-    x = x < lo ? lo : x;
-    const f32x16 round = f32x16{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-    const f32x16 n = (x * 1.44269504088896341f + round) - round;
-    const f32x16 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-    f32x16 p = f32x16{} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const f32x16 y = p * r * r + r + 1.0f;
-    const i32x16 e = (__builtin_convertvector(n, i32x16) + 127) << 23;
-    f32x16 scale;
-    std::memcpy(&scale, &e, sizeof scale);
-    return y * scale;
-}
 
 /// The kTc V row pointers of chunk [t0, t0 + kTc) (rows past n_max repeat row n_max - 1, which
 /// exists): one block-table look-up per block, not per row.
@@ -136,14 +90,6 @@ inline void prefetch_rows(const T * const (&rows)[kTc], int64_t off, int64_t len
         if (j > 0 && rows[j] == rows[j - 1]) { break; }
         for (int64_t e = 0; e < len; e += kPerLine) { __builtin_prefetch(rows[j] + off + e, 0, 3); }
     }
-}
-
-/// Where keys [t, t + 16) of the sequence start in the K pool, kv head 0 (block_size % 16 == 0
-/// and t % 16 == 0, so the 16 keys are consecutive columns of one block's Kᵀ): dimension d of
-/// key t + j of kv head g is at [(g * head_dim + d) * block_size + j].
-template <typename T>
-inline const T * key_lanes(const T * k, const AttnQuery & qry, int64_t t, int64_t bs, int64_t row) {
-    return k + static_cast<int64_t>(qry.block_table[t / bs]) * bs * row + t % bs;
 }
 
 /// kt[d, j] = dimension d of key t0 + j, kv head g, for t0 + j < n_max; 0 past it. Gathers the
@@ -203,10 +149,6 @@ inline void score_pairs(float * const * s, const float * const * qh, int n, cons
     if (i + 2 <= n) { score_chunk<2>(s + i, qh + i, k0, k1, ld, hd, scale); i += 2; }
     if (i < n) { score_chunk<1>(s + i, qh + i, k0, k1, ld, hd, scale); }
 }
-
-/// Keeps v in a register: one load serves all its uses (GCC otherwise folds the load into
-/// every FMA that reads it).
-inline void in_register(f32x16 & v) { asm("" : "+v"(v)); }
 
 /// o[m] += p[m][j] * V[j] for j < nt[m] (ascending), M (query, head) pairs of one kv head sharing
 /// every V load; one FMA per element and j, whatever M. ND 16-lane vectors of d at a time
@@ -350,39 +292,10 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
         }
         if (next) { std::copy(std::begin(kn), std::end(kn), std::begin(kb)); }
     }
-    // Softmax of each (query, head) over its own context; lanes past it hold exactly 0.
+    // Softmax of each (query, head) over its own context; lanes past it hold exactly 0 (the row
+    // stride is >= n + 16).
     for (int64_t qi = 0; qi < nq; ++qi) {
-        const int64_t n = queries[i0 + qi].n_ctx;
-        for (int64_t hh = 0; hh < nh; ++hh) {
-            float * s  = scores + (qi * nh + hh) * ld;
-            f32x16 m16 = f32x16{} - INFINITY;  // max: exact in any order
-            int64_t t = 0;
-            for (; t + kLanes <= n; t += kLanes) {
-                const f32x16 v = load16(s + t);
-                m16 = v > m16 ? v : m16;
-            }
-            float mx = -INFINITY;
-            for (int j = 0; j < kLanes; ++j) { mx = m16[j] > mx ? m16[j] : mx; }
-            for (; t < n; ++t) { mx = s[t] > mx ? s[t] : mx; }
-            f32x16 sum{};
-            int64_t t1 = 0;
-            for (; t1 + kLanes <= n; t1 += kLanes) {
-                const f32x16 e = exp16(load16(s + t1) - mx);
-                std::memcpy(s + t1, &e, sizeof e);
-                sum += e;
-            }
-            if (t1 < n) {  // lanes past n add exactly 0
-                const f32x16 e = exp16(load16(s + t1) - mx);
-                const f32x16 z = (kLaneIndex < static_cast<float>(n - t1)) ? e : f32x16{};
-                std::memcpy(s + t1, &z, sizeof z);
-                sum += z;
-            }
-            const f32x16 inv = f32x16{} + 1.0f / reduce16(sum);
-            for (int64_t t = 0; t < n; t += kLanes) {  // lanes past n hold 0 and stay 0 (row stride >= n + 16)
-                const f32x16 v = load16(s + t) * inv;
-                std::memcpy(s + t, &v, sizeof v);
-            }
-        }
+        for (int64_t hh = 0; hh < nh; ++hh) { softmax_row(scores + (qi * nh + hh) * ld, queries[i0 + qi].n_ctx); }
     }
     // Output: V rows read once per chunk for every query of the tile, accumulated in t order.
     for (int64_t qi = 0; qi < nq; ++qi) {
@@ -481,6 +394,15 @@ void attention_paged(float * out, const float * q, const AttnQuery * queries, in
         const size_t  need = static_cast<size_t>(nq * heads_at_once * group * ((n_ctx_max + kTc - 1) / kTc * kTc));
         if (scores.size() < need) { scores.resize(need); }
         if (kt.size() < static_cast<size_t>(kv.head_dim * kTc)) { kt.resize(static_cast<size_t>(kv.head_dim * kTc)); }
+        if (nq == 1 && kv.block_size % kLanes == 0 && kv.head_dim % kLanes == 0) {
+            const int64_t i = starts[tile];
+            if (kv.dtype == WType::bf16) {
+                attend_one<Bf16>(out + i * n_heads * kv.head_dim, q + i * n_heads * kv.head_dim, queries[i], n_heads, g0, g1, kv, scale);
+            } else {
+                attend_one<float>(out + i * n_heads * kv.head_dim, q + i * n_heads * kv.head_dim, queries[i], n_heads, g0, g1, kv, scale);
+            }
+            return;
+        }
         for (int64_t g = g0; g < g1; g += heads_at_once) {
             const int64_t gh = std::min(g1, g + heads_at_once);
             if (kv.dtype == WType::bf16) {

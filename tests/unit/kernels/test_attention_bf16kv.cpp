@@ -140,7 +140,7 @@ TEST_CASE("kv_store into a bf16 pool writes each value rounded to nearest even a
 TEST_CASE("attention_paged over a bf16 pool is bitwise attention_paged over the f32 pool of the rounded K/V") {
     struct Shape { int n_heads, n_kv, head_dim, block; };
     for (const Shape sh : {Shape{8, 4, 8, 4}, Shape{8, 4, 24, 16}, Shape{8, 4, 64, 4}, Shape{8, 4, 64, 16}, Shape{4, 2, 128, 32},
-                           Shape{6, 2, 16, 16}}) {
+                           Shape{6, 2, 16, 16}, Shape{4, 4, 64, 16}}) {
         CAPTURE(sh.head_dim);
         CAPTURE(sh.block);
         std::mt19937 rng(uint32_t(sh.head_dim * 7 + sh.block));
