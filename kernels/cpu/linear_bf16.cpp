@@ -185,7 +185,46 @@ struct TileB {
     float *          out;     ///< out [n_rows, ldo] at the tile's first output
     int64_t          ldo;
     const float *    bias;    ///< [n_cols] or nullptr
+    const char *     pf = nullptr;  ///< one-row tiles with short bf16 rows: the next tile's weights (whole_steps_bf16)
 };
+
+/// Whole steps [0, n_steps) of an MR x NR tile with bf16 weights: plain loads, no tail test in
+/// the loop. The accumulators come in and go out through `acc` once, so they stay in registers
+/// for the whole loop (written as one loop with the tail's masked loads inside it, GCC kept a
+/// stack copy of all MR x NR accumulators up to date every step: 24 stores of 64 bytes per 24
+/// vdpbf16ps at 4 x 6, a quarter of the instruction's rate).
+/// kPrefetch (one streaming row): `pf` non-null streams the next tile's weights, NR lines per
+/// step (short rows: matmul.cpp's TileArgs::pf); else each row's own line 512 bytes ahead.
+template <int MR, int NR, bool kPrefetch>
+FD_BF16_TARGET __attribute__((noinline)) void whole_steps_bf16(__m512 (&acc)[MR][NR], const uint16_t * const (&xr)[MR],
+                                                               const uint16_t * const (&wr)[NR], int64_t n_steps, const char * pf) {
+    __m512 a[MR][NR];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) { a[r][c] = acc[r][c]; }
+    }
+    for (int64_t s = 0; s < n_steps; ++s) {
+        const int64_t k = s * kStepK;
+        __m512i       wv[NR];
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) {
+            if (kPrefetch) { _mm_prefetch(pf ? pf + (s * NR + c) * 64 : reinterpret_cast<const char *>(wr[c] + k) + 512, _MM_HINT_T0); }
+            wv[c] = _mm512_loadu_si512(wr[c] + k);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            const __m512i xi = _mm512_loadu_si512(xr[r] + k);
+#pragma GCC unroll 8
+            for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_dpbf16_ps(a[r][c], (__m512bh)xi, (__m512bh)wv[c]); }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) { acc[r][c] = a[r][c]; }
+    }
+}
 
 template <WType T, int MR, int NR, bool kPrefetch>
 FD_BF16_TARGET __attribute__((noinline)) void tile_avx(const TileB & t) {
@@ -194,31 +233,34 @@ FD_BF16_TARGET __attribute__((noinline)) void tile_avx(const TileB & t) {
     for (int r = 0; r < MR; ++r) { xr[r] = t.x + std::min(r, t.n_rows - 1) * t.ldx; }
     for (int c = 0; c < NR; ++c) { wr[c] = t.w + std::min(c, t.n_cols - 1) * t.row_bytes; }
     __m512 a[MR][NR];
-#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 8
         for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_setzero_ps(); }
     }
+    int64_t k = 0;
+    if constexpr (T == WType::bf16) {  // the whole steps in registers; the tail below
+        const uint16_t * wr16[NR];
+        for (int c = 0; c < NR; ++c) { wr16[c] = reinterpret_cast<const uint16_t *>(wr[c]); }
+        const int64_t n_whole = t.n_in / kStepK;
+        whole_steps_bf16<MR, NR, kPrefetch>(a, xr, wr16, n_whole, t.pf);
+        k = n_whole * kStepK;
+    }
     constexpr int64_t kElem = T == WType::bf16 ? 2 : 4;
-    for (int64_t k = 0; k < t.kp; k += kStepK) {
+    for (; k < t.kp; k += kStepK) {  // f32 weights (rounded as read), or the bf16 tail step
         const int64_t left = t.n_in - k;
         __m512bh      wv[NR];
-#pragma GCC unroll 8
         for (int c = 0; c < NR; ++c) {
-            if (kPrefetch) { _mm_prefetch(wr[c] + k * kElem + 512, _MM_HINT_T0); }
+            if (kPrefetch && T == WType::f32) { _mm_prefetch(wr[c] + k * kElem + 512, _MM_HINT_T0); }
             wv[c] = weight_step_avx<T>(wr[c], k, left);
         }
-#pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
             const __m512i  xi = _mm512_loadu_si512(xr[r] + k);
             const __m512bh xv = (__m512bh)xi;
-#pragma GCC unroll 8
             for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_dpbf16_ps(a[r][c], xv, wv[c]); }
         }
     }
-    f32x16 acc[MR * NR];
+    alignas(64) f32x16 acc[MR * NR];
     for (int r = 0; r < MR; ++r) {
-        for (int c = 0; c < NR; ++c) { std::memcpy(&acc[r * NR + c], &a[r][c], sizeof(__m512)); }
+        for (int c = 0; c < NR; ++c) { _mm512_store_ps(reinterpret_cast<float *>(&acc[r * NR + c]), a[r][c]); }
     }
     float sums[MR * NR];
     reduce_all(acc, MR * NR, sums);
@@ -238,6 +280,9 @@ void outputs_avx(float * out, const uint16_t * xb, const char * w, const float *
                  int64_t n_out, int64_t n_in, int64_t o0, int64_t o1) {
     const int64_t kp = padded_k(n_in), ldx = x_stride(n_in), row_bytes = n_in * (T == WType::bf16 ? 2 : 4);
     const int64_t mc = std::max<int64_t>(MR, (256 << 10) / (ldx * 2) / MR * MR);
+    // One row, bf16 rows under 4 KiB: 512 bytes ahead would land in the tile's own next row;
+    // stream the next tile instead (matmul.cpp's kShortRowBytes, issue 23).
+    const bool short_rows = T == WType::bf16 && row_bytes < 4096;
     for (int64_t b0 = r0; b0 < r1; b0 += mc) {
         const int64_t b1 = std::min(r1, b0 + mc);
         for (int64_t o = o0; o < o1; o += NR) {
@@ -246,7 +291,8 @@ void outputs_avx(float * out, const uint16_t * xb, const char * w, const float *
                 tile_avx<T, MR, NR, MR == 1>({.x = xb + r * ldx, .ldx = ldx, .kp = kp, .w = w + o * row_bytes, .row_bytes = row_bytes,
                                               .n_in = n_in, .n_rows = static_cast<int>(std::min<int64_t>(MR, b1 - r)),
                                               .n_cols = n_cols, .out = out + r * n_out + o, .ldo = n_out,
-                                              .bias = bias ? bias + o : nullptr});
+                                              .bias = bias ? bias + o : nullptr,
+                                              .pf = MR == 1 && short_rows ? w + (o + NR) * row_bytes : nullptr});
             }
         }
     }
