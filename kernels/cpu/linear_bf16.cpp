@@ -185,19 +185,20 @@ struct TileB {
     float *          out;     ///< out [n_rows, ldo] at the tile's first output
     int64_t          ldo;
     const float *    bias;    ///< [n_cols] or nullptr
-    const char *     pf = nullptr;  ///< one-row tiles with short bf16 rows: the next tile's weights (whole_steps_bf16)
+    const char *     pf = nullptr;  ///< one-row tiles with short bf16 rows: the next tile's weights (whole_steps_avx)
 };
 
-/// Whole steps [0, n_steps) of an MR x NR tile with bf16 weights: plain loads, no tail test in
+/// Whole steps [0, n_steps) of an MR x NR tile: plain loads (f32 weights rounded as read), no tail test in
 /// the loop. The accumulators come in and go out through `acc` once, so they stay in registers
 /// for the whole loop (written as one loop with the tail's masked loads inside it, GCC kept a
 /// stack copy of all MR x NR accumulators up to date every step: 24 stores of 64 bytes per 24
 /// vdpbf16ps at 4 x 6, a quarter of the instruction's rate).
 /// kPrefetch (one streaming row): `pf` non-null streams the next tile's weights, NR lines per
 /// step (short rows: matmul.cpp's TileArgs::pf); else each row's own line 512 bytes ahead.
-template <int MR, int NR, bool kPrefetch>
-FD_BF16_TARGET __attribute__((noinline)) void whole_steps_bf16(__m512 (&acc)[MR][NR], const uint16_t * const (&xr)[MR],
-                                                               const uint16_t * const (&wr)[NR], int64_t n_steps, const char * pf) {
+template <WType T, int MR, int NR, bool kPrefetch>
+FD_BF16_TARGET __attribute__((noinline)) void whole_steps_avx(__m512 (&acc)[MR][NR], const uint16_t * const (&xr)[MR],
+                                                              const char * const (&wr)[NR], int64_t n_steps, const char * pf) {
+    constexpr int64_t kElem = T == WType::bf16 ? 2 : 4;
     __m512 a[MR][NR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
@@ -206,17 +207,23 @@ FD_BF16_TARGET __attribute__((noinline)) void whole_steps_bf16(__m512 (&acc)[MR]
     }
     for (int64_t s = 0; s < n_steps; ++s) {
         const int64_t k = s * kStepK;
-        __m512i       wv[NR];
+        __m512bh      wv[NR];
 #pragma GCC unroll 8
         for (int c = 0; c < NR; ++c) {
-            if (kPrefetch) { _mm_prefetch(pf ? pf + (s * NR + c) * 64 : reinterpret_cast<const char *>(wr[c] + k) + 512, _MM_HINT_T0); }
-            wv[c] = _mm512_loadu_si512(wr[c] + k);
+            if (kPrefetch) { _mm_prefetch(pf ? pf + (s * NR + c) * 64 : wr[c] + k * kElem + 512, _MM_HINT_T0); }
+            if constexpr (T == WType::bf16) {
+                wv[c] = (__m512bh)_mm512_loadu_si512(reinterpret_cast<const uint16_t *>(wr[c]) + k);
+            } else {  // f32 weights rounded as read (the tail's weight_step_avx, whole)
+                const float * p = reinterpret_cast<const float *>(wr[c]) + k;
+                if (kPrefetch) { _mm_prefetch(reinterpret_cast<const char *>(p) + 576, _MM_HINT_T0); }
+                wv[c] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
+            }
         }
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
             const __m512i xi = _mm512_loadu_si512(xr[r] + k);
 #pragma GCC unroll 8
-            for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_dpbf16_ps(a[r][c], (__m512bh)xi, (__m512bh)wv[c]); }
+            for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_dpbf16_ps(a[r][c], (__m512bh)xi, wv[c]); }
         }
     }
 #pragma GCC unroll 8
@@ -237,21 +244,15 @@ FD_BF16_TARGET __attribute__((noinline)) void tile_avx(const TileB & t) {
         for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_setzero_ps(); }
     }
     int64_t k = 0;
-    if constexpr (T == WType::bf16) {  // the whole steps in registers; the tail below
-        const uint16_t * wr16[NR];
-        for (int c = 0; c < NR; ++c) { wr16[c] = reinterpret_cast<const uint16_t *>(wr[c]); }
+    {  // the whole steps in registers; the tail below
         const int64_t n_whole = t.n_in / kStepK;
-        whole_steps_bf16<MR, NR, kPrefetch>(a, xr, wr16, n_whole, t.pf);
+        whole_steps_avx<T, MR, NR, kPrefetch>(a, xr, wr, n_whole, T == WType::bf16 ? t.pf : nullptr);
         k = n_whole * kStepK;
     }
-    constexpr int64_t kElem = T == WType::bf16 ? 2 : 4;
-    for (; k < t.kp; k += kStepK) {  // f32 weights (rounded as read), or the bf16 tail step
+    for (; k < t.kp; k += kStepK) {  // the tail step (zero-padded)
         const int64_t left = t.n_in - k;
         __m512bh      wv[NR];
-        for (int c = 0; c < NR; ++c) {
-            if (kPrefetch && T == WType::f32) { _mm_prefetch(wr[c] + k * kElem + 512, _MM_HINT_T0); }
-            wv[c] = weight_step_avx<T>(wr[c], k, left);
-        }
+        for (int c = 0; c < NR; ++c) { wv[c] = weight_step_avx<T>(wr[c], k, left); }
         for (int r = 0; r < MR; ++r) {
             const __m512i  xi = _mm512_loadu_si512(xr[r] + k);
             const __m512bh xv = (__m512bh)xi;
