@@ -97,6 +97,7 @@ std::vector<int64_t> parse_list(const std::string & s) {
 int main(int argc, char ** argv) {
     // Arguments: --threads N --reps R --min-s S --ms 1,8,64,512 --stream-mib MiB --shapes OUTxIN,...
     int         threads = 1, reps = 5;
+    bool        f32_weights = false;  // --weights f32: an F32 checkpoint (bf16 mode rounds each weight as read)
     double      min_s   = 0.2;
     int64_t     stream_mib = 192;
     std::string ms_s = "1,8,64,512", shapes_s = "3072x512,512x1536,8192x512";
@@ -108,6 +109,7 @@ int main(int argc, char ** argv) {
         else if (a == "--ms") { ms_s = v; }
         else if (a == "--stream-mib") { stream_mib = std::stoll(v); }
         else if (a == "--shapes") { shapes_s = v; }
+        else if (a == "--weights") { f32_weights = v == "f32"; }
         else { std::fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
     }
     k::ThreadPool pool(threads);
@@ -116,6 +118,7 @@ int main(int argc, char ** argv) {
     out["threads"]           = threads;
     out["bf16_isa"]          = k::bf16_isa_name(k::bf16_best_isa());
     out["read_bw_gbs"]       = bw / 1e9;
+    out["weights"]           = f32_weights ? "f32" : "bf16";
     std::mt19937 rng(28);
     std::normal_distribution<float> nd(0.0f, 0.05f);
     size_t p = 0;
@@ -124,11 +127,24 @@ int main(int argc, char ** argv) {
         const std::string sh = shapes_s.substr(p, q == std::string::npos ? std::string::npos : q - p);
         p                    = q == std::string::npos ? shapes_s.size() : q + 1;
         const int64_t n_out = std::stoll(sh.substr(0, sh.find('x'))), n_in = std::stoll(sh.substr(sh.find('x') + 1));
-        const int64_t mat_bytes = n_out * n_in * 2;
+        const int64_t es = f32_weights ? 4 : 2, mat_bytes = n_out * n_in * es;
         const int64_t copies    = std::max<int64_t>(1, (stream_mib << 20) / mat_bytes);
         std::vector<uint16_t> w(static_cast<size_t>(copies * n_out * n_in));
         for (int64_t i = 0; i < n_out * n_in; ++i) { w[static_cast<size_t>(i)] = to_bf16(nd(rng)); }
-        for (int64_t c = 1; c < copies; ++c) { std::memcpy(w.data() + c * n_out * n_in, w.data(), static_cast<size_t>(mat_bytes)); }
+        std::vector<float> wf;
+        if (f32_weights) {  // the same values, stored as f32
+            wf.resize(static_cast<size_t>(copies * n_out * n_in));
+            for (int64_t i = 0; i < n_out * n_in; ++i) { k::bf16_to_f32(&wf[static_cast<size_t>(i)], &w[static_cast<size_t>(i)], 1); }
+        }
+        for (int64_t c = 1; c < copies; ++c) {
+            if (f32_weights) {
+                std::memcpy(wf.data() + c * n_out * n_in, wf.data(), static_cast<size_t>(mat_bytes));
+            } else {
+                std::memcpy(w.data() + c * n_out * n_in, w.data(), static_cast<size_t>(mat_bytes));
+            }
+        }
+        const k::WType wt   = f32_weights ? k::WType::f32 : k::WType::bf16;
+        const char *   wsrc = f32_weights ? reinterpret_cast<const char *>(wf.data()) : reinterpret_cast<const char *>(w.data());
         for (int64_t m : parse_list(ms_s)) {
             std::vector<float> x(static_cast<size_t>(m * n_in)), y(static_cast<size_t>(m * n_out));
             std::vector<uint16_t> xb(static_cast<size_t>(m * n_in));
@@ -138,8 +154,8 @@ int main(int argc, char ** argv) {
             row["m"]     = m;
             if (m == 1) {  // stream the stack of copies: bytes bound
                 int64_t c = 0;
-                auto f32 = [&] { k::linear(y.data(), x.data(), w.data() + (c++ % copies) * n_out * n_in, k::WType::bf16, nullptr, 1, n_out, n_in, &pool); };
-                auto b16 = [&] { k::linear_bf16(y.data(), x.data(), w.data() + (c++ % copies) * n_out * n_in, k::WType::bf16, nullptr, 1, n_out, n_in, &pool); };
+                auto f32 = [&] { k::linear(y.data(), x.data(), wsrc + (c++ % copies) * mat_bytes, wt, nullptr, 1, n_out, n_in, &pool); };
+                auto b16 = [&] { k::linear_bf16(y.data(), x.data(), wsrc + (c++ % copies) * mat_bytes, wt, nullptr, 1, n_out, n_in, &pool); };
                 const double tf = best_per_call(f32, reps, min_s), tb = best_per_call(b16, reps, min_s);
                 row["f32_mode_us"]       = tf * 1e6;
                 row["bf16_mode_us"]      = tb * 1e6;
@@ -147,8 +163,8 @@ int main(int argc, char ** argv) {
                 row["bf16_mode_of_bw"]   = static_cast<double>(mat_bytes) / tb / bw;
             } else {
                 const double flop = 2.0 * static_cast<double>(m * n_out * n_in);
-                auto f32 = [&] { k::linear(y.data(), x.data(), w.data(), k::WType::bf16, nullptr, m, n_out, n_in, &pool); };
-                auto b16 = [&] { k::linear_bf16(y.data(), x.data(), w.data(), k::WType::bf16, nullptr, m, n_out, n_in, &pool); };
+                auto f32 = [&] { k::linear(y.data(), x.data(), wsrc, wt, nullptr, m, n_out, n_in, &pool); };
+                auto b16 = [&] { k::linear_bf16(y.data(), x.data(), wsrc, wt, nullptr, m, n_out, n_in, &pool); };
                 auto rnd = [&] { k::round_to_bf16(xb.data(), x.data(), m * n_in, k::bf16_best_isa()); };
                 const double tf = best_per_call(f32, reps, min_s), tb = best_per_call(b16, reps, min_s);
                 const double tr = best_per_call(rnd, reps, min_s / 4);
