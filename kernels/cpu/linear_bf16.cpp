@@ -188,22 +188,24 @@ struct TileB {
     const char *     pf = nullptr;  ///< one-row tiles with short bf16 rows: the next tile's weights (whole_steps_avx)
 };
 
-/// Whole steps [0, n_steps) of an MR x NR tile: plain loads (f32 weights rounded as read), no tail test in
-/// the loop. The accumulators come in and go out through `acc` once, so they stay in registers
-/// for the whole loop (written as one loop with the tail's masked loads inside it, GCC kept a
-/// stack copy of all MR x NR accumulators up to date every step: 24 stores of 64 bytes per 24
-/// vdpbf16ps at 4 x 6, a quarter of the instruction's rate).
+/// Every step of an MR x NR tile, lanes [MR * NR] written: the whole steps with plain loads (f32
+/// weights rounded as read) and no tail test in the loop, then the zero-padded tail step. The
+/// accumulators live in registers from zero to the one store of `lanes` (written as one loop
+/// with the tail's masked loads inside it, GCC kept a stack copy of all MR x NR accumulators up
+/// to date every step: 24 stores of 64 bytes per 24 vdpbf16ps at 4 x 6, a quarter of the
+/// instruction's rate).
 /// kPrefetch (one streaming row): `pf` non-null streams the next tile's weights, NR lines per
 /// step (short rows: matmul.cpp's TileArgs::pf); else each row's own line 512 bytes ahead.
 template <WType T, int MR, int NR, bool kPrefetch>
-FD_BF16_TARGET __attribute__((noinline)) void whole_steps_avx(__m512 (&acc)[MR][NR], const uint16_t * const (&xr)[MR],
-                                                              const char * const (&wr)[NR], int64_t n_steps, const char * pf) {
+FD_BF16_TARGET __attribute__((noinline)) void tile_steps_avx(f32x16 * lanes, const uint16_t * const (&xr)[MR],
+                                                             const char * const (&wr)[NR], int64_t n_in, const char * pf) {
     constexpr int64_t kElem = T == WType::bf16 ? 2 : 4;
-    __m512 a[MR][NR];
+    const int64_t     n_steps = n_in / kStepK;
+    __m512            a[MR][NR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 8
-        for (int c = 0; c < NR; ++c) { a[r][c] = acc[r][c]; }
+        for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_setzero_ps(); }
     }
     for (int64_t s = 0; s < n_steps; ++s) {
         const int64_t k = s * kStepK;
@@ -226,10 +228,22 @@ FD_BF16_TARGET __attribute__((noinline)) void whole_steps_avx(__m512 (&acc)[MR][
             for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_dpbf16_ps(a[r][c], (__m512bh)xi, wv[c]); }
         }
     }
+    if (const int64_t k = n_steps * kStepK; k < n_in) {  // the tail step (zero-padded), after the loop
+        const int64_t left = n_in - k;
+        __m512bh      wv[NR];
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) { wv[c] = weight_step_avx<T>(wr[c], k, left); }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            const __m512i xi = _mm512_loadu_si512(xr[r] + k);
+#pragma GCC unroll 8
+            for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_dpbf16_ps(a[r][c], (__m512bh)xi, wv[c]); }
+        }
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 8
-        for (int c = 0; c < NR; ++c) { acc[r][c] = a[r][c]; }
+        for (int c = 0; c < NR; ++c) { _mm512_store_ps(reinterpret_cast<float *>(&lanes[r * NR + c]), a[r][c]); }
     }
 }
 
@@ -239,30 +253,8 @@ FD_BF16_TARGET __attribute__((noinline)) void tile_avx(const TileB & t) {
     const char *     wr[NR];
     for (int r = 0; r < MR; ++r) { xr[r] = t.x + std::min(r, t.n_rows - 1) * t.ldx; }
     for (int c = 0; c < NR; ++c) { wr[c] = t.w + std::min(c, t.n_cols - 1) * t.row_bytes; }
-    __m512 a[MR][NR];
-    for (int r = 0; r < MR; ++r) {
-        for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_setzero_ps(); }
-    }
-    int64_t k = 0;
-    {  // the whole steps in registers; the tail below
-        const int64_t n_whole = t.n_in / kStepK;
-        whole_steps_avx<T, MR, NR, kPrefetch>(a, xr, wr, n_whole, T == WType::bf16 ? t.pf : nullptr);
-        k = n_whole * kStepK;
-    }
-    for (; k < t.kp; k += kStepK) {  // the tail step (zero-padded)
-        const int64_t left = t.n_in - k;
-        __m512bh      wv[NR];
-        for (int c = 0; c < NR; ++c) { wv[c] = weight_step_avx<T>(wr[c], k, left); }
-        for (int r = 0; r < MR; ++r) {
-            const __m512i  xi = _mm512_loadu_si512(xr[r] + k);
-            const __m512bh xv = (__m512bh)xi;
-            for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_dpbf16_ps(a[r][c], xv, wv[c]); }
-        }
-    }
     alignas(64) f32x16 acc[MR * NR];
-    for (int r = 0; r < MR; ++r) {
-        for (int c = 0; c < NR; ++c) { _mm512_store_ps(reinterpret_cast<float *>(&acc[r * NR + c]), a[r][c]); }
-    }
+    tile_steps_avx<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_in, T == WType::bf16 ? t.pf : nullptr);
     float sums[MR * NR];
     reduce_all(acc, MR * NR, sums);
     for (int r = 0; r < t.n_rows; ++r) {
