@@ -18,7 +18,10 @@
 // The weights need no packing and no widening: a stored bf16 row IS the instruction's operand
 // (32 k's per 64-byte load), unlike the f32 mode, which widens each weight (two unpacks per 32).
 // Tiles (1 x 8 for one row, up to 4 x 6 for more) and the split over threads only decide which
-// loads feed a step, so a row's result does not depend on the batch or the thread count.
+// loads feed a step, so a row's result does not depend on the batch or the thread count. Each
+// tile runs in one register-only function (tile_steps_avx: whole steps, then the tail step), and
+// the first row tile of each output strip prefetches its weights (issue 28 "bf16 GEMM pass" in
+// docs/benchmarks.md: where the time went, and what was measured not to matter).
 #include "fd/kernels/cpu_ops.h"
 #include "fd/status.h"
 
