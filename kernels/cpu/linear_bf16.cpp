@@ -18,7 +18,10 @@
 // The weights need no packing and no widening: a stored bf16 row IS the instruction's operand
 // (32 k's per 64-byte load), unlike the f32 mode, which widens each weight (two unpacks per 32).
 // Tiles (1 x 8 for one row, up to 4 x 6 for more) and the split over threads only decide which
-// loads feed a step, so a row's result does not depend on the batch or the thread count.
+// loads feed a step, so a row's result does not depend on the batch or the thread count. Each
+// tile runs in one register-only function (tile_steps_avx: whole steps, then the tail step), and
+// the first row tile of each output strip prefetches its weights (issue 28 "bf16 GEMM pass" in
+// docs/benchmarks.md: where the time went, and what was measured not to matter).
 #include "fd/kernels/cpu_ops.h"
 #include "fd/status.h"
 
@@ -185,7 +188,67 @@ struct TileB {
     float *          out;     ///< out [n_rows, ldo] at the tile's first output
     int64_t          ldo;
     const float *    bias;    ///< [n_cols] or nullptr
+    const char *     pf = nullptr;  ///< one-row tiles with short bf16 rows: the next tile's weights (whole_steps_avx)
 };
+
+/// Every step of an MR x NR tile, lanes [MR * NR] written: the whole steps with plain loads (f32
+/// weights rounded as read) and no tail test in the loop, then the zero-padded tail step. The
+/// accumulators live in registers from zero to the one store of `lanes` (written as one loop
+/// with the tail's masked loads inside it, GCC kept a stack copy of all MR x NR accumulators up
+/// to date every step: 24 stores of 64 bytes per 24 vdpbf16ps at 4 x 6, a quarter of the
+/// instruction's rate).
+/// kPrefetch (one streaming row): `pf` non-null streams the next tile's weights, NR lines per
+/// step (short rows: matmul.cpp's TileArgs::pf); else each row's own line 512 bytes ahead.
+template <WType T, int MR, int NR, bool kPrefetch>
+FD_BF16_TARGET __attribute__((noinline)) void tile_steps_avx(f32x16 * lanes, const uint16_t * const (&xr)[MR],
+                                                             const char * const (&wr)[NR], int64_t n_in, const char * pf) {
+    constexpr int64_t kElem = T == WType::bf16 ? 2 : 4;
+    const int64_t     n_steps = n_in / kStepK;
+    __m512            a[MR][NR];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_setzero_ps(); }
+    }
+    for (int64_t s = 0; s < n_steps; ++s) {
+        const int64_t k = s * kStepK;
+        __m512bh      wv[NR];
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) {
+            if (kPrefetch) { _mm_prefetch(pf ? pf + (s * NR + c) * 64 : wr[c] + k * kElem + 512, _MM_HINT_T0); }
+            if constexpr (T == WType::bf16) {
+                wv[c] = (__m512bh)_mm512_loadu_si512(reinterpret_cast<const uint16_t *>(wr[c]) + k);
+            } else {  // f32 weights rounded as read (the tail's weight_step_avx, whole)
+                const float * p = reinterpret_cast<const float *>(wr[c]) + k;
+                if (kPrefetch) { _mm_prefetch(reinterpret_cast<const char *>(p) + 576, _MM_HINT_T0); }
+                wv[c] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            const __m512i xi = _mm512_loadu_si512(xr[r] + k);
+#pragma GCC unroll 8
+            for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_dpbf16_ps(a[r][c], (__m512bh)xi, wv[c]); }
+        }
+    }
+    if (const int64_t k = n_steps * kStepK; k < n_in) {  // the tail step (zero-padded), after the loop
+        const int64_t left = n_in - k;
+        __m512bh      wv[NR];
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) { wv[c] = weight_step_avx<T>(wr[c], k, left); }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            const __m512i xi = _mm512_loadu_si512(xr[r] + k);
+#pragma GCC unroll 8
+            for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_dpbf16_ps(a[r][c], (__m512bh)xi, wv[c]); }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) { _mm512_store_ps(reinterpret_cast<float *>(&lanes[r * NR + c]), a[r][c]); }
+    }
+}
 
 template <WType T, int MR, int NR, bool kPrefetch>
 FD_BF16_TARGET __attribute__((noinline)) void tile_avx(const TileB & t) {
@@ -193,33 +256,8 @@ FD_BF16_TARGET __attribute__((noinline)) void tile_avx(const TileB & t) {
     const char *     wr[NR];
     for (int r = 0; r < MR; ++r) { xr[r] = t.x + std::min(r, t.n_rows - 1) * t.ldx; }
     for (int c = 0; c < NR; ++c) { wr[c] = t.w + std::min(c, t.n_cols - 1) * t.row_bytes; }
-    __m512 a[MR][NR];
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 8
-        for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_setzero_ps(); }
-    }
-    constexpr int64_t kElem = T == WType::bf16 ? 2 : 4;
-    for (int64_t k = 0; k < t.kp; k += kStepK) {
-        const int64_t left = t.n_in - k;
-        __m512bh      wv[NR];
-#pragma GCC unroll 8
-        for (int c = 0; c < NR; ++c) {
-            if (kPrefetch) { _mm_prefetch(wr[c] + k * kElem + 512, _MM_HINT_T0); }
-            wv[c] = weight_step_avx<T>(wr[c], k, left);
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-            const __m512i  xi = _mm512_loadu_si512(xr[r] + k);
-            const __m512bh xv = (__m512bh)xi;
-#pragma GCC unroll 8
-            for (int c = 0; c < NR; ++c) { a[r][c] = _mm512_dpbf16_ps(a[r][c], xv, wv[c]); }
-        }
-    }
-    f32x16 acc[MR * NR];
-    for (int r = 0; r < MR; ++r) {
-        for (int c = 0; c < NR; ++c) { std::memcpy(&acc[r * NR + c], &a[r][c], sizeof(__m512)); }
-    }
+    alignas(64) f32x16 acc[MR * NR];
+    tile_steps_avx<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_in, T == WType::bf16 ? t.pf : nullptr);
     float sums[MR * NR];
     reduce_all(acc, MR * NR, sums);
     for (int r = 0; r < t.n_rows; ++r) {
@@ -238,15 +276,24 @@ void outputs_avx(float * out, const uint16_t * xb, const char * w, const float *
                  int64_t n_out, int64_t n_in, int64_t o0, int64_t o1) {
     const int64_t kp = padded_k(n_in), ldx = x_stride(n_in), row_bytes = n_in * (T == WType::bf16 ? 2 : 4);
     const int64_t mc = std::max<int64_t>(MR, (256 << 10) / (ldx * 2) / MR * MR);
+    // The first row tile of each strip streams its weights from memory, prefetched: bf16 rows
+    // under 4 KiB stream the next strip (512 bytes ahead would land in the tile's own next row:
+    // matmul.cpp's kShortRowBytes, issue 23), longer ones each row's line 512 bytes ahead.
+    const bool short_rows = T == WType::bf16 && row_bytes < 4096;
     for (int64_t b0 = r0; b0 < r1; b0 += mc) {
         const int64_t b1 = std::min(r1, b0 + mc);
         for (int64_t o = o0; o < o1; o += NR) {
             const int n_cols = static_cast<int>(std::min<int64_t>(NR, o1 - o));
             for (int64_t r = b0; r < b1; r += MR) {
-                tile_avx<T, MR, NR, MR == 1>({.x = xb + r * ldx, .ldx = ldx, .kp = kp, .w = w + o * row_bytes, .row_bytes = row_bytes,
-                                              .n_in = n_in, .n_rows = static_cast<int>(std::min<int64_t>(MR, b1 - r)),
-                                              .n_cols = n_cols, .out = out + r * n_out + o, .ldo = n_out,
-                                              .bias = bias ? bias + o : nullptr});
+                const TileB tb{.x = xb + r * ldx, .ldx = ldx, .kp = kp, .w = w + o * row_bytes, .row_bytes = row_bytes,
+                               .n_in = n_in, .n_rows = static_cast<int>(std::min<int64_t>(MR, b1 - r)),
+                               .n_cols = n_cols, .out = out + r * n_out + o, .ldo = n_out,
+                               .bias = bias ? bias + o : nullptr, .pf = short_rows ? w + (o + NR) * row_bytes : nullptr};
+                if (r == r0) {  // the strip's first meeting: its weights come from memory, prefetched
+                    tile_avx<T, MR, NR, true>(tb);
+                } else {        // later row tiles find the strip in L1
+                    tile_avx<T, MR, NR, false>(tb);
+                }
             }
         }
     }
