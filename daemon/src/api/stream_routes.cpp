@@ -135,7 +135,8 @@ json commit_sealed(ApiContext & ctx, const ControlInput & in, const stream::Seal
     if (!was_paused) { u = peer::run(ctx, in, {.op = "pause", .mode = "wait"}); }
     if (was_paused || u.ok()) {
         shm::MailboxCommand update{.op = "update_weights"};
-        update.weight_dir = s.dir.string();
+        update.weight_dir = s.delta_file.empty() ? s.dir.string() : s.base_dir.string();
+        update.weight_delta = s.delta_file.string();  // a delta: written in place (ranks and base_dir)
         update.version    = s.version;
         u = peer::run(ctx, in, update);
         if (!was_paused) { ctx.control->handle(shm::MailboxCommand{.op = "resume"}); }

@@ -5,6 +5,7 @@
 #include "fd/log.h"
 #include "fd/progress.h"
 #include "fd/weights/fingerprint.h"
+#include "fd/weights/weight_delta.h"
 
 #include <fmt/ranges.h>
 
@@ -400,8 +401,75 @@ void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) 
                              state_.kv_asleep ? " (kv_cache still asleep)" : "");
 }
 
+void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
+    // A delta weight stream's commit (fd/weights/weight_delta.h): written in place on every rank
+    // (each keeps the old values), then into the serving dir (the wakeup source and the next
+    // delta's base). Any failure puts every rank (and the dir) back: all-or-nothing, the label
+    // flips only after all of it succeeded.
+    if (state_.weight_asleep || !state_.weights_valid) {
+        fail(Errc::wrong_state, "a weight delta applies to the serving weights, and they are {}; stream the full weights",
+             state_.weight_asleep ? "asleep" : "invalid");
+    }
+    if (serving_dir_.empty() || std::filesystem::path(cmd.weight_dir) != std::filesystem::path(serving_dir_)) {
+        fail(Errc::wrong_state, "the serving weights did not come from {} (the delta's base dir) but from {}; stream the full weights",
+             cmd.weight_dir, serving_dir_.empty() ? std::string("the --load-strategy source") : serving_dir_);
+    }
+    drop_staged(nullptr);
+    const auto t0 = std::chrono::steady_clock::now();
+    const weights::WeightDelta d = weights::read_weight_delta(cmd.weight_delta);  // checked before any rank writes
+    weights::FetchRequest req{.version = cmd.version, .serving_version = state_.weight_version};
+    req.weight_dir = cmd.weight_delta;
+    auto undo_ranks = [&] {
+        try {
+            executor_->rank_call({.op = runtime::RankOp::undo_delta});
+        } catch (const Error & e) {  // a dead rank: the engine degrades; recovery reloads the (unchanged) serving dir
+            log::get("engine")->error("update_weights (delta): putting the old weights back failed on a rank: {}", e.what());
+        }
+    };
+    std::vector<runtime::RankReport> reps;
+    try {
+        reps = executor_->rank_call({.op = runtime::RankOp::apply_delta, .fetch = req});
+    } catch (...) {
+        undo_ranks();
+        throw;
+    }
+    const double ranks_s = seconds_since(t0);
+    const auto   t1      = std::chrono::steady_clock::now();
+    std::string fp;
+    try {
+        weights::DirUndo dir_undo;
+        weights::apply_delta_to_dir(serving_dir_, d, &dir_undo);
+        try {
+            fp = weights::checkpoint_fingerprint(model::read_tensor_index(serving_dir_));
+        } catch (...) {
+            weights::restore_dir(dir_undo);
+            throw;
+        }
+    } catch (...) {
+        undo_ranks();
+        throw;
+    }
+    const std::vector<std::string> fps(reps.size(), fp);  // every rank reads the same dir on a wakeup
+    const std::string combined = weights::combine_fingerprints(fps);
+    const std::optional<std::string> version = update_label(cmd, std::nullopt, combined);
+    if (!version) {  // (unreachable: a fingerprint always names the bytes)
+        undo_ranks();
+        throw Error(Errc::invalid_argument, "no version given for the delta; pass {\"version\": \"...\"}", "version");
+    }
+    accumulate_rank_reports(r, reps, *version);
+    weights_changed();
+    set_label(*version, combined);
+    state_.weights_valid = true;
+    recompute_kept();
+    r.bytes   = d.payload_bytes();
+    r.version = *version;
+    log::get("engine")->info("update_weights (delta): {} tensor(s), {} B applied in place on {} rank(s) in {:.3f} s, serving dir in "
+                             "{:.3f} s; weight_version {}", d.tensors.size(), r.bytes, reps.size(), ranks_s, seconds_since(t1), *version);
+}
+
 void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     if (!state_.paused) { fail(Errc::wrong_state, "update_weights needs a paused engine; POST /v1/pause first"); }
+    if (!cmd.weight_delta.empty()) { return apply_weight_delta(cmd, r); }
     if (state_.weight_asleep) { return update_while_asleep(cmd, r); }
     // A new update replaces whatever an earlier "commit": false left staged.
     drop_staged(nullptr);

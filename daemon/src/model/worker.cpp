@@ -314,6 +314,7 @@ void Worker::acquire_kv() {
 
 void Worker::reload_weights(const TensorIndex & idx, const std::function<void()> & verify_copied) {
     validate_against_layout(layout_, idx);
+    delta_undo_.clear();
     try {
         fill_region(Tag::weight, idx, /*populate=*/false);
         if (verify_copied) { verify_copied(); }
@@ -333,6 +334,7 @@ int64_t Worker::stage_weights(const TensorIndex & idx, const std::function<void(
     // Every byte of the new weights in memory before anything live changes. A failed read
     // leaves only the staging region dirty.
     staged_ = false;
+    delta_undo_.clear();
     try {
         fill_region(Tag::staging, idx, /*populate=*/true);
         if (verify_copied) { verify_copied(); }

@@ -263,6 +263,9 @@ private:
     /// update_weights while the weights are released (AReaL's colocated loop): the new weights
     /// are loaded into fresh memory at once, all-or-nothing; the weight tag is awake afterwards.
     void          update_while_asleep(const ControlCommand & cmd, ControlResult & r);
+    /// update_weights {weight_delta}: a delta stream's sparse values written in place on every
+    /// rank and into the serving dir (weight_dir must be it), all ranks or none.
+    void          apply_weight_delta(const ControlCommand & cmd, ControlResult & r);
     /// Where an update's weights come from: the request's dir, the base --model, else the source.
     weights::FetchRequest update_request(const ControlCommand & cmd) const;
     /// The label of an update's new bytes `fp` (docs/weight_sources.md): the request's version,

@@ -131,7 +131,12 @@ struct Sealed {
     int32_t                    n_tensors = 0;
     std::optional<std::string> base_version;  ///< a delta update's base
     int32_t                    n_delta = 0;   ///< tensors that came as deltas
-    int32_t                    n_from_base = 0;  ///< tensors not sent, copied from the base
+    int32_t                    n_from_base = 0;  ///< tensors not sent: they keep the base's bytes
+    /// A delta update: the file (fd/weights/weight_delta.h) holding every sent tensor (sparse or
+    /// dense), to be written in place into the ranks and into `base_dir` (the committed stream's
+    /// dir, the wakeup source); `dir` then holds only this file. Empty for a full update.
+    std::filesystem::path      delta_file;
+    std::filesystem::path      base_dir;
 };
 
 class StreamManager {
