@@ -128,10 +128,14 @@ class DeltaTp1(unittest.TestCase):
                    for n in self.new)
         self.assertEqual(r["bytes"], sent, "the wire carries the deltas only")
         self.assert_serving(self.ref_new, "d1")
+        # the serving dir (the wakeup source) follows lazily: written by the time the weights sleep
+        self.c.sleep()
         staged = read_staged(self.d)
         self.assertEqual(sorted(staged), sorted(self.new))
         for n in self.new:
             self.assertTrue(np.array_equal(staged[n].view(np.uint32), self.new[n].view(np.uint32)), n)
+        self.c.wakeup()
+        self.assert_serving(self.ref_new, "d1")
         # a full update of the same weights serves the same, bit for bit; then a delta back
         self.full("f1", self.new)
         self.assert_serving(self.ref_new, "f1")
@@ -279,9 +283,25 @@ class DeltaTp1(unittest.TestCase):
         self.c.sleep()
         self.c.wakeup()
         self.assert_serving(self.ref_new, "e3")
+        self.c.sleep()
         staged = read_staged(self.d)
         for n in self.new:
             self.assertTrue(np.array_equal(staged[n].view(np.uint32), self.new[n].view(np.uint32)), n)
+        self.c.wakeup()
+        self.assert_serving(self.ref_new, "e3")
+
+    def test_7_deltas_without_a_version_are_named_by_the_dir(self):
+        # No version: the commit writes the dir at once and the fingerprint names the bytes (fp-...),
+        # which a wakeup keeps.
+        self.full("g0", self.base)
+        with self.c.weight_stream(None, base_version="g0") as ws:
+            idx, vals = changed_elements(self.base[NAME], self.new[NAME])
+            ws.send_delta(NAME, idx, vals)
+        label = ws.result["weight_version"]
+        self.assertTrue(label.startswith("fp-"), label)
+        self.c.sleep()
+        self.c.wakeup()
+        self.assertEqual(self.c.weight_version(), label)
 
 
 class DeltaTp2(DeltaTp1):

@@ -5,7 +5,6 @@
 #include "fd/log.h"
 #include "fd/progress.h"
 #include "fd/weights/fingerprint.h"
-#include "fd/weights/weight_delta.h"
 
 #include <fmt/ranges.h>
 
@@ -158,6 +157,7 @@ void Engine::do_resume(ControlResult &) {
 }
 
 void Engine::do_sleep(TagSet tags, ControlResult & r) {
+    if (tags.weight) { flush_pending_deltas(); }  // the wakeup source holds the served bytes before they are released
     do_pause(PauseMode::abort, r);  // sleep implies pause mode=abort: kept requests end too (their KV is freed)
     r.rss_before_bytes = process_rss_bytes() + executor_->rank_processes_rss_bytes();
     auto count = [&](const std::vector<runtime::RankReport> & reps, int64_t & freed) {
@@ -244,6 +244,7 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
 }
 
 void Engine::reload_serving_weights(ControlResult & r) {
+    flush_pending_deltas();  // the dir holds what the label names before anything reads it
     if (!serving_dir_.empty()) {
         // A checkpoint dir deleted after its load (AReaL's clear_checkpoint_after_load) cannot give
         // the weights back: wake from the configured source instead, labelled by what it holds
@@ -254,6 +255,7 @@ void Engine::reload_serving_weights(ControlResult & r) {
                                      "instead (its label follows the bytes)", serving_dir_);
             serving_dir_.clear();
             serving_dir_owned_ = true;
+            pending_deltas_.clear();
         }
     }
     weights::FetchRequest req{.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version};
@@ -392,6 +394,7 @@ void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) 
     set_label(*version, fp);
     serving_dir_       = req.weight_dir;
     serving_dir_owned_ = req.weight_dir_owned;
+    pending_deltas_.clear();  // they were for the previous dir
     accumulate_rank_reports(r, reps, *version);
     r.bytes             = reps[0].bytes;
     r.checksum_verified = reps[0].checksum_verified;
@@ -399,72 +402,6 @@ void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) 
     r.tags_done         = {"weight"};  // the weight tag is awake again
     log::get("engine")->info("update_weights while the weights were released: weight_version {} loaded, weight tag awake{}", *version,
                              state_.kv_asleep ? " (kv_cache still asleep)" : "");
-}
-
-void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
-    // A delta weight stream's commit (fd/weights/weight_delta.h): written in place on every rank
-    // (each keeps the old values), then into the serving dir (the wakeup source and the next
-    // delta's base). Any failure puts every rank (and the dir) back: all-or-nothing, the label
-    // flips only after all of it succeeded.
-    if (state_.weight_asleep || !state_.weights_valid) {
-        fail(Errc::wrong_state, "a weight delta applies to the serving weights, and they are {}; stream the full weights",
-             state_.weight_asleep ? "asleep" : "invalid");
-    }
-    if (serving_dir_.empty() || std::filesystem::path(cmd.weight_dir) != std::filesystem::path(serving_dir_)) {
-        fail(Errc::wrong_state, "the serving weights did not come from {} (the delta's base dir) but from {}; stream the full weights",
-             cmd.weight_dir, serving_dir_.empty() ? std::string("the --load-strategy source") : serving_dir_);
-    }
-    drop_staged(nullptr);
-    const auto t0 = std::chrono::steady_clock::now();
-    const weights::WeightDelta d = weights::read_weight_delta(cmd.weight_delta);  // checked before any rank writes
-    weights::FetchRequest req{.version = cmd.version, .serving_version = state_.weight_version};
-    req.weight_dir = cmd.weight_delta;
-    auto undo_ranks = [&] {
-        try {
-            executor_->rank_call({.op = runtime::RankOp::undo_delta});
-        } catch (const Error & e) {  // a dead rank: the engine degrades; recovery reloads the (unchanged) serving dir
-            log::get("engine")->error("update_weights (delta): putting the old weights back failed on a rank: {}", e.what());
-        }
-    };
-    std::vector<runtime::RankReport> reps;
-    try {
-        reps = executor_->rank_call({.op = runtime::RankOp::apply_delta, .fetch = req});
-    } catch (...) {
-        undo_ranks();
-        throw;
-    }
-    const double ranks_s = seconds_since(t0);
-    const auto   t1      = std::chrono::steady_clock::now();
-    std::string fp;
-    try {
-        weights::DirUndo dir_undo;
-        weights::apply_delta_to_dir(serving_dir_, d, &dir_undo);
-        try {
-            fp = weights::checkpoint_fingerprint(model::read_tensor_index(serving_dir_));
-        } catch (...) {
-            weights::restore_dir(dir_undo);
-            throw;
-        }
-    } catch (...) {
-        undo_ranks();
-        throw;
-    }
-    const std::vector<std::string> fps(reps.size(), fp);  // every rank reads the same dir on a wakeup
-    const std::string combined = weights::combine_fingerprints(fps);
-    const std::optional<std::string> version = update_label(cmd, std::nullopt, combined);
-    if (!version) {  // (unreachable: a fingerprint always names the bytes)
-        undo_ranks();
-        throw Error(Errc::invalid_argument, "no version given for the delta; pass {\"version\": \"...\"}", "version");
-    }
-    accumulate_rank_reports(r, reps, *version);
-    weights_changed();
-    set_label(*version, combined);
-    state_.weights_valid = true;
-    recompute_kept();
-    r.bytes   = d.payload_bytes();
-    r.version = *version;
-    log::get("engine")->info("update_weights (delta): {} tensor(s), {} B applied in place on {} rank(s) in {:.3f} s, serving dir in "
-                             "{:.3f} s; weight_version {}", d.tensors.size(), r.bytes, reps.size(), ranks_s, seconds_since(t1), *version);
 }
 
 void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
@@ -499,6 +436,7 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     set_label(*version, staged_fingerprint_);
     serving_dir_       = req.weight_dir;
     serving_dir_owned_ = req.weight_dir_owned;
+    pending_deltas_.clear();  // they were for the previous dir
     state_.weights_valid  = true;
     recompute_kept();
 }
@@ -515,6 +453,7 @@ void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {
     weights_changed();  // no KV computed with the old weights is reused (invariant 1)
     set_label(state_.staged_version, staged_fingerprint_);
     serving_dir_.clear();  // staged updates come from the source only
+    pending_deltas_.clear();
     state_.weights_valid  = true;
     state_.staged_version.clear();
     r.version = state_.weight_version;

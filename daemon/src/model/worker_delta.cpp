@@ -6,6 +6,7 @@
 #include "fd/log.h"
 #include "fd/status.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -83,10 +84,25 @@ int64_t Worker::apply_weight_delta(const weights::WeightDelta & d) {
                     backend_->download(host.data(), base, t.bytes);
                     base = host.data();
                 }
+                // The HF elements this part holds: a row range is one index range (indices are
+                // sorted); a column range spans rows p.rows of the HF tensor.
+                const int64_t lo_elem = p.dim == 1 ? 0 : p.src0 * cols;
+                const int64_t hi_elem = p.dim == 1 ? p.rows * hf_cols : (p.src0 + p.rows) * cols;
+                int64_t k0 = 0, k1 = n;
+                if (dt.dense) {
+                    k0 = std::min(lo_elem, n);
+                    k1 = std::min(hi_elem, n);
+                } else {
+                    k0 = std::lower_bound(dt.indices.begin(), dt.indices.end(), lo_elem) - dt.indices.begin();
+                    k1 = std::lower_bound(dt.indices.begin(), dt.indices.end(), hi_elem) - dt.indices.begin();
+                }
                 DeltaUndo & u = delta_undo_.emplace_back();
                 u.offset = t.offset;
                 u.elem   = es;
-                for (int64_t k = 0; k < n; ++k) {
+                u.elems.reserve(static_cast<size_t>(k1 - k0));
+                u.old.resize(static_cast<size_t>((k1 - k0) * es));
+                int64_t n_u = 0;
+                for (int64_t k = k0; k < k1; ++k) {
                     const int64_t i = dt.dense ? k : dt.indices[static_cast<size_t>(k)];
                     int64_t e = 0;
                     if (p.dim == 1) {  // a column range of the HF tensor, every row (fill_weights' add_cols)
@@ -100,7 +116,8 @@ int64_t Worker::apply_weight_delta(const weights::WeightDelta & d) {
                     }
                     std::byte * at = base + e * es;
                     u.elems.push_back(e);
-                    u.old.insert(u.old.end(), at, at + es);
+                    std::memcpy(u.old.data() + n_u * es, at, static_cast<size_t>(es));
+                    ++n_u;
                     const std::byte * src = dt.values.data() + k * in_es;
                     if (widen) {
                         float f = 0;
@@ -111,6 +128,7 @@ int64_t Worker::apply_weight_delta(const weights::WeightDelta & d) {
                     }
                     ++written;
                 }
+                u.old.resize(static_cast<size_t>(n_u * es));
                 if (device_mem_) { backend_->upload(arena + t.offset, host.data(), t.bytes); }
             }
         }

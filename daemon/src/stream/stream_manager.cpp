@@ -417,7 +417,10 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
     if (m.update->sealed) { fail(Errc::wrong_state, "the update is already finishing"); }
     if (m.update->base_version) {  // a delta update: its tensors go in place; every other keeps the base's bytes
         const fs::path f = m.update->dir->path() / "weights.fddelta";
+        const auto t0  = Clock::now();
         const auto err = m.outside_lock(lk, [&] { weights::write_weight_delta(f, m.update->delta); });
+        log::get("stream")->info("delta update sealed: {} tensor(s), {} B written to {} in {:.3f} s", m.update->delta.tensors.size(),
+                                 m.update->delta.payload_bytes(), f.string(), std::chrono::duration<double>(Clock::now() - t0).count());
         if (err) {
             m.drop_locked(*err);
             throw *err;

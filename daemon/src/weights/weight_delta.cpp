@@ -165,11 +165,15 @@ void apply_delta_to_dir(const std::filesystem::path & dir, const WeightDelta & d
                     std::memcpy(base, t->values.data(), t->values.size());
                     continue;
                 }
-                for (size_t k = 0; k < t->indices.size(); ++k) {
+                const size_t n = t->indices.size(), old0 = f.old.size();
+                f.offsets.reserve(f.offsets.size() + n);
+                f.sizes.reserve(f.sizes.size() + n);
+                f.old.resize(old0 + n * static_cast<size_t>(es));
+                for (size_t k = 0; k < n; ++k) {
                     std::byte * at = base + t->indices[k] * es;
                     f.offsets.push_back(info.offset_bytes + t->indices[k] * es);
                     f.sizes.push_back(es);
-                    f.old.insert(f.old.end(), at, at + es);
+                    std::memcpy(f.old.data() + old0 + k * static_cast<size_t>(es), at, static_cast<size_t>(es));
                     std::memcpy(at, t->values.data() + static_cast<int64_t>(k) * es, static_cast<size_t>(es));
                 }
             }
