@@ -87,6 +87,12 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
 
 void Engine::flush_pending_deltas(bool record_label) {
     if (pending_deltas_.empty()) { return; }
+    std::error_code ec;
+    if (!std::filesystem::exists(serving_dir_, ec)) {  // gone (reload_serving_weights falls back to the source): nothing to write
+        log::get("engine")->warn("update_weights (delta): {} is gone; {} pending delta(s) dropped with it", serving_dir_, pending_deltas_.size());
+        pending_deltas_.clear();
+        return;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<weights::DirUndo> undo(pending_deltas_.size());
     size_t n = 0;
