@@ -9,6 +9,7 @@ checkpoint holding the same weights (written with safetensors_np), and a full st
     non-finite value a 422; nothing staged survives a failed stream;
   - a rank failing half way through writing a delta in place (FD_TEST_DELTA_FAIL_RANK) puts
     every rank and the serving dir back: the base serves bit for bit, before and after a wakeup;
+    a rank process killed there degrades the engine and the wakeup's recovery serves the base;
   - deltas on deltas, with sleep/wakeup between, serve what the fresh reference daemons serve.
 """
 import glob
@@ -268,6 +269,29 @@ class DeltaTp1(unittest.TestCase):
             c.sleep()
             c.wakeup()
             self.assertEqual(greedy(d), (*self.ref_base, "r0"), "the wakeup reloads the base, under its label")
+
+    def test_5b_a_rank_killed_mid_apply_recovers_to_the_base(self):
+        # tp=2 only: rank 1's process exits half way through the delta (rank 0 applied it all).
+        # The engine degrades; the wakeup's recovery reloads every rank from the serving dir,
+        # which the delta never reached: the base serves, under its label.
+        if not self.TP_ARGS:
+            self.skipTest("a rank process is killed: tp=2 only")
+        with Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *self.TP_ARGS, model=STORIES, extra=False,
+                    env={"FD_TEST_DELTA_FAIL_RANK": "1:exit"}) as d:
+            c = Client(f"127.0.0.1:{d.port}", timeout=20)
+            with c.weight_stream("k0") as ws:
+                for name in sorted(self.base):
+                    ws.send(name, self.base[name])
+            with self.assertRaises(FdRolloutError):
+                with c.weight_stream("k1", base_version="k0") as ws:
+                    for name in sorted(self.new):
+                        idx, vals = changed_elements(self.base[name], self.new[name])
+                        if idx.size:
+                            ws.send_delta(name, idx, vals)
+            st, h = d.get("/health")
+            self.assertEqual((st, h["state"], h["degraded_ranks"], h["weight_version"]), (503, "degraded", [1], "k0"))
+            c.wakeup()
+            self.assertEqual(greedy(d), (*self.ref_base, "k0"))
 
     def test_6_delta_on_delta_then_sleep_wakeup(self):
         self.full("e0", self.base)

@@ -24,10 +24,16 @@ struct Target {
 };
 
 /// TEST ONLY: FD_TEST_DELTA_FAIL_RANK=<rank> makes that rank fail half way through an apply
-/// (after writing some tensors), to test the rollback of every rank.
+/// (after writing some tensors), to test the rollback of every rank; "<rank>:exit" makes that
+/// rank's process exit there instead (a rank killed mid-apply; only for a rank process).
 bool test_fail_here(int32_t rank) {
     const char * v = std::getenv("FD_TEST_DELTA_FAIL_RANK");
     return v && *v && std::atoi(v) == rank;
+}
+
+bool test_exit_here() {
+    const char * v = std::getenv("FD_TEST_DELTA_FAIL_RANK");
+    return v && std::strstr(v, ":exit") != nullptr;
 }
 
 std::string shape_text(const std::vector<int64_t> & s) {
@@ -65,6 +71,7 @@ int64_t Worker::apply_weight_delta(const weights::WeightDelta & d) {
     try {
         for (const auto & dt : d.tensors) {
             if (n_done++ == d.tensors.size() / 2 && test_fail_here(wcfg_.rank)) {
+                if (test_exit_here()) { std::_Exit(3); }
                 fail(Errc::internal, "rank {}: TEST ONLY (FD_TEST_DELTA_FAIL_RANK): failing half way through a weight delta", wcfg_.rank);
             }
             auto it = by_name.find(dt.name);
