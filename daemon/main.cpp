@@ -379,6 +379,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
     fd::control::ControlService control(cfg.control, engine);
     fd::api::ApiServer server(cfg.server, engine, control, *tok);
     fd::control::ShmWatcher watcher(std::move(block), cfg.server.port, engine, control);
+    watcher.add_status_field("weight_stream", [&server] { return server.weight_stream_status(); });  // as /health has it
     fd::api::ThroughputLogger throughput(engine, cfg.log_stats_interval_s);
     engine.start();
     server.bind();

@@ -9,7 +9,7 @@ every rank); the trainer's diff (which elements changed) is computed before and 
 Reported: each ratio (delta ÷ the median full time of the rep), the delta's split into
 buckets (wire + apply to the base copy) and finish, and the bytes on the wire.
 
-  /usr/bin/python3 tests/bench/delta_stream_bench.py [--reps 3] [--hidden 512 --layers 8] > out.json
+  /usr/bin/python3 tests/bench/delta_stream_bench.py [--reps 3] [--hidden 512 --layers 8] [--bin B] > out.json
 Figures are ratios within one run: the machine may be loaded by other jobs (load is recorded).
 """
 import argparse
@@ -54,7 +54,8 @@ def timed_full(c, tensors, version):
         t_last = time.perf_counter()
     t1 = time.perf_counter()
     assert ws.result["weight_version"] == version
-    return {"seconds": t1 - t0, "buckets_s": t_last - t0, "finish_s": t1 - t_last, "wire_bytes": ws.bytes_sent}
+    return {"seconds": t1 - t0, "buckets_s": t_last - t0, "finish_s": t1 - t_last, "wire_bytes": ws.bytes_sent,
+            "ranks": ws.result.get("ranks")}
 
 
 def timed_delta(c, deltas, version, base):
@@ -67,7 +68,7 @@ def timed_delta(c, deltas, version, base):
     t1 = time.perf_counter()
     assert ws.result["weight_version"] == version and ws.result["base_version"] == base, ws.result
     return {"seconds": t1 - t0, "buckets_s": t_last - t0, "finish_s": t1 - t_last, "wire_bytes": ws.bytes_sent,
-            "n_delta": ws.result["n_delta"]}
+            "n_delta": ws.result["n_delta"], "ranks": ws.result.get("ranks")}
 
 
 def median(xs):
@@ -82,6 +83,7 @@ def main():
     p.add_argument("--intermediate", default="1376")
     p.add_argument("--layers", default="8")
     p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--bin", default=None, help="the daemon binary (default: FDROLLOUT_BIN or build/fdrollout); for A/B runs")
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="fd-delta-bench-")
     try:
@@ -93,7 +95,9 @@ def main():
         out = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
                "load_avg_at_start": os.getloadavg()[0], "tp": a.tp, "model_bytes": sum(x.nbytes for x in w0.values()), "runs": []}
         tp_args = ["--tensor-parallel-size", str(a.tp), "--threads", "1"] if a.tp > 1 else []
-        with Daemon("--dynamic-load-weight", *tp_args, model=model, extra=False, timeout=300) as d:
+        out["bin"] = a.bin
+        kw = {"bin": a.bin} if a.bin else {}
+        with Daemon("--dynamic-load-weight", *tp_args, model=model, extra=False, timeout=300, **kw) as d:
             c = Client(f"127.0.0.1:{d.port}", timeout=300)
             timed_full(c, w0, "warm")  # first stream: page-in, allocations
             for i in range(a.reps):

@@ -22,11 +22,12 @@ EXIT = {"ok": 0, "usage": 2, "not_found": 3, "wrong_state": 4, "invalid_checkpoi
 
 def normalized(body):
     """Drop the fields that legitimately differ between two calls (timings, RSS, and the
-    request_id HTTP control answers carry). `weight_stream` is the HTTP weight-stream state that
-    /health adds (docs/weight_streams.md); the shm mailbox has no stream, so its status lacks it."""
+    request_id HTTP control answers carry). `weight_stream` is compared too: the shm status adds
+    it as /health does; only its watchdog countdown (deadline_in_s) moves between two calls."""
     j = json.loads(body)
     j.pop("request_id", None)
-    j.pop("weight_stream", None)
+    if isinstance(j.get("weight_stream"), dict):
+        j["weight_stream"].pop("deadline_in_s", None)
     res = j.get("result", j)
     for k in ["elapsed_s", "rss_before_bytes", "rss_after_bytes", "rss_bytes", "ranks"]:
         res.pop(k, None)
@@ -82,6 +83,8 @@ class Fdctl(unittest.TestCase):
                         rc2, js, _ = fdctl(d.port, "--transport", transport, "--json", *args) if args[0] in ("is-paused", "status") else (rc, None, None)
                         if js:
                             answers[transport].append(normalized(js))
+                            if args[0] == "status":  # both transports carry the weight stream's state
+                                self.assertEqual(answers[transport][-1]["weight_stream"]["state"], "idle", (transport, js))
                 self.assertEqual(d.complete(prompt="Lily and Tom", max_tokens=60, temperature=0)["weight_version"], "v3")
         self.assertEqual(answers["shm"], answers["v1"])
 

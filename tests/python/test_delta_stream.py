@@ -6,7 +6,11 @@ checkpoint holding the same weights (written with safetensors_np), and a full st
   - a wrong base (not the serving version, or the serving version changed under an open delta)
     is a 409 and the old version keeps serving;
   - bad indices (unsorted, duplicated, out of range, negative) are a 400 naming the tensor, a
-    non-finite value a 422; nothing staged survives a failed stream.
+    non-finite value a 422; nothing staged survives a failed stream;
+  - a rank failing half way through writing a delta in place (FD_TEST_DELTA_FAIL_RANK) puts
+    every rank and the serving dir back: the base serves bit for bit, before and after a wakeup;
+    a rank process killed there degrades the engine and the wakeup's recovery serves the base;
+  - deltas on deltas, with sleep/wakeup between, serve what the fresh reference daemons serve.
 """
 import glob
 import json
@@ -125,10 +129,14 @@ class DeltaTp1(unittest.TestCase):
                    for n in self.new)
         self.assertEqual(r["bytes"], sent, "the wire carries the deltas only")
         self.assert_serving(self.ref_new, "d1")
+        # the serving dir (the wakeup source) follows lazily: written by the time the weights sleep
+        self.c.sleep()
         staged = read_staged(self.d)
         self.assertEqual(sorted(staged), sorted(self.new))
         for n in self.new:
             self.assertTrue(np.array_equal(staged[n].view(np.uint32), self.new[n].view(np.uint32)), n)
+        self.c.wakeup()
+        self.assert_serving(self.ref_new, "d1")
         # a full update of the same weights serves the same, bit for bit; then a delta back
         self.full("f1", self.new)
         self.assert_serving(self.ref_new, "f1")
@@ -233,6 +241,91 @@ class DeltaTp1(unittest.TestCase):
         self.assertEqual((s["state"], s["version"], s["n_received"], s["deadline_in_s"], s["serving_stream_version"]),
                          ("idle", None, 0, None, "h0"))
         self.assert_serving(self.ref_base, "h0")
+
+    def test_5_a_rank_failing_mid_apply_rolls_every_rank_back(self):
+        # A second daemon whose last rank fails half way through writing a delta in place
+        # (FD_TEST_DELTA_FAIL_RANK, TEST ONLY): at tp=2 rank 0 has applied all of it by then, at
+        # tp=1 the one rank some of it. Every rank and the serving dir go back; the base serves.
+        tp = 2 if self.TP_ARGS else 1
+        with Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *self.TP_ARGS, model=STORIES, extra=False,
+                    env={"FD_TEST_DELTA_FAIL_RANK": str(tp - 1)}) as d:
+            c = Client(f"127.0.0.1:{d.port}", timeout=20)
+            with c.weight_stream("r0") as ws:
+                for name in sorted(self.base):
+                    ws.send(name, self.base[name])
+            with self.assertRaises(FdRolloutError) as e:
+                with c.weight_stream("r1", base_version="r0") as ws:
+                    for name in sorted(self.new):
+                        idx, vals = changed_elements(self.base[name], self.new[name])
+                        if idx.size:
+                            ws.send_delta(name, idx, vals)
+            self.assertIn("FD_TEST_DELTA_FAIL_RANK", e.exception.message)
+            self.assertIn(f"rank {tp - 1}" if tp > 1 else "half way", e.exception.message)
+            self.assertEqual(greedy(d), (*self.ref_base, "r0"), "every rank serves the base again, bit for bit")
+            self.assertEqual(c.health()["state"], "serving")
+            staged = read_staged(d)
+            for n in self.base:
+                self.assertTrue(np.array_equal(staged[n].view(np.uint32), self.base[n].view(np.uint32)), n)
+            c.sleep()
+            c.wakeup()
+            self.assertEqual(greedy(d), (*self.ref_base, "r0"), "the wakeup reloads the base, under its label")
+
+    def test_5b_a_rank_killed_mid_apply_recovers_to_the_base(self):
+        # tp=2 only: rank 1's process exits half way through the delta (rank 0 applied it all).
+        # The engine degrades; the wakeup's recovery reloads every rank from the serving dir,
+        # which the delta never reached: the base serves, under its label.
+        if not self.TP_ARGS:
+            self.skipTest("a rank process is killed: tp=2 only")
+        with Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *self.TP_ARGS, model=STORIES, extra=False,
+                    env={"FD_TEST_DELTA_FAIL_RANK": "1:exit"}) as d:
+            c = Client(f"127.0.0.1:{d.port}", timeout=20)
+            with c.weight_stream("k0") as ws:
+                for name in sorted(self.base):
+                    ws.send(name, self.base[name])
+            with self.assertRaises(FdRolloutError):
+                with c.weight_stream("k1", base_version="k0") as ws:
+                    for name in sorted(self.new):
+                        idx, vals = changed_elements(self.base[name], self.new[name])
+                        if idx.size:
+                            ws.send_delta(name, idx, vals)
+            st, h = d.get("/health")
+            self.assertEqual((st, h["state"], h["degraded_ranks"], h["weight_version"]), (503, "degraded", [1], "k0"))
+            c.wakeup()
+            self.assertEqual(greedy(d), (*self.ref_base, "k0"))
+
+    def test_6_delta_on_delta_then_sleep_wakeup(self):
+        self.full("e0", self.base)
+        self.delta("e1", "e0", self.base, self.new)
+        self.assert_serving(self.ref_new, "e1")
+        self.assertEqual(self.delta("e2", "e1", self.new, self.base)["weight_version"], "e2")  # based on the dir e1 updated
+        self.assert_serving(self.ref_base, "e2")
+        self.c.sleep()
+        self.c.wakeup()
+        self.assert_serving(self.ref_base, "e2")
+        self.assertEqual(self.delta("e3", "e2", self.base, self.new)["weight_version"], "e3")  # after a wakeup too
+        self.assert_serving(self.ref_new, "e3")
+        self.c.sleep()
+        self.c.wakeup()
+        self.assert_serving(self.ref_new, "e3")
+        self.c.sleep()
+        staged = read_staged(self.d)
+        for n in self.new:
+            self.assertTrue(np.array_equal(staged[n].view(np.uint32), self.new[n].view(np.uint32)), n)
+        self.c.wakeup()
+        self.assert_serving(self.ref_new, "e3")
+
+    def test_7_deltas_without_a_version_are_named_by_the_dir(self):
+        # No version: the commit writes the dir at once and the fingerprint names the bytes (fp-...),
+        # which a wakeup keeps.
+        self.full("g0", self.base)
+        with self.c.weight_stream(None, base_version="g0") as ws:
+            idx, vals = changed_elements(self.base[NAME], self.new[NAME])
+            ws.send_delta(NAME, idx, vals)
+        label = ws.result["weight_version"]
+        self.assertTrue(label.startswith("fp-"), label)
+        self.c.sleep()
+        self.c.wakeup()
+        self.assertEqual(self.c.weight_version(), label)
 
 
 class DeltaTp2(DeltaTp1):

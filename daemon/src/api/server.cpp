@@ -53,6 +53,8 @@ ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, control::Control
 
 ApiServer::~ApiServer() { stop(); }
 
+std::string ApiServer::weight_stream_status() const { return stream_->status_json(); }
+
 void ApiServer::bind() {
     const uint64_t n_files = raise_fd_limit();
     if (n_files < 4096) {

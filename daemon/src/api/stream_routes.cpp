@@ -6,6 +6,7 @@
 // look at the HTTP status only).
 #include "peer_aliases.h"
 
+#include "fd/log.h"
 #include "fd/shm/names.h"
 #include "fd/stream/weight_stream.h"
 
@@ -130,16 +131,25 @@ json commit_sealed(ApiContext & ctx, const ControlInput & in, const stream::Seal
                         "base_version");
         }
     }
+    const auto t0 = Clock::now();
+    auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
     const bool was_paused = peer::paused(peer::run(ctx, in, {.op = "is_paused"}));
     control::ControlOutcome u;
     if (!was_paused) { u = peer::run(ctx, in, {.op = "pause", .mode = "wait"}); }
+    const double pause_s = since(t0);
+    double update_s = 0;
     if (was_paused || u.ok()) {
         shm::MailboxCommand update{.op = "update_weights"};
-        update.weight_dir = s.dir.string();
+        update.weight_dir = s.delta_file.empty() ? s.dir.string() : s.base_dir.string();
+        update.weight_delta = s.delta_file.string();  // a delta: written in place (ranks and base_dir)
         update.version    = s.version;
+        const auto t1 = Clock::now();
         u = peer::run(ctx, in, update);
+        update_s = since(t1);
         if (!was_paused) { ctx.control->handle(shm::MailboxCommand{.op = "resume"}); }
     }
+    log::get("stream")->info("weight stream commit{}: pause {:.3f} s, update_weights {:.3f} s, resume {:.3f} s", s.base_version ? " (delta)" : "",
+                             pause_s, update_s, since(t0) - pause_s - update_s);
     if (!u.ok()) {
         const Error e = u.error ? *u.error : Error(Errc::internal, control::error_message(u));
         ctx.stream->drop(e);

@@ -93,7 +93,11 @@ engine::ControlCommand parse_command(const shm::MailboxCommand & wire) {
         if (wire.weight_dir.size() > 1023) { throw Error(Errc::invalid_argument, "weight_dir is longer than 1023 bytes", "weight_dir"); }
         if (!wire.commit) { throw Error(Errc::invalid_argument, "weight_dir loads are not staged (commit=false); pass commit=true", "commit"); }
     }
+    if (!wire.weight_delta.empty() && (wire.weight_dir.empty() || wire.weight_delta.front() != '/')) {
+        throw Error(Errc::invalid_argument, "weight_delta needs weight_dir (the serving checkpoint dir) and an absolute path", "weight_delta");
+    }
     r.weight_dir      = wire.weight_dir;
+    r.weight_delta    = wire.weight_delta;
     r.reload_base     = wire.reload_base;
     r.request_id      = wire.request_id;
     r.abort_all       = wire.abort_all;

@@ -3,6 +3,8 @@
 #include "fd/control/request.h"
 #include "fd/log.h"
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <cstring>
 
@@ -38,6 +40,10 @@ ShmWatcher::ShmWatcher(shm::MappedBlock block, int port, engine::Engine & engine
 }
 
 ShmWatcher::~ShmWatcher() { stop(); }
+
+void ShmWatcher::add_status_field(std::string key, std::function<std::string()> json_text) {
+    status_fields_.emplace_back(std::move(key), std::move(json_text));
+}
 
 void ShmWatcher::start() {
     heartbeat_ = std::thread([this] { heartbeat_loop(); });
@@ -77,6 +83,23 @@ void ShmWatcher::heartbeat_loop() {
     }
 }
 
+void ShmWatcher::add_status_fields(ControlReply & r) const {
+    try {
+        nlohmann::json body = nlohmann::json::parse(r.body);
+        if (!body.is_object()) { return; }
+        for (const auto & [key, fn] : status_fields_) { body[key] = nlohmann::json::parse(fn()); }
+        std::string text = body.dump();
+        if (text.size() >= shm::kResultCap) {
+            log::get("control")->warn("status over shm: {} B with the added fields outgrows the control block's {} B; answered without them",
+                                      text.size(), shm::kResultCap);
+            return;
+        }
+        r.body = std::move(text);
+    } catch (const std::exception & e) {
+        log::get("control")->warn("status over shm: could not add the extra fields: {}", e.what());
+    }
+}
+
 void ShmWatcher::mailbox_loop() {
     auto & b = *block_;
     uint32_t rung = b.doorbell.load();
@@ -95,6 +118,7 @@ void ShmWatcher::mailbox_loop() {
             r = error_reply(Error(Errc::timeout, fmt::format("{} was not started before the caller's deadline: dropped, nothing changed", cmd.op)));
         } else {
             r = service_.handle(cmd, std::make_shared<BlockStartGate>(block_, seq));
+            if (cmd.op == "status" && r.http_status == 200 && !status_fields_.empty()) { add_status_fields(r); }
         }
         publish();  // the snapshot reflects the command before the client sees the answer
         const size_t n = std::min(r.body.size(), shm::kResultCap - 1);

@@ -157,6 +157,7 @@ void Engine::do_resume(ControlResult &) {
 }
 
 void Engine::do_sleep(TagSet tags, ControlResult & r) {
+    if (tags.weight) { flush_pending_deltas(); }  // the wakeup source holds the served bytes before they are released
     do_pause(PauseMode::abort, r);  // sleep implies pause mode=abort: kept requests end too (their KV is freed)
     r.rss_before_bytes = process_rss_bytes() + executor_->rank_processes_rss_bytes();
     auto count = [&](const std::vector<runtime::RankReport> & reps, int64_t & freed) {
@@ -243,6 +244,7 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
 }
 
 void Engine::reload_serving_weights(ControlResult & r) {
+    flush_pending_deltas();  // the dir holds what the label names before anything reads it
     if (!serving_dir_.empty()) {
         // A checkpoint dir deleted after its load (AReaL's clear_checkpoint_after_load) cannot give
         // the weights back: wake from the configured source instead, labelled by what it holds
@@ -253,6 +255,7 @@ void Engine::reload_serving_weights(ControlResult & r) {
                                      "instead (its label follows the bytes)", serving_dir_);
             serving_dir_.clear();
             serving_dir_owned_ = true;
+            pending_deltas_.clear();
         }
     }
     weights::FetchRequest req{.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version};
@@ -391,6 +394,7 @@ void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) 
     set_label(*version, fp);
     serving_dir_       = req.weight_dir;
     serving_dir_owned_ = req.weight_dir_owned;
+    pending_deltas_.clear();  // they were for the previous dir
     accumulate_rank_reports(r, reps, *version);
     r.bytes             = reps[0].bytes;
     r.checksum_verified = reps[0].checksum_verified;
@@ -402,6 +406,7 @@ void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) 
 
 void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     if (!state_.paused) { fail(Errc::wrong_state, "update_weights needs a paused engine; POST /v1/pause first"); }
+    if (!cmd.weight_delta.empty()) { return apply_weight_delta(cmd, r); }
     if (state_.weight_asleep) { return update_while_asleep(cmd, r); }
     // A new update replaces whatever an earlier "commit": false left staged.
     drop_staged(nullptr);
@@ -431,6 +436,7 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     set_label(*version, staged_fingerprint_);
     serving_dir_       = req.weight_dir;
     serving_dir_owned_ = req.weight_dir_owned;
+    pending_deltas_.clear();  // they were for the previous dir
     state_.weights_valid  = true;
     recompute_kept();
 }
@@ -447,6 +453,7 @@ void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {
     weights_changed();  // no KV computed with the old weights is reused (invariant 1)
     set_label(state_.staged_version, staged_fingerprint_);
     serving_dir_.clear();  // staged updates come from the source only
+    pending_deltas_.clear();
     state_.weights_valid  = true;
     state_.staged_version.clear();
     r.version = state_.weight_version;

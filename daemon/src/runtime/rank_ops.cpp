@@ -79,6 +79,18 @@ void run_reload(RankSite & s, const RankRequest & req, RankReport & r) {
     r.checksum_verified = ckpt.checksum_verified;
 }
 
+void run_apply_delta(RankSite & s, const RankRequest & req, RankReport & r) {
+    const auto t0 = Clock::now();
+    const weights::WeightDelta d = weights::read_weight_delta(req.fetch.weight_dir);  // the delta file (fd/weights/weight_delta.h)
+    r.fetch_s = seconds_since(t0);
+    const auto t1 = Clock::now();
+    s.worker->apply_weight_delta(d);
+    r.stage_s = seconds_since(t1);
+    r.bytes   = d.payload_bytes();
+}
+
+void run_undo_delta(RankSite & s, const RankRequest &, RankReport &) { s.worker->undo_weight_delta(); }
+
 void run_mem_info(RankSite &, const RankRequest &, RankReport &) {}  // the executor measures after every call
 
 void run_describe(RankSite & s, const RankRequest &, RankReport & r) {

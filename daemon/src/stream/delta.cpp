@@ -7,6 +7,7 @@
 
 #include "fd/kernels/ops.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace fd::stream {
@@ -80,6 +81,24 @@ void apply_with(const TensorSpec & s, const std::byte * payload, std::byte * dst
 }
 
 }  // namespace
+
+void check_delta(const TensorSpec & s, const std::byte * payload, std::vector<int64_t> & indices) {
+    FD_CHECK(s.is_delta() && (s.index_bytes == 4 || s.index_bytes == 8), "check_delta takes a delta spec");
+    const std::byte * values = payload + s.n_indices * s.index_bytes;
+    if (const int64_t bad = first_nonfinite(s.dtype, values, s.n_indices); bad >= 0) {
+        fail(Errc::invalid_checkpoint, "tensor '{}': delta value {} (of {}) is non-finite (NaN or Inf); nothing was applied", s.name, bad,
+             s.n_indices);
+    }
+    indices.resize(static_cast<size_t>(s.n_indices));
+    if (s.index_bytes == 8) {
+        std::memcpy(indices.data(), payload, indices.size() * sizeof(int64_t));
+    } else {
+        std::vector<int32_t> i32(indices.size());
+        std::memcpy(i32.data(), payload, i32.size() * sizeof(int32_t));
+        std::copy(i32.begin(), i32.end(), indices.begin());
+    }
+    check_indices(s, indices.data());
+}
 
 void apply_delta(const TensorSpec & s, const std::byte * payload, std::byte * dst) {
     FD_CHECK(s.is_delta() && (s.index_bytes == 4 || s.index_bytes == 8), "apply_delta takes a delta spec");

@@ -97,6 +97,11 @@ std::string random_token();
 ///         non-finite value.
 void apply_delta(const TensorSpec & s, const std::byte * payload, std::byte * dst);
 
+/// Check one delta's wire bytes as apply_delta does (values finite, indices sorted, unique, in
+/// range) and return its indices widened to int64 in `indices` [n_indices].
+/// Errors  as apply_delta.
+void check_delta(const TensorSpec & s, const std::byte * payload, std::vector<int64_t> & indices);
+
 // ---- staging_dir.cpp ----
 
 /// One bucket's safetensors file, mapped for writing: the header is written, each tensor's

@@ -6,6 +6,8 @@
 
 #include "stream_io.h"
 
+#include "fd/weights/weight_delta.h"
+
 #include "fd/kernels/ops.h"
 #include "fd/log.h"
 
@@ -63,6 +65,8 @@ struct StreamManager::Impl {
         std::optional<std::string>         base_version;  ///< a delta update's base
         model::TensorIndex                 base;          ///< its tensors (in serving's dir)
         int32_t                            n_delta = 0;
+        weights::WeightDelta               delta;         ///< a delta update's tensors (sparse or dense), applied in place at the commit
+        bool                               in_place = false;  ///< sealed as a delta file: serving's dir is updated in place
     };
 
     StreamConfig cfg;
@@ -144,6 +148,60 @@ struct StreamManager::Impl {
                 }
             }
         }
+    }
+
+    /// A bucket of a delta update (lock held, specs checked): every tensor, delta or full, is
+    /// received into memory, checked (indices sorted, unique, in range; values finite) and kept
+    /// for the delta file seal() writes; nothing is copied from the base.
+    BucketReport receive_delta_bucket(std::unique_lock<std::mutex> & lk, const std::vector<TensorSpec> & specs, bool packed,
+                                      Clock::time_point deadline, Clock::time_point t0) {
+        Receiver * r = rx.get();
+        std::vector<std::vector<std::byte>> wire(specs.size());
+        std::vector<weights::DeltaTensor>   out(specs.size());
+        int64_t bytes = 0;
+        int32_t n_sparse = 0;
+        const auto err = outside_lock(lk, [&] {
+            if (!r) { fail(Errc::wrong_state, "no trainer is connected; POST /init_weight_transfer_engine again"); }
+            for (size_t i = 0; i < specs.size(); ++i) { wire[i].resize(static_cast<size_t>(specs[i].nbytes)); }
+            r->receive(specs, packed, [&](size_t i) { return wire[i].data(); }, deadline);
+            for (size_t i = 0; i < specs.size(); ++i) {
+                const TensorSpec & s = specs[i];
+                weights::DeltaTensor & d = out[i];
+                d.name  = s.name;
+                d.dtype = s.dtype;
+                d.shape = s.shape;
+                if (s.is_delta()) {
+                    ++n_sparse;
+                    check_delta(s, wire[i].data(), d.indices);  // throws naming the tensor and position
+                    const int64_t vb = s.n_indices * model::dtype_size(s.dtype);
+                    d.values.assign(wire[i].end() - vb, wire[i].end());
+                } else {
+                    if (const int64_t bad = first_nonfinite(s, wire[i].data()); bad >= 0) {
+                        fail(Errc::invalid_checkpoint, "tensor '{}' holds a non-finite value (NaN or Inf) at element {}; nothing was applied",
+                             s.name, bad);
+                    }
+                    d.dense  = true;
+                    d.values = std::move(wire[i]);
+                }
+                bytes += s.nbytes;
+            }
+        });
+        if (err) {
+            drop_locked(*err);
+            throw *err;
+        }
+        for (auto & d : out) {
+            update->weight_map[d.name] = "";  // received (in memory, not in a bucket file)
+            update->delta.tensors.push_back(std::move(d));
+        }
+        update->bytes += bytes;
+        update->n_delta += n_sparse;
+        update->idle_deadline = after(timeout_s);
+        return BucketReport{.n_tensors  = static_cast<int32_t>(specs.size()),
+                            .bytes      = bytes,
+                            .n_received = static_cast<int32_t>(update->weight_map.size()),
+                            .n_expected = static_cast<int32_t>(expected.size()),
+                            .seconds    = std::chrono::duration<double>(Clock::now() - t0).count()};
     }
 
     void load_expected() {
@@ -314,32 +372,18 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
         throw;
     }
     Receiver * rx     = m.rx.get();  // not reset while busy (drop() only interrupts it)
+    if (m.update->base_version) { return m.receive_delta_bucket(lk, specs, packed, std::min(deadline, after(m.timeout_s)), t0); }
     const fs::path f  = m.update->dir->next_bucket_file();
     deadline          = std::min(deadline, after(m.timeout_s));
-    const model::TensorIndex & base = m.update->base;  // not changed while busy
-    // What the bucket file holds: every tensor in full (a delta's is the base's copy + the delta).
-    std::vector<TensorSpec> staged = specs;
-    int32_t n_delta = 0;
-    for (auto & s : staged) {
-        n_delta += s.is_delta() ? 1 : 0;
-        s.nbytes    = s.full_nbytes();
-        s.n_indices = -1;
-    }
+    // A full update: every tensor lands in the bucket file as it arrives (deltas need a base_version: checked above).
     int64_t bytes = 0;
     const auto err = m.outside_lock(lk, [&] {
-        BucketFile out(f, staged);
+        BucketFile out(f, specs);
         if (!rx) { fail(Errc::wrong_state, "no trainer is connected; POST /init_weight_transfer_engine again"); }
-        std::vector<std::vector<std::byte>> wire(specs.size());  // a delta's payload lands here, a full tensor's in the file
-        for (size_t i = 0; i < specs.size(); ++i) {
-            if (specs[i].is_delta()) { wire[i].resize(static_cast<size_t>(specs[i].nbytes)); }
-        }
-        rx->receive(specs, packed, [&](size_t i) { return specs[i].is_delta() ? wire[i].data() : out.data(i); }, deadline);
+        rx->receive(specs, packed, [&](size_t i) { return out.data(i); }, deadline);
         for (size_t i = 0; i < specs.size(); ++i) {
             const TensorSpec & s = specs[i];
-            if (s.is_delta()) {
-                model::read_tensor_raw(base.tensors.at(s.name), out.data(i));
-                apply_delta(s, wire[i].data(), out.data(i));
-            } else if (const int64_t bad = first_nonfinite(s, out.data(i)); bad >= 0) {
+            if (const int64_t bad = first_nonfinite(s, out.data(i)); bad >= 0) {
                 fail(Errc::invalid_checkpoint, "tensor '{}' holds a non-finite value (NaN or Inf) at element {}; nothing was applied",
                      s.name, bad);
             }
@@ -352,7 +396,6 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
     }
     for (const auto & s : specs) { m.update->weight_map[s.name] = f.filename().string(); }
     m.update->bytes += bytes;
-    m.update->n_delta += n_delta;
     m.update->idle_deadline = after(m.timeout_s);
     return BucketReport{.n_tensors  = static_cast<int32_t>(specs.size()),
                         .bytes      = bytes,
@@ -372,27 +415,26 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
     }
     if (m.busy) { fail(Errc::wrong_state, "a bucket is still being received; finish after its /update_weights answered"); }
     if (m.update->sealed) { fail(Errc::wrong_state, "the update is already finishing"); }
-    int32_t n_from_base = 0;
-    if (m.update->base_version) {  // a delta update: every tensor not sent keeps the base's bytes
-        std::vector<TensorSpec> rest;
-        for (const auto & [name, t] : m.update->base.tensors) {
-            if (!m.update->weight_map.count(name)) { rest.push_back(TensorSpec{name, t.dtype, t.shape, t.size_bytes}); }
+    if (m.update->base_version) {  // a delta update: its tensors go in place; every other keeps the base's bytes
+        const fs::path f = m.update->dir->path() / "weights.fddelta";
+        const auto t0  = Clock::now();
+        const auto err = m.outside_lock(lk, [&] { weights::write_weight_delta(f, m.update->delta); });
+        log::get("stream")->info("delta update sealed: {} tensor(s), {} B written to {} in {:.3f} s", m.update->delta.tensors.size(),
+                                 m.update->delta.payload_bytes(), f.string(), std::chrono::duration<double>(Clock::now() - t0).count());
+        if (err) {
+            m.drop_locked(*err);
+            throw *err;
         }
-        if (!rest.empty()) {
-            const fs::path f = m.update->dir->next_bucket_file();
-            const model::TensorIndex & base = m.update->base;
-            const auto err = m.outside_lock(lk, [&] {
-                BucketFile out(f, rest);
-                for (size_t i = 0; i < rest.size(); ++i) { model::read_tensor_raw(base.tensors.at(rest[i].name), out.data(i)); }
-            });
-            if (err) {
-                m.drop_locked(*err);
-                throw *err;
-            }
-            for (const auto & s : rest) { m.update->weight_map[s.name] = f.filename().string(); }
-            n_from_base = static_cast<int32_t>(rest.size());
-        }
+        m.update->sealed   = true;
+        m.update->in_place = true;
+        if (version) { m.update->version = version; }
+        const int32_t n_sent = static_cast<int32_t>(m.update->weight_map.size());
+        return Sealed{.dir = m.update->dir->path(), .version = m.update->version, .bytes = m.update->bytes,
+                      .n_tensors = static_cast<int32_t>(m.expected.size()), .base_version = m.update->base_version,
+                      .n_delta = m.update->n_delta, .n_from_base = static_cast<int32_t>(m.expected.size()) - n_sent,
+                      .delta_file = f, .base_dir = m.serving->path()};
     }
+    const int32_t n_from_base = 0;
     std::vector<std::string> missing;
     for (const auto & [name, t] : m.expected) {
         if (!m.update->weight_map.count(name) && !optional_tensor(name)) { missing.push_back(name); }
@@ -425,6 +467,11 @@ void StreamManager::committed(const std::string & version) {
     std::lock_guard lk(impl_->mu);
     auto & m = *impl_;
     if (!m.update) { return; }
+    if (m.update->in_place) {  // serving's dir now holds the new bytes (the engine wrote them); the delta file goes
+        m.serving_version = version;
+        m.update.reset();
+        return;
+    }
     m.update->dir->keep();
     auto old  = std::move(m.serving);  // the previous stream's dir: nothing reads it any more
     m.serving = std::move(m.update->dir);

@@ -69,6 +69,8 @@ public:
     void serve();
     /// Close every connection (unfinished completions are cancelled) and join the threads.
     void stop();
+    /// The weight stream's state as /health's "weight_stream" shows it (JSON text; any thread).
+    std::string weight_stream_status() const;
 
 private:
     std::unique_ptr<ApiContext>              ctx_;

@@ -11,6 +11,11 @@
 // It never mutates engine state itself: every operation goes through the engine inbox.
 #pragma once
 
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "fd/control/service.h"
 #include "fd/engine/engine.h"
 #include "fd/shm/control_client.h"
@@ -28,6 +33,11 @@ public:
     ShmWatcher(shm::MappedBlock block, int port, engine::Engine & engine, ControlService & service);
     ~ShmWatcher();
 
+    /// Add `key` to every mailbox `status` answer (before start()): `json_text()` gives its value
+    /// as JSON text, as /health adds it (the weight stream's state: "weight_stream"). An answer
+    /// that would then outgrow the block's result (kResultCap) goes without it (logged).
+    void add_status_field(std::string key, std::function<std::string()> json_text);
+
     void start();
     /// Stop both threads and remove the block.
     void stop();
@@ -36,6 +46,7 @@ private:
     void heartbeat_loop();
     void mailbox_loop();
     void publish();
+    void add_status_fields(ControlReply & r) const;  ///< status_fields_ into a status answer's body
 
     int                port_;
     engine::Engine &   engine_;
@@ -43,6 +54,7 @@ private:
     shm::MappedBlock   block_;
     std::atomic<bool>  stop_{false};
     std::thread        heartbeat_, mailbox_;
+    std::vector<std::pair<std::string, std::function<std::string()>>> status_fields_;
 };
 
 }  // namespace fd::control

@@ -141,6 +141,7 @@ struct ControlCommand {
     bool                       abort_all = false;  ///< abort_request: every running and queued request (the engine is not paused)
     std::string                weight_dir;         ///< update_weights: load this absolute HF checkpoint dir (owned by the daemon's user)
     bool                       reload_base = false;///< update_weights: load the base --model checkpoint
+    std::string                weight_delta;       ///< update_weights: apply this delta file in place (weight_dir = the serving dir it also updates)
     bool                       keep_prefix_cache = false;  ///< pause: leave the prefix cache as it is (update/commit still flush it)
     bool                       keep_host_tier = false;  ///< flush_cache: forget the device prefix cache only (wire: mode "device")
     /// Called on the engine thread once the command finished (or was dropped), just before its

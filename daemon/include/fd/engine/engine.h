@@ -6,6 +6,8 @@
 // Executor::forward() → sample → push ChoiceEvents → release finished sequences.
 #pragma once
 
+#include "fd/weights/weight_delta.h"
+
 #include "fd/engine/control.h"
 #include "fd/engine/request.h"
 #include "fd/engine/scheduler.h"
@@ -267,6 +269,15 @@ private:
     /// update_weights while the weights are released (AReaL's colocated loop): the new weights
     /// are loaded into fresh memory at once, all-or-nothing; the weight tag is awake afterwards.
     void          update_while_asleep(const ControlCommand & cmd, ControlResult & r);
+    /// update_weights {weight_delta}: a delta stream's sparse values written in place on every
+    /// rank and into the serving dir (weight_dir must be it), all ranks or none.
+    void          apply_weight_delta(const ControlCommand & cmd, ControlResult & r);
+    /// Write the committed deltas not yet in serving_dir_ into it (in commit order) and record
+    /// the serving label's fingerprint of the result. Before anything reads the dir (a sleep of
+    /// the weights, a wakeup's reload, a recovery) and when they outgrow kPendingDeltaBytes.
+    /// `record_label` false: the caller labels the result itself (a commit before its label flips).
+    /// Errors  as weights::apply_delta_to_dir (what was written is put back; the deltas stay pending).
+    void          flush_pending_deltas(bool record_label = true);
     /// Where an update's weights come from: the request's dir, the base --model, else the source.
     weights::FetchRequest update_request(const ControlCommand & cmd) const;
     /// The label of an update's new bytes `fp` (docs/weight_sources.md): the request's version,
@@ -309,6 +320,11 @@ private:
     /// not the source: wakeup re-reads it ("" = the source). Owned: see FetchRequest.
     std::string                               serving_dir_;
     bool                                      serving_dir_owned_ = true;
+    /// Deltas applied in place on the ranks (apply_weight_delta) and not yet written into
+    /// serving_dir_: the dir is updated lazily (flush_pending_deltas), so a commit costs the ranks'
+    /// writes only. Cleared whenever serving_dir_ changes.
+    std::vector<weights::WeightDelta>         pending_deltas_;
+    static constexpr int64_t                  kPendingDeltaBytes = int64_t{64} << 20;  ///< flush at the commit past this
     /// Set the serving label to `version` for bytes fingerprinted `fp` and remember the pair.
     void          set_label(const std::string & version, const std::string & fp);
     Scheduler                                 sched_;

@@ -32,6 +32,7 @@
 #include "fd/memory/allocator.h"
 #include "fd/checkpoint/model_config.h"
 #include "fd/model/weights.h"
+#include "fd/weights/weight_delta.h"
 
 #include <array>
 #include <atomic>
@@ -283,6 +284,22 @@ public:
     /// Forget the staged copy (unmapped unless keep_update_staging). No-op when none.
     void drop_staged();
     bool has_staged() const { return staged_; }
+
+    // In-place sparse update (a delta weight stream's commit; fd/weights/weight_delta.h).
+
+    /// Write `d`'s values into this rank's live weights where its shard holds them: each HF
+    /// element index (flat, into the training tensor) maps through the layout plan's parts onto
+    /// the rank's rows / columns of the inference tensor (q/k/v and gate/up fused, rows or
+    /// columns split), values widened as the loader widens them (F16 → f32), so the bytes equal
+    /// what stage_weights of the same full weights gives. Names the layout does not read (a tied
+    /// model's lm_head.weight) are skipped. The old values are kept (one undo log, replacing the
+    /// previous one) until undo_weight_delta() or the next apply / stage / reload. Returns the
+    /// elements written. Errors  invalid_checkpoint on a shape or dtype unlike the layout's
+    /// (nothing written); on any failure while writing, what was written is put back first.
+    int64_t apply_weight_delta(const weights::WeightDelta & d);
+    /// Put back the values the last apply_weight_delta overwrote and forget them (no-op without
+    /// an undo log). Errors  only a device copy failure.
+    void undo_weight_delta();
     // --- CUDA graphs (WorkerConfig::graph_max_batch) ---
 
     /// The batch-size buckets graph steps pad to (empty when graphs are off).
@@ -401,6 +418,13 @@ private:
     std::unique_ptr<kernels::Backend>     backend_;   ///< the ops (CPU: owns the --threads pool)
     std::unique_ptr<memory::Allocator>    alloc_;     ///< weight, staging, kv_cache and kv_swap regions
     bool                                  staged_ = false;   ///< the staging region holds a validated copy
+    struct DeltaUndo {
+        int64_t                offset = 0;  ///< bytes into the weight region (the tensor's start)
+        int64_t                elem = 4;    ///< bytes per element
+        std::vector<int64_t>   elems;       ///< element indices into the tensor, in write order
+        std::vector<std::byte> old;         ///< their old bytes, back to back
+    };
+    std::vector<DeltaUndo>                delta_undo_;       ///< apply_weight_delta's old values (one tensor each)
     bool                                  device_mem_ = false;  ///< see device_memory()
     ModelWeights                          w_;
     std::vector<std::byte *>              k_pool_, v_pool_;  ///< per layer, in the kv_cache region (kv_dtype elements)

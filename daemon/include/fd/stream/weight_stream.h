@@ -21,10 +21,12 @@
 //          reports committed() or drop().
 //
 // Delta updates: start with a base_version (every rank must serve it; the route checks, here
-// and again before the commit) names the last committed stream as the base; a bucket's tensor
-// may then be (indices, values) — applied to a copy of the base's tensor in the new staging dir —
-// and seal() copies every tensor not sent from the base, so the dir is always a complete
-// checkpoint, byte for byte the one a full stream of the same weights gives (delta.cpp).
+// and again before commit) names the last committed stream as the base; a bucket's tensor may
+// then be (indices, values) or full. They are kept in memory (checked) and seal() writes them to
+// one delta file (fd/weights/weight_delta.h) instead of a checkpoint; the commit writes it in
+// place into every rank's weights and into the base's dir (all or nothing, the engine's
+// update_weights {weight_delta}), so the work is proportional to the delta and the dir stays the
+// serving weights' complete source, byte for byte what a full stream of the same weights gives.
 //
 // All-or-nothing: any failure (bad input, a dead or silent trainer, a failed commit) drops the
 // open update: its staging dir is removed, the transport closed, and the serving weights are
@@ -131,7 +133,12 @@ struct Sealed {
     int32_t                    n_tensors = 0;
     std::optional<std::string> base_version;  ///< a delta update's base
     int32_t                    n_delta = 0;   ///< tensors that came as deltas
-    int32_t                    n_from_base = 0;  ///< tensors not sent, copied from the base
+    int32_t                    n_from_base = 0;  ///< tensors not sent: they keep the base's bytes
+    /// A delta update: the file (fd/weights/weight_delta.h) holding every sent tensor (sparse or
+    /// dense), to be written in place into the ranks and into `base_dir` (the committed stream's
+    /// dir, the wakeup source); `dir` then holds only this file. Empty for a full update.
+    std::filesystem::path      delta_file;
+    std::filesystem::path      base_dir;
 };
 
 class StreamManager {
@@ -161,8 +168,8 @@ public:
                std::optional<std::string> base_version = std::nullopt);
 
     /// Receive one bucket: `specs` in order, each as one frame (packed=false) or all as one
-    /// frame (packed=true). Returns when all arrived and were written (a delta: applied to a
-    /// copy of the base's tensor in the staging dir).
+    /// frame (packed=true). Returns when all arrived and were written to the staging dir (a
+    /// delta update: checked and kept in memory for the delta file).
     /// Errors  (the update is dropped and the transport closed on every one)
     ///         wrong_state: no update open, or one being received or sealed;
     ///         invalid_argument: an unknown name, a dtype or shape unlike the model's, a name
@@ -175,15 +182,17 @@ public:
     BucketReport receive_bucket(const std::vector<TensorSpec> & specs, bool packed, Clock::time_point deadline);
 
     /// Check that every tensor of the model arrived and seal the staging dir. `version` (if
-    /// given) overrides start's. A delta update first copies the base's bytes of every tensor
-    /// not sent. The update then waits for committed() or drop().
+    /// given) overrides start's. A delta update instead writes its tensors to the delta file
+    /// (Sealed::delta_file; tensors not sent keep the base's bytes). The update then waits for
+    /// committed() or drop().
     /// Errors  wrong_state (no update open: says why the last one was dropped, if it was);
     ///         invalid_argument naming the missing tensors (the update is dropped).
     Sealed seal(std::optional<std::string> version);
 
     /// The sealed update went live as `version` (the label the engine gave it): its dir becomes
     /// the serving weights' source and the base of later deltas; the previous stream's dir is
-    /// removed. The update is closed; the transport stays for the next one.
+    /// removed. A delta update: the base's dir (updated in place by the engine) stays the source,
+    /// the delta file's dir is removed. The update is closed; the transport stays for the next one.
     void committed(const std::string & version);
 
     /// The base_version of the open update (nullopt: none open, or a full update).

@@ -68,6 +68,10 @@ struct MailboxCommand {
     /// source (the daemon's user must own it), or (reload_base) the base --model checkpoint.
     std::string                weight_dir;
     bool                       reload_base = false;
+    /// update_weights only, HTTP only (a delta weight stream's commit): write this weight delta
+    /// file (fd/weights/weight_delta.h) in place into every rank's weights and into weight_dir,
+    /// which must be the checkpoint dir the serving weights came from.
+    std::string                weight_delta;
     bool                       keep_prefix_cache = false; ///< pause: keep the prefix cache (prime-rl's clear_cache=false; HTTP only, the block has no field)
 };
 

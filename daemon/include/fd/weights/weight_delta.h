@@ -1,0 +1,77 @@
+// fd/weights/weight_delta.h — a sparse weight update applied in place (a delta weight stream's
+// commit; SPEC §12, docs/weight_streams.md "Delta updates").
+//
+// A delta names training (Hugging Face) tensors and, for each, the flat element indices into
+// the HF tensor that change and their new values (or every element: a dense tensor sent in full
+// inside a delta update). The stream route writes it to one file (write_weight_delta); every
+// rank reads it and writes the values into its own shard in place (Worker::apply_weight_delta:
+// rows/columns split, q/k/v and gate/up fused, per the layout plan), keeping the old values as
+// an undo log; the engine then writes the same values into the serving checkpoint dir (the
+// wakeup source and the next delta's base, apply_delta_to_dir). Any failure undoes every rank
+// and the dir: all-or-nothing, and the result is bit for bit what a full update of the same
+// weights serves.
+#pragma once
+
+#include "fd/checkpoint/safetensors.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <sys/types.h>
+#include <vector>
+
+namespace fd::weights {
+
+/// One tensor's change.
+struct DeltaTensor {
+    std::string           name;       ///< training (HF) name
+    fd::DType             dtype = fd::DType::f32;  ///< of the values (= the checkpoint's)
+    std::vector<int64_t>  shape;      ///< the HF tensor's, outermost first
+    bool                  dense = false;  ///< true: `values` holds every element, `indices` is empty
+    std::vector<int64_t>  indices;    ///< [n] flat element indices into the HF tensor, sorted, unique, in [0, numel)
+    std::vector<std::byte> values;    ///< [n] (dense: [numel]) values of `dtype`, little-endian
+
+    int64_t numel() const;            ///< product of shape
+    int64_t n_values() const;         ///< values.size() / dtype size
+};
+
+struct WeightDelta {
+    std::vector<DeltaTensor> tensors;
+    int64_t payload_bytes() const;    ///< indices (8 B each) + values
+};
+
+/// Write `d` to `file` (created, mode 0600): "FDDELTA1", u64 LE header length, a JSON header
+/// {"tensors": [{name, dtype, shape, dense, n}]}, then each tensor's indices (int64 LE, absent
+/// when dense) and values, in order.
+/// Errors  fd::Error{invalid_argument} when the file cannot be written.
+void write_weight_delta(const std::filesystem::path & file, const WeightDelta & d);
+
+/// Read a file written by write_weight_delta and check it (sizes, indices sorted, unique and in
+/// range). Errors  fd::Error{invalid_checkpoint} naming the file and the tensor.
+WeightDelta read_weight_delta(const std::filesystem::path & file);
+
+/// The old bytes of a checkpoint dir a delta overwrote, to put back (restore_dir).
+struct DirUndo {
+    struct File {
+        std::filesystem::path path;
+        struct timespec       mtime{};            ///< before the write (restored with the bytes)
+        std::vector<int64_t>  offsets;            ///< byte offsets written
+        std::vector<int64_t>  sizes;              ///< bytes at each
+        std::vector<std::byte> old;               ///< their old bytes, back to back
+    };
+    std::vector<File> files;
+};
+
+/// Write `d`'s values into the safetensors files of the checkpoint dir `dir` in place (each
+/// file mapped shared; its mtime is then set to now so that a fingerprint of the dir
+/// (fingerprint.h) tells the new bytes from the old). Every tensor of `d` must be in the dir
+/// with the same dtype and shape (checked before anything is written). `undo` (optional)
+/// receives the old bytes. Errors  fd::Error{invalid_checkpoint} naming the tensor (nothing
+/// written), source_unavailable when a file cannot be mapped (what was written is put back).
+void apply_delta_to_dir(const std::filesystem::path & dir, const WeightDelta & d, DirUndo * undo);
+
+/// Put back what apply_delta_to_dir wrote (bytes and mtimes). Never throws (logs a failure).
+void restore_dir(const DirUndo & undo) noexcept;
+
+}  // namespace fd::weights

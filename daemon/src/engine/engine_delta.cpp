@@ -1,0 +1,116 @@
+// Engine::apply_weight_delta / flush_pending_deltas (fd/engine/engine.h): a delta weight
+// stream's commit (fd/weights/weight_delta.h). The values go in place into every rank's shard
+// (each keeps the old ones), all ranks or none; the serving dir (the wakeup source) follows
+// lazily, before anything reads it, and the label's fingerprint is recorded then.
+#include "fd/engine/engine.h"
+#include "fd/log.h"
+#include "fd/weights/fingerprint.h"
+
+#include <chrono>
+#include <filesystem>
+
+namespace fd::engine {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
+    if (state_.weight_asleep || !state_.weights_valid) {
+        fail(Errc::wrong_state, "a weight delta applies to the serving weights, and they are {}; stream the full weights",
+             state_.weight_asleep ? "asleep" : "invalid");
+    }
+    if (serving_dir_.empty() || std::filesystem::path(cmd.weight_dir) != std::filesystem::path(serving_dir_)) {
+        fail(Errc::wrong_state, "the serving weights did not come from {} (the delta's base dir) but from {}; stream the full weights",
+             cmd.weight_dir, serving_dir_.empty() ? std::string("the --load-strategy source") : serving_dir_);
+    }
+    drop_staged(nullptr);
+    const auto t0 = std::chrono::steady_clock::now();
+    weights::WeightDelta d = weights::read_weight_delta(cmd.weight_delta);  // checked before any rank writes
+    weights::FetchRequest req{.version = cmd.version, .serving_version = state_.weight_version};
+    req.weight_dir = cmd.weight_delta;
+    auto undo_ranks = [&] {
+        try {
+            executor_->rank_call({.op = runtime::RankOp::undo_delta});
+        } catch (const Error & e) {  // a dead rank: the engine degrades; recovery reloads the serving dir (without this delta)
+            log::get("engine")->error("update_weights (delta): putting the old weights back failed on a rank: {}", e.what());
+        }
+    };
+    std::vector<runtime::RankReport> reps;
+    try {
+        reps = executor_->rank_call({.op = runtime::RankOp::apply_delta, .fetch = req});
+    } catch (...) {
+        undo_ranks();
+        throw;
+    }
+    const double ranks_s = seconds_since(t0);
+    pending_deltas_.push_back(std::move(d));
+    const bool lazy = cmd.version.has_value();  // no version: the fingerprint of the updated dir names the bytes now
+    int64_t pending = 0;
+    for (const auto & p : pending_deltas_) { pending += p.payload_bytes(); }
+    const std::string previous = state_.weight_version;
+    std::optional<std::string> version = cmd.version;
+    std::string fp;
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!lazy || pending > kPendingDeltaBytes) {
+        try {
+            flush_pending_deltas(/*record_label=*/false);  // the label is not this delta's yet: set below
+        } catch (...) {
+            pending_deltas_.pop_back();  // the earlier ones were written and put back: still pending, still right
+            undo_ranks();
+            throw;
+        }
+        const std::vector<std::string> fps(reps.size(), weights::checkpoint_fingerprint(model::read_tensor_index(serving_dir_)));
+        fp = weights::combine_fingerprints(fps);
+        version = update_label(cmd, std::nullopt, fp);
+    }
+    FD_CHECK(version.has_value(), "a delta's label: its version or the updated dir's fingerprint");
+    for (auto & rep : reps) { rep.version = *version; }
+    r.ranks = reps;
+    weights_changed();
+    if (fp.empty()) { known_labels_.erase(*version); }  // recorded when the dir is written (flush_pending_deltas)
+    set_label(*version, fp);
+    state_.weights_valid = true;
+    recompute_kept();
+    r.bytes   = reps.empty() ? 0 : reps[0].bytes;
+    r.version = *version;
+    log::get("engine")->info("update_weights (delta): {} B applied in place on {} rank(s) in {:.3f} s (from {}); serving dir {}; "
+                             "weight_version {}", r.bytes, reps.size(), ranks_s, previous,
+                             pending_deltas_.empty() ? fmt::format("written in {:.3f} s", seconds_since(t1))
+                                                     : fmt::format("pending ({} delta(s), {} B)", pending_deltas_.size(), pending),
+                             *version);
+}
+
+void Engine::flush_pending_deltas(bool record_label) {
+    if (pending_deltas_.empty()) { return; }
+    std::error_code ec;
+    if (!std::filesystem::exists(serving_dir_, ec)) {  // gone (reload_serving_weights falls back to the source): nothing to write
+        log::get("engine")->warn("update_weights (delta): {} is gone; {} pending delta(s) dropped with it", serving_dir_, pending_deltas_.size());
+        pending_deltas_.clear();
+        return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<weights::DirUndo> undo(pending_deltas_.size());
+    size_t n = 0;
+    try {
+        for (; n < pending_deltas_.size(); ++n) { weights::apply_delta_to_dir(serving_dir_, pending_deltas_[n], &undo[n]); }
+    } catch (...) {
+        while (n-- > 0) { weights::restore_dir(undo[n]); }
+        throw;
+    }
+    // The dir now holds the serving label's bytes: a wakeup reading it keeps the label.
+    if (record_label) {
+        const int32_t ranks = executor_->world_size();
+        const std::vector<std::string> fps(static_cast<size_t>(ranks), weights::checkpoint_fingerprint(model::read_tensor_index(serving_dir_)));
+        known_labels_[state_.weight_version] = weights::combine_fingerprints(fps);
+    }
+    log::get("engine")->info("update_weights (delta): {} pending delta(s) written into {} in {:.3f} s", pending_deltas_.size(), serving_dir_,
+                             seconds_since(t0));
+    pending_deltas_.clear();
+}
+
+}  // namespace fd::engine

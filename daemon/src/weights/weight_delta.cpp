@@ -1,0 +1,215 @@
+// A sparse weight update's file and its write into a checkpoint dir (fd/weights/weight_delta.h).
+#include "fd/weights/weight_delta.h"
+
+#include "fd/file_io.h"
+#include "fd/log.h"
+#include "fd/status.h"
+
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+
+namespace fd::weights {
+
+namespace {
+
+constexpr char kMagic[8] = {'F', 'D', 'D', 'E', 'L', 'T', 'A', '1'};
+
+void write_all(int fd, const void * p, size_t n, const std::filesystem::path & file) {
+    const auto * b = static_cast<const std::byte *>(p);
+    while (n > 0) {
+        const ssize_t w = ::write(fd, b, n);
+        if (w < 0 && errno == EINTR) { continue; }
+        if (w <= 0) { fail(Errc::invalid_argument, "{}: writing the weight delta failed: {}", file.string(), std::strerror(errno)); }
+        b += w;
+        n -= static_cast<size_t>(w);
+    }
+}
+
+/// A file mapped shared for writing; unmapped on destruction.
+struct Mapped {
+    std::byte * p = nullptr;
+    size_t      n = 0;
+    ~Mapped() {
+        if (p) { ::munmap(p, n); }
+    }
+};
+
+}  // namespace
+
+int64_t DeltaTensor::numel() const {
+    int64_t n = 1;
+    for (const int64_t d : shape) { n *= d; }
+    return n;
+}
+
+int64_t DeltaTensor::n_values() const { return static_cast<int64_t>(values.size()) / model::dtype_size(dtype); }
+
+int64_t WeightDelta::payload_bytes() const {
+    int64_t n = 0;
+    for (const auto & t : tensors) { n += static_cast<int64_t>(t.indices.size() * sizeof(int64_t) + t.values.size()); }
+    return n;
+}
+
+void write_weight_delta(const std::filesystem::path & file, const WeightDelta & d) {
+    nlohmann::json ts = nlohmann::json::array();
+    for (const auto & t : d.tensors) {
+        ts.push_back({{"name", t.name}, {"dtype", model::dtype_name(t.dtype)}, {"shape", t.shape}, {"dense", t.dense}, {"n", t.n_values()}});
+    }
+    const std::string header = nlohmann::json{{"tensors", ts}}.dump();
+    UniqueFd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (!fd.valid()) { fail(Errc::invalid_argument, "{}: cannot create the weight delta file: {}", file.string(), std::strerror(errno)); }
+    const uint64_t len = header.size();
+    write_all(fd.get(), kMagic, sizeof kMagic, file);
+    write_all(fd.get(), &len, sizeof len, file);
+    write_all(fd.get(), header.data(), header.size(), file);
+    for (const auto & t : d.tensors) {
+        write_all(fd.get(), t.indices.data(), t.indices.size() * sizeof(int64_t), file);
+        write_all(fd.get(), t.values.data(), t.values.size(), file);
+    }
+}
+
+WeightDelta read_weight_delta(const std::filesystem::path & file) {
+    struct stat st{};
+    const UniqueFd fd = open_regular(file, Errc::invalid_checkpoint, &st);
+    const int64_t size = st.st_size;
+    char magic[8] = {};
+    uint64_t len = 0;
+    if (size < 16) { fail(Errc::invalid_checkpoint, "{}: not a weight delta file (too short)", file.string()); }
+    model::pread_exact(fd.get(), magic, 8, 0, file, "magic");
+    model::pread_exact(fd.get(), &len, 8, 8, file, "header length");
+    if (std::memcmp(magic, kMagic, 8) != 0 || len > static_cast<uint64_t>(size - 16)) {
+        fail(Errc::invalid_checkpoint, "{}: not a weight delta file", file.string());
+    }
+    std::string header(len, '\0');
+    model::pread_exact(fd.get(), header.data(), static_cast<int64_t>(len), 16, file, "header");
+    const auto j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("tensors") || !j["tensors"].is_array()) {
+        fail(Errc::invalid_checkpoint, "{}: the weight delta's header is not {{\"tensors\": [...]}}", file.string());
+    }
+    WeightDelta d;
+    int64_t off = 16 + static_cast<int64_t>(len);
+    for (const auto & e : j["tensors"]) {
+        DeltaTensor t;
+        t.name  = e.value("name", "");
+        const auto dt = fd::parse_dtype(e.value("dtype", ""));
+        if (!dt) { fail(Errc::invalid_checkpoint, "{}: tensor '{}' has no dtype", file.string(), t.name); }
+        t.dtype = *dt;
+        t.shape = e.value("shape", std::vector<int64_t>{});
+        t.dense = e.value("dense", false);
+        const int64_t n = e.value("n", int64_t{-1}), numel = t.numel();
+        const int64_t es = model::dtype_size(t.dtype);
+        if (n < 0 || n > numel || (t.dense && n != numel) || off + n * ((t.dense ? 0 : 8) + es) > size) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}': {} values do not fit its shape or the file", file.string(), t.name, n);
+        }
+        if (!t.dense) {
+            t.indices.resize(static_cast<size_t>(n));
+            model::pread_exact(fd.get(), t.indices.data(), n * 8, off, file, "indices of " + t.name);
+            off += n * 8;
+            int64_t prev = -1;
+            for (const int64_t i : t.indices) {
+                if (i <= prev || i >= numel) {
+                    fail(Errc::invalid_checkpoint, "{}: tensor '{}': index {} is out of order or outside [0, {})", file.string(), t.name, i, numel);
+                }
+                prev = i;
+            }
+        }
+        t.values.resize(static_cast<size_t>(n * es));
+        model::pread_exact(fd.get(), t.values.data(), n * es, off, file, "values of " + t.name);
+        off += n * es;
+        d.tensors.push_back(std::move(t));
+    }
+    return d;
+}
+
+void apply_delta_to_dir(const std::filesystem::path & dir, const WeightDelta & d, DirUndo * undo) {
+    const model::TensorIndex idx = model::read_tensor_index(dir);
+    std::map<std::filesystem::path, std::vector<const DeltaTensor *>> by_file;
+    for (const auto & t : d.tensors) {
+        auto it = idx.tensors.find(t.name);
+        if (it == idx.tensors.end() || it->second.dtype != t.dtype || it->second.shape != t.shape) {
+            fail(Errc::invalid_checkpoint, "{}: the delta's tensor '{}' is not in the dir with its dtype and shape; nothing was written",
+                 dir.string(), t.name);
+        }
+        by_file[it->second.file].push_back(&t);
+    }
+    DirUndo local;
+    DirUndo & u = undo ? *undo : local;
+    try {
+        for (const auto & [path, ts] : by_file) {
+            struct stat st{};
+            const UniqueFd fd = open_regular(path, Errc::source_unavailable, &st);
+            UniqueFd rw(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+            if (!rw.valid()) { fail(Errc::source_unavailable, "{}: cannot open for writing: {}", path.string(), std::strerror(errno)); }
+            Mapped m;
+            m.n = static_cast<size_t>(st.st_size);
+            void * p = ::mmap(nullptr, m.n, PROT_READ | PROT_WRITE, MAP_SHARED, rw.get(), 0);
+            if (p == MAP_FAILED) { fail(Errc::source_unavailable, "{}: cannot map for writing: {}", path.string(), std::strerror(errno)); }
+            m.p = static_cast<std::byte *>(p);
+            DirUndo::File & f = u.files.emplace_back();
+            f.path  = path;
+            f.mtime = st.st_mtim;
+            for (const DeltaTensor * t : ts) {
+                const model::TensorInfo & info = idx.tensors.at(t->name);
+                const int64_t es = model::dtype_size(t->dtype);
+                std::byte * base = m.p + info.offset_bytes;
+                if (t->dense) {
+                    f.offsets.push_back(info.offset_bytes);
+                    f.sizes.push_back(info.size_bytes);
+                    f.old.insert(f.old.end(), base, base + info.size_bytes);
+                    std::memcpy(base, t->values.data(), t->values.size());
+                    continue;
+                }
+                const size_t n = t->indices.size(), old0 = f.old.size();
+                f.offsets.reserve(f.offsets.size() + n);
+                f.sizes.reserve(f.sizes.size() + n);
+                f.old.resize(old0 + n * static_cast<size_t>(es));
+                for (size_t k = 0; k < n; ++k) {
+                    std::byte * at = base + t->indices[k] * es;
+                    f.offsets.push_back(info.offset_bytes + t->indices[k] * es);
+                    f.sizes.push_back(es);
+                    std::memcpy(f.old.data() + old0 + k * static_cast<size_t>(es), at, static_cast<size_t>(es));
+                    std::memcpy(at, t->values.data() + static_cast<int64_t>(k) * es, static_cast<size_t>(es));
+                }
+            }
+            ::futimens(rw.get(), nullptr);  // now: the dir's fingerprint names the new bytes
+        }
+    } catch (...) {
+        restore_dir(u);
+        u.files.clear();
+        throw;
+    }
+}
+
+void restore_dir(const DirUndo & undo) noexcept {
+    for (const auto & f : undo.files) {
+        UniqueFd rw(::open(f.path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+        struct stat st{};
+        if (!rw.valid() || ::fstat(rw.get(), &st) != 0) {
+            log::get("stream")->error("{}: cannot put the old weights back: {}", f.path.string(), std::strerror(errno));
+            continue;
+        }
+        const size_t n = static_cast<size_t>(st.st_size);
+        void * p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, rw.get(), 0);
+        if (p == MAP_FAILED) {
+            log::get("stream")->error("{}: cannot map to put the old weights back: {}", f.path.string(), std::strerror(errno));
+            continue;
+        }
+        Mapped m{static_cast<std::byte *>(p), n};
+        size_t pos = 0;
+        for (size_t k = 0; k < f.offsets.size(); ++k) {
+            const size_t sz = static_cast<size_t>(f.sizes[k]);
+            std::memcpy(m.p + f.offsets[k], f.old.data() + pos, sz);
+            pos += sz;
+        }
+        const struct timespec times[2] = {{0, UTIME_OMIT}, f.mtime};
+        ::futimens(rw.get(), times);
+    }
+}
+
+}  // namespace fd::weights
