@@ -435,3 +435,15 @@ def run_concurrently(d, reqs):
     for t in threads:
         t.join(300)
     return out
+
+
+def spec_by_version(d):
+    """{weight_version: [drafts, proposed, accepted]} of speculative decoding, from /metrics."""
+    out = {}
+    for line in d.get("/metrics")[1].splitlines():
+        for i, fam in enumerate(("fdrollout_spec_decode_num_drafts_total", "fdrollout_spec_decode_num_draft_tokens_total",
+                                 "fdrollout_spec_decode_num_accepted_tokens_total")):
+            if line.startswith(fam + "{"):
+                v = line.split('weight_version="', 1)[1].split('"', 1)[0]
+                out.setdefault(v, [0, 0, 0])[i] = float(line.rsplit(" ", 1)[1])
+    return out

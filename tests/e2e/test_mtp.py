@@ -24,7 +24,7 @@ import threading
 import time
 import unittest
 
-from fdtest import BIN, STORIES, Daemon, copy_checkpoint, make_checkpoint, rewrite_tensors
+from fdtest import BIN, STORIES, Daemon, copy_checkpoint, make_checkpoint, rewrite_tensors, spec_by_version
 
 MTP = lambda k: json.dumps({"method": "mtp", "num_speculative_tokens": k, "disable_by_batch_size": 0})
 PROMPTS = ["Once upon a time", "Lily and Tom", "The little dog", "Tom and Lily played with the ball."]
@@ -54,17 +54,6 @@ def concurrently(d, reqs):
         t.join(300)
     return out
 
-
-def spec_by_version(d):
-    """{weight_version: (drafts, proposed, accepted)} from /metrics."""
-    out = {}
-    for line in d.get("/metrics")[1].splitlines():
-        for i, fam in enumerate(("fdrollout_spec_decode_num_drafts_total", "fdrollout_spec_decode_num_draft_tokens_total",
-                                 "fdrollout_spec_decode_num_accepted_tokens_total")):
-            if line.startswith(fam + "{"):
-                v = line.split('weight_version="', 1)[1].split('"', 1)[0]
-                out.setdefault(v, [0, 0, 0])[i] = float(line.rsplit(" ", 1)[1])
-    return out
 
 
 def metric(d, name):

@@ -27,7 +27,7 @@ import os
 import sys
 import unittest
 
-from fdtest import BIN, REPO, STORIES, Daemon, copy_checkpoint, rewrite_tensors
+from fdtest import BIN, REPO, STORIES, Daemon, copy_checkpoint, rewrite_tensors, spec_by_version
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import make_mtp_fixture  # noqa: E402
@@ -43,17 +43,6 @@ def body(prompt, n=64, **kw):
 def choices(d, b):
     return sorted(d.complete(**b)["choices"], key=lambda c: c["index"])
 
-
-def spec_by_version(d):
-    """{weight_version: [drafts, proposed, accepted]} from /metrics."""
-    out = {}
-    for line in d.get("/metrics")[1].splitlines():
-        for i, fam in enumerate(("fdrollout_spec_decode_num_drafts_total", "fdrollout_spec_decode_num_draft_tokens_total",
-                                 "fdrollout_spec_decode_num_accepted_tokens_total")):
-            if line.startswith(fam + "{"):
-                v = line.split('weight_version="', 1)[1].split('"', 1)[0]
-                out.setdefault(v, [0, 0, 0])[i] = float(line.rsplit(" ", 1)[1])
-    return out
 
 
 class MtpTrained(unittest.TestCase):
