@@ -61,6 +61,16 @@ class Batching(unittest.TestCase):
             status, h = d.get("/health")
             self.assertEqual(h["kv_blocks"]["used"], 0)
 
+    def test_an_answered_request_is_off_the_books(self):
+        # A client holding its answer finds /health past it: blocks freed, nothing running. (The
+        # engine once pushed answers mid-step and freed at the step's end: under load 8-13 of 60
+        # answers here found blocks still held.)
+        with Daemon("--max-num-seqs", "8") as d:
+            for i in range(60):
+                d.complete(prompt=["Once upon a time", "Lily"], n=2, max_tokens=4 + i % 5, temperature=0.8, seed=i, ignore_eos=True)
+                h = d.get("/health")[1]
+                self.assertEqual((h["kv_blocks"]["used"], h["num_requests_running"]), (0, 0), f"after answer {i}")
+
     def test_preemption_by_recompute_keeps_outputs(self):
         # A pool of 6 blocks x 16 tokens cannot hold 4 sequences of 5 + 60 tokens at once.
         with Daemon("--kv-cache-bytes", str(6 * 20480), "--max-model-len", "80") as d:

@@ -239,6 +239,8 @@ void Engine::emit(Sequence & s, FinishReason why, ChoiceEvent ev) {
     }
     if (defer_events_) {
         deferred_.emplace_back(s.channel, std::move(ev));
+    } else if (hold_finals_ && why != FinishReason::none) {
+        finals_.emplace_back(s.channel, std::move(ev));
     } else {
         s.channel->push(std::move(ev));
     }
@@ -371,12 +373,24 @@ bool Engine::step() {
     if (!step_logits) {
         return true;  // a control command arrived: nothing advanced; it runs first, then the step is redone
     }
+    hold_finals_ = true;
+    const auto release = [this](Engine *) { release_finals(); };
+    const std::unique_ptr<Engine, decltype(release)> finals_guard(this, release);  // also when a rank call throws
     emit_step(plan, step_logits);
     if (proposer_ && proposer_->uses_draft_layers()) { run_draft_layers(plan); }
     reap();
-    poll_drain();
+    if (!finals_.empty()) { publish_stats(); }  // the finished choices' blocks are free before their answers go out
+    release_finals();
+    poll_drain();  // after the answers: a pause that waited for them replies last
     publish_stats();
     return true;
+}
+
+void Engine::release_finals() noexcept {
+    hold_finals_ = false;
+    if (finals_.empty()) { return; }
+    HeldEvents held(std::move(finals_));  // pushes each on destruction
+    finals_.clear();
 }
 
 int64_t Engine::finish_background_copies() {

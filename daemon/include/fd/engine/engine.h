@@ -202,6 +202,7 @@ private:
     void admit(GenerateRequest & req);
     /// Send `ev` for `s` (stamped, with the text now safe to send); `why` != none finishes `s`.
     void emit(Sequence & s, FinishReason why, ChoiceEvent ev);
+    void release_finals() noexcept;  ///< push finals_ (hold_finals_ off)
     /// `logits`: the raw row (logprobs come from it).
     void append_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev);
     /// append_token without the emit: add `tok` to `s` and `ev`, return what it finishes (none
@@ -339,6 +340,11 @@ private:
     /// acceptance-collapse check compares them); collapse_warned_: the version already warned about.
     std::string                               spec_version_, spec_prev_version_, collapse_warned_;
     bool                                      defer_events_ = false;  ///< emit() holds events back (pause)
+    /// Within a step, emit() keeps each final event (a finished choice's answer) in finals_ until
+    /// the step freed its blocks and published its stats: a client holding its answer finds the
+    /// engine's /health and /metrics already past it (release_finals pushes them).
+    bool                                      hold_finals_ = false;
+    std::vector<HeldEvents::Item>             finals_;
     std::vector<HeldEvents::Item>             deferred_;  ///< events held back (defer_events_), taken by take_held()
     /// A pause mode=wait waiting for the requests in flight to finish.
     struct Drain {
