@@ -161,3 +161,20 @@ def greedy(cfg, w, prompt_ids, n):
         tops.append(float(lg[t]))
         ids.append(t)
     return out, tops
+
+
+def mtp_draft_counts(cfg, w, seq, n_prompt, m, k):
+    """(proposed, accepted) draft tokens of a greedy MTP run that generated seq[n_prompt:] (m
+    tokens) with k drafts per step, simulated with mtp_drafts: a step drafts min(k, m - n_gen - 1)
+    tokens from the prefix through the last accepted token and accepts while they equal seq."""
+    L, n_gen, proposed, accepted = n_prompt, 1, 0, 0  # seq[L]: the last token, not yet in the KV cache
+    while n_gen < m:
+        kk = min(k, m - n_gen - 1)
+        a = 0
+        if kk >= 1:
+            drafts = mtp_drafts(cfg, w, seq[:L + 1], kk)
+            while a < kk and drafts[a] == seq[L + 1 + a]:
+                a += 1
+            proposed, accepted = proposed + kk, accepted + a
+        L, n_gen = L + a + 1, n_gen + a + 1
+    return proposed, accepted

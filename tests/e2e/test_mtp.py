@@ -114,16 +114,7 @@ class Mtp(unittest.TestCase):
                 m = 40
                 out = d.complete(prompt=prompt, max_tokens=m, temperature=0, ignore_eos=True)["choices"][0]["token_ids"]
                 seq = prompt + out
-                L, n_gen, proposed, accepted = len(prompt), 1, 0, 0  # seq[L]: the last token, not yet in the KV cache
-                while n_gen < m:
-                    kk = min(k, m - n_gen - 1)
-                    a = 0
-                    if kk >= 1:
-                        drafts = np_llama.mtp_drafts(cfg, w, seq[:L + 1], kk)
-                        while a < kk and drafts[a] == seq[L + 1 + a]:
-                            a += 1
-                        proposed, accepted = proposed + kk, accepted + a
-                    L, n_gen = L + a + 1, n_gen + a + 1
+                proposed, accepted = np_llama.mtp_draft_counts(cfg, w, seq, len(prompt), m, k)
                 _, got_proposed, got_accepted = spec_by_version(d)["0"]
                 self.assertEqual((got_proposed, got_accepted), (proposed, accepted))
                 if ck == self.mixed:  # both outcomes occur: the comparison sees every draft
