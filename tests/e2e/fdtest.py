@@ -421,20 +421,27 @@ def log_softmax(x):
     m = x.max()
     return x - m - np.log(np.exp(x - m).sum())
 
-def run_concurrently(d, reqs):
-    """[[(token_ids, logprobs object)] per choice] per request, all requests in flight at once."""
-    out = [None] * len(reqs)
+def in_parallel(fn, items, timeout=300):
+    """[fn(item) for item in items], every call on its own thread at once (each joined within timeout s)."""
+    out = [None] * len(items)
 
     def worker(i):
-        j = d.complete(**reqs[i])
-        out[i] = [(c["token_ids"], c["logprobs"]) for c in sorted(j["choices"], key=lambda c: c["index"])]
+        out[i] = fn(items[i])
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(reqs))]
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(items))]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(300)
+        t.join(timeout)
     return out
+
+
+def run_concurrently(d, reqs):
+    """[[(token_ids, logprobs object)] per choice] per request, all requests in flight at once."""
+    def answer(body):
+        j = d.complete(**body)
+        return [(c["token_ids"], c["logprobs"]) for c in sorted(j["choices"], key=lambda c: c["index"])]
+    return in_parallel(answer, reqs)
 
 
 def spec_by_version(d):

@@ -20,11 +20,10 @@ import json
 import os
 import subprocess
 import tempfile
-import threading
 import time
 import unittest
 
-from fdtest import BIN, STORIES, Daemon, copy_checkpoint, make_checkpoint, rewrite_tensors, spec_by_version
+from fdtest import BIN, STORIES, Daemon, copy_checkpoint, make_checkpoint, rewrite_tensors, spec_by_version, in_parallel
 
 MTP = lambda k: json.dumps({"method": "mtp", "num_speculative_tokens": k, "disable_by_batch_size": 0})
 PROMPTS = ["Once upon a time", "Lily and Tom", "The little dog", "Tom and Lily played with the ball."]
@@ -42,17 +41,7 @@ def choices(d, body):
 
 
 def concurrently(d, reqs):
-    out = [None] * len(reqs)
-
-    def run(i):
-        out[i] = choices(d, reqs[i])
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    return out
+    return in_parallel(lambda body: choices(d, body), reqs)
 
 
 

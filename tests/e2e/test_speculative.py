@@ -14,7 +14,7 @@ import threading
 import time
 import unittest
 
-from fdtest import Daemon
+from fdtest import Daemon, in_parallel
 
 # disable_by_batch_size 0: speculate at every batch size, so batched steps mix speculating and plain sequences.
 SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
@@ -62,17 +62,7 @@ def choices(d, body):
 
 
 def concurrently(d, reqs):
-    out = [None] * len(reqs)
-
-    def worker(i):
-        out[i] = choices(d, reqs[i])
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(reqs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    return out
+    return in_parallel(lambda body: choices(d, body), reqs)
 
 
 def series(m, name):
