@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import shutil
+import random
 import socket
 import subprocess
 import sys
@@ -101,6 +102,20 @@ def log_dir():
 
 
 def free_port():
+    """A port free now, below the kernel's ephemeral range (32768-60999 by default): a port the
+    kernel handed out (bind to 0) could be handed out again to the daemon's own TCP store or an
+    outgoing connection before the daemon binds it (a fresh clone's rank_liveness hit that once)."""
+    lo = 32768
+    with contextlib.suppress(OSError, ValueError):
+        lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    for _ in range(200):
+        port = random.randrange(max(1024, lo - 12000), lo)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
