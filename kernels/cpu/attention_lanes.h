@@ -84,7 +84,13 @@ inline const T * key_lanes(const T * k, const AttnQuery & qry, int64_t t, int64_
 
 /// Keeps v in a register: one load serves all its uses (GCC otherwise folds the load into
 /// every FMA that reads it).
+/// Only where a 64-byte vector fits one register (AVX-512); elsewhere (AVX2: an f32x16 is two
+/// ymm registers, which no asm operand can name) it is a no-op.
+#if defined(__AVX512F__)
 inline void in_register(f32x16 & v) { asm("" : "+v"(v)); }
+#else
+inline void in_register(f32x16 &) {}
+#endif
 
 /// Softmax of one (query, head) score row over its n entries, in place (attend_tile's code:
 /// max exact, exp16(s - max), 16 lane-wise sums over t then reduce16, times 1 / sum); lanes of
