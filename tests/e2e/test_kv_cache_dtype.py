@@ -28,6 +28,13 @@ from fdtest import FDCTL, STORIES, Daemon, log_softmax, make_checkpoint, prompt_
 
 N_NEW = 12
 LOGPROB_TOL = 1e-4  # the f32 mode's tolerance against numpy (test_architectures.py); measured below it
+# bf16 K/V against numpy with K/V rounded: a K or V element whose value lies within the f32
+# forward's error (~1e-6 relative) of a bf16 rounding boundary rounds one way in the daemon and the
+# other in numpy's float64 forward, and one such flip moves a logprob by ~1e-4 (measured: 3.9e-5 and
+# 3.1e-4 on an AVX2 EPYC, under 1e-4 on AVX-512, where the f32 sums contract differently). So the
+# bound is this, and the rounded reference must also explain most of the mode's departure from f32
+# (gap <= MODE_SHARE x the bf16-vs-f32 daemon gap): a daemon that did not round fails that.
+BF16_KV_TOL, MODE_SHARE = 1e-3, 0.25
 # stories260K: 2 (K, V) x 5 layers x 16 tokens x 32 (kv_dim) elements; f32 4 bytes, bf16 2.
 BLOCK_BYTES_F32, BLOCK_BYTES_BF16 = 20480, 10240
 BF16 = ["--kv-cache-dtype", "bfloat16"]
@@ -98,7 +105,9 @@ class KvCacheDtype(unittest.TestCase):
                 print(f"\n{preset}: bf16 KV vs numpy(rounded K/V) max |dlogprob| {gap:.2e}; vs the float32 KV daemon: "
                       f"{n_same}/{N_NEW} greedy tokens equal before the first difference, max |dlogprob| over them {mode_gap:.2e}",
                       file=sys.stderr)
-                self.assertLessEqual(gap, LOGPROB_TOL, (got_lp, want_lp))
+                self.assertLessEqual(gap, BF16_KV_TOL, (got_lp, want_lp))
+                if n_same:
+                    self.assertLessEqual(gap, MODE_SHARE * mode_gap, "numpy with rounded K/V does not explain the bf16 mode")
                 # The mode is really on: its logprobs are not the f32 mode's, and the rounding is
                 # what separates them (the f32 daemon follows the unrounded numpy forward).
                 self.assertNotEqual(got_lp, f32_lp)
