@@ -372,8 +372,10 @@ void MpExecutor::call(LinkMsg req, const char * what, bool survivors_only, const
     if (!targets.empty() && !ranks_[0].failed) {
         weight_bytes_ = replies_[0].weight_bytes;
         kv_bytes_     = replies_[0].kv_bytes;
-        mtp_cache_bytes_ = 0;
-        for (const auto & m : replies_) { mtp_cache_bytes_ += m.mtp_cache_bytes; }
+        if (req.op != static_cast<uint32_t>(LinkOp::forward) && req.op != static_cast<uint32_t>(LinkOp::probe)) {
+            mtp_cache_bytes_ = 0;  // every other reply carries the rank's (fill_state); a step's does not
+            for (const auto & m : replies_) { mtp_cache_bytes_ += m.mtp_cache_bytes; }
+        }
     }
 }
 
