@@ -29,10 +29,10 @@ disable_by_batch_size: the default cut-off, 8), in alternating rounds:
    appeared, against the documented rule (rate < 1/3 of the previous version's, both >= 64
    draft tokens).
 
-mtp --tp T (T > 1; instead of 1-3): daemons tp 1 and tp T at k = 1, 2, 3 and a plain tp T one,
+mtp --tp T (T > 1; instead of 1-3): daemons tp 1 and tp T at k = 1, 2, 3 and a plain one of each,
 B=1 greedy on the 8 story prompts in alternating rounds: tokens per target forward and acceptance
-at tp 1 and tp T (the same drafts up to the last bits of the sharded sums), tp T decode tokens/s
-with MTP ÷ without (spec_mtp_bench.run_mtp_tp).
+at tp 1 and tp T (the same drafts up to the last bits of the sharded sums), decode tokens/s with
+MTP ÷ without at tp T and tp 1 (spec_mtp_bench.run_mtp_tp).
 
 Usage: /usr/bin/python3 tests/bench/spec_bench.py [--method ngram|mtp] [--model DIR] [--k 3] [--gen 256]
        [--gen-batch 64] [--rounds 3] [--cutoff 16] [--threads 2] [--tp 1]

@@ -155,14 +155,14 @@ def run_mtp(a, sb):
 def run_mtp_tp(a, sb):
     """--tp T > 1: tp 1 and tp T side by side on the trained fixture, B=1 greedy (the 8 story
     prompts, --gen tokens each), k = 1, 2, 3: tokens per target forward and acceptance at both
-    (the same drafts up to the last bits of the sharded sums: equal or nearly), and at tp T decode
-    tokens/s with MTP ÷ without (a plain tp T daemon, interleaved rounds, medians). tp T ranks
-    get --threads 1 each, the tp 1 daemons --threads T: the same cores."""
+    (the same drafts up to the last bits of the sharded sums: equal or nearly), and decode tokens/s
+    with MTP ÷ without at tp T and at tp 1 (plain daemons of each, interleaved rounds, medians).
+    tp T ranks get --threads 1 each, the tp 1 daemons --threads T: the same cores."""
     root = make_mtp_fixture.mtp_fixture(os.path.dirname(BIN))
     fresh = a.model or os.path.join(root, "fresh")
     common = ["--max-num-seqs", "64", "--max-model-len", "512"]
     tp1, tpn = ["--threads", str(a.tp)], ["--threads", "1", "--tensor-parallel-size", str(a.tp)]
-    flags = {"plain_tp": tpn}
+    flags = {"plain_tp": tpn, "plain_tp1": tp1}
     for k in (1, 2, 3):
         flags[f"k{k}_tp1"] = [*tp1, "--speculative-config", mtp_cfg(k)]
         flags[f"k{k}_tp"] = [*tpn, "--speculative-config", mtp_cfg(k)]
@@ -173,7 +173,7 @@ def run_mtp_tp(a, sb):
             ds[k] = Daemon(*common, *f, model=fresh, extra=False, timeout=600)
         bodies = [{"prompt": p, "max_tokens": a.gen, "temperature": 0, "ignore_eos": True} for p in sb.PROMPTS]
         tps = {k: [] for k in ds}
-        c0 = {k: sb.spec_counts(ds[k]) for k in ds if k != "plain_tp"}
+        c0 = {k: sb.spec_counts(ds[k]) for k in ds if not k.startswith("plain")}
         for _ in range(a.rounds):
             toks = {}
             for k in ds:
@@ -192,7 +192,8 @@ def run_mtp_tp(a, sb):
                               "proposed": d1["proposed"] - d0["proposed"], "accepted": d1["accepted"] - d0["accepted"]}
             med = statistics.median(tps[f"k{k}_tp"])
             row["tp"].update({"plain_tok_s": plain, "mtp_tok_s": med, "mtp_over_plain": med / plain})
-            row["tp1"]["mtp_tok_s"] = statistics.median(tps[f"k{k}_tp1"])
+            med1, plain1 = statistics.median(tps[f"k{k}_tp1"]), statistics.median(tps["plain_tp1"])
+            row["tp1"].update({"plain_tok_s": plain1, "mtp_tok_s": med1, "mtp_over_plain": med1 / plain1})
             row["tokens_per_forward_equal"] = row["tp"]["tokens_per_forward"] == row["tp1"]["tokens_per_forward"]
             res[f"b1_k{k}"] = row
     finally:
