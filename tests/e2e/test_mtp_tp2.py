@@ -12,6 +12,8 @@ Checked here:
   accepted (the mimic layer, > 0.2) and, on the "mixed" fixture, the proposed / accepted counts
   equal the numpy MTP reference (np_llama.mtp_draft_counts): the sharded layer and the agreed
   argmax compute the layer's drafts;
+- --nnodes 2: the remote rank gets the draft batch inline on its TCP link (outputs equal, drafts
+  accepted);
 - the MTP cache is per rank (kv_dim / 2 each: /health's mtp_cache_bytes, the ranks' sum, is what
   the budget formula of tp 1 gives), sleep?tags=kv_cache frees it on both ranks (in freed_bytes,
   mtp_cache_bytes 0) and wakeup rebuilds it (outputs as before, drafts accepted);
@@ -28,7 +30,7 @@ import sys
 import tempfile
 import unittest
 
-from fdtest import BIN, REPO, Daemon, copy_checkpoint, in_parallel, make_checkpoint, rewrite_tensors, spec_by_version
+from fdtest import BIN, REPO, Daemon, copy_checkpoint, free_port, in_parallel, make_checkpoint, rewrite_tensors, spec_by_version
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import make_mtp_fixture  # noqa: E402
@@ -75,6 +77,22 @@ class MtpTp2(unittest.TestCase):
             self.assertEqual(in_parallel(lambda b: choices(spec, b), bodies() * 2), want * 2)
             drafts, proposed, accepted = spec_by_version(spec)["0"]
             self.assertGreater(accepted, 0.2 * proposed, (drafts, proposed, accepted))  # the copied layer predicts the target
+
+    def test_two_nodes_send_the_draft_batch_inline(self):
+        # --nnodes 2 (two "hosts" on one machine, test_nnodes.py): rank 1 gets each draft batch
+        # inline on its TCP link; outputs equal the one-node tp 2 plain daemon's, drafts accepted
+        from test_nnodes import Node, node0
+        token = os.path.join(self.tmp.name, "token")
+        with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(os.urandom(32).hex() + "\n")
+        with Daemon(*TP2, model=self.mimic) as plain:
+            want = [choices(plain, b) for b in bodies()[:3]]
+        port = free_port()
+        with node0(port, token, "--speculative-config", MTP(2), model=self.mimic) as d, Node(port, token, model=self.mimic):
+            d.wait_ready(60)
+            self.assertEqual([choices(d, b) for b in bodies()[:3]], want)
+            drafts, proposed, accepted = spec_by_version(d)["0"]
+            self.assertGreater(accepted, 0.2 * proposed, (drafts, proposed, accepted))
 
     def test_draft_counts_equal_the_numpy_mtp_reference(self):
         import np_llama
