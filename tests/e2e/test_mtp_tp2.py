@@ -17,6 +17,8 @@ Checked here:
 - the MTP cache is per rank (kv_dim / 2 each: /health's mtp_cache_bytes, the ranks' sum, is what
   the budget formula of tp 1 gives), sleep?tags=kv_cache frees it on both ranks (in freed_bytes,
   mtp_cache_bytes 0) and wakeup rebuilds it (outputs as before, drafts accepted);
+- preemption by swap and by recompute (a 6-block pool) keeps outputs equal and acceptance as
+  without preemption: each rank's host blocks carry its half of the MTP K/V;
 - update_weights at tp 2 replaces the MTP layer on both ranks with the target (trained fixture of
   scripts/make_mtp_fixture.py --quick, CTest's mtp_fixture): from the untrained layer, a one-phase
   update to the trained (fresh) one lifts acceptance above 0.35 (a layer mixed across ranks would
@@ -122,6 +124,29 @@ class MtpTp2(unittest.TestCase):
             self.assertEqual(spec.get("/health")[1]["speculative"]["mtp_cache_bytes"], mtp)
             self.assertEqual(choices(spec, bodies()[0]), want)
             self.assertGreater(spec_by_version(spec)["0"][2], 0)
+
+    def test_preemption_by_swap_and_recompute_keeps_each_ranks_draft_kv(self):
+        # As test_mtp.py's at tp 1: 6 KV blocks of 16 tokens, the requests preempt each other over
+        # and over; each rank's host blocks hold its half of the block's MTP K/V after its target
+        # layers. Outputs equal a plain tp 2 daemon's; acceptance as without preemption.
+        seqs, target_block, mtp_block = 4, 2 * 2 * 16 * 32 * 4, 2 * 16 * 32 * 4  # all ranks together
+        tiny = ["--kv-cache-bytes", str(6 * (target_block + mtp_block) + seqs * 2 * mtp_block)]
+        common = [*TP2, "--max-model-len", "96", "--max-num-seqs", str(seqs), "--max-logprobs", "8"]
+        reqs = [{"prompt": p, "n": 2, "max_tokens": 50, "temperature": 0, "logprobs": 2, "ignore_eos": True} for p in PROMPTS]
+        with Daemon(*common, model=self.mimic) as plain:
+            want = [choices(plain, r) for r in reqs]
+        with Daemon(*common, "--speculative-config", MTP(3), model=self.mimic) as ref:
+            self.assertEqual(in_parallel(lambda r: choices(ref, r), reqs), want)
+            _, ref_proposed, ref_accepted = spec_by_version(ref)["0"]
+        for extra in (["--swap-space", "0.001"], []):  # swap, then recompute (no pool)
+            with self.subTest(extra=extra), Daemon(*common, *tiny, *extra, "--speculative-config", MTP(3), model=self.mimic) as d:
+                self.assertEqual(d.get("/health")[1]["kv_cache"]["blocks"], 6)
+                self.assertEqual(in_parallel(lambda r: choices(d, r), reqs), want)
+                kind = "swap_preemptions_total" if extra else "recompute_preemptions_total"
+                preempted = [ln for ln in d.get("/metrics")[1].splitlines() if ln.startswith(f"fdrollout_{kind} ")]
+                self.assertGreater(float(preempted[0].rsplit(" ", 1)[1]), 0)
+                _, proposed, accepted = spec_by_version(d)["0"]
+                self.assertGreater(accepted / proposed, ref_accepted / ref_proposed - 0.05, (proposed, accepted, ref_proposed, ref_accepted))
 
     def test_updates_replace_the_mtp_layer_on_both_ranks(self):
         import safetensors_np
