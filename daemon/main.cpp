@@ -332,10 +332,10 @@ int run(fd::Config & cfg, sigset_t & signals) {
         .mtp_draft_tokens = mtp_k,
         .mtp_scratch_blocks = r.n_mtp_scratch_blocks,
         .check_finite_weights = cfg.weights.check_finite_weights, .io_timeout_s = cfg.control.control_timeout_s};
-    {
+    {  // all ranks together (tp 1's block bytes)
         const int64_t target = r.n_kv_blocks * fd::model::Worker::kv_block_bytes(r.model, cfg.kv.block_size_tokens, 1, r.kv_dtype);
         const int64_t mtp    = mtp_k > 0 ? (r.n_kv_blocks + r.n_mtp_scratch_blocks) *
-                                               fd::model::Worker::mtp_block_bytes(r.model, cfg.kv.block_size_tokens, 1) : 0;  // all ranks together
+                                               fd::model::Worker::mtp_block_bytes(r.model, cfg.kv.block_size_tokens, 1) : 0;
         lg->info("KV budget (--kv-cache-bytes) {:.1f} MiB: target KV {} blocks = {:.1f} MiB{}", r.kv_budget_bytes / 1048576.0,
                  r.n_kv_blocks, target / 1048576.0,
                  mtp_k > 0 ? fmt::format(", MTP cache {} + {} scratch blocks = {:.1f} MiB", r.n_kv_blocks, r.n_mtp_scratch_blocks,

@@ -134,7 +134,9 @@ void draft_decode(const void * region, model::DraftBatch & db, int32_t block_siz
     db.positions.assign(pos, pos + n);
     db.slots.assign(slot, slot + n);
     db.queries.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) { db.queries[static_cast<size_t>(i)] = {table(qt[i], qc[i] > 0 ? blocks_of(qc[i], block_size) : 0), qc[i]}; }
+    for (int64_t i = 0; i < n; ++i) {
+        db.queries[static_cast<size_t>(i)] = {table(qt[i], qc[i] > 0 ? blocks_of(qc[i], block_size) : 0), qc[i]};
+    }
     const int32_t * c_row = at<int32_t>(region, l.chain_row);
     const int32_t * c_k   = at<int32_t>(region, l.chain_k);
     const int32_t * c_tab = at<int32_t>(region, l.chain_table);
@@ -142,7 +144,8 @@ void draft_decode(const void * region, model::DraftBatch & db, int32_t block_siz
     db.chains.resize(static_cast<size_t>(m));
     int64_t n_drafts = 0;
     for (int64_t c = 0; c < m; ++c) {
-        db.chains[static_cast<size_t>(c)] = {.row = c_row[c], .k = c_k[c], .block_table = table(c_tab[c], c_len[c]), .n_table_blocks = c_len[c]};
+        db.chains[static_cast<size_t>(c)] = {.row = c_row[c], .k = c_k[c], .block_table = table(c_tab[c], c_len[c]),
+                                             .n_table_blocks = c_len[c]};
         n_drafts += c_k[c];
     }
     FD_CHECK(n_drafts == h->n_drafts, "draft batch: chains want {} drafts, the header says {}", n_drafts, h->n_drafts);

@@ -105,7 +105,8 @@ void MpExecutor::draft_mtp(const model::DraftBatch & db, std::vector<int32_t> & 
     req.op           = static_cast<uint32_t>(LinkOp::draft_mtp);
     req.region_bytes = static_cast<uint64_t>(region_.bytes());
     // Ranks on other nodes get the batch inline (everything before the drafts, which rank 0 writes).
-    const size_t inline_n = world_.multi_node() ? static_cast<size_t>(draft_layout(h->n_rows, h->n_chains, h->n_tables, h->n_drafts).drafts) : 0;
+    const size_t inline_n =
+        world_.multi_node() ? static_cast<size_t>(draft_layout(h->n_rows, h->n_chains, h->n_tables, h->n_drafts).drafts) : 0;
     call(req, "MTP drafts", false, nullptr, inline_n ? region_.data() : nullptr, inline_n);
     check_replies("MTP drafts");
     const int32_t * out = draft_out(region_.data());

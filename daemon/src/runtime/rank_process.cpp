@@ -381,7 +381,8 @@ public:
             }
             set_busy(m.seq);
             liveness::tick();  // a request taken: progress
-            const bool inline_step = op == LinkOp::forward || op == LinkOp::swap_kv || op == LinkOp::draft_mtp || (op == LinkOp::probe && m.bytes > 0);
+            const bool inline_step = op == LinkOp::forward || op == LinkOp::swap_kv || op == LinkOp::draft_mtp ||
+                                     (op == LinkOp::probe && m.bytes > 0);
             if (inline_step && link_.stream()) {
                 // The step's arrays (or the swap's block lists) follow the request inline; the buffer
                 // only grows, up to kInlineMaxBytes. A longer length is refused before anything is

@@ -66,7 +66,9 @@ TEST_SUITE("runtime::draft_wire") {
         REQUIRE(got.queries.size() == 4);
         for (size_t i = 0; i < 4; ++i) {
             CHECK(got.queries[i].n_ctx == s.db.queries[i].n_ctx);
-            for (int32_t b = 0; b < (got.queries[i].n_ctx + bs - 1) / bs; ++b) { CHECK(got.queries[i].block_table[b] == s.db.queries[i].block_table[b]); }
+            for (int32_t b = 0; b < (got.queries[i].n_ctx + bs - 1) / bs; ++b) {
+                CHECK(got.queries[i].block_table[b] == s.db.queries[i].block_table[b]);
+            }
         }
         REQUIRE(got.chains.size() == 2);
         for (size_t c = 0; c < 2; ++c) {
