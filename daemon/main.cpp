@@ -318,7 +318,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
                                                  : "accepted; the cpu backend's kernels are batch-invariant anyway");
     }
     const char * staged_fill_env = std::getenv("FD_TEST_STAGED_FILL");
-    // --speculative-config method "mtp": the worker runs MTP layer 0 as the draft (config.cpp refuses it at tp > 1).
+    // --speculative-config method "mtp": every rank's worker runs its shard of MTP layer 0 as the draft.
     const int32_t mtp_k = cfg.engine.speculative.method == fd::spec::SpecMethod::mtp ? cfg.engine.speculative.num_speculative_tokens : 0;
     const fd::model::WorkerConfig wcfg{
         .rank = 0, .ep_size = r.world.ep, .device = r.device, .device_id = 0, .batch_invariant = cfg.model.batch_invariant,
@@ -332,7 +332,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
         .mtp_draft_tokens = mtp_k,
         .mtp_scratch_blocks = r.n_mtp_scratch_blocks,
         .check_finite_weights = cfg.weights.check_finite_weights, .io_timeout_s = cfg.control.control_timeout_s};
-    {
+    {  // all ranks together (tp 1's block bytes)
         const int64_t target = r.n_kv_blocks * fd::model::Worker::kv_block_bytes(r.model, cfg.kv.block_size_tokens, 1, r.kv_dtype);
         const int64_t mtp    = mtp_k > 0 ? (r.n_kv_blocks + r.n_mtp_scratch_blocks) *
                                                fd::model::Worker::mtp_block_bytes(r.model, cfg.kv.block_size_tokens, 1) : 0;

@@ -280,12 +280,6 @@ Resolved resolve(Config & cfg) {
     }
 
     e.speculative = spec::parse_speculative_config(cfg.speculative_config, r.model.n_mtp_layers, problems);
-    if (e.speculative.method == spec::SpecMethod::mtp &&
-        (cfg.model.tensor_parallel_size > 1 || r.executor_backend != runtime::ExecutorKind::uni)) {
-        problems.push_back(fmt::format("--speculative-config: speculative_config.method \"mtp\" runs its draft layer in the daemon's own "
-                                       "rank: it needs --tensor-parallel-size 1 and --distributed-executor-backend uni (got {}, {})",
-                                       cfg.model.tensor_parallel_size, r.executor_backend == runtime::ExecutorKind::uni ? "uni" : "mp"));
-    }
 
     auto & s = cfg.server;
     s.model_dir = cfg.model.model_dir;
@@ -313,9 +307,11 @@ Resolved resolve(Config & cfg) {
         const int64_t block_bytes = model::Worker::kv_block_bytes(r.model, bs, 1, r.kv_dtype);
         // MTP drafts: the MTP cache (one layer's K and V, f32, over the pool's blocks and the
         // chains' scratch blocks) is paid from the same budget: each block costs its target KV
-        // and its MTP KV, and the scratch blocks come off the top.
+        // and its MTP KV, and the scratch blocks come off the top. Both all ranks together: each
+        // rank holds its kv_dim / tp share of a block (tp x the per-rank bytes).
+        const int32_t tp        = std::max(1, cfg.model.tensor_parallel_size);
         const bool    mtp       = e.speculative.method == spec::SpecMethod::mtp;
-        const int64_t mtp_bytes = mtp ? model::Worker::mtp_block_bytes(r.model, bs, 1) : 0;
+        const int64_t mtp_bytes = mtp ? tp * model::Worker::mtp_block_bytes(r.model, bs, tp) : 0;
         r.n_mtp_scratch_blocks  = mtp ? static_cast<int64_t>(e.scheduler.max_num_seqs) *
                                             ((e.speculative.num_speculative_tokens + bs - 1) / bs + 1) : 0;
         const int64_t per_block = block_bytes + mtp_bytes;

@@ -29,8 +29,13 @@ disable_by_batch_size: the default cut-off, 8), in alternating rounds:
    appeared, against the documented rule (rate < 1/3 of the previous version's, both >= 64
    draft tokens).
 
+mtp --tp T (T > 1; instead of 1-3): daemons tp 1 and tp T at k = 1, 2, 3 and a plain one of each,
+B=1 greedy on the 8 story prompts in alternating rounds: tokens per target forward and acceptance
+at tp 1 and tp T (the same drafts up to the last bits of the sharded sums), decode tokens/s with
+MTP ÷ without at tp T and tp 1 (spec_mtp_bench.run_mtp_tp).
+
 Usage: /usr/bin/python3 tests/bench/spec_bench.py [--method ngram|mtp] [--model DIR] [--k 3] [--gen 256]
-       [--gen-batch 64] [--rounds 3] [--cutoff 16] [--threads 2]
+       [--gen-batch 64] [--rounds 3] [--cutoff 16] [--threads 2] [--tp 1]
 FD_MTP_FIXTURE=DIR: use that fixture (e.g. build/fixtures/mtp-stories260K-<hash>-quick, the CTest one)."""
 import argparse
 import json
@@ -154,13 +159,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cutoff", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tp", type=int, default=1, help="mtp: > 1 compares tp 1 with this tensor-parallel size (run_mtp_tp)")
     a = ap.parse_args()
     load0 = os.getloadavg()
     if a.method == "ngram":
         res = run_ngram(a)
     else:
         import spec_mtp_bench
-        res = spec_mtp_bench.run_mtp(a, sys.modules[__name__])
+        run = spec_mtp_bench.run_mtp_tp if a.tp > 1 else spec_mtp_bench.run_mtp
+        res = run(a, sys.modules[__name__])
     res["loadavg_start_end"] = [round(load0[0], 2), round(os.getloadavg()[0], 2)]
     print(json.dumps(res, indent=2))
 

@@ -1,4 +1,4 @@
-"""The MTP half of tests/bench/spec_bench.py (--method mtp; its docstring says what is measured).
+"""The MTP half of tests/bench/spec_bench.py (--method mtp [--tp 2]; its docstring says what is measured).
 
 Run through spec_bench.py, which passes itself as `sb` (one / batch / spec_counts / PROMPTS)."""
 import json
@@ -149,4 +149,54 @@ def run_mtp(a, sb):
             d.__exit__(None, None, None)
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+    return res
+
+
+def run_mtp_tp(a, sb):
+    """--tp T > 1: tp 1 and tp T side by side on the trained fixture, B=1 greedy (the 8 story
+    prompts, --gen tokens each), k = 1, 2, 3: tokens per target forward and acceptance at both
+    (the same drafts up to the last bits of the sharded sums: equal or nearly), and decode tokens/s
+    with MTP ÷ without at tp T and at tp 1 (plain daemons of each, interleaved rounds, medians).
+    tp T ranks get --threads 1 each, the tp 1 daemons --threads T: the same cores."""
+    root = make_mtp_fixture.mtp_fixture(os.path.dirname(BIN))
+    fresh = a.model or os.path.join(root, "fresh")
+    common = ["--max-num-seqs", "64", "--max-model-len", "512"]
+    tp1, tpn = ["--threads", str(a.tp)], ["--threads", "1", "--tensor-parallel-size", str(a.tp)]
+    flags = {"plain_tp": tpn, "plain_tp1": tp1}
+    for k in (1, 2, 3):
+        flags[f"k{k}_tp1"] = [*tp1, "--speculative-config", mtp_cfg(k)]
+        flags[f"k{k}_tp"] = [*tpn, "--speculative-config", mtp_cfg(k)]
+    res = {"method": "mtp", "tp": a.tp, "gen": a.gen, "rounds": a.rounds, "fixture": os.path.basename(root), "outputs_identical": True}
+    ds = {}
+    try:
+        for k, f in flags.items():
+            ds[k] = Daemon(*common, *f, model=fresh, extra=False, timeout=600)
+        bodies = [{"prompt": p, "max_tokens": a.gen, "temperature": 0, "ignore_eos": True} for p in sb.PROMPTS]
+        tps = {k: [] for k in ds}
+        c0 = {k: sb.spec_counts(ds[k]) for k in ds if not k.startswith("plain")}
+        for _ in range(a.rounds):
+            toks = {}
+            for k in ds:
+                t, toks[k] = b1_pass(sb, ds[k], bodies)
+                tps[k].append(t)
+            res["outputs_identical"] &= all(toks[k] == toks["plain_tp"] for k in ds)
+        c1 = {k: sb.spec_counts(ds[k]) for k in c0}
+        plain = statistics.median(tps["plain_tp"])
+        for k in (1, 2, 3):
+            row = {}
+            for where in ("tp1", "tp"):
+                n = f"k{k}_{where}"
+                d0, d1 = c0[n], c1[n]
+                row[where] = {"tokens_per_forward": (d1["tokens"] - d0["tokens"]) / (d1["forwards"] - d0["forwards"]),
+                              "acceptance_rate": (d1["accepted"] - d0["accepted"]) / max(1.0, d1["proposed"] - d0["proposed"]),
+                              "proposed": d1["proposed"] - d0["proposed"], "accepted": d1["accepted"] - d0["accepted"]}
+            med = statistics.median(tps[f"k{k}_tp"])
+            row["tp"].update({"plain_tok_s": plain, "mtp_tok_s": med, "mtp_over_plain": med / plain})
+            med1, plain1 = statistics.median(tps[f"k{k}_tp1"]), statistics.median(tps["plain_tp1"])
+            row["tp1"].update({"plain_tok_s": plain1, "mtp_tok_s": med1, "mtp_over_plain": med1 / plain1})
+            row["tokens_per_forward_equal"] = row["tp"]["tokens_per_forward"] == row["tp1"]["tokens_per_forward"]
+            res[f"b1_k{k}"] = row
+    finally:
+        for d in ds.values():
+            d.__exit__(None, None, None)
     return res

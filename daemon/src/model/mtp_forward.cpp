@@ -7,9 +7,14 @@
 //   out = final_layernorm(x);  logits = lm_head(out) (the target's head)
 // h is the target's final-normed hidden state at p (Worker::forward keeps every row's), or, for
 // a chain's later drafts, the MTP layer's own previous `out` (vLLM's reuse of layer 0 for k > 1).
-// tp 1 only (the Worker refuses MTP at tp > 1): no collectives.
+// Tensor parallel (tp > 1) as a target block (forward.cpp): the embedding is vocab parallel
+// (all-reduced), input_proj and the norms whole on every rank (checkpoint/src/layout.cpp), q/k/v
+// and gate/up this rank's heads and intermediate rows, o_proj and down all-reduced; the MTP cache
+// holds this rank's kv heads. The draft argmax runs over this rank's vocab rows of the shared
+// head and the ranks all-gather their (max, id) pairs, so every rank picks the same draft.
 #include "fd/model/worker.h"
 
+#include "fd/comm/comm.h"
 #include "fd/status.h"
 
 #include <algorithm>
@@ -22,13 +27,16 @@ void Worker::mtp_layer(const float * hin, const int32_t * tokens, const int32_t 
     kernels::Backend & be = *backend_;
     const MtpWeights & M  = w_.mtp.front();
     const LayerWeights & L = M.block;
-    const int64_t h = cfg_.hidden_size, hd = cfg_.head_dim, n_heads = cfg_.n_heads, n_kv_heads = cfg_.n_kv_heads;
-    const int64_t q_dim = n_heads * hd, kv_dim = n_kv_heads * hd, qkv_dim = q_dim + 2 * kv_dim, ff = cfg_.intermediate_size;
+    // This rank's share of every split dimension (T = 1: the whole layer), as run_model's.
+    const int64_t T = wcfg_.tp_size, h = cfg_.hidden_size, hd = cfg_.head_dim, n_heads = cfg_.n_heads / T, n_kv_heads = cfg_.n_kv_heads / T;
+    const int64_t q_dim = n_heads * hd, kv_dim = n_kv_heads * hd, qkv_dim = q_dim + 2 * kv_dim, ff = cfg_.intermediate_size / T;
+    const int64_t vocab = cfg_.vocab_size / T, vocab0 = wcfg_.rank * vocab;  // this rank's embedding rows
     const float   eps = cfg_.rms_norm_eps;
     be.begin_step({tokens, positions, slots, queries, n});
     float * cat = s_.mtp_cat.floats(n * 2 * h);  // [n, 2 * hidden]  hidden | token
     float * e   = s_.mtp_in.floats(n * h);       // [n, hidden]
-    be.embedding(e, w_.embed.w, w_.embed.type, tokens, n, h, 0, cfg_.vocab_size);
+    be.embedding(e, w_.embed.w, w_.embed.type, tokens, n, h, vocab0, vocab);
+    if (comm_) { comm_->all_reduce_sum(e, n * h); }  // vocab parallel: the other ranks added zeros
     for (int64_t i = 0; i < n; ++i) {
         if (positions[i] != 0) { continue; }
         const std::vector<float> zeros(static_cast<size_t>(h), 0.0f);
@@ -60,7 +68,7 @@ void Worker::mtp_layer(const float * hin, const int32_t * tokens, const int32_t 
     }
     be.rope(q, positions, rope_.data(), n, n_heads, hd);
     be.rope(k, positions, rope_.data(), n, n_kv_heads, hd);
-    const kernels::PagedKv kv{mtp_k_, mtp_v_, wcfg_.block_size, cfg_.n_kv_heads, cfg_.head_dim};
+    const kernels::PagedKv kv{mtp_k_, mtp_v_, wcfg_.block_size, static_cast<int32_t>(n_kv_heads), cfg_.head_dim};
     be.kv_store(kv, k, v, slots, n);
     std::vector<kernels::AttnQuery> out_queries;
     if (n_out >= 0) {  // only the rows out_rows[0, n_out) go on: gather their q, residual and query
@@ -78,21 +86,50 @@ void Worker::mtp_layer(const float * hin, const int32_t * tokens, const int32_t 
     }
     be.attention_paged(att, q, queries, n, n_heads, kv, 1.0f / std::sqrt(static_cast<float>(hd)));
     be.linear(xn, att, L.o.w, L.o.type, nullptr, n, h, q_dim);
+    if (comm_) { comm_->all_reduce_sum(xn, n * h); }  // row parallel: sum the ranks' partial outputs
     be.add(x, xn, n * h);
     be.rms_norm(xn, x, L.mlp_norm, n, h, eps);
     be.linear(gu, xn, L.gate_up.w, L.gate_up.type, nullptr, n, 2 * ff, h);
     be.silu_mul(gate, gu, n, ff);
     be.linear(xn, gate, L.down.w, L.down.type, nullptr, n, h, ff);
+    if (comm_) { comm_->all_reduce_sum(xn, n * h); }
     be.add(x, xn, n * h);
     be.rms_norm(out, x, M.final_norm, n, h, eps);
 }
 
+// Greedy token of each row through the shared lm_head; at tp > 1 every rank returns the same ones.
 void Worker::mtp_argmax(const float * hid, int64_t n, int32_t * tokens) {
-    float * logits = s_.mtp_logits.floats(n * cfg_.vocab_size);  // [n, vocab]
-    backend_->linear(logits, hid, w_.lm_head.w, w_.lm_head.type, nullptr, n, cfg_.vocab_size, cfg_.hidden_size);
+    const int64_t T = wcfg_.tp_size, vocab = cfg_.vocab_size / T, vocab0 = wcfg_.rank * vocab;  // this rank's head rows
+    float * logits = s_.mtp_logits.floats(n * vocab);  // [n, vocab / T]
+    backend_->linear(logits, hid, w_.lm_head.w, w_.lm_head.type, nullptr, n, vocab, cfg_.hidden_size);
     std::vector<int64_t> ids(static_cast<size_t>(n));
-    backend_->argmax_rows(ids.data(), logits, n, cfg_.vocab_size);
-    for (int64_t i = 0; i < n; ++i) { tokens[i] = static_cast<int32_t>(ids[static_cast<size_t>(i)]); }
+    backend_->argmax_rows(ids.data(), logits, n, vocab);
+    if (!comm_) {
+        for (int64_t i = 0; i < n; ++i) { tokens[i] = static_cast<int32_t>(ids[static_cast<size_t>(i)]); }
+        return;
+    }
+    // Column parallel head: every rank's (max logit, vocab id) per row, all-gathered as
+    // [T, n, 2] f32 (bytes copied: the same on every rank), then the largest logit wins, the
+    // lowest id (= the lowest rank) on a tie. Ids travel as f32 values: exact below 2^24.
+    FD_CHECK(cfg_.vocab_size < (1 << 24), "MTP drafts at tp > 1 need a vocab below 2^24 (is {})", cfg_.vocab_size);
+    std::vector<float> pick(static_cast<size_t>((T + 1) * n * 2));
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t id = ids[static_cast<size_t>(i)];
+        backend_->download(&pick[static_cast<size_t>(2 * i)], logits + i * vocab + id, static_cast<int64_t>(sizeof(float)));
+        pick[static_cast<size_t>(2 * i + 1)] = static_cast<float>(vocab0 + id);
+    }
+    float * buf = s_.part.floats((T + 1) * n * 2);  // [n, 2] this rank's, then [T, n, 2] everyone's (the head's part is done with)
+    backend_->upload(buf, pick.data(), n * 2 * static_cast<int64_t>(sizeof(float)));
+    comm_->all_gather(buf, n * 2, buf + n * 2);
+    backend_->download(pick.data() + n * 2, buf + n * 2, T * n * 2 * static_cast<int64_t>(sizeof(float)));
+    for (int64_t i = 0; i < n; ++i) {
+        float best = 0.0f, best_id = -1.0f;
+        for (int64_t r = 0; r < T; ++r) {
+            const float v = pick[static_cast<size_t>((1 + r) * n * 2 + 2 * i)], id = pick[static_cast<size_t>((1 + r) * n * 2 + 2 * i + 1)];
+            if (best_id < 0.0f || v > best) { best = v; best_id = id; }
+        }
+        tokens[i] = static_cast<int32_t>(best_id);
+    }
 }
 
 void Worker::draft_mtp(const DraftBatch & db, std::vector<int32_t> & drafts) {

@@ -89,9 +89,9 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & given, const WorkerC
         log::get("model")->warn("--use-cudagraph: {} routes tokens on the host between ops, which a graph cannot capture; its "
                                 "decode steps run eagerly", cfg_.architecture);
     }
-    if (wcfg.mtp_draft_tokens > 0 && (cfg_.n_mtp_layers < 1 || wcfg.tp_size != 1)) {
-        fail(Errc::invalid_argument, "MTP drafts need a checkpoint with MTP layers (num_nextn_predict_layers >= 1, has {}) and "
-             "tensor_parallel_size 1 (is {})", cfg_.n_mtp_layers, wcfg.tp_size);
+    if (wcfg.mtp_draft_tokens > 0 && cfg_.n_mtp_layers < 1) {
+        fail(Errc::invalid_argument, "MTP drafts need a checkpoint with MTP layers (num_nextn_predict_layers >= 1, has {})",
+             cfg_.n_mtp_layers);
     }
     if (wcfg.graph_max_batch > 0 && wcfg.mtp_draft_tokens > 0) {
         log::get("model")->warn("--use-cudagraph with MTP speculation: every step runs eagerly (the draft layer reads every row's hidden state)");
@@ -156,7 +156,7 @@ void Worker::map_kv_pool(bool fresh) {
 void Worker::map_mtp_cache(bool fresh) {
     if (wcfg_.mtp_draft_tokens <= 0) { return; }
     const int64_t n_blocks = wcfg_.n_blocks + wcfg_.mtp_scratch_blocks;
-    const int64_t stride   = Arena::footprint_floats(n_blocks * wcfg_.block_size * static_cast<int64_t>(cfg_.kv_dim()));
+    const int64_t stride   = Arena::footprint_floats(n_blocks * wcfg_.block_size * static_cast<int64_t>(cfg_.kv_dim() / wcfg_.tp_size));
     std::byte *   base     = fresh ? alloc_->map(Tag::mtp_cache, 2 * stride, /*populate=*/true)
                                    : region(Tag::mtp_cache, 2 * stride, /*populate=*/true);
     mtp_k_ = reinterpret_cast<float *>(base);

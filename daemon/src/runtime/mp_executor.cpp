@@ -92,6 +92,27 @@ const float * MpExecutor::forward_in_place(const model::StepBatch & batch, const
     return step_logits(region_.data());
 }
 
+void MpExecutor::draft_mtp(const model::DraftBatch & db, std::vector<int32_t> & drafts) {
+    FD_CHECK(cfg_.worker.mtp_draft_tokens > 0, "draft_mtp without MTP drafts configured");
+    const int32_t bs = cfg_.worker.block_size;
+    int64_t need = draft_encode(region_.data(), region_.bytes(), db, bs, draft_runs_);
+    if (need > region_.bytes()) {
+        region_.resize(need + need / 2);
+        need = draft_encode(region_.data(), region_.bytes(), db, bs, draft_runs_);
+    }
+    const auto * h = static_cast<const DraftHeader *>(region_.data());
+    LinkMsg req;
+    req.op           = static_cast<uint32_t>(LinkOp::draft_mtp);
+    req.region_bytes = static_cast<uint64_t>(region_.bytes());
+    // Ranks on other nodes get the batch inline (everything before the drafts, which rank 0 writes).
+    const size_t inline_n =
+        world_.multi_node() ? static_cast<size_t>(draft_layout(h->n_rows, h->n_chains, h->n_tables, h->n_drafts).drafts) : 0;
+    call(req, "MTP drafts", false, nullptr, inline_n ? region_.data() : nullptr, inline_n);
+    check_replies("MTP drafts");
+    const int32_t * out = draft_out(region_.data());
+    drafts.assign(out, out + h->n_drafts);
+}
+
 void MpExecutor::probe(const model::StepBatch * batch) {
     LinkMsg req;
     req.op = static_cast<uint32_t>(LinkOp::probe);
@@ -352,6 +373,10 @@ void MpExecutor::call(LinkMsg req, const char * what, bool survivors_only, const
     if (!targets.empty() && !ranks_[0].failed) {
         weight_bytes_ = replies_[0].weight_bytes;
         kv_bytes_     = replies_[0].kv_bytes;
+        if (req.op != static_cast<uint32_t>(LinkOp::forward) && req.op != static_cast<uint32_t>(LinkOp::probe)) {
+            mtp_cache_bytes_ = 0;  // every other reply carries the rank's (fill_state); a step's does not
+            for (const auto & m : replies_) { mtp_cache_bytes_ += m.mtp_cache_bytes; }
+        }
     }
 }
 

@@ -14,6 +14,7 @@
 #include "fd/runtime/rank_link.h"
 #include "fd/comm/tcp_store.h"
 
+#include "draft_wire.h"
 #include "rank_spawn.h"
 
 #include <sys/types.h>
@@ -48,6 +49,11 @@ public:
     const float * forward_in_place(const model::StepBatch & batch, const std::atomic<bool> * abandon) override;
     /// Rank 0 wrote them into the region after the logits (rank_link.h); until the next call.
     const int32_t * step_routes() const override { return routes_; }
+    /// LinkOp::draft_mtp: the batch into the region (draft_wire.h), every rank drafts on its
+    /// shard, rank 0's drafts read back from the region.
+    void draft_mtp(const model::DraftBatch & db, std::vector<int32_t> & drafts) override;
+    /// The ranks' MTP caches as their last replies reported them (LinkMsg::mtp_cache_bytes).
+    int64_t mtp_cache_bytes() const override { return mtp_cache_bytes_; }
     /// probe_step_link(): forward()'s encode and round trip, without the model.
     void probe(const model::StepBatch * batch);
 
@@ -180,6 +186,7 @@ private:
     std::vector<std::string>         details_;   ///< [world] the latest rank_call's RankReport::detail
     std::vector<int32_t>             targets_, live_, pending_, still_;
     std::vector<kv::BlockCopy>       swap_scratch_;  ///< swap_kv: out + background copies in one list
+    std::vector<DraftRun>            draft_runs_;    ///< draft_mtp: draft_encode's scratch
     size_t                           n_lost_ = 0;     ///< ranks marked failed so far
     size_t                           lost_mark_ = 0;  ///< n_lost_ when the current call / start-up wait began
     static constexpr std::chrono::milliseconds kSurvivorGrace{10};  ///< see gather(): what a survivor gets after a loss
@@ -187,6 +194,7 @@ private:
     int64_t                          generation_ = 1;
     bool                             comm_connected_ = false;
     int64_t                          weight_bytes_ = 0, kv_bytes_ = 0;
+    int64_t                          mtp_cache_bytes_ = 0;     ///< sum of the ranks' last LinkMsg::mtp_cache_bytes
     bool                             cuda_ = false;            ///< --device cuda: replies carry device memory
     bool                             shared_devices_ = false;  ///< two ranks of one node on one CUDA device
     Clock::time_point                last_control_{};          ///< the last call whose replies carried device memory

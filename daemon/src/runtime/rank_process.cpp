@@ -8,6 +8,7 @@
 #include "fd/liveness.h"
 #include "fd/status.h"
 
+#include "draft_wire.h"
 #include "mp_wire.h"
 
 #include <fcntl.h>
@@ -46,7 +47,8 @@ json rank_spawn_to_json(const RankSpawn & s) {
                         {"compute_dtype", kernels::compute_type_name(w.compute)},
                         {"reserve_tokens", w.reserve_tokens}, {"graph_max_batch", w.graph_max_batch},
                         {"test_device_paths", w.test_device_paths},
-                        {"kv_dtype", w.kv_dtype == kernels::WType::bf16 ? "bfloat16" : "float32"}, {"ep_size", w.ep_size}}},
+                        {"kv_dtype", w.kv_dtype == kernels::WType::bf16 ? "bfloat16" : "float32"}, {"ep_size", w.ep_size},
+                        {"mtp_draft_tokens", w.mtp_draft_tokens}, {"mtp_scratch_blocks", w.mtp_scratch_blocks}}},
             {"source", {{"strategy", std::string(weights::to_string(c.source.strategy))}, {"model_dir", c.source.model_dir.string()},
                         {"port", c.source.port}, {"rsync_config", c.source.rsync_config}}},
             {"master_addr", c.master_addr},
@@ -87,6 +89,8 @@ RankSpawn rank_spawn_from_json(const json & j) {
         c.worker.test_device_paths = w.value("test_device_paths", false);
         c.worker.kv_dtype = w.value("kv_dtype", std::string("float32")) == "bfloat16" ? kernels::WType::bf16 : kernels::WType::f32;
         c.worker.ep_size           = w.value("ep_size", int32_t{1});
+        c.worker.mtp_draft_tokens   = w.value("mtp_draft_tokens", int32_t{0});  // --speculative-config method "mtp"
+        c.worker.mtp_scratch_blocks = w.value("mtp_scratch_blocks", int64_t{0});
         // The device: this rank's index on its node modulo the devices this host sees.
         c.worker.device_id       = rank_device_id(s.rank, c.tensor_parallel_size, c.nnodes, kernels::device_count(c.worker.device));
         const auto & src = j.at("source");
@@ -377,7 +381,8 @@ public:
             }
             set_busy(m.seq);
             liveness::tick();  // a request taken: progress
-            const bool inline_step = op == LinkOp::forward || op == LinkOp::swap_kv || (op == LinkOp::probe && m.bytes > 0);
+            const bool inline_step = op == LinkOp::forward || op == LinkOp::swap_kv || op == LinkOp::draft_mtp ||
+                                     (op == LinkOp::probe && m.bytes > 0);
             if (inline_step && link_.stream()) {
                 // The step's arrays (or the swap's block lists) follow the request inline; the buffer
                 // only grows, up to kInlineMaxBytes. A longer length is refused before anything is
@@ -411,6 +416,7 @@ private:
             switch (op) {
                 case LinkOp::forward: return forward(m);
                 case LinkOp::probe: return probe(m);
+                case LinkOp::draft_mtp: draft_mtp(m); break;
                 case LinkOp::rank_call: {
                     // The table's row, on this rank's LocalExecutor (rank_ops.cpp). The test hook's
                     // phases are the ops' names (stage, commit, ...), and committed after a commit.
@@ -498,10 +504,31 @@ private:
         return reply;
     }
 
+    /// The MTP draft work of the last step on this rank's shard (draft_wire.h); rank 0 writes the
+    /// drafts into the region (every rank computed the same ones: Worker::mtp_argmax).
+    void draft_mtp(const LinkMsg & m) {
+        void * batch = nullptr;
+        if (link_.stream()) {
+            FD_CHECK(spawn_.rank != 0, "rank 0 runs on node 0");
+            check_inline_draft(inline_.data(), m.bytes);
+            batch = inline_.data();
+        } else {
+            if (static_cast<int64_t>(m.region_bytes) != region_.bytes()) { region_.remap(); }
+            batch = region_.data();
+        }
+        draft_decode(batch, draft_batch_, spawn_.cfg.worker.block_size);
+        ex_->draft_mtp(draft_batch_, drafts_);
+        if (spawn_.rank != 0) { return; }
+        const int32_t n = static_cast<const DraftHeader *>(batch)->n_drafts;
+        FD_CHECK(static_cast<int64_t>(drafts_.size()) == n, "rank 0 drafted {} tokens for {} wanted", drafts_.size(), n);
+        std::copy(drafts_.begin(), drafts_.end(), draft_out(batch));
+    }
+
     void fill_state(LinkMsg & m) const {
         if (!ex_) { return; }
         m.weight_bytes   = ex_->weight_bytes();
         m.kv_bytes       = ex_->kv_bytes();
+        m.mtp_cache_bytes = ex_->mtp_cache_bytes();
         m.comm_connected = comm_ && comm_->connected();
         if (m.rss_bytes == 0) { m.rss_bytes = process_rss_bytes(); }
         try {
@@ -563,6 +590,8 @@ private:
     std::unique_ptr<Executor>  ex_;
     std::unique_ptr<Comm>      comm_;
     model::StepBatch           batch_;
+    model::DraftBatch          draft_batch_;  ///< the last draft_mtp request's (block tables point into the region)
+    std::vector<int32_t>       drafts_;
     std::vector<float>         scratch_;
     std::vector<int64_t>       inline_;  ///< a remote rank's step arrays (8-byte aligned)
     std::string                detail_;  ///< the last rank_call's RankReport::detail

@@ -2,7 +2,7 @@
 // device memory and group (RankDevice) and a release's device_freed_bytes survive a LinkMsg
 // through a real seqpacket link; a CPU rank's reply carries none (device_id -1); which device a
 // rank runs on (its index on its node modulo the devices its host sees); the spawn JSON carries
-// --nnodes.
+// --nnodes and the MTP draft fields.
 #include "fd/runtime/rank_link.h"
 
 #include "../../../daemon/src/runtime/mp_wire.h"
@@ -85,6 +85,19 @@ TEST_CASE("mp wire: the spawn configuration carries --use-cudagraph's graph_max_
     CHECK(t.cfg.worker.reserve_tokens == 4096);
     RankSpawn off;
     CHECK(rank_spawn_from_json(rank_spawn_to_json(off)).cfg.worker.graph_max_batch == 0);
+}
+
+TEST_CASE("mp wire: the spawn configuration carries the MTP draft fields (every rank maps its MTP cache and scratch blocks)") {
+    RankSpawn s;
+    s.cfg.tensor_parallel_size        = 2;
+    s.cfg.worker.mtp_draft_tokens     = 3;
+    s.cfg.worker.mtp_scratch_blocks   = 24;
+    const RankSpawn t = rank_spawn_from_json(rank_spawn_to_json(s));
+    CHECK(t.cfg.worker.mtp_draft_tokens == 3);
+    CHECK(t.cfg.worker.mtp_scratch_blocks == 24);
+    RankSpawn off;
+    const RankSpawn u = rank_spawn_from_json(rank_spawn_to_json(off));
+    CHECK((u.cfg.worker.mtp_draft_tokens == 0 && u.cfg.worker.mtp_scratch_blocks == 0));
 }
 
 TEST_CASE("mp wire: the spawn configuration carries --compute-dtype (every rank builds its backend in that mode)") {

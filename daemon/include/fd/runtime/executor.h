@@ -61,12 +61,13 @@ public:
     virtual const float * forward_in_place(const model::StepBatch & batch, const std::atomic<bool> * abandon) = 0;
     /// The MTP draft work after the last forward (Worker::draft_mtp, fd/model/worker.h).
     /// Shapes  drafts [sum of db.chains' k] token ids; -1 ends a chain's drafts early.
-    /// Errors  fd::Error{invalid_argument} on an executor without MTP drafts (mp: tp > 1 is
-    ///         refused at start-up); as Worker::draft_mtp.
+    /// Every rank runs it on its shard (mp: LinkOp::draft_mtp, the batch in the shared region);
+    /// the ranks agree on every draft (Worker::mtp_argmax), rank 0's come back.
+    /// Errors  fd::Error{invalid_argument} on an executor without MTP drafts; as Worker::draft_mtp;
+    ///         rank_failed (mp) as any call.
     virtual void draft_mtp(const model::DraftBatch & db, std::vector<int32_t> & drafts) {
         (void)db; (void)drafts;
-        fail(Errc::invalid_argument, "this executor ({}) has no MTP draft layers; speculative_config.method \"mtp\" needs "
-             "--distributed-executor-backend uni", backend());
+        fail(Errc::invalid_argument, "this executor ({}) has no MTP draft layers", backend());
     }
     /// Bytes of the MTP cache on every rank together (0 without MTP drafts).
     virtual int64_t mtp_cache_bytes() const { return 0; }

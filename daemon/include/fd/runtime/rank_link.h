@@ -38,6 +38,9 @@
 // A swap_kv request uses the same region (between steps) for its block lists:
 //   RegionHeader, then out [n_swap_out] BlockCopy, then in [n_swap_in] BlockCopy (64-byte aligned);
 //   the last n_swap_bg of out are the background copies (Executor::swap_kv's `bg`)
+// A draft_mtp request (--speculative-config method "mtp", after a step's logits were read) uses it
+// for the MTP draft batch and rank 0's drafts (daemon/src/runtime/draft_wire.h); a rank on another
+// node gets the batch inline (LinkMsg::bytes), as a step's arrays.
 // Single-threaded on each side (the engine thread; the rank's main thread).
 #pragma once
 
@@ -68,6 +71,7 @@ enum class LinkOp : uint32_t {
     swap_kv,           ///< run the KV block copies listed in the region (n_swap_out, n_swap_in)
     probe,             ///< the link's own cost: region_bytes > 0 → decode the step in the region; no model run
     beat,              ///< rank → daemon, unasked: the rank's heartbeat while it works on request `seq` (below)
+    draft_mtp,         ///< run Worker::draft_mtp on the draft batch in the region; rank 0 writes the drafts after it
 };
 
 /// Reply status besides an Errc: the step was dropped because `abandon` turned true.
@@ -107,6 +111,7 @@ struct LinkMsg {
     /// kRankDetailMaxBytes), 0: none.
     int64_t  detail_bytes = 0;
     double   since_progress_s = 0.0;         ///< beat: seconds since the rank's main loop last progressed (fd/liveness.h)
+    int64_t  mtp_cache_bytes = 0;            ///< every reply: bytes of the rank's MTP cache (Worker::mtp_cache_bytes; 0: none or released)
 };
 static_assert(std::is_trivially_copyable_v<LinkMsg>);
 
