@@ -224,9 +224,10 @@ struct StreamManager::Impl {
         return layouts;
     }
 
-    /// Split a delta update's tensors by every rank's layout and write each rank's share next
-    /// to `file` (weights::rank_delta_file). Errors  invalid_argument naming a tensor no rank
-    /// reads under its name (it could not be applied in place).
+    /// Write a delta update's tensors to `file` (for the serving dir) and, split by every rank's
+    /// layout, each rank's share next to it (weights::rank_delta_file), on a thread per rank.
+    /// Errors  invalid_argument naming a tensor no rank reads under its name (it could not be
+    ///         applied in place); a write's error.
     void write_rank_deltas(const fs::path & file, const weights::WeightDelta & d) {
         const auto & ls = rank_layouts();
         for (const auto & t : d.tensors) {
@@ -235,8 +236,27 @@ struct StreamManager::Impl {
                                                                 "write it in place; stream the full weights", t.name), "names");
             }
         }
+        // One thread per rank, plus this one writing the delta file itself (for the serving dir).
+        std::vector<std::optional<Error>> errs(ls.size() + 1);
+        auto guarded = [&](size_t i, auto && fn) {
+            try {
+                fn();
+            } catch (const Error & e) {
+                errs[i] = e;
+            } catch (const std::exception & e) {
+                errs[i] = Error(Errc::internal, e.what());
+            }
+        };
+        std::vector<std::thread> ts;
         for (size_t r = 0; r < ls.size(); ++r) {
-            weights::write_rank_delta(weights::rank_delta_file(file, static_cast<int32_t>(r)), weights::split_delta(d, ls[r]));
+            ts.emplace_back([&, r] {
+                guarded(r, [&] { weights::write_rank_delta(weights::rank_delta_file(file, static_cast<int32_t>(r)), weights::split_delta(d, ls[r])); });
+            });
+        }
+        guarded(ls.size(), [&] { weights::write_weight_delta(file, d); });
+        for (auto & t : ts) { t.join(); }
+        for (auto & e : errs) {
+            if (e) { throw *e; }
         }
     }
 
@@ -454,16 +474,10 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
     if (m.update->base_version) {  // a delta update: its tensors go in place; every other keeps the base's bytes
         const fs::path f = m.update->dir->path() / "weights.fddelta";
         const auto t0  = Clock::now();
-        double split_s = 0;
-        const auto err = m.outside_lock(lk, [&] {
-            weights::write_weight_delta(f, m.update->delta);  // for the serving dir (the engine writes it there lazily)
-            const auto t1 = Clock::now();
-            m.write_rank_deltas(f, m.update->delta);          // each rank's share, in its shard's coordinates
-            split_s = std::chrono::duration<double>(Clock::now() - t1).count();
-        });
-        log::get("stream")->info("delta update sealed: {} tensor(s), {} B written to {} and split for {} rank(s) in {:.3f} s (split {:.3f} s)",
+        const auto err = m.outside_lock(lk, [&] { m.write_rank_deltas(f, m.update->delta); });
+        log::get("stream")->info("delta update sealed: {} tensor(s), {} B written to {} and split for {} rank(s) in {:.3f} s",
                                  m.update->delta.tensors.size(), m.update->delta.payload_bytes(), f.string(), m.layouts.size(),
-                                 std::chrono::duration<double>(Clock::now() - t0).count(), split_s);
+                                 std::chrono::duration<double>(Clock::now() - t0).count());
         if (err) {
             m.drop_locked(*err);
             throw *err;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <map>
 
@@ -31,19 +32,28 @@ void write_all(int fd, const void * p, size_t n, const std::filesystem::path & f
     }
 }
 
+/// 4 when every start of `t` fits an int32 (a shard of < 2^31 elements), else 8.
+int32_t start_bytes(const RankDeltaTensor & t) {
+    int64_t numel = 1;
+    for (const int64_t x : t.shape) { numel *= x; }
+    return numel <= INT32_MAX ? 4 : 8;
+}
+
 std::string shape_text(const std::vector<int64_t> & s) {
     std::string out = "[";
     for (size_t i = 0; i < s.size(); ++i) { out += (i ? ", " : "") + std::to_string(s[i]); }
     return out + "]";
 }
 
-/// Builds one inference tensor's runs: consecutive shard elements merge.
+/// Builds one inference tensor's share. Points mode (every part it takes is sparse): one start
+/// per element, no lens. Runs mode (some part is dense): runs with lens, consecutive ones merged.
 struct RunBuilder {
     RankDeltaTensor & t;
+    bool              runs_mode;
     int64_t           out_es;
-    fd::DType         in_dtype;
+    fd::DType         in_dtype = fd::DType::f32;
 
-    /// Elements [e, e + n) of the shard take the n values at `src` (of in_dtype).
+    /// Elements [e, e + n) of the shard take the n values at `src` (of in_dtype). Runs mode.
     void run(int64_t e, int64_t n, const std::byte * src) {
         if (n <= 0) { return; }
         if (!t.starts.empty() && t.starts.back() + t.lens.back() == e) {
@@ -57,17 +67,11 @@ struct RunBuilder {
     /// Elements at `idx` [n] + shift (sorted, unique) take the n values at `src`.
     void points(const int64_t * idx, int64_t n, int64_t shift, const std::byte * src) {
         if (n <= 0) { return; }
-        t.starts.reserve(t.starts.size() + static_cast<size_t>(n));
-        t.lens.reserve(t.lens.size() + static_cast<size_t>(n));
-        for (int64_t k = 0; k < n; ++k) {
-            const int64_t e = idx[k] + shift;
-            if (!t.starts.empty() && t.starts.back() + t.lens.back() == e) {
-                ++t.lens.back();
-            } else {
-                t.starts.push_back(e);
-                t.lens.push_back(1);
-            }
-        }
+        const size_t at = t.starts.size();
+        t.starts.resize(at + static_cast<size_t>(n));
+        int64_t * out = t.starts.data() + at;
+        for (int64_t k = 0; k < n; ++k) { out[k] = idx[k] + shift; }
+        if (runs_mode) { t.lens.resize(t.starts.size(), 1); }
         values(n, src);
     }
     void values(int64_t n, const std::byte * src) {
@@ -104,6 +108,11 @@ RankDelta split_delta(const WeightDelta & d, const model::WeightLayout & layout)
     for (const model::InferenceTensor & t : layout.tensors) {
         RankDeltaTensor rt{.name = t.name, .dtype = t.dtype, .shape = t.shape};
         const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
+        bool any_dense = false;
+        for (const model::WeightPart & p : t.parts) {
+            auto it = by_name.find(p.hf_name);
+            any_dense = any_dense || (it != by_name.end() && it->second->dense);
+        }
         for (const model::WeightPart & p : t.parts) {
             auto it = by_name.find(p.hf_name);
             if (it == by_name.end()) { continue; }
@@ -115,7 +124,7 @@ RankDelta split_delta(const WeightDelta & d, const model::WeightLayout & layout)
             }
             const int64_t in_es   = model::dtype_size(dt.dtype);
             const int64_t hf_cols = p.hf_shape.size() == 2 ? p.hf_shape[1] : 1;
-            RunBuilder b{rt, model::dtype_size(t.dtype), dt.dtype};
+            RunBuilder b{rt, any_dense, model::dtype_size(t.dtype), dt.dtype};
             const std::byte * vals = dt.values.data();
             if (p.dim == 0) {  // HF rows [src0, src0 + rows) → shard rows [row0, row0 + rows): one shift
                 const int64_t lo = p.src0 * cols, hi = (p.src0 + p.rows) * cols, shift = (p.row0 - p.src0) * cols;
@@ -145,7 +154,7 @@ RankDelta split_delta(const WeightDelta & d, const model::WeightLayout & layout)
             }
         }
         if (rt.starts.empty()) { continue; }
-        if (rt.starts.size() == static_cast<size_t>(rt.n_values())) { rt.lens.clear(); }  // every run one element: no lens on the wire
+        if (rt.lens.size() == rt.starts.size() && rt.n_runs() == rt.n_values()) { rt.lens.clear(); }  // runs mode, every run one element
         out.tensors.push_back(std::move(rt));
     }
     return out;
@@ -158,7 +167,8 @@ std::filesystem::path rank_delta_file(const std::filesystem::path & delta_file, 
 void write_rank_delta(const std::filesystem::path & file, const RankDelta & d) {
     nlohmann::json ts = nlohmann::json::array();
     for (const auto & t : d.tensors) {
-        ts.push_back({{"name", t.name}, {"dtype", model::dtype_name(t.dtype)}, {"shape", t.shape}, {"n_runs", t.n_runs()}, {"n", t.n_values()}});
+        ts.push_back({{"name", t.name}, {"dtype", model::dtype_name(t.dtype)}, {"shape", t.shape}, {"n_runs", t.n_runs()}, {"n", t.n_values()},
+                      {"start_bytes", start_bytes(t)}});
     }
     const std::string header = nlohmann::json{{"rank", d.rank}, {"tp", d.tp}, {"ep", d.ep}, {"tensors", ts}}.dump();
     UniqueFd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
@@ -167,8 +177,14 @@ void write_rank_delta(const std::filesystem::path & file, const RankDelta & d) {
     write_all(fd.get(), kMagic, sizeof kMagic, file);
     write_all(fd.get(), &len, sizeof len, file);
     write_all(fd.get(), header.data(), header.size(), file);
+    std::vector<int32_t> narrow;
     for (const auto & t : d.tensors) {
-        write_all(fd.get(), t.starts.data(), t.starts.size() * sizeof(int64_t), file);
+        if (start_bytes(t) == 4) {
+            narrow.assign(t.starts.begin(), t.starts.end());
+            write_all(fd.get(), narrow.data(), narrow.size() * sizeof(int32_t), file);
+        } else {
+            write_all(fd.get(), t.starts.data(), t.starts.size() * sizeof(int64_t), file);
+        }
         write_all(fd.get(), t.lens.data(), t.lens.size() * sizeof(int64_t), file);
         write_all(fd.get(), t.values.data(), t.values.size(), file);
     }
@@ -202,13 +218,20 @@ RankDelta read_rank_delta(const std::filesystem::path & file) {
         t.dtype = *dt;
         t.shape = e.value("shape", std::vector<int64_t>{});
         const int64_t n_runs = e.value("n_runs", int64_t{-1}), n = e.value("n", int64_t{-1}), es = model::dtype_size(t.dtype);
-        const int64_t table = n_runs == n ? n_runs : 2 * n_runs;
-        if (n_runs < 0 || n < n_runs || off + table * 8 + n * es > size) {
+        const int64_t sb = e.value("start_bytes", int64_t{8});
+        const int64_t table = n_runs * sb + (n_runs == n ? 0 : n_runs * 8);
+        if (n_runs < 0 || n < n_runs || (sb != 4 && sb != 8) || off + table + n * es > size) {
             fail(Errc::invalid_checkpoint, "{}: tensor '{}': {} runs of {} values do not fit the file", file.string(), t.name, n_runs, n);
         }
         t.starts.resize(static_cast<size_t>(n_runs));
-        model::pread_exact(fd.get(), t.starts.data(), n_runs * 8, off, file, "runs of " + t.name);
-        off += n_runs * 8;
+        if (sb == 4) {
+            std::vector<int32_t> narrow(static_cast<size_t>(n_runs));
+            model::pread_exact(fd.get(), narrow.data(), n_runs * 4, off, file, "runs of " + t.name);
+            std::copy(narrow.begin(), narrow.end(), t.starts.begin());
+        } else {
+            model::pread_exact(fd.get(), t.starts.data(), n_runs * 8, off, file, "runs of " + t.name);
+        }
+        off += n_runs * sb;
         if (n_runs != n) {
             t.lens.resize(static_cast<size_t>(n_runs));
             model::pread_exact(fd.get(), t.lens.data(), n_runs * 8, off, file, "run lengths of " + t.name);

@@ -61,9 +61,9 @@ RankDelta split_delta(const WeightDelta & d, const model::WeightLayout & layout)
 std::filesystem::path rank_delta_file(const std::filesystem::path & delta_file, int32_t rank);
 
 /// Write `d` to `file` (created, mode 0600): "FDRDLT01", u64 LE header length, a JSON header
-/// {"rank", "tp", "ep", "tensors": [{name, dtype, shape, n_runs, n}]}, then per tensor its starts
-/// (int64 LE), its lens (int64 LE, absent when n_runs == n: every run is one element) and its
-/// values. Errors  fd::Error{invalid_argument} when the file cannot be written.
+/// {"rank", "tp", "ep", "tensors": [{name, dtype, shape, n_runs, n, start_bytes}]}, then per
+/// tensor its starts (int32 LE when the shard has < 2^31 elements: start_bytes 4; else int64),
+/// its lens (int64 LE, absent when n_runs == n: every run is one element) and its values. Errors  fd::Error{invalid_argument} when the file cannot be written.
 void write_rank_delta(const std::filesystem::path & file, const RankDelta & d);
 
 /// Read a file written by write_rank_delta and check its framing (sizes fit the file, runs of
