@@ -109,10 +109,17 @@ RankDelta split_delta(const WeightDelta & d, const model::WeightLayout & layout)
         RankDeltaTensor rt{.name = t.name, .dtype = t.dtype, .shape = t.shape};
         const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
         bool any_dense = false;
+        int64_t bound = 0;  // at most this many elements: reserved once (untouched capacity costs no page)
         for (const model::WeightPart & p : t.parts) {
             auto it = by_name.find(p.hf_name);
-            any_dense = any_dense || (it != by_name.end() && it->second->dense);
+            if (it == by_name.end()) { continue; }
+            any_dense = any_dense || it->second->dense;
+            bound += it->second->dense ? it->second->numel() : static_cast<int64_t>(it->second->indices.size());
         }
+        if (bound == 0) { continue; }
+        rt.starts.reserve(static_cast<size_t>(bound));
+        if (any_dense) { rt.lens.reserve(static_cast<size_t>(bound)); }
+        rt.values.reserve(static_cast<size_t>(bound * model::dtype_size(t.dtype)));
         for (const model::WeightPart & p : t.parts) {
             auto it = by_name.find(p.hf_name);
             if (it == by_name.end()) { continue; }

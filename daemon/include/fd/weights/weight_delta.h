@@ -42,8 +42,9 @@ struct WeightDelta {
 };
 
 /// Write `d` to `file` (created, mode 0600): "FDDELTA1", u64 LE header length, a JSON header
-/// {"tensors": [{name, dtype, shape, dense, n}]}, then each tensor's indices (int64 LE, absent
-/// when dense) and values, in order.
+/// {"tensors": [{name, dtype, shape, dense, n, index_bytes}]}, then each tensor's indices (absent
+/// when dense; int32 LE when the tensor has < 2^31 elements: index_bytes 4, else int64 LE) and
+/// values, in order.
 /// Errors  fd::Error{invalid_argument} when the file cannot be written.
 void write_weight_delta(const std::filesystem::path & file, const WeightDelta & d);
 
