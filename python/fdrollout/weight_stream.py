@@ -158,11 +158,13 @@ class WeightStream:
             return np.ascontiguousarray(a.astype(_CAST[want])), want
         return a, tag
 
-    def send_delta(self, name, indices, values, dtype=None):
+    def send_delta(self, name, indices, values, dtype=None, narrow=True):
         """Queue a delta of the tensor `name` against the stream's base_version: `indices` [n] flat
         element indices into the HF tensor (int64 or int32; sorted, unique, in range: the daemon
         checks and answers 400 naming the tensor), `values` [n] their new values (cast to the
-        rollout's dtype as in `send`). The tensor's shape is the one the daemon holds."""
+        rollout's dtype as in `send`). The tensor's shape is the one the daemon holds. int64
+        indices that all fit an int32 go out as int32 (a third fewer bytes at f32) unless
+        `narrow` is False."""
         if self.base_version is None:
             raise ValueError(f"{name}: send_delta needs weight_stream(..., base_version=...)")
         if name not in self.expected:
@@ -175,6 +177,8 @@ class WeightStream:
         if tag is None:
             raise TypeError(f"{name}: cannot send {v.dtype} values; pass dtype= (F32, F16 or BF16)")
         idx, v = idx.reshape(-1), v.reshape(-1)
+        if narrow and idx.dtype == np.int64 and idx.size and -2**31 <= int(idx.min()) and int(idx.max()) < 2**31:
+            idx = idx.astype(np.int32)
         if idx.size != v.size:
             raise ValueError(f"{name}: {idx.size} indices but {v.size} values")
         delta = {"n_indices": int(idx.size), "index_dtype": "I64" if idx.dtype == np.int64 else "I32"}

@@ -10,7 +10,13 @@ checkpoint holding the same weights (written with safetensors_np), and a full st
   - a rank failing half way through writing a delta in place (FD_TEST_DELTA_FAIL_RANK) puts
     every rank and the serving dir back: the base serves bit for bit, before and after a wakeup;
     a rank process killed there degrades the engine and the wakeup's recovery serves the base;
-  - deltas on deltas, with sleep/wakeup between, serve what the fresh reference daemons serve.
+  - deltas on deltas, with sleep/wakeup between, serve what the fresh reference daemons serve;
+  - a delta whose indices straddle the rank split of column-split (o_proj, down_proj) and
+    row-split (q|k|v, gate|up, the vocab rows of the tied embedding) tensors, sparse and dense,
+    serves bit for bit what a fresh daemon on a checkpoint of the same weights serves;
+  - the serving stream dir removed behind the daemon's back while deltas are pending: the sleep
+    and the wakeup still work, the wakeup serves --model's bytes under a label that is not the
+    delta's, a delta on the lost base is a 409 and the next full stream and delta work.
 """
 import glob
 import json
@@ -53,6 +59,33 @@ def sparse_change(base, fraction, seed):
             flat[idx] = (flat[idx] + rng.normal(0, 0.1 * (float(a.std()) + 1e-3), k)).astype(a.dtype)
         out[name] = b
     return out
+
+
+def straddling_change(base):
+    """`base` with elements changed around the tp=2 split of every kind of sharded tensor
+    (stories260K: hidden 64, 8 q / 4 kv heads of 8, ff 172, vocab 512, tied embedding), and the
+    names changed. Values move by half the tensor's std so that the greedy probe sees them."""
+    out = {k: v.copy() for k, v in base.items()}
+    rng = np.random.default_rng(11)
+
+    def bump(name, rows, cols):
+        a = out[name]
+        sel = a[np.ix_(rows, cols)]
+        a[np.ix_(rows, cols)] = (sel + 0.5 * float(a.std()) * (1 + rng.random(sel.shape))).astype(a.dtype)
+
+    bump("model.layers.0.mlp.down_proj.weight", [0, 1, 31, 63], list(range(83, 90)))     # cols split at 86
+    bump("model.layers.2.mlp.down_proj.weight", [10], list(range(0, 172)))             # one whole row across it
+    bump("model.layers.1.self_attn.o_proj.weight", list(range(64)), [30, 31, 32, 33])  # cols split at 32
+    bump("model.layers.3.mlp.gate_proj.weight", [84, 85, 86, 87], list(range(64)))     # rows split at 86 (gate | up)
+    bump("model.layers.3.mlp.up_proj.weight", [85, 86], [0, 63])
+    bump("model.layers.0.self_attn.q_proj.weight", [31, 32], [5, 6, 7])                 # q rows split at 32 (q | k | v)
+    bump("model.layers.0.self_attn.k_proj.weight", [15, 16], [0, 1])                    # kv rows split at 16
+    bump("model.layers.0.self_attn.v_proj.weight", [0, 15, 16, 31], [63])
+    bump("model.embed_tokens.weight", list(range(254, 259)), list(range(64)))          # vocab rows split at 256
+    n = out["model.norm.weight"]
+    n[[0, 31, 32, 63]] = (n[[0, 31, 32, 63]] * 1.5).astype(n.dtype)                     # replicated
+    changed = sorted(k for k in out if not np.array_equal(out[k], base[k]))
+    return out, changed
 
 
 def read_staged(d):
@@ -100,7 +133,7 @@ class DeltaTp1(unittest.TestCase):
                 ws.send(name, tensors[name])
         return ws.result
 
-    def delta(self, version, base_version, old, new, int32=(), full=()):
+    def delta(self, version, base_version, old, new, int32=(), full=(), wide=()):
         with self.c.weight_stream(version, base_version=base_version) as ws:
             for name in sorted(new):
                 if name in full:
@@ -108,7 +141,7 @@ class DeltaTp1(unittest.TestCase):
                     continue
                 idx, vals = changed_elements(old[name], new[name])
                 if idx.size:
-                    ws.send_delta(name, idx.astype(np.int32) if name in int32 else idx, vals)
+                    ws.send_delta(name, idx.astype(np.int32) if name in int32 else idx, vals, narrow=name not in wide)
         return ws.result
 
     def assert_serving(self, ref, version):
@@ -121,11 +154,13 @@ class DeltaTp1(unittest.TestCase):
         self.assertEqual(self.full("b0", self.base)["weight_version"], "b0")
         self.assert_serving(self.ref_base, "b0")
         n_changed = sum(1 for n in self.new if changed_elements(self.base[n], self.new[n])[0].size)
-        r = self.delta("d1", "b0", self.base, self.new, int32={NAME}, full={QKV})
+        # one tensor's indices go as int64 on the wire (narrow=False), NAME's as int32 given, the rest narrowed by the client
+        wide = next(n for n in sorted(self.new) if n not in (NAME, QKV) and changed_elements(self.base[n], self.new[n])[0].size)
+        r = self.delta("d1", "b0", self.base, self.new, int32={NAME}, full={QKV}, wide={wide})
         self.assertEqual((r["weight_version"], r["base_version"]), ("d1", "b0"))
         self.assertEqual(r["n_delta"], n_changed - 1)            # QKV went in full
         self.assertEqual(r["n_from_base"], len(self.base) - n_changed)
-        sent = sum(self.new[QKV].nbytes if n == QKV else changed_elements(self.base[n], self.new[n])[0].size * (4 + 4 if n == NAME else 8 + 4)
+        sent = sum(self.new[QKV].nbytes if n == QKV else changed_elements(self.base[n], self.new[n])[0].size * (8 + 4 if n == wide else 4 + 4)
                    for n in self.new)
         self.assertEqual(r["bytes"], sent, "the wire carries the deltas only")
         self.assert_serving(self.ref_new, "d1")
@@ -234,7 +269,7 @@ class DeltaTp1(unittest.TestCase):
                 ws.flush()
                 s = self.c.health()["weight_stream"]
                 self.assertEqual((s["state"], s["transport"], s["version"], s["base_version"]), ("open", "tcp", "h1", "h0"))
-                self.assertEqual((s["n_received"], s["n_delta"], s["bytes_received"]), (1, 1, idx.size * 12))
+                self.assertEqual((s["n_received"], s["n_delta"], s["bytes_received"]), (1, 1, idx.size * 8))
                 self.assertTrue(0 < s["deadline_in_s"] <= 20, s)
                 raise Stop()  # leaving with an exception aborts the update
         s = self.c.health()["weight_stream"]
@@ -326,6 +361,60 @@ class DeltaTp1(unittest.TestCase):
         self.c.sleep()
         self.c.wakeup()
         self.assertEqual(self.c.weight_version(), label)
+
+    def test_8_delta_straddling_the_rank_split_equals_a_full_update(self):
+        # Reference: a fresh daemon (this run's tp) on a checkpoint holding the changed weights.
+        new, changed = straddling_change(self.base)
+        self.assertEqual(len(changed), 10)
+        new_dir = os.path.join(self.tmp, "straddle")
+        rewrite_tensors(copy_checkpoint(STORIES, new_dir), lambda t: t.update({k: v.copy() for k, v in new.items()}))
+        with fresh_daemon(new_dir, *self.TP_ARGS) as ref:
+            ref_new = greedy(ref)[:2]
+        self.assertNotEqual(ref_new, self.ref_base, "the change must show in the greedy probe")
+        self.full("s0", self.base)
+        dense = "model.layers.2.mlp.down_proj.weight"  # sent in full: one run per row and rank
+        r = self.delta("s1", "s0", self.base, new, int32={"model.layers.1.self_attn.o_proj.weight"}, full={dense})
+        self.assertEqual((r["n_delta"], r["n_from_base"]), (len(changed) - 1, len(self.base) - len(changed)))
+        self.assert_serving(ref_new, "s1")
+        self.c.sleep()  # the serving dir follows: the wakeup source holds the same bytes
+        staged = read_staged(self.d)
+        for n in new:
+            self.assertTrue(np.array_equal(staged[n].view(np.uint32), new[n].view(np.uint32)), n)
+        self.c.wakeup()
+        self.assert_serving(ref_new, "s1")
+        # and back, as a delta on the delta: the base again, bit for bit
+        self.delta("s2", "s1", new, self.base)
+        self.assert_serving(self.ref_base, "s2")
+
+    def test_9_serving_dir_removed_under_pending_deltas(self):
+        # The stream dir the deltas are pending for is removed behind the daemon's back (tmpfs
+        # cleanup, an operator). Nothing can write it or reload from it any more: the sleep drops
+        # the pending deltas, the wakeup loads --model (stories260K = the base's bytes) and the
+        # label follows those bytes, never the delta's version.
+        self.full("x0", self.base)
+        self.delta("x1", "x0", self.base, self.new)
+        self.assert_serving(self.ref_new, "x1")
+        dirs = stream_dirs(self.d.port)
+        self.assertEqual(len(dirs), 1)
+        self.assertTrue(glob.glob(os.path.join(dirs[0], ".fdrollout-pending-*.fddelta")), "the delta is pending for the dir")
+        shutil.rmtree(dirs[0])
+        self.c.sleep()
+        self.c.wakeup()
+        ids, lps, label = greedy(self.d)
+        self.assertEqual((ids, lps), self.ref_base, "the wakeup serves --model's bytes")
+        self.assertNotIn(label, ("x1", "x0"), "the label names the bytes served")
+        self.assertEqual(self.c.health()["state"], "serving")
+        # the lost base cannot take a delta; a full stream, then deltas, work again
+        with self.assertRaises(FdRolloutError) as e:
+            self.delta("x2", "x1", self.new, self.base)
+        self.assertEqual((e.exception.status, e.exception.type), (409, "wrong_state"), e.exception.message)
+        self.assertIn("'x1'", e.exception.message)
+        self.assertEqual(self.c.weight_version(), label)
+        self.assertEqual(stream_dirs(self.d.port), [], "nothing staged survives the refusal")
+        self.full("x3", self.new)
+        self.assert_serving(self.ref_new, "x3")
+        self.delta("x4", "x3", self.new, self.base)
+        self.assert_serving(self.ref_base, "x4")
 
 
 class DeltaTp2(DeltaTp1):

@@ -585,6 +585,8 @@ void Engine::emit_step(const StepPlan & plan, const float * step_logits) {
     }
 }
 
+int32_t Engine::tensor_parallel_size() const { return executor_->world_size(); }
+
 int32_t Engine::abort_all() {
     int32_t n = 0;
     for (auto & [id, s] : seqs_) {

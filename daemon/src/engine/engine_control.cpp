@@ -255,7 +255,7 @@ void Engine::reload_serving_weights(ControlResult & r) {
                                      "instead (its label follows the bytes)", serving_dir_);
             serving_dir_.clear();
             serving_dir_owned_ = true;
-            pending_deltas_.clear();
+            drop_pending_deltas();
         }
     }
     weights::FetchRequest req{.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version};
@@ -394,7 +394,7 @@ void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) 
     set_label(*version, fp);
     serving_dir_       = req.weight_dir;
     serving_dir_owned_ = req.weight_dir_owned;
-    pending_deltas_.clear();  // they were for the previous dir
+    drop_pending_deltas();  // they were for the previous dir
     accumulate_rank_reports(r, reps, *version);
     r.bytes             = reps[0].bytes;
     r.checksum_verified = reps[0].checksum_verified;
@@ -436,7 +436,7 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     set_label(*version, staged_fingerprint_);
     serving_dir_       = req.weight_dir;
     serving_dir_owned_ = req.weight_dir_owned;
-    pending_deltas_.clear();  // they were for the previous dir
+    drop_pending_deltas();  // they were for the previous dir
     state_.weights_valid  = true;
     recompute_kept();
 }
@@ -453,7 +453,7 @@ void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {
     weights_changed();  // no KV computed with the old weights is reused (invariant 1)
     set_label(state_.staged_version, staged_fingerprint_);
     serving_dir_.clear();  // staged updates come from the source only
-    pending_deltas_.clear();
+    drop_pending_deltas();
     state_.weights_valid  = true;
     state_.staged_version.clear();
     r.version = state_.weight_version;

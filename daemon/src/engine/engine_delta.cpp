@@ -30,7 +30,8 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
     }
     drop_staged(nullptr);
     const auto t0 = std::chrono::steady_clock::now();
-    weights::WeightDelta d = weights::read_weight_delta(cmd.weight_delta);  // checked before any rank writes
+    // Every rank reads its own share (weights::rank_delta_file, split by the stream) and checks it
+    // before writing; the engine does not read the delta here.
     weights::FetchRequest req{.version = cmd.version, .serving_version = state_.weight_version};
     req.weight_dir = cmd.weight_delta;
     auto undo_ranks = [&] {
@@ -48,10 +49,20 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
         throw;
     }
     const double ranks_s = seconds_since(t0);
-    pending_deltas_.push_back(std::move(d));
+    // The delta stays for the serving dir (written lazily): moved into it, so it lives and goes with the dir.
+    const std::filesystem::path kept = std::filesystem::path(serving_dir_) / fmt::format(".fdrollout-pending-{}.fddelta", ++pending_delta_seq_);
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(cmd.weight_delta, ec);
+    if (!ec) { std::filesystem::rename(cmd.weight_delta, kept, ec); }
+    if (ec) {
+        undo_ranks();
+        fail(Errc::source_unavailable, "update_weights (delta): cannot keep the delta {} for the serving dir {} ({}); every rank was put "
+             "back", cmd.weight_delta, serving_dir_, ec.message());
+    }
+    pending_deltas_.push_back(kept);
+    pending_delta_bytes_ += static_cast<int64_t>(size);
     const bool lazy = cmd.version.has_value();  // no version: the fingerprint of the updated dir names the bytes now
-    int64_t pending = 0;
-    for (const auto & p : pending_deltas_) { pending += p.payload_bytes(); }
+    const int64_t pending = pending_delta_bytes_;
     const std::string previous = state_.weight_version;
     std::optional<std::string> version = cmd.version;
     std::string fp;
@@ -60,7 +71,9 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
         try {
             flush_pending_deltas(/*record_label=*/false);  // the label is not this delta's yet: set below
         } catch (...) {
-            pending_deltas_.pop_back();  // the earlier ones were written and put back: still pending, still right
+            std::filesystem::remove(pending_deltas_.back(), ec);  // the earlier ones were written and put back: still pending, still right
+            pending_deltas_.pop_back();
+            pending_delta_bytes_ -= static_cast<int64_t>(size);
             undo_ranks();
             throw;
         }
@@ -76,7 +89,8 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
     set_label(*version, fp);
     state_.weights_valid = true;
     recompute_kept();
-    r.bytes   = reps.empty() ? 0 : reps[0].bytes;
+    r.bytes   = 0;
+    for (const auto & rep : reps) { r.bytes += rep.bytes; }
     r.version = *version;
     log::get("engine")->info("update_weights (delta): {} B applied in place on {} rank(s) in {:.3f} s (from {}); serving dir {}; "
                              "weight_version {}", r.bytes, reps.size(), ranks_s, previous,
@@ -90,14 +104,16 @@ void Engine::flush_pending_deltas(bool record_label) {
     std::error_code ec;
     if (!std::filesystem::exists(serving_dir_, ec)) {  // gone (reload_serving_weights falls back to the source): nothing to write
         log::get("engine")->warn("update_weights (delta): {} is gone; {} pending delta(s) dropped with it", serving_dir_, pending_deltas_.size());
-        pending_deltas_.clear();
+        drop_pending_deltas();
         return;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<weights::DirUndo> undo(pending_deltas_.size());
+    std::vector<weights::WeightDelta> deltas;  // all read (and checked) before any is written
+    for (const auto & f : pending_deltas_) { deltas.push_back(weights::read_weight_delta(f)); }
+    std::vector<weights::DirUndo> undo(deltas.size());
     size_t n = 0;
     try {
-        for (; n < pending_deltas_.size(); ++n) { weights::apply_delta_to_dir(serving_dir_, pending_deltas_[n], &undo[n]); }
+        for (; n < deltas.size(); ++n) { weights::apply_delta_to_dir(serving_dir_, deltas[n], &undo[n]); }
     } catch (...) {
         while (n-- > 0) { weights::restore_dir(undo[n]); }
         throw;
@@ -110,7 +126,16 @@ void Engine::flush_pending_deltas(bool record_label) {
     }
     log::get("engine")->info("update_weights (delta): {} pending delta(s) written into {} in {:.3f} s", pending_deltas_.size(), serving_dir_,
                              seconds_since(t0));
+    drop_pending_deltas();
+}
+
+void Engine::drop_pending_deltas() noexcept {
+    for (const auto & f : pending_deltas_) {
+        std::error_code ec;
+        std::filesystem::remove(f, ec);
+    }
     pending_deltas_.clear();
+    pending_delta_bytes_ = 0;
 }
 
 }  // namespace fd::engine

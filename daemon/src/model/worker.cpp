@@ -342,7 +342,7 @@ void Worker::reload_weights(const TensorIndex & given, const std::function<void(
     TensorIndex renamed;
     const TensorIndex & idx = with_v4_names(cfg_, given, renamed);
     validate_against_layout(layout_, idx);
-    delta_undo_.clear();
+    delta_undo_ = {};
     try {
         fill_region(Tag::weight, idx, /*populate=*/false);
         if (verify_copied) { verify_copied(); }
@@ -364,7 +364,7 @@ int64_t Worker::stage_weights(const TensorIndex & given, const std::function<voi
     // Every byte of the new weights in memory before anything live changes. A failed read
     // leaves only the staging region dirty.
     staged_ = false;
-    delta_undo_.clear();
+    delta_undo_ = {};
     try {
         fill_region(Tag::staging, idx, /*populate=*/true);
         if (verify_copied) { verify_copied(); }

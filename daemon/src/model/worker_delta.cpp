@@ -1,5 +1,6 @@
-// Worker::apply_weight_delta / undo_weight_delta (fd/model/worker.h): a sparse weight update
-// written in place into this rank's shard, with an undo log so that the executor can put every
+// Worker::apply_rank_delta / undo_weight_delta (fd/model/worker.h): this rank's share of a sparse
+// weight update (fd/weights/rank_delta.h: runs in the shard's coordinates, split by the daemon)
+// written in place, with the old bytes of the same runs kept so that the executor can put every
 // rank back when any one fails (the delta stream's all-or-nothing commit).
 #include "fd/model/worker.h"
 
@@ -9,7 +10,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <string>
 
 namespace fd::model {
@@ -17,11 +17,6 @@ namespace fd::model {
 using memory::Tag;
 
 namespace {
-
-struct Target {
-    const InferenceTensor * t = nullptr;
-    const WeightPart *      p = nullptr;
-};
 
 /// TEST ONLY: FD_TEST_DELTA_FAIL_RANK=<rank> makes that rank fail half way through an apply
 /// (after writing some tensors), to test the rollback of every rank; "<rank>:exit" makes that
@@ -42,102 +37,97 @@ std::string shape_text(const std::vector<int64_t> & s) {
     return out + "]";
 }
 
+/// Swap the runs' bytes at `base` with `vals` (es bytes per element): afterwards the tensor holds
+/// the values and `vals` the old bytes. One element per run: a typed gather/scatter.
+template <class Elem>
+void swap_points(std::byte * base, const int64_t * starts, int64_t n, std::byte * vals) {
+    Elem * w = reinterpret_cast<Elem *>(base);
+    for (int64_t k = 0; k < n; ++k) {
+        Elem v, old;
+        std::memcpy(&v, vals + k * static_cast<int64_t>(sizeof(Elem)), sizeof(Elem));
+        old = w[starts[k]];
+        w[starts[k]] = v;
+        std::memcpy(vals + k * static_cast<int64_t>(sizeof(Elem)), &old, sizeof(Elem));
+    }
+}
+
+/// Write `t`'s runs into `base` from `src` and save what was there into `save` (both
+/// [t.n_values()] elements; `save` may be nullptr when nothing is kept).
+void write_runs(const weights::RankDeltaTensor & t, int64_t es, std::byte * base, const std::byte * src, std::byte * save) {
+    if (t.lens.empty() && save) {  // every run one element (a sparse delta): copy, then swap in place
+        std::memcpy(save, src, static_cast<size_t>(t.n_runs() * es));
+        if (es == 4) {
+            swap_points<uint32_t>(base, t.starts.data(), t.n_runs(), save);
+        } else {
+            swap_points<uint16_t>(base, t.starts.data(), t.n_runs(), save);
+        }
+        return;
+    }
+    int64_t at = 0;
+    for (int64_t i = 0; i < t.n_runs(); ++i) {
+        const size_t n = static_cast<size_t>(t.run_len(i) * es);
+        std::byte * dst = base + t.starts[static_cast<size_t>(i)] * es;
+        if (save) { std::memcpy(save + at, dst, n); }
+        std::memcpy(dst, src + at, n);
+        at += static_cast<int64_t>(n);
+    }
+}
+
 }  // namespace
 
-int64_t Worker::apply_weight_delta(const weights::WeightDelta & d) {
-    FD_CHECK(alloc_->resident(Tag::weight), "apply_weight_delta while the weights are released");
-    delta_undo_.clear();
-    std::map<std::string, std::vector<Target>> by_name;
-    for (const InferenceTensor & t : layout_.tensors) {
-        for (const WeightPart & p : t.parts) { by_name[p.hf_name].push_back({&t, &p}); }
+int64_t Worker::apply_rank_delta(weights::RankDelta && d) {
+    FD_CHECK(alloc_->resident(Tag::weight), "apply_rank_delta while the weights are released");
+    delta_undo_ = {};
+    if (d.rank != wcfg_.rank || d.tp != wcfg_.tp_size || d.ep != std::max(1, wcfg_.ep_size)) {
+        fail(Errc::invalid_checkpoint, "rank {}: the delta was split for rank {} of tp {} (ep {}), this rank is {} of {} (ep {}); nothing "
+             "was applied", wcfg_.rank, d.rank, d.tp, d.ep, wcfg_.rank, wcfg_.tp_size, wcfg_.ep_size);
     }
     // Check everything before writing anything.
-    for (const auto & dt : d.tensors) {
-        auto it = by_name.find(dt.name);
-        if (it == by_name.end()) { continue; }  // not read by this rank's layout (a tied lm_head, another rank's experts)
-        for (const Target & g : it->second) {
-            const bool widen = g.t->dtype != dt.dtype;
-            if (g.p->hf_shape != dt.shape || (widen && g.t->dtype != fd::DType::f32)) {
-                fail(Errc::invalid_checkpoint, "rank {}: delta tensor '{}' ({} {}) does not match the loaded weights ({} {} in '{}'); "
-                     "nothing was applied", wcfg_.rank, dt.name, dtype_name(dt.dtype), shape_text(dt.shape), dtype_name(g.t->dtype),
-                     shape_text(g.p->hf_shape), g.t->name);
+    std::vector<const InferenceTensor *> target;
+    for (const auto & rt : d.tensors) {
+        const InferenceTensor * t = layout_.find(rt.name);
+        if (!t || t->dtype != rt.dtype || t->shape != rt.shape) {
+            fail(Errc::invalid_checkpoint, "rank {}: delta tensor '{}' ({} {}) does not match the loaded weights ({}); nothing was applied",
+                 wcfg_.rank, rt.name, dtype_name(rt.dtype), shape_text(rt.shape),
+                 t ? fmt::format("{} {}", dtype_name(t->dtype), shape_text(t->shape)) : std::string("no such tensor"));
+        }
+        int64_t numel = 1;
+        for (const int64_t x : t->shape) { numel *= x; }
+        for (int64_t i = 0; i < rt.n_runs(); ++i) {
+            const int64_t s = rt.starts[static_cast<size_t>(i)], n = rt.run_len(i);
+            if (s < 0 || n < 1 || s > numel - n) {
+                fail(Errc::invalid_checkpoint, "rank {}: delta tensor '{}': run {} ([{}, {})) is outside its {} elements; nothing was applied",
+                     wcfg_.rank, rt.name, i, s, s + n, numel);
             }
         }
+        target.push_back(t);
     }
+    delta_undo_.delta = std::move(d);
+    const auto & ts = delta_undo_.delta.tensors;
+    delta_undo_.old.resize(ts.size());
     std::byte * const arena = alloc_->data(Tag::weight);
     std::vector<std::byte> host;  // device memory: the tensor's bytes, downloaded and uploaded back
     int64_t written = 0;
-    size_t  n_done  = 0;
     try {
-        for (const auto & dt : d.tensors) {
-            if (n_done++ == d.tensors.size() / 2 && test_fail_here(wcfg_.rank)) {
+        for (size_t i = 0; i < ts.size(); ++i) {
+            if (i == ts.size() / 2 && i > 0 && test_fail_here(wcfg_.rank)) {
                 if (test_exit_here()) { std::_Exit(3); }
                 fail(Errc::internal, "rank {}: TEST ONLY (FD_TEST_DELTA_FAIL_RANK): failing half way through a weight delta", wcfg_.rank);
             }
-            auto it = by_name.find(dt.name);
-            if (it == by_name.end()) { continue; }
-            const int64_t in_es = dtype_size(dt.dtype);
-            const int64_t n     = dt.dense ? dt.numel() : static_cast<int64_t>(dt.indices.size());
-            for (const Target & g : it->second) {
-                const InferenceTensor & t = *g.t;
-                const WeightPart &      p = *g.p;
-                const bool    widen   = t.dtype != dt.dtype;
-                const int64_t es      = dtype_size(t.dtype);
-                const int64_t cols    = t.shape.size() == 2 ? t.shape[1] : 1;
-                const int64_t hf_cols = p.hf_shape.size() == 2 ? p.hf_shape[1] : 1;
-                std::byte * base = arena + t.offset;
-                if (device_mem_) {
-                    host.resize(static_cast<size_t>(t.bytes));
-                    backend_->download(host.data(), base, t.bytes);
-                    base = host.data();
-                }
-                // The HF elements this part holds: a row range is one index range (indices are
-                // sorted); a column range spans rows p.rows of the HF tensor.
-                const int64_t lo_elem = p.dim == 1 ? 0 : p.src0 * cols;
-                const int64_t hi_elem = p.dim == 1 ? p.rows * hf_cols : (p.src0 + p.rows) * cols;
-                int64_t k0 = 0, k1 = n;
-                if (dt.dense) {
-                    k0 = std::min(lo_elem, n);
-                    k1 = std::min(hi_elem, n);
-                } else {
-                    k0 = std::lower_bound(dt.indices.begin(), dt.indices.end(), lo_elem) - dt.indices.begin();
-                    k1 = std::lower_bound(dt.indices.begin(), dt.indices.end(), hi_elem) - dt.indices.begin();
-                }
-                DeltaUndo & u = delta_undo_.emplace_back();
-                u.offset = t.offset;
-                u.elem   = es;
-                u.elems.reserve(static_cast<size_t>(k1 - k0));
-                u.old.resize(static_cast<size_t>((k1 - k0) * es));
-                int64_t n_u = 0;
-                for (int64_t k = k0; k < k1; ++k) {
-                    const int64_t i = dt.dense ? k : dt.indices[static_cast<size_t>(k)];
-                    int64_t e = 0;
-                    if (p.dim == 1) {  // a column range of the HF tensor, every row (fill_weights' add_cols)
-                        const int64_t r = i / hf_cols, c = i % hf_cols;
-                        if (c < p.src0 || c >= p.src0 + cols || r >= p.rows) { continue; }
-                        e = r * cols + (c - p.src0);
-                    } else {  // a row range, stacked at row0 (q|k|v, gate|up, vocab rows)
-                        const int64_t r = i / cols, c = i % cols;
-                        if (r < p.src0 || r >= p.src0 + p.rows) { continue; }
-                        e = (p.row0 + r - p.src0) * cols + c;
-                    }
-                    std::byte * at = base + e * es;
-                    u.elems.push_back(e);
-                    std::memcpy(u.old.data() + n_u * es, at, static_cast<size_t>(es));
-                    ++n_u;
-                    const std::byte * src = dt.values.data() + k * in_es;
-                    if (widen) {
-                        float f = 0;
-                        convert_to_f32(dt.dtype, src, &f, 1);
-                        std::memcpy(at, &f, sizeof f);
-                    } else {
-                        std::memcpy(at, src, static_cast<size_t>(es));
-                    }
-                    ++written;
-                }
-                u.old.resize(static_cast<size_t>(n_u * es));
-                if (device_mem_) { backend_->upload(arena + t.offset, host.data(), t.bytes); }
+            const InferenceTensor & t = *target[i];
+            const int64_t es = dtype_size(t.dtype);
+            std::byte * base = arena + t.offset;
+            if (device_mem_) {
+                host.resize(static_cast<size_t>(t.bytes));
+                backend_->download(host.data(), base, t.bytes);
+                base = host.data();
             }
+            auto & old = delta_undo_.old[i];
+            old.resize(ts[i].values.size());
+            write_runs(ts[i], es, base, ts[i].values.data(), old.data());
+            delta_undo_.n_done = i + 1;
+            written += ts[i].n_values();
+            if (device_mem_) { backend_->upload(arena + t.offset, host.data(), t.bytes); }
         }
     } catch (...) {
         try {
@@ -152,26 +142,27 @@ int64_t Worker::apply_weight_delta(const weights::WeightDelta & d) {
 }
 
 void Worker::undo_weight_delta() {
-    if (delta_undo_.empty()) { return; }
+    if (delta_undo_.n_done == 0) {
+        delta_undo_ = {};
+        return;
+    }
     std::byte * const arena = alloc_->data(Tag::weight);
     std::vector<std::byte> host;
-    // Newest first: a tensor written through two parts gets its oldest bytes last.
-    for (auto u = delta_undo_.rbegin(); u != delta_undo_.rend(); ++u) {
-        if (u->elems.empty()) { continue; }
-        int64_t span = 0;
-        for (const int64_t e : u->elems) { span = std::max(span, (e + 1) * u->elem); }
-        std::byte * base = arena + u->offset;
+    const auto & ts = delta_undo_.delta.tensors;
+    // Newest first (runs never overlap, so any order would do).
+    for (size_t i = delta_undo_.n_done; i-- > 0;) {
+        const InferenceTensor * t = layout_.find(ts[i].name);
+        FD_CHECK(t != nullptr, "undo of a delta tensor the layout lost");
+        std::byte * base = arena + t->offset;
         if (device_mem_) {
-            host.resize(static_cast<size_t>(span));
-            backend_->download(host.data(), base, span);
+            host.resize(static_cast<size_t>(t->bytes));
+            backend_->download(host.data(), base, t->bytes);
             base = host.data();
         }
-        for (size_t k = 0; k < u->elems.size(); ++k) {
-            std::memcpy(base + u->elems[k] * u->elem, u->old.data() + static_cast<int64_t>(k) * u->elem, static_cast<size_t>(u->elem));
-        }
-        if (device_mem_) { backend_->upload(arena + u->offset, host.data(), span); }
+        write_runs(ts[i], dtype_size(t->dtype), base, delta_undo_.old[i].data(), nullptr);
+        if (device_mem_) { backend_->upload(arena + t->offset, host.data(), t->bytes); }
     }
-    delta_undo_.clear();
+    delta_undo_ = {};
     bind();
 }
 

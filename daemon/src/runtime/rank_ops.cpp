@@ -80,13 +80,15 @@ void run_reload(RankSite & s, const RankRequest & req, RankReport & r) {
 }
 
 void run_apply_delta(RankSite & s, const RankRequest & req, RankReport & r) {
+    s.worker->forget_weight_delta();  // a failed read below must not leave an older delta's undo log for undo_delta
     const auto t0 = Clock::now();
-    const weights::WeightDelta d = weights::read_weight_delta(req.fetch.weight_dir);  // the delta file (fd/weights/weight_delta.h)
+    // This rank's share of the delta file req.fetch.weight_dir, split by the daemon (fd/weights/rank_delta.h).
+    weights::RankDelta d = weights::read_rank_delta(weights::rank_delta_file(req.fetch.weight_dir, s.rank));
     r.fetch_s = seconds_since(t0);
-    const auto t1 = Clock::now();
-    s.worker->apply_weight_delta(d);
-    r.stage_s = seconds_since(t1);
     r.bytes   = d.payload_bytes();
+    const auto t1 = Clock::now();
+    s.worker->apply_rank_delta(std::move(d));
+    r.stage_s = seconds_since(t1);
 }
 
 void run_undo_delta(RankSite & s, const RankRequest &, RankReport &) { s.worker->undo_weight_delta(); }

@@ -6,6 +6,7 @@
 
 #include "stream_io.h"
 
+#include "fd/weights/rank_delta.h"
 #include "fd/weights/weight_delta.h"
 
 #include "fd/kernels/ops.h"
@@ -202,6 +203,61 @@ struct StreamManager::Impl {
                             .n_received = static_cast<int32_t>(update->weight_map.size()),
                             .n_expected = static_cast<int32_t>(expected.size()),
                             .seconds    = std::chrono::duration<double>(Clock::now() - t0).count()};
+    }
+
+    /// Every rank's layout plan (as its Worker plans it: --model's index, v4 names), planned at
+    /// the first delta, and the HF names some rank reads. Called with busy set.
+    std::vector<model::WeightLayout> layouts;
+    std::set<std::string>            layout_names;
+    const std::vector<model::WeightLayout> & rank_layouts() {
+        if (layouts.empty()) {
+            const model::TensorIndex idx = model::read_tensor_index(cfg.model_dir);
+            model::TensorIndex renamed;
+            const model::TensorIndex & v4 = model::with_v4_names(cfg.model_cfg, idx, renamed);
+            for (int32_t r = 0; r < std::max(1, cfg.tp_size); ++r) {
+                layouts.push_back(model::plan_layout(cfg.model_cfg, v4, {r, std::max(1, cfg.tp_size), std::max(1, cfg.ep_size)}));
+                for (const auto & t : layouts.back().tensors) {
+                    for (const auto & p : t.parts) { layout_names.insert(p.hf_name); }
+                }
+            }
+        }
+        return layouts;
+    }
+
+    /// Write a delta update's tensors to `file` (for the serving dir) and, split by every rank's
+    /// layout, each rank's share next to it (weights::rank_delta_file), on a thread per rank.
+    /// Errors  invalid_argument naming a tensor no rank reads under its name (it could not be
+    ///         applied in place); a write's error.
+    void write_rank_deltas(const fs::path & file, const weights::WeightDelta & d) {
+        const auto & ls = rank_layouts();
+        for (const auto & t : d.tensors) {
+            if (!layout_names.count(t.name) && !optional_tensor(t.name) && !(ls[0].tied_lm_head && t.name == "lm_head.weight")) {
+                throw Error(Errc::invalid_argument, fmt::format("tensor '{}': no rank holds it under this name, so a delta update cannot "
+                                                                "write it in place; stream the full weights", t.name), "names");
+            }
+        }
+        // One thread per rank, plus this one writing the delta file itself (for the serving dir).
+        std::vector<std::optional<Error>> errs(ls.size() + 1);
+        auto guarded = [&](size_t i, auto && fn) {
+            try {
+                fn();
+            } catch (const Error & e) {
+                errs[i] = e;
+            } catch (const std::exception & e) {
+                errs[i] = Error(Errc::internal, e.what());
+            }
+        };
+        std::vector<std::thread> ts;
+        for (size_t r = 0; r < ls.size(); ++r) {
+            ts.emplace_back([&, r] {
+                guarded(r, [&] { weights::write_rank_delta(weights::rank_delta_file(file, static_cast<int32_t>(r)), weights::split_delta(d, ls[r])); });
+            });
+        }
+        guarded(ls.size(), [&] { weights::write_weight_delta(file, d); });
+        for (auto & t : ts) { t.join(); }
+        for (auto & e : errs) {
+            if (e) { throw *e; }
+        }
     }
 
     void load_expected() {
@@ -418,9 +474,10 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
     if (m.update->base_version) {  // a delta update: its tensors go in place; every other keeps the base's bytes
         const fs::path f = m.update->dir->path() / "weights.fddelta";
         const auto t0  = Clock::now();
-        const auto err = m.outside_lock(lk, [&] { weights::write_weight_delta(f, m.update->delta); });
-        log::get("stream")->info("delta update sealed: {} tensor(s), {} B written to {} in {:.3f} s", m.update->delta.tensors.size(),
-                                 m.update->delta.payload_bytes(), f.string(), std::chrono::duration<double>(Clock::now() - t0).count());
+        const auto err = m.outside_lock(lk, [&] { m.write_rank_deltas(f, m.update->delta); });
+        log::get("stream")->info("delta update sealed: {} tensor(s), {} B written to {} and split for {} rank(s) in {:.3f} s",
+                                 m.update->delta.tensors.size(), m.update->delta.payload_bytes(), f.string(), m.layouts.size(),
+                                 std::chrono::duration<double>(Clock::now() - t0).count());
         if (err) {
             m.drop_locked(*err);
             throw *err;

@@ -11,6 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstring>
 #include <map>
 
@@ -59,7 +61,8 @@ int64_t WeightDelta::payload_bytes() const {
 void write_weight_delta(const std::filesystem::path & file, const WeightDelta & d) {
     nlohmann::json ts = nlohmann::json::array();
     for (const auto & t : d.tensors) {
-        ts.push_back({{"name", t.name}, {"dtype", model::dtype_name(t.dtype)}, {"shape", t.shape}, {"dense", t.dense}, {"n", t.n_values()}});
+        ts.push_back({{"name", t.name}, {"dtype", model::dtype_name(t.dtype)}, {"shape", t.shape}, {"dense", t.dense}, {"n", t.n_values()},
+                      {"index_bytes", t.numel() <= INT32_MAX ? 4 : 8}});
     }
     const std::string header = nlohmann::json{{"tensors", ts}}.dump();
     UniqueFd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
@@ -68,8 +71,14 @@ void write_weight_delta(const std::filesystem::path & file, const WeightDelta & 
     write_all(fd.get(), kMagic, sizeof kMagic, file);
     write_all(fd.get(), &len, sizeof len, file);
     write_all(fd.get(), header.data(), header.size(), file);
+    std::vector<int32_t> narrow;
     for (const auto & t : d.tensors) {
-        write_all(fd.get(), t.indices.data(), t.indices.size() * sizeof(int64_t), file);
+        if (t.numel() <= INT32_MAX) {
+            narrow.assign(t.indices.begin(), t.indices.end());
+            write_all(fd.get(), narrow.data(), narrow.size() * sizeof(int32_t), file);
+        } else {
+            write_all(fd.get(), t.indices.data(), t.indices.size() * sizeof(int64_t), file);
+        }
         write_all(fd.get(), t.values.data(), t.values.size(), file);
     }
 }
@@ -103,14 +112,20 @@ WeightDelta read_weight_delta(const std::filesystem::path & file) {
         t.shape = e.value("shape", std::vector<int64_t>{});
         t.dense = e.value("dense", false);
         const int64_t n = e.value("n", int64_t{-1}), numel = t.numel();
-        const int64_t es = model::dtype_size(t.dtype);
-        if (n < 0 || n > numel || (t.dense && n != numel) || off + n * ((t.dense ? 0 : 8) + es) > size) {
+        const int64_t es = model::dtype_size(t.dtype), ib = e.value("index_bytes", int64_t{8});
+        if (n < 0 || n > numel || (t.dense && n != numel) || (ib != 4 && ib != 8) || off + n * ((t.dense ? 0 : ib) + es) > size) {
             fail(Errc::invalid_checkpoint, "{}: tensor '{}': {} values do not fit its shape or the file", file.string(), t.name, n);
         }
         if (!t.dense) {
             t.indices.resize(static_cast<size_t>(n));
-            model::pread_exact(fd.get(), t.indices.data(), n * 8, off, file, "indices of " + t.name);
-            off += n * 8;
+            if (ib == 4) {
+                std::vector<int32_t> narrow(static_cast<size_t>(n));
+                model::pread_exact(fd.get(), narrow.data(), n * 4, off, file, "indices of " + t.name);
+                std::copy(narrow.begin(), narrow.end(), t.indices.begin());
+            } else {
+                model::pread_exact(fd.get(), t.indices.data(), n * 8, off, file, "indices of " + t.name);
+            }
+            off += n * ib;
             int64_t prev = -1;
             for (const int64_t i : t.indices) {
                 if (i <= prev || i >= numel) {

@@ -169,6 +169,8 @@ public:
     const metrics::RequestMetrics & request_metrics() const { return request_metrics_; }
     const model::ModelConfig & model_config() const { return model_cfg_; }
     const EngineConfig &       config() const { return cfg_; }
+    /// The ranks (tensor-parallel size); fixed at construction.
+    int32_t                    tensor_parallel_size() const;
 
 private:
     struct Sequence;
@@ -271,14 +273,19 @@ private:
     /// are loaded into fresh memory at once, all-or-nothing; the weight tag is awake afterwards.
     void          update_while_asleep(const ControlCommand & cmd, ControlResult & r);
     /// update_weights {weight_delta}: a delta stream's sparse values written in place on every
-    /// rank and into the serving dir (weight_dir must be it), all ranks or none.
+    /// rank (each reads its own share, weights::rank_delta_file) and, lazily, into the serving
+    /// dir (weight_dir must be it), all ranks or none. The engine does not read the delta at the
+    /// commit: the file is moved into the serving dir as a pending delta.
     void          apply_weight_delta(const ControlCommand & cmd, ControlResult & r);
     /// Write the committed deltas not yet in serving_dir_ into it (in commit order) and record
     /// the serving label's fingerprint of the result. Before anything reads the dir (a sleep of
     /// the weights, a wakeup's reload, a recovery) and when they outgrow kPendingDeltaBytes.
     /// `record_label` false: the caller labels the result itself (a commit before its label flips).
-    /// Errors  as weights::apply_delta_to_dir (what was written is put back; the deltas stay pending).
+    /// Errors  as weights::read_weight_delta / apply_delta_to_dir (what was written is put back;
+    ///         the deltas stay pending).
     void          flush_pending_deltas(bool record_label = true);
+    /// Forget the pending deltas (their files are removed): serving_dir_ changed, or is gone.
+    void          drop_pending_deltas() noexcept;
     /// Where an update's weights come from: the request's dir, the base --model, else the source.
     weights::FetchRequest update_request(const ControlCommand & cmd) const;
     /// The label of an update's new bytes `fp` (docs/weight_sources.md): the request's version,
@@ -322,9 +329,13 @@ private:
     std::string                               serving_dir_;
     bool                                      serving_dir_owned_ = true;
     /// Deltas applied in place on the ranks (apply_weight_delta) and not yet written into
-    /// serving_dir_: the dir is updated lazily (flush_pending_deltas), so a commit costs the ranks'
-    /// writes only. Cleared whenever serving_dir_ changes.
-    std::vector<weights::WeightDelta>         pending_deltas_;
+    /// serving_dir_: their files (fd/weights/weight_delta.h), moved into serving_dir_ as
+    /// .fdrollout-pending-N.fddelta, in commit order. The dir is updated lazily
+    /// (flush_pending_deltas), so a commit costs the ranks' writes only. Dropped whenever
+    /// serving_dir_ changes.
+    std::vector<std::filesystem::path>        pending_deltas_;
+    int64_t                                   pending_delta_bytes_ = 0;  ///< their files' sizes
+    int64_t                                   pending_delta_seq_ = 0;
     static constexpr int64_t                  kPendingDeltaBytes = int64_t{64} << 20;  ///< flush at the commit past this
     /// Set the serving label to `version` for bytes fingerprinted `fp` and remember the pair.
     void          set_label(const std::string & version, const std::string & fp);

@@ -32,7 +32,7 @@
 #include "fd/memory/allocator.h"
 #include "fd/checkpoint/model_config.h"
 #include "fd/model/weights.h"
-#include "fd/weights/weight_delta.h"
+#include "fd/weights/rank_delta.h"
 
 #include <array>
 #include <atomic>
@@ -287,19 +287,23 @@ public:
 
     // In-place sparse update (a delta weight stream's commit; fd/weights/weight_delta.h).
 
-    /// Write `d`'s values into this rank's live weights where its shard holds them: each HF
-    /// element index (flat, into the training tensor) maps through the layout plan's parts onto
-    /// the rank's rows / columns of the inference tensor (q/k/v and gate/up fused, rows or
-    /// columns split), values widened as the loader widens them (F16 → f32), so the bytes equal
-    /// what stage_weights of the same full weights gives. Names the layout does not read (a tied
-    /// model's lm_head.weight) are skipped. The old values are kept (one undo log, replacing the
-    /// previous one) until undo_weight_delta() or the next apply / stage / reload. Returns the
-    /// elements written. Errors  invalid_checkpoint on a shape or dtype unlike the layout's
-    /// (nothing written); on any failure while writing, what was written is put back first.
-    int64_t apply_weight_delta(const weights::WeightDelta & d);
-    /// Put back the values the last apply_weight_delta overwrote and forget them (no-op without
+    /// Write this rank's share of a delta (weights::split_delta, made by the daemon with this
+    /// rank's layout plan: runs of shard elements, values already in the shard's dtype) into the
+    /// live weights in place. Everything is checked first (the split's rank / tp / ep are this
+    /// rank's; every tensor is in the layout with its dtype and shard shape; every run inside the
+    /// shard): nothing is written otherwise. The old bytes of the same runs are kept (the undo
+    /// log; `d` is kept as its addresses) until undo_weight_delta(), forget_weight_delta() or the
+    /// next apply. Returns the elements written. The bytes equal what stage_weights of the same
+    /// full weights gives (the split maps indices as the loader does).
+    /// Errors  invalid_checkpoint naming the tensor (nothing written); on a failure while
+    ///         writing (a device copy), what was written is put back first.
+    int64_t apply_rank_delta(weights::RankDelta && d);
+    /// Put back the values the last apply_rank_delta overwrote and forget them (no-op without
     /// an undo log). Errors  only a device copy failure.
     void undo_weight_delta();
+    /// Forget the undo log (the delta it is for stays applied). The rank op runs it before
+    /// reading a new delta, so that an undo after a failed read never reverts an older delta.
+    void forget_weight_delta() { delta_undo_ = {}; }
     // --- CUDA graphs (WorkerConfig::graph_max_batch) ---
 
     /// The batch-size buckets graph steps pad to (empty when graphs are off).
@@ -419,12 +423,11 @@ private:
     std::unique_ptr<memory::Allocator>    alloc_;     ///< weight, staging, kv_cache and kv_swap regions
     bool                                  staged_ = false;   ///< the staging region holds a validated copy
     struct DeltaUndo {
-        int64_t                offset = 0;  ///< bytes into the weight region (the tensor's start)
-        int64_t                elem = 4;    ///< bytes per element
-        std::vector<int64_t>   elems;       ///< element indices into the tensor, in write order
-        std::vector<std::byte> old;         ///< their old bytes, back to back
+        weights::RankDelta                  delta;      ///< the applied runs (their addresses)
+        std::vector<std::vector<std::byte>> old;        ///< per tensor of `delta`: the runs' old bytes, back to back
+        size_t                              n_done = 0; ///< tensors of `delta` written
     };
-    std::vector<DeltaUndo>                delta_undo_;       ///< apply_weight_delta's old values (one tensor each)
+    DeltaUndo                             delta_undo_;       ///< apply_rank_delta's old values
     bool                                  device_mem_ = false;  ///< see device_memory()
     ModelWeights                          w_;
     std::vector<std::byte *>              k_pool_, v_pool_;  ///< per layer, in the kv_cache region (kv_dtype elements)

@@ -41,7 +41,7 @@ namespace fd::runtime {
     X(mem_info, "measuring device memory")      /* nothing: every control reply carries the rank's device memory */ \
     X(describe, "describe")                     /* the rank's tensors (Worker::layout): detail, see below */          \
     X(release_graphs, "sleep (cuda_graph)")     /* destroy the CUDA graphs, free their buffers (Worker::release_graphs) */ \
-    X(apply_delta, "update_weights (delta)")    /* write the delta file req.fetch.weight_dir in place (Worker::apply_weight_delta) */ \
+    X(apply_delta, "update_weights (delta)")    /* write this rank's share of the delta file req.fetch.weight_dir (weights::rank_delta_file) in place (Worker::apply_rank_delta) */ \
     X(undo_delta, "update_weights (delta undo)") /* put back what the last apply_delta wrote (Worker::undo_weight_delta) */
 
 enum class RankOp : uint32_t {

@@ -23,10 +23,12 @@
 // Delta updates: start with a base_version (every rank must serve it; the route checks, here
 // and again before commit) names the last committed stream as the base; a bucket's tensor may
 // then be (indices, values) or full. They are kept in memory (checked) and seal() writes them to
-// one delta file (fd/weights/weight_delta.h) instead of a checkpoint; the commit writes it in
-// place into every rank's weights and into the base's dir (all or nothing, the engine's
-// update_weights {weight_delta}), so the work is proportional to the delta and the dir stays the
-// serving weights' complete source, byte for byte what a full stream of the same weights gives.
+// one delta file (fd/weights/weight_delta.h) instead of a checkpoint, plus each rank's share of
+// it split once by that rank's layout plan (fd/weights/rank_delta.h: runs in the shard's
+// coordinates); the commit writes each share in place into its rank's weights and the delta into
+// the base's dir (all or nothing, the engine's update_weights {weight_delta}), so the work is
+// proportional to the delta and the dir stays the serving weights' complete source, byte for
+// byte what a full stream of the same weights gives.
 //
 // All-or-nothing: any failure (bad input, a dead or silent trainer, a failed commit) drops the
 // open update: its staging dir is removed, the transport closed, and the serving weights are
@@ -46,6 +48,7 @@
 // update at a time; a second bucket while one is being received is refused (409).
 #pragma once
 
+#include "fd/checkpoint/model_config.h"
 #include "fd/checkpoint/safetensors.h"
 #include "fd/status.h"
 
@@ -69,6 +72,11 @@ struct StreamConfig {
     int32_t               port = 8000;      ///< the daemon's port (names its staging dirs)
     double                timeout_s = 900;  ///< --control-timeout-s: default bound of every wait
     int32_t               cuda_device = 0;  ///< nccl: the device this process receives on
+    /// The serving model's config and rank layout (the engine's): seal() splits a delta with
+    /// plan_layout(model_cfg, --model's index, {rank, tp_size, ep_size}) for every rank.
+    model::ModelConfig    model_cfg;
+    int32_t               tp_size = 1;      ///< the engine's ranks (tensor-parallel size)
+    int32_t               ep_size = 1;      ///< --enable-expert-parallel (1 = off)
 };
 
 /// One tensor as announced (and as it must arrive).
@@ -135,8 +143,9 @@ struct Sealed {
     int32_t                    n_delta = 0;   ///< tensors that came as deltas
     int32_t                    n_from_base = 0;  ///< tensors not sent: they keep the base's bytes
     /// A delta update: the file (fd/weights/weight_delta.h) holding every sent tensor (sparse or
-    /// dense), to be written in place into the ranks and into `base_dir` (the committed stream's
-    /// dir, the wakeup source); `dir` then holds only this file. Empty for a full update.
+    /// dense), to be written into `base_dir` (the committed stream's dir, the wakeup source), and
+    /// next to it each rank's share (weights::rank_delta_file), written in place into the ranks;
+    /// `dir` then holds only these files. Empty for a full update.
     std::filesystem::path      delta_file;
     std::filesystem::path      base_dir;
 };

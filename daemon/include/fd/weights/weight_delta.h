@@ -3,12 +3,12 @@
 //
 // A delta names training (Hugging Face) tensors and, for each, the flat element indices into
 // the HF tensor that change and their new values (or every element: a dense tensor sent in full
-// inside a delta update). The stream route writes it to one file (write_weight_delta); every
-// rank reads it and writes the values into its own shard in place (Worker::apply_weight_delta:
-// rows/columns split, q/k/v and gate/up fused, per the layout plan), keeping the old values as
-// an undo log; the engine then writes the same values into the serving checkpoint dir (the
-// wakeup source and the next delta's base, apply_delta_to_dir). Any failure undoes every rank
-// and the dir: all-or-nothing, and the result is bit for bit what a full update of the same
+// inside a delta update). The stream route writes it to one file (write_weight_delta) and splits
+// it per rank (fd/weights/rank_delta.h: runs in each shard's coordinates); every rank writes its
+// share into its own shard in place (Worker::apply_rank_delta), keeping the old values as an undo
+// log; the engine keeps this file and later writes the same values into the serving checkpoint
+// dir (the wakeup source and the next delta's base, apply_delta_to_dir). Any failure undoes every
+// rank and the dir: all-or-nothing, and the result is bit for bit what a full update of the same
 // weights serves.
 #pragma once
 
@@ -42,8 +42,9 @@ struct WeightDelta {
 };
 
 /// Write `d` to `file` (created, mode 0600): "FDDELTA1", u64 LE header length, a JSON header
-/// {"tensors": [{name, dtype, shape, dense, n}]}, then each tensor's indices (int64 LE, absent
-/// when dense) and values, in order.
+/// {"tensors": [{name, dtype, shape, dense, n, index_bytes}]}, then each tensor's indices (absent
+/// when dense; int32 LE when the tensor has < 2^31 elements: index_bytes 4, else int64 LE) and
+/// values, in order.
 /// Errors  fd::Error{invalid_argument} when the file cannot be written.
 void write_weight_delta(const std::filesystem::path & file, const WeightDelta & d);
 

@@ -1,0 +1,261 @@
+// A delta split by the tensor-parallel layout, one rank's share, and its file
+// (fd/weights/rank_delta.h).
+#include "fd/weights/rank_delta.h"
+
+#include "fd/file_io.h"
+#include "fd/status.h"
+
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <map>
+
+namespace fd::weights {
+
+namespace {
+
+constexpr char kMagic[8] = {'F', 'D', 'R', 'D', 'L', 'T', '0', '1'};
+
+void write_all(int fd, const void * p, size_t n, const std::filesystem::path & file) {
+    const auto * b = static_cast<const std::byte *>(p);
+    while (n > 0) {
+        const ssize_t w = ::write(fd, b, n);
+        if (w < 0 && errno == EINTR) { continue; }
+        if (w <= 0) { fail(Errc::invalid_argument, "{}: writing a rank's weight delta failed: {}", file.string(), std::strerror(errno)); }
+        b += w;
+        n -= static_cast<size_t>(w);
+    }
+}
+
+/// 4 when every start of `t` fits an int32 (a shard of < 2^31 elements), else 8.
+int32_t start_bytes(const RankDeltaTensor & t) {
+    int64_t numel = 1;
+    for (const int64_t x : t.shape) { numel *= x; }
+    return numel <= INT32_MAX ? 4 : 8;
+}
+
+std::string shape_text(const std::vector<int64_t> & s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); ++i) { out += (i ? ", " : "") + std::to_string(s[i]); }
+    return out + "]";
+}
+
+/// Builds one inference tensor's share. Points mode (every part it takes is sparse): one start
+/// per element, no lens. Runs mode (some part is dense): runs with lens, consecutive ones merged.
+struct RunBuilder {
+    RankDeltaTensor & t;
+    bool              runs_mode;
+    int64_t           out_es;
+    fd::DType         in_dtype = fd::DType::f32;
+
+    /// Elements [e, e + n) of the shard take the n values at `src` (of in_dtype). Runs mode.
+    void run(int64_t e, int64_t n, const std::byte * src) {
+        if (n <= 0) { return; }
+        if (!t.starts.empty() && t.starts.back() + t.lens.back() == e) {
+            t.lens.back() += n;
+        } else {
+            t.starts.push_back(e);
+            t.lens.push_back(n);
+        }
+        values(n, src);
+    }
+    /// Elements at `idx` [n] + shift (sorted, unique) take the n values at `src`.
+    void points(const int64_t * idx, int64_t n, int64_t shift, const std::byte * src) {
+        if (n <= 0) { return; }
+        const size_t at = t.starts.size();
+        t.starts.resize(at + static_cast<size_t>(n));
+        int64_t * out = t.starts.data() + at;
+        for (int64_t k = 0; k < n; ++k) { out[k] = idx[k] + shift; }
+        if (runs_mode) { t.lens.resize(t.starts.size(), 1); }
+        values(n, src);
+    }
+    void values(int64_t n, const std::byte * src) {
+        const size_t at = t.values.size();
+        t.values.resize(at + static_cast<size_t>(n * out_es));
+        if (in_dtype == t.dtype) {
+            std::memcpy(t.values.data() + at, src, static_cast<size_t>(n * out_es));
+        } else {  // F16 (or a mixed part) widened to f32, as the loader widens it
+            model::convert_to_f32(in_dtype, src, reinterpret_cast<float *>(t.values.data() + at), n);
+        }
+    }
+};
+
+}  // namespace
+
+int64_t RankDeltaTensor::n_values() const { return static_cast<int64_t>(values.size()) / model::dtype_size(dtype); }
+
+int64_t RankDelta::n_values() const {
+    int64_t n = 0;
+    for (const auto & t : tensors) { n += t.n_values(); }
+    return n;
+}
+
+int64_t RankDelta::payload_bytes() const {
+    int64_t n = 0;
+    for (const auto & t : tensors) { n += static_cast<int64_t>((t.starts.size() + t.lens.size()) * sizeof(int64_t) + t.values.size()); }
+    return n;
+}
+
+RankDelta split_delta(const WeightDelta & d, const model::WeightLayout & layout) {
+    std::map<std::string, const DeltaTensor *> by_name;
+    for (const auto & dt : d.tensors) { by_name[dt.name] = &dt; }
+    RankDelta out{.rank = layout.tp.rank, .tp = layout.tp.size, .ep = layout.tp.ep};
+    for (const model::InferenceTensor & t : layout.tensors) {
+        RankDeltaTensor rt{.name = t.name, .dtype = t.dtype, .shape = t.shape};
+        const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
+        bool any_dense = false;
+        int64_t bound = 0;  // at most this many elements: reserved once (untouched capacity costs no page)
+        for (const model::WeightPart & p : t.parts) {
+            auto it = by_name.find(p.hf_name);
+            if (it == by_name.end()) { continue; }
+            any_dense = any_dense || it->second->dense;
+            bound += it->second->dense ? it->second->numel() : static_cast<int64_t>(it->second->indices.size());
+        }
+        if (bound == 0) { continue; }
+        rt.starts.reserve(static_cast<size_t>(bound));
+        if (any_dense) { rt.lens.reserve(static_cast<size_t>(bound)); }
+        rt.values.reserve(static_cast<size_t>(bound * model::dtype_size(t.dtype)));
+        for (const model::WeightPart & p : t.parts) {
+            auto it = by_name.find(p.hf_name);
+            if (it == by_name.end()) { continue; }
+            const DeltaTensor & dt = *it->second;
+            if (p.hf_shape != dt.shape || (t.dtype != dt.dtype && t.dtype != fd::DType::f32)) {
+                fail(Errc::invalid_checkpoint, "delta tensor '{}' ({} {}) does not match the loaded weights ({} {} in '{}'); nothing was "
+                     "applied", dt.name, model::dtype_name(dt.dtype), shape_text(dt.shape), model::dtype_name(t.dtype),
+                     shape_text(p.hf_shape), t.name);
+            }
+            const int64_t in_es   = model::dtype_size(dt.dtype);
+            const int64_t hf_cols = p.hf_shape.size() == 2 ? p.hf_shape[1] : 1;
+            RunBuilder b{rt, any_dense, model::dtype_size(t.dtype), dt.dtype};
+            const std::byte * vals = dt.values.data();
+            if (p.dim == 0) {  // HF rows [src0, src0 + rows) → shard rows [row0, row0 + rows): one shift
+                const int64_t lo = p.src0 * cols, hi = (p.src0 + p.rows) * cols, shift = (p.row0 - p.src0) * cols;
+                if (dt.dense) {
+                    b.run(lo + shift, hi - lo, vals + lo * in_es);
+                } else {
+                    const auto k0 = std::lower_bound(dt.indices.begin(), dt.indices.end(), lo) - dt.indices.begin();
+                    const auto k1 = std::lower_bound(dt.indices.begin() + k0, dt.indices.end(), hi) - dt.indices.begin();
+                    b.points(dt.indices.data() + k0, k1 - k0, shift, vals + k0 * in_es);
+                }
+                continue;
+            }
+            // HF columns [src0, src0 + cols) of every row r → shard row r (fill_weights' add_cols)
+            auto cur = dt.indices.begin();
+            for (int64_t r = 0; r < p.rows; ++r) {
+                const int64_t lo = r * hf_cols + p.src0, hi = lo + cols, shift = r * cols - lo;
+                if (dt.dense) {
+                    b.run(lo + shift, cols, vals + lo * in_es);
+                    continue;
+                }
+                cur = std::lower_bound(cur, dt.indices.end(), lo);
+                if (cur == dt.indices.end()) { break; }
+                const auto end = std::lower_bound(cur, dt.indices.end(), hi);
+                const int64_t k0 = cur - dt.indices.begin();
+                b.points(dt.indices.data() + k0, end - cur, shift, vals + k0 * in_es);
+                cur = end;
+            }
+        }
+        if (rt.starts.empty()) { continue; }
+        if (rt.lens.size() == rt.starts.size() && rt.n_runs() == rt.n_values()) { rt.lens.clear(); }  // runs mode, every run one element
+        out.tensors.push_back(std::move(rt));
+    }
+    return out;
+}
+
+std::filesystem::path rank_delta_file(const std::filesystem::path & delta_file, int32_t rank) {
+    return std::filesystem::path(delta_file.string() + ".rank" + std::to_string(rank));
+}
+
+void write_rank_delta(const std::filesystem::path & file, const RankDelta & d) {
+    nlohmann::json ts = nlohmann::json::array();
+    for (const auto & t : d.tensors) {
+        ts.push_back({{"name", t.name}, {"dtype", model::dtype_name(t.dtype)}, {"shape", t.shape}, {"n_runs", t.n_runs()}, {"n", t.n_values()},
+                      {"start_bytes", start_bytes(t)}});
+    }
+    const std::string header = nlohmann::json{{"rank", d.rank}, {"tp", d.tp}, {"ep", d.ep}, {"tensors", ts}}.dump();
+    UniqueFd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (!fd.valid()) { fail(Errc::invalid_argument, "{}: cannot create a rank's weight delta file: {}", file.string(), std::strerror(errno)); }
+    const uint64_t len = header.size();
+    write_all(fd.get(), kMagic, sizeof kMagic, file);
+    write_all(fd.get(), &len, sizeof len, file);
+    write_all(fd.get(), header.data(), header.size(), file);
+    std::vector<int32_t> narrow;
+    for (const auto & t : d.tensors) {
+        if (start_bytes(t) == 4) {
+            narrow.assign(t.starts.begin(), t.starts.end());
+            write_all(fd.get(), narrow.data(), narrow.size() * sizeof(int32_t), file);
+        } else {
+            write_all(fd.get(), t.starts.data(), t.starts.size() * sizeof(int64_t), file);
+        }
+        write_all(fd.get(), t.lens.data(), t.lens.size() * sizeof(int64_t), file);
+        write_all(fd.get(), t.values.data(), t.values.size(), file);
+    }
+}
+
+RankDelta read_rank_delta(const std::filesystem::path & file) {
+    struct stat st{};
+    const UniqueFd fd = open_regular(file, Errc::invalid_checkpoint, &st);
+    const int64_t size = st.st_size;
+    char magic[8] = {};
+    uint64_t len = 0;
+    if (size < 16) { fail(Errc::invalid_checkpoint, "{}: not a rank's weight delta file (too short)", file.string()); }
+    model::pread_exact(fd.get(), magic, 8, 0, file, "magic");
+    model::pread_exact(fd.get(), &len, 8, 8, file, "header length");
+    if (std::memcmp(magic, kMagic, 8) != 0 || len > static_cast<uint64_t>(size - 16)) {
+        fail(Errc::invalid_checkpoint, "{}: not a rank's weight delta file", file.string());
+    }
+    std::string header(len, '\0');
+    model::pread_exact(fd.get(), header.data(), static_cast<int64_t>(len), 16, file, "header");
+    const auto j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("tensors") || !j["tensors"].is_array()) {
+        fail(Errc::invalid_checkpoint, "{}: the rank delta's header is not {{\"rank\", \"tp\", \"ep\", \"tensors\": [...]}}", file.string());
+    }
+    RankDelta d{.rank = j.value("rank", -1), .tp = j.value("tp", 0), .ep = j.value("ep", 0)};
+    int64_t off = 16 + static_cast<int64_t>(len);
+    for (const auto & e : j["tensors"]) {
+        RankDeltaTensor t;
+        t.name = e.value("name", "");
+        const auto dt = fd::parse_dtype(e.value("dtype", ""));
+        if (!dt) { fail(Errc::invalid_checkpoint, "{}: tensor '{}' has no dtype", file.string(), t.name); }
+        t.dtype = *dt;
+        t.shape = e.value("shape", std::vector<int64_t>{});
+        const int64_t n_runs = e.value("n_runs", int64_t{-1}), n = e.value("n", int64_t{-1}), es = model::dtype_size(t.dtype);
+        const int64_t sb = e.value("start_bytes", int64_t{8});
+        const int64_t table = n_runs * sb + (n_runs == n ? 0 : n_runs * 8);
+        if (n_runs < 0 || n < n_runs || (sb != 4 && sb != 8) || off + table + n * es > size) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}': {} runs of {} values do not fit the file", file.string(), t.name, n_runs, n);
+        }
+        t.starts.resize(static_cast<size_t>(n_runs));
+        if (sb == 4) {
+            std::vector<int32_t> narrow(static_cast<size_t>(n_runs));
+            model::pread_exact(fd.get(), narrow.data(), n_runs * 4, off, file, "runs of " + t.name);
+            std::copy(narrow.begin(), narrow.end(), t.starts.begin());
+        } else {
+            model::pread_exact(fd.get(), t.starts.data(), n_runs * 8, off, file, "runs of " + t.name);
+        }
+        off += n_runs * sb;
+        if (n_runs != n) {
+            t.lens.resize(static_cast<size_t>(n_runs));
+            model::pread_exact(fd.get(), t.lens.data(), n_runs * 8, off, file, "run lengths of " + t.name);
+            off += n_runs * 8;
+            int64_t sum = 0;
+            for (const int64_t l : t.lens) {
+                if (l < 1 || l > n) { fail(Errc::invalid_checkpoint, "{}: tensor '{}': a run of {} elements", file.string(), t.name, l); }
+                sum += l;
+            }
+            if (sum != n) { fail(Errc::invalid_checkpoint, "{}: tensor '{}': runs of {} elements for {} values", file.string(), t.name, sum, n); }
+        }
+        t.values.resize(static_cast<size_t>(n * es));
+        model::pread_exact(fd.get(), t.values.data(), n * es, off, file, "values of " + t.name);
+        off += n * es;
+        d.tensors.push_back(std::move(t));
+    }
+    return d;
+}
+
+}  // namespace fd::weights
