@@ -21,8 +21,11 @@
 // Decode queries (a tile of one query, block_size and head_dim multiples of 16) take
 // attention_decode.cpp's path instead: the same chains in the same order (bitwise this kernel's
 // output; the tests compare a prefill's queries with their decode outputs), laid out for one
-// query (more chains in flight, V walked block by block over every head).
+// query (more chains in flight, V walked block by block over every head); with AttnIsa::avx2
+// (the default where the build has AVX2 and no AVX-512BW) attention_decode_avx2.cpp's instead,
+// the same chains again on 8-lane registers.
 #include "attention_lanes.h"
+#include "fd/status.h"
 
 #include <algorithm>
 #include <cmath>
@@ -357,8 +360,23 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
 
 }  // namespace
 
+const char * attn_isa_name(AttnIsa isa) { return isa == AttnIsa::avx2 ? "avx2" : "generic"; }
+
+bool attn_has_avx2() { return FD_ATTN_AVX2 != 0; }
+
+AttnIsa attn_best_isa() {
+#if FD_ATTN_AVX2 && !defined(__AVX512BW__)
+    return AttnIsa::avx2;
+#else
+    return AttnIsa::generic;
+#endif
+}
+
 void attention_paged(float * out, const float * q, const AttnQuery * queries, int64_t n_tokens,
-                     int64_t n_heads, PagedKv kv, float scale, ThreadPool * pool) {
+                     int64_t n_heads, PagedKv kv, float scale, ThreadPool * pool, AttnIsa isa) {
+    if (isa == AttnIsa::avx2 && !attn_has_avx2()) {
+        fail(Errc::invalid_argument, "attention_paged: this build has no AVX2 path (isa avx2; use generic)");
+    }
     if (n_tokens <= 0) { return; }
     // Tiles: runs of consecutive queries over the same block table (a prefill), at most kQt.
     std::vector<int64_t> starts;
@@ -396,6 +414,16 @@ void attention_paged(float * out, const float * q, const AttnQuery * queries, in
         if (kt.size() < static_cast<size_t>(kv.head_dim * kTc)) { kt.resize(static_cast<size_t>(kv.head_dim * kTc)); }
         if (nq == 1 && kv.block_size % kLanes == 0 && kv.head_dim % kLanes == 0) {
             const int64_t i = starts[tile];
+#if FD_ATTN_AVX2
+            if (isa == AttnIsa::avx2) {
+                if (kv.dtype == WType::bf16) {
+                    attend_one_avx2<Bf16>(out + i * n_heads * kv.head_dim, q + i * n_heads * kv.head_dim, queries[i], n_heads, g0, g1, kv, scale);
+                } else {
+                    attend_one_avx2<float>(out + i * n_heads * kv.head_dim, q + i * n_heads * kv.head_dim, queries[i], n_heads, g0, g1, kv, scale);
+                }
+                return;
+            }
+#endif
             if (kv.dtype == WType::bf16) {
                 attend_one<Bf16>(out + i * n_heads * kv.head_dim, q + i * n_heads * kv.head_dim, queries[i], n_heads, g0, g1, kv, scale);
             } else {

@@ -136,4 +136,15 @@ template <typename T>
 void attend_one(float * out, const float * q, const AttnQuery & qry, int64_t n_heads, int64_t g0, int64_t g1,
                 PagedKv kv, float scale);
 
+// The AVX2 + FMA decode path (attention_decode_avx2.cpp): built where the compiler targets both.
+#if defined(__AVX2__) && defined(__FMA__)
+#define FD_ATTN_AVX2 1
+/// attend_one on 8-lane registers (AttnIsa::avx2): same arguments, bitwise the same output.
+template <typename T>
+void attend_one_avx2(float * out, const float * q, const AttnQuery & qry, int64_t n_heads, int64_t g0, int64_t g1,
+                     PagedKv kv, float scale);
+#else
+#define FD_ATTN_AVX2 0
+#endif
+
 }  // namespace fd::kernels

@@ -1,0 +1,345 @@
+// Paged attention for one decode query on AVX2 + FMA (AttnIsa::avx2; attention_paged's decode
+// path where the build targets AVX2 without AVX-512BW). Bitwise attend_one's output (and so the
+// tile kernel's): each score one FMA chain over d ascending from 0, then times scale; softmax_row
+// (the shared code); each output element one FMA chain over t ascending from 0, accumulators
+// stored and reloaded exactly between blocks. Only the order of independent chains and the
+// memory walk differ from attention_decode.cpp, whose 16-lane vectors are two ymm registers here
+// (8 of its accumulators fill all 16) and whose bf16 widening compiles to 128-bit pieces:
+// - 8 ymm accumulators per call: scores of 4 key vectors × 1 query (group 1), 2 × 2 (even
+//   groups) or 1 × 4 (groups of 4k); P·V of 64 dimensions of one head over a block's rows;
+// - bf16 widened with one shift (even elements) and one mask (odd elements) per 16 values: the
+//   scores of a key vector and the accumulators of 16 dimensions are held as (8 even, 8 odd)
+//   and put back in order once (scores when stored, outputs at the end);
+// - K and V walked block by block (a block's K for all kv heads of the range, then its V, are
+//   each one contiguous run), every line software-prefetched kPfBytes ahead along that walk, so
+//   one thread keeps enough reads in flight to stream at the memory's rate.
+#include "attention_lanes.h"
+
+#if FD_ATTN_AVX2
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+namespace fd::kernels {
+namespace {
+
+constexpr int64_t kPfBytes = 16384;  // software prefetch distance along the K (V) walk
+
+/// 16 consecutive pool values, widened exactly to f32, in two registers: f32: values 0-7, 8-15;
+/// bf16: the even values, the odd ones (a bf16 pair is one 32-bit lane: shift / mask).
+inline void widen16(const float * p, __m256 & a, __m256 & b) {
+    a = _mm256_loadu_ps(p);
+    b = _mm256_loadu_ps(p + 8);
+}
+inline void widen16(const Bf16 * p, __m256 & a, __m256 & b) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
+    a = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    b = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+/// 16 values held as widen16<T> holds them, stored at s in natural order.
+template <typename T>
+inline void store_ordered(float * s, __m256 a, __m256 b) {
+    if constexpr (std::is_same_v<T, float>) {
+        _mm256_storeu_ps(s, a);
+        _mm256_storeu_ps(s + 8, b);
+    } else {
+        const __m256 lo = _mm256_unpacklo_ps(a, b);  // 0-3 | 8-11
+        const __m256 hi = _mm256_unpackhi_ps(a, b);  // 4-7 | 12-15
+        _mm256_storeu_ps(s, _mm256_permute2f128_ps(lo, hi, 0x20));
+        _mm256_storeu_ps(s + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+    }
+}
+
+inline void prefetch(const void * p) { _mm_prefetch(static_cast<const char *>(p), _MM_HINT_T0); }
+
+/// Scores of NK key vectors (16 keys each) against NQ queries each: for query slot c = NQ j + i,
+///   s[c][l] = (FMA chain over d ascending of q[c][d] * key(j, l)[d]) * scale,   l < 16,
+/// key vector j's 16 values of dimension d at k[j] + d * ld. pf: NK vectors prefetched line by
+/// line along d (the walk kPfBytes ahead), or nullptr. Not inlined: its loop keeps every pointer
+/// and accumulator in a register (inlined into attend_one_avx2, GCC spilled them).
+template <int NQ, int NK, typename T>
+__attribute__((noinline)) void score_tile(float * const * s, const float * const * q, const T * const * k,
+                                          const T * const * pf, int64_t ld, int64_t hd, float scale) {
+    __m256 a[NK][NQ][2];
+    const T *     kp[NK];
+    const T *     pp[NK];
+    const float * qp[NK * NQ];
+#pragma GCC unroll 4
+    for (int j = 0; j < NK; ++j) {
+        kp[j] = k[j];
+        pp[j] = pf != nullptr ? pf[j] : k[j];
+#pragma GCC unroll 4
+        for (int i = 0; i < NQ; ++i) {
+            a[j][i][0] = a[j][i][1] = _mm256_setzero_ps();
+            qp[NQ * j + i] = q[NQ * j + i];
+        }
+    }
+    // Two rows (d, d + 1) per step: one cache line of a bf16 vector when block_size is 16, else
+    // a line each (hd % 16 == 0). One shared offset indexes every pointer.
+    const bool    two_lines = ld * static_cast<int64_t>(sizeof(T)) >= 64;
+    for (int64_t d = 0, off = 0; d < hd; d += 2, off += 2 * ld) {
+        if (pf != nullptr) {
+#pragma GCC unroll 4
+            for (int j = 0; j < NK; ++j) {
+                prefetch(pp[j] + off);
+                if (two_lines) { prefetch(pp[j] + off + ld); }
+            }
+        }
+#pragma GCC unroll 2
+        for (int dd = 0; dd < 2; ++dd) {
+#pragma GCC unroll 4
+            for (int j = 0; j < NK; ++j) {
+                __m256 k0, k1;
+                widen16(kp[j] + off + dd * ld, k0, k1);
+#pragma GCC unroll 4
+                for (int i = 0; i < NQ; ++i) {
+                    const __m256 qd = _mm256_broadcast_ss(qp[NQ * j + i] + d + dd);
+                    a[j][i][0] = _mm256_fmadd_ps(qd, k0, a[j][i][0]);
+                    a[j][i][1] = _mm256_fmadd_ps(qd, k1, a[j][i][1]);
+                }
+            }
+        }
+    }
+    const __m256 sc = _mm256_set1_ps(scale);
+#pragma GCC unroll 4
+    for (int j = 0; j < NK; ++j) {
+#pragma GCC unroll 4
+        for (int i = 0; i < NQ; ++i) {
+            store_ordered<T>(s[NQ * j + i], _mm256_mul_ps(a[j][i][0], sc), _mm256_mul_ps(a[j][i][1], sc));
+        }
+    }
+}
+
+/// acc[16e .. 16e + 16) (widen16<T>'s order) += p[j] * v(j)[16e .. 16e + 16) for rows j < cnt
+/// ascending (one FMA per element and row), e < NE; row j at v + j * row. acc loaded and stored
+/// back exactly, so a chain split over calls is the same chain. pf: the same rows of the piece
+/// kPfBytes ahead (prefetched row by row), or nullptr. Not inlined (as score_tile).
+template <int NE, typename T>
+__attribute__((noinline)) void pv_tile(float * acc, const float * p, int64_t cnt, const T * v, const T * pf, int64_t row) {
+    __m256 a[NE][2];
+#pragma GCC unroll 4
+    for (int e = 0; e < NE; ++e) {
+        a[e][0] = _mm256_loadu_ps(acc + 16 * e);
+        a[e][1] = _mm256_loadu_ps(acc + 16 * e + 8);
+    }
+    constexpr int64_t kLines = (NE * 16 * static_cast<int64_t>(sizeof(T)) + 63) / 64;
+    for (int64_t j = 0; j < cnt; ++j, v += row) {
+        if (pf != nullptr) {
+#pragma GCC unroll 4
+            for (int64_t l = 0; l < kLines; ++l) { prefetch(pf + l * (64 / static_cast<int64_t>(sizeof(T)))); }
+            pf += row;
+        }
+        const __m256 pj = _mm256_broadcast_ss(p + j);
+#pragma GCC unroll 4
+        for (int e = 0; e < NE; ++e) {
+            __m256 x0, x1;
+            widen16(v + 16 * e, x0, x1);
+            a[e][0] = _mm256_fmadd_ps(pj, x0, a[e][0]);
+            a[e][1] = _mm256_fmadd_ps(pj, x1, a[e][1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int e = 0; e < NE; ++e) {
+        _mm256_storeu_ps(acc + 16 * e, a[e][0]);
+        _mm256_storeu_ps(acc + 16 * e + 8, a[e][1]);
+    }
+}
+
+/// exp16 on 8 lanes: the same operations (the contractions GCC makes of exp16's expressions:
+/// fma where a product feeds a sum, the clamp as max) in the same order, so bitwise exp16.
+inline __m256 exp8(__m256 x) {
+    const __m256 round = _mm256_set1_ps(12582912.0f);
+    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  // x < -87 ? -87 : x
+    const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), round), round);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);   // x - n * 0.693359375
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);           // r - n * -2.12194440e-4
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));  // p r r + r + 1
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/// softmax_row on 8-lane registers, bitwise its result: the max as 16 lane-wise maxima (v > m ?
+/// v : m, maxps's rule) then lanes 0..15 in order and the tail; exp8 of s - max; the sum as 16
+/// lane-wise chains (two registers: lanes 0-7, 8-15) then reduce16's pairing; times 0 + 1 / sum.
+inline void softmax_row_avx2(float * s, int64_t n) {
+    __m256  m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
+    int64_t t = 0;
+    for (; t + kLanes <= n; t += kLanes) {
+        m0 = _mm256_max_ps(_mm256_loadu_ps(s + t), m0);
+        m1 = _mm256_max_ps(_mm256_loadu_ps(s + t + 8), m1);
+    }
+    alignas(32) float m[kLanes];
+    _mm256_store_ps(m, m0);
+    _mm256_store_ps(m + 8, m1);
+    float mx = -INFINITY;
+    for (int j = 0; j < kLanes; ++j) { mx = m[j] > mx ? m[j] : mx; }
+    for (; t < n; ++t) { mx = s[t] > mx ? s[t] : mx; }
+    const __m256 mxv = _mm256_set1_ps(mx);
+    __m256       s0 = _mm256_setzero_ps(), s1 = s0;
+    int64_t      t1 = 0;
+    for (; t1 + kLanes <= n; t1 += kLanes) {
+        const __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t1), mxv));
+        const __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t1 + 8), mxv));
+        _mm256_storeu_ps(s + t1, e0);
+        _mm256_storeu_ps(s + t1 + 8, e1);
+        s0 = _mm256_add_ps(s0, e0);
+        s1 = _mm256_add_ps(s1, e1);
+    }
+    if (t1 < n) {  // lanes past n become 0
+        const __m256 left = _mm256_set1_ps(static_cast<float>(n - t1));
+        const __m256 i0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), i1 = _mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15);
+        const __m256 z0 = _mm256_and_ps(_mm256_cmp_ps(i0, left, _CMP_LT_OQ), exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t1), mxv)));
+        const __m256 z1 = _mm256_and_ps(_mm256_cmp_ps(i1, left, _CMP_LT_OQ), exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t1 + 8), mxv)));
+        _mm256_storeu_ps(s + t1, z0);
+        _mm256_storeu_ps(s + t1 + 8, z1);
+        s0 = _mm256_add_ps(s0, z0);
+        s1 = _mm256_add_ps(s1, z1);
+    }
+    // reduce16: lanes i + (i + 8), then i + (i + 4), then (0 + 2) + (1 + 3).
+    const __m128 s8 = _mm_add_ps(_mm256_castps256_ps128(_mm256_add_ps(s0, s1)), _mm256_extractf128_ps(_mm256_add_ps(s0, s1), 1));
+    alignas(16) float s4[4];
+    _mm_store_ps(s4, s8);
+    const float  sum = (s4[0] + s4[2]) + (s4[1] + s4[3]);
+    const __m256 inv = _mm256_set1_ps(0.0f + 1.0f / sum);
+    for (int64_t t2 = 0; t2 < n; t2 += kLanes) {
+        _mm256_storeu_ps(s + t2, _mm256_mul_ps(_mm256_loadu_ps(s + t2), inv));
+        _mm256_storeu_ps(s + t2 + 8, _mm256_mul_ps(_mm256_loadu_ps(s + t2 + 8), inv));
+    }
+}
+
+/// One 16-key vector of the K walk: its values (kv head 0's dimension 0 at k), its first key.
+template <typename T>
+struct KeyVec {
+    const T * k;
+    int64_t   t, g;
+};
+
+}  // namespace
+
+template <typename T>
+void attend_one_avx2(float * out, const float * q, const AttnQuery & qry, int64_t n_heads, int64_t g0, int64_t g1,
+                     PagedKv kv, float scale) {
+    const T *     kpool = static_cast<const T *>(kv.k);
+    const T *     vpool = static_cast<const T *>(kv.v);
+    const int64_t hd = kv.head_dim, row = static_cast<int64_t>(kv.n_kv_heads) * hd, bs = kv.block_size;
+    const int64_t group = n_heads / kv.n_kv_heads, n = qry.n_ctx, h0 = g0 * group, nh = (g1 - g0) * group;
+    if (n <= 0) {  // no keys: zeros, as attend_tile leaves them
+        std::fill(out + h0 * hd, out + (h0 + nh) * hd, 0.0f);
+        return;
+    }
+    const int64_t ld = (n + kLanes - 1) / kLanes * kLanes + kLanes;  // scores row stride (>= the last vector's end)
+    const int64_t n_blocks = (n + bs - 1) / bs;
+    thread_local std::vector<float>      scores, acc;
+    thread_local std::vector<KeyVec<T>>  vecs;
+    if (scores.size() < static_cast<size_t>(nh * ld)) { scores.resize(static_cast<size_t>(nh * ld)); }
+
+    // K walk: block by block, each kv head of the range, its 16-key vectors (the run of a block's
+    // K for heads [g0, g1) is contiguous).
+    vecs.clear();
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const T * kb = kpool + static_cast<int64_t>(qry.block_table[b]) * bs * row;
+        for (int64_t g = g0; g < g1; ++g) {
+            for (int64_t t = b * bs; t < std::min(n, (b + 1) * bs); t += kLanes) {
+                vecs.push_back({kb + g * hd * bs + (t - b * bs), t, g});
+            }
+        }
+    }
+    const int     nq = group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;  // queries per key vector per call
+    const int     nk = 4 / nq;                                       // key vectors per call
+    const int64_t nv = static_cast<int64_t>(vecs.size());
+    const int64_t ahead = std::max<int64_t>(nk, kPfBytes / (hd * kLanes * static_cast<int64_t>(sizeof(T))));
+    for (int64_t r = 0; r < nv;) {
+        const int kk = nv - r >= nk ? nk : nv - r >= 2 && nk >= 2 ? 2 : 1;
+        const T * kp[4];
+        const T * pf[4];
+        for (int j = 0; j < kk; ++j) {
+            kp[j] = vecs[r + j].k;
+            pf[j] = vecs[std::min(r + ahead + j, nv - 1)].k;
+        }
+        const bool do_pf = r + ahead < nv;
+        for (int64_t hq = 0; hq < group; hq += nq) {
+            const float * qq[4];
+            float *       ss[4];
+            for (int j = 0; j < kk; ++j) {
+                for (int i = 0; i < nq; ++i) {
+                    const int64_t h = vecs[r + j].g * group + hq + i;
+                    qq[nq * j + i] = q + h * hd;
+                    ss[nq * j + i] = scores.data() + (h - h0) * ld + vecs[r + j].t;
+                }
+            }
+            const T * const * pfp = do_pf && hq == 0 ? pf : nullptr;
+            switch (nq * 8 + kk) {
+                case 4 * 8 + 1: score_tile<4, 1>(ss, qq, kp, pfp, bs, hd, scale); break;
+                case 2 * 8 + 2: score_tile<2, 2>(ss, qq, kp, pfp, bs, hd, scale); break;
+                case 2 * 8 + 1: score_tile<2, 1>(ss, qq, kp, pfp, bs, hd, scale); break;
+                case 1 * 8 + 4: score_tile<1, 4>(ss, qq, kp, pfp, bs, hd, scale); break;
+                case 1 * 8 + 2: score_tile<1, 2>(ss, qq, kp, pfp, bs, hd, scale); break;
+                default: score_tile<1, 1>(ss, qq, kp, pfp, bs, hd, scale); break;
+            }
+        }
+        r += kk;
+    }
+    for (int64_t h = 0; h < nh; ++h) { softmax_row_avx2(scores.data() + h * ld, n); }
+
+    // V walk: block by block, each kv head of the range (a block's V rows for heads [g0, g1) are
+    // one contiguous run), each head of its group 64 dimensions at a time. The accumulators live in
+    // `out` (f32) or in `acc` in widen16<Bf16>'s order, put in order at the end (bf16).
+    constexpr bool is_f32 = std::is_same_v<T, float>;
+    float *        o0 = out + h0 * hd;
+    if constexpr (!is_f32) {
+        if (acc.size() < static_cast<size_t>(nh * hd)) { acc.resize(static_cast<size_t>(nh * hd)); }
+    }
+    float * a0 = is_f32 ? o0 : acc.data();
+    std::fill(a0, a0 + nh * hd, 0.0f);
+    const int64_t ng = g1 - g0;
+    const int64_t ahead_v = std::max<int64_t>(1, kPfBytes / (hd * bs * static_cast<int64_t>(sizeof(T))));  // (block, head) pieces
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const int64_t t0 = b * bs, cnt = std::min(bs, n - t0);
+        const T *     vb = vpool + static_cast<int64_t>(qry.block_table[b]) * bs * row;
+        for (int64_t g = g0; g < g1; ++g) {
+            const int64_t u = b * ng + (g - g0) + ahead_v;  // the piece kPfBytes ahead: block u / ng, head g0 + u % ng
+            const T *     vf = u / ng < n_blocks
+                                   ? vpool + static_cast<int64_t>(qry.block_table[u / ng]) * bs * row + (g0 + u % ng) * hd
+                                   : nullptr;
+            for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+                const float * p = scores.data() + (h - h0) * ld + t0;
+                float *       a = a0 + (h - h0) * hd;
+                for (int64_t d0 = 0; d0 < hd;) {
+                    const T * v  = vb + g * hd + d0;
+                    const T * pf = vf != nullptr && h == g * group ? vf + d0 : nullptr;
+                    if (hd - d0 >= 64) {
+                        pv_tile<4>(a + d0, p, cnt, v, pf, row);
+                        d0 += 64;
+                    } else if (hd - d0 >= 32) {
+                        pv_tile<2>(a + d0, p, cnt, v, pf, row);
+                        d0 += 32;
+                    } else {
+                        pv_tile<1>(a + d0, p, cnt, v, pf, row);
+                        d0 += 16;
+                    }
+                }
+            }
+        }
+    }
+    if constexpr (!is_f32) {
+        for (int64_t i = 0; i < nh * hd; i += kLanes) {
+            store_ordered<T>(o0 + i, _mm256_loadu_ps(a0 + i), _mm256_loadu_ps(a0 + i + 8));
+        }
+    }
+}
+
+template void attend_one_avx2<float>(float *, const float *, const AttnQuery &, int64_t, int64_t, int64_t, PagedKv, float);
+template void attend_one_avx2<Bf16>(float *, const float *, const AttnQuery &, int64_t, int64_t, int64_t, PagedKv, float);
+
+}  // namespace fd::kernels
+#endif
