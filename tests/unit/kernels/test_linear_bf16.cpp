@@ -339,17 +339,20 @@ TEST_CASE("linear_bf16 avx2: denormal weights and x read as zero, denormal parti
         MESSAGE("this CPU has no AVX2 + FMA: only the portable path runs");
         return;
     }
-    // One row, n_in 40 (a whole step and a tail), 5 outputs, all in lane 0 of step 0 (k = 0 even,
-    // k = 1 odd): x1 * w1 = 0.5 * 2^-125 = 2^-126 (normal, kept). Output 1 adds x0 * w0 with w0 the
-    // bf16 denormal 2^-127 (read as zero); output 2's odd product is 0.5 * 2^-126 = 2^-127, a
-    // denormal result (flushed to +0); output 4 has a 1.0 in the tail step, lane 0 (k = 33).
+    // One row, n_in 40 (a whole step and a tail), 5 outputs, all in lane 0 (step 0: k = 0 even, k = 1
+    // odd; the tail step: k = 32, 33): x1 * w1 = 0.5 * 2^-125 = 2^-126 (normal, kept). Output 1 adds
+    // x0 * w0 with w0 the bf16 denormal 2^-127 (read as zero); output 2 has no k = 1 term but a last
+    // product x32 * w32 = 0.5 * 2^-126 = 2^-127, a denormal result (flushed to +0; a denormal inside
+    // the chain is read as zero by the next FMA, so only the last one tests the final flush);
+    // output 4 has a 1.0 at k = 33.
     const int64_t n_in = 40, n_out = 5;
     std::vector<float>    x(n_in, 0.0f);
     std::vector<uint16_t> w(n_out * n_in, 0);
-    x[0] = 1.0f, x[1] = 0.5f, x[33] = 1.0f;
+    x[0] = 0.5f, x[1] = 0.5f, x[32] = 0.5f, x[33] = 1.0f;
     for (int64_t o = 0; o < n_out; ++o) { w[o * n_in + 1] = 0x0100; }  // 2^-125
     w[1 * n_in + 0]  = 0x0040;  // a bf16 denormal (2^-127)
-    w[2 * n_in + 1]  = 0x0080;  // 2^-126
+    w[2 * n_in + 1]  = 0;
+    w[2 * n_in + 32] = 0x0080;  // 2^-126
     w[4 * n_in + 33] = 0x3F80;  // 1.0
     std::vector<float> out(n_out), emu(n_out);
     k::linear_bf16(emu.data(), x.data(), w.data(), k::WType::bf16, nullptr, 1, n_out, n_in, nullptr, k::Bf16Isa::portable);
@@ -357,7 +360,7 @@ TEST_CASE("linear_bf16 avx2: denormal weights and x read as zero, denormal parti
     CHECK(bits_equal(out, emu));
     const float min_normal = from_bits(0x00800000u);
     CHECK(emu[0] == min_normal);
-    CHECK(emu[1] == min_normal);  // not 2^-126 + 2^-127
+    CHECK(emu[1] == min_normal);  // not 2^-126 + 2^-128
     CHECK(to_bits(emu[2]) == 0u);  // not 2^-127
     CHECK(emu[3] == min_normal);
     CHECK(emu[4] == 1.0f);  // 2^-126 + 1 in the lane
