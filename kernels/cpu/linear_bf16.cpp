@@ -10,11 +10,13 @@
 //   sign; fma: one rounding, RNE; a NaN input propagates the first NaN of x, w, acc, quieted).
 //   Then lanes.h's fixed reduction of the 16 lanes, then the bias.
 // That is exactly one vdpbf16ps per step per lane (Intel SDM pseudo-code; checked bitwise on this
-// machine's AMD Zen 4 by tests/unit/kernels/test_linear_bf16.cpp). Two paths give these bits:
-//   avx512_bf16: vcvtne2ps2bf16 for x, vdpbf16ps for the steps, compiled with a target
-//                attribute and chosen at run time (__builtin_cpu_supports), so a build for
-//                another CPU still has it;
-//   portable:    the same steps lane by lane with std::fma and explicit DAZ/FTZ.
+// machine's AMD Zen 4 by tests/unit/kernels/test_linear_bf16.cpp). Three paths give these bits,
+// chosen at run time by bf16_best_isa() (__builtin_cpu_supports; each compiled with a target
+// attribute, so a build for another CPU still has it), best first:
+//   avx512_bf16: vcvtne2ps2bf16 for x, vdpbf16ps for the steps (this file);
+//   avx2:        two f32 FMAs per pair step on widened bf16 under MXCSR.DAZ, the last lanes
+//                flushed, NaN outputs redone portably (linear_bf16_avx2.cpp);
+//   portable:    the same steps lane by lane with std::fma and explicit DAZ/FTZ (bf16_portable.h).
 // The weights need no packing and no widening: a stored bf16 row IS the instruction's operand
 // (32 k's per 64-byte load), unlike the f32 mode, which widens each weight (two unpacks per 32).
 // Tiles (1 x 8 for one row, up to 4 x 6 for more) and the split over threads only decide which
