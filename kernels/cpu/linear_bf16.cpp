@@ -10,11 +10,13 @@
 //   sign; fma: one rounding, RNE; a NaN input propagates the first NaN of x, w, acc, quieted).
 //   Then lanes.h's fixed reduction of the 16 lanes, then the bias.
 // That is exactly one vdpbf16ps per step per lane (Intel SDM pseudo-code; checked bitwise on this
-// machine's AMD Zen 4 by tests/unit/kernels/test_linear_bf16.cpp). Two paths give these bits:
-//   avx512_bf16: vcvtne2ps2bf16 for x, vdpbf16ps for the steps, compiled with a target
-//                attribute and chosen at run time (__builtin_cpu_supports), so a build for
-//                another CPU still has it;
-//   portable:    the same steps lane by lane with std::fma and explicit DAZ/FTZ.
+// machine's AMD Zen 4 by tests/unit/kernels/test_linear_bf16.cpp). Three paths give these bits,
+// chosen at run time by bf16_best_isa() (__builtin_cpu_supports; each compiled with a target
+// attribute, so a build for another CPU still has it), best first:
+//   avx512_bf16: vcvtne2ps2bf16 for x, vdpbf16ps for the steps (this file);
+//   avx2:        two f32 FMAs per pair step on widened bf16 under MXCSR.DAZ, the last lanes
+//                flushed, NaN outputs redone portably (linear_bf16_avx2.cpp);
+//   portable:    the same steps lane by lane with std::fma and explicit DAZ/FTZ (bf16_portable.h).
 // The weights need no packing and no widening: a stored bf16 row IS the instruction's operand
 // (32 k's per 64-byte load), unlike the f32 mode, which widens each weight (two unpacks per 32).
 // Tiles (1 x 8 for one row, up to 4 x 6 for more) and the split over threads only decide which
@@ -25,7 +27,9 @@
 #include "fd/kernels/cpu_ops.h"
 #include "fd/status.h"
 
+#include "bf16_portable.h"
 #include "lanes.h"
+#include "linear_bf16_avx2.h"
 #include "linear_step.h"
 
 #include <algorithm>
@@ -42,72 +46,15 @@
 namespace fd::kernels {
 namespace {
 
-constexpr int64_t kStepK = 32;  ///< k's per step: one vdpbf16ps
-
-inline int64_t padded_k(int64_t n_in) { return (n_in + kStepK - 1) / kStepK * kStepK; }
 /// Elements from one rounded x row to the next: the padded k plus one cache line, so that the
 /// rows of a tile do not all fall in the same L1 sets (4 KiB apart when n_in = 2048).
 inline int64_t x_stride(int64_t n_in) { return padded_k(n_in) + kStepK; }
-
-inline float from_bits(uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-}
-inline uint32_t to_bits(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof u);
-    return u;
-}
-inline float bf16_value(uint16_t b) { return from_bits(uint32_t(b) << 16); }
-/// Denormal → zero of its sign (the instruction's DAZ on inputs and FTZ on results).
-inline float flush(float v) { return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.0f, v) : v; }
-
-/// vcvtne2ps2bf16 of one value: NaN → quiet NaN (payload's top bits), denormal → zero of its
-/// sign, else round to nearest even.
-inline uint16_t round_one(float v) {
-    const uint32_t u = to_bits(v);
-    if (std::isnan(v)) { return static_cast<uint16_t>((u >> 16) | 0x0040u); }
-    if (std::fpclassify(v) == FP_SUBNORMAL) { return static_cast<uint16_t>((u >> 16) & 0x8000u); }
-    return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-/// acc + x * w as the instruction computes it: DAZ on the inputs, one rounding, FTZ; a NaN input
-/// gives the first NaN of x, w, acc made quiet (measured on Zen 4, the SDM's order for two-source
-/// ops), an invalid operation (inf * 0, inf - inf) the x86 default NaN 0xFFC00000.
-inline float fma_daz_ftz(float x, float w, float acc) {
-    x = flush(x), w = flush(w), acc = flush(acc);
-    if (std::isnan(x) || std::isnan(w) || std::isnan(acc)) {
-        return from_bits(to_bits(std::isnan(x) ? x : std::isnan(w) ? w : acc) | 0x00400000u);
-    }
-    const float r = std::fma(x, w, acc);
-    return std::isnan(r) ? from_bits(0xFFC00000u) : flush(r);
-}
-
-/// One lane of one step (portable): the odd pair first, then the even pair.
-inline float dp_lane(float acc, uint16_t x_even, uint16_t x_odd, uint16_t w_even, uint16_t w_odd) {
-    acc = fma_daz_ftz(bf16_value(x_odd), bf16_value(w_odd), acc);
-    return fma_daz_ftz(bf16_value(x_even), bf16_value(w_even), acc);
-}
 
 /// x [n_rows, n_in] f32 → xb [n_rows, kp] bf16 (kp = padded_k(n_in), zero tail), portable.
 void round_rows_portable(uint16_t * xb, const float * x, int64_t r0, int64_t r1, int64_t n_in) {
     const int64_t kp = padded_k(n_in), ldx = x_stride(n_in);
     for (int64_t r = r0; r < r1; ++r) {
         for (int64_t k = 0; k < kp; ++k) { xb[r * ldx + k] = k < n_in ? round_one(x[r * n_in + k]) : uint16_t{0}; }
-    }
-}
-
-/// Weights k .. k + 31 of a row as bf16 (f32 rounded; past n_in zero), portable.
-inline void weight_step_portable(uint16_t (&w)[kStepK], const char * row, WType wtype, int64_t k, int64_t n_in) {
-    for (int64_t j = 0; j < kStepK; ++j) {
-        if (k + j >= n_in) {
-            w[j] = 0;
-        } else if (wtype == WType::bf16) {
-            w[j] = reinterpret_cast<const uint16_t *>(row)[k + j];
-        } else {
-            w[j] = round_one(reinterpret_cast<const float *>(row)[k + j]);
-        }
     }
 }
 
@@ -331,18 +278,29 @@ bool cpu_has_avx512_bf16() {
 
 void require(Bf16Isa isa) {
     if (isa == Bf16Isa::avx512_bf16 && !cpu_has_avx512_bf16()) {
-        fail(Errc::invalid_argument, "bf16 compute: this CPU has no AVX512_BF16 (use the portable path)");
+        fail(Errc::invalid_argument, "bf16 compute: this CPU has no AVX512_BF16 (use the avx2 or portable path)");
+    }
+    if (isa == Bf16Isa::avx2 && !detail::cpu_has_avx2_fma()) {
+        fail(Errc::invalid_argument, "bf16 compute: this CPU has no AVX2 + FMA (use the portable path)");
     }
 }
 
 }  // namespace
 
-const char * bf16_isa_name(Bf16Isa isa) { return isa == Bf16Isa::avx512_bf16 ? "avx512_bf16" : "portable"; }
+const char * bf16_isa_name(Bf16Isa isa) {
+    return isa == Bf16Isa::avx512_bf16 ? "avx512_bf16" : isa == Bf16Isa::avx2 ? "avx2" : "portable";
+}
 
-Bf16Isa bf16_best_isa() { return cpu_has_avx512_bf16() ? Bf16Isa::avx512_bf16 : Bf16Isa::portable; }
+Bf16Isa bf16_best_isa() {
+    return cpu_has_avx512_bf16() ? Bf16Isa::avx512_bf16 : detail::cpu_has_avx2_fma() ? Bf16Isa::avx2 : Bf16Isa::portable;
+}
 
 void round_to_bf16(uint16_t * out, const float * x, int64_t n, Bf16Isa isa) {
     require(isa);
+    if (isa == Bf16Isa::avx2) {
+        detail::round_to_bf16_avx2(out, x, n);
+        return;
+    }
 #if defined(FD_HAVE_BF16_TARGET)
     if (isa == Bf16Isa::avx512_bf16) {
         const int64_t whole = n / kStepK * kStepK;
@@ -362,6 +320,10 @@ void round_to_bf16(uint16_t * out, const float * x, int64_t n, Bf16Isa isa) {
 
 void dpbf16_step(float * acc, const uint16_t * a, const uint16_t * b, Bf16Isa isa) {
     require(isa);
+    if (isa == Bf16Isa::avx2) {
+        detail::dpbf16_step_avx2(acc, a, b);
+        return;
+    }
 #if defined(FD_HAVE_BF16_TARGET)
     if (isa == Bf16Isa::avx512_bf16) {
         dp_step_avx(acc, a, b);
@@ -375,6 +337,10 @@ void linear_bf16(float * out, const float * x, const void * w, WType wtype, cons
                  int64_t n_out, int64_t n_in, ThreadPool * pool, Bf16Isa isa) {
     if (n_rows <= 0 || n_out <= 0) { return; }
     require(isa);
+    if (isa == Bf16Isa::avx2) {
+        detail::linear_bf16_avx2(out, x, w, wtype, bias, n_rows, n_out, n_in, pool);
+        return;
+    }
     const char *  wb = static_cast<const char *>(w);
     const int64_t ldx = x_stride(n_in);
     // x rounded once per call (the caller's thread-local buffer; tasks only read it).

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <functional>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -29,6 +29,14 @@ inline void load_bf16_step(const uint16_t * p, f32x16 & lo, f32x16 & hi) {
     const __m512i l = _mm512_unpacklo_epi16(z, v), h = _mm512_unpackhi_epi16(z, v);
     std::memcpy(&lo, &l, sizeof lo);
     std::memcpy(&hi, &h, sizeof hi);
+#elif defined(__AVX2__)
+    // The same lanes from two 256-bit halves: lanes 0-7 of lo / hi come from p[0..15], 8-15 from p[16..31].
+    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
+    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 16)), z = _mm256_setzero_si256();
+    const __m256i l[2] = {_mm256_unpacklo_epi16(z, v0), _mm256_unpacklo_epi16(z, v1)};
+    const __m256i h[2] = {_mm256_unpackhi_epi16(z, v0), _mm256_unpackhi_epi16(z, v1)};
+    std::memcpy(&lo, l, sizeof lo);
+    std::memcpy(&hi, h, sizeof hi);
 #else
     alignas(64) uint32_t l[kLanes], h[kLanes];
     for (int m = 0; m < kLanes; ++m) {

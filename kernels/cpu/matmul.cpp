@@ -25,7 +25,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512BW__)
+#if defined(__AVX512BW__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 namespace fd::kernels {
@@ -33,6 +33,11 @@ namespace {
 
 constexpr int64_t kDirectRows = 8;  ///< f32 weights, up to this many rows: streamed, not packed
 constexpr int64_t kShortRowBytes = 4096;  ///< one-row path: rows shorter than this prefetch the next tile (TileArgs::pf)
+#if defined(__AVX512BW__)
+constexpr int kStripNR = 8;  ///< one-row path: outputs per tile (8 accumulators of 16 lanes)
+#else
+constexpr int kStripNR = 4;  ///< one-row path: outputs per tile (two ymm per 16-lane accumulator)
+#endif
 
 /// One MR x NR register tile over a chunk of k: MR rows of x and NR weight rows, both already
 /// at the chunk's first k. Rows past n_rows / outputs past n_cols repeat the last valid one
@@ -109,6 +114,57 @@ __attribute__((noinline)) void whole_steps(f32x16 (&acc)[MR][NR], const float * 
         for (int c = 0; c < NR; ++c) { std::memcpy(&acc[r][c], &a[r][c], sizeof(__m512)); }
     }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+/// whole_steps with AVX2: each 16-lane accumulator as two ymm halves (lanes 0-7, 8-15), the very
+/// FMAs of the generic step in tile() (the same widened weights: half h of a bf16 step is one
+/// 256-bit load, its lo / hi lanes one unpack each; x lo before hi), the weights of a step loaded
+/// once per output. One row: 1 x 4 tiles (strip(), kStripNR) keep the 8 accumulators, x and the
+/// widened weights in the 16 ymm registers (the generic f32x16 code spilled at 1 x 8).
+template <WType T, int MR, int NR, bool kPrefetch>
+__attribute__((noinline)) void whole_steps(f32x16 (&acc)[MR][NR], const float * const (&xr)[MR],
+                                           const char * const (&wr)[NR], int64_t n_steps, const char * pf) {
+    using S = Step<T>;
+    __m256 a[MR][NR][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) { std::memcpy(&a[r][c][0], &acc[r][c], sizeof(a[r][c])); }
+    }
+    const __m256i z = _mm256_setzero_si256();
+    for (int64_t s = 0; s < n_steps; ++s) {
+        const int64_t k = s * S::K;
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 8
+            for (int c = 0; c < NR; ++c) {
+                if (kPrefetch && h == 0) { __builtin_prefetch(pf ? pf + (s * NR + c) * 64 : wr[c] + k * S::kElemBytes + 512, 0, 3); }
+                if constexpr (T == WType::f32) {
+                    const __m256 w = _mm256_loadu_ps(reinterpret_cast<const float *>(wr[c]) + k + 8 * h);
+#pragma GCC unroll 8
+                    for (int r = 0; r < MR; ++r) { a[r][c][h] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k + 8 * h), w, a[r][c][h]); }
+                } else {
+                    const __m256i v  = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(reinterpret_cast<const uint16_t *>(wr[c]) + k + 16 * h));
+                    const __m256  lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v));
+                    const __m256  hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v));
+#pragma GCC unroll 8
+                    for (int r = 0; r < MR; ++r) {
+                        a[r][c][h] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k + 8 * h), lo, a[r][c][h]);
+                        a[r][c][h] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k + kLanes + 8 * h), hi, a[r][c][h]);
+                    }
+                }
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) { std::memcpy(&acc[r][c], &a[r][c][0], sizeof(a[r][c])); }
+    }
+}
+#define FD_HAVE_WHOLE_STEPS 1
+#endif
+#if defined(__AVX512BW__)
+#define FD_HAVE_WHOLE_STEPS 1
 #endif
 
 template <WType T, int MR, int NR, bool kPrefetch>
@@ -123,7 +179,7 @@ void tile(const TileArgs & t) {
         for (int c = 0; c < NR; ++c) { acc[r][c] = t.first ? f32x16{} : t.carry[r * NR + c]; }
     }
     int64_t k = 0;
-#if defined(__AVX512BW__)
+#if defined(FD_HAVE_WHOLE_STEPS)
     whole_steps<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_k / S::K, t.pf);
     k = t.n_k / S::K * S::K;
 #endif
@@ -164,7 +220,7 @@ template <WType T>
 void strip(float * out, const float * x, const char * w, const float * bias, int64_t n_in, int64_t o0,
            int64_t o1) {
     const int64_t row_bytes = n_in * Step<T>::kElemBytes;
-    constexpr int NR = 8;
+    constexpr int NR = kStripNR;
     // Short rows (MoE experts, small models): 512 bytes ahead would land in the tile's own next
     // row; stream the next tile instead (issue 23: 1 KiB bf16 expert rows read at 0.3 of the
     // read bandwidth with the per-row prefetch).

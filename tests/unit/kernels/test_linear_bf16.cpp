@@ -7,6 +7,7 @@
 #include "fd/kernels/cpu_ops.h"
 #include "fd/kernels/thread_pool.h"
 
+#include "fd/status.h"
 #include "test_util.h"
 
 #include <doctest/doctest.h>
@@ -64,6 +65,18 @@ float random_f32(std::mt19937 & rng, bool specials) {
 }
 
 bool have_avx512_bf16() { return k::bf16_best_isa() == k::Bf16Isa::avx512_bf16; }
+
+/// Whether `isa` runs on this CPU (linear_bf16 refuses one that does not).
+bool runs_here(k::Bf16Isa isa) {
+    uint16_t out = 0;
+    const float one = 1.0f;
+    try {
+        k::round_to_bf16(&out, &one, 1, isa);
+        return true;
+    } catch (const fd::Error &) {
+        return false;
+    }
+}
 
 /// NaN == NaN for the comparison of results that may hold NaN (payloads compared too).
 bool same_bits(float a, float b) { return to_bits(a) == to_bits(b); }
@@ -203,6 +216,154 @@ TEST_CASE("linear_bf16: the avx512_bf16 and portable paths give the same bits (1
             }
         }
     }
+}
+
+// The AVX2 path (Bf16Isa::avx2) has no instruction to be checked against: its reference is the
+// portable path, bit for bit, which the tests above tie to vdpbf16ps on a CPU that has it.
+
+TEST_CASE("round_to_bf16: the avx2 path gives the portable bits (denormals, ties, inf, NaN, tails)") {
+    if (!runs_here(k::Bf16Isa::avx2)) {
+        MESSAGE("this CPU has no AVX2 + FMA: only the portable path runs");
+        return;
+    }
+    std::mt19937 rng(282);
+    for (int64_t n : {1, 7, 15, 16, 17, 31, 32, 33, 1000, 4096 + 7}) {
+        std::vector<float> x(static_cast<size_t>(n));
+        for (auto & v : x) { v = random_f32(rng, true); }
+        std::vector<uint16_t> avx(x.size()), emu(x.size());
+        k::round_to_bf16(avx.data(), x.data(), n, k::Bf16Isa::avx2);
+        k::round_to_bf16(emu.data(), x.data(), n, k::Bf16Isa::portable);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; ++i) { bad += avx[i] != emu[i]; }
+        CAPTURE(n);
+        CHECK(bad == 0);
+    }
+}
+
+TEST_CASE("dpbf16_step: the avx2 path equals the portable one bitwise over 2 million lanes with denormals and specials") {
+    if (!runs_here(k::Bf16Isa::avx2)) {
+        MESSAGE("this CPU has no AVX2 + FMA: only the portable path runs");
+        return;
+    }
+    std::mt19937 rng(20282);
+    int64_t bad = 0, lanes = 0, denormal_acc = 0, flushed = 0, nan = 0;
+    for (int it = 0; it < 130000; ++it) {
+        uint16_t a[32], b[32];
+        float    acc_avx[16], acc_emu[16];
+        const bool specials = it % 4 == 0;
+        for (int i = 0; i < 32; ++i) { a[i] = random_bf16(rng, specials), b[i] = random_bf16(rng, specials); }
+        for (int l = 0; l < 16; ++l) {
+            acc_avx[l] = acc_emu[l] = random_f32(rng, specials);
+            denormal_acc += std::fpclassify(acc_avx[l]) == FP_SUBNORMAL;
+        }
+        k::dpbf16_step(acc_avx, a, b, k::Bf16Isa::avx2);
+        k::dpbf16_step(acc_emu, a, b, k::Bf16Isa::portable);
+        for (int l = 0; l < 16; ++l) {
+            bad += !same_bits(acc_avx[l], acc_emu[l]);
+            flushed += acc_emu[l] == 0.0f;
+            nan += std::isnan(acc_emu[l]);
+            ++lanes;
+        }
+    }
+    CHECK(lanes > 2000000);
+    CHECK(denormal_acc > 10000);  // the data did reach the DAZ / FTZ corners and the NaN rules
+    CHECK(flushed > 1000);
+    CHECK(nan > 1000);
+    CHECK(bad == 0);
+}
+
+TEST_CASE("dpbf16_step avx2: FTZ as the portable flush, not MXCSR.FTZ (a sum just below 2^-126 that rounds up to it)") {
+    if (!runs_here(k::Bf16Isa::avx2)) {
+        MESSAGE("this CPU has no AVX2 + FMA: only the portable path runs");
+        return;
+    }
+    // acc = 2^-126; odd pair 1.5 * 2^-75 * -2^-76 = -1.5 * 2^-151. The exact sum 2^-126 - 0.75 * 2^-150
+    // rounds to 2^-126 in the denormal format (kept: normal) but to 2^-126 - 2^-150 with an unbounded
+    // exponent, which x86 calls tiny: MXCSR.FTZ would give +0. Lane 1: the same with the signs turned,
+    // lane 2: a plain denormal result (2^-127), flushed to +0 by both.
+    uint16_t a[32] = {}, b[32] = {};
+    float    acc[16] = {}, emu[16];
+    acc[0] = from_bits(0x00800000u), a[1] = 0x1A40, b[1] = 0x9980;  // 1.5 * 2^-75, -2^-76
+    acc[1] = from_bits(0x80800000u), a[3] = 0x1A40, b[3] = 0x1980;
+    acc[2] = from_bits(0x00800000u), a[5] = 0x8080, b[5] = 0x3F00;  // -2^-126 * 0.5
+    std::memcpy(emu, acc, sizeof acc);
+    k::dpbf16_step(emu, a, b, k::Bf16Isa::portable);
+    k::dpbf16_step(acc, a, b, k::Bf16Isa::avx2);
+    CHECK(to_bits(emu[0]) == 0x00800000u);
+    CHECK(to_bits(emu[1]) == 0x80800000u);
+    CHECK(to_bits(emu[2]) == 0x00000000u);
+    for (int l = 0; l < 16; ++l) {
+        CAPTURE(l);
+        CHECK(to_bits(acc[l]) == to_bits(emu[l]));
+    }
+}
+
+TEST_CASE("linear_bf16: the avx2 and portable paths give the same bits (1 to 300 rows, tails, denormal-heavy and NaN/inf data, 0-3 threads)") {
+    if (!runs_here(k::Bf16Isa::avx2)) {
+        MESSAGE("this CPU has no AVX2 + FMA: only the portable path runs");
+        return;
+    }
+    std::mt19937  rng(112);
+    k::ThreadPool pool2(2), pool3(3);
+    int64_t       nan_outputs = 0;
+    for (bool specials : {false, true}) {
+    for (k::WType wt : {k::WType::f32, k::WType::bf16}) {
+        for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{29, 7}, {9, 31}, {100, 33}, {48, 256}, {61, 1061}}) {
+            std::vector<float> wf(size_t(n_out * n_in));
+            for (auto & v : wf) { v = random_f32(rng, specials && rng() % 64 == 0); }
+            std::vector<uint16_t> wb(wf.size());
+            for (auto & v : wb) { v = random_bf16(rng, specials && rng() % 64 == 0); }
+            const void * w    = wt == k::WType::bf16 ? static_cast<const void *>(wb.data()) : wf.data();
+            const auto   bias = random_vec(rng, size_t(n_out));
+            for (int64_t n_rows : {1, 2, 3, 4, 5, 9, 300}) {
+                std::vector<float> x(size_t(n_rows * n_in));
+                for (auto & v : x) { v = random_f32(rng, specials && rng() % 64 == 0); }
+                std::vector<float> emu(size_t(n_rows * n_out));
+                k::linear_bf16(emu.data(), x.data(), w, wt, bias.data(), n_rows, n_out, n_in, nullptr, k::Bf16Isa::portable);
+                for (float v : emu) { nan_outputs += std::isnan(v); }
+                for (k::ThreadPool * pl : {static_cast<k::ThreadPool *>(nullptr), &pool2, &pool3}) {
+                    std::vector<float> avx(size_t(n_rows * n_out));
+                    k::linear_bf16(avx.data(), x.data(), w, wt, bias.data(), n_rows, n_out, n_in, pl, k::Bf16Isa::avx2);
+                    CAPTURE(specials); CAPTURE(int(wt)); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(n_rows); CAPTURE(pl ? pl->n_threads() : 0);
+                    CHECK(bits_equal(avx, emu));
+                }
+            }
+        }
+    }
+    }
+    CHECK(nan_outputs > 100);  // the NaN fallback ran
+}
+
+TEST_CASE("linear_bf16 avx2: denormal weights and x read as zero, denormal partial sums flushed (hand-made)") {
+    if (!runs_here(k::Bf16Isa::avx2)) {
+        MESSAGE("this CPU has no AVX2 + FMA: only the portable path runs");
+        return;
+    }
+    // One row, n_in 40 (a whole step and a tail), 5 outputs, all in lane 0 (step 0: k = 0 even, k = 1
+    // odd; the tail step: k = 32, 33): x1 * w1 = 0.5 * 2^-125 = 2^-126 (normal, kept). Output 1 adds
+    // x0 * w0 with w0 the bf16 denormal 2^-127 (read as zero); output 2 has no k = 1 term but a last
+    // product x32 * w32 = 0.5 * 2^-126 = 2^-127, a denormal result (flushed to +0; a denormal inside
+    // the chain is read as zero by the next FMA, so only the last one tests the final flush);
+    // output 4 has a 1.0 at k = 33.
+    const int64_t n_in = 40, n_out = 5;
+    std::vector<float>    x(n_in, 0.0f);
+    std::vector<uint16_t> w(n_out * n_in, 0);
+    x[0] = 0.5f, x[1] = 0.5f, x[32] = 0.5f, x[33] = 1.0f;
+    for (int64_t o = 0; o < n_out; ++o) { w[o * n_in + 1] = 0x0100; }  // 2^-125
+    w[1 * n_in + 0]  = 0x0040;  // a bf16 denormal (2^-127)
+    w[2 * n_in + 1]  = 0;
+    w[2 * n_in + 32] = 0x0080;  // 2^-126
+    w[4 * n_in + 33] = 0x3F80;  // 1.0
+    std::vector<float> out(n_out), emu(n_out);
+    k::linear_bf16(emu.data(), x.data(), w.data(), k::WType::bf16, nullptr, 1, n_out, n_in, nullptr, k::Bf16Isa::portable);
+    k::linear_bf16(out.data(), x.data(), w.data(), k::WType::bf16, nullptr, 1, n_out, n_in, nullptr, k::Bf16Isa::avx2);
+    CHECK(bits_equal(out, emu));
+    const float min_normal = from_bits(0x00800000u);
+    CHECK(emu[0] == min_normal);
+    CHECK(emu[1] == min_normal);  // not 2^-126 + 2^-128
+    CHECK(to_bits(emu[2]) == 0u);  // not 2^-127
+    CHECK(emu[3] == min_normal);
+    CHECK(emu[4] == 1.0f);  // 2^-126 + 1 in the lane
 }
 
 }  // TEST_SUITE

@@ -43,20 +43,24 @@ namespace fd::kernels {
 void linear(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
             int64_t n_out, int64_t n_in, ThreadPool * pool);
 
-/// Which instructions run linear_bf16's steps. Both give the same bits (the unit tests check it).
+/// Which instructions run linear_bf16's steps. All give the same bits (the unit tests check it).
 enum class Bf16Isa : uint8_t {
     portable    = 0,  ///< lane by lane, std::fma with explicit DAZ/FTZ (any CPU)
     avx512_bf16 = 1,  ///< vcvtne2ps2bf16 + vdpbf16ps (chosen at run time when the CPU has AVX512_BF16)
+    avx2        = 2,  ///< two f32 FMAs per pair step on widened bf16 under MXCSR.DAZ, the last lanes
+                      ///< flushed, NaN outputs redone portably (chosen when the CPU has AVX2 + FMA
+                      ///< but no AVX512_BF16; kernels/cpu/linear_bf16_avx2.cpp)
 };
-/// "portable" / "avx512_bf16".
+/// "portable" / "avx512_bf16" / "avx2".
 const char * bf16_isa_name(Bf16Isa isa);
-/// avx512_bf16 when this CPU has it (cpuid, checked once), else portable.
+/// avx512_bf16 when this CPU has it (cpuid, checked once), else avx2 when it has AVX2 and FMA,
+/// else portable.
 Bf16Isa bf16_best_isa();
 
 /// Round f32 to bf16 as vcvtne2ps2bf16 does: round to nearest even; a denormal becomes a zero of
 /// its sign; NaN stays NaN (quiet).
 /// Shapes   out [n] bf16 bits written;  x [n] f32.
-/// Errors   fd::Error{invalid_argument} when `isa` is avx512_bf16 and the CPU lacks it.
+/// Errors   fd::Error{invalid_argument} when `isa` is avx512_bf16 or avx2 and the CPU lacks it.
 void round_to_bf16(uint16_t * out, const float * x, int64_t n, Bf16Isa isa);
 
 /// One vdpbf16ps: for each lane l < 16,
@@ -81,7 +85,9 @@ void dpbf16_step(float * acc, const uint16_t * a, const uint16_t * b, Bf16Isa is
 ///          ranges of whole 24-output groups (one row: ~128 KiB of weights per task).
 /// Paths    avx512_bf16: 1 x 8 register tiles for one row (weights streamed, prefetched), up to
 ///          4 x 6 for more (rows in blocks of ~256 KiB of bf16 x); the stored bf16 rows are the
-///          instruction's operands (no packing, no widening).
+///          instruction's operands (no packing, no widening). avx2: 1 x 4 tiles for one row, 2 x 2
+///          for more; x rounded once per call and widened to f32 (odd / even k's apart), each
+///          weight pair widened in registers (an AND and a shift).
 /// Errors   as round_to_bf16.
 void linear_bf16(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
                  int64_t n_out, int64_t n_in, ThreadPool * pool, Bf16Isa isa = bf16_best_isa());

@@ -1,0 +1,342 @@
+// The AVX2 + FMA path of the bf16 compute mode (Bf16Isa::avx2; issue 28 on CPUs without
+// AVX512_BF16). Same arithmetic, same bits as the portable path (bf16_portable.h) and vdpbf16ps:
+// per output 16 lanes, lane l of step s holding k = 32 s + 2 l (even) and 32 s + 2 l + 1 (odd),
+//   acc = FTZ(fma(DAZ(x_odd), DAZ(w_odd), DAZ(acc)));  acc = FTZ(fma(DAZ(x_even), DAZ(w_even), acc))
+// then lanes.h's reduction and the bias. How this file gets those bits:
+// - A bf16 x bf16 product is exact in f32, so a pair step is two ordinary f32 FMAs on the
+//   widened operands (odd pair first). A stored bf16 pair is one 32-bit lane: the odd element is
+//   the lane AND 0xFFFF0000, the even one the lane shifted left by 16, both exact f32 values.
+//   8 lanes per ymm, so an output's 16 lanes are two accumulators (half 0: lanes 0-7).
+// - DAZ / FTZ: the steps run with MXCSR.DAZ set (and FTZ clear). DAZ reads a denormal input
+//   (x, w, or the accumulator) as a zero of its sign, as the portable code's flush() does. A
+//   denormal FMA result is kept (gradual underflow, as std::fma gives it) but every later reader
+//   is a DAZ-mode FMA that reads it as that same signed zero; only the last value of each lane is
+//   flushed, explicitly (integer ops), before the reduction, which runs with MXCSR restored.
+//   MXCSR.FTZ itself is not used: it tests tininess after rounding with an unbounded exponent,
+//   so a result just below 2^-126 that rounds up to 2^-126 in the denormal format is flushed by
+//   FTZ and kept by the portable flush (tests/unit/kernels/test_linear_bf16.cpp has that case).
+// - NaN: the FMA's NaN choice is not the portable path's (first NaN of x, w, acc). A NaN in a
+//   lane's chain stays to the end, so an output whose sum is NaN is recomputed by the portable
+//   code (dot_portable); every other output never met one and is already exact.
+// Tiles: 1 x 4 outputs for one row (weights streamed, prefetched), 2 x 2 for more (x rounded once
+// per call into the widened odd / even layout, rows in blocks of ~256 KiB of it). F32 weights
+// are rounded to bf16 per strip into a scratch row (the numbers of rounding them at load).
+#include "linear_bf16_avx2.h"
+
+#include "bf16_portable.h"
+#include "lanes.h"
+#include "linear_step.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define FD_HAVE_AVX2_TARGET 1
+#define FD_AVX2_TARGET __attribute__((target("avx2,fma")))
+#endif
+
+namespace fd::kernels::detail {
+
+#if defined(FD_HAVE_AVX2_TARGET)
+namespace {
+
+constexpr unsigned kDaz = 0x0040, kFtz = 0x8000;  ///< MXCSR bits
+constexpr int64_t  kPrefetchAhead = 512;          ///< bytes ahead in a long weight row (one-row tiles)
+
+/// Floats from one widened x row to the next: a float per k, plus one cache line (L1 sets).
+inline int64_t xw_stride(int64_t n_in) { return padded_k(n_in) + 16; }
+
+/// 8 f32 bit patterns from p (`left` valid, the rest zero).
+FD_AVX2_TARGET inline __m256i load8(const float * p, int64_t left) {
+    if (left >= 8) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
+    if (left <= 0) { return _mm256_setzero_si256(); }
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_castps_si256(_mm256_maskload_ps(p, m));
+}
+
+/// round_one of 8 values, left as f32 bit patterns (the bf16 in the top 16 bits, low bits zero).
+FD_AVX2_TARGET inline __m256i round8(__m256i u) {
+    const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+    const __m256i den = _mm256_cmpeq_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7F800000)), _mm256_setzero_si256());
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i       r   = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), top);
+    r = _mm256_blendv_epi8(r, _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), top), nan);
+    return _mm256_blendv_epi8(r, _mm256_and_si256(u, _mm256_set1_epi32(static_cast<int>(0x80000000u))), den);
+}
+
+/// 16 values from p (`left` valid, the rest zero) rounded to bf16, in order.
+FD_AVX2_TARGET inline __m256i round16(const float * p, int64_t left) {
+    const __m256i a = round8(load8(p, left)), b = round8(load8(p + 8, left - 8));
+    const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(a, 16), _mm256_srli_epi32(b, 16));  // a0-3 b0-3 a4-7 b4-7
+    return _mm256_permute4x64_epi64(packed, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+/// x rows [r0, r1) → xw [.., ldxw]: per step of 32 k's, per half h, the 8 odd then the 8 even
+/// k's of pairs 8h .. 8h + 7 as f32 (the bf16 values exactly; zero past n_in).
+FD_AVX2_TARGET void widen_rows(float * xw, const float * x, int64_t r0, int64_t r1, int64_t n_in, int64_t ldxw) {
+    const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (int64_t r = r0; r < r1; ++r) {
+        const float * src = x + r * n_in;
+        float *       dst = xw + r * ldxw;
+        for (int64_t k = 0; k < padded_k(n_in); k += 16) {
+            const __m256i v = round16(src + k, n_in - k);
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + k), _mm256_and_si256(v, top));
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + k + 8), _mm256_slli_epi32(v, 16));
+        }
+    }
+}
+
+/// One f32 weight row rounded to bf16, zero-padded to kp (a multiple of 32).
+FD_AVX2_TARGET void round_row(uint16_t * dst, const float * src, int64_t n_in, int64_t kp) {
+    for (int64_t k = 0; k < kp; k += 16) { _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + k), round16(src + k, n_in - k)); }
+}
+
+/// n_steps steps of an MR x NR tile, lanes [MR * NR][16] read and written (DAZ set by the
+/// caller). xr: widened x rows at the first step; wr: bf16 weight rows at the first step.
+/// kPrefetch: `pf` non-null streams the next tile's weights (NR lines per step, short rows), else
+/// each row's own line kPrefetchAhead bytes ahead.
+template <int MR, int NR, bool kPrefetch>
+FD_AVX2_TARGET __attribute__((noinline)) void steps(float * lanes, const float * const (&xr)[MR],
+                                                    const uint16_t * const (&wr)[NR], int64_t n_steps, const char * pf) {
+    __m256 a[MR][NR][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) {
+            a[r][c][0] = _mm256_loadu_ps(lanes + (r * NR + c) * 16);
+            a[r][c][1] = _mm256_loadu_ps(lanes + (r * NR + c) * 16 + 8);
+        }
+    }
+    const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (int64_t s = 0; s < n_steps; ++s) {
+        const int64_t k = s * kStepK;
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+            __m256 xo[MR], xe[MR];
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r) {
+                xo[r] = _mm256_loadu_ps(xr[r] + k + 16 * h);
+                xe[r] = _mm256_loadu_ps(xr[r] + k + 16 * h + 8);
+            }
+#pragma GCC unroll 8
+            for (int c = 0; c < NR; ++c) {
+                if (kPrefetch && h == 0) {
+                    _mm_prefetch(pf ? pf + (s * NR + c) * 64 : reinterpret_cast<const char *>(wr[c] + k) + kPrefetchAhead, _MM_HINT_T0);
+                }
+                const __m256i v  = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(wr[c] + k + 16 * h));
+                const __m256  wo = _mm256_castsi256_ps(_mm256_and_si256(v, top));
+                const __m256  we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+#pragma GCC unroll 8
+                for (int r = 0; r < MR; ++r) {
+                    a[r][c][h] = _mm256_fmadd_ps(xo[r], wo, a[r][c][h]);  // the odd pair first
+                    a[r][c][h] = _mm256_fmadd_ps(xe[r], we, a[r][c][h]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) {
+            _mm256_storeu_ps(lanes + (r * NR + c) * 16, a[r][c][0]);
+            _mm256_storeu_ps(lanes + (r * NR + c) * 16 + 8, a[r][c][1]);
+        }
+    }
+}
+
+/// Denormal lanes → zero of their sign (integer ops: MXCSR plays no part). n floats, n % 8 == 0.
+FD_AVX2_TARGET void flush_lanes(float * lanes, int n) {
+    const __m256i expo = _mm256_set1_epi32(0x7F800000), mag = _mm256_set1_epi32(0x7FFFFFFF);
+    for (int i = 0; i < n; i += 8) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(lanes + i));
+        const __m256i z = _mm256_cmpeq_epi32(_mm256_and_si256(v, expo), _mm256_setzero_si256());
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(lanes + i), _mm256_andnot_si256(_mm256_and_si256(z, mag), v));
+    }
+}
+
+/// The whole steps, then the zero-padded tail step (when `tail`), under MXCSR.DAZ; MXCSR is
+/// restored before returning. Its own noinline function: no FP op of the caller can move inside.
+template <int MR, int NR, bool kPrefetch>
+__attribute__((noinline)) void steps_daz(float * lanes, const float * const (&xr)[MR], const uint16_t * const (&wr)[NR],
+                                         int64_t n_steps, const uint16_t * const (&tail)[NR], bool has_tail, const char * pf) {
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr((csr | kDaz) & ~kFtz);
+    steps<MR, NR, kPrefetch>(lanes, xr, wr, n_steps, pf);
+    if (has_tail) {
+        const float * xt[MR];
+        for (int r = 0; r < MR; ++r) { xt[r] = xr[r] + n_steps * kStepK; }
+        steps<MR, NR, false>(lanes, xt, tail, 1, nullptr);
+    }
+    _mm_setcsr(csr);
+}
+
+struct Problem {
+    float *       out;
+    const float * xw;    ///< widened x [n_rows, ldxw]
+    int64_t       ldxw;
+    const float * x;     ///< x [n_rows, n_in] as given (the NaN fallback)
+    const char *  w;
+    WType         wtype;
+    const float * bias;
+    int64_t       n_rows, n_out, n_in;
+};
+
+/// One MR x NR tile over the whole k: rows [r, r + n_r) x outputs [o, o + n_c); `wb` holds the
+/// strip's bf16 rows (ldw elements apart: the stored rows, or f32 ones rounded into scratch).
+template <int MR, int NR, bool kPrefetch>
+void tile(const Problem & p, int64_t r, int n_r, int64_t o, int n_c, const uint16_t * wb, int64_t ldw, const char * pf) {
+    const bool    rounded = p.wtype == WType::f32;  // wb is scratch of padded rows: no tail step
+    const int64_t n_steps = rounded ? padded_k(p.n_in) / kStepK : p.n_in / kStepK;
+    const int64_t left    = rounded ? 0 : p.n_in - n_steps * kStepK;
+    const float *    xr[MR];
+    const uint16_t * wr[NR];
+    const uint16_t * wt[NR];
+    alignas(32) uint16_t tail[NR][kStepK];
+    for (int i = 0; i < MR; ++i) { xr[i] = p.xw + (r + std::min(i, n_r - 1)) * p.ldxw; }
+    for (int c = 0; c < NR; ++c) {
+        wr[c] = wb + std::min(c, n_c - 1) * ldw;
+        wt[c] = tail[c];
+        if (left > 0) {
+            std::memset(tail[c], 0, sizeof tail[c]);
+            std::memcpy(tail[c], wr[c] + n_steps * kStepK, sizeof(uint16_t) * left);
+        }
+    }
+    alignas(64) f32x16 lanes[MR * NR] = {};
+    float * lf = reinterpret_cast<float *>(lanes);
+    steps_daz<MR, NR, kPrefetch>(lf, xr, wr, n_steps, wt, left > 0, pf);
+    flush_lanes(lf, MR * NR * kLanes);
+    float sums[MR * NR];
+    reduce_all(lanes, MR * NR, sums);
+    const int64_t row_bytes = p.n_in * (rounded ? 4 : 2);
+    for (int i = 0; i < n_r; ++i) {
+        for (int c = 0; c < n_c; ++c) {
+            float v = sums[i * NR + c];
+            if (std::isnan(v)) { v = dot_portable(p.x + (r + i) * p.n_in, p.w + (o + c) * row_bytes, p.wtype, p.n_in); }
+            if (p.bias) { v += p.bias[o + c]; }
+            p.out[(r + i) * p.n_out + o + c] = v;
+        }
+    }
+}
+
+/// Outputs [o0, o1) of every row: rows in blocks of ~256 KiB of widened x, each NR-output strip
+/// meeting every MR-row tile of the block; the first row tile of a strip streams its weights.
+template <int MR, int NR>
+void outputs(const Problem & p, int64_t o0, int64_t o1) {
+    const int64_t kp = padded_k(p.n_in), row_bytes = p.n_in * (p.wtype == WType::bf16 ? 2 : 4);
+    const int64_t mc = std::max<int64_t>(MR, (256 << 10) / (p.ldxw * 4) / MR * MR);
+    const bool    short_rows = p.wtype == WType::bf16 && row_bytes < 4096;
+    thread_local std::vector<uint16_t> scratch;
+    for (int64_t b0 = 0; b0 < p.n_rows; b0 += mc) {
+        const int64_t b1 = std::min(p.n_rows, b0 + mc);
+        for (int64_t o = o0; o < o1; o += NR) {
+            const int        n_c = static_cast<int>(std::min<int64_t>(NR, o1 - o));
+            const uint16_t * wb  = reinterpret_cast<const uint16_t *>(p.w + o * row_bytes);
+            int64_t          ldw = p.n_in;
+            if (p.wtype == WType::f32) {
+                scratch.resize(static_cast<size_t>(NR * kp));
+                for (int c = 0; c < n_c; ++c) {
+                    round_row(scratch.data() + c * kp, reinterpret_cast<const float *>(p.w + (o + c) * row_bytes), p.n_in, kp);
+                }
+                wb = scratch.data(), ldw = kp;
+            }
+            const char * pf = short_rows ? p.w + (o + NR) * row_bytes : nullptr;
+            for (int64_t r = b0; r < b1; r += MR) {
+                const int n_r = static_cast<int>(std::min<int64_t>(MR, b1 - r));
+                if (r == 0 && p.wtype == WType::bf16) {  // the strip's first meeting: from memory, prefetched
+                    tile<MR, NR, true>(p, r, n_r, o, n_c, wb, ldw, pf);
+                } else {
+                    tile<MR, NR, false>(p, r, n_r, o, n_c, wb, ldw, nullptr);
+                }
+            }
+        }
+    }
+}
+
+FD_AVX2_TARGET __attribute__((noinline)) void dp_step_daz(float * acc, const uint16_t * a, const uint16_t * b) {
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr((csr | kDaz) & ~kFtz);
+    const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (int h = 0; h < 2; ++h) {
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a + 16 * h));
+        const __m256i bv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b + 16 * h));
+        __m256        s  = _mm256_loadu_ps(acc + 8 * h);
+        s = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(av, top)), _mm256_castsi256_ps(_mm256_and_si256(bv, top)), s);
+        s = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(av, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(bv, 16)), s);
+        _mm256_storeu_ps(acc + 8 * h, s);
+    }
+    _mm_setcsr(csr);
+}
+
+}  // namespace
+
+bool cpu_has_avx2_fma() {
+    static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return has;
+}
+
+FD_AVX2_TARGET void round_to_bf16_avx2(uint16_t * out, const float * x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) { _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + i), round16(x + i, 16)); }
+    if (i < n) {  // the tail through the same code, zero-padded
+        alignas(32) uint16_t dst[16];
+        _mm256_store_si256(reinterpret_cast<__m256i *>(dst), round16(x + i, n - i));
+        std::memcpy(out + i, dst, sizeof(uint16_t) * (n - i));
+    }
+}
+
+void dpbf16_step_avx2(float * acc, const uint16_t * a, const uint16_t * b) {
+    float in[kLanes];
+    std::memcpy(in, acc, sizeof in);
+    dp_step_daz(acc, a, b);
+    flush_lanes(acc, kLanes);
+    for (int l = 0; l < kLanes; ++l) {  // a NaN lane: the portable code's NaN
+        if (std::isnan(acc[l])) { acc[l] = dp_lane(in[l], a[2 * l], a[2 * l + 1], b[2 * l], b[2 * l + 1]); }
+    }
+}
+
+void linear_bf16_avx2(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
+                      int64_t n_out, int64_t n_in, ThreadPool * pool) {
+    const int64_t ldxw = xw_stride(n_in);
+    thread_local std::vector<float> xw_buf;  // the caller's; tasks only read it
+    xw_buf.resize(static_cast<size_t>(n_rows * ldxw));
+    float * const xw = xw_buf.data();  // a pointer: on a pool thread xw_buf names that thread's vector
+    const Problem p{.out = out, .xw = xw, .ldxw = ldxw, .x = x, .w = static_cast<const char *>(w),
+                    .wtype = wtype, .bias = bias, .n_rows = n_rows, .n_out = n_out, .n_in = n_in};
+    const int64_t n_thr = pool ? pool->n_threads() : 1;
+    const int64_t n_xt  = n_rows * ldxw < (32 << 10) ? 1 : std::min(n_rows, n_thr);
+    for_tasks(pool, n_xt, [&](int64_t t) {
+        widen_rows(xw, x, n_rows * t / n_xt, n_rows * (t + 1) / n_xt, n_in, ldxw);
+    });
+    // Tasks as the avx512_bf16 path: whole 24-output groups; one row ~128 KiB of weights each,
+    // more rows one range per thread.
+    const int64_t row_bytes = n_in * (wtype == WType::bf16 ? 2 : 4);
+    int64_t       per_task;
+    if (n_rows == 1) {
+        per_task = std::max<int64_t>(24, ((128 << 10) / std::max<int64_t>(1, row_bytes)) / 24 * 24);
+    } else {
+        per_task = ((n_out + 23) / 24 + n_thr - 1) / n_thr * 24;
+    }
+    for_tasks(pool, (n_out + per_task - 1) / per_task, [&](int64_t t) {
+        const int64_t o0 = t * per_task, o1 = std::min(n_out, o0 + per_task);
+        if (n_rows == 1) {
+            outputs<1, 4>(p, o0, o1);
+        } else {
+            outputs<2, 2>(p, o0, o1);
+        }
+    });
+}
+
+#else  // no AVX2 target: never chosen (cpu_has_avx2_fma() is false)
+
+bool cpu_has_avx2_fma() { return false; }
+void round_to_bf16_avx2(uint16_t *, const float *, int64_t) {}
+void dpbf16_step_avx2(float *, const uint16_t *, const uint16_t *) {}
+void linear_bf16_avx2(float *, const float *, const void *, WType, const float *, int64_t, int64_t, int64_t, ThreadPool *) {}
+
+#endif
+
+}  // namespace fd::kernels::detail
