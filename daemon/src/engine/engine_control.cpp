@@ -407,6 +407,7 @@ void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) 
 void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     if (!state_.paused) { fail(Errc::wrong_state, "update_weights needs a paused engine; POST /v1/pause first"); }
     if (!cmd.weight_delta.empty()) { return apply_weight_delta(cmd, r); }
+    if (update_from_store_delta(cmd, r)) { return; }
     if (state_.weight_asleep) { return update_while_asleep(cmd, r); }
     // A new update replaces whatever an earlier "commit": false left staged.
     drop_staged(nullptr);
