@@ -137,7 +137,7 @@ class RsyncDeltaTp1(unittest.TestCase):
         publish.publish_rsync_delta(delta_of(self.v1, self.v2), self.store, "v2", "v1")
         m = read_store_manifest(self.store, "v2")
         self.assertEqual((m["base_version"], sorted(m["files"])), ("v1", ["weights.fddelta"]))
-        self.assertEqual(self.update("v2")["weight_version"], "v2")
+        self.assertEqual(self.update("v2")["version"], "v2")
         self.assert_serving("v2")
         self.c.sleep()
         self.c.wakeup()
@@ -146,7 +146,7 @@ class RsyncDeltaTp1(unittest.TestCase):
         changes = delta_of(self.v2, self.v3)
         changes[QKV] = self.v3[QKV]
         publish.publish_rsync_delta(changes, self.store, "v3", "v2")
-        self.assertEqual(self.update("v3")["weight_version"], "v3")
+        self.assertEqual(self.update("v3")["version"], "v3")
         self.assert_serving("v3")
         self.c.sleep()
         got = self.serving_copy()  # written by the time the weights sleep: what the wakeup loads
@@ -192,7 +192,8 @@ class RsyncDeltaTp1(unittest.TestCase):
         # a damaged weights.fddelta (its SHA-256 no longer the manifest's)
         good = publish.publish_rsync_delta({NAME: (np.array([1, 2, 3]), vals)}, self.store, "b6", "v3")
         path = os.path.join(good, "weights.fddelta")
-        blob = bytearray(open(path, "rb").read())
+        with open(path, "rb") as f:
+            blob = bytearray(f.read())
         blob[-1] ^= 0x40
         with open(path, "wb") as f:
             f.write(blob)

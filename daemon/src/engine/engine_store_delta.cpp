@@ -7,6 +7,8 @@
 #include "fd/log.h"
 #include "fd/weights/fingerprint.h"
 
+#include <fmt/ranges.h>
+
 #include <filesystem>
 
 namespace fd::engine {
@@ -63,6 +65,20 @@ bool Engine::update_from_store_delta(const ControlCommand & cmd, ControlResult &
     if (!in_copy) {
         copy = store_source_->copy_version(base, d->base_fingerprint, cmd.verify_checksum);
         flush_pending_deltas();  // (none after a pull; kept for the invariant: they belong to the old dir)
+    }
+    // Every tensor of the delta must be one the base holds, with its dtype and shape (the ranks
+    // would skip a name that maps to nothing): checked on the headers, before any rank writes.
+    {
+        const model::TensorIndex held = model::read_tensor_index(in_copy ? std::filesystem::path(serving_dir_) : copy.dir);
+        for (const auto & t : weights::read_weight_delta(d->delta_file).tensors) {
+            const auto it = held.tensors.find(t.name);
+            if (it == held.tensors.end() || it->second.dtype != t.dtype || it->second.shape != t.shape) {
+                fail(Errc::invalid_checkpoint, "store delta '{}': tensor '{}' ({} {}) is not a tensor of its base '{}'{}; nothing changed",
+                     d->version, t.name, dtype_name(t.dtype), fmt::join(t.shape, "x"), base,
+                     it == held.tensors.end() ? std::string() : fmt::format(" (that holds {} {})", dtype_name(it->second.dtype),
+                                                                             fmt::join(it->second.shape, "x")));
+            }
+        }
     }
     const std::string old_dir   = serving_dir_;
     const bool        old_owned = serving_dir_owned_;
