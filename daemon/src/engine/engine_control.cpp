@@ -407,13 +407,18 @@ void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) 
 void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     if (!state_.paused) { fail(Errc::wrong_state, "update_weights needs a paused engine; POST /v1/pause first"); }
     if (!cmd.weight_delta.empty()) { return apply_weight_delta(cmd, r); }
-    if (update_from_store_delta(cmd, r)) { return; }
     if (state_.weight_asleep) { return update_while_asleep(cmd, r); }
     // A new update replaces whatever an earlier "commit": false left staged.
     drop_staged(nullptr);
     // Phase 1 on every rank (the executor drops every staged copy if any rank fails).
     const weights::FetchRequest req = update_request(cmd);
-    const auto staged = executor_->stage_weights(req);
+    std::vector<runtime::RankReport> staged;
+    try {
+        staged = executor_->stage_weights(req);
+    } catch (const Error & e) {  // an rsync store version that is a delta: applied in place instead
+        if (!weights::is_store_delta_refusal(e) || !update_from_store_delta(cmd, r)) { throw; }
+        return;
+    }
     std::vector<std::string> fps;
     for (const auto & rep : staged) { fps.push_back(rep.fingerprint); }
     staged_fingerprint_ = weights::combine_fingerprints(fps);
@@ -438,6 +443,7 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     serving_dir_       = req.weight_dir;
     serving_dir_owned_ = req.weight_dir_owned;
     pending_deltas_.clear();  // they were for the previous dir
+    if (!store_serving_.copy.dir.empty()) { store_serving_ = {}; }  // a store delta's copy, no longer served: removed
     state_.weights_valid  = true;
     recompute_kept();
 }

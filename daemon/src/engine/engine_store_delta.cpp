@@ -21,17 +21,7 @@ bool Engine::update_from_store_delta(const ControlCommand & cmd, ControlResult &
         store_serving_ = {};  // the weights moved on (a full update, a stream): the copy is removed
     }
     if (!store_source_) { store_source_ = weights::make_weight_source(cfg_.source); }
-    std::optional<weights::StoreDelta> d;
-    try {
-        d = store_source_->fetch_delta(cmd.version);
-    } catch (const Error & e) {
-        // The store is down, the version unknown, the pull slow: the ranks' own pull of the
-        // version answers with the documented error (and pulls it when the store is back).
-        if (e.code() != Errc::not_found && e.code() != Errc::source_unavailable && e.code() != Errc::timeout) { throw; }
-        log::get("engine")->debug("update_weights: the store's manifest of {} could not be read ({}); the ranks pull it",
-                                  cmd.version.value_or("the latest version"), e.what());
-        return false;
-    }
+    const std::optional<weights::StoreDelta> d = store_source_->fetch_delta(cmd.version);
     if (!d) { return false; }
     const std::string & base = d->base_version;
     if (!cmd.commit) {

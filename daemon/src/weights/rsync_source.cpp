@@ -404,9 +404,9 @@ private:
     /// loaded as a checkpoint. Errors  wrong_state naming both versions.
     static void refuse_delta(const store::Manifest & m) {
         if (m.base_version.empty()) { return; }
-        fail(Errc::wrong_state, "version '{}' in the store is a delta on '{}': update_weights applies it in place while '{}' is served; "
-                                "it cannot be loaded on its own (wakeup, start-up): update to a full version", m.version, m.base_version,
-                                m.base_version);
+        fail(Errc::wrong_state, "version '{}' {} '{}': update_weights applies it in place while '{}' is served; "
+                                "it cannot be loaded on its own (wakeup, start-up): update to a full version", m.version, kStoreDeltaRefusal,
+                                m.base_version, m.base_version);
     }
 
     /// A new empty dir `<staging>/.incoming-<what>-<pid>` (removed with the returned hold; a dead

@@ -359,10 +359,11 @@ private:
     std::optional<Drain>                      drain_;
     std::deque<std::shared_ptr<PendingControl>> held_controls_;  ///< commands queued behind a drain (run in order after it)
 
-    /// update_weights of an rsync store version (no weight_dir): when the store says it is a
-    /// delta (weights::StoreDelta), apply it in place (apply_weight_delta) if every rank serves
-    /// exactly its base, else 409 wrong_state naming both. Returns false when it is not a delta
-    /// (or the store cannot say now): the ranks pull it as a full version. engine_store_delta.cpp.
+    /// update_weights of an rsync store version that the ranks refused to load because it is a
+    /// delta (weights::is_store_delta_refusal): pull it (weights::StoreDelta) and apply it in
+    /// place (apply_weight_delta) if every rank serves exactly its base's bytes, else 409
+    /// wrong_state naming both. Returns false when the store's version is not a delta (after
+    /// all): the caller passes the ranks' error on. engine_store_delta.cpp.
     /// Errors  wrong_state (base not served, two-phase, asleep), invalid_checkpoint (a bad delta).
     bool          update_from_store_delta(const ControlCommand & cmd, ControlResult & r);
     std::unique_ptr<weights::WeightSource>    store_source_;  ///< rsync: the engine's own view of the store, made at first use

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "fd/checkpoint/safetensors.h"
+#include "fd/status.h"
 
 #include <filesystem>
 #include <functional>
@@ -64,6 +65,14 @@ struct StoreDelta {
     std::filesystem::path delta_file;        ///< the pulled weights.fddelta, checked against the manifest's SHA-256
     std::shared_ptr<void> hold;              ///< keeps the pulled dir; removed with the last reference
 };
+
+/// What a rank's rsync source says when asked to load a store version that is a delta (409
+/// wrong_state; the engine then applies it in place, Engine::update_from_store_delta).
+inline constexpr std::string_view kStoreDeltaRefusal = "in the store is a delta on";
+/// True when `e` (also as a rank's error, prefixed with the rank) is that refusal.
+inline bool is_store_delta_refusal(const Error & e) {
+    return e.code() == Errc::wrong_state && std::string_view(e.what()).find(kStoreDeltaRefusal) != std::string_view::npos;
+}
 
 /// A private, writable copy of a full store version: a delta's base, to serve as the serving
 /// dir (the wakeup source) that the deltas are then written into.
