@@ -428,17 +428,16 @@ public:
         const std::string v = version ? *version : resolve_version();
         if (!shm::is_valid_version(v)) { return std::nullopt; }  // the ranks' pull says why
         auto dir = private_dir("delta-" + v);
-        run_rsync(location(v) + "/" + std::string(store::kManifestName), dir->path.string() + "/");
-        store::Manifest m = store::read_manifest(dir->path);
-        if (m.base_version.empty()) { return std::nullopt; }  // a full version: the ranks pull it
         {
+            // One rsync run: called once a rank found V to be a delta, so the whole (small) dir.
             ProgressPhase transfer("transfer", 0);
             run_rsync(location(v) + "/", dir->path.string() + "/", true);
         }
-        m = store::read_manifest(dir->path);
-        if (m.version != v || m.base_version.empty()) {
-            fail(Errc::invalid_checkpoint, "{}/{}: says version '{}'{}, the store dir is '{}' (a delta); republish it", location(v),
-                 store::kManifestName, m.version, m.base_version.empty() ? " (a full one)" : "", v);
+        const store::Manifest m = store::read_manifest(dir->path);
+        if (m.base_version.empty()) { return std::nullopt; }  // a full version after all: the ranks pull it
+        if (m.version != v) {
+            fail(Errc::invalid_checkpoint, "{}/{}: says version '{}', the store dir is '{}'; republish it", location(v), store::kManifestName,
+                 m.version, v);
         }
         store::check_against_manifest(dir->path, m, /*verify_checksum=*/true);  // small: always every byte
         StoreDelta d;

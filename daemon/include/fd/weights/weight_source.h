@@ -90,8 +90,8 @@ public:
     ///         invalid_checkpoint / checksum_mismatch (bad files).
     virtual FetchedCheckpoint fetch(const FetchRequest & req) = 0;
     /// The store version `version` (nullopt: the one fetch would take) when it is a delta, pulled
-    /// (its manifest, then the version); nullopt when it is a full version or the source holds no
-    /// deltas (every strategy but rsync).
+    /// whole (one rsync run: call it once a rank found a delta, is_store_delta_refusal); nullopt
+    /// when it is a full version or the source holds no deltas (every strategy but rsync).
     /// Errors  as fetch (not_found, source_unavailable, invalid_checkpoint, checksum_mismatch).
     virtual std::optional<StoreDelta> fetch_delta(const std::optional<std::string> & version) {
         (void)version;
