@@ -157,7 +157,7 @@ TEST_CASE("a delta version's manifest: base_version and base_fingerprint round-t
     CHECK(back.base_fingerprint == m.base_fingerprint);
     manifest("");  // a full version
     CHECK(store::read_manifest(d.path).base_version.empty());
-    for (const std::string bad : {R"(, "base_version": "v1")",                                                   // no fingerprint
+    for (const std::string & bad : std::vector<std::string>{R"(, "base_version": "v1")",                                                   // no fingerprint
                                   R"(, "base_version": "v1", "base_fingerprint": "xyz")",                      // not hex
                                   R"(, "base_version": "../x", "base_fingerprint": ")" + sha + "\"",           // not a version
                                   R"(, "base_version": "v2", "base_fingerprint": ")" + sha + "\""}) {          // itself
