@@ -443,9 +443,9 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     serving_dir_       = req.weight_dir;
     serving_dir_owned_ = req.weight_dir_owned;
     pending_deltas_.clear();  // they were for the previous dir
-    if (!store_serving_.copy.dir.empty()) { store_serving_ = {}; }  // a store delta's copy, no longer served: removed
     state_.weights_valid  = true;
     recompute_kept();
+    if (!store_serving_.copy.dir.empty()) { store_serving_ = {}; }  // a store delta's copy, no longer served: removed
 }
 
 void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {
