@@ -365,6 +365,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
     lg->info("compute dtype: {}{}", fd::kernels::compute_type_name(r.compute),
              r.compute == fd::kernels::ComputeType::bf16 ? fmt::format(" (linears on {})", fd::kernels::bf16_isa_name(fd::kernels::bf16_best_isa())) : std::string());
     cfg.engine.model_dir           = cfg.model.model_dir;
+    cfg.engine.source              = scfg;
     cfg.engine.kv_cache_dtype      = r.kv_dtype;
     cfg.engine.kv_budget_bytes     = r.kv_budget_bytes;
     cfg.engine.compute_dtype       = fd::kernels::compute_type_name(r.compute);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -258,6 +259,19 @@ Manifest read_manifest(const fs::path & dir) {
             m.tensors[name] = {f, v["sha256"].get<std::string>()};
         }
     }
+    if (j.contains("base_version") || j.contains("base_fingerprint")) {
+        if (!j.contains("base_version") || !j["base_version"].is_string() || !j.contains("base_fingerprint") ||
+            !j["base_fingerprint"].is_string() || !is_hex64(j["base_fingerprint"].get<std::string>())) {
+            bad("a delta version needs \"base_version\" (a version) and \"base_fingerprint\" (64 lowercase hex digits)");
+        }
+        m.base_version     = j["base_version"].get<std::string>();
+        m.base_fingerprint = j["base_fingerprint"].get<std::string>();
+        const auto & b = m.base_version;
+        const bool valid = !b.empty() && b.size() <= 128 && b != "." && b != ".." &&
+                           std::all_of(b.begin(), b.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'; });
+        if (!valid || b == m.version) { bad(fmt::format("\"base_version\" '{}' must be another version ([A-Za-z0-9._-]{{1,128}})", b)); }
+        if (!m.files.count(std::string(kDeltaFileName))) { bad(fmt::format("a delta version must list {} in \"files\"", kDeltaFileName)); }
+    }
     return m;
 }
 
@@ -265,7 +279,11 @@ void write_manifest(const fs::path & dir, const Manifest & m) {
     json files = json::object(), tensors = json::object();
     for (const auto & [name, f] : m.files) { files[name] = {{"size", f.size}, {"sha256", f.sha256}}; }
     for (const auto & [name, t] : m.tensors) { tensors[name] = {{"file", t.file}, {"sha256", t.sha256}}; }
-    const json j = {{"format", kFormat}, {"version", m.version}, {"files", files}, {"tensors", tensors}};
+    json j = {{"format", kFormat}, {"version", m.version}, {"files", files}, {"tensors", tensors}};
+    if (!m.base_version.empty()) {
+        j["base_version"]     = m.base_version;
+        j["base_fingerprint"] = m.base_fingerprint;
+    }
     const std::string text = j.dump(1) + "\n";
     const fs::path file = dir / kManifestName;
     write_file_synced(file, text, Errc::source_unavailable);

@@ -9,7 +9,8 @@
   only changed elements (`changed_elements(old, new)` finds them).
 - `Fleet(urls)`: the same calls on several daemons in parallel, and the all-or-nothing fleet
   update (`FleetError` says what was committed where).
-- `publish`: write weights for the rsync, ipc_snapshot and ipc load strategies (numpy only);
+- `publish`: write weights for the rsync, ipc_snapshot and ipc load strategies (numpy only),
+  rsync delta versions too (`publish_rsync_delta`);
   `safetensors_np`: the numpy safetensors reader/writer it uses.
 - `RolloutModelConfig` / `RolloutModel`: the rollout's state dict per rank and its mapping to
   training names (the seed's `fastdeploy.rl` API).

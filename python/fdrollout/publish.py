@@ -21,6 +21,9 @@ version, even if this process dies midway):
     # ipc: POSIX shared memory read by the rollout on --port 8000
     fdpublish.publish_ipc(fdpublish.to_rollout_names(hf, cfg), port=8000, version="42", dtype="BF16")
 
+    # rsync, a delta on a published version (publish_delta.py): only the changed elements
+    fdpublish.publish_rsync_delta({name: (indices, values)}, store="/data/store", version="43", base_version="42")
+
 then `fdctl pause && fdctl update-weights --version 42 && fdctl resume`.
 
 `dtype` must match what the rollout holds (the dtype of its --model checkpoint; F16 models are
@@ -266,9 +269,10 @@ def _pid_alive(pid):
         return True
 
 
-def write_manifest(version_dir, version):
+def write_manifest(version_dir, version, base_version=None, base_fingerprint=None):
     """Hash every file (and every tensor of every .safetensors file) of `version_dir` into
-    manifest.json (docs/weight_sources.md). Returns the manifest dict."""
+    manifest.json (docs/weight_sources.md); a delta version also records its `base_version` and
+    that version's `base_fingerprint` (manifest_fingerprint). Returns the manifest dict."""
     files, tensors = {}, {}
     for name in sorted(os.listdir(version_dir)):
         path = os.path.join(version_dir, name)
@@ -283,6 +287,8 @@ def write_manifest(version_dir, version):
                 b, e = info["data_offsets"]
                 tensors[t] = {"file": name, "sha256": _sha256_file(path, data_start + b, e - b)}
     manifest = {"format": STORE_FORMAT, "version": version, "files": files, "tensors": tensors}
+    if base_version is not None:
+        manifest.update(base_version=base_version, base_fingerprint=base_fingerprint)
     with open(os.path.join(version_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
         f.flush()
@@ -320,15 +326,9 @@ CHECKPOINT_FILES = {"config.json", "generation_config.json", "tokenizer.json", "
                     "chat_template.jinja", "chat_template.json"}
 
 
-def publish_rsync(tensors, store, version, template_dir, dtype=None):
-    """Write `tensors` (HF names) as version `version` of the rsync store `store`: an HF
-    checkpoint dir (model.safetensors + the config, tokenizer and generation-config files of `template_dir`, version.yaml
-    `step: version`) with manifest.json written last, renamed into place, then `latest`.
-    Versions are immutable. Raises FileExistsError if the version exists, ValueError if a
-    tensor's dtype differs from `template_dir`'s checkpoint (nothing is written then).
-    Returns the version dir."""
-    check_version(version)
-    check_dtypes_like(tensors, template_dir, dtype)
+def _publish_version(store, version, fill, base_version=None, base_fingerprint=None):
+    """Write version `version` of `store` atomically: `fill(tmp_dir)` writes its files into a
+    private temp dir, the manifest is written last, the dir renamed into place, then `latest`."""
     os.makedirs(store, exist_ok=True)
     final = os.path.join(store, version)
     if os.path.exists(final):
@@ -340,16 +340,10 @@ def publish_rsync(tensors, store, version, template_dir, dtype=None):
     tmp = os.path.join(store, f".tmp-{version}-{os.getpid()}")
     os.makedirs(tmp)
     try:
-        for name in sorted(os.listdir(template_dir)):
-            src = os.path.join(template_dir, name)
-            if os.path.isfile(src) and name in CHECKPOINT_FILES:
-                shutil.copyfile(src, os.path.join(tmp, name))
-        with open(os.path.join(tmp, "version.yaml"), "w") as f:
-            f.write(f"step: {version}\n")
-        safetensors_np.save_file(tensors, os.path.join(tmp, "model.safetensors"), dtype=dtype)
+        fill(tmp)
         for name in os.listdir(tmp):
             _fsync_path(os.path.join(tmp, name))
-        write_manifest(tmp, version)
+        write_manifest(tmp, version, base_version, base_fingerprint)
         _fsync_path(tmp)
         os.rename(tmp, final)
     except BaseException:
@@ -363,6 +357,28 @@ def publish_rsync(tensors, store, version, template_dir, dtype=None):
         os.fsync(f.fileno())
     os.replace(latest_tmp, os.path.join(store, "latest"))
     return final
+
+
+def publish_rsync(tensors, store, version, template_dir, dtype=None):
+    """Write `tensors` (HF names) as version `version` of the rsync store `store`: an HF
+    checkpoint dir (model.safetensors + the config, tokenizer and generation-config files of `template_dir`, version.yaml
+    `step: version`) with manifest.json written last, renamed into place, then `latest`.
+    Versions are immutable. Raises FileExistsError if the version exists, ValueError if a
+    tensor's dtype differs from `template_dir`'s checkpoint (nothing is written then).
+    Returns the version dir."""
+    check_version(version)
+    check_dtypes_like(tensors, template_dir, dtype)
+
+    def fill(tmp):
+        for name in sorted(os.listdir(template_dir)):
+            src = os.path.join(template_dir, name)
+            if os.path.isfile(src) and name in CHECKPOINT_FILES:
+                shutil.copyfile(src, os.path.join(tmp, name))
+        with open(os.path.join(tmp, "version.yaml"), "w") as f:
+            f.write(f"step: {version}\n")
+        safetensors_np.save_file(tensors, os.path.join(tmp, "model.safetensors"), dtype=dtype)
+
+    return _publish_version(store, version, fill)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,3 +469,8 @@ def publish_ipc(tensors, port, version, rank=0, tp_size=1, dtype=None):
     finally:
         os.close(fd)
     return gen + 2
+
+
+# Delta versions of the rsync store (publish_delta.py), importable from here and from the
+# scripts/fdpublish.py shim as before.
+from .publish_delta import manifest_fingerprint, publish_rsync_delta, write_weight_delta  # noqa: E402,F401

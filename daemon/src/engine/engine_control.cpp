@@ -412,7 +412,13 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     drop_staged(nullptr);
     // Phase 1 on every rank (the executor drops every staged copy if any rank fails).
     const weights::FetchRequest req = update_request(cmd);
-    const auto staged = executor_->stage_weights(req);
+    std::vector<runtime::RankReport> staged;
+    try {
+        staged = executor_->stage_weights(req);
+    } catch (const Error & e) {  // an rsync store version that is a delta: applied in place instead
+        if (!weights::is_store_delta_refusal(e) || !update_from_store_delta(cmd, r)) { throw; }
+        return;
+    }
     std::vector<std::string> fps;
     for (const auto & rep : staged) { fps.push_back(rep.fingerprint); }
     staged_fingerprint_ = weights::combine_fingerprints(fps);
@@ -439,6 +445,7 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     drop_pending_deltas();  // they were for the previous dir
     state_.weights_valid  = true;
     recompute_kept();
+    if (!store_serving_.copy.dir.empty()) { store_serving_ = {}; }  // a store delta's copy, no longer served: removed
 }
 
 void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {

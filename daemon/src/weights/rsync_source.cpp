@@ -20,6 +20,7 @@
 #include "fd/trust.h"
 #include "fd/checkpoint/store.h"
 #include "fd/weights/fingerprint.h"
+#include "rsync_process.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -41,8 +42,6 @@
 #include <cstring>
 #include <fstream>
 #include <thread>
-
-extern char ** environ;
 
 namespace fd::weights {
 namespace {
@@ -136,146 +135,6 @@ bool linkable(const fs::path & dir) {
         if (::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || !is_trusted(st, Trust::owned)) { return false; }
     }
     return true;
-}
-
-struct ProcessResult {
-    int         exit_code = -1;  ///< -1: killed by a signal
-    bool        timed_out = false;
-    std::string output;          ///< stdout + stderr, the last 8 KiB
-};
-
-/// rsync --info=progress2 lines ("  1,234,567  45%  12.3MB/s  0:00:01 ...", each ended by '\r'
-/// or '\n') taken out of the captured output into Progress::current(); everything else kept.
-/// The total is done * 100 / percent (rsync prints no total), exact once it reaches 100%.
-void take_progress_lines(std::string & out, size_t & scanned) {
-    size_t start = scanned;
-    while (true) {
-        const size_t end = out.find_first_of("\r\n", start);
-        if (end == std::string::npos) { break; }
-        const std::string line = out.substr(start, end - start);
-        int64_t done = 0;
-        int     pct  = -1;
-        size_t  i    = line.find_first_not_of(' ');
-        bool    is_progress = i != std::string::npos && std::isdigit(static_cast<unsigned char>(line[i]));
-        for (; is_progress && i < line.size() && (std::isdigit(static_cast<unsigned char>(line[i])) || line[i] == ','); ++i) {
-            if (line[i] != ',') { done = done * 10 + (line[i] - '0'); }
-        }
-        if (is_progress) {
-            const size_t p = line.find('%', i);
-            is_progress = p != std::string::npos && p > i;
-            if (is_progress) { pct = std::atoi(line.c_str() + i); }
-        }
-        if (is_progress && pct >= 0) {
-            Progress::current().set_done(done);
-            if (pct > 0) { Progress::current().set_total(done * 100 / pct); }
-            out.erase(scanned, end + 1 - scanned);  // drop the line and its terminator
-            start = scanned;
-        } else {
-            start   = end + 1;
-            scanned = start;
-        }
-    }
-}
-
-/// Run argv (no shell) in its own process group with stdout+stderr captured; kill the group
-/// with SIGKILL at `timeout_s`. Errors  source_unavailable when the program cannot start.
-ProcessResult run_process(const std::vector<std::string> & argv, double timeout_s, bool rsync_progress = false) {
-    int pipefd[2];
-    if (::pipe2(pipefd, O_CLOEXEC) != 0) { fail(Errc::source_unavailable, "cannot create a pipe for rsync: {}", std::strerror(errno)); }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&fa, pipefd[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, pipefd[1], 2);
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    sigset_t none, defaults;
-    sigemptyset(&none);
-    sigemptyset(&defaults);
-    for (int s : {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGCHLD, SIGALRM}) { sigaddset(&defaults, s); }
-    posix_spawnattr_setsigmask(&attr, &none);  // the daemon blocks SIGTERM/SIGINT for sigwait
-    posix_spawnattr_setsigdefault(&attr, &defaults);
-    posix_spawnattr_setpgroup(&attr, 0);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
-    std::vector<char *> cargv;
-    for (const auto & a : argv) { cargv.push_back(const_cast<char *>(a.c_str())); }
-    cargv.push_back(nullptr);
-    pid_t pid = -1;
-    const int rc = ::posix_spawnp(&pid, argv[0].c_str(), &fa, &attr, cargv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
-    ::close(pipefd[1]);
-    if (rc != 0) {
-        ::close(pipefd[0]);
-        fail(Errc::source_unavailable, "cannot run '{}': {}; install rsync or set \"rsync\" in --rsync-config", argv[0], std::strerror(rc));
-    }
-    ProcessResult r;
-    // A child (rsync, ssh) has its own bound (timeout_s): waiting on it is not a stuck rank (fd/liveness.h).
-    liveness::WaitScope waiting;
-    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
-    auto ms_left = [&] {
-        return static_cast<int>(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
-    };
-    char buf[4096];
-    size_t scanned = 0;  // r.output before this holds no progress line
-    /// Read what the pipe has within `wait_ms`: 1 data, 0 nothing yet, -1 closed.
-    auto read_some = [&](int wait_ms) {
-        pollfd p{pipefd[0], POLLIN, 0};
-        if (::poll(&p, 1, wait_ms) <= 0) { return 0; }
-        const ssize_t got = ::read(pipefd[0], buf, sizeof buf);
-        if (got < 0) { return errno == EINTR || errno == EAGAIN ? 0 : -1; }
-        if (got == 0) { return -1; }
-        r.output.append(buf, static_cast<size_t>(got));
-        if (rsync_progress) { take_progress_lines(r.output, scanned); }
-        if (r.output.size() > 16384) {
-            const size_t cut = r.output.size() - 8192;
-            r.output.erase(0, cut);
-            scanned = scanned > cut ? scanned - cut : 0;
-        }
-        return 1;
-    };
-    // Until the child exits or the deadline: collect its output and poll for its exit (its
-    // output may stay open after it exits, e.g. an ssh it started, so EOF alone is not the end).
-    int  status = 0;
-    bool exited = false, eof = false;
-    while (!exited) {
-        const int left = ms_left();
-        if (left == 0) { break; }
-        if (!eof) {
-            eof = read_some(std::min(left, 20)) < 0;
-        } else {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        }
-        const pid_t w = ::waitpid(pid, &status, WNOHANG);
-        if (w == pid || (w < 0 && errno != EINTR)) {
-            exited = true;
-            if (w < 0) { status = -1; }
-        }
-    }
-    while (exited && !eof) {
-        const int got = read_some(0);  // what is already buffered, without waiting for more
-        eof = got != 1;
-    }
-    ::close(pipefd[0]);
-    if (!exited) {
-        r.timed_out = true;
-        ::kill(-pid, SIGKILL);  // rsync and whatever it started (its own process group)
-        ::kill(pid, SIGKILL);
-        const auto kill_deadline = Clock::now() + std::chrono::seconds(10);
-        while (::waitpid(pid, &status, WNOHANG) == 0 && Clock::now() < kill_deadline) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        }
-        return r;
-    }
-    if (status != -1 && WIFEXITED(status)) { r.exit_code = WEXITSTATUS(status); }
-    return r;
-}
-
-/// One line of rsync's output for an error message.
-std::string oneline(std::string s) {
-    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) { s.pop_back(); }
-    std::replace(s.begin(), s.end(), '\n', ' ');
-    return s.size() > 600 ? "..." + s.substr(s.size() - 600) : s;
 }
 
 /// A staged directory, removed (recursively) when the last reference goes.
@@ -468,6 +327,7 @@ private:
             try {
                 staged->hold_shared();
                 const store::Manifest m = store::read_manifest(final_dir);
+                refuse_delta(m);
                 store::check_against_manifest(final_dir, m, false);  // sizes and names: no second read of the data
                 out.index             = model::read_tensor_index(final_dir);
                 out.version           = v;
@@ -515,6 +375,7 @@ private:
             if (m.version != v) {
                 fail(Errc::invalid_checkpoint, "{}/{}: says version '{}', the store dir is '{}'; republish it", final_dir.string(), store::kManifestName, m.version, v);
             }
+            refuse_delta(m);
             const auto t1 = Clock::now();
             store::check_against_manifest(final_dir, m, verify_checksum);
             out.index             = model::read_tensor_index(final_dir);
@@ -539,6 +400,86 @@ private:
         return out;
     }
 
+    /// A delta version is applied in place by the engine (Engine::update_from_store_delta), never
+    /// loaded as a checkpoint. Errors  wrong_state naming both versions.
+    static void refuse_delta(const store::Manifest & m) {
+        if (m.base_version.empty()) { return; }
+        fail(Errc::wrong_state, "version '{}' {} '{}': update_weights applies it in place while '{}' is served; "
+                                "it cannot be loaded on its own (wakeup, start-up): update to a full version", m.version, kStoreDeltaRefusal,
+                                m.base_version, m.base_version);
+    }
+
+    /// A new empty dir `<staging>/.incoming-<what>-<pid>` (removed with the returned hold; a dead
+    /// daemon's is removed by the next prepare_staging).
+    std::shared_ptr<StagedDir> private_dir(const std::string & what) {
+        prepare_staging();
+        auto dir = std::make_shared<StagedDir>(cfg_.staging_dir / fmt::format(".incoming-{}-{}", what, ::getpid()));
+        std::error_code ec;
+        fs::remove_all(dir->path, ec);
+        if (!fs::create_directory(dir->path, ec) || ec) {
+            fail(Errc::source_unavailable, "staging dir {} is not writable ({}); fix \"staging_dir\" in --rsync-config", cfg_.staging_dir.string(),
+                 ec ? ec.message() : "exists");
+        }
+        return dir;
+    }
+
+public:
+    std::optional<StoreDelta> fetch_delta(const std::optional<std::string> & version) override {
+        const std::string v = version ? *version : resolve_version();
+        if (!shm::is_valid_version(v)) { return std::nullopt; }  // the ranks' pull says why
+        auto dir = private_dir("delta-" + v);
+        {
+            // One rsync run: called once a rank found V to be a delta, so the whole (small) dir.
+            ProgressPhase transfer("transfer", 0);
+            run_rsync(location(v) + "/", dir->path.string() + "/", true);
+        }
+        const store::Manifest m = store::read_manifest(dir->path);
+        if (m.base_version.empty()) { return std::nullopt; }  // a full version after all: the ranks pull it
+        if (m.version != v) {
+            fail(Errc::invalid_checkpoint, "{}/{}: says version '{}', the store dir is '{}'; republish it", location(v), store::kManifestName,
+                 m.version, v);
+        }
+        store::check_against_manifest(dir->path, m, /*verify_checksum=*/true);  // small: always every byte
+        StoreDelta d;
+        d.version          = v;
+        d.base_version     = m.base_version;
+        d.base_fingerprint = m.base_fingerprint;
+        d.fingerprint      = manifest_fingerprint(m);
+        d.delta_file       = dir->path / std::string(store::kDeltaFileName);
+        d.hold             = dir;
+        log::get("weights")->info("pulled delta version {} on {} ({} bytes)", v, m.base_version, m.files.at(std::string(store::kDeltaFileName)).size);
+        return d;
+    }
+
+    StoreCopy copy_version(const std::string & v, const std::string & fingerprint, bool verify_checksum) override {
+        auto dir = private_dir(fmt::format("serving{}", ++n_copies_));
+        const auto t0 = Clock::now();
+        {
+            ProgressPhase transfer("transfer", 0);
+            run_rsync(location(v) + "/", dir->path.string() + "/", true);  // a copy, never --link-dest: it is written in place
+        }
+        const store::Manifest m = store::read_manifest(dir->path);
+        if (m.version != v) {
+            fail(Errc::invalid_checkpoint, "{}/{}: says version '{}', the store dir is '{}'; republish it", location(v), store::kManifestName, m.version, v);
+        }
+        if (!m.base_version.empty()) {
+            fail(Errc::wrong_state, "the delta's base '{}' is itself a delta on '{}' and this daemon holds no copy of its bytes; "
+                                    "update to a full version first", v, m.base_version);
+        }
+        if (manifest_fingerprint(m) != fingerprint) {
+            fail(Errc::wrong_state, "the store's '{}' is not the version the delta was made against (its base_fingerprint differs); "
+                                    "republish the delta against the store's '{}'", v, v);
+        }
+        store::check_against_manifest(dir->path, m, verify_checksum);
+        // What names these bytes from now on is the engine's label, not the base's version.yaml.
+        std::error_code ec;
+        fs::remove(dir->path / "version.yaml", ec);
+        log::get("weights")->info("copied {} ({} files) into {} in {:.3f} s as the serving dir of its deltas", v, m.files.size(),
+                                  dir->path.string(), std::chrono::duration<double>(Clock::now() - t0).count());
+        return StoreCopy{dir->path, dir};
+    }
+
+private:
     /// `<source>/<name>` in rsync's syntax.
     std::string location(const std::string & name) const { return cfg_.source == "/" ? "/" + name : cfg_.source + "/" + name; }
 
@@ -601,6 +542,7 @@ private:
 
     fs::path    model_dir_;
     RsyncConfig cfg_;
+    int         n_copies_ = 0;  ///< copy_version dirs made (their names)
 };
 
 }  // namespace

@@ -27,6 +27,10 @@ LoadStrategy parse_load_strategy(std::string_view s) {
     fail(Errc::invalid_argument, "unknown --load-strategy '{}' (normal, ipc_snapshot, ipc, rsync)", s);
 }
 
+StoreCopy WeightSource::copy_version(const std::string & version, const std::string &, bool) {
+    fail(Errc::wrong_state, "version '{}': the {} source holds no store versions to copy (rsync does)", version, to_string(strategy()));
+}
+
 namespace {
 
 class NormalSource final : public WeightSource {

@@ -140,6 +140,32 @@ TEST_CASE("build, write, read and check a manifest; every damage is caught") {
     }
 }
 
+TEST_CASE("a delta version's manifest: base_version and base_fingerprint round-trip and are checked") {
+    TmpDir d;
+    const std::string sha(64, 'a');
+    const std::string files = R"("files": {"weights.fddelta": {"size": 3, "sha256": ")" + sha + R"("}})";
+    auto manifest = [&](const std::string & extra) {
+        write_bytes(d.path / "manifest.json", R"({"format": "fdrollout-store/1", "version": "v2", )" + files + extra + "}");
+    };
+    manifest(R"(, "base_version": "v1", "base_fingerprint": ")" + std::string(64, 'b') + "\"");
+    auto m = store::read_manifest(d.path);
+    CHECK(m.base_version == "v1");
+    CHECK(m.base_fingerprint == std::string(64, 'b'));
+    store::write_manifest(d.path, m);
+    const auto back = store::read_manifest(d.path);
+    CHECK(back.base_version == "v1");
+    CHECK(back.base_fingerprint == m.base_fingerprint);
+    manifest("");  // a full version
+    CHECK(store::read_manifest(d.path).base_version.empty());
+    for (const std::string & bad : std::vector<std::string>{R"(, "base_version": "v1")",                                                   // no fingerprint
+                                  R"(, "base_version": "v1", "base_fingerprint": "xyz")",                      // not hex
+                                  R"(, "base_version": "../x", "base_fingerprint": ")" + sha + "\"",           // not a version
+                                  R"(, "base_version": "v2", "base_fingerprint": ")" + sha + "\""}) {          // itself
+        manifest(bad);
+        CHECK(code_of([&] { store::read_manifest(d.path); }) == fd::Errc::invalid_checkpoint);
+    }
+}
+
 TEST_CASE("remove_stale_temps removes entries of dead pids only") {
     TmpDir d;
     pid_t dead = ::fork();

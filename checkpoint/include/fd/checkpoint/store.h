@@ -37,7 +37,15 @@ struct Manifest {
     std::string                        version;
     std::map<std::string, FileEntry>   files;    ///< every file of the version except manifest.json
     std::map<std::string, TensorEntry> tensors;  ///< every tensor of every *.safetensors file
+    /// A delta version (docs/weight_sources.md, "Delta versions"): its weights.fddelta changes
+    /// the store's `base_version`, whose manifest_fingerprint is `base_fingerprint` (64 hex).
+    /// Both "" for a full version.
+    std::string                        base_version;
+    std::string                        base_fingerprint;
 };
+
+/// The file of a delta version holding its changes (fd/weights/weight_delta.h format).
+inline constexpr std::string_view kDeltaFileName = "weights.fddelta";
 
 /// Incremental SHA-256 (OpenSSL EVP).
 class Sha256 {
@@ -94,7 +102,8 @@ bool is_checkpoint_file(std::string_view name);
 Manifest build_manifest(const std::filesystem::path & dir, const std::string & version,
                         const std::filesystem::path & copy_to = {});
 
-/// Parse `dir`/manifest.json.
+/// Parse `dir`/manifest.json (a delta version's "base_version" and "base_fingerprint" too: both
+/// or neither, a valid version and 64 lowercase hex digits, and weights.fddelta listed).
 /// Errors  invalid_checkpoint naming the file: missing, not JSON, wrong format, bad fields.
 Manifest read_manifest(const std::filesystem::path & dir);
 

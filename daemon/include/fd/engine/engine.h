@@ -68,6 +68,8 @@ struct EngineConfig {
     int32_t         debug_step_delay_ms = 0;    ///< tests only (FD_DEBUG_STEP_DELAY_MS): stretch every step that runs (requests stay in flight)
     /// --speculative-config (fd/spec/spec_config.h; docs/speculative.md): drafts verified exactly.
     spec::SpeculativeConfig speculative;
+    /// The --load-strategy source (rsync: the engine reads the store's manifests for delta versions).
+    weights::SourceConfig   source;
 };
 
 /// A completion request: every prompt is sampled `n` times; choice index = prompt * n + i.
@@ -367,6 +369,22 @@ private:
     };
     std::optional<Drain>                      drain_;
     std::deque<std::shared_ptr<PendingControl>> held_controls_;  ///< commands queued behind a drain (run in order after it)
+
+    /// update_weights of an rsync store version that the ranks refused to load because it is a
+    /// delta (weights::is_store_delta_refusal): pull it (weights::StoreDelta) and apply it in
+    /// place (apply_weight_delta) if every rank serves exactly its base's bytes, else 409
+    /// wrong_state naming both. Returns false when the store's version is not a delta (after
+    /// all): the caller passes the ranks' error on. engine_store_delta.cpp.
+    /// Errors  wrong_state (base not served, two-phase, asleep), invalid_checkpoint (a bad delta).
+    bool          update_from_store_delta(const ControlCommand & cmd, ControlResult & r);
+    std::unique_ptr<weights::WeightSource>    store_source_;  ///< rsync: the engine's own view of the store, made at first use
+    /// The private copy of a store version that store deltas were written into (update_from_store_delta):
+    /// while it is serving_dir_ it holds the store's `version` (manifest fingerprint `fingerprint`).
+    struct StoreServing {
+        std::string        version, fingerprint;
+        weights::StoreCopy copy;  ///< removed with its hold (replaced by the next copy, or at exit)
+    };
+    StoreServing                              store_serving_;
 
     mutable std::mutex                        inbox_mu_;
     std::condition_variable                   inbox_cv_;

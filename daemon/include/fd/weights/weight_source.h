@@ -6,6 +6,7 @@
 #pragma once
 
 #include "fd/checkpoint/safetensors.h"
+#include "fd/status.h"
 
 #include <filesystem>
 #include <functional>
@@ -54,6 +55,32 @@ struct FetchedCheckpoint {
     std::shared_ptr<void>      hold;
 };
 
+/// A store version that is a delta on another (rsync; docs/weight_sources.md, "Delta versions"):
+/// its weights.fddelta (fd/weights/weight_delta.h) changes `base_version`'s bytes.
+struct StoreDelta {
+    std::string           version;           ///< the delta version
+    std::string           base_version;      ///< the version it changes
+    std::string           base_fingerprint;  ///< manifest_fingerprint of the base (the bytes it must change)
+    std::string           fingerprint;       ///< manifest_fingerprint of the delta version itself
+    std::filesystem::path delta_file;        ///< the pulled weights.fddelta, checked against the manifest's SHA-256
+    std::shared_ptr<void> hold;              ///< keeps the pulled dir; removed with the last reference
+};
+
+/// What a rank's rsync source says when asked to load a store version that is a delta (409
+/// wrong_state; the engine then applies it in place, Engine::update_from_store_delta).
+inline constexpr std::string_view kStoreDeltaRefusal = "in the store is a delta on";
+/// True when `e` (also as a rank's error, prefixed with the rank) is that refusal.
+inline bool is_store_delta_refusal(const Error & e) {
+    return e.code() == Errc::wrong_state && std::string_view(e.what()).find(kStoreDeltaRefusal) != std::string_view::npos;
+}
+
+/// A private, writable copy of a full store version: a delta's base, to serve as the serving
+/// dir (the wakeup source) that the deltas are then written into.
+struct StoreCopy {
+    std::filesystem::path dir;
+    std::shared_ptr<void> hold;  ///< keeps the dir; removed with the last reference
+};
+
 class WeightSource {
 public:
     virtual ~WeightSource() = default;
@@ -62,6 +89,19 @@ public:
     /// Errors  not_found (unknown version), source_unavailable (source unreachable),
     ///         invalid_checkpoint / checksum_mismatch (bad files).
     virtual FetchedCheckpoint fetch(const FetchRequest & req) = 0;
+    /// The store version `version` (nullopt: the one fetch would take) when it is a delta, pulled
+    /// whole (one rsync run: call it once a rank found a delta, is_store_delta_refusal); nullopt
+    /// when it is a full version or the source holds no deltas (every strategy but rsync).
+    /// Errors  as fetch (not_found, source_unavailable, invalid_checkpoint, checksum_mismatch).
+    virtual std::optional<StoreDelta> fetch_delta(const std::optional<std::string> & version) {
+        (void)version;
+        return std::nullopt;
+    }
+    /// A private copy of the full store version `version` whose manifest_fingerprint must be
+    /// `fingerprint`; checked against its manifest (every SHA-256 with `verify_checksum`).
+    /// Errors  wrong_state (a delta, or other bytes than `fingerprint`), the fetch errors;
+    ///         wrong_state from every strategy but rsync.
+    virtual StoreCopy copy_version(const std::string & version, const std::string & fingerprint, bool verify_checksum);
 };
 
 /// Everything a source may need; one struct for all strategies.

@@ -1,0 +1,120 @@
+"""rsync delta versions (issue 25, docs/weight_sources.md "Delta versions"): the time of a 1 %
+delta publish + update ÷ the time of a full publish + update of the same model, through a real
+`rsync --daemon` on loopback, into the same daemon, in one run.
+
+Each rep: a full version F (publish_rsync + pause / update_weights / resume, timed), a delta D1
+on F with 1 % of every tensor's elements changed (publish_rsync_delta + update, timed: the first
+delta after a full pull also copies the base from the store into the daemon's serving dir), a
+delta D2 on D1 with another 1 % (timed: the steady state of a chain of deltas, written into the
+same copy). The trainer's diff (which elements changed) is computed before and not timed.
+Reported per rep: each time split into publish and update, and D1 ÷ F, D2 ÷ F.
+
+  /usr/bin/python3 tests/bench/rsync_delta_bench.py [--reps 3] [--tp 2] [--bin B] > out.json
+Figures are ratios within one run: the machine may be loaded by other jobs (load is recorded).
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import numpy as np  # noqa: E402
+
+from fdtest import Daemon, make_checkpoint  # noqa: E402
+from test_rsync import RsyncDaemon  # noqa: E402
+from fdrollout import Client, changed_elements, publish, safetensors_np  # noqa: E402
+
+
+def changed(base, fraction, seed):
+    """(base with `fraction` of each tensor's elements changed, {name: (indices, values)})."""
+    rng = np.random.default_rng(seed)
+    out, deltas = {}, {}
+    for name, a in sorted(base.items()):
+        b = a.copy()
+        flat = b.reshape(-1)
+        k = max(1, int(round(flat.size * fraction)))
+        idx = rng.choice(flat.size, size=k, replace=False)
+        flat[idx] = (flat[idx] + np.float32(0.01) + rng.normal(0, 0.01, k)).astype(a.dtype)
+        out[name] = b
+        deltas[name] = changed_elements(a, b)
+    return out, deltas
+
+
+def timed(c, publish_fn, version):
+    t0 = time.perf_counter()
+    publish_fn()
+    t1 = time.perf_counter()
+    c.pause()
+    r = c.update_weights(version=version)
+    c.resume()
+    t2 = time.perf_counter()
+    assert r["version"] == version, r
+    return {"seconds": t2 - t0, "publish_s": t1 - t0, "update_s": t2 - t1}
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--hidden", default="512")
+    p.add_argument("--intermediate", default="1376")
+    p.add_argument("--layers", default="8")
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--bin", default=None, help="the daemon binary (default: FDROLLOUT_BIN or build/fdrollout)")
+    a = p.parse_args()
+    tmp = tempfile.mkdtemp(prefix="fd-rsdelta-bench-")
+    rsyncd = None
+    try:
+        model = make_checkpoint(os.path.join(tmp, "m"), "--hidden", a.hidden, "--intermediate", a.intermediate, "--layers", a.layers,
+                                "--heads", "8", "--vocab", "512")
+        w0 = safetensors_np.load_file(os.path.join(model, "model.safetensors"))
+        w1, d1 = changed(w0, 0.01, seed=1)
+        _, d2 = changed(w1, 0.01, seed=2)
+        store = os.path.join(tmp, "store")
+        os.makedirs(store)
+        rsyncd = RsyncDaemon(tmp, {"store": store})
+        out = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
+               "load_avg_at_start": os.getloadavg()[0], "tp": a.tp, "model_bytes": sum(x.nbytes for x in w0.values()),
+               "bin": a.bin, "runs": []}
+        tp_args = ["--tensor-parallel-size", str(a.tp), "--threads", "1"] if a.tp > 1 else []
+        kw = {"bin": a.bin} if a.bin else {}
+        cfg = {"source": rsyncd.url(), "staging_dir": os.path.join(tmp, "staging"), "timeout_s": 300}
+        with Daemon("--dynamic-load-weight", "--load-strategy", "rsync", "--rsync-config", json.dumps(cfg), "--control-timeout-s", "300",
+                    *tp_args, model=model, extra=False, timeout=300, **kw) as d:
+            c = Client(f"127.0.0.1:{d.port}", timeout=300)
+            timed(c, lambda: publish.publish_rsync(w0, store, "warm", model), "warm")  # page-in, allocations
+            for i in range(a.reps):
+                f, v1, v2 = f"f{i}", f"d1-{i}", f"d2-{i}"
+                run = {"full": timed(c, lambda: publish.publish_rsync(w0, store, f, model), f)}
+                run["delta_first"] = timed(c, lambda: publish.publish_rsync_delta(d1, store, v1, f), v1)
+                run["delta_chain"] = timed(c, lambda: publish.publish_rsync_delta(d2, store, v2, v1), v2)
+                run["delta_bytes"] = os.path.getsize(os.path.join(store, v1, "weights.fddelta"))
+                run["delta_first_over_full"] = run["delta_first"]["seconds"] / run["full"]["seconds"]
+                run["delta_chain_over_full"] = run["delta_chain"]["seconds"] / run["full"]["seconds"]
+                out["runs"].append(run)
+                print(json.dumps(run), file=sys.stderr)
+        out["median"] = {k: median([r[k] for r in out["runs"]]) for k in ("delta_first_over_full", "delta_chain_over_full")}
+        for k in ("full", "delta_first", "delta_chain"):
+            for part in ("seconds", "publish_s", "update_s"):
+                out["median"][f"{k}_{part}"] = median([r[k][part] for r in out["runs"]])
+        out["load_avg_at_end"] = os.getloadavg()[0]
+        print(json.dumps(out, indent=1))
+    finally:
+        if rsyncd:
+            rsyncd.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
