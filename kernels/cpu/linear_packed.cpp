@@ -172,6 +172,7 @@ __attribute__((noinline)) void tile_pass_avx2(f32x16 (&acc)[kMR][kNR], const flo
                 const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(wr[c] + s / 2 * 64 + 32 * h));
                 w = _mm256_castsi256_ps(s % 2 ? _mm256_unpackhi_epi16(z, v) : _mm256_unpacklo_epi16(z, v));
             }
+            __asm__("" : "+x"(w));  // loaded once, not folded into each row's FMA
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r) { a[r][c] = _mm256_fmadd_ps(xv[r], w, a[r][c]); }
         }

@@ -140,7 +140,8 @@ __attribute__((noinline)) void group_steps_avx2(f32x16 (&acc)[MR][NR], const flo
                 for (int r = 0; r < MR; ++r) { xv[r] = _mm256_loadu_ps(xr[r] + k + 8 * h); }
 #pragma GCC unroll 8
                 for (int g = 0; g < G; ++g) {
-                    const __m256 w = _mm256_loadu_ps(reinterpret_cast<const float *>(wr[C0 + g]) + k + 8 * h);
+                    __m256 w = _mm256_loadu_ps(reinterpret_cast<const float *>(wr[C0 + g]) + k + 8 * h);
+                    if constexpr (MR > 1) { __asm__("" : "+x"(w)); }  // loaded once, not folded into each row's FMA
 #pragma GCC unroll 8
                     for (int r = 0; r < MR; ++r) { a[r][g][h] = _mm256_fmadd_ps(xv[r], w, a[r][g][h]); }
                 }
