@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512BW__)
+#if defined(__AVX512BW__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -73,12 +73,39 @@ inline void reduce16_many(const f32x16 * acc, int n, float * out) {
 }
 #endif
 
+#if !defined(__AVX512BW__) && defined(__AVX2__)
+/// AVX2: out[i] = reduce16(acc[i]) for 8 accumulators, transposed: the same pairs at every level
+/// (i + (i+8); then i + (i+4); then (0 + 2) and (1 + 3); then those two), so bitwise reduce16's.
+inline void reduce16_x8_avx2(const f32x16 * acc, float * out) {
+    __m256 s8[8], q[4], t[2];
+    for (int i = 0; i < 8; ++i) {  // lane i + lane i + 8
+        __m256 h[2];
+        std::memcpy(h, &acc[i], sizeof h);
+        s8[i] = _mm256_add_ps(h[0], h[1]);
+    }
+    for (int i = 0; i < 4; ++i) {  // [a: i + (i+4) | b: i + (i+4)], (a, b) = accumulators 2i, 2i + 1
+        q[i] = _mm256_add_ps(_mm256_permute2f128_ps(s8[2 * i], s8[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(s8[2 * i], s8[2 * i + 1], 0x31));
+    }
+    for (int i = 0; i < 2; ++i) {  // per 128 bits [p0+p2, p1+p3, q0+q2, q1+q3]
+        t[i] = _mm256_add_ps(_mm256_shuffle_ps(q[2 * i], q[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(q[2 * i], q[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    // per 128 bits [r0+r1, r2+r3, s0+s1, s2+s3]: low half accumulators 0, 2, 4, 6, high 1, 3, 5, 7
+    const __m256 f = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+#endif
+
 /// out[i] = reduce16(acc[i]) for i < n.
 inline void reduce_all(const f32x16 * acc, int n, float * out) {
     int i = 0;
 #if defined(__AVX512BW__)
     for (; i + 16 <= n; i += 16) { reduce16_many(acc + i, 16, out + i); }
     for (; i + 8 <= n; i += 8) { reduce16_many(acc + i, 8, out + i); }
+#elif defined(__AVX2__)
+    for (; i + 8 <= n; i += 8) { reduce16_x8_avx2(acc + i, out + i); }
 #endif
     for (; i < n; ++i) { out[i] = reduce16(acc[i]); }
 }

@@ -139,6 +139,52 @@ enum class WSrc { packed, f32_rows, bf16_rows };
 /// Element bytes of WSrc K's weights.
 constexpr int64_t wsrc_bytes(WSrc k) { return k == WSrc::bf16_rows ? 2 : 4; }
 
+#if defined(FD_LINEAR_AVX2)
+/// AVX2 (16 ymm registers) pass of packed_tiles over one tile: rows [R0, R0 + 2) x every column,
+/// lanes 8h..8h+7 only, so 2 x kNR = 12 accumulators stay in registers (acc [kMR][kNR] in and out
+/// as f32x16). Per lane the very FMA chain of the AVX-512 kernel: each lane is independent of the
+/// others, so splitting lanes and rows into passes changes which loads feed an FMA, not its operands.
+template <WSrc kW, int R0, int h>
+__attribute__((noinline)) void tile_pass_avx2(f32x16 (&acc)[kMR][kNR], const float * xp, const char * const (&wr)[kNR],
+                                              int64_t n) {
+    constexpr int R = 2;
+    __m256 a[R][kNR];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < kNR; ++c) { std::memcpy(&a[r][c], reinterpret_cast<const char *>(&acc[R0 + r][c]) + 32 * h, 32); }
+    }
+    const __m256i z = _mm256_setzero_si256();
+    for (int64_t s = 0; s < n; ++s) {
+        const float * xs = xp + s * kMR * kLanes + 8 * h;
+        _mm_prefetch(reinterpret_cast<const char *>(xs + kXPrefetchFloats + R0 * kLanes), _MM_HINT_T0);
+        __m256 xv[R];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) { xv[r] = _mm256_loadu_ps(xs + (R0 + r) * kLanes); }
+#pragma GCC unroll 8
+        for (int c = 0; c < kNR; ++c) {
+            __m256 w;
+            if constexpr (kW == WSrc::packed) {
+                w = _mm256_loadu_ps(reinterpret_cast<const float *>(wr[0]) + (s * kNR + c) * kLanes + 8 * h);
+            } else if constexpr (kW == WSrc::f32_rows) {
+                w = _mm256_loadu_ps(reinterpret_cast<const float *>(wr[c]) + s * kLanes + 8 * h);
+            } else {  // lanes 8h.. of vector step s: the unpack (lo even s, hi odd s) of bytes 32h.. of the 64
+                const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(wr[c] + s / 2 * 64 + 32 * h));
+                w = _mm256_castsi256_ps(s % 2 ? _mm256_unpackhi_epi16(z, v) : _mm256_unpacklo_epi16(z, v));
+            }
+            __asm__("" : "+x"(w));  // loaded once, not folded into each row's FMA
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) { a[r][c] = _mm256_fmadd_ps(xv[r], w, a[r][c]); }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < kNR; ++c) { std::memcpy(reinterpret_cast<char *>(&acc[R0 + r][c]) + 32 * h, &a[r][c], 32); }
+    }
+}
+#endif
+
 /// Each tile of `t` in turn: t.n_steps vector steps on packed x, xp [n][kMR][16], and weights
 /// packed, wp [n][kNR][16], or read from their rows (f32: vector step s of output c at row c's
 /// element 16 s; bf16: steps 2 g and 2 g + 1 are the lo and hi unpack of row c's elements
@@ -213,6 +259,13 @@ __attribute__((noinline)) void packed_tiles(const Tiles & t) {
         for (int r = 0; r < kMR; ++r) {
             for (int c = 0; c < kNR; ++c) { acc[r][c] = kFirst ? f32x16{} : carry[r * kNR + c]; }
         }
+#if defined(FD_LINEAR_AVX2)
+        static_assert(kMR == 4, "two passes of 2 rows");
+        tile_pass_avx2<kW, 0, 0>(acc, xp, wr, n);
+        tile_pass_avx2<kW, 2, 0>(acc, xp, wr, n);
+        tile_pass_avx2<kW, 0, 1>(acc, xp, wr, n);
+        tile_pass_avx2<kW, 2, 1>(acc, xp, wr, n);
+#else
         for (int64_t s = 0; s < n; ++s) {
             f32x16 wv[kNR];
             for (int c = 0; c < kNR; ++c) {
@@ -231,6 +284,7 @@ __attribute__((noinline)) void packed_tiles(const Tiles & t) {
                 for (int c = 0; c < kNR; ++c) { acc[r][c] += xv * wv[c]; }
             }
         }
+#endif
 #endif
 #if defined(__AVX512F__)
         static_assert(kMR * kNR == 24 && kNR == 6, "the loads above name 6 weights; the epilogue places 16 + 8 sums");

@@ -16,6 +16,12 @@
 #include <immintrin.h>
 #endif
 
+// AVX2 + FMA without AVX-512 (16 ymm registers): linear's kernels keep each f32x16 lane vector as
+// two __m256 halves (lanes 0-7, 8-15) and use smaller tiles; the lanes' arithmetic is unchanged.
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define FD_LINEAR_AVX2 1
+#endif
+
 namespace fd::kernels {
 namespace {
 
@@ -29,10 +35,11 @@ inline void load_bf16_step(const uint16_t * p, f32x16 & lo, f32x16 & hi) {
     const __m512i l = _mm512_unpacklo_epi16(z, v), h = _mm512_unpackhi_epi16(z, v);
     std::memcpy(&lo, &l, sizeof lo);
     std::memcpy(&hi, &h, sizeof hi);
-#elif defined(__AVX2__)
-    // The same lanes from two 256-bit halves: lanes 0-7 of lo / hi come from p[0..15], 8-15 from p[16..31].
+#elif defined(FD_LINEAR_AVX2)
+    // The 512-bit unpacks work per 128-bit group: lanes 0-7 come from k 0..15, lanes 8-15 from 16..31.
+    const __m256i z = _mm256_setzero_si256();
     const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
-    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 16)), z = _mm256_setzero_si256();
+    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 16));
     const __m256i l[2] = {_mm256_unpacklo_epi16(z, v0), _mm256_unpacklo_epi16(z, v1)};
     const __m256i h[2] = {_mm256_unpackhi_epi16(z, v0), _mm256_unpackhi_epi16(z, v1)};
     std::memcpy(&lo, l, sizeof lo);
@@ -114,6 +121,17 @@ inline void permute_bf16_step(const float * src, int64_t left, float * lo, float
     _mm512_storeu_ps(lo, _mm512_maskz_shuffle_f32x4(__mmask16(0xFFFF), a, b, _MM_SHUFFLE(2, 0, 2, 0)));
     _mm512_storeu_ps(hi, _mm512_maskz_shuffle_f32x4(__mmask16(0xFFFF), a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 #else
+#if defined(FD_LINEAR_AVX2)
+    if (left >= 32) {  // groups of 4 k's: lo takes the low 128 bits of each 8, hi the high
+        const __m256 a = _mm256_loadu_ps(src), b = _mm256_loadu_ps(src + 8);
+        const __m256 c = _mm256_loadu_ps(src + 16), d = _mm256_loadu_ps(src + 24);
+        _mm256_storeu_ps(lo, _mm256_permute2f128_ps(a, b, 0x20));
+        _mm256_storeu_ps(lo + 8, _mm256_permute2f128_ps(c, d, 0x20));
+        _mm256_storeu_ps(hi, _mm256_permute2f128_ps(a, b, 0x31));
+        _mm256_storeu_ps(hi + 8, _mm256_permute2f128_ps(c, d, 0x31));
+        return;
+    }
+#endif
     for (int l = 0; l < kLanes; ++l) {
         const int k = bf16_lane_k(l), kh = bf16_lane_k(kLanes + l);
         lo[l] = k < left ? src[k] : 0.0f;

@@ -114,42 +114,59 @@ __attribute__((noinline)) void whole_steps(f32x16 (&acc)[MR][NR], const float * 
         for (int c = 0; c < NR; ++c) { std::memcpy(&acc[r][c], &a[r][c], sizeof(__m512)); }
     }
 }
-#elif defined(__AVX2__) && defined(__FMA__)
-/// whole_steps with AVX2: each 16-lane accumulator as two ymm halves (lanes 0-7, 8-15), the very
-/// FMAs of the generic step in tile() (the same widened weights: half h of a bf16 step is one
-/// 256-bit load, its lo / hi lanes one unpack each; x lo before hi), the weights of a step loaded
-/// once per output. One row: 1 x 4 tiles (strip(), kStripNR) keep the 8 accumulators, x and the
-/// widened weights in the 16 ymm registers (the generic f32x16 code spilled at 1 x 8).
-template <WType T, int MR, int NR, bool kPrefetch>
-__attribute__((noinline)) void whole_steps(f32x16 (&acc)[MR][NR], const float * const (&xr)[MR],
-                                           const char * const (&wr)[NR], int64_t n_steps, const char * pf) {
+#endif
+#if defined(__AVX512BW__)
+#define FD_HAVE_WHOLE_STEPS 1
+#endif
+
+#if defined(FD_LINEAR_AVX2)
+/// AVX2 (16 ymm registers) counterpart of whole_steps: columns [C0, C0 + G) of the tile over
+/// `n_steps` whole steps, each lane vector as two __m256 halves (lanes 0-7, 8-15) so that MR x G x
+/// 2 accumulators stay in registers. The same FMAs as the generic step in tile(), in the same order
+/// per lane (each lane's chain is independent of the others'; bf16: x lo before hi).
+template <WType T, int MR, int NR, int C0, int G, bool kPrefetch>
+__attribute__((noinline)) void group_steps_avx2(f32x16 (&acc)[MR][NR], const float * const (&xr)[MR],
+                                                const char * const (&wr)[NR], int64_t n_steps, const char * pf) {
     using S = Step<T>;
-    __m256 a[MR][NR][2];
+    __m256 a[MR][G][2];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 8
-        for (int c = 0; c < NR; ++c) { std::memcpy(&a[r][c][0], &acc[r][c], sizeof(a[r][c])); }
+        for (int g = 0; g < G; ++g) { std::memcpy(&a[r][g][0], &acc[r][C0 + g], sizeof(a[r][g])); }
     }
-    const __m256i z = _mm256_setzero_si256();
     for (int64_t s = 0; s < n_steps; ++s) {
         const int64_t k = s * S::K;
+        if (kPrefetch) {
+#pragma GCC unroll 8
+            for (int g = 0; g < G; ++g) { __builtin_prefetch(pf ? pf + (s * NR + C0 + g) * 64 : wr[C0 + g] + k * S::kElemBytes + 512, 0, 3); }
+        }
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
+            if constexpr (T == WType::f32) {
+                __m256 xv[MR];
 #pragma GCC unroll 8
-            for (int c = 0; c < NR; ++c) {
-                if (kPrefetch && h == 0) { __builtin_prefetch(pf ? pf + (s * NR + c) * 64 : wr[c] + k * S::kElemBytes + 512, 0, 3); }
-                if constexpr (T == WType::f32) {
-                    const __m256 w = _mm256_loadu_ps(reinterpret_cast<const float *>(wr[c]) + k + 8 * h);
+                for (int r = 0; r < MR; ++r) { xv[r] = _mm256_loadu_ps(xr[r] + k + 8 * h); }
 #pragma GCC unroll 8
-                    for (int r = 0; r < MR; ++r) { a[r][c][h] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k + 8 * h), w, a[r][c][h]); }
-                } else {
-                    const __m256i v  = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(reinterpret_cast<const uint16_t *>(wr[c]) + k + 16 * h));
-                    const __m256  lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v));
-                    const __m256  hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v));
+                for (int g = 0; g < G; ++g) {
+                    __m256 w = _mm256_loadu_ps(reinterpret_cast<const float *>(wr[C0 + g]) + k + 8 * h);
+                    if constexpr (MR > 1) { __asm__("" : "+x"(w)); }  // loaded once, not folded into each row's FMA
+#pragma GCC unroll 8
+                    for (int r = 0; r < MR; ++r) { a[r][g][h] = _mm256_fmadd_ps(xv[r], w, a[r][g][h]); }
+                }
+            } else {
+                // Half h of both vectors of the step: lanes 8h..8h+7 of lo and hi are the unpacks
+                // of the step's k 16h..16h+15 (as load_bf16_step).
+                const __m256i z = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int g = 0; g < G; ++g) {
+                    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(
+                        reinterpret_cast<const uint16_t *>(wr[C0 + g]) + k + 16 * h));
+                    const __m256 wlo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v));
+                    const __m256 whi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v));
 #pragma GCC unroll 8
                     for (int r = 0; r < MR; ++r) {
-                        a[r][c][h] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k + 8 * h), lo, a[r][c][h]);
-                        a[r][c][h] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k + kLanes + 8 * h), hi, a[r][c][h]);
+                        a[r][g][h] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k + 8 * h), wlo, a[r][g][h]);
+                        a[r][g][h] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k + kLanes + 8 * h), whi, a[r][g][h]);
                     }
                 }
             }
@@ -158,13 +175,21 @@ __attribute__((noinline)) void whole_steps(f32x16 (&acc)[MR][NR], const float * 
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 8
-        for (int c = 0; c < NR; ++c) { std::memcpy(&acc[r][c], &a[r][c][0], sizeof(a[r][c])); }
+        for (int g = 0; g < G; ++g) { std::memcpy(&acc[r][C0 + g], &a[r][g][0], sizeof(a[r][g])); }
     }
 }
-#define FD_HAVE_WHOLE_STEPS 1
-#endif
-#if defined(__AVX512BW__)
-#define FD_HAVE_WHOLE_STEPS 1
+
+/// whole_steps on AVX2: the tile's columns in groups of G (MR x G x 2 accumulators, at most 8).
+template <WType T, int MR, int NR, bool kPrefetch, int C0 = 0>
+void whole_steps_avx2(f32x16 (&acc)[MR][NR], const float * const (&xr)[MR], const char * const (&wr)[NR],
+                      int64_t n_steps, const char * pf) {
+    constexpr int G = MR == 1 ? 4 : MR == 2 ? 2 : 1;
+    static_assert(NR % G == 0, "the column groups cover the tile");
+    if constexpr (C0 < NR) {
+        group_steps_avx2<T, MR, NR, C0, G, kPrefetch>(acc, xr, wr, n_steps, pf);
+        whole_steps_avx2<T, MR, NR, kPrefetch, C0 + G>(acc, xr, wr, n_steps, pf);
+    }
+}
 #endif
 
 template <WType T, int MR, int NR, bool kPrefetch>
@@ -181,6 +206,9 @@ void tile(const TileArgs & t) {
     int64_t k = 0;
 #if defined(FD_HAVE_WHOLE_STEPS)
     whole_steps<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_k / S::K, t.pf);
+    k = t.n_k / S::K * S::K;
+#elif defined(FD_LINEAR_AVX2)
+    whole_steps_avx2<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_k / S::K, t.pf);
     k = t.n_k / S::K * S::K;
 #endif
     auto step = [&](int64_t kk, int n) {
