@@ -6,10 +6,11 @@ llama.cpp v0.4.0 from the npm node-llama-cpp bundle and writes the GGUF files).
   llamacpp_peer.py bench  ... --out J.json [--threads 1,2] [--reps 2]
   llamacpp_peer.py server ... --out J.json [--clients 64]
 
-check: greedy continuation of one prompt of token ids (16 steps, temperature 0, ignore_eos) by
-  fdrollout's daemon (/v1/completions, --compute-dtype float32 and bfloat16) and by llama-server
-  (/completion, n_probs 1) on the BF16 GGUF and on an F32 GGUF of the same weights (widened
-  exactly): token ids and the chosen token's log-probability, step by step.
+check: greedy continuation of one prompt of 32 token ids (16 steps, temperature 0, ignore_eos) by
+  fdrollout's daemon (/v1/completions, --compute-dtype float32 and bfloat16, 1 thread) and by
+  llama.cpp (tests/bench/llamacpp_greedy.cpp on libllama, 1 thread, F16 KV) on the BF16 GGUF
+  and on an F32 GGUF of the same weights (widened exactly): token ids and the chosen token's
+  log-probability, step by step, against fdrollout's float32 mode.
 bench: per thread count, per repetition, interleaved in this order: fd_bench --compute-dtype
   float32,bfloat16 (prefill 128/512/2048; decode B=1/8/32/64 after a 64-token prompt, 32 steps),
   llama-bench -p 128,512,2048 -n 64 (pp/tg, its default F16 KV), llama-batched-bench -npp 64
@@ -149,11 +150,8 @@ def fd_greedy(a, compute, ids, steps):
 
 
 def llama_greedy(a, gguf, ids, steps):
-    with llama_server(a, gguf, 1, 1, 512) as s:
-        j = post(s.port, "/completion", {"prompt": ids, "n_predict": steps, "temperature": 0, "ignore_eos": True,
-                                         "n_probs": 1, "cache_prompt": False, "return_tokens": True})
-    probs = j["completion_probabilities"]
-    return [p["id"] for p in probs], [p["logprob"] for p in probs]
+    j = json.loads(run([os.path.join(a.llama_bin, "llamacpp_greedy"), gguf, str(steps), *map(str, ids)]))
+    return j["tokens"], j["logprobs"]
 
 
 def compare(ref, other):

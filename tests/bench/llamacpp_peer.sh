@@ -15,9 +15,9 @@
 #  model  the benchmark checkpoint of docs/benchmarks.md "bf16 compute" (random BF16 Llama h512,
 #         8 layers, vocab 8192, seed 28; scripts/make_random_checkpoint.py) and its GGUF BF16
 #         copy written by tests/bench/llamacpp_gguf.py with llama.cpp's own gguf-py.
-#  check  greedy tokens and their log-probabilities, llama.cpp (llama-server /completion, a prompt
-#         of token ids; BF16 and exact-F32 GGUF) against fdrollout's daemon (/v1/completions,
-#         float32 and bfloat16 compute) — tests/bench/llamacpp_peer.py check.
+#  check  greedy tokens and their log-probabilities for a prompt of token ids, llama.cpp
+#         (tests/bench/llamacpp_greedy.cpp on its libllama; BF16 and exact-F32 GGUF) against
+#         fdrollout's daemon (/v1/completions, float32 and bfloat16 compute) — llamacpp_peer.py check.
 #  bench  1 and 2 threads: llama-bench -p 128,512,2048 -n 64 and llama-batched-bench B=8/32/64,
 #         fd_bench the same shapes; JSON with ratios to $OUT (default
 #         docs/bench-results/issue28_llamacpp_peer.json).
@@ -56,8 +56,12 @@ step_build() {
   nice -n 10 cmake -S "$SRC" -B "$BLD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    -DCMAKE_PROJECT_INCLUDE="$REPO/tests/bench/llamacpp_unity.cmake" \
     -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >"$DIR/cmake.log" 2>&1
-  nice -n 10 cmake --build "$BLD" -j "$JOBS" --target "${targets[@]}" >"$DIR/build.log" 2>&1 ||
+  # the bench tools first (206 of the 284 steps): the benchmarks can start before the server is built
+  nice -n 10 cmake --build "$BLD" -j "$JOBS" --target llama-bench llama-batched-bench >"$DIR/build.log" 2>&1 ||
+    { tail -30 "$DIR/build.log" >&2; exit 1; }
+  nice -n 10 cmake --build "$BLD" -j "$JOBS" --target "${targets[@]}" >>"$DIR/build.log" 2>&1 ||
     { tail -30 "$DIR/build.log" >&2; exit 1; }
 }
 
@@ -76,6 +80,11 @@ step_model() {
 }
 
 step_check() {
+  # llama.cpp's greedy continuation of a prompt of token ids (one C++ file on the peer's libllama)
+  if [[ ! -x "$BLD/bin/llamacpp_greedy" ]]; then
+    nice -n 10 g++ -O2 -std=c++17 -I "$SRC/include" -I "$SRC/ggml/include" "$REPO/tests/bench/llamacpp_greedy.cpp" \
+      -o "$BLD/bin/llamacpp_greedy" -L "$BLD/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$BLD/bin"
+  fi
   "$PY" "$REPO/tests/bench/llamacpp_peer.py" check --llama-bin "$BLD/bin" --gguf "$GGUF" \
     --checkpoint "$CKPT" --fd-build "$FD_BUILD" \
     --out "${CHECK_OUT:-$REPO/docs/bench-results/issue28_llamacpp_peer_check.json}"
