@@ -5,6 +5,7 @@ llama.cpp v0.4.0 from the npm node-llama-cpp bundle and writes the GGUF files).
   llamacpp_peer.py check  --llama-bin DIR --gguf M.gguf --checkpoint CK --fd-build B
   llamacpp_peer.py bench  ... --out J.json [--threads 1,2] [--reps 2]
   llamacpp_peer.py server ... --out J.json [--clients 64]
+  llamacpp_peer.py table  ... --out J.json      (markdown table of a bench JSON)
 
 check: greedy continuation of one prompt of 32 token ids (16 steps, temperature 0, ignore_eos) by
   fdrollout's daemon (/v1/completions, --compute-dtype float32 and bfloat16, 1 thread) and by
@@ -12,7 +13,9 @@ check: greedy continuation of one prompt of 32 token ids (16 steps, temperature 
   and on an F32 GGUF of the same weights (widened exactly): token ids and the chosen token's
   log-probability, step by step, against fdrollout's float32 mode.
 bench: per thread count, per repetition, interleaved in this order: fd_bench --compute-dtype
-  float32,bfloat16 (prefill 128/512/2048; decode B=1/8/32/64 after a 64-token prompt, 32 steps),
+  float32 (prefill 128/512/2048; decode B=1/8/32/64 after a 64-token prompt, 32 steps), fd_bench
+  --compute-dtype bfloat16 (the same shapes, or --bf16-batches / --bf16-prefill: on a CPU
+  without AVX512_BF16 the bfloat16 mode runs a scalar path that takes many minutes per shape),
   llama-bench -p 128,512,2048 -n 64 (pp/tg, its default F16 KV), llama-batched-bench -npp 64
   -ntg 32 -npl 1,8,32,64 -pps (S_TG). Medians over repetitions; ratio = fdrollout tok/s ÷
   llama.cpp tok/s for the same shape (prefill N ÷ ppN; decode B ÷ batched-bench S_TG at B; B=1
@@ -182,10 +185,10 @@ def cmd_check(a):
 
 # ---- bench -------------------------------------------------------------------------------------
 
-def fd_bench(a, t):
-    txt = run([os.path.join(a.fd_build, "fd_bench"), "--model", a.checkpoint, "--compute-dtype", "float32,bfloat16",
-               "--threads", str(t), "--batches", "1,8,32,64", "--prompt-len", "64", "--decode-steps", "32",
-               "--seconds-min", str(a.seconds_min), "--prefill-lens", "128,512,2048", "--no-breakdown",
+def fd_bench(a, t, mode, batches, prefill_lens):
+    txt = run([os.path.join(a.fd_build, "fd_bench"), "--model", a.checkpoint, "--compute-dtype", mode,
+               "--threads", str(t), "--batches", batches, "--prompt-len", "64", "--decode-steps", "32",
+               "--seconds-min", str(a.seconds_min), "--prefill-lens", prefill_lens, "--no-breakdown",
                "--decode-ctx", "", "--linear-m", "64", "--bw-mib", "256"])
     j = json.loads(txt)
     rows = {}
@@ -230,7 +233,9 @@ def cmd_bench(a):
         samples = {"fd": [], "llama_bench": [], "batched": [], "bw": []}
         info = {}
         for rep in range(a.reps):
-            fd, bw = fd_bench(a, t)
+            fd, bw = fd_bench(a, t, "float32", "1,8,32,64", "128,512,2048")
+            if a.bf16_batches:  # the bfloat16 mode on the shapes asked for (all by default)
+                fd.update(fd_bench(a, t, "bfloat16", a.bf16_batches, a.bf16_prefill)[0])
             lb, info = llama_bench(a, t)
             bb = batched_bench(a, t)
             samples["fd"].append(fd)
@@ -250,23 +255,44 @@ def cmd_bench(a):
         for r in ROWS:
             row = {"row": r, "llamacpp_tok_s": llama.get(r)}
             for mode in ("float32", "bfloat16"):
-                v = med([s[(mode, r)] for s in samples["fd"]])
+                vals = [s[(mode, r)] for s in samples["fd"] if (mode, r) in s]
+                v = med(vals) if vals else None  # None: not measured (see --bf16-batches)
                 row[f"fd_{mode}_tok_s"] = v
-                row[f"ratio_{mode}"] = round(v / llama[r], 3) if llama.get(r) else None
+                row[f"ratio_{mode}"] = round(v / llama[r], 3) if v and llama.get(r) else None
                 if r == "decode B=1":
-                    row[f"ratio_{mode}_vs_tg64"] = round(v / llama["decode B=1 (tg64)"], 3)
+                    row[f"ratio_{mode}_vs_tg64"] = round(v / llama["decode B=1 (tg64)"], 3) if v else None
             row["bfloat16_meets_1.2"] = row["ratio_bfloat16"] is not None and row["ratio_bfloat16"] >= 1.2
             table.append(row)
         out["threads"][str(t)] = {"rows": table, "llamacpp_tg64_tok_s": llama["decode B=1 (tg64)"],
                                   "llama_bench_info": info, "read_bw_gbs_1thread": samples["bw"], "samples": {
                                       "fd": [{f"{m} {r}": v for (m, r), v in s.items()} for s in samples["fd"]],
                                       "llama_bench": samples["llama_bench"], "batched_bench": samples["batched"]}}
+        if a.out:  # what is done so far survives an interrupted run
+            open(a.out + ".partial", "w").write(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
     out["machine_end"] = machine()
     out["what"] = "fdrollout tok/s ÷ llama.cpp tok/s, same shapes, same run; medians over reps"
     txt = json.dumps(out, indent=1, ensure_ascii=False)
     print(txt)
     if a.out:
         open(a.out, "w").write(txt + "\n")
+        if os.path.exists(a.out + ".partial"):
+            os.unlink(a.out + ".partial")
+
+
+def cmd_table(a):
+    """Markdown table of a bench JSON (--out): per row and thread count, the tok/s and ratios."""
+    j = json.load(open(a.out))
+    print("| row | threads | llama.cpp tok/s | fd float32 tok/s | fd bfloat16 tok/s | float32 ÷ llama.cpp | "
+          "**bfloat16 ÷ llama.cpp** (target ≥ 1.2) |")
+    print("|---|---|---|---|---|---|---|")
+    for t, d in j["threads"].items():
+        for r in d["rows"]:
+            extra = ""
+            if r["row"] == "decode B=1":
+                extra = f" (÷ tg64 {d['llamacpp_tg64_tok_s']}: {r['ratio_float32_vs_tg64']} / {r['ratio_bfloat16_vs_tg64']})"
+            mark = "" if r["bfloat16_meets_1.2"] else " ✗"
+            print(f"| {r['row']} | {t} | {r['llamacpp_tok_s']} | {r['fd_float32_tok_s']} | {r['fd_bfloat16_tok_s']} | "
+                  f"{r['ratio_float32']} | **{r['ratio_bfloat16']}**{mark}{extra} |")
 
 
 # ---- server ------------------------------------------------------------------------------------
@@ -325,7 +351,7 @@ def cmd_server(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("cmd", choices=["check", "bench", "server"])
+    ap.add_argument("cmd", choices=["check", "bench", "server", "table"])
     ap.add_argument("--llama-bin", required=True)
     ap.add_argument("--gguf", required=True)
     ap.add_argument("--checkpoint", required=True)
@@ -334,10 +360,13 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=int(os.environ.get("PEER_REPS", "2")))
     ap.add_argument("--llama-reps", type=int, default=3, help="llama-bench -r")
-    ap.add_argument("--seconds-min", type=float, default=0.5, help="fd_bench --seconds-min")
+    ap.add_argument("--seconds-min", type=float, default=0.3, help="fd_bench --seconds-min")
+    ap.add_argument("--bf16-batches", default="1,8,32,64",
+                    help="decode batches of the bfloat16-mode fd_bench run (empty: no bfloat16 run)")
+    ap.add_argument("--bf16-prefill", default="128,512,2048", help="prefill lengths of the bfloat16-mode run")
     ap.add_argument("--clients", type=int, default=64)
     a = ap.parse_args()
-    {"check": cmd_check, "bench": cmd_bench, "server": cmd_server}[a.cmd](a)
+    {"check": cmd_check, "bench": cmd_bench, "server": cmd_server, "table": cmd_table}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@
 #         fd_bench the same shapes; JSON with ratios to $OUT (default
 #         docs/bench-results/issue28_llamacpp_peer.json).
 #  server 64-client server comparison (llama-server -np 64 vs fdrollout), tests/bench/llamacpp_peer.py server.
+# PEER_ARGS: extra llamacpp_peer.py bench arguments (e.g. "--threads 1 --bf16-batches 1 --bf16-prefill 128").
 # Env: FD_BUILD (fdrollout build dir, default build), LLAMACPP_DIR, LLAMACPP_JOBS (default 2).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -93,7 +94,7 @@ step_check() {
 step_bench() {
   "$PY" "$REPO/tests/bench/llamacpp_peer.py" bench --llama-bin "$BLD/bin" --gguf "$GGUF" \
     --checkpoint "$CKPT" --fd-build "$FD_BUILD" \
-    --out "${OUT:-$REPO/docs/bench-results/issue28_llamacpp_peer.json}"
+    --out "${OUT:-$REPO/docs/bench-results/issue28_llamacpp_peer.json}" ${PEER_ARGS:-}
 }
 
 step_server() {
