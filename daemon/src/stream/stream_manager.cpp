@@ -211,12 +211,9 @@ struct StreamManager::Impl {
     std::set<std::string>            layout_names;
     const std::vector<model::WeightLayout> & rank_layouts() {
         if (layouts.empty()) {
-            const model::TensorIndex idx = model::read_tensor_index(cfg.model_dir);
-            model::TensorIndex renamed;
-            const model::TensorIndex & v4 = model::with_v4_names(cfg.model_cfg, idx, renamed);
-            for (int32_t r = 0; r < std::max(1, cfg.tp_size); ++r) {
-                layouts.push_back(model::plan_layout(cfg.model_cfg, v4, {r, std::max(1, cfg.tp_size), std::max(1, cfg.ep_size)}));
-                for (const auto & t : layouts.back().tensors) {
+            layouts = weights::plan_rank_layouts(cfg.model_cfg, cfg.model_dir, cfg.tp_size, cfg.ep_size);
+            for (const auto & l : layouts) {
+                for (const auto & t : l.tensors) {
                     for (const auto & p : t.parts) { layout_names.insert(p.hf_name); }
                 }
             }
@@ -237,27 +234,7 @@ struct StreamManager::Impl {
             }
         }
         // One thread per rank, plus this one writing the delta file itself (for the serving dir).
-        std::vector<std::optional<Error>> errs(ls.size() + 1);
-        auto guarded = [&](size_t i, auto && fn) {
-            try {
-                fn();
-            } catch (const Error & e) {
-                errs[i] = e;
-            } catch (const std::exception & e) {
-                errs[i] = Error(Errc::internal, e.what());
-            }
-        };
-        std::vector<std::thread> ts;
-        for (size_t r = 0; r < ls.size(); ++r) {
-            ts.emplace_back([&, r] {
-                guarded(r, [&] { weights::write_rank_delta(weights::rank_delta_file(file, static_cast<int32_t>(r)), weights::split_delta(d, ls[r])); });
-            });
-        }
-        guarded(ls.size(), [&] { weights::write_weight_delta(file, d); });
-        for (auto & t : ts) { t.join(); }
-        for (auto & e : errs) {
-            if (e) { throw *e; }
-        }
+        weights::write_rank_shares(file, d, ls, [&] { weights::write_weight_delta(file, d); });
     }
 
     void load_expected() {

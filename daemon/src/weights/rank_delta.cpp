@@ -14,6 +14,8 @@
 #include <climits>
 #include <cstring>
 #include <map>
+#include <optional>
+#include <thread>
 
 namespace fd::weights {
 
@@ -256,6 +258,41 @@ RankDelta read_rank_delta(const std::filesystem::path & file) {
         d.tensors.push_back(std::move(t));
     }
     return d;
+}
+
+std::vector<model::WeightLayout> plan_rank_layouts(const model::ModelConfig & cfg, const std::filesystem::path & model_dir,
+                                                   int32_t tp, int32_t ep) {
+    const model::TensorIndex idx = model::read_tensor_index(model_dir);
+    model::TensorIndex renamed;
+    const model::TensorIndex & v4 = model::with_v4_names(cfg, idx, renamed);
+    std::vector<model::WeightLayout> ls;
+    for (int32_t r = 0; r < std::max(1, tp); ++r) { ls.push_back(model::plan_layout(cfg, v4, {r, std::max(1, tp), std::max(1, ep)})); }
+    return ls;
+}
+
+void write_rank_shares(const std::filesystem::path & delta_file, const WeightDelta & d,
+                       const std::vector<model::WeightLayout> & layouts, const std::function<void()> & alongside) {
+    std::vector<std::optional<Error>> errs(layouts.size() + 1);
+    auto guarded = [&](size_t i, auto && fn) {
+        try {
+            fn();
+        } catch (const Error & e) {
+            errs[i] = e;
+        } catch (const std::exception & e) {
+            errs[i] = Error(Errc::internal, e.what());
+        }
+    };
+    std::vector<std::thread> ts;
+    for (size_t r = 0; r < layouts.size(); ++r) {
+        ts.emplace_back([&, r] {
+            guarded(r, [&] { write_rank_delta(rank_delta_file(delta_file, static_cast<int32_t>(r)), split_delta(d, layouts[r])); });
+        });
+    }
+    if (alongside) { guarded(layouts.size(), alongside); }
+    for (auto & t : ts) { t.join(); }
+    for (auto & e : errs) {
+        if (e) { throw *e; }
+    }
 }
 
 }  // namespace fd::weights

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,19 @@ struct RankDelta {
 /// Errors  fd::Error{invalid_checkpoint} naming the tensor when its shape or dtype does not match
 ///         the layout's part (F16 → f32 is the one widening allowed).
 RankDelta split_delta(const WeightDelta & d, const model::WeightLayout & layout);
+
+/// Every rank's layout plan as its Worker plans it: `model_dir`'s tensor index (v4 names), ranks
+/// 0..tp-1 of tp x ep. Errors  fd::Error{invalid_checkpoint} when the index cannot be read.
+std::vector<model::WeightLayout> plan_rank_layouts(const model::ModelConfig & cfg, const std::filesystem::path & model_dir,
+                                                   int32_t tp, int32_t ep);
+
+/// Split `d` for every layout (layouts[r] = rank r) and write each rank's share to
+/// rank_delta_file(delta_file, r), a thread per rank; `alongside` (may be empty) runs on the
+/// calling thread meanwhile (the stream writes the delta file itself there). Errors  the first
+/// rank's (or alongside's) error, after every thread has finished; files already written stay
+/// (they live in the caller's staging dir).
+void write_rank_shares(const std::filesystem::path & delta_file, const WeightDelta & d,
+                       const std::vector<model::WeightLayout> & layouts, const std::function<void()> & alongside = {});
 
 /// The file rank `rank` reads for the delta file `delta_file`: "<delta_file>.rank<rank>".
 std::filesystem::path rank_delta_file(const std::filesystem::path & delta_file, int32_t rank);
