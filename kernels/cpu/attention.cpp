@@ -24,7 +24,7 @@
 // query (more chains in flight, V walked block by block over every head); with AttnIsa::avx2
 // (the default where the build has AVX2 and no AVX-512BW) attention_decode_avx2.cpp's instead,
 // the same chains again on 8-lane registers.
-#include "attention_lanes.h"
+#include "attention_avx2.h"
 #include "fd/status.h"
 
 #include <algorithm>
@@ -223,15 +223,41 @@ inline void pv_pairs(float * const * o, const float * const * p, const int64_t *
     for (; i < n; ++i) { pv_chunk<1, 1>(o + i, p + i, nt + i, vr, hd); }
 }
 
+/// score_pairs, pv_pairs and softmax_row on `avx2`'s instructions (attention_prefill_avx2.cpp,
+/// attention_avx2.h) or the generic ones: the same bits either way.
+template <typename T>
+inline void score_isa(bool avx2, float * const * s, const float * const * qh, int n, const T * k0, const T * k1,
+                      int64_t ld, int64_t hd, float scale) {
+#if FD_ATTN_AVX2
+    if (avx2) { return score_pairs_avx2(s, qh, n, k0, k1, ld, hd, scale); }
+#endif
+    score_pairs(s, qh, n, k0, k1, ld, hd, scale);
+}
+template <typename T>
+inline void pv_isa(bool avx2, float * const * o, const float * const * p, const int64_t * nt, int n,
+                   const T * const (&vr)[kTc], int64_t hd) {
+#if FD_ATTN_AVX2
+    if (avx2) { return pv_pairs_avx2(o, p, nt, n, vr, hd); }
+#endif
+    pv_pairs(o, p, nt, n, vr, hd);
+}
+inline void softmax_isa(bool avx2, float * s, int64_t n) {
+#if FD_ATTN_AVX2
+    if (avx2) { return softmax_row_avx2(s, n); }
+#endif
+    softmax_row(s, n);
+}
+
 /// Attention of queries [i0, i1) (one sequence) for the query heads of kv heads [g0, g1).
 ///   scores [i1 - i0, (g1 - g0) * group, n_ctx_max rounded up to kTc] scratch;  kt [hd, kTc] scratch
 ///   (gather_keys; block sizes not a multiple of 16 only).
 /// Per (query, head), whatever the tile: s[t] = (one FMA chain over d ascending) * scale,
 /// p = exp16(s - max) / sum with the sum 16 lane-wise chains over t then reduce16,
 /// out = sum over t ascending of p[t] * V[t] (one FMA per element and t).
+/// avx2: the scores, softmax and P·V on AVX2 + FMA registers (the same bits).
 template <typename T>
 void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_t i0, int64_t i1, int64_t n_heads,
-                 int64_t g0, int64_t g1, PagedKv kv, float scale, float * scores, float * kt) {
+                 int64_t g0, int64_t g1, PagedKv kv, float scale, float * scores, float * kt, bool avx2) {
     const T *     kpool = static_cast<const T *>(kv.k);
     const T *     vpool = static_cast<const T *>(kv.v);
     const int64_t hd = kv.head_dim, row = static_cast<int64_t>(kv.n_kv_heads) * hd, bs = kv.block_size;
@@ -287,10 +313,10 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
                 }
             }
             if (direct) {
-                score_pairs(sp.data(), qp.data(), n, kb[0] + g * hd * bs, kb[1] + g * hd * bs, bs, hd, scale);
+                score_isa(avx2, sp.data(), qp.data(), n, kb[0] + g * hd * bs, kb[1] + g * hd * bs, bs, hd, scale);
             } else {
                 gather_keys(kt, kpool, qt, t0, n_max, bs, row, g, hd);
-                score_pairs(sp.data(), qp.data(), n, kt, kt + kLanes, kTc, hd, scale);
+                score_isa(avx2, sp.data(), qp.data(), n, static_cast<const float *>(kt), kt + kLanes, kTc, hd, scale);
             }
         }
         if (next) { std::copy(std::begin(kn), std::end(kn), std::begin(kb)); }
@@ -298,7 +324,7 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
     // Softmax of each (query, head) over its own context; lanes past it hold exactly 0 (the row
     // stride is >= n + 16).
     for (int64_t qi = 0; qi < nq; ++qi) {
-        for (int64_t hh = 0; hh < nh; ++hh) { softmax_row(scores + (qi * nh + hh) * ld, queries[i0 + qi].n_ctx); }
+        for (int64_t hh = 0; hh < nh; ++hh) { softmax_isa(avx2, scores + (qi * nh + hh) * ld, queries[i0 + qi].n_ctx); }
     }
     // Output: V rows read once per chunk for every query of the tile, accumulated in t order.
     for (int64_t qi = 0; qi < nq; ++qi) {
@@ -349,9 +375,9 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
                 }
             }
             if (pack_v) {
-                pv_pairs(op.data(), pp.data(), nt.data(), n, vf, hd);
+                pv_isa(avx2, op.data(), pp.data(), nt.data(), n, vf, hd);
             } else {
-                pv_pairs(op.data(), pp.data(), nt.data(), n, vr, hd);
+                pv_isa(avx2, op.data(), pp.data(), nt.data(), n, vr, hd);
             }
         }
         if (t0 + kTc < n_max) { std::copy(std::begin(vn), std::end(vn), std::begin(vb)); }
@@ -404,6 +430,7 @@ void attention_paged(float * out, const float * q, const AttnQuery * queries, in
         for (int64_t i = starts[t]; i < starts[t + 1]; ++i) { cost[t] += queries[i].n_ctx; }
     }
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost[a] > cost[b]; });
+    const bool avx2 = isa == AttnIsa::avx2;
     auto run = [&](int64_t task) {
         thread_local std::vector<float> scores, kt;
         const int64_t tile = order[task / n_ranges], g0 = task % n_ranges * per_range, g1 = std::min(n_kv, g0 + per_range);
@@ -434,9 +461,9 @@ void attention_paged(float * out, const float * q, const AttnQuery * queries, in
         for (int64_t g = g0; g < g1; g += heads_at_once) {
             const int64_t gh = std::min(g1, g + heads_at_once);
             if (kv.dtype == WType::bf16) {
-                attend_tile<Bf16>(out, q, queries, starts[tile], starts[tile + 1], n_heads, g, gh, kv, scale, scores.data(), kt.data());
+                attend_tile<Bf16>(out, q, queries, starts[tile], starts[tile + 1], n_heads, g, gh, kv, scale, scores.data(), kt.data(), avx2);
             } else {
-                attend_tile<float>(out, q, queries, starts[tile], starts[tile + 1], n_heads, g, gh, kv, scale, scores.data(), kt.data());
+                attend_tile<float>(out, q, queries, starts[tile], starts[tile + 1], n_heads, g, gh, kv, scale, scores.data(), kt.data(), avx2);
             }
         }
     };

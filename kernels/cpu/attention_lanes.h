@@ -136,13 +136,28 @@ template <typename T>
 void attend_one(float * out, const float * q, const AttnQuery & qry, int64_t n_heads, int64_t g0, int64_t g1,
                 PagedKv kv, float scale);
 
-// The AVX2 + FMA decode path (attention_decode_avx2.cpp): built where the compiler targets both.
+// The AVX2 + FMA paths (attention_decode_avx2.cpp, attention_prefill_avx2.cpp): built where the
+// compiler targets both.
 #if defined(__AVX2__) && defined(__FMA__)
 #define FD_ATTN_AVX2 1
 /// attend_one on 8-lane registers (AttnIsa::avx2): same arguments, bitwise the same output.
 template <typename T>
 void attend_one_avx2(float * out, const float * q, const AttnQuery & qry, int64_t n_heads, int64_t g0, int64_t g1,
                      PagedKv kv, float scale);
+/// attention.cpp's score_pairs on 8-lane registers (attention_prefill_avx2.cpp), bitwise its
+/// result: for pairs m < n and keys l < 32 of the chunk,
+///   s[m][l] = (FMA chain over d ascending of qh[m][d] * key(l)[d], from 0) * scale,
+/// key l < 16's dimension d at k0[d * ld + l], key 16 + l's at k1[d * ld + l].
+///   s [n] rows of >= 32 f32 written;  qh [n] rows of hd f32;  k0, k1 T (float or Bf16, widened exactly)
+template <typename T>
+void score_pairs_avx2(float * const * s, const float * const * qh, int n, const T * k0, const T * k1, int64_t ld,
+                      int64_t hd, float scale);
+/// attention.cpp's pv_pairs on 8-lane registers, bitwise its result: for pairs m < n,
+///   o[m][d] = FMA chain over j < nt[m] ascending of p[m][j] * vr[j][d], from o[m][d].
+///   o [n] rows of hd f32 updated;  p [n] rows of >= nt[m] f32;  nt [n] <= 32;  vr [32] rows of hd T
+template <typename T>
+void pv_pairs_avx2(float * const * o, const float * const * p, const int64_t * nt, int n, const T * const * vr,
+                   int64_t hd);
 #else
 #define FD_ATTN_AVX2 0
 #endif
