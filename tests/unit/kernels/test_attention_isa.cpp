@@ -1,8 +1,11 @@
-// attention_paged's decode path on its two instruction sets (fd::kernels::AttnIsa): the AVX2 +
-// FMA path (kernels/cpu/attention_decode_avx2.cpp) must give bitwise the generic path's output
+// attention_paged on its two instruction sets (fd::kernels::AttnIsa). Decode: the AVX2 + FMA
+// path (kernels/cpu/attention_decode_avx2.cpp) must give bitwise the generic path's output
 // (attention_decode.cpp; the reduction order is fixed, only the instructions and the memory walk
 // differ), over f32 and bf16 pools, head_dim 16..128, block sizes 16/32/64, contexts that are not
-// multiples of 16, GQA groups 1..8 and kv-head ranges split over threads; both must agree with
+// multiples of 16, GQA groups 1..8 and kv-head ranges split over threads. Prefill: the AVX2 tiles
+// (kernels/cpu/attention_prefill_avx2.cpp) bitwise the generic tiles (attention.cpp), prompts of
+// 1..300 tokens and continuations, head_dim 20..128, block sizes 12..32, GQA groups 1..4, 1-3
+// threads, and each prefill alone bitwise its rows of the batch. Both paths must agree with
 // attention computed in double precision from the K/V values (an independent reference).
 #include "fd/kernels/cpu_ops.h"
 #include "fd/kernels/thread_pool.h"
@@ -203,6 +206,80 @@ TEST_CASE("attention_paged decode: the avx2 path is bitwise the generic path (f3
         }
     }
     CHECK(compared == 6 * 2 * 4);
+}
+
+TEST_CASE("attention_paged prefill: the avx2 tiles are bitwise the generic tiles (f32 and bf16 KV, head_dim, blocks, GQA, threads)") {
+    if (!k::attn_has_avx2()) {
+        MESSAGE("this build has no AVX2 path (not compiled for an AVX2 + FMA CPU): nothing to compare");
+        return;
+    }
+    struct Shape { int n_heads, n_kv, head_dim, block; };
+    const Shape shapes[] = {
+        {8, 8, 64, 16},    // group 1 (the bench model's shape); pairs of a kv head: 1 per query
+        {8, 2, 128, 16},   // group 4, head_dim 128
+        {6, 2, 40, 12},    // group 3, head_dim 40 (P·V 16 + 16 + 8 dimensions), keys gathered (block 12)
+        {4, 1, 20, 20},    // group 4, head_dim 20 (16 + 4 scalar dimensions), block 20
+        {6, 3, 64, 32},    // group 2, block 32 (a 32-key chunk in one block)
+    };
+    // Sequences; the batch prefills the last `pre` tokens of each (n_ctx = len - pre + 1 .. len):
+    // a whole 300-token prompt (tiles of 64, 64, ..., 44 queries), a continuation after a
+    // prefix, a decode query, prompts of 5 (V packed: > 4 queries) and 3 (V read in place),
+    // and one of 130 (tiles of 64, 64, 2).
+    const std::vector<int> lens = {300, 77, 1, 33, 9, 130};
+    const std::vector<int> pre  = {300, 37, 1, 5, 3, 130};
+    int compared = 0;
+    for (const Shape sh : shapes) {
+        for (const k::WType dt : {k::WType::f32, k::WType::bf16}) {
+            CAPTURE(sh.n_heads);
+            CAPTURE(sh.n_kv);
+            CAPTURE(sh.head_dim);
+            CAPTURE(sh.block);
+            CAPTURE(dt == k::WType::bf16);
+            std::mt19937 rng(uint32_t(sh.head_dim * 977 + sh.block * 13 + sh.n_kv + (dt == k::WType::bf16)));
+            const Pool p(rng, dt, sh.block, sh.n_kv, sh.head_dim, lens);
+            const int per = sh.n_heads * sh.head_dim;
+            const float scale = 1.0f / std::sqrt(float(sh.head_dim));
+            std::vector<k::AttnQuery> queries;
+            std::vector<int> seq;
+            std::vector<size_t> first;  // each sequence's first query in the batch
+            for (size_t s = 0; s < lens.size(); ++s) {
+                first.push_back(queries.size());
+                for (int n = lens[s] - pre[s] + 1; n <= lens[s]; ++n) {
+                    queries.push_back({p.tables[s].data(), n});
+                    seq.push_back(int(s));
+                }
+            }
+            const auto n = int64_t(queries.size());
+            const auto q = random_vec(rng, queries.size() * per, -2.0f, 2.0f);
+            std::vector<float> og(q.size(), 999.0f);
+            k::attention_paged(og.data(), q.data(), queries.data(), n, sh.n_heads, p.kv, scale, nullptr, k::AttnIsa::generic);
+            CHECK(max_err_vs_double(p, seq, queries, q, og, sh.n_heads, scale) < 2e-5);
+            for (const int threads : {0, 1, 2, 3}) {
+                CAPTURE(threads);
+                k::ThreadPool pool(std::max(1, threads));
+                k::ThreadPool * tp = threads == 0 ? nullptr : &pool;
+                std::vector<float> oa(q.size(), -999.0f);
+                k::attention_paged(oa.data(), q.data(), queries.data(), n, sh.n_heads, p.kv, scale, tp, k::AttnIsa::avx2);
+                CHECK(bits_equal(og, oa));
+                ++compared;
+            }
+            // Each prefill alone (its own tiles) and the 300-token prompt's last query as a decode
+            // step: still the rows of the batch.
+            for (size_t s = 0; s < lens.size(); ++s) {
+                CAPTURE(s);
+                const size_t off = first[s] * size_t(per), cnt = size_t(pre[s]) * per;
+                std::vector<float> alone(cnt);
+                k::attention_paged(alone.data(), q.data() + off, &queries[first[s]], pre[s], sh.n_heads, p.kv, scale,
+                                   nullptr, k::AttnIsa::avx2);
+                CHECK(bits_equal(alone.data(), og.data() + off, cnt));
+            }
+            std::vector<float> last(static_cast<size_t>(per));
+            k::attention_paged(last.data(), q.data() + 299 * per, &queries[299], 1, sh.n_heads, p.kv, scale, nullptr,
+                               k::AttnIsa::avx2);
+            CHECK(bits_equal(last.data(), og.data() + 299 * per, size_t(per)));
+        }
+    }
+    CHECK(compared == 5 * 2 * 4);
 }
 
 }  // TEST_SUITE
