@@ -23,7 +23,9 @@
 // output; the tests compare a prefill's queries with their decode outputs), laid out for one
 // query (more chains in flight, V walked block by block over every head); with AttnIsa::avx2
 // (the default where the build has AVX2 and no AVX-512BW) attention_decode_avx2.cpp's instead,
-// the same chains again on 8-lane registers.
+// the same chains again on 8-lane registers. With AttnIsa::avx2 the tiles' scores, softmax and
+// P·V run attention_prefill_avx2.cpp's register tiles (attention_avx2.h's softmax): the same
+// chains, grouped so the accumulators fit AVX2's 16 registers.
 #include "attention_avx2.h"
 #include "fd/status.h"
 

@@ -92,12 +92,15 @@ void dpbf16_step(float * acc, const uint16_t * a, const uint16_t * b, Bf16Isa is
 void linear_bf16(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
                  int64_t n_out, int64_t n_in, ThreadPool * pool, Bf16Isa isa = bf16_best_isa());
 
-/// Which instructions run attention_paged's decode path (a tile of one query with block_size and
-/// head_dim multiples of 16). Both give the same bits (the unit tests check it).
+/// Which instructions run attention_paged: its decode path (a tile of one query with block_size
+/// and head_dim multiples of 16) and its prefill tiles' scores, softmax and P·V. Both give the
+/// same bits (the unit tests check it).
 enum class AttnIsa : uint8_t {
     generic = 0,  ///< 16-lane GCC vectors (AVX-512 intrinsics in places where the build has AVX-512BW)
-    avx2    = 1,  ///< AVX2 + FMA intrinsics on 8-lane registers, K/V walked block by block with
-                  ///< software prefetch (built where the compiler targets AVX2 and FMA)
+    avx2    = 1,  ///< AVX2 + FMA intrinsics on 8-lane registers (built where the compiler targets AVX2
+                  ///< and FMA): decode with K/V walked block by block with software prefetch;
+                  ///< prefill tiles as register tiles of 6 (query, head) pairs × 16 keys (scores)
+                  ///< and × 16 dimensions (P·V), 12 ymm accumulators (the generic tiles' 32 spill)
 };
 /// "generic" / "avx2".
 const char * attn_isa_name(AttnIsa isa);
@@ -131,8 +134,8 @@ AttnIsa attn_best_isa();
 ///          together, each K/V row read once for the tile; tiles (and, when there are fewer
 ///          than 2 per thread, ranges of kv heads) are split over `pool`, largest tiles (by the
 ///          sum of their queries' contexts) claimed first so the threads finish together.
-///          Decode queries (a tile of one) run the same chains laid out for one query, on
-///          `isa`'s instructions (AttnIsa; same bits either way).
+///          Decode queries (a tile of one) run the same chains laid out for one query. Both
+///          paths run on `isa`'s instructions (AttnIsa; same bits either way).
 /// Errors   fd::Error{invalid_argument} when `isa` is avx2 and !attn_has_avx2().
 /// Source   Vaswani et al. 2017; paged layout after vLLM PagedAttention (Kwon et al. 2023).
 void attention_paged(float * out, const float * q, const AttnQuery * queries, int64_t n_tokens,
