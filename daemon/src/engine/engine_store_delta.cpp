@@ -6,6 +6,7 @@
 #include "fd/engine/engine.h"
 #include "fd/log.h"
 #include "fd/weights/fingerprint.h"
+#include "fd/weights/rank_delta.h"
 
 #include <fmt/ranges.h>
 
@@ -58,9 +59,10 @@ bool Engine::update_from_store_delta(const ControlCommand & cmd, ControlResult &
     }
     // Every tensor of the delta must be one the base holds, with its dtype and shape (the ranks
     // would skip a name that maps to nothing): checked on the headers, before any rank writes.
+    const weights::WeightDelta delta = weights::read_weight_delta(d->delta_file);
     {
         const model::TensorIndex held = model::read_tensor_index(in_copy ? std::filesystem::path(serving_dir_) : copy.dir);
-        for (const auto & t : weights::read_weight_delta(d->delta_file).tensors) {
+        for (const auto & t : delta.tensors) {
             const auto it = held.tensors.find(t.name);
             if (it == held.tensors.end() || it->second.dtype != t.dtype || it->second.shape != t.shape) {
                 fail(Errc::invalid_checkpoint, "store delta '{}': tensor '{}' ({} {}) is not a tensor of its base '{}'{}; nothing changed",
@@ -70,6 +72,8 @@ bool Engine::update_from_store_delta(const ControlCommand & cmd, ControlResult &
             }
         }
     }
+    // Each rank's share next to the file (the ranks read only theirs: apply_weight_delta).
+    weights::write_rank_deltas(d->delta_file, delta, delta_layouts(), /*write_file=*/false);
     const std::string old_dir   = serving_dir_;
     const bool        old_owned = serving_dir_owned_;
     if (!in_copy) {

@@ -206,58 +206,26 @@ struct StreamManager::Impl {
     }
 
     /// Every rank's layout plan (as its Worker plans it: --model's index, v4 names), planned at
-    /// the first delta, and the HF names some rank reads. Called with busy set.
+    /// the first delta. Called with busy set.
     std::vector<model::WeightLayout> layouts;
-    std::set<std::string>            layout_names;
     const std::vector<model::WeightLayout> & rank_layouts() {
-        if (layouts.empty()) {
-            const model::TensorIndex idx = model::read_tensor_index(cfg.model_dir);
-            model::TensorIndex renamed;
-            const model::TensorIndex & v4 = model::with_v4_names(cfg.model_cfg, idx, renamed);
-            for (int32_t r = 0; r < std::max(1, cfg.tp_size); ++r) {
-                layouts.push_back(model::plan_layout(cfg.model_cfg, v4, {r, std::max(1, cfg.tp_size), std::max(1, cfg.ep_size)}));
-                for (const auto & t : layouts.back().tensors) {
-                    for (const auto & p : t.parts) { layout_names.insert(p.hf_name); }
-                }
-            }
-        }
+        if (layouts.empty()) { layouts = weights::plan_rank_layouts(cfg.model_cfg, cfg.model_dir, cfg.tp_size, cfg.ep_size); }
         return layouts;
     }
 
     /// Write a delta update's tensors to `file` (for the serving dir) and, split by every rank's
-    /// layout, each rank's share next to it (weights::rank_delta_file), on a thread per rank.
+    /// layout, each rank's share next to it (weights::write_rank_deltas).
     /// Errors  invalid_argument naming a tensor no rank reads under its name (it could not be
     ///         applied in place); a write's error.
     void write_rank_deltas(const fs::path & file, const weights::WeightDelta & d) {
         const auto & ls = rank_layouts();
         for (const auto & t : d.tensors) {
-            if (!layout_names.count(t.name) && !optional_tensor(t.name) && !(ls[0].tied_lm_head && t.name == "lm_head.weight")) {
+            if (!weights::delta_name_applicable(t.name, ls)) {
                 throw Error(Errc::invalid_argument, fmt::format("tensor '{}': no rank holds it under this name, so a delta update cannot "
                                                                 "write it in place; stream the full weights", t.name), "names");
             }
         }
-        // One thread per rank, plus this one writing the delta file itself (for the serving dir).
-        std::vector<std::optional<Error>> errs(ls.size() + 1);
-        auto guarded = [&](size_t i, auto && fn) {
-            try {
-                fn();
-            } catch (const Error & e) {
-                errs[i] = e;
-            } catch (const std::exception & e) {
-                errs[i] = Error(Errc::internal, e.what());
-            }
-        };
-        std::vector<std::thread> ts;
-        for (size_t r = 0; r < ls.size(); ++r) {
-            ts.emplace_back([&, r] {
-                guarded(r, [&] { weights::write_rank_delta(weights::rank_delta_file(file, static_cast<int32_t>(r)), weights::split_delta(d, ls[r])); });
-            });
-        }
-        guarded(ls.size(), [&] { weights::write_weight_delta(file, d); });
-        for (auto & t : ts) { t.join(); }
-        for (auto & e : errs) {
-            if (e) { throw *e; }
-        }
+        weights::write_rank_deltas(file, d, ls, /*write_file=*/true);
     }
 
     void load_expected() {

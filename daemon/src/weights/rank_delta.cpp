@@ -14,6 +14,8 @@
 #include <climits>
 #include <cstring>
 #include <map>
+#include <optional>
+#include <thread>
 
 namespace fd::weights {
 
@@ -256,6 +258,56 @@ RankDelta read_rank_delta(const std::filesystem::path & file) {
         d.tensors.push_back(std::move(t));
     }
     return d;
+}
+
+std::vector<model::WeightLayout> plan_rank_layouts(const model::ModelConfig & cfg, const std::filesystem::path & model_dir,
+                                                   int32_t tp, int32_t ep) {
+    const model::TensorIndex idx = model::read_tensor_index(model_dir);
+    model::TensorIndex renamed;
+    const model::TensorIndex & v4 = model::with_v4_names(cfg, idx, renamed);
+    std::vector<model::WeightLayout> out;
+    for (int32_t r = 0; r < std::max(1, tp); ++r) { out.push_back(model::plan_layout(cfg, v4, {r, std::max(1, tp), std::max(1, ep)})); }
+    return out;
+}
+
+bool delta_name_applicable(const std::string & name, const std::vector<model::WeightLayout> & layouts) {
+    if (name.find("rotary_emb.inv_freq") != std::string::npos) { return true; }
+    if (!layouts.empty() && layouts[0].tied_lm_head && name == "lm_head.weight") { return true; }
+    for (const auto & l : layouts) {
+        for (const auto & t : l.tensors) {
+            for (const auto & p : t.parts) {
+                if (p.hf_name == name) { return true; }
+            }
+        }
+    }
+    return false;
+}
+
+void write_rank_deltas(const std::filesystem::path & file, const WeightDelta & d, const std::vector<model::WeightLayout> & layouts,
+                       bool write_file) {
+    std::vector<std::optional<Error>> errs(layouts.size() + 1);
+    auto guarded = [&](size_t i, auto && fn) {
+        try {
+            fn();
+        } catch (const Error & e) {
+            errs[i] = e;
+        } catch (const std::exception & e) {
+            errs[i] = Error(Errc::internal, e.what());
+        }
+    };
+    std::vector<std::thread> ts;
+    for (size_t r = 0; r < layouts.size(); ++r) {
+        ts.emplace_back([&, r] {
+            guarded(r, [&] { write_rank_delta(rank_delta_file(file, static_cast<int32_t>(r)), split_delta(d, layouts[r])); });
+        });
+    }
+    if (write_file) {
+        guarded(layouts.size(), [&] { write_weight_delta(file, d); });
+    }
+    for (auto & t : ts) { t.join(); }
+    for (auto & e : errs) {
+        if (e) { throw *e; }
+    }
 }
 
 }  // namespace fd::weights
