@@ -1,0 +1,221 @@
+"""Delta updates over an ipc publish (fdrollout.publish.publish_ipc_delta; docs/weight_streams.md,
+"Over ipc publishes") applied by the real daemon (--load-strategy ipc) at tp=1 and tp=2. The
+references nobody here wrote: fresh daemons started on checkpoints holding the same weights in
+full (written with safetensors_np), at the same tensor-parallel size (so bit for bit).
+  - v1 published full into the weights records, v2 as an ipc delta on v1, v3 as a delta on v2
+    (one tensor sent in full): the daemon serves what the fresh daemons on the full v2 / v3 serve
+    (token ids and logprobs), also after sleep/wakeup (the records are reloaded and the deltas
+    applied again);
+  - a delta against a version the daemon does not serve (v0 while v3 serves) is a 409 naming both,
+    and v3 keeps serving; so is one on weights that did not come from the records (a checkpoint dir);
+  - bad records (an index out of range, unsorted indices, a tensor the model lacks, a wrong shape,
+    a truncated payload, a bad magic): 4xx naming it, nothing changes;
+  - records republished under the deltas: a wakeup serves what the records hold, labelled by them.
+"""
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import numpy as np  # noqa: E402
+
+from fdtest import STORIES, Daemon, copy_checkpoint, fresh_daemon, greedy, rewrite_tensors  # noqa: E402
+from fdrollout import Client, FdRolloutError, changed_elements  # noqa: E402
+from fdrollout import publish, safetensors_np  # noqa: E402
+from fdrollout.publish_delta import ipc_delta_path, weight_delta_bytes, write_ipc_delta_record  # noqa: E402
+
+NAME = "model.layers.0.mlp.down_proj.weight"   # [64, 172]: split by columns at tp=2
+QKV = "model.layers.1.self_attn.k_proj.weight"  # fused into qkv by the rollout
+
+
+def sparse_change(base, fraction, seed):
+    """`base` with `fraction` of the elements of every other tensor (and NAME, QKV) changed."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i, (name, a) in enumerate(sorted(base.items())):
+        b = a.copy()
+        if i % 2 == 0 or name in (NAME, QKV):
+            flat = b.reshape(-1)
+            k = max(1, int(flat.size * fraction))
+            idx = rng.choice(flat.size, size=k, replace=False)
+            flat[idx] = (flat[idx] + rng.normal(0, 0.1 * (float(a.std()) + 1e-3), k)).astype(a.dtype)
+        out[name] = b
+    return out
+
+
+def delta_of(old, new):
+    out = {}
+    for name in sorted(new):
+        idx, vals = changed_elements(old[name], new[name])
+        if idx.size:
+            out[name] = (idx, vals)
+    return out
+
+
+class IpcDeltaTp1(unittest.TestCase):
+    TP = 1
+    TP_ARGS = []
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="fd-ipcdelta-")
+        cls.cfg = publish.load_config(STORIES)
+        cls.v1 = safetensors_np.load_file(os.path.join(STORIES, "model.safetensors"))
+        cls.v0 = sparse_change(cls.v1, 0.05, seed=1)
+        cls.v2 = sparse_change(cls.v1, 0.01, seed=3)
+        cls.v3 = sparse_change(cls.v2, 0.01, seed=5)
+        cls.refs, cls.dirs = {}, {}
+        for v in ("v1", "v2", "v3"):
+            tensors = getattr(cls, v)
+            cls.dirs[v] = rewrite_tensors(copy_checkpoint(STORIES, os.path.join(cls.tmp, v)), lambda t, x=tensors: t.update(x))
+            with fresh_daemon(cls.dirs[v], *cls.TP_ARGS) as ref:
+                cls.refs[v] = greedy(ref)[:2]
+        assert len({str(r) for r in cls.refs.values()}) == 3, "each version must show in the greedy probe"
+        cls.d = Daemon("--dynamic-load-weight", "--load-strategy", "ipc", "--control-timeout-s", "60", *cls.TP_ARGS,
+                       model=STORIES, extra=False)
+        cls.port = cls.d.port
+        cls.c = Client(f"127.0.0.1:{cls.port}", timeout=60)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+        left = [f for f in os.listdir("/dev/shm") if f.startswith((f"fdrollout.{cls.port}.weights", f"fdrollout-stream.{cls.port}."))]
+        for f in left:
+            p = os.path.join("/dev/shm", f)
+            shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
+        assert not [f for f in left if f.startswith("fdrollout-stream.")], f"the daemon left its dirs: {left}"
+
+    def publish_full(self, tensors, version):
+        for r in range(self.TP):
+            publish.publish_ipc(publish.to_rollout_names(tensors, self.cfg, tp=self.TP, rank=r), self.port, version, rank=r,
+                                tp_size=self.TP)
+
+    def update(self, version=None):
+        self.c.pause()
+        try:
+            return self.c.update_weights(version=version)
+        finally:
+            self.c.resume()
+
+    def assert_serving(self, v, label=None):
+        self.assertEqual(greedy(self.d), (*self.refs[v], label or v))
+        self.assertEqual(self.c.health()["state"], "serving")
+
+    def refused(self, status, type_, words, version):
+        before = greedy(self.d)
+        with self.assertRaises(FdRolloutError) as e:
+            self.update(version)
+        self.assertEqual((e.exception.status, e.exception.type), (status, type_), e.exception.message)
+        for w in words:
+            self.assertIn(w, e.exception.message)
+        self.assertEqual(greedy(self.d), before, "a refused delta changes nothing, bit for bit")
+        return e.exception
+
+    def test_1_deltas_serve_what_the_full_versions_serve(self):
+        self.publish_full(self.v1, "v1")
+        self.assertEqual(self.update("v1")["version"], "v1")
+        self.assert_serving("v1")
+        publish.publish_ipc_delta(delta_of(self.v1, self.v2), self.port, "v2", "v1", STORIES)
+        self.assertEqual(self.update("v2")["version"], "v2")
+        self.assert_serving("v2")
+        self.c.sleep()
+        self.c.wakeup()
+        self.assert_serving("v2")
+        # a delta on a delta: one tensor sent in full
+        changes = delta_of(self.v2, self.v3)
+        changes[QKV] = self.v3[QKV]
+        publish.publish_ipc_delta(changes, self.port, "v3", "v2", STORIES)
+        self.assertEqual(self.update("v3")["version"], "v3")
+        self.assert_serving("v3")
+        self.c.sleep()
+        self.c.wakeup()
+        self.assert_serving("v3")
+
+    def test_2_a_delta_on_another_base_is_409(self):
+        self.assertEqual(self.c.weight_version(), "v3")
+        publish.publish_ipc_delta(delta_of(self.v0, self.v2), self.port, "d0", "v0", STORIES)
+        self.refused(409, "wrong_state", ["'d0'", "'v0'", "serves 'v3'"], "d0")
+        # the weights served as v3 from a checkpoint dir, not the records: same label, other source
+        self.assertEqual(self.c.update_weights_from_dir(self.dirs["v3"], version="v3")["weight_version"], "v3")
+        self.assert_serving("v3")
+        publish.publish_ipc_delta({NAME: (np.array([1, 2]), np.ones(2, np.float32))}, self.port, "d1", "v3", STORIES)
+        self.refused(409, "wrong_state", ["'d1'", "did not come from this port's ipc weights records"], "d1")
+        # back on the records, at v3 (full) for the next tests
+        self.publish_full(self.v3, "v3")
+        self.assertEqual(self.update("v3")["version"], "v3")
+        self.assert_serving("v3")
+
+    def test_3_bad_records_are_4xx_naming_them(self):
+        self.assertEqual(self.c.weight_version(), "v3")
+        shape = list(self.v3[NAME].shape)
+        n = self.v3[NAME].size
+        vals = np.ones(3, np.float32)
+
+        def raw(version, entries, **kw):
+            write_ipc_delta_record(self.port, version, "v3", weight_delta_bytes(entries), **kw)
+
+        raw("b1", [(NAME, "F32", shape, np.array([5, 2, 9]), vals)])
+        self.refused(422, "invalid_checkpoint", [NAME, "out of order"], "b1")
+        raw("b2", [(NAME, "F32", shape, np.array([1, 2, n]), vals)])
+        self.refused(422, "invalid_checkpoint", [NAME, str(n)], "b2")
+        raw("b3", [("model.layers.9.mlp.nope.weight", "F32", shape, np.array([1, 2, 3]), vals)])
+        self.refused(422, "invalid_checkpoint", ["model.layers.9.mlp.nope.weight"], "b3")
+        raw("b4", [(NAME, "F32", [shape[1], shape[0]], np.array([1, 2, 3]), vals)])
+        self.refused(422, "invalid_checkpoint", [NAME], "b4")
+        write_ipc_delta_record(self.port, "b5", "v3", weight_delta_bytes([(NAME, "F32", shape, np.array([1, 2, 3]), vals)])[:-5])
+        self.refused(422, "invalid_checkpoint", ["weights.fddelta"], "b5")
+        raw("b6", [(NAME, "F32", shape, np.array([1, 2, 3]), vals)], magic=0x1234)
+        self.refused(422, "invalid_checkpoint", [ipc_delta_path(self.port), "magic"], "b6")
+        os.remove(ipc_delta_path(self.port))
+        self.c.sleep()
+        self.c.wakeup()
+        self.assert_serving("v3")
+
+    def test_4_records_republished_under_the_deltas(self):
+        publish.publish_ipc_delta({NAME: (np.array([0]), self.v1[NAME].reshape(-1)[:1] + 1)}, self.port, "v4", "v3", STORIES)
+        self.assertEqual(self.update("v4")["version"], "v4")
+        self.assertNotEqual(greedy(self.d)[:2], self.refs["v3"])
+        self.c.sleep()
+        self.publish_full(self.v2, "w2")  # the trainer rewrote the records: the deltas were made on other bytes
+        self.c.wakeup()
+        self.assert_serving("v2", "w2")  # what the records hold, named by them
+        publish.publish_ipc_delta(delta_of(self.v2, self.v3), self.port, "v3b", "w2", STORIES)
+        self.assertEqual(self.update("v3b")["version"], "v3b")
+        self.assert_serving("v3", "v3b")
+
+    def test_5_the_publisher_refuses_bad_input(self):
+        cases = [({NAME: (np.array([3, 1]), np.ones(2))}, "strictly increasing"),
+                 ({NAME: (np.array([self.v1[NAME].size]), np.ones(1))}, "outside"),
+                 ({NAME: (np.array([1]), np.array([np.nan], np.float32))}, "not finite"),
+                 ({"nope.weight": (np.array([1]), np.ones(1))}, "not a tensor")]
+        path = ipc_delta_path(self.port)
+        before = self.read(path)
+        for changes, words in cases:
+            with self.assertRaises(ValueError) as e:
+                publish.publish_ipc_delta(changes, self.port, "p1", "v1", STORIES)
+            self.assertIn(words, str(e.exception))
+            self.assertEqual(self.read(path), before, "nothing was written")
+
+    @staticmethod
+    def read(path):
+        if not os.path.exists(path):
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+
+class IpcDeltaTp2(IpcDeltaTp1):
+    TP = 2
+    TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1"]
+
+    test_5_the_publisher_refuses_bad_input = None  # no rank involved: once (tp=1)
+
+
+if __name__ == "__main__":
+    unittest.main()
