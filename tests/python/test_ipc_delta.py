@@ -9,7 +9,8 @@ full (written with safetensors_np), at the same tensor-parallel size (so bit for
   - a delta against a version the daemon does not serve (v0 while v3 serves) is a 409 naming both,
     and v3 keeps serving; so is one on weights that did not come from the records (a checkpoint dir);
   - bad records (an index out of range, unsorted indices, a tensor the model lacks, a wrong shape,
-    a truncated payload, a bad magic): 4xx naming it, nothing changes;
+    a truncated payload, a bad magic, a publish in progress, a record others may access): 4xx /
+    503 naming it, nothing changes;
   - records republished under the deltas: a wakeup serves what the records hold, labelled by them.
 """
 import os
@@ -172,6 +173,18 @@ class IpcDeltaTp1(unittest.TestCase):
         self.refused(422, "invalid_checkpoint", ["weights.fddelta"], "b5")
         raw("b6", [(NAME, "F32", shape, np.array([1, 2, 3]), vals)], magic=0x1234)
         self.refused(422, "invalid_checkpoint", [ipc_delta_path(self.port), "magic"], "b6")
+        # a publish in progress (odd generation): 503, retry later
+        raw("b7", [(NAME, "F32", shape, np.array([1, 2, 3]), vals)])
+        with open(ipc_delta_path(self.port), "r+b") as f:
+            f.seek(16)
+            gen = int.from_bytes(f.read(8), "little")
+            f.seek(16)
+            f.write((gen + 1).to_bytes(8, "little"))
+        self.refused(503, "source_unavailable", ["in progress"], "b7")
+        # a record others may read or write is not trusted
+        raw("b8", [(NAME, "F32", shape, np.array([1, 2, 3]), vals)])
+        os.chmod(ipc_delta_path(self.port), 0o644)
+        self.refused(403, "forbidden", [ipc_delta_path(self.port)], "b8")
         os.remove(ipc_delta_path(self.port))
         self.c.sleep()
         self.c.wakeup()
