@@ -15,8 +15,9 @@ HF (training) names. The rollout applies it in place while it serves exactly tha
 then `fdctl pause && fdctl update-weights --version v2 && fdctl resume` (or Client.update_weights).
 
 A delta version dir holds `weights.fddelta` (the daemon's format, fd/weights/weight_delta.h:
-"FDDELTA1", u64 LE header length, JSON header {"tensors": [{name, dtype, shape, dense, n}]},
-then per tensor its int64 LE indices (absent when dense) and its values in the tensor's dtype)
+"FDDELTA1", u64 LE header length, JSON header {"tensors": [{name, dtype, shape, dense, n,
+index_bytes}]}, then per tensor its indices (absent when dense; int32 LE when the tensor has
+< 2^31 elements, index_bytes 4, else int64) and its values in the tensor's dtype)
 and `manifest.json` with `base_version` and `base_fingerprint` (the base manifest's
 fingerprint, as fd::weights::manifest_fingerprint computes it): still named by its files'
 SHA-256, and bound to the exact bytes of its base.
@@ -78,13 +79,16 @@ def store_tensor_specs(store, version):
 def weight_delta_bytes(entries):
     """The bytes of a weights.fddelta holding `entries` [(name, dtype tag, shape, indices int64
     array or None (dense), values storage array)], unchecked."""
-    header = {"tensors": [{"name": n, "dtype": tag, "shape": list(shape), "dense": idx is None, "n": int(vals.size)}
-                          for n, tag, shape, idx, vals in entries]}
+    def narrow(shape):  # int32 indices when every index fits (the daemon reads both widths)
+        return int(np.prod(shape, dtype=np.int64)) <= 2**31 - 1
+
+    header = {"tensors": [{"name": n, "dtype": tag, "shape": list(shape), "dense": idx is None, "n": int(vals.size),
+                           "index_bytes": 4 if narrow(shape) else 8} for n, tag, shape, idx, vals in entries]}
     text = json.dumps(header, separators=(",", ":")).encode()
     parts = [_MAGIC, struct.pack("<Q", len(text)), text]
-    for _, _, _, idx, vals in entries:
+    for _, _, shape, idx, vals in entries:
         if idx is not None:
-            parts.append(np.ascontiguousarray(idx, dtype="<i8").tobytes())
+            parts.append(np.ascontiguousarray(idx, dtype="<i4" if narrow(shape) else "<i8").tobytes())
         parts.append(np.ascontiguousarray(vals).tobytes())
     return b"".join(parts)
 
