@@ -75,6 +75,7 @@ bool Engine::update_from_ipc_delta(const ControlCommand & cmd, ControlResult & r
     const auto t0 = std::chrono::steady_clock::now();
     const std::optional<weights::IpcDelta> d = weights::fetch_ipc_delta(cfg_.source.port, *cmd.version, sub);
     if (!d) { return false; }
+    const double copy_s = seconds_since(t0);
     const std::string & base = d->base_version;
     if (!cmd.commit) {
         fail(Errc::wrong_state, "version '{}' is an ipc delta on '{}': it is applied in place, never staged; send update_weights without "
@@ -112,8 +113,9 @@ bool Engine::update_from_ipc_delta(const ControlCommand & cmd, ControlResult & r
             }
         }
     }
+    const double check_s = seconds_since(t0) - copy_s;
     weights::write_rank_deltas(d->delta_file, delta, delta_layouts(), /*write_file=*/false);
-    const double prep_s = seconds_since(t0);
+    const double split_s = seconds_since(t0) - copy_s - check_s;
     drop_staged(nullptr);
     const auto t1 = std::chrono::steady_clock::now();
     std::vector<runtime::RankReport> reps = apply_delta_on_ranks(d->delta_file.string(), d->version);
@@ -130,9 +132,9 @@ bool Engine::update_from_ipc_delta(const ControlCommand & cmd, ControlResult & r
     r.bytes = 0;
     for (const auto & rep : reps) { r.bytes += rep.bytes; }
     r.version = d->version;
-    log::get("engine")->info("update_weights: ipc delta {} on {} ({} B) applied in place on {} rank(s) in {:.3f} s (copy, check and "
-                             "split {:.3f} s); {} ipc delta(s) on the records kept for wakeups", d->version, base, d->bytes, reps.size(),
-                             seconds_since(t1), prep_s, ipc_serving_.deltas.size());
+    log::get("engine")->info("update_weights: ipc delta {} on {} ({} B) applied in place on {} rank(s) in {:.4f} s (before: copy "
+                             "{:.4f} s, check {:.4f} s, split {:.4f} s); {} ipc delta(s) on the records kept for wakeups", d->version, base,
+                             d->bytes, reps.size(), seconds_since(t1), copy_s, check_s, split_s, ipc_serving_.deltas.size());
     return true;
 }
 
