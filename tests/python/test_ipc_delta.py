@@ -61,6 +61,7 @@ def delta_of(old, new):
 class IpcDeltaTp1(unittest.TestCase):
     TP = 1
     TP_ARGS = []
+    ENV = {}
 
     @classmethod
     def setUpClass(cls):
@@ -78,7 +79,7 @@ class IpcDeltaTp1(unittest.TestCase):
                 cls.refs[v] = greedy(ref)[:2]
         assert len({str(r) for r in cls.refs.values()}) == 3, "each version must show in the greedy probe"
         cls.d = Daemon("--dynamic-load-weight", "--load-strategy", "ipc", "--control-timeout-s", "60", *cls.TP_ARGS,
-                       model=STORIES, extra=False)
+                       model=STORIES, extra=False, env=cls.ENV)
         cls.port = cls.d.port
         cls.c = Client(f"127.0.0.1:{cls.port}", timeout=60)
 
@@ -134,6 +135,8 @@ class IpcDeltaTp1(unittest.TestCase):
         publish.publish_ipc_delta(changes, self.port, "v3", "v2", STORIES)
         self.assertEqual(self.update("v3")["version"], "v3")
         self.assert_serving("v3")
+        kept = os.listdir(os.path.join("/dev/shm", f"fdrollout-stream.{self.port}.{self.d.proc.pid}.ipcdelta"))
+        self.assertEqual(len(kept), 1 if self.ENV else 2, kept)  # merged into one / the two deltas
         self.c.sleep()
         self.c.wakeup()
         self.assert_serving("v3")
@@ -221,6 +224,14 @@ class IpcDeltaTp1(unittest.TestCase):
             return None
         with open(path, "rb") as f:
             return f.read()
+
+
+class IpcDeltaMergedTp1(IpcDeltaTp1):
+    """The kept deltas merged into one at every commit (FD_IPC_DELTA_MERGE_BYTES=1): the wakeups
+    replay the merged delta."""
+    ENV = {"FD_IPC_DELTA_MERGE_BYTES": "1"}
+
+    test_5_the_publisher_refuses_bad_input = None
 
 
 class IpcDeltaTp2(IpcDeltaTp1):

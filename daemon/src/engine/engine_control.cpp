@@ -270,7 +270,7 @@ void Engine::reload_serving_weights(ControlResult & r) {
         accumulate_rank_reports(r, reps, state_.weight_version, /*in_place=*/true);
         return;
     }
-    if (!req.weight_dir.empty()) { ipc_serving_ = {}; }
+    if (!req.weight_dir.empty()) { note_ipc_load(std::nullopt); }  // not from the records: the kept ipc deltas go
     // The label must name the bytes now loaded: the serving one when they did not change, else the
     // source's version (or the serving one), unless this process saw that label on other bytes
     // (fd/weights/fingerprint.h).
@@ -478,7 +478,7 @@ void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {
     set_label(state_.staged_version, staged_fingerprint_);
     serving_dir_.clear();  // staged updates come from the source only
     drop_pending_deltas();
-    ipc_serving_ = {};     // staged earlier: the records may have changed since (a delta then needs a full update first)
+    note_ipc_load(std::nullopt);  // staged earlier: the records may have changed since (a delta then needs a full update first)
     state_.weights_valid  = true;
     state_.staged_version.clear();
     r.version = state_.weight_version;

@@ -12,7 +12,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 namespace fd::engine {
@@ -121,7 +124,9 @@ bool Engine::update_from_ipc_delta(const ControlCommand & cmd, ControlResult & r
     std::vector<runtime::RankReport> reps = apply_delta_on_ranks(d->delta_file.string(), d->version);
     // Committed: kept for the wakeups, then the label flips.
     kept = true;
+    if (ipc_serving_.deltas.empty()) { ipc_chain_bytes_ = ipc_merged_bytes_ = 0; }
     ipc_serving_.deltas.push_back(d->delta_file);
+    ipc_chain_bytes_ += d->bytes;
     for (auto & rep : reps) { rep.version = d->version; }
     r.ranks = reps;
     weights_changed();
@@ -135,10 +140,47 @@ bool Engine::update_from_ipc_delta(const ControlCommand & cmd, ControlResult & r
     log::get("engine")->info("update_weights: ipc delta {} on {} ({} B) applied in place on {} rank(s) in {:.4f} s (before: copy "
                              "{:.4f} s, check {:.4f} s, split {:.4f} s); {} ipc delta(s) on the records kept for wakeups", d->version, base,
                              d->bytes, reps.size(), seconds_since(t1), copy_s, check_s, split_s, ipc_serving_.deltas.size());
+    maybe_merge_ipc_deltas();
     return true;
 }
 
+void Engine::maybe_merge_ipc_deltas() noexcept {
+    const char *  env   = std::getenv("FD_IPC_DELTA_MERGE_BYTES");
+    const int64_t limit = std::max<int64_t>(env ? std::atoll(env) : int64_t{64} << 20, 2 * ipc_merged_bytes_);
+    if (ipc_serving_.deltas.size() < 2 || ipc_chain_bytes_ <= limit) { return; }
+    const auto t0 = std::chrono::steady_clock::now();
+    fs::path sub;
+    try {
+        weights::WeightDelta merged = weights::read_weight_delta(ipc_serving_.deltas[0]);
+        for (size_t i = 1; i < ipc_serving_.deltas.size(); ++i) {
+            merged = weights::merge_weight_deltas(merged, weights::read_weight_delta(ipc_serving_.deltas[i]));
+        }
+        sub = *static_cast<const fs::path *>(ipc_delta_dir_.get()) / std::to_string(++ipc_delta_seq_);
+        if (::mkdir(sub.c_str(), 0700) != 0) { fail(Errc::source_unavailable, "cannot create {}: {}", sub.string(), std::strerror(errno)); }
+        const fs::path file = sub / "weights.fddelta";
+        weights::write_rank_deltas(file, merged, delta_layouts(), /*write_file=*/true);
+        const size_t n = ipc_serving_.deltas.size();
+        for (const auto & f : ipc_serving_.deltas) {
+            std::error_code ec;
+            fs::remove_all(f.parent_path(), ec);
+        }
+        ipc_serving_.deltas = {file};
+        ipc_chain_bytes_ = ipc_merged_bytes_ = static_cast<int64_t>(fs::file_size(file));
+        log::get("engine")->info("update_weights: {} kept ipc deltas merged into one of {} B in {:.3f} s", n, ipc_chain_bytes_,
+                                 seconds_since(t0));
+    } catch (const std::exception & e) {
+        std::error_code ec;
+        if (!sub.empty()) { fs::remove_all(sub, ec); }
+        log::get("engine")->warn("update_weights: merging the {} kept ipc deltas failed ({}); they stay as they are",
+                                 ipc_serving_.deltas.size(), e.what());
+    }
+}
+
 void Engine::note_ipc_load(const std::optional<std::vector<weights::IpcRecordId>> & before) {
+    for (const auto & f : ipc_serving_.deltas) {  // each delta's dir (its file and per-rank shares)
+        std::error_code ec;
+        fs::remove_all(f.parent_path(), ec);
+    }
     ipc_serving_ = {};
     if (!before) { return; }
     const auto after = weights::ipc_record_ids(cfg_.source.port, tensor_parallel_size());

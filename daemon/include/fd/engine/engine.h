@@ -409,7 +409,8 @@ private:
     bool          update_from_ipc_delta(const ControlCommand & cmd, ControlResult & r);
     /// After a full load from the ipc weights records (update or wakeup): remember which records
     /// (weights::ipc_record_ids, read `before` the load and again now) the serving bytes are, when
-    /// nothing republished them meanwhile; forget the applied ipc deltas.
+    /// nothing republished them meanwhile (`before` nullopt: not loaded from them); forget the
+    /// applied ipc deltas (their files are removed).
     void          note_ipc_load(const std::optional<std::vector<weights::IpcRecordId>> & before);
     /// A wakeup's reload from the ipc weights records, `before` = their ids before it: when ipc
     /// deltas were applied and the records are still the ones they were applied on, apply them
@@ -425,6 +426,13 @@ private:
         std::vector<std::filesystem::path> deltas;  ///< each delta's weights.fddelta (with its .rank<r> shares), commit order
     };
     IpcServing                                ipc_serving_;
+    int64_t                                   ipc_chain_bytes_ = 0;   ///< the kept deltas' files (HF), all of them
+    int64_t                                   ipc_merged_bytes_ = 0;  ///< the first kept delta's, right after the last merge
+    /// Merge the kept ipc deltas into one (weights::merge_weight_deltas, split per rank again)
+    /// when they outgrow max(FD_IPC_DELTA_MERGE_BYTES (default 64 MiB), twice the last merge):
+    /// what the wakeups keep and replay stays bounded by about the model's size. A failed merge
+    /// keeps the chain (logged). engine_ipc_delta.cpp.
+    void          maybe_merge_ipc_deltas() noexcept;
     std::shared_ptr<void>                     ipc_delta_dir_;  ///< the private dir of ipc deltas (removed with its last reference)
     int64_t                                   ipc_delta_seq_ = 0;
 
