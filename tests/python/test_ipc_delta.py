@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import STORIES, Daemon, copy_checkpoint, fresh_daemon, greedy, rewrite_tensors  # noqa: E402
+from fdtest import STORIES, Daemon, copy_checkpoint, fdctl, fresh_daemon, greedy, rewrite_tensors  # noqa: E402
 from fdrollout import Client, FdRolloutError, changed_elements  # noqa: E402
 from fdrollout import publish, safetensors_np  # noqa: E402
 from fdrollout.publish_delta import ipc_delta_path, weight_delta_bytes, write_ipc_delta_record  # noqa: E402
@@ -152,6 +152,7 @@ class IpcDeltaTp1(unittest.TestCase):
         self.refused(409, "wrong_state", ["'d1'", "did not come from this port's ipc weights records"], "d1")
         # back on the records, at v3 (full) for the next tests
         self.publish_full(self.v3, "v3")
+        self.assertFalse(os.path.exists(ipc_delta_path(self.port)), "a full publish removes the delta record")
         self.assertEqual(self.update("v3")["version"], "v3")
         self.assert_serving("v3")
 
@@ -198,7 +199,10 @@ class IpcDeltaTp1(unittest.TestCase):
         self.assertEqual(self.update("v4")["version"], "v4")
         self.assertNotEqual(greedy(self.d)[:2], self.refs["v3"])
         self.c.sleep()
-        self.publish_full(self.v2, "w2")  # the trainer rewrote the records: the deltas were made on other bytes
+        # the trainer rewrote the records (fdctl, from a checkpoint dir): the deltas were made on other bytes
+        rc, out, err = fdctl(self.port, "publish", "--strategy", "ipc", "--from", self.dirs["v2"], "--version", "w2", "--tp", str(self.TP))
+        self.assertEqual(rc, 0, err)
+        self.assertFalse(os.path.exists(ipc_delta_path(self.port)), "a full publish removes the delta record")
         self.c.wakeup()
         self.assert_serving("v2", "w2")  # what the records hold, named by them
         publish.publish_ipc_delta(delta_of(self.v2, self.v3), self.port, "v3b", "w2", STORIES)
