@@ -11,8 +11,11 @@ full (written with safetensors_np), at the same tensor-parallel size (so bit for
   - bad records (an index out of range, unsorted indices, a tensor the model lacks, a wrong shape,
     a truncated payload, a bad magic, a publish in progress, a record others may access): 4xx /
     503 naming it, nothing changes;
-  - records republished under the deltas: a wakeup serves what the records hold, labelled by them.
+  - records republished under the deltas (fdctl publish --strategy ipc): a wakeup serves what the
+    records hold, labelled by them; then a delta from `fdctl publish --strategy ipc_delta` (the
+    elements that differ between two checkpoint dirs) serves the full v3.
 """
+import json
 import os
 import shutil
 import sys
@@ -205,8 +208,16 @@ class IpcDeltaTp1(unittest.TestCase):
         self.assertFalse(os.path.exists(ipc_delta_path(self.port)), "a full publish removes the delta record")
         self.c.wakeup()
         self.assert_serving("v2", "w2")  # what the records hold, named by them
-        publish.publish_ipc_delta(delta_of(self.v2, self.v3), self.port, "v3b", "w2", STORIES)
+        # a delta from fdctl: what differs between two checkpoint dirs
+        rc, out, err = fdctl(self.port, "publish", "--strategy", "ipc_delta", "--from", self.dirs["v3"], "--base-from",
+                             self.dirs["v2"], "--version", "v3b", "--base-version", "w2", "--json")
+        self.assertEqual(rc, 0, err)
+        j = json.loads(out)
+        self.assertEqual(j["changed"], sum(int(np.sum(self.v2[n].view(np.uint32) != self.v3[n].view(np.uint32))) for n in self.v3))
         self.assertEqual(self.update("v3b")["version"], "v3b")
+        self.assert_serving("v3", "v3b")
+        self.c.sleep()
+        self.c.wakeup()
         self.assert_serving("v3", "v3b")
 
     def test_5_the_publisher_refuses_bad_input(self):
