@@ -94,11 +94,14 @@ uint64_t write_record(int port, const std::string & version, const std::string &
 int publish_ipc_delta(const PublishOptions & o) {
     for (const auto & [what, v] : {std::pair{"--version", o.version}, std::pair{"--base-version", o.base_version}}) {
         if (!fd::shm::is_valid_version(v)) {
-            fd::fail(fd::Errc::invalid_argument, "publish --strategy ipc_delta needs {} matching [A-Za-z0-9._-]{{1,128}} (got '{}')", what, v);
+            fd::fail(fd::Errc::invalid_argument, "publish --strategy ipc_delta needs {} matching [A-Za-z0-9._-]{{1,128}} (got '{}')",
+                     what, v);
         }
     }
     if (o.version == o.base_version) { fd::fail(fd::Errc::invalid_argument, "--version '{}' cannot be a delta on itself", o.version); }
-    if (o.base_from.empty()) { fd::fail(fd::Errc::invalid_argument, "publish --strategy ipc_delta needs --base-from: the checkpoint of --base-version"); }
+    if (o.base_from.empty()) {
+        fd::fail(fd::Errc::invalid_argument, "publish --strategy ipc_delta needs --base-from: the checkpoint of --base-version");
+    }
     const fd::model::TensorIndex now = fd::model::read_tensor_index(o.from), base = fd::model::read_tensor_index(o.base_from);
     json tensors = json::array();
     std::string body;
