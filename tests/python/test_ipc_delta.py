@@ -15,11 +15,13 @@ full (written with safetensors_np), at the same tensor-parallel size (so bit for
     records hold, labelled by them; then a delta from `fdctl publish --strategy ipc_delta` (the
     elements that differ between two checkpoint dirs) serves the full v3.
 """
+import glob
 import json
 import os
 import shutil
 import sys
 import tempfile
+import threading
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -28,7 +30,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import STORIES, Daemon, copy_checkpoint, fdctl, fresh_daemon, greedy, rewrite_tensors  # noqa: E402
+from fdtest import STORIES, Daemon, copy_checkpoint, fdctl, fresh_daemon, greedy, rewrite_tensors, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError, changed_elements  # noqa: E402
 from fdrollout import publish, safetensors_np  # noqa: E402
 from fdrollout.publish_delta import ipc_delta_path, weight_delta_bytes, write_ipc_delta_record  # noqa: E402
@@ -239,6 +241,57 @@ class IpcDeltaTp1(unittest.TestCase):
             return None
         with open(path, "rb") as f:
             return f.read()
+
+
+class IpcDeltaTornCopy(unittest.TestCase):
+    """A publisher that rewrites the delta record while the daemon copies it: 503, nothing applied
+    (FD_TEST_IPC_DELTA_COPY_DELAY_MS holds the daemon between its copy and its check)."""
+
+    def test_a_record_rewritten_during_the_copy_is_503(self):
+        v1 = safetensors_np.load_file(os.path.join(STORIES, "model.safetensors"))
+        cfg = publish.load_config(STORIES)
+        with Daemon("--dynamic-load-weight", "--load-strategy", "ipc", "--control-timeout-s", "60", model=STORIES, extra=False,
+                    env={"FD_TEST_IPC_DELTA_COPY_DELAY_MS": "600"}) as d:
+            c = Client(f"127.0.0.1:{d.port}", timeout=60)
+            try:
+                publish.publish_ipc(publish.to_rollout_names(v1, cfg), d.port, "v1")
+                c.pause()
+                self.assertEqual(c.update_weights(version="v1")["version"], "v1")
+                c.resume()
+                before = greedy(d, max_tokens=8)[:2]
+                c.pause()
+                change = {NAME: (np.array([0, 5]), np.array([3.0, -3.0], np.float32))}
+                publish.publish_ipc_delta(change, d.port, "v2", "v1", STORIES)
+                result = {}
+
+                def update():
+                    try:
+                        result["answer"] = c.update_weights(version="v2")
+                    except FdRolloutError as e:
+                        result["error"] = e
+
+                t = threading.Thread(target=update)
+                t.start()
+                copied = os.path.join("/dev/shm", f"fdrollout-stream.{d.port}.{d.proc.pid}.ipcdelta", "*", "weights.fddelta")
+                wait_until(lambda: glob.glob(copied), 30, "the daemon's copy of the delta record")
+                publish.publish_ipc_delta(change, d.port, "v2", "v1", STORIES)  # same bytes, new generation
+                t.join(60)
+                self.assertFalse(t.is_alive())
+                e = result.get("error")
+                self.assertIsNotNone(e, result)
+                self.assertEqual((e.status, e.type), (503, "source_unavailable"), e.message)
+                self.assertIn("rewrote the delta record during the copy", e.message)
+                self.assertEqual(c.weight_version(), "v1")
+                c.resume()
+                self.assertEqual(greedy(d, max_tokens=8)[:2], before)
+                c.pause()  # the retry applies it
+                self.assertEqual(c.update_weights(version="v2")["version"], "v2")
+                c.resume()
+                self.assertNotEqual(greedy(d, max_tokens=8)[:2], before)
+            finally:
+                for f in (publish.ipc_path(d.port), ipc_delta_path(d.port)):
+                    if os.path.exists(f):
+                        os.remove(f)
 
 
 class IpcDeltaMergedTp1(IpcDeltaTp1):

@@ -12,7 +12,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 namespace fd::weights {
@@ -123,7 +126,6 @@ std::optional<IpcDelta> fetch_ipc_delta(int port, const std::string & version, c
                  .bytes = static_cast<int64_t>(h.payload_bytes)};
     std::vector<std::byte> buf(static_cast<size_t>(h.payload_bytes));
     model::pread_exact(f.fd, buf.data(), out.bytes, shm::kIpcDeltaPayload, path, "delta payload");
-    if (torn()) { fail(Errc::source_unavailable, "{}: the publisher rewrote the delta record during the copy; retry", path); }
     Fd w{::open(out.delta_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600)};
     if (w.fd < 0) { fail(Errc::source_unavailable, "cannot create {}: {}", out.delta_file.string(), std::strerror(errno)); }
     const std::byte * p = buf.data();
@@ -135,6 +137,12 @@ std::optional<IpcDelta> fetch_ipc_delta(int port, const std::string & version, c
         p += n;
         left -= static_cast<size_t>(n);
     }
+    // TEST ONLY: FD_TEST_IPC_DELTA_COPY_DELAY_MS=N waits N ms between the copy and the check below
+    // (a test rewrites the record meanwhile, once it sees the copy in the private dir).
+    if (const char * ms = std::getenv("FD_TEST_IPC_DELTA_COPY_DELAY_MS")) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(ms)));
+    }
+    if (torn()) { fail(Errc::source_unavailable, "{}: the publisher rewrote the delta record during the copy; retry", path); }
     return out;
 }
 
