@@ -117,7 +117,7 @@ bool Engine::update_from_ipc_delta(const ControlCommand & cmd, ControlResult & r
         }
     }
     const double check_s = seconds_since(t0) - copy_s;
-    weights::write_rank_deltas(d->delta_file, delta, delta_layouts(), /*write_file=*/false);
+    weights::write_rank_shares(d->delta_file, delta, delta_layouts());
     const double split_s = seconds_since(t0) - copy_s - check_s;
     drop_staged(nullptr);
     const auto t1 = std::chrono::steady_clock::now();
@@ -158,7 +158,7 @@ void Engine::maybe_merge_ipc_deltas() noexcept {
         sub = *static_cast<const fs::path *>(ipc_delta_dir_.get()) / std::to_string(++ipc_delta_seq_);
         if (::mkdir(sub.c_str(), 0700) != 0) { fail(Errc::source_unavailable, "cannot create {}: {}", sub.string(), std::strerror(errno)); }
         const fs::path file = sub / "weights.fddelta";
-        weights::write_rank_deltas(file, merged, delta_layouts(), /*write_file=*/true);
+        weights::write_rank_shares(file, merged, delta_layouts(), [&] { weights::write_weight_delta(file, merged); });
         const size_t n = ipc_serving_.deltas.size();
         for (const auto & f : ipc_serving_.deltas) {
             std::error_code ec;

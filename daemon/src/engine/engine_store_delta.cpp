@@ -57,11 +57,12 @@ bool Engine::update_from_store_delta(const ControlCommand & cmd, ControlResult &
         copy = store_source_->copy_version(base, d->base_fingerprint, cmd.verify_checksum);
         flush_pending_deltas();  // (none after a pull; kept for the invariant: they belong to the old dir)
     }
+    weights::WeightDelta delta;
     // Every tensor of the delta must be one the base holds, with its dtype and shape (the ranks
     // would skip a name that maps to nothing): checked on the headers, before any rank writes.
-    const weights::WeightDelta delta = weights::read_weight_delta(d->delta_file);
     {
         const model::TensorIndex held = model::read_tensor_index(in_copy ? std::filesystem::path(serving_dir_) : copy.dir);
+        delta = weights::read_weight_delta(d->delta_file);
         for (const auto & t : delta.tensors) {
             const auto it = held.tensors.find(t.name);
             if (it == held.tensors.end() || it->second.dtype != t.dtype || it->second.shape != t.shape) {
@@ -72,8 +73,9 @@ bool Engine::update_from_store_delta(const ControlCommand & cmd, ControlResult &
             }
         }
     }
-    // Each rank's share next to the file (the ranks read only theirs: apply_weight_delta).
-    weights::write_rank_deltas(d->delta_file, delta, delta_layouts(), /*write_file=*/false);
+    // Each rank reads only its share, split here once per rank as a stream's finish splits it.
+    weights::write_rank_shares(d->delta_file, delta,
+                               weights::plan_rank_layouts(model_cfg_, cfg_.model_dir, tensor_parallel_size(), cfg_.expert_parallel_size));
     const std::string old_dir   = serving_dir_;
     const bool        old_owned = serving_dir_owned_;
     if (!in_copy) {

@@ -206,26 +206,35 @@ struct StreamManager::Impl {
     }
 
     /// Every rank's layout plan (as its Worker plans it: --model's index, v4 names), planned at
-    /// the first delta. Called with busy set.
+    /// the first delta, and the HF names some rank reads. Called with busy set.
     std::vector<model::WeightLayout> layouts;
+    std::set<std::string>            layout_names;
     const std::vector<model::WeightLayout> & rank_layouts() {
-        if (layouts.empty()) { layouts = weights::plan_rank_layouts(cfg.model_cfg, cfg.model_dir, cfg.tp_size, cfg.ep_size); }
+        if (layouts.empty()) {
+            layouts = weights::plan_rank_layouts(cfg.model_cfg, cfg.model_dir, cfg.tp_size, cfg.ep_size);
+            for (const auto & l : layouts) {
+                for (const auto & t : l.tensors) {
+                    for (const auto & p : t.parts) { layout_names.insert(p.hf_name); }
+                }
+            }
+        }
         return layouts;
     }
 
     /// Write a delta update's tensors to `file` (for the serving dir) and, split by every rank's
-    /// layout, each rank's share next to it (weights::write_rank_deltas).
+    /// layout, each rank's share next to it (weights::rank_delta_file), on a thread per rank.
     /// Errors  invalid_argument naming a tensor no rank reads under its name (it could not be
     ///         applied in place); a write's error.
     void write_rank_deltas(const fs::path & file, const weights::WeightDelta & d) {
         const auto & ls = rank_layouts();
         for (const auto & t : d.tensors) {
-            if (!weights::delta_name_applicable(t.name, ls)) {
+            if (!layout_names.count(t.name) && !optional_tensor(t.name) && !(ls[0].tied_lm_head && t.name == "lm_head.weight")) {
                 throw Error(Errc::invalid_argument, fmt::format("tensor '{}': no rank holds it under this name, so a delta update cannot "
                                                                 "write it in place; stream the full weights", t.name), "names");
             }
         }
-        weights::write_rank_deltas(file, d, ls, /*write_file=*/true);
+        // One thread per rank, plus this one writing the delta file itself (for the serving dir).
+        weights::write_rank_shares(file, d, ls, [&] { weights::write_weight_delta(file, d); });
     }
 
     void load_expected() {

@@ -265,26 +265,13 @@ std::vector<model::WeightLayout> plan_rank_layouts(const model::ModelConfig & cf
     const model::TensorIndex idx = model::read_tensor_index(model_dir);
     model::TensorIndex renamed;
     const model::TensorIndex & v4 = model::with_v4_names(cfg, idx, renamed);
-    std::vector<model::WeightLayout> out;
-    for (int32_t r = 0; r < std::max(1, tp); ++r) { out.push_back(model::plan_layout(cfg, v4, {r, std::max(1, tp), std::max(1, ep)})); }
-    return out;
+    std::vector<model::WeightLayout> ls;
+    for (int32_t r = 0; r < std::max(1, tp); ++r) { ls.push_back(model::plan_layout(cfg, v4, {r, std::max(1, tp), std::max(1, ep)})); }
+    return ls;
 }
 
-bool delta_name_applicable(const std::string & name, const std::vector<model::WeightLayout> & layouts) {
-    if (name.find("rotary_emb.inv_freq") != std::string::npos) { return true; }
-    if (!layouts.empty() && layouts[0].tied_lm_head && name == "lm_head.weight") { return true; }
-    for (const auto & l : layouts) {
-        for (const auto & t : l.tensors) {
-            for (const auto & p : t.parts) {
-                if (p.hf_name == name) { return true; }
-            }
-        }
-    }
-    return false;
-}
-
-void write_rank_deltas(const std::filesystem::path & file, const WeightDelta & d, const std::vector<model::WeightLayout> & layouts,
-                       bool write_file) {
+void write_rank_shares(const std::filesystem::path & delta_file, const WeightDelta & d,
+                       const std::vector<model::WeightLayout> & layouts, const std::function<void()> & alongside) {
     std::vector<std::optional<Error>> errs(layouts.size() + 1);
     auto guarded = [&](size_t i, auto && fn) {
         try {
@@ -298,16 +285,27 @@ void write_rank_deltas(const std::filesystem::path & file, const WeightDelta & d
     std::vector<std::thread> ts;
     for (size_t r = 0; r < layouts.size(); ++r) {
         ts.emplace_back([&, r] {
-            guarded(r, [&] { write_rank_delta(rank_delta_file(file, static_cast<int32_t>(r)), split_delta(d, layouts[r])); });
+            guarded(r, [&] { write_rank_delta(rank_delta_file(delta_file, static_cast<int32_t>(r)), split_delta(d, layouts[r])); });
         });
     }
-    if (write_file) {
-        guarded(layouts.size(), [&] { write_weight_delta(file, d); });
-    }
+    if (alongside) { guarded(layouts.size(), alongside); }
     for (auto & t : ts) { t.join(); }
     for (auto & e : errs) {
         if (e) { throw *e; }
     }
+}
+
+bool delta_name_applicable(const std::string & name, const std::vector<model::WeightLayout> & layouts) {
+    if (name.find("rotary_emb.inv_freq") != std::string::npos) { return true; }
+    if (!layouts.empty() && layouts[0].tied_lm_head && name == "lm_head.weight") { return true; }
+    for (const auto & l : layouts) {
+        for (const auto & t : l.tensors) {
+            for (const auto & p : t.parts) {
+                if (p.hf_name == name) { return true; }
+            }
+        }
+    }
+    return false;
 }
 
 }  // namespace fd::weights

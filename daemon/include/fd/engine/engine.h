@@ -394,8 +394,8 @@ private:
     };
     StoreServing                              store_serving_;
 
-    /// Every rank's layout plan (weights::plan_rank_layouts), made at the first store or ipc delta:
-    /// the engine splits those deltas per rank before the ranks apply them.
+    /// Every rank's layout plan (weights::plan_rank_layouts), made at the first ipc delta: the
+    /// engine splits those deltas per rank before the ranks apply them.
     const std::vector<model::WeightLayout> & delta_layouts();
     std::vector<model::WeightLayout>          delta_layouts_;
 

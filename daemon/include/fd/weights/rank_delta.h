@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -57,23 +58,22 @@ struct RankDelta {
 ///         the layout's part (F16 → f32 is the one widening allowed).
 RankDelta split_delta(const WeightDelta & d, const model::WeightLayout & layout);
 
-/// Every rank's layout plan, as each rank's Worker plans it: plan_layout(cfg, --model's tensor
-/// index under v4 names, {r, tp, ep}) for r in [0, tp). Errors  as read_tensor_index / plan_layout.
+/// Every rank's layout plan as its Worker plans it: `model_dir`'s tensor index (v4 names), ranks
+/// 0..tp-1 of tp x ep. Errors  fd::Error{invalid_checkpoint} when the index cannot be read.
 std::vector<model::WeightLayout> plan_rank_layouts(const model::ModelConfig & cfg, const std::filesystem::path & model_dir,
                                                    int32_t tp, int32_t ep);
 
-/// The HF names some rank of `layouts` reads (a delta of another name cannot be applied in
-/// place) or one every rank may lack (rotary inv_freq, a tied lm_head): true when a delta of
-/// tensor `name` can be applied in place by the ranks planned as `layouts`.
-bool delta_name_applicable(const std::string & name, const std::vector<model::WeightLayout> & layouts);
+/// Split `d` for every layout (layouts[r] = rank r) and write each rank's share to
+/// rank_delta_file(delta_file, r), a thread per rank; `alongside` (may be empty) runs on the
+/// calling thread meanwhile (the stream writes the delta file itself there). Errors  the first
+/// rank's (or alongside's) error, after every thread has finished; files already written stay
+/// (they live in the caller's staging dir).
+void write_rank_shares(const std::filesystem::path & delta_file, const WeightDelta & d,
+                       const std::vector<model::WeightLayout> & layouts, const std::function<void()> & alongside = {});
 
-/// Split `d` for every rank (split_delta with layouts[r]) and write each share to
-/// rank_delta_file(file, r), one thread per rank; `write_file`: also write `d` itself to `file`
-/// (write_weight_delta) on this thread. Errors  the first failing split's or write's error
-/// (invalid_checkpoint naming a tensor whose shape or dtype does not match; invalid_argument
-/// when a file cannot be written); files already written stay (the caller's dir owns them).
-void write_rank_deltas(const std::filesystem::path & file, const WeightDelta & d, const std::vector<model::WeightLayout> & layouts,
-                       bool write_file);
+/// True when a delta of HF tensor `name` can be applied in place by ranks planned as `layouts`:
+/// some rank reads it under that name, or every rank may lack it (rotary inv_freq, a tied lm_head).
+bool delta_name_applicable(const std::string & name, const std::vector<model::WeightLayout> & layouts);
 
 /// The file rank `rank` reads for the delta file `delta_file`: "<delta_file>.rank<rank>".
 std::filesystem::path rank_delta_file(const std::filesystem::path & delta_file, int32_t rank);
