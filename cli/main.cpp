@@ -223,10 +223,13 @@ int main(int argc, char ** argv) {
 
     fdctl::PublishOptions pub;
     auto * publish = app.add_subcommand("publish", "Trainer side: publish a checkpoint as a new version, atomically (no daemon needed)");
-    publish->add_option("--strategy", pub.strategy, "rsync | ipc_snapshot | ipc")->required()
-        ->check(CLI::IsMember({"rsync", "ipc_snapshot", "ipc"}));
+    publish->add_option("--strategy", pub.strategy, "rsync | ipc_snapshot | ipc | ipc_delta")->required()
+        ->check(CLI::IsMember({"rsync", "ipc_snapshot", "ipc", "ipc_delta"}));
     publish->add_option("--from", pub.from, "Hugging Face checkpoint dir to publish")->required();
     publish->add_option("--store", pub.store, "rsync: the versioned store dir");
+    publish->add_option("--base-from", pub.base_from, "ipc_delta: the Hugging Face checkpoint dir of --base-version (what changed is "
+                                                      "--from's elements whose bytes differ from it)");
+    publish->add_option("--base-version", pub.base_version, "ipc_delta: the version the delta applies to (the rollout must serve it)");
     publish->add_option("--model", pub.model_dir, "ipc_snapshot: the rollout's --model dir");
     publish->add_option("--version", pub.version, "rsync, ipc: version to publish ([A-Za-z0-9._-]{1,128}); ipc_snapshot: optional, written to version.yaml");
     auto * publish_tp = publish->add_option("--tp", pub.tp, "ipc_snapshot, ipc: the rollout's tensor parallel size (ipc: default the "

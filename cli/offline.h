@@ -11,7 +11,9 @@ struct PublishOptions {
     std::string from;            ///< a Hugging Face checkpoint dir (HF names)
     std::string store;           ///< rsync: the store dir
     std::string model_dir;       ///< ipc_snapshot: the rollout's --model dir (files land there)
-    std::string version;         ///< rsync, ipc: the version to publish
+    std::string version;         ///< rsync, ipc, ipc_delta: the version to publish
+    std::string base_from;       ///< ipc_delta: the Hugging Face checkpoint dir of base_version
+    std::string base_version;    ///< ipc_delta: the version the delta applies to
     int         tp   = 1;        ///< ipc_snapshot, ipc: tensor parallel size of the rollout
     bool        tp_given = false;///< --tp was on the command line (ipc: else the running rollout's is used)
     int         rollout_tp = 0;  ///< ipc: the tensor_parallel_size the daemon on --port reports (0: none answered)
@@ -29,6 +31,9 @@ int run_publish(const PublishOptions & o);
 int publish_rsync(const PublishOptions & o);          ///< cli/publish_rsync.cpp
 int publish_ipc_snapshot(const PublishOptions & o);   ///< cli/publish_ipc.cpp
 int publish_ipc(const PublishOptions & o);            ///< cli/publish_ipc.cpp
+/// The elements of --from that differ from --base-from's, into the port's ipc delta record
+/// (docs/weight_streams.md "Over ipc publishes"). cli/publish_ipc_delta.cpp.
+int publish_ipc_delta(const PublishOptions & o);
 
 struct ModelInfoOptions {
     std::string model_dir;

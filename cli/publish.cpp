@@ -6,6 +6,7 @@ namespace fdctl {
 int run_publish(const PublishOptions & o) {
     if (o.strategy == "rsync") { return publish_rsync(o); }
     if (o.strategy == "ipc_snapshot") { return publish_ipc_snapshot(o); }
+    if (o.strategy == "ipc_delta") { return publish_ipc_delta(o); }
     return publish_ipc(o);
 }
 

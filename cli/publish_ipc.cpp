@@ -234,6 +234,8 @@ int publish_ipc(const PublishOptions & given) {
         ranks.push_back(publish_rank(o, m, idx, r));
         total += ranks.back()["bytes"].get<uint64_t>();
     }
+    // A full publish supersedes the port's ipc delta record (as fdrollout.publish.publish_ipc).
+    ::unlink(("/dev/shm" + fd::shm::ipc_delta_name(o.port)).c_str());
     json j = {{"strategy", "ipc"}, {"version", o.version}, {"port", o.port}, {"tp", o.tp}, {"ep", m.ep_size()}, {"bytes", total},
               {"ranks", ranks}};
     std::string files;

@@ -10,7 +10,7 @@
 - `Fleet(urls)`: the same calls on several daemons in parallel, and the all-or-nothing fleet
   update (`FleetError` says what was committed where).
 - `publish`: write weights for the rsync, ipc_snapshot and ipc load strategies (numpy only),
-  rsync delta versions too (`publish_rsync_delta`);
+  rsync delta versions and ipc delta records too (`publish_rsync_delta`, `publish_ipc_delta`);
   `safetensors_np`: the numpy safetensors reader/writer it uses.
 - `RolloutModelConfig` / `RolloutModel`: the rollout's state dict per rank and its mapping to
   training names (the seed's `fastdeploy.rl` API).

@@ -23,6 +23,9 @@ version, even if this process dies midway):
 
     # rsync, a delta on a published version (publish_delta.py): only the changed elements
     fdpublish.publish_rsync_delta({name: (indices, values)}, store="/data/store", version="43", base_version="42")
+    # ipc, a delta on the version the rollout serves (HF names, any tp: one record per port)
+    fdpublish.publish_ipc_delta({name: (indices, values)}, port=8000, version="43", base_version="42",
+                                template_dir="/models/base")
 
 then `fdctl pause && fdctl update-weights --version 42 && fdctl resume`.
 
@@ -419,7 +422,8 @@ def publish_ipc(tensors, port, version, rank=0, tp_size=1, dtype=None):
 
     The record's generation is odd while this writes and moves to the next even value when the
     publish is complete, so the rollout never consumes a half-written publish; the rollout
-    copies the data, so the caller may publish again as soon as update_weights returned.
+    copies the data, so the caller may publish again as soon as update_weights returned. The
+    port's ipc delta record (publish_ipc_delta), if any, is removed: a full publish supersedes it.
     Returns the new generation."""
     check_version(version)
     encoded = []
@@ -468,9 +472,14 @@ def publish_ipc(tensors, port, version, rank=0, tp_size=1, dtype=None):
             m.flush()
     finally:
         os.close(fd)
+    try:  # a full publish supersedes the port's delta record (publish_ipc_delta)
+        os.unlink(f"/dev/shm/fdrollout.{port}.weights.delta")
+    except FileNotFoundError:
+        pass
     return gen + 2
 
 
 # Delta versions of the rsync store (publish_delta.py), importable from here and from the
 # scripts/fdpublish.py shim as before.
-from .publish_delta import manifest_fingerprint, publish_rsync_delta, write_weight_delta  # noqa: E402,F401
+from .publish_delta import (manifest_fingerprint, publish_rsync_delta, write_weight_delta,  # noqa: E402,F401
+                            ipc_delta_path, publish_ipc_delta)

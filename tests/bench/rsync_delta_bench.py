@@ -1,15 +1,19 @@
-"""rsync delta versions (issue 25, docs/weight_sources.md "Delta versions"): the time of a 1 %
-delta publish + update ÷ the time of a full publish + update of the same model, through a real
-`rsync --daemon` on loopback, into the same daemon, in one run.
+"""rsync delta versions and ipc delta records (issue 25, docs/weight_sources.md "Delta versions",
+docs/weight_streams.md "Over ipc publishes"): the time of a 1 % delta publish + update ÷ the time
+of a full publish + update of the same model, into the same daemon, in one run; rsync through a
+real `rsync --daemon` on loopback (default), ipc (`--strategy ipc`) through the port's shared-memory
+weights records (publish_ipc, one per rank) and its delta record (publish_ipc_delta).
 
 Each rep: a full version F (publish_rsync + pause / update_weights / resume, timed), a delta D1
 on F with 1 % of every tensor's elements changed (publish_rsync_delta + update, timed: the first
 delta after a full pull also copies the base from the store into the daemon's serving dir), a
 delta D2 on D1 with another 1 % (timed: the steady state of a chain of deltas, written into the
-same copy). The trainer's diff (which elements changed) is computed before and not timed.
+same copy; with ipc both deltas cost the same: nothing is copied). The trainer's diff (which
+elements changed) and, for ipc, the HF -> rollout-name conversion of the full weights are
+computed before and not timed.
 Reported per rep: each time split into publish and update, and D1 ÷ F, D2 ÷ F.
 
-  /usr/bin/python3 tests/bench/rsync_delta_bench.py [--reps 3] [--tp 2] [--bin B] > out.json
+  /usr/bin/python3 tests/bench/rsync_delta_bench.py [--strategy rsync|ipc] [--reps 3] [--tp 2] [--bin B] > out.json
 Figures are ratios within one run: the machine may be loaded by other jobs (load is recorded).
 """
 import argparse
@@ -72,7 +76,10 @@ def main():
     p.add_argument("--layers", default="8")
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--bin", default=None, help="the daemon binary (default: FDROLLOUT_BIN or build/fdrollout)")
+    p.add_argument("--strategy", choices=("rsync", "ipc"), default="rsync")
     a = p.parse_args()
+    if a.strategy == "ipc":
+        return main_ipc(a)
     tmp = tempfile.mkdtemp(prefix="fd-rsdelta-bench-")
     rsyncd = None
     try:
@@ -113,6 +120,58 @@ def main():
     finally:
         if rsyncd:
             rsyncd.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main_ipc(a):
+    tmp = tempfile.mkdtemp(prefix="fd-ipcdelta-bench-")
+    port = None
+    try:
+        model = make_checkpoint(os.path.join(tmp, "m"), "--hidden", a.hidden, "--intermediate", a.intermediate, "--layers", a.layers,
+                                "--heads", "8", "--vocab", "512")
+        cfg = publish.load_config(model)
+        w0 = safetensors_np.load_file(os.path.join(model, "model.safetensors"))
+        w1, d1 = changed(w0, 0.01, seed=1)
+        _, d2 = changed(w1, 0.01, seed=2)
+        shards = [publish.to_rollout_names(w0, cfg, tp=a.tp, rank=r) for r in range(a.tp)]
+        out = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(), "strategy": "ipc",
+               "load_avg_at_start": os.getloadavg()[0], "tp": a.tp, "model_bytes": sum(x.nbytes for x in w0.values()),
+               "bin": a.bin, "runs": []}
+        tp_args = ["--tensor-parallel-size", str(a.tp), "--threads", "1"] if a.tp > 1 else []
+        kw = {"bin": a.bin} if a.bin else {}
+        with Daemon("--dynamic-load-weight", "--load-strategy", "ipc", "--control-timeout-s", "300", *tp_args, model=model,
+                    extra=False, timeout=300, **kw) as d:
+            port = d.port
+            c = Client(f"127.0.0.1:{port}", timeout=300)
+
+            def full(version):
+                for r in range(a.tp):
+                    publish.publish_ipc(shards[r], port, version, rank=r, tp_size=a.tp)
+
+            timed(c, lambda: full("warm"), "warm")  # page-in, allocations
+            for i in range(a.reps):
+                f, v1, v2 = f"f{i}", f"d1-{i}", f"d2-{i}"
+                run = {"full": timed(c, lambda: full(f), f)}
+                run["delta_first"] = timed(c, lambda: publish.publish_ipc_delta(d1, port, v1, f, model), v1)
+                run["delta_bytes"] = os.path.getsize(publish.ipc_delta_path(port))
+                run["delta_chain"] = timed(c, lambda: publish.publish_ipc_delta(d2, port, v2, v1, model), v2)
+                run["delta_first_over_full"] = run["delta_first"]["seconds"] / run["full"]["seconds"]
+                run["delta_chain_over_full"] = run["delta_chain"]["seconds"] / run["full"]["seconds"]
+                out["runs"].append(run)
+                print(json.dumps(run), file=sys.stderr)
+        out["median"] = {k: median([r[k] for r in out["runs"]]) for k in ("delta_first_over_full", "delta_chain_over_full")}
+        for k in ("full", "delta_first", "delta_chain"):
+            for part in ("seconds", "publish_s", "update_s"):
+                out["median"][f"{k}_{part}"] = median([r[k][part] for r in out["runs"]])
+        out["load_avg_at_end"] = os.getloadavg()[0]
+        print(json.dumps(out, indent=1))
+    finally:
+        if port is not None:
+            for name in [f"fdrollout.{port}.weights.tp{r}" for r in range(a.tp)] + [f"fdrollout.{port}.weights.delta"]:
+                try:
+                    os.remove(os.path.join("/dev/shm", name))
+                except FileNotFoundError:
+                    pass
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -261,9 +261,16 @@ void Engine::reload_serving_weights(ControlResult & r) {
     weights::FetchRequest req{.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version};
     req.weight_dir       = serving_dir_;  // weights loaded from a checkpoint dir come back from it
     req.weight_dir_owned = serving_dir_owned_;
+    const std::optional<std::vector<weights::IpcRecordId>> ipc_before = ipc_ids_if_source(req);
     const auto reps = executor_->reload_weights(req);
     state_.weight_asleep = false;
     state_.weights_valid = true;
+    if (cfg_.source.strategy == weights::LoadStrategy::ipc && req.weight_dir.empty() && replay_ipc_deltas(ipc_before)) {
+        r.bytes = reps[0].bytes;  // the records, then the ipc deltas applied on them again: the label stays
+        accumulate_rank_reports(r, reps, state_.weight_version, /*in_place=*/true);
+        return;
+    }
+    if (!req.weight_dir.empty()) { note_ipc_load(std::nullopt); }  // not from the records: the kept ipc deltas go
     // The label must name the bytes now loaded: the serving one when they did not change, else the
     // source's version (or the serving one), unless this process saw that label on other bytes
     // (fd/weights/fingerprint.h).
@@ -330,6 +337,11 @@ void Engine::recover_ranks(ControlResult & r) {
     lg->info("wakeup: ranks recovered, serving weight_version {}", state_.weight_version);
 }
 
+std::optional<std::vector<weights::IpcRecordId>> Engine::ipc_ids_if_source(const weights::FetchRequest & req) const {
+    if (cfg_.source.strategy != weights::LoadStrategy::ipc || !req.weight_dir.empty()) { return std::nullopt; }
+    return weights::ipc_record_ids(cfg_.source.port, tensor_parallel_size());
+}
+
 weights::FetchRequest Engine::update_request(const ControlCommand & cmd) const {
     weights::FetchRequest req{.version = cmd.version, .verify_checksum = cmd.verify_checksum, .serving_version = state_.weight_version};
     if (cmd.reload_base) {  // prime-rl's /reload_weights: the base --model (anyone's, like `normal`)
@@ -379,6 +391,7 @@ void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) 
                                 "first (or update without \"commit\": false, which loads the new weights at once)");
     }
     const weights::FetchRequest req  = update_request(cmd);
+    const auto                  ipc_before = ipc_ids_if_source(req);
     const auto                  reps = executor_->reload_weights(req);
     std::vector<std::string> fps;
     for (const auto & rep : reps) { fps.push_back(rep.fingerprint); }
@@ -395,6 +408,7 @@ void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) 
     serving_dir_       = req.weight_dir;
     serving_dir_owned_ = req.weight_dir_owned;
     drop_pending_deltas();  // they were for the previous dir
+    note_ipc_load(ipc_before);
     accumulate_rank_reports(r, reps, *version);
     r.bytes             = reps[0].bytes;
     r.checksum_verified = reps[0].checksum_verified;
@@ -407,11 +421,13 @@ void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) 
 void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     if (!state_.paused) { fail(Errc::wrong_state, "update_weights needs a paused engine; POST /v1/pause first"); }
     if (!cmd.weight_delta.empty()) { return apply_weight_delta(cmd, r); }
+    if (update_from_ipc_delta(cmd, r)) { return; }  // the port's ipc delta record makes cmd.version
     if (state_.weight_asleep) { return update_while_asleep(cmd, r); }
     // A new update replaces whatever an earlier "commit": false left staged.
     drop_staged(nullptr);
     // Phase 1 on every rank (the executor drops every staged copy if any rank fails).
     const weights::FetchRequest req = update_request(cmd);
+    const auto ipc_before = ipc_ids_if_source(req);
     std::vector<runtime::RankReport> staged;
     try {
         staged = executor_->stage_weights(req);
@@ -443,6 +459,7 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     serving_dir_       = req.weight_dir;
     serving_dir_owned_ = req.weight_dir_owned;
     drop_pending_deltas();  // they were for the previous dir
+    note_ipc_load(ipc_before);
     state_.weights_valid  = true;
     recompute_kept();
     if (!store_serving_.copy.dir.empty()) { store_serving_ = {}; }  // a store delta's copy, no longer served: removed
@@ -461,6 +478,7 @@ void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {
     set_label(state_.staged_version, staged_fingerprint_);
     serving_dir_.clear();  // staged updates come from the source only
     drop_pending_deltas();
+    note_ipc_load(std::nullopt);  // staged earlier: the records may have changed since (a delta then needs a full update first)
     state_.weights_valid  = true;
     state_.staged_version.clear();
     r.version = state_.weight_version;

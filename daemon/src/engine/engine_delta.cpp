@@ -30,24 +30,8 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
     }
     drop_staged(nullptr);
     const auto t0 = std::chrono::steady_clock::now();
-    // Every rank reads its own share (weights::rank_delta_file, split by the stream) and checks it
-    // before writing; the engine does not read the delta here.
-    weights::FetchRequest req{.version = cmd.version, .serving_version = state_.weight_version};
-    req.weight_dir = cmd.weight_delta;
-    auto undo_ranks = [&] {
-        try {
-            executor_->rank_call({.op = runtime::RankOp::undo_delta});
-        } catch (const Error & e) {  // a dead rank: the engine degrades; recovery reloads the serving dir (without this delta)
-            log::get("engine")->error("update_weights (delta): putting the old weights back failed on a rank: {}", e.what());
-        }
-    };
-    std::vector<runtime::RankReport> reps;
-    try {
-        reps = executor_->rank_call({.op = runtime::RankOp::apply_delta, .fetch = req});
-    } catch (...) {
-        undo_ranks();
-        throw;
-    }
+    std::vector<runtime::RankReport> reps = apply_delta_on_ranks(cmd.weight_delta, cmd.version);
+    auto undo_ranks = [&] { undo_delta_on_ranks(); };
     const double ranks_s = seconds_since(t0);
     // The delta stays for the serving dir (written lazily): moved into it, so it lives and goes with the dir.
     const std::filesystem::path kept = std::filesystem::path(serving_dir_) / fmt::format(".fdrollout-pending-{}.fddelta", ++pending_delta_seq_);
@@ -97,6 +81,27 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
                              pending_deltas_.empty() ? fmt::format("written in {:.3f} s", seconds_since(t1))
                                                      : fmt::format("pending ({} delta(s), {} B)", pending_deltas_.size(), pending),
                              *version);
+}
+
+std::vector<runtime::RankReport> Engine::apply_delta_on_ranks(const std::string & file, const std::optional<std::string> & version) {
+    // Every rank reads its own share (weights::rank_delta_file, split before this call) and checks
+    // it before writing; the engine does not read the delta here.
+    weights::FetchRequest req{.version = version, .serving_version = state_.weight_version};
+    req.weight_dir = file;
+    try {
+        return executor_->rank_call({.op = runtime::RankOp::apply_delta, .fetch = req});
+    } catch (...) {
+        undo_delta_on_ranks();
+        throw;
+    }
+}
+
+void Engine::undo_delta_on_ranks() noexcept {
+    try {
+        executor_->rank_call({.op = runtime::RankOp::undo_delta});
+    } catch (const std::exception & e) {  // a dead rank: the engine degrades; recovery reloads the source (without this delta)
+        log::get("engine")->error("update_weights (delta): putting the old weights back failed on a rank: {}", e.what());
+    }
 }
 
 void Engine::flush_pending_deltas(bool record_label) {

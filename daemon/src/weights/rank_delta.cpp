@@ -295,4 +295,17 @@ void write_rank_shares(const std::filesystem::path & delta_file, const WeightDel
     }
 }
 
+bool delta_name_applicable(const std::string & name, const std::vector<model::WeightLayout> & layouts) {
+    if (name.find("rotary_emb.inv_freq") != std::string::npos) { return true; }
+    if (!layouts.empty() && layouts[0].tied_lm_head && name == "lm_head.weight") { return true; }
+    for (const auto & l : layouts) {
+        for (const auto & t : l.tensors) {
+            for (const auto & p : t.parts) {
+                if (p.hf_name == name) { return true; }
+            }
+        }
+    }
+    return false;
+}
+
 }  // namespace fd::weights

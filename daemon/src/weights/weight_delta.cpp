@@ -142,6 +142,60 @@ WeightDelta read_weight_delta(const std::filesystem::path & file) {
     return d;
 }
 
+WeightDelta merge_weight_deltas(const WeightDelta & older, const WeightDelta & newer) {
+    std::map<std::string, const DeltaTensor *> byname;
+    for (const auto & t : older.tensors) { byname[t.name] = &t; }
+    std::map<std::string, DeltaTensor> out;
+    for (const auto & t : older.tensors) { out[t.name] = t; }
+    for (const auto & n : newer.tensors) {
+        const auto it = byname.find(n.name);
+        if (it == byname.end() || n.dense) {
+            if (it != byname.end() && (it->second->dtype != n.dtype || it->second->shape != n.shape)) {
+                fail(Errc::invalid_checkpoint, "merging deltas: tensor '{}' changes its dtype or shape", n.name);
+            }
+            out[n.name] = n;
+            continue;
+        }
+        const DeltaTensor & o = *it->second;
+        if (o.dtype != n.dtype || o.shape != n.shape) {
+            fail(Errc::invalid_checkpoint, "merging deltas: tensor '{}' changes its dtype or shape", n.name);
+        }
+        const size_t es = static_cast<size_t>(model::dtype_size(n.dtype));
+        DeltaTensor m;
+        m.name  = n.name;
+        m.dtype = n.dtype;
+        m.shape = n.shape;
+        if (o.dense) {  // newer's values written over older's dense ones
+            m.dense  = true;
+            m.values = o.values;
+            for (size_t k = 0; k < n.indices.size(); ++k) {
+                std::memcpy(m.values.data() + static_cast<size_t>(n.indices[k]) * es, n.values.data() + k * es, es);
+            }
+        } else {  // sorted union, newer wins on equal indices
+            m.indices.reserve(o.indices.size() + n.indices.size());
+            m.values.reserve((o.indices.size() + n.indices.size()) * es);
+            size_t i = 0, j = 0;
+            auto take = [&](const DeltaTensor & src, size_t k) {
+                m.indices.push_back(src.indices[k]);
+                m.values.insert(m.values.end(), src.values.begin() + static_cast<std::ptrdiff_t>(k * es),
+                                src.values.begin() + static_cast<std::ptrdiff_t>((k + 1) * es));
+            };
+            while (i < o.indices.size() || j < n.indices.size()) {
+                if (j == n.indices.size() || (i < o.indices.size() && o.indices[i] < n.indices[j])) {
+                    take(o, i++);
+                } else {
+                    if (i < o.indices.size() && o.indices[i] == n.indices[j]) { ++i; }
+                    take(n, j++);
+                }
+            }
+        }
+        out[n.name] = std::move(m);
+    }
+    WeightDelta d;
+    for (auto & [name, t] : out) { d.tensors.push_back(std::move(t)); }
+    return d;
+}
+
 void apply_delta_to_dir(const std::filesystem::path & dir, const WeightDelta & d, DirUndo * undo) {
     const model::TensorIndex idx = model::read_tensor_index(dir);
     std::map<std::filesystem::path, std::vector<const DeltaTensor *>> by_file;

@@ -6,6 +6,7 @@
 // Executor::forward() → sample → push ChoiceEvents → release finished sequences.
 #pragma once
 
+#include "fd/weights/ipc_delta.h"
 #include "fd/weights/weight_delta.h"
 
 #include "fd/engine/control.h"
@@ -279,6 +280,13 @@ private:
     /// dir (weight_dir must be it), all ranks or none. The engine does not read the delta at the
     /// commit: the file is moved into the serving dir as a pending delta.
     void          apply_weight_delta(const ControlCommand & cmd, ControlResult & r);
+    /// The rank half of a delta's commit: every rank writes its share of `file` (split beforehand,
+    /// weights::rank_delta_file) into its shard in place, keeping the old values; on any failure
+    /// every rank puts its old values back (undo_delta_on_ranks) and the error is rethrown.
+    std::vector<runtime::RankReport> apply_delta_on_ranks(const std::string & file, const std::optional<std::string> & version);
+    /// Every rank puts back the values its last apply_delta overwrote. Never throws (logs; a dead
+    /// rank degrades the engine, whose recovery reloads the source).
+    void          undo_delta_on_ranks() noexcept;
     /// Write the committed deltas not yet in serving_dir_ into it (in commit order) and record
     /// the serving label's fingerprint of the result. Before anything reads the dir (a sleep of
     /// the weights, a wakeup's reload, a recovery) and when they outgrow kPendingDeltaBytes.
@@ -385,6 +393,48 @@ private:
         weights::StoreCopy copy;  ///< removed with its hold (replaced by the next copy, or at exit)
     };
     StoreServing                              store_serving_;
+
+    /// Every rank's layout plan (weights::plan_rank_layouts), made at the first ipc delta: the
+    /// engine splits those deltas per rank before the ranks apply them.
+    const std::vector<model::WeightLayout> & delta_layouts();
+    std::vector<model::WeightLayout>          delta_layouts_;
+
+    /// update_weights {"version": V} on --load-strategy ipc when the port's ipc delta record
+    /// (fd/weights/ipc_delta.h) makes V: copy it into a private dir, check it (409 unless the
+    /// serving weights are exactly its base_version as loaded from this port's weights records, or
+    /// deltas applied on them; 422 naming a bad tensor), split it per rank and apply it in place
+    /// (apply_delta_on_ranks: all ranks or none), then flip the label. Returns false when the
+    /// delta record is absent or makes another version (a full update follows).
+    /// engine_ipc_delta.cpp. Errors  wrong_state, invalid_checkpoint, source_unavailable (retry).
+    bool          update_from_ipc_delta(const ControlCommand & cmd, ControlResult & r);
+    /// After a full load from the ipc weights records (update or wakeup): remember which records
+    /// (weights::ipc_record_ids, read `before` the load and again now) the serving bytes are, when
+    /// nothing republished them meanwhile (`before` nullopt: not loaded from them); forget the
+    /// applied ipc deltas (their files are removed).
+    void          note_ipc_load(const std::optional<std::vector<weights::IpcRecordId>> & before);
+    /// A wakeup's reload from the ipc weights records, `before` = their ids before it: when ipc
+    /// deltas were applied and the records are still the ones they were applied on, apply them
+    /// again in order (true: the serving label stays). Else note_ipc_load (false: the label
+    /// follows the records). Errors  as apply_delta_on_ranks; then the weights are released again
+    /// (asleep), the deltas kept.
+    bool          replay_ipc_deltas(const std::optional<std::vector<weights::IpcRecordId>> & before);
+    /// The ipc weights records' ids before a load of `req` when it reads them (ipc, no weight_dir), else nullopt.
+    std::optional<std::vector<weights::IpcRecordId>> ipc_ids_if_source(const weights::FetchRequest & req) const;
+    /// The ipc weights records the serving bytes were loaded from and the ipc deltas applied on them since.
+    struct IpcServing {
+        std::vector<weights::IpcRecordId>  base;    ///< empty: the serving bytes did not come from the records
+        std::vector<std::filesystem::path> deltas;  ///< each delta's weights.fddelta (with its .rank<r> shares), commit order
+    };
+    IpcServing                                ipc_serving_;
+    int64_t                                   ipc_chain_bytes_ = 0;   ///< the kept deltas' files (HF), all of them
+    int64_t                                   ipc_merged_bytes_ = 0;  ///< the first kept delta's, right after the last merge
+    /// Merge the kept ipc deltas into one (weights::merge_weight_deltas, split per rank again)
+    /// when they outgrow max(FD_IPC_DELTA_MERGE_BYTES (default 64 MiB), twice the last merge):
+    /// what the wakeups keep and replay stays bounded by about the model's size. A failed merge
+    /// keeps the chain (logged). engine_ipc_delta.cpp.
+    void          maybe_merge_ipc_deltas() noexcept;
+    std::shared_ptr<void>                     ipc_delta_dir_;  ///< the private dir of ipc deltas (removed with its last reference)
+    int64_t                                   ipc_delta_seq_ = 0;
 
     mutable std::mutex                        inbox_mu_;
     std::condition_variable                   inbox_cv_;

@@ -71,6 +71,10 @@ std::vector<model::WeightLayout> plan_rank_layouts(const model::ModelConfig & cf
 void write_rank_shares(const std::filesystem::path & delta_file, const WeightDelta & d,
                        const std::vector<model::WeightLayout> & layouts, const std::function<void()> & alongside = {});
 
+/// True when a delta of HF tensor `name` can be applied in place by ranks planned as `layouts`:
+/// some rank reads it under that name, or every rank may lack it (rotary inv_freq, a tied lm_head).
+bool delta_name_applicable(const std::string & name, const std::vector<model::WeightLayout> & layouts);
+
 /// The file rank `rank` reads for the delta file `delta_file`: "<delta_file>.rank<rank>".
 std::filesystem::path rank_delta_file(const std::filesystem::path & delta_file, int32_t rank);
 

@@ -52,6 +52,13 @@ void write_weight_delta(const std::filesystem::path & file, const WeightDelta & 
 /// range). Errors  fd::Error{invalid_checkpoint} naming the file and the tensor.
 WeightDelta read_weight_delta(const std::filesystem::path & file);
 
+/// `older` then `newer` as one delta: every tensor of either; for a tensor in both, the union of
+/// their indices with newer's value where both name an element (a dense side makes the result
+/// dense: newer dense replaces, older dense takes newer's values at its indices). Applying the
+/// result equals applying older then newer. Cost: O(elements of both). Errors
+/// fd::Error{invalid_checkpoint} naming a tensor whose dtype or shape differ between the two.
+WeightDelta merge_weight_deltas(const WeightDelta & older, const WeightDelta & newer);
+
 /// The old bytes of a checkpoint dir a delta overwrote, to put back (restore_dir).
 struct DirUndo {
     struct File {

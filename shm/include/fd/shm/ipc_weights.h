@@ -67,4 +67,33 @@ inline std::string ipc_weights_name(int port, int rank) {
     return "/fdrollout." + std::to_string(port) + ".weights.tp" + std::to_string(rank);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The ipc DELTA record (docs/weight_streams.md, "Over ipc publishes"): one shm object per port,
+// /fdrollout.<port>.weights.delta (file /dev/shm/...), mode 0600, holding a sparse update in HF
+// (training) names against the version the rollout serves:
+//   [IpcDeltaHeader (512 B)][payload: the bytes of a weights.fddelta file, fd/weights/weight_delta.h]
+// total_bytes is a multiple of 4096. Same seqlock as the weights record (generation odd while
+// written, even when complete, 0 never published); the rollout copies the payload into its
+// private staging dir and checks the generation again after the copy. Written by
+// fdrollout.publish.publish_ipc_delta (Python, struct.pack mirrors this layout).
+inline constexpr uint64_t kIpcDeltaMagic      = 0x314C444350494446ULL;  // "FDIPCDL1" little-endian
+inline constexpr uint32_t kIpcDeltaAbiVersion = 1;
+inline constexpr int64_t  kIpcDeltaPayload    = 512;  ///< payload offset
+
+struct IpcDeltaHeader {
+    uint64_t              magic;            ///< kIpcDeltaMagic
+    uint32_t              abi_version;      ///< kIpcDeltaAbiVersion
+    uint32_t              reserved0;
+    std::atomic<uint64_t> generation;       ///< seqlock, as IpcRecordHeader::generation (same offset, 16)
+    uint64_t              payload_bytes;    ///< bytes of the weights.fddelta payload at kIpcDeltaPayload
+    uint64_t              total_bytes;      ///< size of the whole object (>= kIpcDeltaPayload + payload_bytes)
+    char                  version[136];     ///< the version this delta makes, NUL-terminated ([A-Za-z0-9._-]{1,128})
+    char                  base_version[136];///< the version it applies to (the rollout must serve exactly it)
+    uint8_t               reserved[200];
+};
+static_assert(sizeof(IpcDeltaHeader) == kIpcDeltaPayload, "IpcDeltaHeader is part of the ABI");
+
+/// "/fdrollout.<port>.weights.delta" (shm_open name; the file is /dev/shm/ without the '/').
+inline std::string ipc_delta_name(int port) { return "/fdrollout." + std::to_string(port) + ".weights.delta"; }
+
 }  // namespace fd::shm
