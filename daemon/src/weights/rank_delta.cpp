@@ -2,6 +2,7 @@
 // (fd/weights/rank_delta.h).
 #include "fd/weights/rank_delta.h"
 
+#include "delta_framing.h"
 #include "fd/file_io.h"
 #include "fd/status.h"
 
@@ -22,17 +23,6 @@ namespace fd::weights {
 namespace {
 
 constexpr char kMagic[8] = {'F', 'D', 'R', 'D', 'L', 'T', '0', '1'};
-
-void write_all(int fd, const void * p, size_t n, const std::filesystem::path & file) {
-    const auto * b = static_cast<const std::byte *>(p);
-    while (n > 0) {
-        const ssize_t w = ::write(fd, b, n);
-        if (w < 0 && errno == EINTR) { continue; }
-        if (w <= 0) { fail(Errc::invalid_argument, "{}: writing a rank's weight delta failed: {}", file.string(), std::strerror(errno)); }
-        b += w;
-        n -= static_cast<size_t>(w);
-    }
-}
 
 /// 4 when every start of `t` fits an int32 (a shard of < 2^31 elements), else 8.
 int32_t start_bytes(const RankDeltaTensor & t) {
@@ -180,45 +170,30 @@ void write_rank_delta(const std::filesystem::path & file, const RankDelta & d) {
                       {"start_bytes", start_bytes(t)}});
     }
     const std::string header = nlohmann::json{{"rank", d.rank}, {"tp", d.tp}, {"ep", d.ep}, {"tensors", ts}}.dump();
-    UniqueFd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    if (!fd.valid()) { fail(Errc::invalid_argument, "{}: cannot create a rank's weight delta file: {}", file.string(), std::strerror(errno)); }
-    const uint64_t len = header.size();
-    write_all(fd.get(), kMagic, sizeof kMagic, file);
-    write_all(fd.get(), &len, sizeof len, file);
-    write_all(fd.get(), header.data(), header.size(), file);
+    const UniqueFd fd = detail::create_framed(file, kMagic, header, "a rank's weight delta");
     std::vector<int32_t> narrow;
     for (const auto & t : d.tensors) {
         if (start_bytes(t) == 4) {
             narrow.assign(t.starts.begin(), t.starts.end());
-            write_all(fd.get(), narrow.data(), narrow.size() * sizeof(int32_t), file);
+            detail::write_all(fd.get(), narrow.data(), narrow.size() * sizeof(int32_t), file, "a rank's weight delta");
         } else {
-            write_all(fd.get(), t.starts.data(), t.starts.size() * sizeof(int64_t), file);
+            detail::write_all(fd.get(), t.starts.data(), t.starts.size() * sizeof(int64_t), file, "a rank's weight delta");
         }
-        write_all(fd.get(), t.lens.data(), t.lens.size() * sizeof(int64_t), file);
-        write_all(fd.get(), t.values.data(), t.values.size(), file);
+        detail::write_all(fd.get(), t.lens.data(), t.lens.size() * sizeof(int64_t), file, "a rank's weight delta");
+        detail::write_all(fd.get(), t.values.data(), t.values.size(), file, "a rank's weight delta");
     }
 }
 
 RankDelta read_rank_delta(const std::filesystem::path & file) {
-    struct stat st{};
-    const UniqueFd fd = open_regular(file, Errc::invalid_checkpoint, &st);
-    const int64_t size = st.st_size;
-    char magic[8] = {};
-    uint64_t len = 0;
-    if (size < 16) { fail(Errc::invalid_checkpoint, "{}: not a rank's weight delta file (too short)", file.string()); }
-    model::pread_exact(fd.get(), magic, 8, 0, file, "magic");
-    model::pread_exact(fd.get(), &len, 8, 8, file, "header length");
-    if (std::memcmp(magic, kMagic, 8) != 0 || len > static_cast<uint64_t>(size - 16)) {
-        fail(Errc::invalid_checkpoint, "{}: not a rank's weight delta file", file.string());
-    }
-    std::string header(len, '\0');
-    model::pread_exact(fd.get(), header.data(), static_cast<int64_t>(len), 16, file, "header");
-    const auto j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+    const detail::Framed f = detail::open_framed(file, kMagic, "a rank's weight delta");
+    const UniqueFd & fd = f.fd;
+    const int64_t size = f.size;
+    const nlohmann::json & j = f.header;
     if (!j.is_object() || !j.contains("tensors") || !j["tensors"].is_array()) {
         fail(Errc::invalid_checkpoint, "{}: the rank delta's header is not {{\"rank\", \"tp\", \"ep\", \"tensors\": [...]}}", file.string());
     }
     RankDelta d{.rank = j.value("rank", -1), .tp = j.value("tp", 0), .ep = j.value("ep", 0)};
-    int64_t off = 16 + static_cast<int64_t>(len);
+    int64_t off = f.payload_off;
     for (const auto & e : j["tensors"]) {
         RankDeltaTensor t;
         t.name = e.value("name", "");

@@ -1,6 +1,7 @@
 // A sparse weight update's file and its write into a checkpoint dir (fd/weights/weight_delta.h).
 #include "fd/weights/weight_delta.h"
 
+#include "delta_framing.h"
 #include "fd/file_io.h"
 #include "fd/log.h"
 #include "fd/status.h"
@@ -21,17 +22,6 @@ namespace fd::weights {
 namespace {
 
 constexpr char kMagic[8] = {'F', 'D', 'D', 'E', 'L', 'T', 'A', '1'};
-
-void write_all(int fd, const void * p, size_t n, const std::filesystem::path & file) {
-    const auto * b = static_cast<const std::byte *>(p);
-    while (n > 0) {
-        const ssize_t w = ::write(fd, b, n);
-        if (w < 0 && errno == EINTR) { continue; }
-        if (w <= 0) { fail(Errc::invalid_argument, "{}: writing the weight delta failed: {}", file.string(), std::strerror(errno)); }
-        b += w;
-        n -= static_cast<size_t>(w);
-    }
-}
 
 /// A file mapped shared for writing; unmapped on destruction.
 struct Mapped {
@@ -65,44 +55,29 @@ void write_weight_delta(const std::filesystem::path & file, const WeightDelta & 
                       {"index_bytes", t.numel() <= INT32_MAX ? 4 : 8}});
     }
     const std::string header = nlohmann::json{{"tensors", ts}}.dump();
-    UniqueFd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    if (!fd.valid()) { fail(Errc::invalid_argument, "{}: cannot create the weight delta file: {}", file.string(), std::strerror(errno)); }
-    const uint64_t len = header.size();
-    write_all(fd.get(), kMagic, sizeof kMagic, file);
-    write_all(fd.get(), &len, sizeof len, file);
-    write_all(fd.get(), header.data(), header.size(), file);
+    const UniqueFd fd = detail::create_framed(file, kMagic, header, "the weight delta");
     std::vector<int32_t> narrow;
     for (const auto & t : d.tensors) {
         if (t.numel() <= INT32_MAX) {
             narrow.assign(t.indices.begin(), t.indices.end());
-            write_all(fd.get(), narrow.data(), narrow.size() * sizeof(int32_t), file);
+            detail::write_all(fd.get(), narrow.data(), narrow.size() * sizeof(int32_t), file, "the weight delta");
         } else {
-            write_all(fd.get(), t.indices.data(), t.indices.size() * sizeof(int64_t), file);
+            detail::write_all(fd.get(), t.indices.data(), t.indices.size() * sizeof(int64_t), file, "the weight delta");
         }
-        write_all(fd.get(), t.values.data(), t.values.size(), file);
+        detail::write_all(fd.get(), t.values.data(), t.values.size(), file, "the weight delta");
     }
 }
 
 WeightDelta read_weight_delta(const std::filesystem::path & file) {
-    struct stat st{};
-    const UniqueFd fd = open_regular(file, Errc::invalid_checkpoint, &st);
-    const int64_t size = st.st_size;
-    char magic[8] = {};
-    uint64_t len = 0;
-    if (size < 16) { fail(Errc::invalid_checkpoint, "{}: not a weight delta file (too short)", file.string()); }
-    model::pread_exact(fd.get(), magic, 8, 0, file, "magic");
-    model::pread_exact(fd.get(), &len, 8, 8, file, "header length");
-    if (std::memcmp(magic, kMagic, 8) != 0 || len > static_cast<uint64_t>(size - 16)) {
-        fail(Errc::invalid_checkpoint, "{}: not a weight delta file", file.string());
-    }
-    std::string header(len, '\0');
-    model::pread_exact(fd.get(), header.data(), static_cast<int64_t>(len), 16, file, "header");
-    const auto j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+    const detail::Framed f = detail::open_framed(file, kMagic, "a weight delta");
+    const UniqueFd & fd = f.fd;
+    const int64_t size = f.size;
+    const nlohmann::json & j = f.header;
     if (!j.is_object() || !j.contains("tensors") || !j["tensors"].is_array()) {
         fail(Errc::invalid_checkpoint, "{}: the weight delta's header is not {{\"tensors\": [...]}}", file.string());
     }
     WeightDelta d;
-    int64_t off = 16 + static_cast<int64_t>(len);
+    int64_t off = f.payload_off;
     for (const auto & e : j["tensors"]) {
         DeltaTensor t;
         t.name  = e.value("name", "");
