@@ -22,27 +22,15 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
 from fdtest import Daemon, make_checkpoint  # noqa: E402
 from fdrollout import Client, changed_elements, safetensors_np  # noqa: E402
+from delta_fixtures import changed_everywhere  # noqa: E402
 
-
-def changed(base, fraction, seed):
-    """base with `fraction` of each tensor's elements changed; (tensors, {name: (indices, values)})."""
-    rng = np.random.default_rng(seed)
-    out, deltas = {}, {}
-    for name, a in sorted(base.items()):
-        b = a.copy()
-        flat = b.reshape(-1)
-        k = max(1, int(round(flat.size * fraction)))
-        idx = rng.choice(flat.size, size=k, replace=False)
-        flat[idx] = (flat[idx] + np.float32(0.01) + rng.normal(0, 0.01, k)).astype(a.dtype)
-        out[name] = b
-        deltas[name] = changed_elements(a, b)
-    return out, deltas
 
 
 def timed_full(c, tensors, version):
@@ -90,8 +78,8 @@ def main():
         model = make_checkpoint(os.path.join(tmp, "m"), "--hidden", a.hidden, "--intermediate", a.intermediate, "--layers", a.layers,
                                 "--heads", "8", "--vocab", "512")
         w0 = safetensors_np.load_file(os.path.join(model, "model.safetensors"))
-        _, d1 = changed(w0, 0.01, seed=1)
-        _, d5 = changed(w0, 0.05, seed=5)
+        _, d1 = changed_everywhere(w0, 0.01, seed=1)
+        _, d5 = changed_everywhere(w0, 0.05, seed=5)
         out = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
                "load_avg_at_start": os.getloadavg()[0], "tp": a.tp, "model_bytes": sum(x.nbytes for x in w0.values()), "runs": []}
         tp_args = ["--tensor-parallel-size", str(a.tp), "--threads", "1"] if a.tp > 1 else []

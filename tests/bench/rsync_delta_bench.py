@@ -34,21 +34,8 @@ import numpy as np  # noqa: E402
 from fdtest import Daemon, make_checkpoint  # noqa: E402
 from test_rsync import RsyncDaemon  # noqa: E402
 from fdrollout import Client, changed_elements, publish, safetensors_np  # noqa: E402
+from delta_fixtures import changed_everywhere  # noqa: E402
 
-
-def changed(base, fraction, seed):
-    """(base with `fraction` of each tensor's elements changed, {name: (indices, values)})."""
-    rng = np.random.default_rng(seed)
-    out, deltas = {}, {}
-    for name, a in sorted(base.items()):
-        b = a.copy()
-        flat = b.reshape(-1)
-        k = max(1, int(round(flat.size * fraction)))
-        idx = rng.choice(flat.size, size=k, replace=False)
-        flat[idx] = (flat[idx] + np.float32(0.01) + rng.normal(0, 0.01, k)).astype(a.dtype)
-        out[name] = b
-        deltas[name] = changed_elements(a, b)
-    return out, deltas
 
 
 def timed(c, publish_fn, version):
@@ -86,8 +73,8 @@ def main():
         model = make_checkpoint(os.path.join(tmp, "m"), "--hidden", a.hidden, "--intermediate", a.intermediate, "--layers", a.layers,
                                 "--heads", "8", "--vocab", "512")
         w0 = safetensors_np.load_file(os.path.join(model, "model.safetensors"))
-        w1, d1 = changed(w0, 0.01, seed=1)
-        _, d2 = changed(w1, 0.01, seed=2)
+        w1, d1 = changed_everywhere(w0, 0.01, seed=1)
+        _, d2 = changed_everywhere(w1, 0.01, seed=2)
         store = os.path.join(tmp, "store")
         os.makedirs(store)
         rsyncd = RsyncDaemon(tmp, {"store": store})
@@ -131,8 +118,8 @@ def main_ipc(a):
                                 "--heads", "8", "--vocab", "512")
         cfg = publish.load_config(model)
         w0 = safetensors_np.load_file(os.path.join(model, "model.safetensors"))
-        w1, d1 = changed(w0, 0.01, seed=1)
-        _, d2 = changed(w1, 0.01, seed=2)
+        w1, d1 = changed_everywhere(w0, 0.01, seed=1)
+        _, d2 = changed_everywhere(w1, 0.01, seed=2)
         shards = [publish.to_rollout_names(w0, cfg, tp=a.tp, rank=r) for r in range(a.tp)]
         out = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(), "strategy": "ipc",
                "load_avg_at_start": os.getloadavg()[0], "tp": a.tp, "model_bytes": sum(x.nbytes for x in w0.values()),

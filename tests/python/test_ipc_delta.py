@@ -35,32 +35,9 @@ from fdrollout import Client, FdRolloutError, changed_elements  # noqa: E402
 from fdrollout import publish, safetensors_np  # noqa: E402
 from fdrollout.publish_delta import ipc_delta_path, weight_delta_bytes, write_ipc_delta_record  # noqa: E402
 
-NAME = "model.layers.0.mlp.down_proj.weight"   # [64, 172]: split by columns at tp=2
-QKV = "model.layers.1.self_attn.k_proj.weight"  # fused into qkv by the rollout
+from delta_fixtures import NAME, QKV, delta_of, sparse_change  # noqa: E402,F401
 
 
-def sparse_change(base, fraction, seed):
-    """`base` with `fraction` of the elements of every other tensor (and NAME, QKV) changed."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for i, (name, a) in enumerate(sorted(base.items())):
-        b = a.copy()
-        if i % 2 == 0 or name in (NAME, QKV):
-            flat = b.reshape(-1)
-            k = max(1, int(flat.size * fraction))
-            idx = rng.choice(flat.size, size=k, replace=False)
-            flat[idx] = (flat[idx] + rng.normal(0, 0.1 * (float(a.std()) + 1e-3), k)).astype(a.dtype)
-        out[name] = b
-    return out
-
-
-def delta_of(old, new):
-    out = {}
-    for name in sorted(new):
-        idx, vals = changed_elements(old[name], new[name])
-        if idx.size:
-            out[name] = (idx, vals)
-    return out
 
 
 class IpcDeltaTp1(unittest.TestCase):
