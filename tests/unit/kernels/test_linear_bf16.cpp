@@ -334,6 +334,42 @@ TEST_CASE("linear_bf16: the avx2 and portable paths give the same bits (1 to 300
     CHECK(nan_outputs > 100);  // the NaN fallback ran
 }
 
+TEST_CASE("linear_bf16 avx2 many rows: tiles of 4 and 5 rows, 24-output groups, L2 weight blocks, bitwise the portable path") {
+    if (!runs_here(k::Bf16Isa::avx2)) {
+        MESSAGE("this CPU has no AVX2 + FMA: only the portable path runs");
+        return;
+    }
+    // The many-row avx2 path cuts rows into 4 x 2 and 5 x 2 tiles (3, 6, 7, 11 rows end in a
+    // partial tile of 4; 12, 13, 64 mix both), outputs into groups of 24 (49, 100: ragged last
+    // group, odd last strip) and weight blocks of ~192 KiB of bf16 (n_in 2048: 48 outputs each,
+    // so 100 outputs are 3 blocks; f32 weights are rounded a block at a time; 2080 adds a tail
+    // step). Each row's outputs must be the portable bits whatever tiles, groups and blocks hold it.
+    std::mt19937  rng(2028);
+    k::ThreadPool pool3(3);
+    for (k::WType wt : {k::WType::f32, k::WType::bf16}) {
+        for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{100, 2048}, {49, 2080}}) {
+            std::vector<float> wf(size_t(n_out * n_in));
+            for (auto & v : wf) { v = random_f32(rng, rng() % 512 == 0); }
+            std::vector<uint16_t> wb(wf.size());
+            for (auto & v : wb) { v = random_bf16(rng, rng() % 512 == 0); }
+            const void * w    = wt == k::WType::bf16 ? static_cast<const void *>(wb.data()) : wf.data();
+            const auto   bias = random_vec(rng, size_t(n_out));
+            for (int64_t n_rows : {3, 6, 7, 11, 12, 13, 64}) {
+                std::vector<float> x(size_t(n_rows * n_in));
+                for (auto & v : x) { v = random_f32(rng, rng() % 512 == 0); }
+                std::vector<float> emu(size_t(n_rows * n_out));
+                k::linear_bf16(emu.data(), x.data(), w, wt, bias.data(), n_rows, n_out, n_in, nullptr, k::Bf16Isa::portable);
+                for (k::ThreadPool * pl : {static_cast<k::ThreadPool *>(nullptr), &pool3}) {
+                    std::vector<float> avx(size_t(n_rows * n_out));
+                    k::linear_bf16(avx.data(), x.data(), w, wt, bias.data(), n_rows, n_out, n_in, pl, k::Bf16Isa::avx2);
+                    CAPTURE(int(wt)); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(n_rows); CAPTURE(pl ? pl->n_threads() : 0);
+                    CHECK(bits_equal(avx, emu));
+                }
+            }
+        }
+    }
+}
+
 TEST_CASE("linear_bf16 avx2: denormal weights and x read as zero, denormal partial sums flushed (hand-made)") {
     if (!runs_here(k::Bf16Isa::avx2)) {
         MESSAGE("this CPU has no AVX2 + FMA: only the portable path runs");
