@@ -18,9 +18,17 @@
 // - NaN: the FMA's NaN choice is not the portable path's (first NaN of x, w, acc). A NaN in a
 //   lane's chain stays to the end, so an output whose sum is NaN is recomputed by the portable
 //   code (dot_portable); every other output never met one and is already exact.
-// Tiles: 1 x 4 outputs for one row (weights streamed, prefetched), 2 x 2 for more (x rounded once
-// per call into the widened odd / even layout, rows in blocks of ~256 KiB of it). F32 weights
-// are rounded to bf16 per strip into a scratch row (the numbers of rounding them at load).
+// Tiles: 1 x 4 outputs for one row (weights streamed, prefetched), 2 x 2 for two rows (both
+// halves in one loop, rows in blocks of ~256 KiB of widened x). x is rounded once per call into
+// a widened odd / even layout, half-major: per row, half 0 of every step, then half 1.
+// Three rows and more (issue 28 "bf16 tiles on AVX2" in docs/benchmarks.md): an output's lanes
+// 0-7 and 8-15 never meet before the reduction, so a tile runs half 0 over all k, then half 1
+// (half_steps): 5 x 2 or 4 x 2 outputs, 10 / 8 accumulators plus the 2 columns' widened weights
+// in the 16 ymm, each row's x loaded once per half step (2 x 2 both halves was FMA-latency bound
+// with 8 chains of 2 dependent FMAs a step, and x became memory operands, one load per FMA).
+// Outputs go in blocks of ~192 KiB of bf16 weights (L2; f32 weights rounded into scratch a block
+// at a time); each row tile (its x in L1) meets every 24-output group of the block, the group's
+// steps under one MXCSR setting (per tile it cost as much as the steps at n_in = 512).
 #include "linear_bf16_avx2.h"
 
 #include "bf16_portable.h"
@@ -78,8 +86,9 @@ FD_AVX2_TARGET inline __m256i round16(const float * p, int64_t left) {
     return _mm256_permute4x64_epi64(packed, _MM_SHUFFLE(3, 1, 2, 0));
 }
 
-/// x rows [r0, r1) → xw [.., ldxw]: per step of 32 k's, per half h, the 8 odd then the 8 even
-/// k's of pairs 8h .. 8h + 7 as f32 (the bf16 values exactly; zero past n_in).
+/// x rows [r0, r1) → xw [.., ldxw], half-major: step s's half h (the 8 odd then the 8 even k's
+/// of pairs 8h .. 8h + 7, as f32: the bf16 values exactly; zero past n_in) at h * hk + 16 s,
+/// hk = padded_k(n_in) / 2.
 FD_AVX2_TARGET void widen_rows(float * xw, const float * x, int64_t r0, int64_t r1, int64_t n_in, int64_t ldxw) {
     const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
     for (int64_t r = r0; r < r1; ++r) {
