@@ -52,9 +52,8 @@ namespace fd::kernels::detail {
 namespace {
 
 constexpr unsigned kDaz = 0x0040, kFtz = 0x8000;  ///< MXCSR bits
-#ifndef FD_BF16_WBLOCK
-#define FD_BF16_WBLOCK 192
-#endif
+constexpr int64_t  kWBlockBytes = 192 << 10;     ///< bf16 weights of an output block, many rows (L2;
+                                                  ///< 96 and 384 KiB measured the same)
 constexpr int64_t  kPrefetchAhead = 512;          ///< bytes ahead in a long weight row (one-row tiles)
 
 /// Floats from one widened x row to the next: a float per k, plus one cache line (L1 sets).
@@ -390,7 +389,7 @@ void outputs(const Problem & p, int64_t o0, int64_t o1) {
 template <int NR>
 void outputs_many(const Problem & p, int64_t o0, int64_t o1) {
     const int64_t kp = padded_k(p.n_in), row_bytes = p.n_in * (p.wtype == WType::bf16 ? 2 : 4);
-    const int64_t ob = std::max<int64_t>(kGroup, (int64_t{FD_BF16_WBLOCK} << 10) / (kp * 2) / kGroup * kGroup);
+    const int64_t ob = std::max<int64_t>(kGroup, kWBlockBytes / (kp * 2) / kGroup * kGroup);
     // n_rows = 5 a + 4 b with b = 4 n_rows mod 5 (every n_rows >= 12; below, tiles of 4 only when
     // that does not fit): 5 x 2 tiles are the faster, 4 x 2 ones fill the rest without idle rows.
     int64_t r4 = (4 * p.n_rows) % 5 * 4;
