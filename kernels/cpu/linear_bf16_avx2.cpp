@@ -168,7 +168,7 @@ FD_AVX2_TARGET __attribute__((noinline)) void steps(float * lanes, const float *
 /// stay in registers for the step (2 NR) and each row's odd then even x streams through one.
 template <int MR, int NR, int h, bool kPrefetch>
 FD_AVX2_TARGET __attribute__((noinline)) void half_steps(float * lanes, const float * const (&xr)[MR],
-                                                         const uint16_t * const (&wr)[NR], int64_t n_steps, int64_t hk) {
+                                                         const uint16_t * const (&wr)[NR], int64_t n_steps, int64_t hk, bool flush) {
     __m256 a[MR][NR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
@@ -196,6 +196,18 @@ FD_AVX2_TARGET __attribute__((noinline)) void half_steps(float * lanes, const fl
             __asm__("" : "+x"(xe));
 #pragma GCC unroll 8
             for (int c = 0; c < NR; ++c) { a[r][c] = _mm256_fmadd_ps(xe, we[c], a[r][c]); }
+        }
+    }
+    if (flush) {  // the last lanes: denormal → zero of its sign (integer ops, as flush_lanes)
+        const __m256i expo = _mm256_set1_epi32(0x7F800000), mag = _mm256_set1_epi32(0x7FFFFFFF);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+            for (int c = 0; c < NR; ++c) {
+                const __m256i v = _mm256_castps_si256(a[r][c]);
+                const __m256i z = _mm256_cmpeq_epi32(_mm256_and_si256(v, expo), _mm256_setzero_si256());
+                a[r][c] = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_and_si256(z, mag), v));
+            }
         }
     }
 #pragma GCC unroll 8
@@ -252,10 +264,10 @@ __attribute__((noinline)) void group_steps_daz(float * lanes, const float * cons
             wt[c] = tail ? tail + j * kStepK : nullptr;
         }
         float * ls = lanes + s * MR * NR * kLanes;
-        half_steps<MR, NR, 0, kPrefetch>(ls, xr, wr, n_steps, hk);
-        if (tail) { half_steps<MR, NR, 0, false>(ls, xt, wt, 1, hk); }
-        half_steps<MR, NR, 1, false>(ls, xr, wr, n_steps, hk);
-        if (tail) { half_steps<MR, NR, 1, false>(ls, xt, wt, 1, hk); }
+        half_steps<MR, NR, 0, kPrefetch>(ls, xr, wr, n_steps, hk, !tail);
+        if (tail) { half_steps<MR, NR, 0, false>(ls, xt, wt, 1, hk, true); }
+        half_steps<MR, NR, 1, false>(ls, xr, wr, n_steps, hk, !tail);
+        if (tail) { half_steps<MR, NR, 1, false>(ls, xt, wt, 1, hk, true); }
     }
     _mm_setcsr(csr);
 }
@@ -331,7 +343,6 @@ void tile_group(const Problem & p, int64_t r, int n_r, int64_t o, int n_o, const
     std::memset(lanes, 0, sizeof(f32x16) * n_s * MR * NR);
     float * lf = reinterpret_cast<float *>(lanes);
     group_steps_daz<MR, NR, kPrefetch>(lf, xr, wb, ldw, n_o, n_steps, left > 0 ? &tail[0][0] : nullptr, padded_k(p.n_in) / 2);
-    flush_lanes(lf, n_s * MR * NR * kLanes);
     float sums[kStrips * MR * NR];
     reduce_all(lanes, n_s * MR * NR, sums);
     const int64_t row_bytes = p.n_in * (rounded ? 4 : 2);
