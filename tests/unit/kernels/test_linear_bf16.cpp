@@ -381,8 +381,9 @@ TEST_CASE("linear_bf16 avx2: denormal weights and x read as zero, denormal parti
     // denormal 2^-127 (read as zero); output 2 has no k = 1 term but a last product x32 * w32 =
     // 0.5 * 2^-126 = 2^-127, a denormal result (flushed to +0; a denormal inside the chain is read
     // as zero by the next FMA, so only the last one tests the final flush); output 4 has a 1.0 at
-    // k = 33. Rows 1, 2, 3, 7, 12: the one- and two-row tiles and the many-row half passes (whose last call for
-    // each half flushes its lanes: the tail step's with n_in 40, the whole steps' with 64).
+    // k = 33. Rows 1, 2, 3, 7, 12: the one- and two-row tiles and the many-row half passes (whose
+    // last call for each half flushes its lanes: the tail step's with n_in 40, the whole steps'
+    // with 64).
     for (int64_t n_in : {40, 64}) {
         for (int64_t n_rows : {1, 2, 3, 7, 12}) {
             const int64_t n_out = 5;
