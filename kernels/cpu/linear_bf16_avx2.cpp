@@ -321,7 +321,8 @@ void tile(const Problem & p, int64_t r, int n_r, int64_t o, int n_c, const uint1
 }
 
 /// Rows [r, r + n_r) (n_r <= MR) x outputs [o, o + n_o) (n_o <= kGroup) over the whole k: the
-/// steps (group_steps_daz), then the last lanes flushed, reduced, the NaN fallback, the bias.
+/// steps (group_steps_daz: its last half passes flush the last lanes), reduced, the NaN fallback,
+/// the bias.
 /// wb: output o's bf16 row (ldw elements apart: the stored rows, or f32 ones rounded into scratch).
 template <int MR, int NR, bool kPrefetch>
 void tile_group(const Problem & p, int64_t r, int n_r, int64_t o, int n_o, const uint16_t * wb, int64_t ldw) {
