@@ -18,9 +18,17 @@
 // - NaN: the FMA's NaN choice is not the portable path's (first NaN of x, w, acc). A NaN in a
 //   lane's chain stays to the end, so an output whose sum is NaN is recomputed by the portable
 //   code (dot_portable); every other output never met one and is already exact.
-// Tiles: 1 x 4 outputs for one row (weights streamed, prefetched), 2 x 2 for more (x rounded once
-// per call into the widened odd / even layout, rows in blocks of ~256 KiB of it). F32 weights
-// are rounded to bf16 per strip into a scratch row (the numbers of rounding them at load).
+// Tiles: 1 x 4 outputs for one row (weights streamed, prefetched), 2 x 2 for two rows (both
+// halves in one loop, rows in blocks of ~256 KiB of widened x). x is rounded once per call into
+// a widened odd / even layout, half-major: per row, half 0 of every step, then half 1.
+// Three rows and more (issue 28 "bf16 tiles on AVX2" in docs/benchmarks.md): an output's lanes
+// 0-7 and 8-15 never meet before the reduction, so a tile runs half 0 over all k, then half 1
+// (half_steps): 5 x 2 or 4 x 2 outputs, 10 / 8 accumulators plus the 2 columns' widened weights
+// in the 16 ymm, each row's x loaded once per half step (2 x 2 both halves was FMA-latency bound
+// with 8 chains of 2 dependent FMAs a step, and x became memory operands, one load per FMA).
+// Outputs go in blocks of ~192 KiB of bf16 weights (L2; f32 weights rounded into scratch a block
+// at a time); each row tile (its x in L1) meets every 24-output group of the block, the group's
+// steps under one MXCSR setting (per tile it cost as much as the steps at n_in = 512).
 #include "linear_bf16_avx2.h"
 
 #include "bf16_portable.h"
@@ -44,6 +52,8 @@ namespace fd::kernels::detail {
 namespace {
 
 constexpr unsigned kDaz = 0x0040, kFtz = 0x8000;  ///< MXCSR bits
+constexpr int64_t  kWBlockBytes = 192 << 10;     ///< bf16 weights of an output block, many rows (L2;
+                                                  ///< 96 and 384 KiB measured the same)
 constexpr int64_t  kPrefetchAhead = 512;          ///< bytes ahead in a long weight row (one-row tiles)
 
 /// Floats from one widened x row to the next: a float per k, plus one cache line (L1 sets).
@@ -75,17 +85,20 @@ FD_AVX2_TARGET inline __m256i round16(const float * p, int64_t left) {
     return _mm256_permute4x64_epi64(packed, _MM_SHUFFLE(3, 1, 2, 0));
 }
 
-/// x rows [r0, r1) → xw [.., ldxw]: per step of 32 k's, per half h, the 8 odd then the 8 even
-/// k's of pairs 8h .. 8h + 7 as f32 (the bf16 values exactly; zero past n_in).
+/// x rows [r0, r1) → xw [.., ldxw], half-major: step s's half h (the 8 odd then the 8 even k's
+/// of pairs 8h .. 8h + 7, as f32: the bf16 values exactly; zero past n_in) at h * hk + 16 s,
+/// hk = padded_k(n_in) / 2.
 FD_AVX2_TARGET void widen_rows(float * xw, const float * x, int64_t r0, int64_t r1, int64_t n_in, int64_t ldxw) {
     const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
     for (int64_t r = r0; r < r1; ++r) {
         const float * src = x + r * n_in;
         float *       dst = xw + r * ldxw;
+        const int64_t hk = padded_k(n_in) / 2;
         for (int64_t k = 0; k < padded_k(n_in); k += 16) {
             const __m256i v = round16(src + k, n_in - k);
-            _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + k), _mm256_and_si256(v, top));
-            _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + k + 8), _mm256_slli_epi32(v, 16));
+            float *       d = dst + (k % kStepK ? hk : 0) + k / kStepK * 16;
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(d), _mm256_and_si256(v, top));
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + 8), _mm256_slli_epi32(v, 16));
         }
     }
 }
@@ -101,7 +114,7 @@ FD_AVX2_TARGET void round_row(uint16_t * dst, const float * src, int64_t n_in, i
 /// each row's own line kPrefetchAhead bytes ahead.
 template <int MR, int NR, bool kPrefetch>
 FD_AVX2_TARGET __attribute__((noinline)) void steps(float * lanes, const float * const (&xr)[MR],
-                                                    const uint16_t * const (&wr)[NR], int64_t n_steps, const char * pf) {
+                                                    const uint16_t * const (&wr)[NR], int64_t n_steps, int64_t hk, const char * pf) {
     __m256 a[MR][NR][2];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
@@ -119,8 +132,8 @@ FD_AVX2_TARGET __attribute__((noinline)) void steps(float * lanes, const float *
             __m256 xo[MR], xe[MR];
 #pragma GCC unroll 8
             for (int r = 0; r < MR; ++r) {
-                xo[r] = _mm256_loadu_ps(xr[r] + k + 16 * h);
-                xe[r] = _mm256_loadu_ps(xr[r] + k + 16 * h + 8);
+                xo[r] = _mm256_loadu_ps(xr[r] + s * 16 + h * hk);
+                xe[r] = _mm256_loadu_ps(xr[r] + s * 16 + h * hk + 8);
             }
 #pragma GCC unroll 8
             for (int c = 0; c < NR; ++c) {
@@ -148,6 +161,62 @@ FD_AVX2_TARGET __attribute__((noinline)) void steps(float * lanes, const float *
     }
 }
 
+/// Lanes 8h .. 8h + 7 of every output of an MR x NR tile over n_steps steps (DAZ set by the
+/// caller): the half-pass form for many rows. A lane's chain never meets another lane's before
+/// the reduction, so half 0 over all k then half 1 runs each lane's very FMAs in the very order
+/// while only MR x NR accumulators are live (not 2 x MR x NR): the NR columns' widened weights
+/// stay in registers for the step (2 NR) and each row's odd then even x streams through one.
+template <int MR, int NR, int h, bool kPrefetch>
+FD_AVX2_TARGET __attribute__((noinline)) void half_steps(float * lanes, const float * const (&xr)[MR],
+                                                         const uint16_t * const (&wr)[NR], int64_t n_steps, int64_t hk, bool flush) {
+    __m256 a[MR][NR];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) { a[r][c] = _mm256_loadu_ps(lanes + (r * NR + c) * 16 + 8 * h); }
+    }
+    const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (int64_t s = 0; s < n_steps; ++s) {
+        const int64_t k = s * kStepK + 16 * h;  // weights; x at s * 16 + h * hk
+        __m256        wo[NR], we[NR];
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) {
+            if (kPrefetch && h == 0) { _mm_prefetch(reinterpret_cast<const char *>(wr[c] + k) + kPrefetchAhead, _MM_HINT_T0); }
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(wr[c] + k));
+            wo[c] = _mm256_castsi256_ps(_mm256_and_si256(v, top));
+            we[c] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            __m256 xo = _mm256_loadu_ps(xr[r] + s * 16 + h * hk);
+            __asm__("" : "+x"(xo));  // loaded once for the NR columns (not an FMA memory operand per column)
+#pragma GCC unroll 8
+            for (int c = 0; c < NR; ++c) { a[r][c] = _mm256_fmadd_ps(xo, wo[c], a[r][c]); }  // the odd pair first
+            __m256 xe = _mm256_loadu_ps(xr[r] + s * 16 + h * hk + 8);
+            __asm__("" : "+x"(xe));
+#pragma GCC unroll 8
+            for (int c = 0; c < NR; ++c) { a[r][c] = _mm256_fmadd_ps(xe, we[c], a[r][c]); }
+        }
+    }
+    if (flush) {  // the last lanes: denormal → zero of its sign (integer ops, as flush_lanes)
+        const __m256i expo = _mm256_set1_epi32(0x7F800000), mag = _mm256_set1_epi32(0x7FFFFFFF);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+            for (int c = 0; c < NR; ++c) {
+                const __m256i v = _mm256_castps_si256(a[r][c]);
+                const __m256i z = _mm256_cmpeq_epi32(_mm256_and_si256(v, expo), _mm256_setzero_si256());
+                a[r][c] = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_and_si256(z, mag), v));
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) { _mm256_storeu_ps(lanes + (r * NR + c) * 16 + 8 * h, a[r][c]); }
+    }
+}
+
 /// Denormal lanes → zero of their sign (integer ops: MXCSR plays no part). n floats, n % 8 == 0.
 FD_AVX2_TARGET void flush_lanes(float * lanes, int n) {
     const __m256i expo = _mm256_set1_epi32(0x7F800000), mag = _mm256_set1_epi32(0x7FFFFFFF);
@@ -162,14 +231,43 @@ FD_AVX2_TARGET void flush_lanes(float * lanes, int n) {
 /// restored before returning. Its own noinline function: no FP op of the caller can move inside.
 template <int MR, int NR, bool kPrefetch>
 __attribute__((noinline)) void steps_daz(float * lanes, const float * const (&xr)[MR], const uint16_t * const (&wr)[NR],
-                                         int64_t n_steps, const uint16_t * const (&tail)[NR], bool has_tail, const char * pf) {
+                                         int64_t n_steps, const uint16_t * const (&tail)[NR], bool has_tail, int64_t hk, const char * pf) {
     const unsigned csr = _mm_getcsr();
     _mm_setcsr((csr | kDaz) & ~kFtz);
-    steps<MR, NR, kPrefetch>(lanes, xr, wr, n_steps, pf);
-    if (has_tail) {
-        const float * xt[MR];
-        for (int r = 0; r < MR; ++r) { xt[r] = xr[r] + n_steps * kStepK; }
-        steps<MR, NR, false>(lanes, xt, tail, 1, nullptr);
+    const float * xt[MR];
+    for (int r = 0; r < MR; ++r) { xt[r] = xr[r] + n_steps * 16; }
+    steps<MR, NR, kPrefetch>(lanes, xr, wr, n_steps, hk, pf);
+    if (has_tail) { steps<MR, NR, false>(lanes, xt, tail, 1, hk, nullptr); }
+    _mm_setcsr(csr);
+}
+
+constexpr int kGroup = 24;  ///< outputs per group_steps_daz call (many rows)
+
+/// Many rows: the steps of an MR-row tile against n_o <= kGroup outputs, NR at a time, half 0
+/// over every step (and the tail step) then half 1, under one MXCSR.DAZ setting for the group
+/// (restored before returning: setting it costs as much as a 512-k tile's steps). lanes
+/// [ceil(n_o / NR)][MR * NR][16] zeroed by the caller; wb: the group's bf16 rows, ldw apart;
+/// tail [n_o][32]: their zero-padded tail steps (nullptr: none).
+template <int MR, int NR, bool kPrefetch>
+__attribute__((noinline)) void group_steps_daz(float * lanes, const float * const (&xr)[MR], const uint16_t * wb, int64_t ldw,
+                                               int n_o, int64_t n_steps, const uint16_t * tail, int64_t hk) {
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr((csr | kDaz) & ~kFtz);
+    const float * xt[MR];
+    for (int r = 0; r < MR; ++r) { xt[r] = xr[r] + n_steps * 16; }
+    for (int s = 0; s * NR < n_o; ++s) {
+        const uint16_t * wr[NR];
+        const uint16_t * wt[NR];
+        for (int c = 0; c < NR; ++c) {
+            const int j = std::min(s * NR + c, n_o - 1);  // past n_o: the last output again (not stored)
+            wr[c] = wb + j * ldw;
+            wt[c] = tail ? tail + j * kStepK : nullptr;
+        }
+        float * ls = lanes + s * MR * NR * kLanes;
+        half_steps<MR, NR, 0, kPrefetch>(ls, xr, wr, n_steps, hk, !tail);
+        if (tail) { half_steps<MR, NR, 0, false>(ls, xt, wt, 1, hk, true); }
+        half_steps<MR, NR, 1, false>(ls, xr, wr, n_steps, hk, !tail);
+        if (tail) { half_steps<MR, NR, 1, false>(ls, xt, wt, 1, hk, true); }
     }
     _mm_setcsr(csr);
 }
@@ -207,7 +305,7 @@ void tile(const Problem & p, int64_t r, int n_r, int64_t o, int n_c, const uint1
     }
     alignas(64) f32x16 lanes[MR * NR] = {};
     float * lf = reinterpret_cast<float *>(lanes);
-    steps_daz<MR, NR, kPrefetch>(lf, xr, wr, n_steps, wt, left > 0, pf);
+    steps_daz<MR, NR, kPrefetch>(lf, xr, wr, n_steps, wt, left > 0, padded_k(p.n_in) / 2, pf);
     flush_lanes(lf, MR * NR * kLanes);
     float sums[MR * NR];
     reduce_all(lanes, MR * NR, sums);
@@ -218,6 +316,46 @@ void tile(const Problem & p, int64_t r, int n_r, int64_t o, int n_c, const uint1
             if (std::isnan(v)) { v = dot_portable(p.x + (r + i) * p.n_in, p.w + (o + c) * row_bytes, p.wtype, p.n_in); }
             if (p.bias) { v += p.bias[o + c]; }
             p.out[(r + i) * p.n_out + o + c] = v;
+        }
+    }
+}
+
+/// Rows [r, r + n_r) (n_r <= MR) x outputs [o, o + n_o) (n_o <= kGroup) over the whole k: the
+/// steps (group_steps_daz: its last half passes flush the last lanes), reduced, the NaN fallback,
+/// the bias.
+/// wb: output o's bf16 row (ldw elements apart: the stored rows, or f32 ones rounded into scratch).
+template <int MR, int NR, bool kPrefetch>
+void tile_group(const Problem & p, int64_t r, int n_r, int64_t o, int n_o, const uint16_t * wb, int64_t ldw) {
+    const bool    rounded = p.wtype == WType::f32;  // wb is scratch of padded rows: no tail step
+    const int64_t n_steps = rounded ? padded_k(p.n_in) / kStepK : p.n_in / kStepK;
+    const int64_t left    = rounded ? 0 : p.n_in - n_steps * kStepK;
+    const float * xr[MR];
+    for (int i = 0; i < MR; ++i) { xr[i] = p.xw + (r + std::min(i, n_r - 1)) * p.ldxw; }
+    alignas(32) uint16_t tail[kGroup][kStepK];
+    if (left > 0) {
+        for (int j = 0; j < n_o; ++j) {
+            std::memset(tail[j], 0, sizeof tail[j]);
+            std::memcpy(tail[j], wb + j * ldw + n_steps * kStepK, sizeof(uint16_t) * left);
+        }
+    }
+    constexpr int kStrips = (kGroup + NR - 1) / NR;
+    const int     n_s     = (n_o + NR - 1) / NR;
+    alignas(64) f32x16 lanes[kStrips * MR * NR];
+    std::memset(lanes, 0, sizeof(f32x16) * n_s * MR * NR);
+    float * lf = reinterpret_cast<float *>(lanes);
+    group_steps_daz<MR, NR, kPrefetch>(lf, xr, wb, ldw, n_o, n_steps, left > 0 ? &tail[0][0] : nullptr, padded_k(p.n_in) / 2);
+    float sums[kStrips * MR * NR];
+    reduce_all(lanes, n_s * MR * NR, sums);
+    const int64_t row_bytes = p.n_in * (rounded ? 4 : 2);
+    for (int s = 0; s < n_s; ++s) {
+        for (int i = 0; i < n_r; ++i) {
+            for (int c = 0; c < NR && s * NR + c < n_o; ++c) {
+                const int64_t oc = o + s * NR + c;
+                float         v  = sums[(s * MR + i) * NR + c];
+                if (std::isnan(v)) { v = dot_portable(p.x + (r + i) * p.n_in, p.w + oc * row_bytes, p.wtype, p.n_in); }
+                if (p.bias) { v += p.bias[oc]; }
+                p.out[(r + i) * p.n_out + oc] = v;
+            }
         }
     }
 }
@@ -252,6 +390,48 @@ void outputs(const Problem & p, int64_t o0, int64_t o1) {
                     tile<MR, NR, false>(p, r, n_r, o, n_c, wb, ldw, nullptr);
                 }
             }
+        }
+    }
+}
+
+/// Outputs [o0, o1) of every row, many rows: outputs in blocks whose bf16 weights fit ~kWBlock
+/// (L2), each row tile (its widened x in L1) meeting every NR-output strip of the block in turn,
+/// so a tile reads x from L1 and its weights from L2 (one 32-byte load per 2 MR FMAs); the first
+/// row tile of a block streams the block's weights from memory, prefetched.
+template <int NR>
+void outputs_many(const Problem & p, int64_t o0, int64_t o1) {
+    const int64_t kp = padded_k(p.n_in), row_bytes = p.n_in * (p.wtype == WType::bf16 ? 2 : 4);
+    const int64_t ob = std::max<int64_t>(kGroup, kWBlockBytes / (kp * 2) / kGroup * kGroup);
+    // n_rows = 5 a + 4 b with b = 4 n_rows mod 5 (every n_rows >= 12; below, tiles of 4 only when
+    // that does not fit): 5 x 2 tiles are the faster, 4 x 2 ones fill the rest without idle rows.
+    int64_t r4 = (4 * p.n_rows) % 5 * 4;
+    if (r4 > p.n_rows) { r4 = p.n_rows; }
+    thread_local std::vector<uint16_t> scratch;
+    for (int64_t c0 = o0; c0 < o1; c0 += ob) {
+        const int64_t    c1  = std::min(o1, c0 + ob);
+        const uint16_t * wb  = reinterpret_cast<const uint16_t *>(p.w + c0 * row_bytes);
+        int64_t          ldw = p.n_in;
+        if (p.wtype == WType::f32) {  // the block rounded once into scratch (padded rows: no tail step)
+            scratch.resize(static_cast<size_t>((c1 - c0) * kp));
+            for (int64_t c = c0; c < c1; ++c) {
+                round_row(scratch.data() + (c - c0) * kp, reinterpret_cast<const float *>(p.w + c * row_bytes), p.n_in, kp);
+            }
+            wb = scratch.data(), ldw = kp;
+        }
+        for (int64_t r = 0; r < p.n_rows;) {
+            const bool four = r < r4;  // rows [0, r4) in tiles of 4, the rest in tiles of 5
+            const int  n_r  = static_cast<int>(std::min<int64_t>(four ? 4 : 5, (four ? r4 : p.n_rows) - r));
+            for (int64_t o = c0; o < c1; o += kGroup) {
+                const int        n_o = static_cast<int>(std::min<int64_t>(kGroup, c1 - o));
+                const uint16_t * ws  = wb + (o - c0) * ldw;
+                const bool       pf  = r == 0 && p.wtype == WType::bf16;
+                if (four) {
+                    pf ? tile_group<4, NR, true>(p, r, n_r, o, n_o, ws, ldw) : tile_group<4, NR, false>(p, r, n_r, o, n_o, ws, ldw);
+                } else {
+                    pf ? tile_group<5, NR, true>(p, r, n_r, o, n_o, ws, ldw) : tile_group<5, NR, false>(p, r, n_r, o, n_o, ws, ldw);
+                }
+            }
+            r += n_r;
         }
     }
 }
@@ -324,8 +504,10 @@ void linear_bf16_avx2(float * out, const float * x, const void * w, WType wtype,
         const int64_t o0 = t * per_task, o1 = std::min(n_out, o0 + per_task);
         if (n_rows == 1) {
             outputs<1, 4>(p, o0, o1);
-        } else {
+        } else if (n_rows == 2) {
             outputs<2, 2>(p, o0, o1);
+        } else {
+            outputs_many<2>(p, o0, o1);
         }
     });
 }

@@ -334,36 +334,86 @@ TEST_CASE("linear_bf16: the avx2 and portable paths give the same bits (1 to 300
     CHECK(nan_outputs > 100);  // the NaN fallback ran
 }
 
-TEST_CASE("linear_bf16 avx2: denormal weights and x read as zero, denormal partial sums flushed (hand-made)") {
+TEST_CASE("linear_bf16 avx2 many rows: tiles of 4 and 5 rows, 24-output groups, L2 weight blocks, bitwise the portable path") {
     if (!runs_here(k::Bf16Isa::avx2)) {
         MESSAGE("this CPU has no AVX2 + FMA: only the portable path runs");
         return;
     }
-    // One row, n_in 40 (a whole step and a tail), 5 outputs, all in lane 0 (step 0: k = 0 even, k = 1
-    // odd; the tail step: k = 32, 33): x1 * w1 = 0.5 * 2^-125 = 2^-126 (normal, kept). Output 1 adds
-    // x0 * w0 with w0 the bf16 denormal 2^-127 (read as zero); output 2 has no k = 1 term but a last
-    // product x32 * w32 = 0.5 * 2^-126 = 2^-127, a denormal result (flushed to +0; a denormal inside
-    // the chain is read as zero by the next FMA, so only the last one tests the final flush);
-    // output 4 has a 1.0 at k = 33.
-    const int64_t n_in = 40, n_out = 5;
-    std::vector<float>    x(n_in, 0.0f);
-    std::vector<uint16_t> w(n_out * n_in, 0);
-    x[0] = 0.5f, x[1] = 0.5f, x[32] = 0.5f, x[33] = 1.0f;
-    for (int64_t o = 0; o < n_out; ++o) { w[o * n_in + 1] = 0x0100; }  // 2^-125
-    w[1 * n_in + 0]  = 0x0040;  // a bf16 denormal (2^-127)
-    w[2 * n_in + 1]  = 0;
-    w[2 * n_in + 32] = 0x0080;  // 2^-126
-    w[4 * n_in + 33] = 0x3F80;  // 1.0
-    std::vector<float> out(n_out), emu(n_out);
-    k::linear_bf16(emu.data(), x.data(), w.data(), k::WType::bf16, nullptr, 1, n_out, n_in, nullptr, k::Bf16Isa::portable);
-    k::linear_bf16(out.data(), x.data(), w.data(), k::WType::bf16, nullptr, 1, n_out, n_in, nullptr, k::Bf16Isa::avx2);
-    CHECK(bits_equal(out, emu));
-    const float min_normal = from_bits(0x00800000u);
-    CHECK(emu[0] == min_normal);
-    CHECK(emu[1] == min_normal);  // not 2^-126 + 2^-128
-    CHECK(to_bits(emu[2]) == 0u);  // not 2^-127
-    CHECK(emu[3] == min_normal);
-    CHECK(emu[4] == 1.0f);  // 2^-126 + 1 in the lane
+    // The many-row avx2 path cuts rows into 4 x 2 and 5 x 2 tiles (3, 6, 7, 11 rows end in a
+    // partial tile of 4; 12, 13, 64 mix both), outputs into groups of 24 (49, 100: ragged last
+    // group, odd last strip) and weight blocks of ~192 KiB of bf16 (n_in 2048: 48 outputs each,
+    // so 100 outputs are 3 blocks; f32 weights are rounded a block at a time; 2080 adds a tail
+    // step). Each row's outputs must be the portable bits whatever tiles, groups and blocks hold it.
+    std::mt19937  rng(2028);
+    k::ThreadPool pool3(3);
+    for (k::WType wt : {k::WType::f32, k::WType::bf16}) {
+        for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{100, 2048}, {49, 2080}}) {
+            std::vector<float> wf(size_t(n_out * n_in));
+            for (auto & v : wf) { v = random_f32(rng, rng() % 512 == 0); }
+            std::vector<uint16_t> wb(wf.size());
+            for (auto & v : wb) { v = random_bf16(rng, rng() % 512 == 0); }
+            const void * w    = wt == k::WType::bf16 ? static_cast<const void *>(wb.data()) : wf.data();
+            const auto   bias = random_vec(rng, size_t(n_out));
+            for (int64_t n_rows : {3, 6, 7, 11, 12, 13, 64}) {
+                std::vector<float> x(size_t(n_rows * n_in));
+                for (auto & v : x) { v = random_f32(rng, rng() % 512 == 0); }
+                std::vector<float> emu(size_t(n_rows * n_out));
+                k::linear_bf16(emu.data(), x.data(), w, wt, bias.data(), n_rows, n_out, n_in, nullptr, k::Bf16Isa::portable);
+                for (k::ThreadPool * pl : {static_cast<k::ThreadPool *>(nullptr), &pool3}) {
+                    std::vector<float> avx(size_t(n_rows * n_out));
+                    k::linear_bf16(avx.data(), x.data(), w, wt, bias.data(), n_rows, n_out, n_in, pl, k::Bf16Isa::avx2);
+                    CAPTURE(int(wt)); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(n_rows); CAPTURE(pl ? pl->n_threads() : 0);
+                    CHECK(bits_equal(avx, emu));
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("linear_bf16 avx2: denormal weights and x read as zero, denormal partial sums flushed (hand-made, 1 to 12 rows)") {
+    if (!runs_here(k::Bf16Isa::avx2)) {
+        MESSAGE("this CPU has no AVX2 + FMA: only the portable path runs");
+        return;
+    }
+    // Each row the same x; n_in 40 (a whole step and a tail) or 64 (two whole steps), 5 outputs,
+    // all in lane 0 (step 0: k = 0 even, k = 1 odd; k = 32, 33: the tail step or the last whole
+    // one): x1 * w1 = 0.5 * 2^-125 = 2^-126 (normal, kept). Output 1 adds x0 * w0 with w0 the bf16
+    // denormal 2^-127 (read as zero); output 2 has no k = 1 term but a last product x32 * w32 =
+    // 0.5 * 2^-126 = 2^-127, a denormal result (flushed to +0; a denormal inside the chain is read
+    // as zero by the next FMA, so only the last one tests the final flush); output 4 has a 1.0 at
+    // k = 33. Rows 1, 2, 3, 7, 12: the one- and two-row tiles and the many-row half passes (whose
+    // last call for each half flushes its lanes: the tail step's with n_in 40, the whole steps'
+    // with 64).
+    for (int64_t n_in : {40, 64}) {
+        for (int64_t n_rows : {1, 2, 3, 7, 12}) {
+            const int64_t n_out = 5;
+            std::vector<float>    x(size_t(n_rows * n_in), 0.0f);
+            std::vector<uint16_t> w(size_t(n_out * n_in), 0);
+            for (int64_t r = 0; r < n_rows; ++r) {
+                float * xr = x.data() + r * n_in;
+                xr[0] = 0.5f, xr[1] = 0.5f, xr[32] = 0.5f, xr[33] = 1.0f;
+            }
+            for (int64_t o = 0; o < n_out; ++o) { w[size_t(o * n_in + 1)] = 0x0100; }  // 2^-125
+            w[size_t(1 * n_in + 0)]  = 0x0040;  // a bf16 denormal (2^-127)
+            w[size_t(2 * n_in + 1)]  = 0;
+            w[size_t(2 * n_in + 32)] = 0x0080;  // 2^-126
+            w[size_t(4 * n_in + 33)] = 0x3F80;  // 1.0
+            std::vector<float> out(size_t(n_rows * n_out)), emu(size_t(n_rows * n_out));
+            k::linear_bf16(emu.data(), x.data(), w.data(), k::WType::bf16, nullptr, n_rows, n_out, n_in, nullptr, k::Bf16Isa::portable);
+            k::linear_bf16(out.data(), x.data(), w.data(), k::WType::bf16, nullptr, n_rows, n_out, n_in, nullptr, k::Bf16Isa::avx2);
+            CAPTURE(n_in); CAPTURE(n_rows);
+            CHECK(bits_equal(out, emu));
+            const float min_normal = from_bits(0x00800000u);
+            for (int64_t r = 0; r < n_rows; ++r) {
+                const float * e = emu.data() + r * n_out;
+                CHECK(e[0] == min_normal);
+                CHECK(e[1] == min_normal);  // not 2^-126 + 2^-128
+                CHECK(to_bits(e[2]) == 0u);  // not 2^-127
+                CHECK(e[3] == min_normal);
+                CHECK(e[4] == 1.0f);  // 2^-126 + 1 in the lane
+            }
+        }
+    }
 }
 
 }  // TEST_SUITE
