@@ -167,13 +167,14 @@ FD_AVX2_TARGET __attribute__((noinline)) void steps(float * lanes, const float *
 /// while only MR x NR accumulators are live (not 2 x MR x NR): the NR columns' widened weights
 /// stay in registers for the step (2 NR) and each row's odd then even x streams through one.
 template <int MR, int NR, int h, bool kPrefetch>
-FD_AVX2_TARGET __attribute__((noinline)) void half_steps(float * lanes, const float * const (&xr)[MR],
-                                                         const uint16_t * const (&wr)[NR], int64_t n_steps, int64_t hk, bool flush) {
+FD_AVX2_TARGET __attribute__((noinline)) void half_steps(float * lanes, int64_t ldl, const float * const (&xr)[MR],
+                                                         const uint16_t * const (&wr)[NR], int64_t n_steps, int64_t hk, bool init,
+                                                         bool flush) {
     __m256 a[MR][NR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 8
-        for (int c = 0; c < NR; ++c) { a[r][c] = _mm256_loadu_ps(lanes + (r * NR + c) * 16 + 8 * h); }
+        for (int c = 0; c < NR; ++c) { a[r][c] = init ? _mm256_setzero_ps() : _mm256_loadu_ps(lanes + r * ldl + c * 16 + 8 * h); }
     }
     const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
     for (int64_t s = 0; s < n_steps; ++s) {
@@ -213,7 +214,7 @@ FD_AVX2_TARGET __attribute__((noinline)) void half_steps(float * lanes, const fl
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 8
-        for (int c = 0; c < NR; ++c) { _mm256_storeu_ps(lanes + (r * NR + c) * 16 + 8 * h, a[r][c]); }
+        for (int c = 0; c < NR; ++c) { _mm256_storeu_ps(lanes + r * ldl + c * 16 + 8 * h, a[r][c]); }
     }
 }
 
@@ -246,8 +247,9 @@ constexpr int kGroup = 24;  ///< outputs per group_steps_daz call (many rows)
 /// Many rows: the steps of an MR-row tile against n_o <= kGroup outputs, NR at a time, half 0
 /// over every step (and the tail step) then half 1, under one MXCSR.DAZ setting for the group
 /// (restored before returning: setting it costs as much as a 512-k tile's steps). lanes
-/// [ceil(n_o / NR)][MR * NR][16] zeroed by the caller; wb: the group's bf16 rows, ldw apart;
-/// tail [n_o][32]: their zero-padded tail steps (nullptr: none).
+/// [MR][kGroup][16] written (outputs [0, ceil(n_o / NR) * NR) of each row; the passes start from
+/// zero accumulators); wb: the group's bf16 rows, ldw apart; tail [n_o][32]: their zero-padded
+/// tail steps (nullptr: none).
 template <int MR, int NR, bool kPrefetch>
 __attribute__((noinline)) void group_steps_daz(float * lanes, const float * const (&xr)[MR], const uint16_t * wb, int64_t ldw,
                                                int n_o, int64_t n_steps, const uint16_t * tail, int64_t hk) {
@@ -263,11 +265,12 @@ __attribute__((noinline)) void group_steps_daz(float * lanes, const float * cons
             wr[c] = wb + j * ldw;
             wt[c] = tail ? tail + j * kStepK : nullptr;
         }
-        float * ls = lanes + s * MR * NR * kLanes;
-        half_steps<MR, NR, 0, kPrefetch>(ls, xr, wr, n_steps, hk, !tail);
-        if (tail) { half_steps<MR, NR, 0, false>(ls, xt, wt, 1, hk, true); }
-        half_steps<MR, NR, 1, false>(ls, xr, wr, n_steps, hk, !tail);
-        if (tail) { half_steps<MR, NR, 1, false>(ls, xt, wt, 1, hk, true); }
+        float *       ls  = lanes + s * NR * kLanes;  // row r's output j at lanes + (r * kGroup + j) * 16
+        const int64_t ldl = kGroup * kLanes;
+        half_steps<MR, NR, 0, kPrefetch>(ls, ldl, xr, wr, n_steps, hk, true, !tail);
+        if (tail) { half_steps<MR, NR, 0, false>(ls, ldl, xt, wt, 1, hk, false, true); }
+        half_steps<MR, NR, 1, false>(ls, ldl, xr, wr, n_steps, hk, true, !tail);
+        if (tail) { half_steps<MR, NR, 1, false>(ls, ldl, xt, wt, 1, hk, false, true); }
     }
     _mm_setcsr(csr);
 }
@@ -325,7 +328,7 @@ void tile(const Problem & p, int64_t r, int n_r, int64_t o, int n_c, const uint1
 /// the bias.
 /// wb: output o's bf16 row (ldw elements apart: the stored rows, or f32 ones rounded into scratch).
 template <int MR, int NR, bool kPrefetch>
-void tile_group(const Problem & p, int64_t r, int n_r, int64_t o, int n_o, const uint16_t * wb, int64_t ldw) {
+FD_AVX2_TARGET void tile_group(const Problem & p, int64_t r, int n_r, int64_t o, int n_o, const uint16_t * wb, int64_t ldw) {
     const bool    rounded = p.wtype == WType::f32;  // wb is scratch of padded rows: no tail step
     const int64_t n_steps = rounded ? padded_k(p.n_in) / kStepK : p.n_in / kStepK;
     const int64_t left    = rounded ? 0 : p.n_in - n_steps * kStepK;
@@ -338,24 +341,25 @@ void tile_group(const Problem & p, int64_t r, int n_r, int64_t o, int n_o, const
             std::memcpy(tail[j], wb + j * ldw + n_steps * kStepK, sizeof(uint16_t) * left);
         }
     }
-    constexpr int kStrips = (kGroup + NR - 1) / NR;
-    const int     n_s     = (n_o + NR - 1) / NR;
-    alignas(64) f32x16 lanes[kStrips * MR * NR];
-    std::memset(lanes, 0, sizeof(f32x16) * n_s * MR * NR);
+    alignas(64) f32x16 lanes[MR * kGroup];  // [row][output]: a row's sums reduce in order
     float * lf = reinterpret_cast<float *>(lanes);
     group_steps_daz<MR, NR, kPrefetch>(lf, xr, wb, ldw, n_o, n_steps, left > 0 ? &tail[0][0] : nullptr, padded_k(p.n_in) / 2);
-    float sums[kStrips * MR * NR];
-    reduce_all(lanes, n_s * MR * NR, sums);
     const int64_t row_bytes = p.n_in * (rounded ? 4 : 2);
-    for (int s = 0; s < n_s; ++s) {
-        for (int i = 0; i < n_r; ++i) {
-            for (int c = 0; c < NR && s * NR + c < n_o; ++c) {
-                const int64_t oc = o + s * NR + c;
-                float         v  = sums[(s * MR + i) * NR + c];
-                if (std::isnan(v)) { v = dot_portable(p.x + (r + i) * p.n_in, p.w + oc * row_bytes, p.wtype, p.n_in); }
-                if (p.bias) { v += p.bias[oc]; }
-                p.out[(r + i) * p.n_out + oc] = v;
-            }
+    for (int i = 0; i < n_r; ++i) {
+        alignas(32) float sums[kGroup];
+        reduce_all(lanes + i * kGroup, n_o, sums);
+        float * out = p.out + (r + i) * p.n_out + o;
+        int     j   = 0;
+        for (; j + 8 <= n_o; j += 8) {  // 8 outputs: no NaN (the usual case), then + bias, as the scalar code
+            const __m256 v = _mm256_load_ps(sums + j);
+            if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0) { break; }
+            _mm256_storeu_ps(out + j, p.bias ? _mm256_add_ps(v, _mm256_loadu_ps(p.bias + o + j)) : v);
+        }
+        for (; j < n_o; ++j) {  // the rest and any 8 with a NaN: one by one
+            float v = sums[j];
+            if (std::isnan(v)) { v = dot_portable(p.x + (r + i) * p.n_in, p.w + (o + j) * row_bytes, p.wtype, p.n_in); }
+            if (p.bias) { v += p.bias[o + j]; }
+            out[j] = v;
         }
     }
 }
