@@ -341,9 +341,6 @@ FD_AVX2_TARGET void tile_group(const Problem & p, int64_t r, int n_r, int64_t o,
     float * lf = reinterpret_cast<float *>(lanes);
     group_steps_daz<MR, NR, kPrefetch>(lf, xr, wb, ldw, n_o, padded_k(p.n_in) / kStepK, padded_k(p.n_in) / 2);
     const int64_t row_bytes = p.n_in * (p.wtype == WType::f32 ? 4 : 2);
-#ifdef FD_HACK_NOEPI
-    if (n_r > 0) return;
-#endif
     for (int i = 0; i < n_r; ++i) {
         alignas(32) float sums[kGroup];
         reduce_all(lanes + i * kGroup, n_o, sums);
