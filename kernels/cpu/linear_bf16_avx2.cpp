@@ -103,30 +103,6 @@ FD_AVX2_TARGET void widen_rows(float * xw, const float * x, int64_t r0, int64_t 
     }
 }
 
-/// bf16 rows [0, n) of w [n, n_in] → ww [n, ldww] in widen_rows' layout (the values exactly,
-/// zero past n_in).
-FD_AVX2_TARGET void widen_bf16_rows(float * ww, const uint16_t * w, int64_t n, int64_t n_in, int64_t ldww) {
-    const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-    const int64_t kp = padded_k(n_in), hk = kp / 2;
-    for (int64_t r = 0; r < n; ++r) {
-        const uint16_t * src = w + r * n_in;
-        float *          dst = ww + r * ldww;
-        for (int64_t k = 0; k < kp; k += 16) {
-            __m256i v;
-            if (k + 16 <= n_in) {
-                v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + k));
-            } else {
-                alignas(32) uint16_t t[16] = {};
-                if (k < n_in) { std::memcpy(t, src + k, sizeof(uint16_t) * (n_in - k)); }
-                v = _mm256_load_si256(reinterpret_cast<const __m256i *>(t));
-            }
-            float * d = dst + (k % kStepK ? hk : 0) + k / kStepK * 16;
-            _mm256_storeu_si256(reinterpret_cast<__m256i *>(d), _mm256_and_si256(v, top));
-            _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + 8), _mm256_slli_epi32(v, 16));
-        }
-    }
-}
-
 /// One f32 weight row rounded to bf16, zero-padded to kp (a multiple of 32).
 FD_AVX2_TARGET void round_row(uint16_t * dst, const float * src, int64_t n_in, int64_t kp) {
     for (int64_t k = 0; k < kp; k += 16) { _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + k), round16(src + k, n_in - k)); }
@@ -188,14 +164,16 @@ FD_AVX2_TARGET __attribute__((noinline)) void steps(float * lanes, const float *
 /// Lanes 8h .. 8h + 7 of every output of an MR x NR tile over n_steps steps (DAZ set by the
 /// caller): the half-pass form for many rows. A lane's chain never meets another lane's before
 /// the reduction, so half 0 over all k then half 1 runs each lane's very FMAs in the very order
-/// while only MR x NR accumulators are live (not 2 x MR x NR). x and w are both widened (odd /
-/// even f32, half-major, zero-padded: widen_rows / widen_bf16_rows), so a step is loads and FMAs
-/// only: the NR columns' odd weights, each row's odd x against them, then the same for the even
-/// ones (MR x NR + NR + 1 ymm). lanes: row r's output c at lanes + r * ldl + 16 c, written (the
-/// passes start from zero); flush: the last lanes' denormals → zero of their sign.
+/// while only MR x NR accumulators are live (not 2 x MR x NR). Per step: the NR columns' odd
+/// weights widened (AND), each row's odd x against them, then the even ones (shift) likewise
+/// (MR x NR + NR + 1 ymm and the mask). wr: whole steps only (n_steps; the caller pads a tail).
+/// lanes: row r's output c at lanes + r * ldl + 16 c, written (the passes start from zero, the
+/// last lanes' denormals flushed to zeros of their sign). kPrefetch: each step prefetches its line
+/// of wr[c] + pf_ahead (the next strip's rows).
 template <int MR, int NR, int h, bool kPrefetch>
 FD_AVX2_TARGET __attribute__((noinline)) void half_steps(float * lanes, int64_t ldl, const float * const (&xr)[MR],
-                                                         const uint16_t * const (&wr)[NR], int64_t n_steps, int64_t hk) {
+                                                         const uint16_t * const (&wr)[NR], int64_t n_steps, int64_t hk,
+                                                         int64_t pf_ahead) {
     __m256 a[MR][NR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
@@ -210,7 +188,7 @@ FD_AVX2_TARGET __attribute__((noinline)) void half_steps(float * lanes, int64_t 
             __m256 w[NR];
 #pragma GCC unroll 8
             for (int c = 0; c < NR; ++c) {
-                if (kPrefetch && h == 0 && e == 0) { _mm_prefetch(reinterpret_cast<const char *>(wr[c] + k) + kPrefetchAhead, _MM_HINT_T0); }
+                if (kPrefetch && h == 0 && e == 0) { _mm_prefetch(reinterpret_cast<const char *>(wr[c] + pf_ahead + k), _MM_HINT_T0); }
                 const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(wr[c] + k));
                 w[c] = _mm256_castsi256_ps(e == 0 ? _mm256_and_si256(v, top) : _mm256_slli_epi32(v, 16));
             }
@@ -276,8 +254,10 @@ __attribute__((noinline)) void group_steps_daz(float * lanes, const float * cons
         for (int c = 0; c < NR; ++c) { wr[c] = wb + std::min(s * NR + c, n_o - 1) * ldw; }  // past n_o: the last output again (not stored)
         float *       ls  = lanes + s * NR * kLanes;  // row r's output j at lanes + (r * kGroup + j) * 16
         const int64_t ldl = kGroup * kLanes;
-        half_steps<MR, NR, 0, kPrefetch>(ls, ldl, xr, wr, n_steps, hk);
-        half_steps<MR, NR, 1, false>(ls, ldl, xr, wr, n_steps, hk);
+        // kPrefetch (the weights' first meeting, from memory): a step's line of each row of the
+        // next strip (NR rows on), a strip ahead of its use
+        half_steps<MR, NR, 0, kPrefetch>(ls, ldl, xr, wr, n_steps, hk, NR * ldw);
+        half_steps<MR, NR, 1, false>(ls, ldl, xr, wr, n_steps, hk, 0);
     }
     _mm_setcsr(csr);
 }

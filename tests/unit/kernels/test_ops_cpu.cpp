@@ -188,6 +188,32 @@ TEST_CASE("silu_mul computes g * sigmoid(g) * up and add_inplace adds elementwis
     CHECK(acc == std::vector<float>{1.5f, 0.0f, 13.0f});
 }
 
+TEST_CASE("silu_mul: bitwise the one-loop scalar form g / (1 + exp(-g)) * up (chunks of 256, tails, specials)") {
+    // silu_mul calls exp a chunk at a time and divides / multiplies in a vectorized loop; each of
+    // those is one IEEE operation per element, so the bits must be the plain scalar loop's (the
+    // f32 and bf16 modes' numerics are defined by it) for every length, chunk edge and value.
+    std::mt19937                          rng(31);
+    std::normal_distribution<float>       nd(0.0f, 4.0f);
+    const float                           inf = std::numeric_limits<float>::infinity();
+    const std::vector<float>              specials = {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), 1e-40f, -1e-40f,
+                                                      88.8f, -88.8f, 104.0f, -104.0f, 1e30f, -1e30f};
+    for (int64_t n : {int64_t(1), int64_t(7), int64_t(255), int64_t(256), int64_t(257), int64_t(1000), int64_t(1536)}) {
+        std::vector<float> gate(static_cast<size_t>(n)), up(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+            gate[size_t(i)] = rng() % 16 == 0 ? specials[rng() % specials.size()] : nd(rng);
+            up[size_t(i)]   = rng() % 32 == 0 ? specials[rng() % specials.size()] : nd(rng);
+        }
+        std::vector<float> out(static_cast<size_t>(n)), ref(static_cast<size_t>(n));
+        k::silu_mul(out.data(), gate.data(), up.data(), n);
+        for (int64_t i = 0; i < n; ++i) {
+            const float g  = gate[size_t(i)];
+            ref[size_t(i)] = g / (1.0f + std::exp(-g)) * up[size_t(i)];
+        }
+        CAPTURE(n);
+        CHECK(bits_equal(out, ref));
+    }
+}
+
 TEST_CASE("rope_table holds cos and sin of pos * theta^(-2j/head_dim)") {
     const int64_t n_pos = 64, hd = 8;
     std::vector<float> cs(size_t(n_pos * hd));
