@@ -167,8 +167,8 @@ FD_AVX2_TARGET __attribute__((noinline)) void steps(float * lanes, const float *
 /// while only MR x NR accumulators are live (not 2 x MR x NR). Per step: the NR columns' odd
 /// weights widened (AND), each row's odd x against them, then the even ones (shift) likewise
 /// (MR x NR + NR + 1 ymm and the mask). wr: whole steps only (n_steps; the caller pads a tail).
-/// lanes: row r's output c at lanes + r * ldl + 16 c, written (the passes start from zero, the
-/// last lanes' denormals flushed to zeros of their sign). kPrefetch: each step prefetches its line
+/// lanes: row r's output c at lanes + r * ldl + 16 c: half 0 stores its 8 last lanes (the passes
+/// start from zero; denormals flushed to zeros of their sign), half 1 stores lanes i + (i + 8). kPrefetch: each step prefetches its line
 /// of wr[c] + pf_ahead (the next strip's rows).
 template <int MR, int NR, int h, bool kPrefetch>
 FD_AVX2_TARGET __attribute__((noinline)) void half_steps(float * lanes, int64_t ldl, const float * const (&xr)[MR],
@@ -208,7 +208,11 @@ FD_AVX2_TARGET __attribute__((noinline)) void half_steps(float * lanes, int64_t 
         for (int c = 0; c < NR; ++c) {  // the last lanes: denormal → zero of its sign (integer ops, as flush_lanes)
             const __m256i v = _mm256_castps_si256(a[r][c]);
             const __m256i z = _mm256_cmpeq_epi32(_mm256_and_si256(v, expo), _mm256_setzero_si256());
-            _mm256_storeu_ps(lanes + r * ldl + c * 16 + 8 * h, _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_and_si256(z, mag), v)));
+            const __m256  f = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_and_si256(z, mag), v));
+            float *       l = lanes + r * ldl + c * 16;
+            // half 1 adds half 0's stored lanes: reduce16's first level (lane i + lane i + 8,
+            // both flushed, so DAZ plays no part; FTZ is clear)
+            _mm256_storeu_ps(l, h == 0 ? f : _mm256_add_ps(_mm256_loadu_ps(l), f));
         }
     }
 }
@@ -238,6 +242,33 @@ __attribute__((noinline)) void steps_daz(float * lanes, const float * const (&xr
 }
 
 constexpr int kGroup = 24;  ///< outputs per group_steps_daz call (many rows)
+
+/// reduce16 (lanes.h) of one output from its first level s8[i] = lane i + lane i + 8: the same
+/// adds in the same order (then i + (i + 4), then (0 + 2) and (1 + 3), then those two).
+inline float reduce8(const float * s8) {
+    f32x4 l4, h4;
+    std::memcpy(&l4, s8, sizeof l4);
+    std::memcpy(&h4, s8 + 4, sizeof h4);
+    const f32x4 s4  = l4 + h4;
+    const float s2a = s4[0] + s4[2], s2b = s4[1] + s4[3];
+    return s2a + s2b;
+}
+
+/// reduce8 of 8 outputs at once, transposed as lanes.h's reduce16_x8_avx2 after its first level:
+/// output j's s8 at s8 + 16 j → out[j], bitwise reduce8 (and so reduce16 of its 16 lanes).
+FD_AVX2_TARGET inline void reduce8_x8(const float * s8, float * out) {
+    __m256 v[8], q[4], t[2];
+    for (int i = 0; i < 8; ++i) { v[i] = _mm256_loadu_ps(s8 + 16 * i); }
+    for (int i = 0; i < 4; ++i) {  // [a: i + (i+4) | b: i + (i+4)], (a, b) = outputs 2i, 2i + 1
+        q[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20), _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+    }
+    for (int i = 0; i < 2; ++i) {  // per 128 bits [p0+p2, p1+p3, q0+q2, q1+q3]
+        t[i] = _mm256_add_ps(_mm256_shuffle_ps(q[2 * i], q[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(q[2 * i], q[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    const __m256 f = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
 
 /// Many rows: the steps of an MR-row tile against n_o <= kGroup outputs, NR at a time, half 0
 /// over every (padded) step then half 1, under one MXCSR.DAZ setting for the group (restored
@@ -323,7 +354,10 @@ FD_AVX2_TARGET void tile_group(const Problem & p, int64_t r, int n_r, int64_t o,
     const int64_t row_bytes = p.n_in * (p.wtype == WType::f32 ? 4 : 2);
     for (int i = 0; i < n_r; ++i) {
         alignas(32) float sums[kGroup];
-        reduce_all(lanes + i * kGroup, n_o, sums);
+        const float *     s8 = lf + i * kGroup * kLanes;  // output j's lanes i + (i + 8) at s8 + 16 j
+        int               j8 = 0;
+        for (; j8 + 8 <= n_o; j8 += 8) { reduce8_x8(s8 + j8 * kLanes, sums + j8); }
+        for (; j8 < n_o; ++j8) { sums[j8] = reduce8(s8 + j8 * kLanes); }
         float * out = p.out + (r + i) * p.n_out + o;
         int     j   = 0;
         for (; j + 8 <= n_o; j += 8) {  // 8 outputs: no NaN (the usual case), then + bias, as the scalar code
