@@ -5,6 +5,7 @@
 #include "fd/kernels/thread_pool.h"
 
 #include "test_util.h"
+#include "../../../kernels/cpu/expf_avx2.h"  // detail::silu_exp_path: is the vector exp in use
 
 #include <doctest/doctest.h>
 
@@ -212,6 +213,31 @@ TEST_CASE("silu_mul: bitwise the one-loop scalar form g / (1 + exp(-g)) * up (ch
         CAPTURE(n);
         CHECK(bits_equal(out, ref));
     }
+}
+
+TEST_CASE("silu_mul: the 8-lane exp gives std::exp's bits over a sweep of every 251st f32 (both signs, all exponents)") {
+    // silu_mul's exp (kernels/cpu/expf_avx2.h) replays glibc's expf in AVX2 doubles. Over ~17
+    // million bit patterns (the main path, the |x| >= 88 fallback, inf, NaN, denormals) the
+    // silu_mul outputs must be the scalar form's bits; and where the libm is glibc's (>= 2.28:
+    // this algorithm), the vector path must actually be in use (its once-per-process check passed).
+    const int path = k::detail::silu_exp_path();
+    MESSAGE("silu_mul exp path: " << path << " (0: no AVX2 + FMA build, 1: libm disagreed, 2: vector)");
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 28))
+    CHECK(path != 1);  // glibc's expf: the vector code must agree with it wherever it is built
+#endif
+    const int64_t      n = (int64_t{1} << 32) / 251 + 1;
+    std::vector<float> gate(static_cast<size_t>(n)), up(static_cast<size_t>(n), 1.0f);
+    for (int64_t i = 0; i < n; ++i) {
+        const uint32_t b = static_cast<uint32_t>(i * 251);
+        std::memcpy(&gate[size_t(i)], &b, sizeof b);
+    }
+    std::vector<float> out(static_cast<size_t>(n)), ref(static_cast<size_t>(n));
+    k::silu_mul(out.data(), gate.data(), up.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+        const float g  = gate[size_t(i)];
+        ref[size_t(i)] = g / (1.0f + std::exp(-g)) * up[size_t(i)];
+    }
+    CHECK(bits_equal(out, ref));
 }
 
 TEST_CASE("rope_table holds cos and sin of pos * theta^(-2j/head_dim)") {
