@@ -26,9 +26,13 @@
 // (half_steps): 5 x 2 or 4 x 2 outputs, 10 / 8 accumulators plus the 2 columns' widened weights
 // in the 16 ymm, each row's x loaded once per half step (2 x 2 both halves was FMA-latency bound
 // with 8 chains of 2 dependent FMAs a step, and x became memory operands, one load per FMA).
-// Outputs go in blocks of ~192 KiB of bf16 weights (L2; f32 weights rounded into scratch a block
-// at a time); each row tile (its x in L1) meets every 24-output group of the block, the group's
-// steps under one MXCSR setting (per tile it cost as much as the steps at n_in = 512).
+// Outputs go in blocks of ~192 KiB of bf16 weights (L2; f32 weights rounded, and bf16 rows with
+// a partial last step zero-padded, into scratch a block at a time, so the steps never meet a
+// tail); each row tile (its x in L1) meets every 24-output group of the block, the group's steps
+// under one MXCSR setting (per tile it cost as much as the steps at n_in = 512), and the next
+// block is prefetched into L2 meanwhile. Half 1 adds half 0's lanes (reduce16's first level) and
+// the epilogue reduces 8 outputs of a row at once. The x buffer is cache-line aligned: a split
+// 32-byte load costs two (issue 28 "bf16 prefill on AVX2": +10 % on the call).
 #include "linear_bf16_avx2.h"
 
 #include "bf16_portable.h"
