@@ -1,6 +1,7 @@
 // Row-wise and elementwise ops (see ops.h): rms_norm, silu_mul, add_inplace, rope, log_softmax.
 #include "fd/kernels/ops.h"
 #include "fd/half.h"
+#include "expf_avx2.h"
 
 #include <algorithm>
 #include <cmath>
@@ -21,10 +22,39 @@ void rms_norm(float * out, const float * x, const float * weight, int64_t n_rows
     }
 }
 
+int detail::silu_exp_path() {
+#if defined(__AVX2__) && defined(__FMA__)
+    return exp_avx2_matches_libm() ? 2 : 1;
+#else
+    return 0;
+#endif
+}
+
 void silu_mul(float * out, const float * gate, const float * up, int64_t n_elems) {
-    for (int64_t i = 0; i < n_elems; ++i) {
-        const float g = gate[i];
-        out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    // g / (1 + exp(-g)) * up per element. The exp calls first, a chunk at a time, then the
+    // divisions and products in a loop the compiler vectorizes: each is one IEEE operation per
+    // element, so the bits are the one-loop form's (the calls kept it scalar, division included).
+    // With AVX2 + FMA, exp runs 8 lanes at a time with std::exp's bits (expf_avx2.h: glibc's
+    // algorithm, checked against this libm once per process; lanes off its main path, and any
+    // libm it disagrees with, take std::exp).
+    constexpr int64_t kChunk = 256;
+    alignas(32) float e[kChunk];
+#if defined(__AVX2__) && defined(__FMA__)
+    const bool vec = exp_avx2_matches_libm();
+#endif
+    for (int64_t i0 = 0; i0 < n_elems; i0 += kChunk) {
+        const int64_t n = std::min(kChunk, n_elems - i0);
+        int64_t       i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+        for (; vec && i + 8 <= n; i += 8) {
+            const __m256 ng = _mm256_xor_ps(_mm256_loadu_ps(gate + i0 + i), _mm256_set1_ps(-0.0f));  // -g, exactly
+            if (!exp8_avx2(e + i, ng)) {
+                for (int64_t j = i; j < i + 8; ++j) { e[j] = std::exp(-gate[i0 + j]); }
+            }
+        }
+#endif
+        for (; i < n; ++i) { e[i] = std::exp(-gate[i0 + i]); }
+        for (int64_t i = 0; i < n; ++i) { out[i0 + i] = gate[i0 + i] / (1.0f + e[i]) * up[i0 + i]; }
     }
 }
 

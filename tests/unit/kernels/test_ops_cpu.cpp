@@ -5,6 +5,7 @@
 #include "fd/kernels/thread_pool.h"
 
 #include "test_util.h"
+#include "../../../kernels/cpu/expf_avx2.h"  // detail::silu_exp_path: is the vector exp in use
 
 #include <doctest/doctest.h>
 
@@ -186,6 +187,57 @@ TEST_CASE("silu_mul computes g * sigmoid(g) * up and add_inplace adds elementwis
     const std::vector<float> add = {0.5f, -2.0f, 10.0f};
     k::add_inplace(acc.data(), add.data(), 3);
     CHECK(acc == std::vector<float>{1.5f, 0.0f, 13.0f});
+}
+
+TEST_CASE("silu_mul: bitwise the one-loop scalar form g / (1 + exp(-g)) * up (chunks of 256, tails, specials)") {
+    // silu_mul calls exp a chunk at a time and divides / multiplies in a vectorized loop; each of
+    // those is one IEEE operation per element, so the bits must be the plain scalar loop's (the
+    // f32 and bf16 modes' numerics are defined by it) for every length, chunk edge and value.
+    std::mt19937                          rng(31);
+    std::normal_distribution<float>       nd(0.0f, 4.0f);
+    const float                           inf = std::numeric_limits<float>::infinity();
+    const std::vector<float>              specials = {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), 1e-40f, -1e-40f,
+                                                      88.8f, -88.8f, 104.0f, -104.0f, 1e30f, -1e30f};
+    for (int64_t n : {int64_t(1), int64_t(7), int64_t(255), int64_t(256), int64_t(257), int64_t(1000), int64_t(1536)}) {
+        std::vector<float> gate(static_cast<size_t>(n)), up(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+            gate[size_t(i)] = rng() % 16 == 0 ? specials[rng() % specials.size()] : nd(rng);
+            up[size_t(i)]   = rng() % 32 == 0 ? specials[rng() % specials.size()] : nd(rng);
+        }
+        std::vector<float> out(static_cast<size_t>(n)), ref(static_cast<size_t>(n));
+        k::silu_mul(out.data(), gate.data(), up.data(), n);
+        for (int64_t i = 0; i < n; ++i) {
+            const float g  = gate[size_t(i)];
+            ref[size_t(i)] = g / (1.0f + std::exp(-g)) * up[size_t(i)];
+        }
+        CAPTURE(n);
+        CHECK(bits_equal(out, ref));
+    }
+}
+
+TEST_CASE("silu_mul: the 8-lane exp gives std::exp's bits over a sweep of every 251st f32 (both signs, all exponents)") {
+    // silu_mul's exp (kernels/cpu/expf_avx2.h) replays glibc's expf in AVX2 doubles. Over ~17
+    // million bit patterns (the main path, the |x| >= 88 fallback, inf, NaN, denormals) the
+    // silu_mul outputs must be the scalar form's bits; and where the libm is glibc's (>= 2.28:
+    // this algorithm), the vector path must actually be in use (its once-per-process check passed).
+    const int path = k::detail::silu_exp_path();
+    MESSAGE("silu_mul exp path: " << path << " (0: no AVX2 + FMA build, 1: libm disagreed, 2: vector)");
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 28))
+    CHECK(path != 1);  // glibc's expf: the vector code must agree with it wherever it is built
+#endif
+    const int64_t      n = (int64_t{1} << 32) / 251 + 1;
+    std::vector<float> gate(static_cast<size_t>(n)), up(static_cast<size_t>(n), 1.0f);
+    for (int64_t i = 0; i < n; ++i) {
+        const uint32_t b = static_cast<uint32_t>(i * 251);
+        std::memcpy(&gate[size_t(i)], &b, sizeof b);
+    }
+    std::vector<float> out(static_cast<size_t>(n)), ref(static_cast<size_t>(n));
+    k::silu_mul(out.data(), gate.data(), up.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+        const float g  = gate[size_t(i)];
+        ref[size_t(i)] = g / (1.0f + std::exp(-g)) * up[size_t(i)];
+    }
+    CHECK(bits_equal(out, ref));
 }
 
 TEST_CASE("rope_table holds cos and sin of pos * theta^(-2j/head_dim)") {
