@@ -353,6 +353,25 @@ RankDelta read_rank_delta(const std::filesystem::path & file) {
     }
     RankDelta d{.rank = j.value("rank", -1), .tp = j.value("tp", 0), .ep = j.value("ep", 0)};
     int64_t off = f.payload_off;
+    // The file mapped read-only (tmpfs: its page-cache pages, nothing copied); every range is
+    // checked against its size before it is read (map.at).
+    struct Map {
+        const std::byte * p = nullptr;
+        size_t            n = 0;
+        ~Map() {
+            if (p) { ::munmap(const_cast<std::byte *>(p), n); }
+        }
+        const std::byte * at(int64_t o, int64_t len) const {
+            FD_CHECK(o >= 0 && len >= 0 && static_cast<size_t>(o + len) <= n, "a rank delta's range outside its mapped file");
+            return p + o;
+        }
+    } map;
+    if (size > 0) {
+        void * m = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd.get(), 0);
+        if (m == MAP_FAILED) { fail(Errc::invalid_checkpoint, "{}: cannot map a rank's weight delta: {}", file.string(), std::strerror(errno)); }
+        map.p = static_cast<const std::byte *>(m);
+        map.n = static_cast<size_t>(size);
+    }
     for (const auto & e : j["tensors"]) {
         RankDeltaTensor t;
         t.name = e.value("name", "");
@@ -367,17 +386,20 @@ RankDelta read_rank_delta(const std::filesystem::path & file) {
             fail(Errc::invalid_checkpoint, "{}: tensor '{}': {} runs of {} values do not fit the file", file.string(), t.name, n_runs, n);
         }
         t.starts.resize(static_cast<size_t>(n_runs));
-        if (sb == 4) {
-            std::vector<int32_t> narrow(static_cast<size_t>(n_runs));
-            model::pread_exact(fd.get(), narrow.data(), n_runs * 4, off, file, "runs of " + t.name);
-            std::copy(narrow.begin(), narrow.end(), t.starts.begin());
+        if (sb == 4) {  // widened straight from the file's pages (no staging copy)
+            const std::byte * src = map.at(off, n_runs * 4);
+            for (int64_t k = 0; k < n_runs; ++k) {
+                int32_t v;
+                std::memcpy(&v, src + 4 * k, 4);
+                t.starts[static_cast<size_t>(k)] = v;
+            }
         } else {
-            model::pread_exact(fd.get(), t.starts.data(), n_runs * 8, off, file, "runs of " + t.name);
+            std::memcpy(t.starts.data(), map.at(off, n_runs * 8), static_cast<size_t>(n_runs * 8));
         }
         off += n_runs * sb;
         if (n_runs != n) {
             t.lens.resize(static_cast<size_t>(n_runs));
-            model::pread_exact(fd.get(), t.lens.data(), n_runs * 8, off, file, "run lengths of " + t.name);
+            std::memcpy(t.lens.data(), map.at(off, n_runs * 8), static_cast<size_t>(n_runs * 8));
             off += n_runs * 8;
             int64_t sum = 0;
             for (const int64_t l : t.lens) {
@@ -387,7 +409,7 @@ RankDelta read_rank_delta(const std::filesystem::path & file) {
             if (sum != n) { fail(Errc::invalid_checkpoint, "{}: tensor '{}': runs of {} elements for {} values", file.string(), t.name, sum, n); }
         }
         t.values.resize(static_cast<size_t>(n * es));
-        model::pread_exact(fd.get(), t.values.data(), n * es, off, file, "values of " + t.name);
+        std::memcpy(t.values.data(), map.at(off, n * es), static_cast<size_t>(n * es));
         off += n * es;
         d.tensors.push_back(std::move(t));
     }
