@@ -95,12 +95,18 @@ TEST_CASE("write_rank_share writes split_delta's share byte for byte, its starts
     char tmpl[] = "/tmp/fd-rank-share-XXXXXX";
     REQUIRE(::mkdtemp(tmpl) != nullptr);
     const fs::path dir = tmpl;
+    struct Cleanup {
+        fs::path d;
+        ~Cleanup() {
+            std::error_code ec;
+            fs::remove_all(d, ec);
+        }
+    } cleanup{dir};  // also when a call below throws
     fd::weights::write_rank_share(dir / "direct", d, l);
     fd::weights::write_rank_delta(dir / "reference", fd::weights::split_delta(d, l));
     CHECK(slurp(dir / "direct") == slurp(dir / "reference"));
 
     const fd::weights::RankDelta got = fd::weights::read_rank_delta(dir / "direct");
-    fs::remove_all(dir);
     REQUIRE(got.tensors.size() == 4);
     // q 9 = (2, 1) → shard (0, 1) = 1; q 10 → 2; q 15 = (3, 3) → 7; k 1 = (0, 1) → shard (2, 1) = 9; k 5 = (1, 1) → 13
     CHECK(got.tensors[0].name == "qk");
