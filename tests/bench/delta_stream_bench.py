@@ -9,7 +9,8 @@ every rank); the trainer's diff (which elements changed) is computed before and 
 Reported: each ratio (delta ÷ the median full time of the rep), the delta's split into
 buckets (wire + apply to the base copy) and finish, and the bytes on the wire.
 
-  /usr/bin/python3 tests/bench/delta_stream_bench.py [--reps 3] [--hidden 512 --layers 8] [--bin B] > out.json
+  /usr/bin/python3 tests/bench/delta_stream_bench.py [--reps 3] [--hidden 512 --layers 8] [--bin B] [--daemon-log L] > out.json
+(--daemon-log keeps the daemon's log: its per-stage timers for the seal, the ranks' read/write and the commit.)
 Figures are ratios within one run: the machine may be loaded by other jobs (load is recorded).
 """
 import argparse
