@@ -28,6 +28,7 @@
 // chains, grouped so the accumulators fit AVX2's 16 registers.
 #include "attention_avx2.h"
 #include "fd/status.h"
+#include "scratch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -274,9 +275,9 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
     const T *     kb[2] = {};  // keys [t0, t0 + 16) and [t0 + 16, t0 + 32), kv head 0 (direct)
     const T *     kn[2] = {};  // the next chunk's
     int64_t       act[kQt];  // queries whose context reaches the chunk
-    thread_local std::vector<const float *> qp, pp;  // per (query, head) pair of one kv head
-    thread_local std::vector<float *>       sp, op;
-    thread_local std::vector<int64_t>       nt;
+    thread_local detail::ScratchVec<const float *> qp, pp;  // per (query, head) pair of one kv head
+    thread_local detail::ScratchVec<float *>       sp, op;
+    thread_local detail::ScratchVec<int64_t>       nt;
     const size_t n_pairs = static_cast<size_t>(nq * group);
     if (qp.size() < n_pairs) {
         qp.resize(n_pairs);
@@ -335,7 +336,7 @@ void attend_tile(float * out, const float * q, const AttnQuery * queries, int64_
     }
     // Tiles of many queries read each V chunk many times: from a packed copy (bf16 widened
     // exactly to f32, so the FMAs see the same values).
-    thread_local std::vector<float> vpack;
+    thread_local detail::ScratchVec<float> vpack;
     const bool pack_v = nq > kPerHeadQueries;
     if (pack_v && vpack.size() < static_cast<size_t>(kTc * hd)) { vpack.resize(static_cast<size_t>(kTc * hd)); }
     const T *     vb[kTc];
@@ -434,7 +435,7 @@ void attention_paged(float * out, const float * q, const AttnQuery * queries, in
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost[a] > cost[b]; });
     const bool avx2 = isa == AttnIsa::avx2;
     auto run = [&](int64_t task) {
-        thread_local std::vector<float> scores, kt;
+        thread_local detail::ScratchVec<float> scores, kt;
         const int64_t tile = order[task / n_ranges], g0 = task % n_ranges * per_range, g1 = std::min(n_kv, g0 + per_range);
         const int64_t nq = starts[tile + 1] - starts[tile];
         const int64_t heads_at_once = nq > kPerHeadQueries ? 1 : per_range;  // kv heads per attend_tile

@@ -10,6 +10,7 @@
 //   between blocks (stored and reloaded exactly: the same chain), the V of kVAhead blocks ahead
 //   prefetched row by row.
 #include "attention_lanes.h"
+#include "scratch.h"
 
 #include <algorithm>
 #include <type_traits>
@@ -188,7 +189,7 @@ void attend_one(float * out, const float * q, const AttnQuery & qry, int64_t n_h
         return;
     }
     const int64_t ld = ((n + kNv * kLanes - 1) / (kNv * kLanes) + 1) * kNv * kLanes;  // + a padding chunk
-    thread_local std::vector<float> scores;
+    thread_local detail::ScratchVec<float> scores;
     const size_t need = static_cast<size_t>((g1 - g0) * group * ld);  // [heads of the range, ld]
     if (scores.size() < need) { scores.resize(need); }
     for (int64_t g = g0; g < g1; ++g) {

@@ -14,6 +14,7 @@
 //   each one contiguous run), every line software-prefetched kPfBytes ahead along that walk, so
 //   one thread keeps enough reads in flight to stream at the memory's rate.
 #include "attention_avx2.h"
+#include "scratch.h"
 
 #if FD_ATTN_AVX2
 #include <immintrin.h>
@@ -171,8 +172,8 @@ void attend_one_avx2(float * out, const float * q, const AttnQuery & qry, int64_
     }
     const int64_t ld = (n + kLanes - 1) / kLanes * kLanes + kLanes;  // scores row stride (>= the last vector's end)
     const int64_t n_blocks = (n + bs - 1) / bs;
-    thread_local std::vector<float>      scores, acc;
-    thread_local std::vector<KeyVec<T>>  vecs;
+    thread_local detail::ScratchVec<float>      scores, acc;
+    thread_local detail::ScratchVec<KeyVec<T>>  vecs;
     if (scores.size() < static_cast<size_t>(nh * ld)) { scores.resize(static_cast<size_t>(nh * ld)); }
 
     // K walk: block by block, each kv head of the range, its 16-key vectors (the run of a block's

@@ -10,6 +10,7 @@
 //   d one load (f32) or one zero-extension and shift (bf16: exact, in the keys' order);
 // - P·V: 6 pairs × 16 dimensions (two ymm each) per pass over the chunk's rows.
 #include "attention_avx2.h"
+#include "scratch.h"
 
 #if FD_ATTN_AVX2
 #include <immintrin.h>
@@ -129,7 +130,7 @@ void pv_tile_n(int m, float * const * o, const float * const * p, const int64_t 
 template <typename T>
 void score_pairs_avx2(float * const * s, const float * const * qh, int n, const T * k0, const T * k1, int64_t ld,
                       int64_t hd, float scale) {
-    thread_local std::vector<float *> s1;  // the pairs' scores of keys 16..31
+    thread_local detail::ScratchVec<float *> s1;  // the pairs' scores of keys 16..31
     if (s1.size() < static_cast<size_t>(n)) { s1.resize(static_cast<size_t>(n)); }
     for (int i = 0; i < n; ++i) { s1[i] = s[i] + kLanes; }
     for (int i = 0; i < n; i += kPairs) {

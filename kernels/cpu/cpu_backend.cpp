@@ -9,8 +9,12 @@
 #include "fd/kernels/cpu_ops.h"
 #include "fd/status.h"
 #include "moe_experts.h"
+#include "scratch.h"
+
+#include <malloc.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -41,6 +45,15 @@ public:
         return p;
     }
     void free(void * p) noexcept override { std::free(p); }
+    int64_t release_scratch() noexcept override {
+        std::atomic<int64_t> bytes{0};
+        try {
+            pool_.on_each_thread([&] { bytes += detail::ThreadScratch::release_all(); });
+        } catch (...) {  // (std::function's call cannot throw here; noexcept keeps the sleep path simple)
+        }
+        malloc_trim(0);  // the freed buffers and the activations' aligned_alloc blocks back to the OS, not kept in malloc's arenas
+        return bytes.load();
+    }
     void upload(void * dst, const void * src_host, int64_t bytes) override {
         std::memcpy(dst, src_host, static_cast<size_t>(bytes));
     }
@@ -140,7 +153,7 @@ public:
         std::fill(out, out + n_rows * n_embd, 0.0f);
         const int64_t per_pair = detail::moe_scratch_floats_per_pair(n_embd, n_ff) + n_embd;
         const int64_t cap      = std::max<int64_t>(1, kMoeScratchFloats / per_pair);
-        thread_local std::vector<float> ye;
+        thread_local detail::ScratchVec<float> ye;
         const int64_t n_used = static_cast<int64_t>(plan.experts.size());
         for (int64_t i0 = 0, i1; i0 < n_used; i0 = i1) {
             i1 = i0 + 1;  // at least one expert; then while the segment's pairs fit the cap

@@ -31,6 +31,7 @@
 #include "lanes.h"
 #include "linear_bf16_avx2.h"
 #include "linear_step.h"
+#include "scratch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -344,7 +345,7 @@ void linear_bf16(float * out, const float * x, const void * w, WType wtype, cons
     const char *  wb = static_cast<const char *>(w);
     const int64_t ldx = x_stride(n_in);
     // x rounded once per call (the caller's thread-local buffer; tasks only read it).
-    thread_local std::vector<uint16_t> xb_buf;
+    thread_local detail::ScratchVec<uint16_t> xb_buf;
     xb_buf.resize(static_cast<size_t>(n_rows * ldx));
     uint16_t *    xb    = xb_buf.data();
     const int64_t n_thr = pool ? pool->n_threads() : 1;

@@ -34,6 +34,7 @@
 #include "bf16_portable.h"
 #include "lanes.h"
 #include "linear_step.h"
+#include "scratch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -367,7 +368,7 @@ void outputs(const Problem & p, int64_t o0, int64_t o1) {
     const int64_t kp = padded_k(p.n_in), row_bytes = p.n_in * (p.wtype == WType::bf16 ? 2 : 4);
     const int64_t mc = std::max<int64_t>(MR, (256 << 10) / (p.ldxw * 4) / MR * MR);
     const bool    short_rows = p.wtype == WType::bf16 && row_bytes < 4096;
-    thread_local std::vector<uint16_t> scratch;
+    thread_local detail::ScratchVec<uint16_t> scratch;
     for (int64_t b0 = 0; b0 < p.n_rows; b0 += mc) {
         const int64_t b1 = std::min(p.n_rows, b0 + mc);
         for (int64_t o = o0; o < o1; o += NR) {
@@ -406,7 +407,7 @@ void outputs_many(const Problem & p, int64_t o0, int64_t o1) {
     // that does not fit): 5 x 2 tiles are the faster, 4 x 2 ones fill the rest without idle rows.
     int64_t r4 = (4 * p.n_rows) % 5 * 4;
     if (r4 > p.n_rows) { r4 = p.n_rows; }
-    thread_local std::vector<uint16_t> scratch;
+    thread_local detail::ScratchVec<uint16_t> scratch;
     for (int64_t c0 = o0; c0 < o1; c0 += ob) {
         const int64_t    c1  = std::min(o1, c0 + ob);
         const uint16_t * wb  = reinterpret_cast<const uint16_t *>(p.w + c0 * row_bytes);
@@ -481,7 +482,7 @@ void dpbf16_step_avx2(float * acc, const uint16_t * a, const uint16_t * b) {
 void linear_bf16_avx2(float * out, const float * x, const void * w, WType wtype, const float * bias, int64_t n_rows,
                       int64_t n_out, int64_t n_in, ThreadPool * pool) {
     const int64_t ldxw = xw_stride(n_in);
-    thread_local std::vector<float> xw_buf;  // the caller's; tasks only read it
+    thread_local detail::ScratchVec<float> xw_buf;  // the caller's; tasks only read it
     xw_buf.resize(static_cast<size_t>(n_rows * ldxw));
     float * const xw = xw_buf.data();  // a pointer: on a pool thread xw_buf names that thread's vector
     const Problem p{.out = out, .xw = xw, .ldxw = ldxw, .x = x, .w = static_cast<const char *>(w),

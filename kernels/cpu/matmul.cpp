@@ -20,6 +20,7 @@
 #include "lanes.h"
 #include "linear_packed.h"
 #include "linear_step.h"
+#include "scratch.h"
 
 #include <algorithm>
 #include <cstring>
@@ -291,7 +292,7 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
     if (n_rows == 1) {
         // Decode: tasks of ~128 KiB of weights (whole 8-row strips, at least 24 rows). bf16: x in
         // the bf16 lane order first.
-        thread_local std::vector<float> xperm;
+        thread_local detail::ScratchVec<float> xperm;
         const float * xs = x;
         if (wtype == WType::bf16) {
             xperm.resize(static_cast<size_t>((n_in + 31) / 32 * 32));  // whole steps, zero-padded
@@ -316,7 +317,7 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
         const float * xs  = x;
         int64_t       ldx = n_in;
         if (wtype == WType::bf16) {
-            thread_local std::vector<float> xperm;
+            thread_local detail::ScratchVec<float> xperm;
             ldx = (n_in + 31) / 32 * 32;
             xperm.resize(static_cast<size_t>(n_rows * ldx));
             for (int64_t r = 0; r < n_rows; ++r) {

@@ -26,6 +26,7 @@
 #include "fd/kernels/cpu_ops.h"
 #include "lanes.h"
 #include "linear_step.h"
+#include "scratch.h"
 
 #include <algorithm>
 #include <vector>
@@ -255,7 +256,7 @@ void moe_expert_outputs(float * ye, const float * x, const MoePlan & plan, int64
     const int64_t b0 = plan.begin[i0], n_pairs = plan.begin[i1] - b0;
     if (n_pairs <= 0) { return; }
     const int64_t ldh = padded(n_embd), ldf = padded(n_ff);
-    thread_local std::vector<float> scratch;
+    thread_local detail::ScratchVec<float> scratch;
     scratch.resize(static_cast<size_t>(n_pairs * moe_scratch_floats_per_pair(n_embd, n_ff)));
     float * xp  = scratch.data();           // [P, ldh]     x rows (small groups: lane order)
     float * gu  = xp + n_pairs * ldh;       // [P, 2 n_ff]  gate | up

@@ -17,15 +17,71 @@
 #include <cstdint>
 #include <new>
 
+#include <vector>
+
 namespace fd::kernels {
+namespace detail {
+
+/// A kernel's per-thread scratch buffer that release_thread_scratch() can free on its thread.
+/// Every thread_local buffer in kernels/cpu derives from it (ScratchVec, HugeScratch): they
+/// link themselves into their thread's list when constructed, so a weight sleep hands their
+/// memory back (CpuBackend::release_scratch) instead of keeping the largest step's scratch
+/// mapped until the thread ends. The next kernel call grows them again.
+class ThreadScratch {
+public:
+    ThreadScratch() : next_(head()) { head() = this; }
+    ThreadScratch(const ThreadScratch &) = delete;
+    ThreadScratch & operator=(const ThreadScratch &) = delete;
+
+    /// Frees the memory (contents lost); returns the bytes it held.
+    virtual int64_t release() noexcept = 0;
+
+    /// release() of every scratch buffer of the calling thread; returns the bytes they held.
+    static int64_t release_all() noexcept {
+        int64_t bytes = 0;
+        for (ThreadScratch * s = head(); s != nullptr; s = s->next_) { bytes += s->release(); }
+        return bytes;
+    }
+
+protected:
+    ~ThreadScratch() {
+        for (ThreadScratch ** p = &head(); *p != nullptr; p = &(*p)->next_) {
+            if (*p == this) {
+                *p = next_;
+                break;
+            }
+        }
+    }
+
+private:
+    static ThreadScratch *& head() noexcept {
+        thread_local ThreadScratch * h = nullptr;  // (one per thread across every translation unit: an inline function's static)
+        return h;
+    }
+    ThreadScratch * next_;
+};
+
+/// A std::vector that is a ThreadScratch (release(): capacity back to 0). Declare it thread_local.
+template <class T> class ScratchVec final : public std::vector<T>, public ThreadScratch {
+public:
+    ScratchVec() = default;
+    int64_t release() noexcept override {
+        const auto bytes = static_cast<int64_t>(this->capacity() * sizeof(T));
+        std::vector<T>().swap(*this);
+        return bytes;
+    }
+};
+
+}  // namespace detail
+
 namespace {
 
 /// Scratch of T (trivially copyable) that grows on demand and is never shrunk; growing discards
 /// the contents (every user rewrites what it reads). Memory is 2 MiB-aligned and madvised
 /// MADV_HUGEPAGE, so under THP "madvise" (or "always") it is backed by huge pages. Meant to be
-/// thread_local: one buffer per thread, freed when the thread ends.
+/// thread_local: one buffer per thread, freed when the thread ends or by release() (a ThreadScratch).
 /// Errors: std::bad_alloc when the mapping fails (as a std::vector would throw).
-template <class T> class HugeScratch {
+template <class T> class HugeScratch final : public detail::ThreadScratch {
   public:
     static constexpr size_t kHuge = size_t{2} << 20;
 
@@ -33,6 +89,12 @@ template <class T> class HugeScratch {
     HugeScratch(const HugeScratch &) = delete;
     HugeScratch & operator=(const HugeScratch &) = delete;
     ~HugeScratch() { unmap(); }
+
+    int64_t release() noexcept override {
+        const auto bytes = static_cast<int64_t>(bytes_);
+        unmap();
+        return bytes;
+    }
 
     /// At least n elements (n may be 0). The pointer stays valid until a larger get().
     T * get(size_t n) {

@@ -79,7 +79,11 @@ void ThreadPool::worker_loop() {
         }
         seen = job_.load(std::memory_order_acquire);
         if (stop_.load(std::memory_order_acquire)) { return; }
-        run_tasks();
+        if (each_ != nullptr) {
+            (*each_)();
+        } else {
+            run_tasks();
+        }
         if (busy_.fetch_sub(1) == 1 && caller_asleep_.load() != 0) { futex_wake_all(busy_); }
     }
 }
@@ -95,20 +99,40 @@ void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t)
     fn_      = &fn;
     n_tasks_ = n_tasks;
     next_.store(0, std::memory_order_relaxed);
-    busy_.store(static_cast<uint32_t>(workers_.size()), std::memory_order_relaxed);
-    job_.fetch_add(1);  // seq_cst (release for the fields above)
-    if (sleepers_.load() != 0) { futex_wake_all(job_); }
+    start_job();
     run_tasks();
     ++stats_.jobs;
     const auto t0 = Clock::now();
+    wait_job();
+    stats_.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
+    fn_ = nullptr;
+    liveness::tick();
+}
+
+void ThreadPool::on_each_thread(const std::function<void()> & fn) {
+    if (!workers_.empty()) {
+        each_ = &fn;
+        start_job();  // every worker sees each job once (worker_loop's `seen`): fn once per worker
+        fn();
+        wait_job();
+        each_ = nullptr;
+    } else {
+        fn();
+    }
+}
+
+void ThreadPool::start_job() {
+    busy_.store(static_cast<uint32_t>(workers_.size()), std::memory_order_relaxed);
+    job_.fetch_add(1);  // seq_cst (release for the job's fields)
+    if (sleepers_.load() != 0) { futex_wake_all(job_); }
+}
+
+void ThreadPool::wait_job() {
     if (!spin_until([&] { return busy_.load(std::memory_order_acquire) == 0; })) {
         caller_asleep_.store(1);  // seq_cst, paired with the last worker's busy_ decrement
         for (uint32_t b = busy_.load(); b != 0; b = busy_.load()) { futex_wait(busy_, b); }
         caller_asleep_.store(0, std::memory_order_relaxed);
     }
-    stats_.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
-    fn_ = nullptr;
-    liveness::tick();
 }
 
 }  // namespace fd::kernels

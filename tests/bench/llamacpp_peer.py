@@ -23,7 +23,10 @@ bench: per thread count, per repetition, interleaved in this order: fd_bench --c
 server: --clients concurrent non-streaming /v1/completions (each its own 64 random token ids,
   32 tokens, temperature 0, ignore_eos) against fdrollout (--compute-dtype bfloat16, then
   float32) and llama-server (-np clients), alternating, --reps bursts; aggregate generated
-  tok/s = all tokens ÷ burst wall time; medians.
+  tok/s = all tokens ÷ burst wall time; medians. Both servers get the same logit_bias of -100 on
+  the tokenizer's 256 <0xNN> byte pieces: llama-server v0.4.0 runs its chat-output parser on every
+  completion, /completion included, and answers 500 ("does not match the expected Content-only
+  format") when the text is not valid UTF-8, which a lone byte piece from this random model makes.
 """
 import argparse
 import concurrent.futures as cf
@@ -308,18 +311,26 @@ def burst(port, path, clients, body_of):
     return sum(n), time.time() - t0
 
 
+def byte_token_ids(checkpoint):
+    """Ids of the <0xNN> byte pieces of the checkpoint's tokenizer.json (BYTE tokens in the GGUF)."""
+    v = json.load(open(os.path.join(checkpoint, "tokenizer.json")))["model"]["vocab"]
+    items = v.items() if isinstance(v, dict) else ((p, i) for i, (p, _) in enumerate(v))
+    return sorted(i for p, i in items if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", p))
+
+
 def cmd_server(a):
+    ban = {str(i): -100 for i in byte_token_ids(a.checkpoint)}  # see the module docstring: server
     out = {"machine_start": machine(), "command": " ".join(sys.argv), "clients": a.clients, "prompt_len": 64,
-           "max_tokens": 32, "threads": {}}
+           "max_tokens": 32, "logit_bias_minus_100_on_byte_tokens": len(ban), "threads": {}}
     C = a.clients
 
     def fd_body(i):
         return {"model": a.checkpoint, "prompt": prompt_ids(1000 + i, 64), "max_tokens": 32, "temperature": 0,
-                "ignore_eos": True}
+                "ignore_eos": True, "logit_bias": ban}
 
     def ll_body(i):
         return {"prompt": prompt_ids(1000 + i, 64), "n_predict": 32, "temperature": 0, "ignore_eos": True,
-                "cache_prompt": False}
+                "cache_prompt": False, "logit_bias": ban}
 
     for t in [int(x) for x in a.threads.split(",")]:
         res = {"fd_bfloat16": [], "fd_float32": [], "llamacpp": []}

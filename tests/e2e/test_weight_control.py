@@ -9,7 +9,7 @@ import unittest
 
 import numpy as np
 
-from fdtest import copy_checkpoint, Daemon, fresh_daemon, GREEDY, greedy, Logprobs, merge_stream, perturbed, REF, rewrite_tensors, rss_bytes, STORIES
+from fdtest import copy_checkpoint, Daemon, fresh_daemon, GREEDY, greedy, Logprobs, make_checkpoint, merge_stream, perturbed, REF, rewrite_tensors, rss_bytes, STORIES
 
 import safetensors_np  # noqa: E402  (on sys.path via fdtest)
 
@@ -190,6 +190,30 @@ class WeightControl(unittest.TestCase):
                 self.ok(d, "POST", "/v1/wakeup?tags=kv_cache,weight")
             self.assertEqual(greedy(d), before)
             self.assertLess(d.rss(), rss_after_first + (4 << 20))
+
+    def test_sleep_hands_back_the_steps_activations_and_kernel_scratch(self):
+        # A long prefill grows the step's activation buffers and the kernels' per-thread scratch
+        # (tens of MiB on this 256-wide model at 1,500 tokens). A weight sleep must hand those back
+        # too: after it, the daemon that served the long prompt holds no more than one that served
+        # a short one (both asleep), and its sleep result counts what it gave back.
+        ck = make_checkpoint(os.path.join(self.tmp, "wide"), "--hidden", "256", "--intermediate", "1024", "--layers", "2",
+                             "--heads", "4", "--max-pos", "2048", "--seed", "5")
+        long_prompt = {"prompt": [int(t) for t in np.random.default_rng(1).integers(3, 500, 1500)], "max_tokens": 2, "temperature": 0}
+        after = {}
+        for name, body in (("short", {**long_prompt, "prompt": long_prompt["prompt"][:8]}), ("long", long_prompt)):
+            with Daemon("--dynamic-load-weight", "--kv-cache-bytes", "32MiB", "--max-model-len", "2048", model=ck) as d:
+                status, j = d.post("/v1/completions", body)
+                self.assertEqual(status, 200, j)
+                rss_served = d.rss()
+                res = self.ok(d, "POST", "/v1/sleep")
+                after[name] = (rss_served, d.rss(), res["freed_bytes"]["weight"])
+                self.ok(d, "POST", "/v1/wakeup")
+                status, j2 = d.post("/v1/completions", body)  # the buffers grow again: the same answer
+                self.assertEqual((status, j2["choices"][0]["text"]), (200, j["choices"][0]["text"]))
+        (short_served, short_asleep, short_freed), (long_served, long_asleep, long_freed) = after["short"], after["long"]
+        self.assertGreater(long_served - short_served, 16 << 20, after)  # the long prefill's scratch is there to free
+        self.assertLess(long_asleep - short_asleep, 4 << 20, after)
+        self.assertGreater(long_freed - short_freed, 0.8 * (long_served - short_served), after)
 
     def test_sleep_tags(self):
         src = self.source("tags")

@@ -295,20 +295,36 @@ void Worker::reserve_scratch(int64_t n, int64_t n_logits) {
     }
 }
 
+std::array<kernels::ScratchBuffer *, 20> Worker::activation_buffers() {
+    return {&s_.x,        &s_.xn,      &s_.qkv,       &s_.q,       &s_.k,         &s_.v,          &s_.att,
+            &s_.ff,       &s_.gate,    &s_.rows,      &s_.logits,  &s_.part,      &s_.gathered,   &s_.moe_logits,
+            &s_.moe_out,  &s_.moe_work, &s_.shared_gu, &s_.shared_act, &s_.shared_y, &s_.shared_g};
+}
+
 int64_t Worker::scratch_bytes() const {
     int64_t sum = 0;
-    for (const kernels::ScratchBuffer * b : {&s_.x, &s_.xn, &s_.qkv, &s_.q, &s_.k, &s_.v, &s_.att, &s_.ff, &s_.gate, &s_.rows,
-                                             &s_.logits, &s_.part, &s_.gathered, &s_.moe_logits, &s_.moe_out, &s_.moe_work,
-                                             &s_.shared_gu, &s_.shared_act, &s_.shared_y, &s_.shared_g}) {
-        sum += b->capacity_bytes();
-    }
+    for (const kernels::ScratchBuffer * b : const_cast<Worker *>(this)->activation_buffers()) { sum += b->capacity_bytes(); }
     return sum;
+}
+
+int64_t Worker::release_activations() {
+    const int64_t activations = scratch_bytes();
+    for (kernels::ScratchBuffer * b : activation_buffers()) { b->reset(); }
+    const int64_t kernel_scratch = backend_->release_scratch();
+    log::get("model")->info("rank={} | weight sleep: {} bytes of activation buffers and {} bytes of kernel scratch freed too (grown "
+                            "again by the next step)",
+                            wcfg_.rank, activations, kernel_scratch);
+    return activations + kernel_scratch;
 }
 
 int64_t Worker::release_weights() {
     w_ = ModelWeights{};
     staged_ = false;
-    return alloc_->release(Tag::weight) + alloc_->release(Tag::staging);
+    int64_t freed = alloc_->release(Tag::weight) + alloc_->release(Tag::staging);
+    // No step runs until the weights are back: the step buffers go too, unless captured graphs
+    // hold their addresses (those go with the cuda_graph tag, release_graphs).
+    if (!graphs_on()) { freed += release_activations(); }
+    return freed;
 }
 
 int64_t Worker::release(Tag tag) {

@@ -65,11 +65,7 @@ int64_t Worker::release_graphs() {
     int64_t freed = backend_->release_graph_steps();
     std::fill(g_->ids.begin(), g_->ids.end(), -1);
     freed += scratch_bytes();
-    for (kernels::ScratchBuffer * b : {&s_.x, &s_.xn, &s_.qkv, &s_.q, &s_.k, &s_.v, &s_.att, &s_.ff, &s_.gate, &s_.rows, &s_.logits,
-                                       &s_.part, &s_.gathered, &s_.moe_logits, &s_.moe_out, &s_.moe_work, &s_.shared_gu,
-                                       &s_.shared_act, &s_.shared_y, &s_.shared_g}) {
-        b->reset();
-    }
+    for (kernels::ScratchBuffer * b : activation_buffers()) { b->reset(); }
     log::get("model")->info("rank={} | CUDA graphs released: {} bytes (graphs, step index buffers, activations); captured again "
                             "at the next step", wcfg_.rank, freed);
     return freed;

@@ -13,7 +13,10 @@
 
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <random>
+#include <set>
+#include <thread>
 #include <vector>
 
 namespace k = fd::kernels;
@@ -92,6 +95,39 @@ TEST_CASE("memory: alloc is 64-byte aligned; upload, copy and download round-tri
     CHECK(s.capacity_bytes() == 40);
     s.floats(1000);
     CHECK(s.capacity_bytes() == 4000);
+}
+
+TEST_CASE("on_each_thread runs once on every pool thread; release_scratch frees the kernels' scratch, the next call grows it again") {
+    for (int threads : {1, 3}) {
+        CAPTURE(threads);
+        k::ThreadPool pool(threads);
+        for (int round = 0; round < 50; ++round) {
+            std::mutex                  mu;
+            std::set<std::thread::id>   ids;
+            int                         calls = 0;
+            pool.on_each_thread([&] {
+                std::lock_guard<std::mutex> lock(mu);
+                ids.insert(std::this_thread::get_id());
+                ++calls;
+            });
+            REQUIRE(calls == threads);
+            REQUIRE(ids.size() == static_cast<size_t>(threads));
+        }
+    }
+    // A 256-row linear packs x in the caller's thread_local scratch (and the workers' strips):
+    // release_scratch hands that back, says how much, and the next call gives the same bits.
+    std::mt19937 rng(3);
+    auto be = k::make_cpu_backend(2);
+    const int64_t n = 256, n_in = 512, n_out = 256;
+    const auto x = random_vec(rng, n * n_in), w = random_vec(rng, n_out * n_in);
+    Dev dx(*be, x), dw(*be, w), out(*be, n * n_out);
+    be->linear(out.f(), dx.f(), dw.p, k::WType::f32, nullptr, n, n_out, n_in);
+    const auto first = out.host();
+    CHECK(be->release_scratch() >= n * n_in * static_cast<int64_t>(sizeof(float)));
+    CHECK(be->release_scratch() == 0);  // nothing left to free
+    be->linear(out.f(), dx.f(), dw.p, k::WType::f32, nullptr, n, n_out, n_in);
+    CHECK(bits_equal(out.host(), first));
+    CHECK(be->release_scratch() > 0);
 }
 
 TEST_CASE("linear, rms_norm, rope, add, kv_store and attention_paged equal the direct kernels bitwise") {

@@ -226,10 +226,11 @@ public:
 
     // --- weight control (engine thread, generation paused) ---
 
-    /// Sleep one tag: weight = the weight and staging regions (forward() must not run until
-    /// reload_weights() succeeds), kv_cache = the KV pool (block contents lost), staging / kv_swap
-    /// = that region alone (a staged copy is dropped first; swapped-out KV is lost). Returns the
-    /// bytes handed back.
+    /// Sleep one tag: weight = the weight and staging regions, and with graphs off the step's
+    /// activation buffers and kernel scratch (forward() must not run until reload_weights()
+    /// succeeds), kv_cache = the KV pool (block contents lost), staging / kv_swap = that region
+    /// alone (a staged copy is dropped first; swapped-out KV is lost). Returns the bytes handed
+    /// back.
     int64_t release(memory::Tag tag);
     /// Reacquire (and pre-fault) the KV pool's region, and the swap pool's if released, same
     /// geometry (and, with the host allocator, same addresses), zeroed. No-op for what is resident.
@@ -337,7 +338,11 @@ public:
                                     bool mtp);
 
 private:
-    int64_t release_weights();  ///< release(weight)
+    int64_t release_weights();  ///< release(weight); with graphs off, release_activations() too
+    /// Free the step's activation buffers (s_) and the backend's kernel scratch
+    /// (Backend::release_scratch); the next forward() grows them again. Returns the bytes.
+    int64_t release_activations();
+    std::array<kernels::ScratchBuffer *, 20> activation_buffers();  ///< every buffer of s_
     int64_t release_kv();       ///< release(kv_cache)
     int64_t release_swap();     ///< release(kv_swap)
     kernels::PagedKv layer_kv(int il);

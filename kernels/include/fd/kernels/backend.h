@@ -231,6 +231,11 @@ public:
     /// freed (device + pinned host; what the graph objects held shows only in the device's free
     /// memory). Default (no graphs): 0.
     virtual int64_t release_graph_steps() noexcept { drop_graphs(); return 0; }
+    /// Free the kernels' own per-thread scratch (CPU: every pool thread's and the caller's
+    /// thread_local buffers, kernels/cpu/scratch.h; then malloc_trim). Called when the weights
+    /// sleep (no kernel runs until they are back); the next kernel call grows it again.
+    /// Returns the bytes the buffers held. Default (nothing of its own): 0.
+    virtual int64_t release_scratch() noexcept { return 0; }
     /// Graphs instantiated so far (a counter: drop_graphs() does not reset it).
     virtual int64_t graphs_captured() const { return 0; }
 

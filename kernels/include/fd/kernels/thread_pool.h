@@ -40,6 +40,11 @@ public:
     /// sizes differ), so fn must not depend on which thread runs it.
     void parallel_for(int64_t n_tasks, const std::function<void(int64_t)> & fn);
 
+    /// Calls fn() once on every thread of the pool (each worker and the caller), returns when
+    /// all are done: for per-thread state, e.g. freeing the kernels' thread_local scratch
+    /// (fd::kernels::release_thread_scratch) when the weights sleep.
+    void on_each_thread(const std::function<void()> & fn);
+
     /// Counters for profiling (fd_bench): parallel_for calls that used the workers, and the
     /// seconds the caller spent waiting for them after its own tasks ran out (load imbalance
     /// plus hand-off latency). Read and reset by the caller's thread only.
@@ -53,9 +58,12 @@ public:
 private:
     void worker_loop();
     void run_tasks();
+    void start_job();  ///< hand the job set up in the fields to every worker
+    void wait_job();   ///< until every worker is out of it
 
     std::vector<std::thread>             workers_;
     const std::function<void(int64_t)> * fn_      = nullptr;
+    const std::function<void()> *        each_    = nullptr;  ///< on_each_thread's job (else fn_'s tasks)
     int64_t                              n_tasks_ = 0;
     alignas(64) std::atomic<int64_t>     next_{0};      ///< the next task to claim
     alignas(64) std::atomic<uint32_t>    job_{0};       ///< bumped per job (futex word)
