@@ -9,7 +9,8 @@ every rank); the trainer's diff (which elements changed) is computed before and 
 Reported: each ratio (delta ÷ the median full time of the rep), the delta's split into
 buckets (wire + apply to the base copy) and finish, and the bytes on the wire.
 
-  /usr/bin/python3 tests/bench/delta_stream_bench.py [--reps 3] [--hidden 512 --layers 8] [--bin B] > out.json
+  /usr/bin/python3 tests/bench/delta_stream_bench.py [--reps 3] [--hidden 512 --layers 8] [--bin B] [--daemon-log L] > out.json
+(--daemon-log keeps the daemon's log: its per-stage timers for the seal, the ranks' read/write and the commit.)
 Figures are ratios within one run: the machine may be loaded by other jobs (load is recorded).
 """
 import argparse
@@ -72,6 +73,7 @@ def main():
     p.add_argument("--layers", default="8")
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--bin", default=None, help="the daemon binary (default: FDROLLOUT_BIN or build/fdrollout); for A/B runs")
+    p.add_argument("--daemon-log", default=None, help="copy the daemon's log (its stage timers) to this file at the end")
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="fd-delta-bench-")
     try:
@@ -98,6 +100,9 @@ def main():
                 run["delta_5pct_over_full"] = run["delta_5pct"]["seconds"] / full_s
                 out["runs"].append(run)
                 print(json.dumps(run), file=sys.stderr)
+            if a.daemon_log:
+                with open(a.daemon_log, "w") as f:
+                    f.write(d.output())
         out["median"] = {k: median([r[k] for r in out["runs"]]) for k in ("delta_1pct_over_full", "delta_5pct_over_full")}
         for k in ("full_a", "delta_1pct", "delta_5pct"):
             out["median"][k + "_s"] = median([r[k]["seconds"] for r in out["runs"]])

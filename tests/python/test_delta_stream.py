@@ -400,6 +400,55 @@ class DeltaTp1(unittest.TestCase):
         self.delta("x4", "x3", self.new, self.base)
         self.assert_serving(self.ref_base, "x4")
 
+    def test_10_the_dir_waits_for_a_delta_file_written_after_the_commit(self):
+        # The delta file for the serving dir is written in the background after the ranks'
+        # commit; FD_TEST_DELTA_FILE_DELAY_MS (TEST ONLY) holds that write back 1.5 s. The commit
+        # answers first; a sleep right after it must wait for the file before writing the dir
+        # (which the wakeup reloads): the dir then holds the delta's bytes, bit for bit, and the
+        # wakeup serves them under the delta's label. A finish refused after the split (the base
+        # changed under it) drops the update and its file; the next delta works.
+        with Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *self.TP_ARGS, model=STORIES, extra=False,
+                    env={"FD_TEST_DELTA_FILE_DELAY_MS": "1500"}) as d:
+            c = Client(f"127.0.0.1:{d.port}", timeout=20)
+            with c.weight_stream("w0") as ws:
+                for name in sorted(self.base):
+                    ws.send(name, self.base[name])
+            with c.weight_stream("w1", base_version="w0") as ws:
+                for name in sorted(self.new):
+                    idx, vals = changed_elements(self.base[name], self.new[name])
+                    if idx.size:
+                        ws.send_delta(name, idx, vals)
+            self.assertEqual(ws.result["weight_version"], "w1")
+            c.sleep()
+            staged = read_staged(d)
+            for n in self.new:
+                self.assertTrue(np.array_equal(staged[n].view(np.uint32), self.new[n].view(np.uint32)), n)
+            c.wakeup()
+            self.assertEqual(greedy(d), (*self.ref_new, "w1"))
+            # a delta whose base changes between its split and its commit: dropped with its file
+            with self.assertRaises(FdRolloutError) as e:
+                with c.weight_stream("w2", base_version="w1") as ws:
+                    idx, vals = changed_elements(self.new[NAME], self.base[NAME])
+                    ws.send_delta(NAME, idx, vals)
+                    ws.flush()
+                    c.pause()
+                    c.update_weights(version="other")  # --model from the load-strategy source
+                    c.resume()
+            self.assertEqual(e.exception.status, 409, e.exception.message)
+            self.assertEqual(greedy(d), (*self.ref_base, "other"))
+            self.assertEqual(len(stream_dirs(d.port)), 1, "only the serving stream dir is left")
+            self.full_on(c, "w3", self.new)
+            with c.weight_stream("w4", base_version="w3") as ws:
+                idx, vals = changed_elements(self.new[NAME], self.base[NAME])
+                ws.send_delta(NAME, idx, vals)
+            self.assertEqual(ws.result["weight_version"], "w4")
+
+    @staticmethod
+    def full_on(c, version, tensors):
+        with c.weight_stream(version) as ws:
+            for name in sorted(tensors):
+                ws.send(name, tensors[name])
+
 
 class DeltaTp2(DeltaTp1):
     TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1"]

@@ -5,7 +5,9 @@
 #include "fd/engine/engine.h"
 #include "fd/log.h"
 #include "fd/weights/fingerprint.h"
+#include "fd/weights/weight_delta.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
@@ -43,7 +45,7 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
         fail(Errc::source_unavailable, "update_weights (delta): cannot keep the delta {} for the serving dir {} ({}); every rank was put "
              "back", cmd.weight_delta, serving_dir_, ec.message());
     }
-    pending_deltas_.push_back(kept);
+    pending_deltas_.push_back({kept, cmd.weight_delta});  // its bytes may still be being written: awaited before any read
     pending_delta_bytes_ += static_cast<int64_t>(size);
     const bool lazy = cmd.version.has_value();  // no version: the fingerprint of the updated dir names the bytes now
     const int64_t pending = pending_delta_bytes_;
@@ -55,7 +57,7 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
         try {
             flush_pending_deltas(/*record_label=*/false);  // the label is not this delta's yet: set below
         } catch (...) {
-            std::filesystem::remove(pending_deltas_.back(), ec);  // the earlier ones were written and put back: still pending, still right
+            std::filesystem::remove(pending_deltas_.back().file, ec);  // (awaited by the flush) the earlier ones were written and put back: still pending, still right
             pending_deltas_.pop_back();
             pending_delta_bytes_ -= static_cast<int64_t>(size);
             undo_ranks();
@@ -76,8 +78,13 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
     r.bytes   = 0;
     for (const auto & rep : reps) { r.bytes += rep.bytes; }
     r.version = *version;
-    log::get("engine")->info("update_weights (delta): {} B applied in place on {} rank(s) in {:.3f} s (from {}); serving dir {}; "
-                             "weight_version {}", r.bytes, reps.size(), ranks_s, previous,
+    double read_s = 0, write_s = 0;  // the slowest rank's: reading its share, writing it in place
+    for (const auto & rep : reps) {
+        read_s  = std::max(read_s, rep.fetch_s);
+        write_s = std::max(write_s, rep.stage_s);
+    }
+    log::get("engine")->info("update_weights (delta): {} B applied in place on {} rank(s) in {:.3f} s (slowest rank: read {:.3f} s, "
+                             "write {:.3f} s; from {}); serving dir {}; weight_version {}", r.bytes, reps.size(), ranks_s, read_s, write_s, previous,
                              pending_deltas_.empty() ? fmt::format("written in {:.3f} s", seconds_since(t1))
                                                      : fmt::format("pending ({} delta(s), {} B)", pending_deltas_.size(), pending),
                              *version);
@@ -114,7 +121,10 @@ void Engine::flush_pending_deltas(bool record_label) {
     }
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<weights::WeightDelta> deltas;  // all read (and checked) before any is written
-    for (const auto & f : pending_deltas_) { deltas.push_back(weights::read_weight_delta(f)); }
+    for (const auto & p : pending_deltas_) {
+        weights::await_weight_delta_write(p.written_as);  // a stream's file is complete before it is read
+        deltas.push_back(weights::read_weight_delta(p.file));
+    }
     std::vector<weights::DirUndo> undo(deltas.size());
     size_t n = 0;
     try {
@@ -135,9 +145,14 @@ void Engine::flush_pending_deltas(bool record_label) {
 }
 
 void Engine::drop_pending_deltas() noexcept {
-    for (const auto & f : pending_deltas_) {
+    for (const auto & p : pending_deltas_) {
+        try {
+            weights::await_weight_delta_write(p.written_as);  // its writer holds the file open, not the path: only forgotten
+        } catch (const std::exception & e) {
+            log::get("engine")->warn("update_weights (delta): the pending delta {} was never completely written: {}", p.file.string(), e.what());
+        }
         std::error_code ec;
-        std::filesystem::remove(f, ec);
+        std::filesystem::remove(p.file, ec);
     }
     pending_deltas_.clear();
     pending_delta_bytes_ = 0;

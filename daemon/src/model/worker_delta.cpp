@@ -51,18 +51,19 @@ void swap_points(std::byte * base, const int64_t * starts, int64_t n, std::byte 
     }
 }
 
+/// Every run of `t` one element (no lens): swap the tensor's elements at the starts with `vals`
+/// [t.n_runs()] (afterwards `vals` holds the old values: the undo log needs no copy of its own).
+void swap_in_place(const weights::RankDeltaTensor & t, int64_t es, std::byte * base, std::byte * vals) {
+    if (es == 4) {
+        swap_points<uint32_t>(base, t.starts.data(), t.n_runs(), vals);
+    } else {
+        swap_points<uint16_t>(base, t.starts.data(), t.n_runs(), vals);
+    }
+}
+
 /// Write `t`'s runs into `base` from `src` and save what was there into `save` (both
 /// [t.n_values()] elements; `save` may be nullptr when nothing is kept).
 void write_runs(const weights::RankDeltaTensor & t, int64_t es, std::byte * base, const std::byte * src, std::byte * save) {
-    if (t.lens.empty() && save) {  // every run one element (a sparse delta): copy, then swap in place
-        std::memcpy(save, src, static_cast<size_t>(t.n_runs() * es));
-        if (es == 4) {
-            swap_points<uint32_t>(base, t.starts.data(), t.n_runs(), save);
-        } else {
-            swap_points<uint16_t>(base, t.starts.data(), t.n_runs(), save);
-        }
-        return;
-    }
     int64_t at = 0;
     for (int64_t i = 0; i < t.n_runs(); ++i) {
         const size_t n = static_cast<size_t>(t.run_len(i) * es);
@@ -103,7 +104,7 @@ int64_t Worker::apply_rank_delta(weights::RankDelta && d) {
         target.push_back(t);
     }
     delta_undo_.delta = std::move(d);
-    const auto & ts = delta_undo_.delta.tensors;
+    auto & ts = delta_undo_.delta.tensors;
     delta_undo_.old.resize(ts.size());
     std::byte * const arena = alloc_->data(Tag::weight);
     std::vector<std::byte> host;  // device memory: the tensor's bytes, downloaded and uploaded back
@@ -122,9 +123,13 @@ int64_t Worker::apply_rank_delta(weights::RankDelta && d) {
                 backend_->download(host.data(), base, t.bytes);
                 base = host.data();
             }
-            auto & old = delta_undo_.old[i];
-            old.resize(ts[i].values.size());
-            write_runs(ts[i], es, base, ts[i].values.data(), old.data());
+            if (ts[i].lens.empty()) {  // one-element runs (a sparse delta): a typed swap, the values become the undo log
+                swap_in_place(ts[i], es, base, ts[i].values.data());
+            } else {
+                auto & old = delta_undo_.old[i];
+                old.resize(ts[i].values.size());
+                write_runs(ts[i], es, base, ts[i].values.data(), old.data());
+            }
             delta_undo_.n_done = i + 1;
             written += ts[i].n_values();
             if (device_mem_) { backend_->upload(arena + t.offset, host.data(), t.bytes); }
@@ -148,7 +153,7 @@ void Worker::undo_weight_delta() {
     }
     std::byte * const arena = alloc_->data(Tag::weight);
     std::vector<std::byte> host;
-    const auto & ts = delta_undo_.delta.tensors;
+    auto & ts = delta_undo_.delta.tensors;
     // Newest first (runs never overlap, so any order would do).
     for (size_t i = delta_undo_.n_done; i-- > 0;) {
         const InferenceTensor * t = layout_.find(ts[i].name);
@@ -159,7 +164,11 @@ void Worker::undo_weight_delta() {
             backend_->download(host.data(), base, t->bytes);
             base = host.data();
         }
-        write_runs(ts[i], dtype_size(t->dtype), base, delta_undo_.old[i].data(), nullptr);
+        if (ts[i].lens.empty()) {
+            swap_in_place(ts[i], dtype_size(t->dtype), base, ts[i].values.data());  // the old values back (the new ones into values)
+        } else {
+            write_runs(ts[i], dtype_size(t->dtype), base, delta_undo_.old[i].data(), nullptr);
+        }
         if (device_mem_) { backend_->upload(arena + t->offset, host.data(), t->bytes); }
     }
     delta_undo_ = {};

@@ -82,22 +82,35 @@ void apply_with(const TensorSpec & s, const std::byte * payload, std::byte * dst
 
 }  // namespace
 
-void check_delta(const TensorSpec & s, const std::byte * payload, std::vector<int64_t> & indices) {
-    FD_CHECK(s.is_delta() && (s.index_bytes == 4 || s.index_bytes == 8), "check_delta takes a delta spec");
-    const std::byte * values = payload + s.n_indices * s.index_bytes;
-    if (const int64_t bad = first_nonfinite(s.dtype, values, s.n_indices); bad >= 0) {
+void check_delta(const TensorSpec & s, std::vector<std::byte> & wire, std::vector<int64_t> & indices, std::vector<std::byte> & values) {
+    FD_CHECK(s.is_delta() && (s.index_bytes == 4 || s.index_bytes == 8) && static_cast<int64_t>(wire.size()) == s.nbytes,
+             "check_delta takes a delta spec and its wire bytes");
+    const int64_t ib = s.n_indices * s.index_bytes;
+    if (const int64_t bad = first_nonfinite(s.dtype, wire.data() + ib, s.n_indices); bad >= 0) {
         fail(Errc::invalid_checkpoint, "tensor '{}': delta value {} (of {}) is non-finite (NaN or Inf); nothing was applied", s.name, bad,
              s.n_indices);
     }
     indices.resize(static_cast<size_t>(s.n_indices));
+    // Widen and check in one pass; the indices sit at the start of the vector's (aligned) storage.
+    int64_t * out = indices.data();
+    const int64_t n = s.n_indices;
+    bool increasing = true;  // strictly, pairwise: then the first and the last bound the range
     if (s.index_bytes == 8) {
-        std::memcpy(indices.data(), payload, indices.size() * sizeof(int64_t));
+        std::memcpy(out, wire.data(), static_cast<size_t>(ib));
+        for (int64_t i = 1; i < n; ++i) { increasing &= out[i] > out[i - 1]; }
     } else {
-        std::vector<int32_t> i32(indices.size());
-        std::memcpy(i32.data(), payload, i32.size() * sizeof(int32_t));
-        std::copy(i32.begin(), i32.end(), indices.begin());
+        const auto * i32 = reinterpret_cast<const int32_t *>(wire.data());
+        if (n > 0) { out[0] = i32[0]; }
+        for (int64_t i = 1; i < n; ++i) {
+            out[i] = i32[i];
+            increasing &= i32[i] > i32[i - 1];
+        }
     }
-    check_indices(s, indices.data());
+    if (!increasing || (n > 0 && (out[0] < 0 || out[n - 1] >= s.numel()))) { check_indices(s, out); }  // throws naming the position
+    std::memmove(wire.data(), wire.data() + ib, static_cast<size_t>(s.nbytes - ib));
+    wire.resize(static_cast<size_t>(s.nbytes - ib));
+    values = std::move(wire);
+    wire   = {};
 }
 
 void apply_delta(const TensorSpec & s, const std::byte * payload, std::byte * dst) {

@@ -98,9 +98,12 @@ std::string random_token();
 void apply_delta(const TensorSpec & s, const std::byte * payload, std::byte * dst);
 
 /// Check one delta's wire bytes as apply_delta does (values finite, indices sorted, unique, in
-/// range) and return its indices widened to int64 in `indices` [n_indices].
-/// Errors  as apply_delta.
-void check_delta(const TensorSpec & s, const std::byte * payload, std::vector<int64_t> & indices);
+/// range) and take them apart: `indices` [n_indices] the indices widened to int64 (converted and
+/// checked in one pass), `values` [n_indices × dtype size] the values, moved out of `wire` (shifted
+/// to its front in place, so no new memory is touched for them); `wire` is left empty.
+/// `wire` holds exactly the delta's s.nbytes wire bytes, as received (vector storage: aligned).
+/// Errors  as apply_delta (`wire` then unchanged).
+void check_delta(const TensorSpec & s, std::vector<std::byte> & wire, std::vector<int64_t> & indices, std::vector<std::byte> & values);
 
 // ---- staging_dir.cpp ----
 

@@ -68,7 +68,21 @@ struct StreamManager::Impl {
         int32_t                            n_delta = 0;
         weights::WeightDelta               delta;         ///< a delta update's tensors (sparse or dense), applied in place at the commit
         bool                               in_place = false;  ///< sealed as a delta file: serving's dir is updated in place
+        fs::path                           delta_file;    ///< its file, written in the background (weights::start_weight_delta_write)
     };
+
+    /// Forget the open update (its staging dir goes). A delta file still being written is
+    /// awaited first, so that no write outlives the update unseen.
+    void reset_update() noexcept {
+        if (update && !update->delta_file.empty()) {
+            try {
+                weights::await_weight_delta_write(update->delta_file);
+            } catch (const std::exception & e) {
+                log::get("stream")->warn("the dropped delta update's file {} was not completely written: {}", update->delta_file.string(), e.what());
+            }
+        }
+        update.reset();
+    }
 
     StreamConfig cfg;
     fs::path     root;
@@ -127,7 +141,7 @@ struct StreamManager::Impl {
             log::get("stream")->warn("weight stream dropped ({} of {} tensors received, serving weights unchanged): {}",
                                      update->weight_map.size(), expected.size(), why.what());
         }
-        update.reset();  // removes the staging dir
+        reset_update();  // removes the staging dir
         close_transport();
         last_error = why;
     }
@@ -173,9 +187,7 @@ struct StreamManager::Impl {
                 d.shape = s.shape;
                 if (s.is_delta()) {
                     ++n_sparse;
-                    check_delta(s, wire[i].data(), d.indices);  // throws naming the tensor and position
-                    const int64_t vb = s.n_indices * model::dtype_size(s.dtype);
-                    d.values.assign(wire[i].end() - vb, wire[i].end());
+                    check_delta(s, wire[i], d.indices, d.values);  // throws naming the tensor and position
                 } else {
                     if (const int64_t bad = first_nonfinite(s, wire[i].data()); bad >= 0) {
                         fail(Errc::invalid_checkpoint, "tensor '{}' holds a non-finite value (NaN or Inf) at element {}; nothing was applied",
@@ -221,11 +233,14 @@ struct StreamManager::Impl {
         return layouts;
     }
 
-    /// Write a delta update's tensors to `file` (for the serving dir) and, split by every rank's
-    /// layout, each rank's share next to it (weights::rank_delta_file), on a thread per rank.
+    /// Split a delta update's tensors by every rank's layout and write each rank's share next to
+    /// `file` (weights::rank_delta_file), on a thread per rank; `file` itself (the delta for the
+    /// serving dir, read only when the engine writes that dir) is written in the background
+    /// (weights::start_weight_delta_write; the engine awaits it before reading it).
     /// Errors  invalid_argument naming a tensor no rank reads under its name (it could not be
     ///         applied in place); a write's error.
-    void write_rank_deltas(const fs::path & file, const weights::WeightDelta & d) {
+    void write_rank_deltas(const fs::path & file, const std::shared_ptr<const weights::WeightDelta> & shared) {
+        const weights::WeightDelta & d = *shared;
         const auto & ls = rank_layouts();
         for (const auto & t : d.tensors) {
             if (!layout_names.count(t.name) && !optional_tensor(t.name) && !(ls[0].tied_lm_head && t.name == "lm_head.weight")) {
@@ -233,8 +248,8 @@ struct StreamManager::Impl {
                                                                 "write it in place; stream the full weights", t.name), "names");
             }
         }
-        // One thread per rank, plus this one writing the delta file itself (for the serving dir).
-        weights::write_rank_shares(file, d, ls, [&] { weights::write_weight_delta(file, d); });
+        weights::start_weight_delta_write(file, shared);  // off the commit's path: only the serving dir's flush reads it
+        weights::write_rank_shares(file, d, ls);
     }
 
     void load_expected() {
@@ -260,7 +275,7 @@ StreamManager::~StreamManager() {
     impl_->cv.notify_all();
     impl_->watchdog.join();
     std::lock_guard lk(impl_->mu);
-    impl_->update.reset();
+    impl_->reset_update();
     if (impl_->serving) {  // kept while it served; nothing reads it once the daemon stops
         std::error_code ec;
         fs::remove_all(impl_->serving->path(), ec);
@@ -451,10 +466,12 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
     if (m.update->base_version) {  // a delta update: its tensors go in place; every other keeps the base's bytes
         const fs::path f = m.update->dir->path() / "weights.fddelta";
         const auto t0  = Clock::now();
-        const auto err = m.outside_lock(lk, [&] { m.write_rank_deltas(f, m.update->delta); });
-        log::get("stream")->info("delta update sealed: {} tensor(s), {} B written to {} and split for {} rank(s) in {:.3f} s",
-                                 m.update->delta.tensors.size(), m.update->delta.payload_bytes(), f.string(), m.layouts.size(),
-                                 std::chrono::duration<double>(Clock::now() - t0).count());
+        auto shared    = std::make_shared<const weights::WeightDelta>(std::move(m.update->delta));
+        const auto err = m.outside_lock(lk, [&] { m.write_rank_deltas(f, shared); });
+        m.update->delta_file = f;
+        log::get("stream")->info("delta update sealed: {} tensor(s), {} B split for {} rank(s) in {:.3f} s ({} written in the background)",
+                                 shared->tensors.size(), shared->payload_bytes(), m.layouts.size(),
+                                 std::chrono::duration<double>(Clock::now() - t0).count(), f.string());
         if (err) {
             m.drop_locked(*err);
             throw *err;
@@ -503,7 +520,7 @@ void StreamManager::committed(const std::string & version) {
     if (!m.update) { return; }
     if (m.update->in_place) {  // serving's dir now holds the new bytes (the engine wrote them); the delta file goes
         m.serving_version = version;
-        m.update.reset();
+        m.update.reset();  // its delta file went into serving's dir: the engine awaits its write (pending deltas)
         return;
     }
     m.update->dir->keep();

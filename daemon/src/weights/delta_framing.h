@@ -36,7 +36,7 @@ inline void write_all(int fd, const void * p, size_t n, const std::filesystem::p
 /// Create `file` (mode 0600, truncated) and write the magic, the header's length and the header;
 /// the payload follows through write_all. Errors  fd::Error{invalid_argument} naming the file.
 inline UniqueFd create_framed(const std::filesystem::path & file, const char (&magic)[8], const std::string & header, const char * what) {
-    UniqueFd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    UniqueFd fd(::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));  // read too: write_rank_share maps it
     if (!fd.valid()) { fail(Errc::invalid_argument, "{}: cannot create {} file: {}", file.string(), what, std::strerror(errno)); }
     const uint64_t len = header.size();
     write_all(fd.get(), magic, sizeof magic, file, what);

@@ -8,11 +8,13 @@
 
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
+#include <cerrno>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -93,68 +95,225 @@ int64_t RankDelta::payload_bytes() const {
     return n;
 }
 
-RankDelta split_delta(const WeightDelta & d, const model::WeightLayout & layout) {
-    std::map<std::string, const DeltaTensor *> by_name;
-    for (const auto & dt : d.tensors) { by_name[dt.name] = &dt; }
-    RankDelta out{.rank = layout.tp.rank, .tp = layout.tp.size, .ep = layout.tp.ep};
-    for (const model::InferenceTensor & t : layout.tensors) {
-        RankDeltaTensor rt{.name = t.name, .dtype = t.dtype, .shape = t.shape};
-        const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
-        bool any_dense = false;
-        int64_t bound = 0;  // at most this many elements: reserved once (untouched capacity costs no page)
-        for (const model::WeightPart & p : t.parts) {
-            auto it = by_name.find(p.hf_name);
-            if (it == by_name.end()) { continue; }
-            any_dense = any_dense || it->second->dense;
-            bound += it->second->dense ? it->second->numel() : static_cast<int64_t>(it->second->indices.size());
-        }
-        if (bound == 0) { continue; }
-        rt.starts.reserve(static_cast<size_t>(bound));
-        if (any_dense) { rt.lens.reserve(static_cast<size_t>(bound)); }
-        rt.values.reserve(static_cast<size_t>(bound * model::dtype_size(t.dtype)));
-        for (const model::WeightPart & p : t.parts) {
-            auto it = by_name.find(p.hf_name);
-            if (it == by_name.end()) { continue; }
-            const DeltaTensor & dt = *it->second;
-            if (p.hf_shape != dt.shape || (t.dtype != dt.dtype && t.dtype != fd::DType::f32)) {
-                fail(Errc::invalid_checkpoint, "delta tensor '{}' ({} {}) does not match the loaded weights ({} {} in '{}'); nothing was "
-                     "applied", dt.name, model::dtype_name(dt.dtype), shape_text(dt.shape), model::dtype_name(t.dtype),
-                     shape_text(p.hf_shape), t.name);
+namespace {
+
+using ByName = std::map<std::string, const DeltaTensor *>;
+
+ByName by_name_of(const WeightDelta & d) {
+    ByName m;
+    for (const auto & dt : d.tensors) { m[dt.name] = &dt; }
+    return m;
+}
+
+/// Errors  invalid_checkpoint when the delta's tensor does not match the layout's part.
+void check_part(const model::InferenceTensor & t, const model::WeightPart & p, const DeltaTensor & dt) {
+    if (p.hf_shape != dt.shape || (t.dtype != dt.dtype && t.dtype != fd::DType::f32)) {
+        fail(Errc::invalid_checkpoint, "delta tensor '{}' ({} {}) does not match the loaded weights ({} {} in '{}'); nothing was "
+             "applied", dt.name, model::dtype_name(dt.dtype), shape_text(dt.shape), model::dtype_name(t.dtype),
+             shape_text(p.hf_shape), t.name);
+    }
+}
+
+/// `t`'s share of the delta (no starts when the delta does not touch it).
+RankDeltaTensor split_tensor(const model::InferenceTensor & t, const ByName & by_name) {
+    RankDeltaTensor rt{.name = t.name, .dtype = t.dtype, .shape = t.shape};
+    const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
+    bool any_dense = false;
+    int64_t bound = 0;  // at most this many elements: reserved once (untouched capacity costs no page)
+    for (const model::WeightPart & p : t.parts) {
+        auto it = by_name.find(p.hf_name);
+        if (it == by_name.end()) { continue; }
+        any_dense = any_dense || it->second->dense;
+        bound += it->second->dense ? it->second->numel() : static_cast<int64_t>(it->second->indices.size());
+    }
+    if (bound == 0) { return rt; }
+    rt.starts.reserve(static_cast<size_t>(bound));
+    if (any_dense) { rt.lens.reserve(static_cast<size_t>(bound)); }
+    rt.values.reserve(static_cast<size_t>(bound * model::dtype_size(t.dtype)));
+    for (const model::WeightPart & p : t.parts) {
+        auto it = by_name.find(p.hf_name);
+        if (it == by_name.end()) { continue; }
+        const DeltaTensor & dt = *it->second;
+        check_part(t, p, dt);
+        const int64_t in_es   = model::dtype_size(dt.dtype);
+        const int64_t hf_cols = p.hf_shape.size() == 2 ? p.hf_shape[1] : 1;
+        RunBuilder b{rt, any_dense, model::dtype_size(t.dtype), dt.dtype};
+        const std::byte * vals = dt.values.data();
+        if (p.dim == 0) {  // HF rows [src0, src0 + rows) → shard rows [row0, row0 + rows): one shift
+            const int64_t lo = p.src0 * cols, hi = (p.src0 + p.rows) * cols, shift = (p.row0 - p.src0) * cols;
+            if (dt.dense) {
+                b.run(lo + shift, hi - lo, vals + lo * in_es);
+            } else {
+                const auto k0 = std::lower_bound(dt.indices.begin(), dt.indices.end(), lo) - dt.indices.begin();
+                const auto k1 = std::lower_bound(dt.indices.begin() + k0, dt.indices.end(), hi) - dt.indices.begin();
+                b.points(dt.indices.data() + k0, k1 - k0, shift, vals + k0 * in_es);
             }
-            const int64_t in_es   = model::dtype_size(dt.dtype);
-            const int64_t hf_cols = p.hf_shape.size() == 2 ? p.hf_shape[1] : 1;
-            RunBuilder b{rt, any_dense, model::dtype_size(t.dtype), dt.dtype};
-            const std::byte * vals = dt.values.data();
-            if (p.dim == 0) {  // HF rows [src0, src0 + rows) → shard rows [row0, row0 + rows): one shift
-                const int64_t lo = p.src0 * cols, hi = (p.src0 + p.rows) * cols, shift = (p.row0 - p.src0) * cols;
-                if (dt.dense) {
-                    b.run(lo + shift, hi - lo, vals + lo * in_es);
-                } else {
-                    const auto k0 = std::lower_bound(dt.indices.begin(), dt.indices.end(), lo) - dt.indices.begin();
-                    const auto k1 = std::lower_bound(dt.indices.begin() + k0, dt.indices.end(), hi) - dt.indices.begin();
-                    b.points(dt.indices.data() + k0, k1 - k0, shift, vals + k0 * in_es);
-                }
+            continue;
+        }
+        // HF columns [src0, src0 + cols) of every row r → shard row r (fill_weights' add_cols)
+        auto cur = dt.indices.begin();
+        for (int64_t r = 0; r < p.rows; ++r) {
+            const int64_t lo = r * hf_cols + p.src0, hi = lo + cols, shift = r * cols - lo;
+            if (dt.dense) {
+                b.run(lo + shift, cols, vals + lo * in_es);
                 continue;
             }
-            // HF columns [src0, src0 + cols) of every row r → shard row r (fill_weights' add_cols)
-            auto cur = dt.indices.begin();
-            for (int64_t r = 0; r < p.rows; ++r) {
-                const int64_t lo = r * hf_cols + p.src0, hi = lo + cols, shift = r * cols - lo;
-                if (dt.dense) {
-                    b.run(lo + shift, cols, vals + lo * in_es);
-                    continue;
-                }
-                cur = std::lower_bound(cur, dt.indices.end(), lo);
-                if (cur == dt.indices.end()) { break; }
-                const auto end = std::lower_bound(cur, dt.indices.end(), hi);
-                const int64_t k0 = cur - dt.indices.begin();
-                b.points(dt.indices.data() + k0, end - cur, shift, vals + k0 * in_es);
-                cur = end;
-            }
+            cur = std::lower_bound(cur, dt.indices.end(), lo);
+            if (cur == dt.indices.end()) { break; }
+            const auto end = std::lower_bound(cur, dt.indices.end(), hi);
+            const int64_t k0 = cur - dt.indices.begin();
+            b.points(dt.indices.data() + k0, end - cur, shift, vals + k0 * in_es);
+            cur = end;
         }
-        if (rt.starts.empty()) { continue; }
-        if (rt.lens.size() == rt.starts.size() && rt.n_runs() == rt.n_values()) { rt.lens.clear(); }  // runs mode, every run one element
-        out.tensors.push_back(std::move(rt));
+    }
+    if (rt.lens.size() == rt.starts.size() && rt.n_runs() == rt.n_values()) { rt.lens.clear(); }  // runs mode, every run one element
+    return rt;
+}
+
+/// Elements [k0, k1) of a sparse delta tensor that land on this rank, at index + shift.
+struct Piece {
+    const DeltaTensor * dt;
+    int64_t             k0, k1, shift;
+};
+
+/// The pieces of `t`'s share, in split_tensor's order, when every part the delta touches is
+/// sparse; false (nothing planned) when one is dense (split_tensor builds that tensor's runs).
+bool plan_points(const model::InferenceTensor & t, const ByName & by_name, std::vector<Piece> & out) {
+    out.clear();
+    for (const model::WeightPart & p : t.parts) {
+        auto it = by_name.find(p.hf_name);
+        if (it != by_name.end() && it->second->dense) { return false; }
+    }
+    const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
+    for (const model::WeightPart & p : t.parts) {
+        auto it = by_name.find(p.hf_name);
+        if (it == by_name.end()) { continue; }
+        const DeltaTensor & dt = *it->second;
+        check_part(t, p, dt);
+        const auto & ix = dt.indices;
+        if (p.dim == 0) {
+            const int64_t lo = p.src0 * cols, hi = (p.src0 + p.rows) * cols;
+            const int64_t k0 = std::lower_bound(ix.begin(), ix.end(), lo) - ix.begin();
+            const int64_t k1 = std::lower_bound(ix.begin() + k0, ix.end(), hi) - ix.begin();
+            if (k1 > k0) { out.push_back({&dt, k0, k1, (p.row0 - p.src0) * cols}); }
+            continue;
+        }
+        const int64_t hf_cols = p.hf_shape.size() == 2 ? p.hf_shape[1] : 1;
+        auto cur = ix.begin();
+        for (int64_t r = 0; r < p.rows; ++r) {
+            const int64_t lo = r * hf_cols + p.src0, hi = lo + cols;
+            cur = std::lower_bound(cur, ix.end(), lo);
+            if (cur == ix.end()) { break; }
+            const auto end = std::lower_bound(cur, ix.end(), hi);
+            if (end > cur) { out.push_back({&dt, cur - ix.begin(), end - ix.begin(), r * cols - lo}); }
+            cur = end;
+        }
+    }
+    return true;
+}
+
+}  // namespace
+
+void write_rank_share(const std::filesystem::path & file, const WeightDelta & d, const model::WeightLayout & layout) {
+    const ByName by_name = by_name_of(d);
+    struct Planned {
+        const model::InferenceTensor * t;
+        std::vector<Piece>             pieces;  ///< all sparse: one start per element, written straight from the delta
+        RankDeltaTensor                built;   ///< else: split_tensor's runs
+        bool                           points = false;
+        int64_t                        n = 0, n_runs = 0, sb = 8;
+    };
+    std::vector<Planned> plan;
+    nlohmann::json ts = nlohmann::json::array();
+    int64_t payload = 0;
+    for (const model::InferenceTensor & t : layout.tensors) {
+        Planned pl{.t = &t};
+        pl.points = plan_points(t, by_name, pl.pieces);
+        if (pl.points) {
+            for (const Piece & pc : pl.pieces) { pl.n += pc.k1 - pc.k0; }
+            pl.n_runs = pl.n;
+        } else {
+            pl.built  = split_tensor(t, by_name);
+            pl.n      = pl.built.n_values();
+            pl.n_runs = pl.built.n_runs();
+        }
+        if (pl.n_runs == 0) { continue; }
+        int64_t numel = 1;
+        for (const int64_t x : t.shape) { numel *= x; }
+        pl.sb = numel <= INT32_MAX ? 4 : 8;
+        payload += pl.n_runs * pl.sb + (pl.n_runs == pl.n ? 0 : pl.n_runs * 8) + pl.n * model::dtype_size(t.dtype);
+        ts.push_back({{"name", t.name}, {"dtype", model::dtype_name(t.dtype)}, {"shape", t.shape}, {"n_runs", pl.n_runs}, {"n", pl.n},
+                      {"start_bytes", pl.sb}});
+        plan.push_back(std::move(pl));
+    }
+    const std::string header = nlohmann::json{{"rank", layout.tp.rank}, {"tp", layout.tp.size}, {"ep", layout.tp.ep}, {"tensors", ts}}.dump();
+    const UniqueFd fd = detail::create_framed(file, kMagic, header, "a rank's weight delta");
+    if (payload == 0) { return; }
+    // The payload is written straight into the file's pages (mapped shared): no staging copy.
+    const int64_t off = 16 + static_cast<int64_t>(header.size()), total = off + payload;
+    if (::ftruncate(fd.get(), static_cast<off_t>(total)) != 0) {
+        fail(Errc::invalid_argument, "{}: cannot size a rank's weight delta to {} B: {}", file.string(), total, std::strerror(errno));
+    }
+    void * m = ::mmap(nullptr, static_cast<size_t>(total), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (m == MAP_FAILED) { fail(Errc::invalid_argument, "{}: cannot map a rank's weight delta: {}", file.string(), std::strerror(errno)); }
+    struct Unmap {
+        void * p;
+        size_t n;
+        ~Unmap() { ::munmap(p, n); }
+    } unmap{m, static_cast<size_t>(total)};
+    std::byte * w = static_cast<std::byte *>(m) + off;
+    for (const Planned & pl : plan) {
+        const int64_t es = model::dtype_size(pl.t->dtype);
+        if (pl.points) {
+            for (const Piece & pc : pl.pieces) {  // starts
+                const int64_t * ix = pc.dt->indices.data();
+                if (pl.sb == 4) {
+                    auto * o = reinterpret_cast<int32_t *>(w);
+                    for (int64_t k = pc.k0; k < pc.k1; ++k) { *o++ = static_cast<int32_t>(ix[k] + pc.shift); }
+                } else {
+                    auto * o = reinterpret_cast<int64_t *>(w);
+                    for (int64_t k = pc.k0; k < pc.k1; ++k) { *o++ = ix[k] + pc.shift; }
+                }
+                w += (pc.k1 - pc.k0) * pl.sb;
+            }
+            for (const Piece & pc : pl.pieces) {  // values, in the shard's dtype
+                const int64_t in_es = model::dtype_size(pc.dt->dtype), n = pc.k1 - pc.k0;
+                const std::byte * src = pc.dt->values.data() + pc.k0 * in_es;
+                if (pc.dt->dtype == pl.t->dtype) {
+                    std::memcpy(w, src, static_cast<size_t>(n * es));
+                } else {  // F16 widened to f32, as the loader widens it
+                    std::vector<float> f(static_cast<size_t>(n));
+                    model::convert_to_f32(pc.dt->dtype, src, f.data(), n);
+                    std::memcpy(w, f.data(), f.size() * sizeof(float));
+                }
+                w += n * es;
+            }
+            continue;
+        }
+        const RankDeltaTensor & t = pl.built;
+        for (const int64_t st : t.starts) {
+            if (pl.sb == 4) {
+                const auto v = static_cast<int32_t>(st);
+                std::memcpy(w, &v, 4);
+            } else {
+                std::memcpy(w, &st, 8);
+            }
+            w += pl.sb;
+        }
+        std::memcpy(w, t.lens.data(), t.lens.size() * sizeof(int64_t));
+        w += static_cast<int64_t>(t.lens.size() * sizeof(int64_t));
+        std::memcpy(w, t.values.data(), t.values.size());
+        w += static_cast<int64_t>(t.values.size());
+    }
+    FD_CHECK(w == static_cast<std::byte *>(m) + total, "a rank's weight delta: the payload fills the file exactly");
+}
+
+RankDelta split_delta(const WeightDelta & d, const model::WeightLayout & layout) {
+    const ByName by_name = by_name_of(d);
+    RankDelta out{.rank = layout.tp.rank, .tp = layout.tp.size, .ep = layout.tp.ep};
+    for (const model::InferenceTensor & t : layout.tensors) {
+        RankDeltaTensor rt = split_tensor(t, by_name);
+        if (!rt.starts.empty()) { out.tensors.push_back(std::move(rt)); }
     }
     return out;
 }
@@ -194,6 +353,25 @@ RankDelta read_rank_delta(const std::filesystem::path & file) {
     }
     RankDelta d{.rank = j.value("rank", -1), .tp = j.value("tp", 0), .ep = j.value("ep", 0)};
     int64_t off = f.payload_off;
+    // The file mapped read-only (tmpfs: its page-cache pages, nothing copied); every range is
+    // checked against its size before it is read (map.at).
+    struct Map {
+        const std::byte * p = nullptr;
+        size_t            n = 0;
+        ~Map() {
+            if (p) { ::munmap(const_cast<std::byte *>(p), n); }
+        }
+        const std::byte * at(int64_t o, int64_t len) const {
+            FD_CHECK(o >= 0 && len >= 0 && static_cast<size_t>(o + len) <= n, "a rank delta's range outside its mapped file");
+            return p + o;
+        }
+    } map;
+    if (size > 0) {
+        void * m = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd.get(), 0);
+        if (m == MAP_FAILED) { fail(Errc::invalid_checkpoint, "{}: cannot map a rank's weight delta: {}", file.string(), std::strerror(errno)); }
+        map.p = static_cast<const std::byte *>(m);
+        map.n = static_cast<size_t>(size);
+    }
     for (const auto & e : j["tensors"]) {
         RankDeltaTensor t;
         t.name = e.value("name", "");
@@ -208,17 +386,20 @@ RankDelta read_rank_delta(const std::filesystem::path & file) {
             fail(Errc::invalid_checkpoint, "{}: tensor '{}': {} runs of {} values do not fit the file", file.string(), t.name, n_runs, n);
         }
         t.starts.resize(static_cast<size_t>(n_runs));
-        if (sb == 4) {
-            std::vector<int32_t> narrow(static_cast<size_t>(n_runs));
-            model::pread_exact(fd.get(), narrow.data(), n_runs * 4, off, file, "runs of " + t.name);
-            std::copy(narrow.begin(), narrow.end(), t.starts.begin());
+        if (sb == 4) {  // widened straight from the file's pages (no staging copy)
+            const std::byte * src = map.at(off, n_runs * 4);
+            for (int64_t k = 0; k < n_runs; ++k) {
+                int32_t v;
+                std::memcpy(&v, src + 4 * k, 4);
+                t.starts[static_cast<size_t>(k)] = v;
+            }
         } else {
-            model::pread_exact(fd.get(), t.starts.data(), n_runs * 8, off, file, "runs of " + t.name);
+            std::memcpy(t.starts.data(), map.at(off, n_runs * 8), static_cast<size_t>(n_runs * 8));
         }
         off += n_runs * sb;
         if (n_runs != n) {
             t.lens.resize(static_cast<size_t>(n_runs));
-            model::pread_exact(fd.get(), t.lens.data(), n_runs * 8, off, file, "run lengths of " + t.name);
+            std::memcpy(t.lens.data(), map.at(off, n_runs * 8), static_cast<size_t>(n_runs * 8));
             off += n_runs * 8;
             int64_t sum = 0;
             for (const int64_t l : t.lens) {
@@ -228,7 +409,7 @@ RankDelta read_rank_delta(const std::filesystem::path & file) {
             if (sum != n) { fail(Errc::invalid_checkpoint, "{}: tensor '{}': runs of {} elements for {} values", file.string(), t.name, sum, n); }
         }
         t.values.resize(static_cast<size_t>(n * es));
-        model::pread_exact(fd.get(), t.values.data(), n * es, off, file, "values of " + t.name);
+        std::memcpy(t.values.data(), map.at(off, n * es), static_cast<size_t>(n * es));
         off += n * es;
         d.tensors.push_back(std::move(t));
     }
@@ -260,7 +441,7 @@ void write_rank_shares(const std::filesystem::path & delta_file, const WeightDel
     std::vector<std::thread> ts;
     for (size_t r = 0; r < layouts.size(); ++r) {
         ts.emplace_back([&, r] {
-            guarded(r, [&] { write_rank_delta(rank_delta_file(delta_file, static_cast<int32_t>(r)), split_delta(d, layouts[r])); });
+            guarded(r, [&] { write_rank_share(rank_delta_file(delta_file, static_cast<int32_t>(r)), d, layouts[r]); });
         });
     }
     if (alongside) { guarded(layouts.size(), alongside); }

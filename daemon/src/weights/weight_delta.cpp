@@ -9,13 +9,21 @@
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <future>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 namespace fd::weights {
 
@@ -48,24 +56,82 @@ int64_t WeightDelta::payload_bytes() const {
     return n;
 }
 
-void write_weight_delta(const std::filesystem::path & file, const WeightDelta & d) {
+namespace {
+
+std::string delta_header(const WeightDelta & d) {
     nlohmann::json ts = nlohmann::json::array();
     for (const auto & t : d.tensors) {
         ts.push_back({{"name", t.name}, {"dtype", model::dtype_name(t.dtype)}, {"shape", t.shape}, {"dense", t.dense}, {"n", t.n_values()},
                       {"index_bytes", t.numel() <= INT32_MAX ? 4 : 8}});
     }
-    const std::string header = nlohmann::json{{"tensors", ts}}.dump();
-    const UniqueFd fd = detail::create_framed(file, kMagic, header, "the weight delta");
+    return nlohmann::json{{"tensors", ts}}.dump();
+}
+
+/// Bytes of the file after its header: per tensor its indices (4 or 8 B each) and values.
+int64_t delta_file_payload(const WeightDelta & d) {
+    int64_t n = 0;
+    for (const auto & t : d.tensors) {
+        n += static_cast<int64_t>(t.indices.size()) * (t.numel() <= INT32_MAX ? 4 : 8) + static_cast<int64_t>(t.values.size());
+    }
+    return n;
+}
+
+/// Every tensor's indices and values, in order, at fd's offset (the header written before).
+void write_delta_payload(int fd, const std::filesystem::path & file, const WeightDelta & d) {
     std::vector<int32_t> narrow;
     for (const auto & t : d.tensors) {
         if (t.numel() <= INT32_MAX) {
             narrow.assign(t.indices.begin(), t.indices.end());
-            detail::write_all(fd.get(), narrow.data(), narrow.size() * sizeof(int32_t), file, "the weight delta");
+            detail::write_all(fd, narrow.data(), narrow.size() * sizeof(int32_t), file, "the weight delta");
         } else {
-            detail::write_all(fd.get(), t.indices.data(), t.indices.size() * sizeof(int64_t), file, "the weight delta");
+            detail::write_all(fd, t.indices.data(), t.indices.size() * sizeof(int64_t), file, "the weight delta");
         }
-        detail::write_all(fd.get(), t.values.data(), t.values.size(), file, "the weight delta");
+        detail::write_all(fd, t.values.data(), t.values.size(), file, "the weight delta");
     }
+}
+
+/// Writes started by start_weight_delta_write, by the path they were started with.
+std::mutex                                          g_writes_mu;
+std::map<std::string, std::shared_future<void>>     g_writes;
+
+}  // namespace
+
+void write_weight_delta(const std::filesystem::path & file, const WeightDelta & d) {
+    const UniqueFd fd = detail::create_framed(file, kMagic, delta_header(d), "the weight delta");
+    write_delta_payload(fd.get(), file, d);
+}
+
+void start_weight_delta_write(const std::filesystem::path & file, std::shared_ptr<const WeightDelta> d) {
+    const std::string header = delta_header(*d);
+    auto fd = std::make_shared<UniqueFd>(detail::create_framed(file, kMagic, header, "the weight delta"));
+    const off_t size = static_cast<off_t>(16 + header.size()) + static_cast<off_t>(delta_file_payload(*d));
+    if (::ftruncate(fd->get(), size) != 0) {
+        fail(Errc::invalid_argument, "{}: cannot size the weight delta file to {} B: {}", file.string(), size, std::strerror(errno));
+    }
+    std::shared_future<void> done = std::async(std::launch::async, [fd, d, file] {
+        ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);  // idle time, not the commit's
+        // TEST ONLY: FD_TEST_DELTA_FILE_DELAY_MS=<ms> holds the write back, so that a test can
+        // read the serving dir (sleep, wakeup) while the file is still being written.
+        if (const char * ms = std::getenv("FD_TEST_DELTA_FILE_DELAY_MS"); ms && *ms) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(ms)));
+        }
+        write_delta_payload(fd->get(), file, *d);
+    }).share();
+    std::lock_guard lk(g_writes_mu);
+    g_writes[file.string()] = std::move(done);
+}
+
+void await_weight_delta_write(const std::filesystem::path & file) {
+    std::shared_future<void> f;
+    {
+        std::lock_guard lk(g_writes_mu);
+        const auto it = g_writes.find(file.string());
+        if (it == g_writes.end()) { return; }
+        f = it->second;
+    }
+    f.get();  // rethrows the write's error; the entry stays, so every later wait fails too
+    std::lock_guard lk(g_writes_mu);
+    g_writes.erase(file.string());
 }
 
 WeightDelta read_weight_delta(const std::filesystem::path & file) {

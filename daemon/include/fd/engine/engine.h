@@ -342,8 +342,14 @@ private:
     /// serving_dir_: their files (fd/weights/weight_delta.h), moved into serving_dir_ as
     /// .fdrollout-pending-N.fddelta, in commit order. The dir is updated lazily
     /// (flush_pending_deltas), so a commit costs the ranks' writes only. Dropped whenever
-    /// serving_dir_ changes.
-    std::vector<std::filesystem::path>        pending_deltas_;
+    /// serving_dir_ changes. A stream's file may still be being written when it is moved here
+    /// (weights::start_weight_delta_write): `written_as` is the path its write was started under,
+    /// awaited (weights::await_weight_delta_write) before the file is read or removed.
+    struct PendingDelta {
+        std::filesystem::path file;
+        std::filesystem::path written_as;
+    };
+    std::vector<PendingDelta>                 pending_deltas_;
     int64_t                                   pending_delta_bytes_ = 0;  ///< their files' sizes
     int64_t                                   pending_delta_seq_ = 0;
     static constexpr int64_t                  kPendingDeltaBytes = int64_t{64} << 20;  ///< flush at the commit past this

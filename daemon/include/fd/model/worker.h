@@ -428,8 +428,9 @@ private:
     std::unique_ptr<memory::Allocator>    alloc_;     ///< weight, staging, kv_cache and kv_swap regions
     bool                                  staged_ = false;   ///< the staging region holds a validated copy
     struct DeltaUndo {
-        weights::RankDelta                  delta;      ///< the applied runs (their addresses)
-        std::vector<std::vector<std::byte>> old;        ///< per tensor of `delta`: the runs' old bytes, back to back
+        weights::RankDelta                  delta;      ///< the applied runs (their addresses); a tensor of one-element runs
+                                                        ///< (no lens) holds the OLD values in its `values` once written (swapped in place)
+        std::vector<std::vector<std::byte>> old;        ///< per tensor of `delta` with lens: the runs' old bytes, back to back
         size_t                              n_done = 0; ///< tensors of `delta` written
     };
     DeltaUndo                             delta_undo_;       ///< apply_rank_delta's old values

@@ -64,7 +64,7 @@ std::vector<model::WeightLayout> plan_rank_layouts(const model::ModelConfig & cf
                                                    int32_t tp, int32_t ep);
 
 /// Split `d` for every layout (layouts[r] = rank r) and write each rank's share to
-/// rank_delta_file(delta_file, r), a thread per rank; `alongside` (may be empty) runs on the
+/// rank_delta_file(delta_file, r) (write_rank_share), a thread per rank; `alongside` (may be empty) runs on the
 /// calling thread meanwhile (the stream writes the delta file itself there). Errors  the first
 /// rank's (or alongside's) error, after every thread has finished; files already written stay
 /// (they live in the caller's staging dir).
@@ -83,6 +83,14 @@ std::filesystem::path rank_delta_file(const std::filesystem::path & delta_file, 
 /// tensor its starts (int32 LE when the shard has < 2^31 elements: start_bytes 4; else int64),
 /// its lens (int64 LE, absent when n_runs == n: every run is one element) and its values. Errors  fd::Error{invalid_argument} when the file cannot be written.
 void write_rank_delta(const std::filesystem::path & file, const RankDelta & d);
+
+/// write_rank_delta(file, split_delta(d, layout)), byte for byte, without the intermediate
+/// RankDelta for the tensors whose touched parts are all sparse: their starts (shifted HF
+/// indices) and values are written straight from `d` into the file's pages (sized, then mapped
+/// shared); a tensor with a dense part goes through split_tensor's runs as in split_delta.
+/// Cost: the file's bytes once, plus O(rows × log n) binary searches. Errors  as split_delta;
+/// fd::Error{invalid_argument} when the file cannot be created, sized or mapped.
+void write_rank_share(const std::filesystem::path & file, const WeightDelta & d, const model::WeightLayout & layout);
 
 /// Read a file written by write_rank_delta and check its framing (sizes fit the file, runs of
 /// length >= 1 summing to n). Range checks against the shard are the rank's

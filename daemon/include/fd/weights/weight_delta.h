@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <sys/types.h>
 #include <vector>
@@ -47,6 +48,20 @@ struct WeightDelta {
 /// values, in order.
 /// Errors  fd::Error{invalid_argument} when the file cannot be written.
 void write_weight_delta(const std::filesystem::path & file, const WeightDelta & d);
+
+/// write_weight_delta with the bytes written in the background: `file` is created (mode 0600)
+/// with its header and its final size before this returns (so a rename or a file_size sees the
+/// whole file), and a thread at nice +10 (idle time rather than the commit's) writes the payload
+/// meanwhile, holding `d` and the file open (a rename or unlink of the path does not disturb it).
+/// Whoever reads the file calls await_weight_delta_write with the path given here first.
+/// Errors  fd::Error{invalid_argument} when the file cannot be created or sized (synchronously);
+///         the payload's write errors come from await_weight_delta_write.
+void start_weight_delta_write(const std::filesystem::path & file, std::shared_ptr<const WeightDelta> d);
+
+/// Wait until the write start_weight_delta_write(file) began has finished (at once when none was
+/// started under that path, as for a file write_weight_delta wrote) and forget it.
+/// Errors  the write's fd::Error (kept: every later wait on the same path fails the same way).
+void await_weight_delta_write(const std::filesystem::path & file);
 
 /// Read a file written by write_weight_delta and check it (sizes, indices sorted, unique and in
 /// range). Errors  fd::Error{invalid_checkpoint} naming the file and the tensor.
