@@ -73,6 +73,17 @@ TEST_CASE("comm: null comm is rank 0 of 1 and leaves data alone") {
     CHECK(x[2] == 3.0f);
 }
 
+TEST_CASE("fork_ranks: a rank still running at the deadline is killed and counted, the others' results kept") {
+    // (without the deadline this test would hang until CTest's timeout: that is its failure)
+    const int failed = fd::testing::run_forked_ranks(
+        3, [](int r) {
+            if (r == 1) { ::pause(); }  // stuck (as in a collective whose peer died)
+            return r == 2 ? 1 : 0;
+        },
+        0.5);
+    CHECK(failed == 2);  // rank 1 killed, rank 2 failed, rank 0 passed
+}
+
 TEST_CASE("comm: gloo all-reduce over 2 and 4 rank processes, rebuilt after disconnect") {
     comm::TcpStoreServer store("127.0.0.1", 0);
     CHECK(run_ranks(2, store.port(), 4099) == 0);
