@@ -186,7 +186,7 @@ Result run_tp(const Options & o, int tp, int ep, const std::string & comm_kind) 
         if (r == 0) { *shared = mine; }
         if (comm) { comm->barrier(); }
         return 0;
-    }) != 0;
+    }, 24 * 3600.0) != 0;  // (a bench may run long: only a day-long hang is cut)
     const Result res = *shared;
     munmap(shared, sizeof(Result));
     if (failed || !res.ok) { throw std::runtime_error("a rank process failed at tp " + std::to_string(tp)); }
