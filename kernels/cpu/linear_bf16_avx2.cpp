@@ -139,13 +139,18 @@ FD_AVX2_TARGET __attribute__((noinline)) void steps(float * lanes, const float *
             for (int r = 0; r < MR; ++r) {
                 xo[r] = _mm256_loadu_ps(xr[r] + s * 16 + h * hk);
                 xe[r] = _mm256_loadu_ps(xr[r] + s * 16 + h * hk + 8);
+                // one row: x in registers, loaded once for the NR columns (GCC otherwise makes it
+                // a memory operand of every FMA and loads each weight twice: 4 loads per column
+                // and half, load-port bound at ~26 GB/s with the weights in L2; issue 28 gemv28)
+                if constexpr (MR == 1) { __asm__("" : "+x"(xo[r]), "+x"(xe[r])); }
             }
 #pragma GCC unroll 8
             for (int c = 0; c < NR; ++c) {
                 if (kPrefetch && h == 0) {
                     _mm_prefetch(pf ? pf + (s * NR + c) * 64 : reinterpret_cast<const char *>(wr[c] + k) + kPrefetchAhead, _MM_HINT_T0);
                 }
-                const __m256i v  = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(wr[c] + k + 16 * h));
+                __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(wr[c] + k + 16 * h));
+                if constexpr (MR == 1) { __asm__("" : "+x"(v)); }
                 const __m256  wo = _mm256_castsi256_ps(_mm256_and_si256(v, top));
                 const __m256  we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 #pragma GCC unroll 8
@@ -379,6 +384,85 @@ FD_AVX2_TARGET void tile_group(const Problem & p, int64_t r, int n_r, int64_t o,
     }
 }
 
+constexpr int kRowGroups = 8;  ///< one-row tiles: groups of 4 outputs (one row of each part) per DAZ setting
+
+/// The whole steps of n_g groups of 4 one-row outputs (group g: columns 4g .. 4g + 3), group
+/// after group, each followed by its zero-padded tail step (when `has_tail`), under one
+/// MXCSR.DAZ setting, restored before returning: lanes [4 n_g][16] read and written. Its own
+/// noinline function (as steps_daz). The setting costs about as much as a group's 16 steps at
+/// n_in = 512, so a call covers up to kRowGroups groups.
+__attribute__((noinline)) void one_row_daz(float * lanes, const float * const (&xr)[1], const uint16_t * const * wr, int n_g,
+                                           int64_t n_steps, const uint16_t * const * tail, bool has_tail, int64_t hk) {
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr((csr | kDaz) & ~kFtz);
+    const float * const xt[1] = {xr[0] + n_steps * 16};
+    for (int g = 0; g < n_g; ++g) {
+        const uint16_t * const w4[4] = {wr[4 * g], wr[4 * g + 1], wr[4 * g + 2], wr[4 * g + 3]};
+        steps<1, 4, false>(lanes + 4 * g * kLanes, xr, w4, n_steps, hk, nullptr);
+        if (has_tail) {
+            const uint16_t * const t4[4] = {tail[4 * g], tail[4 * g + 1], tail[4 * g + 2], tail[4 * g + 3]};
+            steps<1, 4, false>(lanes + 4 * g * kLanes, xt, t4, 1, hk, nullptr);
+        }
+    }
+    _mm_setcsr(csr);
+}
+
+/// Outputs [o0, o1) of one row (decode): as matmul.cpp's one-row AVX2 strip, the outputs in 4
+/// equal parts read as 4 sequential streams that the hardware prefetchers follow (no software
+/// prefetch); a block is kRowGroups consecutive rows of each part (bf16 weights; 2 for f32 ones,
+/// rounded into scratch), one DAZ setting and transposed reductions of 8. Tiles of adjacent rows
+/// with the next tile prefetched read at 0.8 of a one-stream read probe here (docs/benchmarks.md
+/// "B=1 GEMV on AVX2").
+void outputs_one_row(const Problem & p, int64_t o0, int64_t o1) {
+    const bool    rounded = p.wtype == WType::f32;  // rows rounded into scratch, zero-padded: no tail step
+    const int64_t kp = padded_k(p.n_in), row_bytes = p.n_in * (rounded ? 4 : 2);
+    const int64_t n_steps = rounded ? kp / kStepK : p.n_in / kStepK;
+    const int64_t left    = rounded ? 0 : p.n_in - n_steps * kStepK;
+    const int64_t n = o1 - o0, part = (n + 3) / 4;  // parts of part rows, the last one maybe shorter or empty
+    const int     rows = rounded ? 2 : kRowGroups;  // rows of each part per block
+    thread_local detail::ScratchVec<uint16_t> scratch;
+    if (rounded) { scratch.resize(static_cast<size_t>(4 * rows * kp)); }
+    const float * const xr[1] = {p.xw};
+    constexpr int kCols = 4 * kRowGroups;
+    alignas(32) uint16_t tail[kCols][kStepK];
+    for (int64_t i = 0; i < part; i += rows) {
+        const int        n_g = static_cast<int>(std::min<int64_t>(rows, part - i));
+        const uint16_t * wr[kCols];
+        const uint16_t * wt[kCols];
+        int64_t          oc[kCols];  // column c's output: part c % 4, row i + c / 4 of it; -1 past the end
+        for (int c = 0; c < 4 * n_g; ++c) {
+            const int64_t j = i + c / 4, o = (c % 4) * part + j;
+            oc[c] = o < n ? o0 + o : -1;
+            const int64_t row = oc[c] >= 0 ? oc[c] : o0 + j;  // past the end: a valid row again (not stored)
+            if (rounded) {
+                round_row(scratch.data() + c * kp, reinterpret_cast<const float *>(p.w + row * row_bytes), p.n_in, kp);
+                wr[c] = scratch.data() + c * kp;
+            } else {
+                wr[c] = reinterpret_cast<const uint16_t *>(p.w + row * row_bytes);
+            }
+            wt[c] = tail[c];
+            if (left > 0) {
+                std::memset(tail[c], 0, sizeof tail[c]);
+                std::memcpy(tail[c], wr[c] + n_steps * kStepK, sizeof(uint16_t) * left);
+            }
+        }
+        alignas(64) f32x16 lanes[kCols];
+        std::memset(lanes, 0, sizeof(f32x16) * 4 * n_g);
+        float * lf = reinterpret_cast<float *>(lanes);
+        one_row_daz(lf, xr, wr, n_g, n_steps, wt, left > 0, kp / 2);
+        flush_lanes(lf, 4 * n_g * kLanes);
+        float sums[kCols];
+        reduce_all(lanes, 4 * n_g, sums);
+        for (int c = 0; c < 4 * n_g; ++c) {
+            if (oc[c] < 0) { continue; }
+            float v = sums[c];
+            if (std::isnan(v)) { v = dot_portable(p.x, p.w + oc[c] * row_bytes, p.wtype, p.n_in); }
+            if (p.bias) { v += p.bias[oc[c]]; }
+            p.out[oc[c]] = v;
+        }
+    }
+}
+
 /// Outputs [o0, o1) of every row: rows in blocks of ~256 KiB of widened x, each NR-output strip
 /// meeting every MR-row tile of the block; the first row tile of a strip streams its weights.
 template <int MR, int NR>
@@ -530,19 +614,19 @@ void linear_bf16_avx2(float * out, const float * x, const void * w, WType wtype,
     for_tasks(pool, n_xt, [&](int64_t t) {
         widen_rows(xw, x, n_rows * t / n_xt, n_rows * (t + 1) / n_xt, n_in, ldxw);
     });
-    // Tasks as the avx512_bf16 path: whole 24-output groups; one row ~128 KiB of weights each,
-    // more rows one range per thread.
+    // Tasks: whole 24-output groups; one row as decode_task_outputs says for streams (long
+    // tasks: long streams), more rows one range per thread.
     const int64_t row_bytes = n_in * (wtype == WType::bf16 ? 2 : 4);
     int64_t       per_task;
     if (n_rows == 1) {
-        per_task = std::max<int64_t>(24, ((128 << 10) / std::max<int64_t>(1, row_bytes)) / 24 * 24);
+        per_task = decode_task_outputs(n_out, row_bytes, n_thr, true);
     } else {
         per_task = ((n_out + 23) / 24 + n_thr - 1) / n_thr * 24;
     }
     for_tasks(pool, (n_out + per_task - 1) / per_task, [&](int64_t t) {
         const int64_t o0 = t * per_task, o1 = std::min(n_out, o0 + per_task);
         if (n_rows == 1) {
-            outputs<1, 4>(p, o0, o1);
+            outputs_one_row(p, o0, o1);
         } else if (n_rows == 2) {
             outputs<2, 2>(p, o0, o1);
         } else {

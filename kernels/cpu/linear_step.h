@@ -8,6 +8,7 @@
 #include "fd/kernels/thread_pool.h"
 #include "lanes.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -138,6 +139,20 @@ inline void permute_bf16_step(const float * src, int64_t left, float * lo, float
         hi[l] = kh < left ? src[kh] : 0.0f;
     }
 #endif
+}
+
+/// Outputs per task of a one-row (decode) linear over n_out weight rows of row_bytes each, on
+/// n_threads threads: whole 24-output groups (at least 24). `streams` false: ~128 KiB of weights
+/// per task (tiles of adjacent rows, the next tile prefetched). `streams` true (the AVX2 one-row
+/// paths, whose tiles read each column's part of the task as one sequential stream, so a longer
+/// task is a longer stream): one task on one thread, else 4 per thread of at least ~128 KiB each
+/// (some load balance between threads that other programs slow down).
+inline int64_t decode_task_outputs(int64_t n_out, int64_t row_bytes, int64_t n_threads, bool streams) {
+    const int64_t base = std::max<int64_t>(24, ((128 << 10) / std::max<int64_t>(1, row_bytes)) / 24 * 24);
+    if (!streams) { return base; }
+    if (n_threads <= 1) { return std::max<int64_t>(1, n_out); }
+    const int64_t per = (n_out + 4 * n_threads - 1) / (4 * n_threads);
+    return std::max(base, (per + 23) / 24 * 24);
 }
 
 /// run(t) for t in [0, n_tasks): over `pool` when there is one and more than one task, else on

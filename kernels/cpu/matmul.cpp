@@ -133,7 +133,12 @@ __attribute__((noinline)) void group_steps_avx2(f32x16 (&acc)[MR][NR], const flo
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 8
-        for (int g = 0; g < G; ++g) { std::memcpy(&a[r][g][0], &acc[r][C0 + g], sizeof(a[r][g])); }
+        for (int g = 0; g < G; ++g) {  // two 32-byte loads (a memcpy of the pair became 16-byte
+                                        // copies through the stack, reloaded 32 bytes at a time:
+                                        // a store-forwarding stall per call)
+            const float * p = reinterpret_cast<const float *>(&acc[r][C0 + g]);
+            a[r][g][0] = _mm256_loadu_ps(p), a[r][g][1] = _mm256_loadu_ps(p + 8);
+        }
     }
     for (int64_t s = 0; s < n_steps; ++s) {
         const int64_t k = s * S::K;
@@ -157,17 +162,32 @@ __attribute__((noinline)) void group_steps_avx2(f32x16 (&acc)[MR][NR], const flo
             } else {
                 // Half h of both vectors of the step: lanes 8h..8h+7 of lo and hi are the unpacks
                 // of the step's k 16h..16h+15 (as load_bf16_step).
+                // One row: x's two vectors of the half loaded once into registers and each 32-byte
+                // weight load unpacked twice from its register (left to itself GCC folds both into
+                // every instruction: 4 loads per column and half instead of 1, and the one-row
+                // decode was load-port bound at ~30 GB/s with the weights in L2; issue 28 gemv28).
                 const __m256i z = _mm256_setzero_si256();
+                __m256        xlo = _mm256_setzero_ps(), xhi = _mm256_setzero_ps();
+                if constexpr (MR == 1) {
+                    xlo = _mm256_loadu_ps(xr[0] + k + 8 * h), xhi = _mm256_loadu_ps(xr[0] + k + kLanes + 8 * h);
+                    __asm__("" : "+x"(xlo), "+x"(xhi));
+                }
 #pragma GCC unroll 8
                 for (int g = 0; g < G; ++g) {
-                    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(
+                    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(
                         reinterpret_cast<const uint16_t *>(wr[C0 + g]) + k + 16 * h));
+                    if constexpr (MR == 1) { __asm__("" : "+x"(v)); }
                     const __m256 wlo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v));
                     const __m256 whi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v));
 #pragma GCC unroll 8
                     for (int r = 0; r < MR; ++r) {
-                        a[r][g][h] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k + 8 * h), wlo, a[r][g][h]);
-                        a[r][g][h] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k + kLanes + 8 * h), whi, a[r][g][h]);
+                        if constexpr (MR == 1) {
+                            a[r][g][h] = _mm256_fmadd_ps(xlo, wlo, a[r][g][h]);
+                            a[r][g][h] = _mm256_fmadd_ps(xhi, whi, a[r][g][h]);
+                        } else {
+                            a[r][g][h] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k + 8 * h), wlo, a[r][g][h]);
+                            a[r][g][h] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k + kLanes + 8 * h), whi, a[r][g][h]);
+                        }
                     }
                 }
             }
@@ -176,7 +196,10 @@ __attribute__((noinline)) void group_steps_avx2(f32x16 (&acc)[MR][NR], const flo
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 8
-        for (int g = 0; g < G; ++g) { std::memcpy(&acc[r][C0 + g], &a[r][g][0], sizeof(a[r][g])); }
+        for (int g = 0; g < G; ++g) {
+            float * p = reinterpret_cast<float *>(&acc[r][C0 + g]);
+            _mm256_storeu_ps(p, a[r][g][0]), _mm256_storeu_ps(p + 8, a[r][g][1]);
+        }
     }
 }
 
@@ -193,29 +216,24 @@ void whole_steps_avx2(f32x16 (&acc)[MR][NR], const float * const (&xr)[MR], cons
 }
 #endif
 
+/// Every step of an MR x NR tile over n_k k's (whole steps, then the zero-padded tail): acc
+/// [MR][NR] lanes read and written; xr: x rows, wr: weight rows, both at the first k.
 template <WType T, int MR, int NR, bool kPrefetch>
-void tile(const TileArgs & t) {
+void tile_steps(f32x16 (&acc)[MR][NR], const float * const (&xr)[MR], const char * const (&wr)[NR], int64_t n_k,
+                const char * pf) {
     using S = Step<T>;
-    const float * xr[MR];
-    const char *  wr[NR];
-    for (int r = 0; r < MR; ++r) { xr[r] = t.x + std::min(r, t.n_rows - 1) * t.ldx; }
-    for (int c = 0; c < NR; ++c) { wr[c] = t.w + std::min(c, t.n_cols - 1) * t.ldw; }
-    f32x16 acc[MR][NR];
-    for (int r = 0; r < MR; ++r) {
-        for (int c = 0; c < NR; ++c) { acc[r][c] = t.first ? f32x16{} : t.carry[r * NR + c]; }
-    }
     int64_t k = 0;
 #if defined(FD_HAVE_WHOLE_STEPS)
-    whole_steps<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_k / S::K, t.pf);
-    k = t.n_k / S::K * S::K;
+    whole_steps<T, MR, NR, kPrefetch>(acc, xr, wr, n_k / S::K, pf);
+    k = n_k / S::K * S::K;
 #elif defined(FD_LINEAR_AVX2)
-    whole_steps_avx2<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_k / S::K, t.pf);
-    k = t.n_k / S::K * S::K;
+    whole_steps_avx2<T, MR, NR, kPrefetch>(acc, xr, wr, n_k / S::K, pf);
+    k = n_k / S::K * S::K;
 #endif
     auto step = [&](int64_t kk, int n) {
         f32x16 wv[NR][S::V];
         for (int c = 0; c < NR; ++c) {
-            if (kPrefetch) { __builtin_prefetch(t.pf ? t.pf + (kk / S::K * NR + c) * 64 : wr[c] + kk * S::kElemBytes + 512, 0, 3); }
+            if (kPrefetch) { __builtin_prefetch(pf ? pf + (kk / S::K * NR + c) * 64 : wr[c] + kk * S::kElemBytes + 512, 0, 3); }
             load_w<T>(wr[c], kk, n, wv[c]);
         }
         for (int r = 0; r < MR; ++r) {
@@ -226,8 +244,21 @@ void tile(const TileArgs & t) {
             }
         }
     };
-    for (; k + S::K <= t.n_k; k += S::K) { step(k, S::K); }
-    if (k < t.n_k) { step(k, static_cast<int>(t.n_k - k)); }
+    for (; k + S::K <= n_k; k += S::K) { step(k, S::K); }
+    if (k < n_k) { step(k, static_cast<int>(n_k - k)); }
+}
+
+template <WType T, int MR, int NR, bool kPrefetch>
+void tile(const TileArgs & t) {
+    const float * xr[MR];
+    const char *  wr[NR];
+    for (int r = 0; r < MR; ++r) { xr[r] = t.x + std::min(r, t.n_rows - 1) * t.ldx; }
+    for (int c = 0; c < NR; ++c) { wr[c] = t.w + std::min(c, t.n_cols - 1) * t.ldw; }
+    f32x16 acc[MR][NR];
+    for (int r = 0; r < MR; ++r) {
+        for (int c = 0; c < NR; ++c) { acc[r][c] = t.first ? f32x16{} : t.carry[r * NR + c]; }
+    }
+    tile_steps<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_k, t.pf);
     if (!t.last) {
         for (int r = 0; r < MR; ++r) {
             for (int c = 0; c < NR; ++c) { t.carry[r * NR + c] = acc[r][c]; }
@@ -254,6 +285,34 @@ void strip(float * out, const float * x, const char * w, const float * bias, int
     // row; stream the next tile instead (issue 23: 1 KiB bf16 expert rows read at 0.3 of the
     // read bandwidth with the per-row prefetch).
     const bool short_rows = row_bytes < kShortRowBytes;
+#if defined(FD_LINEAR_AVX2)
+    // AVX2 (AMD Zen 3 class; issue 28, docs/benchmarks.md "B=1 GEMV on AVX2"): the outputs in 4
+    // equal parts, read as 4 sequential streams, one per part, which the hardware prefetchers
+    // follow (no software prefetch). A tile takes 2 consecutive rows of each part (8 outputs:
+    // one transposed reduction): group_steps_avx2 runs the parts' row i over all k, then row
+    // i + 1. Tiles of adjacent rows with the next tile prefetched (the loop below) read at 0.8 of
+    // a one-stream read probe here; these streams at 1.1-1.3.
+    (void)short_rows;
+    const int64_t n = o1 - o0, part = (n + 3) / 4;  // parts of part rows, the last one maybe shorter or empty
+    const float * const xr[1] = {x};
+    for (int64_t i = 0; i < part; i += 2) {
+        const char * wr[8];
+        int64_t      oc[8];  // column c's output: part c % 4, row i + c / 4 of it; -1 past the end
+        for (int c = 0; c < 8; ++c) {
+            const int64_t j = i + c / 4, o = (c % 4) * part + j;
+            oc[c] = j < part && o < n ? o0 + o : -1;
+            wr[c] = w + (oc[c] >= 0 ? oc[c] : o0 + i) * row_bytes;  // past the end: a valid row again (not stored)
+        }
+        f32x16 acc[1][8] = {};
+        tile_steps<T, 1, 8, false>(acc, xr, wr, n_in, nullptr);
+        float sums[8];
+        reduce_all(&acc[0][0], 8, sums);
+        for (int c = 0; c < 8; ++c) {
+            if (oc[c] >= 0) { out[oc[c]] = bias ? sums[c] + bias[oc[c]] : sums[c]; }
+        }
+    }
+    return;
+#endif
     for (int64_t o = o0; o < o1; o += NR) {
         tile<T, 1, NR, true>({.x = x, .ldx = 0, .w = w + o * row_bytes, .ldw = row_bytes, .n_rows = 1,
                               .n_cols = static_cast<int>(std::min<int64_t>(NR, o1 - o)), .n_k = n_in,
@@ -290,8 +349,8 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
     if (n_rows <= 0 || n_out <= 0) { return; }
     const char * wb = static_cast<const char *>(w);
     if (n_rows == 1) {
-        // Decode: tasks of ~128 KiB of weights (whole 8-row strips, at least 24 rows). bf16: x in
-        // the bf16 lane order first.
+        // Decode: tasks as decode_task_outputs says (AVX2: long streams). bf16: x in the bf16
+        // lane order first.
         thread_local detail::ScratchVec<float> xperm;
         const float * xs = x;
         if (wtype == WType::bf16) {
@@ -300,7 +359,12 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
             xs = xperm.data();
         }
         const int64_t row_bytes = n_in * static_cast<int64_t>(wtype == WType::f32 ? 4 : 2);
-        const int64_t per_task  = std::max<int64_t>(24, ((128 << 10) / std::max<int64_t>(1, row_bytes)) / 24 * 24);
+#if defined(FD_LINEAR_AVX2)
+        constexpr bool kStreams = true;  // strip()'s column streams
+#else
+        constexpr bool kStreams = false;
+#endif
+        const int64_t per_task = decode_task_outputs(n_out, row_bytes, pool ? pool->n_threads() : 1, kStreams);
         for_tasks(pool, (n_out + per_task - 1) / per_task, [&](int64_t t) {
             const int64_t o0 = t * per_task, o1 = std::min(n_out, o0 + per_task);
             if (wtype == WType::f32) {
