@@ -4,8 +4,15 @@
 //   bf16 mode: kernels::linear_bf16  (x rounded to bf16, vdpbf16ps), and its two parts apart:
 //              round_to_bf16 of x alone (the rounding's share) and the whole call;
 // M = 1 streams a stack of copies of the matrix larger than the last-level cache (decode: bytes
-// bound), reported as weight bytes per second ÷ this run's read bandwidth (a 16-wide vector sum
-// over the same number of bytes); M > 1 reuses one matrix (compute bound), reported as GFLOP/s.
+// bound), reported as weight bytes per second ÷ this run's read bandwidth, two probes over the
+// same number of bytes: `read_bw_gbs` a 16-wide vector sum read front to back (one stream, the
+// probe of every earlier record: *_of_bw), and `read_bw_streams_gbs` the best of that and the same
+// sum over 2, 4 and 8 parts read side by side (one core reads several streams faster than one:
+// 1.2-1.3x on the AMD EPYC of issue 28; *_of_bw_streams, the figure to judge a kernel by);
+// M > 1 reuses one matrix (compute bound), reported as GFLOP/s.
+// Weights and probe buffer are 2 MiB-aligned anonymous mappings advised MADV_HUGEPAGE, as the
+// daemon's weight arena (fd::Arena); --huge-pages 0: plain 4 KiB pages (records before issue 28
+// "B=1 GEMV on AVX2" ran on std::vector memory).
 // Every figure is the best of --reps runs by process CPU time (other programs share the machine;
 // the best CPU-time run is the one least disturbed). Prints one JSON object.
 // Linked against any build's fd_kernels (public API only), so main's kernels and a branch's can
@@ -14,6 +21,8 @@
 #include "fd/kernels/thread_pool.h"
 
 #include <nlohmann/json.hpp>
+
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -62,14 +71,58 @@ uint16_t to_bf16(float f) {
     return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-/// Bytes per second of a 16-float-wide sum over `bytes` (the read-bandwidth reference).
-double read_bandwidth(size_t bytes, int reps) {
-    std::vector<float> buf(bytes / 4, 1.0f);
-    volatile float     sink = 0;
-    const double       s    = best_per_call(
+/// `bytes` of anonymous memory, 2 MiB-aligned; `huge`: advised MADV_HUGEPAGE (as fd::Arena does
+/// for the daemon's weights). Zero-filled, every page touched. Unmapped on destruction.
+struct Buffer {
+    char * p = nullptr;
+    void * base = nullptr;
+    size_t mapped = 0;
+    Buffer(size_t bytes, bool huge) {
+        constexpr size_t kAlign = size_t{2} << 20;
+        mapped = bytes + kAlign;
+        base   = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) {
+            std::fprintf(stderr, "mmap of %zu bytes failed\n", mapped);
+            std::exit(1);
+        }
+        p = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(base) + kAlign - 1) / kAlign * kAlign);
+        madvise(p, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+        std::memset(p, 0, bytes);
+    }
+    ~Buffer() { munmap(base, mapped); }
+    Buffer(const Buffer &) = delete;
+    Buffer & operator=(const Buffer &) = delete;
+};
+
+/// Sum of n floats read as S streams side by side (S equal parts, 16 floats of each per step).
+template <int S>
+float sum_streams(const float * b, size_t n) {
+    float        acc[S][16] = {};
+    const size_t part       = n / S / 16 * 16;
+    for (size_t i = 0; i < part; i += 16) {
+        for (int s = 0; s < S; ++s) {
+            for (int l = 0; l < 16; ++l) { acc[s][l] += b[s * part + i + l]; }
+        }
+    }
+    float t = 0;
+    for (int s = 0; s < S; ++s) {
+        for (float v : acc[s]) { t += v; }
+    }
+    return t;
+}
+
+/// Bytes per second of reading `bytes` front to back with a 16-float-wide sum (one stream: the
+/// probe of the earlier records) and the best of that and 2, 4, 8 streams side by side.
+std::pair<double, double> read_bandwidth(size_t bytes, int reps, bool huge) {
+    Buffer         mem(bytes, huge);
+    float *        buf = reinterpret_cast<float *>(mem.p);
+    const size_t   n   = bytes / 4;
+    volatile float sink = 0;
+    for (size_t i = 0; i < n; ++i) { buf[i] = 1.0f; }
+    const double one = best_per_call(
         [&] {
             float acc[16] = {};
-            for (size_t i = 0; i + 16 <= buf.size(); i += 16) {
+            for (size_t i = 0; i + 16 <= n; i += 16) {
                 for (int l = 0; l < 16; ++l) { acc[l] += buf[i + l]; }
             }
             float t = 0;
@@ -77,8 +130,12 @@ double read_bandwidth(size_t bytes, int reps) {
             sink = t;
         },
         reps, 0.3);
+    double best = one;
+    best = std::min(best, best_per_call([&] { sink = sum_streams<2>(buf, n); }, reps, 0.3));
+    best = std::min(best, best_per_call([&] { sink = sum_streams<4>(buf, n); }, reps, 0.3));
+    best = std::min(best, best_per_call([&] { sink = sum_streams<8>(buf, n); }, reps, 0.3));
     (void)sink;
-    return static_cast<double>(bytes) / s;
+    return {static_cast<double>(bytes) / one, static_cast<double>(bytes) / best};
 }
 
 std::vector<int64_t> parse_list(const std::string & s) {
@@ -96,7 +153,9 @@ std::vector<int64_t> parse_list(const std::string & s) {
 
 int main(int argc, char ** argv) {
     // Arguments: --threads N --reps R --min-s S --ms 1,8,64,512 --stream-mib MiB --shapes OUTxIN,...
+    //            --weights bf16|f32 --huge-pages 1|0
     int         threads = 1, reps = 5;
+    bool        huge = true;
     bool        f32_weights = false;  // --weights f32: an F32 checkpoint (bf16 mode rounds each weight as read)
     double      min_s   = 0.2;
     int64_t     stream_mib = 192;
@@ -110,14 +169,17 @@ int main(int argc, char ** argv) {
         else if (a == "--stream-mib") { stream_mib = std::stoll(v); }
         else if (a == "--shapes") { shapes_s = v; }
         else if (a == "--weights") { f32_weights = v == "f32"; }
+        else if (a == "--huge-pages") { huge = v != "0"; }
         else { std::fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
     }
     k::ThreadPool pool(threads);
-    const double  bw = read_bandwidth(static_cast<size_t>(stream_mib) << 20, reps);
+    const auto [bw, bw_streams] = read_bandwidth(static_cast<size_t>(stream_mib) << 20, reps, huge);
     json          out;
     out["threads"]           = threads;
     out["bf16_isa"]          = k::bf16_isa_name(k::bf16_best_isa());
+    out["huge_pages"]        = huge;
     out["read_bw_gbs"]       = bw / 1e9;
+    out["read_bw_streams_gbs"] = bw_streams / 1e9;
     out["weights"]           = f32_weights ? "f32" : "bf16";
     std::mt19937 rng(28);
     std::normal_distribution<float> nd(0.0f, 0.05f);
@@ -129,22 +191,19 @@ int main(int argc, char ** argv) {
         const int64_t n_out = std::stoll(sh.substr(0, sh.find('x'))), n_in = std::stoll(sh.substr(sh.find('x') + 1));
         const int64_t es = f32_weights ? 4 : 2, mat_bytes = n_out * n_in * es;
         const int64_t copies    = std::max<int64_t>(1, (stream_mib << 20) / mat_bytes);
-        std::vector<uint16_t> w(static_cast<size_t>(copies * n_out * n_in));
-        for (int64_t i = 0; i < n_out * n_in; ++i) { w[static_cast<size_t>(i)] = to_bf16(nd(rng)); }
-        std::vector<float> wf;
+        Buffer        wmem(static_cast<size_t>(copies * mat_bytes), huge);
+        uint16_t *    w  = reinterpret_cast<uint16_t *>(wmem.p);  // bf16 weights, or the first copy's values before widening
+        float *       wf = reinterpret_cast<float *>(wmem.p);
+        std::vector<uint16_t> w0(static_cast<size_t>(n_out * n_in));
+        for (auto & v : w0) { v = to_bf16(nd(rng)); }
         if (f32_weights) {  // the same values, stored as f32
-            wf.resize(static_cast<size_t>(copies * n_out * n_in));
-            for (int64_t i = 0; i < n_out * n_in; ++i) { k::bf16_to_f32(&wf[static_cast<size_t>(i)], &w[static_cast<size_t>(i)], 1); }
+            k::bf16_to_f32(wf, w0.data(), n_out * n_in);
+        } else {
+            std::memcpy(w, w0.data(), static_cast<size_t>(mat_bytes));
         }
-        for (int64_t c = 1; c < copies; ++c) {
-            if (f32_weights) {
-                std::memcpy(wf.data() + c * n_out * n_in, wf.data(), static_cast<size_t>(mat_bytes));
-            } else {
-                std::memcpy(w.data() + c * n_out * n_in, w.data(), static_cast<size_t>(mat_bytes));
-            }
-        }
+        for (int64_t c = 1; c < copies; ++c) { std::memcpy(wmem.p + c * mat_bytes, wmem.p, static_cast<size_t>(mat_bytes)); }
         const k::WType wt   = f32_weights ? k::WType::f32 : k::WType::bf16;
-        const char *   wsrc = f32_weights ? reinterpret_cast<const char *>(wf.data()) : reinterpret_cast<const char *>(w.data());
+        const char *   wsrc = wmem.p;
         for (int64_t m : parse_list(ms_s)) {
             std::vector<float> x(static_cast<size_t>(m * n_in)), y(static_cast<size_t>(m * n_out));
             std::vector<uint16_t> xb(static_cast<size_t>(m * n_in));
@@ -161,6 +220,8 @@ int main(int argc, char ** argv) {
                 row["bf16_mode_us"]      = tb * 1e6;
                 row["f32_mode_of_bw"]    = static_cast<double>(mat_bytes) / tf / bw;
                 row["bf16_mode_of_bw"]   = static_cast<double>(mat_bytes) / tb / bw;
+                row["f32_mode_of_bw_streams"]  = static_cast<double>(mat_bytes) / tf / bw_streams;
+                row["bf16_mode_of_bw_streams"] = static_cast<double>(mat_bytes) / tb / bw_streams;
             } else {
                 const double flop = 2.0 * static_cast<double>(m * n_out * n_in);
                 auto f32 = [&] { k::linear(y.data(), x.data(), wsrc, wt, nullptr, m, n_out, n_in, &pool); };
