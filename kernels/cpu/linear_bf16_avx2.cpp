@@ -117,7 +117,9 @@ FD_AVX2_TARGET void round_row(uint16_t * dst, const float * src, int64_t n_in, i
 /// caller). xr: widened x rows at the first step; wr: bf16 weight rows at the first step.
 /// kPrefetch: `pf` non-null streams the next tile's weights (NR lines per step, short rows), else
 /// each row's own line kPrefetchAhead bytes ahead.
-template <int MR, int NR, bool kPrefetch>
+/// kZero: the lanes start at zero (not read); kFlush: the lanes stored are flushed (denormal →
+/// zero of its sign, integer ops as flush_lanes: the last call of a chain only).
+template <int MR, int NR, bool kPrefetch, bool kZero = false, bool kFlush = false>
 FD_AVX2_TARGET __attribute__((noinline)) void steps(float * lanes, const float * const (&xr)[MR],
                                                     const uint16_t * const (&wr)[NR], int64_t n_steps, int64_t hk, const char * pf) {
     __m256 a[MR][NR][2];
@@ -125,8 +127,8 @@ FD_AVX2_TARGET __attribute__((noinline)) void steps(float * lanes, const float *
     for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 8
         for (int c = 0; c < NR; ++c) {
-            a[r][c][0] = _mm256_loadu_ps(lanes + (r * NR + c) * 16);
-            a[r][c][1] = _mm256_loadu_ps(lanes + (r * NR + c) * 16 + 8);
+            a[r][c][0] = kZero ? _mm256_setzero_ps() : _mm256_loadu_ps(lanes + (r * NR + c) * 16);
+            a[r][c][1] = kZero ? _mm256_setzero_ps() : _mm256_loadu_ps(lanes + (r * NR + c) * 16 + 8);
         }
     }
     const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
@@ -161,12 +163,21 @@ FD_AVX2_TARGET __attribute__((noinline)) void steps(float * lanes, const float *
             }
         }
     }
+    const __m256i expo = _mm256_set1_epi32(0x7F800000), mag = _mm256_set1_epi32(0x7FFFFFFF);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 8
         for (int c = 0; c < NR; ++c) {
-            _mm256_storeu_ps(lanes + (r * NR + c) * 16, a[r][c][0]);
-            _mm256_storeu_ps(lanes + (r * NR + c) * 16 + 8, a[r][c][1]);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; ++h) {
+                __m256 v = a[r][c][h];
+                if constexpr (kFlush) {
+                    const __m256i u = _mm256_castps_si256(v);
+                    const __m256i z = _mm256_cmpeq_epi32(_mm256_and_si256(u, expo), _mm256_setzero_si256());
+                    v = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_and_si256(z, mag), u));
+                }
+                _mm256_storeu_ps(lanes + (r * NR + c) * 16 + 8 * h, v);
+            }
         }
     }
 }
@@ -388,7 +399,8 @@ constexpr int kRowGroups = 8;  ///< one-row tiles: groups of 4 outputs (one row 
 
 /// The whole steps of n_g groups of 4 one-row outputs (group g: columns 4g .. 4g + 3), group
 /// after group, each followed by its zero-padded tail step (when `has_tail`), under one
-/// MXCSR.DAZ setting, restored before returning: lanes [4 n_g][16] read and written. Its own
+/// MXCSR.DAZ setting, restored before returning: lanes [4 n_g][16] written, from zero, the last
+/// values flushed (denormal → zero of its sign, as flush_lanes). Its own
 /// noinline function (as steps_daz). The setting costs about as much as a group's 16 steps at
 /// n_in = 512, so a call covers up to kRowGroups groups.
 __attribute__((noinline)) void one_row_daz(float * lanes, const float * const (&xr)[1], const uint16_t * const * wr, int n_g,
@@ -398,10 +410,12 @@ __attribute__((noinline)) void one_row_daz(float * lanes, const float * const (&
     const float * const xt[1] = {xr[0] + n_steps * 16};
     for (int g = 0; g < n_g; ++g) {
         const uint16_t * const w4[4] = {wr[4 * g], wr[4 * g + 1], wr[4 * g + 2], wr[4 * g + 3]};
-        steps<1, 4, false>(lanes + 4 * g * kLanes, xr, w4, n_steps, hk, nullptr);
         if (has_tail) {
             const uint16_t * const t4[4] = {tail[4 * g], tail[4 * g + 1], tail[4 * g + 2], tail[4 * g + 3]};
-            steps<1, 4, false>(lanes + 4 * g * kLanes, xt, t4, 1, hk, nullptr);
+            steps<1, 4, false, true, false>(lanes + 4 * g * kLanes, xr, w4, n_steps, hk, nullptr);
+            steps<1, 4, false, false, true>(lanes + 4 * g * kLanes, xt, t4, 1, hk, nullptr);
+        } else {
+            steps<1, 4, false, true, true>(lanes + 4 * g * kLanes, xr, w4, n_steps, hk, nullptr);
         }
     }
     _mm_setcsr(csr);
@@ -446,11 +460,9 @@ void outputs_one_row(const Problem & p, int64_t o0, int64_t o1) {
                 std::memcpy(tail[c], wr[c] + n_steps * kStepK, sizeof(uint16_t) * left);
             }
         }
-        alignas(64) f32x16 lanes[kCols];
-        std::memset(lanes, 0, sizeof(f32x16) * 4 * n_g);
+        alignas(64) f32x16 lanes[kCols];  // written by one_row_daz: from zero, the last lanes flushed
         float * lf = reinterpret_cast<float *>(lanes);
         one_row_daz(lf, xr, wr, n_g, n_steps, wt, left > 0, kp / 2);
-        flush_lanes(lf, 4 * n_g * kLanes);
         float sums[kCols];
         reduce_all(lanes, 4 * n_g, sums);
         for (int c = 0; c < 4 * n_g; ++c) {
