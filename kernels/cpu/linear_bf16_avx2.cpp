@@ -395,14 +395,16 @@ FD_AVX2_TARGET void tile_group(const Problem & p, int64_t r, int n_r, int64_t o,
     }
 }
 
-constexpr int kRowGroups = 8;  ///< one-row tiles: groups of 4 outputs (one row of each part) per DAZ setting
+/// One-row blocks: groups of 4 outputs (one row of each part) per DAZ setting. 8 was faster with
+/// the weights in L2 (39 vs 37 GB/s) but slower streaming them from memory (23-26 vs 26 GB/s at
+/// 8192 x 512, 5 of 5 interleaved runs): the parts' streams advance in longer bursts.
+constexpr int kRowGroups = 2;
 
 /// The whole steps of n_g groups of 4 one-row outputs (group g: columns 4g .. 4g + 3), group
 /// after group, each followed by its zero-padded tail step (when `has_tail`), under one
 /// MXCSR.DAZ setting, restored before returning: lanes [4 n_g][16] written, from zero, the last
-/// values flushed (denormal → zero of its sign, as flush_lanes). Its own
-/// noinline function (as steps_daz). The setting costs about as much as a group's 16 steps at
-/// n_in = 512, so a call covers up to kRowGroups groups.
+/// values flushed (denormal → zero of its sign, as flush_lanes). Its own noinline function (as
+/// steps_daz); n_g <= kRowGroups.
 __attribute__((noinline)) void one_row_daz(float * lanes, const float * const (&xr)[1], const uint16_t * const * wr, int n_g,
                                            int64_t n_steps, const uint16_t * const * tail, bool has_tail, int64_t hk) {
     const unsigned csr = _mm_getcsr();
@@ -423,8 +425,8 @@ __attribute__((noinline)) void one_row_daz(float * lanes, const float * const (&
 
 /// Outputs [o0, o1) of one row (decode): as matmul.cpp's one-row AVX2 strip, the outputs in 4
 /// equal parts read as 4 sequential streams that the hardware prefetchers follow (no software
-/// prefetch); a block is kRowGroups consecutive rows of each part (bf16 weights; 2 for f32 ones,
-/// rounded into scratch), one DAZ setting and transposed reductions of 8. Tiles of adjacent rows
+/// prefetch); a block is kRowGroups consecutive rows of each part (f32 weights rounded into
+/// scratch a block at a time), one DAZ setting and a transposed reduction of 8. Tiles of adjacent rows
 /// with the next tile prefetched read at 0.8 of a one-stream read probe here (docs/benchmarks.md
 /// "B=1 GEMV on AVX2").
 void outputs_one_row(const Problem & p, int64_t o0, int64_t o1) {
@@ -433,7 +435,7 @@ void outputs_one_row(const Problem & p, int64_t o0, int64_t o1) {
     const int64_t n_steps = rounded ? kp / kStepK : p.n_in / kStepK;
     const int64_t left    = rounded ? 0 : p.n_in - n_steps * kStepK;
     const int64_t n = o1 - o0, part = (n + 3) / 4;  // parts of part rows, the last one maybe shorter or empty
-    const int     rows = rounded ? 2 : kRowGroups;  // rows of each part per block
+    const int     rows = kRowGroups;  // rows of each part per block
     thread_local detail::ScratchVec<uint16_t> scratch;
     if (rounded) { scratch.resize(static_cast<size_t>(4 * rows * kp)); }
     const float * const xr[1] = {p.xw};
