@@ -18,8 +18,10 @@
 // - NaN: the FMA's NaN choice is not the portable path's (first NaN of x, w, acc). A NaN in a
 //   lane's chain stays to the end, so an output whose sum is NaN is recomputed by the portable
 //   code (dot_portable); every other output never met one and is already exact.
-// Tiles: 1 x 4 outputs for one row (weights streamed, prefetched), 2 x 2 for two rows (both
-// halves in one loop, rows in blocks of ~256 KiB of widened x). x is rounded once per call into
+// Tiles: one row (decode) reads its outputs as 4 sequential streams, 4 parts of a task's outputs
+// side by side, 8 outputs (2 rows of each part) per DAZ setting (outputs_one_row; issue 28 "B=1
+// GEMV on AVX2" in docs/benchmarks.md); 2 x 2 for two rows (both halves in one loop, rows in
+// blocks of ~256 KiB of widened x, weights prefetched). x is rounded once per call into
 // a widened odd / even layout, half-major: per row, half 0 of every step, then half 1.
 // Three rows and more (issue 28 "bf16 tiles on AVX2" in docs/benchmarks.md): an output's lanes
 // 0-7 and 8-15 never meet before the reduction, so a tile runs half 0 over all k, then half 1
@@ -59,7 +61,7 @@ namespace {
 constexpr unsigned kDaz = 0x0040, kFtz = 0x8000;  ///< MXCSR bits
 constexpr int64_t  kWBlockBytes = 192 << 10;     ///< bf16 weights of an output block, many rows (L2;
                                                   ///< 96 and 384 KiB measured the same)
-constexpr int64_t  kPrefetchAhead = 512;          ///< bytes ahead in a long weight row (one-row tiles)
+constexpr int64_t  kPrefetchAhead = 512;          ///< bytes ahead in a long weight row (two-row tiles)
 
 /// Floats from one widened x row to the next: a float per k, plus one cache line (L1 sets).
 inline int64_t xw_stride(int64_t n_in) { return padded_k(n_in) + 16; }

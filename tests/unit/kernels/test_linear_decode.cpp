@@ -3,10 +3,11 @@
 // parts read as 4 sequential streams, each tile taking the next rows of every part (issue 28,
 // docs/benchmarks.md "B=1 GEMV on AVX2"), so the edges are new: a last part shorter than the
 // others or empty (n_out 1, 2, 3, 5, 6, 7, 9, 13), a part whose row count is not a multiple of
-// the 2 rows a tile or block takes (33, 66, 67, 131; 31: whole blocks), tasks split between threads (1000 outputs), and k tails (7, 40, 1061). Each output must
-// be bitwise another path's: the f32 mode's many-row packed path (row 0 of 9 rows:
-// linear_packed.cpp), the bf16 mode's portable path and its many-row AVX2 tiles; and nothing may
-// be written past n_out (the columns past a part's end compute a valid row again, unstored).
+// the 2 rows a tile or block takes (33, 66, 67, 131; 31: whole blocks), tasks split between
+// threads (1000 outputs), and k tails (7, 40, 1061). Each output must be bitwise another path's:
+// the f32 mode's many-row packed path (row 0 of 9 rows: linear_packed.cpp), the bf16 mode's
+// portable path and its many-row AVX2 tiles; and nothing may be written past n_out (the columns
+// past a part's end compute a valid row again, unstored).
 #include "fd/kernels/cpu_ops.h"
 #include "fd/kernels/thread_pool.h"
 
