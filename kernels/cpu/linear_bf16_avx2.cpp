@@ -397,9 +397,9 @@ FD_AVX2_TARGET void tile_group(const Problem & p, int64_t r, int n_r, int64_t o,
     }
 }
 
-/// One-row blocks: groups of 4 outputs (one row of each part) per DAZ setting. 8 was faster with
-/// the weights in L2 (39 vs 37 GB/s) but slower streaming them from memory (23-26 vs 26 GB/s at
-/// 8192 x 512, 5 of 5 interleaved runs): the parts' streams advance in longer bursts.
+/// One-row blocks: groups of 4 outputs (one row of each part) per DAZ setting. 8 was about as
+/// fast with the weights in L2 (42.7 vs 41.4 GB/s) and slower streaming them from memory (23-26
+/// vs 26 GB/s at 8192 x 512, 5 of 5 interleaved runs): the parts' streams advance in bursts.
 constexpr int kRowGroups = 2;
 
 /// The whole steps of n_g groups of 4 one-row outputs (group g: columns 4g .. 4g + 3), group
@@ -428,9 +428,9 @@ __attribute__((noinline)) void one_row_daz(float * lanes, const float * const (&
 /// Outputs [o0, o1) of one row (decode): as matmul.cpp's one-row AVX2 strip, the outputs in 4
 /// equal parts read as 4 sequential streams that the hardware prefetchers follow (no software
 /// prefetch); a block is kRowGroups consecutive rows of each part (f32 weights rounded into
-/// scratch a block at a time), one DAZ setting and a transposed reduction of 8. Tiles of adjacent rows
-/// with the next tile prefetched read at 0.8 of a one-stream read probe here (docs/benchmarks.md
-/// "B=1 GEMV on AVX2").
+/// scratch a block at a time), one DAZ setting and a transposed reduction of 8. Tiles of
+/// adjacent rows with the next tile prefetched read at 0.8 of a one-stream read probe here
+/// (docs/benchmarks.md "B=1 GEMV on AVX2").
 void outputs_one_row(const Problem & p, int64_t o0, int64_t o1) {
     const bool    rounded = p.wtype == WType::f32;  // rows rounded into scratch, zero-padded: no tail step
     const int64_t kp = padded_k(p.n_in), row_bytes = p.n_in * (rounded ? 4 : 2);
