@@ -400,15 +400,14 @@ class DeltaTp1(unittest.TestCase):
         self.delta("x4", "x3", self.new, self.base)
         self.assert_serving(self.ref_base, "x4")
 
-    def test_10_the_dir_waits_for_a_delta_file_written_after_the_commit(self):
-        # The delta file for the serving dir is written in the background after the ranks'
-        # commit; FD_TEST_DELTA_FILE_DELAY_MS (TEST ONLY) holds that write back 1.5 s. The commit
-        # answers first; a sleep right after it must wait for the file before writing the dir
-        # (which the wakeup reloads): the dir then holds the delta's bytes, bit for bit, and the
-        # wakeup serves them under the delta's label. A finish refused after the split (the base
-        # changed under it) drops the update and its file; the next delta works.
-        with Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *self.TP_ARGS, model=STORIES, extra=False,
-                    env={"FD_TEST_DELTA_FILE_DELAY_MS": "1500"}) as d:
+    def test_10_the_dir_takes_the_delta_file_the_ranks_read(self):
+        # The finish writes one delta file (weights.fddelta, HF names) that every rank maps and
+        # splits itself; after the commit it goes into the serving dir as a pending delta. A sleep
+        # right after the commit writes it into the dir (which the wakeup reloads): the dir then
+        # holds the delta's bytes, bit for bit, and the wakeup serves them under the delta's
+        # label. A finish refused after the seal (the base changed under it) drops the update and
+        # its file; the next delta works.
+        with Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *self.TP_ARGS, model=STORIES, extra=False) as d:
             c = Client(f"127.0.0.1:{d.port}", timeout=20)
             with c.weight_stream("w0") as ws:
                 for name in sorted(self.base):

@@ -68,21 +68,11 @@ struct StreamManager::Impl {
         int32_t                            n_delta = 0;
         weights::WeightDelta               delta;         ///< a delta update's tensors (sparse or dense), applied in place at the commit
         bool                               in_place = false;  ///< sealed as a delta file: serving's dir is updated in place
-        fs::path                           delta_file;    ///< its file, written in the background (weights::start_weight_delta_write)
+        fs::path                           delta_file;    ///< its file (weights.fddelta), written at the seal: every rank maps it
     };
 
-    /// Forget the open update (its staging dir goes). A delta file still being written is
-    /// awaited first, so that no write outlives the update unseen.
-    void reset_update() noexcept {
-        if (update && !update->delta_file.empty()) {
-            try {
-                weights::await_weight_delta_write(update->delta_file);
-            } catch (const std::exception & e) {
-                log::get("stream")->warn("the dropped delta update's file {} was not completely written: {}", update->delta_file.string(), e.what());
-            }
-        }
-        update.reset();
-    }
+    /// Forget the open update (its staging dir goes).
+    void reset_update() noexcept { update.reset(); }
 
     StreamConfig cfg;
     fs::path     root;
@@ -173,12 +163,19 @@ struct StreamManager::Impl {
         Receiver * r = rx.get();
         std::vector<std::vector<std::byte>> wire(specs.size());
         std::vector<weights::DeltaTensor>   out(specs.size());
+        for (size_t i = 0; i < specs.size(); ++i) {  // earlier updates' buffers: their pages are faulted in already
+            wire[i] = take_buffer(byte_pool, static_cast<size_t>(specs[i].nbytes));
+            if (specs[i].is_delta()) { out[i].indices = take_buffer(index_pool, static_cast<size_t>(specs[i].n_indices)); }
+        }
         int64_t bytes = 0;
         int32_t n_sparse = 0;
+        double socket_s = 0;
         const auto err = outside_lock(lk, [&] {
             if (!r) { fail(Errc::wrong_state, "no trainer is connected; POST /init_weight_transfer_engine again"); }
             for (size_t i = 0; i < specs.size(); ++i) { wire[i].resize(static_cast<size_t>(specs[i].nbytes)); }
+            const auto ts = Clock::now();
             r->receive(specs, packed, [&](size_t i) { return wire[i].data(); }, deadline);
+            socket_s = std::chrono::duration<double>(Clock::now() - ts).count();
             for (size_t i = 0; i < specs.size(); ++i) {
                 const TensorSpec & s = specs[i];
                 weights::DeltaTensor & d = out[i];
@@ -210,11 +207,54 @@ struct StreamManager::Impl {
         update->bytes += bytes;
         update->n_delta += n_sparse;
         update->idle_deadline = after(timeout_s);
+        const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
+        log::get("stream")->info("delta bucket: {} tensor(s), {} B in {:.3f} s (socket {:.3f} s, check {:.3f} s)", specs.size(), bytes, total_s,
+                                 socket_s, total_s - socket_s);
         return BucketReport{.n_tensors  = static_cast<int32_t>(specs.size()),
                             .bytes      = bytes,
                             .n_received = static_cast<int32_t>(update->weight_map.size()),
                             .n_expected = static_cast<int32_t>(expected.size()),
                             .seconds    = std::chrono::duration<double>(Clock::now() - t0).count()};
+    }
+
+    /// The byte and index buffers of the last delta update, kept (cleared, capacity intact, at
+    /// most kPoolBytes) after its seal wrote them to the delta file: the next update receives
+    /// into them, so its buckets do not fault in fresh pages.
+    static constexpr size_t             kPoolBytes = size_t{1} << 30;
+    std::vector<std::vector<std::byte>> byte_pool;
+    std::vector<std::vector<int64_t>>   index_pool;
+
+    /// The pooled buffer with the smallest capacity >= n (empty when none), taken out of `pool`.
+    template <class T>
+    static std::vector<T> take_buffer(std::vector<std::vector<T>> & pool, size_t n) {
+        size_t best = pool.size();
+        for (size_t i = 0; i < pool.size(); ++i) {
+            if (pool[i].capacity() >= n && (best == pool.size() || pool[i].capacity() < pool[best].capacity())) { best = i; }
+        }
+        if (best == pool.size()) { return {}; }
+        std::vector<T> v = std::move(pool[best]);
+        pool[best] = std::move(pool.back());
+        pool.pop_back();
+        return v;
+    }
+
+    /// Keep `d`'s buffers for the next delta update (up to kPoolBytes in all).
+    void pool_buffers(weights::WeightDelta && d) {
+        size_t held = 0;
+        for (const auto & v : byte_pool) { held += v.capacity(); }
+        for (const auto & v : index_pool) { held += v.capacity() * sizeof(int64_t); }
+        for (auto & t : d.tensors) {
+            if (t.values.capacity() > 0 && held + t.values.capacity() <= kPoolBytes) {
+                held += t.values.capacity();
+                t.values.clear();
+                byte_pool.push_back(std::move(t.values));
+            }
+            if (t.indices.capacity() > 0 && held + t.indices.capacity() * sizeof(int64_t) <= kPoolBytes) {
+                held += t.indices.capacity() * sizeof(int64_t);
+                t.indices.clear();
+                index_pool.push_back(std::move(t.indices));
+            }
+        }
     }
 
     /// Every rank's layout plan (as its Worker plans it: --model's index, v4 names), planned at
@@ -233,14 +273,12 @@ struct StreamManager::Impl {
         return layouts;
     }
 
-    /// Split a delta update's tensors by every rank's layout and write each rank's share next to
-    /// `file` (weights::rank_delta_file), on a thread per rank; `file` itself (the delta for the
-    /// serving dir, read only when the engine writes that dir) is written in the background
-    /// (weights::start_weight_delta_write; the engine awaits it before reading it).
+    /// Write a delta update's tensors to `file` (weights.fddelta: int32 indices where they fit,
+    /// the values as received), the one file every rank maps and splits with its own layout at
+    /// the commit (RankOp::apply_hf_delta) and the serving dir takes later as a pending delta.
     /// Errors  invalid_argument naming a tensor no rank reads under its name (it could not be
-    ///         applied in place); a write's error.
-    void write_rank_deltas(const fs::path & file, const std::shared_ptr<const weights::WeightDelta> & shared) {
-        const weights::WeightDelta & d = *shared;
+    ///         applied in place); the write's error.
+    void write_delta_file(const fs::path & file, const weights::WeightDelta & d) {
         const auto & ls = rank_layouts();
         for (const auto & t : d.tensors) {
             if (!layout_names.count(t.name) && !optional_tensor(t.name) && !(ls[0].tied_lm_head && t.name == "lm_head.weight")) {
@@ -248,8 +286,7 @@ struct StreamManager::Impl {
                                                                 "write it in place; stream the full weights", t.name), "names");
             }
         }
-        weights::start_weight_delta_write(file, shared);  // off the commit's path: only the serving dir's flush reads it
-        weights::write_rank_shares(file, d, ls);
+        weights::write_weight_delta(file, d);
     }
 
     void load_expected() {
@@ -466,12 +503,12 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
     if (m.update->base_version) {  // a delta update: its tensors go in place; every other keeps the base's bytes
         const fs::path f = m.update->dir->path() / "weights.fddelta";
         const auto t0  = Clock::now();
-        auto shared    = std::make_shared<const weights::WeightDelta>(std::move(m.update->delta));
-        const auto err = m.outside_lock(lk, [&] { m.write_rank_deltas(f, shared); });
+        weights::WeightDelta delta = std::move(m.update->delta);
+        const auto err = m.outside_lock(lk, [&] { m.write_delta_file(f, delta); });
         m.update->delta_file = f;
-        log::get("stream")->info("delta update sealed: {} tensor(s), {} B split for {} rank(s) in {:.3f} s ({} written in the background)",
-                                 shared->tensors.size(), shared->payload_bytes(), m.layouts.size(),
-                                 std::chrono::duration<double>(Clock::now() - t0).count(), f.string());
+        log::get("stream")->info("delta update sealed: {} tensor(s), {} B written to {} for {} rank(s) in {:.3f} s", delta.tensors.size(),
+                                 delta.payload_bytes(), f.string(), m.layouts.size(), std::chrono::duration<double>(Clock::now() - t0).count());
+        m.pool_buffers(std::move(delta));  // written: the next delta update receives into its buffers
         if (err) {
             m.drop_locked(*err);
             throw *err;
@@ -520,7 +557,7 @@ void StreamManager::committed(const std::string & version) {
     if (!m.update) { return; }
     if (m.update->in_place) {  // serving's dir now holds the new bytes (the engine wrote them); the delta file goes
         m.serving_version = version;
-        m.update.reset();  // its delta file went into serving's dir: the engine awaits its write (pending deltas)
+        m.update.reset();  // its delta file went into serving's dir (a pending delta)
         return;
     }
     m.update->dir->keep();
