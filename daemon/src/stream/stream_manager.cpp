@@ -40,15 +40,9 @@ std::string shape_text(const std::vector<int64_t> & s) {
     return out + "]";
 }
 
-/// Index of the first NaN/Inf among `t`'s values at `p`, or -1.
+/// Index of the first NaN/Inf among `t`'s values at `p` (any alignment), or -1.
 int64_t first_nonfinite(const TensorSpec & t, const std::byte * p) {
-    const int64_t n = t.nbytes / model::dtype_size(t.dtype);
-    switch (t.dtype) {
-        case fd::DType::f32: return kernels::find_nonfinite_f32(reinterpret_cast<const float *>(p), n);
-        case fd::DType::bf16: return kernels::find_nonfinite_bf16(reinterpret_cast<const uint16_t *>(p), n);
-        case fd::DType::f16: return kernels::find_nonfinite_f16(reinterpret_cast<const uint16_t *>(p), n);
-    }
-    return -1;
+    return stream::first_nonfinite(t.dtype, p, t.nbytes / model::dtype_size(t.dtype));
 }
 
 bool optional_tensor(const std::string & name) { return name.find("rotary_emb.inv_freq") != std::string::npos; }
@@ -66,9 +60,10 @@ struct StreamManager::Impl {
         std::optional<std::string>         base_version;  ///< a delta update's base
         model::TensorIndex                 base;          ///< its tensors (in serving's dir)
         int32_t                            n_delta = 0;
-        weights::WeightDelta               delta;         ///< a delta update's tensors (sparse or dense), applied in place at the commit
+        std::unique_ptr<DeltaFile>         delta_out;     ///< a delta update's weights.fddelta: its tensors land there as they arrive
+        nlohmann::json                     delta_entries = nlohmann::json::array();  ///< their header entries, in file order
         bool                               in_place = false;  ///< sealed as a delta file: serving's dir is updated in place
-        fs::path                           delta_file;    ///< its file (weights.fddelta), written at the seal: every rank maps it
+        fs::path                           delta_file;    ///< that file once sealed: every rank maps it
     };
 
     /// Forget the open update (its staging dir goes).
@@ -155,107 +150,67 @@ struct StreamManager::Impl {
         }
     }
 
-    /// A bucket of a delta update (lock held, specs checked): every tensor, delta or full, is
-    /// received into memory, checked (indices sorted, unique, in range; values finite) and kept
-    /// for the delta file seal() writes; nothing is copied from the base.
+    /// A bucket of a delta update (lock held, specs checked): its tensors, delta or full, are
+    /// received into bucket_buf, checked there (indices sorted, unique, in range; values finite)
+    /// and appended to the update's delta file as they came (the wire bytes are the file's);
+    /// nothing is copied from the base, nothing widened.
     BucketReport receive_delta_bucket(std::unique_lock<std::mutex> & lk, const std::vector<TensorSpec> & specs, bool packed,
                                       Clock::time_point deadline, Clock::time_point t0) {
-        Receiver * r = rx.get();
-        std::vector<std::vector<std::byte>> wire(specs.size());
-        std::vector<weights::DeltaTensor>   out(specs.size());
-        for (size_t i = 0; i < specs.size(); ++i) {  // earlier updates' buffers: their pages are faulted in already
-            wire[i] = take_buffer(byte_pool, static_cast<size_t>(specs[i].nbytes));
-            if (specs[i].is_delta()) { out[i].indices = take_buffer(index_pool, static_cast<size_t>(specs[i].n_indices)); }
+        Receiver * r  = rx.get();
+        DeltaFile * f = update->delta_out.get();
+        std::vector<int64_t> offs(specs.size());
+        int64_t total = 0;
+        for (size_t i = 0; i < specs.size(); ++i) {
+            offs[i] = total;
+            total += specs[i].nbytes;
         }
-        int64_t bytes = 0;
         int32_t n_sparse = 0;
-        double socket_s = 0;
+        double socket_s = 0, check_s = 0;
         const auto err = outside_lock(lk, [&] {
             if (!r) { fail(Errc::wrong_state, "no trainer is connected; POST /init_weight_transfer_engine again"); }
-            for (size_t i = 0; i < specs.size(); ++i) { wire[i].resize(static_cast<size_t>(specs[i].nbytes)); }
+            if (static_cast<int64_t>(bucket_buf.size()) < total) { bucket_buf.resize(static_cast<size_t>(total)); }  // grown, never shrunk
+            std::byte * base = bucket_buf.data();
             const auto ts = Clock::now();
-            r->receive(specs, packed, [&](size_t i) { return wire[i].data(); }, deadline);
-            socket_s = std::chrono::duration<double>(Clock::now() - ts).count();
+            r->receive(specs, packed, [&](size_t i) { return base + offs[i]; }, deadline);
+            const auto tc = Clock::now();
+            socket_s = std::chrono::duration<double>(tc - ts).count();
             for (size_t i = 0; i < specs.size(); ++i) {
                 const TensorSpec & s = specs[i];
-                weights::DeltaTensor & d = out[i];
-                d.name  = s.name;
-                d.dtype = s.dtype;
-                d.shape = s.shape;
                 if (s.is_delta()) {
                     ++n_sparse;
-                    check_delta(s, wire[i], d.indices, d.values);  // throws naming the tensor and position
-                } else {
-                    if (const int64_t bad = first_nonfinite(s, wire[i].data()); bad >= 0) {
-                        fail(Errc::invalid_checkpoint, "tensor '{}' holds a non-finite value (NaN or Inf) at element {}; nothing was applied",
-                             s.name, bad);
-                    }
-                    d.dense  = true;
-                    d.values = std::move(wire[i]);
+                    check_delta_bytes(s, base + offs[i]);  // throws naming the tensor and position
+                } else if (const int64_t bad = first_nonfinite(s, base + offs[i]); bad >= 0) {
+                    fail(Errc::invalid_checkpoint, "tensor '{}' holds a non-finite value (NaN or Inf) at element {}; nothing was applied",
+                         s.name, bad);
                 }
-                bytes += s.nbytes;
             }
+            check_s = std::chrono::duration<double>(Clock::now() - tc).count();
+            f->append(base, total);
         });
         if (err) {
             drop_locked(*err);
             throw *err;
         }
-        for (auto & d : out) {
-            update->weight_map[d.name] = "";  // received (in memory, not in a bucket file)
-            update->delta.tensors.push_back(std::move(d));
+        for (const auto & s : specs) {
+            update->weight_map[s.name] = "";  // received (in the delta file, not in a bucket file)
+            update->delta_entries.push_back({{"name", s.name}, {"dtype", model::dtype_name(s.dtype)}, {"shape", s.shape}, {"dense", !s.is_delta()},
+                                             {"n", s.is_delta() ? s.n_indices : s.numel()}, {"index_bytes", s.is_delta() ? s.index_bytes : 4}});
         }
-        update->bytes += bytes;
+        update->bytes += total;
         update->n_delta += n_sparse;
         update->idle_deadline = after(timeout_s);
         const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
-        log::get("stream")->info("delta bucket: {} tensor(s), {} B in {:.3f} s (socket {:.3f} s, check {:.3f} s)", specs.size(), bytes, total_s,
-                                 socket_s, total_s - socket_s);
+        log::get("stream")->info("delta bucket: {} tensor(s), {} B in {:.3f} s (socket {:.3f} s, check {:.3f} s, file {:.3f} s)", specs.size(),
+                                 total, total_s, socket_s, check_s, total_s - socket_s - check_s);
         return BucketReport{.n_tensors  = static_cast<int32_t>(specs.size()),
-                            .bytes      = bytes,
+                            .bytes      = total,
                             .n_received = static_cast<int32_t>(update->weight_map.size()),
                             .n_expected = static_cast<int32_t>(expected.size()),
-                            .seconds    = std::chrono::duration<double>(Clock::now() - t0).count()};
+                            .seconds    = total_s};
     }
 
-    /// The byte and index buffers of the last delta update, kept (cleared, capacity intact, at
-    /// most kPoolBytes) after its seal wrote them to the delta file: the next update receives
-    /// into them, so its buckets do not fault in fresh pages.
-    static constexpr size_t             kPoolBytes = size_t{1} << 30;
-    std::vector<std::vector<std::byte>> byte_pool;
-    std::vector<std::vector<int64_t>>   index_pool;
-
-    /// The pooled buffer with the smallest capacity >= n (empty when none), taken out of `pool`.
-    template <class T>
-    static std::vector<T> take_buffer(std::vector<std::vector<T>> & pool, size_t n) {
-        size_t best = pool.size();
-        for (size_t i = 0; i < pool.size(); ++i) {
-            if (pool[i].capacity() >= n && (best == pool.size() || pool[i].capacity() < pool[best].capacity())) { best = i; }
-        }
-        if (best == pool.size()) { return {}; }
-        std::vector<T> v = std::move(pool[best]);
-        pool[best] = std::move(pool.back());
-        pool.pop_back();
-        return v;
-    }
-
-    /// Keep `d`'s buffers for the next delta update (up to kPoolBytes in all).
-    void pool_buffers(weights::WeightDelta && d) {
-        size_t held = 0;
-        for (const auto & v : byte_pool) { held += v.capacity(); }
-        for (const auto & v : index_pool) { held += v.capacity() * sizeof(int64_t); }
-        for (auto & t : d.tensors) {
-            if (t.values.capacity() > 0 && held + t.values.capacity() <= kPoolBytes) {
-                held += t.values.capacity();
-                t.values.clear();
-                byte_pool.push_back(std::move(t.values));
-            }
-            if (t.indices.capacity() > 0 && held + t.indices.capacity() * sizeof(int64_t) <= kPoolBytes) {
-                held += t.indices.capacity() * sizeof(int64_t);
-                t.indices.clear();
-                index_pool.push_back(std::move(t.indices));
-            }
-        }
-    }
+    /// The last delta buckets' bytes (the largest one's size, reused: no fresh pages per bucket).
+    std::vector<std::byte> bucket_buf;
 
     /// Every rank's layout plan (as its Worker plans it: --model's index, v4 names), planned at
     /// the first delta, and the HF names some rank reads. Called with busy set.
@@ -273,20 +228,21 @@ struct StreamManager::Impl {
         return layouts;
     }
 
-    /// Write a delta update's tensors to `file` (weights.fddelta: int32 indices where they fit,
-    /// the values as received), the one file every rank maps and splits with its own layout at
-    /// the commit (RankOp::apply_hf_delta) and the serving dir takes later as a pending delta.
+    /// Seal a delta update's file (weights.fddelta: its tensors are in it, the header goes in
+    /// its room), the one file every rank maps and splits with its own layout at the commit
+    /// (RankOp::apply_hf_delta) and the serving dir takes later as a pending delta. Called with busy set.
     /// Errors  invalid_argument naming a tensor no rank reads under its name (it could not be
     ///         applied in place); the write's error.
-    void write_delta_file(const fs::path & file, const weights::WeightDelta & d) {
+    void seal_delta_file() {
         const auto & ls = rank_layouts();
-        for (const auto & t : d.tensors) {
-            if (!layout_names.count(t.name) && !optional_tensor(t.name) && !(ls[0].tied_lm_head && t.name == "lm_head.weight")) {
+        for (const auto & e : update->delta_entries) {
+            const std::string name = e["name"].get<std::string>();
+            if (!layout_names.count(name) && !optional_tensor(name) && !(ls[0].tied_lm_head && name == "lm_head.weight")) {
                 throw Error(Errc::invalid_argument, fmt::format("tensor '{}': no rank holds it under this name, so a delta update cannot "
-                                                                "write it in place; stream the full weights", t.name), "names");
+                                                                "write it in place; stream the full weights", name), "names");
             }
         }
-        weights::write_weight_delta(file, d);
+        update->delta_out->seal(nlohmann::json{{"tensors", update->delta_entries}}.dump());
     }
 
     void load_expected() {
@@ -397,12 +353,17 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
         m.listener.reset();  // one trainer per transport
     }
     auto dir = std::make_unique<StagingDir>(m.root, m.cfg.port);
+    std::unique_ptr<DeltaFile> delta_out;  // a delta update's tensors land in its weights.fddelta as they arrive
+    if (base_version) {  // header room: ~200 B per tensor entry; 512 reserved for each of the model's tensors
+        delta_out = std::make_unique<DeltaFile>(dir->path() / "weights.fddelta", 1024 + 512 * static_cast<int64_t>(m.expected.size()));
+    }
     m.update.emplace();
     m.update->dir           = std::move(dir);
     m.update->version       = std::move(version);
     m.update->idle_deadline = after(m.timeout_s);
     m.update->base_version  = std::move(base_version);
     m.update->base          = std::move(base);
+    m.update->delta_out     = std::move(delta_out);
 }
 
 BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs, bool packed, Clock::time_point deadline) {
@@ -501,14 +462,12 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
     if (m.busy) { fail(Errc::wrong_state, "a bucket is still being received; finish after its /update_weights answered"); }
     if (m.update->sealed) { fail(Errc::wrong_state, "the update is already finishing"); }
     if (m.update->base_version) {  // a delta update: its tensors go in place; every other keeps the base's bytes
-        const fs::path f = m.update->dir->path() / "weights.fddelta";
+        const fs::path f = m.update->delta_out->path();
         const auto t0  = Clock::now();
-        weights::WeightDelta delta = std::move(m.update->delta);
-        const auto err = m.outside_lock(lk, [&] { m.write_delta_file(f, delta); });
+        const auto err = m.outside_lock(lk, [&] { m.seal_delta_file(); });
         m.update->delta_file = f;
-        log::get("stream")->info("delta update sealed: {} tensor(s), {} B written to {} for {} rank(s) in {:.3f} s", delta.tensors.size(),
-                                 delta.payload_bytes(), f.string(), m.layouts.size(), std::chrono::duration<double>(Clock::now() - t0).count());
-        m.pool_buffers(std::move(delta));  // written: the next delta update receives into its buffers
+        log::get("stream")->info("delta update sealed: {} tensor(s), {} B in {} for {} rank(s) in {:.3f} s", m.update->delta_entries.size(),
+                                 m.update->bytes, f.string(), m.layouts.size(), std::chrono::duration<double>(Clock::now() - t0).count());
         if (err) {
             m.drop_locked(*err);
             throw *err;
