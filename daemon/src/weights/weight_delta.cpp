@@ -17,8 +17,6 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <optional>
-#include <thread>
 
 namespace fd::weights {
 
@@ -62,15 +60,6 @@ std::string delta_header(const WeightDelta & d) {
     return nlohmann::json{{"tensors", ts}}.dump();
 }
 
-/// Bytes of the file after its header: per tensor its indices (4 or 8 B each) and values.
-int64_t delta_file_payload(const WeightDelta & d) {
-    int64_t n = 0;
-    for (const auto & t : d.tensors) {
-        n += static_cast<int64_t>(t.indices.size()) * (t.numel() <= INT32_MAX ? 4 : 8) + static_cast<int64_t>(t.values.size());
-    }
-    return n;
-}
-
 /// Write all n bytes at p to fd at offset `off` (retrying short writes and EINTR).
 void pwrite_all(int fd, const void * p, size_t n, off_t off, const std::filesystem::path & file) {
     const auto * b = static_cast<const std::byte *>(p);
@@ -103,48 +92,12 @@ void write_tensors(int fd, const std::filesystem::path & file, const WeightDelta
     }
 }
 
-/// Bytes tensor `t` takes in the file after the header.
-int64_t file_bytes(const DeltaTensor & t) {
-    return static_cast<int64_t>(t.indices.size()) * (t.numel() <= INT32_MAX ? 4 : 8) + static_cast<int64_t>(t.values.size());
-}
-
 }  // namespace
 
 void write_weight_delta(const std::filesystem::path & file, const WeightDelta & d) {
     const std::string header = delta_header(d);
     const UniqueFd fd = detail::create_framed(file, kMagic, header, "the weight delta");
-    const off_t off0 = static_cast<off_t>(16 + header.size());
-    const int64_t payload = delta_file_payload(d);
-    // A large delta is written by two threads, each half of its bytes at their offsets (the
-    // commit waits for this file: every rank reads it).
-    size_t split = d.tensors.size();
-    off_t  split_off = off0;
-    if (payload >= (int64_t{4} << 20)) {
-        int64_t acc = 0;
-        for (split = 0; split < d.tensors.size() && acc < payload / 2; ++split) { acc += file_bytes(d.tensors[split]); }
-        split_off = off0 + static_cast<off_t>(acc);
-    }
-    std::optional<Error> other;
-    std::thread th;
-    if (split < d.tensors.size()) {
-        th = std::thread([&] {
-            try {
-                write_tensors(fd.get(), file, d, split, d.tensors.size(), split_off);
-            } catch (const Error & e) {
-                other = e;
-            } catch (const std::exception & e) {
-                other = Error(Errc::internal, e.what());
-            }
-        });
-    }
-    try {
-        write_tensors(fd.get(), file, d, 0, split, off0);
-    } catch (...) {
-        if (th.joinable()) { th.join(); }
-        throw;
-    }
-    if (th.joinable()) { th.join(); }
-    if (other) { throw *other; }
+    write_tensors(fd.get(), file, d, 0, d.tensors.size(), static_cast<off_t>(16 + header.size()));
 }
 
 int64_t DeltaView::numel() const {
