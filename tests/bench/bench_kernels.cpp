@@ -177,7 +177,7 @@ json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & 
             const int64_t layer_fl  = int64_t(B) * bps * bs * kv_dim;  // K (or V) elements of one layer
             const int64_t pool_b    = 2 * layer_fl * eb;
             const int     n_pools   = static_cast<int>(std::clamp<int64_t>(kv_budget_bytes / pool_b, 1, c.n_layers));
-            Mapping kvmem(static_cast<size_t>(n_pools) * pool_b);
+            Mapping kvmem(static_cast<size_t>(n_pools) * pool_b, /*huge=*/true);  // as the daemon's KV arena
             auto * kv16 = reinterpret_cast<uint16_t *>(kvmem.p);
             for (size_t i = 0; i < kvmem.bytes / eb; ++i) {
                 const float v = static_cast<float>(i & 255) * 1e-3f;

@@ -295,15 +295,19 @@ void Worker::reserve_scratch(int64_t n, int64_t n_logits) {
     }
 }
 
-std::array<kernels::ScratchBuffer *, 20> Worker::activation_buffers() {
-    return {&s_.x,        &s_.xn,      &s_.qkv,       &s_.q,       &s_.k,         &s_.v,          &s_.att,
-            &s_.ff,       &s_.gate,    &s_.rows,      &s_.logits,  &s_.part,      &s_.gathered,   &s_.moe_logits,
-            &s_.moe_out,  &s_.moe_work, &s_.shared_gu, &s_.shared_act, &s_.shared_y, &s_.shared_g};
+/// Every buffer of a Worker's Scratch, const or not (one list for activation_buffers and
+/// scratch_bytes).
+template <class S> static auto buffers_of(S & s) -> std::array<decltype(&s.x), 20> {
+    return {&s.x,        &s.xn,      &s.qkv,       &s.q,       &s.k,         &s.v,          &s.att,
+            &s.ff,       &s.gate,    &s.rows,      &s.logits,  &s.part,      &s.gathered,   &s.moe_logits,
+            &s.moe_out,  &s.moe_work, &s.shared_gu, &s.shared_act, &s.shared_y, &s.shared_g};
 }
+
+std::array<kernels::ScratchBuffer *, 20> Worker::activation_buffers() { return buffers_of(s_); }
 
 int64_t Worker::scratch_bytes() const {
     int64_t sum = 0;
-    for (const kernels::ScratchBuffer * b : const_cast<Worker *>(this)->activation_buffers()) { sum += b->capacity_bytes(); }
+    for (const kernels::ScratchBuffer * b : buffers_of(s_)) { sum += b->capacity_bytes(); }
     return sum;
 }
 

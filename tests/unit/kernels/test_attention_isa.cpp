@@ -149,9 +149,12 @@ TEST_CASE("attention_paged decode: the avx2 path is bitwise the generic path (f3
         {6, 2, 48, 16},    // group 3 (odd: one query per call), P·V 32 + 16 dimensions
         {8, 1, 16, 64},    // group 8 (two passes of 4), head_dim 16, four key vectors per block
         {4, 4, 32, 16},    // P·V 32 dimensions
+        {6, 6, 64, 32},    // group 1, two key vectors per block: a call takes one head's from 2 blocks
     };
-    // Contexts: 1, short, not multiples of 16, a block boundary, and one long enough for the
-    // software prefetch (16 KiB ahead) to run past the context's end.
+    // Contexts: 1, short, not multiples of 16, a block boundary, and ones long enough for the V
+    // walk's prefetch (2 blocks ahead) to run past the context's end. With 4 key vectors per call
+    // taken from 4 / (block / 16) blocks of one kv head, block counts that are not multiples of
+    // that (2, 3, 7, 16 + 1, ...) give calls of 2 vectors of one head and calls mixing two heads.
     const std::vector<int> lens = {1, 5, 16, 17, 40, 100, 257, 700, 0};
     int compared = 0;
     for (const Shape sh : shapes) {
@@ -205,7 +208,7 @@ TEST_CASE("attention_paged decode: the avx2 path is bitwise the generic path (f3
             }
         }
     }
-    CHECK(compared == 6 * 2 * 4);
+    CHECK(compared == 7 * 2 * 4);
 }
 
 TEST_CASE("attention_paged prefill: the avx2 tiles are bitwise the generic tiles (f32 and bf16 KV, head_dim, blocks, GQA, threads)") {

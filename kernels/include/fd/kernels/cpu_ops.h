@@ -98,7 +98,8 @@ void linear_bf16(float * out, const float * x, const void * w, WType wtype, cons
 enum class AttnIsa : uint8_t {
     generic = 0,  ///< 16-lane GCC vectors (AVX-512 intrinsics in places where the build has AVX-512BW)
     avx2    = 1,  ///< AVX2 + FMA intrinsics on 8-lane registers (built where the compiler targets AVX2
-                  ///< and FMA): decode with K/V walked block by block with software prefetch;
+                  ///< and FMA): decode with one kv head's keys read from 4 blocks per call and
+                  ///< the V run software-prefetched 2 blocks ahead in address order;
                   ///< prefill tiles as register tiles of 6 (query, head) pairs × 16 keys (scores)
                   ///< and × 16 dimensions (P·V), 12 ymm accumulators (the generic tiles' 32 spill)
 };
