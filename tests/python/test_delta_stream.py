@@ -14,6 +14,9 @@ checkpoint holding the same weights (written with safetensors_np), and a full st
   - a delta whose indices straddle the rank split of column-split (o_proj, down_proj) and
     row-split (q|k|v, gate|up, the vocab rows of the tied embedding) tensors, sparse and dense,
     serves bit for bit what a fresh daemon on a checkpoint of the same weights serves;
+  - a trainer killed in the middle of a delta update's second bucket (its first bucket already
+    appended to the update's delta file): the update is dropped with its staging dir, the base
+    serves bit for bit, and the next delta works;
   - the serving stream dir removed behind the daemon's back while deltas are pending: the sleep
     and the wakeup still work, the wakeup serves --model's bytes under a label that is not the
     delta's, a delta on the lost base is a 409 and the next full stream and delta work.
@@ -22,8 +25,11 @@ import glob
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,11 +38,44 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import STORIES, Daemon, copy_checkpoint, fresh_daemon, greedy, rewrite_tensors  # noqa: E402
+from fdtest import PYTHON, STORIES, Daemon, copy_checkpoint, fresh_daemon, greedy, rewrite_tensors, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError, changed_elements  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 
 from delta_fixtures import NAME, QKV, delta_of, sparse_change  # noqa: E402,F401
+
+
+# The killed delta trainer: opens a delta update on argv[2], sends one delta bucket whole (answered:
+# appended to the update's delta file), then announces a second and sends its frame and a few of
+# its bytes, says SENT and waits to be killed.
+KILLED_DELTA_TRAINER = r"""
+import json, socket, struct, sys, threading, time, http.client
+port, base = int(sys.argv[1]), sys.argv[2]
+def post(path, body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse(); return r.status, json.loads(r.read() or b"null")
+def frame(h):
+    h = json.dumps(h).encode(); return b"FDW1" + struct.pack("<I", len(h)) + h
+_, info = post("/init_weight_transfer_engine", {"init_info": {"backend": "tcp"}})
+shapes = {t["name"]: t["shape"] for t in info["tensors"]}
+s = socket.create_connection(("127.0.0.1", info["port"]))
+s.sendall(frame({"token": info["token"]}))
+assert post("/start_weight_update", {"version": "killed", "base_version": base})[0] == 200
+def bucket(name, idx, vals, whole):
+    d = {"n_indices": len(idx), "index_dtype": "I32"}
+    ui = {"names": [name], "dtype_names": ["F32"], "shapes": [shapes[name]], "deltas": [d]}
+    th = threading.Thread(target=post, args=("/update_weights", {"update_info": ui}), daemon=True)
+    th.start()
+    payload = struct.pack(f"<{len(idx)}i", *idx) + struct.pack(f"<{len(vals)}f", *vals)
+    s.sendall(frame({"name": name, "dtype": "F32", "shape": shapes[name], "nbytes": len(payload), **d}))
+    s.sendall(payload if whole else payload[:12])
+    return th
+bucket("model.norm.weight", [0, 5], [1.0, 2.0], True).join()
+bucket("model.layers.0.mlp.down_proj.weight", list(range(0, 2000, 2)), [0.5] * 1000, False)
+print("SENT", flush=True)
+time.sleep(600)
+"""
 
 
 def stream_dirs(port):
@@ -400,15 +439,40 @@ class DeltaTp1(unittest.TestCase):
         self.delta("x4", "x3", self.new, self.base)
         self.assert_serving(self.ref_base, "x4")
 
-    def test_10_the_dir_waits_for_a_delta_file_written_after_the_commit(self):
-        # The delta file for the serving dir is written in the background after the ranks'
-        # commit; FD_TEST_DELTA_FILE_DELAY_MS (TEST ONLY) holds that write back 1.5 s. The commit
-        # answers first; a sleep right after it must wait for the file before writing the dir
-        # (which the wakeup reloads): the dir then holds the delta's bytes, bit for bit, and the
-        # wakeup serves them under the delta's label. A finish refused after the split (the base
-        # changed under it) drops the update and its file; the next delta works.
-        with Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *self.TP_ARGS, model=STORIES, extra=False,
-                    env={"FD_TEST_DELTA_FILE_DELAY_MS": "1500"}) as d:
+    def test_11_trainer_killed_mid_delta_drops_it(self):
+        self.full("k0", self.base)
+        p = subprocess.Popen([PYTHON, "-c", KILLED_DELTA_TRAINER, str(self.d.port), "k0"], stdout=subprocess.PIPE, text=True)
+        try:
+            self.assertEqual(p.stdout.readline().strip(), "SENT")
+            self.assertEqual(len(stream_dirs(self.d.port)), 2, "the open delta update has its staging dir beside the serving one")
+            p.send_signal(signal.SIGKILL)
+            p.wait(10)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            p.stdout.close()
+        t0 = time.monotonic()
+
+        def reinit():  # a new init is accepted once the update was dropped
+            st, _ = self.d.post("/init_weight_transfer_engine", {"init_info": {"backend": "tcp"}})
+            return st == 200
+
+        wait_until(reinit, 10, "the killed trainer's delta update dropped")
+        self.assertLess(time.monotonic() - t0, 10, "dropped well before the 20 s stream timeout")
+        self.assert_serving(self.ref_base, "k0")
+        self.assertEqual(len(stream_dirs(self.d.port)), 1, "the dropped delta's staging dir (and its delta file) is removed")
+        self.delta("k1", "k0", self.base, self.new)
+        self.assert_serving(self.ref_new, "k1")
+
+    def test_10_the_dir_takes_the_delta_file_the_ranks_read(self):
+        # The finish writes one delta file (weights.fddelta, HF names) that every rank maps and
+        # splits itself; after the commit it goes into the serving dir as a pending delta. A sleep
+        # right after the commit writes it into the dir (which the wakeup reloads): the dir then
+        # holds the delta's bytes, bit for bit, and the wakeup serves them under the delta's
+        # label. A finish refused after the seal (the base changed under it) drops the update and
+        # its file; the next delta works.
+        with Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *self.TP_ARGS, model=STORIES, extra=False) as d:
             c = Client(f"127.0.0.1:{d.port}", timeout=20)
             with c.weight_stream("w0") as ws:
                 for name in sorted(self.base):

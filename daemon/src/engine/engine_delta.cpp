@@ -21,7 +21,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
+void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r, runtime::RankOp ranks) {
     if (state_.weight_asleep || !state_.weights_valid) {
         fail(Errc::wrong_state, "a weight delta applies to the serving weights, and they are {}; stream the full weights",
              state_.weight_asleep ? "asleep" : "invalid");
@@ -32,7 +32,7 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
     }
     drop_staged(nullptr);
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<runtime::RankReport> reps = apply_delta_on_ranks(cmd.weight_delta, cmd.version);
+    std::vector<runtime::RankReport> reps = apply_delta_on_ranks(cmd.weight_delta, cmd.version, ranks);
     auto undo_ranks = [&] { undo_delta_on_ranks(); };
     const double ranks_s = seconds_since(t0);
     // The delta stays for the serving dir (written lazily): moved into it, so it lives and goes with the dir.
@@ -45,7 +45,7 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
         fail(Errc::source_unavailable, "update_weights (delta): cannot keep the delta {} for the serving dir {} ({}); every rank was put "
              "back", cmd.weight_delta, serving_dir_, ec.message());
     }
-    pending_deltas_.push_back({kept, cmd.weight_delta});  // its bytes may still be being written: awaited before any read
+    pending_deltas_.push_back({kept});
     pending_delta_bytes_ += static_cast<int64_t>(size);
     const bool lazy = cmd.version.has_value();  // no version: the fingerprint of the updated dir names the bytes now
     const int64_t pending = pending_delta_bytes_;
@@ -57,7 +57,7 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
         try {
             flush_pending_deltas(/*record_label=*/false);  // the label is not this delta's yet: set below
         } catch (...) {
-            std::filesystem::remove(pending_deltas_.back().file, ec);  // (awaited by the flush) the earlier ones were written and put back: still pending, still right
+            std::filesystem::remove(pending_deltas_.back().file, ec);  // the earlier ones were written and put back: still pending, still right
             pending_deltas_.pop_back();
             pending_delta_bytes_ -= static_cast<int64_t>(size);
             undo_ranks();
@@ -83,20 +83,24 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r) {
         read_s  = std::max(read_s, rep.fetch_s);
         write_s = std::max(write_s, rep.stage_s);
     }
-    log::get("engine")->info("update_weights (delta): {} B applied in place on {} rank(s) in {:.3f} s (slowest rank: read {:.3f} s, "
-                             "write {:.3f} s; from {}); serving dir {}; weight_version {}", r.bytes, reps.size(), ranks_s, read_s, write_s, previous,
+    log::get("engine")->info("update_weights (delta): {} {} applied in place on {} rank(s) in {:.3f} s (slowest rank: {} {:.3f} s, "
+                             "write {:.3f} s; from {}); serving dir {}; weight_version {}", r.bytes,
+                             ranks == runtime::RankOp::apply_hf_delta ? "elements" : "B", reps.size(), ranks_s,
+                             ranks == runtime::RankOp::apply_hf_delta ? "map" : "read", read_s, write_s, previous,
                              pending_deltas_.empty() ? fmt::format("written in {:.3f} s", seconds_since(t1))
                                                      : fmt::format("pending ({} delta(s), {} B)", pending_deltas_.size(), pending),
                              *version);
 }
 
-std::vector<runtime::RankReport> Engine::apply_delta_on_ranks(const std::string & file, const std::optional<std::string> & version) {
-    // Every rank reads its own share (weights::rank_delta_file, split before this call) and checks
-    // it before writing; the engine does not read the delta here.
+std::vector<runtime::RankReport> Engine::apply_delta_on_ranks(const std::string & file, const std::optional<std::string> & version,
+                                                              runtime::RankOp op) {
+    // apply_delta: every rank reads its own share (weights::rank_delta_file, split before this
+    // call); apply_hf_delta: every rank maps `file` and splits it itself. Each checks what it
+    // writes; the engine does not read the delta here.
     weights::FetchRequest req{.version = version, .serving_version = state_.weight_version};
     req.weight_dir = file;
     try {
-        return executor_->rank_call({.op = runtime::RankOp::apply_delta, .fetch = req});
+        return executor_->rank_call({.op = op, .fetch = req});
     } catch (...) {
         undo_delta_on_ranks();
         throw;
@@ -121,10 +125,7 @@ void Engine::flush_pending_deltas(bool record_label) {
     }
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<weights::WeightDelta> deltas;  // all read (and checked) before any is written
-    for (const auto & p : pending_deltas_) {
-        weights::await_weight_delta_write(p.written_as);  // a stream's file is complete before it is read
-        deltas.push_back(weights::read_weight_delta(p.file));
-    }
+    for (const auto & p : pending_deltas_) { deltas.push_back(weights::read_weight_delta(p.file)); }
     std::vector<weights::DirUndo> undo(deltas.size());
     size_t n = 0;
     try {
@@ -146,11 +147,6 @@ void Engine::flush_pending_deltas(bool record_label) {
 
 void Engine::drop_pending_deltas() noexcept {
     for (const auto & p : pending_deltas_) {
-        try {
-            weights::await_weight_delta_write(p.written_as);  // its writer holds the file open, not the path: only forgotten
-        } catch (const std::exception & e) {
-            log::get("engine")->warn("update_weights (delta): the pending delta {} was never completely written: {}", p.file.string(), e.what());
-        }
         std::error_code ec;
         std::filesystem::remove(p.file, ec);
     }

@@ -87,7 +87,7 @@ bool Engine::update_from_store_delta(const ControlCommand & cmd, ControlResult &
     c.weight_dir   = serving_dir_;
     c.weight_delta = d->delta_file.string();
     try {
-        apply_weight_delta(c, r);
+        apply_weight_delta(c, r, runtime::RankOp::apply_delta);  // each rank reads the share split for it above
     } catch (...) {
         if (!in_copy) {  // the copy goes (copy.hold); the weights and their source are as before
             serving_dir_       = old_dir;

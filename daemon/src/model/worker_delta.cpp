@@ -1,6 +1,6 @@
-// Worker::apply_rank_delta / undo_weight_delta (fd/model/worker.h): this rank's share of a sparse
-// weight update (fd/weights/rank_delta.h: runs in the shard's coordinates, split by the daemon)
-// written in place, with the old bytes of the same runs kept so that the executor can put every
+// Worker::apply_rank_delta / apply_hf_delta / undo_weight_delta (fd/model/worker.h): this rank's
+// share of a sparse weight update (fd/weights/rank_delta.h: runs in the shard's coordinates, split
+// by the daemon; or fd/weights/delta_pieces.h: split here from the mapped HF delta) written in place, with the old bytes of the same runs kept so that the executor can put every
 // rank back when any one fails (the delta stream's all-or-nothing commit).
 #include "fd/model/worker.h"
 
@@ -146,7 +146,82 @@ int64_t Worker::apply_rank_delta(weights::RankDelta && d) {
     return written;
 }
 
+int64_t Worker::apply_hf_delta(std::shared_ptr<const weights::MappedWeightDelta> d) {
+    FD_CHECK(alloc_->resident(Tag::weight), "apply_hf_delta while the weights are released");
+    delta_undo_ = {};
+    weights::DeltaPlan plan = weights::plan_delta_pieces(*d, layout_);  // checks every part; nothing written yet
+    if (plan.old_bytes > delta_old_bytes_) {  // grown once, then reused: its pages stay faulted in across updates
+        delta_old_       = std::unique_ptr<std::byte[]>(new std::byte[static_cast<size_t>(plan.old_bytes)]);
+        delta_old_bytes_ = plan.old_bytes;
+    }
+    delta_undo_.hf     = std::move(d);
+    delta_undo_.pieces = std::move(plan.pieces);
+    const auto & ps = delta_undo_.pieces;
+    const weights::MappedWeightDelta & md = *delta_undo_.hf;
+    std::byte * const arena = alloc_->data(Tag::weight);
+    std::byte * const old   = delta_old_.get();
+    std::vector<std::byte> host;  // device memory: the tensor's bytes, downloaded and uploaded back
+    size_t n_tensors = 0;         // inference tensors touched (the test hook fails half way through them)
+    for (size_t i = 0; i < ps.size(); ++i) { n_tensors += (i == 0 || ps[i].tensor != ps[i - 1].tensor); }
+    try {
+        size_t group = 0;
+        for (size_t i = 0; i < ps.size(); ++group) {  // one inference tensor's pieces at a time
+            const InferenceTensor & t = layout_.tensors[static_cast<size_t>(ps[i].tensor)];
+            if (group == n_tensors / 2 && group > 0 && test_fail_here(wcfg_.rank)) {
+                if (test_exit_here()) { std::_Exit(3); }
+                fail(Errc::internal, "rank {}: TEST ONLY (FD_TEST_DELTA_FAIL_RANK): failing half way through a weight delta", wcfg_.rank);
+            }
+            std::byte * base = arena + t.offset;
+            if (device_mem_) {
+                host.resize(static_cast<size_t>(t.bytes));
+                backend_->download(host.data(), base, t.bytes);
+                base = host.data();
+            }
+            size_t j = i;
+            for (; j < ps.size() && ps[j].tensor == ps[i].tensor; ++j) {
+                weights::write_piece(ps[j], md, t, base, old);  // checks its indices first: throws with nothing of it written
+                if (!device_mem_) { delta_undo_.pieces_done = j + 1; }
+            }
+            if (device_mem_) {
+                backend_->upload(arena + t.offset, host.data(), t.bytes);
+                delta_undo_.pieces_done = j;
+            }
+            i = j;
+        }
+    } catch (...) {
+        try {
+            undo_weight_delta();
+        } catch (const std::exception & e) {
+            log::get("model")->error("rank {}: putting the old weights back after a failed delta failed too: {}", wcfg_.rank, e.what());
+        }
+        throw;
+    }
+    bind();  // the f32 copies of norms and biases follow the new bytes
+    return plan.n_values;
+}
+
 void Worker::undo_weight_delta() {
+    if (delta_undo_.hf) {  // apply_hf_delta's pieces, newest first
+        std::byte * const arena = alloc_->data(Tag::weight);
+        std::vector<std::byte> host;
+        const auto & ps = delta_undo_.pieces;
+        for (size_t i = delta_undo_.pieces_done; i > 0;) {
+            const int32_t ti = ps[i - 1].tensor;
+            const InferenceTensor & t = layout_.tensors[static_cast<size_t>(ti)];
+            std::byte * base = arena + t.offset;
+            if (device_mem_) {
+                host.resize(static_cast<size_t>(t.bytes));
+                backend_->download(host.data(), base, t.bytes);
+                base = host.data();
+            }
+            for (; i > 0 && ps[i - 1].tensor == ti; --i) { weights::restore_piece(ps[i - 1], *delta_undo_.hf, t, base, delta_old_.get()); }
+            if (device_mem_) { backend_->upload(arena + t.offset, host.data(), t.bytes); }
+        }
+        const bool wrote = delta_undo_.pieces_done > 0;
+        delta_undo_ = {};
+        if (wrote) { bind(); }
+        return;
+    }
     if (delta_undo_.n_done == 0) {
         delta_undo_ = {};
         return;

@@ -93,6 +93,18 @@ void run_apply_delta(RankSite & s, const RankRequest & req, RankReport & r) {
 
 void run_undo_delta(RankSite & s, const RankRequest &, RankReport &) { s.worker->undo_weight_delta(); }
 
+void run_apply_hf_delta(RankSite & s, const RankRequest & req, RankReport & r) {
+    s.worker->forget_weight_delta();  // as run_apply_delta: a failed map below leaves no older undo log
+    const auto t0 = Clock::now();
+    // The delta file itself (weights.fddelta, in HF names, shared by every rank): mapped, not copied.
+    std::shared_ptr<const weights::MappedWeightDelta> d = weights::map_weight_delta(req.fetch.weight_dir);
+    r.fetch_s = seconds_since(t0);
+    const auto t1 = Clock::now();
+    const int64_t n = s.worker->apply_hf_delta(std::move(d));
+    r.stage_s = seconds_since(t1);
+    r.bytes   = n;  // elements written in place
+}
+
 void run_mem_info(RankSite &, const RankRequest &, RankReport &) {}  // the executor measures after every call
 
 void run_describe(RankSite & s, const RankRequest &, RankReport & r) {

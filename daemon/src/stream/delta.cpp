@@ -1,8 +1,8 @@
-// Delta (sparse) tensors of a weight stream: `(indices, values)` against a named base version,
-// applied to a copy of the base's tensor in the staging dir (fd/stream/weight_stream.h). The
-// result is byte for byte the tensor a full stream of the same weights stages, so the commit
-// (every rank loading its shard: rows/columns split, q/k/v and gate/up fused) is the same path
-// and a delta update stays all-or-nothing.
+// Delta (sparse) tensors of a weight stream: `(indices, values)` against a named base version.
+// check_delta_bytes checks a delta's received bytes where they lie (they are then appended to the
+// update's weights.fddelta as they are, which every rank maps and splits at the commit);
+// apply_delta scatters a delta into a copy of its tensor (the reference the unit tests hold the
+// checks to). A non-finite check at any alignment (first_nonfinite).
 #include "stream_io.h"
 
 #include "fd/kernels/ops.h"
@@ -47,7 +47,7 @@ void check_indices(const TensorSpec & s, const Index * idx) {
     }
 }
 
-int64_t first_nonfinite(model::DType dtype, const std::byte * p, int64_t n) {
+int64_t first_nonfinite_aligned(model::DType dtype, const std::byte * p, int64_t n) {
     switch (dtype) {
         case model::DType::f32: return kernels::find_nonfinite_f32(reinterpret_cast<const float *>(p), n);
         case model::DType::bf16: return kernels::find_nonfinite_bf16(reinterpret_cast<const uint16_t *>(p), n);
@@ -55,6 +55,24 @@ int64_t first_nonfinite(model::DType dtype, const std::byte * p, int64_t n) {
     }
     return -1;
 }
+
+}  // namespace
+
+int64_t first_nonfinite(model::DType dtype, const std::byte * p, int64_t n) {
+    const int64_t es = model::dtype_size(dtype);
+    if (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(es) == 0) { return first_nonfinite_aligned(dtype, p, n); }
+    // Values at an odd address (a delta file's tensors lie back to back): checked from an aligned copy, a block at a time.
+    alignas(64) std::byte block[16384];
+    const int64_t per = static_cast<int64_t>(sizeof block) / es;
+    for (int64_t at = 0; at < n; at += per) {
+        const int64_t k = std::min(per, n - at);
+        std::memcpy(block, p + at * es, static_cast<size_t>(k * es));
+        if (const int64_t bad = first_nonfinite_aligned(dtype, block, k); bad >= 0) { return at + bad; }
+    }
+    return -1;
+}
+
+namespace {
 
 template <class Index, class Elem>
 void scatter(const Index * idx, const std::byte * values, int64_t n, std::byte * dst) {
@@ -82,35 +100,47 @@ void apply_with(const TensorSpec & s, const std::byte * payload, std::byte * dst
 
 }  // namespace
 
-void check_delta(const TensorSpec & s, std::vector<std::byte> & wire, std::vector<int64_t> & indices, std::vector<std::byte> & values) {
-    FD_CHECK(s.is_delta() && (s.index_bytes == 4 || s.index_bytes == 8) && static_cast<int64_t>(wire.size()) == s.nbytes,
-             "check_delta takes a delta spec and its wire bytes");
-    const int64_t ib = s.n_indices * s.index_bytes;
-    if (const int64_t bad = first_nonfinite(s.dtype, wire.data() + ib, s.n_indices); bad >= 0) {
-        fail(Errc::invalid_checkpoint, "tensor '{}': delta value {} (of {}) is non-finite (NaN or Inf); nothing was applied", s.name, bad,
-             s.n_indices);
+void check_delta_bytes(const TensorSpec & s, const std::byte * payload) {
+    FD_CHECK(s.is_delta() && (s.index_bytes == 4 || s.index_bytes == 8), "check_delta_bytes takes a delta spec");
+    const int64_t n = s.n_indices, ib = n * s.index_bytes;
+    if (const int64_t bad = first_nonfinite(s.dtype, payload + ib, n); bad >= 0) {
+        fail(Errc::invalid_checkpoint, "tensor '{}': delta value {} (of {}) is non-finite (NaN or Inf); nothing was applied", s.name, bad, n);
     }
-    indices.resize(static_cast<size_t>(s.n_indices));
-    // Widen and check in one pass; the indices sit at the start of the vector's (aligned) storage.
-    int64_t * out = indices.data();
-    const int64_t n = s.n_indices;
-    bool increasing = true;  // strictly, pairwise: then the first and the last bound the range
-    if (s.index_bytes == 8) {
-        std::memcpy(out, wire.data(), static_cast<size_t>(ib));
-        for (int64_t i = 1; i < n; ++i) { increasing &= out[i] > out[i - 1]; }
-    } else {
-        const auto * i32 = reinterpret_cast<const int32_t *>(wire.data());
-        if (n > 0) { out[0] = i32[0]; }
-        for (int64_t i = 1; i < n; ++i) {
-            out[i] = i32[i];
-            increasing &= i32[i] > i32[i - 1];
+    // Strictly increasing pairwise, then the first and the last bound the range (one pass, in place).
+    bool increasing = true;
+    int64_t first = 0, last = 0;
+    if (s.index_bytes == 4) {
+        int32_t prev = 0, v = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            std::memcpy(&v, payload + 4 * i, 4);
+            increasing &= i == 0 || v > prev;
+            prev = v;
+            if (i == 0) { first = v; }
         }
+        last = prev;
+    } else {
+        int64_t prev = 0, v = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            std::memcpy(&v, payload + 8 * i, 8);
+            increasing &= i == 0 || v > prev;
+            prev = v;
+            if (i == 0) { first = v; }
+        }
+        last = prev;
     }
-    if (!increasing || (n > 0 && (out[0] < 0 || out[n - 1] >= s.numel()))) { check_indices(s, out); }  // throws naming the position
-    std::memmove(wire.data(), wire.data() + ib, static_cast<size_t>(s.nbytes - ib));
-    wire.resize(static_cast<size_t>(s.nbytes - ib));
-    values = std::move(wire);
-    wire   = {};
+    if (!increasing || (n > 0 && (first < 0 || last >= s.numel()))) {  // the slow path names the position
+        std::vector<int64_t> idx(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+            if (s.index_bytes == 4) {
+                int32_t v;
+                std::memcpy(&v, payload + 4 * i, 4);
+                idx[static_cast<size_t>(i)] = v;
+            } else {
+                std::memcpy(&idx[static_cast<size_t>(i)], payload + 8 * i, 8);
+            }
+        }
+        check_indices(s, idx.data());  // throws
+    }
 }
 
 void apply_delta(const TensorSpec & s, const std::byte * payload, std::byte * dst) {

@@ -54,6 +54,49 @@ BucketFile::~BucketFile() {
     if (map_) { ::munmap(map_, map_bytes_); }
 }
 
+DeltaFile::DeltaFile(const fs::path & file, int64_t header_room) : file_(file), header_room_(header_room) {
+    fd_ = UniqueFd(::open(file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!fd_.valid()) { fail(Errc::internal, "weight stream: cannot create {}: {}", file.string(), std::strerror(errno)); }
+    static constexpr char kMagic[8] = {'F', 'D', 'D', 'E', 'L', 'T', 'A', '1'};
+    const uint64_t len = static_cast<uint64_t>(header_room);
+    std::string head(16 + static_cast<size_t>(header_room), ' ');
+    std::memcpy(head.data(), kMagic, 8);
+    std::memcpy(head.data() + 8, &len, 8);
+    head[16] = '{';  // a valid (empty) object until seal() writes the header
+    head[17] = '}';
+    if (::pwrite(fd_.get(), head.data(), head.size(), 0) != static_cast<ssize_t>(head.size())) {
+        fail(Errc::source_unavailable, "weight stream: cannot write {}: {}", file.string(), std::strerror(errno));
+    }
+    end_ = static_cast<int64_t>(head.size());
+}
+
+void DeltaFile::append(const std::byte * p, int64_t n) {
+    // pwrite into fresh tmpfs pages: cheaper than mapping them (one fault per page); a full
+    // file system is ENOSPC here, never a SIGBUS.
+    while (n > 0) {
+        const ssize_t w = ::pwrite(fd_.get(), p, static_cast<size_t>(n), static_cast<off_t>(end_));
+        if (w < 0 && errno == EINTR) { continue; }
+        if (w <= 0) {
+            fail(Errc::source_unavailable, "weight stream: cannot write {}: {} (is the staging file system full?)", file_.string(),
+                 std::strerror(errno));
+        }
+        p += w;
+        n -= w;
+        end_ += w;
+    }
+}
+
+void DeltaFile::seal(const std::string & header) {
+    if (static_cast<int64_t>(header.size()) > header_room_) {
+        fail(Errc::internal, "weight stream: the delta header ({} B) outgrew its room ({} B) in {}", header.size(), header_room_, file_.string());
+    }
+    std::string text = header;
+    text.resize(static_cast<size_t>(header_room_), ' ');  // JSON allows the trailing spaces
+    if (::pwrite(fd_.get(), text.data(), text.size(), 16) != static_cast<ssize_t>(text.size()) || ::ftruncate(fd_.get(), end_) != 0) {
+        fail(Errc::source_unavailable, "weight stream: cannot write the header of {}: {}", file_.string(), std::strerror(errno));
+    }
+}
+
 namespace {
 
 std::atomic<int32_t> g_dir_counter{0};

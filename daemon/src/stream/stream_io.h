@@ -97,13 +97,13 @@ std::string random_token();
 ///         non-finite value.
 void apply_delta(const TensorSpec & s, const std::byte * payload, std::byte * dst);
 
-/// Check one delta's wire bytes as apply_delta does (values finite, indices sorted, unique, in
-/// range) and take them apart: `indices` [n_indices] the indices widened to int64 (converted and
-/// checked in one pass), `values` [n_indices × dtype size] the values, moved out of `wire` (shifted
-/// to its front in place, so no new memory is touched for them); `wire` is left empty.
-/// `wire` holds exactly the delta's s.nbytes wire bytes, as received (vector storage: aligned).
-/// Errors  as apply_delta (`wire` then unchanged).
-void check_delta(const TensorSpec & s, std::vector<std::byte> & wire, std::vector<int64_t> & indices, std::vector<std::byte> & values);
+/// Index of the first NaN/Inf among the `n` values of `dtype` at `p` (any alignment), or -1.
+int64_t first_nonfinite(model::DType dtype, const std::byte * p, int64_t n);
+
+/// Check one delta's received bytes where they lie (values finite, indices sorted, unique, in
+/// [0, numel)): `payload` [s.nbytes] at any alignment, indices (s.index_bytes each) then values.
+/// Errors  as apply_delta (naming the tensor and the position).
+void check_delta_bytes(const TensorSpec & s, const std::byte * payload);
 
 // ---- staging_dir.cpp ----
 
@@ -124,6 +124,30 @@ private:
     size_t                map_bytes_ = 0;
     std::byte *           base_ = nullptr;    ///< the data section
     std::vector<int64_t>  offsets_;
+};
+
+/// A delta update's weights.fddelta (fd/weights/weight_delta.h's format: "FDDELTA1", u64 LE
+/// header length, the JSON header, then per tensor its indices and values), written as the
+/// buckets arrive: the header's room (`header_room` bytes) is reserved after the magic, each
+/// bucket's checked bytes are appended after the previous ones (a delta tensor's wire bytes ARE
+/// its file bytes: the indices as sent, int32 or int64, then the values), and seal() writes the
+/// header, padded with spaces to its room. Every rank maps the sealed file.
+class DeltaFile {
+public:
+    DeltaFile(const std::filesystem::path & file, int64_t header_room);
+    DeltaFile(const DeltaFile &) = delete;
+    DeltaFile & operator=(const DeltaFile &) = delete;
+    /// Append `n` bytes at `p`. Errors  source_unavailable (the staging file system is full).
+    void append(const std::byte * p, int64_t n);
+    /// Write the header (a JSON object's text) into its room. Errors  internal when it does not fit.
+    void seal(const std::string & header);
+    const std::filesystem::path & path() const { return file_; }
+
+private:
+    std::filesystem::path file_;
+    UniqueFd              fd_;
+    int64_t               header_room_ = 0;
+    int64_t               end_ = 0;         ///< bytes written (magic, length, header room, tensors)
 };
 
 /// A private staging dir: <root>/fdrollout-stream.<port>.<pid>.<n>, mode 0700, removed (with

@@ -40,15 +40,9 @@ std::string shape_text(const std::vector<int64_t> & s) {
     return out + "]";
 }
 
-/// Index of the first NaN/Inf among `t`'s values at `p`, or -1.
+/// Index of the first NaN/Inf among `t`'s values at `p` (any alignment), or -1.
 int64_t first_nonfinite(const TensorSpec & t, const std::byte * p) {
-    const int64_t n = t.nbytes / model::dtype_size(t.dtype);
-    switch (t.dtype) {
-        case fd::DType::f32: return kernels::find_nonfinite_f32(reinterpret_cast<const float *>(p), n);
-        case fd::DType::bf16: return kernels::find_nonfinite_bf16(reinterpret_cast<const uint16_t *>(p), n);
-        case fd::DType::f16: return kernels::find_nonfinite_f16(reinterpret_cast<const uint16_t *>(p), n);
-    }
-    return -1;
+    return stream::first_nonfinite(t.dtype, p, t.nbytes / model::dtype_size(t.dtype));
 }
 
 bool optional_tensor(const std::string & name) { return name.find("rotary_emb.inv_freq") != std::string::npos; }
@@ -66,23 +60,14 @@ struct StreamManager::Impl {
         std::optional<std::string>         base_version;  ///< a delta update's base
         model::TensorIndex                 base;          ///< its tensors (in serving's dir)
         int32_t                            n_delta = 0;
-        weights::WeightDelta               delta;         ///< a delta update's tensors (sparse or dense), applied in place at the commit
+        std::unique_ptr<DeltaFile>         delta_out;     ///< a delta update's weights.fddelta: its tensors land there as they arrive
+        nlohmann::json                     delta_entries = nlohmann::json::array();  ///< their header entries, in file order
         bool                               in_place = false;  ///< sealed as a delta file: serving's dir is updated in place
-        fs::path                           delta_file;    ///< its file, written in the background (weights::start_weight_delta_write)
+        fs::path                           delta_file;    ///< that file once sealed: every rank maps it
     };
 
-    /// Forget the open update (its staging dir goes). A delta file still being written is
-    /// awaited first, so that no write outlives the update unseen.
-    void reset_update() noexcept {
-        if (update && !update->delta_file.empty()) {
-            try {
-                weights::await_weight_delta_write(update->delta_file);
-            } catch (const std::exception & e) {
-                log::get("stream")->warn("the dropped delta update's file {} was not completely written: {}", update->delta_file.string(), e.what());
-            }
-        }
-        update.reset();
-    }
+    /// Forget the open update (its staging dir goes).
+    void reset_update() noexcept { update.reset(); }
 
     StreamConfig cfg;
     fs::path     root;
@@ -165,57 +150,67 @@ struct StreamManager::Impl {
         }
     }
 
-    /// A bucket of a delta update (lock held, specs checked): every tensor, delta or full, is
-    /// received into memory, checked (indices sorted, unique, in range; values finite) and kept
-    /// for the delta file seal() writes; nothing is copied from the base.
+    /// A bucket of a delta update (lock held, specs checked): its tensors, delta or full, are
+    /// received into bucket_buf, checked there (indices sorted, unique, in range; values finite)
+    /// and appended to the update's delta file as they came (the wire bytes are the file's);
+    /// nothing is copied from the base, nothing widened.
     BucketReport receive_delta_bucket(std::unique_lock<std::mutex> & lk, const std::vector<TensorSpec> & specs, bool packed,
                                       Clock::time_point deadline, Clock::time_point t0) {
-        Receiver * r = rx.get();
-        std::vector<std::vector<std::byte>> wire(specs.size());
-        std::vector<weights::DeltaTensor>   out(specs.size());
-        int64_t bytes = 0;
+        Receiver * r  = rx.get();
+        DeltaFile * f = update->delta_out.get();
+        std::vector<int64_t> offs(specs.size());
+        int64_t total = 0;
+        for (size_t i = 0; i < specs.size(); ++i) {
+            offs[i] = total;
+            total += specs[i].nbytes;
+        }
         int32_t n_sparse = 0;
+        double socket_s = 0, check_s = 0;
         const auto err = outside_lock(lk, [&] {
             if (!r) { fail(Errc::wrong_state, "no trainer is connected; POST /init_weight_transfer_engine again"); }
-            for (size_t i = 0; i < specs.size(); ++i) { wire[i].resize(static_cast<size_t>(specs[i].nbytes)); }
-            r->receive(specs, packed, [&](size_t i) { return wire[i].data(); }, deadline);
+            if (static_cast<int64_t>(bucket_buf.size()) < total) { bucket_buf.resize(static_cast<size_t>(total)); }  // grown, never shrunk
+            std::byte * base = bucket_buf.data();
+            const auto ts = Clock::now();
+            r->receive(specs, packed, [&](size_t i) { return base + offs[i]; }, deadline);
+            const auto tc = Clock::now();
+            socket_s = std::chrono::duration<double>(tc - ts).count();
             for (size_t i = 0; i < specs.size(); ++i) {
                 const TensorSpec & s = specs[i];
-                weights::DeltaTensor & d = out[i];
-                d.name  = s.name;
-                d.dtype = s.dtype;
-                d.shape = s.shape;
                 if (s.is_delta()) {
                     ++n_sparse;
-                    check_delta(s, wire[i], d.indices, d.values);  // throws naming the tensor and position
-                } else {
-                    if (const int64_t bad = first_nonfinite(s, wire[i].data()); bad >= 0) {
-                        fail(Errc::invalid_checkpoint, "tensor '{}' holds a non-finite value (NaN or Inf) at element {}; nothing was applied",
-                             s.name, bad);
-                    }
-                    d.dense  = true;
-                    d.values = std::move(wire[i]);
+                    check_delta_bytes(s, base + offs[i]);  // throws naming the tensor and position
+                } else if (const int64_t bad = first_nonfinite(s, base + offs[i]); bad >= 0) {
+                    fail(Errc::invalid_checkpoint, "tensor '{}' holds a non-finite value (NaN or Inf) at element {}; nothing was applied",
+                         s.name, bad);
                 }
-                bytes += s.nbytes;
             }
+            check_s = std::chrono::duration<double>(Clock::now() - tc).count();
+            f->append(base, total);
         });
         if (err) {
             drop_locked(*err);
             throw *err;
         }
-        for (auto & d : out) {
-            update->weight_map[d.name] = "";  // received (in memory, not in a bucket file)
-            update->delta.tensors.push_back(std::move(d));
+        for (const auto & s : specs) {
+            update->weight_map[s.name] = "";  // received (in the delta file, not in a bucket file)
+            update->delta_entries.push_back({{"name", s.name}, {"dtype", model::dtype_name(s.dtype)}, {"shape", s.shape}, {"dense", !s.is_delta()},
+                                             {"n", s.is_delta() ? s.n_indices : s.numel()}, {"index_bytes", s.is_delta() ? s.index_bytes : 4}});
         }
-        update->bytes += bytes;
+        update->bytes += total;
         update->n_delta += n_sparse;
         update->idle_deadline = after(timeout_s);
+        const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
+        log::get("stream")->info("delta bucket: {} tensor(s), {} B in {:.3f} s (socket {:.3f} s, check {:.3f} s, file {:.3f} s)", specs.size(),
+                                 total, total_s, socket_s, check_s, total_s - socket_s - check_s);
         return BucketReport{.n_tensors  = static_cast<int32_t>(specs.size()),
-                            .bytes      = bytes,
+                            .bytes      = total,
                             .n_received = static_cast<int32_t>(update->weight_map.size()),
                             .n_expected = static_cast<int32_t>(expected.size()),
-                            .seconds    = std::chrono::duration<double>(Clock::now() - t0).count()};
+                            .seconds    = total_s};
     }
+
+    /// The last delta buckets' bytes (the largest one's size, reused: no fresh pages per bucket).
+    std::vector<std::byte> bucket_buf;
 
     /// Every rank's layout plan (as its Worker plans it: --model's index, v4 names), planned at
     /// the first delta, and the HF names some rank reads. Called with busy set.
@@ -233,23 +228,21 @@ struct StreamManager::Impl {
         return layouts;
     }
 
-    /// Split a delta update's tensors by every rank's layout and write each rank's share next to
-    /// `file` (weights::rank_delta_file), on a thread per rank; `file` itself (the delta for the
-    /// serving dir, read only when the engine writes that dir) is written in the background
-    /// (weights::start_weight_delta_write; the engine awaits it before reading it).
+    /// Seal a delta update's file (weights.fddelta: its tensors are in it, the header goes in
+    /// its room), the one file every rank maps and splits with its own layout at the commit
+    /// (RankOp::apply_hf_delta) and the serving dir takes later as a pending delta. Called with busy set.
     /// Errors  invalid_argument naming a tensor no rank reads under its name (it could not be
-    ///         applied in place); a write's error.
-    void write_rank_deltas(const fs::path & file, const std::shared_ptr<const weights::WeightDelta> & shared) {
-        const weights::WeightDelta & d = *shared;
+    ///         applied in place); the write's error.
+    void seal_delta_file() {
         const auto & ls = rank_layouts();
-        for (const auto & t : d.tensors) {
-            if (!layout_names.count(t.name) && !optional_tensor(t.name) && !(ls[0].tied_lm_head && t.name == "lm_head.weight")) {
+        for (const auto & e : update->delta_entries) {
+            const std::string name = e["name"].get<std::string>();
+            if (!layout_names.count(name) && !optional_tensor(name) && !(ls[0].tied_lm_head && name == "lm_head.weight")) {
                 throw Error(Errc::invalid_argument, fmt::format("tensor '{}': no rank holds it under this name, so a delta update cannot "
-                                                                "write it in place; stream the full weights", t.name), "names");
+                                                                "write it in place; stream the full weights", name), "names");
             }
         }
-        weights::start_weight_delta_write(file, shared);  // off the commit's path: only the serving dir's flush reads it
-        weights::write_rank_shares(file, d, ls);
+        update->delta_out->seal(nlohmann::json{{"tensors", update->delta_entries}}.dump());
     }
 
     void load_expected() {
@@ -360,12 +353,17 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
         m.listener.reset();  // one trainer per transport
     }
     auto dir = std::make_unique<StagingDir>(m.root, m.cfg.port);
+    std::unique_ptr<DeltaFile> delta_out;  // a delta update's tensors land in its weights.fddelta as they arrive
+    if (base_version) {  // header room: ~200 B per tensor entry; 512 reserved for each of the model's tensors
+        delta_out = std::make_unique<DeltaFile>(dir->path() / "weights.fddelta", 1024 + 512 * static_cast<int64_t>(m.expected.size()));
+    }
     m.update.emplace();
     m.update->dir           = std::move(dir);
     m.update->version       = std::move(version);
     m.update->idle_deadline = after(m.timeout_s);
     m.update->base_version  = std::move(base_version);
     m.update->base          = std::move(base);
+    m.update->delta_out     = std::move(delta_out);
 }
 
 BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs, bool packed, Clock::time_point deadline) {
@@ -464,14 +462,12 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
     if (m.busy) { fail(Errc::wrong_state, "a bucket is still being received; finish after its /update_weights answered"); }
     if (m.update->sealed) { fail(Errc::wrong_state, "the update is already finishing"); }
     if (m.update->base_version) {  // a delta update: its tensors go in place; every other keeps the base's bytes
-        const fs::path f = m.update->dir->path() / "weights.fddelta";
+        const fs::path f = m.update->delta_out->path();
         const auto t0  = Clock::now();
-        auto shared    = std::make_shared<const weights::WeightDelta>(std::move(m.update->delta));
-        const auto err = m.outside_lock(lk, [&] { m.write_rank_deltas(f, shared); });
+        const auto err = m.outside_lock(lk, [&] { m.seal_delta_file(); });
         m.update->delta_file = f;
-        log::get("stream")->info("delta update sealed: {} tensor(s), {} B split for {} rank(s) in {:.3f} s ({} written in the background)",
-                                 shared->tensors.size(), shared->payload_bytes(), m.layouts.size(),
-                                 std::chrono::duration<double>(Clock::now() - t0).count(), f.string());
+        log::get("stream")->info("delta update sealed: {} tensor(s), {} B in {} for {} rank(s) in {:.3f} s", m.update->delta_entries.size(),
+                                 m.update->bytes, f.string(), m.layouts.size(), std::chrono::duration<double>(Clock::now() - t0).count());
         if (err) {
             m.drop_locked(*err);
             throw *err;
@@ -520,7 +516,7 @@ void StreamManager::committed(const std::string & version) {
     if (!m.update) { return; }
     if (m.update->in_place) {  // serving's dir now holds the new bytes (the engine wrote them); the delta file goes
         m.serving_version = version;
-        m.update.reset();  // its delta file went into serving's dir: the engine awaits its write (pending deltas)
+        m.update.reset();  // its delta file went into serving's dir (a pending delta)
         return;
     }
     m.update->dir->keep();

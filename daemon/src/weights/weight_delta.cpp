@@ -9,21 +9,14 @@
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
 #include <sys/mman.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
-#include <future>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <thread>
 
 namespace fd::weights {
 
@@ -67,71 +60,100 @@ std::string delta_header(const WeightDelta & d) {
     return nlohmann::json{{"tensors", ts}}.dump();
 }
 
-/// Bytes of the file after its header: per tensor its indices (4 or 8 B each) and values.
-int64_t delta_file_payload(const WeightDelta & d) {
-    int64_t n = 0;
-    for (const auto & t : d.tensors) {
-        n += static_cast<int64_t>(t.indices.size()) * (t.numel() <= INT32_MAX ? 4 : 8) + static_cast<int64_t>(t.values.size());
+/// Write all n bytes at p to fd at offset `off` (retrying short writes and EINTR).
+void pwrite_all(int fd, const void * p, size_t n, off_t off, const std::filesystem::path & file) {
+    const auto * b = static_cast<const std::byte *>(p);
+    while (n > 0) {
+        const ssize_t w = ::pwrite(fd, b, n, off);
+        if (w < 0 && errno == EINTR) { continue; }
+        if (w <= 0) { fail(Errc::invalid_argument, "{}: writing the weight delta failed: {}", file.string(), std::strerror(errno)); }
+        b += w;
+        n -= static_cast<size_t>(w);
+        off += w;
     }
-    return n;
 }
 
-/// Every tensor's indices and values, in order, at fd's offset (the header written before).
-void write_delta_payload(int fd, const std::filesystem::path & file, const WeightDelta & d) {
+/// Tensors [t0, t1) of `d`, each its indices (int32 when the tensor has < 2^31 elements) then
+/// its values, back to back from byte `off` of the file.
+void write_tensors(int fd, const std::filesystem::path & file, const WeightDelta & d, size_t t0, size_t t1, off_t off) {
     std::vector<int32_t> narrow;
-    for (const auto & t : d.tensors) {
+    for (size_t i = t0; i < t1; ++i) {
+        const DeltaTensor & t = d.tensors[i];
         if (t.numel() <= INT32_MAX) {
             narrow.assign(t.indices.begin(), t.indices.end());
-            detail::write_all(fd, narrow.data(), narrow.size() * sizeof(int32_t), file, "the weight delta");
+            pwrite_all(fd, narrow.data(), narrow.size() * sizeof(int32_t), off, file);
+            off += static_cast<off_t>(narrow.size() * sizeof(int32_t));
         } else {
-            detail::write_all(fd, t.indices.data(), t.indices.size() * sizeof(int64_t), file, "the weight delta");
+            pwrite_all(fd, t.indices.data(), t.indices.size() * sizeof(int64_t), off, file);
+            off += static_cast<off_t>(t.indices.size() * sizeof(int64_t));
         }
-        detail::write_all(fd, t.values.data(), t.values.size(), file, "the weight delta");
+        pwrite_all(fd, t.values.data(), t.values.size(), off, file);
+        off += static_cast<off_t>(t.values.size());
     }
 }
-
-/// Writes started by start_weight_delta_write, by the path they were started with.
-std::mutex                                          g_writes_mu;
-std::map<std::string, std::shared_future<void>>     g_writes;
 
 }  // namespace
 
 void write_weight_delta(const std::filesystem::path & file, const WeightDelta & d) {
-    const UniqueFd fd = detail::create_framed(file, kMagic, delta_header(d), "the weight delta");
-    write_delta_payload(fd.get(), file, d);
+    const std::string header = delta_header(d);
+    const UniqueFd fd = detail::create_framed(file, kMagic, header, "the weight delta");
+    write_tensors(fd.get(), file, d, 0, d.tensors.size(), static_cast<off_t>(16 + header.size()));
 }
 
-void start_weight_delta_write(const std::filesystem::path & file, std::shared_ptr<const WeightDelta> d) {
-    const std::string header = delta_header(*d);
-    auto fd = std::make_shared<UniqueFd>(detail::create_framed(file, kMagic, header, "the weight delta"));
-    const off_t size = static_cast<off_t>(16 + header.size()) + static_cast<off_t>(delta_file_payload(*d));
-    if (::ftruncate(fd->get(), size) != 0) {
-        fail(Errc::invalid_argument, "{}: cannot size the weight delta file to {} B: {}", file.string(), size, std::strerror(errno));
+int64_t DeltaView::numel() const {
+    int64_t n = 1;
+    for (const int64_t d : shape) { n *= d; }
+    return n;
+}
+
+MappedWeightDelta::~MappedWeightDelta() {
+    if (map_) { ::munmap(map_, map_bytes_); }
+}
+
+const DeltaView * MappedWeightDelta::find(const std::string & name) const {
+    for (const auto & t : tensors) {
+        if (t.name == name) { return &t; }
     }
-    std::shared_future<void> done = std::async(std::launch::async, [fd, d, file] {
-        ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);  // idle time, not the commit's
-        // TEST ONLY: FD_TEST_DELTA_FILE_DELAY_MS=<ms> holds the write back, so that a test can
-        // read the serving dir (sleep, wakeup) while the file is still being written.
-        if (const char * ms = std::getenv("FD_TEST_DELTA_FILE_DELAY_MS"); ms && *ms) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(ms)));
+    return nullptr;
+}
+
+std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem::path & file) {
+    const detail::Framed f = detail::open_framed(file, kMagic, "a weight delta");
+    const nlohmann::json & j = f.header;
+    if (!j.is_object() || !j.contains("tensors") || !j["tensors"].is_array()) {
+        fail(Errc::invalid_checkpoint, "{}: the weight delta's header is not {{\"tensors\": [...]}}", file.string());
+    }
+    auto m = std::make_shared<MappedWeightDelta>();
+    void * p = ::mmap(nullptr, static_cast<size_t>(f.size), PROT_READ, MAP_SHARED | MAP_POPULATE, f.fd.get(), 0);
+    if (p == MAP_FAILED) { fail(Errc::invalid_checkpoint, "{}: cannot map the weight delta: {}", file.string(), std::strerror(errno)); }
+    m->map_       = p;
+    m->map_bytes_ = static_cast<size_t>(f.size);
+    const auto * base = static_cast<const std::byte *>(p);
+    int64_t off = f.payload_off;
+    for (const auto & e : j["tensors"]) {
+        DeltaView t;
+        t.name = e.value("name", "");
+        const auto dt = fd::parse_dtype(e.value("dtype", ""));
+        if (!dt) { fail(Errc::invalid_checkpoint, "{}: tensor '{}' has no dtype", file.string(), t.name); }
+        t.dtype = *dt;
+        t.shape = e.value("shape", std::vector<int64_t>{});
+        t.dense = e.value("dense", false);
+        t.n     = e.value("n", int64_t{-1});
+        const int64_t numel = t.numel(), es = model::dtype_size(t.dtype), ib = e.value("index_bytes", int64_t{8});
+        if (numel < 0 || t.n < 0 || t.n > numel || (t.dense && t.n != numel) || (ib != 4 && ib != 8) ||
+            t.n > (f.size - off) / ((t.dense ? 0 : ib) + es)) {
+            fail(Errc::invalid_checkpoint, "{}: tensor '{}': {} values do not fit its shape or the file", file.string(), t.name, t.n);
         }
-        write_delta_payload(fd->get(), file, *d);
-    }).share();
-    std::lock_guard lk(g_writes_mu);
-    g_writes[file.string()] = std::move(done);
-}
-
-void await_weight_delta_write(const std::filesystem::path & file) {
-    std::shared_future<void> f;
-    {
-        std::lock_guard lk(g_writes_mu);
-        const auto it = g_writes.find(file.string());
-        if (it == g_writes.end()) { return; }
-        f = it->second;
+        t.index_bytes = static_cast<int32_t>(ib);
+        if (!t.dense) {
+            t.indices = base + off;
+            off += t.n * ib;
+        }
+        t.values = base + off;
+        off += t.n * es;
+        m->tensors.push_back(std::move(t));
     }
-    f.get();  // rethrows the write's error; the entry stays, so every later wait fails too
-    std::lock_guard lk(g_writes_mu);
-    g_writes.erase(file.string());
+    return m;
 }
 
 WeightDelta read_weight_delta(const std::filesystem::path & file) {

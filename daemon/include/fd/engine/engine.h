@@ -275,15 +275,19 @@ private:
     /// update_weights while the weights are released (AReaL's colocated loop): the new weights
     /// are loaded into fresh memory at once, all-or-nothing; the weight tag is awake afterwards.
     void          update_while_asleep(const ControlCommand & cmd, ControlResult & r);
-    /// update_weights {weight_delta}: a delta stream's sparse values written in place on every
-    /// rank (each reads its own share, weights::rank_delta_file) and, lazily, into the serving
-    /// dir (weight_dir must be it), all ranks or none. The engine does not read the delta at the
-    /// commit: the file is moved into the serving dir as a pending delta.
-    void          apply_weight_delta(const ControlCommand & cmd, ControlResult & r);
-    /// The rank half of a delta's commit: every rank writes its share of `file` (split beforehand,
-    /// weights::rank_delta_file) into its shard in place, keeping the old values; on any failure
-    /// every rank puts its old values back (undo_delta_on_ranks) and the error is rethrown.
-    std::vector<runtime::RankReport> apply_delta_on_ranks(const std::string & file, const std::optional<std::string> & version);
+    /// update_weights {weight_delta}: a delta's sparse values written in place on every rank
+    /// and, lazily, into the serving dir (weight_dir must be it), all ranks or none. `ranks`:
+    /// how the ranks read it — RankOp::apply_hf_delta (a stream's: every rank maps the HF delta
+    /// file itself and splits it with its own layout) or RankOp::apply_delta (each reads the share
+    /// split for it beforehand, weights::rank_delta_file). The engine does not read the delta at
+    /// the commit: the file is moved into the serving dir as a pending delta.
+    void          apply_weight_delta(const ControlCommand & cmd, ControlResult & r, runtime::RankOp ranks = runtime::RankOp::apply_hf_delta);
+    /// The rank half of a delta's commit: every rank writes its part of `file` into its shard in
+    /// place with `op` (apply_delta: its share, split beforehand; apply_hf_delta: split from the
+    /// HF file by the rank), keeping the old values; on any failure every rank puts its old
+    /// values back (undo_delta_on_ranks) and the error is rethrown.
+    std::vector<runtime::RankReport> apply_delta_on_ranks(const std::string & file, const std::optional<std::string> & version,
+                                                          runtime::RankOp op = runtime::RankOp::apply_delta);
     /// Every rank puts back the values its last apply_delta overwrote. Never throws (logs; a dead
     /// rank degrades the engine, whose recovery reloads the source).
     void          undo_delta_on_ranks() noexcept;
@@ -342,12 +346,9 @@ private:
     /// serving_dir_: their files (fd/weights/weight_delta.h), moved into serving_dir_ as
     /// .fdrollout-pending-N.fddelta, in commit order. The dir is updated lazily
     /// (flush_pending_deltas), so a commit costs the ranks' writes only. Dropped whenever
-    /// serving_dir_ changes. A stream's file may still be being written when it is moved here
-    /// (weights::start_weight_delta_write): `written_as` is the path its write was started under,
-    /// awaited (weights::await_weight_delta_write) before the file is read or removed.
+    /// serving_dir_ changes. Every file is complete when it is moved here (the ranks read it).
     struct PendingDelta {
         std::filesystem::path file;
-        std::filesystem::path written_as;
     };
     std::vector<PendingDelta>                 pending_deltas_;
     int64_t                                   pending_delta_bytes_ = 0;  ///< their files' sizes

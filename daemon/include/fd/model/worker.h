@@ -32,6 +32,7 @@
 #include "fd/memory/allocator.h"
 #include "fd/checkpoint/model_config.h"
 #include "fd/model/weights.h"
+#include "fd/weights/delta_pieces.h"
 #include "fd/weights/rank_delta.h"
 
 #include <array>
@@ -299,8 +300,19 @@ public:
     /// Errors  invalid_checkpoint naming the tensor (nothing written); on a failure while
     ///         writing (a device copy), what was written is put back first.
     int64_t apply_rank_delta(weights::RankDelta && d);
-    /// Put back the values the last apply_rank_delta overwrote and forget them (no-op without
-    /// an undo log). Errors  only a device copy failure.
+    /// Write this rank's part of a delta in training (HF) names straight from the mapped delta
+    /// file every rank shares (weights::map_weight_delta; a delta stream's weights.fddelta): the
+    /// rank plans its pieces with its own layout (weights::plan_delta_pieces: shapes and dtypes
+    /// checked before anything is written) and writes each in place, its indices checked as it
+    /// goes (a bad one stops the apply and puts back what was written). The old values go to an
+    /// undo buffer kept across updates (its pages are reused: no fresh memory per update) and
+    /// `d` stays mapped until undo_weight_delta(), forget_weight_delta() or the next apply.
+    /// Returns the elements written; the bytes equal apply_rank_delta(split_delta(...)) and
+    /// what stage_weights of the same full weights gives.
+    /// Errors  invalid_checkpoint naming the tensor (what was written is put back first).
+    int64_t apply_hf_delta(std::shared_ptr<const weights::MappedWeightDelta> d);
+    /// Put back the values the last apply_rank_delta or apply_hf_delta overwrote and forget them
+    /// (no-op without an undo log). Errors  only a device copy failure.
     void undo_weight_delta();
     /// Forget the undo log (the delta it is for stays applied). The rank op runs it before
     /// reading a new delta, so that an undo after a failed read never reverts an older delta.
@@ -432,7 +444,13 @@ private:
                                                         ///< (no lens) holds the OLD values in its `values` once written (swapped in place)
         std::vector<std::vector<std::byte>> old;        ///< per tensor of `delta` with lens: the runs' old bytes, back to back
         size_t                              n_done = 0; ///< tensors of `delta` written
+        // apply_hf_delta's log: the pieces written (their old values in delta_old_), the delta they index
+        std::shared_ptr<const weights::MappedWeightDelta> hf;
+        std::vector<weights::DeltaPiece>                  pieces;
+        size_t                                            pieces_done = 0;
     };
+    std::unique_ptr<std::byte[]>          delta_old_;        ///< apply_hf_delta's undo buffer (grown, never shrunk)
+    int64_t                               delta_old_bytes_ = 0;
     DeltaUndo                             delta_undo_;       ///< apply_rank_delta's old values
     bool                                  device_mem_ = false;  ///< see device_memory()
     ModelWeights                          w_;

@@ -42,7 +42,8 @@ namespace fd::runtime {
     X(describe, "describe")                     /* the rank's tensors (Worker::layout): detail, see below */          \
     X(release_graphs, "sleep (cuda_graph)")     /* destroy the CUDA graphs, free their buffers (Worker::release_graphs) */ \
     X(apply_delta, "update_weights (delta)")    /* write this rank's share of the delta file req.fetch.weight_dir (weights::rank_delta_file) in place (Worker::apply_rank_delta) */ \
-    X(undo_delta, "update_weights (delta undo)") /* put back what the last apply_delta wrote (Worker::undo_weight_delta) */
+    X(undo_delta, "update_weights (delta undo)") /* put back what the last apply_delta / apply_hf_delta wrote (Worker::undo_weight_delta) */ \
+    X(apply_hf_delta, "update_weights (delta)") /* split the HF delta file req.fetch.weight_dir with this rank's layout and write its part in place (Worker::apply_hf_delta) */
 
 enum class RankOp : uint32_t {
 #define FD_RANK_OP_ENUM(name, what) name,

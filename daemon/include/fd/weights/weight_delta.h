@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -49,19 +50,55 @@ struct WeightDelta {
 /// Errors  fd::Error{invalid_argument} when the file cannot be written.
 void write_weight_delta(const std::filesystem::path & file, const WeightDelta & d);
 
-/// write_weight_delta with the bytes written in the background: `file` is created (mode 0600)
-/// with its header and its final size before this returns (so a rename or a file_size sees the
-/// whole file), and a thread at nice +10 (idle time rather than the commit's) writes the payload
-/// meanwhile, holding `d` and the file open (a rename or unlink of the path does not disturb it).
-/// Whoever reads the file calls await_weight_delta_write with the path given here first.
-/// Errors  fd::Error{invalid_argument} when the file cannot be created or sized (synchronously);
-///         the payload's write errors come from await_weight_delta_write.
-void start_weight_delta_write(const std::filesystem::path & file, std::shared_ptr<const WeightDelta> d);
+/// A weights.fddelta file (write_weight_delta's format) mapped read-only: each tensor's indices
+/// and values point into the mapping, nothing is copied. Every rank of a delta stream's commit
+/// maps the same file and splits it with its own layout (fd/weights/delta_pieces.h).
+struct DeltaView {
+    std::string          name;                 ///< training (HF) name
+    fd::DType            dtype = fd::DType::f32;  ///< of the values
+    std::vector<int64_t> shape;                ///< the HF tensor's, outermost first
+    bool                 dense = false;        ///< true: `values` holds every element, no indices
+    int64_t              n = 0;                ///< values (dense: numel)
+    int32_t              index_bytes = 4;      ///< 4 (int32 LE) or 8 (int64 LE)
+    const std::byte *    indices = nullptr;    ///< [n] flat HF indices (any alignment; read with index())
+    const std::byte *    values = nullptr;     ///< [n] values of `dtype` (any alignment)
 
-/// Wait until the write start_weight_delta_write(file) began has finished (at once when none was
-/// started under that path, as for a file write_weight_delta wrote) and forget it.
-/// Errors  the write's fd::Error (kept: every later wait on the same path fails the same way).
-void await_weight_delta_write(const std::filesystem::path & file);
+    int64_t numel() const;                     ///< product of shape
+    /// Index k (0 <= k < n) of a sparse tensor, widened.
+    int64_t index(int64_t k) const {
+        if (index_bytes == 4) {
+            int32_t v;
+            std::memcpy(&v, indices + 4 * k, 4);
+            return v;
+        }
+        int64_t v;
+        std::memcpy(&v, indices + 8 * k, 8);
+        return v;
+    }
+};
+
+class MappedWeightDelta {
+public:
+    MappedWeightDelta() = default;
+    ~MappedWeightDelta();
+    MappedWeightDelta(const MappedWeightDelta &) = delete;
+    MappedWeightDelta & operator=(const MappedWeightDelta &) = delete;
+    std::vector<DeltaView> tensors;            ///< in the file's order
+    /// The tensor named `name`, or nullptr.
+    const DeltaView * find(const std::string & name) const;
+
+private:
+    friend std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem::path & file);
+    void * map_ = nullptr;
+    size_t map_bytes_ = 0;
+};
+
+/// Map `file` (a regular file; read-only, shared: its page-cache pages, nothing copied) and
+/// check its framing: every tensor's dtype, n <= numel (dense: n == numel) and bytes inside the
+/// file. The indices' order is NOT checked here (O(1) per tensor): whoever writes through them
+/// checks each against the range it may hold (delta_pieces.h write_piece).
+/// Errors  fd::Error{invalid_checkpoint} naming the file and the tensor.
+std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem::path & file);
 
 /// Read a file written by write_weight_delta and check it (sizes, indices sorted, unique and in
 /// range). Errors  fd::Error{invalid_checkpoint} naming the file and the tensor.

@@ -1,0 +1,122 @@
+// A delta update's bytes as the stream keeps them (daemon/src/stream/delta.cpp, staging_dir.cpp):
+// check_delta_bytes checks a delta where it lies (int32 or int64 indices, at any alignment) with
+// the refusals apply_delta makes, and stream::DeltaFile — the received bytes appended as they came,
+// the header written into its reserved room at the seal — is a weights.fddelta file that
+// weights::read_weight_delta and map_weight_delta read back tensor for tensor.
+#include "../../../daemon/src/stream/stream_io.h"
+#include "fd/weights/weight_delta.h"
+
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <vector>
+
+using fd::model::DType;
+using fd::stream::TensorSpec;
+namespace fs = std::filesystem;
+
+namespace {
+
+template <class Index, class Elem>
+std::vector<std::byte> payload(const std::vector<Index> & idx, const std::vector<Elem> & vals, size_t shift) {
+    std::vector<std::byte> out(shift + idx.size() * sizeof(Index) + vals.size() * sizeof(Elem));
+    std::memcpy(out.data() + shift, idx.data(), idx.size() * sizeof(Index));
+    std::memcpy(out.data() + shift + idx.size() * sizeof(Index), vals.data(), vals.size() * sizeof(Elem));
+    return out;
+}
+
+TensorSpec spec(const std::string & name, DType dt, std::vector<int64_t> shape, int64_t n, int32_t index_bytes) {
+    TensorSpec s{.name = name, .dtype = dt, .shape = std::move(shape)};
+    s.n_indices   = n;
+    s.index_bytes = index_bytes;
+    s.nbytes      = n * (index_bytes + fd::model::dtype_size(dt));
+    return s;
+}
+
+template <class Index>
+std::string error_of(const std::vector<Index> & idx, const std::vector<float> & vals, size_t shift) {
+    const auto p = payload<Index, float>(idx, vals, shift);
+    try {
+        fd::stream::check_delta_bytes(spec("w", DType::f32, {64}, static_cast<int64_t>(idx.size()), sizeof(Index)), p.data() + shift);
+    } catch (const fd::Error & e) {
+        return e.what();
+    }
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("check_delta_bytes refuses what apply_delta refuses, for int32 and int64 indices at any alignment") {
+    const float inf = std::numeric_limits<float>::infinity();
+    std::vector<int64_t> ok(40);
+    for (int64_t k = 0; k < 40; ++k) { ok[static_cast<size_t>(k)] = k + 1; }
+    std::vector<float> vals(40, 1.0f);
+    std::vector<float> nan_at_37 = vals;
+    nan_at_37[37] = std::nanf("");
+    for (size_t shift : {0, 1, 3}) {
+        CAPTURE(shift);
+        CHECK(error_of<int64_t>(ok, vals, shift) == "");
+        CHECK(error_of<int32_t>(std::vector<int32_t>(ok.begin(), ok.end()), vals, shift) == "");
+        CHECK(error_of<int64_t>(ok, nan_at_37, shift).find("delta value 37 (of 40) is non-finite") != std::string::npos);
+        CHECK(error_of<int32_t>({0, 64}, {1, 1}, shift).find("delta index 64 (at position 1) is outside [0, 64)") != std::string::npos);
+        CHECK(error_of<int32_t>({-1, 2}, {1, 1}, shift).find("delta index -1 (at position 0)") != std::string::npos);
+        CHECK(error_of<int64_t>({3, 2}, {1, 1}, shift).find("index 2 at position 1 follows 3") != std::string::npos);
+        CHECK(error_of<int32_t>({2, 2}, {1, 1}, shift).find("index 2 at position 1 follows 2") != std::string::npos);
+        CHECK(error_of<int32_t>({1, 2}, {inf, 1}, shift).find("delta value 0 (of 2) is non-finite") != std::string::npos);
+    }
+}
+
+TEST_CASE("a DeltaFile of appended wire bytes, sealed, reads back as the weights.fddelta it names") {
+    char tmpl[] = "/tmp/fd-delta-file-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    struct Cleanup {
+        fs::path d;
+        ~Cleanup() {
+            std::error_code ec;
+            fs::remove_all(d, ec);
+        }
+    } cleanup{tmpl};
+    const fs::path file = fs::path(tmpl) / "weights.fddelta";
+    // a: int32 delta of f32; b: a dense bf16 tensor of 3 elements (6 bytes: c starts at an odd
+    // multiple of 2); c: int64 delta of f32.
+    const auto a = payload<int32_t, float>({1, 5, 9}, {1.5f, -2.0f, 3.25f}, 0);
+    const std::vector<uint16_t> b_vals = {0x3f80, 0xc000, 0x4040};
+    std::vector<std::byte> b(6);
+    std::memcpy(b.data(), b_vals.data(), 6);
+    const auto c = payload<int64_t, float>({0, 7}, {4.0f, 5.0f}, 0);
+    nlohmann::json entries = nlohmann::json::array();
+    entries.push_back({{"name", "a"}, {"dtype", "F32"}, {"shape", {2, 5}}, {"dense", false}, {"n", 3}, {"index_bytes", 4}});
+    entries.push_back({{"name", "b"}, {"dtype", "BF16"}, {"shape", {3}}, {"dense", true}, {"n", 3}, {"index_bytes", 4}});
+    entries.push_back({{"name", "c"}, {"dtype", "F32"}, {"shape", {8}}, {"dense", false}, {"n", 2}, {"index_bytes", 8}});
+    {
+        fd::stream::DeltaFile f(file, 4096);
+        f.append(a.data(), static_cast<int64_t>(a.size()));
+        std::vector<std::byte> bc = b;  // two tensors in one append (one bucket)
+        bc.insert(bc.end(), c.begin(), c.end());
+        f.append(bc.data(), static_cast<int64_t>(bc.size()));
+        CHECK_THROWS_AS(f.seal(std::string(4097, ' ')), fd::Error);  // a header larger than its room
+        f.seal(nlohmann::json{{"tensors", entries}}.dump());
+    }
+    const fd::weights::WeightDelta d = fd::weights::read_weight_delta(file);
+    REQUIRE(d.tensors.size() == 3);
+    CHECK(d.tensors[0].name == "a");
+    CHECK(d.tensors[0].indices == std::vector<int64_t>{1, 5, 9});
+    std::vector<float> av(3);
+    std::memcpy(av.data(), d.tensors[0].values.data(), 12);
+    CHECK(av == std::vector<float>{1.5f, -2.0f, 3.25f});
+    CHECK(d.tensors[1].dense);
+    CHECK(std::memcmp(d.tensors[1].values.data(), b_vals.data(), 6) == 0);
+    CHECK(d.tensors[2].indices == std::vector<int64_t>{0, 7});
+    std::vector<float> cv(2);
+    std::memcpy(cv.data(), d.tensors[2].values.data(), 8);
+    CHECK(cv == std::vector<float>{4.0f, 5.0f});
+    const auto m = fd::weights::map_weight_delta(file);
+    REQUIRE(m->find("c") != nullptr);
+    CHECK(m->find("c")->index(1) == 7);
+    CHECK(m->find("a")->index(2) == 9);
+}
