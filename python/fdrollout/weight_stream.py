@@ -47,6 +47,28 @@ def _frame(header, nbytes=0):
     return _MAGIC + struct.pack("<I", len(h)) + h
 
 
+def _bytes_of(a):
+    """A flat byte view of numpy array `a` (copied only if it is not contiguous)."""
+    return memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+
+
+def _send_all(sock, views, iov_max=512):
+    """Send every buffer of `views` (bytes or byte memoryviews) in order with few sendmsg calls
+    (scatter-gather: one syscall for many small frames, instead of one each); raises as sendall."""
+    views = [memoryview(v).cast("B") for v in views]
+    i = 0
+    while i < len(views):
+        n = sock.sendmsg(views[i:i + iov_max])
+        while n > 0:  # drop what went out; a partly sent buffer keeps its tail
+            if n >= len(views[i]):
+                n -= len(views[i])
+                i += 1
+            else:
+                views[i], n = views[i][n:], 0
+        while i < len(views) and len(views[i]) == 0:
+            i += 1
+
+
 def _to_numpy(t):
     """A numpy array (C-contiguous) and its safetensors tag ("BF16" for torch bfloat16 bits)."""
     if type(t).__module__.split(".")[0] == "torch":
@@ -212,17 +234,20 @@ class WeightStream:
         th.start()
         send_error = None
         try:
+            views = []  # tcp: the bucket's frames and payloads, gathered into few sendmsg calls
             for name, tag, a, delta, nbytes in bucket:
                 if self._nccl is not None:  # one broadcast per tensor: its payload, no frame
                     self._nccl.send(list(a) if delta is not None else [a])
                 elif delta is None:
-                    self.sock.sendall(_frame({"name": name, "dtype": tag, "shape": list(a.shape)}, nbytes))
-                    self.sock.sendall(memoryview(a.reshape(-1).view(np.uint8)))
+                    views += [_frame({"name": name, "dtype": tag, "shape": list(a.shape)}, nbytes), _bytes_of(a)]
                 else:
-                    self.sock.sendall(_frame({"name": name, "dtype": tag, "shape": delta[1], **delta[0]}, nbytes))
-                    for part in a:
-                        self.sock.sendall(memoryview(np.ascontiguousarray(part).reshape(-1).view(np.uint8)))
-                self.bytes_sent += nbytes
+                    views += [_frame({"name": name, "dtype": tag, "shape": delta[1], **delta[0]}, nbytes)]
+                    views += [_bytes_of(part) for part in a]
+                if self._nccl is not None:
+                    self.bytes_sent += nbytes
+            if views:
+                _send_all(self.sock, views)
+                self.bytes_sent += sum(b[4] for b in bucket)
         except (OSError, TimeoutError, RuntimeError) as e:  # the daemon refused the bucket and closed the stream, or died
             send_error = e
         th.join(self.timeout + 10)

@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 from fdtest import PYTHON, STORIES, Daemon, fresh_daemon, greedy, perturbed, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
-from fdrollout.weight_stream import _frame  # noqa: E402
+from fdrollout.weight_stream import _frame, _send_all  # noqa: E402
 
 # The killed trainer. mode "mid": announces every tensor as one bucket, sends half the frames and
 # a few bytes of the next, says SENT, waits. mode "between": one whole bucket of 3 tensors, answered,
@@ -79,6 +79,41 @@ time.sleep(600)
 
 def stream_dirs(port):
     return sorted(glob.glob(f"/dev/shm/fdrollout-stream.{port}.*")) + sorted(glob.glob(os.path.join(tempfile.gettempdir(), f"fdrollout-stream.{port}.*")))
+
+
+class GatheredSend(unittest.TestCase):
+    """weight_stream._send_all: a bucket's frames and payloads in few sendmsg calls arrive whole
+    and in order, whatever each call manages to send (the kernel may take any prefix)."""
+
+    class ShortSocket:
+        def __init__(self, most):
+            self.most, self.got, self.calls = most, bytearray(), 0
+
+        def sendmsg(self, views):
+            self.calls += 1
+            n = 0
+            for v in views:  # take at most `most` bytes, possibly ending inside a buffer
+                k = min(len(v), self.most - n)
+                self.got += bytes(v[:k])
+                n += k
+                if n == self.most:
+                    break
+            return n
+
+    def test_every_byte_in_order_at_any_short_send(self):
+        rng = np.random.default_rng(3)
+        parts = [_frame({"name": "w", "dtype": "F32", "shape": [5]}, 20), rng.standard_normal(5).astype(np.float32),
+                 b"", np.arange(7, dtype=np.int32), rng.integers(0, 255, 1000, dtype=np.uint8)]
+        want = b"".join(p if isinstance(p, bytes) else p.tobytes() for p in parts)
+        views = [p if isinstance(p, bytes) else memoryview(p.reshape(-1).view(np.uint8)) for p in parts]
+        for most in (1, 3, 7, 20, 64, 4096):
+            sock = self.ShortSocket(most)
+            _send_all(sock, list(views), iov_max=2)
+            self.assertEqual(bytes(sock.got), want, f"at most {most} bytes a call")
+        self.assertEqual(self.ShortSocket(1 << 20).calls, 0)
+        sock = self.ShortSocket(1 << 20)
+        _send_all(sock, list(views), iov_max=512)
+        self.assertEqual(sock.calls, 1)  # everything in one call when the kernel takes it all
 
 
 class StreamTp1(unittest.TestCase):
