@@ -117,12 +117,57 @@ const DeltaView * MappedWeightDelta::find(const std::string & name) const {
     return nullptr;
 }
 
-std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem::path & file) {
-    const detail::Framed f = detail::open_framed(file, kMagic, "a weight delta");
+namespace {
+
+/// One tensor's entry of a weight delta's header, checked: its dtype known, its n values (and,
+/// sparse, n indices of 4 or 8 bytes) fitting its shape and the file's bytes from `off` to
+/// `size` (no product that can overflow). Errors: invalid_checkpoint naming the file and tensor.
+struct DeltaEntry {
+    std::string          name;
+    fd::DType            dtype = fd::DType::f32;
+    std::vector<int64_t> shape;
+    bool                 dense = false;
+    int64_t              n = 0, numel = 0, index_bytes = 8, value_bytes = 4;
+};
+
+/// The frame's header, checked to be {"tensors": [...]}.
+const nlohmann::json & delta_entries(const detail::Framed & f, const std::filesystem::path & file) {
     const nlohmann::json & j = f.header;
     if (!j.is_object() || !j.contains("tensors") || !j["tensors"].is_array()) {
         fail(Errc::invalid_checkpoint, "{}: the weight delta's header is not {{\"tensors\": [...]}}", file.string());
     }
+    return j["tensors"];
+}
+
+DeltaEntry parse_entry(const nlohmann::json & e, const std::filesystem::path & file, int64_t off, int64_t size) {
+    DeltaEntry t;
+    t.name        = e.value("name", "");
+    const auto dt = fd::parse_dtype(e.value("dtype", ""));
+    if (!dt) { fail(Errc::invalid_checkpoint, "{}: tensor '{}' has no dtype", file.string(), t.name); }
+    t.dtype       = *dt;
+    t.shape       = e.value("shape", std::vector<int64_t>{});
+    t.dense       = e.value("dense", false);
+    t.n           = e.value("n", int64_t{-1});
+    t.index_bytes = e.value("index_bytes", int64_t{8});
+    t.value_bytes = model::dtype_size(t.dtype);
+    t.numel       = 1;
+    for (const int64_t d : t.shape) {
+        if (d < 0 || (d > 0 && t.numel > INT64_MAX / d)) { t.numel = -1; break; }
+        t.numel *= d;
+    }
+    const int64_t per = (t.dense ? 0 : t.index_bytes) + t.value_bytes;
+    if (t.numel < 0 || t.n < 0 || t.n > t.numel || (t.dense && t.n != t.numel) || (t.index_bytes != 4 && t.index_bytes != 8) ||
+        off > size || t.n > (size - off) / per) {
+        fail(Errc::invalid_checkpoint, "{}: tensor '{}': {} values do not fit its shape or the file", file.string(), t.name, t.n);
+    }
+    return t;
+}
+
+}  // namespace
+
+std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem::path & file) {
+    const detail::Framed f = detail::open_framed(file, kMagic, "a weight delta");
+    const nlohmann::json & entries = delta_entries(f, file);
     auto m = std::make_shared<MappedWeightDelta>();
     void * p = ::mmap(nullptr, static_cast<size_t>(f.size), PROT_READ, MAP_SHARED | MAP_POPULATE, f.fd.get(), 0);
     if (p == MAP_FAILED) { fail(Errc::invalid_checkpoint, "{}: cannot map the weight delta: {}", file.string(), std::strerror(errno)); }
@@ -130,27 +175,21 @@ std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem:
     m->map_bytes_ = static_cast<size_t>(f.size);
     const auto * base = static_cast<const std::byte *>(p);
     int64_t off = f.payload_off;
-    for (const auto & e : j["tensors"]) {
-        DeltaView t;
-        t.name = e.value("name", "");
-        const auto dt = fd::parse_dtype(e.value("dtype", ""));
-        if (!dt) { fail(Errc::invalid_checkpoint, "{}: tensor '{}' has no dtype", file.string(), t.name); }
-        t.dtype = *dt;
-        t.shape = e.value("shape", std::vector<int64_t>{});
-        t.dense = e.value("dense", false);
-        t.n     = e.value("n", int64_t{-1});
-        const int64_t numel = t.numel(), es = model::dtype_size(t.dtype), ib = e.value("index_bytes", int64_t{8});
-        if (numel < 0 || t.n < 0 || t.n > numel || (t.dense && t.n != numel) || (ib != 4 && ib != 8) ||
-            t.n > (f.size - off) / ((t.dense ? 0 : ib) + es)) {
-            fail(Errc::invalid_checkpoint, "{}: tensor '{}': {} values do not fit its shape or the file", file.string(), t.name, t.n);
-        }
-        t.index_bytes = static_cast<int32_t>(ib);
+    for (const auto & e : entries) {
+        DeltaEntry h = parse_entry(e, file, off, f.size);
+        DeltaView  t;
+        t.name        = std::move(h.name);
+        t.dtype       = h.dtype;
+        t.shape       = std::move(h.shape);
+        t.dense       = h.dense;
+        t.n           = h.n;
+        t.index_bytes = static_cast<int32_t>(h.index_bytes);
         if (!t.dense) {
             t.indices = base + off;
-            off += t.n * ib;
+            off += t.n * h.index_bytes;
         }
         t.values = base + off;
-        off += t.n * es;
+        off += t.n * h.value_bytes;
         m->tensors.push_back(std::move(t));
     }
     return m;
@@ -159,26 +198,17 @@ std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem:
 WeightDelta read_weight_delta(const std::filesystem::path & file) {
     const detail::Framed f = detail::open_framed(file, kMagic, "a weight delta");
     const UniqueFd & fd = f.fd;
-    const int64_t size = f.size;
-    const nlohmann::json & j = f.header;
-    if (!j.is_object() || !j.contains("tensors") || !j["tensors"].is_array()) {
-        fail(Errc::invalid_checkpoint, "{}: the weight delta's header is not {{\"tensors\": [...]}}", file.string());
-    }
+    const nlohmann::json & entries = delta_entries(f, file);
     WeightDelta d;
     int64_t off = f.payload_off;
-    for (const auto & e : j["tensors"]) {
+    for (const auto & e : entries) {
+        DeltaEntry h = parse_entry(e, file, off, f.size);
         DeltaTensor t;
-        t.name  = e.value("name", "");
-        const auto dt = fd::parse_dtype(e.value("dtype", ""));
-        if (!dt) { fail(Errc::invalid_checkpoint, "{}: tensor '{}' has no dtype", file.string(), t.name); }
-        t.dtype = *dt;
-        t.shape = e.value("shape", std::vector<int64_t>{});
-        t.dense = e.value("dense", false);
-        const int64_t n = e.value("n", int64_t{-1}), numel = t.numel();
-        const int64_t es = model::dtype_size(t.dtype), ib = e.value("index_bytes", int64_t{8});
-        if (n < 0 || n > numel || (t.dense && n != numel) || (ib != 4 && ib != 8) || off + n * ((t.dense ? 0 : ib) + es) > size) {
-            fail(Errc::invalid_checkpoint, "{}: tensor '{}': {} values do not fit its shape or the file", file.string(), t.name, n);
-        }
+        t.name  = std::move(h.name);
+        t.dtype = h.dtype;
+        t.shape = std::move(h.shape);
+        t.dense = h.dense;
+        const int64_t n = h.n, numel = h.numel, es = h.value_bytes, ib = h.index_bytes;
         if (!t.dense) {
             t.indices.resize(static_cast<size_t>(n));
             if (ib == 4) {

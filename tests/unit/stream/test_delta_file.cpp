@@ -120,3 +120,47 @@ TEST_CASE("a DeltaFile of appended wire bytes, sealed, reads back as the weights
     CHECK(m->find("c")->index(1) == 7);
     CHECK(m->find("a")->index(2) == 9);
 }
+
+TEST_CASE("read_weight_delta and map_weight_delta refuse a header whose counts do not fit, even where a product would overflow") {
+    char tmpl[] = "/tmp/fd-delta-bad-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    struct Cleanup {
+        fs::path d;
+        ~Cleanup() {
+            std::error_code ec;
+            fs::remove_all(d, ec);
+        }
+    } cleanup{tmpl};
+    const fs::path file = fs::path(tmpl) / "weights.fddelta";
+    const auto a        = payload<int32_t, float>({1, 5, 9}, {1.5f, -2.0f, 3.25f}, 0);
+    const int64_t big   = int64_t{1} << 61;  // big * (8 + 4) wraps to a small number
+    const std::vector<nlohmann::json> bad = {
+        {{"name", "a"}, {"dtype", "F32"}, {"shape", {big, 4}}, {"dense", false}, {"n", big}, {"index_bytes", 8}},
+        {{"name", "a"}, {"dtype", "F32"}, {"shape", {10}}, {"dense", false}, {"n", 4}, {"index_bytes", 4}},   // past the file
+        {{"name", "a"}, {"dtype", "F32"}, {"shape", {-2, -5}}, {"dense", false}, {"n", 3}, {"index_bytes", 4}},  // negative dims
+        {{"name", "a"}, {"dtype", "F32"}, {"shape", {10}}, {"dense", false}, {"n", 3}, {"index_bytes", 2}},
+        {{"name", "a"}, {"dtype", "F32"}, {"shape", {10}}, {"dense", true}, {"n", 3}, {"index_bytes", 4}},
+        {{"name", "a"}, {"dtype", "X9"}, {"shape", {10}}, {"dense", false}, {"n", 3}, {"index_bytes", 4}},
+    };
+    for (const auto & e : bad) {
+        fs::remove(file);  // a DeltaFile is created, never reopened
+        {
+            fd::stream::DeltaFile f(file, 4096);
+            f.append(a.data(), static_cast<int64_t>(a.size()));
+            f.seal(nlohmann::json{{"tensors", nlohmann::json::array({e})}}.dump());
+        }
+        CAPTURE(e.dump());
+        CHECK_THROWS_AS(fd::weights::read_weight_delta(file), fd::Error);
+        CHECK_THROWS_AS(fd::weights::map_weight_delta(file), fd::Error);
+    }
+    fs::remove(file);
+    {  // the same file with a fitting entry reads
+        fd::stream::DeltaFile f(file, 4096);
+        f.append(a.data(), static_cast<int64_t>(a.size()));
+        f.seal(nlohmann::json{{"tensors", nlohmann::json::array({nlohmann::json{
+                                              {"name", "a"}, {"dtype", "F32"}, {"shape", {10}}, {"dense", false}, {"n", 3}, {"index_bytes", 4}}})}}
+                   .dump());
+    }
+    CHECK(fd::weights::read_weight_delta(file).tensors.at(0).indices == std::vector<int64_t>{1, 5, 9});
+    CHECK(fd::weights::map_weight_delta(file)->find("a")->index(2) == 9);
+}

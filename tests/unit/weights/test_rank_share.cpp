@@ -3,6 +3,7 @@
 // row-range parts with a shift (q|k stacked), column-range parts (one window per HF row), an F16
 // part widened to f32, a dense part (runs) and a tensor the delta does not touch; and its starts
 // are the HF indices mapped by hand below (row r, column c of the HF tensor → the shard's).
+#include "delta_fixtures.h"
 #include "fd/status.h"
 #include "fd/weights/rank_delta.h"
 
@@ -23,50 +24,9 @@ using fd::weights::WeightDelta;
 
 namespace {
 
-fd::model::WeightPart part(const std::string & hf, std::vector<int64_t> hf_shape, int dim, int64_t row0, int64_t rows, int64_t src0,
-                           fd::DType dt = fd::DType::f32) {
-    fd::model::WeightPart p;
-    p.hf_name  = hf;
-    p.hf_shape = std::move(hf_shape);
-    p.dim      = dim;
-    p.row0     = row0;
-    p.rows     = rows;
-    p.src0     = src0;
-    p.dtype    = dt;
-    return p;
-}
-
-fd::model::InferenceTensor tensor(const std::string & name, std::vector<int64_t> shape, std::vector<fd::model::WeightPart> parts) {
-    fd::model::InferenceTensor t;
-    t.name  = name;
-    t.shape = std::move(shape);
-    t.dtype = fd::DType::f32;
-    t.parts = std::move(parts);
-    return t;
-}
-
-/// A sparse (or, with dense, every element's) delta of HF tensor `name`; value k is base + k.
-DeltaTensor delta(const std::string & name, std::vector<int64_t> shape, std::vector<int64_t> idx, float base, bool dense = false,
-                  fd::DType dt = fd::DType::f32) {
-    DeltaTensor t;
-    t.name    = name;
-    t.dtype   = dt;
-    t.shape   = std::move(shape);
-    t.dense   = dense;
-    t.indices = dense ? std::vector<int64_t>{} : std::move(idx);
-    const int64_t n = dense ? t.numel() : static_cast<int64_t>(t.indices.size());
-    t.values.resize(static_cast<size_t>(n * fd::dtype_size(dt)));
-    for (int64_t k = 0; k < n; ++k) {
-        if (dt == fd::DType::f32) {
-            const float v = base + static_cast<float>(k);
-            std::memcpy(t.values.data() + 4 * k, &v, 4);
-        } else {  // F16 1.0 + k/1024 (exact in f32)
-            const uint16_t h = static_cast<uint16_t>(0x3C00 + k);
-            std::memcpy(t.values.data() + 2 * k, &h, 2);
-        }
-    }
-    return t;
-}
+using fd::test::delta;
+using fd::test::part;
+using fd::test::tensor;
 
 std::string slurp(const fs::path & p) {
     std::ifstream f(p, std::ios::binary);
