@@ -287,10 +287,11 @@ public:
     void drop_staged();
     bool has_staged() const { return staged_; }
 
-    // In-place sparse update (a delta weight stream's commit; fd/weights/weight_delta.h).
+    // In-place sparse update (a delta's commit; fd/weights/weight_delta.h).
 
-    /// Write this rank's share of a delta (weights::split_delta, made by the daemon with this
-    /// rank's layout plan: runs of shard elements, values already in the shard's dtype) into the
+    /// Write this rank's share of an rsync or ipc delta (weights::write_rank_share: the bytes of
+    /// weights::split_delta with this rank's layout plan: runs of shard elements, values already
+    /// in the shard's dtype) into the
     /// live weights in place. Everything is checked first (the split's rank / tp / ep are this
     /// rank's; every tensor is in the layout with its dtype and shard shape; every run inside the
     /// shard): nothing is written otherwise. The old bytes of the same runs are kept (the undo
