@@ -290,13 +290,13 @@ public:
     // In-place sparse update (a delta's commit; fd/weights/weight_delta.h).
 
     /// Write this rank's share of an rsync or ipc delta (weights::write_rank_share: the bytes of
-    /// weights::split_delta with this rank's layout plan: runs of shard elements, values already
-    /// in the shard's dtype) into the live weights in place. Everything is checked first (the
-    /// split's rank / tp / ep are this rank's; every tensor is in the layout with its dtype and
-    /// shard shape; every run inside the shard): nothing is written otherwise. The old bytes of the same runs are kept (the undo
-    /// log; `d` is kept as its addresses) until undo_weight_delta(), forget_weight_delta() or the
-    /// next apply. Returns the elements written. The bytes equal what stage_weights of the same
-    /// full weights gives (the split maps indices as the loader does).
+    /// weights::split_delta with this rank's layout plan: runs of shard elements, values already in
+    /// the shard's dtype) into the live weights in place. Everything is checked first (the split's
+    /// rank / tp / ep are this rank's; every tensor is in the layout with its dtype and shard
+    /// shape; every run inside the shard): nothing is written otherwise. The old bytes of the same
+    /// runs are kept (the undo log; `d` is kept as its addresses) until undo_weight_delta(),
+    /// forget_weight_delta() or the next apply. Returns the elements written. The bytes equal what
+    /// stage_weights of the same full weights gives (the split maps indices as the loader does).
     /// Errors  invalid_checkpoint naming the tensor (nothing written); on a failure while
     ///         writing (a device copy), what was written is put back first.
     int64_t apply_rank_delta(weights::RankDelta && d);
