@@ -49,6 +49,20 @@ std::string error_of(const std::vector<Index> & idx, const std::vector<float> & 
     return "";
 }
 
+/// A fresh directory under /tmp, removed with everything in it at the end of the test.
+struct TempDir {
+    fs::path path;
+    TempDir() {
+        char tmpl[] = "/tmp/fd-delta-file-XXXXXX";
+        REQUIRE(::mkdtemp(tmpl) != nullptr);
+        path = tmpl;
+    }
+    ~TempDir() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+    }
+};
+
 }  // namespace
 
 TEST_CASE("check_delta_bytes refuses what apply_delta refuses, for int32 and int64 indices at any alignment") {
@@ -72,16 +86,8 @@ TEST_CASE("check_delta_bytes refuses what apply_delta refuses, for int32 and int
 }
 
 TEST_CASE("a DeltaFile of appended wire bytes, sealed, reads back as the weights.fddelta it names") {
-    char tmpl[] = "/tmp/fd-delta-file-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    struct Cleanup {
-        fs::path d;
-        ~Cleanup() {
-            std::error_code ec;
-            fs::remove_all(d, ec);
-        }
-    } cleanup{tmpl};
-    const fs::path file = fs::path(tmpl) / "weights.fddelta";
+    const TempDir tmp;
+    const fs::path file = tmp.path / "weights.fddelta";
     // a: int32 delta of f32; b: a dense bf16 tensor of 3 elements (6 bytes: c starts at an odd
     // multiple of 2); c: int64 delta of f32.
     const auto a = payload<int32_t, float>({1, 5, 9}, {1.5f, -2.0f, 3.25f}, 0);
@@ -122,16 +128,8 @@ TEST_CASE("a DeltaFile of appended wire bytes, sealed, reads back as the weights
 }
 
 TEST_CASE("read_weight_delta and map_weight_delta refuse a header whose counts do not fit, even where a product would overflow") {
-    char tmpl[] = "/tmp/fd-delta-bad-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    struct Cleanup {
-        fs::path d;
-        ~Cleanup() {
-            std::error_code ec;
-            fs::remove_all(d, ec);
-        }
-    } cleanup{tmpl};
-    const fs::path file = fs::path(tmpl) / "weights.fddelta";
+    const TempDir tmp;
+    const fs::path file = tmp.path / "weights.fddelta";
     const auto a        = payload<int32_t, float>({1, 5, 9}, {1.5f, -2.0f, 3.25f}, 0);
     const int64_t big   = int64_t{1} << 61;  // big * (8 + 4) wraps to a small number
     const std::vector<nlohmann::json> bad = {
