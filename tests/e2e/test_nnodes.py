@@ -126,6 +126,16 @@ class TwoNodes(unittest.TestCase):
             for prompt, ref in REF.items():
                 self.assertEqual(d.complete(prompt=prompt, max_tokens=60, temperature=0)["choices"][0]["token_ids"], ref["ids"])
 
+            # A weight stream is refused at init, naming why (node 1's rank could not read the
+            # staged tensors on real separate hosts); nothing opened, the daemon serves on.
+            for path, body in (("/init_weight_transfer_engine", {"init_info": {"backend": "tcp"}}),
+                               ("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
+                                                               "world_size": 2, "group_name": "g", "backend": "tcp"})):
+                status, j = d.post(path, body)
+                self.assertEqual(status, 409, j)
+                self.assertIn("--nnodes 2", json.dumps(j), j)
+            self.assertEqual(greedy(d), (*self.a_tp2, "0"))
+
             # An update reaches both nodes' ranks (each fetches its own shard from --model).
             self.ok(d, "/v1/pause")
             copy_checkpoint(self.B, src)

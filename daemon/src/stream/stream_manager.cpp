@@ -285,6 +285,11 @@ Endpoint StreamManager::init(const InitRequest & req) {
                                 "/abort_weight_update first", m.update ? m.update->weight_map.size() : 0, m.expected.size());
     }
     if (req.timeout_s && !(*req.timeout_s > 0)) { throw Error(Errc::invalid_argument, "timeout_s must be > 0 seconds", "timeout_s"); }
+    if (m.cfg.nnodes > 1) {
+        fail(Errc::wrong_state, "weight streams need every rank on this host: this daemon's ranks span --nnodes {} hosts, whose ranks "
+                                "could not read the staged tensors; update them from a checkpoint instead (POST /v1/update_weights)",
+             m.cfg.nnodes);
+    }
     if (req.backend != "tcp" && req.backend != "nccl") {
         throw Error(Errc::invalid_argument, fmt::format("unknown weight-stream backend '{}' (tcp, nccl)", req.backend), "backend");
     }

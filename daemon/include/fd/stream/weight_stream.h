@@ -77,6 +77,9 @@ struct StreamConfig {
     model::ModelConfig    model_cfg;
     int32_t               tp_size = 1;      ///< the engine's ranks (tensor-parallel size)
     int32_t               ep_size = 1;      ///< --enable-expert-parallel (1 = off)
+    /// --nnodes: > 1 refuses every stream at init (409): the staging files are on this host,
+    /// and the ranks of the other hosts could not read them.
+    int32_t               nnodes = 1;
 };
 
 /// One tensor as announced (and as it must arrive).
