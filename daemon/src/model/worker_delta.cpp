@@ -14,6 +14,20 @@
 
 namespace fd::model {
 
+namespace {
+
+/// A delta failed part way: put back what it wrote (the error in flight is the one reported; a
+/// failure of the undo itself is logged).
+void undo_after_failed_delta(Worker & w, int32_t rank) {
+    try {
+        w.undo_weight_delta();
+    } catch (const std::exception & e) {
+        log::get("model")->error("rank {}: putting the old weights back after a failed delta failed too: {}", rank, e.what());
+    }
+}
+
+}  // namespace
+
 using memory::Tag;
 
 namespace {
@@ -135,11 +149,7 @@ int64_t Worker::apply_rank_delta(weights::RankDelta && d) {
             if (device_mem_) { backend_->upload(arena + t.offset, host.data(), t.bytes); }
         }
     } catch (...) {
-        try {
-            undo_weight_delta();
-        } catch (const std::exception & e) {
-            log::get("model")->error("rank {}: putting the old weights back after a failed delta failed too: {}", wcfg_.rank, e.what());
-        }
+        undo_after_failed_delta(*this, wcfg_.rank);
         throw;
     }
     bind();  // the f32 copies of norms and biases follow the new bytes
@@ -189,11 +199,7 @@ int64_t Worker::apply_hf_delta(std::shared_ptr<const weights::MappedWeightDelta>
             i = j;
         }
     } catch (...) {
-        try {
-            undo_weight_delta();
-        } catch (const std::exception & e) {
-            log::get("model")->error("rank {}: putting the old weights back after a failed delta failed too: {}", wcfg_.rank, e.what());
-        }
+        undo_after_failed_delta(*this, wcfg_.rank);
         throw;
     }
     bind();  // the f32 copies of norms and biases follow the new bytes

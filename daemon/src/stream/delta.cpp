@@ -109,24 +109,20 @@ void check_delta_bytes(const TensorSpec & s, const std::byte * payload) {
     // Strictly increasing pairwise, then the first and the last bound the range (one pass, in place).
     bool increasing = true;
     int64_t first = 0, last = 0;
+    auto scan = [&]<class Index>(Index) {
+        Index prev = 0, v = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            std::memcpy(&v, payload + sizeof(Index) * i, sizeof(Index));
+            increasing &= i == 0 || v > prev;
+            prev = v;
+            if (i == 0) { first = v; }
+        }
+        last = prev;
+    };
     if (s.index_bytes == 4) {
-        int32_t prev = 0, v = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            std::memcpy(&v, payload + 4 * i, 4);
-            increasing &= i == 0 || v > prev;
-            prev = v;
-            if (i == 0) { first = v; }
-        }
-        last = prev;
+        scan(int32_t{});
     } else {
-        int64_t prev = 0, v = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            std::memcpy(&v, payload + 8 * i, 8);
-            increasing &= i == 0 || v > prev;
-            prev = v;
-            if (i == 0) { first = v; }
-        }
-        last = prev;
+        scan(int64_t{});
     }
     if (!increasing || (n > 0 && (first < 0 || last >= s.numel()))) {  // the slow path names the position
         std::vector<int64_t> idx(static_cast<size_t>(n));
