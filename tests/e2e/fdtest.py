@@ -175,6 +175,24 @@ def cmdline(pid):
         return []
 
 
+def stop_process(pid, timeout=10):
+    """SIGSTOP pid and wait until every one of its threads is stopped. kill() only queues the
+    signal: a thread running on another core can still answer a request for a moment after it,
+    so a test that relies on the process being stopped must wait for this."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def all_stopped():
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+                        return False
+        except FileNotFoundError:
+            return False
+        return True
+    wait_until(all_stopped, timeout, f"every thread of {pid} stopped")
+
+
 def http_request(port, method, path, body=None, timeout=120, raw=None, headers=None):
     """(status, JSON body or text) of one request to 127.0.0.1:`port`; `body` is sent as JSON,
     `raw` as is."""

@@ -17,7 +17,7 @@ import threading
 import time
 import unittest
 
-from fdtest import FDCTL, Daemon, fdctl, greedy, wait_control_in_flight
+from fdtest import FDCTL, Daemon, fdctl, greedy, stop_process, wait_control_in_flight
 
 EXIT_TIMEOUT = 7
 # The slow command the queued ones wait behind (FD_DEBUG_CONTROL_DELAY_MS): it must outlast the
@@ -38,7 +38,7 @@ class Stopped:
         self.pid = d.proc.pid
 
     def __enter__(self):
-        os.kill(self.pid, signal.SIGSTOP)
+        stop_process(self.pid)
         return self
 
     def __exit__(self, *exc):

@@ -13,7 +13,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
-from fdtest import STORIES, Daemon, copy_checkpoint, free_port, fresh_daemon, greedy, perturbed  # noqa: E402
+from fdtest import STORIES, Daemon, copy_checkpoint, free_port, fresh_daemon, greedy, perturbed, stop_process  # noqa: E402
 from fdrollout import Client, FdRolloutError  # noqa: E402
 
 
@@ -142,7 +142,7 @@ class Deadlines(unittest.TestCase):
     def test_stopped_daemon_raises_within_the_deadline(self):
         with Daemon("--dynamic-load-weight") as d:
             c = Client(f"127.0.0.1:{d.port}", timeout=1)
-            d.proc.send_signal(signal.SIGSTOP)
+            stop_process(d.proc.pid)
             try:
                 t0 = time.monotonic()
                 with self.assertRaises(FdRolloutError) as e:

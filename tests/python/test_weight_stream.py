@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import PYTHON, STORIES, Daemon, fresh_daemon, greedy, perturbed, wait_until  # noqa: E402
+from fdtest import PYTHON, STORIES, Daemon, fresh_daemon, greedy, perturbed, stop_process, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 from fdrollout.weight_stream import _frame, _send_all  # noqa: E402
@@ -319,12 +319,7 @@ class StreamTp1(unittest.TestCase):
         stream raise within its timeout, never hang; resumed, the daemon drops the update."""
         before = self.c.weight_version()
         ws = self.c.weight_stream("stopped", timeout=2).__enter__()
-        self.d.proc.send_signal(signal.SIGSTOP)
-
-        def stopped():
-            with open(f"/proc/{self.d.proc.pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] == "T"
-        wait_until(stopped, 10, "the daemon stopped")
+        stop_process(self.d.proc.pid)
         t0 = time.monotonic()
         try:
             with self.assertRaises((FdRolloutError, OSError)):
