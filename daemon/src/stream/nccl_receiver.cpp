@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -56,6 +57,7 @@ public:
     ~NcclReceiver() override {
         if (comm_) { ncclCommAbort(comm_); }  // never a graceful destroy: the trainer may be gone
         if (buf_) { cudaFree(buf_); }
+        if (piece_) { cudaFreeHost(piece_); }
         if (stream_) { cudaStreamDestroy(stream_); }
     }
 
@@ -67,8 +69,7 @@ public:
     }
     void interrupt() override { interrupted_.store(true); }
 
-    void receive(const std::vector<TensorSpec> & specs, bool packed, const std::function<std::byte *(size_t)> & dst,
-                 Clock::time_point deadline) override {
+    void receive(const std::vector<TensorSpec> & specs, bool packed, const Sink & sink, Clock::time_point deadline) override {
         cuda(cudaSetDevice(device_), "cudaSetDevice");
         if (packed) {
             size_t total = 0;
@@ -76,14 +77,14 @@ public:
             broadcast(total, deadline, "the packed bucket");
             size_t off = 0;
             for (size_t i = 0; i < specs.size(); ++i) {
-                copy_out(dst(i), off, static_cast<size_t>(specs[i].nbytes));
+                copy_out(sink, i, off, static_cast<size_t>(specs[i].nbytes));
                 off += static_cast<size_t>(specs[i].nbytes);
             }
             return;
         }
         for (size_t i = 0; i < specs.size(); ++i) {
             broadcast(static_cast<size_t>(specs[i].nbytes), deadline, fmt::format("tensor '{}'", specs[i].name));
-            copy_out(dst(i), 0, static_cast<size_t>(specs[i].nbytes));
+            copy_out(sink, i, 0, static_cast<size_t>(specs[i].nbytes));
         }
     }
 
@@ -147,8 +148,15 @@ private:
         }
     }
 
-    void copy_out(std::byte * dst, size_t off, size_t n) {
-        cuda(cudaMemcpy(dst, static_cast<const char *>(buf_) + off, n, cudaMemcpyDeviceToHost), "cudaMemcpy (stream receive)");
+    /// Tensor i's `n` bytes at `off` of buf_ to the sink, one host piece at a time.
+    void copy_out(const Sink & sink, size_t i, size_t off, size_t n) {
+        if (!piece_) { cuda(cudaMallocHost(&piece_, kPieceBytes), "cudaMallocHost (stream receive piece)"); }
+        for (size_t done = 0; done < n;) {
+            const size_t k = std::min(n - done, kPieceBytes);
+            cuda(cudaMemcpy(piece_, static_cast<const char *>(buf_) + off + done, k, cudaMemcpyDeviceToHost), "cudaMemcpy (stream receive)");
+            sink(i, static_cast<int64_t>(done), static_cast<const std::byte *>(piece_), k);
+            done += k;
+        }
     }
 
     int32_t           device_ = 0;
@@ -156,6 +164,7 @@ private:
     cudaStream_t      stream_ = nullptr;
     void *            buf_    = nullptr;
     size_t            cap_    = 0;
+    void *            piece_  = nullptr;  ///< pinned host piece (kPieceBytes), the sink's view
     bool              aborted_ = false;
     std::atomic<bool> interrupted_{false};
 };

@@ -1,13 +1,13 @@
 // Where a weight stream's bytes land: a private dir of safetensors files (one per bucket) that
-// the update_weights {weight_dir} path then stages on every rank. The files are written in place
-// through a shared mapping, so each byte is copied once from the socket into the file.
+// the update_weights {weight_dir} path then stages on every rank. The files are written with
+// pwrite from the receiver's cache-sized piece buffer, so each byte reaches memory once: in the
+// file's page, allocated and filled by the same write.
 #include "stream_io.h"
 
 #include "fd/log.h"
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,7 +19,33 @@ namespace fd::stream {
 
 namespace fs = std::filesystem;
 
-BucketFile::BucketFile(const fs::path & file, const std::vector<TensorSpec> & specs) : file_(file) {
+namespace {
+
+/// pwrite all `n` bytes of `p` at `off` of `fd` (retries short writes and EINTR).
+/// Errors  source_unavailable naming `file` (a full staging file system: ENOSPC).
+void pwrite_all(int fd, const std::byte * p, int64_t n, int64_t off, const fs::path & file) {
+    while (n > 0) {
+        const ssize_t w = ::pwrite(fd, p, static_cast<size_t>(n), static_cast<off_t>(off));
+        if (w < 0 && errno == EINTR) { continue; }
+        if (w <= 0) {
+            fail(Errc::source_unavailable, "weight stream: cannot write {}: {} (is the staging file system full?)", file.string(),
+                 std::strerror(errno));
+        }
+        p += w;
+        n -= w;
+        off += w;
+    }
+}
+
+UniqueFd create_private(const fs::path & file) {
+    UniqueFd f(::open(file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!f.valid()) { fail(Errc::internal, "weight stream: cannot create {}: {}", file.string(), std::strerror(errno)); }
+    return f;
+}
+
+}  // namespace
+
+BucketFile::BucketFile(const fs::path & file, const std::vector<TensorSpec> & specs) : file_(file), fd_(create_private(file)) {
     // safetensors: u64 LE header length, the JSON header (padded with spaces to 8 bytes), data.
     nlohmann::json h = nlohmann::json::object();
     int64_t off = 0;
@@ -30,33 +56,19 @@ BucketFile::BucketFile(const fs::path & file, const std::vector<TensorSpec> & sp
     }
     std::string text = h.dump();
     text.append((8 - text.size() % 8) % 8, ' ');
-    const size_t head = 8 + text.size();
-    map_bytes_        = head + static_cast<size_t>(off);
-    UniqueFd f(::open(file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
-    if (!f.valid()) { fail(Errc::internal, "weight stream: cannot create {}: {}", file.string(), std::strerror(errno)); }
-    // Reserve the blocks now (tmpfs allocates on write: a full /dev/shm would otherwise be a
-    // SIGBUS in the middle of the copy instead of this error).
-    if (const int rc = ::posix_fallocate(f.get(), 0, static_cast<off_t>(map_bytes_)); rc != 0) {
-        fail(Errc::source_unavailable, "weight stream: cannot reserve {} bytes for {}: {} (is the staging file system full?)", map_bytes_,
-             file.string(), std::strerror(rc));
-    }
-    // MAP_POPULATE: every page allocated up front, not one fault per page while the socket drains.
-    void * m = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f.get(), 0);
-    if (m == MAP_FAILED) { fail(Errc::internal, "weight stream: cannot map {}: {}", file.string(), std::strerror(errno)); }
-    map_ = static_cast<std::byte *>(m);
     const uint64_t n = text.size();
-    for (int i = 0; i < 8; ++i) { map_[i] = static_cast<std::byte>((n >> (8 * i)) & 0xff); }
-    std::memcpy(map_ + 8, text.data(), text.size());
-    base_ = map_ + head;
+    std::string head(8, '\0');
+    for (int i = 0; i < 8; ++i) { head[i] = static_cast<char>((n >> (8 * i)) & 0xff); }
+    head += text;
+    pwrite_all(fd_.get(), reinterpret_cast<const std::byte *>(head.data()), static_cast<int64_t>(head.size()), 0, file_);
+    for (auto & o : offsets_) { o += static_cast<int64_t>(head.size()); }
 }
 
-BucketFile::~BucketFile() {
-    if (map_) { ::munmap(map_, map_bytes_); }
+void BucketFile::write(size_t i, int64_t off, const std::byte * p, size_t n) {
+    pwrite_all(fd_.get(), p, static_cast<int64_t>(n), offsets_[i] + off, file_);
 }
 
-DeltaFile::DeltaFile(const fs::path & file, int64_t header_room) : file_(file), header_room_(header_room) {
-    fd_ = UniqueFd(::open(file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
-    if (!fd_.valid()) { fail(Errc::internal, "weight stream: cannot create {}: {}", file.string(), std::strerror(errno)); }
+DeltaFile::DeltaFile(const fs::path & file, int64_t header_room) : file_(file), fd_(create_private(file)), header_room_(header_room) {
     static constexpr char kMagic[8] = {'F', 'D', 'D', 'E', 'L', 'T', 'A', '1'};
     const uint64_t len = static_cast<uint64_t>(header_room);
     std::string head(16 + static_cast<size_t>(header_room), ' ');
@@ -64,26 +76,13 @@ DeltaFile::DeltaFile(const fs::path & file, int64_t header_room) : file_(file), 
     std::memcpy(head.data() + 8, &len, 8);
     head[16] = '{';  // a valid (empty) object until seal() writes the header
     head[17] = '}';
-    if (::pwrite(fd_.get(), head.data(), head.size(), 0) != static_cast<ssize_t>(head.size())) {
-        fail(Errc::source_unavailable, "weight stream: cannot write {}: {}", file.string(), std::strerror(errno));
-    }
+    pwrite_all(fd_.get(), reinterpret_cast<const std::byte *>(head.data()), static_cast<int64_t>(head.size()), 0, file_);
     end_ = static_cast<int64_t>(head.size());
 }
 
 void DeltaFile::append(const std::byte * p, int64_t n) {
-    // pwrite into fresh tmpfs pages: cheaper than mapping them (one fault per page); a full
-    // file system is ENOSPC here, never a SIGBUS.
-    while (n > 0) {
-        const ssize_t w = ::pwrite(fd_.get(), p, static_cast<size_t>(n), static_cast<off_t>(end_));
-        if (w < 0 && errno == EINTR) { continue; }
-        if (w <= 0) {
-            fail(Errc::source_unavailable, "weight stream: cannot write {}: {} (is the staging file system full?)", file_.string(),
-                 std::strerror(errno));
-        }
-        p += w;
-        n -= w;
-        end_ += w;
-    }
+    pwrite_all(fd_.get(), p, n, end_, file_);
+    end_ += n;
 }
 
 void DeltaFile::seal(const std::string & header) {
@@ -140,19 +139,27 @@ fs::path staging_root(const fs::path & root) {
     return fs::temp_directory_path();
 }
 
+fs::path retired_name(const fs::path & dir) {
+    static constexpr std::string_view kLive = "fdrollout-stream.";
+    const std::string name = dir.filename().string();
+    return dir.parent_path() / ("fdrollout-stream-retired." + name.substr(name.rfind(kLive, 0) == 0 ? kLive.size() : 0));
+}
+
 void remove_stale_dirs(const fs::path & root, int32_t port) {
     std::error_code ec;
-    const std::string prefix = fmt::format("fdrollout-stream.{}.", port);
+    const std::string prefixes[] = {fmt::format("fdrollout-stream.{}.", port), fmt::format("fdrollout-stream-retired.{}.", port)};
     for (const auto & e : fs::directory_iterator(root, ec)) {
         const std::string name = e.path().filename().string();
-        if (name.rfind(prefix, 0) != 0) { continue; }
-        struct stat st{};
-        if (::lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) { continue; }
-        const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
-        if (pid == ::getpid() || pid_alive(pid)) { continue; }
-        std::error_code rm;
-        fs::remove_all(e.path(), rm);
-        if (!rm) { log::get("stream")->info("removed {} (left by a daemon that is gone)", e.path().string()); }
+        for (const std::string & prefix : prefixes) {
+            if (name.rfind(prefix, 0) != 0) { continue; }
+            struct stat st{};
+            if (::lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) { continue; }
+            const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+            if (pid == ::getpid() || pid_alive(pid)) { continue; }
+            std::error_code rm;
+            fs::remove_all(e.path(), rm);
+            if (!rm) { log::get("stream")->info("removed {} (left by a daemon that is gone)", e.path().string()); }
+        }
     }
 }
 

@@ -20,18 +20,28 @@ namespace fd::stream {
 
 // ---- the transport seam: how a bucket's bytes arrive ----
 
+/// Takes tensor `i`'s bytes [off, off + n) as they arrive: for each tensor in announced order,
+/// its pieces in order, each at most kPieceBytes and a whole number of its elements. `p` [n] is
+/// the receiver's host buffer, valid only during the call. It may throw (the receive stops).
+using Sink = std::function<void(size_t i, int64_t off, const std::byte * p, size_t n)>;
+
+/// A receiver's piece: small enough that the socket's copy into it, the sink's check of it and
+/// the sink's write of it stay in the core's L2 cache (each byte goes to memory once, into the
+/// staging file), a multiple of every dtype's size.
+inline constexpr size_t kPieceBytes = size_t(256) << 10;
+
 /// One trainer's connection. receive() runs on one thread at a time; interrupt() and
 /// peer_closed() may be called from any other.
 class Receiver {
 public:
     virtual ~Receiver() = default;
     virtual const char * name() const = 0;  ///< "tcp" | "nccl"
-    /// Receive `specs`, in order, into dst(i) (host memory, specs[i].nbytes bytes each); `packed`:
-    /// the whole bucket as one transfer (tcp: one frame; nccl: one broadcast).
+    /// Receive `specs`, in order, handing every piece to `sink` (above); `packed`: the whole
+    /// bucket as one transfer (tcp: one frame; nccl: one broadcast).
     /// Errors  timeout at `deadline`; source_unavailable when the trainer is gone or interrupt()
-    ///         was called; invalid_argument when a tcp frame differs from its announcement.
-    virtual void receive(const std::vector<TensorSpec> & specs, bool packed, const std::function<std::byte *(size_t)> & dst,
-                         Clock::time_point deadline) = 0;
+    ///         was called; invalid_argument when a tcp frame differs from its announcement; what
+    ///         `sink` throws.
+    virtual void receive(const std::vector<TensorSpec> & specs, bool packed, const Sink & sink, Clock::time_point deadline) = 0;
     /// True when the trainer is known gone (never blocks).
     virtual bool peer_closed() = 0;
     /// Make a receive() in progress (and every later one) fail at once.
@@ -107,23 +117,24 @@ void check_delta_bytes(const TensorSpec & s, const std::byte * payload);
 
 // ---- staging_dir.cpp ----
 
-/// One bucket's safetensors file, mapped for writing: the header is written, each tensor's
-/// bytes go to data(i) ([specs[i].nbytes] bytes). Unmapped on destruction.
+/// One bucket's safetensors file (0600, O_EXCL | O_NOFOLLOW), written with pwrite as the bytes
+/// arrive: the header at construction, then each tensor's pieces at their place. pwrite into
+/// fresh tmpfs pages fills them as it allocates them (no zeroing pass, no page faults, no
+/// mapping), and a full file system is ENOSPC here, never a SIGBUS.
 class BucketFile {
 public:
     BucketFile(const std::filesystem::path & file, const std::vector<TensorSpec> & specs);
-    ~BucketFile();
     BucketFile(const BucketFile &) = delete;
     BucketFile & operator=(const BucketFile &) = delete;
-    std::byte * data(size_t i) const { return base_ + offsets_[i]; }
+    /// Write tensor `i`'s bytes [off, off + n) from `p`.
+    /// Errors  source_unavailable (the staging file system is full or failing).
+    void write(size_t i, int64_t off, const std::byte * p, size_t n);
     const std::filesystem::path & file() const { return file_; }
 
 private:
     std::filesystem::path file_;
-    std::byte *           map_ = nullptr;
-    size_t                map_bytes_ = 0;
-    std::byte *           base_ = nullptr;    ///< the data section
-    std::vector<int64_t>  offsets_;
+    UniqueFd              fd_;
+    std::vector<int64_t>  offsets_;  ///< each tensor's first byte in the file (after the header)
 };
 
 /// A delta update's weights.fddelta (fd/weights/weight_delta.h's format: "FDDELTA1", u64 LE
@@ -171,11 +182,15 @@ private:
     bool                  keep_ = false;
 };
 
+/// The name a staging dir `dir` (<root>/fdrollout-stream.<port>.<pid>.<n>) is renamed to when a
+/// commit replaced it and a thread removes it: <root>/fdrollout-stream-retired.<port>.<pid>.<n>.
+std::filesystem::path retired_name(const std::filesystem::path & dir);
+
 /// The staging root: `root` when set, else /dev/shm when it is a writable dir, else the temp dir.
 std::filesystem::path staging_root(const std::filesystem::path & root);
 
-/// Remove <root>/fdrollout-stream.<port>.<pid>.* dirs owned by this user whose pid is not alive
-/// (left by a daemon that was killed). Never throws.
+/// Remove <root>/fdrollout-stream.<port>.<pid>.* and fdrollout-stream-retired.<port>.<pid>.* dirs
+/// owned by this user whose pid is not alive (left by a daemon that was killed). Never throws.
 void remove_stale_dirs(const std::filesystem::path & root, int32_t port);
 
 }  // namespace fd::stream

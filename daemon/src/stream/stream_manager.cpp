@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -88,6 +89,7 @@ struct StreamManager::Impl {
     bool                        busy = false;         ///< start's accept or a bucket runs outside the lock
     std::optional<Error>        abort_reason;         ///< drop() while busy: the busy call drops with it
     std::unique_ptr<StagingDir> serving;              ///< the committed stream's dir (the wakeup source, the base of deltas)
+    std::thread                 remover;              ///< removes the dir a commit replaced, off the finish's critical path
     std::string                 serving_version;      ///< the label it was committed as
     std::optional<Error>        last_error;
 
@@ -171,7 +173,8 @@ struct StreamManager::Impl {
             if (static_cast<int64_t>(bucket_buf.size()) < total) { bucket_buf.resize(static_cast<size_t>(total)); }  // grown, never shrunk
             std::byte * base = bucket_buf.data();
             const auto ts = Clock::now();
-            r->receive(specs, packed, [&](size_t i) { return base + offs[i]; }, deadline);
+            r->receive(specs, packed, [&](size_t i, int64_t off, const std::byte * p, size_t n) { std::memcpy(base + offs[i] + off, p, n); },
+                       deadline);
             const auto tc = Clock::now();
             socket_s = std::chrono::duration<double>(tc - ts).count();
             for (size_t i = 0; i < specs.size(); ++i) {
@@ -267,6 +270,7 @@ StreamManager::~StreamManager() {
     }
     impl_->cv.notify_all();
     impl_->watchdog.join();
+    if (impl_->remover.joinable()) { impl_->remover.join(); }
     std::lock_guard lk(impl_->mu);
     impl_->reset_update();
     if (impl_->serving) {  // kept while it served; nothing reads it once the daemon stops
@@ -429,17 +433,19 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
     // A full update: every tensor lands in the bucket file as it arrives (deltas need a base_version: checked above).
     int64_t bytes = 0;
     const auto err = m.outside_lock(lk, [&] {
-        BucketFile out(f, specs);
         if (!rx) { fail(Errc::wrong_state, "no trainer is connected; POST /init_weight_transfer_engine again"); }
-        rx->receive(specs, packed, [&](size_t i) { return out.data(i); }, deadline);
-        for (size_t i = 0; i < specs.size(); ++i) {
+        BucketFile out(f, specs);
+        // Each piece is checked and written while it is in cache (kPieceBytes), straight from the socket's copy.
+        rx->receive(specs, packed, [&](size_t i, int64_t off, const std::byte * p, size_t n) {
             const TensorSpec & s = specs[i];
-            if (const int64_t bad = first_nonfinite(s, out.data(i)); bad >= 0) {
+            const int64_t es     = model::dtype_size(s.dtype);
+            if (const int64_t bad = stream::first_nonfinite(s.dtype, p, static_cast<int64_t>(n) / es); bad >= 0) {
                 fail(Errc::invalid_checkpoint, "tensor '{}' holds a non-finite value (NaN or Inf) at element {}; nothing was applied",
-                     s.name, bad);
+                     s.name, off / es + bad);
             }
-            bytes += s.nbytes;
-        }
+            out.write(i, off, p, n);
+        }, deadline);
+        for (const auto & s : specs) { bytes += s.nbytes; }
     });
     if (err) {
         m.drop_locked(*err);
@@ -530,8 +536,18 @@ void StreamManager::committed(const std::string & version) {
     m.serving_version = version;
     m.update.reset();
     if (old) {
+        // Freeing a model's worth of tmpfs pages takes ~15 ms per 100 MB: renamed out of the
+        // staging dirs' names at once (atomic), removed by a thread after the finish answered.
+        const fs::path doomed = retired_name(old->path());
         std::error_code ec;
-        fs::remove_all(old->path(), ec);
+        fs::rename(old->path(), doomed, ec);
+        const fs::path gone = ec ? old->path() : doomed;
+        if (m.remover.joinable()) { m.remover.join(); }  // the previous commit's: long done
+        m.remover = std::thread([gone] {
+            std::error_code rm;
+            fs::remove_all(gone, rm);
+            if (rm) { log::get("stream")->warn("cannot remove the replaced staging dir {}: {}", gone.string(), rm.message()); }
+        });
     }
 }
 

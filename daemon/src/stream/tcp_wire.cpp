@@ -165,8 +165,7 @@ public:
     bool peer_closed() override { return stream::peer_closed(conn_.get()); }
     void interrupt() override { ::shutdown(conn_.get(), SHUT_RDWR); }
 
-    void receive(const std::vector<TensorSpec> & specs, bool packed, const std::function<std::byte *(size_t)> & dst,
-                 Clock::time_point deadline) override {
+    void receive(const std::vector<TensorSpec> & specs, bool packed, const Sink & sink, Clock::time_point deadline) override {
         const int fd = conn_.get();
         if (packed) {
             int64_t total = 0;
@@ -191,12 +190,18 @@ public:
                          model::dtype_name(s.dtype), nlohmann::json(s.shape).dump(), s.nbytes);
                 }
             }
-            read_exact(fd, dst(i), static_cast<size_t>(s.nbytes), deadline, what);
+            for (int64_t off = 0; off < s.nbytes;) {
+                const size_t n = static_cast<size_t>(std::min<int64_t>(s.nbytes - off, static_cast<int64_t>(kPieceBytes)));
+                read_exact(fd, piece_.get(), n, deadline, what);
+                sink(i, off, piece_.get(), n);
+                off += static_cast<int64_t>(n);
+            }
         }
     }
 
 private:
-    UniqueFd conn_;
+    UniqueFd                     conn_;
+    std::unique_ptr<std::byte[]> piece_ = std::make_unique<std::byte[]>(kPieceBytes);  ///< kept: its pages stay in L2
 };
 
 }  // namespace
