@@ -3,7 +3,9 @@ elements changed ÷ the time of a full stream update of the same model, into the
 daemon, in one run (targets ≤ 0.1 / ≤ 0.2).
 
 Each rep: a full stream of W0 (the base, timed), a delta of W1 (1 % of every tensor's elements
-changed) against it, a full stream of W0 again (timed), a delta of W2 (5 %) against it. A time is
+changed) against it, a full stream of W0 again (timed), a delta of W2 (5 %) against it, each after
+--gap-s idle seconds (a trainer step's stand-in: a full update's commit removes the dir it replaced
+in a background thread, and in a training loop that runs during the next step). A time is
 from opening the stream to the commit's answer (init, start, buckets, finish = stage + commit on
 every rank); the trainer's diff (which elements changed) is computed before and not timed.
 Reported: each ratio (delta ÷ the median full time of the rep), the delta's split into
@@ -74,6 +76,9 @@ def main():
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--bin", default=None, help="the daemon binary (default: FDROLLOUT_BIN or build/fdrollout); for A/B runs")
     p.add_argument("--daemon-log", default=None, help="copy the daemon's log (its stage timers) to this file at the end")
+    p.add_argument("--gap-s", type=float, default=0.5,
+                   help="idle seconds before each timed update, as a trainer step leaves (the commit before it removes the dir it "
+                        "replaced in the background, ~15 ms per 100 MB; 0: back to back, that removal overlapping the next update)")
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="fd-delta-bench-")
     try:
@@ -82,7 +87,7 @@ def main():
         w0 = safetensors_np.load_file(os.path.join(model, "model.safetensors"))
         _, d1 = changed_everywhere(w0, 0.01, seed=1)
         _, d5 = changed_everywhere(w0, 0.05, seed=5)
-        out = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
+        out = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(), "gap_s": a.gap_s,
                "load_avg_at_start": os.getloadavg()[0], "tp": a.tp, "model_bytes": sum(x.nbytes for x in w0.values()), "runs": []}
         tp_args = ["--tensor-parallel-size", str(a.tp), "--threads", "1"] if a.tp > 1 else []
         out["bin"] = a.bin
@@ -90,10 +95,16 @@ def main():
         with Daemon("--dynamic-load-weight", *tp_args, model=model, extra=False, timeout=300, **kw) as d:
             c = Client(f"127.0.0.1:{d.port}", timeout=300)
             timed_full(c, w0, "warm")  # first stream: page-in, allocations
+            def gap():  # a trainer step between updates: the last commit's background work (removing the replaced dir) ends
+                time.sleep(a.gap_s)
             for i in range(a.reps):
+                gap()
                 run = {"full_a": timed_full(c, w0, f"a{i}")}
+                gap()
                 run["delta_1pct"] = timed_delta(c, d1, f"d1-{i}", f"a{i}")
+                gap()
                 run["full_b"] = timed_full(c, w0, f"b{i}")
+                gap()
                 run["delta_5pct"] = timed_delta(c, d5, f"d5-{i}", f"b{i}")
                 full_s = (run["full_a"]["seconds"] + run["full_b"]["seconds"]) / 2
                 run["delta_1pct_over_full"] = run["delta_1pct"]["seconds"] / full_s

@@ -1,7 +1,8 @@
 """Weight-stream throughput (issue 25): a trainer process streams a model into a tp=2 daemon on
 this host, against two references measured in the same run:
-  - loopback TCP: the same bytes over a plain socket pair (sendall of the arrays, recv_into a
-    preallocated buffer), the transport's ceiling;
+  - loopback TCP: the same bytes over one loopback connection to another process (sendall of the
+    arrays; iperf-style, recv_into one reused 256 KiB buffer), the transport's ceiling (the target's
+    reference); and "land": the same, every byte kept in one pre-touched buffer of the whole size;
   - ipc_snapshot: the trainer writes each rank's model_state.tp{r}.safetensors into --model and
     calls /v1/update_weights (the file path a stream replaces).
 Reported: bytes/s of each and the ratios, the stream's split (buckets vs finish = stage+commit),
@@ -30,17 +31,24 @@ from fdtest import PYTHON, Daemon, copy_checkpoint, make_checkpoint  # noqa: E40
 from fdrollout import Client, publish, safetensors_np  # noqa: E402
 
 
-# The baseline's receiver: another process (as the daemon is), recv_into one preallocated buffer.
+# The baselines' receiver: another process (as the daemon is). mode "discard" is iperf-style: it
+# recv_intos one reused 256 KiB buffer (iperf3 reads into one 128 KiB buffer), the transport's own
+# ceiling, which the issue's target names. mode "land": every byte lands in one buffer of the
+# whole size, allocated and touched before the sender starts (no page faults timed): TCP plus one
+# write of each byte to memory, the least a receiver that keeps the bytes must do. (Until
+# 2026-12-03 the only baseline was "land" with the buffer allocated after accept: its page faults
+# were timed, which weakened it more the larger the model, and the ratios against it read high.)
 RECEIVER = r"""
 import socket, sys
-total = int(sys.argv[1])
+total, mode = int(sys.argv[1]), sys.argv[2]
+piece = 256 << 10
+buf = bytearray(b"\x01" * (piece if mode == "discard" else total))
+mv, n = memoryview(buf), 0
 srv = socket.create_server(("127.0.0.1", 0))
 print(srv.getsockname()[1], flush=True)
 c, _ = srv.accept()
-buf = bytearray(total)
-mv, n = memoryview(buf), 0
 while n < total:
-    k = c.recv_into(mv[n:], min(total - n, 8 << 20))
+    k = c.recv_into(mv if mode == "discard" else mv[n:], min(total - n, piece if mode == "discard" else 8 << 20))
     if k == 0:
         break
     n += k
@@ -48,10 +56,10 @@ c.sendall(str(n).encode())
 """
 
 
-def loopback_bytes_per_s(arrays):
+def loopback_bytes_per_s(arrays, mode="discard"):
     """The same arrays over one loopback TCP connection to another process, as the stream sends them."""
     total = sum(a.nbytes for a in arrays)
-    p = subprocess.Popen([PYTHON, "-c", RECEIVER, str(total)], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([PYTHON, "-c", RECEIVER, str(total), mode], stdout=subprocess.PIPE, text=True)
     try:
         port = int(p.stdout.readline())
         s = socket.create_connection(("127.0.0.1", port))
@@ -136,15 +144,19 @@ def main():
             c, cs = Client(f"127.0.0.1:{d.port}", timeout=300), Client(f"127.0.0.1:{ds.port}", timeout=300)
             for i in range(a.reps):
                 run = {"loopback_bytes_per_s": loopback_bytes_per_s(arrays),
+                       "loopback_land_bytes_per_s": loopback_bytes_per_s(arrays, "land"),
                        "stream": bench_stream(c, tensors, f"s{i}"),
                        "ipc_snapshot": bench_snapshot(cs, tensors, cfg, snap_dir, a.tp, f"p{i}")}
                 run["stream_over_loopback"] = run["stream"]["bytes_per_s"] / run["loopback_bytes_per_s"]
                 run["stream_buckets_over_loopback"] = run["stream"]["buckets_bytes_per_s"] / run["loopback_bytes_per_s"]
+                run["stream_over_loopback_land"] = run["stream"]["bytes_per_s"] / run["loopback_land_bytes_per_s"]
+                run["stream_buckets_over_loopback_land"] = run["stream"]["buckets_bytes_per_s"] / run["loopback_land_bytes_per_s"]
                 run["stream_over_ipc_snapshot"] = run["stream"]["bytes_per_s"] / run["ipc_snapshot"]["bytes_per_s"]
                 out["runs"].append(run)
                 print(json.dumps(run), file=sys.stderr)
         out["median"] = {k: median([r[k] for r in out["runs"]]) for k in
-                         ("stream_over_loopback", "stream_buckets_over_loopback", "stream_over_ipc_snapshot")}
+                         ("stream_over_loopback", "stream_buckets_over_loopback", "stream_over_loopback_land",
+                          "stream_buckets_over_loopback_land", "stream_over_ipc_snapshot")}
         out["median"]["last_send_to_new_version_s"] = median([r["stream"]["last_send_to_new_version_s"] for r in out["runs"]])
         out["load_avg_at_end"] = os.getloadavg()[0]
         print(json.dumps(out, indent=1))
