@@ -76,6 +76,7 @@ class Client:
         self.url = f"http://{u.hostname}:{u.port or 80}"
         self.host, self.port = u.hostname, u.port or 80
         self.api_key, self.timeout = api_key, float(timeout)
+        self._stream_transport = None  # the weight-stream transport kept after a commit (fdrollout.weight_stream)
 
     def __repr__(self):
         return f"Client({self.url!r})"

@@ -26,15 +26,22 @@ frame's header adds {"n_indices", "index_dtype"}; its payload is the indices the
 
 Every wait is bounded: the socket and each HTTP call time out after `timeout` seconds (a dead or
 stopped daemon raises), and the daemon drops an update that gets nothing for its timeout.
+
+The transport is opened once, as vLLM's protocol does (init, then start/update/finish per step):
+after a commit the client keeps the connection (or NCCL group), and its next `weight_stream` with
+the same backend, device and timeout skips `/init_weight_transfer_engine`; a stream that fails
+closes it, and one the daemon closed meanwhile is opened anew (start is retried once).
 numpy only; torch tensors are accepted (via .numpy()) but torch is never imported.
 """
 import json
+import select
 import socket
 import struct
 import threading
 
 import numpy as np
 
+from .client import FdRolloutError
 from .safetensors_np import _f32_to_bf16_bits
 
 _MAGIC = b"FDW1"
@@ -67,6 +74,13 @@ def _send_all(sock, views, iov_max=512):
                 views[i], n = views[i][n:], 0
         while i < len(views) and len(views[i]) == 0:
             i += 1
+
+
+def _open(sock):
+    """False when the daemon closed or reset the connection (never blocks)."""
+    p = select.poll()
+    p.register(sock, select.POLLRDHUP)
+    return not any(ev & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, ev in p.poll(0))
 
 
 def _to_numpy(t):
@@ -122,7 +136,9 @@ class WeightStream:
             raise error[0]
         return answer["r"]
 
-    def __enter__(self):
+    def _open_transport(self):
+        """/init_weight_transfer_engine and this side's end of the transport (tcp: connect and say
+        hello; nccl: join the group)."""
         c = self.client
         if self.backend == "nccl":
             info = self._init_nccl()
@@ -137,26 +153,65 @@ class WeightStream:
             self.sock = socket.create_connection((host, int(info["port"])), timeout=self.timeout)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.sock.sendall(_frame({"token": info["token"]}))
+
+    def _key(self):
+        return (self.backend, self.device, self.timeout)
+
+    def _take_kept_transport(self):
+        """The transport the client kept from its last committed stream, when it has the same
+        backend, device and timeout and (tcp) the daemon has not closed it; else None (closed)."""
+        kept, self.client._stream_transport = getattr(self.client, "_stream_transport", None), None
+        if kept is None:
+            return False
+        key, sock, nccl, expected = kept
+        if key == self._key() and (sock is None or _open(sock)):
+            self.sock, self._nccl, self.expected = sock, nccl, expected
+            return True
+        if sock is not None:
+            sock.close()
+        return False
+
+    def __enter__(self):
+        # vLLM's protocol inits the transport once and runs start/update/finish per step: the
+        # transport of the client's last committed stream is used again (no init, no new
+        # connection or NCCL group). If the daemon dropped it meanwhile (another trainer's init,
+        # a failed update, a restart), start fails and the transport is opened anew once.
+        reused = self._take_kept_transport()
+        if not reused:
+            self._open_transport()
+        body = {"version": self.version} if self.version else {}
+        if self.base_version is not None:
+            body["base_version"] = self.base_version
         try:
-            body = {"version": self.version} if self.version else {}
-            if self.base_version is not None:
-                body["base_version"] = self.base_version
-            c.request("POST", "/start_weight_update", body=body, timeout=self.timeout)
+            try:
+                self.client.request("POST", "/start_weight_update", body=body, timeout=self.timeout)
+            except FdRolloutError:
+                if not reused:
+                    raise
+                self._close()
+                self._open_transport()
+                self.client.request("POST", "/start_weight_update", body=body, timeout=self.timeout)
         except BaseException:
             self._close()
             raise
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        committed = False
         try:
             if exc_type is None:
                 self.flush()
                 body = {"version": self.version} if self.version else {}
                 self.result = self.client.request("POST", "/finish_weight_update", body=body, timeout=self.timeout)
+                committed = True
             else:
                 self.abort()
         finally:
-            self._close()
+            if committed:  # the daemon keeps the transport after a commit: so does the client, for its next stream
+                self.client._stream_transport = (self._key(), self.sock, self._nccl, self.expected)
+                self.sock, self._nccl = None, None
+            else:  # a dropped update closes the daemon's end
+                self._close()
         return False
 
     # -- sending -------------------------------------------------------------------------------

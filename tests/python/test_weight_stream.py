@@ -369,6 +369,40 @@ class StreamTp1(unittest.TestCase):
         self.assertEqual((st2, j2["success"], j2["weight_version"]), (200, True, "sg-1"), j2)
         self.assert_serving(self.ref_new, "sg-1")
 
+    def test_10_transport_opened_once_across_streams(self):
+        """As vLLM's protocol (init once, then start/update/finish per step): a client's streams
+        after a commit reuse its connection, no init between them; a failed stream closes it and
+        the next one inits anew; a transport the daemon replaced (another trainer's init) makes the
+        next stream init anew too (its start is retried once). Every one of them commits right."""
+        def inits():
+            return self.d.output().count("weight stream: listening on")
+        c = Client(f"127.0.0.1:{self.d.port}", timeout=20)
+        n0 = inits()
+        self.assertEqual(self.stream_with(c, "k1", self.tensors)["weight_version"], "k1")
+        self.assertEqual(self.stream_with(c, "k2", self.base)["weight_version"], "k2")
+        self.assertEqual(self.stream_with(c, "k3", self.tensors)["weight_version"], "k3")
+        self.assertEqual(inits() - n0, 1, "one init for three committed streams")
+        self.assert_serving(self.ref_new, "k3")
+        # a failed stream: its transport goes on both sides; the next stream opens a new one
+        with self.assertRaises(FdRolloutError):
+            self.stream_with(c, "bad", {**self.tensors, "model.layers.9.nothing": np.zeros(3, np.float32)})
+        self.assertEqual(self.stream_with(c, "k4", self.base)["weight_version"], "k4")
+        self.assertEqual(inits() - n0, 2)
+        self.assert_serving(self.ref_old, "k4")
+        # another trainer's init closes this client's connection on the daemon's side
+        st, _ = self.d.post("/init_weight_transfer_engine", {"init_info": {"backend": "tcp"}})
+        self.assertEqual(st, 200)
+        self.assertEqual(self.stream_with(c, "k5", self.tensors)["weight_version"], "k5")
+        self.assertEqual(inits() - n0, 4, "the other init and this client's new one")
+        self.assert_serving(self.ref_new, "k5")
+
+    @staticmethod
+    def stream_with(c, version, tensors):
+        with c.weight_stream(version) as ws:
+            for name in sorted(tensors):
+                ws.send(name, tensors[name])
+        return ws.result
+
 
 class StreamTp2(StreamTp1):
     TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1"]
