@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import PYTHON, STORIES, Daemon, fresh_daemon, greedy, perturbed, stop_process, wait_until  # noqa: E402
+from fdtest import PYTHON, STORIES, Daemon, free_port, fresh_daemon, greedy, perturbed, stop_process, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 from fdrollout.weight_stream import _frame, _send_all  # noqa: E402
@@ -114,6 +114,32 @@ class GatheredSend(unittest.TestCase):
         sock = self.ShortSocket(1 << 20)
         _send_all(sock, list(views), iov_max=512)
         self.assertEqual(sock.calls, 1)  # everything in one call when the kernel takes it all
+
+
+class StaleDirs(unittest.TestCase):
+    """A daemon that was killed leaves its staging dirs (fdrollout-stream.<port>.<pid>.<n>) and a
+    replaced dir still being removed (fdrollout-stream-retired.<port>.<pid>.<n>) behind: the next
+    daemon on that port removes both kinds of a dead pid at start, and nothing of a live pid's."""
+
+    def test_dead_daemons_dirs_are_removed_at_start(self):
+        root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+        port = free_port()
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        made = {}
+        for kind, pid in (("stream", dead.pid), ("stream-retired", dead.pid), ("stream", os.getpid()), ("stream-retired", os.getpid())):
+            d = os.path.join(root, f"fdrollout-{kind}.{port}.{pid}.7")
+            os.makedirs(d, mode=0o700)
+            with open(os.path.join(d, "bucket-00001.safetensors"), "wb") as f:
+                f.write(b"x" * 4096)
+            made[(kind, pid)] = d
+        try:
+            with Daemon("--dynamic-load-weight", port=port, extra=False):
+                for (kind, pid), d in made.items():
+                    self.assertEqual(os.path.isdir(d), pid != dead.pid, f"{d}: removed only when its pid is gone")
+        finally:
+            for d in made.values():
+                shutil.rmtree(d, ignore_errors=True)
 
 
 class StreamTp1(unittest.TestCase):
