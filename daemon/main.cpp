@@ -378,7 +378,6 @@ int run(fd::Config & cfg, sigset_t & signals) {
                               {.n_blocks = r.n_kv_blocks, .block_size_tokens = cfg.kv.block_size_tokens,
                                .enable_prefix_caching = cfg.kv.enable_prefix_caching, .n_host_blocks = r.n_swap_blocks});
     fd::control::ControlService control(cfg.control, engine);
-    cfg.server.nnodes = cfg.parallel.nnodes;
     fd::api::ApiServer server(cfg.server, engine, control, *tok);
     fd::control::ShmWatcher watcher(std::move(block), cfg.server.port, engine, control);
     watcher.add_status_field("weight_stream", [&server] { return server.weight_stream_status(); });  // as /health has it

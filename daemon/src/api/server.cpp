@@ -41,7 +41,7 @@ ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, control::Control
     stream_ = std::make_unique<stream::StreamManager>(stream::StreamConfig{
         .model_dir = c.model_dir, .host = c.host, .port = c.port, .timeout_s = control.config().control_timeout_s,
         .model_cfg = engine.model_config(), .tp_size = engine.tensor_parallel_size(), .ep_size = engine.config().expert_parallel_size,
-        .nnodes = c.nnodes});
+        .nnodes = engine.world().nnodes});
     ctx_->stream = stream_.get();
     const HttpLimits limits{.max_body_bytes = c.max_body_bytes, .max_header_bytes = c.max_header_bytes,
                             .read_timeout_s = c.http_read_timeout_s, .write_timeout_s = c.http_write_timeout_s,

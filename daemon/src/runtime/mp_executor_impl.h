@@ -35,6 +35,7 @@ public:
     ~MpExecutor() override { shutdown(); }
 
     int32_t world_size() const override { return cfg_.tensor_parallel_size; }
+    World world() const override { return world_; }
     const model::ModelConfig & model_config() const override { return model_cfg_; }
     const char * backend() const override { return "mp"; }
     const char * comm_state() const override { return comm_connected_ ? "connected" : "disconnected"; }

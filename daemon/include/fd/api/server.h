@@ -42,7 +42,6 @@ struct ServerConfig {
     int32_t     max_logprobs      = 20;      ///< cap on `logprobs`
     int32_t     max_n             = 128;     ///< cap on `n`
     bool        enable_return_routed_experts = false;  ///< --enable-return-routed-experts: requests may ask for return_routed_experts (R3)
-    int32_t     nnodes            = 1;       ///< --nnodes (set from the parallel options): > 1 refuses weight streams
 };
 
 /// Shared by every handler.

@@ -174,6 +174,7 @@ public:
     const EngineConfig &       config() const { return cfg_; }
     /// The ranks (tensor-parallel size); fixed at construction.
     int32_t                    tensor_parallel_size() const;
+    runtime::World             world() const { return executor_->world(); }  ///< where the ranks run (tp, nnodes)
 
 private:
     struct Sequence;

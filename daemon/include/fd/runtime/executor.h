@@ -18,6 +18,7 @@
 #include "fd/model/worker.h"
 #include "fd/status.h"
 #include "fd/runtime/rank_call.h"
+#include "fd/runtime/world.h"
 #include "fd/weights/weight_source.h"
 
 #include <atomic>
@@ -48,6 +49,9 @@ public:
 
     /// Ranks (the tensor-parallel size).
     virtual int32_t world_size() const = 0;
+    /// Where the ranks run (tp, nnodes, placement; fd/runtime/world.h). Default: world_size()
+    /// ranks on this host.
+    virtual World world() const { return World{.tp = world_size()}; }
     virtual const model::ModelConfig & model_config() const = 0;
 
     /// One step on every rank. Shapes  logits [batch.logits_rows.size(), vocab] f32 (rank 0's).
