@@ -14,6 +14,8 @@
 
 namespace fd::model {
 
+using memory::Tag;
+
 namespace {
 
 /// A delta failed part way: put back what it wrote (the error in flight is the one reported; a
@@ -25,12 +27,6 @@ void undo_after_failed_delta(Worker & w, int32_t rank) {
         log::get("model")->error("rank {}: putting the old weights back after a failed delta failed too: {}", rank, e.what());
     }
 }
-
-}  // namespace
-
-using memory::Tag;
-
-namespace {
 
 /// TEST ONLY: FD_TEST_DELTA_FAIL_RANK=<rank> makes that rank fail half way through an apply
 /// (after writing some tensors), to test the rollback of every rank; "<rank>:exit" makes that

@@ -128,6 +128,16 @@ struct DeltaEntry {
     std::vector<int64_t> shape;
     bool                 dense = false;
     int64_t              n = 0, numel = 0, index_bytes = 8, value_bytes = 4;
+
+    /// A DeltaView or DeltaTensor holding the fields both have (name and shape moved out).
+    template <class T> T head() && {
+        T t;
+        t.name  = std::move(name);
+        t.dtype = dtype;
+        t.shape = std::move(shape);
+        t.dense = dense;
+        return t;
+    }
 };
 
 /// The frame's header, checked to be {"tensors": [...]}.
@@ -177,11 +187,7 @@ std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem:
     int64_t off = f.payload_off;
     for (const auto & e : entries) {
         DeltaEntry h = parse_entry(e, file, off, f.size);
-        DeltaView  t;
-        t.name        = std::move(h.name);
-        t.dtype       = h.dtype;
-        t.shape       = std::move(h.shape);
-        t.dense       = h.dense;
+        DeltaView  t = std::move(h).head<DeltaView>();
         t.n           = h.n;
         t.index_bytes = static_cast<int32_t>(h.index_bytes);
         if (!t.dense) {
@@ -202,12 +208,8 @@ WeightDelta read_weight_delta(const std::filesystem::path & file) {
     WeightDelta d;
     int64_t off = f.payload_off;
     for (const auto & e : entries) {
-        DeltaEntry h = parse_entry(e, file, off, f.size);
-        DeltaTensor t;
-        t.name  = std::move(h.name);
-        t.dtype = h.dtype;
-        t.shape = std::move(h.shape);
-        t.dense = h.dense;
+        DeltaEntry  h = parse_entry(e, file, off, f.size);
+        DeltaTensor t = std::move(h).head<DeltaTensor>();
         const int64_t n = h.n, numel = h.numel, es = h.value_bytes, ib = h.index_bytes;
         if (!t.dense) {
             t.indices.resize(static_cast<size_t>(n));
