@@ -280,11 +280,6 @@ template <WType T>
 void strip(float * out, const float * x, const char * w, const float * bias, int64_t n_in, int64_t o0,
            int64_t o1) {
     const int64_t row_bytes = n_in * Step<T>::kElemBytes;
-    constexpr int NR = kStripNR;
-    // Short rows (MoE experts, small models): 512 bytes ahead would land in the tile's own next
-    // row; stream the next tile instead (issue 23: 1 KiB bf16 expert rows read at 0.3 of the
-    // read bandwidth with the per-row prefetch).
-    const bool short_rows = row_bytes < kShortRowBytes;
 #if defined(FD_LINEAR_AVX2)
     // AVX2 (AMD Zen 3 class; issue 28, docs/benchmarks.md "B=1 GEMV on AVX2"): the outputs in 4
     // equal parts, read as 4 sequential streams, one per part, which the hardware prefetchers
@@ -292,7 +287,6 @@ void strip(float * out, const float * x, const char * w, const float * bias, int
     // one transposed reduction): group_steps_avx2 runs the parts' row i over all k, then row
     // i + 1. Tiles of adjacent rows with the next tile prefetched (the loop below) read at 0.8 of
     // a one-stream read probe here; these streams at 1.1-1.3.
-    (void)short_rows;
     const int64_t n = o1 - o0, part = (n + 3) / 4;  // parts of part rows, the last one maybe shorter or empty
     const float * const xr[1] = {x};
     for (int64_t i = 0; i < part; i += 2) {
@@ -311,14 +305,19 @@ void strip(float * out, const float * x, const char * w, const float * bias, int
             if (oc[c] >= 0) { out[oc[c]] = bias ? sums[c] + bias[oc[c]] : sums[c]; }
         }
     }
-    return;
-#endif
+#else
+    constexpr int NR = kStripNR;
+    // Short rows (MoE experts, small models): 512 bytes ahead would land in the tile's own next
+    // row; stream the next tile instead (issue 23: 1 KiB bf16 expert rows read at 0.3 of the
+    // read bandwidth with the per-row prefetch).
+    const bool short_rows = row_bytes < kShortRowBytes;
     for (int64_t o = o0; o < o1; o += NR) {
         tile<T, 1, NR, true>({.x = x, .ldx = 0, .w = w + o * row_bytes, .ldw = row_bytes, .n_rows = 1,
                               .n_cols = static_cast<int>(std::min<int64_t>(NR, o1 - o)), .n_k = n_in,
                               .first = true, .last = true, .carry = nullptr, .out = out + o, .ldo = 1,
                               .bias = bias ? bias + o : nullptr, .pf = short_rows ? w + (o + NR) * row_bytes : nullptr});
     }
+#endif
 }
 
 /// A few rows (2..kDirectRows) x outputs [o0, o1) on unpacked weights: they stream from their
