@@ -193,6 +193,25 @@ def stop_process(pid, timeout=10):
     wait_until(all_stopped, timeout, f"every thread of {pid} stopped")
 
 
+def kill_when_sent(tc, p, check=None):
+    """A trainer subprocess `p` (stdout piped, text) that prints "SENT" once it has sent what it
+    was to send: assert that line (TestCase `tc`), run check() while it lives, then SIGKILL and
+    reap it (killed and reaped whatever happens). Returns time.monotonic() just before the kill."""
+    try:
+        tc.assertEqual(p.stdout.readline().strip(), "SENT")
+        if check is not None:
+            check()
+        t_kill = time.monotonic()
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        return t_kill
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        p.stdout.close()
+
+
 def http_request(port, method, path, body=None, timeout=120, raw=None, headers=None):
     """(status, JSON body or text) of one request to 127.0.0.1:`port`; `body` is sent as JSON,
     `raw` as is."""

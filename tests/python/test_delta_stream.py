@@ -22,10 +22,8 @@ checkpoint holding the same weights (written with safetensors_np), and a full st
     delta's, a delta on the lost base is a 409 and the next full stream and delta work.
 """
 import glob
-import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,7 +36,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import PYTHON, STORIES, Daemon, copy_checkpoint, fresh_daemon, greedy, rewrite_tensors, wait_until  # noqa: E402
+from fdtest import PYTHON, STORIES, Daemon, copy_checkpoint, fresh_daemon, greedy, kill_when_sent, rewrite_tensors, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError, changed_elements  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 
@@ -442,16 +440,8 @@ class DeltaTp1(unittest.TestCase):
     def test_11_trainer_killed_mid_delta_drops_it(self):
         self.full("k0", self.base)
         p = subprocess.Popen([PYTHON, "-c", KILLED_DELTA_TRAINER, str(self.d.port), "k0"], stdout=subprocess.PIPE, text=True)
-        try:
-            self.assertEqual(p.stdout.readline().strip(), "SENT")
-            self.assertEqual(len(stream_dirs(self.d.port)), 2, "the open delta update has its staging dir beside the serving one")
-            p.send_signal(signal.SIGKILL)
-            p.wait(10)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            p.stdout.close()
+        kill_when_sent(self, p, lambda: self.assertEqual(len(stream_dirs(self.d.port)), 2,
+                                                         "the open delta update has its staging dir beside the serving one"))
         t0 = time.monotonic()
 
         def reinit():  # a new init is accepted once the update was dropped

@@ -4,12 +4,10 @@ a checkpoint with safetensors_np); bad input is a 4xx naming the tensor and chan
 trainer killed mid-send or gone silent leaves the old version serving and the next stream works.
 """
 import glob
-import json
 import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -23,7 +21,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import PYTHON, STORIES, Daemon, free_port, fresh_daemon, greedy, perturbed, stop_process, wait_until  # noqa: E402
+from fdtest import PYTHON, STORIES, Daemon, free_port, fresh_daemon, greedy, kill_when_sent, perturbed, stop_process, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 from fdrollout.weight_stream import _frame, _send_all  # noqa: E402
@@ -302,16 +300,7 @@ class StreamTp1(unittest.TestCase):
         ckpt = os.path.join(self.new, "model.safetensors")
         p = subprocess.Popen([PYTHON, "-c", KILLED_TRAINER, str(self.d.port), os.path.join(HERE, "..", "..", "python"), ckpt, mode],
                              stdout=subprocess.PIPE, text=True)
-        try:
-            self.assertEqual(p.stdout.readline().strip(), "SENT")
-            t0 = time.monotonic()
-            p.send_signal(signal.SIGKILL)
-            p.wait(10)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            p.stdout.close()
+        t0 = kill_when_sent(self, p)
         # The daemon sees the connection close and drops the update: a new init is accepted.
         def reinit():
             st, j = self.d.post("/init_weight_transfer_engine", {"init_info": {"backend": "tcp"}})
