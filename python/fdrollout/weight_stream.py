@@ -160,7 +160,7 @@ class WeightStream:
     def _take_kept_transport(self):
         """The transport the client kept from its last committed stream, when it has the same
         backend, device and timeout and (tcp) the daemon has not closed it; else None (closed)."""
-        kept, self.client._stream_transport = getattr(self.client, "_stream_transport", None), None
+        kept, self.client._stream_transport = self.client._stream_transport, None
         if kept is None:
             return False
         key, sock, nccl, expected = kept
