@@ -31,7 +31,11 @@ class Logs(unittest.TestCase):
             comp.sort(key=lambda l: -int(re.search(r"tokens=(\d+)/", l).group(1)))
             m = re.search(r"POST /v1/completions 200 tokens=(\d+)/(\d+) ([\d.]+) ms", comp[0])
             self.assertEqual((int(m.group(1)), int(m.group(2))), (j["usage"]["prompt_tokens"], j["usage"]["completion_tokens"]))
-            self.assertLessEqual(float(m.group(3)), client_ms)
+            # The daemon stops its clock when its write of the last byte completes, which it can
+            # notice after the client already read that byte (2 busy cores); and it prints 0.1 ms.
+            # CI at a8c9098 logged 9.3 ms for a client's 9.12: up to 1 ms over is that, not more.
+            self.assertGreater(float(m.group(3)), 0.0)
+            self.assertLessEqual(float(m.group(3)), client_ms + 1.0)
             self.assertRegex(comp[1], r"tokens=\d+/4 ")
             self.assertEqual(len([l for l in lines if "POST /v1/completions 400 tokens=-/-" in l]), 1, lines)
             self.assertEqual(len([l for l in lines if "GET /v1/models 200" in l]), 1, lines)
