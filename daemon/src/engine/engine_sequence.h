@@ -1,5 +1,5 @@
 // engine_sequence.h — the engine's Sequence (private to daemon/src/engine): one choice of one
-// request, as engine.cpp (admission, sampling, events) and engine_spec.cpp (drafts) see it.
+// request, as engine.cpp (steps), engine_choices.cpp (admission, events), engine_spec.cpp (drafts) see it.
 #pragma once
 
 #include "fd/engine/engine.h"
