@@ -1,0 +1,162 @@
+// StreamManager (class: stream_manager_impl.h), an update's end and what is read of the stream:
+// seal (the received tensors checked complete and indexed, or a delta update's file sealed),
+// committed (the sealed dir becomes the serving stream's, the replaced one removed off the
+// finish's critical path), drop, and status_json / expected / last_error for the API.
+#include "stream_manager_impl.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace fd::stream {
+
+Sealed StreamManager::seal(std::optional<std::string> version) {
+    std::unique_lock lk(impl_->mu);
+    auto & m = *impl_;
+    if (!m.update) {
+        if (m.last_error) {
+            throw Error(m.last_error->code(), fmt::format("the weight update was dropped, nothing was applied: {}", m.last_error->what()));
+        }
+        fail(Errc::wrong_state, "no weight update is open; POST /start_weight_update first");
+    }
+    if (m.busy) { fail(Errc::wrong_state, "a bucket is still being received; finish after its /update_weights answered"); }
+    if (m.update->sealed) { fail(Errc::wrong_state, "the update is already finishing"); }
+    if (m.update->base_version) {  // a delta update: its tensors go in place; every other keeps the base's bytes
+        const fs::path f = m.update->delta_out->path();
+        const auto t0  = Clock::now();
+        const auto err = m.outside_lock(lk, [&] { m.seal_delta_file(); });
+        m.update->delta_file = f;
+        log::get("stream")->info("delta update sealed: {} tensor(s), {} B in {} for {} rank(s) in {:.3f} s", m.update->delta_entries.size(),
+                                 m.update->bytes, f.string(), m.layouts.size(), std::chrono::duration<double>(Clock::now() - t0).count());
+        if (err) {
+            m.drop_locked(*err);
+            throw *err;
+        }
+        m.update->sealed   = true;
+        m.update->in_place = true;
+        if (version) { m.update->version = version; }
+        const int32_t n_sent = static_cast<int32_t>(m.update->weight_map.size());
+        return Sealed{.dir = m.update->dir->path(), .version = m.update->version, .bytes = m.update->bytes,
+                      .n_tensors = static_cast<int32_t>(m.expected.size()), .base_version = m.update->base_version,
+                      .n_delta = m.update->n_delta, .n_from_base = static_cast<int32_t>(m.expected.size()) - n_sent,
+                      .delta_file = f, .base_dir = m.serving->path()};
+    }
+    const int32_t n_from_base = 0;
+    std::vector<std::string> missing;
+    for (const auto & [name, t] : m.expected) {
+        if (!m.update->weight_map.count(name) && !detail::optional_tensor(name)) { missing.push_back(name); }
+    }
+    if (!missing.empty()) {
+        std::string list;
+        for (size_t i = 0; i < missing.size() && i < 8; ++i) { list += (i ? ", " : "") + missing[i]; }
+        if (missing.size() > 8) { list += fmt::format(", ... ({} in all)", missing.size()); }
+        const Error e(Errc::invalid_checkpoint, fmt::format("the update is missing {} tensor(s): {}; nothing was applied", missing.size(), list),
+                      "names");
+        m.drop_locked(e);
+        throw e;
+    }
+    int64_t staged_bytes = 0;
+    for (const auto & [name, file] : m.update->weight_map) { staged_bytes += m.expected.count(name) ? m.expected.at(name).nbytes : 0; }
+    m.update->dir->write_index(m.update->weight_map, staged_bytes);
+    m.update->sealed = true;
+    if (version) { m.update->version = version; }
+    return Sealed{.dir = m.update->dir->path(), .version = m.update->version, .bytes = m.update->bytes,
+                  .n_tensors = static_cast<int32_t>(m.update->weight_map.size()), .base_version = m.update->base_version,
+                  .n_delta = m.update->n_delta, .n_from_base = n_from_base};
+}
+
+std::optional<std::string> StreamManager::open_base_version() const {
+    std::lock_guard lk(impl_->mu);
+    return impl_->update ? impl_->update->base_version : std::nullopt;
+}
+
+void StreamManager::committed(const std::string & version) {
+    std::lock_guard lk(impl_->mu);
+    auto & m = *impl_;
+    if (!m.update) { return; }
+    if (m.update->in_place) {  // serving's dir now holds the new bytes (the engine wrote them); the delta file goes
+        m.serving_version = version;
+        m.update.reset();  // its delta file went into serving's dir (a pending delta)
+        return;
+    }
+    m.update->dir->keep();
+    auto old  = std::move(m.serving);  // the previous stream's dir: nothing reads it any more
+    m.serving = std::move(m.update->dir);
+    m.serving_version = version;
+    m.update.reset();
+    if (old) {
+        // Freeing a model's worth of tmpfs pages takes ~15 ms per 100 MB: renamed out of the
+        // staging dirs' names at once (atomic), removed by a thread after the finish answered.
+        const fs::path doomed = retired_name(old->path());
+        std::error_code ec;
+        fs::rename(old->path(), doomed, ec);
+        const fs::path gone = ec ? old->path() : doomed;
+        if (m.remover.joinable()) { m.remover.join(); }  // the previous commit's: long done
+        m.remover = std::thread([gone] {
+            std::error_code rm;
+            fs::remove_all(gone, rm);
+            if (rm) { log::get("stream")->warn("cannot remove the replaced staging dir {}: {}", gone.string(), rm.message()); }
+        });
+    }
+}
+
+void StreamManager::drop(const Error & why) {
+    std::lock_guard lk(impl_->mu);
+    auto & m = *impl_;
+    if (m.busy) {  // the bucket (or accept) in flight sees its socket shut and drops with this reason
+        m.abort_reason = why;
+        if (m.rx) { m.rx->interrupt(); }
+        if (m.listener.valid()) { ::shutdown(m.listener.get(), SHUT_RDWR); }  // wakes an accept (closed after it returns)
+        return;
+    }
+    if (!m.update) { return; }
+    m.drop_locked(why);
+}
+
+std::optional<Error> StreamManager::last_error() const {
+    std::lock_guard lk(impl_->mu);
+    return impl_->last_error;
+}
+
+std::string StreamManager::status_json() const {
+    std::lock_guard lk(impl_->mu);
+    const auto & m = *impl_;
+    using nlohmann::json;
+    const auto opt = [](const std::optional<std::string> & v) { return v ? json(*v) : json(nullptr); };
+    const char * state = !m.update ? "idle" : m.update->sealed ? "finishing" : m.busy ? "receiving" : "open";
+    json deadline_in_s = nullptr;
+    if (m.update && !m.update->sealed) {
+        deadline_in_s = std::max(0.0, std::chrono::duration<double>(m.update->idle_deadline - Clock::now()).count());
+    }
+    json j{{"state", state},
+           {"transport", m.backend.empty() ? json(nullptr) : json(m.backend)},
+           {"connected", m.rx != nullptr},
+           {"update_open", m.update.has_value()},
+           {"version", m.update ? opt(m.update->version) : json(nullptr)},
+           {"base_version", m.update ? opt(m.update->base_version) : json(nullptr)},
+           {"n_received", m.update ? m.update->weight_map.size() : 0},
+           {"n_expected", m.expected.size()},
+           {"n_delta", m.update ? m.update->n_delta : 0},
+           {"bytes_received", m.update ? m.update->bytes : 0},
+           {"deadline_in_s", deadline_in_s},
+           {"timeout_s", m.backend.empty() ? json(nullptr) : json(m.timeout_s)},
+           {"serving_stream_version", m.serving ? json(m.serving_version) : json(nullptr)},
+           {"last_error", m.last_error ? json(m.last_error->what()) : json(nullptr)}};
+    return j.dump();
+}
+
+std::map<std::string, TensorSpec> StreamManager::expected() const {
+    std::lock_guard lk(impl_->mu);
+    return impl_->expected;
+}
+
+}  // namespace fd::stream
