@@ -213,7 +213,8 @@ class StreamTp1(unittest.TestCase):
         self.assertIn("(NaN or Inf) at element 174", e.message)  # row 1, column 2 of [64, 172], found as it arrived
         missing = dict(self.tensors)
         del missing[name]
-        self.bad(422, "invalid_checkpoint", [name, "missing"], missing)
+        # refused at the seal, before any rank loads the dir (the loader would refuse it too, later)
+        self.bad(422, "invalid_checkpoint", [name, "the update is missing 1 tensor(s)"], missing)
         # an explicit dtype unlike the model's (F32): the bytes are not reinterpreted
         with self.assertRaises(FdRolloutError) as e:
             with self.c.weight_stream("bad") as ws:
