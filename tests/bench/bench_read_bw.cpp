@@ -15,6 +15,7 @@
 #include <cstring>
 #include <ctime>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace fd::bench {
@@ -71,27 +72,13 @@ float sum_floats(const float * p, size_t n) {
 
 volatile float g_sink = 0.0f;
 
-
-/// Sum of p[0, n) read as S streams side by side: S equal parts (n / S rounded down to 128
-/// floats), 16 floats of each per step, one vector accumulator per stream (AVX2 has 16 ymm).
+/// GB/s of one sum_streams<S> pass over m (the floats it reads).
 template <int S>
-float sum_streams(const float * p, size_t n) {
-    typedef float v8 __attribute__((vector_size(32)));
-    const size_t part = n / S / 128 * 128;
-    v8 a[S] = {};
-    for (size_t i = 0; i < part; i += 16) {
-        for (int s = 0; s < S; ++s) {
-            v8 x, y;
-            std::memcpy(&x, p + s * part + i, sizeof x);
-            std::memcpy(&y, p + s * part + i + 8, sizeof y);
-            a[s] += x + y;
-        }
-    }
-    float r = 0.0f;
-    for (int s = 0; s < S; ++s) {
-        for (int j = 0; j < 8; ++j) { r += a[s][j]; }
-    }
-    return r;
+double streams_gbs(const Mapping & m) {
+    const size_t n  = m.n_floats();
+    const auto   t0 = Clock::now();
+    g_sink = g_sink + sum_streams<S>(m.p, n);
+    return static_cast<double>(n / S / 128 * 128 * S) * sizeof(float) / seconds_since(t0) / 1e9;
 }
 
 }  // namespace
@@ -150,20 +137,13 @@ json read_bw_probe(const Mapping & m, int n_threads, int passes) {
 }
 
 json read_bw_streams_probe(const Mapping & m, int passes) {
-    const size_t n = m.n_floats();
     double best = 0.0;
     int    best_s = 0;
-    auto run = [&](auto sum, int s) {
-        for (int r = 0; r < passes; ++r) {
-            const auto t0 = Clock::now();
-            g_sink = g_sink + sum(m.p, n);
-            const double gbs = static_cast<double>(n / s / 128 * 128 * s) * sizeof(float) / seconds_since(t0) / 1e9;
+    for (int r = 0; r < passes; ++r) {
+        for (const auto & [s, gbs] : {std::pair{2, streams_gbs<2>(m)}, std::pair{4, streams_gbs<4>(m)}, std::pair{8, streams_gbs<8>(m)}}) {
             if (gbs > best) { best = gbs, best_s = s; }
         }
-    };
-    run(sum_streams<2>, 2);
-    run(sum_streams<4>, 4);
-    run(sum_streams<8>, 8);
+    }
     json j;
     j["best"] = round_to(best, 2);
     j["streams"] = best_s;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <sstream>
@@ -22,6 +23,28 @@ inline double seconds_since(Clock::time_point t0) { return std::chrono::duration
 inline double round_to(double v, int digits) {
     const double s = std::pow(10.0, digits);
     return std::round(v * s) / s;
+}
+
+/// Sum of p[0, n) read as S streams side by side: S equal parts (n / S rounded down to 128
+/// floats), 16 floats of each per step (the rest unread), one vector accumulator per stream (AVX2 has 16 ymm).
+template <int S>
+float sum_streams(const float * p, size_t n) {
+    typedef float v8 __attribute__((vector_size(32)));
+    const size_t part = n / S / 128 * 128;
+    v8 a[S] = {};
+    for (size_t i = 0; i < part; i += 16) {
+        for (int s = 0; s < S; ++s) {
+            v8 x, y;
+            std::memcpy(&x, p + s * part + i, sizeof x);
+            std::memcpy(&y, p + s * part + i + 8, sizeof y);
+            a[s] += x + y;
+        }
+    }
+    float r = 0.0f;
+    for (int s = 0; s < S; ++s) {
+        for (int j = 0; j < 8; ++j) { r += a[s][j]; }
+    }
+    return r;
 }
 
 /// Nearest-rank percentile (q in (0, 1]) of `v`.

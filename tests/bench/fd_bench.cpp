@@ -56,9 +56,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <pthread.h>
-#include <sched.h>
 #include <chrono>
 #include <cmath>
 #include <cstdint>

@@ -22,6 +22,8 @@
 #include "fd/kernels/cpu_ops.h"
 #include "fd/kernels/thread_pool.h"
 
+#include "bench_util.h"  // sum_streams
+
 #include <nlohmann/json.hpp>
 
 #include <sys/mman.h>
@@ -42,6 +44,7 @@ namespace k = fd::kernels;
 using json  = nlohmann::ordered_json;
 
 namespace {
+using fd::bench::sum_streams;
 
 double cpu_now() {
     timespec ts{};
@@ -95,23 +98,6 @@ struct Buffer {
     Buffer(const Buffer &) = delete;
     Buffer & operator=(const Buffer &) = delete;
 };
-
-/// Sum of n floats read as S streams side by side (S equal parts, 16 floats of each per step).
-template <int S>
-float sum_streams(const float * b, size_t n) {
-    float        acc[S][16] = {};
-    const size_t part       = n / S / 16 * 16;
-    for (size_t i = 0; i < part; i += 16) {
-        for (int s = 0; s < S; ++s) {
-            for (int l = 0; l < 16; ++l) { acc[s][l] += b[s * part + i + l]; }
-        }
-    }
-    float t = 0;
-    for (int s = 0; s < S; ++s) {
-        for (float v : acc[s]) { t += v; }
-    }
-    return t;
-}
 
 /// Bytes per second of reading `bytes` front to back with a 16-float-wide sum (one stream: the
 /// probe of the earlier records) and the best of that and 2, 4, 8 streams side by side.
