@@ -75,8 +75,10 @@ time.sleep(600)
 """
 
 
-def stream_dirs(port):
-    return sorted(glob.glob(f"/dev/shm/fdrollout-stream.{port}.*")) + sorted(glob.glob(os.path.join(tempfile.gettempdir(), f"fdrollout-stream.{port}.*")))
+def stream_dirs(port, kind=""):
+    """The daemon's staging dirs on `port`: kind "" the live ones, "-spare" the recycled stream's."""
+    pat = f"fdrollout-stream{kind}.{port}.*"
+    return sorted(glob.glob(os.path.join("/dev/shm", pat))) + sorted(glob.glob(os.path.join(tempfile.gettempdir(), pat)))
 
 
 class GatheredSend(unittest.TestCase):
@@ -115,9 +117,10 @@ class GatheredSend(unittest.TestCase):
 
 
 class StaleDirs(unittest.TestCase):
-    """A daemon that was killed leaves its staging dirs (fdrollout-stream.<port>.<pid>.<n>) and a
-    replaced dir still being removed (fdrollout-stream-retired.<port>.<pid>.<n>) behind: the next
-    daemon on that port removes both kinds of a dead pid at start, and nothing of a live pid's."""
+    """A daemon that was killed leaves its staging dirs (fdrollout-stream.<port>.<pid>.<n>), a
+    replaced dir still being removed (fdrollout-stream-retired.<port>.<pid>.<n>) and the spare
+    (fdrollout-stream-spare.<port>.<pid>.<n>) behind: the next daemon on that port removes every
+    kind of a dead pid at start, and nothing of a live pid's."""
 
     def test_dead_daemons_dirs_are_removed_at_start(self):
         root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
@@ -125,7 +128,8 @@ class StaleDirs(unittest.TestCase):
         dead = subprocess.Popen(["true"])
         dead.wait()
         made = {}
-        for kind, pid in (("stream", dead.pid), ("stream-retired", dead.pid), ("stream", os.getpid()), ("stream-retired", os.getpid())):
+        kinds = ("stream", "stream-retired", "stream-spare")
+        for kind, pid in [(k, p) for k in kinds for p in (dead.pid, os.getpid())]:
             d = os.path.join(root, f"fdrollout-{kind}.{port}.{pid}.7")
             os.makedirs(d, mode=0o700)
             with open(os.path.join(d, "bucket-00001.safetensors"), "wb") as f:
@@ -138,6 +142,31 @@ class StaleDirs(unittest.TestCase):
         finally:
             for d in made.values():
                 shutil.rmtree(d, ignore_errors=True)
+
+
+class NoRecycling(unittest.TestCase):
+    """FD_STREAM_RECYCLE_STAGING=0: a full commit removes the dir it replaced (no spare, no
+    recycled pages); the streams serve as with recycling."""
+
+    def test_no_spare_is_kept(self):
+        tmp = tempfile.mkdtemp(prefix="fd-pystream-")
+        try:
+            new = os.path.join(tmp, "new")
+            perturbed(STORIES, new)
+            tensors = safetensors_np.load_file(os.path.join(new, "model.safetensors"))
+            with Daemon("--dynamic-load-weight", model=STORIES, extra=False, env={"FD_STREAM_RECYCLE_STAGING": "0"}) as d:
+                c = Client(f"127.0.0.1:{d.port}", timeout=20)
+                for v in ("n1", "n2", "n3"):
+                    with c.weight_stream(v) as ws:
+                        for name in sorted(tensors):
+                            ws.send(name, tensors[name])
+                        ws.flush()
+                        self.assertEqual(c.health()["weight_stream"]["recycled_bytes"], 0)
+                    wait_until(lambda: len(stream_dirs(d.port)) == 1, 10, "the replaced dir removed")
+                    self.assertEqual((stream_dirs(d.port, "-spare"), c.health()["weight_stream"]["spare_bytes"]), ([], 0))
+                self.assertEqual(c.weight_version(), "n3")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 class StreamTp1(unittest.TestCase):
@@ -162,7 +191,8 @@ class StreamTp1(unittest.TestCase):
     def tearDownClass(cls):
         cls.d.stop()
         shutil.rmtree(cls.tmp, ignore_errors=True)
-        assert not stream_dirs(cls.d.port), f"the daemon left staging dirs: {stream_dirs(cls.d.port)}"
+        left = stream_dirs(cls.d.port) + stream_dirs(cls.d.port, "-spare")
+        assert not left, f"the daemon left staging dirs: {left}"
 
     def stream(self, version, tensors, **kw):
         with self.c.weight_stream(version, **kw) as ws:
@@ -411,6 +441,45 @@ class StreamTp1(unittest.TestCase):
         self.assertEqual(self.stream_with(c, "k5", self.tensors)["weight_version"], "k5")
         self.assertEqual(inits() - n0, 4, "the other init and this client's new one")
         self.assert_serving(self.ref_new, "k5")
+
+    def test_11_a_full_stream_writes_over_the_replaced_streams_pages(self):
+        """The dir a full commit replaces is kept as the spare (fdrollout-stream-spare.*); the next
+        full stream moves its bucket files into its own dir, one per bucket, and writes over their
+        pages (recycled_bytes): the same buckets all of them, smaller buckets as far as the spare's
+        files go (cut to size, each with its own header). Each serves exactly as a fresh daemon on
+        those weights. A weight sleep removes the spare; the next stream takes fresh pages."""
+        st = lambda: self.c.health()["weight_stream"]  # noqa: E731
+        total = sum(a.nbytes for a in self.tensors.values())
+
+        def stream_seen(version, tensors, **kw):  # the stream's recycled_bytes, read before its finish
+            with self.c.weight_stream(version, **kw) as ws:
+                for name in sorted(tensors):
+                    ws.send(name, tensors[name])
+                ws.flush()
+                seen = st()["recycled_bytes"]
+                self.assertEqual(st()["spare_bytes"], 0, "every spare file taken (or none was there)")
+            return seen
+
+        self.stream("r1", self.base)
+        self.stream("r2", self.base)  # r1's dir: the spare
+        self.assertEqual(len(stream_dirs(self.d.port, "-spare")), 1)
+        spare = st()["spare_bytes"]
+        self.assertGreater(spare, total)  # the tensors and each bucket's header
+        # other bytes than the spare holds: a byte not written over would show in the outputs
+        self.assertEqual(stream_seen("r3", self.tensors), spare, "the same buckets land in r1's pages, all of them")
+        self.assert_serving(self.ref_new, "r3")
+        # r2's dir is the spare: buckets of 64 KiB take its files' first pages, headers rewritten
+        recycled = stream_seen("r4", self.base, bucket_bytes=1 << 16)
+        self.assertGreater(recycled, 0)
+        self.assertLess(recycled, total)
+        self.assert_serving(self.ref_old, "r4")
+        self.assertEqual(len(stream_dirs(self.d.port, "-spare")), 1, "r3's dir")
+        self.c.sleep()  # tags weight and kv_cache
+        self.assertEqual((st()["spare_bytes"], stream_dirs(self.d.port, "-spare")), (0, []))
+        self.c.wakeup()
+        self.assert_serving(self.ref_old, "r4")
+        self.assertEqual(stream_seen("r5", self.tensors), 0, "fresh pages after the sleep")
+        self.assert_serving(self.ref_new, "r5")
 
     @staticmethod
     def stream_with(c, version, tensors):

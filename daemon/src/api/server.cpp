@@ -41,8 +41,9 @@ ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, control::Control
     stream_ = std::make_unique<stream::StreamManager>(stream::StreamConfig{
         .model_dir = c.model_dir, .host = c.host, .port = c.port, .timeout_s = control.config().control_timeout_s,
         .model_cfg = engine.model_config(), .tp_size = engine.tensor_parallel_size(), .ep_size = engine.config().expert_parallel_size,
-        .nnodes = engine.world().nnodes});
+        .nnodes = engine.world().nnodes, .recycle_staging = c.stream_recycle_staging});
     ctx_->stream = stream_.get();
+    engine.set_weight_sleep_hook([s = stream_.get()] { return s->release_spare(); });  // a weight sleep hands the spare back
     const HttpLimits limits{.max_body_bytes = c.max_body_bytes, .max_header_bytes = c.max_header_bytes,
                             .read_timeout_s = c.http_read_timeout_s, .write_timeout_s = c.http_write_timeout_s,
                             .keep_alive_timeout_s = c.keep_alive_timeout_s, .n_io_threads = c.n_io_threads,
@@ -53,7 +54,10 @@ ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, control::Control
     });
 }
 
-ApiServer::~ApiServer() { stop(); }
+ApiServer::~ApiServer() {
+    stop();
+    ctx_->engine->set_weight_sleep_hook(nullptr);  // before stream_ goes
+}
 
 std::string ApiServer::weight_stream_status() const { return stream_->status_json(); }
 

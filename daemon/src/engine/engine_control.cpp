@@ -156,6 +156,11 @@ void Engine::do_resume(ControlResult &) {
     state_.paused = false;  // kept requests continue from their KV (recomputed if the weights changed)
 }
 
+void Engine::set_weight_sleep_hook(std::function<int64_t()> hook) {
+    std::lock_guard lk(hook_mu_);
+    weight_sleep_hook_ = std::move(hook);
+}
+
 void Engine::do_sleep(TagSet tags, ControlResult & r) {
     if (tags.weight) { flush_pending_deltas(); }  // the wakeup source holds the served bytes before they are released
     do_pause(PauseMode::abort, r);  // sleep implies pause mode=abort: kept requests end too (their KV is freed)
@@ -194,6 +199,12 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
             drop_staged(nullptr);  // a staged version is weight memory too
             release(runtime::MemoryTag::weight, r.freed_weight_bytes);
             if (cfg_.expert_parallel_size > 1) { release(runtime::MemoryTag::ep_buffer, r.freed_ep_buffer_bytes); }
+            std::lock_guard lk(hook_mu_);
+            if (weight_sleep_hook_) {
+                if (const int64_t n = weight_sleep_hook_(); n > 0) {
+                    log::get("control")->info("sleep(weight): freed {:.1f} MiB of update staging outside the ranks", n / 1048576.0);
+                }
+            }
             state_.weight_asleep = true;
             state_.weights_valid = false;
             r.tags_done.push_back("weight");

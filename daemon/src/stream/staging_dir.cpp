@@ -1,16 +1,19 @@
 // Where a weight stream's bytes land: a private dir of safetensors files (one per bucket) that
-// the update_weights {weight_dir} path then stages on every rank. The files are written with
-// pwrite from the receiver's cache-sized piece buffer, so each byte reaches memory once: in the
-// file's page, allocated and filled by the same write.
+// the update_weights {weight_dir} path then stages on every rank. Each byte reaches memory once:
+// a fresh file is written with pwrite from the receiver's cache-sized piece buffer (the page
+// allocated and filled by the same write); a file recycled from the replaced stream's dir is
+// mapped and the socket read straight into its pages.
 #include "stream_io.h"
 
 #include "fd/log.h"
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -45,7 +48,7 @@ UniqueFd create_private(const fs::path & file) {
 
 }  // namespace
 
-BucketFile::BucketFile(const fs::path & file, const std::vector<TensorSpec> & specs) : file_(file), fd_(create_private(file)) {
+BucketFile::BucketFile(const fs::path & file, const std::vector<TensorSpec> & specs, const fs::path & recycled) : file_(file) {
     // safetensors: u64 LE header length, the JSON header (padded with spaces to 8 bytes), data.
     nlohmann::json h = nlohmann::json::object();
     int64_t off = 0;
@@ -60,11 +63,42 @@ BucketFile::BucketFile(const fs::path & file, const std::vector<TensorSpec> & sp
     std::string head(8, '\0');
     for (int i = 0; i < 8; ++i) { head[i] = static_cast<char>((n >> (8 * i)) & 0xff); }
     head += text;
-    pwrite_all(fd_.get(), reinterpret_cast<const std::byte *>(head.data()), static_cast<int64_t>(head.size()), 0, file_);
     for (auto & o : offsets_) { o += static_cast<int64_t>(head.size()); }
+    size_ = static_cast<int64_t>(head.size()) + off;
+    if (recycled.empty()) {
+        fd_ = create_private(file);
+    } else {
+        // Our own 0700 dirs on both sides: nobody else can swap the file between these calls.
+        if (::rename(recycled.c_str(), file.c_str()) != 0) {
+            fail(Errc::internal, "weight stream: cannot move {} to {}: {}", recycled.string(), file.string(), std::strerror(errno));
+        }
+        fd_ = UniqueFd(::open(file.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+        struct stat st{};
+        if (!fd_.valid() || ::fstat(fd_.get(), &st) != 0 || !S_ISREG(st.st_mode) || ::ftruncate(fd_.get(), size_) != 0) {
+            fail(Errc::internal, "weight stream: cannot reuse {}: {}", file.string(), std::strerror(errno));
+        }
+        recycled_bytes_ = std::min<int64_t>(st.st_size, size_);
+        if (st.st_size >= size_ && size_ > 0) {  // every page exists: write through a mapping, straight from the socket
+            void * m = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_.get(), 0);
+            if (m == MAP_FAILED) { fail(Errc::internal, "weight stream: cannot map {}: {}", file.string(), std::strerror(errno)); }
+            map_ = static_cast<std::byte *>(m);
+            std::memcpy(map_, head.data(), head.size());
+            return;
+        }
+    }
+    pwrite_all(fd_.get(), reinterpret_cast<const std::byte *>(head.data()), static_cast<int64_t>(head.size()), 0, file_);
+}
+
+BucketFile::~BucketFile() {
+    if (map_) { ::munmap(map_, static_cast<size_t>(size_)); }
 }
 
 void BucketFile::write(size_t i, int64_t off, const std::byte * p, size_t n) {
+    if (map_) {
+        std::byte * dst = map_ + offsets_[i] + off;
+        if (dst != p) { std::memcpy(dst, p, n); }
+        return;
+    }
     pwrite_all(fd_.get(), p, static_cast<int64_t>(n), offsets_[i] + off, file_);
 }
 
@@ -122,6 +156,21 @@ StagingDir::~StagingDir() {
     if (ec) { log::get("stream")->warn("cannot remove the staging dir {}: {}", path_.string(), ec.message()); }
 }
 
+std::vector<fs::path> StagingDir::bucket_files(int64_t * total_bytes) const {
+    std::vector<fs::path> out;
+    *total_bytes = 0;
+    std::error_code ec;
+    for (const auto & e : fs::directory_iterator(path_, ec)) {
+        const std::string name = e.path().filename().string();
+        struct stat st{};
+        if (name.rfind("bucket-", 0) != 0 || ::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) { continue; }
+        out.push_back(e.path());
+        *total_bytes += st.st_size;
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
 fs::path StagingDir::next_bucket_file() { return path_ / fmt::format("bucket-{:05d}.safetensors", ++n_buckets_); }
 
 void StagingDir::write_index(const std::map<std::string, std::string> & weight_map, int64_t total_bytes) {
@@ -139,15 +188,24 @@ fs::path staging_root(const fs::path & root) {
     return fs::temp_directory_path();
 }
 
-fs::path retired_name(const fs::path & dir) {
-    static constexpr std::string_view kLive = "fdrollout-stream.";
+fs::path staging_name(const fs::path & dir, std::string_view kind) {
+    static constexpr std::string_view kStem = "fdrollout-stream";
     const std::string name = dir.filename().string();
-    return dir.parent_path() / ("fdrollout-stream-retired." + name.substr(name.rfind(kLive, 0) == 0 ? kLive.size() : 0));
+    const size_t dot       = name.rfind(kStem, 0) == 0 ? name.find('.', kStem.size()) : std::string::npos;
+    return dir.parent_path() / fmt::format("{}-{}.{}", kStem, kind, dot == std::string::npos ? name : name.substr(dot + 1));
+}
+
+void StagingDir::move_to(const fs::path & to) {
+    if (::rename(path_.c_str(), to.c_str()) != 0) {
+        fail(Errc::internal, "weight stream: cannot rename {} to {}: {}", path_.string(), to.string(), std::strerror(errno));
+    }
+    path_ = to;
 }
 
 void remove_stale_dirs(const fs::path & root, int32_t port) {
     std::error_code ec;
-    const std::string prefixes[] = {fmt::format("fdrollout-stream.{}.", port), fmt::format("fdrollout-stream-retired.{}.", port)};
+    const std::string prefixes[] = {fmt::format("fdrollout-stream.{}.", port), fmt::format("fdrollout-stream-retired.{}.", port),
+                                    fmt::format("fdrollout-stream-spare.{}.", port)};
     for (const auto & e : fs::directory_iterator(root, ec)) {
         const std::string name = e.path().filename().string();
         for (const std::string & prefix : prefixes) {

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fd::stream {
@@ -24,6 +25,13 @@ namespace fd::stream {
 /// its pieces in order, each at most kPieceBytes and a whole number of its elements. `p` [n] is
 /// the receiver's host buffer, valid only during the call. It may throw (the receive stops).
 using Sink = std::function<void(size_t i, int64_t off, const std::byte * p, size_t n)>;
+
+/// Where tensor `i`'s bytes [off, off + n) are to end up, when the receiver may write them there
+/// itself (a recycled staging file's mapped page): it then reads the socket straight into that
+/// memory and hands the same pointer to the sink, which finds the bytes already in place (one
+/// copy, as a receiver into a pre-touched buffer). nullptr, or no Place at all: the receiver's
+/// own piece buffer. `n` as for the sink (at most kPieceBytes).
+using Place = std::function<std::byte *(size_t i, int64_t off, size_t n)>;
 
 /// A receiver's piece: small enough that the socket's copy into it, the sink's check of it and
 /// the sink's write of it stay in the core's L2 cache (each byte goes to memory once, into the
@@ -37,11 +45,14 @@ public:
     virtual ~Receiver() = default;
     virtual const char * name() const = 0;  ///< "tcp" | "nccl"
     /// Receive `specs`, in order, handing every piece to `sink` (above); `packed`: the whole
-    /// bucket as one transfer (tcp: one frame; nccl: one broadcast).
+    /// bucket as one transfer (tcp: one frame; nccl: one broadcast). `place` (optional): where a
+    /// piece may be received in place (the tcp receiver honours it; nccl copies from its device
+    /// buffer to its own host buffer).
     /// Errors  timeout at `deadline`; source_unavailable when the trainer is gone or interrupt()
     ///         was called; invalid_argument when a tcp frame differs from its announcement; what
     ///         `sink` throws.
-    virtual void receive(const std::vector<TensorSpec> & specs, bool packed, const Sink & sink, Clock::time_point deadline) = 0;
+    virtual void receive(const std::vector<TensorSpec> & specs, bool packed, const Sink & sink, Clock::time_point deadline,
+                         const Place & place = {}) = 0;
     /// True when the trainer is known gone (never blocks).
     virtual bool peer_closed() = 0;
     /// Make a receive() in progress (and every later one) fail at once.
@@ -117,24 +128,40 @@ void check_delta_bytes(const TensorSpec & s, const std::byte * payload);
 
 // ---- staging_dir.cpp ----
 
-/// One bucket's safetensors file (0600, O_EXCL | O_NOFOLLOW), written with pwrite as the bytes
-/// arrive: the header at construction, then each tensor's pieces at their place. pwrite into
-/// fresh tmpfs pages fills them as it allocates them (no zeroing pass, no page faults, no
-/// mapping), and a full file system is ENOSPC here, never a SIGBUS.
+/// One bucket's safetensors file (0600, O_EXCL | O_NOFOLLOW), written as the bytes arrive: the
+/// header at construction, then each tensor's pieces at their place. Two ways in:
+///  - fresh: pwrite, which fills new tmpfs pages as it allocates them (no zeroing pass, no page
+///    faults, no mapping); a full file system is ENOSPC here, never a SIGBUS;
+///  - recycled (`recycled` names a file of the replaced stream's dir, which nothing reads any
+///    more): the file is renamed to `file` and cut to this bucket's size; when it held at least
+///    that many bytes its pages all exist, so it is mapped (shared, populated) and place() gives
+///    the receiver the spot to read the socket into: each byte is copied once, into a page that
+///    needs no allocation (a page written in place can never SIGBUS). A smaller one takes pwrite
+///    (its pages are reused as far as they go).
 class BucketFile {
 public:
-    BucketFile(const std::filesystem::path & file, const std::vector<TensorSpec> & specs);
+    /// Errors  internal when `file` cannot be created (or `recycled` renamed, opened, cut or
+    ///         mapped); source_unavailable as write().
+    BucketFile(const std::filesystem::path & file, const std::vector<TensorSpec> & specs, const std::filesystem::path & recycled = {});
+    ~BucketFile();
     BucketFile(const BucketFile &) = delete;
     BucketFile & operator=(const BucketFile &) = delete;
-    /// Write tensor `i`'s bytes [off, off + n) from `p`.
+    /// Where tensor `i`'s bytes [off, off + n) go in the mapped file; nullptr unless mapped.
+    std::byte * place(size_t i, int64_t off) const { return map_ ? map_ + offsets_[i] + off : nullptr; }
+    /// Write tensor `i`'s bytes [off, off + n) from `p` (nothing to do when `p` is place(i, off)).
     /// Errors  source_unavailable (the staging file system is full or failing).
     void write(size_t i, int64_t off, const std::byte * p, size_t n);
     const std::filesystem::path & file() const { return file_; }
+    /// Bytes of this file that went into pages a previous stream had allocated (0 when fresh).
+    int64_t recycled_bytes() const { return recycled_bytes_; }
 
 private:
     std::filesystem::path file_;
     UniqueFd              fd_;
     std::vector<int64_t>  offsets_;  ///< each tensor's first byte in the file (after the header)
+    std::byte *           map_ = nullptr;
+    int64_t               size_ = 0;  ///< the file's bytes (header and tensors)
+    int64_t               recycled_bytes_ = 0;
 };
 
 /// A delta update's weights.fddelta (fd/weights/weight_delta.h's format: "FDDELTA1", u64 LE
@@ -175,6 +202,11 @@ public:
     /// Write model.safetensors.index.json mapping every name to its file (the file name only).
     void write_index(const std::map<std::string, std::string> & weight_map, int64_t total_bytes);
     void keep() { keep_ = true; }
+    /// Rename the dir to `to` (same file system). Errors  internal.
+    void move_to(const std::filesystem::path & to);
+    /// Its bucket files (regular files named bucket-*.safetensors, in name order) and their
+    /// bytes in all: what a later stream may recycle once this dir is replaced.
+    std::vector<std::filesystem::path> bucket_files(int64_t * total_bytes) const;
 
 private:
     std::filesystem::path path_;
@@ -182,15 +214,16 @@ private:
     bool                  keep_ = false;
 };
 
-/// The name a staging dir `dir` (<root>/fdrollout-stream.<port>.<pid>.<n>) is renamed to when a
-/// commit replaced it and a thread removes it: <root>/fdrollout-stream-retired.<port>.<pid>.<n>.
-std::filesystem::path retired_name(const std::filesystem::path & dir);
+/// The name a staging dir `dir` (<root>/fdrollout-stream[-<any kind>].<port>.<pid>.<n>) takes as
+/// `kind`: "retired" when a thread removes it (<root>/fdrollout-stream-retired.<port>.<pid>.<n>),
+/// "spare" while its bucket files wait to be recycled (fdrollout-stream-spare.<port>.<pid>.<n>).
+std::filesystem::path staging_name(const std::filesystem::path & dir, std::string_view kind);
 
 /// The staging root: `root` when set, else /dev/shm when it is a writable dir, else the temp dir.
 std::filesystem::path staging_root(const std::filesystem::path & root);
 
-/// Remove <root>/fdrollout-stream.<port>.<pid>.* and fdrollout-stream-retired.<port>.<pid>.* dirs
-/// owned by this user whose pid is not alive (left by a daemon that was killed). Never throws.
+/// Remove <root>/fdrollout-stream.<port>.<pid>.*, fdrollout-stream-retired.<port>.<pid>.* and
+/// fdrollout-stream-spare.<port>.<pid>.* dirs owned by this user whose pid is not alive (left by a daemon that was killed). Never throws.
 void remove_stale_dirs(const std::filesystem::path & root, int32_t port);
 
 }  // namespace fd::stream

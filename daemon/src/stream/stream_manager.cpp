@@ -66,10 +66,11 @@ StreamManager::~StreamManager() {
     if (impl_->remover.joinable()) { impl_->remover.join(); }
     std::lock_guard lk(impl_->mu);
     impl_->reset_update();
-    if (impl_->serving) {  // kept while it served; nothing reads it once the daemon stops
+    for (auto * kept : {&impl_->serving, &impl_->spare}) {  // kept while it served; nothing reads it once the daemon stops
+        if (!*kept) { continue; }
         std::error_code ec;
-        fs::remove_all(impl_->serving->path(), ec);
-        impl_->serving.reset();
+        fs::remove_all((*kept)->path(), ec);
+        kept->reset();
     }
     impl_->close_transport();
 }
@@ -221,14 +222,18 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
     }
     Receiver * rx     = m.rx.get();  // not reset while busy (drop() only interrupts it)
     if (m.update->base_version) { return m.receive_delta_bucket(lk, specs, packed, std::min(deadline, detail::after(m.timeout_s)), t0); }
-    const fs::path f  = m.update->dir->next_bucket_file();
-    deadline          = std::min(deadline, detail::after(m.timeout_s));
+    const fs::path f        = m.update->dir->next_bucket_file();
+    const fs::path recycled = m.take_spare_file();  // the replaced stream's pages, written over in place
+    deadline                = std::min(deadline, detail::after(m.timeout_s));
     // A full update: every tensor lands in the bucket file as it arrives (deltas need a base_version: checked above).
-    int64_t bytes = 0;
+    int64_t bytes = 0, recycled_bytes = 0;
     const auto err = m.outside_lock(lk, [&] {
         if (!rx) { fail(Errc::wrong_state, "no trainer is connected; POST /init_weight_transfer_engine again"); }
-        BucketFile out(f, specs);
-        // Each piece is checked and written while it is in cache (kPieceBytes), straight from the socket's copy.
+        BucketFile out(f, specs, recycled);
+        recycled_bytes = out.recycled_bytes();
+        // Each piece is checked and written while it is in cache (kPieceBytes): received into the
+        // recycled file's page itself when it is mapped, else copied there from the socket's buffer.
+        const Place place = [&](size_t i, int64_t off, size_t) { return out.place(i, off); };
         rx->receive(specs, packed, [&](size_t i, int64_t off, const std::byte * p, size_t n) {
             const TensorSpec & s = specs[i];
             const int64_t es     = model::dtype_size(s.dtype);
@@ -237,7 +242,7 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
                      s.name, off / es + bad);
             }
             out.write(i, off, p, n);
-        }, deadline);
+        }, deadline, place);
         for (const auto & s : specs) { bytes += s.nbytes; }
     });
     if (err) {
@@ -246,6 +251,7 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
     }
     for (const auto & s : specs) { m.update->weight_map[s.name] = f.filename().string(); }
     m.update->bytes += bytes;
+    m.update->recycled_bytes += recycled_bytes;
     m.update->idle_deadline = detail::after(m.timeout_s);
     return BucketReport{.n_tensors  = static_cast<int32_t>(specs.size()),
                         .bytes      = bytes,

@@ -92,21 +92,44 @@ void StreamManager::committed(const std::string & version) {
     auto old  = std::move(m.serving);  // the previous stream's dir: nothing reads it any more
     m.serving = std::move(m.update->dir);
     m.serving_version = version;
-    m.update.reset();
-    if (old) {
-        // Freeing a model's worth of tmpfs pages takes ~15 ms per 100 MB: renamed out of the
-        // staging dirs' names at once (atomic), removed by a thread after the finish answered.
-        const fs::path doomed = retired_name(old->path());
-        std::error_code ec;
-        fs::rename(old->path(), doomed, ec);
-        const fs::path gone = ec ? old->path() : doomed;
-        if (m.remover.joinable()) { m.remover.join(); }  // the previous commit's: long done
-        m.remover = std::thread([gone] {
-            std::error_code rm;
-            fs::remove_all(gone, rm);
-            if (rm) { log::get("stream")->warn("cannot remove the replaced staging dir {}: {}", gone.string(), rm.message()); }
-        });
+    if (m.update->recycled_bytes > 0) {
+        log::get("stream")->info("weight stream committed: {} of {} B written into recycled staging pages", m.update->recycled_bytes,
+                                 m.update->bytes);
     }
+    m.update.reset();
+    // The spare's buckets this update did not take go; the replaced dir is the next update's spare.
+    m.retire(std::move(m.spare));
+    m.spare_files.clear();
+    m.spare_bytes = 0;
+    if (old && !m.cfg.recycle_staging) {
+        m.retire(std::move(old));
+    } else if (old) {
+        try {
+            old->move_to(staging_name(old->path(), "spare"));  // a name apart: it no longer serves anything
+            m.spare_files = old->bucket_files(&m.spare_bytes);
+            m.spare       = std::move(old);
+        } catch (const Error & e) {  // not worth failing a commit over: the next update takes fresh pages
+            log::get("stream")->warn("the replaced staging dir is not kept for recycling: {}", e.what());
+            m.retire(std::move(old));
+        }
+    }
+}
+
+int64_t StreamManager::release_spare() {
+    std::unique_ptr<StagingDir> spare;
+    int64_t bytes = 0;
+    {
+        std::lock_guard lk(impl_->mu);
+        spare = std::move(impl_->spare);
+        bytes = std::exchange(impl_->spare_bytes, 0);
+        impl_->spare_files.clear();
+    }
+    if (!spare) { return 0; }
+    std::error_code ec;  // now, not in the background: the caller hands this memory back
+    fs::remove_all(spare->path(), ec);
+    if (ec) { log::get("stream")->warn("cannot remove the spare staging dir {}: {}", spare->path().string(), ec.message()); }
+    log::get("stream")->info("removed the spare staging dir ({} B of recyclable pages)", bytes);
+    return bytes;
 }
 
 void StreamManager::drop(const Error & why) {
@@ -147,6 +170,8 @@ std::string StreamManager::status_json() const {
            {"n_expected", m.expected.size()},
            {"n_delta", m.update ? m.update->n_delta : 0},
            {"bytes_received", m.update ? m.update->bytes : 0},
+           {"recycled_bytes", m.update ? m.update->recycled_bytes : 0},
+           {"spare_bytes", m.spare_bytes},
            {"deadline_in_s", deadline_in_s},
            {"timeout_s", m.backend.empty() ? json(nullptr) : json(m.timeout_s)},
            {"serving_stream_version", m.serving ? json(m.serving_version) : json(nullptr)},

@@ -61,6 +61,7 @@ struct StreamManager::Impl {
         nlohmann::json                     delta_entries = nlohmann::json::array();  ///< their header entries, in file order
         bool                               in_place = false;  ///< sealed as a delta file: serving's dir is updated in place
         fs::path                           delta_file;    ///< that file once sealed: every rank maps it
+        int64_t                            recycled_bytes = 0;  ///< bucket bytes written into the spare's pages
     };
 
     /// Forget the open update (its staging dir goes).
@@ -85,7 +86,41 @@ struct StreamManager::Impl {
     bool                        busy = false;         ///< start's accept or a bucket runs outside the lock
     std::optional<Error>        abort_reason;         ///< drop() while busy: the busy call drops with it
     std::unique_ptr<StagingDir> serving;              ///< the committed stream's dir (the wakeup source, the base of deltas)
-    std::thread                 remover;              ///< removes the dir a commit replaced, off the finish's critical path
+    std::thread                 remover;              ///< removes a retired dir, off the finish's critical path
+    /// The dir the last full commit replaced: nothing reads it; the next full update takes its
+    /// bucket files one per bucket, in order, and writes over their pages (no fresh tmpfs pages).
+    std::unique_ptr<StagingDir> spare;
+    std::vector<fs::path>       spare_files;          ///< its bucket files not taken yet
+    int64_t                     spare_bytes = 0;      ///< their bytes when it became the spare, less those taken
+
+    /// The next spare bucket file (lock held), or an empty path when none is left.
+    fs::path take_spare_file() {
+        if (spare_files.empty()) { return {}; }
+        fs::path f = std::move(spare_files.front());
+        spare_files.erase(spare_files.begin());
+        std::error_code ec;
+        const auto n = fs::file_size(f, ec);
+        spare_bytes  = ec ? spare_bytes : std::max<int64_t>(0, spare_bytes - static_cast<int64_t>(n));
+        return f;
+    }
+
+    /// Remove `dir` (and everything in it) off the caller's critical path: renamed out of the
+    /// staging dirs' names at once (atomic), removed by the remover thread (freeing a model's
+    /// worth of tmpfs pages takes ~15 ms per 100 MB). Lock held.
+    void retire(std::unique_ptr<StagingDir> dir) {
+        if (!dir) { return; }
+        const fs::path doomed = staging_name(dir->path(), "retired");
+        std::error_code ec;
+        fs::rename(dir->path(), doomed, ec);
+        const fs::path gone = ec ? dir->path() : doomed;
+        dir->keep();  // removed below, not by its destructor
+        if (remover.joinable()) { remover.join(); }  // the previous one's: long done
+        remover = std::thread([gone] {
+            std::error_code rm;
+            fs::remove_all(gone, rm);
+            if (rm) { log::get("stream")->warn("cannot remove the replaced staging dir {}: {}", gone.string(), rm.message()); }
+        });
+    }
     std::string                 serving_version;      ///< the label it was committed as
     std::optional<Error>        last_error;
 

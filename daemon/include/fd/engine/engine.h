@@ -23,6 +23,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <future>
 #include <map>
 #include <variant>
@@ -175,6 +176,11 @@ public:
     /// The ranks (tensor-parallel size); fixed at construction.
     int32_t                    tensor_parallel_size() const;
     runtime::World             world() const { return executor_->world(); }  ///< where the ranks run (tp, nnodes)
+    /// Every weight sleep calls `hook` on the engine thread once the ranks released their
+    /// weights: it frees host memory kept outside the ranks for weight updates (the weight
+    /// stream's spare staging dir: StreamManager::release_spare) and returns the bytes (logged).
+    /// Any thread; nullptr clears it (before what it calls goes away).
+    void set_weight_sleep_hook(std::function<int64_t()> hook);
 
 private:
     struct Sequence;
@@ -443,6 +449,9 @@ private:
     void          maybe_merge_ipc_deltas() noexcept;
     std::shared_ptr<void>                     ipc_delta_dir_;  ///< the private dir of ipc deltas (removed with its last reference)
     int64_t                                   ipc_delta_seq_ = 0;
+
+    std::mutex                                hook_mu_;
+    std::function<int64_t()>                  weight_sleep_hook_;  ///< set_weight_sleep_hook (hook_mu_)
 
     mutable std::mutex                        inbox_mu_;
     std::condition_variable                   inbox_cv_;

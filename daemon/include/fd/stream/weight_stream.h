@@ -80,6 +80,10 @@ struct StreamConfig {
     /// --nnodes: > 1 refuses every stream at init (409): the staging files are on this host,
     /// and the ranks of the other hosts could not read them.
     int32_t               nnodes = 1;
+    /// Keep the dir a full commit replaces as the spare, whose tmpfs pages the next full update
+    /// writes over (one host copy of the weights more between updates, fewer page allocations and
+    /// one copy less per byte in the next one); false: removed at once. FD_STREAM_RECYCLE_STAGING=0.
+    bool                  recycle_staging = true;
 };
 
 /// One tensor as announced (and as it must arrive).
@@ -202,10 +206,17 @@ public:
     Sealed seal(std::optional<std::string> version);
 
     /// The sealed update went live as `version` (the label the engine gave it): its dir becomes
-    /// the serving weights' source and the base of later deltas; the previous stream's dir is
-    /// removed. A delta update: the base's dir (updated in place by the engine) stays the source,
-    /// the delta file's dir is removed. The update is closed; the transport stays for the next one.
+    /// the serving weights' source and the base of later deltas; the previous stream's dir
+    /// becomes the spare, whose bucket files the next full update writes over in place (their
+    /// tmpfs pages recycled: BucketFile), and the spare before it is removed (off the finish's
+    /// critical path). A delta update: the base's dir (updated in place by the engine) stays the
+    /// source, the delta file's dir is removed. The update is closed; the transport stays.
     void committed(const std::string & version);
+
+    /// Remove the spare dir (a weight sleep hands its memory back: Engine::set_weight_sleep_hook)
+    /// and return the bytes its files held; the next full update allocates fresh pages. Any
+    /// thread; a bucket in flight is not disturbed (files it took are its own).
+    int64_t release_spare();
 
     /// The base_version of the open update (nullopt: none open, or a full update).
     std::optional<std::string> open_base_version() const;
@@ -219,8 +230,10 @@ public:
 
     /// For /health and the routes: {state: "idle" | "open" | "receiving" | "finishing",
     /// transport, connected, update_open, version, base_version, n_received, n_expected,
-    /// n_delta, bytes_received, deadline_in_s (the watchdog's: seconds until an open update that
-    /// gets nothing more is dropped; null when none), serving_stream_version, last_error}.
+    /// n_delta, bytes_received, recycled_bytes (of the open update's, written into recycled
+    /// pages), deadline_in_s (the watchdog's: seconds until an open update that gets nothing more
+    /// is dropped; null when none), serving_stream_version, spare_bytes (the spare dir's
+    /// recyclable bytes), last_error}.
     std::string status_json() const;
 
     /// The model's tensors a stream must carry (read from --model at the first init).
