@@ -69,8 +69,7 @@ public:
     }
     void interrupt() override { interrupted_.store(true); }
 
-    void receive(const std::vector<TensorSpec> & specs, bool packed, const Sink & sink, Clock::time_point deadline,
-                 const Place & = {}) override {
+    void receive(const std::vector<TensorSpec> & specs, bool packed, const Sink & sink, Clock::time_point deadline) override {
         cuda(cudaSetDevice(device_), "cudaSetDevice");
         if (packed) {
             size_t total = 0;

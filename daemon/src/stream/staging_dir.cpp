@@ -1,15 +1,14 @@
 // Where a weight stream's bytes land: a private dir of safetensors files (one per bucket) that
-// the update_weights {weight_dir} path then stages on every rank. Each byte reaches memory once:
-// a fresh file is written with pwrite from the receiver's cache-sized piece buffer (the page
-// allocated and filled by the same write); a file recycled from the replaced stream's dir is
-// mapped and the socket read straight into its pages.
+// the update_weights {weight_dir} path then stages on every rank. The files are written with
+// pwrite from the receiver's cache-sized piece buffer, so each byte reaches memory once: in the
+// file's page, allocated and filled by the same write, or a page of a recycled file (the
+// replaced stream's) written over.
 #include "stream_io.h"
 
 #include "fd/log.h"
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -78,27 +77,11 @@ BucketFile::BucketFile(const fs::path & file, const std::vector<TensorSpec> & sp
             fail(Errc::internal, "weight stream: cannot reuse {}: {}", file.string(), std::strerror(errno));
         }
         recycled_bytes_ = std::min<int64_t>(st.st_size, size_);
-        if (st.st_size >= size_ && size_ > 0) {  // every page exists: write through a mapping, straight from the socket
-            void * m = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_.get(), 0);
-            if (m == MAP_FAILED) { fail(Errc::internal, "weight stream: cannot map {}: {}", file.string(), std::strerror(errno)); }
-            map_ = static_cast<std::byte *>(m);
-            std::memcpy(map_, head.data(), head.size());
-            return;
-        }
     }
     pwrite_all(fd_.get(), reinterpret_cast<const std::byte *>(head.data()), static_cast<int64_t>(head.size()), 0, file_);
 }
 
-BucketFile::~BucketFile() {
-    if (map_) { ::munmap(map_, static_cast<size_t>(size_)); }
-}
-
 void BucketFile::write(size_t i, int64_t off, const std::byte * p, size_t n) {
-    if (map_) {
-        std::byte * dst = map_ + offsets_[i] + off;
-        if (dst != p) { std::memcpy(dst, p, n); }
-        return;
-    }
     pwrite_all(fd_.get(), p, static_cast<int64_t>(n), offsets_[i] + off, file_);
 }
 

@@ -1,7 +1,7 @@
 // Internal to fd::stream: the two I/O halves of a weight stream — the CPU transport's socket
 // (tcp_wire.cpp: listen, accept with a token, read frames with a deadline) and the staging dir
-// the received bytes land in (staging_dir.cpp: one safetensors file per bucket, written in
-// place through a shared mapping). The wire format is docs/weight_streams.md's.
+// the received bytes land in (staging_dir.cpp: one safetensors file per bucket, written with
+// pwrite as the pieces arrive). The wire format is docs/weight_streams.md's.
 #pragma once
 
 #include "fd/file_io.h"
@@ -26,12 +26,6 @@ namespace fd::stream {
 /// the receiver's host buffer, valid only during the call. It may throw (the receive stops).
 using Sink = std::function<void(size_t i, int64_t off, const std::byte * p, size_t n)>;
 
-/// Where tensor `i`'s bytes [off, off + n) are to end up, when the receiver may write them there
-/// itself (a recycled staging file's mapped page): it then reads the socket straight into that
-/// memory and hands the same pointer to the sink, which finds the bytes already in place (one
-/// copy, as a receiver into a pre-touched buffer). nullptr, or no Place at all: the receiver's
-/// own piece buffer. `n` as for the sink (at most kPieceBytes).
-using Place = std::function<std::byte *(size_t i, int64_t off, size_t n)>;
 
 /// A receiver's piece: small enough that the socket's copy into it, the sink's check of it and
 /// the sink's write of it stay in the core's L2 cache (each byte goes to memory once, into the
@@ -45,14 +39,11 @@ public:
     virtual ~Receiver() = default;
     virtual const char * name() const = 0;  ///< "tcp" | "nccl"
     /// Receive `specs`, in order, handing every piece to `sink` (above); `packed`: the whole
-    /// bucket as one transfer (tcp: one frame; nccl: one broadcast). `place` (optional): where a
-    /// piece may be received in place (the tcp receiver honours it; nccl copies from its device
-    /// buffer to its own host buffer).
+    /// bucket as one transfer (tcp: one frame; nccl: one broadcast).
     /// Errors  timeout at `deadline`; source_unavailable when the trainer is gone or interrupt()
     ///         was called; invalid_argument when a tcp frame differs from its announcement; what
     ///         `sink` throws.
-    virtual void receive(const std::vector<TensorSpec> & specs, bool packed, const Sink & sink, Clock::time_point deadline,
-                         const Place & place = {}) = 0;
+    virtual void receive(const std::vector<TensorSpec> & specs, bool packed, const Sink & sink, Clock::time_point deadline) = 0;
     /// True when the trainer is known gone (never blocks).
     virtual bool peer_closed() = 0;
     /// Make a receive() in progress (and every later one) fail at once.
@@ -128,38 +119,32 @@ void check_delta_bytes(const TensorSpec & s, const std::byte * payload);
 
 // ---- staging_dir.cpp ----
 
-/// One bucket's safetensors file (0600, O_EXCL | O_NOFOLLOW), written as the bytes arrive: the
-/// header at construction, then each tensor's pieces at their place. Two ways in:
-///  - fresh: pwrite, which fills new tmpfs pages as it allocates them (no zeroing pass, no page
-///    faults, no mapping); a full file system is ENOSPC here, never a SIGBUS;
-///  - recycled (`recycled` names a file of the replaced stream's dir, which nothing reads any
-///    more): the file is renamed to `file` and cut to this bucket's size; when it held at least
-///    that many bytes its pages all exist, so it is mapped (shared, populated) and place() gives
-///    the receiver the spot to read the socket into: each byte is copied once, into a page that
-///    needs no allocation (a page written in place can never SIGBUS). A smaller one takes pwrite
-///    (its pages are reused as far as they go).
+/// One bucket's safetensors file (0600, O_EXCL | O_NOFOLLOW), written with pwrite as the bytes
+/// arrive: the header at construction, then each tensor's pieces at their place. pwrite fills
+/// fresh tmpfs pages as it allocates them (no zeroing pass, no page faults, no mapping), and a
+/// full file system is ENOSPC here, never a SIGBUS. `recycled` (optional) names a file of the
+/// replaced stream's dir, which nothing reads any more: it is renamed to `file` and cut to this
+/// bucket's size, and the writes go over its pages, which need no allocation as far as they go.
+/// (Not mapped: on this project's VMs a new mapping's first touch of each page costs ~5 us, five
+/// times the socket's copy; pwrite writes through the kernel's own mapping. docs/benchmarks.md.)
 class BucketFile {
 public:
-    /// Errors  internal when `file` cannot be created (or `recycled` renamed, opened, cut or
-    ///         mapped); source_unavailable as write().
+    /// Errors  internal when `file` cannot be created (or `recycled` renamed, opened or cut);
+    ///         source_unavailable as write().
     BucketFile(const std::filesystem::path & file, const std::vector<TensorSpec> & specs, const std::filesystem::path & recycled = {});
-    ~BucketFile();
     BucketFile(const BucketFile &) = delete;
     BucketFile & operator=(const BucketFile &) = delete;
-    /// Where tensor `i`'s bytes [off, off + n) go in the mapped file; nullptr unless mapped.
-    std::byte * place(size_t i, int64_t off) const { return map_ ? map_ + offsets_[i] + off : nullptr; }
-    /// Write tensor `i`'s bytes [off, off + n) from `p` (nothing to do when `p` is place(i, off)).
+    /// Write tensor `i`'s bytes [off, off + n) from `p`.
     /// Errors  source_unavailable (the staging file system is full or failing).
     void write(size_t i, int64_t off, const std::byte * p, size_t n);
     const std::filesystem::path & file() const { return file_; }
-    /// Bytes of this file that went into pages a previous stream had allocated (0 when fresh).
+    /// Bytes of this file written into pages a previous stream had allocated (0 when fresh).
     int64_t recycled_bytes() const { return recycled_bytes_; }
 
 private:
     std::filesystem::path file_;
     UniqueFd              fd_;
     std::vector<int64_t>  offsets_;  ///< each tensor's first byte in the file (after the header)
-    std::byte *           map_ = nullptr;
     int64_t               size_ = 0;  ///< the file's bytes (header and tensors)
     int64_t               recycled_bytes_ = 0;
 };

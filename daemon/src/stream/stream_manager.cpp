@@ -231,9 +231,7 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
         if (!rx) { fail(Errc::wrong_state, "no trainer is connected; POST /init_weight_transfer_engine again"); }
         BucketFile out(f, specs, recycled);
         recycled_bytes = out.recycled_bytes();
-        // Each piece is checked and written while it is in cache (kPieceBytes): received into the
-        // recycled file's page itself when it is mapped, else copied there from the socket's buffer.
-        const Place place = [&](size_t i, int64_t off, size_t) { return out.place(i, off); };
+        // Each piece is checked and written while it is in cache (kPieceBytes), straight from the socket's copy.
         rx->receive(specs, packed, [&](size_t i, int64_t off, const std::byte * p, size_t n) {
             const TensorSpec & s = specs[i];
             const int64_t es     = model::dtype_size(s.dtype);
@@ -242,7 +240,7 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
                      s.name, off / es + bad);
             }
             out.write(i, off, p, n);
-        }, deadline, place);
+        }, deadline);
         for (const auto & s : specs) { bytes += s.nbytes; }
     });
     if (err) {

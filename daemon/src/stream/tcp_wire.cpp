@@ -165,8 +165,7 @@ public:
     bool peer_closed() override { return stream::peer_closed(conn_.get()); }
     void interrupt() override { ::shutdown(conn_.get(), SHUT_RDWR); }
 
-    void receive(const std::vector<TensorSpec> & specs, bool packed, const Sink & sink, Clock::time_point deadline,
-                 const Place & place = {}) override {
+    void receive(const std::vector<TensorSpec> & specs, bool packed, const Sink & sink, Clock::time_point deadline) override {
         const int fd = conn_.get();
         if (packed) {
             int64_t total = 0;
@@ -193,10 +192,8 @@ public:
             }
             for (int64_t off = 0; off < s.nbytes;) {
                 const size_t n = static_cast<size_t>(std::min<int64_t>(s.nbytes - off, static_cast<int64_t>(kPieceBytes)));
-                std::byte * dst = place ? place(i, off, n) : nullptr;
-                if (!dst) { dst = piece_.get(); }
-                read_exact(fd, dst, n, deadline, what);
-                sink(i, off, dst, n);
+                read_exact(fd, piece_.get(), n, deadline, what);
+                sink(i, off, piece_.get(), n);
                 off += static_cast<int64_t>(n);
             }
         }
