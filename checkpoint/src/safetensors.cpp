@@ -7,11 +7,13 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -249,6 +251,37 @@ void pread_exact(int fd, void * dst, int64_t n, int64_t off, const std::filesyst
         if (r < 0) { fail(Errc::invalid_checkpoint, "{}: read error on {}: {}", file.string(), what, std::strerror(errno)); }
         if (r == 0) { fail(Errc::invalid_checkpoint, "{}: short read of {} (file truncated?)", file.string(), what); }
         p += r; n -= r; off += r;
+    }
+}
+
+void pread_rows_exact(int fd, std::byte * dst, int64_t n_rows, int64_t row_bytes, int64_t off, int64_t stride, std::byte * gap,
+                      const std::filesystem::path & file, const std::string & what) {
+    FD_CHECK(stride >= row_bytes && row_bytes > 0, "pread_rows_exact: stride {} < row {}", stride, row_bytes);
+    const int64_t gap_bytes = stride - row_bytes;
+    constexpr int64_t kRowsPerCall = 512;  // two segments a row: within Linux's IOV_MAX (1024)
+    std::array<iovec, 2 * kRowsPerCall> iov{};
+    while (n_rows > 0) {
+        const int64_t k = std::min(n_rows, kRowsPerCall);
+        int n_iov = 0;
+        for (int64_t i = 0; i < k; ++i) {
+            iov[n_iov++] = {dst + i * row_bytes, static_cast<size_t>(row_bytes)};
+            if (i + 1 < k && gap_bytes > 0) { iov[n_iov++] = {gap, static_cast<size_t>(gap_bytes)}; }
+        }
+        const int64_t want = k * row_bytes + (k - 1) * gap_bytes;
+        const ssize_t r    = ::preadv(fd, iov.data(), n_iov, static_cast<off_t>(off));
+        if (r < 0 && errno == EINTR) { continue; }
+        if (r < 0) { fail(Errc::invalid_checkpoint, "{}: read error on {}: {}", file.string(), what, std::strerror(errno)); }
+        if (r == 0) { fail(Errc::invalid_checkpoint, "{}: short read of {} (file truncated?)", file.string(), what); }
+        int64_t done = k;
+        if (r < want) {  // resume: finish the row the read stopped in, then go on from the next
+            done             = r / stride;
+            const int64_t in = r - done * stride;  // bytes of row `done` (then of its gap) that arrived
+            if (in < row_bytes) { pread_exact(fd, dst + done * row_bytes + in, row_bytes - in, off + done * stride + in, file, what); }
+            ++done;
+        }
+        n_rows -= done;
+        dst += done * row_bytes;
+        off += done * stride;
     }
 }
 

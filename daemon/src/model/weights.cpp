@@ -63,6 +63,11 @@ struct CopyJob {
 constexpr int64_t kChunkBytes = 8 << 20;
 /// Reads are split into pieces this small so the finite check scans each while it is in L2.
 constexpr int64_t kScanBytes = 256 << 10;
+/// A column slice (a rank's columns of o_proj / down_proj) is read a block of rows per call
+/// (pread_rows_exact: the other ranks' columns between them read and dropped) when that is at
+/// most this much per row; wider gaps read row by row. A syscall costs about as much as copying
+/// this many bytes (one pread per row was ~half a tp=2 update's rank time: docs/benchmarks.md).
+constexpr int64_t kMaxRowGapBytes = 16 << 10;
 
 /// Index of the first NaN/Inf among `n` values stored as `d` at `p`, or -1.
 int64_t find_nonfinite(fd::DType d, const void * p, int64_t n) {
@@ -89,7 +94,8 @@ int64_t find_nonfinite(fd::DType d, const void * p, int64_t n) {
 
 /// A tied model that stores an lm_head.weight the embedding does not equal: HF ignores the
 /// stored head (the embedding is the head), so do we, but say so (a warning naming it). The
-/// two are compared as stored, in 8 MiB pieces.
+/// two are compared as stored, in kScanBytes pieces (two small buffers, not zeroed: this runs at
+/// every load and update, and fresh pages cost more to touch than the compare).
 void warn_if_untied_head(const WeightLayout & layout, const TensorIndex & idx, OpenFiles & files) {
     auto head = idx.tensors.find("lm_head.weight");
     auto emb  = idx.tensors.find("model.embed_tokens.weight");
@@ -98,13 +104,14 @@ void warn_if_untied_head(const WeightLayout & layout, const TensorIndex & idx, O
     const TensorInfo & h = head->second;
     const TensorInfo & e = emb->second;
     bool differs = h.shape != e.shape || h.dtype != e.dtype;
-    const size_t piece = static_cast<size_t>(std::min<int64_t>(kChunkBytes, h.size_bytes));
-    std::vector<std::byte> a(differs ? 0 : piece), b(differs ? 0 : piece);
+    const size_t piece = static_cast<size_t>(std::min<int64_t>(kScanBytes, h.size_bytes));
+    const auto   a = std::make_unique_for_overwrite<std::byte[]>(differs ? 0 : piece);
+    const auto   b = std::make_unique_for_overwrite<std::byte[]>(differs ? 0 : piece);
     for (int64_t off = 0; !differs && off < h.size_bytes; off += static_cast<int64_t>(piece)) {
         const int64_t n = std::min<int64_t>(static_cast<int64_t>(piece), h.size_bytes - off);
-        pread_exact(files.fd(h), a.data(), n, h.offset_bytes + off, h.file, "tensor 'lm_head.weight'");
-        pread_exact(files.fd(e), b.data(), n, e.offset_bytes + off, e.file, "tensor 'model.embed_tokens.weight'");
-        differs = std::memcmp(a.data(), b.data(), static_cast<size_t>(n)) != 0;
+        pread_exact(files.fd(h), a.get(), n, h.offset_bytes + off, h.file, "tensor 'lm_head.weight'");
+        pread_exact(files.fd(e), b.get(), n, e.offset_bytes + off, e.file, "tensor 'model.embed_tokens.weight'");
+        differs = std::memcmp(a.get(), b.get(), static_cast<size_t>(n)) != 0;
     }
     if (differs) {
         log::get("model")->warn("{}: the model ties lm_head to the embedding (tie_word_embeddings) but the checkpoint's stored "
@@ -250,7 +257,28 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
                 std::vector<std::byte *> * v;
                 ~Return() { if (p) { std::lock_guard lk(*mu); v->push_back(p); } }
             } give_back{dev ? out : nullptr, &bounce_mu, &bounce_free};
-            for (int64_t row = 0; row < j.n_rows; ++row) {
+            const int64_t row_bytes = j.n_elems * es;
+            const bool    by_rows   = !ipc && j.n_rows > 1 && j.src_stride > row_bytes && j.src_stride - row_bytes <= kMaxRowGapBytes;
+            if (by_rows) {  // a column slice: blocks of rows, a few calls each (pread_rows_exact)
+                const int64_t rows_per = std::clamp<int64_t>(kScanBytes / row_bytes, 1, j.n_rows);
+                std::vector<std::byte> gap(static_cast<size_t>(j.src_stride - row_bytes));
+                if (j.widen) { raw.resize(static_cast<size_t>(rows_per * row_bytes)); }
+                for (int64_t row = 0; row < j.n_rows; row += rows_per) {
+                    const int64_t k = std::min(rows_per, j.n_rows - row);
+                    std::byte *   p = j.widen ? raw.data() : out + row * j.n_elems * des;
+                    pread_rows_exact(j.fd, p, k, row_bytes, j.src->offset_bytes + j.src_offset + row * j.src_stride, j.src_stride, gap.data(),
+                                     j.src->file, what);
+                    if (opt.check_finite) {
+                        if (const int64_t bad = find_nonfinite(j.src->dtype, p, k * j.n_elems); bad >= 0) {
+                            const int64_t r = bad / j.n_elems, c = bad % j.n_elems;
+                            fail_nonfinite(*j.src, (j.src_offset + (row + r) * j.src_stride) / es + c, p + bad * es);
+                        }
+                    }
+                    if (j.widen) { convert_to_f32(j.src->dtype, p, reinterpret_cast<float *>(out + row * j.n_elems * des), k * j.n_elems); }
+                    Progress::current().add_done(k * row_bytes);
+                }
+            }
+            for (int64_t row = 0; !by_rows && row < j.n_rows; ++row) {
                 const int64_t src_row = j.src_offset + row * j.src_stride;
                 std::byte *   dst_row = out + row * j.n_elems * des;
                 for (int64_t e = 0; e < j.n_elems; e += per) {

@@ -65,6 +65,16 @@ TensorIndex read_tensor_index(const std::filesystem::path & dir);
 /// Errors   fd::Error{invalid_checkpoint} naming `file` and `what` on EOF or an I/O error.
 void pread_exact(int fd, void * dst, int64_t n, int64_t off, const std::filesystem::path & file, const std::string & what);
 
+/// Read `n_rows` strided rows in few calls: row i's `row_bytes` bytes at byte offset
+/// `off + i * stride` of `fd` go to dst + i * row_bytes (dst [n_rows][row_bytes]); the
+/// `stride - row_bytes` bytes between rows are read into `gap` [stride - row_bytes] and dropped.
+/// One preadv per 512 rows (IOV_MAX = 1024 segments): a column slice of a row-major tensor (a
+/// tensor-parallel rank's columns) costs a few calls instead of one pread per row, at the price
+/// of reading the other columns too (callers bound the gap). Short reads are resumed.
+/// Errors   as pread_exact.
+void pread_rows_exact(int fd, std::byte * dst, int64_t n_rows, int64_t row_bytes, int64_t off, int64_t stride, std::byte * gap,
+                      const std::filesystem::path & file, const std::string & what);
+
 /// Read the headers of exactly `files` (in order) into one index (source = `source`).
 /// Errors   as read_tensor_index; a tensor name in two files is an error.
 TensorIndex read_tensor_files(const std::filesystem::path & source, const std::vector<std::filesystem::path> & files);
