@@ -54,11 +54,12 @@ step_build() {
   local missing=0 t
   for t in "${targets[@]}"; do [[ -x "$BLD/bin/$t" ]] || missing=1; done
   [[ $missing == 0 ]] && return
+  local launcher=()  # ccache where the machine has it (a fresh Debian machine has not)
+  command -v ccache >/dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   nice -n 10 cmake -S "$SRC" -B "$BLD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-    -DCMAKE_PROJECT_INCLUDE="$REPO/tests/bench/llamacpp_unity.cmake" \
-    -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >"$DIR/cmake.log" 2>&1
+    -DCMAKE_PROJECT_INCLUDE="$REPO/tests/bench/llamacpp_unity.cmake" "${launcher[@]}" >"$DIR/cmake.log" 2>&1
   # the bench tools first (206 of the 284 steps): the benchmarks can start before the server is built
   nice -n 10 cmake --build "$BLD" -j "$JOBS" --target llama-bench llama-batched-bench >"$DIR/build.log" 2>&1 ||
     { tail -30 "$DIR/build.log" >&2; exit 1; }
