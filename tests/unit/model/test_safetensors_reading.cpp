@@ -4,6 +4,7 @@
 // dtypes, data_offsets that do not tile the data area, overflowing shapes, FIFOs and devices.
 // Files are written into a fresh temp dir per test.
 #include "fd/checkpoint/safetensors.h"
+#include "fd/file_io.h"
 #include "fd/model/weights.h"
 #include "fd/status.h"
 #include "checkpoint_files.h"
@@ -12,6 +13,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -257,3 +259,31 @@ TEST_CASE("a FIFO or /dev/zero as model.safetensors is refused at once naming th
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("pread_rows_exact reads a column slice of strided rows and refuses a file cut inside it") {
+    // A row-major [rows][cols] of bytes b[r][c] = r * cols + c (mod 251): rank columns [c0, c0 + n).
+    TempDir d;
+    const auto file = d.path / "rows.bin";
+    const int64_t rows = 1200, cols = 96, c0 = 40, n = 24;  // 1200 rows: three preadv calls of up to 512
+    std::string raw(static_cast<size_t>(rows * cols), '\0');
+    for (int64_t i = 0; i < rows * cols; ++i) { raw[static_cast<size_t>(i)] = static_cast<char>(i % 251); }
+    std::ofstream(file, std::ios::binary).write(raw.data(), static_cast<std::streamsize>(raw.size()));
+    const fd::UniqueFd f(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+    REQUIRE(f.valid());
+    std::vector<std::byte> dst(static_cast<size_t>(rows * n)), gap(static_cast<size_t>(cols - n));
+    for (const int64_t first : {int64_t(0), int64_t(7)}) {  // from the first row, and from a later one
+        const int64_t k = rows - first;
+        fd::model::pread_rows_exact(f.get(), dst.data(), k, n, first * cols + c0, cols, gap.data(), file, "rows");
+        int64_t wrong = 0;
+        for (int64_t r = 0; r < k; ++r) {
+            for (int64_t c = 0; c < n; ++c) {
+                wrong += static_cast<int64_t>(dst[static_cast<size_t>(r * n + c)]) != ((first + r) * cols + c0 + c) % 251;
+            }
+        }
+        CHECK(wrong == 0);
+    }
+    // Cut inside row 700's slice: the preadv stops short, the resume hits the end: an error naming the file.
+    fs::resize_file(file, static_cast<uintmax_t>(700 * cols + c0 + 5));
+    expect_invalid([&] { fd::model::pread_rows_exact(f.get(), dst.data(), rows, n, c0, cols, gap.data(), file, "rows"); },
+                   {"rows.bin", "rows"});
+}
