@@ -258,6 +258,10 @@ void pread_rows_exact(int fd, std::byte * dst, int64_t n_rows, int64_t row_bytes
                       const std::filesystem::path & file, const std::string & what) {
     FD_CHECK(stride >= row_bytes && row_bytes > 0, "pread_rows_exact: stride {} < row {}", stride, row_bytes);
     const int64_t gap_bytes = stride - row_bytes;
+    if (gap_bytes == 0) {  // the rows are contiguous in the file and in dst
+        pread_exact(fd, dst, n_rows * row_bytes, off, file, what);
+        return;
+    }
     constexpr int64_t kRowsPerCall = 512;  // two segments a row: within Linux's IOV_MAX (1024)
     std::array<iovec, 2 * kRowsPerCall> iov{};
     while (n_rows > 0) {

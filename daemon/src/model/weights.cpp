@@ -258,10 +258,10 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
                 ~Return() { if (p) { std::lock_guard lk(*mu); v->push_back(p); } }
             } give_back{dev ? out : nullptr, &bounce_mu, &bounce_free};
             const int64_t row_bytes = j.n_elems * es;
-            const bool    by_rows   = !ipc && j.n_rows > 1 && j.src_stride > row_bytes && j.src_stride - row_bytes <= kMaxRowGapBytes;
+            const bool    by_rows   = !ipc && j.n_rows > 1 && j.src_stride >= row_bytes && j.src_stride - row_bytes <= kMaxRowGapBytes;
             if (by_rows) {  // a column slice: blocks of rows, a few calls each (pread_rows_exact)
                 const int64_t rows_per = std::clamp<int64_t>(kScanBytes / row_bytes, 1, j.n_rows);
-                std::vector<std::byte> gap(static_cast<size_t>(j.src_stride - row_bytes));
+                std::vector<std::byte> gap(static_cast<size_t>(j.src_stride - row_bytes));  // the other ranks' columns
                 if (j.widen) { raw.resize(static_cast<size_t>(rows_per * row_bytes)); }
                 for (int64_t row = 0; row < j.n_rows; row += rows_per) {
                     const int64_t k = std::min(rows_per, j.n_rows - row);

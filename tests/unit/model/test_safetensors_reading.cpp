@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -286,4 +287,17 @@ TEST_CASE("pread_rows_exact reads a column slice of strided rows and refuses a f
     fs::resize_file(file, static_cast<uintmax_t>(700 * cols + c0 + 5));
     expect_invalid([&] { fd::model::pread_rows_exact(f.get(), dst.data(), rows, n, c0, cols, gap.data(), file, "rows"); },
                    {"rows.bin", "rows"});
+}
+
+TEST_CASE("pread_rows_exact with no gap between the rows reads them as one block") {
+    TempDir d;
+    const auto file = d.path / "rows.bin";
+    std::string raw(3000, '\0');
+    for (size_t i = 0; i < raw.size(); ++i) { raw[i] = static_cast<char>(i % 253); }
+    std::ofstream(file, std::ios::binary).write(raw.data(), static_cast<std::streamsize>(raw.size()));
+    const fd::UniqueFd f(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+    REQUIRE(f.valid());
+    std::vector<std::byte> dst(2000);
+    fd::model::pread_rows_exact(f.get(), dst.data(), 40, 50, 1000, 50, nullptr, file, "rows");
+    CHECK(std::memcmp(dst.data(), raw.data() + 1000, 2000) == 0);
 }

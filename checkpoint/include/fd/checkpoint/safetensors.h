@@ -70,7 +70,8 @@ void pread_exact(int fd, void * dst, int64_t n, int64_t off, const std::filesyst
 /// `stride - row_bytes` bytes between rows are read into `gap` [stride - row_bytes] and dropped.
 /// One preadv per 512 rows (IOV_MAX = 1024 segments): a column slice of a row-major tensor (a
 /// tensor-parallel rank's columns) costs a few calls instead of one pread per row, at the price
-/// of reading the other columns too (callers bound the gap). Short reads are resumed.
+/// of reading the other columns too (callers bound the gap); stride == row_bytes is one pread.
+/// Short reads are resumed.
 /// Errors   as pread_exact.
 void pread_rows_exact(int fd, std::byte * dst, int64_t n_rows, int64_t row_bytes, int64_t off, int64_t stride, std::byte * gap,
                       const std::filesystem::path & file, const std::string & what);
