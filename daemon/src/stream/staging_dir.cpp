@@ -139,16 +139,14 @@ StagingDir::~StagingDir() {
     if (ec) { log::get("stream")->warn("cannot remove the staging dir {}: {}", path_.string(), ec.message()); }
 }
 
-std::vector<fs::path> StagingDir::bucket_files(int64_t * total_bytes) const {
-    std::vector<fs::path> out;
-    *total_bytes = 0;
+std::vector<std::pair<fs::path, int64_t>> StagingDir::bucket_files() const {
+    std::vector<std::pair<fs::path, int64_t>> out;
     std::error_code ec;
     for (const auto & e : fs::directory_iterator(path_, ec)) {
         const std::string name = e.path().filename().string();
         struct stat st{};
         if (name.rfind("bucket-", 0) != 0 || ::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) { continue; }
-        out.push_back(e.path());
-        *total_bytes += st.st_size;
+        out.emplace_back(e.path(), static_cast<int64_t>(st.st_size));
     }
     std::sort(out.begin(), out.end());
     return out;

@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace fd::stream {
@@ -25,7 +26,6 @@ namespace fd::stream {
 /// its pieces in order, each at most kPieceBytes and a whole number of its elements. `p` [n] is
 /// the receiver's host buffer, valid only during the call. It may throw (the receive stops).
 using Sink = std::function<void(size_t i, int64_t off, const std::byte * p, size_t n)>;
-
 
 /// A receiver's piece: small enough that the socket's copy into it, the sink's check of it and
 /// the sink's write of it stay in the core's L2 cache (each byte goes to memory once, into the
@@ -189,9 +189,9 @@ public:
     void keep() { keep_ = true; }
     /// Rename the dir to `to` (same file system). Errors  internal.
     void move_to(const std::filesystem::path & to);
-    /// Its bucket files (regular files named bucket-*.safetensors, in name order) and their
-    /// bytes in all: what a later stream may recycle once this dir is replaced.
-    std::vector<std::filesystem::path> bucket_files(int64_t * total_bytes) const;
+    /// Its bucket files (regular files named bucket-*.safetensors, in name order) with their
+    /// sizes in bytes: what a later stream may recycle once this dir is replaced.
+    std::vector<std::pair<std::filesystem::path, int64_t>> bucket_files() const;
 
 private:
     std::filesystem::path path_;
@@ -208,7 +208,8 @@ std::filesystem::path staging_name(const std::filesystem::path & dir, std::strin
 std::filesystem::path staging_root(const std::filesystem::path & root);
 
 /// Remove <root>/fdrollout-stream.<port>.<pid>.*, fdrollout-stream-retired.<port>.<pid>.* and
-/// fdrollout-stream-spare.<port>.<pid>.* dirs owned by this user whose pid is not alive (left by a daemon that was killed). Never throws.
+/// fdrollout-stream-spare.<port>.<pid>.* dirs owned by this user whose pid is not alive (left by
+/// a daemon that was killed). Never throws.
 void remove_stale_dirs(const std::filesystem::path & root, int32_t port);
 
 }  // namespace fd::stream

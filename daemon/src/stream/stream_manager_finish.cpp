@@ -100,13 +100,12 @@ void StreamManager::committed(const std::string & version) {
     // The spare's buckets this update did not take go; the replaced dir is the next update's spare.
     m.retire(std::move(m.spare));
     m.spare_files.clear();
-    m.spare_bytes = 0;
     if (old && !m.cfg.recycle_staging) {
         m.retire(std::move(old));
     } else if (old) {
         try {
             old->move_to(staging_name(old->path(), "spare"));  // a name apart: it no longer serves anything
-            m.spare_files = old->bucket_files(&m.spare_bytes);
+            m.spare_files = old->bucket_files();
             m.spare       = std::move(old);
         } catch (const Error & e) {  // not worth failing a commit over: the next update takes fresh pages
             log::get("stream")->warn("the replaced staging dir is not kept for recycling: {}", e.what());
@@ -121,7 +120,7 @@ int64_t StreamManager::release_spare() {
     {
         std::lock_guard lk(impl_->mu);
         spare = std::move(impl_->spare);
-        bytes = std::exchange(impl_->spare_bytes, 0);
+        bytes = impl_->spare_bytes();
         impl_->spare_files.clear();
     }
     if (!spare) { return 0; }
@@ -171,7 +170,7 @@ std::string StreamManager::status_json() const {
            {"n_delta", m.update ? m.update->n_delta : 0},
            {"bytes_received", m.update ? m.update->bytes : 0},
            {"recycled_bytes", m.update ? m.update->recycled_bytes : 0},
-           {"spare_bytes", m.spare_bytes},
+           {"spare_bytes", m.spare_bytes()},
            {"deadline_in_s", deadline_in_s},
            {"timeout_s", m.backend.empty() ? json(nullptr) : json(m.timeout_s)},
            {"serving_stream_version", m.serving ? json(m.serving_version) : json(nullptr)},

@@ -90,17 +90,20 @@ struct StreamManager::Impl {
     /// The dir the last full commit replaced: nothing reads it; the next full update takes its
     /// bucket files one per bucket, in order, and writes over their pages (no fresh tmpfs pages).
     std::unique_ptr<StagingDir> spare;
-    std::vector<fs::path>       spare_files;          ///< its bucket files not taken yet
-    int64_t                     spare_bytes = 0;      ///< their bytes when it became the spare, less those taken
+    std::vector<std::pair<fs::path, int64_t>> spare_files;  ///< its bucket files not taken yet, with their bytes
+
+    /// The bytes the spare's files not taken yet hold (/health spare_bytes). Lock held.
+    int64_t spare_bytes() const {
+        int64_t n = 0;
+        for (const auto & f : spare_files) { n += f.second; }
+        return n;
+    }
 
     /// The next spare bucket file (lock held), or an empty path when none is left.
     fs::path take_spare_file() {
         if (spare_files.empty()) { return {}; }
-        fs::path f = std::move(spare_files.front());
+        fs::path f = std::move(spare_files.front().first);
         spare_files.erase(spare_files.begin());
-        std::error_code ec;
-        const auto n = fs::file_size(f, ec);
-        spare_bytes  = ec ? spare_bytes : std::max<int64_t>(0, spare_bytes - static_cast<int64_t>(n));
         return f;
     }
 
