@@ -120,6 +120,29 @@ void warn_if_untied_head(const WeightLayout & layout, const TensorIndex & idx, O
     }
 }
 
+/// A column-slice job (rows of j.n_elems, j.src_stride apart in the file) read a block of rows
+/// per pread_rows_exact into `out` (j.n_rows x j.n_elems, f32 when j.widen): each block is
+/// checked for NaN/Inf while in cache (`check`) and widened, as the row-by-row path does.
+void read_column_rows(const CopyJob & j, std::byte * out, bool check, const std::string & what) {
+    const int64_t es = dtype_size(j.src->dtype), des = j.widen ? 4 : es, row_bytes = j.n_elems * es;
+    const int64_t rows_per = std::clamp<int64_t>(kScanBytes / row_bytes, 1, j.n_rows);
+    std::vector<std::byte> gap(static_cast<size_t>(j.src_stride - row_bytes));  // the other ranks' columns
+    std::vector<std::byte> raw(j.widen ? static_cast<size_t>(rows_per * row_bytes) : 0);
+    for (int64_t row = 0; row < j.n_rows; row += rows_per) {
+        const int64_t k = std::min(rows_per, j.n_rows - row);
+        std::byte *   p = j.widen ? raw.data() : out + row * j.n_elems * des;
+        pread_rows_exact(j.fd, p, k, row_bytes, j.src->offset_bytes + j.src_offset + row * j.src_stride, j.src_stride, gap.data(),
+                         j.src->file, what);
+        if (check) {
+            if (const int64_t bad = find_nonfinite(j.src->dtype, p, k * j.n_elems); bad >= 0) {
+                fail_nonfinite(*j.src, (j.src_offset + (row + bad / j.n_elems) * j.src_stride) / es + bad % j.n_elems, p + bad * es);
+            }
+        }
+        if (j.widen) { convert_to_f32(j.src->dtype, p, reinterpret_cast<float *>(out + row * j.n_elems * des), k * j.n_elems); }
+        Progress::current().add_done(k * row_bytes);
+    }
+}
+
 }  // namespace
 
 void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byte * base, kernels::ThreadPool * pool,
@@ -259,25 +282,7 @@ void fill_weights(const WeightLayout & layout, const TensorIndex & idx, std::byt
             } give_back{dev ? out : nullptr, &bounce_mu, &bounce_free};
             const int64_t row_bytes = j.n_elems * es;
             const bool    by_rows   = !ipc && j.n_rows > 1 && j.src_stride >= row_bytes && j.src_stride - row_bytes <= kMaxRowGapBytes;
-            if (by_rows) {  // a column slice: blocks of rows, a few calls each (pread_rows_exact)
-                const int64_t rows_per = std::clamp<int64_t>(kScanBytes / row_bytes, 1, j.n_rows);
-                std::vector<std::byte> gap(static_cast<size_t>(j.src_stride - row_bytes));  // the other ranks' columns
-                if (j.widen) { raw.resize(static_cast<size_t>(rows_per * row_bytes)); }
-                for (int64_t row = 0; row < j.n_rows; row += rows_per) {
-                    const int64_t k = std::min(rows_per, j.n_rows - row);
-                    std::byte *   p = j.widen ? raw.data() : out + row * j.n_elems * des;
-                    pread_rows_exact(j.fd, p, k, row_bytes, j.src->offset_bytes + j.src_offset + row * j.src_stride, j.src_stride, gap.data(),
-                                     j.src->file, what);
-                    if (opt.check_finite) {
-                        if (const int64_t bad = find_nonfinite(j.src->dtype, p, k * j.n_elems); bad >= 0) {
-                            const int64_t r = bad / j.n_elems, c = bad % j.n_elems;
-                            fail_nonfinite(*j.src, (j.src_offset + (row + r) * j.src_stride) / es + c, p + bad * es);
-                        }
-                    }
-                    if (j.widen) { convert_to_f32(j.src->dtype, p, reinterpret_cast<float *>(out + row * j.n_elems * des), k * j.n_elems); }
-                    Progress::current().add_done(k * row_bytes);
-                }
-            }
+            if (by_rows) { read_column_rows(j, out, opt.check_finite, what); }
             for (int64_t row = 0; !by_rows && row < j.n_rows; ++row) {
                 const int64_t src_row = j.src_offset + row * j.src_stride;
                 std::byte *   dst_row = out + row * j.n_elems * des;
