@@ -152,10 +152,22 @@ int64_t Worker::apply_rank_delta(weights::RankDelta && d) {
     return written;
 }
 
+void Worker::forget_weight_delta() {
+    std::vector<weights::DeltaPiece> keep = std::move(delta_undo_.pieces);  // its capacity, for the next plan
+    delta_undo_        = {};
+    delta_undo_.pieces = std::move(keep);
+}
+
+std::shared_ptr<const weights::MappedWeightDelta> Worker::read_hf_delta(const std::filesystem::path & file) {
+    forget_weight_delta();  // the last delta's views point into delta_file_
+    return weights::read_weight_delta_view(file, delta_file_);
+}
+
 int64_t Worker::apply_hf_delta(std::shared_ptr<const weights::MappedWeightDelta> d) {
     FD_CHECK(alloc_->resident(Tag::weight), "apply_hf_delta while the weights are released");
+    std::vector<weights::DeltaPiece> storage = std::move(delta_undo_.pieces);
     delta_undo_ = {};
-    weights::DeltaPlan plan = weights::plan_delta_pieces(*d, layout_);  // checks every part; nothing written yet
+    weights::DeltaPlan plan = weights::plan_delta_pieces(*d, layout_, std::move(storage));  // checks every part; nothing written yet
     if (plan.old_bytes > delta_old_bytes_) {  // grown once, then reused: its pages stay faulted in across updates
         delta_old_       = std::unique_ptr<std::byte[]>(new std::byte[static_cast<size_t>(plan.old_bytes)]);
         delta_old_bytes_ = plan.old_bytes;
@@ -184,7 +196,10 @@ int64_t Worker::apply_hf_delta(std::shared_ptr<const weights::MappedWeightDelta>
                 base = host.data();
             }
             size_t j = i;
+            constexpr size_t kAhead = 4;  // pieces: a column part's rows hold a few elements each (prefetch_piece)
+            for (size_t a = i; a < std::min(ps.size(), i + kAhead) && ps[a].tensor == ps[i].tensor; ++a) { weights::prefetch_piece(ps[a], md, t, base); }
             for (; j < ps.size() && ps[j].tensor == ps[i].tensor; ++j) {
+                if (j + kAhead < ps.size() && ps[j + kAhead].tensor == ps[i].tensor) { weights::prefetch_piece(ps[j + kAhead], md, t, base); }
                 weights::write_piece(ps[j], md, t, base, old);  // checks its indices first: throws with nothing of it written
                 if (!device_mem_) { delta_undo_.pieces_done = j + 1; }
             }

@@ -50,8 +50,9 @@ int64_t numel_of(const std::vector<int64_t> & shape) {
     return n;
 }
 
-/// Elements ahead of the one being written whose shard line is prefetched.
-constexpr int64_t kPrefetchAhead = 16;
+/// Elements ahead of the one being written whose shard line is prefetched (a 1 % delta's 0.5 M
+/// scattered f32 writes into 200 MB, alone on the PVM guest: 16 ahead 4.5 ms, 64 ahead 2.9 ms).
+constexpr int64_t kPrefetchAhead = 64;
 
 /// Elements at the piece's indices (+ shift) take its values; the old ones go to `old`. Same
 /// dtype on both sides; Index is the file's index type.
@@ -110,10 +111,19 @@ void unswap_sparse_by_index(const DeltaView & v, const DeltaPiece & p, std::byte
 
 }  // namespace
 
-DeltaPlan plan_delta_pieces(const MappedWeightDelta & d, const model::WeightLayout & layout) {
+DeltaPlan plan_delta_pieces(const MappedWeightDelta & d, const model::WeightLayout & layout, std::vector<DeltaPiece> && storage) {
     std::map<std::string, int32_t> by_name;
     for (size_t i = 0; i < d.tensors.size(); ++i) { by_name[d.tensors[i].name] = static_cast<int32_t>(i); }
     DeltaPlan plan;
+    plan.pieces = std::move(storage);
+    plan.pieces.clear();
+    size_t most = 0;  // pieces at most (a column part: one per row), reserved at once: no regrowth
+    for (const model::InferenceTensor & t : layout.tensors) {
+        for (const model::WeightPart & part : t.parts) {
+            if (by_name.count(part.hf_name)) { most += part.dim == 0 ? 1 : static_cast<size_t>(std::max<int64_t>(part.rows, 0)); }
+        }
+    }
+    plan.pieces.reserve(most);
     for (size_t ti = 0; ti < layout.tensors.size(); ++ti) {
         const model::InferenceTensor & t = layout.tensors[ti];
         const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1, es = model::dtype_size(t.dtype), numel = numel_of(t.shape);
@@ -161,6 +171,16 @@ DeltaPlan plan_delta_pieces(const MappedWeightDelta & d, const model::WeightLayo
         }
     }
     return plan;
+}
+
+void prefetch_piece(const DeltaPiece & p, const MappedWeightDelta & d, const model::InferenceTensor & t, std::byte * shard) {
+    if (p.dense) { return; }
+    const DeltaView & v = d.tensors[static_cast<size_t>(p.src)];
+    const int64_t es = model::dtype_size(t.dtype), k1 = std::min(p.k1, p.k0 + kPrefetchAhead);
+    for (int64_t k = p.k0; k < k1; ++k) {
+        const int64_t i = v.index(k) + p.shift;
+        if (i >= 0 && i < p.hi + p.shift) { __builtin_prefetch(shard + i * es, 1); }  // unchecked indices: only inside the piece
+    }
 }
 
 void write_piece(const DeltaPiece & p, const MappedWeightDelta & d, const model::InferenceTensor & t, std::byte * shard, std::byte * old) {

@@ -47,7 +47,14 @@ struct DeltaPlan {
 /// nothing. Errors  fd::Error{invalid_checkpoint} naming the tensor when a delta tensor's shape
 /// or dtype does not match the layout's part (F16 / BF16 → an f32 shard is the one widening
 /// allowed, as the loader widens).
-DeltaPlan plan_delta_pieces(const MappedWeightDelta & d, const model::WeightLayout & layout);
+/// `storage`: a vector whose capacity the plan reuses (its elements are dropped; a caller that
+/// plans every update passes the last plan's pieces back, so no fresh memory is touched).
+DeltaPlan plan_delta_pieces(const MappedWeightDelta & d, const model::WeightLayout & layout, std::vector<DeltaPiece> && storage = {});
+
+/// Prefetch (for writing) the shard lines of piece `p`'s first few elements (sparse pieces;
+/// dense ones stream): a column part's pieces are a handful of elements each, too short for
+/// write_piece's own look-ahead, so the caller asks for a piece a few pieces before writing it.
+void prefetch_piece(const DeltaPiece & p, const MappedWeightDelta & d, const model::InferenceTensor & t, std::byte * shard);
 
 /// Write piece `p` of `d` into `shard` (the inference tensor layout.tensors[p.tensor]'s bytes, its
 /// memory dtype) and save the bytes it overwrites at `old + p.old_at`. Every index is checked
