@@ -325,11 +325,10 @@ int64_t Worker::release_weights() {
     w_ = ModelWeights{};
     staged_ = false;
     int64_t freed = alloc_->release(Tag::weight) + alloc_->release(Tag::staging);
-    // The delta buffers kept from one update to the next (read file, undo values, plan) go with
-    // the weights they were for; the next delta grows them again.
-    freed += delta_file_.size + delta_old_bytes_;
+    // The delta buffers kept from one update to the next (undo values, plan) go with the
+    // weights they were for; the next delta grows them again.
+    freed += delta_old_bytes_;
     delta_undo_ = {};
-    delta_file_ = {};
     delta_old_.reset();
     delta_old_bytes_ = 0;
     // No step runs until the weights are back: the step buffers go too, unless captured graphs

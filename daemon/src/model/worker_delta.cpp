@@ -158,11 +158,6 @@ void Worker::forget_weight_delta() {
     delta_undo_.pieces = std::move(keep);
 }
 
-std::shared_ptr<const weights::MappedWeightDelta> Worker::read_hf_delta(const std::filesystem::path & file) {
-    forget_weight_delta();  // the last delta's views point into delta_file_
-    return weights::read_weight_delta_view(file, delta_file_);
-}
-
 int64_t Worker::apply_hf_delta(std::shared_ptr<const weights::MappedWeightDelta> d) {
     FD_CHECK(alloc_->resident(Tag::weight), "apply_hf_delta while the weights are released");
     std::vector<weights::DeltaPiece> storage = std::move(delta_undo_.pieces);

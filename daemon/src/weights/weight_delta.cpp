@@ -173,9 +173,17 @@ DeltaEntry parse_entry(const nlohmann::json & e, const std::filesystem::path & f
     return t;
 }
 
-/// m's tensors as views into `base` (the whole file's bytes), the framing checked.
-void add_views(MappedWeightDelta & m, const std::byte * base, const detail::Framed & f, const std::filesystem::path & file) {
+}  // namespace
+
+std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem::path & file) {
+    const detail::Framed f = detail::open_framed(file, kMagic, "a weight delta");
     const nlohmann::json & entries = delta_entries(f, file);
+    auto m = std::make_shared<MappedWeightDelta>();
+    void * p = ::mmap(nullptr, static_cast<size_t>(f.size), PROT_READ, MAP_SHARED | MAP_POPULATE, f.fd.get(), 0);
+    if (p == MAP_FAILED) { fail(Errc::invalid_checkpoint, "{}: cannot map the weight delta: {}", file.string(), std::strerror(errno)); }
+    m->map_       = p;
+    m->map_bytes_ = static_cast<size_t>(f.size);
+    const auto * base = static_cast<const std::byte *>(p);
     int64_t off = f.payload_off;
     for (const auto & e : entries) {
         DeltaEntry h = parse_entry(e, file, off, f.size);
@@ -188,32 +196,8 @@ void add_views(MappedWeightDelta & m, const std::byte * base, const detail::Fram
         }
         t.values = base + off;
         off += t.n * h.value_bytes;
-        m.tensors.push_back(std::move(t));
+        m->tensors.push_back(std::move(t));
     }
-}
-
-}  // namespace
-
-std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem::path & file) {
-    const detail::Framed f = detail::open_framed(file, kMagic, "a weight delta");
-    auto m = std::make_shared<MappedWeightDelta>();
-    void * p = ::mmap(nullptr, static_cast<size_t>(f.size), PROT_READ, MAP_SHARED | MAP_POPULATE, f.fd.get(), 0);
-    if (p == MAP_FAILED) { fail(Errc::invalid_checkpoint, "{}: cannot map the weight delta: {}", file.string(), std::strerror(errno)); }
-    m->map_       = p;
-    m->map_bytes_ = static_cast<size_t>(f.size);
-    add_views(*m, static_cast<const std::byte *>(p), f, file);
-    return m;
-}
-
-std::shared_ptr<const MappedWeightDelta> read_weight_delta_view(const std::filesystem::path & file, DeltaReadBuffer & buf) {
-    const detail::Framed f = detail::open_framed(file, kMagic, "a weight delta");
-    if (f.size > buf.size) {
-        buf.bytes = std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(f.size));
-        buf.size  = f.size;
-    }
-    model::pread_exact(f.fd.get(), buf.bytes.get(), f.size, 0, file, "the weight delta");
-    auto m = std::make_shared<MappedWeightDelta>();
-    add_views(*m, buf.bytes.get(), f, file);
     return m;
 }
 

@@ -311,16 +311,12 @@ public:
     /// what stage_weights of the same full weights gives.
     /// Errors  invalid_checkpoint naming the tensor (what was written is put back first).
     int64_t apply_hf_delta(std::shared_ptr<const weights::MappedWeightDelta> d);
-    /// forget_weight_delta(), then `file` (a weights.fddelta) read into this rank's delta buffer,
-    /// which is kept from one delta to the next (weights::read_weight_delta_view: no fresh pages
-    /// per update), for apply_hf_delta. The result points into that buffer: it is valid until
-    /// the next read_hf_delta. Errors  as weights::read_weight_delta_view.
-    std::shared_ptr<const weights::MappedWeightDelta> read_hf_delta(const std::filesystem::path & file);
     /// Put back the values the last apply_rank_delta or apply_hf_delta overwrote and forget them
     /// (no-op without an undo log). Errors  only a device copy failure.
     void undo_weight_delta();
     /// Forget the undo log (the delta it is for stays applied). The rank op runs it before
     /// reading a new delta, so that an undo after a failed read never reverts an older delta.
+    /// Keeps the plan's storage (its capacity) for the next delta's plan.
     void forget_weight_delta();
     // --- CUDA graphs (WorkerConfig::graph_max_batch) ---
 
@@ -456,7 +452,6 @@ private:
     };
     std::unique_ptr<std::byte[]>          delta_old_;        ///< apply_hf_delta's undo buffer (grown, never shrunk)
     int64_t                               delta_old_bytes_ = 0;
-    weights::DeltaReadBuffer              delta_file_;       ///< read_hf_delta's bytes (grown, never shrunk; outlives delta_undo_.hf)
     DeltaUndo                             delta_undo_;       ///< apply_rank_delta's old values
     bool                                  device_mem_ = false;  ///< see device_memory()
     ModelWeights                          w_;

@@ -100,20 +100,6 @@ private:
 /// Errors  fd::Error{invalid_checkpoint} naming the file and the tensor.
 std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem::path & file);
 
-/// Memory a reader keeps from one delta to the next (grown to the largest file, never shrunk),
-/// so that a delta lands in pages already touched: on a guest where the first user-space touch
-/// of a page through a new mapping costs microseconds (the PVM guest of docs/benchmarks.md
-/// "Stop 40"), mapping a fresh file costs more than reading it into these pages.
-struct DeltaReadBuffer {
-    std::unique_ptr<std::byte[]> bytes;
-    int64_t                      size = 0;   ///< bytes allocated
-};
-
-/// As map_weight_delta, but `file` is read (pread) into `buf`, and the views point there. `buf`
-/// must outlive the result and must not be read into again while the result lives.
-/// Errors  as map_weight_delta; also a file cut short while read.
-std::shared_ptr<const MappedWeightDelta> read_weight_delta_view(const std::filesystem::path & file, DeltaReadBuffer & buf);
-
 /// Read a file written by write_weight_delta and check it (sizes, indices sorted, unique and in
 /// range). Errors  fd::Error{invalid_checkpoint} naming the file and the tensor.
 WeightDelta read_weight_delta(const std::filesystem::path & file);
