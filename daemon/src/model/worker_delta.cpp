@@ -160,9 +160,9 @@ void Worker::forget_weight_delta() {
 
 int64_t Worker::apply_hf_delta(std::shared_ptr<const weights::MappedWeightDelta> d) {
     FD_CHECK(alloc_->resident(Tag::weight), "apply_hf_delta while the weights are released");
-    std::vector<weights::DeltaPiece> storage = std::move(delta_undo_.pieces);
-    delta_undo_ = {};
-    weights::DeltaPlan plan = weights::plan_delta_pieces(*d, layout_, std::move(storage));  // checks every part; nothing written yet
+    forget_weight_delta();
+    // Checks every part; nothing written yet. The last plan's storage is reused.
+    weights::DeltaPlan plan = weights::plan_delta_pieces(*d, layout_, std::move(delta_undo_.pieces));
     if (plan.old_bytes > delta_old_bytes_) {  // grown once, then reused: its pages stay faulted in across updates
         delta_old_       = std::unique_ptr<std::byte[]>(new std::byte[static_cast<size_t>(plan.old_bytes)]);
         delta_old_bytes_ = plan.old_bytes;
@@ -191,10 +191,12 @@ int64_t Worker::apply_hf_delta(std::shared_ptr<const weights::MappedWeightDelta>
                 base = host.data();
             }
             size_t j = i;
-            constexpr size_t kAhead = 4;  // pieces: a column part's rows hold a few elements each (prefetch_piece)
-            for (size_t a = i; a < std::min(ps.size(), i + kAhead) && ps[a].tensor == ps[i].tensor; ++a) { weights::prefetch_piece(ps[a], md, t, base); }
-            for (; j < ps.size() && ps[j].tensor == ps[i].tensor; ++j) {
-                if (j + kAhead < ps.size() && ps[j + kAhead].tensor == ps[i].tensor) { weights::prefetch_piece(ps[j + kAhead], md, t, base); }
+            // The piece kAhead pieces on is prefetched (a column part's rows hold a few elements each).
+            constexpr size_t kAhead = 4;
+            auto same_tensor = [&](size_t a) { return a < ps.size() && ps[a].tensor == ps[i].tensor; };
+            for (size_t a = i; a < i + kAhead && same_tensor(a); ++a) { weights::prefetch_piece(ps[a], md, t, base); }
+            for (; same_tensor(j); ++j) {
+                if (same_tensor(j + kAhead)) { weights::prefetch_piece(ps[j + kAhead], md, t, base); }
                 weights::write_piece(ps[j], md, t, base, old);  // checks its indices first: throws with nothing of it written
                 if (!device_mem_) { delta_undo_.pieces_done = j + 1; }
             }
