@@ -179,7 +179,7 @@ void prefetch_piece(const DeltaPiece & p, const MappedWeightDelta & d, const mod
     const int64_t es = model::dtype_size(t.dtype), k1 = std::min(p.k1, p.k0 + kPrefetchAhead);
     for (int64_t k = p.k0; k < k1; ++k) {
         const int64_t i = v.index(k) + p.shift;
-        if (i >= 0 && i < p.hi + p.shift) { __builtin_prefetch(shard + i * es, 1); }  // unchecked indices: only inside the piece
+        if (i >= p.lo + p.shift && i < p.hi + p.shift) { __builtin_prefetch(shard + i * es, 1); }  // unchecked indices: only inside the piece
     }
 }
 
