@@ -211,7 +211,10 @@ private:
                     fail(Errc::rank_failed, "{} on rank {}: rank {} did not arrive within {:.1f} s (a peer rank died or hung)", what,
                          cfg_.rank, r, cfg_.timeout_s);
                 }
-                if (peer_exited(r)) {
+                if (cfg_.before_exit_check) { cfg_.before_exit_check(r); }
+                // A peer may arrive and exit between reached() and this check: its arrival (stored
+                // before its exit) counts, only a peer that exited without arriving failed.
+                if (peer_exited(r) && !reached()) {
                     fail(Errc::rank_failed, "{} on rank {}: rank {} (pid {}) exited before arriving", what, cfg_.rank, r,
                          L[r].pid.load(std::memory_order_acquire));
                 }

@@ -1,7 +1,8 @@
 // Comm::all_gather (expert parallelism's combine, fd/model/moe_ep.h): every rank receives every
 // rank's buffer stacked in rank order, bit for bit, over shm (more than one slot: chunked) and
 // gloo, at 2 and 3 fork()ed ranks, and the null comm copies; a peer that exits before arriving
-// is rank_failed on the waiting rank within the timeout, naming the peer.
+// is rank_failed on the waiting rank within the timeout, naming the peer; one that arrives and
+// exits while the other checks on it is not.
 #include "fd/comm/comm.h"
 #include "fd/comm/tcp_store.h"
 #include "fd/status.h"
@@ -9,6 +10,7 @@
 #include "../../fork_ranks.h"
 
 #include <doctest/doctest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -94,4 +96,57 @@ TEST_CASE("all_gather on shm: a peer that exits before arriving is rank_failed o
         return 1;  // it must not complete
     });
     CHECK(failed == 0);
+}
+
+TEST_CASE("all_gather on shm: a peer that arrives and exits between the waiter's two checks is not taken for a dead rank") {
+    // Stop 40's flaky MoE EP case: the waiting rank saw "not arrived yet", the peer then arrived
+    // and exited, and the waiter's pidfd check reported "exited before arriving" though the peer's
+    // rows were in the segment. The hook puts exactly that between the two checks: rank 0 (this
+    // process) lets rank 1 (a fork) go only once it has seen it absent, and waits for its exit.
+    comm::ShmCommSegment seg(2, 1);
+    int go[2];
+    REQUIRE(::pipe(go) == 0);
+    const pid_t child = ::fork();
+    if (child == 0) {
+        ::close(go[1]);
+        int rc = 1;
+        try {
+            auto c = comm::make_shm_comm({.rank = 1, .world_size = 2, .segment_fd = [&](int64_t) { return ::dup(seg.fd()); }, .timeout_s = 10});
+            c->connect(1);
+            char b = 0;
+            if (::read(go[0], &b, 1) == 1) {
+                const auto x = input(1, 16);
+                std::vector<float> all(32);
+                c->all_gather(x.data(), 16, all.data());
+                rc = check_stacked(all, 2, 16);
+            }
+        } catch (...) {
+        }
+        _exit(rc);  // at once, right after arriving
+    }
+    ::close(go[0]);
+    int hooked = 0, st = -1;
+    auto c = comm::make_shm_comm({.rank = 0, .world_size = 2, .segment_fd = [&](int64_t) { return ::dup(seg.fd()); }, .timeout_s = 10,
+                                  .before_exit_check = [&](int32_t peer) {
+                                      if (hooked++ > 0 || peer != 1) { return; }
+                                      const char b = 1;
+                                      REQUIRE(::write(go[1], &b, 1) == 1);
+                                      REQUIRE(::waitpid(child, &st, 0) == child);  // rank 1 arrived and exited
+                                  }});
+    c->connect(1);
+    const auto x = input(0, 16);
+    std::vector<float> all(32, -1.0f);
+    std::string err;
+    try {
+        c->all_gather(x.data(), 16, all.data());
+    } catch (const Error & e) {
+        err = e.what();
+    }
+    ::close(go[1]);
+    if (hooked == 0) { ::waitpid(child, &st, 0); }
+    CAPTURE(err);
+    CHECK(hooked >= 1);  // the wait did pass through the window
+    CHECK(err.empty());
+    CHECK(check_stacked(all, 2, 16) == 0);
+    CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 0));
 }

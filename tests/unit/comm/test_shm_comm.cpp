@@ -4,7 +4,7 @@
 // slot; gather; a rank that never arrives is rank_failed within the timeout; the segment has no
 // name anywhere and disconnect unmaps it; a descriptor that is not this user's sealed 0600 memfd
 // of the right size and generation, or none, is refused; a peer that exits while another waits is
-// noticed through its pidfd at once.
+// noticed through its pidfd at once (one that arrives and then exits is not: test_all_gather.cpp).
 #include "fd/comm/comm.h"
 #include "fd/comm/tcp_store.h"
 #include "fd/status.h"

@@ -114,6 +114,9 @@ struct ShmCommConfig {
     /// over (and closes once mapped), or -1 when none arrived (→ rank_failed).
     std::function<int(int64_t generation)> segment_fd;
     double      timeout_s   = 30.0;    ///< per-collective limit (a peer not arriving → rank_failed)
+    /// Test hook (empty in the daemon): called with the peer's rank each time a wait has seen
+    /// that peer not yet arrived and is about to check whether its process exited.
+    std::function<void(int32_t peer)> before_exit_check;
 };
 /// f32 elements per rank slot (1 MiB).
 inline constexpr int64_t kShmCommSlotFloats = int64_t{1} << 18;
