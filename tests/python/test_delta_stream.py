@@ -11,6 +11,7 @@ checkpoint holding the same weights (written with safetensors_np), and a full st
     every rank and the serving dir back: the base serves bit for bit, before and after a wakeup;
     a rank process killed there degrades the engine and the wakeup's recovery serves the base;
   - deltas on deltas, with sleep/wakeup between, serve what the fresh reference daemons serve;
+    a weight sleep frees the ranks' delta undo buffers too (in its freed_bytes);
   - a delta whose indices straddle the rank split of column-split (o_proj, down_proj) and
     row-split (q|k|v, gate|up, the vocab rows of the tied embedding) tensors, sparse and dense,
     serves bit for bit what a fresh daemon on a checkpoint of the same weights serves;
@@ -22,6 +23,7 @@ checkpoint holding the same weights (written with safetensors_np), and a full st
     delta's, a delta on the lost base is a 409 and the next full stream and delta work.
 """
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -360,10 +362,22 @@ class DeltaTp1(unittest.TestCase):
         self.assert_serving(self.ref_base, "e2")
         self.assertEqual(self.delta("e3", "e2", self.base, self.new)["weight_version"], "e3")  # after a wakeup too
         self.assert_serving(self.ref_new, "e3")
-        self.c.sleep()
+        freed_after_delta = self.c.sleep()["freed_bytes"]["weight"]
         self.c.wakeup()
         self.assert_serving(self.ref_new, "e3")
-        self.c.sleep()
+        freed_after_load = self.c.sleep()["freed_bytes"]["weight"]
+        # The first sleep also freed the ranks' undo buffers: the old value of every element e3
+        # wrote (a replicated 1-D tensor's on every rank), each piece's values 8-byte aligned (at
+        # most one f32 of padding per piece, and a piece holds at least one element). The tied
+        # lm_head.weight is not a tensor the ranks hold.
+        tp = 2 if self.TP_ARGS else 1
+        tied = json.load(open(os.path.join(STORIES, "config.json"))).get("tie_word_embeddings", False)
+        undo = sum(changed_elements(self.base[n], self.new[n])[0].size * self.new[n].itemsize * (tp if self.new[n].ndim == 1 else 1)
+                   for n in self.new if not (tied and n == "lm_head.weight"))
+        self.assertGreater(undo, 0)
+        freed_undo = freed_after_delta - freed_after_load
+        self.assertGreaterEqual(freed_undo, undo, "a weight sleep frees the delta undo buffer")
+        self.assertLessEqual(freed_undo, 2 * undo)
         staged = read_staged(self.d)
         for n in self.new:
             self.assertTrue(np.array_equal(staged[n].view(np.uint32), self.new[n].view(np.uint32)), n)
