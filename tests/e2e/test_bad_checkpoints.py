@@ -185,6 +185,40 @@ class BadCheckpoints(unittest.TestCase):
             d.post("/v1/resume")
             self.assertEqual(greedy(d)[2], "b")
 
+    def test_tp2_a_nan_in_the_second_rank_s_columns_is_refused_naming_its_hf_element(self):
+        # o_proj and down_proj are split by columns at tp=2: rank 1 reads columns [cols/2, cols)
+        # of every row (a block of rows per preadv), and must find a NaN there itself, naming the
+        # element as the checkpoint numbers it (row * cols + col), at start-up and at an update.
+        name = "model.layers.2.mlp.down_proj.weight"
+        rows, cols = read_raw(os.path.join(STORIES, "model.safetensors"))[0][name]["shape"]
+        r, c = rows - 3, cols - 2  # in rank 1's half, past the first row block
+
+        def nan(p):
+            t = safetensors_np.load_file(p)
+            t[name] = t[name].copy()
+            t[name][r, c] = np.nan
+            safetensors_np.save_file(t, p)
+
+        words = [name, "non-finite", f"element {r * cols + c}"]
+        tp2 = ["--tensor-parallel-size", "2", "--threads", "1"]
+        d = self.variant("tp2-nan", nan)
+        p = subprocess.run([BIN, "--model", d, "--port", str(free_port()), *tp2], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, EXIT_INVALID_CHECKPOINT, p.stdout + p.stderr)
+        for w in words:
+            self.assertIn(w, p.stdout + p.stderr)
+        model = copy_checkpoint(self.A, os.path.join(self.tmp, "live-tp2"))
+        with Daemon("--dynamic-load-weight", *tp2, model=model) as dm:
+            before = greedy(dm)
+            self.assertEqual(dm.post("/v1/pause")[0], 200)
+            shutil.copyfile(os.path.join(d, "model.safetensors"), os.path.join(model, "model.safetensors.x"))
+            os.replace(os.path.join(model, "model.safetensors.x"), os.path.join(model, "model.safetensors"))
+            status, j = dm.post("/v1/update_weights", {"version": "bad-tp2"}, timeout=30)
+            self.assertEqual((status, j["error"]["type"]), (422, "invalid_checkpoint"), j)
+            for w in words:
+                self.assertIn(w, j["error"]["message"])
+            self.assertEqual(dm.post("/v1/resume")[0], 200)
+            self.assertEqual(greedy(dm), before)  # both ranks still serve the old weights, bit-exact
+
     def test_nan_check_can_be_switched_off(self):
         d = self.variant("nan-off", self.corpus()["nan"][0])
         with Daemon("--no-check-finite-weights", model=d) as dm:

@@ -194,6 +194,7 @@ private:
     uint64_t                         seq_ = 0;
     int64_t                          generation_ = 1;
     bool                             comm_connected_ = false;
+    bool                             started_ = false;  ///< the first start-up went through (later ones are recover()'s)
     int64_t                          weight_bytes_ = 0, kv_bytes_ = 0;
     int64_t                          mtp_cache_bytes_ = 0;     ///< sum of the ranks' last LinkMsg::mtp_cache_bytes
     bool                             cuda_ = false;            ///< --device cuda: replies carry device memory

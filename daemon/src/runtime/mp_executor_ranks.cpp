@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <thread>
 
 namespace fd::runtime {
@@ -111,15 +112,23 @@ void MpExecutor::wait_ready(const std::vector<int32_t> & fresh) {
     lost_mark_ = n_lost_;
     gather(waiting, Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.timeout_s)), nullptr, 0);
     std::string errors;
+    // At the daemon's start, a rank that refused (its reply's error, e.g. invalid_checkpoint: a
+    // NaN in its shard) stops it with that error's code, as one rank in-process would (the exit
+    // code). A rank that died or never answered, or any failure of recover()'s restart (the
+    // engine stays degraded on it), is rank_failed.
+    std::optional<Errc> code;
     for (int32_t r = 0; r < world_size(); ++r) {
         if (ranks_[r].failed) {
             errors += fmt::format("{}rank {} {} during start-up", errors.empty() ? "" : "; ", r, ranks_[r].why);
+            code = Errc::rank_failed;
         } else if (replies_[r].status != 0 && std::find(waiting.begin(), waiting.end(), r) != waiting.end()) {
             errors += fmt::format("{}rank {}: {}", errors.empty() ? "" : "; ", r, replies_[r].text);
+            if (!code) { code = !started_ && replies_[r].status > 0 ? static_cast<Errc>(replies_[r].status) : Errc::rank_failed; }
             mark_failed(r, /*timed_out=*/false, "failed to start");
         }
     }
-    if (!errors.empty()) { fail(Errc::rank_failed, "{}", errors); }
+    if (!errors.empty()) { fail(*code, "{}", errors); }
+    started_ = true;
     weight_bytes_ = replies_[0].weight_bytes;
     kv_bytes_     = replies_[0].kv_bytes;
     last_control_ = Clock::now();
