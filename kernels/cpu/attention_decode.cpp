@@ -20,7 +20,11 @@ namespace fd::kernels {
 namespace {
 
 constexpr int64_t kNv = 8;      // 16-key vectors scored at once (group 1); fewer for larger groups
-constexpr int64_t kVAhead = 2;  // V blocks prefetched ahead
+// V blocks prefetched ahead. One: a block's V rows (all kv heads) are 24 KiB in bf16 at n_kv_heads
+// x head_dim = 768 and 16 tokens, so two blocks ahead filled the whole 48 KiB L1 and lines went
+// before their use (B=64 at 4,096 tokens, bf16 KV: attention 6 % faster at one than at two, 5 of
+// 5 interleaved pairs; f32 KV unchanged within the noise; docs/benchmarks.md "Stop 41").
+constexpr int64_t kVAhead = 1;
 
 /// s[m][16b + j] = (FMA chain over d of q[m][d] * key(16b + j)[d]) * scale for NV key vectors, M
 /// pairs of one kv head; key vector b: dimension d at kp[b][d * ld]. pf: the next chunk's vectors
