@@ -22,7 +22,8 @@ bench: per thread count, per repetition, interleaved in this order: fd_bench --c
   also ÷ llama-bench tg64, which decodes from an empty context).
 server: --clients concurrent non-streaming /v1/completions (each its own 64 random token ids,
   32 tokens, temperature 0, ignore_eos) against fdrollout (--compute-dtype bfloat16, then
-  float32) and llama-server (-np clients), alternating, --reps bursts; aggregate generated
+  float32, each with its default f32 KV; then bfloat16 with --kv-cache-dtype bfloat16, 16-bit
+  K/V as llama.cpp's default F16 KV) and llama-server (-np clients), alternating, --reps bursts; aggregate generated
   tok/s = all tokens ÷ burst wall time; medians. Both servers get the same logit_bias of -100 on
   the tokenizer's 256 <0xNN> byte pieces: llama-server v0.4.0 runs its chat-output parser on every
   completion, /completion included, and answers 500 ("does not match the expected Content-only
@@ -125,10 +126,10 @@ class Server:
         self.close()
 
 
-def fd_server(a, threads, compute, max_seqs=64):
+def fd_server(a, threads, compute, max_seqs=64, kv_dtype="auto"):
     return Server([os.path.join(a.fd_build, "fdrollout"), "--model", a.checkpoint, "--port", "{PORT}",
                    "--log-level", "warn", "--threads", str(threads), "--compute-dtype", compute,
-                   "--max-num-seqs", str(max_seqs)])
+                   "--max-num-seqs", str(max_seqs), "--kv-cache-dtype", kv_dtype])
 
 
 def llama_server(a, gguf, threads, slots, ctx):
@@ -333,14 +334,14 @@ def cmd_server(a):
                 "cache_prompt": False, "logit_bias": ban}
 
     for t in [int(x) for x in a.threads.split(",")]:
-        res = {"fd_bfloat16": [], "fd_float32": [], "llamacpp": []}
+        res = {"fd_bfloat16": [], "fd_float32": [], "llamacpp": [], "fd_bfloat16_bf16kv": []}
         for rep in range(a.reps):
-            for name in ("fd_bfloat16", "llamacpp", "fd_float32"):
+            for name in ("fd_bfloat16", "llamacpp", "fd_float32", "fd_bfloat16_bf16kv"):
                 if name == "llamacpp":
                     srv = llama_server(a, a.gguf, t, C, C * 128)
                     path, body = "/completion", ll_body
-                else:
-                    srv = fd_server(a, t, name.split("_")[1], C)
+                else:  # fd_<compute>[_bf16kv]: the last also stores K/V in 16 bits, as llama.cpp's F16 KV
+                    srv = fd_server(a, t, name.split("_")[1], C, "bfloat16" if name.endswith("_bf16kv") else "auto")
                     path, body = "/v1/completions", fd_body
                 with srv:
                     burst(srv.port, path, min(C, 8), body)  # warm-up
@@ -352,7 +353,8 @@ def cmd_server(a):
         m = {k: statistics.median(v) for k, v in res.items()}
         out["threads"][str(t)] = {"tok_s": res, "median_tok_s": m,
                                   "ratio_bfloat16": round(m["fd_bfloat16"] / m["llamacpp"], 3),
-                                  "ratio_float32": round(m["fd_float32"] / m["llamacpp"], 3)}
+                                  "ratio_float32": round(m["fd_float32"] / m["llamacpp"], 3),
+                                  "ratio_bfloat16_bf16kv": round(m["fd_bfloat16_bf16kv"] / m["llamacpp"], 3)}
     out["machine_end"] = machine()
     txt = json.dumps(out, indent=1)
     print(txt)
