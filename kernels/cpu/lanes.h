@@ -59,8 +59,8 @@ inline __m512 pair_02_13(__m512 p, __m512 q) {  // per quarter [p0+p2, p1+p3, q0
 inline __m512 pair_last(__m512 r, __m512 s) {  // per quarter [r0+r1, r2+r3, s0+s1, s2+s3]
     return _mm512_add_ps(_mm512_shuffle_ps(r, s, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(r, s, _MM_SHUFFLE(3, 1, 3, 1)));
 }
-/// n = 16 or 8 accumulators → out[n].
-inline void reduce16_many(const f32x16 * acc, int n, float * out) {
+/// n = 16 or 8 accumulators → lane i = reduce16(acc[i]), i < n (the lanes past n: not sums).
+inline __m512 reduce16_many_v(const f32x16 * acc, int n) {
     __m512 v[16] = {}, h[8] = {}, q[4] = {}, t[2] = {};
     for (int i = 0; i < n; ++i) { std::memcpy(&v[i], &acc[i], sizeof(__m512)); }
     for (int i = 0; i < n / 2; ++i) { h[i] = pair_halves(v[2 * i], v[2 * i + 1]); }
@@ -69,7 +69,57 @@ inline void reduce16_many(const f32x16 * acc, int n, float * out) {
     for (int i = 0; i < n / 8; ++i) { t[i] = pair_02_13(q[2 * i], q[2 * i + 1]); }
     const __m512 f = pair_last(t[0], n == 16 ? t[1] : t[0]);  // lane 4j + g: accumulator 4g + j
     const __m512i from = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);  // i → 4 (i % 4) + i / 4
-    _mm512_mask_storeu_ps(out, n == 16 ? __mmask16(0xFFFF) : __mmask16(0x00FF), _mm512_maskz_permutexvar_ps(__mmask16(0xFFFF), from, f));
+    return _mm512_maskz_permutexvar_ps(__mmask16(0xFFFF), from, f);
+}
+/// n = 16 or 8 accumulators → out[n].
+inline void reduce16_many(const f32x16 * acc, int n, float * out) {
+    _mm512_mask_storeu_ps(out, n == 16 ? __mmask16(0xFFFF) : __mmask16(0x00FF), reduce16_many_v(acc, n));
+}
+/// A one-row tile's epilogue in registers: acc [8] → out[c] = reduce16(acc[c]) (+ bias[c]),
+/// c < n_cols, one masked store (bitwise reduce_all then the scalar loop; see store_4x6).
+inline void store_1x8(float * out, const float * bias, const f32x16 * acc, int n_cols) {
+    const __mmask16 cols = __mmask16((1u << n_cols) - 1);
+    __m512          o    = reduce16_many_v(acc, 8);
+    if (bias) { o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(cols, bias)); }
+    _mm512_mask_storeu_ps(out, cols, o);
+}
+/// A 4 x 6 tile's epilogue kept in registers (linear_packed.cpp's packed f32 tiles, linear_bf16.cpp's
+/// bf16 ones): v [24] accumulators row-major (i = r * 6 + c) →
+///   out[r * ldo + c] = reduce16(v[i]) (+ bias[c]), r < n_rows, c < n_cols,
+/// bitwise reduce_all then a scalar loop (the same pairs at every level, the same one add). f0
+/// lane 4 (i % 4) + i / 4 holds sum i < 16, f1 lane 4 (j % 4) + j / 4 sum 16 + j; row r (sums
+/// 6r .. 6r + 5) is then one two-source permute and one masked store (the trip through memory,
+/// a masked store then reloads at other offsets, stalls store forwarding).
+inline void store_4x6(float * out, int64_t ldo, const float * bias, const __m512 * v, int n_rows, int n_cols) {
+    // First level as pair_halves (lane i + lane i + 8), but x's sums in the low half and y's in
+    // the high half from one blend and one shuffle: [x lo | y hi] + [x hi | y lo]; y's adds have
+    // their operands swapped, which is exact (addition commutes).
+    auto ph = [](__m512 x, __m512 y) {
+        const __m512 bl = _mm512_mask_blend_ps(__mmask16(0xFF00), x, y);
+        const __m512 sh = _mm512_maskz_shuffle_f32x4(__mmask16(0xFFFF), x, y, _MM_SHUFFLE(1, 0, 3, 2));
+        return _mm512_add_ps(bl, sh);
+    };
+    const __m512 h0 = ph(v[0], v[1]), h1 = ph(v[2], v[3]), h2 = ph(v[4], v[5]);
+    const __m512 h3 = ph(v[6], v[7]), h4 = ph(v[8], v[9]), h5 = ph(v[10], v[11]);
+    const __m512 h6 = ph(v[12], v[13]), h7 = ph(v[14], v[15]), h8 = ph(v[16], v[17]);
+    const __m512 h9 = ph(v[18], v[19]), h10 = ph(v[20], v[21]), h11 = ph(v[22], v[23]);
+    const __m512 q0 = pair_quarters(h0, h1), q1 = pair_quarters(h2, h3), q2 = pair_quarters(h4, h5);
+    const __m512 q3 = pair_quarters(h6, h7), q4 = pair_quarters(h8, h9), q5 = pair_quarters(h10, h11);
+    const __m512 t0 = pair_02_13(q0, q1), t1 = pair_02_13(q2, q3), t2 = pair_02_13(q4, q5);
+    const __m512 f0 = pair_last(t0, t1), f1 = pair_last(t2, t2);
+    const __mmask16 cols = __mmask16((1u << n_cols) - 1);  // the tile's outputs in a row
+    const __m512    b    = bias ? _mm512_maskz_loadu_ps(cols, bias) : _mm512_setzero_ps();
+    // lane of sum i in (f0 | f1): i < 16: 4 (i % 4) + i / 4; else 16 + 4 (j % 4) + j / 4, j = i - 16
+    const __m512i idx[4] = {_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                            _mm512_setr_epi32(9, 13, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                            _mm512_setr_epi32(3, 7, 11, 15, 16, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                            _mm512_setr_epi32(24, 28, 17, 21, 25, 29, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)};
+#pragma GCC unroll 8
+    for (int r = 0; r < 4; ++r) {
+        __m512 o = _mm512_permutex2var_ps(f0, idx[r], f1);
+        if (bias) { o = _mm512_add_ps(o, b); }  // the same one rounding as the scalar add
+        if (r < n_rows) { _mm512_mask_storeu_ps(out + r * ldo, cols, o); }
+    }
 }
 #endif
 

@@ -206,6 +206,19 @@ FD_BF16_TARGET __attribute__((noinline)) void tile_avx(const TileB & t) {
     for (int c = 0; c < NR; ++c) { wr[c] = t.w + std::min(c, t.n_cols - 1) * t.row_bytes; }
     alignas(64) f32x16 acc[MR * NR];
     tile_steps_avx<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_in, T == WType::bf16 ? t.pf : nullptr);
+#if defined(__AVX512BW__)
+    // The epilogue in registers (lanes.h: the scalar loop below read the sums back from a masked
+    // store, which stalls store forwarding): the many-row tile and the one-row (B=1) tile.
+    if constexpr (MR == 4 && NR == 6) {
+        __m512 v[MR * NR];
+        std::memcpy(v, acc, sizeof v);
+        store_4x6(t.out, t.ldo, t.bias, v, t.n_rows, t.n_cols);
+        return;
+    } else if constexpr (MR == 1 && NR == 8) {
+        store_1x8(t.out, t.bias, acc, t.n_cols);
+        return;
+    }
+#endif
     float sums[MR * NR];
     reduce_all(acc, MR * NR, sums);
     for (int r = 0; r < t.n_rows; ++r) {

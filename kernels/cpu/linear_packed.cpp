@@ -295,41 +295,7 @@ __attribute__((noinline)) void packed_tiles(const Tiles & t) {
                 for (int c = 0; c < kNR; ++c) { _mm512_storeu_ps(reinterpret_cast<float *>(carry + r * kNR + c), a[r][c]); }
             }
         } else {
-            // reduce16 of the 24 accumulators (row-major, i = r * kNR + c) with lanes.h's transposed
-            // pairing, kept in registers: f0 lane 4 (i % 4) + i / 4 holds sum i < 16, f1 lane
-            // 4 (j % 4) + j / 4 sum 16 + j. Row r (sums 6r .. 6r + 5) is then one two-source
-            // permute (a trip through memory, masked store then reload at another offset, stalls
-            // store forwarding).
-            const __m512 *v = &a[0][0];
-            // First level as lanes.h's pair_halves (lane i + lane i + 8), but x's sums in the low
-            // half and y's in the high half from one blend and one shuffle: [x lo | y hi] + [x hi |
-            // y lo]; y's adds have their operands swapped, which is exact (addition commutes).
-            auto ph = [](__m512 x, __m512 y) {
-                const __m512 bl = _mm512_mask_blend_ps(__mmask16(0xFF00), x, y);
-                const __m512 sh = _mm512_maskz_shuffle_f32x4(__mmask16(0xFFFF), x, y, _MM_SHUFFLE(1, 0, 3, 2));
-                return _mm512_add_ps(bl, sh);
-            };
-            const __m512 h0 = ph(v[0], v[1]), h1 = ph(v[2], v[3]), h2 = ph(v[4], v[5]);
-            const __m512 h3 = ph(v[6], v[7]), h4 = ph(v[8], v[9]), h5 = ph(v[10], v[11]);
-            const __m512 h6 = ph(v[12], v[13]), h7 = ph(v[14], v[15]), h8 = ph(v[16], v[17]);
-            const __m512 h9 = ph(v[18], v[19]), h10 = ph(v[20], v[21]), h11 = ph(v[22], v[23]);
-            const __m512 q0 = pair_quarters(h0, h1), q1 = pair_quarters(h2, h3), q2 = pair_quarters(h4, h5);
-            const __m512 q3 = pair_quarters(h6, h7), q4 = pair_quarters(h8, h9), q5 = pair_quarters(h10, h11);
-            const __m512 t0 = pair_02_13(q0, q1), t1 = pair_02_13(q2, q3), t2 = pair_02_13(q4, q5);
-            const __m512 f0 = pair_last(t0, t1), f1 = pair_last(t2, t2);
-            const __mmask16 cols = __mmask16((1u << t.n_cols) - 1);  // the tile's outputs in a row
-            const __m512    b    = t.bias ? _mm512_maskz_loadu_ps(cols, t.bias) : _mm512_setzero_ps();
-            // lane of sum i in (f0 | f1): i < 16: 4 (i % 4) + i / 4; else 16 + 4 (j % 4) + j / 4, j = i - 16
-            const __m512i idx[kMR] = {_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                                      _mm512_setr_epi32(9, 13, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                                      _mm512_setr_epi32(3, 7, 11, 15, 16, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                                      _mm512_setr_epi32(24, 28, 17, 21, 25, 29, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)};
-#pragma GCC unroll 8
-            for (int r = 0; r < kMR; ++r) {
-                __m512 o = _mm512_permutex2var_ps(f0, idx[r], f1);
-                if (t.bias) { o = _mm512_add_ps(o, b); }  // the same one rounding as the scalar add
-                if (r < n_rows) { _mm512_mask_storeu_ps(out + r * t.ldo, cols, o); }
-            }
+            store_4x6(out, t.ldo, t.bias, &a[0][0], n_rows, t.n_cols);
         }
 #else
         if constexpr (!kLast) {

@@ -187,7 +187,7 @@ TEST_CASE("linear_bf16 matches a double sum of the bf16-rounded products (f32 an
     }
 }
 
-TEST_CASE("linear_bf16: the avx512_bf16 and portable paths give the same bits (1 to 300 rows, tails, 0-3 threads)") {
+TEST_CASE("linear_bf16: the avx512_bf16 and portable paths give the same bits (1 to 300 rows, tails, with and without bias, 0-3 threads)") {
     if (!have_avx512_bf16()) {
         MESSAGE("this CPU has no AVX512_BF16: only the portable path runs");
         return;
@@ -205,13 +205,16 @@ TEST_CASE("linear_bf16: the avx512_bf16 and portable paths give the same bits (1
             for (int64_t n_rows : {1, 2, 3, 4, 5, 9, 300}) {
                 std::vector<float> x(size_t(n_rows * n_in));
                 for (auto & v : x) { v = random_f32(rng, false); }
-                std::vector<float> emu(size_t(n_rows * n_out));
-                k::linear_bf16(emu.data(), x.data(), w, wt, bias.data(), n_rows, n_out, n_in, nullptr, k::Bf16Isa::portable);
-                for (k::ThreadPool * pl : {static_cast<k::ThreadPool *>(nullptr), &pool2, &pool3}) {
-                    std::vector<float> hw(size_t(n_rows * n_out));
-                    k::linear_bf16(hw.data(), x.data(), w, wt, bias.data(), n_rows, n_out, n_in, pl, k::Bf16Isa::avx512_bf16);
-                    CAPTURE(int(wt)); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(n_rows); CAPTURE(pl ? pl->n_threads() : 0);
-                    CHECK(bits_equal(hw, emu));
+                for (const float * b : {bias.data(), static_cast<const float *>(nullptr)}) {  // the tiles' epilogues both ways
+                    std::vector<float> emu(size_t(n_rows * n_out));
+                    k::linear_bf16(emu.data(), x.data(), w, wt, b, n_rows, n_out, n_in, nullptr, k::Bf16Isa::portable);
+                    for (k::ThreadPool * pl : {static_cast<k::ThreadPool *>(nullptr), &pool2, &pool3}) {
+                        std::vector<float> hw(size_t(n_rows * n_out), -1.0f);
+                        k::linear_bf16(hw.data(), x.data(), w, wt, b, n_rows, n_out, n_in, pl, k::Bf16Isa::avx512_bf16);
+                        CAPTURE(int(wt)); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(n_rows); CAPTURE(pl ? pl->n_threads() : 0);
+                        CAPTURE(b != nullptr);
+                        CHECK(bits_equal(hw, emu));
+                    }
                 }
             }
         }
