@@ -59,8 +59,8 @@ inline __m512 pair_02_13(__m512 p, __m512 q) {  // per quarter [p0+p2, p1+p3, q0
 inline __m512 pair_last(__m512 r, __m512 s) {  // per quarter [r0+r1, r2+r3, s0+s1, s2+s3]
     return _mm512_add_ps(_mm512_shuffle_ps(r, s, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(r, s, _MM_SHUFFLE(3, 1, 3, 1)));
 }
-/// n = 16 or 8 accumulators → lane i = reduce16(acc[i]), i < n (the lanes past n: not sums).
-inline __m512 reduce16_many_v(const f32x16 * acc, int n) {
+/// n = 16 or 8 accumulators → out[n].
+inline void reduce16_many(const f32x16 * acc, int n, float * out) {
     __m512 v[16] = {}, h[8] = {}, q[4] = {}, t[2] = {};
     for (int i = 0; i < n; ++i) { std::memcpy(&v[i], &acc[i], sizeof(__m512)); }
     for (int i = 0; i < n / 2; ++i) { h[i] = pair_halves(v[2 * i], v[2 * i + 1]); }
@@ -69,19 +69,7 @@ inline __m512 reduce16_many_v(const f32x16 * acc, int n) {
     for (int i = 0; i < n / 8; ++i) { t[i] = pair_02_13(q[2 * i], q[2 * i + 1]); }
     const __m512 f = pair_last(t[0], n == 16 ? t[1] : t[0]);  // lane 4j + g: accumulator 4g + j
     const __m512i from = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);  // i → 4 (i % 4) + i / 4
-    return _mm512_maskz_permutexvar_ps(__mmask16(0xFFFF), from, f);
-}
-/// n = 16 or 8 accumulators → out[n].
-inline void reduce16_many(const f32x16 * acc, int n, float * out) {
-    _mm512_mask_storeu_ps(out, n == 16 ? __mmask16(0xFFFF) : __mmask16(0x00FF), reduce16_many_v(acc, n));
-}
-/// A one-row tile's epilogue in registers: acc [8] → out[c] = reduce16(acc[c]) (+ bias[c]),
-/// c < n_cols, one masked store (bitwise reduce_all then the scalar loop; see store_4x6).
-inline void store_1x8(float * out, const float * bias, const f32x16 * acc, int n_cols) {
-    const __mmask16 cols = __mmask16((1u << n_cols) - 1);
-    __m512          o    = reduce16_many_v(acc, 8);
-    if (bias) { o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(cols, bias)); }
-    _mm512_mask_storeu_ps(out, cols, o);
+    _mm512_mask_storeu_ps(out, n == 16 ? __mmask16(0xFFFF) : __mmask16(0x00FF), _mm512_maskz_permutexvar_ps(__mmask16(0xFFFF), from, f));
 }
 /// A 4 x 6 tile's epilogue kept in registers (linear_packed.cpp's packed f32 tiles, linear_bf16.cpp's
 /// bf16 ones): v [24] accumulators row-major (i = r * 6 + c) →

@@ -207,15 +207,13 @@ FD_BF16_TARGET __attribute__((noinline)) void tile_avx(const TileB & t) {
     alignas(64) f32x16 acc[MR * NR];
     tile_steps_avx<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_in, T == WType::bf16 ? t.pf : nullptr);
 #if defined(__AVX512BW__)
-    // The epilogue in registers (lanes.h: the scalar loop below read the sums back from a masked
-    // store, which stalls store forwarding): the many-row tile and the one-row (B=1) tile.
+    // The many-row tile's epilogue in registers (lanes.h: the scalar loop below reads the sums
+    // back from a masked store, which stalls store forwarding). The one-row (B=1) tile keeps the
+    // loop: there the weight stream hides it (no difference measured, docs/benchmarks.md "Stop 41").
     if constexpr (MR == 4 && NR == 6) {
         __m512 v[MR * NR];
         std::memcpy(v, acc, sizeof v);
         store_4x6(t.out, t.ldo, t.bias, v, t.n_rows, t.n_cols);
-        return;
-    } else if constexpr (MR == 1 && NR == 8) {
-        store_1x8(t.out, t.bias, acc, t.n_cols);
         return;
     }
 #endif
