@@ -23,8 +23,8 @@ bench: per thread count, per repetition, interleaved in this order: fd_bench --c
 server: --clients concurrent non-streaming /v1/completions (each its own 64 random token ids,
   32 tokens, temperature 0, ignore_eos) against fdrollout (--compute-dtype bfloat16, then
   float32, each with its default f32 KV; then bfloat16 with --kv-cache-dtype bfloat16, 16-bit
-  K/V as llama.cpp's default F16 KV) and llama-server (-np clients), alternating, --reps bursts; aggregate generated
-  tok/s = all tokens ÷ burst wall time; medians. Both servers get the same logit_bias of -100 on
+  K/V as llama.cpp's default F16 KV) and llama-server (-np clients), alternating, --reps
+  bursts; aggregate generated tok/s = all tokens ÷ burst wall time; medians. Both servers get the same logit_bias of -100 on
   the tokenizer's 256 <0xNN> byte pieces: llama-server v0.4.0 runs its chat-output parser on every
   completion, /completion included, and answers 500 ("does not match the expected Content-only
   format") when the text is not valid UTF-8, which a lone byte piece from this random model makes.
