@@ -371,7 +371,8 @@ class DeltaTp1(unittest.TestCase):
         # most one f32 of padding per piece, and a piece holds at least one element). The tied
         # lm_head.weight is not a tensor the ranks hold.
         tp = 2 if self.TP_ARGS else 1
-        tied = json.load(open(os.path.join(STORIES, "config.json"))).get("tie_word_embeddings", False)
+        with open(os.path.join(STORIES, "config.json")) as f:
+            tied = json.load(f).get("tie_word_embeddings", False)
         undo = sum(changed_elements(self.base[n], self.new[n])[0].size * self.new[n].itemsize * (tp if self.new[n].ndim == 1 else 1)
                    for n in self.new if not (tied and n == "lm_head.weight"))
         self.assertGreater(undo, 0)
