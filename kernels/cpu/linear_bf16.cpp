@@ -21,7 +21,8 @@
 // (32 k's per 64-byte load), unlike the f32 mode, which widens each weight (two unpacks per 32).
 // Tiles (1 x 8 for one row, up to 4 x 6 for more) and the split over threads only decide which
 // loads feed a step, so a row's result does not depend on the batch or the thread count. Each
-// tile runs in one register-only function (tile_steps_avx: whole steps, then the tail step), and
+// tile's steps run register-only (tile_steps_avx: whole steps, then the tail step; inlined into
+// the 4 x 6 tile so its accumulators go from the steps to the epilogue in registers), and
 // the first row tile of each output strip prefetches its weights (issue 28 "bf16 GEMM pass" in
 // docs/benchmarks.md: where the time went, and what was measured not to matter).
 #include "fd/kernels/cpu_ops.h"
@@ -148,8 +149,10 @@ struct TileB {
 /// kPrefetch (one streaming row): `pf` non-null streams the next tile's weights, NR lines per
 /// step (short rows: matmul.cpp's TileArgs::pf); else each row's own line 512 bytes ahead.
 template <WType T, int MR, int NR, bool kPrefetch>
-FD_BF16_TARGET __attribute__((noinline)) void tile_steps_avx(f32x16 * lanes, const uint16_t * const (&xr)[MR],
-                                                             const char * const (&wr)[NR], int64_t n_in, const char * pf) {
+FD_BF16_TARGET __attribute__((always_inline)) inline void tile_steps_avx(f32x16 * lanes,
+                                                                         const uint16_t * const (&xr)[MR],
+                                                                         const char * const (&wr)[NR], int64_t n_in,
+                                                                         const char * pf) {
     constexpr int64_t kElem = T == WType::bf16 ? 2 : 4;
     const int64_t     n_steps = n_in / kStepK;
     __m512            a[MR][NR];
@@ -198,6 +201,13 @@ FD_BF16_TARGET __attribute__((noinline)) void tile_steps_avx(f32x16 * lanes, con
     }
 }
 
+/// tile_steps_avx as its own function (the one-row tile: inlined, B=1 ran 10-20 % slower).
+template <WType T, int MR, int NR, bool kPrefetch>
+FD_BF16_TARGET __attribute__((noinline)) void tile_steps_call(f32x16 * lanes, const uint16_t * const (&xr)[MR],
+                                                              const char * const (&wr)[NR], int64_t n_in, const char * pf) {
+    tile_steps_avx<T, MR, NR, kPrefetch>(lanes, xr, wr, n_in, pf);
+}
+
 template <WType T, int MR, int NR, bool kPrefetch>
 FD_BF16_TARGET __attribute__((noinline)) void tile_avx(const TileB & t) {
     const uint16_t * xr[MR];
@@ -205,7 +215,11 @@ FD_BF16_TARGET __attribute__((noinline)) void tile_avx(const TileB & t) {
     for (int r = 0; r < MR; ++r) { xr[r] = t.x + std::min(r, t.n_rows - 1) * t.ldx; }
     for (int c = 0; c < NR; ++c) { wr[c] = t.w + std::min(c, t.n_cols - 1) * t.row_bytes; }
     alignas(64) f32x16 acc[MR * NR];
-    tile_steps_avx<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_in, T == WType::bf16 ? t.pf : nullptr);
+    if constexpr (MR == 4 && NR == 6) {  // inlined: the accumulators stay in registers into the epilogue
+        tile_steps_avx<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_in, T == WType::bf16 ? t.pf : nullptr);
+    } else {
+        tile_steps_call<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_in, T == WType::bf16 ? t.pf : nullptr);
+    }
 #if defined(__AVX512BW__)
     // The many-row tile's epilogue in registers (lanes.h: the scalar loop below reads the sums
     // back from a masked store, which stalls store forwarding). The one-row (B=1) tile keeps the
