@@ -34,11 +34,11 @@ void silu_mul(float * out, const float * gate, const float * up, int64_t n_elems
     // g / (1 + exp(-g)) * up per element. The exp calls first, a chunk at a time, then the
     // divisions and products in a loop the compiler vectorizes: each is one IEEE operation per
     // element, so the bits are the one-loop form's (the calls kept it scalar, division included).
-    // With AVX2 + FMA, exp runs 8 lanes at a time with std::exp's bits (expf_avx2.h: glibc's
+    // With AVX2 + FMA, exp runs 8 lanes at a time (16 with AVX-512) with std::exp's bits (expf_avx2.h: glibc's
     // algorithm, checked against this libm once per process; lanes off its main path, and any
     // libm it disagrees with, take std::exp).
     constexpr int64_t kChunk = 256;
-    alignas(32) float e[kChunk];
+    alignas(64) float e[kChunk];
 #if defined(__AVX2__) && defined(__FMA__)
     const bool vec = exp_avx2_matches_libm();
 #endif
@@ -46,6 +46,15 @@ void silu_mul(float * out, const float * gate, const float * up, int64_t n_elems
         const int64_t n = std::min(kChunk, n_elems - i0);
         int64_t       i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__)
+        for (; vec && i + 16 <= n; i += 16) {
+            const __m512 ng = _mm512_castsi512_ps(
+                _mm512_xor_si512(_mm512_castps_si512(_mm512_loadu_ps(gate + i0 + i)), _mm512_set1_epi32(INT32_MIN)));
+            if (!exp16_avx512(e + i, ng)) {
+                for (int64_t j = i; j < i + 16; ++j) { e[j] = std::exp(-gate[i0 + j]); }
+            }
+        }
+#endif
         for (; vec && i + 8 <= n; i += 8) {
             const __m256 ng = _mm256_xor_ps(_mm256_loadu_ps(gate + i0 + i), _mm256_set1_ps(-0.0f));  // -g, exactly
             if (!exp8_avx2(e + i, ng)) {

@@ -1,12 +1,13 @@
-// kernels/cpu/expf_avx2.h — std::exp(float) 8 lanes at a time with AVX2 + FMA, giving glibc's
-// bits: the algorithm of glibc's expf (sysdeps/ieee754/flt-32/e_expf.c, from ARM's
-// optimized-routines: x / ln2 * 32 = k + r, 2^(k/32) from a 32-entry table, a cubic in r, all in
-// double) as its FMA build __expf_fma runs it (glibc 2.36: the multiarch variant picked on CPUs with
-// FMA; its contractions read off its disassembly), with the table and coefficients of
-// __exp2f_data. Lanes outside the main path (|x| >= 88: overflow, underflow, inf, NaN)
-// are reported so the caller uses std::exp for them. Because another libm could round
-// differently, exp_avx2_matches_libm() compares against std::exp once per process and the caller
-// uses this code only where it agrees. Internal to kernels/cpu (elementwise.cpp's silu_mul).
+// kernels/cpu/expf_avx2.h — std::exp(float) 8 lanes at a time with AVX2 + FMA (16 with
+// AVX-512: exp16_avx512), giving glibc's bits: the algorithm of glibc's expf
+// (sysdeps/ieee754/flt-32/e_expf.c, from ARM's optimized-routines: x / ln2 * 32 = k + r, 2^(k/32)
+// from a 32-entry table, a cubic in r, all in double) as its FMA build __expf_fma runs it (glibc
+// 2.36: the multiarch variant picked on CPUs with FMA; its contractions read off its disassembly),
+// with the table and coefficients of __exp2f_data. Lanes outside the main path (|x| >= 88:
+// overflow, underflow, inf, NaN) are reported so the caller uses std::exp for them. Because
+// another libm could round differently, exp_avx2_matches_libm() compares against std::exp once
+// per process and the caller uses this code only where it agrees. Internal to kernels/cpu
+// (elementwise.cpp's silu_mul).
 #pragma once
 
 namespace fd::kernels::detail {
@@ -67,30 +68,80 @@ inline bool exp8_avx2(float * out, __m256 x) {
     return true;
 }
 
-/// Whether exp8_avx2 gives std::exp's bits on this libm: checked once per process over every
-/// 4099th f32 bit pattern of the main path (about a million values, both signs) and the edges.
+#if defined(__AVX512F__)
+/// exp4_main on 8 doubles (AVX-512): the same operations in the same order, so the same bits. The
+/// 32-entry table is read by two two-source permutes (entries 0-15 and 16-31) and a blend on bit
+/// 4 of the index, not a gather. (The maskz forms with every lane selected: GCC 12 flags the
+/// _mm512_undefined inside the plain ones, as lanes.h notes.)
+inline __m256 exp8_main(__m512d xd) {
+    const __m512d inv = _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(kExpInvLn2N)));
+    const __m512d shift = _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(kExpShift)));
+    __m512d       kd    = _mm512_fmadd_pd(inv, xd, shift);
+    const __m512i ki    = _mm512_castpd_si512(kd);
+    kd                  = _mm512_sub_pd(kd, shift);
+    const __m512d r     = _mm512_fmsub_pd(inv, xd, kd);
+    const __m512i t0 = _mm512_load_si512(kExp2fTab), t1 = _mm512_load_si512(kExp2fTab + 8);
+    const __m512i t2 = _mm512_load_si512(kExp2fTab + 16), t3 = _mm512_load_si512(kExp2fTab + 24);
+    const __m512i lo = _mm512_permutex2var_epi64(t0, ki, t1), hi = _mm512_permutex2var_epi64(t2, ki, t3);
+    const __m512i tab = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(ki, _mm512_set1_epi64(16)), lo, hi);
+    const __m512i t   = _mm512_add_epi64(tab, _mm512_maskz_slli_epi64(__mmask8(0xFF), ki, 47));
+    const __m512d z   = _mm512_fmadd_pd(_mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(kExpC0))), r,
+                                        _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(kExpC1))));
+    const __m512d r2  = _mm512_mul_pd(r, r);
+    __m512d       y   = _mm512_fmadd_pd(r, _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(kExpC2))),
+                                        _mm512_set1_pd(1.0));
+    y                 = _mm512_fmadd_pd(z, r2, y);
+    return _mm512_maskz_cvtpd_ps(__mmask8(0xFF), _mm512_mul_pd(y, _mm512_castsi512_pd(t)));
+}
+
+/// exp8_avx2 for 16 lanes: out[0..16) = exp(x[0..16)), or false (out untouched) when a lane is off
+/// the main path.
+inline bool exp16_avx512(float * out, __m512 x) {
+    constexpr __mmask8  k8  = 0xFF;
+    constexpr __mmask16 k16 = 0xFFFF;
+    const __m512i top = _mm512_and_si512(_mm512_maskz_srli_epi32(k16, _mm512_castps_si512(x), 20), _mm512_set1_epi32(0x7ff));
+    if (_mm512_cmpgt_epi32_mask(top, _mm512_set1_epi32(0x42a)) != 0) { return false; }
+    auto half = [&](int h) {  // lanes 8h .. 8h + 7 as doubles
+        return _mm512_maskz_cvtps_pd(k8, _mm256_castpd_ps(h == 0 ? _mm512_maskz_extractf64x4_pd(k8, _mm512_castps_pd(x), 0)
+                                                                 : _mm512_maskz_extractf64x4_pd(k8, _mm512_castps_pd(x), 1)));
+    };
+    _mm256_storeu_ps(out, exp8_main(half(0)));
+    _mm256_storeu_ps(out + 8, exp8_main(half(1)));
+    return true;
+}
+#endif
+
+/// Whether exp8_avx2 (and, built with AVX-512, exp16_avx512) gives std::exp's bits on this libm:
+/// checked once per process over every 4099th f32 bit pattern of the main path (about a million
+/// values, both signs) and the edges.
 inline bool exp_avx2_matches_libm() {
     static const bool ok = [] {
-        alignas(32) float in[8], got[8];
+        alignas(64) float in[16], got[16];
         int               n = 0;
         auto              check = [&]() {
-            if (!exp8_avx2(got, _mm256_loadu_ps(in))) { return true; }
-            for (int i = 0; i < 8; ++i) {
-                const float ref = std::exp(in[i]);
-                if (std::memcmp(&ref, &got[i], sizeof ref) != 0) { return false; }
+            float ref[16];
+            for (int i = 0; i < 16; ++i) { ref[i] = std::exp(in[i]); }
+            for (int h = 0; h < 2; ++h) {
+                if (exp8_avx2(got, _mm256_loadu_ps(in + 8 * h)) && std::memcmp(ref + 8 * h, got, 8 * sizeof(float)) != 0) {
+                    return false;
+                }
             }
+#if defined(__AVX512F__)
+            if (exp16_avx512(got, _mm512_loadu_ps(in)) && std::memcmp(ref, got, sizeof ref) != 0) { return false; }
+#endif
             return true;
         };
         for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 4099) {
             const uint32_t b = static_cast<uint32_t>(u);
             if (((b >> 20) & 0x7ff) > 0x42a) { continue; }
             std::memcpy(&in[n++], &b, sizeof b);
-            if (n == 8) {
+            if (n == 16) {
                 if (!check()) { return false; }
                 n = 0;
             }
         }
-        const float edges[8] = {0.0f, -0.0f, 0x1.62e42ep6f, -0x1.62e42ep6f, 0x1p-149f, -0x1p-149f, 1.0f, -1.0f};
+        const float edges[16] = {0.0f, -0.0f, 0x1.62e42ep6f, -0x1.62e42ep6f, 0x1p-149f, -0x1p-149f, 1.0f, -1.0f,
+                                 0x1.5p6f, -0x1.5p6f, 0.5f, -0.5f, 0x1p-126f, -0x1p-126f, 3.0f, -3.0f};
         std::memcpy(in, edges, sizeof in);
         return check();
     }();
