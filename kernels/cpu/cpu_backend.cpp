@@ -12,12 +12,17 @@
 #include "scratch.h"
 
 #include <malloc.h>
+#include <sys/mman.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace fd::kernels {
@@ -38,13 +43,43 @@ public:
     bool host_visible() const override { return true; }
     ThreadPool * host_pool() override { return &pool_; }
 
+    /// Buffers of 2 MiB or more (the step's activations at a prefill chunk: tens of MiB) are their
+    /// own 2 MiB-aligned mapping advised MADV_HUGEPAGE, as the kernels' scratch (scratch.h): from
+    /// malloc they were 4 KiB pages, and the first step that grew them took ~27k page faults on
+    /// the 2-core guest (BF16 h512 model, 2,048-token steps; docs/benchmarks.md "Stop 42").
     void * alloc(int64_t bytes) override {
+        if (bytes >= static_cast<int64_t>(kHugeBytes)) {
+            // 2 MiB-aligned start, 4 KiB-rounded length: the whole 2 MiB stretches get huge pages,
+            // the tail keeps 4 KiB ones, so the memory held is what was asked (what a sleep counts).
+            const size_t need = (static_cast<size_t>(bytes) + 4095) / 4096 * 4096;
+            void *       raw  = mmap(nullptr, need + kHugeBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            FD_CHECK(raw != MAP_FAILED, "cpu backend: mapping {} bytes failed: {}", bytes, std::strerror(errno));
+            auto * r     = static_cast<char *>(raw);
+            auto * start = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(r) + kHugeBytes - 1) / kHugeBytes * kHugeBytes);
+            if (start > r) { munmap(r, static_cast<size_t>(start - r)); }
+            if (r + need + kHugeBytes > start + need) { munmap(start + need, static_cast<size_t>(r + need + kHugeBytes - (start + need))); }
+            madvise(start, need, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB
+            const std::lock_guard<std::mutex> lock(mapped_mu_);
+            mapped_.emplace(start, need);
+            return start;
+        }
         const size_t size = static_cast<size_t>(std::max<int64_t>(64, (bytes + 63) / 64 * 64));
         void * p = std::aligned_alloc(64, size);
         FD_CHECK(p != nullptr, "cpu backend: allocating {} bytes failed", bytes);
         return p;
     }
-    void free(void * p) noexcept override { std::free(p); }
+    void free(void * p) noexcept override {
+        if (p == nullptr) { return; }
+        {
+            const std::lock_guard<std::mutex> lock(mapped_mu_);
+            if (const auto it = mapped_.find(p); it != mapped_.end()) {
+                munmap(p, it->second);
+                mapped_.erase(it);
+                return;
+            }
+        }
+        std::free(p);
+    }
     int64_t release_scratch() noexcept override {
         std::atomic<int64_t> bytes{0};
         try {
@@ -211,9 +246,13 @@ private:
         pool_.parallel_for(n_ranges, [&](int64_t i) { fn(i * per, std::min(n_rows, (i + 1) * per)); });
     }
 
+    static constexpr size_t kHugeBytes = size_t{2} << 20;
+
     ThreadPool  pool_;
     ComputeType compute_;
     Bf16Isa     isa_ = bf16_best_isa();
+    std::mutex                               mapped_mu_;
+    std::unordered_map<void *, size_t>       mapped_;  ///< alloc's own mappings (start → bytes)
 };
 
 }  // namespace
