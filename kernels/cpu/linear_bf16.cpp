@@ -250,8 +250,10 @@ void outputs_avx(float * out, const uint16_t * xb, const char * w, const float *
     const int64_t kp = padded_k(n_in), ldx = x_stride(n_in), row_bytes = n_in * (T == WType::bf16 ? 2 : 4);
     const int64_t mc = std::max<int64_t>(MR, (256 << 10) / (ldx * 2) / MR * MR);
     // The first row tile of each strip streams its weights from memory, prefetched: bf16 rows
-    // under 4 KiB stream the next strip (512 bytes ahead would land in the tile's own next row:
-    // matmul.cpp's kShortRowBytes, issue 23), longer ones each row's line 512 bytes ahead.
+    // under 4 KiB stream the strip after next (512 bytes ahead would land in the tile's own next
+    // row: matmul.cpp's kShortRowBytes, issue 23; the next strip, one tile ahead, kept too few
+    // misses in flight: B=1 on a 268 MB model read 22 GB/s, two tiles ahead 26-35, docs/benchmarks.md
+    // "Stop 42"), longer ones each row's line 512 bytes ahead.
     const bool short_rows = T == WType::bf16 && row_bytes < 4096;
     for (int64_t b0 = r0; b0 < r1; b0 += mc) {
         const int64_t b1 = std::min(r1, b0 + mc);
@@ -261,7 +263,7 @@ void outputs_avx(float * out, const uint16_t * xb, const char * w, const float *
                 const TileB tb{.x = xb + r * ldx, .ldx = ldx, .kp = kp, .w = w + o * row_bytes, .row_bytes = row_bytes,
                                .n_in = n_in, .n_rows = static_cast<int>(std::min<int64_t>(MR, b1 - r)),
                                .n_cols = n_cols, .out = out + r * n_out + o, .ldo = n_out,
-                               .bias = bias ? bias + o : nullptr, .pf = short_rows ? w + (o + NR) * row_bytes : nullptr};
+                               .bias = bias ? bias + o : nullptr, .pf = short_rows ? w + (o + 2 * NR) * row_bytes : nullptr};
                 if (r == r0) {  // the strip's first meeting: its weights come from memory, prefetched
                     tile_avx<T, MR, NR, true>(tb);
                 } else {        // later row tiles find the strip in L1
