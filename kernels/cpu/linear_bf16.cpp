@@ -137,7 +137,7 @@ struct TileB {
     float *          out;     ///< out [n_rows, ldo] at the tile's first output
     int64_t          ldo;
     const float *    bias;    ///< [n_cols] or nullptr
-    const char *     pf = nullptr;  ///< one-row tiles with short bf16 rows: the next tile's weights (whole_steps_avx)
+    const char *     pf = nullptr;  ///< one-row tiles with short bf16 rows: the weights of the tile after next (outputs_avx)
 };
 
 /// Every step of an MR x NR tile, lanes [MR * NR] written: the whole steps with plain loads (f32
@@ -146,7 +146,7 @@ struct TileB {
 /// with the tail's masked loads inside it, GCC kept a stack copy of all MR x NR accumulators up
 /// to date every step: 24 stores of 64 bytes per 24 vdpbf16ps at 4 x 6, a quarter of the
 /// instruction's rate).
-/// kPrefetch (one streaming row): `pf` non-null streams the next tile's weights, NR lines per
+/// kPrefetch (one streaming row): `pf` non-null streams the weights of the tile after next, NR lines per
 /// step (short rows: matmul.cpp's TileArgs::pf); else each row's own line 512 bytes ahead.
 template <WType T, int MR, int NR, bool kPrefetch>
 FD_BF16_TARGET __attribute__((always_inline)) inline void tile_steps_avx(f32x16 * lanes,
