@@ -34,9 +34,9 @@ void silu_mul(float * out, const float * gate, const float * up, int64_t n_elems
     // g / (1 + exp(-g)) * up per element. The exp calls first, a chunk at a time, then the
     // divisions and products in a loop the compiler vectorizes: each is one IEEE operation per
     // element, so the bits are the one-loop form's (the calls kept it scalar, division included).
-    // With AVX2 + FMA, exp runs 8 lanes at a time (16 with AVX-512) with std::exp's bits (expf_avx2.h: glibc's
-    // algorithm, checked against this libm once per process; lanes off its main path, and any
-    // libm it disagrees with, take std::exp).
+    // With AVX2 + FMA, exp runs 8 lanes at a time (16 with AVX-512) with std::exp's bits
+    // (expf_avx2.h: glibc's algorithm, checked against this libm once per process; lanes off its
+    // main path, and any libm it disagrees with, take std::exp).
     constexpr int64_t kChunk = 256;
     alignas(64) float e[kChunk];
 #if defined(__AVX2__) && defined(__FMA__)
