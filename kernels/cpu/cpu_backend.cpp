@@ -51,14 +51,9 @@ public:
         if (bytes >= static_cast<int64_t>(kHugeBytes)) {
             // 2 MiB-aligned start, 4 KiB-rounded length: the whole 2 MiB stretches get huge pages,
             // the tail keeps 4 KiB ones, so the memory held is what was asked (what a sleep counts).
-            const size_t need = (static_cast<size_t>(bytes) + 4095) / 4096 * 4096;
-            void *       raw  = mmap(nullptr, need + kHugeBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            FD_CHECK(raw != MAP_FAILED, "cpu backend: mapping {} bytes failed: {}", bytes, std::strerror(errno));
-            auto * r     = static_cast<char *>(raw);
-            auto * start = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(r) + kHugeBytes - 1) / kHugeBytes * kHugeBytes);
-            if (start > r) { munmap(r, static_cast<size_t>(start - r)); }
-            if (r + need + kHugeBytes > start + need) { munmap(start + need, static_cast<size_t>(r + need + kHugeBytes - (start + need))); }
-            madvise(start, need, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB
+            const size_t need  = (static_cast<size_t>(bytes) + 4095) / 4096 * 4096;
+            void *       start = detail::map_huge_aligned(need);
+            FD_CHECK(start != nullptr, "cpu backend: mapping {} bytes failed: {}", bytes, std::strerror(errno));
             const std::lock_guard<std::mutex> lock(mapped_mu_);
             mapped_.emplace(start, need);
             return start;

@@ -72,6 +72,22 @@ public:
     }
 };
 
+/// A fresh anonymous mapping of `bytes` (a multiple of 4 KiB) whose start is 2 MiB-aligned,
+/// advised MADV_HUGEPAGE (so its whole 2 MiB stretches get huge pages under THP "madvise" or
+/// "always"; the advice is only that). Over-maps by one huge page and trims both ends; munmap
+/// (p, bytes) frees it. nullptr when the mapping fails.
+inline void * map_huge_aligned(size_t bytes) {
+    constexpr size_t kHuge = size_t{2} << 20;
+    void *           raw   = mmap(nullptr, bytes + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) { return nullptr; }
+    auto * r     = static_cast<char *>(raw);
+    auto * start = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(r) + kHuge - 1) / kHuge * kHuge);
+    if (start > r) { munmap(r, static_cast<size_t>(start - r)); }
+    if (r + bytes + kHuge > start + bytes) { munmap(start + bytes, static_cast<size_t>(r + bytes + kHuge - (start + bytes))); }
+    madvise(start, bytes, MADV_HUGEPAGE);
+    return start;
+}
+
 }  // namespace detail
 
 namespace {
@@ -101,15 +117,9 @@ template <class T> class HugeScratch final : public detail::ThreadScratch {
         const size_t need = (n * sizeof(T) + kHuge - 1) / kHuge * kHuge;
         if (need > bytes_) {
             unmap();
-            // Over-map by one huge page and trim both ends, so the start is 2 MiB-aligned.
-            void * raw = mmap(nullptr, need + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            if (raw == MAP_FAILED) { throw std::bad_alloc(); }
-            auto * r     = static_cast<char *>(raw);
-            auto * start = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(r) + kHuge - 1) / kHuge * kHuge);
-            if (start > r) { munmap(r, static_cast<size_t>(start - r)); }
-            if (r + need + kHuge > start + need) { munmap(start + need, static_cast<size_t>(r + need + kHuge - (start + need))); }
-            madvise(start, need, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB
-            p_     = reinterpret_cast<T *>(start);
+            void * start = detail::map_huge_aligned(need);
+            if (start == nullptr) { throw std::bad_alloc(); }
+            p_     = static_cast<T *>(start);
             bytes_ = need;
         }
         return p_;
