@@ -48,7 +48,7 @@ public:
     /// malloc they were 4 KiB pages, and the first step that grew them took ~27k page faults on
     /// the 2-core guest (BF16 h512 model, 2,048-token steps; docs/benchmarks.md "Stop 42").
     void * alloc(int64_t bytes) override {
-        if (bytes >= static_cast<int64_t>(kHugeBytes)) {
+        if (bytes >= static_cast<int64_t>(detail::kHugePage)) {
             // 2 MiB-aligned start, 4 KiB-rounded length: the whole 2 MiB stretches get huge pages,
             // the tail keeps 4 KiB ones, so the memory held is what was asked (what a sleep counts).
             const size_t need  = (static_cast<size_t>(bytes) + 4095) / 4096 * 4096;
@@ -240,8 +240,6 @@ private:
         const int64_t n_ranges = (n_rows + per - 1) / per;
         pool_.parallel_for(n_ranges, [&](int64_t i) { fn(i * per, std::min(n_rows, (i + 1) * per)); });
     }
-
-    static constexpr size_t kHugeBytes = size_t{2} << 20;
 
     ThreadPool  pool_;
     ComputeType compute_;

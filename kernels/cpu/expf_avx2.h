@@ -73,23 +73,22 @@ inline bool exp8_avx2(float * out, __m256 x) {
 /// 32-entry table is read by two two-source permutes (entries 0-15 and 16-31) and a blend on bit
 /// 4 of the index, not a gather. (The maskz forms with every lane selected: GCC 12 flags the
 /// _mm512_undefined inside the plain ones, as lanes.h notes.)
+inline __m512d exp_const8(uint64_t bits) { return _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(bits))); }
+
 inline __m256 exp8_main(__m512d xd) {
-    const __m512d inv = _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(kExpInvLn2N)));
-    const __m512d shift = _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(kExpShift)));
-    __m512d       kd    = _mm512_fmadd_pd(inv, xd, shift);
-    const __m512i ki    = _mm512_castpd_si512(kd);
-    kd                  = _mm512_sub_pd(kd, shift);
-    const __m512d r     = _mm512_fmsub_pd(inv, xd, kd);
+    const __m512d inv = exp_const8(kExpInvLn2N), shift = exp_const8(kExpShift);
+    __m512d       kd  = _mm512_fmadd_pd(inv, xd, shift);
+    const __m512i ki  = _mm512_castpd_si512(kd);
+    kd                = _mm512_sub_pd(kd, shift);
+    const __m512d r   = _mm512_fmsub_pd(inv, xd, kd);
     const __m512i t0 = _mm512_load_si512(kExp2fTab), t1 = _mm512_load_si512(kExp2fTab + 8);
     const __m512i t2 = _mm512_load_si512(kExp2fTab + 16), t3 = _mm512_load_si512(kExp2fTab + 24);
     const __m512i lo = _mm512_permutex2var_epi64(t0, ki, t1), hi = _mm512_permutex2var_epi64(t2, ki, t3);
     const __m512i tab = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(ki, _mm512_set1_epi64(16)), lo, hi);
     const __m512i t   = _mm512_add_epi64(tab, _mm512_maskz_slli_epi64(__mmask8(0xFF), ki, 47));
-    const __m512d z   = _mm512_fmadd_pd(_mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(kExpC0))), r,
-                                        _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(kExpC1))));
+    const __m512d z   = _mm512_fmadd_pd(exp_const8(kExpC0), r, exp_const8(kExpC1));
     const __m512d r2  = _mm512_mul_pd(r, r);
-    __m512d       y   = _mm512_fmadd_pd(r, _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(kExpC2))),
-                                        _mm512_set1_pd(1.0));
+    __m512d       y   = _mm512_fmadd_pd(r, exp_const8(kExpC2), _mm512_set1_pd(1.0));
     y                 = _mm512_fmadd_pd(z, r2, y);
     return _mm512_maskz_cvtpd_ps(__mmask8(0xFF), _mm512_mul_pd(y, _mm512_castsi512_pd(t)));
 }
@@ -101,12 +100,9 @@ inline bool exp16_avx512(float * out, __m512 x) {
     constexpr __mmask16 k16 = 0xFFFF;
     const __m512i top = _mm512_and_si512(_mm512_maskz_srli_epi32(k16, _mm512_castps_si512(x), 20), _mm512_set1_epi32(0x7ff));
     if (_mm512_cmpgt_epi32_mask(top, _mm512_set1_epi32(0x42a)) != 0) { return false; }
-    auto half = [&](int h) {  // lanes 8h .. 8h + 7 as doubles
-        return _mm512_maskz_cvtps_pd(k8, _mm256_castpd_ps(h == 0 ? _mm512_maskz_extractf64x4_pd(k8, _mm512_castps_pd(x), 0)
-                                                                 : _mm512_maskz_extractf64x4_pd(k8, _mm512_castps_pd(x), 1)));
-    };
-    _mm256_storeu_ps(out, exp8_main(half(0)));
-    _mm256_storeu_ps(out + 8, exp8_main(half(1)));
+    const __m512d xd = _mm512_castps_pd(x);  // bits only: each 256-bit half is 8 floats, widened below
+    _mm256_storeu_ps(out, exp8_main(_mm512_maskz_cvtps_pd(k8, _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(k8, xd, 0)))));
+    _mm256_storeu_ps(out + 8, exp8_main(_mm512_maskz_cvtps_pd(k8, _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(k8, xd, 1)))));
     return true;
 }
 #endif

@@ -72,18 +72,19 @@ public:
     }
 };
 
+constexpr size_t kHugePage = size_t{2} << 20;  ///< a transparent huge page (x86-64)
+
 /// A fresh anonymous mapping of `bytes` (a multiple of 4 KiB) whose start is 2 MiB-aligned,
 /// advised MADV_HUGEPAGE (so its whole 2 MiB stretches get huge pages under THP "madvise" or
 /// "always"; the advice is only that). Over-maps by one huge page and trims both ends; munmap
 /// (p, bytes) frees it. nullptr when the mapping fails.
 inline void * map_huge_aligned(size_t bytes) {
-    constexpr size_t kHuge = size_t{2} << 20;
-    void *           raw   = mmap(nullptr, bytes + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void * raw = mmap(nullptr, bytes + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) { return nullptr; }
     auto * r     = static_cast<char *>(raw);
-    auto * start = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(r) + kHuge - 1) / kHuge * kHuge);
+    auto * start = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(r) + kHugePage - 1) / kHugePage * kHugePage);
     if (start > r) { munmap(r, static_cast<size_t>(start - r)); }
-    if (r + bytes + kHuge > start + bytes) { munmap(start + bytes, static_cast<size_t>(r + bytes + kHuge - (start + bytes))); }
+    munmap(start + bytes, static_cast<size_t>(r + kHugePage - start));  // the tail past `bytes` (never empty: start < r + kHugePage)
     madvise(start, bytes, MADV_HUGEPAGE);
     return start;
 }
@@ -99,7 +100,7 @@ namespace {
 /// Errors: std::bad_alloc when the mapping fails (as a std::vector would throw).
 template <class T> class HugeScratch final : public detail::ThreadScratch {
   public:
-    static constexpr size_t kHuge = size_t{2} << 20;
+    static constexpr size_t kHuge = detail::kHugePage;
 
     HugeScratch() = default;
     HugeScratch(const HugeScratch &) = delete;
