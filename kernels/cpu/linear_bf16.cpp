@@ -215,22 +215,20 @@ FD_BF16_TARGET __attribute__((noinline)) void tile_avx(const TileB & t) {
     for (int r = 0; r < MR; ++r) { xr[r] = t.x + std::min(r, t.n_rows - 1) * t.ldx; }
     for (int c = 0; c < NR; ++c) { wr[c] = t.w + std::min(c, t.n_cols - 1) * t.row_bytes; }
     alignas(64) f32x16 acc[MR * NR];
-    if constexpr (MR == 4 && NR == 6) {  // inlined: the accumulators stay in registers into the epilogue
-        tile_steps_avx<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_in, T == WType::bf16 ? t.pf : nullptr);
-    } else {
-        tile_steps_call<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_in, T == WType::bf16 ? t.pf : nullptr);
-    }
 #if defined(__AVX512BW__)
-    // The many-row tile's epilogue in registers (lanes.h: the scalar loop below reads the sums
-    // back from a masked store, which stalls store forwarding). The one-row (B=1) tile keeps the
-    // loop: there the weight stream hides it (no difference measured, docs/benchmarks.md "Stop 41").
+    // The many-row tile: its steps inlined, so the accumulators reach its epilogue in registers,
+    // and the epilogue in registers too (lanes.h: the scalar loop below reads the sums back from
+    // a masked store, which stalls store forwarding). The one-row (B=1) tile keeps both apart:
+    // there the weight stream hides them (docs/benchmarks.md "Stop 41", "Stop 42").
     if constexpr (MR == 4 && NR == 6) {
+        tile_steps_avx<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_in, T == WType::bf16 ? t.pf : nullptr);
         __m512 v[MR * NR];
         std::memcpy(v, acc, sizeof v);
         store_4x6(t.out, t.ldo, t.bias, v, t.n_rows, t.n_cols);
         return;
     }
 #endif
+    tile_steps_call<T, MR, NR, kPrefetch>(acc, xr, wr, t.n_in, T == WType::bf16 ? t.pf : nullptr);
     float sums[MR * NR];
     reduce_all(acc, MR * NR, sums);
     for (int r = 0; r < t.n_rows; ++r) {
