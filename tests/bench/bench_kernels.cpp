@@ -152,7 +152,7 @@ DecodeLinears make_decode_linears(const fd::model::ModelConfig & c, bool with_lm
 
 json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & batches, const std::vector<int> & ctxs,
                      int n_threads, double read_bw_gbs, double min_s, int64_t kv_budget_bytes, double read_bw_cpu_gbs,
-                     const std::vector<fd::kernels::WType> & kv_dtypes) {
+                     const std::vector<fd::kernels::WType> & kv_dtypes, int32_t block_size) {
     namespace K = fd::kernels;
     const int64_t h = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv = q_dim + 2 * kv_dim;
     const int64_t ff = c.intermediate_size;
@@ -165,7 +165,7 @@ json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & 
     std::vector<float> y(static_cast<size_t>(bmax) * std::max<int64_t>({2 * ff, qkv, c.vocab_size}));
     std::vector<float> q(static_cast<size_t>(bmax) * q_dim, 0.02f), att(static_cast<size_t>(bmax) * q_dim);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    const int32_t bs = 16;
+    const int32_t bs = block_size;
 
     json out = json::array();
     for (const int B : batches) {
@@ -210,6 +210,7 @@ json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & 
             e["batch"] = B;
             e["ctx"] = ctx;
             e["kv_dtype"] = kvt == K::WType::bf16 ? "bfloat16" : "float32";
+            e["block_size"] = bs;
             e["ms_per_step"] = round_to(step_s * 1e3, 3);
             e["tok_s"] = round_to(B / step_s, 1);
             e["linear_ms"] = round_to(tl.best * 1e3, 3);

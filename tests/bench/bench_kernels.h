@@ -125,9 +125,12 @@ nlohmann::ordered_json linear_thread_scaling(const std::vector<int64_t> & ms, in
 /// KV bytes above scale with it). Per entry also: `kv_ratio_vs_read_bw` = (KV bytes / attention
 /// time) ÷ read_bw_gbs, the attention's share of the bandwidth; and for bf16 after an f32 run of
 /// the same (B, ctx): `step_vs_f32_kv` and `attention_vs_f32_kv`, the time ratios (issue 28).
+/// `block_size`: tokens per KV block (the daemon's --block-size; a power of two >= 16), each
+/// sequence's blocks interleaved with the others' as a busy KvCache hands them out.
 nlohmann::ordered_json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & batches,
                                        const std::vector<int> & ctxs, int n_threads, double read_bw_gbs,
                                        double min_s, int64_t kv_budget_bytes, double read_bw_cpu_gbs = 0.0,
-                                       const std::vector<fd::kernels::WType> & kv_dtypes = {fd::kernels::WType::f32});
+                                       const std::vector<fd::kernels::WType> & kv_dtypes = {fd::kernels::WType::f32},
+                                       int32_t block_size = 16);
 
 }  // namespace fd::bench

@@ -34,7 +34,7 @@
 // Usage: fd_bench [--model DIR[,DIR]] [--threads N] [--batches 1,8,32,64] [--prompt-len 128]
 //                 [--decode-steps 32] [--seconds-min 1.0] [--bw-mib 1024] [--no-breakdown]
 //                 [--prefill-lens 128,512,2048] [--linear-m 64,512,2048] [--decode-ctx 128,2048,8192]
-//                 [--decode-ctx-batches 1,64] [--kv-budget-mib 2048]
+//                 [--decode-ctx-batches 1,64] [--kv-budget-mib 2048] [--decode-ctx-block-size 16]
 //                 [--prefill-profile] [--profile-lens 128,512,2048] [--profile-threads 1,2]
 #include "fd/arena.h"
 #include "fd/kernels/cpu_ops.h"
@@ -104,6 +104,7 @@ struct Options {
     std::vector<int>         ctx_batches  = {1, 64};
     int64_t                  kv_budget_mib = 2048;
     std::vector<fd::kernels::WType> ctx_kv_dtypes = {fd::kernels::WType::f32};  ///< --decode-ctx-kv-dtypes
+    int32_t                  ctx_block_size = 16;  ///< --decode-ctx-block-size (the daemon's --block-size default)
     bool                     prefill_profile = false;
     std::vector<int>         profile_lens    = {128, 512, 2048};
     std::vector<int>         profile_threads = {1, 2};
@@ -325,7 +326,8 @@ json bench_model(const std::string & dir, const Options & o, double read_bw, dou
         shapes_done.emplace_back(shape, dir);
         std::fprintf(stderr, "fd_bench: decode at long contexts...\n");
         j["decode_contexts"] = decode_contexts(cfg, o.ctx_batches, o.ctx_lens, o.threads, read_bw,
-                                               std::max(0.2, o.seconds_min), o.kv_budget_mib << 20, read_bw_cpu, o.ctx_kv_dtypes);
+                                               std::max(0.2, o.seconds_min), o.kv_budget_mib << 20, read_bw_cpu, o.ctx_kv_dtypes,
+                                               o.ctx_block_size);
     }
     if (o.prefill_profile) {  // synthetic weights of the model's shape: once per distinct shape
         static std::vector<std::pair<std::string, std::string>> profiled;  // (shape, model)
@@ -379,6 +381,9 @@ int main(int argc, char ** argv) {
     app.add_option("--decode-ctx", ctx_lens, "contexts of the long-context decode steps (empty: skip)")->capture_default_str();
     app.add_option("--decode-ctx-batches", ctx_batches, "batch sizes of the long-context decode steps")->capture_default_str();
     app.add_option("--kv-budget-mib", o.kv_budget_mib, "KV memory of one long-context run before layers share a pool")->capture_default_str();
+    app.add_option("--decode-ctx-block-size", o.ctx_block_size, "tokens per KV block of the long-context decode steps (the daemon's --block-size)")
+        ->check(CLI::IsMember({16, 32, 64, 128, 256}))
+        ->capture_default_str();
     std::string ctx_kv_dtypes = "float32";
     app.add_option("--decode-ctx-kv-dtypes", ctx_kv_dtypes,
                    "KV dtypes of the long-context decode steps, comma-separated: float32, bfloat16 (bf16 rows add step_vs_f32_kv)")
