@@ -25,25 +25,8 @@ import time
 
 import numpy as np
 
-RECEIVER = r"""
-import socket, sys
-total, mode, reps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-piece = 256 << 10
-buf = bytearray(b"\x01" * (piece if mode == "discard" else total))
-mv = memoryview(buf)
-srv = socket.create_server(("127.0.0.1", 0))
-print(srv.getsockname()[1], flush=True)
-for _ in range(reps):
-    c, _ = srv.accept()
-    n = 0
-    while n < total:
-        k = c.recv_into(mv if mode == "discard" else mv[n:], min(total - n, piece if mode == "discard" else 8 << 20))
-        if k == 0:
-            break
-        n += k
-    c.sendall(str(n).encode())
-    c.close()
-"""
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loopback_receiver import RECEIVER  # noqa: E402
 
 
 def run(data, receivers, mode, reps):

@@ -29,31 +29,13 @@ import numpy as np  # noqa: E402
 
 from fdtest import PYTHON, Daemon, copy_checkpoint, make_checkpoint  # noqa: E402
 from fdrollout import Client, publish, safetensors_np  # noqa: E402
+from loopback_receiver import RECEIVER  # noqa: E402
 
 
-# The baselines' receiver: another process (as the daemon is). mode "discard" is iperf-style: it
-# recv_intos one reused 256 KiB buffer (iperf3 reads into one 128 KiB buffer), the transport's own
-# ceiling, which the issue's target names. mode "land": every byte lands in one buffer of the
-# whole size, allocated and touched before the sender starts (no page faults timed): TCP plus one
-# write of each byte to memory, the least a receiver that keeps the bytes must do. (Until
-# 2026-12-03 the only baseline was "land" with the buffer allocated after accept: its page faults
-# were timed, which weakened it more the larger the model, and the ratios against it read high.)
-RECEIVER = r"""
-import socket, sys
-total, mode = int(sys.argv[1]), sys.argv[2]
-piece = 256 << 10
-buf = bytearray(b"\x01" * (piece if mode == "discard" else total))
-mv, n = memoryview(buf), 0
-srv = socket.create_server(("127.0.0.1", 0))
-print(srv.getsockname()[1], flush=True)
-c, _ = srv.accept()
-while n < total:
-    k = c.recv_into(mv if mode == "discard" else mv[n:], min(total - n, piece if mode == "discard" else 8 << 20))
-    if k == 0:
-        break
-    n += k
-c.sendall(str(n).encode())
-"""
+# The baselines' receiver (loopback_receiver.py): "discard" is the iperf-style reference the
+# issue's target names, "land" keeps every byte. (Until 2026-12-03 the only baseline was "land"
+# with the buffer allocated after accept: its page faults were timed, which weakened it more the
+# larger the model, and the ratios against it read high.)
 
 
 def loopback_bytes_per_s(arrays, mode="discard"):
