@@ -38,7 +38,7 @@ def run(data, receivers, mode, reps):
         ports = [int(p.stdout.readline()) for p in ps]
         out = []
         for _ in range(reps):
-            socks = [socket.create_connection(("127.0.0.1", port)) for port in ports]
+            socks = [socket.create_connection(("127.0.0.1", port), timeout=60) for port in ports]  # every wait bounded
             views = [memoryview(data)[i * share:(i + 1) * share] for i in range(receivers)]
             t0 = time.perf_counter()
             if receivers == 1:
