@@ -41,7 +41,7 @@ def run(data, receivers, mode, reps):
             socks = [socket.create_connection(("127.0.0.1", port), timeout=60) for port in ports]  # every wait bounded
             views = [memoryview(data)[i * share:(i + 1) * share] for i in range(receivers)]
             t0 = time.perf_counter()
-            if receivers == 1:
+            if receivers == 1:  # as stream_bench.py's baseline sends: from the main thread
                 socks[0].sendall(views[0])
             else:
                 ths = [threading.Thread(target=socks[i].sendall, args=(views[i],)) for i in range(receivers)]
@@ -58,7 +58,11 @@ def run(data, receivers, mode, reps):
         return out
     finally:
         for p in ps:
-            p.wait(60)
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
             p.stdout.close()
 
 
