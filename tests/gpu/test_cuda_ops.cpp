@@ -238,10 +238,12 @@ TEST_CASE("cuda linear equals the CPU linear on random shapes (f32 and bf16 weig
     }
 }
 
-TEST_CASE("cuda linear is batch-invariant: row r bitwise equal for n_rows 1..64") {
+// n_rows 1..96 crosses the skinny kernel (n_rows <= 64) and the tiled one: both must give a row
+// the same bits.
+TEST_CASE("cuda linear is batch-invariant: row r bitwise equal for n_rows 1..96 (skinny and tiled kernels)") {
     std::mt19937 rng(6);
     for (const auto wt : {K::WType::f32, K::WType::bf16}) {
-        const int64_t n_out = 300, n_in = 1000, n_max = 64;
+        const int64_t n_out = 300, n_in = 1000, n_max = 96;
         const auto    x  = randv(rng, static_cast<size_t>(n_max * n_in));
         const auto    w  = randv(rng, static_cast<size_t>(n_out * n_in));
         const auto    wb = to_bf16(w);

@@ -125,8 +125,10 @@ void check_against_cpu(const fs::path & a, const fs::path & b, double tol) {
 
 }  // namespace
 
-TEST_CASE("stories260K F32 on cuda: greedy equal to cpu, logprobs within 1e-5, update and wakeup too") {
-    check_against_cpu(kStories, kStories, 1e-5);  // the update re-stages the same weights
+// 5e-5: the first run on a GPU (H200, stop 44) measured 2.04e-5 here (the e2e prompts: under
+// 1e-5); a wrong op is off by far more (a flipped greedy token, or >= 1e-3).
+TEST_CASE("stories260K F32 on cuda: greedy equal to cpu, logprobs within 5e-5, update and wakeup too") {
+    check_against_cpu(kStories, kStories, 5e-5);  // the update re-stages the same weights
 }
 
 TEST_CASE("random BF16 in 3 shards on cuda: greedy equal to cpu, logprobs within 1e-3") {

@@ -66,7 +66,11 @@ inline Errc error_of(const std::function<void()> & fn, std::string * what = null
 /// A random checkpoint at `out` from scripts/make_random_checkpoint.py (the e2e tests' generator);
 /// `args`: its flags (e.g. "--preset tiny-qwen2 --seed 3"). Errors  std::runtime_error if it fails.
 inline void make_random_checkpoint(const std::filesystem::path & out, const std::string & args) {
-    const std::string cmd = "/usr/bin/python3 " FD_SOURCE_DIR "/scripts/make_random_checkpoint.py --tokenizer-from '' --out '" +
+    // FD_PYTHON (the CTest environment of the GPU tests: a prebuilt bundle's python3 on a machine
+    // without Debian's) or Debian's python3.
+    const char *      py  = std::getenv("FD_PYTHON");
+    const std::string cmd = std::string(py != nullptr && *py != '\0' ? py : "/usr/bin/python3") +
+                            " " FD_SOURCE_DIR "/scripts/make_random_checkpoint.py --tokenizer-from '' --out '" +
                             out.string() + "' " + args + " > /dev/null";
     if (std::system(cmd.c_str()) != 0) { throw std::runtime_error("make_random_checkpoint.py failed: " + cmd); }
 }
