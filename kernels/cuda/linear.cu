@@ -116,14 +116,25 @@ __global__ void __launch_bounds__(32) linear_skinny_kernel(float * out, const fl
     const int64_t k_end = (n_in + kBk - 1) / kBk * kBk;  // the tiled kernel's padded length
     const int64_t n_tiles = (k_end + kTk - 1) / kTk;
     const auto *  wb = static_cast<const unsigned char *>(w);
-    auto          issue = [&](int64_t t) {
-        const int     st = static_cast<int>(t % kSkStages);
-        const int64_t kt = t * kTk;
-        for (int c = lane; c < kSkOut * kChunks; c += 32) {
-            const int     oo = c / kChunks, cc = c % kChunks;
-            const int64_t o = o0 + oo, k = kt + cc * kVec;
-            const bool    in = o < n_out && k < n_in;
-            cp_async16(&ws[st][oo][cc * 16], in ? wb + (o * n_in + k) * kEsz : wb, in ? 16 : 0);
+    // This lane's share of a tile's W copies, fixed for the whole walk: column chunk cw of rows
+    // ow + i * kRowStep (i < kWPer), so a copy costs one address add (ncu on the H200: the
+    // per-copy 64-bit index arithmetic had the single warp issue ~8 instructions per k).
+    constexpr int kWPer = kSkOut * kChunks / 32, kRowStep = 32 / kChunks;
+    static_assert(kSkOut * kChunks % 32 == 0 && 32 % kChunks == 0, "W copies split evenly over the lanes");
+    const int             cw = lane % kChunks, ow = lane / kChunks;
+    const int64_t         n_valid = n_out - o0 < kSkOut ? n_out - o0 : kSkOut;  // rows of W in this block
+    const int64_t         w_row_step = static_cast<int64_t>(kRowStep) * n_in * kEsz;
+    const unsigned char * w_lane = wb + (o0 + ow) * n_in * kEsz + cw * 16;  // tile 0, i = 0
+    auto                  issue = [&](int64_t t) {
+        const int             st = static_cast<int>(t % kSkStages);
+        const int64_t         kt = t * kTk;
+        const bool            k_in = kt + cw * kVec < n_in;
+        const unsigned char * src = w_lane + kt * kEsz;
+        unsigned char *       dst = &ws[st][ow][cw * 16];
+#pragma unroll
+        for (int i = 0; i < kWPer; ++i) {
+            const bool in = k_in && ow + i * kRowStep < n_valid;
+            cp_async16(dst + i * kRowStep * kSkPitch, in ? src + i * w_row_step : wb, in ? 16 : 0);
         }
         for (int c = lane; c < R * kXChunks; c += 32) {
             const int     rr = c / kXChunks, cc = c % kXChunks;
