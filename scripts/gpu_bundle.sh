@@ -9,8 +9,8 @@
 # in the device tool's carry):
 #   .gpu/bundle.tar.xz  the build dir's executables and CTest files (no objects), stripped
 #   .gpu/lib/           the shared libraries they link that a CUDA image lacks (spdlog, fmt,
-#                       sentencepiece, openblas, pcre2, utf8proc, yaml-cpp, ...); never libc,
-#                       libstdc++ or the CUDA libraries (the GPU machine's own are used)
+#                       sentencepiece, pcre2, utf8proc, yaml-cpp, gloo, openssl, rsync's, ...);
+#                       never libc, libstdc++ or the CUDA libraries (the GPU machine's own are used)
 #   .gpu/bin/           tools the tests run that such an image lacks (rsync)
 #   .gpu/python3        FD_PYTHON for the tests: the first python3 with numpy it finds
 #   .gpu/root           this checkout's absolute path (the CTest files name it; gpu_check.sh
