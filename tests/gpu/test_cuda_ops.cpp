@@ -20,6 +20,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace K  = fd::kernels;
@@ -228,7 +229,8 @@ TEST_CASE("cuda linear equals the CPU linear on random shapes (f32 and bf16 weig
     for (int iter = 0; iter < 24; ++iter) {
         const int64_t n_rows = std::vector<int64_t>{1, 3, 64, 65, 130}[rand_int(rng, 0, 4)];
         const int64_t n_out  = std::vector<int64_t>{1, 63, 64, 200, 513}[rand_int(rng, 0, 4)];
-        const int64_t n_in   = std::vector<int64_t>{1, 31, 32, 257, 1024, 2048}[rand_int(rng, 0, 5)];
+        // 160: the skinny kernel's last W tile (128 bf16 k) holds 32 k and its padding.
+        const int64_t n_in   = std::vector<int64_t>{1, 31, 32, 160, 257, 1024, 2048}[rand_int(rng, 0, 6)];
         const auto    wt     = iter % 2 ? K::WType::bf16 : K::WType::f32;
         const bool    bias   = iter % 3 == 0;
         CAPTURE(n_rows); CAPTURE(n_out); CAPTURE(n_in); CAPTURE(iter);
@@ -242,8 +244,11 @@ TEST_CASE("cuda linear equals the CPU linear on random shapes (f32 and bf16 weig
 // the same bits.
 TEST_CASE("cuda linear is batch-invariant: row r bitwise equal for n_rows 1..96 (skinny and tiled kernels)") {
     std::mt19937 rng(6);
-    for (const auto wt : {K::WType::f32, K::WType::bf16}) {
-        const int64_t n_out = 300, n_in = 1000, n_max = 96;
+    // n_in 1000 and 160: the skinny kernel's last W tile full to 104 and to 32 k of 128 (bf16).
+    for (const auto & [wt, n_in] : {std::pair{K::WType::f32, int64_t{1000}}, std::pair{K::WType::bf16, int64_t{1000}},
+                                  std::pair{K::WType::bf16, int64_t{160}}}) {
+        CAPTURE(n_in);
+        const int64_t n_out = 300, n_max = 96;
         const auto    x  = randv(rng, static_cast<size_t>(n_max * n_in));
         const auto    w  = randv(rng, static_cast<size_t>(n_out * n_in));
         const auto    wb = to_bf16(w);
