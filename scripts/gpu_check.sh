@@ -7,7 +7,8 @@
 # within 5e-5, sleep frees >= 97%, 50 sleep/wakeup cycles leak nothing; CUDA graphs replayed bitwise
 # equal to eager; NcclComm and the staged comm; tp=2 on cuda equal to tp=1 and cpu with per-rank
 # device memory in /health and sleep, an NCCL communicator destroyed by sleep and rebuilt by wakeup,
-# and the rank-fault suite at tp=2 on cuda) and fd_gpu_bench (JSON; with decode tok/s at B=1/64/256,
+# and the rank-fault suite at tp=2 on cuda; a full and a delta weight stream over NCCL from torch,
+# python_test_nccl_sender) and fd_gpu_bench (JSON; with decode tok/s at B=1/64/256,
 # eager and graphs, on a random ~1B BF16 model written to a temp dir). Meant to finish within 8 minutes on
 # one H200; record its output in docs/benchmarks.md. Without a GPU every gpu test reports Skipped
 # (exit 77) and the script says "no GPU: N tests skipped" and exits 0.
@@ -80,7 +81,7 @@ set -e
 n_total=$(grep -Eo 'out of [0-9]+' "$LOG_DIR/gpu_ctest_units.log" | tail -1 | grep -Eo '[0-9]+' || echo 0)
 n_skipped=$(grep -c '\*\*\*Skipped' "$LOG_DIR/gpu_ctest_units.log" || true)
 if [[ "$n_total" -gt 0 && "$n_skipped" -eq "$n_total" ]]; then
-  set +e; run_ctest '^e2e_' e2e; set -e
+  set +e; run_ctest '^(e2e|python)_' e2e; set -e
   echo "no GPU: $n_skipped unit tests skipped (and the e2e passes above)"
   "$BUILD_DIR/fd_gpu_bench" >/dev/null || true
   exit 0
@@ -97,7 +98,7 @@ bench_json=$("$BUILD_DIR/fd_gpu_bench" "${FD_GPU_BENCH_SECONDS:-0.3}" "$ck_dir/c
 bench_rc=$?
 echo "$bench_json" | tee "$LOG_DIR/gpu_bench.json"
 echo "gpu_check: bench rc $bench_rc at $(( $(date +%s) - start )) s"
-run_ctest '^e2e_' e2e; e2e_rc=$?
+run_ctest '^(e2e|python)_' e2e; e2e_rc=$?
 # FD_GPU_EXTRA_E2E: more e2e scripts (tests/e2e/*.py) over --device cuda, written for the CPU
 # daemon; reported, not counted (a look at what else holds on a GPU).
 for t in ${FD_GPU_EXTRA_E2E:-}; do
