@@ -141,7 +141,7 @@ DecodeLinears make_decode_linears(const fd::model::ModelConfig & c, bool with_lm
         d.weight_bytes += l.n_out * l.n_in * 4;
     }
     d.mem = std::make_unique<Mapping>(static_cast<size_t>(floats) * sizeof(float), /*huge=*/true);  // as fd::Arena maps the weights
-    for (size_t i = 0; i < d.mem->n_floats(); ++i) { d.mem->p[i] = static_cast<float>((i * 2654435761u) & 1023) * 1e-4f - 0.05f; }
+    for (size_t i = 0; i < d.mem->count(); ++i) { d.mem->p[i] = static_cast<float>((i * 2654435761u) & 1023) * 1e-4f - 0.05f; }
     float * cur = d.mem->p;
     for (auto & l : d.lins) {
         l.w = cur;

@@ -6,10 +6,9 @@
 
 #include "fd/checkpoint/model_config.h"
 #include "fd/kernels/ops.h"
+#include "bench_mapping.h"
 
 #include <nlohmann/json.hpp>
-
-#include <sys/mman.h>
 
 #include <chrono>
 #include <ctime>
@@ -23,29 +22,7 @@
 
 namespace fd::bench {
 
-/// Anonymous private mapping (4 KiB pages unless THP is "always" or `huge`).
-struct Mapping {
-    float * p      = nullptr;
-    size_t  bytes  = 0;
-    void *  base   = nullptr;
-    size_t  mapped = 0;
-    /// huge: 2 MiB-aligned with MADV_HUGEPAGE, as fd::Arena maps the daemon's weights and KV
-    /// cache (transparent huge pages under THP "madvise" or "always"; advice only).
-    explicit Mapping(size_t b, bool huge = false) : bytes(b) {
-        const size_t align = huge ? (size_t{2} << 20) : 0;
-        mapped = b + align;
-        base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (base == MAP_FAILED) { throw std::runtime_error("mmap of " + std::to_string(b) + " bytes failed"); }
-        auto a = reinterpret_cast<uintptr_t>(base);
-        if (huge) { a = (a + align - 1) / align * align; }
-        p = reinterpret_cast<float *>(a);
-        if (huge) { madvise(p, bytes, MADV_HUGEPAGE); }
-    }
-    ~Mapping() { if (base) { munmap(base, mapped); } }
-    Mapping(const Mapping &) = delete;
-    Mapping & operator=(const Mapping &) = delete;
-    size_t n_floats() const { return bytes / sizeof(float); }
-};
+using Mapping = MappingOf<float>;  // weights, KV pools, read probes (float elements)
 
 /// CPU seconds used by the whole process so far (all threads).
 inline double process_cpu_seconds() {

@@ -2,6 +2,7 @@
 // like fd::Arena, memcpy bandwidth, smaps_rollup fields. Bench code only.
 #pragma once
 
+#include "bench_mapping.h"
 #include "bench_util.h"
 
 #include <sys/mman.h>
@@ -29,31 +30,7 @@ inline int64_t smaps_rollup_bytes(const std::string & key) {
 // Memory reference
 // ---------------------------------------------------------------------------------------------
 
-/// Anonymous private mapping, like fd::Arena; `huge` asks for transparent huge pages (2 MiB aligned).
-struct Mapping {
-    std::byte * p     = nullptr;
-    size_t      bytes = 0;
-    void *      base  = nullptr;
-    size_t      mapped = 0;
-    explicit Mapping(size_t b, bool huge = false) : bytes(b) {
-        const size_t align = huge ? (2u << 20) : 0;
-        mapped = b + align;
-        base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (base == MAP_FAILED) { throw std::runtime_error("mmap of " + std::to_string(b) + " bytes failed"); }
-        auto a = reinterpret_cast<uintptr_t>(base);
-        if (align) { a = (a + align - 1) / align * align; }
-        p = reinterpret_cast<std::byte *>(a);
-        if (huge) { madvise(p, bytes, MADV_HUGEPAGE); }
-    }
-    ~Mapping() { unmap(); }
-    void unmap() {
-        if (base) { munmap(base, mapped); }
-        base = nullptr;
-        p    = nullptr;
-    }
-    Mapping(const Mapping &) = delete;
-    Mapping & operator=(const Mapping &) = delete;
-};
+using Mapping = MappingOf<std::byte>;  // the control bench's memory reference (bytes)
 
 inline volatile uint8_t g_sink = 0;
 

@@ -75,7 +75,7 @@ volatile float g_sink = 0.0f;
 /// GB/s of one sum_streams<S> pass over m (the floats it reads).
 template <int S>
 double streams_gbs(const Mapping & m) {
-    const size_t n  = m.n_floats();
+    const size_t n  = m.count();
     const auto   t0 = Clock::now();
     g_sink = g_sink + sum_streams<S>(m.p, n);
     return static_cast<double>(n / S / 128 * 128 * S) * sizeof(float) / seconds_since(t0) / 1e9;
@@ -84,7 +84,7 @@ double streams_gbs(const Mapping & m) {
 }  // namespace
 
 json read_bw_probe(const Mapping & m, int n_threads, int passes) {
-    const size_t n     = m.n_floats();
+    const size_t n     = m.count();
     const size_t chunk = n / static_cast<size_t>(n_threads) / 128 * 128;
     const int    n_cpu = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     std::vector<double> wall, cpu;
@@ -154,7 +154,7 @@ json read_bw_streams_probe(const Mapping & m, int passes) {
 json memory_bandwidth(size_t bytes, int n_threads) {
     Mapping src(bytes, /*huge=*/true);  // as the daemon's weight and KV arenas
     // Touch every page (and give the sum something to add).
-    for (size_t i = 0; i < src.n_floats(); ++i) { src.p[i] = static_cast<float>(i & 1023) * 1e-3f; }
+    for (size_t i = 0; i < src.count(); ++i) { src.p[i] = static_cast<float>(i & 1023) * 1e-3f; }
     json j;
     j["buffer_mib"] = bytes >> 20;
     // Two untimed passes first (page tables, frequency), then the probes.

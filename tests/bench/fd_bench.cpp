@@ -162,7 +162,7 @@ json decode_breakdown(const fd::model::ModelConfig & c, const Options & o, int64
     const int32_t bps      = (n_ctx + bs - 1) / bs;
     const int64_t layer_fl = int64_t(bmax) * bps * bs * kv_dim;
     Mapping kvmem(static_cast<size_t>(2 * c.n_layers * layer_fl) * sizeof(float), /*huge=*/true);  // as the daemon's KV arena
-    for (size_t i = 0; i < kvmem.n_floats(); ++i) { kvmem.p[i] = static_cast<float>(i & 255) * 1e-3f; }
+    for (size_t i = 0; i < kvmem.count(); ++i) { kvmem.p[i] = static_cast<float>(i & 255) * 1e-3f; }
     std::vector<int32_t> tables(static_cast<size_t>(bmax) * bps);
     for (size_t i = 0; i < tables.size(); ++i) { tables[i] = static_cast<int32_t>(i); }
     std::vector<K::AttnQuery> queries(bmax);
