@@ -5,8 +5,8 @@
 #
 # Here (Debian 12, CUDA 13 in /usr/local/cuda): configures and builds $BUILD_DIR (default
 # build-gpu) with -DFD_WITH_CUDA=ON, sm_90 and FD_NATIVE=OFF (so the CPU kernels run on whatever
-# x86-64 host the GPU sits in), then writes .gpu/ (add `/.gpu/` to .git/info/exclude; name `.gpu`
-# in the device tool's carry):
+# x86-64 host the GPU sits in), then writes .gpu/ (ignored through .git/info/exclude, which this
+# script fills in; name `.gpu` in the device tool's carry):
 #   .gpu/bundle.tar.xz  the build dir's executables and CTest files (no objects), stripped
 #   .gpu/lib/           the shared libraries they link that a CUDA image lacks (spdlog, fmt,
 #                       sentencepiece, pcre2, utf8proc, yaml-cpp, gloo, openssl, rsync's, ...);
@@ -23,6 +23,9 @@ root=$(pwd -P)
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 JOBS=${FD_JOBS:-2}
 mkdir -p .gpu
+# .gpu/ must stay out of git (the device tool carries it as an ignored path): ignore it locally.
+exclude=$(git rev-parse --git-path info/exclude 2>/dev/null || true)
+if [[ -n "$exclude" ]] && ! grep -qx '/.gpu/' "$exclude" 2>/dev/null; then mkdir -p "$(dirname "$exclude")"; echo '/.gpu/' >> "$exclude"; fi
 cat > .gpu/python3 <<'EOF'
 #!/bin/sh
 # FD_PYTHON of a prebuilt GPU bundle: Debian's python3 here, the CUDA image's (with numpy) there.
