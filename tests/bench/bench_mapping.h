@@ -1,6 +1,9 @@
-// tests/bench/bench_mapping.h — the benches' anonymous memory: a private mapping of T, optionally
-// 2 MiB-aligned with MADV_HUGEPAGE as fd::Arena maps the daemon's weights and KV cache. Bench code only.
+// tests/bench/bench_mapping.h — the benches' anonymous memory, seen as T[count()]: either an
+// fd::Arena (huge: exactly how the daemon maps its weights and KV cache) or a plain private
+// mapping on 4 KiB pages (the references that must not get huge pages). Bench code only.
 #pragma once
+
+#include "fd/arena.h"
 
 #include <sys/mman.h>
 
@@ -11,35 +14,41 @@
 
 namespace fd::bench {
 
-/// `bytes` of anonymous private memory (MAP_NORESERVE) seen as T[count()]; 4 KiB pages unless THP
-/// is "always" or `huge` (2 MiB-aligned, MADV_HUGEPAGE: transparent huge pages under THP "madvise"
-/// or "always"; advice only). Errors: std::runtime_error when mmap fails.
+/// `bytes` of zeroed anonymous memory. huge: an fd::Arena (2 MiB-aligned, MADV_HUGEPAGE from
+/// 2 MiB up, as the daemon's arenas); otherwise mmap(MAP_PRIVATE | MAP_NORESERVE), 4 KiB pages
+/// unless THP is "always". Errors: fd::Error (arena) or std::runtime_error (mmap) when mapping fails.
 template <class T>
 struct MappingOf {
-    T *    p      = nullptr;
-    size_t bytes  = 0;
-    void * base   = nullptr;
-    size_t mapped = 0;
+    T *    p     = nullptr;
+    size_t bytes = 0;
     explicit MappingOf(size_t b, bool huge = false) : bytes(b) {
-        const size_t align = huge ? (size_t{2} << 20) : 0;
-        mapped = b + align;
-        base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (base == MAP_FAILED) { throw std::runtime_error("mmap of " + std::to_string(b) + " bytes failed"); }
-        auto a = reinterpret_cast<uintptr_t>(base);
-        if (huge) { a = (a + align - 1) / align * align; }
-        p = reinterpret_cast<T *>(a);
-        if (huge) { madvise(p, bytes, MADV_HUGEPAGE); }
+        if (huge) {
+            arena_.reserve(static_cast<int64_t>(b));
+            p = reinterpret_cast<T *>(arena_.data());
+            return;
+        }
+        base_ = mmap(nullptr, b, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (base_ == MAP_FAILED) {
+            base_ = nullptr;
+            throw std::runtime_error("mmap of " + std::to_string(b) + " bytes failed");
+        }
+        p = static_cast<T *>(base_);
     }
     ~MappingOf() { unmap(); }
     MappingOf(const MappingOf &)             = delete;
     MappingOf & operator=(const MappingOf &) = delete;
     /// Gives the memory back now (the destructor then does nothing).
     void unmap() {
-        if (base) { munmap(base, mapped); }
-        base = nullptr;
-        p    = nullptr;
+        arena_.release();
+        if (base_) { munmap(base_, bytes); }
+        base_ = nullptr;
+        p     = nullptr;
     }
     size_t count() const { return bytes / sizeof(T); }
+
+private:
+    fd::Arena arena_{"bench"};
+    void *    base_ = nullptr;
 };
 
 }  // namespace fd::bench
