@@ -343,10 +343,23 @@ def wait_control_in_flight(d, op, timeout=30):
     wait_until(lambda: d.get("/health", timeout=timeout)[1]["control_in_flight"] == op, timeout, f"{op} in flight on port {d.port}")
 
 
+def device_args(extra=EXTRA_ARGS):
+    """The --device flag of FD_TEST_DAEMON_ARGS (["--device", "cuda"]), or [] when it names none."""
+    for i, a in enumerate(extra):
+        if a == "--device" and i + 1 < len(extra):
+            return ["--device", extra[i + 1]]
+        if a.startswith("--device="):
+            return [a]
+    return []
+
+
 def fresh_daemon(model=STORIES, *args, **kw):
     """The reference the weight tests compare against: a fresh daemon on `model` at
-    tensor-parallel size 1, in process (without FD_TEST_DAEMON_ARGS), whatever this run's tp."""
-    return Daemon(*args, model=model, extra=False, **kw)
+    tensor-parallel size 1, in process (without FD_TEST_DAEMON_ARGS), whatever this run's tp, on
+    the run's device (FD_TEST_DAEMON_ARGS's --device, unless args name one): a CUDA daemon's
+    weights are compared bitwise with a CUDA reference, not with the CPU's sums."""
+    dev = [] if any(a == "--device" or a.startswith("--device=") for a in args) else device_args()
+    return Daemon(*dev, *args, model=model, extra=False, **kw)
 
 
 def fdctl(port, *args, timeout=60, env=None):
