@@ -19,6 +19,8 @@
 #   tests/e2e scripts to run over --device cuda, reported and not counted),
 #   FD_GPU_PREBUILT=1: no install, no build; unpack what scripts/gpu_bundle.sh packed into .gpu/
 #   here (for a lent machine with no network and no Debian -dev packages, like the device tool's).
+#   FD_GPU_SKIP_BENCH=1 (no 1B checkpoint, no fd_gpu_bench: ~60 s of device time less, for a rerun
+#   of the tests), FD_GPU_E2E_REGEX (the e2e pass's ctest -R, default '^(e2e|python)_').
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-gpu}
@@ -87,18 +89,20 @@ if [[ "$n_total" -gt 0 && "$n_skipped" -eq "$n_total" ]]; then
   exit 0
 fi
 
-# The decode benchmark's ~1B BF16 random model (TinyLlama-1.1B shape, 22 layers), removed on exit.
-ck_dir=$(mktemp -d)
-trap 'rm -rf "$ck_dir"' EXIT
-"$PYTHON" scripts/make_random_checkpoint.py --preset llama-1b-bf16-sharded --tokenizer-from '' --out "$ck_dir/ck_1b" >/dev/null
-echo "gpu_check: 1B checkpoint written in $(( $(date +%s) - built )) s"
-
 set +e
-bench_json=$("$BUILD_DIR/fd_gpu_bench" "${FD_GPU_BENCH_SECONDS:-0.3}" "$ck_dir/ck_1b")
-bench_rc=$?
-echo "$bench_json" | tee "$LOG_DIR/gpu_bench.json"
-echo "gpu_check: bench rc $bench_rc at $(( $(date +%s) - start )) s"
-run_ctest '^(e2e|python)_' e2e; e2e_rc=$?
+bench_rc=0
+if [[ "${FD_GPU_SKIP_BENCH:-0}" != 1 ]]; then
+  # The decode benchmark's ~1B BF16 random model (TinyLlama-1.1B shape, 22 layers), removed on exit.
+  ck_dir=$(mktemp -d)
+  trap 'rm -rf "$ck_dir"' EXIT
+  "$PYTHON" scripts/make_random_checkpoint.py --preset llama-1b-bf16-sharded --tokenizer-from '' --out "$ck_dir/ck_1b" >/dev/null
+  echo "gpu_check: 1B checkpoint written in $(( $(date +%s) - built )) s"
+  bench_json=$("$BUILD_DIR/fd_gpu_bench" "${FD_GPU_BENCH_SECONDS:-0.3}" "$ck_dir/ck_1b")
+  bench_rc=$?
+  echo "$bench_json" | tee "$LOG_DIR/gpu_bench.json"
+  echo "gpu_check: bench rc $bench_rc at $(( $(date +%s) - start )) s"
+fi
+run_ctest "${FD_GPU_E2E_REGEX:-^(e2e|python)_}" e2e; e2e_rc=$?
 # FD_GPU_EXTRA_E2E: more e2e scripts (tests/e2e/*.py) over --device cuda, written for the CPU
 # daemon; reported, not counted (a look at what else holds on a GPU).
 for t in ${FD_GPU_EXTRA_E2E:-}; do

@@ -1,7 +1,7 @@
 """The trainer's side of the NCCL weight-stream transport (docs/weight_streams.md, "NCCL").
 
 `WeightStream(..., backend="nccl")` uses it: this process creates the group's ncclUniqueId
-(`torch.cuda.nccl.unique_id()`, 128 bytes, sent as 256 hex digits in `init_info`), joins as rank
+(`ncclGetUniqueId`, 128 bytes, sent as 256 hex digits in `init_info`), joins as rank
 0 of 2 while the daemon's receiver joins as rank 1 inside `/init_weight_transfer_engine` (no TCP
 store, no torch.distributed process group), then each announced tensor is one `ncclBroadcast`
 from rank 0 of exactly its payload bytes as uint8 (a delta: its indices then its values, as on
@@ -10,10 +10,15 @@ the TCP wire), in announced order.
 Every wait is bounded: the group's init and each broadcast run on a helper thread joined with
 the stream's timeout, so a daemon that dies makes the trainer raise `TimeoutError` instead of
 hanging in NCCL (the helper thread is then abandoned; the communicator is not reused).
-Needs torch with CUDA and a visible device; written and compiled against torch 1.13's
-`torch.cuda.nccl` API, run only where a GPU is lent (tests/python/test_nccl_sender.py skips
-otherwise).
+NCCL is called through ctypes (the libnccl.so.2 torch already loaded, else the system's): torch's
+own `torch.cuda.nccl.init_rank` fails on Python 3.12 builds ("PY_SSIZE_T_CLEAN macro must be
+defined for '#' formats", seen on the first GPU run), and torch.distributed would need a process
+group. torch supplies the device buffers and the stream. Needs torch with CUDA and a visible
+device (tests/python/test_nccl_sender.py skips otherwise).
 """
+import ctypes
+import glob
+import os
 import threading
 
 
@@ -37,6 +42,35 @@ def _bounded(fn, timeout, what):
     return out.get("r")
 
 
+class _UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+
+
+_NCCL_UINT8 = 1  # ncclDataType_t ncclUint8
+
+
+def _load_nccl(torch):
+    """libnccl.so.2: the one torch loaded (dlopen finds it by soname), else one under torch's
+    site-packages (nvidia/nccl/lib), else the system's. Raises RuntimeError when none loads."""
+    names = ["libnccl.so.2", "libnccl.so"]
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    names += sorted(glob.glob(os.path.join(site, "nvidia", "nccl", "lib", "libnccl.so*")))
+    names += sorted(glob.glob("/usr/local/cuda*/lib*/libnccl.so*"))
+    for n in names:
+        try:
+            lib = ctypes.CDLL(n)
+        except OSError:
+            continue
+        lib.ncclGetErrorString.restype = ctypes.c_char_p
+        lib.ncclGetUniqueId.argtypes = [ctypes.POINTER(_UniqueId)]
+        lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, _UniqueId, ctypes.c_int]
+        lib.ncclBroadcast.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_void_p, ctypes.c_void_p]
+        lib.ncclCommAbort.argtypes = [ctypes.c_void_p]
+        return lib
+    raise RuntimeError("no libnccl.so.2 could be loaded (torch built without NCCL?); use backend='tcp'")
+
+
 class NcclSender:
     """Rank 0 of a 2-rank NCCL group whose rank 1 is the daemon's receiver."""
 
@@ -44,24 +78,29 @@ class NcclSender:
         import torch  # required for this transport only
         if not torch.cuda.is_available():
             raise RuntimeError("the nccl weight-stream backend needs torch with CUDA and a visible GPU; use backend='tcp'")
-        if not hasattr(torch._C, "_nccl_unique_id"):
-            raise RuntimeError("this torch was built without NCCL (torch.cuda.nccl); use backend='tcp'")
         self.torch, self.timeout = torch, float(timeout)
         self.device = torch.device("cuda", device)
-        self.uid = torch.cuda.nccl.unique_id()
-        if len(self.uid) != 128:
-            raise RuntimeError(f"torch.cuda.nccl.unique_id() gave {len(self.uid)} bytes, not 128")
+        self.nccl = _load_nccl(torch)
+        self.uid = _UniqueId()
+        self._check(self.nccl.ncclGetUniqueId(ctypes.byref(self.uid)), "ncclGetUniqueId")
         self.comm = None
+
+    def _check(self, rc, what):
+        if rc != 0:
+            raise RuntimeError(f"{what} failed: NCCL error {rc} ({self.nccl.ncclGetErrorString(rc).decode()})")
 
     def init_info(self):
         """The `init_info` body of /init_weight_transfer_engine for this group."""
-        return {"backend": "nccl", "nccl_unique_id": self.uid.hex(), "rank_offset": 1, "world_size": 2, "timeout_s": self.timeout}
+        return {"backend": "nccl", "nccl_unique_id": ctypes.string_at(ctypes.addressof(self.uid), 128).hex(),
+                "rank_offset": 1, "world_size": 2, "timeout_s": self.timeout}
 
     def join(self):
         """Join the group as rank 0 (blocks until the daemon joined; call while the init request runs)."""
         def init():
+            comm = ctypes.c_void_p()
             with self.torch.cuda.device(self.device):
-                return self.torch.cuda.nccl.init_rank(2, self.uid, 0)
+                self._check(self.nccl.ncclCommInitRank(ctypes.byref(comm), 2, self.uid, 0), "ncclCommInitRank")
+            return comm
         self.comm = _bounded(init, self.timeout, "group init")
 
     def _as_bytes(self, a):
@@ -79,8 +118,11 @@ class NcclSender:
 
         def bcast():
             with torch.cuda.device(self.device):
-                torch.cuda.nccl.broadcast([payload], root=0, comms=[self.comm])
-                torch.cuda.synchronize(self.device)
+                stream = torch.cuda.current_stream(self.device)
+                ptr = ctypes.c_void_p(payload.data_ptr())
+                self._check(self.nccl.ncclBroadcast(ptr, ptr, payload.numel(), _NCCL_UINT8, 0, self.comm,
+                                                    ctypes.c_void_p(stream.cuda_stream)), "ncclBroadcast")
+                stream.synchronize()
 
         _bounded(bcast, self.timeout, "broadcast")
         return payload.numel()

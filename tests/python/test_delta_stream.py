@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import PYTHON, STORIES, Daemon, copy_checkpoint, fresh_daemon, greedy, kill_when_sent, rewrite_tensors, wait_until  # noqa: E402
+from fdtest import PYTHON, STORIES, Daemon, device_args, copy_checkpoint, fresh_daemon, greedy, kill_when_sent, rewrite_tensors, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError, changed_elements  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 
@@ -122,7 +122,7 @@ def read_staged(d):
 
 
 class DeltaTp1(unittest.TestCase):
-    TP_ARGS = []
+    TP_ARGS = device_args()  # FD_TEST_DAEMON_ARGS's --device (scripts/gpu_check.sh's extra runs: cuda)
 
     @classmethod
     def setUpClass(cls):
@@ -520,7 +520,7 @@ class DeltaTp1(unittest.TestCase):
 
 
 class DeltaTp2(DeltaTp1):
-    TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1"]
+    TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1", *device_args()]
 
     # tp=2 repeats the paths that reach the ranks; the input checks run before any rank is involved.
     test_3_bad_indices_are_4xx_naming_the_tensor = None

@@ -1,8 +1,12 @@
 """fdrollout.nccl_sender (Client.weight_stream(..., backend="nccl")): the trainer as rank 0 of an
 NCCL group with the daemon's receiver. Where no GPU is visible (or torch lacks CUDA), only the
 refusal is checked: the stream raises before any request reaches the daemon, which keeps serving.
-With a GPU and a CUDA build of the daemon, a full stream and a delta stream over NCCL serve what a
-fresh daemon on the same weights serves (the reference nobody here wrote: its own load).
+With one GPU, the trainer and the daemon would both be on it, which NCCL refuses ("Duplicate GPU
+detected", ncclInvalidUsage, after both sides met through the unique id): the stream must raise
+within its timeout on the trainer's side and the daemon keep serving, its next TCP stream working.
+With two GPUs (trainer on device 1, daemon on device 0) and a CUDA build of the daemon, a full
+stream and a delta stream over NCCL serve what a fresh daemon on the same weights serves (the
+reference nobody here wrote: its own load).
 """
 import os
 import shutil
@@ -17,13 +21,14 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 import numpy as np  # noqa: E402
 
 from fdtest import STORIES, Daemon, fresh_daemon, greedy, perturbed  # noqa: E402
-from fdrollout import Client, changed_elements, safetensors_np  # noqa: E402
+from fdrollout import Client, FdRolloutError, changed_elements, safetensors_np  # noqa: E402
 
 try:
     import torch
     HAVE_CUDA = torch.cuda.is_available()
 except ImportError:
     torch, HAVE_CUDA = None, False
+N_GPUS = torch.cuda.device_count() if HAVE_CUDA else 0
 
 
 class NcclRefusedWithoutGpu(unittest.TestCase):
@@ -43,7 +48,31 @@ class NcclRefusedWithoutGpu(unittest.TestCase):
             Client("127.0.0.1:1").weight_stream("x", backend="gloo")
 
 
-@unittest.skipUnless(HAVE_CUDA, "needs a visible GPU and torch with CUDA")
+@unittest.skipUnless(N_GPUS == 1, "needs exactly one visible GPU and torch with CUDA")
+class NcclOneGpu(unittest.TestCase):
+    def test_nccl_on_the_daemons_own_gpu_raises_in_time_and_changes_nothing(self):
+        import time
+        with Daemon("--dynamic-load-weight", "--device", "cuda", "--control-timeout-s", "30", extra=False) as d:
+            c = Client(f"127.0.0.1:{d.port}", timeout=30)
+            before, out = c.weight_version(), greedy(d)
+            t0 = time.monotonic()
+            with self.assertRaises((RuntimeError, TimeoutError, FdRolloutError)) as e:
+                with c.weight_stream("n1", backend="nccl", device=0) as ws:
+                    ws.send("model.norm.weight", np.ones(64, np.float32))
+            took = time.monotonic() - t0
+            print(f"one GPU: the NCCL stream raised after {took:.1f} s: {type(e.exception).__name__}: {e.exception}", flush=True)
+            self.assertLess(took, 45, "bounded by the stream timeout")
+            self.assertEqual(c.weight_version(), before)
+            self.assertEqual(greedy(d), out, "the daemon serves exactly as before")
+            # the next stream (TCP) works and commits
+            base = safetensors_np.load_file(os.path.join(STORIES, "model.safetensors"))
+            with c.weight_stream("t1") as ws:
+                for n in sorted(base):
+                    ws.send(n, base[n])
+            self.assertEqual(greedy(d), (*out[:2], "t1"))
+
+
+@unittest.skipUnless(N_GPUS >= 2, "needs two visible GPUs (NCCL refuses two ranks on one) and torch with CUDA")
 class NcclStream(unittest.TestCase):
     def test_full_then_delta_over_nccl_equal_a_fresh_daemon(self):
         tmp = tempfile.mkdtemp(prefix="fd-pynccl-")
@@ -57,11 +86,11 @@ class NcclStream(unittest.TestCase):
                 ref_base = greedy(ref)[:2]
             with Daemon("--dynamic-load-weight", "--device", "cuda", extra=False) as d:
                 c = Client(f"127.0.0.1:{d.port}", timeout=60)
-                with c.weight_stream("g1", backend="nccl") as ws:
+                with c.weight_stream("g1", backend="nccl", device=1) as ws:
                     for n in sorted(base):
-                        ws.send(n, torch.from_numpy(base[n]).cuda())
+                        ws.send(n, torch.from_numpy(base[n]).cuda(1))
                 self.assertEqual(greedy(d), (*ref_base, "g1"))
-                with c.weight_stream("g2", base_version="g1", backend="nccl") as ws:
+                with c.weight_stream("g2", base_version="g1", backend="nccl", device=1) as ws:
                     for n in sorted(new):
                         idx, vals = changed_elements(base[n], new[n])
                         ws.send_delta(n, idx, vals)

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import PYTHON, STORIES, Daemon, free_port, fresh_daemon, greedy, kill_when_sent, perturbed, stop_process, wait_until  # noqa: E402
+from fdtest import PYTHON, STORIES, Daemon, device_args, free_port, fresh_daemon, greedy, kill_when_sent, perturbed, stop_process, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 from fdrollout.weight_stream import _frame, _send_all  # noqa: E402
@@ -170,7 +170,7 @@ class NoRecycling(unittest.TestCase):
 
 
 class StreamTp1(unittest.TestCase):
-    TP_ARGS = []
+    TP_ARGS = device_args()  # FD_TEST_DAEMON_ARGS's --device (scripts/gpu_check.sh's extra runs: cuda)
 
     @classmethod
     def setUpClass(cls):
@@ -490,7 +490,7 @@ class StreamTp1(unittest.TestCase):
 
 
 class StreamTp2(StreamTp1):
-    TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1"]
+    TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1", *device_args()]
 
     # tp=2 repeats the end-to-end paths; the input checks run before any rank is involved.
     test_2_bad_input_is_a_4xx_naming_it_and_changes_nothing = None
