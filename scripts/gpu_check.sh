@@ -108,7 +108,7 @@ run_ctest "${FD_GPU_E2E_REGEX:-^(e2e|python)_}" e2e; e2e_rc=$?
 for t in ${FD_GPU_EXTRA_E2E:-}; do
   t0=$(date +%s)
   FDROLLOUT_BIN=$(pwd -P)/$BUILD_DIR/fdrollout FDCTL_BIN=$(pwd -P)/$BUILD_DIR/fdctl FD_REPO=$(pwd -P) FD_PYTHON=$PYTHON \
-    FD_TEST_DAEMON_ARGS="--device cuda" timeout "$TEST_TIMEOUT" "$PYTHON" "tests/e2e/$t" >"$LOG_DIR/extra_${t%.py}.log" 2>&1
+    FD_TEST_DAEMON_ARGS="--device cuda" timeout "$TEST_TIMEOUT" "$PYTHON" "tests/e2e/$t" >"$LOG_DIR/extra_$(basename "${t%.py}").log" 2>&1
   echo "gpu_check: extra $t over --device cuda: rc $? in $(( $(date +%s) - t0 )) s"
 done
 set -e
