@@ -304,7 +304,7 @@ class DeltaTp1(unittest.TestCase):
         # A second daemon whose last rank fails half way through writing a delta in place
         # (FD_TEST_DELTA_FAIL_RANK, TEST ONLY): at tp=2 rank 0 has applied all of it by then, at
         # tp=1 the one rank some of it. Every rank and the serving dir go back; the base serves.
-        tp = 2 if self.TP_ARGS else 1
+        tp = 2 if "--tensor-parallel-size" in self.TP_ARGS else 1
         with Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *self.TP_ARGS, model=STORIES, extra=False,
                     env={"FD_TEST_DELTA_FAIL_RANK": str(tp - 1)}) as d:
             c = Client(f"127.0.0.1:{d.port}", timeout=20)
@@ -332,7 +332,7 @@ class DeltaTp1(unittest.TestCase):
         # tp=2 only: rank 1's process exits half way through the delta (rank 0 applied it all).
         # The engine degrades; the wakeup's recovery reloads every rank from the serving dir,
         # which the delta never reached: the base serves, under its label.
-        if not self.TP_ARGS:
+        if "--tensor-parallel-size" not in self.TP_ARGS:
             self.skipTest("a rank process is killed: tp=2 only")
         with Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *self.TP_ARGS, model=STORIES, extra=False,
                     env={"FD_TEST_DELTA_FAIL_RANK": "1:exit"}) as d:
@@ -370,7 +370,7 @@ class DeltaTp1(unittest.TestCase):
         # wrote (a replicated 1-D tensor's on every rank), each piece's values 8-byte aligned (at
         # most one f32 of padding per piece, and a piece holds at least one element). The tied
         # lm_head.weight is not a tensor the ranks hold.
-        tp = 2 if self.TP_ARGS else 1
+        tp = 2 if "--tensor-parallel-size" in self.TP_ARGS else 1
         with open(os.path.join(STORIES, "config.json")) as f:
             tied = json.load(f).get("tie_word_embeddings", False)
         undo = sum(changed_elements(self.base[n], self.new[n])[0].size * self.new[n].itemsize * (tp if self.new[n].ndim == 1 else 1)

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import STORIES, Daemon, copy_checkpoint, fdctl, fresh_daemon, greedy, rewrite_tensors, wait_until  # noqa: E402
+from fdtest import STORIES, Daemon, device_args, copy_checkpoint, fdctl, fresh_daemon, greedy, rewrite_tensors, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError, changed_elements  # noqa: E402
 from fdrollout import publish, safetensors_np  # noqa: E402
 from fdrollout.publish_delta import ipc_delta_path, weight_delta_bytes, write_ipc_delta_record  # noqa: E402
@@ -42,7 +42,7 @@ from delta_fixtures import NAME, QKV, delta_of, sparse_change  # noqa: E402,F401
 
 class IpcDeltaTp1(unittest.TestCase):
     TP = 1
-    TP_ARGS = []
+    TP_ARGS = device_args()  # FD_TEST_DAEMON_ARGS's --device (scripts/gpu_check.sh's extra runs: cuda)
     ENV = {}
 
     @classmethod
@@ -281,7 +281,7 @@ class IpcDeltaMergedTp1(IpcDeltaTp1):
 
 class IpcDeltaTp2(IpcDeltaTp1):
     TP = 2
-    TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1"]
+    TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1", *device_args()]
 
     test_5_the_publisher_refuses_bad_input = None  # no rank involved: once (tp=1)
 

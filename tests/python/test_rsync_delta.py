@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import STORIES, Daemon, copy_checkpoint, fresh_daemon, greedy, rewrite_tensors  # noqa: E402
+from fdtest import STORIES, Daemon, device_args, copy_checkpoint, fresh_daemon, greedy, rewrite_tensors  # noqa: E402
 from test_rsync import RsyncDaemon  # noqa: E402
 from fdrollout import Client, FdRolloutError, changed_elements  # noqa: E402
 from fdrollout import publish, safetensors_np  # noqa: E402
@@ -37,7 +37,7 @@ from delta_fixtures import NAME, QKV, delta_of, sparse_change  # noqa: E402,F401
 
 
 class RsyncDeltaTp1(unittest.TestCase):
-    TP_ARGS = []
+    TP_ARGS = device_args()  # FD_TEST_DAEMON_ARGS's --device (scripts/gpu_check.sh's extra runs: cuda)
 
     @classmethod
     def setUpClass(cls):
@@ -199,7 +199,7 @@ class RsyncDeltaTp1(unittest.TestCase):
 
 
 class RsyncDeltaTp2(RsyncDeltaTp1):
-    TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1"]
+    TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1", *device_args()]
 
     # the checks before any rank is involved run once (tp=1)
     test_4_the_publisher_refuses_bad_input = None
