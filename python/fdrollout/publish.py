@@ -43,7 +43,7 @@ import struct
 
 import numpy as np
 
-from . import safetensors_np
+from . import cuda_ipc, safetensors_np
 
 VERSION_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 STORE_FORMAT = "fdrollout-store/1"
@@ -407,6 +407,7 @@ def publish_ipc_snapshot(tensors, model_dir, rank=0, dtype=None):
 IPC_MAGIC = 0x5043494457524446
 IPC_ABI = 1
 IPC_DTYPES = {"F32": 0, "BF16": 1, "F16": 2}
+IPC_INLINE, IPC_CUDA = 0, 1                   # IpcLocation
 _HEADER = struct.Struct("<QIIQ136siiQQ72x")   # 256 bytes
 _ENTRY = struct.Struct("<192sIIII4qQQ64s")    # 320 bytes
 _GEN_OFFSET = 16
@@ -424,24 +425,45 @@ def publish_ipc(tensors, port, version, rank=0, tp_size=1, dtype=None):
     publish is complete, so the rollout never consumes a half-written publish; the rollout
     copies the data, so the caller may publish again as soon as update_weights returned. The
     port's ipc delta record (publish_ipc_delta), if any, is removed: a full publish supersedes it.
+
+    A torch CUDA tensor is published as its CUDA IPC handle (location kIpcCudaIpc;
+    fdrollout.cuda_ipc): no bytes leave the GPU here, and the rollout copies it device to device
+    (or to host for a CPU rank). Such tensors must be contiguous, in the dtype the model holds
+    (`dtype` does not cast them), and stay alive and unchanged until update_weights returned.
     Returns the new generation."""
     check_version(version)
     encoded = []
     for name in sorted(tensors):
         value = tensors[name]
         arr, dt = value if isinstance(value, tuple) else (value, dtype)
+        if len(name.encode()) >= 192:
+            raise ValueError(f"{name}: name too long")
+        if cuda_ipc.is_cuda_tensor(arr):
+            handle, off, nbytes, tag, shape = cuda_ipc.ipc_handle(name, arr)
+            if dt is not None and dt != tag:
+                raise ValueError(f"{name}: a CUDA tensor is published in its own dtype {tag}; cast it on the device first (and keep it alive)")
+            if len(shape) > 4:
+                raise ValueError(f"{name}: more than 4 dims")
+            encoded.append((name, tag, (handle, off, nbytes, shape)))
+            continue
         tag, data = safetensors_np._encode(arr, dt)
         if tag not in IPC_DTYPES:
             raise ValueError(f"{name}: dtype {tag} cannot be published (F32, BF16, F16)")
-        if len(name.encode()) >= 192 or data.ndim > 4:
-            raise ValueError(f"{name}: name too long or more than 4 dims")
+        if data.ndim > 4:
+            raise ValueError(f"{name}: more than 4 dims")
         encoded.append((name, tag, data))
     table_end = _HEADER.size + _ENTRY.size * len(encoded)
     offset = (table_end + 4095) // 4096 * 4096
     entries, data_bytes = [], 0
     for name, tag, data in encoded:
+        if isinstance(data, tuple):  # a CUDA IPC entry: its handle and the offset in that allocation, no bytes here
+            handle, off, nbytes, shape = data
+            entries.append(_ENTRY.pack(name.encode(), IPC_DTYPES[tag], IPC_CUDA, len(shape), 0, *(shape + [0] * (4 - len(shape))),
+                                       off, nbytes, handle))
+            data_bytes += nbytes
+            continue
         shape = list(data.shape) + [0] * (4 - data.ndim)
-        entries.append(_ENTRY.pack(name.encode(), IPC_DTYPES[tag], 0, data.ndim, 0, *shape, offset, data.nbytes, b""))
+        entries.append(_ENTRY.pack(name.encode(), IPC_DTYPES[tag], IPC_INLINE, data.ndim, 0, *shape, offset, data.nbytes, b""))
         offset = (offset + data.nbytes + 63) // 64 * 64
         data_bytes += data.nbytes
     total = offset
@@ -466,6 +488,8 @@ def publish_ipc(tensors, port, version, rank=0, tp_size=1, dtype=None):
                 m[pos:pos + _ENTRY.size] = e
                 pos += _ENTRY.size
             for (name, tag, data), e in zip(encoded, entries):
+                if isinstance(data, tuple):
+                    continue  # on the GPU: the rollout copies it through the handle
                 off = _ENTRY.unpack(e)[9]
                 m[off:off + data.nbytes] = data.tobytes()
             struct.pack_into("<Q", m, _GEN_OFFSET, gen + 2)  # even: complete
