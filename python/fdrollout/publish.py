@@ -167,10 +167,17 @@ def _moe_block(hf, cfg, p, rows, cols, cat, like, arr, experts, whole):
     return out
 
 
+def _is_torch(a):
+    return type(a).__module__.split(".")[0] == "torch"
+
+
 def to_rollout_names(hf, cfg, tp=1, rank=0, expert_parallel=False):
     """HF-named tensors -> the rollout's state dict for `rank` of `tp` (docs/weight_sources.md):
     q|k|v fused into qkv_proj, gate|up into gate_up_proj, sharded Megatron-style when tp > 1,
     lm_head dropped when the embeddings are tied. Values keep their (array, dtype) form.
+    numpy arrays or torch tensors (CPU or CUDA: fused and column-sliced results are new
+    contiguous tensors on the same device, which publish_ipc can hand over by CUDA IPC; keep
+    the returned dict alive until the update returned).
     `expert_parallel` (a rollout started with --enable-expert-parallel): each sparse layer keeps
     only this rank's experts (rank_experts), each whole; attention and the rest stay tp-sliced."""
     h, q_dim, kv_dim, ff, vocab = _dims(cfg)
@@ -194,10 +201,15 @@ def to_rollout_names(hf, cfg, tp=1, rank=0, expert_parallel=False):
 
     def cols(v, n):
         a = arr(v)
-        return like(v, a[:, rank * n // tp:(rank + 1) * n // tp])
+        s = a[:, rank * n // tp:(rank + 1) * n // tp]
+        return like(v, s.contiguous() if _is_torch(s) else s)  # torch: publish_ipc takes contiguous CUDA tensors
 
     def cat(*vs):
-        return like(vs[0], np.concatenate([arr(v) for v in vs], axis=0))
+        xs = [arr(v) for v in vs]
+        if _is_torch(xs[0]):
+            import torch
+            return like(vs[0], torch.cat(xs, 0))
+        return like(vs[0], np.concatenate(xs, axis=0))
 
     out = {}
     n_layers = cfg["num_hidden_layers"]
