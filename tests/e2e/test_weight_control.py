@@ -9,9 +9,14 @@ import unittest
 
 import numpy as np
 
-from fdtest import copy_checkpoint, Daemon, fresh_daemon, GREEDY, greedy, Logprobs, make_checkpoint, merge_stream, perturbed, REF, rewrite_tensors, rss_bytes, STORIES
+from fdtest import copy_checkpoint, Daemon, device_args, fresh_daemon, GREEDY, greedy, Logprobs, make_checkpoint, merge_stream, perturbed, REF, rewrite_tensors, rss_bytes, STORIES
 
 import safetensors_np  # noqa: E402  (on sys.path via fdtest)
+
+# Checks of host memory and of a CPU rank's tags: a run over --device cuda (scripts/gpu_check.sh's
+# FD_GPU_EXTRA_E2E) skips them; tests/e2e/test_cuda_*.py measure the device's memory instead.
+ON_CUDA = "cuda" in " ".join(device_args())
+cpu_only = unittest.skipIf(ON_CUDA, "a CPU rank's check (host memory, CPU tags); this run is over --device cuda")
 
 class WeightControl(unittest.TestCase):
     @classmethod
@@ -164,6 +169,7 @@ class WeightControl(unittest.TestCase):
             self.ok(d, "POST", "/v1/resume")
             self.assertEqual(greedy(d), (*self.a_out, "0"))
 
+    @cpu_only
     def test_sleep_returns_memory_and_wakeup_restores_outputs(self):
         with Daemon("--dynamic-load-weight", "--kv-cache-bytes", "64MiB") as d:
             before = greedy(d)
@@ -191,6 +197,7 @@ class WeightControl(unittest.TestCase):
             self.assertEqual(greedy(d), before)
             self.assertLess(d.rss(), rss_after_first + (4 << 20))
 
+    @cpu_only
     def test_sleep_hands_back_the_steps_activations_and_kernel_scratch(self):
         # A long prefill grows the step's activation buffers and the kernels' per-thread scratch
         # (tens of MiB on this 256-wide model at 1,500 tokens). A weight sleep must hand those back
@@ -248,6 +255,7 @@ class WeightControl(unittest.TestCase):
                     self.assertFalse(self.ok(d, "POST", f"/v1/wakeup?tags={last}")["is_paused"])
                     self.assertEqual(greedy(d), before)
 
+    @cpu_only
     def test_cuda_graph_tag_on_cpu(self):
         """Issue #26: the cuda_graph tag is real (tests/e2e/test_cuda_graph_sleep.py frees the
         graphs on CUDA); a CPU rank has no graphs: 0 bytes, listed as done, not a sleeping state.
