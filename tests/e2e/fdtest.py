@@ -126,6 +126,16 @@ def free_port():
 EXTRA_ARGS = os.environ.get("FD_TEST_DAEMON_ARGS", "").split()
 
 
+def torch_and_gpus():
+    """(the torch module, or None where it cannot be imported; the CUDA devices it sees: 0
+    without torch, without CUDA in it, or without a visible GPU)."""
+    try:
+        import torch
+    except ImportError:
+        return None, 0
+    return torch, (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
 def cudart():
     """The CUDA runtime library (ctypes), or None where none is installed."""
     import ctypes

@@ -17,15 +17,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
-from fdtest import STORIES, Daemon, fresh_daemon, greedy, perturbed  # noqa: E402
+from fdtest import STORIES, Daemon, fresh_daemon, greedy, perturbed, torch_and_gpus  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 from fdrollout.publish import publish_ipc, to_rollout_names  # noqa: E402
 
-try:
-    import torch
-    HAVE_CUDA = torch.cuda.is_available()
-except ImportError:
-    torch, HAVE_CUDA = None, False
+torch, N_GPUS = torch_and_gpus()
+HAVE_CUDA = N_GPUS > 0
 
 
 class CudaIpcPublish(unittest.TestCase):

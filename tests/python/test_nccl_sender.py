@@ -20,15 +20,11 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import STORIES, Daemon, fresh_daemon, greedy, perturbed  # noqa: E402
+from fdtest import STORIES, Daemon, fresh_daemon, greedy, perturbed, torch_and_gpus  # noqa: E402
 from fdrollout import Client, FdRolloutError, changed_elements, safetensors_np  # noqa: E402
 
-try:
-    import torch
-    HAVE_CUDA = torch.cuda.is_available()
-except ImportError:
-    torch, HAVE_CUDA = None, False
-N_GPUS = torch.cuda.device_count() if HAVE_CUDA else 0
+torch, N_GPUS = torch_and_gpus()
+HAVE_CUDA = N_GPUS > 0
 
 
 class NcclRefusedWithoutGpu(unittest.TestCase):

@@ -14,13 +14,10 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import STORIES  # noqa: E402
+from fdtest import STORIES, torch_and_gpus  # noqa: E402
 from fdrollout import publish, safetensors_np  # noqa: E402
 
-try:
-    import torch
-except ImportError:
-    torch = None
+torch = torch_and_gpus()[0]
 
 
 @unittest.skipIf(torch is None, "needs torch (python3-torch)")
