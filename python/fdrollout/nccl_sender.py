@@ -66,7 +66,6 @@ def _load_nccl(torch):
         lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, _UniqueId, ctypes.c_int]
         lib.ncclBroadcast.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_void_p, ctypes.c_void_p]
-        lib.ncclCommAbort.argtypes = [ctypes.c_void_p]
         return lib
     raise RuntimeError("no libnccl.so.2 could be loaded (torch built without NCCL?); use backend='tcp'")
 
