@@ -32,7 +32,8 @@ _FLOAT_TAGS = ("F32", "F16", "BF16")
 
 def _f32_to_bf16_bits(a):
     """float32 array -> uint16 bf16 bit patterns, round-to-nearest-even; a NaN stays a (quiet)
-    NaN. In uint32 (no value but a NaN can carry past 2^32: -Inf + 0x8000 is 0xFF808000) and in
+    NaN. In uint32 (only a NaN can carry past 2^32: the largest other pattern, -Inf 0xFF800000,
+    becomes 0xFF807FFF before the shift) and in
     chunks that stay in cache: 14x faster than the uint64 form this replaced on a 2048 x 5632
     array (0.28 -> 0.02 s here), same bits (tests/python/test_safetensors_np.py: torch's)."""
     f = np.ascontiguousarray(a, dtype=np.float32)
