@@ -441,13 +441,16 @@ int main(int argc, char ** argv) {
                "/v1/sleep and /v1/wakeup (both tags); 0 (default) keeps the legacy status-word protocol.\n"
                "FD_ENABLE_SWAP_SPACE_CLEARING=1: with --swap-space, sleep(kv_cache) also frees the host swap pool (re-created on wakeup).\n"
                "FD_STREAM_RECYCLE_STAGING=0: a weight stream's commit removes the replaced staging dir at once instead of keeping\n"
-               "its tmpfs pages for the next stream to write over (docs/weight_streams.md, Staging).");
+               "its tmpfs pages for the next stream to write over (docs/weight_streams.md, Staging).\n"
+               "FD_STREAM_STAGE_AHEAD=1|0: the ranks stage each weight-stream bucket as it arrives (1) or all at the finish (0);\n"
+               "unset: only where the host has tensor-parallel size + 2 hardware threads (docs/weight_streams.md, Staging).");
     const char * v1 = std::getenv("FD_ENABLE_V1_UPDATE_WEIGHTS");
     cfg.control.v1_update_weights = v1 && std::string(v1) == "1";
     const char * clear_swap = std::getenv("FD_ENABLE_SWAP_SPACE_CLEARING");
     cfg.engine.clear_swap_space_on_sleep = clear_swap && std::string(clear_swap) == "1";
     const char * recycle = std::getenv("FD_STREAM_RECYCLE_STAGING");
     cfg.server.stream_recycle_staging = !(recycle && std::string(recycle) == "0");
+    if (const char * ahead = std::getenv("FD_STREAM_STAGE_AHEAD"); ahead && *ahead) { cfg.server.stream_stage_ahead = std::string(ahead) == "0" ? 0 : 1; }
     if (const char * d = std::getenv("FD_DEBUG_CONTROL_DELAY_MS")) { cfg.engine.debug_control_delay_ms = std::atoi(d); }
     if (const char * d = std::getenv("FD_DEBUG_STEP_DELAY_MS")) { cfg.engine.debug_step_delay_ms = std::atoi(d); }
     // vLLM's `serve MODEL`: the same as --model MODEL

@@ -171,6 +171,7 @@ class NoRecycling(unittest.TestCase):
 
 class StreamTp1(unittest.TestCase):
     TP_ARGS = device_args()  # FD_TEST_DAEMON_ARGS's --device (scripts/gpu_check.sh's extra runs: cuda)
+    ENV = {"FD_STREAM_STAGE_AHEAD": "0"}  # the ranks stage at the finish (StreamAheadTp2: bucket by bucket)
 
     @classmethod
     def setUpClass(cls):
@@ -184,7 +185,7 @@ class StreamTp1(unittest.TestCase):
             cls.ref_new = greedy(ref)[:2]
         with fresh_daemon(STORIES, *cls.TP_ARGS) as ref:
             cls.ref_old = greedy(ref)[:2]
-        cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *cls.TP_ARGS, model=STORIES, extra=False)
+        cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *cls.TP_ARGS, model=STORIES, extra=False, env=cls.ENV)
         cls.c = Client(f"127.0.0.1:{cls.d.port}", timeout=20)
 
     @classmethod
@@ -498,6 +499,22 @@ class StreamTp2(StreamTp1):
     test_6_silent_trainer_is_dropped_at_the_timeout = None
     test_8_sglang_update_group = None
     test_9_stopped_daemon_makes_the_trainer_raise = None
+
+
+
+class StreamAheadTp2(StreamTp2):
+    """The tp=2 paths again with every bucket staged on the ranks as it arrives
+    (FD_STREAM_STAGE_AHEAD=1; auto turns it on only where the host has tp + 2 hardware threads):
+    the same answers, and a trainer dying between buckets still changes nothing."""
+    ENV = {"FD_STREAM_STAGE_AHEAD": "1"}
+
+    def test_12_buckets_are_staged_as_they_arrive(self):
+        self.assertTrue(self.c.health()["weight_stream"]["stage_ahead"])
+        before = self.d.output().count("staged bucket by bucket")
+        r = self.stream("a1", self.tensors, bucket_bytes=1 << 16)
+        self.assertEqual(r["weight_version"], "a1")
+        self.assert_serving(self.ref_new, "a1")
+        self.assertEqual(self.d.output().count("staged bucket by bucket") - before, 2, "both ranks committed the buckets they staged")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ ApiServer::ApiServer(ServerConfig cfg, engine::Engine & engine, control::Control
     stream_ = std::make_unique<stream::StreamManager>(stream::StreamConfig{
         .model_dir = c.model_dir, .host = c.host, .port = c.port, .timeout_s = control.config().control_timeout_s,
         .model_cfg = engine.model_config(), .tp_size = engine.tensor_parallel_size(), .ep_size = engine.config().expert_parallel_size,
-        .nnodes = engine.world().nnodes, .recycle_staging = c.stream_recycle_staging});
+        .nnodes = engine.world().nnodes, .recycle_staging = c.stream_recycle_staging,
+        .stage_ahead = stream::stage_ahead_choice(c.stream_stage_ahead, engine.tensor_parallel_size())});
     ctx_->stream = stream_.get();
     engine.set_weight_sleep_hook([s = stream_.get()] { return s->release_spare(); });  // a weight sleep hands the spare back
     const HttpLimits limits{.max_body_bytes = c.max_body_bytes, .max_header_bytes = c.max_header_bytes,

@@ -117,6 +117,19 @@ void require_serving(ApiContext & ctx, const ControlInput & in, const std::strin
     }
 }
 
+/// A full update's bucket, just received: the ranks stage it now, while the trainer sends the
+/// next (Worker::stage_bucket), so the finish finds most of the update staged and only commits
+/// (issue 25). Submitted to the engine before the bucket's answer goes out, so it precedes
+/// the finish's update in the engine's inbox; not waited for (the engine runs it between
+/// steps; a failure only means the finish stages in full).
+void stage_ahead(ApiContext & ctx, const stream::BucketReport & r) {
+    if (r.file.empty() || !ctx.engine || !ctx.stream->stage_ahead()) { return; }
+    engine::ControlCommand cmd;
+    cmd.op            = engine::ControlOp::update_weights;
+    cmd.weight_bucket = r.file.string();
+    (void)ctx.engine->control(std::move(cmd));
+}
+
 /// Load the sealed stream on every rank and commit (or drop it). A serving engine is paused
 /// (mode wait) around the update and resumed after, as for prime-rl's weight_dir update; a
 /// paused one (TRL's pause mode=keep) stays paused. A delta update is committed only while
@@ -229,6 +242,7 @@ void vllm_bucket(ApiContext & ctx, const ControlInput & in, Response & res) {
         throw;
     }
     const auto r = ctx.stream->receive_bucket(specs, ui.value("packed", false), deadline_of(in));
+    stage_ahead(ctx, r);
     peer::send_json(res, 200, json{{"message", "Weights updated"}, {"n_tensors", r.n_tensors}, {"bytes", r.bytes},
                                    {"n_received", r.n_received}, {"n_expected", r.n_expected}});
 }
@@ -270,6 +284,7 @@ void sglang_update_distributed(ApiContext & ctx, const ControlInput & in, Respon
     const json st = json::parse(ctx.stream->status_json());
     if (!st.value("update_open", false)) { ctx.stream->start(v, deadline_of(in)); }
     const auto r = ctx.stream->receive_bucket(specs, false, deadline_of(in));
+    stage_ahead(ctx, r);
     if (r.n_received < r.n_expected) {
         return peer::send_json(res, 200, json{{"success", true}, {"n_received", r.n_received}, {"n_expected", r.n_expected},
                                               {"message", fmt::format("received {} of {} tensors; the update commits when every tensor arrived",

@@ -69,7 +69,7 @@ std::future<ControlResult> Engine::control(ControlCommand cmd) {
 
 ControlResult Engine::run_control(const ControlCommand & cmd) {
     const auto t0 = std::chrono::steady_clock::now();
-    const std::string op(to_string(cmd.op));
+    const std::string op = cmd.weight_bucket.empty() ? std::string(to_string(cmd.op)) : "stage_stream_bucket";
     const bool was_draining = drain_.has_value();
     state_.control_in_flight = op;
     publish_stats();
@@ -429,7 +429,23 @@ void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) 
                              state_.kv_asleep ? " (kv_cache still asleep)" : "");
 }
 
+void Engine::stage_stream_bucket(const ControlCommand & cmd, ControlResult & r) {
+    if (!state_.staged_version.empty() || state_.weight_asleep || state_.degraded || !state_.weights_valid) { return; }
+    runtime::RankRequest req{.op = runtime::RankOp::stage_bucket};
+    req.fetch.weight_dir = cmd.weight_bucket;
+    try {
+        const auto reps = executor_->rank_call(req);
+        r.bytes = reps.empty() ? 0 : reps[0].bytes;
+    } catch (const Error & e) {
+        if (e.code() == Errc::rank_failed) { throw; }  // a dead rank is noticed now, not at the finish
+        // Anything else (a bad tensor): the ranks forgot their buckets; the finish stages in
+        // full and reports it.
+        log::get("engine")->info("a weight-stream bucket was not staged ahead ({}); the update stages it at its finish", e.what());
+    }
+}
+
 void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
+    if (!cmd.weight_bucket.empty()) { return stage_stream_bucket(cmd, r); }
     if (!state_.paused) { fail(Errc::wrong_state, "update_weights needs a paused engine; POST /v1/pause first"); }
     if (!cmd.weight_delta.empty()) { return apply_weight_delta(cmd, r); }
     if (update_from_ipc_delta(cmd, r)) { return; }  // the port's ipc delta record makes cmd.version

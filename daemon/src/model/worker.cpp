@@ -323,7 +323,8 @@ int64_t Worker::release_activations() {
 
 int64_t Worker::release_weights() {
     w_ = ModelWeights{};
-    staged_ = false;
+    staged_  = false;
+    buckets_ = {};
     int64_t freed = alloc_->release(Tag::weight) + alloc_->release(Tag::staging);
     // The delta buffers kept from one update to the next (undo values, plan) go with the
     // weights they were for; the next delta grows them again.
@@ -342,7 +343,7 @@ int64_t Worker::release(Tag tag) {
     switch (tag) {
     case Tag::weight: return release_weights();
     case Tag::kv_cache: return release_kv();
-    case Tag::staging: staged_ = false; return alloc_->release(Tag::staging);
+    case Tag::staging: staged_ = false; buckets_ = {}; return alloc_->release(Tag::staging);
     case Tag::kv_swap: return release_swap();
     case Tag::mtp_cache: mtp_k_ = mtp_v_ = nullptr; return alloc_->release(Tag::mtp_cache);
     case Tag::ep_buffer: return alloc_->release(Tag::ep_buffer);  // the next MoE step maps it again
@@ -391,14 +392,77 @@ int64_t Worker::stage_weights(const TensorIndex & given, const std::function<voi
     // leaves only the staging region dirty.
     staged_ = false;
     delta_undo_ = {};
+    const bool ahead = staged_by_buckets(idx);  // a stream's buckets, staged as they arrived
+    if (ahead) {
+        log::get("model")->info("rank={} | update_weights: all {} tensors were staged bucket by bucket as the stream arrived; no second copy",
+                                wcfg_.rank, idx.tensors.size());
+    }
+    buckets_ = {};
     try {
-        fill_region(Tag::staging, idx, /*populate=*/true);
+        if (!ahead) { fill_region(Tag::staging, idx, /*populate=*/true); }
         if (verify_copied) { verify_copied(); }
     } catch (...) {
         drop_staged();
         throw;
     }
     staged_ = true;
+    return idx.total_bytes;
+}
+
+bool Worker::staged_by_buckets(const TensorIndex & idx) const {
+    if (buckets_.tensors.size() != idx.tensors.size() || buckets_.tensors.empty()) { return false; }
+    for (const auto & [name, t] : idx.tensors) {
+        const auto it = buckets_.tensors.find(name);
+        if (it == buckets_.tensors.end()) { return false; }
+        const TensorInfo & b = it->second;
+        if (b.file != t.file || b.file_dev != t.file_dev || b.file_ino != t.file_ino || b.file_dev == 0 || b.offset_bytes != t.offset_bytes ||
+            b.size_bytes != t.size_bytes || b.dtype != t.dtype || b.shape != t.shape || t.on_cuda_ipc) {
+            return false;
+        }
+    }
+    return true;
+}
+
+int64_t Worker::stage_bucket(const TensorIndex & given) {
+    FD_CHECK(alloc_->resident(Tag::weight), "update_weights while the weights are released");
+    TensorIndex renamed;
+    const TensorIndex & idx = with_v4_names(cfg_, given, renamed);
+    if (idx.tensors.empty()) { return 0; }
+    const std::filesystem::path dir = idx.tensors.begin()->second.file.parent_path();
+    if (staged_ || buckets_.dir != dir) {  // a new update: what was staged before is not its
+        staged_  = false;
+        buckets_ = {};
+        buckets_.dir = dir;
+    }
+    // The layout's part of this bucket: the tensors it holds in inference form, the parts it holds of the others.
+    WeightLayout part = layout_;
+    part.tensors.clear();
+    for (const InferenceTensor & t : layout_.tensors) {
+        if (holds_inference_form(t, idx)) {
+            part.tensors.push_back(t);
+            continue;
+        }
+        InferenceTensor some = t;
+        some.parts.clear();
+        for (const WeightPart & p : t.parts) {
+            if (idx.tensors.count(p.hf_name)) { some.parts.push_back(p); }
+        }
+        if (!some.parts.empty()) { part.tensors.push_back(std::move(some)); }
+    }
+    try {
+        validate_against_layout(part, idx);
+        for (const auto & [name, t] : idx.tensors) {
+            if (buckets_.tensors.count(name)) { fail(Errc::invalid_checkpoint, "tensor '{}' was staged by an earlier bucket", name); }
+        }
+        std::byte * base = region(Tag::staging, layout_.arena_bytes, /*populate=*/buckets_.tensors.empty());
+        fill_weights(part, idx, base, backend_->host_pool(),
+                     {.check_finite = wcfg_.check_finite_weights, .timeout_s = wcfg_.io_timeout_s,
+                      .upload_to = device_mem_ ? backend_.get() : nullptr});
+    } catch (...) {
+        buckets_ = {};
+        throw;
+    }
+    for (const auto & [name, t] : idx.tensors) { buckets_.tensors.emplace(name, t); }
     return idx.total_bytes;
 }
 
@@ -414,12 +478,14 @@ void Worker::commit_staged() {
         alloc_->swap(Tag::weight, Tag::staging);
     }
     bind();
-    staged_ = false;
+    staged_  = false;
+    buckets_ = {};
     if (!wcfg_.keep_update_staging) { alloc_->release(Tag::staging); }
 }
 
 void Worker::drop_staged() {
-    staged_ = false;
+    staged_  = false;
+    buckets_ = {};
     if (!wcfg_.keep_update_staging) { alloc_->release(Tag::staging); }
 }
 

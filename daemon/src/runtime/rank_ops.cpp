@@ -4,7 +4,9 @@
 #include "rank_ops.h"
 
 #include "fd/arena.h"
+#include "fd/file_io.h"
 #include "fd/status.h"
+#include "fd/trust.h"
 
 #include <nlohmann/json.hpp>
 
@@ -103,6 +105,23 @@ void run_apply_hf_delta(RankSite & s, const RankRequest & req, RankReport & r) {
     const int64_t n = s.worker->apply_hf_delta(std::move(d));
     r.stage_s = seconds_since(t1);
     r.bytes   = n;  // elements written in place
+}
+
+void run_stage_bucket(RankSite & s, const RankRequest & req, RankReport & r) {
+    // One bucket file of a weight stream, in the daemon's private staging dir (as weight_dir's
+    // files: the dir and the file must be the daemon user's and not writable by others).
+    const auto t0 = Clock::now();
+    const std::filesystem::path file = req.fetch.weight_dir;
+    check_trusted_path(file.parent_path().string(), Trust::owned);
+    {
+        const UniqueFd fd = open_regular(file, Errc::invalid_checkpoint);
+        check_trusted(fd.get(), file.string(), Trust::owned);
+    }
+    const model::TensorIndex idx = model::read_tensor_files(file, {file});
+    r.fetch_s = seconds_since(t0);
+    const auto t1 = Clock::now();
+    r.bytes   = s.worker->stage_bucket(idx);
+    r.stage_s = seconds_since(t1);
 }
 
 void run_mem_info(RankSite &, const RankRequest &, RankReport &) {}  // the executor measures after every call

@@ -255,7 +255,8 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
                         .bytes      = bytes,
                         .n_received = static_cast<int32_t>(m.update->weight_map.size()),
                         .n_expected = static_cast<int32_t>(m.expected.size()),
-                        .seconds    = std::chrono::duration<double>(Clock::now() - t0).count()};
+                        .seconds    = std::chrono::duration<double>(Clock::now() - t0).count(),
+                        .file       = f};
 }
 
 }  // namespace fd::stream

@@ -174,8 +174,16 @@ std::string StreamManager::status_json() const {
            {"deadline_in_s", deadline_in_s},
            {"timeout_s", m.backend.empty() ? json(nullptr) : json(m.timeout_s)},
            {"serving_stream_version", m.serving ? json(m.serving_version) : json(nullptr)},
+           {"stage_ahead", m.cfg.stage_ahead},
            {"last_error", m.last_error ? json(m.last_error->what()) : json(nullptr)}};
     return j.dump();
+}
+
+bool StreamManager::stage_ahead() const { return impl_->cfg.stage_ahead; }
+
+bool stage_ahead_choice(int32_t env, int32_t tp_size) {
+    if (env >= 0) { return env != 0; }
+    return static_cast<int64_t>(std::thread::hardware_concurrency()) >= static_cast<int64_t>(tp_size) + 2;
 }
 
 std::map<std::string, TensorSpec> StreamManager::expected() const {

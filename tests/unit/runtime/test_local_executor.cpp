@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -248,4 +249,108 @@ TEST_CASE("local executor: a background swap-out runs during the next forward an
     // Ids outside the pools are refused before anything starts.
     const kv::BlockCopy bad[] = {{.src = 0, .dst = 3}};
     CHECK_THROWS_AS(f.ex->swap_kv(nullptr, 0, nullptr, 0, bad, 1), Error);
+}
+
+namespace {
+
+/// stories260K scaled by `scale`, split into bucket files `dir`/bucket-000<k>.safetensors (tensor
+/// i into bucket i % n_buckets), as a weight stream's staging dir holds them. Returns their paths.
+std::vector<fs::path> write_buckets(const fs::path & dir, float scale, int n_buckets) {
+    const auto idx = model::read_tensor_index(kModel);
+    std::vector<std::vector<publish::SafetensorsEntry>> entries(static_cast<size_t>(n_buckets));
+    std::vector<std::vector<const model::TensorInfo *>> infos(static_cast<size_t>(n_buckets));
+    int i = 0;
+    for (const auto & [name, t] : idx.tensors) {
+        entries[static_cast<size_t>(i % n_buckets)].push_back({name, model::DType::f32, t.shape});
+        infos[static_cast<size_t>(i % n_buckets)].push_back(&t);
+        ++i;
+    }
+    std::vector<fs::path> files;
+    for (int b = 0; b < n_buckets; ++b) {
+        const fs::path f = dir / ("bucket-000" + std::to_string(b) + ".safetensors");
+        const fs::path tmp = dir / ".tmp";
+        publish::write_safetensors(tmp, entries[static_cast<size_t>(b)], [&](size_t k, std::byte * dst) {
+            auto * p = reinterpret_cast<float *>(dst);
+            model::read_tensor_f32(*infos[static_cast<size_t>(b)][k], p);
+            for (int64_t e = 0; e < infos[static_cast<size_t>(b)][k]->numel(); ++e) { p[e] *= scale; }
+        });
+        fs::rename(tmp, f);  // a new inode, as a stream's bucket file
+        files.push_back(f);
+    }
+    return files;
+}
+
+void stage_bucket(Fixture & f, const fs::path & file) {
+    runtime::RankRequest req{.op = runtime::RankOp::stage_bucket};
+    req.fetch.weight_dir = file.string();
+    const auto reps = f.ex->rank_call(req);
+    REQUIRE(reps.size() == 1);
+    CHECK(reps[0].bytes > 0);
+}
+
+}  // namespace
+
+TEST_CASE("local executor: a stream's buckets staged as they arrive commit what a full stage commits; anything else is copied in full") {
+    Fixture f;
+    const auto v1 = f.logits();
+    fd::test::TempDir dir;
+    const auto files = write_buckets(dir.path, 0.5f, 3);
+    f.source->dir = dir.path;
+    f.ex->stage_weights({});  // the reference: a full stage of the same files
+    f.ex->commit_weights();
+    const auto half = f.logits();
+    REQUIRE(half != v1);
+    f.source->dir = kModel;
+    f.ex->stage_weights({});
+    f.ex->commit_weights();
+    REQUIRE(f.logits() == v1);
+
+    f.source->dir = dir.path;
+    SUBCASE("every bucket staged ahead: the stage only validates, it reads no tensor again") {
+        for (const auto & b : files) { stage_bucket(f, b); }
+        CHECK(f.logits() == v1);  // staged, nothing live changed
+        // Zero the final norm in its bucket file in place (same inode, size and header): a stage
+        // that read it again would serve the zeros; the staged copy serves what the bucket held.
+        bool zeroed = false;
+        for (const auto & b : files) {
+            const auto idx = model::read_tensor_files(b, {b});
+            const auto it  = idx.tensors.find("model.norm.weight");
+            if (it == idx.tensors.end()) { continue; }
+            std::FILE * fp = std::fopen(b.c_str(), "r+b");
+            REQUIRE(fp);
+            std::fseek(fp, static_cast<long>(it->second.offset_bytes), SEEK_SET);
+            const std::vector<char> zeros(static_cast<size_t>(it->second.size_bytes), 0);
+            CHECK(std::fwrite(zeros.data(), 1, zeros.size(), fp) == zeros.size());
+            std::fclose(fp);
+            zeroed = true;
+        }
+        REQUIRE(zeroed);
+        f.ex->stage_weights({});
+        f.ex->commit_weights();
+        CHECK(f.logits() == half);
+    }
+    SUBCASE("a bucket missed (a rank that restarted): the stage copies everything") {
+        stage_bucket(f, files[0]);
+        stage_bucket(f, files[2]);
+        f.ex->stage_weights({});
+        f.ex->commit_weights();
+        CHECK(f.logits() == half);
+    }
+    SUBCASE("a bucket file replaced after it was staged: the stage copies everything, the new bytes serve") {
+        for (const auto & b : files) { stage_bucket(f, b); }
+        fd::test::TempDir other;
+        const auto quarter = write_buckets(other.path, 0.25f, 3);
+        fs::rename(quarter[1], files[1]);  // same name and size, another inode and other bytes
+        f.ex->stage_weights({});
+        f.ex->commit_weights();
+        const auto mixed = f.logits();
+        CHECK(mixed != half);
+        f.source->dir = kModel;  // a plain full stage of the same mixed files gives the same logits
+        f.ex->stage_weights({});
+        f.ex->commit_weights();
+        f.source->dir = dir.path;
+        f.ex->stage_weights({});
+        f.ex->commit_weights();
+        CHECK(f.logits() == mixed);
+    }
 }

@@ -31,6 +31,7 @@ struct ServerConfig {
     std::string chat_template;               ///< --chat-template: a file, or the template itself; replaces the model's
     bool        trust_request_chat_template = false;  ///< --trust-request-chat-template: a request's `chat_template` is used (else 400)
     bool        stream_recycle_staging = true;  ///< FD_STREAM_RECYCLE_STAGING (StreamConfig::recycle_staging)
+    int32_t     stream_stage_ahead = -1;        ///< FD_STREAM_STAGE_AHEAD: 1 / 0 / -1 auto (StreamConfig::stage_ahead)
     int32_t     n_io_threads      = 2;       ///< HTTP I/O threads: every connection's reads and writes (thousands per thread)
     int32_t     n_data_threads    = 2;       ///< threads running generation/tokenizer handlers (parse, tokenize, submit; never the wait)
     int32_t     max_control_threads = 32;    ///< control-route threads, started on demand (a control call blocks on the engine)

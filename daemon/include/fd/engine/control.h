@@ -142,6 +142,11 @@ struct ControlCommand {
     std::string                weight_dir;         ///< update_weights: load this absolute HF checkpoint dir (owned by the daemon's user)
     bool                       reload_base = false;///< update_weights: load the base --model checkpoint
     std::string                weight_delta;       ///< update_weights: apply this delta file in place (weight_dir = the serving dir it also updates)
+    /// update_weights, internal (the weight-stream routes; no transport carries it): stage the
+    /// tensors of this one bucket file on every rank ahead of the stream's finish (Worker::
+    /// stage_bucket). Nothing live changes, no pause needed, no label; skipped while a two-phase
+    /// copy is staged or the weights sleep (the finish then stages in full).
+    std::string                weight_bucket;
     bool                       keep_prefix_cache = false;  ///< pause: leave the prefix cache as it is (update/commit still flush it)
     bool                       keep_host_tier = false;  ///< flush_cache: forget the device prefix cache only (wire: mode "device")
     /// Called on the engine thread once the command finished (or was dropped), just before its

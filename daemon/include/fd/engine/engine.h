@@ -279,6 +279,7 @@ private:
     void          do_sleep(TagSet tags, ControlResult & r);
     void          do_wakeup(TagSet tags, ControlResult & r);
     void          do_update_weights(const ControlCommand & cmd, ControlResult & r);
+    void          stage_stream_bucket(const ControlCommand & cmd, ControlResult & r);  ///< update_weights {weight_bucket}
     /// update_weights while the weights are released (AReaL's colocated loop): the new weights
     /// are loaded into fresh memory at once, all-or-nothing; the weight tag is awake afterwards.
     void          update_while_asleep(const ControlCommand & cmd, ControlResult & r);

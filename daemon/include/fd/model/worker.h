@@ -40,7 +40,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace fd::comm {
@@ -276,6 +278,18 @@ public:
     /// `verify_copied` (optional) runs once the staging region is filled; if it throws, the staged
     /// copy is dropped and the error propagates.
     int64_t stage_weights(const TensorIndex & idx, const std::function<void()> & verify_copied = {});
+    /// Phase 1 ahead of time, one weight-stream bucket at a time (issue 25: each bucket is
+    /// copied while the trainer sends the next, so the finish is mostly the commit). `idx`: the
+    /// tensors of one bucket file (HF names; a fused tensor's parts may come in different
+    /// buckets), validated as stage_weights validates them, read into the staging region. A
+    /// bucket of another directory than the previous call's starts a new copy. stage_weights of
+    /// an index whose every tensor was staged this way from the same directory, file (device,
+    /// inode), offset and size only validates and marks the copy staged; any other index stages
+    /// in full (so a rank that missed a bucket, or restarted, just copies everything).
+    /// Nothing live changes. Returns the bytes staged.
+    /// Errors  invalid_checkpoint (a name, shape or dtype unlike the layout; a non-finite value):
+    ///         the buckets staged so far are forgotten.
+    int64_t stage_bucket(const TensorIndex & idx);
     /// Phase 2: the staged region goes live (a pointer swap); the previous one becomes the next
     /// update's staging area (or is unmapped with keep_update_staging = false). Cannot fail.
     /// With graph steps (graph_max_batch) the staged bytes are COPIED into the weight region
@@ -440,6 +454,15 @@ private:
     std::unique_ptr<kernels::Backend>     backend_;   ///< the ops (CPU: owns the --threads pool)
     std::unique_ptr<memory::Allocator>    alloc_;     ///< weight, staging, kv_cache and kv_swap regions
     bool                                  staged_ = false;   ///< the staging region holds a validated copy
+    /// What stage_bucket put in the staging region (cleared by anything that writes, swaps or
+    /// releases that region): the buckets' directory and each staged tensor as read.
+    struct BucketStaging {
+        std::filesystem::path             dir;
+        std::map<std::string, TensorInfo> tensors;
+    };
+    BucketStaging                         buckets_;
+    /// True when every tensor of `idx` (and no other) was staged by stage_bucket as `idx` reads it.
+    bool staged_by_buckets(const TensorIndex & idx) const;
     struct DeltaUndo {
         weights::RankDelta                  delta;      ///< the applied runs (their addresses); a tensor of one-element runs
                                                         ///< (no lens) holds the OLD values in its `values` once written (swapped in place)

@@ -43,7 +43,8 @@ namespace fd::runtime {
     X(release_graphs, "sleep (cuda_graph)")     /* destroy the CUDA graphs, free their buffers (Worker::release_graphs) */ \
     X(apply_delta, "update_weights (delta)")    /* write this rank's share of the delta file req.fetch.weight_dir (weights::rank_delta_file) in place (Worker::apply_rank_delta) */ \
     X(undo_delta, "update_weights (delta undo)") /* put back what the last apply_delta / apply_hf_delta wrote (Worker::undo_weight_delta) */ \
-    X(apply_hf_delta, "update_weights (delta)") /* split the HF delta file req.fetch.weight_dir with this rank's layout and write its part in place (Worker::apply_hf_delta) */
+    X(apply_hf_delta, "update_weights (delta)") /* split the HF delta file req.fetch.weight_dir with this rank's layout and write its part in place (Worker::apply_hf_delta) */ \
+    X(stage_bucket, "update_weights (staging a stream bucket)") /* stage the tensors of the one safetensors file req.fetch.weight_dir ahead of the update (Worker::stage_bucket) */
 
 enum class RankOp : uint32_t {
 #define FD_RANK_OP_ENUM(name, what) name,

@@ -84,7 +84,16 @@ struct StreamConfig {
     /// writes over (one host copy of the weights more between updates, fewer page allocations and
     /// one copy less per byte in the next one); false: removed at once. FD_STREAM_RECYCLE_STAGING=0.
     bool                  recycle_staging = true;
+    /// Stage each full update's bucket on the ranks as soon as it arrived (Worker::stage_bucket;
+    /// the engine runs it between steps), so the finish mostly commits. It pays where the ranks'
+    /// copies have cores beside the trainer's send and the receive; on a 2-core host it slows the
+    /// stream (docs/benchmarks.md, "Stop 45"). stage_ahead_choice() decides.
+    bool                  stage_ahead = false;
 };
+
+/// FD_STREAM_STAGE_AHEAD: `env` 1 = on, 0 = off, -1 = auto: on when the host has at least
+/// tp_size + 2 hardware threads (one per rank's copy, the receiver, the trainer's sender).
+bool stage_ahead_choice(int32_t env, int32_t tp_size);
 
 /// One tensor as announced (and as it must arrive).
 /// A full tensor's payload is its numel values; a delta's (n_indices >= 0) is `n_indices` flat
@@ -138,6 +147,10 @@ struct BucketReport {
     int32_t n_received = 0;                   ///< tensors in the update so far
     int32_t n_expected = 0;                   ///< tensors the model has
     double  seconds = 0;
+    /// A full update's bucket file, complete and never written again (its tensors as safetensors,
+    /// in the update's staging dir): the ranks may stage it ahead of the finish (ControlCommand::
+    /// weight_bucket). Empty for a delta update's bucket.
+    std::filesystem::path file;
 };
 
 /// A complete update, ready to load.
@@ -238,6 +251,9 @@ public:
 
     /// The model's tensors a stream must carry (read from --model at the first init).
     std::map<std::string, TensorSpec> expected() const;
+
+    /// StreamConfig::stage_ahead: the routes have the ranks stage each bucket as it arrives.
+    bool stage_ahead() const;
 
     struct Impl;
 
