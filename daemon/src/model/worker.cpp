@@ -260,9 +260,9 @@ void Worker::swap_in(const kv::BlockCopy * copies, int64_t n) {
 
 int64_t Worker::release_swap() { return alloc_->release(Tag::kv_swap); }
 
-void Worker::fill_region(Tag tag, const TensorIndex & idx, bool populate) {
+void Worker::fill_region(Tag tag, const TensorIndex & idx, bool populate, const WeightLayout & layout) {
     std::byte * base = region(tag, layout_.arena_bytes, populate);
-    fill_weights(layout_, idx, base, backend_->host_pool(),
+    fill_weights(layout, idx, base, backend_->host_pool(),
                  {.check_finite = wcfg_.check_finite_weights, .timeout_s = wcfg_.io_timeout_s,
                   .upload_to = device_mem_ ? backend_.get() : nullptr});
 }
@@ -454,10 +454,7 @@ int64_t Worker::stage_bucket(const TensorIndex & given) {
         for (const auto & [name, t] : idx.tensors) {
             if (buckets_.tensors.count(name)) { fail(Errc::invalid_checkpoint, "tensor '{}' was staged by an earlier bucket", name); }
         }
-        std::byte * base = region(Tag::staging, layout_.arena_bytes, /*populate=*/buckets_.tensors.empty());
-        fill_weights(part, idx, base, backend_->host_pool(),
-                     {.check_finite = wcfg_.check_finite_weights, .timeout_s = wcfg_.io_timeout_s,
-                      .upload_to = device_mem_ ? backend_.get() : nullptr});
+        fill_region(Tag::staging, idx, /*populate=*/buckets_.tensors.empty(), part);
     } catch (...) {
         buckets_ = {};
         throw;

@@ -402,7 +402,9 @@ private:
     /// mapped anew. Resident on return.
     std::byte * region(memory::Tag tag, int64_t bytes, bool populate);
     /// Give `tag` a region for the layout (pre-faulted if asked) and fill it from `idx`.
-    void fill_region(memory::Tag tag, const TensorIndex & idx, bool populate);
+    void fill_region(memory::Tag tag, const TensorIndex & idx, bool populate) { fill_region(tag, idx, populate, layout_); }
+    /// The same for the tensors (and parts) `layout` names, a subset of layout_ at its offsets.
+    void fill_region(memory::Tag tag, const TensorIndex & idx, bool populate, const WeightLayout & layout);
     /// Point w_ at the weight region (norms uploaded to small_ on a device).
     void bind();
     /// Grow every activation buffer to a step of n_tokens tokens and n_logits logits rows.
