@@ -90,7 +90,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_COMPUTE_DTYPE")->capture_default_str();
     app.add_option("--tensor-parallel-size", c.model.tensor_parallel_size, "Tensor-parallel ranks (must divide the KV heads; > 1 runs one process per rank: mp)")
         ->envname("FD_TENSOR_PARALLEL_SIZE")->capture_default_str();
-    app.add_option("--threads", c.model.n_threads, "CPU kernel threads per rank (0 = all cores)")->envname("FD_THREADS")->capture_default_str();
+    app.add_option("--threads", c.model.n_threads, "CPU kernel threads per rank (0 = every CPU this process may use: its affinity mask, capped by a cgroup CPU quota)")->envname("FD_THREADS")->capture_default_str();
     auto & p = c.parallel;
     app.add_option("--distributed-executor-backend", p.distributed_executor_backend,
                    "uni: the rank runs in the daemon's process; mp: one process per rank (default: uni at tp=1, mp at tp>1)")

@@ -1,6 +1,7 @@
 #include "fd/config.h"
 
 #include "fd/arena.h"
+#include "fd/cpus.h"
 #include "fd/model/worker.h"
 #include "fd/shm/names.h"
 #include "fd/status.h"
@@ -253,7 +254,7 @@ Resolved resolve(Config & cfg) {
         problems.push_back(e.what());
     }
     resolve_parallel(cfg, r, problems);
-    if (cfg.model.n_threads <= 0) { cfg.model.n_threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())); }
+    if (cfg.model.n_threads <= 0) { cfg.model.n_threads = usable_cpus(); }  // the affinity mask, capped by a cgroup CPU quota
 
     auto & e = cfg.engine;
     if (e.max_model_len <= 0) {

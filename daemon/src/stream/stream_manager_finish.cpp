@@ -4,6 +4,8 @@
 // finish's critical path), drop, and status_json / expected / last_error for the API.
 #include "stream_manager_impl.h"
 
+#include "fd/cpus.h"
+
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -183,7 +185,7 @@ bool StreamManager::stage_ahead() const { return impl_->cfg.stage_ahead; }
 
 bool stage_ahead_choice(int32_t env, int32_t tp_size) {
     if (env >= 0) { return env != 0; }
-    return static_cast<int64_t>(std::thread::hardware_concurrency()) >= static_cast<int64_t>(tp_size) + 2;
+    return static_cast<int64_t>(usable_cpus()) >= static_cast<int64_t>(tp_size) + 2;
 }
 
 std::map<std::string, TensorSpec> StreamManager::expected() const {

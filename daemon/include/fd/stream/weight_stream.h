@@ -91,8 +91,9 @@ struct StreamConfig {
     bool                  stage_ahead = false;
 };
 
-/// FD_STREAM_STAGE_AHEAD: `env` 1 = on, 0 = off, -1 = auto: on when the host has at least
-/// tp_size + 2 hardware threads (one per rank's copy, the receiver, the trainer's sender).
+/// FD_STREAM_STAGE_AHEAD: `env` 1 = on, 0 = off, -1 = auto: on when this process may use at
+/// least tp_size + 2 CPUs (fd/cpus.h: affinity mask and cgroup quota; one per rank's copy, the
+/// receiver, the trainer's sender).
 bool stage_ahead_choice(int32_t env, int32_t tp_size);
 
 /// One tensor as announced (and as it must arrive).
