@@ -443,7 +443,7 @@ int main(int argc, char ** argv) {
                "FD_STREAM_RECYCLE_STAGING=0: a weight stream's commit removes the replaced staging dir at once instead of keeping\n"
                "its tmpfs pages for the next stream to write over (docs/weight_streams.md, Staging).\n"
                "FD_STREAM_STAGE_AHEAD=1|0: the ranks stage each weight-stream bucket as it arrives (1) or all at the finish (0);\n"
-               "unset: only where the host has tensor-parallel size + 2 hardware threads (docs/weight_streams.md, Staging).");
+               "unset: only where the daemon may use tensor-parallel size + 2 CPUs (docs/weight_streams.md, Staging).");
     const char * v1 = std::getenv("FD_ENABLE_V1_UPDATE_WEIGHTS");
     cfg.control.v1_update_weights = v1 && std::string(v1) == "1";
     const char * clear_swap = std::getenv("FD_ENABLE_SWAP_SPACE_CLEARING");
