@@ -4,9 +4,7 @@
 #include "rank_ops.h"
 
 #include "fd/arena.h"
-#include "fd/file_io.h"
 #include "fd/status.h"
-#include "fd/trust.h"
 
 #include <nlohmann/json.hpp>
 
@@ -112,12 +110,7 @@ void run_stage_bucket(RankSite & s, const RankRequest & req, RankReport & r) {
     // files: the dir and the file must be the daemon user's and not writable by others).
     const auto t0 = Clock::now();
     const std::filesystem::path file = req.fetch.weight_dir;
-    check_trusted_path(file.parent_path().string(), Trust::owned);
-    {
-        const UniqueFd fd = open_regular(file, Errc::invalid_checkpoint);
-        check_trusted(fd.get(), file.string(), Trust::owned);
-    }
-    const model::TensorIndex idx = model::read_tensor_files(file, {file});
+    const model::TensorIndex idx = weights::read_owned_files(file.parent_path(), {file});
     r.fetch_s = seconds_since(t0);
     const auto t1 = Clock::now();
     r.bytes   = s.worker->stage_bucket(idx);

@@ -53,14 +53,30 @@ private:
     std::filesystem::path dir_;
 };
 
+/// Another local user must not choose what this daemon serves (SPEC §8.6): the directory (so
+/// nobody else can add or replace a file in it) and every file read (those that exist).
+void check_owned(const std::filesystem::path & dir, std::vector<std::filesystem::path> files) {
+    check_trusted_path(dir.string(), Trust::owned);
+    std::sort(files.begin(), files.end());
+    files.erase(std::unique(files.begin(), files.end()), files.end());
+    for (const auto & f : files) {
+        if (!std::filesystem::exists(f)) { continue; }
+        const UniqueFd fd = open_regular(f, Errc::invalid_checkpoint);
+        check_trusted(fd.get(), f.string(), Trust::owned);
+    }
+}
+
 }  // namespace
+
+model::TensorIndex read_owned_files(const std::filesystem::path & dir, const std::vector<std::filesystem::path> & files) {
+    check_owned(dir, files);
+    return model::read_tensor_files(files.size() == 1 ? files[0] : dir, files);
+}
 
 FetchedCheckpoint fetch_checkpoint_dir(const std::filesystem::path & dir, bool owned) {
     if (!std::filesystem::is_directory(dir)) {
         fail(Errc::source_unavailable, "weight dir {} is not a reachable directory; write the checkpoint there and retry", dir.string());
     }
-    // Another local user must not choose what this daemon serves (SPEC §8.6): the directory (so
-    // nobody else can add or replace a file in it) and every file read.
     if (owned) { check_trusted_path(dir.string(), Trust::owned); }
     FetchedCheckpoint out;
     out.index = model::read_tensor_index(dir);
@@ -68,13 +84,7 @@ FetchedCheckpoint fetch_checkpoint_dir(const std::filesystem::path & dir, bool o
         std::vector<std::filesystem::path> files;
         for (const auto & [name, t] : out.index.tensors) { files.push_back(t.file); }
         files.push_back(dir / "model.safetensors.index.json");
-        std::sort(files.begin(), files.end());
-        files.erase(std::unique(files.begin(), files.end()), files.end());
-        for (const auto & f : files) {
-            if (!std::filesystem::exists(f)) { continue; }
-            const UniqueFd fd = open_regular(f, Errc::invalid_checkpoint);
-            check_trusted(fd.get(), f.string(), Trust::owned);
-        }
+        check_owned(dir, std::move(files));
     }
     out.version     = model::read_version_step(dir);
     out.fingerprint = checkpoint_fingerprint(out.index);

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace fd::weights {
 
@@ -127,6 +128,11 @@ std::unique_ptr<WeightSource> make_ipc_snapshot_source(std::filesystem::path mod
 /// and not be writable by others (as ipc_snapshot files; --model itself is read with owned=false).
 /// Errors  source_unavailable (no such dir), forbidden (owned and not), invalid_checkpoint.
 FetchedCheckpoint fetch_checkpoint_dir(const std::filesystem::path & dir, bool owned);
+/// The index of exactly `files` (safetensors, all in `dir`), each and `dir` checked to be the
+/// daemon user's and not writable by others, as fetch_checkpoint_dir(dir, owned=true) checks
+/// them: a weight stream's bucket file (RankOp::stage_bucket).
+/// Errors  forbidden (not owned, or writable by others), not_found, invalid_checkpoint.
+model::TensorIndex read_owned_files(const std::filesystem::path & dir, const std::vector<std::filesystem::path> & files);
 /// `ipc`: the POSIX shm record a trainer published (weight_sources.md, fd/shm/ipc_weights.h) for
 /// a rollout of `tp` ranks (a record whose tp_size differs is 422 invalid_checkpoint).
 std::unique_ptr<WeightSource> make_ipc_source(int port, int tp = 1);
