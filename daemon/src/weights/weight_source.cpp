@@ -77,7 +77,7 @@ FetchedCheckpoint fetch_checkpoint_dir(const std::filesystem::path & dir, bool o
     if (!std::filesystem::is_directory(dir)) {
         fail(Errc::source_unavailable, "weight dir {} is not a reachable directory; write the checkpoint there and retry", dir.string());
     }
-    if (owned) { check_trusted_path(dir.string(), Trust::owned); }
+    if (owned) { check_trusted_path(dir.string(), Trust::owned); }  // before a byte is read from it
     FetchedCheckpoint out;
     out.index = model::read_tensor_index(dir);
     if (owned) {
