@@ -16,6 +16,8 @@ legacy IPC handle: such a tensor raises naming it.
 """
 import ctypes
 
+from . import safetensors_np
+
 _HANDLE = ctypes.c_char * 64  # CUipcMemHandle
 _driver = None
 
@@ -44,7 +46,7 @@ def _check(lib, rc, what):
 
 def is_cuda_tensor(value):
     """True for a torch tensor on a CUDA device (without importing torch)."""
-    return bool(getattr(value, "is_cuda", False))
+    return safetensors_np.is_torch(value) and bool(value.is_cuda)
 
 
 DTYPE_TAGS = {"torch.float32": "F32", "torch.bfloat16": "BF16", "torch.float16": "F16"}

@@ -167,10 +167,6 @@ def _moe_block(hf, cfg, p, rows, cols, cat, like, arr, experts, whole):
     return out
 
 
-def _is_torch(a):
-    return type(a).__module__.split(".")[0] == "torch"
-
-
 def to_rollout_names(hf, cfg, tp=1, rank=0, expert_parallel=False):
     """HF-named tensors -> the rollout's state dict for `rank` of `tp` (docs/weight_sources.md):
     q|k|v fused into qkv_proj, gate|up into gate_up_proj, sharded Megatron-style when tp > 1,
@@ -202,11 +198,11 @@ def to_rollout_names(hf, cfg, tp=1, rank=0, expert_parallel=False):
     def cols(v, n):
         a = arr(v)
         s = a[:, rank * n // tp:(rank + 1) * n // tp]
-        return like(v, s.contiguous() if _is_torch(s) else s)  # torch: publish_ipc takes contiguous CUDA tensors
+        return like(v, s.contiguous() if safetensors_np.is_torch(s) else s)  # torch: publish_ipc takes contiguous CUDA tensors
 
     def cat(*vs):
         xs = [arr(v) for v in vs]
-        if _is_torch(xs[0]):
+        if safetensors_np.is_torch(xs[0]):
             import torch
             return like(vs[0], torch.cat(xs, 0))
         return like(vs[0], np.concatenate(xs, axis=0))

@@ -30,6 +30,11 @@ _TAG = {np.dtype(v).newbyteorder("="): k for k, v in _STORAGE.items()
 _FLOAT_TAGS = ("F32", "F16", "BF16")
 
 
+def is_torch(value):
+    """True for a torch tensor (checked without importing torch, which is never required)."""
+    return type(value).__module__.split(".")[0] == "torch"
+
+
 def _f32_to_bf16_bits(a):
     """float32 array -> uint16 bf16 bit patterns, round-to-nearest-even; a NaN stays a (quiet)
     NaN. In uint32 (only a NaN can carry past 2^32: the largest other pattern, -Inf 0xFF800000,

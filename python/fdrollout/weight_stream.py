@@ -42,7 +42,7 @@ import threading
 import numpy as np
 
 from .client import FdRolloutError
-from .safetensors_np import _f32_to_bf16_bits
+from .safetensors_np import _f32_to_bf16_bits, is_torch
 
 _MAGIC = b"FDW1"
 _NP_TAGS = {np.dtype("float32"): "F32", np.dtype("float16"): "F16"}
@@ -85,7 +85,7 @@ def _open(sock):
 
 def _to_numpy(t):
     """A numpy array (C-contiguous) and its safetensors tag ("BF16" for torch bfloat16 bits)."""
-    if type(t).__module__.split(".")[0] == "torch":
+    if is_torch(t):
         t = t.detach().cpu().contiguous()
         if str(t.dtype) == "torch.bfloat16":
             import torch  # present: t is a torch tensor
