@@ -219,7 +219,7 @@ class Client:
             raise ValueError("pass either request_id or all=True")
         return self._control("/v1/abort", body={"abort_all": True} if all else {"request_id": str(request_id)})
 
-    def weight_stream(self, version, base_version=None, bucket_bytes=64 << 20, timeout=None, backend="tcp", device=0):
+    def weight_stream(self, version, base_version=None, bucket_bytes=64 << 20, timeout=None, backend="tcp", device=0, land=False):
         """A context manager streaming new weights into the daemon without files (SPEC §12):
         `send(name, tensor)` per training (HF) tensor; leaving the block normally commits on every
         rank (all or none; `.result` holds the answer), an exception drops the update and the
@@ -228,10 +228,12 @@ class Client:
         client's). `base_version`: a delta update against that version (`send_delta`; 409 unless
         every rank serves it). `backend`: "tcp" (CPU transport) or "nccl" (torch with CUDA: this
         process broadcasts from `device` as rank 0; fdrollout.nccl_sender). See
-        fdrollout.weight_stream and docs/weight_streams.md."""
+        fdrollout.weight_stream and docs/weight_streams.md. `land`: True = each rank receives its own
+        shard from this process straight into its staging memory (one connection per rank; CPU
+        ranks, full updates with a version); "auto" = land where the daemon can, else as usual."""
         from .weight_stream import WeightStream
         return WeightStream(self, version, base_version=base_version, bucket_bytes=bucket_bytes, timeout=timeout, backend=backend,
-                            device=device)
+                            device=device, land=land)
 
     # -- generation (a convenience for trainers and tests) --------------------------------------
 

@@ -98,9 +98,16 @@ def _to_numpy(t):
 class WeightStream:
     """One update of one daemon. Use through `Client.weight_stream(...)`."""
 
-    def __init__(self, client, version, base_version=None, bucket_bytes=64 << 20, timeout=None, backend="tcp", device=0):
+    def __init__(self, client, version, base_version=None, bucket_bytes=64 << 20, timeout=None, backend="tcp", device=0, land=False):
         if backend not in ("tcp", "nccl"):
             raise ValueError(f"backend must be 'tcp' or 'nccl', not {backend!r}")
+        if land not in (True, False, "auto"):
+            raise ValueError(f"land must be True, False or 'auto', not {land!r}")
+        if land and (backend != "tcp" or base_version is not None or version is None):
+            if land is True:
+                raise ValueError("land=True needs backend 'tcp', a version, and no base_version (a delta goes through the daemon)")
+            land = False
+        self.land, self._lander = land, None
         self.backend, self.device, self._nccl = backend, device, None
         self.client, self.version = client, (None if version is None else str(version))
         self.base_version = None if base_version is None else str(base_version)
@@ -182,15 +189,22 @@ class WeightStream:
         body = {"version": self.version} if self.version else {}
         if self.base_version is not None:
             body["base_version"] = self.base_version
+        if self.land:
+            body["land"] = True
         try:
             try:
-                self.client.request("POST", "/start_weight_update", body=body, timeout=self.timeout)
-            except FdRolloutError:
-                if not reused:
+                started = self.client.request("POST", "/start_weight_update", body=body, timeout=self.timeout)
+            except FdRolloutError as e:
+                if not reused and not (self.land == "auto" and e.status == 409):
                     raise
+                if self.land == "auto" and e.status == 409:  # the ranks cannot land (CUDA ranks, ...): through the daemon
+                    self.land = False
+                    body.pop("land", None)
                 self._close()
                 self._open_transport()
-                self.client.request("POST", "/start_weight_update", body=body, timeout=self.timeout)
+                started = self.client.request("POST", "/start_weight_update", body=body, timeout=self.timeout)
+            if self.land:
+                self._lander = _Lander(started["land"], self.client.host, self.timeout)
         except BaseException:
             self._close()
             raise
@@ -201,6 +215,8 @@ class WeightStream:
         try:
             if exc_type is None:
                 self.flush()
+                if self._lander is not None:  # every part sent and the connections shut: the ranks check they have them all
+                    self._lander.finish()
                 body = {"version": self.version} if self.version else {}
                 self.result = self.client.request("POST", "/finish_weight_update", body=body, timeout=self.timeout)
                 committed = True
@@ -220,13 +236,21 @@ class WeightStream:
         """Queue `tensor` under its training (HF) name; a full bucket goes out at once.
         `dtype` ("F32", "F16", "BF16"): send the array's bytes as that dtype (BF16: uint16 bits)."""
         a, tag = _to_numpy(tensor)
+        if self._lander is not None:
+            if name not in self._lander.plan and name in self.expected:
+                return  # a tensor no rank reads (a tied lm_head, rotary inv_freq): the daemon path ignores it too
+            if name not in self._lander.plan:
+                raise KeyError(f"{name}: not a tensor of the model (the init answer lists them)")
+            a, tag = self._cast(name, a, tag, dtype, want=self._lander.plan[name][0][1][3])
+            self.bytes_sent += self._lander.send(name, a)
+            return
         a, tag = self._cast(name, a, tag, dtype)
         if tag is None:
             raise TypeError(f"{name}: cannot send a {a.dtype} array; pass dtype= (F32, F16 or BF16)")
         self._queue((name, tag, a, None, a.nbytes))
 
-    def _cast(self, name, a, tag, dtype):
-        want = self.expected.get(name, (None,))[0]
+    def _cast(self, name, a, tag, dtype, want=None):
+        want = want or self.expected.get(name, (None,))[0]
         if dtype is not None:
             return a, dtype
         if want is not None and tag != want and a.dtype.kind == "f":
@@ -323,12 +347,103 @@ class WeightStream:
             pass
 
     def _close(self):
+        if self._lander is not None:
+            self._lander.close()
+            self._lander = None
         self._nccl = None  # the communicator lives until the next init on the daemon's side
         if self.sock is not None:
             try:
                 self.sock.close()
             finally:
                 self.sock = None
+
+
+class _Lander:
+    """A landed update's side of the ranks (docs/weight_streams.md "Landing"): one connection per
+    rank, each with its own sending thread, carrying frames (u64 LE offset, u64 LE nbytes, payload)
+    of exactly the parts that rank listed in the start answer; a column slice goes out as its
+    rows' views (no copy)."""
+
+    def __init__(self, ranks, default_host, timeout):
+        import queue
+        self.timeout, self.errors, self.socks, self.queues, self.threads = timeout, [], [], [], []
+        self.plan = {}  # hf name -> [(rank index, part)], part = [name, offset, nbytes, dtype, dim, src0, n, hf_shape]
+        try:
+            for i, r in enumerate(ranks):
+                for part in r["parts"]:
+                    self.plan.setdefault(part[0], []).append((i, part))
+                host = r.get("host") or default_host
+                if host in ("0.0.0.0", "::", ""):
+                    host = default_host
+                sock = socket.create_connection((host, int(r["port"])), timeout=timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.socks.append(sock)
+                sock.sendall(_frame({"token": r["token"]}))
+                q = queue.Queue(maxsize=256)
+                th = threading.Thread(target=self._run, args=(sock, q), daemon=True)
+                th.start()
+                self.queues.append(q)
+                self.threads.append(th)
+        except BaseException:
+            self.close()
+            raise
+
+    def _run(self, sock, q):
+        while True:
+            views = q.get()
+            if views is None:
+                return
+            if self.errors:
+                continue  # drain: the stream failed
+            try:
+                _send_all(sock, views)
+            except (OSError, TimeoutError) as e:
+                self.errors.append(e)
+
+    def send(self, name, a):
+        """Queue every rank's parts of `a` (already in the parts' dtype); returns the bytes."""
+        if self.errors:
+            raise self.errors[0]
+        total = 0
+        for i, (_, offset, nbytes, _dtype, dim, src0, n, hf_shape) in self.plan[name]:
+            if list(a.shape) != list(hf_shape):
+                raise ValueError(f"{name}: shape {list(a.shape)} where the model has {list(hf_shape)}")
+            if dim == 0:
+                views = [_bytes_of(a[src0:src0 + n])]
+            else:
+                views = [memoryview(row) for row in a[:, src0:src0 + n]]
+            if sum(v.nbytes for v in views) != nbytes:
+                raise ValueError(f"{name}: {sum(v.nbytes for v in views)} bytes for a part of {nbytes}")
+            self.queues[i].put([struct.pack("<QQ", offset, nbytes)] + views, timeout=self.timeout)
+            total += nbytes
+        return total
+
+    def finish(self):
+        """Wait until every queued part went out, then shut the connections' sending side (a rank
+        missing a part then fails at once instead of at its deadline)."""
+        for q in self.queues:
+            q.put(None, timeout=self.timeout)
+        for th in self.threads:
+            th.join(self.timeout)
+            if th.is_alive():
+                raise TimeoutError(f"a rank did not take its parts within {self.timeout:g} s")
+        if self.errors:
+            raise self.errors[0]
+        for sock in self.socks:
+            sock.shutdown(socket.SHUT_WR)
+
+    def close(self):
+        for sock in self.socks:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        for q in self.queues:
+            try:
+                q.put_nowait(None)
+            except Exception:  # noqa: BLE001 - a full queue: its thread ends on the closed socket
+                pass
+        self.socks = []
 
 
 def changed_elements(old, new):

@@ -3,6 +3,7 @@ this host, against two references measured in the same run:
   - loopback TCP: the same bytes over one loopback connection to another process (sendall of the
     arrays; iperf-style, recv_into one reused 256 KiB buffer), the transport's ceiling (the target's
     reference); and "land": the same, every byte kept in one pre-touched buffer of the whole size;
+  - (the stream runs twice per repetition: through the daemon, and landed on the ranks, `land=True`);
   - ipc_snapshot: the trainer writes each rank's model_state.tp{r}.safetensors into --model and
     calls /v1/update_weights (the file path a stream replaces).
 Reported: bytes/s of each and the ratios, the stream's split (buckets vs finish = stage+commit),
@@ -66,10 +67,10 @@ def first_new_version(c, version, t_last_send):
             return time.perf_counter() - t_last_send
 
 
-def bench_stream(c, tensors, version):
+def bench_stream(c, tensors, version, land=False):
     names = sorted(tensors)
     t0 = time.perf_counter()
-    with c.weight_stream(version) as ws:
+    with c.weight_stream(version, land=land) as ws:
         for n in names:
             ws.send(n, tensors[n])
         ws.flush()
@@ -129,18 +130,24 @@ def main():
                 run = {"loopback_bytes_per_s": loopback_bytes_per_s(arrays),
                        "loopback_land_bytes_per_s": loopback_bytes_per_s(arrays, "land"),
                        "stream": bench_stream(c, tensors, f"s{i}"),
+                       "landed": bench_stream(c, tensors, f"l{i}", land=True),
                        "ipc_snapshot": bench_snapshot(cs, tensors, cfg, snap_dir, a.tp, f"p{i}")}
                 run["stream_over_loopback"] = run["stream"]["bytes_per_s"] / run["loopback_bytes_per_s"]
                 run["stream_buckets_over_loopback"] = run["stream"]["buckets_bytes_per_s"] / run["loopback_bytes_per_s"]
                 run["stream_over_loopback_land"] = run["stream"]["bytes_per_s"] / run["loopback_land_bytes_per_s"]
                 run["stream_buckets_over_loopback_land"] = run["stream"]["buckets_bytes_per_s"] / run["loopback_land_bytes_per_s"]
                 run["stream_over_ipc_snapshot"] = run["stream"]["bytes_per_s"] / run["ipc_snapshot"]["bytes_per_s"]
+                run["landed_over_loopback"] = run["landed"]["bytes_per_s"] / run["loopback_bytes_per_s"]
+                run["landed_over_loopback_land"] = run["landed"]["bytes_per_s"] / run["loopback_land_bytes_per_s"]
+                run["landed_over_ipc_snapshot"] = run["landed"]["bytes_per_s"] / run["ipc_snapshot"]["bytes_per_s"]
                 out["runs"].append(run)
                 print(json.dumps(run), file=sys.stderr)
         out["median"] = {k: median([r[k] for r in out["runs"]]) for k in
                          ("stream_over_loopback", "stream_buckets_over_loopback", "stream_over_loopback_land",
-                          "stream_buckets_over_loopback_land", "stream_over_ipc_snapshot")}
+                          "stream_buckets_over_loopback_land", "stream_over_ipc_snapshot", "landed_over_loopback",
+                          "landed_over_loopback_land", "landed_over_ipc_snapshot")}
         out["median"]["last_send_to_new_version_s"] = median([r["stream"]["last_send_to_new_version_s"] for r in out["runs"]])
+        out["median"]["landed_last_send_to_new_version_s"] = median([r["landed"]["last_send_to_new_version_s"] for r in out["runs"]])
         out["load_avg_at_end"] = os.getloadavg()[0]
         print(json.dumps(out, indent=1))
     finally:

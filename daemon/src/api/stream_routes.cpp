@@ -153,8 +153,13 @@ json commit_sealed(ApiContext & ctx, const ControlInput & in, const stream::Seal
     double update_s = 0;
     if (was_paused || u.ok()) {
         shm::MailboxCommand update{.op = "update_weights"};
-        update.weight_dir = s.delta_file.empty() ? s.dir.string() : s.base_dir.string();
-        update.weight_delta = s.delta_file.string();  // a delta: written in place (ranks and base_dir)
+        if (s.landed) {  // the ranks hold the bytes: they check that every part arrived, then commit
+            update.weight_land    = true;
+            update.land_timeout_s = ctx.stream->timeout_s();
+        } else {
+            update.weight_dir   = s.delta_file.empty() ? s.dir.string() : s.base_dir.string();
+            update.weight_delta = s.delta_file.string();  // a delta: written in place (ranks and base_dir)
+        }
         update.version    = s.version;
         const auto t1 = Clock::now();
         u = peer::run(ctx, in, update);
@@ -200,8 +205,26 @@ void vllm_init(ApiContext & ctx, const ControlInput & in, Response & res) {
     peer::send_json(res, 200, body);
 }
 
+/// Every rank opens a landing for the update just started (fd/stream/landing.h) and says where
+/// and what it expects: [{rank, host, port, token, timeout_s, parts}] in rank order. Any failure
+/// drops the update (the ranks that opened stop listening).
+json open_landings(ApiContext & ctx, const ControlInput & in) {
+    shm::MailboxCommand open{.op = "update_weights"};
+    open.land_host      = ctx.stream->host();
+    open.land_timeout_s = ctx.stream->timeout_s();
+    const control::ControlOutcome o = peer::run(ctx, in, open);
+    if (!o.ok()) {
+        const Error e = o.error ? *o.error : Error(Errc::internal, control::error_message(o));
+        ctx.stream->drop(e);
+        throw Error(e.code(), fmt::format("the ranks could not open their landings (nothing changed): {}", e.what()), "land");
+    }
+    json ranks = json::array();
+    for (const auto & rep : o.result.ranks) { ranks.push_back(json::parse(rep.detail)); }
+    return ranks;
+}
+
 void vllm_start(ApiContext & ctx, const ControlInput & in, Response & res) {
-    reject_unknown_fields(in.body, {"is_checkpoint_format", "version", "weight_version", "base_version"}, "start_weight_update");
+    reject_unknown_fields(in.body, {"is_checkpoint_format", "version", "weight_version", "base_version", "land"}, "start_weight_update");
     if (in.body.is_object() && in.body.contains("is_checkpoint_format") && !in.body.value("is_checkpoint_format", true)) {
         throw Error(Errc::invalid_argument, "only checkpoint-format (Hugging Face training) names are streamed: is_checkpoint_format must be true",
                     "is_checkpoint_format");
@@ -210,8 +233,17 @@ void vllm_start(ApiContext & ctx, const ControlInput & in, Response & res) {
     if (!v) { v = checked_version(in.body, "weight_version"); }
     const auto base = checked_version(in.body, "base_version");
     if (base) { require_serving(ctx, in, *base); }
-    ctx.stream->start(v, deadline_of(in), base);
-    peer::send_json(res, 200, json{{"message", "Weight update started"}});
+    const json * land_field = in.body.is_object() && in.body.contains("land") ? &in.body["land"] : nullptr;
+    if (land_field && !land_field->is_boolean()) { throw Error(Errc::invalid_argument, "'land' must be true or false", "land"); }
+    const bool land = land_field && land_field->get<bool>();
+    if (land && !v) {
+        throw Error(Errc::invalid_argument, "a landed update must name its version ({\"version\": ..., \"land\": true}): no file holds its "
+                                            "bytes to be named by", "version");
+    }
+    ctx.stream->start(v, deadline_of(in), base, land);
+    json body{{"message", "Weight update started"}};
+    if (land) { body["land"] = open_landings(ctx, in); }
+    peer::send_json(res, 200, body);
 }
 
 void vllm_finish(ApiContext & ctx, const ControlInput & in, Response & res) {

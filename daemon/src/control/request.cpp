@@ -96,6 +96,12 @@ engine::ControlCommand parse_command(const shm::MailboxCommand & wire) {
     if (!wire.weight_delta.empty() && (wire.weight_dir.empty() || wire.weight_delta.front() != '/')) {
         throw Error(Errc::invalid_argument, "weight_delta needs weight_dir (the serving checkpoint dir) and an absolute path", "weight_delta");
     }
+    if ((!wire.land_host.empty() || wire.weight_land) && !update) {
+        throw Error(Errc::invalid_argument, fmt::format("'{}' takes no landing (only update_weights does)", wire.op), "land");
+    }
+    r.land_host       = wire.land_host;
+    r.weight_land     = wire.weight_land;
+    r.land_timeout_s  = wire.land_timeout_s;
     r.weight_dir      = wire.weight_dir;
     r.weight_delta    = wire.weight_delta;
     r.reload_base     = wire.reload_base;

@@ -69,7 +69,7 @@ std::future<ControlResult> Engine::control(ControlCommand cmd) {
 
 ControlResult Engine::run_control(const ControlCommand & cmd) {
     const auto t0 = std::chrono::steady_clock::now();
-    const std::string op = cmd.weight_bucket.empty() ? std::string(to_string(cmd.op)) : "stage_stream_bucket";
+    const std::string op = !cmd.weight_bucket.empty() ? "stage_stream_bucket" : !cmd.land_host.empty() ? "open_landing" : std::string(to_string(cmd.op));
     const bool was_draining = drain_.has_value();
     state_.control_in_flight = op;
     publish_stats();
@@ -444,9 +444,60 @@ void Engine::stage_stream_bucket(const ControlCommand & cmd, ControlResult & r) 
     }
 }
 
+void Engine::open_landing(const ControlCommand & cmd, ControlResult & r) {
+    if (state_.weight_asleep || state_.degraded || !state_.weights_valid) {
+        fail(Errc::wrong_state, "a landed weight stream needs awake, valid weights on every rank{}; POST /v1/wakeup first",
+             state_.degraded ? " (a rank failed)" : "");
+    }
+    drop_staged(nullptr);  // a two-phase copy left staged: the landing writes over it
+    runtime::RankRequest req{.op = runtime::RankOp::land_open, .timeout_s = cmd.land_timeout_s};
+    req.fetch.weight_dir = cmd.land_host;
+    try {
+        accumulate_rank_reports(r, executor_->rank_call(req), std::nullopt);
+    } catch (const Error &) {
+        executor_->drop_staged_weights();  // the ranks that opened stop listening
+        throw;
+    }
+}
+
+void Engine::commit_landing(const ControlCommand & cmd, ControlResult & r) {
+    if (state_.weight_asleep) { fail(Errc::wrong_state, "the weights went to sleep while the stream was landing; nothing was applied"); }
+    if (!state_.staged_version.empty()) {
+        fail(Errc::wrong_state, "a two-phase update (version '{}') was staged over the landing; nothing was applied", state_.staged_version);
+    }
+    if (!cmd.version) {
+        executor_->drop_staged_weights();
+        throw Error(Errc::invalid_argument, "a landed weight stream must name its version (start_weight_update {\"version\": ...})", "version");
+    }
+    std::vector<runtime::RankReport> landed;
+    try {
+        landed = executor_->rank_call({.op = runtime::RankOp::land_close, .timeout_s = cmd.land_timeout_s});
+    } catch (const Error &) {
+        executor_->drop_staged_weights();
+        throw;
+    }
+    accumulate_rank_reports(r, landed, *cmd.version);
+    accumulate_rank_reports(r, executor_->commit_weights(), *cmd.version);
+    weights_changed();
+    set_label(*cmd.version, "");
+    // No file holds these bytes: a wakeup after a weight sleep reloads the source (its label then
+    // follows those bytes), as after a two-phase update.
+    serving_dir_.clear();
+    serving_dir_owned_ = true;
+    drop_pending_deltas();
+    note_ipc_load(std::nullopt);
+    state_.weights_valid = true;
+    recompute_kept();
+    if (!store_serving_.copy.dir.empty()) { store_serving_ = {}; }
+    r.bytes   = landed.empty() ? 0 : landed[0].bytes;
+    r.version = *cmd.version;
+}
+
 void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     if (!cmd.weight_bucket.empty()) { return stage_stream_bucket(cmd, r); }
+    if (!cmd.land_host.empty()) { return open_landing(cmd, r); }
     if (!state_.paused) { fail(Errc::wrong_state, "update_weights needs a paused engine; POST /v1/pause first"); }
+    if (cmd.weight_land) { return commit_landing(cmd, r); }
     if (!cmd.weight_delta.empty()) { return apply_weight_delta(cmd, r); }
     if (update_from_ipc_delta(cmd, r)) { return; }  // the port's ipc delta record makes cmd.version
     if (state_.weight_asleep) { return update_while_asleep(cmd, r); }

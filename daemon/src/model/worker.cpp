@@ -8,6 +8,7 @@
 #include "fd/model/graph_plan.h"
 #include "fd/comm/comm.h"
 #include "fd/status.h"
+#include "fd/stream/landing.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -322,6 +323,7 @@ int64_t Worker::release_activations() {
 }
 
 int64_t Worker::release_weights() {
+    stop_landing();
     w_ = ModelWeights{};
     staged_  = false;
     buckets_ = {};
@@ -343,7 +345,7 @@ int64_t Worker::release(Tag tag) {
     switch (tag) {
     case Tag::weight: return release_weights();
     case Tag::kv_cache: return release_kv();
-    case Tag::staging: staged_ = false; buckets_ = {}; return alloc_->release(Tag::staging);
+    case Tag::staging: stop_landing(); staged_ = false; buckets_ = {}; return alloc_->release(Tag::staging);
     case Tag::kv_swap: return release_swap();
     case Tag::mtp_cache: mtp_k_ = mtp_v_ = nullptr; return alloc_->release(Tag::mtp_cache);
     case Tag::ep_buffer: return alloc_->release(Tag::ep_buffer);  // the next MoE step maps it again
@@ -390,6 +392,7 @@ int64_t Worker::stage_weights(const TensorIndex & given, const std::function<voi
     validate_against_layout(layout_, idx);
     // Every byte of the new weights in memory before anything live changes. A failed read
     // leaves only the staging region dirty.
+    stop_landing();
     staged_ = false;
     delta_undo_ = {};
     const bool ahead = staged_by_buckets(idx);  // a stream's buckets, staged as they arrived
@@ -429,6 +432,7 @@ int64_t Worker::stage_bucket(const TensorIndex & given) {
     const TensorIndex & idx = with_v4_names(cfg_, given, renamed);
     if (idx.tensors.empty()) { return 0; }
     const std::filesystem::path dir = idx.tensors.begin()->second.file.parent_path();
+    stop_landing();
     if (staged_ || buckets_.dir != dir) {  // a new update: what was staged before is not its
         staged_  = false;
         buckets_ = {};
@@ -481,6 +485,7 @@ void Worker::commit_staged() {
 }
 
 void Worker::drop_staged() {
+    stop_landing();
     staged_  = false;
     buckets_ = {};
     if (!wcfg_.keep_update_staging) { alloc_->release(Tag::staging); }

@@ -124,6 +124,7 @@ void rank_request_to_msg(const RankRequest & req, LinkMsg & m) {
     m.op      = static_cast<uint32_t>(LinkOp::rank_call);
     m.rank_op = static_cast<uint32_t>(req.op);
     m.tag     = static_cast<uint8_t>(req.tag);
+    m.timeout_s = req.timeout_s;
     fetch_request_to_msg(req.fetch, m);
 }
 
@@ -131,7 +132,8 @@ RankRequest rank_request_from_msg(const LinkMsg & m) {
     if (m.rank_op >= kRankOpCount || m.tag >= memory::kNumTags) {
         fail(Errc::internal, "rank call: operation {} / tag {} outside the lists (daemon and rank binaries differ?)", m.rank_op, m.tag);
     }
-    return {.op = static_cast<RankOp>(m.rank_op), .fetch = fetch_request_from_msg(m), .tag = static_cast<memory::Tag>(m.tag)};
+    return {.op = static_cast<RankOp>(m.rank_op), .fetch = fetch_request_from_msg(m), .tag = static_cast<memory::Tag>(m.tag),
+            .timeout_s = m.timeout_s};
 }
 
 void rank_report_to_msg(const RankReport & r, LinkMsg & m) {

@@ -117,6 +117,17 @@ void run_stage_bucket(RankSite & s, const RankRequest & req, RankReport & r) {
     r.stage_s = seconds_since(t1);
 }
 
+void run_land_open(RankSite & s, const RankRequest & req, RankReport & r) {
+    r.detail = s.worker->land_open(req.fetch.weight_dir, req.timeout_s);  // weight_dir carries the address to listen on
+}
+
+void run_land_close(RankSite & s, const RankRequest & req, RankReport & r) {
+    const auto t0 = Clock::now();
+    s.worker->land_close(req.timeout_s);
+    r.stage_s = seconds_since(t0);
+    r.bytes   = s.worker->layout().arena_bytes;
+}
+
 void run_mem_info(RankSite &, const RankRequest &, RankReport &) {}  // the executor measures after every call
 
 void run_describe(RankSite & s, const RankRequest &, RankReport & r) {

@@ -123,9 +123,17 @@ Endpoint StreamManager::init(const InitRequest & req) {
     return ep;
 }
 
-void StreamManager::start(std::optional<std::string> version, Clock::time_point deadline, std::optional<std::string> base_version) {
+void StreamManager::start(std::optional<std::string> version, Clock::time_point deadline, std::optional<std::string> base_version,
+                          bool land) {
     std::unique_lock lk(impl_->mu);
     auto & m = *impl_;
+    if (land && base_version) {
+        throw Error(Errc::invalid_argument, "a landed update carries the full weights; a delta (base_version) goes through the daemon", "land");
+    }
+    if (land && m.backend != "tcp") {
+        fail(Errc::wrong_state, "landing needs the tcp transport (the daemon's connection stays the trainer's liveness channel); POST "
+                                "/init_weight_transfer_engine {{\"init_info\": {{\"backend\": \"tcp\"}}}} first");
+    }
     if (m.backend.empty()) {
         fail(Errc::wrong_state, "no weight-stream transport{}; POST /init_weight_transfer_engine first",
              m.last_error ? fmt::format(" (the last one was closed: {})", m.last_error->what()) : "");
@@ -137,7 +145,10 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
             throw Error(Errc::wrong_state,
                         fmt::format("base_version '{}' is not the version of the last weight stream this daemon committed ({}): a delta "
                                     "applies to streamed bytes the daemon holds; stream the full weights first", *base_version,
-                                    m.serving ? "'" + m.serving_version + "'" : "none since start-up"), "base_version");
+                                    m.serving ? "'" + m.serving_version + "'"
+                                    : m.serving_version.empty() ? std::string("none since start-up")
+                                                                : "'" + m.serving_version + "', landed on the ranks: no file holds its bytes"),
+                        "base_version");
         }
         base = model::read_tensor_index(m.serving->path());
     }
@@ -167,6 +178,7 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
     m.update->base_version  = std::move(base_version);
     m.update->base          = std::move(base);
     m.update->delta_out     = std::move(delta_out);
+    m.update->landed        = land;
 }
 
 BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs, bool packed, Clock::time_point deadline) {
@@ -179,6 +191,10 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
     }
     if (m.busy) { fail(Errc::wrong_state, "another bucket is being received; send buckets one after another"); }
     if (m.update->sealed) { fail(Errc::wrong_state, "the update is finishing; no more tensors are taken"); }
+    if (m.update->landed) {
+        fail(Errc::wrong_state, "this update lands on the ranks (start_weight_update {{\"land\": true}}): send each rank its parts on its "
+                                "own connection, not /update_weights buckets");
+    }
     std::set<std::string> in_bucket;
     try {
         if (specs.empty()) { throw Error(Errc::invalid_argument, "update_info announces no tensor", "update_info"); }

@@ -32,6 +32,12 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
     }
     if (m.busy) { fail(Errc::wrong_state, "a bucket is still being received; finish after its /update_weights answered"); }
     if (m.update->sealed) { fail(Errc::wrong_state, "the update is already finishing"); }
+    if (m.update->landed) {  // the ranks hold the bytes; the engine checks that every part arrived
+        m.update->sealed = true;
+        if (version) { m.update->version = version; }
+        return Sealed{.dir = m.update->dir->path(), .version = m.update->version, .n_tensors = static_cast<int32_t>(m.expected.size()),
+                      .landed = true};
+    }
     if (m.update->base_version) {  // a delta update: its tensors go in place; every other keeps the base's bytes
         const fs::path f = m.update->delta_out->path();
         const auto t0  = Clock::now();
@@ -85,6 +91,23 @@ void StreamManager::committed(const std::string & version) {
     std::lock_guard lk(impl_->mu);
     auto & m = *impl_;
     if (!m.update) { return; }
+    if (m.update->landed) {  // no dir holds the new bytes: the last stream's dir is the next spare, and no delta base remains
+        m.serving_version = version;
+        m.update.reset();
+        m.retire(std::move(m.spare));
+        m.spare_files.clear();
+        if (m.serving && m.cfg.recycle_staging) {
+            try {
+                m.serving->move_to(staging_name(m.serving->path(), "spare"));
+                m.spare_files = m.serving->bucket_files();
+                m.spare       = std::move(m.serving);
+            } catch (const Error & e) {
+                log::get("stream")->warn("the replaced staging dir is not kept for recycling: {}", e.what());
+            }
+        }
+        m.retire(std::move(m.serving));
+        return;
+    }
     if (m.update->in_place) {  // serving's dir now holds the new bytes (the engine wrote them); the delta file goes
         m.serving_version = version;
         m.update.reset();  // its delta file went into serving's dir (a pending delta)
@@ -182,6 +205,13 @@ std::string StreamManager::status_json() const {
 }
 
 bool StreamManager::stage_ahead() const { return impl_->cfg.stage_ahead; }
+
+const std::string & StreamManager::host() const { return impl_->cfg.host; }
+
+double StreamManager::timeout_s() const {
+    std::lock_guard lk(impl_->mu);
+    return impl_->timeout_s > 0 ? impl_->timeout_s : impl_->cfg.timeout_s;
+}
 
 bool stage_ahead_choice(int32_t env, int32_t tp_size) {
     if (env >= 0) { return env != 0; }

@@ -62,6 +62,7 @@ struct StreamManager::Impl {
         bool                               in_place = false;  ///< sealed as a delta file: serving's dir is updated in place
         fs::path                           delta_file;    ///< that file once sealed: every rank maps it
         int64_t                            recycled_bytes = 0;  ///< bucket bytes written into the spare's pages
+        bool                               landed = false;  ///< the trainer lands the tensors on the ranks (no buckets here)
     };
 
     /// Forget the open update (its staging dir goes).

@@ -147,6 +147,13 @@ struct ControlCommand {
     /// stage_bucket). Nothing live changes, no pause needed, no label; skipped while a two-phase
     /// copy is staged or the weights sleep (the finish then stages in full).
     std::string                weight_bucket;
+    /// update_weights, internal (a landed weight stream, fd/stream/landing.h): not "" = every rank
+    /// opens a landing listening on this address (Engine::open_landing; nothing live changes);
+    /// weight_land = every rank's landing must be complete, then all commit (Engine::commit_landing).
+    /// land_timeout_s bounds each rank's wait.
+    std::string                land_host;
+    bool                       weight_land = false;
+    double                     land_timeout_s = 0;
     bool                       keep_prefix_cache = false;  ///< pause: leave the prefix cache as it is (update/commit still flush it)
     bool                       keep_host_tier = false;  ///< flush_cache: forget the device prefix cache only (wire: mode "device")
     /// Called on the engine thread once the command finished (or was dropped), just before its

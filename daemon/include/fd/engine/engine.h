@@ -280,6 +280,12 @@ private:
     void          do_wakeup(TagSet tags, ControlResult & r);
     void          do_update_weights(const ControlCommand & cmd, ControlResult & r);
     void          stage_stream_bucket(const ControlCommand & cmd, ControlResult & r);  ///< update_weights {weight_bucket}
+    /// update_weights {land_host}: every rank opens a landing (Worker::land_open), all or none;
+    /// r.ranks carry each rank's parts (detail). Nothing live changes, no pause needed.
+    void          open_landing(const ControlCommand & cmd, ControlResult & r);
+    /// update_weights {weight_land}: every rank's landing completes (Worker::land_close), then
+    /// every rank commits, labelled cmd.version (required); any failure drops every rank's copy.
+    void          commit_landing(const ControlCommand & cmd, ControlResult & r);
     /// update_weights while the weights are released (AReaL's colocated loop): the new weights
     /// are loaded into fresh memory at once, all-or-nothing; the weight tag is awake afterwards.
     void          update_while_asleep(const ControlCommand & cmd, ControlResult & r);

@@ -49,6 +49,8 @@ namespace fd::comm {
 class Comm;
 }
 
+namespace fd::stream { class Landing; }
+
 namespace fd::model {
 
 /// One forward step over a flat batch of tokens from any number of sequences.
@@ -290,6 +292,22 @@ public:
     /// Errors  invalid_checkpoint (a name, shape or dtype unlike the layout; a non-finite value):
     ///         the buckets staged so far are forgotten.
     int64_t stage_bucket(const TensorIndex & idx);
+    /// Phase 1 by landing (issue 25, fd/stream/landing.h): listen on `host` and start a receiver
+    /// thread that writes a trainer's frames straight into the staging region, each part of
+    /// layout() once (the trainer sends each rank its own shard; nothing passes through the
+    /// daemon or a file). Forward steps go on meanwhile (they never read staging). Anything that
+    /// writes, swaps or releases the staging region stops the landing first. Returns
+    /// {"rank", "host", "port", "token", "timeout_s", "parts": [[hf_name, offset, nbytes, dtype,
+    /// dim, src0, n, hf_shape], ...]} as JSON text. The receiver gives up `timeout_s` from now.
+    /// Errors  wrong_state when the weights are device memory (a CUDA rank: land through the
+    ///         daemon) or released; invalid_argument when `host` cannot be bound.
+    std::string land_open(const std::string & host, double timeout_s);
+    /// Wait (at most `timeout_s`) until every part landed, then mark the copy staged (commit_staged
+    /// makes it live). Errors  wrong_state (no landing open); the receiver's error or timeout
+    ///         (Landing::wait): the landing is stopped and nothing is staged.
+    void land_close(double timeout_s);
+    /// Stop a landing in progress (its partial bytes stay in staging, never live). No-op without one.
+    void stop_landing() noexcept;
     /// Phase 2: the staged region goes live (a pointer swap); the previous one becomes the next
     /// update's staging area (or is unmapped with keep_update_staging = false). Cannot fail.
     /// With graph steps (graph_max_batch) the staged bytes are COPIED into the weight region
@@ -463,6 +481,7 @@ private:
         std::map<std::string, TensorInfo> tensors;
     };
     BucketStaging                         buckets_;
+    std::unique_ptr<stream::Landing>      land_;      ///< a landing in progress (land_open .. land_close / stop_landing)
     /// True when every tensor of `idx` (and no other) was staged by stage_bucket as `idx` reads it.
     bool staged_by_buckets(const TensorIndex & idx) const;
     struct DeltaUndo {

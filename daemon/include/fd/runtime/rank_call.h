@@ -44,7 +44,9 @@ namespace fd::runtime {
     X(apply_delta, "update_weights (delta)")    /* write this rank's share of the delta file req.fetch.weight_dir (weights::rank_delta_file) in place (Worker::apply_rank_delta) */ \
     X(undo_delta, "update_weights (delta undo)") /* put back what the last apply_delta / apply_hf_delta wrote (Worker::undo_weight_delta) */ \
     X(apply_hf_delta, "update_weights (delta)") /* split the HF delta file req.fetch.weight_dir with this rank's layout and write its part in place (Worker::apply_hf_delta) */ \
-    X(stage_bucket, "update_weights (staging a stream bucket)") /* stage the tensors of the one safetensors file req.fetch.weight_dir ahead of the update (Worker::stage_bucket) */
+    X(stage_bucket, "update_weights (staging a stream bucket)") /* stage the tensors of the one safetensors file req.fetch.weight_dir ahead of the update (Worker::stage_bucket) */ \
+    X(land_open, "update_weights (opening a landing)") /* listen on the address req.fetch.weight_dir for a trainer landing this rank's shard into staging, giving up after req.timeout_s (Worker::land_open): detail {rank, host, port, token, timeout_s, parts} */ \
+    X(land_close, "update_weights (landing)")   /* wait at most req.timeout_s for every landed part, then the copy is staged (Worker::land_close) */
 
 enum class RankOp : uint32_t {
 #define FD_RANK_OP_ENUM(name, what) name,
@@ -75,6 +77,7 @@ struct RankRequest {
     RankOp                op = RankOp::mem_info;
     weights::FetchRequest fetch;                  ///< stage, reload: what to fetch
     MemoryTag             tag = MemoryTag::weight;  ///< release: which memory
+    double                timeout_s = 0;            ///< land_open, land_close: the bound of the wait (seconds)
 };
 
 /// One rank's answer to a rank operation (the fields an op does not fill keep their defaults).

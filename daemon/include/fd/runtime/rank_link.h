@@ -112,6 +112,7 @@ struct LinkMsg {
     int64_t  detail_bytes = 0;
     double   since_progress_s = 0.0;         ///< beat: seconds since the rank's main loop last progressed (fd/liveness.h)
     int64_t  mtp_cache_bytes = 0;            ///< every reply: bytes of the rank's MTP cache (Worker::mtp_cache_bytes; 0: none or released)
+    double   timeout_s = 0.0;                ///< rank_call request: RankRequest::timeout_s
 };
 static_assert(std::is_trivially_copyable_v<LinkMsg>);
 

@@ -169,6 +169,10 @@ struct Sealed {
     /// `dir` then holds only these files. Empty for a full update.
     std::filesystem::path      delta_file;
     std::filesystem::path      base_dir;
+    /// A landed update (start's `land`): the ranks received the tensors themselves
+    /// (fd/stream/landing.h); the caller commits with update_weights {weight_land}, which fails
+    /// unless every rank's parts all arrived. `dir` is empty of tensors.
+    bool                       landed = false;
 };
 
 class StreamManager {
@@ -194,8 +198,12 @@ public:
     ///         version of the last committed stream — nothing is opened, the transport stays),
     ///         timeout (no trainer connected with the right token by the deadline: the
     ///         transport is closed).
+    /// `land`: the trainer lands the tensors on the ranks itself (fd/stream/landing.h; the caller
+    /// opens the ranks' landings): this update takes no bucket, and seal() returns it as landed.
+    /// Errors  also invalid_argument for `land` with a base_version; wrong_state for `land`
+    ///         on another transport than tcp.
     void start(std::optional<std::string> version, Clock::time_point deadline,
-               std::optional<std::string> base_version = std::nullopt);
+               std::optional<std::string> base_version = std::nullopt, bool land = false);
 
     /// Receive one bucket: `specs` in order, each as one frame (packed=false) or all as one
     /// frame (packed=true). Returns when all arrived and were written to the staging dir (a
@@ -255,6 +263,10 @@ public:
 
     /// StreamConfig::stage_ahead: the routes have the ranks stage each bucket as it arrives.
     bool stage_ahead() const;
+    /// The address the transport listens on (StreamConfig::host; the ranks' landings listen there too).
+    const std::string & host() const;
+    /// The bound of each wait of the transport opened last (init's timeout_s, else StreamConfig's).
+    double timeout_s() const;
 
     struct Impl;
 

@@ -72,6 +72,12 @@ struct MailboxCommand {
     /// file (fd/weights/weight_delta.h) in place into every rank's weights and into weight_dir,
     /// which must be the checkpoint dir the serving weights came from.
     std::string                weight_delta;
+    /// update_weights only, HTTP only (a landed weight stream, fd/stream/landing.h): not "" = every
+    /// rank opens a landing listening on this address; weight_land = every rank's landing must be
+    /// complete, then all commit. land_timeout_s bounds each rank's wait (seconds).
+    std::string                land_host;
+    bool                       weight_land = false;
+    double                     land_timeout_s = 0;
     bool                       keep_prefix_cache = false; ///< pause: keep the prefix cache (prime-rl's clear_cache=false; HTTP only, the block has no field)
 };
 

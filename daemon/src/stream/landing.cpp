@@ -1,0 +1,203 @@
+// A weight stream landed into a rank's staging region (fd/stream/landing.h): the parts of a
+// layout as byte ranges, and the receiver thread that fills them from the trainer's connection.
+#include "fd/stream/landing.h"
+
+#include "fd/liveness.h"
+#include "fd/log.h"
+#include "fd/status.h"
+#include "stream_io.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+namespace fd::stream {
+
+std::vector<LandPart> land_parts(const model::WeightLayout & layout) {
+    std::vector<LandPart> out;
+    for (const model::InferenceTensor & t : layout.tensors) {
+        const int64_t es        = model::dtype_size(t.dtype);
+        const int64_t row_elems = t.shape.size() == 2 ? t.shape[1] : 1;
+        const int64_t row_bytes = row_elems * es;
+        int64_t covered = 0;
+        for (const model::WeightPart & p : t.parts) {
+            LandPart l{.hf_name = p.hf_name, .offset = t.offset + p.row0 * row_bytes, .nbytes = p.rows * row_bytes, .dtype = t.dtype,
+                       .dim = p.dim, .src0 = p.src0, .n = p.dim == 0 ? p.rows : row_elems, .hf_shape = p.hf_shape};
+            const int64_t hf_row_elems = p.hf_shape.size() == 2 ? p.hf_shape[1] : 1;
+            const bool fits = p.dim == 0 ? hf_row_elems == row_elems && p.src0 + p.rows <= p.hf_shape[0]
+                                         : p.hf_shape.size() == 2 && p.rows == p.hf_shape[0] && p.src0 + row_elems <= p.hf_shape[1];
+            if (!fits) {
+                fail(Errc::wrong_state, "tensor '{}' (part '{}') is not one byte range of the rollout's layout; land the stream through the "
+                                        "daemon instead (a weight stream without \"land\")", t.name, p.hf_name);
+            }
+            covered += l.nbytes;
+            out.push_back(std::move(l));
+        }
+        if (covered != t.bytes) {
+            fail(Errc::wrong_state, "tensor '{}': its parts cover {} of its {} bytes; land the stream through the daemon instead", t.name,
+                 covered, t.bytes);
+        }
+    }
+    return out;
+}
+
+struct Landing::State {
+    std::vector<LandPart> parts;
+    std::byte *           base = nullptr;
+    bool                  check_finite = true;
+    Clock::time_point     deadline;
+    UniqueFd              listener;
+    UniqueFd              conn;
+    std::atomic<int>      conn_fd{-1};     ///< conn's fd once accepted (stop() shuts it down)
+    int32_t               port = 0;
+    std::string           token;
+    std::atomic<bool>     stopping{false};
+    std::mutex            mu;
+    std::condition_variable cv;
+    std::vector<char>     got;             ///< per part: arrived (guarded by mu for readers)
+    int64_t               n_got = 0;
+    bool                  done = false;    ///< every part arrived
+    std::optional<Error>  error;           ///< the receiver stopped on this
+    std::thread           th;
+
+    std::string first_missing() const {
+        for (size_t i = 0; i < parts.size(); ++i) {
+            if (!got[i]) { return parts[i].hf_name; }
+        }
+        return "";
+    }
+
+    /// The frame header, or nullopt at a clean end of the connection (between frames).
+    std::optional<std::pair<uint64_t, uint64_t>> read_header(int fd) {
+        unsigned char h[16];
+        size_t have = 0;
+        while (have < sizeof h) {
+            const ssize_t n = ::recv(fd, h + have, sizeof h - have, MSG_DONTWAIT);
+            if (n > 0) {
+                have += static_cast<size_t>(n);
+                continue;
+            }
+            if (n == 0) {
+                if (have == 0) { return std::nullopt; }
+                fail(Errc::source_unavailable, "the trainer closed the landing connection inside a frame header");
+            }
+            if (errno == EINTR) { continue; }
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                fail(Errc::source_unavailable, "the landing connection failed: {}", std::strerror(errno));
+            }
+            if (Clock::now() >= deadline) { fail(Errc::timeout, "no frame arrived on the landing connection before the deadline"); }
+            pollfd pfd{fd, POLLIN, 0};
+            ::poll(&pfd, 1, 200);
+        }
+        uint64_t off = 0, nb = 0;
+        for (int i = 7; i >= 0; --i) {
+            off = off << 8 | h[i];
+            nb  = nb << 8 | h[8 + i];
+        }
+        return std::make_pair(off, nb);
+    }
+
+    void receive() {
+        conn = tcp_accept_trainer(listener.get(), token, deadline);
+        conn_fd.store(conn.get());
+        if (stopping.load()) { return; }  // stop() may have looked before conn_fd was set
+        std::unordered_map<uint64_t, size_t> by_offset;
+        for (size_t i = 0; i < parts.size(); ++i) { by_offset.emplace(static_cast<uint64_t>(parts[i].offset), i); }
+        for (;;) {
+            const auto h = read_header(conn.get());
+            if (!h) {
+                if (n_got == static_cast<int64_t>(parts.size())) { return; }
+                fail(Errc::invalid_checkpoint, "the update is missing {} of this rank's {} parts (the first: tensor '{}'): the trainer "
+                                               "closed its landing connection without them; nothing was applied",
+                     parts.size() - n_got, parts.size(), first_missing());
+            }
+            const auto it = by_offset.find(h->first);
+            if (it == by_offset.end() || static_cast<uint64_t>(parts[it->second].nbytes) != h->second) {
+                fail(Errc::invalid_argument, "a landing frame of {} bytes at offset {} is no part this rank expects (the start answer lists "
+                                             "each part's offset and nbytes)", h->second, h->first);
+            }
+            const LandPart & p = parts[it->second];
+            if (got[it->second]) { fail(Errc::invalid_argument, "part '{}' at offset {} arrived twice", p.hf_name, p.offset); }
+            const std::string what = fmt::format("part '{}'", p.hf_name);
+            const int64_t es = model::dtype_size(p.dtype);
+            for (int64_t o = 0; o < p.nbytes;) {
+                const int64_t n = std::min<int64_t>(p.nbytes - o, static_cast<int64_t>(kPieceBytes));
+                std::byte * dst = base + p.offset + o;
+                read_exact(conn.get(), dst, static_cast<size_t>(n), deadline, what);
+                if (check_finite) {
+                    if (const int64_t bad = first_nonfinite(p.dtype, dst, n / es); bad >= 0) {
+                        fail(Errc::invalid_checkpoint, "tensor '{}' holds a non-finite value at element {} of this rank's part (offset {}); "
+                                                       "the serving weights stay", p.hf_name, o / es + bad, p.offset);
+                    }
+                }
+                o += n;
+            }
+            std::lock_guard lk(mu);
+            got[it->second] = 1;
+            if (++n_got == static_cast<int64_t>(parts.size())) {
+                done = true;
+                cv.notify_all();
+            }
+        }
+    }
+
+    void run() {
+        try {
+            receive();
+        } catch (const Error & e) {
+            std::lock_guard lk(mu);
+            if (!stopping.load()) { error = e; }
+        } catch (const std::exception & e) {
+            std::lock_guard lk(mu);
+            if (!stopping.load()) { error = Error(Errc::internal, e.what()); }
+        }
+        std::lock_guard lk(mu);
+        cv.notify_all();
+    }
+};
+
+Landing::Landing(std::vector<LandPart> parts, std::byte * base, const std::string & host, double timeout_s, bool check_finite)
+    : s_(std::make_unique<State>()) {
+    s_->parts        = std::move(parts);
+    s_->base         = base;
+    s_->check_finite = check_finite;
+    s_->deadline     = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::max(timeout_s, 0.001)));
+    s_->got.assign(s_->parts.size(), 0);
+    s_->listener = tcp_listen(host, &s_->port);
+    s_->token    = random_token();
+    s_->th       = std::thread([s = s_.get()] { s->run(); });
+}
+
+Landing::~Landing() { stop(); }
+
+int32_t Landing::port() const { return s_->port; }
+const std::string & Landing::token() const { return s_->token; }
+const std::vector<LandPart> & Landing::parts() const { return s_->parts; }
+
+void Landing::wait(Clock::time_point deadline) {
+    liveness::WaitScope waiting;  // bounded by `deadline`: a rank waiting here is not stuck
+    std::unique_lock lk(s_->mu);
+    s_->cv.wait_until(lk, deadline, [&] { return s_->done || s_->error.has_value(); });
+    if (s_->done) { return; }
+    if (s_->error) { throw *s_->error; }
+    fail(Errc::timeout, "the landed stream is incomplete at the deadline: {} of {} parts missing (the first: '{}')",
+         s_->parts.size() - static_cast<size_t>(s_->n_got), s_->parts.size(), s_->first_missing());
+}
+
+void Landing::stop() noexcept {
+    if (!s_ || !s_->th.joinable()) { return; }
+    s_->stopping.store(true);
+    if (s_->listener.valid()) { ::shutdown(s_->listener.get(), SHUT_RDWR); }  // an accept in progress fails
+    if (const int fd = s_->conn_fd.load(); fd >= 0) { ::shutdown(fd, SHUT_RDWR); }  // a read in progress ends
+    s_->th.join();
+}
+
+}  // namespace fd::stream

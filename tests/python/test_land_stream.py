@@ -1,0 +1,163 @@
+"""Landed weight streams (`weight_stream(..., land=True)`; fd/stream/landing.h): each rank takes
+its own shard from the trainer straight into its staging memory. Against the real daemon at tp=1
+and tp=2: a landed stream serves exactly as a fresh daemon on the same weights; it mixes with
+streams through the daemon; a missing part, a part at no expected offset, a non-finite value, a
+missing version or a delta base are refused naming what, and change nothing; a trainer killed
+mid-landing leaves the old version serving and the next landed stream works.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import numpy as np  # noqa: E402
+
+from fdtest import PYTHON, STORIES, Daemon, fresh_daemon, greedy, perturbed, wait_until  # noqa: E402
+from fdrollout import Client, FdRolloutError  # noqa: E402
+from fdrollout import safetensors_np  # noqa: E402
+
+# A trainer that lands half of the tensors on every rank, says SENT and waits to be killed.
+KILLED_LANDER = r"""
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from fdrollout import Client, safetensors_np
+c = Client("127.0.0.1:" + sys.argv[1], timeout=60)
+t = safetensors_np.load_file(sys.argv[3])
+ws = c.weight_stream("killed", land=True).__enter__()
+for n in sorted(t)[: len(t) // 2]:
+    ws.send(n, t[n])
+print("SENT", flush=True)
+time.sleep(600)
+"""
+
+
+class LandTp1(unittest.TestCase):
+    TP_ARGS = []
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="fd-pyland-")
+        cls.new = os.path.join(cls.tmp, "new")
+        perturbed(STORIES, cls.new, seed=3)
+        cls.tensors = safetensors_np.load_file(os.path.join(cls.new, "model.safetensors"))
+        cls.base = safetensors_np.load_file(os.path.join(STORIES, "model.safetensors"))
+        with fresh_daemon(cls.new, *cls.TP_ARGS) as ref:
+            cls.ref_new = greedy(ref)[:2]
+        with fresh_daemon(STORIES, *cls.TP_ARGS) as ref:
+            cls.ref_old = greedy(ref)[:2]
+        cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *cls.TP_ARGS, model=STORIES, extra=False)
+        cls.c = Client(f"127.0.0.1:{cls.d.port}", timeout=20)
+        cls.tp = int(cls.TP_ARGS[1]) if cls.TP_ARGS else 1
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def stream(self, version, tensors, land=True, tweak=None, **kw):
+        with self.c.weight_stream(version, land=land, **kw) as ws:
+            if tweak:
+                tweak(ws)
+            for name in sorted(tensors):
+                ws.send(name, tensors[name])
+        return ws.result
+
+    def assert_serving(self, ref, version):
+        self.assertEqual(greedy(self.d), (*ref, version))
+        self.assertEqual(self.c.health()["state"], "serving")
+
+    def bad(self, status, type_, words, tensors, **kw):
+        before = self.c.weight_version()
+        with self.assertRaises(FdRolloutError) as e:
+            self.stream("bad", tensors, **kw)
+        self.assertEqual((e.exception.status, e.exception.type), (status, type_), e.exception.message)
+        for w in words:
+            self.assertIn(w, e.exception.message)
+        self.assertEqual(self.c.weight_version(), before, "a failed landing changes nothing")
+        self.assertEqual(self.c.health()["state"], "serving")
+        return e.exception
+
+    def test_1_landed_stream_equals_a_fresh_daemon_and_mixes_with_daemon_streams(self):
+        before = self.d.output().count("the landed stream is complete and staged")
+        r = self.stream("l1", self.tensors)
+        self.assertEqual(r["weight_version"], "l1")
+        self.assert_serving(self.ref_new, "l1")
+        self.assertEqual(self.d.output().count("the landed stream is complete and staged") - before, self.tp, "every rank landed")
+        self.assertEqual(self.d.output().count("staged bucket by bucket"), 0)
+        r = self.stream("s2", self.base, land=False)  # through the daemon
+        self.assertEqual(r["weight_version"], "s2")
+        self.assert_serving(self.ref_old, "s2")
+        self.stream("l3", self.tensors)  # and landed again, over the daemon stream's weights
+        self.assert_serving(self.ref_new, "l3")
+        self.stream("l4", self.base)
+        self.assert_serving(self.ref_old, "l4")
+
+    def test_2_bad_input_is_refused_naming_it_and_changes_nothing(self):
+        self.stream("good", self.base)
+        name = "model.layers.0.mlp.down_proj.weight"
+        missing = {k: v for k, v in self.tensors.items() if k != name}
+        self.bad(422, "invalid_checkpoint", [name, "missing"], missing)
+        nan = dict(self.tensors)
+        nan[name] = nan[name].copy()
+        nan[name].reshape(-1)[7] = np.nan
+        self.bad(422, "invalid_checkpoint", [name, "non-finite"], nan)
+
+        def shift(ws):  # the first part of rank 0 announced 64 bytes further on
+            ws._lander.plan[name][0][1][1] += 64
+        self.bad(400, "invalid_argument", ["no part this rank expects"], self.tensors, tweak=shift)
+        with self.assertRaises(ValueError):  # refused on this side: a landed update needs a version
+            self.c.weight_stream(None, land=True)
+        e = self.c.request  # the routes refuse them too
+        with self.assertRaises(FdRolloutError) as ex:
+            e("POST", "/start_weight_update", body={"land": True})
+        self.assertEqual(ex.exception.status, 400)
+        self.assertEqual(self.c.weight_version(), "good")
+        self.assert_serving(self.ref_old, "good")
+
+    def test_3_a_delta_on_a_landed_base_is_refused(self):
+        self.stream("lb", self.tensors)
+        with self.assertRaises(FdRolloutError) as e:
+            with self.c.weight_stream("ld", base_version="lb") as ws:
+                ws.send_delta("model.norm.weight", np.array([0], np.int64), np.array([1.0], np.float32))
+        self.assertEqual(e.exception.status, 409, e.exception.message)
+        self.assertIn("landed on the ranks", e.exception.message)
+        self.assert_serving(self.ref_new, "lb")
+
+    def test_4_trainer_killed_mid_landing(self):
+        self.stream("k0", self.base)
+        p = subprocess.Popen([PYTHON, "-c", KILLED_LANDER, str(self.d.port), os.path.join(HERE, "..", "..", "python"),
+                              os.path.join(self.new, "model.safetensors")], stdout=subprocess.PIPE, text=True)
+        try:
+            self.assertEqual(p.stdout.readline().strip(), "SENT")
+        finally:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+        wait_until(lambda: self.c.health()["weight_stream"]["state"] == "idle", 15, "the update dropped")
+        self.assert_serving(self.ref_old, "k0")
+        self.stream("k1", self.tensors)
+        self.assert_serving(self.ref_new, "k1")
+
+    def test_5_sleep_and_wakeup_after_a_landing_reload_the_source(self):
+        # No file holds landed bytes: a weight sleep's wakeup reloads the source (--model), and
+        # the label follows those bytes (not the landed version's).
+        self.stream("w1", self.tensors)
+        self.c.sleep()
+        self.c.wakeup()
+        ids, lps, version = greedy(self.d)
+        self.assertEqual((ids, lps), self.ref_old)
+        self.assertNotEqual(version, "w1")
+
+
+class LandTp2(LandTp1):
+    TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1"]
+
+
+if __name__ == "__main__":
+    unittest.main()
