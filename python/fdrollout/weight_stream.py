@@ -223,6 +223,9 @@ class WeightStream:
             else:
                 self.abort()
         finally:
+            if self._lander is not None:  # after the finish answered: the ranks have every byte
+                self._lander.close()
+                self._lander = None
             if committed:  # the daemon keeps the transport after a commit: so does the client, for its next stream
                 self.client._stream_transport = (self._key(), self.sock, self._nccl, self.expected)
                 self.sock, self._nccl = None, None
@@ -361,8 +364,9 @@ class WeightStream:
 class _Lander:
     """A landed update's side of the ranks (docs/weight_streams.md "Landing"): one connection per
     rank, each with its own sending thread, carrying frames (u64 LE offset, u64 LE nbytes, payload)
-    of exactly the parts that rank listed in the start answer; a column slice goes out as its
-    rows' views (no copy)."""
+    of exactly the parts that rank listed in the start answer; a row range goes out as a view of
+    the tensor, a column slice is gathered into one buffer by that rank's thread (one numpy copy
+    in C, where a view per row costs a Python call each)."""
 
     def __init__(self, ranks, default_host, timeout):
         import queue
@@ -390,13 +394,14 @@ class _Lander:
 
     def _run(self, sock, q):
         while True:
-            views = q.get()
-            if views is None:
+            item = q.get()
+            if item is None:
                 return
             if self.errors:
                 continue  # drain: the stream failed
             try:
-                _send_all(sock, views)
+                header, part = item
+                _send_all(sock, [header, _bytes_of(part)])  # a column slice is gathered here, on this rank's thread
             except (OSError, TimeoutError) as e:
                 self.errors.append(e)
 
@@ -408,13 +413,10 @@ class _Lander:
         for i, (_, offset, nbytes, _dtype, dim, src0, n, hf_shape) in self.plan[name]:
             if list(a.shape) != list(hf_shape):
                 raise ValueError(f"{name}: shape {list(a.shape)} where the model has {list(hf_shape)}")
-            if dim == 0:
-                views = [_bytes_of(a[src0:src0 + n])]
-            else:
-                views = [memoryview(row) for row in a[:, src0:src0 + n]]
-            if sum(v.nbytes for v in views) != nbytes:
-                raise ValueError(f"{name}: {sum(v.nbytes for v in views)} bytes for a part of {nbytes}")
-            self.queues[i].put([struct.pack("<QQ", offset, nbytes)] + views, timeout=self.timeout)
+            part = a[src0:src0 + n] if dim == 0 else a[:, src0:src0 + n]
+            if part.nbytes != nbytes:
+                raise ValueError(f"{name}: {part.nbytes} bytes for a part of {nbytes}")
+            self.queues[i].put((struct.pack("<QQ", offset, nbytes), part), timeout=self.timeout)
             total += nbytes
         return total
 
