@@ -3,8 +3,10 @@ its own shard from the trainer straight into its staging memory. Against the rea
 and tp=2: a landed stream serves exactly as a fresh daemon on the same weights; it mixes with
 streams through the daemon; a missing part, a part at no expected offset, a non-finite value, a
 missing version or a delta base are refused naming what, and change nothing; a trainer killed
-mid-landing leaves the old version serving and the next landed stream works.
+mid-landing leaves the old version serving and the next landed stream works; a weight sleep
+writes the landed shards and the wakeup serves them again under the same label.
 """
+import glob
 import os
 import shutil
 import subprocess
@@ -144,15 +146,30 @@ class LandTp1(unittest.TestCase):
         self.stream("k1", self.tensors)
         self.assert_serving(self.ref_new, "k1")
 
-    def test_5_sleep_and_wakeup_after_a_landing_reload_the_source(self):
-        # No file holds landed bytes: a weight sleep's wakeup reloads the source (--model), and
-        # the label follows those bytes (not the landed version's).
+    def test_5_sleep_writes_the_landed_weights_and_wakeup_reads_them_back(self):
+        # No file holds landed bytes: a weight sleep writes each rank's shard (0600, a private
+        # dir) and the wakeup reloads it, same label, then removes it.
         self.stream("w1", self.tensors)
+        before = set(glob.glob("/dev/shm/fdrollout-landed.*"))
         self.c.sleep()
+        dirs = set(glob.glob("/dev/shm/fdrollout-landed.*")) - before
+        self.assertEqual(len(dirs), 1, "one snapshot dir while asleep")
+        d = dirs.pop()
+        self.assertEqual(os.stat(d).st_mode & 0o777, 0o700)
+        files = sorted(os.listdir(d))
+        self.assertEqual(files, [f"model_state.tp{r}.safetensors" for r in range(self.tp)])
+        self.assertEqual(os.stat(os.path.join(d, files[0])).st_mode & 0o777, 0o600)
         self.c.wakeup()
-        ids, lps, version = greedy(self.d)
-        self.assertEqual((ids, lps), self.ref_old)
-        self.assertNotEqual(version, "w1")
+        self.assert_serving(self.ref_new, "w1")
+        self.assertFalse(os.path.exists(d), "the host copy goes at the wakeup")
+        self.c.sleep()  # and again: written anew from the live weights
+        self.c.wakeup()
+        self.assert_serving(self.ref_new, "w1")
+        self.stream("w2", self.base, land=False)  # a stream through the daemon: its dir is the source again
+        self.c.sleep()
+        self.assertEqual(set(glob.glob("/dev/shm/fdrollout-landed.*")) - before, set())
+        self.c.wakeup()
+        self.assert_serving(self.ref_old, "w2")
 
 
 class LandTp2(LandTp1):

@@ -44,6 +44,7 @@ void Engine::stop() {
     stop_.store(true);
     inbox_cv_.notify_all();
     thread_.join();
+    remove_landed_snapshot();  // a sleeping daemon's landed weights: nothing reads them after this
 }
 
 void Engine::submit(GenerateRequest req) {

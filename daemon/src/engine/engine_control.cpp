@@ -8,8 +8,12 @@
 
 #include <fmt/ranges.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -197,6 +201,7 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
             r.tags_skipped.push_back("weight");
         } else {
             drop_staged(nullptr);  // a staged version is weight memory too
+            if (serving_landed_ && landed_snapshot_.empty()) { snapshot_landed_weights(r); }  // the wakeup's source
             release(runtime::MemoryTag::weight, r.freed_weight_bytes);
             if (cfg_.expert_parallel_size > 1) { release(runtime::MemoryTag::ep_buffer, r.freed_ep_buffer_bytes); }
             std::lock_guard lk(hook_mu_);
@@ -272,10 +277,21 @@ void Engine::reload_serving_weights(ControlResult & r) {
     weights::FetchRequest req{.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version};
     req.weight_dir       = serving_dir_;  // weights loaded from a checkpoint dir come back from it
     req.weight_dir_owned = serving_dir_owned_;
+    const bool from_snapshot = !landed_snapshot_.empty();
+    if (from_snapshot) {  // landed weights come back from what each rank wrote at the sleep
+        req.weight_dir       = landed_snapshot_.string();
+        req.weight_dir_owned = true;
+    }
     const std::optional<std::vector<weights::IpcRecordId>> ipc_before = ipc_ids_if_source(req);
     const auto reps = executor_->reload_weights(req);
     state_.weight_asleep = false;
     state_.weights_valid = true;
+    if (from_snapshot) {  // the same bytes as before the sleep: the label stays; the host copy goes
+        remove_landed_snapshot();
+        r.bytes = reps[0].bytes;
+        accumulate_rank_reports(r, reps, state_.weight_version, /*in_place=*/true);
+        return;
+    }
     if (cfg_.source.strategy == weights::LoadStrategy::ipc && req.weight_dir.empty() && replay_ipc_deltas(ipc_before)) {
         r.bytes = reps[0].bytes;  // the records, then the ipc deltas applied on them again: the label stays
         accumulate_rank_reports(r, reps, state_.weight_version, /*in_place=*/true);
@@ -416,6 +432,7 @@ void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) 
     state_.weights_valid = true;
     weights_changed();
     set_label(*version, fp);
+    forget_landed();
     serving_dir_       = req.weight_dir;
     serving_dir_owned_ = req.weight_dir_owned;
     drop_pending_deltas();  // they were for the previous dir
@@ -480,8 +497,9 @@ void Engine::commit_landing(const ControlCommand & cmd, ControlResult & r) {
     accumulate_rank_reports(r, executor_->commit_weights(), *cmd.version);
     weights_changed();
     set_label(*cmd.version, "");
-    // No file holds these bytes: a wakeup after a weight sleep reloads the source (its label then
-    // follows those bytes), as after a two-phase update.
+    // No file holds these bytes: a weight sleep writes them first (snapshot_landed_weights).
+    remove_landed_snapshot();
+    serving_landed_ = true;
     serving_dir_.clear();
     serving_dir_owned_ = true;
     drop_pending_deltas();
@@ -491,6 +509,36 @@ void Engine::commit_landing(const ControlCommand & cmd, ControlResult & r) {
     if (!store_serving_.copy.dir.empty()) { store_serving_ = {}; }
     r.bytes   = landed.empty() ? 0 : landed[0].bytes;
     r.version = *cmd.version;
+}
+
+void Engine::snapshot_landed_weights(ControlResult & r) {
+    std::error_code ec;
+    const std::filesystem::path root = std::filesystem::is_directory("/dev/shm", ec) ? std::filesystem::path("/dev/shm")
+                                                                                     : std::filesystem::temp_directory_path();
+    std::string tmpl = (root / fmt::format("fdrollout-landed.{}.XXXXXX", ::getpid())).string();
+    if (::mkdtemp(tmpl.data()) == nullptr) {  // mode 0700, owned by this user
+        fail(Errc::internal, "sleep(weight): cannot create a dir for the landed weights under {}: {}; nothing was released", root.string(),
+             std::strerror(errno));
+    }
+    runtime::RankRequest req{.op = runtime::RankOp::snapshot};
+    req.fetch.weight_dir = tmpl;
+    try {
+        const auto reps = executor_->rank_call(req);
+        accumulate_rank_reports(r, reps, std::nullopt);
+        log::get("engine")->info("sleep(weight): the landed weights ({} B per rank) written to {} for the wakeup", reps.empty() ? 0 : reps[0].bytes,
+                                 tmpl);
+    } catch (...) {
+        std::filesystem::remove_all(tmpl, ec);
+        throw;
+    }
+    landed_snapshot_ = tmpl;
+}
+
+void Engine::remove_landed_snapshot() noexcept {
+    if (landed_snapshot_.empty()) { return; }
+    std::error_code ec;
+    std::filesystem::remove_all(landed_snapshot_, ec);
+    landed_snapshot_.clear();
 }
 
 void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
@@ -534,6 +582,7 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     accumulate_rank_reports(r, executor_->commit_weights(), *version);
     weights_changed();
     set_label(*version, staged_fingerprint_);
+    forget_landed();
     serving_dir_       = req.weight_dir;
     serving_dir_owned_ = req.weight_dir_owned;
     drop_pending_deltas();  // they were for the previous dir
@@ -554,6 +603,7 @@ void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {
     accumulate_rank_reports(r, executor_->commit_weights(), state_.staged_version);
     weights_changed();  // no KV computed with the old weights is reused (invariant 1)
     set_label(state_.staged_version, staged_fingerprint_);
+    forget_landed();
     serving_dir_.clear();  // staged updates come from the source only
     drop_pending_deltas();
     note_ipc_load(std::nullopt);  // staged earlier: the records may have changed since (a delta then needs a full update first)

@@ -20,14 +20,25 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 bool on_cuda(const RankSite & s) { return s.worker->backend().kind() == kernels::DeviceKind::cuda; }
 
-/// This rank's checkpoint for `req`; the time it took goes to r.fetch_s.
+/// Where the snapshot op writes rank `rank`'s landed weights in `dir` (the ipc_snapshot name).
+std::filesystem::path snapshot_file(const std::filesystem::path & dir, int32_t rank) {
+    return dir / fmt::format("model_state.tp{}.safetensors", rank);
+}
+
+/// This rank's checkpoint for `req` (a wakeup whose weight_dir holds this rank's snapshot: that
+/// file); the time it took goes to r.fetch_s.
 weights::FetchedCheckpoint fetch(RankSite & s, const weights::FetchRequest & req, RankReport & r) {
     const auto t0 = Clock::now();
     weights::FetchRequest mine = req;
     mine.rank               = s.rank;
     mine.device_destination = on_cuda(s);  // ipc: device to device
-    weights::FetchedCheckpoint ckpt = req.weight_dir.empty() ? s.source->fetch(mine)
-                                                             : weights::fetch_checkpoint_dir(req.weight_dir, req.weight_dir_owned);
+    weights::FetchedCheckpoint ckpt;
+    const std::filesystem::path snapshot = req.weight_dir.empty() ? std::filesystem::path() : snapshot_file(req.weight_dir, s.rank);
+    if (req.wakeup && !snapshot.empty() && std::filesystem::exists(snapshot)) {  // landed weights, written at the sleep
+        ckpt.index = weights::read_owned_files(req.weight_dir, {snapshot});
+    } else {
+        ckpt = req.weight_dir.empty() ? s.source->fetch(mine) : weights::fetch_checkpoint_dir(req.weight_dir, req.weight_dir_owned);
+    }
     r.fetch_s = seconds_since(t0);
     return ckpt;
 }
@@ -126,6 +137,12 @@ void run_land_close(RankSite & s, const RankRequest & req, RankReport & r) {
     s.worker->land_close(req.timeout_s);
     r.stage_s = seconds_since(t0);
     r.bytes   = s.worker->layout().arena_bytes;
+}
+
+void run_snapshot(RankSite & s, const RankRequest & req, RankReport & r) {
+    const auto t0 = Clock::now();
+    r.bytes   = s.worker->write_snapshot(snapshot_file(req.fetch.weight_dir, s.rank));
+    r.stage_s = seconds_since(t0);
 }
 
 void run_mem_info(RankSite &, const RankRequest &, RankReport &) {}  // the executor measures after every call

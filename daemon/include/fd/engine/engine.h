@@ -356,6 +356,14 @@ private:
     /// not the source: wakeup re-reads it ("" = the source). Owned: see FetchRequest.
     std::string                               serving_dir_;
     bool                                      serving_dir_owned_ = true;
+    /// The serving weights were landed (commit_landing) and no file holds them: a weight sleep
+    /// first writes each rank's snapshot into landed_snapshot_ (a private dir), which the wakeup
+    /// reloads and removes. Any other load forgets both (forget_landed).
+    bool                                      serving_landed_ = false;
+    std::filesystem::path                     landed_snapshot_;
+    void          snapshot_landed_weights(ControlResult & r);  ///< sleep(weight) of landed weights
+    void          remove_landed_snapshot() noexcept;
+    void          forget_landed() noexcept { serving_landed_ = false; remove_landed_snapshot(); }
     /// Deltas applied in place on the ranks (apply_weight_delta) and not yet written into
     /// serving_dir_: their files (fd/weights/weight_delta.h), moved into serving_dir_ as
     /// .fdrollout-pending-N.fddelta, in commit order. The dir is updated lazily
