@@ -2,18 +2,15 @@
 // Each checks every precondition before changing anything, so a rejected command is a no-op.
 #include "fd/arena.h"
 #include "fd/engine/engine.h"
+#include "engine_reports.h"
 #include "fd/log.h"
 #include "fd/progress.h"
 #include "fd/weights/fingerprint.h"
 
 #include <fmt/ranges.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -25,6 +22,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+}  // namespace
+
 /// Fold one rank call's reports into r.ranks: the one place a control result's per-rank entries
 /// are built (one entry per rank, in order of first mention). Freed bytes and durations add up
 /// over the command's calls, the RSS is the last one reported, `label` (when given) is the weight
@@ -32,7 +31,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 /// the serving weights (a wakeup's reload), so its stage_s is the applying cost (commit_s) that
 /// the render shows as update_cost (control/render.cpp: sync = fetch + stage, update = commit).
 void accumulate_rank_reports(ControlResult & r, const std::vector<runtime::RankReport> & reps,
-                             const std::optional<std::string> & label, bool in_place = false) {
+                             const std::optional<std::string> & label, bool in_place) {
     for (const runtime::RankReport & rep : reps) {
         auto it = std::find_if(r.ranks.begin(), r.ranks.end(), [&](const runtime::RankReport & e) { return e.rank == rep.rank; });
         runtime::RankReport & e = it != r.ranks.end() ? *it : r.ranks.emplace_back(runtime::RankReport{.rank = rep.rank});
@@ -50,7 +49,6 @@ void accumulate_rank_reports(ControlResult & r, const std::vector<runtime::RankR
     }
 }
 
-}  // namespace
 
 std::future<ControlResult> Engine::control(ControlCommand cmd) {
     auto pc = std::make_shared<PendingControl>();
@@ -167,6 +165,9 @@ void Engine::set_weight_sleep_hook(std::function<int64_t()> hook) {
 
 void Engine::do_sleep(TagSet tags, ControlResult & r) {
     if (tags.weight) { flush_pending_deltas(); }  // the wakeup source holds the served bytes before they are released
+    if (tags.weight && !state_.weight_asleep && serving_landed_ && landed_snapshot_.empty()) {
+        snapshot_landed_weights(r);  // landed weights: the wakeup's source, written before anything is released
+    }
     do_pause(PauseMode::abort, r);  // sleep implies pause mode=abort: kept requests end too (their KV is freed)
     r.rss_before_bytes = process_rss_bytes() + executor_->rank_processes_rss_bytes();
     auto count = [&](const std::vector<runtime::RankReport> & reps, int64_t & freed) {
@@ -201,7 +202,6 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
             r.tags_skipped.push_back("weight");
         } else {
             drop_staged(nullptr);  // a staged version is weight memory too
-            if (serving_landed_ && landed_snapshot_.empty()) { snapshot_landed_weights(r); }  // the wakeup's source
             release(runtime::MemoryTag::weight, r.freed_weight_bytes);
             if (cfg_.expert_parallel_size > 1) { release(runtime::MemoryTag::ep_buffer, r.freed_ep_buffer_bytes); }
             std::lock_guard lk(hook_mu_);
@@ -459,86 +459,6 @@ void Engine::stage_stream_bucket(const ControlCommand & cmd, ControlResult & r) 
         // full and reports it.
         log::get("engine")->info("a weight-stream bucket was not staged ahead ({}); the update stages it at its finish", e.what());
     }
-}
-
-void Engine::open_landing(const ControlCommand & cmd, ControlResult & r) {
-    if (state_.weight_asleep || state_.degraded || !state_.weights_valid) {
-        fail(Errc::wrong_state, "a landed weight stream needs awake, valid weights on every rank{}; POST /v1/wakeup first",
-             state_.degraded ? " (a rank failed)" : "");
-    }
-    drop_staged(nullptr);  // a two-phase copy left staged: the landing writes over it
-    runtime::RankRequest req{.op = runtime::RankOp::land_open, .timeout_s = cmd.land_timeout_s};
-    req.fetch.weight_dir = cmd.land_host;
-    try {
-        accumulate_rank_reports(r, executor_->rank_call(req), std::nullopt);
-    } catch (const Error &) {
-        executor_->drop_staged_weights();  // the ranks that opened stop listening
-        throw;
-    }
-}
-
-void Engine::commit_landing(const ControlCommand & cmd, ControlResult & r) {
-    if (state_.weight_asleep) { fail(Errc::wrong_state, "the weights went to sleep while the stream was landing; nothing was applied"); }
-    if (!state_.staged_version.empty()) {
-        fail(Errc::wrong_state, "a two-phase update (version '{}') was staged over the landing; nothing was applied", state_.staged_version);
-    }
-    if (!cmd.version) {
-        executor_->drop_staged_weights();
-        throw Error(Errc::invalid_argument, "a landed weight stream must name its version (start_weight_update {\"version\": ...})", "version");
-    }
-    std::vector<runtime::RankReport> landed;
-    try {
-        landed = executor_->rank_call({.op = runtime::RankOp::land_close, .timeout_s = cmd.land_timeout_s});
-    } catch (const Error &) {
-        executor_->drop_staged_weights();
-        throw;
-    }
-    accumulate_rank_reports(r, landed, *cmd.version);
-    accumulate_rank_reports(r, executor_->commit_weights(), *cmd.version);
-    weights_changed();
-    set_label(*cmd.version, "");
-    // No file holds these bytes: a weight sleep writes them first (snapshot_landed_weights).
-    remove_landed_snapshot();
-    serving_landed_ = true;
-    serving_dir_.clear();
-    serving_dir_owned_ = true;
-    drop_pending_deltas();
-    note_ipc_load(std::nullopt);
-    state_.weights_valid = true;
-    recompute_kept();
-    if (!store_serving_.copy.dir.empty()) { store_serving_ = {}; }
-    r.bytes   = landed.empty() ? 0 : landed[0].bytes;
-    r.version = *cmd.version;
-}
-
-void Engine::snapshot_landed_weights(ControlResult & r) {
-    std::error_code ec;
-    const std::filesystem::path root = std::filesystem::is_directory("/dev/shm", ec) ? std::filesystem::path("/dev/shm")
-                                                                                     : std::filesystem::temp_directory_path();
-    std::string tmpl = (root / fmt::format("fdrollout-landed.{}.XXXXXX", ::getpid())).string();
-    if (::mkdtemp(tmpl.data()) == nullptr) {  // mode 0700, owned by this user
-        fail(Errc::internal, "sleep(weight): cannot create a dir for the landed weights under {}: {}; nothing was released", root.string(),
-             std::strerror(errno));
-    }
-    runtime::RankRequest req{.op = runtime::RankOp::snapshot};
-    req.fetch.weight_dir = tmpl;
-    try {
-        const auto reps = executor_->rank_call(req);
-        accumulate_rank_reports(r, reps, std::nullopt);
-        log::get("engine")->info("sleep(weight): the landed weights ({} B per rank) written to {} for the wakeup", reps.empty() ? 0 : reps[0].bytes,
-                                 tmpl);
-    } catch (...) {
-        std::filesystem::remove_all(tmpl, ec);
-        throw;
-    }
-    landed_snapshot_ = tmpl;
-}
-
-void Engine::remove_landed_snapshot() noexcept {
-    if (landed_snapshot_.empty()) { return; }
-    std::error_code ec;
-    std::filesystem::remove_all(landed_snapshot_, ec);
-    landed_snapshot_.clear();
 }
 
 void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
