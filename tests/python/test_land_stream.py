@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import PYTHON, STORIES, Daemon, fresh_daemon, greedy, perturbed, wait_until  # noqa: E402
+from fdtest import PYTHON, STORIES, Daemon, device_args, fresh_daemon, greedy, perturbed, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 
@@ -174,6 +174,28 @@ class LandTp1(unittest.TestCase):
 
 class LandTp2(LandTp1):
     TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1"]
+
+
+@unittest.skipUnless(device_args(), "CUDA ranks: run over FD_TEST_DAEMON_ARGS=--device cuda (scripts/gpu_check.sh)")
+class LandOnCuda(unittest.TestCase):
+    """Ranks whose weights are device memory cannot land (409, naming why); land="auto" then
+    streams through the daemon and commits."""
+
+    def test_refused_then_auto_streams_through_the_daemon(self):
+        tensors = safetensors_np.load_file(os.path.join(STORIES, "model.safetensors"))
+        with Daemon("--dynamic-load-weight", *device_args(), model=STORIES, extra=False) as d:
+            c = Client(f"127.0.0.1:{d.port}", timeout=20)
+            with self.assertRaises(FdRolloutError) as e:
+                with c.weight_stream("c1", land=True) as ws:
+                    for n in sorted(tensors):
+                        ws.send(n, tensors[n])
+            self.assertEqual(e.exception.status, 409, e.exception.message)
+            self.assertIn("device memory", e.exception.message)
+            with c.weight_stream("c2", land="auto") as ws:
+                for n in sorted(tensors):
+                    ws.send(n, tensors[n])
+            self.assertEqual(ws.result["weight_version"], "c2")
+            self.assertEqual(c.weight_version(), "c2")
 
 
 if __name__ == "__main__":
