@@ -1,8 +1,8 @@
 """Landed weight streams (`weight_stream(..., land=True)`; fd/stream/landing.h): each rank takes
 its own shard from the trainer straight into its staging memory. Against the real daemon at tp=1
 and tp=2: a landed stream serves exactly as a fresh daemon on the same weights; it mixes with
-streams through the daemon; a missing part, a part at no expected offset, a non-finite value, a
-missing version or a delta base are refused naming what, and change nothing; a trainer killed
+streams through the daemon and with deltas on landed weights; a missing part, a part at no expected offset, a non-finite value, a
+missing version are refused naming what, and change nothing; a trainer killed
 mid-landing leaves the old version serving and the next landed stream works; a weight sleep
 writes the landed shards and the wakeup serves them again under the same label.
 """
@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 from fdtest import PYTHON, STORIES, Daemon, device_args, fresh_daemon, greedy, perturbed, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
+from fdrollout.weight_stream import changed_elements  # noqa: E402
 
 # A trainer that lands half of the tensors on every rank, says SENT and waits to be killed.
 KILLED_LANDER = r"""
@@ -122,14 +123,25 @@ class LandTp1(unittest.TestCase):
         self.assertEqual(self.c.weight_version(), "good")
         self.assert_serving(self.ref_old, "good")
 
-    def test_3_a_delta_on_a_landed_base_is_refused(self):
+    def test_3_a_delta_on_landed_weights_applies_on_the_ranks(self):
+        # A delta whose base was landed: written in place on every rank (no dir holds the base),
+        # equal to a full update of the same weights; then kept across a sleep by the snapshot.
         self.stream("lb", self.tensors)
-        with self.assertRaises(FdRolloutError) as e:
-            with self.c.weight_stream("ld", base_version="lb") as ws:
+        with self.c.weight_stream("ld", base_version="lb") as ws:
+            for name in sorted(self.base):
+                idx, vals = changed_elements(self.tensors[name], self.base[name])
+                ws.send_delta(name, idx, vals)
+        self.assertEqual(ws.result["weight_version"], "ld")
+        self.assertEqual(ws.result["n_delta"], len(self.base))
+        self.assert_serving(self.ref_old, "ld")
+        self.c.sleep()
+        self.c.wakeup()
+        self.assert_serving(self.ref_old, "ld")
+        with self.assertRaises(FdRolloutError) as e:  # a delta names the exact base every rank serves
+            with self.c.weight_stream("lx", base_version="lb") as ws:
                 ws.send_delta("model.norm.weight", np.array([0], np.int64), np.array([1.0], np.float32))
         self.assertEqual(e.exception.status, 409, e.exception.message)
-        self.assertIn("landed on the ranks", e.exception.message)
-        self.assert_serving(self.ref_new, "lb")
+        self.assert_serving(self.ref_old, "ld")
 
     def test_4_trainer_killed_mid_landing(self):
         self.stream("k0", self.base)

@@ -156,6 +156,9 @@ json commit_sealed(ApiContext & ctx, const ControlInput & in, const stream::Seal
         if (s.landed) {  // the ranks hold the bytes: they check that every part arrived, then commit
             update.weight_land    = true;
             update.land_timeout_s = ctx.stream->timeout_s();
+        } else if (s.base_version && s.base_dir.empty()) {  // a delta on landed weights: the ranks alone
+            update.weight_delta = s.delta_file.string();
+            update.weight_land  = true;
         } else {
             update.weight_dir   = s.delta_file.empty() ? s.dir.string() : s.base_dir.string();
             update.weight_delta = s.delta_file.string();  // a delta: written in place (ranks and base_dir)

@@ -93,8 +93,9 @@ engine::ControlCommand parse_command(const shm::MailboxCommand & wire) {
         if (wire.weight_dir.size() > 1023) { throw Error(Errc::invalid_argument, "weight_dir is longer than 1023 bytes", "weight_dir"); }
         if (!wire.commit) { throw Error(Errc::invalid_argument, "weight_dir loads are not staged (commit=false); pass commit=true", "commit"); }
     }
-    if (!wire.weight_delta.empty() && (wire.weight_dir.empty() || wire.weight_delta.front() != '/')) {
-        throw Error(Errc::invalid_argument, "weight_delta needs weight_dir (the serving checkpoint dir) and an absolute path", "weight_delta");
+    if (!wire.weight_delta.empty() && ((wire.weight_dir.empty() && !wire.weight_land) || wire.weight_delta.front() != '/')) {
+        throw Error(Errc::invalid_argument, "weight_delta needs weight_dir (the serving checkpoint dir; or weight_land: the landed weights) "
+                                            "and an absolute path", "weight_delta");
     }
     if ((!wire.land_host.empty() || wire.weight_land) && !update) {
         throw Error(Errc::invalid_argument, fmt::format("'{}' takes no landing (only update_weights does)", wire.op), "land");

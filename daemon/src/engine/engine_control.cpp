@@ -465,8 +465,8 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     if (!cmd.weight_bucket.empty()) { return stage_stream_bucket(cmd, r); }
     if (!cmd.land_host.empty()) { return open_landing(cmd, r); }
     if (!state_.paused) { fail(Errc::wrong_state, "update_weights needs a paused engine; POST /v1/pause first"); }
+    if (!cmd.weight_delta.empty()) { return apply_weight_delta(cmd, r); }  // weight_land: on the landed weights
     if (cmd.weight_land) { return commit_landing(cmd, r); }
-    if (!cmd.weight_delta.empty()) { return apply_weight_delta(cmd, r); }
     if (update_from_ipc_delta(cmd, r)) { return; }  // the port's ipc delta record makes cmd.version
     if (state_.weight_asleep) { return update_while_asleep(cmd, r); }
     // A new update replaces whatever an earlier "commit": false left staged.

@@ -26,6 +26,7 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r, r
         fail(Errc::wrong_state, "a weight delta applies to the serving weights, and they are {}; stream the full weights",
              state_.weight_asleep ? "asleep" : "invalid");
     }
+    if (cmd.weight_land) { return apply_landed_delta(cmd, r, ranks); }
     if (serving_dir_.empty() || std::filesystem::path(cmd.weight_dir) != std::filesystem::path(serving_dir_)) {
         fail(Errc::wrong_state, "the serving weights did not come from {} (the delta's base dir) but from {}; stream the full weights",
              cmd.weight_dir, serving_dir_.empty() ? std::string("the --load-strategy source") : serving_dir_);
@@ -90,6 +91,32 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r, r
                              pending_deltas_.empty() ? fmt::format("written in {:.3f} s", seconds_since(t1))
                                                      : fmt::format("pending ({} delta(s), {} B)", pending_deltas_.size(), pending),
                              *version);
+}
+
+void Engine::apply_landed_delta(const ControlCommand & cmd, ControlResult & r, runtime::RankOp ranks) {
+    if (!serving_landed_) {
+        fail(Errc::wrong_state, "the delta's base was landed on the ranks, but the serving weights came from {} since; stream the full weights",
+             serving_dir_.empty() ? std::string("the --load-strategy source") : serving_dir_);
+    }
+    if (!cmd.version) {  // no file to fingerprint: the trainer names the bytes
+        throw Error(Errc::invalid_argument, "a delta on landed weights must name its version (start_weight_update {\"version\": ...})", "version");
+    }
+    drop_staged(nullptr);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<runtime::RankReport> reps = apply_delta_on_ranks(cmd.weight_delta, cmd.version, ranks);
+    // The live weights are the only copy (a weight sleep writes them, snapshot_landed_weights):
+    // no dir to update, no pending delta to keep.
+    for (auto & rep : reps) { rep.version = *cmd.version; }
+    r.ranks = reps;
+    weights_changed();
+    set_label(*cmd.version, "");
+    state_.weights_valid = true;
+    recompute_kept();
+    r.bytes = 0;
+    for (const auto & rep : reps) { r.bytes += rep.bytes; }
+    r.version = *cmd.version;
+    log::get("engine")->info("update_weights (delta): {} elements applied in place on {} landed rank(s) in {:.3f} s; weight_version {}", r.bytes,
+                             reps.size(), seconds_since(t0), *cmd.version);
 }
 
 std::vector<runtime::RankReport> Engine::apply_delta_on_ranks(const std::string & file, const std::optional<std::string> & version,

@@ -141,16 +141,18 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
     if (m.update || m.busy) { fail(Errc::wrong_state, "a weight update is already open; send its tensors and POST /finish_weight_update"); }
     model::TensorIndex base;
     if (base_version) {
-        if (!m.serving || m.serving_version != *base_version) {
+        if ((!m.serving && !m.serving_landed) || m.serving_version != *base_version) {
             throw Error(Errc::wrong_state,
                         fmt::format("base_version '{}' is not the version of the last weight stream this daemon committed ({}): a delta "
                                     "applies to streamed bytes the daemon holds; stream the full weights first", *base_version,
-                                    m.serving ? "'" + m.serving_version + "'"
-                                    : m.serving_version.empty() ? std::string("none since start-up")
-                                                                : "'" + m.serving_version + "', landed on the ranks: no file holds its bytes"),
+                                    m.serving || m.serving_landed ? "'" + m.serving_version + "'" : std::string("none since start-up")),
                         "base_version");
         }
-        base = model::read_tensor_index(m.serving->path());
+        if (m.serving) {
+            base = model::read_tensor_index(m.serving->path());
+        } else {  // landed: the ranks hold every tensor of the model
+            for (const auto & [name, spec] : m.expected) { base.tensors[name].name = name; }
+        }
     }
     m.last_error.reset();
     deadline = std::min(deadline, detail::after(m.timeout_s));

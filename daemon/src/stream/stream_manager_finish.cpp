@@ -56,7 +56,7 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
         return Sealed{.dir = m.update->dir->path(), .version = m.update->version, .bytes = m.update->bytes,
                       .n_tensors = static_cast<int32_t>(m.expected.size()), .base_version = m.update->base_version,
                       .n_delta = m.update->n_delta, .n_from_base = static_cast<int32_t>(m.expected.size()) - n_sent,
-                      .delta_file = f, .base_dir = m.serving->path()};
+                      .delta_file = f, .base_dir = m.serving ? m.serving->path() : fs::path()};
     }
     const int32_t n_from_base = 0;
     std::vector<std::string> missing;
@@ -91,8 +91,9 @@ void StreamManager::committed(const std::string & version) {
     std::lock_guard lk(impl_->mu);
     auto & m = *impl_;
     if (!m.update) { return; }
-    if (m.update->landed) {  // no dir holds the new bytes: the last stream's dir is the next spare, and no delta base remains
+    if (m.update->landed) {  // no dir holds the new bytes: the last stream's dir is the next spare; deltas go to the ranks alone
         m.serving_version = version;
+        m.serving_landed  = true;
         m.update.reset();
         m.retire(std::move(m.spare));
         m.spare_files.clear();
@@ -114,6 +115,7 @@ void StreamManager::committed(const std::string & version) {
         return;
     }
     m.update->dir->keep();
+    m.serving_landed = false;
     auto old  = std::move(m.serving);  // the previous stream's dir: nothing reads it any more
     m.serving = std::move(m.update->dir);
     m.serving_version = version;

@@ -126,6 +126,9 @@ struct StreamManager::Impl {
         });
     }
     std::string                 serving_version;      ///< the label it was committed as
+    /// The last full update was landed on the ranks (no serving dir): a delta on serving_version
+    /// is applied on the ranks alone (the engine's landed weights; their snapshot at a sleep).
+    bool                        serving_landed = false;
     std::optional<Error>        last_error;
 
     /// Run `fn` outside the lock with `busy` set (so no other call starts and drop() only

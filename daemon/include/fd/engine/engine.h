@@ -286,6 +286,9 @@ private:
     /// update_weights {weight_land}: every rank's landing completes (Worker::land_close), then
     /// every rank commits, labelled cmd.version (required); any failure drops every rank's copy.
     void          commit_landing(const ControlCommand & cmd, ControlResult & r);
+    /// update_weights {weight_delta, weight_land}: a delta stream on landed weights (no serving
+    /// dir): applied in place on every rank (all or none), labelled cmd.version (required).
+    void          apply_landed_delta(const ControlCommand & cmd, ControlResult & r, runtime::RankOp ranks);
     /// update_weights while the weights are released (AReaL's colocated loop): the new weights
     /// are loaded into fresh memory at once, all-or-nothing; the weight tag is awake afterwards.
     void          update_while_asleep(const ControlCommand & cmd, ControlResult & r);

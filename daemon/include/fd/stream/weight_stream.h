@@ -166,7 +166,9 @@ struct Sealed {
     /// A delta update: the file (fd/weights/weight_delta.h) holding every sent tensor (sparse or
     /// dense), to be written into `base_dir` (the committed stream's dir, the wakeup source), and
     /// next to it each rank's share (weights::rank_delta_file), written in place into the ranks;
-    /// `dir` then holds only these files. Empty for a full update.
+    /// `dir` then holds only these files. Empty for a full update. `base_dir` empty with a
+    /// base_version: the base was landed (no dir holds it), so the delta goes to the ranks alone
+    /// (update_weights {weight_delta, weight_land}).
     std::filesystem::path      delta_file;
     std::filesystem::path      base_dir;
     /// A landed update (start's `land`): the ranks received the tensors themselves
