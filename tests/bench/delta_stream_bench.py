@@ -36,9 +36,9 @@ from delta_fixtures import changed_everywhere  # noqa: E402
 
 
 
-def timed_full(c, tensors, version):
+def timed_full(c, tensors, version, land=False):
     t0 = time.perf_counter()
-    with c.weight_stream(version) as ws:
+    with c.weight_stream(version, land=land) as ws:
         for n in sorted(tensors):
             ws.send(n, tensors[n])
         ws.flush()
@@ -79,6 +79,8 @@ def main():
     p.add_argument("--gap-s", type=float, default=0.5,
                    help="idle seconds before each timed update, as a trainer step leaves (the commit before it removes the dir it "
                         "replaced in the background, ~15 ms per 100 MB; 0: back to back, that removal overlapping the next update)")
+    p.add_argument("--land", action="store_true",
+                   help="full updates landed on the ranks (weight_stream(land=True)); the deltas then apply on the landed weights")
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="fd-delta-bench-")
     try:
@@ -91,6 +93,7 @@ def main():
                "load_avg_at_start": os.getloadavg()[0], "tp": a.tp, "model_bytes": sum(x.nbytes for x in w0.values()), "runs": []}
         tp_args = ["--tensor-parallel-size", str(a.tp), "--threads", "1"] if a.tp > 1 else []
         out["bin"] = a.bin
+        out["land"] = a.land
         kw = {"bin": a.bin} if a.bin else {}
         with Daemon("--dynamic-load-weight", *tp_args, model=model, extra=False, timeout=300, **kw) as d:
             c = Client(f"127.0.0.1:{d.port}", timeout=300)
@@ -99,11 +102,11 @@ def main():
                 time.sleep(a.gap_s)
             for i in range(a.reps):
                 gap()
-                run = {"full_a": timed_full(c, w0, f"a{i}")}
+                run = {"full_a": timed_full(c, w0, f"a{i}", a.land)}
                 gap()
                 run["delta_1pct"] = timed_delta(c, d1, f"d1-{i}", f"a{i}")
                 gap()
-                run["full_b"] = timed_full(c, w0, f"b{i}")
+                run["full_b"] = timed_full(c, w0, f"b{i}", a.land)
                 gap()
                 run["delta_5pct"] = timed_delta(c, d5, f"d5-{i}", f"b{i}")
                 full_s = (run["full_a"]["seconds"] + run["full_b"]["seconds"]) / 2
