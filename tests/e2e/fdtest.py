@@ -363,6 +363,30 @@ def device_args(extra=EXTRA_ARGS):
     return []
 
 
+class StreamChecks:
+    """Mixin of the weight-stream suites (tests/python): a unittest.TestCase with self.d (a Daemon),
+    self.c (an fdrollout Client) and self.stream(version, tensors, **kw) -> the finish's answer."""
+
+    def assert_serving(self, ref, version):
+        """Greedy on self.d is `ref` (token ids, logprobs) labelled `version`, and it serves."""
+        self.assertEqual(greedy(self.d), (*ref, version))
+        self.assertEqual(self.c.health()["state"], "serving")
+
+    def bad(self, status, type_, words, tensors, **kw):
+        """self.stream("bad", tensors, **kw) fails with (status, type_) naming every one of
+        `words`, and changes nothing: same label, still serving. Returns the error."""
+        from fdrollout import FdRolloutError
+        before = self.c.weight_version()
+        with self.assertRaises(FdRolloutError) as e:
+            self.stream("bad", tensors, **kw)
+        self.assertEqual((e.exception.status, e.exception.type), (status, type_), e.exception.message)
+        for w in words:
+            self.assertIn(w, e.exception.message)
+        self.assertEqual(self.c.weight_version(), before, "a failed update changes nothing")
+        self.assertEqual(self.c.health()["state"], "serving")
+        return e.exception
+
+
 def fresh_daemon(model=STORIES, *args, **kw):
     """The reference the weight tests compare against: a fresh daemon on `model` at
     tensor-parallel size 1, in process (without FD_TEST_DAEMON_ARGS), whatever this run's tp, on

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import PYTHON, STORIES, Daemon, device_args, fresh_daemon, greedy, perturbed, wait_until  # noqa: E402
+from fdtest import PYTHON, STORIES, Daemon, StreamChecks, device_args, fresh_daemon, greedy, perturbed, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 from fdrollout.weight_stream import changed_elements  # noqa: E402
@@ -40,7 +40,7 @@ time.sleep(600)
 """
 
 
-class LandTp1(unittest.TestCase):
+class LandTp1(StreamChecks, unittest.TestCase):
     TP_ARGS = []
 
     @classmethod
@@ -70,21 +70,6 @@ class LandTp1(unittest.TestCase):
             for name in sorted(tensors):
                 ws.send(name, tensors[name])
         return ws.result
-
-    def assert_serving(self, ref, version):
-        self.assertEqual(greedy(self.d), (*ref, version))
-        self.assertEqual(self.c.health()["state"], "serving")
-
-    def bad(self, status, type_, words, tensors, **kw):
-        before = self.c.weight_version()
-        with self.assertRaises(FdRolloutError) as e:
-            self.stream("bad", tensors, **kw)
-        self.assertEqual((e.exception.status, e.exception.type), (status, type_), e.exception.message)
-        for w in words:
-            self.assertIn(w, e.exception.message)
-        self.assertEqual(self.c.weight_version(), before, "a failed landing changes nothing")
-        self.assertEqual(self.c.health()["state"], "serving")
-        return e.exception
 
     def test_1_landed_stream_equals_a_fresh_daemon_and_mixes_with_daemon_streams(self):
         before = self.d.output().count("the landed stream is complete and staged")

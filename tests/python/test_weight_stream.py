@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import PYTHON, STORIES, Daemon, device_args, free_port, fresh_daemon, greedy, kill_when_sent, perturbed, stop_process, wait_until  # noqa: E402
+from fdtest import PYTHON, STORIES, Daemon, StreamChecks, device_args, free_port, fresh_daemon, greedy, kill_when_sent, perturbed, stop_process, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 from fdrollout.weight_stream import _frame, _send_all  # noqa: E402
@@ -169,7 +169,7 @@ class NoRecycling(unittest.TestCase):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-class StreamTp1(unittest.TestCase):
+class StreamTp1(StreamChecks, unittest.TestCase):
     TP_ARGS = device_args()  # FD_TEST_DAEMON_ARGS's --device (scripts/gpu_check.sh's extra runs: cuda)
     ENV = {"FD_STREAM_STAGE_AHEAD": "0"}  # the ranks stage at the finish (StreamAheadTp2: bucket by bucket)
 
@@ -201,10 +201,6 @@ class StreamTp1(unittest.TestCase):
                 ws.send(name, tensors[name])
         return ws.result
 
-    def assert_serving(self, ref, version):
-        self.assertEqual(greedy(self.d), (*ref, version))
-        self.assertEqual(self.c.health()["state"], "serving")
-
     def test_1_stream_commits_and_equals_a_fresh_daemon(self):
         r = self.stream("s1", self.tensors)
         self.assertEqual(r["weight_version"], "s1")
@@ -221,17 +217,6 @@ class StreamTp1(unittest.TestCase):
         self.assertEqual(r["weight_version"], "s2")
         self.assert_serving(self.ref_old, "s2")
         self.assertEqual(len(stream_dirs(self.d.port)), 1)
-
-    def bad(self, status, type_, words, tensors, **kw):
-        before = self.c.weight_version()
-        with self.assertRaises(FdRolloutError) as e:
-            self.stream("bad", tensors, **kw)
-        self.assertEqual((e.exception.status, e.exception.type), (status, type_), e.exception.message)
-        for w in words:
-            self.assertIn(w, e.exception.message)
-        self.assertEqual(self.c.weight_version(), before, "a failed stream changes nothing")
-        self.assertEqual(self.c.health()["state"], "serving")
-        return e.exception
 
     def test_2_bad_input_is_a_4xx_naming_it_and_changes_nothing(self):
         self.stream("good", self.base)
