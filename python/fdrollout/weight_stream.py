@@ -296,7 +296,11 @@ class WeightStream:
             self.flush()
 
     def flush(self):
-        """Send the queued tensors as one bucket; returns the daemon's answer (None if none queued)."""
+        """Send the queued tensors as one bucket; returns the daemon's answer (None if none queued).
+        A landed update: wait until every part sent so far left for its rank (returns None)."""
+        if self._lander is not None:
+            self._lander.drain()
+            return None
         if not self._pending:
             return None
         bucket, self._pending, self._pending_bytes = self._pending, [], 0
@@ -396,14 +400,18 @@ class _Lander:
         while True:
             item = q.get()
             if item is None:
+                q.task_done()
                 return
             if self.errors:
+                q.task_done()
                 continue  # drain: the stream failed
             try:
                 header, part = item
                 _send_all(sock, [header, _bytes_of(part)])  # a column slice is gathered here, on this rank's thread
             except (OSError, TimeoutError) as e:
                 self.errors.append(e)
+            finally:
+                q.task_done()
 
     def send(self, name, a):
         """Queue every rank's parts of `a` (already in the parts' dtype); returns the bytes."""
@@ -419,6 +427,15 @@ class _Lander:
             self.queues[i].put((struct.pack("<QQ", offset, nbytes), part), timeout=self.timeout)
             total += nbytes
         return total
+
+    def drain(self):
+        """Wait (at most the timeout) until every part queued so far went out on its socket."""
+        for q in self.queues:
+            with q.all_tasks_done:
+                if not q.all_tasks_done.wait_for(lambda: q.unfinished_tasks == 0, self.timeout):
+                    raise TimeoutError(f"a rank did not take its parts within {self.timeout:g} s")
+        if self.errors:
+            raise self.errors[0]
 
     def finish(self):
         """Wait until every queued part went out, then shut the connections' sending side (a rank

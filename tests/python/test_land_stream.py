@@ -78,8 +78,11 @@ class LandTp1(StreamChecks, unittest.TestCase):
         self.assert_serving(self.ref_new, "l1")
         self.assertEqual(self.d.output().count("the landed stream is complete and staged") - before, self.tp, "every rank landed")
         self.assertEqual(self.d.output().count("staged bucket by bucket"), 0)
+        ws = self.c.health()["weight_stream"]
+        self.assertEqual((ws["serving_stream_version"], ws["serving_landed"], ws["landing"]), ("l1", True, False))
         r = self.stream("s2", self.base, land=False)  # through the daemon
         self.assertEqual(r["weight_version"], "s2")
+        self.assertFalse(self.c.health()["weight_stream"]["serving_landed"])
         self.assert_serving(self.ref_old, "s2")
         self.stream("l3", self.tensors)  # and landed again, over the daemon stream's weights
         self.assert_serving(self.ref_new, "l3")

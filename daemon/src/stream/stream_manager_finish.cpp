@@ -200,7 +200,9 @@ std::string StreamManager::status_json() const {
            {"spare_bytes", m.spare_bytes()},
            {"deadline_in_s", deadline_in_s},
            {"timeout_s", m.backend.empty() ? json(nullptr) : json(m.timeout_s)},
-           {"serving_stream_version", m.serving ? json(m.serving_version) : json(nullptr)},
+           {"serving_stream_version", m.serving || m.serving_landed ? json(m.serving_version) : json(nullptr)},
+           {"serving_landed", m.serving_landed},
+           {"landing", m.update && m.update->landed},
            {"stage_ahead", m.cfg.stage_ahead},
            {"last_error", m.last_error ? json(m.last_error->what()) : json(nullptr)}};
     return j.dump();

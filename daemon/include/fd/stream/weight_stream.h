@@ -256,8 +256,9 @@ public:
     /// transport, connected, update_open, version, base_version, n_received, n_expected,
     /// n_delta, bytes_received, recycled_bytes (of the open update's, written into recycled
     /// pages), deadline_in_s (the watchdog's: seconds until an open update that gets nothing more
-    /// is dropped; null when none), serving_stream_version, spare_bytes (the spare dir's
-    /// recyclable bytes), last_error}.
+    /// is dropped; null when none), serving_stream_version, serving_landed (that version was
+    /// landed on the ranks: no dir holds it), landing (the open update lands on the ranks),
+    /// spare_bytes (the spare dir's recyclable bytes), last_error}.
     std::string status_json() const;
 
     /// The model's tensors a stream must carry (read from --model at the first init).
