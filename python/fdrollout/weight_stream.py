@@ -454,6 +454,10 @@ class _Lander:
     def close(self):
         for sock in self.socks:
             try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a sending thread blocked on a full socket (close alone does not)
+            except OSError:
+                pass
+            try:
                 sock.close()
             except OSError:
                 pass

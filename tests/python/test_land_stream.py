@@ -129,6 +129,10 @@ class LandTp1(StreamChecks, unittest.TestCase):
             with self.c.weight_stream("lx", base_version="lb") as ws:
                 ws.send_delta("model.norm.weight", np.array([0], np.int64), np.array([1.0], np.float32))
         self.assertEqual(e.exception.status, 409, e.exception.message)
+        with self.assertRaises(FdRolloutError) as e:  # and a version: no file holds the bytes to name them by
+            with self.c.weight_stream(None, base_version="ld") as ws:
+                ws.send_delta("model.norm.weight", np.array([0], np.int64), np.array([1.0], np.float32))
+        self.assertEqual(e.exception.status, 400, e.exception.message)
         self.assert_serving(self.ref_old, "ld")
 
     def test_4_trainer_killed_mid_landing(self):

@@ -148,6 +148,10 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
                                     m.serving || m.serving_landed ? "'" + m.serving_version + "'" : std::string("none since start-up")),
                         "base_version");
         }
+        if (!m.serving && !version) {
+            throw Error(Errc::invalid_argument, "a delta on landed weights must name its version (no file holds the bytes to be named by)",
+                        "version");
+        }
         if (m.serving) {
             base = model::read_tensor_index(m.serving->path());
         } else {  // landed: the ranks hold every tensor of the model
