@@ -75,6 +75,10 @@ class LandTp1(StreamChecks, unittest.TestCase):
         before = self.d.output().count("the landed stream is complete and staged")
         r = self.stream("l1", self.tensors)
         self.assertEqual(r["weight_version"], "l1")
+        self.assertEqual(r["n_tensors"], len(self.tensors))
+        landed = sum(a.nbytes for n, a in self.tensors.items() if n != "lm_head.weight")  # tied: no rank reads the head
+        norms = sum(a.nbytes for n, a in self.tensors.items() if a.ndim == 1)  # replicated: once per rank
+        self.assertEqual(r["bytes"], landed + (self.tp - 1) * norms)
         self.assert_serving(self.ref_new, "l1")
         self.assertEqual(self.d.output().count("the landed stream is complete and staged") - before, self.tp, "every rank landed")
         self.assertEqual(self.d.output().count("staged bucket by bucket"), 0)

@@ -177,7 +177,12 @@ json commit_sealed(ApiContext & ctx, const ControlInput & in, const stream::Seal
         throw Error(e.code(), fmt::format("the streamed weights were not applied (every rank keeps the serving version): {}", e.what()));
     }
     ctx.stream->committed(u.result.version);
-    json body{{"weight_version", u.result.version}, {"bytes", s.bytes}, {"n_tensors", s.n_tensors}, {"ranks", control::rank_reports_json(u.result)}};
+    int64_t bytes = s.bytes;
+    if (s.landed) {  // the ranks received them, not the daemon: what each rank landed
+        bytes = 0;
+        for (const auto & rep : u.result.ranks) { bytes += rep.bytes; }
+    }
+    json body{{"weight_version", u.result.version}, {"bytes", bytes}, {"n_tensors", s.n_tensors}, {"ranks", control::rank_reports_json(u.result)}};
     if (s.base_version) {
         body["base_version"] = *s.base_version;
         body["n_delta"]      = s.n_delta;

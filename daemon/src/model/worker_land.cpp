@@ -41,7 +41,7 @@ std::string Worker::land_open(const std::string & host, double timeout_s) {
         .dump();
 }
 
-void Worker::land_close(double timeout_s) {
+int64_t Worker::land_close(double timeout_s) {
     if (!land_) { fail(Errc::wrong_state, "rank {}: no landing is open (it was stopped by another weight operation, or never opened)", wcfg_.rank); }
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(std::max(timeout_s, 0.0)));
@@ -51,9 +51,12 @@ void Worker::land_close(double timeout_s) {
         stop_landing();
         throw;
     }
+    int64_t bytes = 0;
+    for (const stream::LandPart & p : land_->parts()) { bytes += p.nbytes; }
     stop_landing();
     staged_ = true;
-    log::get("model")->info("rank={} | update_weights: the landed stream is complete and staged", wcfg_.rank);
+    log::get("model")->info("rank={} | update_weights: the landed stream is complete and staged ({} B)", wcfg_.rank, bytes);
+    return bytes;
 }
 
 void Worker::stop_landing() noexcept { land_.reset(); }

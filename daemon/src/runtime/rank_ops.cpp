@@ -134,9 +134,8 @@ void run_land_open(RankSite & s, const RankRequest & req, RankReport & r) {
 
 void run_land_close(RankSite & s, const RankRequest & req, RankReport & r) {
     const auto t0 = Clock::now();
-    s.worker->land_close(req.timeout_s);
+    r.bytes   = s.worker->land_close(req.timeout_s);
     r.stage_s = seconds_since(t0);
-    r.bytes   = s.worker->layout().arena_bytes;
 }
 
 void run_snapshot(RankSite & s, const RankRequest & req, RankReport & r) {

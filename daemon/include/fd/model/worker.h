@@ -303,9 +303,10 @@ public:
     ///         daemon) or released; invalid_argument when `host` cannot be bound.
     std::string land_open(const std::string & host, double timeout_s);
     /// Wait (at most `timeout_s`) until every part landed, then mark the copy staged (commit_staged
-    /// makes it live). Errors  wrong_state (no landing open); the receiver's error or timeout
-    ///         (Landing::wait): the landing is stopped and nothing is staged.
-    void land_close(double timeout_s);
+    /// makes it live). Returns the bytes landed (the parts' sum). Errors  wrong_state (no landing
+    /// open); the receiver's error or timeout (Landing::wait): the landing is stopped and nothing
+    /// is staged.
+    int64_t land_close(double timeout_s);
     /// Stop a landing in progress (its partial bytes stay in staging, never live). No-op without one.
     void stop_landing() noexcept;
     /// Write the live weights to `file` (created, mode 0600; it must not exist) as a safetensors
