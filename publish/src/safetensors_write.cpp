@@ -16,7 +16,7 @@ namespace fd::publish {
 using namespace fd::model;
 
 int64_t write_safetensors(const std::filesystem::path & path, const std::vector<SafetensorsEntry> & entries,
-                          const std::function<void(size_t, std::byte *)> & fill) {
+                          const std::function<void(size_t, std::byte *)> & fill, int mode) {
     nlohmann::ordered_json h = nlohmann::ordered_json::object();
     std::vector<int64_t> sizes;
     int64_t offset = 0;
@@ -30,7 +30,7 @@ int64_t write_safetensors(const std::filesystem::path & path, const std::vector<
     std::string header = h.dump();
     header.append((8 - (8 + header.size()) % 8) % 8, ' ');  // data starts 8-byte aligned
     const std::filesystem::path tmp = path.string() + ".tmp";
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
     if (fd < 0) { fail(Errc::invalid_argument, "{}: cannot create: {}", tmp.string(), std::strerror(errno)); }
     try {
         const uint64_t n_header = header.size();

@@ -2,17 +2,15 @@
 // stream's frames written straight into the staging region by a receiver thread.
 #include "fd/model/worker.h"
 
-#include "fd/file_io.h"
 #include "fd/log.h"
+#include "fd/publish/safetensors_write.h"
 #include "fd/status.h"
 #include "fd/stream/landing.h"
 
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <chrono>
+#include <cstring>
 
 namespace fd::model {
 
@@ -65,29 +63,13 @@ int64_t Worker::write_snapshot(const std::filesystem::path & file) const {
     if (device_mem_ || !alloc_->resident(Tag::weight)) {
         fail(Errc::wrong_state, "rank {}: a weight snapshot needs resident host weights", wcfg_.rank);
     }
-    nlohmann::json h = nlohmann::json::object();
-    int64_t off = 0;
-    for (const InferenceTensor & t : layout_.tensors) {
-        h[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes}}};
-        off += t.bytes;
-    }
-    std::string text = h.dump();
-    text.resize((text.size() + 7) / 8 * 8, ' ');
-    UniqueFd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
-    if (!fd.valid()) { fail(Errc::internal, "rank {}: cannot create the weight snapshot {}: {}", wcfg_.rank, file.string(), std::strerror(errno)); }
-    try {
-        unsigned char len[8];
-        for (int i = 0; i < 8; ++i) { len[i] = static_cast<unsigned char>(text.size() >> (8 * i)); }
-        write_all(fd.get(), len, 8, file, Errc::internal);
-        write_all(fd.get(), text.data(), static_cast<int64_t>(text.size()), file, Errc::internal);
-        const std::byte * base = alloc_->data(Tag::weight);
-        for (const InferenceTensor & t : layout_.tensors) { write_all(fd.get(), base + t.offset, t.bytes, file, Errc::internal); }
-    } catch (...) {
-        std::error_code ec;
-        std::filesystem::remove(file, ec);
-        throw;
-    }
-    return off;
+    std::vector<publish::SafetensorsEntry> entries;
+    for (const InferenceTensor & t : layout_.tensors) { entries.push_back({t.name, t.dtype, t.shape}); }
+    const std::byte * base = alloc_->data(Tag::weight);
+    return publish::write_safetensors(file, entries, [&](size_t i, std::byte * dst) {
+        const InferenceTensor & t = layout_.tensors[i];
+        std::memcpy(dst, base + t.offset, static_cast<size_t>(t.bytes));
+    }, 0600);
 }
 
 }  // namespace fd::model

@@ -20,25 +20,17 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 bool on_cuda(const RankSite & s) { return s.worker->backend().kind() == kernels::DeviceKind::cuda; }
 
-/// Where the snapshot op writes rank `rank`'s landed weights in `dir` (the ipc_snapshot name).
-std::filesystem::path snapshot_file(const std::filesystem::path & dir, int32_t rank) {
-    return dir / fmt::format("model_state.tp{}.safetensors", rank);
-}
-
-/// This rank's checkpoint for `req` (a wakeup whose weight_dir holds this rank's snapshot: that
-/// file); the time it took goes to r.fetch_s.
+/// This rank's checkpoint for `req` (a wakeup whose weight_dir holds this rank's snapshot, the
+/// snapshot op's: read as the ipc_snapshot source reads it); the time it took goes to r.fetch_s.
 weights::FetchedCheckpoint fetch(RankSite & s, const weights::FetchRequest & req, RankReport & r) {
     const auto t0 = Clock::now();
     weights::FetchRequest mine = req;
     mine.rank               = s.rank;
     mine.device_destination = on_cuda(s);  // ipc: device to device
-    weights::FetchedCheckpoint ckpt;
-    const std::filesystem::path snapshot = req.weight_dir.empty() ? std::filesystem::path() : snapshot_file(req.weight_dir, s.rank);
-    if (req.wakeup && !snapshot.empty() && std::filesystem::exists(snapshot)) {  // landed weights, written at the sleep
-        ckpt.index = weights::read_owned_files(req.weight_dir, {snapshot});
-    } else {
-        ckpt = req.weight_dir.empty() ? s.source->fetch(mine) : weights::fetch_checkpoint_dir(req.weight_dir, req.weight_dir_owned);
-    }
+    const bool snapshot = req.wakeup && !req.weight_dir.empty() && std::filesystem::exists(weights::ipc_snapshot_file(req.weight_dir, s.rank));
+    weights::FetchedCheckpoint ckpt = req.weight_dir.empty() ? s.source->fetch(mine)
+                                      : snapshot             ? weights::make_ipc_snapshot_source(req.weight_dir)->fetch(mine)  // landed weights
+                                                             : weights::fetch_checkpoint_dir(req.weight_dir, req.weight_dir_owned);
     r.fetch_s = seconds_since(t0);
     return ckpt;
 }
@@ -140,7 +132,7 @@ void run_land_close(RankSite & s, const RankRequest & req, RankReport & r) {
 
 void run_snapshot(RankSite & s, const RankRequest & req, RankReport & r) {
     const auto t0 = Clock::now();
-    r.bytes   = s.worker->write_snapshot(snapshot_file(req.fetch.weight_dir, s.rank));
+    r.bytes   = s.worker->write_snapshot(weights::ipc_snapshot_file(req.fetch.weight_dir, s.rank));
     r.stage_s = seconds_since(t0);
 }
 

@@ -7,13 +7,11 @@
 #include "fd/status.h"
 #include "stream_io.h"
 
-#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstring>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -78,25 +76,9 @@ struct Landing::State {
     /// The frame header, or nullopt at a clean end of the connection (between frames).
     std::optional<std::pair<uint64_t, uint64_t>> read_header(int fd) {
         unsigned char h[16];
-        size_t have = 0;
-        while (have < sizeof h) {
-            const ssize_t n = ::recv(fd, h + have, sizeof h - have, MSG_DONTWAIT);
-            if (n > 0) {
-                have += static_cast<size_t>(n);
-                continue;
-            }
-            if (n == 0) {
-                if (have == 0) { return std::nullopt; }
-                fail(Errc::source_unavailable, "the trainer closed the landing connection inside a frame header");
-            }
-            if (errno == EINTR) { continue; }
-            if (errno != EAGAIN && errno != EWOULDBLOCK) {
-                fail(Errc::source_unavailable, "the landing connection failed: {}", std::strerror(errno));
-            }
-            if (Clock::now() >= deadline) { fail(Errc::timeout, "no frame arrived on the landing connection before the deadline"); }
-            pollfd pfd{fd, POLLIN, 0};
-            ::poll(&pfd, 1, 200);
-        }
+        bool ended = false;
+        read_exact(fd, h, sizeof h, deadline, "a landing frame header", &ended);
+        if (ended) { return std::nullopt; }
         uint64_t off = 0, nb = 0;
         for (int i = 7; i >= 0; --i) {
             off = off << 8 | h[i];

@@ -84,9 +84,11 @@ UniqueFd tcp_listen(const std::string & host, int32_t * port_out);
 /// (constant-time compare); others are closed. Errors  timeout at `deadline`.
 UniqueFd tcp_accept_trainer(int listener, const std::string & token, Clock::time_point deadline);
 
-/// Read exactly `n` bytes. Errors  timeout at `deadline` (naming `what`); source_unavailable
-/// when the peer closed the connection or it failed.
-void read_exact(int fd, void * dst, size_t n, Clock::time_point deadline, const std::string & what);
+/// Read exactly `n` bytes. `ended` (optional): set true, and nothing read, when the peer closed the
+/// connection before the first byte (a clean end between frames); false otherwise.
+/// Errors  timeout at `deadline` (naming `what`); source_unavailable when the peer closed the
+///         connection (inside the `n` bytes, or at all without `ended`) or it failed.
+void read_exact(int fd, void * dst, size_t n, Clock::time_point deadline, const std::string & what, bool * ended = nullptr);
 
 /// Read one frame header (magic, length, JSON object). Errors  as read_exact; invalid_argument
 /// on a bad magic, an oversized header or one that is not a JSON object.

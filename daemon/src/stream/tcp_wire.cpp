@@ -90,14 +90,20 @@ UniqueFd tcp_listen(const std::string & host, int32_t * port_out) {
     fail(Errc::invalid_argument, "weight stream: cannot listen on '{}': {}", host, why);
 }
 
-void read_exact(int fd, void * dst, size_t n, Clock::time_point deadline, const std::string & what) {
+void read_exact(int fd, void * dst, size_t n, Clock::time_point deadline, const std::string & what, bool * ended) {
     auto * p = static_cast<char *>(dst);
+    const size_t total = n;
+    if (ended) { *ended = false; }
     while (n > 0) {
         const ssize_t got = ::recv(fd, p, n, MSG_DONTWAIT);
         if (got > 0) {
             p += got;
             n -= static_cast<size_t>(got);
             continue;
+        }
+        if (got == 0 && ended && n == total) {
+            *ended = true;
+            return;
         }
         if (got == 0) { fail(Errc::source_unavailable, "the trainer closed the weight-stream connection while {} was due", what); }
         if (errno == EINTR) { continue; }

@@ -78,7 +78,7 @@ public:
                 files.push_back(std::move(p));
             }
             out.index = model::read_tensor_files(dir_, files);
-        } else if (const fs::path single = dir_ / (stem + ".safetensors"); fs::exists(single)) {
+        } else if (const fs::path single = ipc_snapshot_file(dir_, req.rank); fs::exists(single)) {
             check_snapshot_file(single);
             out.index = model::read_tensor_files(single, {single});
         } else if (const auto other = any_snapshot_file(); !other.empty()) {
@@ -111,6 +111,8 @@ private:
 };
 
 }  // namespace
+
+fs::path ipc_snapshot_file(const fs::path & dir, int32_t rank) { return dir / ("model_state.tp" + std::to_string(rank) + ".safetensors"); }
 
 std::unique_ptr<WeightSource> make_ipc_snapshot_source(std::filesystem::path model_dir) {
     return std::make_unique<IpcSnapshotSource>(std::move(model_dir));

@@ -309,12 +309,12 @@ public:
     int64_t land_close(double timeout_s);
     /// Stop a landing in progress (its partial bytes stay in staging, never live). No-op without one.
     void stop_landing() noexcept;
-    /// Write the live weights to `file` (created, mode 0600; it must not exist) as a safetensors
-    /// file in inference names (this rank's shards, memory dtypes; the ipc_snapshot form
-    /// model_state.tp<rank>.safetensors that reload_weights reads back): the wakeup source of
-    /// landed weights, which no other file holds. Returns the bytes written.
-    /// Errors  wrong_state (device memory, or the weights released); internal on a write error
-    ///         (the file is removed).
+    /// Write the live weights to `file` as a safetensors file in inference names (this rank's
+    /// shards, memory dtypes; the ipc_snapshot form model_state.tp<rank>.safetensors that
+    /// reload_weights reads back), with publish::write_safetensors (atomically, mode 0600): the
+    /// wakeup source of landed weights, which no other file holds. Returns the bytes written.
+    /// Errors  wrong_state (device memory, or the weights released); invalid_argument on a write
+    ///         error (nothing left behind).
     int64_t write_snapshot(const std::filesystem::path & file) const;
     /// Phase 2: the staged region goes live (a pointer swap); the previous one becomes the next
     /// update's staging area (or is unmapped with keep_update_staging = false). Cannot fail.

@@ -123,6 +123,9 @@ std::unique_ptr<WeightSource> make_normal_source(std::filesystem::path model_dir
 /// `ipc_snapshot`: model_state.tp{rank}.part{N}.safetensors (all N, ascending), else
 /// model_state.tp{rank}.safetensors, else the full checkpoint, in --model (weight_sources.md).
 std::unique_ptr<WeightSource> make_ipc_snapshot_source(std::filesystem::path model_dir);
+/// `dir`/model_state.tp{rank}.safetensors: rank `rank`'s one-file snapshot, as the ipc_snapshot
+/// source reads it (and the snapshot rank op writes a landed rank's weights, fd/runtime/rank_call.h).
+std::filesystem::path ipc_snapshot_file(const std::filesystem::path & dir, int32_t rank);
 /// The complete Hugging Face checkpoint in `dir` (any layout `normal` reads), its version.yaml
 /// `step` and fingerprint. `owned`: `dir` and every file read must belong to the daemon's user
 /// and not be writable by others (as ipc_snapshot files; --model itself is read with owned=false).

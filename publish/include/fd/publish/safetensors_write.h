@@ -24,10 +24,11 @@ struct SafetensorsEntry {
 /// Write a safetensors file atomically: `path`.tmp (8-byte LE header length, JSON header
 /// {name: {dtype, shape, data_offsets}} padded with spaces so the data starts 8-byte aligned,
 /// then the tensors back to back in `entries` order), fsync, rename to `path`. `fill(i, dst)`
-/// writes entry i's [numel x dtype] bytes into dst. Returns the data bytes written.
+/// writes entry i's [numel x dtype] bytes into dst. `mode`: the file's permission bits.
+/// Returns the data bytes written.
 /// Errors  fd::Error{invalid_argument} naming the file when it cannot be written (the .tmp
 ///         file is removed); whatever `fill` throws (likewise).
 int64_t write_safetensors(const std::filesystem::path & path, const std::vector<SafetensorsEntry> & entries,
-                          const std::function<void(size_t, std::byte *)> & fill);
+                          const std::function<void(size_t, std::byte *)> & fill, int mode = 0644);
 
 }  // namespace fd::publish
