@@ -164,7 +164,9 @@ std::vector<int32_t> MpExecutor::failed_ranks() {
     const auto now = Clock::now();
     for (int32_t r = 0; r < world_size(); ++r) {
         auto & k = ranks_[r];
-        if (!k.failed && k.link.peer_closed()) { mark_failed(r, false); }
+        // hung_up, not peer_closed: a survivor's reply that came after its call's grace (it waited
+        // on the dead rank inside a collective) is still in its link, and does not make it dead.
+        if (!k.failed && k.link.hung_up()) { mark_failed(r, false); }
         if (!k.failed) { check_process(r, now); }
         if (k.failed) { out.push_back(r); }
     }

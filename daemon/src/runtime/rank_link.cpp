@@ -418,6 +418,13 @@ bool LinkSocket::peer_closed() const {
     return (p.revents & (POLLHUP | POLLERR | POLLIN)) != 0;  // nothing is ever sent unasked
 }
 
+bool LinkSocket::hung_up() const {
+    if (fd_ < 0) { return true; }
+    pollfd p{fd_, POLLRDHUP, 0};  // POLLRDHUP: a stream peer's close (a TCP FIN) before our end is shut too
+    if (::poll(&p, 1, 0) <= 0) { return false; }
+    return (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) != 0;
+}
+
 pid_t spawn_rank_process(const std::string & binary, int link_fd, int region_fd) {
     // Above any fd the child's dup2 targets (3, 4) could clobber.
     const int lfd = ::fcntl(link_fd, F_DUPFD_CLOEXEC, 100);

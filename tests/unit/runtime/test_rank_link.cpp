@@ -224,6 +224,38 @@ TEST_SUITE("runtime::rank_link") {
         CHECK(!s.send_blob(blob, sizeof blob, mem));
         ::close(mem);
     }
+    TEST_CASE("a record waiting unread is no hang-up (hung_up), but breaks a link that must be silent (peer_closed); a close is both") {
+        // The survivor's case: rank 0's late reply (or a beat) sits in its link after the call that
+        // lost rank 1 gave up on it; the daemon must not name rank 0 failed for it.
+        auto check = [](LinkSocket & daemon_end, LinkSocket & rank_end) {
+            CHECK_FALSE(daemon_end.hung_up());
+            CHECK_FALSE(daemon_end.peer_closed());
+            LinkMsg late;
+            late.seq    = 7;
+            late.status = static_cast<int32_t>(Errc::rank_failed);
+            REQUIRE(rank_end.send(late));
+            CHECK_FALSE(daemon_end.hung_up());
+            CHECK(daemon_end.peer_closed());
+            rank_end.close();
+            CHECK(daemon_end.hung_up());  // the unread record does not hide the close
+            CHECK(daemon_end.peer_closed());
+            LinkMsg got;
+            CHECK(daemon_end.recv(got, Clock::now() + std::chrono::seconds(5)) == LinkSocket::Recv::ok);
+            CHECK(got.seq == 7);
+        };
+        SUBCASE("seqpacket (a rank on this node)") {
+            auto [a, b] = make_link_pair();
+            REQUIRE_FALSE(a.stream());
+            check(a, b);
+        }
+        SUBCASE("stream (a rank on another node)") {
+            int sv[2];
+            REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+            LinkSocket a(sv[0]), b(sv[1]);
+            REQUIRE(a.stream());
+            check(a, b);
+        }
+    }
     TEST_CASE("a stream link's inline step: its length is bounded before allocation, its counts checked against it") {
         int sv[2];
         REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);

@@ -225,8 +225,13 @@ public:
     Recv try_recv(LinkMsg & m);
     /// Receive one blob of any size up to `cap` bytes (send_blob's; blocking). Returns bytes, 0 on close.
     int64_t recv_bytes(void * data, size_t cap);
-    /// True when the peer has closed its end (or sent something unasked); never blocks.
+    /// True when the peer has closed its end (or sent something unasked); never blocks. For a
+    /// link that must be silent (a parked join before its configuration).
     bool peer_closed() const;
+    /// True when the peer has closed its end (or the socket failed); never blocks. Records
+    /// waiting to be read do not count: a survivor's late reply or a beat after a call gave up
+    /// on it (MpExecutor::gather's survivor grace) is no sign of a dead rank.
+    bool hung_up() const;
 
 private:
     /// One seqpacket record into `data` (at most `cap` bytes), keeping a passed descriptor.
