@@ -1,6 +1,7 @@
 #include "fd/file_io.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -83,6 +84,13 @@ void write_file_synced(const std::filesystem::path & file, std::string_view text
     if (!out.valid()) { fail(on_error, "{}: cannot create: {}", file.string(), std::strerror(errno)); }
     write_all(out.get(), text.data(), static_cast<int64_t>(text.size()), file, on_error);
     if (::fsync(out.get()) != 0) { fail(on_error, "{}: fsync failed: {}", file.string(), std::strerror(errno)); }
+}
+
+bool peer_hung_up(int fd) {
+    if (fd < 0) { return true; }
+    pollfd p{fd, POLLRDHUP, 0};  // POLLRDHUP: a stream peer's FIN while our end is still open
+    if (::poll(&p, 1, 0) <= 0) { return false; }
+    return (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) != 0;
 }
 
 }  // namespace fd

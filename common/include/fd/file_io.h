@@ -62,4 +62,10 @@ void write_all(int fd, const void * p, int64_t n, const std::filesystem::path & 
 /// Create or truncate `file` (mode 0644), write `text`, fsync.   Errors  fd::Error{on_error}.
 void write_file_synced(const std::filesystem::path & file, std::string_view text, Errc on_error);
 
+/// True when the peer of the connected socket `fd` has closed its end (a stream's FIN, a
+/// seqpacket's close) or the socket failed; never blocks, never reads. Bytes or records waiting to
+/// be read do not count (they may be a late answer), so this is a liveness test, not a "nothing
+/// was sent" test. A negative `fd` counts as hung up.
+bool peer_hung_up(int fd);
+
 }  // namespace fd

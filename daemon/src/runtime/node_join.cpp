@@ -3,6 +3,7 @@
 #include "fd/runtime/node_join.h"
 #include "fd/runtime/world.h"
 
+#include "fd/file_io.h"
 #include "fd/log.h"
 #include "fd/status.h"
 
@@ -246,10 +247,7 @@ void JoinListener::handshake(int fd, const std::string & peer) {
         // A second copy of node k (started by mistake) must not take over, nor wait parked: the
         // rank is live while its link's peer is connected (a rejoining node closed its old links).
         std::lock_guard lk(mu_);
-        auto connected = [](int fd) {
-            pollfd p{fd, POLLRDHUP, 0};
-            return ::poll(&p, 1, 0) == 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0;
-        };
+        auto connected = [](int fd) { return !peer_hung_up(fd); };
         std::string from;
         if (auto it = serving_.find(hello.rank); it != serving_.end()) {
             if (connected(it->second)) {

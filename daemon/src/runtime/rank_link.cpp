@@ -1,6 +1,8 @@
 // The daemon ↔ rank link: step batch encoding in the shared region, the seqpacket socket.
 #include "fd/runtime/rank_link.h"
 
+#include "fd/file_io.h"
+
 #include "fd/status.h"
 
 #include <fcntl.h>
@@ -418,12 +420,7 @@ bool LinkSocket::peer_closed() const {
     return (p.revents & (POLLHUP | POLLERR | POLLIN)) != 0;  // nothing is ever sent unasked
 }
 
-bool LinkSocket::hung_up() const {
-    if (fd_ < 0) { return true; }
-    pollfd p{fd_, POLLRDHUP, 0};  // POLLRDHUP: a stream peer's close (a TCP FIN) before our end is shut too
-    if (::poll(&p, 1, 0) <= 0) { return false; }
-    return (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) != 0;
-}
+bool LinkSocket::hung_up() const { return peer_hung_up(fd_); }
 
 pid_t spawn_rank_process(const std::string & binary, int link_fd, int region_fd) {
     // Above any fd the child's dup2 targets (3, 4) could clobber.

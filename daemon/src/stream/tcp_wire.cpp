@@ -214,10 +214,6 @@ private:
 
 std::unique_ptr<Receiver> make_tcp_receiver(UniqueFd conn) { return std::make_unique<TcpReceiver>(std::move(conn)); }
 
-bool peer_closed(int fd) {
-    pollfd pfd{fd, POLLRDHUP, 0};
-    if (::poll(&pfd, 1, 0) <= 0) { return false; }
-    return (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-}
+bool peer_closed(int fd) { return peer_hung_up(fd); }
 
 }  // namespace fd::stream
