@@ -228,10 +228,11 @@ TEST_CASE("attention_paged: long prefills (up to 4100 tokens) give each query bi
     // queries: transposed-K GEMM scores, packed V), against each sampled query attended alone
     // (the decode path) and against a double-precision reference.
     struct Shape { int n_heads, n_kv, head_dim, len; };
-    // Groups 1 (head_dim 64: the decode path's 8 key vectors at once), 2, 3, 4 and 8 (4 and 2, 1
-    // key vectors per pair group), so every score and P·V variant of the decode path is compared.
+    // Groups 1 (head_dim 64: the decode path's 8 key vectors at once; 4 and 12 kv heads: its
+    // block-major scores, 8 heads then 4), 2, 3, 4 and 8 (4 and 2, 1 key vectors per pair group),
+    // so every score and P·V variant of the decode path is compared.
     for (const Shape sh : {Shape{4, 2, 64, 4100}, Shape{2, 1, 128, 1100}, Shape{4, 4, 24, 700}, Shape{6, 2, 16, 300},
-                           Shape{4, 4, 64, 600}, Shape{8, 2, 64, 300}, Shape{8, 1, 32, 500}}) {
+                           Shape{4, 4, 64, 600}, Shape{8, 2, 64, 300}, Shape{8, 1, 32, 500}, Shape{12, 12, 64, 300}}) {
         CAPTURE(sh.n_heads);
         CAPTURE(sh.n_kv);
         CAPTURE(sh.head_dim);
