@@ -7,7 +7,7 @@
 //   independent FMA chains, not 2 per pair), the next vectors' K prefetched along d; with one
 //   kv head per query (group 1), vector by vector instead, up to 8 heads at once, so a block's K
 //   is read as one run in address order (score_block_major: B=64 at 4,096 tokens, llama-110m,
-//   attention in 0.86-0.93 of the time, interleaved, f32 and bf16 KV; groups 2 and 4 were not
+//   attention in 0.86-0.99 of the time (6 runs, interleaved, f32 and bf16 KV); groups 2, 4 not
 //   faster that way: docs/benchmarks.md "Stop 47");
 // - P·V: block by block, every head of the range per block (a block's V rows for all kv heads
 //   are one contiguous run), accumulators in registers over the block's rows and in `out`
