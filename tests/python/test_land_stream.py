@@ -179,6 +179,20 @@ class LandTp1(StreamChecks, unittest.TestCase):
         self.c.wakeup()
         self.assert_serving(self.ref_old, "w2")
 
+    def test_6_a_landed_label_keeps_no_fingerprint_of_other_bytes(self):
+        # The daemon started on STORIES under "0", a label its fingerprint names. Landed bytes
+        # (no fingerprint) that reuse "0" take that name over: reloading STORIES afterwards must
+        # not come back as "0" as if nothing had changed (it did: landed bytes -> STORIES).
+        self.stream("0", self.tensors)
+        self.assert_serving(self.ref_new, "0")
+        self.c.pause()
+        self.c.update_weights()
+        self.c.resume()
+        ids, lps, label = greedy(self.d)
+        self.assertEqual((ids, lps), self.ref_old)
+        self.assertNotEqual(label, "0", "other bytes than the ones served under '0' came back under it")
+        self.assertEqual(self.c.weight_version(), label)
+
 
 class LandTp2(LandTp1):
     TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1"]

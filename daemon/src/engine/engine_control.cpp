@@ -320,6 +320,22 @@ void Engine::set_label(const std::string & version, const std::string & fp) {
     if (!fp.empty()) { known_labels_[version] = fp; }
 }
 
+void Engine::serve_delta_label(std::vector<runtime::RankReport> reps, const std::string & version, const std::string & fp,
+                               ControlResult & r) {
+    r.bytes = 0;
+    for (auto & rep : reps) {
+        rep.version = version;
+        r.bytes += rep.bytes;
+    }
+    r.ranks = std::move(reps);
+    weights_changed();
+    if (fp.empty()) { known_labels_.erase(version); }
+    set_label(version, fp);
+    state_.weights_valid = true;
+    recompute_kept();
+    r.version = version;
+}
+
 void Engine::enter_degraded(const Error & e) {
     const bool first = !state_.degraded;
     state_.degraded     = true;

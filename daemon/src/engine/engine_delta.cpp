@@ -69,24 +69,16 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r, r
         version = update_label(cmd, std::nullopt, fp);
     }
     FD_CHECK(version.has_value(), "a delta's label: its version or the updated dir's fingerprint");
-    for (auto & rep : reps) { rep.version = *version; }
-    r.ranks = reps;
-    weights_changed();
-    if (fp.empty()) { known_labels_.erase(*version); }  // recorded when the dir is written (flush_pending_deltas)
-    set_label(*version, fp);
-    state_.weights_valid = true;
-    recompute_kept();
-    r.bytes   = 0;
-    for (const auto & rep : reps) { r.bytes += rep.bytes; }
-    r.version = *version;
     double read_s = 0, write_s = 0;  // the slowest rank's: reading its share, writing it in place
     for (const auto & rep : reps) {
         read_s  = std::max(read_s, rep.fetch_s);
         write_s = std::max(write_s, rep.stage_s);
     }
+    const size_t n_ranks = reps.size();
+    serve_delta_label(std::move(reps), *version, fp, r);  // fp "" (lazy): recorded when the dir is written (flush_pending_deltas)
     log::get("engine")->info("update_weights (delta): {} {} applied in place on {} rank(s) in {:.3f} s (slowest rank: {} {:.3f} s, "
                              "write {:.3f} s; from {}); serving dir {}; weight_version {}", r.bytes,
-                             ranks == runtime::RankOp::apply_hf_delta ? "elements" : "B", reps.size(), ranks_s,
+                             ranks == runtime::RankOp::apply_hf_delta ? "elements" : "B", n_ranks, ranks_s,
                              ranks == runtime::RankOp::apply_hf_delta ? "map" : "read", read_s, write_s, previous,
                              pending_deltas_.empty() ? fmt::format("written in {:.3f} s", seconds_since(t1))
                                                      : fmt::format("pending ({} delta(s), {} B)", pending_deltas_.size(), pending),
@@ -105,18 +97,11 @@ void Engine::apply_landed_delta(const ControlCommand & cmd, ControlResult & r, r
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<runtime::RankReport> reps = apply_delta_on_ranks(cmd.weight_delta, cmd.version, ranks);
     // The live weights are the only copy (a weight sleep writes them, snapshot_landed_weights):
-    // no dir to update, no pending delta to keep.
-    for (auto & rep : reps) { rep.version = *cmd.version; }
-    r.ranks = reps;
-    weights_changed();
-    set_label(*cmd.version, "");
-    state_.weights_valid = true;
-    recompute_kept();
-    r.bytes = 0;
-    for (const auto & rep : reps) { r.bytes += rep.bytes; }
-    r.version = *cmd.version;
+    // no dir to update, no pending delta to keep, no fingerprint.
+    const size_t n_ranks = reps.size();
+    serve_delta_label(std::move(reps), *cmd.version, "", r);
     log::get("engine")->info("update_weights (delta): {} elements applied in place on {} landed rank(s) in {:.3f} s; weight_version {}", r.bytes,
-                             reps.size(), seconds_since(t0), *cmd.version);
+                             n_ranks, seconds_since(t0), *cmd.version);
 }
 
 std::vector<runtime::RankReport> Engine::apply_delta_on_ranks(const std::string & file, const std::optional<std::string> & version,

@@ -127,19 +127,11 @@ bool Engine::update_from_ipc_delta(const ControlCommand & cmd, ControlResult & r
     if (ipc_serving_.deltas.empty()) { ipc_chain_bytes_ = ipc_merged_bytes_ = 0; }
     ipc_serving_.deltas.push_back(d->delta_file);
     ipc_chain_bytes_ += d->bytes;
-    for (auto & rep : reps) { rep.version = d->version; }
-    r.ranks = reps;
-    weights_changed();
-    known_labels_.erase(d->version);  // these bytes have no fingerprint (an ipc source's): the label names them from now on
-    set_label(d->version, "");
-    state_.weights_valid = true;
-    recompute_kept();
-    r.bytes = 0;
-    for (const auto & rep : reps) { r.bytes += rep.bytes; }
-    r.version = d->version;
+    const size_t n_ranks = reps.size();
+    serve_delta_label(std::move(reps), d->version, "", r);  // these bytes have no fingerprint (an ipc source's): the label names them
     log::get("engine")->info("update_weights: ipc delta {} on {} ({} B) applied in place on {} rank(s) in {:.4f} s (before: copy "
                              "{:.4f} s, check {:.4f} s, split {:.4f} s); {} ipc delta(s) on the records kept for wakeups", d->version, base,
-                             d->bytes, reps.size(), seconds_since(t1), copy_s, check_s, split_s, ipc_serving_.deltas.size());
+                             d->bytes, n_ranks, seconds_since(t1), copy_s, check_s, split_s, ipc_serving_.deltas.size());
     maybe_merge_ipc_deltas();
     return true;
 }

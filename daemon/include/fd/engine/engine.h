@@ -381,6 +381,12 @@ private:
     static constexpr int64_t                  kPendingDeltaBytes = int64_t{64} << 20;  ///< flush at the commit past this
     /// Set the serving label to `version` for bytes fingerprinted `fp` and remember the pair.
     void          set_label(const std::string & version, const std::string & fp);
+    /// The ranks wrote a delta in place (reps: one per rank): the result carries them under
+    /// `version`, which names the served bytes from now on; `fp` their fingerprint, or "" when no
+    /// file holds them (then no earlier fingerprint stays attached to `version`: a later load of
+    /// those other bytes must not come back under it).
+    void          serve_delta_label(std::vector<runtime::RankReport> reps, const std::string & version, const std::string & fp,
+                                    ControlResult & r);
     Scheduler                                 sched_;
     std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> seqs_;
     kv::SeqId                                 next_seq_id_ = 1;
