@@ -168,7 +168,7 @@ public:
     explicit TcpReceiver(UniqueFd conn) : conn_(std::move(conn)) {}
     ~TcpReceiver() override { interrupt(); }
     const char * name() const override { return "tcp"; }
-    bool peer_closed() override { return stream::peer_closed(conn_.get()); }
+    bool peer_closed() override { return peer_hung_up(conn_.get()); }  // fd/file_io.h
     void interrupt() override { ::shutdown(conn_.get(), SHUT_RDWR); }
 
     void receive(const std::vector<TensorSpec> & specs, bool packed, const Sink & sink, Clock::time_point deadline) override {
@@ -213,7 +213,5 @@ private:
 }  // namespace
 
 std::unique_ptr<Receiver> make_tcp_receiver(UniqueFd conn) { return std::make_unique<TcpReceiver>(std::move(conn)); }
-
-bool peer_closed(int fd) { return peer_hung_up(fd); }
 
 }  // namespace fd::stream
