@@ -19,6 +19,16 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+/// The slowest rank's seconds reading its share (or the whole delta file) and writing it in place.
+std::pair<double, double> slowest_rank_times(const std::vector<runtime::RankReport> & reps) {
+    double read_s = 0, write_s = 0;
+    for (const auto & rep : reps) {
+        read_s  = std::max(read_s, rep.fetch_s);
+        write_s = std::max(write_s, rep.stage_s);
+    }
+    return {read_s, write_s};
+}
+
 }  // namespace
 
 void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r, runtime::RankOp ranks) {
@@ -69,17 +79,13 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r, r
         version = update_label(cmd, std::nullopt, fp);
     }
     FD_CHECK(version.has_value(), "a delta's label: its version or the updated dir's fingerprint");
-    double read_s = 0, write_s = 0;  // the slowest rank's: reading its share, writing it in place
-    for (const auto & rep : reps) {
-        read_s  = std::max(read_s, rep.fetch_s);
-        write_s = std::max(write_s, rep.stage_s);
-    }
+    const auto [read_s, write_s] = slowest_rank_times(reps);
     const size_t n_ranks = reps.size();
     serve_delta_label(std::move(reps), *version, fp, r);  // fp "" (lazy): recorded when the dir is written (flush_pending_deltas)
-    log::get("engine")->info("update_weights (delta): {} {} applied in place on {} rank(s) in {:.3f} s (slowest rank: {} {:.3f} s, "
+    log::get("engine")->info("update_weights (delta): {} {} applied in place on {} rank(s) in {:.3f} s (slowest rank: read {:.3f} s, "
                              "write {:.3f} s; from {}); serving dir {}; weight_version {}", r.bytes,
                              ranks == runtime::RankOp::apply_hf_delta ? "elements" : "B", n_ranks, ranks_s,
-                             ranks == runtime::RankOp::apply_hf_delta ? "map" : "read", read_s, write_s, previous,
+                             read_s, write_s, previous,
                              pending_deltas_.empty() ? fmt::format("written in {:.3f} s", seconds_since(t1))
                                                      : fmt::format("pending ({} delta(s), {} B)", pending_deltas_.size(), pending),
                              *version);
@@ -98,16 +104,18 @@ void Engine::apply_landed_delta(const ControlCommand & cmd, ControlResult & r, r
     std::vector<runtime::RankReport> reps = apply_delta_on_ranks(cmd.weight_delta, cmd.version, ranks);
     // The live weights are the only copy (a weight sleep writes them, snapshot_landed_weights):
     // no dir to update, no pending delta to keep, no fingerprint.
+    const auto [read_s, write_s] = slowest_rank_times(reps);
     const size_t n_ranks = reps.size();
     serve_delta_label(std::move(reps), *cmd.version, "", r);
-    log::get("engine")->info("update_weights (delta): {} elements applied in place on {} landed rank(s) in {:.3f} s; weight_version {}", r.bytes,
-                             n_ranks, seconds_since(t0), *cmd.version);
+    log::get("engine")->info("update_weights (delta): {} elements applied in place on {} landed rank(s) in {:.3f} s (slowest rank: read "
+                             "{:.3f} s, write {:.3f} s); weight_version {}", r.bytes, n_ranks, seconds_since(t0), read_s, write_s,
+                             *cmd.version);
 }
 
 std::vector<runtime::RankReport> Engine::apply_delta_on_ranks(const std::string & file, const std::optional<std::string> & version,
                                                               runtime::RankOp op) {
     // apply_delta: every rank reads its own share (weights::rank_delta_file, split before this
-    // call); apply_hf_delta: every rank maps `file` and splits it itself. Each checks what it
+    // call); apply_hf_delta: every rank reads `file` and splits it itself. Each checks what it
     // writes; the engine does not read the delta here.
     weights::FetchRequest req{.version = version, .serving_version = state_.weight_version};
     req.weight_dir = file;

@@ -328,12 +328,13 @@ int64_t Worker::release_weights() {
     staged_  = false;
     buckets_ = {};
     int64_t freed = alloc_->release(Tag::weight) + alloc_->release(Tag::staging);
-    // The delta buffers kept from one update to the next (undo values, plan) go with the
+    // The delta buffers kept from one update to the next (undo values, plan, the delta file's copy) go with the
     // weights they were for; the next delta grows them again.
     freed += delta_old_bytes_;
     delta_undo_ = {};
     delta_old_.reset();
     delta_old_bytes_ = 0;
+    freed += delta_file_.release();
     // No step runs until the weights are back: the step buffers go too, unless captured graphs
     // hold their addresses (those go with the cuda_graph tag, release_graphs).
     if (!graphs_on()) { freed += release_activations(); }

@@ -152,6 +152,11 @@ int64_t Worker::apply_rank_delta(weights::RankDelta && d) {
     return written;
 }
 
+std::shared_ptr<const weights::MappedWeightDelta> Worker::read_hf_delta(const std::filesystem::path & file) {
+    forget_weight_delta();
+    return weights::read_weight_delta_into(file, delta_file_);
+}
+
 void Worker::forget_weight_delta() {
     std::vector<weights::DeltaPiece> keep = std::move(delta_undo_.pieces);  // its capacity, for the next plan
     delta_undo_        = {};

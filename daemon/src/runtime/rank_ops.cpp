@@ -97,10 +97,11 @@ void run_apply_delta(RankSite & s, const RankRequest & req, RankReport & r) {
 void run_undo_delta(RankSite & s, const RankRequest &, RankReport &) { s.worker->undo_weight_delta(); }
 
 void run_apply_hf_delta(RankSite & s, const RankRequest & req, RankReport & r) {
-    s.worker->forget_weight_delta();  // as run_apply_delta: a failed map below leaves no older undo log
     const auto t0 = Clock::now();
-    // The delta file itself (weights.fddelta, in HF names, shared by every rank): mapped, not copied.
-    std::shared_ptr<const weights::MappedWeightDelta> d = weights::map_weight_delta(req.fetch.weight_dir);
+    // The delta file itself (weights.fddelta, in HF names, the same for every rank), read into the
+    // rank's kept delta buffer; read_hf_delta forgets the older undo log first (as run_apply_delta:
+    // a failed read leaves none).
+    std::shared_ptr<const weights::MappedWeightDelta> d = s.worker->read_hf_delta(req.fetch.weight_dir);
     r.fetch_s = seconds_since(t0);
     const auto t1 = Clock::now();
     const int64_t n = s.worker->apply_hf_delta(std::move(d));

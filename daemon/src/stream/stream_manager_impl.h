@@ -60,7 +60,7 @@ struct StreamManager::Impl {
         std::unique_ptr<DeltaFile>         delta_out;     ///< a delta update's weights.fddelta: its tensors land there as they arrive
         nlohmann::json                     delta_entries = nlohmann::json::array();  ///< their header entries, in file order
         bool                               in_place = false;  ///< sealed as a delta file: serving's dir is updated in place
-        fs::path                           delta_file;    ///< that file once sealed: every rank maps it
+        fs::path                           delta_file;    ///< that file once sealed: every rank reads it
         int64_t                            recycled_bytes = 0;  ///< bucket bytes written into the spare's pages
         bool                               landed = false;  ///< the trainer lands the tensors on the ranks (no buckets here)
     };

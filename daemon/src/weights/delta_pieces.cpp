@@ -1,4 +1,4 @@
-// One rank's part of a delta, planned and written straight from the mapped delta file
+// One rank's part of a delta, planned and written straight from the delta file's bytes
 // (fd/weights/delta_pieces.h). The index arithmetic is weights::split_delta's (rank_delta.cpp):
 // a row part shifts every index by (row0 - src0) × cols; a column part maps HF row r's window
 // [r × hf_cols + src0, + cols) onto shard row r.

@@ -1,6 +1,8 @@
 // A sparse weight update's file and its write into a checkpoint dir (fd/weights/weight_delta.h).
 #include "fd/weights/weight_delta.h"
 
+#include "fd/arena.h"
+
 #include "delta_framing.h"
 #include "fd/file_io.h"
 #include "fd/log.h"
@@ -175,17 +177,13 @@ DeltaEntry parse_entry(const nlohmann::json & e, const std::filesystem::path & f
 
 }  // namespace
 
-std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem::path & file) {
-    const detail::Framed f = detail::open_framed(file, kMagic, "a weight delta");
-    const nlohmann::json & entries = delta_entries(f, file);
-    auto m = std::make_shared<MappedWeightDelta>();
-    void * p = ::mmap(nullptr, static_cast<size_t>(f.size), PROT_READ, MAP_SHARED | MAP_POPULATE, f.fd.get(), 0);
-    if (p == MAP_FAILED) { fail(Errc::invalid_checkpoint, "{}: cannot map the weight delta: {}", file.string(), std::strerror(errno)); }
-    m->map_       = p;
-    m->map_bytes_ = static_cast<size_t>(f.size);
-    const auto * base = static_cast<const std::byte *>(p);
+namespace {
+
+/// `f`'s tensors as views over `base` (the file's bytes from offset 0), each entry checked
+/// (parse_entry) before it is added.
+void add_views(MappedWeightDelta & m, const detail::Framed & f, const std::filesystem::path & file, const std::byte * base) {
     int64_t off = f.payload_off;
-    for (const auto & e : entries) {
+    for (const auto & e : delta_entries(f, file)) {
         DeltaEntry h = parse_entry(e, file, off, f.size);
         DeltaView  t = std::move(h).head<DeltaView>();
         t.n           = h.n;
@@ -196,8 +194,31 @@ std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem:
         }
         t.values = base + off;
         off += t.n * h.value_bytes;
-        m->tensors.push_back(std::move(t));
+        m.tensors.push_back(std::move(t));
     }
+}
+
+}  // namespace
+
+std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem::path & file) {
+    const detail::Framed f = detail::open_framed(file, kMagic, "a weight delta");
+    delta_entries(f, file);  // the header's shape, before anything is mapped
+    auto m = std::make_shared<MappedWeightDelta>();
+    void * p = ::mmap(nullptr, static_cast<size_t>(f.size), PROT_READ, MAP_SHARED | MAP_POPULATE, f.fd.get(), 0);
+    if (p == MAP_FAILED) { fail(Errc::invalid_checkpoint, "{}: cannot map the weight delta: {}", file.string(), std::strerror(errno)); }
+    m->map_       = p;
+    m->map_bytes_ = static_cast<size_t>(f.size);
+    add_views(*m, f, file, static_cast<const std::byte *>(p));
+    return m;
+}
+
+std::shared_ptr<const MappedWeightDelta> read_weight_delta_into(const std::filesystem::path & file, Arena & buffer) {
+    const detail::Framed f = detail::open_framed(file, kMagic, "a weight delta");
+    delta_entries(f, file);
+    if (buffer.capacity_bytes() < f.size) { buffer.reserve(f.size); }  // grown, never shrunk: its pages stay faulted in
+    model::pread_exact(f.fd.get(), buffer.data(), f.size, 0, file, "the weight delta");
+    auto m = std::make_shared<MappedWeightDelta>();
+    add_views(*m, f, file, buffer.data());
     return m;
 }
 

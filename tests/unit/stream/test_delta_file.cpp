@@ -2,8 +2,10 @@
 // check_delta_bytes checks a delta where it lies (int32 or int64 indices, at any alignment) with
 // the refusals apply_delta makes, and stream::DeltaFile — the received bytes appended as they came,
 // the header written into its reserved room at the seal — is a weights.fddelta file that
-// weights::read_weight_delta and map_weight_delta read back tensor for tensor.
+// weights::read_weight_delta, map_weight_delta and read_weight_delta_into (the ranks' copy into a
+// kept buffer) read back tensor for tensor.
 #include "../../../daemon/src/stream/stream_io.h"
+#include "fd/arena.h"
 #include "fd/weights/weight_delta.h"
 
 #include <doctest/doctest.h>
@@ -125,6 +127,71 @@ TEST_CASE("a DeltaFile of appended wire bytes, sealed, reads back as the weights
     REQUIRE(m->find("c") != nullptr);
     CHECK(m->find("c")->index(1) == 7);
     CHECK(m->find("a")->index(2) == 9);
+    fd::Arena buf("delta file");
+    const auto r = fd::weights::read_weight_delta_into(file, buf);
+    REQUIRE(r->tensors.size() == m->tensors.size());
+    for (size_t i = 0; i < m->tensors.size(); ++i) {  // the same views, over the copy
+        const auto & x = r->tensors[i];
+        const auto & y = m->tensors[i];
+        CAPTURE(y.name);
+        CHECK(x.name == y.name);
+        CHECK(x.dtype == y.dtype);
+        CHECK(x.shape == y.shape);
+        CHECK(x.dense == y.dense);
+        CHECK(x.n == y.n);
+        CHECK(x.index_bytes == y.index_bytes);
+        for (int64_t k = 0; !x.dense && k < x.n; ++k) { CHECK(x.index(k) == y.index(k)); }
+        CHECK(std::memcmp(x.values, y.values, static_cast<size_t>(x.n * fd::model::dtype_size(x.dtype))) == 0);
+        CHECK(x.values >= buf.data());
+        CHECK(x.values < buf.data() + buf.capacity_bytes());
+    }
+}
+
+TEST_CASE("read_weight_delta_into reuses its buffer for a file that fits and grows it for one that does not") {
+    const TempDir tmp;
+    auto write = [&](const fs::path & file, const std::vector<int32_t> & idx, const std::vector<float> & vals, int64_t numel) {
+        const auto bytes = payload<int32_t, float>(idx, vals, 0);
+        fd::stream::DeltaFile f(file, 4096);
+        f.append(bytes.data(), static_cast<int64_t>(bytes.size()));
+        f.seal(nlohmann::json{{"tensors", nlohmann::json::array({nlohmann::json{{"name", "w"}, {"dtype", "F32"}, {"shape", {numel}},
+                                                                               {"dense", false}, {"n", static_cast<int64_t>(idx.size())},
+                                                                               {"index_bytes", 4}}})}}
+                   .dump());
+    };
+    std::vector<int32_t> big_idx(1 << 20);
+    std::vector<float>   big_vals(big_idx.size());
+    for (size_t i = 0; i < big_idx.size(); ++i) {
+        big_idx[i]  = static_cast<int32_t>(2 * i);
+        big_vals[i] = static_cast<float>(i) * 0.5f;
+    }
+    write(tmp.path / "small.fddelta", {3, 4}, {1.0f, 2.0f}, 8);
+    write(tmp.path / "big.fddelta", big_idx, big_vals, int64_t{2} << 20);
+    fd::Arena buf("delta file");
+    const auto small = fd::weights::read_weight_delta_into(tmp.path / "small.fddelta", buf);
+    CHECK(small->find("w")->index(1) == 4);
+    const int64_t small_cap = buf.capacity_bytes();
+    CHECK(small_cap >= static_cast<int64_t>(fs::file_size(tmp.path / "small.fddelta")));
+    {
+        const auto big = fd::weights::read_weight_delta_into(tmp.path / "big.fddelta", buf);  // grows (8 MiB of payload)
+        CHECK(buf.capacity_bytes() > small_cap);
+        CHECK(buf.capacity_bytes() >= static_cast<int64_t>(fs::file_size(tmp.path / "big.fddelta")));
+        const auto * w = big->find("w");
+        REQUIRE(w != nullptr);
+        CHECK(w->n == static_cast<int64_t>(big_idx.size()));
+        CHECK(w->index(12345) == 2 * 12345);
+        float v = 0;
+        std::memcpy(&v, w->values + 4 * 777, 4);
+        CHECK(v == 388.5f);
+    }
+    std::byte * const at = buf.data();
+    const int64_t cap    = buf.capacity_bytes();
+    const auto again = fd::weights::read_weight_delta_into(tmp.path / "small.fddelta", buf);  // fits: same memory, new bytes
+    CHECK(buf.data() == at);
+    CHECK(buf.capacity_bytes() == cap);
+    CHECK(again->find("w")->index(0) == 3);
+    float v = 0;
+    std::memcpy(&v, again->find("w")->values + 4, 4);
+    CHECK(v == 2.0f);
 }
 
 TEST_CASE("read_weight_delta and map_weight_delta refuse a header whose counts do not fit, even where a product would overflow") {
@@ -150,6 +217,8 @@ TEST_CASE("read_weight_delta and map_weight_delta refuse a header whose counts d
         CAPTURE(e.dump());
         CHECK_THROWS_AS(fd::weights::read_weight_delta(file), fd::Error);
         CHECK_THROWS_AS(fd::weights::map_weight_delta(file), fd::Error);
+        fd::Arena buf("delta file");
+        CHECK_THROWS_AS(fd::weights::read_weight_delta_into(file, buf), fd::Error);
     }
     fs::remove(file);
     {  // the same file with a fitting entry reads

@@ -26,6 +26,7 @@
 // followed in each block, with MTP drafts, by the MTP cache's [k | v][block_size * kv_dim / tp] f32.
 #pragma once
 
+#include "fd/arena.h"
 #include "fd/kernels/backend.h"
 #include "fd/kv/block_copy.h"
 #include "fd/model/kv_copier.h"
@@ -340,17 +341,22 @@ public:
     /// Errors  invalid_checkpoint naming the tensor (nothing written); on a failure while
     ///         writing (a device copy), what was written is put back first.
     int64_t apply_rank_delta(weights::RankDelta && d);
-    /// Write this rank's part of a delta in training (HF) names straight from the mapped delta
-    /// file every rank shares (weights::map_weight_delta; a delta stream's weights.fddelta): the
+    /// Write this rank's part of a delta in training (HF) names straight from the delta file
+    /// every rank shares (a delta stream's weights.fddelta, read by read_hf_delta): the
     /// rank plans its pieces with its own layout (weights::plan_delta_pieces: shapes and dtypes
     /// checked before anything is written) and writes each in place, its indices checked as it
     /// goes (a bad one stops the apply and puts back what was written). The old values go to an
     /// undo buffer kept across updates (its pages are reused: no fresh memory per update) and
-    /// `d` stays mapped until undo_weight_delta(), forget_weight_delta() or the next apply.
+    /// `d` is kept until undo_weight_delta(), forget_weight_delta() or the next apply.
     /// Returns the elements written; the bytes equal apply_rank_delta(split_delta(...)) and
     /// what stage_weights of the same full weights gives.
     /// Errors  invalid_checkpoint naming the tensor (what was written is put back first).
     int64_t apply_hf_delta(std::shared_ptr<const weights::MappedWeightDelta> d);
+    /// The delta file `file` (a delta stream's weights.fddelta) read into this worker's delta
+    /// buffer (weights::read_weight_delta_into: grown, kept across updates, released with the
+    /// weights), for apply_hf_delta. Forgets the undo log first (it may point into the buffer).
+    /// Errors  as read_weight_delta_into.
+    std::shared_ptr<const weights::MappedWeightDelta> read_hf_delta(const std::filesystem::path & file);
     /// Put back the values the last apply_rank_delta or apply_hf_delta overwrote and forget them
     /// (no-op without an undo log). Errors  only a device copy failure.
     void undo_weight_delta();
@@ -504,6 +510,7 @@ private:
     };
     std::unique_ptr<std::byte[]>          delta_old_;        ///< apply_hf_delta's undo buffer (grown, never shrunk)
     int64_t                               delta_old_bytes_ = 0;
+    Arena                                 delta_file_{"delta file"};  ///< read_hf_delta's copy of the delta file (grown, never shrunk)
     DeltaUndo                             delta_undo_;       ///< apply_rank_delta's old values
     bool                                  device_mem_ = false;  ///< see device_memory()
     ModelWeights                          w_;

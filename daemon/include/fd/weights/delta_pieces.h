@@ -1,8 +1,8 @@
 // fd/weights/delta_pieces.h — one rank's part of a delta in training (HF) names, planned and
-// written straight from the mapped delta file (SPEC §12, docs/weight_streams.md "Delta updates").
+// written straight from the delta file's bytes (SPEC §12, docs/weight_streams.md "Delta updates").
 //
 // A delta stream's commit writes ONE file, weights.fddelta (fd/weights/weight_delta.h: int32
-// indices when they fit, values in the HF dtype); every rank maps it (map_weight_delta) and splits
+// indices when they fit, values in the HF dtype); every rank reads it (read_weight_delta_into) and splits
 // it itself with its own layout plan (fd/checkpoint/layout.h), as weights::split_delta would, but
 // without materialising the split: a piece is a range of one HF tensor's indices (or of a dense
 // tensor's elements) that lands on one inference tensor of this rank at a fixed shift (q|k|v and

@@ -23,6 +23,10 @@
 #include <sys/types.h>
 #include <vector>
 
+namespace fd {
+class Arena;
+}
+
 namespace fd::weights {
 
 /// One tensor's change.
@@ -50,9 +54,10 @@ struct WeightDelta {
 /// Errors  fd::Error{invalid_argument} when the file cannot be written.
 void write_weight_delta(const std::filesystem::path & file, const WeightDelta & d);
 
-/// A weights.fddelta file (write_weight_delta's format) mapped read-only: each tensor's indices
-/// and values point into the mapping, nothing is copied. Every rank of a delta stream's commit
-/// maps the same file and splits it with its own layout (fd/weights/delta_pieces.h).
+/// A weights.fddelta file (write_weight_delta's format) mapped read-only (map_weight_delta) or
+/// read into a kept buffer (read_weight_delta_into): each tensor's indices and values point into
+/// it. Every rank of a delta stream's commit reads the same file and splits it with its own
+/// layout (fd/weights/delta_pieces.h).
 struct DeltaView {
     std::string          name;                 ///< training (HF) name
     fd::DType            dtype = fd::DType::f32;  ///< of the values
@@ -99,6 +104,17 @@ private:
 /// checks each against the range it may hold (delta_pieces.h write_piece).
 /// Errors  fd::Error{invalid_checkpoint} naming the file and the tensor.
 std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem::path & file);
+
+/// map_weight_delta's views over a copy of `file` read (pread) into `buffer`, which is grown
+/// (Arena::reserve: a fresh mapping, 2 MiB pages from 2 MiB on) when it is smaller than the
+/// file and otherwise reused. Why not map: a rank reads every index and value of its share once,
+/// and on a shadow-paged guest (the PVM CI machine) each first touch of a 4 KiB page of a fresh
+/// file mapping costs ~2 µs (a 41 MB delta: 10 k pages, 20 ms), where the kernel's copy reads the
+/// page cache through its own mapping and the kept buffer stays faulted in (docs/benchmarks.md
+/// "Stop 48"). The result points into `buffer`: drop it before `buffer` is read into again or
+/// released. Same checks and errors as map_weight_delta, plus invalid_checkpoint when the read
+/// comes up short, and internal when the buffer cannot be mapped (out of memory).
+std::shared_ptr<const MappedWeightDelta> read_weight_delta_into(const std::filesystem::path & file, Arena & buffer);
 
 /// Read a file written by write_weight_delta and check it (sizes, indices sorted, unique and in
 /// range). Errors  fd::Error{invalid_checkpoint} naming the file and the tensor.
