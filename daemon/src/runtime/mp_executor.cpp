@@ -310,6 +310,7 @@ void MpExecutor::gather(const std::vector<int32_t> & ranks, Clock::time_point de
                 note_beat(r, m, Clock::now());  // not a reply: wait on (unless it says stuck)
                 if (!ranks_[r].failed) { still_.push_back(r); }
             } else if (m.op != static_cast<uint32_t>(LinkOp::ready) && m.seq != seq) {
+                details_[r].clear();  // its detail too (read above): the answer awaited may carry none
                 still_.push_back(r);  // a late answer to an older request
             } else {
                 if (ranks_[r].remote && m.rss_bytes > 0) {
