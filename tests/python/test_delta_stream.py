@@ -390,6 +390,32 @@ class DeltaTp1(unittest.TestCase):
         self.c.wakeup()
         self.assert_serving(self.ref_new, "e3")
 
+    def test_6b_a_delta_file_near_a_full_update_is_mapped_not_kept(self):
+        # Every tensor sent in full: the delta file is about the model's size, over a quarter of any
+        # rank's weights, so each rank maps it (Worker::read_hf_delta) instead of keeping a copy;
+        # the bytes served are the same. A weight sleep then frees the undo buffer (the old value of
+        # every element the ranks hold, a replicated 1-D tensor's on every rank) and no copy: a
+        # copy would add about tp times the model's bytes.
+        self.full("m0", self.base)
+        self.c.sleep()  # what the full update left staged goes here, not in the difference below
+        self.c.wakeup()
+        r = self.delta("m1", "m0", self.base, self.new, full=set(self.new))
+        self.assertEqual((r["weight_version"], r["n_delta"]), ("m1", 0))
+        self.assert_serving(self.ref_new, "m1")
+        freed_after_delta = self.c.sleep()["freed_bytes"]["weight"]
+        self.c.wakeup()
+        self.assert_serving(self.ref_new, "m1")
+        freed_after_load = self.c.sleep()["freed_bytes"]["weight"]
+        self.c.wakeup()
+        tp = 2 if "--tensor-parallel-size" in self.TP_ARGS else 1
+        with open(os.path.join(STORIES, "config.json")) as f:
+            tied = json.load(f).get("tie_word_embeddings", False)
+        undo = sum(self.new[n].nbytes * (tp if self.new[n].ndim == 1 else 1) for n in self.new if not (tied and n == "lm_head.weight"))
+        freed_undo = freed_after_delta - freed_after_load
+        self.assertGreaterEqual(freed_undo, undo, "a weight sleep frees the delta undo buffer")
+        self.assertLess(freed_undo, undo * 3 // 2, "no rank kept a copy of a delta file this large")
+        self.assert_serving(self.ref_new, "m1")
+
     def test_7_deltas_without_a_version_are_named_by_the_dir(self):
         # No version: the commit writes the dir at once and the fingerprint names the bytes (fp-...),
         # which a wakeup keeps.

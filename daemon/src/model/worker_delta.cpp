@@ -154,7 +154,13 @@ int64_t Worker::apply_rank_delta(weights::RankDelta && d) {
 
 std::shared_ptr<const weights::MappedWeightDelta> Worker::read_hf_delta(const std::filesystem::path & file) {
     forget_weight_delta();
-    return weights::read_weight_delta_into(file, delta_file_);
+    std::error_code ec;
+    const auto size = static_cast<int64_t>(std::filesystem::file_size(file, ec));
+    if (!ec && size > weight_bytes() / 4) {  // dense tensors in it, near a full update: not kept twice
+        delta_file_.release();
+        return weights::map_weight_delta(file);
+    }
+    return weights::read_weight_delta_into(file, delta_file_);  // a missing file: its error, naming it
 }
 
 void Worker::forget_weight_delta() {

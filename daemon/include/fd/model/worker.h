@@ -352,10 +352,13 @@ public:
     /// what stage_weights of the same full weights gives.
     /// Errors  invalid_checkpoint naming the tensor (what was written is put back first).
     int64_t apply_hf_delta(std::shared_ptr<const weights::MappedWeightDelta> d);
-    /// The delta file `file` (a delta stream's weights.fddelta) read into this worker's delta
-    /// buffer (weights::read_weight_delta_into: grown, kept across updates, released with the
-    /// weights), for apply_hf_delta. Forgets the undo log first (it may point into the buffer).
-    /// Errors  as read_weight_delta_into.
+    /// The delta file `file` (a delta stream's weights.fddelta) for apply_hf_delta: read into this
+    /// worker's delta buffer (weights::read_weight_delta_into: grown, kept across updates,
+    /// released with the weights) when it is at most a quarter of this rank's weight bytes (a 5 %
+    /// f32 delta at tp=2 is a fifth); a larger one (dense tensors in the stream: near a full update) is
+    /// mapped instead (weights::map_weight_delta), so that no rank keeps a copy that large, and the
+    /// buffer is released. Forgets the undo log first (it may point into the buffer).
+    /// Errors  as read_weight_delta_into / map_weight_delta.
     std::shared_ptr<const weights::MappedWeightDelta> read_hf_delta(const std::filesystem::path & file);
     /// Put back the values the last apply_rank_delta or apply_hf_delta overwrote and forget them
     /// (no-op without an undo log). Errors  only a device copy failure.
