@@ -175,9 +175,6 @@ DeltaEntry parse_entry(const nlohmann::json & e, const std::filesystem::path & f
     return t;
 }
 
-}  // namespace
-
-namespace {
 
 /// `f`'s tensors as views over `base` (the file's bytes from offset 0), each entry checked
 /// (parse_entry) before it is added.
