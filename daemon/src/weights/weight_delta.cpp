@@ -175,7 +175,6 @@ DeltaEntry parse_entry(const nlohmann::json & e, const std::filesystem::path & f
     return t;
 }
 
-
 /// `f`'s tensors as views over `base` (the file's bytes from offset 0), each entry checked
 /// (parse_entry) before it is added.
 void add_views(MappedWeightDelta & m, const detail::Framed & f, const std::filesystem::path & file, const std::byte * base) {
