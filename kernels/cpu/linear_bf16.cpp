@@ -385,12 +385,13 @@ void linear_bf16(float * out, const float * x, const void * w, WType wtype, cons
 #endif
         round_rows_portable(xb, x, r0, r1, n_in);
     });
-    // Tasks: ranges of whole 24-output groups. One row: ~128 KiB of weights each (the f32 mode's
-    // decode split); more rows: one range per thread, each covering every row.
+    // Tasks: ranges of whole 24-output groups. One row: as the f32 mode's decode split
+    // (decode_task_outputs: ~128 KiB each on one thread, 4 per thread on more); more rows: one range
+    // per thread, each covering every row.
     const int64_t row_bytes = n_in * (wtype == WType::bf16 ? 2 : 4);
     int64_t       per_task;
     if (n_rows == 1) {
-        per_task = std::max<int64_t>(24, ((128 << 10) / std::max<int64_t>(1, row_bytes)) / 24 * 24);
+        per_task = decode_task_outputs(n_out, row_bytes, n_thr, n_thr > 1);
     } else {
         const int64_t groups = (n_out + 23) / 24;
         per_task = (groups + n_thr - 1) / n_thr * 24;

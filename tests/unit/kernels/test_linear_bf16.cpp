@@ -195,7 +195,8 @@ TEST_CASE("linear_bf16: the avx512_bf16 and portable paths give the same bits (1
     std::mt19937  rng(11);
     k::ThreadPool pool2(2), pool3(3);
     for (k::WType wt : {k::WType::f32, k::WType::bf16}) {
-        for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{29, 7}, {100, 33}, {48, 256}, {61, 1061}}) {
+        // {1000, 512}: a one-row linear split into several tasks per thread (decode_task_outputs)
+        for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{29, 7}, {100, 33}, {48, 256}, {61, 1061}, {1000, 512}}) {
             std::vector<float> wf(size_t(n_out * n_in));
             for (auto & v : wf) { v = random_f32(rng, false); }  // denormal and tiny weights too
             std::vector<uint16_t> wb(wf.size());
@@ -203,6 +204,7 @@ TEST_CASE("linear_bf16: the avx512_bf16 and portable paths give the same bits (1
             const void * w    = wt == k::WType::bf16 ? static_cast<const void *>(wb.data()) : wf.data();
             const auto   bias = random_vec(rng, size_t(n_out));
             for (int64_t n_rows : {1, 2, 3, 4, 5, 9, 300}) {
+                if (n_out == 1000 && n_rows > 2) { continue; }
                 std::vector<float> x(size_t(n_rows * n_in));
                 for (auto & v : x) { v = random_f32(rng, false); }
                 for (const float * b : {bias.data(), static_cast<const float *>(nullptr)}) {  // the tiles' epilogues both ways
