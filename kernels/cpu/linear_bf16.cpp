@@ -391,7 +391,7 @@ void linear_bf16(float * out, const float * x, const void * w, WType wtype, cons
     const int64_t row_bytes = n_in * (wtype == WType::bf16 ? 2 : 4);
     int64_t       per_task;
     if (n_rows == 1) {
-        per_task = decode_task_outputs(n_out, row_bytes, n_thr, n_thr > 1);
+        per_task = decode_task_outputs(n_out, row_bytes, n_thr, false);
     } else {
         const int64_t groups = (n_out + 23) / 24;
         per_task = (groups + n_thr - 1) / n_thr * 24;

@@ -143,18 +143,17 @@ inline void permute_bf16_step(const float * src, int64_t left, float * lo, float
 
 /// Outputs per task of a one-row (decode) linear over n_out weight rows of row_bytes each, on
 /// n_threads threads: whole 24-output groups (at least 24). `streams` false: ~128 KiB of weights
-/// per task (tiles of adjacent rows, the next tile prefetched: on one thread that prefetch runs on
-/// into the next task, which is the adjacent one). `streams` true: one task on one thread, else 4
-/// per thread of at least ~128 KiB each (some load balance between threads that other programs
-/// slow down) — for the AVX2 one-row paths, whose tiles read each column's part of the task as one
-/// sequential stream (a longer task is a longer stream), and for every one-row linear on more than
-/// one thread, where the next 128 KiB task is another thread's and each thread's stream broke
-/// every 128 KiB (BF16 B=1 decode at 2 threads: 0.75–0.87 → 0.90–0.98 of the two-thread read
-/// probe, docs/benchmarks.md "Stop 48").
+/// per task on one thread (tiles of adjacent rows, the next tile prefetched: that prefetch runs on
+/// into the next task, the adjacent one). `streams` true (the AVX2 one-row paths, whose tiles read
+/// each column's part of the task as one sequential stream, so a longer task is a longer stream):
+/// one task on one thread. On more than one thread, either way: 4 tasks per thread of at least
+/// ~128 KiB each (some load balance between threads that other programs slow down) — with 128 KiB
+/// tasks claimed in turn the next task is another thread's, and each thread's stream broke every
+/// 128 KiB (BF16 B=1 decode at 2 threads: 0.75–0.87 → 0.90–0.98 of the two-thread read probe,
+/// docs/benchmarks.md "Stop 48").
 inline int64_t decode_task_outputs(int64_t n_out, int64_t row_bytes, int64_t n_threads, bool streams) {
     const int64_t base = std::max<int64_t>(24, ((128 << 10) / std::max<int64_t>(1, row_bytes)) / 24 * 24);
-    if (!streams) { return base; }
-    if (n_threads <= 1) { return std::max<int64_t>(1, n_out); }
+    if (n_threads <= 1) { return streams ? std::max<int64_t>(1, n_out) : base; }
     const int64_t per = (n_out + 4 * n_threads - 1) / (4 * n_threads);
     return std::max(base, (per + 23) / 24 * 24);
 }

@@ -348,7 +348,7 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
     if (n_rows <= 0 || n_out <= 0) { return; }
     const char * wb = static_cast<const char *>(w);
     if (n_rows == 1) {
-        // Decode: tasks as decode_task_outputs says (AVX2 or more than one thread: long streams). bf16: x in the bf16
+        // Decode: tasks as decode_task_outputs says (AVX2: long streams). bf16: x in the bf16
         // lane order first.
         thread_local detail::ScratchVec<float> xperm;
         const float * xs = x;
@@ -363,8 +363,7 @@ void linear(float * out, const float * x, const void * w, WType wtype, const flo
 #else
         constexpr bool kStreams = false;
 #endif
-        const int64_t n_thr    = pool ? pool->n_threads() : 1;
-        const int64_t per_task = decode_task_outputs(n_out, row_bytes, n_thr, kStreams || n_thr > 1);
+        const int64_t per_task = decode_task_outputs(n_out, row_bytes, pool ? pool->n_threads() : 1, kStreams);
         for_tasks(pool, (n_out + per_task - 1) / per_task, [&](int64_t t) {
             const int64_t o0 = t * per_task, o1 = std::min(n_out, o0 + per_task);
             if (wtype == WType::f32) {

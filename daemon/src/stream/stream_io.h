@@ -94,7 +94,6 @@ void read_exact(int fd, void * dst, size_t n, Clock::time_point deadline, const 
 /// on a bad magic, an oversized header or one that is not a JSON object.
 nlohmann::json read_frame_header(int fd, Clock::time_point deadline, const std::string & what);
 
-
 /// 32 random hex digits from /dev/urandom.
 std::string random_token();
 
