@@ -320,6 +320,11 @@ void Engine::set_label(const std::string & version, const std::string & fp) {
     if (!fp.empty()) { known_labels_[version] = fp; }
 }
 
+void Engine::set_label_unfingerprinted(const std::string & version) {
+    known_labels_.erase(version);
+    state_.weight_version = version;
+}
+
 void Engine::serve_delta_label(std::vector<runtime::RankReport> reps, const std::string & version, const std::string & fp,
                                ControlResult & r) {
     r.bytes = 0;
@@ -329,8 +334,11 @@ void Engine::serve_delta_label(std::vector<runtime::RankReport> reps, const std:
     }
     r.ranks = std::move(reps);
     weights_changed();
-    if (fp.empty()) { known_labels_.erase(version); }
-    set_label(version, fp);
+    if (fp.empty()) {
+        set_label_unfingerprinted(version);
+    } else {
+        set_label(version, fp);
+    }
     state_.weights_valid = true;
     recompute_kept();
     r.version = version;

@@ -50,8 +50,7 @@ void Engine::commit_landing(const ControlCommand & cmd, ControlResult & r) {
     accumulate_rank_reports(r, landed, *cmd.version);
     accumulate_rank_reports(r, executor_->commit_weights(), *cmd.version);
     weights_changed();
-    known_labels_.erase(*cmd.version);  // no fingerprint names these bytes: none the label had before stays attached to it
-    set_label(*cmd.version, "");
+    set_label_unfingerprinted(*cmd.version);  // no file holds these bytes
     // No file holds these bytes: a weight sleep writes them first (snapshot_landed_weights).
     remove_landed_snapshot();
     serving_landed_ = true;

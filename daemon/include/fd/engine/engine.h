@@ -379,8 +379,14 @@ private:
     int64_t                                   pending_delta_bytes_ = 0;  ///< their files' sizes
     int64_t                                   pending_delta_seq_ = 0;
     static constexpr int64_t                  kPendingDeltaBytes = int64_t{64} << 20;  ///< flush at the commit past this
-    /// Set the serving label to `version` for bytes fingerprinted `fp` and remember the pair.
+    /// Set the serving label to `version` for bytes fingerprinted `fp` and remember the pair (fp
+    /// "": the label keeps the fingerprint it had, as a reload that could not fingerprint the same
+    /// bytes does).
     void          set_label(const std::string & version, const std::string & fp);
+    /// Set the serving label to `version` for bytes no file holds (landed, or written in place
+    /// before their dir is): no fingerprint the label named before stays attached to it, so a
+    /// later load of those other bytes does not come back under it.
+    void          set_label_unfingerprinted(const std::string & version);
     /// The ranks wrote a delta in place (reps: one per rank): the result carries them under
     /// `version`, which names the served bytes from now on; `fp` their fingerprint, or "" when no
     /// file holds them (then no earlier fingerprint stays attached to `version`: a later load of
