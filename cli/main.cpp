@@ -57,6 +57,10 @@ constexpr const char * kExitCodes =
     "Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes --transport default to v1 (else shm); FD_PORT;\n"
     "FD_CONTROL_API_KEY (the daemon's --control-api-key), else FD_API_KEY, is the --api-key default.";
 
+/// The longest --timeout (seconds): past ~9e9 s the steady clock's nanosecond ticks overflow, and
+/// the shm transport counts milliseconds in an int64.
+constexpr double kMaxTimeoutS = 1e7;
+
 struct Options {
     int         port      = 8000;
     std::string url;
@@ -156,11 +160,21 @@ int main(int argc, char ** argv) {
     const char * v1 = std::getenv("FD_ENABLE_V1_UPDATE_WEIGHTS");
     o.transport = v1 && std::string(v1) == "1" ? "v1" : "shm";
     app.add_option("--port", o.port, "The daemon's port (names its control block and default URL)")->envname("FD_PORT")->capture_default_str();
-    app.add_option("--url", o.url, "V1 base URL (default http://127.0.0.1:PORT)");
-    app.add_option("--transport", o.transport, "shm (control block) or v1 (HTTP); default from FD_ENABLE_V1_UPDATE_WEIGHTS")
+    auto * url_opt = app.add_option("--url", o.url, "V1 base URL (default http://127.0.0.1:PORT); implies --transport v1");
+    auto * transport_opt = app.add_option("--transport", o.transport, "shm (control block) or v1 (HTTP); default from FD_ENABLE_V1_UPDATE_WEIGHTS "
+                                                                      "(v1 when --url is given)")
         ->check(CLI::IsMember({"shm", "v1"}))->capture_default_str();
-    app.add_option("--timeout", o.timeout_s, "Seconds to wait for the daemon (and for `wait`); the last one given wins")
-        ->check(CLI::PositiveNumber)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->capture_default_str();
+    // Bounded: seconds past ~1e7 overflow the clocks' tick counts (an instant timeout or no timeout at all).
+    app.add_option("--timeout", o.timeout_s, "Seconds to wait for the daemon (and for `wait`), > 0 and <= 1e7; the last one given wins")
+        ->check(CLI::Validator([](std::string & v) -> std::string {
+                    char * end = nullptr;
+                    const double x = std::strtod(v.c_str(), &end);
+                    if (v.empty() || end != v.c_str() + v.size() || !(x > 0) || !(x <= kMaxTimeoutS)) {
+                        return "--timeout must be a number of seconds > 0 and <= 1e7, got '" + v + "'";
+                    }
+                    return {};
+                }, "SECONDS"))
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->capture_default_str();
     app.add_flag("--json", o.json, "Print the daemon's JSON answer (the V1 HTTP body) instead of a summary");
     app.add_flag("--quiet", o.quiet, "Print nothing on success; the exit code says it all");
     // The control routes take the daemon's --control-api-key when it has one, else its --api-key.
@@ -272,6 +286,12 @@ int main(int argc, char ** argv) {
     }
     try {
         // Usage errors are caught here, before anything is sent.
+        if (url_opt->count() > 0) {  // --url names a daemon over HTTP: never the local control block instead
+            if (transport_opt->count() > 0 && o.transport == "shm") {
+                throw fd::Error(fd::Errc::invalid_argument, "--url is a V1 HTTP address; it does not go with --transport shm");
+            }
+            o.transport = "v1";
+        }
         if (cmd.op == "sleep" || cmd.op == "wakeup") {
             cmd.tags.clear();
             for (const auto & t : fd::shm::parse_tag_list(o.tags)) { cmd.tags += (cmd.tags.empty() ? "" : ",") + t; }

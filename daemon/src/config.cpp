@@ -296,7 +296,11 @@ Resolved resolve(Config & cfg) {
     }
     cfg.control.served_model_name = s.served_model_name;
     cfg.control.rsync_config      = cfg.weights.rsync_config;
-    if (!(cfg.control.control_timeout_s > 0) || !(cfg.control.legacy_timeout_s > 0)) { problems.push_back("--control-timeout-s must be > 0"); }
+    // <= 1e7 s: past ~9e9 s a deadline's nanosecond ticks overflow (every wait would end at once).
+    if (!(cfg.control.control_timeout_s > 0 && cfg.control.control_timeout_s <= 1e7) ||
+        !(cfg.control.legacy_timeout_s > 0 && cfg.control.legacy_timeout_s <= 1e7)) {
+        problems.push_back("--control-timeout-s must be > 0 and <= 1e7 seconds");
+    }
     if (s.port < 0 || s.port > 65535) { problems.push_back(fmt::format("--port {} must be in [0, 65535]", s.port)); }
 
     if (const auto d = parse_kv_cache_dtype(cfg.kv.kv_cache_dtype)) {

@@ -42,7 +42,16 @@ std::vector<std::string> parse_tag_list(std::string_view text) {
         }
         pos = end + 1;
     }
-    if (!weight && !kv && !graph) { weight = kv = true; }
+    if (!weight && !kv && !graph) {
+        // Nothing named: the empty text is the default (weight, kv_cache); separators or spaces
+        // alone (",,", " ") are a malformed list, not a request to release everything.
+        if (!text.empty()) {
+            throw Error(Errc::invalid_argument,
+                        fmt::format("tags '{}' name no tag: use weight, kv_cache, cuda_graph (comma-separated), or give none for "
+                                    "weight,kv_cache; nothing was done", text), "tags");
+        }
+        weight = kv = true;
+    }
     std::vector<std::string> out;
     if (weight) { out.emplace_back("weight"); }
     if (kv) { out.emplace_back("kv_cache"); }

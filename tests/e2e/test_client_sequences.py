@@ -86,7 +86,11 @@ class ClientSequences(unittest.TestCase):
         # disagreeing, malformed or unknown: 400 and nothing is freed
         for path, body in [("/v1/sleep?tags=kv_cache", {"tags": "weight"}), ("/v1/sleep", {"tags": ["weight", 3]}),
                            ("/v1/sleep", {"tags": {"weight": True}}), ("/v1/sleep", {"tags": []}),
-                           ("/v1/sleep", {"tags": "weights,nope"}), ("/v1/sleep", {"tags": "weight", "level": 1})]:
+                           ("/v1/sleep", {"tags": "weights,nope"}), ("/v1/sleep", {"tags": "weight", "level": 1}),
+                           # a list naming no tag: malformed, never "release everything" (the empty text,
+                           # `?tags=`, stays FastDeploy's "not given": test_weight_control)
+                           ("/v1/sleep?tags=,,,", None), ("/v1/sleep?tags=%20", None), ("/v1/sleep", {"tags": [""]}),
+                           ("/v1/sleep", {"tags": " , "}), ("/sleep?tags=", None), ("/release_memory_occupation", {"tags": [""]})]:
             with self.subTest(path=path, body=body):
                 code, j = d.post(path, body)
                 self.assertEqual((code, j["error"]["type"]), (400, "invalid_argument"), j)

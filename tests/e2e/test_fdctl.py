@@ -142,12 +142,30 @@ class Fdctl(unittest.TestCase):
 
     def test_usage_errors_send_nothing(self):
         for args in [["sleep", "--tags", "weights"], ["update-weights", "--version", "../x"], ["wait", "--until", "sleepy"],
-                     ["frobnicate"], [], ["--transport", "carrier-pigeon", "status"]]:
+                     ["frobnicate"], [], ["--transport", "carrier-pigeon", "status"],
+                     # a --timeout past ~9e9 s overflowed the clocks' ticks (an instant timeout, or a wait that never ended)
+                     ["--timeout", "1e16", "status"], ["--timeout", "0", "status"], ["--timeout", "nan", "status"],
+                     # a tag list naming no tag is malformed, not "release everything"
+                     ["sleep", "--tags", ",,"], ["wakeup", "--tags", " "],
+                     ["--url", "http://127.0.0.1:1", "--transport", "shm", "status"]]:
             rc, out, err = fdctl(free_port(), *args)
             self.assertEqual(rc, EXIT["usage"], (args, err))
+        rc, _, err = fdctl(free_port(), "--timeout", "0", "status")
+        self.assertIn("--timeout must be a number of seconds > 0 and <= 1e7", err)
         rc, out, _ = fdctl(free_port(), "--help")
         self.assertEqual(rc, 0)
         self.assertIn("Exit codes", out)
+
+    def test_url_names_the_daemon(self):
+        # --url means that daemon over HTTP, whatever --port's control block would reach: with a
+        # daemon on --port and nothing at the URL, fdctl says unreachable (it printed the local
+        # daemon's status over shm before).
+        with Daemon() as d:
+            rc, out, err = fdctl(d.port, "--url", f"http://127.0.0.1:{free_port()}", "status")
+            self.assertEqual(rc, EXIT["unreachable"], (out, err))
+            rc, out, err = fdctl(free_port(), "--url", f"http://127.0.0.1:{d.port}", "--json", "status")
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(json.loads(out)["state"], "serving")
 
     def test_wait_names_the_states_as_health_does(self):
         with Daemon("--dynamic-load-weight") as d:

@@ -287,6 +287,33 @@ class StreamTp1(StreamChecks, unittest.TestCase):
         self.assertIn(st, (400, 404), j)  # malformed id (CUDA build) or no CUDA in this build
         st, j = self.d.post("/update_weights", {"update_info": {"names": ["a"], "dtype_names": ["F32"]}})
         self.assertEqual(st, 400, j)
+        # init fields of the wrong type or range: 400 naming the field (a timeout past ~9e9 s overflowed
+        # the deadline's ticks: every wait then ended at once)
+        for body, field in (({"init_info": {"backend": "tcp", "timeout_s": 1e10}}, "timeout_s"),
+                            ({"init_info": {"backend": "tcp", "timeout_s": "10"}}, "timeout_s"),
+                            ({"init_info": {"backend": 3}}, "backend"),
+                            ({"init_info": {"backend": "tcp", "rank_offset": "1"}}, "rank_offset")):
+            st, j = self.d.post("/init_weight_transfer_engine", body)
+            self.assertEqual(st, 400, (body, j))
+            self.assertIn(field, j["error"]["message"])
+        for body, field in (({"master_port": "x"}, "master_port"), ({"master_port": 70000}, "master_port"), ({"timeout_s": 1e300}, "timeout_s")):
+            st, j = self.d.post("/init_weights_update_group", body)
+            self.assertEqual(st, 400, (body, j))
+            self.assertIn(field, j["error"]["message"])
+        # a finish naming another version than the start's: 400, the update stays open, and the
+        # start's version then commits (it was silently relabelled before)
+        ws = self.c.weight_stream("named-at-start").__enter__()
+        try:
+            for name in sorted(self.tensors):
+                ws.send(name, self.tensors[name])
+            ws.flush()
+            st, j = self.d.post("/finish_weight_update", {"version": "other-at-finish"})
+            self.assertEqual(st, 400, j)
+            self.assertIn("started as 'named-at-start'", j["error"]["message"])
+            self.assertTrue(self.c.health()["weight_stream"]["update_open"])
+        finally:
+            ws.__exit__(None, None, None)  # finishes with the start's version
+        self.assertEqual(ws.result["weight_version"], "named-at-start")
         self.assertEqual(self.stream("after-order", self.tensors)["weight_version"], "after-order")
         self.assert_serving(self.ref_new, "after-order")
 
@@ -466,6 +493,24 @@ class StreamTp1(StreamChecks, unittest.TestCase):
         self.assert_serving(self.ref_old, "r4")
         self.assertEqual(stream_seen("r5", self.tensors), 0, "fresh pages after the sleep")
         self.assert_serving(self.ref_new, "r5")
+
+    def test_13_stream_while_the_weights_sleep(self):
+        # As /v1/update_weights while the weights are released (AReaL's colocated loop): the
+        # streamed weights load at once into fresh memory, all-or-nothing, and `weight` is awake
+        # after. A delta needs the base bytes, so it is refused while they sleep.
+        self.stream("w0", self.base)
+        self.c.sleep(tags="weight")
+        with self.assertRaises(FdRolloutError) as e:
+            with self.c.weight_stream("wd", base_version="w0") as ws:
+                ws.send_delta("model.norm.weight", np.array([0], np.int64), np.array([1.0], np.float32))
+        self.assertEqual(e.exception.status, 409, e.exception.message)
+        self.assertIn("asleep", e.exception.message)
+        r = self.stream("w1", self.tensors)
+        self.assertEqual(r["weight_version"], "w1")
+        self.assertNotIn("weight", self.c.health().get("sleeping_tags", []))
+        if self.c.health()["state"] == "paused":  # the sleep's implicit pause stays until a resume
+            self.c.resume()
+        self.assert_serving(self.ref_new, "w1")
 
     @staticmethod
     def stream_with(c, version, tensors):

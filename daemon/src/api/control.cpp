@@ -106,6 +106,10 @@ std::optional<std::string> body_tags(const json & body) {
     std::string text;
     for (const auto & e : t) {
         if (!e.is_string()) { throw Error(Errc::invalid_argument, shape, "tags"); }
+        if (e.get<std::string>().find_first_not_of(" \t") == std::string::npos) {  // [""]: malformed, never "release everything"
+            throw Error(Errc::invalid_argument, "'tags' holds an empty name; list weight, kv_cache, cuda_graph, or omit it for weight,kv_cache; "
+                                                "nothing was done", "tags");
+        }
         text += (text.empty() ? "" : ",") + e.get<std::string>();
     }
     return text;

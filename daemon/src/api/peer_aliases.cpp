@@ -61,6 +61,10 @@ engine::TagSet map_tags(const std::vector<std::string> & given, const char * par
             }
         }
     }
+    if (!given.empty() && !out.weight && !out.kv_cache && !out.cuda_graph) {  // `?tags=`, [""], ",": never "release everything"
+        throw Error(Errc::invalid_argument, fmt::format("'{}' names no tag (weights{} or kv_cache); omit it for all; nothing was done", param,
+                                                        cuda_graph_ok ? ", cuda_graph" : ""), param);
+    }
     return out;
 }
 

@@ -191,6 +191,35 @@ json commit_sealed(ApiContext & ctx, const ControlInput & in, const stream::Seal
     return body;
 }
 
+/// The transport fields both inits share (vLLM's init_info, SGLang's body), each checked for its
+/// JSON type first, so a wrong one is a 400 naming it (not a generic type error):
+/// backend / master_address / group_name / nccl_unique_id strings, timeout_s a number,
+/// master_port an integer in [0, 65535] (NCCL's rendezvous; the tcp transport picks its own),
+/// rank_offset and world_size integers.
+stream::InitRequest init_fields(const json & o, const char * where) {
+    auto expect = [&](const char * key, bool ok, const char * what) {
+        if (o.contains(key) && !o[key].is_null() && !ok) {
+            throw Error(Errc::invalid_argument, fmt::format("{}.{} must be {}, got {}; nothing was done", where, key, what, o[key].dump()), key);
+        }
+    };
+    for (const char * key : {"backend", "master_address", "group_name", "nccl_unique_id"}) {
+        expect(key, o.contains(key) && o[key].is_string(), "a string");
+    }
+    expect("timeout_s", o.contains("timeout_s") && o["timeout_s"].is_number(), "a number of seconds");
+    expect("master_port", o.contains("master_port") && o["master_port"].is_number_integer() && o["master_port"].get<int64_t>() >= 0 &&
+                              o["master_port"].get<int64_t>() <= 65535, "an integer port in [0, 65535]");
+    for (const char * key : {"rank_offset", "world_size"}) {
+        expect(key, o.contains(key) && o[key].is_number_integer() && o[key].get<int64_t>() >= 0 && o[key].get<int64_t>() <= (1 << 20),
+               "a non-negative integer");
+    }
+    stream::InitRequest r;
+    if (o.contains("timeout_s") && !o["timeout_s"].is_null()) { r.timeout_s = o["timeout_s"].get<double>(); }
+    r.nccl_unique_id = o.contains("nccl_unique_id") && !o["nccl_unique_id"].is_null() ? o["nccl_unique_id"].get<std::string>() : "";
+    if (o.contains("rank_offset") && !o["rank_offset"].is_null()) { r.rank_offset = o["rank_offset"].get<int32_t>(); }
+    if (o.contains("world_size") && !o["world_size"].is_null()) { r.world_size = o["world_size"].get<int32_t>(); }
+    return r;
+}
+
 // ---- vLLM ----
 
 void vllm_init(ApiContext & ctx, const ControlInput & in, Response & res) {
@@ -201,12 +230,9 @@ void vllm_init(ApiContext & ctx, const ControlInput & in, Response & res) {
     const json & ii = in.body["init_info"];
     reject_unknown_fields(ii, {"backend", "timeout_s", "master_address", "master_port", "rank_offset", "world_size", "nccl_unique_id"},
                           "init_info");
-    stream::InitRequest r;
-    r.backend = ii.value("backend", ii.contains("master_address") || ii.contains("nccl_unique_id") ? "nccl" : "tcp");
-    if (ii.contains("timeout_s")) { r.timeout_s = ii["timeout_s"].get<double>(); }
-    r.nccl_unique_id = ii.value("nccl_unique_id", "");
-    r.rank_offset    = ii.value("rank_offset", 1);
-    r.world_size     = ii.value("world_size", 2);
+    stream::InitRequest r = init_fields(ii, "init_info");
+    r.backend = ii.contains("backend") && ii["backend"].is_string() ? ii["backend"].get<std::string>()
+              : ii.contains("master_address") || ii.contains("nccl_unique_id") ? "nccl" : "tcp";
     const auto ep = ctx.stream->init(r);
     json body = endpoint_json(ep, *ctx.stream);
     body["message"] = "Weight transfer initialized";
@@ -293,13 +319,9 @@ void sglang_init_group(ApiContext & ctx, const ControlInput & in, Response & res
     reject_unknown_fields(in.body, {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend", "timeout_s",
                                     "nccl_unique_id"}, "init_weights_update_group");
     const json & b = in.body.is_object() ? in.body : json::object();
-    stream::InitRequest r;
-    const std::string be = b.value("backend", "tcp");
+    stream::InitRequest r = init_fields(b, "init_weights_update_group");
+    const std::string be = b.contains("backend") && b["backend"].is_string() ? b["backend"].get<std::string>() : "tcp";
     r.backend = be == "nccl" ? "nccl" : be == "tcp" || be == "gloo" ? "tcp" : be;
-    if (b.contains("timeout_s")) { r.timeout_s = b["timeout_s"].get<double>(); }
-    r.nccl_unique_id = b.value("nccl_unique_id", "");
-    r.rank_offset    = b.value("rank_offset", 1);
-    r.world_size     = b.value("world_size", 2);
     const auto ep = ctx.stream->init(r);
     json body = endpoint_json(ep, *ctx.stream);
     body["success"] = true;
@@ -330,7 +352,14 @@ void sglang_update_distributed(ApiContext & ctx, const ControlInput & in, Respon
                                               {"message", fmt::format("received {} of {} tensors; the update commits when every tensor arrived",
                                                                       r.n_received, r.n_expected)}});
     }
-    json body = commit_sealed(ctx, in, ctx.stream->seal(v));
+    stream::Sealed sealed;
+    try {
+        sealed = ctx.stream->seal(v);
+    } catch (const Error & e) {  // SGLang's flow has no separate finish to retry: the update goes (a last bucket relabelling it, ...)
+        ctx.stream->drop(e);
+        throw;
+    }
+    json body = commit_sealed(ctx, in, std::move(sealed));
     body["success"] = true;
     body["message"] = "Succeeded to update parameter online.";
     peer::send_json(res, 200, body);

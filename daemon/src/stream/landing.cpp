@@ -1,6 +1,7 @@
 // A weight stream landed into a rank's staging region (fd/stream/landing.h): the parts of a
 // layout as byte ranges, and the receiver thread that fills them from the trainer's connection.
 #include "fd/stream/landing.h"
+#include "fd/stream/weight_stream.h"
 
 #include "fd/liveness.h"
 #include "fd/log.h"
@@ -151,7 +152,7 @@ Landing::Landing(std::vector<LandPart> parts, std::byte * base, const std::strin
     s_->parts        = std::move(parts);
     s_->base         = base;
     s_->check_finite = check_finite;
-    s_->deadline     = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::max(timeout_s, 0.001)));
+    s_->deadline     = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::clamp(timeout_s, 0.001, kMaxStreamTimeoutS)));
     s_->got.assign(s_->parts.size(), 0);
     s_->listener = tcp_listen(host, &s_->port);
     s_->token    = random_token();

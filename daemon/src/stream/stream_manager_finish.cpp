@@ -32,6 +32,11 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
     }
     if (m.busy) { fail(Errc::wrong_state, "a bucket is still being received; finish after its /update_weights answered"); }
     if (m.update->sealed) { fail(Errc::wrong_state, "the update is already finishing"); }
+    if (version && m.update->version && *version != *m.update->version) {  // never a silent relabel: the trainer meant one of them
+        throw Error(Errc::invalid_argument,
+                    fmt::format("the finish names version '{}' but the update was started as '{}'; finish with '{}' (or no version) or abort; "
+                                "the update stays open", *version, *m.update->version, *m.update->version), "version");
+    }
     if (m.update->landed) {  // the ranks hold the bytes; the engine checks that every part arrived
         m.update->sealed = true;
         if (version) { m.update->version = version; }

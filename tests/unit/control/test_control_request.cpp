@@ -46,6 +46,10 @@ TEST_CASE("control request: tags only for sleep/wakeup, empty = both, unknown ta
     auto g = parse_command({.op = "sleep", .tags = "cuda_graph"});
     CHECK((!g.tags.weight && !g.tags.kv_cache && g.tags.cuda_graph));
     CHECK(rejected_param({.op = "sleep", .tags = "cuda_graphs"}) == "tags");
+    // a non-empty list naming no tag is malformed (the empty text alone means weight + kv_cache)
+    CHECK(rejected_param({.op = "sleep", .tags = ",,,"}) == "tags");
+    CHECK(rejected_param({.op = "sleep", .tags = " "}) == "tags");
+    CHECK(rejected_param({.op = "wakeup", .tags = ", ,"}) == "tags");
 }
 
 TEST_CASE("control request: TagSet text is the wire's tags, in one order, and parses back") {

@@ -16,10 +16,11 @@ bool is_valid_version(std::string_view v);
 bool is_valid_request_id(std::string_view id);
 
 /// Split a `tags` list ("weight, kv_cache"): comma-separated, spaces trimmed, empty items
-/// dropped; empty or absent = weight and kv_cache. The names: weight, kv_cache, cuda_graph
+/// dropped; the empty text = weight and kv_cache. The names: weight, kv_cache, cuda_graph
 /// (engine::TagSet says what each frees). Returns the distinct tags in the order weight,
 /// kv_cache, cuda_graph.
-/// Errors  fd::Error{invalid_argument} naming an unknown tag.
+/// Errors  fd::Error{invalid_argument} naming an unknown tag, or for a non-empty text that names
+///         none (",,", " "): a malformed list never means "release everything".
 std::vector<std::string> parse_tag_list(std::string_view text);
 
 }  // namespace fd::shm
