@@ -193,9 +193,14 @@ class Fdctl(unittest.TestCase):
 
     def test_daemon_usage_errors_exit_2(self):
         from fdtest import BIN
-        for args in [["--bogus"], ["--port", "x"], ["--log-format", "xml"], ["--update-staging", "maybe"]]:
+        for args in [["--bogus"], ["--port", "x"], ["--log-format", "xml"], ["--update-staging", "maybe"],
+                     # seconds past ~9e9 overflowed a deadline's ticks: bounded by 1e7
+                     ["--request-timeout-s", "1e10"], ["--http-keep-alive-s", "1e300"]]:
             p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=30)
             self.assertEqual(p.returncode, EXIT["usage"], (args, p.stderr))
+        p = subprocess.run([BIN, "--control-timeout-s", "1e10"], capture_output=True, text=True, timeout=30)  # a configuration check: 10
+        self.assertEqual(p.returncode, 10, p.stderr)
+        self.assertIn("--control-timeout-s must be > 0 and <= 1e7 seconds", p.stderr)
         p = subprocess.run([BIN, "--help"], capture_output=True, text=True, timeout=30)
         self.assertEqual(p.returncode, 0)
         self.assertIn("Exit codes", p.stdout)
