@@ -164,7 +164,7 @@ int main(int argc, char ** argv) {
     auto * transport_opt = app.add_option("--transport", o.transport, "shm (control block) or v1 (HTTP); default from FD_ENABLE_V1_UPDATE_WEIGHTS "
                                                                       "(v1 when --url is given)")
         ->check(CLI::IsMember({"shm", "v1"}))->capture_default_str();
-    // Bounded: seconds past ~1e7 overflow the clocks' tick counts (an instant timeout or no timeout at all).
+    // Bounded by kMaxTimeoutS: past ~9e9 s the clocks' tick counts overflowed (an instant timeout, or a wait without end).
     app.add_option("--timeout", o.timeout_s, "Seconds to wait for the daemon (and for `wait`), > 0 and <= 1e7; the last one given wins")
         ->check(CLI::Validator([](std::string & v) -> std::string {
                     char * end = nullptr;

@@ -43,8 +43,9 @@ std::string Worker::land_open(const std::string & host, double timeout_s) {
 
 int64_t Worker::land_close(double timeout_s) {
     if (!land_) { fail(Errc::wrong_state, "rank {}: no landing is open (it was stopped by another weight operation, or never opened)", wcfg_.rank); }
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(std::clamp(timeout_s, 0.0, stream::kMaxStreamTimeoutS)));
+    const double wait_s   = std::clamp(timeout_s, 0.0, stream::kMaxStreamTimeoutS);
+    const auto   deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(wait_s));
     try {
         land_->wait(deadline);
     } catch (...) {

@@ -1,11 +1,11 @@
 // A weight stream landed into a rank's staging region (fd/stream/landing.h): the parts of a
 // layout as byte ranges, and the receiver thread that fills them from the trainer's connection.
 #include "fd/stream/landing.h"
-#include "fd/stream/weight_stream.h"
 
 #include "fd/liveness.h"
 #include "fd/log.h"
 #include "fd/status.h"
+#include "fd/stream/weight_stream.h"
 #include "stream_io.h"
 
 #include <sys/socket.h>
