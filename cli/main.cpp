@@ -299,7 +299,7 @@ int main(int argc, char ** argv) {
         if ((cmd.op == "update_weights" || cmd.op == "commit_weights") &&
             update->count("--version") + stage->count("--version") + commit->count("--version") > 0) {
             if (!fd::shm::is_valid_version(o.version)) {
-                throw fd::Error(fd::Errc::invalid_argument, "--version '" + o.version + "' must match [A-Za-z0-9._-]{1,128} and not be '.' or '..'");
+                throw fd::Error(fd::Errc::invalid_argument, "--version '" + o.version + "' must match [A-Za-z0-9._-]{1,128} and not start with '.'");
             }
             cmd.version = o.version;
         }

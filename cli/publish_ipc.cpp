@@ -45,7 +45,7 @@ using nlohmann::json;
 void check_common(const PublishOptions & o) {
     if (o.tp < 1) { fd::fail(fd::Errc::invalid_argument, "--tp must be >= 1, got {}", o.tp); }
     if (!o.version.empty() && !fd::shm::is_valid_version(o.version)) {
-        fd::fail(fd::Errc::invalid_argument, "--version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", o.version);
+        fd::fail(fd::Errc::invalid_argument, "--version '{}' must match [A-Za-z0-9._-]{{1,128}} and not start with '.'", o.version);
     }
 }
 

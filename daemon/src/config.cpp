@@ -277,7 +277,7 @@ Resolved resolve(Config & cfg) {
     if (auto step = model::read_version_step(cfg.model.model_dir)) { e.weight_version = *step; }
     else { e.weight_version = cfg.model.weight_version; }
     if (!shm::is_valid_version(e.weight_version)) {
-        problems.push_back(fmt::format("--weight-version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", e.weight_version));
+        problems.push_back(fmt::format("--weight-version '{}' must match [A-Za-z0-9._-]{{1,128}} and not start with '.'", e.weight_version));
     }
 
     e.speculative = spec::parse_speculative_config(cfg.speculative_config, r.model.n_mtp_layers, problems);

@@ -59,7 +59,7 @@ PublishedVersion publish_to_store(const fs::path & from, const fs::path & store,
     if (store.empty()) { fail(Errc::invalid_argument, "publishing to a store needs the store dir"); }
     if (version.empty()) { fail(Errc::invalid_argument, "publishing to a store needs a version"); }
     if (!fd::shm::is_valid_version(version)) {
-        fail(Errc::invalid_argument, "version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", version);
+        fail(Errc::invalid_argument, "version '{}' must match [A-Za-z0-9._-]{{1,128}} and not start with '.'", version);
     }
     if (version == st::kLatestName || version.rfind(".tmp-", 0) == 0 || version.rfind("latest.tmp-", 0) == 0) {
         fail(Errc::invalid_argument, "version '{}' is reserved in the store layout; pick another name", version);

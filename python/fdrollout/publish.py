@@ -45,14 +45,14 @@ import numpy as np
 
 from . import cuda_ipc, safetensors_np
 
-VERSION_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+VERSION_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")  # no leading '.': the store's and staging dir's own names
 STORE_FORMAT = "fdrollout-store/1"
 
 
 def check_version(version):
-    """A version names a directory of the store: [A-Za-z0-9._-]{1,128}, never '.' or '..'."""
-    if not isinstance(version, str) or not VERSION_RE.match(version) or version in (".", ".."):
-        raise ValueError(f"version {version!r} must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'")
+    """A version names a directory of the store: [A-Za-z0-9._-]{1,128}, never starting with '.'."""
+    if not isinstance(version, str) or not VERSION_RE.fullmatch(version):
+        raise ValueError(f"version {version!r} must match [A-Za-z0-9._-]{{1,128}} and not start with '.'")
 
 
 def load_config(model_dir):

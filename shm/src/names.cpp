@@ -5,7 +5,9 @@
 namespace fd::shm {
 
 bool is_valid_version(std::string_view v) {
-    if (v.empty() || v.size() > 128 || v == "." || v == "..") { return false; }
+    // No leading '.': ".", ".." and the dot-names the rsync store and staging dir keep for themselves
+    // (.tmp-*, .pull.lock, .hold-*, .incoming-*; a version ".pull.lock" once blocked every later pull).
+    if (v.empty() || v.size() > 128 || v.front() == '.') { return false; }
     for (char c : v) {
         const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
         if (!ok) { return false; }

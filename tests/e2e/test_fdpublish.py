@@ -68,7 +68,7 @@ class FdPublish(unittest.TestCase):
         self.assertEqual(self.latest(store), "7")
         with self.assertRaises(FileExistsError):
             fdpublish.publish_rsync(self.hf_b, store, "7", STORIES)
-        for bad in ("..", "a/b", ""):
+        for bad in ("..", "a/b", "", ".pull.lock", "7\n"):
             with self.assertRaises(ValueError):
                 fdpublish.publish_rsync(self.hf_b, store, bad, STORIES)
         # stories260K is F32: BF16 would be refused by the rollout, so nothing is published.

@@ -160,7 +160,8 @@ class Rsync(unittest.TestCase):
         self.assertEqual(read(os.path.join(store, "latest")), "v1\n")
         rc, _, err = fdctl(0, "publish", "--strategy", "rsync", "--from", self.B, "--store", store, "--version", "v1")
         self.assertEqual(rc, 10, err)  # a version is never overwritten
-        for bad in ["..", "a/b"]:
+        # dot-names are the store's and the staging dir's own (a version ".pull.lock" blocked every later pull)
+        for bad in ["..", "a/b", ".pull.lock", ".hold-v1", ".incoming-v1-1", "v1\n"]:
             rc, _, err = fdctl(0, "publish", "--strategy", "rsync", "--from", self.B, "--store", store, "--version", bad)
             self.assertEqual(rc, 10, err)
         self.assertEqual(sorted(os.listdir(store)), ["latest", "v1"])
@@ -239,7 +240,7 @@ class Rsync(unittest.TestCase):
                 self.assertIn("model.safetensors", self.err(d, 422, "invalid_checkpoint", {"version": "trunc"}))
                 self.assertIn("config.json", self.err(d, 422, "invalid_checkpoint", {"version": "grown"}))
                 self.assertIn("manifest.json", self.err(d, 422, "invalid_checkpoint", {"version": "nomanifest"}))
-                for bad in ["..", "a/b", "."]:
+                for bad in ["..", "a/b", ".", ".pull.lock", ".hold-B"]:
                     self.err(d, 400, "invalid_argument", {"version": bad})
                 self.assert_clean(staging)
                 self.assertEqual(d.get("/health")[1]["weight_version"], "0")

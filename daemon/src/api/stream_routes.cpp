@@ -37,7 +37,7 @@ Clock::time_point deadline_of(const ControlInput & in) {
 std::optional<std::string> checked_version(const json & body, const char * key) {
     auto v = version_field(body, key);
     if (v && !shm::is_valid_version(*v)) {
-        throw Error(Errc::invalid_argument, fmt::format("'{}' must match [A-Za-z0-9._-]{{1,128}} (not '.' or '..'), got '{}'", key, *v), key);
+        throw Error(Errc::invalid_argument, fmt::format("'{}' must match [A-Za-z0-9._-]{{1,128}} (not starting with '.'), got '{}'", key, *v), key);
     }
     return v;
 }

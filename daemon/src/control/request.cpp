@@ -52,7 +52,7 @@ engine::ControlCommand parse_command(const shm::MailboxCommand & wire) {
     }
     if (wire.version && !shm::is_valid_version(*wire.version)) {
         throw Error(Errc::invalid_argument,
-                    fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", *wire.version), "version");
+                    fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not start with '.'", *wire.version), "version");
     }
     if (!wire.mode.empty() && r.op != ControlOp::pause && r.op != ControlOp::flush_cache) {
         throw Error(Errc::invalid_argument, fmt::format("'{}' takes no mode (only pause and flush_cache do)", wire.op), "mode");

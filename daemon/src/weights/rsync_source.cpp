@@ -311,7 +311,7 @@ private:
     /// manifest and index it.
     FetchedCheckpoint pull(const std::string & v, bool verify_checksum) {
         if (!shm::is_valid_version(v)) {
-            throw Error(Errc::invalid_argument, fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'", v), "version");
+            throw Error(Errc::invalid_argument, fmt::format("version '{}' must match [A-Za-z0-9._-]{{1,128}} and not start with '.'", v), "version");
         }
         prepare_staging();
         const double   lock_timeout_s = cfg_.timeout_s + 30.0;  // another rank's whole pull and check

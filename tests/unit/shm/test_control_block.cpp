@@ -259,7 +259,7 @@ TEST_SUITE("shm::control_block") {
 
     TEST_CASE("version and tag syntax") {
         CHECK(fd::shm::is_valid_version("step-42.v_1"));
-        for (const char * bad : {"", ".", "..", "a/b", "a b", "ü"}) { CHECK_FALSE(fd::shm::is_valid_version(bad)); }
+        for (const char * bad : {"", ".", "..", "a/b", "a b", "ü", ".pull.lock", ".hold-v1", ".incoming-v1-1", ".tmp-x", ".v"}) { CHECK_FALSE(fd::shm::is_valid_version(bad)); }
         CHECK_FALSE(fd::shm::is_valid_version(std::string(129, 'x')));
         CHECK(fd::shm::parse_tag_list("") == std::vector<std::string>{"weight", "kv_cache"});
         CHECK(fd::shm::parse_tag_list(" kv_cache , ") == std::vector<std::string>{"kv_cache"});

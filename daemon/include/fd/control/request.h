@@ -15,7 +15,7 @@ namespace fd::control {
 /// Validate a command in wire form and return the one command type. Checks the op name (the
 /// wire names of fd/engine/control.h: "pause" ... "abort" ... "update_model_weight"), that tags
 /// are only given to sleep/wakeup and name known tags (empty = both), the version syntax
-/// ([A-Za-z0-9._-]{1,128}, not '.' or '..'; only for update_weights and commit_weights),
+/// ([A-Za-z0-9._-]{1,128}, not starting with '.'; only for update_weights and commit_weights),
 /// verify_checksum and commit=false only for update_weights, mode (abort|wait|keep) only for
 /// pause (all|device for flush_cache), request_id / abort_all only for abort (exactly one of
 /// them), weight_dir / reload_base only for update_weights (absolute, at most 1023 bytes, not

@@ -8,7 +8,8 @@
 
 namespace fd::shm {
 
-/// `[A-Za-z0-9._-]{1,128}`, and not "." or "..": a version never escapes a directory.
+/// `[A-Za-z0-9._-]{1,128}`, not starting with '.': a version never escapes a directory nor takes
+/// a name the rsync store or staging dir keeps for itself (.tmp-*, .pull.lock, .hold-*, .incoming-*).
 bool is_valid_version(std::string_view v);
 
 /// A request id a client may send (X-Request-Id, an abort's request_id): 1..128 printable ASCII
