@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -73,12 +74,22 @@ void parallel_for(size_t n, const std::function<void(size_t)> & fn) {
     }
 }
 
-/// Regular checkpoint files of `dir` (is_checkpoint_file), sorted by name.
+/// The checkpoint files of `dir` (is_checkpoint_file), sorted by name. Each must be a regular
+/// file after following symlinks (Hugging Face cache snapshots link into blobs/): a dangling or
+/// looping link, a FIFO or a device under a checkpoint name is an error naming it, never left
+/// out (a version without its generation_config.json serves other stop ids).
+/// Errors  invalid_checkpoint naming the file.
 std::vector<std::string> checkpoint_files(const fs::path & dir) {
     std::vector<std::string> names;
     for (const auto & e : fs::directory_iterator(dir)) {
         const std::string name = e.path().filename().string();
-        if (!is_checkpoint_file(name) || !e.is_regular_file()) { continue; }
+        if (!is_checkpoint_file(name)) { continue; }
+        std::error_code ec;
+        const fs::file_status st = fs::status(e.path(), ec);  // follows links
+        if (ec || !fs::is_regular_file(st)) {
+            fail(Errc::invalid_checkpoint, "{}: a checkpoint file that is not a regular file ({}); nothing was published", e.path().string(),
+                 ec ? ec.message() : fs::exists(st) ? "a FIFO, device, socket or directory" : "a dangling symlink");
+        }
         names.push_back(name);
     }
     std::sort(names.begin(), names.end());
@@ -139,7 +150,8 @@ std::string sha256_hex(const void * data, size_t n) {
 // ---- hashing files ---------------------------------------------------------------------------
 
 FileDigest digest_file(const fs::path & file, const std::vector<Range> & ranges, const fs::path & copy_to) {
-    const UniqueFd in = open_read(file, Errc::invalid_checkpoint);
+    struct stat src{};
+    const UniqueFd in = open_regular(file, Errc::invalid_checkpoint, &src);
     const int64_t size = static_cast<int64_t>(::lseek(in.get(), 0, SEEK_END));
     if (size < 0 || ::lseek(in.get(), 0, SEEK_SET) != 0) { fail(Errc::invalid_checkpoint, "{}: cannot seek: {}", file.string(), std::strerror(errno)); }
     ::posix_fadvise(in.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -150,8 +162,12 @@ FileDigest digest_file(const fs::path & file, const std::vector<Range> & ranges,
     }
     UniqueFd out;
     if (!copy_to.empty()) {
-        out.reset(::open(copy_to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+        // Never more readable than its source (a link to a file only the publisher may read must not
+        // land world-readable in the store): 0644 at most, the source's read bits otherwise.
+        const mode_t mode = static_cast<mode_t>(src.st_mode & 0644) | S_IRUSR | S_IWUSR;
+        out.reset(::open(copy_to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode));
         if (!out.valid()) { fail(Errc::source_unavailable, "{}: cannot create: {}", copy_to.string(), std::strerror(errno)); }
+        if (::fchmod(out.get(), mode) != 0) { fail(Errc::source_unavailable, "{}: cannot set its mode: {}", copy_to.string(), std::strerror(errno)); }
     }
     // Ranges by start offset; `first` skips those that ended before the current chunk.
     std::vector<size_t> order(ranges.size());

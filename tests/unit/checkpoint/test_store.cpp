@@ -7,6 +7,7 @@
 #include "test_util.h"
 
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,10 +43,11 @@ std::string tiny_safetensors() {
     return out;
 }
 
-fd::Errc code_of(const std::function<void()> & fn) {
+fd::Errc code_of(const std::function<void()> & fn, std::string * what = nullptr) {
     try {
         fn();
     } catch (const fd::Error & e) {
+        if (what) { *what = e.what(); }
         return e.code();
     }
     return fd::Errc::ok;
@@ -215,4 +217,39 @@ TEST_CASE("verifying checksums reports every byte hashed as the verify phase") {
     const int64_t want = static_cast<int64_t>(fs::file_size(src.path / "model.safetensors") + fs::file_size(src.path / "config.json"));
     CHECK(last->bytes_total == want);
     CHECK(last->bytes_done == want);
+}
+
+TEST_CASE("build_manifest: checkpoint names that are not regular files are errors; copies keep their source's read bits") {
+    // A probe found a dangling generation_config.json link and a link to /dev/zero silently left
+    // out of a published version, a link loop an internal error, and a link to a file only the
+    // publisher could read copied world-readable.
+    auto base = [](const fs::path & d) {
+        write_bytes(d / "model.safetensors", tiny_safetensors());
+        write_bytes(d / "config.json", "{}");
+    };
+    for (const std::string kind : {"dangling", "loop", "device", "fifo"}) {
+        TmpDir src, dst;
+        base(src.path);
+        const fs::path f = src.path / "generation_config.json";
+        if (kind == "dangling") { fs::create_symlink(src.path / "nothing-here", f); }
+        if (kind == "loop") { fs::create_symlink(f, f); }
+        if (kind == "device") { fs::create_symlink("/dev/zero", f); }
+        if (kind == "fifo") { REQUIRE(::mkfifo(f.c_str(), 0600) == 0); }
+        std::string what;
+        const auto code = code_of([&] { store::build_manifest(src.path, "v1", dst.path); }, &what);
+        CHECK_MESSAGE(code == fd::Errc::invalid_checkpoint, kind);
+        CHECK_MESSAGE(what.find("generation_config.json") != std::string::npos, kind, ": ", what);
+    }
+    TmpDir src, dst, outside;
+    base(src.path);
+    write_bytes(outside.path / "secret.json", "{\"s\": 1}");
+    fs::permissions(outside.path / "secret.json", fs::perms::owner_read | fs::perms::owner_write);  // 0600
+    fs::create_symlink(outside.path / "secret.json", src.path / "tokenizer_config.json");  // followed, as a HF snapshot's links
+    fs::permissions(src.path / "config.json", fs::perms::owner_all | fs::perms::group_all | fs::perms::others_all);  // 0777
+    const auto m = store::build_manifest(src.path, "v1", dst.path);
+    CHECK(m.files.count("tokenizer_config.json") == 1);
+    auto mode = [](const fs::path & p) { return fs::status(p).permissions() & fs::perms::mask; };
+    CHECK(mode(dst.path / "tokenizer_config.json") == (fs::perms::owner_read | fs::perms::owner_write));  // 0600, as its source
+    CHECK(mode(dst.path / "config.json") == (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read));  // 0644 at most
+    CHECK(mode(dst.path / "model.safetensors") == mode(dst.path / "config.json"));  // umask-independent
 }
