@@ -39,6 +39,7 @@ import mmap
 import os
 import re
 import shutil
+import stat
 import struct
 
 import numpy as np
@@ -383,8 +384,19 @@ def publish_rsync(tensors, store, version, template_dir, dtype=None):
     def fill(tmp):
         for name in sorted(os.listdir(template_dir)):
             src = os.path.join(template_dir, name)
-            if os.path.isfile(src) and name in CHECKPOINT_FILES:
-                shutil.copyfile(src, os.path.join(tmp, name))
+            if name not in CHECKPOINT_FILES:
+                continue
+            # as fdctl publish: a regular file after following links, else an error naming it (never
+            # left out); the copy never more readable than its source (0644 at most)
+            try:
+                st = os.stat(src)
+            except OSError as e:
+                raise ValueError(f"{src}: a checkpoint file that cannot be read ({e.strerror}); nothing was published") from e
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"{src}: a checkpoint file that is not a regular file; nothing was published")
+            dst = os.path.join(tmp, name)
+            shutil.copyfile(src, dst)
+            os.chmod(dst, (st.st_mode & 0o644) | 0o600)
         with open(os.path.join(tmp, "version.yaml"), "w") as f:
             f.write(f"step: {version}\n")
         safetensors_np.save_file(tensors, os.path.join(tmp, "model.safetensors"), dtype=dtype)

@@ -93,6 +93,29 @@ class FdPublish(unittest.TestCase):
         fdpublish.publish_rsync(self.hf_b, store, "9", STORIES)
         self.assertEqual([n for n in os.listdir(store) if n.startswith(".tmp-")], [])
 
+    def test_template_files_must_be_regular_and_keep_their_read_bits(self):
+        # as fdctl publish (checkpoint/src/store.cpp): a dangling link under a checkpoint name is an
+        # error naming it (it was left out); a copy is never more readable than its source
+        import stat as st
+        tmpl = copy_checkpoint(STORIES, os.path.join(self.tmp, "tmpl-dangling"))
+        os.remove(os.path.join(tmpl, "generation_config.json"))
+        os.symlink(os.path.join(self.tmp, "nothing-here"), os.path.join(tmpl, "generation_config.json"))
+        store = os.path.join(self.tmp, "store-dangling")
+        with self.assertRaisesRegex(ValueError, "generation_config.json"):
+            fdpublish.publish_rsync(self.hf_b, store, "1", tmpl)
+        self.assertFalse(os.path.exists(os.path.join(store, "1")))
+        tmpl = copy_checkpoint(STORIES, os.path.join(self.tmp, "tmpl-private"))
+        secret = os.path.join(self.tmp, "private.json")
+        with open(secret, "w") as f:
+            f.write("{}")
+        os.chmod(secret, 0o600)
+        if os.path.lexists(os.path.join(tmpl, "special_tokens_map.json")):
+            os.remove(os.path.join(tmpl, "special_tokens_map.json"))
+        os.symlink(secret, os.path.join(tmpl, "special_tokens_map.json"))
+        out = fdpublish.publish_rsync(self.hf_b, os.path.join(self.tmp, "store-private"), "1", tmpl)
+        self.assertEqual(st.S_IMODE(os.stat(os.path.join(out, "special_tokens_map.json")).st_mode), 0o600)
+        self.assertEqual(st.S_IMODE(os.stat(os.path.join(out, "config.json")).st_mode) & 0o077, 0o044)
+
     def test_rsync_strategy_accepts_the_store(self):
         store = os.path.join(self.tmp, "store")
         fdpublish.publish_rsync(self.hf_b, store, "42", STORIES)
