@@ -47,6 +47,7 @@ class Completions(unittest.TestCase):
         self.assertEqual(chunks[-1]["choices"], [])
         self.assertEqual(chunks[-1]["usage"]["completion_tokens"], 4)
         self.assertEqual(chunks[-1]["usage"]["prompt_tokens"], 5)
+        self.assertEqual(chunks[-1]["weight_version"], "0")  # every response names its version, the usage chunk too
 
     def test_token_id_prompt_equals_text_prompt(self):
         ref = REF["Once upon a time"]

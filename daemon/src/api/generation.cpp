@@ -491,6 +491,7 @@ struct Generation {
             json choice = format.chunk_choice(ev, first);
             if (!ev.weight_versions.empty()) { choice["weight_versions"] = spans_json(ev.weight_versions); }
             if (ev.routed_experts) { choice["routed_experts"] = routed_experts_json(*ev.routed_experts); }  // the final chunk
+            weight_version = ev.weight_version;  // the usage chunk names the version of the last tokens
             json chunk = {{"id", id}, {"object", format.chunk_object}, {"created", created}, {"model", ctx->cfg.served_model_name},
                           {"weight_version", ev.weight_version}, {"choices", json::array({std::move(choice)})}};
             if (opts.continuous_usage) { chunk["usage"] = usage_json(acc, n_per); }  // vLLM's continuous_usage_stats: so far
@@ -499,7 +500,7 @@ struct Generation {
         if (channel->done()) {
             if (opts.include_usage) {
                 write({{"id", id}, {"object", format.chunk_object}, {"created", created}, {"model", ctx->cfg.served_model_name},
-                       {"choices", json::array()}, {"usage", usage_json(acc, n_per)}});
+                       {"weight_version", weight_version}, {"choices", json::array()}, {"usage", usage_json(acc, n_per)}});
             }
             return end_stream();
         }
