@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <cstdio>
@@ -65,6 +66,14 @@ PublishedVersion publish_to_store(const fs::path & from, const fs::path & store,
         fail(Errc::invalid_argument, "version '{}' is reserved in the store layout; pick another name", version);
     }
     if (!fs::is_directory(from)) { fail(Errc::not_found, "{} is not a checkpoint directory", from.string()); }
+    {  // a version no rollout could load never becomes `latest`: at least its config.json is a JSON object
+        const auto text = read_small_file(from / "config.json", 16 << 20, Errc::invalid_checkpoint);
+        if (!text) { fail(Errc::invalid_checkpoint, "{}: no config.json; a Hugging Face checkpoint needs one; nothing was published", from.string()); }
+        const auto cfg = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+        if (!cfg.is_object()) {
+            fail(Errc::invalid_checkpoint, "{}/config.json is not a JSON object; nothing was published", from.string());
+        }
+    }
     const fs::path root = fs::absolute(store);
     std::error_code ec;
     fs::create_directories(root, ec);

@@ -164,6 +164,17 @@ class Rsync(unittest.TestCase):
         for bad in ["..", "a/b", ".pull.lock", ".hold-v1", ".incoming-v1-1", "v1\n"]:
             rc, _, err = fdctl(0, "publish", "--strategy", "rsync", "--from", self.B, "--store", store, "--version", bad)
             self.assertEqual(rc, 10, err)
+        # a checkpoint no rollout could load never becomes latest: config.json missing or not a JSON object
+        for name, text in [("noconfig", None), ("badconfig", "{not json"), ("listconfig", "[]")]:
+            ck = copy_checkpoint(self.B, os.path.join(self.tmp, name))
+            if text is None:
+                os.remove(os.path.join(ck, "config.json"))
+            else:
+                with open(os.path.join(ck, "config.json"), "w") as f:
+                    f.write(text)
+            rc, _, err = fdctl(0, "publish", "--strategy", "rsync", "--from", ck, "--store", store, "--version", name)
+            self.assertEqual(rc, 5, (name, err))
+            self.assertIn("config.json", err)
         self.assertEqual(sorted(os.listdir(store)), ["latest", "v1"])
 
     def test_update_and_wakeup_from_an_rsync_daemon(self):
