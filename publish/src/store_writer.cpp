@@ -7,6 +7,7 @@
 #include "fd/checkpoint/store.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -78,6 +79,16 @@ PublishedVersion publish_to_store(const fs::path & from, const fs::path & store,
     std::error_code ec;
     fs::create_directories(root, ec);
     if (ec) { fail(Errc::source_unavailable, "cannot create the store {}: {}", root.string(), ec.message()); }
+    {  // a store any local user may write is one anybody could forge a version or `latest` in
+        struct stat rs{};
+        if (::lstat(root.c_str(), &rs) != 0 || !S_ISDIR(rs.st_mode)) {
+            fail(Errc::source_unavailable, "the store {} is not a directory", root.string());
+        }
+        if ((rs.st_mode & S_IWOTH) != 0) {
+            fail(Errc::forbidden, "the store {} is writable by every user (mode {:04o}): anyone could forge a version or 'latest' in it; "
+                                  "chmod o-w it; nothing was published", root.string(), rs.st_mode & 07777);
+        }
+    }
     st::remove_stale_temps(root, ".tmp-");
     st::remove_stale_temps(root, "latest.tmp-");
     const fs::path dest = root / version;

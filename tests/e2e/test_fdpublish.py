@@ -68,6 +68,10 @@ class FdPublish(unittest.TestCase):
         self.assertEqual(self.latest(store), "7")
         with self.assertRaises(FileExistsError):
             fdpublish.publish_rsync(self.hf_b, store, "7", STORIES)
+        os.chmod(store, 0o777)
+        with self.assertRaisesRegex(PermissionError, "writable by every user"):
+            fdpublish.publish_rsync(self.hf_b, store, "8", STORIES)
+        os.chmod(store, 0o755)
         for bad in ("..", "a/b", "", ".pull.lock", "7\n"):
             with self.assertRaises(ValueError):
                 fdpublish.publish_rsync(self.hf_b, store, bad, STORIES)

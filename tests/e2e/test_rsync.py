@@ -176,6 +176,12 @@ class Rsync(unittest.TestCase):
             self.assertEqual(rc, 5, (name, err))
             self.assertIn("config.json", err)
         self.assertEqual(sorted(os.listdir(store)), ["latest", "v1"])
+        os.chmod(store, 0o777)  # writable by every user: anyone could forge a version there
+        rc, _, err = fdctl(0, "publish", "--strategy", "rsync", "--from", self.B, "--store", store, "--version", "v2")
+        self.assertEqual(rc, 13, err)
+        self.assertIn("writable by every user", err)
+        os.chmod(store, 0o755)
+        self.assertEqual(sorted(os.listdir(store)), ["latest", "v1"])
 
     def test_update_and_wakeup_from_an_rsync_daemon(self):
         staging = os.path.join(self.tmp, "staging-ok")
