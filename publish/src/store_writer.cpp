@@ -81,7 +81,7 @@ PublishedVersion publish_to_store(const fs::path & from, const fs::path & store,
     if (ec) { fail(Errc::source_unavailable, "cannot create the store {}: {}", root.string(), ec.message()); }
     {  // a store any local user may write is one anybody could forge a version or `latest` in
         struct stat rs{};
-        if (::lstat(root.c_str(), &rs) != 0 || !S_ISDIR(rs.st_mode)) {
+        if (::stat(root.c_str(), &rs) != 0 || !S_ISDIR(rs.st_mode)) {  // a link to the store dir is fine
             fail(Errc::source_unavailable, "the store {} is not a directory", root.string());
         }
         if ((rs.st_mode & S_IWOTH) != 0) {

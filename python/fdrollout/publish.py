@@ -342,7 +342,7 @@ def _publish_version(store, version, fill, base_version=None, base_fingerprint=N
     """Write version `version` of `store` atomically: `fill(tmp_dir)` writes its files into a
     private temp dir, the manifest is written last, the dir renamed into place, then `latest`."""
     os.makedirs(store, exist_ok=True)
-    mode = os.lstat(store).st_mode
+    mode = os.stat(store).st_mode
     if stat.S_ISDIR(mode) and mode & stat.S_IWOTH:  # as fdctl publish: anyone could forge a version or `latest` there
         raise PermissionError(f"the store {store} is writable by every user (mode {stat.S_IMODE(mode):04o}); chmod o-w it; nothing was published")
     final = os.path.join(store, version)
