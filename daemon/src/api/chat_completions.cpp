@@ -6,6 +6,8 @@
 
 #include "fd/tokenizer/chat_template.h"
 
+#include <algorithm>
+
 namespace fd::api {
 namespace {
 
@@ -165,7 +167,10 @@ ChatCompletionRequest parse(ApiContext & ctx, const std::string & body) {
     parse_vllm_fields(ctx, j, r.gen);
 
     if (r.gen.prompts[0].empty()) { bad("messages", "the chat template rendered an empty prompt"); }
-    r.opts     = parse_sampling(ctx, j, r.gen, {"max_completion_tokens", "max_tokens"});
+    // vLLM's chat default: no max_completion_tokens / max_tokens = the rest of the context (at
+    // least 1: a prompt that fills it is check_lengths' 400 below).
+    const int64_t room = static_cast<int64_t>(ctx.engine->config().max_model_len) - static_cast<int64_t>(r.gen.prompts[0].size());
+    r.opts     = parse_sampling(ctx, j, r.gen, {"max_completion_tokens", "max_tokens"}, static_cast<int32_t>(std::max<int64_t>(room, 1)));
     if (r.gen.params.max_tokens == 0) {
         const char * key = j.contains("max_completion_tokens") && !j["max_completion_tokens"].is_null() ? "max_completion_tokens" : "max_tokens";
         bad(key, fmt::format("'{}' must be >= 1", key));

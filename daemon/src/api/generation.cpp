@@ -183,10 +183,10 @@ json prompt_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<en
 }
 
 StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::GenerateRequest & gen,
-                             std::initializer_list<const char *> max_tokens_keys) {
+                             std::initializer_list<const char *> max_tokens_keys, int32_t default_max_tokens) {
     auto &      sp      = gen.params;
     const char * mt_key = *max_tokens_keys.begin();
-    sp.max_tokens       = 16;
+    sp.max_tokens       = default_max_tokens;
     for (const char * k : max_tokens_keys) {
         if (j.contains(k) && !j[k].is_null()) {
             mt_key        = k;

@@ -74,9 +74,11 @@ struct StreamOptions {
 /// return_tokens_as_token_ids (also on with detokenize false), stream, stream_options (vLLM's
 /// ranges); stop strings with detokenize false are a 400. `logprobs` is the
 /// route's own. The max-tokens field may be 0 here; routes refuse it where it means nothing.
+/// None of `max_tokens_keys` given: `default_max_tokens` (completions: 16, OpenAI's and vLLM's;
+/// chat: the rest of the context, max_model_len - prompt tokens, as vLLM).
 /// Errors: 400 naming the field.
 StreamOptions parse_sampling(const ApiContext & ctx, const nlohmann::json & j, engine::GenerateRequest & gen,
-                             std::initializer_list<const char *> max_tokens_keys);
+                             std::initializer_list<const char *> max_tokens_keys, int32_t default_max_tokens = 16);
 
 /// The text /v1/completions echoes for each prompt ([n_prompts]), decoded only when `echo` asks
 /// for it: `texts` are the prompts as given in text (the first ones; none for token-id prompts),
