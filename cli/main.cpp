@@ -9,6 +9,7 @@
 #include "wait_state.h"
 
 #include "fd/build_info.h"
+#include "fd/deadline.h"
 
 #include "fd/shm/names.h"
 #include "fd/status.h"
@@ -56,10 +57,6 @@ constexpr const char * kExitCodes =
     "  70  internal error\n"
     "Environment: FD_ENABLE_V1_UPDATE_WEIGHTS=1 makes --transport default to v1 (else shm); FD_PORT;\n"
     "FD_CONTROL_API_KEY (the daemon's --control-api-key), else FD_API_KEY, is the --api-key default.";
-
-/// The longest --timeout (seconds): past ~9e9 s the steady clock's nanosecond ticks overflow, and
-/// the shm transport counts milliseconds in an int64.
-constexpr double kMaxTimeoutS = 1e7;
 
 struct Options {
     int         port      = 8000;
@@ -164,12 +161,12 @@ int main(int argc, char ** argv) {
     auto * transport_opt = app.add_option("--transport", o.transport, "shm (control block) or v1 (HTTP); default from FD_ENABLE_V1_UPDATE_WEIGHTS "
                                                                       "(v1 when --url is given)")
         ->check(CLI::IsMember({"shm", "v1"}))->capture_default_str();
-    // Bounded by kMaxTimeoutS: past ~9e9 s the clocks' tick counts overflowed (an instant timeout, or a wait without end).
+    // Bounded by fd::kMaxWaitS (fd/deadline.h): past ~9e9 s the clocks' tick counts overflowed (an instant timeout, or a wait without end).
     app.add_option("--timeout", o.timeout_s, "Seconds to wait for the daemon (and for `wait`), > 0 and <= 1e7; the last one given wins")
         ->check(CLI::Validator([](std::string & v) -> std::string {
                     char * end = nullptr;
                     const double x = std::strtod(v.c_str(), &end);
-                    if (v.empty() || end != v.c_str() + v.size() || !(x > 0) || !(x <= kMaxTimeoutS)) {
+                    if (v.empty() || end != v.c_str() + v.size() || !(x > 0) || !(x <= fd::kMaxWaitS)) {
                         return "--timeout must be a number of seconds > 0 and <= 1e7, got '" + v + "'";
                     }
                     return {};

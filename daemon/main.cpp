@@ -5,6 +5,7 @@
 #include "fd/config.h"
 #include "fd/control/service.h"
 #include "fd/control/shm_watcher.h"
+#include "fd/deadline.h"
 #include "fd/engine/engine.h"
 #include "fd/kernels/cpu_ops.h"
 #include "fd/log.h"
@@ -152,19 +153,18 @@ void add_flags(CLI::App & app, fd::Config & c) {
     app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", c.kv.enable_prefix_caching,
                  on_off(c.kv.enable_prefix_caching) + "Reuse KV blocks of identical prompt prefixes (vLLM v1 defaults to on)")
         ->envname("FD_ENABLE_PREFIX_CACHING");
-    // Every seconds flag is bounded by 1e7 s: past ~9e9 s a deadline's nanosecond ticks overflow
-    // (each wait would end at once, or never).
+    // Every seconds flag is bounded by fd::kMaxWaitS (fd/deadline.h: past it a deadline's ticks overflow).
     app.add_option("--request-timeout-s", c.server.request_timeout_s, "Longest a completion may run before 504")
-        ->envname("FD_REQUEST_TIMEOUT_S")->check(CLI::Range(1e-3, 1e7))->capture_default_str();
+        ->envname("FD_REQUEST_TIMEOUT_S")->check(CLI::Range(1e-3, fd::kMaxWaitS))->capture_default_str();
     app.add_option("--http-io-threads", c.server.n_io_threads, "HTTP I/O threads (each holds thousands of idle or streaming connections)")
         ->envname("FD_HTTP_IO_THREADS")->check(CLI::Range(1, 64))->capture_default_str();
     app.add_option("--http-read-timeout-s", c.server.http_read_timeout_s,
                    "A request's header and body must arrive within this, else the connection is closed (slow or stalled clients)")
-        ->envname("FD_HTTP_READ_TIMEOUT_S")->check(CLI::Range(1e-3, 1e7))->capture_default_str();
+        ->envname("FD_HTTP_READ_TIMEOUT_S")->check(CLI::Range(1e-3, fd::kMaxWaitS))->capture_default_str();
     app.add_option("--http-keep-alive-s", c.server.keep_alive_timeout_s, "Idle HTTP connections are closed after this many seconds")
-        ->envname("FD_HTTP_KEEP_ALIVE_S")->check(CLI::Range(1e-3, 1e7))->capture_default_str();
+        ->envname("FD_HTTP_KEEP_ALIVE_S")->check(CLI::Range(1e-3, fd::kMaxWaitS))->capture_default_str();
     app.add_option("--shutdown-grace-s", c.shutdown_grace_s, "On SIGTERM/SIGINT: seconds in-flight requests may take to finish")
-        ->envname("FD_SHUTDOWN_GRACE_S")->check(CLI::Range(0.0, 1e7))->capture_default_str();
+        ->envname("FD_SHUTDOWN_GRACE_S")->check(CLI::Range(0.0, fd::kMaxWaitS))->capture_default_str();
     app.add_flag("--dynamic-load-weight", c.control.dynamic_load_weight,
                  "Enable weight control: /v1/sleep, /v1/wakeup, /v1/update_weights and the legacy /clear_load_weight, /update_model_weight")
         ->envname("FD_DYNAMIC_LOAD_WEIGHT");
@@ -198,7 +198,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
     app.add_option("--log-format", c.log_format, "text or json (one JSON object per line: time, level, logger, msg, pid, thread)")
         ->envname("FD_LOG_FORMAT")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
     app.add_option("--log-stats-interval-s", c.log_stats_interval_s, "Seconds between throughput log lines while busy (0 = none)")
-        ->envname("FD_LOG_STATS_INTERVAL_S")->check(CLI::Range(0.0, 1e7))->capture_default_str();
+        ->envname("FD_LOG_STATS_INTERVAL_S")->check(CLI::Range(0.0, fd::kMaxWaitS))->capture_default_str();
 }
 
 /// Start-up loads what the label names (docs/weight_sources.md, "The version label names the

@@ -2,6 +2,7 @@
 
 #include "fd/arena.h"
 #include "fd/cpus.h"
+#include "fd/deadline.h"
 #include "fd/model/worker.h"
 #include "fd/shm/names.h"
 #include "fd/status.h"
@@ -296,9 +297,8 @@ Resolved resolve(Config & cfg) {
     }
     cfg.control.served_model_name = s.served_model_name;
     cfg.control.rsync_config      = cfg.weights.rsync_config;
-    // <= 1e7 s: past ~9e9 s a deadline's nanosecond ticks overflow (every wait would end at once).
-    if (!(cfg.control.control_timeout_s > 0 && cfg.control.control_timeout_s <= 1e7) ||
-        !(cfg.control.legacy_timeout_s > 0 && cfg.control.legacy_timeout_s <= 1e7)) {
+    if (!(cfg.control.control_timeout_s > 0 && cfg.control.control_timeout_s <= kMaxWaitS) ||  // fd/deadline.h
+        !(cfg.control.legacy_timeout_s > 0 && cfg.control.legacy_timeout_s <= kMaxWaitS)) {
         problems.push_back("--control-timeout-s must be > 0 and <= 1e7 seconds");
     }
     if (s.port < 0 || s.port > 65535) { problems.push_back(fmt::format("--port {} must be in [0, 65535]", s.port)); }

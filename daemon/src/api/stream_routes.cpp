@@ -195,8 +195,8 @@ json commit_sealed(ApiContext & ctx, const ControlInput & in, const stream::Seal
 /// JSON type first, so a wrong one is a 400 naming it (not a generic type error):
 /// backend / master_address / group_name / nccl_unique_id strings, timeout_s a number,
 /// master_port an integer in [0, 65535] (NCCL's rendezvous; the tcp transport picks its own),
-/// rank_offset and world_size integers.
-stream::InitRequest init_fields(const json & o, const char * where) {
+/// rank_offset and world_size integers. `backend`: the body's, else `default_backend`.
+stream::InitRequest init_fields(const json & o, const char * where, const char * default_backend) {
     auto expect = [&](const char * key, bool ok, const char * what) {
         if (o.contains(key) && !o[key].is_null() && !ok) {
             throw Error(Errc::invalid_argument, fmt::format("{}.{} must be {}, got {}; nothing was done", where, key, what, o[key].dump()), key);
@@ -213,6 +213,7 @@ stream::InitRequest init_fields(const json & o, const char * where) {
                "a non-negative integer");
     }
     stream::InitRequest r;
+    r.backend = o.contains("backend") && o["backend"].is_string() ? o["backend"].get<std::string>() : default_backend;
     if (o.contains("timeout_s") && !o["timeout_s"].is_null()) { r.timeout_s = o["timeout_s"].get<double>(); }
     r.nccl_unique_id = o.contains("nccl_unique_id") && !o["nccl_unique_id"].is_null() ? o["nccl_unique_id"].get<std::string>() : "";
     if (o.contains("rank_offset") && !o["rank_offset"].is_null()) { r.rank_offset = o["rank_offset"].get<int32_t>(); }
@@ -230,9 +231,7 @@ void vllm_init(ApiContext & ctx, const ControlInput & in, Response & res) {
     const json & ii = in.body["init_info"];
     reject_unknown_fields(ii, {"backend", "timeout_s", "master_address", "master_port", "rank_offset", "world_size", "nccl_unique_id"},
                           "init_info");
-    stream::InitRequest r = init_fields(ii, "init_info");
-    r.backend = ii.contains("backend") && ii["backend"].is_string() ? ii["backend"].get<std::string>()
-              : ii.contains("master_address") || ii.contains("nccl_unique_id") ? "nccl" : "tcp";
+    stream::InitRequest r = init_fields(ii, "init_info", ii.contains("master_address") || ii.contains("nccl_unique_id") ? "nccl" : "tcp");
     const auto ep = ctx.stream->init(r);
     json body = endpoint_json(ep, *ctx.stream);
     body["message"] = "Weight transfer initialized";
@@ -319,9 +318,8 @@ void sglang_init_group(ApiContext & ctx, const ControlInput & in, Response & res
     reject_unknown_fields(in.body, {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend", "timeout_s",
                                     "nccl_unique_id"}, "init_weights_update_group");
     const json & b = in.body.is_object() ? in.body : json::object();
-    stream::InitRequest r = init_fields(b, "init_weights_update_group");
-    const std::string be = b.contains("backend") && b["backend"].is_string() ? b["backend"].get<std::string>() : "tcp";
-    r.backend = be == "nccl" ? "nccl" : be == "tcp" || be == "gloo" ? "tcp" : be;
+    stream::InitRequest r = init_fields(b, "init_weights_update_group", "tcp");
+    r.backend = r.backend == "gloo" ? "tcp" : r.backend;  // SGLang's gloo group: the TCP transport
     const auto ep = ctx.stream->init(r);
     json body = endpoint_json(ep, *ctx.stream);
     body["success"] = true;

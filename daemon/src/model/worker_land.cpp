@@ -2,15 +2,14 @@
 // stream's frames written straight into the staging region by a receiver thread.
 #include "fd/model/worker.h"
 
+#include "fd/deadline.h"
 #include "fd/log.h"
 #include "fd/publish/safetensors_write.h"
 #include "fd/status.h"
 #include "fd/stream/landing.h"
-#include "fd/stream/weight_stream.h"
 
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -43,9 +42,7 @@ std::string Worker::land_open(const std::string & host, double timeout_s) {
 
 int64_t Worker::land_close(double timeout_s) {
     if (!land_) { fail(Errc::wrong_state, "rank {}: no landing is open (it was stopped by another weight operation, or never opened)", wcfg_.rank); }
-    const double wait_s   = std::clamp(timeout_s, 0.0, stream::kMaxStreamTimeoutS);
-    const auto   deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(wait_s));
+    const auto deadline = deadline_after(timeout_s);
     try {
         land_->wait(deadline);
     } catch (...) {

@@ -4,8 +4,8 @@
 
 #include "fd/liveness.h"
 #include "fd/log.h"
+#include "fd/deadline.h"
 #include "fd/status.h"
-#include "fd/stream/weight_stream.h"
 #include "stream_io.h"
 
 #include <sys/socket.h>
@@ -152,7 +152,7 @@ Landing::Landing(std::vector<LandPart> parts, std::byte * base, const std::strin
     s_->parts        = std::move(parts);
     s_->base         = base;
     s_->check_finite = check_finite;
-    s_->deadline     = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::clamp(timeout_s, 0.001, kMaxStreamTimeoutS)));
+    s_->deadline     = deadline_after(std::max(timeout_s, 0.001));
     s_->got.assign(s_->parts.size(), 0);
     s_->listener = tcp_listen(host, &s_->port);
     s_->token    = random_token();

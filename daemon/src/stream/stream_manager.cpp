@@ -6,6 +6,7 @@
 // stream_manager_finish.cpp (class: stream_manager_impl.h).
 #include "stream_manager_impl.h"
 
+#include "fd/deadline.h"
 #include "fd/kernels/ops.h"
 
 #include <sys/socket.h>
@@ -27,9 +28,7 @@ fd::DType parse_dtype_name(const std::string & s, const std::string & what) {
 
 namespace detail {
 
-Clock::time_point after(double s) {
-    return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(s, kMaxStreamTimeoutS)));
-}
+Clock::time_point after(double s) { return deadline_after(s); }
 
 /// Index of the first NaN/Inf among `t`'s values at `p` (any alignment), or -1.
 int64_t first_nonfinite(const TensorSpec & t, const std::byte * p) {
@@ -84,9 +83,8 @@ Endpoint StreamManager::init(const InitRequest & req) {
         fail(Errc::wrong_state, "a weight update is open ({} of {} tensors received); POST /finish_weight_update or "
                                 "/abort_weight_update first", m.update ? m.update->weight_map.size() : 0, m.expected.size());
     }
-    // Bounded above too: past ~9e9 s a deadline's nanosecond ticks overflow (every wait would end at once).
-    if (req.timeout_s && !(*req.timeout_s > 0 && *req.timeout_s <= kMaxStreamTimeoutS)) {
-        throw Error(Errc::invalid_argument, fmt::format("timeout_s must be > 0 and <= {:g} seconds, got {:g}", kMaxStreamTimeoutS, *req.timeout_s),
+    if (req.timeout_s && !(*req.timeout_s > 0 && *req.timeout_s <= kMaxWaitS)) {  // fd/deadline.h
+        throw Error(Errc::invalid_argument, fmt::format("timeout_s must be > 0 and <= {:g} seconds, got {:g}", kMaxWaitS, *req.timeout_s),
                     "timeout_s");
     }
     if (m.cfg.nnodes > 1) {

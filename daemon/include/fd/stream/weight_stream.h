@@ -123,13 +123,9 @@ int32_t parse_index_dtype_name(const std::string & s, const std::string & what);
 /// Errors  fd::Error{invalid_argument} naming `what` (the tensor) and the accepted names.
 fd::DType parse_dtype_name(const std::string & s, const std::string & what);
 
-/// The longest stream timeout (seconds) an init may ask for: past ~9e9 s a deadline's nanosecond
-/// ticks overflow; larger values are refused (400).
-inline constexpr double kMaxStreamTimeoutS = 1e7;
-
 struct InitRequest {
     std::string            backend = "tcp";   ///< "tcp" (CPU transport) | "nccl" (GPU; needs a CUDA build)
-    std::optional<double>  timeout_s;         ///< bound of each wait, (0, kMaxStreamTimeoutS]; default StreamConfig::timeout_s
+    std::optional<double>  timeout_s;         ///< bound of each wait, (0, fd::kMaxWaitS] (fd/deadline.h: larger is a 400); default StreamConfig::timeout_s
     // nccl: the trainer is rank 0 of a group of world_size; the daemon's receiver is rank_offset.
     std::string            nccl_unique_id;    ///< 256 hex digits (ncclUniqueId)
     int32_t                rank_offset = 1;
