@@ -154,13 +154,9 @@ int64_t Worker::apply_rank_delta(weights::RankDelta && d) {
 
 std::shared_ptr<const weights::MappedWeightDelta> Worker::read_hf_delta(const std::filesystem::path & file) {
     forget_weight_delta();
-    std::error_code ec;
-    const auto size = static_cast<int64_t>(std::filesystem::file_size(file, ec));
-    if (!ec && size > weight_bytes() / 4) {  // dense tensors in it, near a full update: not kept twice
-        delta_file_.release();
-        return weights::map_weight_delta(file);
-    }
-    return weights::read_weight_delta_into(file, delta_file_);  // a missing file: its error, naming it
+    // Over a quarter of this rank's weight bytes (dense tensors, near a full update): mapped, not
+    // kept twice. A missing file: its error, naming it.
+    return weights::read_weight_delta_into(file, delta_file_, weight_bytes() / 4);
 }
 
 void Worker::forget_weight_delta() {

@@ -196,9 +196,8 @@ void add_views(MappedWeightDelta & m, const detail::Framed & f, const std::files
 
 }  // namespace
 
-std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem::path & file) {
-    const detail::Framed f = detail::open_framed(file, kMagic, "a weight delta");
-    delta_entries(f, file);  // the header's shape, before anything is mapped
+/// `f` (open, its header's shape checked) mapped read-only, shared, with its views.
+std::shared_ptr<const MappedWeightDelta> map_framed(const detail::Framed & f, const std::filesystem::path & file) {
     auto m = std::make_shared<MappedWeightDelta>();
     void * p = ::mmap(nullptr, static_cast<size_t>(f.size), PROT_READ, MAP_SHARED | MAP_POPULATE, f.fd.get(), 0);
     if (p == MAP_FAILED) { fail(Errc::invalid_checkpoint, "{}: cannot map the weight delta: {}", file.string(), std::strerror(errno)); }
@@ -208,9 +207,19 @@ std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem:
     return m;
 }
 
-std::shared_ptr<const MappedWeightDelta> read_weight_delta_into(const std::filesystem::path & file, Arena & buffer) {
+std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem::path & file) {
+    const detail::Framed f = detail::open_framed(file, kMagic, "a weight delta");
+    delta_entries(f, file);  // the header's shape, before anything is mapped
+    return map_framed(f, file);
+}
+
+std::shared_ptr<const MappedWeightDelta> read_weight_delta_into(const std::filesystem::path & file, Arena & buffer, int64_t max_copy_bytes) {
     const detail::Framed f = detail::open_framed(file, kMagic, "a weight delta");
     delta_entries(f, file);
+    if (f.size > max_copy_bytes) {
+        buffer.release();
+        return map_framed(f, file);
+    }
     if (buffer.capacity_bytes() < f.size) { buffer.reserve(f.size); }  // grown, never shrunk: its pages stay faulted in
     model::pread_exact(f.fd.get(), buffer.data(), f.size, 0, file, "the weight delta");
     auto m = std::make_shared<MappedWeightDelta>();

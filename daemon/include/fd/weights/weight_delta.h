@@ -54,6 +54,10 @@ struct WeightDelta {
 /// Errors  fd::Error{invalid_argument} when the file cannot be written.
 void write_weight_delta(const std::filesystem::path & file, const WeightDelta & d);
 
+namespace detail {
+struct Framed;  // delta_framing.h: an opened framed file
+}  // namespace detail
+
 /// A weights.fddelta file (write_weight_delta's format) mapped read-only (map_weight_delta) or
 /// read into a kept buffer (read_weight_delta_into): each tensor's indices and values point into
 /// it. Every rank of a delta stream's commit reads the same file and splits it with its own
@@ -93,7 +97,7 @@ public:
     const DeltaView * find(const std::string & name) const;
 
 private:
-    friend std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem::path & file);
+    friend std::shared_ptr<const MappedWeightDelta> map_framed(const detail::Framed & f, const std::filesystem::path & file);
     void * map_ = nullptr;
     size_t map_bytes_ = 0;
 };
@@ -114,7 +118,11 @@ std::shared_ptr<const MappedWeightDelta> map_weight_delta(const std::filesystem:
 /// "Stop 48"). The result points into `buffer`: drop it before `buffer` is read into again or
 /// released. Same checks and errors as map_weight_delta, plus invalid_checkpoint when the read
 /// comes up short, and internal when the buffer cannot be mapped (out of memory).
-std::shared_ptr<const MappedWeightDelta> read_weight_delta_into(const std::filesystem::path & file, Arena & buffer);
+/// A file over `max_copy_bytes` (dense tensors in it, near a full update: not kept twice) is
+/// mapped as map_weight_delta does instead, and `buffer` released — one open and one fstat
+/// either way.
+std::shared_ptr<const MappedWeightDelta> read_weight_delta_into(const std::filesystem::path & file, Arena & buffer,
+                                                                int64_t max_copy_bytes = INT64_MAX);
 
 /// Read a file written by write_weight_delta and check it (sizes, indices sorted, unique and in
 /// range). Errors  fd::Error{invalid_checkpoint} naming the file and the tensor.
