@@ -204,6 +204,18 @@ class VersionLabel(unittest.TestCase):
         self.serves(d, "A", "0", "crash + restart")
         self.sleep_wakeup(d)
         self.serves(d, "C", "6", "sleep + wakeup (the record)")
+        # Version 6 published again with other bytes: the record's generation moved, so "6" (C's
+        # bytes in this process) does not name D's; a wakeup of the unchanged record keeps D's
+        # label, and another republish of 6 while asleep gets yet another one.
+        rec("D", "6")
+        self.update(d)
+        fp_d = self.serves(d, "D", "fp", "update_weights {} after version 6 was published again with other bytes")
+        self.sleep_wakeup(d)
+        self.assertEqual(self.serves(d, "D", "fp", "sleep + wakeup (the same record)"), fp_d)
+        self.ok(d, "/v1/sleep")
+        rec("B", "6")
+        self.ok(d, "/v1/wakeup")
+        self.assertNotEqual(self.serves(d, "B", "fp", "wakeup after version 6 was published again while asleep"), fp_d)
 
     def test_ipc_records_for_another_tp_size(self):
         """fdctl publish --strategy ipc takes the running daemon's tp (above); a --tp that disagrees

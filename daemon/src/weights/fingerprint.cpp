@@ -52,6 +52,15 @@ std::string manifest_fingerprint(const store::Manifest & m) {
     return h.hex();
 }
 
+std::string record_fingerprint(const std::string & name, uint64_t dev, uint64_t ino, uint64_t generation, uint64_t total_bytes,
+                               const void * table, size_t table_bytes) {
+    store::Sha256 h;
+    const std::string line = fmt::format("ipc\n{}\n{}:{}\n{}\n{}\n", name, dev, ino, generation, total_bytes);
+    h.update(line.data(), line.size());
+    h.update(table, table_bytes);
+    return h.hex();
+}
+
 std::string combine_fingerprints(const std::vector<std::string> & per_rank) {
     if (per_rank.empty()) { return {}; }
     for (const auto & f : per_rank) {

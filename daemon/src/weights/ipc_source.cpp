@@ -8,6 +8,8 @@
 // if the publisher wrote meanwhile the staged copy is dropped with 503 "retry".
 #include "fd/weights/weight_source.h"
 
+#include "fd/weights/fingerprint.h"
+
 #include "fd/checkpoint/layout.h"
 #include "fd/shm/ipc_weights.h"
 #include "fd/memory/cuda_ipc.h"
@@ -255,6 +257,10 @@ public:
         }
         FetchedCheckpoint out;
         out.index.source = rec->path();
+        // What this record holds, as of generation g1 (verify_copied checks it did not move): a
+        // publish again under the same version is other bytes, and the label says so.
+        out.fingerprint = record_fingerprint(rec->path(), rec->dev(), rec->ino(), g1, total_bytes, entries.data(),
+                                             entries.size() * sizeof(IpcTensorEntry));
         std::vector<model::TensorInfo> ts;
         for (const IpcTensorEntry & e : entries) { ts.push_back(to_tensor(*rec, e, total_bytes, table_end)); }
         // Inline tensors must not share bytes (the safetensors rule, less the contiguity: entries

@@ -6,7 +6,7 @@
 // loads with the one recorded when the label was set. Sources fill FetchedCheckpoint::fingerprint:
 //   normal, ipc_snapshot, rsync's --model fallback: checkpoint_fingerprint (stat + headers)
 //   rsync store versions (immutable, published once):  manifest_fingerprint (the files' SHA-256)
-//   ipc: "" (the record's version and seqlock generation already say what it holds)
+//   ipc: record_fingerprint (the record's object, seqlock generation and entry table)
 #pragma once
 
 #include "fd/checkpoint/safetensors.h"
@@ -32,6 +32,15 @@ std::string checkpoint_fingerprint(const model::TensorIndex & idx);
 /// Fingerprint of a store version: SHA-256 (64 hex) over every manifest file's name, size and
 /// SHA-256 (the version's content, whatever the staged copy's inode or mtime).
 std::string manifest_fingerprint(const store::Manifest & m);
+
+/// Fingerprint of an ipc weight record as fetched: SHA-256 (64 hex) over its name, device and
+/// inode, seqlock generation (even: a finished publish), total bytes and its tensor entry table
+/// (`table_bytes` bytes at `table`: every tensor's name, dtype, shape, offset, CUDA IPC handle).
+/// Every publish bumps the generation or makes a new object, so a record published again under
+/// the same version gets another fingerprint (and the label a fingerprint label), while a wakeup
+/// re-reading the unchanged record gets the same one. Errors: none.
+std::string record_fingerprint(const std::string & name, uint64_t dev, uint64_t ino, uint64_t generation, uint64_t total_bytes,
+                               const void * table, size_t table_bytes);
 
 /// Several ranks' fingerprints as one, in rank order: the single one for one rank, else the
 /// SHA-256 of them joined; "" when any is "" (some rank's source cannot say).
