@@ -198,6 +198,12 @@ class IpcDeltaTp1(unittest.TestCase):
         self.c.sleep()
         self.c.wakeup()
         self.assert_serving("v3", "v3b")
+        # v3b names the delta's result here: a full record published later as v3b with other
+        # weights (v1's) is served under a fingerprint label, never as v3b a second time
+        self.publish_full(self.v1, "v3b")
+        label = self.update()["version"]
+        self.assertRegex(label, r"^fp-[0-9a-f]{16}$")
+        self.assert_serving("v1", label)
 
     def test_5_the_publisher_refuses_bad_input(self):
         cases = [({NAME: (np.array([3, 1]), np.ones(2))}, "strictly increasing"),

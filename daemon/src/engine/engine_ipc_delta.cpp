@@ -5,6 +5,7 @@
 // wakeup source stays the trainer's weights records: the engine keeps each applied delta (its
 // per-rank shares) and a wakeup that reloads the same records applies them again, in order.
 #include "fd/engine/engine.h"
+#include "fd/weights/fingerprint.h"
 #include "fd/log.h"
 #include "fd/weights/rank_delta.h"
 
@@ -128,7 +129,13 @@ bool Engine::update_from_ipc_delta(const ControlCommand & cmd, ControlResult & r
     ipc_serving_.deltas.push_back(d->delta_file);
     ipc_chain_bytes_ += d->bytes;
     const size_t n_ranks = reps.size();
-    serve_delta_label(std::move(reps), d->version, "", r);  // these bytes have no fingerprint (an ipc source's): the label names them
+    // The new bytes' fingerprint: the base's and this delta record's, so a record published later
+    // under this version with other weights is not served under it (fd/weights/fingerprint.h).
+    const auto        base_fp = known_labels_.find(base);
+    const std::string fp      = weights::delta_fingerprint(base_fp == known_labels_.end() ? std::string() : base_fp->second,
+                                                           fmt::format("ipc {}:{} {} {}", d->record.dev, d->record.ino,
+                                                                       d->record.generation, d->bytes));
+    serve_delta_label(std::move(reps), d->version, fp, r);
     log::get("engine")->info("update_weights: ipc delta {} on {} ({} B) applied in place on {} rank(s) in {:.4f} s (before: copy "
                              "{:.4f} s, check {:.4f} s, split {:.4f} s); {} ipc delta(s) on the records kept for wakeups", d->version, base,
                              d->bytes, n_ranks, seconds_since(t1), copy_s, check_s, split_s, ipc_serving_.deltas.size());

@@ -61,6 +61,14 @@ std::string record_fingerprint(const std::string & name, uint64_t dev, uint64_t 
     return h.hex();
 }
 
+std::string delta_fingerprint(const std::string & base_fp, const std::string & delta_id) {
+    if (base_fp.empty()) { return {}; }
+    store::Sha256 h;
+    const std::string line = "delta\n" + base_fp + "\n" + delta_id + "\n";
+    h.update(line.data(), line.size());
+    return h.hex();
+}
+
 std::string combine_fingerprints(const std::vector<std::string> & per_rank) {
     if (per_rank.empty()) { return {}; }
     for (const auto & f : per_rank) {

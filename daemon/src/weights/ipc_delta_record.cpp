@@ -123,7 +123,8 @@ std::optional<IpcDelta> fetch_ipc_delta(int port, const std::string & version, c
              h.payload_bytes, h.total_bytes, st.st_size);
     }
     IpcDelta out{.version = v, .base_version = base, .delta_file = dir / "weights.fddelta",
-                 .bytes = static_cast<int64_t>(h.payload_bytes)};
+                 .bytes = static_cast<int64_t>(h.payload_bytes),
+                 .record = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), g1}};
     std::vector<std::byte> buf(static_cast<size_t>(h.payload_bytes));
     model::pread_exact(f.fd, buf.data(), out.bytes, shm::kIpcDeltaPayload, path, "delta payload");
     Fd w{::open(out.delta_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600)};

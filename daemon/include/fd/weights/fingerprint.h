@@ -42,6 +42,12 @@ std::string manifest_fingerprint(const store::Manifest & m);
 std::string record_fingerprint(const std::string & name, uint64_t dev, uint64_t ino, uint64_t generation, uint64_t total_bytes,
                                const void * table, size_t table_bytes);
 
+/// Fingerprint of weights made by applying a delta to weights fingerprinted `base_fp`: SHA-256
+/// (64 hex) over `base_fp` and `delta_id` (what identifies the delta: for an ipc delta record its
+/// device, inode, generation and size). "" when `base_fp` is "" (the base's bytes are not
+/// fingerprinted). Errors: none.
+std::string delta_fingerprint(const std::string & base_fp, const std::string & delta_id);
+
 /// Several ranks' fingerprints as one, in rank order: the single one for one rank, else the
 /// SHA-256 of them joined; "" when any is "" (some rank's source cannot say).
 std::string combine_fingerprints(const std::vector<std::string> & per_rank);

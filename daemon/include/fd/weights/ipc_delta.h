@@ -35,6 +35,7 @@ struct IpcDelta {
     std::string           base_version;  ///< the version it applies to
     std::filesystem::path delta_file;    ///< `dir`/weights.fddelta: the payload (fd/weights/weight_delta.h), mode 0600
     int64_t               bytes = 0;     ///< its size
+    IpcRecordId           record;        ///< the delta record copied (device, inode, generation)
 };
 
 /// The delta record of `port` if it exists and names `version`: its payload copied into
