@@ -124,6 +124,37 @@ class MalformedBodies(unittest.TestCase):
         j = self.d.complete(**GOOD, logprobs=None, user=None, stream_options=None)
         self.assertIsNone(j["choices"][0]["logprobs"])
 
+    def test_a_deeply_nested_body_is_a_400_on_every_route_and_the_daemon_lives(self):
+        """20,000 nested arrays in 40 KB crashed the daemon (a stack overflow in the chat template's
+        conversion of tools and kwargs, and in the error message quoting the value): now any body
+        nesting deeper than 128 arrays/objects is a 400 before it is read, on every route that
+        parses one, control routes included; a body 100 deep still reaches the field checks, whose
+        message quotes at most 100 bytes of the value."""
+        deep = lambda n: "[" * n + "]" * n
+        msg = [{"role": "user", "content": "hi"}]
+        cases = [
+            ("/v1/completions", '{"prompt": "a", "max_tokens": 2, "user": %s}'),
+            ("/v1/chat/completions", json.dumps({"messages": msg, "max_tokens": 2,
+                                                 "tools": [{"type": "function", "function": {"name": "f", "parameters": "@"}}]})),
+            ("/tokenize", json.dumps({"messages": msg, "chat_template_kwargs": {"x": "@"}})),
+            ("/detokenize", '{"tokens": %s}'),
+        ]
+        for path, tpl in cases:
+            with self.subTest(path):
+                raw = tpl.replace('"@"', "%s") % deep(20000)
+                status, j = self.d.request("POST", path, raw=raw.encode())
+                self.check_400(status, j, None)
+                self.assertIn("nests deeper than 128", j["error"]["message"])
+        with Daemon("--dynamic-load-weight") as c:  # control routes answer only with it
+            status, j = c.request("POST", "/v1/pause", raw=('{"x": %s}' % deep(20000)).encode())
+            self.assertEqual(status, 400, j)
+            self.assertIn("nests deeper than 128", j["error"]["message"])
+            self.assertEqual(c.get("/health")[0], 200)
+        status, j = self.d.request("POST", "/v1/completions", raw=('{"prompt": "a", "user": %s}' % deep(100)).encode())
+        self.check_400(status, j, "user")
+        self.assertLess(len(j["error"]["message"]), 200)
+        self.assertEqual(self.d.complete(**GOOD)["choices"][0]["token_ids"], self.good)
+
     def test_a_bodiless_post_to_an_unknown_route_is_a_404_at_once(self):
         # (/update_weights was the third example until prime-rl's route of that name existed, issue 26)
         for path in ("/v1/nope", "/v1/chat/nope", "/update_weights_nope"):

@@ -161,7 +161,7 @@ ChatCompletionRequest parse(ApiContext & ctx, const std::string & body) {
         "return_tokens_as_token_ids", "chat_template"};
     check_fields(j, kKnown);
     check_model(ctx, j);
-    const ojson oj = ojson::parse(body);  // key order kept: templates print tools with tojson
+    const ojson oj = parse_ordered_json(body);  // key order kept: templates print tools with tojson
     ChatCompletionRequest r;
     r.gen.prompts.push_back(chat_prompt_ids(ctx, j, oj, get_bool(j, "add_special_tokens", false)));  // vLLM's chat default: false
     parse_vllm_fields(ctx, j, r.gen);

@@ -95,7 +95,7 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
         const bool in_range = lp.is_number_unsigned() ? lp.get<uint64_t>() <= static_cast<uint64_t>(ctx.cfg.max_logprobs)
                               : lp.is_number_integer() && lp.get<int64_t>() >= 0 && lp.get<int64_t>() <= ctx.cfg.max_logprobs;
         if (!in_range) {
-            bad("logprobs", fmt::format("'logprobs' must be an integer in [0, {}], got {}", ctx.cfg.max_logprobs, lp.dump()));
+            bad("logprobs", fmt::format("'logprobs' must be an integer in [0, {}], got {}", ctx.cfg.max_logprobs, brief(lp)));
         }
         sp.logprobs = lp.get<int32_t>();
     }

@@ -228,7 +228,7 @@ ControlInput read_control_input(const Request & req) {
     const bool blank = req.body.find_first_not_of(" \t\r\n") == std::string::npos;
     if (!blank) {
         try {
-            in.body = json::parse(req.body);
+            in.body = parse_json(req.body);
         } catch (const json::exception &) {
             const std::string ct = req.get_header_value("Content-Type");
             throw Error(Errc::invalid_argument,

@@ -19,7 +19,7 @@ void bad(const std::string & param, const std::string & msg) { throw Error(Errc:
 json parse_body(const std::string & body) {
     json j;
     try {
-        j = json::parse(body);
+        j = parse_json(body);
     } catch (const json::parse_error & e) {
         bad("", body.empty() ? std::string("request body is empty; send a JSON object")
                              : fmt::format("request body is not valid JSON (syntax error at byte {}; UTF-8 only, no NaN/Infinity, "
@@ -75,13 +75,13 @@ T get_number(const json & j, const char * key, T dflt, bool integer) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) { return dflt; }
     if (integer ? !it->is_number_integer() : !it->is_number()) {
-        bad(key, fmt::format("'{}' must be {}, got {}", key, integer ? "an integer" : "a number", it->dump()));
+        bad(key, fmt::format("'{}' must be {}, got {}", key, integer ? "an integer" : "a number", brief(*it)));
     }
     if (integer) {  // no silent wrap-around of out-of-range integers
         const bool fits = it->is_number_unsigned() ? it->template get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
                                                    : it->template get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
                                                          it->template get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max());
-        if (!fits) { bad(key, fmt::format("'{}' is out of range, got {}", key, it->dump())); }
+        if (!fits) { bad(key, fmt::format("'{}' is out of range, got {}", key, brief(*it))); }
     }
     return it->template get<T>();
 }
@@ -143,7 +143,7 @@ void parse_logits_fields(const ApiContext & ctx, const json & j, engine::Samplin
                 bad("logit_bias", fmt::format("'logit_bias' key '{}' is not a token id in [0, {})", key, vocab));
             }
             if (!v.is_number() || !(v.get<double>() >= -100.0 && v.get<double>() <= 100.0)) {
-                bad("logit_bias", fmt::format("'logit_bias[\"{}\"]' must be a number in [-100, 100], got {}", key, v.dump()));
+                bad("logit_bias", fmt::format("'logit_bias[\"{}\"]' must be a number in [-100, 100], got {}", key, brief(v)));
             }
             sp.logit_bias.emplace_back(static_cast<int32_t>(id), v.get<float>());
         }
@@ -233,7 +233,7 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
             const bool    in_vocab = e.is_number_unsigned() ? e.get<uint64_t>() < static_cast<uint64_t>(vocab)
                                                             : e.get<int64_t>() >= 0 && e.get<int64_t>() < vocab;
             if (!in_vocab) {
-                bad("stop_token_ids", fmt::format("'stop_token_ids' holds {}, outside the vocabulary [0, {})", e.dump(), vocab));
+                bad("stop_token_ids", fmt::format("'stop_token_ids' holds {}, outside the vocabulary [0, {})", brief(e), vocab));
             }
             sp.stop_token_ids.push_back(e.get<int32_t>());
         }
@@ -269,7 +269,7 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
         const json & so = j["stream_options"];
         if (!so.is_object()) {
             bad("stream_options", fmt::format("'stream_options' must be an object {{\"include_usage\": bool, \"continuous_usage_stats\": bool}}, "
-                                              "got {}", so.dump()));
+                                              "got {}", brief(so)));
         }
         if (!o.stream) { bad("stream_options", "'stream_options' is only allowed with \"stream\": true"); }
         for (const auto & [key, v] : so.items()) {
@@ -277,14 +277,14 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
                 bad("stream_options." + key, fmt::format("unknown field 'stream_options.{}' (include_usage, continuous_usage_stats)", key));
             }
             if (!v.is_null() && !v.is_boolean()) {
-                bad("stream_options." + key, fmt::format("'stream_options.{}' must be a boolean, got {}", key, v.dump()));
+                bad("stream_options." + key, fmt::format("'stream_options.{}' must be a boolean, got {}", key, brief(v)));
             }
             (key == "include_usage" ? o.include_usage : o.continuous_usage) = v.is_boolean() && v.get<bool>();
         }
         o.continuous_usage = o.continuous_usage && o.include_usage;  // vLLM: usage on every chunk needs both
     }
     if (j.contains("user") && !j["user"].is_null() && !j["user"].is_string()) {
-        bad("user", fmt::format("'user' must be a string, got {}", j["user"].dump()));
+        bad("user", fmt::format("'user' must be a string, got {}", brief(j["user"])));
     }
     return o;
 }
@@ -297,7 +297,7 @@ bool parse_vllm_fields(const ApiContext & ctx, const json & j, engine::GenerateR
     gen.params.detokenize = !given("detokenize") || j["detokenize"].get<bool>();  // false: checked against `stop` in parse_sampling
     if (given("return_routed_experts")) {
         if (!j["return_routed_experts"].is_boolean()) {
-            bad("return_routed_experts", fmt::format("'return_routed_experts' must be a boolean, got {}", j["return_routed_experts"].dump()));
+            bad("return_routed_experts", fmt::format("'return_routed_experts' must be a boolean, got {}", brief(j["return_routed_experts"])));
         }
         if (j["return_routed_experts"].get<bool>()) {
             const auto & mc = ctx.engine->model_config();
@@ -316,7 +316,7 @@ bool parse_vllm_fields(const ApiContext & ctx, const json & j, engine::GenerateR
         if (!j["priority"].is_number_integer()) { bad("priority", "'priority' must be an integer"); }
         if (j["priority"].get<int64_t>() != 0) {
             bad("priority", fmt::format("'priority' {} is not supported: requests are scheduled first come, first served (priority 0 only)",
-                                        j["priority"].dump()));
+                                        brief(j["priority"])));
         }
     }
     if (given("cache_salt")) {
@@ -332,7 +332,7 @@ bool parse_vllm_fields(const ApiContext & ctx, const json & j, engine::GenerateR
             bad("response_format", "'response_format' must be an object {\"type\": \"text\"}");
         }
         if (rf["type"] != "text" || rf.size() != 1) {
-            bad("response_format", fmt::format("'response_format' {} is not supported: only {{\"type\": \"text\"}} (no guided decoding)", rf.dump()));
+            bad("response_format", fmt::format("'response_format' {} is not supported: only {{\"type\": \"text\"}} (no guided decoding)", brief(rf)));
         }
     }
     bool truncated = false;

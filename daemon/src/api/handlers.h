@@ -22,6 +22,21 @@ namespace fd::api {
 /// Serialize for the wire (invalid UTF-8 replaced, never throws).
 std::string dump(const nlohmann::json & j);
 
+/// Deepest nesting of arrays and objects a request body may have. What reads a body recurses
+/// over it (chat templates, error messages), so 20,000 nested '[' in 40 KB crashed the daemon
+/// (a stack overflow) before; real bodies (tool schemas included) nest a few dozen levels.
+constexpr int kMaxJsonDepth = 128;
+
+/// nlohmann::json::parse(text) that also refuses nesting deeper than kMaxJsonDepth (checked while
+/// parsing, before any value deeper is built). Errors  json::parse_error as parse();
+/// fd::Error{invalid_argument} "the request body nests deeper than 128 arrays/objects".
+nlohmann::json parse_json(const std::string & text);
+/// The same, keeping key order (chat templates print tools with tojson).
+nlohmann::ordered_json parse_ordered_json(const std::string & text);
+
+/// A value quoted in an error message: its JSON, cut to 100 bytes ("..." after).
+std::string brief(const nlohmann::json & v);
+
 /// OpenAI error object: {"error": {"message", "type", "param", "code"}} with the table's status.
 void write_error(Response & res, const Error & e);
 

@@ -242,7 +242,7 @@ void vllm_abort_requests(ApiContext & ctx, const ControlInput & in, Response & r
         for (const auto & id : b["request_ids"]) {
             if (!id.is_string() || !shm::is_valid_request_id(id.get<std::string>())) {
                 throw Error(Errc::invalid_argument, fmt::format("'request_ids' entry {} is not a request id (1..128 printable ASCII "
-                                                                "characters without spaces); nothing was aborted", id.dump()), "request_ids");
+                                                                "characters without spaces); nothing was aborted", brief(id)), "request_ids");
             }
             if (std::find(ids.begin(), ids.end(), id.get<std::string>()) == ids.end()) { ids.push_back(id.get<std::string>()); }
         }

@@ -18,6 +18,31 @@ using nlohmann::json;
 
 std::string dump(const json & j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+namespace {
+template <typename J>
+J parse_bounded(const std::string & text) {
+    // The callback sees each value's depth as it starts; refusing there builds nothing deeper.
+    return J::parse(text, [](int depth, typename J::parse_event_t ev, J &) {
+        if ((ev == J::parse_event_t::object_start || ev == J::parse_event_t::array_start) && depth >= kMaxJsonDepth) {
+            throw Error(Errc::invalid_argument, fmt::format("the request body nests deeper than {} arrays/objects", kMaxJsonDepth));
+        }
+        return true;
+    });
+}
+}  // namespace
+
+json parse_json(const std::string & text) { return parse_bounded<json>(text); }
+nlohmann::ordered_json parse_ordered_json(const std::string & text) { return parse_bounded<nlohmann::ordered_json>(text); }
+
+std::string brief(const json & v) {
+    std::string s = dump(v);
+    if (s.size() > 100) {
+        s.resize(100);
+        s += "...";
+    }
+    return s;
+}
+
 void write_error(Response & res, const Error & e) {
     const int status = errc_http_status(e.code());
     json body = {{"error", {{"message", e.what()},

@@ -175,7 +175,7 @@ void sglang_pause_generation(ApiContext & ctx, const ControlInput & in, Response
     if (in.body.is_object() && in.body.contains("mode") && !in.body["mode"].is_null()) {
         const json & m = in.body["mode"];
         if (!m.is_string() || (m != "abort" && m != "retract" && m != "in_place")) {
-            throw Error(Errc::invalid_argument, fmt::format("'mode' must be \"abort\", \"retract\" or \"in_place\", got {}; nothing was done", m.dump()),
+            throw Error(Errc::invalid_argument, fmt::format("'mode' must be \"abort\", \"retract\" or \"in_place\", got {}; nothing was done", brief(m)),
                         "mode");
         }
         mode = m == "abort" ? "abort" : "keep";

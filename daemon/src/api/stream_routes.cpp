@@ -59,7 +59,7 @@ void read_delta(const json & deltas, size_t i, stream::TensorSpec & s) {
     if (d.is_null()) { return; }
     if (!d.is_object() || !d.contains("n_indices") || !d["n_indices"].is_number_integer() || d["n_indices"].get<int64_t>() < 0) {
         throw Error(Errc::invalid_argument, fmt::format("{}: a delta is {{\"n_indices\": k >= 0, \"index_dtype\": \"I64\"|\"I32\"}}, got {}",
-                                                        s.name, d.dump()), "deltas");
+                                                        s.name, brief(d)), "deltas");
     }
     reject_unknown_fields(d, {"n_indices", "index_dtype"}, "deltas");
     s.n_indices   = d["n_indices"].get<int64_t>();
@@ -90,7 +90,7 @@ std::vector<stream::TensorSpec> read_specs(const json & b, const char * dtypes_k
         int64_t n = 1;
         for (const auto & d : b["shapes"][i]) {
             if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t(1) << 40)) {
-                throw Error(Errc::invalid_argument, fmt::format("{}: shape {} is not a list of sizes", s.name, b["shapes"][i].dump()), "shapes");
+                throw Error(Errc::invalid_argument, fmt::format("{}: shape {} is not a list of sizes", s.name, brief(b["shapes"][i])), "shapes");
             }
             s.shape.push_back(d.get<int64_t>());
             n *= d.get<int64_t>();
@@ -199,7 +199,7 @@ json commit_sealed(ApiContext & ctx, const ControlInput & in, const stream::Seal
 stream::InitRequest init_fields(const json & o, const char * where, const char * default_backend) {
     auto expect = [&](const char * key, bool ok, const char * what) {
         if (o.contains(key) && !o[key].is_null() && !ok) {
-            throw Error(Errc::invalid_argument, fmt::format("{}.{} must be {}, got {}; nothing was done", where, key, what, o[key].dump()), key);
+            throw Error(Errc::invalid_argument, fmt::format("{}.{} must be {}, got {}; nothing was done", where, key, what, brief(o[key])), key);
         }
     };
     for (const char * key : {"backend", "master_address", "group_name", "nccl_unique_id"}) {

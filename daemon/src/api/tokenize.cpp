@@ -18,7 +18,7 @@ using nlohmann::json;
 json parse_body(ApiContext & ctx, const std::string & body, const std::set<std::string> & known) {
     json j;
     try {
-        j = json::parse(body);
+        j = parse_json(body);
     } catch (const json::exception & e) {
         bad("", fmt::format("request body is not valid JSON: {}", e.what()));
     }
@@ -49,17 +49,17 @@ bool get_bool(const json & j, const char * key, bool dflt) {
 void post_tokenize(ApiContext & ctx, const Request & req, Response & res) {
     bool chat = false;  // the form: a body with "messages" is the chat form
     try {
-        const json probe = json::parse(req.body);
+        const json probe = parse_json(req.body);
         chat             = probe.is_object() && probe.contains("messages");
-    } catch (const json::exception &) {}  // parse_body names the error
+    } catch (const std::exception &) {}  // parse_body names the error
     const json j    = chat ? parse_body(ctx, req.body, {"model", "messages", "add_generation_prompt", "continue_final_message",
                                                         "chat_template_kwargs", "tools", "documents", "add_special_tokens",
-                                                        "return_token_strs"})
+                                                        "return_token_strs", "prompt"})
                            : parse_body(ctx, req.body, {"model", "prompt", "add_special_tokens", "return_token_strs"});
     std::vector<int32_t> ids;
     if (chat) {
         if (j.contains("prompt")) { bad("prompt", "send either 'prompt' or 'messages', not both"); }
-        ids = chat_prompt_ids(ctx, j, nlohmann::ordered_json::parse(req.body), get_bool(j, "add_special_tokens", false));
+        ids = chat_prompt_ids(ctx, j, parse_ordered_json(req.body), get_bool(j, "add_special_tokens", false));
     } else {
         if (!j.contains("prompt") || !j["prompt"].is_string()) { bad("prompt", "'prompt' must be a string"); }
         ids = ctx.tok->encode(j["prompt"].get<std::string>(), get_bool(j, "add_special_tokens", true));

@@ -73,6 +73,21 @@ TEST_SUITE("tokenizer::jinja") {
         CHECK(error_of([] { Template("{{ 'unterminated }}", "tpl.jinja"); }) == "tpl.jinja:1:4: unterminated string literal");
     }
 
+    TEST_CASE("a template that recurses without end, or nests too deep, is an error, not a stack overflow") {
+        // jinja2 raises RecursionError for the first; the daemon crashed on both (a request's own
+        // chat_template with --trust-request-chat-template).
+        CHECK(error_of([] { render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"); }) ==
+              "t.jinja:1: the template nests or recurses deeper than 512 levels (a macro calling itself without end?)");
+        const std::string parens = "{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}";
+        CHECK(error_of([&] { Template(parens, "t.jinja"); }) == "t.jinja:1:345: the template nests deeper than 1024 statements/expressions");
+        std::string ifs;
+        for (int i = 0; i < 5000; ++i) { ifs += "{% if true %}"; }
+        CHECK(error_of([&] { Template(ifs, "t.jinja"); }).find("nests deeper than 1024") != std::string::npos);
+        // what real templates do stays fine: 100 nested macro calls, 100 nested parentheses
+        CHECK(render("{% macro f(n) %}{% if n < 100 %}{{ f(n + 1) }}{% else %}{{ n }}{% endif %}{% endmacro %}{{ f(0) }}") == "100");
+        CHECK(render("{{ " + std::string(100, '(') + "7" + std::string(100, ')') + " }}") == "7");
+    }
+
     TEST_CASE("raise_exception reaches the caller with its message unchanged") {
         try {
             render("{{ raise_exception('Conversation roles must alternate ' ~ 1) }}");

@@ -152,6 +152,13 @@ Interp::Interp(Value context) : context_(std::move(context)) { frames_.push_back
 
 void Interp::render(const Body & body, std::string & out) { exec(body, out); }
 
+Interp::DepthGuard::DepthGuard(Interp & in) : in(in) {
+    if (++in.depth_ > kMaxDepth) {
+        --in.depth_;
+        fail(fmt::format("the template nests or recurses deeper than {} levels (a macro calling itself without end?)", kMaxDepth));
+    }
+}
+
 Value Interp::lookup(const std::string & name) const {
     for (int f = static_cast<int>(frames_.size()) - 1; f >= 0; f = frames_[static_cast<size_t>(f)].parent) {
         const auto & vars = frames_[static_cast<size_t>(f)].vars;
@@ -189,6 +196,7 @@ void Interp::assign_targets(const std::vector<std::string> & targets, const Valu
 }
 
 Interp::Flow Interp::exec(const Body & body, std::string & out) {
+    const DepthGuard guard(*this);
     for (const auto & sp : body) {
         const Stmt & s = *sp;
         line_          = s.line;
@@ -405,6 +413,7 @@ Value Interp::eval_binary(const Expr & e) {
 }
 
 Value Interp::eval(const Expr & e) {
+    const DepthGuard guard(*this);
     switch (e.kind) {
     case Expr::Kind::literal: return e.value;
     case Expr::Kind::name: return lookup(e.name);

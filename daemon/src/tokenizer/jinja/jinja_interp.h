@@ -46,9 +46,19 @@ private:
     void  assign(const std::string & name, Value v);
     void  assign_targets(const std::vector<std::string> & targets, const Value & v);
 
+    /// Counts eval/exec frames in use: a template that recurses without end (a macro calling
+    /// itself) is a RenderError at kMaxDepth, not a stack overflow of the daemon.
+    struct DepthGuard {
+        explicit DepthGuard(Interp & in);
+        ~DepthGuard() { --in.depth_; }
+        Interp & in;
+    };
+    static constexpr int kMaxDepth = 512;  ///< ~250 nested macro calls (jinja2: Python's 1000 frames, ~200)
+
     std::vector<Frame> frames_;
     Value              context_;
     int                line_ = 1;
+    int                depth_ = 0;
 };
 
 // ---- built-ins (jinja_filters.cpp, jinja_methods.cpp) ---------------------------------------

@@ -62,6 +62,20 @@ private:
     }
     [[noreturn]] static void error(const Token & t, const std::string & msg) { throw SyntaxError(msg, t.line, t.col); }
 
+    /// Nesting of statements and expressions being parsed: the parser recurses on each, so
+    /// "((((...))))" 100,000 deep would overflow the stack; deeper than kMaxNest is a SyntaxError.
+    static constexpr int kMaxNest = 1024;  ///< counts 3 per parenthesis (parse_expr, parse_not, parse_unary): ~340 of them
+    struct Nest {
+        explicit Nest(Parser & p) : p(p) {
+            if (++p.nest_ > kMaxNest) {
+                --p.nest_;
+                error(p.cur(), fmt::format("the template nests deeper than {} statements/expressions", kMaxNest));
+            }
+        }
+        ~Nest() { --p.nest_; }
+        Parser & p;
+    };
+
     template <typename N>
     static std::unique_ptr<N> make(typename N::Kind k, const Token & at) {
         auto n  = std::make_unique<N>();
@@ -117,6 +131,7 @@ private:
     }
 
     StmtPtr parse_statement() {
+        const Nest nest(*this);
         const Token & kw = next();
         if (kw.s == "if") { return parse_if(kw); }
         if (kw.s == "for") { return parse_for(kw); }
@@ -265,6 +280,7 @@ private:
     }
 
     ExprPtr parse_expr() {
+        const Nest nest(*this);
         const Token & at   = cur();
         ExprPtr       expr = parse_or();
         while (is_name("if")) {
@@ -303,6 +319,7 @@ private:
         return a;
     }
     ExprPtr parse_not() {
+        const Nest nest(*this);
         if (is_name("not")) {
             const Token & at = next();
             auto          e  = make<Expr>(Expr::Kind::unary, at);
@@ -367,6 +384,7 @@ private:
         return a;
     }
     ExprPtr parse_unary(bool with_filter) {
+        const Nest nest(*this);
         ExprPtr node;
         if (is_op("-") || is_op("+")) {
             const Token & at = next();
@@ -589,6 +607,7 @@ private:
     const std::vector<Token> & t_;
     size_t                     i_          = 0;
     int                        loop_depth_ = 0;
+    int                        nest_ = 0;
 };
 
 }  // namespace
