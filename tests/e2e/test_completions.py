@@ -125,6 +125,19 @@ class Completions(unittest.TestCase):
         c = self.d.complete(**{**body, "seed": 4321})
         self.assertNotEqual([x["token_ids"] for x in a["choices"]], [x["token_ids"] for x in c["choices"]])
 
+    def test_a_seeded_prompt_samples_the_same_wherever_it_sits_in_a_list(self):
+        """vLLM runs each prompt of a list as its own request with the request's seed: prompt P's
+        samples must not depend on what comes before it (a probe found another continuation for
+        P as the second prompt of a list). Unseeded, two equal prompts still sample apart."""
+        body = dict(max_tokens=12, temperature=1.0, seed=5, n=2)
+        alone = [c["token_ids"] for c in self.d.complete(prompt="Once upon a time", **body)["choices"]]
+        listed = self.d.complete(prompt=["Lily", "Once upon a time"], **body)["choices"]
+        self.assertEqual([c["index"] for c in listed], [0, 1, 2, 3])
+        self.assertEqual([c["token_ids"] for c in listed[2:]], alone)
+        self.assertNotEqual(alone[0], alone[1])  # the n samples of one prompt still differ
+        twice = self.d.complete(prompt=["Once upon a time"] * 2, max_tokens=12, temperature=1.0)["choices"]
+        self.assertNotEqual(twice[0]["token_ids"], twice[1]["token_ids"])
+
     def test_logprobs_are_log_probabilities(self):
         j = self.d.complete(prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=5)
         lp = j["choices"][0]["logprobs"]

@@ -64,7 +64,11 @@ void Engine::admit(GenerateRequest & req) {
             s->choice        = choice;
             s->channel       = req.channel;
             s->params        = req.params;
-            s->rng           = SeqRng::from_seed(seed, choice);
+            // Seeded: sample i of every prompt draws from stream i, so a prompt's samples are
+            // those of a request holding it alone, wherever it sits in a list (vLLM runs each
+            // prompt of a list as its own request, children seeded by index). Unseeded: every
+            // choice its own stream (two equal prompts in a list must not sample alike).
+            s->rng           = SeqRng::from_seed(seed, req.params.seed ? i : choice);
             s->stop_holdback = holdback > 0 && !req.params.include_stop_str_in_output ? holdback - 1 : 0;
             if (req.params.prompt_logprobs >= 0) {  // every prompt row's logits are wanted: no prefix-cache skip
                 s->no_prefix_cache = true;
