@@ -129,13 +129,13 @@ class Completions(unittest.TestCase):
         """vLLM runs each prompt of a list as its own request with the request's seed: prompt P's
         samples must not depend on what comes before it (a probe found another continuation for
         P as the second prompt of a list). Unseeded, two equal prompts still sample apart."""
-        body = dict(max_tokens=12, temperature=1.0, seed=5, n=2)
+        body = dict(max_tokens=12, temperature=3.0, seed=5, n=2)  # flat enough that two samples never coincide
         alone = [c["token_ids"] for c in self.d.complete(prompt="Once upon a time", **body)["choices"]]
         listed = self.d.complete(prompt=["Lily", "Once upon a time"], **body)["choices"]
         self.assertEqual([c["index"] for c in listed], [0, 1, 2, 3])
         self.assertEqual([c["token_ids"] for c in listed[2:]], alone)
         self.assertNotEqual(alone[0], alone[1])  # the n samples of one prompt still differ
-        twice = self.d.complete(prompt=["Once upon a time"] * 2, max_tokens=12, temperature=1.0)["choices"]
+        twice = self.d.complete(prompt=["Once upon a time"] * 2, max_tokens=12, temperature=3.0)["choices"]
         self.assertNotEqual(twice[0]["token_ids"], twice[1]["token_ids"])
 
     def test_logprobs_are_log_probabilities(self):
@@ -148,6 +148,26 @@ class Completions(unittest.TestCase):
             self.assertEqual(chosen, max(top.values()))  # greedy picks the best
             self.assertLessEqual(sum(math.exp(v) for v in top.values()), 1.0 + 1e-5)
             self.assertLess(chosen, 0.0)
+
+    def test_top_logprobs_hold_the_sampled_token(self):
+        """OpenAI: the sampled token's logprob is always returned, up to logprobs + 1 entries
+        (vLLM: the chosen token plus the top k); logprobs 0 gives the chosen token alone. A probe
+        found a sampled token missing from its row, and logprobs 0 giving {}."""
+        j = self.d.complete(prompt="Once upon a time", max_tokens=16, temperature=5.0, seed=3, logprobs=2, echo=True)
+        lp = j["choices"][0]["logprobs"]
+        outside = 0
+        for i, (tok, chosen, top) in enumerate(zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])):
+            if i == 0:
+                self.assertIsNone(top)  # the echoed prompt's first token has none
+                continue
+            self.assertIn(tok, top, (i, top))
+            self.assertEqual(top[tok], chosen)
+            self.assertIn(len(top), (2, 3))
+            outside += len(top) == 3
+        self.assertGreater(outside, 0, "temperature 5 should sample outside the top 2 at least once")
+        j = self.d.complete(prompt="Once upon a time", max_tokens=4, temperature=0, logprobs=0)
+        lp = j["choices"][0]["logprobs"]
+        self.assertEqual(lp["top_logprobs"], [{t: v} for t, v in zip(lp["tokens"], lp["token_logprobs"])])
 
     def test_models_health_metrics(self):
         status, m = self.d.get("/v1/models")

@@ -137,6 +137,9 @@ struct LegacyLogprobs {
             offsets.push_back(base + (i < offs.size() ? offs[i] : 0));
             json t = json::object();
             for (size_t r = 0; r < lp.top.size() && static_cast<int32_t>(r) < k; ++r) { t[token_string(tok, lp.top[r].first, as_ids)] = lp.top[r].second; }
+            // The chosen token is always there (OpenAI: "the logprob of the sampled token, up to
+            // logprobs+1"; vLLM), also when it is not among the top k, and alone for logprobs 0.
+            t[token_string(tok, lp.id, as_ids)] = lp.logprob;
             top.push_back(t);
         }
     }
