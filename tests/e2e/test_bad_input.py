@@ -99,6 +99,35 @@ class BadInput(unittest.TestCase):
                             min_p=0, min_tokens=0, logit_bias={}, include_stop_str_in_output=False)
         self.assertEqual(j["choices"], self.good["choices"])
 
+    def test_fields_openai_or_vllm_define_pass_at_their_neutral_values_only(self):
+        """Client libraries send some of OpenAI's and vLLM's fields at their defaults: those pass
+        and change nothing; any other value is a 400 naming the field (a probe found 'echo':
+        false on chat, 'use_beam_search': false, 'store': false, ... refused as unknown fields)."""
+        both = dict(use_beam_search=False, length_penalty=1.0, bad_words=[], allowed_token_ids=None, structured_outputs=None,
+                    logits_processors=[], vllm_xargs={}, kv_transfer_params=None, request_id=None, store=False,
+                    service_tier="auto", metadata={}, best_of=1, suffix="")
+        j = self.d.complete(**GOOD, **both)
+        self.assertEqual(j["choices"], self.good["choices"])
+        msgs = [{"role": "user", "content": "Lily"}]
+        chat = dict(max_tokens=3, temperature=0, messages=msgs)
+        ref = self.d.post("/v1/chat/completions", chat)[1]["choices"]
+        extra = dict(echo=False, parallel_tool_calls=True, include_reasoning=True, reasoning_effort=None)
+        status, j = self.d.post("/v1/chat/completions", {**chat, **both, **extra})
+        self.assertEqual((status, j["choices"]), (200, ref), j)
+        wrong = dict(use_beam_search=True, length_penalty=2.0, bad_words=["x"], allowed_token_ids=[1], logits_processors=["m"],
+                     vllm_xargs={"a": 1}, request_id="r1", store=True, service_tier="flex", metadata={"k": "v"}, best_of=2, suffix="x")
+        for key, value in wrong.items():
+            with self.subTest(key):
+                status, j = self.d.post("/v1/completions", {**GOOD, key: value})
+                self.assertEqual((status, j["error"]["param"]), (400, key), j)
+                self.assertIn("not supported by fdrollout yet", j["error"]["message"])
+        for key, value in dict(echo=True, parallel_tool_calls=False, reasoning_effort="high").items():
+            with self.subTest(key):
+                status, j = self.d.post("/v1/chat/completions", {**chat, key: value})
+                self.assertEqual((status, j["error"]["param"]), (400, key), j)
+        status, j = self.d.post("/v1/completions", {**GOOD, "parallel_tool_calls": True})  # a chat field
+        self.assertEqual((status, j["error"]["message"]), (400, "unknown field 'parallel_tool_calls'"), j)
+
     def test_bodiless_post_gets_an_error_object(self):
         status, j = self.d.request("POST", "/v1/completions", raw=None, headers={})
         self.assertEqual(status, 400)

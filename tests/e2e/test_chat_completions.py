@@ -103,6 +103,7 @@ class ChatCompletions(unittest.TestCase):
         self.assertEqual(j["weight_version"], "0")
         self.assertEqual(j["usage"]["prompt_tokens"], len(j["choices"][0]["prompt_token_ids"]))
         self.assertEqual(j["usage"]["completion_tokens"], 24)
+        self.assertEqual(j["prompt_token_ids"], j["choices"][0]["prompt_token_ids"])  # vLLM's place: the top level
 
     def test_template_options_reach_the_template(self):
         self.same_as_completion({"messages": MESSAGES, "add_generation_prompt": False, "temperature": 0},
@@ -260,6 +261,30 @@ class ChatCompletions(unittest.TestCase):
 
 
 class ChatTemplateVariants(unittest.TestCase):
+    def test_a_tool_call_turn_with_null_content_renders_as_vllm_renders_it(self):
+        """OpenAI's tool-call turn is {"role": "assistant", "content": null, "tool_calls": [...]};
+        vLLM gives the template "" for a null content (Qwen3's template tests `'<think>' in
+        message.content`, which failed on null: a probe got a 400 for this standard turn)."""
+        tmp = tempfile.mkdtemp(prefix="fd_chat_null_")
+        try:
+            path = os.path.join(tmp, "t.jinja")
+            with open(path, "w") as f:
+                f.write("{% for m in messages %}{% if '<think>' in m.content %}T{% endif %}{{ m.role }}: {{ m.content }}"
+                        "{% for c in m.tool_calls or [] %} call {{ c.function.name }}{% endfor %}\n{% endfor %}")
+            call = [{"id": "c1", "type": "function", "function": {"name": "look", "arguments": "{}"}}]
+            turns = lambda content: [{"role": "user", "content": "Lily"}, {"role": "assistant", "content": content, "tool_calls": call},
+                                     {"role": "tool", "tool_call_id": "c1", "content": "Tom"}]
+            with Daemon("--chat-template", path) as d:
+                body = {"max_tokens": 2, "temperature": 0}
+                status, j = d.post("/v1/chat/completions", {"messages": turns(None), **body})
+                self.assertEqual(status, 200, j)
+                self.assertEqual(j["choices"][0]["prompt_token_ids"],
+                                 d.post("/v1/chat/completions", {"messages": turns(""), **body})[1]["choices"][0]["prompt_token_ids"])
+                status, j = d.post("/v1/chat/completions", {"messages": [turns(None)[0], {"role": "assistant", "tool_calls": call}], **body})
+                self.assertEqual(status, 200, j)  # content left out: the same
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def test_no_template_no_bos_and_malformed_template(self):
         tmp = tempfile.mkdtemp(prefix="fd_chat_v_")
         try:

@@ -109,6 +109,7 @@ class RankLiveness(unittest.TestCase):
             errors = [c["error"] for c in chunks if "error" in c]
             self.assertEqual([e["type"] for e in errors], ["rank_failed"], chunks[-2:])
             self.assertIn("rank 1", errors[0]["message"])
+            self.assertEqual(set(errors[0]), {"message", "type", "param", "code"})  # the shape of every error object
             self.assertGreater(sum(len(c["choices"][0]["token_ids"]) for c in chunks if c.get("choices")), 0)
         status, j = d.post("/v1/completions", {"prompt": "Once", "max_tokens": 2}, timeout=10)
         self.assertEqual((status, j["error"]["type"]), (503, "rank_failed"), j)

@@ -66,7 +66,8 @@ class Scoring(unittest.TestCase):
             self.assertEqual(c["token_ids"], [])
             self.assertEqual(c["finish_reason"], "length")
             self.assertEqual(len(c["logprobs"]["token_logprobs"]), len(REF[p]["prompt_ids"]))
-            self.assertEqual(c["logprobs"]["top_logprobs"][1:], [{}] * (len(REF[p]["prompt_ids"]) - 1))
+            lp = c["logprobs"]  # logprobs 0: each row holds the token itself (OpenAI, vLLM)
+            self.assertEqual(lp["top_logprobs"][1:], [{t: v} for t, v in zip(lp["tokens"][1:], lp["token_logprobs"][1:])])
         self.assertEqual(j["usage"]["completion_tokens"], 0)
         self.assertEqual(j["usage"]["prompt_tokens"], 10)
 

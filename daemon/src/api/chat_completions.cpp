@@ -38,7 +38,10 @@ ojson check_messages(const ojson & msgs, bool takes_parts) {
         const bool has_tool_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
         if (!m.contains("content") || m["content"].is_null()) {
             if (role != "assistant") { bad(at + ".content", fmt::format("'{}.content' is required for role '{}'", at, role)); }
-            m["content"] = nullptr;
+            // An assistant turn of tool calls only (OpenAI sends "content": null): no content
+            // parts, as vLLM renders it: "" (or [] for a template that loops over parts), so
+            // templates testing `'x' in message.content` work.
+            m["content"] = takes_parts ? ojson::array() : ojson("");
         } else if (m["content"].is_array()) {
             std::string joined;
             for (size_t k = 0; k < m["content"].size(); ++k) {
@@ -159,7 +162,7 @@ ChatCompletionRequest parse(ApiContext & ctx, const std::string & body) {
         "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens", "min_p",
         "skip_special_tokens", "spaces_between_special_tokens", "prompt_logprobs", "include_stop_str_in_output",
         "return_tokens_as_token_ids", "chat_template"};
-    check_fields(j, kKnown);
+    check_fields(j, kKnown, /*chat=*/true);
     check_model(ctx, j);
     const ojson oj = parse_ordered_json(body);  // key order kept: templates print tools with tojson
     ChatCompletionRequest r;
@@ -228,11 +231,14 @@ void post_chat_completions(ApiContext & ctx, const Request & req, Response & res
                     {"prompt_token_ids", r->gen.prompts[0]},
                     {"token_ids", a.token_ids}};
     };
-    if (r->gen.params.prompt_logprobs >= 0) {  // vLLM: one top-level prompt_logprobs (the prompt is shared)
-        f.body = [tok, decode = r->gen.params.detokenize](const std::vector<ChoiceAcc> & acc, json & body) {
-            body["prompt_logprobs"] = acc.empty() ? json(nullptr) : prompt_logprobs_json(*tok, acc[0].prompt_logprobs, decode);
-        };
-    }
+    // vLLM's chat response carries the (shared) prompt's ids and prompt_logprobs at the top level;
+    // the ids stay in each choice too (fdrollout's earlier shape).
+    f.body = [r, tok](const std::vector<ChoiceAcc> & acc, json & body) {
+        body["prompt_token_ids"] = r->gen.prompts[0];
+        if (r->gen.params.prompt_logprobs >= 0) {
+            body["prompt_logprobs"] = acc.empty() ? json(nullptr) : prompt_logprobs_json(*tok, acc[0].prompt_logprobs, r->gen.params.detokenize);
+        }
+    };
     f.chunk_choice = [r, tok, ids](const ChoiceEvent & ev, bool first) {
         json delta = {{"content", ev.text}};
         if (first) { delta["role"] = "assistant"; }

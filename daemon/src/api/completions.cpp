@@ -44,8 +44,8 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
     const json j = parse_body(body);
     static const std::set<std::string> kKnown = {
         "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "logprobs", "seed", "stop",
-        "stop_token_ids", "ignore_eos", "stream", "echo", "stream_options", "user", "suffix",
-        "frequency_penalty", "presence_penalty", "repetition_penalty", "best_of", "logit_bias", "min_tokens", "min_p",
+        "stop_token_ids", "ignore_eos", "stream", "echo", "stream_options", "user",
+        "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens", "min_p",
         "skip_special_tokens", "spaces_between_special_tokens", "prompt_logprobs", "include_stop_str_in_output",
         "return_tokens_as_token_ids"};
     check_fields(j, kKnown);

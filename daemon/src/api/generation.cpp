@@ -34,15 +34,64 @@ json parse_body(const std::string & body) {
 const std::set<std::string> kVllmExtraFields = {"return_token_ids", "add_special_tokens", "truncate_prompt_tokens", "detokenize",
                                                  "priority", "cache_salt", "response_format", "return_routed_experts"};
 
-void check_fields(const json & j, const std::set<std::string> & known) {
+namespace {
+
+/// A field OpenAI or vLLM defines that fdrollout does not act on: accepted at the values that
+/// change nothing (client libraries send some by default), else a 400 naming it. null is always
+/// neutral.
+struct NeutralField {
+    const char * key;
+    bool         chat_only;
+    bool (*neutral)(const json &);
+    const char * what;  ///< the neutral values, for the message
+};
+
+bool is_false(const json & v) { return v.is_boolean() && !v.get<bool>(); }
+bool is_true(const json & v) { return v.is_boolean() && v.get<bool>(); }
+bool is_one(const json & v) { return v.is_number() && v.get<double>() == 1.0; }
+bool is_empty_list(const json & v) { return v.is_array() && v.empty(); }
+bool is_empty_object(const json & v) { return v.is_object() && v.empty(); }
+bool only_null(const json &) { return false; }
+
+const NeutralField kNeutralFields[] = {
+    {"best_of", false, is_one, "1"},
+    {"suffix", false, [](const json & v) { return v.is_string() && v.get<std::string>().empty(); }, "\"\""},
+    {"use_beam_search", false, is_false, "false"},
+    {"length_penalty", false, is_one, "1.0"},
+    {"bad_words", false, is_empty_list, "[]"},
+    {"allowed_token_ids", false, only_null, "null"},
+    {"structured_outputs", false, only_null, "null"},
+    {"guided_json", false, only_null, "null"},
+    {"guided_regex", false, only_null, "null"},
+    {"guided_choice", false, only_null, "null"},
+    {"guided_grammar", false, only_null, "null"},
+    {"logits_processors", false, is_empty_list, "[]"},
+    {"vllm_xargs", false, is_empty_object, "{}"},
+    {"kv_transfer_params", false, only_null, "null"},
+    {"request_id", false, only_null, "null (the response id is the daemon's; POST /v1/abort takes it)"},
+    {"store", false, is_false, "false"},
+    {"service_tier", false, [](const json & v) { return v == "auto" || v == "default"; }, "\"auto\" or \"default\""},
+    {"metadata", false, is_empty_object, "{}"},
+    {"echo", true, is_false, "false"},
+    {"parallel_tool_calls", true, is_true, "true"},
+    {"include_reasoning", true, is_true, "true"},
+    {"reasoning_effort", true, only_null, "null (pass it in chat_template_kwargs if the template reads it)"},
+};
+
+}  // namespace
+
+void check_fields(const json & j, const std::set<std::string> & known, bool chat) {
     // Unknown or unsupported fields are errors, not silently different sampling (OpenAI also
     // rejects unrecognized arguments). Unsupported ones pass only at their no-op value.
     for (const auto & [key, v] : j.items()) {
-        if (known.count(key) == 0 && kVllmExtraFields.count(key) == 0) { bad(key, fmt::format("unknown field '{}'", key)); }
-        const bool noop = v.is_null() || (key == "best_of" && v.is_number() && v.get<double>() == 1.0) ||
-                          (key == "suffix" && v.is_string() && v.get<std::string>().empty());
-        const bool supported = key != "best_of" && key != "suffix";
-        if (!supported && !noop) { bad(key, fmt::format("'{}' is not supported by fdrollout yet; remove it or use its neutral value", key)); }
+        if (known.count(key) != 0 || kVllmExtraFields.count(key) != 0) { continue; }
+        const auto * n = std::find_if(std::begin(kNeutralFields), std::end(kNeutralFields),
+                                      [&, &key = key](const NeutralField & f) { return key == f.key && (chat || !f.chat_only); });
+        if (n == std::end(kNeutralFields)) { bad(key, fmt::format("unknown field '{}'", key)); }
+        if (!v.is_null() && !n->neutral(v)) {
+            bad(key, fmt::format("'{}' is not supported by fdrollout yet; remove it or send its neutral value {}, got {}", key, n->what,
+                                 brief(v)));
+        }
     }
 }
 
@@ -475,7 +524,7 @@ struct Generation {
             return true;
         };
         auto end_with_error = [&](Errc code, const std::string & msg) {
-            write({{"error", {{"message", msg}, {"type", errc_name(code)}, {"code", errc_http_status(code)}}}});
+            write({{"error", {{"message", msg}, {"type", errc_name(code)}, {"param", nullptr}, {"code", errc_http_status(code)}}}});  // write_error's shape
             channel->cancel();
             return end_stream();
         };

@@ -30,8 +30,10 @@ nlohmann::json parse_body(const std::string & body);
 extern const std::set<std::string> kVllmExtraFields;
 
 /// Every field of `j` must be in `known` or kVllmExtraFields; the fields fdrollout does not
-/// implement pass only at their neutral value (best_of 1, suffix ""). Errors: 400 naming the field.
-void check_fields(const nlohmann::json & j, const std::set<std::string> & known);
+/// implement but OpenAI or vLLM define (best_of, suffix, use_beam_search, ...; chat: echo,
+/// parallel_tool_calls, ...) pass only at their neutral value (null, best_of 1, suffix "", ...).
+/// Errors: 400 naming the field.
+void check_fields(const nlohmann::json & j, const std::set<std::string> & known, bool chat = false);
 
 /// kVllmExtraFields into `gen`, after the prompts are encoded; returns whether any prompt was
 /// truncated. Each value fdrollout cannot honour is a 400 naming the field:
