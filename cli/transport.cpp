@@ -7,6 +7,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 namespace fdctl {
 namespace {
@@ -49,6 +52,53 @@ public:
     }
 
     Reply call(const fd::shm::MailboxCommand & cmd) override {
+        // cpp-httplib's read timeout restarts with every byte: a peer that answers one byte a
+        // second would hold fdctl forever. A watchdog shuts the socket at timeout + grace, so the
+        // whole call is bounded, however the peer drips.
+        std::mutex              mu;
+        std::condition_variable cv;
+        bool                    done = false, expired = false;
+        const auto              give_up = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_ + kAnswerGraceS);
+        std::thread watchdog([&] {
+            std::unique_lock lk(mu);
+            if (!cv.wait_until(lk, std::chrono::time_point_cast<std::chrono::steady_clock::duration>(give_up), [&] { return done; })) {
+                expired = true;
+                cli_.stop();
+            }
+        });
+        auto stop_watchdog = [&] {
+            {
+                std::lock_guard lk(mu);
+                done = true;
+            }
+            cv.notify_all();
+            watchdog.join();
+        };
+        auto expired_error = [&] {
+            fd::fail(fd::Errc::timeout, "no complete answer from {} within --timeout + {} s (it kept the connection open without "
+                                        "finishing its answer): not a healthy fdrollout, or a stalled one", url_, kAnswerGraceS);
+        };
+        Reply reply;
+        try {
+            reply = request(cmd);
+        } catch (...) {
+            stop_watchdog();
+            if (expired) { expired_error(); }
+            throw;
+        }
+        stop_watchdog();
+        if (expired) { expired_error(); }
+        // A 2xx whose body is not JSON is not an fdrollout answer (a proxy's page, another service):
+        // never a success that a fleet would commit on.
+        if (reply.http_status >= 200 && reply.http_status < 300 && !nlohmann::json::accept(reply.body)) {
+            fd::fail(fd::Errc::unreachable, "{} answered HTTP {} with a body that is not JSON ({:.60}): not an fdrollout daemon at that "
+                                            "URL?", url_, reply.http_status, reply.body);
+        }
+        return reply;
+    }
+
+private:
+    Reply request(const fd::shm::MailboxCommand & cmd) {
         httplib::Result res{nullptr, httplib::Error::Unknown};
         const std::string & op = cmd.op;
         const double deadline = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() + timeout_s_;
@@ -92,7 +142,6 @@ public:
         return {res->status, res->body};
     }
 
-private:
     static constexpr double kAnswerGraceS = 5.0;
     std::string     url_;
     httplib::Client cli_;

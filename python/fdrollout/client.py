@@ -23,6 +23,8 @@ instead of hanging the trainer.
 import http.client
 import json
 import os
+import socket
+import threading
 import time
 import urllib.parse
 
@@ -100,20 +102,45 @@ class Client:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout + _SOCKET_GRACE_S)
+        limit = timeout + _SOCKET_GRACE_S
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=limit)
+        # The socket timeout restarts with every byte: a peer that answers one byte a second would
+        # hold the call forever. A timer shuts the socket at the limit, so the whole call is bounded.
+        expired = threading.Event()
+
+        def give_up():
+            expired.set()
+            if conn.sock is not None:
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        timer = threading.Timer(limit, give_up)
+        timer.daemon = True
+        timer.start()
         try:
             conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
             raw = resp.read()
+            if expired.is_set():
+                raise OSError("the connection was shut at the time limit")
         except (OSError, http.client.HTTPException) as e:
+            if expired.is_set():
+                raise FdRolloutError(0, "unreachable", f"{method} {path}: no complete answer within {limit:g} s (the peer kept the "
+                                                       "connection open without finishing its answer)", url=self.url) from e
             raise FdRolloutError(0, "unreachable", f"{method} {path}: {e}", url=self.url) from e
         finally:
+            timer.cancel()
             conn.close()
         try:
             j = json.loads(raw) if raw else None
         except ValueError:
             j = None
         if 200 <= resp.status < 300:
+            if raw and j is None:  # not an fdrollout answer (a proxy's page, another service): never a success
+                raise FdRolloutError(0, "unreachable", f"{method} {path}: HTTP {resp.status} with a body that is not JSON "
+                                                       f"({raw[:60]!r}): not an fdrollout daemon at that URL?", url=self.url)
             return j
         err = (j or {}).get("error") if isinstance(j, dict) else None
         if isinstance(err, dict):

@@ -101,6 +101,52 @@ def log_dir():
     return _LOG_DIR[0]
 
 
+class MisbehavingPeer:
+    """An HTTP peer that is not a healthy fdrollout, on a free port, for the clients' bounds:
+    mode "drip" answers the headers of a 1 MB body then one byte a second (a per-read socket
+    timeout never fires), "garbage" answers HTTP 200 with a body that is not JSON."""
+
+    def __init__(self, mode):
+        import socket as _socket
+        self.mode, self.port = mode, free_port()
+        self.sock = _socket.socket()
+        self.sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", self.port))
+        self.sock.listen(16)
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(c,), daemon=True).start()
+
+    def _answer(self, c):
+        try:
+            c.recv(65536)
+            if self.mode == "garbage":
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n{oops")
+                return
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+            while not self.stop.is_set():
+                c.sendall(b" ")
+                time.sleep(1)
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.sock.close()
+
+
 def free_port():
     """A port free now, below the kernel's ephemeral range (32768-60999 by default): a port the
     kernel handed out (bind to 0) could be handed out again to the daemon's own TCP store or an

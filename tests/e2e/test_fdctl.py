@@ -13,7 +13,7 @@ import threading
 import time
 import unittest
 
-from fdtest import FDCTL, REF, REPO, STORIES, Daemon, copy_checkpoint, fdctl, free_port, fresh_daemon, perturbed, wait_control_in_flight
+from fdtest import FDCTL, REF, REPO, STORIES, Daemon, MisbehavingPeer, copy_checkpoint, fdctl, free_port, fresh_daemon, perturbed, wait_control_in_flight
 
 SHM = "/dev/shm/fdrollout.{}"
 EXIT = {"ok": 0, "usage": 2, "not_found": 3, "wrong_state": 4, "invalid_checkpoint": 5, "engine_paused": 6,
@@ -204,6 +204,26 @@ class Fdctl(unittest.TestCase):
         p = subprocess.run([BIN, "--help"], capture_output=True, text=True, timeout=30)
         self.assertEqual(p.returncode, 0)
         self.assertIn("Exit codes", p.stdout)
+
+    def test_a_peer_that_drips_or_garbles_its_answer_is_not_a_success_and_never_hangs(self):
+        """cpp-httplib's read timeout restarts with every byte: a peer answering one byte a second
+        held `fdctl --url ... --timeout 3 status` (and --fleet) forever; a 200 whose body is not
+        JSON counted as success, so a fleet update committed on the real members (probes)."""
+        with MisbehavingPeer("drip") as peer:
+            url = f"http://127.0.0.1:{peer.port}"
+            t0 = time.monotonic()
+            p = subprocess.run([FDCTL, "--url", url, "--timeout", "1", "status"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, EXIT["timeout"], p.stderr)
+            self.assertLess(time.monotonic() - t0, 1 + 5 + 2)
+            self.assertIn("no complete answer", p.stderr)
+            p = subprocess.run([FDCTL, "--hosts", url, "--timeout", "1", "--json", "status"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(json.loads(p.stdout)["results"][0]["exit_code"], EXIT["timeout"], p.stdout)
+        with MisbehavingPeer("garbage") as peer:
+            url = f"http://127.0.0.1:{peer.port}"
+            for args in (["--url", url, "pause"], ["--hosts", url, "pause"]):
+                p = subprocess.run([FDCTL, *args], capture_output=True, text=True, timeout=60)
+                self.assertEqual(p.returncode, EXIT["unreachable"], (args, p.stderr))
+                self.assertIn("not JSON", p.stderr)
 
     def test_no_daemon_is_unreachable_within_a_second(self):
         port = free_port()

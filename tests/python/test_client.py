@@ -13,7 +13,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
-from fdtest import STORIES, Daemon, copy_checkpoint, free_port, fresh_daemon, greedy, perturbed, stop_process  # noqa: E402
+from fdtest import STORIES, Daemon, MisbehavingPeer, copy_checkpoint, free_port, fresh_daemon, greedy, perturbed, stop_process  # noqa: E402
 from fdrollout import Client, FdRolloutError  # noqa: E402
 
 
@@ -152,6 +152,27 @@ class Deadlines(unittest.TestCase):
             finally:
                 d.proc.send_signal(signal.SIGCONT)
             self.assertEqual(Client(f"127.0.0.1:{d.port}").health()["state"], "serving")
+
+
+    def test_a_peer_that_drips_its_answer_raises_within_the_deadline(self):
+        """The socket timeout restarts with every byte: a peer answering one byte a second held
+        Client.pause() forever (a probe). The whole call is bounded by timeout + 5 s."""
+        with MisbehavingPeer("drip") as peer:
+            t0 = time.monotonic()
+            with self.assertRaises(FdRolloutError) as e:
+                Client(f"127.0.0.1:{peer.port}", timeout=1).pause()
+            self.assertLess(time.monotonic() - t0, 1 + 5 + 2)
+            self.assertEqual(e.exception.type, "unreachable")
+            self.assertIn("no complete answer", e.exception.message)
+
+    def test_a_200_that_is_not_json_is_not_a_success(self):
+        """A proxy's page or another service answering 200 is not fdrollout: pause() returned None
+        as if it had paused, and a fleet counted the member as staged (a probe)."""
+        with MisbehavingPeer("garbage") as peer:
+            with self.assertRaises(FdRolloutError) as e:
+                Client(f"127.0.0.1:{peer.port}", timeout=5).pause()
+            self.assertEqual(e.exception.type, "unreachable")
+            self.assertIn("not JSON", e.exception.message)
 
 
 class ControlKey(unittest.TestCase):
