@@ -441,4 +441,44 @@ std::optional<std::string> read_version_step(const std::filesystem::path & dir) 
     return value;
 }
 
+std::optional<std::string> model_config_difference(const ModelConfig & running, const ModelConfig & fresh) {
+    std::optional<std::string> out;
+    auto cmp = [&](const char * name, const auto & a, const auto & b) {
+        if (!out && !(a == b)) { out = fmt::format("{}: {} (the running model: {})", name, b, a); }
+    };
+    const auto & ra = running.rope_scaling;
+    const auto & rb = fresh.rope_scaling;
+    const auto & ma = running.moe;
+    const auto & mb = fresh.moe;
+    cmp("architectures", running.architecture, fresh.architecture);
+    cmp("vocab_size", running.vocab_size, fresh.vocab_size);
+    cmp("hidden_size", running.hidden_size, fresh.hidden_size);
+    cmp("intermediate_size", running.intermediate_size, fresh.intermediate_size);
+    cmp("num_hidden_layers", running.n_layers, fresh.n_layers);
+    cmp("num_attention_heads", running.n_heads, fresh.n_heads);
+    cmp("num_key_value_heads", running.n_kv_heads, fresh.n_kv_heads);
+    cmp("head_dim", running.head_dim, fresh.head_dim);
+    cmp("rms_norm_eps", running.rms_norm_eps, fresh.rms_norm_eps);
+    cmp("rope_theta", running.rope_theta, fresh.rope_theta);
+    cmp("rope_scaling.rope_type", ra.name, rb.name);
+    cmp("rope_scaling.factor", ra.factor, rb.factor);
+    cmp("rope_scaling.low_freq_factor", ra.low_freq_factor, rb.low_freq_factor);
+    cmp("rope_scaling.high_freq_factor", ra.high_freq_factor, rb.high_freq_factor);
+    cmp("rope_scaling.original_max_position_embeddings", ra.original_max_position_embeddings, rb.original_max_position_embeddings);
+    cmp("tie_word_embeddings", running.tie_word_embeddings, fresh.tie_word_embeddings);
+    cmp("q/k/v biases", running.qkv_bias, fresh.qkv_bias);
+    cmp("q_norm/k_norm", running.qk_norm, fresh.qk_norm);
+    cmp("sliding_window", running.sliding_window, fresh.sliding_window);
+    cmp("num_experts", ma.n_experts, mb.n_experts);
+    cmp("num_experts_per_tok", ma.top_k, mb.top_k);
+    cmp("moe_intermediate_size", ma.intermediate, mb.intermediate);
+    cmp("shared_expert_intermediate_size", ma.shared_intermediate, mb.shared_intermediate);
+    cmp("norm_topk_prob", ma.norm_topk_prob, mb.norm_topk_prob);
+    if (!out && ma.sparse_layer != mb.sparse_layer) {
+        out = "decoder_sparse_step / mlp_only_layers: another set of sparse MoE layers than the running model's";
+    }
+    cmp("num_nextn_predict_layers", running.n_mtp_layers, fresh.n_mtp_layers);
+    return out;
+}
+
 }  // namespace fd::model

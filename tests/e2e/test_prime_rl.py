@@ -15,6 +15,7 @@ the client-fields part of issue 26 (another branch); the update itself invalidat
 After every step the greedy ids and logprobs equal a fresh daemon's on the checkpoint loaded, and
 the weight_version reported is that checkpoint's label.
 """
+import json
 import os
 import shutil
 import tempfile
@@ -120,6 +121,19 @@ class PrimeRl(unittest.TestCase):
         bad = rewrite_tensors(copy_checkpoint(self.step[2], os.path.join(self.tmp, "bad")),
                               lambda t: t.update({"model.norm.weight": t["model.norm.weight"][:-1]}))
         refused({"weight_dir": bad}, 422, "invalid_checkpoint", "model.norm.weight")
+        # the same tensors under a config.json of other math (the running model keeps its own):
+        # 422 naming the field, never served wrong under the new label (a probe updated an MoE
+        # model to num_experts_per_tok 2 and it still routed top-4)
+        for field, value in (("rope_theta", 500000.0), ("rms_norm_eps", 1e-3), ("tie_word_embeddings", False)):
+            other_cfg = copy_checkpoint(self.step[2], os.path.join(self.tmp, f"cfg-{field}"))
+            with open(os.path.join(other_cfg, "config.json")) as f:
+                cfg = json.load(f)
+            if cfg.get(field) == value:
+                continue
+            cfg[field] = value
+            with open(os.path.join(other_cfg, "config.json"), "w") as f:
+                json.dump(cfg, f)
+            refused({"weight_dir": other_cfg}, 422, "invalid_checkpoint", f"config.json: {field}", "the running model")
         self.post("/resume")
         self.serves(1, "1")
         # the same dir once it is ours again

@@ -4,12 +4,14 @@
 #include "rank_ops.h"
 
 #include "fd/arena.h"
+#include "fd/checkpoint/model_config.h"
 #include "fd/status.h"
 
 #include <nlohmann/json.hpp>
 
 #include <array>
 #include <chrono>
+#include <filesystem>
 
 namespace fd::runtime {
 namespace {
@@ -19,6 +21,23 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 bool on_cuda(const RankSite & s) { return s.worker->backend().kind() == kernels::DeviceKind::cuda; }
+
+/// A checkpoint dir's config.json must describe the model this rank serves: an update keeps the
+/// running structure and math, so a config that differs (another num_experts_per_tok, rope_theta,
+/// ...) would be served wrong under the new label. Sources without one (ipc records) pass.
+/// Errors  invalid_checkpoint naming the file and the field (or what load_model_config refuses).
+void check_same_model(const RankSite & s, const weights::FetchedCheckpoint & ckpt) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path  src = ckpt.index.source;
+    const fs::path  dir = fs::is_directory(src, ec) ? src : src.parent_path();
+    if (dir.empty() || !fs::is_regular_file(dir / "config.json", ec)) { return; }
+    if (const auto d = model::model_config_difference(s.worker->config(), model::load_model_config(dir))) {
+        fail(Errc::invalid_checkpoint, "{}: {}; a weight update keeps the running model's structure and math, so these weights would "
+                                       "be served wrong: start a daemon on this checkpoint instead; nothing changed",
+             (dir / "config.json").string(), *d);
+    }
+}
 
 /// This rank's checkpoint for `req` (a wakeup whose weight_dir holds this rank's snapshot, the
 /// snapshot op's: read as the ipc_snapshot source reads it); the time it took goes to r.fetch_s.
@@ -31,6 +50,7 @@ weights::FetchedCheckpoint fetch(RankSite & s, const weights::FetchRequest & req
     weights::FetchedCheckpoint ckpt = req.weight_dir.empty() ? s.source->fetch(mine)
                                       : snapshot             ? weights::make_ipc_snapshot_source(req.weight_dir)->fetch(mine)  // landed weights
                                                              : weights::fetch_checkpoint_dir(req.weight_dir, req.weight_dir_owned);
+    check_same_model(s, ckpt);
     r.fetch_s = seconds_since(t0);
     return ckpt;
 }

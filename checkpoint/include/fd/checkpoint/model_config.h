@@ -115,6 +115,17 @@ struct ModelConfig {
 ///          n_group / topk_group, routed_scaling_factor != 1), each naming the field.
 ModelConfig load_model_config(const std::filesystem::path & dir);
 
+/// The first field of the math that differs between the model being served (`running`) and a
+/// checkpoint's config (`fresh`), as "name: <fresh> (the running model: <running>)", or nullopt
+/// when they compute the same function shape-for-shape: architecture, sizes, heads, head_dim,
+/// rms_norm_eps, rope_theta and rope_scaling, tied embeddings, q/k/v biases, q/k norms, the
+/// sliding window, every MoE field (experts, top-k, widths, norm_topk_prob, sparse layers) and
+/// the MTP layers. Not compared: token ids, max_position_embeddings (neither changes the weights'
+/// function). A weight update keeps the running model's structure, so a checkpoint whose config
+/// differs here would be served with the wrong math (an update to num_experts_per_tok 2 still
+/// routed top-4). Errors: none.
+std::optional<std::string> model_config_difference(const ModelConfig & running, const ModelConfig & fresh);
+
 /// A start-up problem serving `cfg` with sequences of up to `max_model_len` tokens (an active
 /// sliding window shorter than max_model_len, naming the field), or nullopt when none.
 std::optional<std::string> check_max_model_len(const ModelConfig & cfg, int32_t max_model_len);
