@@ -4,6 +4,7 @@ a checkpoint with safetensors_np); bad input is a 4xx naming the tensor and chan
 trainer killed mid-send or gone silent leaves the old version serving and the next stream works.
 """
 import glob
+import json
 import os
 import shutil
 import signal
@@ -427,6 +428,36 @@ class StreamTp1(StreamChecks, unittest.TestCase):
         self.assertEqual((st1, j1["success"], j1["n_received"], j1["n_expected"]), (200, True, half, len(names)), j1)
         self.assertEqual((st2, j2["success"], j2["weight_version"]), (200, True, "sg-1"), j2)
         self.assert_serving(self.ref_new, "sg-1")
+
+    def test_8b_a_sglang_bucket_naming_no_tensor_never_waits_for_the_trainer(self):
+        """SGLang's first bucket opens the update, which waits for the trainer to connect: a bucket
+        naming no tensor of the model waited there (up to the stream timeout) after its client
+        left, /health said idle and the next start got 'already open' (a probe). Now it is a 422
+        naming the tensor at once, and a start that does wait shows as 'connecting'."""
+        st, info = self.d.post("/init_weights_update_group", {})
+        self.assertEqual(st, 200, info)
+        t0 = time.monotonic()
+        st, j = self.d.post("/update_weights_from_distributed", {"names": ["not_a_tensor"], "dtypes": ["float32"], "shapes": [[1]]})
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertEqual(st, 422, j)
+        self.assertIn("not_a_tensor", j["message"] if "message" in j else j["error"]["message"])
+        self.assertEqual(self.c.health()["weight_stream"]["state"], "idle")
+        name = sorted(self.tensors)[0]
+        good = {"names": [name], "dtypes": ["float32"], "shapes": [list(self.tensors[name].shape)]}
+        th = threading.Thread(target=lambda: self.d.request("POST", "/update_weights_from_distributed", body=good,
+                                                            headers={"X-Request-Timeout": "3"}))
+        th.start()
+        try:
+            deadline = time.monotonic() + 10
+            while self.c.health()["weight_stream"]["state"] != "connecting" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(self.c.health()["weight_stream"]["state"], "connecting")
+            st, j = self.d.post("/start_weight_update", {})
+            self.assertEqual(st, 409, j)
+            self.assertIn("waiting for the trainer to connect", json.dumps(j))
+        finally:
+            th.join(30)
+        self.d.post("/abort_weight_update", {})
 
     def test_10_transport_opened_once_across_streams(self):
         """As vLLM's protocol (init once, then start/update/finish per step): a client's streams

@@ -342,7 +342,10 @@ void sglang_update_distributed(ApiContext & ctx, const ControlInput & in, Respon
         throw;
     }
     const json st = json::parse(ctx.stream->status_json());
-    if (!st.value("update_open", false)) { ctx.stream->start(v, deadline_of(in)); }
+    if (!st.value("update_open", false)) {
+        ctx.stream->check_specs(specs);  // before the start waits for the trainer: a bad bucket never opens an update
+        ctx.stream->start(v, deadline_of(in));
+    }
     const auto r = ctx.stream->receive_bucket(specs, false, deadline_of(in));
     stage_ahead(ctx, r);
     if (r.n_received < r.n_expected) {

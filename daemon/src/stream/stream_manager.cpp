@@ -41,6 +41,26 @@ bool optional_tensor(const std::string & name) { return name.find("rotary_emb.in
 
 namespace {
 
+std::string shape_text(const std::vector<int64_t> & s);
+
+/// `s` names a tensor of the model with its dtype and shape. Errors  invalid_checkpoint naming it.
+void check_spec(const std::map<std::string, TensorSpec> & expected, const TensorSpec & s) {
+    auto it = expected.find(s.name);
+    if (it == expected.end()) {
+        throw Error(Errc::invalid_checkpoint, fmt::format("tensor '{}' is not a tensor of the model (its training names are "
+                                                          "those of --model's checkpoint); nothing was applied", s.name), "names");
+    }
+    const TensorSpec & e = it->second;
+    if (s.dtype != e.dtype) {
+        throw Error(Errc::invalid_checkpoint, fmt::format("tensor '{}': dtype {} announced, the model holds {}; cast it before "
+                                                          "sending", s.name, model::dtype_name(s.dtype), model::dtype_name(e.dtype)), "dtype_names");
+    }
+    if (s.shape != e.shape) {
+        throw Error(Errc::invalid_checkpoint, fmt::format("tensor '{}': shape {} announced, the model's is {}", s.name,
+                                                          shape_text(s.shape), shape_text(e.shape)), "shapes");
+    }
+}
+
 std::string shape_text(const std::vector<int64_t> & s) {
     std::string out = "[";
     for (size_t i = 0; i < s.size(); ++i) { out += (i ? ", " : "") + std::to_string(s[i]); }
@@ -142,6 +162,10 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
         fail(Errc::wrong_state, "no weight-stream transport{}; POST /init_weight_transfer_engine first",
              m.last_error ? fmt::format(" (the last one was closed: {})", m.last_error->what()) : "");
     }
+    if (!m.update && m.busy) {
+        fail(Errc::wrong_state, "another call is waiting for the trainer to connect to the stream endpoint (the update opens once it "
+                                "does); connect the trainer, or POST /abort_weight_update");
+    }
     if (m.update || m.busy) { fail(Errc::wrong_state, "a weight update is already open; send its tensors and POST /finish_weight_update"); }
     model::TensorIndex base;
     if (base_version) {
@@ -191,6 +215,11 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
     m.update->landed        = land;
 }
 
+void StreamManager::check_specs(const std::vector<TensorSpec> & specs) const {
+    std::lock_guard lk(impl_->mu);
+    for (const auto & s : specs) { check_spec(impl_->expected, s); }
+}
+
 BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs, bool packed, Clock::time_point deadline) {
     const auto t0 = Clock::now();
     std::unique_lock lk(impl_->mu);
@@ -209,20 +238,7 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
     try {
         if (specs.empty()) { throw Error(Errc::invalid_argument, "update_info announces no tensor", "update_info"); }
         for (const auto & s : specs) {
-            auto it = m.expected.find(s.name);
-            if (it == m.expected.end()) {
-                throw Error(Errc::invalid_checkpoint, fmt::format("tensor '{}' is not a tensor of the model (its training names are "
-                                                                  "those of --model's checkpoint); nothing was applied", s.name), "names");
-            }
-            const TensorSpec & e = it->second;
-            if (s.dtype != e.dtype) {
-                throw Error(Errc::invalid_checkpoint, fmt::format("tensor '{}': dtype {} announced, the model holds {}; cast it before "
-                                                                  "sending", s.name, model::dtype_name(s.dtype), model::dtype_name(e.dtype)), "dtype_names");
-            }
-            if (s.shape != e.shape) {
-                throw Error(Errc::invalid_checkpoint, fmt::format("tensor '{}': shape {} announced, the model's is {}", s.name,
-                                                                  shape_text(s.shape), shape_text(e.shape)), "shapes");
-            }
+            check_spec(m.expected, s);
             if (m.update->weight_map.count(s.name) || !in_bucket.insert(s.name).second) {
                 throw Error(Errc::invalid_argument, fmt::format("tensor '{}' was sent twice in this update", s.name), "names");
             }

@@ -186,7 +186,8 @@ std::string StreamManager::status_json() const {
     const auto & m = *impl_;
     using nlohmann::json;
     const auto opt = [](const std::optional<std::string> & v) { return v ? json(*v) : json(nullptr); };
-    const char * state = !m.update ? "idle" : m.update->sealed ? "finishing" : m.busy ? "receiving" : "open";
+    // "connecting": a start (or SGLang's first bucket) waits for the trainer to connect.
+    const char * state = !m.update ? (m.busy ? "connecting" : "idle") : m.update->sealed ? "finishing" : m.busy ? "receiving" : "open";
     json deadline_in_s = nullptr;
     if (m.update && !m.update->sealed) {
         deadline_in_s = std::max(0.0, std::chrono::duration<double>(m.update->idle_deadline - Clock::now()).count());

@@ -221,6 +221,12 @@ public:
     ///           closed the connection.
     BucketReport receive_bucket(const std::vector<TensorSpec> & specs, bool packed, Clock::time_point deadline);
 
+    /// Each of `specs` names a tensor of the model with its dtype and shape, checked without
+    /// waiting for anything (SGLang's bucket opens the update, which waits for the trainer: a
+    /// bucket naming no tensor of the model is refused first). Errors  invalid_checkpoint naming
+    /// the tensor and the field ("names", "dtype_names", "shapes").
+    void check_specs(const std::vector<TensorSpec> & specs) const;
+
     /// Check that every tensor of the model arrived and seal the staging dir. `version` (if
     /// given) overrides start's. A delta update instead writes its tensors to the delta file
     /// (Sealed::delta_file; tensors not sent keep the base's bytes). The update then waits for
