@@ -156,8 +156,19 @@ int main(int argc, char ** argv) {
     Options o;
     const char * v1 = std::getenv("FD_ENABLE_V1_UPDATE_WEIGHTS");
     o.transport = v1 && std::string(v1) == "1" ? "v1" : "shm";
-    app.add_option("--port", o.port, "The daemon's port (names its control block and default URL)")->envname("FD_PORT")->capture_default_str();
-    auto * url_opt = app.add_option("--url", o.url, "V1 base URL (default http://127.0.0.1:PORT); implies --transport v1");
+    app.add_option("--port", o.port, "The daemon's port (names its control block and default URL)")
+        ->envname("FD_PORT")->check(CLI::Range(1, 65535))->capture_default_str();
+    // http://HOST[:PORT] with an optional trailing '/' (dropped): a path, a query or another
+    // scheme is a usage error, not a "connection refused" from a URL the client could not use.
+    auto * url_opt = app.add_option("--url", o.url, "V1 base URL (default http://127.0.0.1:PORT); implies --transport v1")
+        ->transform(CLI::Validator([](std::string & v) -> std::string {
+                        while (v.size() > 7 && v.back() == '/') { v.pop_back(); }
+                        const bool http = v.rfind("http://", 0) == 0 && v.size() > 7;
+                        if (!http || v.find_first_of("/?#@ ", 7) != std::string::npos) {
+                            return "--url must be http://HOST[:PORT] (no path, query or other scheme), got '" + v + "'";
+                        }
+                        return {};
+                    }, "URL"));
     auto * transport_opt = app.add_option("--transport", o.transport, "shm (control block) or v1 (HTTP); default from FD_ENABLE_V1_UPDATE_WEIGHTS "
                                                                       "(v1 when --url is given)")
         ->check(CLI::IsMember({"shm", "v1"}))->capture_default_str();
