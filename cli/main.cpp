@@ -157,7 +157,7 @@ int main(int argc, char ** argv) {
     const char * v1 = std::getenv("FD_ENABLE_V1_UPDATE_WEIGHTS");
     o.transport = v1 && std::string(v1) == "1" ? "v1" : "shm";
     app.add_option("--port", o.port, "The daemon's port (names its control block and default URL)")
-        ->envname("FD_PORT")->check(CLI::Range(1, 65535))->capture_default_str();
+        ->envname("FD_PORT")->check(CLI::Range(0, 65535))->capture_default_str();  // 0: none (a --fleet call)
     // http://HOST[:PORT] with an optional trailing '/' (dropped): a path, a query or another
     // scheme is a usage error, not a "connection refused" from a URL the client could not use.
     auto * url_opt = app.add_option("--url", o.url, "V1 base URL (default http://127.0.0.1:PORT); implies --transport v1")

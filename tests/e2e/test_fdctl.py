@@ -227,14 +227,15 @@ class Fdctl(unittest.TestCase):
 
     def test_url_and_port_are_checked_before_any_call(self):
         """`--url http://HOST:PORT/` (a trailing slash) was "connection refused" against a running
-        daemon, `--url ftp://x` an internal error (exit 70), `--port 0` / `70000` "unreachable"
-        (a probe): a trailing '/' is dropped; a path, query or other scheme and a port outside
-        1..65535 are usage errors (exit 2)."""
+        daemon, `--url ftp://x` an internal error (exit 70), `--port 70000` / `-1` "unreachable"
+        (a probe): a trailing '/' is dropped; a path, a query, another scheme, and a port outside
+        0..65535 are usage errors (exit 2). Port 0 stays valid: --fleet calls pass it to name no
+        local daemon."""
         with Daemon() as d:
             p = subprocess.run([FDCTL, "--url", f"http://127.0.0.1:{d.port}/", "status"], capture_output=True, text=True, timeout=60)
             self.assertEqual(p.returncode, 0, p.stderr)
         for args in (["--url", "ftp://x"], ["--url", "notaurl"], ["--url", "http://127.0.0.1:1/v1"], ["--url", ""],
-                     ["--url", "http://h:1?x=1"], ["--port", "0"], ["--port", "70000"], ["--port", "-1"]):
+                     ["--url", "http://h:1?x=1"], ["--port", "70000"], ["--port", "-1"]):
             with self.subTest(args):
                 p = subprocess.run([FDCTL, *args, "status"], capture_output=True, text=True, timeout=60)
                 self.assertEqual(p.returncode, 2, (args, p.stderr))
