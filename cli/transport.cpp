@@ -90,7 +90,7 @@ public:
         if (expired) { expired_error(); }
         // A 2xx whose body is not JSON is not an fdrollout answer (a proxy's page, another service):
         // never a success that a fleet would commit on.
-        if (reply.http_status >= 200 && reply.http_status < 300 && !nlohmann::json::accept(reply.body)) {
+        if (reply.http_status >= 200 && reply.http_status < 300 && !reply.body.empty() && !nlohmann::json::accept(reply.body)) {
             fd::fail(fd::Errc::unreachable, "{} answered HTTP {} with a body that is not JSON ({:.60}): not an fdrollout daemon at that "
                                             "URL?", url_, reply.http_status, reply.body);
         }

@@ -68,6 +68,12 @@ ALIASES = [
     ("vllm", "POST", "/resume", None, [PAUSE], ("POST", "/v1/resume", None), 200, exact({"status": "resumed"})),
     ("vllm", "GET", "/is_paused", None, [PAUSE], ("GET", "/v1/is_paused", None), 200, exact({"is_paused": True})),
     ("vllm", "POST", "/reset_prefix_cache", None, [], ("GET", "/health", None), 200, exact("")),
+    # vLLM's bool parameters: their defaults pass, true (what this route cannot do) and non-bools are 400
+    ("vllm", "POST", "/reset_prefix_cache?reset_running_requests=false&reset_external=false", None, [], ("GET", "/health", None), 200,
+     exact("")),
+    ("vllm", "POST", "/reset_prefix_cache?reset_running_requests=true", None, [], ("GET", "/health", None), 400, keys("error")),
+    ("vllm", "POST", "/pause?wait_for_inflight_requests=maybe", None, [], ("GET", "/health", None), 400, keys("error")),
+    ("vllm", "POST", "/pause?wait_for_inflight_requests=", None, [], ("GET", "/health", None), 400, keys("error")),
     # vLLM's dev-mode RL route (vllm/entrypoints/serve/dev/rlhf/api_router.py); live requests: test_abort.py
     ("vllm", "POST", "/abort_requests", {}, [], ("POST", "/v1/abort", {"abort_all": True}), 200,
      exact({"status": "aborted", "aborted": 0})),

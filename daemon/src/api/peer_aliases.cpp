@@ -170,7 +170,7 @@ void vllm_is_sleeping(ApiContext & ctx, const ControlInput & in, Response & res)
 void vllm_pause(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({"mode", "wait_for_inflight_requests", "clear_cache"}, "POST /pause");
     std::string mode = check_pause_mode(in.get("mode"));
-    if (const auto w = in.get("wait_for_inflight_requests"); w && *w != "false" && *w != "0") {  // vLLM's older spelling of mode=wait
+    if (query_bool(in, "wait_for_inflight_requests", false)) {  // vLLM's older spelling of mode=wait (a bool: anything else is 400)
         if (!mode.empty() && mode != "wait") {
             throw Error(Errc::invalid_argument, fmt::format("wait_for_inflight_requests=true contradicts mode={}; give one", mode), "mode");
         }
@@ -202,8 +202,16 @@ void vllm_is_paused(ApiContext & ctx, const ControlInput & in, Response & res) {
 }
 
 void vllm_reset_prefix_cache(ApiContext & ctx, const ControlInput & in, Response & res) {
-    in.allow_only({"keep_host_tier"}, "POST /reset_prefix_cache");
+    in.allow_only({"keep_host_tier", "reset_running_requests", "reset_external"}, "POST /reset_prefix_cache");
     reject_unknown_fields(in.body, {"keep_host_tier"}, "reset_prefix_cache");
+    // vLLM's two bools: false (their default) is what this route does; true asks for what it cannot.
+    for (const char * key : {"reset_running_requests", "reset_external"}) {
+        if (query_bool(in, key, false)) {
+            throw Error(Errc::invalid_argument, fmt::format("{}=true is not supported: the prefix cache is reset, running requests "
+                                                            "keep their blocks, and there is no external KV connector; nothing was "
+                                                            "done", key), key);
+        }
+    }
     const ControlOutcome o = run(ctx, in, {.op = "flush_cache", .mode = flush_mode(in)});
     if (!o.ok()) { return vllm_error(res, o); }
     res.status = 200;  // vLLM answers an empty 200
