@@ -147,6 +147,19 @@ int run_command(const Options & o, fd::shm::MailboxCommand cmd) {
 
 }  // namespace
 
+/// An error fdctl finds itself (usage, unreachable, timeout, ...): on stderr, and with --json also
+/// on stdout in the daemon's control-error shape ({"status": "error", "error": {type, message}})
+/// plus the exit code, so a script reading --json output always gets one JSON object. Returns rc.
+int report_error(bool json, const std::string & type, const std::string & message, int rc) {
+    std::cerr << "fdctl: " << (type == "usage" ? "usage: " : type == "internal" ? "internal error: " : type + ": ") << message << "\n";
+    if (json) {
+        std::cout << nlohmann::json{{"status", "error"}, {"error", {{"type", type}, {"message", message}}}, {"exit_code", rc}}.dump(
+                         -1, ' ', false, nlohmann::json::error_handler_t::replace)
+                  << "\n";
+    }
+    return rc;
+}
+
 int main(int argc, char ** argv) {
     CLI::App app{"fdctl — weight control for fdrollout (pause, resume, sleep/wakeup, update-weights, legacy clear/update)\n"
                  "over the shared-memory control block (--transport shm) or the V1 HTTP API (--transport v1)."};
@@ -289,6 +302,7 @@ int main(int argc, char ** argv) {
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {
+        if (o.json && e.get_exit_code() != 0) { return report_error(true, "usage", e.what(), fd::kExitUsage); }
         const int rc = app.exit(e);
         return rc == 0 ? 0 : fd::kExitUsage;
     }
@@ -322,8 +336,7 @@ int main(int argc, char ** argv) {
             throw fd::Error(fd::Errc::invalid_argument, "stage-weights needs --version (commit-weights names it)");
         }
     } catch (const fd::Error & e) {
-        std::cerr << "fdctl: usage: " << e.what() << "\n";
-        return fd::kExitUsage;
+        return report_error(o.json, "usage", e.what(), fd::kExitUsage);
     }
     try {
         if (cmd.op == "publish") {
@@ -354,17 +367,14 @@ int main(int argc, char ** argv) {
                     throw fd::Error(fd::Errc::invalid_argument, "a fleet update-weights needs --version (every host must load the same one)");
                 }
             } catch (const fd::Error & e) {
-                std::cerr << "fdctl: usage: " << e.what() << "\n";
-                return fd::kExitUsage;
+                return report_error(o.json, "usage", e.what(), fd::kExitUsage);
             }
             return fdctl::run_fleet(f, cmd);
         }
         return cmd.op == "wait" ? run_wait(o) : run_command(o, cmd);
     } catch (const fd::Error & e) {
-        std::cerr << "fdctl: " << fd::errc_name(e.code()) << ": " << e.what() << "\n";
-        return fd::errc_info(e.code()).exit_code;
+        return report_error(o.json, std::string(fd::errc_name(e.code())), e.what(), fd::errc_info(e.code()).exit_code);
     } catch (const std::exception & e) {
-        std::cerr << "fdctl: internal error: " << e.what() << "\n";
-        return 70;
+        return report_error(o.json, "internal", e.what(), 70);
     }
 }

@@ -96,7 +96,8 @@ class Fdctl(unittest.TestCase):
                 j = json.loads(out)
                 self.assertEqual((j["status"], j["result"]["is_paused"]), ("success", True))
                 rc, out, _ = fdctl(d.port, "--transport", transport, "--json", "sleep", "--tags", "bogus")
-                self.assertEqual((rc, out), (EXIT["usage"], ""))  # nothing sent
+                self.assertEqual((rc, json.loads(out)["error"]["type"]), (EXIT["usage"], "usage"))  # nothing sent, the error as JSON
+                self.assertEqual(d.get("/health")[1]["sleeping_tags"], [])
                 rc, out, _ = fdctl(d.port, "--transport", transport, "--json", "resume")
                 self.assertEqual(rc, 0)
                 rc, out, err = fdctl(d.port, "--transport", transport, "--json", "update-weights")
@@ -239,6 +240,23 @@ class Fdctl(unittest.TestCase):
             with self.subTest(args):
                 p = subprocess.run([FDCTL, *args, "status"], capture_output=True, text=True, timeout=60)
                 self.assertEqual(p.returncode, 2, (args, p.stderr))
+
+    def test_json_output_is_one_json_object_on_fdctls_own_errors_too(self):
+        """With --json, errors fdctl finds itself (usage, no daemon, a bad checkpoint) printed
+        nothing on stdout (a probe): a script reading --json got no object. Now stdout holds the
+        daemon's control-error shape plus the exit code."""
+        port = free_port()
+        cases = [(["--port", str(port), "--json", "pause"], EXIT["unreachable"], "unreachable"),
+                 (["--json", "sleep", "--tags", "bogus"], 2, "usage"),
+                 (["--json", "--no-such-flag", "status"], 2, "usage"),
+                 (["--json", "model-info", "--model", os.path.join(tempfile.gettempdir(), "no-such-model")], 5, "invalid_checkpoint")]
+        for args, rc, etype in cases:
+            with self.subTest(args):
+                p = subprocess.run([FDCTL, *args], capture_output=True, text=True, timeout=60)
+                self.assertEqual(p.returncode, rc, p.stderr)
+                j = json.loads(p.stdout)
+                self.assertEqual((j["status"], j["error"]["type"], j["exit_code"]), ("error", etype, rc), j)
+                self.assertIn(j["error"]["message"], p.stderr)
 
     def test_no_daemon_is_unreachable_within_a_second(self):
         port = free_port()
