@@ -108,6 +108,19 @@ class ControlRoutes(unittest.TestCase):
                 self.assertEqual(set(j["error"]), {"message", "type", "param", "code"})  # FastDeploy's ErrorInfo
                 self.assertTrue(j["request_id"])
 
+    def test_weight_aliases_are_404_without_dynamic_load_weight_whatever_their_body(self):
+        """vLLM's, SGLang's and prime-rl's weight routes are not there without
+        --dynamic-load-weight: 404 before the body is read (a probe got 400 for `{}` and 409 from
+        release_kv_cache_memory, while valid bodies got the 404)."""
+        with Daemon() as d:
+            for path, body in (("/update_weights", {}), ("/update_weights_from_disk", {}), ("/release_kv_cache_memory", None),
+                               ("/sleep", None), ("/reload_weights", {"x": 1}), ("/release_memory_occupation", {"tags": 3})):
+                with self.subTest(path):
+                    code, j = d.post(path, body)
+                    self.assertEqual(code, 404, j)
+                    self.assertIn("--dynamic-load-weight", json.dumps(j))
+            self.assertEqual(d.complete(prompt="Lily", max_tokens=2)["choices"][0]["finish_reason"], "length")
+
     def test_every_control_response_carries_request_id(self):
         with Daemon("--dynamic-load-weight", "--api-key", "k") as d:
             auth = {"Authorization": "Bearer k"}

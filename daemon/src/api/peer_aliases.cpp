@@ -15,6 +15,7 @@
 #include "fd/shm/names.h"
 
 #include <algorithm>
+#include <set>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -374,6 +375,14 @@ const std::map<std::string, AliasFn> kAliases = {
 }  // namespace
 
 void peer_alias_route(ApiContext & ctx, const Request & req, Response & res) {
+    // The aliases that load, change or release weights are not there without
+    // --dynamic-load-weight: 404 before their body is read (a malformed one got a 400 or 409 first).
+    static const std::set<std::string> kNeedsDynamicLoad = {"/sleep", "/wake_up", "/update_weights", "/update_weights_from_disk",
+                                                            "/reload_weights", "/release_memory_occupation", "/resume_memory_occupation",
+                                                            "/release_kv_cache_memory"};
+    if (kNeedsDynamicLoad.count(req.path) != 0 && !ctx.control->config().dynamic_load_weight) {
+        fail(Errc::not_found, "{} needs dynamic weight loading; start fdrollout with --dynamic-load-weight", req.path);
+    }
     kAliases.at(req.path)(ctx, read_control_input(req), res);
 }
 
