@@ -24,18 +24,15 @@ bool on_cuda(const RankSite & s) { return s.worker->backend().kind() == kernels:
 
 /// A checkpoint dir's config.json must describe the model this rank serves: an update keeps the
 /// running structure and math, so a config that differs (another num_experts_per_tok, rope_theta,
-/// ...) would be served wrong under the new label. Sources without one (ipc records) pass.
+/// ...) would be served wrong under the new label. Sources without a dir (ipc records) pass.
 /// Errors  invalid_checkpoint naming the file and the field (or what load_model_config refuses).
 void check_same_model(const RankSite & s, const weights::FetchedCheckpoint & ckpt) {
-    namespace fs = std::filesystem;
     std::error_code ec;
-    const fs::path  src = ckpt.index.source;
-    const fs::path  dir = fs::is_directory(src, ec) ? src : src.parent_path();
-    if (dir.empty() || !fs::is_regular_file(dir / "config.json", ec)) { return; }
-    if (const auto d = model::model_config_difference(s.worker->config(), model::load_model_config(dir))) {
+    if (ckpt.config_dir.empty() || !std::filesystem::is_regular_file(ckpt.config_dir / "config.json", ec)) { return; }
+    if (const auto d = model::model_config_difference(s.worker->config(), model::load_model_config(ckpt.config_dir))) {
         fail(Errc::invalid_checkpoint, "{}: {}; a weight update keeps the running model's structure and math, so these weights would "
                                        "be served wrong: start a daemon on this checkpoint instead; nothing changed",
-             (dir / "config.json").string(), *d);
+             (ckpt.config_dir / "config.json").string(), *d);
     }
 }
 

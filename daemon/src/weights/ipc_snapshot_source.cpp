@@ -64,6 +64,7 @@ public:
         }
         if (ec) { fail(Errc::source_unavailable, "cannot list {}: {}; retry", dir_.string(), ec.message()); }
         FetchedCheckpoint out;
+        out.config_dir = dir_;
         if (!parts.empty()) {
             std::sort(parts.begin(), parts.end());
             for (size_t i = 1; i < parts.size(); ++i) {

@@ -276,6 +276,7 @@ public:
             }
             FetchedCheckpoint out;
             out.index       = model::read_tensor_index(model_dir_);
+            out.config_dir  = model_dir_;
             out.version     = model::read_version_step(model_dir_);
             out.fingerprint = checkpoint_fingerprint(out.index);
             return out;
@@ -330,6 +331,8 @@ private:
                 refuse_delta(m);
                 store::check_against_manifest(final_dir, m, false);  // sizes and names: no second read of the data
                 out.index             = model::read_tensor_index(final_dir);
+            out.config_dir        = final_dir;
+                out.config_dir        = final_dir;
                 out.version           = v;
                 out.fingerprint       = manifest_fingerprint(m);
                 out.checksum_verified = verify_checksum;  // the pulling rank checked with the same request
@@ -379,6 +382,7 @@ private:
             const auto t1 = Clock::now();
             store::check_against_manifest(final_dir, m, verify_checksum);
             out.index             = model::read_tensor_index(final_dir);
+            out.config_dir        = final_dir;
             out.version           = v;
             out.fingerprint       = manifest_fingerprint(m);
             out.checksum_verified = verify_checksum;

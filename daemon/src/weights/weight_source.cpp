@@ -43,7 +43,8 @@ public:
             fail(Errc::source_unavailable, "model dir {} is not reachable; restore it and retry", dir_.string());
         }
         FetchedCheckpoint out;
-        out.index   = model::read_tensor_index(dir_);
+        out.index      = model::read_tensor_index(dir_);
+        out.config_dir = dir_;
         out.version     = model::read_version_step(dir_);
         out.fingerprint = checkpoint_fingerprint(out.index);
         return out;
@@ -79,7 +80,8 @@ FetchedCheckpoint fetch_checkpoint_dir(const std::filesystem::path & dir, bool o
     }
     if (owned) { check_trusted_path(dir.string(), Trust::owned); }  // before a byte is read from it
     FetchedCheckpoint out;
-    out.index = model::read_tensor_index(dir);
+    out.index      = model::read_tensor_index(dir);
+    out.config_dir = dir;
     if (owned) {
         std::vector<std::filesystem::path> files;
         for (const auto & [name, t] : out.index.tensors) { files.push_back(t.file); }

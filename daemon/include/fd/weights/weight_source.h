@@ -43,6 +43,10 @@ struct FetchRequest {
 
 struct FetchedCheckpoint {
     model::TensorIndex         index;             ///< headers read and bounds-checked
+    /// The checkpoint directory whose config.json describes these weights (the rank refuses one
+    /// of other math than it serves); empty for sources without one (ipc records in /dev/shm,
+    /// which other users may write to: nothing is read beside them).
+    std::filesystem::path      config_dir;
     std::optional<std::string> version;           ///< the version this checkpoint carries, if it says
     bool                       checksum_verified = false;
     /// What the bytes are (fd/weights/fingerprint.h): the engine changes the label of a wakeup
