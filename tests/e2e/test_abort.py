@@ -146,6 +146,27 @@ class Abort(unittest.TestCase):
         self.assertEqual(g.join()[0][1]["choices"][0]["finish_reason"], "abort")
         self.assertEqual(settle(self.d)["state"], "serving")
 
+    def test_vllm_request_id_in_the_body(self):
+        """vLLM's body `request_id`: the response id is "cmpl-<id>" (vllm serving_completion's
+        f"cmpl-{request_id}"), and /abort_requests finds the request by either form."""
+        f = pm.InFlight(self.d, [pm.body(PROMPT, request_id="rollout-17")])
+        g = pm.InFlight(self.d, [pm.body(PROMPT, request_id="rollout-18")])
+        pm.wait_running(self.d, 2)
+        code, j = http_request(self.d.port, "POST", "/abort_requests", {"request_ids": ["rollout-17", "cmpl-rollout-18"]})
+        self.assertEqual((code, j["aborted"]), (200, 2), j)
+        for inflight, rid in ((f, "rollout-17"), (g, "rollout-18")):
+            status, r = inflight.join()[0]
+            self.assertEqual((status, r["id"], r["choices"][0]["finish_reason"]), (200, f"cmpl-{rid}", "abort"), r)
+        # run to its end: the id is the client's, the tokens those of a request without it
+        code, r = self.d.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                                                       "request_id": "chat-1"})
+        self.assertEqual((code, r["id"]), (200, "chatcmpl-chat-1"), r)
+        self.assertEqual(self.d.complete(**pm.body(PROMPT, request_id="done-1"))["choices"][0]["token_ids"], self.ref)
+        for bad in ("a b", "", 7, "x" * 129):
+            code, j = self.d.post("/v1/completions", pm.body(PROMPT, request_id=bad))
+            self.assertEqual((code, j["error"]["param"]), (400, "request_id"), (bad, j))
+        self.assertEqual(settle(self.d)["state"], "serving")
+
     def test_block_of_another_abi_is_refused_by_name(self):
         """An fdrollout of control-block ABI 2 (before cmd_request_id): fdctl names the ABI, sends nothing."""
         port = free_port()

@@ -2,6 +2,8 @@
 // sampling fields, and running a request to a JSON body or an SSE stream.
 #include "generation.h"
 
+#include "fd/shm/names.h"
+
 #include <atomic>
 #include <chrono>
 #include <ctime>
@@ -32,7 +34,8 @@ json parse_body(const std::string & body) {
 }
 
 const std::set<std::string> kVllmExtraFields = {"return_token_ids", "add_special_tokens", "truncate_prompt_tokens", "detokenize",
-                                                 "priority", "cache_salt", "response_format", "return_routed_experts"};
+                                                 "priority", "cache_salt", "response_format", "return_routed_experts",
+                                                 "request_id"};
 
 namespace {
 
@@ -68,7 +71,6 @@ const NeutralField kNeutralFields[] = {
     {"logits_processors", false, is_empty_list, "[]"},
     {"vllm_xargs", false, is_empty_object, "{}"},
     {"kv_transfer_params", false, only_null, "null"},
-    {"request_id", false, only_null, "null (the response id is the daemon's; POST /v1/abort takes it)"},
     {"store", false, is_false, "false"},
     {"service_tier", false, [](const json & v) { return v == "auto" || v == "default"; }, "\"auto\" or \"default\""},
     {"metadata", false, is_empty_object, "{}"},
@@ -300,6 +302,13 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
     sp.include_stop_str_in_output = get_bool("include_stop_str_in_output");
     StreamOptions o;
     o.stream         = get_bool("stream");
+    if (j.contains("request_id") && !j["request_id"].is_null()) {  // vLLM: the response id becomes "<cmpl|chatcmpl>-<request_id>"
+        const json & id = j["request_id"];
+        if (!id.is_string() || !shm::is_valid_request_id(id.get<std::string>())) {
+            bad("request_id", fmt::format("'request_id' must be 1..128 printable ASCII characters without spaces, got {}", brief(id)));
+        }
+        o.request_id = id.get<std::string>();
+    }
     // detokenize false: no text, so logprob tokens are their ids too (vLLM's tokens-only answer)
     o.tokens_as_ids  = get_bool("return_tokens_as_token_ids") || !sp.detokenize;
     if (!sp.detokenize && !sp.stop.empty()) {
@@ -574,8 +583,9 @@ void run_generation(ApiContext & ctx, const Request & http_req, engine::Generate
     g->acc.resize(n_choices);
     g->sent_first.assign(n_choices, false);
     gen.channel = g->channel;
-    g->id       = new_id(format.id_prefix);
+    g->id       = opts.request_id.empty() ? new_id(format.id_prefix) : fmt::format("{}-{}", format.id_prefix, opts.request_id);
     gen.request_ids = {g->id};
+    if (!opts.request_id.empty()) { gen.request_ids.push_back(opts.request_id); }
     if (const std::string client_id = http_req.get_header_value("X-Request-Id"); !client_id.empty() && client_id.size() <= 128) {
         gen.request_ids.push_back(client_id);
     }

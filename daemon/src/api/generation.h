@@ -66,6 +66,9 @@ struct StreamOptions {
     bool include_usage = false;  ///< stream_options.include_usage
     bool continuous_usage = false;  ///< stream_options.continuous_usage_stats (with include_usage): usage on every chunk
     bool tokens_as_ids = false;  ///< return_tokens_as_token_ids: logprob tokens as "token_id:N"
+    /// vLLM's `request_id` (1..128 printable ASCII): the response id is "<id_prefix>-<request_id>"
+    /// and POST /v1/abort finds the request by either; empty: a random id.
+    std::string request_id;
 };
 
 /// The sampling fields into gen.params / gen.n: the max-tokens field (the first of
@@ -152,7 +155,7 @@ struct ResponseFormat {
 /// each choice carries `routed_experts` ([n_rows][n_moe_layers][top_k], the finishing chunk). At most
 /// --request-timeout-s (504 before the headers, an in-band error after). The request is
 /// cancelled when the client goes. POST /v1/abort finds it by its `id` or by the client's
-/// `X-Request-Id` header (`http_req`).
+/// `X-Request-Id` header (`http_req`) or its body `request_id` (`opts.request_id`, which also names the `id`).
 /// Errors  (thrown, before anything is sent) what Engine::submit throws: paused, draining.
 void run_generation(ApiContext & ctx, const Request & http_req, engine::GenerateRequest gen, StreamOptions opts,
                     const ResponseFormat & fmt, Response & res);
