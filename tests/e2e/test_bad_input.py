@@ -115,7 +115,7 @@ class BadInput(unittest.TestCase):
         status, j = self.d.post("/v1/chat/completions", {**chat, **both, **extra})
         self.assertEqual((status, j["choices"]), (200, ref), j)
         wrong = dict(use_beam_search=True, length_penalty=2.0, bad_words=["x"], allowed_token_ids=[1], logits_processors=["m"],
-                     vllm_xargs={"a": 1}, request_id="r1", store=True, service_tier="flex", metadata={"k": "v"}, best_of=2, suffix="x")
+                     vllm_xargs={"a": 1}, store=True, service_tier="flex", metadata={"k": "v"}, best_of=2, suffix="x")
         for key, value in wrong.items():
             with self.subTest(key):
                 status, j = self.d.post("/v1/completions", {**GOOD, key: value})
