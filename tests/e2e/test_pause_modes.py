@@ -404,5 +404,34 @@ def generated_tokens(d):
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("fdrollout_generation_tokens_total"))
 
 
+class BehindAPause(unittest.TestCase):
+    def test_a_request_submitted_behind_a_pause_gets_503_not_an_empty_abort(self):
+        """A request that passes admission while a pause (or sleep) is on its way to the engine
+        thread reaches the engine behind it: it gets the 503 admission gives a moment later. A
+        probe saw it come back 200 with finish_reason "abort" and no tokens (empty rollouts while
+        weight streams committed). FD_DEBUG_CONTROL_DELAY_MS holds the command in the engine
+        before it acts, with admission still open."""
+        with Daemon("--dynamic-load-weight", env={"FD_DEBUG_CONTROL_DELAY_MS": "3000"}) as d:
+            ref = d.complete(**body(PROMPTS[0], max_tokens=4))["choices"][0]["token_ids"]
+            for path in ("/v1/pause?mode=abort", "/v1/pause?mode=wait", "/v1/sleep"):
+                with self.subTest(path):
+                    ctl = threading.Thread(target=d.post, args=(path,))
+                    ctl.start()
+                    wait_until(lambda: d.get("/health")[1]["control_in_flight"] in ("pause", "sleep"), 30, "the command in the engine")
+                    streamed = []
+                    s = threading.Thread(target=lambda: streamed.append(d.stream(**body(PROMPTS[1], max_tokens=4))))
+                    s.start()
+                    time.sleep(0.3)  # the stream is submitted too, inside the command's 3 s hold
+                    status, j = d.post("/v1/completions", body(PROMPTS[0], max_tokens=4))
+                    s.join()
+                    ctl.join()
+                    self.assertEqual((status, j["error"]["type"]), (503, "engine_paused"), j)
+                    chunks, done = streamed[0]
+                    self.assertTrue(done, chunks)
+                    self.assertEqual([c["error"]["type"] for c in chunks], ["engine_paused"], chunks)
+                    self.assertEqual(d.post("/v1/wakeup" if path == "/v1/sleep" else "/v1/resume")[0], 200)
+                    self.assertEqual(d.complete(**body(PROMPTS[0], max_tokens=4))["choices"][0]["token_ids"], ref)
+
+
 if __name__ == "__main__":
     unittest.main()

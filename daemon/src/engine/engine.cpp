@@ -53,7 +53,7 @@ void Engine::submit(GenerateRequest req) {
         fail(Errc::rank_failed, "a tensor-parallel rank failed (GET /health names it); POST /v1/wakeup respawns it, or restart the daemon");
     }
     if (!accepting_.load()) {
-        fail(Errc::engine_paused, "generation is paused (weight control in progress); retry after POST /v1/resume or /v1/wakeup");
+        fail(Errc::engine_paused, "{}", kPausedMessage);
     }
     req.t_arrival = std::chrono::steady_clock::now();
     {

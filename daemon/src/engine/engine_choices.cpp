@@ -37,13 +37,16 @@ void Engine::fail_step(const Error & e) {
 
 void Engine::admit(GenerateRequest & req) {
     if (state_.paused && state_.pause_mode != PauseMode::keep) {
-        // Accepted just before a pause took effect: it ends like every queued request did, with
-        // "abort" and no tokens. Nothing is ever generated from paused or asleep weights. (A keep
-        // pause queues it frozen, like the requests it kept.)
+        // Submitted after a pause (abort or wait) or a sleep was asked for, before the engine
+        // thread ran it (the request is behind the command in the inbox): the 503 that
+        // Engine::submit gives once admission is stopped, not a 200 "abort" with no tokens (a
+        // probe saw empty rollouts while weight streams committed). Nothing is ever generated
+        // from paused or asleep weights. (A keep pause queues it frozen, like the requests it kept.)
         for (int32_t c = 0; c < static_cast<int32_t>(req.prompts.size()) * req.n; ++c) {
             ChoiceEvent ev;
             ev.choice          = c;
-            ev.finish          = FinishReason::abort;
+            ev.finish          = FinishReason::error;
+            ev.error           = Error(Errc::engine_paused, kPausedMessage);
             ev.n_prompt_tokens = static_cast<int32_t>(req.prompts[c / req.n].size());
             ev.weight_version  = state_.weight_version;
             req.channel->push(std::move(ev));

@@ -489,6 +489,10 @@ private:
     std::atomic<bool>                         stop_{false};
     std::atomic<bool>                         draining_{false};
     std::atomic<bool>                         accepting_{true};   ///< false while paused/asleep
+    /// The 503 a request gets while admission is stopped (submit) or when it reaches the engine
+    /// behind a pause or sleep (admit).
+    static constexpr const char * kPausedMessage =
+        "generation is paused (weight control in progress); retry after POST /v1/resume or /v1/wakeup";
     std::atomic<bool>                         degraded_{false};   ///< a rank failed (state_.degraded, readable by submit())
     std::atomic<bool>                         control_waiting_{false}; ///< a command is queued: drop the step in flight
     std::thread                               thread_;
