@@ -179,11 +179,20 @@ int64_t TensorInfo::numel() const {
 
 namespace {
 
+/// fs::exists without its throw: a path whose status cannot be read (a symlink loop, no
+/// permission) is an invalid checkpoint naming it, not an internal error.
+bool present(const fs::path & p) {
+    std::error_code ec;
+    const bool yes = fs::exists(p, ec);
+    if (ec) { fail(Errc::invalid_checkpoint, "{}: {}", p.string(), ec.message()); }
+    return yes;
+}
+
 TensorIndex read_headers(const fs::path & dir) {
     TensorIndex idx;
     idx.source = dir;
     const auto index_file = dir / "model.safetensors.index.json";
-    if (fs::exists(index_file)) {
+    if (present(index_file)) {
         json j;
         try {
             j = json::parse(read_small_file(index_file, kMaxHeaderBytes, Errc::invalid_checkpoint).value_or("{}"));
@@ -215,14 +224,15 @@ TensorIndex read_headers(const fs::path & dir) {
         }
         return idx;
     }
-    if (fs::exists(dir / "model.safetensors")) {
+    if (present(dir / "model.safetensors")) {
         idx.source = dir / "model.safetensors";
         read_header(dir / "model.safetensors", idx);
         return idx;
     }
     std::vector<fs::path> files;
-    if (fs::is_directory(dir)) {
-        for (const auto & e : fs::directory_iterator(dir)) {
+    std::error_code ec;
+    if (fs::is_directory(dir, ec)) {
+        for (const auto & e : fs::directory_iterator(dir, ec)) {
             // model_state.tp*.safetensors are ipc_snapshot files (inference names), not the checkpoint.
             if (e.path().extension() == ".safetensors" && e.path().filename().string().rfind("model_state.", 0) != 0) {
                 files.push_back(e.path());

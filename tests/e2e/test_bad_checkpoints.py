@@ -85,6 +85,10 @@ class BadCheckpoints(unittest.TestCase):
             os.unlink(p)
             os.symlink("/dev/zero", p)
 
+        def loop(p):  # a probe: the status call's throw was a 500 "filesystem error"
+            os.unlink(p)
+            os.symlink(os.path.basename(p), p)
+
         def overlap(p):
             h, data = read_raw(p)
             h[q1]["data_offsets"] = list(h[q0]["data_offsets"])  # q1 reads q0's bytes; q1's own bytes are orphaned
@@ -134,6 +138,7 @@ class BadCheckpoints(unittest.TestCase):
         return {
             "fifo": (fifo, ["model.safetensors", "FIFO"]),
             "dev_zero": (devzero, ["model.safetensors", "character device"]),
+            "symlink_loop": (loop, ["model.safetensors", "symbolic links"]),
             "overlap": (overlap, ["model.safetensors", q1, "overlaps"]),
             "gap": (gap, ["model.safetensors", q1, "hole"]),
             "not_from_zero": (not_from_zero, ["model.safetensors", "hole"]),
