@@ -117,7 +117,8 @@ class IpcDeltaTp1(unittest.TestCase):
         publish.publish_ipc_delta(changes, self.port, "v3", "v2", STORIES)
         self.assertEqual(self.update("v3")["version"], "v3")
         self.assert_serving("v3")
-        kept = os.listdir(os.path.join("/dev/shm", f"fdrollout-stream.{self.port}.{self.d.proc.pid}.ipcdelta"))
+        (ipc_dir,) = glob.glob(os.path.join("/dev/shm", f"fdrollout-stream.{self.port}.{self.d.proc.pid}.ipcdelta.*"))
+        kept = os.listdir(ipc_dir)
         self.assertEqual(len(kept), 1 if self.ENV else 2, kept)  # merged into one / the two deltas
         self.c.sleep()
         self.c.wakeup()
@@ -255,7 +256,7 @@ class IpcDeltaTornCopy(unittest.TestCase):
 
                 t = threading.Thread(target=update)
                 t.start()
-                copied = os.path.join("/dev/shm", f"fdrollout-stream.{d.port}.{d.proc.pid}.ipcdelta", "*", "weights.fddelta")
+                copied = os.path.join("/dev/shm", f"fdrollout-stream.{d.port}.{d.proc.pid}.ipcdelta.*", "*", "weights.fddelta")
                 wait_until(lambda: glob.glob(copied), 30, "the daemon's copy of the delta record")
                 publish.publish_ipc_delta(change, d.port, "v2", "v1", STORIES)  # same bytes, new generation
                 t.join(60)

@@ -145,6 +145,30 @@ class StaleDirs(unittest.TestCase):
                 shutil.rmtree(d, ignore_errors=True)
 
 
+class SquattedNames(unittest.TestCase):
+    """Another local user who creates the staging dir names a daemon would take next
+    (fdrollout-stream.<port>.<pid>.<n>, n = 0..99) no longer blocks every stream: a probe got
+    500 "no free staging dir name" until root removed them. The names end in mkdtemp's random
+    suffix now."""
+
+    def test_a_stream_commits_past_squatted_names(self):
+        root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+        tensors = safetensors_np.load_file(os.path.join(STORIES, "model.safetensors"))
+        with Daemon("--dynamic-load-weight", model=STORIES, extra=False) as d:
+            squat = [os.path.join(root, f"fdrollout-stream.{d.port}.{d.proc.pid}.{n}") for n in range(100)]
+            try:
+                for p in squat:
+                    os.mkdir(p, 0o700)
+                c = Client(f"127.0.0.1:{d.port}", timeout=20)
+                with c.weight_stream("q1") as ws:
+                    for name in sorted(tensors):
+                        ws.send(name, tensors[name])
+                self.assertEqual(c.weight_version(), "q1")
+            finally:
+                for p in squat:
+                    shutil.rmtree(p, ignore_errors=True)
+
+
 class NoRecycling(unittest.TestCase):
     """FD_STREAM_RECYCLE_STAGING=0: a full commit removes the dir it replaced (no spare, no
     recycled pages); the streams serve as with recycling."""

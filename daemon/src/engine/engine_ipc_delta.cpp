@@ -30,22 +30,21 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 /// A new private dir (mode 0700) for this daemon's ipc deltas, removed with the returned hold:
-/// /dev/shm (the temp dir without it)/fdrollout-stream.<port>.<pid>.ipcdelta, a name the weight
+/// /dev/shm (the temp dir without it)/fdrollout-stream.<port>.<pid>.ipcdelta.<random>, a name the weight
 /// streams' start-up sweep removes when the daemon that made it is gone.
 std::shared_ptr<void> make_ipc_delta_dir(int port) {
     std::error_code ec;
     const fs::path root = fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") : fs::temp_directory_path();
-    auto dir = std::shared_ptr<fs::path>(new fs::path(root / fmt::format("fdrollout-stream.{}.{}.ipcdelta", port, ::getpid())),
-                                         [](fs::path * p) {
-                                             std::error_code rm;
-                                             fs::remove_all(*p, rm);
-                                             delete p;
-                                         });
-    fs::remove_all(*dir, ec);
-    if (::mkdir(dir->c_str(), 0700) != 0) {
-        fail(Errc::source_unavailable, "cannot create the private dir {} for ipc deltas: {}", dir->string(), std::strerror(errno));
+    // mkdtemp: a random suffix another local user cannot take first, mode 0700
+    std::string name = (root / fmt::format("fdrollout-stream.{}.{}.ipcdelta.XXXXXX", port, ::getpid())).string();
+    if (::mkdtemp(name.data()) == nullptr) {
+        fail(Errc::source_unavailable, "cannot create a private dir under {} for ipc deltas: {}", root.string(), std::strerror(errno));
     }
-    return dir;
+    return std::shared_ptr<fs::path>(new fs::path(name), [](fs::path * p) {
+        std::error_code rm;
+        fs::remove_all(*p, rm);
+        delete p;
+    });
 }
 
 }  // namespace

@@ -122,14 +122,13 @@ bool pid_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0)
 }  // namespace
 
 StagingDir::StagingDir(const fs::path & root, int32_t port) {
-    for (int attempt = 0; attempt < 100; ++attempt) {
-        path_ = root / fmt::format("fdrollout-stream.{}.{}.{}", port, ::getpid(), g_dir_counter.fetch_add(1));
-        if (::mkdir(path_.c_str(), 0700) == 0) { return; }
-        if (errno != EEXIST) {
-            fail(Errc::source_unavailable, "weight stream: cannot create the staging dir {}: {}", path_.string(), std::strerror(errno));
-        }
+    // mkdtemp's random suffix: another local user cannot take the name first (a predictable
+    // name let one block every stream by creating the next hundred).
+    std::string name = (root / fmt::format("fdrollout-stream.{}.{}.{}.XXXXXX", port, ::getpid(), g_dir_counter.fetch_add(1))).string();
+    if (::mkdtemp(name.data()) == nullptr) {
+        fail(Errc::source_unavailable, "weight stream: cannot create a staging dir under {}: {}", root.string(), std::strerror(errno));
     }
-    fail(Errc::internal, "weight stream: no free staging dir name under {}", root.string());
+    path_ = name;
 }
 
 StagingDir::~StagingDir() {

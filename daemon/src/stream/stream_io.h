@@ -172,7 +172,7 @@ private:
     int64_t               end_ = 0;         ///< bytes written (magic, length, header room, tensors)
 };
 
-/// A private staging dir: <root>/fdrollout-stream.<port>.<pid>.<n>, mode 0700, removed (with
+/// A private staging dir: <root>/fdrollout-stream.<port>.<pid>.<n>.<random> (mkdtemp), mode 0700, removed (with
 /// everything in it) on destruction unless keep() was called.
 class StagingDir {
 public:
