@@ -20,6 +20,7 @@
 #include "fd/shm/ipc_weights.h"
 #include "fd/shm/names.h"
 #include "fd/status.h"
+#include "fd/trust.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -93,9 +94,11 @@ json publish_rank(const PublishOptions & o, const fd::publish::RolloutModel & m,
     const std::string name = fd::shm::ipc_weights_name(o.port, rank);
     const std::string path = "/dev/shm" + name;
     ShmMap sm;
-    sm.fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    sm.fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);  // glibc adds O_NOFOLLOW
     if (sm.fd < 0) { fd::fail(fd::Errc::invalid_argument, "cannot create {}: {}", path, std::strerror(errno)); }
-    ::fchmod(sm.fd, 0600);
+    // Only a record of this user that nobody else can open: an object another local user made
+    // first (and holds open) would otherwise get the weights (a probe). forbidden, naming owner and mode.
+    fd::check_trusted(sm.fd, path, fd::Trust::secret);
     struct stat st{};
     if (::fstat(sm.fd, &st) != 0) { fd::fail(fd::Errc::invalid_argument, "cannot stat {}: {}", path, std::strerror(errno)); }
     // An existing record: mark it "being written" before it is resized, so no reader takes it.
@@ -171,6 +174,13 @@ int publish_ipc_snapshot(const PublishOptions & o) {
     std::error_code rm_ec;
     fs::remove(dir / "version.yaml", rm_ec);
     if (rm_ec) { fd::fail(fd::Errc::invalid_argument, "cannot remove the old {}: {}", (dir / "version.yaml").string(), rm_ec.message()); }
+    // A snapshot is never more readable than its source (as the rsync publisher's copies): the
+    // permission bits every source file shares (a probe: a 0600 checkpoint's snapshot was 0644).
+    int mode = 0666;
+    for (const auto & [name, t] : idx.tensors) {
+        struct stat fst{};
+        if (::stat(t.file.c_str(), &fst) == 0) { mode &= static_cast<int>(fst.st_mode); }
+    }
     json ranks = json::array();
     int64_t total = 0;
     for (int r = 0; r < o.tp; ++r) {
@@ -180,7 +190,7 @@ int publish_ipc_snapshot(const PublishOptions & o) {
         const fs::path file = dir / fmt::format("model_state.tp{}.safetensors", r);
         const int64_t bytes = fd::publish::write_safetensors(file, entries, [&](size_t i, std::byte * dst) {
             fd::publish::RolloutModel::gather(srcs[i], idx, dst);
-        });
+        }, mode);
         // Parts would shadow the single file: drop stale ones (readers see the old parts or the new file).
         const std::string part_prefix = fmt::format("model_state.tp{}.part", r);
         for (const auto & e : fs::directory_iterator(dir)) {

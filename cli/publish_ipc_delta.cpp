@@ -11,6 +11,7 @@
 #include "fd/shm/ipc_weights.h"
 #include "fd/shm/names.h"
 #include "fd/status.h"
+#include "fd/trust.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -57,6 +58,12 @@ uint64_t write_record(int port, const std::string & version, const std::string &
     const uint64_t total = (fd::shm::kIpcDeltaPayload + payload.size() + 4095) / 4096 * 4096;
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) { fd::fail(fd::Errc::invalid_argument, "cannot open {}: {}", path, std::strerror(errno)); }
+    try {
+        fd::check_trusted(fd, path, fd::Trust::secret);  // not another local user's object (see publish_ipc)
+    } catch (...) {
+        ::close(fd);
+        throw;
+    }
     struct stat st{};
     uint64_t gen = 0;
     if (::fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(sizeof(fd::shm::IpcDeltaHeader))) {

@@ -437,6 +437,22 @@ _GEN_OFFSET = 16
 assert _HEADER.size == 256 and _ENTRY.size == 320
 
 
+def open_record(path):
+    """Open the shared-memory record `path` for writing, creating it with mode 0600: never
+    through a symlink (O_NOFOLLOW), and only an object of this user that nobody else may open,
+    as the daemon requires of what it reads (another local user's planted object or link would
+    otherwise get the weights, or have a root publisher overwrite the file it points to). Returns
+    the fd. Raises PermissionError naming the owner and mode (remove the object), OSError(ELOOP)
+    for a symlink."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        os.close(fd)
+        raise PermissionError(f"{path} is owned by uid {st.st_uid} with mode {st.st_mode & 0o7777:o}, not a record of this user "
+                              f"(uid {os.geteuid()}, mode 600): refusing to write weights into it; remove it")
+    return fd
+
+
 def ipc_path(port, rank=0):
     return f"/dev/shm/fdrollout.{port}.weights.tp{rank}"
 
@@ -491,7 +507,7 @@ def publish_ipc(tensors, port, version, rank=0, tp_size=1, dtype=None):
         data_bytes += data.nbytes
     total = offset
     path = ipc_path(port, rank)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = open_record(path)
     try:
         gen = 0
         if os.fstat(fd).st_size >= _HEADER.size:

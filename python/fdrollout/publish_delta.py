@@ -31,7 +31,7 @@ import struct
 import numpy as np
 
 from . import safetensors_np
-from .publish import _publish_version, check_version
+from .publish import _publish_version, check_version, open_record
 
 DELTA_FILE = "weights.fddelta"
 _MAGIC = b"FDDELTA1"
@@ -195,7 +195,7 @@ def write_ipc_delta_record(port, version, base_version, payload, magic=IPC_DELTA
     first; tests call this directly to write records the daemon must refuse. Returns the new
     generation."""
     total = (_DELTA_HEADER.size + len(payload) + 4095) // 4096 * 4096
-    fd = os.open(ipc_delta_path(port), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fd = open_record(ipc_delta_path(port))
     try:
         gen = 0
         if os.fstat(fd).st_size >= _DELTA_HEADER.size:

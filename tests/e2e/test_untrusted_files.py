@@ -13,7 +13,7 @@ import time
 import unittest
 import urllib.request
 
-from fdtest import BIN, FDCTL, PYTHON, STORIES, Daemon, OtherUser, copy_checkpoint, fdctl, free_port, greedy, perturbed
+from fdtest import BIN, FDCTL, PYTHON, REPO, STORIES, Daemon, OtherUser, copy_checkpoint, fdctl, free_port, greedy, perturbed
 
 EXIT_FORBIDDEN = 13
 
@@ -201,6 +201,72 @@ class UntrustedFiles(unittest.TestCase):
         self.assertEqual(status, 200, j)
         d.post("/v1/resume")
         self.assertEqual(greedy(d), (*self.out_b, "mine"))  # the daemon user's record, bit-exact
+
+    def test_the_publishers_write_no_weights_into_another_users_object_or_link(self):
+        """A probe: the other user made the record name first (and kept it open), and root's
+        `fdctl publish --strategy ipc` wrote the weights into it, readable by its owner; the
+        Python publisher followed a planted symlink and overwrote the root-only file behind it."""
+        port = free_port()
+        record, delta = f"/dev/shm/fdrollout.{port}.weights.tp0", f"/dev/shm/fdrollout.{port}.weights.delta"
+        self.addCleanup(lambda: [os.unlink(p) for p in (record, delta) if os.path.lexists(p)])
+        secret = os.path.join(self.tmp, "root-only")
+        with open(secret, "w") as f:
+            f.write("root's")
+        os.chmod(secret, 0o600)
+        head = f"import sys; sys.path.insert(0, {os.path.join(REPO, 'python')!r}); from fdrollout import publish, publish_delta\n"
+        full_py = head + (f"try:\n    publish.publish_ipc(publish.to_rollout_names(publish.load_checkpoint({self.B!r}), "
+                          f"publish.load_config({self.B!r})), {port}, 'v1')\nexcept OSError as e:\n    print(type(e).__name__, e); sys.exit(3)\n")
+        delta_py = head + (f"try:\n    publish_delta.write_ipc_delta_record({port}, 'v2', 'v1', b'x' * 64)\n"
+                           f"except OSError as e:\n    print(type(e).__name__, e); sys.exit(4)\n")
+
+        def plant(p, kind):
+            if kind == "object":
+                self.user.run(PYTHON, "-c", f"import os; os.close(os.open({p!r}, os.O_CREAT | os.O_WRONLY, 0o666))")
+            else:
+                self.user.run(PYTHON, "-c", f"import os; os.symlink({secret!r}, {p!r})")
+            self.assertEqual(os.lstat(p).st_uid, self.user.uid)
+
+        for kind in ("object", "symlink"):
+            with self.subTest(kind):
+                plant(record, kind)
+                rc, _, err = fdctl(port, "publish", "--strategy", "ipc", "--from", self.B, "--version", "v1")
+                self.assertNotEqual(rc, 0, err)
+                if kind == "object":
+                    self.assertEqual(rc, EXIT_FORBIDDEN, err)
+                    self.assertIn(f"uid {self.user.uid}", err)
+                p = subprocess.run([PYTHON, "-c", full_py], capture_output=True, text=True)
+                self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+                if kind == "object":
+                    self.assertIn("PermissionError", p.stdout)  # (a link: ELOOP, or EACCES where fs.protected_* say so)
+                self.assertEqual(os.lstat(record).st_uid, self.user.uid)
+                if kind == "object":
+                    self.assertEqual(os.stat(record).st_size, 0, "no bytes into the other user's object")
+                os.unlink(record)
+                plant(delta, kind)
+                p = subprocess.run([PYTHON, "-c", delta_py], capture_output=True, text=True)
+                self.assertEqual(p.returncode, 4, p.stdout + p.stderr)
+                if kind == "object":
+                    self.assertEqual(os.stat(delta).st_size, 0, "no bytes into the other user's object")
+                os.unlink(delta)
+                with open(secret) as f:
+                    self.assertEqual(f.read(), "root's", "the file behind the planted link is untouched")
+
+    def test_an_ipc_snapshot_is_never_more_readable_than_its_checkpoint(self):
+        """A probe: under umask 022, `fdctl publish --strategy ipc_snapshot` of a 0600 checkpoint
+        wrote a 0644 snapshot the other user could read."""
+        src = copy_checkpoint(self.B, os.path.join(self.tmp, "private-src"))
+        os.chmod(os.path.join(src, "model.safetensors"), 0o600)
+        model = copy_checkpoint(STORIES, os.path.join(self.tmp, "snap-target"))
+        old = os.umask(0o022)
+        try:
+            rc, _, err = fdctl(1, "publish", "--strategy", "ipc_snapshot", "--from", src, "--model", model, "--version", "7")
+        finally:
+            os.umask(old)
+        self.assertEqual(rc, 0, err)
+        snap = os.path.join(model, "model_state.tp0.safetensors")
+        self.assertEqual(os.stat(snap).st_mode & 0o777, 0o600)
+        p = self.user.run(PYTHON, "-c", f"open({snap!r}, 'rb').read(1)")
+        self.assertIn("PermissionError", p.stderr)
 
     def test_another_user_is_refused_by_the_control_routes_with_a_control_key(self):
         probe = (
