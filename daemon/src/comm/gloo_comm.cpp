@@ -49,7 +49,7 @@ public:
     void connect(int64_t generation) override {
         disconnect();
         const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.timeout_s * 1000));
-        auto store = std::make_shared<TcpStoreClient>(cfg_.store_host, cfg_.store_port, timeout);
+        auto store = std::make_shared<TcpStoreClient>(cfg_.store_host, cfg_.store_port, timeout, cfg_.store_token);
         const std::string gen = "gen" + std::to_string(generation);
         // Our own join round first, so a rank that never comes is named (Gloo would only say
         // which store key it waited for).

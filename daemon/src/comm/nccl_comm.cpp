@@ -48,7 +48,7 @@ public:
         disconnect();
         if (cudaSetDevice(device_) != cudaSuccess) { fail(Errc::invalid_argument, "cannot use CUDA device {}", device_); }
         const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.timeout_s * 1000));
-        TcpStoreClient store(cfg_.store_host, cfg_.store_port, timeout);
+        TcpStoreClient store(cfg_.store_host, cfg_.store_port, timeout, cfg_.store_token);
         // A fresh id per generation: a rebuilt group never meets a stale id of the previous one.
         const std::string key = "gen" + std::to_string(generation) + "/nccl_id";
         ncclUniqueId id{};

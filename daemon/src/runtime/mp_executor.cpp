@@ -36,9 +36,9 @@ MpExecutor::MpExecutor(const MpExecutorConfig & cfg, const model::ModelConfig & 
             cfg.master_addr, cfg.master_port,
             JoinExpect{.nnodes = cfg.nnodes, .tp = cfg.tensor_parallel_size, .fingerprint = model_fingerprint(cfg.model_dir),
                        .token = cfg.dist_token, .send_timeout_s = wait_s_});
-        store_ = std::make_unique<comm::TcpStoreServer>(cfg.master_addr, 0);
+        store_ = std::make_unique<comm::TcpStoreServer>(cfg.master_addr, 0, store_token_);
     } else {
-        store_ = std::make_unique<comm::TcpStoreServer>(cfg.master_addr, cfg.master_port);
+        store_ = std::make_unique<comm::TcpStoreServer>(cfg.master_addr, cfg.master_port, store_token_);
     }
     binary_ = cfg.rank_binary.empty() ? std::filesystem::read_symlink("/proc/self/exe").string() : cfg.rank_binary;
     region_.create(step_layout(256, 64, 1024, model_cfg.vocab_size).total_bytes);

@@ -177,6 +177,9 @@ private:
     SpawnThread                      spawner_;   ///< every local rank is started (and so parented) there
     std::unique_ptr<JoinListener>    listener_;  ///< nnodes > 1: where other nodes' ranks join
     std::unique_ptr<comm::TcpStoreServer>  store_;
+    /// 128 random bits (hex): the store answers only clients that send it first; the ranks get it
+    /// in RankSpawn, so another local user who reaches the store's port reads and replaces nothing.
+    std::string                            store_token_ = comm::new_store_token();
     World                            world_;     ///< the ranks: tp, nnodes, node_of, device_of (fd/runtime/world.h)
     SharedRegion                     region_;
     const int32_t *                  routes_ = nullptr;  ///< the last forward's routes in region_ (step_routes)

@@ -77,7 +77,7 @@ void MpExecutor::start_all() {
 
 void MpExecutor::send_config(int32_t r, int segment_fd) {
     auto & k = ranks_[r];
-    RankSpawn s{.cfg = cfg_, .rank = r, .generation = generation_, .store_port = store_->port()};
+    RankSpawn s{.cfg = cfg_, .rank = r, .generation = generation_, .store_port = store_->port(), .store_token = store_token_};
     s.cfg.dist_token.clear();  // never leaves node 0
     if (k.remote) {
         // Paths are the node's own; the checkpoint (and the update source) must be reachable there.

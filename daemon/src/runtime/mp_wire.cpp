@@ -20,6 +20,7 @@ json rank_spawn_to_json(const RankSpawn & s) {
     return {{"rank", s.rank},
             {"generation", s.generation},
             {"store_port", s.store_port},
+            {"store_token", s.store_token},
             {"tensor_parallel_size", c.tensor_parallel_size},
             {"nnodes", c.nnodes},
             {"model_dir", c.model_dir},
@@ -50,6 +51,7 @@ RankSpawn rank_spawn_from_json(const json & j) {
         s.rank       = j.at("rank");
         s.generation = j.at("generation");
         s.store_port = j.at("store_port");
+        s.store_token = j.value("store_token", std::string{});
         auto & c = s.cfg;
         c.tensor_parallel_size = j.at("tensor_parallel_size");
         c.nnodes               = j.value("nnodes", 1);

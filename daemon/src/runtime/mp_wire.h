@@ -23,6 +23,7 @@ struct RankSpawn {
     int32_t          rank       = 0;
     int64_t          generation = 1;  ///< comm group generation to join at start-up
     int32_t          store_port = 0;  ///< the TcpStore's actual port
+    std::string      store_token;     ///< what the TcpStore asks of its clients (random per executor)
     std::string      bind_addr;       ///< where this rank's Gloo pairs bind; empty = cfg.master_addr (node 0)
 };
 // The rank's CUDA device is not sent: each host computes rank_device_id() from its own visible

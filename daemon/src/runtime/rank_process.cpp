@@ -125,7 +125,8 @@ std::unique_ptr<Comm> make_rank_comm(const RankSpawn & s, std::function<int(int6
     // Half the daemon's timeout: a rank whose peer died answers with that error before the daemon
     // gives up on it, so the daemon names the dead rank, not the waiting one.
     const GlooCommConfig g{.rank = s.rank, .world_size = c.tensor_parallel_size, .bind_host = s.bind_addr.empty() ? c.master_addr : s.bind_addr,
-                           .store_host = c.master_addr, .store_port = s.store_port, .timeout_s = 0.5 * c.timeout_s};
+                           .store_host = c.master_addr, .store_port = s.store_port, .store_token = s.store_token,
+                           .timeout_s = 0.5 * c.timeout_s};
     if (c.dist_backend == DistBackend::nccl) { return std::make_unique<WatchedComm>(make_nccl_comm(g, c.worker.device_id)); }
     std::unique_ptr<Comm> host = c.dist_backend == DistBackend::shm
                                      ? make_shm_comm({.rank = s.rank, .world_size = c.tensor_parallel_size, .segment_fd = std::move(segment_fd),

@@ -1,13 +1,18 @@
 // Comm: Gloo all-reduce between real rank processes rendezvousing through the TcpStore on
 // loopback; a rank that never joins is named; disconnect closes the group's sockets; a taken
-// master port is refused. NullComm is the identity.
+// master port is refused; the store answers only its token's holders and no client stalls it.
+// NullComm is the identity.
 #include "fd/comm/comm.h"
 #include "fd/comm/tcp_store.h"
 #include "fd/status.h"
 
 #include "../fork_ranks.h"
 
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -121,4 +126,61 @@ TEST_CASE("comm: a master port in use is refused naming it; no store there is ra
     }
     CHECK(free_port != dead_port);
     CHECK_THROWS_AS(comm::TcpStoreClient("127.0.0.1", free_port, std::chrono::milliseconds(200)), Error);
+}
+
+namespace {
+
+/// A raw loopback connection to `port` (another local user's client), or -1.
+int raw_connect(int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family      = AF_INET;
+    a.sin_port        = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/// Whether the server closed `fd` within `ms` (EOF) without answering a byte.
+bool closed_unanswered(int fd, int ms) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, ms) <= 0) { return false; }
+    char b = 0;
+    return ::recv(fd, &b, 1, 0) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("comm: the store answers only clients with its token, and no client can stall it") {
+    // A probe: another local user connected to the store's loopback port, sent one byte and
+    // stopped; the store (one thread, blocking reads) answered no rank again, so no rank group
+    // could be rebuilt (a wakeup failed rank_failed); that user could also read and replace
+    // every rank's address.
+    const std::string token = comm::new_store_token();
+    CHECK(token.size() == 32);
+    CHECK(comm::new_store_token() != token);
+    comm::TcpStoreServer store("127.0.0.1", 0, token);
+    const int stall = raw_connect(store.port());
+    REQUIRE(stall >= 0);
+    REQUIRE(::send(stall, "S", 1, MSG_NOSIGNAL) == 1);  // half a request, then silence
+    comm::TcpStoreClient good("127.0.0.1", store.port(), std::chrono::milliseconds(1000), token);
+    good.set("gen1/addr/0", {'a', 'b'});
+    CHECK(good.get("gen1/addr/0") == std::vector<char>{'a', 'b'});
+    // a wrong token, or a request before the token: refused, nothing read or written
+    CHECK_THROWS_AS(comm::TcpStoreClient("127.0.0.1", store.port(), std::chrono::milliseconds(500), "0123456789abcdef0123456789abcdef"),
+                    Error);
+    CHECK_THROWS_AS(comm::TcpStoreClient("127.0.0.1", store.port(), std::chrono::milliseconds(500)).get("gen1/addr/0"), Error);
+    const int peek = raw_connect(store.port());
+    REQUIRE(peek >= 0);
+    const char get[] = {'G', 11, 0, 0, 0, 'g', 'e', 'n', '1', '/', 'a', 'd', 'd', 'r', '/', '0'};
+    REQUIRE(::send(peek, get, sizeof get, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof get));
+    CHECK(closed_unanswered(peek, 2000));
+    // the silent one is dropped once its 2 s to authenticate are over; the store still answers
+    CHECK(closed_unanswered(stall, 4000));
+    CHECK(good.get("gen1/addr/0") == std::vector<char>{'a', 'b'});
+    ::close(stall);
+    ::close(peek);
 }

@@ -85,6 +85,7 @@ struct GlooCommConfig {
     std::string bind_host  = "127.0.0.1";  ///< this rank's address for Gloo's TCP pairs (this node's)
     std::string store_host = "127.0.0.1";  ///< --master-addr: where the TcpStore listens
     int32_t     store_port = 0;            ///< --master-port
+    std::string store_token;               ///< what the store asks of every client (TcpStoreServer); empty = none
     double      timeout_s  = 30.0;         ///< rendezvous and per-collective limit
 };
 
