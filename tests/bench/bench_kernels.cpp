@@ -152,13 +152,29 @@ DecodeLinears make_decode_linears(const fd::model::ModelConfig & c, bool with_lm
 
 json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & batches, const std::vector<int> & ctxs,
                      int n_threads, double read_bw_gbs, double min_s, int64_t kv_budget_bytes, double read_bw_cpu_gbs,
-                     const std::vector<fd::kernels::WType> & kv_dtypes, int32_t block_size) {
+                     const std::vector<fd::kernels::WType> & kv_dtypes, int32_t block_size, fd::kernels::ComputeType compute) {
     namespace K = fd::kernels;
     const int64_t h = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv = q_dim + 2 * kv_dim;
     const int64_t ff = c.intermediate_size;
     const DecodeLinears dl = make_decode_linears(c, /*with_lm_head=*/true);
     const auto &        lins = dl.lins;
-    const int64_t       weight_bytes = dl.weight_bytes;
+    const bool          bf16_mode = compute == K::ComputeType::bf16;
+    // bf16 compute: the same weights rounded to bf16, each layer on its own 64-byte boundary
+    std::vector<const uint16_t *> w16(lins.size());
+    std::unique_ptr<Mapping>      mem16;
+    if (bf16_mode) {
+        int64_t n = 0;
+        for (const auto & l : lins) { n += (l.n_out * l.n_in + 31) / 32 * 32; }
+        mem16 = std::make_unique<Mapping>(static_cast<size_t>(n) * 2, /*huge=*/true);
+        auto * cur = reinterpret_cast<uint16_t *>(mem16->p);
+        for (size_t i = 0; i < lins.size(); ++i) {
+            const int64_t e = lins[i].n_out * lins[i].n_in;
+            for (int64_t k = 0; k < e; ++k) { cur[k] = K::f32_to_bf16_rne(lins[i].w[k]); }
+            w16[i] = cur;
+            cur += (e + 31) / 32 * 32;
+        }
+    }
+    const int64_t weight_bytes = bf16_mode ? dl.weight_bytes / 2 : dl.weight_bytes;
     K::ThreadPool pool(n_threads);
     const int bmax = *std::max_element(batches.begin(), batches.end());
     std::vector<float> x(static_cast<size_t>(bmax) * std::max({h, q_dim, ff}), 0.01f);
@@ -191,7 +207,14 @@ json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & 
             std::vector<K::AttnQuery> queries(B);
             for (int i = 0; i < B; ++i) { queries[i] = {&tables[static_cast<size_t>(i) * bps], ctx}; }
             auto linear = [&] {
-                for (const auto & l : lins) { K::linear(y.data(), x.data(), l.w, K::WType::f32, nullptr, B, l.n_out, l.n_in, &pool); }
+                for (size_t i = 0; i < lins.size(); ++i) {
+                    const auto & l = lins[i];
+                    if (bf16_mode) {
+                        K::linear_bf16(y.data(), x.data(), w16[i], K::WType::bf16, nullptr, B, l.n_out, l.n_in, &pool);
+                    } else {
+                        K::linear(y.data(), x.data(), l.w, K::WType::f32, nullptr, B, l.n_out, l.n_in, &pool);
+                    }
+                }
             };
             auto attention = [&] {
                 for (int il = 0; il < c.n_layers; ++il) {
@@ -210,6 +233,7 @@ json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & 
             e["batch"] = B;
             e["ctx"] = ctx;
             e["kv_dtype"] = kvt == K::WType::bf16 ? "bfloat16" : "float32";
+            e["compute_dtype"] = K::compute_type_name(compute);
             e["block_size"] = bs;
             e["ms_per_step"] = round_to(step_s * 1e3, 3);
             e["tok_s"] = round_to(B / step_s, 1);

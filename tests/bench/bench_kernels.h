@@ -5,6 +5,7 @@
 #pragma once
 
 #include "fd/checkpoint/model_config.h"
+#include "fd/kernels/backend.h"
 #include "fd/kernels/ops.h"
 #include "bench_mapping.h"
 
@@ -104,10 +105,13 @@ nlohmann::ordered_json linear_thread_scaling(const std::vector<int64_t> & ms, in
 /// the same (B, ctx): `step_vs_f32_kv` and `attention_vs_f32_kv`, the time ratios (issue 28).
 /// `block_size`: tokens per KV block (the daemon's --block-size; a power of two >= 16), each
 /// sequence's blocks interleaved with the others' as a busy KvCache hands them out.
+/// `compute`: the linears' arithmetic (--compute-dtype): f32 on f32 weights (kernels::linear), or
+/// bf16 on bf16 weights (kernels::linear_bf16; a bf16 model, or f32 weights rounded at load: half
+/// the weight bytes). Each entry names its `compute_dtype`.
 nlohmann::ordered_json decode_contexts(const fd::model::ModelConfig & c, const std::vector<int> & batches,
                                        const std::vector<int> & ctxs, int n_threads, double read_bw_gbs,
                                        double min_s, int64_t kv_budget_bytes, double read_bw_cpu_gbs = 0.0,
                                        const std::vector<fd::kernels::WType> & kv_dtypes = {fd::kernels::WType::f32},
-                                       int32_t block_size = 16);
+                                       int32_t block_size = 16, fd::kernels::ComputeType compute = fd::kernels::ComputeType::f32);
 
 }  // namespace fd::bench

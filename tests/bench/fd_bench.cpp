@@ -316,9 +316,10 @@ json bench_model(const std::string & dir, const Options & o, double read_bw, dou
     j["decode"] = decode;
     }
     if (o.breakdown) { j["decode_breakdown"] = decode_breakdown(cfg, o, streamed, read_bw, decode); }
-    // decode_contexts runs on f32 weights of the model's shape: once per distinct shape.
-    static std::vector<std::pair<std::string, std::string>> shapes_done;  // (shape, model)
-    const std::string shape = j["shape"].dump();
+    // decode_contexts runs on synthetic weights of the model's shape (f32, or bf16 in the bf16
+    // compute mode): once per distinct shape and compute mode.
+    static std::vector<std::pair<std::string, std::string>> shapes_done;  // (shape + mode, model)
+    const std::string shape = j["shape"].dump() + fd::kernels::compute_type_name(compute);
     const auto done = std::find_if(shapes_done.begin(), shapes_done.end(), [&](const auto & p) { return p.first == shape; });
     if (done != shapes_done.end()) {
         j["decode_contexts"] = "same shape as " + done->second;
@@ -327,7 +328,7 @@ json bench_model(const std::string & dir, const Options & o, double read_bw, dou
         std::fprintf(stderr, "fd_bench: decode at long contexts...\n");
         j["decode_contexts"] = decode_contexts(cfg, o.ctx_batches, o.ctx_lens, o.threads, read_bw,
                                                std::max(0.2, o.seconds_min), o.kv_budget_mib << 20, read_bw_cpu, o.ctx_kv_dtypes,
-                                               o.ctx_block_size);
+                                               o.ctx_block_size, compute);
     }
     if (o.prefill_profile) {  // synthetic weights of the model's shape: once per distinct shape
         static std::vector<std::pair<std::string, std::string>> profiled;  // (shape, model)
