@@ -7,11 +7,12 @@ daemon's --model dir, with the version.yaml `step` fdctl publish writes.
 """
 import os
 import shutil
+import sys
 import tempfile
 import unittest
 
 import np_llama
-from fdtest import copy_checkpoint, Daemon, perturbed, REF, STORIES
+from fdtest import copy_checkpoint, Daemon, perturbed, REF, REPO, STORIES
 
 PROMPT = "Once upon a time"
 N_REF = 12  # greedy tokens compared with the numpy reference
@@ -406,6 +407,22 @@ class ClientSequences(unittest.TestCase):
         self.assert_serves_reference(d, "11")
         code, j = d.post("/pause?clear_cache=maybe")
         self.assertEqual(code, 400, j)
+        self.assertFalse(d.get("/health")[1]["is_paused"])
+        # The same flag on POST /v1/pause, as fdrollout.Client.pause(clear_cache=False) sends it
+        # (a probe: /v1/pause refused it, so the documented Client call always failed 400).
+        sys.path.insert(0, os.path.join(REPO, "python"))
+        from fdrollout import Client
+        c = Client(f"127.0.0.1:{d.port}", timeout=30)
+        self.assertGreater(cached(), 0)
+        c.pause(mode="keep", clear_cache=False)
+        c.resume()
+        self.assertGreater(cached(), 0)
+        c.pause(mode="keep", clear_cache=True)
+        c.resume()
+        self.assertEqual(cached(), 0)
+        code, j = d.post("/v1/pause?clear_cache=maybe")
+        self.assertEqual((code, j["error"]["type"]), (400, "invalid_argument"), j)
+        self.assertIn("clear_cache", j["error"]["message"])
         self.assertFalse(d.get("/health")[1]["is_paused"])
 
 

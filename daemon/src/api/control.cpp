@@ -16,6 +16,7 @@
 
 #include "fd/shm/names.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -270,10 +271,10 @@ void control_route(ApiContext & ctx, const Request & req, Response & res) {
     shm::MailboxCommand cmd;
     cmd.op = kRouteOps.at(req.path);
     const ControlInput in = read_control_input(req);
-    // Only `tags` (sleep, wakeup) and `mode` (pause) are control parameters; which ops take tags
+    // Only `tags` (sleep, wakeup), `mode` and `clear_cache` (pause) are control parameters; which ops take tags
     // is ControlRequest::parse's call. Anything else, e.g. vLLM's ?level=1 on /v1/sleep, is
     // refused here rather than guessed at (vLLM's own route is POST /sleep).
-    in.allow_only(cmd.op == "pause"         ? std::initializer_list<std::string_view>{"tags", "mode"}
+    in.allow_only(cmd.op == "pause"         ? std::initializer_list<std::string_view>{"tags", "mode", "clear_cache"}
                   : cmd.op == "flush_cache" ? std::initializer_list<std::string_view>{"keep_host_tier"}
                                             : std::initializer_list<std::string_view>{"tags"},
                   req.path);
@@ -296,6 +297,9 @@ void control_route(ApiContext & ctx, const Request & req, Response & res) {
             mode = b;
         }
         cmd.mode = check_pause_mode(mode);
+        // clear_cache=false (vLLM's and prime-rl's flag; fdrollout.Client.pause): the prefix
+        // cache stays, as on POST /pause; a weight change still flushes it
+        cmd.keep_prefix_cache = !query_bool(in, "clear_cache", true);
     } else if (cmd.op == "abort") {
         reject_unknown_fields(in.body, {"request_id", "abort_all"}, "abort");
         if (in.body.is_object() && in.body.contains("request_id") && !in.body["request_id"].is_null()) {
@@ -319,6 +323,16 @@ void control_route(ApiContext & ctx, const Request & req, Response & res) {
         reject_unknown_fields(in.body, {}, cmd.op);  // these ops take no body ({} is fine)
     }
     send_reply(res, ctx.control->handle(cmd, request_gate(req)));
+}
+
+bool query_bool(const ControlInput & in, const char * key, bool dflt) {
+    const auto v = in.get(key);
+    if (!v) { return dflt; }
+    std::string l = *v;
+    std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (l == "true" || l == "1" || l == "yes" || l == "on") { return true; }
+    if (l == "false" || l == "0" || l == "no" || l == "off") { return false; }
+    throw Error(Errc::invalid_argument, fmt::format("'{}' must be true or false, got '{}'; nothing was done", key, *v), key);
 }
 
 std::string check_pause_mode(const std::optional<std::string> & mode) {

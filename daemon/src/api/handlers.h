@@ -76,6 +76,10 @@ void reject_unknown_fields(const nlohmann::json & body, std::initializer_list<st
 /// Errors  fd::Error{invalid_argument} naming `key` for any other type.
 std::optional<std::string> version_field(const nlohmann::json & body, const char * key);
 
+/// A boolean query parameter as FastAPI parses one (true/false, 1/0, yes/no, on/off; any
+/// case); `dflt` when absent. Errors  invalid_argument naming it for anything else.
+bool query_bool(const ControlInput & in, const char * key, bool dflt);
+
 /// `?mode=` of a pause (V1 and vLLM): absent → "", else "abort" | "wait" | "keep".
 /// Errors  invalid_argument naming any other value (nothing is done).
 std::string check_pause_mode(const std::optional<std::string> & mode);

@@ -107,18 +107,6 @@ using namespace peer;
 /// vLLM's error body: {"error": message} with the service's status.
 void vllm_error(Response & res, const ControlOutcome & o) { send_error(res, o, control::Peer::vllm); }
 
-/// A boolean query parameter as FastAPI parses one (true/false, 1/0, yes/no, on/off; any
-/// case); `dflt` when absent. Errors  invalid_argument naming it for anything else.
-bool query_bool(const ControlInput & in, const char * key, bool dflt) {
-    const auto v = in.get(key);
-    if (!v) { return dflt; }
-    std::string l = *v;
-    std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    if (l == "true" || l == "1" || l == "yes" || l == "on") { return true; }
-    if (l == "false" || l == "0" || l == "no" || l == "off") { return false; }
-    throw Error(Errc::invalid_argument, fmt::format("'{}' must be true or false, got '{}'; nothing was done", key, *v), key);
-}
-
 // ---- vLLM ----
 
 void vllm_sleep(ApiContext & ctx, const ControlInput & in, Response & res) {
