@@ -108,6 +108,7 @@ class WeightStream:
                 raise ValueError("land=True needs backend 'tcp', a version, and no base_version (a delta goes through the daemon)")
             land = False
         self.land, self._lander = land, None
+        self._open_block = False  # inside the `with` block: send / send_delta / flush allowed
         self.backend, self.device, self._nccl = backend, device, None
         self.client, self.version = client, (None if version is None else str(version))
         self.base_version = None if base_version is None else str(base_version)
@@ -208,6 +209,7 @@ class WeightStream:
         except BaseException:
             self._close()
             raise
+        self._open_block = True
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -223,6 +225,7 @@ class WeightStream:
             else:
                 self.abort()
         finally:
+            self._open_block = False
             if self._lander is not None:  # after the finish answered: the ranks have every byte
                 self._lander.close()
                 self._lander = None
@@ -235,9 +238,16 @@ class WeightStream:
 
     # -- sending -------------------------------------------------------------------------------
 
+    def _check_open(self, name):
+        if not self._open_block:
+            raise RuntimeError(f"{name}: this weight stream is closed (its `with` block ended, committed or dropped); "
+                               "open a new one with Client.weight_stream(...)")
+
     def send(self, name, tensor, dtype=None):
         """Queue `tensor` under its training (HF) name; a full bucket goes out at once.
-        `dtype` ("F32", "F16", "BF16"): send the array's bytes as that dtype (BF16: uint16 bits)."""
+        `dtype` ("F32", "F16", "BF16"): send the array's bytes as that dtype (BF16: uint16 bits).
+        Errors  RuntimeError outside the stream's `with` block."""
+        self._check_open(name)
         a, tag = _to_numpy(tensor)
         if self._lander is not None:
             if name not in self._lander.plan and name in self.expected:
@@ -256,6 +266,8 @@ class WeightStream:
         want = want or self.expected.get(name, (None,))[0]
         if dtype is not None:
             return a, dtype
+        if want not in (None, "BF16") and tag == "BF16" and a.dtype == np.uint16:  # torch bfloat16 bits: widened exactly
+            a, tag = (a.astype(np.uint32) << 16).view(np.float32), "F32"
         if want is not None and tag != want and a.dtype.kind == "f":
             if want == "BF16":
                 return np.ascontiguousarray(_f32_to_bf16_bits(a.astype(np.float32)).reshape(a.shape)), "BF16"
@@ -269,6 +281,7 @@ class WeightStream:
         rollout's dtype as in `send`). The tensor's shape is the one the daemon holds. int64
         indices that all fit an int32 go out as int32 (a third fewer bytes at f32) unless
         `narrow` is False."""
+        self._check_open(name)
         if self.base_version is None:
             raise ValueError(f"{name}: send_delta needs weight_stream(..., base_version=...)")
         if name not in self.expected:
@@ -297,7 +310,9 @@ class WeightStream:
 
     def flush(self):
         """Send the queued tensors as one bucket; returns the daemon's answer (None if none queued).
-        A landed update: wait until every part sent so far left for its rank (returns None)."""
+        A landed update: wait until every part sent so far left for its rank (returns None).
+        Errors  RuntimeError outside the stream's `with` block."""
+        self._check_open("flush")
         if self._lander is not None:
             self._lander.drain()
             return None

@@ -575,6 +575,27 @@ class StreamTp1(StreamChecks, unittest.TestCase):
         return ws.result
 
 
+    def test_14_torch_bfloat16_is_widened_and_a_closed_stream_refuses(self):
+        """A probe: torch bfloat16 tensors (a trainer's usual dtype) were sent as BF16 to a rollout
+        holding F32 and refused (422), where the docs say send casts to the rollout's dtype; and
+        a stream used after its block ended raised AttributeError from inside flush."""
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("no torch")
+        bf = {n: torch.from_numpy(a).to(torch.bfloat16) for n, a in self.tensors.items()}
+        self.stream("t16", bf)
+        got = greedy(self.d)[:2]
+        self.stream("n16", {n: t.float().numpy() for n, t in bf.items()})  # the same values, widened by torch
+        self.assertEqual(greedy(self.d), (*got, "n16"))
+        with self.c.weight_stream("closed") as ws:
+            for name in sorted(self.tensors):
+                ws.send(name, self.tensors[name])
+        for call in (lambda: ws.send("model.norm.weight", self.tensors["model.norm.weight"]), ws.flush):
+            with self.assertRaisesRegex(RuntimeError, "closed"):
+                call()
+        self.assert_serving(self.ref_new, "closed")
+
 class StreamTp2(StreamTp1):
     TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1", *device_args()]
 
