@@ -596,6 +596,16 @@ class StreamTp1(StreamChecks, unittest.TestCase):
                 call()
         self.assert_serving(self.ref_new, "closed")
 
+    def test_15_a_tied_lm_head_may_be_left_out(self):
+        """stories260K ties its head to the embedding (and stores a copy): RolloutModel's mapping
+        leaves lm_head out, as the landed path does; a full stream of the rest commits and serves
+        the new weights (a probe: 422 "the update is missing 1 tensor(s): lm_head.weight")."""
+        self.stream("nohead", {n: a for n, a in self.tensors.items() if n != "lm_head.weight"})
+        self.assert_serving(self.ref_new, "nohead")
+        self.c.sleep()  # the wakeup reloads the kept stream dir, which has no lm_head
+        self.c.wakeup()
+        self.assert_serving(self.ref_new, "nohead")
+
 class StreamTp2(StreamTp1):
     TP_ARGS = ["--tensor-parallel-size", "2", "--threads", "1", *device_args()]
 

@@ -65,8 +65,13 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
     }
     const int32_t n_from_base = 0;
     std::vector<std::string> missing;
+    // A tied lm_head no rank reads (the embedding serves as the head) may be left out, as
+    // RolloutModel's mapping and the landed path leave it out (a probe: 422 "missing lm_head").
+    const bool tied_head = m.rank_layouts()[0].tied_lm_head;
     for (const auto & [name, t] : m.expected) {
-        if (!m.update->weight_map.count(name) && !detail::optional_tensor(name)) { missing.push_back(name); }
+        if (!m.update->weight_map.count(name) && !detail::optional_tensor(name) && !(tied_head && name == "lm_head.weight")) {
+            missing.push_back(name);
+        }
     }
     if (!missing.empty()) {
         std::string list;
