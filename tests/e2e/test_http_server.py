@@ -165,6 +165,25 @@ class Disconnects(unittest.TestCase):
         self.assertLess(generated_tokens(self.d) - before, self.N * self.MAX_TOKENS)
         self.assertEqual(self.d.complete(**GOOD)["choices"][0]["token_ids"], GOOD_IDS)
 
+    def test_a_client_that_pipelines_a_request_and_goes_away_frees_its_sequences(self):
+        # A probe: bytes of a pipelined request ended the watch on the socket, so the close that
+        # followed went unseen and the first request ran to its end.
+        before = generated_tokens(self.d)
+        body = json.dumps({"prompt": PROMPT, "max_tokens": self.MAX_TOKENS, "ignore_eos": True, "temperature": 0, "n": self.N}).encode()
+        s = socket.create_connection(("127.0.0.1", self.d.port))
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        deadline = time.time() + 10
+        while time.time() < deadline and self.d.get("/health")[1]["num_requests_running"] == 0:
+            time.sleep(0.005)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.1)
+        s.close()
+        h = self.wait_idle()
+        self.assertEqual(h["kv_blocks"]["used"], 0)
+        self.assertLess(generated_tokens(self.d) - before, self.N * self.MAX_TOKENS)
+        self.assertEqual(self.d.complete(**GOOD)["choices"][0]["token_ids"], GOOD_IDS)
+
     def test_a_streaming_client_that_goes_away_before_any_token_frees_its_sequences(self):
         before = generated_tokens(self.d)
         self.send_and_close(stream=True, wait_running=False)
@@ -195,6 +214,42 @@ class Malformed(unittest.TestCase):
                 self.assertEqual(status_of(out), 400, out)
                 self.assertIn(b"Connection: close", out)
                 self.assertEqual(json.loads(out.split(b"\r\n\r\n", 1)[1])["error"]["type"], "invalid_argument")
+        self.still_serving()
+
+    def test_a_transfer_encoding_other_than_chunked_is_a_400_and_closes(self):
+        # RFC 9112 6.1. A probe: read as an empty body, with the connection kept open, the body
+        # ran as a second request (smuggling behind a proxy that reads the coding otherwise).
+        inner = json.dumps({"prompt": "x", "max_tokens": 1}).encode()
+        hidden = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Content-Length: {len(inner)}\r\n\r\n".encode() + inner)
+        for te in (b"xchunked", b"gzip", b"chunked, gzip", b"identity"):
+            with self.subTest(te=te):
+                out = raw_exchange(self.d.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + te
+                                   + b"\r\n\r\n" + hidden)
+                self.assertEqual(status_of(out), 400, out)
+                self.assertIn(b"Connection: close", out)
+                self.assertEqual(out.count(b"HTTP/1.1 "), 1, out)  # nothing ran after it
+        self.still_serving()
+
+    def test_the_read_timeout_bounds_header_and_body_together(self):
+        # --http-read-timeout-s 2: a header over 1.5 s then a body over 1.5 s is cut at 2 s (a
+        # probe: each had its own timeout, so a request could take twice as long).
+        body = json.dumps({"prompt": PROMPT, "max_tokens": 1}).encode()
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode())
+        s = socket.create_connection(("127.0.0.1", self.d.port), timeout=10)
+        t0 = time.time()
+        try:
+            for chunk, pause in ((head[:-4], 1.5), (head[-4:], 0.0), (body[:-1], 1.5), (body[-1:], 0.0)):
+                s.sendall(chunk)
+                time.sleep(pause)
+            out = s.recv(4096)
+        except (BrokenPipeError, ConnectionResetError):
+            out = b""
+        finally:
+            s.close()
+        self.assertEqual(out, b"", "the request was answered past its 2 s")
+        self.assertLess(time.time() - t0, 5)
         self.still_serving()
 
     def test_huge_header_is_a_431(self):

@@ -71,7 +71,8 @@ private:
         parser_.emplace();
         parser_->header_limit(static_cast<uint32_t>(limits().max_header_bytes));
         parser_->body_limit(limits().max_body_bytes);
-        stream_.expires_after(ms(limits().read_timeout_s));
+        read_deadline_ = Clock::now() + ms(limits().read_timeout_s);  // header and body together (a probe: each had its own)
+        stream_.expires_at(read_deadline_);
         http::async_read_header(stream_, buf_, *parser_, [self = shared_from_this()](error_code ec, size_t) {
             if (ec) { return self->read_failed(ec); }
             self->on_header();
@@ -80,6 +81,15 @@ private:
 
     void on_header() {
         const auto & h = parser_->get();
+        if (h.find(http::field::transfer_encoding) != h.end() && !parser_->chunked()) {
+            // RFC 9112 6.1: a request whose last transfer coding is not chunked has no length we
+            // can know: 400 and close. Read as an empty body, its bytes ran as a second request
+            // (smuggling past a proxy that reads the coding otherwise; a probe).
+            keep_alive_ = false;
+            version_    = 11;
+            return answer_error(Error(Errc::invalid_argument, "malformed HTTP request: Transfer-Encoding other than chunked "
+                                                              "(send Content-Length, or chunked last)"), 400);
+        }
         if (!parser_->is_done() && beast::iequals(h[http::field::expect], "100-continue")) {
             // curl waits a second for this before sending a large body.
             static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -95,7 +105,7 @@ private:
 
     void read_body() {
         if (parser_->is_done()) { return on_request(); }
-        stream_.expires_after(ms(limits().read_timeout_s));
+        stream_.expires_at(read_deadline_);  // what is left of the request's --http-read-timeout-s
         http::async_read(stream_, buf_, *parser_, [self = shared_from_this()](error_code ec, size_t) {
             if (ec) { return self->read_failed(ec); }
             self->on_request();
@@ -315,13 +325,25 @@ private:
     }
 
     /// While the engine works, learn at once when the client closes: readable with nothing to
-    /// read is EOF. Bytes (a pipelined request) end the watch; they are read afterwards.
+    /// read is EOF. Bytes (a pipelined request) are kept in buf_ for the next read (up to
+    /// kPipelinedBytes; past that the watch ends) and the watch goes on, so a client that
+    /// pipelines and then closes still cancels its request (a probe: it ran to its end).
     void watch_peer() {
         stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(), gen = async_gen_](error_code ec) {
             if (gen != self->async_gen_ || !self->async_ready() || ec == net::error::operation_aborted) { return; }
             char c = 0;
-            const ssize_t n = ec ? -1 : ::recv(self->stream_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-            if (n > 0) { return; }
+            const int fd = self->stream_.socket().native_handle();
+            ssize_t n = ec ? -1 : ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+            if (n > 0) {
+                constexpr size_t kPipelinedBytes = 64 << 10;
+                if (self->buf_.size() >= kPipelinedBytes) { return; }
+                const auto room = self->buf_.prepare(kPipelinedBytes - self->buf_.size());
+                n = ::recv(fd, room.data(), room.size(), MSG_DONTWAIT);
+                if (n > 0) {
+                    self->buf_.commit(static_cast<size_t>(n));
+                    return self->watch_peer();
+                }
+            }
             if (n < 0 && !ec && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) { return self->watch_peer(); }
             // Gone: free its sequences now. A pending write ends the response when it completes.
             const bool headers_sent = self->res_.async->streamed;
@@ -365,6 +387,7 @@ private:
     HttpServer &                                      server_;
     net::steady_timer                                 timer_;  ///< the async body's deadline
     beast::flat_buffer                                buf_;
+    Clock::time_point                                 read_deadline_{};  ///< the request's header + body deadline
     std::optional<http::request_parser<http::string_body>> parser_;
     Request                                           req_;
     Response                                          res_;
