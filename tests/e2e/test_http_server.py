@@ -55,6 +55,11 @@ def generated_tokens(d):
     return int(float(re.search(r"^fdrollout_generation_tokens_total\{[^}]*\} (\S+)", text, re.M).group(1)))
 
 
+def aborted_choices(d):
+    _, text = d.get("/metrics")
+    return int(float(re.search(r'^fdrollout_requests_finished_total\{[^}]*finished_reason="abort"\} (\S+)', text, re.M).group(1)))
+
+
 class Concurrency(unittest.TestCase):
     def test_a_completion_is_answered_with_1000_idle_connections_open(self):
         self.assertGreaterEqual(raise_fd_limit(4096), 2100)
@@ -157,12 +162,14 @@ class Disconnects(unittest.TestCase):
 
     def test_a_non_streamed_client_that_goes_away_frees_its_sequences(self):
         # The engine is told at once (the socket is watched while the engine works), not when
-        # the answer would be written.
-        before = generated_tokens(self.d)
+        # the answer would be written. Its choices count as aborted in /metrics (vLLM's count of
+        # a disconnect; a probe: they were counted nowhere).
+        before, aborted = generated_tokens(self.d), aborted_choices(self.d)
         self.send_and_close(stream=False, wait_running=True)
         h = self.wait_idle()
         self.assertEqual(h["kv_blocks"]["used"], 0)
         self.assertLess(generated_tokens(self.d) - before, self.N * self.MAX_TOKENS)
+        self.assertEqual(aborted_choices(self.d) - aborted, self.N)
         self.assertEqual(self.d.complete(**GOOD)["choices"][0]["token_ids"], GOOD_IDS)
 
     def test_a_client_that_pipelines_a_request_and_goes_away_frees_its_sequences(self):

@@ -78,7 +78,7 @@ void get_metrics(ApiContext & ctx, const Request &, Response & res) {
 
     // Requests and tokens (labelled with the model, like vLLM's).
     w.single("fdrollout_requests_total", "counter", "Completion requests accepted.", st.n_requests_total, model);
-    w.family("fdrollout_requests_finished_total", "counter", "Choices finished, by finish reason (a request with n choices counts n).");
+    w.family("fdrollout_requests_finished_total", "counter", "Choices finished, by finish reason (a request with n choices counts n; a client that went away: abort).");
     for (size_t i = 0; i < metrics::kFinishReasonNames.size(); ++i) {
         w.sample("fdrollout_requests_finished_total", fmt::format("{},finished_reason=\"{}\"", model, metrics::kFinishReasonNames[i]),
                  rm.n_finished[i].load(std::memory_order_relaxed));

@@ -163,7 +163,10 @@ bool Engine::step() {
     }
     // Drop sequences whose client went away.
     for (auto & [id, s] : seqs_) {
-        if (s->channel && s->channel->cancelled()) { s->channel.reset(); }
+        if (s->channel && s->channel->cancelled()) {  // an abort in /metrics, as vLLM counts a disconnect
+            count_finished(*s, FinishReason::abort);
+            s->channel.reset();
+        }
     }
     auto reap = [&] {
         for (auto it = seqs_.begin(); it != seqs_.end();) {

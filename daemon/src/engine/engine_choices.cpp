@@ -124,12 +124,7 @@ void Engine::emit(Sequence & s, FinishReason why, ChoiceEvent ev) {
     }
     // Metrics first: an event-driven reader may answer the client before push() returns, and
     // a client that has its answer must find it counted in /metrics.
-    if (why != FinishReason::none) {
-        request_metrics_.e2e_s.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - s.t_arrival).count());
-        request_metrics_.n_finished[static_cast<size_t>(why) - 1].fetch_add(1, std::memory_order_relaxed);
-        request_metrics_.prompt_tokens.observe(s.n_prompt);
-        request_metrics_.generation_tokens.observe(static_cast<double>(s.tokens.size()) - s.n_prompt);
-    }
+    if (why != FinishReason::none) { count_finished(s, why); }
     if (defer_events_) {
         deferred_.emplace_back(s.channel, std::move(ev));
     } else if (hold_finals_ && why != FinishReason::none) {
@@ -138,6 +133,13 @@ void Engine::emit(Sequence & s, FinishReason why, ChoiceEvent ev) {
         s.channel->push(std::move(ev));
     }
     if (why != FinishReason::none) { s.channel.reset(); }  // finished; released at the end of the step
+}
+
+void Engine::count_finished(const Sequence & s, FinishReason why) {
+    request_metrics_.e2e_s.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - s.t_arrival).count());
+    request_metrics_.n_finished[static_cast<size_t>(why) - 1].fetch_add(1, std::memory_order_relaxed);
+    request_metrics_.prompt_tokens.observe(s.n_prompt);
+    request_metrics_.generation_tokens.observe(static_cast<double>(s.tokens.size()) - s.n_prompt);
 }
 
 void Engine::append_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev) {

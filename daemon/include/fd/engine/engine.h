@@ -214,6 +214,8 @@ private:
     void admit(GenerateRequest & req);
     /// Send `ev` for `s` (stamped, with the text now safe to send); `why` != none finishes `s`.
     void emit(Sequence & s, FinishReason why, ChoiceEvent ev);
+    /// /metrics for a choice that ends with `why`: finished count, e2e time, prompt and generated tokens.
+    void count_finished(const Sequence & s, FinishReason why);
     void release_finals() noexcept;  ///< push finals_ (hold_finals_ off)
     /// `logits`: the raw row (logprobs come from it).
     void append_token(Sequence & s, int32_t tok, const float * logits, ChoiceEvent & ev);
