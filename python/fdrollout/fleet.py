@@ -13,9 +13,11 @@ its `FdRolloutError`; nothing is retried.
 
 `update_weights(version)`: stage `version` on every member; only if every member staged it,
 commit it on every member, else drop it everywhere (every member keeps its old version:
-`FleetError.committed` is "none", fdctl's exit 20). If some commits fail or the members do not
-all report `version` afterwards, `committed` is "some" (fdctl's exit 21) and `serving` says which
-member serves what.
+`FleetError.committed` is "none", fdctl's exit 20). If every commit is refused by a member that
+answered and none serves `version`, the staged copies are dropped everywhere and `committed` is
+"none" too. Otherwise, if some commits fail or go unanswered (one may have happened) or the
+members do not all report `version` afterwards, `committed` is "some" (fdctl's exit 21) and
+`serving` says which member serves what.
 """
 import concurrent.futures
 
@@ -138,6 +140,15 @@ class Fleet:
         serving = self._serving()
         if any_failed(committed) or any(v != version for v in serving.values()):
             n_ok = sum(1 for r in committed.values() if not isinstance(r, Exception))
-            raise FleetError(f"update_weights {version}: committed on {n_ok} of {len(committed)} member(s)",
-                             committed, "some" if n_ok else "none", serving)
+            # As fdctl: "none" only when every member answered and none serves `version` (then
+            # the staged copies are dropped); a commit without an answer may have happened.
+            any_new = n_ok > 0 or any(v == version for v in serving.values())
+            any_unsure = any(v is None for v in serving.values()) or any(
+                isinstance(r, Exception) and not isinstance(r, FdRolloutError) or isinstance(r, FdRolloutError) and r.status == 0
+                for r in committed.values())
+            if not any_new and not any_unsure:
+                dropped = self.map(lambda c: c.drop_staged_weights())
+                results = {u: committed[u] if isinstance(committed[u], Exception) else dropped[u] for u in committed}
+                raise FleetError(f"update_weights {version}: no member committed, dropped", results, "none", serving)
+            raise FleetError(f"update_weights {version}: committed on {n_ok} of {len(committed)} member(s)", committed, "some", serving)
         return committed

@@ -2,10 +2,14 @@
 all-or-nothing fleet update (committed everywhere, or dropped everywhere when one member cannot
 stage, with each member still serving its old version, checked against a fresh daemon), a
 member that is down, and the fleet file format."""
+import http.server
+import json
 import os
 import shutil
 import sys
 import tempfile
+import threading
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -14,6 +18,70 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 from fdtest import STORIES, Daemon, copy_checkpoint, free_port, fresh_daemon, greedy, perturbed  # noqa: E402
 from fdrollout import FdRolloutError, Fleet, FleetError, read_fleet_file  # noqa: E402
+
+
+class _FakeMember(http.server.BaseHTTPRequestHandler):
+    """A member that stages, then answers its commit with `commit` (0: commits but answers only
+    after `delay` s) and reports `serving` as its weight_version; it logs the paths posted."""
+    commit, serving, delay, log = 409, "old", 0.0, None
+
+    def _answer(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.log.append(self.path)
+        if self.path == "/v1/commit_weights" and self.commit != 200:
+            if self.commit == 0:
+                time.sleep(self.delay)
+                return
+            return self._answer(self.commit, {"status": "error", "error": {"type": "wrong_state", "message": "refused"}})
+        self._answer(200, {"status": "success", "result": {"is_paused": True, "version": "v3", "staged": True}})
+
+    def do_GET(self):
+        self._answer(200, {"state": "paused", "weight_version": self.serving, "is_paused": True, "staged_weight_version": None})
+
+    def log_message(self, *a):
+        pass
+
+
+class FleetCommitPhase(unittest.TestCase):
+    """A probe: when no commit answered OK, Fleet said "none" without dropping the staged copies,
+    and said "none" even when a member whose commit went unanswered serves the new version
+    (fdctl's exit 21). Now as fdctl: "none" (and dropped everywhere) only when every member
+    answered and none serves it; else "some"."""
+
+    def members(self, *specs):
+        servers, urls, log = [], [], []
+        for commit, serving, delay in specs:
+            h = type("M", (_FakeMember,), {"commit": commit, "serving": serving, "delay": delay, "log": log})
+            srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
+            srv.daemon_threads = True
+            threading.Thread(target=srv.serve_forever, daemon=True).start()
+            self.addCleanup(srv.server_close)
+            self.addCleanup(srv.shutdown)
+            urls.append(f"127.0.0.1:{srv.server_port}")
+        return urls, log
+
+    def test_every_commit_refused_drops_everywhere(self):
+        urls, log = self.members((409, "old", 0), (409, "old", 0))
+        with self.assertRaises(FleetError) as e:
+            Fleet(urls, timeout=5).update_weights("v3")
+        self.assertEqual(e.exception.committed, "none")
+        self.assertEqual(log.count("/v1/drop_staged_weights"), 2)
+
+    def test_an_unanswered_commit_that_took_is_some(self):
+        urls, log = self.members((0, "v3", 1.5), (409, "old", 0))
+        with self.assertRaises(FleetError) as e:
+            Fleet(urls, timeout=0.5).update_weights("v3")
+        self.assertEqual(e.exception.committed, "some")
+        self.assertEqual(sorted(e.exception.serving.values()), ["old", "v3"])
+        self.assertNotIn("/v1/drop_staged_weights", log)
 
 
 class FleetUpdate(unittest.TestCase):
