@@ -211,6 +211,13 @@ class ControlRoutes(unittest.TestCase):
             d.post("/v1/pause")
             copy_checkpoint(self.A, src)
             self.assertEqual(d.post("/v1/update_weights", {"version": "a2", "commit": False})[0], 200)
+            # another update (staged or not) while a2 is staged is refused and loses nothing (a
+            # probe: a stage that failed had dropped the staged version first)
+            for body in ({"version": "a3", "commit": False}, {"version": "a3"}):
+                code, j = d.post("/v1/update_weights", body)
+                self.assertEqual(code, 409, j)
+                self.assertIn("'a2' is staged", j["error"]["message"])
+                self.assertEqual(self.health(d)["staged_weight_version"], "a2")
             code, j = d.post("/v1/drop_staged_weights")
             self.assertEqual((code, j["result"]["dropped_version"]), (200, "a2"), j)
             self.assertIsNone(self.health(d)["staged_weight_version"])

@@ -489,12 +489,16 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     if (!cmd.weight_bucket.empty()) { return stage_stream_bucket(cmd, r); }
     if (!cmd.land_host.empty()) { return open_landing(cmd, r); }
     if (!state_.paused) { fail(Errc::wrong_state, "update_weights needs a paused engine; POST /v1/pause first"); }
+    if (!state_.staged_version.empty()) {
+        // The ranks hold one staged copy: an update that replaced it and then failed would lose
+        // it, against invariant 2 (a probe: a failed stage emptied staged_weight_version).
+        fail(Errc::wrong_state, "version '{}' is staged (two-phase); POST /v1/commit_weights or /v1/drop_staged_weights first (an update "
+                                "never replaces a staged version, so a failed one cannot lose it)", state_.staged_version);
+    }
     if (!cmd.weight_delta.empty()) { return apply_weight_delta(cmd, r); }  // weight_land: on the landed weights
     if (cmd.weight_land) { return commit_landing(cmd, r); }
     if (update_from_ipc_delta(cmd, r)) { return; }  // the port's ipc delta record makes cmd.version
     if (state_.weight_asleep) { return update_while_asleep(cmd, r); }
-    // A new update replaces whatever an earlier "commit": false left staged.
-    drop_staged(nullptr);
     // Phase 1 on every rank (the executor drops every staged copy if any rank fails).
     const weights::FetchRequest req = update_request(cmd);
     const auto ipc_before = ipc_ids_if_source(req);
