@@ -342,6 +342,24 @@ class Rsync(unittest.TestCase):
             self.err(d, 503, "source_unavailable", {"version": "b7"})
             self.ok(d, "POST", "/v1/resume")
             self.assertEqual(greedy(d), (*self.b_out, "b7"))
+            os.rename(store + ".gone", store)
+            # b7 was verified at its update: a wakeup checks it again. A probe damaged the store
+            # copy in place (same size) and the wakeup served those bytes as "b7".
+            st = os.path.join(store, "b7", "model.safetensors")
+            with open(st, "r+b") as f:
+                f.seek(-3, os.SEEK_END)
+                good = f.read(1)
+                f.seek(-3, os.SEEK_END)
+                f.write(bytes([good[0] ^ 1]))
+            self.ok(d, "POST", "/v1/sleep?tags=weight")
+            code, j = d.post("/v1/wakeup?tags=weight")
+            self.assertEqual((code, j["error"]["type"]), (422, "checksum_mismatch"), j)
+            self.assertEqual(d.get("/health")[1]["sleeping_tags"], ["weight"])
+            with open(st, "r+b") as f:  # repaired: the wakeup brings b7 back
+                f.seek(-3, os.SEEK_END)
+                f.write(good)
+            self.ok(d, "POST", "/v1/wakeup?tags=weight")
+            self.assertEqual(greedy(d), (*self.b_out, "b7"))
 
     def test_a_trusted_local_store_is_hard_linked_else_copied(self):
         """A local store's version is pulled by hard links (rsync --link-dest) when all its files are

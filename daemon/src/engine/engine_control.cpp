@@ -241,6 +241,7 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
         drop_staged(nullptr);
         reload_serving_weights(r);
         weights_changed();  // reloaded from the source: maybe other bytes than before the sleep
+        serving_verified_ = r.checksum_verified;
         weight_woken = true;
     }
     if (tags.kv_cache) {
@@ -275,6 +276,10 @@ void Engine::reload_serving_weights(ControlResult & r) {
         }
     }
     weights::FetchRequest req{.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version};
+    // Weights that were checked against their manifest's checksums are checked again when they
+    // come back (a probe: a store copy damaged in place came back unchecked, under the label
+    // the verified bytes had).
+    req.verify_checksum = serving_verified_;
     req.weight_dir       = serving_dir_;  // weights loaded from a checkpoint dir come back from it
     req.weight_dir_owned = serving_dir_owned_;
     const bool from_snapshot = !landed_snapshot_.empty();
@@ -311,7 +316,8 @@ void Engine::reload_serving_weights(ControlResult & r) {
                                  "serving them as weight_version {}", asked, label);
     }
     set_label(label, fp);
-    r.bytes = reps[0].bytes;
+    r.bytes             = reps[0].bytes;
+    r.checksum_verified = std::all_of(reps.begin(), reps.end(), [](const runtime::RankReport & x) { return x.checksum_verified; });
     accumulate_rank_reports(r, reps, state_.weight_version, /*in_place=*/true);
 }
 
@@ -464,6 +470,7 @@ void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) 
     accumulate_rank_reports(r, reps, *version);
     r.bytes             = reps[0].bytes;
     r.checksum_verified = reps[0].checksum_verified;
+    serving_verified_   = r.checksum_verified;
     r.version           = *version;
     r.tags_done         = {"weight"};  // the weight tag is awake again
     log::get("engine")->info("update_weights while the weights were released: weight_version {} loaded, weight tag awake{}", *version,
@@ -523,12 +530,14 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     r.version           = *version;
     if (!cmd.commit) {  // two-phase: validated and staged on every rank; serving is unchanged
         state_.staged_version = *version;
+        staged_verified_      = r.checksum_verified;
         r.staged              = true;
         return;
     }
     // Phase 2: every rank staged, so every rank commits.
     accumulate_rank_reports(r, executor_->commit_weights(), *version);
     weights_changed();
+    serving_verified_ = r.checksum_verified;
     set_label(*version, staged_fingerprint_);
     forget_landed();
     serving_dir_       = req.weight_dir;
@@ -550,6 +559,7 @@ void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {
     if (!state_.paused) { fail(Errc::wrong_state, "commit_weights needs a paused engine; POST /v1/pause first"); }
     accumulate_rank_reports(r, executor_->commit_weights(), state_.staged_version);
     weights_changed();  // no KV computed with the old weights is reused (invariant 1)
+    serving_verified_ = staged_verified_;
     set_label(state_.staged_version, staged_fingerprint_);
     forget_landed();
     serving_dir_.clear();  // staged updates come from the source only
@@ -562,6 +572,7 @@ void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {
 }
 
 void Engine::weights_changed() {
+    serving_verified_ = false;  // the paths that checked the new bytes' checksums set it after
     kv_.flush_prefix_cache();
     const int64_t n = kv_.set_weight_epoch(++weight_epoch_);
     if (n > 0) { log::get("engine")->info("weights changed: {} host KV tier block(s) of the old weights dropped", n); }

@@ -265,7 +265,7 @@ public:
             // Re-pull the serving version; the --model checkpoint when the store lacks it.
             if (shm::is_valid_version(req.serving_version)) {
                 try {
-                    return pull(req.serving_version, false);
+                    return pull(req.serving_version, req.verify_checksum);  // checked again when they were at the update
                 } catch (const Error & e) {
                     if (e.code() != Errc::not_found) { throw; }
                     log::get("weights")->info("wakeup: {}; reloading --model {}", e.what(), model_dir_.string());

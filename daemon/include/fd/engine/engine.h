@@ -491,6 +491,8 @@ private:
     std::atomic<bool>                         stop_{false};
     std::atomic<bool>                         draining_{false};
     std::atomic<bool>                         accepting_{true};   ///< false while paused/asleep
+    bool serving_verified_ = false;  ///< the serving weights were checked against manifest checksums: a wakeup checks again
+    bool staged_verified_  = false;  ///< the same for the staged version
     /// The 503 a request gets while admission is stopped (submit) or when it reaches the engine
     /// behind a pause or sleep (admit).
     static constexpr const char * kPausedMessage =
