@@ -1,5 +1,6 @@
 """Soak: 64 concurrent clients while 20 pause → update_weights → resume cycles alternate between
-checkpoints A and B. No hang, no crash; every response is complete, aborted or 503; every
+checkpoints A and B. No hang, no crash; every response is complete, aborted or 503 (a stream
+submitted as a pause reached the engine gets its 503 in-band, its head being out); every
 completed one equals what its reported weight_version produces."""
 import http.client
 import json
@@ -36,6 +37,9 @@ def one_request(port, prompt, stream):
                 done = True
             elif line.startswith("data: "):
                 c = json.loads(line[6:])
+                if "error" in c:  # submitted as a pause reached the engine: the 503 of admission, in-band
+                    assert c["error"]["code"] == 503 and not ids and text.rstrip().endswith("data: [DONE]"), text
+                    return 503, None, None, c["error"]["type"]
                 versions.add(c["weight_version"])
                 ids += c["choices"][0]["token_ids"]
                 finish = c["choices"][0]["finish_reason"] or finish
