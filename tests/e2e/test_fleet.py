@@ -4,49 +4,19 @@ all three on the old version (staged everywhere else, then dropped everywhere); 
 then lands on all three, and every daemon's greedy output equals a fresh daemon's on it.
 Per-host results (text and --json) and the documented exit codes for partial failure; `fdctl
 wait --until` on a fleet (FleetWait); the update's exit codes in every partial-failure case (issue #29, FleetFaults)."""
-import http.server
 import json
 import os
 import shutil
 import tempfile
-import threading
-import time
 import unittest
 
 from fdtest import copy_checkpoint, Daemon, fdctl, free_port, greedy, perturbed, STORIES
+from fleet_fakes import serve_fake
 
 
 def publish(src, store, version):
     rc, out, err = fdctl(0, "publish", "--strategy", "rsync", "--from", src, "--store", store, "--version", version)
     assert rc == 0, (rc, out, err)
-
-
-class FakeDaemon(http.server.BaseHTTPRequestHandler):
-    """A host that stages fine but refuses the commit (or, with health_version set, commits but
-    then reports another version): what fdctl must report as an inconsistent fleet (exit 21)."""
-    commit_status = 409
-    health_version = "old"
-
-    def answer(self, status, body):
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        if self.path == "/v1/commit_weights" and self.commit_status != 200:
-            return self.answer(self.commit_status, {"status": "error", "error": {"type": "wrong_state", "message": "simulated"}})
-        self.answer(200, {"status": "success", "result": {"is_paused": True, "version": "v3", "staged": True, "bytes": 0,
-                                                          "dropped_version": None}})
-
-    def do_GET(self):
-        self.answer(200, {"state": "paused", "weight_version": self.health_version})
-
-    def log_message(self, *args):
-        pass
 
 
 class Fleet(unittest.TestCase):
@@ -130,12 +100,7 @@ class Fleet(unittest.TestCase):
 
     def test_a_commit_that_fails_on_one_host_is_reported_inconsistent(self):
         def serve(commit_status, health_version):
-            handler = type("Fake", (FakeDaemon,), {"commit_status": commit_status, "health_version": health_version})
-            srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-            threading.Thread(target=srv.serve_forever, daemon=True).start()
-            self.addCleanup(srv.server_close)
-            self.addCleanup(srv.shutdown)
-            return f"127.0.0.1:{srv.server_port}"
+            return serve_fake(self, commit_status=commit_status, health_version=health_version)
 
         good = serve(200, "v3")  # stages, commits, reports v3
         for bad, seen in ((serve(409, "old"), "old"), (serve(200, "other"), "other")):
@@ -180,42 +145,6 @@ class FleetWait(unittest.TestCase):
             self.assertEqual(rc, 7, err)  # every host timed out alike
 
 
-class FakeHost(http.server.BaseHTTPRequestHandler):
-    """Stages fine; commit answers `commit_status` (0: never answers within the test's --timeout);
-    /health reports `health_version`; counts drops."""
-    commit_status = 200
-    health_version = "old"
-    drops = None
-
-    def answer(self, status, body):
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        if self.path == "/v1/commit_weights":
-            if self.commit_status == 0:
-                time.sleep(9)  # past the caller's --timeout 2 (+ fdctl's 5 s answer grace): its fate is unknown
-                return
-            if self.commit_status != 200:
-                etype = "wrong_state" if self.commit_status == 409 else "rank_failed"
-                return self.answer(self.commit_status, {"status": "error", "error": {"type": etype, "message": "simulated"}})
-        if self.path == "/v1/drop_staged_weights":
-            self.drops.append(self.server.server_port)
-        self.answer(200, {"status": "success", "result": {"is_paused": True, "version": "v3", "staged": True, "bytes": 0,
-                                                          "dropped_version": None}})
-
-    def do_GET(self):
-        self.answer(200, {"state": "paused", "weight_version": self.health_version})
-
-    def log_message(self, *args):
-        pass
-
-
 class FleetFaults(unittest.TestCase):
     """Fleet update-weights exit codes in every partial-failure case (issue #29, defect 5).
     
@@ -233,13 +162,7 @@ class FleetFaults(unittest.TestCase):
       refusals' shared code (4) when alike, 20 when they differ; the staged copies are dropped."""
 
     def fake(self, commit_status, health_version, drops):
-        handler = type("Fake", (FakeHost,), {"commit_status": commit_status, "health_version": health_version, "drops": drops})
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        srv.daemon_threads = True
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        self.addCleanup(srv.server_close)
-        self.addCleanup(srv.shutdown)
-        return f"127.0.0.1:{srv.server_port}"
+        return serve_fake(self, commit_status=commit_status, health_version=health_version, drops=drops)
 
     def test_a_member_down_before_staging_exits_20(self):
         with Daemon("--dynamic-load-weight", extra=False) as a, Daemon("--dynamic-load-weight", extra=False) as b:

@@ -2,14 +2,10 @@
 all-or-nothing fleet update (committed everywhere, or dropped everywhere when one member cannot
 stage, with each member still serving its old version, checked against a fresh daemon), a
 member that is down, and the fleet file format."""
-import http.server
-import json
 import os
 import shutil
 import sys
 import tempfile
-import threading
-import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -18,36 +14,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 from fdtest import STORIES, Daemon, copy_checkpoint, free_port, fresh_daemon, greedy, perturbed  # noqa: E402
 from fdrollout import FdRolloutError, Fleet, FleetError, read_fleet_file  # noqa: E402
-
-
-class _FakeMember(http.server.BaseHTTPRequestHandler):
-    """A member that stages, then answers its commit with `commit` (0: commits but answers only
-    after `delay` s) and reports `serving` as its weight_version; it logs the paths posted."""
-    commit, serving, delay, log = 409, "old", 0.0, None
-
-    def _answer(self, status, body):
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.log.append(self.path)
-        if self.path == "/v1/commit_weights" and self.commit != 200:
-            if self.commit == 0:
-                time.sleep(self.delay)
-                return
-            return self._answer(self.commit, {"status": "error", "error": {"type": "wrong_state", "message": "refused"}})
-        self._answer(200, {"status": "success", "result": {"is_paused": True, "version": "v3", "staged": True}})
-
-    def do_GET(self):
-        self._answer(200, {"state": "paused", "weight_version": self.serving, "is_paused": True, "staged_weight_version": None})
-
-    def log_message(self, *a):
-        pass
+from fleet_fakes import serve_fake  # noqa: E402
 
 
 class FleetCommitPhase(unittest.TestCase):
@@ -57,15 +24,8 @@ class FleetCommitPhase(unittest.TestCase):
     answered and none serves it; else "some"."""
 
     def members(self, *specs):
-        servers, urls, log = [], [], []
-        for commit, serving, delay in specs:
-            h = type("M", (_FakeMember,), {"commit": commit, "serving": serving, "delay": delay, "log": log})
-            srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
-            srv.daemon_threads = True
-            threading.Thread(target=srv.serve_forever, daemon=True).start()
-            self.addCleanup(srv.server_close)
-            self.addCleanup(srv.shutdown)
-            urls.append(f"127.0.0.1:{srv.server_port}")
+        log = []
+        urls = [serve_fake(self, commit_status=c, health_version=v, commit_delay=delay, log=log) for c, v, delay in specs]
         return urls, log
 
     def test_every_commit_refused_drops_everywhere(self):
