@@ -285,6 +285,42 @@ class ChatTemplateVariants(unittest.TestCase):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def test_integers_beyond_int64_are_refused_not_rendered_wrapped(self):
+        """A probe: 18446744073709551615 in a tool schema rendered as -1, and 12345678901234567890
+        in a tool call's arguments as -6101065172474983726, where Python's json (transformers,
+        vLLM) keeps both exact. The template engine holds int64: such a number is a 400 naming
+        it; int64's own bounds render exactly."""
+        tmp = tempfile.mkdtemp(prefix="fd_chat_bigint_")
+        try:
+            path = os.path.join(tmp, "t.jinja")
+            with open(path, "w") as f:
+                f.write("{{ tools | tojson }}{% for m in messages %}{{ m.role }}: {{ m.content }}"
+                        "{% for c in m.tool_calls or [] %} {{ c.function.arguments | tojson }}{% endfor %}\n{% endfor %}")
+            tool = lambda bound: [{"type": "function", "function": {"name": "f", "parameters": {"maximum": bound}}}]
+            turns = lambda args: [{"role": "user", "content": "Lily"},
+                                  {"role": "assistant", "content": None,
+                                   "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}]}]
+            with Daemon("--chat-template", path) as d:
+                ok = {"messages": turns('{"n": -9223372036854775808}'), "tools": tool(9223372036854775807), "add_generation_prompt": False}
+                status, j = d.post("/tokenize", ok)
+                self.assertEqual(status, 200, j)
+                text = d.post("/detokenize", {"tokens": j["tokens"]})[1]["prompt"]
+                self.assertIn("9223372036854775807", text)
+                self.assertIn("-9223372036854775808", text)
+                status, j = d.post("/v1/chat/completions", {**ok, "max_tokens": 1, "seed": 18446744073709551615})
+                self.assertEqual(status, 200, j)  # a uint64 seed is no template value
+                for body, param in (({**ok, "tools": tool(18446744073709551615)}, None),
+                                    ({**ok, "tools": tool(123456789012345678901234)}, None),
+                                    ({**ok, "messages": turns('{"n": 12345678901234567890}')}, "messages[1].tool_calls[0].function.arguments")):
+                    for route in ("/tokenize", "/v1/chat/completions"):
+                        status, j = d.post(route, {**body, "max_tokens": 1} if route != "/tokenize" else body)
+                        self.assertEqual(status, 400, (route, j))
+                        self.assertIn("64-bit", j["error"]["message"])
+                        if param:
+                            self.assertEqual(j["error"]["param"], param)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def test_no_template_no_bos_and_malformed_template(self):
         tmp = tempfile.mkdtemp(prefix="fd_chat_v_")
         try:

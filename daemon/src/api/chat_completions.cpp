@@ -7,6 +7,7 @@
 #include "fd/tokenizer/chat_template.h"
 
 #include <algorithm>
+#include <set>
 
 namespace fd::api {
 namespace {
@@ -21,6 +22,52 @@ struct ChatCompletionRequest {
     StreamOptions           opts;
     bool                    logprobs = false;
 };
+
+/// The first integer literal of JSON `text` beyond int64 that the chat template sees, or "":
+/// every one when `whole` (a tool call's arguments), else those under the body's top-level keys
+/// messages, tools, documents and chat_template_kwargs (a uint64 `seed` is fine).
+std::string out_of_range_integer(const std::string & text, bool whole) {
+    static const std::set<std::string> kTemplateKeys = {"messages", "tools", "documents", "chat_template_kwargs"};
+    bool        in_str = false, counts = whole;
+    int         depth  = 0;
+    size_t      str_start = 0;
+    std::string last_str;  // the last string closed at depth 1: the key when a ':' follows
+    for (size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (in_str) {
+            if (c == '\\') {
+                ++i;
+            } else if (c == '"') {
+                in_str = false;
+                if (depth == 1) { last_str = text.substr(str_start, i - str_start); }
+            }
+            continue;
+        }
+        if (c == '"') {
+            in_str    = true;
+            str_start = i + 1;
+            continue;
+        }
+        if (c == '{' || c == '[') { ++depth; continue; }
+        if (c == '}' || c == ']') { --depth; continue; }
+        if (c == ':' && depth == 1 && !whole) { counts = kTemplateKeys.count(last_str) != 0; continue; }
+        if (c != '-' && (c < '0' || c > '9')) { continue; }
+        size_t e = i + (c == '-');
+        while (e < text.size() && text[e] >= '0' && text[e] <= '9') { ++e; }
+        const bool integer = e == text.size() || (text[e] != '.' && text[e] != 'e' && text[e] != 'E');
+        const std::string digits = text.substr(i + (c == '-'), e - i - (c == '-'));
+        const std::string limit  = c == '-' ? "9223372036854775808" : "9223372036854775807";
+        if (counts && integer && (digits.size() > limit.size() || (digits.size() == limit.size() && digits > limit))) {
+            return text.substr(i, e - i);
+        }
+        while (e < text.size() && (text[e] == '.' || text[e] == 'e' || text[e] == 'E' || text[e] == '+' || text[e] == '-' ||
+                                   (text[e] >= '0' && text[e] <= '9'))) {
+            ++e;
+        }
+        i = e - 1;
+    }
+    return "";
+}
 
 /// Messages as the template sees them: checked, tool-call arguments given as JSON strings
 /// parsed into objects (as vLLM does, so templates can `| tojson` them), and text content parts
@@ -72,8 +119,8 @@ ojson check_messages(const ojson & msgs, bool takes_parts) {
                 ojson & args = tc["function"]["arguments"];
                 if (args.is_string()) {
                     try {
-                        args = ojson::parse(args.get<std::string>());
-                    } catch (const ojson::exception &) {
+                        args = parse_chat_json(args.get<std::string>(), tat + ".function.arguments");
+                    } catch (const ojson::exception &) {  // (parse_chat_json's own refusal is an fd::Error: it passes)
                         bad(tat + ".function.arguments", fmt::format("'{}.function.arguments' is not valid JSON", tat));
                     }
                 }
@@ -106,6 +153,14 @@ bool get_bool(const json & j, const char * key, bool dflt) {
 }
 
 }  // namespace
+
+ojson parse_chat_json(const std::string & text, const std::string & param) {
+    if (const std::string n = out_of_range_integer(text, /*whole=*/!param.empty()); !n.empty()) {
+        bad(param, fmt::format("{} holds the integer {}, outside the signed 64-bit range the chat template engine holds; send it as a "
+                               "string (or a float)", param.empty() ? "the request" : "'" + param + "'", n.size() > 40 ? n.substr(0, 40) + "..." : n));
+    }
+    return parse_ordered_json(text);
+}
 
 std::vector<int32_t> chat_prompt_ids(ApiContext & ctx, const json & j, const ojson & oj, bool add_special_tokens) {
     // vLLM's request `chat_template`: only with --trust-request-chat-template (vLLM's rule)
@@ -164,7 +219,7 @@ ChatCompletionRequest parse(ApiContext & ctx, const std::string & body) {
         "return_tokens_as_token_ids", "chat_template"};
     check_fields(j, kKnown, /*chat=*/true);
     check_model(ctx, j);
-    const ojson oj = parse_ordered_json(body);  // key order kept: templates print tools with tojson
+    const ojson oj = parse_chat_json(body, "");
     ChatCompletionRequest r;
     r.gen.prompts.push_back(chat_prompt_ids(ctx, j, oj, get_bool(j, "add_special_tokens", false)));  // vLLM's chat default: false
     parse_vllm_fields(ctx, j, r.gen);

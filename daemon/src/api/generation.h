@@ -102,6 +102,15 @@ std::vector<std::string> echo_prompt_texts(const tokenizer::Tokenizer & tok, con
 std::vector<int32_t> chat_prompt_ids(ApiContext & ctx, const nlohmann::json & j, const nlohmann::ordered_json & oj,
                                      bool add_special_tokens);
 
+/// A chat body (`param` "") or a tool call's arguments string (`param` its name) for the
+/// template: parsed with its key order kept (templates print tools with tojson), refusing an
+/// integer literal outside the signed 64-bit range the template engine holds (anywhere in the
+/// arguments; in a body, under messages, tools, documents or chat_template_kwargs), which would
+/// otherwise render wrapped or as a float where Python's json keeps it exact (a probe:
+/// 18446744073709551615 rendered as -1).
+/// Errors: 400 naming `param` and the number; parse_ordered_json's.
+nlohmann::ordered_json parse_chat_json(const std::string & text, const std::string & param);
+
 /// vLLM's stop_reason: the stop string, the stop token id, or null.
 nlohmann::json stop_reason_json(const engine::StopReason & r);
 

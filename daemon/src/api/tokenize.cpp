@@ -59,7 +59,7 @@ void post_tokenize(ApiContext & ctx, const Request & req, Response & res) {
     std::vector<int32_t> ids;
     if (chat) {
         if (j.contains("prompt")) { bad("prompt", "send either 'prompt' or 'messages', not both"); }
-        ids = chat_prompt_ids(ctx, j, parse_ordered_json(req.body), get_bool(j, "add_special_tokens", false));
+        ids = chat_prompt_ids(ctx, j, parse_chat_json(req.body, ""), get_bool(j, "add_special_tokens", false));
     } else {
         if (!j.contains("prompt") || !j["prompt"].is_string()) { bad("prompt", "'prompt' must be a string"); }
         ids = ctx.tok->encode(j["prompt"].get<std::string>(), get_bool(j, "add_special_tokens", true));
