@@ -27,12 +27,12 @@ TP2 = ("--tensor-parallel-size", "2", "--threads", "1", "--dynamic-load-weight")
 class Node:
     """Node k > 0: `fdrollout --nnodes 2 --node-rank 1 ...` binding 127.0.0.2 (a context manager)."""
 
-    def __init__(self, master_port, token_file, *args, model=STORIES, tp=2, timeout_s=30):
+    def __init__(self, master_port, token_file, *args, model=STORIES, tp=2, timeout_s=30, env=None):
         self.log = tempfile.NamedTemporaryFile(prefix="fdnode-", suffix=".log", delete=False, dir=log_dir())
         cmd = [BIN, "--model", model, "--tensor-parallel-size", str(tp), "--nnodes", "2", "--node-rank", "1",
                "--master-addr", "127.0.0.1", "--master-port", str(master_port), "--node-addr", "127.0.0.2",
                "--dist-token-file", token_file, "--control-timeout-s", str(timeout_s), *args]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
     def output(self):
         with open(self.log.name, errors="replace") as f:
@@ -199,6 +199,28 @@ class TwoNodes(unittest.TestCase):
             finally:
                 os.kill(remote, signal.SIGCONT)
             self.assertFalse(self.ok(d, "/v1/wakeup")["is_paused"])
+            self.assertNotIn(remote, n.rank_pids())
+            self.assertEqual(greedy(d), before)
+
+    def test_a_stuck_remote_rank_exits_when_its_link_closes_so_wakeup_recovers(self):
+        # A probe: a rank of node 1 whose main loop hung (its beat thread alive) was failed as
+        # stuck, but nothing ended its process: node 1's agent rejoins only when its rank exits,
+        # so every wakeup failed ("node 1 did not join") and the daemon stayed degraded. The rank
+        # now exits when the daemon closes its link during a request.
+        port = free_port()
+        mark = os.path.join(self.tmp, "hang-mark")
+        open(mark, "w").close()
+        with node0(port, self.token, "--rank-stuck-s", "2") as d, Node(port, self.token, env={"FD_TEST_HANG_AT": f"forward:1:{mark}"}) as n:
+            d.wait_ready(60)
+            before = greedy(d)
+            [remote] = n.rank_pids()
+            os.unlink(mark)  # rank 1's next forward hangs: its main loop stuck, its beats going on
+            status, j = d.post("/v1/completions", {"prompt": "Once", "max_tokens": 4, "temperature": 0})
+            self.assertEqual((status, j["error"]["type"]), (503, "rank_failed"), j)
+            self.assertIn("rank 1 on node 1 is stuck", j["error"]["message"])
+            t0 = time.time()
+            self.assertFalse(self.ok(d, "/v1/wakeup")["is_paused"])
+            self.assertLess(time.time() - t0, 10)
             self.assertNotIn(remote, n.rank_pids())
             self.assertEqual(greedy(d), before)
 

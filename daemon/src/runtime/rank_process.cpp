@@ -397,6 +397,15 @@ private:
         while (!stop_beat_) {
             beat_cv_.wait_for(lk, every, [this] { return stop_beat_; });
             if (stop_beat_ || !busy_) { continue; }
+            if (link_.hung_up()) {
+                // The daemon gave this rank up (stuck past --rank-stuck-s, or a wakeup rebuilding
+                // the group) and closed its link while the main loop is still in a request: nothing
+                // can come of it. Exit as serve() does on a closed link, so a remote node's agent
+                // sees the exit and rejoins (a probe: a stuck rank on node 1 kept its node out of
+                // every wakeup).
+                log::get("rank")->error("rank {}: the daemon closed the link while a request was in progress; exiting", spawn_.rank);
+                std::_Exit(3);
+            }
             LinkMsg b;
             b.op               = static_cast<uint32_t>(LinkOp::beat);
             b.seq              = seq_;
