@@ -163,13 +163,14 @@ class RankFaults(unittest.TestCase):
                 self.assertIn(f"rank 1 (pid {victim})", upd["error"]["message"])
                 status, h = d.get("/health")
                 self.assertEqual((status, h["state"], h["degraded_ranks"]), (503, "degraded", [1]), h)
+                self.assertEqual(h["comm_group"]["state"], "disconnected", h)  # a probe: it said "connected"
                 status, j = d.post("/v1/completions", {"prompt": "Once", "max_tokens": 2})
                 self.assertEqual((status, j["error"]["type"]), (503, "rank_failed"), j)
                 # wakeup respawns both ranks and reloads the version the daemon serves
                 res = self.ok(d, "/v1/wakeup")
                 self.assertFalse(res["is_paused"])
                 h = d.get("/health")[1]
-                self.assertEqual((h["state"], h["degraded_ranks"]), ("serving", []), h)
+                self.assertEqual((h["state"], h["degraded_ranks"], h["comm_group"]["state"]), ("serving", [], "connected"), h)
                 self.assertNotIn(victim, d.rank_pids())
                 version = h["weight_version"]
                 self.assertIn(version, checkpoint)

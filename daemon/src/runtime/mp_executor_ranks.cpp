@@ -249,7 +249,8 @@ void MpExecutor::mark_failed(int32_t r, bool timed_out, const std::string & what
         k.pid    = -k.pid;  // reaped: never signal that pid again
         pids_[r] = 0;
     }
-    k.failed = true;
+    k.failed        = true;
+    comm_connected_ = false;  // the group lost a member: /health says so until a wakeup rebuilds it
     ++n_lost_;
     log::get("engine")->error("rank {} {}", r, k.why);
 }
