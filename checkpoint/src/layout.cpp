@@ -7,7 +7,9 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <map>
 #include <set>
 namespace fd::model {
 namespace {
@@ -272,11 +274,26 @@ bool holds_inference_form(const InferenceTensor & it, const TensorIndex & idx) {
 
 void validate_against_layout(const WeightLayout & layout, const TensorIndex & idx) {
     std::set<std::string> used, own_experts;
+    // Expert parallel: the sparse layers (name up to ".experts.") and how many experts each has
+    // in all (this rank's share x ep, rank_experts' even split): an expert some other rank holds
+    // is that rank's to check; one no rank holds (an index past the model's experts, a layer
+    // without experts) is unknown here too (a probe: an extra expert passed at EP=2).
+    std::map<std::string, std::set<int>> own_by_layer;
     if (layout.tp.ep > 1) {
         for (const InferenceTensor & it : layout.tensors) {
-            if (std::string e = expert_prefix(it.name); !e.empty()) { own_experts.insert(std::move(e)); }
+            if (std::string e = expert_prefix(it.name); !e.empty()) {
+                const size_t at = e.find(".experts.");
+                own_by_layer[e.substr(0, at)].insert(std::atoi(e.c_str() + at + 9));
+                own_experts.insert(std::move(e));
+            }
         }
     }
+    auto held_by_some_rank = [&](const std::string & e) {
+        const size_t at  = e.find(".experts.");
+        const auto   lay = own_by_layer.find(e.substr(0, at));
+        const int    x   = std::atoi(e.c_str() + at + 9);
+        return lay != own_by_layer.end() && x >= 0 && x < static_cast<int>(lay->second.size()) * layout.tp.ep;
+    };
     auto check = [&](const std::string & name, const std::vector<int64_t> & shape, std::initializer_list<fd::DType> dtypes) {
         const TensorInfo & t = idx.tensors.at(name);
         if (t.shape != shape) {
@@ -311,7 +328,7 @@ void validate_against_layout(const WeightLayout & layout, const TensorIndex & id
         if (used.count(name) || name.find("rotary_emb.inv_freq") != std::string::npos) { continue; }
         if (layout.tp.ep > 1) {  // another rank's expert: that rank checks (and loads) it
             const std::string e = expert_prefix(name);
-            if (!e.empty() && !own_experts.count(e)) { continue; }
+            if (!e.empty() && !own_experts.count(e) && held_by_some_rank(e)) { continue; }
         }
         if (layout.tied_lm_head && name == "lm_head.weight") { continue; }
         fail(Errc::invalid_checkpoint, "{}: unknown tensor '{}' (not in the rollout's state dict)", t.file.string(), name);

@@ -22,6 +22,7 @@
 import glob
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -203,6 +204,13 @@ class EpRefits(unittest.TestCase):
             miss.pop("model.layers.1.mlp.experts.7.down_proj.weight")
             publish(miss, 1)
             self.assert_refused(d, "missing", base, "model.layers.1.mlp.experts.7.down_proj.weight", "layer 1, expert 7")
+            # an expert past the model's (index num_experts) in rank 0's file: no rank holds it, so
+            # no rank may pass it as "another rank's" (a probe: accepted at EP=2, label changed)
+            src_name = next(k for k in good[0] if ".experts." in k)
+            extra_name = re.sub(r"\.experts\.\d+\.", f".experts.{fdpublish.n_experts(cfg)}.", src_name)
+            publish({**good[0], extra_name: good[0][src_name]}, 0)
+            publish(good[1], 1)
+            self.assert_refused(d, "extra", base, extra_name, "unknown tensor")
             # expert 2 of rank 0 in two of its part files
             os.unlink(os.path.join(model, "model_state.tp0.safetensors"))
             publish(good[1], 1)
