@@ -127,6 +127,24 @@ class RoutedExperts(unittest.TestCase):
                 self.assertEqual(c["token_ids"], gen, kind)
                 self.assertEqual(c["routed_experts"], want, kind)
 
+    def test_speculation_leaves_the_routes_unchanged(self):
+        """n-gram drafts (repetitive prompts, so drafts are accepted) must not change a rollout,
+        routes included: a probe saw a choice that finished inside a verify step with accepted
+        drafts return fewer rows (33 for 36) than without speculation."""
+        ng = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}'
+        rng = np.random.default_rng(1)
+        motif = [int(x) for x in rng.integers(3, 512, 6)]
+        prompts = [[1] + motif * 4, [1] + motif[:3] * 5 + [7, 8]]
+        with Daemon(*R3, model=self.ck) as plain, Daemon(*R3, "--speculative-config", ng, model=self.ck) as spec:
+            for n in (24, 25, 26, 27):
+                for p in prompts:
+                    a = plain.complete(**body(p, max_tokens=n))["choices"][0]
+                    b = spec.complete(**body(p, max_tokens=n))["choices"][0]
+                    self.assertEqual(len(b["routed_experts"]), len(p) + n - 1, (n, p[:4]))
+                    self.assertEqual((b["token_ids"], b["routed_experts"]), (a["token_ids"], a["routed_experts"]), (n, p[:4]))
+            _, h = spec.get("/health")
+            self.assertGreater(h["speculative"]["num_accepted_tokens"], 0, h["speculative"])  # drafts were accepted
+
     def test_tp2_routes_equal_numpy(self):
         with Daemon(*R3, *TP2, model=self.ck) as d:
             j = d.complete(**body([self.prompts[0], self.prompts[1]]))

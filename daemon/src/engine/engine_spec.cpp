@@ -145,6 +145,11 @@ void Engine::emit_draft_rows(const StepPlan::RowUse & row, const float * logits)
         s.n_computed += n_accepted;
         kv_.commit_full_blocks(s.id, s.tokens, s.n_computed, s.prefix_salt);
         kv_.trim(s.id, static_cast<int64_t>(s.tokens.size()));
+    } else {
+        // Finished: the positions this forward computed count too (routed_experts has a row for
+        // each, as without speculation: every token but the last; a probe saw the accepted
+        // drafts' rows dropped), up to the last token, which no forward took as input.
+        s.n_computed = std::min<int64_t>(s.n_computed + n_accepted, static_cast<int64_t>(s.tokens.size()) - 1);
     }
     s.draft.clear();
     emit(s, why, std::move(ev));
