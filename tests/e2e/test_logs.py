@@ -1,9 +1,12 @@
 """Operator logs: one access-log line per request (method, route, status, tokens, latency), the
 periodic throughput line, and --log-format json (every line one JSON object)."""
 import json
+import os
 import re
+import socket
 import time
 import unittest
+import urllib.request
 
 from fdtest import Daemon, wait_until
 
@@ -72,6 +75,24 @@ class Logs(unittest.TestCase):
                 self.assertEqual(o["pid"], d.proc.pid)
             self.assertTrue(any(o["logger"] == "access" and o["msg"].startswith("POST /v1/completions 200 tokens=") for o in objs))
             self.assertTrue(any(o["logger"] == "api" and o["level"] == "info" and "listening on" in o["msg"] for o in objs))
+
+    def test_json_lines_stay_utf8_with_stray_bytes_in_a_path_or_the_model_name(self):
+        # A probe: GET /v1/models/caf\xe9 (any client, no key needed) put the raw byte into the
+        # access line, and --served-model-name with one into the start-up line and /metrics'
+        # model_name label: not JSON, not a valid exposition. Such bytes are now U+FFFD.
+        with Daemon("--log-format", "json", "--served-model-name", os.fsdecode(b"m\xe9")) as d:
+            with socket.create_connection(("127.0.0.1", d.port), timeout=10) as c:
+                c.sendall(b"GET /v1/models/caf\xe9 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                while c.recv(4096):
+                    pass
+            wait_until(lambda: "caf" in d.output(), 30, "the access line")
+            raw = urllib.request.urlopen(f"http://127.0.0.1:{d.port}/metrics", timeout=10).read()
+            raw.decode("utf-8")  # strict: raises on a stray byte
+            self.assertIn('model_name="m\ufffd"', raw.decode("utf-8"))
+            with open(d.log.name, "rb") as f:
+                lines = [l for l in f.read().split(b"\n") if l.strip()]
+            objs = [json.loads(l.decode("utf-8")) for l in lines]  # strict UTF-8, then JSON
+            self.assertTrue(any(o["logger"] == "access" and o["msg"].startswith("GET /v1/models/caf\ufffd 404") for o in objs), objs[-3:])
 
     def test_unknown_log_format_is_a_usage_error(self):
         d = Daemon("--log-format", "xml", wait=False)

@@ -186,6 +186,20 @@ class Metrics(unittest.TestCase):
             status, j = d.get("/version")
             self.assertEqual((status, j["version"], j["git_commit"]), (200, info[0]["version"], info[0]["git_commit"]))
 
+    def test_control_in_flight_names_every_running_op(self):
+        # A probe: only pause/resume/sleep/wakeup/update_weights had a series, so a running
+        # flush_cache (or commit_weights, drop_staged_weights, abort_request) showed as nothing.
+        with Daemon("--dynamic-load-weight", env={"FD_DEBUG_CONTROL_DELAY_MS": "1500"}) as d:
+            t = threading.Thread(target=d.post, args=("/v1/flush_cache",))
+            t.start()
+            wait_until(lambda: d.get("/health")[1]["control_in_flight"] == "flush_cache", 30, "flush_cache in the engine")
+            _, text = d.get("/metrics")
+            t.join()
+            flight = {m.group(1): float(m.group(2)) for m in re.finditer(r'^fdrollout_control_in_flight\{op="([^"]+)"\} (\S+)', text, re.M)}
+            self.assertEqual(flight.get("flush_cache"), 1.0, flight)
+            self.assertEqual(sum(flight.values()), 1.0, flight)
+            self.assertIn("commit_weights", flight)
+
     def test_request_histograms_count_real_requests(self):
         with Daemon("--max-num-seqs", "4") as d:
             before = values(scrape(d))

@@ -9,6 +9,7 @@
 
 #include "fd/build_info.h"
 #include "fd/metrics/process_stats.h"
+#include "fd/utf8.h"
 
 #include <fmt/format.h>
 
@@ -17,8 +18,10 @@
 namespace fd::api {
 namespace {
 
-/// Prometheus label value: backslash, double quote and newline escaped.
-std::string label_value(const std::string & v) {
+/// Prometheus label value: UTF-8 (any byte that starts no well-formed sequence as U+FFFD: the
+/// exposition format is UTF-8), backslash, double quote and newline escaped.
+std::string label_value(const std::string & raw) {
+    const std::string v = utf8_replace_invalid(raw);
     std::string out;
     for (const char c : v) {
         if (c == '\\' || c == '"') { out += '\\'; }
@@ -177,9 +180,16 @@ void get_metrics(ApiContext & ctx, const Request &, Response & res) {
     w.sample("fdrollout_sleeping", "tag=\"weight\"", es.weight_asleep ? 1 : 0);
     w.sample("fdrollout_sleeping", "tag=\"kv_cache\"", es.kv_asleep ? 1 : 0);
     w.family("fdrollout_control_in_flight", "gauge", "Control operation running now.");
-    for (const char * op : {"pause", "resume", "sleep", "wakeup", "update_weights"}) {
+    // Every op the engine runs (engine::Engine::run_control's names), so a series exists before
+    // its first run; an op not listed still shows while it runs (a probe: flush_cache,
+    // commit_weights, drop_staged_weights and abort_request never showed).
+    bool listed = es.control_in_flight.empty();
+    for (const char * op : {"pause", "resume", "sleep", "wakeup", "update_weights", "commit_weights", "drop_staged_weights",
+                            "flush_cache", "abort_request", "stage_stream_bucket", "open_landing"}) {
+        listed = listed || es.control_in_flight == op;
         w.sample("fdrollout_control_in_flight", fmt::format("op=\"{}\"", op), es.control_in_flight == op ? 1 : 0);
     }
+    if (!listed) { w.sample("fdrollout_control_in_flight", fmt::format("op=\"{}\"", label_value(es.control_in_flight)), 1); }
     w.family("fdrollout_control_ops_total", "counter", "Control operations run.");
     for (const auto & [op, c] : st.control_ops) { w.sample("fdrollout_control_ops_total", fmt::format("op=\"{}\"", op), c.n_total); }
     w.family("fdrollout_control_errors_total", "counter", "Control operations that failed.");
