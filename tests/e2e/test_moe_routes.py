@@ -16,13 +16,15 @@ non-boolean value → 400 naming why; the daemon keeps serving."""
 import os
 import shutil
 import tempfile
+import threading
+import time
 import unittest
 
 import numpy as np
 
 import np_llama
 import np_moe
-from fdtest import Daemon, make_checkpoint
+from fdtest import Daemon, copy_checkpoint, make_checkpoint, perturbed
 
 N_NEW = 8
 R3 = ("--enable-return-routed-experts",)
@@ -144,6 +146,36 @@ class RoutedExperts(unittest.TestCase):
                     self.assertEqual((b["token_ids"], b["routed_experts"]), (a["token_ids"], a["routed_experts"]), (n, p[:4]))
             _, h = spec.get("/health")
             self.assertGreater(h["speculative"]["num_accepted_tokens"], 0, h["speculative"])  # drafts were accepted
+
+    def test_rows_before_an_update_under_keep_stay_those_of_the_old_weights(self):
+        """pause?mode=keep, update, resume: the kept choice's KV is recomputed with the new
+        weights, but each routed_experts row names the weights that computed its step
+        (docs/architectures.md): the rows before the switch are the old weights' (a probe saw
+        the recompute prefill overwrite them with the new weights' routes)."""
+        new = perturbed(self.ck, os.path.join(self.tmp, "new"), seed=9, scale=0.3)
+        model = copy_checkpoint(self.ck, os.path.join(self.tmp, "kept"))
+        p, m, res = self.prompts[0], 60, {}
+        with Daemon(*R3, "--dynamic-load-weight", model=model, env={"FD_DEBUG_STEP_DELAY_MS": "30"}) as d:
+            t = threading.Thread(target=lambda: res.update(r=d.post("/v1/completions", body(p, max_tokens=m))))
+            t.start()
+            time.sleep(0.8)
+            self.assertEqual(d.post("/v1/pause?mode=keep")[1]["result"]["kept"], 1)
+            copy_checkpoint(new, model)
+            self.assertEqual(d.post("/v1/update_weights", {"version": "v2"})[0], 200)
+            self.assertEqual(d.post("/v1/resume")[0], 200)
+            t.join(120)
+        c = res["r"][1]["choices"][0]
+        k = c["weight_versions"][1]["first_token"]  # the first token of v2
+        rows, n_old = c["routed_experts"], len(p) + k - 1  # rows computed before the switch
+        self.assertEqual(len(rows), len(p) + m - 1)
+        seq = p + c["token_ids"][:k]
+        with Daemon(*R3, model=self.ck) as f:
+            old = f.complete(**body(seq, max_tokens=1))["choices"][0]["routed_experts"]
+        with Daemon(*R3, model=new) as f:
+            nw = f.complete(**body(seq, max_tokens=1))["choices"][0]["routed_experts"]
+        self.assertNotEqual(old[:n_old], nw[:n_old], "the perturbation must change the routes")
+        self.assertEqual(rows[:n_old], old[:n_old])
+        self.assertEqual(rows[n_old], nw[n_old])  # the first row the new weights computed
 
     def test_tp2_routes_equal_numpy(self):
         with Daemon(*R3, *TP2, model=self.ck) as d:

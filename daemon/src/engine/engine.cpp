@@ -343,7 +343,10 @@ void Engine::keep_routes(const ScheduleDecision & d) {
         if (s.params.return_routed_experts) {
             const auto need = static_cast<size_t>((first + n_rows) * cols);
             if (s.routes.size() < need) { s.routes.resize(need, -1); }
-            std::copy_n(routes + row * cols, n_rows * cols, s.routes.begin() + first * cols);
+            // A kept choice's recompute after an update: the rows computed before it stay (a probe
+            // saw them replaced by the new weights' routes, under the old version's span).
+            const int64_t skip = std::clamp<int64_t>(s.routes_final - first, 0, n_rows);
+            std::copy_n(routes + (row + skip) * cols, (n_rows - skip) * cols, s.routes.begin() + (first + skip) * cols);
         }
         row += n_rows;
     }

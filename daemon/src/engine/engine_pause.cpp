@@ -14,6 +14,9 @@
 #include "fd/engine/engine.h"
 #include "fd/log.h"
 
+#include "engine_sequence.h"
+
+#include <algorithm>
 #include <chrono>
 
 namespace fd::engine {
@@ -118,7 +121,9 @@ void Engine::recompute_kept() {
     for (SchedSeq * s : order) {
         sched_.remove(s);
         kv_.release(s->id);
-        s->n_computed = 0;
+        auto & seq        = static_cast<Sequence &>(*s);
+        seq.routes_final  = std::max(seq.routes_final, seq.n_computed);  // their rows stay those of the old weights
+        s->n_computed     = 0;
     }
     for (SchedSeq * s : order) { sched_.add(s); }
     log::get("engine")->info("weights changed under {} kept choice(s): their KV is recomputed with weight_version {} on resume",

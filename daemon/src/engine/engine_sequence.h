@@ -31,6 +31,10 @@ struct Engine::Sequence : SchedSeq {
     std::shared_ptr<const std::vector<std::string>> request_ids;  ///< the request's ids (POST /v1/abort)
     std::vector<VersionSpan>       spans;           ///< which weight version produced which generated tokens
     std::vector<int32_t>           routes;          ///< return_routed_experts: [positions computed, route_cols] by position
+    /// routes' rows of positions computed before the weights changed under a kept choice: kept
+    /// as they are when the recompute prefill runs those positions again with the new weights
+    /// (each row names the weights that computed its token's step).
+    int64_t                        routes_final = 0;
     std::vector<int32_t>           draft;           ///< this step's draft tokens (n_draft of them granted; never in `tokens`)
     std::vector<int32_t>           layer_drafts;    ///< MTP: the draft layer's tokens after the last step (-1 ends them early)
     std::chrono::steady_clock::time_point t_arrival{}, t_scheduled{}, t_last_token{};  ///< request metrics
