@@ -431,11 +431,13 @@ std::optional<std::string> read_version_step(const std::filesystem::path & dir) 
     const YAML::Node step = doc["step"];  // the top-level key only: a nested `step:` is another thing's
     if (!step) { return std::nullopt; }
     const std::string value = step.IsScalar() ? step.Scalar() : std::string();
-    const bool ok = !value.empty() && value.size() <= 128 && std::all_of(value.begin(), value.end(), [](char ch) {
+    // As a version in a request (shm::is_valid_version): never starting with '.' (a probe:
+    // `step: ..` became the served weight_version, where {"version": ".."} is a 400).
+    const bool ok = !value.empty() && value.size() <= 128 && value[0] != '.' && std::all_of(value.begin(), value.end(), [](char ch) {
         return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-';
     });
     if (!ok) {
-        fail(Errc::invalid_checkpoint, "{}: malformed 'step' '{}' (want 1-128 of A-Z a-z 0-9 . _ -)", file.string(),
+        fail(Errc::invalid_checkpoint, "{}: malformed 'step' '{}' (want 1-128 of A-Z a-z 0-9 . _ -, not starting with '.')", file.string(),
              step.IsScalar() ? value : std::string(step.IsNull() ? "" : "a mapping or list"));
     }
     return value;

@@ -171,6 +171,13 @@ TEST_CASE("read_version_step returns the step, nullopt when absent, and throws w
     expect_invalid([&] { fd::model::read_version_step(d.path); }, {"version.yaml", "a/b"});
     write_text(d.path / "version.yaml", "step:\n");
     expect_invalid([&] { fd::model::read_version_step(d.path); }, {"version.yaml"});
+    // A probe: `step: ..` became the served weight_version (a request's {"version": ".."} is a 400).
+    for (const char * dotted : {"step: ..\n", "step: .\n", "step: .hidden\n"}) {
+        write_text(d.path / "version.yaml", dotted);
+        expect_invalid([&] { fd::model::read_version_step(d.path); }, {"version.yaml", "not starting with '.'"});
+    }
+    write_text(d.path / "version.yaml", "step: v1..2\n");  // a dot inside is fine
+    CHECK(fd::model::read_version_step(d.path) == std::optional<std::string>("v1..2"));
 }
 
 TEST_CASE("parse_bytes understands plain numbers and K/M/G/T suffixes") {
