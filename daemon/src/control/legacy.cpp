@@ -76,8 +76,19 @@ LegacyAnswer run_legacy(engine::Engine & engine, LegacyWord & word, engine::Cont
         if (r.error) { log::get("control")->error("legacy {} failed: {}", clear ? "clear" : "update", r.error->what()); }
         word.finish(during, engine.stats().state);
     };
-    auto fut = engine.control(std::move(cmd));
-    if (fut.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) { return timed_out(); }
+    // Gated: a command still queued at the timeout (behind a draining pause, say) is withdrawn
+    // and never runs, so a "timeout" answer never takes effect later (SPEC §8.7; a probe saw the
+    // weights cleared minutes after the 404). Its dropped answer settles the word back.
+    const auto wait = std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+    auto gate = std::make_shared<engine::LocalStartGate>(std::chrono::steady_clock::now() + wait);
+    cmd.gate  = gate;
+    auto fut  = engine.control(std::move(cmd));
+    if (fut.wait_for(wait) != std::future_status::ready) {
+        if (gate->cancel()) { return timed_out(); }
+        // It had started: its answer is the truth, once it comes (every engine op bounds its
+        // own waits by --control-timeout-s; the hour is a backstop, not a deadline).
+        if (fut.wait_for(std::chrono::hours(1)) != std::future_status::ready) { return timed_out(); }
+    }
     const engine::ControlResult r = fut.get();
     if (r.held) { r.held->release(); }
     if (word.status() != target) { return timed_out(); }

@@ -27,15 +27,16 @@ struct Harness {
     std::unique_ptr<Engine> engine;
     std::unique_ptr<ControlService> control;
 
-    Harness() {
+    explicit Harness(double legacy_timeout_s = 10.0, int control_delay_ms = 0) {
         auto fake = std::make_unique<FakeExecutor>(2, 32);
         ex = fake.get();
         EngineConfig cfg;
-        cfg.max_model_len = 200;
+        cfg.max_model_len          = 200;
+        cfg.debug_control_delay_ms = control_delay_ms;
         engine = std::make_unique<Engine>(cfg, std::move(fake), std::make_shared<fd::test::FakeTokenizer>(32),
                                           fd::kv::KvCacheConfig{.n_blocks = 64, .block_size_tokens = 4});
-        control = std::make_unique<ControlService>(fd::control::ControlConfig{.dynamic_load_weight = true, .legacy_timeout_s = 10.0},
-                                                   *engine);
+        control = std::make_unique<ControlService>(
+            fd::control::ControlConfig{.dynamic_load_weight = true, .legacy_timeout_s = legacy_timeout_s}, *engine);
         engine->start();
     }
     ~Harness() { engine->stop(); }  // the service outlives the engine's last answers, as in main.cpp
@@ -125,4 +126,19 @@ TEST_CASE("held events: a pause's aborted requests get their final event only wh
     r.held->release();
     for (const auto & ev : ch->pop_all(100ms)) { finished |= ev.finish == FinishReason::abort; }
     CHECK(finished);
+}
+
+TEST_CASE("legacy word: a clear that timed out while queued never runs later") {
+    // A probe: clear_load_weight queued behind a draining pause answered 404 "timeout" after
+    // 300 s, and the weights were cleared when the drain ended (SPEC §8.7). Here every engine
+    // command takes 0.5 s (the debug delay), a pause holds the engine, and the legacy wait is 0.2 s.
+    Harness h(0.2, 500);
+    std::thread pause([&] { CHECK(h.control->handle(MailboxCommand{.op = "pause"}).http_status == 200); });
+    std::this_thread::sleep_for(100ms);  // the pause is in the engine
+    CHECK(h.legacy("clear_load_weight") == std::pair<int, std::string>{404, "clear model weight timeout"});
+    pause.join();
+    std::this_thread::sleep_for(800ms);  // long past when the withdrawn sleep would have run
+    CHECK(h.ex->count("release:weight") == 0);
+    CHECK_FALSE(h.engine->stats().state.weight_asleep);
+    CHECK(h.word() == WeightsStatus::normal);
 }
