@@ -200,6 +200,20 @@ class Metrics(unittest.TestCase):
             self.assertEqual(sum(flight.values()), 1.0, flight)
             self.assertIn("commit_weights", flight)
 
+    def test_a_request_timeout_counts_as_error_not_abort(self):
+        # A probe: the client got 504 timeout, /metrics counted the choice as an abort.
+        def finished(d, reason):
+            _, text = d.get("/metrics")
+            m = re.search(r'^fdrollout_requests_finished_total\{[^}]*finished_reason="%s"\} (\S+)' % reason, text, re.M)
+            return float(m.group(1)) if m else 0.0
+
+        with Daemon("--request-timeout-s", "0.5", env={"FD_DEBUG_STEP_DELAY_MS": "50"}) as d:
+            before = {r: finished(d, r) for r in ("abort", "error")}
+            status, j = d.post("/v1/completions", {"prompt": "Once", "max_tokens": 100, "ignore_eos": True})
+            self.assertEqual((status, j["error"]["type"]), (504, "timeout"), j)
+            wait_until(lambda: finished(d, "error") > before["error"], 10, "the timed-out choice counted")
+            self.assertEqual(finished(d, "abort"), before["abort"])
+
     def test_request_histograms_count_real_requests(self):
         with Daemon("--max-num-seqs", "4") as d:
             before = values(scrape(d))

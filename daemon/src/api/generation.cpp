@@ -120,7 +120,7 @@ struct Generation {
     bool pump_whole(Response & res) {
         try {
             for (auto & ev : channel->pop_all(std::chrono::milliseconds(0))) {
-                if (ev.error) { channel->cancel(); throw *ev.error; }
+                if (ev.error) { channel->cancel(FinishReason::error); throw *ev.error; }
                 ChoiceAcc & a = acc[ev.choice];
                 a.text += ev.text;
                 a.token_ids.insert(a.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
@@ -139,7 +139,7 @@ struct Generation {
             }
             if (!channel->done()) {
                 if (std::chrono::steady_clock::now() < deadline) { return false; }
-                channel->cancel();
+                channel->cancel(FinishReason::error);  // the client gets a 504: counted as error, not abort (a probe)
                 fail(Errc::timeout, "completion did not finish within {} s (--request-timeout-s)", ctx->cfg.request_timeout_s);
             }
             json choices = json::array();
@@ -179,7 +179,7 @@ struct Generation {
         };
         auto end_with_error = [&](Errc code, const std::string & msg) {
             write({{"error", {{"message", msg}, {"type", errc_name(code)}, {"param", nullptr}, {"code", errc_http_status(code)}}}});  // write_error's shape
-            channel->cancel();
+            channel->cancel(FinishReason::error);
             return end_stream();
         };
         for (auto & ev : channel->pop_all(std::chrono::milliseconds(0))) {

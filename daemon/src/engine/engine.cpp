@@ -163,8 +163,8 @@ bool Engine::step() {
     }
     // Drop sequences whose client went away.
     for (auto & [id, s] : seqs_) {
-        if (s->channel && s->channel->cancelled()) {  // an abort in /metrics, as vLLM counts a disconnect
-            count_finished(*s, FinishReason::abort);
+        if (s->channel && s->channel->cancelled()) {  // a disconnect is an abort in /metrics (as vLLM counts it); a timeout an error
+            count_finished(*s, s->channel->cancel_reason());
             s->channel.reset();
         }
     }

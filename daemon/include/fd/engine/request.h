@@ -138,9 +138,19 @@ public:
     /// True once every choice has sent its finishing event and all were popped.
     bool done() const;
 
-    /// The client went away: the engine drops the sequences at its next step.
-    void cancel() { cancelled_.store(true); }
+    /// The answer ended early: the engine drops the sequences at its next step and counts them in
+    /// /metrics as finished with `why` (abort: the client went away; error: the client got an
+    /// error answer, a timeout or another choice's error). The first call's reason stands.
+    void cancel(FinishReason why = FinishReason::abort) {
+        int expected = -1;
+        cancel_reason_.compare_exchange_strong(expected, static_cast<int>(why));
+        cancelled_.store(true);
+    }
     bool cancelled() const { return cancelled_.load(); }
+    FinishReason cancel_reason() const {
+        const int r = cancel_reason_.load();
+        return r < 0 ? FinishReason::abort : static_cast<FinishReason>(r);
+    }
 
 private:
     mutable std::mutex       mu_;
@@ -149,6 +159,7 @@ private:
     int32_t                  n_open_;
     bool                     wake_each_;
     std::atomic<bool>        cancelled_{false};
+    std::atomic<int>         cancel_reason_{-1};
     std::function<void()>    notify_;
 };
 
