@@ -94,6 +94,19 @@ class Logs(unittest.TestCase):
             objs = [json.loads(l.decode("utf-8")) for l in lines]  # strict UTF-8, then JSON
             self.assertTrue(any(o["logger"] == "access" and o["msg"].startswith("GET /v1/models/caf\ufffd 404") for o in objs), objs[-3:])
 
+    def test_a_request_whose_head_never_parsed_still_gets_its_access_line(self):
+        # A probe: 413 (by its Content-Length), 431 and malformed requests were answered but never
+        # logged ("one line per HTTP request").
+        with Daemon() as d:
+            for raw in (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % ((64 << 20) + 1),
+                        b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n", b"GARBAGE\r\n\r\n"):
+                with socket.create_connection(("127.0.0.1", d.port), timeout=10) as c:
+                    c.sendall(raw)
+                    while c.recv(4096):
+                        pass
+            for status in (413, 431, 400):
+                wait_until(lambda: re.search(r"\[access\] - - %d tokens=-/-" % status, d.output()), 30, f"the {status} line")
+
     def test_unknown_log_format_is_a_usage_error(self):
         d = Daemon("--log-format", "xml", wait=False)
         try:

@@ -150,6 +150,10 @@ private:
             fill_request();
             keep_alive_ = keep && keep_alive_;  // a request that could not be read closes the connection
         }
+        if (req_.method.empty()) {  // its head never parsed (413 by its Content-Length, 431, malformed): still one access line
+            req_.method = "-";
+            req_.path   = "-";
+        }
         set_error(e, status);
         write_whole();
     }
