@@ -4,6 +4,7 @@ renders for the same messages, encoded as /v1/completions encodes it, and genera
 equal /v1/completions on that text (greedy ids, text, logprobs); streaming, n + seed, stop,
 max_completion_tokens, add_generation_prompt, continue_final_message, chat_template_kwargs and
 tools; the error answers (no template, raise_exception, malformed messages, malformed template)."""
+import contextlib
 import http.client
 import json
 import os
@@ -261,65 +262,64 @@ class ChatCompletions(unittest.TestCase):
 
 
 class ChatTemplateVariants(unittest.TestCase):
+    @contextlib.contextmanager
+    def template_daemon(self, text):
+        """A stories260K daemon serving chat template `text` (--chat-template)."""
+        tmp = tempfile.mkdtemp(prefix="fd_chat_tmpl_")
+        try:
+            path = os.path.join(tmp, "t.jinja")
+            with open(path, "w") as f:
+                f.write(text)
+            with Daemon("--chat-template", path) as d:
+                yield d
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def test_a_tool_call_turn_with_null_content_renders_as_vllm_renders_it(self):
         """OpenAI's tool-call turn is {"role": "assistant", "content": null, "tool_calls": [...]};
         vLLM gives the template "" for a null content (Qwen3's template tests `'<think>' in
         message.content`, which failed on null: a probe got a 400 for this standard turn)."""
-        tmp = tempfile.mkdtemp(prefix="fd_chat_null_")
-        try:
-            path = os.path.join(tmp, "t.jinja")
-            with open(path, "w") as f:
-                f.write("{% for m in messages %}{% if '<think>' in m.content %}T{% endif %}{{ m.role }}: {{ m.content }}"
-                        "{% for c in m.tool_calls or [] %} call {{ c.function.name }}{% endfor %}\n{% endfor %}")
-            call = [{"id": "c1", "type": "function", "function": {"name": "look", "arguments": "{}"}}]
-            turns = lambda content: [{"role": "user", "content": "Lily"}, {"role": "assistant", "content": content, "tool_calls": call},
-                                     {"role": "tool", "tool_call_id": "c1", "content": "Tom"}]
-            with Daemon("--chat-template", path) as d:
-                body = {"max_tokens": 2, "temperature": 0}
-                status, j = d.post("/v1/chat/completions", {"messages": turns(None), **body})
-                self.assertEqual(status, 200, j)
-                self.assertEqual(j["choices"][0]["prompt_token_ids"],
-                                 d.post("/v1/chat/completions", {"messages": turns(""), **body})[1]["choices"][0]["prompt_token_ids"])
-                status, j = d.post("/v1/chat/completions", {"messages": [turns(None)[0], {"role": "assistant", "tool_calls": call}], **body})
-                self.assertEqual(status, 200, j)  # content left out: the same
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        call = [{"id": "c1", "type": "function", "function": {"name": "look", "arguments": "{}"}}]
+        turns = lambda content: [{"role": "user", "content": "Lily"}, {"role": "assistant", "content": content, "tool_calls": call},
+                                 {"role": "tool", "tool_call_id": "c1", "content": "Tom"}]
+        with self.template_daemon("{% for m in messages %}{% if '<think>' in m.content %}T{% endif %}{{ m.role }}: {{ m.content }}"
+                                  "{% for c in m.tool_calls or [] %} call {{ c.function.name }}{% endfor %}\n{% endfor %}") as d:
+            body = {"max_tokens": 2, "temperature": 0}
+            status, j = d.post("/v1/chat/completions", {"messages": turns(None), **body})
+            self.assertEqual(status, 200, j)
+            self.assertEqual(j["choices"][0]["prompt_token_ids"],
+                             d.post("/v1/chat/completions", {"messages": turns(""), **body})[1]["choices"][0]["prompt_token_ids"])
+            status, j = d.post("/v1/chat/completions", {"messages": [turns(None)[0], {"role": "assistant", "tool_calls": call}], **body})
+            self.assertEqual(status, 200, j)  # content left out: the same
 
     def test_integers_beyond_int64_are_refused_not_rendered_wrapped(self):
         """A probe: 18446744073709551615 in a tool schema rendered as -1, and 12345678901234567890
         in a tool call's arguments as -6101065172474983726, where Python's json (transformers,
         vLLM) keeps both exact. The template engine holds int64: such a number is a 400 naming
         it; int64's own bounds render exactly."""
-        tmp = tempfile.mkdtemp(prefix="fd_chat_bigint_")
-        try:
-            path = os.path.join(tmp, "t.jinja")
-            with open(path, "w") as f:
-                f.write("{{ tools | tojson }}{% for m in messages %}{{ m.role }}: {{ m.content }}"
-                        "{% for c in m.tool_calls or [] %} {{ c.function.arguments | tojson }}{% endfor %}\n{% endfor %}")
-            tool = lambda bound: [{"type": "function", "function": {"name": "f", "parameters": {"maximum": bound}}}]
-            turns = lambda args: [{"role": "user", "content": "Lily"},
-                                  {"role": "assistant", "content": None,
-                                   "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}]}]
-            with Daemon("--chat-template", path) as d:
-                ok = {"messages": turns('{"n": -9223372036854775808}'), "tools": tool(9223372036854775807), "add_generation_prompt": False}
-                status, j = d.post("/tokenize", ok)
-                self.assertEqual(status, 200, j)
-                text = d.post("/detokenize", {"tokens": j["tokens"]})[1]["prompt"]
-                self.assertIn("9223372036854775807", text)
-                self.assertIn("-9223372036854775808", text)
-                status, j = d.post("/v1/chat/completions", {**ok, "max_tokens": 1, "seed": 18446744073709551615})
-                self.assertEqual(status, 200, j)  # a uint64 seed is no template value
-                for body, param in (({**ok, "tools": tool(18446744073709551615)}, None),
-                                    ({**ok, "tools": tool(123456789012345678901234)}, None),
-                                    ({**ok, "messages": turns('{"n": 12345678901234567890}')}, "messages[1].tool_calls[0].function.arguments")):
-                    for route in ("/tokenize", "/v1/chat/completions"):
-                        status, j = d.post(route, {**body, "max_tokens": 1} if route != "/tokenize" else body)
-                        self.assertEqual(status, 400, (route, j))
-                        self.assertIn("64-bit", j["error"]["message"])
-                        if param:
-                            self.assertEqual(j["error"]["param"], param)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        tool = lambda bound: [{"type": "function", "function": {"name": "f", "parameters": {"maximum": bound}}}]
+        turns = lambda args: [{"role": "user", "content": "Lily"},
+                              {"role": "assistant", "content": None,
+                               "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}]}]
+        with self.template_daemon("{{ tools | tojson }}{% for m in messages %}{{ m.role }}: {{ m.content }}"
+                                  "{% for c in m.tool_calls or [] %} {{ c.function.arguments | tojson }}{% endfor %}\n{% endfor %}") as d:
+            ok = {"messages": turns('{"n": -9223372036854775808}'), "tools": tool(9223372036854775807), "add_generation_prompt": False}
+            status, j = d.post("/tokenize", ok)
+            self.assertEqual(status, 200, j)
+            text = d.post("/detokenize", {"tokens": j["tokens"]})[1]["prompt"]
+            self.assertIn("9223372036854775807", text)
+            self.assertIn("-9223372036854775808", text)
+            status, j = d.post("/v1/chat/completions", {**ok, "max_tokens": 1, "seed": 18446744073709551615})
+            self.assertEqual(status, 200, j)  # a uint64 seed is no template value
+            for body, param in (({**ok, "tools": tool(18446744073709551615)}, None),
+                                ({**ok, "tools": tool(123456789012345678901234)}, None),
+                                ({**ok, "messages": turns('{"n": 12345678901234567890}')}, "messages[1].tool_calls[0].function.arguments")):
+                for route in ("/tokenize", "/v1/chat/completions"):
+                    status, j = d.post(route, {**body, "max_tokens": 1} if route != "/tokenize" else body)
+                    self.assertEqual(status, 400, (route, j))
+                    self.assertIn("64-bit", j["error"]["message"])
+                    if param:
+                        self.assertEqual(j["error"]["param"], param)
 
     def test_no_template_no_bos_and_malformed_template(self):
         tmp = tempfile.mkdtemp(prefix="fd_chat_v_")
