@@ -7,9 +7,9 @@
 #include <fmt/format.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 namespace fd::model {
 namespace {
@@ -255,13 +255,16 @@ bool is_fused(const InferenceTensor & it) { return it.parts.size() > 1 || it.par
 
 namespace {
 
-/// "model.layers.L.<P>.experts.E." of a per-expert tensor name, "" for any other name.
-std::string expert_prefix(const std::string & name) {
+/// A per-expert tensor name "model.layers.L.<P>.experts.E.<rest>": its sparse layer
+/// ("model.layers.L.<P>") and global expert id E; nullopt for any other name.
+std::optional<std::pair<std::string, int>> split_expert(const std::string & name) {
     const size_t at = name.find(".experts.");
     int expert = -1;
-    if (at == std::string::npos || std::sscanf(name.c_str() + at, ".experts.%d", &expert) != 1) { return {}; }
-    const size_t dot = name.find('.', at + 9);
-    return dot == std::string::npos ? std::string{} : name.substr(0, dot + 1);
+    if (at == std::string::npos || std::sscanf(name.c_str() + at, ".experts.%d", &expert) != 1 ||
+        name.find('.', at + 9) == std::string::npos) {
+        return std::nullopt;
+    }
+    return std::pair{name.substr(0, at), expert};
 }
 
 }  // namespace
@@ -273,26 +276,21 @@ bool holds_inference_form(const InferenceTensor & it, const TensorIndex & idx) {
 
 
 void validate_against_layout(const WeightLayout & layout, const TensorIndex & idx) {
-    std::set<std::string> used, own_experts;
-    // Expert parallel: the sparse layers (name up to ".experts.") and how many experts each has
-    // in all (this rank's share x ep, rank_experts' even split): an expert some other rank holds
-    // is that rank's to check; one no rank holds (an index past the model's experts, a layer
-    // without experts) is unknown here too (a probe: an extra expert passed at EP=2).
+    std::set<std::string> used;
+    // Expert parallel: this rank's experts per sparse layer. An expert another rank holds (its
+    // layer has experts, its id is below this rank's share x ep: rank_experts' even split) is that
+    // rank's to check; one no rank holds (an id past the model's experts, a layer without experts)
+    // is unknown here too (a probe: an extra expert passed at EP=2).
     std::map<std::string, std::set<int>> own_by_layer;
     if (layout.tp.ep > 1) {
         for (const InferenceTensor & it : layout.tensors) {
-            if (std::string e = expert_prefix(it.name); !e.empty()) {
-                const size_t at = e.find(".experts.");
-                own_by_layer[e.substr(0, at)].insert(std::atoi(e.c_str() + at + 9));
-                own_experts.insert(std::move(e));
-            }
+            if (const auto e = split_expert(it.name)) { own_by_layer[e->first].insert(e->second); }
         }
     }
-    auto held_by_some_rank = [&](const std::string & e) {
-        const size_t at  = e.find(".experts.");
-        const auto   lay = own_by_layer.find(e.substr(0, at));
-        const int    x   = std::atoi(e.c_str() + at + 9);
-        return lay != own_by_layer.end() && x >= 0 && x < static_cast<int>(lay->second.size()) * layout.tp.ep;
+    auto another_ranks = [&](const std::pair<std::string, int> & e) {
+        const auto lay = own_by_layer.find(e.first);
+        return lay != own_by_layer.end() && !lay->second.count(e.second) && e.second >= 0 &&
+               e.second < static_cast<int>(lay->second.size()) * layout.tp.ep;
     };
     auto check = [&](const std::string & name, const std::vector<int64_t> & shape, std::initializer_list<fd::DType> dtypes) {
         const TensorInfo & t = idx.tensors.at(name);
@@ -327,8 +325,7 @@ void validate_against_layout(const WeightLayout & layout, const TensorIndex & id
     for (const auto & [name, t] : idx.tensors) {
         if (used.count(name) || name.find("rotary_emb.inv_freq") != std::string::npos) { continue; }
         if (layout.tp.ep > 1) {  // another rank's expert: that rank checks (and loads) it
-            const std::string e = expert_prefix(name);
-            if (!e.empty() && !own_experts.count(e) && held_by_some_rank(e)) { continue; }
+            if (const auto e = split_expert(name); e && another_ranks(*e)) { continue; }
         }
         if (layout.tied_lm_head && name == "lm_head.weight") { continue; }
         fail(Errc::invalid_checkpoint, "{}: unknown tensor '{}' (not in the rollout's state dict)", t.file.string(), name);

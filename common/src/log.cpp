@@ -22,11 +22,11 @@ spdlog::sink_ptr                                        g_sink;  // null until s
 spdlog::level::level_enum                               g_level = spdlog::level::info;
 
 /// Append `s` to `out` as the inside of a JSON string (RFC 8259 escapes; well-formed UTF-8 as
-/// is, any other byte as U+FFFD: a request path with a stray byte 0xE9 made a log line that no
+/// is, each ill-formed part as U+FFFD, utf8::lossy: a request path with a stray byte 0xE9 made a log line that no
 /// JSON parser reads, a probe).
 void json_escape(spdlog::string_view_t raw, spdlog::memory_buf_t & out) {
     static constexpr char kHex[] = "0123456789abcdef";
-    const std::string s = utf8_replace_invalid(std::string_view(raw.data(), raw.size()));
+    const std::string s = utf8::lossy(std::string_view(raw.data(), raw.size()));
     for (const char ch : s) {
         const auto c = static_cast<unsigned char>(ch);
         switch (c) {

@@ -143,9 +143,8 @@ class Fleet:
             # As fdctl: "none" only when every member answered and none serves `version` (then
             # the staged copies are dropped); a commit without an answer may have happened.
             any_new = n_ok > 0 or any(v == version for v in serving.values())
-            any_unsure = any(v is None for v in serving.values()) or any(
-                isinstance(r, Exception) and not isinstance(r, FdRolloutError) or isinstance(r, FdRolloutError) and r.status == 0
-                for r in committed.values())
+            any_unsure = any(v is None for v in serving.values()) or any(  # no answer (status 0: unreachable)
+                isinstance(r, Exception) and getattr(r, "status", 0) == 0 for r in committed.values())
             if not any_new and not any_unsure:
                 dropped = self.map(lambda c: c.drop_staged_weights())
                 results = {u: committed[u] if isinstance(committed[u], Exception) else dropped[u] for u in committed}

@@ -18,10 +18,10 @@
 namespace fd::api {
 namespace {
 
-/// Prometheus label value: UTF-8 (any byte that starts no well-formed sequence as U+FFFD: the
+/// Prometheus label value: UTF-8 (each ill-formed part as U+FFFD, utf8::lossy: the
 /// exposition format is UTF-8), backslash, double quote and newline escaped.
 std::string label_value(const std::string & raw) {
-    const std::string v = utf8_replace_invalid(raw);
+    const std::string v = utf8::lossy(raw);
     std::string out;
     for (const char c : v) {
         if (c == '\\' || c == '"') { out += '\\'; }

@@ -2,7 +2,7 @@
 
 #include "bpe_model.h"
 #include "json_field.h"
-#include "utf8.h"
+#include "fd/utf8.h"
 
 #include <utf8proc.h>
 

@@ -1,6 +1,6 @@
 #include "fd/tokenizer/incremental_decoder.h"
 
-#include "utf8.h"
+#include "fd/utf8.h"
 
 namespace fd::tokenizer {
 

@@ -1,7 +1,7 @@
 #include "fd/tokenizer/sentencepiece_tokenizer.h"
 
 #include "fd/status.h"
-#include "utf8.h"
+#include "fd/utf8.h"
 
 #include <nlohmann/json.hpp>
 #include <sentencepiece_processor.h>

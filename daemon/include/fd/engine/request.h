@@ -142,15 +142,12 @@ public:
     /// /metrics as finished with `why` (abort: the client went away; error: the client got an
     /// error answer, a timeout or another choice's error). The first call's reason stands.
     void cancel(FinishReason why = FinishReason::abort) {
-        int expected = -1;
-        cancel_reason_.compare_exchange_strong(expected, static_cast<int>(why));
-        cancelled_.store(true);
+        int open = kOpen;
+        cancel_reason_.compare_exchange_strong(open, static_cast<int>(why));
     }
-    bool cancelled() const { return cancelled_.load(); }
-    FinishReason cancel_reason() const {
-        const int r = cancel_reason_.load();
-        return r < 0 ? FinishReason::abort : static_cast<FinishReason>(r);
-    }
+    bool cancelled() const { return cancel_reason_.load() != kOpen; }
+    /// Meaningful once cancelled().
+    FinishReason cancel_reason() const { return static_cast<FinishReason>(cancel_reason_.load()); }
 
 private:
     mutable std::mutex       mu_;
@@ -158,8 +155,8 @@ private:
     std::deque<ChoiceEvent>  q_;
     int32_t                  n_open_;
     bool                     wake_each_;
-    std::atomic<bool>        cancelled_{false};
-    std::atomic<int>         cancel_reason_{-1};
+    static constexpr int     kOpen = -1;
+    std::atomic<int>         cancel_reason_{kOpen};  ///< kOpen, or the FinishReason of cancel()
     std::function<void()>    notify_;
 };
 
