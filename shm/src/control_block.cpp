@@ -235,11 +235,11 @@ void copy_field(char * dst, size_t cap, const std::string & src) {
 
 }  // namespace
 
-bool command_pending(const ControlBlock & b, uint32_t seq) {
+bool command_pending(const MailboxSlot & b, uint32_t seq) {
     return b.cmd_state.load(std::memory_order_acquire) == cmd_state_word(seq, CmdState::posted) && monotonic_ns() < b.cmd_deadline_ns;
 }
 
-bool try_start_command(ControlBlock & b, uint32_t seq) {
+bool try_start_command(MailboxSlot & b, uint32_t seq) {
     if (monotonic_ns() >= b.cmd_deadline_ns) {
         try_cancel_command(b, seq);  // expired: whoever moves it out of posted, it never runs
         return false;
@@ -248,24 +248,24 @@ bool try_start_command(ControlBlock & b, uint32_t seq) {
     return b.cmd_state.compare_exchange_strong(expected, cmd_state_word(seq, CmdState::started), std::memory_order_acq_rel);
 }
 
-bool try_cancel_command(ControlBlock & b, uint32_t seq) {
+bool try_cancel_command(MailboxSlot & b, uint32_t seq) {
     uint64_t expected = cmd_state_word(seq, CmdState::posted);
     if (b.cmd_state.compare_exchange_strong(expected, cmd_state_word(seq, CmdState::cancelled), std::memory_order_acq_rel)) { return true; }
     return expected == cmd_state_word(seq, CmdState::cancelled);
 }
 
-MailboxReply mailbox_call(ControlBlock & b, const MailboxCommand & cmd, int64_t timeout_ms) {
-    if (cmd.request_id.size() >= sizeof b.cmd_request_id) {  // never truncated into another id
+MailboxReply mailbox_call(ControlBlock & block, const MailboxCommand & cmd, int64_t timeout_ms) {
+    if (cmd.request_id.size() >= sizeof(MailboxSlot::cmd_request_id)) {  // never truncated into another id
         fail(Errc::invalid_argument, "request id of {} bytes is too long (at most {}); nothing was sent", cmd.request_id.size(),
-             sizeof b.cmd_request_id - 1);
+             sizeof(MailboxSlot::cmd_request_id) - 1);
     }
     const int64_t start_ms = now_ms();
     const int64_t deadline = start_ms + timeout_ms;
     const int64_t me       = ::getpid();
-    const int64_t pid      = b.pid.load();
-    const int     port     = b.port.load();
+    const int64_t pid      = block.pid.load();
+    const int     port     = block.port.load();
     auto stalled_note = [&] {
-        const int64_t age = now_ms() - b.heartbeat_ms.load();
+        const int64_t age = now_ms() - block.heartbeat_ms.load();
         return age > kHeartbeatStaleMs
                    ? fmt::format("; fdrollout (pid {}) is alive but its heartbeat is {:.1f} s old: stopped (SIGSTOP) or stalled", pid, age / 1000.0)
                    : std::string();
@@ -279,21 +279,29 @@ MailboxReply mailbox_call(ControlBlock & b, const MailboxCommand & cmd, int64_t 
                  stalled_note());
         }
     };
-    // 1. The writer lock; a dead holder's lock is taken over.
+    // 1. A free slot's lock; a dead holder's lock is taken over. Every slot busy (kMailboxSlots
+    //    calls in flight): wait for one.
+    MailboxSlot * slot = nullptr;
     for (;;) {
-        check("the mailbox lock");
-        int64_t owner = 0;
-        if (b.mailbox_owner_pid.compare_exchange_strong(owner, me)) { break; }
-        if (!pid_alive(owner) && b.mailbox_owner_pid.compare_exchange_strong(owner, me)) { break; }
+        check("a free mailbox slot (every one is held by another fdctl call)");
+        for (MailboxSlot & s : block.mailbox) {
+            int64_t owner = 0;
+            if (s.owner_pid.compare_exchange_strong(owner, me) || (!pid_alive(owner) && s.owner_pid.compare_exchange_strong(owner, me))) {
+                slot = &s;
+                break;
+            }
+        }
+        if (slot != nullptr) { break; }
         std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+    MailboxSlot & b = *slot;
     struct Unlock {
-        ControlBlock & b;
-        int64_t        me;
-        ~Unlock() { int64_t e = me; b.mailbox_owner_pid.compare_exchange_strong(e, 0); }
+        MailboxSlot & b;
+        int64_t       me;
+        ~Unlock() { int64_t e = me; b.owner_pid.compare_exchange_strong(e, 0); }
     } unlock{b, me};
-    // 2. The previous command (perhaps of a client that died) must be answered first; the daemon
-    //    answers dropped ones too.
+    // 2. The slot's previous command (perhaps of a client that died) must be answered first; the
+    //    daemon answers dropped ones too.
     for (uint32_t a; (a = b.ack_seq.load(std::memory_order_acquire)) != b.cmd_seq.load();) {
         check("the previous command to finish");
         futex_wait(b.ack_seq, a, 10000);
@@ -314,8 +322,8 @@ MailboxReply mailbox_call(ControlBlock & b, const MailboxCommand & cmd, int64_t 
     const uint32_t seq     = b.cmd_seq.load() + 1;
     b.cmd_state.store(cmd_state_word(seq, CmdState::posted), std::memory_order_release);
     b.cmd_seq.store(seq, std::memory_order_release);
-    b.doorbell.fetch_add(1, std::memory_order_release);
-    futex_wake(b.doorbell);
+    block.doorbell.fetch_add(1, std::memory_order_release);
+    futex_wake(block.doorbell);
     // 4. Wait for the answer. At the deadline, withdraw the command unless it has started: the
     //    CAS decides, so what we report is what happened.
     for (uint32_t a; (a = b.ack_seq.load(std::memory_order_acquire)) != seq;) {
@@ -334,7 +342,7 @@ MailboxReply mailbox_call(ControlBlock & b, const MailboxCommand & cmd, int64_t 
             }
             // It started before the deadline: its answer is the outcome. Wait while the daemon
             // lives and its heartbeat is fresh (the daemon bounds its own wait by --control-timeout-s).
-            if (now_ms() - b.heartbeat_ms.load() > kHeartbeatStaleMs) {
+            if (now_ms() - block.heartbeat_ms.load() > kHeartbeatStaleMs) {
                 fail(Errc::timeout, "{} started before the deadline but fdrollout (pid {}) then stopped answering{}: its outcome is "
                                     "unknown until it answers (check fdctl status)", cmd.op, pid, stalled_note());
             }

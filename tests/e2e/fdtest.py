@@ -153,7 +153,8 @@ def free_port():
     outgoing connection before the daemon binds it (a fresh clone's rank_liveness hit that once)."""
     lo = 32768
     with contextlib.suppress(OSError, ValueError):
-        lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo = int(f.read().split()[0])
     for _ in range(200):
         port = random.randrange(max(1024, lo - 12000), lo)
         with socket.socket() as s:

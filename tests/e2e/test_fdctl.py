@@ -2,6 +2,7 @@
 subcommand's stdout, --json and exit code, identical answers on both channels, the fault cases
 (no daemon, daemon or fdctl killed mid-call, concurrent calls), block permissions and ABI checks,
 and the two example scripts."""
+import concurrent.futures
 import json
 import os
 import shutil
@@ -338,9 +339,40 @@ class Fdctl(unittest.TestCase):
             p.send_signal(signal.SIGKILL)
             p.wait()
             t0 = time.time()
+            # Another call takes another mailbox slot (answered at once, mid-pause), and the
+            # dead client's pause still happens.
+            rc, _, err = fdctl(d.port, "--timeout", "10", "is-paused")
+            self.assertEqual(rc, 0, err)
+            rc, _, err = fdctl(d.port, "--timeout", "10", "wait", "--until", "paused")
+            self.assertEqual(rc, 0, err)
             rc, out, err = fdctl(d.port, "--timeout", "10", "is-paused")
-            self.assertEqual((rc, out.strip()), (0, "true"), err)  # the dead client's pause still happened
+            self.assertEqual((rc, out.strip()), (0, "true"), err)
             self.assertLess(time.time() - t0, 10)
+            # The dead client's slot is taken over: four calls at once still all get a slot.
+            with concurrent.futures.ThreadPoolExecutor(4) as ex:
+                for rc, _, err in ex.map(lambda _: fdctl(d.port, "--timeout", "10", "status"), range(4)):
+                    self.assertEqual(rc, 0, err)
+
+    def test_a_long_call_does_not_hold_up_status_is_paused_or_another_command(self):
+        """The block has several mailbox slots: while one fdctl's sleep runs (stretched to 8 s),
+        status, is-paused and wait answer over shm at once, as over HTTP (ABI 3 had one mailbox:
+        they waited for the lock and exited 7)."""
+        with Daemon("--dynamic-load-weight", env={"FD_DEBUG_CONTROL_DELAY_MS": "8000"}) as d:
+            p = subprocess.Popen([FDCTL, "--port", str(d.port), "--timeout", "30", "sleep"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            wait_control_in_flight(d, "sleep")
+            t0 = time.time()
+            rc, out, err = fdctl(d.port, "--timeout", "3", "status")
+            self.assertEqual(rc, 0, err)
+            self.assertIn("state=serving", out)  # the sleep has not taken effect yet
+            rc, out, err = fdctl(d.port, "--timeout", "3", "is-paused")
+            self.assertEqual((rc, out.strip()), (0, "false"), err)
+            rc, out, err = fdctl(d.port, "--timeout", "3", "--json", "status")
+            self.assertEqual(json.loads(out)["control_in_flight"], "sleep", err)
+            self.assertLess(time.time() - t0, 3)
+            out, err = p.communicate(timeout=30)
+            self.assertEqual(p.returncode, 0, err)
+            rc, out, err = fdctl(d.port, "--timeout", "3", "wait", "--until", "sleeping")
+            self.assertEqual(rc, 0, err)
 
     def test_eight_concurrent_calls_are_all_answered(self):
         with Daemon("--dynamic-load-weight") as d:

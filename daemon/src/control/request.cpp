@@ -17,7 +17,7 @@ ControlOp parse_op(std::string_view name) {
     throw Error(Errc::invalid_argument, fmt::format("unknown control command '{}'", name), "op");
 }
 
-shm::MailboxCommand read_mailbox(const shm::ControlBlock & b) {
+shm::MailboxCommand read_mailbox(const shm::MailboxSlot & b) {
     shm::MailboxCommand cmd;
     cmd.op   = std::string(b.cmd_op, strnlen(b.cmd_op, sizeof b.cmd_op));
     cmd.tags = std::string(b.cmd_tags, strnlen(b.cmd_tags, sizeof b.cmd_tags));

@@ -11,11 +11,11 @@
 namespace fd::control {
 namespace {
 
-/// The mailbox command `seq`'s start/cancel handshake, in the block (see fd/shm/control_block.h):
+/// The mailbox command `seq`'s start/cancel handshake, in its slot (see fd/shm/control_block.h):
 /// the same CAS fdctl withdraws it with, so exactly one side wins.
 class BlockStartGate final : public engine::StartGate {
 public:
-    BlockStartGate(shm::MappedBlock block, uint32_t seq) : block_(std::move(block)), b_(*block_), seq_(seq) {}
+    BlockStartGate(shm::MappedBlock block, int slot, uint32_t seq) : block_(std::move(block)), b_(block_->mailbox[slot]), seq_(seq) {}
     bool start() override { return shm::try_start_command(b_, seq_); }
     bool cancel() override { return shm::try_cancel_command(b_, seq_); }
     std::chrono::steady_clock::time_point deadline() const override {
@@ -25,7 +25,7 @@ public:
 
 private:
     shm::MappedBlock    block_;  ///< keeps the mapping alive while the engine may still hold the command
-    shm::ControlBlock & b_;
+    shm::MailboxSlot &  b_;
     uint32_t            seq_;
 };
 
@@ -47,14 +47,14 @@ void ShmWatcher::add_status_field(std::string key, std::function<std::string()> 
 
 void ShmWatcher::start() {
     heartbeat_ = std::thread([this] { heartbeat_loop(); });
-    mailbox_   = std::thread([this] { mailbox_loop(); });
+    for (int i = 0; i < shm::kMailboxSlots; ++i) { mailbox_.emplace_back([this, i] { mailbox_loop(i); }); }
 }
 
 void ShmWatcher::stop() {
     if (stop_.exchange(true)) { return; }
     shm::futex_wake(block_->doorbell);
     if (heartbeat_.joinable()) { heartbeat_.join(); }
-    if (mailbox_.joinable()) { mailbox_.join(); }
+    for (auto & t : mailbox_) { t.join(); }
     service_.legacy_word().detach();  // the word outlives the block (commands finishing at shutdown settle it)
     block_->pid.store(0);
     shm::MappedBlock::remove(port_);
@@ -78,7 +78,10 @@ void ShmWatcher::publish() {
 
 void ShmWatcher::heartbeat_loop() {
     while (!stop_.load()) {
-        publish();
+        {
+            std::lock_guard lk(publish_mu_);
+            publish();
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
 }
@@ -100,12 +103,12 @@ void ShmWatcher::add_status_fields(ControlReply & r) const {
     }
 }
 
-void ShmWatcher::mailbox_loop() {
-    auto & b = *block_;
-    uint32_t rung = b.doorbell.load();
+void ShmWatcher::mailbox_loop(int slot) {
+    auto & b = block_->mailbox[slot];
+    uint32_t rung = block_->doorbell.load();
     while (!stop_.load()) {
-        shm::futex_wait(b.doorbell, rung, 100000);
-        rung = b.doorbell.load(std::memory_order_acquire);
+        shm::futex_wait(block_->doorbell, rung, 100000);
+        rung = block_->doorbell.load(std::memory_order_acquire);
         const uint32_t seq = b.cmd_seq.load(std::memory_order_acquire);
         if (seq == b.ack_seq.load()) { continue; }
         const shm::MailboxCommand cmd = read_mailbox(b);
@@ -117,10 +120,13 @@ void ShmWatcher::mailbox_loop() {
                                       cmd.op);
             r = error_reply(Error(Errc::timeout, fmt::format("{} was not started before the caller's deadline: dropped, nothing changed", cmd.op)));
         } else {
-            r = service_.handle(cmd, std::make_shared<BlockStartGate>(block_, seq));
+            r = service_.handle(cmd, std::make_shared<BlockStartGate>(block_, slot, seq));
             if (cmd.op == "status" && r.http_status == 200 && !status_fields_.empty()) { add_status_fields(r); }
         }
-        publish();  // the snapshot reflects the command before the client sees the answer
+        {
+            std::lock_guard lk(publish_mu_);
+            publish();  // the snapshot reflects the command before the client sees the answer
+        }
         const size_t n = std::min(r.body.size(), shm::kResultCap - 1);
         std::memcpy(b.result_body, r.body.data(), n);
         b.result_body[n]     = '\0';

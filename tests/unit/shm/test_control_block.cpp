@@ -25,10 +25,11 @@ int test_port() {
     return 40000 + static_cast<int>(rng() % 20000);
 }
 
-/// Answer one mailbox command like the daemon's watcher does (echo op and tags).
-void serve_one(fd::shm::ControlBlock & b) {
-    uint32_t rung = b.doorbell.load();
-    while (b.cmd_seq.load() == b.ack_seq.load()) { fd::shm::futex_wait(b.doorbell, rung, 100000); rung = b.doorbell.load(); }
+/// Answer one mailbox command in slot `slot` like the daemon's watcher does (echo op and tags).
+void serve_one(fd::shm::ControlBlock & block, int slot = 0) {
+    auto & b = block.mailbox[slot];
+    uint32_t rung = block.doorbell.load();
+    while (b.cmd_seq.load() == b.ack_seq.load()) { fd::shm::futex_wait(block.doorbell, rung, 100000); rung = block.doorbell.load(); }
     const uint32_t seq = b.cmd_seq.load(std::memory_order_acquire);
     REQUIRE(fd::shm::try_start_command(b, seq));
     const std::string body = std::string("{\"op\":\"") + b.cmd_op + "\",\"tags\":\"" + b.cmd_tags + "\"}";
@@ -125,8 +126,8 @@ TEST_SUITE("shm::control_block") {
         const auto r = fd::shm::mailbox_call(*block, {"sleep", "weight", std::nullopt, false}, 5000);
         CHECK(r.http_status == 200);
         CHECK(r.body == R"({"op":"sleep","tags":"weight"})");
-        CHECK(block->mailbox_owner_pid.load() == 0);
-        block->mailbox_owner_pid.store(999999);  // a client killed while holding the lock
+        CHECK(block->mailbox[0].owner_pid.load() == 0);
+        for (auto & slot : block->mailbox) { slot.owner_pid.store(999999); }  // clients killed while holding every slot
         block->heartbeat_ms.store(fd::shm::now_ms());
         const auto r2 = fd::shm::mailbox_call(*block, {"pause", "", std::nullopt, false}, 5000);
         CHECK(r2.body == R"({"op":"pause","tags":""})");
@@ -149,12 +150,13 @@ TEST_SUITE("shm::control_block") {
             CHECK(std::string(e.what()).find("withdrawn: it will not run") != std::string::npos);
             CHECK(std::string(e.what()).find("heartbeat") != std::string::npos);
         }
-        const uint32_t seq = block->cmd_seq.load();
+        auto & slot = block->mailbox[0];
+        const uint32_t seq = slot.cmd_seq.load();
         CHECK(seq == 1);
-        CHECK(block->cmd_state.load() == fd::shm::cmd_state_word(seq, fd::shm::CmdState::cancelled));
+        CHECK(slot.cmd_state.load() == fd::shm::cmd_state_word(seq, fd::shm::CmdState::cancelled));
         // The daemon, continued (SIGCONT), finds it withdrawn: it may not start it.
-        CHECK_FALSE(fd::shm::command_pending(*block, seq));
-        CHECK_FALSE(fd::shm::try_start_command(*block, seq));
+        CHECK_FALSE(fd::shm::command_pending(slot, seq));
+        CHECK_FALSE(fd::shm::try_start_command(slot, seq));
         // A dead pid is "gone" (exit 8), and nothing is posted.
         block->pid.store(999999);
         try {
@@ -163,14 +165,14 @@ TEST_SUITE("shm::control_block") {
         } catch (const fd::Error & e) {
             CHECK(e.code() == fd::Errc::unreachable);
         }
-        CHECK(block->cmd_seq.load() == seq);
+        CHECK(slot.cmd_seq.load() == seq);
         fd::shm::MappedBlock::remove(port);
     }
 
     TEST_CASE("start and cancel race: exactly one wins, and a passed deadline refuses the start") {
         const int port = test_port();
         auto block = fd::shm::MappedBlock::create(port);
-        auto & b = *block;
+        auto & b = block->mailbox[0];
         int started = 0, cancelled = 0;
         for (uint32_t seq = 1; seq <= 2000; ++seq) {
             b.cmd_deadline_ns = fd::shm::monotonic_ns() + 60'000'000'000;
@@ -202,13 +204,13 @@ TEST_SUITE("shm::control_block") {
     TEST_CASE("a command started before the deadline is waited for and its real answer reported") {
         const int port = test_port();
         auto block = fd::shm::MappedBlock::create(port);
-        auto & b = *block;
-        b.heartbeat_ms.store(fd::shm::now_ms());
+        auto & b = block->mailbox[0];
+        block->heartbeat_ms.store(fd::shm::now_ms());
         std::atomic<bool> done{false};
-        std::thread heartbeat([&] { while (!done.load()) { b.heartbeat_ms.store(fd::shm::now_ms()); std::this_thread::sleep_for(std::chrono::milliseconds(20)); } });
+        std::thread heartbeat([&] { while (!done.load()) { block->heartbeat_ms.store(fd::shm::now_ms()); std::this_thread::sleep_for(std::chrono::milliseconds(20)); } });
         std::thread daemon([&] {
-            uint32_t rung = b.doorbell.load();
-            while (b.cmd_seq.load() == b.ack_seq.load()) { fd::shm::futex_wait(b.doorbell, rung, 100000); rung = b.doorbell.load(); }
+            uint32_t rung = block->doorbell.load();
+            while (b.cmd_seq.load() == b.ack_seq.load()) { fd::shm::futex_wait(block->doorbell, rung, 100000); rung = block->doorbell.load(); }
             const uint32_t seq = b.cmd_seq.load();
             REQUIRE(fd::shm::try_start_command(b, seq));
             std::this_thread::sleep_for(std::chrono::milliseconds(600));  // runs past the client's 200 ms
@@ -218,7 +220,7 @@ TEST_SUITE("shm::control_block") {
             b.ack_seq.store(seq, std::memory_order_release);
             fd::shm::futex_wake(b.ack_seq);
         });
-        const auto r = fd::shm::mailbox_call(b, {"pause", "", std::nullopt, false}, 200);
+        const auto r = fd::shm::mailbox_call(*block, {"pause", "", std::nullopt, false}, 200);
         CHECK(r.http_status == 200);
         CHECK(r.body == R"({"ok":1})");
         daemon.join();
@@ -282,11 +284,12 @@ TEST_SUITE("shm::control_block") {
         block->heartbeat_ms.store(fd::shm::now_ms());
         std::string seen_id;
         int seen_all = -1;
+        auto & slot = block->mailbox[0];
         std::thread daemon([&] {
             uint32_t rung = block->doorbell.load();
-            while (block->cmd_seq.load() == block->ack_seq.load()) { fd::shm::futex_wait(block->doorbell, rung, 100000); rung = block->doorbell.load(); }
-            seen_id  = std::string(block->cmd_request_id, strnlen(block->cmd_request_id, sizeof block->cmd_request_id));
-            seen_all = block->cmd_abort_all;
+            while (slot.cmd_seq.load() == slot.ack_seq.load()) { fd::shm::futex_wait(block->doorbell, rung, 100000); rung = block->doorbell.load(); }
+            seen_id  = std::string(slot.cmd_request_id, strnlen(slot.cmd_request_id, sizeof slot.cmd_request_id));
+            seen_all = slot.cmd_abort_all;
             serve_one(*block);
         });
         fd::shm::MailboxCommand cmd{.op = "abort", .request_id = std::string(128, 'r')};
@@ -294,28 +297,77 @@ TEST_SUITE("shm::control_block") {
         daemon.join();
         CHECK(seen_id == std::string(128, 'r'));
         CHECK(seen_all == 0);
-        const uint32_t seq = block->cmd_seq.load();
+        const uint32_t seq = slot.cmd_seq.load();
         cmd.request_id = std::string(fd::shm::kRequestIdCap, 'r');
         CHECK_THROWS_WITH_AS(fd::shm::mailbox_call(*block, cmd, 300), doctest::Contains("too long"), fd::Error);
-        CHECK(block->cmd_seq.load() == seq);  // nothing was posted
+        CHECK(slot.cmd_seq.load() == seq);  // nothing was posted
         fd::shm::MappedBlock::remove(port);
     }
 
-    TEST_CASE("a block of the previous ABI (2, smaller) is named by its ABI, not by its size") {
+    TEST_CASE("a long call in one slot does not hold up a call in another; with every slot held, a call times out saying so") {
+        const int port = test_port();
+        auto block = fd::shm::MappedBlock::create(port);
+        block->heartbeat_ms.store(fd::shm::now_ms());
+        std::atomic<bool> status_answered{false};
+        // The daemon's slot-0 thread holds its command (pause --mode wait draining) until the
+        // status call in slot 1 has its answer; the slot-1 thread answers at once.
+        std::thread slot0([&] {
+            auto & b = block->mailbox[0];
+            uint32_t rung = block->doorbell.load();
+            while (b.cmd_seq.load() == b.ack_seq.load()) { fd::shm::futex_wait(block->doorbell, rung, 100000); rung = block->doorbell.load(); }
+            const uint32_t seq = b.cmd_seq.load();
+            REQUIRE(fd::shm::try_start_command(b, seq));
+            for (int i = 0; i < 500 && !status_answered.load(); ++i) { std::this_thread::sleep_for(std::chrono::milliseconds(10)); }
+            std::memcpy(b.result_body, "{\"paused\":true}", 16);
+            b.result_len = 15;
+            b.result_http_status = 200;
+            b.ack_seq.store(seq, std::memory_order_release);
+            fd::shm::futex_wake(b.ack_seq);
+        });
+        std::thread slot1([&] { serve_one(*block, 1); });
+        std::thread long_call([&] {
+            const auto r = fd::shm::mailbox_call(*block, {.op = "pause", .mode = "wait"}, 10000);
+            CHECK(r.body == R"({"paused":true})");
+            CHECK(status_answered.load());  // answered after the status, not before
+        });
+        while (block->mailbox[0].owner_pid.load() == 0) { std::this_thread::sleep_for(std::chrono::milliseconds(1)); }
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto r = fd::shm::mailbox_call(*block, {.op = "status"}, 3000);
+        status_answered.store(true);
+        CHECK(r.body == R"({"op":"status","tags":""})");
+        CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+        long_call.join();
+        slot0.join();
+        slot1.join();
+        // Every slot held by a live caller (our own pid stands in for four fdctl processes): the
+        // fifth call waits for a slot, then times out saying why, having posted nothing.
+        for (auto & slot : block->mailbox) { slot.owner_pid.store(::getppid()); }
+        try {
+            fd::shm::mailbox_call(*block, {.op = "status"}, 300);
+            FAIL("a call got a slot that was held");
+        } catch (const fd::Error & e) {
+            CHECK(e.code() == fd::Errc::timeout);
+            CHECK(std::string(e.what()).find("free mailbox slot") != std::string::npos);
+            CHECK(std::string(e.what()).find("nothing was sent") != std::string::npos);
+        }
+        fd::shm::MappedBlock::remove(port);
+    }
+
+    TEST_CASE("a block of the previous ABI (3, one mailbox, smaller) is named by its ABI, not by its size") {
         const int port = test_port();
         const std::string path = "/dev/shm/" + fd::shm::block_name(port);
         {
             std::ofstream f(path, std::ios::binary);
-            std::vector<char> bytes(33264, 0);  // ABI 2's size
+            std::vector<char> bytes(33400, 0);  // ABI 3's size
             const uint64_t magic = fd::shm::kControlBlockMagic;
-            const uint32_t abi = 2, size = 33264;
+            const uint32_t abi = 3, size = 33400;
             std::memcpy(bytes.data(), &magic, 8);
             std::memcpy(bytes.data() + 8, &abi, 4);
             std::memcpy(bytes.data() + 12, &size, 4);
             f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
         }
         ::chmod(path.c_str(), 0600);
-        CHECK_THROWS_WITH_AS(fd::shm::MappedBlock::open(port), doctest::Contains("ABI version 2, this build speaks 3"), fd::Error);
+        CHECK_THROWS_WITH_AS(fd::shm::MappedBlock::open(port), doctest::Contains("ABI version 3, this build speaks 4"), fd::Error);
         // ... and a new daemon on that port neither reads nor removes the block of a live old one
         {
             std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);

@@ -26,8 +26,8 @@ engine::ControlCommand parse_command(const shm::MailboxCommand & wire);
 /// The op of wire name `name`. Errors  fd::Error{invalid_argument} (param "op") for an unknown name.
 engine::ControlOp parse_op(std::string_view name);
 
-/// The command posted in the mailbox of `b` (cmd_op, cmd_tags, cmd_version, ...), in wire form.
-/// Reads the block's command fields only; the caller owns the handshake (cmd_seq, cmd_state).
-shm::MailboxCommand read_mailbox(const shm::ControlBlock & b);
+/// The command posted in mailbox slot `b` (cmd_op, cmd_tags, cmd_version, ...), in wire form.
+/// Reads the slot's command fields only; the caller owns the handshake (cmd_seq, cmd_state).
+shm::MailboxCommand read_mailbox(const shm::MailboxSlot & b);
 
 }  // namespace fd::control

@@ -1,11 +1,13 @@
 // fd/control/shm_watcher.h — the daemon side of the shared-memory control block (SPEC §6).
 //
 // Owns the block of one port: creates it at start (reclaiming a stale one, refusing if a live
-// daemon owns it), removes it on clean exit. Two threads:
+// daemon owns it), removes it on clean exit. Threads:
 //   - heartbeat: every 100 ms refreshes heartbeat_ms and the state snapshot (seqlock);
-//   - mailbox: sleeps on the doorbell futex; on a command it reads the block's fields in wire
-//     form (control::read_mailbox), calls the control service (the same code the V1 HTTP routes
-//     call), writes the rendered V1 answer and acknowledges.
+//   - one per mailbox slot (shm::kMailboxSlots): sleeps on the doorbell futex; on a command in
+//     its slot it reads the slot's fields in wire form (control::read_mailbox), calls the
+//     control service (the same code the V1 HTTP routes call, which takes concurrent calls as
+//     HTTP makes them), writes the rendered V1 answer and acknowledges. So a long call in one
+//     slot (pause --mode wait) never holds up a status or an abort in another.
 // The service's legacy status word lives in this block while the watcher runs (attached at
 // construction, detached at stop).
 // It never mutates engine state itself: every operation goes through the engine inbox.
@@ -21,6 +23,7 @@
 #include "fd/shm/control_client.h"
 
 #include <atomic>
+#include <mutex>
 #include <thread>
 
 namespace fd::control {
@@ -44,7 +47,7 @@ public:
 
 private:
     void heartbeat_loop();
-    void mailbox_loop();
+    void mailbox_loop(int slot);
     void publish();
     void add_status_fields(ControlReply & r) const;  ///< status_fields_ into a status answer's body
 
@@ -53,7 +56,9 @@ private:
     ControlService &   service_;
     shm::MappedBlock   block_;
     std::atomic<bool>  stop_{false};
-    std::thread        heartbeat_, mailbox_;
+    std::thread        heartbeat_;
+    std::vector<std::thread> mailbox_;   ///< one per slot
+    std::mutex         publish_mu_;      ///< publish() is the seqlock's one writer at a time
     std::vector<std::pair<std::string, std::function<std::string()>>> status_fields_;
 };
 

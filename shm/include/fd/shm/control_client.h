@@ -87,8 +87,9 @@ struct MailboxReply {
     std::string body;
 };
 
-/// Client side: send `cmd` with the deadline now + `timeout_ms` (CLOCK_MONOTONIC) and wait for
-/// the answer. If the daemon has not started the command by the deadline the call withdraws it
+/// Client side: take a free mailbox slot (a dead holder's is taken over; with every slot busy,
+/// wait for one), send `cmd` in it with the deadline now + `timeout_ms` (CLOCK_MONOTONIC) and wait
+/// for the answer. If the daemon has not started the command by the deadline the call withdraws it
 /// (cmd_state posted → cancelled, see control_block.h), so it never runs; if it did start in
 /// time, the call waits for its answer as long as the daemon's heartbeat stays fresh.
 /// A live pid with a stale heartbeat (SIGSTOP, a stall) is a timeout, never "gone".
@@ -102,13 +103,13 @@ MailboxReply mailbox_call(ControlBlock & b, const MailboxCommand & cmd, int64_t 
 /// Client side: the daemon is alive (pid exists, heartbeat within `stale_ms`).
 bool daemon_alive(const ControlBlock & b, int64_t stale_ms = kHeartbeatStaleMs);
 
-/// Daemon side: is command `seq` still waiting to start (posted, deadline not passed)?
-bool command_pending(const ControlBlock & b, uint32_t seq);
-/// Daemon side, just before running command `seq`: posted → started, only before its deadline
-/// (past it, posted → cancelled). True = run it; false = drop it (withdrawn or expired).
-bool try_start_command(ControlBlock & b, uint32_t seq);
-/// Either side: posted → cancelled. True = command `seq` will never run; false = it had started
-/// (or was already cancelled: see the word).
-bool try_cancel_command(ControlBlock & b, uint32_t seq);
+/// Daemon side: is command `seq` of slot `s` still waiting to start (posted, deadline not passed)?
+bool command_pending(const MailboxSlot & s, uint32_t seq);
+/// Daemon side, just before running command `seq` of slot `s`: posted → started, only before its
+/// deadline (past it, posted → cancelled). True = run it; false = drop it (withdrawn or expired).
+bool try_start_command(MailboxSlot & s, uint32_t seq);
+/// Either side: posted → cancelled. True = command `seq` of slot `s` will never run; false = it
+/// had started (or was already cancelled: see the word).
+bool try_cancel_command(MailboxSlot & s, uint32_t seq);
 
 }  // namespace fd::shm
