@@ -20,7 +20,7 @@ public:
         : block_(fd::shm::MappedBlock::open(port)), timeout_ms_(static_cast<int64_t>(std::ceil(timeout_s * 1000))) {
         // A dead pid is "gone"; a live one with a stale heartbeat (SIGSTOP, a stall) is not:
         // mailbox_call then times out (exit 7) and withdraws the command.
-        if (!fd::shm::pid_alive(block_->pid.load())) {
+        if (!fd::shm::pid_alive(block_->pid.load(), block_->pid_start_ticks.load())) {
             fd::fail(fd::Errc::unreachable, "the fdrollout (pid {}) that owned port {} is gone (stale control block)", block_->pid.load(), port);
         }
     }

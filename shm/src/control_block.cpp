@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -34,7 +35,43 @@ int64_t monotonic_ns() {
     return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
 }
 
-bool pid_alive(int64_t pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
+namespace {
+
+/// Process `pid`'s state letter and start ticks from /proc/PID/stat; false if unreadable.
+bool read_proc_stat(int64_t pid, char & state, int64_t & start_ticks) {
+    std::FILE * f = std::fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
+    if (f == nullptr) { return false; }
+    char buf[1024];
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    buf[n] = '\0';
+    const char * p = std::strrchr(buf, ')');  // comm may hold spaces and parentheses: fields follow the last ')'
+    if (p == nullptr) { return false; }
+    // After ") ": field 3 (state), then fields 4..; starttime is field 22.
+    unsigned long long ticks = 0;
+    char st = 0;
+    if (std::sscanf(p + 1, " %c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &st, &ticks) != 2) { return false; }
+    state       = st;
+    start_ticks = static_cast<int64_t>(ticks);
+    return true;
+}
+
+}  // namespace
+
+int64_t process_start_ticks(int64_t pid) {
+    char state = 0;
+    int64_t ticks = -1;
+    return pid > 0 && read_proc_stat(pid, state, ticks) ? ticks : -1;
+}
+
+bool pid_alive(int64_t pid, int64_t start_ticks) {
+    if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM)) { return false; }
+    char state = 0;
+    int64_t ticks = -1;
+    if (!read_proc_stat(pid, state, ticks)) { return true; }  // no /proc: existence is all we know
+    if (state == 'Z' || state == 'X') { return false; }      // killed, not reaped yet: it answers nothing
+    return start_ticks <= 0 || ticks == start_ticks;
+}
 
 void futex_wait(std::atomic<uint32_t> & word, uint32_t expected, int64_t timeout_us) {
     timespec ts{static_cast<time_t>(timeout_us / 1000000), static_cast<long>((timeout_us % 1000000) * 1000)};
@@ -121,6 +158,7 @@ MappedBlock MappedBlock::create(int port) {
             b.abi_version = kControlBlockAbiVersion;
             b.size_bytes  = sizeof(ControlBlock);
             b.pid.store(::getpid());
+            b.pid_start_ticks.store(process_start_ticks(::getpid()));
             b.port.store(port);
             b.heartbeat_ms.store(now_ms());
             std::atomic_thread_fence(std::memory_order_release);
@@ -155,7 +193,7 @@ MappedBlock MappedBlock::create(int port) {
         if (!problem.empty() && size >= header_bytes && old.block_->magic == kControlBlockMagic && pid_alive(old.block_->pid.load())) {
             fail(Errc::invalid_argument, "control block {}: {}; a running fdrollout of another version owns it", shm_path(port), problem);
         }
-        if (problem.empty() && pid_alive(old.block_->pid.load()) && old.block_->pid.load() != ::getpid()) {
+        if (problem.empty() && pid_alive(old.block_->pid.load(), old.block_->pid_start_ticks.load()) && old.block_->pid.load() != ::getpid()) {
             fail(Errc::wrong_state, "a live fdrollout (pid {}) already owns port {} ({}); stop it or choose another --port",
                  old.block_->pid.load(), port, shm_path(port));
         }
@@ -222,7 +260,7 @@ StateSnapshot read_state(const ControlBlock & b) {
 }
 
 bool daemon_alive(const ControlBlock & b, int64_t stale_ms) {
-    return pid_alive(b.pid.load()) && now_ms() - b.heartbeat_ms.load() <= stale_ms;
+    return pid_alive(b.pid.load(), b.pid_start_ticks.load()) && now_ms() - b.heartbeat_ms.load() <= stale_ms;
 }
 
 namespace {
@@ -263,6 +301,7 @@ MailboxReply mailbox_call(ControlBlock & block, const MailboxCommand & cmd, int6
     const int64_t deadline = start_ms + timeout_ms;
     const int64_t me       = ::getpid();
     const int64_t pid      = block.pid.load();
+    const int64_t pid_start = block.pid_start_ticks.load();
     const int     port     = block.port.load();
     auto stalled_note = [&] {
         const int64_t age = now_ms() - block.heartbeat_ms.load();
@@ -273,7 +312,7 @@ MailboxReply mailbox_call(ControlBlock & block, const MailboxCommand & cmd, int6
     // Before the command is posted: a dead pid is "gone", a deadline passed is a timeout, and
     // either way nothing was sent.
     auto check = [&](const char * waiting_for) {
-        if (!pid_alive(pid)) { fail(Errc::unreachable, "fdrollout (pid {}) on port {} is gone (waiting for {}); nothing was sent", pid, port, waiting_for); }
+        if (!pid_alive(pid, pid_start)) { fail(Errc::unreachable, "fdrollout (pid {}) on port {} is gone (waiting for {}); nothing was sent", pid, port, waiting_for); }
         if (now_ms() > deadline) {
             fail(Errc::timeout, "gave up waiting for {} after {} ms (--timeout){}; nothing was sent, nothing changed", waiting_for, timeout_ms,
                  stalled_note());
@@ -328,7 +367,7 @@ MailboxReply mailbox_call(ControlBlock & block, const MailboxCommand & cmd, int6
     //    CAS decides, so what we report is what happened.
     for (uint32_t a; (a = b.ack_seq.load(std::memory_order_acquire)) != seq;) {
         const bool started = b.cmd_state.load(std::memory_order_acquire) == cmd_state_word(seq, CmdState::started);
-        if (!pid_alive(pid)) {
+        if (!pid_alive(pid, pid_start)) {
             if (started) {
                 fail(Errc::unreachable, "fdrollout (pid {}) on port {} died while running {}: its outcome is unknown (check the next daemon's state)",
                      pid, port, cmd.op);

@@ -19,7 +19,8 @@
 // command, also one it dropped. Futex words are 32-bit and process-shared.
 //
 // ABI history: 2 → 3 added cmd_request_id (after cmd_version) and cmd_abort_all (a pad byte), so
-// `fdctl abort` works over shm; 3 → 4 made the one mailbox kMailboxSlots slots (with one, a
+// `fdctl abort` works over shm; 3 → 4 added pid_start_ticks (a reused pid is not the daemon) and
+// made the one mailbox kMailboxSlots slots (with one, a
 // `fdctl pause --mode wait` draining for minutes made every other shm call, status and abort
 // included, time out). An fdctl and a daemon of different ABIs refuse each other's block
 // before anything is written (fdctl: exit 10 "it has ABI version N, this build speaks M"): a
@@ -109,6 +110,7 @@ struct ControlBlock {
     std::atomic<int32_t>  port;
     std::atomic<int32_t>  v1_update_weights;   ///< the daemon's FD_ENABLE_V1_UPDATE_WEIGHTS
     std::atomic<int64_t>  heartbeat_ms;        ///< CLOCK_REALTIME ms, refreshed every ~100 ms
+    std::atomic<int64_t>  pid_start_ticks;     ///< the daemon's start time (/proc/PID/stat field 22): a later process reusing the pid is not it (ABI 4)
     // --- state snapshot (seqlock) ---
     std::atomic<uint64_t> state_seq;
     StateSnapshot         state;
@@ -124,8 +126,8 @@ static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<uint32_t>
 static_assert(offsetof(ControlBlock, magic) == 0 && offsetof(ControlBlock, abi_version) == 8 &&
               offsetof(ControlBlock, size_bytes) == 12 && offsetof(ControlBlock, pid) == 16);
 static_assert(offsetof(MailboxSlot, cmd_request_id) == offsetof(MailboxSlot, cmd_version) + kVersionCap);
-static_assert(sizeof(MailboxSlot) == 33184 && offsetof(ControlBlock, mailbox) == 216);
-static_assert(sizeof(ControlBlock) == 216 + kMailboxSlots * 33184, "ControlBlock is an ABI: bump kControlBlockAbiVersion when it changes");
+static_assert(sizeof(MailboxSlot) == 33184 && offsetof(ControlBlock, mailbox) == 224);
+static_assert(sizeof(ControlBlock) == 224 + kMailboxSlots * 33184, "ControlBlock is an ABI: bump kControlBlockAbiVersion when it changes");
 
 /// Shared-memory object name of the block for `port` ("fdrollout.8000" → /dev/shm/fdrollout.8000).
 std::string block_name(int port);
@@ -137,8 +139,15 @@ int64_t now_ms();
 /// std::chrono::steady_clock reads it too).
 int64_t monotonic_ns();
 
-/// True if process `pid` exists (kill(pid, 0) succeeds or fails with EPERM).
-bool pid_alive(int64_t pid);
+/// Process `pid`'s start time in clock ticks since boot (/proc/PID/stat field 22), or -1 when it
+/// has none (no such process, /proc unreadable).
+int64_t process_start_ticks(int64_t pid);
+
+/// True if process `pid` runs: it exists (kill(pid, 0) succeeds or fails with EPERM) and is not a
+/// zombie (killed, not yet reaped by its parent: a trainer that Popen'd the daemon and never
+/// waited); with `start_ticks` > 0, it is also the process that started then, not a later one
+/// that reused the pid. Without /proc, existence alone.
+bool pid_alive(int64_t pid, int64_t start_ticks = 0);
 
 /// Futex wait on a process-shared 32-bit word while it equals `expected`, at most `timeout_us`.
 void futex_wait(std::atomic<uint32_t> & word, uint32_t expected, int64_t timeout_us);
