@@ -308,6 +308,10 @@ int run(fd::Config & cfg, sigset_t & signals) {
              r.model.vocab_size, cfg.engine.weight_version);
     auto tok = fd::tokenizer::load_tokenizer(cfg.model.model_dir, {.bos_token_id = r.model.bos_token_id});
     lg->info("tokenizer: {} ({} ids)", tok->kind(), tok->vocab_size());
+    if (tok->vocab_size() > r.model.vocab_size) {
+        lg->warn("the tokenizer has {} ids but config.json's vocab_size is {}: a prompt that encodes to an id >= {} (an added token "
+                 "without a resized embedding) is refused with 400", tok->vocab_size(), r.model.vocab_size, r.model.vocab_size);
+    }
     const bool graphs = cfg.engine.use_cudagraph && r.device == fd::kernels::DeviceKind::cuda;
     if (graphs) {
         lg->info("--use-cudagraph on cuda: decode steps of up to {} sequences run as CUDA graphs (captured at start-up){}",

@@ -309,8 +309,8 @@ class ChatTemplateVariants(unittest.TestCase):
             text = d.post("/detokenize", {"tokens": j["tokens"]})[1]["prompt"]
             self.assertIn("9223372036854775807", text)
             self.assertIn("-9223372036854775808", text)
-            status, j = d.post("/v1/chat/completions", {**ok, "max_tokens": 1, "seed": 18446744073709551615})
-            self.assertEqual(status, 200, j)  # a uint64 seed is no template value
+            status, j = d.post("/v1/chat/completions", {**ok, "max_tokens": 1, "seed": 9223372036854775807})
+            self.assertEqual(status, 200, j)  # an int64 seed is no template value (beyond int64: 400, as vLLM)
             for body, param in (({**ok, "tools": tool(18446744073709551615)}, None),
                                 ({**ok, "tools": tool(123456789012345678901234)}, None),
                                 ({**ok, "messages": turns('{"n": 12345678901234567890}')}, "messages[1].tool_calls[0].function.arguments")):

@@ -118,7 +118,7 @@ class MalformedBodies(unittest.TestCase):
         self.assertEqual(self.d.complete(**GOOD)["choices"][0]["token_ids"], self.good)
 
     def test_valid_values_still_work(self):
-        j = self.d.complete(**GOOD, user="trainer-7", logprobs=0, stop_token_ids=[511], seed=2 ** 64 - 1, top_k=-1, n=2)
+        j = self.d.complete(**GOOD, user="trainer-7", logprobs=0, stop_token_ids=[511], seed=2 ** 63 - 1, top_k=-1, n=2)
         self.assertEqual(j["choices"][0]["token_ids"], self.good)
         self.assertEqual(len(j["choices"][0]["logprobs"]["token_logprobs"]), 8)
         j = self.d.complete(**GOOD, logprobs=None, user=None, stream_options=None)

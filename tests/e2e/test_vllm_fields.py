@@ -77,6 +77,49 @@ class VllmFields(unittest.TestCase):
         self.bad({"prompt": PROMPT, "return_token_ids": 1}, "return_token_ids")
         self.bad({"messages": [{"role": "user", "content": PROMPT}], "priority": -1}, "priority", "/v1/chat/completions")
 
+    def test_integers_beyond_their_range_are_refused_not_wrapped(self):
+        """Probes: chat top_logprobs 4294967299 was read as 3, truncate_prompt_tokens 2^64 - 1 as -1
+        (the whole context), and seed 2^64 - 1 drew exactly what seed -1 draws (vLLM's seed is an
+        int64). Each is now a 400 naming the field; int64's own bounds still work."""
+        chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2, "logprobs": True}
+        for v in (4294967299, 4294967296, -4294967294):
+            self.bad({**chat, "top_logprobs": v}, "top_logprobs", "/v1/chat/completions")
+        self.bad({"prompt": PROMPT, "truncate_prompt_tokens": 2 ** 64 - 1}, "truncate_prompt_tokens")
+        self.bad({"prompt": PROMPT, "seed": 2 ** 64 - 1}, "seed")
+        self.bad({"prompt": PROMPT, "seed": 2 ** 63}, "seed")
+        a = self.d.complete(prompt=PROMPT, max_tokens=6, temperature=1.0, seed=-1)["choices"][0]["token_ids"]
+        b = self.d.complete(prompt=PROMPT, max_tokens=6, temperature=1.0, seed=2 ** 63 - 1)["choices"][0]["token_ids"]
+        self.assertEqual(len(a), 6)
+        self.assertEqual(len(b), 6)
+
+    def test_openai_fields_at_their_neutral_values_pass(self):
+        """A probe: modalities ["text"], audio/prediction/functions null and the like were 400
+        "unknown field" though docs/coming_from_vllm.md lets such fields pass at neutral values."""
+        chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2}
+        for key, v in (("modalities", ["text"]), ("audio", None), ("prediction", None), ("web_search_options", None),
+                       ("function_call", None), ("functions", None), ("mm_processor_kwargs", None), ("prompt_cache_key", None),
+                       ("safety_identifier", None)):
+            code, j = self.d.post("/v1/chat/completions", {**chat, key: v})
+            self.assertEqual(code, 200, (key, j))
+        code, j = self.d.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "prompt_embeds": None})
+        self.assertEqual(code, 200, j)
+        self.bad({**chat, "modalities": ["text", "audio"]}, "modalities", "/v1/chat/completions")
+        self.bad({**chat, "functions": [{"name": "f"}]}, "functions", "/v1/chat/completions")
+
+    def test_echo_keeps_an_explicit_prompt_logprobs_count(self):
+        """A probe: echo + logprobs 3 + prompt_logprobs 1 gave prompt rows of 3 alternatives; vLLM
+        uses logprobs only when prompt_logprobs is not given."""
+        c = self.d.complete(prompt=PROMPT, max_tokens=1, echo=True, logprobs=3, prompt_logprobs=1)["choices"][0]
+        rows = c["prompt_logprobs"][1:]
+        self.assertTrue(rows)
+        for row in rows:  # the prompt token, plus at most 1 alternative
+            self.assertLessEqual(len(row), 2, row)
+            self.assertTrue(all(e["rank"] <= 1 or str(tid) in row for tid, e in row.items()))
+        for top in c["logprobs"]["top_logprobs"][1:]:  # the echoed tokens keep logprobs' 3 (+ the token itself)
+            self.assertGreaterEqual(len(top), 3)
+        c = self.d.complete(prompt=PROMPT, max_tokens=1, echo=True, logprobs=3)["choices"][0]
+        self.assertTrue(any(len(row) >= 3 for row in c["prompt_logprobs"][1:]))  # without prompt_logprobs: logprobs' 3
+
     def test_detokenize_false_returns_token_ids_and_no_text(self):
         """vLLM's SamplingParams.detokenize=False (vllm/sampling_params.py; its tokens-only
         serving, vllm/entrypoints/serve/disagg/serving.py): no text is decoded, the token ids are
@@ -261,5 +304,43 @@ class ChatTemplateFlags(unittest.TestCase):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+class TokenizerBeyondVocab(unittest.TestCase):
+    def test_a_prompt_encoding_past_vocab_size_is_a_400_and_harms_no_other_request(self):
+        """A probe: a tokenizer.json with an added token (id 600) past config.json's vocab_size (512)
+        started, and a prompt holding it failed with 500 — and so did other clients' requests in
+        the same batch. Now that prompt is a 400 naming it, the others run, and start-up warns."""
+        import json, threading
+        tmp = tempfile.mkdtemp(prefix="fd_vocab_")
+        try:
+            ck = os.path.join(tmp, "ck")
+            shutil.copytree(STORIES, ck)
+            os.unlink(os.path.join(ck, "tokenizer.model"))
+            with open(os.path.join(ck, "tokenizer.json")) as f:
+                tj = json.load(f)
+            tj["added_tokens"].append({"id": 600, "content": "<extra>", "single_word": False, "lstrip": False, "rstrip": False,
+                                       "normalized": False, "special": True})
+            with open(os.path.join(ck, "tokenizer.json"), "w") as f:
+                json.dump(tj, f)
+            with Daemon(model=ck) as d:
+                results = []
+                long_run = threading.Thread(target=lambda: results.append(d.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 60, "n": 8, "temperature": 0})))
+                long_run.start()
+                for _ in range(5):
+                    code, j = d.post("/v1/completions", {"prompt": "Hello <extra> world", "max_tokens": 4})
+                    self.assertEqual(code, 400, j)
+                    self.assertEqual(j["error"]["param"], "prompt")
+                    self.assertIn("600", j["error"]["message"])
+                code, j = d.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi <extra>"}], "max_tokens": 2})
+                self.assertEqual(code, 400, j)
+                long_run.join(60)
+                code, j = results[0]
+                self.assertEqual(code, 200, j)
+                self.assertEqual(j["choices"][0]["token_ids"], REF[PROMPT]["ids"][:60])
+                self.assertIn("vocab_size is 512", d.output())
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 if __name__ == "__main__":
     unittest.main()
+

@@ -238,7 +238,11 @@ ChatCompletionRequest parse(ApiContext & ctx, const std::string & body) {
     if (j.contains("top_logprobs") && !j["top_logprobs"].is_null()) {
         if (!j["top_logprobs"].is_number_integer()) { bad("top_logprobs", "'top_logprobs' must be an integer"); }
         if (!r.logprobs) { bad("top_logprobs", "'top_logprobs' needs 'logprobs': true"); }
-        top = j["top_logprobs"].get<int32_t>();
+        const json & t = j["top_logprobs"];  // range-checked before the narrowing (4294967299 is not 3)
+        const bool in_range = t.is_number_unsigned() ? t.get<uint64_t>() <= static_cast<uint64_t>(ctx.cfg.max_logprobs)
+                                                     : t.get<int64_t>() >= 0 && t.get<int64_t>() <= ctx.cfg.max_logprobs;
+        if (!in_range) { bad("top_logprobs", fmt::format("'top_logprobs' must be in [0, {}], got {}", ctx.cfg.max_logprobs, brief(t))); }
+        top = t.get<int32_t>();
     }
     if (top < 0 || top > ctx.cfg.max_logprobs) { bad("top_logprobs", fmt::format("'top_logprobs' must be in [0, {}], got {}", ctx.cfg.max_logprobs, top)); }
     r.gen.params.logprobs = r.logprobs ? top : -1;

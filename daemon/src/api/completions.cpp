@@ -21,6 +21,7 @@ struct CompletionRequest {
     StreamOptions            opts;
     bool                     echo = false;
     bool                     prompt_lps = false;  ///< prompt logprobs are computed (prompt_logprobs, or echo + logprobs)
+    int32_t                  prompt_lps_k = -1;   ///< alternatives per row of the prompt_logprobs field: the request's, else logprobs (vLLM)
 };
 
 int32_t count_code_points(const std::string & s) {
@@ -108,7 +109,11 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
                                        r.echo && detok);
     if (r.echo && !detok) { r.prompt_texts.assign(r.gen.prompts.size(), ""); }
     if (sp.max_tokens == 0 && !r.echo) { bad("max_tokens", "'max_tokens' must be >= 1 (0 only with \"echo\": true, to score the prompt)"); }
-    if (r.echo && sp.logprobs >= 0) {  // echoed tokens carry their logprobs (vLLM: prompt_logprobs defaults to logprobs)
+    // The prompt_logprobs field has the rows the request asked for; echoed tokens carry their
+    // logprobs with `logprobs` alternatives (vLLM: prompt_logprobs defaults to logprobs), so the
+    // engine computes the larger of the two and each answer takes its own.
+    r.prompt_lps_k = sp.prompt_logprobs >= 0 ? sp.prompt_logprobs : sp.logprobs;
+    if (r.echo && sp.logprobs >= 0) {
         sp.prompt_logprobs = std::max(sp.prompt_logprobs, sp.logprobs);
         for (size_t i = 0; i < r.gen.prompts.size(); ++i) {
             r.prompt_chars.push_back(count_code_points(r.prompt_texts[i]));
@@ -194,7 +199,7 @@ void post_completions(ApiContext & ctx, const Request & req, Response & res) {
                     {"logprobs", logprobs},
                     {"finish_reason", engine::to_string(a.finish)},
                     {"stop_reason", stop_reason_json(a.stop_reason)},
-                    {"prompt_logprobs", r->prompt_lps ? prompt_logprobs_json(*tok, a.prompt_logprobs, r->gen.params.detokenize) : json(nullptr)},
+                    {"prompt_logprobs", r->prompt_lps ? prompt_logprobs_json(*tok, a.prompt_logprobs, r->gen.params.detokenize, r->prompt_lps_k) : json(nullptr)},
                     {"prompt_token_ids", r->gen.prompts[ip]},
                     {"token_ids", a.token_ids}};
     };

@@ -52,7 +52,7 @@ std::string token_string(const tokenizer::Tokenizer & tok, int32_t id, bool as_i
     return as_ids ? fmt::format("token_id:{}", id) : tok.token_text(id);
 }
 
-json prompt_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps, bool decode) {
+json prompt_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps, bool decode, int32_t k) {
     json out = json::array({nullptr});
     auto entry = [&](int32_t id, float lp, int32_t rank) {
         const int32_t one[1] = {id};
@@ -63,7 +63,7 @@ json prompt_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<en
     for (const auto & lp : lps) {
         json d = json::object();
         d[std::to_string(lp.id)] = entry(lp.id, lp.logprob, lp.rank);
-        for (size_t r = 0; r < lp.top.size(); ++r) {
+        for (size_t r = 0; r < lp.top.size() && static_cast<int64_t>(r) < k; ++r) {
             const auto & [id, v] = lp.top[r];
             if (id != lp.id) { d[std::to_string(id)] = entry(id, v, static_cast<int32_t>(r) + 1); }
         }

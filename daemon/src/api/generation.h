@@ -120,9 +120,10 @@ nlohmann::json stop_reason_json(const engine::StopReason & r);
 std::string token_string(const tokenizer::Tokenizer & tok, int32_t id, bool as_ids);
 
 /// vLLM's prompt_logprobs: [null, {"<id>": {logprob, rank, decoded_token}} per later prompt
-/// token], each dict holding the prompt token and the top k (ranks 1..k). decoded_token is null
-/// when `decode` is false (detokenize: false, as vLLM's engine leaves it).
-nlohmann::json prompt_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps, bool decode = true);
+/// token], each dict holding the prompt token and the top `k` alternatives (ranks 1..k; every
+/// one computed at the default). decoded_token is null when `decode` is false (detokenize: false, as vLLM's engine leaves it).
+nlohmann::json prompt_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps, bool decode = true,
+                                    int32_t k = INT32_MAX);
 
 /// Each prompt plus max_tokens must fit --max-model-len. Errors: 400 naming prompt/max_tokens.
 void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, const char * prompt_param);

@@ -72,6 +72,18 @@ const NeutralField kNeutralFields[] = {
     {"parallel_tool_calls", true, is_true, "true"},
     {"include_reasoning", true, is_true, "true"},
     {"reasoning_effort", true, only_null, "null (pass it in chat_template_kwargs if the template reads it)"},
+    // OpenAI's and vLLM's fields with no effect on a text rollout at these values (a probe: null
+    // or ["text"] was a 400 "unknown field").
+    {"prompt_embeds", false, only_null, "null"},
+    {"mm_processor_kwargs", false, only_null, "null"},
+    {"prompt_cache_key", false, only_null, "null"},
+    {"safety_identifier", false, only_null, "null"},
+    {"modalities", true, [](const json & v) { return v == json::array({"text"}); }, "[\"text\"]"},
+    {"audio", true, only_null, "null"},
+    {"prediction", true, only_null, "null"},
+    {"web_search_options", true, only_null, "null"},
+    {"function_call", true, only_null, "null (use tool_choice)"},
+    {"functions", true, only_null, "null (use tools)"},
 };
 
 }  // namespace
@@ -197,7 +209,11 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
     if (gen.n < 1 || gen.n > ctx.cfg.max_n) { bad("n", fmt::format("'n' must be in [1, {}], got {}", ctx.cfg.max_n, gen.n)); }
     if (j.contains("seed") && !j["seed"].is_null()) {
         if (!j["seed"].is_number_integer()) { bad("seed", "'seed' must be an integer"); }
-        sp.seed = j["seed"].is_number_unsigned() ? j["seed"].get<uint64_t>() : static_cast<uint64_t>(j["seed"].get<int64_t>());
+        // vLLM's range (a signed 64-bit integer): beyond it 2^64 - 1 would draw exactly what -1 draws.
+        if (j["seed"].is_number_unsigned() && j["seed"].get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+            bad("seed", fmt::format("'seed' must be a signed 64-bit integer (vLLM's range), got {}", brief(j["seed"])));
+        }
+        sp.seed = static_cast<uint64_t>(j["seed"].get<int64_t>());
     }
     if (j.contains("stop") && !j["stop"].is_null()) {
         const json & s = j["stop"];
@@ -334,9 +350,13 @@ bool parse_vllm_fields(const ApiContext & ctx, const json & j, engine::GenerateR
     }
     bool truncated = false;
     if (given("truncate_prompt_tokens")) {
-        if (!j["truncate_prompt_tokens"].is_number_integer()) { bad("truncate_prompt_tokens", "'truncate_prompt_tokens' must be an integer"); }
+        const json & tp = j["truncate_prompt_tokens"];
+        if (!tp.is_number_integer()) { bad("truncate_prompt_tokens", "'truncate_prompt_tokens' must be an integer"); }
         const int64_t max_len = ctx.engine->config().max_model_len;
-        int64_t       k       = j["truncate_prompt_tokens"].get<int64_t>();
+        if (tp.is_number_unsigned() && tp.get<uint64_t>() > static_cast<uint64_t>(max_len)) {  // before get<int64_t> wraps 2^64 - 1 to -1
+            bad("truncate_prompt_tokens", fmt::format("'truncate_prompt_tokens' {} exceeds the maximum context length {} (--max-model-len)", brief(tp), max_len));
+        }
+        int64_t       k       = tp.get<int64_t>();
         if (k == -1) { k = max_len; }
         if (k < 1) { bad("truncate_prompt_tokens", fmt::format("'truncate_prompt_tokens' must be -1 or >= 1, got {}", k)); }
         if (k > max_len) {
@@ -354,8 +374,20 @@ bool parse_vllm_fields(const ApiContext & ctx, const json & j, engine::GenerateR
 
 void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, const char * prompt_param) {
     const int32_t max_len = ctx.engine->config().max_model_len;
+    const int32_t vocab   = ctx.engine->model_config().vocab_size;
     for (size_t i = 0; i < gen.prompts.size(); ++i) {
         const auto n = static_cast<int64_t>(gen.prompts[i].size());
+        // Text can encode to ids the model has no embedding for (a tokenizer.json with added
+        // tokens past config.json's vocab_size, embeddings never resized): refused here, before
+        // the batch, whose forward would fail for every request in it.
+        for (size_t t = 0; t < gen.prompts[i].size(); ++t) {
+            const int32_t id = gen.prompts[i][t];
+            if (id < 0 || id >= vocab) {
+                bad(prompt_param, fmt::format("prompt {} encodes to token id {} (position {}), outside the model's vocabulary [0, {}): the "
+                                              "tokenizer holds ids config.json's vocab_size does not (added tokens without resized embeddings)",
+                                              i, id, t, vocab));
+            }
+        }
         if (n >= max_len && !(gen.params.max_tokens == 0 && n == max_len)) {
             bad(prompt_param, fmt::format("prompt {} has {} tokens; the maximum context length is {} (--max-model-len), leaving no room to generate", i, n, max_len));
         }

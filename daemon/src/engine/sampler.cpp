@@ -81,7 +81,10 @@ int32_t sample_token(const float * logits, int32_t vocab, const SamplingParams &
     double sum = 0.0;
     for (int32_t i = 0; i < n; ++i) {
         // prob[i] / prob of the argmax = exp((logit - max) / T): the ratio min_p compares with
-        prob[i] = std::exp(static_cast<double>(logits[ids[i]] - mx) / p.temperature);
+        // (The argmax's own is exactly 1, also when a penalty or bias overflowed some logits to
+        // +inf: inf - inf would be NaN and the draw would fall through to the last id; the +inf
+        // logits share the mass, as greedy's argmax picks the first of them.)
+        prob[i] = logits[ids[i]] == mx ? 1.0 : std::exp(static_cast<double>(logits[ids[i]] - mx) / p.temperature);
         if (p.min_p > 0.0f && prob[i] < static_cast<double>(p.min_p)) {  // sorted: every later one is below too
             n = i;
             break;

@@ -319,3 +319,26 @@ TEST_CASE("negative penalties reward repeats; greedy follows the processed row")
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("logits a tiny repetition_penalty overflowed to +inf take all the mass, as greedy's argmax does (a probe: the draw fell through to the last id)") {
+    // vocab 6; prompt tokens 1 and 3 have positive logits, divided by 1e-38 they overflow to +inf.
+    std::vector<float> logits = {0.5f, 30.0f, -1.0f, 20.0f, 0.1f, -4.0f};
+    const std::vector<int32_t> prompt = {1, 3};
+    SamplingParams p;
+    p.temperature        = 1.0f;
+    p.repetition_penalty = 1e-38f;
+    apply_logits_processors(logits.data(), 6, p, prompt, {}, {});
+    REQUIRE(std::isinf(logits[1]));
+    REQUIRE(std::isinf(logits[3]));
+    int hits[6] = {};
+    for (uint64_t seed = 0; seed < 400; ++seed) {
+        SeqRng rng = SeqRng::from_seed(seed, 0);
+        ++hits[sample_token(logits.data(), 6, p, rng)];
+    }
+    CHECK(hits[1] + hits[3] == 400);  // only the +inf tokens, never token 5
+    CHECK(hits[1] > 120);             // shared evenly between the two
+    CHECK(hits[3] > 120);
+    p.temperature = 0.0f;
+    SeqRng rng = SeqRng::from_seed(1, 0);
+    CHECK(sample_token(logits.data(), 6, p, rng) == 1);
+}
