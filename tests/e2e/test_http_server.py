@@ -11,7 +11,7 @@ import threading
 import time
 import unittest
 
-from fdtest import REF, Daemon
+from fdtest import wait_control_in_flight, wait_until, REF, Daemon
 
 PROMPT = "Once upon a time"
 GOOD = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0}
@@ -123,6 +123,37 @@ class Concurrency(unittest.TestCase):
                 t.join(120)
             self.assertEqual(errors, [])
             self.assertTrue(all(done for _, done in results[:8]))
+
+
+    def test_abort_and_queries_answer_while_every_control_thread_waits_on_the_engine(self):
+        """A probe: while a pause?mode=wait drained, 40 more control calls queued behind it held
+        all 32 control threads, so /v1/abort and /v1/is_paused waited for the whole drain (the
+        abort could not end it). They run on a lane of their own now."""
+        with Daemon("--dynamic-load-weight", env={"FD_DEBUG_STEP_DELAY_MS": "40"}) as d:
+            gens = [threading.Thread(target=lambda: d.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True},
+                                                           timeout=120)) for _ in range(4)]
+            for t in gens:
+                t.start()
+            wait_until(lambda: d.get("/health")[1]["num_requests_running"] >= 4, 30, "4 running")
+            pause = {}
+            drain = threading.Thread(target=lambda: pause.update(r=d.post("/v1/pause?mode=wait", timeout=120)))
+            drain.start()
+            wait_control_in_flight(d, "pause")
+            calls = [threading.Thread(target=lambda: d.post("/v1/flush_cache", timeout=120)) for _ in range(40)]
+            for t in calls:
+                t.start()
+            time.sleep(1.0)  # they queue behind the drain, one control thread each
+            t0 = time.time()
+            code, j = d.request("GET", "/v1/is_paused", timeout=60)
+            self.assertEqual(code, 200, j)
+            code, j = d.post("/v1/abort", {"abort_all": True}, timeout=60)
+            self.assertEqual(code, 200, j)
+            self.assertGreater(j["result"]["aborted"], 0)  # it ended the drain's requests
+            self.assertLess(time.time() - t0, 3.0)
+            drain.join(60)
+            self.assertEqual(pause["r"][0], 200, pause)
+            for t in gens + calls:
+                t.join(60)
 
 
 class Disconnects(unittest.TestCase):

@@ -63,14 +63,17 @@ Router make_routes(ApiContext & ctx) {
     constexpr auto io = Lane::io;
     Router http;
     auto post = [&](const char * path, Handler h) { http.Post(path, std::move(h)); };
-    auto control = [&](const char * method, const char * path, auto handler) {
+    // Abort and the read-only queries take the query lane: they never wait for an engine
+    // operation, so a pool of control calls blocked on a pause's drain cannot hold them up.
+    auto control = [&](const char * method, const char * path, auto handler, Lane lane = Lane::control) {
         auto h = wrap(ctx, handler, Auth::control_key, C);
         if (std::string_view(method) == "POST") {
-            http.Post(path, std::move(h), Lane::control);
+            http.Post(path, std::move(h), lane);
         } else {
-            http.Get(path, std::move(h), Lane::control);
+            http.Get(path, std::move(h), lane);
         }
     };
+    constexpr auto query = Lane::query;
     http.Get ("/health",              wrap(ctx, get_health,              Auth::open), io);
     http.Get ("/metrics",             wrap(ctx, get_metrics,             Auth::open), io);
     http.Get ("/version",             wrap(ctx, get_version,             Auth::open), io);
@@ -83,13 +86,13 @@ Router make_routes(ApiContext & ctx) {
     // weight control (SPEC §3); sleep/wakeup/update_weights need --dynamic-load-weight
     control("POST", "/v1/pause",                control_route);
     control("POST", "/v1/resume",               control_route);
-    control("GET",  "/v1/is_paused",            control_route);
+    control("GET",  "/v1/is_paused",            control_route, query);
     control("POST", "/v1/sleep",                control_route);
     control("POST", "/v1/wakeup",               control_route);
     control("POST", "/v1/update_weights",       control_route);
     control("POST", "/v1/commit_weights",       control_route);  // two-phase update (SPEC §3)
     control("POST", "/v1/drop_staged_weights",  control_route);
-    control("POST", "/v1/abort",                control_route);  // end one request (or all) without pausing
+    control("POST", "/v1/abort",                control_route, query);  // end one request (or all) without pausing
     control("POST", "/v1/flush_cache",          control_route);  // prefix cache, both tiers (?keep_host_tier=true: device only)
     // legacy FastDeploy routes (SPEC §4)
     control("GET",  "/clear_load_weight",       control_route);
@@ -97,12 +100,12 @@ Router make_routes(ApiContext & ctx) {
     // vLLM's and SGLang's control routes: thin aliases over the same service (docs/peer_aliases.md)
     control("POST", "/sleep",                   peer_alias_route);  // vLLM
     control("POST", "/wake_up",                 peer_alias_route);
-    control("GET",  "/is_sleeping",             peer_alias_route);
+    control("GET",  "/is_sleeping",             peer_alias_route, query);
     control("POST", "/pause",                   peer_alias_route);
     control("POST", "/resume",                  peer_alias_route);
-    control("GET",  "/is_paused",               peer_alias_route);
+    control("GET",  "/is_paused",               peer_alias_route, query);
     control("POST", "/reset_prefix_cache",      peer_alias_route);
-    control("POST", "/abort_requests",          peer_alias_route);  // vLLM dev-mode RL route
+    control("POST", "/abort_requests",          peer_alias_route, query);  // vLLM dev-mode RL route
     control("POST", "/release_kv_cache_memory", peer_alias_route);  // vLLM dev-mode KV-only release
     control("POST", "/release_memory_occupation", peer_alias_route);  // SGLang
     control("POST", "/resume_memory_occupation",  peer_alias_route);
@@ -112,9 +115,9 @@ Router make_routes(ApiContext & ctx) {
     control("POST", "/continue_generation",     peer_alias_route);
     control("POST", "/post_process_weights",    peer_alias_route);
     control("POST", "/weights_checker",         peer_alias_route);
-    control("GET",  "/get_weight_version",      peer_alias_route);
+    control("GET",  "/get_weight_version",      peer_alias_route, query);
     control("POST", "/update_weights_from_disk", peer_alias_route);
-    control("POST", "/abort_request",           peer_alias_route);
+    control("POST", "/abort_request",           peer_alias_route, query);
     control("POST", "/update_weights",          update_weights_route);  // vLLM: {"update_info"} (a stream bucket); prime-rl: {"weight_dir"}
     control("POST", "/reload_weights",          peer_alias_route);  // prime-rl: back to --model
     // trainer weight streams (SPEC §12, docs/weight_streams.md; stream_routes.cpp)

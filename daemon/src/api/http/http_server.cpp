@@ -55,6 +55,7 @@ const Route * Router::find(const std::string & method, const std::string & path,
 HttpServer::HttpServer(HttpLimits limits, Router router, SentHook on_sent)
     : acceptor_(ioc_), accept_backoff_(ioc_), limits_(limits), router_(std::move(router)), on_sent_(std::move(on_sent)),
       control_pool_("fd-http-ctl", 1, limits.max_control_threads),
+      query_pool_("fd-http-query", 1, limits.max_query_threads),
       data_pool_("fd-http-data", limits.n_data_threads, limits.n_data_threads) {}
 
 HttpServer::~HttpServer() { stop(); }
@@ -137,6 +138,7 @@ void HttpServer::stop() {
     }
     for (auto & t : threads) { t.join(); }
     control_pool_.stop();
+    query_pool_.stop();
     data_pool_.stop();
 }
 

@@ -2,8 +2,11 @@
 // table. A couple of I/O threads hold every connection (idle keep-alive ones, streams) and do
 // all socket work; handlers run on lanes:
 //   io       on the I/O thread itself: non-blocking probes (/health, /metrics, /version, models)
-//   control  a pool that grows on demand: weight-control calls, which block on the engine; never
-//            queued behind generation handlers
+//   control  a pool that grows on demand (up to max_control_threads): weight-control calls,
+//            which block on the engine; never queued behind generation handlers
+//   query    a small pool of its own: abort and the read-only control queries (is_paused,
+//            is_sleeping, get_weight_version), which never wait for an engine operation, so they
+//            answer (and an abort ends a pause's drain) even while every control thread waits
 //   data     a small fixed pool: generation and tokenizer handlers (JSON parse, tokenize,
 //            submit); their waiting on the engine is an AsyncBody, not a thread
 #pragma once
@@ -30,7 +33,7 @@ namespace fd::api {
 using Handler = std::function<void(const Request &, Response &)>;
 
 /// Where a route's handler runs (see the file comment).
-enum class Lane { io, control, data };
+enum class Lane { io, control, query, data };
 
 struct Route {
     std::string method;
@@ -72,6 +75,7 @@ struct HttpLimits {
     int32_t n_io_threads         = 2;
     int32_t n_data_threads       = 2;
     int32_t max_control_threads  = 32;
+    int32_t max_query_threads    = 4;
 };
 
 /// Called once per request after its response went out (or failed to): the access log and the
@@ -95,7 +99,7 @@ public:
     // Used by the connections (http_session.cpp).
     const HttpLimits & limits() const { return limits_; }
     const Router &     router() const { return router_; }
-    HandlerPool &      pool(Lane lane) { return lane == Lane::control ? control_pool_ : data_pool_; }
+    HandlerPool &      pool(Lane lane) { return lane == Lane::control ? control_pool_ : lane == Lane::query ? query_pool_ : data_pool_; }
     void               sent(const Request & req, const Response & res, double ms) { if (on_sent_) { on_sent_(req, res, ms); } }
 
 private:
@@ -108,6 +112,7 @@ private:
     Router                         router_;
     SentHook                       on_sent_;
     HandlerPool                    control_pool_;
+    HandlerPool                    query_pool_;
     HandlerPool                    data_pool_;
     std::mutex                     threads_mu_;
     std::vector<std::thread>       io_threads_;  ///< the I/O threads besides run()'s caller
