@@ -277,6 +277,38 @@ class KeepAcrossUpdate(unittest.TestCase):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def test_prompt_logprobs_of_a_prefill_cut_by_the_update_are_all_the_new_weights(self):
+        """A probe: keep + update in the middle of a chunked prefill gave prompt_logprobs whose
+        first rows were the old weights' and the rest the new weights', under the new label with
+        no span saying so. The prompt is scored again with the new weights: every row equals a
+        fresh daemon's on them."""
+        tmp = tempfile.mkdtemp(prefix="fd-keep-plp-")
+        try:
+            model = copy_checkpoint(STORIES, os.path.join(tmp, "m"))
+            new = perturbed(STORIES, os.path.join(tmp, "new"), seed=5)
+            prompt = ("Once upon a time there was a little girl named Lily. She loved to play outside in the park with her "
+                      "friends and her dog every day")
+            req = {"prompt": prompt, "max_tokens": 3, "temperature": 0, "prompt_logprobs": 0, "logprobs": 0}
+            with Daemon("--dynamic-load-weight", "--max-num-batched-tokens", "4", model=model, env={"FD_DEBUG_STEP_DELAY_MS": "150"}) as d:
+                out = {}
+                t = threading.Thread(target=lambda: out.update(j=d.complete(**req)))
+                t.start()
+                wait_running(d, 1)
+                time.sleep(0.8)  # a few 4-token chunks of the prompt are scored
+                self.assertEqual(d.post("/v1/pause?mode=keep")[1]["result"]["kept"], 1)
+                copy_checkpoint(new, model)
+                self.assertEqual(d.post("/v1/update_weights", {"version": "v2"})[0], 200)
+                self.assertEqual(d.post("/v1/resume")[0], 200)
+                t.join(120)
+            got = out["j"]
+            self.assertEqual(got["weight_version"], "v2")
+            with Daemon("--max-num-batched-tokens", "4", model=new) as fresh:
+                want = fresh.complete(**req)
+            self.assertEqual(got["choices"][0]["token_ids"], want["choices"][0]["token_ids"])
+            self.assertEqual(got["choices"][0]["prompt_logprobs"], want["choices"][0]["prompt_logprobs"])
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
 
 KEPT_MAX_TOKENS = 300
 

@@ -124,6 +124,14 @@ void Engine::recompute_kept() {
         auto & seq        = static_cast<Sequence &>(*s);
         seq.routes_final  = std::max(seq.routes_final, seq.n_computed);  // their rows stay those of the old weights
         s->n_computed     = 0;
+        // Prompt logprobs taken before any token was generated would sit, under the new label,
+        // beside rows the recompute scores with the new weights (a chunked prefill cut by the
+        // update): they are scored again, all with the new weights. Once a token exists the
+        // prompt was scored whole by the old weights, as the first version span says.
+        if (seq.params.prompt_logprobs >= 0 && !seq.prompt_lps_sent && static_cast<int32_t>(seq.tokens.size()) <= seq.n_prompt) {
+            seq.prompt_lps.clear();
+            seq.n_prompt_scored = 0;
+        }
     }
     for (SchedSeq * s : order) { sched_.add(s); }
     log::get("engine")->info("weights changed under {} kept choice(s): their KV is recomputed with weight_version {} on resume",
