@@ -14,10 +14,6 @@ using nlohmann::json;
 using engine::ChoiceEvent;
 using engine::FinishReason;
 
-namespace {
-
-/// "<prefix>-<32 hex>": 128 random bits (vLLM's random_uuid width), so ids stay unique across a
-/// fleet and a restart (POST /v1/abort and fdctl --fleet abort find requests by them).
 std::string new_id(const std::string & prefix) {
     thread_local std::mt19937_64 rng{[] {
         std::random_device rd;
@@ -27,6 +23,8 @@ std::string new_id(const std::string & prefix) {
     const uint64_t hi = rng(), lo = rng();
     return fmt::format("{}-{:016x}{:016x}", prefix, hi, lo);
 }
+
+namespace {
 
 json usage_json(const std::vector<ChoiceAcc> & acc, int32_t n) {
     int64_t prompt = 0, completion = 0, cached = 0, host_cached = -1;
@@ -70,6 +68,24 @@ json prompt_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<en
         out.push_back(std::move(d));
     }
     return out;
+}
+
+void ChoiceAcc::add(ChoiceEvent && ev) {
+    text += ev.text;
+    token_ids.insert(token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+    logprobs.insert(logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+    text_offsets.insert(text_offsets.end(), ev.text_offsets.begin(), ev.text_offsets.end());
+    if (!ev.prompt_logprobs.empty()) { prompt_logprobs = std::move(ev.prompt_logprobs); }
+    if (ev.finish != FinishReason::none) {
+        stop_reason = ev.stop_reason;
+        finish      = ev.finish;
+    }
+    n_prompt      = ev.n_prompt_tokens;
+    n_cached      = ev.n_cached_tokens;
+    n_host_cached = ev.n_host_cached_tokens;
+    if (!ev.weight_versions.empty()) { weight_versions = std::move(ev.weight_versions); }
+    if (ev.routed_experts) { routed_experts = std::move(ev.routed_experts); }
+    weight_version = std::move(ev.weight_version);
 }
 
 namespace {
@@ -121,21 +137,8 @@ struct Generation {
         try {
             for (auto & ev : channel->pop_all(std::chrono::milliseconds(0))) {
                 if (ev.error) { channel->cancel(FinishReason::error); throw *ev.error; }
-                ChoiceAcc & a = acc[ev.choice];
-                a.text += ev.text;
-                a.token_ids.insert(a.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
-                a.logprobs.insert(a.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
-                a.text_offsets.insert(a.text_offsets.end(), ev.text_offsets.begin(), ev.text_offsets.end());
-                if (!ev.prompt_logprobs.empty()) { a.prompt_logprobs = std::move(ev.prompt_logprobs); }
-                if (ev.finish != FinishReason::none) { a.stop_reason = ev.stop_reason; }
-                a.n_prompt = ev.n_prompt_tokens;
-                a.n_cached = ev.n_cached_tokens;
-                a.n_host_cached = ev.n_host_cached_tokens;
-                if (ev.finish != FinishReason::none) { a.finish = ev.finish; }
-                if (!ev.weight_versions.empty()) { a.weight_versions = std::move(ev.weight_versions); }
-                if (ev.routed_experts) { a.routed_experts = std::move(ev.routed_experts); }
-                weight_version   = ev.weight_version;
-                a.weight_version = ev.weight_version;
+                weight_version = ev.weight_version;
+                acc[ev.choice].add(std::move(ev));
             }
             if (!channel->done()) {
                 if (std::chrono::steady_clock::now() < deadline) { return false; }
@@ -191,17 +194,21 @@ struct Generation {
             if (ev.error) { return end_with_error(ev.error->code(), ev.error->what()); }
             const bool first      = !sent_first[ev.choice];
             sent_first[ev.choice] = true;
+            weight_version        = ev.weight_version;  // the usage chunk names the version of the last tokens
+            if (format.chunk) {  // the route's own envelope
+                write(format.chunk(ev, first));
+                continue;
+            }
             json choice = format.chunk_choice(ev, first);
             if (!ev.weight_versions.empty()) { choice["weight_versions"] = spans_json(ev.weight_versions); }
             if (ev.routed_experts) { choice["routed_experts"] = routed_experts_json(*ev.routed_experts); }  // the final chunk
-            weight_version = ev.weight_version;  // the usage chunk names the version of the last tokens
             json chunk = {{"id", id}, {"object", format.chunk_object}, {"created", created}, {"model", ctx->cfg.served_model_name},
                           {"weight_version", ev.weight_version}, {"choices", json::array({std::move(choice)})}};
             if (opts.continuous_usage) { chunk["usage"] = usage_json(acc, n_per); }  // vLLM's continuous_usage_stats: so far
             write(chunk);
         }
         if (channel->done()) {
-            if (opts.include_usage) {
+            if (opts.include_usage && !format.chunk) {
                 write({{"id", id}, {"object", format.chunk_object}, {"created", created}, {"model", ctx->cfg.served_model_name},
                        {"weight_version", weight_version}, {"choices", json::array()}, {"usage", usage_json(acc, n_per)}});
             }
@@ -229,7 +236,7 @@ void run_generation(ApiContext & ctx, const Request & http_req, engine::Generate
     g->sent_first.assign(n_choices, false);
     gen.channel = g->channel;
     g->id       = opts.request_id.empty() ? new_id(format.id_prefix) : fmt::format("{}-{}", format.id_prefix, opts.request_id);
-    gen.request_ids = {g->id};
+    gen.request_ids.insert(gen.request_ids.begin(), g->id);  // first, then the route's own (SGLang's rid list)
     if (!opts.request_id.empty()) { gen.request_ids.push_back(opts.request_id); }
     if (const std::string client_id = http_req.get_header_value("X-Request-Id"); !client_id.empty() && client_id.size() <= 128) {
         gen.request_ids.push_back(client_id);

@@ -17,6 +17,10 @@
 
 namespace fd::api {
 
+/// "<prefix>-<32 hex>": 128 random bits (vLLM's random_uuid width), so ids stay unique across a
+/// fleet and a restart (POST /v1/abort and fdctl --fleet abort find requests by them).
+std::string new_id(const std::string & prefix);
+
 /// Throw fd::Error{invalid_argument, msg} naming request field `param`.
 [[noreturn]] void bad(const std::string & param, const std::string & msg);
 
@@ -141,6 +145,9 @@ struct ChoiceAcc {
     std::optional<engine::RoutedExperts> routed_experts;  ///< return_routed_experts: from the finishing event
     std::string                       weight_version;   ///< the version of its last event (its tokens' when it has any)
     int32_t                           n_prompt = 0, n_cached = 0, n_host_cached = -1;  ///< n_host_cached: -1 = no host KV tier
+
+    /// Fold one of the choice's events in (its error, if any, is the caller's).
+    void add(engine::ChoiceEvent && ev);
 };
 
 /// How a route formats its answer.
@@ -154,6 +161,10 @@ struct ResponseFormat {
     std::function<void(const std::vector<ChoiceAcc> & acc, nlohmann::json & body)> body;
     /// Streaming: the choice object of one event; `first` for the choice's first event.
     std::function<nlohmann::json(const engine::ChoiceEvent & ev, bool first)> chunk_choice;
+    /// Streaming, optional: the whole SSE chunk of one event, replacing the {id, object, created,
+    /// model, weight_version, choices: [chunk_choice]} envelope (a peer's native stream, e.g.
+    /// SGLang's /generate); the route carries the weight version itself, no usage chunk is sent.
+    std::function<nlohmann::json(const engine::ChoiceEvent & ev, bool first)> chunk;
 };
 
 /// Submit `gen` and set `res` to answer it as the engine's events arrive (an AsyncBody: no
@@ -165,7 +176,8 @@ struct ResponseFormat {
 /// each choice carries `routed_experts` ([n_rows][n_moe_layers][top_k], the finishing chunk). At most
 /// --request-timeout-s (504 before the headers, an in-band error after). The request is
 /// cancelled when the client goes. POST /v1/abort finds it by its `id` or by the client's
-/// `X-Request-Id` header (`http_req`) or its body `request_id` (`opts.request_id`, which also names the `id`).
+/// `X-Request-Id` header (`http_req`) or its body `request_id` (`opts.request_id`, which also names the `id`),
+/// or by any id the route put in `gen.request_ids` (SGLang's per-prompt `rid` list).
 /// Errors  (thrown, before anything is sent) what Engine::submit throws: paused, draining.
 void run_generation(ApiContext & ctx, const Request & http_req, engine::GenerateRequest gen, StreamOptions opts,
                     const ResponseFormat & fmt, Response & res);

@@ -83,6 +83,11 @@ Router make_routes(ApiContext & ctx) {
     post     ("/tokenize",            wrap(ctx, post_tokenize,           Auth::api_key));
     post     ("/detokenize",          wrap(ctx, post_detokenize,         Auth::api_key));
     post     ("/v1/chat/completions", wrap(ctx, post_chat_completions,   Auth::api_key));
+    // SGLang's native generation routes (sglang_generate.cpp; docs/peer_aliases.md)
+    post     ("/generate",            wrap(ctx, post_sglang_generate,    Auth::api_key));
+    http.Get ("/server_info",         wrap(ctx, get_sglang_server_info,  Auth::api_key), io);
+    http.Get ("/get_server_info",     wrap(ctx, get_sglang_server_info,  Auth::api_key), io);
+    http.Get ("/health_generate",     wrap(ctx, get_sglang_health_generate, Auth::open));  // a one-token generation, as SGLang
     // weight control (SPEC §3); sleep/wakeup/update_weights need --dynamic-load-weight
     control("POST", "/v1/pause",                control_route);
     control("POST", "/v1/resume",               control_route);
