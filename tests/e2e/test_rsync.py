@@ -361,6 +361,32 @@ class Rsync(unittest.TestCase):
             self.ok(d, "POST", "/v1/wakeup?tags=weight")
             self.assertEqual(greedy(d), (*self.b_out, "b7"))
 
+    def test_a_wakeup_pulls_the_store_version_served_under_a_fingerprint_label(self):
+        """A probe: store version 5 republished with other bytes (C) after it had been served
+        (B) is served under an fp- label (5 named other bytes); a sleep + wakeup then re-pulled
+        by that label, which the store lacks, and silently served --model (A). The wakeup pulls
+        the store version the bytes came from: C again, same label."""
+        store = os.path.join(self.tmp, "store-relabel")
+        C = perturbed(STORIES, os.path.join(self.tmp, "C"), seed=12)
+        with fresh_daemon(C) as fresh:
+            c_out = greedy(fresh)[:2]
+        self.publish(self.B, store, "5")
+        with self.daemon(store, os.path.join(self.tmp, "staging-relabel")) as d:
+            self.ok(d, "POST", "/v1/pause")
+            self.ok(d, "POST", "/v1/update_weights", {})  # the store's latest: 5 (B)
+            self.ok(d, "POST", "/v1/resume")
+            self.assertEqual(greedy(d), (*self.b_out, "5"))
+            shutil.rmtree(os.path.join(store, "5"))
+            self.publish(C, store, "5")
+            self.ok(d, "POST", "/v1/pause")
+            label = self.ok(d, "POST", "/v1/update_weights", {})["version"]
+            self.assertTrue(label.startswith("fp-"), label)  # "5" named B: C gets its fingerprint label
+            self.ok(d, "POST", "/v1/resume")
+            self.assertEqual(greedy(d), (*c_out, label))
+            self.ok(d, "POST", "/v1/sleep?tags=weight")
+            self.ok(d, "POST", "/v1/wakeup?tags=weight")
+            self.assertEqual(greedy(d), (*c_out, label))
+
     def test_a_trusted_local_store_is_hard_linked_else_copied(self):
         """A local store's version is pulled by hard links (rsync --link-dest) when all its files are
         ours and writable by nobody else; a group-writable file, or "link": false, makes it a copy.

@@ -275,7 +275,8 @@ void Engine::reload_serving_weights(ControlResult & r) {
             drop_pending_deltas();
         }
     }
-    weights::FetchRequest req{.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version};
+    weights::FetchRequest req{.version = std::nullopt, .wakeup = true, .serving_version = state_.weight_version,
+                              .serving_source_version = serving_source_version_};
     // Weights that were checked against their manifest's checksums are checked again when they
     // come back (a probe: a store copy damaged in place came back unchecked, under the label
     // the verified bytes had).
@@ -316,6 +317,7 @@ void Engine::reload_serving_weights(ControlResult & r) {
                                  "serving them as weight_version {}", asked, label);
     }
     set_label(label, fp);
+    serving_source_version_ = req.weight_dir.empty() ? reps[0].version.value_or("") : "";
     r.bytes             = reps[0].bytes;
     r.checksum_verified = std::all_of(reps.begin(), reps.end(), [](const runtime::RankReport & x) { return x.checksum_verified; });
     accumulate_rank_reports(r, reps, state_.weight_version, /*in_place=*/true);
@@ -329,6 +331,7 @@ void Engine::set_label(const std::string & version, const std::string & fp) {
 void Engine::set_label_unfingerprinted(const std::string & version) {
     known_labels_.erase(version);
     state_.weight_version = version;
+    serving_source_version_.clear();  // not bytes the source names (a stream, a delta): as before, the label
 }
 
 void Engine::serve_delta_label(std::vector<runtime::RankReport> reps, const std::string & version, const std::string & fp,
@@ -340,6 +343,7 @@ void Engine::serve_delta_label(std::vector<runtime::RankReport> reps, const std:
     }
     r.ranks = std::move(reps);
     weights_changed();
+    serving_source_version_.clear();
     if (fp.empty()) {
         set_label_unfingerprinted(version);
     } else {
@@ -462,6 +466,7 @@ void Engine::update_while_asleep(const ControlCommand & cmd, ControlResult & r) 
     state_.weights_valid = true;
     weights_changed();
     set_label(*version, fp);
+    serving_source_version_ = req.weight_dir.empty() ? reps[0].version.value_or("") : "";
     forget_landed();
     serving_dir_       = req.weight_dir;
     serving_dir_owned_ = req.weight_dir_owned;
@@ -529,7 +534,8 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     r.checksum_verified = staged[0].checksum_verified;
     r.version           = *version;
     if (!cmd.commit) {  // two-phase: validated and staged on every rank; serving is unchanged
-        state_.staged_version = *version;
+        state_.staged_version  = *version;
+        staged_source_version_ = req.weight_dir.empty() ? staged[0].version.value_or("") : "";
         staged_verified_      = r.checksum_verified;
         r.staged              = true;
         return;
@@ -539,6 +545,7 @@ void Engine::do_update_weights(const ControlCommand & cmd, ControlResult & r) {
     weights_changed();
     serving_verified_ = r.checksum_verified;
     set_label(*version, staged_fingerprint_);
+    serving_source_version_ = req.weight_dir.empty() ? staged[0].version.value_or("") : "";
     forget_landed();
     serving_dir_       = req.weight_dir;
     serving_dir_owned_ = req.weight_dir_owned;
@@ -561,6 +568,7 @@ void Engine::do_commit_weights(const ControlCommand & cmd, ControlResult & r) {
     weights_changed();  // no KV computed with the old weights is reused (invariant 1)
     serving_verified_ = staged_verified_;
     set_label(state_.staged_version, staged_fingerprint_);
+    serving_source_version_ = staged_source_version_;
     forget_landed();
     serving_dir_.clear();  // staged updates come from the source only
     drop_pending_deltas();

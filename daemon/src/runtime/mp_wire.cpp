@@ -105,6 +105,7 @@ void fetch_request_to_msg(const weights::FetchRequest & req, LinkMsg & m) {
     m.has_version     = req.version.has_value();
     set_field(m.version, req.version.value_or(""));
     set_field(m.serving_version, req.serving_version);
+    set_field(m.serving_source_version, req.serving_source_version);
     m.verify_checksum = req.verify_checksum;
     m.wakeup          = req.wakeup;
     set_field(m.weight_dir, req.weight_dir);
@@ -115,6 +116,7 @@ weights::FetchRequest fetch_request_from_msg(const LinkMsg & m) {
     weights::FetchRequest r;
     if (m.has_version) { r.version = std::string(m.version); }
     r.serving_version = m.serving_version;
+    r.serving_source_version = m.serving_source_version;
     r.verify_checksum = m.verify_checksum != 0;
     r.wakeup          = m.wakeup != 0;
     r.weight_dir       = m.weight_dir;

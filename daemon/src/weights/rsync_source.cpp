@@ -262,10 +262,12 @@ public:
 
     FetchedCheckpoint fetch(const FetchRequest & req) override {
         if (req.wakeup) {
-            // Re-pull the serving version; the --model checkpoint when the store lacks it.
-            if (shm::is_valid_version(req.serving_version)) {
+            // Re-pull the store version served (its own name: the label may be an fp- label); the
+            // --model checkpoint when the store lacks it.
+            const std::string & v = req.serving_source_version.empty() ? req.serving_version : req.serving_source_version;
+            if (shm::is_valid_version(v)) {
                 try {
-                    return pull(req.serving_version, req.verify_checksum);  // checked again when they were at the update
+                    return pull(v, req.verify_checksum);  // checked again when they were at the update
                 } catch (const Error & e) {
                     if (e.code() != Errc::not_found) { throw; }
                     log::get("weights")->info("wakeup: {}; reloading --model {}", e.what(), model_dir_.string());

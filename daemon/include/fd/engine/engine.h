@@ -492,6 +492,10 @@ private:
     std::atomic<bool>                         draining_{false};
     std::atomic<bool>                         accepting_{true};   ///< false while paused/asleep
     bool serving_verified_ = false;  ///< the serving weights were checked against manifest checksums: a wakeup checks again
+    /// The source's own name for the serving bytes (an rsync store version), which the label may
+    /// not be (an fp- label when that version once named other bytes): what a wakeup pulls again.
+    /// "" = not known (then the label).
+    std::string serving_source_version_, staged_source_version_;
     bool staged_verified_  = false;  ///< the same for the staged version
     /// The 503 a request gets while admission is stopped (submit) or when it reaches the engine
     /// behind a pause or sleep (admit).

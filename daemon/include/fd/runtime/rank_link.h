@@ -91,6 +91,7 @@ struct LinkMsg {
     double   fetch_s = 0.0, stage_s = 0.0, commit_s = 0.0;
     char     version[136] = {};          ///< request: asked-for version; reply: the version fetched
     char     serving_version[136] = {};  ///< request: the version now served
+    char     serving_source_version[136] = {};  ///< request (wakeup): the source's own version of it ("" = serving_version)
     char     text[512] = {};             ///< reply: error message (truncated)
     int64_t  n_swap_out = 0, n_swap_in = 0;  ///< swap_kv: block copies in the region
     int64_t  n_swap_bg = 0;                  ///< swap_kv: how many of the out list's LAST copies run in the background

@@ -31,6 +31,9 @@ struct FetchRequest {
     int32_t                    rank = 0;
     bool                       wakeup = false;    ///< reload after sleep (not an update)
     std::string                serving_version;   ///< the weight_version now served (or last served)
+    /// wakeup: the source's own version of the serving bytes when known ("" = serving_version):
+    /// an rsync wakeup pulls it again even when the label is a fingerprint label.
+    std::string                serving_source_version;
     /// The rank's weights are CUDA device memory: the ipc source leaves CUDA IPC tensors on the
     /// device (TensorInfo::on_cuda_ipc) for fill_weights to copy device to device; false: they
     /// are copied to host memory here.
