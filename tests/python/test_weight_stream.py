@@ -423,8 +423,9 @@ class StreamTp1(StreamChecks, unittest.TestCase):
         """SGLang's pair as slime sends it: init the group, then buckets labelled weight_version;
         the bucket that completes the model commits it (before that the old version serves)."""
         before = self.c.weight_version()
-        st, info = self.d.post("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 29500, "rank_offset": 1,
-                                                               "world_size": 2, "group_name": "actor", "backend": "gloo"})
+        # master_port as AReaL sends it (str(port): SGLang's pydantic int takes it), and its pp_rank
+        st, info = self.d.post("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": "29500", "rank_offset": 1,
+                                                               "world_size": 2, "group_name": "actor", "backend": "gloo", "pp_rank": 0})
         self.assertEqual(st, 200, info)
         self.assertTrue(info["success"])
         s = socket.create_connection(("127.0.0.1", info["port"]), timeout=20)
@@ -435,7 +436,8 @@ class StreamTp1(StreamChecks, unittest.TestCase):
             answers = []
             for part in (names[:half], names[half:]):
                 body = {"names": part, "dtypes": ["torch.float32"] * len(part), "shapes": [list(self.tensors[n].shape) for n in part],
-                        "group_name": "actor", "flush_cache": True, "weight_version": "sg-1"}
+                        "group_name": "actor", "flush_cache": True, "weight_version": "sg-1",
+                        "abort_all_requests": True, "torch_empty_cache": False}  # AReaL's (sglang_remote.py)
                 out = {}
                 th = threading.Thread(target=lambda: out.update(r=self.d.post("/update_weights_from_distributed", body)))
                 th.start()
@@ -452,6 +454,16 @@ class StreamTp1(StreamChecks, unittest.TestCase):
         self.assertEqual((st1, j1["success"], j1["n_received"], j1["n_expected"]), (200, True, half, len(names)), j1)
         self.assertEqual((st2, j2["success"], j2["weight_version"]), (200, True, "sg-1"), j2)
         self.assert_serving(self.ref_new, "sg-1")
+
+    def test_8a_a_sglang_bucket_before_any_group_is_a_409_naming_the_init(self):
+        """A probe: on a daemon that never had a transport, the first update_weights_from_distributed
+        was a 422 blaming real tensor names; nothing can arrive yet: 409 naming the init."""
+        with Daemon("--dynamic-load-weight") as d:
+            name = sorted(self.tensors)[0]
+            st, j = d.post("/update_weights_from_distributed", {"names": [name], "dtypes": ["float32"],
+                                                                "shapes": [list(self.tensors[name].shape)], "weight_version": "x"})
+            self.assertEqual(st, 409, j)
+            self.assertIn("init_weights_update_group", json.dumps(j))
 
     def test_8b_a_sglang_bucket_naming_no_tensor_never_waits_for_the_trainer(self):
         """SGLang's first bucket opens the update, which waits for the trainer to connect: a bucket

@@ -10,6 +10,7 @@
 #include "fd/shm/names.h"
 #include "fd/stream/weight_stream.h"
 
+#include <algorithm>
 #include <map>
 
 namespace fd::api {
@@ -206,8 +207,14 @@ stream::InitRequest init_fields(const json & o, const char * where, const char *
         expect(key, o.contains(key) && o[key].is_string(), "a string");
     }
     expect("timeout_s", o.contains("timeout_s") && o["timeout_s"].is_number(), "a number of seconds");
-    expect("master_port", o.contains("master_port") && o["master_port"].is_number_integer() && o["master_port"].get<int64_t>() >= 0 &&
-                              o["master_port"].get<int64_t>() <= 65535, "an integer port in [0, 65535]");
+    // SGLang's pydantic int also takes the port as a string of digits (AReaL sends str(port)).
+    const auto port_ok = [](const json & v) {
+        if (v.is_number_integer()) { return v.get<int64_t>() >= 0 && v.get<int64_t>() <= 65535; }
+        if (!v.is_string()) { return false; }
+        const auto & t = v.get_ref<const std::string &>();
+        return !t.empty() && t.size() <= 5 && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; }) && std::stoi(t) <= 65535;
+    };
+    expect("master_port", o.contains("master_port") && port_ok(o["master_port"]), "an integer port in [0, 65535]");
     for (const char * key : {"rank_offset", "world_size"}) {
         expect(key, o.contains(key) && o[key].is_number_integer() && o[key].get<int64_t>() >= 0 && o[key].get<int64_t>() <= (1 << 20),
                "a non-negative integer");
@@ -316,7 +323,7 @@ void vllm_bucket(ApiContext & ctx, const ControlInput & in, Response & res) {
 
 void sglang_init_group(ApiContext & ctx, const ControlInput & in, Response & res) {
     reject_unknown_fields(in.body, {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend", "timeout_s",
-                                    "nccl_unique_id"}, "init_weights_update_group");
+                                    "nccl_unique_id", "pp_rank"}, "init_weights_update_group");  // pp_rank: AReaL's, SGLang ignores it
     const json & b = in.body.is_object() ? in.body : json::object();
     stream::InitRequest r = init_fields(b, "init_weights_update_group", "tcp");
     r.backend = r.backend == "gloo" ? "tcp" : r.backend;  // SGLang's gloo group: the TCP transport
@@ -330,9 +337,21 @@ void sglang_init_group(ApiContext & ctx, const ControlInput & in, Response & res
 /// One SGLang bucket. The first opens the update (labelled weight_version); the one that
 /// completes the model's tensors commits it.
 void sglang_update_distributed(ApiContext & ctx, const ControlInput & in, Response & res) {
-    reject_unknown_fields(in.body, {"names", "dtypes", "shapes", "group_name", "flush_cache", "weight_version", "load_format"},
-                          "update_weights_from_distributed");
+    reject_unknown_fields(in.body, {"names", "dtypes", "shapes", "group_name", "flush_cache", "weight_version", "load_format",
+                                    "abort_all_requests", "torch_empty_cache"}, "update_weights_from_distributed");
     const json & b = in.body.is_object() ? in.body : json::object();
+    // SGLang's UpdateWeightsFromDistributedReqInput: abort_all_requests ends every request in
+    // flight first (AReaL sends it after pause_generation); torch_empty_cache frees a CUDA caching
+    // allocator fdrollout has not (accepted, no work).
+    for (const char * key : {"abort_all_requests", "torch_empty_cache"}) {
+        if (b.contains(key) && !b[key].is_null() && !b[key].is_boolean()) {
+            throw Error(Errc::invalid_argument, fmt::format("'{}' must be a boolean", key), key);
+        }
+    }
+    if (b.value("abort_all_requests", false)) {
+        const auto o = peer::run(ctx, in, {.op = "abort", .abort_all = true});
+        if (o.error) { throw *o.error; }
+    }
     const auto v = checked_version(b, "weight_version");
     std::vector<stream::TensorSpec> specs;
     try {
@@ -342,6 +361,9 @@ void sglang_update_distributed(ApiContext & ctx, const ControlInput & in, Respon
         throw;
     }
     const json st = json::parse(ctx.stream->status_json());
+    if (st["transport"].is_null()) {  // before the names are checked: nothing can arrive yet (a probe: it blamed the names, 422)
+        throw Error(Errc::wrong_state, "no weight-stream transport; POST /init_weights_update_group first (nothing was done)");
+    }
     if (!st.value("update_open", false)) {
         ctx.stream->check_specs(specs);  // before the start waits for the trainer: a bad bucket never opens an update
         ctx.stream->start(v, deadline_of(in));
