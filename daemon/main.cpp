@@ -20,8 +20,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <atomic>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
+#include <mutex>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -278,6 +281,48 @@ void add_vllm_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_MAX_LOGPROBS")->check(CLI::Range(0, 1024))->capture_default_str();
 }
 
+/// Until serving begins a SIGTERM/SIGINT stops start-up at once (a probe: loading a checkpoint,
+/// pre-faulting the KV pool or waiting for other nodes held it for minutes, then the daemon
+/// served and drained). Nothing serves yet, so nothing is drained: the control block this
+/// daemon created is removed and the process exits 0; its rank processes exit when their links
+/// close. stop() hands the signals back to main's sigwait.
+class StartupSignals {
+public:
+    StartupSignals(sigset_t & signals, int port) : port_(port) {
+        thread_ = std::thread([this, &signals] {
+            const timespec tick{0, 50'000'000};
+            while (!done_.load()) {
+                const int sig = sigtimedwait(&signals, nullptr, &tick);
+                if (sig <= 0) { continue; }
+                fd::log::get("engine")->warn("signal {} during start-up: stopping now (exit 0)", sig);
+                std::lock_guard lk(block_mu_);  // a create under way completes first: its block is removed, another daemon's never
+                if (block_created_) { fd::shm::MappedBlock::remove(port_); }
+                std::fflush(nullptr);
+                std::_Exit(0);
+            }
+        });
+    }
+    ~StartupSignals() { stop(); }
+    /// Create this port's control block, so that a signal meanwhile removes it before exiting.
+    fd::shm::MappedBlock create_block() {
+        std::lock_guard lk(block_mu_);
+        auto b         = fd::shm::MappedBlock::create(port_);
+        block_created_ = true;
+        return b;
+    }
+    void stop() {
+        done_.store(true);
+        if (thread_.joinable()) { thread_.join(); }
+    }
+
+private:
+    int               port_;
+    std::atomic<bool> done_{false};
+    std::mutex        block_mu_;
+    bool              block_created_ = false;  ///< under block_mu_
+    std::thread       thread_;
+};
+
 int run(fd::Config & cfg, sigset_t & signals) {
     auto lg = fd::log::get("engine");
     const fd::Resolved r = fd::resolve(cfg);
@@ -301,8 +346,9 @@ int run(fd::Config & cfg, sigset_t & signals) {
         lg->info("no --api-key: any local user can drive the weight-control routes over loopback (the shm control block "
                  "is guarded by its 0600 mode only)");
     }
+    StartupSignals startup_signals(signals, cfg.server.port);
     // The control block first: it refuses to start when a live daemon owns this port.
-    auto block = fd::shm::MappedBlock::create(cfg.server.port);
+    auto block = startup_signals.create_block();
     lg->info("model {} ({}): {} layers, hidden {}, heads {}/{}, vocab {}; weight_version {}", cfg.model.model_dir,
              r.model.architecture, r.model.n_layers, r.model.hidden_size, r.model.n_heads, r.model.n_kv_heads,
              r.model.vocab_size, cfg.engine.weight_version);
@@ -396,6 +442,7 @@ int run(fd::Config & cfg, sigset_t & signals) {
     lg->info("serving '{}' (max_model_len {}, max_num_seqs {}, prefix caching {})", cfg.server.served_model_name,
              cfg.engine.max_model_len, cfg.engine.scheduler.max_num_seqs, cfg.kv.enable_prefix_caching ? "on" : "off");
 
+    startup_signals.stop();
     int sig = 0;
     sigwait(&signals, &sig);
     {

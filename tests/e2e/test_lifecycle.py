@@ -83,6 +83,34 @@ class Lifecycle(unittest.TestCase):
             self.assertEqual({m["finish_reason"] for m in merge_stream(chunks).values()}, {"abort"})
 
 
+class DuringStartUp(unittest.TestCase):
+    def test_a_signal_during_start_up_stops_it_at_once(self):
+        """A probe: SIGTERM while the daemon loaded (here: pre-faulting a 3 GiB KV pool, several
+        seconds on this machine) was held until start-up ended; the daemon then served and only
+        then drained. Now start-up stops at once, exit 0, and leaves no control block."""
+        import os
+        import subprocess
+        import time
+        from fdtest import BIN, STORIES, free_port
+        port = free_port()
+        p = subprocess.Popen([BIN, "--model", STORIES, "--port", str(port), "--threads", "1", "--kv-cache-bytes", "3GiB"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_until(lambda: os.path.exists(f"/dev/shm/fdrollout.{port}"), 30, "the control block (start-up under way)")
+            t0 = time.time()
+            p.send_signal(signal.SIGTERM)
+            out, _ = p.communicate(timeout=60)
+            self.assertEqual(p.returncode, 0, out)
+            self.assertLess(time.time() - t0, 2.0, out)
+            self.assertIn("during start-up", out)
+            self.assertNotIn("serving '", out)
+            self.assertFalse(os.path.exists(f"/dev/shm/fdrollout.{port}"))
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 class Port(unittest.TestCase):
     def test_a_second_daemon_on_a_taken_port_is_refused(self):
         import subprocess
