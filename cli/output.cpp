@@ -98,7 +98,11 @@ std::string human_summary(const std::string & op, const Reply & r) {
     if (op == "pause") {
         const std::string mode = res.value("mode", "abort");
         if (mode == "keep") { return fmt::format("paused, mode keep ({} request choice(s) frozen with their KV until resume)", res.value("kept", 0)); }
-        if (mode == "wait") { return fmt::format("paused, mode wait ({} request choice(s) ran to their end first)", res.value("drained", 0)); }
+        if (mode == "wait") {
+            const int aborted = res.value("aborted", 0);
+            return fmt::format("paused, mode wait ({} request choice(s) ran to their end first{})", res.value("drained", 0),
+                               aborted > 0 ? fmt::format(", {} ended by an abort meanwhile", aborted) : "");
+        }
         return fmt::format("paused (aborted {} request(s))", res.value("aborted", 0));
     }
     if (op == "resume") { return "resumed"; }

@@ -247,6 +247,7 @@ int32_t Engine::abort_matching(const std::string & id, bool all) {
         kv_.release(sid);
         seqs_.erase(sid);
     }
+    if (drain_) { drain_->n_aborted += static_cast<int32_t>(hit.size()); }  // a pause's drain reports them aborted, not drained
     return static_cast<int32_t>(hit.size());
 }
 

@@ -73,7 +73,8 @@ void Engine::poll_drain() {
     } else {
         state_.paused     = true;
         state_.pause_mode = PauseMode::wait;
-        r.n_drained       = d.n_at_start;
+        r.n_aborted       = std::min(d.n_aborted, d.n_at_start);  // ended by an abort while it drained
+        r.n_drained       = d.n_at_start - r.n_aborted;
         if (d.flush_prefix) { kv_.flush_prefix_cache(); }
     }
     answer(*d.pc, finish_control("pause", d.t0, std::move(r)));

@@ -419,6 +419,7 @@ private:
         std::chrono::steady_clock::time_point deadline;   ///< the caller's; then timeout, admission reopened
         std::chrono::steady_clock::time_point t0;
         int32_t                               n_at_start = 0;
+        int32_t                               n_aborted = 0;        ///< of those, ended by an abort meanwhile (not drained)
         bool                                  flush_prefix = true;  ///< the pause's (see do_pause)
     };
     std::optional<Drain>                      drain_;
