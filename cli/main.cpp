@@ -40,7 +40,8 @@ constexpr const char * kExitCodes =
     "   6  engine_paused\n"
     "   7  timeout (--timeout, or the daemon's); also a live daemon that is stopped or stalled. A command\n"
     "      not started by the deadline is withdrawn and never runs (the message says nothing changed)\n"
-    "   8  daemon unreachable (none on that port, or its pid died)\n"
+    "   8  daemon unreachable (none on that port, its pid died, it closed the connection mid-call, or what\n"
+    "      answered is not fdrollout)\n"
     "   9  unauthorized (--api-key)\n"
     "  10  invalid_argument (an argument was rejected)\n"
     "  11  checksum_mismatch\n"
@@ -83,6 +84,20 @@ std::unique_ptr<fdctl::Transport> connect(const Options & o) {
     return fdctl::make_v1_transport(o.url.empty() ? "http://127.0.0.1:" + std::to_string(o.port) : o.url, o.api_key, o.timeout_s);
 }
 
+/// Why the port of --url `v` (http://HOST[:PORT], HOST maybe [IPv6]) is not one, or "".
+std::string url_port_problem(const std::string & v) {
+    const std::string authority = v.substr(7);
+    const size_t      bracket   = authority.rfind(']');
+    const size_t      colon     = authority.rfind(':');
+    if (colon == std::string::npos || (bracket != std::string::npos && colon < bracket)) { return {}; }  // no port: 80
+    const std::string port = authority.substr(colon + 1);
+    const bool digits = !port.empty() && port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || std::stoi(port) < 1 || std::stoi(port) > 65535) {
+        return "--url port must be a number in 1..65535, got '" + port + "' in '" + v + "'";
+    }
+    return {};
+}
+
 /// The subcommand word of argv (the first argument that is neither a global option nor the
 /// value of one), or "" when there is none.
 std::string subcommand_word(int argc, char ** argv) {
@@ -94,6 +109,19 @@ std::string subcommand_word(int argc, char ** argv) {
         if (takes_value) { ++i; }
     }
     return "";
+}
+
+/// An error fdctl finds itself (usage, unreachable, timeout, ...): on stderr, and with --json also
+/// on stdout in the daemon's control-error shape ({"status": "error", "error": {type, message}})
+/// plus the exit code, so a script reading --json output always gets one JSON object. Returns rc.
+int report_error(bool json, const std::string & type, const std::string & message, int rc) {
+    std::cerr << "fdctl: " << (type == "usage" ? "usage: " : type == "internal" ? "internal error: " : type + ": ") << message << "\n";
+    if (json) {
+        std::cout << nlohmann::json{{"status", "error"}, {"error", {{"type", type}, {"message", message}}}, {"exit_code", rc}}.dump(
+                         -1, ' ', false, nlohmann::json::error_handler_t::replace)
+                  << "\n";
+    }
+    return rc;
 }
 
 /// `wait --until`: poll `status` until the state holds; unreachable counts as "not yet".
@@ -109,8 +137,7 @@ int run_wait(const Options & o) {
         if (!o.quiet) { std::cout << (o.json ? w.body : "state=" + w.state) << "\n"; }
         return 0;
     }
-    std::cerr << "fdctl: " << w.message << "\n";
-    return w.exit_code;
+    return report_error(o.json, std::string(fd::errc_name(fd::Errc::timeout)), w.message, w.exit_code);
 }
 
 std::string base_url(const Options & o) { return o.url.empty() ? "http://127.0.0.1:" + std::to_string(o.port) : o.url; }
@@ -147,19 +174,6 @@ int run_command(const Options & o, fd::shm::MailboxCommand cmd) {
 
 }  // namespace
 
-/// An error fdctl finds itself (usage, unreachable, timeout, ...): on stderr, and with --json also
-/// on stdout in the daemon's control-error shape ({"status": "error", "error": {type, message}})
-/// plus the exit code, so a script reading --json output always gets one JSON object. Returns rc.
-int report_error(bool json, const std::string & type, const std::string & message, int rc) {
-    std::cerr << "fdctl: " << (type == "usage" ? "usage: " : type == "internal" ? "internal error: " : type + ": ") << message << "\n";
-    if (json) {
-        std::cout << nlohmann::json{{"status", "error"}, {"error", {{"type", type}, {"message", message}}}, {"exit_code", rc}}.dump(
-                         -1, ' ', false, nlohmann::json::error_handler_t::replace)
-                  << "\n";
-    }
-    return rc;
-}
-
 int main(int argc, char ** argv) {
     CLI::App app{"fdctl — weight control for fdrollout (pause, resume, sleep/wakeup, update-weights, legacy clear/update)\n"
                  "over the shared-memory control block (--transport shm) or the V1 HTTP API (--transport v1)."};
@@ -180,7 +194,7 @@ int main(int argc, char ** argv) {
                         if (!http || v.find_first_of("/?#@ ", 7) != std::string::npos) {
                             return "--url must be http://HOST[:PORT] (no path, query or other scheme), got '" + v + "'";
                         }
-                        return {};
+                        return url_port_problem(v);
                     }, "URL"));
     auto * transport_opt = app.add_option("--transport", o.transport, "shm (control block) or v1 (HTTP); default from FD_ENABLE_V1_UPDATE_WEIGHTS "
                                                                       "(v1 when --url is given)")
@@ -188,9 +202,11 @@ int main(int argc, char ** argv) {
     // Bounded by fd::kMaxWaitS (fd/deadline.h): past ~9e9 s the clocks' tick counts overflowed (an instant timeout, or a wait without end).
     app.add_option("--timeout", o.timeout_s, "Seconds to wait for the daemon (and for `wait`), > 0 and <= 1e7; the last one given wins")
         ->check(CLI::Validator([](std::string & v) -> std::string {
+                    // strtod also reads hex (0x10), inf/nan and leading blanks: a decimal number only
+                    const bool decimal = !v.empty() && v.find_first_not_of("0123456789.eE+-") == std::string::npos;
                     char * end = nullptr;
                     const double x = std::strtod(v.c_str(), &end);
-                    if (v.empty() || end != v.c_str() + v.size() || !(x > 0) || !(x <= fd::kMaxWaitS)) {
+                    if (!decimal || end != v.c_str() + v.size() || !(x > 0) || !(x <= fd::kMaxWaitS)) {
                         return "--timeout must be a number of seconds > 0 and <= 1e7, got '" + v + "'";
                     }
                     return {};
@@ -294,9 +310,9 @@ int main(int argc, char ** argv) {
             known = known || sub->get_name() == word;
             names += (names.empty() ? "" : ", ") + sub->get_name();
         }
-        if (!known) {
-            std::cerr << "fdctl: unknown subcommand '" << word << "'; one of: " << names << " (fdctl --help)\n";
-            return fd::kExitUsage;
+        if (!known) {  // before parsing: --json is read off argv
+            const bool json = std::any_of(argv + 1, argv + argc, [](const char * a) { return std::string(a) == "--json"; });
+            return report_error(json, "usage", "unknown subcommand '" + word + "'; one of: " + names + " (fdctl --help)", fd::kExitUsage);
         }
     }
     try {
@@ -313,6 +329,14 @@ int main(int argc, char ** argv) {
                 throw fd::Error(fd::Errc::invalid_argument, "--url is a V1 HTTP address; it does not go with --transport shm");
             }
             o.transport = "v1";
+        }
+        if (!o.fleet_file.empty() || !o.hosts.empty()) {  // a fleet is reached over HTTP at the hosts it lists
+            if (transport_opt->count() > 0 && o.transport == "shm") {
+                throw fd::Error(fd::Errc::invalid_argument, "--fleet/--hosts reach each daemon over V1 HTTP; they do not go with --transport shm");
+            }
+            if (url_opt->count() > 0) {
+                throw fd::Error(fd::Errc::invalid_argument, "--fleet/--hosts name the daemons; they do not go with --url (list it in --hosts)");
+            }
         }
         if (cmd.op == "sleep" || cmd.op == "wakeup") {
             cmd.tags.clear();
@@ -356,9 +380,8 @@ int main(int argc, char ** argv) {
             static const std::set<std::string> kFleetOps = {"pause", "resume", "is_paused", "status", "sleep", "wakeup", "update_weights",
                                                             "commit_weights", "drop_staged_weights", "wait", "abort"};
             if (!kFleetOps.count(cmd.op)) {
-                std::cerr << "fdctl: usage: --fleet/--hosts run pause, resume, is-paused, status, sleep, wakeup, update-weights, "
-                             "stage-weights, commit-weights, drop-staged-weights, wait, abort\n";
-                return fd::kExitUsage;
+                return report_error(o.json, "usage", "--fleet/--hosts run pause, resume, is-paused, status, sleep, wakeup, update-weights, "
+                                                     "stage-weights, commit-weights, drop-staged-weights, wait, abort", fd::kExitUsage);
             }
             fdctl::FleetOptions f{.api_key = o.api_key, .timeout_s = o.timeout_s, .json = o.json, .quiet = o.quiet, .until = o.until};
             try {

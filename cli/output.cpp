@@ -83,9 +83,12 @@ std::string human_summary(const std::string & op, const Reply & r) {
     if (op == "is_paused") { return j.value("is_paused", false) ? "true" : "false"; }
     if (op == "wait") { return fmt::format("state={}", j.value("state", "?")); }
     if (op == "status") {
+        const auto & tags = j.contains("sleeping_tags") && j["sleeping_tags"].is_array() ? j["sleeping_tags"] : json::array();
+        std::vector<std::string> sleeping;
+        for (const auto & t : tags) { sleeping.push_back(t.is_string() ? t.get<std::string>() : t.dump()); }
         return fmt::format("state={} paused={} sleeping={} weights_valid={} weight_version={} model_weights_status={} running={} waiting={}",
                            j.value("state", "?"), j.value("is_paused", false),
-                           j["sleeping_tags"].empty() ? "-" : fmt::format("{}", fmt::join(j["sleeping_tags"].get<std::vector<std::string>>(), ",")),
+                           sleeping.empty() ? "-" : fmt::format("{}", fmt::join(sleeping, ",")),
                            j.value("weights_valid", false), j.value("weight_version", "?"), j.value("model_weights_status", 0),
                            j.value("num_requests_running", 0), j.value("num_requests_waiting", 0)) +
                (j.contains("staged_weight_version") && j["staged_weight_version"].is_string()

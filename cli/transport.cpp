@@ -94,12 +94,40 @@ public:
             fd::fail(fd::Errc::unreachable, "{} answered HTTP {} with a body that is not JSON ({:.60}): not an fdrollout daemon at that "
                                             "URL?", url_, reply.http_status, reply.body);
         }
+        const bool health = cmd.op == "status" && is_health_body(reply.body);
+        // /health answers 503 with its usual body while the daemon drains (or is degraded), for
+        // load balancers; the shm mailbox answers that status 200: both give the state, exit 0.
+        if (health && reply.http_status == 503) { reply.http_status = 200; }
+        // A 2xx JSON body without the fields fdrollout always sends (`200 {}` from another
+        // service) is no success either.
+        if (reply.http_status >= 200 && reply.http_status < 300 && !(cmd.op == "status" ? health : is_fdrollout_answer(cmd.op, reply.body))) {
+            fd::fail(fd::Errc::unreachable, "{} answered HTTP {} with JSON that is not an fdrollout {} answer ({:.60}): not an fdrollout "
+                                            "daemon at that URL?", url_, reply.http_status, cmd.op, reply.body);
+        }
         return reply;
     }
 
 private:
+    /// GET /health's body: the state and the fields every fdrollout sends with it.
+    static bool is_health_body(const std::string & body) {
+        const auto j = nlohmann::json::parse(body, nullptr, false);
+        return j.is_object() && j.contains("state") && j["state"].is_string() && j.contains("is_paused") && j["is_paused"].is_boolean() &&
+               j.contains("weight_version");
+    }
+
+    /// A 2xx control answer in fdrollout's shape (control::render_v1): {"status": "success",
+    /// "result": {...}}, is_paused's top-level {"is_paused"} too, or a legacy route's {"msg"}.
+    static bool is_fdrollout_answer(const std::string & op, const std::string & body) {
+        const auto j = nlohmann::json::parse(body, nullptr, false);
+        if (!j.is_object()) { return false; }
+        if (op == "is_paused") { return j.contains("is_paused") && j["is_paused"].is_boolean(); }
+        if ((op == "clear_load_weight" || op == "update_model_weight") && j.contains("msg") && j["msg"].is_string()) { return true; }
+        return j.contains("status") && j["status"] == "success" && j.contains("result") && j["result"].is_object();
+    }
+
     Reply request(const fd::shm::MailboxCommand & cmd) {
         httplib::Result res{nullptr, httplib::Error::Unknown};
+        const auto sent = std::chrono::steady_clock::now();
         const std::string & op = cmd.op;
         const double deadline = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() + timeout_s_;
         const httplib::Headers h = {{"X-Request-Deadline", fmt::format("{:.3f}", deadline)}};
@@ -130,6 +158,16 @@ private:
         }
         if (!res) {
             const auto err = res.error();
+            // The read timeout fires at --timeout + grace; a read that fails well before it is the
+            // peer closing the connection (the daemon died or was killed while answering).
+            const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+            if (err == httplib::Error::Read && waited_s < timeout_s_ + kAnswerGraceS - 1.0) {
+                fd::fail(fd::Errc::unreachable, "{} closed the connection after {:.2f} s without answering {}: the daemon died (or was "
+                                                "killed) while the call was in flight{}", url_, waited_s, op,
+                         op == "status" || op == "is_paused" ? std::string()
+                                                             : "; if the command had started, its outcome is unknown (check fdctl "
+                                                               "status once a daemon answers)");
+            }
             if (err == httplib::Error::Read) {
                 fd::fail(fd::Errc::timeout, "no answer from {} within --timeout + {} s: the daemon is stopped or stalled (a command it "
                                             "had not started by the deadline is withdrawn when it resumes: nothing changes), or it "

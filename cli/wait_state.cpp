@@ -40,7 +40,7 @@ WaitOutcome wait_until(const std::function<Reply(double left_s)> & status, const
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     w.exit_code = fd::errc_info(fd::Errc::timeout).exit_code;
-    w.message   = fmt::format("timeout: state is still '{}', not {} after {} s", w.state, until, timeout_s);
+    w.message   = fmt::format("state is still '{}', not {} after {} s", w.state, until, timeout_s);
     return w;
 }
 

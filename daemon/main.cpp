@@ -94,7 +94,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_COMPUTE_DTYPE")->capture_default_str();
     app.add_option("--tensor-parallel-size", c.model.tensor_parallel_size, "Tensor-parallel ranks (must divide the KV heads; > 1 runs one process per rank: mp)")
         ->envname("FD_TENSOR_PARALLEL_SIZE")->capture_default_str();
-    app.add_option("--threads", c.model.n_threads, "CPU kernel threads per rank (0 = every CPU this process may use: its affinity mask, capped by a cgroup CPU quota)")->envname("FD_THREADS")->capture_default_str();
+    app.add_option("--threads", c.model.n_threads, "CPU kernel threads per rank, 0..1024 (0 = every CPU this process may use: its affinity mask, capped by a cgroup CPU quota)")->envname("FD_THREADS")->capture_default_str();
     auto & p = c.parallel;
     app.add_option("--distributed-executor-backend", p.distributed_executor_backend,
                    "uni: the rank runs in the daemon's process; mp: one process per rank (default: uni at tp=1, mp at tp>1)")
@@ -141,7 +141,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_MAX_MODEL_LEN")->capture_default_str();
     app.add_option("--block-size", c.kv.block_size_tokens, "Tokens per KV block (power of two)")->envname("FD_BLOCK_SIZE")->capture_default_str();
     app.add_option("--kv-cache-bytes", c.kv.kv_cache_bytes,
-                   "KV pool size: bytes (512MiB, 2G), a fraction of available memory (0.3), or 0 = max-num-seqs full-length sequences (<= 2 GiB); the pool is pre-faulted")
+                   "KV pool size: bytes (512MiB, 2G, 1.5GiB), a fraction of available memory (0.3), or 0 = max-num-seqs full-length sequences (<= 2 GiB); the pool is pre-faulted")
         ->envname("FD_KV_CACHE_BYTES")->capture_default_str();
     app.add_option("--swap-space", c.kv.swap_space_gib,
                    "Host KV swap pool per rank, GiB (fractions allowed; 0 = off): a preempted sequence's KV is copied there and "

@@ -66,13 +66,23 @@ bool get_bool(const json & j, const char * key, const path & file) {
     return it->get<bool>();
 }
 
-std::vector<int32_t> id_list(const json & v) {
+/// A token id list field (`key` of `file`): an id or a list of ids, each an integer in
+/// [0, vocab_size); null = none. Anything else (a string, a float, a nested list, an id past the
+/// vocabulary or int32) is refused naming the file and field: dropping it silently meant no stop id.
+std::vector<int32_t> id_list(const json & v, const path & file, const char * key, int32_t vocab_size) {
     std::vector<int32_t> out;
-    if (v.is_number_integer()) { out.push_back(v.get<int32_t>()); }
-    if (v.is_array()) {
-        for (const auto & e : v) {
-            if (e.is_number_integer()) { out.push_back(e.get<int32_t>()); }
+    if (v.is_null()) { return out; }
+    const auto one = [&](const json & e) {
+        if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= vocab_size) {
+            fail(Errc::invalid_checkpoint, "{}: field '{}' must be a token id or a list of token ids, integers in [0, vocab_size {}), got {}",
+                 file.string(), key, vocab_size, v.dump());
         }
+        out.push_back(static_cast<int32_t>(e.get<int64_t>()));
+    };
+    if (v.is_array()) {
+        for (const auto & e : v) { one(e); }
+    } else {
+        one(v);
     }
     return out;
 }
@@ -351,7 +361,15 @@ ModelConfig load_model_config(const path & dir) {
              file.string(), c.n_heads, c.n_kv_heads);
     }
     if (c.head_dim % 2 != 0) { fail(Errc::invalid_checkpoint, "{}: head_dim {} must be even for RoPE", file.string(), c.head_dim); }
-    parse_rope(j, file, c);
+    parse_rope(j, file, c);  // rope_parameters may hold rope_theta
+    // The forward divides by theta^(2j/d) and sqrt(mean + eps): either out of range makes every
+    // logit NaN (each request "succeeds" with token 0), so refuse them here, as rope_scaling.factor.
+    if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta)) {
+        fail(Errc::invalid_checkpoint, "{}: field 'rope_theta' must be > 0 (a finite float), got {}", file.string(), c.rope_theta);
+    }
+    if (!(c.rms_norm_eps >= 0) || !std::isfinite(c.rms_norm_eps)) {
+        fail(Errc::invalid_checkpoint, "{}: field 'rms_norm_eps' must be >= 0 (a finite float), got {}", file.string(), c.rms_norm_eps);
+    }
     parse_moe(j, file, c);
     refuse_unsupported(j, file, c);
     if (c.architecture == "MiMoForCausalLM") {
@@ -359,12 +377,13 @@ ModelConfig load_model_config(const path & dir) {
         c.n_mtp_layers  = zero ? 0 : get_int(j, "num_nextn_predict_layers", file, 0);
     }
     if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) { c.bos_token_id = j["bos_token_id"]; }  // may be null
-    if (j.contains("eos_token_id")) { c.eos_token_ids = id_list(j["eos_token_id"]); }
+    if (j.contains("eos_token_id")) { c.eos_token_ids = id_list(j["eos_token_id"], file, "eos_token_id", c.vocab_size); }
 
     const auto gen_file = dir / "generation_config.json";
     if (std::filesystem::exists(gen_file)) {
         const json g = read_json(gen_file);
-        if (g.contains("eos_token_id")) { c.eos_token_ids = id_list(g["eos_token_id"]); }
+        if (!g.is_object()) { fail(Errc::invalid_checkpoint, "{}: not a JSON object", gen_file.string()); }
+        if (g.contains("eos_token_id")) { c.eos_token_ids = id_list(g["eos_token_id"], gen_file, "eos_token_id", c.vocab_size); }
         if (g.contains("bos_token_id") && g["bos_token_id"].is_number_integer()) { c.bos_token_id = g["bos_token_id"]; }
     }
     return c;

@@ -87,9 +87,9 @@ std::shared_ptr<spdlog::logger> get(const std::string & module) {
 void setup(const std::string & level, const std::string & format) {
     auto lvl = spdlog::level::from_str(level);
     if (lvl == spdlog::level::off && level != "off") {
-        fail(Errc::invalid_argument, "unknown log level '{}' (trace, debug, info, warn, error, critical, off)", level);
+        fail(Errc::invalid_argument, "--log-level '{}': unknown log level (trace, debug, info, warn, error, critical, off)", level);
     }
-    if (format != "text" && format != "json") { fail(Errc::invalid_argument, "unknown log format '{}' (text, json)", format); }
+    if (format != "text" && format != "json") { fail(Errc::invalid_argument, "--log-format '{}': unknown log format (text, json)", format); }
     std::lock_guard lk(g_mu);
     g_sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
     if (format == "json") {

@@ -26,16 +26,29 @@
 namespace fd {
 
 std::optional<int64_t> parse_bytes(const std::string & s) {
-    static const std::regex kRe(R"(^\s*(\d+)\s*([KkMmGgTt]?)(i?[Bb])?\s*$)");
+    // A decimal part only with a K/M/G/T unit ("1.5GiB"): a bare "0.5" is --kv-cache-bytes' fraction.
+    static const std::regex kRe(R"(^\s*(\d+)(\.\d+)?\s*([KkMmGgTt]?)(i?[Bb])?\s*$)");
     std::smatch m;
     if (!std::regex_match(s, m, kRe)) { return std::nullopt; }
+    const char u = m[3].str().empty() ? ' ' : static_cast<char>(std::toupper(m[3].str()[0]));
+    const int shift = u == 'K' ? 10 : u == 'M' ? 20 : u == 'G' ? 30 : u == 'T' ? 40 : 0;
+    if (m[2].matched) {
+        if (shift == 0) { return std::nullopt; }
+        const double v = std::strtod((m[1].str() + m[2].str()).c_str(), nullptr) * static_cast<double>(int64_t{1} << shift);
+        if (!(v < 9.2e18)) { return std::nullopt; }
+        return static_cast<int64_t>(v);
+    }
     int64_t v = 0;
     const std::string digits = m[1].str();
     if (std::from_chars(digits.data(), digits.data() + digits.size(), v).ec != std::errc{}) { return std::nullopt; }
-    const char u = m[2].str().empty() ? ' ' : static_cast<char>(std::toupper(m[2].str()[0]));
-    const int shift = u == 'K' ? 10 : u == 'M' ? 20 : u == 'G' ? 30 : u == 'T' ? 40 : 0;
     if (v > (INT64_MAX >> shift)) { return std::nullopt; }
     return v << shift;
+}
+
+std::optional<double> parse_fraction(const std::string & s) {
+    static const std::regex kRe(R"(^\s*(\d+\.\d*|\.\d+)\s*$)");
+    if (!std::regex_match(s, kRe)) { return std::nullopt; }
+    return std::strtod(s.c_str(), nullptr);
 }
 
 bool is_loopback_host(const std::string & host) {
@@ -157,12 +170,25 @@ void resolve_swap_space(const Config & cfg, Resolved & r, std::vector<std::strin
                                        bytes, block_bytes));
         return;
     }
-    // The pool is pre-faulted on every rank: refuse what this machine cannot hold now.
+    r.swap_pool_bytes = r.n_swap_blocks * block_bytes * tp;
+}
+
+/// The host pools are pre-faulted: refuse what this machine cannot hold now (MemAvailable), the
+/// KV pool (on cpu) and the swap pools of every rank together, instead of an OOM kill or a failed
+/// mmap part-way through start-up. `kv_pool_bytes` is the KV pool all ranks together.
+void check_host_memory(const Config & cfg, const Resolved & r, int64_t kv_pool_bytes, std::vector<std::string> & problems) {
     const int64_t avail = mem_available_bytes();
-    if (avail > 0 && r.n_swap_blocks * block_bytes * tp > avail) {
-        problems.push_back(fmt::format("--swap-space {} GiB per rank x {} rank(s) exceeds the memory available now ({:.2f} GiB)", gib, tp,
-                                       static_cast<double>(avail) / static_cast<double>(int64_t{1} << 30)));
+    const int64_t kv    = r.device == kernels::DeviceKind::cpu ? kv_pool_bytes : 0;
+    if (avail <= 0 || kv + r.swap_pool_bytes <= avail) { return; }
+    const auto gib = [](int64_t b) { return static_cast<double>(b) / static_cast<double>(int64_t{1} << 30); };
+    std::string what;
+    if (kv > 0) { what = fmt::format("--kv-cache-bytes {} (a KV pool of {:.2f} GiB)", cfg.kv.kv_cache_bytes, gib(kv)); }
+    if (r.swap_pool_bytes > 0) {
+        what += fmt::format("{}--swap-space {} GiB per rank x {} rank(s)", what.empty() ? "" : " plus ", cfg.kv.swap_space_gib,
+                            std::max(1, cfg.model.tensor_parallel_size));
     }
+    problems.push_back(fmt::format("{} exceeds the memory available now ({:.2f} GiB, MemAvailable); the pools are pre-faulted: "
+                                   "pass smaller sizes", what, gib(avail)));
 }
 
 /// --device, --gpu-memory-utilization (its range; the sizing is gpu_kv_pool_bytes').
@@ -255,6 +281,11 @@ Resolved resolve(Config & cfg) {
         problems.push_back(e.what());
     }
     resolve_parallel(cfg, r, problems);
+    // Each rank starts --threads kernel threads: past a few thousand thread creation fails part-way
+    // (std::terminate); more threads than CPUs only contend.
+    if (cfg.model.n_threads < 0 || cfg.model.n_threads > kMaxThreads) {
+        problems.push_back(fmt::format("--threads {} must be in [0, {}] (0 = every CPU this process may use)", cfg.model.n_threads, kMaxThreads));
+    }
     if (cfg.model.n_threads <= 0) { cfg.model.n_threads = usable_cpus(); }  // the affinity mask, capped by a cgroup CPU quota
 
     auto & e = cfg.engine;
@@ -308,6 +339,7 @@ Resolved resolve(Config & cfg) {
     } else {
         problems.push_back(fmt::format("--kv-cache-dtype '{}': expected one of auto, float32, bfloat16", cfg.kv.kv_cache_dtype));
     }
+    int64_t kv_pool_bytes = 0;  // what the KV pool (and its MTP cache) will take, all ranks together
     if (problems.empty()) {
         const int64_t block_bytes = model::Worker::kv_block_bytes(r.model, bs, 1, r.kv_dtype);
         // MTP drafts: the MTP cache (one layer's K and V, f32, over the pool's blocks and the
@@ -322,11 +354,13 @@ Resolved resolve(Config & cfg) {
         const int64_t per_block = block_bytes + mtp_bytes;
         const std::string & kvs = cfg.kv.kv_cache_bytes;
         int64_t bytes = 0;
-        if (kvs.find('.') != std::string::npos) {
-            const double frac = std::stod(kvs);
-            if (!(frac > 0.0 && frac <= 1.0)) { problems.push_back("--kv-cache-bytes fraction must be in (0, 1]"); }
+        if (const auto frac = parse_fraction(kvs)) {
+            if (!(*frac > 0.0 && *frac <= 1.0)) {
+                problems.push_back(fmt::format("--kv-cache-bytes '{}': a number without a unit is a fraction of available memory, in (0, 1]; "
+                                               "bytes take a unit (e.g. 1.5GiB, 512MiB)", kvs));
+            }
             const int64_t avail = r.device == kernels::DeviceKind::cuda ? kernels::device_mem_info(r.device, 0).free_bytes : mem_available_bytes();
-            bytes = static_cast<int64_t>(frac * static_cast<double>(avail));
+            bytes = static_cast<int64_t>(*frac * static_cast<double>(avail));
         } else if (auto b = parse_bytes(kvs)) {
             bytes = *b;
             if (bytes == 0 && cfg.model.gpu_memory_utilization > 0.0) {
@@ -337,10 +371,12 @@ Resolved resolve(Config & cfg) {
                 bytes = std::min<int64_t>((want_tokens + bs - 1) / bs * per_block + r.n_mtp_scratch_blocks * mtp_bytes, 2LL << 30);
             }
         } else {
-            problems.push_back(fmt::format("--kv-cache-bytes '{}': expected bytes (e.g. 512MiB) or a fraction (e.g. 0.3)", kvs));
+            problems.push_back(fmt::format("--kv-cache-bytes '{}': expected bytes (e.g. 512MiB, 1.5GiB, 1073741824), a fraction of available "
+                                           "memory (e.g. 0.3) or 0 (automatic)", kvs));
         }
         r.kv_budget_bytes       = bytes;
         r.n_kv_blocks = std::max<int64_t>(0, bytes - r.n_mtp_scratch_blocks * mtp_bytes) / per_block;
+        kv_pool_bytes = r.n_kv_blocks * per_block + r.n_mtp_scratch_blocks * mtp_bytes;
         const int64_t min_blocks = (e.max_model_len + bs - 1) / bs;
         if (problems.empty() && r.n_kv_blocks < min_blocks) {
             const int64_t need = min_blocks * per_block + r.n_mtp_scratch_blocks * mtp_bytes;
@@ -354,6 +390,7 @@ Resolved resolve(Config & cfg) {
         }
     }
     if (problems.empty()) { resolve_swap_space(cfg, r, problems); }
+    if (problems.empty()) { check_host_memory(cfg, r, kv_pool_bytes, problems); }
     if (!problems.empty()) { throw Error(Errc::invalid_argument, fmt::format("invalid configuration:\n  {}", fmt::join(problems, "\n  "))); }
     return r;
 }

@@ -104,7 +104,8 @@ def log_dir():
 class MisbehavingPeer:
     """An HTTP peer that is not a healthy fdrollout, on a free port, for the clients' bounds:
     mode "drip" answers the headers of a 1 MB body then one byte a second (a per-read socket
-    timeout never fires), "garbage" answers HTTP 200 with a body that is not JSON."""
+    timeout never fires), "garbage" answers HTTP 200 with a body that is not JSON, "json" answers
+    HTTP 200 `{}` (JSON, but not fdrollout's)."""
 
     def __init__(self, mode):
         import socket as _socket
@@ -127,8 +128,9 @@ class MisbehavingPeer:
     def _answer(self, c):
         try:
             c.recv(65536)
-            if self.mode == "garbage":
-                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n{oops")
+            if self.mode in ("garbage", "json"):
+                body = b"{oops" if self.mode == "garbage" else b"{}"
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
                 return
             c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
             while not self.stop.is_set():

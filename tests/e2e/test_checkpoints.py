@@ -9,7 +9,7 @@ import tempfile
 import unittest
 
 import np_llama
-from fdtest import BIN, Daemon, free_port, make_checkpoint, read_json, write_json
+from fdtest import BIN, STORIES, Daemon, copy_checkpoint, free_port, make_checkpoint, read_json, write_json
 
 
 def expect_startup_failure(test, model_dir, *needles):
@@ -106,6 +106,26 @@ class Checkpoints(unittest.TestCase):
         # no checkpoint at all
         expect_startup_failure(self, os.path.join(self.tmp, "does-not-exist"), "does-not-exist", "no such directory")
 
+    def test_config_values_that_break_the_math_or_the_stop_ids_exit_5_naming_the_field(self):
+        """rope_theta <= 0 and rms_norm_eps < 0 made every logit NaN (each request a 200 with
+        token 0); an eos_token_id of the wrong type gave no stop id, 2^32 + 1 wrapped to 1 (probes)."""
+        for name, file, edit, field in [
+                ("theta0", "config.json", lambda c: c.update(rope_theta=0), "rope_theta"),
+                ("thetaneg", "config.json", lambda c: c.update(rope_theta=-10000), "rope_theta"),
+                ("epsneg", "config.json", lambda c: c.update(rms_norm_eps=-1e-5), "rms_norm_eps"),
+                ("eosstr", "generation_config.json", lambda c: c.update(eos_token_id=["1", 2]), "eos_token_id"),
+                ("eosfloat", "generation_config.json", lambda c: c.update(eos_token_id=1.0), "eos_token_id"),
+                ("eosnested", "generation_config.json", lambda c: c.update(eos_token_id=[[2]]), "eos_token_id"),
+                ("eoswrap", "generation_config.json", lambda c: c.update(eos_token_id=4294967297), "eos_token_id")]:
+            with self.subTest(name):
+                d = copy_checkpoint(STORIES, os.path.join(self.tmp, name))
+                cfg = read_json(os.path.join(d, file))
+                edit(cfg)
+                write_json(os.path.join(d, file), cfg)
+                p = subprocess.run([BIN, "--model", d, "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+                self.assertEqual(p.returncode, 5, p.stderr)
+                self.assertIn(f"{file}: field '{field}'", p.stderr)
+
 
 class Flags(unittest.TestCase):
     def test_help_documents_every_flag_and_env_var(self):
@@ -128,6 +148,24 @@ class Flags(unittest.TestCase):
             p = subprocess.run([BIN, "--port", str(free_port()), *args], capture_output=True, text=True, timeout=30)
             self.assertNotEqual(p.returncode, 0, args)
             self.assertIn(needle, p.stderr, args)
+
+    def test_refused_values_exit_10_naming_the_flag(self):
+        """--kv-cache-bytes abc.def / . / 1000T exited 70 (std::stod, an mmap check), 0.5MiB was a
+        fraction of memory, 30G on a smaller machine pre-faulted until the OOM killer; --threads
+        100000 aborted after ~7000 threads, -1 was 0; --log-level verbose did not name the flag."""
+        for args, needle in [(["--kv-cache-bytes", "abc.def"], "--kv-cache-bytes 'abc.def'"),
+                             (["--kv-cache-bytes", "."], "--kv-cache-bytes '.'"),
+                             (["--kv-cache-bytes", "1.5"], "--kv-cache-bytes '1.5'"),
+                             (["--kv-cache-bytes", "1000T"], "exceeds the memory available now"),
+                             (["--threads", "-1"], "--threads -1 must be in [0, 1024]"),
+                             (["--threads", "100000"], "--threads 100000 must be in [0, 1024]"),
+                             (["--log-level", "verbose"], "--log-level 'verbose'")]:
+            with self.subTest(args):
+                p = subprocess.run([BIN, "--port", str(free_port()), *args], capture_output=True, text=True, timeout=30)
+                self.assertEqual(p.returncode, 10, (args, p.stderr))
+                self.assertIn(needle, p.stderr)
+        with Daemon("--kv-cache-bytes", "1.5MiB") as d:  # a decimal with a unit is bytes
+            self.assertEqual(d.get("/health")[1]["kv_cache"]["budget_bytes"], 3 << 19)
 
     def test_env_vars_set_flags(self):
         with Daemon(env={"FD_WEIGHT_VERSION": "from-env", "FD_MAX_MODEL_LEN": "128"}) as d:

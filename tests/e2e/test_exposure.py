@@ -7,7 +7,7 @@ import os
 import subprocess
 import unittest
 
-from fdtest import BIN, STORIES, Daemon, fdctl, free_port
+from fdtest import BIN, STORIES, Daemon, fdctl, free_port, wait_until
 
 EXIT_INVALID_ARGUMENT, EXIT_UNAUTHORIZED = 10, 9
 GOOD = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}
@@ -37,6 +37,15 @@ class Exposure(unittest.TestCase):
             out = d.output()
         self.assertIn("WITHOUT an API key", out)
         self.assertIn("REPLACE THE WEIGHTS", out)
+
+    def test_an_ipv6_address_is_logged_bracketed(self):
+        """The start-up line said "listening on http://::1:PORT", not a URL a client can use."""
+        d = Daemon("--host", "::1", wait=False)
+        try:
+            wait_until(lambda: "listening on" in d.output() or d.proc.poll() is not None, 60, "the listening line")
+            self.assertIn(f"listening on http://[::1]:{d.port}\n", d.output())
+        finally:
+            d.__exit__(None)
 
     def test_a_key_makes_a_non_loopback_host_start(self):
         with Daemon("--host", "0.0.0.0", "--api-key", "k1") as d:

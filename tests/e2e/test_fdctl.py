@@ -3,6 +3,7 @@ subcommand's stdout, --json and exit code, identical answers on both channels, t
 (no daemon, daemon or fdctl killed mid-call, concurrent calls), block permissions and ABI checks,
 and the two example scripts."""
 import concurrent.futures
+import contextlib
 import json
 import os
 import shutil
@@ -14,7 +15,8 @@ import threading
 import time
 import unittest
 
-from fdtest import FDCTL, REF, REPO, STORIES, Daemon, MisbehavingPeer, copy_checkpoint, fdctl, free_port, fresh_daemon, perturbed, wait_control_in_flight
+from fdtest import (FDCTL, REF, REPO, STORIES, Daemon, MisbehavingPeer, copy_checkpoint, fdctl, free_port, fresh_daemon, perturbed,
+                    wait_control_in_flight, wait_until)
 
 SHM = "/dev/shm/fdrollout.{}"
 EXIT = {"ok": 0, "usage": 2, "not_found": 3, "wrong_state": 4, "invalid_checkpoint": 5, "engine_paused": 6,
@@ -236,11 +238,85 @@ class Fdctl(unittest.TestCase):
         with Daemon() as d:
             p = subprocess.run([FDCTL, "--url", f"http://127.0.0.1:{d.port}/", "status"], capture_output=True, text=True, timeout=60)
             self.assertEqual(p.returncode, 0, p.stderr)
+        host = f"127.0.0.1:{free_port()}"
         for args in (["--url", "ftp://x"], ["--url", "notaurl"], ["--url", "http://127.0.0.1:1/v1"], ["--url", ""],
-                     ["--url", "http://h:1?x=1"], ["--port", "70000"], ["--port", "-1"]):
+                     ["--url", "http://h:1?x=1"], ["--port", "70000"], ["--port", "-1"],
+                     # were "connection refused" (exit 8), the fleet ones ignored the option (probes)
+                     ["--url", "http://127.0.0.1:99999"], ["--url", "http://127.0.0.1:abc"], ["--url", "http://127.0.0.1:0"],
+                     ["--hosts", host, "--transport", "shm"], ["--hosts", host, "--url", f"http://{host}"],
+                     ["--timeout", "0x10"], ["--timeout", " 5"], ["--timeout", "inf"]):
             with self.subTest(args):
                 p = subprocess.run([FDCTL, *args, "status"], capture_output=True, text=True, timeout=60)
                 self.assertEqual(p.returncode, 2, (args, p.stderr))
+
+    def test_a_json_service_that_is_not_fdrollout_is_not_a_success(self):
+        """A 2xx JSON answer without fdrollout's fields (`200 {}`) counted as success for pause,
+        update-weights, commit-weights (and a fleet update), and status exited 70 with a JSON
+        type error (a probe): each is "not an fdrollout daemon", exit 8, as a non-JSON 200 is."""
+        with MisbehavingPeer("json") as peer:
+            url = f"http://127.0.0.1:{peer.port}"
+            for args in (["pause"], ["update-weights", "--version", "v9"], ["commit-weights"], ["is-paused"], ["status"],
+                         ["wait", "--until", "serving", "--timeout", "0.5"]):
+                with self.subTest(args):
+                    p = subprocess.run([FDCTL, "--url", url, *args], capture_output=True, text=True, timeout=60)
+                    if args[0] == "wait":  # every poll is "not yet": it times out naming no state
+                        self.assertEqual(p.returncode, EXIT["timeout"], p.stderr)
+                        continue
+                    self.assertEqual(p.returncode, EXIT["unreachable"], p.stderr)
+                    self.assertIn("not an fdrollout", p.stderr)
+            p = subprocess.run([FDCTL, "--hosts", url, "update-weights", "--version", "v9"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, EXIT["unreachable"], p.stderr)
+
+    def test_status_over_v1_while_draining_is_the_shm_answer(self):
+        """After SIGTERM /health answers 503 (for load balancers) with its usual body: `fdctl
+        --transport v1 status` exited 70 printing "HTTP 503: {...}" where shm printed
+        state=draining and exited 0 (a probe)."""
+        d = Daemon("--shutdown-grace-s", "60", env={"FD_DEBUG_STEP_DELAY_MS": "50"})
+        try:
+            threading.Thread(target=lambda: self._ignore_errors(d.post, "/v1/completions",
+                                                                {"prompt": "Once", "max_tokens": 400, "ignore_eos": True}),
+                             daemon=True).start()
+            wait_until(lambda: d.get("/health")[1]["num_requests_running"] == 1, 30, "the request running")
+            d.proc.send_signal(signal.SIGTERM)
+            wait_until(lambda: d.get("/health", timeout=5)[1]["state"] == "draining", 30, "draining in /health")
+            for t in ("shm", "v1"):
+                rc, out, err = fdctl(d.port, "--transport", t, "status")
+                self.assertEqual(rc, 0, (t, err))
+                self.assertTrue(out.startswith("state=draining "), (t, out))
+                rc, out, err = fdctl(d.port, "--transport", t, "--json", "status")
+                self.assertEqual((rc, json.loads(out)["state"]), (0, "draining"), (t, err))
+        finally:
+            d.stop(signal.SIGKILL)
+            d.__exit__(None)
+
+    @staticmethod
+    def _ignore_errors(fn, *args):
+        try:
+            fn(*args)
+        except OSError:
+            pass
+
+    def test_daemon_killed_mid_call_over_v1_is_unreachable_at_once(self):
+        """SIGKILL while `fdctl --transport v1 pause` waits: the connection closes at once, yet
+        fdctl said exit 7 "no answer ... within --timeout + 5 s" after 0.15 s (a probe). It is
+        exit 8 (as over shm), saying the daemon closed the connection and the outcome is unknown."""
+        d = Daemon("--dynamic-load-weight", env={"FD_DEBUG_CONTROL_DELAY_MS": "5000"})
+        try:
+            p = subprocess.Popen([FDCTL, "--port", str(d.port), "--transport", "v1", "--timeout", "30", "pause"],
+                                 stderr=subprocess.PIPE, text=True)
+            wait_control_in_flight(d, "pause")
+            t0 = time.monotonic()
+            d.proc.send_signal(signal.SIGKILL)
+            d.proc.wait()
+            _, err = p.communicate(timeout=40)
+            self.assertEqual(p.returncode, EXIT["unreachable"], err)
+            self.assertLess(time.monotonic() - t0, 3)
+            self.assertIn("closed the connection", err)
+            self.assertIn("outcome is unknown", err)
+        finally:
+            d.__exit__(None)
+            with contextlib.suppress(OSError):
+                os.unlink(SHM.format(d.port))
 
     def test_json_output_is_one_json_object_on_fdctls_own_errors_too(self):
         """With --json, errors fdctl finds itself (usage, no daemon, a bad checkpoint) printed
@@ -250,7 +326,12 @@ class Fdctl(unittest.TestCase):
         cases = [(["--port", str(port), "--json", "pause"], EXIT["unreachable"], "unreachable"),
                  (["--json", "sleep", "--tags", "bogus"], 2, "usage"),
                  (["--json", "--no-such-flag", "status"], 2, "usage"),
-                 (["--json", "model-info", "--model", os.path.join(tempfile.gettempdir(), "no-such-model")], 5, "invalid_checkpoint")]
+                 (["--json", "model-info", "--model", os.path.join(tempfile.gettempdir(), "no-such-model")], 5, "invalid_checkpoint"),
+                 # these printed nothing on stdout (a probe): a wait that timed out, an unknown
+                 # subcommand, a subcommand --hosts does not run
+                 (["--port", str(port), "--json", "wait", "--until", "serving", "--timeout", "0.3"], EXIT["timeout"], "timeout"),
+                 (["--json", "frobnicate"], 2, "usage"),
+                 (["--json", "--hosts", f"127.0.0.1:{port}", "flush-cache"], 2, "usage")]
         for args, rc, etype in cases:
             with self.subTest(args):
                 p = subprocess.run([FDCTL, *args], capture_output=True, text=True, timeout=60)

@@ -26,7 +26,7 @@ struct ModelOptions {
     bool        batch_invariant = true;      ///< false = --no-batch-invariant (cuda: may use heuristic GEMMs; cpu: same kernels)
     std::string compute_dtype  = "float32";  ///< --compute-dtype: the linears' arithmetic, float32 | bfloat16 (kernels::ComputeType)
     int32_t     tensor_parallel_size = 1;    ///< ranks; 1 until tensor parallelism lands
-    int32_t     n_threads      = 0;          ///< kernel threads; 0 = all cores
+    int32_t     n_threads      = 0;          ///< kernel threads per rank, 0..kMaxThreads (1024); 0 = every usable CPU
 };
 
 struct KvOptions {
@@ -90,6 +90,7 @@ struct Resolved {
     /// Their bytes come out of kv_budget_bytes too.
     int64_t            n_mtp_scratch_blocks = 0;
     int64_t            n_swap_blocks = 0;   ///< host swap pool blocks per rank (0 = no swap tier)
+    int64_t            swap_pool_bytes = 0; ///< the host swap pools of every rank together, bytes
     kernels::WType     kv_dtype = kernels::WType::f32;  ///< --kv-cache-dtype, parsed (auto = f32)
     runtime::ExecutorKind executor_backend = runtime::ExecutorKind::uni;  ///< --distributed-executor-backend, resolved
     /// --dist-backend, resolved (runtime::resolve_dist_backend): auto is nccl on cuda when tp > 1,
@@ -125,7 +126,15 @@ std::optional<kernels::WType> parse_kv_cache_dtype(const std::string & s);
 /// The KV dtype's name as /health, /v1/models and the log show it: "float32" | "bfloat16".
 std::string kv_cache_dtype_name(kernels::WType t);
 
-/// Parse a byte size with optional K/M/G/T suffix ("512MiB", "2G") → bytes; nullopt if not a size.
+/// Parse a byte size with optional K/M/G/T suffix ("512MiB", "2G", "1.5GiB": a decimal part only
+/// with a K/M/G/T unit) → bytes; nullopt if not a size.
 std::optional<int64_t> parse_bytes(const std::string & s);
+
+/// --kv-cache-bytes' fraction: a bare decimal number with a '.' ("0.3", ".5", "1.0") → its value
+/// (the range is the caller's); nullopt for anything else.
+std::optional<double> parse_fraction(const std::string & s);
+
+/// --threads' upper bound (per rank; 0 = every usable CPU).
+inline constexpr int32_t kMaxThreads = 1024;
 
 }  // namespace fd

@@ -176,6 +176,50 @@ TEST_CASE("rope_scaling types other than default, linear, dynamic and llama3 are
     refused(j, {"rope_theta"});
 }
 
+TEST_CASE("rope_theta <= 0 and rms_norm_eps < 0 are refused naming the field (every logit was NaN, each request a 200)") {
+    for (const json & theta : {json(0), json(-10000.0), json(1e300)}) {  // 1e300: inf as the f32 the forward uses
+        json j = llama32();
+        j["rope_theta"] = theta;
+        refused(j, {"'rope_theta'"});
+    }
+    json j = qwen25();
+    j.erase("rope_theta");
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 0.0}};  // transformers v5 keeps it there
+    refused(j, {"'rope_theta'"});
+    j = llama32();
+    j["rms_norm_eps"] = -1e-5;
+    refused(j, {"'rms_norm_eps'"});
+    j["rms_norm_eps"] = 0;  // no epsilon: accepted
+    CHECK(load(j).rms_norm_eps == 0.0f);
+}
+
+TEST_CASE("eos_token_id in config.json and generation_config.json: ids in [0, vocab) or a list of them; anything else refused") {
+    const auto load_gen = [](const json & gen) {
+        fd::test::TempDir d;
+        std::ofstream(d.path / "config.json") << mistral().dump();
+        std::ofstream(d.path / "generation_config.json") << gen.dump();
+        return load_model_config(d.path);
+    };
+    CHECK(load_gen(json{{"eos_token_id", json::array({1, 2})}}).eos_token_ids == std::vector<int32_t>{1, 2});
+    CHECK(load_gen(json{{"eos_token_id", 7}}).eos_token_ids == std::vector<int32_t>{7});
+    CHECK(load_gen(json{{"eos_token_id", nullptr}}).eos_token_ids.empty());
+    CHECK(load_gen(json::object()).eos_token_ids == std::vector<int32_t>{2});  // config.json's
+    // each of these silently gave no stop id at all, and 2^32 + 1 wrapped to 1 (probes)
+    for (const json & bad : {json::array({"1", 2}), json(1.0), json::array({json::array({2})}), json("2"), json(4294967297LL),
+                           json(-1), json(32000), json(true)}) {
+        CAPTURE(bad.dump());
+        std::string what;
+        CHECK(fd::test::error_of([&] { load_gen(json{{"eos_token_id", bad}}); }, &what) == fd::Errc::invalid_checkpoint);
+        CHECK(what.find("generation_config.json: field 'eos_token_id'") != std::string::npos);
+        json j = mistral();
+        j["eos_token_id"] = bad;
+        refused(j, {"config.json: field 'eos_token_id'"});
+    }
+    std::string what;
+    CHECK(fd::test::error_of([&] { load_gen(json::array({1})); }, &what) == fd::Errc::invalid_checkpoint);
+    CHECK(what.find("generation_config.json: not a JSON object") != std::string::npos);
+}
+
 TEST_CASE("Qwen3: q_norm/k_norm [head_dim] tensors, head_dim 128 != hidden/heads (and its default), no q/k/v bias") {
     auto c = load(qwen3());
     CHECK(c.arch == fd::model::Arch::qwen3);

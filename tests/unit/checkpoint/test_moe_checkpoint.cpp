@@ -82,7 +82,7 @@ json small_qwen3_moe() {
     json j = qwen3_30b_a3b();
     j.update({{"hidden_size", 16}, {"num_attention_heads", 2}, {"num_key_value_heads", 2}, {"head_dim", 8},
               {"num_hidden_layers", 3}, {"intermediate_size", 24}, {"moe_intermediate_size", 8}, {"num_experts", 4},
-              {"num_experts_per_tok", 2}, {"vocab_size", 32}, {"mlp_only_layers", {1}}});
+              {"num_experts_per_tok", 2}, {"vocab_size", 32}, {"mlp_only_layers", {1}}, {"eos_token_id", 2}});  // eos inside the vocabulary
     return j;
 }
 
@@ -321,7 +321,7 @@ TEST_CASE("Qwen2-MoE's shared expert and gate, Mixtral's w1|w3 and w2 under bloc
     json j = qwen15_moe();
     j.update({{"hidden_size", 16}, {"num_attention_heads", 2}, {"num_key_value_heads", 2}, {"num_hidden_layers", 1},
               {"moe_intermediate_size", 8}, {"shared_expert_intermediate_size", 12}, {"num_experts", 3},
-              {"num_experts_per_tok", 2}, {"vocab_size", 32}});
+              {"num_experts_per_tok", 2}, {"vocab_size", 32}, {"eos_token_id", 2}});
     ModelConfig c = load(j);
     WeightLayout L = plan_layout(c, index_of(expected_tensors(c)), {1, 2});
     REQUIRE(L.find("model.layers.0.mlp.shared_expert.gate_up_proj.weight") != nullptr);

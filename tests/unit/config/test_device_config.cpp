@@ -1,12 +1,14 @@
 // The device seams around the Backend (kernels/backend.cpp: device_available, device_count,
 // host_mem_info, Backend::mem_info / alloc_pinned_host) and the device flags of resolve()
 // (daemon/src/config.cpp: --device, --gpu-memory-utilization and its budget).
+#include "fd/arena.h"
 #include "fd/config.h"
 #include "fd/kernels/backend.h"
 #include "fd/status.h"
 #include "test_util.h"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <sys/sysinfo.h>
 
@@ -166,4 +168,53 @@ TEST_CASE("resolve: --dist-backend nccl needs cuda, one node and a device per ra
     fd::Config g = one;
     g.parallel.dist_backend = "gloo";
     CHECK(fd::resolve(g).dist_backend == fd::runtime::DistBackend::gloo);
+}
+
+TEST_CASE("resolve: --kv-cache-bytes is bytes with a unit or a bare fraction, and must fit the memory available; --threads is bounded") {
+    const int64_t avail = fd::mem_available_bytes();
+    REQUIRE(avail > 0);
+    const auto kv = [](std::string v) { return [v](fd::Config & c) { c.kv.kv_cache_bytes = v; }; };
+    // "0.5MiB" was a fraction of memory (a pool of GiBs), "1.5GiB" "fraction must be in (0, 1]",
+    // "abc.def" and "." an internal error (std::stod) (probes)
+    fd::Config half;
+    half.model.model_dir      = FD_SOURCE_DIR "/models/stories260K";
+    half.kv.kv_cache_bytes    = "1.5MiB";
+    CHECK(fd::resolve(half).kv_budget_bytes == 3LL << 19);
+    for (const char * bad : {"abc.def", ".", "1.5", "2.0", "lots"}) {
+        auto [e, w] = problems(kv(bad));
+        CAPTURE(bad);
+        CAPTURE(w);
+        CHECK(e == fd::Errc::invalid_argument);
+        CHECK(w.find(std::string("--kv-cache-bytes '") + bad + "'") != std::string::npos);
+    }
+    // More than the memory available: refused naming the flag (it pre-faulted until the OOM
+    // killer came, or 1000T failed an internal check in the arena's mmap)
+    for (const char * big : {"1000T", "8589934591G"}) {
+        auto [e, w] = problems(kv(big));
+        CAPTURE(w);
+        CHECK(e == fd::Errc::invalid_argument);
+        CHECK(w.find(std::string("--kv-cache-bytes ") + big) != std::string::npos);
+        CHECK(w.find("exceeds the memory available now") != std::string::npos);
+    }
+    // the KV pool and --swap-space together: each fits, both do not
+    const double three_quarters_gib = 0.75 * static_cast<double>(avail) / static_cast<double>(int64_t{1} << 30);
+    auto [es, ws] = problems([&](fd::Config & c) {
+        c.kv.kv_cache_bytes = "0.5";
+        c.kv.swap_space_gib = three_quarters_gib;
+    });
+    CAPTURE(ws);
+    CHECK(es == fd::Errc::invalid_argument);
+    CHECK(ws.find("--kv-cache-bytes 0.5 (a KV pool of") != std::string::npos);
+    CHECK(ws.find("plus --swap-space") != std::string::npos);
+    // --threads 100000 spawned ~7000 threads and aborted; -1 was silently 0 (probes)
+    for (int32_t n : {-1, 1025, 100000}) {
+        auto [e, w] = problems([n](fd::Config & c) { c.model.n_threads = n; });
+        CAPTURE(n);
+        CHECK(e == fd::Errc::invalid_argument);
+        CHECK(w.find(fmt::format("--threads {} must be in [0, 1024]", n)) != std::string::npos);
+    }
+    fd::Config max;
+    max.model.model_dir = FD_SOURCE_DIR "/models/stories260K";
+    max.model.n_threads = 1024;
+    CHECK(fd::resolve(max).model.n_kv_heads > 0);
 }

@@ -193,6 +193,25 @@ TEST_CASE("parse_bytes understands plain numbers and K/M/G/T suffixes") {
     CHECK_FALSE(fd::parse_bytes("0.3").has_value());
     CHECK_FALSE(fd::parse_bytes("-5M").has_value());
     CHECK_FALSE(fd::parse_bytes("12X").has_value());
+    // A decimal part takes a K/M/G/T unit ("0.5MiB" was read as a fraction of memory, a probe)
+    CHECK(fd::parse_bytes("1.5GiB") == std::optional<int64_t>(3LL << 29));
+    CHECK(fd::parse_bytes("0.5MiB") == std::optional<int64_t>(512LL << 10));
+    CHECK(fd::parse_bytes("2.25 K") == std::optional<int64_t>(2304));
+    for (const char * bad : {"1.5", "1.5B", "abc.def", ".", "1.", ".5G", "1.5.2G", "9000000000.5G"}) {
+        CAPTURE(bad);
+        CHECK_FALSE(fd::parse_bytes(bad).has_value());
+    }
+}
+
+TEST_CASE("parse_fraction reads a bare decimal number only") {
+    CHECK(fd::parse_fraction("0.3") == std::optional<double>(0.3));
+    CHECK(fd::parse_fraction(".5") == std::optional<double>(0.5));
+    CHECK(fd::parse_fraction("1.0") == std::optional<double>(1.0));
+    CHECK(fd::parse_fraction("1.5") == std::optional<double>(1.5));  // out of range: the caller says so
+    for (const char * bad : {"", ".", "abc.def", "0.5MiB", "1", "0x1.8p0", "1e-1", "-0.5", "0.5.1", "nan"}) {
+        CAPTURE(bad);
+        CHECK_FALSE(fd::parse_fraction(bad).has_value());
+    }
 }
 
 TEST_CASE("parse_bytes returns nullopt for sizes that overflow int64") {

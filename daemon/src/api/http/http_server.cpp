@@ -85,7 +85,8 @@ void HttpServer::bind(const std::string & host, int32_t port) {
     check("bind");
     acceptor_.listen(net::socket_base::max_listen_connections, ec);
     check("listen");
-    log::get("api")->info("listening on http://{}:{}", host, port);
+    // An IPv6 address is bracketed in a URL (http://[::1]:8000), as a client needs it.
+    log::get("api")->info("listening on http://{}:{}", host.find(':') != std::string::npos ? "[" + host + "]" : host, port);
 }
 
 void HttpServer::accept() {
