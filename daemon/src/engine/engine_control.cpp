@@ -334,26 +334,6 @@ void Engine::set_label_unfingerprinted(const std::string & version) {
     serving_source_version_.clear();  // not bytes the source names (a stream, a delta): as before, the label
 }
 
-void Engine::serve_delta_label(std::vector<runtime::RankReport> reps, const std::string & version, const std::string & fp,
-                               ControlResult & r) {
-    r.bytes = 0;
-    for (auto & rep : reps) {
-        rep.version = version;
-        r.bytes += rep.bytes;
-    }
-    r.ranks = std::move(reps);
-    weights_changed();
-    serving_source_version_.clear();
-    if (fp.empty()) {
-        set_label_unfingerprinted(version);
-    } else {
-        set_label(version, fp);
-    }
-    state_.weights_valid = true;
-    recompute_kept();
-    r.version = version;
-}
-
 void Engine::enter_degraded(const Error & e) {
     const bool first = !state_.degraded;
     state_.degraded     = true;

@@ -174,4 +174,24 @@ void Engine::drop_pending_deltas() noexcept {
     pending_delta_bytes_ = 0;
 }
 
+void Engine::serve_delta_label(std::vector<runtime::RankReport> reps, const std::string & version, const std::string & fp,
+                               ControlResult & r) {
+    r.bytes = 0;
+    for (auto & rep : reps) {
+        rep.version = version;
+        r.bytes += rep.bytes;
+    }
+    r.ranks = std::move(reps);
+    weights_changed();
+    serving_source_version_.clear();
+    if (fp.empty()) {
+        set_label_unfingerprinted(version);
+    } else {
+        set_label(version, fp);
+    }
+    state_.weights_valid = true;
+    recompute_kept();
+    r.version = version;
+}
+
 }  // namespace fd::engine
