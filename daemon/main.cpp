@@ -434,6 +434,9 @@ int run(fd::Config & cfg, sigset_t & signals) {
     fd::control::ShmWatcher watcher(std::move(block), cfg.server.port, engine, control);
     watcher.add_status_field("weight_stream", [&server] { return server.weight_stream_status(); });  // as /health has it
     fd::api::ThroughputLogger throughput(engine, cfg.log_stats_interval_s);
+    // Before the port is reachable: a signal from here on is main's (sigwait below, a drain),
+    // never the start-up thread's _Exit under requests already admitted.
+    startup_signals.stop();
     engine.start();
     server.bind();
     watcher.start();
@@ -442,7 +445,6 @@ int run(fd::Config & cfg, sigset_t & signals) {
     lg->info("serving '{}' (max_model_len {}, max_num_seqs {}, prefix caching {})", cfg.server.served_model_name,
              cfg.engine.max_model_len, cfg.engine.scheduler.max_num_seqs, cfg.kv.enable_prefix_caching ? "on" : "off");
 
-    startup_signals.stop();
     int sig = 0;
     sigwait(&signals, &sig);
     {
