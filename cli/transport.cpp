@@ -1,5 +1,6 @@
 #include "transport.h"
 
+#include "fd/process.h"
 #include "fd/status.h"
 
 #include <httplib.h>
@@ -20,7 +21,7 @@ public:
         : block_(fd::shm::MappedBlock::open(port)), timeout_ms_(static_cast<int64_t>(std::ceil(timeout_s * 1000))) {
         // A dead pid is "gone"; a live one with a stale heartbeat (SIGSTOP, a stall) is not:
         // mailbox_call then times out (exit 7) and withdraws the command.
-        if (!fd::shm::pid_alive(block_->pid.load(), block_->pid_start_ticks.load())) {
+        if (!fd::pid_alive(block_->pid.load(), block_->pid_start_ticks.load())) {
             fd::fail(fd::Errc::unreachable, "the fdrollout (pid {}) that owned port {} is gone (stale control block)", block_->pid.load(), port);
         }
     }

@@ -35,44 +35,6 @@ int64_t monotonic_ns() {
     return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
 }
 
-namespace {
-
-/// Process `pid`'s state letter and start ticks from /proc/PID/stat; false if unreadable.
-bool read_proc_stat(int64_t pid, char & state, int64_t & start_ticks) {
-    std::FILE * f = std::fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
-    if (f == nullptr) { return false; }
-    char buf[1024];
-    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-    std::fclose(f);
-    buf[n] = '\0';
-    const char * p = std::strrchr(buf, ')');  // comm may hold spaces and parentheses: fields follow the last ')'
-    if (p == nullptr) { return false; }
-    // After ") ": field 3 (state), then fields 4..; starttime is field 22.
-    unsigned long long ticks = 0;
-    char st = 0;
-    if (std::sscanf(p + 1, " %c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &st, &ticks) != 2) { return false; }
-    state       = st;
-    start_ticks = static_cast<int64_t>(ticks);
-    return true;
-}
-
-}  // namespace
-
-int64_t process_start_ticks(int64_t pid) {
-    char state = 0;
-    int64_t ticks = -1;
-    return pid > 0 && read_proc_stat(pid, state, ticks) ? ticks : -1;
-}
-
-bool pid_alive(int64_t pid, int64_t start_ticks) {
-    if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM)) { return false; }
-    char state = 0;
-    int64_t ticks = -1;
-    if (!read_proc_stat(pid, state, ticks)) { return true; }  // no /proc: existence is all we know
-    if (state == 'Z' || state == 'X') { return false; }      // killed, not reaped yet: it answers nothing
-    return start_ticks <= 0 || ticks == start_ticks;
-}
-
 void futex_wait(std::atomic<uint32_t> & word, uint32_t expected, int64_t timeout_us) {
     timespec ts{static_cast<time_t>(timeout_us / 1000000), static_cast<long>((timeout_us % 1000000) * 1000)};
     ::syscall(SYS_futex, reinterpret_cast<uint32_t *>(&word), FUTEX_WAIT, expected, &ts, nullptr, 0);

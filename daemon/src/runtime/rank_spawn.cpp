@@ -1,6 +1,7 @@
 // Starting and watching local rank processes (rank_spawn.h).
 #include "rank_spawn.h"
 
+#include "fd/process.h"
 #include "fd/runtime/rank_link.h"
 #include "fd/status.h"
 
@@ -13,7 +14,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <utility>
 
 namespace fd::runtime {
@@ -28,15 +28,9 @@ std::string process_condition(pid_t pid, bool & reaped) {
         if (WIFSIGNALED(st)) { return fmt::format("was killed by signal {} ({})", WTERMSIG(st), strsignal(WTERMSIG(st))); }
         return fmt::format("exited with code {}", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
     }
-    std::ifstream f(fmt::format("/proc/{}/stat", pid));
-    std::string line;
-    std::getline(f, line);
-    const auto close = line.rfind(')');
-    if (close != std::string::npos && close + 2 < line.size()) {
-        const char state = line[close + 2];
-        if (state == 'T' || state == 't') { return "is stopped (SIGSTOP?) and did not answer"; }
-        if (state == 'Z') { return "has exited"; }
-    }
+    const char state = process_state(pid);
+    if (state == 'T' || state == 't') { return "is stopped (SIGSTOP?) and did not answer"; }
+    if (state == 'Z') { return "has exited"; }
     return "did not answer";
 }
 
@@ -52,12 +46,8 @@ bool pidfd_exited(int pidfd) {
 }
 
 bool process_stopped(pid_t pid) {
-    if (pid <= 0) { return false; }
-    std::ifstream f(fmt::format("/proc/{}/stat", pid));
-    std::string line;
-    std::getline(f, line);
-    const auto close = line.rfind(')');
-    return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'T' || line[close + 2] == 't');
+    const char state = process_state(pid);
+    return state == 'T' || state == 't';
 }
 
 SpawnThread::~SpawnThread() {

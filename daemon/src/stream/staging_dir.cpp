@@ -4,7 +4,7 @@
 // file's page, allocated and filled by the same write, or a page of a recycled file (the
 // replaced stream's) written over.
 #include "stream_io.h"
-#include "fd/shm/control_block.h"
+#include "fd/process.h"
 
 #include "fd/log.h"
 
@@ -192,7 +192,7 @@ void remove_stale_dirs(const fs::path & root, int32_t port) {
             struct stat st{};
             if (::lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) { continue; }
             const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
-            if (pid == ::getpid() || shm::pid_alive(pid)) { continue; }
+            if (pid == ::getpid() || pid_alive(pid)) { continue; }
             std::error_code rm;
             fs::remove_all(e.path(), rm);
             if (!rm) { log::get("stream")->info("removed {} (left by a daemon that is gone)", e.path().string()); }

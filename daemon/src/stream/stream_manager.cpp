@@ -217,6 +217,12 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
 
 void StreamManager::check_specs(const std::vector<TensorSpec> & specs) const {
     std::lock_guard lk(impl_->mu);
+    // Without a transport nothing can arrive, and the model's tensors are not known yet: the
+    // caller is told to init, not that its names are wrong (a probe: SGLang's first bucket got 422).
+    if (impl_->backend.empty()) {
+        fail(Errc::wrong_state, "no weight-stream transport; POST /init_weight_transfer_engine (vLLM) or /init_weights_update_group "
+                                "(SGLang) first (nothing was done)");
+    }
     for (const auto & s : specs) { check_spec(impl_->expected, s); }
 }
 

@@ -57,10 +57,10 @@ TEST_SUITE("shm::control_block") {
         CHECK(reader->size_bytes == sizeof(fd::shm::ControlBlock));
         // Another "daemon" (a live pid that is not us) owns it: refused.
         block->pid.store(::getppid());
-        block->pid_start_ticks.store(fd::shm::process_start_ticks(::getppid()));
+        block->pid_start_ticks.store(fd::process_start_ticks(::getppid()));
         CHECK_THROWS_WITH_AS(fd::shm::MappedBlock::create(port), doctest::Contains("already owns port"), fd::Error);
         // The pid lives but was reused by another process (its start time differs): reclaimed.
-        block->pid_start_ticks.store(fd::shm::process_start_ticks(::getppid()) + 1);
+        block->pid_start_ticks.store(fd::process_start_ticks(::getppid()) + 1);
         auto reclaimed = fd::shm::MappedBlock::create(port);
         CHECK(reclaimed->pid.load() == ::getpid());
         // Its owner died: reclaimed.
@@ -268,13 +268,13 @@ TEST_SUITE("shm::control_block") {
     TEST_CASE("a killed daemon its parent has not reaped (a zombie) is dead, not alive") {
         const pid_t child = ::fork();
         if (child == 0) { ::pause(); ::_exit(0); }
-        CHECK(fd::shm::pid_alive(child));
-        CHECK(fd::shm::pid_alive(child, fd::shm::process_start_ticks(child)));
-        CHECK_FALSE(fd::shm::pid_alive(child, fd::shm::process_start_ticks(child) + 1));  // another process on a reused pid
+        CHECK(fd::pid_alive(child));
+        CHECK(fd::pid_alive(child, fd::process_start_ticks(child)));
+        CHECK_FALSE(fd::pid_alive(child, fd::process_start_ticks(child) + 1));  // another process on a reused pid
         ::kill(child, SIGKILL);
-        for (int i = 0; i < 200 && fd::shm::pid_alive(child); ++i) { std::this_thread::sleep_for(std::chrono::milliseconds(5)); }
+        for (int i = 0; i < 200 && fd::pid_alive(child); ++i) { std::this_thread::sleep_for(std::chrono::milliseconds(5)); }
         CHECK(::kill(child, 0) == 0);                  // still a zombie: kill(pid, 0) alone says alive
-        CHECK_FALSE(fd::shm::pid_alive(child));
+        CHECK_FALSE(fd::pid_alive(child));
         // A block naming it is reclaimed by the next daemon on its port, and fdctl says "gone".
         const int port = test_port();
         {

@@ -223,8 +223,9 @@ public:
 
     /// Each of `specs` names a tensor of the model with its dtype and shape, checked without
     /// waiting for anything (SGLang's bucket opens the update, which waits for the trainer: a
-    /// bucket naming no tensor of the model is refused first). Errors  invalid_checkpoint naming
-    /// the tensor and the field ("names", "dtype_names", "shapes").
+    /// bucket naming no tensor of the model is refused first). Errors  wrong_state when no
+    /// transport was initialized (naming both inits); invalid_checkpoint naming the tensor and the
+    /// field ("names", "dtype_names", "shapes").
     void check_specs(const std::vector<TensorSpec> & specs) const;
 
     /// Check that every tensor of the model arrived and seal the staging dir. `version` (if

@@ -35,6 +35,8 @@
 // it lost → the command started before the deadline, and the client reports its answer.
 #pragma once
 
+#include "fd/process.h"
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -139,15 +141,7 @@ int64_t now_ms();
 /// std::chrono::steady_clock reads it too).
 int64_t monotonic_ns();
 
-/// Process `pid`'s start time in clock ticks since boot (/proc/PID/stat field 22), or -1 when it
-/// has none (no such process, /proc unreadable).
-int64_t process_start_ticks(int64_t pid);
-
-/// True if process `pid` runs: it exists (kill(pid, 0) succeeds or fails with EPERM) and is not a
-/// zombie (killed, not yet reaped by its parent: a trainer that Popen'd the daemon and never
-/// waited); with `start_ticks` > 0, it is also the process that started then, not a later one
-/// that reused the pid. Without /proc, existence alone.
-bool pid_alive(int64_t pid, int64_t start_ticks = 0);
+// The daemon's liveness and start time (pid, pid_start_ticks): fd::pid_alive, fd/process.h.
 
 /// Futex wait on a process-shared 32-bit word while it equals `expected`, at most `timeout_us`.
 void futex_wait(std::atomic<uint32_t> & word, uint32_t expected, int64_t timeout_us);
