@@ -12,6 +12,7 @@
 #include <functional>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,35 @@ nlohmann::json parse_body(const std::string & body);
 /// detokenize, priority, cache_salt, response_format. Read by parse_vllm_fields (and
 /// add_special_tokens by each route's prompt encoding).
 extern const std::set<std::string> kVllmExtraFields;
+
+/// A field a peer's API (OpenAI, vLLM, SGLang) defines that fdrollout does not act on: accepted
+/// at the values that change nothing (null always; client libraries send some by default), else a
+/// 400 naming it. `chat_only`: only on /v1/chat/completions.
+struct NeutralField {
+    const char * key;
+    bool         chat_only;
+    bool (*neutral)(const nlohmann::json &);
+    const char * what;  ///< the neutral values, for the message
+};
+
+/// NeutralField predicates.
+namespace neutral {
+bool is_false(const nlohmann::json & v);
+bool is_true(const nlohmann::json & v);
+bool is_one(const nlohmann::json & v);             ///< a number equal to 1
+bool is_zero(const nlohmann::json & v);            ///< an integer 0
+bool is_positive(const nlohmann::json & v);        ///< an integer >= 1
+bool is_empty(const nlohmann::json & v);           ///< [], {} or ""
+bool is_empty_list(const nlohmann::json & v);
+bool is_empty_object(const nlohmann::json & v);
+bool only_null(const nlohmann::json & v);          ///< nothing but null
+bool any(const nlohmann::json & v);                ///< bookkeeping that never changes the output
+}  // namespace neutral
+
+/// The entry of `table` for `key` (chat_only entries only when `chat`): false when there is none;
+/// true when `v` is null or neutral; else a 400 naming `param` and the neutral values.
+bool check_neutral(std::span<const NeutralField> table, const std::string & key, const nlohmann::json & v, const std::string & param,
+                   bool chat = false);
 
 /// Every field of `j` must be in `known` or kVllmExtraFields; the fields fdrollout does not
 /// implement but OpenAI or vLLM define (best_of, suffix, use_beam_search, ...; chat: echo,

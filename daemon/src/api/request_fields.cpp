@@ -33,22 +33,7 @@ const std::set<std::string> kVllmExtraFields = {"return_token_ids", "add_special
 
 namespace {
 
-/// A field OpenAI or vLLM defines that fdrollout does not act on: accepted at the values that
-/// change nothing (client libraries send some by default), else a 400 naming it. null is always
-/// neutral.
-struct NeutralField {
-    const char * key;
-    bool         chat_only;
-    bool (*neutral)(const json &);
-    const char * what;  ///< the neutral values, for the message
-};
-
-bool is_false(const json & v) { return v.is_boolean() && !v.get<bool>(); }
-bool is_true(const json & v) { return v.is_boolean() && v.get<bool>(); }
-bool is_one(const json & v) { return v.is_number() && v.get<double>() == 1.0; }
-bool is_empty_list(const json & v) { return v.is_array() && v.empty(); }
-bool is_empty_object(const json & v) { return v.is_object() && v.empty(); }
-bool only_null(const json &) { return false; }
+using namespace neutral;
 
 const NeutralField kNeutralFields[] = {
     {"best_of", false, is_one, "1"},
@@ -93,14 +78,31 @@ void check_fields(const json & j, const std::set<std::string> & known, bool chat
     // rejects unrecognized arguments). Unsupported ones pass only at their no-op value.
     for (const auto & [key, v] : j.items()) {
         if (known.count(key) != 0 || kVllmExtraFields.count(key) != 0) { continue; }
-        const auto * n = std::find_if(std::begin(kNeutralFields), std::end(kNeutralFields),
-                                      [&, &key = key](const NeutralField & f) { return key == f.key && (chat || !f.chat_only); });
-        if (n == std::end(kNeutralFields)) { bad(key, fmt::format("unknown field '{}'", key)); }
-        if (!v.is_null() && !n->neutral(v)) {
-            bad(key, fmt::format("'{}' is not supported by fdrollout yet; remove it or send its neutral value {}, got {}", key, n->what,
-                                 brief(v)));
-        }
+        if (!check_neutral(kNeutralFields, key, v, key, chat)) { bad(key, fmt::format("unknown field '{}'", key)); }
     }
+}
+
+namespace neutral {
+bool is_false(const json & v) { return v.is_boolean() && !v.get<bool>(); }
+bool is_true(const json & v) { return v.is_boolean() && v.get<bool>(); }
+bool is_one(const json & v) { return v.is_number() && v.get<double>() == 1.0; }
+bool is_zero(const json & v) { return v.is_number_integer() && v.get<int64_t>() == 0; }
+bool is_positive(const json & v) { return v.is_number_integer() && v.get<int64_t>() >= 1; }
+bool is_empty(const json & v) { return (v.is_array() || v.is_object() || v.is_string()) && v.empty(); }
+bool is_empty_list(const json & v) { return v.is_array() && v.empty(); }
+bool is_empty_object(const json & v) { return v.is_object() && v.empty(); }
+bool only_null(const json &) { return false; }
+bool any(const json &) { return true; }
+}  // namespace neutral
+
+bool check_neutral(std::span<const NeutralField> table, const std::string & key, const json & v, const std::string & param, bool chat) {
+    const auto n = std::find_if(table.begin(), table.end(), [&](const NeutralField & f) { return key == f.key && (chat || !f.chat_only); });
+    if (n == table.end()) { return false; }
+    if (!v.is_null() && !n->neutral(v)) {
+        bad(param, fmt::format("'{}' is not supported by fdrollout yet; remove it or send its neutral value {}, got {}", param, n->what,
+                               brief(v)));
+    }
+    return true;
 }
 
 void check_model(const ApiContext & ctx, const json & j) {

@@ -32,61 +32,38 @@ const std::map<std::string, std::string> kSamplingNames = {
     {"frequency_penalty", "frequency_penalty"}, {"presence_penalty", "presence_penalty"},
     {"repetition_penalty", "repetition_penalty"}, {"logit_bias", "logit_bias"}};
 
-bool neutral_false(const json & v) { return v.is_boolean() && !v.get<bool>(); }
-bool neutral_zero(const json & v) { return v.is_number_integer() && v.get<int64_t>() == 0; }
-bool neutral_empty(const json & v) { return (v.is_array() || v.is_object() || v.is_string()) && v.empty(); }
-bool neutral_null(const json &) { return false; }
-bool neutral_any(const json &) { return true; }
-bool neutral_positive(const json & v) { return v.is_number_integer() && v.get<int64_t>() >= 1; }
+using namespace neutral;
 
 /// Fields SGLang defines that change nothing here at these values (null is always neutral); any
 /// other value is a 400 naming the field. `any`: bookkeeping that never changes the output.
-struct Neutral {
-    const char * key;
-    bool (*ok)(const json &);
-    const char * what;
-};
-const Neutral kTopNeutral[] = {
-    {"input_embeds", neutral_null, "null"}, {"image_data", neutral_null, "null (text-only models)"},
-    {"video_data", neutral_null, "null"}, {"audio_data", neutral_null, "null"}, {"mm_hashes", neutral_null, "null"},
-    {"mm_content_hashes", neutral_null, "null"}, {"token_ids_logprob", neutral_null, "null"}, {"lora_path", neutral_null, "null"},
-    {"lora_id", neutral_null, "null"}, {"custom_logit_processor", neutral_null, "null"},
-    {"positional_embed_overrides", neutral_null, "null"}, {"bootstrap_host", neutral_null, "null"},
-    {"bootstrap_port", neutral_null, "null"}, {"bootstrap_room", neutral_null, "null"}, {"bootstrap_pair_key", neutral_null, "null"},
-    {"decode_tp_size", neutral_null, "null"}, {"routed_dp_rank", neutral_zero, "null or 0"},
-    {"data_parallel_rank", neutral_zero, "null or 0"}, {"disagg_prefill_dp_rank", neutral_zero, "null or 0"},
-    {"kv_router_hint", neutral_null, "null"}, {"session_params", neutral_null, "null"}, {"modalities", neutral_empty, "null or []"},
-    {"extra_key", neutral_null, "null"}, {"return_hidden_states", neutral_false, "false"}, {"return_indexer_topk", neutral_false, "false"},
-    {"return_sampling_mask", neutral_false, "false"}, {"return_flat_raw_top_logprobs", neutral_false, "false"},
-    {"return_flat_raw_top_logprobs_b64", neutral_false, "false"}, {"return_entropy", neutral_false, "false"},
-    {"return_bytes", neutral_false, "false"}, {"background", neutral_false, "false"}, {"require_reasoning", neutral_false, "false"},
-    {"max_thinking_tokens", neutral_null, "null"}, {"use_audio_in_video", neutral_false, "false"}, {"video_config", neutral_null, "null"},
-    {"need_wait_for_mm_inputs", neutral_false, "null or false"}, {"num_items_assigned", neutral_null, "null"},
-    {"encoder_urls", neutral_null, "null"}, {"max_dynamic_patch", neutral_null, "null"}, {"min_dynamic_patch", neutral_null, "null"},
-    {"image_max_dynamic_patch", neutral_null, "null"}, {"video_max_dynamic_patch", neutral_null, "null"},
-    {"images_config", neutral_null, "null"}, {"multi_item_delimiter_indices", neutral_null, "null"},
-    {"http_worker_ipc", neutral_null, "null"}, {"routed_experts_start_len", neutral_zero, "null or 0"},
-    {"log_metrics", neutral_any, ""}, {"no_logs", neutral_any, ""}, {"session_id", neutral_any, ""},
-    {"conversation_id", neutral_any, ""}, {"routing_key", neutral_any, ""}, {"custom_labels", neutral_any, ""},
-    {"received_time", neutral_any, ""}, {"external_trace_header", neutral_any, ""}};
-const Neutral kSamplingNeutral[] = {
-    {"stop_regex", neutral_empty, "null, \"\" or []"}, {"json_schema", neutral_null, "null (no guided decoding)"},
-    {"regex", neutral_null, "null (no guided decoding)"}, {"ebnf", neutral_null, "null (no guided decoding)"},
-    {"structural_tag", neutral_null, "null (no guided decoding)"}, {"custom_params", neutral_empty, "null or {}"},
-    {"thinking_budget", neutral_null, "null"}, {"stream_interval", neutral_positive, "null or an integer >= 1 (chunks go out per step)"}};
-
-/// Refuse `key` unless neutral per `table`. Returns false when `key` is not in it.
-template <size_t N>
-bool check_neutral(const Neutral (&table)[N], const std::string & key, const json & v, const std::string & param) {
-    for (const auto & n : table) {
-        if (key != n.key) { continue; }
-        if (!v.is_null() && !n.ok(v)) {
-            bad(param, fmt::format("'{}' is not supported by fdrollout; remove it or send {}, got {}", param, n.what, brief(v)));
-        }
-        return true;
-    }
-    return false;
-}
+const NeutralField kTopNeutral[] = {
+    {"input_embeds", false, only_null, "null"}, {"image_data", false, only_null, "null (text-only models)"},
+    {"video_data", false, only_null, "null"}, {"audio_data", false, only_null, "null"}, {"mm_hashes", false, only_null, "null"},
+    {"mm_content_hashes", false, only_null, "null"}, {"token_ids_logprob", false, only_null, "null"}, {"lora_path", false, only_null, "null"},
+    {"lora_id", false, only_null, "null"}, {"custom_logit_processor", false, only_null, "null"},
+    {"positional_embed_overrides", false, only_null, "null"}, {"bootstrap_host", false, only_null, "null"},
+    {"bootstrap_port", false, only_null, "null"}, {"bootstrap_room", false, only_null, "null"}, {"bootstrap_pair_key", false, only_null, "null"},
+    {"decode_tp_size", false, only_null, "null"}, {"routed_dp_rank", false, is_zero, "null or 0"},
+    {"data_parallel_rank", false, is_zero, "null or 0"}, {"disagg_prefill_dp_rank", false, is_zero, "null or 0"},
+    {"kv_router_hint", false, only_null, "null"}, {"session_params", false, only_null, "null"}, {"modalities", false, is_empty, "null or []"},
+    {"extra_key", false, only_null, "null"}, {"return_hidden_states", false, is_false, "false"}, {"return_indexer_topk", false, is_false, "false"},
+    {"return_sampling_mask", false, is_false, "false"}, {"return_flat_raw_top_logprobs", false, is_false, "false"},
+    {"return_flat_raw_top_logprobs_b64", false, is_false, "false"}, {"return_entropy", false, is_false, "false"},
+    {"return_bytes", false, is_false, "false"}, {"background", false, is_false, "false"}, {"require_reasoning", false, is_false, "false"},
+    {"max_thinking_tokens", false, only_null, "null"}, {"use_audio_in_video", false, is_false, "false"}, {"video_config", false, only_null, "null"},
+    {"need_wait_for_mm_inputs", false, is_false, "null or false"}, {"num_items_assigned", false, only_null, "null"},
+    {"encoder_urls", false, only_null, "null"}, {"max_dynamic_patch", false, only_null, "null"}, {"min_dynamic_patch", false, only_null, "null"},
+    {"image_max_dynamic_patch", false, only_null, "null"}, {"video_max_dynamic_patch", false, only_null, "null"},
+    {"images_config", false, only_null, "null"}, {"multi_item_delimiter_indices", false, only_null, "null"},
+    {"http_worker_ipc", false, only_null, "null"}, {"routed_experts_start_len", false, is_zero, "null or 0"},
+    {"log_metrics", false, any, ""}, {"no_logs", false, any, ""}, {"session_id", false, any, ""},
+    {"conversation_id", false, any, ""}, {"routing_key", false, any, ""}, {"custom_labels", false, any, ""},
+    {"received_time", false, any, ""}, {"external_trace_header", false, any, ""}};
+const NeutralField kSamplingNeutral[] = {
+    {"stop_regex", false, is_empty, "null, \"\" or []"}, {"json_schema", false, only_null, "null (no guided decoding)"},
+    {"regex", false, only_null, "null (no guided decoding)"}, {"ebnf", false, only_null, "null (no guided decoding)"},
+    {"structural_tag", false, only_null, "null (no guided decoding)"}, {"custom_params", false, is_empty, "null or {}"},
+    {"thinking_budget", false, only_null, "null"}, {"stream_interval", false, is_positive, "null or an integer >= 1 (chunks go out per step)"}};
 
 /// A GenerateReqInput field that may be per prompt (a list): one value for all, else 400.
 json uniform(const json & j, const char * key) {
