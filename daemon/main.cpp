@@ -434,10 +434,10 @@ int run(fd::Config & cfg, sigset_t & signals) {
     fd::control::ShmWatcher watcher(std::move(block), cfg.server.port, engine, control);
     watcher.add_status_field("weight_stream", [&server] { return server.weight_stream_status(); });  // as /health has it
     fd::api::ThroughputLogger throughput(engine, cfg.log_stats_interval_s);
+    engine.start();  // (pre-faults the KV pool: long; a signal meanwhile still stops start-up)
     // Before the port is reachable: a signal from here on is main's (sigwait below, a drain),
     // never the start-up thread's _Exit under requests already admitted.
     startup_signals.stop();
-    engine.start();
     server.bind();
     watcher.start();
     throughput.start();
