@@ -189,7 +189,7 @@ void add_flags(CLI::App & app, fd::Config & c) {
                    "update_weights staging arena: persistent (kept resident between updates; updates copy at memory bandwidth, "
                    "RSS holds a second copy of the weights while awake) or transient (mapped per update)")
         ->envname("FD_UPDATE_STAGING")->check(CLI::IsMember({"persistent", "transient"}))->capture_default_str();
-    app.add_flag("--use-cudagraph", c.engine.use_cudagraph, "CUDA graphs: on --device cuda (tp 1) decode steps run as CUDA graphs captured at start-up per batch-size bucket (1, 2, 4, ... powers of two, then --max-num-seqs), replayed after sleep/wakeup and update_weights without recapture (update_weights then copies the staged weights into place); every backend: waking weight needs kv_cache awake first")
+    app.add_flag("--use-cudagraph", c.engine.use_cudagraph, "CUDA graphs: on --device cuda (tp 1) decode steps run as CUDA graphs captured at start-up per batch-size bucket (1, 2, 4, ... powers of two, then --max-num-seqs), replayed after update_weights (which copies the staged weights into place) and a sleep/wakeup of weight or kv_cache; a cuda_graph release destroys them and each is captured again at its first step. docs/weight_control.md")
         ->envname("FD_USE_CUDAGRAPH");
     app.add_option("--control-timeout-s", c.control.control_timeout_s,
                    "Longest a V1 control call waits for the engine before 504; also the deadline of every weight read (load, wakeup, update)")

@@ -449,6 +449,11 @@ std::optional<std::string> read_version_step(const std::filesystem::path & dir) 
     if (!doc.IsMap()) { fail(Errc::invalid_checkpoint, "{}: expected a mapping with a top-level 'step'", file.string()); }
     const YAML::Node step = doc["step"];  // the top-level key only: a nested `step:` is another thing's
     if (!step) { return std::nullopt; }
+    // A file appended to (`echo "step: $N" >> version.yaml` every step) holds `step` more than
+    // once: yaml-cpp answers the first, PyYAML (the trainer's reader) the last, so either choice
+    // can name other bytes than the trainer thinks. Refused, naming the file.
+    const auto steps = std::count_if(doc.begin(), doc.end(), [](const auto & kv) { return kv.first.IsScalar() && kv.first.Scalar() == "step"; });
+    if (steps > 1) { fail(Errc::invalid_checkpoint, "{}: 'step' appears {} times at the top level (write the file, do not append to it)", file.string(), steps); }
     const std::string value = step.IsScalar() ? step.Scalar() : std::string();
     // As a version in a request (shm::is_valid_version): never starting with '.' (a probe:
     // `step: ..` became the served weight_version, where {"version": ".."} is a 400).

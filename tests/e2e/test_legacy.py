@@ -76,6 +76,20 @@ class Legacy(unittest.TestCase):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def test_clear_after_a_one_tag_sleep_releases_the_other(self):
+        # CLEARED settles when either tag sleeps; the clear answered "model weight is cleared" from
+        # the word alone and the weights stayed resident after a V1 sleep of kv_cache (a probe).
+        with Daemon("--dynamic-load-weight", env={"FD_ENABLE_V1_UPDATE_WEIGHTS": "0"}) as d:
+            for first, other in (("kv_cache", "weight"), ("weight", "kv_cache")):
+                self.assertEqual(d.post(f"/v1/sleep?tags={first}")[0], 200)
+                self.assertEqual(d.get("/health")[1]["model_weights_status"], -2)
+                self.assertEqual(self.call(d, "/clear_load_weight"), (200, {"msg": "clear model weight successfully"}))
+                h = d.get("/health")[1]
+                self.assertEqual((sorted(h["sleeping_tags"]), h["weights_valid"]), (["kv_cache", "weight"], False), (first, other))
+                self.assertEqual(self.call(d, "/clear_load_weight"), (200, {"msg": "model weight is cleared"}))
+                self.assertEqual(self.call(d, "/update_model_weight"), (200, {"msg": "update model weight successfully"}))
+                self.assertEqual(d.complete(**GREEDY)["choices"][0]["token_ids"], REF["Lily and Tom"]["ids"])
+
     def test_switch_on_maps_to_v1_sleep_and_wakeup(self):
         with Daemon("--dynamic-load-weight", env={"FD_ENABLE_V1_UPDATE_WEIGHTS": "1"}) as d:
             status, j = self.call(d, "/clear_load_weight")

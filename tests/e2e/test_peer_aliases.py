@@ -172,7 +172,13 @@ class PeerAliases(unittest.TestCase):
             self.assertEqual(d.post("/sleep?level=2")[1]["status"], "sleeping")
             self.assertTrue(d.get("/is_sleeping")[1]["is_sleeping"])
             copy_checkpoint(b, src)  # the trainer writes new weights
-            self.assertEqual(d.post("/wake_up")[1]["status"], "awake")
+            # tags_woken: what this call woke, in vLLM's names (the query was echoed: a repeated
+            # tag twice, an awake tag as woken)
+            j = d.post("/wake_up?tags=weights&tags=weights")[1]
+            self.assertEqual((j["status"], j["tags_woken"]), ("sleeping", ["weights"]), j)
+            self.assertEqual(d.post("/wake_up?tags=weights")[1]["tags_woken"], [])
+            j = d.post("/wake_up")[1]
+            self.assertEqual((j["status"], j["tags_woken"]), ("awake", ["kv_cache"]), j)
             self.assertEqual(greedy(d)[:2], want)
             copy_checkpoint(STORIES, src)
             code, j = d.post("/update_weights_from_disk", {"model_path": src, "weight_version": "back"})

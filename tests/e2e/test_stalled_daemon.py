@@ -158,6 +158,21 @@ class StalledDaemon(unittest.TestCase):
             self.assertEqual(status, 200, j)
             self.assertEqual(state(d), (False, []))
 
+    def test_a_started_command_past_its_bound_names_the_seconds_waited(self):
+        # Started before its 1 s deadline, running 3.5 s: the answer comes at the deadline + 2 s,
+        # and says so (it said "within 2 s (--control-timeout-s)" after 3 s: a probe).
+        with Daemon("--dynamic-load-weight", "--control-timeout-s", "2", env={"FD_DEBUG_CONTROL_DELAY_MS": "3500"}) as d:
+            t0 = time.monotonic()
+            status, j = d.post("/v1/pause", headers={"X-Request-Timeout": "1"}, timeout=30)
+            waited = time.monotonic() - t0
+            self.assertEqual((status, j["error"]["type"]), (504, "timeout"), j)
+            self.assertIn("within 3.0 s of its receipt", j["error"]["message"])
+            self.assertGreaterEqual(waited, 2.9)
+            deadline = time.monotonic() + 10  # it had started: it finishes, and takes effect
+            while state(d) != (True, []) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(state(d), (True, []))
+
     def test_http_deadline_header_under_sigstop_and_fdctl_v1(self):
         with Daemon("--dynamic-load-weight") as d:
             out = {}

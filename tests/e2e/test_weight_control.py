@@ -240,6 +240,15 @@ class WeightControl(unittest.TestCase):
             res = self.ok(d, "POST", "/v1/wakeup?tags=")  # empty = both
             self.assertEqual(sorted(res["tags"]), ["kv_cache", "weight"])
             self.assertEqual(greedy(d)[:2], self.b_out)
+            # an update while the weights are released loads them at once: its result says the
+            # weight tag is awake (docs/weight_control.md; it had no `tags`)
+            self.ok(d, "POST", "/v1/sleep")
+            copy_checkpoint(self.A, src)
+            res = self.ok(d, "POST", "/v1/update_weights", {"version": "a5"})
+            self.assertEqual((res["version"], res["tags"]), ("a5", ["weight"]))
+            self.assertEqual(d.get("/health")[1]["sleeping_tags"], ["kv_cache"])
+            res = self.ok(d, "POST", "/v1/update_weights", {"version": "a6"})  # awake now: an ordinary update, no tags
+            self.assertNotIn("tags", res)
 
     def test_use_cudagraph_wakes_the_tags_in_either_order(self):
         """Issue #26: SGLang's staged resume (weights, then kv_cache + cuda_graph) works with

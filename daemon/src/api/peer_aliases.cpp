@@ -144,8 +144,13 @@ void vllm_wake_up(ApiContext & ctx, const ControlInput & in, Response & res) {
     const auto t0    = std::chrono::steady_clock::now();
     const ControlOutcome o  = run(ctx, in, {.op = "wakeup", .tags = map_tags(given, "tags").text()});
     if (!o.ok()) { return vllm_error(res, o); }
-    send_json(res, 200, json{{"status", sleeping(ctx) ? "sleeping" : "awake"}, {"tags_woken", given.empty() ? json(nullptr) : json(given)},
-                             {"elapsed_ms", ms_since(t0)}});
+    // The tags this call woke, in vLLM's names (not the query echoed: "kv_cache,weights" as one
+    // tag, a repeated tag, or a tag that was already awake were reported as woken; a probe).
+    json woken = json::array();
+    for (const auto & t : o.result.tags_done) {
+        if (t != "cuda_graph") { woken.push_back(t == "weight" ? "weights" : t); }
+    }
+    send_json(res, 200, json{{"status", sleeping(ctx) ? "sleeping" : "awake"}, {"tags_woken", woken}, {"elapsed_ms", ms_since(t0)}});
 }
 
 void vllm_is_sleeping(ApiContext & ctx, const ControlInput & in, Response & res) {

@@ -297,23 +297,35 @@ void vllm_finish(ApiContext & ctx, const ControlInput & in, Response & res) {
 
 void stream_abort(ApiContext & ctx, const ControlInput & in, Response & res) {
     reject_unknown_fields(in.body, {}, "abort_weight_update");
-    ctx.stream->drop(Error(Errc::wrong_state, "the trainer aborted the update (POST /abort_weight_update)"));
-    peer::send_json(res, 200, json{{"message", "Weight update aborted; serving weights unchanged"}});
+    const bool open = ctx.stream->abort(Error(Errc::wrong_state, "the trainer aborted the update (POST /abort_weight_update)"));
+    peer::send_json(res, 200, json{{"message", open ? "Weight update aborted; serving weights unchanged"
+                                                    : "No weight update was open; serving weights unchanged"}});
+}
+
+/// A bucket's announcement read and checked; any refusal closes the transport (out_of_step): the
+/// trainer is already writing the bucket's bytes, which the next bucket would read as its own.
+template <class Fn>
+auto announced(ApiContext & ctx, Fn && fn) {
+    try {
+        return fn();
+    } catch (const Error & e) {
+        ctx.stream->out_of_step(e);
+        throw;
+    }
 }
 
 void vllm_bucket(ApiContext & ctx, const ControlInput & in, Response & res) {
-    reject_unknown_fields(in.body, {"update_info"}, "update_weights");
-    const json & ui = in.body["update_info"];
-    if (!ui.is_object()) { throw Error(Errc::invalid_argument, "'update_info' must be an object {names, dtype_names, shapes}", "update_info"); }
-    reject_unknown_fields(ui, {"names", "dtype_names", "shapes", "packed", "extras", "is_checkpoint_format", "deltas"}, "update_info");
-    std::vector<stream::TensorSpec> specs;
-    try {
-        specs = read_specs(ui, "dtype_names");
-    } catch (const Error & e) {  // the trainer is already sending this bucket: the stream is out of step
-        ctx.stream->drop(e);
-        throw;
-    }
-    const auto r = ctx.stream->receive_bucket(specs, ui.value("packed", false), deadline_of(in));
+    bool packed = false;
+    const auto specs = announced(ctx, [&] {
+        reject_unknown_fields(in.body, {"update_info"}, "update_weights");
+        const json & ui = in.body["update_info"];
+        if (!ui.is_object()) { throw Error(Errc::invalid_argument, "'update_info' must be an object {names, dtype_names, shapes}", "update_info"); }
+        reject_unknown_fields(ui, {"names", "dtype_names", "shapes", "packed", "extras", "is_checkpoint_format", "deltas"}, "update_info");
+        if (ui.contains("packed") && !ui["packed"].is_boolean()) { throw Error(Errc::invalid_argument, "'packed' must be true or false", "packed"); }
+        packed = ui.value("packed", false);
+        return read_specs(ui, "dtype_names");
+    });
+    const auto r = ctx.stream->receive_bucket(specs, packed, deadline_of(in));
     stage_ahead(ctx, r);
     peer::send_json(res, 200, json{{"message", "Weights updated"}, {"n_tensors", r.n_tensors}, {"bytes", r.bytes},
                                    {"n_received", r.n_received}, {"n_expected", r.n_expected}});
@@ -337,32 +349,30 @@ void sglang_init_group(ApiContext & ctx, const ControlInput & in, Response & res
 /// One SGLang bucket. The first opens the update (labelled weight_version); the one that
 /// completes the model's tensors commits it.
 void sglang_update_distributed(ApiContext & ctx, const ControlInput & in, Response & res) {
-    reject_unknown_fields(in.body, {"names", "dtypes", "shapes", "group_name", "flush_cache", "weight_version", "load_format",
-                                    "abort_all_requests", "torch_empty_cache"}, "update_weights_from_distributed");
     const json & b = in.body.is_object() ? in.body : json::object();
-    // SGLang's UpdateWeightsFromDistributedReqInput: abort_all_requests ends every request in
-    // flight first (AReaL sends it after pause_generation); torch_empty_cache frees a CUDA caching
-    // allocator fdrollout has not (accepted, no work).
-    for (const char * key : {"abort_all_requests", "torch_empty_cache"}) {
-        if (b.contains(key) && !b[key].is_null() && !b[key].is_boolean()) {
-            throw Error(Errc::invalid_argument, fmt::format("'{}' must be a boolean", key), key);
+    std::optional<std::string> v;
+    const auto specs = announced(ctx, [&] {
+        reject_unknown_fields(in.body, {"names", "dtypes", "shapes", "group_name", "flush_cache", "weight_version", "load_format",
+                                        "abort_all_requests", "torch_empty_cache"}, "update_weights_from_distributed");
+        // SGLang's UpdateWeightsFromDistributedReqInput: abort_all_requests ends every request in
+        // flight first (AReaL sends it after pause_generation); torch_empty_cache frees a CUDA caching
+        // allocator fdrollout has not (accepted, no work).
+        for (const char * key : {"abort_all_requests", "torch_empty_cache"}) {
+            if (b.contains(key) && !b[key].is_null() && !b[key].is_boolean()) {
+                throw Error(Errc::invalid_argument, fmt::format("'{}' must be a boolean", key), key);
+            }
         }
-    }
-    if (b.value("abort_all_requests", false)) {
-        const auto o = peer::run(ctx, in, {.op = "abort", .abort_all = true});
-        if (o.error) { throw *o.error; }
-    }
-    const auto v = checked_version(b, "weight_version");
-    std::vector<stream::TensorSpec> specs;
-    try {
-        specs = read_specs(b, "dtypes");
-    } catch (const Error & e) {
-        ctx.stream->drop(e);
-        throw;
-    }
+        v = checked_version(b, "weight_version");
+        auto out = read_specs(b, "dtypes");
+        if (b.value("abort_all_requests", false)) {
+            const auto o = peer::run(ctx, in, {.op = "abort", .abort_all = true});
+            if (o.error) { throw *o.error; }
+        }
+        return out;
+    });
     const json st = json::parse(ctx.stream->status_json());
     if (!st.value("update_open", false)) {
-        ctx.stream->check_specs(specs);  // before the start waits for the trainer: a bad bucket never opens an update
+        announced(ctx, [&] { ctx.stream->check_specs(specs); });  // before the start waits for the trainer: a bad bucket never opens an update
         ctx.stream->start(v, deadline_of(in));
     }
     const auto r = ctx.stream->receive_bucket(specs, false, deadline_of(in));

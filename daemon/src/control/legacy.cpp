@@ -48,9 +48,16 @@ void LegacyWord::finish(WeightsStatus during, const engine::EngineState & st) { 
 LegacyAnswer run_legacy(engine::Engine & engine, LegacyWord & word, engine::ControlOp op, double timeout_s) {
     const bool clear = op == engine::ControlOp::clear_load_weight;
     const auto cur   = word.status();
+    // CLEARED settles when either tag sleeps (the engine cannot serve): a clear after a V1 sleep
+    // of one tag still releases the other (a probe: "model weight is cleared" with the weights
+    // resident after sleep?tags=kv_cache).
+    const auto st           = engine.stats().state;
+    const bool all_released = st.weight_asleep && st.kv_asleep;
     if (clear) {
         switch (cur) {
-            case WeightsStatus::cleared: return {200, "model weight is cleared"};
+            case WeightsStatus::cleared:
+                if (all_released) { return {200, "model weight is cleared"}; }
+                break;
             case WeightsStatus::clearing: return {400, "worker is clearing model weight already"};
             case WeightsStatus::updating: return {403, "worker is updating model weight, cannot clear now"};
             case WeightsStatus::normal: break;
@@ -63,7 +70,7 @@ LegacyAnswer run_legacy(engine::Engine & engine, LegacyWord & word, engine::Cont
             case WeightsStatus::cleared: break;
         }
     }
-    const WeightsStatus from   = clear ? WeightsStatus::normal : WeightsStatus::cleared;
+    const WeightsStatus from   = clear ? cur : WeightsStatus::cleared;
     const WeightsStatus during = clear ? WeightsStatus::clearing : WeightsStatus::updating;
     const WeightsStatus target = clear ? WeightsStatus::cleared : WeightsStatus::normal;
     const char * what = clear ? "clear model weight" : "update model weight";

@@ -61,6 +61,7 @@ json result_json(ControlOp op, const ControlResult & r) {
         case ControlOp::update_weights:
             j.update({{"version", r.version}, {"bytes", r.bytes}, {"checksum_verified", r.checksum_verified}, {"staged", r.staged},
                       {"ranks", ranks_json(r)}});
+            if (!r.tags_done.empty()) { j["tags"] = r.tags_done; }  // loaded while the weights were released: ["weight"] awake again
             break;
         case ControlOp::commit_weights: j.update({{"version", r.version}, {"ranks", ranks_json(r)}}); break;
         case ControlOp::drop_staged_weights: j["dropped_version"] = r.version.empty() ? json(nullptr) : json(r.version); break;

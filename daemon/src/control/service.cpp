@@ -95,8 +95,11 @@ ControlResult run_engine(engine::Engine & engine, ControlCommand cmd, std::chron
                                 "--control-timeout-s {} s): withdrawn, it will not run; nothing changed", what, timeout_s);
         }
         if (fut.wait_until(limit) != std::future_status::ready) {
-            fail(Errc::timeout, "{} started but did not finish within {} s (--control-timeout-s): it is still running and may still "
-                                "take effect; check /health", what, timeout_s);
+            // The bound actually waited, not the flag alone (a probe: "within 2 s" after 3 s).
+            const double waited = std::chrono::duration<double>(limit - received).count();
+            fail(Errc::timeout, "{} started but did not finish within {:.1f} s of its receipt (the later of the request's deadline + 2 s "
+                                "and --control-timeout-s {} s): it is still running and may still take effect; check /health", what, waited,
+                 timeout_s);
         }
     }
     return fut.get();

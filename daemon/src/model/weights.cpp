@@ -89,7 +89,8 @@ int64_t find_nonfinite(fd::DType d, const void * p, int64_t n) {
         v = f;
     }
     fail(Errc::invalid_checkpoint, "{}: tensor '{}' holds a non-finite value ({}) at element {}; a checkpoint with NaN or Inf "
-                                   "weights is refused (the previous weights keep serving)", t.file.string(), t.name, v, elem);
+                                   "weights is refused and nothing of it applied (a failed update keeps the previous weights serving; a failed "
+                                   "wakeup stays asleep)", t.file.string(), t.name, v, elem);
 }
 
 /// A tied model that stores an lm_head.weight the embedding does not equal: HF ignores the

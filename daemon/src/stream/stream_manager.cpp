@@ -230,15 +230,22 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
     const auto t0 = Clock::now();
     std::unique_lock lk(impl_->mu);
     auto & m = *impl_;
+    // Refused here, the bucket's bytes are already on their way: the transport closes (out_of_step).
+    auto refuse = [&](std::string why) {
+        const Error e(Errc::wrong_state, why + "; the weight-stream connection was closed (the bucket's bytes would be read as the next "
+                                               "one's): init the transfer again");
+        m.out_of_step_locked(e);
+        throw e;
+    };
     if (!m.update) {
-        fail(Errc::wrong_state, "no weight update is open{}; POST /start_weight_update first",
-             m.last_error ? fmt::format(" (the last one was dropped: {})", m.last_error->what()) : "");
+        refuse(fmt::format("no weight update is open{}; POST /start_weight_update first",
+                           m.last_error ? fmt::format(" (the last one was dropped: {})", m.last_error->what()) : ""));
     }
-    if (m.busy) { fail(Errc::wrong_state, "another bucket is being received; send buckets one after another"); }
-    if (m.update->sealed) { fail(Errc::wrong_state, "the update is finishing; no more tensors are taken"); }
+    if (m.busy) { refuse("another bucket is being received (it stops too); send buckets one after another"); }
+    if (m.update->sealed) { refuse("the update is finishing; no more tensors are taken"); }
     if (m.update->landed) {
-        fail(Errc::wrong_state, "this update lands on the ranks (start_weight_update {{\"land\": true}}): send each rank its parts on its "
-                                "own connection, not /update_weights buckets");
+        refuse("this update lands on the ranks (start_weight_update {\"land\": true}): send each rank its parts on its own connection, "
+               "not /update_weights buckets");
     }
     std::set<std::string> in_bucket;
     try {

@@ -6,8 +6,6 @@
 
 #include "fd/cpus.h"
 
-#include <sys/socket.h>
-
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -171,14 +169,33 @@ int64_t StreamManager::release_spare() {
 void StreamManager::drop(const Error & why) {
     std::lock_guard lk(impl_->mu);
     auto & m = *impl_;
-    if (m.busy) {  // the bucket (or accept) in flight sees its socket shut and drops with this reason
-        m.abort_reason = why;
-        if (m.rx) { m.rx->interrupt(); }
-        if (m.listener.valid()) { ::shutdown(m.listener.get(), SHUT_RDWR); }  // wakes an accept (closed after it returns)
-        return;
-    }
+    if (m.busy) { return m.stop_busy(why); }  // the bucket (or accept) in flight drops with this reason
     if (!m.update) { return; }
     m.drop_locked(why);
+}
+
+bool StreamManager::abort(const Error & why) {
+    std::lock_guard lk(impl_->mu);
+    auto & m = *impl_;
+    if (!m.update) { return false; }
+    // A sealed update's commit is running on the ranks (or about to): dropping it here removed
+    // the dir they read and left the label untracked (a probe: the abort said "unchanged", the
+    // finish committed, a later wakeup served the --model weights).
+    if (m.update->sealed) {
+        fail(Errc::wrong_state, "the weight update is finishing (committing on the ranks) and cannot be aborted; its "
+                                "/finish_weight_update answer says whether it went live");
+    }
+    if (m.busy) {
+        m.stop_busy(why);
+    } else {
+        m.drop_locked(why);
+    }
+    return true;
+}
+
+void StreamManager::out_of_step(const Error & why) {
+    std::lock_guard lk(impl_->mu);
+    impl_->out_of_step_locked(why);
 }
 
 std::optional<Error> StreamManager::last_error() const {

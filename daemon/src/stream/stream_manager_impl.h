@@ -17,6 +17,8 @@
 
 #include "fd/log.h"
 
+#include <sys/socket.h>
+
 #include <condition_variable>
 #include <cstddef>
 #include <cstring>
@@ -167,6 +169,28 @@ struct StreamManager::Impl {
                                      update->weight_map.size(), expected.size(), why.what());
         }
         reset_update();  // removes the staging dir
+        close_transport();
+        last_error = why;
+    }
+
+    /// The call running outside the lock (a bucket, start's accept, a delta seal) stops with
+    /// `why`: its socket is shut, and it drops the update when it relocks. Lock held, busy.
+    void stop_busy(const Error & why) {
+        abort_reason = why;
+        if (rx) { rx->interrupt(); }
+        if (listener.valid()) { ::shutdown(listener.get(), SHUT_RDWR); }  // wakes an accept (closed after it returns)
+    }
+
+    /// StreamManager::out_of_step, lock held.
+    void out_of_step_locked(const Error & why) {
+        if (busy) { return stop_busy(why); }
+        if (update && !update->sealed) {
+            drop_locked(why);
+            return;
+        }
+        if (rx || listener.valid()) {
+            log::get("stream")->warn("weight-stream connection closed (a refused bucket's bytes would be read as the next one's): {}", why.what());
+        }
         close_transport();
         last_error = why;
     }

@@ -176,6 +176,9 @@ TEST_CASE("read_version_step returns the step, nullopt when absent, and throws w
         write_text(d.path / "version.yaml", dotted);
         expect_invalid([&] { fd::model::read_version_step(d.path); }, {"version.yaml", "not starting with '.'"});
     }
+    // Appended to each step: yaml-cpp alone answered the first (1), the trainer's PyYAML the last.
+    write_text(d.path / "version.yaml", "step: 1\nstep: 2\n");
+    expect_invalid([&] { fd::model::read_version_step(d.path); }, {"version.yaml", "'step' appears 2 times"});
     write_text(d.path / "version.yaml", "step: v1..2\n");  // a dot inside is fine
     CHECK(fd::model::read_version_step(d.path) == std::optional<std::string>("v1..2"));
 }

@@ -210,8 +210,8 @@ public:
     /// Receive one bucket: `specs` in order, each as one frame (packed=false) or all as one
     /// frame (packed=true). Returns when all arrived and were written to the staging dir (a
     /// delta update: checked and kept in memory for the delta file).
-    /// Errors  (the update is dropped and the transport closed on every one)
-    ///         wrong_state: no update open, or one being received or sealed;
+    /// Errors  (the transport is closed on every one, and the update dropped unless sealed)
+    ///         wrong_state: no update open, or one being received (which stops too) or sealed;
     ///         invalid_argument: an unknown name, a dtype or shape unlike the model's, a name
     ///           twice (in the bucket or the stream), a frame unlike its announcement, a delta
     ///           in an update without base_version, a delta's indices unsorted, duplicated or
@@ -255,6 +255,17 @@ public:
     /// Drop the open update (if any) for `why`: its staging dir is removed, the transport
     /// closed (a bucket being received stops at once). No-op without an update.
     void drop(const Error & why);
+
+    /// The trainer's abort (POST /abort_weight_update): drop the open update for `why`, unless it
+    /// is finishing (sealed, its commit running on the ranks: the finish's answer decides).
+    /// Returns false when no update was open. Errors  wrong_state (409) when finishing, naming it.
+    bool abort(const Error & why);
+
+    /// A bucket refused before its bytes were read (its announcement, or the state it came in):
+    /// the trainer is already writing them and the next bucket would read them as its own, so
+    /// the transport closes (a new init is needed) and an open update not yet finishing drops; a
+    /// bucket in flight stops with `why`. Any thread.
+    void out_of_step(const Error & why);
 
     /// The reason the last update was dropped ("" = none since the last init/start).
     std::optional<Error> last_error() const;
