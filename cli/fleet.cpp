@@ -53,7 +53,7 @@ HostResult wait_one(const FleetOptions & o, const std::string & host) {
                                          o.until, o.timeout_s);
         r.exit_code   = w.exit_code;
         r.http_status = w.exit_code == 0 ? 200 : 0;
-        r.body        = w.exit_code == 0 ? w.body : "timeout: " + w.message;
+        r.body        = w.exit_code == 0 ? w.body : std::string(fd::errc_name(w.code)) + ": " + w.message;
     } catch (const fd::Error & e) {
         r.exit_code = fd::errc_info(e.code()).exit_code;
         r.body      = fmt::format("{}: {}", fd::errc_name(e.code()), e.what());

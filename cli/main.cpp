@@ -137,7 +137,7 @@ int run_wait(const Options & o) {
         if (!o.quiet) { std::cout << (o.json ? w.body : "state=" + w.state) << "\n"; }
         return 0;
     }
-    return report_error(o.json, std::string(fd::errc_name(fd::Errc::timeout)), w.message, w.exit_code);
+    return report_error(o.json, std::string(fd::errc_name(w.code)), w.message, w.exit_code);
 }
 
 std::string base_url(const Options & o) { return o.url.empty() ? "http://127.0.0.1:" + std::to_string(o.port) : o.url; }

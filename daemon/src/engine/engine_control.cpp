@@ -312,7 +312,12 @@ void Engine::reload_serving_weights(ControlResult & r) {
     const std::string fp    = weights::combine_fingerprints(fps);
     const std::string asked = reps[0].version.value_or(state_.weight_version);
     const std::string label = weights::label_after_reload(known_labels_, state_.weight_version, reps[0].version, fp);
-    if (label != asked && label != state_.weight_version) {
+    if (label != state_.weight_version && !known_labels_.count(state_.weight_version)) {
+        // No file held the serving bytes (a landed stream, or a rank recovery's lost shard of them).
+        log::get("engine")->warn("wakeup: the weights served as weight_version {} were in no file (landed by a stream) and could not be "
+                                 "reloaded; serving the source's weights as weight_version {} (stream them again)", state_.weight_version,
+                                 label);
+    } else if (label != asked && label != state_.weight_version) {
         log::get("engine")->warn("wakeup: weight_version {} named other weights than the source now holds (its files changed); "
                                  "serving them as weight_version {}", asked, label);
     }
@@ -342,6 +347,7 @@ void Engine::enter_degraded(const Error & e) {
     degraded_.store(true);
     accepting_.store(false);
     publish_stats();  // /health says degraded before any client sees its request fail (answers go out at once)
+    if (drain_ && !drain_->rank_error) { drain_->rank_error = e; }  // a pause mode=wait answers it: nothing drained
     fail_step(e);     // every request still alive ends with the rank error
     abort_all();   // (emits nothing more) frees their KV blocks
     kv_.background_done();  // forgotten: each rank waits for its own copies before its next copy or release

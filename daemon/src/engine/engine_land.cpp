@@ -15,6 +15,17 @@
 
 namespace fd::engine {
 
+/// The clean-up after a failed landing call: what the ranks staged goes. Its own failure (the
+/// rank that failed the call fails this too) is logged, never thrown over the call's error (a
+/// probe: "drop_staged_weights failed: rank 1 ... killed" named the clean-up, not the landing).
+void Engine::drop_after_failure() {
+    try {
+        executor_->drop_staged_weights();
+    } catch (const Error & e) {
+        log::get("engine")->warn("after a failed landing, dropping what the ranks staged failed too: {}", e.what());
+    }
+}
+
 void Engine::open_landing(const ControlCommand & cmd, ControlResult & r) {
     if (state_.weight_asleep || state_.degraded || !state_.weights_valid) {
         fail(Errc::wrong_state, "a landed weight stream needs awake, valid weights on every rank{}; POST /v1/wakeup first",
@@ -26,7 +37,7 @@ void Engine::open_landing(const ControlCommand & cmd, ControlResult & r) {
     try {
         accumulate_rank_reports(r, executor_->rank_call(req), std::nullopt);
     } catch (const Error &) {
-        executor_->drop_staged_weights();  // the ranks that opened stop listening
+        drop_after_failure();  // the ranks that opened stop listening
         throw;
     }
 }
@@ -44,7 +55,7 @@ void Engine::commit_landing(const ControlCommand & cmd, ControlResult & r) {
     try {
         landed = executor_->rank_call({.op = runtime::RankOp::land_close, .timeout_s = cmd.land_timeout_s});
     } catch (const Error &) {
-        executor_->drop_staged_weights();
+        drop_after_failure();
         throw;
     }
     accumulate_rank_reports(r, landed, *cmd.version);

@@ -64,7 +64,10 @@ void Engine::poll_drain() {
     drain_.reset();
     ControlResult r;
     r.pause_mode = PauseMode::wait;
-    if (n > 0) {
+    if (d.rank_error) {  // its requests ended with the rank error, not at their end (they were counted "drained": a probe)
+        r.error = Error(Errc::rank_failed, fmt::format("pause mode=wait: a rank failed while {} choice(s) drained; they ended with "
+                                                       "rank_failed, not at their end: {}", d.n_at_start, d.rank_error->what()));
+    } else if (n > 0) {
         r.error = Error(Errc::timeout,
                         fmt::format("pause mode=wait: {} of {} choice(s) still running at the caller's deadline ({:.1f} s after the pause "
                                     "began); admission reopened, nothing changed: retry with a longer deadline (X-Request-Timeout, "

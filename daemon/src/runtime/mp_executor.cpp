@@ -313,6 +313,10 @@ void MpExecutor::gather(const std::vector<int32_t> & ranks, Clock::time_point de
                 details_[r].clear();  // its detail too (read above): the answer awaited may carry none
                 still_.push_back(r);  // a late answer to an older request
             } else {
+                // It ran to answer this call: a stop seen before is over. Looks come once per tick, so
+                // short steps answered between two looks left a stale stopped_since, and a later short
+                // stop failed the rank as "stopped for" the whole span (a probe: two 0.6 s stops).
+                ranks_[r].stopped_since = {};
                 if (ranks_[r].remote && m.rss_bytes > 0) {
                     remote_rss_[r].store(m.rss_bytes, std::memory_order_relaxed);  // control replies carry it; steps do not
                 }

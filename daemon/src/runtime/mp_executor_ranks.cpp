@@ -301,13 +301,14 @@ void MpExecutor::reap(int32_t r, bool kill) {
     k.stopped_since = {};
     if (k.pid <= 0) { return; }
     if (kill) { ::kill(k.pid, SIGKILL); }
-    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    auto deadline = Clock::now() + std::chrono::seconds(5);
     int st = 0;
     while (::waitpid(k.pid, &st, WNOHANG) == 0) {
         if (Clock::now() > deadline) {
             if (!kill) {
                 ::kill(k.pid, SIGKILL);
-                kill = true;
+                kill     = true;
+                deadline = Clock::now() + std::chrono::seconds(5);  // its own wait (it was "did not exit" at once)
                 continue;
             }
             log::get("engine")->error("rank {} (pid {}) did not exit after SIGKILL", r, k.pid);
@@ -328,14 +329,18 @@ void MpExecutor::shutdown() {
     for (auto & k : ranks_) {
         if (!broken) { k.link.send(m); }
     }
+    // One deadline for every rank's answer (it was 5 s each, one after another), and a stopped
+    // rank (SIGSTOP, a debugger) is not asked: it cannot answer, and SIGKILL ends a stopped process
+    // (a probe: SIGTERM with two stopped ranks exited after 20 s, past a 1 s grace).
+    const auto until = Clock::now() + std::chrono::seconds(5);
     for (int32_t r = 0; r < world_size(); ++r) {
         auto & k = ranks_[r];
-        if (!broken && k.link.open()) {
+        const bool stopped = !k.remote && k.pid > 0 && process_stopped(k.pid);
+        if (!broken && !stopped && k.link.open()) {
             LinkMsg ack;
-            const auto until = Clock::now() + std::chrono::seconds(5);
             while (k.link.recv(ack, until) == LinkSocket::Recv::ok && ack.op == static_cast<uint32_t>(LinkOp::beat)) {}
         }
-        reap(r, broken);
+        reap(r, broken || stopped);
     }
 }
 

@@ -288,6 +288,8 @@ private:
     /// update_weights {weight_land}: every rank's landing completes (Worker::land_close), then
     /// every rank commits, labelled cmd.version (required); any failure drops every rank's copy.
     void          commit_landing(const ControlCommand & cmd, ControlResult & r);
+    /// After a failed landing call: every rank's staged copy dropped; a failure of that is logged, not thrown.
+    void          drop_after_failure();
     /// update_weights {weight_delta, weight_land}: a delta stream on landed weights (no serving
     /// dir): applied in place on every rank (all or none), labelled cmd.version (required).
     void          apply_landed_delta(const ControlCommand & cmd, ControlResult & r, runtime::RankOp ranks);
@@ -421,6 +423,7 @@ private:
         int32_t                               n_at_start = 0;
         int32_t                               n_aborted = 0;        ///< of those, ended by an abort meanwhile (not drained)
         bool                                  flush_prefix = true;  ///< the pause's (see do_pause)
+        std::optional<Error>                  rank_error;           ///< a rank failed meanwhile: its requests ended with it (not drained)
     };
     std::optional<Drain>                      drain_;
     std::deque<std::shared_ptr<PendingControl>> held_controls_;  ///< commands queued behind a drain (run in order after it)
