@@ -22,6 +22,8 @@ instead of hanging the trainer.
 """
 import http.client
 import json
+import math
+import numbers
 import os
 import socket
 import threading
@@ -30,6 +32,9 @@ import urllib.parse
 
 # Grace on the socket past the daemon's own deadline: its 504 answer must have time to arrive.
 _SOCKET_GRACE_S = 5.0
+# fdctl's --timeout bound (fd::kMaxWaitS): past it the clocks' tick counts overflow, and
+# threading.Timer / socket timeouts raise inside the call (a probe: 1e12 and inf did).
+_MAX_TIMEOUT_S = 1e7
 _TAGS = ("weight", "kv_cache")
 _PAUSE_MODES = ("abort", "wait", "keep")
 _STATES = ("serving", "paused", "sleeping")
@@ -63,22 +68,57 @@ def _tag_list(tags):
     return ",".join(items)
 
 
+def _parse_url(url):
+    """(host, port, "http://host:port") of a daemon url; see Client."""
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str like 'http://host:port', not {type(url).__name__}")
+    full = url if "://" in url else "http://" + url
+    u = urllib.parse.urlsplit(full)
+    try:
+        host, port = u.hostname, u.port or 80
+    except ValueError as e:  # a port that is not a number or out of range
+        raise ValueError(f"url {url!r}: {e}") from None
+    if u.scheme != "http" or not host:
+        raise ValueError(f"url {url!r}: expected http://host:port")
+    # Dropped silently before (a probe): the calls went to the root of host:port, not where written.
+    for part, value in (("a path", u.path not in ("", "/")), ("a query", u.query), ("a fragment", u.fragment),
+                        ("user info", u.username is not None or u.password is not None)):
+        if value:
+            raise ValueError(f"url {url!r} has {part}: expected http://host:port (the daemon's routes are at its root; "
+                             "pass api_key= for a key)")
+    shown = f"[{host}]" if ":" in host else host  # IPv6: "http://::1:8000" named no port
+    return host, port, f"http://{shown}:{port}"
+
+
+def _check_timeout(timeout, name="timeout"):
+    """`timeout` as a float, or TypeError / ValueError naming `name`."""
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds, not {type(timeout).__name__}")
+    t = float(timeout)
+    if not (math.isfinite(t) and 0 < t <= _MAX_TIMEOUT_S):
+        raise ValueError(f"{name} {timeout!r} must be a number of seconds > 0 and <= {_MAX_TIMEOUT_S:g}")
+    return t
+
+
+def _not_fdrollout(url, method, path, status, what):
+    return FdRolloutError(0, "unreachable", f"{method} {path}: HTTP {status} {what}: not an fdrollout daemon at that URL?",
+                          url=url)
+
+
 class Client:
-    """One daemon. `url`: "http://host:port" (or "host:port"); `api_key`: sent as a Bearer token
-    (the daemon's --api-key); `timeout`: seconds, the deadline of each control call."""
+    """One daemon. `url`: "http://host:port" (or "host:port"; an IPv6 host in brackets,
+    "[::1]:8000"); `api_key`: sent as a Bearer token (the daemon's --api-key); `timeout`:
+    seconds, the deadline of each control call.
+    Errors  TypeError when `url` is not a str or `timeout` not a number; ValueError for a url
+            with a path, query, fragment or user info (fdctl refuses them too: the calls would
+            go elsewhere than written), and for a timeout that is not > 0 and <= 1e7 s."""
 
     def __init__(self, url="http://127.0.0.1:8000", api_key=None, timeout=900.0):
-        if "://" not in url:
-            url = "http://" + url
-        u = urllib.parse.urlsplit(url)
-        if u.scheme != "http" or not u.hostname:
-            raise ValueError(f"url {url!r}: expected http://host:port")
-        if not timeout or timeout <= 0:
-            raise ValueError(f"timeout {timeout!r} must be > 0 seconds")
-        self.url = f"http://{u.hostname}:{u.port or 80}"
-        self.host, self.port = u.hostname, u.port or 80
-        self.api_key, self.timeout = api_key, float(timeout)
+        self.host, self.port, self.url = _parse_url(url)
+        self.api_key, self.timeout = api_key, _check_timeout(timeout)
         self._stream_transport = None  # the weight-stream transport kept after a commit (fdrollout.weight_stream)
+        self._stream_open = False  # a weight stream of this client is open (one at a time: fdrollout.weight_stream)
+        self._stream_lock = threading.Lock()  # guards both: streams may be opened from several threads
 
     def __repr__(self):
         return f"Client({self.url!r})"
@@ -86,9 +126,16 @@ class Client:
     # -- transport ---------------------------------------------------------------------------
 
     def request(self, method, path, body=None, query=None, timeout=None):
-        """One HTTP call; returns the decoded JSON body of a 2xx answer, raises FdRolloutError
-        otherwise. `query`: dict of parameters (None values left out)."""
-        timeout = self.timeout if timeout is None else float(timeout)
+        """One HTTP call; returns the decoded JSON body (a dict) of a 2xx answer. `query`: dict of
+        parameters (None values left out).
+        Errors  FdRolloutError: the daemon's status and type for a 4xx/5xx answer; status 0, type
+                "unreachable" when there is no complete answer in time, or a 2xx whose body is
+                empty or not a JSON object (not an fdrollout daemon at that URL)."""
+        return self._request(method, path, body, query, timeout, _SOCKET_GRACE_S, "unreachable")
+
+    def _request(self, method, path, body, query, timeout, grace, late_type):
+        """`request`, waiting at most `timeout` + `grace` s; no answer by then raises type `late_type`."""
+        timeout = self.timeout if timeout is None else _check_timeout(timeout)
         if query:
             q = {k: v for k, v in query.items() if v is not None}
             if q:
@@ -102,7 +149,7 @@ class Client:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        limit = timeout + _SOCKET_GRACE_S
+        limit = timeout + grace
         conn = http.client.HTTPConnection(self.host, self.port, timeout=limit)
         # The socket timeout restarts with every byte: a peer that answers one byte a second would
         # hold the call forever. A timer shuts the socket at the limit, so the whole call is bounded.
@@ -127,8 +174,10 @@ class Client:
                 raise OSError("the connection was shut at the time limit")
         except (OSError, http.client.HTTPException) as e:
             if expired.is_set():
-                raise FdRolloutError(0, "unreachable", f"{method} {path}: no complete answer within {limit:g} s (the peer kept the "
-                                                       "connection open without finishing its answer)", url=self.url) from e
+                raise FdRolloutError(0, late_type, f"{method} {path}: no complete answer within {limit:g} s (the peer kept the "
+                                                   "connection open without finishing its answer)", url=self.url) from e
+            if isinstance(e, TimeoutError):  # socket.timeout: nothing arrived for `limit` s (a stopped daemon)
+                raise FdRolloutError(0, late_type, f"{method} {path}: no answer within {limit:g} s ({e})", url=self.url) from e
             raise FdRolloutError(0, "unreachable", f"{method} {path}: {e}", url=self.url) from e
         finally:
             timer.cancel()
@@ -138,9 +187,14 @@ class Client:
         except ValueError:
             j = None
         if 200 <= resp.status < 300:
-            if raw and j is None:  # not an fdrollout answer (a proxy's page, another service): never a success
-                raise FdRolloutError(0, "unreachable", f"{method} {path}: HTTP {resp.status} with a body that is not JSON "
-                                                       f"({raw[:60]!r}): not an fdrollout daemon at that URL?", url=self.url)
+            # Not an fdrollout answer (a proxy's page, another service, vLLM's empty /health): never
+            # a success. An empty one was returned as None, and callers raised a bare TypeError (a probe).
+            if not raw:
+                raise _not_fdrollout(self.url, method, path, resp.status, "with an empty body")
+            if j is None:
+                raise _not_fdrollout(self.url, method, path, resp.status, f"with a body that is not JSON ({raw[:60]!r})")
+            if not isinstance(j, dict):
+                raise _not_fdrollout(self.url, method, path, resp.status, f"with a JSON body that is not an object ({raw[:60]!r})")
             return j
         err = (j or {}).get("error") if isinstance(j, dict) else None
         if isinstance(err, dict):
@@ -150,7 +204,15 @@ class Client:
 
     def _control(self, path, body=None, query=None, timeout=None):
         j = self.request("POST", path, body=body, query=query, timeout=timeout)
-        return j.get("result", j) if isinstance(j, dict) else j
+        return j.get("result", j)
+
+    def _field(self, path, key):
+        """GET `path` and its field `key`; FdRolloutError "unreachable" when the answer lacks it
+        (a bare KeyError before: a probe)."""
+        j = self.request("GET", path)
+        if key not in j:
+            raise _not_fdrollout(self.url, "GET", path, 200, f"without {key!r}")
+        return j[key]
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -159,26 +221,39 @@ class Client:
         return self.request("GET", "/health")
 
     def weight_version(self):
-        """The version of the weights being served (a string)."""
-        return self.health()["weight_version"]
+        """The version of the weights being served (a string).
+        Errors  FdRolloutError (as `request`; "unreachable" when /health has no weight_version)."""
+        return self._field("/health", "weight_version")
 
     def is_paused(self):
-        return bool(self.request("GET", "/v1/is_paused")["is_paused"])
+        """Errors  FdRolloutError (as `request`; "unreachable" when the answer has no is_paused)."""
+        return bool(self._field("/v1/is_paused", "is_paused"))
 
     def wait(self, until="serving", timeout=60.0, poll_s=0.05):
         """Poll /health until its `state` is `until` (serving, paused, sleeping); returns the
-        health body. Raises FdRolloutError type "timeout" after `timeout` seconds."""
+        health body. Each poll is bounded by what is left of `timeout`, so the wait ends near
+        `timeout` seconds (at most about 1 s past it) whatever the daemon does.
+        Errors  FdRolloutError type "timeout" (status 0) when the state is not `until` by then,
+                or the daemon did not answer a poll in time (stopped, or gone: the message says
+                which); "unreachable" when a poll is refused at once (nothing listens) or the
+                answer has no state. ValueError for an unknown `until` or a bad timeout."""
         if until not in _STATES:
             raise ValueError(f"until {until!r}: one of {', '.join(_STATES)}")
+        timeout = _check_timeout(timeout)
         end = time.monotonic() + timeout
         while True:
-            h = self.request("GET", "/health", timeout=min(self.timeout, max(timeout, 1.0)))
-            if h.get("state") == until:
+            # A poll waits at most what is left (>= 1 s): with the whole call timeout + 5 s grace
+            # per poll, a stopped daemon raised "unreachable" after timeout + 5 s (a probe).
+            left = end - time.monotonic()
+            h = self._request("GET", "/health", None, None, max(left, 1.0), 0.0, "timeout")
+            if "state" not in h:
+                raise _not_fdrollout(self.url, "GET", "/health", 200, "without 'state'")
+            if h["state"] == until:
                 return h
             if time.monotonic() >= end:
-                raise FdRolloutError(0, "timeout", f"state is {h.get('state')!r}, not {until!r}, after {timeout:g} s",
+                raise FdRolloutError(0, "timeout", f"state is {h['state']!r}, not {until!r}, after {timeout:g} s",
                                      h, self.url)
-            time.sleep(poll_s)
+            time.sleep(min(poll_s, max(end - time.monotonic(), 0.0)))
 
     # -- control -------------------------------------------------------------------------------
 
@@ -257,7 +332,10 @@ class Client:
         process broadcasts from `device` as rank 0; fdrollout.nccl_sender). See
         fdrollout.weight_stream and docs/weight_streams.md. `land`: True = each rank receives its own
         shard from this process straight into its staging memory (one connection per rank; CPU
-        ranks, full updates with a version); "auto" = land where the daemon can, else as usual."""
+        ranks, full updates with a version); "auto" = land where the daemon can, else as usual.
+        Errors  ValueError for a bad argument ("" as a version); FdRolloutError for what fails on the
+                daemon or its transport, and 409 "wrong_state" while another stream of this
+                client is open (one at a time, also across threads)."""
         from .weight_stream import WeightStream
         return WeightStream(self, version, base_version=base_version, bucket_bytes=bucket_bytes, timeout=timeout, backend=backend,
                             device=device, land=land)

@@ -25,12 +25,13 @@ from .client import Client, FdRolloutError
 
 
 class FleetError(Exception):
-    """results: {url: result dict | FdRolloutError}; committed: None (not an update), "none" or
+    """results: {url: result dict | the exception (FdRolloutError, or whatever else the member's
+    call raised)}; committed: None (not an update), "none" or
     "some"; serving: {url: weight_version or None when unknown} after an update."""
 
     def __init__(self, what, results, committed=None, serving=None):
         failed = {u: r for u, r in results.items() if isinstance(r, Exception)}
-        lines = [f"{u}: {r.type}: {r.message}" if isinstance(r, FdRolloutError) else f"{u}: {r}" for u, r in failed.items()]
+        lines = [f"{u}: {r.type}: {r.message}" if isinstance(r, FdRolloutError) else f"{u}: {type(r).__name__}: {r}" for u, r in failed.items()]
         super().__init__(f"{what}: {len(failed)} of {len(results)} member(s) failed" + ("; " if lines else "") + "; ".join(lines))
         self.results, self.committed, self.serving = results, committed, serving or {}
 
@@ -57,7 +58,13 @@ def read_fleet_file(path):
 
 
 class Fleet:
+    """Several daemons. `urls`: a list (or other iterable) of urls or `Client`s.
+    Errors  TypeError for a single str (pass a list: its characters were taken as members, a
+            probe), ValueError for no member or one listed twice (and as Client for each url)."""
+
     def __init__(self, urls, api_key=None, timeout=900.0):
+        if isinstance(urls, (str, bytes)):
+            raise TypeError(f"Fleet takes a list of urls, not one {type(urls).__name__}: Fleet([{urls!r}])")
         self.members = [u if isinstance(u, Client) else Client(u, api_key=api_key, timeout=timeout) for u in urls]
         if not self.members:
             raise ValueError("a fleet needs at least one member")
@@ -75,14 +82,16 @@ class Fleet:
         return f"Fleet({[m.url for m in self.members]!r})"
 
     def map(self, fn):
-        """fn(client) on every member in parallel -> {url: result or the exception it raised}."""
+        """fn(client) on every member in parallel -> {url: result or the exception it raised}.
+        Any exception is that member's failure, never raised from here: one that escaped (a
+        bare TypeError of a member's odd answer, a probe) hid which members had committed."""
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.members)) as ex:
             futs = {m.url: ex.submit(fn, m) for m in self.members}
         out = {}
         for url, fut in futs.items():
             try:
                 out[url] = fut.result()
-            except (FdRolloutError, OSError, ValueError) as e:
+            except Exception as e:  # noqa: BLE001 - recorded as the member's result
                 out[url] = e
         return out
 

@@ -30,8 +30,9 @@ version, even if this process dies midway):
 then `fdctl pause && fdctl update-weights --version 42 && fdctl resume`.
 
 `dtype` must match what the rollout holds (the dtype of its --model checkpoint; F16 models are
-held as F32): "F32", "BF16" or "F16"; None keeps each array's dtype (float32 -> F32). A value
-may also be (array, dtype) for one tensor.
+held as F32): "F32", "BF16" or "F16"; None keeps each array's dtype (float32 -> F32; a CPU torch
+bfloat16 tensor -> BF16, widened exactly to F32 with dtype="F32"). A value may also be
+(array, dtype) for one tensor.
 """
 import hashlib
 import json
@@ -311,7 +312,9 @@ def write_manifest(version_dir, version, base_version=None, base_fingerprint=Non
 def _tag_of(value, dtype):
     """The safetensors dtype tag `value` would be stored as (without converting it)."""
     arr, dt = value if isinstance(value, tuple) else (value, dtype)
-    arr = np.asarray(arr)
+    arr, tag = safetensors_np.from_torch(arr)
+    if tag is not None:  # torch bfloat16: stored as BF16 unless dtype= says another float
+        return dt or tag
     if dt is not None and arr.dtype.kind == "f":
         return dt
     return safetensors_np._TAG.get(arr.dtype.newbyteorder("="), str(arr.dtype))
@@ -469,7 +472,9 @@ def publish_ipc(tensors, port, version, rank=0, tp_size=1, dtype=None):
     fdrollout.cuda_ipc): no bytes leave the GPU here, and the rollout copies it device to device
     (or to host for a CPU rank). Such tensors must be contiguous, in the dtype the model holds
     (`dtype` does not cast them), and stay alive and unchanged until update_weights returned.
-    Returns the new generation."""
+    Other torch tensors are copied as numpy arrays (bfloat16: BF16, or widened with dtype="F32").
+    Returns the new generation.
+    Errors  ValueError naming a tensor that cannot be published (dtype, name, rank > 4)."""
     check_version(version)
     encoded = []
     for name in sorted(tensors):

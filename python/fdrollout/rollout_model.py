@@ -17,6 +17,7 @@ The rollout's names and shards are those of `fdctl model-info` and the C++ `Roll
 embeddings are tied (docs/weight_sources.md). A trainer uses the mapping to align its
 checkpoint with what the rollout holds, and `state_dict()` to compare values.
 """
+import numbers
 import os
 
 from . import publish
@@ -24,17 +25,30 @@ from . import publish
 LOAD_STRATEGIES = ("normal", "ipc_snapshot", "ipc", "rsync")
 
 
+def _integer(value):
+    """`value` as an int when it is an integral number (numpy's too: np.int64(2) was refused while
+    True passed, a probe); None for a bool or anything else."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
+
+
 class RolloutModelConfig:
+    """Errors  ValueError naming the argument: no config.json, a tensor_parallel_size that is not
+    an integer >= 1 (a bool is not one), an unknown load_strategy, a non-bool
+    enable_expert_parallel."""
+
     def __init__(self, model_name_or_path, tensor_parallel_size=1, dynamic_load_weight=True,
                  load_strategy="normal", enable_expert_parallel=False):
         if not os.path.isfile(os.path.join(model_name_or_path, "config.json")):
             raise ValueError(f"model_name_or_path {model_name_or_path!r}: no config.json there")
-        if not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
+        tp = _integer(tensor_parallel_size)
+        if tp is None or tp < 1:
             raise ValueError(f"tensor_parallel_size {tensor_parallel_size!r} must be an integer >= 1")
         if load_strategy not in LOAD_STRATEGIES:
             raise ValueError(f"load_strategy {load_strategy!r}: one of {', '.join(LOAD_STRATEGIES)}")
         self.model_name_or_path = model_name_or_path
-        self.tensor_parallel_size = tensor_parallel_size
+        self.tensor_parallel_size = tp
         self.dynamic_load_weight = bool(dynamic_load_weight)
         self.load_strategy = load_strategy
         if not isinstance(enable_expert_parallel, bool):
@@ -85,20 +99,23 @@ class RolloutModel:
         return self._hf
 
     def _check_rank(self, rank):
+        """`rank` as an int. Errors  ValueError when it is not an integer in [0, tp) (a bool is not one)."""
         tp = self.cfg.tensor_parallel_size
-        if not isinstance(rank, int) or not 0 <= rank < tp:
-            raise ValueError(f"rank {rank!r} is outside tensor_parallel_size {tp}")
+        r = _integer(rank)
+        if r is None or not 0 <= r < tp:
+            raise ValueError(f"rank {rank!r} must be an integer in [0, {tp}) (tensor_parallel_size {tp})")
+        return r
 
     def rank_experts(self, rank=0):
         """range(begin, end): the experts of each sparse layer `rank` holds (all of them without
         expert parallelism; empty for a dense model)."""
-        self._check_rank(rank)
+        rank = self._check_rank(rank)
         return publish.rank_experts(self.config, self.cfg.tensor_parallel_size, rank, self.cfg.enable_expert_parallel)
 
     def state_dict(self, rank=0):
         """{rollout name: numpy array} of tensor-parallel `rank` (float32 values); under expert
         parallelism only that rank's experts, whole."""
-        self._check_rank(rank)
+        rank = self._check_rank(rank)
         return publish.to_rollout_names(self._training(), self.config, tp=self.cfg.tensor_parallel_size, rank=rank,
                                         expert_parallel=self.cfg.enable_expert_parallel)
 

@@ -35,6 +35,19 @@ def is_torch(value):
     return type(value).__module__.split(".")[0] == "torch"
 
 
+def from_torch(value):
+    """(numpy array, "BF16" or None) of a CPU (or other) torch tensor: a bfloat16 one as its
+    uint16 bits tagged "BF16" (np.asarray raised an unnamed "Got unsupported ScalarType
+    BFloat16": a probe), any other as tensor.numpy(); a non-torch value as np.asarray."""
+    if not is_torch(value):
+        return np.asarray(value), None
+    t = value.detach().cpu().contiguous()
+    if str(t.dtype) == "torch.bfloat16":
+        import torch  # present: t is a torch tensor
+        return t.view(torch.int16).numpy().view(np.uint16), "BF16"
+    return t.numpy(), None
+
+
 def _f32_to_bf16_bits(a):
     """float32 array -> uint16 bf16 bit patterns, round-to-nearest-even; a NaN stays a (quiet)
     NaN. In uint32 (only a NaN can carry past 2^32: the largest other pattern, -Inf 0xFF800000,
@@ -72,8 +85,14 @@ def bf16_round(a):
 
 
 def _encode(arr, dtype):
-    """(tag, contiguous little-endian storage array) for one tensor."""
-    arr = np.asarray(arr)
+    """(tag, contiguous little-endian storage array) for one tensor (numpy, or torch: a bfloat16
+    one stays BF16 bits, or is widened exactly to float32 first when `dtype` is another).
+    Errors  ValueError for a dtype that cannot be stored."""
+    arr, tag = from_torch(arr)
+    if tag == "BF16":
+        if dtype in (None, "BF16"):
+            return "BF16", np.ascontiguousarray(arr)
+        arr = _bf16_bits_to_f32(arr)
     if dtype is not None and arr.dtype.kind == "f":
         if dtype not in _FLOAT_TAGS:
             raise ValueError(f"unsupported dtype {dtype!r}; use F32, F16 or BF16")
@@ -89,7 +108,8 @@ def _encode(arr, dtype):
 def save_file(tensors, path, metadata=None, dtype=None):
     """Write `tensors` ({name: array}) to `path` in safetensors format.
 
-    dtype: None keeps each array's own dtype (float32 -> F32, float16 -> F16);
+    dtype: None keeps each array's own dtype (float32 -> F32, float16 -> F16, a torch
+    bfloat16 tensor -> BF16);
     "F32" / "F16" / "BF16" converts every floating array to that type
     (integer arrays are never converted). A value may also be a tuple
     (array, dtype) to override the conversion for that one tensor.

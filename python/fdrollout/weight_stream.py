@@ -30,10 +30,12 @@ stopped daemon raises), and the daemon drops an update that gets nothing for its
 The transport is opened once, as vLLM's protocol does (init, then start/update/finish per step):
 after a commit the client keeps the connection (or NCCL group), and its next `weight_stream` with
 the same backend, device and timeout skips `/init_weight_transfer_engine`; a stream that fails
-closes it, and one the daemon closed meanwhile is opened anew (start is retried once).
+closes it, and one the daemon closed meanwhile is opened anew (start is retried once). One stream
+per Client is open at a time: another opened meanwhile (a thread) is an FdRolloutError 409.
 numpy only; torch tensors are accepted (via .numpy()) but torch is never imported.
 """
 import json
+import queue
 import select
 import socket
 import struct
@@ -76,6 +78,26 @@ def _send_all(sock, views, iov_max=512):
             i += 1
 
 
+def _connect(host, port, timeout, what):
+    """A TCP connection to the daemon's transport `what`, with TCP_NODELAY.
+    Errors  FdRolloutError (status 0, "unreachable") naming `what` and the address: a bare
+            ConnectionRefusedError / OSError before (a probe)."""
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+    except OSError as e:
+        raise FdRolloutError(0, "unreachable", f"{what}: cannot connect to {host}:{port}: {e}") from e
+
+
+def _transport_error(e, what):
+    """OSError / TimeoutError of the transport as FdRolloutError (status 0): "timeout" when a wait
+    ran out, else "unreachable"."""
+    if isinstance(e, FdRolloutError):
+        return e
+    return FdRolloutError(0, "timeout" if isinstance(e, TimeoutError) else "unreachable", f"{what}: {e}")
+
+
 def _open(sock):
     """False when the daemon closed or reset the connection (never blocks)."""
     p = select.poll()
@@ -96,9 +118,19 @@ def _to_numpy(t):
 
 
 class WeightStream:
-    """One update of one daemon. Use through `Client.weight_stream(...)`."""
+    """One update of one daemon. Use through `Client.weight_stream(...)`.
+    Errors  ValueError for a bad argument (an empty version or base_version: "" is not a label;
+            pass None for the fingerprint label), before any call; FdRolloutError for whatever
+            fails on the daemon or its transport (status 0, "unreachable" / "timeout", when the
+            transport cannot be reached, breaks or a wait runs out)."""
 
     def __init__(self, client, version, base_version=None, bucket_bytes=64 << 20, timeout=None, backend="tcp", device=0, land=False):
+        # "" committed under a fingerprint label (taken as None), where update_weights(version="")
+        # is a 400 (a probe): refused here, before any call.
+        for what, v in (("version", version), ("base_version", base_version)):
+            if v is not None and str(v) == "":
+                raise ValueError(f"{what} '' is not a label: pass a non-empty one, or None" +
+                                 (" (the fingerprint label fp-...)" if what == "version" else ""))
         if backend not in ("tcp", "nccl"):
             raise ValueError(f"backend must be 'tcp' or 'nccl', not {backend!r}")
         if land not in (True, False, "auto"):
@@ -108,6 +140,7 @@ class WeightStream:
                 raise ValueError("land=True needs backend 'tcp', a version, and no base_version (a delta goes through the daemon)")
             land = False
         self.land, self._lander = land, None
+        self._holds = False  # this stream holds its client's one open stream (_take_kept_transport)
         self._open_block = False  # inside the `with` block: send / send_delta / flush allowed
         self.backend, self.device, self._nccl = backend, device, None
         self.client, self.version = client, (None if version is None else str(version))
@@ -158,17 +191,30 @@ class WeightStream:
             host = info.get("host") or c.host
             if host in ("0.0.0.0", "::", ""):
                 host = c.host
-            self.sock = socket.create_connection((host, int(info["port"])), timeout=self.timeout)
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.sock.sendall(_frame({"token": info["token"]}))
+            self.sock = _connect(host, int(info["port"]), self.timeout, "the weight-stream transport")
+            try:
+                self.sock.sendall(_frame({"token": info["token"]}))
+            except OSError as e:
+                raise _transport_error(e, "the weight-stream transport's hello") from e
 
     def _key(self):
         return (self.backend, self.device, self.timeout)
 
     def _take_kept_transport(self):
-        """The transport the client kept from its last committed stream, when it has the same
-        backend, device and timeout and (tcp) the daemon has not closed it; else None (closed)."""
-        kept, self.client._stream_transport = self.client._stream_transport, None
+        """Mark the client's stream open and take the transport it kept from its last committed
+        stream: True when it has the same backend, device and timeout and (tcp) the daemon has not
+        closed it; else False (closed).
+        Errors  FdRolloutError 409 "wrong_state" while another stream of this client is open."""
+        # One stream per Client at a time, checked and taken together: two streams on one Client
+        # (threads) took the same kept socket and the loser's close broke the winner's stream, and
+        # one's init replaced the transport of the other's open update (a probe). The daemon holds
+        # one open update anyway: the second is told so at once, as the daemon's 409 would.
+        with self.client._stream_lock:
+            if self.client._stream_open:
+                raise FdRolloutError(409, "wrong_state", "another weight stream of this Client is open (one at a time: wait "
+                                                         "for its `with` block to end, or use a Client per thread)", url=self.client.url)
+            self.client._stream_open, self._holds = True, True
+            kept, self.client._stream_transport = self.client._stream_transport, None
         if kept is None:
             return False
         key, sock, nccl, expected = kept
@@ -185,14 +231,14 @@ class WeightStream:
         # connection or NCCL group). If the daemon dropped it meanwhile (another trainer's init,
         # a failed update, a restart), start fails and the transport is opened anew once.
         reused = self._take_kept_transport()
-        if not reused:
-            self._open_transport()
-        body = {"version": self.version} if self.version else {}
+        body = {"version": self.version} if self.version is not None else {}
         if self.base_version is not None:
             body["base_version"] = self.base_version
         if self.land:
             body["land"] = True
         try:
+            if not reused:
+                self._open_transport()
             try:
                 started = self.client.request("POST", "/start_weight_update", body=body, timeout=self.timeout)
             except FdRolloutError as e:
@@ -201,7 +247,7 @@ class WeightStream:
                 if self.land == "auto" and e.status == 409:  # the ranks cannot land (CUDA ranks, ...): through the daemon
                     self.land = False
                     body.pop("land", None)
-                self._close()
+                self._close_transport()
                 self._open_transport()
                 started = self.client.request("POST", "/start_weight_update", body=body, timeout=self.timeout)
             if self.land:
@@ -212,6 +258,12 @@ class WeightStream:
         self._open_block = True
         return self
 
+    def _release(self):
+        """The client may open its next stream (once: only the stream that held it releases it)."""
+        with self.client._stream_lock:
+            if self._holds:
+                self.client._stream_open, self._holds = False, False
+
     def __exit__(self, exc_type, exc, tb):
         committed = False
         try:
@@ -219,7 +271,7 @@ class WeightStream:
                 self.flush()
                 if self._lander is not None:  # every part sent and the connections shut: the ranks check they have them all
                     self._lander.finish()
-                body = {"version": self.version} if self.version else {}
+                body = {"version": self.version} if self.version is not None else {}
                 self.result = self.client.request("POST", "/finish_weight_update", body=body, timeout=self.timeout)
                 committed = True
             else:
@@ -230,10 +282,12 @@ class WeightStream:
                 self._lander.close()
                 self._lander = None
             if committed:  # the daemon keeps the transport after a commit: so does the client, for its next stream
-                self.client._stream_transport = (self._key(), self.sock, self._nccl, self.expected)
+                with self.client._stream_lock:
+                    self.client._stream_transport = (self._key(), self.sock, self._nccl, self.expected)
                 self.sock, self._nccl = None, None
             else:  # a dropped update closes the daemon's end
-                self._close()
+                self._close_transport()
+            self._release()
         return False
 
     # -- sending -------------------------------------------------------------------------------
@@ -264,7 +318,9 @@ class WeightStream:
 
     def _cast(self, name, a, tag, dtype, want=None):
         want = want or self.expected.get(name, (None,))[0]
-        if dtype is not None:
+        if dtype == "BF16" and a.dtype == np.uint16:  # bf16 bits (changed_elements' of numpy ones): widened below as torch's
+            tag = "BF16"
+        elif dtype is not None:
             return a, dtype
         if want not in (None, "BF16") and tag == "BF16" and a.dtype == np.uint16:  # torch bfloat16 bits: widened exactly
             a, tag = (a.astype(np.uint32) << 16).view(np.float32), "F32"
@@ -355,9 +411,9 @@ class WeightStream:
         if error:
             raise error[0]
         if send_error is not None:
-            raise send_error
+            raise _transport_error(send_error, f"sending a bucket of {len(bucket)} tensor(s) on the weight-stream transport") from send_error
         if th.is_alive():
-            raise TimeoutError(f"/update_weights did not answer within {self.timeout + 10:g} s")
+            raise FdRolloutError(0, "timeout", f"POST /update_weights: no answer within {self.timeout + 10:g} s", url=self.client.url)
         return answer.get("r")
 
     def abort(self):
@@ -369,6 +425,13 @@ class WeightStream:
             pass
 
     def _close(self):
+        """Close this stream's transport and end the stream on this side (its client may open the next)."""
+        try:
+            self._close_transport()
+        finally:
+            self._release()
+
+    def _close_transport(self):
         if self._lander is not None:
             self._lander.close()
             self._lander = None
@@ -388,7 +451,6 @@ class _Lander:
     in C, where a view per row costs a Python call each)."""
 
     def __init__(self, ranks, default_host, timeout):
-        import queue
         self.timeout, self.errors, self.socks, self.queues, self.threads = timeout, [], [], [], []
         self.plan = {}  # hf name -> [(rank index, part)], part = [name, offset, nbytes, dtype, dim, src0, n, hf_shape]
         try:
@@ -398,10 +460,12 @@ class _Lander:
                 host = r.get("host") or default_host
                 if host in ("0.0.0.0", "::", ""):
                     host = default_host
-                sock = socket.create_connection((host, int(r["port"])), timeout=timeout)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock = _connect(host, int(r["port"]), timeout, f"rank {i}'s landing connection")
                 self.socks.append(sock)
-                sock.sendall(_frame({"token": r["token"]}))
+                try:
+                    sock.sendall(_frame({"token": r["token"]}))
+                except OSError as e:
+                    raise _transport_error(e, f"rank {i}'s landing connection (hello)") from e
                 q = queue.Queue(maxsize=256)
                 th = threading.Thread(target=self._run, args=(sock, q), daemon=True)
                 th.start()
@@ -428,10 +492,14 @@ class _Lander:
             finally:
                 q.task_done()
 
-    def send(self, name, a):
-        """Queue every rank's parts of `a` (already in the parts' dtype); returns the bytes."""
+    def _raise_error(self):
         if self.errors:
-            raise self.errors[0]
+            raise _transport_error(self.errors[0], "sending to a rank's landing connection") from self.errors[0]
+
+    def send(self, name, a):
+        """Queue every rank's parts of `a` (already in the parts' dtype); returns the bytes.
+        Errors  FdRolloutError when a rank's connection broke, or its queue stayed full for the timeout."""
+        self._raise_error()
         total = 0
         for i, (_, offset, nbytes, _dtype, dim, src0, n, hf_shape) in self.plan[name]:
             if list(a.shape) != list(hf_shape):
@@ -439,32 +507,41 @@ class _Lander:
             part = a[src0:src0 + n] if dim == 0 else a[:, src0:src0 + n]
             if part.nbytes != nbytes:
                 raise ValueError(f"{name}: {part.nbytes} bytes for a part of {nbytes}")
-            self.queues[i].put((struct.pack("<QQ", offset, nbytes), part), timeout=self.timeout)
+            try:
+                self.queues[i].put((struct.pack("<QQ", offset, nbytes), part), timeout=self.timeout)
+            except queue.Full:
+                raise FdRolloutError(0, "timeout", f"{name}: rank {i} did not take its parts within {self.timeout:g} s") from None
             total += nbytes
         return total
 
     def drain(self):
-        """Wait (at most the timeout) until every part queued so far went out on its socket."""
+        """Wait (at most the timeout) until every part queued so far went out on its socket.
+        Errors  FdRolloutError ("timeout" when a rank did not take its parts in time)."""
         for q in self.queues:
             with q.all_tasks_done:
                 if not q.all_tasks_done.wait_for(lambda: q.unfinished_tasks == 0, self.timeout):
-                    raise TimeoutError(f"a rank did not take its parts within {self.timeout:g} s")
-        if self.errors:
-            raise self.errors[0]
+                    raise FdRolloutError(0, "timeout", f"a rank did not take its parts within {self.timeout:g} s")
+        self._raise_error()
 
     def finish(self):
         """Wait until every queued part went out, then shut the connections' sending side (a rank
-        missing a part then fails at once instead of at its deadline)."""
-        for q in self.queues:
-            q.put(None, timeout=self.timeout)
+        missing a part then fails at once instead of at its deadline).
+        Errors  FdRolloutError ("timeout" when a rank did not take its parts in time)."""
+        try:
+            for q in self.queues:
+                q.put(None, timeout=self.timeout)
+        except queue.Full:
+            raise FdRolloutError(0, "timeout", f"a rank did not take its parts within {self.timeout:g} s") from None
         for th in self.threads:
             th.join(self.timeout)
             if th.is_alive():
-                raise TimeoutError(f"a rank did not take its parts within {self.timeout:g} s")
-        if self.errors:
-            raise self.errors[0]
-        for sock in self.socks:
-            sock.shutdown(socket.SHUT_WR)
+                raise FdRolloutError(0, "timeout", f"a rank did not take its parts within {self.timeout:g} s")
+        self._raise_error()
+        try:
+            for sock in self.socks:
+                sock.shutdown(socket.SHUT_WR)
+        except OSError as e:
+            raise _transport_error(e, "shutting a rank's landing connection") from e
 
     def close(self):
         for sock in self.socks:
@@ -486,13 +563,20 @@ class _Lander:
 
 def changed_elements(old, new):
     """(indices, values) of the elements where `new` differs from `old` bitwise (same shape and
-    dtype; numpy arrays or CPU torch tensors): indices int64 [n] flat, sorted; values [n] of new.
-    A NaN that stays NaN with the same bits is unchanged; +0.0 → -0.0 is a change."""
-    a, _ = _to_numpy(old)
-    b, _ = _to_numpy(new)
-    if a.shape != b.shape or a.dtype != b.dtype:
-        raise ValueError(f"changed_elements: {a.shape} {a.dtype} vs {b.shape} {b.dtype}")
+    dtype; numpy arrays or CPU torch tensors): indices int64 [n] flat, sorted; values [n] of new,
+    a numpy array, or for torch bfloat16 inputs a CPU torch bfloat16 tensor (numpy has none: their
+    uint16 bits were refused by send_delta, a probe), which send_delta sends as BF16, widened
+    exactly to F32 for an F32 model as `send` does. A NaN that stays NaN with the same bits is
+    unchanged; +0.0 → -0.0 is a change.
+    Errors  ValueError when the shapes or dtypes differ."""
+    a, tag_a = _to_numpy(old)
+    b, tag_b = _to_numpy(new)
+    if a.shape != b.shape or a.dtype != b.dtype or tag_a != tag_b:
+        raise ValueError(f"changed_elements: {a.shape} {tag_a or a.dtype} vs {b.shape} {tag_b or b.dtype}")
     bits = np.dtype(f"u{a.dtype.itemsize}")
     fa, fb = a.reshape(-1).view(bits), b.reshape(-1).view(bits)
     idx = np.flatnonzero(fa != fb).astype(np.int64)
+    if tag_b == "BF16" and is_torch(new):
+        import torch  # present: new is a torch tensor
+        return idx, torch.from_numpy(b.reshape(-1)[idx].view(np.int16)).view(torch.bfloat16)
     return idx, b.reshape(-1)[idx]

@@ -11,8 +11,10 @@ class FakeMember(http.server.BaseHTTPRequestHandler):
     """Stages fine; its commit answers `commit_status` (409: wrong_state, other errors:
     rank_failed; 0: no answer for `commit_delay` s, then the connection closes, so the caller
     cannot know whether it committed); /health reports `health_version`; the paths of the POSTs
-    go to `log`, the port of each drop to `drops` (lists, when set)."""
+    go to `log`, the port of each drop to `drops` (lists, when set). `odd`: answers like a
+    service that is not fdrollout (/health 200 with an empty body, every POST 200 {"result": {}})."""
     commit_status = 200
+    odd = False
     health_version = "old"
     commit_delay = 9.0
     drops = None
@@ -30,6 +32,8 @@ class FakeMember(http.server.BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.log is not None:
             self.log.append(self.path)
+        if self.odd:
+            return self.answer(200, {"result": {}})
         if self.path == "/v1/commit_weights" and self.commit_status != 200:
             if self.commit_status == 0:
                 time.sleep(self.commit_delay)
@@ -42,6 +46,10 @@ class FakeMember(http.server.BaseHTTPRequestHandler):
                                                           "dropped_version": None}})
 
     def do_GET(self):
+        if self.odd:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            return self.end_headers()
         self.answer(200, {"state": "paused", "weight_version": self.health_version, "is_paused": True, "staged_weight_version": None})
 
     def log_message(self, *args):

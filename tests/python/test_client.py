@@ -153,6 +153,29 @@ class Deadlines(unittest.TestCase):
                 d.proc.send_signal(signal.SIGCONT)
             self.assertEqual(Client(f"127.0.0.1:{d.port}").health()["state"], "serving")
 
+    def test_wait_on_a_stopped_daemon_ends_near_its_timeout(self):
+        """Each poll of Client.wait had the call's grace too: against a stopped daemon wait(timeout=2)
+        raised "unreachable" after 2 + 5 s, where its docstring said "timeout" after 2 s (a probe)."""
+        with Daemon("--dynamic-load-weight") as d:
+            c = Client(f"127.0.0.1:{d.port}", timeout=60)
+            self.assertEqual(c.wait("serving", timeout=2)["state"], "serving")
+            stop_process(d.proc.pid)
+            try:
+                t0 = time.monotonic()
+                with self.assertRaises(FdRolloutError) as e:
+                    c.wait("paused", timeout=2)
+                self.assertGreater(time.monotonic() - t0, 1.9)
+                self.assertLess(time.monotonic() - t0, 2 + 1)
+                self.assertEqual((e.exception.status, e.exception.type), (0, "timeout"))
+                self.assertIn("/health", e.exception.message)
+            finally:
+                d.proc.send_signal(signal.SIGCONT)
+            t0 = time.monotonic()
+            with self.assertRaises(FdRolloutError) as e:
+                c.wait("paused", timeout=1)  # answered, never paused
+            self.assertLess(time.monotonic() - t0, 1 + 1)
+            self.assertEqual(e.exception.type, "timeout")
+            self.assertIn("state is 'serving', not 'paused'", e.exception.message)
 
     def test_a_peer_that_drips_its_answer_raises_within_the_deadline(self):
         """The socket timeout restarts with every byte: a peer answering one byte a second held

@@ -44,6 +44,32 @@ class FleetCommitPhase(unittest.TestCase):
         self.assertNotIn("/v1/drop_staged_weights", log)
 
 
+class FleetOddMember(unittest.TestCase):
+    """A probe: a member answering /health 200 with an empty body made Fleet.update_weights raise
+    a bare TypeError after the commits (from the versions read after them), with no record of
+    which member committed. Now that member's version is unknown and the update is "some"."""
+
+    def test_a_member_that_is_not_fdrollout_after_the_commits(self):
+        tmp = tempfile.mkdtemp(prefix="fd-pyfleet-odd-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        with Daemon("--dynamic-load-weight", model=copy_checkpoint(STORIES, os.path.join(tmp, "m"))) as d:
+            odd, real = serve_fake(self, odd=True), f"127.0.0.1:{d.port}"
+            f = Fleet([odd, real], timeout=30)
+            f.pause()
+            with self.assertRaises(FleetError) as e:
+                f.update_weights("odd-1")
+            self.assertEqual(e.exception.committed, "some")
+            self.assertEqual(e.exception.serving, {"http://" + odd: None, "http://" + real: "odd-1"})
+            self.assertEqual(e.exception.results["http://" + real]["version"], "odd-1")
+            self.assertEqual(e.exception.results["http://" + odd], {})
+            vs = f.weight_versions()
+            self.assertEqual(vs["http://" + real], "odd-1")
+            self.assertIsInstance(vs["http://" + odd], FdRolloutError)
+            self.assertEqual(vs["http://" + odd].type, "unreachable")
+            d.post("/v1/resume")
+            self.assertEqual(greedy(d)[2], "odd-1")
+
+
 class FleetUpdate(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

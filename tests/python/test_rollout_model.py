@@ -82,6 +82,26 @@ class RolloutModelTest(unittest.TestCase):
         with self.assertRaises(ValueError):  # 172 / 3: the intermediate size does not shard
             RolloutModel(RolloutModelConfig(STORIES, tensor_parallel_size=3)).state_dict()
 
+    def test_integral_numbers_count_bools_do_not(self):
+        """np.int64(2) was refused as "must be an integer" while True passed as tp 1 (a probe)."""
+        cfg = RolloutModelConfig(STORIES, tensor_parallel_size=np.int64(2))
+        self.assertEqual((cfg.tensor_parallel_size, type(cfg.tensor_parallel_size)), (2, int))
+        rm = RolloutModel(cfg)
+        sd = rm.state_dict(np.int64(1))
+        want = rm.state_dict(1)
+        self.assertEqual(sorted(sd), sorted(want))
+        for name in want:
+            np.testing.assert_array_equal(sd[name], want[name], name)
+        self.assertEqual(list(rm.rank_experts(np.int32(1))), list(rm.rank_experts(1)))
+        for bad in (True, False, 2.0, "2"):
+            with self.assertRaises(ValueError, msg=repr(bad)) as e:
+                RolloutModelConfig(STORIES, tensor_parallel_size=bad)
+            self.assertIn("tensor_parallel_size", str(e.exception))
+        for bad in (True, 1.0, np.int64(2)):
+            with self.assertRaises(ValueError, msg=repr(bad)) as e:
+                rm.state_dict(bad)
+            self.assertIn("rank", str(e.exception))
+
 
 if __name__ == "__main__":
     unittest.main()
