@@ -23,6 +23,7 @@
 #include "fd/trust.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -95,10 +96,18 @@ json publish_rank(const PublishOptions & o, const fd::publish::RolloutModel & m,
     const std::string path = "/dev/shm" + name;
     ShmMap sm;
     sm.fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);  // glibc adds O_NOFOLLOW
+    if (sm.fd < 0 && errno == ELOOP) { fd::fail(fd::Errc::forbidden, "{} is a symbolic link, which is never followed: remove it", path); }
     if (sm.fd < 0) { fd::fail(fd::Errc::invalid_argument, "cannot create {}: {}", path, std::strerror(errno)); }
     // Only a record of this user that nobody else can open: an object another local user made
     // first (and holds open) would otherwise get the weights (a probe). forbidden, naming owner and mode.
     fd::check_trusted(sm.fd, path, fd::Trust::secret);
+    // One publisher per record at a time (fdrollout.publish takes the same lock): two at once both
+    // took an odd generation for a crashed writer's, interleaved their bytes and published the same
+    // even generation, which the daemon served under one label (a probe). Held until sm.fd closes.
+    if (::flock(sm.fd, LOCK_EX | LOCK_NB) != 0) {
+        fd::fail(fd::Errc::wrong_state, "another publisher is writing {} (one publisher per port at a time); nothing was written: "
+                                        "retry when it is done", path);
+    }
     struct stat st{};
     if (::fstat(sm.fd, &st) != 0) { fd::fail(fd::Errc::invalid_argument, "cannot stat {}: {}", path, std::strerror(errno)); }
     // An existing record: mark it "being written" before it is resized, so no reader takes it.
@@ -181,6 +190,9 @@ int publish_ipc_snapshot(const PublishOptions & o) {
         struct stat fst{};
         if (::stat(t.file.c_str(), &fst) == 0) { mode &= static_cast<int>(fst.st_mode); }
     }
+    // ... and never writable by another user, which the daemon refuses (403) to read: a group-
+    // writable source (or umask 002) made a snapshot that published with exit 0 and never loaded.
+    mode = (mode & 0644) | 0600;
     json ranks = json::array();
     int64_t total = 0;
     for (int r = 0; r < o.tp; ++r) {

@@ -14,6 +14,7 @@
 #include "fd/trust.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -60,6 +61,11 @@ uint64_t write_record(int port, const std::string & version, const std::string &
     if (fd < 0) { fd::fail(fd::Errc::invalid_argument, "cannot open {}: {}", path, std::strerror(errno)); }
     try {
         fd::check_trusted(fd, path, fd::Trust::secret);  // not another local user's object (see publish_ipc)
+        // One publisher at a time (as publish_ipc): held until the record is complete.
+        if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            fd::fail(fd::Errc::wrong_state, "another publisher is writing {} (one publisher per port at a time); nothing was written: "
+                                            "retry when it is done", path);
+        }
     } catch (...) {
         ::close(fd);
         throw;
@@ -72,13 +78,16 @@ uint64_t write_record(int port, const std::string & version, const std::string &
             gen = head[2] + head[2] % 2;  // a publisher died mid-write: continue from the next even
         }
     }
-    if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
+    // Grow only, as the weight records: a reader of the previous generation never reads past the end.
+    if (st.st_size < static_cast<off_t>(total) && ::ftruncate(fd, static_cast<off_t>(total)) != 0) {
         ::close(fd);
         fd::fail(fd::Errc::invalid_argument, "cannot size {} to {} bytes: {}", path, total, std::strerror(errno));
     }
     void * map = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (map == MAP_FAILED) { fd::fail(fd::Errc::invalid_argument, "cannot map {}: {}", path, std::strerror(errno)); }
+    if (map == MAP_FAILED) {
+        ::close(fd);
+        fd::fail(fd::Errc::invalid_argument, "cannot map {}: {}", path, std::strerror(errno));
+    }
     auto * h = static_cast<fd::shm::IpcDeltaHeader *>(map);
     h->generation.store(gen + 1, std::memory_order_release);  // odd: being written
     h->magic         = fd::shm::kIpcDeltaMagic;
@@ -93,6 +102,7 @@ uint64_t write_record(int port, const std::string & version, const std::string &
     std::memcpy(static_cast<char *>(map) + fd::shm::kIpcDeltaPayload, payload.data(), payload.size());
     h->generation.store(gen + 2, std::memory_order_release);  // even: complete
     ::munmap(map, total);
+    ::close(fd);  // the lock goes with it
     return gen + 2;
 }
 

@@ -34,6 +34,9 @@ held as F32): "F32", "BF16" or "F16"; None keeps each array's dtype (float32 -> 
 bfloat16 tensor -> BF16, widened exactly to F32 with dtype="F32"). A value may also be
 (array, dtype) for one tensor.
 """
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import mmap
@@ -348,13 +351,18 @@ def _publish_version(store, version, fill, base_version=None, base_fingerprint=N
     mode = os.stat(store).st_mode
     if stat.S_ISDIR(mode) and mode & stat.S_IWOTH:  # as fdctl publish: anyone could forge a version or `latest` there
         raise PermissionError(f"the store {store} is writable by every user (mode {stat.S_IMODE(mode):04o}); chmod o-w it; nothing was published")
+    # The store's own names (as fdctl's store writer): a version called "latest" became a dir that
+    # every later publish failed to rename `latest` over (a probe).
+    if version == "latest" or version.startswith("latest.tmp-") or version.startswith(".tmp-"):
+        raise ValueError(f"version {version!r} is reserved in the store layout; pick another name")
     final = os.path.join(store, version)
     if os.path.exists(final):
         raise FileExistsError(f"{final} exists: versions are immutable, publish a new one")
-    for name in os.listdir(store):  # publishes of dead processes
-        m = re.match(r"^\.tmp-.*-(\d+)$", name)
+    for name in os.listdir(store):  # publishes of dead processes (versions and `latest`)
+        m = re.match(r"^(?:\.tmp-.*|latest\.tmp)-(\d+)$", name)
         if m and not _pid_alive(int(m.group(1))):
-            shutil.rmtree(os.path.join(store, name), ignore_errors=True)
+            path = os.path.join(store, name)
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
     tmp = os.path.join(store, f".tmp-{version}-{os.getpid()}")
     os.makedirs(tmp)
     try:
@@ -369,11 +377,16 @@ def _publish_version(store, version, fill, base_version=None, base_fingerprint=N
         raise
     _fsync_path(store)
     latest_tmp = os.path.join(store, f"latest.tmp-{os.getpid()}")
-    with open(latest_tmp, "w") as f:
-        f.write(version + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(latest_tmp, os.path.join(store, "latest"))
+    try:
+        with open(latest_tmp, "w") as f:
+            f.write(version + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(latest_tmp, os.path.join(store, "latest"))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(latest_tmp)
+        raise
     return final
 
 
@@ -447,12 +460,25 @@ def open_record(path):
     otherwise get the weights, or have a root publisher overwrite the file it points to). Returns
     the fd. Raises PermissionError naming the owner and mode (remove the object), OSError(ELOOP)
     for a symlink."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # as fdctl (exit 13): a link is never followed
+            raise PermissionError(f"{path} is a symbolic link, which is never followed: remove it") from e
+        raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
         os.close(fd)
         raise PermissionError(f"{path} is owned by uid {st.st_uid} with mode {st.st_mode & 0o7777:o}, not a record of this user "
                               f"(uid {os.geteuid()}, mode 600): refusing to write weights into it; remove it")
+    # One publisher per record at a time (fdctl takes the same lock): two at once interleaved their
+    # bytes under one even generation, served under one label (a probe). Held until fd closes.
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as e:
+        os.close(fd)
+        raise BlockingIOError(errno.EWOULDBLOCK, f"another publisher is writing {path} (one publisher per port at a time); "
+                                                 "nothing was written: retry when it is done") from e
     return fd
 
 
@@ -523,7 +549,8 @@ def publish_ipc(tensors, port, version, rank=0, tp_size=1, dtype=None):
                     gen += gen % 2  # a publisher died mid-write: continue from the next even
                 struct.pack_into("<Q", m, _GEN_OFFSET, gen + 1)  # odd: being written
                 m.flush()
-        os.ftruncate(fd, total)
+        if os.fstat(fd).st_size < total:  # grow only: a reader of the previous generation never reads past the end (docs)
+            os.ftruncate(fd, total)
         with mmap.mmap(fd, total) as m:
             header = _HEADER.pack(IPC_MAGIC, IPC_ABI, len(encoded), gen + 1, version.encode(), rank, tp_size, total, data_bytes)
             m[:_HEADER.size] = header

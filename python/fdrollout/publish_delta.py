@@ -205,7 +205,8 @@ def write_ipc_delta_record(port, version, base_version, payload, magic=IPC_DELTA
                     gen += gen % 2  # a publisher died mid-write: continue from the next even
                 struct.pack_into("<Q", m, _GEN_OFFSET, gen + 1)  # odd: being written
                 m.flush()
-        os.ftruncate(fd, total)
+        if os.fstat(fd).st_size < total:  # grow only, as the weight records
+            os.ftruncate(fd, total)
         with mmap.mmap(fd, total) as m:
             m[:_DELTA_HEADER.size] = _DELTA_HEADER.pack(magic, abi, 0, gen + 1, len(payload), total, version.encode(),
                                                         base_version.encode())

@@ -14,6 +14,7 @@ float32 pattern (round-to-nearest-even) and expanded back to float32 on load.
 """
 import json
 import os
+import stat
 import struct
 
 import numpy as np
@@ -132,6 +133,9 @@ def save_file(tensors, path, metadata=None, dtype=None):
     hjson += b" " * (-(8 + len(hjson)) % 8)  # pad so data starts 8-aligned
     tmp = str(path) + ".tmp"
     with open(tmp, "wb") as f:
+        # Never writable by other users, whatever the umask: the daemon refuses (403) to load such
+        # a file (a probe: under umask 002 an ipc_snapshot published fine and never loaded).
+        os.fchmod(f.fileno(), stat.S_IMODE(os.fstat(f.fileno()).st_mode) & ~0o022)
         f.write(struct.pack("<Q", len(hjson)))
         f.write(hjson)
         for data in blobs:

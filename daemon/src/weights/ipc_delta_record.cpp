@@ -76,6 +76,7 @@ std::optional<IpcDelta> fetch_ipc_delta(int port, const std::string & version, c
     Fd f{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC)};
     if (f.fd < 0) {
         if (errno == ENOENT) { return std::nullopt; }
+        if (errno == ELOOP) { fail(Errc::forbidden, "the ipc delta record {} is a symbolic link, which is never followed: remove it", path); }
         fail(Errc::source_unavailable, "cannot open the ipc delta record {}: {}; retry", path, std::strerror(errno));
     }
     struct stat st{};

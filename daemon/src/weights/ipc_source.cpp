@@ -45,6 +45,9 @@ public:
                 fail(Errc::not_found, "no ipc weight record {}: the trainer has not published for this port and rank "
                                       "(fdctl publish --strategy ipc ...)", path_);
             }
+            if (errno == ELOOP) {  // a retry cannot help (it was a 503 "retry": a probe); as the other trust failures
+                fail(Errc::forbidden, "ipc weight record {} is a symbolic link, which is never followed: remove it and publish again", path_);
+            }
             fail(Errc::source_unavailable, "cannot open ipc weight record {}: {}; retry", path_, std::strerror(errno));
         }
         struct stat st{};
