@@ -30,6 +30,7 @@ struct HostResult {
     int         http_status = 0; ///< 0 = no answer
     std::string body;            ///< the daemon's body, or the error text when there was no answer
     std::string op;
+    bool        never_reached = false;  ///< no connection: the command was never sent
 
     bool ok() const { return exit_code == 0; }
     std::string message() const {
@@ -70,8 +71,9 @@ HostResult call_one(const FleetOptions & o, const std::string & host, const fd::
         r.body          = rep.body;
         r.exit_code     = exit_code_for(rep);
     } catch (const fd::Error & e) {
-        r.exit_code = fd::errc_info(e.code()).exit_code;
-        r.body      = fmt::format("{}: {}", fd::errc_name(e.code()), e.what());
+        r.exit_code     = fd::errc_info(e.code()).exit_code;
+        r.body          = fmt::format("{}: {}", fd::errc_name(e.code()), e.what());
+        r.never_reached = e.code() == fd::Errc::unreachable && std::string(e.what()).rfind(kNeverReached, 0) == 0;
     } catch (const std::exception & e) {
         r.exit_code = 70;
         r.body      = e.what();
@@ -149,10 +151,42 @@ std::string failed_hosts(const std::vector<HostResult> & rs) {
     return out;
 }
 
-/// The all-or-nothing update: stage everywhere → commit everywhere, or drop everywhere → verify.
-/// Exit codes (cli/fleet.h, README's table): nothing committed anywhere → the shared code when
-/// every host failed alike, else 20, whether or not every staged copy could be dropped (a staged
-/// copy is never served); 21 only when some host may serve the new version and another does not.
+/// Whether this update's stage may have left its copy staged on r's host: it staged, or its outcome
+/// is unknown (no answer, or 504: the daemon stopped waiting for its ranks). Not where it was
+/// refused (any other error answer: the daemon drops what a failed stage staged, and its 409 may
+/// mean another version, e.g. a trainer's, is staged there: a probe saw the rollback drop that),
+/// nor where the call never reached the daemon.
+bool may_have_staged(const HostResult & r) {
+    return r.ok() || (r.http_status == 0 && !r.never_reached) || r.http_status == 504;
+}
+
+/// The versions the hosts that answered serve ("unreachable" / "no answer" / "?" left out).
+std::set<std::string> known_versions(const json & seen) {
+    std::set<std::string> out;
+    for (const auto & [host, v] : seen.items()) {
+        if (v != "unreachable" && v != "no answer" && v != "?") { out.insert(v.get<std::string>()); }
+    }
+    return out;
+}
+
+/// "serving V: h1; not serving it: h2 (old)".
+std::string who_serves(const std::vector<std::string> & hosts, const json & seen, const std::string & version) {
+    std::string serve_new, serve_other;
+    for (const auto & h : hosts) {
+        const std::string v = seen.value(h, std::string("?"));
+        std::string & list  = v == version ? serve_new : serve_other;
+        list += fmt::format("{}{}{}", list.empty() ? "" : ", ", h, v == version ? std::string{} : " (" + v + ")");
+    }
+    return fmt::format("serving {}: {}; not serving it: {}", version, serve_new.empty() ? "none confirmed" : serve_new,
+                       serve_other.empty() ? "none" : serve_other);
+}
+
+/// The all-or-nothing update: stage everywhere → commit everywhere, or drop where staged → verify.
+/// Exit codes (cli/fleet.h, README's table): nothing committed anywhere and every host that
+/// answered serves one version → the shared code when every host failed alike, else 20, whether
+/// or not every staged copy could be dropped (a staged copy is never served); 21 when some host
+/// may serve the new version and another does not, or the versions differ afterwards (a fleet
+/// already split before the update: a probe saw 20 "every host keeps its old version" there).
 int fleet_update(const FleetOptions & o, const std::vector<std::string> & hosts, fd::shm::MailboxCommand cmd) {
     json report = {{"op", "update_weights"}, {"version", *cmd.version}, {"hosts", hosts}};
     auto finish = [&](int rc, const std::string & outcome) {
@@ -164,29 +198,41 @@ int fleet_update(const FleetOptions & o, const std::vector<std::string> & hosts,
         if (rc != 0) { std::cerr << "fdctl: fleet: " << outcome << "\n"; }
         return rc;
     };
-    // Nothing was committed anywhere: drop what may be staged, everywhere (a host that gave no
-    // answer may still finish its stage), and say who serves what. A drop that fails leaves a
-    // staged copy that is never served: the fleet still serves one version (20, not 21).
-    auto roll_back = [&](const std::vector<HostResult> & failed_phase, const char * phase) {
-        const auto dropped = fan_out(o, hosts, {.op = "drop_staged_weights"});
+    // Nothing was committed anywhere: drop what this update may have staged (`drop_on`: a host
+    // that gave no answer may still finish its stage), and say who serves what. A drop that fails
+    // leaves a staged copy that is never served: that alone does not split the fleet (20, not 21).
+    auto roll_back = [&](const std::vector<HostResult> & failed_phase, const char * phase, const std::vector<std::string> & drop_on) {
+        const auto dropped = fan_out(o, drop_on, {.op = "drop_staged_weights"});
         report["drop"] = phase_json(dropped);
         print_phase(o, "drop", dropped);
         const std::string not_dropped = failed_hosts(dropped);
         const json seen = serving_versions(o, hosts);
         report["weight_versions"] = seen;
+        const std::string left = not_dropped.empty() ? std::string{}
+                                                     : fmt::format(". The staged copy (never served) could not be dropped on {}: run "
+                                                                   "drop-staged-weights there once it answers", not_dropped);
+        if (known_versions(seen).size() > 1) {
+            return finish(kExitFleetInconsistent,
+                          fmt::format("INCONSISTENT: version {} did not {} on every host (failed: {}); this update committed nothing, "
+                                      "but the hosts serve different versions: {}; weight_version per host: {}{}", *cmd.version, phase,
+                                      failed_hosts(failed_phase), who_serves(hosts, seen, *cmd.version), seen.dump(), left));
+        }
         return finish(combined_exit(failed_phase),
                       fmt::format("version {} did not {} on every host (failed: {}); nothing was committed anywhere: every host keeps "
                                   "its old version; weight_version per host: {}{}", *cmd.version, phase, failed_hosts(failed_phase),
-                                  seen.dump(), not_dropped.empty() ? std::string{}
-                                                                   : fmt::format(". The staged copy (never served) could not be dropped "
-                                                                                 "on {}: run drop-staged-weights there once it answers",
-                                                                                 not_dropped)));
+                                  seen.dump(), left));
     };
     cmd.commit = false;
     const auto staged = fan_out(o, hosts, cmd);
     report["stage"] = phase_json(staged);
     print_phase(o, "stage", staged);
-    if (!all_ok(staged)) { return roll_back(staged, "stage"); }
+    if (!all_ok(staged)) {
+        std::vector<std::string> drop_on;
+        for (const auto & r : staged) {
+            if (may_have_staged(r)) { drop_on.push_back(r.host); }
+        }
+        return roll_back(staged, "stage", drop_on);
+    }
     const auto committed = fan_out(o, hosts, {.op = "commit_weights", .version = cmd.version});
     report["commit"] = phase_json(committed);
     print_phase(o, "commit", committed);
@@ -202,17 +248,11 @@ int fleet_update(const FleetOptions & o, const std::vector<std::string> & hosts,
     if (all_ok(committed) && all_new) {
         return finish(0, fmt::format("every host ({}) serves weight_version {} once resumed", hosts.size(), *cmd.version));
     }
-    if (!any_new && !any_unsure) { return roll_back(committed, "commit"); }  // every commit refused, every host still on its old version
-    std::string serve_new, serve_other;
-    for (const auto & h : hosts) {
-        const std::string v = seen.value(h, std::string("?"));
-        std::string & list  = v == *cmd.version ? serve_new : serve_other;
-        list += fmt::format("{}{}{}", list.empty() ? "" : ", ", h, v == *cmd.version ? std::string{} : " (" + v + ")");
-    }
+    if (!any_new && !any_unsure) { return roll_back(committed, "commit", hosts); }  // every commit refused, none serves it
     return finish(kExitFleetInconsistent,
-                  fmt::format("INCONSISTENT: version {} committed on some hosts only (commit failed: {}); serving {}: {}; not serving "
-                              "it: {}; weight_version per host: {}", *cmd.version, failed_hosts(committed).empty() ? "none" : failed_hosts(committed),
-                              *cmd.version, serve_new.empty() ? "none confirmed" : serve_new, serve_other.empty() ? "none" : serve_other, seen.dump()));
+                  fmt::format("INCONSISTENT: version {} committed on some hosts only (commit failed: {}); {}; weight_version per host: {}",
+                              *cmd.version, failed_hosts(committed).empty() ? "none" : failed_hosts(committed),
+                              who_serves(hosts, seen, *cmd.version), seen.dump()));
 }
 
 /// `abort REQUEST_ID` on a fleet: the request runs on one host (or a few, for an X-Request-Id
@@ -310,15 +350,16 @@ int run_fleet(const FleetOptions & o, const fd::shm::MailboxCommand & cmd) {
     if (cmd.op == "abort" && !cmd.abort_all) { return fleet_abort(o, cmd); }
     const auto rs = fan_out(o, o.hosts, cmd);
     const int rc  = combined_exit(rs);
+    const std::string op = cmd.op == "update_weights" ? "stage_weights" : cmd.op;  // a stage, not an update (its lines said update_weights)
     if (o.json) {
-        std::cout << json{{"op", cmd.op}, {"ok", rc == 0}, {"exit_code", rc}, {"results", phase_json(rs)}}.dump() << "\n";
+        std::cout << json{{"op", op}, {"ok", rc == 0}, {"exit_code", rc}, {"results", phase_json(rs)}}.dump() << "\n";
     } else {
-        print_phase(o, cmd.op, rs);
+        print_phase(o, op, rs);
     }
     if (rc != 0) {
         size_t n_ok = 0;
         for (const auto & r : rs) { n_ok += r.ok() ? 1 : 0; }
-        std::cerr << fmt::format("fdctl: fleet: {} succeeded on {} of {} hosts\n", cmd.op, n_ok, rs.size());
+        std::cerr << fmt::format("fdctl: fleet: {} succeeded on {} of {} hosts\n", op, n_ok, rs.size());
     }
     return rc;
 }

@@ -5,7 +5,7 @@
 // --until STATE polls every host's /health in parallel, each bounded by --timeout.
 // update-weights is all-or-nothing across the fleet: stage (update_weights "commit": false) on
 // every host; only if every host staged the same version, commit it everywhere; otherwise drop
-// everywhere (every host keeps its old version). Afterwards every host's /health must report the
+// it where this update may have staged it (every host keeps its old version). Afterwards every host's /health must report the
 // new weight_version, which the command checks.
 //
 // abort REQUEST_ID asks every host; the hosts that do not run it answer not_found, which is
@@ -15,7 +15,8 @@
 // Exit codes (besides fdctl's table): 0 every host succeeded; the shared code when every host
 // failed the same way (e.g. 8 all unreachable); kExitFleetPartial when some hosts failed (for
 // update-weights: rolled back, every host still on its old version); kExitFleetInconsistent when
-// an update committed on some hosts but not all, or the final check found different versions.
+// an update committed on some hosts but not all, or the hosts serve different versions afterwards
+// (also after a roll-back, on a fleet split before the update).
 #pragma once
 
 #include "fd/shm/control_client.h"

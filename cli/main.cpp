@@ -52,7 +52,7 @@ constexpr const char * kExitCodes =
     "  15  shutting_down (the daemon is draining or stopping: retry on another replica)\n"
     "  20  fleet (--fleet/--hosts): some hosts failed, the others succeeded (per-host results on stdout/stderr);\n"
     "      abort REQUEST_ID: a host failed (e.g. unreachable), so the id may still run there\n"
-    "      update-weights: not every host staged, so the version was dropped everywhere: all keep the old one\n"
+    "      update-weights: not every host staged, so the version was dropped where staged: all keep the old one\n"
     "  21  fleet update-weights inconsistent: committed on some hosts only, or versions differ afterwards\n"
     "      (a fleet where every host failed alike exits with that failure's code, e.g. 8 all unreachable)\n"
     "  70  internal error\n"
@@ -221,9 +221,9 @@ int main(int argc, char ** argv) {
     app.add_option("--api-key", o.api_key, "Bearer key for --transport v1: the daemon's --control-api-key if set, else its --api-key "
                                            "(default FD_CONTROL_API_KEY, else FD_API_KEY)");
 
-    app.add_option("--fleet", o.fleet_file, "Run the command on every daemon listed in FILE (host:port or http://host:port per line, "
+    auto * fleet_opt = app.add_option("--fleet", o.fleet_file, "Run the command on every daemon listed in FILE (host:port or http://host:port per line, "
                                             "# comments) in parallel over HTTP; update-weights is all-or-nothing across them");
-    app.add_option("--hosts", o.hosts, "Like --fleet, the daemons given inline: h1:p1,h2:p2");
+    auto * hosts_opt = app.add_option("--hosts", o.hosts, "Like --fleet, the daemons given inline: h1:p1,h2:p2");
 
     fd::shm::MailboxCommand cmd;
     auto simple = [&](const char * name, const char * op, const char * help) {
@@ -322,6 +322,8 @@ int main(int argc, char ** argv) {
         const int rc = app.exit(e);
         return rc == 0 ? 0 : fd::kExitUsage;
     }
+    // Given counts, empty or not: `--hosts "$UNSET"` ran on the local daemon (a probe); it is "the fleet is empty".
+    const bool fleet = fleet_opt->count() + hosts_opt->count() > 0;
     try {
         // Usage errors are caught here, before anything is sent.
         if (url_opt->count() > 0) {  // --url names a daemon over HTTP: never the local control block instead
@@ -330,7 +332,7 @@ int main(int argc, char ** argv) {
             }
             o.transport = "v1";
         }
-        if (!o.fleet_file.empty() || !o.hosts.empty()) {  // a fleet is reached over HTTP at the hosts it lists
+        if (fleet) {  // a fleet is reached over HTTP at the hosts it lists
             if (transport_opt->count() > 0 && o.transport == "shm") {
                 throw fd::Error(fd::Errc::invalid_argument, "--fleet/--hosts reach each daemon over V1 HTTP; they do not go with --transport shm");
             }
@@ -376,7 +378,7 @@ int main(int argc, char ** argv) {
             info.json = o.json;
             return fdctl::run_model_info(info);
         }
-        if (!o.fleet_file.empty() || !o.hosts.empty()) {
+        if (fleet) {
             static const std::set<std::string> kFleetOps = {"pause", "resume", "is_paused", "status", "sleep", "wakeup", "update_weights",
                                                             "commit_weights", "drop_staged_weights", "wait", "abort"};
             if (!kFleetOps.count(cmd.op)) {
@@ -386,8 +388,10 @@ int main(int argc, char ** argv) {
             fdctl::FleetOptions f{.api_key = o.api_key, .timeout_s = o.timeout_s, .json = o.json, .quiet = o.quiet, .until = o.until};
             try {
                 f.hosts = fdctl::fleet_hosts(o.fleet_file, o.hosts);
-                if (cmd.op == "update_weights" && !cmd.version) {
-                    throw fd::Error(fd::Errc::invalid_argument, "a fleet update-weights needs --version (every host must load the same one)");
+                // commit-weights too: without it each host committed what it had staged (a probe: 701 on one, 702 on another, exit 0)
+                if ((cmd.op == "update_weights" || cmd.op == "commit_weights") && !cmd.version) {
+                    throw fd::Error(fd::Errc::invalid_argument, fmt::format("a fleet {} needs --version (every host must load the same one)",
+                                                                            cmd.op == "update_weights" ? "update-weights" : "commit-weights"));
                 }
             } catch (const fd::Error & e) {
                 return report_error(o.json, "usage", e.what(), fd::kExitUsage);

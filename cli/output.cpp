@@ -28,6 +28,7 @@ std::string mib(const json & v) { return fmt::format("{:.1f} MiB", v.get<double>
 /// user types fdctl commands. Longest phrases first: a shorter one is a prefix of a longer one.
 constexpr std::pair<std::string_view, std::string_view> kRouteToFdctl[] = {
     {"POST /v1/update_weights {\"version\": ..., \"commit\": false} first", "run `fdctl stage-weights --version V` first"},
+    {"POST /v1/commit_weights or /v1/drop_staged_weights first", "run `fdctl commit-weights` or `fdctl drop-staged-weights` first"},
     {"POST /v1/wakeup or /v1/update_weights first", "run `fdctl wakeup` or `fdctl update-weights` first"},
     {"POST /v1/wakeup?tags=weight first", "run `fdctl wakeup --tags weight` first"},
     {"POST /v1/wakeup?tags=kv_cache", "`fdctl wakeup --tags kv_cache`"},

@@ -175,7 +175,7 @@ private:
                                             "died while answering, or it is still running a command it started just before the "
                                             "deadline (check fdctl status)", url_, kAnswerGraceS);
             }
-            fd::fail(fd::Errc::unreachable, "cannot reach fdrollout at {}: {}", url_,
+            fd::fail(fd::Errc::unreachable, "{}{}: {}", kNeverReached, url_,
                      err == httplib::Error::Connection ? "connection refused (is the daemon running on that port?)" : httplib::to_string(err));
         }
         return {res->status, res->body};

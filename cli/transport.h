@@ -21,6 +21,10 @@ public:
     virtual Reply call(const fd::shm::MailboxCommand & cmd) = 0;
 };
 
+/// How the error of a call that never reached the daemon (no connection: nothing was sent) begins;
+/// a fleet update does not drop a staged copy there (cli/fleet.cpp).
+inline constexpr const char * kNeverReached = "cannot reach fdrollout at ";
+
 /// The shared-memory control block of `port`.
 std::unique_ptr<Transport> make_shm_transport(int port, double timeout_s);
 

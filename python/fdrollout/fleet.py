@@ -12,12 +12,16 @@ members raises `FleetError` whose `results` maps every member's url to its resul
 its `FdRolloutError`; nothing is retried.
 
 `update_weights(version)`: stage `version` on every member; only if every member staged it,
-commit it on every member, else drop it everywhere (every member keeps its old version:
-`FleetError.committed` is "none", fdctl's exit 20). If every commit is refused by a member that
-answered and none serves `version`, the staged copies are dropped everywhere and `committed` is
-"none" too. Otherwise, if some commits fail or go unanswered (one may have happened) or the
-members do not all report `version` afterwards, `committed` is "some" (fdctl's exit 21) and
-`serving` says which member serves what.
+commit it on every member, else drop it where this update may have staged it (staged, or no
+answer: not where the stage was refused or never reached the member, as fdctl): every member
+keeps its old version, `FleetError.committed` is "none", fdctl's exit 20. If every commit is
+refused by a member that answered and none serves `version`, the staged copies are dropped
+everywhere and `committed` is "none" too. Otherwise, if some commits fail or go unanswered (one
+may have happened) or the members do not all report `version` afterwards, `committed` is "some"
+(fdctl's exit 21) and `serving` says which member serves what; "some" also when nothing was
+committed but the members that answered serve different versions (a fleet split before the
+update). `FleetError.not_dropped` lists the members where a staged copy (never served) may be
+left because its drop failed: call drop_staged_weights there.
 """
 import concurrent.futures
 
@@ -27,13 +31,16 @@ from .client import Client, FdRolloutError
 class FleetError(Exception):
     """results: {url: result dict | the exception (FdRolloutError, or whatever else the member's
     call raised)}; committed: None (not an update), "none" or
-    "some"; serving: {url: weight_version or None when unknown} after an update."""
+    "some"; serving: {url: weight_version or None when unknown} after an update; not_dropped:
+    [url] where the update's staged copy may be left (its drop failed)."""
 
-    def __init__(self, what, results, committed=None, serving=None):
+    def __init__(self, what, results, committed=None, serving=None, not_dropped=()):
         failed = {u: r for u, r in results.items() if isinstance(r, Exception)}
         lines = [f"{u}: {r.type}: {r.message}" if isinstance(r, FdRolloutError) else f"{u}: {type(r).__name__}: {r}" for u, r in failed.items()]
-        super().__init__(f"{what}: {len(failed)} of {len(results)} member(s) failed" + ("; " if lines else "") + "; ".join(lines))
-        self.results, self.committed, self.serving = results, committed, serving or {}
+        left = (f"; the staged copy (never served) could not be dropped on {', '.join(not_dropped)}: call drop_staged_weights "
+                "there once it answers") if not_dropped else ""
+        super().__init__(f"{what}: {len(failed)} of {len(results)} member(s) failed" + ("; " if lines else "") + "; ".join(lines) + left)
+        self.results, self.committed, self.serving, self.not_dropped = results, committed, serving or {}, list(not_dropped)
 
 
 def any_failed(results):
@@ -42,6 +49,25 @@ def any_failed(results):
 
 def all_failed(results):
     return all(isinstance(r, Exception) for r in results.values())
+
+
+def may_have_staged(r):
+    """Whether a stage whose result is `r` may have left its copy staged (fdctl's rule): it staged,
+    or its outcome is unknown (no answer; 504: the daemon stopped waiting for its ranks). Not after
+    a refusal (another error answer; a 409 may mean another version is staged there, which the
+    rollback dropped: a probe) nor when the connection was refused (the call never arrived)."""
+    if not isinstance(r, Exception):
+        return True
+    status = getattr(r, "status", None)
+    if status == 0:
+        return not isinstance(r.__cause__, ConnectionRefusedError)
+    return status == 504 or status is None  # None: not an FdRolloutError, its outcome is unknown
+
+
+def committed_if_nothing_was(serving):
+    """"none" when the members that answered serve one version, else "some" (the fleet is split:
+    a probe saw "none", "every member keeps its old version", on a fleet split before the update)."""
+    return "some" if len({v for v in serving.values() if v is not None}) > 1 else "none"
 
 
 def read_fleet_file(path):
@@ -81,12 +107,15 @@ class Fleet:
     def __repr__(self):
         return f"Fleet({[m.url for m in self.members]!r})"
 
-    def map(self, fn):
-        """fn(client) on every member in parallel -> {url: result or the exception it raised}.
-        Any exception is that member's failure, never raised from here: one that escaped (a
-        bare TypeError of a member's odd answer, a probe) hid which members had committed."""
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.members)) as ex:
-            futs = {m.url: ex.submit(fn, m) for m in self.members}
+    def map(self, fn, members=None):
+        """fn(client) on every member (or those of `members`) in parallel -> {url: result or the
+        exception it raised}. Any exception is that member's failure, never raised from here: one
+        that escaped (a bare TypeError of a member's odd answer, a probe) hid which members had committed."""
+        members = self.members if members is None else members
+        if not members:
+            return {}
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(members)) as ex:
+            futs = {m.url: ex.submit(fn, m) for m in members}
         out = {}
         for url, fut in futs.items():
             try:
@@ -141,10 +170,14 @@ class Fleet:
         version = str(version)
         staged = self.map(lambda c: c.stage_weights(version, verify_checksum=verify_checksum))
         if any_failed(staged):
-            dropped = self.map(lambda c: c.drop_staged_weights())
+            dropped = self.map(lambda c: c.drop_staged_weights(), [m for m in self.members if may_have_staged(staged[m.url])])
             serving = self._serving()
-            results = {u: staged[u] if isinstance(staged[u], Exception) else dropped[u] for u in staged}
-            raise FleetError(f"update_weights {version}: not staged everywhere, dropped", results, "none", serving)
+            # A stage error stays the member's result; a failed drop there is named in not_dropped
+            # (it was hidden behind the stage error: a probe).
+            results = {u: staged[u] if isinstance(staged[u], Exception) or u not in dropped else dropped[u] for u in staged}
+            not_dropped = [u for u, r in dropped.items() if isinstance(r, Exception)]
+            raise FleetError(f"update_weights {version}: not staged everywhere, dropped where staged", results,
+                             committed_if_nothing_was(serving), serving, not_dropped)
         committed = self.map(lambda c: c.commit_weights(version))
         serving = self._serving()
         if any_failed(committed) or any(v != version for v in serving.values()):
@@ -157,6 +190,8 @@ class Fleet:
             if not any_new and not any_unsure:
                 dropped = self.map(lambda c: c.drop_staged_weights())
                 results = {u: committed[u] if isinstance(committed[u], Exception) else dropped[u] for u in committed}
-                raise FleetError(f"update_weights {version}: no member committed, dropped", results, "none", serving)
+                not_dropped = [u for u, r in dropped.items() if isinstance(r, Exception)]
+                raise FleetError(f"update_weights {version}: no member committed, dropped", results,
+                                 committed_if_nothing_was(serving), serving, not_dropped)
             raise FleetError(f"update_weights {version}: committed on {n_ok} of {len(committed)} member(s)", committed, "some", serving)
         return committed

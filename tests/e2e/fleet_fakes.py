@@ -12,8 +12,13 @@ class FakeMember(http.server.BaseHTTPRequestHandler):
     rank_failed; 0: no answer for `commit_delay` s, then the connection closes, so the caller
     cannot know whether it committed); /health reports `health_version`; the paths of the POSTs
     go to `log`, the port of each drop to `drops` (lists, when set). `odd`: answers like a
-    service that is not fdrollout (/health 200 with an empty body, every POST 200 {"result": {}})."""
+    service that is not fdrollout (/health 200 with an empty body, every POST 200 {"result": {}}).
+    `stage_status` / `drop_status` answer the stage (update_weights) / drop alike (0: no answer
+    for `stage_delay` s; 409, 422, 504 answer that status's error type)."""
     commit_status = 200
+    stage_status = 200
+    drop_status = 200
+    stage_delay = 9.0
     odd = False
     health_version = "old"
     commit_delay = 9.0
@@ -28,6 +33,14 @@ class FakeMember(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def fail(self, status, delay):
+        """An error answer of `status` (0: none, the connection closes after `delay` s)."""
+        if status == 0:
+            time.sleep(delay)
+            return
+        etype = {409: "wrong_state", 422: "invalid_checkpoint", 504: "timeout"}.get(status, "rank_failed")
+        self.answer(status, {"status": "error", "error": {"type": etype, "message": "simulated"}})
+
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.log is not None:
@@ -35,13 +48,13 @@ class FakeMember(http.server.BaseHTTPRequestHandler):
         if self.odd:
             return self.answer(200, {"result": {}})
         if self.path == "/v1/commit_weights" and self.commit_status != 200:
-            if self.commit_status == 0:
-                time.sleep(self.commit_delay)
-                return
-            etype = "wrong_state" if self.commit_status == 409 else "rank_failed"
-            return self.answer(self.commit_status, {"status": "error", "error": {"type": etype, "message": "simulated"}})
+            return self.fail(self.commit_status, self.commit_delay)
+        if self.path == "/v1/update_weights" and self.stage_status != 200:
+            return self.fail(self.stage_status, self.stage_delay)
         if self.path == "/v1/drop_staged_weights" and self.drops is not None:
             self.drops.append(self.server.server_port)
+        if self.path == "/v1/drop_staged_weights" and self.drop_status != 200:
+            return self.fail(self.drop_status, self.stage_delay)
         self.answer(200, {"status": "success", "result": {"is_paused": True, "version": "v3", "staged": True, "bytes": 0,
                                                           "dropped_version": None}})
 

@@ -77,7 +77,7 @@ class Fleet(unittest.TestCase):
         self.assertFalse(rep["ok"])
         self.assertEqual([h["ok"] for h in rep["stage"]], [True, True, False])
         self.assertEqual(rep["stage"][2]["body"]["error"]["type"], "invalid_checkpoint")
-        self.assertEqual([h["ok"] for h in rep["drop"]], [True, True, True])
+        self.assertEqual([h["ok"] for h in rep["drop"]], [True, True])  # not on the third: its stage was refused (422)
         self.assertNotIn("commit", rep)
         self.assertEqual(self.versions(), start)
         self.assertEqual(self.fleet("resume")[0], 0)
@@ -208,6 +208,80 @@ class FleetFaults(unittest.TestCase):
                 rep = json.loads(out)
                 self.assertIn("nothing was committed anywhere", rep["outcome"])
                 self.assertEqual(sorted(drops), sorted(int(h.rsplit(":", 1)[1]) for h in hosts))  # staged copies dropped
+
+
+class FleetSplit(unittest.TestCase):
+    """A probe's fleet defects: an update of a fleet already split (one host committed 300, the
+    other only staged it) exited 20 "every host keeps its old version" and its rollback dropped the
+    other host's staged 300 (refused with 409 because it was staged there); a rollback dropped on
+    hosts whose stage was refused or never connected; commit-weights without --version committed
+    what each host had staged; `--hosts ""` ran on the local daemon; stage-weights' lines said
+    update_weights; the stage-twice hint named HTTP routes."""
+
+    def fake(self, **kw):
+        return serve_fake(self, **kw)
+
+    def test_an_update_of_a_split_fleet_is_21_and_keeps_a_staged_copy(self):
+        with Daemon("--dynamic-load-weight", extra=False) as a, Daemon("--dynamic-load-weight", extra=False) as b:
+            hosts = f"127.0.0.1:{a.port},127.0.0.1:{b.port}"
+            ha, hb = f"http://127.0.0.1:{a.port}", f"http://127.0.0.1:{b.port}"
+            self.assertEqual(fdctl(0, "--hosts", hosts, "pause")[0], 0)
+            rc, stage_out, err = fdctl(0, "--hosts", hosts, "stage-weights", "--version", "300")
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(fdctl(0, "--hosts", hosts.split(",")[0], "commit-weights", "--version", "300")[0], 0)
+            rc, out, err = fdctl(0, "--hosts", hosts, "--json", "update-weights", "--version", "300")
+            self.assertEqual(rc, 21, (out, err))
+            rep = json.loads(out)
+            self.assertEqual(rep["weight_versions"], {ha: "300", hb: "0"})
+            self.assertEqual(rep["stage"][1]["http_status"], 409)
+            self.assertNotIn(hb, [h["host"] for h in rep["drop"]])  # refused: the copy there is not this update's
+            self.assertIn(f"serving 300: {ha}; not serving it: {hb} (0)", rep["outcome"])
+            self.assertEqual(b.get("/health")[1]["staged_weight_version"], "300")
+            self.assertIsNone(a.get("/health")[1]["staged_weight_version"])
+            rc, out, err = fdctl(0, "--hosts", hosts, "update-weights", "--version", "300")
+            self.assertEqual(rc, 21, (out, err))
+            self.assertIn("run `fdctl commit-weights` or `fdctl drop-staged-weights` first", err)
+            self.assertEqual(stage_out.count("stage_weights: ok  staged weight_version 300"), 2, stage_out)
+
+    def test_every_commit_refused_on_a_split_fleet_is_21(self):
+        drops = []
+        hosts = [self.fake(commit_status=409, health_version=v, drops=drops) for v in ("old", "older")]
+        rc, out, err = fdctl(0, "--hosts", ",".join(hosts), "--timeout", "5", "--json", "update-weights", "--version", "v3")
+        self.assertEqual(rc, 21, (out, err))
+        self.assertIn("this update committed nothing, but the hosts serve different versions", json.loads(out)["outcome"])
+        self.assertEqual(len(drops), 2)
+
+    def test_the_rollback_drops_only_where_this_update_may_have_staged(self):
+        drops = []
+        ok = self.fake(health_version="old", drops=drops)
+        refused = self.fake(stage_status=409, health_version="old", drops=drops)
+        late = self.fake(stage_status=504, drop_status=503, health_version="old", drops=drops)
+        dead = f"127.0.0.1:{free_port()}"
+        rc, out, err = fdctl(0, "--hosts", ",".join([ok, refused, late, dead]), "--timeout", "5", "--json", "update-weights",
+                             "--version", "v3")
+        self.assertEqual(rc, 20, (out, err))
+        rep = json.loads(out)
+        self.assertEqual([h["host"] for h in rep["drop"]], [f"http://{ok}", f"http://{late}"])
+        self.assertEqual(sorted(drops), sorted(int(h.rsplit(":", 1)[1]) for h in (ok, late)))
+        self.assertIn(f"could not be dropped on http://{late} (exit 14)", rep["outcome"])
+        self.assertNotIn(dead, rep["outcome"].split("could not be dropped")[1])
+
+    def test_a_fleet_commit_needs_a_version(self):
+        log = []
+        hosts = ",".join(self.fake(log=log) for _ in range(2))
+        rc, out, err = fdctl(0, "--hosts", hosts, "commit-weights")
+        self.assertEqual(rc, 2, (out, err))
+        self.assertIn("a fleet commit-weights needs --version", err)
+        self.assertEqual(log, [])
+
+    def test_an_empty_fleet_option_is_an_empty_fleet(self):
+        log = []
+        port = int(self.fake(log=log).rsplit(":", 1)[1])  # the "local" daemon an empty --hosts fell back to
+        for opt in ("--hosts", "--fleet"):
+            rc, out, err = fdctl(port, "--transport", "v1", opt, "", "pause")
+            self.assertEqual(rc, 2, (opt, out, err))
+            self.assertIn("the fleet is empty", err)
+        self.assertEqual(log, [])
 
 
 if __name__ == "__main__":

@@ -44,6 +44,50 @@ class FleetCommitPhase(unittest.TestCase):
         self.assertNotIn("/v1/drop_staged_weights", log)
 
 
+class FleetRollback(unittest.TestCase):
+    """A probe: a failed stage on a fleet split before the update said committed="none" ("every
+    member keeps its old version"); a member whose stage failed and whose drop failed too kept
+    only the stage error (nothing said a copy may be left staged); the rollback dropped where the
+    stage was refused (a 409 may mean a trainer's version is staged there) or never connected.
+    Now as fdctl: "some" when versions differ afterwards, `not_dropped`, and drops only where this
+    update may have staged (staged, no answer, 504)."""
+
+    def test_a_split_fleet_is_some(self):
+        urls = [serve_fake(self, stage_status=422, health_version="300"), serve_fake(self, health_version="200")]
+        with self.assertRaises(FleetError) as e:
+            Fleet(urls, timeout=5).update_weights("300")
+        self.assertEqual(e.exception.committed, "some")
+        self.assertEqual(e.exception.serving, {"http://" + urls[0]: "300", "http://" + urls[1]: "200"})
+
+    def test_every_commit_refused_on_a_split_fleet_is_some(self):
+        log = []
+        urls = [serve_fake(self, commit_status=409, health_version=v, log=log) for v in ("old", "older")]
+        with self.assertRaises(FleetError) as e:
+            Fleet(urls, timeout=5).update_weights("v3")
+        self.assertEqual(e.exception.committed, "some")
+        self.assertEqual(log.count("/v1/drop_staged_weights"), 2)
+
+    def test_drops_only_where_this_update_may_have_staged(self):
+        drops = []
+        ok = serve_fake(self, drops=drops)
+        refused = serve_fake(self, stage_status=409, drops=drops)
+        late = serve_fake(self, stage_status=504, drops=drops)
+        dead = f"127.0.0.1:{free_port()}"
+        with self.assertRaises(FleetError) as e:
+            Fleet([ok, refused, late, dead], timeout=5).update_weights("v3")
+        self.assertEqual(sorted(drops), sorted(int(u.rsplit(":", 1)[1]) for u in (ok, late)))
+        self.assertEqual(getattr(e.exception, "not_dropped", None), [])  # no drop tried on the dead member either
+        self.assertEqual(e.exception.committed, "none")
+
+    def test_a_copy_that_could_not_be_dropped_is_named(self):
+        late = serve_fake(self, stage_status=504, drop_status=503)
+        with self.assertRaises(FleetError) as e:
+            Fleet([serve_fake(self), late], timeout=5).update_weights("v3")
+        self.assertEqual(e.exception.results["http://" + late].status, 504)  # the stage's error stays its result
+        self.assertEqual(getattr(e.exception, "not_dropped", None), ["http://" + late])
+        self.assertIn(f"could not be dropped on http://{late}", str(e.exception))
+
+
 class FleetOddMember(unittest.TestCase):
     """A probe: a member answering /health 200 with an empty body made Fleet.update_weights raise
     a bare TypeError after the commits (from the versions read after them), with no record of
