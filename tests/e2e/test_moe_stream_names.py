@@ -75,6 +75,7 @@ class StreamedMoe(StreamChecks):
             cls.ref_new = greedy(ref, **ASK)[:2]
         with fresh_daemon(cls.ck, *cls.ARGS) as ref:
             cls.ref_old = greedy(ref, **ASK)[:2]
+        assert cls.ref_new != cls.ref_old, "the two weight sets must serve apart for the comparisons to mean anything"
         cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "60", *cls.ARGS, model=cls.ck, extra=False)
         cls.c = Client(f"127.0.0.1:{cls.d.port}", timeout=60)
 
@@ -160,6 +161,12 @@ class StackedQwen3Tp1(StreamedMoe, unittest.TestCase):
             want = greedy(ref, **ASK)[:2]
         self.assertNotEqual(want, self.ref_new)
         self.assert_serving(want, "d1")
+
+    def test_5_landed_update_takes_the_stacked_names(self):
+        self.stream("land-base", self.base)
+        self.stream("landed", self.tensors, land=True)  # the Client sends each stacked tensor's views to the ranks
+        self.assert_serving(self.ref_new, "landed")
+        self.assertTrue(self.c.health()["weight_stream"]["serving_landed"])
 
 
 class StackedQwen3Ep2(StreamedMoe, unittest.TestCase):
