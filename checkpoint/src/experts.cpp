@@ -5,12 +5,14 @@
 // layout (plan_layout) and the one reader (fill_weights) serve both forms; and transformers v5's
 // Mixtral names (the block called `mlp`) mapped onto the v4 ones (alias_v5_mixtral_names).
 #include "fd/checkpoint/layout.h"
+#include "fd/checkpoint/stored_names.h"
 
 #include "fd/status.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <regex>
 #include <vector>
 
@@ -91,6 +93,24 @@ bool alias_v5_mixtral_names(const ModelConfig & cfg, TensorIndex & idx) {
         idx.tensors.emplace(v4, std::move(t));
     }
     return !v5.empty();
+}
+
+std::map<std::string, std::vector<std::string>> stacked_expert_views(const TensorIndex & stored) {
+    std::map<std::string, std::vector<std::string>> out;
+    for (const auto & [name, t] : stored.tensors) {
+        if (name.find(".experts.") == std::string::npos) { continue; }
+        TensorIndex one;  // the tensor alone, split as read_tensor_index splits it
+        one.source = stored.source;
+        one.tensors.emplace(name, t);
+        split_stacked_experts(one);
+        if (one.tensors.count(name)) { continue; }  // not a stacked expert tensor
+        std::vector<const TensorInfo *> views;
+        for (const auto & [vn, v] : one.tensors) { views.push_back(&v); }
+        std::sort(views.begin(), views.end(), [](const TensorInfo * a, const TensorInfo * b) { return a->offset_bytes < b->offset_bytes; });
+        auto & names = out[name];
+        for (const TensorInfo * v : views) { names.push_back(v->name); }
+    }
+    return out;
 }
 
 const TensorIndex & with_v4_names(const ModelConfig & cfg, const TensorIndex & idx, TensorIndex & storage) {

@@ -1,6 +1,7 @@
 #include "fd/file_io.h"
 #include "fd/checkpoint/safetensors.h"
 #include "fd/checkpoint/layout.h"
+#include "fd/checkpoint/stored_names.h"
 
 #include "fd/half.h"
 #include "fd/status.h"
@@ -252,6 +253,8 @@ TensorIndex read_tensor_index(const fs::path & dir) {
     split_stacked_experts(idx);  // MoE exports that stack their experts: per-expert views
     return idx;
 }
+
+TensorIndex read_tensor_index_as_stored(const fs::path & dir) { return read_headers(dir); }
 
 void pread_exact(int fd, void * dst, int64_t n, int64_t off, const std::filesystem::path & file, const std::string & what) {
     auto * p = static_cast<char *>(dst);

@@ -187,6 +187,10 @@ class WeightStream:
             info = c.request("POST", "/init_weight_transfer_engine", body={"init_info": {"backend": "tcp", "timeout_s": self.timeout}},
                              timeout=self.timeout)
         self.expected = {t["name"]: (t["dtype"], tuple(t["shape"])) for t in info.get("tensors", [])}
+        # A stacked expert tensor's per-expert views (in file order): accepted in its place, and
+        # the names send_delta takes; the third field names the stacked tensor holding the view.
+        for t in info.get("expert_tensors", []):
+            self.expected.setdefault(t["name"], (t["dtype"], tuple(t["shape"]), t["in"]))
         if self.backend == "tcp":
             host = info.get("host") or c.host
             if host in ("0.0.0.0", "::", ""):
@@ -298,10 +302,20 @@ class WeightStream:
                                "open a new one with Client.weight_stream(...)")
 
     def send(self, name, tensor, dtype=None):
-        """Queue `tensor` under its training (HF) name; a full bucket goes out at once.
+        """Queue `tensor` under its training (HF) name; a full bucket goes out at once. The names
+        are those of --model's checkpoint (the init answer's `tensors`: stacked expert tensors as
+        stored, [E, 2I, H] / [E, H, I]) or, for a stacked one, its per-expert views (`expert_tensors`).
         `dtype` ("F32", "F16", "BF16"): send the array's bytes as that dtype (BF16: uint16 bits).
         Errors  RuntimeError outside the stream's `with` block."""
         self._check_open(name)
+        if self._lander is not None and name not in self._lander.plan:
+            views = [(n, v[1][0]) for n, v in self.expected.items() if len(v) > 2 and v[2] == name]
+            if views:  # a stacked expert tensor [E, R, C]: the ranks' parts name its per-expert views, rows one after another
+                flat, r = tensor.reshape(-1, tensor.shape[-1]), 0
+                for n, rows in views:
+                    self.send(n, flat[r:r + rows], dtype)
+                    r += rows
+                return
         a, tag = _to_numpy(tensor)
         if self._lander is not None:
             if name not in self._lander.plan and name in self.expected:

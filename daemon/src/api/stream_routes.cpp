@@ -46,8 +46,13 @@ std::optional<std::string> checked_version(const json & body, const char * key) 
 json endpoint_json(const stream::Endpoint & ep, const stream::StreamManager & sm) {
     json tensors = json::array();
     for (const auto & [name, t] : sm.expected()) { tensors.push_back({{"name", name}, {"dtype", model::dtype_name(t.dtype)}, {"shape", t.shape}}); }
+    // The per-expert views of a stacked expert tensor: accepted in its place, and what a delta takes.
+    json views = json::array();
+    for (const auto & v : sm.expert_views()) {  // each stacked tensor's views in file order
+        views.push_back({{"name", v.spec.name}, {"dtype", model::dtype_name(v.spec.dtype)}, {"shape", v.spec.shape}, {"in", v.stacked}});
+    }
     return {{"backend", ep.backend}, {"host", ep.host}, {"port", ep.port}, {"token", ep.token}, {"timeout_s", ep.timeout_s},
-            {"tensors", tensors}};
+            {"tensors", tensors}, {"expert_tensors", views}};
 }
 
 /// update_info.deltas[i]: null (a full tensor) or {"n_indices": k, "index_dtype": "I64"|"I32"}:

@@ -43,21 +43,23 @@ namespace {
 
 std::string shape_text(const std::vector<int64_t> & s);
 
-/// `s` names a tensor of the model with its dtype and shape. Errors  invalid_checkpoint naming it.
-void check_spec(const std::map<std::string, TensorSpec> & expected, const TensorSpec & s) {
-    auto it = expected.find(s.name);
-    if (it == expected.end()) {
+/// `s` names a tensor of the model (a name of --model's checkpoint, a stacked expert tensor as
+/// stored, or one of its per-expert views) with its dtype and shape. Errors  invalid_checkpoint naming it.
+void check_spec(const StreamManager::Impl & m, const TensorSpec & s) {
+    const TensorSpec * e = m.accepted(s.name);
+    if (!e) {
         throw Error(Errc::invalid_checkpoint, fmt::format("tensor '{}' is not a tensor of the model (its training names are "
-                                                          "those of --model's checkpoint); nothing was applied", s.name), "names");
+                                                          "those of --model's checkpoint){}; nothing was applied", s.name,
+                                                          m.stacked.empty() ? "" : ", its stacked experts either stacked as stored or "
+                                                                                   "split per expert"), "names");
     }
-    const TensorSpec & e = it->second;
-    if (s.dtype != e.dtype) {
+    if (s.dtype != e->dtype) {
         throw Error(Errc::invalid_checkpoint, fmt::format("tensor '{}': dtype {} announced, the model holds {}; cast it before "
-                                                          "sending", s.name, model::dtype_name(s.dtype), model::dtype_name(e.dtype)), "dtype_names");
+                                                          "sending", s.name, model::dtype_name(s.dtype), model::dtype_name(e->dtype)), "dtype_names");
     }
-    if (s.shape != e.shape) {
+    if (s.shape != e->shape) {
         throw Error(Errc::invalid_checkpoint, fmt::format("tensor '{}': shape {} announced, the model's is {}", s.name,
-                                                          shape_text(s.shape), shape_text(e.shape)), "shapes");
+                                                          shape_text(s.shape), shape_text(e->shape)), "shapes");
     }
 }
 
@@ -101,7 +103,7 @@ Endpoint StreamManager::init(const InitRequest & req) {
     auto & m = *impl_;
     if (m.update || m.busy) {
         fail(Errc::wrong_state, "a weight update is open ({} of {} tensors received); POST /finish_weight_update or "
-                                "/abort_weight_update first", m.update ? m.update->weight_map.size() : 0, m.expected.size());
+                                "/abort_weight_update first", m.n_received(), m.expected.size());
     }
     if (req.timeout_s && !(*req.timeout_s > 0 && *req.timeout_s <= kMaxWaitS)) {  // fd/deadline.h
         throw Error(Errc::invalid_argument, fmt::format("timeout_s must be > 0 and <= {:g} seconds, got {:g}", kMaxWaitS, *req.timeout_s),
@@ -223,7 +225,7 @@ void StreamManager::check_specs(const std::vector<TensorSpec> & specs) const {
         fail(Errc::wrong_state, "no weight-stream transport; POST /init_weight_transfer_engine (vLLM) or /init_weights_update_group "
                                 "(SGLang) first (nothing was done)");
     }
-    for (const auto & s : specs) { check_spec(impl_->expected, s); }
+    for (const auto & s : specs) { check_spec(*impl_, s); }
 }
 
 BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs, bool packed, Clock::time_point deadline) {
@@ -248,12 +250,30 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
                "not /update_weights buckets");
     }
     std::set<std::string> in_bucket;
+    std::map<std::string, std::string> bucket_covered;  // as Update::covered, for this bucket's tensors
     try {
         if (specs.empty()) { throw Error(Errc::invalid_argument, "update_info announces no tensor", "update_info"); }
         for (const auto & s : specs) {
-            check_spec(m.expected, s);
+            check_spec(m, s);
             if (m.update->weight_map.count(s.name) || !in_bucket.insert(s.name).second) {
                 throw Error(Errc::invalid_argument, fmt::format("tensor '{}' was sent twice in this update", s.name), "names");
+            }
+            const bool is_stacked = m.stacked.count(s.name) > 0;
+            if (is_stacked && m.update->base_version) {
+                throw Error(Errc::invalid_argument,
+                            fmt::format("tensor '{}' is a stacked expert tensor: a delta update (base_version) takes its per-expert "
+                                        "names ('{}', ... as the init answer's expert_tensors list them); send them instead", s.name,
+                                        m.stacked.at(s.name).front()), "names");
+            }
+            for (const std::string & u : m.covers(s.name)) {  // the same expert stacked and split: one of them would be lost
+                const auto prev = m.update->covered.find(u);
+                const auto here = bucket_covered.find(u);
+                if (prev != m.update->covered.end() || here != bucket_covered.end()) {
+                    const std::string & as = prev != m.update->covered.end() ? prev->second : here->second;
+                    throw Error(Errc::invalid_argument, fmt::format("tensor '{}'{} was sent twice in this update: as '{}' and as '{}'", u,
+                                                                    model::expert_of(u), as, s.name), "names");
+                }
+                bucket_covered.emplace(u, s.name);
             }
             if (s.is_delta()) {
                 if (!m.update->base_version) {
@@ -303,12 +323,13 @@ BucketReport StreamManager::receive_bucket(const std::vector<TensorSpec> & specs
         throw *err;
     }
     for (const auto & s : specs) { m.update->weight_map[s.name] = f.filename().string(); }
+    m.update->covered.insert(bucket_covered.begin(), bucket_covered.end());
     m.update->bytes += bytes;
     m.update->recycled_bytes += recycled_bytes;
     m.update->idle_deadline = detail::after(m.timeout_s);
     return BucketReport{.n_tensors  = static_cast<int32_t>(specs.size()),
                         .bytes      = bytes,
-                        .n_received = static_cast<int32_t>(m.update->weight_map.size()),
+                        .n_received = m.n_received(),
                         .n_expected = static_cast<int32_t>(m.expected.size()),
                         .seconds    = std::chrono::duration<double>(Clock::now() - t0).count(),
                         .file       = f};

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -67,11 +68,26 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
     // RolloutModel's mapping and the landed path leave it out (a probe: 422 "missing lm_head").
     const bool tied_head = m.rank_layouts()[0].tied_lm_head;
     for (const auto & [name, t] : m.expected) {
-        if (!m.update->weight_map.count(name) && !detail::optional_tensor(name) && !(tied_head && name == "lm_head.weight")) {
+        if (!m.update->covered.count(name) && !detail::optional_tensor(name) && !(tied_head && name == "lm_head.weight")) {
             missing.push_back(name);
         }
     }
     if (!missing.empty()) {
+        // A stacked expert tensor none of whose experts arrived is named as stored (the name the
+        // trainer's export uses), not as its per-expert views.
+        const std::set<std::string> gone(missing.begin(), missing.end());
+        std::vector<std::string> named;
+        std::set<std::string> in_whole;
+        for (const auto & [whole, views] : m.stacked) {
+            if (std::all_of(views.begin(), views.end(), [&](const std::string & v) { return gone.count(v) > 0; })) {
+                named.push_back(fmt::format("{} (or its {} per-expert tensors)", whole, views.size()));
+                in_whole.insert(views.begin(), views.end());
+            }
+        }
+        for (const auto & n : missing) {
+            if (!in_whole.count(n)) { named.push_back(n); }
+        }
+        missing = std::move(named);
         std::string list;
         for (size_t i = 0; i < missing.size() && i < 8; ++i) { list += (i ? ", " : "") + missing[i]; }
         if (missing.size() > 8) { list += fmt::format(", ... ({} in all)", missing.size()); }
@@ -81,12 +97,14 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
         throw e;
     }
     int64_t staged_bytes = 0;
-    for (const auto & [name, file] : m.update->weight_map) { staged_bytes += m.expected.count(name) ? m.expected.at(name).nbytes : 0; }
+    for (const auto & [name, file] : m.update->weight_map) {
+        if (const TensorSpec * t = m.accepted(name)) { staged_bytes += t->nbytes; }
+    }
     m.update->dir->write_index(m.update->weight_map, staged_bytes);
     m.update->sealed = true;
     if (version) { m.update->version = version; }
     return Sealed{.dir = m.update->dir->path(), .version = m.update->version, .bytes = m.update->bytes,
-                  .n_tensors = static_cast<int32_t>(m.update->weight_map.size()), .base_version = m.update->base_version,
+                  .n_tensors = m.n_received(), .base_version = m.update->base_version,
                   .n_delta = m.update->n_delta, .n_from_base = n_from_base};
 }
 
@@ -220,7 +238,7 @@ std::string StreamManager::status_json() const {
            {"update_open", m.update.has_value()},
            {"version", m.update ? opt(m.update->version) : json(nullptr)},
            {"base_version", m.update ? opt(m.update->base_version) : json(nullptr)},
-           {"n_received", m.update ? m.update->weight_map.size() : 0},
+           {"n_received", m.n_received()},
            {"n_expected", m.expected.size()},
            {"n_delta", m.update ? m.update->n_delta : 0},
            {"bytes_received", m.update ? m.update->bytes : 0},
@@ -252,7 +270,16 @@ bool stage_ahead_choice(int32_t env, int32_t tp_size) {
 
 std::map<std::string, TensorSpec> StreamManager::expected() const {
     std::lock_guard lk(impl_->mu);
-    return impl_->expected;
+    return impl_->own;
+}
+
+std::vector<ExpertView> StreamManager::expert_views() const {
+    std::lock_guard lk(impl_->mu);
+    std::vector<ExpertView> out;
+    for (const auto & [whole, views] : impl_->stacked) {
+        for (const auto & v : views) { out.push_back(ExpertView{whole, impl_->expected.at(v)}); }
+    }
+    return out;
 }
 
 }  // namespace fd::stream

@@ -12,6 +12,8 @@
 
 #include "stream_io.h"
 
+#include "fd/checkpoint/layout.h"
+#include "fd/checkpoint/stored_names.h"
 #include "fd/weights/rank_delta.h"
 #include "fd/weights/weight_delta.h"
 
@@ -52,7 +54,10 @@ struct StreamManager::Impl {
     struct Update {
         std::unique_ptr<StagingDir>        dir;
         std::optional<std::string>         version;
-        std::map<std::string, std::string> weight_map;     ///< name -> bucket file name
+        std::map<std::string, std::string> weight_map;     ///< name -> bucket file name (a stacked expert tensor under its stacked name)
+        /// Each tensor of `expected` received so far -> the name it came under (itself, or the
+        /// stacked expert tensor holding it): the completeness check and the duplicates' check.
+        std::map<std::string, std::string> covered;
         int64_t                            bytes = 0;     ///< received on the wire
         bool                               sealed = false;
         Clock::time_point                  idle_deadline;
@@ -77,7 +82,28 @@ struct StreamManager::Impl {
     bool                    stopping = false;
     std::thread             watchdog;
 
-    std::map<std::string, TensorSpec> expected;       ///< read from --model at the first init
+    /// Read from --model at the first init: every tensor a full update must cover, with each
+    /// stacked expert tensor as its per-expert views (read_tensor_index's names).
+    std::map<std::string, TensorSpec> expected;
+    std::map<std::string, TensorSpec> own;            ///< --model's tensors under its own names, stacked ones as stored (init lists these)
+    /// Each stacked expert tensor of `own` -> the per-expert names of `expected` it holds (file order).
+    std::map<std::string, std::vector<std::string>> stacked;
+
+    /// The spec of a name a stream may carry (a name of `expected` or of `own`), or nullptr.
+    const TensorSpec * accepted(const std::string & name) const {
+        if (auto it = expected.find(name); it != expected.end()) { return &it->second; }
+        if (auto it = own.find(name); it != own.end()) { return &it->second; }
+        return nullptr;
+    }
+
+    /// The tensors of `expected` that a tensor sent as `name` (an accepted name) covers.
+    std::vector<std::string> covers(const std::string & name) const {
+        if (auto it = stacked.find(name); it != stacked.end()) { return it->second; }
+        return {name};
+    }
+
+    /// Tensors of the open update received so far, counted as `expected` counts them.
+    int32_t n_received() const { return update ? static_cast<int32_t>(update->covered.size()) : 0; }
     // transport
     std::string backend;                              ///< "" = none
     UniqueFd    listener;                             ///< tcp, until the trainer connected
@@ -166,7 +192,7 @@ struct StreamManager::Impl {
     void drop_locked(const Error & why) {
         if (update) {
             log::get("stream")->warn("weight stream dropped ({} of {} tensors received, serving weights unchanged): {}",
-                                     update->weight_map.size(), expected.size(), why.what());
+                                     update->covered.size(), expected.size(), why.what());
         }
         reset_update();  // removes the staging dir
         close_transport();
@@ -258,6 +284,7 @@ struct StreamManager::Impl {
         }
         for (const auto & s : specs) {
             update->weight_map[s.name] = "";  // received (in the delta file, not in a bucket file)
+            update->covered[s.name]    = s.name;  // never a stacked name: receive_bucket refuses those in a delta
             update->delta_entries.push_back({{"name", s.name}, {"dtype", model::dtype_name(s.dtype)}, {"shape", s.shape}, {"dense", !s.is_delta()},
                                              {"n", s.is_delta() ? s.n_indices : s.numel()}, {"index_bytes", s.is_delta() ? s.index_bytes : 4}});
         }
@@ -269,7 +296,7 @@ struct StreamManager::Impl {
                                  total, total_s, socket_s, check_s, total_s - socket_s - check_s);
         return BucketReport{.n_tensors  = static_cast<int32_t>(specs.size()),
                             .bytes      = total,
-                            .n_received = static_cast<int32_t>(update->weight_map.size()),
+                            .n_received = n_received(),
                             .n_expected = static_cast<int32_t>(expected.size()),
                             .seconds    = total_s};
     }
@@ -312,8 +339,12 @@ struct StreamManager::Impl {
 
     void load_expected() {
         if (!expected.empty()) { return; }
-        const auto idx = model::read_tensor_index(cfg.model_dir);
+        const model::TensorIndex stored = model::read_tensor_index_as_stored(cfg.model_dir);
+        model::TensorIndex idx = stored;
+        model::split_stacked_experts(idx);  // as read_tensor_index (and the ranks' loader) splits them
         for (const auto & [name, t] : idx.tensors) { expected[name] = TensorSpec{name, t.dtype, t.shape, t.size_bytes}; }
+        for (const auto & [name, t] : stored.tensors) { own[name] = TensorSpec{name, t.dtype, t.shape, t.size_bytes}; }
+        stacked = model::stacked_expert_views(stored);
     }
 };
 

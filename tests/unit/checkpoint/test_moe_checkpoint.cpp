@@ -4,6 +4,7 @@
 // layout (per expert, TP-sliced like the dense MLP) and the stacked export form split into
 // per-expert views; a missing, duplicated or mis-shaped expert is refused naming layer and expert.
 #include "fd/checkpoint/layout.h"
+#include "fd/checkpoint/stored_names.h"
 #include "fd/checkpoint/model_config.h"
 #include "fd/status.h"
 #include "test_util.h"
@@ -408,6 +409,16 @@ TEST_CASE("stacked experts [E, 2I, H] / [E, H, I] become per-expert views of the
     CHECK(down3.offset_bytes == 5000 + 3 * 16 * 8 * 2);
     // with the stacked pair the checkpoint is complete
     validate_checkpoint(c, split);
+    // the weight stream's view: each stacked tensor's per-expert names in file order, nothing for the others
+    const auto views = stacked_expert_views(idx);
+    CHECK(views.size() == 2);
+    CHECK(views.at(gu.name).size() == 8);
+    CHECK(views.at(gu.name)[0] == "model.layers.0.mlp.experts.0.gate_proj.weight");
+    CHECK(views.at(gu.name)[1] == "model.layers.0.mlp.experts.0.up_proj.weight");
+    CHECK(views.at(gu.name)[7] == "model.layers.0.mlp.experts.3.up_proj.weight");
+    CHECK(views.at(dn.name) == std::vector<std::string>{"model.layers.0.mlp.experts.0.down_proj.weight", "model.layers.0.mlp.experts.1.down_proj.weight",
+                                                        "model.layers.0.mlp.experts.2.down_proj.weight", "model.layers.0.mlp.experts.3.down_proj.weight"});
+    CHECK(stacked_expert_views(split).empty());
     // an expert given both ways is a duplicate, named
     TensorIndex dup = idx;
     TensorInfo one = gate0;

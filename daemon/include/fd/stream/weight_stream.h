@@ -59,6 +59,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fd::stream {
@@ -141,12 +142,18 @@ struct Endpoint {
     double      timeout_s = 0;                ///< the bound the daemon applies to each wait
 };
 
+/// A per-expert view of a stacked expert tensor (StreamManager::expert_views).
+struct ExpertView {
+    std::string stacked;  ///< the stacked tensor's name, e.g. model.layers.0.mlp.experts.gate_up_proj
+    TensorSpec  spec;     ///< the view: e.g. model.layers.0.mlp.experts.3.up_proj.weight [I, H]
+};
+
 /// One received bucket.
 struct BucketReport {
     int32_t n_tensors = 0;
     int64_t bytes = 0;
-    int32_t n_received = 0;                   ///< tensors in the update so far
-    int32_t n_expected = 0;                   ///< tensors the model has
+    int32_t n_received = 0;                   ///< tensors in the update so far (a stacked expert tensor: each expert's it holds)
+    int32_t n_expected = 0;                   ///< tensors the model has (stacked experts counted per expert)
     double  seconds = 0;
     /// A full update's bucket file, complete and never written again (its tensors as safetensors,
     /// in the update's staging dir): the ranks may stage it ahead of the finish (ControlCommand::
@@ -213,7 +220,10 @@ public:
     /// Errors  (the transport is closed on every one, and the update dropped unless sealed)
     ///         wrong_state: no update open, or one being received (which stops too) or sealed;
     ///         invalid_argument: an unknown name, a dtype or shape unlike the model's, a name
-    ///           twice (in the bucket or the stream), a frame unlike its announcement, a delta
+    ///           twice (in the bucket or the stream; also an expert sent both inside its stacked
+    ///           tensor and under its per-expert name), a stacked expert tensor in a delta
+    ///           update (its per-expert names, expert_views(), are what a delta takes), a
+    ///           frame unlike its announcement, a delta
     ///           in an update without base_version, a delta's indices unsorted, duplicated or
     ///           out of range (tensor and position named);
     ///         invalid_checkpoint: a non-finite value (tensor and element named);
@@ -228,7 +238,9 @@ public:
     /// field ("names", "dtype_names", "shapes").
     void check_specs(const std::vector<TensorSpec> & specs) const;
 
-    /// Check that every tensor of the model arrived and seal the staging dir. `version` (if
+    /// Check that every tensor of the model arrived (a stacked expert tensor stands for every
+    /// per-expert tensor it holds; it is staged under its stacked name and the ranks' loader
+    /// splits it, as it splits a checkpoint's) and seal the staging dir. `version` (if
     /// given) overrides start's. A delta update instead writes its tensors to the delta file
     /// (Sealed::delta_file; tensors not sent keep the base's bytes). The update then waits for
     /// committed() or drop().
@@ -279,8 +291,18 @@ public:
     /// spare_bytes (the spare dir's recyclable bytes), last_error}.
     std::string status_json() const;
 
-    /// The model's tensors a stream must carry (read from --model at the first init).
+    /// The model's tensors a full update carries, under --model's checkpoint's own names and
+    /// shapes (read at the first init): a stacked expert tensor as stored (3-D [E, 2*I, H] /
+    /// [E, H, I]), a v5 Mixtral under its v5 names. What init lists. Empty before the first init.
     std::map<std::string, TensorSpec> expected() const;
+
+    /// The per-expert views of --model's stacked expert tensors (split_stacked_experts' names and
+    /// [rows, cols] shapes), each with the stacked name that holds it: accepted too, in place of
+    /// that stacked tensor (never both for one expert), and the names a delta update takes. In
+    /// the stacked tensors' name order, each one's views in file order (a stacked [E, R, C]
+    /// tensor read as [E*R, C] is its views' rows one after another). Empty when --model stores
+    /// no stacked experts, or before the first init.
+    std::vector<ExpertView> expert_views() const;
 
     /// StreamConfig::stage_ahead: the routes have the ranks stage each bucket as it arrives.
     bool stage_ahead() const;
