@@ -24,20 +24,32 @@ bool same_key(const std::string & a, const std::string & b) {
 
 /// Every handler runs inside this: fd::Error → its table status, anything else → 500, written
 /// as an OpenAI error object (generation) or a {"status":"error"} object (control, SPEC §3).
-Handler wrap(ApiContext & ctx, void (*fn)(ApiContext &, const Request &, Response &), Auth auth,
+/// The 401 a request without the route's key gets, or nullopt.
+std::optional<Error> unauthorized(const ApiContext & ctx, Auth auth, const Request & req) {
+    const std::string & key = auth == Auth::open             ? std::string()
+                            : auth == Auth::api_key          ? ctx.cfg.api_key
+                            : ctx.cfg.control_api_key.empty() ? ctx.cfg.api_key : ctx.cfg.control_api_key;
+    if (key.empty() || same_key(req.get_header_value("Authorization"), "Bearer " + key)) { return std::nullopt; }
+    return Error(Errc::unauthorized, auth == Auth::control_key && !ctx.cfg.control_api_key.empty()
+                                         ? "missing or wrong control API key: send 'Authorization: Bearer <--control-api-key>'"
+                                         : "missing or wrong API key: send 'Authorization: Bearer <key>'");
+}
+
+Wrapped wrap(ApiContext & ctx, void (*fn)(ApiContext &, const Request &, Response &), Auth auth,
              Errors errors = Errors::openai) {
     auto write = errors == Errors::openai ? write_error : write_control_error;
     const bool control = errors == Errors::control;
-    return [&ctx, fn, auth, write, control](const Request & req, Response & res) {
+    // The key is checked from the head too, before a large body is read (Route::admit).
+    Admit admit = [&ctx, auth, write, control](const Request & req, Response & res) {
+        const auto e = unauthorized(ctx, auth, req);
+        if (!e) { return true; }
+        write(res, *e);
+        if (control) { stamp_request_id(req, res); }
+        return false;
+    };
+    Handler handler = [&ctx, fn, auth, write, control](const Request & req, Response & res) {
         try {
-            const std::string & key = auth == Auth::open             ? std::string()
-                                    : auth == Auth::api_key          ? ctx.cfg.api_key
-                                    : ctx.cfg.control_api_key.empty() ? ctx.cfg.api_key : ctx.cfg.control_api_key;
-            if (!key.empty() && !same_key(req.get_header_value("Authorization"), "Bearer " + key)) {
-                throw Error(Errc::unauthorized, auth == Auth::control_key && !ctx.cfg.control_api_key.empty()
-                                                    ? "missing or wrong control API key: send 'Authorization: Bearer <--control-api-key>'"
-                                                    : "missing or wrong API key: send 'Authorization: Bearer <key>'");
-            }
+            if (auto e = unauthorized(ctx, auth, req)) { throw *e; }
             fn(ctx, req, res);
         } catch (const Error & e) {
             if (e.code() == Errc::internal) { log::get("api")->error("{} {}: {}", req.method, req.path, e.what()); }
@@ -50,6 +62,7 @@ Handler wrap(ApiContext & ctx, void (*fn)(ApiContext &, const Request &, Respons
         }
         if (control) { stamp_request_id(req, res); }  // every control answer, errors included, carries request_id
     };
+    return {std::move(handler), std::move(admit)};
 }
 
 }  // namespace
@@ -62,7 +75,7 @@ Router make_routes(ApiContext & ctx) {
     constexpr auto C = Errors::control;
     constexpr auto io = Lane::io;
     Router http;
-    auto post = [&](const char * path, Handler h) { http.Post(path, std::move(h)); };
+    auto post = [&](const char * path, Wrapped h) { http.Post(path, std::move(h)); };
     // Abort and the read-only queries take the query lane: they never wait for an engine
     // operation, so a pool of control calls blocked on a pause's drain cannot hold them up.
     auto control = [&](const char * method, const char * path, auto handler, Lane lane = Lane::control) {

@@ -16,13 +16,8 @@ namespace {
 using nlohmann::json;
 
 json parse_body(ApiContext & ctx, const std::string & body, const std::set<std::string> & known) {
-    json j;
-    try {
-        j = parse_json(body);
-    } catch (const json::exception & e) {
-        bad("", fmt::format("request body is not valid JSON: {}", e.what()));
-    }
-    if (!j.is_object()) { bad("", "request body must be a JSON object"); }
+    // The generation routes' parser and wording (nlohmann's own words reached the client here: a probe).
+    const json j = api::parse_body(body);
     for (const auto & [key, v] : j.items()) {
         if (known.count(key) == 0) { bad(key, fmt::format("unknown field '{}'", key)); }
     }

@@ -15,8 +15,8 @@ namespace fd::api {
 namespace net = boost::asio;
 using tcp     = net::ip::tcp;
 
-void Router::add(const std::string & method, const std::string & path, Handler h, Lane lane) {
-    Route r{method, path, std::move(h), lane};
+void Router::add(const std::string & method, const std::string & path, Handler h, Lane lane, Admit admit) {
+    Route r{method, path, std::move(h), lane, std::move(admit)};
     if (path.find('(') == std::string::npos) {
         by_path_[path][method] = std::move(r);
         return;

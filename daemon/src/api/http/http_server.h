@@ -35,19 +35,35 @@ using Handler = std::function<void(const Request &, Response &)>;
 /// Where a route's handler runs (see the file comment).
 enum class Lane { io, control, query, data };
 
+/// A route's check of a request's head alone (method, target, headers; the body not read): false
+/// when it wrote the refusal into the Response (a missing API key's 401), which is then sent
+/// without reading the body. Run for a body still to come (a large, chunked or 100-continue one),
+/// so a client without the key cannot make the daemon hold a 64 MiB body first (a probe); the
+/// handler checks again (small bodies arrive with their head).
+using Admit = std::function<bool(const Request &, Response &)>;
+
 struct Route {
     std::string method;
     std::string path;
     Handler     handler;
     Lane        lane = Lane::data;
+    Admit       admit;  ///< empty: every head admitted
+};
+
+/// A handler with its head check (api/routes.cpp's wrap).
+struct Wrapped {
+    Handler handler;
+    Admit   admit;
 };
 
 /// The route table's container: exact paths, and patterns (a path holding a regex group, e.g.
 /// `/v1/models/(.+)`, matched whole, tried in the order added). HEAD is served by the GET route.
 class Router {
 public:
-    void Get(const std::string & path, Handler h, Lane lane = Lane::data) { add("GET", path, std::move(h), lane); }
-    void Post(const std::string & path, Handler h, Lane lane = Lane::data) { add("POST", path, std::move(h), lane); }
+    void Get(const std::string & path, Handler h, Lane lane = Lane::data) { add("GET", path, std::move(h), lane, {}); }
+    void Post(const std::string & path, Handler h, Lane lane = Lane::data) { add("POST", path, std::move(h), lane, {}); }
+    void Get(const std::string & path, Wrapped w, Lane lane = Lane::data) { add("GET", path, std::move(w.handler), lane, std::move(w.admit)); }
+    void Post(const std::string & path, Wrapped w, Lane lane = Lane::data) { add("POST", path, std::move(w.handler), lane, std::move(w.admit)); }
 
     /// The route for `method` `path`, or null; `*path_known` tells whether any method is routed
     /// at `path` (405 rather than 404); a pattern route's groups go to `*matches` (which refers
@@ -60,7 +76,7 @@ private:
         std::regex                   re;
         std::map<std::string, Route> by_method;
     };
-    void add(const std::string & method, const std::string & path, Handler h, Lane lane);
+    void add(const std::string & method, const std::string & path, Handler h, Lane lane, Admit admit);
     std::map<std::string, std::map<std::string, Route>> by_path_;  ///< exact path → method → route
     std::vector<Pattern>                                 patterns_;
 };

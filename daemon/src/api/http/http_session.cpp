@@ -21,9 +21,27 @@
 #include <sys/socket.h>
 
 #include <optional>
+#include <string_view>
 
 namespace fd::api {
 namespace {
+
+/// Bodies larger than this are read only once the route admitted their head (Route::admit).
+constexpr uint64_t kAdmitBeforeBodyBytes = 64 << 10;
+
+/// A Transfer-Encoding value naming no coding but "chunked" (any case, spaces around commas).
+bool only_chunked(std::string_view te) {
+    size_t start = 0;
+    while (start <= te.size()) {
+        const size_t end = std::min(te.find(',', start), te.size());
+        std::string_view item = te.substr(start, end - start);
+        while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) { item.remove_prefix(1); }
+        while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) { item.remove_suffix(1); }
+        if (!item.empty() && !boost::beast::iequals(boost::beast::string_view(item.data(), item.size()), "chunked")) { return false; }
+        start = end + 1;
+    }
+    return true;
+}
 
 namespace beast = boost::beast;
 namespace http  = beast::http;
@@ -81,6 +99,14 @@ private:
 
     void on_header() {
         const auto & h = parser_->get();
+        if (h.find(http::field::transfer_encoding) != h.end() && parser_->chunked() && !only_chunked(std::string_view(h[http::field::transfer_encoding].data(), h[http::field::transfer_encoding].size()))) {
+            // RFC 9112 6.1: a coding we do not implement (gzip, chunked) is a 501; its body was
+            // used as if only chunked (a probe).
+            keep_alive_ = false;
+            version_    = 11;
+            return answer_error(Error(Errc::invalid_argument, "Transfer-Encoding other than chunked alone is not implemented (send the "
+                                                              "body uncompressed, chunked or with Content-Length)"), 501);
+        }
         if (h.find(http::field::transfer_encoding) != h.end() && !parser_->chunked()) {
             // RFC 9112 6.1: a request whose last transfer coding is not chunked has no length we
             // can know: 400 and close. Read as an empty body, its bytes ran as a second request
@@ -90,6 +116,12 @@ private:
             return answer_error(Error(Errc::invalid_argument, "malformed HTTP request: Transfer-Encoding other than chunked "
                                                               "(send Content-Length, or chunked last)"), 400);
         }
+        // A large (or chunked, or 100-continue) body is read only for a request its route admits
+        // from the head (the API key); a small one is read with it and refused by the handler.
+        const auto length = parser_->content_length();
+        const bool large  = parser_->chunked() || (length && *length > kAdmitBeforeBodyBytes) ||
+                           beast::iequals(h[http::field::expect], "100-continue");
+        if (!parser_->is_done() && large && !admitted()) { return; }
         if (!parser_->is_done() && beast::iequals(h[http::field::expect], "100-continue")) {
             // curl waits a second for this before sending a large body.
             static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -101,6 +133,23 @@ private:
             return;
         }
         read_body();
+    }
+
+    /// The route's head check (Route::admit) for a request whose body is still to come: true to
+    /// read on; false after sending the route's refusal (the connection closes, lingering).
+    bool admitted() {
+        Request head;
+        fill_request(head);
+        bool known = false;
+        const Route * r = server_.router().find(head.method, head.path, &known, nullptr);
+        if (r == nullptr || !r->admit || r->admit(head, res_)) {
+            res_ = Response{};
+            return true;
+        }
+        req_        = std::move(head);
+        keep_alive_ = false;  // the body stays unread
+        write_whole();
+        return false;
     }
 
     void read_body() {
@@ -158,14 +207,17 @@ private:
         write_whole();
     }
 
-    void fill_request() {
+    void fill_request() { fill_request(req_); }
+
+    /// `out` from the parsed head (method, target, path, query, headers); keep-alive and version too.
+    void fill_request(Request & out) {
         auto & m     = parser_->get();
-        req_.method  = std::string(m.method_string());
-        req_.target  = std::string(m.target());
-        const size_t q = req_.target.find('?');
-        req_.path    = req_.target.substr(0, q);
-        if (q != std::string::npos) { req_.params = parse_query(req_.target.substr(q + 1)); }
-        for (const auto & f : m) { req_.headers.emplace(std::string(f.name_string()), std::string(f.value())); }
+        out.method   = std::string(m.method_string());
+        out.target   = std::string(m.target());
+        const size_t q = out.target.find('?');
+        out.path     = out.target.substr(0, q);
+        if (q != std::string::npos) { out.params = parse_query(out.target.substr(q + 1)); }
+        for (const auto & f : m) { out.headers.emplace(std::string(f.name_string()), std::string(f.value())); }
         keep_alive_ = m.keep_alive();
         version_    = m.version();
     }
