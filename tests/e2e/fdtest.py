@@ -413,8 +413,20 @@ def device_args(extra=EXTRA_ARGS):
 
 
 class StreamChecks:
-    """Mixin of the weight-stream suites (tests/python): a unittest.TestCase with self.d (a Daemon),
-    self.c (an fdrollout Client) and self.stream(version, tensors, **kw) -> the finish's answer."""
+    """Mixin of the weight-stream suites (tests/python, tests/e2e): a unittest.TestCase with self.d
+    (a Daemon), self.c (an fdrollout Client) and cls.tmp (removed at the end)."""
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def stream(self, version, tensors, **kw):
+        """Every tensor of `tensors` ({name: array}) streamed in name order as `version`; the finish's answer."""
+        with self.c.weight_stream(version, **kw) as ws:
+            for name in sorted(tensors):
+                ws.send(name, tensors[name])
+        return ws.result
 
     def assert_serving(self, ref, version):
         """Greedy on self.d is `ref` (token ids, logprobs) labelled `version`, and it serves."""

@@ -79,17 +79,6 @@ class StreamedMoe(StreamChecks):
         cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "60", *cls.ARGS, model=cls.ck, extra=False)
         cls.c = Client(f"127.0.0.1:{cls.d.port}", timeout=60)
 
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.stop()
-        shutil.rmtree(cls.tmp, ignore_errors=True)
-
-    def stream(self, version, tensors, **kw):
-        with self.c.weight_stream(version, **kw) as ws:
-            for name in sorted(tensors):
-                ws.send(name, tensors[name])
-        return ws.result
-
     def assert_serving(self, ref, version):
         self.assertEqual(greedy(self.d, **ASK), (*ref, version))
         self.assertEqual(self.c.health()["state"], "serving")

@@ -13,7 +13,6 @@ a trainer that does not use fdrollout.Client would:
 import http.client
 import json
 import os
-import shutil
 import socket
 import sys
 import tempfile
@@ -89,17 +88,6 @@ class StreamRefusals(StreamChecks, unittest.TestCase):
         cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "20", model=STORIES, extra=False)
         cls.c = Client(f"127.0.0.1:{cls.d.port}", timeout=20)
 
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.stop()
-        shutil.rmtree(cls.tmp, ignore_errors=True)
-
-    def stream(self, version, tensors, **kw):
-        with self.c.weight_stream(version, **kw) as ws:
-            for name in sorted(tensors):
-                ws.send(name, tensors[name])
-        return ws.result
-
     def raw_update(self, t, version, tensors):
         st, j = t.post("/start_weight_update", {"version": version})
         self.assertEqual(st, 200, j)
@@ -166,11 +154,6 @@ class AbortWhileFinishing(StreamChecks, unittest.TestCase):
         cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "30", model=STORIES, extra=False,
                        env={"FD_DEBUG_CONTROL_DELAY_MS": "1500"})
         cls.c = Client(f"127.0.0.1:{cls.d.port}", timeout=30)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.stop()
-        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def test_abort_while_finishing_is_a_409_and_the_commit_stands(self):
         out = {}
