@@ -139,6 +139,27 @@ class StreamRefusals(StreamChecks, unittest.TestCase):
         self.assert_serving(self.ref_new, "u2")
 
 
+    def test_3_an_abort_stops_a_start_waiting_for_the_trainer(self):
+        # /start_weight_update waits for the trainer to connect; its message says "connect the
+        # trainer, or POST /abort_weight_update": the abort must end that wait, not answer that
+        # nothing was open.
+        st, info = self.d.post("/init_weight_transfer_engine", {"init_info": {"backend": "tcp"}})
+        self.assertEqual(st, 200, info)
+        out = {}
+        th = threading.Thread(target=lambda: out.update(r=self.d.post("/start_weight_update", {"version": "w"},
+                                                                      headers={"X-Request-Timeout": "30"})))
+        th.start()
+        wait_until(lambda: self.c.health()["weight_stream"]["state"] == "connecting", 30, "the start waiting for the trainer")
+        t0 = time.monotonic()
+        st, j = self.d.post("/abort_weight_update", {})
+        self.assertEqual((st, j["message"]), (200, "Weight update aborted; serving weights unchanged"), j)
+        th.join(30)
+        self.assertLess(time.monotonic() - t0, 10)
+        self.assertGreaterEqual(out["r"][0], 400, out)
+        self.assertEqual(self.c.health()["weight_stream"]["state"], "idle")
+        self.assertEqual(self.stream("after-abort", self.tensors)["weight_version"], "after-abort")
+
+
 class AbortWhileFinishing(StreamChecks, unittest.TestCase):
     """Every control op stretched by 1.5 s (FD_DEBUG_CONTROL_DELAY_MS), so the finish's commit is
     in flight long enough to abort into it."""

@@ -186,29 +186,20 @@ int64_t StreamManager::release_spare() {
 
 void StreamManager::drop(const Error & why) {
     std::lock_guard lk(impl_->mu);
-    auto & m = *impl_;
-    if (m.busy) { return m.stop_busy(why); }  // the bucket (or accept) in flight drops with this reason
-    if (!m.update) { return; }
-    m.drop_locked(why);
+    impl_->drop_open_locked(why);  // a bucket (or accept) in flight drops with this reason
 }
 
 bool StreamManager::abort(const Error & why) {
     std::lock_guard lk(impl_->mu);
     auto & m = *impl_;
-    if (!m.update) { return false; }
     // A sealed update's commit is running on the ranks (or about to): dropping it here removed
     // the dir they read and left the label untracked (a probe: the abort said "unchanged", the
     // finish committed, a later wakeup served the --model weights).
-    if (m.update->sealed) {
+    if (m.update && m.update->sealed) {
         fail(Errc::wrong_state, "the weight update is finishing (committing on the ranks) and cannot be aborted; its "
                                 "/finish_weight_update answer says whether it went live");
     }
-    if (m.busy) {
-        m.stop_busy(why);
-    } else {
-        m.drop_locked(why);
-    }
-    return true;
+    return m.drop_open_locked(why);  // also a start still waiting for the trainer to connect
 }
 
 void StreamManager::out_of_step(const Error & why) {

@@ -207,6 +207,18 @@ struct StreamManager::Impl {
         if (listener.valid()) { ::shutdown(listener.get(), SHUT_RDWR); }  // wakes an accept (closed after it returns)
     }
 
+    /// Drop what is open (lock held): the call running outside the lock stops with `why` (and
+    /// drops the update when it relocks), else the open update drops. False when neither was.
+    bool drop_open_locked(const Error & why) {
+        if (busy) {
+            stop_busy(why);
+            return true;
+        }
+        if (!update) { return false; }
+        drop_locked(why);
+        return true;
+    }
+
     /// StreamManager::out_of_step, lock held.
     void out_of_step_locked(const Error & why) {
         if (busy) { return stop_busy(why); }

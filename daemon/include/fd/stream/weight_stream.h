@@ -270,7 +270,8 @@ public:
 
     /// The trainer's abort (POST /abort_weight_update): drop the open update for `why`, unless it
     /// is finishing (sealed, its commit running on the ranks: the finish's answer decides).
-    /// Returns false when no update was open. Errors  wrong_state (409) when finishing, naming it.
+    /// A start still waiting for the trainer to connect stops too. Returns false when nothing was
+    /// open. Errors  wrong_state (409) when finishing, naming it.
     bool abort(const Error & why);
 
     /// A bucket refused before its bytes were read (its announcement, or the state it came in):
