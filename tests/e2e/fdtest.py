@@ -417,6 +417,23 @@ class StreamChecks:
     (a Daemon), self.c (an fdrollout Client) and cls.tmp (removed at the end)."""
 
     @classmethod
+    def perturbed_stories(cls, prefix, *daemon_args, old_ref=True):
+        """cls.tmp (a fresh dir), cls.new (stories260K perturbed), cls.tensors (its weights),
+        cls.base (stories260K's) and the references: cls.ref_new (and cls.ref_old when `old_ref`),
+        the greedy (ids, logprobs) of fresh daemons started with `daemon_args` on those weights."""
+        import safetensors_np
+        cls.tmp = tempfile.mkdtemp(prefix=prefix)
+        cls.new = os.path.join(cls.tmp, "new")
+        perturbed(STORIES, cls.new)
+        cls.tensors = safetensors_np.load_file(os.path.join(cls.new, "model.safetensors"))
+        cls.base = safetensors_np.load_file(os.path.join(STORIES, "model.safetensors"))
+        with fresh_daemon(cls.new, *daemon_args) as ref:
+            cls.ref_new = greedy(ref)[:2]
+        if old_ref:
+            with fresh_daemon(STORIES, *daemon_args) as ref:
+                cls.ref_old = greedy(ref)[:2]
+
+    @classmethod
     def tearDownClass(cls):
         cls.d.stop()
         shutil.rmtree(cls.tmp, ignore_errors=True)

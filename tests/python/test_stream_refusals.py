@@ -15,7 +15,6 @@ import json
 import os
 import socket
 import sys
-import tempfile
 import threading
 import time
 import unittest
@@ -24,9 +23,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
-from fdtest import STORIES, Daemon, StreamChecks, fresh_daemon, greedy, perturbed, wait_until  # noqa: E402
+from fdtest import STORIES, Daemon, StreamChecks, wait_until  # noqa: E402
 from fdrollout import Client  # noqa: E402
-from fdrollout import safetensors_np  # noqa: E402
 from fdrollout.weight_stream import _bytes_of, _frame, _send_all  # noqa: E402
 
 
@@ -76,15 +74,7 @@ class RawTrainer:
 class StreamRefusals(StreamChecks, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="fd-refusals-")
-        cls.new = os.path.join(cls.tmp, "new")
-        perturbed(STORIES, cls.new)
-        cls.tensors = safetensors_np.load_file(os.path.join(cls.new, "model.safetensors"))
-        cls.base = safetensors_np.load_file(os.path.join(STORIES, "model.safetensors"))
-        with fresh_daemon(cls.new) as ref:
-            cls.ref_new = greedy(ref)[:2]
-        with fresh_daemon(STORIES) as ref:
-            cls.ref_old = greedy(ref)[:2]
+        cls.perturbed_stories("fd-refusals-")
         cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "20", model=STORIES, extra=False)
         cls.c = Client(f"127.0.0.1:{cls.d.port}", timeout=20)
 
@@ -166,12 +156,7 @@ class AbortWhileFinishing(StreamChecks, unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="fd-abort-finish-")
-        cls.new = os.path.join(cls.tmp, "new")
-        perturbed(STORIES, cls.new)
-        cls.tensors = safetensors_np.load_file(os.path.join(cls.new, "model.safetensors"))
-        with fresh_daemon(cls.new) as ref:
-            cls.ref_new = greedy(ref)[:2]
+        cls.perturbed_stories("fd-abort-finish-", old_ref=False)
         cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "30", model=STORIES, extra=False,
                        env={"FD_DEBUG_CONTROL_DELAY_MS": "1500"})
         cls.c = Client(f"127.0.0.1:{cls.d.port}", timeout=30)

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import PYTHON, STORIES, Daemon, StreamChecks, device_args, free_port, fresh_daemon, greedy, kill_when_sent, perturbed, stop_process, wait_until  # noqa: E402
+from fdtest import PYTHON, STORIES, Daemon, StreamChecks, device_args, free_port, greedy, kill_when_sent, perturbed, stop_process, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 from fdrollout.weight_stream import _frame, _send_all  # noqa: E402
@@ -155,16 +155,8 @@ class StreamTp1(StreamChecks, unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="fd-pystream-")
-        cls.new = os.path.join(cls.tmp, "new")
-        perturbed(STORIES, cls.new)
-        cls.tensors = safetensors_np.load_file(os.path.join(cls.new, "model.safetensors"))
-        cls.base = safetensors_np.load_file(os.path.join(STORIES, "model.safetensors"))
         # The references: fresh daemons at the same tensor-parallel size on the same weights.
-        with fresh_daemon(cls.new, *cls.TP_ARGS) as ref:
-            cls.ref_new = greedy(ref)[:2]
-        with fresh_daemon(STORIES, *cls.TP_ARGS) as ref:
-            cls.ref_old = greedy(ref)[:2]
+        cls.perturbed_stories("fd-pystream-", *cls.TP_ARGS)
         cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *cls.TP_ARGS, model=STORIES, extra=False, env=cls.ENV)
         cls.c = Client(f"127.0.0.1:{cls.d.port}", timeout=20)
 
