@@ -277,6 +277,40 @@ class SpeculativeAcrossPreemptionAndKeep(unittest.TestCase):
             self.assertEqual(d.get("/health")[1]["speculative"]["disabled_steps"], off)
 
 
+class SpeculativePrefixCache(unittest.TestCase):
+    """A speculating sequence leaves the prefix cache and the host KV tier as a plain one does: the
+    block its last verify step completes is cached (a probe saw it left out: the next turn's prompt,
+    prompt + output, missed it), and its generated blocks are not copied to the host tier at
+    eviction (a probe saw verify steps mark them as prompt blocks)."""
+
+    def test_next_turn_caches_the_same_prefix(self):
+        ngram6 = json.dumps({"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+                             "disable_by_batch_size": 0})
+        cached = {}
+        for name, extra in (("plain", []), ("spec", ["--speculative-config", ngram6])):
+            with Daemon("--enable-prefix-caching", *extra, extra=False) as d:
+                got = []
+                for n in range(20, 60, 3):  # output lengths whose last verify step completes a block, and others
+                    d.post("/v1/flush_cache")
+                    c = d.complete(prompt=REPETITIVE, max_tokens=n, temperature=0, ignore_eos=True)["choices"][0]
+                    j = d.complete(prompt=c["prompt_token_ids"] + c["token_ids"] + [261], max_tokens=1, temperature=0)
+                    got.append(j["usage"]["prompt_tokens_details"]["cached_tokens"])
+                cached[name] = got
+        self.assertEqual(cached["spec"], cached["plain"])
+        self.assertIn(80, cached["plain"])  # the block ending at position 80 is among them
+
+    def test_generated_blocks_stay_off_the_host_tier(self):
+        args = ["--enable-prefix-caching", "--swap-space", "0.01", "--kv-cache-bytes", str(20 * 20480), "--max-model-len", "256"]
+        offloads = {}
+        for name, extra in (("plain", []), ("spec", ["--speculative-config", SPEC])):
+            with Daemon(*args, *extra, extra=False) as d:
+                for p in [REPETITIVE, "Once upon a time", "Lily and Tom", "The little dog"]:  # the later ones evict the first
+                    d.complete(prompt=p, max_tokens=200, temperature=0, ignore_eos=True)
+                offloads[name] = metrics(d)["fdrollout_kv_host_tier_offloads_total"]
+        self.assertGreater(offloads["plain"], 0)
+        self.assertEqual(offloads["spec"], offloads["plain"])
+
+
 class SpeculativeTp2(unittest.TestCase):
     def test_tp2_greedy_alone_and_batched_equal(self):
         tp2 = ["--tensor-parallel-size", "2", "--threads", "1"]
