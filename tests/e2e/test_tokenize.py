@@ -152,6 +152,23 @@ class TokenizerJsonOnly(unittest.TestCase):
                 _, t = d.post("/detokenize", {"tokens": gen})
                 self.assertEqual(j["choices"][0]["text"], t["prompt"])
 
+    def test_streamed_text_with_stop_strings_is_whole_characters(self):
+        """A stop string's held-back bytes never cut a UTF-8 character: the deltas join to the
+        non-streamed text and none carries U+FFFD (a probe saw ' ت\ufffd' streamed for ' تن')."""
+        with Daemon(model=self.model) as d:
+            n_non_ascii = 0
+            for seed in range(12):
+                body = {"prompt": "Hello", "max_tokens": 24, "temperature": 3.0, "seed": seed, "ignore_eos": True,
+                        "stop": ["ET", "\n\n"]}
+                want = d.complete(**body)["choices"][0]["text"]
+                chunks, done = d.stream(**body)
+                self.assertTrue(done)
+                got = [c["choices"][0]["text"] for c in chunks if c.get("choices")]
+                self.assertEqual("".join(got), want, (seed, got))
+                self.assertFalse(any("\ufffd" in g for g in got) and "\ufffd" not in want, (seed, got))
+                n_non_ascii += any(ord(ch) > 127 for ch in want)
+            self.assertGreater(n_non_ascii, 3)  # the case is exercised
+
     def test_malformed_tokenizer_json_names_file_and_position(self):
         bad = os.path.join(self.tmp, "bad")
         shutil.copytree(self.model, bad)

@@ -93,8 +93,13 @@ void Engine::admit(GenerateRequest & req) {
 
 void Engine::emit(Sequence & s, FinishReason why, ChoiceEvent ev) {
     // Text that could still turn out to start a stop string is held back until the end.
-    const size_t hold     = why == FinishReason::none ? s.stop_holdback : 0;
-    const size_t sendable = s.text.size() > hold ? s.text.size() - hold : 0;
+    const size_t hold = why == FinishReason::none ? s.stop_holdback : 0;
+    size_t sendable   = s.text.size() > hold ? s.text.size() - hold : 0;
+    // The held-back bytes count from the end: the cut moves back to a character's first byte, so a
+    // delta never ends inside a UTF-8 sequence (a probe saw ' ت\ufffd' streamed for ' تن').
+    while (sendable > s.n_text_sent && sendable < s.text.size() && (static_cast<unsigned char>(s.text[sendable]) & 0xC0) == 0x80) {
+        --sendable;
+    }
     if (sendable > s.n_text_sent) {
         ev.text += s.text.substr(s.n_text_sent, sendable - s.n_text_sent);
         s.n_text_sent = sendable;
