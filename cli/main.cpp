@@ -303,6 +303,9 @@ int main(int argc, char ** argv) {
     model_info->callback([&] { cmd.op = "model_info"; });
 
     app.set_version_flag("--version", fmt::format("fdctl {} (git {})", fd::kVersion, fd::kGitCommit));
+    // --json read off argv: a usage error found while parsing (a global option's check fails
+    // before CLI11 stores --json) must still print the JSON shape.
+    const bool argv_json = std::any_of(argv + 1, argv + argc, [](const char * a) { return std::string(a) == "--json"; });
     if (const std::string word = subcommand_word(argc, argv); !word.empty()) {
         bool known = false;
         std::string names;
@@ -310,15 +313,14 @@ int main(int argc, char ** argv) {
             known = known || sub->get_name() == word;
             names += (names.empty() ? "" : ", ") + sub->get_name();
         }
-        if (!known) {  // before parsing: --json is read off argv
-            const bool json = std::any_of(argv + 1, argv + argc, [](const char * a) { return std::string(a) == "--json"; });
-            return report_error(json, "usage", "unknown subcommand '" + word + "'; one of: " + names + " (fdctl --help)", fd::kExitUsage);
+        if (!known) {  // before parsing
+            return report_error(argv_json, "usage", "unknown subcommand '" + word + "'; one of: " + names + " (fdctl --help)", fd::kExitUsage);
         }
     }
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {
-        if (o.json && e.get_exit_code() != 0) { return report_error(true, "usage", e.what(), fd::kExitUsage); }
+        if ((o.json || argv_json) && e.get_exit_code() != 0) { return report_error(true, "usage", e.what(), fd::kExitUsage); }
         const int rc = app.exit(e);
         return rc == 0 ? 0 : fd::kExitUsage;
     }

@@ -42,13 +42,8 @@ public:
         // The daemon withdraws a command it has not started by X-Request-Deadline (sent with every
         // call) and answers 504 at once; the read waits kAnswerGraceS longer for that answer or
         // for a command that started just before the deadline.
-        const double read_s = timeout_s + kAnswerGraceS;
-        const auto secs = static_cast<time_t>(read_s);
-        const auto usecs = static_cast<time_t>((read_s - static_cast<double>(secs)) * 1e6);
         cli_.set_connection_timeout(1, 0);
         cli_.set_tcp_nodelay(true);
-        cli_.set_read_timeout(secs, usecs);
-        cli_.set_write_timeout(secs, usecs);
         if (!api_key.empty()) { cli_.set_bearer_token_auth(api_key); }
     }
 
@@ -56,10 +51,21 @@ public:
         // cpp-httplib's read timeout restarts with every byte: a peer that answers one byte a
         // second would hold fdctl forever. A watchdog shuts the socket at timeout + grace, so the
         // whole call is bounded, however the peer drips.
+        // GET /health (status, each poll of `wait`) is answered at once, never queued behind a
+        // command: no grace, so `wait --timeout 2` against a stopped daemon ends near 2 s (a probe:
+        // 7.4 s, "not paused after 2 s").
+        grace_s_ = cmd.op == "status" ? kStatusGraceS : kAnswerGraceS;
+        const double read_s = timeout_s_ + grace_s_;
+        const auto secs = static_cast<time_t>(read_s);
+        const auto usecs = static_cast<time_t>((read_s - static_cast<double>(secs)) * 1e6);
+        cli_.set_read_timeout(secs, usecs);
+        cli_.set_write_timeout(secs, usecs);
         std::mutex              mu;
         std::condition_variable cv;
         bool                    done = false, expired = false;
-        const auto              give_up = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_ + kAnswerGraceS);
+        // A second past the read timeout: a peer that sends nothing meets the read timeout (whose
+        // message says what a stopped daemon does with the command); the watchdog is for one that drips.
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::duration<double>(read_s + kWatchdogAfterReadS);
         std::thread watchdog([&] {
             std::unique_lock lk(mu);
             if (!cv.wait_until(lk, std::chrono::time_point_cast<std::chrono::steady_clock::duration>(give_up), [&] { return done; })) {
@@ -77,7 +83,7 @@ public:
         };
         auto expired_error = [&] {
             fd::fail(fd::Errc::timeout, "no complete answer from {} within --timeout + {} s (it kept the connection open without "
-                                        "finishing its answer): not a healthy fdrollout, or a stalled one", url_, kAnswerGraceS);
+                                        "finishing its answer): not a healthy fdrollout, or a stalled one", url_, grace_s_ + kWatchdogAfterReadS);
         };
         Reply reply;
         try {
@@ -162,7 +168,7 @@ private:
             // The read timeout fires at --timeout + grace; a read that fails well before it is the
             // peer closing the connection (the daemon died or was killed while answering).
             const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
-            if (err == httplib::Error::Read && waited_s < timeout_s_ + kAnswerGraceS - 1.0) {
+            if (err == httplib::Error::Read && waited_s < timeout_s_ + grace_s_ - std::min(1.0, grace_s_)) {
                 fd::fail(fd::Errc::unreachable, "{} closed the connection after {:.2f} s without answering {}: the daemon died (or was "
                                                 "killed) while the call was in flight{}", url_, waited_s, op,
                          op == "status" || op == "is_paused" ? std::string()
@@ -173,7 +179,7 @@ private:
                 fd::fail(fd::Errc::timeout, "no answer from {} within --timeout + {} s: the daemon is stopped or stalled (a command it "
                                             "had not started by the deadline is withdrawn when it resumes: nothing changes), or it "
                                             "died while answering, or it is still running a command it started just before the "
-                                            "deadline (check fdctl status)", url_, kAnswerGraceS);
+                                            "deadline (check fdctl status)", url_, grace_s_);
             }
             fd::fail(fd::Errc::unreachable, "{}{}: {}", kNeverReached, url_,
                      err == httplib::Error::Connection ? "connection refused (is the daemon running on that port?)" : httplib::to_string(err));
@@ -181,7 +187,10 @@ private:
         return {res->status, res->body};
     }
 
-    static constexpr double kAnswerGraceS = 5.0;
+    static constexpr double kAnswerGraceS       = 5.0;  // a control command: the daemon's 504 at its deadline, or one started just before
+    static constexpr double kStatusGraceS       = 0.5;  // GET /health
+    static constexpr double kWatchdogAfterReadS = 1.0;
+    double                  grace_s_            = kAnswerGraceS;
     std::string     url_;
     httplib::Client cli_;
     double          timeout_s_;

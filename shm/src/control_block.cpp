@@ -63,7 +63,7 @@ std::string layout_problem(const ControlBlock & b, size_t mapped) {
                            kControlBlockAbiVersion);
     }
     if (b.size_bytes != sizeof(ControlBlock) || mapped < sizeof(ControlBlock)) {
-        return fmt::format("it is {} bytes, expected {}", b.size_bytes, sizeof(ControlBlock));
+        return fmt::format("it is {} bytes (its header says {}), expected {}", mapped, b.size_bytes, sizeof(ControlBlock));
     }
     return {};
 }
@@ -280,16 +280,22 @@ MailboxReply mailbox_call(ControlBlock & block, const MailboxCommand & cmd, int6
                  stalled_note());
         }
     };
-    // 1. A free slot's lock; a dead holder's lock is taken over. Every slot busy (kMailboxSlots
-    //    calls in flight): wait for one.
+    // 1. A free slot's lock; a dead holder's lock is taken over. An idle slot first: a slot whose
+    //    command is still unanswered (its caller killed mid-call) would make this call wait for
+    //    that command (a probe: every later call took the dead caller's slot and waited out its
+    //    pause's drain while three slots sat idle). Every slot busy (kMailboxSlots calls in
+    //    flight): wait for one.
     MailboxSlot * slot = nullptr;
     for (;;) {
         check("a free mailbox slot (every one is held by another fdctl call)");
-        for (MailboxSlot & s : block.mailbox) {
-            int64_t owner = 0;
-            if (s.owner_pid.compare_exchange_strong(owner, me) || (!pid_alive(owner) && s.owner_pid.compare_exchange_strong(owner, me))) {
-                slot = &s;
-                break;
+        for (int pass = 0; pass < 2 && slot == nullptr; ++pass) {
+            for (MailboxSlot & s : block.mailbox) {
+                if (pass == 0 && s.ack_seq.load(std::memory_order_acquire) != s.cmd_seq.load()) { continue; }
+                int64_t owner = 0;
+                if (s.owner_pid.compare_exchange_strong(owner, me) || (!pid_alive(owner) && s.owner_pid.compare_exchange_strong(owner, me))) {
+                    slot = &s;
+                    break;
+                }
             }
         }
         if (slot != nullptr) { break; }

@@ -331,7 +331,11 @@ class Fdctl(unittest.TestCase):
                  # subcommand, a subcommand --hosts does not run
                  (["--port", str(port), "--json", "wait", "--until", "serving", "--timeout", "0.3"], EXIT["timeout"], "timeout"),
                  (["--json", "frobnicate"], 2, "usage"),
-                 (["--json", "--hosts", f"127.0.0.1:{port}", "flush-cache"], 2, "usage")]
+                 (["--json", "--hosts", f"127.0.0.1:{port}", "flush-cache"], 2, "usage"),
+                 # a global option's own check failed before --json was stored: CLI11's text only (a probe)
+                 (["--json", "--port", str(port), "--timeout", "0", "status"], 2, "usage"),
+                 (["--json", "--port", "99999", "status"], 2, "usage"),
+                 (["--json", "--transport", "http", "status"], 2, "usage")]
         for args, rc, etype in cases:
             with self.subTest(args):
                 p = subprocess.run([FDCTL, *args], capture_output=True, text=True, timeout=60)
@@ -411,7 +415,7 @@ class Fdctl(unittest.TestCase):
             fdtest.free_port = orig
 
     def test_fdctl_killed_while_holding_the_mailbox(self):
-        with Daemon("--dynamic-load-weight", env={"FD_DEBUG_CONTROL_DELAY_MS": "3000"}) as d:
+        with Daemon("--dynamic-load-weight", env={"FD_DEBUG_CONTROL_DELAY_MS": "6000"}) as d:
             p = subprocess.Popen([FDCTL, "--port", str(d.port), "pause"])
             # Killed once its pause runs (posted, answer not yet written), not after a fixed time:
             # under load fdctl may not even have posted it 0.3 s after its start.
@@ -420,9 +424,11 @@ class Fdctl(unittest.TestCase):
             p.send_signal(signal.SIGKILL)
             p.wait()
             t0 = time.time()
-            # Another call takes another mailbox slot (answered at once, mid-pause), and the
-            # dead client's pause still happens.
-            rc, _, err = fdctl(d.port, "--timeout", "10", "is-paused")
+            # Another call takes another mailbox slot (answered at once, mid-pause: not behind the
+            # dead client's pause in its slot, as a probe saw), and the dead client's pause still happens.
+            rc, out, err = fdctl(d.port, "--timeout", "2", "is-paused")
+            self.assertEqual((rc, out.strip()), (0, "false"), err)
+            rc, _, err = fdctl(d.port, "--timeout", "2", "status")
             self.assertEqual(rc, 0, err)
             rc, _, err = fdctl(d.port, "--timeout", "10", "wait", "--until", "paused")
             self.assertEqual(rc, 0, err)

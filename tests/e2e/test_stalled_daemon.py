@@ -65,10 +65,11 @@ class StalledDaemon(unittest.TestCase):
                 self.assertEqual(rc, EXIT_TIMEOUT, err)  # was 8 "gone"
                 self.assertIn("withdrawn", err)
                 self.assertIn("stopped (SIGSTOP) or stalled", err)
-                # The next caller waits for the (unanswered) previous command: nothing is sent.
+                # The next caller takes an idle mailbox slot (not the one holding the unanswered
+                # pause): its command is withdrawn at its own deadline too.
                 rc, _, err = fdctl(d.port, "--timeout", "1", "sleep", "--tags", "kv_cache", timeout=30)
                 self.assertEqual(rc, EXIT_TIMEOUT, err)
-                self.assertIn("nothing was sent", err)
+                self.assertIn("withdrawn", err)
             # Continued: the withdrawn pause is dropped, logged, never run.
             self.assertTrue(wait_log(d, "dropped mailbox command 'pause'"), d.output())
             rc, out, err = fdctl(d.port, "--timeout", "10", "--json", "status")
@@ -193,6 +194,26 @@ class StalledDaemon(unittest.TestCase):
             self.assertEqual(j["error"]["type"], "timeout", j)
             self.assertEqual(p.returncode, EXIT_TIMEOUT, err)
             self.assertEqual(state(d), (False, []))  # neither the pause nor the sleep ran
+
+    def test_fdctl_v1_wait_and_status_against_a_stopped_daemon_end_at_their_timeout(self):
+        """`wait` polls GET /health, answered at once by a live daemon: against a stopped one each
+        poll got --timeout + 5 s of grace, so `--timeout 2 wait` took 7.4 s and said "after 2 s" (a
+        probe). A stopped daemon's control call says its command is withdrawn (the watchdog's
+        "not a healthy fdrollout" fired first before)."""
+        with Daemon("--dynamic-load-weight") as d:
+            with Stopped(d):
+                t0 = time.time()
+                rc, _, err = fdctl(d.port, "--transport", "v1", "--timeout", "2", "wait", "--until", "paused", timeout=60)
+                self.assertEqual(rc, EXIT_TIMEOUT, err)
+                self.assertLess(time.time() - t0, 4.5, err)
+                t0 = time.time()
+                rc, _, err = fdctl(d.port, "--transport", "v1", "--timeout", "1", "status", timeout=60)
+                self.assertEqual(rc, EXIT_TIMEOUT, err)
+                self.assertLess(time.time() - t0, 3.5, err)
+                rc, _, err = fdctl(d.port, "--transport", "v1", "--timeout", "1", "pause", timeout=60)
+                self.assertEqual(rc, EXIT_TIMEOUT, err)
+                self.assertIn("withdrawn when it resumes", err)
+            self.assertEqual(state(d), (False, []))
 
     def test_bad_deadline_headers_are_400_and_change_nothing(self):
         with Daemon("--dynamic-load-weight") as d:

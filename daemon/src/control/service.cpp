@@ -91,8 +91,8 @@ ControlResult run_engine(engine::Engine & engine, ControlCommand cmd, std::chron
     auto fut = engine.control(std::move(cmd));
     if (fut.wait_until(gate->deadline()) != std::future_status::ready) {
         if (gate->cancel()) {
-            fail(Errc::timeout, "{} was not started before the request's deadline (X-Request-Timeout / X-Request-Deadline, else "
-                                "--control-timeout-s {} s): withdrawn, it will not run; nothing changed", what, timeout_s);
+            fail(Errc::timeout, "{} was not started before the caller's deadline (fdctl's --timeout; over HTTP X-Request-Timeout / "
+                                "X-Request-Deadline; else --control-timeout-s {} s): withdrawn, it will not run; nothing changed", what, timeout_s);
         }
         if (fut.wait_until(limit) != std::future_status::ready) {
             // The bound actually waited, not the flag alone (a probe: "within 2 s" after 3 s).
