@@ -128,9 +128,11 @@ void Engine::emit_draft_rows(const StepPlan::RowUse & row, const float * logits)
         std::lock_guard lk(stats_mu_);
         const std::string & v = state_.weight_version;
         stats_.spec_by_version[v].record(g, n_accepted);
+        stats_.spec_total.record(g, n_accepted);
         if (v != spec_version_) {  // the first draft under a new version
             spec_prev_version_ = spec_version_;
             spec_version_      = v;
+            spec::keep_recent_versions(stats_.spec_by_version, spec_versions_, v);
             stats_.spec_collapse_version.clear();
             stats_.spec_collapse_previous.clear();
         }
