@@ -9,7 +9,8 @@ verl/workers/rollout/sglang_rollout/http_server_engine.py (generate() payload :8
 dropped, /health_generate polled at :162), slime slime/backends/sglang_utils/external.py
 (get_server_info :74-83, parallel_config :29-42). Answers are parsed the way those lines parse
 them, and compared with /v1/completions on the same daemon for the same prompt and sampling:
-tokens, logprobs and text must be equal, not just present."""
+tokens, logprobs and text must be equal, not just present. With speculation the per-request
+spec_* counters are recomputed from the tokens (n-gram) or the daemon's own counters (MTP)."""
 import base64
 import http.client
 import json
@@ -392,6 +393,95 @@ class RoutedExperts(unittest.TestCase):
                 self.assertEqual(response["output_ids"], c["token_ids"])
                 self.assertEqual(routed.tolist(), [[e for layer in row for e in layer] for row in c["routed_experts"]])
                 self.assertEqual(d.post("/generate", {**body, "routed_experts_start_len": 3})[0], 400)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replay_ngram(prompt, out, k, max_new):
+    """SGLang's per-request counters of a greedy n-gram run, recomputed from its tokens alone:
+    each decode step after the prefill's token drafts ngram_reference(context, 1, 3, k') (k' also
+    bounded by max_new_tokens), the target keeps the drafts equal to its own greedy tokens, and
+    the step gives those plus one (fewer when the choice ends inside it). SGLang's accepted count
+    per step is the tokens it gave minus one (scheduler spec_accepted_tokens += accept_lens - 1)."""
+    from test_speculative import ngram_reference
+    verify = drafted = accepted = 0
+    n = 1
+    while n < len(out):
+        kk = min(k, max_new - n - 1)
+        draft = ngram_reference(prompt + out[:n], 1, 3, kk) if kk > 0 else []
+        a = 0
+        while a < len(draft) and n + a < len(out) and draft[a] == out[n + a]:
+            a += 1
+        step = min(a + 1, len(out) - n)
+        verify, drafted, accepted, n = verify + 1, drafted + len(draft), accepted + step - 1, n + step
+    return verify, drafted, accepted
+
+
+SPEC_KEYS = ("spec_verify_ct", "spec_accept_token_num", "spec_draft_token_num", "spec_num_correct_drafts",
+             "spec_num_proposed_drafts", "spec_accept_rate", "spec_accept_length")
+
+
+class Speculative(unittest.TestCase):
+    """With --speculative-config the finished meta_info carries SGLang's per-request counters
+    (tokenizer_manager.py _calculate_spec_decoding_metrics), which slime's Sample.SpecInfo.add
+    (slime/utils/types.py:168-172) sums with .get(key, 0) under --sglang-speculative-algorithm; and
+    /server_info names the algorithm in SGLang's spelling (server_args.py)."""
+
+    def check_counts(self, m, out, verify, drafted, accepted):
+        self.assertEqual((m["spec_verify_ct"], m["spec_draft_token_num"], m["spec_accept_token_num"]), (verify, drafted, accepted), m)
+        self.assertEqual((m["spec_num_proposed_drafts"], m["spec_num_correct_drafts"]), (drafted, accepted))
+        self.assertEqual(m["completion_tokens"], len(out))
+        self.assertEqual(len(out), 1 + verify + accepted)  # SGLang's identity: the prefill's token, then 1 + accepted per step
+        self.assertAlmostEqual(m["spec_accept_rate"], accepted / drafted)
+        self.assertAlmostEqual(m["spec_accept_length"], len(out) / verify)
+
+    def test_ngram_counters_equal_a_replay_and_server_info(self):
+        from test_speculative import REPETITIVE, SPEC
+        with Daemon("--speculative-config", SPEC) as d:
+            for sp in ({"max_new_tokens": 30, "ignore_eos": True}, {"max_new_tokens": 7, "ignore_eos": True},
+                       {"max_new_tokens": 60, "stop": ["They"]}):  # ends on the first step's third draft, accepted
+                with self.subTest(sp=sp):
+                    body = {"text": REPETITIVE, "sampling_params": {"temperature": 0, **sp}, "return_prompt_token_ids": True}
+                    code, j = d.post("/generate", body)
+                    self.assertEqual(code, 200, j)
+                    verify, drafted, accepted = replay_ngram(j["prompt_token_ids"], j["output_ids"], 3, sp["max_new_tokens"])
+                    self.assertGreater(accepted, 0)
+                    if "stop" in sp:  # ' b' | 'all', '.', ' They' (drafts): SGLang counts 2 accepted, vLLM's counter 3
+                        self.assertEqual((len(j["output_ids"]), verify, accepted), (4, 1, 2))
+                    self.check_counts(j["meta_info"], j["output_ids"], verify, drafted, accepted)
+                    chunks, done = sse(d.port, "/generate", {**body, "stream": True})  # the last chunk only, as SGLang
+                    self.assertTrue(done)
+                    self.assertEqual(chunks[-1]["output_ids"], j["output_ids"])
+                    self.check_counts(chunks[-1]["meta_info"], j["output_ids"], verify, drafted, accepted)
+                    self.assertFalse(any(k in ch["meta_info"] for ch in chunks[:-1] for k in SPEC_KEYS))
+            info = d.get("/server_info")[1]
+            self.assertEqual(info["speculative_algorithm"], "NGRAM")
+        with Daemon() as plain:  # no speculation: no spec_* at all, as SGLang without --speculative-algorithm
+            code, j = plain.post("/generate", {"text": REPETITIVE, "sampling_params": {"temperature": 0, "max_new_tokens": 8}})
+            self.assertFalse([k for k in j["meta_info"] if k.startswith("spec_")])
+            self.assertIsNone(plain.get("/server_info")[1]["speculative_algorithm"])
+
+    def test_mtp_counters_equal_the_metrics_and_server_info_says_eagle(self):
+        """MTP is SGLang's NEXTN, which its ServerArgs turns into EAGLE (_handle_speculative_decoding).
+        One greedy request alone, no stop: its counters are the daemon's vLLM counters' increase."""
+        from test_speculative import metrics, series
+        tmp = tempfile.mkdtemp(prefix="fd-sgl-mtp-")
+        try:
+            ck = make_checkpoint(os.path.join(tmp, "mimic"), "--preset", "tiny-mimo", "--mtp-mimic", "--seed", "3")
+            with Daemon("--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 2}), model=ck) as d:
+                self.assertEqual(d.get("/server_info")[1]["speculative_algorithm"], "EAGLE")
+                names = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+                         "vllm:spec_decode_num_drafts_total")
+                before = [series(metrics(d), n) for n in names]
+                code, j = d.post("/generate", {"input_ids": [1, 17, 300, 41, 99], "sampling_params": {
+                    "temperature": 0, "max_new_tokens": 25, "ignore_eos": True}})
+                self.assertEqual(code, 200, j)
+                drafted, accepted, steps_drafted = [series(metrics(d), n) - b for n, b in zip(names, before)]
+                self.assertGreater(accepted, 0)
+                out = j["output_ids"]
+                self.check_counts(j["meta_info"], out, len(out) - 1 - accepted, drafted, accepted)
+                # every decode step counts, also one with no draft (no room for one under max_new_tokens)
+                self.assertGreaterEqual(j["meta_info"]["spec_verify_ct"], steps_drafted)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -6,7 +6,8 @@ floats), alone and batched with plain and sampled requests, at tp=1 and tp=2, ac
 (swap and recompute) and a pause?mode=keep; a seeded sampled request gives the same tokens with
 and without speculation and is reproducible; at a drafted position the sampled tokens follow the
 target's probabilities (chi-square over many seeds); the acceptance counters move (/metrics,
-/health). Bad configs are start-up errors naming the field.
+/health), and across many weight updates /metrics keeps the per-version series of the last few
+versions while vLLM's totals count all. Bad configs are start-up errors naming the field.
 """
 import json
 import math
@@ -275,6 +276,40 @@ class SpeculativeAcrossPreemptionAndKeep(unittest.TestCase):
             self.assertEqual(choices(d, lone), want[1])
             self.assertGreater(spec_totals(d)["accepted"], before["accepted"])
             self.assertEqual(d.get("/health")[1]["speculative"]["disabled_steps"], off)
+
+
+class SpeculativeVersionsBounded(unittest.TestCase):
+    def test_per_version_series_bounded_and_totals_count_every_version(self):
+        """An RL loop updates the weights every step: /metrics keeps the per-version series of the 4
+        versions last drafted under (a probe saw 4 series more per update, without end), while
+        vLLM's totals count every version's drafts and never go down."""
+        body = {"prompt": REPETITIVE, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        names = {"drafts": "vllm:spec_decode_num_drafts_total", "proposed": "vllm:spec_decode_num_draft_tokens_total",
+                 "accepted": "vllm:spec_decode_num_accepted_tokens_total"}
+        with Daemon("--dynamic-load-weight", "--speculative-config", SPEC) as d:
+            seen = {"drafts": 0, "proposed": 0, "accepted": 0}  # each version's own series while it serves, summed
+            for i in range(7):
+                v = "0" if i == 0 else f"v{i}"
+                if i:
+                    for path, b in (("/v1/pause", None), ("/v1/update_weights", {"version": v, "verify_checksum": False}),
+                                    ("/v1/resume", None)):
+                        code, j = d.post(path, b)
+                        self.assertEqual(code, 200, (path, j))
+                self.assertEqual(d.complete(**body)["weight_version"], v)
+                m = metrics(d)
+                own = {k: m[f'{fam}{{weight_version="{v}"}}'] for k, fam in
+                       (("drafts", "fdrollout_spec_decode_num_drafts_total"), ("proposed", "fdrollout_spec_decode_num_draft_tokens_total"),
+                        ("accepted", "fdrollout_spec_decode_num_accepted_tokens_total"))}
+                self.assertGreater(own["accepted"], 0)
+                for k in seen:
+                    seen[k] += own[k]
+                    self.assertEqual(series(m, names[k]), seen[k], (i, k))
+            kept = sorted(k.split('weight_version="')[1].split('"')[0] for k in m if k.startswith("fdrollout_spec_decode_num_drafts_total{"))
+            self.assertEqual(kept, ["v3", "v4", "v5", "v6"])
+            for fam in ("fdrollout_spec_decode_num_draft_tokens_total", "fdrollout_spec_decode_num_accepted_tokens_total",
+                        "fdrollout_spec_decode_mean_accepted_length"):
+                self.assertEqual(len([k for k in m if k.startswith(fam + "{")]), 4, fam)
+            self.assertEqual(d.get("/health")[1]["speculative"]["weight_version"], "v6")
 
 
 class SpeculativePrefixCache(unittest.TestCase):

@@ -85,6 +85,7 @@ void ChoiceAcc::add(ChoiceEvent && ev) {
     n_host_cached = ev.n_host_cached_tokens;
     if (!ev.weight_versions.empty()) { weight_versions = std::move(ev.weight_versions); }
     if (ev.routed_experts) { routed_experts = std::move(ev.routed_experts); }
+    if (ev.spec.n_verify > spec.n_verify) { spec = ev.spec; }  // an abort's final event carries none
     weight_version = std::move(ev.weight_version);
 }
 

@@ -175,6 +175,7 @@ struct ChoiceAcc {
     std::optional<engine::RoutedExperts> routed_experts;  ///< return_routed_experts: from the finishing event
     std::string                       weight_version;   ///< the version of its last event (its tokens' when it has any)
     int32_t                           n_prompt = 0, n_cached = 0, n_host_cached = -1;  ///< n_host_cached: -1 = no host KV tier
+    engine::SpecCounts                spec;             ///< speculative decoding: the latest event's totals that had any
 
     /// Fold one of the choice's events in (its error, if any, is the caller's).
     void add(engine::ChoiceEvent && ev);

@@ -233,7 +233,7 @@ void get_metrics(ApiContext & ctx, const Request &, Response & res) {
     w.histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request (= fdrollout_request_queue_time_seconds).",
                 rm.queue_s.snapshot(), model);
 
-    // Speculative decoding (--speculative-config): per weight version, and vLLM's names summed.
+    // Speculative decoding (--speculative-config): per recent weight version (spec::kVersionsKept), and vLLM's names over all versions.
     w.family("fdrollout_spec_decode_num_drafts_total", "counter", "Draft proposals verified (one per speculating sequence per step), by weight version.");
     for (const auto & [v, c] : st.spec_by_version) { w.sample("fdrollout_spec_decode_num_drafts_total", version_label(v), c.n_drafts); }
     w.family("fdrollout_spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed and verified, by weight version.");
@@ -247,14 +247,9 @@ void get_metrics(ApiContext & ctx, const Request &, Response & res) {
     w.single("fdrollout_sequence_forwards_total", "counter", "Sequence-steps that produced tokens (generation tokens / this = tokens per target forward).",
              st.n_target_forwards_total);
     {
-        spec::DraftCounters all;
-        for (const auto & [v, c] : st.spec_by_version) {
-            all.n_drafts += c.n_drafts;
-            all.n_draft_tokens += c.n_draft_tokens;
-            all.n_accepted_tokens += c.n_accepted_tokens;
-            if (all.accepted_per_pos.size() < c.accepted_per_pos.size()) { all.accepted_per_pos.resize(c.accepted_per_pos.size(), 0); }
-            for (size_t i = 0; i < c.accepted_per_pos.size(); ++i) { all.accepted_per_pos[i] += c.accepted_per_pos[i]; }
-        }
+        // Over every version ever, not the sum of the kept ones: a counter never goes down when an
+        // old version's series leave (spec::keep_recent_versions).
+        const spec::DraftCounters & all = st.spec_total;
         if (st.spec_method != "none") {
             w.single("vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.", all.n_drafts, model);
             w.single("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.", all.n_draft_tokens, model);

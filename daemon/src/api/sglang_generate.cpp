@@ -101,6 +101,7 @@ struct SglRequest {
     int32_t                  top_n = 0;         ///< top_logprobs_num
     bool                     lp_text = false;   ///< return_text_in_logprobs
     bool                     prompt_ids = false;  ///< return_prompt_token_ids
+    bool                     spec = false;      ///< --speculative-config on: the finished meta_info has spec_*
     std::vector<std::string> ids;               ///< [n_choices] meta_info.id
     std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
 };
@@ -177,6 +178,7 @@ SglRequest parse(ApiContext & ctx, const std::string & body) {
         if (kKnown.count(key) == 0 && !check_neutral(kTopNeutral, key, v, key)) { bad(key, fmt::format("unknown field '{}'", key)); }
     }
     SglRequest r;
+    r.spec = ctx.engine->config().speculative.enabled();
     parse_prompts(ctx, j, r);
     json c = sampling_as_completions(j);
     for (const char * k : {"return_routed_experts", "cache_salt", "priority", "stream"}) {
@@ -320,9 +322,34 @@ json out_dict(const SglRequest & r, const tokenizer::Tokenizer & tok, int32_t c,
     if (finished) {
         m["e2e_latency"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.t0).count();
     }
+    if (finished && r.spec && a.spec.n_verify > 0) {
+        // SGLang's per-request counters (tokenizer_manager.py _calculate_spec_decoding_metrics: on
+        // the finished answer, once a decode step ran), under its v0.5 names (slime's
+        // Sample.SpecInfo reads spec_accept_token_num, spec_draft_token_num, spec_verify_ct) and
+        // its current ones (spec_num_correct_drafts, spec_num_proposed_drafts).
+        const engine::SpecCounts & sc = a.spec;
+        m["spec_verify_ct"]           = sc.n_verify;
+        m["spec_accept_token_num"]    = sc.n_accepted;
+        m["spec_draft_token_num"]     = sc.n_draft_tokens;
+        m["spec_num_correct_drafts"]  = sc.n_accepted;
+        m["spec_num_proposed_drafts"] = sc.n_draft_tokens;
+        m["spec_accept_rate"]   = sc.n_draft_tokens > 0 ? static_cast<double>(sc.n_accepted) / sc.n_draft_tokens : 0.0;
+        m["spec_accept_length"] = static_cast<double>(n_out) / sc.n_verify;
+    }
     json o = {{"text", a.text}, {"output_ids", a.token_ids}, {"meta_info", std::move(m)}};
     if (r.prompt_ids) { o["prompt_token_ids"] = prompt; }
     return o;
+}
+
+/// ServerArgs.speculative_algorithm as SGLang's /server_info shows it: "NGRAM"; MTP is SGLang's
+/// NEXTN, which its ServerArgs turns into "EAGLE" at start-up (server_args.py
+/// _handle_speculative_decoding), so an SGLang server started with NEXTN answers "EAGLE"; null when off.
+json sglang_speculative_algorithm(spec::SpecMethod m) {
+    switch (m) {
+        case spec::SpecMethod::ngram: return "NGRAM";
+        case spec::SpecMethod::mtp: return "EAGLE";
+        default: return nullptr;
+    }
 }
 
 }  // namespace
@@ -371,7 +398,7 @@ void get_sglang_server_info(ApiContext & ctx, const Request &, Response & res) {
         {"enable_memory_saver", ctx.control->config().dynamic_load_weight},  // release/resume_memory_occupation work
         {"enable_return_routed_experts", ctx.cfg.enable_return_routed_experts}, {"disaggregation_mode", "null"},
         {"encoder_only", false}, {"is_embedding", false}, {"skip_tokenizer_init", false}, {"enable_metrics", true},
-        {"speculative_algorithm", st.spec_method == "none" ? json(nullptr) : json(st.spec_method)},
+        {"speculative_algorithm", sglang_speculative_algorithm(ec.speculative.method)},
         {"internal_states", json::array({{{"weight_version", st.state.weight_version}, {"paused", st.state.paused},
                                           {"num_running_reqs", st.n_running}, {"num_waiting_reqs", st.n_waiting}}})}};
     res.set_content(dump(info), "application/json");

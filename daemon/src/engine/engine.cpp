@@ -398,6 +398,8 @@ void Engine::emit_step(const StepPlan & plan, const float * step_logits) {
         }
         count_tokens(1, n_prompt, n_cached, n_host_cached, 1);
         ChoiceEvent ev;
+        if (proposer_ && n_prompt == 0) { ++s.spec.n_verify; }  // a decode step that had no draft to verify
+        ev.spec = s.spec;
         append_token(s, sample_token(to_sample, vocab, s.params, s.rng), logits, ev);
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

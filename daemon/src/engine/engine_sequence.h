@@ -37,6 +37,7 @@ struct Engine::Sequence : SchedSeq {
     int64_t                        routes_final = 0;
     std::vector<int32_t>           draft;           ///< this step's draft tokens (n_draft of them granted; never in `tokens`)
     std::vector<int32_t>           layer_drafts;    ///< MTP: the draft layer's tokens after the last step (-1 ends them early)
+    SpecCounts                     spec;            ///< with a proposer: decode steps, drafts verified, accepted (events carry it)
     std::chrono::steady_clock::time_point t_arrival{}, t_scheduled{}, t_last_token{};  ///< request metrics
 
     Sequence(const tokenizer::Tokenizer & tok, const std::vector<int32_t> & prompt, const SamplingParams & p)

@@ -117,13 +117,22 @@ void Engine::emit_draft_rows(const StepPlan::RowUse & row, const float * logits)
         if (!v.accepted) { break; }
         ++n_accepted;
     }
+    // The choice's own counters (SGLang's per-request spec_*): one decode step, its drafts, and
+    // the tokens it gave past its first (SGLang's accepted count: a draft that ended the choice
+    // as its stop token is the step's own token there).
+    s.spec.n_verify += 1;
+    s.spec.n_draft_tokens += g;
+    s.spec.n_accepted += static_cast<int32_t>(ev.token_ids.size()) - 1;
+    ev.spec = s.spec;
     {
         std::lock_guard lk(stats_mu_);
         const std::string & v = state_.weight_version;
         stats_.spec_by_version[v].record(g, n_accepted);
+        stats_.spec_total.record(g, n_accepted);
         if (v != spec_version_) {  // the first draft under a new version
             spec_prev_version_ = spec_version_;
             spec_version_      = v;
+            spec::keep_recent_versions(stats_.spec_by_version, spec_versions_, v);
             stats_.spec_collapse_version.clear();
             stats_.spec_collapse_previous.clear();
         }

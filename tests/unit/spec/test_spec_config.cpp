@@ -1,11 +1,12 @@
 // --speculative-config (daemon/src/spec/spec_config.cpp) and the n-gram proposer
-// (daemon/src/spec/ngram_proposer.cpp) on hand-worked sequences.
+// (daemon/src/spec/ngram_proposer.cpp) on hand-worked sequences; fd/spec/acceptance.h's checks.
 #include "fd/spec/proposer.h"
 #include "fd/spec/spec_config.h"
 #include "fd/spec/acceptance.h"  // after: it uses size_t without <cstddef> (left as is: every engine file includes it)
 
 #include <doctest/doctest.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -154,4 +155,30 @@ TEST_CASE("acceptance collapse: below a third of the previous version's rate, on
     CHECK_FALSE(acceptance_collapsed(counters(100, 60), counters(63, 0), 64));     // the new version's window not full
     CHECK_FALSE(acceptance_collapsed(counters(63, 60), counters(100, 0), 64));     // the old one's not either
     CHECK_FALSE(acceptance_collapsed(counters(100, 0), counters(100, 0), 64));     // nothing to fall from
+}
+
+TEST_CASE("per-version counters: only the versions drafted under most recently stay") {
+    using fd::spec::DraftCounters;
+    std::map<std::string, DraftCounters> by;
+    std::vector<std::string>             recent;
+    auto draft = [&](const std::string & v) {  // as the engine: record, then note a version change
+        by[v].record(2, 1);
+        fd::spec::keep_recent_versions(by, recent, v, 3);
+    };
+    for (const char * v : {"1", "2", "3"}) { draft(v); }
+    CHECK(recent == std::vector<std::string>{"1", "2", "3"});
+    draft("4");  // "1" leaves
+    CHECK(recent == std::vector<std::string>{"2", "3", "4"});
+    CHECK(by.size() == 3);
+    CHECK(by.count("1") == 0);
+    draft("2");  // back again: the most recent now, its counts kept
+    CHECK(recent == std::vector<std::string>{"3", "4", "2"});
+    CHECK(by["2"].n_drafts == 2);
+    draft("5");  // "3" was the least recent
+    CHECK(recent == std::vector<std::string>{"4", "2", "5"});
+    CHECK(by.count("3") == 0);
+    for (int i = 6; i < 200; ++i) { draft(std::to_string(i)); }  // bounded however many updates
+    CHECK(by.size() == 3);
+    CHECK(recent == std::vector<std::string>{"197", "198", "199"});
+    CHECK(fd::spec::kVersionsKept >= 2);  // the collapse check compares the previous version with the current one
 }

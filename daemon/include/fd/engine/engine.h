@@ -134,8 +134,10 @@ struct EngineStats {
     /// (spec::acceptance_collapsed): both labels, "" when not.
     std::string spec_collapse_version, spec_collapse_previous;
     int32_t     num_speculative_tokens = 0;      ///< k
-    /// Verified drafts per weight version (the version serving when they were verified).
+    /// Verified drafts per weight version (the version serving when they were verified), for the
+    /// spec::kVersionsKept versions drafted under most recently (spec::keep_recent_versions).
     std::map<std::string, spec::DraftCounters> spec_by_version;
+    spec::DraftCounters spec_total;              ///< verified drafts over every version ever (never pruned)
     int64_t     n_spec_steps_off_total = 0;      ///< steps that verified no draft because the batch exceeded disable_by_batch_size
     int64_t     n_target_forwards_total = 0;     ///< sequence-steps that produced tokens (plain or speculating): tokens / this = tokens per target forward
 };
@@ -408,6 +410,7 @@ private:
     /// The versions drafts were verified under: the current one and the one before it (the
     /// acceptance-collapse check compares them); collapse_warned_: the version already warned about.
     std::string                               spec_version_, spec_prev_version_, collapse_warned_;
+    std::vector<std::string>                  spec_versions_;  ///< stats_.spec_by_version's keys, least recently drafted under first
     bool                                      defer_events_ = false;  ///< emit() holds events back (pause)
     /// Within a step, emit() keeps each final event (a finished choice's answer) in finals_ until
     /// the step freed its blocks and published its stats: a client holding its answer finds the

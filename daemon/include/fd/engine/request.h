@@ -92,6 +92,18 @@ struct VersionSpan {
     int32_t     last_token  = 0;  ///< inclusive
 };
 
+/// One choice's speculative decoding so far (SGLang's per-request meta_info spec_* counters).
+/// A decode step is every target forward that gave the choice tokens after its first (the
+/// prefill's): each verifies the drafts proposed for it, none when the proposer had none.
+/// SGLang counts a step's accepted drafts as the tokens it gave minus one, so generated tokens
+/// = 1 + n_verify + n_accepted (a draft that was the stop token is its step's own token here;
+/// vLLM's spec::DraftCounters counts it as accepted).
+struct SpecCounts {
+    int32_t n_verify       = 0;  ///< decode steps (SGLang's spec_verify_ct)
+    int32_t n_draft_tokens = 0;  ///< draft tokens those steps verified (the ones proposed, up to k per step)
+    int32_t n_accepted     = 0;  ///< tokens the steps gave past their first each (SGLang's spec_accept_token_num)
+};
+
 /// "stop" | "length" | "abort" | "error" | null-equivalent "".
 const char * to_string(FinishReason r);
 
@@ -114,6 +126,7 @@ struct ChoiceEvent {
     std::vector<VersionSpan>  weight_versions;  ///< on the finishing event, only when the choice's tokens
                                                 ///< came from more than one version (a keep pause + update)
     std::optional<RoutedExperts> routed_experts;  ///< on the finishing event, when return_routed_experts
+    SpecCounts                spec;             ///< the choice's totals so far; all 0 without --speculative-config
     std::optional<Error>      error;
 };
 

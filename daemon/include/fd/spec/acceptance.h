@@ -4,11 +4,15 @@
 // (vllm:spec_decode_num_drafts), of num_draft_tokens tokens of which num_accepted_tokens were
 // accepted; accepted_per_pos[i] counts drafts whose token i was accepted. Mean accepted length
 // (vLLM's mean acceptance length) = 1 + accepted / drafts: tokens produced per target forward
-// of a speculating sequence. Header-only value types; the engine keeps one per weight version.
+// of a speculating sequence. Header-only value types; the engine keeps one per recent weight
+// version and one over all versions.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 namespace fd::spec {
@@ -32,6 +36,24 @@ struct DraftCounters {
     /// 1 + accepted / drafts (tokens per target forward of a speculating sequence); 0 when no draft.
     double mean_accepted_length() const { return n_drafts > 0 ? 1.0 + static_cast<double>(n_accepted_tokens) / static_cast<double>(n_drafts) : 0.0; }
 };
+
+/// Weight versions whose counters are kept: the ones drafts were verified under most recently
+/// (the acceptance-collapse check compares the last two). An RL loop updates the weights every
+/// step, so keeping every version would grow /metrics by four series per update without end.
+inline constexpr size_t kVersionsKept = 4;
+
+/// Drafts are verified under `version` now: move it to the back of `recent` (the keys of
+/// `by_version`, least recently drafted under first) and drop the versions past the last `keep`
+/// from both. A dropped version that comes back starts from zero.
+inline void keep_recent_versions(std::map<std::string, DraftCounters> & by_version, std::vector<std::string> & recent,
+                                 const std::string & version, size_t keep = kVersionsKept) {
+    recent.erase(std::remove(recent.begin(), recent.end(), version), recent.end());
+    recent.push_back(version);
+    while (recent.size() > keep) {
+        by_version.erase(recent.front());
+        recent.erase(recent.begin());
+    }
+}
 
 /// Draft tokens each version must have had verified before their acceptance rates are compared.
 inline constexpr int64_t kCollapseWindowTokens = 64;
