@@ -380,6 +380,7 @@ const std::map<std::string, AliasFn> kAliases = {
     {"/continue_generation", sglang_continue_generation},
     {"/post_process_weights", sglang_post_process_weights},
     {"/weights_checker", sglang_weights_checker},
+    {"/update_weights_from_tensor", sglang_update_from_tensor},
 };
 
 }  // namespace
