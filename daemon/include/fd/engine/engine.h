@@ -496,6 +496,9 @@ private:
     std::atomic<bool>                         draining_{false};
     std::atomic<bool>                         accepting_{true};   ///< false while paused/asleep
     bool serving_verified_ = false;  ///< the serving weights were checked against manifest checksums: a wakeup checks again
+    /// A sleep released the CUDA graphs (tag cuda_graph, not a sleeping state): the cuda_graph
+    /// wakeup after it counts as waking a tag (it resumes), a retried one does not.
+    bool graphs_released_ = false;
     /// The source's own name for the serving bytes (an rsync store version), which the label may
     /// not be (an fp- label when that version once named other bytes): what a wakeup pulls again.
     /// "" = not known (then the label).
