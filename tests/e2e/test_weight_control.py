@@ -228,7 +228,7 @@ class WeightControl(unittest.TestCase):
             for bad in ["weights", "kv", "weight,gpu", "all"]:
                 self.err(d, "POST", f"/v1/sleep?tags={bad}", 400, "invalid_argument")
             self.err(d, "POST", "/v1/sleep?level=1", 400, "invalid_argument")  # vLLM's parameter: refused, not guessed
-            state = {"is_paused": False, "sleeping_tags": [], "weights_valid": True, "weight_version": "0"}
+            state = {"is_paused": False, "pause_draining": False, "sleeping_tags": [], "weights_valid": True, "weight_version": "0"}
             got = d.get("/v1/is_paused")[1]
             self.assertTrue(got.pop("request_id").startswith("ctrl-"))
             self.assertEqual(got, {**state, "status": "success", "result": state})

@@ -129,7 +129,8 @@ void vllm_sleep(ApiContext & ctx, const ControlInput & in, Response & res) {
     reject_unknown_fields(in.body, {}, "sleep");
     const std::string tags = map_tags(in.all("tags"), "tags").text();
     const auto t0 = std::chrono::steady_clock::now();
-    if (mode == "wait") {
+    // Already paused (keep included: the sleep ends the kept requests, as before): nothing to drain.
+    if (mode == "wait" && !paused(run(ctx, in, {.op = "is_paused"}))) {
         const ControlOutcome p = run(ctx, in, {.op = "pause", .mode = "wait"});
         if (!p.ok()) { return vllm_error(res, p); }
     }

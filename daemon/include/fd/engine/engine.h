@@ -508,6 +508,11 @@ private:
     /// behind a pause or sleep (admit).
     static constexpr const char * kPausedMessage =
         "generation is paused (weight control in progress); retry after POST /v1/resume or /v1/wakeup";
+    /// The same 503 while a pause mode=wait drains (GET /health: state "pausing").
+    static constexpr const char * kPauseDrainingMessage =
+        "generation is pausing: a pause (mode=wait) is draining, letting the requests in flight finish, and admits no new ones "
+        "(GET /health: state \"pausing\"); the engine is paused once they have (or serving again if the pause times out): retry after "
+        "POST /v1/resume, or on another replica";
     std::atomic<bool>                         degraded_{false};   ///< a rank failed (state_.degraded, readable by submit())
     std::atomic<bool>                         control_waiting_{false}; ///< a command is queued: drop the step in flight
     std::thread                               thread_;
