@@ -291,14 +291,14 @@ def http_request(port, method, path, body=None, timeout=120, raw=None, headers=N
 class Daemon:
     """One fdrollout process on 127.0.0.1:<free port>. Use as a context manager."""
 
-    def __init__(self, *args, model=STORIES, env=None, wait=True, timeout=60, bin=BIN, port=None, extra=True):
+    def __init__(self, *args, model=STORIES, env=None, wait=True, timeout=60, bin=BIN, port=None, extra=True, cwd=None):
         """model=None: no --model flag (the binary's default model); port=None: a free one.
-        extra=False: without FD_TEST_DAEMON_ARGS."""
+        extra=False: without FD_TEST_DAEMON_ARGS; cwd: the daemon's working directory (else ours)."""
         self.port = port or free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="fdrollout-", suffix=".log", delete=False, dir=log_dir())
         cmd = [bin, *(["--model", model] if model is not None else []), "--port", str(self.port), "--log-level", "info",
                *(EXTRA_ARGS if extra else []), *args]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=cwd)
         if wait:
             self.wait_ready(timeout)
 

@@ -42,7 +42,8 @@ class PrimeRl(unittest.TestCase):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def setUp(self):
-        self.d = Daemon("--dynamic-load-weight", model=self.A)
+        # started from the run's dir, as prime-rl starts its vLLM server and orchestrator
+        self.d = Daemon("--dynamic-load-weight", model=self.A, cwd=self.tmp)
         self.addCleanup(self.d.__exit__)
 
     def post(self, path, body=None, want=200):
@@ -82,6 +83,12 @@ class PrimeRl(unittest.TestCase):
         self.serves(2, "2")
         self.prime_update({"weight_dir": self.step[1], "version_uid": "uid-1"})
         self.serves(1, "uid-1")
+        # prime-rl's default config sends weight_dir relative to the run's dir ("outputs/<run>/
+        # broadcasts/step_N"), which its vLLM server resolves against its working directory: so
+        # does the daemon, and echoes the resolved path (it was a 400, and prime-rl died at step 0)
+        j = self.prime_update({"weight_dir": "weights/./step_2", "version": "rel"})
+        self.assertEqual(j["weight_dir"], os.path.join(os.path.realpath(self.tmp), "weights", "step_2"))
+        self.serves(2, "rel")
         # on a serving engine the call pauses (wait), updates and resumes by itself
         self.post("/update_weights", {"weight_dir": self.step[2], "version": "s2"})
         self.assertFalse(self.d.get("/health")[1]["is_paused"])
@@ -102,7 +109,8 @@ class PrimeRl(unittest.TestCase):
             for w in words:
                 self.assertIn(w, j["error"]["message"])
 
-        refused({"weight_dir": "weights/step_2"}, 400, "invalid_argument", "absolute")  # relative
+        cwd = os.path.realpath(self.tmp)  # a relative weight_dir is resolved there, then checked like any other
+        refused({"weight_dir": "weights/step_9"}, 503, "source_unavailable", os.path.join(cwd, "weights", "step_9"))
         refused({}, 400, "invalid_argument", "weight_dir")
         refused({"weight_dir": self.step[2], "extra": 1}, 400, "invalid_argument", "extra")
         refused({"weight_dir": self.step[2], "version": -1}, 400, "invalid_argument", "non-negative")
@@ -111,6 +119,7 @@ class PrimeRl(unittest.TestCase):
         other = copy_checkpoint(self.step[2], os.path.join(self.tmp, "other"))
         os.chown(other, 65534, 65534)
         refused({"weight_dir": other}, 403, "forbidden", other, "65534")
+        refused({"weight_dir": "other"}, 403, "forbidden", os.path.join(cwd, "other"), "65534")
         os.chown(other, 0, 0)
         os.chmod(other, 0o777)
         refused({"weight_dir": other}, 403, "forbidden", other)

@@ -297,6 +297,9 @@ class Generate(unittest.TestCase):
             self.assertTrue(info["enable_memory_saver"])  # --dynamic-load-weight: release/resume work
             self.assertGreater(info["max_total_num_tokens"], 0)
             self.assertTrue(info["version"])
+            # slime before 2026-06 (03b32d8, sglang_engine.py _init_external) asserts these equal its own
+            self.assertEqual({k: info.get(k) for k in ("host", "port", "node_rank", "gpu_id_step", "base_gpu_id")},
+                             {"host": "127.0.0.1", "port": self.d.port, "node_rank": 0, "gpu_id_step": 1, "base_gpu_id": 0})
 
 
 STEP_DELAY = {"FD_DEBUG_STEP_DELAY_MS": "10"}  # a test-only stretch of every step: requests still run when a call arrives
@@ -309,6 +312,22 @@ def wait_running(d, timeout=30):
             raise TimeoutError("the request never ran")
         time.sleep(0.01)
     time.sleep(0.2)  # a few tokens decoded
+
+
+def slime_num_requests(load):
+    """slime's num_requests_from_load (slime/backends/sglang_utils/server_control.py)."""
+    if isinstance(load, list):
+        return sum(slime_num_requests(item) for item in load)
+    if not isinstance(load, dict):
+        return 0
+    if "loads" in load:
+        return slime_num_requests(load["loads"])
+    for key in ("num_reqs", "num_total_reqs", "total_reqs"):
+        if isinstance(load.get(key), int):
+            return load[key]
+    running = load.get("num_running_reqs", load.get("total_running_reqs"))
+    waiting = load.get("num_waiting_reqs", load.get("total_waiting_reqs"))
+    return (running if isinstance(running, int) else 0) + (waiting if isinstance(waiting, int) else 0)
 
 
 class InFlight(unittest.TestCase):
@@ -331,6 +350,32 @@ class InFlight(unittest.TestCase):
             self.assertEqual(stop_reason, "abort")
             self.assertEqual(tokens, out["output_ids"])
             self.assertLess(len(tokens), 400)
+
+    def test_slime_aborts_until_idle(self):
+        """slime's abort_server_until_idle (server_control.py): POST /abort_request {"abort_all":
+        true}, then GET /v1/loads?include=core until no request is left (it was a 404). The
+        answer has SGLang's shape (entrypoints/v1_loads.py)."""
+        with Daemon(env=STEP_DELAY) as d:
+            body = {"input_ids": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True}}
+            ts = [threading.Thread(target=d.post, args=("/generate", body), kwargs={"timeout": 300}) for _ in range(2)]
+            for t in ts:
+                t.start()
+            wait_running(d)
+            code, load = d.get("/v1/loads?include=core")
+            self.assertEqual(code, 200, load)
+            self.assertEqual(slime_num_requests(load), 2, load)
+            self.assertEqual((load["dp_rank_count"], load["loads"][0]["dp_rank"], load["aggregate"]["total_reqs"]), (1, 0, 2))
+            self.assertEqual(d.post("/abort_request", {"abort_all": True}), (200, ""))
+            deadline = time.time() + 30
+            while slime_num_requests(d.get("/v1/loads?include=core,disagg,queues,inflight")[1]) > 0:
+                self.assertLess(time.time(), deadline, "requests left after abort_all")
+                time.sleep(0.05)
+            for t in ts:
+                t.join(60)
+            code, load = d.get("/v1/loads?dp_rank=1")  # a DP rank this daemon does not have: none
+            self.assertEqual((code, load["loads"], load["dp_rank_count"]), (200, [], 0))
+            self.assertEqual(d.get("/v1/loads?format=prometheus")[0], 400)
+            self.assertEqual(d.get("/v1/loads?dp_rank=x")[0], 400)
 
     def test_update_and_spans(self):
         """meta_info.weight_version names the weights after slime's disk update, and a request kept

@@ -9,7 +9,7 @@ import unittest
 
 import numpy as np
 
-from fdtest import copy_checkpoint, Daemon, device_args, fresh_daemon, GREEDY, greedy, Logprobs, make_checkpoint, merge_stream, perturbed, REF, rewrite_tensors, rss_bytes, STORIES
+from fdtest import copy_checkpoint, Daemon, device_args, fresh_daemon, GREEDY, greedy, Logprobs, make_checkpoint, merge_stream, perturbed, REF, rewrite_tensors, STORIES
 
 import safetensors_np  # noqa: E402  (on sys.path via fdtest)
 
@@ -228,7 +228,7 @@ class WeightControl(unittest.TestCase):
             for bad in ["weights", "kv", "weight,gpu", "all"]:
                 self.err(d, "POST", f"/v1/sleep?tags={bad}", 400, "invalid_argument")
             self.err(d, "POST", "/v1/sleep?level=1", 400, "invalid_argument")  # vLLM's parameter: refused, not guessed
-            state = {"is_paused": False, "sleeping_tags": [], "weights_valid": True, "weight_version": "0"}
+            state = {"is_paused": False, "pause_draining": False, "sleeping_tags": [], "weights_valid": True, "weight_version": "0"}
             got = d.get("/v1/is_paused")[1]
             self.assertTrue(got.pop("request_id").startswith("ctrl-"))
             self.assertEqual(got, {**state, "status": "success", "result": state})
@@ -249,6 +249,36 @@ class WeightControl(unittest.TestCase):
             self.assertEqual(d.get("/health")[1]["sleeping_tags"], ["kv_cache"])
             res = self.ok(d, "POST", "/v1/update_weights", {"version": "a6"})  # awake now: an ordinary update, no tags
             self.assertNotIn("tags", res)
+
+    def test_a_wakeup_that_woke_nothing_keeps_the_pause(self):
+        """FastDeploy's wakeup resumes once it succeeds ((pause) -> sleep -> wakeup -> (resume));
+        one that woke no tag (a retry: every tag already awake) leaves an explicit pause as it
+        was, also through the peers' wakeup routes (a probe: pause?mode=wait, then a wakeup,
+        answered is_paused false and generated again on the weights the pause was for)."""
+        with Daemon("--dynamic-load-weight") as d:
+            for mode in ("wait", "keep", "abort"):
+                with self.subTest(mode=mode):
+                    self.ok(d, "POST", f"/v1/pause?mode={mode}")
+                    res = self.ok(d, "POST", "/v1/wakeup")
+                    self.assertEqual((res["tags"], sorted(res["skipped"]), res["is_paused"]), ([], ["kv_cache", "weight"], True))
+                    self.assertEqual(d.post("/wake_up")[0], 200)  # vLLM
+                    self.assertEqual(d.post("/resume_memory_occupation", {})[0], 200)  # SGLang
+                    h = d.get("/health")[1]
+                    self.assertEqual((h["state"], h["is_paused"], h["pause_mode"]), ("paused", True, mode), h)
+                    self.assertEqual(d.post("/v1/completions", {"prompt": "Lily", "max_tokens": 2})[0], 503)
+                    self.ok(d, "POST", "/v1/resume")
+            # a wakeup that wakes a tag still resumes when none sleeps after it
+            self.ok(d, "POST", "/v1/sleep?tags=kv_cache")
+            res = self.ok(d, "POST", "/v1/wakeup")
+            self.assertEqual((res["tags"], res["is_paused"]), (["kv_cache"], False))
+            self.assertEqual(d.get("/health")[1]["state"], "serving")
+            # cuda_graph is no sleeping state, but its wakeup after a sleep(cuda_graph) is that
+            # sleep's counterpart and resumes (tests/e2e/test_cuda_graph_sleep.py); a retried one does not
+            self.ok(d, "POST", "/v1/sleep?tags=cuda_graph")
+            self.assertFalse(self.ok(d, "POST", "/v1/wakeup?tags=cuda_graph")["is_paused"])
+            self.ok(d, "POST", "/v1/pause?mode=keep")
+            self.assertTrue(self.ok(d, "POST", "/v1/wakeup?tags=cuda_graph")["is_paused"])
+            self.assertEqual(d.get("/health")[1]["pause_mode"], "keep")
 
     def test_use_cudagraph_wakes_the_tags_in_either_order(self):
         """Issue #26: SGLang's staged resume (weights, then kv_cache + cuda_graph) works with

@@ -110,9 +110,10 @@ void post_tokenize(ApiContext & ctx, const Request & req, Response & res);
 void post_detokenize(ApiContext & ctx, const Request & req, Response & res);
 void post_chat_completions(ApiContext & ctx, const Request & req, Response & res);
 /// SGLang's native routes (sglang_generate.cpp): POST /generate, GET /server_info (and
-/// /get_server_info), GET /health_generate.
+/// /get_server_info), GET /v1/loads, GET /health_generate.
 void post_sglang_generate(ApiContext & ctx, const Request & req, Response & res);
 void get_sglang_server_info(ApiContext & ctx, const Request & req, Response & res);
+void get_sglang_loads(ApiContext & ctx, const Request & req, Response & res);
 void get_sglang_health_generate(ApiContext & ctx, const Request & req, Response & res);
 void get_models(ApiContext & ctx, const Request & req, Response & res);
 /// GET /v1/models/{id}: the served model's object (OpenAI shape); 404 for any other id.

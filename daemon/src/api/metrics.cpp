@@ -153,6 +153,8 @@ void get_metrics(ApiContext & ctx, const Request &, Response & res) {
     w.single("fdrollout_weight_version_info", "gauge", "Weight version being served.", 1,
              "weight_version=\"" + label_value(es.weight_version) + "\"");
     w.single("fdrollout_paused", "gauge", "1 while generation is paused.", es.paused ? 1 : 0);
+    w.single("fdrollout_pause_draining", "gauge", "1 while a pause mode=wait drains (admission stopped, requests in flight finishing; "
+             "not yet paused).", es.pause_draining ? 1 : 0);
     w.single("fdrollout_weights_valid", "gauge", "1 when the loaded weights are valid.", es.weights_valid ? 1 : 0);
     w.single("fdrollout_model_weights_status", "gauge", "Legacy status word: 0 normal, 1 updating, -1 clearing, -2 cleared.",
              static_cast<int>(ctx.control->legacy_word().status()));

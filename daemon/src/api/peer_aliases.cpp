@@ -20,6 +20,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <utility>
 #include <map>
 
 namespace fd::api {
@@ -128,7 +129,8 @@ void vllm_sleep(ApiContext & ctx, const ControlInput & in, Response & res) {
     reject_unknown_fields(in.body, {}, "sleep");
     const std::string tags = map_tags(in.all("tags"), "tags").text();
     const auto t0 = std::chrono::steady_clock::now();
-    if (mode == "wait") {
+    // Already paused (keep included: the sleep ends the kept requests, as before): nothing to drain.
+    if (mode == "wait" && !paused(run(ctx, in, {.op = "is_paused"}))) {
         const ControlOutcome p = run(ctx, in, {.op = "pause", .mode = "wait"});
         if (!p.ok()) { return vllm_error(res, p); }
     }
@@ -293,19 +295,35 @@ void prime_update(ApiContext & ctx, const ControlInput & in, Response & res, shm
     send_json(res, 200, body);
 }
 
-/// POST /update_weights {"weight_dir": ABS_DIR, "version"?: str|int, "version_uid"?: str|null}: load
-/// the complete HF checkpoint in ABS_DIR (owned by the daemon's user; all-or-nothing). Label:
-/// `version`, else `version_uid`, else ABS_DIR/version.yaml `step`, else the fingerprint label.
+/// POST /update_weights {"weight_dir": DIR, "version"?: str|int, "version_uid"?: str|null}: load
+/// the complete HF checkpoint in DIR (owned by the daemon's user; all-or-nothing). A relative DIR
+/// is resolved against the daemon's working directory, as prime-rl's vLLM server resolves it
+/// against its own (its default config sends "outputs/<run>/broadcasts/step_N", both processes
+/// started from the same dir); the trust checks apply to the resolved path, which the answer
+/// echoes. Label: `version`, else `version_uid`, else DIR/version.yaml `step`, else the
+/// fingerprint label.
 void prime_update_weights(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "POST /update_weights");
     const json & b = in.body;
     reject_unknown_fields(b, {"weight_dir", "version", "version_uid"}, "update_weights");
     if (!b.is_object() || !b.contains("weight_dir") || !b["weight_dir"].is_string() || b["weight_dir"].get<std::string>().empty()) {
-        throw Error(Errc::invalid_argument, "'weight_dir' (an absolute path to a Hugging Face checkpoint dir) is required; "
-                                            "POST /v1/update_weights updates from the --load-strategy source", "weight_dir");
+        throw Error(Errc::invalid_argument, "'weight_dir' (a Hugging Face checkpoint dir: absolute, or relative to the daemon's working "
+                                            "directory) is required; POST /v1/update_weights updates from the --load-strategy source",
+                    "weight_dir");
     }
     shm::MailboxCommand update{.op = "update_weights"};
     update.weight_dir = b["weight_dir"].get<std::string>();
+    if (update.weight_dir.front() != '/') {
+        std::error_code ec;
+        const std::filesystem::path cwd = std::filesystem::current_path(ec);
+        if (ec) {
+            throw Error(Errc::invalid_argument, fmt::format("weight_dir '{}' is relative and the daemon's working directory cannot be read "
+                                                            "({}); pass an absolute path", update.weight_dir, ec.message()), "weight_dir");
+        }
+        const std::string given = std::exchange(update.weight_dir, (cwd / update.weight_dir).lexically_normal().string());
+        log::get("api")->info("update_weights: relative weight_dir '{}' resolved against the working directory {}: {}", given,
+                              cwd.string(), update.weight_dir);
+    }
     update.version    = version_field(b, "version");
     if (!update.version) { update.version = version_field(b, "version_uid"); }
     prime_update(ctx, in, res, update);
@@ -363,6 +381,7 @@ const std::map<std::string, AliasFn> kAliases = {
     {"/continue_generation", sglang_continue_generation},
     {"/post_process_weights", sglang_post_process_weights},
     {"/weights_checker", sglang_weights_checker},
+    {"/update_weights_from_tensor", sglang_update_from_tensor},
 };
 
 }  // namespace

@@ -58,5 +58,6 @@ void sglang_pause_generation(ApiContext & ctx, const ControlInput & in, Response
 void sglang_continue_generation(ApiContext & ctx, const ControlInput & in, Response & res);
 void sglang_post_process_weights(ApiContext & ctx, const ControlInput & in, Response & res);
 void sglang_weights_checker(ApiContext & ctx, const ControlInput & in, Response & res);
+void sglang_update_from_tensor(ApiContext & ctx, const ControlInput & in, Response & res);
 
 }  // namespace fd::api::peer

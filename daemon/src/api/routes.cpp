@@ -100,6 +100,7 @@ Router make_routes(ApiContext & ctx) {
     post     ("/generate",            wrap(ctx, post_sglang_generate,    Auth::api_key));
     http.Get ("/server_info",         wrap(ctx, get_sglang_server_info,  Auth::api_key), io);
     http.Get ("/get_server_info",     wrap(ctx, get_sglang_server_info,  Auth::api_key), io);
+    http.Get ("/v1/loads",            wrap(ctx, get_sglang_loads,        Auth::api_key), io);  // slime polls it after abort_request
     http.Get ("/health_generate",     wrap(ctx, get_sglang_health_generate, Auth::open));  // a one-token generation, as SGLang
     // weight control (SPEC §3); sleep/wakeup/update_weights need --dynamic-load-weight
     control("POST", "/v1/pause",                control_route);
@@ -133,6 +134,7 @@ Router make_routes(ApiContext & ctx) {
     control("POST", "/continue_generation",     peer_alias_route);
     control("POST", "/post_process_weights",    peer_alias_route);
     control("POST", "/weights_checker",         peer_alias_route);
+    control("POST", "/update_weights_from_tensor", peer_alias_route);  // refused, naming the alternatives
     control("GET",  "/get_weight_version",      peer_alias_route, query);
     control("POST", "/update_weights_from_disk", peer_alias_route);
     control("POST", "/abort_request",           peer_alias_route, query);

@@ -5,6 +5,7 @@
 // SGLang's GPU_MEMORY_ALL_TYPES.
 #include "peer_aliases.h"
 
+#include "fd/log.h"
 #include "fd/shm/names.h"
 
 #include <filesystem>
@@ -142,8 +143,10 @@ void sglang_update_from_disk(ApiContext & ctx, const ControlInput & in, Response
 }
 
 /// SGLang's AbortReq {rid, abort_all}: one request by id (the completion id or the client's
-/// X-Request-Id), or every request; neither pauses. SGLang answers an empty 200; so do we, but an
-/// unknown rid is 404 (SGLang ignores it) so a typo is visible.
+/// X-Request-Id), or every request; neither pauses. SGLang answers an empty 200, also for an
+/// unknown or finished rid (http_server.py abort_request; TokenizerManager.abort_request ignores
+/// an id it does not hold): so do we, logging the unknown id (POST /v1/abort is the 404 that
+/// makes a typo visible).
 void sglang_abort_request(ApiContext & ctx, const ControlInput & in, Response & res) {
     in.allow_only({}, "POST /abort_request");
     const json & b = in.body;
@@ -159,7 +162,12 @@ void sglang_abort_request(ApiContext & ctx, const ControlInput & in, Response & 
     }
     if (cmd.abort_all) { cmd.request_id.clear(); }  // SGLang: abort_all wins over rid
     const ControlOutcome o = run(ctx, in, cmd);
-    if (!o.ok()) { return sglang_error(res, o); }
+    if (!o.ok() && control::http_status(o) == 404 && !cmd.abort_all) {  // a finished (or never known) request: SGLang's 200
+        log::get("api")->info("abort_request: no queued, running or kept request has rid '{}' (finished or unknown); answered 200 as "
+                              "SGLang does", cmd.request_id);
+    } else if (!o.ok()) {
+        return sglang_error(res, o);
+    }
     res.status = 200;  // SGLang's Response(status_code=200): empty
 }
 
@@ -222,6 +230,21 @@ void sglang_weights_checker(ApiContext &, const ControlInput & in, Response &) {
                 "weights_checker is not supported: fdrollout never serves reset (invalid) tensors, and it validates every update before "
                 "applying it (names, shapes, dtypes, sizes; checksums with {\"verify_checksum\": true} on /v1/update_weights); run "
                 "slime without --check-weight-update-equal. Nothing was done", "action");
+}
+
+/// SGLang's update_weights_from_tensor {serialized_named_tensors, load_format, flush_cache, ...}:
+/// torch tensors pickled with CUDA IPC handles (MultiprocessingSerializer), which only a
+/// process in the trainer's torch runtime can open. Not mapped: 400 naming what works instead
+/// (a bare "no route" 404 said nothing); nothing done.
+void sglang_update_from_tensor(ApiContext &, const ControlInput &, Response &) {
+    const std::string msg =
+        "/update_weights_from_tensor (SGLang's pickled torch tensors over CUDA IPC) is not supported: fdrollout takes new weights from "
+        "a checkpoint dir (POST /update_weights_from_disk {\"model_path\": DIR}), from its --load-strategy source (POST "
+        "/v1/update_weights; --load-strategy ipc: the trainer publishes its tensors with `fdctl publish --strategy ipc` or "
+        "fdrollout.publish; docs/weight_sources.md), or from a weight stream (/init_weights_update_group + "
+        "/update_weights_from_distributed, docs/weight_streams.md). Nothing was done";
+    log::get("api")->warn("{}", msg);
+    throw Error(Errc::invalid_argument, msg);
 }
 
 }  // namespace fd::api::peer

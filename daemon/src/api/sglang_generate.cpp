@@ -11,6 +11,7 @@
 #include "fd/shm/names.h"
 
 #include <chrono>
+#include <ctime>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -382,7 +383,8 @@ void post_sglang_generate(ApiContext & ctx, const Request & req, Response & res)
 /// (slime's external-engine discovery reads tp_size, pp_size, ep_size, dp_size (num_gpus: tp_size x pp_size),
 /// disaggregation_mode, encoder_only and compares enable_memory_saver, dtype,
 /// enable_return_routed_experts with its own flags: slime/backends/sglang_utils/external.py,
-/// sglang_engine.py _init_external).
+/// sglang_engine.py _init_external; slime before 2026-06 (03b32d8) also asserts host, port,
+/// node_rank, gpu_id_step and base_gpu_id equal to what it expects of an engine it started).
 void get_sglang_server_info(ApiContext & ctx, const Request &, Response & res) {
     const auto   st  = ctx.engine->stats();
     const auto & ec  = ctx.engine->config();
@@ -391,6 +393,9 @@ void get_sglang_server_info(ApiContext & ctx, const Request &, Response & res) {
         {"model_path", ctx.cfg.model_dir}, {"tokenizer_path", ctx.cfg.model_dir}, {"served_model_name", ctx.cfg.served_model_name},
         {"weight_version", st.state.weight_version}, {"version", kVersion}, {"engine", "fdrollout"},
         {"tp_size", tp}, {"pp_size", 1}, {"dp_size", 1}, {"ep_size", ec.expert_parallel_size}, {"nnodes", 1},
+        // As bound (--host, --port). Only node 0 serves HTTP (a --node-rank > 0 runs the node agent:
+        // main.cpp), so node_rank is 0; one GPU per rank from device 0, as SGLang's defaults.
+        {"host", ctx.cfg.host}, {"port", ctx.cfg.port}, {"node_rank", 0}, {"gpu_id_step", 1}, {"base_gpu_id", 0},
         {"context_length", ec.max_model_len}, {"max_req_input_len", ec.max_model_len - 1},
         {"max_total_num_tokens", st.n_kv_blocks_total * st.kv_block_size}, {"page_size", st.kv_block_size},
         {"max_running_requests", ec.scheduler.max_num_seqs}, {"chunked_prefill_size", ec.scheduler.max_num_batched_tokens},
@@ -402,6 +407,48 @@ void get_sglang_server_info(ApiContext & ctx, const Request &, Response & res) {
         {"internal_states", json::array({{{"weight_version", st.state.weight_version}, {"paused", st.state.paused},
                                           {"num_running_reqs", st.n_running}, {"num_waiting_reqs", st.n_waiting}}})}};
     res.set_content(dump(info), "application/json");
+}
+
+/// SGLang's GET /v1/loads (entrypoints/v1_loads.py get_loads): {"timestamp", "version",
+/// "dp_rank_count", "loads": [per DP rank: num_running_reqs, num_waiting_reqs, num_total_reqs,
+/// token use], "aggregate": {total_running_reqs, total_waiting_reqs, total_reqs, ...}}. One DP
+/// rank here. slime polls ?include=core after abort_request {"abort_all": true} until the
+/// requests are gone (server_control.py abort_server_until_idle, num_requests_from_load). Only the
+/// core section exists: the other `include` names are accepted and add nothing; ?dp_rank=N other
+/// than 0 answers no loads (as SGLang for a rank it lacks); ?format=prometheus is GET /metrics.
+void get_sglang_loads(ApiContext & ctx, const Request & req, Response & res) {
+    if (req.has_param("format") && req.get_param_value("format") != "json") {
+        throw Error(Errc::invalid_argument, fmt::format("format '{}': only json here; GET /metrics has the Prometheus text",
+                                                        req.get_param_value("format")), "format");
+    }
+    bool rank0 = true;
+    if (req.has_param("dp_rank")) {
+        const std::string v = req.get_param_value("dp_rank");
+        if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) {
+            throw Error(Errc::invalid_argument, fmt::format("dp_rank '{}' must be a non-negative integer", v), "dp_rank");
+        }
+        rank0 = v.find_first_not_of('0') == std::string::npos;
+    }
+    const auto st = ctx.engine->stats();
+    const int64_t used = st.n_kv_blocks_used * st.kv_block_size, total = st.n_kv_blocks_total * st.kv_block_size;
+    const double usage = total > 0 ? static_cast<double>(used) / static_cast<double>(total) : 0.0;
+    json loads = json::array();
+    if (rank0) {
+        loads.push_back({{"dp_rank", 0}, {"num_running_reqs", st.n_running}, {"num_waiting_reqs", st.n_waiting},
+                         {"num_total_reqs", st.n_running + st.n_waiting}, {"num_used_tokens", used}, {"max_total_num_tokens", total},
+                         {"token_usage", usage}, {"max_running_requests", ctx.engine->config().scheduler.max_num_seqs}});
+    }
+    const int64_t running = rank0 ? st.n_running : 0, waiting = rank0 ? st.n_waiting : 0;
+    const std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    char stamp[40] = "";
+    std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S+00:00", gmtime_r(&now, &utc));
+    json body = {{"timestamp", stamp},
+                 {"version", kVersion}, {"dp_rank_count", loads.size()}, {"loads", loads},
+                 {"aggregate", {{"total_running_reqs", running}, {"total_waiting_reqs", waiting}, {"total_reqs", running + waiting},
+                                {"total_used_tokens", rank0 ? used : 0}, {"total_tokens", rank0 ? total : 0},
+                                {"avg_token_usage", rank0 ? usage : 0.0}}}};
+    res.set_content(dump(body), "application/json");
 }
 
 /// SGLang's /health_generate: a one-token greedy generation; 200 once it is answered, the

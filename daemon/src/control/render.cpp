@@ -145,7 +145,9 @@ json status_json(const StatusReport & s) {
     const auto & st = s.stats;
     const auto & es = st.state;
     const json sleeping = sleeping_tags(es);
-    const char * state = s.draining ? "draining" : es.degraded ? "degraded" : !sleeping.empty() ? "sleeping" : es.paused ? "paused" : "serving";
+    // pausing: a pause mode=wait drains (admission stopped, the requests in flight finishing); paused once it ends.
+    const char * state = s.draining ? "draining" : es.degraded ? "degraded" : !sleeping.empty() ? "sleeping" : es.paused ? "paused"
+                       : es.pause_draining ? "pausing" : "serving";
     return {{"status", s.draining ? "draining" : es.degraded ? "degraded" : "ok"},
             {"degraded_ranks", es.failed_ranks},
             {"executor", es.executor_backend},
@@ -156,6 +158,7 @@ json status_json(const StatusReport & s) {
             {"comm_group_on_weight_sleep", es.comm_group == "none" ? json(nullptr) : json(es.comm_group_kept_on_sleep ? "kept" : "destroyed")},
             {"state", state},
             {"is_paused", es.paused},
+            {"pause_draining", es.pause_draining},
             {"pause_mode", es.paused ? json(engine::to_string(es.pause_mode)) : json(nullptr)},
             {"kept_requests", es.n_kept},
             {"sleeping_tags", sleeping},
@@ -206,8 +209,8 @@ ControlReply render_v1(const ControlOutcome & o) {
         // Both FastDeploy forms at once: its docs' top-level {"is_paused"} and its CI client's
         // {"status": "success", "result": {"is_paused"}} (issue #13).
         const auto & st = *o.state;
-        json j = {{"is_paused", st.paused}, {"sleeping_tags", sleeping_tags(st)}, {"weights_valid", st.weights_valid},
-                  {"weight_version", st.weight_version}};
+        json j = {{"is_paused", st.paused}, {"pause_draining", st.pause_draining}, {"sleeping_tags", sleeping_tags(st)},
+                  {"weights_valid", st.weights_valid}, {"weight_version", st.weight_version}};
         j["result"] = j;
         j["status"] = "success";
         return json_reply(j);

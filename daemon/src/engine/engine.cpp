@@ -53,6 +53,7 @@ void Engine::submit(GenerateRequest req) {
         fail(Errc::rank_failed, "a tensor-parallel rank failed (GET /health names it); POST /v1/wakeup respawns it, or restart the daemon");
     }
     if (!accepting_.load()) {
+        if (stats().state.pause_draining) { fail(Errc::engine_paused, "{}", kPauseDrainingMessage); }
         fail(Errc::engine_paused, "{}", kPausedMessage);
     }
     req.t_arrival = std::chrono::steady_clock::now();
@@ -423,6 +424,7 @@ void Engine::answer(PendingControl & pc, ControlResult r) {
 void Engine::publish_stats() {
     std::lock_guard lk(stats_mu_);
     state_.comm_group        = executor_->comm_state();
+    state_.pause_draining    = drain_.has_value();
     state_.n_kept = 0;
     if (state_.paused && state_.pause_mode == PauseMode::keep) {
         for (const auto & [id, s] : seqs_) { state_.n_kept += s->channel ? 1 : 0; }

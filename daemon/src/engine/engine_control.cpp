@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <thread>
+#include <utility>
 
 namespace fd::engine {
 
@@ -219,6 +220,7 @@ void Engine::do_sleep(TagSet tags, ControlResult & r) {
         // Not a sleeping state (TagSet): the graphs and their buffers go back on every rank
         // (nothing on a CPU rank), and each graph is captured again at its first step.
         count(executor_->rank_call({.op = runtime::RankOp::release_graphs}), r.freed_graph_bytes);
+        graphs_released_ = true;
         r.tags_done.push_back("cuda_graph");
     }
     r.rss_after_bytes = process_rss_bytes() + executor_->rank_processes_rss_bytes();
@@ -236,7 +238,7 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
     }
     // Weights first: their fetch is what can fail (missing checkpoint, source down), and a
     // failed wakeup must leave every tag as it was.
-    bool weight_woken = false;
+    bool weight_woken = false, kv_woken = false;
     if (tags.weight && state_.weight_asleep) {
         drop_staged(nullptr);
         reload_serving_weights(r);
@@ -251,13 +253,18 @@ void Engine::do_wakeup(TagSet tags, ControlResult & r) {
             accumulate_rank_reports(r, executor_->acquire_kv(), std::nullopt);
             kv_.reset_device();  // the host tier (when its pool stayed) keeps its entries
             state_.kv_asleep = false;
+            kv_woken         = true;
             r.tags_done.push_back("kv_cache");
         }
     }
     if (tags.weight) { (weight_woken ? r.tags_done : r.tags_skipped).push_back("weight"); }  // after kv_cache, as before
     if (tags.cuda_graph) { r.tags_done.push_back("cuda_graph"); }  // nothing now: captured again at the first graph step
     r.version = state_.weight_version;
-    if (!state_.weight_asleep && !state_.kv_asleep && state_.weights_valid) { state_.paused = false; }
+    // FastDeploy's resume after a wakeup, only when this call woke a tag (a retry that woke nothing
+    // left a pause?mode=wait or keep cancelled: a probe); cuda_graph counts after a sleep(cuda_graph).
+    const bool graphs_woken = tags.cuda_graph && std::exchange(graphs_released_, false);  // always cleared by a cuda_graph wakeup
+    const bool woke = weight_woken || kv_woken || graphs_woken;
+    if (woke && !state_.weight_asleep && !state_.kv_asleep && state_.weights_valid) { state_.paused = false; }
 }
 
 void Engine::reload_serving_weights(ControlResult & r) {

@@ -22,6 +22,13 @@
 namespace fd::engine {
 
 void Engine::do_pause(PauseMode mode, ControlResult & r, std::chrono::steady_clock::time_point drain_deadline, bool flush_prefix) {
+    if (mode == PauseMode::wait && state_.paused && state_.pause_mode == PauseMode::keep) {
+        // A wait pause promises the requests in flight finish; the kept ones cannot while the
+        // keep pause holds them (a probe: a 200 at once with them still frozen). Nothing changes.
+        fail(Errc::wrong_state, "pause mode=wait: the engine is already paused with mode=keep ({} kept choice(s) frozen with their KV), "
+                                "so nothing can finish; POST /v1/resume first (they continue, then pause?mode=wait drains them), or "
+                                "pause?mode=abort to end them. Nothing was changed", n_live());
+    }
     r.pause_mode = mode;
     accepting_.store(false);
     switch (mode) {
@@ -38,9 +45,8 @@ void Engine::do_pause(PauseMode mode, ControlResult & r, std::chrono::steady_clo
             r.n_kept          = n_live();
             break;
         case PauseMode::wait: {
-            if (state_.paused) {  // already paused: nothing can finish meanwhile; the pause stays as it is
+            if (state_.paused) {  // already paused with abort or wait (keep is refused above): nothing runs, the pause stays
                 r.pause_mode = state_.pause_mode;
-                r.n_kept     = state_.pause_mode == PauseMode::keep ? n_live() : 0;
                 return;
             }
             const int32_t n = n_live();

@@ -223,6 +223,9 @@ struct EngineState {
     bool              paused        = false;
     PauseMode         pause_mode    = PauseMode::abort;  ///< how the current pause treated its requests (meaningful while paused)
     int32_t           n_kept        = 0;          ///< choices frozen by a keep pause (0 otherwise)
+    /// A pause mode=wait is draining: admission is stopped (new requests get 503) while the
+    /// requests in flight finish; not yet paused (`paused` turns true when the drain ends).
+    bool              pause_draining = false;
     bool              weight_asleep = false;
     bool              kv_asleep     = false;
     bool              weights_valid = true;

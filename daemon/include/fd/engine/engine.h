@@ -499,6 +499,9 @@ private:
     std::atomic<bool>                         draining_{false};
     std::atomic<bool>                         accepting_{true};   ///< false while paused/asleep
     bool serving_verified_ = false;  ///< the serving weights were checked against manifest checksums: a wakeup checks again
+    /// A sleep released the CUDA graphs (tag cuda_graph, not a sleeping state): the cuda_graph
+    /// wakeup after it counts as waking a tag (it resumes), a retried one does not.
+    bool graphs_released_ = false;
     /// The source's own name for the serving bytes (an rsync store version), which the label may
     /// not be (an fp- label when that version once named other bytes): what a wakeup pulls again.
     /// "" = not known (then the label).
@@ -508,6 +511,11 @@ private:
     /// behind a pause or sleep (admit).
     static constexpr const char * kPausedMessage =
         "generation is paused (weight control in progress); retry after POST /v1/resume or /v1/wakeup";
+    /// The same 503 while a pause mode=wait drains (GET /health: state "pausing").
+    static constexpr const char * kPauseDrainingMessage =
+        "generation is pausing: a pause (mode=wait) is draining, letting the requests in flight finish, and admits no new ones "
+        "(GET /health: state \"pausing\"); the engine is paused once they have (or serving again if the pause times out): retry after "
+        "POST /v1/resume, or on another replica";
     std::atomic<bool>                         degraded_{false};   ///< a rank failed (state_.degraded, readable by submit())
     std::atomic<bool>                         control_waiting_{false}; ///< a command is queued: drop the step in flight
     std::thread                               thread_;
