@@ -326,6 +326,17 @@ Resolved resolve(Config & cfg) {
                                        "generate and drive the weight-control routes. Set --api-key (and --control-api-key for the control "
                                        "routes), or pass --allow-unauthenticated if this network is trusted", s.host));
     }
+    // vLLM's --generation-config: auto (the model's generation_config.json), vllm (none) or a folder.
+    if (s.generation_config == "auto") {
+        s.sampling_defaults = model::read_generation_defaults(cfg.model.model_dir);  // throws invalid_checkpoint naming the field
+    } else if (s.generation_config != "vllm") {
+        if (!std::filesystem::is_regular_file(std::filesystem::path(s.generation_config) / "generation_config.json")) {
+            problems.push_back(fmt::format("--generation-config '{}': expected auto, vllm or a folder holding a generation_config.json",
+                                           s.generation_config));
+        } else {
+            s.sampling_defaults = model::read_generation_defaults(s.generation_config);
+        }
+    }
     cfg.control.served_model_name = s.served_model_name;
     cfg.control.rsync_config      = cfg.weights.rsync_config;
     if (!(cfg.control.control_timeout_s > 0 && cfg.control.control_timeout_s <= kMaxWaitS) ||  // fd/deadline.h

@@ -247,6 +247,7 @@ ChatCompletionRequest parse(ApiContext & ctx, const std::string & body) {
     if (top < 0 || top > ctx.cfg.max_logprobs) { bad("top_logprobs", fmt::format("'top_logprobs' must be in [0, {}], got {}", ctx.cfg.max_logprobs, top)); }
     r.gen.params.logprobs = r.logprobs ? top : -1;
     check_lengths(ctx, r.gen, "messages");
+    cap_max_tokens(ctx, r.gen.params);
     return r;
 }
 

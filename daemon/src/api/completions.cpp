@@ -125,6 +125,7 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
     }
     r.prompt_lps = sp.prompt_logprobs >= 0;  // as vLLM: also when echo + logprobs asked for them
     check_lengths(ctx, r.gen, "prompt");
+    cap_max_tokens(ctx, sp);
     return r;
 }
 

@@ -114,10 +114,14 @@ struct StreamOptions {
 /// ranges); stop strings with detokenize false are a 400. `logprobs` is the
 /// route's own. The max-tokens field may be 0 here; routes refuse it where it means nothing.
 /// None of `max_tokens_keys` given: `default_max_tokens` (completions: 16, OpenAI's and vLLM's;
-/// chat: the rest of the context, max_model_len - prompt tokens, as vLLM).
+/// chat: the rest of the context, max_model_len - prompt tokens, as vLLM). temperature, top_p,
+/// top_k, min_p and repetition_penalty a request leaves out take ctx.cfg.sampling_defaults
+/// (--generation-config) when `model_defaults` (the OpenAI routes; SGLang's /generate passes
+/// false: its native route keeps the neutral defaults).
 /// Errors: 400 naming the field.
 StreamOptions parse_sampling(const ApiContext & ctx, const nlohmann::json & j, engine::GenerateRequest & gen,
-                             std::initializer_list<const char *> max_tokens_keys, int32_t default_max_tokens = 16);
+                             std::initializer_list<const char *> max_tokens_keys, int32_t default_max_tokens = 16,
+                             bool model_defaults = true);
 
 /// The text /v1/completions echoes for each prompt ([n_prompts]), decoded only when `echo` asks
 /// for it: `texts` are the prompts as given in text (the first ones; none for token-id prompts),
@@ -161,6 +165,12 @@ nlohmann::json prompt_logprobs_json(const tokenizer::Tokenizer & tok, const std:
 
 /// Each prompt plus max_tokens must fit --max-model-len. Errors: 400 naming prompt/max_tokens.
 void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, const char * prompt_param);
+
+/// vLLM's get_max_tokens: the model's max_new_tokens (--generation-config, ServerConfig::
+/// sampling_defaults) caps sp.max_tokens, asked for or defaulted; called after check_lengths,
+/// which judges what the request asked (vLLM validates the request's own value).
+/// Errors: 400 when min_tokens then exceeds max_tokens (vLLM's SamplingParams check).
+void cap_max_tokens(const ApiContext & ctx, engine::SamplingParams & sp);
 
 /// Accumulated state of one choice.
 struct ChoiceAcc {

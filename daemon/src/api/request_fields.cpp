@@ -145,10 +145,11 @@ T get_number(const json & j, const char * key, T dflt, bool integer) {
     return it->template get<T>();
 }
 
-/// min_tokens, the penalties and logit_bias (vLLM's ranges). Errors: 400 naming the field.
-void parse_logits_fields(const ApiContext & ctx, const json & j, engine::SamplingParams & sp) {
+/// min_tokens, the penalties and logit_bias (vLLM's ranges); repetition_penalty left out is `d`'s.
+/// Errors: 400 naming the field.
+void parse_logits_fields(const ApiContext & ctx, const json & j, engine::SamplingParams & sp, const model::GenerationDefaults & d) {
     sp.min_tokens         = get_number<int32_t>(j, "min_tokens", 0, true);
-    sp.repetition_penalty = get_number<float>(j, "repetition_penalty", 1.0f, false);
+    sp.repetition_penalty = get_number<float>(j, "repetition_penalty", d.repetition_penalty.value_or(1.0f), false);
     sp.presence_penalty   = get_number<float>(j, "presence_penalty", 0.0f, false);
     sp.frequency_penalty  = get_number<float>(j, "frequency_penalty", 0.0f, false);
     if (sp.min_tokens < 0) { bad("min_tokens", fmt::format("'min_tokens' must be >= 0, got {}", sp.min_tokens)); }
@@ -187,7 +188,7 @@ void parse_logits_fields(const ApiContext & ctx, const json & j, engine::Samplin
 }  // namespace
 
 StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::GenerateRequest & gen,
-                             std::initializer_list<const char *> max_tokens_keys, int32_t default_max_tokens) {
+                             std::initializer_list<const char *> max_tokens_keys, int32_t default_max_tokens, bool model_defaults) {
     auto &      sp      = gen.params;
     const char * mt_key = *max_tokens_keys.begin();
     sp.max_tokens       = default_max_tokens;
@@ -198,15 +199,19 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
             break;
         }
     }
-    sp.temperature = get_number<float>(j, "temperature", 1.0f, false);
-    sp.top_p       = get_number<float>(j, "top_p", 1.0f, false);
-    sp.top_k       = get_number<int32_t>(j, "top_k", 0, true);
+    // --generation-config: the model's defaults for the fields the request leaves out (vLLM's
+    // default_sampling_params, read by its OpenAI routes)
+    static const model::GenerationDefaults kNone;
+    const auto & d = model_defaults ? ctx.cfg.sampling_defaults : kNone;
+    sp.temperature = get_number<float>(j, "temperature", d.temperature.value_or(1.0f), false);
+    sp.top_p       = get_number<float>(j, "top_p", d.top_p.value_or(1.0f), false);
+    sp.top_k       = get_number<int32_t>(j, "top_k", d.top_k.value_or(0), true);
     gen.n          = get_number<int32_t>(j, "n", 1, true);
     if (sp.max_tokens < 0) { bad(mt_key, fmt::format("'{}' must be >= 1 (0 only to score an echoed prompt), got {}", mt_key, sp.max_tokens)); }
     if (!(sp.temperature >= 0.0f) || sp.temperature > 100.0f) { bad("temperature", "'temperature' must be in [0, 100]"); }
     if (!(sp.top_p > 0.0f) || sp.top_p > 1.0f) { bad("top_p", "'top_p' must be in (0, 1]"); }
     if (sp.top_k < -1) { bad("top_k", "'top_k' must be -1, 0 (off) or a positive integer"); }
-    sp.min_p = get_number<float>(j, "min_p", 0.0f, false);
+    sp.min_p = get_number<float>(j, "min_p", d.min_p.value_or(0.0f), false);
     if (!(sp.min_p >= 0.0f && sp.min_p <= 1.0f)) { bad("min_p", "'min_p' must be in [0, 1] (0 = off)"); }
     if (gen.n < 1 || gen.n > ctx.cfg.max_n) { bad("n", fmt::format("'n' must be in [1, {}], got {}", ctx.cfg.max_n, gen.n)); }
     if (j.contains("seed") && !j["seed"].is_null()) {
@@ -255,7 +260,7 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
     sp.skip_special_tokens           = !j.contains("skip_special_tokens") || j["skip_special_tokens"].is_null() || get_bool("skip_special_tokens");
     sp.spaces_between_special_tokens = !j.contains("spaces_between_special_tokens") || j["spaces_between_special_tokens"].is_null() ||
                                        get_bool("spaces_between_special_tokens");
-    parse_logits_fields(ctx, j, sp);
+    parse_logits_fields(ctx, j, sp, d);
     sp.include_stop_str_in_output = get_bool("include_stop_str_in_output");
     StreamOptions o;
     o.stream         = get_bool("stream");
@@ -397,6 +402,16 @@ void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, 
             bad("max_tokens", fmt::format("prompt {} has {} tokens and max_tokens is {}: {} exceeds the maximum context length {}",
                                           i, n, gen.params.max_tokens, n + gen.params.max_tokens, max_len));
         }
+    }
+}
+
+void cap_max_tokens(const ApiContext & ctx, engine::SamplingParams & sp) {
+    const auto cap = ctx.cfg.sampling_defaults.max_new_tokens;
+    if (!cap || sp.max_tokens <= *cap) { return; }
+    sp.max_tokens = *cap;
+    if (sp.min_tokens > sp.max_tokens) {  // vLLM's SamplingParams check, on the capped value
+        bad("min_tokens", fmt::format("'min_tokens' ({}) must be <= max_tokens ({}: the model's generation_config.json max_new_tokens, "
+                                      "--generation-config)", sp.min_tokens, sp.max_tokens));
     }
 }
 

@@ -5,6 +5,7 @@
 // The route table is in src/api/routes.cpp.
 #pragma once
 
+#include "fd/checkpoint/model_config.h"
 #include "fd/engine/engine.h"
 #include "fd/tokenizer/tokenizer.h"
 
@@ -44,6 +45,12 @@ struct ServerConfig {
     int32_t     max_logprobs      = 20;      ///< cap on `logprobs`
     int32_t     max_n             = 128;     ///< cap on `n`
     bool        enable_return_routed_experts = false;  ///< --enable-return-routed-experts: requests may ask for return_routed_experts (R3)
+    /// --generation-config (vLLM's flag): auto = the model's generation_config.json sampling
+    /// defaults, vllm = none, else a folder holding a generation_config.json.
+    std::string generation_config = "auto";
+    /// What --generation-config resolved to (config.cpp): the default of each sampling field a
+    /// request leaves out; max_new_tokens caps every request's max tokens (vLLM's get_max_tokens).
+    model::GenerationDefaults sampling_defaults;
 };
 
 /// Shared by every handler.
