@@ -191,11 +191,13 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
                              std::initializer_list<const char *> max_tokens_keys, int32_t default_max_tokens, bool model_defaults) {
     auto &      sp      = gen.params;
     const char * mt_key = *max_tokens_keys.begin();
+    StreamOptions o;
     sp.max_tokens       = default_max_tokens;
     for (const char * k : max_tokens_keys) {
         if (j.contains(k) && !j[k].is_null()) {
-            mt_key        = k;
-            sp.max_tokens = get_number<int32_t>(j, k, 16, true);
+            mt_key             = k;
+            o.max_tokens_field = k;
+            sp.max_tokens      = get_number<int32_t>(j, k, 16, true);
             break;
         }
     }
@@ -207,13 +209,21 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
     sp.top_p       = get_number<float>(j, "top_p", d.top_p.value_or(1.0f), false);
     sp.top_k       = get_number<int32_t>(j, "top_k", d.top_k.value_or(0), true);
     gen.n          = get_number<int32_t>(j, "n", 1, true);
-    if (sp.max_tokens < 0) { bad(mt_key, fmt::format("'{}' must be >= 1 (0 only to score an echoed prompt), got {}", mt_key, sp.max_tokens)); }
+    if (sp.max_tokens < 0) {
+        // several keys = chat, where 0 is refused too; completions' 0 scores an echoed prompt
+        bad(mt_key, max_tokens_keys.size() > 1 ? fmt::format("'{}' must be >= 1, got {}", mt_key, sp.max_tokens)
+                                               : fmt::format("'{}' must be >= 1 (0 only to score an echoed prompt), got {}", mt_key, sp.max_tokens));
+    }
     if (!(sp.temperature >= 0.0f) || sp.temperature > 100.0f) { bad("temperature", "'temperature' must be in [0, 100]"); }
     if (!(sp.top_p > 0.0f) || sp.top_p > 1.0f) { bad("top_p", "'top_p' must be in (0, 1]"); }
     if (sp.top_k < -1) { bad("top_k", "'top_k' must be -1, 0 (off) or a positive integer"); }
     sp.min_p = get_number<float>(j, "min_p", d.min_p.value_or(0.0f), false);
     if (!(sp.min_p >= 0.0f && sp.min_p <= 1.0f)) { bad("min_p", "'min_p' must be in [0, 1] (0 = off)"); }
     if (gen.n < 1 || gen.n > ctx.cfg.max_n) { bad("n", fmt::format("'n' must be in [1, {}], got {}", ctx.cfg.max_n, gen.n)); }
+    // best_of passes check_fields only at 1 (or null); vLLM: "best_of must be greater than or equal to n"
+    if (j.contains("best_of") && j["best_of"].is_number() && j["best_of"].get<double>() < gen.n) {
+        bad("best_of", fmt::format("best_of must be greater than or equal to n, got n={} and best_of={}.", gen.n, brief(j["best_of"])));
+    }
     if (j.contains("seed") && !j["seed"].is_null()) {
         if (!j["seed"].is_number_integer()) { bad("seed", "'seed' must be an integer"); }
         // vLLM's range (a signed 64-bit integer): beyond it 2^64 - 1 would draw exactly what -1 draws.
@@ -262,7 +272,6 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
                                        get_bool("spaces_between_special_tokens");
     parse_logits_fields(ctx, j, sp, d);
     sp.include_stop_str_in_output = get_bool("include_stop_str_in_output");
-    StreamOptions o;
     o.stream         = get_bool("stream");
     if (j.contains("request_id") && !j["request_id"].is_null()) {  // vLLM: the response id becomes "<cmpl|chatcmpl>-<request_id>"
         const json & id = j["request_id"];
@@ -283,7 +292,11 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
         if (sp.prompt_logprobs < 0 || sp.prompt_logprobs > ctx.cfg.max_logprobs) {
             bad("prompt_logprobs", fmt::format("'prompt_logprobs' must be an integer in [0, {}], got {}", ctx.cfg.max_logprobs, sp.prompt_logprobs));
         }
-        if (o.stream) { bad("prompt_logprobs", "'prompt_logprobs' are not available when \"stream\": true (as in vLLM)"); }
+        // vLLM refuses only k > 0 on a stream; 0 passes, and a stream carries no prompt_logprobs
+        if (o.stream && sp.prompt_logprobs > 0) {
+            bad("prompt_logprobs", "'prompt_logprobs' > 0 is not available when \"stream\": true (as in vLLM)");
+        }
+        if (o.stream) { sp.prompt_logprobs = -1; }
     }
     if (j.contains("stream_options") && !j["stream_options"].is_null()) {
         const json & so = j["stream_options"];
@@ -291,7 +304,9 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
             bad("stream_options", fmt::format("'stream_options' must be an object {{\"include_usage\": bool, \"continuous_usage_stats\": bool}}, "
                                               "got {}", brief(so)));
         }
-        if (!o.stream) { bad("stream_options", "'stream_options' is only allowed with \"stream\": true"); }
+        // vLLM refuses only a truthy stream_options without stream ({} passes)
+        if (!o.stream && !so.empty()) { bad("stream_options", "'stream_options' is only allowed with \"stream\": true"); }
+        o.include_usage = true;  // vLLM's StreamOptions.include_usage defaults to true (an explicit null is false)
         for (const auto & [key, v] : so.items()) {
             if (key != "include_usage" && key != "continuous_usage_stats") {
                 bad("stream_options." + key, fmt::format("unknown field 'stream_options.{}' (include_usage, continuous_usage_stats)", key));
@@ -379,7 +394,7 @@ bool parse_vllm_fields(const ApiContext & ctx, const json & j, engine::GenerateR
     return truncated;
 }
 
-void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, const char * prompt_param) {
+void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, const char * prompt_param, const std::string & max_tokens_param) {
     const int32_t max_len = ctx.engine->config().max_model_len;
     const int32_t vocab   = ctx.engine->model_config().vocab_size;
     for (size_t i = 0; i < gen.prompts.size(); ++i) {
@@ -399,8 +414,8 @@ void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, 
             bad(prompt_param, fmt::format("prompt {} has {} tokens; the maximum context length is {} (--max-model-len), leaving no room to generate", i, n, max_len));
         }
         if (n + gen.params.max_tokens > max_len) {
-            bad("max_tokens", fmt::format("prompt {} has {} tokens and max_tokens is {}: {} exceeds the maximum context length {}",
-                                          i, n, gen.params.max_tokens, n + gen.params.max_tokens, max_len));
+            bad(max_tokens_param, fmt::format("prompt {} has {} tokens and {} is {}: {} exceeds the maximum context length {}", i, n,
+                                              max_tokens_param, gen.params.max_tokens, n + gen.params.max_tokens, max_len));
         }
     }
 }
