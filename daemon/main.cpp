@@ -58,7 +58,9 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_MODEL")->capture_default_str();
     app.add_option("--host", c.server.host, "Address to listen on")->envname("FD_HOST")->capture_default_str();
     app.add_option("--port", c.server.port, "TCP port to listen on")->envname("FD_PORT")->capture_default_str();
-    app.add_option("--served-model-name", c.server.served_model_name, "Model name clients send (default: model dir name)")
+    app.add_option("--served-model-name", c.server.served_model_names,
+                   "Model name(s) clients send (vLLM's flag; default: model dir name): a request's 'model' may be any of them, "
+                   "/v1/models lists each, responses report the first")
         ->envname("FD_SERVED_MODEL_NAME");
     app.add_option("--chat-template", c.server.chat_template,
                    "Chat template for /v1/chat/completions instead of the model's (vLLM's flag): a Jinja file, or the template "

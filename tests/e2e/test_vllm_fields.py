@@ -279,12 +279,24 @@ class VllmHabitFlags(unittest.TestCase):
             os.chmod(wrapper, 0o755)
             with Daemon("--enable-sleep-mode", "--dtype", "auto", "--max-logprobs", "2", model=None, bin=wrapper) as d:
                 self.assertEqual(d.get("/v1/models")[1]["data"][0]["id"], "stories260K")
+                self.assertEqual(d.complete(model="stories260K", prompt=PROMPT, max_tokens=1)["model"], "stories260K")
                 self.assertEqual(d.post("/sleep?level=1")[0], 200)  # --enable-sleep-mode = --dynamic-load-weight
                 self.assertEqual(d.post("/wake_up")[0], 200)
                 code, j = d.post("/v1/completions", {"prompt": PROMPT, "logprobs": 3})
                 self.assertEqual((code, j["error"]["param"]), (400, "logprobs"), j)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_several_served_model_names(self):
+        """vLLM's --served-model-name takes several names: a request may give any, /v1/models lists
+        each, responses report the first (the old daemon exited 2)."""
+        with Daemon("--served-model-name", "policy", "policy-alias") as d:
+            self.assertEqual([m["id"] for m in d.get("/v1/models")[1]["data"]], ["policy", "policy-alias"])
+            for name in ("policy", "policy-alias"):
+                self.assertEqual(d.complete(model=name, prompt=PROMPT, max_tokens=1)["model"], "policy")
+                self.assertEqual(d.get(f"/v1/models/{name}")[1]["id"], name)
+            code, j = d.post("/v1/completions", {"model": "stories260K", "prompt": PROMPT, "max_tokens": 1})
+            self.assertEqual((code, j["error"]["param"]), (404, "model"), j)
 
     def test_help_states_the_defaults_of_negatable_flags(self):
         out = subprocess.run([BIN, "--help"], capture_output=True, text=True, timeout=60).stdout

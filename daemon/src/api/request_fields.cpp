@@ -109,7 +109,7 @@ void check_model(const ApiContext & ctx, const json & j) {
     if (!j.contains("model") || j["model"].is_null()) { return; }
     if (!j["model"].is_string()) { bad("model", "'model' must be a string"); }
     const auto name = j["model"].get<std::string>();
-    if (name != ctx.cfg.served_model_name && name != ctx.cfg.model_dir) {
+    if (!ctx.cfg.serves(name) && name != ctx.cfg.model_dir) {
         throw Error(Errc::not_found, fmt::format("model '{}' does not exist; this server serves '{}'", name, ctx.cfg.served_model_name), "model");
     }
 }
