@@ -58,7 +58,9 @@ void add_flags(CLI::App & app, fd::Config & c) {
         ->envname("FD_MODEL")->capture_default_str();
     app.add_option("--host", c.server.host, "Address to listen on")->envname("FD_HOST")->capture_default_str();
     app.add_option("--port", c.server.port, "TCP port to listen on")->envname("FD_PORT")->capture_default_str();
-    app.add_option("--served-model-name", c.server.served_model_name, "Model name clients send (default: model dir name)")
+    app.add_option("--served-model-name", c.server.served_model_names,
+                   "Model name(s) clients send (vLLM's flag; default: model dir name): a request's 'model' may be any of them, "
+                   "/v1/models lists each, responses report the first")
         ->envname("FD_SERVED_MODEL_NAME");
     app.add_option("--chat-template", c.server.chat_template,
                    "Chat template for /v1/chat/completions instead of the model's (vLLM's flag): a Jinja file, or the template "
@@ -277,6 +279,11 @@ void add_vllm_flags(CLI::App & app, fd::Config & c) {
                  "MoE models: a request with \"return_routed_experts\": true gets each choice's routed experts (rollout routing "
                  "replay, R3; vLLM's flag)")
         ->envname("FD_ENABLE_RETURN_ROUTED_EXPERTS");
+    app.add_option("--generation-config", c.server.generation_config,
+                   "Default sampling parameters (vLLM's flag): auto = the model's generation_config.json (temperature, top_p, "
+                   "top_k, min_p, repetition_penalty for fields a request leaves out; max_new_tokens caps every request's max "
+                   "tokens), vllm = the built-in defaults, or a folder whose generation_config.json is read")
+        ->envname("FD_GENERATION_CONFIG")->capture_default_str();
     app.add_option("--max-logprobs", c.server.max_logprobs, "Largest logprobs / top_logprobs / prompt_logprobs a request may ask for (vLLM's flag)")
         ->envname("FD_MAX_LOGPROBS")->check(CLI::Range(0, 1024))->capture_default_str();
 }
@@ -352,6 +359,12 @@ int run(fd::Config & cfg, sigset_t & signals) {
     lg->info("model {} ({}): {} layers, hidden {}, heads {}/{}, vocab {}; weight_version {}", cfg.model.model_dir,
              r.model.architecture, r.model.n_layers, r.model.hidden_size, r.model.n_heads, r.model.n_kv_heads,
              r.model.vocab_size, cfg.engine.weight_version);
+    if (!cfg.server.sampling_defaults.empty()) {  // vLLM warns the same way
+        lg->warn("default sampling parameters overridden by the model's generation config ({}): {}; a request's own fields "
+                 "win, max_tokens caps every request. Start with --generation-config vllm if this is not intended",
+                 cfg.server.generation_config == "auto" ? "generation_config.json" : cfg.server.generation_config,
+                 cfg.server.sampling_defaults.describe());
+    }
     auto tok = fd::tokenizer::load_tokenizer(cfg.model.model_dir, {.bos_token_id = r.model.bos_token_id});
     lg->info("tokenizer: {} ({} ids)", tok->kind(), tok->vocab_size());
     if (tok->vocab_size() > r.model.vocab_size) {

@@ -389,6 +389,52 @@ ModelConfig load_model_config(const path & dir) {
     return c;
 }
 
+GenerationDefaults read_generation_defaults(const path & dir) {
+    GenerationDefaults d;
+    const auto file = dir / "generation_config.json";
+    if (!std::filesystem::exists(file)) { return d; }
+    const json g = read_json(file);
+    if (!g.is_object()) { fail(Errc::invalid_checkpoint, "{}: not a JSON object", file.string()); }
+    // Each field: absent or null = not taken; transformers' own default (`hf`) = not taken (vLLM
+    // reads GenerationConfig.to_diff_dict()); else a number in `ok`, named on failure.
+    const auto number = [&](const char * key, std::optional<double> hf, const char * range, auto ok) -> std::optional<double> {
+        if (absent(g, key)) { return std::nullopt; }
+        const double v = get_number(g, key, file, std::nullopt);
+        if (!ok(v)) {
+            fail(Errc::invalid_checkpoint, "{}: field '{}' must be {}, got {} (start with --generation-config vllm to ignore the model's "
+                 "sampling defaults)", file.string(), key, range, g[key].dump());
+        }
+        if (hf && v == *hf) { return std::nullopt; }
+        return v;
+    };
+    const auto integral = [](double v) { return v == std::floor(v) && std::abs(v) <= (1 << 30); };
+    if (auto v = number("temperature", 1.0, "in [0, 100]", [](double x) { return x >= 0 && x <= 100; })) { d.temperature = static_cast<float>(*v); }
+    if (auto v = number("top_p", 1.0, "in (0, 1]", [](double x) { return x > 0 && x <= 1; })) { d.top_p = static_cast<float>(*v); }
+    if (auto v = number("top_k", 50.0, "an integer >= -1", [&](double x) { return integral(x) && x >= -1; })) { d.top_k = static_cast<int32_t>(*v); }
+    if (auto v = number("min_p", std::nullopt, "in [0, 1]", [](double x) { return x >= 0 && x <= 1; })) { d.min_p = static_cast<float>(*v); }
+    if (auto v = number("repetition_penalty", 1.0, "in (0, 100]", [](double x) { return x > 0 && x <= 100; })) {
+        d.repetition_penalty = static_cast<float>(*v);
+    }
+    if (auto v = number("max_new_tokens", std::nullopt, "an integer >= 1", [&](double x) { return integral(x) && x >= 1; })) {
+        d.max_new_tokens = static_cast<int32_t>(*v);
+    }
+    return d;
+}
+
+std::string GenerationDefaults::describe() const {
+    std::string out;
+    const auto add = [&](const char * name, const auto & v) {
+        if (v) { out += fmt::format("{}{}={}", out.empty() ? "" : ", ", name, *v); }
+    };
+    add("repetition_penalty", repetition_penalty);
+    add("temperature", temperature);
+    add("top_k", top_k);
+    add("top_p", top_p);
+    add("min_p", min_p);
+    add("max_tokens", max_new_tokens);
+    return out;
+}
+
 bool ModelConfig::has_dense_layer() const {
     for (int il = 0; il < n_layers; ++il) {
         if (!is_moe_layer(il)) { return true; }

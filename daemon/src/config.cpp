@@ -316,15 +316,31 @@ Resolved resolve(Config & cfg) {
 
     auto & s = cfg.server;
     s.model_dir = cfg.model.model_dir;
-    if (s.served_model_name.empty()) {
+    if (s.served_model_names.empty() && !s.served_model_name.empty()) { s.served_model_names = {s.served_model_name}; }
+    if (s.served_model_names.empty()) {
         auto p = std::filesystem::path(cfg.model.model_dir).lexically_normal();
         if (p.filename().empty()) { p = p.parent_path(); }
-        s.served_model_name = p.filename().string();
+        s.served_model_names = {p.filename().string()};
     }
+    for (const auto & name : s.served_model_names) {
+        if (name.empty()) { problems.push_back("--served-model-name: a name must not be empty"); }
+    }
+    s.served_model_name = s.served_model_names.front();  // vLLM: responses report the first
     if (!is_loopback_host(s.host) && s.api_key.empty() && !s.allow_unauthenticated) {
         problems.push_back(fmt::format("--host {} is reachable from other machines and --api-key is not set: anyone who can reach it could "
                                        "generate and drive the weight-control routes. Set --api-key (and --control-api-key for the control "
                                        "routes), or pass --allow-unauthenticated if this network is trusted", s.host));
+    }
+    // vLLM's --generation-config: auto (the model's generation_config.json), vllm (none) or a folder.
+    if (s.generation_config == "auto") {
+        s.sampling_defaults = model::read_generation_defaults(cfg.model.model_dir);  // throws invalid_checkpoint naming the field
+    } else if (s.generation_config != "vllm") {
+        if (!std::filesystem::is_regular_file(std::filesystem::path(s.generation_config) / "generation_config.json")) {
+            problems.push_back(fmt::format("--generation-config '{}': expected auto, vllm or a folder holding a generation_config.json",
+                                           s.generation_config));
+        } else {
+            s.sampling_defaults = model::read_generation_defaults(s.generation_config);
+        }
     }
     cfg.control.served_model_name = s.served_model_name;
     cfg.control.rsync_config      = cfg.weights.rsync_config;

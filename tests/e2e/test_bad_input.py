@@ -42,6 +42,7 @@ CASES = [
     ("misspelled field", {"prompt": "a", "temperatur": 0}, 400, "invalid_argument", "temperatur"),
     ("max_tokens zero without echo", {"prompt": "a", "max_tokens": 0, "logprobs": 1}, 400, "invalid_argument", "max_tokens"),
     ("unsupported best_of", {"prompt": "a", "best_of": 2}, 400, "invalid_argument", "best_of"),
+    ("best_of below n", {"prompt": "a", "best_of": 1, "n": 2}, 400, "invalid_argument", "best_of"),  # vLLM's rule
     ("min_p out of [0, 1]", {"prompt": "a", "min_p": 1.5}, 400, "invalid_argument", "min_p"),  # min_p is implemented (issue #26)
     ("presence_penalty out of range", {"prompt": "a", "presence_penalty": 2.5}, 400, "invalid_argument", "presence_penalty"),
     ("frequency_penalty out of range", {"prompt": "a", "frequency_penalty": -3}, 400, "invalid_argument", "frequency_penalty"),

@@ -252,6 +252,17 @@ class ChatCompletions(unittest.TestCase):
             self.assertEqual(j["error"]["param"], param, (body, j))
         j = self.chat(expect=400, messages=[{"role": "robot", "content": "beep"}])
         self.assertEqual(j["error"]["message"], "Unknown role: robot")
+        # the messages name the field sent, and chat has no echo to score (the old daemon: "(0 only to
+        # score an echoed prompt)", and "max_tokens is 600" for a max_completion_tokens)
+        j = self.chat(expect=400, messages=MESSAGES, max_completion_tokens=-1)
+        self.assertEqual((j["error"]["param"], j["error"]["message"]), ("max_completion_tokens", "'max_completion_tokens' must be >= 1, got -1"))
+        j = self.chat(expect=400, messages=MESSAGES, max_completion_tokens=600)
+        self.assertEqual(j["error"]["param"], "max_completion_tokens")
+        self.assertIn("max_completion_tokens is 600", j["error"]["message"])
+        self.assertNotIn("max_tokens", j["error"]["message"].replace("max_completion_tokens", ""))
+        # vLLM refuses top_logprobs only > 0 without logprobs: 0 asks for nothing (the old daemon: 400)
+        c = self.chat(messages=MESSAGES, max_tokens=2, top_logprobs=0)["choices"][0]
+        self.assertIsNone(c["logprobs"])
         j = self.chat(expect=400, messages=MESSAGES, add_generation_prompt=True, continue_final_message=True)
         self.assertIn("not compatible", j["error"]["message"])
         # content parts with text only are joined for a template that does not loop over them

@@ -208,6 +208,15 @@ class Completions(unittest.TestCase):
         self.assertIsInstance(v["version"], str)
         self.assertRegex(v["version"], r"^\d+\.\d+")
 
+    def test_max_tokens_null_is_the_rest_of_the_context(self):
+        """vLLM's CompletionRequest: max_tokens absent = 16, an explicit null = max_model_len - the
+        prompt (the old daemon gave 16 for both)."""
+        ids = REF["Once upon a time"]["prompt_ids"]
+        c = self.d.complete(prompt=ids, max_tokens=None, temperature=0, ignore_eos=True)["choices"][0]
+        self.assertEqual((len(c["token_ids"]), c["finish_reason"]), (512 - len(ids), "length"))
+        c = self.d.complete(prompt=ids, temperature=0, ignore_eos=True)["choices"][0]
+        self.assertEqual(len(c["token_ids"]), 16)
+
     def test_served_model_name_is_accepted(self):
         j = self.d.complete(model="stories260K", prompt="Lily", max_tokens=2, temperature=0)
         self.assertEqual(j["model"], "stories260K")

@@ -5,13 +5,16 @@ The reference is a numpy transcription of vLLM's documented formulas (v1 sampler
 logit_bias, then repetition, frequency, presence penalties, in float32) applied to raw logits the
 engine did not compute: np_llama.py's forward. Greedy choices must be its argmax at every step;
 seeded sampling with the fields must stay reproducible and batch-invariant."""
+import json
 import os
+import shutil
 import sys
+import tempfile
 import unittest
 
 import numpy as np
 
-from fdtest import REF, STORIES, Daemon, merge_stream
+from fdtest import REF, STORIES, Daemon, copy_checkpoint, merge_stream
 
 sys.path.insert(0, os.path.dirname(__file__))
 import np_llama  # noqa: E402
@@ -168,6 +171,69 @@ class Sampling(unittest.TestCase):
         plain = self.d.complete(**{k: v for k, v in body.items() if k not in
                                    ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens")})
         self.assertNotEqual([c["token_ids"] for c in plain["choices"]], [c["token_ids"] for c in a["choices"]])
+
+
+class GenerationConfigDefaults(unittest.TestCase):
+    """vLLM's --generation-config auto (its default): the sampling fields of the model's
+    generation_config.json are the defaults of every field a request leaves out, and its
+    max_new_tokens caps every request (vllm/config/model.py get_diff_sampling_param,
+    entrypoints get_max_tokens); --generation-config vllm ignores them. The old daemon ignored
+    the file: 16 tokens, sampled at top_k off."""
+    GEN = {"bos_token_id": 1, "eos_token_id": [1, 2], "do_sample": True, "temperature": 0.6, "top_k": 1, "top_p": 0.9,
+           "repetition_penalty": 1.0, "max_new_tokens": 5}
+
+    @classmethod
+    def setUpClass(cls):  # class cleanups run even when a later start fails
+        cls.tmp = tempfile.mkdtemp(prefix="fd-genconfig-")
+        cls.addClassCleanup(shutil.rmtree, cls.tmp, True)
+        cls.model = copy_checkpoint(STORIES, os.path.join(cls.tmp, "m"))
+        with open(os.path.join(cls.model, "generation_config.json"), "w") as f:
+            json.dump(cls.GEN, f)
+        cls.auto = Daemon(model=cls.model)
+        cls.addClassCleanup(cls.auto.__exit__, None)
+        cls.vllm = Daemon("--generation-config", "vllm", model=cls.model)
+        cls.addClassCleanup(cls.vllm.__exit__, None)
+
+    def test_the_models_defaults_fill_what_a_request_leaves_out(self):
+        greedy = REF[PROMPT]["ids"][:5]
+        for seed in range(3):  # top_k 1 from the file: greedy whatever the seed; max_new_tokens 5
+            c = self.auto.complete(prompt=PROMPT, seed=seed, ignore_eos=True)["choices"][0]
+            self.assertEqual(c["token_ids"], greedy)
+            status, j = self.auto.post("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "seed": seed,
+                                                                 "ignore_eos": True})
+            self.assertEqual((status, len(j["choices"][0]["token_ids"])), (200, 5), j)
+        # max_new_tokens caps an explicit max_tokens too (vLLM: the smallest of the request's, the
+        # rest of the context and the model's); one past the context is still the request's 400
+        self.assertEqual(self.auto.complete(prompt=PROMPT, max_tokens=40, temperature=0)["choices"][0]["token_ids"], greedy)
+        self.assertEqual(self.auto.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 600})[0], 400)
+        # a request's own fields win: top_k 0 and top_p 1 sample as the daemon that ignores the file
+        for seed in range(3):
+            body = dict(prompt=PROMPT, max_tokens=5, seed=seed, temperature=1.0, ignore_eos=True)
+            a = self.auto.complete(**body, top_k=0, top_p=1.0)["choices"][0]["token_ids"]
+            self.assertEqual(a, self.vllm.complete(**body)["choices"][0]["token_ids"])
+        self.assertIn("temperature=0.6, top_k=1, top_p=0.9, max_tokens=5", self.auto.output())
+
+    def test_generation_config_vllm_keeps_the_neutral_defaults(self):
+        c = self.vllm.complete(prompt=PROMPT, seed=1, ignore_eos=True)["choices"][0]
+        self.assertEqual(len(c["token_ids"]), 16)  # OpenAI's and vLLM's completions default
+        outs = {tuple(self.vllm.complete(prompt=PROMPT, seed=s, max_tokens=8)["choices"][0]["token_ids"]) for s in range(4)}
+        self.assertGreater(len(outs), 1)  # temperature 1, top_k off: sampled
+        self.assertNotIn("generation config", self.vllm.output())
+
+    def test_a_default_out_of_range_stops_start_up_naming_the_field(self):
+        bad = copy_checkpoint(STORIES, os.path.join(self.tmp, "bad"))
+        with open(os.path.join(bad, "generation_config.json"), "w") as f:
+            json.dump({**self.GEN, "top_p": 0}, f)
+        d = None
+        try:
+            d = Daemon(model=bad, timeout=30)
+        except RuntimeError as e:
+            self.assertRegex(str(e), r"generation_config\.json: field 'top_p' must be in \(0, 1\]")
+        else:
+            d.__exit__(None)
+            self.fail("started with top_p 0 as its default")
+        with Daemon("--generation-config", "vllm", model=bad) as d:  # not read at all
+            self.assertEqual(len(d.complete(prompt=PROMPT, ignore_eos=True)["choices"][0]["token_ids"]), 16)
 
 
 if __name__ == "__main__":

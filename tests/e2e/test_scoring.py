@@ -191,6 +191,12 @@ class Scoring(unittest.TestCase):
         status, j = self.d.post("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 2, "stream": True})
         self.assertEqual(status, 400)
         self.assertEqual(j["error"]["param"], "prompt_logprobs")
+        # vLLM refuses only prompt_logprobs > 0 with stream; 0 streams as usual, with no prompt
+        # logprobs (the old daemon: 400)
+        chunks, done = self.d.stream(prompt=PROMPT, max_tokens=2, temperature=0, prompt_logprobs=0)
+        self.assertTrue(done)
+        self.assertEqual(sum(len(c["choices"][0]["token_ids"]) for c in chunks if c["choices"]), 2)
+        self.assertFalse(any(c["choices"][0].get("prompt_logprobs") for c in chunks if c["choices"]))
         status, j = self.d.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 0})
         self.assertEqual(status, 400)
         self.assertEqual(j["error"]["param"], "max_tokens")

@@ -193,11 +193,38 @@ class VllmFields(unittest.TestCase):
             self.assertEqual(c["usage"]["completion_tokens"], seen)
             self.assertEqual(c["usage"]["prompt_tokens"], len(IDS))
         self.assertEqual(chunks[-1]["usage"]["completion_tokens"], 6)
-        # without include_usage it adds nothing (vLLM needs both)
-        chunks, _ = self.d.stream(prompt=PROMPT, max_tokens=3, stream_options={"continuous_usage_stats": True})
+        # with include_usage false it adds nothing (vLLM needs both; include_usage left out is true:
+        # test_stream_options_defaults_as_vllm)
+        chunks, _ = self.d.stream(prompt=PROMPT, max_tokens=3, stream_options={"include_usage": False, "continuous_usage_stats": True})
         self.assertFalse(any("usage" in c for c in chunks))
         self.bad({"prompt": PROMPT, "stream": True, "stream_options": {"continuous_usage_stats": "yes"}},
                  "stream_options.continuous_usage_stats")
+        # n 2: each chunk counts its own choice's tokens (vLLM's previous_num_tokens[i]); the old
+        # daemon summed every choice's (1, 2, 3, 4)
+        chunks, _ = self.d.stream(prompt=PROMPT, max_tokens=3, n=2, temperature=0, ignore_eos=True,
+                                  stream_options={"include_usage": True, "continuous_usage_stats": True})
+        seen = {}
+        for c in chunks:
+            if c["choices"]:
+                i = c["choices"][0]["index"]
+                seen[i] = seen.get(i, 0) + len(c["choices"][0]["token_ids"])
+                self.assertEqual((c["usage"]["completion_tokens"], c["usage"]["prompt_tokens"]), (seen[i], len(IDS)), c)
+        self.assertEqual(seen, {0: 3, 1: 3})
+        self.assertEqual(chunks[-1]["usage"]["completion_tokens"], 6)  # the final chunk: every choice
+
+    def test_stream_options_defaults_as_vllm(self):
+        """vLLM's StreamOptions.include_usage defaults to true, and only a non-empty stream_options
+        without stream is refused (the old daemon: no usage chunk for {}, and {} without stream a 400)."""
+        chunks, done = self.d.stream(prompt=PROMPT, max_tokens=3, temperature=0, stream_options={})
+        self.assertTrue(done)
+        self.assertEqual((chunks[-1]["choices"], chunks[-1]["usage"]["completion_tokens"]), ([], 3))
+        chunks, _ = self.d.stream(prompt=PROMPT, max_tokens=3, stream_options={"continuous_usage_stats": True})
+        self.assertTrue(all("usage" in c for c in chunks))  # include_usage true by default: both on
+        chunks, _ = self.d.stream(prompt=PROMPT, max_tokens=3, stream_options={"include_usage": None})
+        self.assertFalse(any("usage" in c for c in chunks))  # an explicit null is false (pydantic: None)
+        j = self.d.complete(prompt=PROMPT, max_tokens=3, stream_options={})
+        self.assertEqual(j["usage"]["completion_tokens"], 3)
+        self.bad({"prompt": PROMPT, "stream_options": {"include_usage": False}}, "stream_options")
 
     def test_logprob_tokens_are_decoded_text(self):
         c = self.d.complete(prompt=PROMPT, max_tokens=40, temperature=0, logprobs=2)["choices"][0]
@@ -252,12 +279,24 @@ class VllmHabitFlags(unittest.TestCase):
             os.chmod(wrapper, 0o755)
             with Daemon("--enable-sleep-mode", "--dtype", "auto", "--max-logprobs", "2", model=None, bin=wrapper) as d:
                 self.assertEqual(d.get("/v1/models")[1]["data"][0]["id"], "stories260K")
+                self.assertEqual(d.complete(model="stories260K", prompt=PROMPT, max_tokens=1)["model"], "stories260K")
                 self.assertEqual(d.post("/sleep?level=1")[0], 200)  # --enable-sleep-mode = --dynamic-load-weight
                 self.assertEqual(d.post("/wake_up")[0], 200)
                 code, j = d.post("/v1/completions", {"prompt": PROMPT, "logprobs": 3})
                 self.assertEqual((code, j["error"]["param"]), (400, "logprobs"), j)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_several_served_model_names(self):
+        """vLLM's --served-model-name takes several names: a request may give any, /v1/models lists
+        each, responses report the first (the old daemon exited 2)."""
+        with Daemon("--served-model-name", "policy", "policy-alias") as d:
+            self.assertEqual([m["id"] for m in d.get("/v1/models")[1]["data"]], ["policy", "policy-alias"])
+            for name in ("policy", "policy-alias"):
+                self.assertEqual(d.complete(model=name, prompt=PROMPT, max_tokens=1)["model"], "policy")
+                self.assertEqual(d.get(f"/v1/models/{name}")[1]["id"], name)
+            code, j = d.post("/v1/completions", {"model": "stories260K", "prompt": PROMPT, "max_tokens": 1})
+            self.assertEqual((code, j["error"]["param"]), (404, "model"), j)
 
     def test_help_states_the_defaults_of_negatable_flags(self):
         out = subprocess.run([BIN, "--help"], capture_output=True, text=True, timeout=60).stdout

@@ -229,24 +229,24 @@ ChatCompletionRequest parse(ApiContext & ctx, const std::string & body) {
     // least 1: a prompt that fills it is check_lengths' 400 below).
     const int64_t room = static_cast<int64_t>(ctx.engine->config().max_model_len) - static_cast<int64_t>(r.gen.prompts[0].size());
     r.opts     = parse_sampling(ctx, j, r.gen, {"max_completion_tokens", "max_tokens"}, static_cast<int32_t>(std::max<int64_t>(room, 1)));
-    if (r.gen.params.max_tokens == 0) {
-        const char * key = j.contains("max_completion_tokens") && !j["max_completion_tokens"].is_null() ? "max_completion_tokens" : "max_tokens";
-        bad(key, fmt::format("'{}' must be >= 1", key));
-    }
+    const std::string mt_key = r.opts.max_tokens_field.empty() ? "max_tokens" : r.opts.max_tokens_field;
+    if (r.gen.params.max_tokens == 0) { bad(mt_key, fmt::format("'{}' must be >= 1", mt_key)); }
     r.logprobs = get_bool(j, "logprobs", false);
     int32_t top = 0;
     if (j.contains("top_logprobs") && !j["top_logprobs"].is_null()) {
         if (!j["top_logprobs"].is_number_integer()) { bad("top_logprobs", "'top_logprobs' must be an integer"); }
-        if (!r.logprobs) { bad("top_logprobs", "'top_logprobs' needs 'logprobs': true"); }
         const json & t = j["top_logprobs"];  // range-checked before the narrowing (4294967299 is not 3)
         const bool in_range = t.is_number_unsigned() ? t.get<uint64_t>() <= static_cast<uint64_t>(ctx.cfg.max_logprobs)
                                                      : t.get<int64_t>() >= 0 && t.get<int64_t>() <= ctx.cfg.max_logprobs;
         if (!in_range) { bad("top_logprobs", fmt::format("'top_logprobs' must be in [0, {}], got {}", ctx.cfg.max_logprobs, brief(t))); }
         top = t.get<int32_t>();
+        // vLLM refuses only top_logprobs > 0 without logprobs (0 asks for nothing)
+        if (!r.logprobs && top > 0) { bad("top_logprobs", "'top_logprobs' > 0 needs 'logprobs': true"); }
     }
     if (top < 0 || top > ctx.cfg.max_logprobs) { bad("top_logprobs", fmt::format("'top_logprobs' must be in [0, {}], got {}", ctx.cfg.max_logprobs, top)); }
     r.gen.params.logprobs = r.logprobs ? top : -1;
-    check_lengths(ctx, r.gen, "messages");
+    check_lengths(ctx, r.gen, "messages", mt_key);
+    cap_max_tokens(ctx, r.gen.params);
     return r;
 }
 

@@ -87,7 +87,13 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
     }
     const bool truncated = parse_vllm_fields(ctx, j, r.gen);  // truncate_prompt_tokens cuts the prompts here
 
-    r.opts = parse_sampling(ctx, j, r.gen, {"max_tokens"});
+    // vLLM's CompletionRequest: max_tokens absent = 16; an explicit null = the rest of the context
+    // (of the longest prompt here, one max_tokens serving every prompt; at least 1: a prompt that
+    // fills it is check_lengths' 400).
+    size_t longest = 0;
+    for (const auto & p : r.gen.prompts) { longest = std::max(longest, p.size()); }
+    const int64_t room = static_cast<int64_t>(ctx.engine->config().max_model_len) - static_cast<int64_t>(longest);
+    r.opts = parse_sampling(ctx, j, r.gen, {"max_tokens"}, j.contains("max_tokens") ? static_cast<int32_t>(std::max<int64_t>(room, 1)) : 16);
     auto & sp = r.gen.params;
     sp.logprobs = -1;
     if (j.contains("logprobs") && !j["logprobs"].is_null()) {
@@ -125,6 +131,7 @@ CompletionRequest parse(ApiContext & ctx, const std::string & body) {
     }
     r.prompt_lps = sp.prompt_logprobs >= 0;  // as vLLM: also when echo + logprobs asked for them
     check_lengths(ctx, r.gen, "prompt");
+    cap_max_tokens(ctx, sp);
     return r;
 }
 

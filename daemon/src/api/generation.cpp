@@ -38,6 +38,12 @@ json usage_json(const std::vector<ChoiceAcc> & acc, int32_t n) {
     return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion},
             {"prompt_tokens_details", std::move(details)}};
 }
+
+/// One choice's usage so far (vLLM's continuous_usage_stats: its prompt and previous_num_tokens[i]).
+json choice_usage_json(const ChoiceAcc & a) {
+    const auto completion = static_cast<int64_t>(a.token_ids.size());
+    return {{"prompt_tokens", a.n_prompt}, {"completion_tokens", completion}, {"total_tokens", a.n_prompt + completion}};
+}
 }  // namespace
 
 json stop_reason_json(const engine::StopReason & r) {
@@ -205,7 +211,7 @@ struct Generation {
             if (ev.routed_experts) { choice["routed_experts"] = routed_experts_json(*ev.routed_experts); }  // the final chunk
             json chunk = {{"id", id}, {"object", format.chunk_object}, {"created", created}, {"model", ctx->cfg.served_model_name},
                           {"weight_version", ev.weight_version}, {"choices", json::array({std::move(choice)})}};
-            if (opts.continuous_usage) { chunk["usage"] = usage_json(acc, n_per); }  // vLLM's continuous_usage_stats: so far
+            if (opts.continuous_usage) { chunk["usage"] = choice_usage_json(a); }  // vLLM's continuous_usage_stats: this choice so far
             write(chunk);
         }
         if (channel->done()) {

@@ -97,12 +97,17 @@ std::vector<int32_t> token_prompt(const nlohmann::json & arr, int32_t vocab, siz
 /// Options both routes read besides the sampling parameters.
 struct StreamOptions {
     bool stream        = false;
-    bool include_usage = false;  ///< stream_options.include_usage
-    bool continuous_usage = false;  ///< stream_options.continuous_usage_stats (with include_usage): usage on every chunk
+    bool include_usage = false;  ///< stream_options.include_usage (true when stream_options omits it, as vLLM's StreamOptions)
+    /// stream_options.continuous_usage_stats (with include_usage): every chunk carries its own
+    /// choice's usage so far (vLLM's previous_num_tokens[i])
+    bool continuous_usage = false;
     bool tokens_as_ids = false;  ///< return_tokens_as_token_ids: logprob tokens as "token_id:N"
     /// vLLM's `request_id` (1..128 printable ASCII): the response id is "<id_prefix>-<request_id>"
     /// and POST /v1/abort finds the request by either; empty: a random id.
     std::string request_id;
+    /// The max-tokens field the request sent (one of parse_sampling's `max_tokens_keys`), for
+    /// messages; empty when it sent none.
+    std::string max_tokens_field;
 };
 
 /// The sampling fields into gen.params / gen.n: the max-tokens field (the first of
@@ -113,11 +118,18 @@ struct StreamOptions {
 /// return_tokens_as_token_ids (also on with detokenize false), stream, stream_options (vLLM's
 /// ranges); stop strings with detokenize false are a 400. `logprobs` is the
 /// route's own. The max-tokens field may be 0 here; routes refuse it where it means nothing.
-/// None of `max_tokens_keys` given: `default_max_tokens` (completions: 16, OpenAI's and vLLM's;
-/// chat: the rest of the context, max_model_len - prompt tokens, as vLLM).
+/// None of `max_tokens_keys` given (absent or null): `default_max_tokens` (completions: 16 when
+/// absent, the rest of the context when null, as vLLM's CompletionRequest; chat: the rest of the
+/// context, max_model_len - prompt tokens, as vLLM). temperature, top_p, top_k, min_p and
+/// repetition_penalty a request leaves out take ctx.cfg.sampling_defaults (--generation-config)
+/// when `model_defaults` (the OpenAI routes; SGLang's /generate passes false: its native route
+/// keeps the neutral defaults).
+/// best_of (1 or null by check_fields) below n is vLLM's 400; prompt_logprobs > 0 with stream is
+/// a 400 (0 passes and streams none); stream_options other than {} without stream is a 400.
 /// Errors: 400 naming the field.
 StreamOptions parse_sampling(const ApiContext & ctx, const nlohmann::json & j, engine::GenerateRequest & gen,
-                             std::initializer_list<const char *> max_tokens_keys, int32_t default_max_tokens = 16);
+                             std::initializer_list<const char *> max_tokens_keys, int32_t default_max_tokens = 16,
+                             bool model_defaults = true);
 
 /// The text /v1/completions echoes for each prompt ([n_prompts]), decoded only when `echo` asks
 /// for it: `texts` are the prompts as given in text (the first ones; none for token-id prompts),
@@ -159,8 +171,16 @@ std::string token_string(const tokenizer::Tokenizer & tok, int32_t id, bool as_i
 nlohmann::json prompt_logprobs_json(const tokenizer::Tokenizer & tok, const std::vector<engine::TokenLogprob> & lps, bool decode = true,
                                     int32_t k = INT32_MAX);
 
-/// Each prompt plus max_tokens must fit --max-model-len. Errors: 400 naming prompt/max_tokens.
-void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, const char * prompt_param);
+/// Each prompt plus max_tokens must fit --max-model-len. Errors: 400 naming `prompt_param` or
+/// `max_tokens_param` (the field the request sent: chat's max_completion_tokens or max_tokens).
+void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, const char * prompt_param,
+                   const std::string & max_tokens_param = "max_tokens");
+
+/// vLLM's get_max_tokens: the model's max_new_tokens (--generation-config, ServerConfig::
+/// sampling_defaults) caps sp.max_tokens, asked for or defaulted; called after check_lengths,
+/// which judges what the request asked (vLLM validates the request's own value).
+/// Errors: 400 when min_tokens then exceeds max_tokens (vLLM's SamplingParams check).
+void cap_max_tokens(const ApiContext & ctx, engine::SamplingParams & sp);
 
 /// Accumulated state of one choice.
 struct ChoiceAcc {

@@ -109,7 +109,7 @@ void check_model(const ApiContext & ctx, const json & j) {
     if (!j.contains("model") || j["model"].is_null()) { return; }
     if (!j["model"].is_string()) { bad("model", "'model' must be a string"); }
     const auto name = j["model"].get<std::string>();
-    if (name != ctx.cfg.served_model_name && name != ctx.cfg.model_dir) {
+    if (!ctx.cfg.serves(name) && name != ctx.cfg.model_dir) {
         throw Error(Errc::not_found, fmt::format("model '{}' does not exist; this server serves '{}'", name, ctx.cfg.served_model_name), "model");
     }
 }
@@ -145,10 +145,11 @@ T get_number(const json & j, const char * key, T dflt, bool integer) {
     return it->template get<T>();
 }
 
-/// min_tokens, the penalties and logit_bias (vLLM's ranges). Errors: 400 naming the field.
-void parse_logits_fields(const ApiContext & ctx, const json & j, engine::SamplingParams & sp) {
+/// min_tokens, the penalties and logit_bias (vLLM's ranges); repetition_penalty left out is `d`'s.
+/// Errors: 400 naming the field.
+void parse_logits_fields(const ApiContext & ctx, const json & j, engine::SamplingParams & sp, const model::GenerationDefaults & d) {
     sp.min_tokens         = get_number<int32_t>(j, "min_tokens", 0, true);
-    sp.repetition_penalty = get_number<float>(j, "repetition_penalty", 1.0f, false);
+    sp.repetition_penalty = get_number<float>(j, "repetition_penalty", d.repetition_penalty.value_or(1.0f), false);
     sp.presence_penalty   = get_number<float>(j, "presence_penalty", 0.0f, false);
     sp.frequency_penalty  = get_number<float>(j, "frequency_penalty", 0.0f, false);
     if (sp.min_tokens < 0) { bad("min_tokens", fmt::format("'min_tokens' must be >= 0, got {}", sp.min_tokens)); }
@@ -187,28 +188,42 @@ void parse_logits_fields(const ApiContext & ctx, const json & j, engine::Samplin
 }  // namespace
 
 StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::GenerateRequest & gen,
-                             std::initializer_list<const char *> max_tokens_keys, int32_t default_max_tokens) {
+                             std::initializer_list<const char *> max_tokens_keys, int32_t default_max_tokens, bool model_defaults) {
     auto &      sp      = gen.params;
     const char * mt_key = *max_tokens_keys.begin();
+    StreamOptions o;
     sp.max_tokens       = default_max_tokens;
     for (const char * k : max_tokens_keys) {
         if (j.contains(k) && !j[k].is_null()) {
-            mt_key        = k;
-            sp.max_tokens = get_number<int32_t>(j, k, 16, true);
+            mt_key             = k;
+            o.max_tokens_field = k;
+            sp.max_tokens      = get_number<int32_t>(j, k, 16, true);
             break;
         }
     }
-    sp.temperature = get_number<float>(j, "temperature", 1.0f, false);
-    sp.top_p       = get_number<float>(j, "top_p", 1.0f, false);
-    sp.top_k       = get_number<int32_t>(j, "top_k", 0, true);
+    // --generation-config: the model's defaults for the fields the request leaves out (vLLM's
+    // default_sampling_params, read by its OpenAI routes)
+    static const model::GenerationDefaults kNone;
+    const auto & d = model_defaults ? ctx.cfg.sampling_defaults : kNone;
+    sp.temperature = get_number<float>(j, "temperature", d.temperature.value_or(1.0f), false);
+    sp.top_p       = get_number<float>(j, "top_p", d.top_p.value_or(1.0f), false);
+    sp.top_k       = get_number<int32_t>(j, "top_k", d.top_k.value_or(0), true);
     gen.n          = get_number<int32_t>(j, "n", 1, true);
-    if (sp.max_tokens < 0) { bad(mt_key, fmt::format("'{}' must be >= 1 (0 only to score an echoed prompt), got {}", mt_key, sp.max_tokens)); }
+    if (sp.max_tokens < 0) {
+        // several keys = chat, where 0 is refused too; completions' 0 scores an echoed prompt
+        bad(mt_key, max_tokens_keys.size() > 1 ? fmt::format("'{}' must be >= 1, got {}", mt_key, sp.max_tokens)
+                                               : fmt::format("'{}' must be >= 1 (0 only to score an echoed prompt), got {}", mt_key, sp.max_tokens));
+    }
     if (!(sp.temperature >= 0.0f) || sp.temperature > 100.0f) { bad("temperature", "'temperature' must be in [0, 100]"); }
     if (!(sp.top_p > 0.0f) || sp.top_p > 1.0f) { bad("top_p", "'top_p' must be in (0, 1]"); }
     if (sp.top_k < -1) { bad("top_k", "'top_k' must be -1, 0 (off) or a positive integer"); }
-    sp.min_p = get_number<float>(j, "min_p", 0.0f, false);
+    sp.min_p = get_number<float>(j, "min_p", d.min_p.value_or(0.0f), false);
     if (!(sp.min_p >= 0.0f && sp.min_p <= 1.0f)) { bad("min_p", "'min_p' must be in [0, 1] (0 = off)"); }
     if (gen.n < 1 || gen.n > ctx.cfg.max_n) { bad("n", fmt::format("'n' must be in [1, {}], got {}", ctx.cfg.max_n, gen.n)); }
+    // best_of passes check_fields only at 1 (or null); vLLM: "best_of must be greater than or equal to n"
+    if (j.contains("best_of") && j["best_of"].is_number() && j["best_of"].get<double>() < gen.n) {
+        bad("best_of", fmt::format("best_of must be greater than or equal to n, got n={} and best_of={}.", gen.n, brief(j["best_of"])));
+    }
     if (j.contains("seed") && !j["seed"].is_null()) {
         if (!j["seed"].is_number_integer()) { bad("seed", "'seed' must be an integer"); }
         // vLLM's range (a signed 64-bit integer): beyond it 2^64 - 1 would draw exactly what -1 draws.
@@ -255,9 +270,8 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
     sp.skip_special_tokens           = !j.contains("skip_special_tokens") || j["skip_special_tokens"].is_null() || get_bool("skip_special_tokens");
     sp.spaces_between_special_tokens = !j.contains("spaces_between_special_tokens") || j["spaces_between_special_tokens"].is_null() ||
                                        get_bool("spaces_between_special_tokens");
-    parse_logits_fields(ctx, j, sp);
+    parse_logits_fields(ctx, j, sp, d);
     sp.include_stop_str_in_output = get_bool("include_stop_str_in_output");
-    StreamOptions o;
     o.stream         = get_bool("stream");
     if (j.contains("request_id") && !j["request_id"].is_null()) {  // vLLM: the response id becomes "<cmpl|chatcmpl>-<request_id>"
         const json & id = j["request_id"];
@@ -278,7 +292,11 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
         if (sp.prompt_logprobs < 0 || sp.prompt_logprobs > ctx.cfg.max_logprobs) {
             bad("prompt_logprobs", fmt::format("'prompt_logprobs' must be an integer in [0, {}], got {}", ctx.cfg.max_logprobs, sp.prompt_logprobs));
         }
-        if (o.stream) { bad("prompt_logprobs", "'prompt_logprobs' are not available when \"stream\": true (as in vLLM)"); }
+        // vLLM refuses only k > 0 on a stream; 0 passes, and a stream carries no prompt_logprobs
+        if (o.stream && sp.prompt_logprobs > 0) {
+            bad("prompt_logprobs", "'prompt_logprobs' > 0 is not available when \"stream\": true (as in vLLM)");
+        }
+        if (o.stream) { sp.prompt_logprobs = -1; }
     }
     if (j.contains("stream_options") && !j["stream_options"].is_null()) {
         const json & so = j["stream_options"];
@@ -286,7 +304,9 @@ StreamOptions parse_sampling(const ApiContext & ctx, const json & j, engine::Gen
             bad("stream_options", fmt::format("'stream_options' must be an object {{\"include_usage\": bool, \"continuous_usage_stats\": bool}}, "
                                               "got {}", brief(so)));
         }
-        if (!o.stream) { bad("stream_options", "'stream_options' is only allowed with \"stream\": true"); }
+        // vLLM refuses only a truthy stream_options without stream ({} passes)
+        if (!o.stream && !so.empty()) { bad("stream_options", "'stream_options' is only allowed with \"stream\": true"); }
+        o.include_usage = true;  // vLLM's StreamOptions.include_usage defaults to true (an explicit null is false)
         for (const auto & [key, v] : so.items()) {
             if (key != "include_usage" && key != "continuous_usage_stats") {
                 bad("stream_options." + key, fmt::format("unknown field 'stream_options.{}' (include_usage, continuous_usage_stats)", key));
@@ -374,7 +394,7 @@ bool parse_vllm_fields(const ApiContext & ctx, const json & j, engine::GenerateR
     return truncated;
 }
 
-void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, const char * prompt_param) {
+void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, const char * prompt_param, const std::string & max_tokens_param) {
     const int32_t max_len = ctx.engine->config().max_model_len;
     const int32_t vocab   = ctx.engine->model_config().vocab_size;
     for (size_t i = 0; i < gen.prompts.size(); ++i) {
@@ -394,9 +414,19 @@ void check_lengths(const ApiContext & ctx, const engine::GenerateRequest & gen, 
             bad(prompt_param, fmt::format("prompt {} has {} tokens; the maximum context length is {} (--max-model-len), leaving no room to generate", i, n, max_len));
         }
         if (n + gen.params.max_tokens > max_len) {
-            bad("max_tokens", fmt::format("prompt {} has {} tokens and max_tokens is {}: {} exceeds the maximum context length {}",
-                                          i, n, gen.params.max_tokens, n + gen.params.max_tokens, max_len));
+            bad(max_tokens_param, fmt::format("prompt {} has {} tokens and {} is {}: {} exceeds the maximum context length {}", i, n,
+                                              max_tokens_param, gen.params.max_tokens, n + gen.params.max_tokens, max_len));
         }
+    }
+}
+
+void cap_max_tokens(const ApiContext & ctx, engine::SamplingParams & sp) {
+    const auto cap = ctx.cfg.sampling_defaults.max_new_tokens;
+    if (!cap || sp.max_tokens <= *cap) { return; }
+    sp.max_tokens = *cap;
+    if (sp.min_tokens > sp.max_tokens) {  // vLLM's SamplingParams check, on the capped value
+        bad("min_tokens", fmt::format("'min_tokens' ({}) must be <= max_tokens ({}: the model's generation_config.json max_new_tokens, "
+                                      "--generation-config)", sp.min_tokens, sp.max_tokens));
     }
 }
 

@@ -131,9 +131,9 @@ void ApiServer::stop() {
 }
 
 namespace {
-json model_json(ApiContext & ctx) {
+json model_json(ApiContext & ctx, const std::string & name) {
     const auto st = ctx.engine->stats();
-    return {{"id", ctx.cfg.served_model_name},
+    return {{"id", name},
               {"object", "model"},
               {"created", static_cast<int64_t>(std::time(nullptr))},
               {"owned_by", "fdrollout"},
@@ -148,17 +148,21 @@ json model_json(ApiContext & ctx) {
 }  // namespace
 
 void get_models(ApiContext & ctx, const Request &, Response & res) {
-    res.set_content(dump(json{{"object", "list"}, {"data", json::array({model_json(ctx)})}}), "application/json");
+    json data = json::array();  // vLLM: one card per served name
+    for (const auto & name : ctx.cfg.served_model_names.empty() ? std::vector<std::string>{ctx.cfg.served_model_name} : ctx.cfg.served_model_names) {
+        data.push_back(model_json(ctx, name));
+    }
+    res.set_content(dump(json{{"object", "list"}, {"data", std::move(data)}}), "application/json");
 }
 
 void get_model(ApiContext & ctx, const Request & req, Response & res) {
     // Percent-decoded, as a path parameter ('+' stays '+'): 'org/my%20model' and 'org%2Fmy' named
     // nothing before (a probe).
     const std::string id = req.matches.size() > 1 ? url_decode(req.matches[1].str(), /*plus_is_space=*/false) : std::string();
-    if (id != ctx.cfg.served_model_name) {
+    if (!ctx.cfg.serves(id)) {
         throw Error(Errc::not_found, fmt::format("The model '{}' does not exist; this server serves '{}'", id, ctx.cfg.served_model_name), "model");
     }
-    res.set_content(dump(model_json(ctx)), "application/json");
+    res.set_content(dump(model_json(ctx, id)), "application/json");
 }
 
 void get_health(ApiContext & ctx, const Request &, Response & res) {

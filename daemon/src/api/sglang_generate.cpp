@@ -211,7 +211,7 @@ SglRequest parse(ApiContext & ctx, const std::string & body) {
         const bool rest = j.contains("sampling_params") && j["sampling_params"].is_object() &&
                           j["sampling_params"].contains("max_new_tokens") && j["sampling_params"]["max_new_tokens"].is_null();
         const int32_t dflt = rest ? std::max(0, ctx.engine->config().max_model_len - static_cast<int32_t>(longest)) : 128;
-        r.opts = parse_sampling(ctx, c, r.gen, {"max_tokens"}, dflt);
+        r.opts = parse_sampling(ctx, c, r.gen, {"max_tokens"}, dflt, /*model_defaults=*/false);
         auto & sp = r.gen.params;
         sp.logprobs = r.logprobs ? r.top_n : -1;
         if (r.logprobs && r.start >= 0) {

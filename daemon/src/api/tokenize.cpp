@@ -24,7 +24,7 @@ json parse_body(ApiContext & ctx, const std::string & body, const std::set<std::
     if (j.contains("model") && !j["model"].is_null()) {
         if (!j["model"].is_string()) { bad("model", "'model' must be a string"); }
         const auto name = j["model"].get<std::string>();
-        if (name != ctx.cfg.served_model_name && name != ctx.cfg.model_dir) {
+        if (!ctx.cfg.serves(name) && name != ctx.cfg.model_dir) {
             throw Error(Errc::not_found,
                         fmt::format("model '{}' does not exist; this server serves '{}'", name, ctx.cfg.served_model_name),
                         "model");

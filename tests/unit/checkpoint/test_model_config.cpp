@@ -220,6 +220,46 @@ TEST_CASE("eos_token_id in config.json and generation_config.json: ids in [0, vo
     CHECK(what.find("generation_config.json: not a JSON object") != std::string::npos);
 }
 
+TEST_CASE("read_generation_defaults: the sampling fields vLLM's --generation-config auto takes, refusing values out of range") {
+    const auto defaults = [](const json & gen) {
+        fd::test::TempDir d;
+        std::ofstream(d.path / "generation_config.json") << gen.dump();
+        return fd::model::read_generation_defaults(d.path);
+    };
+    {
+        fd::test::TempDir d;  // no file: none
+        CHECK(fd::model::read_generation_defaults(d.path).empty());
+    }
+    CHECK(defaults(json{{"bos_token_id", 1}, {"eos_token_id", json::array({1, 2})}}).empty());  // stories260K's: stop ids only
+    // Qwen3-8B's generation_config.json
+    auto g = defaults(json::parse(R"({"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "eos_token_id": [151645, 151643]})"));
+    CHECK(g.temperature == 0.6f);
+    CHECK(g.top_k == 20);
+    CHECK(g.top_p == 0.95f);
+    CHECK((!g.min_p && !g.repetition_penalty && !g.max_new_tokens));
+    CHECK(g.describe() == "temperature=0.6, top_k=20, top_p=0.95");
+    // transformers' own defaults are not taken (vLLM reads to_diff_dict()), nor nulls
+    g = defaults(json{{"temperature", 1.0}, {"top_p", 1}, {"top_k", 50}, {"repetition_penalty", 1.0}, {"min_p", nullptr},
+                      {"max_new_tokens", nullptr}});
+    CHECK(g.empty());
+    g = defaults(json{{"temperature", 0}, {"min_p", 0.05}, {"repetition_penalty", 1.1}, {"max_new_tokens", 2048}, {"top_k", 0}});
+    CHECK(g.temperature == 0.0f);
+    CHECK(g.min_p == 0.05f);
+    CHECK(g.repetition_penalty == 1.1f);
+    CHECK(g.max_new_tokens == 2048);
+    CHECK(g.top_k == 0);
+    CHECK(g.describe() == "repetition_penalty=1.1, temperature=0, top_k=0, min_p=0.05, max_tokens=2048");
+    for (const auto & [key, bad] : std::vector<std::pair<std::string, json>>{
+             {"temperature", -0.1}, {"temperature", "0.7"}, {"top_p", 0}, {"top_p", 1.5}, {"top_k", -2}, {"top_k", 2.5},
+             {"min_p", 2}, {"repetition_penalty", 0}, {"max_new_tokens", 0}, {"max_new_tokens", 1.5}, {"top_k", true}}) {
+        CAPTURE(key);
+        CAPTURE(bad.dump());
+        std::string what;
+        CHECK(fd::test::error_of([&] { defaults(json{{key, bad}}); }, &what) == fd::Errc::invalid_checkpoint);
+        CHECK(what.find("generation_config.json: field '" + key + "'") != std::string::npos);
+    }
+}
+
 TEST_CASE("Qwen3: q_norm/k_norm [head_dim] tensors, head_dim 128 != hidden/heads (and its default), no q/k/v bias") {
     auto c = load(qwen3());
     CHECK(c.arch == fd::model::Arch::qwen3);

@@ -2,8 +2,8 @@
 //
 // Read from config.json (LlamaForCausalLM, Qwen2ForCausalLM, MiMoForCausalLM (Qwen2 + MTP layers), Qwen3ForCausalLM,
 // MistralForCausalLM, and the mixture-of-experts Qwen3MoeForCausalLM, Qwen2MoeForCausalLM,
-// MixtralForCausalLM: see MoeConfig), generation_config.json (stop ids) and version.yaml (`step`, the weight
-// version). Pure parsing: no tensors are touched.
+// MixtralForCausalLM: see MoeConfig), generation_config.json (stop ids; its sampling defaults:
+// GenerationDefaults) and version.yaml (`step`, the weight version). Pure parsing: no tensors are touched.
 //
 // Every config field that changes the forward pass and that fdrollout does not implement is a
 // start-up error naming the field, never ignored (docs/architectures.md lists them). A field
@@ -134,6 +134,30 @@ std::optional<std::string> check_max_model_len(const ModelConfig & cfg, int32_t 
 /// rope_scaling says (transformers _compute_{default,linear_scaling,llama3,dynamic_ntk}_rope_parameters;
 /// the attention factor of these types is 1).
 std::vector<float> rope_inv_freq(const ModelConfig & cfg);
+
+/// The sampling defaults a checkpoint's generation_config.json recommends, as vLLM's
+/// `--generation-config auto` takes them (ModelConfig.get_diff_sampling_param): temperature, top_p,
+/// top_k, min_p, repetition_penalty and max_new_tokens. vLLM reads GenerationConfig.to_diff_dict(),
+/// so a value equal to transformers' own default (temperature 1.0, top_p 1.0, top_k 50,
+/// repetition_penalty 1.0) is not taken; null is not taken either. Unset fields: none.
+struct GenerationDefaults {
+    std::optional<float>   temperature;         ///< >= 0; 0 = greedy
+    std::optional<float>   top_p;               ///< (0, 1]
+    std::optional<int32_t> top_k;               ///< -1 or 0 (off), or >= 1
+    std::optional<float>   min_p;               ///< [0, 1]
+    std::optional<float>   repetition_penalty;  ///< (0, 100]
+    std::optional<int32_t> max_new_tokens;      ///< >= 1: vLLM's default max_tokens, which caps every request
+
+    bool empty() const { return !temperature && !top_p && !top_k && !min_p && !repetition_penalty && !max_new_tokens; }
+    /// "temperature=0.6, top_p=0.9" (vLLM's names: max_new_tokens reads max_tokens); "" when empty.
+    std::string describe() const;
+};
+
+/// The sampling fields of `dir`/generation_config.json (GenerationDefaults); empty when the file is
+/// absent. Errors  fd::Error{invalid_checkpoint} naming the file and field when the file is not a
+/// JSON object or a field is not a number in its range (a default every request would be refused
+/// with is a start-up error, not a 400 per request).
+GenerationDefaults read_generation_defaults(const std::filesystem::path & dir);
 
 /// The top-level `step` of `dir`/version.yaml (read with yaml-cpp) as a string ("step: 42" →
 /// "42"), or nullopt if the file or a top-level `step` is absent (a `step:` nested under another

@@ -5,12 +5,15 @@
 // The route table is in src/api/routes.cpp.
 #pragma once
 
+#include "fd/checkpoint/model_config.h"
 #include "fd/engine/engine.h"
 #include "fd/tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace fd::tokenizer { class ChatTemplate; }
 namespace fd::control { class ControlService; }
@@ -26,7 +29,14 @@ struct ServerConfig {
     std::string api_key;                     ///< empty = no auth; else `Authorization: Bearer KEY` on /v1/completions, /v1/models (and the control routes unless control_api_key is set)
     std::string control_api_key;             ///< non-empty: the only key the control routes (V1 and legacy) accept; api_key no longer opens them
     bool        allow_unauthenticated = false; ///< start on a non-loopback --host without --api-key (warned loudly)
-    std::string served_model_name;           ///< `model` clients send; default = model dir name
+    std::string served_model_name;           ///< the name responses report: served_model_names[0]
+    /// --served-model-name (vLLM's flag, one or more): every name a request's `model` may give
+    /// (and the model dir) and /v1/models lists; default = {model dir name}
+    std::vector<std::string> served_model_names;
+    /// True when `name` is one of served_model_names (or served_model_name).
+    bool serves(const std::string & name) const {
+        return name == served_model_name || std::find(served_model_names.begin(), served_model_names.end(), name) != served_model_names.end();
+    }
     std::string model_dir;
     std::string chat_template;               ///< --chat-template: a file, or the template itself; replaces the model's
     bool        trust_request_chat_template = false;  ///< --trust-request-chat-template: a request's `chat_template` is used (else 400)
@@ -44,6 +54,12 @@ struct ServerConfig {
     int32_t     max_logprobs      = 20;      ///< cap on `logprobs`
     int32_t     max_n             = 128;     ///< cap on `n`
     bool        enable_return_routed_experts = false;  ///< --enable-return-routed-experts: requests may ask for return_routed_experts (R3)
+    /// --generation-config (vLLM's flag): auto = the model's generation_config.json sampling
+    /// defaults, vllm = none, else a folder holding a generation_config.json.
+    std::string generation_config = "auto";
+    /// What --generation-config resolved to (config.cpp): the default of each sampling field a
+    /// request leaves out; max_new_tokens caps every request's max tokens (vLLM's get_max_tokens).
+    model::GenerationDefaults sampling_defaults;
 };
 
 /// Shared by every handler.
