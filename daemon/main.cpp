@@ -262,8 +262,9 @@ void add_vllm_flags(CLI::App & app, fd::Config & c) {
         "--dtype",
         [](const std::string & v) {
             if (v != "auto") {
-                throw CLI::ValidationError("--dtype", fmt::format("'{}': fdrollout computes in the checkpoint's own dtype (F32, BF16 or F16 "
-                                                                   "weights); only --dtype auto is accepted", v));
+                throw CLI::ValidationError("--dtype", fmt::format("'{}': weights stay in the checkpoint's own dtype (F32 or BF16; F16 is "
+                                                                   "widened to F32), so only --dtype auto is accepted; for bf16 "
+                                                                   "arithmetic in the linear layers pass --compute-dtype bfloat16", v));
             }
         },
         "vLLM's flag: auto only (the checkpoint's own dtype)");

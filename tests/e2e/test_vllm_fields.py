@@ -283,7 +283,9 @@ class VllmHabitFlags(unittest.TestCase):
         self.assertIn('"mtp"', " ".join(out.splitlines()[spec:spec + 2]))
 
     def test_refused_flags_name_the_equivalent(self):
-        for args, says in [(["--dtype", "float16"], "checkpoint's own dtype"), (["--seed", "1"], "in each request")]:
+        for args, says in [(["--dtype", "float16"], "checkpoint's own dtype"), (["--seed", "1"], "in each request"),
+                           (["--dtype", "bfloat16"], "pass --compute-dtype bfloat16"),  # the flag that gives bf16 arithmetic
+                           (["--dtype", "float16"], "F16 is widened to F32")]:  # README: weights stay F32 or BF16
             p = subprocess.run([BIN, "--model", STORIES, "--port", str(free_port()), *args], capture_output=True, text=True, timeout=60)
             self.assertEqual(p.returncode, 2, p.stderr)
             self.assertIn(says, p.stdout + p.stderr)
