@@ -168,7 +168,7 @@ int run_command(const Options & o, fd::shm::MailboxCommand cmd) {
         std::cerr << "fdctl: " << cmd.op << ": " << fdctl::error_message(r) << "\n";
         return rc;
     }
-    if (!o.quiet) { std::cout << (o.json ? r.body : fdctl::human_summary(cmd.op, r)) << "\n"; }
+    if (!o.quiet) { std::cout << (o.json ? r.body : fdctl::human_summary(cmd.op, r, cmd.mode)) << "\n"; }
     return 0;
 }
 
