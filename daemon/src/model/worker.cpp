@@ -122,8 +122,10 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & given, const WorkerC
                             kv_block_bytes(cfg_, 1, wcfg.tp_size, wcfg.kv_dtype), wcfg.kv_dtype == kernels::WType::bf16 ? "bfloat16" : "float32",
                             kv_bytes() / 1048576.0, backend_->host_pool()->n_threads());
     if (wcfg.n_swap_blocks > 0) {
-        log::get("model")->info("rank={}/{} | host KV swap pool {} blocks = {:.1f} MiB", wcfg.rank, wcfg.tp_size, wcfg.n_swap_blocks,
-                                swap_bytes() / 1048576.0);
+        // The pool's bytes as /health kv_host_tier.capacity_bytes counts them (blocks x block bytes),
+        // not the mapping's (rounded up to whole huge pages: 12.0 MiB logged for a 10.2 MiB pool).
+        log::get("model")->info("rank={}/{} | host KV swap pool {} blocks x {} bytes = {:.1f} MiB", wcfg.rank, wcfg.tp_size,
+                                wcfg.n_swap_blocks, host_block_bytes(), wcfg.n_swap_blocks * host_block_bytes() / 1048576.0);
     }
 }
 
