@@ -30,12 +30,13 @@ struct HostResult {
     int         http_status = 0; ///< 0 = no answer
     std::string body;            ///< the daemon's body, or the error text when there was no answer
     std::string op;
+    std::string mode;            ///< the command's mode (flush_cache "device": host tier kept)
     bool        never_reached = false;  ///< no connection: the command was never sent
 
     bool ok() const { return exit_code == 0; }
     std::string message() const {
         if (http_status == 0) { return body; }
-        return ok() ? human_summary(op, {http_status, body}) : error_message({http_status, body});
+        return ok() ? human_summary(op, {http_status, body}, mode) : error_message({http_status, body});
     }
     json to_json() const {
         json b = http_status == 0 ? json(nullptr) : json::parse(body, nullptr, false);
@@ -64,7 +65,7 @@ HostResult wait_one(const FleetOptions & o, const std::string & host) {
 
 HostResult call_one(const FleetOptions & o, const std::string & host, const fd::shm::MailboxCommand & cmd) {
     if (cmd.op == "wait") { return wait_one(o, host); }
-    HostResult r{.host = host, .op = cmd.op};
+    HostResult r{.host = host, .op = cmd.op, .mode = cmd.mode};
     try {
         const Reply rep = make_v1_transport(host, o.api_key, o.timeout_s)->call(cmd);
         r.http_status   = rep.http_status;

@@ -168,7 +168,7 @@ int run_command(const Options & o, fd::shm::MailboxCommand cmd) {
         std::cerr << "fdctl: " << cmd.op << ": " << fdctl::error_message(r) << "\n";
         return rc;
     }
-    if (!o.quiet) { std::cout << (o.json ? r.body : fdctl::human_summary(cmd.op, r)) << "\n"; }
+    if (!o.quiet) { std::cout << (o.json ? r.body : fdctl::human_summary(cmd.op, r, cmd.mode)) << "\n"; }
     return 0;
 }
 
@@ -244,10 +244,12 @@ int main(int argc, char ** argv) {
     simple("clear-load-weight", "clear_load_weight", "Legacy: free weights and KV (GET /clear_load_weight)");
     simple("update-model-weight", "update_model_weight", "Legacy: reload weights (GET /update_model_weight)");
     auto * sleep = app.add_subcommand("sleep", "Free memory by tag (implies pause)");
-    sleep->add_option("--tags", o.tags, "weight, kv_cache, cuda_graph, comma-separated (default weight,kv_cache)");
+    sleep->add_option("--tags", o.tags, "One or more tags, comma-separated (default weight,kv_cache)")
+        ->type_name("TAGS:{weight,kv_cache,cuda_graph}");  // the set scripts/fdctl.bash-completion offers
     sleep->callback([&] { cmd.op = "sleep"; });
     auto * wakeup = app.add_subcommand("wakeup", "Restore memory by tag (reloads weights from the source; resumes on success)");
-    wakeup->add_option("--tags", o.tags, "weight, kv_cache, cuda_graph, comma-separated (default weight,kv_cache)");
+    wakeup->add_option("--tags", o.tags, "One or more tags, comma-separated (default weight,kv_cache)")
+        ->type_name("TAGS:{weight,kv_cache,cuda_graph}");  // the set scripts/fdctl.bash-completion offers
     wakeup->callback([&] { cmd.op = "wakeup"; });
     auto * update = app.add_subcommand("update-weights", "Refresh weights in place, all-or-nothing (needs pause; never resumes)");
     update->add_option("--version", o.version, "Weight version to load ([A-Za-z0-9._-]{1,128})");

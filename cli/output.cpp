@@ -79,7 +79,7 @@ std::string error_message(const Reply & r) {
     return fmt::format("HTTP {}: {}", r.http_status, r.body);
 }
 
-std::string human_summary(const std::string & op, const Reply & r) {
+std::string human_summary(const std::string & op, const Reply & r, const std::string & mode) {
     const json j = parse(r);
     if (op == "is_paused") { return j.value("is_paused", false) ? "true" : "false"; }
     if (op == "wait") { return fmt::format("state={}", j.value("state", "?")); }
@@ -101,17 +101,18 @@ std::string human_summary(const std::string & op, const Reply & r) {
     const json & res = j["result"];
     if (op == "pause") {
         const std::string mode = res.value("mode", "abort");
-        if (mode == "keep") { return fmt::format("paused, mode keep ({} request choice(s) frozen with their KV until resume)", res.value("kept", 0)); }
+        if (mode == "keep") { return fmt::format("paused, mode keep ({} choice(s) frozen with their KV until resume)", res.value("kept", 0)); }
         if (mode == "wait") {
             const int aborted = res.value("aborted", 0);
-            return fmt::format("paused, mode wait ({} request choice(s) ran to their end first{})", res.value("drained", 0),
+            return fmt::format("paused, mode wait ({} choice(s) ran to their end first{})", res.value("drained", 0),
                                aborted > 0 ? fmt::format(", {} ended by an abort meanwhile", aborted) : "");
         }
-        return fmt::format("paused (aborted {} request(s))", res.value("aborted", 0));
+        return fmt::format("paused (aborted {} choice(s))", res.value("aborted", 0));  // a request with n > 1 counts n
     }
     if (op == "resume") { return "resumed"; }
+    if (op == "flush_cache" && mode == "device") { return "device prefix cache flushed (host KV tier kept)"; }
     if (op == "flush_cache") { return fmt::format("prefix cache flushed ({} host KV tier block(s) forgotten)", res.value("host_blocks_flushed", 0)); }
-    if (op == "abort") { return fmt::format("aborted {} request(s)", res.value("aborted", 0)); }
+    if (op == "abort") { return fmt::format("aborted {} choice(s)", res.value("aborted", 0)); }
     if (op == "sleep" || (op == "clear_load_weight" && res.contains("freed_bytes"))) {
         std::string freed;
         for (const auto & [tag, bytes] : res["freed_bytes"].items()) { freed += fmt::format(" {}={}", tag, mib(bytes)); }

@@ -11,8 +11,10 @@ namespace fdctl {
 /// 400/403 → wrong_state, 404 "...timeout" → timeout, 404 "Dynamic Load Weight Disabled." → not_found).
 int exit_code_for(const Reply & r);
 
-/// One-line human summary of a successful answer to `op` (stdout without --json).
-std::string human_summary(const std::string & op, const Reply & r);
+/// One-line human summary of a successful answer to `op` (stdout without --json); `mode` is the
+/// command's (flush_cache "device": the host KV tier was kept). Counts of ended or kept requests
+/// are choices: a request with n > 1 counts n.
+std::string human_summary(const std::string & op, const Reply & r, const std::string & mode = {});
 
 /// The error message of a failed answer (stderr): "TYPE (HTTP status): message", the daemon's
 /// route hints ("POST /v1/pause first") spoken as fdctl commands ("run `fdctl pause` first").

@@ -183,9 +183,10 @@ void add_flags(CLI::App & app, fd::Config & c) {
                    "\"timeout_s\": 300}")
         ->envname("FD_RSYNC_CONFIG");
     app.add_option("--speculative-config", c.speculative_config,
-                   "Speculative decoding (vLLM's flag): JSON {\"method\": \"ngram\", \"num_speculative_tokens\": k, "
-                   "\"prompt_lookup_min\": n, \"prompt_lookup_max\": n, \"disable_by_batch_size\": b}; drafts are verified "
-                   "exactly (outputs and logprobs unchanged). docs/speculative.md")
+                   "Speculative decoding (vLLM's flag): JSON {\"method\": \"ngram\" | \"mtp\", \"num_speculative_tokens\": k, "
+                   "\"prompt_lookup_min\": n, \"prompt_lookup_max\": n (ngram only), \"disable_by_batch_size\": b}; ngram: "
+                   "prompt-lookup drafts; mtp: drafts from the checkpoint's own next-token-prediction layer (MiMo, "
+                   "num_nextn_predict_layers >= 1); drafts are verified exactly (outputs and logprobs unchanged). docs/speculative.md")
         ->envname("FD_SPECULATIVE_CONFIG");
     app.add_option("--update-staging", c.weights.update_staging,
                    "update_weights staging arena: persistent (kept resident between updates; updates copy at memory bandwidth, "
@@ -263,8 +264,9 @@ void add_vllm_flags(CLI::App & app, fd::Config & c) {
         "--dtype",
         [](const std::string & v) {
             if (v != "auto") {
-                throw CLI::ValidationError("--dtype", fmt::format("'{}': fdrollout computes in the checkpoint's own dtype (F32, BF16 or F16 "
-                                                                   "weights); only --dtype auto is accepted", v));
+                throw CLI::ValidationError("--dtype", fmt::format("'{}': weights stay in the checkpoint's own dtype (F32 or BF16; F16 is "
+                                                                   "widened to F32), so only --dtype auto is accepted; for bf16 "
+                                                                   "arithmetic in the linear layers pass --compute-dtype bfloat16", v));
             }
         },
         "vLLM's flag: auto only (the checkpoint's own dtype)");
@@ -498,7 +500,8 @@ int main(int argc, char ** argv) {
     std::signal(SIGPIPE, SIG_IGN);
 
     CLI::App app{"fdrollout — rollout engine for RL training loops: OpenAI-compatible generation with weight control.\n"
-                 "Every flag can also be set by the FD_* environment variable shown."};
+                 "A flag can also be set by the FD_* environment variable shown with it (all but --no-batch-invariant and vLLM's "
+                 "--enable-sleep-mode, --dtype and --seed)."};
     fd::Config cfg;
     add_flags(app, cfg);
     add_vllm_flags(app, cfg);

@@ -267,6 +267,26 @@ std::optional<std::pair<std::string, int>> split_expert(const std::string & name
     return std::pair{name.substr(0, at), expert};
 }
 
+/// The tensor-parallel size other than `layout`'s whose shard of inference tensor `name` has
+/// `shape`, or 0 when none does: a snapshot published for another --tp has that tp's shards.
+int32_t tp_of_shard(const ModelConfig & cfg, const WeightLayout & layout, const std::string & name, const std::vector<int64_t> & shape) {
+    const InferenceTensor * mine = layout.find(name);
+    if (mine == nullptr || mine->shape.size() != shape.size()) { return 0; }
+    for (int32_t t = 1; t <= 256; ++t) {
+        if (t == layout.tp.size) { continue; }
+        const TpRank other{0, t, layout.tp.ep > 1 ? t : 1};
+        try {
+            check_tp_divides(cfg, other.size, other.ep);
+        } catch (const Error &) {
+            continue;
+        }
+        const WeightLayout L = plan(cfg, [](const std::string &, const std::string &) { return fd::DType::f32; }, other);
+        const InferenceTensor * theirs = L.find(name);
+        if (theirs != nullptr && theirs->shape == shape) { return t; }
+    }
+    return 0;
+}
+
 }  // namespace
 
 bool holds_inference_form(const InferenceTensor & it, const TensorIndex & idx) {
@@ -275,7 +295,7 @@ bool holds_inference_form(const InferenceTensor & it, const TensorIndex & idx) {
 }
 
 
-void validate_against_layout(const WeightLayout & layout, const TensorIndex & idx) {
+void validate_against_layout(const WeightLayout & layout, const TensorIndex & idx, const ModelConfig * cfg) {
     std::set<std::string> used;
     // Expert parallel: this rank's experts per sparse layer. An expert another rank holds (its
     // layer has experts, its id is below this rank's share x ep: rank_experts' even split) is that
@@ -295,6 +315,14 @@ void validate_against_layout(const WeightLayout & layout, const TensorIndex & id
     auto check = [&](const std::string & name, const std::vector<int64_t> & shape, std::initializer_list<fd::DType> dtypes) {
         const TensorInfo & t = idx.tensors.at(name);
         if (t.shape != shape) {
+            // A snapshot published for another tp (a probe: tp=1 files into a tp=2 daemon) gets
+            // the ipc strategy's hint (ipc_source.cpp) instead of the bare shapes.
+            if (const int32_t other = cfg != nullptr ? tp_of_shard(*cfg, layout, name, t.shape) : 0) {
+                fail(Errc::invalid_checkpoint, "{}: tensor '{}' has shape [{}], expected [{}], the shape of a tp={} shard: published "
+                     "for tp={}, the rollout runs tp={}: pass --tp {} to fdctl publish --strategy ipc_snapshot (or tp={} to "
+                     "fdpublish.to_rollout_names); nothing applied", t.file.string(), name, fmt::join(t.shape, ", "),
+                     fmt::join(shape, ", "), other, other, layout.tp.size, layout.tp.size, layout.tp.size);
+            }
             fail(Errc::invalid_checkpoint, "{}: tensor '{}'{} has shape [{}], expected [{}]", t.file.string(), name,
                  expert_of(name), fmt::join(t.shape, ", "), fmt::join(shape, ", "));
         }

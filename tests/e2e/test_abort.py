@@ -85,7 +85,7 @@ class Abort(unittest.TestCase):
             with self.subTest(transport=transport):
                 s = Stream(self.d.port, headers={"X-Request-Id": f"rollout-{transport}"})
                 rc, out, err = fdctl(self.d.port, "--transport", transport, "abort", f"rollout-{transport}")
-                self.assertEqual((rc, out.strip()), (0, "aborted 1 request(s)"), err)
+                self.assertEqual((rc, out.strip()), (0, "aborted 1 choice(s)"), err)
                 self.assert_aborted(s)
 
     def test_abort_by_completion_id_over_both_transports(self):
@@ -201,7 +201,7 @@ class FleetAbort(unittest.TestCase):
         rc, out, err = fdctl(0, "--hosts", self.hosts, "abort", "fleet-r1")
         self.assertEqual(rc, 0, (out, err))
         self.assertIn(f"127.0.0.1:{self.a.port}  abort: not running here", out)
-        self.assertIn(f"127.0.0.1:{self.b.port}  abort: ok  aborted 1 request(s)", out)
+        self.assertIn(f"127.0.0.1:{self.b.port}  abort: ok  aborted 1 choice(s)", out)
         self.assertEqual(s.finish()[0], "abort")
 
     def test_unknown_everywhere_is_not_found(self):

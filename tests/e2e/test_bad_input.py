@@ -129,6 +129,23 @@ class BadInput(unittest.TestCase):
         status, j = self.d.post("/v1/completions", {**GOOD, "parallel_tool_calls": True})  # a chat field
         self.assertEqual((status, j["error"]["message"]), (400, "unknown field 'parallel_tool_calls'"), j)
 
+    def test_every_guided_field_vllm_defines_passes_at_null(self):
+        """docs/coming_from_vllm.md: `guided_*` pass at null. vLLM's protocol.py defines six; a probe
+        found guided_decoding_backend and guided_whitespace_pattern refused as unknown fields."""
+        guided = ["guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+                  "guided_whitespace_pattern"]
+        chat = dict(max_tokens=3, temperature=0, messages=[{"role": "user", "content": "Lily"}])
+        ref = self.d.post("/v1/chat/completions", chat)[1]["choices"]
+        j = self.d.complete(**GOOD, **{k: None for k in guided})
+        self.assertEqual(j["choices"], self.good["choices"])
+        status, j = self.d.post("/v1/chat/completions", {**chat, **{k: None for k in guided}})
+        self.assertEqual((status, j["choices"]), (200, ref), j)
+        for key in guided:
+            with self.subTest(key):
+                status, j = self.d.post("/v1/completions", {**GOOD, key: "x"})
+                self.assertEqual((status, j["error"]["param"]), (400, key), j)
+                self.assertIn("not supported by fdrollout yet", j["error"]["message"])
+
     def test_bodiless_post_gets_an_error_object(self):
         status, j = self.d.request("POST", "/v1/completions", raw=None, headers={})
         self.assertEqual(status, 400)

@@ -112,13 +112,29 @@ class ControlRoutes(unittest.TestCase):
         """vLLM's, SGLang's and prime-rl's weight routes are not there without
         --dynamic-load-weight: 404 before the body is read (a probe got 400 for `{}` and 409 from
         release_kv_cache_memory, while valid bodies got the 404)."""
+        # Each in its peer's failure shape (docs/peer_aliases.md; a probe: vLLM's /sleep answered
+        # our {"error": {"message", "type"}, "status": "error"}): vLLM {"error": message}, SGLang
+        # {"error": {"message"}} (update_weights_from_disk: {"success": false, "message", ...}),
+        # prime-rl our error object.
+        vllm = lambda j: j["error"]  # noqa: E731
+        sglang = lambda j: j["error"]["message"]  # noqa: E731
+        ours = lambda j: j["error"]["message"] if j["status"] == "error" and j["error"]["type"] == "not_found" else None  # noqa: E731
         with Daemon() as d:
-            for path, body in (("/update_weights", {}), ("/update_weights_from_disk", {}), ("/release_kv_cache_memory", None),
-                               ("/sleep", None), ("/reload_weights", {"x": 1}), ("/release_memory_occupation", {"tags": 3})):
+            for path, body, message in (("/update_weights", {}, ours), ("/update_weights_from_disk", {}, lambda j: j["message"]),
+                                        ("/release_kv_cache_memory", None, vllm), ("/sleep", None, vllm), ("/wake_up", None, vllm),
+                                        ("/reload_weights", {"x": 1}, ours), ("/release_memory_occupation", {"tags": 3}, sglang),
+                                        ("/resume_memory_occupation", None, sglang)):
                 with self.subTest(path):
                     code, j = d.post(path, body)
                     self.assertEqual(code, 404, j)
-                    self.assertIn("--dynamic-load-weight", json.dumps(j))
+                    self.assertIn("--dynamic-load-weight", message(j), j)
+                    self.assertTrue(j.pop("request_id").startswith("ctrl-"), j)
+                    if message is vllm:
+                        self.assertEqual(list(j), ["error"], j)
+                    if message is sglang:
+                        self.assertEqual((list(j), list(j["error"])), (["error"], ["message"]), j)
+                    if path == "/update_weights_from_disk":
+                        self.assertEqual((j["success"], j["num_paused_requests"]), (False, 0), j)
             self.assertEqual(d.complete(prompt="Lily", max_tokens=2)["choices"][0]["finish_reason"], "length")
 
     def test_every_control_response_carries_request_id(self):

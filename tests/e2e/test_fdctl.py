@@ -49,7 +49,7 @@ class Fdctl(unittest.TestCase):
     def test_every_subcommand_gives_the_same_answer_over_both_transports(self):
         script = [  # (args, exit code, human stdout prefix)
             (["is-paused"], 0, "false"),
-            (["pause"], 0, "paused (aborted 0"),
+            (["pause"], 0, "paused (aborted 0 choice(s))"),
             (["pause"], 0, "paused"),
             (["is-paused"], 0, "true"),
             (["status"], 0, "state=paused paused=true"),

@@ -54,7 +54,7 @@ class HAProxy(unittest.TestCase):
         hosts = ",".join(f"127.0.0.1:{d.port}" for d in daemons)
         rc, out, err = fdctl(0, "--hosts", hosts, "abort", "rollout-lb-1")
         self.assertEqual(rc, 0, (out, err))
-        self.assertIn("aborted 1 request(s)", out)
+        self.assertIn("aborted 1 choice(s)", out)
         finish, tokens = s.finish()
         self.assertEqual(finish, "abort")
         self.assertLess(len(tokens), 150)

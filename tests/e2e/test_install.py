@@ -84,12 +84,20 @@ class Install(unittest.TestCase):
             t {self.path('bin/fdctl')} --port 8000 update-weights --ver
             t {self.path('bin/fdctl')} wait --until s
             t {self.path('bin/fdctl')} --transport ""
+            t {self.path('bin/fdctl')} publish --strategy ""
+            t {self.path('bin/fdctl')} --port 8000 sleep --tags ""
+            t {self.path('bin/fdctl')} wakeup --tags weight,k
+            t {self.path('bin/fdctl')} pause --mode ""
             complete -p fdctl
         """
         p = subprocess.run(["bash", "--norc", "--noprofile", "-c", script], capture_output=True, text=True)
         self.assertEqual(p.returncode, 0, p.stderr)
+        # option values come from fdctl's --help (a probe: the script's own lists lacked ipc_delta
+        # and cuda_graph, though docs/operations.md says the completion reads --help)
         self.assertEqual(p.stdout.splitlines(), ["update-model-weight update-weights", "--version --verify-checksum",
-                                                 "serving sleeping", "shm v1", "complete -F _fdctl fdctl"])
+                                                 "serving sleeping", "shm v1", "rsync ipc_snapshot ipc ipc_delta",
+                                                 "weight kv_cache cuda_graph", "weight,kv_cache", "abort wait keep",
+                                                 "complete -F _fdctl fdctl"])
 
     def test_systemd_unit_verifies(self):
         tool = shutil.which("systemd-analyze")

@@ -164,6 +164,20 @@ class Ipc(unittest.TestCase):
         self.ok(d, "POST", "/v1/resume")
         self.assertEqual(greedy(d), (*self.out["A"], "0"))
 
+    def test_ipc_snapshot_for_another_tp_names_the_tp_to_publish_for(self):
+        """A snapshot published for another --tp gets the ipc strategy's hint, not bare shapes (a
+        probe: tp=1 files in a tp=2 daemon's dir: 'tensor ... has shape [128, 64], expected [64, 64]')."""
+        model = copy_checkpoint(self.A, os.path.join(self.tmp, "snaptp"))
+        d = self.daemon("ipc_snapshot", model)
+        self.ok(d, "POST", "/v1/pause")
+        self.publish(self.B, "--strategy", "ipc_snapshot", "--model", model, "--tp", str(2 * TP))
+        msg = self.err(d, 422, "invalid_checkpoint")
+        self.assertIn(f"published for tp={2 * TP}, the rollout runs tp={TP}: pass --tp {TP} to fdctl publish", msg)
+        self.publish(self.B, "--strategy", "ipc_snapshot", "--model", model)  # the right tp: it loads
+        self.assertEqual(self.ok(d, "POST", "/v1/update_weights", {"version": "b"})["version"], "b")
+        self.ok(d, "POST", "/v1/resume")
+        self.assertEqual(greedy(d), (*self.out["B"], "b"))
+
     # ---- ipc ----------------------------------------------------------------------------------
 
     def test_ipc_update_wakeup_and_trainer_rewrite(self):

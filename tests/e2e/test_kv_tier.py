@@ -274,9 +274,12 @@ class KvTier(unittest.TestCase):
             for keep in (False, True):
                 with Daemon(*TIER, extra=False) as d:
                     evict_a(self, d)
+                    held = d.get("/health")[1]["kv_host_tier"]["cached_blocks"]
                     rc, so, se = fdctl(d.port, "--transport", transport, "flush-cache", *(["--keep-host-tier"] if keep else []))
                     self.assertEqual(rc, 0, (transport, keep, so, se))
-                    self.assertIn("prefix cache flushed", so)
+                    # a probe: --keep-host-tier printed "(0 host KV tier block(s) forgotten)"
+                    self.assertEqual(so.strip(), "device prefix cache flushed (host KV tier kept)" if keep else
+                                     f"prefix cache flushed ({held} host KV tier block(s) forgotten)")
                     self.assertEqual(d.get("/health")[1]["kv_host_tier"]["cached_blocks"] > 0, keep, (transport, keep))
                     u = self.host_hit(d)
                     self.assertEqual(u["host_cached_tokens"], 64 if keep else 0, (transport, keep, u))

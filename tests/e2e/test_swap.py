@@ -8,6 +8,7 @@ a pool big enough that nothing is ever preempted (the reference), at the uni and
 kinds when it is tiny). sleep(kv_cache) keeps the swap pool's memory by default and releases it
 with FD_ENABLE_SWAP_SPACE_CLEARING=1 (RSS shows it), and wakeup maps it again.
 """
+import re
 import unittest
 
 from fdtest import REF, Daemon, run_concurrently
@@ -110,6 +111,15 @@ class SwapTier(unittest.TestCase):
             for c in j["choices"]:
                 self.assertEqual(c["token_ids"], REF["Once upon a time"]["ids"])
             self.assertGreater(metrics(d)["fdrollout_swap_preemptions_total"], 0)
+
+    def test_startup_log_states_the_pool_bytes_health_reports(self):
+        """A probe: the log said "524 blocks = 12.0 MiB" (the mapping, whole huge pages) while /health
+        kv_host_tier.capacity_bytes said 10.2 MiB (blocks x block bytes)."""
+        with Daemon("--swap-space", "0.01", extra=False) as d:
+            cap = d.get("/health")[1]["kv_host_tier"]["capacity_bytes"]
+            line = next(x for x in d.output().splitlines() if "host KV swap pool" in x)
+            n, b, mib = re.search(r"host KV swap pool (\d+) blocks x (\d+) bytes = ([\d.]+) MiB", line).groups()
+            self.assertEqual((int(n) * int(b), int(b), mib), (cap, BLOCK_BYTES, f"{cap / (1 << 20):.1f}"), line)
 
     def test_sleep_keeps_swap_pool_by_default(self):
         self.sleep_cycle(["--distributed-executor-backend", "uni"], clearing=False)

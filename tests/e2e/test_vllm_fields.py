@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import unittest
 
-from fdtest import BIN, Daemon, free_port, REF, STORIES
+from fdtest import BIN, Daemon, free_port, REF, REPO, STORIES
 
 PROMPT = "Once upon a time"
 IDS = REF[PROMPT]["prompt_ids"]  # [BOS, ...]
@@ -303,12 +303,28 @@ class VllmHabitFlags(unittest.TestCase):
         lines = out.splitlines()
         # a flag's line and the next (CLI11 puts the description there after a long name)
         line = {n: " ".join(lines[i:i + 2]) for n in ("--enable-prefix-caching,", "--no-batch-invariant")
-                for i in [next(k for k, x in enumerate(lines) if n in x)]}
+                for i in [next(k for k, x in enumerate(lines) if x.startswith("  -") and n in x)]}  # option lines, not the header
         self.assertIn("[default: off]", line["--enable-prefix-caching,"])  # CLI11's "{false}" is the value --no-… sets
         self.assertIn("[default: batch-invariant kernels", line["--no-batch-invariant"])
 
+    def test_usage_md_names_every_flag_help_lists(self):
+        """docs/usage.md's flag list against --help (a probe: --kv-cache-dtype, --dist-backend,
+        --enable-expert-parallel and --enable-return-routed-experts were missing, and
+        --speculative-config's help showed only n-gram fields though "mtp" exists)."""
+        out = subprocess.run([BIN, "--help"], capture_output=True, text=True, timeout=60).stdout
+        flags = {f for line in out.splitlines() if line.startswith("  -")
+                 for f in re.findall(r"--[a-z0-9_-]+", line.split()[0].split("{")[0]) if f != "--help"}
+        with open(os.path.join(REPO, "docs", "usage.md")) as f:
+            usage = f.read()
+        self.assertGreater(len(flags), 50)
+        self.assertEqual(sorted(f for f in flags if not re.search(rf"`{re.escape(f)}[` ]", usage)), [])
+        spec = next(i for i, x in enumerate(out.splitlines()) if x.startswith("  --speculative-config"))
+        self.assertIn('"mtp"', " ".join(out.splitlines()[spec:spec + 2]))
+
     def test_refused_flags_name_the_equivalent(self):
-        for args, says in [(["--dtype", "float16"], "checkpoint's own dtype"), (["--seed", "1"], "in each request")]:
+        for args, says in [(["--dtype", "float16"], "checkpoint's own dtype"), (["--seed", "1"], "in each request"),
+                           (["--dtype", "bfloat16"], "pass --compute-dtype bfloat16"),  # the flag that gives bf16 arithmetic
+                           (["--dtype", "float16"], "F16 is widened to F32")]:  # README: weights stay F32 or BF16
             p = subprocess.run([BIN, "--model", STORIES, "--port", str(free_port()), *args], capture_output=True, text=True, timeout=60)
             self.assertEqual(p.returncode, 2, p.stderr)
             self.assertIn(says, p.stdout + p.stderr)

@@ -280,6 +280,16 @@ class WeightControl(unittest.TestCase):
             self.assertTrue(self.ok(d, "POST", "/v1/wakeup?tags=cuda_graph")["is_paused"])
             self.assertEqual(d.get("/health")[1]["pause_mode"], "keep")
 
+    def test_kv_cache_wakeup_reports_the_serving_version_per_rank(self):
+        """A kv_cache-only wakeup loads no weights: each rank serves the version it served (a probe:
+        ranks[].version was "" beside "version": "0")."""
+        with Daemon("--dynamic-load-weight") as d:
+            self.ok(d, "POST", "/v1/sleep?tags=kv_cache")
+            res = self.ok(d, "POST", "/v1/wakeup?tags=kv_cache")
+            self.assertEqual((res["tags"], res["version"], res["bytes"]), (["kv_cache"], "0", 0), res)
+            self.assertEqual([r["version"] for r in res["ranks"]], ["0"] * len(res["ranks"]), res)
+            self.assertTrue(res["ranks"], res)
+
     def test_use_cudagraph_wakes_the_tags_in_either_order(self):
         """Issue #26: SGLang's staged resume (weights, then kv_cache + cuda_graph) works with
         --use-cudagraph (it was a 409); the engine serves once both tags are back."""

@@ -388,12 +388,28 @@ const std::map<std::string, AliasFn> kAliases = {
 
 void peer_alias_route(ApiContext & ctx, const Request & req, Response & res) {
     // The aliases that load, change or release weights are not there without
-    // --dynamic-load-weight: 404 before their body is read (a malformed one got a 400 or 409 first).
-    static const std::set<std::string> kNeedsDynamicLoad = {"/sleep", "/wake_up", "/update_weights", "/update_weights_from_disk",
-                                                            "/reload_weights", "/release_memory_occupation", "/resume_memory_occupation",
-                                                            "/release_kv_cache_memory"};
-    if (kNeedsDynamicLoad.count(req.path) != 0 && !ctx.control->config().dynamic_load_weight) {
-        fail(Errc::not_found, "{} needs dynamic weight loading; start fdrollout with --dynamic-load-weight", req.path);
+    // --dynamic-load-weight: 404 before their body is read (a malformed one got a 400 or 409 first),
+    // in the failure shape of the route's peer (docs/peer_aliases.md; a probe: vLLM's /sleep
+    // answered our V1 error object). prime-rl's routes answer ours, as their other failures do.
+    static const std::map<std::string, control::Peer> kNeedsDynamicLoad = {
+        {"/sleep", control::Peer::vllm},
+        {"/wake_up", control::Peer::vllm},
+        {"/release_kv_cache_memory", control::Peer::vllm},
+        {"/release_memory_occupation", control::Peer::sglang},
+        {"/resume_memory_occupation", control::Peer::sglang},
+        {"/update_weights_from_disk", control::Peer::sglang},
+        {"/update_weights", control::Peer::fdrollout},
+        {"/reload_weights", control::Peer::fdrollout},
+    };
+    const auto needs = kNeedsDynamicLoad.find(req.path);
+    if (needs != kNeedsDynamicLoad.end() && !ctx.control->config().dynamic_load_weight) {
+        const ControlOutcome o{.error = Error(Errc::not_found, fmt::format("{} needs dynamic weight loading; start fdrollout with "
+                                                                           "--dynamic-load-weight", req.path))};
+        if (req.path == "/update_weights_from_disk") {  // SGLang's UpdateWeightFromDiskReqOutput, as its other failures
+            return send_json(res, control::http_status(o), json{{"success", false}, {"message", control::error_message(o)},
+                                                                {"num_paused_requests", 0}});
+        }
+        return send_error(res, o, needs->second);
     }
     kAliases.at(req.path)(ctx, read_control_input(req), res);
 }

@@ -47,6 +47,8 @@ const NeutralField kNeutralFields[] = {
     {"guided_regex", false, only_null, "null"},
     {"guided_choice", false, only_null, "null"},
     {"guided_grammar", false, only_null, "null"},
+    {"guided_decoding_backend", false, only_null, "null"},  // vLLM's other guided_* fields (protocol.py)
+    {"guided_whitespace_pattern", false, only_null, "null"},
     {"logits_processors", false, is_empty_list, "[]"},
     {"vllm_xargs", false, is_empty_object, "{}"},
     {"kv_transfer_params", false, only_null, "null"},

@@ -26,7 +26,10 @@ json ranks_json(const ControlResult & r) {
             // sync: fetching + staging the new weights; update: applying them (a commit's pointer swap,
             // a wakeup's copy into the serving weights). engine_control.cpp folds the reports so.
             const double sync_s = c.fetch_s + c.stage_s, update_s = c.commit_s;
-            j.update({{"version", c.version.value_or("")}, {"bytes", c.bytes}, {"sync_cost", sync_s}, {"update_cost", update_s},
+            // A rank that loaded nothing (a kv_cache-only wakeup) serves the version the call reports
+            // (a probe: ranks[].version was "" beside "version": "0").
+            const std::string version = c.version && !c.version->empty() ? *c.version : r.version;
+            j.update({{"version", version}, {"bytes", c.bytes}, {"sync_cost", sync_s}, {"update_cost", update_s},
                       {"total_cost", sync_s + update_s}});
         }
         a.push_back(std::move(j));

@@ -74,7 +74,7 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & given, const WorkerC
     // names) only against the layout it plans.
     if (idx.tensors.count("model.layers.0.self_attn.q_proj.weight")) { validate_checkpoint(cfg_, idx); }
     layout_ = plan_layout(cfg_, idx, {wcfg.rank, wcfg.tp_size, wcfg.ep_size});
-    validate_against_layout(layout_, idx);
+    validate_against_layout(layout_, idx, &cfg_);
     backend_ = kernels::make_backend({.kind = wcfg.device, .n_threads = std::max(1, wcfg.n_threads), .device_id = wcfg.device_id,
                                       .batch_invariant = wcfg.batch_invariant, .compute = wcfg.compute});
     check_backend_supports(*backend_, layout_);
@@ -122,8 +122,10 @@ Worker::Worker(const ModelConfig & cfg, const TensorIndex & given, const WorkerC
                             kv_block_bytes(cfg_, 1, wcfg.tp_size, wcfg.kv_dtype), wcfg.kv_dtype == kernels::WType::bf16 ? "bfloat16" : "float32",
                             kv_bytes() / 1048576.0, backend_->host_pool()->n_threads());
     if (wcfg.n_swap_blocks > 0) {
-        log::get("model")->info("rank={}/{} | host KV swap pool {} blocks = {:.1f} MiB", wcfg.rank, wcfg.tp_size, wcfg.n_swap_blocks,
-                                swap_bytes() / 1048576.0);
+        // The pool's bytes as /health kv_host_tier.capacity_bytes counts them (blocks x block bytes),
+        // not the mapping's (rounded up to whole huge pages: 12.0 MiB logged for a 10.2 MiB pool).
+        log::get("model")->info("rank={}/{} | host KV swap pool {} blocks x {} bytes = {:.1f} MiB", wcfg.rank, wcfg.tp_size,
+                                wcfg.n_swap_blocks, host_block_bytes(), wcfg.n_swap_blocks * host_block_bytes() / 1048576.0);
     }
 }
 
@@ -371,7 +373,7 @@ void Worker::acquire_kv() {
 void Worker::reload_weights(const TensorIndex & given, const std::function<void()> & verify_copied) {
     TensorIndex renamed;
     const TensorIndex & idx = with_v4_names(cfg_, given, renamed);
-    validate_against_layout(layout_, idx);
+    validate_against_layout(layout_, idx, &cfg_);
     delta_undo_ = {};
     try {
         fill_region(Tag::weight, idx, /*populate=*/false);
@@ -390,7 +392,7 @@ int64_t Worker::stage_weights(const TensorIndex & given, const std::function<voi
     FD_CHECK(alloc_->resident(Tag::weight), "update_weights while the weights are released");
     TensorIndex renamed;
     const TensorIndex & idx = with_v4_names(cfg_, given, renamed);
-    validate_against_layout(layout_, idx);
+    validate_against_layout(layout_, idx, &cfg_);
     // Every byte of the new weights in memory before anything live changes. A failed read
     // leaves only the staging region dirty.
     stop_landing();
@@ -455,7 +457,7 @@ int64_t Worker::stage_bucket(const TensorIndex & given) {
         if (!some.parts.empty()) { part.tensors.push_back(std::move(some)); }
     }
     try {
-        validate_against_layout(part, idx);
+        validate_against_layout(part, idx, &cfg_);
         for (const auto & [name, t] : idx.tensors) {
             if (buckets_.tensors.count(name)) { fail(Errc::invalid_checkpoint, "tensor '{}' was staged by an earlier bucket", name); }
         }

@@ -150,8 +150,10 @@ WeightLayout plan_layout(const ModelConfig & cfg, const TensorIndex & idx, TpRan
 /// lm_head.weight of a tied model and rotary_emb.inv_freq are allowed and ignored; any other
 /// name is an error. An unfused sharded tensor (o_proj, down_proj, embed, lm_head) whose name
 /// is its HF name is told apart by its shape (the rank's shard, or the whole tensor).
+/// With `cfg` (the model `layout` was planned from), a tensor whose shape is another tensor-
+/// parallel size's shard of it is refused naming that tp and the one to publish for.
 /// Errors  fd::Error{invalid_checkpoint} naming the file and tensor.
-void validate_against_layout(const WeightLayout & layout, const TensorIndex & idx);
+void validate_against_layout(const WeightLayout & layout, const TensorIndex & idx, const ModelConfig * cfg = nullptr);
 
 /// " (layer L, expert E)" when `name` is an expert's tensor (model.layers.L.*.experts.E.*), else "".
 std::string expert_of(std::string_view name);
