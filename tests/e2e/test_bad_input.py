@@ -1,6 +1,5 @@
 """Every malformed request gets a 4xx OpenAI error object naming the field, and the daemon keeps
 serving exactly as before; a client that disconnects mid-stream frees its KV blocks."""
-import http.client
 import json
 import socket
 import time
@@ -145,6 +144,16 @@ class BadInput(unittest.TestCase):
                 status, j = self.d.post("/v1/completions", {**GOOD, key: "x"})
                 self.assertEqual((status, j["error"]["param"]), (400, key), j)
                 self.assertIn("not supported by fdrollout yet", j["error"]["message"])
+
+    def test_a_lone_surrogate_escape_is_named(self):
+        """JSON's \\ud800 without its low half (or a low half alone) is no Unicode text: the 400 says
+        so and where, not just "syntax error" (a probe); a proper pair is U+1F642."""
+        for raw in ('{"prompt": "a\\ud800b", "max_tokens": 1}', '{"prompt": "a\\udc00", "max_tokens": 1}'):
+            status, j = self.d.request("POST", "/v1/completions", raw=raw)
+            self.assertEqual(status, 400, j)
+            self.assertRegex(j["error"]["message"], r"^request body is not valid JSON: a lone surrogate at byte \d+ ", raw)
+        status, j = self.d.request("POST", "/v1/completions", raw='{"prompt": "a\\ud83d\\ude42", "max_tokens": 1}')
+        self.assertEqual(status, 200, j)
 
     def test_bodiless_post_gets_an_error_object(self):
         status, j = self.d.request("POST", "/v1/completions", raw=None, headers={})

@@ -3,7 +3,8 @@ the prompt must be exactly what python3-jinja2 (transformers' environment, tests
 renders for the same messages, encoded as /v1/completions encodes it, and generation must then
 equal /v1/completions on that text (greedy ids, text, logprobs); streaming, n + seed, stop,
 max_completion_tokens, add_generation_prompt, continue_final_message, chat_template_kwargs and
-tools; the error answers (no template, raise_exception, malformed messages, malformed template)."""
+tools; messages as vLLM post-processes them; a list of named templates (tool_use for tools); the
+error answers (no template, raise_exception, malformed messages, malformed template)."""
 import contextlib
 import http.client
 import json
@@ -234,7 +235,6 @@ class ChatCompletions(unittest.TestCase):
         cases = [({"messages": "hi"}, "messages"),
                  ({"messages": []}, "messages"),
                  ({"messages": [{"content": "x"}]}, "messages[0].role"),
-                 ({"messages": [{"role": "user"}]}, "messages[0].content"),
                  ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
                  ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
                   "messages[0].content[0].type"),
@@ -302,6 +302,66 @@ class ChatTemplateVariants(unittest.TestCase):
                              d.post("/v1/chat/completions", {"messages": turns(""), **body})[1]["choices"][0]["prompt_token_ids"])
             status, j = d.post("/v1/chat/completions", {"messages": [turns(None)[0], {"role": "assistant", "tool_calls": call}], **body})
             self.assertEqual(status, 200, j)  # content left out: the same
+
+    def test_messages_are_postprocessed_as_vllm_does(self):
+        """vLLM's parse_chat_messages (_parse_chat_message_content, _postprocess_messages): tool-call
+        arguments missing, null or "" are {} (a probe: "" was a 400, null reached the template), an
+        empty tool_calls list is dropped, an assistant's reasoning is also its reasoning_content, and
+        a null content is "" for any role (a probe: a tool message with null content was a 400)."""
+        call = lambda name, **f: {"id": name, "type": "function", "function": {"name": name, **f}}
+        with self.template_daemon("{% for m in messages %}{{ m.role }}:{{ m.content }}"
+                                  "{% if m.reasoning_content is defined %} R={{ m.reasoning_content }}{% endif %}"
+                                  "{% if m.tool_calls is defined %} calls={{ m.tool_calls | length }}{% endif %}"
+                                  "{% for c in m.tool_calls or [] %} {{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}"
+                                  ";{% endfor %}") as d:
+            def rendered(messages):
+                status, j = d.post("/tokenize", {"messages": messages, "add_generation_prompt": False})
+                self.assertEqual(status, 200, j)
+                return d.post("/detokenize", {"tokens": j["tokens"]})[1]["prompt"]
+            user = {"role": "user", "content": "hi"}
+            self.assertEqual(rendered([user, {"role": "assistant", "content": None, "tool_calls": [
+                call("a", arguments=""), call("b", arguments=None), call("c"), call("d", arguments='{"x": 1}')]}]),
+                "user:hi;assistant: calls=4 a{} b{} c{} d{\"x\": 1};")
+            self.assertEqual(rendered([user, {"role": "assistant", "content": "ok", "tool_calls": []}]), "user:hi;assistant:ok;")
+            self.assertEqual(rendered([user, {"role": "assistant", "content": "ok", "reasoning": "think"}]),
+                             "user:hi;assistant:ok R=think;")
+            self.assertEqual(rendered([user, {"role": "tool", "tool_call_id": "a", "content": None}, {"role": "user"}]),
+                             "user:hi;tool:;user:;")
+            # A non-empty string that is not JSON stays a 400 (vLLM's json.loads raises).
+            for args in ("  ", "{not json"):
+                status, j = d.post("/tokenize", {"messages": [user, {"role": "assistant", "tool_calls": [call("a", arguments=args)]}]})
+                self.assertEqual((status, j["error"]["param"]), (400, "messages[1].tool_calls[0].function.arguments"), j)
+
+    def test_a_list_of_templates_picks_tool_use_when_tools_are_given(self):
+        """Hermes-2-Pro and Command-R keep [{name: default}, {name: tool_use}, {name: rag}]:
+        transformers' get_chat_template (which vLLM reaches) takes tool_use when tools are given
+        (an empty list too), default otherwise (documents alone too), and a request's chat_template
+        may name one. A probe: default always. /tokenize takes chat_template as chat does."""
+        tmp = tempfile.mkdtemp(prefix="fd_chat_list_")
+        try:
+            model = model_copy(os.path.join(tmp, "list"), config_template=[
+                {"name": "default", "template": "{{ bos_token }}Once upon a time"},
+                {"name": "tool_use", "template": "{{ bos_token }}Lily and Tom {{ tools | length }}"},
+                {"name": "rag", "template": "{{ bos_token }}the park {{ documents | length }}"}])
+            with Daemon("--trust-request-chat-template", model=model) as d:
+                ids = lambda text: d.post("/tokenize", {"prompt": text})[1]["tokens"]
+                user = [{"role": "user", "content": "hi"}]
+                for extra, text in (({}, "Once upon a time"), ({"tools": TOOLS}, "Lily and Tom 1"), ({"tools": []}, "Lily and Tom 0"),
+                                    ({"documents": [{"text": "x"}]}, "Once upon a time"),
+                                    ({"chat_template": "rag", "documents": [{"text": "x"}], "tools": TOOLS}, "the park 1"),
+                                    ({"chat_template": "default", "tools": TOOLS}, "Once upon a time"),
+                                    ({"chat_template": "{{ bos_token }}Tom"}, "Tom")):
+                    status, j = d.post("/tokenize", {"messages": user, **extra})
+                    self.assertEqual((status, j.get("tokens")), (200, ids(text)), extra)
+                    status, j = d.post("/v1/chat/completions", {"messages": user, "max_tokens": 1, **extra})
+                    self.assertEqual((status, j["choices"][0]["prompt_token_ids"]), (200, ids(text)), extra)
+            with Daemon(model=model) as d:  # without the flag: refused on both routes, naming it
+                for route in ("/tokenize", "/v1/chat/completions"):
+                    status, j = d.post(route, {"messages": [{"role": "user", "content": "hi"}], "chat_template": "rag"})
+                    self.assertEqual((status, j["error"]["param"]), (400, "chat_template"), j)
+                    self.assertIn("--trust-request-chat-template", j["error"]["message"])
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def test_integers_beyond_int64_are_refused_not_rendered_wrapped(self):
         """A probe: 18446744073709551615 in a tool schema rendered as -1, and 12345678901234567890

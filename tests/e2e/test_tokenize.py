@@ -1,4 +1,5 @@
-"""POST /tokenize and /detokenize (vLLM's shapes) on stories260K's SentencePiece tokenizer and on a
+"""POST /tokenize and /detokenize (vLLM's shapes) on stories260K, on its copy holding only the
+SentencePiece tokenizer.model (special-token text, decoding, as the tokenizer.json path) and on a
 model directory holding only a Hugging Face tokenizer.json (Llama-3.1's, from the npm fixtures):
 that directory starts, and its token ids equal @lenml/tokenizers' (tokenizer_reference.json, made
 by the CTest fixture step). A malformed tokenizer.json stops start-up naming the file and position;
@@ -64,6 +65,55 @@ class StoriesTokenize(unittest.TestCase):
             status, e = self.d.post("/v1/completions", {"prompt": "x", key: 1})
             self.assertEqual(status, 400, e)
             self.assertEqual(e["error"]["param"], key)
+
+
+class SentencePieceOnly(unittest.TestCase):
+    """stories260K without its tokenizer.json (the SentencePiece tokenizer.model path) against the
+    full copy (tokenizer.json, LlamaConverter form): special-token text in a prompt is one token
+    there as in HF (slow LlamaTokenizer with split_special_tokens=False, the fast tokenizer
+    converted from it, vLLM), so a multi-turn Llama-2 prompt gets ids 2 and 1, not the characters
+    < / s > (a probe); ids with specials decode alike."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="fd-sp-only-")
+        cls.model = os.path.join(cls.tmp, "sp")
+        os.makedirs(cls.model)
+        for f in os.listdir(STORIES):
+            if f != "tokenizer.json":
+                os.symlink(os.path.join(STORIES, f), os.path.join(cls.model, f))
+        cls.sp = Daemon(model=cls.model)
+        cls.json = Daemon()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.sp.stop()
+        cls.json.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_special_token_text_is_one_token(self):
+        self.assertIn("tokenizer: sentencepiece", self.sp.output())
+        tok = lambda d, text, special=False: d.post("/tokenize", {"prompt": text, "add_special_tokens": special})[1]["tokens"]
+        hi, there = tok(self.sp, "hi"), tok(self.sp, "there")
+        self.assertEqual(tok(self.sp, "hi </s> there <s>"), hi + [2] + there + [1])
+        self.assertEqual(tok(self.sp, "<unk>"), [0])
+        for text in ("hi </s> there <s>", "[INST] hi [/INST] yo </s><s>[INST] ok [/INST]", "a</s>b<s>c", " <s> ", "<s>hello</s>",
+                     "x <unk>  y", "</", "<s", "\n<s>\n"):
+            for special in (False, True):
+                self.assertEqual(tok(self.sp, text, special), tok(self.json, text, special), (text, special))
+
+    def test_ids_with_special_tokens_decode_as_the_tokenizer_json_path(self):
+        for ids in ([2, 133, 378, 485, 67, 0], [1, 403, 407, 2], [403, 2, 407, 1, 13, 378], [0, 0, 2]):
+            _, a = self.sp.post("/detokenize", {"tokens": ids})
+            _, b = self.json.post("/detokenize", {"tokens": ids})
+            self.assertEqual(a, b, ids)
+        self.assertEqual(self.sp.post("/detokenize", {"tokens": [2, 133, 378, 485, 67, 0]})[1]["prompt"], "</s>\ufffd time\u00e9@<unk>")
+        body = dict(prompt="Once upon", max_tokens=24, temperature=2.0, seed=3, ignore_eos=True, skip_special_tokens=False)
+        for sb in (True, False):
+            a = self.sp.complete(**body, spaces_between_special_tokens=sb)["choices"][0]
+            b = self.json.complete(**body, spaces_between_special_tokens=sb)["choices"][0]
+            self.assertEqual(a["token_ids"], b["token_ids"])
+            self.assertEqual(a["text"], b["text"])
 
 
 def byte_level_tokenizer_json(n_special):

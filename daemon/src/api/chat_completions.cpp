@@ -69,10 +69,12 @@ std::string out_of_range_integer(const std::string & text, bool whole) {
     return "";
 }
 
-/// Messages as the template sees them: checked, tool-call arguments given as JSON strings
-/// parsed into objects (as vLLM does, so templates can `| tojson` them), and text content parts
-/// joined into one string unless the template loops over content parts. Errors: 400 naming the
-/// offending field.
+/// Messages as the template sees them, as vLLM's parse_chat_messages gives them: checked; missing or
+/// null content is "" (or [] for a template that loops over parts); an assistant's reasoning is
+/// also its reasoning_content; an empty tool_calls list is dropped; tool-call arguments that are
+/// empty become {} and JSON strings are parsed into objects (so templates can `| tojson` them);
+/// text content parts are joined into one string unless the template loops over content parts.
+/// Errors: 400 naming the offending field.
 ojson check_messages(const ojson & msgs, bool takes_parts) {
     if (!msgs.is_array() || msgs.empty()) { bad("messages", "'messages' must be a non-empty list of message objects"); }
     ojson out = ojson::array();
@@ -84,10 +86,10 @@ ojson check_messages(const ojson & msgs, bool takes_parts) {
         const std::string role = m["role"];
         const bool has_tool_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
         if (!m.contains("content") || m["content"].is_null()) {
-            if (role != "assistant") { bad(at + ".content", fmt::format("'{}.content' is required for role '{}'", at, role)); }
-            // An assistant turn of tool calls only (OpenAI sends "content": null): no content
-            // parts, as vLLM renders it: "" (or [] for a template that loops over parts), so
-            // templates testing `'x' in message.content` work.
+            // No content (OpenAI sends "content": null for an assistant turn of tool calls only):
+            // no content parts, for any role, as vLLM's _parse_chat_message_content renders it:
+            // "" (or [] for a template that loops over parts), so templates testing
+            // `'x' in message.content` work.
             m["content"] = takes_parts ? ojson::array() : ojson("");
         } else if (m["content"].is_array()) {
             std::string joined;
@@ -107,7 +109,14 @@ ojson check_messages(const ojson & msgs, bool takes_parts) {
         } else if (!m["content"].is_string()) {
             bad(at + ".content", fmt::format("'{}.content' must be a string or a list of content parts", at));
         }
-        if (has_tool_calls) {
+        // vLLM sends an assistant's `reasoning` to the template as `reasoning_content` too (what
+        // Qwen3's template reads).
+        if (role == "assistant" && m.contains("reasoning") && !m["reasoning"].is_null()) { m["reasoning_content"] = m["reasoning"]; }
+        // vLLM's _postprocess_messages: an empty tool_calls list is dropped (the template takes the
+        // plain assistant path).
+        if (has_tool_calls && m["tool_calls"].is_array() && m["tool_calls"].empty()) {
+            m.erase("tool_calls");
+        } else if (has_tool_calls) {
             if (!m["tool_calls"].is_array()) { bad(at + ".tool_calls", fmt::format("'{}.tool_calls' must be a list", at)); }
             for (size_t k = 0; k < m["tool_calls"].size(); ++k) {
                 ojson &           tc  = m["tool_calls"][k];
@@ -116,8 +125,13 @@ ojson check_messages(const ojson & msgs, bool takes_parts) {
                     !tc["function"]["name"].is_string()) {
                     bad(tat, fmt::format("'{}' must be an object with 'function': {{'name', 'arguments'}}", tat));
                 }
+                // vLLM's _postprocess_messages: missing, null, "" (any empty value) → {}; a
+                // non-empty string is parsed (400 when it is not JSON, as vLLM's json.loads).
                 ojson & args = tc["function"]["arguments"];
-                if (args.is_string()) {
+                if (args.is_null() || (args.is_string() && args.get<std::string>().empty()) || (args.is_structured() && args.empty()) ||
+                    (args.is_boolean() && !args.get<bool>()) || (args.is_number() && args.get<double>() == 0)) {
+                    args = ojson::object();
+                } else if (args.is_string()) {
                     try {
                         args = parse_chat_json(args.get<std::string>(), tat + ".function.arguments");
                     } catch (const ojson::exception &) {  // (parse_chat_json's own refusal is an fd::Error: it passes)
@@ -163,27 +177,34 @@ ojson parse_chat_json(const std::string & text, const std::string & param) {
 }
 
 std::vector<int32_t> chat_prompt_ids(ApiContext & ctx, const json & j, const ojson & oj, bool add_special_tokens) {
-    // vLLM's request `chat_template`: only with --trust-request-chat-template (vLLM's rule)
+    // vLLM's request `chat_template`: only with --trust-request-chat-template (vLLM's rule). It may
+    // also name one of the model's templates when its chat_template is a list (transformers'
+    // get_chat_template, which vLLM's apply_hf_chat_template reaches).
     std::optional<tokenizer::ChatTemplate> own;
+    const tokenizer::ChatTemplate *        tmpl     = ctx.chat_template;
+    bool                                   by_name  = false;
     if (j.contains("chat_template") && !j["chat_template"].is_null()) {
         if (!j["chat_template"].is_string()) { bad("chat_template", "'chat_template' must be a string (a Jinja template)"); }
         if (!ctx.cfg.trust_request_chat_template) {
             bad("chat_template", "a request's 'chat_template' is refused unless the daemon runs with --trust-request-chat-template "
                                  "(vLLM's flag); or start it with --chat-template FILE");
         }
-        own = ctx.chat_template ? ctx.chat_template->with_source(j["chat_template"].get<std::string>())
-                                : tokenizer::ChatTemplate(j["chat_template"].get<std::string>(), "request chat_template", ojson::object());
+        const std::string source = j["chat_template"].get<std::string>();
+        if (const tokenizer::ChatTemplate * t = ctx.chat_template ? ctx.chat_template->named(source) : nullptr) {
+            tmpl    = t;
+            by_name = true;
+        } else {
+            own  = ctx.chat_template ? ctx.chat_template->with_source(source)
+                                     : tokenizer::ChatTemplate(source, "request chat_template", ojson::object());
+            tmpl = &*own;
+        }
     }
-    const tokenizer::ChatTemplate * tmpl = own ? &*own : ctx.chat_template;
     if (!tmpl) {
         bad("messages", fmt::format("model '{}' has no chat template (no chat_template.jinja, no 'chat_template' in tokenizer_config.json); "
                                     "start fdrollout with --chat-template FILE, or use /v1/completions with a prompt",
                                     ctx.cfg.served_model_name));
     }
     tokenizer::ChatRequest chat;
-    chat.messages               = check_messages(oj.contains("messages") ? oj["messages"] : ojson(), tmpl->takes_content_parts());
-    chat.add_generation_prompt  = get_bool(j, "add_generation_prompt", true);  // vLLM's default
-    chat.continue_final_message = get_bool(j, "continue_final_message", false);
     if (oj.contains("tools") && !oj["tools"].is_null()) {
         if (!oj["tools"].is_array()) { bad("tools", "'tools' must be a list of tool objects"); }
         for (size_t i = 0; i < oj["tools"].size(); ++i) {
@@ -191,6 +212,11 @@ std::vector<int32_t> chat_prompt_ids(ApiContext & ctx, const json & j, const ojs
         }
         chat.tools = oj["tools"];
     }
+    // A list of named templates: "tool_use" when tools are given (transformers' get_chat_template).
+    if (!own && !by_name) { tmpl = &tmpl->select(chat.tools); }
+    chat.messages               = check_messages(oj.contains("messages") ? oj["messages"] : ojson(), tmpl->takes_content_parts());
+    chat.add_generation_prompt  = get_bool(j, "add_generation_prompt", true);  // vLLM's default
+    chat.continue_final_message = get_bool(j, "continue_final_message", false);
     if (j.contains("tool_choice") && !j["tool_choice"].is_null() && j["tool_choice"] != "none" && j["tool_choice"] != "auto") {
         bad("tool_choice", "'tool_choice' may be 'none' or 'auto' only: tools reach the template, tool calls are not parsed from the output");
     }

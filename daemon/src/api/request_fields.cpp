@@ -17,6 +17,12 @@ json parse_body(const std::string & body) {
     try {
         j = parse_json(body);
     } catch (const json::parse_error & e) {
+        // nlohmann: "invalid string: surrogate U+D800..U+DBFF must be followed by U+DC00..U+DFFF".
+        if (std::string_view(e.what()).find("surrogate U+") != std::string_view::npos) {
+            bad("", fmt::format("request body is not valid JSON: a lone surrogate at byte {} (a UTF-16 escape \\uD800-\\uDFFF "
+                                "without its pair; escape characters above U+FFFF as a high + low surrogate pair, or send "
+                                "them as UTF-8)", e.byte));
+        }
         bad("", body.empty() ? std::string("request body is empty; send a JSON object")
                              : fmt::format("request body is not valid JSON (syntax error at byte {}; UTF-8 only, no NaN/Infinity, "
                                            "numbers within double range)", e.byte));

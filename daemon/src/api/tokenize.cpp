@@ -1,7 +1,8 @@
 // POST /tokenize and POST /detokenize: vLLM's request and response shapes.
 //   /tokenize   {"prompt": str, "add_special_tokens": true, "return_token_strs": false}
 //            or {"messages": [...], "add_generation_prompt": true, "continue_final_message": false,
-//                "chat_template_kwargs": {}, "tools": [...], "add_special_tokens": false, ...}
+//                "chat_template_kwargs": {}, "tools": [...], "add_special_tokens": false,
+//                "chat_template": str (with --trust-request-chat-template, as for chat completions), ...}
 //            → {"count", "max_model_len", "tokens": [ids], "token_strs": [pieces] | null}
 //   /detokenize {"tokens": [ids]} → {"prompt": str}   (special tokens kept, as HF decode does)
 // The chat form renders exactly as /v1/chat/completions does (generation.h chat_prompt_ids).
@@ -49,7 +50,7 @@ void post_tokenize(ApiContext & ctx, const Request & req, Response & res) {
     } catch (const std::exception &) {}  // parse_body names the error
     const json j    = chat ? parse_body(ctx, req.body, {"model", "messages", "add_generation_prompt", "continue_final_message",
                                                         "chat_template_kwargs", "tools", "documents", "add_special_tokens",
-                                                        "return_token_strs", "prompt"})
+                                                        "return_token_strs", "prompt", "chat_template"})
                            : parse_body(ctx, req.body, {"model", "prompt", "add_special_tokens", "return_token_strs"});
     std::vector<int32_t> ids;
     if (chat) {

@@ -84,6 +84,9 @@ std::optional<ChatTemplate> ChatTemplate::load(const std::filesystem::path & dir
         if (ct.is_string()) {
             source = ct.get<std::string>();
         } else if (ct.is_array()) {
+            // Several named templates (Hermes-2-Pro, Command-R: default, tool_use, rag): "default"
+            // serves, the others are picked per request by select() / named().
+            std::vector<std::pair<std::string, std::string>> others;
             bool found = false;
             for (const auto & t : ct) {
                 if (!t.is_object() || !t.contains("name") || !t.contains("template") || !t["name"].is_string() || !t["template"].is_string()) {
@@ -93,9 +96,21 @@ std::optional<ChatTemplate> ChatTemplate::load(const std::filesystem::path & dir
                     source = t["template"].get<std::string>();
                     origin = config_path.string() + " chat_template[default]";
                     found  = true;
+                } else {
+                    others.emplace_back(t["name"].get<std::string>(), t["template"].get<std::string>());
                 }
             }
             if (!found) { fail(Errc::invalid_checkpoint, "{}: chat_template is a list without a template named \"default\"", config_path.string()); }
+            try {
+                ChatTemplate main(source, origin, special);
+                for (const auto & [name, text] : others) {
+                    main.named_.emplace_back(name, std::make_shared<const ChatTemplate>(
+                                                       text, config_path.string() + " chat_template[" + name + "]", special));
+                }
+                return main;
+            } catch (const fd::Error & e) {
+                throw fd::Error(Errc::invalid_checkpoint, e.what());
+            }
         } else {
             fail(Errc::invalid_checkpoint, "{}: chat_template must be a string or a list", config_path.string());
         }
@@ -115,6 +130,21 @@ ChatTemplate ChatTemplate::with_source(std::string_view source) const {
     } catch (const fd::Error & e) {
         throw fd::Error(Errc::invalid_argument, e.what(), "chat_template");
     }
+}
+
+const ChatTemplate & ChatTemplate::select(const nlohmann::ordered_json & tools) const {
+    if (tools.is_null()) { return *this; }
+    const ChatTemplate * t = named("tool_use");
+    return t ? *t : *this;
+}
+
+const ChatTemplate * ChatTemplate::named(std::string_view name) const {
+    if (named_.empty()) { return nullptr; }
+    if (name == "default") { return this; }
+    for (const auto & [n, t] : named_) {
+        if (n == name) { return t.get(); }
+    }
+    return nullptr;
 }
 
 std::string ChatTemplate::special_token(const std::string & name) const {

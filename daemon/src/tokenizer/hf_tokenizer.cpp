@@ -1,5 +1,6 @@
 #include "fd/tokenizer/hf_tokenizer.h"
 
+#include "added_tokens.h"
 #include "bpe_model.h"
 #include "hf_pipeline.h"
 #include "json_field.h"
@@ -16,94 +17,6 @@ namespace fd::tokenizer {
 using nlohmann::json;
 
 namespace {
-
-struct AddedToken {
-    std::string content;
-    int32_t     id      = -1;
-    bool        special = false;
-    bool        lstrip  = false;
-    bool        rstrip  = false;
-};
-
-/// Byte trie over the added tokens' contents: longest match starting at a position.
-class AddedTrie {
-public:
-    void insert(const std::string & s, int32_t index) {
-        int32_t node = -1;
-        for (size_t i = 0; i < s.size(); ++i) {
-            const auto b = static_cast<unsigned char>(s[i]);
-            int32_t    child;
-            if (node < 0) {
-                if (root_[b] < 0) { root_[b] = new_node(); }
-                child = root_[b];
-            } else {
-                child = find_child(node, b);
-                if (child < 0) {
-                    child = new_node();
-                    nodes_[node].kids.emplace_back(b, child);
-                }
-            }
-            node = child;
-        }
-        if (node >= 0 && nodes_[node].index < 0) { nodes_[node].index = index; }
-    }
-    /// Index of the longest token starting at text[i] and its length, or {-1, 0}.
-    std::pair<int32_t, size_t> match(std::string_view text, size_t i) const {
-        int32_t node = root_[static_cast<unsigned char>(text[i])];
-        std::pair<int32_t, size_t> best{-1, 0};
-        for (size_t k = i + 1; node >= 0; ++k) {
-            if (nodes_[node].index >= 0) { best = {nodes_[node].index, k - i}; }
-            if (k >= text.size()) { break; }
-            node = find_child(node, static_cast<unsigned char>(text[k]));
-        }
-        return best;
-    }
-    AddedTrie() { root_.fill(-1); }
-
-private:
-    struct Node {
-        std::vector<std::pair<unsigned char, int32_t>> kids;
-        int32_t                                        index = -1;
-    };
-    int32_t new_node() {
-        nodes_.emplace_back();
-        return int32_t(nodes_.size() - 1);
-    }
-    int32_t find_child(int32_t node, unsigned char b) const {
-        for (const auto & [c, n] : nodes_[node].kids) { if (c == b) { return n; } }
-        return -1;
-    }
-    std::array<int32_t, 256> root_{};
-    std::vector<Node>        nodes_;
-};
-
-/// Unicode White_Space (what HF tokenizers' lstrip/rstrip trim).
-bool is_space(uint32_t cp) {
-    if ((cp >= 9 && cp <= 13) || cp == 0x85) { return true; }
-    const auto c = utf8proc_category(utf8proc_int32_t(cp));
-    return c == UTF8PROC_CATEGORY_ZS || c == UTF8PROC_CATEGORY_ZL || c == UTF8PROC_CATEGORY_ZP;
-}
-
-std::string_view trim_end(std::string_view s) {
-    while (!s.empty()) {
-        size_t b = s.size() - 1;
-        while (b > 0 && utf8::is_continuation(static_cast<unsigned char>(s[b]))) { --b; }
-        size_t i = b;
-        if (!is_space(utf8::next(s, i))) { break; }
-        s = s.substr(0, b);
-    }
-    return s;
-}
-
-std::string_view trim_start(std::string_view s) {
-    size_t i = 0;
-    while (i < s.size()) {
-        size_t j = i;
-        if (!is_space(utf8::next(s, j))) { break; }
-        i = j;
-    }
-    return s.substr(i);
-}
 
 /// tokenizer_config.json token names: "<s>" or {"content": "<s>", ...}.
 std::string token_name(const json & j) {
@@ -239,29 +152,9 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view raw, bool add_special_
     std::vector<int32_t> out;
     out.reserve(text.size() / 3 + 4);
     if (add_special_tokens) { out.insert(out.end(), m.post.prefix_ids.begin(), m.post.prefix_ids.end()); }
-    // Sections between added tokens; a section ends early where the next token lstrips.
-    size_t section_begin = 0;
-    bool   strip_next    = false;   ///< the previous added token rstrips
-    auto   flush = [&](size_t end, bool lstrip) {
-        std::string_view s = text.substr(section_begin, end - section_begin);
-        if (strip_next) { s = trim_start(s); }
-        if (lstrip) { s = trim_end(s); }
-        if (!s.empty()) { m.encode_section(s, section_begin == 0 && !strip_next, out); }
-    };
-    for (size_t i = 0; i < text.size();) {
-        const auto [idx, len] = m.added.empty() ? std::pair<int32_t, size_t>{-1, 0} : m.trie.match(text, i);
-        if (idx < 0) {
-            ++i;
-            continue;
-        }
-        const AddedToken & t = m.added[idx];
-        flush(i, t.lstrip);
-        out.push_back(t.id);
-        i             = i + len;
-        section_begin = i;
-        strip_next    = t.rstrip;
-    }
-    flush(text.size(), false);
+    split_on_added(
+        text, m.added, m.trie, [&](std::string_view s, bool first) { m.encode_section(s, first, out); },
+        [&](int32_t idx) { out.push_back(m.added[size_t(idx)].id); });
     if (add_special_tokens) { out.insert(out.end(), m.post.suffix_ids.begin(), m.post.suffix_ids.end()); }
     return out;
 }

@@ -10,7 +10,7 @@ namespace fd::tokenizer {
 namespace {
 
 /// Strings both tokenizers of one model must encode alike (ASCII, leading/double spaces,
-/// newlines, digits, accents, CJK, an emoji: byte fallback).
+/// newlines, digits, accents, CJK, an emoji: byte fallback); BOS and EOS text are added.
 const char * const kProbes[] = {"Hello world", " leading space and  two", "line one\nline two\n", "12345 67",
                                 "na\xC3\xAFve caf\xC3\xA9", "\xE4\xBD\xA0\xE5\xA5\xBD", "\xF0\x9F\x99\x82!"};
 
@@ -27,14 +27,21 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const std::filesystem::path & di
     auto hf = std::make_shared<const HfTokenizer>(dir);
     if (!has_model) { return hf; }
     const SentencePieceTokenizer sp(dir, opts.bos_token_id);
-    for (const char * probe : kProbes) {
+    std::vector<std::string>     probes(std::begin(kProbes), std::end(kProbes));
+    // Special-token text must be one token in both (HF's added-token split). It ends the probe:
+    // text after it may differ by design (a `legacy: false` tokenizer.model with Llama-2's legacy
+    // tokenizer.json).
+    for (const auto id : {sp.bos_id(), sp.eos_id()}) {
+        if (id) { probes.push_back("Hello world" + sp.piece(*id)); }
+    }
+    for (const std::string & probe : probes) {
         for (bool special : {false, true}) {
             const auto a = hf->encode(probe, special), b = sp.encode(probe, special);
             if (a != b) {
                 fail(Errc::invalid_checkpoint,
                      "{} and {} disagree on {:?} (add_special_tokens={}): [{}] vs [{}]; remove the one that does not "
                      "belong to this model",
-                     json_path.string(), model_path.string(), std::string(probe), special, fmt::join(a, ", "),
+                     json_path.string(), model_path.string(), probe, special, fmt::join(a, ", "),
                      fmt::join(b, ", "));
             }
         }

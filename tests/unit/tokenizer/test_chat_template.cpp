@@ -116,6 +116,36 @@ TEST_SUITE("tokenizer::chat_template") {
         CHECK(ChatTemplate::load(dir.path)->render(req) == "file:1");  // chat_template.jinja wins
     }
 
+    TEST_CASE("a list of templates: tool_use when tools are given, others by name (transformers' get_chat_template)") {
+        fd::test::TempDir dir;
+        write(dir.path / "tokenizer_config.json",
+              R"({"chat_template": [{"name": "default", "template": "D"}, {"name": "tool_use", "template": "T{{ tools | length }}"},
+                                    {"name": "rag", "template": "R{{ documents | length }}"}]})");
+        const auto t = ChatTemplate::load(dir.path);
+        REQUIRE(t.has_value());
+        ChatRequest req;
+        req.messages = ojson::parse(R"([{"role": "user", "content": "hi"}])");
+        CHECK(t->select(req.tools).render(req) == "D");
+        req.documents = ojson::parse(R"([{"text": "d"}])");
+        CHECK(t->select(req.tools).render(req) == "D");   // documents alone do not pick "rag"
+        req.tools = ojson::parse(R"([{"type": "function", "function": {"name": "f"}}])");
+        CHECK(t->select(req.tools).render(req) == "T1");
+        req.tools = ojson::array();
+        CHECK(t->select(req.tools).render(req) == "T0");  // an empty list is not None
+        REQUIRE(t->named("rag") != nullptr);
+        CHECK(t->named("rag")->render(req) == "R1");
+        CHECK(t->named("default") == &*t);
+        CHECK(t->named("nope") == nullptr);
+        // A single template, or one without tool_use, always gives itself.
+        write(dir.path / "tokenizer_config.json", R"({"chat_template": [{"name": "default", "template": "D"}, {"name": "rag", "template": "R"}]})");
+        const auto u = ChatTemplate::load(dir.path);
+        CHECK(&u->select(req.tools) == &*u);
+        write(dir.path / "tokenizer_config.json", R"({"chat_template": "S"})");
+        const auto v = ChatTemplate::load(dir.path);
+        CHECK(&v->select(req.tools) == &*v);
+        CHECK(v->named("default") == nullptr);
+    }
+
     TEST_CASE("load: bad template or config is an invalid_checkpoint error naming the file") {
         fd::test::TempDir dir;
         write(dir.path / "tokenizer_config.json", R"({"chat_template": "{% for m in messages %}{{ m }"})");

@@ -75,7 +75,7 @@ TEST_CASE("neither file: the error names both") {
     CHECK(e.find("tokenizer.model") != std::string::npos);
 }
 
-TEST_CASE("both files that agree: tokenizer.json is used, and it encodes like libsentencepiece") {
+TEST_CASE("both files that agree: tokenizer.json is used, and it encodes like libsentencepiece, special-token text included") {
     const auto tok = load_tokenizer(kStories, {.bos_token_id = 1});
     CHECK(tok->kind() == "tokenizer.json");
     const fd::tokenizer::SentencePieceTokenizer sp(kStories, 1);
@@ -83,7 +83,9 @@ TEST_CASE("both files that agree: tokenizer.json is used, and it encodes like li
                                        "line\nbreak\n\n", "na\xC3\xAFve caf\xC3\xA9 \xF0\x9F\x99\x82", "12345 + 678 = 999",
                                        "\xE4\xBD\xA0\xE5\xA5\xBD\xE4\xB8\x96\xE7\x95\x8C", ""};
     std::mt19937 rng(11);
-    const char * alphabet[] = {"a", "e", "t", "o", " ", " ", "\n", "T", "!", ".", "\xC3\xA9", "\xC3\xAF", "\xE2\x82\xAC", "\xF0\x9F\x99\x82", "ing", "the"};
+    // Special-token text among them: both tokenizers match it as one token (HF's added-token split).
+    const char * alphabet[] = {"a", "e", "t", "o", " ", " ", "\n", "T", "!", ".", "\xC3\xA9", "\xC3\xAF", "\xE2\x82\xAC", "\xF0\x9F\x99\x82", "ing", "the",
+                               "<s>", "</s>", "<unk>", "</"};
     for (int i = 0; i < 300; ++i) {
         std::string s;
         for (int k = int(rng() % 30); k > 0; --k) { s += alphabet[rng() % std::size(alphabet)]; }
@@ -94,6 +96,22 @@ TEST_CASE("both files that agree: tokenizer.json is used, and it encodes like li
         const auto a = tok->encode(text), b = sp.encode(text);
         if (a != b && ++mismatches <= 3) { FAIL_CHECK("ids differ for '" << text << "'"); }
         CHECK(tok->decode(a) == sp.decode(b));
+        CHECK(tok->decode(a, {.skip_special_tokens = false}) == sp.decode(b, {.skip_special_tokens = false}));
+        CHECK(tok->encode(text, false) == sp.encode(text, false));
+    }
+    // Random ids, specials among them, decode alike (the converted fast tokenizer's decoder). Byte
+    // pieces are left out: ill-formed byte runs get U+FFFD per maximal subpart on the
+    // tokenizer.json path and per byte from libsentencepiece (hf_tokenizer.h).
+    for (int i = 0; i < 300; ++i) {
+        std::vector<int32_t> ids;
+        for (int k = 1 + int(rng() % 8); k > 0; --k) { ids.push_back(int32_t(259 + rng() % 253)); }
+        if (i % 3 == 0) { ids.insert(ids.begin() + std::ptrdiff_t(rng() % ids.size()), int32_t(rng() % 3)); }
+        for (bool cont : {false, true}) {
+            const fd::tokenizer::DecodeOptions o{.skip_special_tokens = false, .continuation = cont};
+            if (tok->decode(ids, o) != sp.decode(ids, o) && ++mismatches <= 6) {
+                FAIL_CHECK("decodes differ: '" << tok->decode(ids, o) << "' vs '" << sp.decode(ids, o) << "'");
+            }
+        }
     }
     CHECK(mismatches == 0);
 }

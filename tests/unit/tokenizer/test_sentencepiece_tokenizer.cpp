@@ -1,12 +1,15 @@
 // SentencePieceTokenizer and the IncrementalDecoder (daemon/src/tokenizer/) on models/stories260K,
 // checked against the reference ids and texts of models/stories260K/README.md.
+#include "../test_util.h"
 #include "fd/status.h"
 #include "fd/tokenizer/incremental_decoder.h"
 #include "fd/tokenizer/sentencepiece_tokenizer.h"
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -115,15 +118,59 @@ TEST_CASE("decode of the reference ids equals the reference texts") {
     CHECK(tok().decode(std::vector<int32_t>{1, 403, 9999, -3, 407}) == "Once upon");
 }
 
-TEST_CASE("special tokens are written out when not skipped, spaced as HF slow tokenizers do") {
+TEST_CASE("special tokens are written out when not skipped, with no space around them (the converted fast tokenizer)") {
     const std::vector<int32_t> ids = {1, 403, 407, 2};
     CHECK(tok().decode(ids) == "Once upon");
-    CHECK(tok().decode(ids, {.skip_special_tokens = false}) == "<s> Once upon </s>");
-    CHECK(tok().decode(ids, {.skip_special_tokens = false, .spaces_between_special_tokens = false}) == "<s>Once upon</s>");
+    // transformers' LlamaConverter decoder (Replace, ByteFallback, Fuse, Strip(left=1)), which vLLM
+    // loads for a tokenizer.model-only directory; spaces_between_special_tokens is ignored.
+    CHECK(tok().decode(ids, {.skip_special_tokens = false}) == "<s> Once upon</s>");
+    CHECK(tok().decode(ids, {.skip_special_tokens = false, .spaces_between_special_tokens = false}) == "<s> Once upon</s>");
+    // The probe's case: "</s>", a lone continuation byte, " time", "é", "@", "<unk>".
+    CHECK(tok().decode(std::vector<int32_t>{2, 133, 378, 485, 67, 0}, {.skip_special_tokens = false}) ==
+          "</s>\xEF\xBF\xBD time\xC3\xA9@<unk>");
     // Mid-sequence the leading space of the first piece stays.
     CHECK(tok().decode(std::vector<int32_t>{407}, {.continuation = true}) == " upon");
     CHECK(tok().decode(std::vector<int32_t>{407}) == "upon");
     CHECK(tok().token_text(407) == " upon");
+}
+
+TEST_CASE("special-token text is one token, each section between them encoded on its own (HF legacy)") {
+    const auto ids = [](std::string_view t) { return tok().encode(t, false); };
+    std::vector<int32_t> want = ids("hi");
+    want.push_back(2);
+    want = concat(want, ids("there"));
+    want.push_back(1);
+    CHECK(ids("hi </s> there <s>") == want);
+    CHECK(ids("hi</s>there<s>") == want);   // legacy: every section gets the dummy prefix
+    CHECK(ids("<unk>") == std::vector<int32_t>{0});
+    CHECK(tok().encode("</s>") == std::vector<int32_t>{1, 2});
+    const auto partial = ids("<s");         // a partial token is plain text
+    CHECK(std::find(partial.begin(), partial.end(), 1) == partial.end());
+    // Round trip with the specials kept.
+    CHECK(tok().decode(ids("hi </s> there"), {.skip_special_tokens = false}) == "hi</s> there");
+}
+
+TEST_CASE("legacy false: no dummy prefix after a special token; added_tokens_decoder lstrip/rstrip") {
+    fd::test::TempDir dir("fd_sp_");
+    fs::copy_file(kStories / "tokenizer.model", dir.path / "tokenizer.model");
+    auto write_config = [&](const std::string & text) {
+        std::ofstream(dir.path / "tokenizer_config.json") << text;
+    };
+    write_config(R"({"legacy": false})");
+    const Tokenizer modern(dir.path, 1);
+    const auto      there = tok().encode("there", false);          // "▁there"
+    const auto      got   = modern.encode("hi</s>there", false);
+    REQUIRE(got.size() > tok().encode("hi", false).size() + 1);
+    const std::vector<int32_t> tail(got.begin() + std::ptrdiff_t(tok().encode("hi", false).size() + 1), got.end());
+    CHECK(tail != there);
+    CHECK(modern.decode(tail, {.continuation = true}) == "there");   // no leading space
+    CHECK(modern.encode("hi</s> there", false) == tok().encode("hi </s> there", false));
+    CHECK(modern.encode("hi there", false) == tok().encode("hi there", false));
+
+    write_config(R"({"added_tokens_decoder": {"2": {"content": "</s>", "lstrip": true, "rstrip": true, "special": true}}})");
+    const Tokenizer strip(dir.path, 1);
+    CHECK(strip.encode("hi\n</s>\nthere", false) == tok().encode("hi</s>there", false));
+    CHECK(tok().encode("hi\n</s>\nthere", false) != tok().encode("hi</s>there", false));   // newline pieces
 }
 
 TEST_CASE("encode then decode round-trips plain text") {

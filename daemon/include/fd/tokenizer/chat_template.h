@@ -1,8 +1,9 @@
 // fd/tokenizer/chat_template.h — a model's chat template (Hugging Face apply_chat_template).
 //
 // Loaded from the model directory: `chat_template.jinja` when present, else
-// tokenizer_config.json's `chat_template` (a string, or a list of {name, template} where the
-// one named "default" is used), with the special-token strings (bos_token, eos_token,
+// tokenizer_config.json's `chat_template` (a string, or a list of {name, template}: the one named
+// "default" serves, and the others are picked per request as transformers' get_chat_template does:
+// select(), named()), with the special-token strings (bos_token, eos_token,
 // unk_token, pad_token; plain strings or AddedToken objects {"content": ...}) the template may
 // print. Rendering follows transformers' render_jinja_template: the context is
 // {messages, tools, documents, add_generation_prompt, <special tokens>, <chat_template_kwargs>}
@@ -15,8 +16,12 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 namespace fd::tokenizer {
 
@@ -59,6 +64,16 @@ public:
     ///         continue_final_message whose final content is not in the output, render errors.
     std::string render(const ChatRequest & req) const;
 
+    /// transformers' get_chat_template(None, tools) on a list of named templates: the one named
+    /// "tool_use" when `tools` is not null (an empty list counts) and the list has one, else this
+    /// ("default"). Documents do not select "rag": transformers picks it only by name. A single
+    /// template (or an override) always gives itself. vLLM resolves the template the same way.
+    const ChatTemplate & select(const nlohmann::ordered_json & tools) const;
+
+    /// The template of that name when the model's chat_template is a list (get_chat_template(name):
+    /// a request's `chat_template` may name one); "default" is this one. nullptr otherwise.
+    const ChatTemplate * named(std::string_view name) const;
+
     /// Special-token strings given to the template ("" when the config has none).
     std::string special_token(const std::string & name) const;
     const std::string & origin() const { return tmpl_.name(); }
@@ -71,6 +86,8 @@ private:
     jinja::Template        tmpl_;
     nlohmann::ordered_json special_tokens_;
     bool                   takes_parts_ = false;
+    /// The list's other templates (not "default"), in the config's order.
+    std::vector<std::pair<std::string, std::shared_ptr<const ChatTemplate>>> named_;
 };
 
 }  // namespace fd::tokenizer

@@ -1,12 +1,20 @@
 // fd/tokenizer/sentencepiece_tokenizer.h — SentencePiece `tokenizer.model` (libsentencepiece)
-// behind the fd::tokenizer::Tokenizer interface, as HF's slow LlamaTokenizer uses it.
+// behind the fd::tokenizer::Tokenizer interface.
 //
-// Encoding follows tokenizer_config.json: BOS prepended when `add_bos_token` (default true, as
-// LlamaTokenizer) and add_special_tokens. Special tokens are SentencePiece's control and unknown
-// pieces (<s>, </s>, <unk>). Decoding with skip_special_tokens=false writes them as their piece
-// text, separated from the neighbouring text by a space when spaces_between_special_tokens (HF
-// slow-tokenizer `_decode`). Thread-safe after construction (SentencePieceProcessor's encode and
-// decode are const).
+// It behaves as the fast tokenizer transformers converts from it (LlamaConverter), which is what
+// vLLM loads for a model directory with only tokenizer.model:
+// - Added tokens are matched in the text first and never split (HF's added-token split): the
+//   control and unknown pieces (<unk>, <s>, </s>) and tokenizer_config.json's
+//   `added_tokens_decoder` entries (with their lstrip/rstrip; ids past the SentencePiece
+//   vocabulary are ignored). The text between them is encoded section by section: with
+//   `legacy` (tokenizer_config.json, default true as in LlamaTokenizer) each section gets
+//   SentencePiece's dummy prefix, as the converted Prepend("▁") normalizer does; with
+//   `legacy: false` only the section that starts the text does (Metaspace prepend_scheme "first").
+// - BOS is prepended when `add_bos_token` (default true) and add_special_tokens.
+// - Decoding writes special tokens as their text with no space around them
+//   (spaces_between_special_tokens is ignored, as by HF fast tokenizers), and only the very start
+//   of the text loses its first piece's leading space (the converted decoder's Strip(left=1)).
+// Thread-safe after construction (SentencePieceProcessor's encode and decode are const).
 #pragma once
 
 #include "fd/tokenizer/tokenizer.h"
@@ -40,11 +48,20 @@ public:
     bool add_bos() const { return add_bos_; }
 
 private:
+    struct Added;
+
+    /// Ids of one section of text between added tokens; `first`: it starts the text.
+    void encode_section(std::string_view text, bool first, std::vector<int32_t> & out) const;
+
     /// SentencePiece decode of a run of ordinary pieces; with `continuation` the run is decoded
     /// behind a plain anchor piece so SentencePiece's leading-whitespace removal does not apply.
     std::string decode_run(const std::vector<int> & run, bool continuation) const;
 
     std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+    std::unique_ptr<Added>                                 added_;
+    bool        legacy_    = true;   ///< tokenizer_config.json `legacy`
+    std::string unk_text_;           ///< the unknown piece's text, encoded in front of a non-legacy section
+    size_t      unk_len_   = 0;      ///< number of pieces unk_text_ encodes to
     int32_t     bos_       = 1;
     bool        add_bos_   = true;
     int32_t     anchor_id_ = 0;    ///< a plain piece ("a") used by decode_run

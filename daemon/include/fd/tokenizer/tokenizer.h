@@ -25,9 +25,9 @@ namespace fd::tokenizer {
 /// How ids become text. Defaults are vLLM's request defaults.
 struct DecodeOptions {
     bool skip_special_tokens = true;            ///< drop special tokens (BOS, EOS, <|im_end|>, ...)
-    /// Put a space between an added/special token's text and the text next to it. Honoured where
-    /// Hugging Face honours it (the "slow" SentencePiece tokenizer); tokenizer.json tokenizers
-    /// ignore it as HF "fast" tokenizers and vLLM do.
+    /// Put a space between an added/special token's text and the text next to it (HF slow
+    /// tokenizers' option). Both implementations ignore it, as HF "fast" tokenizers do (vLLM
+    /// loads a tokenizer.model-only directory as the fast tokenizer converted from it).
     bool spaces_between_special_tokens = true;
     /// The ids continue a sequence (they are not its start): start-of-text rules such as a
     /// decoder stripping the leading space of the first piece do not apply.
