@@ -96,7 +96,7 @@ TEST_CASE("render: sleep, wakeup, update, commit, drop, flush results, V1 shape"
 TEST_CASE("render: is_paused answers both FastDeploy forms; legacy answers FastDeploy's") {
     ControlOutcome q{.op = ControlOp::is_paused};
     q.state = fd::engine::EngineState{.paused = true, .kv_asleep = true, .weights_valid = true, .weight_version = "v3"};
-    const json inner = json::parse(R"({"is_paused":true,"sleeping_tags":["kv_cache"],"weights_valid":true,"weight_version":"v3"})");
+    const json inner = json::parse(R"({"is_paused":true,"pause_draining":false,"sleeping_tags":["kv_cache"],"weights_valid":true,"weight_version":"v3"})");
     json want = inner;
     want["result"] = inner;
     want["status"] = "success";
