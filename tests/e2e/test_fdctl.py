@@ -380,7 +380,7 @@ class Fdctl(unittest.TestCase):
             rc, _, err = fdctl(port, "status")
             self.assertIn("ABI version 99", err)
             # a daemon reclaims a block nobody alive owns
-            with Daemon(env={}, wait=True) as d:
+            with Daemon(env={}, wait=True):
                 pass
         finally:
             if os.path.exists(path):
@@ -401,7 +401,7 @@ class Fdctl(unittest.TestCase):
             port = d.port
         finally:
             d.__exit__(None)
-        with Daemon(env={}) as again:  # a new daemon on another port is unaffected
+        with Daemon(env={}):  # a new daemon on another port is unaffected
             pass
         import fdtest
         orig = fdtest.free_port

@@ -15,7 +15,7 @@ import unittest
 
 import numpy as np
 
-from fdtest import REF, STORIES, Daemon, merge_stream
+from fdtest import REF, STORIES, Daemon
 
 sys.path.insert(0, os.path.dirname(__file__))
 import np_llama  # noqa: E402
