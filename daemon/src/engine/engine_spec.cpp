@@ -147,22 +147,16 @@ void Engine::emit_draft_rows(const StepPlan::RowUse & row, const float * logits)
                                      stats_.spec_by_version[spec_prev_version_].acceptance_rate());
         }
     }
-    if (why == FinishReason::none) {
-        // The accepted drafts' KV (computed by this forward from accepted tokens) is kept; the
-        // rejected ones' slots are not: the blocks past the real tokens go back, and nothing
-        // past n_computed is ever published to the prefix cache.
-        s.n_computed += n_accepted;
-        kv_.commit_full_blocks(s.id, s.tokens, s.n_computed, s.prefix_salt, s.n_prompt);
-        kv_.trim(s.id, static_cast<int64_t>(s.tokens.size()));
-    } else {
-        // Finished: the positions this forward computed count too (routed_experts has a row for
-        // each, as without speculation: every token but the last; a probe saw the accepted
-        // drafts' rows dropped), up to the last token, which no forward took as input.
-        s.n_computed = std::min<int64_t>(s.n_computed + n_accepted, static_cast<int64_t>(s.tokens.size()) - 1);
-        // Its full blocks go to the prefix cache as a plain step's do (a probe saw the block this
-        // last verify step completed left out: the next turn's prompt missed it).
-        kv_.commit_full_blocks(s.id, s.tokens, s.n_computed, s.prefix_salt, s.n_prompt);
-    }
+    // The accepted drafts' KV (computed by this forward from accepted tokens) is kept; the
+    // rejected ones' slots are not. Finished: the positions this forward computed count too
+    // (routed_experts has a row for each, as without speculation: every token but the last; a
+    // probe saw the accepted drafts' rows dropped), up to the last token, which no forward took
+    // as input. Either way the full blocks go to the prefix cache as a plain step's do (a probe
+    // saw the block a finishing verify step completed left out), and nothing past n_computed.
+    s.n_computed = why == FinishReason::none ? s.n_computed + n_accepted
+                                             : std::min<int64_t>(s.n_computed + n_accepted, static_cast<int64_t>(s.tokens.size()) - 1);
+    kv_.commit_full_blocks(s.id, s.tokens, s.n_computed, s.prefix_salt, s.n_prompt);
+    if (why == FinishReason::none) { kv_.trim(s.id, static_cast<int64_t>(s.tokens.size())); }  // the rejected drafts' blocks go back
     s.draft.clear();
     emit(s, why, std::move(ev));
 }
