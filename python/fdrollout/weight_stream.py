@@ -47,6 +47,7 @@ from .client import FdRolloutError
 from .safetensors_np import _f32_to_bf16_bits, is_torch
 
 _MAGIC = b"FDW1"
+_DELTA_FRAME, _DELTA_IDX64, _DELTA_END = 1 << 63, 1 << 62, (1 << 64) - 1  # a delta landing's header flags (fd/stream/landing.h)
 _NP_TAGS = {np.dtype("float32"): "F32", np.dtype("float16"): "F16"}
 _CAST = {"F32": np.float32, "F16": np.float16}
 
@@ -135,9 +136,9 @@ class WeightStream:
             raise ValueError(f"backend must be 'tcp' or 'nccl', not {backend!r}")
         if land not in (True, False, "auto"):
             raise ValueError(f"land must be True, False or 'auto', not {land!r}")
-        if land and (backend != "tcp" or base_version is not None or version is None):
+        if land and (backend != "tcp" or version is None):
             if land is True:
-                raise ValueError("land=True needs backend 'tcp', a version, and no base_version (a delta goes through the daemon)")
+                raise ValueError("land=True needs backend 'tcp' and a version (no file holds landed bytes to name them by)")
             land = False
         self.land, self._lander = land, None
         self._holds = False  # this stream holds its client's one open stream (_take_kept_transport)
@@ -364,6 +365,11 @@ class WeightStream:
         if tag is None:
             raise TypeError(f"{name}: cannot send {v.dtype} values; pass dtype= (F32, F16 or BF16)")
         idx, v = idx.reshape(-1), v.reshape(-1)
+        if idx.size != v.size:
+            raise ValueError(f"{name}: {idx.size} indices but {v.size} values")
+        if self._lander is not None:
+            self._send_delta_landed(name, idx, v, tag, dtype)
+            return
         if narrow and idx.dtype == np.int64 and idx.size and -2**31 <= int(idx.min()) and int(idx.max()) < 2**31:
             idx = idx.astype(np.int32)
         if idx.size != v.size:
@@ -371,6 +377,30 @@ class WeightStream:
         delta = {"n_indices": int(idx.size), "index_dtype": "I64" if idx.dtype == np.int64 else "I32"}
         shape = list(self.expected[name][1])
         self._queue((name, tag, (idx, v), (delta, shape), idx.nbytes + v.nbytes))
+
+    def _send_delta_landed(self, name, idx, v, tag, dtype):
+        """send_delta on a delta landing: frames straight to the ranks (docs/weight_streams.md
+        "Landed deltas"); a stacked expert tensor's delta goes out as its per-expert views'."""
+        plan = self._lander.plan
+        if name not in plan:
+            views = [(n, e[1][0]) for n, e in self.expected.items() if len(e) > 2 and e[2] == name]
+            if views:  # [E, R, C] stacked: expert e's rows are its view's, one after another
+                cols = int(np.prod(self.expected[name][1][2:])) if len(self.expected[name][1]) > 2 else 1
+                edges = np.cumsum([0] + [rows * cols for _, rows in views])
+                cut = np.searchsorted(idx, _edges_like(idx, edges))
+                if cut[0] != 0 or cut[-1] != idx.size:
+                    raise FdRolloutError(400, "invalid_argument", f"{name}: delta indices must be sorted, unique and inside the tensor",
+                                         url=self.client.url)
+                for k, (view, _) in enumerate(views):
+                    lo, hi = int(cut[k]), int(cut[k + 1])
+                    if hi > lo:
+                        self._send_delta_landed(view, idx[lo:hi] - idx.dtype.type(edges[k]), v[lo:hi], tag, dtype)
+                return
+            if name in self.expected:
+                return  # a tensor no rank reads (a tied lm_head, rotary inv_freq): the daemon path ignores it too
+            raise KeyError(f"{name}: not a tensor of the model (the init answer lists them)")
+        v, tag = self._cast(name, v, tag, dtype, want=plan[name][0][1][3])
+        self.bytes_sent += self._lander.send_delta(name, idx, v, self.client.url)
 
     def _queue(self, item):
         self._pending.append(item)
@@ -466,6 +496,8 @@ class _Lander:
 
     def __init__(self, ranks, default_host, timeout):
         self.timeout, self.errors, self.socks, self.queues, self.threads = timeout, [], [], [], []
+        self.delta = bool(ranks) and ranks[0].get("mode") == "delta"  # a delta landing: (indices, values) frames, then an end frame
+        self.frames = [0] * len(ranks)  # delta frames queued per rank (the end frame counts them)
         self.plan = {}  # hf name -> [(rank index, part)], part = [name, offset, nbytes, dtype, dim, src0, n, hf_shape]
         try:
             for i, r in enumerate(ranks):
@@ -499,8 +531,8 @@ class _Lander:
                 q.task_done()
                 continue  # drain: the stream failed
             try:
-                header, part = item
-                _send_all(sock, [header, _bytes_of(part)])  # a column slice is gathered here, on this rank's thread
+                header, parts = item
+                _send_all(sock, [header] + [_bytes_of(p) for p in parts])  # a column slice is gathered here, on this rank's thread
             except (OSError, TimeoutError) as e:
                 self.errors.append(e)
             finally:
@@ -522,10 +554,47 @@ class _Lander:
             if part.nbytes != nbytes:
                 raise ValueError(f"{name}: {part.nbytes} bytes for a part of {nbytes}")
             try:
-                self.queues[i].put((struct.pack("<QQ", offset, nbytes), part), timeout=self.timeout)
+                self.queues[i].put((struct.pack("<QQ", offset, nbytes), [part]), timeout=self.timeout)
             except queue.Full:
                 raise FdRolloutError(0, "timeout", f"{name}: rank {i} did not take its parts within {self.timeout:g} s") from None
             total += nbytes
+        return total
+
+    def send_delta(self, name, idx, v, url):
+        """Queue the delta frames of `name` (idx [n] int32/int64 flat indices into the training
+        tensor, sorted and unique; v [n] in the parts' dtype): a row part gets the indices in its
+        rows (slices, found by binary search), a column part all of them (the rank keeps its
+        columns). Returns the bytes queued.
+        Errors  FdRolloutError 400 when the indices cannot be sorted (they do not split into the
+                parts' row ranges in order; the ranks check each frame's order and range); as send."""
+        self._raise_error()
+        if idx.size == 0:
+            return 0
+        flag = _DELTA_FRAME | (_DELTA_IDX64 if idx.dtype == np.int64 else 0)
+        parts = self.plan[name]
+        hf_shape = parts[0][1][7]
+        cols = int(hf_shape[1]) if len(hf_shape) == 2 else 1
+        rows = sorted({(p[5], p[6]) for _, p in parts if p[4] == 0})
+        cut = {}
+        if rows:  # the row ranges tile the tensor: each index goes to exactly one range, in order
+            edges = [r0 * cols for r0, _ in rows] + [(rows[-1][0] + rows[-1][1]) * cols]
+            b = np.searchsorted(idx, _edges_like(idx, edges))
+            if b[0] != 0 or b[-1] != idx.size or any(b[k] > b[k + 1] for k in range(len(rows))):
+                raise FdRolloutError(400, "invalid_argument", f"{name}: delta indices must be sorted, unique and inside the tensor's "
+                                     f"{int(np.prod(hf_shape))} elements", url=url)
+            cut = {r: (int(b[k]), int(b[k + 1])) for k, r in enumerate(rows)}
+        total = 0
+        for i, (_, offset, _nb, _dtype, dim, src0, n, _shape) in parts:
+            lo, hi = cut[(src0, n)] if dim == 0 else (0, idx.size)
+            if hi <= lo:
+                continue
+            ii, vv = idx[lo:hi], v[lo:hi]
+            try:
+                self.queues[i].put((struct.pack("<QQ", offset | flag, hi - lo), [ii, vv]), timeout=self.timeout)
+            except queue.Full:
+                raise FdRolloutError(0, "timeout", f"{name}: rank {i} did not take its parts within {self.timeout:g} s") from None
+            self.frames[i] += 1
+            total += ii.nbytes + vv.nbytes
         return total
 
     def drain(self):
@@ -542,7 +611,9 @@ class _Lander:
         missing a part then fails at once instead of at its deadline).
         Errors  FdRolloutError ("timeout" when a rank did not take its parts in time)."""
         try:
-            for q in self.queues:
+            for i, q in enumerate(self.queues):
+                if self.delta:  # the end frame: how many delta frames this rank should have
+                    q.put((struct.pack("<QQ", _DELTA_END, self.frames[i]), []), timeout=self.timeout)
                 q.put(None, timeout=self.timeout)
         except queue.Full:
             raise FdRolloutError(0, "timeout", f"a rank did not take its parts within {self.timeout:g} s") from None
@@ -575,9 +646,19 @@ class _Lander:
         self.socks = []
 
 
+def _edges_like(idx, edges):
+    """`edges` as an array of idx's dtype (searchsorted of another dtype would copy idx first),
+    clipped to an int32's range for int32 indices."""
+    e = np.asarray(edges, dtype=np.int64)
+    if idx.dtype == np.int32:
+        e = np.minimum(e, 2**31 - 1)
+    return e.astype(idx.dtype)
+
+
 def changed_elements(old, new):
     """(indices, values) of the elements where `new` differs from `old` bitwise (same shape and
-    dtype; numpy arrays or CPU torch tensors): indices int64 [n] flat, sorted; values [n] of new,
+    dtype; numpy arrays or CPU torch tensors): indices [n] flat, sorted, int32 (int64 for a tensor of
+    2**31 elements or more); values [n] of new,
     a numpy array, or for torch bfloat16 inputs a CPU torch bfloat16 tensor (numpy has none: their
     uint16 bits were refused by send_delta, a probe), which send_delta sends as BF16, widened
     exactly to F32 for an F32 model as `send` does. A NaN that stays NaN with the same bits is
@@ -589,7 +670,7 @@ def changed_elements(old, new):
         raise ValueError(f"changed_elements: {a.shape} {tag_a or a.dtype} vs {b.shape} {tag_b or b.dtype}")
     bits = np.dtype(f"u{a.dtype.itemsize}")
     fa, fb = a.reshape(-1).view(bits), b.reshape(-1).view(bits)
-    idx = np.flatnonzero(fa != fb).astype(np.int64)
+    idx = np.flatnonzero(fa != fb).astype(np.int32 if fa.size < 2**31 else np.int64)
     if tag_b == "BF16" and is_torch(new):
         import torch  # present: new is a torch tensor
         return idx, torch.from_numpy(b.reshape(-1)[idx].view(np.int16)).view(torch.bfloat16)

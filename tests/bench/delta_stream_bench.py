@@ -49,9 +49,9 @@ def timed_full(c, tensors, version, land=False):
             "ranks": ws.result.get("ranks")}
 
 
-def timed_delta(c, deltas, version, base):
+def timed_delta(c, deltas, version, base, land=False):
     t0 = time.perf_counter()
-    with c.weight_stream(version, base_version=base) as ws:
+    with c.weight_stream(version, base_version=base, land=land) as ws:
         for n in sorted(deltas):
             ws.send_delta(n, *deltas[n])
         ws.flush()
@@ -80,7 +80,10 @@ def main():
                    help="idle seconds before each timed update, as a trainer step leaves (the commit before it removes the dir it "
                         "replaced in the background, ~15 ms per 100 MB; 0: back to back, that removal overlapping the next update)")
     p.add_argument("--land", action="store_true",
-                   help="full updates landed on the ranks (weight_stream(land=True)); the deltas then apply on the landed weights")
+                   help="updates landed on the ranks (weight_stream(land=True)): the full ones, and the deltas (sent to each rank "
+                        "straight, written in place at the finish) unless --delta-through-daemon")
+    p.add_argument("--delta-through-daemon", action="store_true",
+                   help="with --land: the deltas go through the daemon (its bucket, the delta file every rank reads), as before stop 55")
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="fd-delta-bench-")
     try:
@@ -94,6 +97,7 @@ def main():
         tp_args = ["--tensor-parallel-size", str(a.tp), "--threads", "1"] if a.tp > 1 else []
         out["bin"] = a.bin
         out["land"] = a.land
+        out["delta_land"] = a.land and not a.delta_through_daemon
         kw = {"bin": a.bin} if a.bin else {}
         with Daemon("--dynamic-load-weight", *tp_args, model=model, extra=False, timeout=300, **kw) as d:
             c = Client(f"127.0.0.1:{d.port}", timeout=300)
@@ -104,11 +108,11 @@ def main():
                 gap()
                 run = {"full_a": timed_full(c, w0, f"a{i}", a.land)}
                 gap()
-                run["delta_1pct"] = timed_delta(c, d1, f"d1-{i}", f"a{i}")
+                run["delta_1pct"] = timed_delta(c, d1, f"d1-{i}", f"a{i}", a.land and not a.delta_through_daemon)
                 gap()
                 run["full_b"] = timed_full(c, w0, f"b{i}", a.land)
                 gap()
-                run["delta_5pct"] = timed_delta(c, d5, f"d5-{i}", f"b{i}")
+                run["delta_5pct"] = timed_delta(c, d5, f"d5-{i}", f"b{i}", a.land and not a.delta_through_daemon)
                 full_s = (run["full_a"]["seconds"] + run["full_b"]["seconds"]) / 2
                 run["delta_1pct_over_full"] = run["delta_1pct"]["seconds"] / full_s
                 run["delta_5pct_over_full"] = run["delta_5pct"]["seconds"] / full_s

@@ -159,8 +159,9 @@ json commit_sealed(ApiContext & ctx, const ControlInput & in, const stream::Seal
     double update_s = 0;
     if (was_paused || u.ok()) {
         shm::MailboxCommand update{.op = "update_weights"};
-        if (s.landed) {  // the ranks hold the bytes: they check that every part arrived, then commit
+        if (s.landed) {  // the ranks hold the bytes: they check that every part arrived, then commit (a delta: write it in place)
             update.weight_land    = true;
+            update.land_delta     = s.base_version.has_value();
             update.land_timeout_s = ctx.stream->timeout_s();
         } else if (s.base_version && s.base_dir.empty()) {  // a delta on landed weights: the ranks alone
             update.weight_delta = s.delta_file.string();
@@ -189,7 +190,11 @@ json commit_sealed(ApiContext & ctx, const ControlInput & in, const stream::Seal
         for (const auto & rep : u.result.ranks) { bytes += rep.bytes; }
     }
     json body{{"weight_version", u.result.version}, {"bytes", bytes}, {"n_tensors", s.n_tensors}, {"ranks", control::rank_reports_json(u.result)}};
-    if (s.base_version) {
+    if (s.base_version && s.landed) {  // the ranks received the frames: what they wrote (replicated tensors on each rank)
+        body["base_version"] = *s.base_version;
+        body["n_delta"]      = bytes;
+        body["bytes"]        = nullptr;
+    } else if (s.base_version) {
         body["base_version"] = *s.base_version;
         body["n_delta"]      = s.n_delta;
         body["n_from_base"]  = s.n_from_base;
@@ -253,8 +258,9 @@ void vllm_init(ApiContext & ctx, const ControlInput & in, Response & res) {
 /// Every rank opens a landing for the update just started (fd/stream/landing.h) and says where
 /// and what it expects: [{rank, host, port, token, timeout_s, parts}] in rank order. Any failure
 /// drops the update (the ranks that opened stop listening).
-json open_landings(ApiContext & ctx, const ControlInput & in) {
+json open_landings(ApiContext & ctx, const ControlInput & in, bool delta) {
     shm::MailboxCommand open{.op = "update_weights"};
+    open.land_delta     = delta;
     open.land_host      = ctx.stream->host();
     open.land_timeout_s = ctx.stream->timeout_s();
     const control::ControlOutcome o = peer::run(ctx, in, open);
@@ -287,7 +293,7 @@ void vllm_start(ApiContext & ctx, const ControlInput & in, Response & res) {
     }
     ctx.stream->start(v, deadline_of(in), base, land);
     json body{{"message", "Weight update started"}};
-    if (land) { body["land"] = open_landings(ctx, in); }
+    if (land) { body["land"] = open_landings(ctx, in, base.has_value()); }
     peer::send_json(res, 200, body);
 }
 

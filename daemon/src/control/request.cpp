@@ -103,6 +103,7 @@ engine::ControlCommand parse_command(const shm::MailboxCommand & wire) {
     r.land_host       = wire.land_host;
     r.weight_land     = wire.weight_land;
     r.land_timeout_s  = wire.land_timeout_s;
+    r.land_delta      = wire.land_delta;
     r.weight_dir      = wire.weight_dir;
     r.weight_delta    = wire.weight_delta;
     r.reload_base     = wire.reload_base;

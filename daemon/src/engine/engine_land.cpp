@@ -8,7 +8,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -31,8 +33,9 @@ void Engine::open_landing(const ControlCommand & cmd, ControlResult & r) {
         fail(Errc::wrong_state, "a landed weight stream needs awake, valid weights on every rank{}; POST /v1/wakeup first",
              state_.degraded ? " (a rank failed)" : "");
     }
-    drop_staged(nullptr);  // a two-phase copy left staged: the landing writes over it
-    runtime::RankRequest req{.op = runtime::RankOp::land_open, .timeout_s = cmd.land_timeout_s};
+    drop_staged(nullptr);  // a two-phase copy left staged: the landing writes over it (a delta would leave it stale)
+    runtime::RankRequest req{.op = cmd.land_delta ? runtime::RankOp::land_delta_open : runtime::RankOp::land_open,
+                             .timeout_s = cmd.land_timeout_s};
     req.fetch.weight_dir = cmd.land_host;
     try {
         accumulate_rank_reports(r, executor_->rank_call(req), std::nullopt);
@@ -43,6 +46,7 @@ void Engine::open_landing(const ControlCommand & cmd, ControlResult & r) {
 }
 
 void Engine::commit_landing(const ControlCommand & cmd, ControlResult & r) {
+    if (cmd.land_delta) { return commit_landed_delta(cmd, r); }
     if (state_.weight_asleep) { fail(Errc::wrong_state, "the weights went to sleep while the stream was landing; nothing was applied"); }
     if (!state_.staged_version.empty()) {
         fail(Errc::wrong_state, "a two-phase update (version '{}') was staged over the landing; nothing was applied", state_.staged_version);
@@ -62,6 +66,14 @@ void Engine::commit_landing(const ControlCommand & cmd, ControlResult & r) {
     accumulate_rank_reports(r, executor_->commit_weights(), *cmd.version);
     weights_changed();
     set_label_unfingerprinted(*cmd.version);  // no file holds these bytes
+    serving_landed_bytes();
+    state_.weights_valid = true;
+    recompute_kept();
+    r.bytes   = landed.empty() ? 0 : landed[0].bytes;
+    r.version = *cmd.version;
+}
+
+void Engine::serving_landed_bytes() {
     // No file holds these bytes: a weight sleep writes them first (snapshot_landed_weights).
     remove_landed_snapshot();
     serving_landed_ = true;
@@ -69,11 +81,34 @@ void Engine::commit_landing(const ControlCommand & cmd, ControlResult & r) {
     serving_dir_owned_ = true;
     drop_pending_deltas();
     note_ipc_load(std::nullopt);
-    state_.weights_valid = true;
-    recompute_kept();
     if (!store_serving_.copy.dir.empty()) { store_serving_ = {}; }
-    r.bytes   = landed.empty() ? 0 : landed[0].bytes;
-    r.version = *cmd.version;
+}
+
+void Engine::commit_landed_delta(const ControlCommand & cmd, ControlResult & r) {
+    if (state_.weight_asleep || !state_.weights_valid) {
+        fail(Errc::wrong_state, "the weights went to sleep (or were invalidated) while the delta was landing; nothing was applied");
+    }
+    if (!cmd.version) {  // no file to fingerprint: the trainer names the bytes
+        executor_->drop_staged_weights();
+        throw Error(Errc::invalid_argument, "a landed delta must name its version (start_weight_update {\"version\": ...})", "version");
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<runtime::RankReport> reps;
+    try {
+        reps = executor_->rank_call({.op = runtime::RankOp::land_close, .timeout_s = cmd.land_timeout_s});
+    } catch (const Error &) {
+        undo_delta_on_ranks();  // the ranks that wrote put their old bytes back (the failed one did already)
+        drop_after_failure();   // and those still listening stop
+        throw;
+    }
+    double write_s = 0;
+    for (const auto & rep : reps) { write_s = std::max(write_s, rep.stage_s); }
+    const size_t n_ranks = reps.size();
+    serve_delta_label(std::move(reps), *cmd.version, "", r);  // r.bytes: elements written, summed over ranks
+    serving_landed_bytes();
+    log::get("engine")->info("update_weights (landed delta): {} elements written in place on {} rank(s) in {:.3f} s (slowest rank {:.3f} s); "
+                             "weight_version {}", r.bytes, n_ranks,
+                             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), write_s, *cmd.version);
 }
 
 void Engine::snapshot_landed_weights(ControlResult & r) {

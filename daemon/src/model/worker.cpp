@@ -337,6 +337,7 @@ int64_t Worker::release_weights() {
     delta_old_.reset();
     delta_old_bytes_ = 0;
     freed += delta_file_.release();
+    freed += land_delta_buf_.release();
     // No step runs until the weights are back: the step buffers go too, unless captured graphs
     // hold their addresses (those go with the cuda_graph tag, release_graphs).
     if (!graphs_on()) { freed += release_activations(); }

@@ -84,7 +84,58 @@ void write_runs(const weights::RankDeltaTensor & t, int64_t es, std::byte * base
     }
 }
 
+/// Swap `n` elements of `base` at `idx` [n] with `vals` [n] (afterwards `vals` holds the old
+/// ones); the element 64 swaps ahead is prefetched (the indices are scattered over the part).
+template <class Elem>
+void swap_at(std::byte * base, const uint32_t * idx, int64_t n, std::byte * vals) {
+    Elem * w = reinterpret_cast<Elem *>(base);
+    Elem * v = reinterpret_cast<Elem *>(vals);  // 8-byte aligned in the landing's buffer
+    constexpr int64_t kAhead = 64;
+    for (int64_t k = 0; k < n; ++k) {
+        if (k + kAhead < n) { __builtin_prefetch(w + idx[k + kAhead], 1); }
+        const Elem old = w[idx[k]];
+        w[idx[k]] = v[k];
+        v[k] = old;
+    }
+}
+
+/// One frame of a delta landing swapped in (or, again, back out).
+void swap_frame(std::byte * arena, const stream::LandPart & p, const stream::LandedDelta::Frame & f, std::byte * bytes) {
+    const auto * idx = reinterpret_cast<const uint32_t *>(bytes + f.idx_at);
+    std::byte * base = arena + p.offset;
+    switch (dtype_size(p.dtype)) {
+    case 4: return swap_at<uint32_t>(base, idx, f.n, bytes + f.val_at);
+    case 2: return swap_at<uint16_t>(base, idx, f.n, bytes + f.val_at);
+    case 1: return swap_at<uint8_t>(base, idx, f.n, bytes + f.val_at);
+    default: fail(Errc::internal, "tensor '{}': a delta landing of {}-byte elements", p.hf_name, dtype_size(p.dtype));
+    }
+}
+
 }  // namespace
+
+int64_t Worker::apply_landed_delta(stream::LandedDelta d, std::vector<stream::LandPart> parts) {
+    FD_CHECK(alloc_->resident(Tag::weight) && !device_mem_, "apply_landed_delta without resident host weights");
+    forget_weight_delta();
+    delta_undo_.landed       = std::move(d);
+    delta_undo_.landed_parts = std::move(parts);
+    const auto & fs = delta_undo_.landed.frames;
+    std::byte * const arena = alloc_->data(Tag::weight);
+    try {
+        for (size_t i = 0; i < fs.size(); ++i) {
+            if (i == fs.size() / 2 && i > 0 && test_fail_here(wcfg_.rank)) {
+                if (test_exit_here()) { std::_Exit(3); }
+                fail(Errc::internal, "rank {}: TEST ONLY (FD_TEST_DELTA_FAIL_RANK): failing half way through a weight delta", wcfg_.rank);
+            }
+            swap_frame(arena, delta_undo_.landed_parts[static_cast<size_t>(fs[i].part)], fs[i], delta_undo_.landed.bytes);
+            delta_undo_.landed_done = i + 1;
+        }
+    } catch (...) {
+        undo_after_failed_delta(*this, wcfg_.rank);
+        throw;
+    }
+    bind();  // the f32 copies of norms and biases follow the new bytes
+    return delta_undo_.landed.n_values();
+}
 
 int64_t Worker::apply_rank_delta(weights::RankDelta && d) {
     FD_CHECK(alloc_->resident(Tag::weight), "apply_rank_delta while the weights are released");
@@ -222,6 +273,17 @@ int64_t Worker::apply_hf_delta(std::shared_ptr<const weights::MappedWeightDelta>
 }
 
 void Worker::undo_weight_delta() {
+    if (!delta_undo_.landed.frames.empty()) {  // a delta landing's frames: swapped back, newest first
+        std::byte * const arena = alloc_->data(Tag::weight);
+        const auto & fs = delta_undo_.landed.frames;
+        for (size_t i = delta_undo_.landed_done; i-- > 0;) {
+            swap_frame(arena, delta_undo_.landed_parts[static_cast<size_t>(fs[i].part)], fs[i], delta_undo_.landed.bytes);
+        }
+        const bool wrote = delta_undo_.landed_done > 0;
+        forget_weight_delta();
+        if (wrote) { bind(); }
+        return;
+    }
     if (delta_undo_.hf) {  // apply_hf_delta's pieces, newest first
         std::byte * const arena = alloc_->data(Tag::weight);
         std::vector<std::byte> host;

@@ -142,6 +142,10 @@ void run_land_open(RankSite & s, const RankRequest & req, RankReport & r) {
     r.detail = s.worker->land_open(req.fetch.weight_dir, req.timeout_s);  // weight_dir carries the address to listen on
 }
 
+void run_land_delta_open(RankSite & s, const RankRequest & req, RankReport & r) {
+    r.detail = s.worker->land_delta_open(req.fetch.weight_dir, req.timeout_s);  // weight_dir carries the address to listen on
+}
+
 void run_land_close(RankSite & s, const RankRequest & req, RankReport & r) {
     const auto t0 = Clock::now();
     r.bytes   = s.worker->land_close(req.timeout_s);

@@ -48,9 +48,24 @@ std::vector<LandPart> land_parts(const model::WeightLayout & layout) {
     return out;
 }
 
+int64_t LandedDelta::n_values() const {
+    int64_t n = 0;
+    for (const Frame & f : frames) { n += f.n; }
+    return n;
+}
+
+int64_t delta_buffer_bytes(const std::vector<LandPart> & parts) {
+    int64_t total = 0;
+    for (const LandPart & p : parts) { total += delta_frame_bytes(p, max_delta_elements(p), /*idx64=*/true); }
+    return total;
+}
+
 struct Landing::State {
+    LandMode              mode = LandMode::full;
     std::vector<LandPart> parts;
     std::byte *           base = nullptr;
+    DeltaBuffer           buffer;          ///< delta: where the frames are kept
+    std::vector<LandedDelta::Frame> frames;  ///< delta: the frames received
     bool                  check_finite = true;
     Clock::time_point     deadline;
     UniqueFd              listener;
@@ -88,12 +103,52 @@ struct Landing::State {
         return std::make_pair(off, nb);
     }
 
+    void mark_done() {
+        std::lock_guard lk(mu);
+        done = true;
+        cv.notify_all();
+    }
+
+    /// A delta landing's frames until its end frame (LandMode::delta in landing.h).
+    void receive_delta(const std::unordered_map<uint64_t, size_t> & by_offset) {
+        for (;;) {
+            const auto h = read_header(conn.get());
+            if (!h) {
+                fail(Errc::source_unavailable, "the trainer closed its landing connection before the delta's end frame ({} frame(s) "
+                                               "arrived); nothing was applied", frames.size());
+            }
+            if (h->first == kDeltaEnd) {
+                if (h->second != frames.size()) {
+                    fail(Errc::invalid_argument, "the delta's end frame counts {} frame(s) for this rank, {} arrived; nothing was applied",
+                         h->second, frames.size());
+                }
+                return mark_done();
+            }
+            if (!(h->first & kDeltaFrame)) {
+                fail(Errc::invalid_argument, "a full part frame (offset {}) on a delta landing: send (indices, values) frames "
+                                             "(start_weight_update had a base_version)", h->first);
+            }
+            const uint64_t off = h->first & ~(kDeltaFrame | kDeltaIndices64);
+            const auto it = by_offset.find(off);
+            if (it == by_offset.end()) {
+                fail(Errc::invalid_argument, "a delta frame at offset {} is no part this rank expects (the start answer lists each part's "
+                                             "offset)", off);
+            }
+            const LandPart & p = parts[it->second];
+            if (got[it->second]) { fail(Errc::invalid_argument, "tensor '{}': a second delta frame for its part at offset {}", p.hf_name, p.offset); }
+            frames.push_back(read_delta_frame(conn.get(), p, static_cast<int32_t>(it->second), h->second, (h->first & kDeltaIndices64) != 0,
+                                              buffer, deadline, check_finite));
+            got[it->second] = 1;
+        }
+    }
+
     void receive() {
         conn = tcp_accept_trainer(listener.get(), token, deadline);
         conn_fd.store(conn.get());
         if (stopping.load()) { return; }  // stop() may have looked before conn_fd was set
         std::unordered_map<uint64_t, size_t> by_offset;
         for (size_t i = 0; i < parts.size(); ++i) { by_offset.emplace(static_cast<uint64_t>(parts[i].offset), i); }
+        if (mode == LandMode::delta) { return receive_delta(by_offset); }
         for (;;) {
             const auto h = read_header(conn.get());
             if (!h) {
@@ -148,7 +203,21 @@ struct Landing::State {
 };
 
 Landing::Landing(std::vector<LandPart> parts, std::byte * base, const std::string & host, double timeout_s, bool check_finite)
+    : Landing(std::move(parts), base, host, timeout_s, check_finite, LandMode::full, nullptr, 0) {}
+
+Landing::Landing(std::vector<LandPart> parts, std::byte * base, const std::string & host, double timeout_s, bool check_finite, LandMode mode,
+                 std::byte * buffer, int64_t buffer_bytes)
     : s_(std::make_unique<State>()) {
+    s_->mode         = mode;
+    s_->buffer       = DeltaBuffer{.base = buffer, .cap = buffer_bytes};
+    if (mode == LandMode::delta) {
+        for (const LandPart & p : parts) {
+            if (p.nbytes / model::dtype_size(p.dtype) > int64_t{UINT32_MAX}) {
+                fail(Errc::wrong_state, "tensor '{}': a part of {} elements is beyond a delta landing's 32-bit element indices; stream the "
+                                        "delta through the daemon", p.hf_name, p.nbytes / model::dtype_size(p.dtype));
+            }
+        }
+    }
     s_->parts        = std::move(parts);
     s_->base         = base;
     s_->check_finite = check_finite;
@@ -159,11 +228,22 @@ Landing::Landing(std::vector<LandPart> parts, std::byte * base, const std::strin
     s_->th       = std::thread([s = s_.get()] { s->run(); });
 }
 
+Landing::Landing(LandMode mode, std::vector<LandPart> parts, std::byte * buffer, int64_t buffer_bytes, const std::string & host,
+                 double timeout_s, bool check_finite)
+    : Landing(std::move(parts), nullptr, host, timeout_s, check_finite, mode, buffer, buffer_bytes) {}
+
 Landing::~Landing() { stop(); }
 
 int32_t Landing::port() const { return s_->port; }
 const std::string & Landing::token() const { return s_->token; }
 const std::vector<LandPart> & Landing::parts() const { return s_->parts; }
+LandMode Landing::mode() const { return s_->mode; }
+
+LandedDelta Landing::delta() const {
+    std::lock_guard lk(s_->mu);
+    FD_CHECK(s_->mode == LandMode::delta && s_->done, "Landing::delta() before a delta landing completed");
+    return LandedDelta{.frames = s_->frames, .bytes = s_->buffer.base};
+}
 
 void Landing::wait(Clock::time_point deadline) {
     liveness::WaitScope waiting;  // bounded by `deadline`: a rank waiting here is not stuck
@@ -171,6 +251,9 @@ void Landing::wait(Clock::time_point deadline) {
     s_->cv.wait_until(lk, deadline, [&] { return s_->done || s_->error.has_value(); });
     if (s_->done) { return; }
     if (s_->error) { throw *s_->error; }
+    if (s_->mode == LandMode::delta) {
+        fail(Errc::timeout, "the landed delta is incomplete at the deadline: {} frame(s) arrived, no end frame", s_->frames.size());
+    }
     fail(Errc::timeout, "the landed stream is incomplete at the deadline: {} of {} parts missing (the first: '{}')",
          s_->parts.size() - static_cast<size_t>(s_->n_got), s_->parts.size(), s_->first_missing());
 }

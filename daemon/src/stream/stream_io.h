@@ -5,6 +5,7 @@
 #pragma once
 
 #include "fd/file_io.h"
+#include "fd/stream/landing.h"
 #include "fd/stream/weight_stream.h"
 
 #include <nlohmann/json.hpp>
@@ -115,6 +116,33 @@ int64_t first_nonfinite(model::DType dtype, const std::byte * p, int64_t n);
 /// [0, numel)): `payload` [s.nbytes] at any alignment, indices (s.index_bytes each) then values.
 /// Errors  as apply_delta (naming the tensor and the position).
 void check_delta_bytes(const TensorSpec & s, const std::byte * payload);
+
+// ---- landing_delta.cpp: a delta landing's frames (fd/stream/landing.h, LandMode::delta) ----
+
+/// Where a delta landing keeps its frames: `cap` bytes at `base`, `used` of them taken.
+struct DeltaBuffer {
+    std::byte * base = nullptr;
+    int64_t     cap  = 0;
+    int64_t     used = 0;
+};
+
+/// The most elements one delta frame for part `p` may carry: its rows' elements of the training
+/// tensor (dim 0), or the whole training tensor's (dim 1: the rank keeps its columns).
+int64_t max_delta_elements(const LandPart & p);
+
+/// Buffer bytes a frame of `n` elements of part `p` takes (indices as received, then values; each
+/// 8-byte aligned).
+int64_t delta_frame_bytes(const LandPart & p, int64_t n, bool idx64);
+
+/// Read one delta frame's payload (its header read: `n` elements, int64 indices when `idx64`)
+/// from `fd` into `buf`, check it and turn it into the part's coordinates (uint32 element indices
+/// into the part's range; a column part keeps only its columns, compacted in place).
+/// Errors  invalid_argument naming the tensor and the position: n of 0 or more than the part takes,
+///         an index outside the training tensor or this part's rows, or not greater than the one
+///         before (unsorted or duplicated); invalid_checkpoint: a non-finite value (when
+///         `check_finite`); read_exact's errors (naming the tensor).
+LandedDelta::Frame read_delta_frame(int fd, const LandPart & p, int32_t part, uint64_t n, bool idx64, DeltaBuffer & buf,
+                                    Clock::time_point deadline, bool check_finite);
 
 // ---- staging_dir.cpp ----
 

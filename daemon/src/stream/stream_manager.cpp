@@ -153,9 +153,6 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
                           bool land) {
     std::unique_lock lk(impl_->mu);
     auto & m = *impl_;
-    if (land && base_version) {
-        throw Error(Errc::invalid_argument, "a landed update carries the full weights; a delta (base_version) goes through the daemon", "land");
-    }
     if (land && m.backend != "tcp") {
         fail(Errc::wrong_state, "landing needs the tcp transport (the daemon's connection stays the trainer's liveness channel); POST "
                                 "/init_weight_transfer_engine {{\"init_info\": {{\"backend\": \"tcp\"}}}} first");
@@ -204,7 +201,7 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
     }
     auto dir = std::make_unique<StagingDir>(m.root, m.cfg.port);
     std::unique_ptr<DeltaFile> delta_out;  // a delta update's tensors land in its weights.fddelta as they arrive
-    if (base_version) {  // header room: ~200 B per tensor entry; 512 reserved for each of the model's tensors
+    if (base_version && !land) {  // header room: ~200 B per tensor entry; 512 reserved for each of the model's tensors
         delta_out = std::make_unique<DeltaFile>(dir->path() / "weights.fddelta", 1024 + 512 * static_cast<int64_t>(m.expected.size()));
     }
     m.update.emplace();

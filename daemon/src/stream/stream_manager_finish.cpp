@@ -40,7 +40,7 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
         m.update->sealed = true;
         if (version) { m.update->version = version; }
         return Sealed{.dir = m.update->dir->path(), .version = m.update->version, .n_tensors = static_cast<int32_t>(m.expected.size()),
-                      .landed = true};
+                      .base_version = m.update->base_version, .landed = true};
     }
     if (m.update->base_version) {  // a delta update: its tensors go in place; every other keeps the base's bytes
         const fs::path f = m.update->delta_out->path();

@@ -154,6 +154,9 @@ struct ControlCommand {
     std::string                land_host;
     bool                       weight_land = false;
     double                     land_timeout_s = 0;
+    /// With land_host / weight_land: a delta landing (sparse changes written in place at the
+    /// commit, all ranks or none: Engine::commit_landed_delta).
+    bool                       land_delta = false;
     bool                       keep_prefix_cache = false;  ///< pause: leave the prefix cache as it is (update/commit still flush it)
     bool                       keep_host_tier = false;  ///< flush_cache: forget the device prefix cache only (wire: mode "device")
     /// Called on the engine thread once the command finished (or was dropped), just before its

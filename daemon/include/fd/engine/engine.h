@@ -290,6 +290,14 @@ private:
     /// update_weights {weight_land}: every rank's landing completes (Worker::land_close), then
     /// every rank commits, labelled cmd.version (required); any failure drops every rank's copy.
     void          commit_landing(const ControlCommand & cmd, ControlResult & r);
+    /// update_weights {weight_land, land_delta}: every rank's delta landing completes and is
+    /// written in place (Worker::land_close), or every rank puts its old bytes back (undo_delta);
+    /// then the label is the command's version (a delta on any serving base; the weights are
+    /// landed from here on: a weight sleep writes them).
+    void          commit_landed_delta(const ControlCommand & cmd, ControlResult & r);
+    /// The ranks' weights were just replaced by landed bytes (commit_landing, commit_landed_delta):
+    /// no file holds them, no dir serves, no pending delta or ipc load is kept.
+    void          serving_landed_bytes();
     /// After a failed landing call: every rank's staged copy dropped; a failure of that is logged, not thrown.
     void          drop_after_failure();
     /// update_weights {weight_delta, weight_land}: a delta stream on landed weights (no serving

@@ -33,6 +33,7 @@
 #include "fd/memory/allocator.h"
 #include "fd/checkpoint/model_config.h"
 #include "fd/model/weights.h"
+#include "fd/stream/landing.h"
 #include "fd/weights/delta_pieces.h"
 #include "fd/weights/rank_delta.h"
 
@@ -303,10 +304,19 @@ public:
     /// Errors  wrong_state when the weights are device memory (a CUDA rank: land through the
     ///         daemon) or released; invalid_argument when `host` cannot be bound.
     std::string land_open(const std::string & host, double timeout_s);
+    /// A delta landing (issue 25; fd/stream/landing.h LandMode::delta): listen as land_open does,
+    /// for sparse changes against the live weights, received into this rank's delta buffer
+    /// (reserved once, at most delta_buffer_bytes of the parts, kept across updates). Forward steps
+    /// go on meanwhile: nothing touches the live weights until land_close. The answer adds
+    /// "mode": "delta". Errors  as land_open.
+    std::string land_delta_open(const std::string & host, double timeout_s);
     /// Wait (at most `timeout_s`) until every part landed, then mark the copy staged (commit_staged
     /// makes it live). Returns the bytes landed (the parts' sum). Errors  wrong_state (no landing
     /// open); the receiver's error or timeout (Landing::wait): the landing is stopped and nothing
     /// is staged.
+    /// A delta landing: wait for its end frame, then write its values in place, keeping the old
+    /// ones (the undo log undo_weight_delta uses), between forward steps; returns the elements
+    /// written. Errors  as above; a failure part way puts back what this rank wrote.
     int64_t land_close(double timeout_s);
     /// Stop a landing in progress (its partial bytes stay in staging, never live). No-op without one.
     void stop_landing() noexcept;
@@ -510,7 +520,15 @@ private:
         std::shared_ptr<const weights::MappedWeightDelta> hf;
         std::vector<weights::DeltaPiece>                  pieces;
         size_t                                            pieces_done = 0;
+        // land_close's log of a delta landing: its frames (values swapped: the old ones), their parts
+        stream::LandedDelta                               landed;
+        std::vector<stream::LandPart>                     landed_parts;
+        size_t                                            landed_done = 0;
     };
+    Arena                                 land_delta_buf_{"landed delta"};
+    void    check_landable() const;  ///< host weights, resident (land_open, land_delta_open)
+    /// Write a delta landing's frames in place (their values become the old ones: the undo log).
+    int64_t apply_landed_delta(stream::LandedDelta d, std::vector<stream::LandPart> parts);  ///< a delta landing's frames (grown, never shrunk)
     std::unique_ptr<std::byte[]>          delta_old_;        ///< apply_hf_delta's undo buffer (grown, never shrunk)
     int64_t                               delta_old_bytes_ = 0;
     Arena                                 delta_file_{"delta file"};  ///< read_hf_delta's copy of the delta file (grown, never shrunk)

@@ -46,8 +46,9 @@ namespace fd::runtime {
     X(apply_hf_delta, "update_weights (delta)") /* split the HF delta file req.fetch.weight_dir with this rank's layout and write its part in place (Worker::apply_hf_delta) */ \
     X(stage_bucket, "update_weights (staging a stream bucket)") /* stage the tensors of the one safetensors file req.fetch.weight_dir ahead of the update (Worker::stage_bucket) */ \
     X(land_open, "update_weights (opening a landing)") /* listen on the address req.fetch.weight_dir for a trainer landing this rank's shard into staging, giving up after req.timeout_s (Worker::land_open): detail {rank, host, port, token, timeout_s, parts} */ \
-    X(land_close, "update_weights (landing)")   /* wait at most req.timeout_s for every landed part, then the copy is staged (Worker::land_close) */ \
-    X(snapshot, "sleep (writing the landed weights)") /* write the live weights to req.fetch.weight_dir/model_state.tp<rank>.safetensors (Worker::write_snapshot), read back by a wakeup's reload */
+    X(land_close, "update_weights (landing)")   /* wait at most req.timeout_s for every landed part, then the copy is staged; a delta landing is written in place instead, bytes = elements (Worker::land_close) */ \
+    X(snapshot, "sleep (writing the landed weights)") /* write the live weights to req.fetch.weight_dir/model_state.tp<rank>.safetensors (Worker::write_snapshot), read back by a wakeup's reload */ \
+    X(land_delta_open, "update_weights (opening a delta landing)") /* as land_open, for sparse changes to the live weights, applied in place by land_close (Worker::land_delta_open); undo_delta puts them back */
 
 enum class RankOp : uint32_t {
 #define FD_RANK_OP_ENUM(name, what) name,

@@ -20,6 +20,17 @@
 // shuts its side down when done: a rank missing parts at that point fails at once, naming one.
 // Every value is checked finite as it arrives (256 KiB pieces, while in cache).
 //
+// A delta landing (LandMode::delta; docs/weight_streams.md "Landed deltas") carries sparse
+// changes against the weights the rank serves: frames of a 16-byte header (u64 LE offset of the
+// part | kDeltaFrame [| kDeltaIndices64], u64 LE n) then n indices (int32 LE, or int64 LE with
+// kDeltaIndices64: flat element indices into the training tensor hf_shape, strictly increasing)
+// then n values in the part's memory dtype. A row part (dim 0) takes the indices inside its rows;
+// a column part (dim 1) takes every changed element of the training tensor and keeps those in its
+// columns (the trainer needs no per-element split). At most one frame per part; parts without one
+// keep their bytes. The end frame (offset kDeltaEnd, n = the delta frames the trainer sent this
+// rank) completes it. The receiver checks and keeps the frames in a buffer; nothing touches the
+// live weights until the owner applies them (Worker::land_close), between forward steps.
+//
 // Thread-safety: the receiver is one thread owned by the Landing; wait() and stop() are for the
 // owner's thread (the rank's control path). Nothing here touches live weights.
 #pragma once
@@ -52,6 +63,33 @@ struct LandPart {
 ///         (a layout this transport cannot fill; the daemon path still can).
 std::vector<LandPart> land_parts(const model::WeightLayout & layout);
 
+/// What a landing receives: every part in full (into a staging region), or sparse changes.
+enum class LandMode { full, delta };
+
+/// Delta frame header flags (the high bits of the offset field) and the end frame's offset.
+inline constexpr uint64_t kDeltaFrame     = uint64_t{1} << 63;
+inline constexpr uint64_t kDeltaIndices64 = uint64_t{1} << 62;
+inline constexpr uint64_t kDeltaEnd       = ~uint64_t{0};
+
+/// A delta landing's frames as received and checked: frame k changes part `part` at `n` elements,
+/// indices [n] uint32 (elements into the part's range of the region) at bytes + idx_at, values [n]
+/// (the part's dtype) at bytes + val_at. `bytes` is the buffer the Landing was given.
+struct LandedDelta {
+    struct Frame {
+        int32_t part = 0;
+        int64_t n = 0;
+        int64_t idx_at = 0;
+        int64_t val_at = 0;
+    };
+    std::vector<Frame> frames;
+    std::byte *        bytes = nullptr;
+    int64_t n_values() const;
+};
+
+/// The buffer bytes a delta landing of `parts` may need at most (every frame as large as its part
+/// allows, int64 indices): the size to give the Landing.
+int64_t delta_buffer_bytes(const std::vector<LandPart> & parts);
+
 class Landing {
 public:
     /// Listen on `host` (a port the kernel picks) with a fresh token and start the receiver,
@@ -59,6 +97,12 @@ public:
     /// deadline (now + `timeout_s`) or stop(). `check_finite`: refuse NaN/Inf (invalid_checkpoint).
     /// Errors  invalid_argument when `host` cannot be bound.
     Landing(std::vector<LandPart> parts, std::byte * base, const std::string & host, double timeout_s, bool check_finite);
+    /// A delta landing (LandMode::delta, above): frames are checked (indices in the part's range
+    /// and strictly increasing, values finite when `check_finite`) and kept in `buffer`
+    /// [buffer_bytes] (delta_buffer_bytes(parts) is always enough) until the end frame.
+    /// Errors  as the full landing's.
+    Landing(LandMode mode, std::vector<LandPart> parts, std::byte * buffer, int64_t buffer_bytes, const std::string & host, double timeout_s,
+            bool check_finite);
     ~Landing();  ///< stop()
     Landing(const Landing &) = delete;
     Landing & operator=(const Landing &) = delete;
@@ -66,8 +110,11 @@ public:
     int32_t port() const;
     const std::string & token() const;
     const std::vector<LandPart> & parts() const;
+    LandMode mode() const;
+    /// A delta landing after wait() returned: its frames (pointing into the buffer it was given).
+    LandedDelta delta() const;
 
-    /// Wait until every part arrived (true), or fail: the receiver's error (invalid_argument for a
+    /// Wait until every part arrived (a delta landing: its end frame), or fail: the receiver's error (invalid_argument for a
     /// frame that is no expected part, invalid_checkpoint for a non-finite value, source_unavailable
     /// when the trainer closed with parts missing, naming the first), or timeout at `deadline`
     /// naming how many parts are missing. The receiver keeps running until stop().
@@ -79,6 +126,8 @@ public:
     struct State;
 
 private:
+    Landing(std::vector<LandPart> parts, std::byte * base, const std::string & host, double timeout_s, bool check_finite, LandMode mode,
+            std::byte * buffer, int64_t buffer_bytes);
     std::unique_ptr<State> s_;
 };
 

@@ -78,6 +78,7 @@ struct MailboxCommand {
     std::string                land_host;
     bool                       weight_land = false;
     double                     land_timeout_s = 0;
+    bool                       land_delta = false;        ///< with land_host / weight_land: a delta landing (applied in place at the commit)
     bool                       keep_prefix_cache = false; ///< pause: keep the prefix cache (prime-rl's clear_cache=false; HTTP only, the block has no field)
 };
 
