@@ -42,10 +42,6 @@ int64_t convert(const LandPart & p, const Bounds & b, std::byte * idx, std::byte
     auto * out = reinterpret_cast<uint32_t *>(idx);
     int64_t prev = -1;
     auto check = [&](int64_t i, int64_t k) {
-        if (i <= prev) {
-            fail(Errc::invalid_argument, "tensor '{}': delta index {} at position {} is not greater than the one before it ({}): indices "
-                                         "must be sorted and unique; nothing was applied", p.hf_name, i, k, prev);
-        }
         if (i < b.lo || i >= b.hi) {
             if (i < 0 || i >= b.rows * b.cols) {
                 fail(Errc::invalid_argument, "tensor '{}': delta index {} at position {} is outside its {} elements; nothing was applied",
@@ -53,6 +49,10 @@ int64_t convert(const LandPart & p, const Bounds & b, std::byte * idx, std::byte
             }
             fail(Errc::invalid_argument, "tensor '{}': delta index {} at position {} is outside this part's elements [{}, {}) (send each part "
                                          "the indices of its rows); nothing was applied", p.hf_name, i, k, b.lo, b.hi);
+        }
+        if (i <= prev) {
+            fail(Errc::invalid_argument, "tensor '{}': delta index {} at position {} is not greater than the one before it ({}): indices "
+                                         "must be sorted and unique; nothing was applied", p.hf_name, i, k, prev);
         }
         prev = i;
     };

@@ -5,11 +5,10 @@
 #include "fd/stream/landing.h"
 
 #include "fd/status.h"
+#include "stream/landing_wire.h"
 
 #include <doctest/doctest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -25,32 +24,6 @@ using fd::stream::LandPart;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-/// A connected trainer socket that said hello with `token`.
-int connect_to(int port, const std::string & token) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family      = AF_INET;
-    a.sin_port        = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0);
-    const std::string body = "{\"token\": \"" + token + "\"}";
-    std::string f = "FDW1";
-    for (int i = 0; i < 4; ++i) { f += static_cast<char>((body.size() >> (8 * i)) & 0xff); }
-    f += body;
-    REQUIRE(::send(fd, f.data(), f.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(f.size()));
-    return fd;
-}
-
-void send_frame(int fd, uint64_t off, const void * p, uint64_t n) {
-    unsigned char h[16];
-    for (int i = 0; i < 8; ++i) {
-        h[i]     = static_cast<unsigned char>(off >> (8 * i));
-        h[8 + i] = static_cast<unsigned char>(n >> (8 * i));
-    }
-    ::send(fd, h, sizeof h, MSG_NOSIGNAL);
-    ::send(fd, p, n, MSG_NOSIGNAL);
-}
 
 /// Two f32 parts: 1 MiB + 16 bytes at 0 (more than one 256 KiB piece) and 64 bytes at offset 2 MiB.
 std::vector<LandPart> two_parts() {
