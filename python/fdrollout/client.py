@@ -332,7 +332,8 @@ class Client:
         process broadcasts from `device` as rank 0; fdrollout.nccl_sender). See
         fdrollout.weight_stream and docs/weight_streams.md. `land`: True = each rank receives its own
         shard from this process straight into its staging memory (one connection per rank; CPU
-        ranks, full updates with a version); "auto" = land where the daemon can, else as usual.
+        ranks, a version), or with `base_version` its share of the delta (written in place at the
+        finish); "auto" = land where the daemon can, else as usual.
         Errors  ValueError for a bad argument ("" as a version); FdRolloutError for what fails on the
                 daemon or its transport, and 409 "wrong_state" while another stream of this
                 client is open (one at a time, also across threads)."""

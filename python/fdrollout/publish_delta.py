@@ -7,7 +7,7 @@ HF (training) names. The rollout applies it in place while it serves exactly tha
     publish.publish_rsync(hf_v1, store="/data/store", version="v1", template_dir="/models/base")
     changes = {}
     for name in hf_v2:
-        idx, vals = changed_elements(hf_v1[name], hf_v2[name])   # flat int64 indices, sorted
+        idx, vals = changed_elements(hf_v1[name], hf_v2[name])   # flat indices (int32 below 2**31 elements), sorted
         if idx.size:
             changes[name] = (idx, vals)                           # or hf_v2[name]: the tensor in full
     publish.publish_rsync_delta(changes, store="/data/store", version="v2", base_version="v1")

@@ -22,7 +22,10 @@ their new values), applied by the daemon to a copy of the base's tensor; `send` 
 tensor in full, and tensors not sent keep the base's bytes. The commit is all-or-nothing as for a
 full update and the served weights equal (bitwise) a full update of the same weights. A delta
 frame's header adds {"n_indices", "index_dtype"}; its payload is the indices then the values.
-`changed_elements(old, new)` gives the (indices, values) of a tensor's changed elements.
+`changed_elements(old, new)` gives the (indices, values) of a tensor's changed elements. With
+`land=True` a delta goes to each rank straight (docs/weight_streams.md "Landed deltas"): a row part
+gets the slice of the sorted indices inside its rows, a column part the whole tensor's delta; each
+rank checks and keeps its frames, and the finish writes them in place on every rank or none.
 
 Every wait is bounded: the socket and each HTTP call time out after `timeout` seconds (a dead or
 stopped daemon raises), and the daemon drops an update that gets nothing for its timeout.
@@ -318,6 +321,10 @@ class WeightStream:
                     r += rows
                 return
         a, tag = _to_numpy(tensor)
+        if self._lander is not None and self._lander.delta:  # a delta landing: the tensor in full as a dense delta
+            flat = a.reshape(-1)
+            self.send_delta(name, np.arange(flat.size, dtype=np.int32 if flat.size < 2**31 else np.int64), flat, dtype)
+            return
         if self._lander is not None:
             if name not in self._lander.plan and name in self.expected:
                 return  # a tensor no rank reads (a tied lm_head, rotary inv_freq): the daemon path ignores it too

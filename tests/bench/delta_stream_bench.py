@@ -28,10 +28,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
-import numpy as np  # noqa: E402
-
 from fdtest import Daemon, make_checkpoint  # noqa: E402
-from fdrollout import Client, changed_elements, safetensors_np  # noqa: E402
+from fdrollout import Client, safetensors_np  # noqa: E402
 from delta_fixtures import changed_everywhere  # noqa: E402
 
 

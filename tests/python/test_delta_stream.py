@@ -164,7 +164,7 @@ class DeltaTp1(unittest.TestCase):
                     continue
                 idx, vals = changed_elements(old[name], new[name])
                 if idx.size:
-                    ws.send_delta(name, idx.astype(np.int32) if name in int32 else idx, vals, narrow=name not in wide)
+                    ws.send_delta(name, idx.astype(np.int32 if name in int32 else np.int64), vals, narrow=name not in wide)  # int64 as before changed_elements gave int32
         return ws.result
 
     def assert_serving(self, ref, version):

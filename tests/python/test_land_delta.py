@@ -5,7 +5,8 @@ daemon at tp=1 and tp=2, with references nobody here wrote: fresh daemons on che
 the same weights, and a landed full update of the same weights (its sleep snapshot, byte for byte).
   - a landed delta serves what a fresh daemon on the new weights serves, and its snapshot equals
     a full landed update's byte for byte; sleep/wakeup keeps it; a delta on the delta goes back;
-  - a delta straddling the tp=2 split of row- and column-split tensors, sparse and dense;
+  - a delta straddling the tp=2 split of row- and column-split tensors, sparse and dense (and a
+    tensor sent in full with send(): a dense delta);
   - a landed delta on a base streamed through the daemon (a dir) makes the weights landed;
   - unsorted, duplicated, out-of-range and negative indices are a 400 naming the tensor, a
     non-finite value a 422, a base nobody serves a 409: nothing changes, the next delta works;
@@ -93,11 +94,14 @@ class LandDeltaTp1(unittest.TestCase):
                 ws.send(name, tensors[name])
         return ws.result
 
-    def delta(self, version, base_version, old, new, int64=(), full=(), c=None):
+    def delta(self, version, base_version, old, new, int64=(), full=(), dense=(), c=None):
         with (c or self.c).weight_stream(version, base_version=base_version, land=True) as ws:
             for name in sorted(new):
-                if name in full:
-                    ws.send_delta(name, np.arange(new[name].size, dtype=np.int32), new[name].reshape(-1))  # dense: every element
+                if name in full:  # send() on a delta landing: the tensor as a dense delta
+                    ws.send(name, new[name])
+                    continue
+                if name in dense:
+                    ws.send_delta(name, np.arange(new[name].size, dtype=np.int32), new[name].reshape(-1))
                     continue
                 idx, vals = changed_elements(old[name], new[name])
                 if idx.size:
@@ -141,7 +145,7 @@ class LandDeltaTp1(unittest.TestCase):
         self.assertNotEqual(ref_new, self.ref_base)
         self.full("s0", self.base)
         dense = "model.layers.2.mlp.down_proj.weight"  # every element in the delta (column-split at tp=2)
-        self.delta("s1", "s0", self.base, new, int64={"model.layers.1.self_attn.o_proj.weight"}, full={dense})
+        self.delta("s1", "s0", self.base, new, int64={"model.layers.1.self_attn.o_proj.weight"}, dense={dense})
         self.assert_serving(ref_new, "s1")
         self.delta("s2", "s1", new, self.base, full={QKV})
         self.assert_serving(self.ref_base, "s2")
