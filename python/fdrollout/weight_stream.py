@@ -583,10 +583,12 @@ class _Lander:
         cols = int(hf_shape[1]) if len(hf_shape) == 2 else 1
         rows = sorted({(p[5], p[6]) for _, p in parts if p[4] == 0})
         cut = {}
-        if rows:  # the row ranges tile the tensor: each index goes to exactly one range, in order
+        if rows:  # each index goes to the one row range holding it, in order (the ranks check each frame's order and range)
             edges = [r0 * cols for r0, _ in rows] + [(rows[-1][0] + rows[-1][1]) * cols]
             b = np.searchsorted(idx, _edges_like(idx, edges))
-            if b[0] != 0 or b[-1] != idx.size or any(b[k] > b[k + 1] for k in range(len(rows))):
+            tiled = rows[0][0] == 0 and rows[-1][0] + rows[-1][1] == hf_shape[0] and all(
+                rows[k][0] + rows[k][1] == rows[k + 1][0] for k in range(len(rows) - 1))
+            if (tiled and (b[0] != 0 or b[-1] != idx.size)) or any(b[k] > b[k + 1] for k in range(len(rows))):
                 raise FdRolloutError(400, "invalid_argument", f"{name}: delta indices must be sorted, unique and inside the tensor's "
                                      f"{int(np.prod(hf_shape))} elements", url=url)
             cut = {r: (int(b[k]), int(b[k + 1])) for k, r in enumerate(rows)}

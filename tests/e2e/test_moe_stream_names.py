@@ -11,7 +11,8 @@ checkpoint's own names (docs/weight_streams.md, "Names"; docs/architectures.md):
   under those names;
 - the same expert sent stacked and split is a 400 "sent twice"; a stacked tensor left out is the
   422 naming it; a stacked tensor in a delta update is a 400 naming the per-expert names to send,
-  and a delta on a per-expert name applies (bitwise a fresh daemon on the edited weights)."""
+  and a delta on a per-expert name applies (bitwise a fresh daemon on the edited weights); a landed
+  update and a landed delta take the stacked names."""
 import os
 import shutil
 import sys
@@ -156,6 +157,14 @@ class StackedQwen3Tp1(StreamedMoe, unittest.TestCase):
         self.stream("landed", self.tensors, land=True)  # the Client sends each stacked tensor's views to the ranks
         self.assert_serving(self.ref_new, "landed")
         self.assertTrue(self.c.health()["weight_stream"]["serving_landed"])
+        # and a landed delta under the stacked names (the Client splits it into the views' deltas): back to the base
+        from fdrollout import changed_elements
+        with self.c.weight_stream("landed-delta", base_version="landed", land=True) as ws:
+            for n in sorted(self.base):
+                idx, vals = changed_elements(self.tensors[n], self.base[n])
+                if idx.size:
+                    ws.send_delta(n, idx, vals)
+        self.assert_serving(self.ref_old, "landed-delta")
 
 
 class StackedQwen3Ep2(StreamedMoe, unittest.TestCase):
