@@ -50,3 +50,27 @@ def changed_everywhere(base, fraction, seed):
         out[name] = b
         deltas[name] = changed_elements(a, b)
     return out, deltas
+
+
+def sparse_delta_class(cls, prefix):
+    """setUpClass of the delta suites (test_delta_stream, test_land_delta): cls.tmp, cls.base
+    (stories260K's tensors), cls.new (sparse_change 1 %, seed 3), the references cls.ref_new and
+    cls.ref_base (greedy (ids, logprobs) of fresh daemons at cls.TP_ARGS on each), cls.d (a daemon
+    on stories260K, --dynamic-load-weight) and cls.c (its Client)."""
+    import os
+    import tempfile
+
+    from fdtest import STORIES, Daemon, copy_checkpoint, fresh_daemon, greedy, rewrite_tensors
+    from fdrollout import Client, safetensors_np
+    cls.tmp = tempfile.mkdtemp(prefix=prefix)
+    cls.base = safetensors_np.load_file(os.path.join(STORIES, "model.safetensors"))
+    cls.new = sparse_change(cls.base, 0.01, seed=3)
+    new_dir = os.path.join(cls.tmp, "new")
+    rewrite_tensors(copy_checkpoint(STORIES, new_dir), lambda t: t.update({k: v.copy() for k, v in cls.new.items()}))
+    with fresh_daemon(new_dir, *cls.TP_ARGS) as ref:
+        cls.ref_new = greedy(ref)[:2]
+    with fresh_daemon(STORIES, *cls.TP_ARGS) as ref:
+        cls.ref_base = greedy(ref)[:2]
+    assert cls.ref_new != cls.ref_base, "the sparse change must show in the greedy probe"
+    cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *cls.TP_ARGS, model=STORIES, extra=False)
+    cls.c = Client(f"127.0.0.1:{cls.d.port}", timeout=20)

@@ -42,7 +42,7 @@ from fdtest import PYTHON, STORIES, Daemon, device_args, copy_checkpoint, fresh_
 from fdrollout import Client, FdRolloutError, changed_elements  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 
-from delta_fixtures import NAME, QKV, delta_of, sparse_change  # noqa: E402,F401
+from delta_fixtures import NAME, QKV, sparse_delta_class  # noqa: E402
 
 
 # The killed delta trainer: opens a delta update on argv[2], sends one delta bucket whole (answered:
@@ -126,23 +126,7 @@ class DeltaTp1(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="fd-pydelta-")
-        cls.base = safetensors_np.load_file(os.path.join(STORIES, "model.safetensors"))
-        cls.new = sparse_change(cls.base, 0.01, seed=3)
-        new_dir = os.path.join(cls.tmp, "new")
-
-        def put(t):
-            t.update({k: v.copy() for k, v in cls.new.items()})
-
-        rewrite_tensors(copy_checkpoint(STORIES, new_dir), put)
-        # The references: fresh daemons at this run's tensor-parallel size on the same weights.
-        with fresh_daemon(new_dir, *cls.TP_ARGS) as ref:
-            cls.ref_new = greedy(ref)[:2]
-        with fresh_daemon(STORIES, *cls.TP_ARGS) as ref:
-            cls.ref_base = greedy(ref)[:2]
-        assert cls.ref_new != cls.ref_base, "the sparse change must show in the greedy probe"
-        cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *cls.TP_ARGS, model=STORIES, extra=False)
-        cls.c = Client(f"127.0.0.1:{cls.d.port}", timeout=20)
+        sparse_delta_class(cls, "fd-pydelta-")
 
     @classmethod
     def tearDownClass(cls):

@@ -18,7 +18,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,7 +30,7 @@ from fdtest import PYTHON, STORIES, Daemon, copy_checkpoint, fresh_daemon, greed
 from fdrollout import Client, FdRolloutError, changed_elements  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 
-from delta_fixtures import NAME, QKV, sparse_change  # noqa: E402
+from delta_fixtures import NAME, QKV, sparse_delta_class  # noqa: E402
 from test_delta_stream import straddling_change  # noqa: E402
 
 # A trainer that lands a base, opens a landed delta on it, sends half of the deltas, says SENT and
@@ -70,18 +69,7 @@ class LandDeltaTp1(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="fd-pylanddelta-")
-        cls.base = safetensors_np.load_file(os.path.join(STORIES, "model.safetensors"))
-        cls.new = sparse_change(cls.base, 0.01, seed=3)
-        new_dir = os.path.join(cls.tmp, "new")
-        rewrite_tensors(copy_checkpoint(STORIES, new_dir), lambda t: t.update({k: v.copy() for k, v in cls.new.items()}))
-        with fresh_daemon(new_dir, *cls.TP_ARGS) as ref:
-            cls.ref_new = greedy(ref)[:2]
-        with fresh_daemon(STORIES, *cls.TP_ARGS) as ref:
-            cls.ref_base = greedy(ref)[:2]
-        assert cls.ref_new != cls.ref_base, "the sparse change must show in the greedy probe"
-        cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "20", *cls.TP_ARGS, model=STORIES, extra=False)
-        cls.c = Client(f"127.0.0.1:{cls.d.port}", timeout=20)
+        sparse_delta_class(cls, "fd-pylanddelta-")
 
     @classmethod
     def tearDownClass(cls):
