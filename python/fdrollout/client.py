@@ -30,10 +30,12 @@ import threading
 import time
 import urllib.parse
 
+from . import watchdog
+
 # Grace on the socket past the daemon's own deadline: its 504 answer must have time to arrive.
 _SOCKET_GRACE_S = 5.0
 # fdctl's --timeout bound (fd::kMaxWaitS): past it the clocks' tick counts overflow, and
-# threading.Timer / socket timeouts raise inside the call (a probe: 1e12 and inf did).
+# the watchdog's / socket timeouts raise inside the call (a probe: 1e12 and inf did).
 _MAX_TIMEOUT_S = 1e7
 _TAGS = ("weight", "kv_cache")
 _PAUSE_MODES = ("abort", "wait", "keep")
@@ -152,7 +154,8 @@ class Client:
         limit = timeout + grace
         conn = http.client.HTTPConnection(self.host, self.port, timeout=limit)
         # The socket timeout restarts with every byte: a peer that answers one byte a second would
-        # hold the call forever. A timer shuts the socket at the limit, so the whole call is bounded.
+        # hold the call forever. The shared watchdog shuts the socket at the limit, so the whole call
+        # is bounded (one thread for every call: fdrollout.watchdog).
         expired = threading.Event()
 
         def give_up():
@@ -163,9 +166,7 @@ class Client:
                 except OSError:
                     pass
 
-        timer = threading.Timer(limit, give_up)
-        timer.daemon = True
-        timer.start()
+        timer = watchdog.arm(limit, give_up)
         try:
             conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
@@ -180,7 +181,7 @@ class Client:
                 raise FdRolloutError(0, late_type, f"{method} {path}: no answer within {limit:g} s ({e})", url=self.url) from e
             raise FdRolloutError(0, "unreachable", f"{method} {path}: {e}", url=self.url) from e
         finally:
-            timer.cancel()
+            watchdog.disarm(timer)
             conn.close()
         try:
             j = json.loads(raw) if raw else None
