@@ -117,7 +117,7 @@ struct Landing::State {
                 fail(Errc::source_unavailable, "the trainer closed its landing connection before the delta's end frame ({} frame(s) "
                                                "arrived); nothing was applied", frames.size());
             }
-            if (h->first == kDeltaEnd) {
+            if (h->first == kDeltaEnd) {  // frames only grows on this thread: read without the lock
                 if (h->second != frames.size()) {
                     fail(Errc::invalid_argument, "the delta's end frame counts {} frame(s) for this rank, {} arrived; nothing was applied",
                          h->second, frames.size());
@@ -136,8 +136,10 @@ struct Landing::State {
             }
             const LandPart & p = parts[it->second];
             if (got[it->second]) { fail(Errc::invalid_argument, "tensor '{}': a second delta frame for its part at offset {}", p.hf_name, p.offset); }
-            frames.push_back(read_delta_frame(conn.get(), p, static_cast<int32_t>(it->second), h->second, (h->first & kDeltaIndices64) != 0,
-                                              buffer, deadline, check_finite));
+            const LandedDelta::Frame f = read_delta_frame(conn.get(), p, static_cast<int32_t>(it->second), h->second,
+                                                          (h->first & kDeltaIndices64) != 0, buffer, deadline, check_finite);
+            std::lock_guard lk(mu);  // wait() reads how many arrived
+            frames.push_back(f);
             got[it->second] = 1;
         }
     }
