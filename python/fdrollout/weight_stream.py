@@ -263,6 +263,11 @@ class WeightStream:
                 return
         a, tag = _to_numpy(tensor)
         if self._lander is not None and self._lander.delta:  # a delta landing: the tensor in full as a dense delta
+            want = self.expected.get(name)
+            if want is None:
+                raise KeyError(f"{name}: not a tensor of the model (the init answer lists them)")
+            if tuple(a.shape) != tuple(want[1]):  # a probe: a [64, 100] array filled 6400 elements of a [64, 172] tensor
+                raise ValueError(f"{name}: shape {list(a.shape)} where the model has {list(want[1])}")
             flat = a.reshape(-1)
             self.send_delta(name, np.arange(flat.size, dtype=np.int32 if flat.size < 2**31 else np.int64), flat, dtype)
             return

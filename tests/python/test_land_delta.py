@@ -11,13 +11,19 @@ the same weights, and a landed full update of the same weights (its sleep snapsh
   - unsorted, duplicated, out-of-range and negative indices are a 400 naming the tensor, a
     non-finite value a 422, a base nobody serves a 409: nothing changes, the next delta works;
   - a rank failing half way through the write (FD_TEST_DELTA_FAIL_RANK) puts every rank back;
-  - a trainer killed mid-delta: the update is dropped, the base serves, the next delta works.
+  - a trainer killed mid-delta: the update is dropped, the base serves, the next delta works;
+  - the base's own label as the version is a 400; a base whose label a checkpoint update reused a 409;
+    send() of another shape a ValueError;
+  - a rank refusing an early frame of a large delta: the trainer's sends go on and the finish names
+    the refusal; a finish without end frames ends within 0.8 of --control-timeout-s, no rank lost.
 """
 import glob
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -26,7 +32,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import PYTHON, STORIES, Daemon, copy_checkpoint, fresh_daemon, greedy, kill_when_sent, rewrite_tensors, wait_until  # noqa: E402
+from fdtest import PYTHON, STORIES, Daemon, copy_checkpoint, fresh_daemon, greedy, kill_when_sent, make_checkpoint, rewrite_tensors, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError, changed_elements  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 
@@ -183,8 +189,32 @@ class LandDeltaTp1(unittest.TestCase):
         emb = "model.embed_tokens.weight"
         half = self.base[emb].size // 2
         self.refused(400, [emb], one([half + 1, 0, 2], name=emb))
+        # the base's own label for the new bytes (a probe: committed, and "i0" then named other weights), landed or not
+        for land in (True, False):
+            with self.assertRaises(FdRolloutError) as e:
+                with self.c.weight_stream("i0", base_version="i0", land=land) as ws:
+                    ws.send_delta(NAME, np.array([0]), np.array([1.0], np.float32))
+            self.assertEqual(e.exception.status, 400, e.exception.message)
+            self.assertIn("base_version", e.exception.message)
+        # send() of a tensor of another shape (a probe: a [64, 100] array was written over a [64, 172] tensor's first 6400)
+        with self.assertRaises(ValueError) as ve:
+            with self.c.weight_stream("bad", base_version="i0", land=True) as ws:
+                ws.send(NAME, np.full((64, 100), 0.5, np.float32))
+        self.assertIn("[64, 172]", str(ve.exception))
+        self.assert_serving(self.ref_base, "i0")
         self.assertEqual(self.delta("i1", "i0", self.base, self.new)["weight_version"], "i1")  # the next delta works
         self.assert_serving(self.ref_new, "i1")
+
+    def test_4b_a_base_whose_label_a_checkpoint_update_reused_is_refused(self):
+        # The label alone is not the base (a probe: a weight_dir update under the base's label took a landed delta).
+        self.full("u0", self.base)
+        self.c.pause()
+        self.c.update_weights(version="u0")  # --model's bytes (stories260K) under the same label
+        self.c.resume()
+        self.refused(409, ["no longer serves"], lambda: self.delta("u1", "u0", self.base, self.new))
+        self.full("u2", self.base)
+        self.assertEqual(self.delta("u3", "u2", self.base, self.new)["weight_version"], "u3")
+        self.assert_serving(self.ref_new, "u3")
 
     def test_5_a_rank_failing_mid_write_rolls_every_rank_back(self):
         tp = 2 if self.TP_ARGS else 1
@@ -210,6 +240,66 @@ class LandDeltaTp1(unittest.TestCase):
         self.assert_serving(self.ref_base, "k0")
         self.delta("k1", "k0", self.base, self.new)
         self.assert_serving(self.ref_new, "k1")
+
+
+class LandDeltaBounds(unittest.TestCase):
+    """A rank refusing an early frame of a delta larger than the sockets' buffers (a probe: the trainer
+    blocked for its whole timeout and never learnt why), and a finish whose end frames never come on
+    a daemon whose control timeout is shorter than the stream's (a probe: a healthy rank was taken
+    for dead and the landed weights were lost)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="fd-pylanddelta-b-")
+        cls.ck = make_checkpoint(os.path.join(cls.tmp, "ck"), "--hidden", "512", "--intermediate", "1536", "--layers", "4",
+                                 "--heads", "8", "--vocab", "512")
+        cls.w = safetensors_np.load_file(os.path.join(cls.ck, "model.safetensors"))
+        cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "5", "--tensor-parallel-size", "2", "--threads", "1",
+                       model=cls.ck, extra=False)
+        cls.c = Client(f"127.0.0.1:{cls.d.port}", timeout=60)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def full(self, version):
+        with self.c.weight_stream(version, land=True, timeout=60) as ws:
+            for n in sorted(self.w):
+                ws.send(n, self.w[n])
+
+    def test_a_refused_early_frame_is_named_at_the_finish_at_once(self):
+        self.full("e0")
+        before = greedy(self.d)
+        t0 = time.monotonic()
+        with self.assertRaises(FdRolloutError) as e:
+            with self.c.weight_stream("e1", base_version="e0", land=True, timeout=60) as ws:
+                ws.send_delta("model.embed_tokens.weight", np.array([5, 3], np.int32), np.ones(2, np.float32))  # unsorted
+                for n in sorted(self.w):  # ~50 MB more on the wire, each tensor in full
+                    if n != "model.embed_tokens.weight":
+                        ws.send(n, self.w[n] * np.float32(1.01))
+        self.assertLess(time.monotonic() - t0, 30, "the trainer's sends never blocked on the refusing rank")
+        self.assertEqual(e.exception.status, 400, e.exception.message)
+        self.assertIn("model.embed_tokens.weight", e.exception.message)
+        self.assertIn("not greater than the one before", e.exception.message)
+        self.assertEqual(greedy(self.d), before)
+
+    def test_b_a_finish_without_end_frames_ends_within_the_control_timeout(self):
+        self.full("f0")
+        before = greedy(self.d)
+        with self.assertRaises(FdRolloutError) as e:
+            with self.c.weight_stream("f1", base_version="f0", land=True, timeout=60) as ws:
+                ws.send_delta("model.norm.weight", np.array([0], np.int32), np.ones(1, np.float32))
+                ws.flush()  # the frame is out; no end frame: the finish is called by hand
+                t0 = time.monotonic()
+                self.c.request("POST", "/finish_weight_update", body={"version": "f1"}, timeout=60)
+        self.assertLess(time.monotonic() - t0, 4.9, "the ranks' wait ends within 0.8 of --control-timeout-s")
+        self.assertEqual(e.exception.status, 504, e.exception.message)
+        h = self.c.health()
+        self.assertEqual((h["state"], h["degraded_ranks"]), ("serving", []), "no rank was taken for dead")
+        self.assertEqual(greedy(self.d), before)
+        self.full("f2")  # and the next update works
+        self.assertEqual(greedy(self.d)[:2], before[:2])
 
 
 class LandDeltaTp2(LandDeltaTp1):

@@ -136,6 +136,10 @@ void stage_ahead(ApiContext & ctx, const stream::BucketReport & r) {
     (void)ctx.engine->control(std::move(cmd));
 }
 
+/// The longest a landed update's finish waits for the ranks' last bytes (seconds; less when the
+/// stream timeout or --control-timeout-s says so).
+constexpr double kLandTailS = 30.0;
+
 /// Load the sealed stream on every rank and commit (or drop it). A serving engine is paused
 /// (mode wait) around the update and resumed after, as for prime-rl's weight_dir update; a
 /// paused one (TRL's pause mode=keep) stays paused. A delta update is committed only while
@@ -162,7 +166,12 @@ json commit_sealed(ApiContext & ctx, const ControlInput & in, const stream::Seal
         if (s.landed) {  // the ranks hold the bytes: they check that every part arrived, then commit (a delta: write it in place)
             update.weight_land    = true;
             update.land_delta     = s.base_version.has_value();
-            update.land_timeout_s = ctx.stream->timeout_s();
+            update.weight_dir     = s.base_version ? s.base_dir.string() : std::string();  // a delta's base: the serving dir ("" = landed)
+            // The trainer sent every byte before it called the finish: the ranks wait only for what is
+            // still in their sockets, and well within the rank call's own bound (0.9 of
+            // --control-timeout-s, past which a rank is taken for dead; a probe: a 60 s stream timeout
+            // on a 20 s control timeout failed a healthy rank). Generation is paused meanwhile.
+            update.land_timeout_s = std::min({ctx.stream->timeout_s(), kLandTailS, 0.8 * ctx.control->config().control_timeout_s});
         } else if (s.base_version && s.base_dir.empty()) {  // a delta on landed weights: the ranks alone
             update.weight_delta = s.delta_file.string();
             update.weight_land  = true;

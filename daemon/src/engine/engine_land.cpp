@@ -92,6 +92,20 @@ void Engine::commit_landed_delta(const ControlCommand & cmd, ControlResult & r) 
         executor_->drop_staged_weights();
         throw Error(Errc::invalid_argument, "a landed delta must name its version (start_weight_update {\"version\": ...})", "version");
     }
+    // The base is the weights the delta was computed against, not only its label (a probe: a
+    // checkpoint-dir update that reused the label took the delta): the stream's landed weights
+    // (weight_dir "") or its serving dir, as they still serve.
+    const bool base_serves = cmd.weight_dir.empty()
+                                 ? serving_landed_
+                                 : !serving_landed_ && !serving_dir_.empty() &&
+                                       std::filesystem::path(cmd.weight_dir) == std::filesystem::path(serving_dir_);
+    if (!base_serves) {
+        drop_after_failure();
+        fail(Errc::wrong_state, "the delta's base ({}) no longer serves: the serving weights came from {} since; nothing was applied; stream "
+                                "the full weights", cmd.weight_dir.empty() ? std::string("landed weights") : cmd.weight_dir,
+             serving_landed_ ? std::string("another landed stream")
+                             : serving_dir_.empty() ? std::string("the --load-strategy source") : serving_dir_);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<runtime::RankReport> reps;
     try {

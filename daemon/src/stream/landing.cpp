@@ -8,9 +8,11 @@
 #include "fd/status.h"
 #include "stream_io.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -189,18 +191,44 @@ struct Landing::State {
         }
     }
 
+    /// After a refusal: read and drop what the trainer still sends until it closes, stop() or the
+    /// deadline, so that its sends never block on this connection (a trainer blocked until its
+    /// timeout never reached the finish that names the refusal; a probe).
+    void drain() noexcept {
+        const int fd = conn.get();
+        if (fd < 0) { return; }
+        std::vector<char> sink(size_t(64) << 10);
+        while (!stopping.load() && Clock::now() < deadline) {
+            pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+            if (::poll(&p, 1, 100) < 0 && errno != EINTR) { return; }
+            if (!(p.revents & (POLLIN | POLLHUP | POLLERR))) { continue; }
+            const ssize_t n = ::recv(fd, sink.data(), sink.size(), 0);
+            if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) { return; }
+        }
+    }
+
     void run() {
+        bool refused = false;
         try {
             receive();
         } catch (const Error & e) {
             std::lock_guard lk(mu);
             if (!stopping.load()) { error = e; }
+            refused = true;
         } catch (const std::exception & e) {
             std::lock_guard lk(mu);
             if (!stopping.load()) { error = Error(Errc::internal, e.what()); }
+            refused = true;
         }
-        std::lock_guard lk(mu);
-        cv.notify_all();
+        {
+            std::lock_guard lk(mu);
+            cv.notify_all();
+        }
+        if (refused && !stopping.load()) {
+            log::get("stream")->warn("landing on port {}: {} (the rest of the trainer's bytes are read and dropped; the finish reports "
+                                     "this)", port, error ? error->what() : "?");
+            drain();
+        }
     }
 };
 

@@ -167,6 +167,11 @@ void StreamManager::start(std::optional<std::string> version, Clock::time_point 
     }
     if (m.update || m.busy) { fail(Errc::wrong_state, "a weight update is already open; send its tensors and POST /finish_weight_update"); }
     model::TensorIndex base;
+    if (base_version && version && *version == *base_version) {  // a probe: the bytes changed and the label did not
+        throw Error(Errc::invalid_argument,
+                    fmt::format("version '{}' is the delta's base_version: a delta makes new bytes, name them with a new version", *version),
+                    "version");
+    }
     if (base_version) {
         if ((!m.serving && !m.serving_landed) || m.serving_version != *base_version) {
             throw Error(Errc::wrong_state,

@@ -31,6 +31,11 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
     }
     if (m.busy) { fail(Errc::wrong_state, "a bucket is still being received; finish after its /update_weights answered"); }
     if (m.update->sealed) { fail(Errc::wrong_state, "the update is already finishing"); }
+    if (version && m.update->base_version && *version == *m.update->base_version) {
+        throw Error(Errc::invalid_argument,
+                    fmt::format("the finish names version '{}', the delta's base: new bytes under the base's label would mislabel them; "
+                                "finish with a new version (or none) or abort; the update stays open", *version), "version");
+    }
     if (version && m.update->version && *version != *m.update->version) {  // never a silent relabel: the trainer meant one of them
         throw Error(Errc::invalid_argument,
                     fmt::format("the finish names version '{}' but the update was started as '{}'; finish with '{}' (or no version) or abort; "
@@ -40,7 +45,8 @@ Sealed StreamManager::seal(std::optional<std::string> version) {
         m.update->sealed = true;
         if (version) { m.update->version = version; }
         return Sealed{.dir = m.update->dir->path(), .version = m.update->version, .n_tensors = static_cast<int32_t>(m.expected.size()),
-                      .base_version = m.update->base_version, .landed = true};
+                      .base_version = m.update->base_version, .base_dir = m.serving && m.update->base_version ? m.serving->path() : fs::path(),
+                      .landed = true};
     }
     if (m.update->base_version) {  // a delta update: its tensors go in place; every other keeps the base's bytes
         const fs::path f = m.update->delta_out->path();
