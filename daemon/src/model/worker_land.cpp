@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -56,7 +57,10 @@ std::string Worker::land_delta_open(const std::string & host, double timeout_s) 
     stop_landing();
     forget_weight_delta();
     std::vector<stream::LandPart> parts = stream::land_parts(layout_);
-    const int64_t need = stream::delta_buffer_bytes(parts);  // virtual (no reserve): only what frames use is ever touched
+    // Virtual (MAP_NORESERVE): only what frames use is ever touched. At most twice this rank's
+    // weights (every frame at its largest is ~2.5-4x them): a bigger delta overflows it and is a 400
+    // naming the tensor (send those tensors in full, or a full update).
+    const int64_t need = std::min(stream::delta_buffer_bytes(parts), std::max(int64_t{64} << 20, 2 * layout_.arena_bytes));
     if (land_delta_buf_.capacity_bytes() < need) { land_delta_buf_.reserve(need); }
     land_ = std::make_unique<stream::Landing>(stream::LandMode::delta, std::move(parts), land_delta_buf_.data(), land_delta_buf_.capacity_bytes(),
                                               host, timeout_s, wcfg_.check_finite_weights);

@@ -108,9 +108,9 @@ LandedDelta::Frame read_delta_frame(int fd, const LandPart & p, int32_t part, ui
     const int64_t idx_at = align8(buf.used);
     const int64_t val_at = idx_at + align8(ne * ib);
     const int64_t end    = val_at + align8(ne * es);
-    if (end > buf.cap) {  // never with delta_buffer_bytes(parts): one frame per part, each within its bound
-        fail(Errc::invalid_argument, "tensor '{}': a delta frame of {} elements overflows this rank's delta buffer ({} of {} bytes used)",
-             p.hf_name, n, buf.used, buf.cap);
+    if (end > buf.cap) {  // a buffer of delta_buffer_bytes(parts) always fits; the rank's may be smaller (Worker::land_delta_open)
+        fail(Errc::invalid_argument, "tensor '{}': a delta frame of {} elements overflows this rank's delta buffer ({} of {} bytes used: a "
+                                     "delta near as large as the weights; send a full update instead)", p.hf_name, n, buf.used, buf.cap);
     }
     const std::string what = fmt::format("the delta of '{}'", p.hf_name);
     std::byte * idx  = buf.base + idx_at;

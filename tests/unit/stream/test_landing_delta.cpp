@@ -2,7 +2,8 @@
 // part takes the indices in its rows (made part-local), a column part keeps its columns of the
 // whole tensor's delta (indices and values compacted), int32 and int64 indices, the end frame; and
 // each refusal (unsorted, duplicated, outside the tensor or the part, non-finite, a part twice, a
-// wrong frame count, a close before the end, a full frame, an empty or oversized frame) named.
+// wrong frame count, a close before the end, a full frame, an empty or oversized frame, a frame past the
+// rank's buffer) named.
 #include "fd/stream/landing.h"
 
 #include "fd/status.h"
@@ -127,5 +128,20 @@ TEST_SUITE("stream::landing_delta") {
         has(refused([](int fd) { send_header(fd, fd::stream::kDeltaFrame | 0, 0); }), "a delta frame of 0 elements for a part that takes 1 to 6");
         has(refused([](int fd) { send_header(fd, fd::stream::kDeltaFrame | 64, 13); }), "tensor 'c': a delta frame of 13 elements");
         has(refused([](int fd) { send_delta_frame<int32_t>(fd, 32, {6}, {1}); }), "a delta frame at offset 32 is no part");
+        {  // a rank's buffer smaller than every frame at its largest (Worker caps it): a frame past it is refused, naming it
+            std::vector<std::byte> small(40);
+            Landing l{LandMode::delta, parts(), small.data(), static_cast<int64_t>(small.size()), "127.0.0.1", 10, true};
+            const int fd = connect_to(l.port(), l.token());
+            send_delta_frame<int32_t>(fd, 0, {6, 7, 8, 9, 10, 11}, {1, 2, 3, 4, 5, 6});
+            std::string e;
+            try {
+                l.wait(Clock::now() + std::chrono::seconds(5));
+            } catch (const fd::Error & x) {
+                e = x.what();
+            }
+            has(e, "tensor 'r': a delta frame of 6 elements overflows this rank's delta buffer");
+            l.stop();
+            ::close(fd);
+        }
     }
 }
