@@ -19,7 +19,6 @@ the same weights, and a landed full update of the same weights (its sleep snapsh
 """
 import glob
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import PYTHON, STORIES, Daemon, copy_checkpoint, fresh_daemon, greedy, kill_when_sent, make_checkpoint, rewrite_tensors, wait_until  # noqa: E402
+from fdtest import PYTHON, STORIES, Daemon, StreamChecks, copy_checkpoint, fresh_daemon, greedy, kill_when_sent, make_checkpoint, rewrite_tensors, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError, changed_elements  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 
@@ -70,17 +69,12 @@ def snapshot(c):
     return out
 
 
-class LandDeltaTp1(unittest.TestCase):
+class LandDeltaTp1(StreamChecks, unittest.TestCase):  # StreamChecks: its tearDownClass
     TP_ARGS = []
 
     @classmethod
     def setUpClass(cls):
         sparse_delta_class(cls, "fd-pylanddelta-")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.stop()
-        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def full(self, version, tensors, land=True, c=None):
         with (c or self.c).weight_stream(version, land=land) as ws:
@@ -242,7 +236,7 @@ class LandDeltaTp1(unittest.TestCase):
         self.assert_serving(self.ref_new, "k1")
 
 
-class LandDeltaBounds(unittest.TestCase):
+class LandDeltaBounds(StreamChecks, unittest.TestCase):
     """A rank refusing an early frame of a delta larger than the sockets' buffers (a probe: the trainer
     blocked for its whole timeout and never learnt why), and a finish whose end frames never come on
     a daemon whose control timeout is shorter than the stream's (a probe: a healthy rank was taken
@@ -257,11 +251,6 @@ class LandDeltaBounds(unittest.TestCase):
         cls.d = Daemon("--dynamic-load-weight", "--control-timeout-s", "5", "--tensor-parallel-size", "2", "--threads", "1",
                        model=cls.ck, extra=False)
         cls.c = Client(f"127.0.0.1:{cls.d.port}", timeout=60)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.stop()
-        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def full(self, version):
         with self.c.weight_stream(version, land=True, timeout=60) as ws:
