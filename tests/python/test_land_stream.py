@@ -200,8 +200,8 @@ class LandTp2(LandTp1):
 
 @unittest.skipUnless(device_args(), "CUDA ranks: run over FD_TEST_DAEMON_ARGS=--device cuda (scripts/gpu_check.sh)")
 class LandOnCuda(unittest.TestCase):
-    """Ranks whose weights are device memory cannot land (409, naming why); land="auto" then
-    streams through the daemon and commits."""
+    """Ranks whose weights are device memory cannot land a full update or a delta (409, naming why);
+    land="auto" then streams through the daemon and commits."""
 
     def test_refused_then_auto_streams_through_the_daemon(self):
         tensors = safetensors_np.load_file(os.path.join(STORIES, "model.safetensors"))
@@ -218,6 +218,18 @@ class LandOnCuda(unittest.TestCase):
                     ws.send(n, tensors[n])
             self.assertEqual(ws.result["weight_version"], "c2")
             self.assertEqual(c.weight_version(), "c2")
+            # a landed delta too: 409 naming why, and land="auto" sends it through the daemon
+            one = (np.array([0], np.int32), np.array([1.5], np.float32))
+            with self.assertRaises(FdRolloutError) as e:
+                with c.weight_stream("c3", base_version="c2", land=True) as ws:
+                    ws.send_delta("model.norm.weight", *one)
+            self.assertEqual(e.exception.status, 409, e.exception.message)
+            self.assertIn("device memory", e.exception.message)
+            self.assertEqual(c.weight_version(), "c2")
+            with c.weight_stream("c4", base_version="c2", land="auto") as ws:
+                ws.send_delta("model.norm.weight", *one)
+            self.assertEqual((ws.result["weight_version"], ws.result["n_delta"]), ("c4", 1))
+            self.assertEqual(c.weight_version(), "c4")
 
 
 if __name__ == "__main__":
