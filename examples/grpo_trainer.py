@@ -11,7 +11,9 @@ Each step:
      rollout's logprobs as the old policy, one optimizer step;
   4. the new weights streamed into the daemon without files (`Client.weight_stream`): in full, or
      as a delta against the version the daemon serves (`send_delta` of the changed elements) when
-     few enough elements changed; the update time and the bytes sent are printed.
+     few enough elements changed, landed on the ranks where they can take it (`--land`: each
+     rank's share on its own connection, no daemon hop); the update time and the bytes sent are
+     printed.
 
   /usr/bin/python3 examples/grpo_trainer.py                      # starts build/fdrollout itself
   /usr/bin/python3 examples/grpo_trainer.py --url 127.0.0.1:8000  # a daemon started with --dynamic-load-weight
@@ -21,7 +23,8 @@ Each step:
 most --max-mismatch (both sides compute in float32 from the same bytes); a delta update was used
 at least once (only the --trainable parameters change: by default the last block's MLP, 13 % of
 the elements, as a cheap fine-tune; a step changes somewhat fewer, the runs print about 11 % "of
-elements changed"; `--trainable all` trains everything and streams in full).
+elements changed"; `--trainable all` trains everything and streams in full); with `--land on`
+every update was landed.
 Needs python3-torch (Debian 1.13) and numpy.
 """
 import argparse
@@ -199,10 +202,12 @@ def grpo_loss(model, samples, clip=0.2):
     return total / max(1, n_tok), mism
 
 
-def stream_weights(client, model, sent, version, mode, threshold):
+def stream_weights(client, model, sent, version, mode, threshold, land="auto"):
     """Stream the model's weights as `version`: a delta against the served version when mode is
-    "delta", or "auto" and the changed share is below `threshold`; else in full. Returns
-    (kind, seconds, bytes on the wire, changed share)."""
+    "delta", or "auto" and the changed share is below `threshold`; else in full. `land`: each rank
+    takes its share on its own connection (True), through the daemon (False), or where the ranks can
+    ("auto"; docs/weight_streams.md "Landing"). Returns (kind, seconds, bytes on the wire, changed
+    share); kind says "landed" when it was."""
     now = {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
     changes = {k: changed_elements(sent["tensors"][k], now[k]) for k in now} if sent["tensors"] else None
     n_all = sum(a.size for a in now.values())
@@ -210,18 +215,18 @@ def stream_weights(client, model, sent, version, mode, threshold):
     use_delta = changes is not None and (mode == "delta" or (mode == "auto" and share < threshold))
     t0 = time.perf_counter()
     if use_delta:
-        with client.weight_stream(version, base_version=sent["version"]) as ws:
+        with client.weight_stream(version, base_version=sent["version"], land=land) as ws:
             for k, (idx, vals) in changes.items():
                 if idx.size:
                     ws.send_delta(k, idx, vals)
     else:
-        with client.weight_stream(version) as ws:
+        with client.weight_stream(version, land=land) as ws:
             for k, a in now.items():
                 ws.send(k, a)
     dt = time.perf_counter() - t0
     assert ws.result["weight_version"] == version, ws.result
     sent.update(tensors=now, version=version)
-    return ("delta" if use_delta else "full"), dt, ws.bytes_sent, share
+    return ("delta" if use_delta else "full") + (" landed" if ws.land else ""), dt, ws.bytes_sent, share
 
 
 def start_daemon(binary, model_dir, tp):
@@ -264,6 +269,8 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--update", choices=["auto", "full", "delta"], default="auto", help="how to stream after each step")
     ap.add_argument("--delta-threshold", type=float, default=0.5, help="auto: delta when fewer than this share of elements changed")
+    ap.add_argument("--land", choices=["auto", "on", "off"], default="auto",
+                    help="updates landed on the ranks (each rank's share on its own connection), through the daemon, or where the ranks can")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", action="store_true", help="assert the invariants (the CTest run)")
     ap.add_argument("--max-mismatch", type=float, default=1e-3)
@@ -284,7 +291,8 @@ def main(argv=None):
         sent = {"tensors": None, "version": None}
         # The daemon serves the trainer's step-0 weights: stream them (in full) first, so that the
         # rollouts and the trainer start from the same bytes whatever the daemon held.
-        kind, dt, nbytes, _ = stream_weights(client, model, sent, "grpo-0", "full", 0)
+        land = {"auto": "auto", "on": True, "off": False}[a.land]
+        kind, dt, nbytes, _ = stream_weights(client, model, sent, "grpo-0", "full", 0, land)
         print(f"step 0: streamed {kind} {nbytes} B in {dt * 1e3:.1f} ms -> grpo-0", flush=True)
         kinds, worst = [], 0.0
         for step in range(1, a.steps + 1):
@@ -295,7 +303,7 @@ def main(argv=None):
             opt.zero_grad()
             loss.backward()
             opt.step()
-            kind, dt, nbytes, share = stream_weights(client, model, sent, f"grpo-{step}", a.update, a.delta_threshold)
+            kind, dt, nbytes, share = stream_weights(client, model, sent, f"grpo-{step}", a.update, a.delta_threshold, land)
             kinds.append(kind)
             worst = max(worst, max(mism))
             print(f"step {step}: rollout version {sorted(versions)} reward {mean_r:.3f} loss {loss.item():+.3e} | "
@@ -309,7 +317,9 @@ def main(argv=None):
         if a.check:
             assert final == f"grpo-{a.steps}", final
             if a.update == "auto" and a.trainable != "all":
-                assert "delta" in kinds, f"only {a.trainable} changes: a delta update was expected ({kinds})"
+                assert any(k.startswith("delta") for k in kinds), f"only {a.trainable} changes: a delta update was expected ({kinds})"
+            if a.land == "on":
+                assert all(k.endswith("landed") for k in kinds), kinds
         return 0
     finally:
         if proc is not None:
