@@ -137,8 +137,10 @@ void stage_ahead(ApiContext & ctx, const stream::BucketReport & r) {
 }
 
 /// The longest a landed update's finish waits for the ranks' last bytes (seconds; less when the
-/// stream timeout or --control-timeout-s says so).
-constexpr double kLandTailS = 30.0;
+/// stream timeout or --control-timeout-s says so). What is left when the trainer calls the finish
+/// is what its sockets and the ranks' hold, a few MB taken in milliseconds; generation is paused
+/// meanwhile, so a trainer that finishes without its last frames holds it this long at most.
+constexpr double kLandTailS = 10.0;
 
 /// Load the sealed stream on every rank and commit (or drop it). A serving engine is paused
 /// (mode wait) around the update and resumed after, as for prime-rl's weight_dir update; a
