@@ -254,7 +254,7 @@ class WeightStream:
         Errors  RuntimeError outside the stream's `with` block."""
         self._check_open(name)
         if self._lander is not None and name not in self._lander.plan:
-            views = [(n, v[1][0]) for n, v in self.expected.items() if len(v) > 2 and v[2] == name]
+            views = self._expert_views(name)
             if views:  # a stacked expert tensor [E, R, C]: the ranks' parts name its per-expert views, rows one after another
                 flat, r = tensor.reshape(-1, tensor.shape[-1]), 0
                 for n, rows in views:
@@ -283,6 +283,11 @@ class WeightStream:
         if tag is None:
             raise TypeError(f"{name}: cannot send a {a.dtype} array; pass dtype= (F32, F16 or BF16)")
         self._queue((name, tag, a, None, a.nbytes))
+
+    def _expert_views(self, name):
+        """[(view name, its rows)] of the stacked expert tensor `name`, in its row order (the init
+        answer's expert_tensors); [] for any other name."""
+        return [(n, v[1][0]) for n, v in self.expected.items() if len(v) > 2 and v[2] == name]
 
     def _cast(self, name, a, tag, dtype, want=None):
         want = want or self.expected.get(name, (None,))[0]
@@ -336,7 +341,7 @@ class WeightStream:
         "Landed deltas"); a stacked expert tensor's delta goes out as its per-expert views'."""
         plan = self._lander.plan
         if name not in plan:
-            views = [(n, e[1][0]) for n, e in self.expected.items() if len(e) > 2 and e[2] == name]
+            views = self._expert_views(name)
             if views:  # [E, R, C] stacked: expert e's rows are its view's, one after another
                 cols = int(np.prod(self.expected[name][1][2:])) if len(self.expected[name][1]) > 2 else 1
                 edges = np.cumsum([0] + [rows * cols for _, rows in views])

@@ -31,13 +31,18 @@ std::pair<double, double> slowest_rank_times(const std::vector<runtime::RankRepo
 
 }  // namespace
 
+bool Engine::delta_base_serves(const std::string & base_dir) const {
+    if (base_dir.empty()) { return serving_landed_; }
+    return !serving_landed_ && !serving_dir_.empty() && std::filesystem::path(base_dir) == std::filesystem::path(serving_dir_);
+}
+
 void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r, runtime::RankOp ranks) {
     if (state_.weight_asleep || !state_.weights_valid) {
         fail(Errc::wrong_state, "a weight delta applies to the serving weights, and they are {}; stream the full weights",
              state_.weight_asleep ? "asleep" : "invalid");
     }
     if (cmd.weight_land) { return apply_landed_delta(cmd, r, ranks); }
-    if (serving_dir_.empty() || std::filesystem::path(cmd.weight_dir) != std::filesystem::path(serving_dir_)) {
+    if (!delta_base_serves(cmd.weight_dir)) {
         fail(Errc::wrong_state, "the serving weights did not come from {} (the delta's base dir) but from {}; stream the full weights",
              cmd.weight_dir, serving_dir_.empty() ? std::string("the --load-strategy source") : serving_dir_);
     }
@@ -92,7 +97,7 @@ void Engine::apply_weight_delta(const ControlCommand & cmd, ControlResult & r, r
 }
 
 void Engine::apply_landed_delta(const ControlCommand & cmd, ControlResult & r, runtime::RankOp ranks) {
-    if (!serving_landed_) {
+    if (!delta_base_serves("")) {
         fail(Errc::wrong_state, "the delta's base was landed on the ranks, but the serving weights came from {} since; stream the full weights",
              serving_dir_.empty() ? std::string("the --load-strategy source") : serving_dir_);
     }

@@ -95,11 +95,7 @@ void Engine::commit_landed_delta(const ControlCommand & cmd, ControlResult & r) 
     // The base is the weights the delta was computed against, not only its label (a probe: a
     // checkpoint-dir update that reused the label took the delta): the stream's landed weights
     // (weight_dir "") or its serving dir, as they still serve.
-    const bool base_serves = cmd.weight_dir.empty()
-                                 ? serving_landed_
-                                 : !serving_landed_ && !serving_dir_.empty() &&
-                                       std::filesystem::path(cmd.weight_dir) == std::filesystem::path(serving_dir_);
-    if (!base_serves) {
+    if (!delta_base_serves(cmd.weight_dir)) {
         drop_after_failure();
         fail(Errc::wrong_state, "the delta's base ({}) no longer serves: the serving weights came from {} since; nothing was applied; stream "
                                 "the full weights", cmd.weight_dir.empty() ? std::string("landed weights") : cmd.weight_dir,

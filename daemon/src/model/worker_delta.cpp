@@ -47,28 +47,38 @@ std::string shape_text(const std::vector<int64_t> & s) {
     return out + "]";
 }
 
-/// Swap the runs' bytes at `base` with `vals` (es bytes per element): afterwards the tensor holds
-/// the values and `vals` the old bytes. One element per run: a typed gather/scatter.
-template <class Elem>
-void swap_points(std::byte * base, const int64_t * starts, int64_t n, std::byte * vals) {
+/// Swap `n` elements of `base` at `idx` [n] (element indices) with `vals` [n] (any alignment):
+/// afterwards the tensor holds the values and `vals` the old ones. The element 64 swaps ahead is
+/// prefetched (the indices are scattered over the tensor).
+template <class Elem, class Index>
+void swap_points(std::byte * base, const Index * idx, int64_t n, std::byte * vals) {
     Elem * w = reinterpret_cast<Elem *>(base);
+    constexpr int64_t kAhead = 64;
     for (int64_t k = 0; k < n; ++k) {
-        Elem v, old;
+        if (k + kAhead < n) { __builtin_prefetch(w + idx[k + kAhead], 1); }
+        Elem v;
         std::memcpy(&v, vals + k * static_cast<int64_t>(sizeof(Elem)), sizeof(Elem));
-        old = w[starts[k]];
-        w[starts[k]] = v;
+        const Elem old = w[idx[k]];
+        w[idx[k]] = v;
         std::memcpy(vals + k * static_cast<int64_t>(sizeof(Elem)), &old, sizeof(Elem));
+    }
+}
+
+/// swap_points for elements of `es` bytes (4, 2 or 1). Errors  internal for another size.
+template <class Index>
+void swap_elements(int64_t es, std::byte * base, const Index * idx, int64_t n, std::byte * vals) {
+    switch (es) {
+    case 4: return swap_points<uint32_t>(base, idx, n, vals);
+    case 2: return swap_points<uint16_t>(base, idx, n, vals);
+    case 1: return swap_points<uint8_t>(base, idx, n, vals);
+    default: fail(Errc::internal, "a one-element delta run of {}-byte elements", es);
     }
 }
 
 /// Every run of `t` one element (no lens): swap the tensor's elements at the starts with `vals`
 /// [t.n_runs()] (afterwards `vals` holds the old values: the undo log needs no copy of its own).
 void swap_in_place(const weights::RankDeltaTensor & t, int64_t es, std::byte * base, std::byte * vals) {
-    if (es == 4) {
-        swap_points<uint32_t>(base, t.starts.data(), t.n_runs(), vals);
-    } else {
-        swap_points<uint16_t>(base, t.starts.data(), t.n_runs(), vals);
-    }
+    swap_elements(es, base, t.starts.data(), t.n_runs(), vals);
 }
 
 /// Write `t`'s runs into `base` from `src` and save what was there into `save` (both
@@ -84,31 +94,9 @@ void write_runs(const weights::RankDeltaTensor & t, int64_t es, std::byte * base
     }
 }
 
-/// Swap `n` elements of `base` at `idx` [n] with `vals` [n] (afterwards `vals` holds the old
-/// ones); the element 64 swaps ahead is prefetched (the indices are scattered over the part).
-template <class Elem>
-void swap_at(std::byte * base, const uint32_t * idx, int64_t n, std::byte * vals) {
-    Elem * w = reinterpret_cast<Elem *>(base);
-    Elem * v = reinterpret_cast<Elem *>(vals);  // 8-byte aligned in the landing's buffer
-    constexpr int64_t kAhead = 64;
-    for (int64_t k = 0; k < n; ++k) {
-        if (k + kAhead < n) { __builtin_prefetch(w + idx[k + kAhead], 1); }
-        const Elem old = w[idx[k]];
-        w[idx[k]] = v[k];
-        v[k] = old;
-    }
-}
-
 /// One frame of a delta landing swapped in (or, again, back out).
 void swap_frame(std::byte * arena, const stream::LandPart & p, const stream::LandedDelta::Frame & f, std::byte * bytes) {
-    const auto * idx = reinterpret_cast<const uint32_t *>(bytes + f.idx_at);
-    std::byte * base = arena + p.offset;
-    switch (dtype_size(p.dtype)) {
-    case 4: return swap_at<uint32_t>(base, idx, f.n, bytes + f.val_at);
-    case 2: return swap_at<uint16_t>(base, idx, f.n, bytes + f.val_at);
-    case 1: return swap_at<uint8_t>(base, idx, f.n, bytes + f.val_at);
-    default: fail(Errc::internal, "tensor '{}': a delta landing of {}-byte elements", p.hf_name, dtype_size(p.dtype));
-    }
+    swap_elements(dtype_size(p.dtype), arena + p.offset, reinterpret_cast<const uint32_t *>(bytes + f.idx_at), f.n, bytes + f.val_at);
 }
 
 }  // namespace

@@ -298,6 +298,9 @@ private:
     /// The ranks' weights were just replaced by landed bytes (commit_landing, commit_landed_delta):
     /// no file holds them, no dir serves, no pending delta or ipc load is kept.
     void          serving_landed_bytes();
+    /// A delta's base still serves: the stream's landed weights (`base_dir` "") or its dir
+    /// `base_dir` (no label check: a reused label is not the same bytes).
+    bool          delta_base_serves(const std::string & base_dir) const;
     /// After a failed landing call: every rank's staged copy dropped; a failure of that is logged, not thrown.
     void          drop_after_failure();
     /// update_weights {weight_delta, weight_land}: a delta stream on landed weights (no serving
