@@ -37,6 +37,7 @@ closes it, and one the daemon closed meanwhile is opened anew (start is retried 
 per Client is open at a time: another opened meanwhile (a thread) is an FdRolloutError 409.
 numpy only; torch tensors are accepted (via .numpy()) but torch is never imported.
 """
+import contextlib
 import threading
 
 import numpy as np
@@ -219,7 +220,8 @@ class WeightStream:
             if exc_type is None:
                 self.flush()
                 if self._lander is not None:  # every part sent and the connections shut: the ranks check they have them all
-                    self._lander.finish()
+                    with self._landing_io():
+                        self._lander.finish()
                 body = {"version": self.version} if self.version is not None else {}
                 self.result = self.client.request("POST", "/finish_weight_update", body=body, timeout=self.timeout)
                 committed = True
@@ -277,12 +279,45 @@ class WeightStream:
             if name not in self._lander.plan:
                 raise KeyError(f"{name}: not a tensor of the model (the init answer lists them)")
             a, tag = self._cast(name, a, tag, dtype, want=self._lander.plan[name][0][1][3])
-            self.bytes_sent += self._lander.send(name, a)
+            with self._landing_io():
+                self.bytes_sent += self._lander.send(name, a)
             return
         a, tag = self._cast(name, a, tag, dtype)
         if tag is None:
             raise TypeError(f"{name}: cannot send a {a.dtype} array; pass dtype= (F32, F16 or BF16)")
         self._queue((name, tag, a, None, a.nbytes))
+
+    @contextlib.contextmanager
+    def _landing_io(self):
+        """Around the landing sender's calls: a broken landing connection (status 0) is raised
+        with what the daemon's /health says of it (a rank closes its landing when a weight sleep,
+        another update or a failure stops it; the trainer saw only "Broken pipe")."""
+        try:
+            yield
+        except FdRolloutError as e:
+            if e.status != 0 or e.type != "unreachable":
+                raise
+            raise FdRolloutError(0, e.type, f"{e.message}; {self._daemon_side()}", url=self.client.url) from e
+
+    def _daemon_side(self):
+        """What /health says that stops a landing (asked once, bounded; never raises)."""
+        try:
+            h = self.client.request("GET", "/health", timeout=min(self.timeout, 5.0))
+        except FdRolloutError as e:
+            return f"the daemon did not answer /health either ({e.message}): it or a rank may have died"
+        why = []
+        if "weight" in (h.get("sleeping_tags") or []):
+            why.append("the weights went to sleep (a weight sleep stops an open landing)")
+        if h.get("degraded_ranks"):
+            why.append(f"rank(s) {h['degraded_ranks']} failed")
+        if self.base_version is not None and h.get("weight_version") != self.base_version:
+            why.append(f"the ranks were updated to weight_version {h.get('weight_version')!r} meanwhile (an update stops an open landing)")
+        if h.get("staged_weight_version"):
+            why.append(f"a two-phase update staged {h['staged_weight_version']!r} over the landing")
+        for what in (h.get("last_control_error"), (h.get("weight_stream") or {}).get("last_error")):
+            if what:
+                why.append(what)
+        return "the daemon: " + ("; ".join(why) if why else f"serving weight_version {h.get('weight_version')!r}, no reason given")
 
     def _expert_views(self, name):
         """[(view name, its rows)] of the stacked expert tensor `name`, in its row order (the init
@@ -358,7 +393,8 @@ class WeightStream:
                 return  # a tensor no rank reads (a tied lm_head, rotary inv_freq): the daemon path ignores it too
             raise KeyError(f"{name}: not a tensor of the model (the init answer lists them)")
         v, tag = self._cast(name, v, tag, dtype, want=plan[name][0][1][3])
-        self.bytes_sent += self._lander.send_delta(name, idx, v, self.client.url)
+        with self._landing_io():
+            self.bytes_sent += self._lander.send_delta(name, idx, v, self.client.url)
 
     def _queue(self, item):
         self._pending.append(item)
@@ -372,7 +408,8 @@ class WeightStream:
         Errors  RuntimeError outside the stream's `with` block."""
         self._check_open("flush")
         if self._lander is not None:
-            self._lander.drain()
+            with self._landing_io():
+                self._lander.drain()
             return None
         if not self._pending:
             return None

@@ -14,6 +14,7 @@ the same weights, and a landed full update of the same weights (its sleep snapsh
   - a trainer killed mid-delta: the update is dropped, the base serves, the next delta works;
   - the base's own label as the version is a 400; a base whose label a checkpoint update reused a 409;
     send() of another shape a ValueError;
+  - a weight sleep or another update while a delta lands: the trainer's error names it;
   - a rank refusing an early frame of a large delta: the trainer's sends go on and the finish names
     the refusal; a finish without end frames ends within 0.8 of --control-timeout-s, no rank lost.
 """
@@ -148,6 +149,10 @@ class LandDeltaTp1(StreamChecks, unittest.TestCase):  # StreamChecks: its tearDo
         self.c.wakeup()
         self.assert_serving(self.ref_new, "t1")
 
+    def stream_health(self):
+        ws = self.c.health()["weight_stream"]
+        return ws["serving_stream_version"], ws["serving_landed"]
+
     def refused(self, status, words, fn):
         before = self.c.weight_version()
         with self.assertRaises(FdRolloutError) as e:
@@ -202,9 +207,15 @@ class LandDeltaTp1(StreamChecks, unittest.TestCase):  # StreamChecks: its tearDo
     def test_4b_a_base_whose_label_a_checkpoint_update_reused_is_refused(self):
         # The label alone is not the base (a probe: a weight_dir update under the base's label took a landed delta).
         self.full("u0", self.base)
+        self.assertEqual(self.stream_health(), ("u0", True))
         self.c.pause()
         self.c.update_weights(version="u0")  # --model's bytes (stories260K) under the same label
         self.c.resume()
+        # /health no longer names the stream (it did: its fields changed only with streams), and the
+        # start refuses the delta before any frame is sent (it was refused at the finish).
+        self.assertEqual(self.stream_health(), (None, False))
+        e = self.refused(409, ["no longer serves", "u0"], lambda: self.c.weight_stream("u1", base_version="u0", land=True).__enter__())
+        self.assertEqual(e.type, "wrong_state", e.message)
         self.refused(409, ["no longer serves"], lambda: self.delta("u1", "u0", self.base, self.new))
         self.full("u2", self.base)
         self.assertEqual(self.delta("u3", "u2", self.base, self.new)["weight_version"], "u3")
@@ -234,6 +245,32 @@ class LandDeltaTp1(StreamChecks, unittest.TestCase):  # StreamChecks: its tearDo
         self.assert_serving(self.ref_base, "k0")
         self.delta("k1", "k0", self.base, self.new)
         self.assert_serving(self.ref_new, "k1")
+
+    def test_7_a_sleep_or_update_during_the_delta_is_named_to_the_trainer(self):
+        # The ranks close their landings; the trainer saw only "Broken pipe" (its sends go on, a
+        # later one or the finish breaks). Its error now names what the daemon did.
+        other = Client(f"127.0.0.1:{self.d.port}", timeout=20)
+        name, idx = "model.layers.0.mlp.down_proj.weight", np.arange(0, 4000, 7, dtype=np.int32)
+        for version, stop, words in (("z1", lambda: other.sleep(), "went to sleep"),
+                                     ("z2", lambda: (other.pause(), other.update_weights(version="z9")), "updated to weight_version 'z9'")):
+            self.full("z0", self.base)
+            with self.assertRaises(FdRolloutError) as e:
+                with self.c.weight_stream(version, base_version="z0", land=True) as ws:
+                    ws.send_delta(name, idx, np.ones(idx.size, np.float32))
+                    ws.flush()
+                    stop()
+                    for _ in range(200):  # bounded: the connection's break shows within a few sends
+                        ws.send_delta(name, idx, np.ones(idx.size, np.float32))
+                        ws.flush()
+                        time.sleep(0.01)
+            self.assertEqual(e.exception.status, 0, e.exception.message)
+            self.assertIn(words, e.exception.message)
+            self.assertIn("stops an open landing", e.exception.message)
+            other.wakeup() if version == "z1" else other.resume()
+        self.assertEqual(self.c.weight_version(), "z9")
+        self.full("z3", self.base)
+        self.assertEqual(self.delta("z4", "z3", self.base, self.new)["weight_version"], "z4")
+        self.assert_serving(self.ref_new, "z4")
 
 
 class LandDeltaBounds(StreamChecks, unittest.TestCase):

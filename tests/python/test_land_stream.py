@@ -9,6 +9,7 @@ writes the landed shards and the wakeup serves them again under the same label.
 import glob
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -188,10 +189,34 @@ class LandTp1(StreamChecks, unittest.TestCase):
         self.c.pause()
         self.c.update_weights()
         self.c.resume()
+        ws = self.c.health()["weight_stream"]  # the landed stream serves no more (/health named it still)
+        self.assertEqual((ws["serving_stream_version"], ws["serving_landed"]), (None, False))
         ids, lps, label = greedy(self.d)
         self.assertEqual((ids, lps), self.ref_old)
         self.assertNotEqual(label, "0", "other bytes than the ones served under '0' came back under it")
         self.assertEqual(self.c.weight_version(), label)
+
+    def test_7_a_rank_recovered_from_the_source_no_longer_serves_the_landed_stream(self):
+        pids = self.d.rank_pids()
+        if not pids:
+            self.skipTest("no rank processes (uni executor)")
+        self.stream("k1", self.tensors)
+        self.assert_serving(self.ref_new, "k1")
+        os.kill(pids[-1], signal.SIGKILL)  # its landed shard is lost: the recovery loads the source
+        wait_until(lambda: self.d.post("/v1/completions", {"prompt": "Once", "max_tokens": 2})[0] == 503, 20, "the rank's death noticed")
+        self.assertEqual(self.d.post("/v1/wakeup")[0], 200)
+        ids, lps, label = greedy(self.d)
+        self.assertEqual((ids, lps), self.ref_old)
+        self.assertNotEqual(label, "k1")
+        ws = self.c.health()["weight_stream"]  # /health named "k1" still, and the engine kept "landed"
+        self.assertEqual((ws["serving_stream_version"], ws["serving_landed"]), (None, False))
+        with self.assertRaises(FdRolloutError) as e:
+            with self.c.weight_stream("k2", base_version="k1", land=True) as w:
+                w.send_delta("model.norm.weight", np.array([0], np.int32), np.array([1.0], np.float32))
+        self.assertEqual(e.exception.status, 409, e.exception.message)
+        self.stream("k3", self.tensors)  # a full stream lands again
+        self.assert_serving(self.ref_new, "k3")
+        self.assertEqual(self.c.health()["weight_stream"]["serving_stream_version"], "k3")
 
 
 class LandTp2(LandTp1):

@@ -166,9 +166,12 @@ void get_model(ApiContext & ctx, const Request & req, Response & res) {
 }
 
 void get_health(ApiContext & ctx, const Request &, Response & res) {
-    res.status = ctx.engine->draining() || ctx.engine->stats().state.degraded ? 503 : 200;
+    const engine::EngineState st = ctx.engine->stats().state;
+    res.status = ctx.engine->draining() || st.degraded ? 503 : 200;
     nlohmann::json body = ctx.control->status_json();
-    if (ctx.stream) { body["weight_stream"] = nlohmann::json::parse(ctx.stream->status_json()); }
+    if (ctx.stream) {  // its serving fields name the last stream only while its bytes serve
+        body["weight_stream"] = nlohmann::json::parse(ctx.stream->status_json(stream::ServingNow{st.weight_version, st.serving_landed, st.serving_dir}));
+    }
     res.set_content(dump(body), "application/json");
 }
 

@@ -121,6 +121,12 @@ void require_serving(ApiContext & ctx, const ControlInput & in, const std::strin
                                 st.degraded ? ", degraded" : "", st.weight_asleep ? ", weights asleep" : "",
                                 st.weights_valid ? "" : ", weights invalid"), "base_version");
     }
+    if (ctx.stream->last_stream_version() == base && !ctx.stream->serves_last_stream({st.weight_version, st.serving_landed, st.serving_dir})) {
+        throw Error(Errc::wrong_state,
+                    fmt::format("base_version '{}': the weight stream of that version no longer serves (the ranks were loaded from {} "
+                                "since, under its label); a delta applies only to the stream's bytes; stream the full weights", base,
+                                st.serving_dir.empty() ? std::string("the --load-strategy source") : st.serving_dir), "base_version");
+    }
 }
 
 /// A full update's bucket, just received: the ranks stage it now, while the trainer sends the

@@ -305,6 +305,7 @@ void Engine::reload_serving_weights(ControlResult & r) {
         accumulate_rank_reports(r, reps, state_.weight_version, /*in_place=*/true);
         return;
     }
+    forget_landed();  // reloaded from a file: landed bytes (a recovered rank's lost shard of them) serve no more
     if (cfg_.source.strategy == weights::LoadStrategy::ipc && req.weight_dir.empty() && replay_ipc_deltas(ipc_before)) {
         r.bytes = reps[0].bytes;  // the records, then the ipc deltas applied on them again: the label stays
         accumulate_rank_reports(r, reps, state_.weight_version, /*in_place=*/true);

@@ -218,9 +218,20 @@ std::optional<Error> StreamManager::last_error() const {
     return impl_->last_error;
 }
 
-std::string StreamManager::status_json() const {
+bool StreamManager::serves_last_stream(const ServingNow & now) const {
+    std::lock_guard lk(impl_->mu);
+    return impl_->serves(now);
+}
+
+std::string StreamManager::last_stream_version() const {
+    std::lock_guard lk(impl_->mu);
+    return impl_->serving || impl_->serving_landed ? impl_->serving_version : std::string();
+}
+
+std::string StreamManager::status_json(const std::optional<ServingNow> & now) const {
     std::lock_guard lk(impl_->mu);
     const auto & m = *impl_;
+    const bool serving = (m.serving || m.serving_landed) && (!now || m.serves(*now));  // an update from elsewhere replaced it
     using nlohmann::json;
     const auto opt = [](const std::optional<std::string> & v) { return v ? json(*v) : json(nullptr); };
     // "connecting": a start (or SGLang's first bucket) waits for the trainer to connect.
@@ -243,8 +254,8 @@ std::string StreamManager::status_json() const {
            {"spare_bytes", m.spare_bytes()},
            {"deadline_in_s", deadline_in_s},
            {"timeout_s", m.backend.empty() ? json(nullptr) : json(m.timeout_s)},
-           {"serving_stream_version", m.serving || m.serving_landed ? json(m.serving_version) : json(nullptr)},
-           {"serving_landed", m.serving_landed},
+           {"serving_stream_version", serving ? json(m.serving_version) : json(nullptr)},
+           {"serving_landed", serving && m.serving_landed},
            {"landing", m.update && m.update->landed},
            {"stage_ahead", m.cfg.stage_ahead},
            {"last_error", m.last_error ? json(m.last_error->what()) : json(nullptr)}};

@@ -157,6 +157,14 @@ struct StreamManager::Impl {
     /// The last full update was landed on the ranks (no serving dir): a delta on serving_version
     /// is applied on the ranks alone (the engine's landed weights; their snapshot at a sleep).
     bool                        serving_landed = false;
+
+    /// The ranks serve the last committed stream's bytes (StreamManager::serves_last_stream).
+    bool serves(const ServingNow & now) const {
+        if (!serving && !serving_landed) { return false; }
+        if (now.weight_version != serving_version) { return false; }
+        if (serving_landed) { return now.landed; }
+        return !now.landed && !now.dir.empty() && std::filesystem::path(now.dir) == serving->path();
+    }
     std::optional<Error>        last_error;
 
     /// Run `fn` outside the lock with `busy` set (so no other call starts and drop() only

@@ -234,6 +234,11 @@ struct EngineState {
     bool              weights_valid = true;
     std::string       weight_version;
     std::string       staged_version;             ///< two-phase update: validated and staged, not serving ("" = none)
+    /// Where the serving bytes came from: landed by a weight stream (no file holds them), else the
+    /// checkpoint dir they were loaded from ("" = the --load-strategy source). A stream's /health
+    /// fields and a delta's base check compare them with the stream's last commit.
+    bool              serving_landed = false;
+    std::string       serving_dir;
     bool              degraded      = false;      ///< a rank failed: generation refused until wakeup recovers it
     std::vector<int32_t> failed_ranks;            ///< the failed ranks (may be empty when a group call failed)
     std::string       executor_backend = "uni";   ///< uni | mp

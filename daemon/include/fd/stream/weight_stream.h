@@ -184,6 +184,14 @@ struct Sealed {
     bool                       landed = false;
 };
 
+/// What the ranks serve now, from the engine's state (engine::EngineState): the label, and where
+/// its bytes came from (landed by a stream, else the checkpoint dir, "" = the configured source).
+struct ServingNow {
+    std::string weight_version;
+    bool        landed = false;
+    std::string dir;
+};
+
 class StreamManager {
 public:
     explicit StreamManager(StreamConfig cfg);
@@ -283,14 +291,25 @@ public:
     /// The reason the last update was dropped ("" = none since the last init/start).
     std::optional<Error> last_error() const;
 
+    /// Whether the ranks still serve the bytes of the last stream this daemon committed: `now`
+    /// (the engine's state) carries its label, and comes from the same landing or the same
+    /// staging dir. False after an update from elsewhere (a checkpoint dir, ipc, a rank's recovery
+    /// from the source), even under the same label, and before any stream committed.
+    bool serves_last_stream(const ServingNow & now) const;
+
+    /// The last committed stream's label ("" = none since start-up).
+    std::string last_stream_version() const;
+
     /// For /health and the routes: {state: "idle" | "open" | "receiving" | "finishing",
     /// transport, connected, update_open, version, base_version, n_received, n_expected,
     /// n_delta, bytes_received, recycled_bytes (of the open update's, written into recycled
     /// pages), deadline_in_s (the watchdog's: seconds until an open update that gets nothing more
     /// is dropped; null when none), serving_stream_version, serving_landed (that version was
     /// landed on the ranks: no dir holds it), landing (the open update lands on the ranks),
-    /// spare_bytes (the spare dir's recyclable bytes), last_error}.
-    std::string status_json() const;
+    /// spare_bytes (the spare dir's recyclable bytes), last_error}. With `now`, the serving
+    /// fields name the last stream only while it serves (serves_last_stream): null / false after
+    /// an update from elsewhere.
+    std::string status_json(const std::optional<ServingNow> & now = std::nullopt) const;
 
     /// The model's tensors a full update carries, under --model's checkpoint's own names and
     /// shapes (read at the first init): a stacked expert tensor as stored (3-D [E, 2*I, H] /
