@@ -9,7 +9,9 @@ in a background thread, and in a training loop that runs during the next step). 
 from opening the stream to the commit's answer (init, start, buckets, finish = stage + commit on
 every rank); the trainer's diff (which elements changed) is computed before and not timed.
 Reported: each ratio (delta ÷ the median full time of the rep), the delta's split into
-buckets (wire + apply to the base copy) and finish, and the bytes on the wire.
+buckets (wire + apply to the base copy) and finish, the bytes on the wire, and how busy the
+machine's CPUs were while the bytes went out and while the finish ran (/proc/stat, 10 ms ticks:
+1.0 = every CPU busy, so nothing run beside it would go faster).
 
   /usr/bin/python3 tests/bench/delta_stream_bench.py [--reps 3] [--hidden 512 --layers 8] [--bin B] [--daemon-log L] > out.json
 (--daemon-log keeps the daemon's log: its per-stage timers for the seal, the ranks' read/write and the commit.)
@@ -34,30 +36,45 @@ from delta_fixtures import changed_everywhere  # noqa: E402
 
 
 
-def timed_full(c, tensors, version, land=False):
+def cpu_times():
+    """(all, idle) jiffies of every CPU since boot (/proc/stat; 10 ms ticks)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v), v[3] + v[4]
+
+
+def busy(a, b):
+    """The fraction of the machine's CPUs busy between cpu_times() a and b (coarse: 10 ms ticks)."""
+    return round(1 - (b[1] - a[1]) / max(1, b[0] - a[0]), 2)
+
+
+def timed(ws, send):
+    """Time a stream: its start, the sends (until every byte left), the finish; and how busy the
+    CPUs were while the bytes went out and while the finish ran."""
     t0 = time.perf_counter()
-    with c.weight_stream(version, land=land) as ws:
-        for n in sorted(tensors):
-            ws.send(n, tensors[n])
+    with ws:
+        c1 = cpu_times()
+        send(ws)
         ws.flush()
-        t_last = time.perf_counter()
-    t1 = time.perf_counter()
-    assert ws.result["weight_version"] == version
+        t_last, c2 = time.perf_counter(), cpu_times()
+    t1, c3 = time.perf_counter(), cpu_times()
     return {"seconds": t1 - t0, "buckets_s": t_last - t0, "finish_s": t1 - t_last, "wire_bytes": ws.bytes_sent,
-            "ranks": ws.result.get("ranks")}
+            "cpu_busy_sending": busy(c1, c2), "cpu_busy_finish": busy(c2, c3), "ranks": ws.result.get("ranks")}
+
+
+def timed_full(c, tensors, version, land=False):
+    ws = c.weight_stream(version, land=land)
+    r = timed(ws, lambda ws: [ws.send(n, tensors[n]) for n in sorted(tensors)])
+    assert ws.result["weight_version"] == version, ws.result
+    return r
 
 
 def timed_delta(c, deltas, version, base, land=False):
-    t0 = time.perf_counter()
-    with c.weight_stream(version, base_version=base, land=land) as ws:
-        for n in sorted(deltas):
-            ws.send_delta(n, *deltas[n])
-        ws.flush()
-        t_last = time.perf_counter()
-    t1 = time.perf_counter()
+    ws = c.weight_stream(version, base_version=base, land=land)
+    r = timed(ws, lambda ws: [ws.send_delta(n, *deltas[n]) for n in sorted(deltas)])
     assert ws.result["weight_version"] == version and ws.result["base_version"] == base, ws.result
-    return {"seconds": t1 - t0, "buckets_s": t_last - t0, "finish_s": t1 - t_last, "wire_bytes": ws.bytes_sent,
-            "n_delta": ws.result["n_delta"], "ranks": ws.result.get("ranks")}
+    r["n_delta"] = ws.result["n_delta"]
+    return r
 
 
 def median(xs):
@@ -123,6 +140,8 @@ def main():
         for k in ("full_a", "delta_1pct", "delta_5pct"):
             out["median"][k + "_s"] = median([r[k]["seconds"] for r in out["runs"]])
             out["median"][k + "_finish_s"] = median([r[k]["finish_s"] for r in out["runs"]])
+            for b in ("cpu_busy_sending", "cpu_busy_finish"):
+                out["median"][f"{k}_{b}"] = median([r[k][b] for r in out["runs"]])
             out["median"][k + "_wire_bytes"] = out["runs"][0][k]["wire_bytes"]
         out["load_avg_at_end"] = os.getloadavg()[0]
         print(json.dumps(out, indent=1))
