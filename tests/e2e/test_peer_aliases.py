@@ -112,6 +112,9 @@ ALIASES = [
     # an unknown (or finished) rid: SGLang's empty 200 (http_server.py abort_request; it was our 404)
     ("sglang", "POST", "/abort_request", {"rid": "cmpl-unknown"}, [], ("GET", "/health", None), 200, exact("")),
     ("sglang", "POST", "/abort_request", {"rid": 7}, [], ("GET", "/health", None), 400, keys("error")),
+    # neither: SGLang's AbortReq() defaults (rid "", abort_all false) abort nothing and answer 200 (it was our 400)
+    ("sglang", "POST", "/abort_request", {}, [], ("GET", "/health", None), 200, exact("")),
+    ("sglang", "POST", "/abort_request", {"rid": None, "abort_all": False}, [], ("GET", "/health", None), 200, exact("")),
 ]
 
 # /health fields that must agree between the alias daemon and its V1 twin after each row

@@ -161,6 +161,11 @@ void sglang_abort_request(ApiContext & ctx, const ControlInput & in, Response & 
         cmd.abort_all = b["abort_all"].get<bool>();
     }
     if (cmd.abort_all) { cmd.request_id.clear(); }  // SGLang: abort_all wins over rid
+    if (!cmd.abort_all && cmd.request_id.empty()) {  // SGLang's AbortReq() defaults (rid "", abort_all false): nothing to abort, 200
+        log::get("api")->info("abort_request: neither a rid nor abort_all; nothing aborted, answered 200 as SGLang does");
+        res.status = 200;
+        return;
+    }
     const ControlOutcome o = run(ctx, in, cmd);
     if (!o.ok() && control::http_status(o) == 404 && !cmd.abort_all) {  // a finished (or never known) request: SGLang's 200
         log::get("api")->info("abort_request: no queued, running or kept request has rid '{}' (finished or unknown); answered 200 as "
