@@ -286,6 +286,10 @@ void add_vllm_flags(CLI::App & app, fd::Config & c) {
                    "top_k, min_p, repetition_penalty for fields a request leaves out; max_new_tokens caps every request's max "
                    "tokens), vllm = the built-in defaults, or a folder whose generation_config.json is read")
         ->envname("FD_GENERATION_CONFIG")->capture_default_str();
+    app.add_option("--override-generation-config", c.server.override_generation_config,
+                   "vLLM's flag: a JSON object of sampling defaults replacing --generation-config's, e.g. '{\"temperature\": 0.6, "
+                   "\"max_new_tokens\": 512}' (temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens; null clears one)")
+        ->envname("FD_OVERRIDE_GENERATION_CONFIG");
     app.add_option("--max-logprobs", c.server.max_logprobs, "Largest logprobs / top_logprobs / prompt_logprobs a request may ask for (vLLM's flag)")
         ->envname("FD_MAX_LOGPROBS")->check(CLI::Range(0, 1024))->capture_default_str();
 }
@@ -362,9 +366,10 @@ int run(fd::Config & cfg, sigset_t & signals) {
              r.model.architecture, r.model.n_layers, r.model.hidden_size, r.model.n_heads, r.model.n_kv_heads,
              r.model.vocab_size, cfg.engine.weight_version);
     if (!cfg.server.sampling_defaults.empty()) {  // vLLM warns the same way
-        lg->warn("default sampling parameters overridden by the model's generation config ({}): {}; a request's own fields "
+        lg->warn("default sampling parameters overridden by the model's generation config ({}{}): {}; a request's own fields "
                  "win, max_tokens caps every request. Start with --generation-config vllm if this is not intended",
                  cfg.server.generation_config == "auto" ? "generation_config.json" : cfg.server.generation_config,
+                 cfg.server.override_generation_config.empty() ? "" : " and --override-generation-config",
                  cfg.server.sampling_defaults.describe());
     }
     auto tok = fd::tokenizer::load_tokenizer(cfg.model.model_dir, {.bos_token_id = r.model.bos_token_id});

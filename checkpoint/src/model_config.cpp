@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <type_traits>
 
 namespace fd::model {
 namespace {
@@ -389,36 +390,65 @@ ModelConfig load_model_config(const path & dir) {
     return c;
 }
 
+namespace {
+
+/// The sampling fields of `g` into `d` (GenerationDefaults). `diff`: a value equal to
+/// transformers' own default is not taken (the file, as vLLM reads GenerationConfig.to_diff_dict());
+/// `null_unsets`: a null clears the field (an override, as vLLM's dict update does), else null is
+/// not taken. A value out of range fails with `code`, naming `where` and the field, then `hint`.
+void sampling_fields(const json & g, const std::string & where, Errc code, bool diff, bool null_unsets, const char * hint,
+                     GenerationDefaults & d) {
+    const auto number = [&](const char * key, std::optional<double> hf, const char * range, auto ok, auto & field) {
+        auto it = g.find(key);
+        if (it == g.end()) { return; }
+        if (it->is_null()) {
+            if (null_unsets) { field.reset(); }
+            return;
+        }
+        const double v = it->is_number() ? it->get<double>() : std::nan("");
+        if (!std::isfinite(v) || !ok(v)) { fail(code, "{}: field '{}' must be {}, got {}{}", where, key, range, it->dump(), hint); }
+        if (diff && hf && v == *hf) { return; }
+        field = static_cast<typename std::remove_reference_t<decltype(field)>::value_type>(v);
+    };
+    const auto integral = [](double v) { return v == std::floor(v) && std::abs(v) <= (1 << 30); };
+    number("temperature", 1.0, "in [0, 100]", [](double x) { return x >= 0 && x <= 100; }, d.temperature);
+    number("top_p", 1.0, "in (0, 1]", [](double x) { return x > 0 && x <= 1; }, d.top_p);
+    number("top_k", 50.0, "an integer >= -1", [&](double x) { return integral(x) && x >= -1; }, d.top_k);
+    number("min_p", std::nullopt, "in [0, 1]", [](double x) { return x >= 0 && x <= 1; }, d.min_p);
+    number("repetition_penalty", 1.0, "in (0, 100]", [](double x) { return x > 0 && x <= 100; }, d.repetition_penalty);
+    number("max_new_tokens", std::nullopt, "an integer >= 1", [&](double x) { return integral(x) && x >= 1; }, d.max_new_tokens);
+}
+
+constexpr const char * kSamplingKeys[] = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens"};
+
+}  // namespace
+
 GenerationDefaults read_generation_defaults(const path & dir) {
     GenerationDefaults d;
     const auto file = dir / "generation_config.json";
     if (!std::filesystem::exists(file)) { return d; }
     const json g = read_json(file);
     if (!g.is_object()) { fail(Errc::invalid_checkpoint, "{}: not a JSON object", file.string()); }
-    // Each field: absent or null = not taken; transformers' own default (`hf`) = not taken (vLLM
-    // reads GenerationConfig.to_diff_dict()); else a number in `ok`, named on failure.
-    const auto number = [&](const char * key, std::optional<double> hf, const char * range, auto ok) -> std::optional<double> {
-        if (absent(g, key)) { return std::nullopt; }
-        const double v = get_number(g, key, file, std::nullopt);
-        if (!ok(v)) {
-            fail(Errc::invalid_checkpoint, "{}: field '{}' must be {}, got {} (start with --generation-config vllm to ignore the model's "
-                 "sampling defaults)", file.string(), key, range, g[key].dump());
-        }
-        if (hf && v == *hf) { return std::nullopt; }
-        return v;
-    };
-    const auto integral = [](double v) { return v == std::floor(v) && std::abs(v) <= (1 << 30); };
-    if (auto v = number("temperature", 1.0, "in [0, 100]", [](double x) { return x >= 0 && x <= 100; })) { d.temperature = static_cast<float>(*v); }
-    if (auto v = number("top_p", 1.0, "in (0, 1]", [](double x) { return x > 0 && x <= 1; })) { d.top_p = static_cast<float>(*v); }
-    if (auto v = number("top_k", 50.0, "an integer >= -1", [&](double x) { return integral(x) && x >= -1; })) { d.top_k = static_cast<int32_t>(*v); }
-    if (auto v = number("min_p", std::nullopt, "in [0, 1]", [](double x) { return x >= 0 && x <= 1; })) { d.min_p = static_cast<float>(*v); }
-    if (auto v = number("repetition_penalty", 1.0, "in (0, 100]", [](double x) { return x > 0 && x <= 100; })) {
-        d.repetition_penalty = static_cast<float>(*v);
-    }
-    if (auto v = number("max_new_tokens", std::nullopt, "an integer >= 1", [&](double x) { return integral(x) && x >= 1; })) {
-        d.max_new_tokens = static_cast<int32_t>(*v);
-    }
+    sampling_fields(g, file.string(), Errc::invalid_checkpoint, /*diff=*/true, /*null_unsets=*/false,
+                    " (start with --generation-config vllm to ignore the model's sampling defaults)", d);
     return d;
+}
+
+GenerationDefaults override_generation_defaults(GenerationDefaults base, const std::string & overrides, std::vector<std::string> * ignored) {
+    json g;
+    try {
+        g = json::parse(overrides);
+    } catch (const json::parse_error & e) {
+        fail(Errc::invalid_argument, "--override-generation-config: not JSON ({}); e.g. '{{\"temperature\": 0.6}}'", e.what());
+    }
+    if (!g.is_object()) { fail(Errc::invalid_argument, "--override-generation-config: a JSON object is expected, got {}", g.dump()); }
+    sampling_fields(g, "--override-generation-config", Errc::invalid_argument, /*diff=*/false, /*null_unsets=*/true, "", base);
+    if (ignored) {
+        for (const auto & [key, value] : g.items()) {
+            if (std::find(std::begin(kSamplingKeys), std::end(kSamplingKeys), key) == std::end(kSamplingKeys)) { ignored->push_back(key); }
+        }
+    }
+    return base;
 }
 
 std::string GenerationDefaults::describe() const {

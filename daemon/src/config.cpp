@@ -342,6 +342,20 @@ Resolved resolve(Config & cfg) {
             s.sampling_defaults = model::read_generation_defaults(s.generation_config);
         }
     }
+    if (!s.override_generation_config.empty()) {  // vLLM: merged over --generation-config's (auto: the model's; vllm: none)
+        try {
+            std::vector<std::string> ignored;
+            s.sampling_defaults = model::override_generation_defaults(s.sampling_defaults, s.override_generation_config, &ignored);
+            if (!ignored.empty()) {
+                problems.push_back(fmt::format("--override-generation-config: {} not a sampling field (temperature, top_p, top_k, min_p, "
+                                               "repetition_penalty, max_new_tokens); vLLM would ignore {}: leave {} out",
+                                               fmt::join(ignored, ", "), ignored.size() == 1 ? "it" : "them",
+                                               ignored.size() == 1 ? "it" : "them"));
+            }
+        } catch (const Error & e) {
+            problems.push_back(e.what());
+        }
+    }
     cfg.control.served_model_name = s.served_model_name;
     cfg.control.rsync_config      = cfg.weights.rsync_config;
     if (!(cfg.control.control_timeout_s > 0 && cfg.control.control_timeout_s <= kMaxWaitS) ||  // fd/deadline.h

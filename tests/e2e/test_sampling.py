@@ -235,6 +235,31 @@ class GenerationConfigDefaults(unittest.TestCase):
         with Daemon("--generation-config", "vllm", model=bad) as d:  # not read at all
             self.assertEqual(len(d.complete(prompt=PROMPT, ignore_eos=True)["choices"][0]["token_ids"]), 16)
 
+    def test_override_generation_config_replaces_the_fields_it_names(self):
+        # vLLM's --override-generation-config: the file's fields updated by the override's (null
+        # clears one, 1.0 is taken as given); over --generation-config vllm, the override alone.
+        # It was not implemented: an unknown flag stopped start-up.
+        over = json.dumps({"temperature": 1.0, "top_k": None, "top_p": 1.0, "max_new_tokens": 7})
+        with Daemon("--override-generation-config", over, model=self.model) as d:
+            for seed in range(3):  # the file's top_k 1 cleared: sampled as the daemon without defaults, 7 tokens
+                body = dict(prompt=PROMPT, seed=seed, ignore_eos=True)
+                self.assertEqual(d.complete(**body)["choices"][0]["token_ids"], self.vllm.complete(**body, max_tokens=7)["choices"][0]["token_ids"])
+            self.assertIn("temperature=1, top_p=1, max_tokens=7", d.output())
+        with Daemon("--generation-config", "vllm", "--override-generation-config", '{"top_k": 1, "max_new_tokens": 3}', model=self.model) as d:
+            c = d.complete(prompt=PROMPT, seed=5, max_tokens=10, ignore_eos=True)["choices"][0]
+            self.assertEqual(c["token_ids"], REF[PROMPT]["ids"][:3])  # top_k 1: greedy; capped at 3
+        for bad, words in (('{"top_p": 0}', "field 'top_p' must be in (0, 1]"), ('{"temprature": 0.5}', "temprature not a sampling field"),
+                           ("temperature=0", "not JSON")):
+            d = None
+            try:
+                d = Daemon("--override-generation-config", bad, model=self.model, timeout=30)
+            except RuntimeError as e:
+                self.assertIn("--override-generation-config", str(e))
+                self.assertIn(words, str(e))
+            else:
+                d.__exit__(None)
+                self.fail(f"started with --override-generation-config {bad}")
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -260,6 +260,29 @@ TEST_CASE("read_generation_defaults: the sampling fields vLLM's --generation-con
     }
 }
 
+TEST_CASE("override_generation_defaults: vLLM's --override-generation-config, the config updated by the override's fields") {
+    fd::model::GenerationDefaults base;
+    base.temperature = 0.6f;
+    base.top_k       = 20;
+    std::vector<std::string> ignored;
+    // as given (1.0 is taken: vLLM updates the diff dict with the override), a null clears the
+    // model's, keys that are not sampling fields are not taken and are named
+    auto g = fd::model::override_generation_defaults(base, R"({"temperature": 1.0, "top_k": null, "max_new_tokens": 64, "do_sample": true})",
+                                                     &ignored);
+    CHECK(g.temperature == 1.0f);
+    CHECK(!g.top_k);
+    CHECK(g.max_new_tokens == 64);
+    CHECK(g.describe() == "temperature=1, max_tokens=64");
+    CHECK(ignored == std::vector<std::string>{"do_sample"});
+    CHECK(fd::model::override_generation_defaults({}, "{}").empty());
+    for (const std::string bad : {R"({"top_p": 0})", R"({"temperature": "0.7"})", R"({"max_new_tokens": 1.5})", "[1]", "{temperature: 1}"}) {
+        CAPTURE(bad);
+        std::string what;
+        CHECK(fd::test::error_of([&] { fd::model::override_generation_defaults(base, bad); }, &what) == fd::Errc::invalid_argument);
+        CHECK(what.find("--override-generation-config") != std::string::npos);
+    }
+}
+
 TEST_CASE("Qwen3: q_norm/k_norm [head_dim] tensors, head_dim 128 != hidden/heads (and its default), no q/k/v bias") {
     auto c = load(qwen3());
     CHECK(c.arch == fd::model::Arch::qwen3);

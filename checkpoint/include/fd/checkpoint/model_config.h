@@ -159,6 +159,15 @@ struct GenerationDefaults {
 /// with is a start-up error, not a 400 per request).
 GenerationDefaults read_generation_defaults(const std::filesystem::path & dir);
 
+/// vLLM's --override-generation-config (ModelConfig.get_diff_sampling_param: the generation
+/// config, then `config.update(override)`): the sampling fields of the JSON object `overrides`
+/// replace `base`'s, taken as given (1.0 too, unlike the file); a null clears one. Keys that are
+/// not sampling fields are not taken, as vLLM does, and are listed in `ignored` (when given).
+/// Errors  fd::Error{invalid_argument} naming the flag: not JSON, not an object, a field out of
+/// its range (GenerationDefaults' ranges).
+GenerationDefaults override_generation_defaults(GenerationDefaults base, const std::string & overrides,
+                                                std::vector<std::string> * ignored = nullptr);
+
 /// The top-level `step` of `dir`/version.yaml (read with yaml-cpp) as a string ("step: 42" →
 /// "42"), or nullopt if the file or a top-level `step` is absent (a `step:` nested under another
 /// key is not the version). Errors  fd::Error{invalid_checkpoint} naming the file if it is not

@@ -57,6 +57,9 @@ struct ServerConfig {
     /// --generation-config (vLLM's flag): auto = the model's generation_config.json sampling
     /// defaults, vllm = none, else a folder holding a generation_config.json.
     std::string generation_config = "auto";
+    /// --override-generation-config (vLLM's flag): a JSON object whose sampling fields replace
+    /// the ones --generation-config gave (model::override_generation_defaults); "" = none.
+    std::string override_generation_config;
     /// What --generation-config resolved to (config.cpp): the default of each sampling field a
     /// request leaves out; max_new_tokens caps every request's max tokens (vLLM's get_max_tokens).
     model::GenerationDefaults sampling_defaults;
