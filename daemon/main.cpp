@@ -366,11 +366,13 @@ int run(fd::Config & cfg, sigset_t & signals) {
              r.model.architecture, r.model.n_layers, r.model.hidden_size, r.model.n_heads, r.model.n_kv_heads,
              r.model.vocab_size, cfg.engine.weight_version);
     if (!cfg.server.sampling_defaults.empty()) {  // vLLM warns the same way
-        lg->warn("default sampling parameters overridden by the model's generation config ({}{}): {}; a request's own fields "
-                 "win, max_tokens caps every request. Start with --generation-config vllm if this is not intended",
-                 cfg.server.generation_config == "auto" ? "generation_config.json" : cfg.server.generation_config,
-                 cfg.server.override_generation_config.empty() ? "" : " and --override-generation-config",
-                 cfg.server.sampling_defaults.describe());
+        const std::string from = cfg.server.generation_config == "vllm" ? std::string("--override-generation-config")
+                                 : fmt::format("the model's generation config ({}{})",
+                                               cfg.server.generation_config == "auto" ? "generation_config.json" : cfg.server.generation_config,
+                                               cfg.server.override_generation_config.empty() ? "" : " and --override-generation-config");
+        lg->warn("default sampling parameters overridden by {}: {}; a request's own fields win, max_tokens caps every request. Start "
+                 "with --generation-config vllm{} if this is not intended", from, cfg.server.sampling_defaults.describe(),
+                 cfg.server.override_generation_config.empty() ? "" : " and without --override-generation-config");
     }
     auto tok = fd::tokenizer::load_tokenizer(cfg.model.model_dir, {.bos_token_id = r.model.bos_token_id});
     lg->info("tokenizer: {} ({} ids)", tok->kind(), tok->vocab_size());

@@ -438,7 +438,7 @@ GenerationDefaults override_generation_defaults(GenerationDefaults base, const s
     json g;
     try {
         g = json::parse(overrides);
-    } catch (const json::parse_error & e) {
+    } catch (const json::exception & e) {  // parse_error, and out_of_range for a number past a double (1e400)
         fail(Errc::invalid_argument, "--override-generation-config: not JSON ({}); e.g. '{{\"temperature\": 0.6}}'", e.what());
     }
     if (!g.is_object()) { fail(Errc::invalid_argument, "--override-generation-config: a JSON object is expected, got {}", g.dump()); }

@@ -86,6 +86,7 @@ class WeightStream:
                 raise ValueError("land=True needs backend 'tcp' and a version (no file holds landed bytes to name them by)")
             land = False
         self.land, self._lander = land, None
+        self._serving_at_start = None  # the weight_version serving when the update started (its answer says)
         self._holds = False  # this stream holds its client's one open stream (_take_kept_transport)
         self._open_block = False  # inside the `with` block: send / send_delta / flush allowed
         self.backend, self.device, self._nccl = backend, device, None
@@ -200,6 +201,7 @@ class WeightStream:
                 self._close_transport()
                 self._open_transport()
                 started = self.client.request("POST", "/start_weight_update", body=body, timeout=self.timeout)
+            self._serving_at_start = started.get("weight_version")
             if self.land:
                 self._lander = _Lander(started["land"], self.client.host, self.timeout)
         except BaseException:
@@ -304,20 +306,28 @@ class WeightStream:
         try:
             h = self.client.request("GET", "/health", timeout=min(self.timeout, 5.0))
         except FdRolloutError as e:
-            return f"the daemon did not answer /health either ({e.message}): it or a rank may have died"
+            if not isinstance(e.body, dict) or "weight_version" not in e.body:  # a degraded daemon's /health is a 503 with its body
+                return f"the daemon did not answer /health either ({e.message}): it or a rank may have died"
+            h = e.body
         why = []
         if "weight" in (h.get("sleeping_tags") or []):
             why.append("the weights went to sleep (a weight sleep stops an open landing)")
         if h.get("degraded_ranks"):
             why.append(f"rank(s) {h['degraded_ranks']} failed")
-        if self.base_version is not None and h.get("weight_version") != self.base_version:
+        before = self.base_version if self.base_version is not None else self._serving_at_start
+        stream = h.get("weight_stream") or {}
+        if before is not None and h.get("weight_version") != before:
             why.append(f"the ranks were updated to weight_version {h.get('weight_version')!r} meanwhile (an update stops an open landing)")
+        elif self.base_version is not None and "serving_stream_version" in stream and stream["serving_stream_version"] is None:
+            why.append(f"the base {self.base_version!r} no longer serves: an update loaded other bytes under its label (an update stops an "
+                       "open landing)")
         if h.get("staged_weight_version"):
             why.append(f"a two-phase update staged {h['staged_weight_version']!r} over the landing")
         for what in (h.get("last_control_error"), (h.get("weight_stream") or {}).get("last_error")):
             if what:
                 why.append(what)
-        return "the daemon: " + ("; ".join(why) if why else f"serving weight_version {h.get('weight_version')!r}, no reason given")
+        return "the daemon: " + ("; ".join(why) if why else f"serving weight_version {h.get('weight_version')!r}; /health shows no reason "
+                                 "(a weight sleep and wakeup, or an update under the same label, since the start would not show)")
 
     def _expert_views(self, name):
         """[(view name, its rows)] of the stacked expert tensor `name`, in its row order (the init

@@ -248,6 +248,7 @@ class GenerationConfigDefaults(unittest.TestCase):
         with Daemon("--generation-config", "vllm", "--override-generation-config", '{"top_k": 1, "max_new_tokens": 3}', model=self.model) as d:
             c = d.complete(prompt=PROMPT, seed=5, max_tokens=10, ignore_eos=True)["choices"][0]
             self.assertEqual(c["token_ids"], REF[PROMPT]["ids"][:3])  # top_k 1: greedy; capped at 3
+            self.assertIn("overridden by --override-generation-config: top_k=1, max_tokens=3", d.output())  # no model config read
         for bad, words in (('{"top_p": 0}', "field 'top_p' must be in (0, 1]"), ('{"temprature": 0.5}', "temprature not a sampling field"),
                            ("temperature=0", "not JSON")):
             d = None

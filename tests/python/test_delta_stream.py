@@ -230,6 +230,25 @@ class DeltaTp1(unittest.TestCase):
         self.refused(409, "wrong_state", ["'other'", "stream the full weights first"],
                      lambda: self.delta("w4", "other", self.base, self.new))
 
+    def test_2b_the_streams_own_dir_reloaded_is_not_the_stream(self):
+        # A probe: a delta left pending in the stream's dir, then that dir loaded by a checkpoint
+        # update under the delta's label. The load drops the pending delta, so other bytes serve
+        # under that label; /health named the stream still and a delta on it committed (the dir
+        # and the label matched). The serving bytes changed: the stream serves no more.
+        self.full("p0", self.new)
+        self.delta("p1", "p0", self.new, self.base)  # pending in p0's dir
+        self.assertEqual(self.c.health()["weight_stream"]["serving_stream_version"], "p1")
+        dirs = [d for d in stream_dirs(self.d.port) if glob.glob(os.path.join(d, ".fdrollout-pending-*"))]
+        self.assertEqual(len(dirs), 1, stream_dirs(self.d.port))
+        self.c.pause()
+        self.c.update_weights_from_dir(dirs[0], version="p1")
+        self.c.resume()
+        self.assertIsNone(self.c.health()["weight_stream"]["serving_stream_version"])
+        self.refused(409, "wrong_state", ["'p1'", "no longer serves"], lambda: self.delta("p2", "p1", self.new, self.base))
+        self.full("p3", self.base)  # a full stream serves again
+        self.assertEqual(self.delta("p4", "p3", self.base, self.new)["weight_version"], "p4")
+        self.assert_serving(self.ref_new, "p4")
+
     def test_3_bad_indices_are_4xx_naming_the_tensor(self):
         self.full("i0", self.base)
         n = self.base[NAME].size

@@ -252,6 +252,7 @@ class LandDeltaTp1(StreamChecks, unittest.TestCase):  # StreamChecks: its tearDo
         other = Client(f"127.0.0.1:{self.d.port}", timeout=20)
         name, idx = "model.layers.0.mlp.down_proj.weight", np.arange(0, 4000, 7, dtype=np.int32)
         for version, stop, words in (("z1", lambda: other.sleep(), "went to sleep"),
+                                     ("z5", lambda: (other.pause(), other.update_weights(version="z0")), "the base 'z0' no longer serves"),
                                      ("z2", lambda: (other.pause(), other.update_weights(version="z9")), "updated to weight_version 'z9'")):
             self.full("z0", self.base)
             with self.assertRaises(FdRolloutError) as e:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -217,6 +218,35 @@ class LandTp1(StreamChecks, unittest.TestCase):
         self.stream("k3", self.tensors)  # a full stream lands again
         self.assert_serving(self.ref_new, "k3")
         self.assertEqual(self.c.health()["weight_stream"]["serving_stream_version"], "k3")
+
+    def test_8_an_update_or_a_rank_failing_during_a_landing_is_named_to_the_trainer(self):
+        # A full landed stream: the label at its start comes in the start's answer (a probe: an
+        # update during it gave "no reason given"); a failed rank's /health is a 503 whose body
+        # names it (a probe: "the daemon did not answer /health either").
+        other = Client(f"127.0.0.1:{self.d.port}", timeout=20)
+        name = "model.layers.0.mlp.down_proj.weight"
+        cases = [("m1", lambda: (other.pause(), other.update_weights(version="m9")), "updated to weight_version 'm9'", other.resume)]
+        pids = self.d.rank_pids()
+        if pids:
+            cases.append(("m2", lambda: (os.kill(pids[-1], signal.SIGKILL), wait_until(lambda: self.d.get("/health")[0] == 503, 20,
+                                                                                      "the rank's death noticed")),
+                          f"rank(s) [{len(pids) - 1}] failed", lambda: self.assertEqual(self.d.post("/v1/wakeup")[0], 200)))
+        for version, stop, words, after in cases:
+            self.stream("m0", self.base)
+            with self.assertRaises(FdRolloutError) as e:
+                with self.c.weight_stream(version, land=True) as ws:
+                    ws.send(name, self.tensors[name])
+                    ws.flush()
+                    stop()
+                    for _ in range(200):  # bounded: the connection's break shows within a few sends
+                        ws.send(name, self.tensors[name])
+                        ws.flush()
+                        time.sleep(0.01)
+            self.assertEqual(e.exception.status, 0, e.exception.message)
+            self.assertIn(words, e.exception.message)
+            after()
+        self.stream("m3", self.tensors)
+        self.assert_serving(self.ref_new, "m3")
 
 
 class LandTp2(LandTp1):

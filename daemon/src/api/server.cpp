@@ -170,7 +170,7 @@ void get_health(ApiContext & ctx, const Request &, Response & res) {
     res.status = ctx.engine->draining() || st.degraded ? 503 : 200;
     nlohmann::json body = ctx.control->status_json();
     if (ctx.stream) {  // its serving fields name the last stream only while its bytes serve
-        const stream::ServingNow now{st.weight_version, st.serving_landed, st.serving_dir};
+        const stream::ServingNow now{st.weight_version, st.weights_epoch};
         body["weight_stream"] = nlohmann::json::parse(ctx.stream->status_json(now));
     }
     res.set_content(dump(body), "application/json");

@@ -121,7 +121,7 @@ void require_serving(ApiContext & ctx, const ControlInput & in, const std::strin
                                 st.degraded ? ", degraded" : "", st.weight_asleep ? ", weights asleep" : "",
                                 st.weights_valid ? "" : ", weights invalid"), "base_version");
     }
-    if (ctx.stream->last_stream_version() == base && !ctx.stream->serves_last_stream({st.weight_version, st.serving_landed, st.serving_dir})) {
+    if (ctx.stream->last_stream_version() == base && !ctx.stream->serves_last_stream({st.weight_version, st.weights_epoch})) {
         throw Error(Errc::wrong_state,
                     fmt::format("base_version '{}': the weight stream of that version no longer serves (the ranks were loaded from {} "
                                 "since, under its label); a delta applies only to the stream's bytes; stream the full weights", base,
@@ -200,7 +200,7 @@ json commit_sealed(ApiContext & ctx, const ControlInput & in, const stream::Seal
         ctx.stream->drop(e);
         throw Error(e.code(), fmt::format("the streamed weights were not applied (every rank keeps the serving version): {}", e.what()));
     }
-    ctx.stream->committed(u.result.version);
+    ctx.stream->committed(u.result.version, u.result.weights_epoch);
     int64_t bytes = s.bytes;
     if (s.landed) {  // the ranks received them, not the daemon: what each rank landed
         bytes = 0;
@@ -308,8 +308,9 @@ void vllm_start(ApiContext & ctx, const ControlInput & in, Response & res) {
         throw Error(Errc::invalid_argument, "a landed update must name its version ({\"version\": ..., \"land\": true}): no file holds its "
                                             "bytes to be named by", "version");
     }
+    const std::string serving_at_start = ctx.engine->stats().state.weight_version;
     ctx.stream->start(v, deadline_of(in), base, land);
-    json body{{"message", "Weight update started"}};
+    json body{{"message", "Weight update started"}, {"weight_version", serving_at_start}};  // the client names a change meanwhile
     if (land) { body["land"] = open_landings(ctx, in, base.has_value()); }
     peer::send_json(res, 200, body);
 }

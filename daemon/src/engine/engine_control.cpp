@@ -124,6 +124,7 @@ ControlResult Engine::run_control(const ControlCommand & cmd) {
 
 ControlResult Engine::finish_control(const std::string & op, std::chrono::steady_clock::time_point t0, ControlResult r) {
     r.is_paused = state_.paused;
+    r.weights_epoch = state_.weights_epoch;
     r.elapsed_s = seconds_since(t0);
     state_.control_in_flight = drain_ ? "pause" : "";  // an abort_request may run while a pause drains
     state_.last_control_error = r.error ? fmt::format("{}: {}", op, r.error->what()) : std::string{};

@@ -52,6 +52,7 @@ void Engine::reload_serving_weights(ControlResult & r) {
         accumulate_rank_reports(r, reps, state_.weight_version, /*in_place=*/true);
         return;
     }
+    const bool landed_lost = serving_landed_;
     forget_landed();  // reloaded from a file: landed bytes (a recovered rank's lost shard of them) serve no more
     if (cfg_.source.strategy == weights::LoadStrategy::ipc && req.weight_dir.empty() && replay_ipc_deltas(ipc_before)) {
         r.bytes = reps[0].bytes;  // the records, then the ipc deltas applied on them again: the label stays
@@ -76,19 +77,21 @@ void Engine::reload_serving_weights(ControlResult & r) {
         log::get("engine")->warn("wakeup: weight_version {} named other weights than the source now holds (its files changed); "
                                  "serving them as weight_version {}", asked, label);
     }
-    set_label(label, fp);
+    set_label(label, fp, /*bytes_changed=*/landed_lost || label != state_.weight_version);
     serving_source_version_ = req.weight_dir.empty() ? reps[0].version.value_or("") : "";
     r.bytes             = reps[0].bytes;
     r.checksum_verified = std::all_of(reps.begin(), reps.end(), [](const runtime::RankReport & x) { return x.checksum_verified; });
     accumulate_rank_reports(r, reps, state_.weight_version, /*in_place=*/true);
 }
 
-void Engine::set_label(const std::string & version, const std::string & fp) {
+void Engine::set_label(const std::string & version, const std::string & fp, bool bytes_changed) {
+    if (bytes_changed) { ++state_.weights_epoch; }
     state_.weight_version = version;
     if (!fp.empty()) { known_labels_[version] = fp; }
 }
 
 void Engine::set_label_unfingerprinted(const std::string & version) {
+    ++state_.weights_epoch;
     known_labels_.erase(version);
     state_.weight_version = version;
     serving_source_version_.clear();  // not bytes the source names (a stream, a delta): as before, the label

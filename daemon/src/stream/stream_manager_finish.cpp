@@ -119,10 +119,11 @@ std::optional<std::string> StreamManager::open_base_version() const {
     return impl_->update ? impl_->update->base_version : std::nullopt;
 }
 
-void StreamManager::committed(const std::string & version) {
+void StreamManager::committed(const std::string & version, uint64_t weights_epoch) {
     std::lock_guard lk(impl_->mu);
     auto & m = *impl_;
     if (!m.update) { return; }
+    m.serving_epoch = weights_epoch;
     if (m.update->landed) {  // no dir holds the new bytes: the last stream's dir is the next spare; deltas go to the ranks alone
         m.serving_version = version;
         m.serving_landed  = true;

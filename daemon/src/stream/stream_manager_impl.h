@@ -158,12 +158,10 @@ struct StreamManager::Impl {
     /// is applied on the ranks alone (the engine's landed weights; their snapshot at a sleep).
     bool                        serving_landed = false;
 
+    uint64_t                    serving_epoch = 0;    ///< the engine's weights_epoch after its commit
     /// The ranks serve the last committed stream's bytes (StreamManager::serves_last_stream).
     bool serves(const ServingNow & now) const {
-        if (!serving && !serving_landed) { return false; }
-        if (now.weight_version != serving_version) { return false; }
-        if (serving_landed) { return now.landed; }
-        return !now.landed && !now.dir.empty() && std::filesystem::path(now.dir) == serving->path();
+        return (serving || serving_landed) && now.weight_version == serving_version && now.weights_epoch == serving_epoch;
     }
     std::optional<Error>        last_error;
 

@@ -275,7 +275,8 @@ TEST_CASE("override_generation_defaults: vLLM's --override-generation-config, th
     CHECK(g.describe() == "temperature=1, max_tokens=64");
     CHECK(ignored == std::vector<std::string>{"do_sample"});
     CHECK(fd::model::override_generation_defaults({}, "{}").empty());
-    for (const std::string bad : {R"({"top_p": 0})", R"({"temperature": "0.7"})", R"({"max_new_tokens": 1.5})", "[1]", "{temperature: 1}"}) {
+    for (const std::string bad : {R"({"top_p": 0})", R"({"temperature": "0.7"})", R"({"max_new_tokens": 1.5})", "[1]", "{temperature: 1}",
+                                R"({"temperature": 1e400})"}) {
         CAPTURE(bad);
         std::string what;
         CHECK(fd::test::error_of([&] { fd::model::override_generation_defaults(base, bad); }, &what) == fd::Errc::invalid_argument);

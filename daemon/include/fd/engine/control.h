@@ -213,6 +213,7 @@ struct ControlResult {
     int64_t  rss_before_bytes = 0, rss_after_bytes = 0;
     int64_t  device_freed_bytes = -1;              ///< sleep on CUDA ranks: the sum of the ranks' device_freed_bytes; -1 = not measured
     std::string           version;                 ///< update_weights/wakeup/commit: version now serving; stage: the staged one; drop: the dropped one ("" = none)
+    uint64_t              weights_epoch = 0;       ///< EngineState::weights_epoch after the command
     bool                  staged = false;          ///< update_weights with commit=false: staged, not serving
     int64_t               bytes = 0;               ///< update_weights/wakeup: checkpoint bytes read
     bool                  checksum_verified = false;
@@ -239,6 +240,10 @@ struct EngineState {
     /// fields and a delta's base check compare them with the stream's last commit.
     bool              serving_landed = false;
     std::string       serving_dir;
+    /// Counts the changes of the serving bytes: every update, delta and commit, and a reload that
+    /// brought other bytes back (a lost landed shard, changed files); not a sleep and wakeup of
+    /// the same bytes. A weight stream records it at its commit (its /health fields, a delta's base).
+    uint64_t          weights_epoch = 0;
     bool              degraded      = false;      ///< a rank failed: generation refused until wakeup recovers it
     std::vector<int32_t> failed_ranks;            ///< the failed ranks (may be empty when a group call failed)
     std::string       executor_backend = "uni";   ///< uni | mp

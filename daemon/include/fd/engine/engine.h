@@ -398,8 +398,9 @@ private:
     static constexpr int64_t                  kPendingDeltaBytes = int64_t{64} << 20;  ///< flush at the commit past this
     /// Set the serving label to `version` for bytes fingerprinted `fp` and remember the pair (fp
     /// "": the label keeps the fingerprint it had, as a reload that could not fingerprint the same
-    /// bytes does).
-    void          set_label(const std::string & version, const std::string & fp);
+    /// bytes does). `bytes_changed`: other bytes serve from now on (EngineState::weights_epoch
+    /// counts them); false for a reload of the bytes that served before.
+    void          set_label(const std::string & version, const std::string & fp, bool bytes_changed = true);
     /// Set the serving label to `version` for bytes no file holds (landed, or written in place
     /// before their dir is): no fingerprint the label named before stays attached to it, so a
     /// later load of those other bytes does not come back under it.

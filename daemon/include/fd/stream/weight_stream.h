@@ -184,12 +184,11 @@ struct Sealed {
     bool                       landed = false;
 };
 
-/// What the ranks serve now, from the engine's state (engine::EngineState): the label, and where
-/// its bytes came from (landed by a stream, else the checkpoint dir, "" = the configured source).
+/// What the ranks serve now, from the engine's state (engine::EngineState): the label, and the
+/// count of changes of the serving bytes (weights_epoch).
 struct ServingNow {
     std::string weight_version;
-    bool        landed = false;
-    std::string dir;
+    uint64_t    weights_epoch = 0;
 };
 
 class StreamManager {
@@ -262,7 +261,9 @@ public:
     /// tmpfs pages recycled: BucketFile), and the spare before it is removed (off the finish's
     /// critical path). A delta update: the base's dir (updated in place by the engine) stays the
     /// source, the delta file's dir is removed. The update is closed; the transport stays.
-    void committed(const std::string & version);
+    /// `weights_epoch`: the engine's count of serving-byte changes after the commit
+    /// (serves_last_stream compares it).
+    void committed(const std::string & version, uint64_t weights_epoch);
 
     /// Remove the spare dir (a weight sleep hands its memory back: Engine::set_weight_sleep_hook)
     /// and return the bytes its files held; the next full update allocates fresh pages. Any
@@ -292,9 +293,10 @@ public:
     std::optional<Error> last_error() const;
 
     /// Whether the ranks still serve the bytes of the last stream this daemon committed: `now`
-    /// (the engine's state) carries its label, and comes from the same landing or the same
-    /// staging dir. False after an update from elsewhere (a checkpoint dir, ipc, a rank's recovery
-    /// from the source), even under the same label, and before any stream committed.
+    /// (the engine's state) carries its label, and the serving bytes have not changed since its
+    /// commit (the same weights_epoch). False after an update from elsewhere (a checkpoint dir,
+    /// even the stream's own; ipc; a rank's recovery that lost landed bytes), even under the same
+    /// label, and before any stream committed.
     bool serves_last_stream(const ServingNow & now) const;
 
     /// The last committed stream's label ("" = none since start-up).
