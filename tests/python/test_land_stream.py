@@ -7,6 +7,7 @@ mid-landing leaves the old version serving and the next landed stream works; a w
 writes the landed shards and the wakeup serves them again under the same label.
 """
 import glob
+import json
 import os
 import shutil
 import signal
@@ -22,7 +23,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import numpy as np  # noqa: E402
 
-from fdtest import PYTHON, STORIES, Daemon, StreamChecks, device_args, fresh_daemon, greedy, perturbed, wait_until  # noqa: E402
+from fdtest import PYTHON, STORIES, Daemon, StreamChecks, device_args, fdctl, fresh_daemon, greedy, perturbed, wait_until  # noqa: E402
 from fdrollout import Client, FdRolloutError  # noqa: E402
 from fdrollout import safetensors_np  # noqa: E402
 from fdrollout.weight_stream import changed_elements  # noqa: E402
@@ -191,6 +192,10 @@ class LandTp1(StreamChecks, unittest.TestCase):
         self.c.update_weights()
         self.c.resume()
         ws = self.c.health()["weight_stream"]  # the landed stream serves no more (/health named it still)
+        self.assertEqual((ws["serving_stream_version"], ws["serving_landed"]), (None, False))
+        rc, out, err = fdctl(self.d.port, "--transport", "shm", "--json", "status")  # the mailbox's status carries the same object
+        self.assertEqual(rc, 0, err)
+        ws = json.loads(out)["weight_stream"]
         self.assertEqual((ws["serving_stream_version"], ws["serving_landed"]), (None, False))
         ids, lps, label = greedy(self.d)
         self.assertEqual((ids, lps), self.ref_old)

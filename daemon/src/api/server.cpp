@@ -114,7 +114,10 @@ ApiServer::~ApiServer() {
     ctx_->engine->set_weight_sleep_hook(nullptr);  // before stream_ goes
 }
 
-std::string ApiServer::weight_stream_status() const { return stream_->status_json(); }
+std::string ApiServer::weight_stream_status() const {  // as /health has it: the serving fields follow the engine's bytes
+    const engine::EngineState st = ctx_->engine->stats().state;
+    return stream_->status_json(stream::ServingNow{st.weight_version, st.weights_epoch});
+}
 
 void ApiServer::bind() {
     const uint64_t n_files = raise_fd_limit();
