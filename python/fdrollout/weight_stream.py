@@ -323,7 +323,7 @@ class WeightStream:
                        "open landing)")
         if h.get("staged_weight_version"):
             why.append(f"a two-phase update staged {h['staged_weight_version']!r} over the landing")
-        for what in (h.get("last_control_error"), (h.get("weight_stream") or {}).get("last_error")):
+        for what in (h.get("last_control_error"), stream.get("last_error")):
             if what:
                 why.append(what)
         return "the daemon: " + ("; ".join(why) if why else f"serving weight_version {h.get('weight_version')!r}; /health shows no reason "
