@@ -58,6 +58,13 @@ J parse_bounded(const std::string & text) {
     }
     return J::parse(text);
 }
+
+/// The stream's status (/health's and the mailbox status's weight_stream): its serving fields
+/// name the last stream only while the engine still serves its bytes.
+std::string stream_status(const stream::StreamManager & sm, const engine::EngineState & st) {
+    return sm.status_json(stream::ServingNow{st.weight_version, st.weights_epoch});
+}
+
 }  // namespace
 
 json parse_json(const std::string & text) { return parse_bounded<json>(text); }
@@ -114,10 +121,7 @@ ApiServer::~ApiServer() {
     ctx_->engine->set_weight_sleep_hook(nullptr);  // before stream_ goes
 }
 
-std::string ApiServer::weight_stream_status() const {  // as /health has it: the serving fields follow the engine's bytes
-    const engine::EngineState st = ctx_->engine->stats().state;
-    return stream_->status_json(stream::ServingNow{st.weight_version, st.weights_epoch});
-}
+std::string ApiServer::weight_stream_status() const { return stream_status(*stream_, ctx_->engine->stats().state); }
 
 void ApiServer::bind() {
     const uint64_t n_files = raise_fd_limit();
@@ -172,10 +176,7 @@ void get_health(ApiContext & ctx, const Request &, Response & res) {
     const engine::EngineState st = ctx.engine->stats().state;
     res.status = ctx.engine->draining() || st.degraded ? 503 : 200;
     nlohmann::json body = ctx.control->status_json();
-    if (ctx.stream) {  // its serving fields name the last stream only while its bytes serve
-        const stream::ServingNow now{st.weight_version, st.weights_epoch};
-        body["weight_stream"] = nlohmann::json::parse(ctx.stream->status_json(now));
-    }
+    if (ctx.stream) { body["weight_stream"] = nlohmann::json::parse(stream_status(*ctx.stream, st)); }
     res.set_content(dump(body), "application/json");
 }
 

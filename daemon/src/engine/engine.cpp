@@ -425,7 +425,6 @@ void Engine::publish_stats() {
     std::lock_guard lk(stats_mu_);
     state_.comm_group        = executor_->comm_state();
     state_.pause_draining    = drain_.has_value();
-    state_.serving_landed    = serving_landed_;
     state_.serving_dir       = serving_landed_ ? std::string() : serving_dir_;
     state_.n_kept = 0;
     if (state_.paused && state_.pause_mode == PauseMode::keep) {

@@ -235,10 +235,8 @@ struct EngineState {
     bool              weights_valid = true;
     std::string       weight_version;
     std::string       staged_version;             ///< two-phase update: validated and staged, not serving ("" = none)
-    /// Where the serving bytes came from: landed by a weight stream (no file holds them), else the
-    /// checkpoint dir they were loaded from ("" = the --load-strategy source). A stream's /health
-    /// fields and a delta's base check compare them with the stream's last commit.
-    bool              serving_landed = false;
+    /// The checkpoint dir the serving bytes were loaded from ("" = the --load-strategy source, or
+    /// landed by a weight stream: no file holds them); a refused delta's message names it.
     std::string       serving_dir;
     /// Counts the changes of the serving bytes: every update, delta and commit, and a reload that
     /// brought other bytes back (a lost landed shard, changed files); not a sleep and wakeup of
